@@ -1,0 +1,346 @@
+/* moec.c — the moec command line: dump-ir and run over the public API
+ * (include/moec.h). Usage errors exit 2, library errors exit 1 with the
+ * library's message. */
+#include <errno.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moec.h"
+
+static const char *USAGE_MAIN =
+    "usage: moec <command> [options]\n"
+    "\n"
+    "moec compiles Mixture-of-Experts models (DeepSeek-V2/V3, Qwen2-MoE, Qwen3-MoE,\n"
+    "as published: config.json + *.safetensors) and runs them.\n"
+    "\n"
+    "commands:\n"
+    "  dump-ir MODEL_DIR   print the model's IR (see docs/IR.md)\n"
+    "  run MODEL_DIR       greedy generation from token ids\n"
+    "\n"
+    "options:\n"
+    "  -h, --help          this help; `moec <command> --help` for a command's options\n";
+
+static const char *USAGE_DUMP =
+    "usage: moec dump-ir MODEL_DIR [-o FILE] [--summary]\n"
+    "\n"
+    "Reads MODEL_DIR/config.json, lowers it to the unfused IR, verifies it and\n"
+    "prints it: one value or op per line, each with its dtype and shape.\n"
+    "Weights are not read.\n"
+    "\n"
+    "options:\n"
+    "  -o, --output FILE   write the IR to FILE instead of standard output\n"
+    "  --summary           print a summary (layers, ops by kind, weight bytes)\n"
+    "                      instead of the IR\n"
+    "  -h, --help          this help\n";
+
+static const char *USAGE_RUN =
+    "usage: moec run MODEL_DIR --prompt-ids IDS --max-new-tokens N [options]\n"
+    "\n"
+    "Loads the model (config.json and its safetensors, every weight checked),\n"
+    "runs the prompt, then greedy-decodes up to N tokens, printing the generated\n"
+    "ids on one line, separated by spaces.\n"
+    "\n"
+    "options:\n"
+    "  --prompt-ids IDS       comma-separated token ids, e.g. 1,2,3 (required)\n"
+    "  --max-new-tokens N     tokens to generate, N >= 1 (required)\n"
+    "  --backend B            cpu, cuda or auto (default auto: cuda where a GPU\n"
+    "                         and the CUDA backend are present, else cpu; today\n"
+    "                         auto runs the cpu interpreter)\n"
+    "  --logits-out FILE      write float32 little-endian logits, one row of\n"
+    "                         vocab_size per generated token; row 0 is the\n"
+    "                         prompt's last position\n"
+    "  --max-seq-len N        KV cache length (default: prompt + N)\n"
+    "  --ignore-eos           keep generating after the model's eos_token_id\n"
+    "  -h, --help             this help\n";
+
+static int usage_error(const char *usage, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "moec: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n\n%s", usage);
+    return 2;
+}
+
+static int lib_error(moec_status st)
+{
+    fprintf(stderr, "moec: error (%s): %s\n", moec_status_name(st), moec_last_error());
+    return 1;
+}
+
+static int is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
+
+/* Parses a decimal int in [lo, hi]; 0 on success. */
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Parses "1,2,3" into a malloc'd array. Returns the count, or -1 with
+ * *bad pointing at the offending text. */
+static int parse_ids(const char *s, int32_t **out, const char **bad)
+{
+    int cap = 16, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids)
+        return -1;
+    const char *p = s;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            *bad = p;
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *g = realloc(ids, (size_t)cap * sizeof *g);
+            if (!g) {
+                free(ids);
+                return -1;
+            }
+            ids = g;
+        }
+        ids[n++] = (int32_t)v;
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    *out = ids;
+    return n;
+}
+
+static int cmd_dump_ir(int argc, char **argv)
+{
+    const char *dir = NULL, *outpath = NULL;
+    int summary = 0;
+    for (int i = 0; i < argc; i++) {
+        if (is_help(argv[i])) {
+            fputs(USAGE_DUMP, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--summary")) {
+            summary = 1;
+        } else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
+            if (++i == argc)
+                return usage_error(USAGE_DUMP, "%s needs a file name", argv[i - 1]);
+            outpath = argv[i];
+        } else if (argv[i][0] == '-') {
+            return usage_error(USAGE_DUMP, "unknown option %s", argv[i]);
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            return usage_error(USAGE_DUMP, "unexpected argument %s", argv[i]);
+        }
+    }
+    if (!dir)
+        return usage_error(USAGE_DUMP, "%s", "missing MODEL_DIR");
+    moec_model_t *m;
+    moec_status st = moec_model_open(dir, &m);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    FILE *out = stdout;
+    if (outpath && !(out = fopen(outpath, "w"))) {
+        fprintf(stderr, "moec: cannot write %s: %s\n", outpath, strerror(errno));
+        moec_model_free(m);
+        return 1;
+    }
+    st = summary ? moec_model_summary(m, out) : moec_model_dump_ir(m, out);
+    int rc = st == MOEC_OK ? 0 : lib_error(st);
+    if (out != stdout && fclose(out) != 0 && rc == 0) {
+        fprintf(stderr, "moec: cannot write %s: %s\n", outpath, strerror(errno));
+        rc = 1;
+    }
+    moec_model_free(m);
+    return rc;
+}
+
+static int argmax(const float *row, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best])
+            best = i;
+    return best;
+}
+
+typedef struct run_opts {
+    const char *dir;
+    const char *ids_text;
+    const char *logits_path;
+    long max_new;
+    long max_seq;
+    moec_backend backend;
+    int ignore_eos;
+} run_opts;
+
+static int run_parse(int argc, char **argv, run_opts *o, int *done)
+{
+    *done = 0;
+    o->max_new = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int has_val = i + 1 < argc;
+        if (is_help(a)) {
+            fputs(USAGE_RUN, stdout);
+            *done = 1;
+            return 0;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = 1;
+        } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--max-new-tokens") ||
+                   !strcmp(a, "--backend") || !strcmp(a, "--logits-out") ||
+                   !strcmp(a, "--max-seq-len")) {
+            if (!has_val)
+                return usage_error(USAGE_RUN, "%s needs a value", a);
+            const char *v = argv[++i];
+            if (!strcmp(a, "--prompt-ids"))
+                o->ids_text = v;
+            else if (!strcmp(a, "--logits-out"))
+                o->logits_path = v;
+            else if (!strcmp(a, "--max-new-tokens")) {
+                if (parse_int(v, 1, 1 << 24, &o->max_new))
+                    return usage_error(USAGE_RUN, "--max-new-tokens: '%s' is not an integer >= 1", v);
+            } else if (!strcmp(a, "--max-seq-len")) {
+                if (parse_int(v, 1, 1 << 26, &o->max_seq))
+                    return usage_error(USAGE_RUN, "--max-seq-len: '%s' is not an integer >= 1", v);
+            } else if (!strcmp(v, "cpu"))
+                o->backend = MOEC_BACKEND_CPU;
+            else if (!strcmp(v, "cuda"))
+                o->backend = MOEC_BACKEND_CUDA;
+            else if (!strcmp(v, "auto"))
+                o->backend = MOEC_BACKEND_AUTO;
+            else
+                return usage_error(USAGE_RUN, "--backend: '%s' is not cpu, cuda or auto", v);
+        } else if (a[0] == '-') {
+            return usage_error(USAGE_RUN, "unknown option %s", a);
+        } else if (!o->dir) {
+            o->dir = a;
+        } else {
+            return usage_error(USAGE_RUN, "unexpected argument %s", a);
+        }
+    }
+    if (!o->dir)
+        return usage_error(USAGE_RUN, "%s", "missing MODEL_DIR");
+    if (!o->ids_text)
+        return usage_error(USAGE_RUN, "%s", "missing --prompt-ids");
+    if (o->max_new < 0)
+        return usage_error(USAGE_RUN, "%s", "missing --max-new-tokens");
+    return 0;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    run_opts o = {0};
+    int done;
+    int rc = run_parse(argc, argv, &o, &done);
+    if (rc || done)
+        return rc;
+    int32_t *ids = NULL;
+    const char *bad = NULL;
+    int n = parse_ids(o.ids_text, &ids, &bad);
+    if (n < 0)
+        return usage_error(USAGE_RUN, "--prompt-ids: bad token id at '%s' (want comma-separated integers >= 0)",
+                           bad ? bad : o.ids_text);
+
+    moec_model_t *m = NULL;
+    moec_session_t *s = NULL;
+    float *logits = NULL;
+    FILE *lf = NULL;
+    moec_status st = moec_model_open(o.dir, &m);
+    if (st != MOEC_OK)
+        goto fail;
+    int vocab = moec_model_vocab_size(m);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] >= vocab) {
+            fprintf(stderr, "moec: --prompt-ids: token id %d is outside the vocabulary (vocab_size %d)\n",
+                    (int)ids[i], vocab);
+            rc = 2;
+            goto out;
+        }
+    }
+    long max_seq = o.max_seq ? o.max_seq : n + o.max_new;
+    if (max_seq < n + o.max_new - 1) {
+        fprintf(stderr, "moec: --max-seq-len %ld is too short for %d prompt tokens and %ld new tokens\n",
+                max_seq, n, o.max_new);
+        rc = 2;
+        goto out;
+    }
+    st = moec_session_init(m, o.dir, o.backend, (int)max_seq, &s);
+    if (st != MOEC_OK)
+        goto fail;
+    logits = malloc((size_t)n * (size_t)vocab * sizeof *logits);
+    if (!logits) {
+        fprintf(stderr, "moec: out of memory\n");
+        rc = 1;
+        goto out;
+    }
+    if (o.logits_path && !(lf = fopen(o.logits_path, "wb"))) {
+        fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
+        rc = 1;
+        goto out;
+    }
+    st = moec_session_forward(s, ids, n, logits);
+    if (st != MOEC_OK)
+        goto fail;
+    const float *row = logits + (size_t)(n - 1) * (size_t)vocab;
+    int eos = moec_model_eos_token(m);
+    for (long k = 0; k < o.max_new; k++) {
+        if (lf && fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab) {
+            fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
+            rc = 1;
+            goto out;
+        }
+        int32_t next = argmax(row, vocab);
+        printf(k ? " %d" : "%d", (int)next);
+        fflush(stdout);
+        if ((!o.ignore_eos && next == eos) || k + 1 == o.max_new)
+            break;
+        st = moec_session_forward(s, &next, 1, logits);
+        if (st != MOEC_OK) {
+            printf("\n");
+            goto fail;
+        }
+        row = logits;
+    }
+    printf("\n");
+    goto out;
+fail:
+    rc = lib_error(st);
+out:
+    if (lf && fclose(lf) != 0 && rc == 0) {
+        fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
+        rc = 1;
+    }
+    free(logits);
+    free(ids);
+    moec_session_free(s);
+    moec_model_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(USAGE_MAIN, stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (is_help(cmd)) {
+        fputs(USAGE_MAIN, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "dump-ir"))
+        return cmd_dump_ir(argc - 2, argv + 2);
+    if (!strcmp(cmd, "run"))
+        return cmd_run(argc - 2, argv + 2);
+    return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
+}

@@ -1,0 +1,203 @@
+/* fe_internal.h — what the frontend files share: reading config.json fields
+ * with errors that name the field and the file, the RoPE parameters as
+ * transformers derives them, and builders for the pieces every family has
+ * (norms, linears, the SwiGLU MLP, routed experts, the decoder skeleton).
+ * Only compiler/frontend.c and compiler/fe_*.c include it. */
+#ifndef MOEC_FE_INTERNAL_H
+#define MOEC_FE_INTERNAL_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "ir/ir.h"
+
+/* Bounds on what a config may ask for. Real models are far below them; they
+ * keep every shape the frontend builds inside the IR's limits and bound the
+ * work one config can cause. */
+#define FE_DIM_MAX (1LL << 24)      /* any size read from the config */
+#define FE_LAYERS_MAX 4096          /* num_hidden_layers */
+#define FE_EXPERTS_MAX 65536        /* routed experts per layer */
+#define FE_DERIVED_DIM_MAX 2147483647LL /* a product such as heads * head_dim */
+#define FE_WEIGHT_NUMEL_MAX (1LL << 40) /* elements of one weight value */
+
+/* ---- reading config fields ------------------------------------------------
+ * A view of one JSON object of a config: the root, or a nested object such as
+ * rope_scaling (then prefix is "rope_scaling." so errors say which). Errors:
+ * a missing required field or a value of the wrong JSON type is
+ * MOEC_ERR_FORMAT naming the field and the file. */
+typedef struct fe_json {
+    const cJSON *obj;
+    const char *file;
+    const char *prefix; /* "" at the root */
+} fe_json;
+
+/* The item under key, NULL when absent (a JSON null is returned). */
+const cJSON *fe_json_get(const fe_json *j, const char *key);
+/* 1 when key is present with a value other than null. */
+int fe_json_is_set(const fe_json *j, const char *key);
+
+/* Integers: a JSON number with an integral value. "_req": absent -> error;
+ * "_or": absent -> dflt; both: null -> error. "_opt": absent or null ->
+ * *set = 0. */
+moec_status fe_json_int_req(const fe_json *j, const char *key, int64_t *out);
+moec_status fe_json_int_or(const fe_json *j, const char *key, int64_t dflt, int64_t *out);
+moec_status fe_json_int_opt(const fe_json *j, const char *key, int *set, int64_t *out);
+/* A required size in [1, max]; out of range is MOEC_ERR_UNSUPPORTED. */
+moec_status fe_json_dim_req(const fe_json *j, const char *key, int64_t max, int64_t *out);
+/* An integer already read must lie in [lo, hi]; MOEC_ERR_UNSUPPORTED naming key. */
+moec_status fe_json_check_range(const fe_json *j, const char *key, int64_t v, int64_t lo, int64_t hi);
+
+/* a * b (sizes read from the config) as one dimension; over
+ * FE_DERIVED_DIM_MAX is MOEC_ERR_UNSUPPORTED naming what ("num_attention_heads
+ * * v_head_dim"). */
+moec_status fe_dim_product(const fe_json *j, const char *what, int64_t a, int64_t b, int64_t *out);
+
+moec_status fe_json_float_or(const fe_json *j, const char *key, double dflt, double *out);
+moec_status fe_json_float_opt(const fe_json *j, const char *key, int *set, double *out);
+/* Booleans: true/false only. */
+moec_status fe_json_bool_or(const fe_json *j, const char *key, int dflt, int *out);
+/* Strings (pointing into the JSON tree); "_opt" gives NULL when absent or null. */
+moec_status fe_json_str_or(const fe_json *j, const char *key, const char *dflt, const char **out);
+moec_status fe_json_str_opt(const fe_json *j, const char *key, const char **out);
+
+/* Records MOEC_ERR_UNSUPPORTED: "<file>: field "<prefix><key>" = <value>
+ * <why>", with the value as written in the config (when present). */
+moec_status fe_json_unsupported(const fe_json *j, const char *key, const char *why, ...)
+    MOEC_PRINTF(3, 4);
+
+/* ---- fields every family has ---------------------------------------------- */
+
+typedef struct fe_common {
+    const char *model_type;
+    int64_t vocab_size, hidden_size, num_layers, num_heads, intermediate_size;
+    int64_t max_position_embeddings;
+    double rms_norm_eps;
+    int tie_word_embeddings;
+    int has_eos;
+    int64_t eos_token_id;
+    ir_dtype weight_dtype; /* from "dtype" or "torch_dtype" */
+} fe_common;
+
+/* Reads the fields above (and rejects hidden_act other than silu and any
+ * quantization_config). max_pos_default is the family's default for
+ * max_position_embeddings. */
+moec_status fe_common_read(const fe_json *j, int64_t max_pos_default, fe_common *c);
+
+/* ---- RoPE -----------------------------------------------------------------
+ * The rope op's attributes as transformers' standardize_rope_params and its
+ * ROPE_INIT_FUNCTIONS compute them from either the transformers-4 form
+ * (top-level rope_theta, rope_scaling {type|rope_type, ...}) or the
+ * transformers-5 form (rope_parameters {rope_type, rope_theta, ...}). */
+typedef enum fe_rope_kind {
+    FE_ROPE_DEFAULT,
+    FE_ROPE_LINEAR,
+    FE_ROPE_YARN,
+} fe_rope_kind;
+
+typedef struct fe_rope {
+    fe_rope_kind kind;
+    const char *style; /* "interleave" or "neox": set by the family */
+    double theta;
+    double factor;       /* LINEAR, YARN: the factor the frequencies use */
+    double yarn_low;     /* YARN: correction range, truncated as asked */
+    double yarn_high;
+    double attn_factor;  /* YARN: multiplies cos and sin */
+    /* As written in the rope dict, for DeepSeek's softmax scale
+     * (yarn_apply_mscale reads the dict, not the derived values). */
+    int has_dict_factor;
+    double dict_factor;
+    double mscale_all_dim; /* 0 when absent or null */
+    const char *dict_prefix; /* "rope_scaling." or "rope_parameters." */
+} fe_rope;
+
+/* dim: the rotated head dim (head_dim as transformers' rope code sees it). */
+moec_status fe_rope_read(const fe_json *root, int64_t dim, int64_t max_position_embeddings,
+                         fe_rope *r);
+
+/* ---- building -------------------------------------------------------------
+ * Value names are "<vpre><name>" and tensor names "<tpre><tensor>"; inside a
+ * layer vpre is "l3." and tpre "model.layers.3.". All activations are f32. */
+typedef struct fe_ctx {
+    ir_module *m;
+    const fe_common *cc;
+    ir_value *positions;
+    int layer;
+    char vpre[32];
+    char tpre[48];
+} fe_ctx;
+
+/* Enters layer i (or, with -1, the model level: vpre "", tpre "model."). */
+void fe_ctx_layer(fe_ctx *c, int layer);
+
+/* A weight %<vpre>vname bound to "<tpre>tensor" (stack: a pattern with {e}). */
+moec_status fe_weight(fe_ctx *c, const char *vname, const char *tensor, ir_dtype dt, int rank,
+                      const int64_t *dims, ir_value **out);
+moec_status fe_weight_stack(fe_ctx *c, const char *vname, const char *pattern, int count,
+                            int64_t d1, int64_t d2, ir_value **out);
+/* Shorthands for weights of the checkpoint dtype. */
+moec_status fe_weight1(fe_ctx *c, const char *vname, const char *tensor, int64_t d0, ir_value **out);
+moec_status fe_weight2(fe_ctx *c, const char *vname, const char *tensor, int64_t d0, int64_t d1,
+                       ir_value **out);
+
+/* Ops (names get vpre). */
+moec_status fe_linear(fe_ctx *c, const char *name, ir_value *x, ir_value *w, ir_value *b,
+                      ir_value **out);
+moec_status fe_rms_norm(fe_ctx *c, const char *name, ir_value *x, ir_value *w, double eps,
+                        ir_value **out);
+/* dims: the result's dims after the leading T (rank - 1 of them). */
+moec_status fe_reshape(fe_ctx *c, const char *name, ir_value *x, int rank, const int64_t *dims,
+                       ir_value **out);
+moec_status fe_expand(fe_ctx *c, const char *name, ir_value *x, int rank, const int64_t *dims,
+                      ir_value **out);
+moec_status fe_slice(fe_ctx *c, const char *name, ir_value *x, int axis, int64_t start,
+                     int64_t size, ir_value **out);
+moec_status fe_concat2(fe_ctx *c, const char *name, ir_value *a, ir_value *b, int axis,
+                       ir_value **out);
+moec_status fe_binary(fe_ctx *c, ir_op_kind kind, const char *name, ir_value *a, ir_value *b,
+                      ir_value **out);
+moec_status fe_unary(fe_ctx *c, ir_op_kind kind, const char *name, ir_value *x, ir_value **out);
+moec_status fe_rope_op(fe_ctx *c, const char *name, ir_value *x, const fe_rope *r, ir_value **out);
+moec_status fe_attention(fe_ctx *c, const char *name, ir_value *q, ir_value *k, ir_value *v,
+                         double scale, int64_t window, ir_value **out);
+
+/* The SwiGLU MLP down(silu(gate(x)) * up(x)) with weights
+ * "<tpre><tmod>.{gate,up,down}_proj.weight" (and ".bias" when bias) and
+ * values %<vpre><vmod>.{gate,up,act,hidden,out}. */
+moec_status fe_mlp(fe_ctx *c, const char *vmod, const char *tmod, ir_value *x, int64_t inter,
+                   int bias, ir_value **out);
+
+/* moe_topk's attributes. Group attributes are written when n_group > 1. */
+typedef struct fe_topk {
+    const char *scoring;     /* "softmax" or "sigmoid" */
+    int64_t top_k;
+    int64_t n_group, topk_group;
+    const char *group_score; /* "max" or "top2_sum" */
+    int norm_topk_prob;
+    double scaling;
+} fe_topk;
+
+/* The routed experts of a MoE layer, unfused: router logits (weight
+ * "<tpre>mlp.gate.weight"), moe_topk (bias: optional [E] f32), moe_experts
+ * over the stacks "<tpre>mlp.experts.{e}.{gate,up,down}_proj.weight", the
+ * top-k weights broadcast-multiplied and summed over k: %<vpre>moe.routed. */
+moec_status fe_moe_routed(fe_ctx *c, ir_value *x, int64_t n_experts, int64_t moe_inter,
+                          const fe_topk *tk, ir_value *bias, ir_value **out);
+
+/* A family: attention and feed-forward of layer c->layer on the normed x. */
+typedef struct fe_family {
+    moec_status (*attention)(fe_ctx *c, const void *cfg, ir_value *x, ir_value **out);
+    moec_status (*mlp)(fe_ctx *c, const void *cfg, ir_value *x, ir_value **out);
+} fe_family;
+
+/* The whole model: metas, inputs, embedding, the decoder layers
+ * (x + attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))),
+ * final norm, lm_head, output %logits. The result is not yet verified. */
+moec_status fe_model_build(const fe_common *cc, const fe_family *fam, const void *cfg,
+                           ir_module **out);
+
+/* The families (compiler/fe_deepseek.c, compiler/fe_qwen.c). */
+moec_status fe_deepseek_build(const fe_json *root, const fe_common *cc, ir_module **out);
+moec_status fe_qwen_build(const fe_json *root, const fe_common *cc, ir_module **out);
+
+#endif

@@ -1,0 +1,247 @@
+/* moec_api.c — the public API (include/moec.h) over the frontend, the weight
+ * loader and the backends. A model is the verified IR of a config; a session
+ * is one sequence being generated on one backend. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compiler/frontend.h"
+#include "err.h"
+#include "runtime/interp.h"
+#include "runtime/weights.h"
+
+struct moec_model {
+    ir_module *module;
+    int n_tensors;
+    moec_tensor_info *tensors; /* names live in the module's arena */
+};
+
+struct moec_session {
+    const moec_model_t *model;
+    moec_backend backend;
+    rt_weights *weights;
+    rt_interp *interp;
+    int max_seq;
+    int length;
+};
+
+/* Appends the tensors of one TENSOR or STACK binding of weight type t to
+ * m->tensors; with m->tensors NULL only counts them. */
+static moec_status model_add_tensors(moec_model_t *m, const ir_binding *b, const ir_type *t)
+{
+    int count = b->kind == IR_BIND_STACK ? b->count : 1;
+    for (int e = 0; e < count; e++) {
+        if (m->tensors) {
+            moec_tensor_info *ti = &m->tensors[m->n_tensors];
+            ti->dtype = t->dtype == IR_DTYPE_F32 ? MOEC_DTYPE_F32
+                        : t->dtype == IR_DTYPE_F16 ? MOEC_DTYPE_F16 : MOEC_DTYPE_BF16;
+            int skip = b->kind == IR_BIND_STACK ? 1 : 0;
+            ti->rank = t->rank - skip;
+            for (int d = 0; d < ti->rank; d++)
+                ti->shape[d] = t->dims[d + skip];
+            if (b->kind == IR_BIND_STACK) {
+                const char *at = strstr(b->name, "{e}");
+                size_t cap = strlen(b->name) + 16;
+                char *name = ir_arena_alloc(m->module->arena, cap);
+                if (!name || !at)
+                    return MOEC_ERR(MOEC_ERR_OOM, "out of memory listing tensors");
+                snprintf(name, cap, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
+                ti->name = name;
+            } else {
+                ti->name = b->name;
+            }
+        }
+        m->n_tensors++;
+    }
+    return MOEC_OK;
+}
+
+static moec_status model_list_tensors(moec_model_t *m)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        m->n_tensors = 0;
+        for (int i = 0; i < m->module->n_values; i++) {
+            const ir_value *v = m->module->values[i];
+            if (v->kind != IR_VALUE_WEIGHT)
+                continue;
+            if (v->bind.kind != IR_BIND_CONCAT) {
+                MOEC_TRY(model_add_tensors(m, &v->bind, &v->type));
+                continue;
+            }
+            /* The frontend binds published tensors one to one; fused (concat)
+             * weights appear only after passes. */
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "weight %%%s: listing the tensors of a concat binding is not supported",
+                            v->name);
+        }
+        if (pass == 0) {
+            m->tensors = ir_arena_alloc(m->module->arena,
+                                        (size_t)(m->n_tensors + 1) * sizeof *m->tensors);
+            if (!m->tensors)
+                return MOEC_ERR(MOEC_ERR_OOM, "out of memory listing tensors");
+        }
+    }
+    return MOEC_OK;
+}
+
+int moec_model_tensor_count(const moec_model_t *m) { return m ? m->n_tensors : 0; }
+
+moec_status moec_model_tensor_info(const moec_model_t *m, int i, moec_tensor_info *out)
+{
+    if (!m || !out || i < 0 || i >= m->n_tensors)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "tensor index %d out of range", i);
+    *out = m->tensors[i];
+    return MOEC_OK;
+}
+
+moec_status moec_model_open(const char *model_dir, moec_model_t **out)
+{
+    if (!model_dir || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_open: NULL argument");
+    *out = NULL;
+    moec_model_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", model_dir);
+    moec_status st = fe_model_load(model_dir, &m->module);
+    if (st == MOEC_OK)
+        st = model_list_tensors(m);
+    if (st != MOEC_OK) {
+        moec_model_free(m);
+        return st;
+    }
+    *out = m;
+    return MOEC_OK;
+}
+
+void moec_model_free(moec_model_t *m)
+{
+    if (!m)
+        return;
+    ir_module_free(m->module);
+    free(m);
+}
+
+moec_status moec_model_dump_ir(const moec_model_t *m, FILE *out)
+{
+    if (!m || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_dump_ir: NULL argument");
+    return ir_module_print(m->module, out);
+}
+
+moec_status moec_model_summary(const moec_model_t *m, FILE *out)
+{
+    if (!m || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_summary: NULL argument");
+    const ir_module *mod = m->module;
+    int by_kind[IR_OP_COUNT] = {0};
+    int n_weights = 0;
+    double params = 0, bytes = 0;
+    for (int i = 0; i < mod->n_ops; i++)
+        by_kind[mod->ops[i]->kind]++;
+    for (int i = 0; i < mod->n_values; i++) {
+        const ir_value *v = mod->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        n_weights++;
+        double n = (double)ir_type_numel(&v->type, 0);
+        params += n;
+        bytes += n * (double)ir_dtype_size(v->type.dtype);
+    }
+    fprintf(out, "model %s: %lld layers, hidden %lld, vocab %lld\n", mod->name,
+            (long long)ir_module_meta_int(mod, "num_hidden_layers", 0),
+            (long long)ir_module_meta_int(mod, "hidden_size", 0),
+            (long long)ir_module_meta_int(mod, "vocab_size", 0));
+    fprintf(out, "  %d values, %d ops, %d weights (%d checkpoint tensors), %.3g parameters, %.3g MB\n",
+            mod->n_values, mod->n_ops, n_weights, m->n_tensors, params, bytes / 1e6);
+    fprintf(out, "  ops:");
+    for (int k = 0; k < IR_OP_COUNT; k++)
+        if (by_kind[k])
+            fprintf(out, " %s %d", ir_op_name((ir_op_kind)k), by_kind[k]);
+    fprintf(out, "\n");
+    return ferror(out) ? MOEC_ERR(MOEC_ERR_IO, "cannot write the summary") : MOEC_OK;
+}
+
+int moec_model_vocab_size(const moec_model_t *m)
+{
+    return m ? (int)ir_module_meta_int(m->module, "vocab_size", 0) : 0;
+}
+
+int moec_model_max_positions(const moec_model_t *m)
+{
+    return m ? (int)ir_module_meta_int(m->module, "max_position_embeddings", 0) : 0;
+}
+
+int moec_model_eos_token(const moec_model_t *m)
+{
+    return m ? (int)ir_module_meta_int(m->module, "eos_token_id", -1) : -1;
+}
+
+moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
+                              moec_backend backend, int max_seq_len, moec_session_t **out)
+{
+    if (!model || !weights_dir || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init: NULL argument");
+    *out = NULL;
+    int max_pos = moec_model_max_positions(model);
+    if (max_seq_len <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got %d", max_seq_len);
+    if (max_pos > 0 && max_seq_len > max_pos)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "max_seq_len %d exceeds the model's max_position_embeddings %d",
+                        max_seq_len, max_pos);
+    if (backend == MOEC_BACKEND_AUTO)
+        backend = MOEC_BACKEND_CPU; /* until the CUDA backend exists, AUTO is the interpreter */
+    if (backend == MOEC_BACKEND_CUDA) {
+        int n = 0;
+        MOEC_TRY(moec_cuda_device_count(&n));
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "the CUDA backend is not implemented yet; use --backend cpu");
+    }
+    moec_session_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    s->model = model;
+    s->backend = backend;
+    s->max_seq = max_seq_len;
+    moec_status st = rt_weights_open(model->module, weights_dir, &s->weights);
+    if (st == MOEC_OK)
+        st = rt_interp_init(model->module, s->weights, max_seq_len, &s->interp);
+    if (st != MOEC_OK) {
+        moec_session_free(s);
+        return st;
+    }
+    *out = s;
+    return MOEC_OK;
+}
+
+void moec_session_free(moec_session_t *s)
+{
+    if (!s)
+        return;
+    rt_interp_free(s->interp);
+    rt_weights_free(s->weights);
+    free(s);
+}
+
+moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backend : MOEC_BACKEND_AUTO; }
+
+int moec_session_length(const moec_session_t *s) { return s ? s->length : 0; }
+
+moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+{
+    if (!s || !ids || n <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: no tokens");
+    if (n > s->max_seq - s->length)
+        return MOEC_ERR(MOEC_ERR_CAPACITY,
+                        "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,
+                        s->length, s->max_seq);
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    for (int i = 0; i < n; i++)
+        pos[i] = s->length + i;
+    moec_status st = rt_interp_forward(s->interp, ids, pos, n, logits_out);
+    free(pos);
+    MOEC_TRY(st);
+    s->length += n;
+    return MOEC_OK;
+}

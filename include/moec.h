@@ -1,0 +1,93 @@
+/* moec.h — the public API of moec: an ahead-of-time compiler and runtime for
+ * Mixture-of-Experts decode. Opaque handles, status codes, one error string
+ * per thread; the library never exits or aborts on bad input. */
+#ifndef MOEC_H
+#define MOEC_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum moec_status {
+    MOEC_OK = 0,
+    MOEC_ERR_INVALID_ARG,  /* a caller passed something impossible */
+    MOEC_ERR_IO,           /* a file could not be opened, read or written */
+    MOEC_ERR_FORMAT,       /* a file is malformed (JSON, safetensors, IR text) */
+    MOEC_ERR_UNSUPPORTED,  /* a model_type, config field or value moec does not support */
+    MOEC_ERR_MISMATCH,     /* a weight is missing or has the wrong shape or dtype */
+    MOEC_ERR_OOM,          /* an allocation failed */
+    MOEC_ERR_CAPACITY,     /* a prompt too long or a KV cache full */
+    MOEC_ERR_NO_DEVICE,    /* no CUDA device on this machine */
+    MOEC_ERR_CUDA,         /* a CUDA, NVRTC, cuBLAS or NCCL call failed */
+    MOEC_ERR_INTERNAL,     /* a broken invariant: a bug in moec */
+} moec_status;
+
+/* The message of the last error on this thread: "file:line: message",
+ * naming the file, tensor or field at fault. Never NULL. */
+const char *moec_last_error(void);
+const char *moec_status_name(moec_status st);
+
+/* A model: config.json read and lowered to the unfused IR, verified.
+ * Weights are not touched until a session is made. */
+typedef struct moec_model moec_model_t;
+
+moec_status moec_model_open(const char *model_dir, moec_model_t **out);
+void moec_model_free(moec_model_t *model);
+/* Writes the module's IR text. */
+moec_status moec_model_dump_ir(const moec_model_t *model, FILE *out);
+/* Writes a short summary: model type, layers, values, ops by kind, weights
+ * and their bytes. */
+moec_status moec_model_summary(const moec_model_t *model, FILE *out);
+int moec_model_vocab_size(const moec_model_t *model);
+int moec_model_max_positions(const moec_model_t *model);
+/* The config's eos_token_id (the first, if a list), or -1 if it has none. */
+int moec_model_eos_token(const moec_model_t *model);
+
+/* The checkpoint tensors a model reads, as published (per-expert tensors
+ * listed one by one), with the shape and dtype it expects. */
+typedef enum moec_dtype { MOEC_DTYPE_F32 = 0, MOEC_DTYPE_F16, MOEC_DTYPE_BF16 } moec_dtype;
+typedef struct moec_tensor_info {
+    const char *name; /* owned by the model */
+    moec_dtype dtype;
+    int rank;
+    int64_t shape[4];
+} moec_tensor_info;
+int moec_model_tensor_count(const moec_model_t *model);
+moec_status moec_model_tensor_info(const moec_model_t *model, int i, moec_tensor_info *out);
+
+typedef enum moec_backend {
+    MOEC_BACKEND_AUTO = 0, /* CUDA where a device is present, else CPU */
+    MOEC_BACKEND_CPU,      /* the fp32 reference interpreter */
+    MOEC_BACKEND_CUDA,
+} moec_backend;
+
+/* A generation session of one sequence: weights loaded and checked (every
+ * bound tensor present, of the right shape and dtype), KV cache for
+ * max_seq_len tokens. */
+typedef struct moec_session moec_session_t;
+
+moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
+                              moec_backend backend, int max_seq_len,
+                              moec_session_t **out);
+void moec_session_free(moec_session_t *session);
+/* The backend the session runs on (never AUTO). */
+moec_backend moec_session_backend(const moec_session_t *session);
+/* Appends n tokens to the sequence and writes the logits of every one of
+ * them (n rows of vocab_size floats) to logits_out when it is not NULL.
+ * MOEC_ERR_CAPACITY when the sequence would outgrow max_seq_len. */
+moec_status moec_session_forward(moec_session_t *session, const int32_t *ids, int n,
+                                 float *logits_out);
+/* Tokens in the sequence so far. */
+int moec_session_length(const moec_session_t *session);
+
+/* Number of CUDA devices; MOEC_ERR_NO_DEVICE (with a message) when there is
+ * none or no driver. */
+moec_status moec_cuda_device_count(int *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,257 @@
+/* ir.h — moec's static-graph IR: a module of named, typed values (inputs,
+ * weights bound to checkpoint tensors, op results) and ops with typed
+ * attributes, all living in one arena freed at once. The text form (see
+ * ir_print.c) parses back to the same module; it is the interface between
+ * passes, tests and people.
+ *
+ * Shapes are static except one symbolic token dimension T (IR_DIM_T), always
+ * the first dimension of activations, specialized per batch bucket later.
+ *
+ * Op semantics are defined by the CPU interpreter (runtime/interp.c); the
+ * table in ir_ops.c lists each op's operands, results and attributes. */
+#ifndef MOEC_IR_H
+#define MOEC_IR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moec.h"
+
+/* ---- arena ---------------------------------------------------------------- */
+
+typedef struct ir_arena ir_arena;
+
+ir_arena *ir_arena_init(void);
+void ir_arena_free(ir_arena *a);
+/* Zeroed, 16-byte aligned; NULL only when memory is exhausted. */
+void *ir_arena_alloc(ir_arena *a, size_t size);
+char *ir_arena_strdup(ir_arena *a, const char *s);
+
+/* ---- types ---------------------------------------------------------------- */
+
+typedef enum ir_dtype {
+    IR_DTYPE_F32 = 0,
+    IR_DTYPE_F16,
+    IR_DTYPE_BF16,
+    IR_DTYPE_I32,
+    IR_DTYPE_COUNT,
+} ir_dtype;
+
+#define IR_MAX_RANK 4
+#define IR_DIM_T (-1) /* the symbolic token dimension */
+
+typedef struct ir_type {
+    ir_dtype dtype;
+    int rank;
+    int64_t dims[IR_MAX_RANK];
+} ir_type;
+
+const char *ir_dtype_name(ir_dtype dt); /* "f32", "f16", "bf16", "i32" */
+int ir_dtype_from_name(const char *name, ir_dtype *out); /* 0 on success */
+size_t ir_dtype_size(ir_dtype dt);
+/* Elements per token (product of all dims but a leading T), or of all dims. */
+int64_t ir_type_numel(const ir_type *t, int64_t T);
+int ir_type_equal(const ir_type *a, const ir_type *b);
+/* Writes "bf16[T, 64]" into buf. */
+void ir_type_format(const ir_type *t, char *buf, size_t cap);
+
+/* ---- values --------------------------------------------------------------- */
+
+typedef enum ir_value_kind {
+    IR_VALUE_INPUT,  /* fed per step: token ids, positions */
+    IR_VALUE_WEIGHT, /* bound to checkpoint tensors */
+    IR_VALUE_OP,     /* the result of an op */
+} ir_value_kind;
+
+/* How a weight value is built from checkpoint tensors at load time.
+ *   TENSOR:  one tensor, `"model.layers.0.mlp.gate.weight"`
+ *   STACK:   `stack("model.layers.1.mlp.experts.{e}.up_proj.weight", 8)`:
+ *            tensors with {e} = 0..count-1 stacked on a new leading axis
+ *   CONCAT:  `concat(0, "a.weight", "b.weight", ...)`: parts (each a TENSOR
+ *            or STACK binding) joined along `axis` (fused weights, issue 3) */
+typedef enum ir_bind_kind {
+    IR_BIND_TENSOR,
+    IR_BIND_STACK,
+    IR_BIND_CONCAT,
+} ir_bind_kind;
+
+typedef struct ir_binding {
+    ir_bind_kind kind;
+    const char *name;          /* TENSOR: tensor name; STACK: pattern with "{e}" */
+    int count;                 /* STACK: number of experts */
+    int axis;                  /* CONCAT */
+    int n_parts;               /* CONCAT */
+    struct ir_binding *parts;  /* CONCAT: TENSOR or STACK bindings */
+} ir_binding;
+
+typedef struct ir_op ir_op;
+
+typedef struct ir_value {
+    const char *name; /* without the leading '%'; [A-Za-z0-9_.]+ */
+    ir_type type;
+    ir_value_kind kind;
+    int id;            /* index in module->values */
+    ir_op *def;        /* the op that defines it (IR_VALUE_OP) */
+    ir_binding bind;   /* IR_VALUE_WEIGHT */
+} ir_value;
+
+/* ---- attributes ----------------------------------------------------------- */
+
+typedef enum ir_attr_kind {
+    IR_ATTR_INT,   /* 42 */
+    IR_ATTR_FLOAT, /* 1e-06 (printed shortest round-trip) */
+    IR_ATTR_STR,   /* "neox" */
+    IR_ATTR_INTS,  /* [0, 3] */
+} ir_attr_kind;
+
+typedef struct ir_attr {
+    const char *key;
+    ir_attr_kind kind;
+    int64_t i;
+    double f;
+    const char *s;
+    int n;          /* IR_ATTR_INTS */
+    int64_t *ints;  /* IR_ATTR_INTS */
+} ir_attr;
+
+/* ---- ops ------------------------------------------------------------------ */
+
+/* Each op's exact semantics: runtime/interp.c. Operands in order; [opt] may
+ * be absent. Shapes: x is [T, ...] unless noted. */
+typedef enum ir_op_kind {
+    IR_OP_EMBEDDING,   /* (ids i32[T], table [V, H]) -> f32[T, H] */
+    IR_OP_RMS_NORM,    /* (x [T, ..., D], w [D]) {eps} -> like x; over the last dim */
+    IR_OP_LINEAR,      /* (x [T, K], w [N, K], [opt] b [N]) -> [T, N]; y = x w^T + b */
+    IR_OP_RESHAPE,     /* (x) -> result type; same elements per token */
+    IR_OP_SLICE,       /* (x) {axis, start, size} -> x with dim axis = size */
+    IR_OP_CONCAT,      /* (a, b, ...) {axis} -> joined along axis */
+    IR_OP_EXPAND,      /* (x) -> result type; dims of size 1 broadcast */
+    IR_OP_ADD,         /* (a, b) -> a + b; b broadcasts where its dim is 1 */
+    IR_OP_MUL,         /* (a, b) -> a * b; b broadcasts where its dim is 1 */
+    IR_OP_SILU,        /* (x) -> x * sigmoid(x) */
+    IR_OP_SIGMOID,     /* (x) -> 1 / (1 + exp(-x)) */
+    IR_OP_ROPE,        /* (x [T, H, D], pos i32[T]) {style, theta, scaling, factor,
+                          yarn_low, yarn_high, attn_factor} -> like x; rotates all D */
+    IR_OP_ATTENTION,   /* (q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], pos i32[T])
+                          {scale, window} -> f32[T, H, Dv]; appends k, v to this op's
+                          KV cache at their positions, causal over the cache */
+    IR_OP_MOE_TOPK,    /* (logits [T, E], [opt] bias [E]) {scoring, top_k, n_group,
+                          topk_group, group_score, norm_topk_prob, scaling}
+                          -> (ids i32[T, K], weights f32[T, K]) */
+    IR_OP_MOE_EXPERTS, /* (x [T, H], ids i32[T, K], gate [E, I, H], up [E, I, H],
+                          down [E, H, I]) or (x, ids, gate_up [E, 2I, H], down)
+                          -> f32[T, K, H]: down(silu(gate x) * up x) per chosen expert */
+    IR_OP_REDUCE_SUM,  /* (x) {axis} -> x with dim axis removed */
+    IR_OP_COUNT,
+} ir_op_kind;
+
+#define IR_MAX_OPERANDS 8
+#define IR_MAX_RESULTS 2
+#define IR_MAX_ATTRS 12
+
+struct ir_op {
+    ir_op_kind kind;
+    int id;                           /* index in module->ops */
+    int n_in;
+    ir_value *in[IR_MAX_OPERANDS];
+    int n_out;
+    ir_value *out[IR_MAX_RESULTS];
+    int n_attr;
+    ir_attr attrs[IR_MAX_ATTRS];
+};
+
+const char *ir_op_name(ir_op_kind k); /* "linear" */
+int ir_op_kind_from_name(const char *name, ir_op_kind *out); /* 0 on success */
+
+/* Attribute lookup; NULL when absent. */
+const ir_attr *ir_op_attr(const ir_op *op, const char *key);
+int64_t ir_op_attr_int(const ir_op *op, const char *key, int64_t dflt);
+double ir_op_attr_float(const ir_op *op, const char *key, double dflt);
+const char *ir_op_attr_str(const ir_op *op, const char *key, const char *dflt);
+
+/* ---- module --------------------------------------------------------------- */
+
+typedef struct ir_module {
+    ir_arena *arena;
+    const char *name;      /* the model_type: "deepseek_v2", ... */
+    int n_meta;            /* module attributes: vocab_size, max_position_embeddings ... */
+    ir_attr *meta;
+    int meta_cap;
+    int n_values, values_cap;
+    ir_value **values;     /* every value, in definition order */
+    int n_ops, ops_cap;
+    ir_op **ops;           /* in execution order */
+    int n_inputs;
+    ir_value *inputs[8];
+    int n_outputs;
+    ir_value *outputs[8];
+} ir_module;
+
+/* An empty module named `name`; NULL when memory is exhausted. */
+ir_module *ir_module_init(const char *name);
+void ir_module_free(ir_module *m);
+
+const ir_attr *ir_module_meta(const ir_module *m, const char *key);
+int64_t ir_module_meta_int(const ir_module *m, const char *key, int64_t dflt);
+
+ir_value *ir_module_find_value(const ir_module *m, const char *name);
+
+/* ---- building --------------------------------------------------------------
+ * Builders only record. Each returns the new value (or op), or NULL with the
+ * error recorded (duplicate name, shape that does not agree, no memory). */
+
+moec_status ir_module_set_meta_int(ir_module *m, const char *key, int64_t v);
+moec_status ir_module_set_meta_float(ir_module *m, const char *key, double v);
+moec_status ir_module_set_meta_str(ir_module *m, const char *key, const char *v);
+
+ir_value *ir_module_add_input(ir_module *m, const char *name, ir_type type);
+/* A weight bound to one checkpoint tensor. */
+ir_value *ir_module_add_weight(ir_module *m, const char *name, ir_type type, const char *tensor);
+/* A weight bound to count tensors named by pattern with "{e}" replaced by 0..count-1. */
+ir_value *ir_module_add_weight_stack(ir_module *m, const char *name, ir_type type,
+                                     const char *pattern, int count);
+/* A weight with any binding (deep-copied into the module's arena). */
+ir_value *ir_module_add_weight_bound(ir_module *m, const char *name, ir_type type,
+                                     const ir_binding *bind);
+moec_status ir_module_add_output(ir_module *m, ir_value *v);
+
+/* Appends an op; result types come from ir_op_infer unless out_types is given
+ * (then they must agree with it). out_names has n_out entries. Attributes are
+ * added after with ir_op_set_*, before the op is used; call ir_op_finish to
+ * infer and check the result types once all attributes are set. */
+ir_op *ir_module_add_op(ir_module *m, ir_op_kind kind, ir_value *const *in, int n_in,
+                        const char *const *out_names, int n_out);
+moec_status ir_op_set_int(ir_module *m, ir_op *op, const char *key, int64_t v);
+moec_status ir_op_set_float(ir_module *m, ir_op *op, const char *key, double v);
+moec_status ir_op_set_str(ir_module *m, ir_op *op, const char *key, const char *v);
+moec_status ir_op_set_ints(ir_module *m, ir_op *op, const char *key, const int64_t *v, int n);
+/* Infers the result types (for RESHAPE and EXPAND, pass the wanted type in
+ * `hint`; others ignore it) and checks operands; records the error naming
+ * the op's first result on failure. */
+moec_status ir_op_finish(ir_module *m, ir_op *op, const ir_type *hint);
+
+/* Convenience: one-result op with no attributes, finished. */
+ir_value *ir_build(ir_module *m, ir_op_kind kind, const char *name, ir_value *const *in, int n_in);
+
+/* ---- checking, printing, parsing ------------------------------------------ */
+
+/* Computes the result types of op from its operands and attributes into
+ * out[0..n_out-1]. For RESHAPE/EXPAND the result type is op->out[0]->type
+ * (checked for agreement). Errors name the op's first result. */
+moec_status ir_op_infer(const ir_op *op, ir_type *out);
+
+/* Types and shapes agree, one definition per value, no use before definition,
+ * only known attributes of the right kind (required ones present), weights
+ * bound, names unique. The error names the first offending value. */
+moec_status ir_module_verify(const ir_module *m);
+
+moec_status ir_module_print(const ir_module *m, FILE *out);
+/* The text into a malloc'd string (caller frees). */
+char *ir_module_print_str(const ir_module *m);
+
+/* Parses IR text; a malformed file gives MOEC_ERR_FORMAT with
+ * "<filename>:<line>:<col>: message". The result is verified. */
+moec_status ir_module_parse(const char *text, const char *filename, ir_module **out);
+
+#endif

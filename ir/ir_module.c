@@ -1,0 +1,661 @@
+/* ir_module.c — the module: values, ops and metas in one arena, and the
+ * builders that record them (checking names, shapes and attributes as they
+ * go, so a bad frontend fails at the line that made the mistake). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "ir/ir_internal.h"
+
+/* ---- names ---------------------------------------------------------------- */
+
+static int is_name_char(unsigned char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           ch == '_' || ch == '.';
+}
+
+int ir_value_name_valid(const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    for (; *s; s++)
+        if (!is_name_char((unsigned char)*s))
+            return 0;
+    return 1;
+}
+
+int ir_key_valid(const char *s)
+{
+    if (!s || !*s || (*s >= '0' && *s <= '9'))
+        return 0;
+    for (; *s; s++)
+        if (!is_name_char((unsigned char)*s) || *s == '.')
+            return 0;
+    return 1;
+}
+
+int ir_string_valid(const char *s)
+{
+    if (!s)
+        return 0;
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return 0;
+    return 1;
+}
+
+/* ---- name map ------------------------------------------------------------- */
+
+static size_t name_hash(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return (size_t)h;
+}
+
+int ir_name_map_init(ir_name_map *h, size_t expect)
+{
+    size_t cap = 64;
+    while (cap < expect * 2 && cap < ((size_t)1 << 40))
+        cap *= 2;
+    h->slots = calloc(cap, sizeof *h->slots);
+    h->cap = h->slots ? cap : 0;
+    h->n = 0;
+    return h->slots ? 0 : -1;
+}
+
+void ir_name_map_free(ir_name_map *h)
+{
+    free(h->slots);
+    h->slots = NULL;
+    h->cap = h->n = 0;
+}
+
+ir_value *ir_name_map_get(const ir_name_map *h, const char *name, size_t len)
+{
+    if (!h->cap)
+        return NULL;
+    size_t mask = h->cap - 1;
+    for (size_t i = name_hash(name, len) & mask, probes = 0; probes < h->cap;
+         i = (i + 1) & mask, probes++) {
+        ir_value *v = h->slots[i];
+        if (!v)
+            return NULL;
+        if (v->name && strlen(v->name) == len && !memcmp(v->name, name, len))
+            return v;
+    }
+    return NULL;
+}
+
+static void name_map_insert(ir_value **slots, size_t cap, ir_value *v)
+{
+    size_t mask = cap - 1;
+    size_t i = name_hash(v->name, strlen(v->name)) & mask;
+    while (slots[i])
+        i = (i + 1) & mask;
+    slots[i] = v;
+}
+
+int ir_name_map_put(ir_name_map *h, ir_value *v)
+{
+    if (!v || !v->name || !h->cap)
+        return -1;
+    if ((h->n + 1) * 2 > h->cap) {
+        size_t cap = h->cap * 2;
+        ir_value **slots = calloc(cap, sizeof *slots);
+        if (!slots)
+            return -1;
+        for (size_t i = 0; i < h->cap; i++)
+            if (h->slots[i])
+                name_map_insert(slots, cap, h->slots[i]);
+        free(h->slots);
+        h->slots = slots;
+        h->cap = cap;
+    }
+    name_map_insert(h->slots, h->cap, v);
+    h->n++;
+    return 0;
+}
+
+/* ---- module --------------------------------------------------------------- */
+
+ir_module *ir_module_init(const char *name)
+{
+    ir_arena *a = ir_arena_init();
+    if (!a)
+        return NULL;
+    ir_module *m = ir_arena_alloc(a, sizeof *m);
+    if (!m) {
+        ir_arena_free(a);
+        return NULL;
+    }
+    m->arena = a;
+    m->name = ir_arena_strdup(a, name ? name : "");
+    if (!m->name) {
+        ir_arena_free(a);
+        return NULL;
+    }
+    return m;
+}
+
+void ir_module_free(ir_module *m)
+{
+    if (m)
+        ir_arena_free(m->arena);
+}
+
+const ir_attr *ir_module_meta(const ir_module *m, const char *key)
+{
+    if (!m || !key || !m->meta)
+        return NULL;
+    for (int i = 0; i < m->n_meta; i++)
+        if (m->meta[i].key && !strcmp(m->meta[i].key, key))
+            return &m->meta[i];
+    return NULL;
+}
+
+int64_t ir_module_meta_int(const ir_module *m, const char *key, int64_t dflt)
+{
+    const ir_attr *a = ir_module_meta(m, key);
+    return a && a->kind == IR_ATTR_INT ? a->i : dflt;
+}
+
+ir_value *ir_module_find_value(const ir_module *m, const char *name)
+{
+    if (!m || !name || !m->values)
+        return NULL;
+    if (name[0] == '%')
+        name++;
+    for (int i = 0; i < m->n_values; i++)
+        if (m->values[i] && m->values[i]->name && !strcmp(m->values[i]->name, name))
+            return m->values[i];
+    return NULL;
+}
+
+/* Grows an arena-held pointer array to hold one more; the old array is left
+ * in the arena. */
+static int grow(ir_arena *a, void **arr, int n, int *cap, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    if (*cap > (1 << 28))
+        return -1;
+    int ncap = *cap ? *cap * 2 : 16;
+    void *fresh = ir_arena_alloc(a, (size_t)ncap * elem);
+    if (!fresh)
+        return -1;
+    if (n > 0 && *arr)
+        memcpy(fresh, *arr, (size_t)n * elem);
+    *arr = fresh;
+    *cap = ncap;
+    return 0;
+}
+
+ir_value *ir_module_new_value(ir_module *m, const char *name, size_t name_len,
+                              ir_value_kind kind)
+{
+    void *arr = m->values;
+    if (grow(m->arena, &arr, m->n_values, &m->values_cap, sizeof(ir_value *)))
+        return NULL;
+    m->values = arr;
+    ir_value *v = ir_arena_alloc(m->arena, sizeof *v);
+    char *s = ir_arena_alloc(m->arena, name_len + 1);
+    if (!v || !s)
+        return NULL;
+    memcpy(s, name, name_len);
+    s[name_len] = '\0';
+    v->name = s;
+    v->kind = kind;
+    v->id = m->n_values;
+    m->values[m->n_values++] = v;
+    return v;
+}
+
+ir_op *ir_module_new_op(ir_module *m, ir_op_kind kind)
+{
+    void *arr = m->ops;
+    if (grow(m->arena, &arr, m->n_ops, &m->ops_cap, sizeof(ir_op *)))
+        return NULL;
+    m->ops = arr;
+    ir_op *op = ir_arena_alloc(m->arena, sizeof *op);
+    if (!op)
+        return NULL;
+    op->kind = kind;
+    op->id = m->n_ops;
+    m->ops[m->n_ops++] = op;
+    return op;
+}
+
+/* ---- metas ---------------------------------------------------------------- */
+
+moec_status ir_module_meta_slot(ir_module *m, const char *key, ir_attr_kind kind, ir_attr **out)
+{
+    if (!m || !key)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "meta: null module or key");
+    if (!ir_key_valid(key))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "meta '%s': key must match [A-Za-z_][A-Za-z0-9_]*",
+                        key);
+    ir_attr *a = (ir_attr *)ir_module_meta(m, key);
+    if (!a) {
+        void *arr = m->meta;
+        if (grow(m->arena, &arr, m->n_meta, &m->meta_cap, sizeof(ir_attr)))
+            return MOEC_ERR(MOEC_ERR_OOM, "meta '%s': out of memory", key);
+        m->meta = arr;
+        a = &m->meta[m->n_meta];
+        a->key = ir_arena_strdup(m->arena, key);
+        if (!a->key)
+            return MOEC_ERR(MOEC_ERR_OOM, "meta '%s': out of memory", key);
+        m->n_meta++;
+    }
+    const char *k = a->key;
+    memset(a, 0, sizeof *a);
+    a->key = k;
+    a->kind = kind;
+    *out = a;
+    return MOEC_OK;
+}
+
+moec_status ir_module_set_meta_int(ir_module *m, const char *key, int64_t v)
+{
+    ir_attr *a;
+    MOEC_TRY(ir_module_meta_slot(m, key, IR_ATTR_INT, &a));
+    a->i = v;
+    return MOEC_OK;
+}
+
+moec_status ir_module_set_meta_float(ir_module *m, const char *key, double v)
+{
+    ir_attr *a;
+    MOEC_TRY(ir_module_meta_slot(m, key, IR_ATTR_FLOAT, &a));
+    a->f = v;
+    return MOEC_OK;
+}
+
+moec_status ir_module_set_meta_str(ir_module *m, const char *key, const char *v)
+{
+    if (!ir_string_valid(v))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "meta '%s': string is null or has control characters",
+                        key ? key : "?");
+    ir_attr *a;
+    MOEC_TRY(ir_module_meta_slot(m, key, IR_ATTR_STR, &a));
+    a->s = ir_arena_strdup(m->arena, v);
+    if (!a->s) {
+        a->kind = IR_ATTR_INT;
+        return MOEC_ERR(MOEC_ERR_OOM, "meta '%s': out of memory", key);
+    }
+    return MOEC_OK;
+}
+
+/* ---- values --------------------------------------------------------------- */
+
+static moec_status check_new_name(const ir_module *m, const char *what, const char *name)
+{
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: null module", what);
+    if (!ir_value_name_valid(name))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: name must match [A-Za-z0-9_.]+", what,
+                        name ? name : "(null)");
+    if (ir_module_find_value(m, name))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "duplicate value %%%s", name);
+    return MOEC_OK;
+}
+
+static ir_value *new_value_or_oom(ir_module *m, const char *name, ir_value_kind kind)
+{
+    ir_value *v = ir_module_new_value(m, name, strlen(name), kind);
+    if (!v)
+        MOEC_ERR(MOEC_ERR_OOM, "out of memory adding %%%s", name);
+    return v;
+}
+
+ir_value *ir_module_add_input(ir_module *m, const char *name, ir_type type)
+{
+    if (check_new_name(m, "input", name) != MOEC_OK)
+        return NULL;
+    char ts[96];
+    ir_type_format(&type, ts, sizeof ts);
+    if (!ir_type_valid(&type, 1) || !ir_type_has_t(&type)) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "input %%%s: type %s must be valid with T first", name, ts);
+        return NULL;
+    }
+    if (m->n_inputs >= (int)(sizeof m->inputs / sizeof m->inputs[0])) {
+        MOEC_ERR(MOEC_ERR_CAPACITY, "input %%%s: too many inputs (at most %d)", name,
+                 (int)(sizeof m->inputs / sizeof m->inputs[0]));
+        return NULL;
+    }
+    ir_value *v = new_value_or_oom(m, name, IR_VALUE_INPUT);
+    if (!v)
+        return NULL;
+    v->type = type;
+    m->inputs[m->n_inputs++] = v;
+    return v;
+}
+
+static int stack_fits(const ir_binding *b, const ir_type *t, int concat_axis)
+{
+    if (concat_axis == 0)
+        return b->count <= t->dims[0];
+    return b->count == t->dims[0];
+}
+
+static moec_status binding_leaf_check(const ir_binding *b, const ir_type *t, int concat_axis,
+                                      char *msg, size_t cap)
+{
+    if (b->kind == IR_BIND_TENSOR) {
+        if (!b->name || !*b->name) {
+            snprintf(msg, cap, "has no binding (empty tensor name)");
+            return MOEC_ERR_INVALID_ARG;
+        }
+    } else if (b->kind == IR_BIND_STACK) {
+        if (!b->name || !strstr(b->name, "{e}")) {
+            snprintf(msg, cap, "stack pattern \"%s\" must contain {e}", b->name ? b->name : "");
+            return MOEC_ERR_INVALID_ARG;
+        }
+        if (b->count < 1) {
+            snprintf(msg, cap, "stack count %d must be >= 1", b->count);
+            return MOEC_ERR_INVALID_ARG;
+        }
+        if (!stack_fits(b, t, concat_axis)) {
+            snprintf(msg, cap, "stack count %d does not match dim 0 (%" PRId64 ")", b->count,
+                     t->dims[0]);
+            return MOEC_ERR_INVALID_ARG;
+        }
+    } else {
+        snprintf(msg, cap, "binding part of kind %d must be a tensor or a stack", (int)b->kind);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (!ir_string_valid(b->name)) {
+        snprintf(msg, cap, "tensor name has control characters");
+        return MOEC_ERR_INVALID_ARG;
+    }
+    return MOEC_OK;
+}
+
+moec_status ir_binding_check(const ir_binding *b, const ir_type *t, char *msg, size_t cap)
+{
+    if (!b || !t || t->rank < 1 || t->rank > IR_MAX_RANK) {
+        snprintf(msg, cap, "has no binding");
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (b->kind != IR_BIND_CONCAT)
+        return binding_leaf_check(b, t, -1, msg, cap);
+    if (b->n_parts < 1 || b->n_parts > IR_MAX_BIND_PARTS || !b->parts) {
+        snprintf(msg, cap, "concat binding has %d parts (1 to %d allowed)", b->n_parts,
+                 IR_MAX_BIND_PARTS);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (b->axis < 0 || b->axis >= t->rank) {
+        snprintf(msg, cap, "concat axis %d out of range [0, %d]", b->axis, t->rank - 1);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    for (int i = 0; i < b->n_parts; i++)
+        MOEC_TRY(binding_leaf_check(&b->parts[i], t, b->axis, msg, cap));
+    return MOEC_OK;
+}
+
+int ir_binding_copy(ir_module *m, ir_binding *dst, const ir_binding *src)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->kind = src->kind;
+    dst->count = src->count;
+    dst->axis = src->axis;
+    if (src->name && !(dst->name = ir_arena_strdup(m->arena, src->name)))
+        return -1;
+    if (src->kind != IR_BIND_CONCAT || src->n_parts <= 0 || !src->parts)
+        return 0;
+    ir_binding *parts = ir_arena_alloc(m->arena, sizeof *parts * (size_t)src->n_parts);
+    if (!parts)
+        return -1;
+    for (int i = 0; i < src->n_parts; i++) {
+        parts[i].kind = src->parts[i].kind;
+        parts[i].count = src->parts[i].count;
+        if (src->parts[i].name && !(parts[i].name = ir_arena_strdup(m->arena, src->parts[i].name)))
+            return -1;
+    }
+    dst->parts = parts;
+    dst->n_parts = src->n_parts;
+    return 0;
+}
+
+ir_value *ir_module_add_weight_bound(ir_module *m, const char *name, ir_type type,
+                                     const ir_binding *bind)
+{
+    if (check_new_name(m, "weight", name) != MOEC_OK)
+        return NULL;
+    char ts[96];
+    ir_type_format(&type, ts, sizeof ts);
+    if (!ir_type_valid(&type, 0)) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: type %s must be valid, without T", name, ts);
+        return NULL;
+    }
+    char msg[IR_MSG_CAP];
+    if (ir_binding_check(bind, &type, msg, sizeof msg) != MOEC_OK) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: %s", name, msg);
+        return NULL;
+    }
+    ir_value *v = new_value_or_oom(m, name, IR_VALUE_WEIGHT);
+    if (!v)
+        return NULL;
+    v->type = type;
+    if (ir_binding_copy(m, &v->bind, bind)) {
+        MOEC_ERR(MOEC_ERR_OOM, "out of memory adding %%%s", name);
+        return NULL;
+    }
+    return v;
+}
+
+ir_value *ir_module_add_weight(ir_module *m, const char *name, ir_type type, const char *tensor)
+{
+    ir_binding b = {.kind = IR_BIND_TENSOR, .name = tensor};
+    return ir_module_add_weight_bound(m, name, type, &b);
+}
+
+ir_value *ir_module_add_weight_stack(ir_module *m, const char *name, ir_type type,
+                                     const char *pattern, int count)
+{
+    ir_binding b = {.kind = IR_BIND_STACK, .name = pattern, .count = count};
+    return ir_module_add_weight_bound(m, name, type, &b);
+}
+
+static int value_in_module(const ir_module *m, const ir_value *v)
+{
+    return v && v->id >= 0 && v->id < m->n_values && m->values[v->id] == v;
+}
+
+moec_status ir_module_add_output(ir_module *m, ir_value *v)
+{
+    if (!m || !value_in_module(m, v))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "output: value %%%s is not in the module",
+                        v && v->name ? v->name : "?");
+    int cap = (int)(sizeof m->outputs / sizeof m->outputs[0]);
+    for (int i = 0; i < m->n_outputs; i++)
+        if (m->outputs[i] == v)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "output %%%s: already an output", v->name);
+    if (m->n_outputs >= cap)
+        return MOEC_ERR(MOEC_ERR_CAPACITY, "output %%%s: too many outputs (at most %d)", v->name,
+                        cap);
+    m->outputs[m->n_outputs++] = v;
+    return MOEC_OK;
+}
+
+/* ---- ops ------------------------------------------------------------------ */
+
+ir_op *ir_module_add_op(ir_module *m, ir_op_kind kind, ir_value *const *in, int n_in,
+                        const char *const *out_names, int n_out)
+{
+    int min_in, max_in, want_out;
+    if (!m) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_op: null module");
+        return NULL;
+    }
+    if (!ir_op_arity(kind, &min_in, &max_in, &want_out)) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_op: unknown op kind %d", (int)kind);
+        return NULL;
+    }
+    const char *opname = ir_op_name(kind);
+    const char *first = out_names && n_out > 0 && out_names[0] ? out_names[0] : "?";
+    if (n_out != want_out || !out_names) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s: %s: has %d results, %d given", first, opname,
+                 want_out, n_out);
+        return NULL;
+    }
+    if (n_in < min_in || n_in > max_in || (n_in > 0 && !in)) {
+        MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s: %s: takes %d to %d operands, got %d", first, opname,
+                 min_in, max_in, n_in);
+        return NULL;
+    }
+    for (int i = 0; i < n_in; i++) {
+        if (!value_in_module(m, in[i])) {
+            MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s: %s: operand %d (%%%s) is not a value of this module",
+                     first, opname, i, in[i] && in[i]->name ? in[i]->name : "?");
+            return NULL;
+        }
+    }
+    for (int i = 0; i < n_out; i++) {
+        if (check_new_name(m, opname, out_names[i]) != MOEC_OK)
+            return NULL;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(out_names[j], out_names[i])) {
+                MOEC_ERR(MOEC_ERR_INVALID_ARG, "duplicate value %%%s", out_names[i]);
+                return NULL;
+            }
+    }
+    ir_op *op = ir_module_new_op(m, kind);
+    if (!op) {
+        MOEC_ERR(MOEC_ERR_OOM, "%%%s: %s: out of memory", first, opname);
+        return NULL;
+    }
+    op->n_in = n_in;
+    for (int i = 0; i < n_in; i++)
+        op->in[i] = in[i];
+    for (int i = 0; i < n_out; i++) {
+        ir_value *v = new_value_or_oom(m, out_names[i], IR_VALUE_OP);
+        if (!v)
+            return NULL;
+        v->def = op;
+        op->out[i] = v;
+        op->n_out = i + 1;
+    }
+    return op;
+}
+
+/* The attribute slot for key on op, cleared, after checking the key is one
+ * of op's with this kind; replaces an earlier value of the same key. */
+static moec_status attr_slot(ir_module *m, ir_op *op, const char *key, ir_attr_kind kind,
+                             ir_attr **out)
+{
+    if (!m || !op)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "set attribute '%s': null module or op",
+                        key ? key : "?");
+    char label[256];
+    ir_op_label(op, label, sizeof label);
+    ir_attr_kind want;
+    const char *k = ir_op_attr_key(op->kind, key);
+    if (!k || !ir_op_attr_spec(op->kind, key, &want, NULL))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: unknown attribute '%s'", label,
+                        key ? key : "(null)");
+    if (want != kind) {
+        static const char *const names[] = {"an int", "a float", "a string", "an int list"};
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: attribute '%s' must be %s", label, key,
+                        names[want]);
+    }
+    ir_attr *a = (ir_attr *)ir_op_attr(op, k);
+    if (!a) {
+        if (op->n_attr < 0 || op->n_attr >= IR_MAX_ATTRS)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: too many attributes", label);
+        a = &op->attrs[op->n_attr++];
+    }
+    memset(a, 0, sizeof *a);
+    a->key = k;
+    a->kind = kind;
+    *out = a;
+    return MOEC_OK;
+}
+
+moec_status ir_op_set_int(ir_module *m, ir_op *op, const char *key, int64_t v)
+{
+    ir_attr *a;
+    MOEC_TRY(attr_slot(m, op, key, IR_ATTR_INT, &a));
+    a->i = v;
+    return MOEC_OK;
+}
+
+moec_status ir_op_set_float(ir_module *m, ir_op *op, const char *key, double v)
+{
+    ir_attr *a;
+    MOEC_TRY(attr_slot(m, op, key, IR_ATTR_FLOAT, &a));
+    a->f = v;
+    return MOEC_OK;
+}
+
+moec_status ir_op_set_str(ir_module *m, ir_op *op, const char *key, const char *v)
+{
+    if (!ir_string_valid(v))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "set attribute '%s': string is null or has control characters",
+                        key ? key : "?");
+    char *s = m ? ir_arena_strdup(m->arena, v) : NULL;
+    if (m && !s)
+        return MOEC_ERR(MOEC_ERR_OOM, "set attribute '%s': out of memory", key ? key : "?");
+    ir_attr *a;
+    MOEC_TRY(attr_slot(m, op, key, IR_ATTR_STR, &a));
+    a->s = s;
+    return MOEC_OK;
+}
+
+moec_status ir_op_set_ints(ir_module *m, ir_op *op, const char *key, const int64_t *v, int n)
+{
+    if (n < 0 || (n > 0 && !v))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "set attribute '%s': bad int list",
+                        key ? key : "?");
+    int64_t *copy = NULL;
+    if (n > 0) {
+        copy = m ? ir_arena_alloc(m->arena, sizeof *copy * (size_t)n) : NULL;
+        if (m && !copy)
+            return MOEC_ERR(MOEC_ERR_OOM, "set attribute '%s': out of memory", key ? key : "?");
+        if (copy)
+            memcpy(copy, v, sizeof *copy * (size_t)n);
+    }
+    ir_attr *a;
+    MOEC_TRY(attr_slot(m, op, key, IR_ATTR_INTS, &a));
+    a->n = n;
+    a->ints = copy;
+    return MOEC_OK;
+}
+
+moec_status ir_op_finish(ir_module *m, ir_op *op, const ir_type *hint)
+{
+    if (!m || !op)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "finish: null module or op");
+    if (op->kind == IR_OP_RESHAPE || op->kind == IR_OP_EXPAND) {
+        char label[256];
+        ir_op_label(op, label, sizeof label);
+        if (!hint)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: the result type must be given", label);
+        if (op->n_out >= 1 && op->out[0])
+            op->out[0]->type = *hint;
+    }
+    ir_type out[IR_MAX_RESULTS];
+    char msg[IR_MSG_CAP];
+    moec_status st = ir_op_infer_msg(op, out, msg, sizeof msg);
+    if (st != MOEC_OK)
+        return MOEC_ERR(st, "%s", msg);
+    for (int i = 0; i < op->n_out; i++)
+        op->out[i]->type = out[i];
+    return MOEC_OK;
+}
+
+ir_value *ir_build(ir_module *m, ir_op_kind kind, const char *name, ir_value *const *in, int n_in)
+{
+    const char *names[1] = {name};
+    ir_op *op = ir_module_add_op(m, kind, in, n_in, names, 1);
+    if (!op || ir_op_finish(m, op, NULL) != MOEC_OK)
+        return NULL;
+    return op->out[0];
+}

@@ -1,0 +1,721 @@
+/* ir_ops.c — the op table (name, operand and result counts, attributes with
+ * their kind and whether they are required), attribute lookup, and shape
+ * and dtype inference for every op: the one place that says which operands
+ * an op accepts and what it produces (docs/IR.md, "Ops"). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "ir/ir_internal.h"
+
+#define OP_MAX_ATTR_SPECS 7
+
+typedef struct attr_spec {
+    const char *key;
+    ir_attr_kind kind;
+    int required;
+} attr_spec;
+
+typedef struct op_info {
+    const char *name;
+    int min_in, max_in, n_out;
+    attr_spec attrs[OP_MAX_ATTR_SPECS];
+} op_info;
+
+static const op_info OPS[IR_OP_COUNT] = {
+    [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1, {{0}}},
+    [IR_OP_RMS_NORM] = {"rms_norm", 2, 2, 1, {{"eps", IR_ATTR_FLOAT, 1}}},
+    [IR_OP_LINEAR] = {"linear", 2, 3, 1, {{0}}},
+    [IR_OP_RESHAPE] = {"reshape", 1, 1, 1, {{0}}},
+    [IR_OP_SLICE] = {"slice", 1, 1, 1,
+                     {{"axis", IR_ATTR_INT, 1}, {"start", IR_ATTR_INT, 1}, {"size", IR_ATTR_INT, 1}}},
+    [IR_OP_CONCAT] = {"concat", 2, IR_MAX_OPERANDS, 1, {{"axis", IR_ATTR_INT, 1}}},
+    [IR_OP_EXPAND] = {"expand", 1, 1, 1, {{0}}},
+    [IR_OP_ADD] = {"add", 2, 2, 1, {{0}}},
+    [IR_OP_MUL] = {"mul", 2, 2, 1, {{0}}},
+    [IR_OP_SILU] = {"silu", 1, 1, 1, {{0}}},
+    [IR_OP_SIGMOID] = {"sigmoid", 1, 1, 1, {{0}}},
+    [IR_OP_ROPE] = {"rope", 2, 2, 1,
+                    {{"style", IR_ATTR_STR, 1},
+                     {"theta", IR_ATTR_FLOAT, 1},
+                     {"scaling", IR_ATTR_STR, 0},
+                     {"factor", IR_ATTR_FLOAT, 0},
+                     {"yarn_low", IR_ATTR_FLOAT, 0},
+                     {"yarn_high", IR_ATTR_FLOAT, 0},
+                     {"attn_factor", IR_ATTR_FLOAT, 0}}},
+    [IR_OP_ATTENTION] = {"attention", 4, 4, 1,
+                         {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
+    [IR_OP_MOE_TOPK] = {"moe_topk", 1, 2, 2,
+                        {{"scoring", IR_ATTR_STR, 1},
+                         {"top_k", IR_ATTR_INT, 1},
+                         {"n_group", IR_ATTR_INT, 0},
+                         {"topk_group", IR_ATTR_INT, 0},
+                         {"group_score", IR_ATTR_STR, 0},
+                         {"norm_topk_prob", IR_ATTR_INT, 0},
+                         {"scaling", IR_ATTR_FLOAT, 0}}},
+    [IR_OP_MOE_EXPERTS] = {"moe_experts", 4, 5, 1, {{"act", IR_ATTR_STR, 0}}},
+    [IR_OP_REDUCE_SUM] = {"reduce_sum", 1, 1, 1, {{"axis", IR_ATTR_INT, 1}}},
+};
+
+static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
+
+static const op_info *op_info_get(ir_op_kind k)
+{
+    if ((int)k < 0 || k >= IR_OP_COUNT)
+        return NULL;
+    return &OPS[k];
+}
+
+const char *ir_op_name(ir_op_kind k)
+{
+    const op_info *info = op_info_get(k);
+    return info ? info->name : "?";
+}
+
+int ir_op_kind_from_name(const char *name, ir_op_kind *out)
+{
+    if (!name)
+        return -1;
+    for (int i = 0; i < IR_OP_COUNT; i++) {
+        if (!strcmp(name, OPS[i].name)) {
+            if (out)
+                *out = (ir_op_kind)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int ir_op_arity(ir_op_kind kind, int *min_in, int *max_in, int *n_out)
+{
+    const op_info *info = op_info_get(kind);
+    if (!info)
+        return 0;
+    if (min_in)
+        *min_in = info->min_in;
+    if (max_in)
+        *max_in = info->max_in;
+    if (n_out)
+        *n_out = info->n_out;
+    return 1;
+}
+
+static const attr_spec *attr_spec_find(ir_op_kind kind, const char *key)
+{
+    const op_info *info = op_info_get(kind);
+    if (!info || !key)
+        return NULL;
+    for (int i = 0; i < OP_MAX_ATTR_SPECS && info->attrs[i].key; i++)
+        if (!strcmp(info->attrs[i].key, key))
+            return &info->attrs[i];
+    return NULL;
+}
+
+int ir_op_attr_spec(ir_op_kind kind, const char *key, ir_attr_kind *akind, int *required)
+{
+    const attr_spec *s = attr_spec_find(kind, key);
+    if (!s)
+        return 0;
+    if (akind)
+        *akind = s->kind;
+    if (required)
+        *required = s->required;
+    return 1;
+}
+
+const char *ir_op_attr_key(ir_op_kind kind, const char *key)
+{
+    const attr_spec *s = attr_spec_find(kind, key);
+    return s ? s->key : NULL;
+}
+
+/* ---- attribute lookup ----------------------------------------------------- */
+
+const ir_attr *ir_op_attr(const ir_op *op, const char *key)
+{
+    if (!op || !key)
+        return NULL;
+    int n = op->n_attr < 0 ? 0 : op->n_attr > IR_MAX_ATTRS ? IR_MAX_ATTRS : op->n_attr;
+    for (int i = 0; i < n; i++)
+        if (op->attrs[i].key && !strcmp(op->attrs[i].key, key))
+            return &op->attrs[i];
+    return NULL;
+}
+
+int64_t ir_op_attr_int(const ir_op *op, const char *key, int64_t dflt)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    return a && a->kind == IR_ATTR_INT ? a->i : dflt;
+}
+
+double ir_op_attr_float(const ir_op *op, const char *key, double dflt)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    return a && a->kind == IR_ATTR_FLOAT ? a->f : dflt;
+}
+
+const char *ir_op_attr_str(const ir_op *op, const char *key, const char *dflt)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    return a && a->kind == IR_ATTR_STR && a->s ? a->s : dflt;
+}
+
+/* ---- messages ------------------------------------------------------------- */
+
+void ir_op_label(const ir_op *op, char *buf, size_t cap)
+{
+    if (!buf || cap == 0)
+        return;
+    if (!op) {
+        snprintf(buf, cap, "(null op)");
+        return;
+    }
+    const char *name = ir_op_name(op->kind);
+    if (op->n_out >= 1 && op->n_out <= IR_MAX_RESULTS && op->out[0] && op->out[0]->name)
+        snprintf(buf, cap, "%%%s: %s", op->out[0]->name, name);
+    else
+        snprintf(buf, cap, "op #%d: %s", op->id, name);
+}
+
+typedef struct infer_ctx {
+    const ir_op *op;
+    char *msg;
+    size_t cap;
+} infer_ctx;
+
+static moec_status fail(infer_ctx *c, const char *fmt, ...) MOEC_PRINTF(2, 3);
+static moec_status fail(infer_ctx *c, const char *fmt, ...)
+{
+    if (c->msg && c->cap) {
+        char label[256];
+        ir_op_label(c->op, label, sizeof label);
+        int n = snprintf(c->msg, c->cap, "%s: ", label);
+        if (n >= 0 && (size_t)n < c->cap) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(c->msg + n, c->cap - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return MOEC_ERR_INVALID_ARG;
+}
+
+static const char *vname(const ir_value *v) { return v && v->name ? v->name : "?"; }
+
+typedef struct tbuf {
+    char s[96];
+} tbuf;
+
+static tbuf tfmt(const ir_type *t)
+{
+    tbuf b;
+    ir_type_format(t, b.s, sizeof b.s);
+    return b;
+}
+
+static int is_float(ir_dtype dt) { return dt == IR_DTYPE_F32 || dt == IR_DTYPE_F16 || dt == IR_DTYPE_BF16; }
+
+/* ---- attribute checks ----------------------------------------------------- */
+
+moec_status ir_op_check_attrs(const ir_op *op, char *msg, size_t cap)
+{
+    infer_ctx c = {op, msg, cap};
+    const op_info *info = op ? op_info_get(op->kind) : NULL;
+    if (!info)
+        return fail(&c, "unknown op kind %d", op ? (int)op->kind : -1);
+    if (op->n_attr < 0 || op->n_attr > IR_MAX_ATTRS)
+        return fail(&c, "attribute count %d out of range", op->n_attr);
+    for (int i = 0; i < op->n_attr; i++) {
+        const ir_attr *a = &op->attrs[i];
+        if (!a->key)
+            return fail(&c, "attribute %d has no key", i);
+        const attr_spec *s = attr_spec_find(op->kind, a->key);
+        if (!s)
+            return fail(&c, "unknown attribute '%s'", a->key);
+        if (a->kind != s->kind)
+            return fail(&c, "attribute '%s' must be %s", a->key, ATTR_KIND_NAMES[s->kind]);
+        if (a->kind == IR_ATTR_STR && !a->s)
+            return fail(&c, "attribute '%s' has no string", a->key);
+        if (a->kind == IR_ATTR_INTS && (a->n < 0 || (a->n > 0 && !a->ints)))
+            return fail(&c, "attribute '%s' has a bad int list", a->key);
+        for (int j = 0; j < i; j++)
+            if (op->attrs[j].key && !strcmp(op->attrs[j].key, a->key))
+                return fail(&c, "duplicate attribute '%s'", a->key);
+    }
+    for (int i = 0; i < OP_MAX_ATTR_SPECS && info->attrs[i].key; i++)
+        if (info->attrs[i].required && !ir_op_attr(op, info->attrs[i].key))
+            return fail(&c, "missing required attribute '%s'", info->attrs[i].key);
+    return MOEC_OK;
+}
+
+/* ---- operand checks ------------------------------------------------------- */
+
+/* An activation: T first, rank in [min_rank, max_rank], float or i32. */
+static moec_status need_act(infer_ctx *c, const ir_value *v, const char *role, int min_rank,
+                            int max_rank, int want_float)
+{
+    const ir_type *t = &v->type;
+    if (!ir_type_has_t(t))
+        return fail(c, "%s %%%s must have T as its first dimension, got %s", role, vname(v),
+                    tfmt(t).s);
+    if (t->rank < min_rank || t->rank > max_rank) {
+        if (min_rank == max_rank)
+            return fail(c, "%s %%%s must have rank %d, got %s", role, vname(v), min_rank,
+                        tfmt(t).s);
+        return fail(c, "%s %%%s must have rank %d to %d, got %s", role, vname(v), min_rank,
+                    max_rank, tfmt(t).s);
+    }
+    if (want_float && !is_float(t->dtype))
+        return fail(c, "%s %%%s must be a float, got %s", role, vname(v), tfmt(t).s);
+    if (!want_float && t->dtype != IR_DTYPE_I32)
+        return fail(c, "%s %%%s must be i32, got %s", role, vname(v), tfmt(t).s);
+    return MOEC_OK;
+}
+
+/* A weight-like operand: no T, float, given rank. */
+static moec_status need_static(infer_ctx *c, const ir_value *v, const char *role, int rank)
+{
+    const ir_type *t = &v->type;
+    if (ir_type_has_t(t))
+        return fail(c, "%s %%%s must not have T, got %s", role, vname(v), tfmt(t).s);
+    if (t->rank != rank)
+        return fail(c, "%s %%%s must have rank %d, got %s", role, vname(v), rank, tfmt(t).s);
+    if (!is_float(t->dtype))
+        return fail(c, "%s %%%s must be a float, got %s", role, vname(v), tfmt(t).s);
+    return MOEC_OK;
+}
+
+static moec_status need_pos(infer_ctx *c, const ir_value *v)
+{
+    return need_act(c, v, "positions", 1, 1, 0);
+}
+
+static ir_dtype act_dtype(ir_dtype in) { return in == IR_DTYPE_I32 ? IR_DTYPE_I32 : IR_DTYPE_F32; }
+
+static ir_type type_like(const ir_type *t, ir_dtype dt)
+{
+    ir_type r = *t;
+    r.dtype = dt;
+    return r;
+}
+
+static ir_type type_make(ir_dtype dt, int rank, int64_t d0, int64_t d1, int64_t d2)
+{
+    ir_type r = {dt, rank, {d0, d1, d2, 0}};
+    for (int i = rank; i < IR_MAX_RANK; i++)
+        r.dims[i] = 0;
+    return r;
+}
+
+static moec_status axis_attr(infer_ctx *c, const char *key, int rank, int *axis)
+{
+    int64_t a = ir_op_attr_int(c->op, key, 0);
+    if (a < 1 || a >= rank)
+        return fail(c, "%s %" PRId64 " out of range [1, %d]", key, a, rank - 1);
+    *axis = (int)a;
+    return MOEC_OK;
+}
+
+static int str_is(const char *s, const char *a, const char *b, const char *d)
+{
+    return s && ((a && !strcmp(s, a)) || (b && !strcmp(s, b)) || (d && !strcmp(s, d)));
+}
+
+/* The declared result type of RESHAPE / EXPAND. */
+static moec_status declared_result(infer_ctx *c, ir_dtype want_dt, ir_type *r)
+{
+    const ir_type *t = &c->op->out[0]->type;
+    if (t->rank == 0)
+        return fail(c, "result type not given");
+    if (!ir_type_valid(t, 1))
+        return fail(c, "result type %s is not a valid type", tfmt(t).s);
+    if (!ir_type_has_t(t))
+        return fail(c, "result type %s must have T as its first dimension", tfmt(t).s);
+    if (t->dtype != want_dt)
+        return fail(c, "result type %s must be %s", tfmt(t).s, ir_dtype_name(want_dt));
+    *r = *t;
+    return MOEC_OK;
+}
+
+/* ---- per-op inference ----------------------------------------------------- */
+
+static moec_status infer_embedding(infer_ctx *c, ir_type *out)
+{
+    const ir_value *ids = c->op->in[0], *table = c->op->in[1];
+    MOEC_TRY(need_act(c, ids, "ids", 1, 1, 0));
+    MOEC_TRY(need_static(c, table, "table", 2));
+    out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, table->type.dims[1], 0);
+    return MOEC_OK;
+}
+
+static moec_status infer_rms_norm(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0], *w = c->op->in[1];
+    MOEC_TRY(need_act(c, x, "input", 2, IR_MAX_RANK, 1));
+    MOEC_TRY(need_static(c, w, "weight", 1));
+    int64_t d = x->type.dims[x->type.rank - 1];
+    if (w->type.dims[0] != d)
+        return fail(c, "weight %%%s has %" PRId64 " elements, input's last dim is %" PRId64,
+                    vname(w), w->type.dims[0], d);
+    double eps = ir_op_attr_float(c->op, "eps", 0);
+    if (!isfinite(eps) || eps < 0)
+        return fail(c, "eps %g must be finite and >= 0", eps);
+    out[0] = type_like(&x->type, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+static moec_status infer_linear(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0], *w = c->op->in[1];
+    MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
+    MOEC_TRY(need_static(c, w, "weight", 2));
+    if (w->type.dims[1] != x->type.dims[1])
+        return fail(c, "weight %%%s has %" PRId64 " columns, input has %" PRId64, vname(w),
+                    w->type.dims[1], x->type.dims[1]);
+    if (c->op->n_in == 3) {
+        const ir_value *b = c->op->in[2];
+        MOEC_TRY(need_static(c, b, "bias", 1));
+        if (b->type.dims[0] != w->type.dims[0])
+            return fail(c, "bias %%%s has %" PRId64 " elements, weight %%%s has %" PRId64 " rows",
+                        vname(b), b->type.dims[0], vname(w), w->type.dims[0]);
+    }
+    out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, w->type.dims[0], 0);
+    return MOEC_OK;
+}
+
+static moec_status infer_reshape(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    if (!ir_type_has_t(&x->type))
+        return fail(c, "input %%%s must have T as its first dimension, got %s", vname(x),
+                    tfmt(&x->type).s);
+    ir_type r;
+    MOEC_TRY(declared_result(c, act_dtype(x->type.dtype), &r));
+    int64_t nx = ir_type_numel(&x->type, 0), nr = ir_type_numel(&r, 0);
+    if (nx != nr)
+        return fail(c, "result %s has %" PRId64 " elements per token, input %%%s (%s) has %" PRId64,
+                    tfmt(&r).s, nr, vname(x), tfmt(&x->type).s, nx);
+    out[0] = r;
+    return MOEC_OK;
+}
+
+static moec_status infer_slice(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    const ir_type *t = &x->type;
+    if (!ir_type_has_t(t) || t->rank < 2)
+        return fail(c, "input %%%s must be [T, ...] of rank >= 2, got %s", vname(x), tfmt(t).s);
+    int axis;
+    MOEC_TRY(axis_attr(c, "axis", t->rank, &axis));
+    int64_t start = ir_op_attr_int(c->op, "start", 0), size = ir_op_attr_int(c->op, "size", 0);
+    int64_t dim = t->dims[axis];
+    if (start < 0 || size < 1 || size > dim || start > dim - size)
+        return fail(c, "slice [%" PRId64 ", %" PRId64 " + %" PRId64 ") out of bounds of dim %d "
+                       "of %%%s (%" PRId64 ")",
+                    start, start, size, axis, vname(x), dim);
+    out[0] = type_like(t, act_dtype(t->dtype));
+    out[0].dims[axis] = size;
+    return MOEC_OK;
+}
+
+static moec_status infer_concat(infer_ctx *c, ir_type *out)
+{
+    const ir_value *a = c->op->in[0];
+    const ir_type *ta = &a->type;
+    if (!ir_type_has_t(ta) || ta->rank < 2)
+        return fail(c, "operand %%%s must be [T, ...] of rank >= 2, got %s", vname(a),
+                    tfmt(ta).s);
+    int axis;
+    MOEC_TRY(axis_attr(c, "axis", ta->rank, &axis));
+    ir_type r = type_like(ta, act_dtype(ta->dtype));
+    for (int i = 1; i < c->op->n_in; i++) {
+        const ir_value *b = c->op->in[i];
+        const ir_type *tb = &b->type;
+        if (tb->rank != ta->rank)
+            return fail(c, "operand %%%s (%s) has rank %d, %%%s (%s) has %d", vname(b),
+                        tfmt(tb).s, tb->rank, vname(a), tfmt(ta).s, ta->rank);
+        if (act_dtype(tb->dtype) != r.dtype)
+            return fail(c, "operand %%%s (%s) and %%%s (%s) mix float and i32", vname(b),
+                        tfmt(tb).s, vname(a), tfmt(ta).s);
+        for (int d = 0; d < ta->rank; d++)
+            if (d != axis && tb->dims[d] != ta->dims[d])
+                return fail(c, "operand %%%s (%s) differs from %%%s (%s) in dim %d", vname(b),
+                            tfmt(tb).s, vname(a), tfmt(ta).s, d);
+        r.dims[axis] += tb->dims[axis];
+    }
+    if (!ir_type_valid(&r, 1))
+        return fail(c, "joined type %s is too large", tfmt(&r).s);
+    out[0] = r;
+    return MOEC_OK;
+}
+
+static moec_status infer_expand(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    const ir_type *t = &x->type;
+    ir_type r;
+    MOEC_TRY(declared_result(c, act_dtype(t->dtype), &r));
+    if (t->rank != r.rank)
+        return fail(c, "input %%%s (%s) and result %s differ in rank", vname(x), tfmt(t).s,
+                    tfmt(&r).s);
+    for (int d = 0; d < r.rank; d++)
+        if (t->dims[d] != r.dims[d] && t->dims[d] != 1)
+            return fail(c, "dim %d of input %%%s (%s) is neither 1 nor the result's (%s)", d,
+                        vname(x), tfmt(t).s, tfmt(&r).s);
+    out[0] = r;
+    return MOEC_OK;
+}
+
+static moec_status infer_binary(infer_ctx *c, ir_type *out)
+{
+    const ir_value *a = c->op->in[0], *b = c->op->in[1];
+    MOEC_TRY(need_act(c, a, "operand", 1, IR_MAX_RANK, 1));
+    const ir_type *ta = &a->type, *tb = &b->type;
+    if (!is_float(tb->dtype))
+        return fail(c, "operand %%%s must be a float, got %s", vname(b), tfmt(tb).s);
+    if (tb->rank != ta->rank)
+        return fail(c, "operands %%%s (%s) and %%%s (%s) differ in rank", vname(a), tfmt(ta).s,
+                    vname(b), tfmt(tb).s);
+    for (int d = 0; d < ta->rank; d++)
+        if (tb->dims[d] != ta->dims[d] && tb->dims[d] != 1)
+            return fail(c, "dim %d of %%%s (%s) is neither 1 nor that of %%%s (%s)", d, vname(b),
+                        tfmt(tb).s, vname(a), tfmt(ta).s);
+    out[0] = type_like(ta, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+static moec_status infer_unary(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 1, IR_MAX_RANK, 1));
+    out[0] = type_like(&x->type, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+static moec_status infer_rope(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 3, 3, 1));
+    MOEC_TRY(need_pos(c, op->in[1]));
+    if (x->type.dims[2] % 2)
+        return fail(c, "head dim %" PRId64 " of %%%s must be even", x->type.dims[2], vname(x));
+    const char *style = ir_op_attr_str(op, "style", "");
+    if (!str_is(style, "interleave", "neox", NULL))
+        return fail(c, "style '%s' must be \"interleave\" or \"neox\"", style);
+    double theta = ir_op_attr_float(op, "theta", 0);
+    if (!isfinite(theta) || theta <= 0)
+        return fail(c, "theta %g must be finite and > 0", theta);
+    const char *scaling = ir_op_attr_str(op, "scaling", "none");
+    if (!str_is(scaling, "none", "linear", "yarn"))
+        return fail(c, "scaling '%s' must be \"none\", \"linear\" or \"yarn\"", scaling);
+    if (strcmp(scaling, "none")) {
+        if (!ir_op_attr(op, "factor"))
+            return fail(c, "scaling \"%s\" needs attribute 'factor'", scaling);
+        double f = ir_op_attr_float(op, "factor", 0);
+        if (!isfinite(f) || f <= 0)
+            return fail(c, "factor %g must be finite and > 0", f);
+    }
+    if (!strcmp(scaling, "yarn")) {
+        if (!ir_op_attr(op, "yarn_low") || !ir_op_attr(op, "yarn_high"))
+            return fail(c, "scaling \"yarn\" needs attributes 'yarn_low' and 'yarn_high'");
+        if (!isfinite(ir_op_attr_float(op, "yarn_low", 0)) ||
+            !isfinite(ir_op_attr_float(op, "yarn_high", 0)))
+            return fail(c, "yarn_low and yarn_high must be finite");
+    }
+    if (!isfinite(ir_op_attr_float(op, "attn_factor", 1)))
+        return fail(c, "attn_factor must be finite");
+    out[0] = type_like(&x->type, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+static moec_status infer_attention(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *q = op->in[0], *k = op->in[1], *v = op->in[2];
+    MOEC_TRY(need_act(c, q, "q", 3, 3, 1));
+    MOEC_TRY(need_act(c, k, "k", 3, 3, 1));
+    MOEC_TRY(need_act(c, v, "v", 3, 3, 1));
+    MOEC_TRY(need_pos(c, op->in[3]));
+    int64_t H = q->type.dims[1], Hkv = k->type.dims[1];
+    if (k->type.dims[2] != q->type.dims[2])
+        return fail(c, "k %%%s has head dim %" PRId64 ", q %%%s has %" PRId64, vname(k),
+                    k->type.dims[2], vname(q), q->type.dims[2]);
+    if (v->type.dims[1] != Hkv)
+        return fail(c, "v %%%s has %" PRId64 " heads, k %%%s has %" PRId64, vname(v),
+                    v->type.dims[1], vname(k), Hkv);
+    if (H % Hkv)
+        return fail(c, "q heads %" PRId64 " are not a multiple of kv heads %" PRId64, H, Hkv);
+    double scale = ir_op_attr_float(op, "scale", 0);
+    if (!isfinite(scale))
+        return fail(c, "scale %g must be finite", scale);
+    int64_t window = ir_op_attr_int(op, "window", 0);
+    if (window < 0)
+        return fail(c, "window %" PRId64 " must be >= 0", window);
+    out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, v->type.dims[2]);
+    return MOEC_OK;
+}
+
+static moec_status infer_moe_topk(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *logits = op->in[0];
+    MOEC_TRY(need_act(c, logits, "logits", 2, 2, 1));
+    int64_t E = logits->type.dims[1];
+    if (op->n_in == 2) {
+        const ir_value *bias = op->in[1];
+        MOEC_TRY(need_static(c, bias, "bias", 1));
+        if (bias->type.dims[0] != E)
+            return fail(c, "bias %%%s has %" PRId64 " elements, logits have %" PRId64 " experts",
+                        vname(bias), bias->type.dims[0], E);
+    }
+    const char *scoring = ir_op_attr_str(op, "scoring", "");
+    if (!str_is(scoring, "softmax", "sigmoid", NULL))
+        return fail(c, "scoring '%s' must be \"softmax\" or \"sigmoid\"", scoring);
+    int64_t K = ir_op_attr_int(op, "top_k", 0);
+    if (K < 1 || K > E)
+        return fail(c, "top_k %" PRId64 " out of range [1, %" PRId64 "] (experts)", K, E);
+    int64_t ng = ir_op_attr_int(op, "n_group", 1), tg = ir_op_attr_int(op, "topk_group", 1);
+    if (ng < 1 || ng > E || E % ng)
+        return fail(c, "n_group %" PRId64 " does not divide %" PRId64 " experts", ng, E);
+    if (tg < 1 || tg > ng)
+        return fail(c, "topk_group %" PRId64 " out of range [1, %" PRId64 "] (n_group)", tg, ng);
+    const char *gs = ir_op_attr_str(op, "group_score", "max");
+    if (!str_is(gs, "max", "top2_sum", NULL))
+        return fail(c, "group_score '%s' must be \"max\" or \"top2_sum\"", gs);
+    if (ng > 1) {
+        if (!strcmp(gs, "top2_sum") && E / ng < 2)
+            return fail(c, "group_score \"top2_sum\" needs >= 2 experts per group, have %" PRId64,
+                        E / ng);
+        if (K > tg * (E / ng))
+            return fail(c, "top_k %" PRId64 " exceeds the %" PRId64 " experts of %" PRId64
+                           " kept groups",
+                        K, tg * (E / ng), tg);
+    }
+    int64_t norm = ir_op_attr_int(op, "norm_topk_prob", 0);
+    if (norm != 0 && norm != 1)
+        return fail(c, "norm_topk_prob %" PRId64 " must be 0 or 1", norm);
+    if (!isfinite(ir_op_attr_float(op, "scaling", 1)))
+        return fail(c, "scaling must be finite");
+    out[0] = type_make(IR_DTYPE_I32, 2, IR_DIM_T, K, 0);
+    out[1] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, K, 0);
+    return MOEC_OK;
+}
+
+static moec_status need_dims3(infer_ctx *c, const ir_value *w, const char *role, int64_t d0,
+                              int64_t d1, int64_t d2)
+{
+    MOEC_TRY(need_static(c, w, role, 3));
+    const int64_t *d = w->type.dims;
+    if (d[0] != d0 || d[1] != d1 || d[2] != d2)
+        return fail(c, "%s %%%s is %s, expected [%" PRId64 ", %" PRId64 ", %" PRId64 "]", role,
+                    vname(w), tfmt(&w->type).s, d0, d1, d2);
+    return MOEC_OK;
+}
+
+static moec_status infer_moe_experts(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0], *ids = op->in[1];
+    MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
+    MOEC_TRY(need_act(c, ids, "ids", 2, 2, 0));
+    int64_t H = x->type.dims[1], K = ids->type.dims[1];
+    const ir_value *down = op->in[op->n_in - 1];
+    MOEC_TRY(need_static(c, down, "down", 3));
+    int64_t E = down->type.dims[0], I = down->type.dims[2];
+    if (down->type.dims[1] != H)
+        return fail(c, "down %%%s is %s: dim 1 must be the hidden size %" PRId64 " of %%%s",
+                    vname(down), tfmt(&down->type).s, H, vname(x));
+    if (op->n_in == 5) {
+        MOEC_TRY(need_dims3(c, op->in[2], "gate", E, I, H));
+        MOEC_TRY(need_dims3(c, op->in[3], "up", E, I, H));
+    } else {
+        MOEC_TRY(need_dims3(c, op->in[2], "gate_up", E, 2 * I, H));
+    }
+    const char *act = ir_op_attr_str(op, "act", "silu");
+    if (strcmp(act, "silu"))
+        return fail(c, "act '%s' is not supported (only \"silu\")", act);
+    ir_type r = type_make(IR_DTYPE_F32, 3, IR_DIM_T, K, H);
+    if (!ir_type_valid(&r, 1))
+        return fail(c, "result %s is too large", tfmt(&r).s);
+    out[0] = r;
+    return MOEC_OK;
+}
+
+static moec_status infer_reduce_sum(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 2, IR_MAX_RANK, 1));
+    int axis;
+    MOEC_TRY(axis_attr(c, "axis", x->type.rank, &axis));
+    ir_type r = type_like(&x->type, IR_DTYPE_F32);
+    for (int d = axis; d + 1 < r.rank; d++)
+        r.dims[d] = r.dims[d + 1];
+    r.rank--;
+    r.dims[r.rank] = 0;
+    out[0] = r;
+    return MOEC_OK;
+}
+
+moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap)
+{
+    infer_ctx c = {op, msg, cap};
+    if (msg && cap)
+        msg[0] = '\0';
+    const op_info *info = op ? op_info_get(op->kind) : NULL;
+    if (!info)
+        return fail(&c, "unknown op kind %d", op ? (int)op->kind : -1);
+    if (!out)
+        return fail(&c, "no room for the result types");
+    if (op->n_out != info->n_out)
+        return fail(&c, "has %d results, expected %d", op->n_out, info->n_out);
+    for (int i = 0; i < op->n_out; i++)
+        if (!op->out[i])
+            return fail(&c, "result %d is missing", i);
+    if (op->n_in < info->min_in || op->n_in > info->max_in) {
+        if (info->min_in == info->max_in)
+            return fail(&c, "takes %d operands, got %d", info->min_in, op->n_in);
+        return fail(&c, "takes %d to %d operands, got %d", info->min_in, info->max_in, op->n_in);
+    }
+    for (int i = 0; i < op->n_in; i++) {
+        if (!op->in[i])
+            return fail(&c, "operand %d is missing", i);
+        if (!ir_type_valid(&op->in[i]->type, 1))
+            return fail(&c, "operand %%%s has an invalid type %s", vname(op->in[i]),
+                        tfmt(&op->in[i]->type).s);
+    }
+    MOEC_TRY(ir_op_check_attrs(op, msg, cap));
+    memset(out, 0, sizeof(ir_type) * (size_t)info->n_out);
+    switch (op->kind) {
+    case IR_OP_EMBEDDING: return infer_embedding(&c, out);
+    case IR_OP_RMS_NORM: return infer_rms_norm(&c, out);
+    case IR_OP_LINEAR: return infer_linear(&c, out);
+    case IR_OP_RESHAPE: return infer_reshape(&c, out);
+    case IR_OP_SLICE: return infer_slice(&c, out);
+    case IR_OP_CONCAT: return infer_concat(&c, out);
+    case IR_OP_EXPAND: return infer_expand(&c, out);
+    case IR_OP_ADD:
+    case IR_OP_MUL: return infer_binary(&c, out);
+    case IR_OP_SILU:
+    case IR_OP_SIGMOID: return infer_unary(&c, out);
+    case IR_OP_ROPE: return infer_rope(&c, out);
+    case IR_OP_ATTENTION: return infer_attention(&c, out);
+    case IR_OP_MOE_TOPK: return infer_moe_topk(&c, out);
+    case IR_OP_MOE_EXPERTS: return infer_moe_experts(&c, out);
+    case IR_OP_REDUCE_SUM: return infer_reduce_sum(&c, out);
+    case IR_OP_COUNT: break;
+    }
+    return fail(&c, "unknown op kind %d", (int)op->kind);
+}
+
+moec_status ir_op_infer(const ir_op *op, ir_type *out)
+{
+    char msg[IR_MSG_CAP];
+    moec_status st = ir_op_infer_msg(op, out, msg, sizeof msg);
+    if (st != MOEC_OK)
+        return MOEC_ERR(st, "%s", msg);
+    return MOEC_OK;
+}

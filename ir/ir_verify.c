@@ -1,0 +1,221 @@
+/* ir_verify.c — the module verifier, run after parsing and after every pass:
+ * names unique, one definition per value and none used before it, weights
+ * bound, T only where it belongs, attributes known, and every op's result
+ * types exactly what inference gives. The error names the first offending
+ * value. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "ir/ir_internal.h"
+
+#define BAD(...) MOEC_ERR(MOEC_ERR_INVALID_ARG, __VA_ARGS__)
+
+static const char *nm(const ir_value *v) { return v && v->name ? v->name : "?"; }
+
+static int in_module(const ir_module *m, const ir_value *v)
+{
+    return v && v->id >= 0 && v->id < m->n_values && m->values[v->id] == v;
+}
+
+static int module_name_valid(const char *s)
+{
+    return ir_value_name_valid(s) && !(s[0] >= '0' && s[0] <= '9');
+}
+
+static moec_status verify_metas(const ir_module *m)
+{
+    if (m->n_meta < 0 || (m->n_meta > 0 && !m->meta))
+        return BAD("module %s: bad meta table (%d entries)", m->name, m->n_meta);
+    for (int i = 0; i < m->n_meta; i++) {
+        const ir_attr *a = &m->meta[i];
+        if (!ir_key_valid(a->key))
+            return BAD("meta '%s': key must match [A-Za-z_][A-Za-z0-9_]*", a->key ? a->key : "");
+        for (int j = 0; j < i; j++)
+            if (m->meta[j].key && !strcmp(m->meta[j].key, a->key))
+                return BAD("meta '%s': set twice", a->key);
+        if ((int)a->kind < IR_ATTR_INT || a->kind > IR_ATTR_INTS)
+            return BAD("meta '%s': unknown kind %d", a->key, (int)a->kind);
+        if (a->kind == IR_ATTR_STR && !ir_string_valid(a->s))
+            return BAD("meta '%s': string is null or has control characters", a->key);
+        if (a->kind == IR_ATTR_INTS && (a->n < 0 || (a->n > 0 && !a->ints)))
+            return BAD("meta '%s': bad int list", a->key);
+    }
+    return MOEC_OK;
+}
+
+static moec_status verify_value(const ir_module *m, const ir_value *v)
+{
+    char ts[96];
+    ir_type_format(&v->type, ts, sizeof ts);
+    switch (v->kind) {
+    case IR_VALUE_INPUT: {
+        if (!ir_type_valid(&v->type, 1) || !ir_type_has_t(&v->type))
+            return BAD("input %%%s: type %s must have T first (and only there), other dims >= 1",
+                       v->name, ts);
+        int listed = 0;
+        for (int i = 0; i < m->n_inputs; i++)
+            listed |= m->inputs[i] == v;
+        if (!listed)
+            return BAD("input %%%s: not in the module's input list", v->name);
+        return MOEC_OK;
+    }
+    case IR_VALUE_WEIGHT: {
+        if (!ir_type_valid(&v->type, 0))
+            return BAD("weight %%%s: type %s must not have T, dims >= 1", v->name, ts);
+        char msg[IR_MSG_CAP];
+        if (ir_binding_check(&v->bind, &v->type, msg, sizeof msg) != MOEC_OK)
+            return BAD("weight %%%s: %s", v->name, msg);
+        return MOEC_OK;
+    }
+    case IR_VALUE_OP: {
+        const ir_op *d = v->def;
+        if (!d)
+            return BAD("%%%s: no op defines it", v->name);
+        if (d->id < 0 || d->id >= m->n_ops || m->ops[d->id] != d)
+            return BAD("%%%s: its defining op is not in the module", v->name);
+        return MOEC_OK;
+    }
+    }
+    return BAD("%%%s: unknown value kind %d", v->name, (int)v->kind);
+}
+
+static moec_status verify_values(const ir_module *m, ir_name_map *names)
+{
+    if (m->n_values < 0 || (m->n_values > 0 && !m->values))
+        return BAD("module %s: bad value table (%d entries)", m->name, m->n_values);
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (!v)
+            return BAD("value #%d is null", i);
+        if (v->id != i)
+            return BAD("%%%s: id %d but at index %d", nm(v), v->id, i);
+        if (!ir_value_name_valid(v->name))
+            return BAD("value #%d: name '%s' must match [A-Za-z0-9_.]+", i, nm(v));
+        if (ir_name_map_get(names, v->name, strlen(v->name)))
+            return BAD("duplicate value %%%s", v->name);
+        if (ir_name_map_put(names, (ir_value *)v))
+            return MOEC_ERR(MOEC_ERR_OOM, "verify: out of memory");
+    }
+    for (int i = 0; i < m->n_values; i++)
+        MOEC_TRY(verify_value(m, m->values[i]));
+    if (m->n_inputs < 0 || m->n_inputs > (int)(sizeof m->inputs / sizeof m->inputs[0]))
+        return BAD("module %s: %d inputs", m->name, m->n_inputs);
+    for (int i = 0; i < m->n_inputs; i++) {
+        const ir_value *v = m->inputs[i];
+        if (!in_module(m, v) || v->kind != IR_VALUE_INPUT)
+            return BAD("input #%d (%%%s) is not an input value of the module", i, nm(v));
+        for (int j = 0; j < i; j++)
+            if (m->inputs[j] == v)
+                return BAD("input %%%s: listed twice", v->name);
+    }
+    return MOEC_OK;
+}
+
+static moec_status verify_op(const ir_module *m, const ir_op *op, int idx, unsigned char *defined)
+{
+    char label[256];
+    if (!op)
+        return BAD("op #%d is null", idx);
+    ir_op_label(op, label, sizeof label);
+    int min_in, max_in, n_out;
+    if (!ir_op_arity(op->kind, &min_in, &max_in, &n_out))
+        return BAD("%s: unknown op kind %d", label, (int)op->kind);
+    if (op->id != idx)
+        return BAD("%s: id %d but at index %d", label, op->id, idx);
+    if (op->n_out != n_out)
+        return BAD("%s: has %d results, expected %d", label, op->n_out, n_out);
+    if (op->n_in < min_in || op->n_in > max_in)
+        return BAD("%s: takes %d to %d operands, got %d", label, min_in, max_in, op->n_in);
+    for (int i = 0; i < op->n_out; i++) {
+        const ir_value *v = op->out[i];
+        if (!in_module(m, v))
+            return BAD("%s: result %d (%%%s) is not a value of the module", label, i, nm(v));
+        if (v->kind != IR_VALUE_OP)
+            return BAD("%%%s: a weight or input cannot be an op's result", v->name);
+        if (v->def != op || defined[v->id])
+            return BAD("%%%s: defined by more than one op", v->name);
+        if (!ir_type_valid(&v->type, 1) || !ir_type_has_t(&v->type)) {
+            char ts[96];
+            ir_type_format(&v->type, ts, sizeof ts);
+            return BAD("%%%s: result type %s must have T first (and only there)", v->name, ts);
+        }
+    }
+    for (int i = 0; i < op->n_in; i++) {
+        const ir_value *v = op->in[i];
+        if (!in_module(m, v))
+            return BAD("%s: operand %d (%%%s) is not a value of the module", label, i, nm(v));
+        if (v->kind == IR_VALUE_OP && !defined[v->id])
+            return BAD("%s: operand %%%s is used before its definition", label, v->name);
+    }
+    ir_type out[IR_MAX_RESULTS];
+    char msg[IR_MSG_CAP];
+    moec_status st = ir_op_infer_msg(op, out, msg, sizeof msg);
+    if (st != MOEC_OK)
+        return MOEC_ERR(st, "%s", msg);
+    for (int i = 0; i < op->n_out; i++) {
+        if (!ir_type_equal(&out[i], &op->out[i]->type)) {
+            char have[96], want[96];
+            ir_type_format(&op->out[i]->type, have, sizeof have);
+            ir_type_format(&out[i], want, sizeof want);
+            return BAD("%%%s: %s: declared type %s, inferred %s", op->out[i]->name,
+                       ir_op_name(op->kind), have, want);
+        }
+    }
+    for (int i = 0; i < op->n_out; i++)
+        defined[op->out[i]->id] = 1;
+    return MOEC_OK;
+}
+
+static moec_status verify_ops(const ir_module *m)
+{
+    if (m->n_ops < 0 || (m->n_ops > 0 && !m->ops))
+        return BAD("module %s: bad op table (%d entries)", m->name, m->n_ops);
+    unsigned char *defined = calloc((size_t)m->n_values + 1, 1);
+    if (!defined)
+        return MOEC_ERR(MOEC_ERR_OOM, "verify: out of memory");
+    moec_status st = MOEC_OK;
+    for (int i = 0; i < m->n_ops && st == MOEC_OK; i++)
+        st = verify_op(m, m->ops[i], i, defined);
+    for (int i = 0; i < m->n_values && st == MOEC_OK; i++)
+        if (m->values[i]->kind == IR_VALUE_OP && !defined[i])
+            st = BAD("%%%s: no op defines it", m->values[i]->name);
+    free(defined);
+    return st;
+}
+
+static moec_status verify_outputs(const ir_module *m)
+{
+    int cap = (int)(sizeof m->outputs / sizeof m->outputs[0]);
+    if (m->n_outputs < 1)
+        return BAD("module %s: has no outputs", m->name);
+    if (m->n_outputs > cap)
+        return BAD("module %s: %d outputs (at most %d)", m->name, m->n_outputs, cap);
+    for (int i = 0; i < m->n_outputs; i++) {
+        const ir_value *v = m->outputs[i];
+        if (!in_module(m, v))
+            return BAD("output #%d (%%%s) is not a value of the module", i, nm(v));
+        for (int j = 0; j < i; j++)
+            if (m->outputs[j] == v)
+                return BAD("output %%%s: listed twice", v->name);
+    }
+    return MOEC_OK;
+}
+
+moec_status ir_module_verify(const ir_module *m)
+{
+    if (!m)
+        return BAD("verify: null module");
+    if (!module_name_valid(m->name))
+        return BAD("module '%s': name must match [A-Za-z_][A-Za-z0-9_.]*", m->name ? m->name : "");
+    MOEC_TRY(verify_metas(m));
+    ir_name_map names;
+    if (ir_name_map_init(&names, m->n_values > 0 ? (size_t)m->n_values : 0))
+        return MOEC_ERR(MOEC_ERR_OOM, "verify: out of memory");
+    moec_status st = verify_values(m, &names);
+    ir_name_map_free(&names);
+    MOEC_TRY(st);
+    MOEC_TRY(verify_ops(m));
+    return verify_outputs(m);
+}

@@ -1,0 +1,1061 @@
+/* interp.c — the CPU reference interpreter: the definition of every IR op
+ * (docs/IR.md), in naive fp32 loops, one function per op, so that every
+ * other path (passes, GPU kernels) can be checked against it. Dot products
+ * and sums accumulate in double: this is the oracle, and the extra accuracy
+ * only brings it closer to the exact result. RoPE frequencies are computed
+ * in fp32 step by step as transformers computes them, since angles at large
+ * positions amplify any difference there. */
+#include "runtime/interp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+
+struct rt_interp {
+    const ir_module *m;
+    int max_seq;
+    int T;               /* tokens of the last forward (0 before any) */
+    int T_cap;           /* tokens the activation buffers are sized for */
+    void **data;         /* per value id: weights (all elements, fp32); inputs and
+                            op results [T_cap, ...] (int32 for i32 values, else fp32) */
+    float **k_cache;     /* per op id, attention ops only: [max_seq, Hkv, Dk] */
+    float **v_cache;     /* per op id, attention ops only: [max_seq, Hkv, Dv] */
+    unsigned char **kv_written; /* per op id: positions whose k, v are cached */
+    double *scores;      /* attention scratch: max_seq scores */
+    const ir_value *tokens;
+    const ir_value *positions;
+};
+
+/* ---- shapes and buffers --------------------------------------------------- */
+
+/* The dims of v for T tokens (the symbolic dim replaced by T); returns rank. */
+static int shape_of(const ir_value *v, int64_t T, int64_t d[IR_MAX_RANK])
+{
+    for (int i = 0; i < v->type.rank; i++)
+        d[i] = v->type.dims[i] == IR_DIM_T ? T : v->type.dims[i];
+    return v->type.rank;
+}
+
+static int64_t prod(const int64_t *d, int from, int to)
+{
+    int64_t n = 1;
+    for (int i = from; i < to; i++)
+        n *= d[i];
+    return n;
+}
+
+static int64_t numel_of(const ir_value *v, int64_t T)
+{
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(v, T, d);
+    return prod(d, 0, r);
+}
+
+static int is_i32(const ir_value *v) { return v->type.dtype == IR_DTYPE_I32; }
+
+static float *fbuf(const rt_interp *in, const ir_value *v) { return (float *)in->data[v->id]; }
+static int32_t *ibuf(const rt_interp *in, const ir_value *v) { return (int32_t *)in->data[v->id]; }
+
+/* The name an error about op names it by: its first result. */
+static const char *op_name(const ir_op *op)
+{
+    return op->n_out > 0 && op->out[0] ? op->out[0]->name : ir_op_name(op->kind);
+}
+
+/* ---- attributes ----------------------------------------------------------- */
+
+/* A numeric attribute read as a double whether written as int or float. */
+static int attr_num(const ir_op *op, const char *key, double *out)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    if (!a)
+        return 0;
+    if (a->kind == IR_ATTR_FLOAT)
+        *out = a->f;
+    else if (a->kind == IR_ATTR_INT)
+        *out = (double)a->i;
+    else
+        return 0;
+    return 1;
+}
+
+static double attr_num_or(const ir_op *op, const char *key, double dflt)
+{
+    double v;
+    return attr_num(op, key, &v) ? v : dflt;
+}
+
+static moec_status attr_num_req(const ir_op *op, const char *key, double *out)
+{
+    if (!attr_num(op, key, out))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s needs a numeric attribute %s", op_name(op),
+                        ir_op_name(op->kind), key);
+    return MOEC_OK;
+}
+
+static moec_status attr_int_req(const ir_op *op, const char *key, int64_t *out)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    if (!a || a->kind != IR_ATTR_INT)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s needs an int attribute %s", op_name(op),
+                        ir_op_name(op->kind), key);
+    *out = a->i;
+    return MOEC_OK;
+}
+
+/* ---- elementwise and data movement ---------------------------------------- */
+
+static moec_status op_embedding(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[1], T, d) != 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: embedding table %s is not 2-D", op_name(op),
+                        op->in[1]->name);
+    int64_t V = d[0], H = d[1];
+    if (numel_of(op->in[0], T) != T || numel_of(op->out[0], T) != (int64_t)T * H)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: embedding wants ids [T] and result [T, %lld]",
+                        op_name(op), (long long)H);
+    const int32_t *ids = ibuf(in, op->in[0]);
+    const float *table = fbuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    for (int t = 0; t < T; t++) {
+        if (ids[t] < 0 || ids[t] >= V)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "%s: token id %d is outside the vocabulary [0, %lld) of %s",
+                            op_name(op), (int)ids[t], (long long)V, op->in[1]->name);
+        memcpy(y + (int64_t)t * H, table + (int64_t)ids[t] * H, (size_t)H * sizeof(float));
+    }
+    return MOEC_OK;
+}
+
+static moec_status op_rms_norm(rt_interp *in, const ir_op *op, int T)
+{
+    double eps;
+    MOEC_TRY(attr_num_req(op, "eps", &eps));
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(op->in[0], T, d);
+    if (r < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rms_norm of a scalar", op_name(op));
+    int64_t D = d[r - 1], rows = prod(d, 0, r - 1);
+    if (numel_of(op->in[1], T) != D || numel_of(op->out[0], T) != rows * D)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rms_norm weight %s must have %lld elements",
+                        op_name(op), op->in[1]->name, (long long)D);
+    const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * D;
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            ss += (double)xr[j] * xr[j];
+        float var = (float)(ss / (double)D);
+        float inv = 1.0f / sqrtf(var + (float)eps);
+        for (int64_t j = 0; j < D; j++)
+            y[i * D + j] = w[j] * (xr[j] * inv);
+    }
+    return MOEC_OK;
+}
+
+static moec_status op_linear(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t dx[IR_MAX_RANK], dw[IR_MAX_RANK];
+    int rx = shape_of(op->in[0], T, dx), rw = shape_of(op->in[1], T, dw);
+    if (rx != 2 || rw != 2 || dx[1] != dw[1])
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: linear wants x [T, K] and w [N, K]",
+                        op_name(op));
+    int64_t rows = dx[0], K = dx[1], N = dw[0];
+    const float *b = NULL;
+    if (op->n_in > 2 && op->in[2]) {
+        if (numel_of(op->in[2], T) != N)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: bias %s must have %lld elements",
+                            op_name(op), op->in[2]->name, (long long)N);
+        b = fbuf(in, op->in[2]);
+    }
+    if (numel_of(op->out[0], T) != rows * N)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: result must be [T, %lld]", op_name(op),
+                        (long long)N);
+    const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t t = 0; t < rows; t++) {
+        for (int64_t n = 0; n < N; n++) {
+            double acc = 0;
+            for (int64_t k = 0; k < K; k++)
+                acc += (double)x[t * K + k] * w[n * K + k];
+            float v = (float)acc;
+            y[t * N + n] = b ? v + b[n] : v;
+        }
+    }
+    return MOEC_OK;
+}
+
+static moec_status op_reshape(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t n = numel_of(op->in[0], T);
+    if (n != numel_of(op->out[0], T) || is_i32(op->in[0]) != is_i32(op->out[0]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: reshape of %s changes the element count or kind",
+                        op_name(op), op->in[0]->name);
+    memcpy(in->data[op->out[0]->id], in->data[op->in[0]->id], (size_t)n * 4);
+    return MOEC_OK;
+}
+
+static moec_status op_slice(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t axis, start, size;
+    MOEC_TRY(attr_int_req(op, "axis", &axis));
+    MOEC_TRY(attr_int_req(op, "start", &start));
+    MOEC_TRY(attr_int_req(op, "size", &size));
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(op->in[0], T, d);
+    if (axis < 1 || axis >= r || start < 0 || size < 0 || start + size > d[axis])
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: slice axis %lld [%lld, %lld) is outside %s", op_name(op),
+                        (long long)axis, (long long)start, (long long)(start + size),
+                        op->in[0]->name);
+    int64_t outer = prod(d, 0, (int)axis), inner = prod(d, (int)axis + 1, r);
+    if (numel_of(op->out[0], T) != outer * size * inner || is_i32(op->in[0]) != is_i32(op->out[0]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: slice result has the wrong shape", op_name(op));
+    const char *x = in->data[op->in[0]->id];
+    char *y = in->data[op->out[0]->id];
+    size_t row = (size_t)(size * inner) * 4;
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(y + (size_t)o * row, x + (size_t)((o * d[axis] + start) * inner) * 4, row);
+    return MOEC_OK;
+}
+
+static moec_status op_concat(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t axis;
+    MOEC_TRY(attr_int_req(op, "axis", &axis));
+    int64_t dy[IR_MAX_RANK];
+    int r = shape_of(op->out[0], T, dy);
+    if (axis < 1 || axis >= r)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: concat axis %lld is outside rank %d",
+                        op_name(op), (long long)axis, r);
+    int64_t outer = prod(dy, 0, (int)axis), inner = prod(dy, (int)axis + 1, r), total = 0;
+    for (int i = 0; i < op->n_in; i++) {
+        int64_t d[IR_MAX_RANK];
+        int ri = shape_of(op->in[i], T, d);
+        int ok = ri == r && is_i32(op->in[i]) == is_i32(op->out[0]);
+        for (int j = 0; ok && j < r; j++)
+            ok = j == axis || d[j] == dy[j];
+        if (!ok)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: concat operand %s does not fit the result",
+                            op_name(op), op->in[i]->name);
+        total += d[axis];
+    }
+    if (total != dy[axis])
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: concat operands sum to %lld along axis %lld, not %lld",
+                        op_name(op), (long long)total, (long long)axis, (long long)dy[axis]);
+    char *y = in->data[op->out[0]->id];
+    size_t yrow = (size_t)(dy[axis] * inner) * 4, off = 0;
+    for (int i = 0; i < op->n_in; i++) {
+        int64_t d[IR_MAX_RANK];
+        shape_of(op->in[i], T, d);
+        const char *x = in->data[op->in[i]->id];
+        size_t row = (size_t)(d[axis] * inner) * 4;
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(y + (size_t)o * yrow + off, x + (size_t)o * row, row);
+        off += row;
+    }
+    return MOEC_OK;
+}
+
+/* Pads a shape to 4 dims with leading 1s. */
+static void pad4(int r, const int64_t *d, int64_t out[4])
+{
+    for (int i = 0; i < 4; i++)
+        out[i] = i < 4 - r ? 1 : d[i - (4 - r)];
+}
+
+/* Strides (in elements) of a row-major shape of 4 dims, 0 where src's dim is
+ * 1 and dst's is not (broadcast). */
+static int bcast_strides(const int64_t src[4], const int64_t dst[4], int64_t st[4])
+{
+    int64_t s = 1;
+    for (int i = 3; i >= 0; i--) {
+        if (src[i] != dst[i] && src[i] != 1)
+            return 0;
+        st[i] = src[i] == 1 ? 0 : s;
+        s *= src[i];
+    }
+    return 1;
+}
+
+static moec_status op_expand(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t dx[IR_MAX_RANK], dy[IR_MAX_RANK], x4[4], y4[4], st[4];
+    int rx = shape_of(op->in[0], T, dx), ry = shape_of(op->out[0], T, dy);
+    pad4(rx, dx, x4);
+    pad4(ry, dy, y4);
+    if (rx != ry || !bcast_strides(x4, y4, st) || is_i32(op->in[0]) != is_i32(op->out[0]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s does not expand to the result type",
+                        op_name(op), op->in[0]->name);
+    const char *x = in->data[op->in[0]->id];
+    char *y = in->data[op->out[0]->id];
+    int64_t o = 0;
+    for (int64_t a = 0; a < y4[0]; a++)
+        for (int64_t b = 0; b < y4[1]; b++)
+            for (int64_t c = 0; c < y4[2]; c++)
+                for (int64_t e = 0; e < y4[3]; e++, o++)
+                    memcpy(y + o * 4, x + (a * st[0] + b * st[1] + c * st[2] + e * st[3]) * 4, 4);
+    return MOEC_OK;
+}
+
+/* add and mul: b broadcasts where its dim is 1. */
+static moec_status op_binary(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t da[IR_MAX_RANK], db[IR_MAX_RANK], a4[4], b4[4], st[4];
+    int ra = shape_of(op->in[0], T, da), rb = shape_of(op->in[1], T, db);
+    pad4(ra, da, a4);
+    pad4(rb, db, b4);
+    if (ra != rb || !bcast_strides(b4, a4, st) || numel_of(op->out[0], T) != prod(da, 0, ra))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s does not broadcast to %s", op_name(op),
+                        op->in[1]->name, op->in[0]->name);
+    const float *a = fbuf(in, op->in[0]), *b = fbuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    int mul = op->kind == IR_OP_MUL;
+    int64_t o = 0;
+    for (int64_t i = 0; i < a4[0]; i++)
+        for (int64_t j = 0; j < a4[1]; j++)
+            for (int64_t k = 0; k < a4[2]; k++)
+                for (int64_t l = 0; l < a4[3]; l++, o++) {
+                    float bv = b[i * st[0] + j * st[1] + k * st[2] + l * st[3]];
+                    y[o] = mul ? a[o] * bv : a[o] + bv;
+                }
+    return MOEC_OK;
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* silu and sigmoid. */
+static moec_status op_unary(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t n = numel_of(op->in[0], T);
+    if (n != numel_of(op->out[0], T))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: result differs in size from %s", op_name(op),
+                        op->in[0]->name);
+    const float *x = fbuf(in, op->in[0]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = op->kind == IR_OP_SILU ? silu(x[i]) : sigmoid(x[i]);
+    return MOEC_OK;
+}
+
+static moec_status op_reduce_sum(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t axis;
+    MOEC_TRY(attr_int_req(op, "axis", &axis));
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(op->in[0], T, d);
+    if (axis < 1 || axis >= r)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: reduce_sum axis %lld is outside rank %d",
+                        op_name(op), (long long)axis, r);
+    int64_t outer = prod(d, 0, (int)axis), n = d[axis], inner = prod(d, (int)axis + 1, r);
+    if (numel_of(op->out[0], T) != outer * inner)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: reduce_sum result has the wrong shape",
+                        op_name(op));
+    const float *x = fbuf(in, op->in[0]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < inner; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < n; k++)
+                acc += x[(o * n + k) * inner + j];
+            y[o * inner + j] = (float)acc;
+        }
+    return MOEC_OK;
+}
+
+/* ---- rope ----------------------------------------------------------------- */
+
+/* inv_freq[0..D/2-1] for op's attributes, in fp32 step by step as
+ * transformers' _compute_default/linear/yarn_parameters compute it. */
+static moec_status rope_inv_freq(const ir_op *op, int64_t D, float *inv_freq)
+{
+    double theta;
+    MOEC_TRY(attr_num_req(op, "theta", &theta));
+    const char *scaling = ir_op_attr_str(op, "scaling", "none");
+    int64_t half = D / 2;
+    int yarn = strcmp(scaling, "yarn") == 0;
+    if (!yarn && strcmp(scaling, "none") != 0 && strcmp(scaling, "linear") != 0)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: rope scaling \"%s\" (want none, linear or yarn)",
+                        op_name(op), scaling);
+    double factor = 1.0, low = 0, high = 0;
+    if (strcmp(scaling, "none") != 0)
+        MOEC_TRY(attr_num_req(op, "factor", &factor));
+    if (yarn) {
+        MOEC_TRY(attr_num_req(op, "yarn_low", &low));
+        MOEC_TRY(attr_num_req(op, "yarn_high", &high));
+        if (low == high)
+            high += 0.001;
+    }
+    for (int64_t i = 0; i < half; i++) {
+        float pos_freq = powf((float)theta, (float)(2 * i) / (float)D);
+        inv_freq[i] = 1.0f / pos_freq;
+        if (strcmp(scaling, "linear") == 0)
+            inv_freq[i] /= (float)factor;
+        if (!yarn)
+            continue;
+        float interp = 1.0f / ((float)factor * pos_freq);
+        float ramp = ((float)i - (float)low) / (float)(high - low);
+        ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+        float extrap = 1.0f - ramp;
+        inv_freq[i] = interp * (1.0f - extrap) + inv_freq[i] * extrap;
+    }
+    return MOEC_OK;
+}
+
+static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
+{
+    const char *style = ir_op_attr_str(op, "style", NULL);
+    if (!style || (strcmp(style, "interleave") != 0 && strcmp(style, "neox") != 0))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: rope style must be \"interleave\" or \"neox\", not %s%s%s",
+                        op_name(op), style ? "\"" : "", style ? style : "absent",
+                        style ? "\"" : "");
+    int neox = strcmp(style, "neox") == 0;
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[0], T, d) != 3 || d[2] % 2 != 0 || numel_of(op->in[1], T) != T ||
+        numel_of(op->out[0], T) != prod(d, 0, 3))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope wants x [T, H, D] with D even, pos [T]",
+                        op_name(op));
+    int64_t H = d[1], D = d[2], half = D / 2;
+    float af = (float)attr_num_or(op, "attn_factor", 1.0);
+    float *inv_freq = malloc((size_t)half * sizeof(float) + 1);
+    if (!inv_freq)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for rope frequencies", op_name(op));
+    moec_status st = rope_inv_freq(op, D, inv_freq);
+    if (st != MOEC_OK) {
+        free(inv_freq);
+        return st;
+    }
+    const float *x = fbuf(in, op->in[0]);
+    const int32_t *pos = ibuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    for (int t = 0; t < T; t++) {
+        for (int64_t i = 0; i < half; i++) {
+            float angle = (float)pos[t] * inv_freq[i];
+            float c = cosf(angle) * af, s = sinf(angle) * af;
+            int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+            for (int64_t h = 0; h < H; h++) {
+                const float *xr = x + ((int64_t)t * H + h) * D;
+                float *yr = y + ((int64_t)t * H + h) * D;
+                float x0 = xr[i0], x1 = xr[i1];
+                yr[i0] = x0 * c - x1 * s;
+                yr[i1] = x1 * c + x0 * s;
+            }
+        }
+    }
+    free(inv_freq);
+    return MOEC_OK;
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
+{
+    double scale_d;
+    MOEC_TRY(attr_num_req(op, "scale", &scale_d));
+    int64_t window = ir_op_attr_int(op, "window", 0);
+    int64_t dq[IR_MAX_RANK], dk[IR_MAX_RANK], dv[IR_MAX_RANK];
+    int rq = shape_of(op->in[0], T, dq), rk = shape_of(op->in[1], T, dk),
+        rv = shape_of(op->in[2], T, dv);
+    if (rq != 3 || rk != 3 || rv != 3 || dq[0] != T || dk[0] != T || dv[0] != T ||
+        dq[2] != dk[2] || dk[1] != dv[1] || dk[1] < 1 || dq[1] % dk[1] != 0 ||
+        numel_of(op->in[3], T) != T || numel_of(op->out[0], T) != (int64_t)T * dq[1] * dv[2])
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: attention wants q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], "
+                        "pos [T] with H a multiple of Hkv",
+                        op_name(op));
+    int64_t H = dq[1], Hkv = dk[1], Dk = dk[2], Dv = dv[2], group = H / Hkv;
+    const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *v = fbuf(in, op->in[2]);
+    const int32_t *pos = ibuf(in, op->in[3]);
+    float *y = fbuf(in, op->out[0]);
+    float *kc = in->k_cache[op->id], *vc = in->v_cache[op->id];
+    unsigned char *written = in->kv_written[op->id];
+    for (int t = 0; t < T; t++) {
+        if (pos[t] < 0 || pos[t] >= in->max_seq)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
+                            op_name(op), (int)pos[t], in->max_seq);
+        memcpy(kc + (int64_t)pos[t] * Hkv * Dk, k + (int64_t)t * Hkv * Dk,
+               (size_t)(Hkv * Dk) * sizeof(float));
+        memcpy(vc + (int64_t)pos[t] * Hkv * Dv, v + (int64_t)t * Hkv * Dv,
+               (size_t)(Hkv * Dv) * sizeof(float));
+        written[pos[t]] = 1;
+    }
+    float scale = (float)scale_d;
+    double *sc = in->scores;
+    for (int t = 0; t < T; t++) {
+        int64_t hi = pos[t], lo = 0;
+        if (window > 0 && hi - window + 1 > 0)
+            lo = hi - window + 1;
+        for (int64_t p = lo; p <= hi; p++)
+            if (!written[p])
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "%s: token at position %d attends to position %lld, which no "
+                                "forward has written to the KV cache",
+                                op_name(op), (int)pos[t], (long long)p);
+        for (int64_t h = 0; h < H; h++) {
+            const float *qr = q + ((int64_t)t * H + h) * Dk;
+            int64_t kvh = h / group;
+            double mx = -INFINITY;
+            for (int64_t p = lo; p <= hi; p++) {
+                const float *kr = kc + (p * Hkv + kvh) * Dk;
+                double dot = 0;
+                for (int64_t j = 0; j < Dk; j++)
+                    dot += (double)qr[j] * kr[j];
+                sc[p] = (double)((float)dot * scale);
+                if (sc[p] > mx)
+                    mx = sc[p];
+            }
+            double sum = 0;
+            for (int64_t p = lo; p <= hi; p++) {
+                sc[p] = exp(sc[p] - mx);
+                sum += sc[p];
+            }
+            float *yr = y + ((int64_t)t * H + h) * Dv;
+            for (int64_t j = 0; j < Dv; j++) {
+                double acc = 0;
+                for (int64_t p = lo; p <= hi; p++)
+                    acc += sc[p] * vc[(p * Hkv + kvh) * Dv + j];
+                yr[j] = (float)(acc / sum);
+            }
+        }
+    }
+    return MOEC_OK;
+}
+
+/* ---- mixture of experts --------------------------------------------------- */
+
+/* Index of the largest of v[0..n-1] not yet taken; ties go to the lower
+ * index. Callers leave at least one untaken (0 otherwise). */
+static int argmax_untaken(const float *v, const unsigned char *taken, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best]))
+            best = i;
+    return best < 0 ? 0 : best;
+}
+
+static moec_status op_moe_topk(rt_interp *in, const ir_op *op, int T)
+{
+    const char *scoring = ir_op_attr_str(op, "scoring", NULL);
+    int64_t top_k;
+    MOEC_TRY(attr_int_req(op, "top_k", &top_k));
+    int64_t n_group = ir_op_attr_int(op, "n_group", 1);
+    int64_t topk_group = ir_op_attr_int(op, "topk_group", 1);
+    const char *group_score = ir_op_attr_str(op, "group_score", "max");
+    int norm = ir_op_attr_int(op, "norm_topk_prob", 0) != 0;
+    float scaling = (float)attr_num_or(op, "scaling", 1.0);
+    if (!scoring || (strcmp(scoring, "softmax") != 0 && strcmp(scoring, "sigmoid") != 0))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: moe_topk scoring must be \"softmax\" or \"sigmoid\"", op_name(op));
+    int top2 = strcmp(group_score, "top2_sum") == 0;
+    if (!top2 && strcmp(group_score, "max") != 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: moe_topk group_score must be \"max\" or \"top2_sum\", not \"%s\"",
+                        op_name(op), group_score);
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[0], T, d) != 2 || op->n_out != 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: moe_topk wants logits [T, E] and two results",
+                        op_name(op));
+    int64_t E = d[1];
+    if (top_k < 1 || top_k > E || n_group < 1 || E % n_group != 0 || topk_group < 1 ||
+        topk_group > n_group || (top2 && n_group > 1 && E / n_group < 2))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: moe_topk top_k %lld, n_group %lld, topk_group %lld do not fit %lld "
+                        "experts",
+                        op_name(op), (long long)top_k, (long long)n_group, (long long)topk_group,
+                        (long long)E);
+    const float *bias = NULL;
+    if (op->n_in > 1 && op->in[1]) {
+        if (numel_of(op->in[1], T) != E)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: bias %s must have %lld elements",
+                            op_name(op), op->in[1]->name, (long long)E);
+        bias = fbuf(in, op->in[1]);
+    }
+    if (numel_of(op->out[0], T) != (int64_t)T * top_k || numel_of(op->out[1], T) != (int64_t)T * top_k ||
+        !is_i32(op->out[0]) || is_i32(op->out[1]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: moe_topk results must be i32[T, %lld] and f32[T, %lld]",
+                        op_name(op), (long long)top_k, (long long)top_k);
+    /* s, c, group scores, taken flags for experts and for groups */
+    float *s = malloc((size_t)(2 * E + n_group) * sizeof(float));
+    unsigned char *taken = malloc((size_t)(E + n_group));
+    if (!s || !taken) {
+        free(s);
+        free(taken);
+        return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for routing scores", op_name(op));
+    }
+    float *c = s + E, *gs = c + E;
+    unsigned char *gtaken = taken + E;
+    const float *logits = fbuf(in, op->in[0]);
+    int32_t *ids = ibuf(in, op->out[0]);
+    float *wts = fbuf(in, op->out[1]);
+    int64_t gsize = E / n_group;
+    for (int t = 0; t < T; t++) {
+        const float *l = logits + (int64_t)t * E;
+        if (strcmp(scoring, "softmax") == 0) {
+            float mx = l[0];
+            for (int64_t e = 1; e < E; e++)
+                mx = l[e] > mx ? l[e] : mx;
+            double sum = 0;
+            for (int64_t e = 0; e < E; e++) {
+                s[e] = expf(l[e] - mx);
+                sum += s[e];
+            }
+            for (int64_t e = 0; e < E; e++)
+                s[e] = (float)(s[e] / sum);
+        } else {
+            for (int64_t e = 0; e < E; e++)
+                s[e] = sigmoid(l[e]);
+        }
+        for (int64_t e = 0; e < E; e++)
+            c[e] = bias ? s[e] + bias[e] : s[e];
+        if (n_group > 1) {
+            for (int64_t g = 0; g < n_group; g++) {
+                const float *cg = c + g * gsize;
+                memset(taken, 0, (size_t)gsize);
+                int a = argmax_untaken(cg, taken, (int)gsize);
+                gs[g] = cg[a];
+                if (top2) {
+                    taken[a] = 1;
+                    gs[g] = cg[a] + cg[argmax_untaken(cg, taken, (int)gsize)];
+                }
+            }
+            memset(gtaken, 0, (size_t)n_group);
+            for (int64_t j = 0; j < topk_group; j++)
+                gtaken[argmax_untaken(gs, gtaken, (int)n_group)] = 1;
+            for (int64_t e = 0; e < E; e++)
+                if (!gtaken[e / gsize])
+                    c[e] = -INFINITY;
+        }
+        memset(taken, 0, (size_t)E);
+        double sum = 0;
+        for (int64_t j = 0; j < top_k; j++) {
+            int e = argmax_untaken(c, taken, (int)E);
+            taken[e] = 1;
+            ids[(int64_t)t * top_k + j] = e;
+            wts[(int64_t)t * top_k + j] = s[e];
+            sum += s[e];
+        }
+        float denom = (float)sum + 1e-20f;
+        for (int64_t j = 0; j < top_k; j++) {
+            float *w = &wts[(int64_t)t * top_k + j];
+            if (norm)
+                *w /= denom;
+            *w *= scaling;
+        }
+    }
+    free(s);
+    free(taken);
+    return MOEC_OK;
+}
+
+/* y[0..N-1] = W x, W [N, K] row-major. */
+static void matvec(const float *W, const float *x, int64_t N, int64_t K, float *y)
+{
+    for (int64_t n = 0; n < N; n++) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; k++)
+            acc += (double)W[n * K + k] * x[k];
+        y[n] = (float)acc;
+    }
+}
+
+static moec_status op_moe_experts(rt_interp *in, const ir_op *op, int T)
+{
+    const char *act = ir_op_attr_str(op, "act", "silu");
+    if (strcmp(act, "silu") != 0)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: moe_experts act \"%s\" (only silu)",
+                        op_name(op), act);
+    int fused = op->n_in == 4;
+    const ir_value *down = op->in[fused ? 3 : 4];
+    int64_t dx[IR_MAX_RANK], di[IR_MAX_RANK], dg[IR_MAX_RANK], dd[IR_MAX_RANK], du[IR_MAX_RANK];
+    int rx = shape_of(op->in[0], T, dx), ri = shape_of(op->in[1], T, di),
+        rg = shape_of(op->in[2], T, dg), rd = shape_of(down, T, dd);
+    int ok = rx == 2 && ri == 2 && rg == 3 && rd == 3 && dx[0] == T && di[0] == T;
+    int64_t H = dx[1], K = di[1], E = dg[0], I = fused ? dg[1] / 2 : dg[1];
+    ok = ok && dg[2] == H && (!fused || dg[1] % 2 == 0) && dd[0] == E && dd[1] == H && dd[2] == I;
+    if (ok && !fused)
+        ok = shape_of(op->in[3], T, du) == 3 && du[0] == E && du[1] == I && du[2] == H;
+    if (!ok || numel_of(op->out[0], T) != (int64_t)T * K * H)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: moe_experts wants x [T, H], ids [T, K], gate and up [E, I, H] (or "
+                        "gate_up [E, 2I, H]), down [E, H, I]",
+                        op_name(op));
+    float *g = malloc((size_t)(2 * I) * sizeof(float) + 1);
+    if (!g)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for the expert intermediate", op_name(op));
+    float *u = g + I;
+    const float *x = fbuf(in, op->in[0]);
+    const int32_t *ids = ibuf(in, op->in[1]);
+    const float *wg = fbuf(in, op->in[2]), *wd = fbuf(in, down);
+    const float *wu = fused ? NULL : fbuf(in, op->in[3]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * H;
+        for (int64_t k = 0; k < K; k++) {
+            int32_t e = ids[t * K + k];
+            if (e < 0 || e >= E) {
+                free(g);
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "%s: expert id %d is outside [0, %lld)", op_name(op), (int)e,
+                                (long long)E);
+            }
+            if (fused) {
+                const float *gu = wg + (int64_t)e * 2 * I * H;
+                matvec(gu, xt, I, H, g);
+                matvec(gu + I * H, xt, I, H, u);
+            } else {
+                matvec(wg + (int64_t)e * I * H, xt, I, H, g);
+                matvec(wu + (int64_t)e * I * H, xt, I, H, u);
+            }
+            for (int64_t i = 0; i < I; i++)
+                g[i] = silu(g[i]) * u[i];
+            matvec(wd + (int64_t)e * H * I, g, H, I, y + (t * K + k) * H);
+        }
+    }
+    free(g);
+    return MOEC_OK;
+}
+
+/* ---- the interpreter ------------------------------------------------------ */
+
+static moec_status run_op(rt_interp *in, const ir_op *op, int T)
+{
+    switch (op->kind) {
+    case IR_OP_EMBEDDING: return op_embedding(in, op, T);
+    case IR_OP_RMS_NORM: return op_rms_norm(in, op, T);
+    case IR_OP_LINEAR: return op_linear(in, op, T);
+    case IR_OP_RESHAPE: return op_reshape(in, op, T);
+    case IR_OP_SLICE: return op_slice(in, op, T);
+    case IR_OP_CONCAT: return op_concat(in, op, T);
+    case IR_OP_EXPAND: return op_expand(in, op, T);
+    case IR_OP_ADD:
+    case IR_OP_MUL: return op_binary(in, op, T);
+    case IR_OP_SILU:
+    case IR_OP_SIGMOID: return op_unary(in, op, T);
+    case IR_OP_ROPE: return op_rope(in, op, T);
+    case IR_OP_ATTENTION: return op_attention(in, op, T);
+    case IR_OP_MOE_TOPK: return op_moe_topk(in, op, T);
+    case IR_OP_MOE_EXPERTS: return op_moe_experts(in, op, T);
+    case IR_OP_REDUCE_SUM: return op_reduce_sum(in, op, T);
+    case IR_OP_COUNT: break;
+    }
+    return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
+                    (int)op->kind);
+}
+
+/* Operand counts and which operands and results are i32, per op kind. Bit i
+ * of in_i32 is operand i; bit i of out_i32 result i. Anything that is not
+ * i32 is fp32 in the interpreter. */
+static const struct {
+    int min_in, max_in, n_out;
+    unsigned in_i32, out_i32;
+    int any_dtype; /* data movement: i32 or float, result like operands */
+} op_sig[IR_OP_COUNT] = {
+    [IR_OP_EMBEDDING] = {2, 2, 1, 1u << 0, 0, 0},
+    [IR_OP_RMS_NORM] = {2, 2, 1, 0, 0, 0},
+    [IR_OP_LINEAR] = {2, 3, 1, 0, 0, 0},
+    [IR_OP_RESHAPE] = {1, 1, 1, 0, 0, 1},
+    [IR_OP_SLICE] = {1, 1, 1, 0, 0, 1},
+    [IR_OP_CONCAT] = {2, IR_MAX_OPERANDS, 1, 0, 0, 1},
+    [IR_OP_EXPAND] = {1, 1, 1, 0, 0, 1},
+    [IR_OP_ADD] = {2, 2, 1, 0, 0, 0},
+    [IR_OP_MUL] = {2, 2, 1, 0, 0, 0},
+    [IR_OP_SILU] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_SIGMOID] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_ROPE] = {2, 2, 1, 1u << 1, 0, 0},
+    [IR_OP_ATTENTION] = {4, 4, 1, 1u << 3, 0, 0},
+    [IR_OP_MOE_TOPK] = {1, 2, 2, 0, 1u << 0, 0},
+    [IR_OP_MOE_EXPERTS] = {4, 5, 1, 1u << 1, 0, 0},
+    [IR_OP_REDUCE_SUM] = {1, 1, 1, 0, 0, 0},
+};
+
+/* Checks what the op functions rely on before indexing buffers: operand
+ * counts, operands present and defined in this module, i32 where ids are. */
+static moec_status check_op(const ir_module *m, const ir_op *op)
+{
+    if ((int)op->kind < 0 || op->kind >= IR_OP_COUNT)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "op %d: kind %d has no interpreter", op->id,
+                        (int)op->kind);
+    if (op->n_out != op_sig[op->kind].n_out || op->n_in < op_sig[op->kind].min_in ||
+        op->n_in > op_sig[op->kind].max_in)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s with %d operands and %d results",
+                        op_name(op), ir_op_name(op->kind), op->n_in, op->n_out);
+    for (int i = 0; i < op->n_out; i++) {
+        const ir_value *v = op->out[i];
+        if (!v || v->id < 0 || v->id >= m->n_values || m->values[v->id] != v)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: result %d is not a value of the module",
+                            op_name(op), i);
+        if (is_i32(v) != !!(op_sig[op->kind].out_i32 & (1u << i)) && !op_sig[op->kind].any_dtype)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: result %d of %s must be %s", op_name(op),
+                            i, ir_op_name(op->kind),
+                            (op_sig[op->kind].out_i32 & (1u << i)) ? "i32" : "a float type");
+    }
+    for (int i = 0; i < op->n_in; i++) {
+        const ir_value *v = op->in[i];
+        if (!v) {
+            /* only the optional biases may be absent */
+            if ((op->kind == IR_OP_LINEAR && i == 2) || (op->kind == IR_OP_MOE_TOPK && i == 1))
+                continue;
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: operand %d of %s is missing", op_name(op),
+                            i, ir_op_name(op->kind));
+        }
+        if (v->id < 0 || v->id >= m->n_values || m->values[v->id] != v)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: operand %d is not a value of the module",
+                            op_name(op), i);
+        int want = !!(op_sig[op->kind].in_i32 & (1u << i));
+        if (op_sig[op->kind].any_dtype)
+            want = is_i32(op->out[0]);
+        if (is_i32(v) != want)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: operand %s of %s must be %s", op_name(op),
+                            v->name, ir_op_name(op->kind), want ? "i32" : "a float type");
+    }
+    return MOEC_OK;
+}
+
+/* Sizes the activation buffers (inputs and op results) for T tokens. */
+static moec_status ensure_capacity(rt_interp *in, int T)
+{
+    if (T <= in->T_cap)
+        return MOEC_OK;
+    const ir_module *m = in->m;
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_WEIGHT)
+            continue;
+        free(in->data[i]);
+        in->data[i] = NULL;
+    }
+    in->T_cap = 0;
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_WEIGHT)
+            continue;
+        int64_t n = numel_of(v, T);
+        if (n < 0 || (uint64_t)n > SIZE_MAX / 4 - 1)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: %lld elements for %d tokens is too many",
+                            v->name, (long long)n, T);
+        in->data[i] = malloc((size_t)n * 4 + 4);
+        if (!in->data[i])
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for %d tokens", v->name, T);
+    }
+    in->T_cap = T;
+    return MOEC_OK;
+}
+
+void rt_interp_free(rt_interp *in)
+{
+    if (!in)
+        return;
+    if (in->m) {
+        for (int i = 0; in->data && i < in->m->n_values; i++)
+            free(in->data[i]);
+        for (int i = 0; i < in->m->n_ops; i++) {
+            if (in->k_cache)
+                free(in->k_cache[i]);
+            if (in->v_cache)
+                free(in->v_cache[i]);
+            if (in->kv_written)
+                free(in->kv_written[i]);
+        }
+    }
+    free(in->data);
+    free(in->k_cache);
+    free(in->v_cache);
+    free(in->kv_written);
+    free(in->scores);
+    free(in);
+}
+
+static moec_status init_values(rt_interp *in, const rt_weights *w)
+{
+    const ir_module *m = in->m;
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (!v || v->id != i)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "value %d of module %s has id %d", i,
+                            m->name ? m->name : "?", v ? v->id : -1);
+        if (v->type.rank < 0 || v->type.rank > IR_MAX_RANK)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rank %d", v->name, v->type.rank);
+        for (int j = 0; j < v->type.rank; j++)
+            if (v->type.dims[j] < 0 && v->type.dims[j] != IR_DIM_T)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: dim %d is %lld", v->name, j,
+                                (long long)v->type.dims[j]);
+        if (v->kind == IR_VALUE_INPUT) {
+            if (strcmp(v->name, "tokens") == 0)
+                in->tokens = v;
+            else if (strcmp(v->name, "positions") == 0)
+                in->positions = v;
+            else
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "input %s: the interpreter feeds only tokens and positions",
+                                v->name);
+            if (!is_i32(v) || v->type.rank != 1 || v->type.dims[0] != IR_DIM_T)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG, "input %s must be i32[T]", v->name);
+        }
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        if (is_i32(v))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %s is i32; weights are float", v->name);
+        int64_t n = numel_of(v, 0);
+        if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1)
+            return MOEC_ERR(MOEC_ERR_OOM, "weight %s: %lld elements", v->name, (long long)n);
+        in->data[i] = calloc((size_t)n + 1, sizeof(float));
+        if (!in->data[i])
+            return MOEC_ERR(MOEC_ERR_OOM, "weight %s: no memory for %lld floats", v->name,
+                            (long long)n);
+        if (w)
+            MOEC_TRY(rt_weights_read_f32(w, v, in->data[i]));
+    }
+    if (!in->tokens)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no input %%tokens",
+                        m->name ? m->name : "?");
+    if (!in->positions)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no input %%positions",
+                        m->name ? m->name : "?");
+    return MOEC_OK;
+}
+
+static moec_status init_ops(rt_interp *in)
+{
+    const ir_module *m = in->m;
+    for (int i = 0; i < m->n_ops; i++) {
+        const ir_op *op = m->ops[i];
+        if (!op || op->id != i)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "op %d of module %s has id %d", i,
+                            m->name ? m->name : "?", op ? op->id : -1);
+        MOEC_TRY(check_op(m, op));
+        if (op->kind != IR_OP_ATTENTION)
+            continue;
+        const ir_type *k = &op->in[1]->type, *v = &op->in[2]->type;
+        if (k->rank != 3 || v->rank != 3 || k->dims[1] < 1 || k->dims[2] < 1 || v->dims[1] < 1 ||
+            v->dims[2] < 1)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: attention k and v must be [T, Hkv, D]",
+                            op_name(op));
+        size_t nk = (size_t)in->max_seq * (size_t)(k->dims[1] * k->dims[2]);
+        size_t nv = (size_t)in->max_seq * (size_t)(v->dims[1] * v->dims[2]);
+        in->k_cache[i] = calloc(nk, sizeof(float));
+        in->v_cache[i] = calloc(nv, sizeof(float));
+        in->kv_written[i] = calloc((size_t)in->max_seq, 1);
+        if (!in->k_cache[i] || !in->v_cache[i] || !in->kv_written[i])
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %d positions",
+                            op_name(op), in->max_seq);
+    }
+    return MOEC_OK;
+}
+
+moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq, rt_interp **out)
+{
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: out is NULL");
+    *out = NULL;
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: module is NULL");
+    if (max_seq < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: max_seq %d must be at least 1",
+                        max_seq);
+    rt_interp *in = calloc(1, sizeof *in);
+    if (!in)
+        return MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory");
+    in->m = m;
+    in->max_seq = max_seq;
+    size_t nv = (size_t)(m->n_values > 0 ? m->n_values : 1);
+    size_t no = (size_t)(m->n_ops > 0 ? m->n_ops : 1);
+    in->data = calloc(nv, sizeof *in->data);
+    in->k_cache = calloc(no, sizeof *in->k_cache);
+    in->v_cache = calloc(no, sizeof *in->v_cache);
+    in->kv_written = calloc(no, sizeof *in->kv_written);
+    in->scores = calloc((size_t)max_seq, sizeof *in->scores);
+    moec_status st = MOEC_OK;
+    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written || !in->scores)
+        st = MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory for %d values", m->n_values);
+    if (st == MOEC_OK)
+        st = init_values(in, w);
+    if (st == MOEC_OK)
+        st = init_ops(in);
+    if (st != MOEC_OK) {
+        rt_interp_free(in);
+        return st;
+    }
+    *out = in;
+    return MOEC_OK;
+}
+
+static int is_weight_of(const rt_interp *in, const ir_value *v)
+{
+    return in && v && v->id >= 0 && v->id < in->m->n_values && in->m->values[v->id] == v &&
+           v->kind == IR_VALUE_WEIGHT;
+}
+
+moec_status rt_interp_set_weight(rt_interp *in, const ir_value *v, const float *data)
+{
+    if (!in || !data)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_set_weight: NULL argument");
+    if (!is_weight_of(in, v))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_set_weight: %s is not a weight of module %s",
+                        v && v->name ? v->name : "(null)", in->m->name ? in->m->name : "?");
+    memcpy(in->data[v->id], data, (size_t)numel_of(v, 0) * sizeof(float));
+    return MOEC_OK;
+}
+
+float *rt_interp_weight(rt_interp *in, const ir_value *v)
+{
+    return is_weight_of(in, v) ? fbuf(in, v) : NULL;
+}
+
+moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
+                              int T, float *out)
+{
+    if (!in || !tokens || !positions)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: NULL argument");
+    if (T < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: T is %d; it must be at least 1",
+                        T);
+    for (int t = 0; t < T; t++)
+        if (positions[t] < 0 || positions[t] >= in->max_seq)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "position %d is past the KV cache (max_seq %d)",
+                            (int)positions[t], in->max_seq);
+    const ir_module *m = in->m;
+    if (out && (m->n_outputs < 1 || !m->outputs[0]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no output to write",
+                        m->name ? m->name : "?");
+    MOEC_TRY(ensure_capacity(in, T));
+    in->T = 0;
+    memcpy(in->data[in->tokens->id], tokens, (size_t)T * sizeof(int32_t));
+    memcpy(in->data[in->positions->id], positions, (size_t)T * sizeof(int32_t));
+    for (int i = 0; i < m->n_ops; i++)
+        MOEC_TRY(run_op(in, m->ops[i], T));
+    in->T = T;
+    if (out)
+        memcpy(out, in->data[m->outputs[0]->id], (size_t)numel_of(m->outputs[0], T) * 4);
+    return MOEC_OK;
+}
+
+const float *rt_interp_value(const rt_interp *in, const ir_value *v)
+{
+    if (!in || !v || v->id < 0 || v->id >= in->m->n_values || in->m->values[v->id] != v)
+        return NULL;
+    if (v->kind != IR_VALUE_WEIGHT && in->T == 0)
+        return NULL;
+    return fbuf(in, v);
+}
+
+void rt_interp_reset(rt_interp *in)
+{
+    if (!in)
+        return;
+    for (int i = 0; i < in->m->n_ops; i++) {
+        if (!in->kv_written[i])
+            continue;
+        const ir_op *op = in->m->ops[i];
+        memset(in->kv_written[i], 0, (size_t)in->max_seq);
+        memset(in->k_cache[i], 0, (size_t)in->max_seq * (size_t)numel_of(op->in[1], 1) * sizeof(float));
+        memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)numel_of(op->in[2], 1) * sizeof(float));
+    }
+}

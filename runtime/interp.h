@@ -1,0 +1,36 @@
+/* interp.h — the CPU reference interpreter: executes any IR module in fp32,
+ * one plain function per op, with a KV cache per attention op. It is the
+ * definition of every op, the oracle of every test, and the backend used
+ * where there is no GPU. */
+#ifndef MOEC_RT_INTERP_H
+#define MOEC_RT_INTERP_H
+
+#include "ir/ir.h"
+#include "runtime/weights.h"
+
+typedef struct rt_interp rt_interp;
+
+/* Prepares to run m for sequences of up to max_seq tokens. Weights are read
+ * (widened to fp32) from w; with w NULL they start at zero and the caller
+ * sets each with rt_interp_set_weight (pass tests use random weights). */
+moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
+                           rt_interp **out);
+void rt_interp_free(rt_interp *in);
+
+/* Copies ir_type_numel(&v->type, 0) floats into weight v. */
+moec_status rt_interp_set_weight(rt_interp *in, const ir_value *v, const float *data);
+/* The interpreter's fp32 copy of weight v (to read or perturb). */
+float *rt_interp_weight(rt_interp *in, const ir_value *v);
+
+/* Runs the module on T tokens (inputs "tokens" and "positions", i32[T]),
+ * appending to the KV caches. Writes output 0 ([T, ...] f32, all T rows)
+ * into out when not NULL. MOEC_ERR_CAPACITY if a position is >= max_seq. */
+moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
+                              int T, float *out);
+/* Looks up any value of the last forward (fp32, [T, ...]); NULL if unknown.
+ * For debugging and pass tests. */
+const float *rt_interp_value(const rt_interp *in, const ir_value *v);
+/* Empties the KV caches. */
+void rt_interp_reset(rt_interp *in);
+
+#endif

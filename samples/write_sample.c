@@ -1,0 +1,303 @@
+/* write_sample.c — writes a random-weight model in the Hugging Face layout
+ * (config.json + model.safetensors) for any config moec reads, so that every
+ * family can be run, tested and compared with `transformers` without
+ * downloading a checkpoint. The tensor list comes from the model itself
+ * (moec_model_tensor_info), so the file holds exactly what moec binds, under
+ * the published names.
+ *
+ * Initialisation keeps activations of order one in tiny models: embeddings
+ * N(0, 1); matrices N(0, 1/in_features); norm weights 1 + N(0, 0.1^2);
+ * biases and DeepSeek-V3's e_score_correction_bias N(0, 0.1^2). */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "moec.h"
+
+static const char *USAGE =
+    "usage: moec-sample CONFIG_JSON OUT_DIR [--seed N] [--force]\n"
+    "\n"
+    "Writes OUT_DIR/config.json (a copy of CONFIG_JSON) and OUT_DIR/model.safetensors\n"
+    "with random weights for every tensor the model reads, in the dtype its config\n"
+    "names (torch_dtype / dtype). Refuses to overwrite an existing model unless\n"
+    "--force is given.\n"
+    "\n"
+    "options:\n"
+    "  --seed N    random seed (default 1)\n"
+    "  --force     overwrite OUT_DIR/config.json and OUT_DIR/model.safetensors\n"
+    "  -h, --help  this help\n";
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_normal(uint64_t *s)
+{
+    double u1 = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = ((double)(rng_next(s) >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The value of element i of tensor t, drawn from t's distribution. */
+static float sample_value(const moec_tensor_info *t, uint64_t *rng)
+{
+    float z = rng_normal(rng);
+    if (ends_with(t->name, "norm.weight"))
+        return 1.0f + 0.1f * z;
+    if (ends_with(t->name, ".bias") || ends_with(t->name, "e_score_correction_bias"))
+        return 0.1f * z;
+    if (strstr(t->name, "embed_tokens"))
+        return z;
+    if (t->rank == 2)
+        return z / sqrtf((float)t->shape[1]);
+    return z;
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = u & 0x7fffffu;
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        if (exp < -10)
+            return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t h = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13);
+    uint32_t rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+static const char *st_dtype(moec_dtype dt)
+{
+    return dt == MOEC_DTYPE_F32 ? "F32" : dt == MOEC_DTYPE_F16 ? "F16" : "BF16";
+}
+
+static size_t elem_size(moec_dtype dt) { return dt == MOEC_DTYPE_F32 ? 4 : 2; }
+
+static size_t numel(const moec_tensor_info *t)
+{
+    size_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= (size_t)t->shape[d];
+    return n;
+}
+
+/* Appends printf output to a growing buffer; returns -1 when out of memory. */
+__attribute__((format(printf, 4, 5)))
+static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return -1;
+        if ((size_t)n < *cap - *len) {
+            *len += (size_t)n;
+            return 0;
+        }
+        size_t ncap = *cap * 2 + (size_t)n;
+        char *g = realloc(*buf, ncap);
+        if (!g)
+            return -1;
+        *buf = g;
+        *cap = ncap;
+    }
+}
+
+static int write_safetensors(const char *path, const moec_model_t *m, uint64_t seed)
+{
+    int n = moec_model_tensor_count(m);
+    size_t cap = 4096, len = 0, offset = 0;
+    char *hdr = malloc(cap);
+    if (!hdr || buf_printf(&hdr, &len, &cap, "{\"__metadata__\":{\"format\":\"pt\"}"))
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        moec_tensor_info t;
+        if (moec_model_tensor_info(m, i, &t) != MOEC_OK)
+            goto oom;
+        size_t bytes = numel(&t) * elem_size(t.dtype);
+        if (buf_printf(&hdr, &len, &cap, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t.name,
+                       st_dtype(t.dtype)))
+            goto oom;
+        for (int d = 0; d < t.rank; d++)
+            if (buf_printf(&hdr, &len, &cap, d ? ",%lld" : "%lld", (long long)t.shape[d]))
+                goto oom;
+        if (buf_printf(&hdr, &len, &cap, "],\"data_offsets\":[%zu,%zu]}", offset, offset + bytes))
+            goto oom;
+        offset += bytes;
+    }
+    if (buf_printf(&hdr, &len, &cap, "}"))
+        goto oom;
+    while (len % 8)
+        if (buf_printf(&hdr, &len, &cap, " "))
+            goto oom;
+
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "moec-sample: cannot write %s: %s\n", path, strerror(errno));
+        free(hdr);
+        return 1;
+    }
+    uint8_t lenbuf[8];
+    for (int b = 0; b < 8; b++)
+        lenbuf[b] = (uint8_t)((uint64_t)len >> (8 * b));
+    int ok = fwrite(lenbuf, 1, 8, f) == 8 && fwrite(hdr, 1, len, f) == len;
+    uint64_t rng = seed;
+    for (int i = 0; ok && i < n; i++) {
+        moec_tensor_info t;
+        moec_model_tensor_info(m, i, &t);
+        size_t count = numel(&t);
+        for (size_t k = 0; ok && k < count; k++) {
+            float v = sample_value(&t, &rng);
+            if (t.dtype == MOEC_DTYPE_F32) {
+                ok = fwrite(&v, 4, 1, f) == 1;
+            } else {
+                uint16_t h = t.dtype == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+                ok = fwrite(&h, 2, 1, f) == 1;
+            }
+        }
+    }
+    if (fclose(f) != 0)
+        ok = 0;
+    free(hdr);
+    if (!ok) {
+        fprintf(stderr, "moec-sample: cannot write %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+oom:
+    free(hdr);
+    fprintf(stderr, "moec-sample: out of memory\n");
+    return 1;
+}
+
+static int copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in) {
+        fprintf(stderr, "moec-sample: cannot read %s: %s\n", from, strerror(errno));
+        return 1;
+    }
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        fprintf(stderr, "moec-sample: cannot write %s: %s\n", to, strerror(errno));
+        fclose(in);
+        return 1;
+    }
+    char buf[65536];
+    size_t k;
+    int ok = 1;
+    while (ok && (k = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, k, out) == k;
+    ok = ok && !ferror(in);
+    fclose(in);
+    if (fclose(out) != 0 || !ok) {
+        fprintf(stderr, "moec-sample: cannot write %s\n", to);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *config = NULL, *outdir = NULL;
+    unsigned long long seed = 1;
+    int force = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(USAGE, stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--force")) {
+            force = 1;
+        } else if (!strcmp(argv[i], "--seed")) {
+            char *end;
+            if (i + 1 == argc || (seed = strtoull(argv[i + 1], &end, 10), *end)) {
+                fprintf(stderr, "moec-sample: --seed needs an integer\n\n%s", USAGE);
+                return 2;
+            }
+            i++;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "moec-sample: unknown option %s\n\n%s", argv[i], USAGE);
+            return 2;
+        } else if (!config) {
+            config = argv[i];
+        } else if (!outdir) {
+            outdir = argv[i];
+        } else {
+            fprintf(stderr, "moec-sample: unexpected argument %s\n\n%s", argv[i], USAGE);
+            return 2;
+        }
+    }
+    if (!config || !outdir) {
+        fputs(USAGE, stderr);
+        return 2;
+    }
+    char cfg_out[4096], st_out[4096];
+    snprintf(cfg_out, sizeof cfg_out, "%s/config.json", outdir);
+    snprintf(st_out, sizeof st_out, "%s/model.safetensors", outdir);
+    struct stat sb;
+    if (!force && stat(st_out, &sb) == 0) {
+        fprintf(stderr, "moec-sample: %s exists (use --force to overwrite)\n", st_out);
+        return 1;
+    }
+    if (mkdir(outdir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "moec-sample: cannot create %s: %s\n", outdir, strerror(errno));
+        return 1;
+    }
+    if (copy_file(config, cfg_out))
+        return 1;
+    moec_model_t *m;
+    moec_status st = moec_model_open(outdir, &m);
+    if (st != MOEC_OK) {
+        fprintf(stderr, "moec-sample: %s: %s\n", moec_status_name(st), moec_last_error());
+        remove(cfg_out);
+        return 1;
+    }
+    int rc = write_safetensors(st_out, m, seed);
+    if (rc == 0)
+        fprintf(stderr, "moec-sample: wrote %d tensors to %s\n", moec_model_tensor_count(m), st_out);
+    else
+        remove(st_out);
+    moec_model_free(m);
+    return rc;
+}

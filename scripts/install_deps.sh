@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what moec needs to build and test from Debian's packages, or says
+# exactly what to run when it cannot (not root, no apt-get). The CUDA toolkit
+# is expected at /usr/local/cuda; without it only the CPU paths build.
+set -u
+need=()
+[ -f /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+command -v cmake >/dev/null || need+=(cmake)
+command -v cc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+command -v valgrind >/dev/null || need+=(valgrind)
+command -v clang >/dev/null || need+=(clang)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "moec: installing missing packages: ${need[*]}"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null && exit 0
+  echo "moec: apt-get failed; run: apt-get update && apt-get install -y ${need[*]}" >&2
+  exit 1
+fi
+echo "moec: missing packages; run: sudo apt-get install -y ${need[*]}" >&2
+exit 1

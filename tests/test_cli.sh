@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# test_cli.sh — the moec command line as a user meets it: help texts name
+# every flag, dump-ir and run work on the tiny models, run's ids and
+# --logits-out rows match the transformers goldens, and every bad invocation
+# fails with its exit code and message.
+set -u
+B=${MOEC_BUILD_DIR:?}/moec
+S=${MOEC_SOURCE_DIR:?}
+D=$S/tests/data
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+
+# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr.
+expect() {
+  local code=$1 needle=$2; shift 3
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
+  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
+}
+
+expect 0 "dump-ir MODEL_DIR" -- "$B" --help
+expect 2 "usage: moec" -- "$B"
+expect 2 "unknown command 'frobnicate'" -- "$B" frobnicate
+for f in --output --summary --help; do expect 0 "$f" -- "$B" dump-ir --help; done
+for f in --prompt-ids --max-new-tokens --backend --logits-out --max-seq-len --ignore-eos --help; do
+  expect 0 "$f" -- "$B" run --help
+done
+
+# dump-ir on every family; the summary names the model type.
+for m in deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe; do
+  expect 0 "module " -- "$B" dump-ir "$D/$m"
+  expect 0 "model $(python3 -c "import json;print(json.load(open('$D/$m/config.json'))['model_type'])")" -- "$B" dump-ir "$D/$m" --summary
+done
+"$B" dump-ir "$D/qwen3_moe" -o "$T/q.mir" && [ -s "$T/q.mir" ] && ok || bad "dump-ir -o wrote nothing"
+
+# run: ids and logits rows against the goldens.
+for m in deepseek_v3 qwen2_moe; do
+  read -r prompt greedy n <<<"$(python3 - "$D/$m/golden.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+print(",".join(map(str, g["prompt_ids"])), " ".join(map(str, g["greedy_ids"])).replace(" ", ","), len(g["greedy_ids"]))
+PY
+)"
+  out=$("$B" run "$D/$m" --prompt-ids "$prompt" --max-new-tokens "$n" --ignore-eos --backend cpu --logits-out "$T/l.bin" 2>"$T/err")
+  if [ "$out" = "${greedy//,/ }" ]; then ok; else bad "$m: run printed '$out', want '${greedy//,/ }' ($(cat "$T/err"))"; fi
+  python3 - "$D/$m" "$T/l.bin" <<'PY' && ok || bad "$m: --logits-out rows differ from the goldens"
+import array, json, sys
+d, path = sys.argv[1], sys.argv[2]
+g = json.load(open(d + "/golden.json"))
+V, P, G = g["vocab_size"], len(g["prompt_ids"]), len(g["greedy_ids"])
+ref = array.array("f"); ref.frombytes(open(d + "/logits.bin", "rb").read())
+got = array.array("f"); got.frombytes(open(path, "rb").read())
+assert len(got) == G * V, (len(got), G * V)
+for k in range(G):
+    want = ref[(P - 1 + k) * V:(P + k) * V]
+    row = got[k * V:(k + 1) * V]
+    m = max(abs(x) for x in want)
+    assert max(abs(a - b) for a, b in zip(row, want)) <= 1e-4 * m, k
+PY
+done
+
+# Bad invocations.
+expect 1 "nonexistent/config.json" -- "$B" dump-ir "$T/nonexistent"
+expect 2 "missing MODEL_DIR" -- "$B" dump-ir
+expect 2 "unknown option --frob" -- "$B" dump-ir "$D/qwen3_moe" --frob
+expect 2 "missing --prompt-ids" -- "$B" run "$D/qwen3_moe" --max-new-tokens 2
+expect 2 "missing --max-new-tokens" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2
+expect 2 "bad token id at 'x'" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,x --max-new-tokens 2
+expect 2 "bad token id at ''" -- "$B" run "$D/qwen3_moe" --prompt-ids 1, --max-new-tokens 2
+expect 2 "token id 256 is outside the vocabulary (vocab_size 256)" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,256 --max-new-tokens 2
+expect 2 "--max-new-tokens: '0' is not an integer >= 1" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
+expect 2 "--backend: 'tpu' is not cpu, cuda or auto" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend tpu
+expect 2 "--max-seq-len 2 is too short" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 4 --max-seq-len 2
+expect 1 "max_seq_len 100000 exceeds the model's max_position_embeddings 512" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  expect 1 "no CUDA device" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend cuda
+fi
+# A model directory whose weights are missing: the error names the tensor.
+mkdir -p "$T/noweights" && cp "$D/qwen3_moe/config.json" "$T/noweights/"
+expect 1 "no *.safetensors" -- "$B" run "$T/noweights" --prompt-ids 1 --max-new-tokens 1
+
+echo "test_cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,953 @@
+/* test_ir.c — the IR library: arena, types, a module that uses every op
+ * built with the builder API, its text form against a golden file, the
+ * print/parse round trip, every verifier rule, parser errors with their
+ * exact "file:line:col", shape-inference errors, and a mutation loop that
+ * the parser must survive. Set MOEC_UPDATE_GOLDEN=1 to rewrite the golden. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir/ir.h"
+#include "testlib.h"
+
+#define T IR_DIM_T
+
+static ir_type ty(ir_dtype dt, int rank, int64_t d0, int64_t d1, int64_t d2)
+{
+    ir_type t = {dt, rank, {d0, d1, d2, 0}};
+    return t;
+}
+
+static void *must(void *p, const char *what)
+{
+    if (!p) {
+        fprintf(stderr, "building %s failed: %s\n", what, moec_last_error());
+        exit(2);
+    }
+    return p;
+}
+
+static void must_ok(moec_status st, const char *what)
+{
+    if (st != MOEC_OK) {
+        fprintf(stderr, "%s failed: %s\n", what, moec_last_error());
+        exit(2);
+    }
+}
+
+/* Adds op kind with results names[0..n_out-1], sets no attributes. */
+static ir_op *op_new(ir_module *m, ir_op_kind kind, const char *const *names, int n_out,
+                     ir_value *const *in, int n_in)
+{
+    return must(ir_module_add_op(m, kind, in, n_in, names, n_out), names[0]);
+}
+
+static ir_value *op1(ir_module *m, ir_op_kind kind, const char *name, ir_value *a, ir_value *b)
+{
+    ir_value *in[2] = {a, b};
+    return must(ir_build(m, kind, name, in, b ? 2 : 1), name);
+}
+
+static ir_value *shaped(ir_module *m, ir_op_kind kind, const char *name, ir_value *x, ir_type t)
+{
+    const char *names[1] = {name};
+    ir_op *op = op_new(m, kind, names, 1, &x, 1);
+    must_ok(ir_op_finish(m, op, &t), name);
+    return op->out[0];
+}
+
+static ir_value *slice(ir_module *m, const char *name, ir_value *x, int axis, int start, int size)
+{
+    const char *names[1] = {name};
+    ir_op *op = op_new(m, IR_OP_SLICE, names, 1, &x, 1);
+    must_ok(ir_op_set_int(m, op, "axis", axis), "axis");
+    must_ok(ir_op_set_int(m, op, "start", start), "start");
+    must_ok(ir_op_set_int(m, op, "size", size), "size");
+    must_ok(ir_op_finish(m, op, NULL), name);
+    return op->out[0];
+}
+
+static ir_value *axis_op(ir_module *m, ir_op_kind kind, const char *name, ir_value *const *in,
+                         int n_in, int axis)
+{
+    const char *names[1] = {name};
+    ir_op *op = op_new(m, kind, names, 1, in, n_in);
+    must_ok(ir_op_set_int(m, op, "axis", axis), "axis");
+    must_ok(ir_op_finish(m, op, NULL), name);
+    return op->out[0];
+}
+
+static ir_value *rms_norm(ir_module *m, const char *name, ir_value *x, ir_value *w)
+{
+    ir_value *in[2] = {x, w};
+    const char *names[1] = {name};
+    ir_op *op = op_new(m, IR_OP_RMS_NORM, names, 1, in, 2);
+    must_ok(ir_op_set_float(m, op, "eps", 1e-6), "eps");
+    must_ok(ir_op_finish(m, op, NULL), name);
+    return op->out[0];
+}
+
+/* An int-list meta; ir.h has no setter for one, so append it by hand. */
+static void set_meta_ints(ir_module *m, const char *key, const int64_t *v, int n)
+{
+    ir_attr *meta = must(ir_arena_alloc(m->arena, sizeof *meta * (size_t)(m->n_meta + 1)), key);
+    if (m->n_meta)
+        memcpy(meta, m->meta, sizeof *meta * (size_t)m->n_meta);
+    ir_attr *a = &meta[m->n_meta];
+    a->key = must(ir_arena_strdup(m->arena, key), key);
+    a->kind = IR_ATTR_INTS;
+    a->n = n;
+    a->ints = must(ir_arena_alloc(m->arena, sizeof *a->ints * (size_t)(n ? n : 1)), key);
+    memcpy(a->ints, v, sizeof *v * (size_t)n);
+    m->meta = meta;
+    m->meta_cap = ++m->n_meta;
+}
+
+/* A one-layer toy model that uses every op kind, both moe_topk forms, both
+ * moe_experts forms, every binding kind and every attribute kind. */
+static ir_module *build_all(void)
+{
+    ir_module *m = must(ir_module_init("all_ops"), "module");
+    must_ok(ir_module_set_meta_int(m, "vocab_size", 32), "meta");
+    must_ok(ir_module_set_meta_float(m, "rms_norm_eps", 1e-6), "meta");
+    must_ok(ir_module_set_meta_float(m, "tenth", 0.1), "meta");
+    must_ok(ir_module_set_meta_float(m, "two", 2.0), "meta");
+    must_ok(ir_module_set_meta_float(m, "huge", 1e30), "meta");
+    must_ok(ir_module_set_meta_float(m, "neg_zero", -0.0), "meta");
+    must_ok(ir_module_set_meta_float(m, "third", 1.0 / 3.0), "meta");
+    must_ok(ir_module_set_meta_int(m, "min_int", INT64_MIN), "meta");
+    must_ok(ir_module_set_meta_str(m, "note", "a \"tiny\" model \\ every op"), "meta");
+    const int64_t layers[2] = {0, 3};
+    set_meta_ints(m, "mlp_only_layers", layers, 2);
+    set_meta_ints(m, "empty_list", layers, 0);
+
+    ir_value *tokens = must(ir_module_add_input(m, "tokens", ty(IR_DTYPE_I32, 1, T, 0, 0)), "t");
+    ir_value *pos = must(ir_module_add_input(m, "positions", ty(IR_DTYPE_I32, 1, T, 0, 0)), "p");
+
+    ir_value *embed_w = must(ir_module_add_weight(m, "embed_tokens", ty(IR_DTYPE_BF16, 2, 32, 16, 0),
+                                                  "model.embed_tokens.weight"), "w");
+    ir_value *norm0 = must(ir_module_add_weight(m, "l0.input_norm", ty(IR_DTYPE_F32, 1, 16, 0, 0),
+                                                "model.layers.0.input_layernorm.weight"), "w");
+    ir_binding qkv_parts[3] = {
+        {.kind = IR_BIND_TENSOR, .name = "model.layers.0.self_attn.q_proj.weight"},
+        {.kind = IR_BIND_TENSOR, .name = "model.layers.0.self_attn.k_proj.weight"},
+        {.kind = IR_BIND_TENSOR, .name = "model.layers.0.self_attn.v_proj.weight"},
+    };
+    ir_binding qkv_bind = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 3, .parts = qkv_parts};
+    ir_value *qkv_w = must(ir_module_add_weight_bound(m, "l0.attn.qkv", ty(IR_DTYPE_BF16, 2, 32, 16, 0),
+                                                      &qkv_bind), "w");
+    ir_value *qkv_b = must(ir_module_add_weight(m, "l0.attn.qkv_bias", ty(IR_DTYPE_F32, 1, 32, 0, 0),
+                                                "model.layers.0.self_attn.qkv.bias"), "w");
+    ir_value *o_w = must(ir_module_add_weight(m, "l0.attn.o", ty(IR_DTYPE_BF16, 2, 16, 16, 0),
+                                              "model.layers.0.self_attn.o_proj.weight"), "w");
+    ir_value *router = must(ir_module_add_weight(m, "l0.moe.router", ty(IR_DTYPE_F32, 2, 4, 16, 0),
+                                                 "model.layers.0.mlp.gate.weight"), "w");
+    ir_value *bias = must(ir_module_add_weight(m, "l0.moe.bias", ty(IR_DTYPE_F32, 1, 4, 0, 0),
+                                               "model.layers.0.mlp.gate.e_score_correction_bias"), "w");
+    ir_value *gate = must(ir_module_add_weight_stack(m, "l0.moe.experts.gate", ty(IR_DTYPE_BF16, 3, 4, 8, 16),
+                                                     "model.layers.0.mlp.experts.{e}.gate_proj.weight", 4), "w");
+    ir_value *up = must(ir_module_add_weight_stack(m, "l0.moe.experts.up", ty(IR_DTYPE_BF16, 3, 4, 8, 16),
+                                                   "model.layers.0.mlp.experts.{e}.up_proj.weight", 4), "w");
+    ir_value *down = must(ir_module_add_weight_stack(m, "l0.moe.experts.down", ty(IR_DTYPE_F16, 3, 4, 16, 8),
+                                                     "model.layers.0.mlp.experts.{e}.down_proj.weight", 4), "w");
+    ir_binding gu_parts[2] = {
+        {.kind = IR_BIND_STACK, .name = "model.layers.0.mlp.experts.{e}.gate_proj.weight", .count = 4},
+        {.kind = IR_BIND_STACK, .name = "model.layers.0.mlp.experts.{e}.up_proj.weight", .count = 4},
+    };
+    ir_binding gu_bind = {.kind = IR_BIND_CONCAT, .axis = 1, .n_parts = 2, .parts = gu_parts};
+    ir_value *gate_up = must(ir_module_add_weight_bound(m, "l0.moe.experts.gate_up",
+                                                        ty(IR_DTYPE_BF16, 3, 4, 16, 16), &gu_bind), "w");
+    ir_value *norm_f = must(ir_module_add_weight(m, "norm", ty(IR_DTYPE_F32, 1, 16, 0, 0),
+                                                 "model.norm.weight"), "w");
+    ir_value *lm_head = must(ir_module_add_weight(m, "lm_head", ty(IR_DTYPE_BF16, 2, 32, 16, 0),
+                                                  "lm_head.weight"), "w");
+
+    ir_value *x = op1(m, IR_OP_EMBEDDING, "embed", tokens, embed_w);
+    ir_value *h = rms_norm(m, "l0.h", x, norm0);
+    ir_value *lin_in[3] = {h, qkv_w, qkv_b};
+    ir_value *qkv = must(ir_build(m, IR_OP_LINEAR, "l0.attn.qkv_out", lin_in, 3), "qkv");
+    ir_value *q_flat = slice(m, "l0.attn.q_flat", qkv, 1, 0, 16);
+    ir_value *k_flat = slice(m, "l0.attn.k_flat", qkv, 1, 16, 8);
+    ir_value *v_flat = slice(m, "l0.attn.v_flat", qkv, 1, 24, 8);
+    ir_value *q = shaped(m, IR_OP_RESHAPE, "l0.attn.q", q_flat, ty(IR_DTYPE_F32, 3, T, 2, 8));
+    ir_value *k = shaped(m, IR_OP_RESHAPE, "l0.attn.k", k_flat, ty(IR_DTYPE_F32, 3, T, 1, 8));
+    ir_value *v = shaped(m, IR_OP_RESHAPE, "l0.attn.v", v_flat, ty(IR_DTYPE_F32, 3, T, 1, 8));
+
+    const char *qr_name[1] = {"l0.attn.q_rot"};
+    ir_value *rope_in[2] = {q, pos};
+    ir_op *rq = op_new(m, IR_OP_ROPE, qr_name, 1, rope_in, 2);
+    must_ok(ir_op_set_str(m, rq, "style", "neox"), "style");
+    must_ok(ir_op_set_float(m, rq, "theta", 1e6), "theta");
+    must_ok(ir_op_set_str(m, rq, "scaling", "linear"), "scaling");
+    must_ok(ir_op_set_float(m, rq, "factor", 2.0), "factor");
+    must_ok(ir_op_finish(m, rq, NULL), "q_rot");
+
+    const char *kr_name[1] = {"l0.attn.k_rot"};
+    rope_in[0] = k;
+    ir_op *rk = op_new(m, IR_OP_ROPE, kr_name, 1, rope_in, 2);
+    must_ok(ir_op_set_str(m, rk, "style", "interleave"), "style");
+    must_ok(ir_op_set_float(m, rk, "theta", 10000.0), "theta");
+    must_ok(ir_op_set_str(m, rk, "scaling", "yarn"), "scaling");
+    must_ok(ir_op_set_float(m, rk, "factor", 40.0), "factor");
+    must_ok(ir_op_set_float(m, rk, "yarn_low", 1.0), "low");
+    must_ok(ir_op_set_float(m, rk, "yarn_high", 3.0), "high");
+    must_ok(ir_op_set_float(m, rk, "attn_factor", 1.2), "attn_factor");
+    must_ok(ir_op_finish(m, rk, NULL), "k_rot");
+
+    const char *at_name[1] = {"l0.attn.out"};
+    ir_value *at_in[4] = {rq->out[0], rk->out[0], v, pos};
+    ir_op *at = op_new(m, IR_OP_ATTENTION, at_name, 1, at_in, 4);
+    must_ok(ir_op_set_float(m, at, "scale", 1.0 / sqrt(8.0)), "scale");
+    must_ok(ir_op_set_int(m, at, "window", 0), "window");
+    must_ok(ir_op_finish(m, at, NULL), "attention");
+    ir_value *at_flat = shaped(m, IR_OP_RESHAPE, "l0.attn.out_flat", at->out[0],
+                               ty(IR_DTYPE_F32, 2, T, 16, 0));
+    ir_value *o = op1(m, IR_OP_LINEAR, "l0.attn.o_out", at_flat, o_w);
+    ir_value *resid = op1(m, IR_OP_ADD, "l0.resid", x, o);
+    ir_value *logits = op1(m, IR_OP_LINEAR, "l0.moe.logits", resid, router);
+
+    const char *tk_names[2] = {"l0.moe.ids", "l0.moe.w"};
+    ir_value *tk_in[2] = {logits, bias};
+    ir_op *tk = op_new(m, IR_OP_MOE_TOPK, tk_names, 2, tk_in, 2);
+    must_ok(ir_op_set_str(m, tk, "scoring", "sigmoid"), "scoring");
+    must_ok(ir_op_set_int(m, tk, "top_k", 2), "top_k");
+    must_ok(ir_op_set_int(m, tk, "n_group", 2), "n_group");
+    must_ok(ir_op_set_int(m, tk, "topk_group", 1), "topk_group");
+    must_ok(ir_op_set_str(m, tk, "group_score", "top2_sum"), "group_score");
+    must_ok(ir_op_set_int(m, tk, "norm_topk_prob", 1), "norm");
+    must_ok(ir_op_set_float(m, tk, "scaling", 2.5), "scaling");
+    must_ok(ir_op_finish(m, tk, NULL), "topk");
+
+    const char *tk2_names[2] = {"l0.moe.ids_sm", "l0.moe.w_sm"};
+    ir_op *tk2 = op_new(m, IR_OP_MOE_TOPK, tk2_names, 2, &logits, 1);
+    must_ok(ir_op_set_str(m, tk2, "scoring", "softmax"), "scoring");
+    must_ok(ir_op_set_int(m, tk2, "top_k", 2), "top_k");
+    must_ok(ir_op_finish(m, tk2, NULL), "topk2");
+
+    ir_value *ex5_in[5] = {resid, tk->out[0], gate, up, down};
+    ir_value *ex5 = must(ir_build(m, IR_OP_MOE_EXPERTS, "l0.moe.out5", ex5_in, 5), "ex5");
+    const char *ex4_name[1] = {"l0.moe.out4"};
+    ir_value *ex4_in[4] = {resid, tk2->out[0], gate_up, down};
+    ir_op *ex4 = op_new(m, IR_OP_MOE_EXPERTS, ex4_name, 1, ex4_in, 4);
+    must_ok(ir_op_set_str(m, ex4, "act", "silu"), "act");
+    must_ok(ir_op_finish(m, ex4, NULL), "ex4");
+
+    ir_value *w3 = shaped(m, IR_OP_RESHAPE, "l0.moe.w3", tk->out[1], ty(IR_DTYPE_F32, 3, T, 2, 1));
+    ir_value *w_full = shaped(m, IR_OP_EXPAND, "l0.moe.w_full", w3, ty(IR_DTYPE_F32, 3, T, 2, 16));
+    ir_value *weighted5 = op1(m, IR_OP_MUL, "l0.moe.weighted5", ex5, w_full);
+    ir_value *w3_sm = shaped(m, IR_OP_RESHAPE, "l0.moe.w3_sm", tk2->out[1], ty(IR_DTYPE_F32, 3, T, 2, 1));
+    ir_value *weighted4 = op1(m, IR_OP_MUL, "l0.moe.weighted4", ex4->out[0], w3_sm);
+    ir_value *sum5 = axis_op(m, IR_OP_REDUCE_SUM, "l0.moe.sum5", &weighted5, 1, 1);
+    ir_value *sum4 = axis_op(m, IR_OP_REDUCE_SUM, "l0.moe.sum4", &weighted4, 1, 1);
+    ir_value *act = op1(m, IR_OP_SILU, "l0.moe.act", sum5, NULL);
+    ir_value *gated = op1(m, IR_OP_SIGMOID, "l0.moe.gated", sum4, NULL);
+    ir_value *cat_in[3] = {act, gated, act};
+    ir_value *both = axis_op(m, IR_OP_CONCAT, "l0.moe.both", cat_in, 3, 1);
+    ir_value *mixed = slice(m, "l0.moe.mixed", both, 1, 8, 16);
+    ir_value *out = op1(m, IR_OP_ADD, "l0.out", resid, mixed);
+    ir_value *fin = rms_norm(m, "final_norm", out, norm_f);
+    ir_value *lg = op1(m, IR_OP_LINEAR, "logits", fin, lm_head);
+    must_ok(ir_module_add_output(m, lg), "output");
+    must_ok(ir_module_add_output(m, both), "output");
+    return m;
+}
+
+/* ---- small pieces --------------------------------------------------------- */
+
+static void test_arena(void)
+{
+    ir_arena *a = ir_arena_init();
+    T_CHECK(a != NULL);
+    size_t sizes[] = {1, 3, 16, 17, 100, 70000, 5, 300000, 8};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = ir_arena_alloc(a, sizes[i]);
+        T_CHECK(p != NULL);
+        T_CHECK(((uintptr_t)p & 15) == 0);
+        int zero = 1;
+        for (size_t j = 0; j < sizes[i]; j++)
+            zero &= p[j] == 0;
+        T_CHECK(zero);
+        memset(p, 0xab, sizes[i]);
+    }
+    char *s = ir_arena_strdup(a, "hello");
+    T_CHECK(s && !strcmp(s, "hello"));
+    T_CHECK(ir_arena_strdup(a, NULL) == NULL);
+    ir_arena_free(a);
+    ir_arena_free(NULL);
+}
+
+static void test_types(void)
+{
+    ir_dtype dt;
+    T_CHECK(!strcmp(ir_dtype_name(IR_DTYPE_BF16), "bf16"));
+    T_CHECK(ir_dtype_from_name("f16", &dt) == 0 && dt == IR_DTYPE_F16);
+    T_CHECK(ir_dtype_from_name("f8", &dt) != 0);
+    T_CHECK(ir_dtype_size(IR_DTYPE_F32) == 4 && ir_dtype_size(IR_DTYPE_BF16) == 2);
+    ir_type t = ty(IR_DTYPE_BF16, 3, T, 4, 64);
+    char buf[64];
+    ir_type_format(&t, buf, sizeof buf);
+    T_CHECK(!strcmp(buf, "bf16[T, 4, 64]"));
+    T_CHECK(ir_type_numel(&t, 0) == 256);
+    T_CHECK(ir_type_numel(&t, 3) == 768);
+    ir_type w = ty(IR_DTYPE_F32, 2, 8, 16, 0);
+    T_CHECK(ir_type_numel(&w, 0) == 128);
+    ir_type t2 = t;
+    T_CHECK(ir_type_equal(&t, &t2));
+    t2.dims[2] = 63;
+    T_CHECK(!ir_type_equal(&t, &t2));
+    ir_op_kind k;
+    T_CHECK(ir_op_kind_from_name("moe_experts", &k) == 0 && k == IR_OP_MOE_EXPERTS);
+    T_CHECK(ir_op_kind_from_name("lineer", &k) != 0);
+    for (int i = 0; i < IR_OP_COUNT; i++) {
+        T_CHECK(ir_op_kind_from_name(ir_op_name((ir_op_kind)i), &k) == 0 && (int)k == i);
+    }
+}
+
+static void test_builder_and_lookup(void)
+{
+    ir_module *m = build_all();
+    T_OK(ir_module_verify(m));
+    T_CHECK(m->n_ops == 34);
+    T_CHECK(ir_module_meta_int(m, "vocab_size", 0) == 32);
+    T_CHECK(ir_module_meta_int(m, "missing", 7) == 7);
+    T_CHECK(ir_module_meta(m, "note") && ir_module_meta(m, "note")->kind == IR_ATTR_STR);
+    ir_value *v = ir_module_find_value(m, "l0.moe.w");
+    T_CHECK(v && v->kind == IR_VALUE_OP && v->def->kind == IR_OP_MOE_TOPK);
+    T_CHECK(v && v->type.dtype == IR_DTYPE_F32 && v->type.rank == 2 && v->type.dims[1] == 2);
+    T_CHECK(v && v->def->out[0]->type.dtype == IR_DTYPE_I32);
+    T_CHECK(ir_module_find_value(m, "%l0.moe.w") == v);
+    T_CHECK(ir_module_find_value(m, "nope") == NULL);
+    const ir_op *tk = v->def;
+    T_CHECK(ir_op_attr_int(tk, "top_k", 0) == 2);
+    T_CHECK(ir_op_attr_int(tk, "absent", -5) == -5);
+    T_CHECK(ir_op_attr_float(tk, "scaling", 1.0) == 2.5);
+    T_CHECK(!strcmp(ir_op_attr_str(tk, "group_score", "max"), "top2_sum"));
+    T_CHECK(ir_op_attr_int(tk, "scoring", 9) == 9); /* wrong kind -> default */
+    ir_value *both = ir_module_find_value(m, "l0.moe.both");
+    T_CHECK(both && both->type.rank == 2 && both->type.dims[1] == 48);
+
+    /* builder errors */
+    T_CHECK(ir_module_add_input(m, "tokens", ty(IR_DTYPE_I32, 1, T, 0, 0)) == NULL);
+    T_CHECK(strstr(moec_last_error(), "duplicate value %tokens") != NULL);
+    T_CHECK(ir_module_add_input(m, "bad name", ty(IR_DTYPE_I32, 1, T, 0, 0)) == NULL);
+    T_CHECK(ir_module_add_weight(m, "wt", ty(IR_DTYPE_F32, 2, T, 4, 0), "x") == NULL);
+    T_CHECK(strstr(moec_last_error(), "weight %wt") != NULL);
+    T_CHECK(ir_module_add_weight_stack(m, "ws", ty(IR_DTYPE_F32, 2, 3, 4, 0), "no_e", 3) == NULL);
+    T_CHECK(strstr(moec_last_error(), "must contain {e}") != NULL);
+    T_CHECK(ir_module_add_weight_stack(m, "ws", ty(IR_DTYPE_F32, 2, 3, 4, 0), "a.{e}", 4) == NULL);
+    T_CHECK(strstr(moec_last_error(), "stack count 4 does not match dim 0 (3)") != NULL);
+    ir_op *rn = ir_module_find_value(m, "l0.h")->def;
+    T_ERR(ir_op_set_int(m, rn, "bogus", 1), MOEC_ERR_INVALID_ARG, "%l0.h: rms_norm: unknown attribute 'bogus'");
+    T_ERR(ir_op_set_int(m, rn, "eps", 1), MOEC_ERR_INVALID_ARG, "attribute 'eps' must be a float");
+    T_ERR(ir_module_set_meta_int(m, "bad key", 1), MOEC_ERR_INVALID_ARG, "meta 'bad key'");
+    T_ERR(ir_module_add_output(m, ir_module_find_value(m, "logits")), MOEC_ERR_INVALID_ARG,
+          "already an output");
+    ir_value *in1[1] = {ir_module_find_value(m, "l0.h")};
+    T_CHECK(ir_build(m, IR_OP_RESHAPE, "r", in1, 1) == NULL);
+    T_CHECK(strstr(moec_last_error(), "%r: reshape: the result type must be given") != NULL);
+    const char *two[2] = {"a1", "a2"};
+    T_CHECK(ir_module_add_op(m, IR_OP_SILU, in1, 1, two, 2) == NULL);
+    T_CHECK(strstr(moec_last_error(), "%a1: silu: has 1 results, 2 given") != NULL);
+    ir_module_free(m);
+    ir_module_free(NULL);
+}
+
+/* ---- text form ------------------------------------------------------------ */
+
+static void test_print_parse(void)
+{
+    ir_module *m = build_all();
+    char *s1 = ir_module_print_str(m);
+    T_CHECK(s1 != NULL);
+    if (!s1)
+        return;
+    T_CHECK(strstr(s1, "module all_ops {\n  meta vocab_size = 32\n") == s1);
+    T_CHECK(strstr(s1, "  meta rms_norm_eps = 1e-06\n") != NULL);
+    T_CHECK(strstr(s1, "  meta tenth = 0.1\n") != NULL);
+    T_CHECK(strstr(s1, "  meta two = 2.0\n") != NULL);
+    T_CHECK(strstr(s1, "  meta huge = 1e+30\n") != NULL);
+    T_CHECK(strstr(s1, "  meta neg_zero = -0.0\n") != NULL);
+    T_CHECK(strstr(s1, "  meta third = 0.3333333333333333\n") != NULL);
+    T_CHECK(strstr(s1, "  meta min_int = -9223372036854775808\n") != NULL);
+    T_CHECK(strstr(s1, "  meta note = \"a \\\"tiny\\\" model \\\\ every op\"\n") != NULL);
+    T_CHECK(strstr(s1, "  meta mlp_only_layers = [0, 3]\n  meta empty_list = []\n") != NULL);
+    T_CHECK(strstr(s1, "  input %tokens : i32[T]\n  input %positions : i32[T]\n") != NULL);
+    T_CHECK(strstr(s1, "  weight %l0.moe.experts.gate_up : bf16[4, 16, 16] = concat(1, "
+                       "stack(\"model.layers.0.mlp.experts.{e}.gate_proj.weight\", 4), "
+                       "stack(\"model.layers.0.mlp.experts.{e}.up_proj.weight\", 4))\n") != NULL);
+    T_CHECK(strstr(s1, "  %l0.moe.ids : i32[T, 2], %l0.moe.w : f32[T, 2] = moe_topk(%l0.moe.logits, "
+                       "%l0.moe.bias) {scoring = \"sigmoid\", top_k = 2, n_group = 2, topk_group = 1, "
+                       "group_score = \"top2_sum\", norm_topk_prob = 1, scaling = 2.5}\n") != NULL);
+    T_CHECK(strstr(s1, "  %l0.attn.out : f32[T, 2, 8] = attention(%l0.attn.q_rot, %l0.attn.k_rot, "
+                       "%l0.attn.v, %positions) {scale = 0.35355339059327373, window = 0}\n") != NULL);
+    T_CHECK(strstr(s1, "  output %logits\n  output %l0.moe.both\n}\n") != NULL);
+
+    /* golden */
+    const char *golden_path = t_src("tests/data/ir/all_ops.mir");
+    if (getenv("MOEC_UPDATE_GOLDEN"))
+        t_write_file(golden_path, s1, strlen(s1));
+    char *golden = t_read_file(golden_path, NULL);
+    T_CHECK(!strcmp(golden, s1));
+    free(golden);
+
+    /* round trip */
+    ir_module *m2 = NULL;
+    T_OK(ir_module_parse(s1, "all_ops.mir", &m2));
+    if (m2) {
+        char *s2 = ir_module_print_str(m2);
+        T_CHECK(s2 && !strcmp(s1, s2));
+        T_CHECK(m2->n_ops == m->n_ops && m2->n_values == m->n_values && m2->n_meta == m->n_meta);
+        const ir_attr *nz = ir_module_meta(m2, "neg_zero");
+        T_CHECK(nz && nz->kind == IR_ATTR_FLOAT && nz->f == 0.0 && signbit(nz->f));
+        const ir_attr *th = ir_module_meta(m2, "third");
+        T_CHECK(th && th->f == 1.0 / 3.0);
+        const ir_attr *note = ir_module_meta(m2, "note");
+        T_CHECK(note && !strcmp(note->s, "a \"tiny\" model \\ every op"));
+        const ir_attr *li = ir_module_meta(m2, "mlp_only_layers");
+        T_CHECK(li && li->kind == IR_ATTR_INTS && li->n == 2 && li->ints[1] == 3);
+        T_CHECK(ir_module_meta(m2, "min_int")->i == INT64_MIN);
+        ir_value *gu = ir_module_find_value(m2, "l0.moe.experts.gate_up");
+        T_CHECK(gu && gu->bind.kind == IR_BIND_CONCAT && gu->bind.n_parts == 2 &&
+                gu->bind.parts[1].kind == IR_BIND_STACK && gu->bind.parts[1].count == 4);
+        ir_value *sc = ir_module_find_value(m2, "l0.attn.out");
+        T_CHECK(sc && ir_op_attr_float(sc->def, "scale", 0) == 1.0 / sqrt(8.0));
+        free(s2);
+        ir_module_free(m2);
+    }
+
+    /* comments, blank lines, CRLF and extra spaces are accepted */
+    const char *loose =
+        "# a comment\r\n\n"
+        "module  loose {   # trailing\r\n"
+        "  meta x = inf\n  meta y = -inf\n  meta z = nan\n  meta w = 1.5E3\n  meta v = 1e+04\n  meta u = 100.0\n  meta k = 1e2\n"
+        "  input %tokens:i32[ T ]\n"
+        "\n"
+        "  weight %e : f32[4,2] = \"e\"\n"
+        "  %y : f32[T, 2] = embedding( %tokens ,%e )\n"
+        "  output %y\n"
+        "}\n# done\n\n";
+    ir_module *m3 = NULL;
+    T_OK(ir_module_parse(loose, "loose.mir", &m3));
+    if (m3) {
+        char *s3 = ir_module_print_str(m3);
+        T_CHECK(s3 && strstr(s3, "  meta x = inf\n  meta y = -inf\n  meta z = nan\n  meta w = 1500.0\n  meta v = 1e+04\n  meta u = 100.0\n  meta k = 100.0\n"));
+        free(s3);
+        ir_module_free(m3);
+    }
+
+    /* print to a stream */
+    FILE *f = tmpfile();
+    T_CHECK(f != NULL);
+    if (f) {
+        T_OK(ir_module_print(m, f));
+        T_CHECK(ftell(f) == (long)strlen(s1));
+        fclose(f);
+    }
+    free(s1);
+    ir_module_free(m);
+}
+
+/* ---- verifier ------------------------------------------------------------- */
+
+static ir_value *val(ir_module *m, const char *name)
+{
+    return must(ir_module_find_value(m, name), name);
+}
+
+static void test_verifier(void)
+{
+    ir_module *m;
+
+    /* declared result type disagrees with inference */
+    m = build_all();
+    val(m, "l0.attn.qkv_out")->type.dims[1] = 31;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.attn.qkv_out: linear: declared type f32[T, 31], inferred f32[T, 32]");
+    ir_module_free(m);
+
+    /* one definition per value */
+    m = build_all();
+    val(m, "l0.moe.act")->def = NULL;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.moe.act: no op defines it");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.act")->def = val(m, "l0.moe.gated")->def;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.moe.act: defined by more than one op");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.act")->def->out[0] = val(m, "l0.h");
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.h: defined by more than one op");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.act")->def->out[0] = val(m, "norm");
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%norm: a weight or input cannot be an op's result");
+    ir_module_free(m);
+    m = build_all();
+    {
+        ir_op *a = val(m, "l0.moe.act")->def, *b = val(m, "l0.moe.gated")->def;
+        b->out[0] = a->out[0];
+    }
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.moe.act: defined by more than one op");
+    ir_module_free(m);
+
+    /* use before definition: swap two dependent ops */
+    m = build_all();
+    {
+        ir_op *a = val(m, "l0.moe.act")->def, *b = val(m, "l0.moe.both")->def;
+        int ia = a->id, ib = b->id;
+        m->ops[ia] = b;
+        m->ops[ib] = a;
+        a->id = ib;
+        b->id = ia;
+    }
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.moe.both: concat: operand %l0.moe.act is used before its definition");
+    ir_module_free(m);
+
+    /* an operand from another module */
+    m = build_all();
+    {
+        ir_module *other = build_all();
+        val(m, "l0.moe.act")->def->in[0] = val(other, "l0.h");
+        T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+              "%l0.moe.act: silu: operand 0 (%l0.h) is not a value of the module");
+        ir_module_free(other);
+    }
+    ir_module_free(m);
+
+    /* unknown attribute, wrong kind, missing required, duplicate */
+    m = build_all();
+    val(m, "l0.h")->def->attrs[0].key = "epsilon";
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.h: rms_norm: unknown attribute 'epsilon'");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.h")->def->attrs[0].kind = IR_ATTR_INT;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.h: rms_norm: attribute 'eps' must be a float");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.attn.q_flat")->def->n_attr = 2;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.attn.q_flat: slice: missing required attribute 'size'");
+    ir_module_free(m);
+    m = build_all();
+    {
+        ir_op *op = val(m, "l0.attn.q_flat")->def;
+        op->attrs[1].key = "axis";
+    }
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%l0.attn.q_flat: slice: duplicate attribute 'axis'");
+    ir_module_free(m);
+
+    /* weights: binding present, stack pattern and count */
+    m = build_all();
+    val(m, "norm")->bind.name = "";
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "weight %norm: has no binding");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "norm")->bind.name = NULL;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "weight %norm: has no binding");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.experts.up")->bind.name = "model.layers.0.mlp.experts.up_proj.weight";
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "weight %l0.moe.experts.up: stack pattern");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.experts.up")->bind.count = 0;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "weight %l0.moe.experts.up: stack count 0 must be >= 1");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.experts.up")->bind.count = 5;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "weight %l0.moe.experts.up: stack count 5 does not match dim 0 (4)");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.experts.gate_up")->bind.parts[1].count = 3;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "weight %l0.moe.experts.gate_up: stack count 3 does not match dim 0 (4)");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.attn.qkv")->bind.n_parts = 0;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "weight %l0.attn.qkv: concat binding has 0 parts");
+    ir_module_free(m);
+
+    /* T: never in weights, only first in inputs and results */
+    m = build_all();
+    val(m, "lm_head")->type.dims[0] = IR_DIM_T;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "weight %lm_head: type bf16[T, 16] must not have T");
+    ir_module_free(m);
+    m = build_all();
+    {
+        ir_value *p = val(m, "positions");
+        p->type.rank = 2;
+        p->type.dims[0] = 4;
+        p->type.dims[1] = IR_DIM_T;
+    }
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "input %positions: type i32[4, T] must have T first");
+    ir_module_free(m);
+    m = build_all();
+    {
+        ir_value *r = val(m, "l0.moe.w_full");
+        r->type.dims[0] = 1; /* a result without T */
+    }
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.moe.w_full: result type f32[1, 2, 16] must have T first");
+    ir_module_free(m);
+
+    /* names */
+    m = build_all();
+    val(m, "l0.moe.gated")->name = "l0.moe.act";
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "duplicate value %l0.moe.");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.gated")->name = "l0 moe";
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "name 'l0 moe' must match");
+    ir_module_free(m);
+
+    /* outputs */
+    m = build_all();
+    m->n_outputs = 0;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "module all_ops: has no outputs");
+    ir_module_free(m);
+
+    /* an input value missing from the input list */
+    m = build_all();
+    m->n_inputs = 1;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "input %positions: not in the module's input list");
+    ir_module_free(m);
+}
+
+/* ---- shape inference ------------------------------------------------------ */
+
+static void test_infer_errors(void)
+{
+    ir_module *m = must(ir_module_init("shapes"), "m");
+    ir_value *x = must(ir_module_add_input(m, "x", ty(IR_DTYPE_F32, 2, T, 64, 0)), "x");
+    ir_value *ids = must(ir_module_add_input(m, "ids", ty(IR_DTYPE_I32, 2, T, 2, 0)), "ids");
+    ir_value *pos = must(ir_module_add_input(m, "pos", ty(IR_DTYPE_I32, 1, T, 0, 0)), "pos");
+    ir_value *w = must(ir_module_add_weight(m, "w", ty(IR_DTYPE_BF16, 2, 32, 63, 0), "w"), "w");
+    ir_value *q = must(ir_module_add_input(m, "q", ty(IR_DTYPE_F32, 3, T, 6, 16)), "q");
+    ir_value *k = must(ir_module_add_input(m, "k", ty(IR_DTYPE_F32, 3, T, 4, 16)), "k");
+    ir_value *gate = must(ir_module_add_weight_stack(m, "gate", ty(IR_DTYPE_BF16, 3, 8, 32, 64),
+                                                     "g.{e}", 8), "gate");
+    ir_value *up = must(ir_module_add_weight_stack(m, "up", ty(IR_DTYPE_BF16, 3, 8, 31, 64), "u.{e}", 8), "up");
+    ir_value *down = must(ir_module_add_weight_stack(m, "down", ty(IR_DTYPE_BF16, 3, 8, 64, 32),
+                                                     "d.{e}", 8), "down");
+    ir_value *gu = must(ir_module_add_weight_stack(m, "gu", ty(IR_DTYPE_BF16, 3, 8, 63, 64), "gu.{e}", 8), "gu");
+    ir_value *logits8 = must(ir_module_add_input(m, "logits", ty(IR_DTYPE_F32, 2, T, 8, 0)), "l");
+
+    const char *n1[1] = {"l0.attn.q"};
+    ir_value *lin_in[2] = {x, w};
+    ir_op *op = op_new(m, IR_OP_LINEAR, n1, 1, lin_in, 2);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%l0.attn.q: linear: weight %w has 63 columns, input has 64");
+    T_ERR(ir_op_infer(op, (ir_type[2]){0}), MOEC_ERR_INVALID_ARG, "weight %w has 63 columns");
+
+    const char *n2[1] = {"att"};
+    ir_value *at_in[4] = {q, k, k, pos};
+    op = op_new(m, IR_OP_ATTENTION, n2, 1, at_in, 4);
+    T_OK(ir_op_set_float(m, op, "scale", 0.25));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%att: attention: q heads 6 are not a multiple of kv heads 4");
+    at_in[3] = x;
+    op = op_new(m, IR_OP_ATTENTION, (const char *[]){"att2"}, 1, at_in, 4);
+    T_OK(ir_op_set_float(m, op, "scale", 0.25));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%att2: attention: positions %x must have rank 1");
+
+    const char *n3[2] = {"tk_ids", "tk_w"};
+    op = op_new(m, IR_OP_MOE_TOPK, n3, 2, &logits8, 1);
+    T_OK(ir_op_set_str(m, op, "scoring", "softmax"));
+    T_OK(ir_op_set_int(m, op, "top_k", 9));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%tk_ids: moe_topk: top_k 9 out of range [1, 8]");
+    T_OK(ir_op_set_int(m, op, "top_k", 2));
+    T_OK(ir_op_set_int(m, op, "n_group", 3));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "n_group 3 does not divide 8 experts");
+    T_OK(ir_op_set_int(m, op, "n_group", 4));
+    T_OK(ir_op_set_int(m, op, "topk_group", 5));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "topk_group 5 out of range [1, 4]");
+    T_OK(ir_op_set_int(m, op, "topk_group", 1));
+    T_OK(ir_op_set_int(m, op, "top_k", 3));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "top_k 3 exceeds the 2 experts of 1 kept groups");
+    T_OK(ir_op_set_int(m, op, "topk_group", 2));
+    T_OK(ir_op_set_str(m, op, "scoring", "relu"));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "scoring 'relu' must be");
+    T_OK(ir_op_set_str(m, op, "scoring", "sigmoid"));
+    T_OK(ir_op_finish(m, op, NULL));
+    T_CHECK(op->out[0]->type.dtype == IR_DTYPE_I32 && op->out[0]->type.dims[1] == 3);
+    T_CHECK(op->out[1]->type.dtype == IR_DTYPE_F32 && op->out[1]->type.dims[0] == IR_DIM_T);
+
+    ir_value *ex5[5] = {x, ids, gate, up, down};
+    op = op_new(m, IR_OP_MOE_EXPERTS, (const char *[]){"ex5"}, 1, ex5, 5);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%ex5: moe_experts: up %up is bf16[8, 31, 64], expected [8, 32, 64]");
+    ir_value *ex4[4] = {x, ids, gu, down};
+    op = op_new(m, IR_OP_MOE_EXPERTS, (const char *[]){"ex4"}, 1, ex4, 4);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%ex4: moe_experts: gate_up %gu is bf16[8, 63, 64], expected [8, 64, 64]");
+    ir_value *ex_bad_ids[4] = {x, pos, gu, down};
+    op = op_new(m, IR_OP_MOE_EXPERTS, (const char *[]){"ex_ids"}, 1, ex_bad_ids, 4);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%ex_ids: moe_experts: ids %pos must have rank 2");
+    ir_value *ex_f_ids[4] = {x, logits8, gu, down};
+    op = op_new(m, IR_OP_MOE_EXPERTS, (const char *[]){"ex_f"}, 1, ex_f_ids, 4);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "ids %logits must be i32");
+
+    op = op_new(m, IR_OP_SLICE, (const char *[]){"sl"}, 1, &x, 1);
+    T_OK(ir_op_set_int(m, op, "axis", 1));
+    T_OK(ir_op_set_int(m, op, "start", 60));
+    T_OK(ir_op_set_int(m, op, "size", 5));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%sl: slice: slice [60, 60 + 5) out of bounds of dim 1 of %x (64)");
+    T_OK(ir_op_set_int(m, op, "axis", 0));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%sl: slice: axis 0 out of range [1, 1]");
+
+    ir_value *cat_in[2] = {x, q};
+    op = op_new(m, IR_OP_CONCAT, (const char *[]){"cat"}, 1, cat_in, 2);
+    T_OK(ir_op_set_int(m, op, "axis", 1));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%cat: concat: operand %q (f32[T, 6, 16]) has rank 3");
+
+    op = op_new(m, IR_OP_RESHAPE, (const char *[]){"rs"}, 1, &x, 1);
+    T_ERR(ir_op_finish(m, op, &(ir_type){IR_DTYPE_F32, 3, {T, 7, 9, 0}}), MOEC_ERR_INVALID_ARG,
+          "%rs: reshape: result f32[T, 7, 9] has 63 elements per token, input %x (f32[T, 64]) has 64");
+    T_ERR(ir_op_finish(m, op, &(ir_type){IR_DTYPE_F32, 2, {8, 8, 0, 0}}), MOEC_ERR_INVALID_ARG,
+          "%rs: reshape: result type f32[8, 8] must have T as its first dimension");
+
+    op = op_new(m, IR_OP_EXPAND, (const char *[]){"ex"}, 1, &q, 1);
+    T_ERR(ir_op_finish(m, op, &(ir_type){IR_DTYPE_F32, 3, {T, 6, 32, 0}}), MOEC_ERR_INVALID_ARG,
+          "%ex: expand: dim 2 of input %q (f32[T, 6, 16]) is neither 1 nor the result's");
+
+    op = op_new(m, IR_OP_REDUCE_SUM, (const char *[]){"rsum"}, 1, &q, 1);
+    T_OK(ir_op_set_int(m, op, "axis", 3));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%rsum: reduce_sum: axis 3 out of range [1, 2]");
+    T_OK(ir_op_set_int(m, op, "axis", 2));
+    T_OK(ir_op_finish(m, op, NULL));
+    T_CHECK(op->out[0]->type.rank == 2 && op->out[0]->type.dims[1] == 6);
+
+    ir_value *add_in[2] = {x, logits8};
+    op = op_new(m, IR_OP_ADD, (const char *[]){"sum"}, 1, add_in, 2);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%sum: add: dim 1 of %logits (f32[T, 8]) is neither 1 nor that of %x (f32[T, 64])");
+
+    ir_value *rope_in[2] = {q, pos};
+    op = op_new(m, IR_OP_ROPE, (const char *[]){"rot"}, 1, rope_in, 2);
+    T_OK(ir_op_set_str(m, op, "style", "neox"));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%rot: rope: missing required attribute 'theta'");
+    T_OK(ir_op_set_float(m, op, "theta", 10000.0));
+    T_OK(ir_op_set_str(m, op, "scaling", "yarn"));
+    T_OK(ir_op_set_float(m, op, "factor", 4.0));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "needs attributes 'yarn_low' and 'yarn_high'");
+
+    ir_value *emb_in[2] = {x, w};
+    op = op_new(m, IR_OP_EMBEDDING, (const char *[]){"emb"}, 1, emb_in, 2);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%emb: embedding: ids %x must have rank 1");
+    ir_module_free(m);
+}
+
+/* ---- parser errors -------------------------------------------------------- */
+
+typedef struct bad_case {
+    const char *text;
+    const char *want; /* the exact "file:line:col: message" (or its start) */
+} bad_case;
+
+#define HEAD "module t {\n  input %tokens : i32[T]\n  weight %emb : bf16[8, 4] = \"emb\"\n"
+
+static void test_parse_errors(void)
+{
+    static const bad_case cases[] = {
+        {HEAD "  %x : f32[T, 4] = lineer(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:20: unknown op 'lineer'"},
+        {HEAD "  %x f32[T, 4] = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:6: expected ':' after value name, found 'f32'"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %l0.x)\n  output %x\n}\n",
+         "bad.mir:4:39: undefined value %l0.x"},
+        {HEAD "  %emb : f32[T, 4] = embedding(%tokens, %emb)\n  output %emb\n}\n",
+         "bad.mir:4:3: duplicate value %emb"},
+        {HEAD "  %x : f8[T, 4] = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:8: unknown dtype 'f8'"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb) {eps = 1e-06}\n  output %x\n}\n",
+         "bad.mir:4:46: unknown attribute 'eps' for embedding"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb)\n  %y : f32[T, 4] = rms_norm(%x, %x) {eps = 1}\n"
+              "  output %y\n}\n",
+         "bad.mir:5:44: attribute 'eps' of rms_norm must be a float"},
+        {HEAD "  %x : f32[T, 5] = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:8: %x: embedding: declared type f32[T, 5], inferred f32[T, 4]"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb)\n  output %x\n",
+         "bad.mir:6:1: expected '}' at the end of the module"},
+        {HEAD "  %x : f32[4, T] = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:15: T may only be the first dimension"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb)\n  output %x\n}\nmodule u {\n",
+         "bad.mir:7:1: expected end of file after the module's '}', found 'module'"},
+        {HEAD "  meta big = 99999999999999999999\n  output %tokens\n}\n",
+         "bad.mir:4:14: integer '99999999999999999999' out of range"},
+        {"module t {\n  meta s = \"abc\n}\n", "bad.mir:2:12: unterminated string"},
+        {"module t {\n  meta s = \"a\\nb\"\n}\n", "bad.mir:2:14: unknown escape '\\n' in string"},
+        {"  # only a comment\n\nmodel t {\n}\n", "bad.mir:3:1: expected 'module', found 'model'"},
+        {"", "bad.mir:1:1: expected 'module', found end of file"},
+        {HEAD "  %a : i32[T, 2] = moe_topk(%x) {scoring = \"softmax\", top_k = 2}\n  output %a\n}\n",
+         "bad.mir:4:20: moe_topk has 2 results, 1 given"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb, %emb)\n  output %x\n}\n",
+         "bad.mir:4:45: embedding takes at most 2 operands"},
+        {HEAD "  weight %s : f32[4, 2] = stack(\"x.{e}\", 3)\n  output %tokens\n}\n",
+         "bad.mir:4:27: weight %s: stack count 3 does not match dim 0 (4)"},
+        {HEAD "  weight %s : f32[4, 2] = stack(\"x.{x}\", 4)\n  output %tokens\n}\n",
+         "bad.mir:4:27: weight %s: stack pattern \"x.{x}\" must contain {e}"},
+        {HEAD "  weight %s : f32[T, 2] = \"s\"\n  output %tokens\n}\n",
+         "bad.mir:4:15: weight %s must not have T"},
+        {HEAD "  input %pos : i32[4]\n  output %tokens\n}\n",
+         "bad.mir:4:16: input %pos must have T as its first dimension"},
+        {HEAD "  meta x = 1.5.2\n  output %tokens\n}\n", "bad.mir:4:12: malformed number '1.5.2'"},
+        {HEAD "  meta x = 12abc\n  output %tokens\n}\n", "bad.mir:4:12: malformed number '12abc'"},
+        {HEAD "  meta x = 1\n  meta x = 2\n  output %tokens\n}\n", "bad.mir:5:8: duplicate meta key 'x'"},
+        {HEAD "}\n", "bad.mir:4:1: module has no outputs"},
+        {HEAD "  output %nope\n}\n", "bad.mir:4:10: undefined value %nope"},
+        {HEAD "  output %tokens\n  output %tokens\n}\n", "bad.mir:5:10: %tokens is already an output"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb) output %x\n}\n",
+         "bad.mir:4:45: expected end of line, found 'output'"},
+        {HEAD "  $x\n}\n", "bad.mir:4:3: unexpected character '$'"},
+        {HEAD "  %x : f32[T, 4, 1, 1, 1] = embedding(%tokens, %emb)\n}\n",
+         "bad.mir:4:24: more than 4 dimensions"},
+        {HEAD "  %x : f32[T, 0] = embedding(%tokens, %emb)\n}\n",
+         "bad.mir:4:15: dimension 0 out of range [1, 2147483647]"},
+        {HEAD "  %x : f32[T, 4] = embedding(%emb, %emb)\n  output %x\n}\n",
+         "bad.mir:4:3: %x: embedding: ids %emb must have T as its first dimension"},
+        {HEAD "  weight %c : f32[8, 2] = concat(0)\n  output %tokens\n}\n",
+         "bad.mir:4:35: expected ',' and a part after the concat axis"},
+        {HEAD "  weight %c : f32[8, 2] = concat(2, \"a\", \"b\")\n  output %tokens\n}\n",
+         "bad.mir:4:27: weight %c: concat axis 2 out of range [0, 1]"},
+        {"module t {\n  meta k = [1, 2.5]\n}\n", "bad.mir:2:16: expected an int in the list, found number '2.5'"},
+        {"module t {\n  meta s = \"tab\there\"\n}\n", "bad.mir:2:16: control character in string"},
+        {"module t {\n  input % : i32[T]\n}\n", "bad.mir:2:9: expected a value name after '%'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ir_module *m = (ir_module *)&cases[i]; /* must be reset to NULL on error */
+        moec_status st = ir_module_parse(cases[i].text, "bad.mir", &m);
+        T_ERR(st, MOEC_ERR_FORMAT, cases[i].want);
+        T_CHECK(m == NULL);
+        if (st != MOEC_ERR_FORMAT || !strstr(moec_last_error(), cases[i].want))
+            fprintf(stderr, "  (case %zu)\n", i);
+        ir_module_free(st == MOEC_OK ? m : NULL);
+    }
+    ir_module *m = NULL;
+    T_ERR(ir_module_parse(NULL, "x.mir", &m), MOEC_ERR_INVALID_ARG, "x.mir: null text");
+}
+
+/* ---- mutation ------------------------------------------------------------- */
+
+/* err contains "file:LINE:COL: " with LINE, COL >= 1. */
+static int has_position(const char *err, const char *file)
+{
+    const char *at = strstr(err, file);
+    if (!at || at[strlen(file)] != ':')
+        return 0;
+    int line = 0, col = 0, used = 0;
+    if (sscanf(at + strlen(file) + 1, "%d:%d: %n", &line, &col, &used) != 2 || used == 0)
+        return 0;
+    return line >= 1 && col >= 1;
+}
+
+static void test_mutations(void)
+{
+    const char *path = t_src("tests/data/ir/all_ops.mir");
+    size_t len;
+    char *golden = t_read_file(path, &len);
+    char *buf = malloc(len * 2 + 64);
+    if (!buf) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    static const char POKE[] = "%{}[](),:=\"\\#-.eT0123456789\n \t\r";
+    uint64_t rng = 20261122;
+    int ok = 0, format = 0, other = 0, round_trip_bad = 0;
+    for (int iter = 0; iter < 2000; iter++) {
+        memcpy(buf, golden, len + 1);
+        size_t n = len;
+        int edits = 1 + (int)(t_rand_u64(&rng) % 3);
+        for (int e = 0; e < edits && n > 0; e++) {
+            size_t at = (size_t)(t_rand_u64(&rng) % n);
+            switch (t_rand_u64(&rng) % 6) {
+            case 0: /* flip to any byte (0 truncates) */
+                buf[at] = (char)(t_rand_u64(&rng) & 0xff);
+                break;
+            case 1: /* a syntax character */
+                buf[at] = POKE[t_rand_u64(&rng) % (sizeof POKE - 1)];
+                break;
+            case 2: { /* delete a run */
+                size_t k = 1 + (size_t)(t_rand_u64(&rng) % 16);
+                if (k > n - at)
+                    k = n - at;
+                memmove(buf + at, buf + at + k, n - at - k + 1);
+                n -= k;
+                break;
+            }
+            case 3: /* truncate */
+                buf[at] = '\0';
+                n = at;
+                break;
+            case 4: { /* duplicate a run */
+                size_t k = 1 + (size_t)(t_rand_u64(&rng) % 32);
+                if (k > n - at)
+                    k = n - at;
+                if (n + k < len * 2 + 32) {
+                    memmove(buf + at + k, buf + at, n - at + 1);
+                    n += k;
+                }
+                break;
+            }
+            default: /* a digit run that may overflow */
+                buf[at] = (char)('0' + t_rand_u64(&rng) % 10);
+                break;
+            }
+            n = strlen(buf);
+        }
+        ir_module *m = NULL;
+        moec_status st = ir_module_parse(buf, "mut.mir", &m);
+        if (st == MOEC_OK) {
+            ok++;
+            char *s1 = ir_module_print_str(m);
+            ir_module *m2 = NULL;
+            if (!s1 || ir_module_parse(s1, "mut2.mir", &m2) != MOEC_OK) {
+                round_trip_bad++;
+            } else {
+                char *s2 = ir_module_print_str(m2);
+                if (!s2 || strcmp(s1, s2))
+                    round_trip_bad++;
+                free(s2);
+            }
+            ir_module_free(m2);
+            free(s1);
+            ir_module_free(m);
+        } else if (st == MOEC_ERR_FORMAT) {
+            format++;
+            T_CHECK(m == NULL);
+            if (!has_position(moec_last_error(), "mut.mir")) {
+                other++;
+                fprintf(stderr, "mutation %d: error without position: %s\n", iter, moec_last_error());
+            }
+        } else {
+            other++;
+            fprintf(stderr, "mutation %d: status %s: %s\n", iter, moec_status_name(st),
+                    moec_last_error());
+        }
+    }
+    T_CHECK(other == 0);
+    T_CHECK(round_trip_bad == 0);
+    T_CHECK(ok + format == 2000);
+    T_CHECK(format > 1000); /* most mutations must be rejected */
+    printf("mutations: %d parsed, %d rejected\n", ok, format);
+    free(buf);
+    free(golden);
+}
+
+int main(void)
+{
+    test_arena();
+    test_types();
+    test_builder_and_lookup();
+    test_print_parse();
+    test_verifier();
+    test_infer_errors();
+    test_parse_errors();
+    test_mutations();
+    return t_finish("test_ir");
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# test_valgrind.sh — `moec run` and `moec dump-ir` of tiny models under
+# valgrind: no leak, no invalid access. Skips (loudly) without valgrind.
+set -u
+B=${MOEC_BUILD_DIR:?}/moec
+D=${MOEC_SOURCE_DIR:?}/tests/data
+if ! command -v valgrind >/dev/null; then
+  echo "SKIP: valgrind is not installed (run scripts/install_deps.sh)"; exit 0
+fi
+fail=0
+# run RC CMD...: CMD exits RC under valgrind with no error and no leak.
+run() {
+  local want=$1; shift
+  valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all \
+    --error-exitcode=99 "$@" >/dev/null 2>"$T/vg"
+  local rc=$?
+  if [ "$rc" = "$want" ]; then
+    echo "clean: $*"
+  else
+    echo "FAIL: valgrind exit $rc (want $want): $*"; cat "$T/vg"; fail=$((fail + 1))
+  fi
+}
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+run 0 "$B" run "$D/deepseek_v2" --prompt-ids 0,17,42 --max-new-tokens 3 --ignore-eos --logits-out "$T/l.bin"
+run 0 "$B" run "$D/qwen2_moe" --prompt-ids 11,95 --max-new-tokens 2 --ignore-eos
+run 0 "$B" dump-ir "$D/deepseek_v3"
+run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1,999 --max-new-tokens 1
+run 1 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
+echo "test_valgrind: $((5 - fail)) passed, $fail failed"
+[ "$fail" = 0 ]

@@ -1,0 +1,57 @@
+/* testlib.h — the few helpers every test program shares: checks that print
+ * where they failed, paths to the source tree, a deterministic RNG. Tests
+ * may die on failure; the library never does. */
+#ifndef MOEC_TESTLIB_H
+#define MOEC_TESTLIB_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "moec.h"
+
+extern int t_failures;
+extern int t_checks;
+
+#define T_CHECK(cond)                                                            \
+    do {                                                                         \
+        t_checks++;                                                              \
+        if (!(cond)) {                                                           \
+            t_failures++;                                                        \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                        \
+    } while (0)
+
+/* Checks that expr returns MOEC_OK; prints moec_last_error() if not. */
+#define T_OK(expr)                                                               \
+    do {                                                                         \
+        t_checks++;                                                              \
+        moec_status t_st_ = (expr);                                              \
+        if (t_st_ != MOEC_OK) {                                                  \
+            t_failures++;                                                        \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,   \
+                    moec_status_name(t_st_), moec_last_error());                 \
+        }                                                                        \
+    } while (0)
+
+/* Checks that expr fails with status st and that the error contains needle. */
+#define T_ERR(expr, st, needle) t_expect_err((expr), (st), (needle), #expr, __FILE__, __LINE__)
+void t_expect_err(moec_status got, moec_status want, const char *needle, const char *expr,
+                  const char *file, int line);
+
+/* Prints "N passed, N failed" and returns the exit code. */
+int t_finish(const char *name);
+
+/* $MOEC_SOURCE_DIR/rel (or ./rel), in a static buffer rotated 8 ways. */
+const char *t_src(const char *rel);
+/* A fresh empty directory under $TMPDIR (static buffer rotated 8 ways). */
+const char *t_tmpdir(const char *tag);
+/* Reads a whole file (NUL-terminated); dies if it cannot. */
+char *t_read_file(const char *path, size_t *len);
+void t_write_file(const char *path, const void *data, size_t len);
+
+/* splitmix64-based deterministic RNG. */
+uint64_t t_rand_u64(uint64_t *state);
+float t_rand_normal(uint64_t *state);
+
+#endif
