@@ -284,13 +284,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "moec-sample: cannot create %s: %s\n", outdir, strerror(errno));
         return 1;
     }
-    if (copy_file(config, cfg_out))
+    struct stat a, b;
+    int same = stat(config, &a) == 0 && stat(cfg_out, &b) == 0 && a.st_dev == b.st_dev &&
+               a.st_ino == b.st_ino;
+    if (!same && copy_file(config, cfg_out)) /* copying a file onto itself would empty it */
         return 1;
     moec_model_t *m;
     moec_status st = moec_model_open(outdir, &m);
     if (st != MOEC_OK) {
         fprintf(stderr, "moec-sample: %s: %s\n", moec_status_name(st), moec_last_error());
-        remove(cfg_out);
+        if (!same)
+            remove(cfg_out);
         return 1;
     }
     int rc = write_safetensors(st_out, m, seed);
