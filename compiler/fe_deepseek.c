@@ -22,7 +22,7 @@ typedef struct ds_cfg {
     double scale;
 
     int has_experts;
-    int64_t n_experts, top_k, moe_inter, n_shared, first_k_dense, layer_freq;
+    int64_t n_experts, moe_inter, n_shared, first_k_dense, layer_freq;
     fe_topk topk;
 } ds_cfg;
 
@@ -110,10 +110,9 @@ static moec_status read_attention(const fe_json *j, const fe_common *cc, ds_cfg 
             return fe_json_unsupported(&rd, "factor",
                                        "must be a number when mscale_all_dim is set (the "
                                        "softmax scale uses it)");
-        double m = d->rope.dict_factor <= 1 ? 1.0
-                                            : 0.1 * d->rope.mscale_all_dim *
-                                                      log(d->rope.dict_factor) +
-                                                  1.0;
+        double m = d->rope.dict_factor <= 1
+                       ? 1.0
+                       : 0.1 * d->rope.mscale_all_dim * log(d->rope.dict_factor) + 1.0;
         d->scale = d->scale * m * m;
     }
     return MOEC_OK;
@@ -253,9 +252,8 @@ static moec_status read_moe(const fe_json *j, ds_cfg *d)
     MOEC_TRY(read_n_experts(j, d));
     if (!d->has_experts)
         return MOEC_OK;
-    MOEC_TRY(fe_json_int_req(j, "num_experts_per_tok", &d->top_k));
-    MOEC_TRY(fe_json_check_range(j, "num_experts_per_tok", d->top_k, 1, d->n_experts));
-    d->topk.top_k = d->top_k;
+    MOEC_TRY(fe_json_int_req(j, "num_experts_per_tok", &d->topk.top_k));
+    MOEC_TRY(fe_json_check_range(j, "num_experts_per_tok", d->topk.top_k, 1, d->n_experts));
     MOEC_TRY(fe_json_dim_req(j, "moe_intermediate_size", FE_DIM_MAX, &d->moe_inter));
 
     /* n_shared_experts: null (or 0) means none. */
@@ -298,17 +296,17 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
         MOEC_TRY(fe_linear(c, "attn.q_flat", x, w, NULL, &q_flat));
     } else {
         ir_value *q_a, *q_a_norm, *nw;
-        MOEC_TRY(fe_weight2(c, "attn.q_a_proj", "self_attn.q_a_proj.weight", d->q_lora_rank, hid,
-                            &w));
+        MOEC_TRY(
+            fe_weight2(c, "attn.q_a_proj", "self_attn.q_a_proj.weight", d->q_lora_rank, hid, &w));
         if (d->attention_bias)
-            MOEC_TRY(fe_weight1(c, "attn.q_a_proj.bias", "self_attn.q_a_proj.bias",
-                                d->q_lora_rank, &b));
+            MOEC_TRY(
+                fe_weight1(c, "attn.q_a_proj.bias", "self_attn.q_a_proj.bias", d->q_lora_rank, &b));
         MOEC_TRY(fe_linear(c, "attn.q_a", x, w, b, &q_a));
         MOEC_TRY(fe_weight1(c, "attn.q_a_layernorm", "self_attn.q_a_layernorm.weight",
                             d->q_lora_rank, &nw));
         MOEC_TRY(fe_rms_norm(c, "attn.q_a_norm", q_a, nw, DS_LATENT_NORM_EPS, &q_a_norm));
-        MOEC_TRY(fe_weight2(c, "attn.q_b_proj", "self_attn.q_b_proj.weight", H * qk,
-                            d->q_lora_rank, &w));
+        MOEC_TRY(fe_weight2(c, "attn.q_b_proj", "self_attn.q_b_proj.weight", H * qk, d->q_lora_rank,
+                            &w));
         MOEC_TRY(fe_linear(c, "attn.q_flat", q_a_norm, w, NULL, &q_flat));
     }
     ir_value *q, *q_nope, *q_pe;

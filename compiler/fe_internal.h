@@ -15,9 +15,9 @@
 /* Bounds on what a config may ask for. Real models are far below them; they
  * keep every shape the frontend builds inside the IR's limits and bound the
  * work one config can cause. */
-#define FE_DIM_MAX (1LL << 24)      /* any size read from the config */
-#define FE_LAYERS_MAX 4096          /* num_hidden_layers */
-#define FE_EXPERTS_MAX 65536        /* routed experts per layer */
+#define FE_DIM_MAX (1LL << 24)          /* any size read from the config */
+#define FE_LAYERS_MAX 4096              /* num_hidden_layers */
+#define FE_EXPERTS_MAX 65536            /* routed experts per layer */
 #define FE_DERIVED_DIM_MAX 2147483647LL /* a product such as heads * head_dim */
 #define FE_WEIGHT_NUMEL_MAX (1LL << 40) /* elements of one weight value */
 
@@ -46,7 +46,8 @@ moec_status fe_json_int_opt(const fe_json *j, const char *key, int *set, int64_t
 /* A required size in [1, max]; out of range is MOEC_ERR_UNSUPPORTED. */
 moec_status fe_json_dim_req(const fe_json *j, const char *key, int64_t max, int64_t *out);
 /* An integer already read must lie in [lo, hi]; MOEC_ERR_UNSUPPORTED naming key. */
-moec_status fe_json_check_range(const fe_json *j, const char *key, int64_t v, int64_t lo, int64_t hi);
+moec_status fe_json_check_range(const fe_json *j, const char *key, int64_t v, int64_t lo,
+                                int64_t hi);
 
 /* a * b (sizes read from the config) as one dimension; over
  * FE_DERIVED_DIM_MAX is MOEC_ERR_UNSUPPORTED naming what ("num_attention_heads
@@ -99,15 +100,15 @@ typedef struct fe_rope {
     fe_rope_kind kind;
     const char *style; /* "interleave" or "neox": set by the family */
     double theta;
-    double factor;       /* LINEAR, YARN: the factor the frequencies use */
-    double yarn_low;     /* YARN: correction range, truncated as asked */
+    double factor;   /* LINEAR, YARN: the factor the frequencies use */
+    double yarn_low; /* YARN: correction range, truncated as asked */
     double yarn_high;
-    double attn_factor;  /* YARN: multiplies cos and sin */
+    double attn_factor; /* YARN: multiplies cos and sin */
     /* As written in the rope dict, for DeepSeek's softmax scale
      * (yarn_apply_mscale reads the dict, not the derived values). */
     int has_dict_factor;
     double dict_factor;
-    double mscale_all_dim; /* 0 when absent or null */
+    double mscale_all_dim;   /* 0 when absent or null */
     const char *dict_prefix; /* "rope_scaling." or "rope_parameters." */
 } fe_rope;
 
@@ -136,7 +137,8 @@ moec_status fe_weight(fe_ctx *c, const char *vname, const char *tensor, ir_dtype
 moec_status fe_weight_stack(fe_ctx *c, const char *vname, const char *pattern, int count,
                             int64_t d1, int64_t d2, ir_value **out);
 /* Shorthands for weights of the checkpoint dtype. */
-moec_status fe_weight1(fe_ctx *c, const char *vname, const char *tensor, int64_t d0, ir_value **out);
+moec_status fe_weight1(fe_ctx *c, const char *vname, const char *tensor, int64_t d0,
+                       ir_value **out);
 moec_status fe_weight2(fe_ctx *c, const char *vname, const char *tensor, int64_t d0, int64_t d1,
                        ir_value **out);
 
@@ -169,7 +171,7 @@ moec_status fe_mlp(fe_ctx *c, const char *vmod, const char *tmod, ir_value *x, i
 
 /* moe_topk's attributes. Group attributes are written when n_group > 1. */
 typedef struct fe_topk {
-    const char *scoring;     /* "softmax" or "sigmoid" */
+    const char *scoring; /* "softmax" or "sigmoid" */
     int64_t top_k;
     int64_t n_group, topk_group;
     const char *group_score; /* "max" or "top2_sum" */

@@ -85,8 +85,8 @@ static moec_status read_windows_qwen2(const fe_json *j, const fe_common *cc, qw_
         int i = 0;
         for (const cJSON *it = lt->child; it; it = it->next, i++) {
             if (!cJSON_IsString(it))
-                return MOEC_ERR(MOEC_ERR_FORMAT, "%s: field \"layer_types\" item %d must be a string",
-                                j->file, i);
+                return MOEC_ERR(MOEC_ERR_FORMAT,
+                                "%s: field \"layer_types\" item %d must be a string", j->file, i);
             if (strcmp(it->valuestring, "full_attention") == 0) {
                 q->window[i] = 0;
             } else if (strcmp(it->valuestring, "sliding_attention") == 0) {
@@ -176,8 +176,8 @@ static moec_status read_moe(const fe_json *j, const fe_common *cc, qw_cfg *q)
     MOEC_TRY(fe_json_check_range(j, "num_experts_per_tok", t->top_k, 1, q->n_experts));
     MOEC_TRY(fe_json_dim_req(j, "moe_intermediate_size", FE_DIM_MAX, &q->moe_inter));
     if (!q->qwen3)
-        MOEC_TRY(fe_json_dim_req(j, "shared_expert_intermediate_size", FE_DIM_MAX,
-                                 &q->shared_inter));
+        MOEC_TRY(
+            fe_json_dim_req(j, "shared_expert_intermediate_size", FE_DIM_MAX, &q->shared_inter));
     /* The reference divides by the plain sum; moe_topk adds 1e-20 to it,
      * which cannot change a sum of softmax probabilities in fp32. */
     MOEC_TRY(fe_json_bool_or(j, "norm_topk_prob", 0, &t->norm_topk_prob));
@@ -225,8 +225,8 @@ static moec_status qw_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
     ir_value *q_rot, *k_rot, *ctx, *ctx_flat, *w, *b = NULL;
     MOEC_TRY(fe_rope_op(c, "attn.q_rot", qh, &q->rope, &q_rot));
     MOEC_TRY(fe_rope_op(c, "attn.k_rot", kh, &q->rope, &k_rot));
-    MOEC_TRY(fe_attention(c, "attn.ctx", q_rot, k_rot, heads[2], q->scale, q->window[c->layer],
-                          &ctx));
+    MOEC_TRY(
+        fe_attention(c, "attn.ctx", q_rot, k_rot, heads[2], q->scale, q->window[c->layer], &ctx));
     int64_t cdims[1] = {q->heads * D};
     MOEC_TRY(fe_reshape(c, "attn.ctx_flat", ctx, 2, cdims, &ctx_flat));
     MOEC_TRY(fe_weight2(c, "attn.o_proj", "self_attn.o_proj.weight", hid, q->heads * D, &w));

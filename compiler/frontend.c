@@ -137,7 +137,8 @@ moec_status fe_json_int_opt(const fe_json *j, const char *key, int *set, int64_t
     return MOEC_OK;
 }
 
-moec_status fe_json_check_range(const fe_json *j, const char *key, int64_t v, int64_t lo, int64_t hi)
+moec_status fe_json_check_range(const fe_json *j, const char *key, int64_t v, int64_t lo,
+                                int64_t hi)
 {
     if (v < lo || v > hi) {
         if (hi == INT64_MAX)
@@ -159,8 +160,8 @@ moec_status fe_dim_product(const fe_json *j, const char *what, int64_t a, int64_
 {
     *out = a * b;
     if (*out > FE_DERIVED_DIM_MAX)
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: %s = %lld is larger than moec supports",
-                        j->file, what, (long long)*out);
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: %s = %lld is larger than moec supports", j->file,
+                        what, (long long)*out);
     return MOEC_OK;
 }
 
@@ -293,8 +294,8 @@ moec_status fe_common_read(const fe_json *j, int64_t max_pos_default, fe_common 
     MOEC_TRY(fe_json_dim_req(j, "num_hidden_layers", FE_LAYERS_MAX, &c->num_layers));
     MOEC_TRY(fe_json_dim_req(j, "num_attention_heads", FE_DIM_MAX, &c->num_heads));
     MOEC_TRY(fe_json_dim_req(j, "intermediate_size", FE_DIM_MAX, &c->intermediate_size));
-    MOEC_TRY(fe_json_int_or(j, "max_position_embeddings", max_pos_default,
-                            &c->max_position_embeddings));
+    MOEC_TRY(
+        fe_json_int_or(j, "max_position_embeddings", max_pos_default, &c->max_position_embeddings));
     MOEC_TRY(fe_json_check_range(j, "max_position_embeddings", c->max_position_embeddings, 1,
                                  1LL << 40));
     MOEC_TRY(fe_json_float_or(j, "rms_norm_eps", 1e-6, &c->rms_norm_eps));
@@ -384,8 +385,7 @@ static moec_status rope_yarn(const fe_json *root, const fe_json *d, int64_t dim,
         const cJSON *it = fe_json_get(ojs, "original_max_position_embeddings");
         MOEC_TRY(json_item_float(ojs, "original_max_position_embeddings", it, &ompe));
         if (!(ompe > 0))
-            return fe_json_unsupported(ojs, "original_max_position_embeddings",
-                                       "must be positive");
+            return fe_json_unsupported(ojs, "original_max_position_embeddings", "must be positive");
     }
     if (!factor_set)
         factor = (double)max_pos / ompe;
@@ -484,18 +484,21 @@ moec_status fe_rope_read(const fe_json *root, int64_t dim, int64_t max_pos, fe_r
     const char *type;
     MOEC_TRY(fe_json_str_or(&d, type_key, "default", &type));
 
-    int fset;
-    MOEC_TRY(fe_json_float_opt(&d, "factor", &fset, &r->dict_factor));
-    r->has_dict_factor = fset;
-    int mset;
-    MOEC_TRY(fe_json_float_opt(&d, "mscale_all_dim", &mset, &r->mscale_all_dim));
-    if (!mset)
-        r->mscale_all_dim = 0;
-
     if (strcmp(type, "default") == 0) {
         r->kind = FE_ROPE_DEFAULT;
         return MOEC_OK;
     }
+    if (strcmp(type, "linear") != 0 && strcmp(type, "yarn") != 0)
+        return fe_json_unsupported(&d, type_key,
+                                   "is not supported (moec supports RoPE types default, linear "
+                                   "and yarn)");
+    /* Read for any scaled type, as DeepSeek's yarn_apply_mscale reads them. */
+    int fset, mset;
+    MOEC_TRY(fe_json_float_opt(&d, "factor", &fset, &r->dict_factor));
+    r->has_dict_factor = fset;
+    MOEC_TRY(fe_json_float_opt(&d, "mscale_all_dim", &mset, &r->mscale_all_dim));
+    if (!mset)
+        r->mscale_all_dim = 0;
     if (strcmp(type, "linear") == 0) {
         if (!fe_json_get(&d, "factor"))
             return json_missing(&d, "factor");
@@ -505,11 +508,7 @@ moec_status fe_rope_read(const fe_json *root, int64_t dim, int64_t max_pos, fe_r
         r->kind = FE_ROPE_LINEAR;
         return MOEC_OK;
     }
-    if (strcmp(type, "yarn") == 0)
-        return rope_yarn(root, &d, dim, max_pos, r);
-    return fe_json_unsupported(&d, type_key,
-                               "is not supported (moec supports RoPE types default, linear and "
-                               "yarn)");
+    return rope_yarn(root, &d, dim, max_pos, r);
 }
 
 /* ---- building ---------------------------------------------------------------- */
@@ -799,8 +798,8 @@ moec_status fe_moe_routed(fe_ctx *c, ir_value *x, int64_t n_experts, int64_t moe
     int E = (int)n_experts;
     MOEC_TRY(fe_weight_stack(c, "moe.experts.gate", "mlp.experts.{e}.gate_proj.weight", E,
                              moe_inter, H, &gate));
-    MOEC_TRY(fe_weight_stack(c, "moe.experts.up", "mlp.experts.{e}.up_proj.weight", E, moe_inter,
-                             H, &up));
+    MOEC_TRY(fe_weight_stack(c, "moe.experts.up", "mlp.experts.{e}.up_proj.weight", E, moe_inter, H,
+                             &up));
     MOEC_TRY(fe_weight_stack(c, "moe.experts.down", "mlp.experts.{e}.down_proj.weight", E, H,
                              moe_inter, &down));
     ir_value *ein[5] = {x, ids, gate, up, down};
@@ -871,8 +870,8 @@ static moec_status model_body(fe_ctx *c, const fe_family *fam, const void *cfg)
         head = embed_w;
     } else {
         c->tpre[0] = '\0'; /* lm_head.weight sits outside "model." */
-        MOEC_TRY(fe_weight2(c, "lm_head", "lm_head.weight", cc->vocab_size, cc->hidden_size,
-                            &head));
+        MOEC_TRY(
+            fe_weight2(c, "lm_head", "lm_head.weight", cc->vocab_size, cc->hidden_size, &head));
     }
     MOEC_TRY(fe_linear(c, "logits", h, head, NULL, &logits));
     return ir_module_add_output(m, logits);

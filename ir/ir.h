@@ -94,6 +94,8 @@ typedef struct ir_value {
     int id;            /* index in module->values */
     ir_op *def;        /* the op that defines it (IR_VALUE_OP) */
     ir_binding bind;   /* IR_VALUE_WEIGHT */
+    int64_t mem_offset; /* activations after plan_memory: byte offset per token in the
+                           arena (offset = mem_offset * T); -1 before; printed "@256*T" */
 } ir_value;
 
 /* ---- attributes ----------------------------------------------------------- */
@@ -143,6 +145,19 @@ typedef enum ir_op_kind {
                           down [E, H, I]) or (x, ids, gate_up [E, 2I, H], down)
                           -> f32[T, K, H]: down(silu(gate x) * up x) per chosen expert */
     IR_OP_REDUCE_SUM,  /* (x) {axis} -> x with dim axis removed */
+    /* Ops that passes introduce (docs/IR.md, "Fused and scheduled ops"). */
+    IR_OP_SILU_MUL,    /* (x [T, ..., 2I]) -> [T, ..., I]: silu(x[..., :I]) * x[..., I:] */
+    IR_OP_MOE_ROUTED,  /* (x [T, H], ids i32[T, K], w f32[T, K], gate_up [E, 2I, H], down [E, H, I])
+                          or (x, ids, w, gate, up, down) {scale} -> f32[T, H]:
+                          sum_k scale * w[t,k] * down_e(silu(gate_e x) * up_e x) */
+    IR_OP_MLA_QABSORB, /* (q_nope [T, H, dn], kv_b [H*(dn+dv), r]) {qk_nope_head_dim, v_head_dim}
+                          -> f32[T, H, r]: q_nope[t,h] times head h's k up-projection */
+    IR_OP_MLA_ATTENTION, /* (q_c [T, H, r], q_pe [T, H, dr], kv_c [T, r], k_pe [T, 1, dr], pos)
+                          {scale, window} -> f32[T, H, r]; caches only kv_c and k_pe */
+    IR_OP_MLA_VABSORB, /* (o_c [T, H, r], kv_b [H*(dn+dv), r]) {qk_nope_head_dim, v_head_dim}
+                          -> f32[T, H, dv]: head h's v up-projection of o_c[t,h] */
+    IR_OP_FORK,        /* (x) -> x on the op's (side) stream, which waits for x */
+    IR_OP_JOIN,        /* (x) -> x on the main stream, which waits for the side stream */
     IR_OP_COUNT,
 } ir_op_kind;
 
@@ -159,6 +174,7 @@ struct ir_op {
     ir_value *out[IR_MAX_RESULTS];
     int n_attr;
     ir_attr attrs[IR_MAX_ATTRS];
+    int stream;                       /* 0 main, 1 side (assign_streams); printed "stream 1" */
 };
 
 const char *ir_op_name(ir_op_kind k); /* "linear" */
@@ -233,6 +249,28 @@ moec_status ir_op_finish(ir_module *m, ir_op *op, const ir_type *hint);
 
 /* Convenience: one-result op with no attributes, finished. */
 ir_value *ir_build(ir_module *m, ir_op_kind kind, const char *name, ir_value *const *in, int n_in);
+
+/* ---- rewriting (passes) ----------------------------------------------------
+ * Passes rewrite a module in place: add new ops with ir_module_add_op (they
+ * go to the end), move them where they belong, redirect uses, then drop
+ * what became dead. */
+
+/* Moves op to just before anchor (anchor NULL: to the end); renumbers ops. */
+moec_status ir_module_move_op_before(ir_module *m, ir_op *op, const ir_op *anchor);
+/* Every operand (and module output) that is `from` becomes `to`. */
+void ir_module_replace_uses(ir_module *m, const ir_value *from, ir_value *to);
+/* Operand slots (and outputs) that use v. */
+int ir_module_use_count(const ir_module *m, const ir_value *v);
+/* The op using v when exactly one op uses it once and it is not an output; else NULL. */
+ir_op *ir_module_single_user(const ir_module *m, const ir_value *v);
+/* Removes ops none of whose results are used (repeatedly), then weights and
+ * inputs nothing uses (but never "tokens"/"positions"); renumbers values and
+ * ops. */
+moec_status ir_module_dce(ir_module *m);
+/* A fresh name "<base>" or "<base>.N" not yet used in m (in m's arena). */
+const char *ir_module_unique_name(ir_module *m, const char *base);
+/* A deep copy (through the text form). */
+moec_status ir_module_clone(const ir_module *m, ir_module **out);
 
 /* ---- checking, printing, parsing ------------------------------------------ */
 

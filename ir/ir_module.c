@@ -213,6 +213,7 @@ ir_value *ir_module_new_value(ir_module *m, const char *name, size_t name_len,
     v->name = s;
     v->kind = kind;
     v->id = m->n_values;
+    v->mem_offset = -1;
     m->values[m->n_values++] = v;
     return v;
 }

@@ -28,13 +28,13 @@ typedef struct op_info {
 static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1, {{0}}},
     [IR_OP_RMS_NORM] = {"rms_norm", 2, 2, 1, {{"eps", IR_ATTR_FLOAT, 1}}},
-    [IR_OP_LINEAR] = {"linear", 2, 3, 1, {{0}}},
+    [IR_OP_LINEAR] = {"linear", 2, 3, 1, {{"alpha", IR_ATTR_FLOAT, 0}}},
     [IR_OP_RESHAPE] = {"reshape", 1, 1, 1, {{0}}},
     [IR_OP_SLICE] = {"slice", 1, 1, 1,
                      {{"axis", IR_ATTR_INT, 1}, {"start", IR_ATTR_INT, 1}, {"size", IR_ATTR_INT, 1}}},
     [IR_OP_CONCAT] = {"concat", 2, IR_MAX_OPERANDS, 1, {{"axis", IR_ATTR_INT, 1}}},
     [IR_OP_EXPAND] = {"expand", 1, 1, 1, {{0}}},
-    [IR_OP_ADD] = {"add", 2, 2, 1, {{0}}},
+    [IR_OP_ADD] = {"add", 2, 2, 1, {{"alpha", IR_ATTR_FLOAT, 0}}},
     [IR_OP_MUL] = {"mul", 2, 2, 1, {{0}}},
     [IR_OP_SILU] = {"silu", 1, 1, 1, {{0}}},
     [IR_OP_SIGMOID] = {"sigmoid", 1, 1, 1, {{0}}},
@@ -58,6 +58,16 @@ static const op_info OPS[IR_OP_COUNT] = {
                          {"scaling", IR_ATTR_FLOAT, 0}}},
     [IR_OP_MOE_EXPERTS] = {"moe_experts", 4, 5, 1, {{"act", IR_ATTR_STR, 0}}},
     [IR_OP_REDUCE_SUM] = {"reduce_sum", 1, 1, 1, {{"axis", IR_ATTR_INT, 1}}},
+    [IR_OP_SILU_MUL] = {"silu_mul", 1, 1, 1, {{0}}},
+    [IR_OP_MOE_ROUTED] = {"moe_routed", 5, 6, 1, {{"scale", IR_ATTR_FLOAT, 0}}},
+    [IR_OP_MLA_QABSORB] = {"mla_qabsorb", 2, 2, 1,
+                           {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
+    [IR_OP_MLA_ATTENTION] = {"mla_attention", 5, 5, 1,
+                             {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
+    [IR_OP_MLA_VABSORB] = {"mla_vabsorb", 2, 2, 1,
+                           {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
+    [IR_OP_FORK] = {"fork", 1, 1, 1, {{0}}},
+    [IR_OP_JOIN] = {"join", 1, 1, 1, {{0}}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -80,7 +90,7 @@ int ir_op_kind_from_name(const char *name, ir_op_kind *out)
     if (!name)
         return -1;
     for (int i = 0; i < IR_OP_COUNT; i++) {
-        if (!strcmp(name, OPS[i].name)) {
+        if (OPS[i].name && !strcmp(name, OPS[i].name)) {
             if (out)
                 *out = (ir_op_kind)i;
             return 0;
@@ -382,6 +392,8 @@ static moec_status infer_linear(infer_ctx *c, ir_type *out)
             return fail(c, "bias %%%s has %" PRId64 " elements, weight %%%s has %" PRId64 " rows",
                         vname(b), b->type.dims[0], vname(w), w->type.dims[0]);
     }
+    if (!isfinite(ir_op_attr_float(c->op, "alpha", 1)))
+        return fail(c, "alpha must be finite");
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, w->type.dims[0], 0);
     return MOEC_OK;
 }
@@ -408,7 +420,7 @@ static moec_status infer_slice(infer_ctx *c, ir_type *out)
     const ir_type *t = &x->type;
     if (!ir_type_has_t(t) || t->rank < 2)
         return fail(c, "input %%%s must be [T, ...] of rank >= 2, got %s", vname(x), tfmt(t).s);
-    int axis;
+    int axis = 0;
     MOEC_TRY(axis_attr(c, "axis", t->rank, &axis));
     int64_t start = ir_op_attr_int(c->op, "start", 0), size = ir_op_attr_int(c->op, "size", 0);
     int64_t dim = t->dims[axis];
@@ -428,7 +440,7 @@ static moec_status infer_concat(infer_ctx *c, ir_type *out)
     if (!ir_type_has_t(ta) || ta->rank < 2)
         return fail(c, "operand %%%s must be [T, ...] of rank >= 2, got %s", vname(a),
                     tfmt(ta).s);
-    int axis;
+    int axis = 0;
     MOEC_TRY(axis_attr(c, "axis", ta->rank, &axis));
     ir_type r = type_like(ta, act_dtype(ta->dtype));
     for (int i = 1; i < c->op->n_in; i++) {
@@ -483,6 +495,8 @@ static moec_status infer_binary(infer_ctx *c, ir_type *out)
         if (tb->dims[d] != ta->dims[d] && tb->dims[d] != 1)
             return fail(c, "dim %d of %%%s (%s) is neither 1 nor that of %%%s (%s)", d, vname(b),
                         tfmt(tb).s, vname(a), tfmt(ta).s);
+    if (!isfinite(ir_op_attr_float(c->op, "alpha", 1)))
+        return fail(c, "alpha must be finite");
     out[0] = type_like(ta, IR_DTYPE_F32);
     return MOEC_OK;
 }
@@ -649,7 +663,7 @@ static moec_status infer_reduce_sum(infer_ctx *c, ir_type *out)
 {
     const ir_value *x = c->op->in[0];
     MOEC_TRY(need_act(c, x, "input", 2, IR_MAX_RANK, 1));
-    int axis;
+    int axis = 0;
     MOEC_TRY(axis_attr(c, "axis", x->type.rank, &axis));
     ir_type r = type_like(&x->type, IR_DTYPE_F32);
     for (int d = axis; d + 1 < r.rank; d++)
@@ -657,6 +671,138 @@ static moec_status infer_reduce_sum(infer_ctx *c, ir_type *out)
     r.rank--;
     r.dims[r.rank] = 0;
     out[0] = r;
+    return MOEC_OK;
+}
+
+/* ---- fused and scheduled ops ---------------------------------------------- */
+
+static moec_status infer_silu_mul(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 2, IR_MAX_RANK, 1));
+    int last = x->type.rank - 1;
+    if (x->type.dims[last] % 2)
+        return fail(c, "last dim %" PRId64 " of %%%s must be even (gate, then up)",
+                    x->type.dims[last], vname(x));
+    ir_type r = type_like(&x->type, IR_DTYPE_F32);
+    r.dims[last] /= 2;
+    out[0] = r;
+    return MOEC_OK;
+}
+
+static moec_status infer_moe_routed(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0], *ids = op->in[1], *w = op->in[2];
+    MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
+    MOEC_TRY(need_act(c, ids, "ids", 2, 2, 0));
+    MOEC_TRY(need_act(c, w, "weights", 2, 2, 1));
+    int64_t H = x->type.dims[1], K = ids->type.dims[1];
+    if (w->type.dims[1] != K)
+        return fail(c, "weights %%%s (%s) and ids %%%s (%s) differ in top_k", vname(w),
+                    tfmt(&w->type).s, vname(ids), tfmt(&ids->type).s);
+    const ir_value *down = op->in[op->n_in - 1];
+    MOEC_TRY(need_static(c, down, "down", 3));
+    int64_t E = down->type.dims[0], I = down->type.dims[2];
+    if (down->type.dims[1] != H)
+        return fail(c, "down %%%s is %s: dim 1 must be the hidden size %" PRId64 " of %%%s",
+                    vname(down), tfmt(&down->type).s, H, vname(x));
+    if (op->n_in == 6) {
+        MOEC_TRY(need_dims3(c, op->in[3], "gate", E, I, H));
+        MOEC_TRY(need_dims3(c, op->in[4], "up", E, I, H));
+    } else {
+        MOEC_TRY(need_dims3(c, op->in[3], "gate_up", E, 2 * I, H));
+    }
+    if (!isfinite(ir_op_attr_float(op, "scale", 1)))
+        return fail(c, "scale must be finite");
+    out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, H, 0);
+    return MOEC_OK;
+}
+
+/* qk_nope_head_dim and v_head_dim (>= 1), and kv_b [H*(dn+dv), r]. */
+static moec_status mla_kv_b(infer_ctx *c, const ir_value *kv_b, int64_t H, int64_t *dn,
+                            int64_t *dv, int64_t *r)
+{
+    *dn = ir_op_attr_int(c->op, "qk_nope_head_dim", 0);
+    *dv = ir_op_attr_int(c->op, "v_head_dim", 0);
+    if (*dn < 1 || *dn > IR_DIM_MAX)
+        return fail(c, "qk_nope_head_dim %" PRId64 " must be >= 1", *dn);
+    if (*dv < 1 || *dv > IR_DIM_MAX)
+        return fail(c, "v_head_dim %" PRId64 " must be >= 1", *dv);
+    MOEC_TRY(need_static(c, kv_b, "kv_b", 2));
+    /* dn + dv <= 2^32 and H < 2^31: the product fits when it can equal the rows */
+    int64_t want = *dn + *dv > IR_DIM_MAX / H ? -1 : H * (*dn + *dv);
+    if (kv_b->type.dims[0] != want)
+        return fail(c, "kv_b %%%s has %" PRId64 " rows, expected heads %" PRId64
+                       " * (qk_nope_head_dim %" PRId64 " + v_head_dim %" PRId64 ")",
+                    vname(kv_b), kv_b->type.dims[0], H, *dn, *dv);
+    *r = kv_b->type.dims[1];
+    return MOEC_OK;
+}
+
+static moec_status infer_mla_qabsorb(infer_ctx *c, ir_type *out)
+{
+    const ir_value *q = c->op->in[0];
+    MOEC_TRY(need_act(c, q, "q_nope", 3, 3, 1));
+    int64_t H = q->type.dims[1], dn, dv, r;
+    MOEC_TRY(mla_kv_b(c, c->op->in[1], H, &dn, &dv, &r));
+    if (q->type.dims[2] != dn)
+        return fail(c, "q_nope %%%s has head dim %" PRId64 ", qk_nope_head_dim is %" PRId64,
+                    vname(q), q->type.dims[2], dn);
+    out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, r);
+    return MOEC_OK;
+}
+
+static moec_status infer_mla_vabsorb(infer_ctx *c, ir_type *out)
+{
+    const ir_value *o = c->op->in[0];
+    MOEC_TRY(need_act(c, o, "o_c", 3, 3, 1));
+    int64_t H = o->type.dims[1], dn, dv, r;
+    MOEC_TRY(mla_kv_b(c, c->op->in[1], H, &dn, &dv, &r));
+    if (o->type.dims[2] != r)
+        return fail(c, "o_c %%%s has %" PRId64 " channels, kv_b %%%s has %" PRId64 " columns",
+                    vname(o), o->type.dims[2], vname(c->op->in[1]), r);
+    out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, dv);
+    return MOEC_OK;
+}
+
+static moec_status infer_mla_attention(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *qc = op->in[0], *qpe = op->in[1], *kvc = op->in[2], *kpe = op->in[3];
+    MOEC_TRY(need_act(c, qc, "q_c", 3, 3, 1));
+    MOEC_TRY(need_act(c, qpe, "q_pe", 3, 3, 1));
+    MOEC_TRY(need_act(c, kvc, "kv_c", 2, 2, 1));
+    MOEC_TRY(need_act(c, kpe, "k_pe", 3, 3, 1));
+    MOEC_TRY(need_pos(c, op->in[4]));
+    int64_t H = qc->type.dims[1], r = qc->type.dims[2], dr = qpe->type.dims[2];
+    if (qpe->type.dims[1] != H)
+        return fail(c, "q_pe %%%s has %" PRId64 " heads, q_c %%%s has %" PRId64, vname(qpe),
+                    qpe->type.dims[1], vname(qc), H);
+    if (kvc->type.dims[1] != r)
+        return fail(c, "kv_c %%%s has %" PRId64 " channels, q_c %%%s has %" PRId64, vname(kvc),
+                    kvc->type.dims[1], vname(qc), r);
+    if (kpe->type.dims[1] != 1 || kpe->type.dims[2] != dr)
+        return fail(c, "k_pe %%%s is %s, expected [T, 1, %" PRId64 "] (q_pe's rope dim)",
+                    vname(kpe), tfmt(&kpe->type).s, dr);
+    double scale = ir_op_attr_float(op, "scale", 0);
+    if (!isfinite(scale))
+        return fail(c, "scale %g must be finite", scale);
+    int64_t window = ir_op_attr_int(op, "window", 0);
+    if (window < 0)
+        return fail(c, "window %" PRId64 " must be >= 0", window);
+    out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, r);
+    return MOEC_OK;
+}
+
+/* fork and join: the result is x, type and all. */
+static moec_status infer_identity(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    if (!ir_type_has_t(&x->type))
+        return fail(c, "input %%%s must have T as its first dimension, got %s", vname(x),
+                    tfmt(&x->type).s);
+    out[0] = x->type;
     return MOEC_OK;
 }
 
@@ -706,6 +852,13 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_MOE_TOPK: return infer_moe_topk(&c, out);
     case IR_OP_MOE_EXPERTS: return infer_moe_experts(&c, out);
     case IR_OP_REDUCE_SUM: return infer_reduce_sum(&c, out);
+    case IR_OP_SILU_MUL: return infer_silu_mul(&c, out);
+    case IR_OP_MOE_ROUTED: return infer_moe_routed(&c, out);
+    case IR_OP_MLA_QABSORB: return infer_mla_qabsorb(&c, out);
+    case IR_OP_MLA_ATTENTION: return infer_mla_attention(&c, out);
+    case IR_OP_MLA_VABSORB: return infer_mla_vabsorb(&c, out);
+    case IR_OP_FORK:
+    case IR_OP_JOIN: return infer_identity(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

@@ -33,6 +33,8 @@ typedef enum tok_kind {
     TK_COMMA,
     TK_COLON,
     TK_EQUAL,
+    TK_AT,
+    TK_STAR,
 } tok_kind;
 
 typedef struct token {
@@ -226,10 +228,10 @@ static moec_status next(parser *p)
     t->text = p->src + p->pos;
     t->len = 1;
     char c = peek_at(p, 0);
-    static const char PUNCT[] = "{}[](),:=";
+    static const char PUNCT[] = "{}[](),:=@*";
     static const tok_kind PUNCT_KIND[] = {TK_LBRACE, TK_RBRACE, TK_LBRACKET, TK_RBRACKET,
                                           TK_LPAREN, TK_RPAREN, TK_COMMA,    TK_COLON,
-                                          TK_EQUAL};
+                                          TK_EQUAL,  TK_AT,     TK_STAR};
     if (c == '\0') {
         t->kind = TK_EOF;
         t->len = 0;
@@ -458,6 +460,32 @@ static moec_status define(parser *p, const token *name, ir_value_kind kind, ir_v
     return MOEC_OK;
 }
 
+/* An optional "@<n>*T" after an activation's type: its planned arena offset
+ * per token; -1 when absent. */
+static moec_status parse_offset(parser *p, int64_t *off)
+{
+    token *t = &p->tok;
+    *off = -1;
+    if (t->kind != TK_AT)
+        return MOEC_OK;
+    MOEC_TRY(next(p));
+    if (t->kind != TK_INT || t->i < 0) {
+        char found[64];
+        tok_desc(t, found, sizeof found);
+        return PERR(p, "expected an arena offset (an int >= 0) after '@', found %s", found);
+    }
+    int64_t v = t->i;
+    MOEC_TRY(next(p));
+    MOEC_TRY(expect(p, TK_STAR, "'*T' after the arena offset"));
+    if (!tok_is(t, TK_IDENT, "T")) {
+        char found[64];
+        tok_desc(t, found, sizeof found);
+        return PERR(p, "expected 'T' after '@%" PRId64 "*', found %s", v, found);
+    }
+    *off = v;
+    return next(p);
+}
+
 /* ---- declarations --------------------------------------------------------- */
 
 static moec_status parse_meta(parser *p)
@@ -511,9 +539,12 @@ static moec_status parse_input(parser *p)
     if (!ir_type_has_t(&ty))
         return perr(p, type_tok.line, type_tok.col,
                     "input %%%.*s must have T as its first dimension", (int)name.len, name.text);
+    int64_t off;
+    MOEC_TRY(parse_offset(p, &off));
     ir_value *v;
     MOEC_TRY(define(p, &name, IR_VALUE_INPUT, &v));
     v->type = ty;
+    v->mem_offset = off;
     p->m->inputs[p->m->n_inputs++] = v;
     return MOEC_OK;
 }
@@ -643,6 +674,7 @@ typedef struct result_decl {
     token name;
     token type_tok;
     ir_type type;
+    int64_t mem_offset;
 } result_decl;
 
 static moec_status parse_attrs(parser *p, ir_op *op)
@@ -717,6 +749,7 @@ static moec_status parse_op(parser *p)
         MOEC_TRY(expect(p, TK_COLON, "':' after value name"));
         r->type_tok = *t;
         MOEC_TRY(parse_type(p, &r->type));
+        MOEC_TRY(parse_offset(p, &r->mem_offset));
         if (t->kind == TK_EQUAL)
             break;
         if (t->kind != TK_COMMA) {
@@ -781,10 +814,15 @@ static moec_status parse_op(parser *p)
     memcpy(op->in, in, sizeof in[0] * (size_t)n_in);
     if (t->kind == TK_LBRACE)
         MOEC_TRY(parse_attrs(p, op));
+    if (tok_is(t, TK_IDENT, "stream")) {
+        MOEC_TRY(next(p));
+        MOEC_TRY(parse_int_in(p, "stream", 0, 1, &op->stream));
+    }
     for (int i = 0; i < n_res; i++) {
         ir_value *v;
         MOEC_TRY(define(p, &res[i].name, IR_VALUE_OP, &v));
         v->type = res[i].type;
+        v->mem_offset = res[i].mem_offset;
         v->def = op;
         op->out[i] = v;
         op->n_out = i + 1;

@@ -139,6 +139,13 @@ static void sb_type(sbuf *b, const ir_type *t)
     sb_str(b, ts);
 }
 
+/* " @256*T": an activation's planned arena offset per token, when it has one. */
+static void sb_offset(sbuf *b, const ir_value *v)
+{
+    if (v->mem_offset >= 0)
+        sb_printf(b, " @%" PRId64 "*T", v->mem_offset);
+}
+
 static void sb_binding_leaf(sbuf *b, const ir_binding *bind)
 {
     if (bind->kind == IR_BIND_STACK) {
@@ -176,8 +183,10 @@ static void sb_op(sbuf *b, const ir_op *op)
         sb_printf(b, "%s%%", i ? ", " : "");
         sb_str(b, vn(op->out[i]));
         sb_str(b, " : ");
-        if (op->out[i])
+        if (op->out[i]) {
             sb_type(b, &op->out[i]->type);
+            sb_offset(b, op->out[i]);
+        }
     }
     sb_printf(b, " = %s(", ir_op_name(op->kind));
     int n_in = op->n_in < 0 ? 0 : op->n_in > IR_MAX_OPERANDS ? IR_MAX_OPERANDS : op->n_in;
@@ -193,7 +202,11 @@ static void sb_op(sbuf *b, const ir_op *op)
         sb_str(b, " = ");
         sb_attr_value(b, &op->attrs[i]);
     }
-    sb_str(b, n_attr ? "}\n" : "\n");
+    if (n_attr)
+        sb_str(b, "}");
+    if (op->stream != 0)
+        sb_printf(b, " stream %d", op->stream);
+    sb_str(b, "\n");
 }
 
 static void print_module(sbuf *b, const ir_module *m)
@@ -213,8 +226,10 @@ static void print_module(sbuf *b, const ir_module *m)
         sb_str(b, "  input %");
         sb_str(b, vn(m->inputs[i]));
         sb_str(b, " : ");
-        if (m->inputs[i])
+        if (m->inputs[i]) {
             sb_type(b, &m->inputs[i]->type);
+            sb_offset(b, m->inputs[i]);
+        }
         sb_str(b, "\n");
     }
     for (int i = 0; i < m->n_values && m->values; i++) {

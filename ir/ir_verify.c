@@ -49,6 +49,12 @@ static moec_status verify_value(const ir_module *m, const ir_value *v)
 {
     char ts[96];
     ir_type_format(&v->type, ts, sizeof ts);
+    if (v->mem_offset < -1)
+        return BAD("%%%s: mem_offset %" PRId64 " must be >= 0 (planned) or -1", v->name,
+                   v->mem_offset);
+    if (v->kind == IR_VALUE_WEIGHT && v->mem_offset != -1)
+        return BAD("weight %%%s: mem_offset %" PRId64 ": weights are not in the activation arena",
+                   v->name, v->mem_offset);
     switch (v->kind) {
     case IR_VALUE_INPUT: {
         if (!ir_type_valid(&v->type, 1) || !ir_type_has_t(&v->type))
@@ -128,6 +134,8 @@ static moec_status verify_op(const ir_module *m, const ir_op *op, int idx, unsig
         return BAD("%s: has %d results, expected %d", label, op->n_out, n_out);
     if (op->n_in < min_in || op->n_in > max_in)
         return BAD("%s: takes %d to %d operands, got %d", label, min_in, max_in, op->n_in);
+    if (op->stream != 0 && op->stream != 1)
+        return BAD("%s: stream %d must be 0 (main) or 1 (side)", label, op->stream);
     for (int i = 0; i < op->n_out; i++) {
         const ir_value *v = op->out[i];
         if (!in_module(m, v))

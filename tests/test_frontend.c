@@ -121,7 +121,10 @@ static const ir_op *op_of(const ir_module *m, const char *name)
     return v->def;
 }
 
-static int has(const ir_module *m, const char *name) { return ir_module_find_value(m, name) != NULL; }
+static int has(const ir_module *m, const char *name)
+{
+    return ir_module_find_value(m, name) != NULL;
+}
 
 static int is_moe(const ir_module *m, int layer)
 {
@@ -153,7 +156,7 @@ static void check_weight(const ir_module *m, const char *name, ir_dtype dt, int 
                 v && v->bind.name ? v->bind.name : "(none)");
     }
 }
-#define WEIGHT(m, name, dt, rank, d0, d1, d2, tensor, count) \
+#define WEIGHT(m, name, dt, rank, d0, d1, d2, tensor, count)                                       \
     check_weight(m, name, dt, rank, d0, d1, d2, tensor, count, __LINE__)
 
 static int near(double a, double b) { return fabs(a - b) <= 1e-14 * fabs(b); }
@@ -238,10 +241,10 @@ static void test_deepseek_v2(void)
            "model.layers.0.self_attn.kv_b_proj.weight", 0);
     WEIGHT(m, "l0.attn.o_proj", IR_DTYPE_BF16, 2, 64, 4 * 16, 0,
            "model.layers.0.self_attn.o_proj.weight", 0);
-    WEIGHT(m, "l0.mlp.gate_proj", IR_DTYPE_BF16, 2, 96, 64, 0, "model.layers.0.mlp.gate_proj.weight",
-           0);
-    WEIGHT(m, "l0.mlp.down_proj", IR_DTYPE_BF16, 2, 64, 96, 0, "model.layers.0.mlp.down_proj.weight",
-           0);
+    WEIGHT(m, "l0.mlp.gate_proj", IR_DTYPE_BF16, 2, 96, 64, 0,
+           "model.layers.0.mlp.gate_proj.weight", 0);
+    WEIGHT(m, "l0.mlp.down_proj", IR_DTYPE_BF16, 2, 64, 96, 0,
+           "model.layers.0.mlp.down_proj.weight", 0);
     WEIGHT(m, "l1.moe.router", IR_DTYPE_BF16, 2, 8, 64, 0, "model.layers.1.mlp.gate.weight", 0);
     WEIGHT(m, "l1.moe.experts.gate", IR_DTYPE_BF16, 3, 8, 32, 64,
            "model.layers.1.mlp.experts.{e}.gate_proj.weight", 8);
@@ -456,8 +459,8 @@ static void test_qwen2_moe(void)
     T_CHECK(layer_ops(m, 0, -1) == 4 + 11 + 5);
     T_CHECK(layer_ops(m, 1, -1) == 4 + 11 + 15);
     /* qkv_bias absent -> true; o_proj without bias. */
-    WEIGHT(m, "l0.attn.q_proj", IR_DTYPE_BF16, 2, 64, 64, 0, "model.layers.0.self_attn.q_proj.weight",
-           0);
+    WEIGHT(m, "l0.attn.q_proj", IR_DTYPE_BF16, 2, 64, 64, 0,
+           "model.layers.0.self_attn.q_proj.weight", 0);
     WEIGHT(m, "l0.attn.k_proj.bias", IR_DTYPE_BF16, 1, 32, 0, 0,
            "model.layers.0.self_attn.k_proj.bias", 0);
     WEIGHT(m, "l0.attn.v_proj.bias", IR_DTYPE_BF16, 1, 32, 0, 0,
@@ -471,7 +474,8 @@ static void test_qwen2_moe(void)
            "model.layers.5.mlp.experts.{e}.down_proj.weight", 8);
     const ir_op *sc = op_of(m, "l1.moe.shared_scaled");
     T_CHECK(sc && sc->kind == IR_OP_MUL && strcmp(sc->in[1]->name, "l1.moe.shared_gate") == 0);
-    T_CHECK(op_of(m, "l1.moe.shared_gate") && op_of(m, "l1.moe.shared_gate")->kind == IR_OP_SIGMOID);
+    T_CHECK(op_of(m, "l1.moe.shared_gate") &&
+            op_of(m, "l1.moe.shared_gate")->kind == IR_OP_SIGMOID);
     T_CHECK(strcmp(sattr(m, "l1.moe.topk_ids", "scoring"), "softmax") == 0);
     T_CHECK(iattr(m, "l1.moe.topk_ids", "norm_topk_prob") == 0);
     T_CHECK(fattr(m, "l1.moe.topk_ids", "scaling") == 1.0);
@@ -504,8 +508,8 @@ static void test_qwen2_moe(void)
 
     /* Placements. */
     m = build_ok_with("qwen2_moe_sparse.json", "decoder_sparse_step", "3");
-    T_CHECK(m && !is_moe(m, 0) && !is_moe(m, 1) && is_moe(m, 2) && !is_moe(m, 3) &&
-            !is_moe(m, 4) && is_moe(m, 5));
+    T_CHECK(m && !is_moe(m, 0) && !is_moe(m, 1) && is_moe(m, 2) && !is_moe(m, 3) && !is_moe(m, 4) &&
+            is_moe(m, 5));
     ir_module_free(m);
     m = build_ok_with("qwen2_moe_sparse.json", "decoder_sparse_step", NULL);
     T_CHECK(m && is_moe(m, 0) && is_moe(m, 1) && is_moe(m, 2) && !is_moe(m, 3) && is_moe(m, 4) &&
@@ -542,10 +546,10 @@ static void test_qwen3_moe(void)
            "model.layers.0.self_attn.k_proj.weight", 0);
     WEIGHT(m, "l0.attn.o_proj", IR_DTYPE_BF16, 2, 64, 4 * 24, 0,
            "model.layers.0.self_attn.o_proj.weight", 0);
-    WEIGHT(m, "l0.attn.q_norm", IR_DTYPE_BF16, 1, 24, 0, 0, "model.layers.0.self_attn.q_norm.weight",
-           0);
-    WEIGHT(m, "l0.attn.k_norm", IR_DTYPE_BF16, 1, 24, 0, 0, "model.layers.0.self_attn.k_norm.weight",
-           0);
+    WEIGHT(m, "l0.attn.q_norm", IR_DTYPE_BF16, 1, 24, 0, 0,
+           "model.layers.0.self_attn.q_norm.weight", 0);
+    WEIGHT(m, "l0.attn.k_norm", IR_DTYPE_BF16, 1, 24, 0, 0,
+           "model.layers.0.self_attn.k_norm.weight", 0);
     T_CHECK(!has(m, "l0.attn.q_proj.bias") && !has(m, "l0.moe.shared.gate"));
     const ir_op *qn = op_of(m, "l0.attn.q_normed");
     T_CHECK(qn && qn->kind == IR_OP_RMS_NORM && strcmp(qn->in[0]->name, "l0.attn.q") == 0);
@@ -698,11 +702,13 @@ static void test_rope_variants(void)
     }
 
     /* linear scaling: factor only, scale untouched (no mscale_all_dim). */
-    m = build_ok_with("deepseek_v2_tiny.json", "rope_scaling", "{\"type\": \"linear\", \"factor\": 2}");
+    m = build_ok_with("deepseek_v2_tiny.json", "rope_scaling",
+                      "{\"type\": \"linear\", \"factor\": 2}");
     if (m) {
         T_CHECK(strcmp(sattr(m, "l0.attn.q_pe_rot", "scaling"), "linear") == 0);
         T_CHECK(fattr(m, "l0.attn.q_pe_rot", "factor") == 2.0);
-        T_CHECK(fattr(m, "l0.attn.q_pe_rot", "yarn_low") != fattr(m, "l0.attn.q_pe_rot", "yarn_low"));
+        T_CHECK(fattr(m, "l0.attn.q_pe_rot", "yarn_low") !=
+                fattr(m, "l0.attn.q_pe_rot", "yarn_low"));
         T_CHECK(near(fattr(m, "l0.attn.ctx", "scale"), 0.2041241452319315));
     }
     ir_module_free(m);
@@ -714,6 +720,11 @@ static void test_rope_variants(void)
         double ms = 0.1 * log(2.0) + 1.0;
         T_CHECK(near(fattr(m, "l0.attn.ctx", "scale"), pow(24, -0.5) * ms * ms));
     }
+    ir_module_free(m);
+    /* The default type ignores the other fields. */
+    m = build_ok_with("deepseek_v2_tiny.json", "rope_scaling",
+                      "{\"type\": \"default\", \"factor\": \"x\", \"mscale_all_dim\": 1}");
+    T_CHECK(m && near(fattr(m, "l0.attn.ctx", "scale"), 0.2041241452319315));
     ir_module_free(m);
     /* An empty rope_scaling falls back to rope_parameters; rope_type beats type. */
     m = build_ok_with("deepseek_v2_tiny.json", "rope_scaling",
@@ -868,6 +879,12 @@ static void test_rejections(void)
     REJECT(v2, "rope_scaling.factor", "\"4\"", F, "rope_scaling.factor");
     REJECT(v2, "rope_scaling.factor", "-1", U, "rope_scaling.factor");
     REJECT(v2, "rope_scaling.truncate", "1", F, "rope_scaling.truncate");
+    /* The type is judged before the other fields. */
+    REJECT(v2, "rope_scaling", "{\"type\": \"dynamic\", \"factor\": \"x\"}", U,
+           "rope_scaling.type");
+    /* factor null is computed for the frequencies, but DeepSeek's softmax
+     * scale needs it when mscale_all_dim is set. */
+    REJECT(v2, "rope_scaling.factor", "null", U, "rope_scaling.factor");
     REJECT(v2, "rope_scaling", "{\"type\": \"linear\"}", F, "rope_scaling.factor");
     REJECT(v2, "rope_scaling", "[1]", F, "rope_scaling");
     REJECT(v2, "rope_theta", "\"big\"", F, "rope_theta");

@@ -1,0 +1,113 @@
+/* cg.h — code generation for the CUDA backend: per batch bucket, every kernel
+ * op of the fused IR emits CUDA C source with its shapes, counts and dtypes
+ * baked in as literals (into one program per bucket, compiled once with
+ * NVRTC) and the launch steps that run it (runtime/plan.h). One op per
+ * codegen file (codegen/<op>.c); this header is the contract between them. */
+#ifndef MOEC_CG_CG_H
+#define MOEC_CG_CG_H
+
+#include <stdarg.h>
+
+#include "ir/ir.h"
+#include "runtime/plan.h"
+
+/* A growing text buffer; after an allocation failure it stays empty and
+ * `oom` is set (checked once, at the end). */
+typedef struct cg_buf {
+    char *data;
+    size_t len, cap;
+    int oom;
+} cg_buf;
+
+void cg_buf_printf(cg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cg_buf_free(cg_buf *b);
+
+typedef struct cg_options {
+    ir_dtype compute_dtype;   /* BF16 (default) or F32 */
+    char arch[16];            /* "sm_90" */
+    int kv_block_size;        /* tokens per KV page (64) */
+    int n_buckets;
+    int buckets[16];          /* ascending batch sizes T */
+    const char *cache_dir;    /* cubin cache (NULL: $MOEC_CACHE_DIR or ~/.cache/moec) */
+    /* Called after each bucket's kernels compile (progress lines). */
+    void (*progress)(int done, int total, void *user);
+    void *progress_user;
+} cg_options;
+
+void cg_options_default(cg_options *o);
+
+/* The state of one bucket being generated. */
+typedef struct cg_ctx {
+    const ir_module *m;
+    const cg_options *opt;
+    int T;
+    cg_buf src;               /* the bucket's program: prologue, then every kernel */
+    int n_kernels, kernels_cap;
+    char **kernel_names;
+    int n_steps, steps_cap;
+    rt_step *steps;
+    size_t scratch_bytes;     /* grows as emitters reserve scratch */
+} cg_ctx;
+
+/* Registers kernel `name` (which must encode every literal its source bakes
+ * in). Returns its index; *is_new tells whether the caller must now append
+ * its source to c->src (identical specializations across layers share one
+ * kernel). -1 when out of memory. */
+int cg_kernel(cg_ctx *c, const char *name, int *is_new);
+/* Appends a step for op (zeroed, stream = op->stream); NULL when out of memory. */
+rt_step *cg_step(cg_ctx *c, rt_step_kind kind, const ir_op *op);
+/* Reserves bytes of scratch (16-byte aligned); returns its offset. */
+size_t cg_scratch(cg_ctx *c, size_t bytes);
+
+rt_arg cg_arg_act(const ir_value *v);
+rt_arg cg_arg_weight(const ir_value *v);
+rt_arg cg_arg_kv(const ir_op *attention_op, int pool);
+rt_arg cg_arg_input(rt_input which);
+rt_arg cg_arg_config(rt_config which);
+rt_arg cg_arg_scratch(size_t offset);
+rt_arg cg_arg_i32(int64_t v);
+rt_arg cg_arg_f32(double v);
+
+/* The storage dtype of a value on the GPU (rt_value_storage_dtype) and its
+ * C type in generated code: "float", "__nv_bfloat16", "__half", "int". */
+ir_dtype cg_storage(const cg_ctx *c, const ir_value *v);
+const char *cg_ctype(ir_dtype dt);
+
+/* The prologue every program starts with: includes, and the load/store
+ * helpers generated code uses: `float ld(const T *p)` for float, bf16 and
+ * half, `void st(T *p, float v)`, warp and block sum/max reductions. */
+void cg_emit_prologue(cg_buf *b);
+
+/* Emits the kernels and steps of one op (dispatching on op->kind). */
+moec_status cg_emit_op(cg_ctx *c, const ir_op *op);
+
+/* The per-op emitters (codegen/<op>.c). */
+moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_linear(cg_ctx *c, const ir_op *op);       /* cuBLASLt GEMM step */
+moec_status cg_emit_copy(cg_ctx *c, const ir_op *op);         /* reshape, slice, concat, expand */
+moec_status cg_emit_eltwise(cg_ctx *c, const ir_op *op);      /* add, mul, silu, sigmoid, silu_mul */
+moec_status cg_emit_reduce_sum(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_rope(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_attention(cg_ctx *c, const ir_op *op);    /* GQA: cache write + attention */
+moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op);   /* mla_qabsorb, mla_vabsorb: batched GEMM */
+moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op);/* cache write + attention */
+moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op);   /* align, gate_up+silu_mul, down*w, sum */
+moec_status cg_emit_moe_experts(cg_ctx *c, const ir_op *op);  /* unfused form, for op tests */
+moec_status cg_emit_stream(cg_ctx *c, const ir_op *op);       /* fork, join */
+/* The last step of every bucket: argmax of each token's logits into
+ * RT_INPUT_SAMPLED. */
+moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);
+
+/* NVRTC: compiles src for arch into a cubin, through the on-disk cache
+ * (keyed by a hash of source, options and NVRTC version). A compile error
+ * is MOEC_ERR_CUDA with NVRTC's log and the source with line numbers.
+ * *cubin is malloc'd. */
+moec_status cg_compile(const char *src, const char *arch, const char *cache_dir, void **cubin,
+                       size_t *size);
+
+/* Generates and compiles every bucket of the fused, planned module m. */
+moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **out);
+
+#endif

@@ -1,0 +1,112 @@
+/* passes.c — the default pass pipeline, in order, and the driver that runs
+ * it with the verifier after every pass (STYLE.md item 6). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compiler/passes.h"
+#include "err.h"
+
+static const pass_info PIPELINE[] = {
+    /* DeepSeek's q_a_proj (or q_proj) and kv_a_proj_with_mqa read the same
+     * input: one GEMM over concatenated weights; Qwen's q, k, v likewise. */
+    {"fuse_qkv_a", pass_fuse_qkv_a, "one linear for the projections that read the attention input"},
+    /* gate_proj and up_proj read the same input: one GEMM (dense MLPs, shared
+     * experts) and one gate_up weight per routed expert. */
+    {"fuse_gate_up", pass_fuse_gate_up, "one linear for gate_proj and up_proj"},
+    /* silu(gate) * up on the gate_up output becomes one op (later a GEMM epilogue). */
+    {"fuse_silu_and_mul", pass_fuse_silu_and_mul, "silu(gate) * up as one op"},
+    /* The top-k weights scale each expert's down-projection inside the expert
+     * op, which then sums over the k experts: no [T, K, H] intermediate. */
+    {"fuse_router_weight", pass_fuse_router_weight, "router weights applied inside the expert op"},
+    /* routed_scaling_factor applied once where it costs nothing; in fp16 the
+     * shared expert output is divided instead, to avoid overflow (seed 001). */
+    {"fold_routed_scale", pass_fold_routed_scale, "routed_scaling_factor applied once, for free"},
+    /* MLA decode attends over the compressed cache (kv_c, k_pe) with the k and
+     * v up-projections absorbed into the query and the output. */
+    {"absorb_mla", pass_absorb_mla, "MLA over the compressed KV cache"},
+    /* The shared expert branch runs on stream 1 beside routing and the routed
+     * experts on stream 0, with explicit fork and join. */
+    {"assign_streams", pass_assign_streams, "shared experts on a second stream"},
+    /* Liveness-based offsets for every activation in one arena per bucket. */
+    {"plan_memory", pass_plan_memory, "activation offsets in one arena"},
+};
+
+#define N_PASSES ((int)(sizeof PIPELINE / sizeof *PIPELINE))
+
+void pass_options_default(pass_options *opt)
+{
+    static const int buckets[] = {1, 2, 4, 8, 16, 32, 64};
+    memset(opt, 0, sizeof *opt);
+    opt->compute_dtype = IR_DTYPE_BF16;
+    opt->n_batch_sizes = (int)(sizeof buckets / sizeof *buckets);
+    memcpy(opt->batch_sizes, buckets, sizeof buckets);
+}
+
+const pass_info *pass_pipeline(int *n)
+{
+    *n = N_PASSES;
+    return PIPELINE;
+}
+
+const pass_info *pass_find(const char *name)
+{
+    for (int i = 0; i < N_PASSES; i++)
+        if (!strcmp(PIPELINE[i].name, name))
+            return &PIPELINE[i];
+    return NULL;
+}
+
+/* Writes the module a pass failed on; returns 0 when written. */
+static int write_reproducer(const char *text, const char *dir, const char *pass, char *path,
+                            size_t cap)
+{
+    snprintf(path, cap, "%s/moec-repro-%s.mir", dir, pass);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    int ok = fprintf(f, "# moec reproducer: the IR given to pass %s, which failed\n%s", pass,
+                     text) >= 0;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+moec_status pass_run_pipeline(ir_module *m, const pass_options *opt, const char *stop_after,
+                              pass_observer observe, void *user, const char *reproducer_dir)
+{
+    if (stop_after && !pass_find(stop_after)) {
+        char names[512] = "";
+        for (int i = 0; i < N_PASSES; i++) {
+            strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+            strncat(names, PIPELINE[i].name, sizeof names - strlen(names) - 1);
+        }
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "unknown pass '%s' (passes: %s)", stop_after, names);
+    }
+    pass_options defaults;
+    if (!opt) {
+        pass_options_default(&defaults);
+        opt = &defaults;
+    }
+    MOEC_TRY(ir_module_set_meta_str(m, "compute_dtype", ir_dtype_name(opt->compute_dtype)));
+    for (int i = 0; i < N_PASSES; i++) {
+        const pass_info *p = &PIPELINE[i];
+        char *before = reproducer_dir ? ir_module_print_str(m) : NULL;
+        moec_status st = p->run(m, opt);
+        if (st == MOEC_OK)
+            st = ir_module_verify(m);
+        if (st != MOEC_OK) {
+            char path[4096];
+            if (before && write_reproducer(before, reproducer_dir, p->name, path, sizeof path) == 0)
+                moec_err_wrap(st, "pass %s failed (its input IR is in %s)", p->name, path);
+            else
+                moec_err_wrap(st, "pass %s failed", p->name);
+            free(before);
+            return st;
+        }
+        free(before);
+        if (observe)
+            MOEC_TRY(observe(m, p, i, user));
+        if (stop_after && !strcmp(stop_after, p->name))
+            break;
+    }
+    return MOEC_OK;
+}

@@ -1,0 +1,51 @@
+/* passes.h — the pass pipeline: a flat, named list of IR -> IR rewrites, each
+ * keeping the model's function (tested by interpreting before and after),
+ * with the verifier run after every pass. */
+#ifndef MOEC_PASS_PASSES_H
+#define MOEC_PASS_PASSES_H
+
+#include "ir/ir.h"
+
+typedef struct pass_options {
+    ir_dtype compute_dtype;  /* bf16 (default), f16 or f32: what the GPU computes in */
+    int n_batch_sizes;       /* the compiled batch buckets (absorb_mla weighs them) */
+    int batch_sizes[16];
+} pass_options;
+
+/* The defaults: bf16, buckets 1, 2, 4, 8, 16, 32, 64. */
+void pass_options_default(pass_options *opt);
+
+typedef moec_status (*pass_fn)(ir_module *m, const pass_options *opt);
+
+typedef struct pass_info {
+    const char *name;  /* "fuse_qkv_a" */
+    pass_fn run;
+    const char *what;  /* one line: what it does and why */
+} pass_info;
+
+/* The default pipeline, in order. */
+const pass_info *pass_pipeline(int *n);
+const pass_info *pass_find(const char *name);
+
+/* Called after each pass with the module as it stands (for dumps). */
+typedef moec_status (*pass_observer)(const ir_module *m, const pass_info *pass, int index,
+                                     void *user);
+
+/* Runs the pipeline up to and including `stop_after` (NULL: all), verifying
+ * after each pass. A failing pass (or verifier) returns its error prefixed
+ * with the pass name and, when reproducer_dir is not NULL, leaves the IR it
+ * was given in <reproducer_dir>/moec-repro-<pass>.mir and names that file. */
+moec_status pass_run_pipeline(ir_module *m, const pass_options *opt, const char *stop_after,
+                              pass_observer observe, void *user, const char *reproducer_dir);
+
+/* The passes (compiler/pass_*.c). */
+moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_gate_up(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_silu_and_mul(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_router_weight(ir_module *m, const pass_options *opt);
+moec_status pass_fold_routed_scale(ir_module *m, const pass_options *opt);
+moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
+moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
+moec_status pass_plan_memory(ir_module *m, const pass_options *opt);
+
+#endif

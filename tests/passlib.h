@@ -1,0 +1,25 @@
+/* passlib.h — checks that a pass keeps a model's function: the interpreter
+ * runs the module before and after the pass, with the tiny model's real
+ * weights, on random tokens (a prefill, then decode steps), and every output
+ * row must agree to 1e-5 of the row's largest magnitude. */
+#ifndef MOEC_TEST_PASSLIB_H
+#define MOEC_TEST_PASSLIB_H
+
+#include "compiler/passes.h"
+#include "ir/ir.h"
+
+/* Loads tests/data/<model>, runs the pipeline up to (not including) `pass`,
+ * then checks `pass` as above with options opt (NULL: defaults). Returns the
+ * worst relative error seen, or a negative number when something failed
+ * (the failure is counted and printed). */
+double t_pass_equivalence(const char *model, const char *pass, const pass_options *opt);
+
+/* Runs two modules (same checkpoint tests/data/<model>) on the same random
+ * tokens; returns the worst relative row error, negative on failure. */
+double t_modules_agree(const char *model, const ir_module *a, const ir_module *b, uint64_t seed);
+
+/* Builds tests/data/<model> and runs the pipeline up to and including
+ * stop_after (NULL: every pass). */
+ir_module *t_pipeline_module(const char *model, const char *stop_after, const pass_options *opt);
+
+#endif
