@@ -24,17 +24,31 @@ static const char *USAGE_MAIN =
     "  -h, --help          this help; `moec <command> --help` for a command's options\n";
 
 static const char *USAGE_DUMP =
-    "usage: moec dump-ir MODEL_DIR [-o FILE] [--summary]\n"
+    "usage: moec dump-ir MODEL_DIR [--after PASS | --after all -o DIR] [options]\n"
     "\n"
     "Reads MODEL_DIR/config.json, lowers it to the unfused IR, verifies it and\n"
-    "prints it: one value or op per line, each with its dtype and shape.\n"
-    "Weights are not read.\n"
+    "prints it: one value or op per line, each with its dtype and shape\n"
+    "(docs/IR.md). Weights are not read.\n"
     "\n"
     "options:\n"
-    "  -o, --output FILE   write the IR to FILE instead of standard output\n"
+    "  --after PASS        print the module after pass PASS of the pipeline\n"
+    "                      (the verifier runs after every pass; a failing pass\n"
+    "                      leaves its input IR in $TMPDIR/moec-repro-PASS.mir)\n"
+    "  --after all         write DIR/00_frontend.mir and one DIR/NN_PASS.mir\n"
+    "                      after every pass (needs -o DIR)\n"
+    "  --dtype D           compute dtype the passes compile for: bf16 (default),\n"
+    "                      fp16 or fp32 (fold_routed_scale differs in fp16)\n"
+    "  -o, --output PATH   write to the file PATH (a folder with --after all)\n"
     "  --summary           print a summary (layers, ops by kind, weight bytes)\n"
     "                      instead of the IR\n"
     "  -h, --help          this help\n";
+
+static void print_passes(FILE *out)
+{
+    fprintf(out, "\npasses, in order:\n");
+    for (int i = 0; i < moec_pass_count(); i++)
+        fprintf(out, "  %-20s %s\n", moec_pass_name(i), moec_pass_description(i));
+}
 
 static const char *USAGE_RUN =
     "usage: moec run MODEL_DIR --prompt-ids IDS --max-new-tokens N [options]\n"
@@ -122,14 +136,22 @@ static int parse_ids(const char *s, int32_t **out, const char **bad)
 
 static int cmd_dump_ir(int argc, char **argv)
 {
-    const char *dir = NULL, *outpath = NULL;
+    const char *dir = NULL, *outpath = NULL, *after = NULL, *dtype = NULL;
     int summary = 0;
     for (int i = 0; i < argc; i++) {
         if (is_help(argv[i])) {
             fputs(USAGE_DUMP, stdout);
+            print_passes(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--summary")) {
             summary = 1;
+        } else if (!strcmp(argv[i], "--after") || !strcmp(argv[i], "--dtype")) {
+            if (++i == argc)
+                return usage_error(USAGE_DUMP, "%s needs a value", argv[i - 1]);
+            if (!strcmp(argv[i - 1], "--after"))
+                after = argv[i];
+            else
+                dtype = argv[i];
         } else if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) {
             if (++i == argc)
                 return usage_error(USAGE_DUMP, "%s needs a file name", argv[i - 1]);
@@ -144,17 +166,42 @@ static int cmd_dump_ir(int argc, char **argv)
     }
     if (!dir)
         return usage_error(USAGE_DUMP, "%s", "missing MODEL_DIR");
+    if (after && strcmp(after, "all")) {
+        int known = 0;
+        for (int i = 0; i < moec_pass_count(); i++)
+            known |= !strcmp(after, moec_pass_name(i));
+        if (!known) {
+            fprintf(stderr, "moec: --after: unknown pass '%s'\n", after);
+            print_passes(stderr);
+            return 2;
+        }
+    }
+    if (after && !strcmp(after, "all") && !outpath)
+        return usage_error(USAGE_DUMP, "%s", "--after all needs -o DIR");
+    if (after && summary)
+        return usage_error(USAGE_DUMP, "%s", "--summary and --after do not go together");
+    if (dtype && strcmp(dtype, "bf16") && strcmp(dtype, "fp16") && strcmp(dtype, "fp32"))
+        return usage_error(USAGE_DUMP, "--dtype: '%s' is not bf16, fp16 or fp32", dtype);
     moec_model_t *m;
     moec_status st = moec_model_open(dir, &m);
     if (st != MOEC_OK)
         return lib_error(st);
+    if (after && !strcmp(after, "all")) {
+        st = moec_model_dump_passes(m, dtype, outpath);
+        if (st == MOEC_OK)
+            fprintf(stderr, "moec: wrote %d files to %s\n", moec_pass_count() + 1, outpath);
+        moec_model_free(m);
+        return st == MOEC_OK ? 0 : lib_error(st);
+    }
     FILE *out = stdout;
     if (outpath && !(out = fopen(outpath, "w"))) {
         fprintf(stderr, "moec: cannot write %s: %s\n", outpath, strerror(errno));
         moec_model_free(m);
         return 1;
     }
-    st = summary ? moec_model_summary(m, out) : moec_model_dump_ir(m, out);
+    st = summary ? moec_model_summary(m, out)
+         : after ? moec_model_dump_ir_after(m, after, dtype, out)
+                 : moec_model_dump_ir(m, out);
     int rc = st == MOEC_OK ? 0 : lib_error(st);
     if (out != stdout && fclose(out) != 0 && rc == 0) {
         fprintf(stderr, "moec: cannot write %s: %s\n", outpath, strerror(errno));

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compiler/api_internal.h"
 #include "compiler/frontend.h"
 #include "err.h"
 #include "runtime/interp.h"
@@ -245,3 +246,5 @@ moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, f
     s->length += n;
     return MOEC_OK;
 }
+
+const ir_module *moec_model_module(const moec_model_t *m) { return m ? m->module : NULL; }

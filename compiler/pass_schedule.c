@@ -1,5 +1,396 @@
-/* pass_schedule.c — placeholder until the pass lands. */
+/* pass_schedule.c — the two scheduling passes.
+ *
+ * assign_streams: in an MoE layer with a shared expert, the shared branch
+ * (from the MoE input to the value added to the routed output) does not
+ * depend on routing, so it runs on a side stream (1) beside the router and
+ * routed experts on the main stream, between an explicit fork (the side
+ * stream waits for the MoE input) and join (the main stream waits for the
+ * shared output). One pair per layer, so a graph never needs more than two
+ * streams. Matched on structure: the branch is whatever the combining add's
+ * non-routed operand computes from the expert op's input.
+ *
+ * plan_memory: every activation gets a byte offset per token in one arena
+ * per batch bucket (offset * T), by liveness and greedy first-fit; values
+ * touched between a fork and its join stay live over the whole interval,
+ * since the two streams run in any interleaving there; the operand of a
+ * fork or join stays live as long as its result, so either may be an alias. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "compiler/passes.h"
 #include "err.h"
-moec_status pass_assign_streams(ir_module *m, const pass_options *opt) { return MOEC_ERR(MOEC_ERR_INTERNAL, "pass assign_streams is not implemented"); }
-moec_status pass_plan_memory(ir_module *m, const pass_options *opt) { return MOEC_ERR(MOEC_ERR_INTERNAL, "pass plan_memory is not implemented"); }
+
+/* ---- assign_streams ------------------------------------------------------- */
+
+/* The shared branch of one MoE layer, found before anything is changed. */
+typedef struct shared_branch {
+    ir_value *x;      /* the MoE input, read by both paths */
+    ir_op *combine;   /* add(routed, shared) */
+    int shared_slot;  /* combine->in[shared_slot] is the shared output */
+    int n_ops;
+    ir_op **ops;      /* the branch, any order */
+} shared_branch;
+
+static int is_activation(const ir_value *v)
+{
+    return v && v->kind != IR_VALUE_WEIGHT;
+}
+
+/* Collects into b the ops computing v from b->x and weights only, all after
+ * x's definition at index x_at; 0 when something else feeds it. */
+static int collect_branch(ir_value *v, int x_at, shared_branch *b, unsigned char *seen)
+{
+    if (v == b->x || v->kind == IR_VALUE_WEIGHT)
+        return 1;
+    if (v->kind != IR_VALUE_OP || !v->def)
+        return 0;
+    ir_op *op = v->def;
+    if (seen[op->id])
+        return 1;
+    if (op->id <= x_at || op->kind == IR_OP_FORK || op->kind == IR_OP_JOIN || op->stream != 0)
+        return 0;
+    seen[op->id] = 1;
+    b->ops[b->n_ops++] = op;
+    for (int i = 0; i < op->n_in; i++)
+        if (!collect_branch(op->in[i], x_at, b, seen))
+            return 0;
+    return 1;
+}
+
+/* Finds the shared branch beside expert op e; 0 when the layer has none.
+ * routed[] and seen[] are scratch (one entry per value and per op). */
+static int find_branch(const ir_module *m, const ir_op *e, shared_branch *b,
+                       unsigned char *routed, unsigned char *seen)
+{
+    b->x = e->in[0];
+    b->n_ops = 0;
+    int x_at = b->x->kind == IR_VALUE_OP && b->x->def ? b->x->def->id : -1;
+    memset(routed, 0, (size_t)m->n_values);
+    for (int i = 0; i < e->n_out; i++)
+        routed[e->out[i]->id] = 1;
+    for (int k = e->id + 1; k < m->n_ops; k++) {
+        ir_op *op = m->ops[k];
+        int hit = 0;
+        for (int i = 0; i < op->n_in; i++)
+            hit |= routed[op->in[i]->id];
+        if (!hit)
+            continue;
+        if (op->kind == IR_OP_ADD && routed[op->in[0]->id] != routed[op->in[1]->id]) {
+            int slot = routed[op->in[0]->id] ? 1 : 0;
+            ir_value *s = op->in[slot];
+            memset(seen, 0, (size_t)m->n_ops);
+            if (!is_activation(s) || s == b->x || ir_module_use_count(m, s) != 1 ||
+                !collect_branch(s, x_at, b, seen) || b->n_ops == 0)
+                return 0;
+            /* Nothing outside the branch may read its inner values. */
+            for (int j = 0; j < m->n_ops; j++) {
+                const ir_op *user = m->ops[j];
+                if (seen[user->id] || user == op)
+                    continue;
+                for (int i = 0; i < user->n_in; i++) {
+                    const ir_value *in = user->in[i];
+                    if (in->kind == IR_VALUE_OP && in->def && seen[in->def->id])
+                        return 0;
+                }
+            }
+            for (int i = 0; i < m->n_outputs; i++)
+                if (m->outputs[i]->kind == IR_VALUE_OP && seen[m->outputs[i]->def->id])
+                    return 0;
+            b->combine = op;
+            b->shared_slot = slot;
+            return 1;
+        }
+        for (int i = 0; i < op->n_out; i++)
+            routed[op->out[i]->id] = 1;
+    }
+    return 0;
+}
+
+/* "<prefix of like's name>.<what>", unique in m. */
+static const char *layer_name(ir_module *m, const ir_value *like, const char *what)
+{
+    char base[256];
+    const char *dot = strrchr(like->name, '.');
+    int keep = dot ? (int)(dot - like->name) : (int)strlen(like->name);
+    snprintf(base, sizeof base, "%.*s.%s", keep, like->name, what);
+    return ir_module_unique_name(m, base);
+}
+
+static moec_status add_unary(ir_module *m, ir_op_kind kind, ir_value *x, const char *name,
+                             ir_op **out)
+{
+    if (!name)
+        return MOEC_ERR(MOEC_ERR_OOM, "assign_streams: out of memory naming a value");
+    const char *names[1] = {name};
+    ir_op *op = ir_module_add_op(m, kind, &x, 1, names, 1);
+    if (!op)
+        return moec_err_wrap(MOEC_ERR_INTERNAL, "assign_streams: adding %s %%%s",
+                            ir_op_name(kind), name);
+    MOEC_TRY(ir_op_finish(m, op, NULL));
+    *out = op;
+    return MOEC_OK;
+}
+
+static moec_status split_branch(ir_module *m, const ir_op *e, shared_branch *b)
+{
+    ir_op *fork, *join;
+    ir_value *x = b->x, *shared = b->combine->in[b->shared_slot];
+    const ir_op *after_x = x->kind == IR_VALUE_OP && x->def ? x->def : NULL;
+    const ir_op *anchor = after_x ? (after_x->id + 1 < m->n_ops ? m->ops[after_x->id + 1] : NULL)
+                                  : (m->n_ops ? m->ops[0] : NULL);
+    MOEC_TRY(add_unary(m, IR_OP_FORK, x, layer_name(m, e->out[0], "fork"), &fork));
+    fork->stream = 1;
+    MOEC_TRY(ir_module_move_op_before(m, fork, anchor));
+    for (int k = 0; k < b->n_ops; k++) {
+        ir_op *op = b->ops[k];
+        op->stream = 1;
+        for (int i = 0; i < op->n_in; i++)
+            if (op->in[i] == x)
+                op->in[i] = fork->out[0];
+    }
+    MOEC_TRY(add_unary(m, IR_OP_JOIN, shared, layer_name(m, e->out[0], "join"), &join));
+    join->stream = 0;
+    MOEC_TRY(ir_module_move_op_before(m, join, b->combine));
+    b->combine->in[b->shared_slot] = join->out[0];
+    return MOEC_OK;
+}
+
+moec_status pass_assign_streams(ir_module *m, const pass_options *opt)
+{
+    int n_exp = 0;
+    for (int i = 0; i < m->n_ops; i++)
+        n_exp += m->ops[i]->kind == IR_OP_MOE_EXPERTS || m->ops[i]->kind == IR_OP_MOE_ROUTED;
+    if (!n_exp)
+        return MOEC_OK;
+    moec_status st = MOEC_OK;
+    ir_op **exps = malloc(sizeof *exps * (size_t)n_exp);
+    if (!exps)
+        return MOEC_ERR(MOEC_ERR_OOM, "assign_streams: out of memory");
+    for (int i = 0, k = 0; i < m->n_ops; i++)
+        if (m->ops[i]->kind == IR_OP_MOE_EXPERTS || m->ops[i]->kind == IR_OP_MOE_ROUTED)
+            exps[k++] = m->ops[i];
+    for (int k = 0; k < n_exp && st == MOEC_OK; k++) {
+        /* Scratch sized for the module as it stands (each split adds two ops). */
+        shared_branch b = {0};
+        unsigned char *routed = calloc((size_t)m->n_values + 1, 1);
+        unsigned char *seen = calloc((size_t)m->n_ops + 1, 1);
+        b.ops = malloc(sizeof *b.ops * ((size_t)m->n_ops + 1));
+        if (!routed || !seen || !b.ops)
+            st = MOEC_ERR(MOEC_ERR_OOM, "assign_streams: out of memory");
+        else if (find_branch(m, exps[k], &b, routed, seen))
+            st = split_branch(m, exps[k], &b);
+        free(routed);
+        free(seen);
+        free(b.ops);
+    }
+    free(exps);
+    return st;
+}
+
+/* ---- plan_memory ---------------------------------------------------------- */
+
+typedef struct live_value {
+    ir_value *v;
+    int64_t size;       /* bytes per token, a multiple of 16 */
+    int start, end;     /* op indices, inclusive; inputs start at -1 */
+    int64_t offset;
+} live_value;
+
+/* The fork that join j waits for: the one its operand descends from through
+ * side-stream ops; -1 when there is none. */
+static int fork_of(const ir_value *v, int depth)
+{
+    if (!v || v->kind != IR_VALUE_OP || !v->def || depth > 10000)
+        return -1;
+    const ir_op *op = v->def;
+    if (op->kind == IR_OP_FORK)
+        return op->id;
+    if (op->stream != 1)
+        return -1;
+    for (int i = 0; i < op->n_in; i++) {
+        int f = fork_of(op->in[i], depth + 1);
+        if (f >= 0)
+            return f;
+    }
+    return -1;
+}
+
+/* Stretches every value an op in [from, to] touches over that interval. */
+static void stretch_interval(const ir_module *m, int from, int to, live_value *lv, const int *slot)
+{
+    for (int k = from; k <= to; k++) {
+        const ir_op *op = m->ops[k];
+        for (int i = 0; i < op->n_in + op->n_out; i++) {
+            const ir_value *v = i < op->n_in ? op->in[i] : op->out[i - op->n_in];
+            int s = slot[v->id];
+            if (s < 0)
+                continue;
+            if (lv[s].start > from)
+                lv[s].start = from;
+            if (lv[s].end < to)
+                lv[s].end = to;
+        }
+    }
+}
+
+static moec_status stretch_streams(const ir_module *m, live_value *lv, const int *slot)
+{
+    unsigned char *paired = calloc((size_t)m->n_ops + 1, 1);
+    if (!paired)
+        return MOEC_ERR(MOEC_ERR_OOM, "plan_memory: out of memory");
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        if (op->kind != IR_OP_JOIN)
+            continue;
+        int f = fork_of(op->in[0], 0);
+        if (f < 0 || paired[f]) /* no traceable fork: the latest unpaired one */
+            for (f = k - 1; f >= 0 && (m->ops[f]->kind != IR_OP_FORK || paired[f]); f--)
+                ;
+        if (f < 0)
+            continue;
+        paired[f] = 1;
+        stretch_interval(m, f, k, lv, slot);
+    }
+    /* A fork never joined: its side stream may run to the end. */
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_FORK && !paired[k])
+            stretch_interval(m, k, m->n_ops - 1, lv, slot);
+    free(paired);
+    return MOEC_OK;
+}
+
+static int by_size_then_start(const void *pa, const void *pb)
+{
+    const live_value *a = *(live_value *const *)pa, *b = *(live_value *const *)pb;
+    if (a->size != b->size)
+        return a->size > b->size ? -1 : 1;
+    if (a->start != b->start)
+        return a->start < b->start ? -1 : 1;
+    return a->v->id < b->v->id ? -1 : a->v->id > b->v->id;
+}
+
+static int by_offset(const void *pa, const void *pb)
+{
+    const live_value *a = *(live_value *const *)pa, *b = *(live_value *const *)pb;
+    return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* Greedy first-fit: each value (largest first) at the lowest offset where it
+ * overlaps no placed value whose live range meets its own. Returns the peak. */
+static int64_t place_values(live_value **order, int n, live_value **scratch)
+{
+    int64_t peak = 0;
+    for (int i = 0; i < n; i++) {
+        live_value *cur = order[i];
+        int nc = 0;
+        for (int j = 0; j < i; j++)
+            if (order[j]->start <= cur->end && cur->start <= order[j]->end)
+                scratch[nc++] = order[j];
+        qsort(scratch, (size_t)nc, sizeof *scratch, by_offset);
+        int64_t off = 0;
+        for (int j = 0; j < nc; j++) {
+            if (off + cur->size <= scratch[j]->offset)
+                break;
+            if (scratch[j]->offset + scratch[j]->size > off)
+                off = scratch[j]->offset + scratch[j]->size;
+        }
+        cur->offset = off;
+        if (off + cur->size > peak)
+            peak = off + cur->size;
+    }
+    return peak;
+}
+
+moec_status pass_plan_memory(ir_module *m, const pass_options *opt)
+{
+    int nv = m->n_values;
+    moec_status st = MOEC_OK;
+    int *slot = malloc(sizeof *slot * ((size_t)nv + 1));
+    live_value *lv = calloc((size_t)nv + 1, sizeof *lv);
+    live_value **order = malloc(sizeof *order * ((size_t)nv + 1));
+    live_value **scratch = malloc(sizeof *scratch * ((size_t)nv + 1));
+    if (!slot || !lv || !order || !scratch) {
+        st = MOEC_ERR(MOEC_ERR_OOM, "plan_memory: out of memory");
+        goto out;
+    }
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->id != k) {
+            st = MOEC_ERR(MOEC_ERR_INTERNAL, "plan_memory: op %d is numbered %d", k, m->ops[k]->id);
+            goto out;
+        }
+    int n = 0;
+    int64_t total = 0;
+    for (int i = 0; i < nv; i++) {
+        ir_value *v = m->values[i];
+        slot[i] = -1;
+        if (v->id != i) {
+            st = MOEC_ERR(MOEC_ERR_INTERNAL, "plan_memory: %%%s is numbered %d, not %d", v->name,
+                          v->id, i);
+            goto out;
+        }
+        if (v->kind == IR_VALUE_WEIGHT) {
+            v->mem_offset = -1;
+            continue;
+        }
+        if (v->type.rank < 1 || v->type.dims[0] != IR_DIM_T) {
+            st = MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                          "plan_memory: activation %%%s has no leading token dimension", v->name);
+            goto out;
+        }
+        live_value *l = &lv[n];
+        l->v = v;
+        l->size = (ir_type_numel(&v->type, 0) * 4 + 15) / 16 * 16;
+        if (v->kind == IR_VALUE_INPUT)
+            l->start = -1;
+        else if (v->def)
+            l->start = v->def->id;
+        else {
+            st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "plan_memory: %%%s has no defining op", v->name);
+            goto out;
+        }
+        l->end = l->start;
+        total += l->size;
+        slot[i] = n++;
+    }
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        for (int i = 0; i < op->n_in; i++) {
+            int s = slot[op->in[i]->id];
+            if (s >= 0 && lv[s].end < k)
+                lv[s].end = k;
+        }
+    }
+    for (int i = 0; i < m->n_outputs; i++) {
+        int s = slot[m->outputs[i]->id];
+        if (s >= 0)
+            lv[s].end = m->n_ops;
+    }
+    st = stretch_streams(m, lv, slot);
+    if (st != MOEC_OK)
+        goto out;
+    /* A fork or join may be done as an event with its result an alias of its
+     * operand: keep the operand's bytes as long as the result lives. */
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        if (op->kind != IR_OP_FORK && op->kind != IR_OP_JOIN)
+            continue;
+        int si = slot[op->in[0]->id], so = slot[op->out[0]->id];
+        if (si >= 0 && so >= 0 && lv[si].end < lv[so].end)
+            lv[si].end = lv[so].end;
+    }
+    for (int i = 0; i < n; i++)
+        order[i] = &lv[i];
+    qsort(order, (size_t)n, sizeof *order, by_size_then_start);
+    int64_t peak = place_values(order, n, scratch);
+    for (int i = 0; i < n; i++)
+        lv[i].v->mem_offset = lv[i].offset;
+    st = ir_module_set_meta_int(m, "arena_bytes_per_token", peak);
+    if (st == MOEC_OK)
+        st = ir_module_set_meta_int(m, "activation_bytes_per_token", total);
+out:
+    free(slot);
+    free(lv);
+    free(order);
+    free(scratch);
+    return st;
+}

@@ -38,6 +38,19 @@ moec_status moec_model_open(const char *model_dir, moec_model_t **out);
 void moec_model_free(moec_model_t *model);
 /* Writes the module's IR text. */
 moec_status moec_model_dump_ir(const moec_model_t *model, FILE *out);
+/* The pass pipeline, in order: names and one-line descriptions. */
+int moec_pass_count(void);
+const char *moec_pass_name(int i);
+const char *moec_pass_description(int i);
+/* Writes the module after pass `pass` of the pipeline (see moec dump-ir
+ * --help for the list), compiled for dtype "bf16" (NULL), "fp16" or "fp32".
+ * A failing pass names itself and leaves its input IR in $TMPDIR. */
+moec_status moec_model_dump_ir_after(const moec_model_t *model, const char *pass,
+                                     const char *dtype, FILE *out);
+/* Writes dir/00_frontend.mir, then dir/NN_<pass>.mir after every pass, each
+ * with a header line naming the pass; a failing pass leaves its input IR in
+ * dir/moec-repro-<pass>.mir. */
+moec_status moec_model_dump_passes(const moec_model_t *model, const char *dtype, const char *dir);
 /* Writes a short summary: model type, layers, values, ops by kind, weights
  * and their bytes. */
 moec_status moec_model_summary(const moec_model_t *model, FILE *out);

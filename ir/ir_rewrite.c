@@ -112,42 +112,82 @@ static int keeps_input(const ir_value *v)
     return !strcmp(v->name, "tokens") || !strcmp(v->name, "positions");
 }
 
+static int value_in_module(const ir_module *m, const ir_value *v)
+{
+    return v && v->id >= 0 && v->id < m->n_values && m->values[v->id] == v;
+}
+
+/* What dce relies on before it indexes by id: every reference is into m. */
+static moec_status dce_check(const ir_module *m)
+{
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (!v || v->id != i)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: value #%d has id %d", i, v ? v->id : -1);
+        if (v->kind == IR_VALUE_OP && !op_in_module(m, v->def))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: %%%s: its defining op is not in module %s",
+                            v->name, m->name);
+    }
+    for (int i = 0; i < m->n_ops; i++) {
+        const ir_op *op = m->ops[i];
+        char label[256];
+        ir_op_label(op, label, sizeof label);
+        if (!op || op->id != i)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: %s has id %d at index %d", label,
+                            op ? op->id : -1, i);
+        if (op->n_in < 0 || op->n_in > IR_MAX_OPERANDS || op->n_out < 0 ||
+            op->n_out > IR_MAX_RESULTS)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: %s has %d operands and %d results",
+                            label, op->n_in, op->n_out);
+        for (int j = 0; j < op->n_in; j++)
+            if (!value_in_module(m, op->in[j]))
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: %s: operand %d is not a value of "
+                                "module %s", label, j, m->name);
+        for (int k = 0; k < op->n_out; k++)
+            if (!value_in_module(m, op->out[k]))
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: %s: result %d is not a value of "
+                                "module %s", label, k, m->name);
+    }
+    for (int i = 0; i < m->n_outputs; i++)
+        if (!value_in_module(m, m->outputs[i]))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: output #%d is not a value of module %s",
+                            i, m->name);
+    for (int i = 0; i < m->n_inputs; i++)
+        if (!value_in_module(m, m->inputs[i]))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: input #%d is not a value of module %s",
+                            i, m->name);
+    return MOEC_OK;
+}
+
 moec_status ir_module_dce(ir_module *m)
 {
     if (!m)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: null module");
+    MOEC_TRY(dce_check(m));
     int *uses = calloc((size_t)m->n_values + 1, sizeof *uses);
     unsigned char *dead = calloc((size_t)m->n_ops + 1, 1);
-    if (!uses || !dead) {
+    unsigned char *keep = calloc((size_t)m->n_values + 1, 1);
+    if (!uses || !dead || !keep) {
         free(uses);
         free(dead);
+        free(keep);
         return MOEC_ERR(MOEC_ERR_OOM, "dce of module %s: out of memory", m->name);
     }
-    for (int i = 0; i < m->n_values; i++)
-        if (m->values[i]->id != i) {
-            moec_status st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "dce: %%%s has id %d at index %d",
-                                      m->values[i]->name, m->values[i]->id, i);
-            free(uses);
-            free(dead);
-            return st;
-        }
     for (int i = 0; i < m->n_outputs; i++)
         uses[m->outputs[i]->id]++;
     for (int i = 0; i < m->n_ops; i++)
         for (int j = 0; j < m->ops[i]->n_in; j++)
             uses[m->ops[i]->in[j]->id]++;
-    /* Backwards, and again until nothing changes: ops out of order mid-rewrite
-     * still end up right. */
+    /* Backwards, and again until nothing changes, so that ops left out of
+     * order mid-rewrite still come out right. */
     for (int changed = 1; changed;) {
         changed = 0;
         for (int i = m->n_ops - 1; i >= 0; i--) {
             const ir_op *op = m->ops[i];
-            if (dead[i])
-                continue;
             int used = 0;
             for (int k = 0; k < op->n_out; k++)
                 used |= uses[op->out[k]->id] > 0;
-            if (used)
+            if (dead[i] || used)
                 continue;
             dead[i] = 1;
             changed = 1;
@@ -155,35 +195,34 @@ moec_status ir_module_dce(ir_module *m)
                 uses[op->in[j]->id]--;
         }
     }
-    int n_ops = 0;
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_OP)
+            keep[i] = !dead[v->def->id];
+        else
+            keep[i] = uses[i] > 0 || (v->kind == IR_VALUE_INPUT && keeps_input(v));
+    }
+    int n_inputs = 0;
+    for (int i = 0; i < m->n_inputs; i++)
+        if (keep[m->inputs[i]->id])
+            m->inputs[n_inputs++] = m->inputs[i];
+    m->n_inputs = n_inputs;
+    int n = 0;
     for (int i = 0; i < m->n_ops; i++)
         if (!dead[i])
-            m->ops[n_ops++] = m->ops[i];
-    m->n_ops = n_ops;
+            m->ops[n++] = m->ops[i];
+    m->n_ops = n;
     renumber_ops(m);
-    int n_values = 0;
-    for (int i = 0; i < m->n_values; i++) {
-        ir_value *v = m->values[i];
-        int keep = v->kind == IR_VALUE_OP ? op_in_module(m, v->def) && !dead[v->def->id]
-                   : v->kind == IR_VALUE_INPUT ? uses[i] > 0 || keeps_input(v)
-                                               : uses[i] > 0;
-        if (v->kind == IR_VALUE_OP && keep)
-            keep = m->ops[v->def->id] == v->def;
-        if (keep)
-            m->values[n_values++] = v;
-    }
-    m->n_values = n_values;
+    n = 0;
+    for (int i = 0; i < m->n_values; i++)
+        if (keep[i])
+            m->values[n++] = m->values[i];
+    m->n_values = n;
     for (int i = 0; i < m->n_values; i++)
         m->values[i]->id = i;
-    int n_inputs = 0;
-    for (int i = 0; i < m->n_inputs; i++) {
-        ir_value *v = m->inputs[i];
-        if (uses[v->id < 0 ? 0 : 0] >= 0 && v->id < m->n_values && m->values[v->id] == v)
-            m->inputs[n_inputs++] = v;
-    }
-    m->n_inputs = n_inputs;
     free(uses);
     free(dead);
+    free(keep);
     return MOEC_OK;
 }
 

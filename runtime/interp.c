@@ -20,9 +20,15 @@ struct rt_interp {
     int T_cap;           /* tokens the activation buffers are sized for */
     void **data;         /* per value id: weights (all elements, fp32); inputs and
                             op results [T_cap, ...] (int32 for i32 values, else fp32) */
-    float **k_cache;     /* per op id, attention ops only: [max_seq, Hkv, Dk] */
-    float **v_cache;     /* per op id, attention ops only: [max_seq, Hkv, Dv] */
+    float **k_cache;     /* per op id: attention [max_seq, Hkv, Dk]; mla_attention
+                            [max_seq, r] (kv_c) */
+    float **v_cache;     /* per op id: attention [max_seq, Hkv, Dv]; mla_attention
+                            [max_seq, dr] (k_pe) */
     unsigned char **kv_written; /* per op id: positions whose k, v are cached */
+    int planned;         /* activations live in `arena` at their planned offsets */
+    char *arena;         /* planned mode: arena_bytes_per_token * arena_T bytes */
+    int64_t arena_bytes_per_token;
+    int arena_T;         /* tokens the arena is sized for */
     double *scores;      /* attention scratch: max_seq scores */
     const ir_value *tokens;
     const ir_value *positions;
@@ -177,13 +183,14 @@ static moec_status op_linear(rt_interp *in, const ir_op *op, int T)
                         (long long)N);
     const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
+    float alpha = (float)attr_num_or(op, "alpha", 1.0);
     for (int64_t t = 0; t < rows; t++) {
         for (int64_t n = 0; n < N; n++) {
             double acc = 0;
             for (int64_t k = 0; k < K; k++)
                 acc += (double)x[t * K + k] * w[n * K + k];
             float v = (float)acc;
-            y[t * N + n] = b ? v + b[n] : v;
+            y[t * N + n] = alpha * (b ? v + b[n] : v);
         }
     }
     return MOEC_OK;
@@ -302,7 +309,7 @@ static moec_status op_expand(rt_interp *in, const ir_op *op, int T)
     return MOEC_OK;
 }
 
-/* add and mul: b broadcasts where its dim is 1. */
+/* add (a + alpha * b) and mul: b broadcasts where its dim is 1. */
 static moec_status op_binary(rt_interp *in, const ir_op *op, int T)
 {
     int64_t da[IR_MAX_RANK], db[IR_MAX_RANK], a4[4], b4[4], st[4];
@@ -315,13 +322,14 @@ static moec_status op_binary(rt_interp *in, const ir_op *op, int T)
     const float *a = fbuf(in, op->in[0]), *b = fbuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
     int mul = op->kind == IR_OP_MUL;
+    float alpha = mul ? 1.0f : (float)attr_num_or(op, "alpha", 1.0);
     int64_t o = 0;
     for (int64_t i = 0; i < a4[0]; i++)
         for (int64_t j = 0; j < a4[1]; j++)
             for (int64_t k = 0; k < a4[2]; k++)
                 for (int64_t l = 0; l < a4[3]; l++, o++) {
                     float bv = b[i * st[0] + j * st[1] + k * st[2] + l * st[3]];
-                    y[o] = mul ? a[o] * bv : a[o] + bv;
+                    y[o] = mul ? a[o] * bv : a[o] + alpha * bv;
                 }
     return MOEC_OK;
 }
@@ -454,6 +462,24 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
 
 /* ---- attention ------------------------------------------------------------ */
 
+/* [lo, hi] of the cached positions token t attends to, after checking they
+ * were all written. */
+static moec_status attend_range(const ir_op *op, int32_t pos, int64_t window,
+                                const unsigned char *written, int64_t *lo, int64_t *hi)
+{
+    *hi = pos;
+    *lo = 0;
+    if (window > 0 && *hi - window + 1 > 0)
+        *lo = *hi - window + 1;
+    for (int64_t p = *lo; p <= *hi; p++)
+        if (!written[p])
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "%s: token at position %d attends to position %lld, which no "
+                            "forward has written to the KV cache",
+                            op_name(op), (int)pos, (long long)p);
+    return MOEC_OK;
+}
+
 static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
 {
     double scale_d;
@@ -488,15 +514,8 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
     float scale = (float)scale_d;
     double *sc = in->scores;
     for (int t = 0; t < T; t++) {
-        int64_t hi = pos[t], lo = 0;
-        if (window > 0 && hi - window + 1 > 0)
-            lo = hi - window + 1;
-        for (int64_t p = lo; p <= hi; p++)
-            if (!written[p])
-                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                                "%s: token at position %d attends to position %lld, which no "
-                                "forward has written to the KV cache",
-                                op_name(op), (int)pos[t], (long long)p);
+        int64_t lo, hi;
+        MOEC_TRY(attend_range(op, pos[t], window, written, &lo, &hi));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = q + ((int64_t)t * H + h) * Dk;
             int64_t kvh = h / group;
@@ -520,6 +539,178 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
                 double acc = 0;
                 for (int64_t p = lo; p <= hi; p++)
                     acc += sc[p] * vc[(p * Hkv + kvh) * Dv + j];
+                yr[j] = (float)(acc / sum);
+            }
+        }
+    }
+    return MOEC_OK;
+}
+
+
+/* ---- fused ops ------------------------------------------------------------ */
+
+static moec_status op_silu_mul(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(op->in[0], T, d);
+    if (r < 1 || d[r - 1] % 2 != 0 || numel_of(op->out[0], T) * 2 != prod(d, 0, r))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: silu_mul wants x [T, ..., 2I] and a result [T, ..., I]",
+                        op_name(op));
+    int64_t I = d[r - 1] / 2, rows = prod(d, 0, r - 1);
+    const float *x = fbuf(in, op->in[0]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < I; j++)
+            y[i * I + j] = silu(x[i * 2 * I + j]) * x[i * 2 * I + I + j];
+    return MOEC_OK;
+}
+
+/* fork and join: the value itself (streams only matter on the GPU). */
+static moec_status op_copy(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t n = numel_of(op->in[0], T);
+    if (n != numel_of(op->out[0], T) || is_i32(op->in[0]) != is_i32(op->out[0]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s changes the type of %s", op_name(op),
+                        ir_op_name(op->kind), op->in[0]->name);
+    memmove(in->data[op->out[0]->id], in->data[op->in[0]->id], (size_t)n * 4);
+    return MOEC_OK;
+}
+
+/* qk_nope_head_dim, v_head_dim and kv_b [H*(dn+dv), r] of an mla_*absorb op. */
+static moec_status mla_kv_b_dims(const ir_op *op, int64_t H, int64_t *dn, int64_t *dv,
+                                 int64_t *r)
+{
+    MOEC_TRY(attr_int_req(op, "qk_nope_head_dim", dn));
+    MOEC_TRY(attr_int_req(op, "v_head_dim", dv));
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[1], 0, d) != 2 || *dn < 1 || *dv < 1 || *dn > INT32_MAX ||
+        *dv > INT32_MAX || H < 1 || H > INT32_MAX || d[0] != H * (*dn + *dv))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: %s wants kv_b %s of %lld * (%lld + %lld) rows", op_name(op),
+                        ir_op_name(op->kind), op->in[1]->name, (long long)H, (long long)*dn,
+                        (long long)*dv);
+    *r = d[1];
+    return MOEC_OK;
+}
+
+static moec_status op_mla_qabsorb(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK], dn, dv, r;
+    if (shape_of(op->in[0], T, d) != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: mla_qabsorb wants q_nope [T, H, dn]",
+                        op_name(op));
+    int64_t H = d[1];
+    MOEC_TRY(mla_kv_b_dims(op, H, &dn, &dv, &r));
+    if (d[2] != dn || numel_of(op->out[0], T) != (int64_t)T * H * r)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: mla_qabsorb wants q_nope [T, %lld, %lld] and a result [T, %lld, %lld]",
+                        op_name(op), (long long)H, (long long)dn, (long long)H, (long long)r);
+    const float *q = fbuf(in, op->in[0]), *kv_b = fbuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *qr = q + (t * H + h) * dn;
+            const float *wk = kv_b + h * (dn + dv) * r; /* W_UK[h]: dn x r */
+            for (int64_t j = 0; j < r; j++) {
+                double acc = 0;
+                for (int64_t i = 0; i < dn; i++)
+                    acc += (double)qr[i] * wk[i * r + j];
+                y[(t * H + h) * r + j] = (float)acc;
+            }
+        }
+    return MOEC_OK;
+}
+
+static moec_status op_mla_vabsorb(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK], dn, dv, r;
+    if (shape_of(op->in[0], T, d) != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: mla_vabsorb wants o_c [T, H, r]",
+                        op_name(op));
+    int64_t H = d[1];
+    MOEC_TRY(mla_kv_b_dims(op, H, &dn, &dv, &r));
+    if (d[2] != r || numel_of(op->out[0], T) != (int64_t)T * H * dv)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: mla_vabsorb wants o_c [T, %lld, %lld] and a result [T, %lld, %lld]",
+                        op_name(op), (long long)H, (long long)r, (long long)H, (long long)dv);
+    const float *o = fbuf(in, op->in[0]), *kv_b = fbuf(in, op->in[1]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const float *orow = o + (t * H + h) * r;
+            const float *wv = kv_b + (h * (dn + dv) + dn) * r; /* W_UV[h]: dv x r */
+            for (int64_t i = 0; i < dv; i++) {
+                double acc = 0;
+                for (int64_t j = 0; j < r; j++)
+                    acc += (double)wv[i * r + j] * orow[j];
+                y[(t * H + h) * dv + i] = (float)acc;
+            }
+        }
+    return MOEC_OK;
+}
+
+/* Attention over the compressed MLA cache: kv_c [r] and k_pe [dr] per
+ * position; logits scale * (q_c . kv_c[p] + q_pe . k_pe[p]), values kv_c[p]. */
+static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
+{
+    double scale_d;
+    MOEC_TRY(attr_num_req(op, "scale", &scale_d));
+    int64_t window = ir_op_attr_int(op, "window", 0);
+    int64_t dq[IR_MAX_RANK], dp[IR_MAX_RANK], dc[IR_MAX_RANK], dk[IR_MAX_RANK];
+    int rq = shape_of(op->in[0], T, dq), rp = shape_of(op->in[1], T, dp),
+        rc = shape_of(op->in[2], T, dc), rk = shape_of(op->in[3], T, dk);
+    if (rq != 3 || rp != 3 || rc != 2 || rk != 3 || dq[0] != T || dp[0] != T || dc[0] != T ||
+        dk[0] != T || dp[1] != dq[1] || dc[1] != dq[2] || dk[1] != 1 || dk[2] != dp[2] ||
+        numel_of(op->in[4], T) != T || numel_of(op->out[0], T) != (int64_t)T * dq[1] * dq[2])
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: mla_attention wants q_c [T, H, r], q_pe [T, H, dr], kv_c [T, r], "
+                        "k_pe [T, 1, dr], pos [T]",
+                        op_name(op));
+    int64_t H = dq[1], R = dq[2], Dr = dp[2];
+    const float *qc = fbuf(in, op->in[0]), *qpe = fbuf(in, op->in[1]);
+    const float *kvc = fbuf(in, op->in[2]), *kpe = fbuf(in, op->in[3]);
+    const int32_t *pos = ibuf(in, op->in[4]);
+    float *y = fbuf(in, op->out[0]);
+    float *cc = in->k_cache[op->id], *pc = in->v_cache[op->id];
+    unsigned char *written = in->kv_written[op->id];
+    for (int t = 0; t < T; t++) {
+        if (pos[t] < 0 || pos[t] >= in->max_seq)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
+                            op_name(op), (int)pos[t], in->max_seq);
+        memcpy(cc + (int64_t)pos[t] * R, kvc + (int64_t)t * R, (size_t)R * sizeof(float));
+        memcpy(pc + (int64_t)pos[t] * Dr, kpe + (int64_t)t * Dr, (size_t)Dr * sizeof(float));
+        written[pos[t]] = 1;
+    }
+    float scale = (float)scale_d;
+    double *sc = in->scores;
+    for (int t = 0; t < T; t++) {
+        int64_t lo, hi;
+        MOEC_TRY(attend_range(op, pos[t], window, written, &lo, &hi));
+        for (int64_t h = 0; h < H; h++) {
+            const float *qr = qc + ((int64_t)t * H + h) * R;
+            const float *qp = qpe + ((int64_t)t * H + h) * Dr;
+            double mx = -INFINITY;
+            for (int64_t p = lo; p <= hi; p++) {
+                double dot = 0;
+                for (int64_t j = 0; j < R; j++)
+                    dot += (double)qr[j] * cc[p * R + j];
+                for (int64_t j = 0; j < Dr; j++)
+                    dot += (double)qp[j] * pc[p * Dr + j];
+                sc[p] = (double)((float)dot * scale);
+                if (sc[p] > mx)
+                    mx = sc[p];
+            }
+            double sum = 0;
+            for (int64_t p = lo; p <= hi; p++) {
+                sc[p] = exp(sc[p] - mx);
+                sum += sc[p];
+            }
+            float *yr = y + ((int64_t)t * H + h) * R;
+            for (int64_t j = 0; j < R; j++) {
+                double acc = 0;
+                for (int64_t p = lo; p <= hi; p++)
+                    acc += sc[p] * cc[p * R + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -723,6 +914,78 @@ static moec_status op_moe_experts(rt_interp *in, const ir_op *op, int T)
     return MOEC_OK;
 }
 
+/* The routed experts and their weighted sum in one: for each token,
+ * sum_k (scale * w[t,k]) * down_e(silu(gate_e x) * up_e x). The product
+ * with the weight is rounded to fp32 before the sum, as mul then
+ * reduce_sum would. */
+static moec_status op_moe_routed(rt_interp *in, const ir_op *op, int T)
+{
+    int fused = op->n_in == 5;
+    const ir_value *down = op->in[fused ? 4 : 5];
+    int64_t dx[IR_MAX_RANK], di[IR_MAX_RANK], dw[IR_MAX_RANK], dg[IR_MAX_RANK],
+        dd[IR_MAX_RANK], du[IR_MAX_RANK];
+    int rx = shape_of(op->in[0], T, dx), ri = shape_of(op->in[1], T, di),
+        rw = shape_of(op->in[2], T, dw), rg = shape_of(op->in[3], T, dg), rd = shape_of(down, T, dd);
+    int ok = rx == 2 && ri == 2 && rw == 2 && rg == 3 && rd == 3 && dx[0] == T && di[0] == T &&
+             dw[0] == T && dw[1] == di[1];
+    int64_t H = dx[1], K = di[1], E = dg[0], I = fused ? dg[1] / 2 : dg[1];
+    ok = ok && dg[2] == H && (!fused || dg[1] % 2 == 0) && dd[0] == E && dd[1] == H && dd[2] == I;
+    if (ok && !fused)
+        ok = shape_of(op->in[4], T, du) == 3 && du[0] == E && du[1] == I && du[2] == H;
+    if (!ok || numel_of(op->out[0], T) != (int64_t)T * H)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: moe_routed wants x [T, H], ids [T, K], w [T, K], gate_up [E, 2I, H] "
+                        "(or gate and up [E, I, H]), down [E, H, I]",
+                        op_name(op));
+    float scale = (float)attr_num_or(op, "scale", 1.0);
+    float *g = malloc((size_t)(2 * I + H) * sizeof(float) + 1);
+    double *acc = malloc((size_t)H * sizeof(double) + 1);
+    if (!g || !acc) {
+        free(g);
+        free(acc);
+        return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for the expert intermediate", op_name(op));
+    }
+    float *u = g + I, *eo = u + I;
+    const float *x = fbuf(in, op->in[0]), *wts = fbuf(in, op->in[2]);
+    const int32_t *ids = ibuf(in, op->in[1]);
+    const float *wg = fbuf(in, op->in[3]), *wd = fbuf(in, down);
+    const float *wu = fused ? NULL : fbuf(in, op->in[4]);
+    float *y = fbuf(in, op->out[0]);
+    moec_status st = MOEC_OK;
+    for (int64_t t = 0; t < T && st == MOEC_OK; t++) {
+        const float *xt = x + t * H;
+        for (int64_t h = 0; h < H; h++)
+            acc[h] = 0;
+        for (int64_t k = 0; k < K; k++) {
+            int32_t e = ids[t * K + k];
+            if (e < 0 || e >= E) {
+                st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: expert id %d is outside [0, %lld)",
+                              op_name(op), (int)e, (long long)E);
+                break;
+            }
+            if (fused) {
+                const float *gu = wg + (int64_t)e * 2 * I * H;
+                matvec(gu, xt, I, H, g);
+                matvec(gu + I * H, xt, I, H, u);
+            } else {
+                matvec(wg + (int64_t)e * I * H, xt, I, H, g);
+                matvec(wu + (int64_t)e * I * H, xt, I, H, u);
+            }
+            for (int64_t i = 0; i < I; i++)
+                g[i] = silu(g[i]) * u[i];
+            matvec(wd + (int64_t)e * H * I, g, H, I, eo);
+            float coef = scale * wts[t * K + k];
+            for (int64_t h = 0; h < H; h++)
+                acc[h] += (double)(eo[h] * coef);
+        }
+        for (int64_t h = 0; h < H; h++)
+            y[t * H + h] = (float)acc[h];
+    }
+    free(g);
+    free(acc);
+    return st;
+}
+
 /* ---- the interpreter ------------------------------------------------------ */
 
 static moec_status run_op(rt_interp *in, const ir_op *op, int T)
@@ -744,6 +1007,13 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_MOE_TOPK: return op_moe_topk(in, op, T);
     case IR_OP_MOE_EXPERTS: return op_moe_experts(in, op, T);
     case IR_OP_REDUCE_SUM: return op_reduce_sum(in, op, T);
+    case IR_OP_SILU_MUL: return op_silu_mul(in, op, T);
+    case IR_OP_MOE_ROUTED: return op_moe_routed(in, op, T);
+    case IR_OP_MLA_QABSORB: return op_mla_qabsorb(in, op, T);
+    case IR_OP_MLA_ATTENTION: return op_mla_attention(in, op, T);
+    case IR_OP_MLA_VABSORB: return op_mla_vabsorb(in, op, T);
+    case IR_OP_FORK:
+    case IR_OP_JOIN: return op_copy(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -774,6 +1044,13 @@ static const struct {
     [IR_OP_MOE_TOPK] = {1, 2, 2, 0, 1u << 0, 0},
     [IR_OP_MOE_EXPERTS] = {4, 5, 1, 1u << 1, 0, 0},
     [IR_OP_REDUCE_SUM] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_SILU_MUL] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_MOE_ROUTED] = {5, 6, 1, 1u << 1, 0, 0},
+    [IR_OP_MLA_QABSORB] = {2, 2, 1, 0, 0, 0},
+    [IR_OP_MLA_ATTENTION] = {5, 5, 1, 1u << 4, 0, 0},
+    [IR_OP_MLA_VABSORB] = {2, 2, 1, 0, 0, 0},
+    [IR_OP_FORK] = {1, 1, 1, 0, 0, 1},
+    [IR_OP_JOIN] = {1, 1, 1, 0, 0, 1},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand
@@ -819,20 +1096,60 @@ static moec_status check_op(const ir_module *m, const ir_op *op)
     return MOEC_OK;
 }
 
+/* Drops the activation buffers (separate ones, or the planned arena). */
+static void free_activations(rt_interp *in)
+{
+    const ir_module *m = in->m;
+    for (int i = 0; in->data && i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (!v || v->kind == IR_VALUE_WEIGHT)
+            continue;
+        if (!in->planned)
+            free(in->data[i]);
+        in->data[i] = NULL;
+    }
+    free(in->arena);
+    in->arena = NULL;
+    in->arena_T = 0;
+    in->T_cap = 0;
+}
+
+/* Planned mode: one arena of arena_bytes_per_token * T bytes, every
+ * activation at byte mem_offset * T in it, as the GPU runtime lays out the
+ * bucket of T tokens. */
+static moec_status place_in_arena(rt_interp *in, int T)
+{
+    const ir_module *m = in->m;
+    int64_t per_token = in->arena_bytes_per_token;
+    if (per_token > (int64_t)(SIZE_MAX / 2) / T)
+        return MOEC_ERR(MOEC_ERR_CAPACITY, "planned arena of %lld bytes per token for %d tokens "
+                        "is too large", (long long)per_token, T);
+    if (T > in->arena_T) {
+        free(in->arena);
+        in->arena_T = 0;
+        in->arena = calloc((size_t)(per_token * T) + 4, 1);
+        if (!in->arena)
+            return MOEC_ERR(MOEC_ERR_OOM, "no memory for a planned arena of %lld bytes",
+                            (long long)(per_token * T));
+        in->arena_T = T;
+    }
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            in->data[i] = in->arena + (size_t)v->mem_offset * (size_t)T;
+    }
+    return MOEC_OK;
+}
+
 /* Sizes the activation buffers (inputs and op results) for T tokens. */
 static moec_status ensure_capacity(rt_interp *in, int T)
 {
+    if (in->planned)
+        return place_in_arena(in, T);
     if (T <= in->T_cap)
         return MOEC_OK;
     const ir_module *m = in->m;
-    for (int i = 0; i < m->n_values; i++) {
-        const ir_value *v = m->values[i];
-        if (v->kind == IR_VALUE_WEIGHT)
-            continue;
-        free(in->data[i]);
-        in->data[i] = NULL;
-    }
-    in->T_cap = 0;
+    free_activations(in);
     for (int i = 0; i < m->n_values; i++) {
         const ir_value *v = m->values[i];
         if (v->kind == IR_VALUE_WEIGHT)
@@ -854,6 +1171,7 @@ void rt_interp_free(rt_interp *in)
     if (!in)
         return;
     if (in->m) {
+        free_activations(in);
         for (int i = 0; in->data && i < in->m->n_values; i++)
             free(in->data[i]);
         for (int i = 0; i < in->m->n_ops; i++) {
@@ -922,6 +1240,22 @@ static moec_status init_values(rt_interp *in, const rt_weights *w)
     return MOEC_OK;
 }
 
+/* Floats per cached position of op's KV cache (k, then v); 0 when op has none. */
+static int cache_widths(const ir_op *op, int64_t *nk, int64_t *nv)
+{
+    if (op->kind == IR_OP_ATTENTION) {
+        *nk = numel_of(op->in[1], 1);
+        *nv = numel_of(op->in[2], 1);
+        return 1;
+    }
+    if (op->kind == IR_OP_MLA_ATTENTION) {
+        *nk = numel_of(op->in[2], 1); /* kv_c: r */
+        *nv = numel_of(op->in[3], 1); /* k_pe: dr */
+        return 1;
+    }
+    return 0;
+}
+
 static moec_status init_ops(rt_interp *in)
 {
     const ir_module *m = in->m;
@@ -931,15 +1265,25 @@ static moec_status init_ops(rt_interp *in)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "op %d of module %s has id %d", i,
                             m->name ? m->name : "?", op ? op->id : -1);
         MOEC_TRY(check_op(m, op));
-        if (op->kind != IR_OP_ATTENTION)
+        if (op->kind == IR_OP_ATTENTION) {
+            const ir_type *k = &op->in[1]->type, *v = &op->in[2]->type;
+            if (k->rank != 3 || v->rank != 3 || k->dims[1] < 1 || k->dims[2] < 1 ||
+                v->dims[1] < 1 || v->dims[2] < 1)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "%s: attention k and v must be [T, Hkv, D]", op_name(op));
+        } else if (op->kind == IR_OP_MLA_ATTENTION) {
+            const ir_type *c = &op->in[2]->type, *p = &op->in[3]->type;
+            if (c->rank != 2 || p->rank != 3 || c->dims[1] < 1 || p->dims[1] != 1 ||
+                p->dims[2] < 1)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "%s: mla_attention kv_c must be [T, r] and k_pe [T, 1, dr]",
+                                op_name(op));
+        }
+        int64_t wk, wv;
+        if (!cache_widths(op, &wk, &wv))
             continue;
-        const ir_type *k = &op->in[1]->type, *v = &op->in[2]->type;
-        if (k->rank != 3 || v->rank != 3 || k->dims[1] < 1 || k->dims[2] < 1 || v->dims[1] < 1 ||
-            v->dims[2] < 1)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: attention k and v must be [T, Hkv, D]",
-                            op_name(op));
-        size_t nk = (size_t)in->max_seq * (size_t)(k->dims[1] * k->dims[2]);
-        size_t nv = (size_t)in->max_seq * (size_t)(v->dims[1] * v->dims[2]);
+        size_t nk = (size_t)in->max_seq * (size_t)wk;
+        size_t nv = (size_t)in->max_seq * (size_t)wv;
         in->k_cache[i] = calloc(nk, sizeof(float));
         in->v_cache[i] = calloc(nv, sizeof(float));
         in->kv_written[i] = calloc((size_t)in->max_seq, 1);
@@ -1037,6 +1381,49 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
     return MOEC_OK;
 }
 
+moec_status rt_interp_use_plan(rt_interp *in, int enable)
+{
+    if (!in)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_use_plan: NULL interpreter");
+    const ir_module *m = in->m;
+    const char *mname = m->name ? m->name : "?";
+    int64_t per_token = 0;
+    if (enable) {
+        const ir_attr *a = ir_module_meta(m, "arena_bytes_per_token");
+        if (!a || a->kind != IR_ATTR_INT || a->i < 1)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "module %s: planned mode needs meta arena_bytes_per_token (an int "
+                            ">= 1)", mname);
+        per_token = a->i;
+        for (int i = 0; i < m->n_values; i++) {
+            const ir_value *v = m->values[i];
+            if (v->kind == IR_VALUE_WEIGHT)
+                continue;
+            int64_t size = numel_of(v, 1) * 4;
+            if (v->mem_offset < 0)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "module %s: %%%s has no arena offset (mem_offset %lld); planned "
+                                "mode needs every activation placed",
+                                mname, v->name, (long long)v->mem_offset);
+            if (v->mem_offset % 4 != 0)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "module %s: %%%s: arena offset %lld is not a multiple of 4",
+                                mname, v->name, (long long)v->mem_offset);
+            if (size > per_token || v->mem_offset > per_token - size)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "module %s: %%%s: %lld bytes per token at offset %lld run past "
+                                "arena_bytes_per_token %lld",
+                                mname, v->name, (long long)size, (long long)v->mem_offset,
+                                (long long)per_token);
+        }
+    }
+    free_activations(in);
+    in->planned = enable != 0;
+    in->arena_bytes_per_token = per_token;
+    in->T = 0;
+    return MOEC_OK;
+}
+
 const float *rt_interp_value(const rt_interp *in, const ir_value *v)
 {
     if (!in || !v || v->id < 0 || v->id >= in->m->n_values || in->m->values[v->id] != v)
@@ -1053,9 +1440,11 @@ void rt_interp_reset(rt_interp *in)
     for (int i = 0; i < in->m->n_ops; i++) {
         if (!in->kv_written[i])
             continue;
-        const ir_op *op = in->m->ops[i];
+        int64_t wk, wv;
+        if (!cache_widths(in->m->ops[i], &wk, &wv))
+            continue;
         memset(in->kv_written[i], 0, (size_t)in->max_seq);
-        memset(in->k_cache[i], 0, (size_t)in->max_seq * (size_t)numel_of(op->in[1], 1) * sizeof(float));
-        memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)numel_of(op->in[2], 1) * sizeof(float));
+        memset(in->k_cache[i], 0, (size_t)in->max_seq * (size_t)wk * sizeof(float));
+        memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)wv * sizeof(float));
     }
 }

@@ -27,6 +27,14 @@ float *rt_interp_weight(rt_interp *in, const ir_value *v);
  * into out when not NULL. MOEC_ERR_CAPACITY if a position is >= max_seq. */
 moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
                               int T, float *out);
+/* Planned-arena mode (enable 1), to test memory plans for real: every
+ * activation (input and op result) lives in ONE buffer of meta
+ * "arena_bytes_per_token" * T bytes, at byte mem_offset * T, 4 bytes an
+ * element, so values whose planned ranges overlap while both are live
+ * corrupt each other. An op's results must not overlap its operands.
+ * MOEC_ERR_INVALID_ARG naming the first activation without an offset (or
+ * one that runs past the arena). enable 0: separate buffers (the default). */
+moec_status rt_interp_use_plan(rt_interp *in, int enable);
 /* Looks up any value of the last forward (fp32, [T, ...]); NULL if unknown.
  * For debugging and pass tests. */
 const float *rt_interp_value(const rt_interp *in, const ir_value *v);

@@ -25,7 +25,7 @@ expect() {
 expect 0 "dump-ir MODEL_DIR" -- "$B" --help
 expect 2 "usage: moec" -- "$B"
 expect 2 "unknown command 'frobnicate'" -- "$B" frobnicate
-for f in --output --summary --help; do expect 0 "$f" -- "$B" dump-ir --help; done
+for f in --output --summary --after --dtype --help fuse_qkv_a plan_memory; do expect 0 "$f" -- "$B" dump-ir --help; done
 for f in --prompt-ids --max-new-tokens --backend --logits-out --max-seq-len --ignore-eos --help; do
   expect 0 "$f" -- "$B" run --help
 done
@@ -36,6 +36,18 @@ for m in deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe; do
   expect 0 "model $(python3 -c "import json;print(json.load(open('$D/$m/config.json'))['model_type'])")" -- "$B" dump-ir "$D/$m" --summary
 done
 "$B" dump-ir "$D/qwen3_moe" -o "$T/q.mir" && [ -s "$T/q.mir" ] && ok || bad "dump-ir -o wrote nothing"
+
+# dump-ir after passes: one pass, and every pass into a folder.
+expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
+expect 0 "mla_attention(" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
+expect 0 "stream 1" -- "$B" dump-ir "$D/qwen2_moe" --after assign_streams
+expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory
+expect 0 "wrote 9 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
+n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 9 ] && ok || bad "--after all wrote $n files, want 9"
+head -1 "$T/passes/06_absorb_mla.mir" | grep -q "^# after pass absorb_mla" && ok || bad "06_absorb_mla.mir lacks its header"
+expect 2 "unknown pass 'fuse_everything'" -- "$B" dump-ir "$D/qwen3_moe" --after fuse_everything
+expect 2 "--after all needs -o DIR" -- "$B" dump-ir "$D/qwen3_moe" --after all
+expect 2 "--dtype: 'int4' is not bf16, fp16 or fp32" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory --dtype int4
 
 # run: ids and logits rows against the goldens.
 for m in deepseek_v3 qwen2_moe; do

@@ -106,7 +106,8 @@ static void set_meta_ints(ir_module *m, const char *key, const int64_t *v, int n
 }
 
 /* A one-layer toy model that uses every op kind, both moe_topk forms, both
- * moe_experts forms, every binding kind and every attribute kind. */
+ * moe_experts and moe_routed forms, every binding kind and every attribute
+ * kind, a side-stream op and planned arena offsets. */
 static ir_module *build_all(void)
 {
     ir_module *m = must(ir_module_init("all_ops"), "module");
@@ -163,6 +164,11 @@ static ir_module *build_all(void)
                                                  "model.norm.weight"), "w");
     ir_value *lm_head = must(ir_module_add_weight(m, "lm_head", ty(IR_DTYPE_BF16, 2, 32, 16, 0),
                                                   "lm_head.weight"), "w");
+    ir_value *kv_b = must(ir_module_add_weight(m, "l0.mla.kv_b", ty(IR_DTYPE_BF16, 2, 24, 6, 0),
+                                               "model.layers.0.self_attn.kv_b_proj.weight"), "w");
+    ir_value *mla_o = must(ir_module_add_weight(m, "l0.mla.o", ty(IR_DTYPE_BF16, 2, 16, 8, 0),
+                                                "model.layers.0.self_attn.mla_o_proj.weight"), "w");
+    tokens->mem_offset = 0;
 
     ir_value *x = op1(m, IR_OP_EMBEDDING, "embed", tokens, embed_w);
     ir_value *h = rms_norm(m, "l0.h", x, norm0);
@@ -246,7 +252,63 @@ static ir_module *build_all(void)
     ir_value *cat_in[3] = {act, gated, act};
     ir_value *both = axis_op(m, IR_OP_CONCAT, "l0.moe.both", cat_in, 3, 1);
     ir_value *mixed = slice(m, "l0.moe.mixed", both, 1, 8, 16);
-    ir_value *out = op1(m, IR_OP_ADD, "l0.out", resid, mixed);
+
+    /* fused and scheduled ops */
+    ir_value *r5_in[5] = {resid, tk->out[0], tk->out[1], gate_up, down};
+    const char *r5_name[1] = {"l0.moe.routed5"};
+    ir_op *r5 = op_new(m, IR_OP_MOE_ROUTED, r5_name, 1, r5_in, 5);
+    must_ok(ir_op_set_float(m, r5, "scale", 2.5), "scale");
+    must_ok(ir_op_finish(m, r5, NULL), "routed5");
+    ir_value *r6_in[6] = {resid, tk2->out[0], tk2->out[1], gate, up, down};
+    ir_value *r6 = must(ir_build(m, IR_OP_MOE_ROUTED, "l0.moe.routed6", r6_in, 6), "routed6");
+    r6->mem_offset = 256;
+    ir_value *side = op1(m, IR_OP_FORK, "l0.moe.side", r5->out[0], NULL);
+    side->def->stream = 1;
+    ir_value *side_act = op1(m, IR_OP_SILU_MUL, "l0.moe.side_act", side, NULL);
+    side_act->def->stream = 1;
+    ir_value *joined = op1(m, IR_OP_JOIN, "l0.moe.joined", side_act, NULL);
+    const char *mix_name[1] = {"l0.moe.mix"};
+    ir_value *mix_in[2] = {r6, r5->out[0]};
+    ir_op *mix = op_new(m, IR_OP_ADD, mix_name, 1, mix_in, 2);
+    must_ok(ir_op_set_float(m, mix, "alpha", 0.5), "alpha");
+    must_ok(ir_op_finish(m, mix, NULL), "mix");
+
+    ir_value *qa_in[2] = {q, kv_b};
+    const char *qa_name[1] = {"l0.mla.q_c"};
+    ir_op *qa = op_new(m, IR_OP_MLA_QABSORB, qa_name, 1, qa_in, 2);
+    must_ok(ir_op_set_int(m, qa, "qk_nope_head_dim", 8), "dn");
+    must_ok(ir_op_set_int(m, qa, "v_head_dim", 4), "dv");
+    must_ok(ir_op_finish(m, qa, NULL), "q_c");
+    ir_value *kv_c = slice(m, "l0.mla.kv_c", qkv, 1, 0, 6);
+    ir_value *ma_in[5] = {qa->out[0], rq->out[0], kv_c, rk->out[0], pos};
+    const char *ma_name[1] = {"l0.mla.o_c"};
+    ir_op *ma = op_new(m, IR_OP_MLA_ATTENTION, ma_name, 1, ma_in, 5);
+    must_ok(ir_op_set_float(m, ma, "scale", 0.25), "scale");
+    must_ok(ir_op_set_int(m, ma, "window", 2), "window");
+    must_ok(ir_op_finish(m, ma, NULL), "o_c");
+    ir_value *va_in[2] = {ma->out[0], kv_b};
+    const char *va_name[1] = {"l0.mla.v"};
+    ir_op *va = op_new(m, IR_OP_MLA_VABSORB, va_name, 1, va_in, 2);
+    must_ok(ir_op_set_int(m, va, "qk_nope_head_dim", 8), "dn");
+    must_ok(ir_op_set_int(m, va, "v_head_dim", 4), "dv");
+    must_ok(ir_op_finish(m, va, NULL), "v");
+    ir_value *v_flat2 = shaped(m, IR_OP_RESHAPE, "l0.mla.v_flat", va->out[0],
+                               ty(IR_DTYPE_F32, 2, T, 8, 0));
+    ir_value *mo_in[2] = {v_flat2, mla_o};
+    const char *mo_name[1] = {"l0.mla.out"};
+    ir_op *mo = op_new(m, IR_OP_LINEAR, mo_name, 1, mo_in, 2);
+    must_ok(ir_op_set_float(m, mo, "alpha", 0.125), "alpha");
+    must_ok(ir_op_finish(m, mo, NULL), "mla out");
+    ir_value *j2 = shaped(m, IR_OP_RESHAPE, "l0.moe.joined2", joined, ty(IR_DTYPE_F32, 3, T, 2, 4));
+    ir_value *j_full = shaped(m, IR_OP_RESHAPE, "l0.moe.joined_flat", j2,
+                              ty(IR_DTYPE_F32, 2, T, 8, 0));
+    ir_value *j_cat_in[2] = {j_full, j_full};
+    ir_value *j_cat = axis_op(m, IR_OP_CONCAT, "l0.moe.joined_cat", j_cat_in, 2, 1);
+    ir_value *sum_a = op1(m, IR_OP_ADD, "l0.fused.a", mix->out[0], mo->out[0]);
+    ir_value *sum_b = op1(m, IR_OP_ADD, "l0.fused.b", sum_a, j_cat);
+    ir_value *mixed2 = op1(m, IR_OP_MUL, "l0.moe.mixed2", mixed, sum_b);
+    ir_value *out = op1(m, IR_OP_ADD, "l0.out", resid, mixed2);
+    out->mem_offset = 64;
     ir_value *fin = rms_norm(m, "final_norm", out, norm_f);
     ir_value *lg = op1(m, IR_OP_LINEAR, "logits", fin, lm_head);
     must_ok(ir_module_add_output(m, lg), "output");
@@ -309,7 +371,7 @@ static void test_builder_and_lookup(void)
 {
     ir_module *m = build_all();
     T_OK(ir_module_verify(m));
-    T_CHECK(m->n_ops == 34);
+    T_CHECK(m->n_ops == 52);
     T_CHECK(ir_module_meta_int(m, "vocab_size", 0) == 32);
     T_CHECK(ir_module_meta_int(m, "missing", 7) == 7);
     T_CHECK(ir_module_meta(m, "note") && ir_module_meta(m, "note")->kind == IR_ATTR_STR);
@@ -327,6 +389,9 @@ static void test_builder_and_lookup(void)
     T_CHECK(ir_op_attr_int(tk, "scoring", 9) == 9); /* wrong kind -> default */
     ir_value *both = ir_module_find_value(m, "l0.moe.both");
     T_CHECK(both && both->type.rank == 2 && both->type.dims[1] == 48);
+    T_CHECK(both && both->mem_offset == -1 && both->def->stream == 0);
+    T_CHECK(ir_module_find_value(m, "positions")->mem_offset == -1);
+    T_CHECK(ir_module_find_value(m, "norm")->mem_offset == -1);
 
     /* builder errors */
     T_CHECK(ir_module_add_input(m, "tokens", ty(IR_DTYPE_I32, 1, T, 0, 0)) == NULL);
@@ -373,7 +438,15 @@ static void test_print_parse(void)
     T_CHECK(strstr(s1, "  meta min_int = -9223372036854775808\n") != NULL);
     T_CHECK(strstr(s1, "  meta note = \"a \\\"tiny\\\" model \\\\ every op\"\n") != NULL);
     T_CHECK(strstr(s1, "  meta mlp_only_layers = [0, 3]\n  meta empty_list = []\n") != NULL);
-    T_CHECK(strstr(s1, "  input %tokens : i32[T]\n  input %positions : i32[T]\n") != NULL);
+    T_CHECK(strstr(s1, "  input %tokens : i32[T] @0*T\n  input %positions : i32[T]\n") != NULL);
+    T_CHECK(strstr(s1, "  %l0.moe.side_act : f32[T, 8] = silu_mul(%l0.moe.side) stream 1\n") != NULL);
+    T_CHECK(strstr(s1, "  %l0.moe.routed6 : f32[T, 16] @256*T = moe_routed(%l0.resid, "
+                       "%l0.moe.ids_sm, %l0.moe.w_sm, %l0.moe.experts.gate, %l0.moe.experts.up, "
+                       "%l0.moe.experts.down)\n") != NULL);
+    T_CHECK(strstr(s1, "  %l0.moe.mix : f32[T, 16] = add(%l0.moe.routed6, %l0.moe.routed5) "
+                       "{alpha = 0.5}\n") != NULL);
+    T_CHECK(strstr(s1, "  %l0.mla.o_c : f32[T, 2, 6] = mla_attention(%l0.mla.q_c, %l0.attn.q_rot, "
+                       "%l0.mla.kv_c, %l0.attn.k_rot, %positions) {scale = 0.25, window = 2}\n") != NULL);
     T_CHECK(strstr(s1, "  weight %l0.moe.experts.gate_up : bf16[4, 16, 16] = concat(1, "
                        "stack(\"model.layers.0.mlp.experts.{e}.gate_proj.weight\", 4), "
                        "stack(\"model.layers.0.mlp.experts.{e}.up_proj.weight\", 4))\n") != NULL);
@@ -413,6 +486,18 @@ static void test_print_parse(void)
                 gu->bind.parts[1].kind == IR_BIND_STACK && gu->bind.parts[1].count == 4);
         ir_value *sc = ir_module_find_value(m2, "l0.attn.out");
         T_CHECK(sc && ir_op_attr_float(sc->def, "scale", 0) == 1.0 / sqrt(8.0));
+        /* scheduling marks read back; everything else is unplanned, main stream */
+        int planned = 0, side = 0;
+        for (int i = 0; i < m2->n_values; i++)
+            planned += m2->values[i]->mem_offset != -1;
+        for (int i = 0; i < m2->n_ops; i++)
+            side += m2->ops[i]->stream != 0;
+        T_CHECK(planned == 3 && side == 2);
+        T_CHECK(ir_module_find_value(m2, "tokens")->mem_offset == 0);
+        T_CHECK(ir_module_find_value(m2, "l0.moe.routed6")->mem_offset == 256);
+        T_CHECK(ir_module_find_value(m2, "l0.out")->mem_offset == 64);
+        T_CHECK(ir_module_find_value(m2, "l0.moe.side")->def->stream == 1);
+        T_CHECK(ir_module_find_value(m2, "l0.moe.joined")->def->stream == 0);
         free(s2);
         ir_module_free(m2);
     }
@@ -610,6 +695,32 @@ static void test_verifier(void)
     T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "module all_ops: has no outputs");
     ir_module_free(m);
 
+    /* scheduling marks: stream 0 or 1, offsets >= -1, none on weights */
+    m = build_all();
+    val(m, "l0.moe.side_act")->def->stream = 2;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.moe.side_act: silu_mul: stream 2 must be 0 (main) or 1 (side)");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.side_act")->def->stream = -1;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "stream -1 must be 0 (main) or 1 (side)");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.mix")->mem_offset = -2;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.moe.mix: mem_offset -2 must be >= 0 (planned) or -1");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.mla.kv_b")->mem_offset = 0;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "weight %l0.mla.kv_b: mem_offset 0: weights are not in the activation arena");
+    ir_module_free(m);
+    m = build_all();
+    val(m, "l0.moe.joined")->type.dims[1] = 16; /* join changes the type */
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "%l0.moe.joined: join: declared type f32[T, 16], inferred f32[T, 8]");
+    ir_module_free(m);
+
     /* an input value missing from the input list */
     m = build_all();
     m->n_inputs = 1;
@@ -743,6 +854,220 @@ static void test_infer_errors(void)
     ir_module_free(m);
 }
 
+/* Every rule of the fused and scheduled ops (docs/IR.md). */
+static void test_infer_fused(void)
+{
+    ir_module *m = must(ir_module_init("fused"), "m");
+    ir_value *x = must(ir_module_add_input(m, "x", ty(IR_DTYPE_F32, 2, T, 64, 0)), "x");
+    ir_value *odd = must(ir_module_add_input(m, "odd", ty(IR_DTYPE_F32, 3, T, 2, 7)), "odd");
+    ir_value *ids = must(ir_module_add_input(m, "ids", ty(IR_DTYPE_I32, 2, T, 2, 0)), "ids");
+    ir_value *wts = must(ir_module_add_input(m, "wts", ty(IR_DTYPE_F32, 2, T, 2, 0)), "wts");
+    ir_value *w3 = must(ir_module_add_input(m, "w3", ty(IR_DTYPE_F32, 2, T, 3, 0)), "w3");
+    ir_value *gate = must(ir_module_add_weight_stack(m, "gate", ty(IR_DTYPE_BF16, 3, 8, 32, 64),
+                                                     "g.{e}", 8), "gate");
+    ir_value *up = must(ir_module_add_weight_stack(m, "up", ty(IR_DTYPE_BF16, 3, 8, 31, 64), "u.{e}", 8), "up");
+    ir_value *down = must(ir_module_add_weight_stack(m, "down", ty(IR_DTYPE_BF16, 3, 8, 64, 32),
+                                                     "d.{e}", 8), "down");
+    ir_value *gu = must(ir_module_add_weight_stack(m, "gu", ty(IR_DTYPE_BF16, 3, 8, 64, 64), "gu.{e}", 8), "gu");
+    ir_value *gu_bad = must(ir_module_add_weight_stack(m, "gu_bad", ty(IR_DTYPE_BF16, 3, 8, 62, 64),
+                                                       "gb.{e}", 8), "gu_bad");
+    ir_value *lw = must(ir_module_add_weight(m, "lw", ty(IR_DTYPE_BF16, 2, 16, 64, 0), "lw"), "lw");
+    /* MLA (its own module: at most 8 inputs): H = 4, dn = 16, dv = 8, r = 32, dr = 8 */
+    ir_module *mm = must(ir_module_init("mla"), "mm");
+    ir_value *mpos = must(ir_module_add_input(mm, "pos", ty(IR_DTYPE_I32, 1, T, 0, 0)), "pos");
+    ir_value *mids = must(ir_module_add_input(mm, "ids", ty(IR_DTYPE_I32, 2, T, 2, 0)), "ids");
+    ir_value *q_nope = must(ir_module_add_input(mm, "q_nope", ty(IR_DTYPE_F32, 3, T, 4, 16)), "qn");
+    ir_value *q_pe = must(ir_module_add_input(mm, "q_pe", ty(IR_DTYPE_F32, 3, T, 4, 8)), "qp");
+    ir_value *kv_c = must(ir_module_add_input(mm, "kv_c", ty(IR_DTYPE_F32, 2, T, 32, 0)), "kvc");
+    ir_value *kv_c31 = must(ir_module_add_input(mm, "kv_c31", ty(IR_DTYPE_F32, 2, T, 31, 0)), "kvc31");
+    ir_value *k_pe = must(ir_module_add_input(mm, "k_pe", ty(IR_DTYPE_F32, 3, T, 1, 8)), "kp");
+    ir_value *k_pe2 = must(ir_module_add_input(mm, "k_pe2", ty(IR_DTYPE_F32, 3, T, 2, 8)), "kp2");
+    ir_value *kv_b = must(ir_module_add_weight(mm, "kv_b", ty(IR_DTYPE_BF16, 2, 96, 32, 0), "kv_b"), "kv_b");
+    ir_value *kv_b95 = must(ir_module_add_weight(mm, "kv_b95", ty(IR_DTYPE_BF16, 2, 95, 32, 0), "b95"), "b95");
+
+    /* silu_mul */
+    ir_value *sm = op1(m, IR_OP_SILU_MUL, "sm", x, NULL);
+    T_CHECK(sm->type.rank == 2 && sm->type.dims[0] == T && sm->type.dims[1] == 32 &&
+            sm->type.dtype == IR_DTYPE_F32);
+    ir_op *op = op_new(m, IR_OP_SILU_MUL, (const char *[]){"sm_odd"}, 1, &odd, 1);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%sm_odd: silu_mul: last dim 7 of %odd must be even");
+    op = op_new(m, IR_OP_SILU_MUL, (const char *[]){"sm_w"}, 1, &lw, 1);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%sm_w: silu_mul: input %lw must have T as its first dimension");
+    op = op_new(m, IR_OP_SILU_MUL, (const char *[]){"sm_i"}, 1, &ids, 1);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%sm_i: silu_mul: input %ids must be a float");
+
+    /* moe_routed, both forms */
+    ir_value *r5_in[5] = {x, ids, wts, gu, down};
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r5"}, 1, r5_in, 5);
+    T_OK(ir_op_set_float(m, op, "scale", 2.0));
+    T_OK(ir_op_finish(m, op, NULL));
+    T_CHECK(op->out[0]->type.rank == 2 && op->out[0]->type.dims[1] == 64);
+    T_OK(ir_op_set_float(m, op, "scale", INFINITY));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%r5: moe_routed: scale must be finite");
+    T_ERR(ir_op_set_int(m, op, "scale", 2), MOEC_ERR_INVALID_ARG, "attribute 'scale' must be a float");
+    r5_in[3] = gu_bad;
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r5b"}, 1, r5_in, 5);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%r5b: moe_routed: gate_up %gu_bad is bf16[8, 62, 64], expected [8, 64, 64]");
+    r5_in[3] = gu;
+    r5_in[2] = w3;
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r5w"}, 1, r5_in, 5);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%r5w: moe_routed: weights %w3 (f32[T, 3]) and ids %ids (i32[T, 2]) differ in top_k");
+    r5_in[2] = ids;
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r5i"}, 1, r5_in, 5);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%r5i: moe_routed: weights %ids must be a float");
+    r5_in[2] = wts;
+    r5_in[1] = wts;
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r5f"}, 1, r5_in, 5);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%r5f: moe_routed: ids %wts must be i32");
+    ir_value *r6_in[6] = {x, ids, wts, gate, up, down};
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r6"}, 1, r6_in, 6);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%r6: moe_routed: up %up is bf16[8, 31, 64], expected [8, 32, 64]");
+    r6_in[4] = gate;
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r6ok"}, 1, r6_in, 6);
+    T_OK(ir_op_finish(m, op, NULL));
+    r6_in[5] = lw;
+    op = op_new(m, IR_OP_MOE_ROUTED, (const char *[]){"r6d"}, 1, r6_in, 6);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%r6d: moe_routed: down %lw must have rank 3");
+    T_CHECK(ir_module_add_op(m, IR_OP_MOE_ROUTED, r6_in, 4, (const char *[]){"r4"}, 1) == NULL);
+    T_CHECK(strstr(moec_last_error(), "%r4: moe_routed: takes 5 to 6 operands, got 4") != NULL);
+
+    /* mla_qabsorb */
+    ir_value *qa_in[2] = {q_nope, kv_b};
+    op = op_new(mm, IR_OP_MLA_QABSORB, (const char *[]){"qa"}, 1, qa_in, 2);
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 16));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%qa: mla_qabsorb: missing required attribute 'v_head_dim'");
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 8));
+    T_OK(ir_op_finish(mm, op, NULL));
+    T_CHECK(op->out[0]->type.rank == 3 && op->out[0]->type.dims[1] == 4 &&
+            op->out[0]->type.dims[2] == 32);
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 9));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%qa: mla_qabsorb: kv_b %kv_b has 96 rows, expected heads 4 * (qk_nope_head_dim 16 + "
+          "v_head_dim 9)");
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 0));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, "%qa: mla_qabsorb: v_head_dim 0 must be >= 1");
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 8));
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 8));
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 16));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%qa: mla_qabsorb: q_nope %q_nope has head dim 16, qk_nope_head_dim is 8");
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 4000000000LL));
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 4000000000LL));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, "qk_nope_head_dim 4000000000 must be >= 1");
+    qa_in[1] = kv_b95;
+    op = op_new(mm, IR_OP_MLA_QABSORB, (const char *[]){"qa95"}, 1, qa_in, 2);
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 16));
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 8));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, "kv_b %kv_b95 has 95 rows");
+    qa_in[1] = q_pe;
+    op = op_new(mm, IR_OP_MLA_QABSORB, (const char *[]){"qa_act"}, 1, qa_in, 2);
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 16));
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 8));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, "%qa_act: mla_qabsorb: kv_b %q_pe must not have T");
+
+    /* mla_attention */
+    ir_value *q_c = must(ir_module_find_value(mm, "qa"), "qa");
+    ir_value *ma_in[5] = {q_c, q_pe, kv_c, k_pe, mpos};
+    op = op_new(mm, IR_OP_MLA_ATTENTION, (const char *[]){"ma"}, 1, ma_in, 5);
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%ma: mla_attention: missing required attribute 'scale'");
+    T_OK(ir_op_set_float(mm, op, "scale", 0.1));
+    T_OK(ir_op_finish(mm, op, NULL));
+    T_CHECK(op->out[0]->type.rank == 3 && op->out[0]->type.dims[1] == 4 &&
+            op->out[0]->type.dims[2] == 32);
+    T_OK(ir_op_set_int(mm, op, "window", -1));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, "%ma: mla_attention: window -1 must be >= 0");
+    ir_value *bad_in[5];
+    const struct {
+        int slot;
+        ir_value *v;
+        const char *want;
+    } ma_bad[] = {
+        {2, kv_c31, "kv_c %kv_c31 has 31 channels, q_c %qa has 32"},
+        {3, k_pe2, "k_pe %k_pe2 is f32[T, 2, 8], expected [T, 1, 8] (q_pe's rope dim)"},
+        {1, k_pe2, "q_pe %k_pe2 has 2 heads, q_c %qa has 4"},
+        {1, kv_c, "q_pe %kv_c must have rank 3"},
+        {4, mids, "positions %ids must have rank 1"},
+        {0, q_pe, "kv_c %kv_c has 32 channels, q_c %q_pe has 8"},
+    };
+    for (size_t i = 0; i < sizeof ma_bad / sizeof ma_bad[0]; i++) {
+        memcpy(bad_in, ma_in, sizeof bad_in);
+        bad_in[ma_bad[i].slot] = ma_bad[i].v;
+        char name[16];
+        snprintf(name, sizeof name, "ma_bad%zu", i);
+        op = op_new(mm, IR_OP_MLA_ATTENTION, (const char *[]){name}, 1, bad_in, 5);
+        T_OK(ir_op_set_float(mm, op, "scale", 0.1));
+        T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, ma_bad[i].want);
+    }
+    /* q_nope [T, 4, 16] against q_pe [T, 4, 8]: heads agree, so only the rope dim of k_pe differs */
+    memcpy(bad_in, ma_in, sizeof bad_in);
+    bad_in[1] = q_nope;
+    bad_in[0] = q_c;
+    op = op_new(mm, IR_OP_MLA_ATTENTION, (const char *[]){"ma_dr"}, 1, bad_in, 5);
+    T_OK(ir_op_set_float(mm, op, "scale", 0.1));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%ma_dr: mla_attention: k_pe %k_pe is f32[T, 1, 8], expected [T, 1, 16]");
+
+    /* mla_vabsorb */
+    ir_value *o_c = must(ir_module_find_value(mm, "ma"), "ma");
+    ir_value *va_in[2] = {o_c, kv_b};
+    op = op_new(mm, IR_OP_MLA_VABSORB, (const char *[]){"va"}, 1, va_in, 2);
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 16));
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 8));
+    T_OK(ir_op_finish(mm, op, NULL));
+    T_CHECK(op->out[0]->type.rank == 3 && op->out[0]->type.dims[1] == 4 &&
+            op->out[0]->type.dims[2] == 8);
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 15));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%va: mla_vabsorb: kv_b %kv_b has 96 rows, expected heads 4 * (qk_nope_head_dim 15");
+    va_in[0] = q_pe;
+    op = op_new(mm, IR_OP_MLA_VABSORB, (const char *[]){"va_r"}, 1, va_in, 2);
+    T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 16));
+    T_OK(ir_op_set_int(mm, op, "v_head_dim", 8));
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%va_r: mla_vabsorb: o_c %q_pe has 8 channels, kv_b %kv_b has 32 columns");
+    op = op_new(mm, IR_OP_MLA_VABSORB, (const char *[]){"va_na"}, 1, va_in, 2);
+    T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%va_na: mla_vabsorb: missing required attribute 'qk_nope_head_dim'");
+
+    /* fork and join: the type passes through, i32 too */
+    ir_value *f = op1(m, IR_OP_FORK, "f", ids, NULL);
+    T_CHECK(ir_type_equal(&f->type, &ids->type));
+    ir_value *j = op1(m, IR_OP_JOIN, "j", odd, NULL);
+    T_CHECK(ir_type_equal(&j->type, &odd->type));
+    op = op_new(m, IR_OP_FORK, (const char *[]){"f_w"}, 1, &lw, 1);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%f_w: fork: input %lw must have T as its first dimension, got bf16[16, 64]");
+    op = op_new(m, IR_OP_JOIN, (const char *[]){"j_w"}, 1, &gu, 1);
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%j_w: join: input %gu must have T");
+    T_ERR(ir_op_set_int(m, op, "stream", 1), MOEC_ERR_INVALID_ARG, "%j_w: join: unknown attribute 'stream'");
+
+    /* alpha on linear and add (finite floats), not on mul */
+    ir_value *lin_in[2] = {x, lw};
+    op = op_new(m, IR_OP_LINEAR, (const char *[]){"lin"}, 1, lin_in, 2);
+    T_OK(ir_op_set_float(m, op, "alpha", 0.5));
+    T_OK(ir_op_finish(m, op, NULL));
+    T_OK(ir_op_set_float(m, op, "alpha", NAN));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%lin: linear: alpha must be finite");
+    T_ERR(ir_op_set_int(m, op, "alpha", 1), MOEC_ERR_INVALID_ARG, "%lin: linear: attribute 'alpha' must be a float");
+    ir_value *add_in[2] = {x, x};
+    op = op_new(m, IR_OP_ADD, (const char *[]){"ad"}, 1, add_in, 2);
+    T_OK(ir_op_set_float(m, op, "alpha", -2.0));
+    T_OK(ir_op_finish(m, op, NULL));
+    T_OK(ir_op_set_float(m, op, "alpha", -INFINITY));
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG, "%ad: add: alpha must be finite");
+    op = op_new(m, IR_OP_MUL, (const char *[]){"mu"}, 1, add_in, 2);
+    T_ERR(ir_op_set_float(m, op, "alpha", 2.0), MOEC_ERR_INVALID_ARG, "%mu: mul: unknown attribute 'alpha'");
+    ir_module_free(m);
+    ir_module_free(mm);
+}
+
 /* ---- parser errors -------------------------------------------------------- */
 
 typedef struct bad_case {
@@ -818,6 +1143,29 @@ static void test_parse_errors(void)
         {"module t {\n  meta k = [1, 2.5]\n}\n", "bad.mir:2:16: expected an int in the list, found number '2.5'"},
         {"module t {\n  meta s = \"tab\there\"\n}\n", "bad.mir:2:16: control character in string"},
         {"module t {\n  input % : i32[T]\n}\n", "bad.mir:2:9: expected a value name after '%'"},
+        {HEAD "  %x : f32[T, 4] @x*T = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:19: expected an arena offset (an int >= 0) after '@', found 'x'"},
+        {HEAD "  %x : f32[T, 4] @-4*T = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:19: expected an arena offset (an int >= 0) after '@', found number '-4'"},
+        {HEAD "  %x : f32[T, 4] @16*S = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:22: expected 'T' after '@16*', found 'S'"},
+        {HEAD "  %x : f32[T, 4] @16 = embedding(%tokens, %emb)\n  output %x\n}\n",
+         "bad.mir:4:22: expected '*T' after the arena offset, found '='"},
+        {HEAD "  input %pos : i32[T] @4*T4\n  output %tokens\n}\n",
+         "bad.mir:4:26: expected 'T' after '@4*', found 'T4'"},
+        {HEAD "  weight %s : f32[4, 2] @0*T = \"s\"\n  output %tokens\n}\n",
+         "bad.mir:4:25: expected '=' and the weight's binding, found '@'"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb) stream 2\n  output %x\n}\n",
+         "bad.mir:4:52: stream 2 out of range [0, 1]"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb) stream\n  output %x\n}\n",
+         "bad.mir:4:51: expected stream (an int), found end of line"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb) stream 1 {eps = 1.0}\n  output %x\n}\n",
+         "bad.mir:4:54: expected end of line, found '{'"},
+        {HEAD "  %x : f32[T, 4] = fork(%emb)\n  output %x\n}\n",
+         "bad.mir:4:3: %x: fork: input %emb must have T as its first dimension"},
+        {HEAD "  %x : f32[T, 4] = embedding(%tokens, %emb)\n  %y : f32[T, 2] = silu_mul(%x) {alpha = 1.0}\n"
+              "  output %y\n}\n",
+         "bad.mir:5:34: unknown attribute 'alpha' for silu_mul"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ir_module *m = (ir_module *)&cases[i]; /* must be reset to NULL on error */
@@ -856,7 +1204,7 @@ static void test_mutations(void)
         fprintf(stderr, "out of memory\n");
         exit(2);
     }
-    static const char POKE[] = "%{}[](),:=\"\\#-.eT0123456789\n \t\r";
+    static const char POKE[] = "%{}[](),:=\"\\#-.eT0123456789\n \t\r@*";
     uint64_t rng = 20261122;
     int ok = 0, format = 0, other = 0, round_trip_bad = 0;
     for (int iter = 0; iter < 2000; iter++) {
@@ -947,6 +1295,7 @@ int main(void)
     test_print_parse();
     test_verifier();
     test_infer_errors();
+    test_infer_fused();
     test_parse_errors();
     test_mutations();
     return t_finish("test_ir");

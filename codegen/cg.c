@@ -1,0 +1,363 @@
+/* cg.c — the code generator's shared machinery (cg.h): the text buffer, the
+ * per-bucket kernel and step tables every emitter appends to, symbolic
+ * launch arguments, storage dtypes, the prologue every generated program
+ * starts with, and the dispatch from op kind to its emitter. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+#ifndef MOEC_CUDA_ARCH_DEFAULT
+#define MOEC_CUDA_ARCH_DEFAULT "sm_90"
+#endif
+
+void cg_buf_printf(cg_buf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data ? b->data + b->len : NULL, b->data ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            break;
+        }
+        if (b->data && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + (size_t)n + 1)
+            cap *= 2;
+        char *p = realloc(b->data, cap);
+        if (!p) {
+            b->oom = 1;
+            break;
+        }
+        b->data = p;
+        b->cap = cap;
+    }
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+void cg_buf_free(cg_buf *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+void cg_options_default(cg_options *o)
+{
+    static const int buckets[] = {1, 2, 4, 8, 16, 32, 64};
+    memset(o, 0, sizeof *o);
+    o->compute_dtype = IR_DTYPE_BF16;
+    snprintf(o->arch, sizeof o->arch, "%s", MOEC_CUDA_ARCH_DEFAULT);
+    o->kv_block_size = 64;
+    o->n_buckets = (int)(sizeof buckets / sizeof *buckets);
+    memcpy(o->buckets, buckets, sizeof buckets);
+}
+
+int cg_kernel(cg_ctx *c, const char *name, int *is_new)
+{
+    for (int i = 0; i < c->n_kernels; i++)
+        if (!strcmp(c->kernel_names[i], name)) {
+            *is_new = 0;
+            return i;
+        }
+    if (c->n_kernels == c->kernels_cap) {
+        int cap = c->kernels_cap ? 2 * c->kernels_cap : 32;
+        char **p = realloc(c->kernel_names, sizeof *p * (size_t)cap);
+        if (!p)
+            return -1;
+        c->kernel_names = p;
+        c->kernels_cap = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy)
+        return -1;
+    c->kernel_names[c->n_kernels] = copy;
+    *is_new = 1;
+    return c->n_kernels++;
+}
+
+rt_step *cg_step(cg_ctx *c, rt_step_kind kind, const ir_op *op)
+{
+    if (c->n_steps == c->steps_cap) {
+        int cap = c->steps_cap ? 2 * c->steps_cap : 128;
+        rt_step *p = realloc(c->steps, sizeof *p * (size_t)cap);
+        if (!p)
+            return NULL;
+        c->steps = p;
+        c->steps_cap = cap;
+    }
+    rt_step *s = &c->steps[c->n_steps++];
+    memset(s, 0, sizeof *s);
+    s->kind = kind;
+    s->stream = op ? op->stream : 0;
+    s->op_id = op ? op->id : -1;
+    s->kernel = -1;
+    for (int i = 0; i < 3; i++)
+        s->grid[i] = s->block[i] = 1;
+    return s;
+}
+
+size_t cg_scratch(cg_ctx *c, size_t bytes)
+{
+    size_t off = (c->scratch_bytes + 15) / 16 * 16;
+    c->scratch_bytes = off + bytes;
+    return off;
+}
+
+/* Operands may be module inputs (the step inputs) or weights as well as
+ * activations: each becomes the argument kind that locates it. */
+rt_arg cg_arg_act(const ir_value *v)
+{
+    if (v->kind == IR_VALUE_WEIGHT)
+        return cg_arg_weight(v);
+    if (v->kind == IR_VALUE_INPUT && !strcmp(v->name, "tokens"))
+        return cg_arg_input(RT_INPUT_TOKENS);
+    if (v->kind == IR_VALUE_INPUT && !strcmp(v->name, "positions"))
+        return cg_arg_input(RT_INPUT_POSITIONS);
+    rt_arg a = {RT_ARG_ACT, v->id, 0, 0};
+    return a;
+}
+
+rt_arg cg_arg_weight(const ir_value *v)
+{
+    rt_arg a = {RT_ARG_WEIGHT, v->id, 0, 0};
+    return a;
+}
+
+rt_arg cg_arg_kv(const ir_op *attention_op, int pool)
+{
+    rt_arg a = {RT_ARG_KV, attention_op->id, pool, 0};
+    return a;
+}
+
+rt_arg cg_arg_input(rt_input which)
+{
+    rt_arg a = {RT_ARG_INPUT, (int)which, 0, 0};
+    return a;
+}
+
+rt_arg cg_arg_config(rt_config which)
+{
+    rt_arg a = {RT_ARG_CONFIG, (int)which, 0, 0};
+    return a;
+}
+
+rt_arg cg_arg_scratch(size_t offset)
+{
+    rt_arg a = {RT_ARG_SCRATCH, 0, (int64_t)offset, 0};
+    return a;
+}
+
+rt_arg cg_arg_i32(int64_t v)
+{
+    rt_arg a = {RT_ARG_I32, 0, v, 0};
+    return a;
+}
+
+rt_arg cg_arg_f32(double v)
+{
+    rt_arg a = {RT_ARG_F32, 0, 0, v};
+    return a;
+}
+
+ir_dtype cg_storage(const cg_ctx *c, const ir_value *v)
+{
+    return rt_value_storage_dtype(c->m, v, c->opt->compute_dtype);
+}
+
+const char *cg_ctype(ir_dtype dt)
+{
+    switch (dt) {
+    case IR_DTYPE_F32: return "float";
+    case IR_DTYPE_BF16: return "__nv_bfloat16";
+    case IR_DTYPE_F16: return "__half";
+    case IR_DTYPE_I32: return "int";
+    case IR_DTYPE_COUNT: break;
+    }
+    return "void";
+}
+
+/* The helpers every kernel may use. ld/st convert one element to and from
+ * fp32; ldv/stv move N consecutive elements with the widest aligned loads
+ * (16 bytes when N * sizeof(T) allows: callers guarantee the alignment);
+ * cpv copies N elements, bit for bit when the types agree. Block
+ * reductions need blockDim.x to be a multiple of 32. */
+static const char PROLOGUE[] =
+    "// moec generated CUDA C: prologue (codegen/cg.c), then one kernel per specialization\n"
+    "#include <cuda_bf16.h>\n"
+    "#include <cuda_fp16.h>\n"
+    "\n"
+    "#define MOEC_NEG_INF __int_as_float(0xff800000)\n"
+    "\n"
+    "__device__ __forceinline__ float ld(const float *p) { return *p; }\n"
+    "__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }\n"
+    "__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }\n"
+    "__device__ __forceinline__ void st(float *p, float v) { *p = v; }\n"
+    "__device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }\n"
+    "__device__ __forceinline__ void st(__half *p, float v) { *p = __float2half(v); }\n"
+    "\n"
+    "template <typename W, int N, typename T>\n"
+    "__device__ __forceinline__ void moec_ldw(const T *p, float *v)\n"
+    "{\n"
+    "    constexpr int E = (int)(sizeof(W) / sizeof(T));\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < N / E; i++) {\n"
+    "        W w = reinterpret_cast<const W *>(p)[i];\n"
+    "        const T *e = reinterpret_cast<const T *>(&w);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < E; j++)\n"
+    "            v[i * E + j] = ld(e + j);\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "template <typename W, int N, typename T>\n"
+    "__device__ __forceinline__ void moec_stw(T *p, const float *v)\n"
+    "{\n"
+    "    constexpr int E = (int)(sizeof(W) / sizeof(T));\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < N / E; i++) {\n"
+    "        W w;\n"
+    "        T *e = reinterpret_cast<T *>(&w);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < E; j++)\n"
+    "            st(e + j, v[i * E + j]);\n"
+    "        reinterpret_cast<W *>(p)[i] = w;\n"
+    "    }\n"
+    "}\n"
+    "\n"
+    "template <typename W, int N, typename T>\n"
+    "__device__ __forceinline__ void moec_cpw(T *y, const T *x)\n"
+    "{\n"
+    "    constexpr int E = (int)(sizeof(W) / sizeof(T));\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < N / E; i++)\n"
+    "        reinterpret_cast<W *>(y)[i] = reinterpret_cast<const W *>(x)[i];\n"
+    "}\n"
+    "\n"
+    "template <int N, typename T> __device__ __forceinline__ void ldv(const T *p, float *v)\n"
+    "{\n"
+    "    constexpr int B = N * (int)sizeof(T);\n"
+    "    if constexpr (B % 16 == 0) moec_ldw<uint4, N>(p, v);\n"
+    "    else if constexpr (B % 8 == 0) moec_ldw<uint2, N>(p, v);\n"
+    "    else if constexpr (B % 4 == 0 && sizeof(T) <= 4) moec_ldw<unsigned int, N>(p, v);\n"
+    "    else moec_ldw<T, N>(p, v);\n"
+    "}\n"
+    "\n"
+    "template <int N, typename T> __device__ __forceinline__ void stv(T *p, const float *v)\n"
+    "{\n"
+    "    constexpr int B = N * (int)sizeof(T);\n"
+    "    if constexpr (B % 16 == 0) moec_stw<uint4, N>(p, v);\n"
+    "    else if constexpr (B % 8 == 0) moec_stw<uint2, N>(p, v);\n"
+    "    else if constexpr (B % 4 == 0 && sizeof(T) <= 4) moec_stw<unsigned int, N>(p, v);\n"
+    "    else moec_stw<T, N>(p, v);\n"
+    "}\n"
+    "\n"
+    "template <int N, typename T> __device__ __forceinline__ void cpv(T *y, const T *x)\n"
+    "{\n"
+    "    constexpr int B = N * (int)sizeof(T);\n"
+    "    if constexpr (B % 16 == 0) moec_cpw<uint4, N>(y, x);\n"
+    "    else if constexpr (B % 8 == 0) moec_cpw<uint2, N>(y, x);\n"
+    "    else if constexpr (B % 4 == 0 && sizeof(T) <= 4) moec_cpw<unsigned int, N>(y, x);\n"
+    "    else moec_cpw<T, N>(y, x);\n"
+    "}\n"
+    "\n"
+    "template <int N, typename To, typename Ti> __device__ __forceinline__ void cpv(To *y, const Ti *x)\n"
+    "{\n"
+    "    float v[N];\n"
+    "    ldv<N>(x, v);\n"
+    "    stv<N>(y, v);\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ float warp_sum(float v)\n"
+    "{\n"
+    "#pragma unroll\n"
+    "    for (int o = 16; o > 0; o >>= 1)\n"
+    "        v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+    "    return v;\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ float warp_max(float v)\n"
+    "{\n"
+    "#pragma unroll\n"
+    "    for (int o = 16; o > 0; o >>= 1)\n"
+    "        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "    return v;\n"
+    "}\n"
+    "\n"
+    "template <bool MAX> __device__ __forceinline__ float moec_block_reduce(float v)\n"
+    "{\n"
+    "    __shared__ float part[32];\n"
+    "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+    "    const int n_warps = (blockDim.x + 31) >> 5;\n"
+    "    const float none = MAX ? MOEC_NEG_INF : 0.0f;\n"
+    "    v = MAX ? warp_max(v) : warp_sum(v);\n"
+    "    __syncthreads();\n"
+    "    if (lane == 0)\n"
+    "        part[warp] = v;\n"
+    "    __syncthreads();\n"
+    "    if (warp == 0) {\n"
+    "        v = lane < n_warps ? part[lane] : none;\n"
+    "        v = MAX ? warp_max(v) : warp_sum(v);\n"
+    "        if (lane == 0)\n"
+    "            part[0] = v;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    return part[0];\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ float block_sum(float v) { return moec_block_reduce<false>(v); }\n"
+    "__device__ __forceinline__ float block_max(float v) { return moec_block_reduce<true>(v); }\n"
+    "\n";
+
+void cg_emit_prologue(cg_buf *b) { cg_buf_printf(b, "%s", PROLOGUE); }
+
+moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
+{
+    moec_status st;
+    switch (op->kind) {
+    case IR_OP_EMBEDDING: st = cg_emit_embedding(c, op); break;
+    case IR_OP_RMS_NORM: st = cg_emit_rms_norm(c, op); break;
+    case IR_OP_LINEAR: st = cg_emit_linear(c, op); break;
+    case IR_OP_RESHAPE:
+    case IR_OP_SLICE:
+    case IR_OP_CONCAT:
+    case IR_OP_EXPAND: st = cg_emit_copy(c, op); break;
+    case IR_OP_ADD:
+    case IR_OP_MUL:
+    case IR_OP_SILU:
+    case IR_OP_SIGMOID:
+    case IR_OP_SILU_MUL: st = cg_emit_eltwise(c, op); break;
+    case IR_OP_REDUCE_SUM: st = cg_emit_reduce_sum(c, op); break;
+    case IR_OP_ROPE: st = cg_emit_rope(c, op); break;
+    case IR_OP_ATTENTION: st = cg_emit_attention(c, op); break;
+    case IR_OP_MLA_QABSORB:
+    case IR_OP_MLA_VABSORB: st = cg_emit_mla_absorb(c, op); break;
+    case IR_OP_MLA_ATTENTION: st = cg_emit_mla_attention(c, op); break;
+    case IR_OP_MOE_TOPK: st = cg_emit_moe_topk(c, op); break;
+    case IR_OP_MOE_ROUTED: st = cg_emit_moe_routed(c, op); break;
+    case IR_OP_MOE_EXPERTS: st = cg_emit_moe_experts(c, op); break;
+    case IR_OP_FORK:
+    case IR_OP_JOIN: st = cg_emit_stream(c, op); break;
+    default:
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "op %d (kind %d) has no CUDA code generator", op->id,
+                        (int)op->kind);
+    }
+    if (st == MOEC_OK && c->src.oom)
+        st = MOEC_ERR(MOEC_ERR_OOM, "out of memory generating the source of %%%s",
+                      op->out[0]->name);
+    if (st != MOEC_OK)
+        moec_err_wrap(st, "codegen of %s %%%s (bucket T=%d)", ir_op_name(op->kind),
+                      op->out[0]->name, c->T);
+    return st;
+}

@@ -1,0 +1,210 @@
+/* moe_topk.c — the MoE router's top-k (docs/IR.md, moe_topk): scores by
+ * softmax or sigmoid, a bias used for selection only, grouped selection
+ * (group score max or top2_sum), top_k experts by descending biased score
+ * with ties to the lower index, weights from the unbiased scores, optional
+ * renormalisation (+1e-20) and scaling. One warp per token: E is at most a
+ * few hundred, so a token's scores sit in shared memory and every
+ * selection is a warp arg-max. E, K and the grouping are literals; the
+ * scaling factor is an argument (layers share the kernel). */
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+static const char TOPK_BODY[] =
+    "    __shared__ float s_s[NW][E], s_c[NW][E], s_g[NW][NG];\n"
+    "    __shared__ unsigned char s_taken[NW][E], s_keep[NW][NG];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int t = blockIdx.x * NW + warp;\n"
+    "    if (t >= T)\n"
+    "        return;\n"
+    "    float *s = s_s[warp], *c = s_c[warp];\n"
+    "    unsigned char *taken = s_taken[warp];\n"
+    "    const float *l = logits + (long long)t * E;\n"
+    "    if constexpr (SOFTMAX) {\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            mx = fmaxf(mx, l[e]);\n"
+    "        mx = warp_max(mx);\n"
+    "        float sum = 0.0f;\n"
+    "        for (int e = lane; e < E; e += 32) {\n"
+    "            float v = expf(l[e] - mx);\n"
+    "            s[e] = v;\n"
+    "            sum += v;\n"
+    "        }\n"
+    "        sum = warp_sum(sum);\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            s[e] = s[e] / sum;\n"
+    "    } else {\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            s[e] = 1.0f / (1.0f + expf(-l[e]));\n"
+    "    }\n"
+    "    for (int e = lane; e < E; e += 32) {\n"
+    "        float v = s[e];\n"
+    "        if constexpr (HAS_BIAS)\n"
+    "            v += ld(bias + e);\n"
+    "        c[e] = v;\n"
+    "        taken[e] = 0;\n"
+    "    }\n"
+    "    __syncwarp();\n"
+    "    if constexpr (NG > 1) {\n"
+    "        /* each lane scores whole groups, scanning in index order as the\n"
+    "           interpreter does (first maximum wins) */\n"
+    "        for (int g = lane; g < NG; g += 32) {\n"
+    "            const float *cg = c + g * GS;\n"
+    "            int a = 0;\n"
+    "            for (int i = 1; i < GS; i++)\n"
+    "                if (cg[i] > cg[a])\n"
+    "                    a = i;\n"
+    "            float score = cg[a];\n"
+    "            if constexpr (TOP2) {\n"
+    "                int b = -1;\n"
+    "                for (int i = 0; i < GS; i++)\n"
+    "                    if (i != a && (b < 0 || cg[i] > cg[b]))\n"
+    "                        b = i;\n"
+    "                score += cg[b];\n"
+    "            }\n"
+    "            s_g[warp][g] = score;\n"
+    "            s_keep[warp][g] = 0;\n"
+    "        }\n"
+    "        __syncwarp();\n"
+    "        for (int j = 0; j < TG; j++) {\n"
+    "            float bv = MOEC_NEG_INF;\n"
+    "            int bi = NG;\n"
+    "            for (int g = lane; g < NG; g += 32)\n"
+    "                if (!s_keep[warp][g] && (bi == NG || s_g[warp][g] > bv)) { bv = s_g[warp][g]; bi = g; }\n"
+    "#pragma unroll\n"
+    "            for (int o = 16; o > 0; o >>= 1) {\n"
+    "                float ov = __shfl_xor_sync(0xffffffffu, bv, o);\n"
+    "                int oi = __shfl_xor_sync(0xffffffffu, bi, o);\n"
+    "                if (oi < NG && (bi == NG || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }\n"
+    "            }\n"
+    "            if (lane == (bi & 31))\n"
+    "                s_keep[warp][bi] = 1;\n"
+    "            __syncwarp();\n"
+    "        }\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            if (!s_keep[warp][e / GS])\n"
+    "                c[e] = MOEC_NEG_INF;\n"
+    "        __syncwarp();\n"
+    "    }\n"
+    "    /* top_k: lane e & 31 owns expert e, so only it reads or sets taken[e] */\n"
+    "    int my_id = 0;\n"
+    "    float my_w = 0.0f;\n"
+    "    for (int j = 0; j < K; j++) {\n"
+    "        float bv = MOEC_NEG_INF;\n"
+    "        int bi = E;\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            if (!taken[e] && (bi == E || c[e] > bv)) { bv = c[e]; bi = e; }\n"
+    "#pragma unroll\n"
+    "        for (int o = 16; o > 0; o >>= 1) {\n"
+    "            float ov = __shfl_xor_sync(0xffffffffu, bv, o);\n"
+    "            int oi = __shfl_xor_sync(0xffffffffu, bi, o);\n"
+    "            if (oi < E && (bi == E || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }\n"
+    "        }\n"
+    "        if (bi >= E)\n"
+    "            bi = 0;\n"
+    "        if (lane == (bi & 31))\n"
+    "            taken[bi] = 1;\n"
+    "        if (lane == j) {\n"
+    "            my_id = bi;\n"
+    "            my_w = s[bi];\n"
+    "        }\n"
+    "    }\n"
+    "    float sum = warp_sum(lane < K ? my_w : 0.0f);\n"
+    "    if (lane < K) {\n"
+    "        float w = my_w;\n"
+    "        if constexpr (NORM)\n"
+    "            w /= sum + 1e-20f;\n"
+    "        w *= scaling;\n"
+    "        ids[(long long)t * K + lane] = my_id;\n"
+    "        wts[(long long)t * K + lane] = w;\n"
+    "    }\n";
+
+moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
+{
+    const char *who = op->out[0]->name;
+    const ir_value *logits = op->in[0];
+    const ir_value *bias = op->n_in > 1 ? op->in[1] : NULL;
+    if (logits->type.rank != 2 || op->n_out != 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_topk %%%s: logits must be [T, E]", who);
+    long long E = logits->type.dims[1];
+    long long K = ir_op_attr_int(op, "top_k", 0);
+    long long NG = ir_op_attr_int(op, "n_group", 1);
+    long long TG = ir_op_attr_int(op, "topk_group", 1);
+    int norm = ir_op_attr_int(op, "norm_topk_prob", 0) != 0;
+    const char *scoring = ir_op_attr_str(op, "scoring", "");
+    const char *gscore = ir_op_attr_str(op, "group_score", "max");
+    int softmax = !strcmp(scoring, "softmax");
+    int top2 = !strcmp(gscore, "top2_sum");
+    if (!softmax && strcmp(scoring, "sigmoid"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_topk %%%s: scoring \"%s\"", who, scoring);
+    if (!top2 && strcmp(gscore, "max"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_topk %%%s: group_score \"%s\"", who, gscore);
+    if (K < 1 || K > E || NG < 1 || E % NG || TG < 1 || TG > NG || (top2 && NG > 1 && E / NG < 2) ||
+        (NG > 1 && K > TG * (E / NG)))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "moe_topk %%%s: top_k %lld, n_group %lld, topk_group %lld do not fit %lld "
+                        "experts",
+                        who, K, NG, TG, E);
+    if (K > 32)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "moe_topk %%%s: top_k %lld > 32 (one lane per choice)",
+                        who, K);
+    if (cg_storage(c, logits) != IR_DTYPE_F32 || cg_storage(c, op->out[0]) != IR_DTYPE_I32 ||
+        cg_storage(c, op->out[1]) != IR_DTYPE_F32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "moe_topk %%%s: logits and weights must be stored as f32, ids as i32", who);
+    /* shared memory per warp: s, c (floats), taken flags, group scores and flags */
+    long long per_warp = E * 9 + NG * 5;
+    int nw = 4;
+    while (nw > 1 && per_warp * nw > 40 * 1024)
+        nw--;
+    if (per_warp > 40 * 1024)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "moe_topk %%%s: %lld experts do not fit shared memory",
+                        who, E);
+    ir_dtype bdt = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
+    char name[160];
+    snprintf(name, sizeof name, "moe_topk_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", E, K,
+             softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
+             bias ? ir_dtype_name(bdt) : "0", c->T);
+    int is_new = 0;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// moe_topk: router scores and grouped top-k, one warp per token "
+                      "(codegen/moe_topk.c, cg_emit_moe_topk)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
+                      "logits, ",
+                      nw * 32, name);
+        if (bias)
+            cg_buf_printf(&c->src, "const %s *__restrict__ bias, ", cg_ctype(bdt));
+        cg_buf_printf(&c->src,
+                      "int *__restrict__ ids, float *__restrict__ wts, float scaling)\n{\n"
+                      "    constexpr int E = %lld, K = %lld, NG = %lld, TG = %lld, GS = E / NG, T = %d, "
+                      "NW = %d;\n"
+                      "    constexpr bool SOFTMAX = %s, TOP2 = %s, NORM = %s, HAS_BIAS = %s;\n",
+                      E, K, NG, TG, c->T, nw, softmax ? "true" : "false", top2 ? "true" : "false",
+                      norm ? "true" : "false", bias ? "true" : "false");
+        if (!bias)
+            cg_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
+        cg_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
+    }
+    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
+    s->kernel = k;
+    s->grid[0] = (unsigned)((c->T + nw - 1) / nw);
+    s->block[0] = (unsigned)(nw * 32);
+    int n = 0;
+    s->args[n++] = cg_arg_act(logits);
+    if (bias)
+        s->args[n++] = cg_arg_act(bias);
+    s->args[n++] = cg_arg_act(op->out[0]);
+    s->args[n++] = cg_arg_act(op->out[1]);
+    s->args[n++] = cg_arg_f32(ir_op_attr_float(op, "scaling", 1.0));
+    s->n_args = n;
+    return MOEC_OK;
+}

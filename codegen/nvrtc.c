@@ -1,0 +1,410 @@
+/* nvrtc.c — CUDA C source to a cubin with NVRTC, through an on-disk cache
+ * keyed by a hash of the source, the options and the NVRTC version, so
+ * that recompiling an unchanged model costs a file read. A cache entry
+ * carries its own length and checksum: a truncated or corrupt one is
+ * recompiled and replaced. A compile error keeps NVRTC's log and the
+ * numbered source in a file beside the cache, since the error string is
+ * too short for them. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+#ifdef MOEC_HAVE_CUDA
+
+#include <dlfcn.h>
+#include <nvrtc.h>
+
+#define CACHE_MAGIC "MOECCUB1"
+#define KEY_LEN 32 /* hex digits of the 128-bit key */
+
+/* ---- hashing -------------------------------------------------------------- */
+
+typedef struct key_hash {
+    uint64_t a, b; /* FNV-1a 64 from two offset bases: a 128-bit key */
+} key_hash;
+
+static void hash_init(key_hash *h)
+{
+    h->a = 0xcbf29ce484222325ull;
+    h->b = 0x84222325cbf29ce4ull;
+}
+
+/* Hashes the bytes and a terminating 0, so that ("ab", "c") != ("a", "bc"). */
+static void hash_str(key_hash *h, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (;; p++) {
+        h->a = (h->a ^ *p) * 0x100000001b3ull;
+        h->b = (h->b ^ *p ^ 0x5a) * 0x100000001b3ull;
+        if (!*p)
+            break;
+    }
+}
+
+static uint64_t fnv1a64(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* ---- the cache directory -------------------------------------------------- */
+
+/* The cache directory into buf: dir, else $MOEC_CACHE_DIR, else
+ * $HOME/.cache/moec/cubin; 0 when there is none. */
+static int cache_dir_path(const char *dir, char *buf, size_t cap)
+{
+    const char *env = getenv("MOEC_CACHE_DIR");
+    const char *home = getenv("HOME");
+    int n;
+    if (dir && *dir)
+        n = snprintf(buf, cap, "%s", dir);
+    else if (env && *env)
+        n = snprintf(buf, cap, "%s", env);
+    else if (home && *home)
+        n = snprintf(buf, cap, "%s/.cache/moec/cubin", home);
+    else
+        return 0;
+    return n > 0 && (size_t)n < cap;
+}
+
+/* mkdir -p; 0 when the directory exists afterwards. */
+static int make_dirs(const char *path)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
+        return -1;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0777) != 0 && errno != EEXIST)
+        return -1;
+    struct stat sb;
+    return stat(tmp, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
+}
+
+/* Cache entry: magic, key, u64 payload size, u64 FNV-1a 64 of the payload,
+ * then the cubin. Returns 1 and the payload when the entry is whole. */
+static int cache_read(const char *path, const char *key, void **cubin, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    char magic[8], k[KEY_LEN];
+    uint64_t n = 0, sum = 0;
+    void *data = NULL;
+    int ok = fread(magic, 1, 8, f) == 8 && !memcmp(magic, CACHE_MAGIC, 8) &&
+             fread(k, 1, KEY_LEN, f) == KEY_LEN && !memcmp(k, key, KEY_LEN) &&
+             fread(&n, sizeof n, 1, f) == 1 && fread(&sum, sizeof sum, 1, f) == 1 && n > 0 &&
+             n < ((uint64_t)1 << 32);
+    if (ok) {
+        data = malloc((size_t)n);
+        ok = data && fread(data, 1, (size_t)n, f) == n && fgetc(f) == EOF &&
+             fnv1a64(data, (size_t)n) == sum;
+    }
+    fclose(f);
+    if (!ok) {
+        free(data);
+        return 0;
+    }
+    *cubin = data;
+    *size = (size_t)n;
+    return 1;
+}
+
+/* Writes the entry through a temporary file renamed into place, so that a
+ * reader never sees half of it. Failing to cache is not an error. */
+static void cache_write(const char *dir, const char *path, const char *key, const void *cubin,
+                        size_t size)
+{
+    char tmp[4200];
+    if (make_dirs(dir) != 0 || snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp)
+        return;
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        return;
+    }
+    uint64_t n = size, sum = fnv1a64(cubin, size);
+    int ok = fwrite(CACHE_MAGIC, 1, 8, f) == 8 && fwrite(key, 1, KEY_LEN, f) == KEY_LEN &&
+             fwrite(&n, sizeof n, 1, f) == 1 && fwrite(&sum, sizeof sum, 1, f) == 1 &&
+             fwrite(cubin, 1, size, f) == size;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0)
+        unlink(tmp);
+}
+
+/* ---- compile errors ------------------------------------------------------- */
+
+/* Appends line `no` (1-based) of src to out as "  12| text". */
+static void numbered_line(cg_buf *out, const char *src, int no, int max_chars)
+{
+    const char *p = src;
+    for (int l = 1; l < no && p; l++) {
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    if (!p || !*p)
+        return;
+    const char *e = strchr(p, '\n');
+    int len = e ? (int)(e - p) : (int)strlen(p);
+    cg_buf_printf(out, "%4d| %.*s%s\n", no, len < max_chars ? len : max_chars, p,
+                  len > max_chars ? " ..." : "");
+}
+
+/* The log and the whole source, numbered, into <dir>/failed-<key>.cu.txt;
+ * 0 and the path in path when written. */
+static int write_failure(const char *dir, const char *key, const char *arch, const char *log,
+                         const char *src, char *path, size_t cap)
+{
+    if (make_dirs(dir) != 0 ||
+        snprintf(path, cap, "%s/failed-%s.cu.txt", dir, key) >= (int)cap)
+        return -1;
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    int ok = fprintf(f, "NVRTC log (--gpu-architecture=%s):\n%s\nsource:\n", arch, log) >= 0;
+    int no = 1;
+    for (const char *p = src; ok && *p; no++) {
+        const char *e = strchr(p, '\n');
+        int len = e ? (int)(e - p) : (int)strlen(p);
+        ok = fprintf(f, "%4d| %.*s\n", no, len, p) >= 0;
+        p = e ? e + 1 : p + len;
+    }
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* The first source line an NVRTC log complains about ("prog.cu(12): error"); 0 if none. */
+static int first_error_line(const char *log)
+{
+    for (const char *p = strstr(log, ".cu("); p; p = strstr(p + 1, ".cu(")) {
+        char *end;
+        long no = strtol(p + 4, &end, 10);
+        if (end != p + 4 && *end == ')' && no > 0 && no < 1000000000)
+            return (int)no;
+    }
+    return 0;
+}
+
+/* MOEC_ERR_CUDA with the file holding everything, the first lines of the
+ * log and the source lines around the first error. */
+static moec_status compile_error(const char *dir, const char *key, const char *arch,
+                                 const char *log, const char *src)
+{
+    char path[4200] = "";
+    int saved = write_failure(dir, key, arch, log, src, path, sizeof path) == 0;
+    cg_buf msg = {0};
+    cg_buf_printf(&msg, "NVRTC could not compile the program for %s (%s%s):\n", arch,
+                  saved ? "full log and numbered source in " : "could not save the log in ",
+                  saved ? path : dir);
+    int len = (int)strlen(log), shown = 0;
+    for (const char *p = log; *p && shown < 12 && p - log < 1400; shown++) {
+        const char *e = strchr(p, '\n');
+        int n = e ? (int)(e - p) : (int)strlen(p);
+        cg_buf_printf(&msg, "%.*s\n", n < 300 ? n : 300, p);
+        p = e ? e + 1 : p + n;
+        if (p - log >= len)
+            break;
+    }
+    int at = first_error_line(log);
+    if (at > 0) {
+        cg_buf_printf(&msg, "source around line %d:\n", at);
+        for (int l = at > 3 ? at - 3 : 1; l <= at + 2; l++)
+            numbered_line(&msg, src, l, 160);
+    }
+    moec_status st = MOEC_ERR(MOEC_ERR_CUDA, "%s", msg.data ? msg.data : "NVRTC compile failed");
+    cg_buf_free(&msg);
+    return st;
+}
+
+/* ---- NVRTC ---------------------------------------------------------------- */
+
+#define CHECK_NVRTC(call)                                                                    \
+    do {                                                                                     \
+        nvrtcResult r_ = (call);                                                             \
+        if (r_ != NVRTC_SUCCESS) {                                                           \
+            st = MOEC_ERR(MOEC_ERR_CUDA, "%s failed: %s", #call, nvrtcGetErrorString(r_));    \
+            goto out;                                                                        \
+        }                                                                                    \
+    } while (0)
+
+static int has_bf16_header(const char *dir)
+{
+    char p[4200];
+    if (snprintf(p, sizeof p, "%s/cuda_bf16.h", dir) >= (int)sizeof p)
+        return 0;
+    return access(p, R_OK) == 0;
+}
+
+/* The CUDA include directory generated code's #include <cuda_bf16.h> needs
+ * (NVRTC has no built-in search path): the build's toolkit, $CUDA_HOME or
+ * $CUDA_PATH, beside the NVRTC library in use, or /usr/local/cuda. */
+static int cuda_include_dir(char *buf, size_t cap)
+{
+    const char *cands[4] = {NULL, NULL, NULL, "/usr/local/cuda/include"};
+    char env1[4096], env2[4096], lib[4096];
+#ifdef MOEC_CUDA_INCLUDE_DIR
+    if (has_bf16_header(MOEC_CUDA_INCLUDE_DIR))
+        return snprintf(buf, cap, "%s", MOEC_CUDA_INCLUDE_DIR) < (int)cap;
+#endif
+    const char *h = getenv("CUDA_HOME"), *p = getenv("CUDA_PATH");
+    if (h && snprintf(env1, sizeof env1, "%s/include", h) < (int)sizeof env1)
+        cands[0] = env1;
+    if (p && snprintf(env2, sizeof env2, "%s/include", p) < (int)sizeof env2)
+        cands[1] = env2;
+    Dl_info info;
+    if (dladdr((void *)nvrtcVersion, &info) && info.dli_fname) {
+        const char *slash = strrchr(info.dli_fname, '/');
+        if (slash && snprintf(lib, sizeof lib, "%.*s/../include", (int)(slash - info.dli_fname),
+                              info.dli_fname) < (int)sizeof lib)
+            cands[2] = lib;
+    }
+    for (int i = 0; i < 4; i++)
+        if (cands[i] && has_bf16_header(cands[i]))
+            return snprintf(buf, cap, "%s", cands[i]) < (int)cap;
+    return 0;
+}
+
+static int valid_arch(const char *arch)
+{
+    if (strncmp(arch, "sm_", 3) != 0 || !arch[3])
+        return 0;
+    for (const char *p = arch + 3; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z')))
+            return 0;
+    return arch[3] >= '1' && arch[3] <= '9';
+}
+
+moec_status cg_compile(const char *src, const char *arch, const char *cache_dir, void **cubin,
+                       size_t *size)
+{
+    if (!src || !arch || !cubin || !size)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_compile: NULL argument");
+    *cubin = NULL;
+    *size = 0;
+    if (strlen(arch) >= 16 || !valid_arch(arch))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "cg_compile: target arch \"%s\" is not a real GPU arch like sm_90", arch);
+    int major = 0, minor = 0;
+    nvrtcResult vr = nvrtcVersion(&major, &minor);
+    if (vr != NVRTC_SUCCESS)
+        return MOEC_ERR(MOEC_ERR_CUDA, "nvrtcVersion failed: %s", nvrtcGetErrorString(vr));
+    char version[64], opt_arch[64], opt_inc[4200], inc[4096];
+    snprintf(version, sizeof version, "nvrtc %d.%d", major, minor);
+    snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
+    const char *opts[3] = {opt_arch, "--std=c++17", NULL};
+    int n_opts = 2;
+    if (cuda_include_dir(inc, sizeof inc)) {
+        snprintf(opt_inc, sizeof opt_inc, "-I%s", inc);
+        opts[n_opts++] = opt_inc;
+    }
+
+    key_hash h;
+    hash_init(&h);
+    hash_str(&h, version);
+    for (int i = 0; i < n_opts; i++)
+        hash_str(&h, opts[i]);
+    hash_str(&h, src);
+    char key[KEY_LEN + 1];
+    snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
+
+    char dir[4096], path[4200];
+    int have_dir = cache_dir_path(cache_dir, dir, sizeof dir) &&
+                   snprintf(path, sizeof path, "%s/%s.cubin", dir, key) < (int)sizeof path;
+    if (!have_dir)
+        snprintf(dir, sizeof dir, "%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (have_dir && cache_read(path, key, cubin, size))
+        return MOEC_OK;
+
+    moec_status st = MOEC_OK;
+    nvrtcProgram prog = NULL;
+    char *log = NULL, *bin = NULL;
+    char prog_name[64];
+    snprintf(prog_name, sizeof prog_name, "moec_%.16s.cu", key);
+    CHECK_NVRTC(nvrtcCreateProgram(&prog, src, prog_name, 0, NULL, NULL));
+    nvrtcResult cr = nvrtcCompileProgram(prog, n_opts, opts);
+    if (cr != NVRTC_SUCCESS && cr != NVRTC_ERROR_COMPILATION) {
+        st = MOEC_ERR(MOEC_ERR_CUDA, "nvrtcCompileProgram failed: %s", nvrtcGetErrorString(cr));
+        goto out;
+    }
+    if (cr == NVRTC_ERROR_COMPILATION) {
+        size_t log_size = 0;
+        CHECK_NVRTC(nvrtcGetProgramLogSize(prog, &log_size));
+        log = malloc(log_size + 1);
+        if (!log) {
+            st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading the NVRTC log");
+            goto out;
+        }
+        CHECK_NVRTC(nvrtcGetProgramLog(prog, log));
+        log[log_size] = '\0';
+        st = compile_error(dir, key, arch, log, src);
+        goto out;
+    }
+    size_t n = 0;
+    CHECK_NVRTC(nvrtcGetCUBINSize(prog, &n));
+    if (n == 0) {
+        st = MOEC_ERR(MOEC_ERR_CUDA, "NVRTC produced an empty cubin for %s", arch);
+        goto out;
+    }
+    bin = malloc(n);
+    if (!bin) {
+        st = MOEC_ERR(MOEC_ERR_OOM, "out of memory for a %zu-byte cubin", n);
+        goto out;
+    }
+    CHECK_NVRTC(nvrtcGetCUBIN(prog, bin));
+    if (have_dir)
+        cache_write(dir, path, key, bin, n);
+    *cubin = bin;
+    *size = n;
+    bin = NULL;
+out:
+    if (prog) {
+        nvrtcResult dr = nvrtcDestroyProgram(&prog);
+        if (dr != NVRTC_SUCCESS && st == MOEC_OK) {
+            free(*cubin);
+            *cubin = NULL;
+            *size = 0;
+            st = MOEC_ERR(MOEC_ERR_CUDA, "nvrtcDestroyProgram failed: %s", nvrtcGetErrorString(dr));
+        }
+    }
+    free(log);
+    free(bin);
+    return st;
+}
+
+#else
+
+moec_status cg_compile(const char *src, const char *arch, const char *cache_dir, void **cubin,
+                       size_t *size)
+{
+    (void)src;
+    (void)arch;
+    (void)cache_dir;
+    if (cubin)
+        *cubin = NULL;
+    if (size)
+        *size = 0;
+    return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                    "cg_compile: moec was built without NVRTC (no CUDA toolkit found by CMake)");
+}
+
+#endif
