@@ -1,12 +1,295 @@
-/* attention.c — placeholder until the GQA attention emitter lands: reports that this op has
- * no CUDA code generator yet, so that the library links and cg_emit_op gives
- * a clear error. */
+/* attention.c — GQA attention over the paged KV cache (docs/IR.md,
+ * attention; docs/CUDA.md, KV cache). q, k, v arrive normed and rotated.
+ * Two kernels: the cache write of this step's k and v rows (padding tokens,
+ * slot -1, write nothing), then attention of each token over its cached
+ * positions (causal p <= pos, optional window) with an online softmax in
+ * fp32. One block per (token, kv head, group of query heads): the heads of
+ * a GQA group share every k and v row the block reads. Warps take tiles of
+ * 32 positions (one per lane for the scores, then all lanes over the value
+ * channels) and merge their partial softmax states at the end. */
+#include <stdio.h>
+
 #include "codegen/cg.h"
 #include "err.h"
 
+/* Positions per warp tile (one per lane) and warps per block. */
+#define ATTN_TILE 32
+#define ATTN_WARPS 4
+
+static const char WRITE_BODY[] =
+    "    const int t = blockIdx.x;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks)\n"
+    "        return;\n"
+    "    const long long row = (long long)block_table[(long long)s * max_blocks + p / BS] * BS + p % BS;\n"
+    "    const TS *ks = k + (long long)t * KROW;\n"
+    "    const TS *vs = v + (long long)t * VROW;\n"
+    "    TS *kd = kpool + row * KROW;\n"
+    "    TS *vd = vpool + row * VROW;\n"
+    "    for (int i = threadIdx.x; i < KROW / KV; i += blockDim.x)\n"
+    "        cpv<KV>(kd + i * KV, ks + i * KV);\n"
+    "    for (int i = threadIdx.x; i < VROW / VV; i += blockDim.x)\n"
+    "        cpv<VV>(vd + i * VV, vs + i * VV);\n";
+
+static const char ATTN_BODY[] =
+    "    constexpr int G = H / HKV, NW = NT / 32, CPL = (DV + 31) / 32;\n"
+    "    __shared__ float q_s[GB][DK];\n"
+    "    __shared__ float p_s[NW][TILE][GB];\n"
+    "    __shared__ long long row_s[NW][TILE];\n"
+    "    __shared__ float m_s[NW][GB], l_s[NW][GB];\n"
+    "    __shared__ float acc_s[NW][GB][DV];\n"
+    "    const int t = blockIdx.x, kh = blockIdx.y;\n"
+    "    const int h0 = kh * G + blockIdx.z * GB;\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    TS *o = out + ((long long)t * H + h0) * DV;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        for (int i = threadIdx.x; i < GB * DV; i += NT)\n"
+    "            st(o + i, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    const TS *qt = q + ((long long)t * H + h0) * DK;\n"
+    "    for (int i = threadIdx.x; i < GB * DK; i += NT)\n"
+    "        q_s[i / DK][i % DK] = ld(qt + i);\n"
+    "    __syncthreads();\n"
+    "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
+    "    const int n_tiles = (p - lo + TILE) / TILE;\n"
+    "    const int *bt = block_table + (long long)s * max_blocks;\n"
+    "    float m[GB], lsum[GB], acc[GB][CPL];\n"
+    "#pragma unroll\n"
+    "    for (int g = 0; g < GB; g++) {\n"
+    "        m[g] = MOEC_NEG_INF;\n"
+    "        lsum[g] = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < CPL; c++)\n"
+    "            acc[g][c] = 0.0f;\n"
+    "    }\n"
+    "    for (int tile = warp; tile < n_tiles; tile += NW) {\n"
+    "        const int p0 = lo + tile * TILE, pp = p0 + lane;\n"
+    "        const bool valid = pp <= p;\n"
+    "        float sc[GB];\n"
+    "        if (valid) {\n"
+    "            const long long row = (long long)bt[pp / BS] * BS + pp % BS;\n"
+    "            row_s[warp][lane] = row;\n"
+    "            const TS *kr = kpool + (row * HKV + kh) * DK;\n"
+    "            float dot[GB];\n"
+    "#pragma unroll\n"
+    "            for (int g = 0; g < GB; g++)\n"
+    "                dot[g] = 0.0f;\n"
+    "            for (int d = 0; d < DK; d += KV) {\n"
+    "                float kf[KV];\n"
+    "                ldv<KV>(kr + d, kf);\n"
+    "#pragma unroll\n"
+    "                for (int g = 0; g < GB; g++)\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < KV; j++)\n"
+    "                        dot[g] += q_s[g][d + j] * kf[j];\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int g = 0; g < GB; g++)\n"
+    "                sc[g] = dot[g] * scale;\n"
+    "        } else {\n"
+    "#pragma unroll\n"
+    "            for (int g = 0; g < GB; g++)\n"
+    "                sc[g] = MOEC_NEG_INF;\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int g = 0; g < GB; g++) {\n"
+    "            const float mnew = fmaxf(m[g], warp_max(sc[g]));\n"
+    "            const float alpha = expf(m[g] - mnew);\n"
+    "            const float pr = valid ? expf(sc[g] - mnew) : 0.0f;\n"
+    "            lsum[g] = lsum[g] * alpha + pr;\n"
+    "            m[g] = mnew;\n"
+    "            p_s[warp][lane][g] = pr;\n"
+    "#pragma unroll\n"
+    "            for (int c = 0; c < CPL; c++)\n"
+    "                acc[g][c] *= alpha;\n"
+    "        }\n"
+    "        __syncwarp();\n"
+    "        const int n_valid = p - p0 + 1 < TILE ? p - p0 + 1 : TILE;\n"
+    "        for (int i = 0; i < n_valid; i++) {\n"
+    "            const TS *vr = vpool + (row_s[warp][i] * HKV + kh) * DV;\n"
+    "            float vf[CPL];\n"
+    "            if constexpr (DV % 32 == 0) {\n"
+    "                ldv<CPL>(vr + lane * CPL, vf);\n"
+    "            } else {\n"
+    "#pragma unroll\n"
+    "                for (int c = 0; c < CPL; c++)\n"
+    "                    vf[c] = lane * CPL + c < DV ? ld(vr + lane * CPL + c) : 0.0f;\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int g = 0; g < GB; g++) {\n"
+    "                const float pg = p_s[warp][i][g];\n"
+    "#pragma unroll\n"
+    "                for (int c = 0; c < CPL; c++)\n"
+    "                    acc[g][c] += pg * vf[c];\n"
+    "            }\n"
+    "        }\n"
+    "        __syncwarp();\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int g = 0; g < GB; g++) {\n"
+    "        const float l = warp_sum(lsum[g]);\n"
+    "        if (lane == 0) {\n"
+    "            m_s[warp][g] = m[g];\n"
+    "            l_s[warp][g] = l;\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int c = 0; c < CPL; c++)\n"
+    "            if (lane * CPL + c < DV)\n"
+    "                acc_s[warp][g][lane * CPL + c] = acc[g][c];\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    for (int i = threadIdx.x; i < GB * DV; i += NT) {\n"
+    "        const int g = i / DV, c = i % DV;\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "#pragma unroll\n"
+    "        for (int w = 0; w < NW; w++)\n"
+    "            mx = fmaxf(mx, m_s[w][g]);\n"
+    "        float l = 0.0f, a = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int w = 0; w < NW; w++) {\n"
+    "            if (m_s[w][g] == MOEC_NEG_INF)\n"
+    "                continue;\n"
+    "            const float f = expf(m_s[w][g] - mx);\n"
+    "            l += l_s[w][g] * f;\n"
+    "            a += acc_s[w][g][c] * f;\n"
+    "        }\n"
+    "        st(o + i, a / l);\n"
+    "    }\n";
+
+/* The widest of 8, 4, 2, 1 elements that divides n. */
+static int vec_of(long long n)
+{
+    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
+}
+
+static const char *dt_tag(ir_dtype dt) { return ir_dtype_name(dt); }
+
+/* Query heads per block: the largest divisor of the group size G, at most
+ * 8 (registers), whose shared memory fits. */
+static int heads_per_block(long long G, long long DK, long long DV)
+{
+    for (int gb = (int)(G < 8 ? G : 8); gb >= 1; gb--) {
+        if (G % gb)
+            continue;
+        long long smem = (long long)gb * DK * 4 + (long long)ATTN_WARPS * ATTN_TILE * gb * 4 +
+                         (long long)ATTN_WARPS * ATTN_TILE * 8 + 2LL * ATTN_WARPS * gb * 4 +
+                         (long long)ATTN_WARPS * gb * DV * 4;
+        if (smem <= 44 * 1024)
+            return gb;
+    }
+    return 0;
+}
+
 moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
 {
-    (void)c;
-    return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "attention %%%s: CUDA code generation is not implemented yet",
-                    op->out[0]->name);
+    const char *who = op->out[0]->name;
+    const ir_value *q = op->in[0], *kv = op->in[1], *vv = op->in[2];
+    if (op->n_in != 4 || q->type.rank != 3 || kv->type.rank != 3 || vv->type.rank != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "attention %%%s: wants q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], pos",
+                        who);
+    long long H = q->type.dims[1], DK = q->type.dims[2], HKV = kv->type.dims[1],
+              DV = vv->type.dims[2];
+    if (HKV < 1 || H % HKV || kv->type.dims[2] != DK || vv->type.dims[1] != HKV)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "attention %%%s: q heads %lld must be a multiple of kv heads %lld, with "
+                        "matching head dims",
+                        who, H, HKV);
+    ir_dtype dt = cg_storage(c, q);
+    if (cg_storage(c, kv) != dt || cg_storage(c, vv) != dt || cg_storage(c, op->out[0]) != dt ||
+        dt != c->opt->compute_dtype)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "attention %%%s: q, k, v and the result must be stored in the compute dtype",
+                        who);
+    int bs = c->opt->kv_block_size;
+    if (bs < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "attention %%%s: kv_block_size %d", who, bs);
+    long long G = H / HKV;
+    int gb = heads_per_block(G, DK, DV);
+    if (gb == 0)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "attention %%%s: head dims %lld, %lld do not fit shared memory", who, DK, DV);
+    const char *ts = cg_ctype(dt);
+    long long krow = HKV * DK, vrow = HKV * DV;
+
+    /* kernel 1: cache write */
+    char wname[160];
+    snprintf(wname, sizeof wname, "attn_kv_write_hkv%lld_dk%lld_dv%lld_bs%d_t%d_%s", HKV, DK, DV,
+             bs, c->T, dt_tag(dt));
+    int is_new = 0;
+    int kw = cg_kernel(c, wname, &is_new);
+    if (kw < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// attention: cache write of k and v (codegen/attention.c, cg_emit_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const %s *__restrict__ k, "
+                      "const %s *__restrict__ v, const int *__restrict__ pos, const int *__restrict__ "
+                      "slots, const int *__restrict__ block_table, int max_blocks, %s *__restrict__ "
+                      "kpool, %s *__restrict__ vpool)\n{\n"
+                      "    typedef %s TS;\n"
+                      "    constexpr int BS = %d, KROW = %lld, VROW = %lld, KV = %d, VV = %d;\n",
+                      wname, ts, ts, ts, ts, ts, bs, krow, vrow, vec_of(krow), vec_of(vrow));
+        cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
+    }
+    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
+    s->kernel = kw;
+    s->grid[0] = (unsigned)c->T;
+    s->block[0] = 128;
+    s->n_args = 8;
+    s->args[0] = cg_arg_act(kv);
+    s->args[1] = cg_arg_act(vv);
+    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
+    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[6] = cg_arg_kv(op, 0);
+    s->args[7] = cg_arg_kv(op, 1);
+
+    /* kernel 2: attention over the cache */
+    char aname[160];
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_bs%d_t%d_%s", H, HKV, DK,
+             DV, gb, bs, c->T, dt_tag(dt));
+    int ka = cg_kernel(c, aname, &is_new);
+    if (ka < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// attention: GQA over the paged cache, online softmax "
+                      "(codegen/attention.c, cg_emit_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ q, "
+                      "const int *__restrict__ pos, const int *__restrict__ slots, const int "
+                      "*__restrict__ block_table, int max_blocks, const %s *__restrict__ kpool, const "
+                      "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window)\n{\n"
+                      "    typedef %s TS;\n"
+                      "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
+                      "NT = %d, TILE = %d, KV = %d;\n",
+                      ATTN_WARPS * 32, aname, ts, ts, ts, ts, ts, H, HKV, DK, DV, gb, bs,
+                      ATTN_WARPS * 32, ATTN_TILE, vec_of(DK));
+        cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
+    s->kernel = ka;
+    s->grid[0] = (unsigned)c->T;
+    s->grid[1] = (unsigned)HKV;
+    s->grid[2] = (unsigned)(G / gb);
+    s->block[0] = ATTN_WARPS * 32;
+    s->n_args = 10;
+    s->args[0] = cg_arg_act(q);
+    s->args[1] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[2] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[3] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
+    s->args[4] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[5] = cg_arg_kv(op, 0);
+    s->args[6] = cg_arg_kv(op, 1);
+    s->args[7] = cg_arg_act(op->out[0]);
+    s->args[8] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
+    s->args[9] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+    return MOEC_OK;
 }

@@ -1,12 +1,321 @@
-/* mla_attention.c — placeholder until the MLA attention emitter lands: reports that this op has
- * no CUDA code generator yet, so that the library links and cg_emit_op gives
- * a clear error. */
+/* mla_attention.c — MLA decode attention over the compressed paged cache
+ * (docs/IR.md, mla_attention): the cache holds only kv_c [r] and k_pe [dr]
+ * per position; logits are scale * (q_c . kv_c[p] + q_pe . k_pe[p]) and the
+ * values are kv_c[p] itself. Two kernels: the cache write of this step's
+ * rows (none for padding tokens), then attention. Every head of a token
+ * reads the same cache rows, so one block takes one token and a group of
+ * heads: each tile of positions is read from the cache once into shared
+ * memory and serves all the block's heads, first for the scores (one thread
+ * per (head, position)), then for the output (each thread owns a few heads
+ * by a few channels), with an online softmax in fp32 in between. */
+#include <stdio.h>
+
 #include "codegen/cg.h"
 #include "err.h"
 
+#define MLA_THREADS 256
+#define MLA_SMEM_MAX (46 * 1024)
+
+static const char WRITE_BODY[] =
+    "    const int t = blockIdx.x;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks)\n"
+    "        return;\n"
+    "    const long long row = (long long)block_table[(long long)s * max_blocks + p / BS] * BS + p % BS;\n"
+    "    for (int i = threadIdx.x; i < R / VR; i += blockDim.x)\n"
+    "        cpv<VR>(kvpool + row * R + i * VR, kv_c + (long long)t * R + i * VR);\n"
+    "    for (int i = threadIdx.x; i < DR / VD; i += blockDim.x)\n"
+    "        cpv<VD>(pepool + row * DR + i * VD, k_pe + (long long)t * DR + i * VD);\n";
+
+static const char ATTN_BODY[] =
+    "    constexpr int NW = NT / 32, RS = R + DR, RG = R / CS, ITEMS = (HB / HS) * RG;\n"
+    "    constexpr int NI = (ITEMS + NT - 1) / NT;\n"
+    "    __shared__ __align__(16) TS q_s[HB][QLD];\n"
+    "    __shared__ __align__(16) TS kv_s[PT][LDK];\n"
+    "    __shared__ float sc_s[HB][PT + 1];\n"
+    "    __shared__ float p_s[PT][HB];\n"
+    "    __shared__ float alpha_s[HB], m_s[HB], l_s[HB];\n"
+    "    __shared__ long long row_s[PT];\n"
+    "    const int t = blockIdx.x, h0 = blockIdx.y * HB;\n"
+    "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    TS *o = out + ((long long)t * H + h0) * R;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        for (int i = tid; i < HB * R; i += NT)\n"
+    "            st(o + i, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    for (int i = tid; i < HB * RS; i += NT) {\n"
+    "        const int hh = i / RS, j = i % RS;\n"
+    "        q_s[hh][j] = j < R ? q_c[((long long)t * H + h0 + hh) * R + j]\n"
+    "                           : q_pe[((long long)t * H + h0 + hh) * DR + j - R];\n"
+    "    }\n"
+    "    if (tid < HB) {\n"
+    "        m_s[tid] = MOEC_NEG_INF;\n"
+    "        l_s[tid] = 0.0f;\n"
+    "    }\n"
+    "    float acc[NI][HS][CS];\n"
+    "#pragma unroll\n"
+    "    for (int ni = 0; ni < NI; ni++)\n"
+    "#pragma unroll\n"
+    "        for (int a = 0; a < HS; a++)\n"
+    "#pragma unroll\n"
+    "            for (int b = 0; b < CS; b++)\n"
+    "                acc[ni][a][b] = 0.0f;\n"
+    "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
+    "    const int n_tiles = (p - lo + PT) / PT;\n"
+    "    const int *bt = block_table + (long long)s * max_blocks;\n"
+    "    for (int tile = 0; tile < n_tiles; tile++) {\n"
+    "        const int p0 = lo + tile * PT;\n"
+    "        const int nv = p - p0 + 1 < PT ? p - p0 + 1 : PT;\n"
+    "        if (tid < nv)\n"
+    "            row_s[tid] = (long long)bt[(p0 + tid) / BS] * BS + (p0 + tid) % BS;\n"
+    "        __syncthreads();\n"
+    "        for (int i = tid; i < nv * (RS / VE); i += NT) {\n"
+    "            const int r = i / (RS / VE), j = (i % (RS / VE)) * VE;\n"
+    "            if (j < R)\n"
+    "                cpv<VE>(&kv_s[r][j], kvpool + row_s[r] * R + j);\n"
+    "            else\n"
+    "                cpv<VE>(&kv_s[r][j], pepool + row_s[r] * DR + (j - R));\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        for (int i = tid; i < HB * PT; i += NT) {\n"
+    "            const int hh = i / PT, pp = i % PT;\n"
+    "            float sc = MOEC_NEG_INF;\n"
+    "            if (pp < nv) {\n"
+    "                float dot = 0.0f;\n"
+    "                for (int j = 0; j < RS; j += VE) {\n"
+    "                    float a[VE], b[VE];\n"
+    "                    ldv<VE>(&q_s[hh][j], a);\n"
+    "                    ldv<VE>(&kv_s[pp][j], b);\n"
+    "#pragma unroll\n"
+    "                    for (int e = 0; e < VE; e++)\n"
+    "                        dot += a[e] * b[e];\n"
+    "                }\n"
+    "                sc = dot * scale;\n"
+    "            }\n"
+    "            sc_s[hh][pp] = sc;\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        for (int hh = warp; hh < HB; hh += NW) {\n"
+    "            const float v = lane < PT ? sc_s[hh][lane] : MOEC_NEG_INF;\n"
+    "            const float mold = m_s[hh];\n"
+    "            const float mnew = fmaxf(mold, warp_max(v));\n"
+    "            const float pr = lane < nv ? expf(v - mnew) : 0.0f;\n"
+    "            const float lsum = warp_sum(pr);\n"
+    "            if (lane < PT)\n"
+    "                p_s[lane][hh] = pr;\n"
+    "            if (lane == 0) {\n"
+    "                const float alpha = expf(mold - mnew);\n"
+    "                alpha_s[hh] = alpha;\n"
+    "                l_s[hh] = l_s[hh] * alpha + lsum;\n"
+    "                m_s[hh] = mnew;\n"
+    "            }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "#pragma unroll\n"
+    "        for (int ni = 0; ni < NI; ni++) {\n"
+    "            const int item = tid + ni * NT;\n"
+    "            if (ITEMS % NT != 0 && item >= ITEMS)\n"
+    "                continue;\n"
+    "            const int c0 = (item % RG) * CS, hb = (item / RG) * HS;\n"
+    "#pragma unroll\n"
+    "            for (int a = 0; a < HS; a++) {\n"
+    "                const float al = alpha_s[hb + a];\n"
+    "#pragma unroll\n"
+    "                for (int b = 0; b < CS; b++)\n"
+    "                    acc[ni][a][b] *= al;\n"
+    "            }\n"
+    "            for (int pp = 0; pp < nv; pp++) {\n"
+    "                float kv[CS];\n"
+    "                ldv<CS>(&kv_s[pp][c0], kv);\n"
+    "#pragma unroll\n"
+    "                for (int a = 0; a < HS; a++) {\n"
+    "                    const float pr = p_s[pp][hb + a];\n"
+    "#pragma unroll\n"
+    "                    for (int b = 0; b < CS; b++)\n"
+    "                        acc[ni][a][b] += pr * kv[b];\n"
+    "                }\n"
+    "            }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int ni = 0; ni < NI; ni++) {\n"
+    "        const int item = tid + ni * NT;\n"
+    "        if (ITEMS % NT != 0 && item >= ITEMS)\n"
+    "            continue;\n"
+    "        const int c0 = (item % RG) * CS, hb = (item / RG) * HS;\n"
+    "#pragma unroll\n"
+    "        for (int a = 0; a < HS; a++) {\n"
+    "            const float l = l_s[hb + a];\n"
+    "            float y[CS];\n"
+    "#pragma unroll\n"
+    "            for (int b = 0; b < CS; b++)\n"
+    "                y[b] = acc[ni][a][b] / l;\n"
+    "            stv<CS>(o + (long long)(hb + a) * R + c0, y);\n"
+    "        }\n"
+    "    }\n";
+
+static int vec_of(long long n)
+{
+    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
+}
+
+static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
+
+static long long round_up(long long n, long long m) { return (n + m - 1) / m * m; }
+
+/* Shared memory of the attention kernel for hb heads and pt positions. */
+static long long attn_smem(long long hb, long long pt, long long qld, long long ldk, long long esz)
+{
+    return hb * qld * esz + pt * ldk * esz + hb * (pt + 1) * 4 + pt * hb * 4 + 3 * hb * 4 + pt * 8;
+}
+
 moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
 {
-    (void)c;
-    return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "mla_attention %%%s: CUDA code generation is not implemented yet",
-                    op->out[0]->name);
+    const char *who = op->out[0]->name;
+    const ir_value *qc = op->in[0], *qpe = op->in[1], *kvc = op->in[2], *kpe = op->in[3];
+    if (op->n_in != 5 || qc->type.rank != 3 || qpe->type.rank != 3 || kvc->type.rank != 2 ||
+        kpe->type.rank != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "mla_attention %%%s: wants q_c [T, H, r], q_pe [T, H, dr], kv_c [T, r], "
+                        "k_pe [T, 1, dr], pos",
+                        who);
+    long long H = qc->type.dims[1], R = qc->type.dims[2], DR = qpe->type.dims[2];
+    if (qpe->type.dims[1] != H || kvc->type.dims[1] != R || kpe->type.dims[1] != 1 ||
+        kpe->type.dims[2] != DR || H < 1 || R < 1 || DR < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "mla_attention %%%s: shapes of q_c, q_pe, kv_c, k_pe disagree", who);
+    ir_dtype dt = cg_storage(c, qc);
+    if (cg_storage(c, qpe) != dt || cg_storage(c, kvc) != dt || cg_storage(c, kpe) != dt ||
+        cg_storage(c, op->out[0]) != dt || dt != c->opt->compute_dtype)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "mla_attention %%%s: operands and result must be stored in the compute "
+                        "dtype",
+                        who);
+    int bs = c->opt->kv_block_size;
+    if (bs < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "mla_attention %%%s: kv_block_size %d", who, bs);
+    long long esz = (long long)ir_dtype_size(dt);
+    long long RS = R + DR;
+    int ve = vec_of(gcd(R, DR));
+    long long align = 16 / esz;
+    long long qld = round_up(RS, align), ldk = round_up(RS, align) + align;
+    /* heads per block: the largest divisor of H up to 16; then positions per
+       tile, then fewer heads, until shared memory fits */
+    int hb = 0;
+    for (int d = (int)(H < 16 ? H : 16); d >= 1; d--)
+        if (H % d == 0) {
+            hb = d;
+            break;
+        }
+    int pt = 32;
+    while (attn_smem(hb, pt, qld, ldk, esz) > MLA_SMEM_MAX) {
+        if (pt > 8) {
+            pt /= 2;
+            continue;
+        }
+        int d = hb - 1;
+        while (d >= 1 && H % d)
+            d--;
+        if (d < 1)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "mla_attention %%%s: r %lld + dr %lld do not fit shared memory", who, R,
+                            DR);
+        hb = d;
+    }
+    int cs = vec_of(R);
+    /* heads per thread: as many as keep the accumulators at 32 registers and
+       all threads busy */
+    int hs = 1;
+    for (int d = hb; d >= 1; d--)
+        if (hb % d == 0 && d * cs <= 32 && (hb / d) * (R / cs) >= MLA_THREADS) {
+            hs = d;
+            break;
+        }
+    long long items = (hb / hs) * (R / cs);
+    if ((items + MLA_THREADS - 1) / MLA_THREADS * hs * cs > 64)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "mla_attention %%%s: r %lld needs more accumulators than registers hold", who,
+                        R);
+    const char *ts = cg_ctype(dt);
+
+    char wname[160];
+    snprintf(wname, sizeof wname, "mla_kv_write_r%lld_dr%lld_bs%d_t%d_%s", R, DR, bs, c->T,
+             ir_dtype_name(dt));
+    int is_new = 0;
+    int kw = cg_kernel(c, wname, &is_new);
+    if (kw < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// mla_attention: cache write of kv_c and k_pe (codegen/mla_attention.c, "
+                      "cg_emit_mla_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const %s *__restrict__ "
+                      "kv_c, const %s *__restrict__ k_pe, const int *__restrict__ pos, const int "
+                      "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, %s "
+                      "*__restrict__ kvpool, %s *__restrict__ pepool)\n{\n"
+                      "    constexpr int R = %lld, DR = %lld, BS = %d, VR = %d, VD = %d;\n",
+                      wname, ts, ts, ts, ts, R, DR, bs, vec_of(R), vec_of(DR));
+        cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
+    }
+    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
+    s->kernel = kw;
+    s->grid[0] = (unsigned)c->T;
+    s->block[0] = 128;
+    s->n_args = 8;
+    s->args[0] = cg_arg_act(kvc);
+    s->args[1] = cg_arg_act(kpe);
+    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
+    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[6] = cg_arg_kv(op, 0);
+    s->args[7] = cg_arg_kv(op, 1);
+
+    char aname[160];
+    snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_bs%d_t%d_%s", H, R,
+             DR, hb, pt, hs, bs, c->T, ir_dtype_name(dt));
+    int ka = cg_kernel(c, aname, &is_new);
+    if (ka < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// mla_attention: attention over the compressed cache, one block per token "
+                      "and head group (codegen/mla_attention.c, cg_emit_mla_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ "
+                      "q_c, const %s *__restrict__ q_pe, const int *__restrict__ pos, const int "
+                      "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, const "
+                      "%s *__restrict__ kvpool, const %s *__restrict__ pepool, %s *__restrict__ out, "
+                      "float scale, int window)\n{\n"
+                      "    typedef %s TS;\n"
+                      "    constexpr int H = %lld, R = %lld, DR = %lld, HB = %d, PT = %d, HS = %d, "
+                      "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d;\n",
+                      MLA_THREADS, aname, ts, ts, ts, ts, ts, ts, H, R, DR, hb, pt, hs, cs, ve, qld,
+                      ldk, bs, MLA_THREADS);
+        cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
+    s->kernel = ka;
+    s->grid[0] = (unsigned)c->T;
+    s->grid[1] = (unsigned)(H / hb);
+    s->block[0] = MLA_THREADS;
+    s->n_args = 11;
+    s->args[0] = cg_arg_act(qc);
+    s->args[1] = cg_arg_act(qpe);
+    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
+    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[6] = cg_arg_kv(op, 0);
+    s->args[7] = cg_arg_kv(op, 1);
+    s->args[8] = cg_arg_act(op->out[0]);
+    s->args[9] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
+    s->args[10] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+    return MOEC_OK;
 }

@@ -73,11 +73,21 @@ static int write_reproducer(const char *text, const char *dir, const char *pass,
 moec_status pass_run_pipeline(ir_module *m, const pass_options *opt, const char *stop_after,
                               pass_observer observe, void *user, const char *reproducer_dir)
 {
-    if (stop_after && !pass_find(stop_after)) {
+    return pass_run_passes(m, PIPELINE, N_PASSES, opt, stop_after, observe, user, reproducer_dir);
+}
+
+moec_status pass_run_passes(ir_module *m, const pass_info *passes, int n, const pass_options *opt,
+                            const char *stop_after, pass_observer observe, void *user,
+                            const char *reproducer_dir)
+{
+    int known = !stop_after;
+    for (int i = 0; i < n && !known; i++)
+        known = !strcmp(passes[i].name, stop_after);
+    if (!known) {
         char names[512] = "";
-        for (int i = 0; i < N_PASSES; i++) {
+        for (int i = 0; i < n; i++) {
             strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-            strncat(names, PIPELINE[i].name, sizeof names - strlen(names) - 1);
+            strncat(names, passes[i].name, sizeof names - strlen(names) - 1);
         }
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "unknown pass '%s' (passes: %s)", stop_after, names);
     }
@@ -87,8 +97,8 @@ moec_status pass_run_pipeline(ir_module *m, const pass_options *opt, const char 
         opt = &defaults;
     }
     MOEC_TRY(ir_module_set_meta_str(m, "compute_dtype", ir_dtype_name(opt->compute_dtype)));
-    for (int i = 0; i < N_PASSES; i++) {
-        const pass_info *p = &PIPELINE[i];
+    for (int i = 0; i < n; i++) {
+        const pass_info *p = &passes[i];
         char *before = reproducer_dir ? ir_module_print_str(m) : NULL;
         moec_status st = p->run(m, opt);
         if (st == MOEC_OK)

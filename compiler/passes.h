@@ -38,6 +38,11 @@ typedef moec_status (*pass_observer)(const ir_module *m, const pass_info *pass, 
 moec_status pass_run_pipeline(ir_module *m, const pass_options *opt, const char *stop_after,
                               pass_observer observe, void *user, const char *reproducer_dir);
 
+/* The same over any list of passes (tests run their own lists). */
+moec_status pass_run_passes(ir_module *m, const pass_info *passes, int n, const pass_options *opt,
+                            const char *stop_after, pass_observer observe, void *user,
+                            const char *reproducer_dir);
+
 /* The passes (compiler/pass_*.c). */
 moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_gate_up(ir_module *m, const pass_options *opt);

@@ -713,6 +713,495 @@ static void test_moe_experts_bad_id(void)
     ir_module_free(m);
 }
 
+/* ---- fused and scheduled ops ---------------------------------------------- */
+
+static void test_silu_mul(void)
+{
+    ir_module *m = new_module();
+    ir_value *x = embed(m, 2, 6);
+    output(m, build(m, IR_OP_SILU_MUL, "sm", INS(x)));
+    ir_value *x3 = reshape(m, "x3", x, F32(3, IR_DIM_T, 3, 2, 0)); /* pairs (gate, up) per row */
+    build(m, IR_OP_SILU_MUL, "sm3", INS(x3));
+    /* the unfused form: silu of the first half times the second half */
+    ir_value *g = build(m, IR_OP_SILU, "g", INS(slice(m, "gs", x, 1, 0, 3)));
+    build(m, IR_OP_MUL, "unfused", INS(g, slice(m, "us", x, 1, 3, 3)));
+
+    rt_interp *in;
+    T_OK(rt_interp_init(m, NULL, 4, &in));
+    float table[12] = {-2, 0, 1.5f, 3, -1, 0.5f, 1, 2, -3, 0.25f, 4, -1};
+    set(in, m, "table", table);
+    int32_t tok[2] = {0, 1};
+    float y[6];
+    T_OK(rt_interp_forward(in, tok, POS, 2, y));
+    double want[6];
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 3; i++) {
+            double gt = table[t * 6 + i];
+            want[t * 3 + i] = gt / (1 + exp(-gt)) * table[t * 6 + 3 + i];
+        }
+    T_CHECK(mismatches("silu_mul", y, want, 6, 1e-6) == 0);
+    T_CHECK(fabs(y[0] - (-2 / (1 + exp(2.0)) * 3)) < 1e-6 && y[1] == 0.0f);
+    T_CHECK(memcmp(y, val(in, m, "unfused"), sizeof y) == 0);
+    /* 3-D: row (t, j) is [gate, up] = table[t*6 + 2j], table[t*6 + 2j + 1] */
+    double want3[6];
+    for (int r = 0; r < 6; r++) {
+        double gt = table[2 * r];
+        want3[r] = gt / (1 + exp(-gt)) * table[2 * r + 1];
+    }
+    T_CHECK(mismatches("silu_mul 3-D", val(in, m, "sm3"), want3, 6, 1e-6) == 0);
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
+enum { RE = 4, RI = 3, RH = 5, RK = 2, RT = 5 };
+
+/* moe_routed against moe_experts, mul by the routing weights, reduce_sum. */
+static void test_moe_routed(void)
+{
+    ir_module *m = new_module();
+    ir_value *x = embed(m, RT, RH);
+    ir_value *router = weight(m, "router", F32(2, RE, RH, 0, 0));
+    ir_value *logits = build(m, IR_OP_LINEAR, "logits", INS(x, router));
+    const char *names[2] = {"ids", "w"};
+    ir_op *top = ir_module_add_op(m, IR_OP_MOE_TOPK, INS(logits), names, 2);
+    if (!top)
+        die("moe_topk");
+    T_OK(ir_op_set_str(m, top, "scoring", "softmax"));
+    T_OK(ir_op_set_int(m, top, "top_k", RK));
+    fin(m, top, NULL);
+    ir_value *ids = top->out[0], *w = top->out[1];
+    ir_value *gate = weight(m, "gate", F32(3, RE, RI, RH, 0));
+    ir_value *up = weight(m, "up", F32(3, RE, RI, RH, 0));
+    ir_value *gate_up = weight(m, "gate_up", F32(3, RE, 2 * RI, RH, 0));
+    ir_value *down = weight(m, "down", F32(3, RE, RH, RI, 0));
+    ir_value *ex = build(m, IR_OP_MOE_EXPERTS, "ex", INS(x, ids, gate, up, down));
+    ir_value *w3 = reshape(m, "w3", w, F32(3, IR_DIM_T, RK, 1, 0));
+    ir_value *weighted = build(m, IR_OP_MUL, "weighted", INS(ex, w3));
+    ir_op *rs = start(m, IR_OP_REDUCE_SUM, "unfused", INS(weighted));
+    T_OK(ir_op_set_int(m, rs, "axis", 1));
+    fin(m, rs, NULL);
+    output(m, build(m, IR_OP_MOE_ROUTED, "routed5", INS(x, ids, w, gate_up, down)));
+    build(m, IR_OP_MOE_ROUTED, "routed6", INS(x, ids, w, gate, up, down));
+    ir_op *sc = start(m, IR_OP_MOE_ROUTED, "scaled", INS(x, ids, w, gate_up, down));
+    T_OK(ir_op_set_float(m, sc, "scale", 2.5));
+    fin(m, sc, NULL);
+    T_OK(ir_module_verify(m));
+
+    rt_interp *in;
+    T_OK(rt_interp_init(m, NULL, 8, &in));
+    uint64_t rng = 23;
+    float table[RT * RH], rw[RE * RH], g[RE * RI * RH], u[RE * RI * RH], gu[RE * 2 * RI * RH],
+        dn[RE * RH * RI];
+    fill_random(table, RT * RH, &rng);
+    fill_random(rw, RE * RH, &rng);
+    fill_random(g, RE * RI * RH, &rng);
+    fill_random(u, RE * RI * RH, &rng);
+    fill_random(dn, RE * RH * RI, &rng);
+    for (int e = 0; e < RE; e++) {
+        memcpy(gu + e * 2 * RI * RH, g + e * RI * RH, sizeof(float) * RI * RH);
+        memcpy(gu + e * 2 * RI * RH + RI * RH, u + e * RI * RH, sizeof(float) * RI * RH);
+    }
+    set(in, m, "table", table);
+    set(in, m, "router", rw);
+    set(in, m, "gate", g);
+    set(in, m, "up", u);
+    set(in, m, "gate_up", gu);
+    set(in, m, "down", dn);
+    int32_t tok[RT] = {0, 1, 2, 3, 4};
+    float y[RT * RH];
+    T_OK(rt_interp_forward(in, tok, POS, RT, y));
+    const float *unfused = val(in, m, "unfused");
+    double want[RT * RH], want_scaled[RT * RH];
+    int nonzero = 0;
+    for (int i = 0; i < RT * RH; i++) {
+        want[i] = unfused[i];
+        want_scaled[i] = 2.5 * unfused[i];
+        nonzero += unfused[i] != 0.0f;
+    }
+    T_CHECK(nonzero == RT * RH);
+    const int32_t *idv = (const int32_t *)val(in, m, "ids");
+    int used = 0;
+    for (int i = 0; i < RT * RK; i++)
+        used |= 1 << idv[i];
+    T_CHECK(used == (1 << RE) - 1); /* every expert chosen somewhere */
+    T_CHECK(mismatches("moe_routed gate_up", y, want, RT * RH, 1e-6) == 0);
+    T_CHECK(mismatches("moe_routed gate, up", val(in, m, "routed6"), want, RT * RH, 1e-6) == 0);
+    T_CHECK(mismatches("moe_routed scale", val(in, m, "scaled"), want_scaled, RT * RH, 1e-6) == 0);
+    rt_interp_free(in);
+    ir_module_free(m);
+
+    /* an expert id out of range */
+    m = new_module();
+    ir_value *table_w = weight(m, "table", F32(2, 8, 2 * RH, 0, 0));
+    ir_value *xx = build(m, IR_OP_EMBEDDING, "xx", INS(positions_of(m), table_w));
+    ir_value *xh = slice(m, "xh", xx, 1, 0, RH);
+    ir_value *wk = slice(m, "wk", xx, 1, RH, 1);
+    ir_value *bad_ids = reshape(m, "bad_ids", tokens_of(m), ty(IR_DTYPE_I32, 2, IR_DIM_T, 1, 0, 0));
+    ir_value *gu2 = weight(m, "gate_up", F32(3, RE, 2 * RI, RH, 0));
+    ir_value *dn2 = weight(m, "down", F32(3, RE, RH, RI, 0));
+    output(m, build(m, IR_OP_MOE_ROUTED, "y", INS(xh, bad_ids, wk, gu2, dn2)));
+    T_OK(rt_interp_init(m, NULL, 8, &in));
+    int32_t bt[2] = {1, RE};
+    T_ERR(rt_interp_forward(in, bt, POS, 2, y), MOEC_ERR_INVALID_ARG, "y: expert id 4 is outside [0, 4)");
+    T_OK(rt_interp_forward(in, bt, POS, 1, y));
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
+/* MLA, H heads: per token x = [q_nope (H*dn) | q_pe (H*dr) | kv_c (r) | k_pe (dr)]. */
+enum { MH = 3, MDN = 4, MDV = 3, MDR = 2, MR = 5, MN = MH * (MDN + MDR) + MR + MDR, MV = 7 };
+
+typedef struct mla_parts {
+    ir_value *q_nope, *q_pe, *kv_c, *k_pe, *kv_b;
+} mla_parts;
+
+static mla_parts mla_inputs(ir_module *m)
+{
+    mla_parts p;
+    ir_value *x = embed(m, MV, MN);
+    p.q_nope = reshape(m, "q_nope", slice(m, "q_nope_f", x, 1, 0, MH * MDN),
+                       F32(3, IR_DIM_T, MH, MDN, 0));
+    p.q_pe = reshape(m, "q_pe", slice(m, "q_pe_f", x, 1, MH * MDN, MH * MDR),
+                     F32(3, IR_DIM_T, MH, MDR, 0));
+    p.kv_c = slice(m, "kv_c", x, 1, MH * (MDN + MDR), MR);
+    p.k_pe = reshape(m, "k_pe", slice(m, "k_pe_f", x, 1, MH * (MDN + MDR) + MR, MDR),
+                     F32(3, IR_DIM_T, 1, MDR, 0));
+    p.kv_b = weight(m, "kv_b", F32(2, MH * (MDN + MDV), MR, 0, 0));
+    return p;
+}
+
+static ir_value *absorbed(ir_module *m, const char *tag, const mla_parts *p, ir_value *kv_c,
+                          double scale, int window)
+{
+    char n[32];
+    snprintf(n, sizeof n, "%s.q_c", tag);
+    ir_op *qa = start(m, IR_OP_MLA_QABSORB, n, INS(p->q_nope, p->kv_b));
+    T_OK(ir_op_set_int(m, qa, "qk_nope_head_dim", MDN));
+    T_OK(ir_op_set_int(m, qa, "v_head_dim", MDV));
+    snprintf(n, sizeof n, "%s.o_c", tag);
+    ir_op *at = start(m, IR_OP_MLA_ATTENTION, n, INS(fin(m, qa, NULL), p->q_pe, kv_c, p->k_pe,
+                                                     positions_of(m)));
+    T_OK(ir_op_set_float(m, at, "scale", scale));
+    if (window)
+        T_OK(ir_op_set_int(m, at, "window", window));
+    snprintf(n, sizeof n, "%s.o", tag);
+    ir_op *va = start(m, IR_OP_MLA_VABSORB, n, INS(fin(m, at, NULL), p->kv_b));
+    T_OK(ir_op_set_int(m, va, "qk_nope_head_dim", MDN));
+    T_OK(ir_op_set_int(m, va, "v_head_dim", MDV));
+    snprintf(n, sizeof n, "%s.out", tag);
+    return reshape(m, n, fin(m, va, NULL), F32(2, IR_DIM_T, MH * MDV, 0, 0));
+}
+
+/* The path before absorb_mla: kv_b expands kv_c to k_nope and v per head. */
+static ir_value *unabsorbed(ir_module *m, const char *tag, const mla_parts *p, ir_value *kv_c,
+                            double scale, int window)
+{
+    char n[32];
+    snprintf(n, sizeof n, "%s.kv", tag);
+    ir_value *kv = build(m, IR_OP_LINEAR, n, INS(kv_c, p->kv_b));
+    snprintf(n, sizeof n, "%s.kv3", tag);
+    ir_value *kv3 = reshape(m, n, kv, F32(3, IR_DIM_T, MH, MDN + MDV, 0));
+    snprintf(n, sizeof n, "%s.k_nope", tag);
+    ir_value *k_nope = slice(m, n, kv3, 2, 0, MDN);
+    snprintf(n, sizeof n, "%s.v", tag);
+    ir_value *v = slice(m, n, kv3, 2, MDN, MDV);
+    snprintf(n, sizeof n, "%s.k_pe_h", tag);
+    ir_type th = F32(3, IR_DIM_T, MH, MDR, 0);
+    ir_value *k_pe_h = fin(m, start(m, IR_OP_EXPAND, n, INS(p->k_pe)), &th);
+    snprintf(n, sizeof n, "%s.q", tag);
+    ir_op *qc = start(m, IR_OP_CONCAT, n, INS(p->q_nope, p->q_pe));
+    T_OK(ir_op_set_int(m, qc, "axis", 2));
+    snprintf(n, sizeof n, "%s.k", tag);
+    ir_op *kc = start(m, IR_OP_CONCAT, n, INS(k_nope, k_pe_h));
+    T_OK(ir_op_set_int(m, kc, "axis", 2));
+    snprintf(n, sizeof n, "%s.attn", tag);
+    ir_op *at = start(m, IR_OP_ATTENTION, n, INS(fin(m, qc, NULL), fin(m, kc, NULL), v,
+                                                 positions_of(m)));
+    T_OK(ir_op_set_float(m, at, "scale", scale));
+    if (window)
+        T_OK(ir_op_set_int(m, at, "window", window));
+    snprintf(n, sizeof n, "%s.out", tag);
+    return reshape(m, n, fin(m, at, NULL), F32(2, IR_DIM_T, MH * MDV, 0, 0));
+}
+
+/* Two attention layers per module: the second reads silu(kv_c), so if the
+ * two ops shared a cache, the second would overwrite what the first reads
+ * in the decode steps. */
+static ir_module *mla_module(int absorb, int window)
+{
+    ir_module *m = new_module();
+    mla_parts p = mla_inputs(m);
+    ir_value *kv_c2 = build(m, IR_OP_SILU, "kv_c2", INS(p.kv_c));
+    ir_value *(*layer)(ir_module *, const char *, const mla_parts *, ir_value *, double, int) =
+        absorb ? absorbed : unabsorbed;
+    ir_value *a = layer(m, "a", &p, p.kv_c, 0.4, window);
+    ir_value *b = layer(m, "b", &p, kv_c2, 0.9, window);
+    ir_op *cat = start(m, IR_OP_CONCAT, "out", INS(a, b));
+    T_OK(ir_op_set_int(m, cat, "axis", 1));
+    output(m, fin(m, cat, NULL));
+    T_OK(ir_module_verify(m));
+    return m;
+}
+
+static void test_mla_absorbed(void)
+{
+    uint64_t rng = 31;
+    float table[MV * MN], kv_b[MH * (MDN + MDV) * MR];
+    fill_random(table, MV * MN, &rng);
+    fill_random(kv_b, MH * (MDN + MDV) * MR, &rng);
+    int32_t tok[6] = {3, 0, 6, 2, 5, 1};
+    enum { W = 2 * MH * MDV };
+    for (int window = 0; window <= 3; window += 3) {
+        ir_module *ma = mla_module(1, window), *mb = mla_module(0, window);
+        rt_interp *a, *b;
+        T_OK(rt_interp_init(ma, NULL, 8, &a));
+        T_OK(rt_interp_init(mb, NULL, 8, &b));
+        set(a, ma, "table", table);
+        set(b, mb, "table", table);
+        set(a, ma, "kv_b", kv_b);
+        set(b, mb, "kv_b", kv_b);
+        float ya[4 * W], yb[4 * W];
+        double want[4 * W];
+        /* prefill 4, then decode positions 4 and 5 */
+        for (int step = 0; step < 3; step++) {
+            int T = step == 0 ? 4 : 1, at = step == 0 ? 0 : 3 + step;
+            T_OK(rt_interp_forward(a, tok + at, POS + at, T, ya));
+            T_OK(rt_interp_forward(b, tok + at, POS + at, T, yb));
+            double mx = 0;
+            for (int i = 0; i < T * W; i++) {
+                want[i] = yb[i];
+                mx = fmax(mx, fabs(yb[i]));
+            }
+            T_CHECK(mx > 0.1);
+            int bad = 0;
+            for (int i = 0; i < T * W; i++)
+                if (fabs(ya[i] - want[i]) > 1e-5 * mx && bad++ < 4)
+                    fprintf(stderr, "mla window %d step %d [%d]: absorbed %.9g, unabsorbed %.9g\n",
+                            window, step, i, ya[i], want[i]);
+            T_CHECK(bad == 0);
+        }
+        /* the compressed cache is per op and checked like attention's */
+        rt_interp_reset(a);
+        T_ERR(rt_interp_forward(a, tok + 5, POS + 5, 1, ya), MOEC_ERR_INVALID_ARG,
+              window ? "a.o_c: token at position 5 attends to position 3, which no forward has written"
+                     : "a.o_c: token at position 5 attends to position 0, which no forward has written");
+        int32_t far[1] = {8};
+        T_ERR(rt_interp_forward(a, tok, far, 1, ya), MOEC_ERR_CAPACITY, "position 8 is past the KV cache");
+        rt_interp_free(a);
+        rt_interp_free(b);
+        ir_module_free(ma);
+        ir_module_free(mb);
+    }
+
+    /* mla_qabsorb and mla_vabsorb alone, against their formulas */
+    ir_module *m = new_module();
+    mla_parts p = mla_inputs(m);
+    ir_op *qa = start(m, IR_OP_MLA_QABSORB, "q_c", INS(p.q_nope, p.kv_b));
+    T_OK(ir_op_set_int(m, qa, "qk_nope_head_dim", MDN));
+    T_OK(ir_op_set_int(m, qa, "v_head_dim", MDV));
+    ir_value *q_c = fin(m, qa, NULL);
+    ir_value *o_c = reshape(m, "o_c", p.kv_c, F32(3, IR_DIM_T, 1, MR, 0));
+    ir_type t3 = F32(3, IR_DIM_T, MH, MR, 0);
+    ir_value *o_ce = fin(m, start(m, IR_OP_EXPAND, "o_ce", INS(o_c)), &t3);
+    ir_op *va = start(m, IR_OP_MLA_VABSORB, "o", INS(o_ce, p.kv_b));
+    T_OK(ir_op_set_int(m, va, "qk_nope_head_dim", MDN));
+    T_OK(ir_op_set_int(m, va, "v_head_dim", MDV));
+    output(m, fin(m, va, NULL));
+    rt_interp *in;
+    T_OK(rt_interp_init(m, NULL, 4, &in));
+    set(in, m, "table", table);
+    set(in, m, "kv_b", kv_b);
+    float y[2 * MH * MDV];
+    T_OK(rt_interp_forward(in, tok, POS, 2, y));
+    double wq[2 * MH * MR], wo[2 * MH * MDV];
+    for (int t = 0; t < 2; t++) {
+        const float *xt = table + tok[t] * MN;
+        for (int h = 0; h < MH; h++) {
+            for (int j = 0; j < MR; j++) {
+                double acc = 0;
+                for (int i = 0; i < MDN; i++)
+                    acc += (double)xt[h * MDN + i] * kv_b[(h * (MDN + MDV) + i) * MR + j];
+                wq[(t * MH + h) * MR + j] = acc;
+            }
+            for (int i = 0; i < MDV; i++) {
+                double acc = 0;
+                for (int j = 0; j < MR; j++)
+                    acc += (double)kv_b[(h * (MDN + MDV) + MDN + i) * MR + j] *
+                           xt[MH * (MDN + MDR) + j];
+                wo[(t * MH + h) * MDV + i] = acc;
+            }
+        }
+    }
+    T_CHECK(mismatches("mla_qabsorb", val(in, m, "q_c"), wq, 2 * MH * MR, 1e-6) == 0);
+    T_CHECK(mismatches("mla_vabsorb", y, wo, 2 * MH * MDV, 1e-6) == 0);
+    (void)q_c;
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
+static void test_fork_join_alpha(void)
+{
+    ir_module *m = new_module();
+    ir_value *x = embed(m, 4, 3);
+    ir_value *f = build(m, IR_OP_FORK, "f", INS(x));
+    f->def->stream = 1;
+    ir_value *s = build(m, IR_OP_SILU, "s", INS(f));
+    s->def->stream = 1;
+    ir_value *j = build(m, IR_OP_JOIN, "j", INS(s));
+    ir_value *tf = build(m, IR_OP_FORK, "tok_f", INS(tokens_of(m)));
+    tf->def->stream = 1;
+    build(m, IR_OP_JOIN, "tok_j", INS(tf));
+    ir_value *lw = weight(m, "lw", F32(2, 2, 3, 0, 0));
+    ir_value *lb = weight(m, "lb", F32(1, 2, 0, 0, 0));
+    ir_op *lin = start(m, IR_OP_LINEAR, "lin", INS(x, lw, lb));
+    T_OK(ir_op_set_float(m, lin, "alpha", 0.5));
+    output(m, fin(m, lin, NULL));
+    ir_value *b = slice(m, "b", x, 1, 2, 1); /* [T, 1] broadcast */
+    ir_op *add = start(m, IR_OP_ADD, "add", INS(x, b));
+    T_OK(ir_op_set_float(m, add, "alpha", -2.0));
+    fin(m, add, NULL);
+    ir_op *add1 = start(m, IR_OP_ADD, "add1", INS(j, x));
+    T_OK(ir_op_set_float(m, add1, "alpha", 1.0));
+    fin(m, add1, NULL);
+    T_OK(ir_module_verify(m));
+
+    rt_interp *in;
+    T_OK(rt_interp_init(m, NULL, 8, &in));
+    float table[12] = {0, 0, 0, 3, 4, 0, 1, -2, 2, 5, 5, 5};
+    float lwv[6] = {1, 0, 2, -1, 0.5f, 3};
+    float lbv[2] = {0.25f, -1};
+    set(in, m, "table", table);
+    set(in, m, "lw", lwv);
+    set(in, m, "lb", lbv);
+    int32_t tok[2] = {1, 2};
+    float y[4];
+    T_OK(rt_interp_forward(in, tok, POS, 2, y));
+    /* alpha * (x w^T + b): half of 3.25, -2, 5.25, 3 */
+    double want_lin[4] = {1.625, -1, 2.625, 1.5};
+    T_CHECK(mismatches("linear alpha", y, want_lin, 4, 0) == 0);
+    /* a + alpha * b: [3,4,0] - 2*0, [1,-2,2] - 2*2 */
+    double want_add[6] = {3, 4, 0, -3, -6, -2};
+    T_CHECK(mismatches("add alpha", val(in, m, "add"), want_add, 6, 0) == 0);
+    /* fork and join hand the value on unchanged, i32 too */
+    T_CHECK(memcmp(val(in, m, "f"), val(in, m, "x"), 6 * sizeof(float)) == 0);
+    T_CHECK(memcmp(val(in, m, "j"), val(in, m, "s"), 6 * sizeof(float)) == 0);
+    const int32_t *tj = (const int32_t *)val(in, m, "tok_j");
+    T_CHECK(tj[0] == 1 && tj[1] == 2);
+    const float *a1 = val(in, m, "add1"), *sv = val(in, m, "s"), *xv = val(in, m, "x");
+    int bad = 0;
+    for (int i = 0; i < 6; i++)
+        bad += a1[i] != sv[i] + xv[i];
+    T_CHECK(bad == 0);
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
+/* ---- planned arena -------------------------------------------------------- */
+
+/* x = embed; a = linear(x, w1); b = silu(a); c = add(b, x); d = linear(c, w2).
+ * Bytes per token: tokens 4, positions 4, x 16, a 16, b 16, c 16, d 12. */
+static ir_module *plan_module(void)
+{
+    ir_module *m = new_module();
+    ir_value *x = embed(m, 5, 4);
+    ir_value *a = build(m, IR_OP_LINEAR, "a", INS(x, weight(m, "w1", F32(2, 4, 4, 0, 0))));
+    ir_value *b = build(m, IR_OP_SILU, "b", INS(a));
+    ir_value *c = build(m, IR_OP_ADD, "c", INS(b, x));
+    output(m, build(m, IR_OP_LINEAR, "d", INS(c, weight(m, "w2", F32(2, 3, 4, 0, 0)))));
+    return m;
+}
+
+/* Offsets of tokens, positions, x, a, b, c, d. */
+static void plan_set(ir_module *m, const int64_t off[7], int64_t arena)
+{
+    static const char *const names[7] = {"tokens", "positions", "x", "a", "b", "c", "d"};
+    for (int i = 0; i < 7; i++)
+        ir_module_find_value(m, names[i])->mem_offset = off[i];
+    if (arena > 0)
+        T_OK(ir_module_set_meta_int(m, "arena_bytes_per_token", arena));
+}
+
+static void plan_run(ir_module *m, const float *table, const float *w1, const float *w2,
+                     int planned, float out[3][5 * 3])
+{
+    rt_interp *in;
+    T_OK(rt_interp_init(m, NULL, 16, &in));
+    set(in, m, "table", table);
+    set(in, m, "w1", w1);
+    set(in, m, "w2", w2);
+    T_OK(rt_interp_use_plan(in, planned));
+    /* T = 3, then 1 (offsets scale with T), then 5 (the arena grows) */
+    static const int32_t tok[5] = {4, 1, 3, 0, 2};
+    static const int Ts[3] = {3, 1, 5};
+    for (int i = 0; i < 3; i++)
+        T_OK(rt_interp_forward(in, tok + 5 - Ts[i], POS, Ts[i], out[i]));
+    rt_interp_free(in);
+}
+
+static void test_planned_arena(void)
+{
+    uint64_t rng = 41;
+    float table[20], w1[16], w2[12];
+    fill_random(table, 20, &rng);
+    fill_random(w1, 16, &rng);
+    fill_random(w2, 12, &rng);
+    ir_module *m = plan_module();
+    float sep[3][15], good[3][15], bad[3][15];
+    memset(sep, 0, sizeof sep);
+    memset(good, 0, sizeof good);
+    memset(bad, 0, sizeof bad);
+    plan_run(m, table, w1, w2, 0, sep);
+
+    /* a valid plan that reuses memory: c takes a's place (a dies at b), d
+     * takes b's (b dies at c) */
+    const int64_t valid[7] = {0, 4, 8, 24, 40, 24, 40};
+    plan_set(m, valid, 56);
+    T_OK(ir_module_verify(m));
+    plan_run(m, table, w1, w2, 1, good);
+    T_CHECK(memcmp(sep, good, sizeof sep) == 0);
+
+    /* an overlapping plan: b on top of x, which c still reads */
+    const int64_t overlap[7] = {0, 4, 8, 24, 8, 40, 24};
+    plan_set(m, overlap, 56);
+    plan_run(m, table, w1, w2, 1, bad);
+    int differ = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 15; j++)
+            differ += bad[i][j] != sep[i][j];
+    T_CHECK(differ >= 9); /* every row of every step, at least */
+
+    /* what use_plan refuses, naming the value */
+    rt_interp *in;
+    T_OK(rt_interp_init(m, NULL, 4, &in));
+    ir_module_find_value(m, "c")->mem_offset = -1;
+    T_ERR(rt_interp_use_plan(in, 1), MOEC_ERR_INVALID_ARG, "module test: %c has no arena offset");
+    ir_module_find_value(m, "c")->mem_offset = 42;
+    T_ERR(rt_interp_use_plan(in, 1), MOEC_ERR_INVALID_ARG, "%c: arena offset 42 is not a multiple of 4");
+    ir_module_find_value(m, "c")->mem_offset = 44;
+    T_ERR(rt_interp_use_plan(in, 1), MOEC_ERR_INVALID_ARG,
+          "%c: 16 bytes per token at offset 44 run past arena_bytes_per_token 56");
+    ir_module_find_value(m, "c")->mem_offset = 40;
+    T_OK(ir_module_set_meta_float(m, "arena_bytes_per_token", 56.0));
+    T_ERR(rt_interp_use_plan(in, 1), MOEC_ERR_INVALID_ARG, "needs meta arena_bytes_per_token");
+    T_OK(ir_module_set_meta_int(m, "arena_bytes_per_token", 56));
+    T_ERR(rt_interp_use_plan(NULL, 1), MOEC_ERR_INVALID_ARG, "NULL interpreter");
+    /* turning it on and off again keeps the default path working */
+    T_OK(rt_interp_use_plan(in, 1));
+    T_OK(rt_interp_use_plan(in, 0));
+    float table_w[20];
+    memcpy(table_w, table, sizeof table_w);
+    set(in, m, "table", table_w);
+    set(in, m, "w1", w1);
+    set(in, m, "w2", w2);
+    float y[15];
+    static const int32_t tok[3] = {3, 0, 2}; /* the first step of plan_run */
+    T_CHECK(rt_interp_value(in, ir_module_find_value(m, "d")) == NULL);
+    T_OK(rt_interp_forward(in, tok, POS, 3, y));
+    T_CHECK(memcmp(y, sep[0], 3 * 3 * sizeof(float)) == 0);
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
 /* ---- errors --------------------------------------------------------------- */
 
 static void test_missing_input(void)
@@ -743,5 +1232,10 @@ int main(void)
     test_moe_experts();
     test_moe_experts_bad_id();
     test_missing_input();
+    test_silu_mul();
+    test_moe_routed();
+    test_mla_absorbed();
+    test_fork_join_alpha();
+    test_planned_arena();
     return t_finish("test_interp");
 }

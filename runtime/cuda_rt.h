@@ -1,0 +1,52 @@
+/* cuda_rt.h — the CUDA runtime: binds a launch plan (runtime/plan.h) to
+ * device memory (every weight in its storage dtype, the activation arena,
+ * scratch, the paged KV pools, the step inputs) and executes steps of up to
+ * the largest bucket's tokens eagerly on two streams. It links only the
+ * CUDA runtime (cuBLASLt is loaded when a context is made), so binaries run
+ * where there is no GPU or driver; built without the CUDA toolkit, every
+ * entry point answers MOEC_ERR_NO_DEVICE. See docs/CUDA.md. */
+#ifndef MOEC_RT_CUDA_RT_H
+#define MOEC_RT_CUDA_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/plan.h"
+#include "runtime/weights.h"
+
+typedef struct rt_cuda rt_cuda;
+
+/* Binds plan on device 0 for up to max_seqs sequences (slots 0..max_seqs-1)
+ * of up to max_seq_len tokens each: loads every bucket's cubin and resolves
+ * its kernels, uploads every weight of plan->module from w, allocates the
+ * arena, scratch, KV pools and inputs, and prepares every launch (argument
+ * arrays, cuBLASLt descriptors and algorithms) so that a step only
+ * launches. plan (and its module) must outlive the context; w is only read
+ * here. MOEC_ERR_NO_DEVICE without a device. */
+moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
+                         rt_cuda **out);
+/* Releases everything the context holds, device memory included. */
+void rt_cuda_free(rt_cuda *c);
+
+/* Runs n tokens (1 <= n <= rt_cuda_max_tokens) in the smallest bucket that
+ * holds them: token i of sequence slots[i] at position positions[i] (its KV
+ * entries are written there); padding rows run token 0 with slot -1. Then
+ * copies back the logits of the n tokens (n rows of rt_cuda_logits_cols
+ * floats) and their argmax ids, each when its pointer is not NULL.
+ * MOEC_ERR_CAPACITY for a position past max_seq_len, MOEC_ERR_INVALID_ARG
+ * for a slot or token id out of range; both before anything runs. */
+moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                         const int32_t *slots, float *logits_out, int32_t *sampled_out);
+
+/* The largest bucket: the most tokens one step runs. */
+int rt_cuda_max_tokens(const rt_cuda *c);
+/* Floats per logits row (the module output's elements per token). */
+int rt_cuda_logits_cols(const rt_cuda *c);
+/* Device memory the context allocated, in bytes. */
+size_t rt_cuda_device_bytes(const rt_cuda *c);
+
+/* fp32 to bf16 with round-to-nearest-even (NaN stays a quiet NaN), as the
+ * weights are uploaded. Needs no GPU. */
+void rt_cuda_to_bf16(const float *src, uint16_t *dst, size_t n);
+
+#endif
