@@ -257,7 +257,8 @@ ir_value *ir_build(ir_module *m, ir_op_kind kind, const char *name, ir_value *co
 
 /* Moves op to just before anchor (anchor NULL: to the end); renumbers ops. */
 moec_status ir_module_move_op_before(ir_module *m, ir_op *op, const ir_op *anchor);
-/* Every operand (and module output) that is `from` becomes `to`. */
+/* Every operand (and module output) that is `from` becomes `to`, except in
+ * the op that defines `to` (so `y = fork(x)` can take over x's other uses). */
 void ir_module_replace_uses(ir_module *m, const ir_value *from, ir_value *to);
 /* Operand slots (and outputs) that use v. */
 int ir_module_use_count(const ir_module *m, const ir_value *v);

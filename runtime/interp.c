@@ -202,7 +202,8 @@ static moec_status op_reshape(rt_interp *in, const ir_op *op, int T)
     if (n != numel_of(op->out[0], T) || is_i32(op->in[0]) != is_i32(op->out[0]))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: reshape of %s changes the element count or kind",
                         op_name(op), op->in[0]->name);
-    memcpy(in->data[op->out[0]->id], in->data[op->in[0]->id], (size_t)n * 4);
+    /* memmove: a memory plan may give a reshape its operand's place */
+    memmove(in->data[op->out[0]->id], in->data[op->in[0]->id], (size_t)n * 4);
     return MOEC_OK;
 }
 
@@ -1114,13 +1115,57 @@ static void free_activations(rt_interp *in)
     in->T_cap = 0;
 }
 
+/* The plan m carries: arena_bytes_per_token into *per_token, and every
+ * activation placed inside it, 4-byte aligned. */
+static moec_status plan_check(const ir_module *m, int64_t *per_token)
+{
+    const char *mname = m->name ? m->name : "?";
+    const ir_attr *a = ir_module_meta(m, "arena_bytes_per_token");
+    if (!a || a->kind != IR_ATTR_INT || a->i < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "module %s: planned mode needs meta arena_bytes_per_token (an int >= 1)",
+                        mname);
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_WEIGHT)
+            continue;
+        int64_t size = numel_of(v, 1) * 4;
+        if (v->mem_offset < 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "module %s: %%%s has no arena offset (mem_offset %lld); planned mode "
+                            "needs every activation placed",
+                            mname, v->name, (long long)v->mem_offset);
+        if (v->mem_offset % 4 != 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "module %s: %%%s: arena offset %lld is not a multiple of 4", mname,
+                            v->name, (long long)v->mem_offset);
+        if (size > a->i || v->mem_offset > a->i - size)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "module %s: %%%s: %lld bytes per token at offset %lld run past "
+                            "arena_bytes_per_token %lld",
+                            mname, v->name, (long long)size, (long long)v->mem_offset,
+                            (long long)a->i);
+    }
+    *per_token = a->i;
+    return MOEC_OK;
+}
+
 /* Planned mode: one arena of arena_bytes_per_token * T bytes, every
  * activation at byte mem_offset * T in it, as the GPU runtime lays out the
  * bucket of T tokens. */
 static moec_status place_in_arena(rt_interp *in, int T)
 {
     const ir_module *m = in->m;
-    int64_t per_token = in->arena_bytes_per_token;
+    int64_t per_token;
+    /* again: the module may have changed since use_plan, and a stale plan
+     * must not write outside the arena */
+    MOEC_TRY(plan_check(m, &per_token));
+    if (per_token != in->arena_bytes_per_token) {
+        free(in->arena);
+        in->arena = NULL;
+        in->arena_T = 0;
+        in->arena_bytes_per_token = per_token;
+    }
     if (per_token > (int64_t)(SIZE_MAX / 2) / T)
         return MOEC_ERR(MOEC_ERR_CAPACITY, "planned arena of %lld bytes per token for %d tokens "
                         "is too large", (long long)per_token, T);
@@ -1385,38 +1430,9 @@ moec_status rt_interp_use_plan(rt_interp *in, int enable)
 {
     if (!in)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_use_plan: NULL interpreter");
-    const ir_module *m = in->m;
-    const char *mname = m->name ? m->name : "?";
     int64_t per_token = 0;
-    if (enable) {
-        const ir_attr *a = ir_module_meta(m, "arena_bytes_per_token");
-        if (!a || a->kind != IR_ATTR_INT || a->i < 1)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "module %s: planned mode needs meta arena_bytes_per_token (an int "
-                            ">= 1)", mname);
-        per_token = a->i;
-        for (int i = 0; i < m->n_values; i++) {
-            const ir_value *v = m->values[i];
-            if (v->kind == IR_VALUE_WEIGHT)
-                continue;
-            int64_t size = numel_of(v, 1) * 4;
-            if (v->mem_offset < 0)
-                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                                "module %s: %%%s has no arena offset (mem_offset %lld); planned "
-                                "mode needs every activation placed",
-                                mname, v->name, (long long)v->mem_offset);
-            if (v->mem_offset % 4 != 0)
-                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                                "module %s: %%%s: arena offset %lld is not a multiple of 4",
-                                mname, v->name, (long long)v->mem_offset);
-            if (size > per_token || v->mem_offset > per_token - size)
-                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                                "module %s: %%%s: %lld bytes per token at offset %lld run past "
-                                "arena_bytes_per_token %lld",
-                                mname, v->name, (long long)size, (long long)v->mem_offset,
-                                (long long)per_token);
-        }
-    }
+    if (enable)
+        MOEC_TRY(plan_check(in->m, &per_token));
     free_activations(in);
     in->planned = enable != 0;
     in->arena_bytes_per_token = per_token;

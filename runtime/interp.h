@@ -31,9 +31,12 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
  * activation (input and op result) lives in ONE buffer of meta
  * "arena_bytes_per_token" * T bytes, at byte mem_offset * T, 4 bytes an
  * element, so values whose planned ranges overlap while both are live
- * corrupt each other. An op's results must not overlap its operands.
+ * corrupt each other. An op's results must not overlap its operands (but a
+ * reshape, fork or join may sit exactly on its operand). rt_interp_value
+ * then shows what the arena holds at the value's place after the forward.
  * MOEC_ERR_INVALID_ARG naming the first activation without an offset (or
- * one that runs past the arena). enable 0: separate buffers (the default). */
+ * one misaligned or past the arena; checked again at each forward).
+ * enable 0: separate buffers (the default). */
 moec_status rt_interp_use_plan(rt_interp *in, int enable);
 /* Looks up any value of the last forward (fp32, [T, ...]); NULL if unknown.
  * For debugging and pass tests. */

@@ -1185,6 +1185,15 @@ static void test_planned_arena(void)
     T_ERR(rt_interp_use_plan(in, 1), MOEC_ERR_INVALID_ARG, "needs meta arena_bytes_per_token");
     T_OK(ir_module_set_meta_int(m, "arena_bytes_per_token", 56));
     T_ERR(rt_interp_use_plan(NULL, 1), MOEC_ERR_INVALID_ARG, "NULL interpreter");
+    /* a plan spoiled after use_plan is caught at the forward, before any write */
+    T_OK(rt_interp_use_plan(in, 1));
+    ir_module_find_value(m, "d")->mem_offset = 48;
+    static const int32_t one[1] = {0};
+    float y1[3];
+    T_ERR(rt_interp_forward(in, one, POS, 1, y1), MOEC_ERR_INVALID_ARG,
+          "%d: 12 bytes per token at offset 48 run past arena_bytes_per_token 56");
+    ir_module_find_value(m, "d")->mem_offset = 40;
+    T_OK(rt_interp_forward(in, one, POS, 1, y1));
     /* turning it on and off again keeps the default path working */
     T_OK(rt_interp_use_plan(in, 1));
     T_OK(rt_interp_use_plan(in, 0));
