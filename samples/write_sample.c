@@ -20,7 +20,7 @@
 #include "moec.h"
 
 static const char *USAGE =
-    "usage: moec-sample CONFIG_JSON OUT_DIR [--seed N] [--force]\n"
+    "usage: moec-sample CONFIG_JSON OUT_DIR [--seed N] [--fast] [--force]\n"
     "\n"
     "Writes OUT_DIR/config.json (a copy of CONFIG_JSON) and OUT_DIR/model.safetensors\n"
     "with random weights for every tensor the model reads, in the dtype its config\n"
@@ -29,6 +29,8 @@ static const char *USAGE =
     "\n"
     "options:\n"
     "  --seed N    random seed (default 1)\n"
+    "  --fast      uniform instead of normal draws of the same mean and variance\n"
+    "              (for benchmark-sized models)\n"
     "  --force     overwrite OUT_DIR/config.json and OUT_DIR/model.safetensors\n"
     "  -h, --help  this help\n";
 
@@ -53,19 +55,29 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The value of element i of tensor t, drawn from t's distribution. */
-static float sample_value(const moec_tensor_info *t, uint64_t *rng)
+/* The mean and standard deviation of tensor t's elements. */
+static void tensor_distribution(const moec_tensor_info *t, float *mean, float *std)
 {
-    float z = rng_normal(rng);
-    if (ends_with(t->name, "norm.weight"))
-        return 1.0f + 0.1f * z;
-    if (ends_with(t->name, ".bias") || ends_with(t->name, "e_score_correction_bias"))
-        return 0.1f * z;
-    if (strstr(t->name, "embed_tokens"))
-        return z;
-    if (t->rank == 2)
-        return z / sqrtf((float)t->shape[1]);
-    return z;
+    *mean = 0.0f;
+    *std = 1.0f;
+    if (ends_with(t->name, "norm.weight")) {
+        *mean = 1.0f;
+        *std = 0.1f;
+    } else if (ends_with(t->name, ".bias") || ends_with(t->name, "e_score_correction_bias")) {
+        *std = 0.1f;
+    } else if (!strstr(t->name, "embed_tokens") && t->rank == 2) {
+        *std = 1.0f / sqrtf((float)t->shape[1]);
+    }
+}
+
+/* A standard normal draw, or with `fast` a uniform one of unit variance
+ * (for benchmark-sized models, where the distribution does not matter and
+ * Box-Muller would take minutes). */
+static float draw(uint64_t *rng, int fast)
+{
+    if (!fast)
+        return rng_normal(rng);
+    return ((float)(rng_next(rng) >> 40) * (1.0f / 16777216.0f) - 0.5f) * 3.4641016f;
 }
 
 static uint16_t f32_to_bf16(float f)
@@ -144,7 +156,7 @@ static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
     }
 }
 
-static int write_safetensors(const char *path, const moec_model_t *m, uint64_t seed)
+static int write_safetensors(const char *path, const moec_model_t *m, uint64_t seed, int fast)
 {
     int n = moec_model_tensor_count(m);
     size_t cap = 4096, len = 0, offset = 0;
@@ -183,17 +195,36 @@ static int write_safetensors(const char *path, const moec_model_t *m, uint64_t s
         lenbuf[b] = (uint8_t)((uint64_t)len >> (8 * b));
     int ok = fwrite(lenbuf, 1, 8, f) == 8 && fwrite(hdr, 1, len, f) == len;
     uint64_t rng = seed;
+    enum { CHUNK = 1 << 16 };
+    static uint8_t chunk[CHUNK * 4];
+    double total = 0, done = 0, next_report = 0;
+    for (int i = 0; i < n; i++) {
+        moec_tensor_info t;
+        moec_model_tensor_info(m, i, &t);
+        total += (double)numel(&t) * (double)elem_size(t.dtype);
+    }
     for (int i = 0; ok && i < n; i++) {
         moec_tensor_info t;
         moec_model_tensor_info(m, i, &t);
-        size_t count = numel(&t);
-        for (size_t k = 0; ok && k < count; k++) {
-            float v = sample_value(&t, &rng);
-            if (t.dtype == MOEC_DTYPE_F32) {
-                ok = fwrite(&v, 4, 1, f) == 1;
-            } else {
-                uint16_t h = t.dtype == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
-                ok = fwrite(&h, 2, 1, f) == 1;
+        float mean, std;
+        tensor_distribution(&t, &mean, &std);
+        size_t count = numel(&t), es = elem_size(t.dtype);
+        for (size_t k = 0; ok && k < count; k += CHUNK) {
+            size_t part = count - k < CHUNK ? count - k : CHUNK;
+            for (size_t j = 0; j < part; j++) {
+                float v = mean + std * draw(&rng, fast);
+                if (t.dtype == MOEC_DTYPE_F32) {
+                    memcpy(chunk + 4 * j, &v, 4);
+                } else {
+                    uint16_t h = t.dtype == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+                    memcpy(chunk + 2 * j, &h, 2);
+                }
+            }
+            ok = fwrite(chunk, es, part, f) == part;
+            done += (double)(part * es);
+            if (total > 1e9 && done >= next_report) {
+                fprintf(stderr, "moec-sample: %.1f of %.1f GB\n", done / 1e9, total / 1e9);
+                next_report = done + 1e9;
             }
         }
     }
@@ -242,13 +273,15 @@ int main(int argc, char **argv)
 {
     const char *config = NULL, *outdir = NULL;
     unsigned long long seed = 1;
-    int force = 0;
+    int force = 0, fast = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(USAGE, stdout);
             return 0;
         } else if (!strcmp(argv[i], "--force")) {
             force = 1;
+        } else if (!strcmp(argv[i], "--fast")) {
+            fast = 1;
         } else if (!strcmp(argv[i], "--seed")) {
             char *end;
             if (i + 1 == argc || (seed = strtoull(argv[i + 1], &end, 10), *end)) {
@@ -297,7 +330,7 @@ int main(int argc, char **argv)
             remove(cfg_out);
         return 1;
     }
-    int rc = write_safetensors(st_out, m, seed);
+    int rc = write_safetensors(st_out, m, seed, fast);
     if (rc == 0)
         fprintf(stderr, "moec-sample: wrote %d tensors to %s\n", moec_model_tensor_count(m), st_out);
     else
