@@ -19,6 +19,7 @@ static const char *USAGE_MAIN =
     "commands:\n"
     "  dump-ir MODEL_DIR   print the model's IR (see docs/IR.md)\n"
     "  run MODEL_DIR       greedy generation from token ids\n"
+    "  bench MODEL_DIR     decode step time against its memory floor (needs a GPU)\n"
     "\n"
     "options:\n"
     "  -h, --help          this help; `moec <command> --help` for a command's options\n";
@@ -60,15 +61,34 @@ static const char *USAGE_RUN =
     "options:\n"
     "  --prompt-ids IDS       comma-separated token ids, e.g. 1,2,3 (required)\n"
     "  --max-new-tokens N     tokens to generate, N >= 1 (required)\n"
-    "  --backend B            cpu, cuda or auto (default auto: cuda where a GPU\n"
-    "                         and the CUDA backend are present, else cpu; today\n"
-    "                         auto runs the cpu interpreter)\n"
+    "  --backend B            cpu (the fp32 reference interpreter), cuda, or\n"
+    "                         auto (default: cuda where a GPU is present, else\n"
+    "                         cpu); cuda computes in bf16, or fp32 with\n"
+    "                         MOEC_DTYPE=fp32\n"
     "  --logits-out FILE      write float32 little-endian logits, one row of\n"
     "                         vocab_size per generated token; row 0 is the\n"
     "                         prompt's last position\n"
     "  --max-seq-len N        KV cache length (default: prompt + N)\n"
     "  --ignore-eos           keep generating after the model's eos_token_id\n"
     "  -h, --help             this help\n";
+
+static const char *USAGE_BENCH =
+    "usage: moec bench MODEL_DIR [--batch-sizes 1,8,32,64] [--context 1024] [options]\n"
+    "\n"
+    "Compiles the model for the GPU (MOEC_DTYPE=bf16 by default, or fp32), then,\n"
+    "per batch size B, decodes one token for each of B sequences that already\n"
+    "hold `context` tokens, and prints the median step time (CUDA events, after\n"
+    "warm-up), the bytes the step must read (weights, the routed experts it\n"
+    "selected, the KV cache in use), the floor (those bytes over the copy\n"
+    "bandwidth measured at start, read + write) and time / floor.\n"
+    "\n"
+    "options:\n"
+    "  --batch-sizes LIST   comma-separated batch sizes (default 1,8,32,64)\n"
+    "  --context N          tokens already in each sequence (default 1024)\n"
+    "  --steps N            timed steps per batch size (default 100)\n"
+    "  --warmup N           untimed steps first (default 10)\n"
+    "  --json               one JSON object per batch size instead of a table\n"
+    "  -h, --help           this help\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
 {
@@ -374,6 +394,93 @@ out:
     return rc;
 }
 
+static int cmd_bench(int argc, char **argv)
+{
+    const char *dir = NULL;
+    moec_bench_options o = {4, {1, 8, 32, 64}, 1024, 100, 10};
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            fputs(USAGE_BENCH, stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--batch-sizes") || !strcmp(a, "--context") ||
+                   !strcmp(a, "--steps") || !strcmp(a, "--warmup")) {
+            if (i + 1 == argc)
+                return usage_error(USAGE_BENCH, "%s needs a value", a);
+            const char *v = argv[++i];
+            long x;
+            if (!strcmp(a, "--batch-sizes")) {
+                int32_t *ids = NULL;
+                const char *bad = NULL;
+                int n = parse_ids(v, &ids, &bad);
+                int ok = n >= 1 && n <= 16;
+                for (int k = 0; ok && k < n; k++)
+                    ok = ids[k] >= 1 && ids[k] <= 4096;
+                for (int k = 0; ok && k < n; k++)
+                    o.batch[k] = ids[k];
+                free(ids);
+                if (!ok)
+                    return usage_error(USAGE_BENCH, "--batch-sizes: '%s' is not 1 to 16 sizes >= 1", v);
+                o.n_batch = n;
+            } else if (parse_int(v, !strcmp(a, "--steps") ? 1 : 0, 1 << 24, &x)) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "%s: '%s' is not a count", a, v);
+                return usage_error(USAGE_BENCH, "%s", msg);
+            } else if (!strcmp(a, "--context")) {
+                o.context = (int)x;
+            } else if (!strcmp(a, "--steps")) {
+                o.steps = (int)x;
+            } else {
+                o.warmup = (int)x;
+            }
+        } else if (a[0] == '-') {
+            return usage_error(USAGE_BENCH, "unknown option %s", a);
+        } else if (!dir) {
+            dir = a;
+        } else {
+            return usage_error(USAGE_BENCH, "unexpected argument %s", a);
+        }
+    }
+    if (!dir)
+        return usage_error(USAGE_BENCH, "%s", "missing MODEL_DIR");
+    moec_model_t *m = NULL;
+    moec_status st = moec_model_open(dir, &m);
+    moec_bench_result r;
+    if (st == MOEC_OK) {
+        fprintf(stderr, "moec bench: compiling %s for the GPU and loading its weights\n", dir);
+        st = moec_bench(m, dir, &o, &r);
+    }
+    moec_model_free(m);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    const char *dtype = getenv("MOEC_DTYPE");
+    dtype = dtype && *dtype ? dtype : "bf16";
+    if (!json) {
+        printf("device %s, copy bandwidth %.2f TB/s (read+write), %s, context %d, %d steps, "
+               "setup %.1f s\n",
+               r.device, r.copy_bytes_per_s / 1e12, dtype, o.context, o.steps, r.setup_s);
+        printf("%6s %10s %10s %10s %10s %14s\n", "batch", "step_ms", "MB_read", "floor_ms",
+               "time/floor", "experts_hit");
+    }
+    for (int i = 0; i < r.n_rows; i++) {
+        const moec_bench_row *w = &r.rows[i];
+        if (json)
+            printf("{\"impl\": \"moec\", \"mode\": \"eager\", \"batch\": %d, \"context\": %d, "
+                   "\"ms\": %.4f, \"bytes\": %.0f, \"floor_ms\": %.4f, \"copy_tb_s\": %.3f, "
+                   "\"experts_hit\": %d, \"experts_total\": %d, \"dtype\": \"%s\", \"device\": \"%s\"}\n",
+                   w->batch, o.context, w->step_ms, w->bytes, w->floor_ms,
+                   r.copy_bytes_per_s / 1e12, w->experts_hit, w->experts_total, dtype, r.device);
+        else
+            printf("%6d %10.3f %10.1f %10.3f %10.2f %8d/%-5d\n", w->batch, w->step_ms,
+                   w->bytes / 1e6, w->floor_ms, w->step_ms / w->floor_ms, w->experts_hit,
+                   w->experts_total);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -389,5 +496,7 @@ int main(int argc, char **argv)
         return cmd_dump_ir(argc - 2, argv + 2);
     if (!strcmp(cmd, "run"))
         return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench"))
+        return cmd_bench(argc - 2, argv + 2);
     return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
 }

@@ -22,8 +22,8 @@ static const char WRITE_BODY[] =
     "    if (s < 0 || p < 0 || p / BS >= max_blocks)\n"
     "        return;\n"
     "    const long long row = (long long)block_table[(long long)s * max_blocks + p / BS] * BS + p % BS;\n"
-    "    const TS *ks = k + (long long)t * KROW;\n"
-    "    const TS *vs = v + (long long)t * VROW;\n"
+    "    const TK *ks = k + (long long)t * KROW;\n"
+    "    const TV *vs = v + (long long)t * VROW;\n"
     "    TS *kd = kpool + row * KROW;\n"
     "    TS *vd = vpool + row * VROW;\n"
     "    for (int i = threadIdx.x; i < KROW / KV; i += blockDim.x)\n"
@@ -42,13 +42,13 @@ static const char ATTN_BODY[] =
     "    const int h0 = kh * G + blockIdx.z * GB;\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    const int s = slots[t], p = pos[t];\n"
-    "    TS *o = out + ((long long)t * H + h0) * DV;\n"
+    "    TO *o = out + ((long long)t * H + h0) * DV;\n"
     "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
     "        for (int i = threadIdx.x; i < GB * DV; i += NT)\n"
     "            st(o + i, 0.0f);\n"
     "        return;\n"
     "    }\n"
-    "    const TS *qt = q + ((long long)t * H + h0) * DK;\n"
+    "    const TQ *qt = q + ((long long)t * H + h0) * DK;\n"
     "    for (int i = threadIdx.x; i < GB * DK; i += NT)\n"
     "        q_s[i / DK][i % DK] = ld(qt + i);\n"
     "    __syncthreads();\n"
@@ -76,6 +76,7 @@ static const char ATTN_BODY[] =
     "#pragma unroll\n"
     "            for (int g = 0; g < GB; g++)\n"
     "                dot[g] = 0.0f;\n"
+    "#pragma unroll 2\n"
     "            for (int d = 0; d < DK; d += KV) {\n"
     "                float kf[KV];\n"
     "                ldv<KV>(kr + d, kf);\n"
@@ -164,7 +165,14 @@ static int vec_of(long long n)
     return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
 }
 
-static const char *dt_tag(ir_dtype dt) { return ir_dtype_name(dt); }
+/* "bf16" when the cache dtype and both operands' dtypes agree, else all three. */
+static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype b)
+{
+    if (a == pool && b == pool)
+        snprintf(buf, cap, "%s", ir_dtype_name(pool));
+    else
+        snprintf(buf, cap, "%s_%s_%s", ir_dtype_name(pool), ir_dtype_name(a), ir_dtype_name(b));
+}
 
 /* Query heads per block: the largest divisor of the group size G, at most
  * 8 (registers), whose shared memory fits. */
@@ -197,12 +205,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                         "attention %%%s: q heads %lld must be a multiple of kv heads %lld, with "
                         "matching head dims",
                         who, H, HKV);
-    ir_dtype dt = cg_storage(c, q);
-    if (cg_storage(c, kv) != dt || cg_storage(c, vv) != dt || cg_storage(c, op->out[0]) != dt ||
-        dt != c->opt->compute_dtype)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "attention %%%s: q, k, v and the result must be stored in the compute dtype",
-                        who);
+    ir_dtype dt = c->opt->compute_dtype, qdt = cg_storage(c, q), kdt = cg_storage(c, kv),
+             vdt = cg_storage(c, vv), odt = cg_storage(c, op->out[0]);
+    if (qdt == IR_DTYPE_I32 || kdt == IR_DTYPE_I32 || vdt == IR_DTYPE_I32 || odt == IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "attention %%%s: q, k, v must be float", who);
     int bs = c->opt->kv_block_size;
     if (bs < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "attention %%%s: kv_block_size %d", who, bs);
@@ -212,12 +218,14 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "attention %%%s: head dims %lld, %lld do not fit shared memory", who, DK, DV);
     const char *ts = cg_ctype(dt);
+    char tag[64];
+    dtype_tag(tag, sizeof tag, dt, kdt, vdt);
     long long krow = HKV * DK, vrow = HKV * DV;
 
     /* kernel 1: cache write */
-    char wname[160];
+    char wname[256];
     snprintf(wname, sizeof wname, "attn_kv_write_hkv%lld_dk%lld_dv%lld_bs%d_t%d_%s", HKV, DK, DV,
-             bs, c->T, dt_tag(dt));
+             bs, c->T, tag);
     int is_new = 0;
     int kw = cg_kernel(c, wname, &is_new);
     if (kw < 0)
@@ -229,9 +237,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "const %s *__restrict__ v, const int *__restrict__ pos, const int *__restrict__ "
                       "slots, const int *__restrict__ block_table, int max_blocks, %s *__restrict__ "
                       "kpool, %s *__restrict__ vpool)\n{\n"
-                      "    typedef %s TS;\n"
+                      "    typedef %s TK;\n    typedef %s TV;\n    typedef %s TS;\n"
                       "    constexpr int BS = %d, KROW = %lld, VROW = %lld, KV = %d, VV = %d;\n",
-                      wname, ts, ts, ts, ts, ts, bs, krow, vrow, vec_of(krow), vec_of(vrow));
+                      wname, cg_ctype(kdt), cg_ctype(vdt), ts, ts, cg_ctype(kdt), cg_ctype(vdt), ts, bs,
+                      krow, vrow, vec_of(krow), vec_of(vrow));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
     rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
@@ -251,9 +260,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->args[7] = cg_arg_kv(op, 1);
 
     /* kernel 2: attention over the cache */
-    char aname[160];
+    char aname[256];
+    dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_bs%d_t%d_%s", H, HKV, DK,
-             DV, gb, bs, c->T, dt_tag(dt));
+             DV, gb, bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -265,11 +275,12 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "const int *__restrict__ pos, const int *__restrict__ slots, const int "
                       "*__restrict__ block_table, int max_blocks, const %s *__restrict__ kpool, const "
                       "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window)\n{\n"
-                      "    typedef %s TS;\n"
+                      "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
                       "NT = %d, TILE = %d, KV = %d;\n",
-                      ATTN_WARPS * 32, aname, ts, ts, ts, ts, ts, H, HKV, DK, DV, gb, bs,
-                      ATTN_WARPS * 32, ATTN_TILE, vec_of(DK));
+                      ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt), cg_ctype(qdt), ts,
+                      cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32, ATTN_TILE,
+                      vec_of(DK));
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);

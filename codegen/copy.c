@@ -261,9 +261,9 @@ moec_status cg_emit_copy(cg_ctx *c, const ir_op *op)
         const ir_value *x = op->in[0];
         if (x->type.rank != r || axis < 1 || axis >= r || start < 0 || size < 0 ||
             start + size > x->type.dims[axis] || dy[axis] != size)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "slice %%%s: axis %lld [%lld, %lld) is outside %%%s",
-                            y->name, (long long)axis, (long long)start,
-                            (long long)(start + size), x->name);
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "slice %%%s: axis %lld [%lld, %lld) is outside %%%s", y->name,
+                            (long long)axis, (long long)start, (long long)(start + size), x->name);
         dims_of(x, c->T, d);
         int64_t inner = prod(d, (int)axis + 1, r);
         g.rows = prod(d, 0, (int)axis);
@@ -291,8 +291,8 @@ moec_status cg_emit_copy(cg_ctx *c, const ir_op *op)
         for (int i = 0; i < op->n_in; i++) {
             const ir_value *x = op->in[i];
             if (x->type.rank != r)
-                return MOEC_ERR(MOEC_ERR_INVALID_ARG, "concat %%%s: %%%s has another rank",
-                                y->name, x->name);
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG, "concat %%%s: %%%s has another rank", y->name,
+                                x->name);
             dims_of(x, c->T, d);
             g.begin[i] = at;
             g.width[i] = g.stride[i] = d[axis] * inner;
@@ -307,8 +307,7 @@ moec_status cg_emit_copy(cg_ctx *c, const ir_op *op)
             snprintf(name + n, sizeof name - (size_t)n, "_t%d_%s", c->T, sig);
         return emit_segments(c, op, name, &g);
     }
-    case IR_OP_EXPAND:
-        return emit_expand(c, op, sig);
+    case IR_OP_EXPAND: return emit_expand(c, op, sig);
     default:
         return MOEC_ERR(MOEC_ERR_INTERNAL, "cg_emit_copy: %s %%%s is not a copy",
                         ir_op_name(op->kind), y->name);

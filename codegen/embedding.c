@@ -46,27 +46,27 @@ moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "embedding %%%s: out of memory", y->name);
     if (is_new)
-        cg_buf_printf(&c->src,
-                      "// embedding (codegen/embedding.c), first for %%%s\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d)\n"
-                      "%s(const int *__restrict__ ids, const %s *__restrict__ table, %s *__restrict__ y)\n"
-                      "{\n"
-                      "    const int t = blockIdx.y;\n"
-                      "    const int c = blockIdx.x * blockDim.x + threadIdx.x;\n"
-                      "    if (c >= %lld)\n"
-                      "        return;\n"
-                      "    const int id = ids[t];\n"
-                      "    %s *out = y + (long long)t * %lld + c * %d;\n"
-                      "    if (id < 0 || id >= %lld) {\n"
-                      "        float zero[%d] = {};\n"
-                      "        stv<%d>(out, zero);\n"
-                      "        return;\n"
-                      "    }\n"
-                      "    cpv<%d>(out, table + (long long)id * %lld + c * %d);\n"
-                      "}\n\n",
-                      y->name, block, name, cg_ctype(dt), cg_ctype(dy), (long long)chunks,
-                      cg_ctype(dy), (long long)H, vec, (long long)V, vec, vec, vec, (long long)H,
-                      vec);
+        cg_buf_printf(
+            &c->src,
+            "// embedding (codegen/embedding.c), first for %%%s\n"
+            "extern \"C\" __global__ void __launch_bounds__(%d)\n"
+            "%s(const int *__restrict__ ids, const %s *__restrict__ table, %s *__restrict__ y)\n"
+            "{\n"
+            "    const int t = blockIdx.y;\n"
+            "    const int c = blockIdx.x * blockDim.x + threadIdx.x;\n"
+            "    if (c >= %lld)\n"
+            "        return;\n"
+            "    const int id = ids[t];\n"
+            "    %s *out = y + (long long)t * %lld + c * %d;\n"
+            "    if (id < 0 || id >= %lld) {\n"
+            "        float zero[%d] = {};\n"
+            "        stv<%d>(out, zero);\n"
+            "        return;\n"
+            "    }\n"
+            "    cpv<%d>(out, table + (long long)id * %lld + c * %d);\n"
+            "}\n\n",
+            y->name, block, name, cg_ctype(dt), cg_ctype(dy), (long long)chunks, cg_ctype(dy),
+            (long long)H, vec, (long long)V, vec, vec, vec, (long long)H, vec);
     rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "embedding %%%s: out of memory", y->name);

@@ -7,6 +7,15 @@
 #include "codegen/cg.h"
 #include "err.h"
 
+/* A numeric attribute whether written as an int or a float. */
+static double num_attr(const ir_op *op, const char *key, double dflt)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    if (a && a->kind == IR_ATTR_FLOAT)
+        return a->f;
+    return a && a->kind == IR_ATTR_INT ? (double)a->i : dflt;
+}
+
 moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
 {
     const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
@@ -19,7 +28,7 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
                         "linear %%%s: wants x [T, K], w [N, K], b [N] and a result [T, N]",
                         y->name);
     int64_t N = w->type.dims[0], K = w->type.dims[1];
-    double alpha = ir_op_attr_float(op, "alpha", 1.0);
+    double alpha = num_attr(op, "alpha", 1.0);
     if (!isfinite(alpha))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: alpha %g is not finite", y->name,
                         alpha);

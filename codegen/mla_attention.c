@@ -30,7 +30,7 @@ static const char WRITE_BODY[] =
 static const char ATTN_BODY[] =
     "    constexpr int NW = NT / 32, RS = R + DR, RG = R / CS, ITEMS = (HB / HS) * RG;\n"
     "    constexpr int NI = (ITEMS + NT - 1) / NT;\n"
-    "    __shared__ __align__(16) TS q_s[HB][QLD];\n"
+    "    __shared__ __align__(16) TQ q_s[HB][QLD];\n"
     "    __shared__ __align__(16) TS kv_s[PT][LDK];\n"
     "    __shared__ float sc_s[HB][PT + 1];\n"
     "    __shared__ float p_s[PT][HB];\n"
@@ -39,7 +39,7 @@ static const char ATTN_BODY[] =
     "    const int t = blockIdx.x, h0 = blockIdx.y * HB;\n"
     "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;\n"
     "    const int s = slots[t], p = pos[t];\n"
-    "    TS *o = out + ((long long)t * H + h0) * R;\n"
+    "    TO *o = out + ((long long)t * H + h0) * R;\n"
     "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
     "        for (int i = tid; i < HB * R; i += NT)\n"
     "            st(o + i, 0.0f);\n"
@@ -47,8 +47,10 @@ static const char ATTN_BODY[] =
     "    }\n"
     "    for (int i = tid; i < HB * RS; i += NT) {\n"
     "        const int hh = i / RS, j = i % RS;\n"
-    "        q_s[hh][j] = j < R ? q_c[((long long)t * H + h0 + hh) * R + j]\n"
-    "                           : q_pe[((long long)t * H + h0 + hh) * DR + j - R];\n"
+    "        if (j < R)\n"
+    "            q_s[hh][j] = q_c[((long long)t * H + h0 + hh) * R + j];\n"
+    "        else\n"
+    "            st(&q_s[hh][j], ld(q_pe + ((long long)t * H + h0 + hh) * DR + j - R));\n"
     "    }\n"
     "    if (tid < HB) {\n"
     "        m_s[tid] = MOEC_NEG_INF;\n"
@@ -167,9 +169,10 @@ static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
 static long long round_up(long long n, long long m) { return (n + m - 1) / m * m; }
 
 /* Shared memory of the attention kernel for hb heads and pt positions. */
-static long long attn_smem(long long hb, long long pt, long long qld, long long ldk, long long esz)
+static long long attn_smem(long long hb, long long pt, long long qld, long long ldk, long long qsz,
+                           long long esz)
 {
-    return hb * qld * esz + pt * ldk * esz + hb * (pt + 1) * 4 + pt * hb * 4 + 3 * hb * 4 + pt * 8;
+    return hb * qld * qsz + pt * ldk * esz + hb * (pt + 1) * 4 + pt * hb * 4 + 3 * hb * 4 + pt * 8;
 }
 
 moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
@@ -187,21 +190,18 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         kpe->type.dims[2] != DR || H < 1 || R < 1 || DR < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "mla_attention %%%s: shapes of q_c, q_pe, kv_c, k_pe disagree", who);
-    ir_dtype dt = cg_storage(c, qc);
-    if (cg_storage(c, qpe) != dt || cg_storage(c, kvc) != dt || cg_storage(c, kpe) != dt ||
-        cg_storage(c, op->out[0]) != dt || dt != c->opt->compute_dtype)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "mla_attention %%%s: operands and result must be stored in the compute "
-                        "dtype",
-                        who);
+    ir_dtype dt = c->opt->compute_dtype, qdt = cg_storage(c, qc), pdt = cg_storage(c, qpe),
+             cdt = cg_storage(c, kvc), edt = cg_storage(c, kpe), odt = cg_storage(c, op->out[0]);
+    if (qdt == IR_DTYPE_I32 || pdt == IR_DTYPE_I32 || cdt == IR_DTYPE_I32 || edt == IR_DTYPE_I32 ||
+        odt == IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "mla_attention %%%s: operands must be float", who);
     int bs = c->opt->kv_block_size;
     if (bs < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "mla_attention %%%s: kv_block_size %d", who, bs);
-    long long esz = (long long)ir_dtype_size(dt);
+    long long esz = (long long)ir_dtype_size(dt), qsz = (long long)ir_dtype_size(qdt);
     long long RS = R + DR;
     int ve = vec_of(gcd(R, DR));
-    long long align = 16 / esz;
-    long long qld = round_up(RS, align), ldk = round_up(RS, align) + align;
+    long long qld = round_up(RS, 16 / qsz), ldk = round_up(RS, 16 / esz) + 16 / esz;
     /* heads per block: the largest divisor of H up to 16; then positions per
        tile, then fewer heads, until shared memory fits */
     int hb = 0;
@@ -211,7 +211,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
             break;
         }
     int pt = 32;
-    while (attn_smem(hb, pt, qld, ldk, esz) > MLA_SMEM_MAX) {
+    while (attn_smem(hb, pt, qld, ldk, qsz, esz) > MLA_SMEM_MAX) {
         if (pt > 8) {
             pt /= 2;
             continue;
@@ -240,10 +240,15 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                         "mla_attention %%%s: r %lld needs more accumulators than registers hold", who,
                         R);
     const char *ts = cg_ctype(dt);
+    char tag[64];
+    if (cdt == dt && edt == dt)
+        snprintf(tag, sizeof tag, "%s", ir_dtype_name(dt));
+    else
+        snprintf(tag, sizeof tag, "%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(cdt),
+                 ir_dtype_name(edt));
 
-    char wname[160];
-    snprintf(wname, sizeof wname, "mla_kv_write_r%lld_dr%lld_bs%d_t%d_%s", R, DR, bs, c->T,
-             ir_dtype_name(dt));
+    char wname[256];
+    snprintf(wname, sizeof wname, "mla_kv_write_r%lld_dr%lld_bs%d_t%d_%s", R, DR, bs, c->T, tag);
     int is_new = 0;
     int kw = cg_kernel(c, wname, &is_new);
     if (kw < 0)
@@ -257,7 +262,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, %s "
                       "*__restrict__ kvpool, %s *__restrict__ pepool)\n{\n"
                       "    constexpr int R = %lld, DR = %lld, BS = %d, VR = %d, VD = %d;\n",
-                      wname, ts, ts, ts, ts, R, DR, bs, vec_of(R), vec_of(DR));
+                      wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, vec_of(R), vec_of(DR));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
     rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
@@ -276,9 +281,14 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->args[6] = cg_arg_kv(op, 0);
     s->args[7] = cg_arg_kv(op, 1);
 
-    char aname[160];
+    char aname[256];
+    if (qdt == dt && pdt == dt && odt == dt)
+        snprintf(tag, sizeof tag, "%s", ir_dtype_name(dt));
+    else
+        snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
+                 ir_dtype_name(pdt), ir_dtype_name(odt));
     snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_bs%d_t%d_%s", H, R,
-             DR, hb, pt, hs, bs, c->T, ir_dtype_name(dt));
+             DR, hb, pt, hs, bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
@@ -291,11 +301,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, const "
                       "%s *__restrict__ kvpool, const %s *__restrict__ pepool, %s *__restrict__ out, "
                       "float scale, int window)\n{\n"
-                      "    typedef %s TS;\n"
+                      "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, HB = %d, PT = %d, HS = %d, "
                       "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d;\n",
-                      MLA_THREADS, aname, ts, ts, ts, ts, ts, ts, H, R, DR, hb, pt, hs, cs, ve, qld,
-                      ldk, bs, MLA_THREADS);
+                      MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), ts, ts, cg_ctype(odt),
+                      cg_ctype(qdt), ts, cg_ctype(odt), H, R, DR, hb, pt, hs, cs, ve, qld, ldk, bs,
+                      MLA_THREADS);
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);

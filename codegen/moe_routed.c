@@ -1,12 +1,443 @@
-/* moe_routed.c — placeholder until the moe_routed emitter lands: reports that this op has
- * no CUDA code generator yet, so that the library links and cg_emit_op gives
- * a clear error. */
-#include "codegen/cg.h"
+/* moe_routed.c — the routed experts of a MoE layer as grouped GEMMs (docs/IR.md,
+ * moe_routed), the way vLLM's fused_moe runs them (seed 003): (1) align: the
+ * token slots t*K+k sorted by expert and padded per expert to blocks of BM
+ * rows, with the expert of each block and the number of blocks used; (2)
+ * gate_up: for each block and a tile of I, silu(gate x) * up x into h
+ * [T*K, I] (f32 scratch); (3) down: y[slot] = scale * w[t,k] * down_e h[slot]
+ * (f32 scratch); (4) sum over k into the result [T, H]. Each expert's weights
+ * are thus read once per block of BM of its tokens, not once per token.
+ *
+ * The GEMMs stream weight rows with 16-byte loads, one warp per few rows,
+ * the block's BM activation rows in registers, fp32 accumulation on CUDA
+ * cores. Decode puts a token or two on each expert, so BM follows the
+ * bucket's expected rows per expert (1 to 8). */
+#include "codegen/moe_routed.h"
+
+#include <stdio.h>
+
 #include "err.h"
+
+#define MOE_WARPS 8
+#define ALIGN_THREADS 256
+#define SUM_THREADS 128
+
+static const char ALIGN_BODY[] =
+    "    constexpr int N = T * K;\n"
+    "    __shared__ int cnt[E], off[E], fill[E];\n"
+    "    const int tid = threadIdx.x, lane = tid & 31;\n"
+    "    for (int e = tid; e < E; e += NT) {\n"
+    "        cnt[e] = 0;\n"
+    "        fill[e] = 0;\n"
+    "    }\n"
+    "    for (int i = tid; i < NB * BM; i += NT)\n"
+    "        sorted[i] = -1;\n"
+    "    for (int i = tid; i < NB; i += NT)\n"
+    "        blk_expert[i] = -1;\n"
+    "    __syncthreads();\n"
+    "    for (int i = tid; i < N; i += NT) {\n"
+    "        const int e = ids[i];\n"
+    "        if (e >= 0 && e < E)\n"
+    "            atomicAdd(&cnt[e], 1);\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    /* exclusive scan of the blocks of each expert, by warp 0 */\n"
+    "    if (tid < 32) {\n"
+    "        int run = 0;\n"
+    "        for (int base = 0; base < E; base += 32) {\n"
+    "            const int e = base + lane;\n"
+    "            const int v = e < E ? (cnt[e] + BM - 1) / BM : 0;\n"
+    "            int incl = v;\n"
+    "#pragma unroll\n"
+    "            for (int o = 1; o < 32; o <<= 1) {\n"
+    "                const int u = __shfl_up_sync(0xffffffffu, incl, o);\n"
+    "                if (lane >= o)\n"
+    "                    incl += u;\n"
+    "            }\n"
+    "            if (e < E)\n"
+    "                off[e] = run + incl - v;\n"
+    "            run += __shfl_sync(0xffffffffu, incl, 31);\n"
+    "        }\n"
+    "        if (lane == 0)\n"
+    "            *n_used = run;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    for (int e = tid; e < E; e += NT) {\n"
+    "        const int nb = (cnt[e] + BM - 1) / BM;\n"
+    "        for (int b = 0; b < nb; b++)\n"
+    "            blk_expert[off[e] + b] = e;\n"
+    "    }\n"
+    "    for (int i = tid; i < N; i += NT) {\n"
+    "        const int e = ids[i];\n"
+    "        if (e >= 0 && e < E)\n"
+    "            sorted[off[e] * BM + atomicAdd(&fill[e], 1)] = i;\n"
+    "    }\n";
+
+/* Shared by gate_up and down: the block's expert, its BM slots (padding
+ * rows read row 0 and are never stored) and the warp's first row n0. */
+static const char GEMM_HEAD[] =
+    "    constexpr int BN = NW * RW, KSTEP = 32 * VE, NSTEP = (KD + KSTEP - 1) / KSTEP;\n"
+    "    const int b = blockIdx.x;\n"
+    "    if (b >= *n_used)\n"
+    "        return;\n"
+    "    const int e = blk_expert[b];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int n0 = blockIdx.y * BN + warp * RW;\n"
+    "    if (ND % BN != 0 && n0 >= ND)\n"
+    "        return;\n"
+    "    int sl[BM];\n"
+    "#pragma unroll\n"
+    "    for (int m = 0; m < BM; m++)\n"
+    "        sl[m] = sorted[b * BM + m];\n";
+
+static const char GATE_UP_BODY[] =
+    "    const TX *xr[BM];\n"
+    "#pragma unroll\n"
+    "    for (int m = 0; m < BM; m++)\n"
+    "        xr[m] = x + (long long)(sl[m] >= 0 ? sl[m] / K : 0) * KD;\n"
+    "    const TW *gr = wg + (long long)e * GSTRIDE + (long long)n0 * KD;\n"
+    "    const TW *ur = wu + (long long)e * USTRIDE + UOFF + (long long)n0 * KD;\n"
+    "    float ag[RW][BM], au[RW][BM];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RW; r++)\n"
+    "#pragma unroll\n"
+    "        for (int m = 0; m < BM; m++)\n"
+    "            ag[r][m] = au[r][m] = 0.0f;\n"
+    "    for (int s = 0; s < NSTEP; s++) {\n"
+    "        const int k = s * KSTEP + lane * VE;\n"
+    "        if (KD % KSTEP != 0 && k >= KD)\n"
+    "            break;\n"
+    "        float xv[BM][VE];\n"
+    "#pragma unroll\n"
+    "        for (int m = 0; m < BM; m++)\n"
+    "            ldv<VE>(xr[m] + k, xv[m]);\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RW; r++) {\n"
+    "            if (ND % BN != 0 && n0 + r >= ND)\n"
+    "                continue;\n"
+    "            float gv[VE], uv[VE];\n"
+    "            ldv<VE>(gr + (long long)r * KD + k, gv);\n"
+    "            ldv<VE>(ur + (long long)r * KD + k, uv);\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++)\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VE; j++) {\n"
+    "                    ag[r][m] += gv[j] * xv[m][j];\n"
+    "                    au[r][m] += uv[j] * xv[m][j];\n"
+    "                }\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RW; r++)\n"
+    "#pragma unroll\n"
+    "        for (int m = 0; m < BM; m++) {\n"
+    "            const float g = warp_sum(ag[r][m]), u = warp_sum(au[r][m]);\n"
+    "            if (lane == ((r * BM + m) & 31) && sl[m] >= 0 && (ND % BN == 0 || n0 + r < ND))\n"
+    "                hbuf[(long long)sl[m] * ND + n0 + r] = g / (1.0f + expf(-g)) * u;\n"
+    "        }\n";
+
+static const char DOWN_BODY[] =
+    "    const float *hr[BM];\n"
+    "#pragma unroll\n"
+    "    for (int m = 0; m < BM; m++)\n"
+    "        hr[m] = hbuf + (long long)(sl[m] >= 0 ? sl[m] : 0) * KD;\n"
+    "    const TW *dr = wd + (long long)e * ND * KD + (long long)n0 * KD;\n"
+    "    float acc[RW][BM];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RW; r++)\n"
+    "#pragma unroll\n"
+    "        for (int m = 0; m < BM; m++)\n"
+    "            acc[r][m] = 0.0f;\n"
+    "    for (int s = 0; s < NSTEP; s++) {\n"
+    "        const int k = s * KSTEP + lane * VE;\n"
+    "        if (KD % KSTEP != 0 && k >= KD)\n"
+    "            break;\n"
+    "        float hv[BM][VE];\n"
+    "#pragma unroll\n"
+    "        for (int m = 0; m < BM; m++)\n"
+    "            ldv<VE>(hr[m] + k, hv[m]);\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RW; r++) {\n"
+    "            if (ND % BN != 0 && n0 + r >= ND)\n"
+    "                continue;\n"
+    "            float wv[VE];\n"
+    "            ldv<VE>(dr + (long long)r * KD + k, wv);\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++)\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VE; j++)\n"
+    "                    acc[r][m] += wv[j] * hv[m][j];\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RW; r++)\n"
+    "#pragma unroll\n"
+    "        for (int m = 0; m < BM; m++) {\n"
+    "            float v = warp_sum(acc[r][m]);\n"
+    "            if (lane == ((r * BM + m) & 31) && sl[m] >= 0 && (ND % BN == 0 || n0 + r < ND)) {\n"
+    "                if constexpr (MULW)\n"
+    "                    v *= scale * ld(wts + sl[m]);\n"
+    "                st(y + (long long)sl[m] * ND + n0 + r, v);\n"
+    "            }\n"
+    "        }\n";
+
+static const char SUM_BODY[] =
+    "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
+    "    if (h >= H)\n"
+    "        return;\n"
+    "    float acc[VE];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < VE; j++)\n"
+    "        acc[j] = 0.0f;\n"
+    "    for (int k = 0; k < K; k++) {\n"
+    "        const int e = ids[t * K + k];\n"
+    "        if (e < 0 || e >= E)\n"
+    "            continue;\n"
+    "        float v[VE];\n"
+    "        ldv<VE>(y + ((long long)t * K + k) * H + h, v);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < VE; j++)\n"
+    "            acc[j] += v[j];\n"
+    "    }\n"
+    "    stv<VE>(out + (long long)t * H + h, acc);\n";
+
+static int vec_of(long long n)
+{
+    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
+}
+
+/* Rows of each expert block: the bucket's expected tokens per expert,
+ * doubled for the skew of real routers, as a power of two in [1, 8]. */
+static int rows_per_block(long long T, long long K, long long E)
+{
+    long long want = (2 * T * K + E - 1) / E;
+    int bm = 1;
+    while (bm < want && bm < 8)
+        bm *= 2;
+    return bm;
+}
+
+static moec_status oom(const cg_moe_desc *d)
+{
+    return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
+}
+
+moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
+{
+    const char *opname = ir_op_name(d->op->kind), *who = d->out->name;
+    const ir_type *tx = &d->x->type, *ti = &d->ids->type, *tg = &d->gate->type,
+                  *td = &d->down->type;
+    if (tx->rank != 2 || ti->rank != 2 || tg->rank != 3 || td->rank != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: wants x [T, H], ids [T, K], gate_up [E, 2I, H] (or gate and up "
+                        "[E, I, H]), down [E, H, I]",
+                        opname, who);
+    long long H = tx->dims[1], K = ti->dims[1], E = td->dims[0], I = td->dims[2];
+    int fused = d->up == NULL;
+    if (td->dims[1] != H || tg->dims[0] != E || tg->dims[1] != (fused ? 2 * I : I) ||
+        tg->dims[2] != H || (!fused && !ir_type_equal(&d->up->type, tg)) || K < 1 || E < 1 ||
+        H < 1 || I < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: expert weights do not agree with x [T, %lld] and down [E, H, I]",
+                        opname, who, H);
+    if (d->w && (d->w->type.rank != 2 || d->w->type.dims[1] != K))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: weights %%%s must be [T, %lld]", opname,
+                        who, d->w->name, K);
+    if (cg_storage(c, d->ids) != IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: ids %%%s must be i32", opname, who,
+                        d->ids->name);
+    ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate), ddt = cg_storage(c, d->down),
+             odt = cg_storage(c, d->out);
+    if (!fused && cg_storage(c, d->up) != gdt)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: gate and up must be stored alike", opname,
+                        who);
+    if (E > 8192)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: %lld experts (at most 8192)", opname, who,
+                        E);
+    int T = c->T;
+    long long N = (long long)T * K;
+    int bm = rows_per_block(T, K, E);
+    long long nnz = N < E ? N : E;
+    long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
+    int rw_gu = bm <= 8 ? 32 / bm : 1, rw_dn = 64 / bm;
+    if (rw_gu > 4)
+        rw_gu = 4;
+    if (rw_dn > 8)
+        rw_dn = 8;
+    int ve_h = vec_of(H), ve_i = vec_of(I);
+
+    size_t off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
+    size_t off_blk = cg_scratch(c, (size_t)nb * 4);
+    size_t off_used = cg_scratch(c, 4);
+    size_t off_h = cg_scratch(c, (size_t)(N * I) * 4);
+    size_t off_y = d->w ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
+    char name[200];
+    int is_new = 0;
+
+    /* (1) align */
+    snprintf(name, sizeof name, "moe_align_e%lld_k%lld_bm%d_t%d", E, K, bm, T);
+    int k1 = cg_kernel(c, name, &is_new);
+    if (k1 < 0)
+        return oom(d);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// %s: align, slots sorted by expert and padded to blocks of BM "
+                      "(codegen/moe_routed.c, cg_moe_emit)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
+                      "ids, int *__restrict__ sorted, int *__restrict__ blk_expert, int *__restrict__ "
+                      "n_used)\n{\n"
+                      "    constexpr int E = %lld, K = %lld, T = %d, BM = %d, NB = %lld, NT = %d;\n",
+                      opname, ALIGN_THREADS, name, E, K, T, bm, nb, ALIGN_THREADS);
+        cg_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
+    }
+    rt_step *s = cg_step(c, RT_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k1;
+    s->block[0] = ALIGN_THREADS;
+    s->n_args = 4;
+    s->args[0] = cg_arg_act(d->ids);
+    s->args[1] = cg_arg_scratch(off_sorted);
+    s->args[2] = cg_arg_scratch(off_blk);
+    s->args[3] = cg_arg_scratch(off_used);
+
+    /* (2) gate_up with silu_mul */
+    long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
+    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_rw%d_t%d_%s_%s_%s", E, K,
+             H, I, bm, rw_gu, T, ir_dtype_name(xdt), ir_dtype_name(gdt), fused ? "fused" : "split");
+    int k2 = cg_kernel(c, name, &is_new);
+    if (k2 < 0)
+        return oom(d);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// %s: gate_up GEMM with silu_mul (codegen/moe_routed.c, cg_moe_emit)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
+                      "const %s *__restrict__ wg, const %s *__restrict__ wu, const int *__restrict__ "
+                      "sorted, const int *__restrict__ blk_expert, const int *__restrict__ n_used, "
+                      "float *__restrict__ hbuf)\n{\n"
+                      "    typedef %s TX;\n    typedef %s TW;\n"
+                      "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, RW = %d, NW = %d, "
+                      "VE = %d;\n"
+                      "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n",
+                      opname, MOE_WARPS * 32, name, cg_ctype(xdt), cg_ctype(gdt), cg_ctype(gdt),
+                      cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm, rw_gu, MOE_WARPS, ve_h, gstride,
+                      gstride, uoff);
+        cg_buf_printf(&c->src, "%s%s}\n\n", GEMM_HEAD, GATE_UP_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k2;
+    s->grid[0] = (unsigned)nb;
+    s->grid[1] = (unsigned)((I + MOE_WARPS * rw_gu - 1) / (MOE_WARPS * rw_gu));
+    s->block[0] = MOE_WARPS * 32;
+    s->n_args = 7;
+    s->args[0] = cg_arg_act(d->x);
+    s->args[1] = cg_arg_act(d->gate);
+    s->args[2] = cg_arg_act(fused ? d->gate : d->up);
+    s->args[3] = cg_arg_scratch(off_sorted);
+    s->args[4] = cg_arg_scratch(off_blk);
+    s->args[5] = cg_arg_scratch(off_used);
+    s->args[6] = cg_arg_scratch(off_h);
+
+    /* (3) down, times the router weight and scale when routed */
+    ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
+    ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
+    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_rw%d_t%d_%s_%s_%s", E, K, H,
+             I, bm, rw_dn, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now");
+    int k3 = cg_kernel(c, name, &is_new);
+    if (k3 < 0)
+        return oom(d);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// %s: down GEMM%s (codegen/moe_routed.c, cg_moe_emit)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
+                      "hbuf, const %s *__restrict__ wd, const int *__restrict__ sorted, const int "
+                      "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
+                      opname, d->w ? " times scale * router weight" : "", MOE_WARPS * 32, name,
+                      cg_ctype(ddt));
+        if (d->w)
+            cg_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
+        cg_buf_printf(&c->src,
+                      "%s *__restrict__ y)\n{\n"
+                      "    typedef %s TW;\n"
+                      "    constexpr int KD = %lld, ND = %lld, BM = %d, RW = %d, NW = %d, VE = %d;\n"
+                      "    constexpr bool MULW = %s;\n",
+                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, rw_dn, MOE_WARPS, ve_i,
+                      d->w ? "true" : "false");
+        if (!d->w)
+            cg_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
+                                   "    (void)wts;\n    (void)scale;\n");
+        cg_buf_printf(&c->src, "%s%s}\n\n", GEMM_HEAD, DOWN_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k3;
+    s->grid[0] = (unsigned)nb;
+    s->grid[1] = (unsigned)((H + MOE_WARPS * rw_dn - 1) / (MOE_WARPS * rw_dn));
+    s->block[0] = MOE_WARPS * 32;
+    int n = 0;
+    s->args[n++] = cg_arg_scratch(off_h);
+    s->args[n++] = cg_arg_act(d->down);
+    s->args[n++] = cg_arg_scratch(off_sorted);
+    s->args[n++] = cg_arg_scratch(off_blk);
+    s->args[n++] = cg_arg_scratch(off_used);
+    if (d->w) {
+        s->args[n++] = cg_arg_act(d->w);
+        s->args[n++] = cg_arg_f32(d->scale);
+        s->args[n++] = cg_arg_scratch(off_y);
+    } else {
+        s->args[n++] = cg_arg_act(d->out);
+    }
+    s->n_args = n;
+    if (!d->w)
+        return MOEC_OK;
+
+    /* (4) sum over k */
+    int ve = vec_of(H);
+    snprintf(name, sizeof name, "moe_sum_e%lld_k%lld_h%lld_t%d_%s", E, K, H, T, ir_dtype_name(odt));
+    int k4 = cg_kernel(c, name, &is_new);
+    if (k4 < 0)
+        return oom(d);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// %s: sum of the weighted expert outputs over k (codegen/moe_routed.c, "
+                      "cg_moe_emit)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
+                      "y, const int *__restrict__ ids, %s *__restrict__ out)\n{\n"
+                      "    constexpr int E = %lld, K = %lld, H = %lld, VE = %d, NT = %d;\n",
+                      opname, SUM_THREADS, name, cg_ctype(odt), E, K, H, ve, SUM_THREADS);
+        cg_buf_printf(&c->src, "%s}\n\n", SUM_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k4;
+    s->grid[0] = (unsigned)T;
+    s->grid[1] = (unsigned)((H + (long long)SUM_THREADS * ve - 1) / ((long long)SUM_THREADS * ve));
+    s->block[0] = SUM_THREADS;
+    s->n_args = 3;
+    s->args[0] = cg_arg_scratch(off_y);
+    s->args[1] = cg_arg_act(d->ids);
+    s->args[2] = cg_arg_act(d->out);
+    return MOEC_OK;
+}
 
 moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)
 {
-    (void)c;
-    return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "moe_routed %%%s: CUDA code generation is not implemented yet",
-                    op->out[0]->name);
+    if (op->n_in != 5 && op->n_in != 6)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_routed %%%s: %d operands (5 or 6)",
+                        op->out[0]->name, op->n_in);
+    cg_moe_desc d = {
+        .op = op,
+        .x = op->in[0],
+        .ids = op->in[1],
+        .w = op->in[2],
+        .gate = op->in[3],
+        .up = op->n_in == 6 ? op->in[4] : NULL,
+        .down = op->in[op->n_in - 1],
+        .out = op->out[0],
+        .scale = ir_op_attr_float(op, "scale", 1.0),
+    };
+    return cg_moe_emit(c, &d);
 }

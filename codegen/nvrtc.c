@@ -20,6 +20,11 @@
 
 #include <dlfcn.h>
 #include <nvrtc.h>
+#include <pthread.h>
+
+#ifndef MOEC_NVRTC_SOVERSION
+#define MOEC_NVRTC_SOVERSION "13"
+#endif
 
 #define CACHE_MAGIC "MOECCUB1"
 #define KEY_LEN 32 /* hex digits of the 128-bit key */
@@ -176,8 +181,7 @@ static void numbered_line(cg_buf *out, const char *src, int no, int max_chars)
 static int write_failure(const char *dir, const char *key, const char *arch, const char *log,
                          const char *src, char *path, size_t cap)
 {
-    if (make_dirs(dir) != 0 ||
-        snprintf(path, cap, "%s/failed-%s.cu.txt", dir, key) >= (int)cap)
+    if (make_dirs(dir) != 0 || snprintf(path, cap, "%s/failed-%s.cu.txt", dir, key) >= (int)cap)
         return -1;
     FILE *f = fopen(path, "w");
     if (!f)
@@ -208,14 +212,14 @@ static int first_error_line(const char *log)
 /* MOEC_ERR_CUDA with the file holding everything, the first lines of the
  * log and the source lines around the first error. */
 static moec_status compile_error(const char *dir, const char *key, const char *arch,
-                                 const char *log, const char *src)
+                                 const char *log, const char *src, const char *hint)
 {
     char path[4200] = "";
     int saved = write_failure(dir, key, arch, log, src, path, sizeof path) == 0;
     cg_buf msg = {0};
-    cg_buf_printf(&msg, "NVRTC could not compile the program for %s (%s%s):\n", arch,
+    cg_buf_printf(&msg, "NVRTC could not compile the program for %s (%s%s)%s:\n", arch,
                   saved ? "full log and numbered source in " : "could not save the log in ",
-                  saved ? path : dir);
+                  saved ? path : dir, hint);
     int len = (int)strlen(log), shown = 0;
     for (const char *p = log; *p && shown < 12 && p - log < 1400; shown++) {
         const char *e = strchr(p, '\n');
@@ -238,13 +242,76 @@ static moec_status compile_error(const char *dir, const char *key, const char *a
 
 /* ---- NVRTC ---------------------------------------------------------------- */
 
-#define CHECK_NVRTC(call)                                                                    \
-    do {                                                                                     \
-        nvrtcResult r_ = (call);                                                             \
-        if (r_ != NVRTC_SUCCESS) {                                                           \
-            st = MOEC_ERR(MOEC_ERR_CUDA, "%s failed: %s", #call, nvrtcGetErrorString(r_));    \
-            goto out;                                                                        \
-        }                                                                                    \
+/* ---- the NVRTC library ------------------------------------------------------
+ * Opened with dlopen on first use rather than linked, so that programs built
+ * with the compiler start (and run their CPU paths) without loading NVRTC,
+ * and a machine without it gets an error naming what was tried. */
+
+typedef struct nvrtc_api {
+    nvrtcResult (*Version)(int *, int *);
+    nvrtcResult (*CreateProgram)(nvrtcProgram *, const char *, const char *, int,
+                                 const char *const *, const char *const *);
+    nvrtcResult (*CompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*GetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*GetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*GetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*DestroyProgram)(nvrtcProgram *);
+    const char *(*GetErrorString)(nvrtcResult);
+    void *handle;
+    char error[1024];
+} nvrtc_api;
+
+static nvrtc_api nvrtc;
+static pthread_once_t nvrtc_once = PTHREAD_ONCE_INIT;
+
+static void nvrtc_open(void)
+{
+    static const char *const names[] = {"libnvrtc.so." MOEC_NVRTC_SOVERSION, "libnvrtc.so",
+                                        "/usr/local/cuda/lib64/libnvrtc.so"};
+    for (size_t i = 0; i < sizeof names / sizeof *names && !nvrtc.handle; i++)
+        nvrtc.handle = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!nvrtc.handle) {
+        snprintf(nvrtc.error, sizeof nvrtc.error,
+                 "cannot load NVRTC (tried %s, libnvrtc.so, /usr/local/cuda/lib64/libnvrtc.so): %s",
+                 names[0], dlerror());
+        return;
+    }
+#define NVRTC_SYM(field, sym)                                                                      \
+    do {                                                                                           \
+        *(void **)&nvrtc.field = dlsym(nvrtc.handle, #sym);                                         \
+        if (!nvrtc.field) {                                                                        \
+            snprintf(nvrtc.error, sizeof nvrtc.error, "NVRTC lacks %s", #sym);                     \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+    NVRTC_SYM(Version, nvrtcVersion);
+    NVRTC_SYM(CreateProgram, nvrtcCreateProgram);
+    NVRTC_SYM(CompileProgram, nvrtcCompileProgram);
+    NVRTC_SYM(GetProgramLogSize, nvrtcGetProgramLogSize);
+    NVRTC_SYM(GetProgramLog, nvrtcGetProgramLog);
+    NVRTC_SYM(GetCUBINSize, nvrtcGetCUBINSize);
+    NVRTC_SYM(GetCUBIN, nvrtcGetCUBIN);
+    NVRTC_SYM(DestroyProgram, nvrtcDestroyProgram);
+    NVRTC_SYM(GetErrorString, nvrtcGetErrorString);
+#undef NVRTC_SYM
+}
+
+static moec_status nvrtc_load(void)
+{
+    pthread_once(&nvrtc_once, nvrtc_open);
+    if (nvrtc.error[0])
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s", nvrtc.error);
+    return MOEC_OK;
+}
+
+#define CHECK_NVRTC(call)                                                                          \
+    do {                                                                                           \
+        nvrtcResult r_ = (call);                                                                   \
+        if (r_ != NVRTC_SUCCESS) {                                                                 \
+            st = MOEC_ERR(MOEC_ERR_CUDA, "%s failed: %s", #call, nvrtc.GetErrorString(r_));         \
+            goto out;                                                                              \
+        }                                                                                          \
     } while (0)
 
 static int has_bf16_header(const char *dir)
@@ -272,7 +339,7 @@ static int cuda_include_dir(char *buf, size_t cap)
     if (p && snprintf(env2, sizeof env2, "%s/include", p) < (int)sizeof env2)
         cands[1] = env2;
     Dl_info info;
-    if (dladdr((void *)nvrtcVersion, &info) && info.dli_fname) {
+    if (nvrtc.Version && dladdr(*(void **)&nvrtc.Version, &info) && info.dli_fname) {
         const char *slash = strrchr(info.dli_fname, '/');
         if (slash && snprintf(lib, sizeof lib, "%.*s/../include", (int)(slash - info.dli_fname),
                               info.dli_fname) < (int)sizeof lib)
@@ -304,16 +371,18 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     if (strlen(arch) >= 16 || !valid_arch(arch))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "cg_compile: target arch \"%s\" is not a real GPU arch like sm_90", arch);
+    MOEC_TRY(nvrtc_load());
     int major = 0, minor = 0;
-    nvrtcResult vr = nvrtcVersion(&major, &minor);
+    nvrtcResult vr = nvrtc.Version(&major, &minor);
     if (vr != NVRTC_SUCCESS)
-        return MOEC_ERR(MOEC_ERR_CUDA, "nvrtcVersion failed: %s", nvrtcGetErrorString(vr));
+        return MOEC_ERR(MOEC_ERR_CUDA, "nvrtcVersion failed: %s", nvrtc.GetErrorString(vr));
     char version[64], opt_arch[64], opt_inc[4200], inc[4096];
     snprintf(version, sizeof version, "nvrtc %d.%d", major, minor);
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
     const char *opts[3] = {opt_arch, "--std=c++17", NULL};
     int n_opts = 2;
-    if (cuda_include_dir(inc, sizeof inc)) {
+    int have_inc = cuda_include_dir(inc, sizeof inc);
+    if (have_inc) {
         snprintf(opt_inc, sizeof opt_inc, "-I%s", inc);
         opts[n_opts++] = opt_inc;
     }
@@ -340,27 +409,30 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     char *log = NULL, *bin = NULL;
     char prog_name[64];
     snprintf(prog_name, sizeof prog_name, "moec_%.16s.cu", key);
-    CHECK_NVRTC(nvrtcCreateProgram(&prog, src, prog_name, 0, NULL, NULL));
-    nvrtcResult cr = nvrtcCompileProgram(prog, n_opts, opts);
-    if (cr != NVRTC_SUCCESS && cr != NVRTC_ERROR_COMPILATION) {
-        st = MOEC_ERR(MOEC_ERR_CUDA, "nvrtcCompileProgram failed: %s", nvrtcGetErrorString(cr));
-        goto out;
-    }
-    if (cr == NVRTC_ERROR_COMPILATION) {
+    CHECK_NVRTC(nvrtc.CreateProgram(&prog, src, prog_name, 0, NULL, NULL));
+    nvrtcResult cr = nvrtc.CompileProgram(prog, n_opts, opts);
+    if (cr != NVRTC_SUCCESS) {
         size_t log_size = 0;
-        CHECK_NVRTC(nvrtcGetProgramLogSize(prog, &log_size));
+        CHECK_NVRTC(nvrtc.GetProgramLogSize(prog, &log_size));
         log = malloc(log_size + 1);
         if (!log) {
             st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading the NVRTC log");
             goto out;
         }
-        CHECK_NVRTC(nvrtcGetProgramLog(prog, log));
+        CHECK_NVRTC(nvrtc.GetProgramLog(prog, log));
         log[log_size] = '\0';
-        st = compile_error(dir, key, arch, log, src);
+        if (cr == NVRTC_ERROR_COMPILATION)
+            st = compile_error(dir, key, arch, log, src,
+                               have_inc ? ""
+                                        : " (no CUDA include directory with cuda_bf16.h was "
+                                          "found: set CUDA_HOME)");
+        else
+            st = MOEC_ERR(MOEC_ERR_CUDA, "nvrtcCompileProgram (%s) failed: %s: %.1000s", opt_arch,
+                          nvrtc.GetErrorString(cr), log);
         goto out;
     }
     size_t n = 0;
-    CHECK_NVRTC(nvrtcGetCUBINSize(prog, &n));
+    CHECK_NVRTC(nvrtc.GetCUBINSize(prog, &n));
     if (n == 0) {
         st = MOEC_ERR(MOEC_ERR_CUDA, "NVRTC produced an empty cubin for %s", arch);
         goto out;
@@ -370,7 +442,7 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
         st = MOEC_ERR(MOEC_ERR_OOM, "out of memory for a %zu-byte cubin", n);
         goto out;
     }
-    CHECK_NVRTC(nvrtcGetCUBIN(prog, bin));
+    CHECK_NVRTC(nvrtc.GetCUBIN(prog, bin));
     if (have_dir)
         cache_write(dir, path, key, bin, n);
     *cubin = bin;
@@ -378,12 +450,12 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     bin = NULL;
 out:
     if (prog) {
-        nvrtcResult dr = nvrtcDestroyProgram(&prog);
+        nvrtcResult dr = nvrtc.DestroyProgram(&prog);
         if (dr != NVRTC_SUCCESS && st == MOEC_OK) {
             free(*cubin);
             *cubin = NULL;
             *size = 0;
-            st = MOEC_ERR(MOEC_ERR_CUDA, "nvrtcDestroyProgram failed: %s", nvrtcGetErrorString(dr));
+            st = MOEC_ERR(MOEC_ERR_CUDA, "nvrtcDestroyProgram failed: %s", nvrtc.GetErrorString(dr));
         }
     }
     free(log);

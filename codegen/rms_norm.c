@@ -66,13 +66,13 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "rms_norm %%%s: out of memory", y->name);
     if (is_new) {
         cg_buf *b = &c->src;
-        cg_buf_printf(b,
-                      "// rms_norm (codegen/rms_norm.c), first for %%%s\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d)\n"
-                      "%s(const %s *__restrict__ x, const %s *__restrict__ w, %s *__restrict__ y, float eps)\n"
-                      "{\n",
-                      y->name, warp_form ? 128 : stride, name, cg_ctype(dx), cg_ctype(dw),
-                      cg_ctype(dy));
+        cg_buf_printf(
+            b,
+            "// rms_norm (codegen/rms_norm.c), first for %%%s\n"
+            "extern \"C\" __global__ void __launch_bounds__(%d)\n"
+            "%s(const %s *__restrict__ x, const %s *__restrict__ w, %s *__restrict__ y, float eps)\n"
+            "{\n",
+            y->name, warp_form ? 128 : stride, name, cg_ctype(dx), cg_ctype(dw), cg_ctype(dy));
         if (warp_form)
             cg_buf_printf(b,
                           "    const int row = blockIdx.x * 4 + (threadIdx.x >> 5);\n"

@@ -5,8 +5,25 @@
 
 #include "ir/ir.h"
 #include "moec.h"
+#include "runtime/cuda_rt.h"
+#include "runtime/plan.h"
 
 /* The model's unfused, verified module (owned by the model). */
 const ir_module *moec_model_module(const moec_model_t *model);
+
+/* A model compiled for and bound to the GPU: every pass on a copy of its
+ * module, the checkpoint checked against the fused weights, the plan built
+ * and compiled, the runtime bound for max_seqs sequences of max_seq_len. */
+typedef struct moec_cuda_model {
+    ir_module *fused;
+    rt_plan *plan;
+    rt_cuda *cuda;
+} moec_cuda_model;
+
+/* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. */
+moec_status moec_cuda_dtype(ir_dtype *out);
+moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
+                                 int max_seqs, int max_seq_len, moec_cuda_model *out);
+void moec_cuda_model_free(moec_cuda_model *x);
 
 #endif

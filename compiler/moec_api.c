@@ -1,13 +1,18 @@
 /* moec_api.c — the public API (include/moec.h) over the frontend, the weight
  * loader and the backends. A model is the verified IR of a config; a session
- * is one sequence being generated on one backend. */
+ * is one sequence being generated on one backend: the CPU interpreter on the
+ * unfused module, or the CUDA runtime on a plan built in-process from the
+ * module after every pass (compute dtype bf16, or fp32 with MOEC_DTYPE=fp32). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "codegen/cg.h"
 #include "compiler/api_internal.h"
 #include "compiler/frontend.h"
+#include "compiler/passes.h"
 #include "err.h"
+#include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
 #include "runtime/weights.h"
 
@@ -20,10 +25,13 @@ struct moec_model {
 struct moec_session {
     const moec_model_t *model;
     moec_backend backend;
-    rt_weights *weights;
-    rt_interp *interp;
     int max_seq;
     int length;
+    /* CPU */
+    rt_weights *weights;
+    rt_interp *interp;
+    /* CUDA: the plan points into the fused module, the runtime into both */
+    moec_cuda_model gpu;
 };
 
 /* Appends the tensors of one TENSOR or STACK binding of weight type t to
@@ -177,6 +185,58 @@ int moec_model_eos_token(const moec_model_t *m)
     return m ? (int)ir_module_meta_int(m->module, "eos_token_id", -1) : -1;
 }
 
+moec_status moec_cuda_dtype(ir_dtype *out)
+{
+    const char *e = getenv("MOEC_DTYPE");
+    if (!e || !*e || !strcmp(e, "bf16"))
+        *out = IR_DTYPE_BF16;
+    else if (!strcmp(e, "fp32"))
+        *out = IR_DTYPE_F32;
+    else
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_DTYPE='%s' is not bf16 or fp32", e);
+    return MOEC_OK;
+}
+
+moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
+                                 int max_seqs, int max_seq_len, moec_cuda_model *x)
+{
+    memset(x, 0, sizeof *x);
+    pass_options po;
+    pass_options_default(&po);
+    po.compute_dtype = dt;
+    const char *tmp = getenv("TMPDIR");
+    moec_status st = ir_module_clone(model->module, &x->fused);
+    if (st == MOEC_OK)
+        st = pass_run_pipeline(x->fused, &po, NULL, NULL, NULL, tmp && *tmp ? tmp : "/tmp");
+    rt_weights *w = NULL;
+    if (st == MOEC_OK)
+        st = rt_weights_open(x->fused, weights_dir, &w);
+    cg_options co;
+    cg_options_default(&co);
+    co.compute_dtype = dt;
+    co.n_buckets = po.n_batch_sizes;
+    memcpy(co.buckets, po.batch_sizes, sizeof co.buckets);
+    if (st == MOEC_OK)
+        st = cg_plan_build(x->fused, &co, &x->plan);
+    if (st == MOEC_OK)
+        st = rt_cuda_init(x->plan, w, max_seqs, max_seq_len, &x->cuda);
+    rt_weights_free(w);
+    if (st == MOEC_OK && rt_cuda_logits_cols(x->cuda) != moec_model_vocab_size(model))
+        st = MOEC_ERR(MOEC_ERR_INTERNAL, "the plan's logits have %d columns, the vocabulary %d",
+                      rt_cuda_logits_cols(x->cuda), moec_model_vocab_size(model));
+    if (st != MOEC_OK)
+        moec_cuda_model_free(x);
+    return st;
+}
+
+void moec_cuda_model_free(moec_cuda_model *x)
+{
+    rt_cuda_free(x->cuda);
+    rt_plan_free(x->plan);
+    ir_module_free(x->fused);
+    memset(x, 0, sizeof *x);
+}
+
 moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
                               moec_backend backend, int max_seq_len, moec_session_t **out)
 {
@@ -190,22 +250,31 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d",
                         max_seq_len, max_pos);
-    if (backend == MOEC_BACKEND_AUTO)
-        backend = MOEC_BACKEND_CPU; /* until the CUDA backend exists, AUTO is the interpreter */
-    if (backend == MOEC_BACKEND_CUDA) {
-        int n = 0;
-        MOEC_TRY(moec_cuda_device_count(&n));
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "the CUDA backend is not implemented yet; use --backend cpu");
+    int n_dev = 0;
+    if (backend == MOEC_BACKEND_AUTO) {
+        backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
+                                                                         : MOEC_BACKEND_CPU;
+        moec_err_clear();
     }
+    if (backend == MOEC_BACKEND_CUDA)
+        MOEC_TRY(moec_cuda_device_count(&n_dev));
     moec_session_t *s = calloc(1, sizeof *s);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     s->model = model;
     s->backend = backend;
     s->max_seq = max_seq_len;
-    moec_status st = rt_weights_open(model->module, weights_dir, &s->weights);
-    if (st == MOEC_OK)
-        st = rt_interp_init(model->module, s->weights, max_seq_len, &s->interp);
+    moec_status st;
+    if (backend == MOEC_BACKEND_CUDA) {
+        ir_dtype dt = IR_DTYPE_BF16;
+        st = moec_cuda_dtype(&dt);
+        if (st == MOEC_OK)
+            st = moec_cuda_model_init(model, weights_dir, dt, 1, max_seq_len, &s->gpu);
+    } else {
+        st = rt_weights_open(model->module, weights_dir, &s->weights);
+        if (st == MOEC_OK)
+            st = rt_interp_init(model->module, s->weights, max_seq_len, &s->interp);
+    }
     if (st != MOEC_OK) {
         moec_session_free(s);
         return st;
@@ -218,6 +287,7 @@ void moec_session_free(moec_session_t *s)
 {
     if (!s)
         return;
+    moec_cuda_model_free(&s->gpu);
     rt_interp_free(s->interp);
     rt_weights_free(s->weights);
     free(s);
@@ -227,6 +297,39 @@ moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backe
 
 int moec_session_length(const moec_session_t *s) { return s ? s->length : 0; }
 
+static moec_status forward_cpu(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+{
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    for (int i = 0; i < n; i++)
+        pos[i] = s->length + i;
+    moec_status st = rt_interp_forward(s->interp, ids, pos, n, logits_out);
+    free(pos);
+    return st;
+}
+
+/* Runs the tokens in chunks of the largest bucket (one sequence, slot 0,
+ * consecutive positions). */
+static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+{
+    int chunk = rt_cuda_max_tokens(s->gpu.cuda);
+    size_t cols = (size_t)rt_cuda_logits_cols(s->gpu.cuda);
+    int32_t *pos = malloc((size_t)chunk * sizeof *pos);
+    int32_t *slot = calloc((size_t)chunk, sizeof *slot);
+    moec_status st = pos && slot ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    for (int done = 0; done < n && st == MOEC_OK; done += chunk) {
+        int k = n - done < chunk ? n - done : chunk;
+        for (int i = 0; i < k; i++)
+            pos[i] = s->length + done + i;
+        st = rt_cuda_step(s->gpu.cuda, k, ids + done, pos, slot,
+                          logits_out ? logits_out + (size_t)done * cols : NULL, NULL);
+    }
+    free(pos);
+    free(slot);
+    return st;
+}
+
 moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
 {
     if (!s || !ids || n <= 0)
@@ -235,14 +338,10 @@ moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, f
         return MOEC_ERR(MOEC_ERR_CAPACITY,
                         "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,
                         s->length, s->max_seq);
-    int32_t *pos = malloc((size_t)n * sizeof *pos);
-    if (!pos)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    for (int i = 0; i < n; i++)
-        pos[i] = s->length + i;
-    moec_status st = rt_interp_forward(s->interp, ids, pos, n, logits_out);
-    free(pos);
-    MOEC_TRY(st);
+    if (s->gpu.cuda)
+        MOEC_TRY(forward_cuda(s, ids, n, logits_out));
+    else
+        MOEC_TRY(forward_cpu(s, ids, n, logits_out));
     s->length += n;
     return MOEC_OK;
 }

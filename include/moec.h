@@ -96,6 +96,41 @@ moec_status moec_session_forward(moec_session_t *session, const int32_t *ids, in
 /* Tokens in the sequence so far. */
 int moec_session_length(const moec_session_t *session);
 
+/* The decode benchmark (moec bench): per batch size B, B sequences at a
+ * context of `context` tokens each decode one token per step; the median
+ * step time over `steps` timed steps (CUDA events, after `warmup`), the
+ * bytes that step must read (every weight but the routed experts, the
+ * routed experts the step actually selected, the embedding rows, the KV
+ * cache in use), and the floor: those bytes over the device's measured
+ * copy bandwidth (read + write). Compute dtype from MOEC_DTYPE (bf16). */
+typedef struct moec_bench_options {
+    int n_batch;
+    int batch[16];
+    int context;
+    int steps;
+    int warmup;
+} moec_bench_options;
+
+typedef struct moec_bench_row {
+    int batch;
+    double step_ms;
+    double bytes;        /* read by one step */
+    double floor_ms;     /* bytes / copy bandwidth */
+    int experts_hit;     /* routed experts selected, summed over MoE layers */
+    int experts_total;   /* routed experts, summed over MoE layers */
+} moec_bench_row;
+
+typedef struct moec_bench_result {
+    char device[128];
+    double copy_bytes_per_s; /* read + write */
+    double setup_s;          /* passes, codegen + NVRTC (or cache), upload */
+    int n_rows;
+    moec_bench_row rows[16];
+} moec_bench_result;
+
+moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
+                       const moec_bench_options *opt, moec_bench_result *out);
+
 /* Number of CUDA devices; MOEC_ERR_NO_DEVICE (with a message) when there is
  * none or no driver. */
 moec_status moec_cuda_device_count(int *count);

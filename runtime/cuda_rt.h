@@ -34,9 +34,28 @@ void rt_cuda_free(rt_cuda *c);
  * copies back the logits of the n tokens (n rows of rt_cuda_logits_cols
  * floats) and their argmax ids, each when its pointer is not NULL.
  * MOEC_ERR_CAPACITY for a position past max_seq_len, MOEC_ERR_INVALID_ARG
- * for a slot or token id out of range; both before anything runs. */
+ * for a slot or token id out of range; both before anything runs. A failed
+ * launch names the step, its op and kernel; a fault that only shows at the
+ * final synchronization is named too when MOEC_CUDA_SYNC=1 (which
+ * synchronizes after every step). */
 moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                          const int32_t *slots, float *logits_out, int32_t *sampled_out);
+
+/* Benchmarking. Writes the inputs once, runs `warmup` steps of the bucket
+ * holding n tokens, then `iters` more, each between two events on stream 0
+ * (no copy-back, no host synchronization between them); *median_ms is the
+ * median step time. The arena keeps the last step's values. */
+moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                               const int32_t *slots, int warmup, int iters, float *median_ms);
+/* Copies the first n rows of activation v (of the plan's module) as the
+ * last step of the bucket holding n tokens left it, in its storage dtype,
+ * into dst (cap bytes). */
+moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, size_t cap);
+/* Device-to-device copy bandwidth of device 0, counting bytes read plus
+ * bytes written, over a buffer of `bytes` (median of iters copies). */
+moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s);
+/* The device's name ("NVIDIA H100 80GB HBM3"). */
+const char *rt_cuda_device_name(const rt_cuda *c);
 
 /* The largest bucket: the most tokens one step runs. */
 int rt_cuda_max_tokens(const rt_cuda *c);

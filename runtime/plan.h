@@ -44,7 +44,8 @@ typedef enum rt_config {
 typedef struct rt_arg {
     rt_arg_kind kind;
     int index;
-    int64_t i;
+    int64_t i;   /* ACT, WEIGHT, INPUT: a byte offset added to the pointer;
+                    SCRATCH: the offset; I32: the value */
     double f;
 } rt_arg;
 
@@ -63,7 +64,7 @@ typedef struct rt_gemm {
     ir_dtype type_a, type_b, type_c;      /* F32 or BF16 (F16) */
     float alpha;
     rt_arg a, b, c;
-    int has_bias;                 /* bias[m] added to every column (f32 or type_c) */
+    int has_bias;                 /* bias[m] added to every column after alpha, unscaled */
     rt_arg bias;
     ir_dtype type_bias;
 } rt_gemm;

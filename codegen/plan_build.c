@@ -1,0 +1,229 @@
+/* plan_build.c — the fused, planned module to a launch plan: per batch
+ * bucket, the program (prologue, every op's kernels in module order, the
+ * argmax of the logits) and its steps, then one NVRTC compile per bucket.
+ * The compiles are independent and dominate the time, so they run on
+ * parallel threads once every bucket's source is generated. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+static void ctx_free(cg_ctx *c)
+{
+    cg_buf_free(&c->src);
+    for (int i = 0; i < c->n_kernels; i++)
+        free(c->kernel_names[i]);
+    free(c->kernel_names);
+    free(c->steps);
+    memset(c, 0, sizeof *c);
+}
+
+static moec_status check_options(const cg_options *o)
+{
+    if (o->compute_dtype != IR_DTYPE_BF16 && o->compute_dtype != IR_DTYPE_F16 &&
+        o->compute_dtype != IR_DTYPE_F32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "cg_plan_build: compute dtype %s (want bf16, f16 or f32)",
+                        ir_dtype_name(o->compute_dtype));
+    if (!o->arch[0] || !memchr(o->arch, '\0', sizeof o->arch))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: no target arch");
+    if (o->kv_block_size < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: kv_block_size %d", o->kv_block_size);
+    if (o->n_buckets < 1 || o->n_buckets > 16)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: %d buckets (want 1 to 16)",
+                        o->n_buckets);
+    for (int i = 0; i < o->n_buckets; i++)
+        if (o->buckets[i] < 1 || o->buckets[i] > 65536 || (i && o->buckets[i] <= o->buckets[i - 1]))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "cg_plan_build: bucket %d is %d (buckets must ascend, 1 to 65536)", i,
+                            o->buckets[i]);
+    return MOEC_OK;
+}
+
+/* The module is fused and planned: one output, inputs only tokens and
+ * positions, every op result at a 16-byte aligned arena offset inside
+ * arena_bytes_per_token. */
+static moec_status check_module(const ir_module *m, const cg_options *o)
+{
+    const ir_attr *arena = ir_module_meta(m, "arena_bytes_per_token");
+    if (!arena || arena->kind != IR_ATTR_INT || arena->i <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "cg_plan_build: module %s has no memory plan (meta arena_bytes_per_token; "
+                        "run the pass pipeline through plan_memory)",
+                        m->name);
+    const char *dt = NULL;
+    const ir_attr *cd = ir_module_meta(m, "compute_dtype");
+    if (cd && cd->kind == IR_ATTR_STR)
+        dt = cd->s;
+    if (dt && strcmp(dt, ir_dtype_name(o->compute_dtype)) != 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "cg_plan_build: module %s was compiled for compute dtype %s, not %s",
+                        m->name, dt, ir_dtype_name(o->compute_dtype));
+    if (m->n_outputs != 1)
+        return MOEC_ERR(
+            MOEC_ERR_INVALID_ARG,
+            "cg_plan_build: module %s has %d outputs; the CUDA backend wants one, the logits",
+            m->name, m->n_outputs);
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_INPUT && strcmp(v->name, "tokens") && strcmp(v->name, "positions"))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "cg_plan_build: input %%%s is neither tokens nor positions", v->name);
+        if (v->kind != IR_VALUE_OP)
+            continue;
+        int64_t bytes = ir_type_numel(&v->type, 1) * 4;
+        if (v->mem_offset < 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "cg_plan_build: activation %%%s has no arena offset (run plan_memory)",
+                            v->name);
+        if (v->mem_offset % 16 || v->mem_offset + bytes > arena->i)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "cg_plan_build: activation %%%s at %lld (%lld bytes per token) is "
+                            "misaligned or outside the %lld-byte arena",
+                            v->name, (long long)v->mem_offset, (long long)bytes,
+                            (long long)arena->i);
+    }
+    return MOEC_OK;
+}
+
+static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    c->m = m;
+    c->opt = o;
+    c->T = T;
+    cg_emit_prologue(&c->src);
+    for (int k = 0; k < m->n_ops; k++)
+        MOEC_TRY(cg_emit_op(c, m->ops[k]));
+    moec_status st = cg_emit_argmax(c, m->outputs[0]);
+    if (st != MOEC_OK)
+        return moec_err_wrap(st, "codegen of the argmax (bucket T=%d)", T);
+    if (c->src.oom)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory generating bucket T=%d", T);
+    return MOEC_OK;
+}
+
+typedef struct compile_job {
+    const cg_ctx *c;
+    const cg_options *o;
+    void *cubin;
+    size_t size;
+    moec_status st;
+    char err[4096];
+} compile_job;
+
+typedef struct compile_queue {
+    compile_job *jobs;
+    int n, next;
+    pthread_mutex_t lock;
+} compile_queue;
+
+static void *compile_worker(void *arg)
+{
+    compile_queue *q = arg;
+    for (;;) {
+        pthread_mutex_lock(&q->lock);
+        int i = q->next++;
+        pthread_mutex_unlock(&q->lock);
+        if (i >= q->n)
+            return NULL;
+        compile_job *j = &q->jobs[i];
+        j->st = cg_compile(j->c->src.data, j->o->arch, j->o->cache_dir, &j->cubin, &j->size);
+        if (j->st != MOEC_OK)
+            snprintf(j->err, sizeof j->err, "%s", moec_last_error());
+    }
+}
+
+/* Compiles every job, on up to one thread per CPU. */
+static void compile_all(compile_job *jobs, int n)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cpus < 1 ? 1 : cpus > n ? n : (int)cpus;
+    compile_queue q = {jobs, n, 0, PTHREAD_MUTEX_INITIALIZER};
+    pthread_t th[16];
+    int started = 0;
+    for (int i = 1; i < n_threads && i < 16; i++)
+        if (pthread_create(&th[started], NULL, compile_worker, &q) == 0)
+            started++;
+    compile_worker(&q);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+}
+
+moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **out)
+{
+    if (!m || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: NULL argument");
+    *out = NULL;
+    cg_options defaults;
+    if (!opt) {
+        cg_options_default(&defaults);
+        opt = &defaults;
+    }
+    MOEC_TRY(check_options(opt));
+    MOEC_TRY(check_module(m, opt));
+    int nb = opt->n_buckets;
+    moec_status st = MOEC_OK;
+    cg_ctx *ctx = calloc((size_t)nb, sizeof *ctx);
+    compile_job *jobs = calloc((size_t)nb, sizeof *jobs);
+    rt_plan *p = calloc(1, sizeof *p);
+    if (p)
+        p->buckets = calloc((size_t)nb, sizeof *p->buckets);
+    if (!ctx || !jobs || !p || !p->buckets) {
+        st = MOEC_ERR(MOEC_ERR_OOM, "cg_plan_build: out of memory");
+        goto out;
+    }
+    for (int b = 0; b < nb && st == MOEC_OK; b++) {
+        st = generate(m, opt, opt->buckets[b], &ctx[b]);
+        jobs[b].c = &ctx[b];
+        jobs[b].o = opt;
+    }
+    if (st != MOEC_OK)
+        goto out;
+    compile_all(jobs, nb);
+    p->module = m;
+    p->compute_dtype = opt->compute_dtype;
+    snprintf(p->arch, sizeof p->arch, "%s", opt->arch);
+    p->kv_block_size = opt->kv_block_size;
+    p->n_buckets = nb;
+    int64_t arena = ir_module_meta(m, "arena_bytes_per_token")->i;
+    for (int b = 0; b < nb; b++) {
+        compile_job *j = &jobs[b];
+        if (j->st != MOEC_OK && st == MOEC_OK)
+            st = MOEC_ERR(j->st, "bucket T=%d: %s", opt->buckets[b], j->err);
+        rt_bucket *bk = &p->buckets[b];
+        cg_ctx *c = &ctx[b];
+        bk->T = c->T;
+        bk->cubin = j->cubin;
+        bk->cubin_size = j->size;
+        j->cubin = NULL;
+        bk->n_kernels = c->n_kernels;
+        bk->kernel_names = c->kernel_names;
+        bk->n_steps = c->n_steps;
+        bk->steps = c->steps;
+        c->kernel_names = NULL;
+        c->n_kernels = 0;
+        c->steps = NULL;
+        bk->arena_bytes = (size_t)arena * (size_t)c->T;
+        bk->scratch_bytes = c->scratch_bytes;
+        if (st == MOEC_OK && opt->progress)
+            opt->progress(b + 1, nb, opt->progress_user);
+    }
+out:
+    for (int b = 0; ctx && b < nb; b++)
+        ctx_free(&ctx[b]);
+    for (int b = 0; jobs && b < nb; b++)
+        free(jobs[b].cubin);
+    free(ctx);
+    free(jobs);
+    if (st != MOEC_OK) {
+        rt_plan_free(p);
+        return st;
+    }
+    *out = p;
+    return MOEC_OK;
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# gpu_bench.sh — the decode benchmark of BENCHMARKS.md, run on the GPU
+# machine in one call: builds moec, writes a DeepSeek-V2-Lite-shaped model
+# with random bf16 weights (tests/data/configs/deepseek_v2_lite.json; about
+# 31 GB, not committed), runs `moec bench` on it, then the PyTorch reference
+# (bench/torch_ref.py) on the same weights, batch sizes and context, and
+# leaves every log and the JSON lines in $OUT/bench.tar.gz.
+#   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${1:-tests/data/configs/deepseek_v2_lite.json}
+BATCHES=${2:-1,8,32,64}
+CONTEXT=${3:-1024}
+OUT=${OUT:-/tmp/moec-bench}
+LOGS=$(mktemp -d)/bench
+mkdir -p "$OUT" "$LOGS"
+source scripts/gpu_build.sh
+export PYTHONUNBUFFERED=1
+finish() {
+  tar czf "$OUT/bench.tar.gz" -C "$(dirname "$LOGS")" bench
+  cat "$LOGS"/*.table 2>/dev/null
+  exit "${1:-0}"
+}
+{ nvidia-smi; date -u; git -C . log -1 --oneline; } >"$LOGS/env.txt" 2>&1
+gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; finish 1; }
+
+MODEL=/tmp/moec-bench-model
+mkdir -p "$MODEL"
+cp "$CONFIG" "$MODEL/config.json"
+t0=$SECONDS
+build-gpu/moec-sample "$MODEL/config.json" "$MODEL" --fast --force >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; finish 1; }
+echo "model written in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
+
+build-gpu/moec bench "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" --json \
+  >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
+if [ -f bench/torch_ref.py ]; then
+  python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
+    >"$LOGS/torch.jsonl" 2>"$LOGS/torch.table" || tail -20 "$LOGS/torch.table"
+fi
+finish 0

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# gpu_check.sh — the one script the GPU machine runs: builds moec in
+# build-gpu, runs the GPU tests (ctest -L gpu), runs `moec run` on the CUDA
+# backend under compute-sanitizer's memcheck and against the goldens, and
+# leaves every log in $OUT/gpu_check.tar.gz (with summary.txt beside it).
+# Where cJSON is not installed it uses the copy carried in .dev/cjson/ (an
+# extracted libcjson1 + libcjson-dev). Exit status: 0 when every stage passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/moec-gpu-check}
+LOGS=$(mktemp -d)/gpu_check
+mkdir -p "$OUT" "$LOGS"
+SUMMARY=$LOGS/summary.txt
+: >"$SUMMARY"
+failed=0
+
+# stage NAME CMD...: runs CMD with its output in $LOGS/NAME.txt; records the result.
+stage() {
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" >"$LOGS/$name.txt" 2>&1
+  local rc=$?
+  local line="$name: $([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s"
+  echo "$line" | tee -a "$SUMMARY"
+  [ $rc = 0 ] || failed=1
+  return $rc
+}
+
+finish() {
+  cp "$SUMMARY" "$OUT/summary.txt"
+  tar czf "$OUT/gpu_check.tar.gz" -C "$(dirname "$LOGS")" gpu_check
+  echo "logs: $OUT/gpu_check.tar.gz"
+  exit $failed
+}
+
+{ nvidia-smi; nvcc --version; cmake --version; } >"$LOGS/env.txt" 2>&1
+
+source scripts/gpu_build.sh
+stage build gpu_build || finish
+
+stage ctest_gpu bash -c 'cd build-gpu && ctest -L gpu --output-on-failure --timeout 600'
+cp build-gpu/Testing/Temporary/LastTest.log "$LOGS/ctest_gpu_full.txt" 2>/dev/null
+
+# The CLI on the CUDA backend (fp32) prints the transformers greedy ids;
+# qwen2_moe with MOEC_CUDA_SYNC=1 (a synchronization after every step).
+cli_golden() {
+  local m rc=0
+  for m in deepseek_v3 qwen2_moe; do
+    local sync=0
+    [ "$m" = qwen2_moe ] && sync=1
+    local d=tests/data/$m
+    local prompt greedy n
+    prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('$d/golden.json'))['prompt_ids'])))")
+    greedy=$(python3 -c "import json;print(' '.join(map(str,json.load(open('$d/golden.json'))['greedy_ids'])))")
+    n=$(python3 -c "import json;print(len(json.load(open('$d/golden.json'))['greedy_ids']))")
+    local got
+    got=$(MOEC_DTYPE=fp32 MOEC_CUDA_SYNC=$sync build-gpu/moec run "$d" --backend cuda --prompt-ids "$prompt" \
+          --max-new-tokens "$n" --ignore-eos)
+    echo "$m (MOEC_CUDA_SYNC=$sync): got '$got', want '$greedy'"
+    [ "$got" = "$greedy" ] || rc=1
+  done
+  return $rc
+}
+stage cli_golden cli_golden
+
+SAN=/usr/local/cuda/bin/compute-sanitizer
+sanitize() {
+  local dtype
+  for dtype in bf16 fp32; do
+    echo "== MOEC_DTYPE=$dtype"
+    MOEC_DTYPE=$dtype "$SAN" --tool memcheck --leak-check full --error-exitcode 1 \
+      build-gpu/moec run tests/data/deepseek_v3 --backend cuda \
+      --prompt-ids 0,64,128,7,19,222,45,8 --max-new-tokens 4 --ignore-eos || return 1
+  done
+}
+stage memcheck sanitize
+
+finish

@@ -1,0 +1,1125 @@
+/* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
+ * moe_topk, moe_routed, moe_experts, argmax) run on the GPU against the CPU
+ * interpreter, on fresh random inputs, at real model shapes (DeepSeek-V2-Lite,
+ * DeepSeek-V3, Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2)
+ * and fp32 (1e-4), relative to each row's largest magnitude. Every output
+ * is poisoned with NaNs first, so an element a kernel leaves unwritten
+ * fails; scratch is poisoned with huge values. Attention runs steps of
+ * several sequences (one interpreter each) mixed with padding tokens over a
+ * shuffled paged cache, then long contexts against this file's reference,
+ * which the short runs check against the interpreter. Kernels are compiled
+ * with cg_compile, loaded with cudaLibraryLoadData and launched with
+ * cudaLaunchKernel from the steps' symbolic arguments. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+#include "kern_modules.h"
+#include "runtime/interp.h"
+#include "testlib.h"
+
+#ifdef MOEC_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#define TMAX 64
+#define TOL_BF16 2e-2
+#define TOL_F32 1e-4
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A CUDA failure is fatal: after a fault the context is gone. */
+#define CK(x) ck((x), #x, __FILE__, __LINE__)
+static void ck(cudaError_t e, const char *what, const char *file, int line)
+{
+    if (e == cudaSuccess)
+        return;
+    fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
+    exit(1);
+}
+
+/* ---- random numbers and dtypes -------------------------------------------- */
+
+static float urand(uint64_t *s, float a) /* uniform in [-a, a) */
+{
+    return ((float)(t_rand_u64(s) >> 40) * (1.0f / 8388608.0f) - 1.0f) * a;
+}
+
+static int irand(uint64_t *s, int n) { return (int)(t_rand_u64(s) % (uint64_t)n); }
+
+static uint16_t f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float round_to(ir_dtype dt, float f) { return dt == IR_DTYPE_BF16 ? bf2f(f2bf(f)) : f; }
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* Host floats (or i32 bit patterns for I32) to n elements of dt on the device. */
+static void upload(void *d, ir_dtype dt, const float *h, size_t n)
+{
+    if (dt == IR_DTYPE_F32 || dt == IR_DTYPE_I32) {
+        CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+        return;
+    }
+    if (dt != IR_DTYPE_BF16) {
+        fprintf(stderr, "upload: dtype %s is not used by these tests\n", ir_dtype_name(dt));
+        exit(1);
+    }
+    uint16_t *t = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        t[i] = f2bf(h[i]);
+    CK(cudaMemcpy(d, t, n * 2, cudaMemcpyHostToDevice));
+    free(t);
+}
+
+static void download(float *h, ir_dtype dt, const void *d, size_t n)
+{
+    if (dt == IR_DTYPE_F32 || dt == IR_DTYPE_I32) {
+        CK(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost));
+        return;
+    }
+    uint16_t *t = xmalloc(n * 2);
+    CK(cudaMemcpy(t, d, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        h[i] = bf2f(t[i]);
+    free(t);
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    CK(cudaMalloc(&p, bytes ? bytes : 16));
+    return p;
+}
+
+/* ---- comparison ------------------------------------------------------------ */
+
+/* Rows of n: every |gpu - ref| within tol of the row's largest |ref|; any
+ * non-finite GPU value fails. Prints the first mismatches. */
+static double compare_rows(const char *what, const float *gpu, const float *ref, int rows, int n,
+                           double tol)
+{
+    double worst = 0;
+    int shown = 0;
+    for (int r = 0; r < rows; r++) {
+        double mx = 0;
+        for (int i = 0; i < n; i++)
+            mx = fmax(mx, fabs(ref[(size_t)r * n + i]));
+        if (mx < 1e-30)
+            mx = 1e-30;
+        for (int i = 0; i < n; i++) {
+            float g = gpu[(size_t)r * n + i], f = ref[(size_t)r * n + i];
+            double e = isfinite(g) ? fabs((double)g - f) / mx : INFINITY;
+            if (e > worst)
+                worst = e;
+            if (e > tol && shown < 5) {
+                fprintf(stderr, "  %s: row %d [%d]: gpu %.7g, reference %.7g (row max %.4g)\n", what,
+                        r, i, g, f, mx);
+                shown++;
+            }
+        }
+    }
+    t_checks++;
+    if (!(worst <= tol)) {
+        t_failures++;
+        fprintf(stderr, "FAIL %s: worst relative error %.3g > %.3g\n", what, worst, tol);
+    }
+    return worst;
+}
+
+/* ---- programs: generated per module, compiled in parallel up front -------- */
+
+static const int BUCKETS[] = {1, 2, 4, 8, 16, 32, 64};
+
+typedef struct gk_prog {
+    char key[128];
+    char *src;
+    void *cubin;
+    size_t size;
+    moec_status st;
+    char err[2048];
+    cudaLibrary_t lib;
+    int loaded;
+} gk_prog;
+
+static gk_prog progs[48];
+static int n_progs, next_prog;
+static pthread_mutex_t prog_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *cache_dir;
+
+static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs)
+{
+    snprintf(buf, 128, "%s/%s/bs%d", s->name, ir_dtype_name(cdt), bs);
+}
+
+static void options_for(cg_options *o, ir_dtype cdt, int bs)
+{
+    cg_options_default(o);
+    o->compute_dtype = cdt;
+    o->kv_block_size = bs;
+}
+
+/* The heavy ops of m and the argmax of its output, for bucket T. */
+static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    c->m = m;
+    c->opt = o;
+    c->T = T;
+    for (int k = 0; k < m->n_ops; k++)
+        if (km_is_heavy(m->ops[k]))
+            MOEC_TRY(cg_emit_op(c, m->ops[k]));
+    return cg_emit_argmax(c, m->outputs[0]);
+}
+
+static void ctx_free(cg_ctx *c)
+{
+    cg_buf_free(&c->src);
+    for (int i = 0; i < c->n_kernels; i++)
+        free(c->kernel_names[i]);
+    free(c->kernel_names);
+    free(c->steps);
+    memset(c, 0, sizeof *c);
+}
+
+/* Queues one program with the buckets of tmask (bit i: BUCKETS[i]). */
+static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
+{
+    if (n_progs == (int)(sizeof progs / sizeof *progs)) {
+        fprintf(stderr, "too many programs\n");
+        exit(1);
+    }
+    ir_module *m = km_module(s);
+    if (!m)
+        exit(1);
+    cg_options o;
+    options_for(&o, cdt, bs);
+    cg_buf src = {0};
+    cg_emit_prologue(&src);
+    for (int b = 0; b < 7; b++) {
+        if (!(tmask & (1u << b)))
+            continue;
+        cg_ctx c;
+        moec_status st = gen(m, &o, BUCKETS[b], &c);
+        if (st != MOEC_OK) {
+            fprintf(stderr, "%s T=%d: %s\n", s->name, BUCKETS[b], moec_last_error());
+            exit(1);
+        }
+        cg_buf_printf(&src, "%s", c.src.data);
+        ctx_free(&c);
+    }
+    ir_module_free(m);
+    gk_prog *p = &progs[n_progs++];
+    memset(p, 0, sizeof *p);
+    prog_key(p->key, s, cdt, bs);
+    p->src = src.data;
+}
+
+static void *compile_worker(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&prog_lock);
+        int i = next_prog++;
+        pthread_mutex_unlock(&prog_lock);
+        if (i >= n_progs)
+            return NULL;
+        gk_prog *p = &progs[i];
+        p->st = cg_compile(p->src, "sm_90", cache_dir, &p->cubin, &p->size);
+        if (p->st != MOEC_OK)
+            snprintf(p->err, sizeof p->err, "%s", moec_last_error());
+    }
+}
+
+static void progs_compile(void)
+{
+    double t0 = now_s();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
+    pthread_t th[16];
+    int started = 0;
+    for (int i = 1; i < n; i++)
+        if (pthread_create(&th[started], NULL, compile_worker, NULL) == 0)
+            started++;
+    compile_worker(NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < n_progs; i++)
+        if (progs[i].st != MOEC_OK) {
+            fprintf(stderr, "%s: %s\n", progs[i].key, progs[i].err);
+            exit(1);
+        }
+    printf("compiled %d programs in %.1f s on %d threads\n", n_progs, now_s() - t0, started + 1);
+}
+
+static cudaLibrary_t prog_lib(const km_spec *s, ir_dtype cdt, int bs)
+{
+    char key[128];
+    prog_key(key, s, cdt, bs);
+    for (int i = 0; i < n_progs; i++) {
+        gk_prog *p = &progs[i];
+        if (strcmp(p->key, key))
+            continue;
+        if (!p->loaded) {
+            CK(cudaLibraryLoadData(&p->lib, p->cubin, NULL, NULL, 0, NULL, NULL, 0));
+            p->loaded = 1;
+        }
+        return p->lib;
+    }
+    fprintf(stderr, "no program %s\n", key);
+    exit(1);
+}
+
+static void progs_free(void)
+{
+    for (int i = 0; i < n_progs; i++) {
+        if (progs[i].loaded)
+            CK(cudaLibraryUnload(progs[i].lib));
+        free(progs[i].cubin);
+        free(progs[i].src);
+    }
+    n_progs = 0;
+}
+
+/* ---- binding steps to device memory and launching them -------------------- */
+
+typedef struct gk_bind {
+    const ir_module *m;
+    ir_dtype cdt;
+    void **val;             /* per value id: TMAX tokens (weights: all of it) */
+    void *kv[2];
+    void *input[RT_INPUT_COUNT];
+    void *scratch;
+    size_t scratch_cap;
+    int max_blocks;
+} gk_bind;
+
+static void bind_init(gk_bind *b, const ir_module *m, ir_dtype cdt)
+{
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->cdt = cdt;
+    b->val = calloc((size_t)m->n_values, sizeof *b->val);
+    if (!b->val)
+        exit(1);
+}
+
+static void bind_free(gk_bind *b)
+{
+    for (int i = 0; i < b->m->n_values; i++)
+        if (b->val[i])
+            CK(cudaFree(b->val[i]));
+    free(b->val);
+    for (int i = 0; i < 2; i++)
+        if (b->kv[i])
+            CK(cudaFree(b->kv[i]));
+    for (int i = 0; i < RT_INPUT_COUNT; i++)
+        if (b->input[i])
+            CK(cudaFree(b->input[i]));
+    if (b->scratch)
+        CK(cudaFree(b->scratch));
+}
+
+static ir_dtype storage(const gk_bind *b, const ir_value *v)
+{
+    return rt_value_storage_dtype(b->m, v, b->cdt);
+}
+
+/* Whether v is a result of an op whose kernels the program runs. */
+static int produced(const ir_value *v) { return v->def && km_is_heavy(v->def); }
+
+/* The device copy of activation v (TMAX tokens of 4-byte slots). */
+static void *act(gk_bind *b, const ir_value *v)
+{
+    if (!b->val[v->id])
+        b->val[v->id] = dalloc((size_t)ir_type_numel(&v->type, 1) * TMAX * 4);
+    return b->val[v->id];
+}
+
+/* Rows of the operand values a step reads, for bucket T: src(u, v) gives
+ * T rows of v as floats (i32 values as their bit patterns). */
+typedef const float *(*row_source)(void *u, const ir_value *v);
+
+/* Uploads what the steps read and no step writes; poisons what they write
+ * (NaN for floats, -1 for ints) and the scratch (huge values). */
+static void bind_step_values(gk_bind *b, const cg_ctx *c, row_source src, void *u)
+{
+    for (int i = 0; i < c->n_steps; i++)
+        for (int a = 0; a < c->steps[i].n_args; a++) {
+            const rt_arg *g = &c->steps[i].args[a];
+            if (g->kind != RT_ARG_ACT)
+                continue;
+            const ir_value *v = b->m->values[g->index];
+            size_t n = (size_t)ir_type_numel(&v->type, c->T);
+            void *d = act(b, v);
+            if (produced(v))
+                CK(cudaMemset(d, 0xff, (size_t)ir_type_numel(&v->type, 1) * TMAX * 4));
+            else
+                upload(d, storage(b, v), src(u, v), n);
+        }
+    if (c->scratch_bytes > b->scratch_cap) {
+        if (b->scratch)
+            CK(cudaFree(b->scratch));
+        b->scratch = dalloc(c->scratch_bytes);
+        b->scratch_cap = c->scratch_bytes;
+    }
+    if (b->scratch)
+        CK(cudaMemset(b->scratch, 0x7f, b->scratch_cap));
+    if (!b->input[RT_INPUT_SAMPLED])
+        b->input[RT_INPUT_SAMPLED] = dalloc(TMAX * 4);
+    CK(cudaMemset(b->input[RT_INPUT_SAMPLED], 0xff, TMAX * 4));
+}
+
+/* Uploads weight v (the interpreter's values, rounded alike) once. */
+static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v)
+{
+    if (b->val[v->id])
+        return;
+    size_t n = (size_t)ir_type_numel(&v->type, 0);
+    ir_dtype dt = storage(b, v);
+    b->val[v->id] = dalloc(n * ir_dtype_size(dt));
+    upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
+}
+
+static void launch_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib)
+{
+    for (int i = 0; i < c->n_steps; i++) {
+        const rt_step *s = &c->steps[i];
+        cudaKernel_t k;
+        CK(cudaLibraryGetKernel(&k, lib, c->kernel_names[s->kernel]));
+        void *ptr[RT_MAX_ARGS], *argv[RT_MAX_ARGS];
+        int iv[RT_MAX_ARGS];
+        float fv[RT_MAX_ARGS];
+        for (int a = 0; a < s->n_args; a++) {
+            const rt_arg *g = &s->args[a];
+            argv[a] = &ptr[a];
+            switch (g->kind) {
+            case RT_ARG_ACT:
+            case RT_ARG_WEIGHT: ptr[a] = b->val[g->index]; break;
+            case RT_ARG_KV: ptr[a] = b->kv[g->i]; break;
+            case RT_ARG_INPUT: ptr[a] = b->input[g->index]; break;
+            case RT_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
+            case RT_ARG_CONFIG:
+                iv[a] = b->max_blocks;
+                argv[a] = &iv[a];
+                break;
+            case RT_ARG_I32:
+                iv[a] = (int)g->i;
+                argv[a] = &iv[a];
+                break;
+            case RT_ARG_F32:
+                fv[a] = (float)g->f;
+                argv[a] = &fv[a];
+                break;
+            }
+            if (argv[a] == &ptr[a] && !ptr[a]) {
+                fprintf(stderr, "%s: argument %d (kind %d) is unbound\n",
+                        c->kernel_names[s->kernel], a, (int)g->kind);
+                exit(1);
+            }
+        }
+        dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
+        CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, 0));
+        CK(cudaGetLastError());
+    }
+    CK(cudaDeviceSynchronize());
+}
+
+/* With MOEC_KERN_BENCH set: the mean time of each step over 20 launches. */
+static void bench_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const char *what,
+                        double bytes)
+{
+    if (!getenv("MOEC_KERN_BENCH"))
+        return;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double total = 0;
+    for (int i = 0; i < c->n_steps; i++) {
+        cg_ctx one = *c;
+        one.steps = &c->steps[i];
+        one.n_steps = 1;
+        launch_steps(b, &one, lib);
+        CK(cudaEventRecord(e0, 0));
+        for (int r = 0; r < 20; r++)
+            launch_steps(b, &one, lib);
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        total += ms / 20 * 1e3;
+        printf("  bench %-12s %-70s %8.1f us\n", what, c->kernel_names[c->steps[i].kernel], ms / 20 * 1e3);
+    }
+    if (bytes > 0)
+        printf("  bench %-12s total %.1f us, %.0f GB/s of weights\n", what, total, bytes / total * 1e-3);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+}
+
+/* The argmax step: sampled[t] against the interpreter's logits (ties low). */
+static void check_sampled(gk_bind *b, const float *logits, int T, int V, const char *what)
+{
+    int got[TMAX];
+    CK(cudaMemcpy(got, b->input[RT_INPUT_SAMPLED], (size_t)T * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int t = 0; t < T; t++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[(size_t)t * V + i] > logits[(size_t)t * V + best])
+                best = i;
+        if (got[t] != best && bad++ < 3)
+            fprintf(stderr, "  %s argmax: token %d: gpu %d, reference %d\n", what, t, got[t], best);
+    }
+    T_CHECK(bad == 0);
+}
+
+static const ir_value *val(const ir_module *m, const char *name)
+{
+    const ir_value *v = ir_module_find_value(m, name);
+    if (!v) {
+        fprintf(stderr, "module %s has no value %s\n", m->name, name);
+        exit(1);
+    }
+    return v;
+}
+
+/* ---- MoE: routing, routed experts, unfused experts ------------------------- */
+
+typedef struct interp_rows {
+    rt_interp *in;
+} interp_rows;
+
+static const float *rows_from_interp(void *u, const ir_value *v)
+{
+    return rt_interp_value(((interp_rows *)u)->in, v);
+}
+
+/* Random weights, rounded to how the GPU stores them: routing logits on a
+ * grid of 1/16 (exact ties, and no near-ties for rounding to flip), the
+ * bias on a grid of 1/64, expert weights scaled to keep activations O(1). */
+static void fill_weights(rt_interp *in, const ir_module *m, ir_dtype cdt, const km_spec *s,
+                         uint64_t *rng)
+{
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        size_t n = (size_t)ir_type_numel(&v->type, 0);
+        float *w = rt_interp_weight(in, v);
+        ir_dtype dt = rt_value_storage_dtype(m, v, cdt);
+        if (!strcmp(v->name, "tab_logits")) {
+            for (size_t j = 0; j < n; j++)
+                w[j] = (float)(irand(rng, 97) - 48) / 16.0f;
+        } else if (!strcmp(v->name, "bias")) {
+            for (size_t j = 0; j < n; j++)
+                w[j] = (float)(irand(rng, 33) - 16) / 64.0f;
+        } else {
+            float a = 1.7f;
+            if (!strcmp(v->name, "gate_up") || !strcmp(v->name, "gate") || !strcmp(v->name, "up"))
+                a = sqrtf(3.0f / (float)s->HID);
+            else if (!strcmp(v->name, "down"))
+                a = sqrtf(12.0f / (float)s->I);
+            for (size_t j = 0; j < n; j++)
+                w[j] = round_to(dt, urand(rng, a));
+        }
+    }
+}
+
+/* Runs the routing and expert kernels of s for each bucket of tmask and
+ * compares ids (exactly), weights, the expert result and the argmax. */
+static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
+{
+    double t0 = now_s();
+    ir_module *m = km_module(s);
+    if (!m)
+        exit(1);
+    rt_interp *in = NULL;
+    T_OK(rt_interp_init(m, NULL, TMAX, &in));
+    if (!in)
+        exit(1);
+    uint64_t rng = seed;
+    fill_weights(in, m, cdt, s, &rng);
+    cg_options o;
+    options_for(&o, cdt, 64);
+    cudaLibrary_t lib = prog_lib(s, cdt, 64);
+    gk_bind b;
+    bind_init(&b, m, cdt);
+    double tol = cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32, worst_w = 0, worst_y = 0;
+    interp_rows u = {in};
+    for (int bi = 0; bi < 7; bi++) {
+        if (!(tmask & (1u << bi)))
+            continue;
+        int T = BUCKETS[bi];
+        int32_t tokens[TMAX], pos[TMAX];
+        for (int t = 0; t < T; t++) {
+            tokens[t] = irand(&rng, s->vocab);
+            pos[t] = t;
+        }
+        T_OK(rt_interp_forward(in, tokens, pos, T, NULL));
+        cg_ctx c;
+        T_OK(gen(m, &o, T, &c));
+        for (int i = 0; i < c.n_steps; i++)
+            for (int a = 0; a < c.steps[i].n_args; a++)
+                if (c.steps[i].args[a].kind == RT_ARG_WEIGHT)
+                    bind_weight(&b, in, m->values[c.steps[i].args[a].index]);
+        bind_step_values(&b, &c, rows_from_interp, &u);
+        launch_steps(&b, &c, lib);
+        char what[160];
+        if (s->E > 0) {
+            const ir_value *ids = val(m, "ids"), *w = val(m, "w");
+            size_t n = (size_t)T * s->K;
+            int32_t *gid = xmalloc(n * 4);
+            float *gw = xmalloc(n * 4);
+            CK(cudaMemcpy(gid, b.val[ids->id], n * 4, cudaMemcpyDeviceToHost));
+            download(gw, IR_DTYPE_F32, b.val[w->id], n);
+            const int32_t *rid = (const int32_t *)rt_interp_value(in, ids);
+            int bad = 0;
+            for (size_t j = 0; j < n; j++)
+                if (gid[j] != rid[j] && bad++ < 3)
+                    fprintf(stderr, "  %s T=%d: ids[%zu / %d]: gpu %d, interpreter %d\n", s->name,
+                            T, j / (size_t)s->K, (int)(j % (size_t)s->K), gid[j], rid[j]);
+            t_checks++;
+            if (bad) {
+                t_failures++;
+                fprintf(stderr, "FAIL %s T=%d: %d of %zu expert ids differ\n", s->name, T, bad, n);
+            }
+            snprintf(what, sizeof what, "%s T=%d topk weights", s->name, T);
+            worst_w = fmax(worst_w, compare_rows(what, gw, rt_interp_value(in, w), T, s->K, 1e-5));
+            free(gid);
+            free(gw);
+        }
+        if (s->moe != KM_MOE_NONE) {
+            const ir_value *y = val(m, "y");
+            int per = (int)ir_type_numel(&y->type, 1), rows = T, n = per;
+            if (s->moe == KM_EXPERTS || s->moe == KM_EXPERTS_SPLIT) {
+                rows = T * s->K;
+                n = s->HID;
+            }
+            float *gy = xmalloc((size_t)T * per * 4);
+            download(gy, storage(&b, y), b.val[y->id], (size_t)T * per);
+            snprintf(what, sizeof what, "%s %s T=%d experts", s->name, ir_dtype_name(cdt), T);
+            worst_y = fmax(worst_y, compare_rows(what, gy, rt_interp_value(in, y), rows, n, tol));
+            free(gy);
+        }
+        snprintf(what, sizeof what, "%s T=%d", s->name, T);
+        check_sampled(&b, rt_interp_value(in, val(m, "out")), T, 40, what);
+        double bytes = 0;
+        if (s->moe != KM_MOE_NONE) {
+            /* the weights of the experts the tokens chose */
+            const int32_t *rid = (const int32_t *)rt_interp_value(in, val(m, "ids"));
+            char used[8192] = {0};
+            for (int j = 0; j < T * s->K; j++)
+                used[rid[j]] = 1;
+            for (int j = 0; j < s->E; j++)
+                bytes += used[j] * 3.0 * s->I * s->HID * ir_dtype_size(cdt);
+        }
+        snprintf(what, sizeof what, "T=%d", T);
+        bench_steps(&b, &c, lib, what, bytes);
+        ctx_free(&c);
+    }
+    printf("%-16s %s moe    worst error: weights %.2e, experts %.2e (%.1f s)\n", s->name,
+           ir_dtype_name(cdt), worst_w, worst_y, now_s() - t0);
+    bind_free(&b);
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
+/* ---- attention: steps over several sequences and padding ------------------ */
+
+#define MAX_SEQ 3
+
+typedef struct attn_env {
+    const km_spec *s;
+    ir_module *m;
+    ir_dtype cdt;
+    int bs, n_seq, max_len, use_interp;
+    int len[MAX_SEQ];
+    float *hist0[MAX_SEQ], *hist1[MAX_SEQ]; /* cached rows: k, v (or kv_c, k_pe) */
+    int row0, row1;                         /* their widths */
+    rt_interp *in[MAX_SEQ];
+    gk_bind b;
+    cudaLibrary_t lib;
+    uint64_t rng;
+    /* this step's rows per operand value id (T rows), and the token map */
+    float **rows;
+    int seq_of[TMAX], idx_of[TMAX], pos_of[TMAX];
+    double worst_gpu, worst_ref;
+} attn_env;
+
+static const float *rows_from_env(void *u, const ir_value *v)
+{
+    attn_env *e = u;
+    if (!e->rows[v->id]) {
+        fprintf(stderr, "no rows for %s\n", v->name);
+        exit(1);
+    }
+    return e->rows[v->id];
+}
+
+static int is_mla(const attn_env *e) { return e->s->attn == KM_MLA; }
+
+/* The reference attention of one token of sequence sq at position p (the
+ * interpreter's formulas: double dots, fp32 logits, double softmax). */
+static void ref_token(const attn_env *e, int sq, int p, const float *q0, const float *q1,
+                      float *out)
+{
+    const km_spec *s = e->s;
+    float scale = (float)s->attn_scale;
+    int lo = s->window > 0 && p - s->window + 1 > 0 ? p - s->window + 1 : 0;
+    double *sc = xmalloc((size_t)(p + 1) * sizeof *sc);
+    const float *h0 = e->hist0[sq], *h1 = e->hist1[sq];
+    for (int h = 0; h < s->H; h++) {
+        double mx = -INFINITY;
+        int kvh = is_mla(e) ? 0 : h / (s->H / s->HKV);
+        for (int j = lo; j <= p; j++) {
+            double dot = 0;
+            if (is_mla(e)) {
+                for (int i = 0; i < s->R; i++)
+                    dot += (double)q0[(size_t)h * s->R + i] * h0[(size_t)j * e->row0 + i];
+                for (int i = 0; i < s->DR; i++)
+                    dot += (double)q1[(size_t)h * s->DR + i] * h1[(size_t)j * e->row1 + i];
+            } else {
+                for (int i = 0; i < s->DK; i++)
+                    dot += (double)q0[(size_t)h * s->DK + i] *
+                           h0[(size_t)j * e->row0 + (size_t)kvh * s->DK + i];
+            }
+            sc[j] = (double)((float)dot * scale);
+            mx = fmax(mx, sc[j]);
+        }
+        double sum = 0;
+        for (int j = lo; j <= p; j++) {
+            sc[j] = exp(sc[j] - mx);
+            sum += sc[j];
+        }
+        int dv = is_mla(e) ? s->R : s->DV;
+        const float *vb = is_mla(e) ? h0 : h1 + (size_t)kvh * s->DV;
+        int vstride = is_mla(e) ? e->row0 : e->row1;
+        for (int i = 0; i < dv; i++) {
+            double acc = 0;
+            for (int j = lo; j <= p; j++)
+                acc += sc[j] * vb[(size_t)j * vstride + i];
+            out[(size_t)h * dv + i] = (float)(acc / sum);
+        }
+    }
+    free(sc);
+}
+
+static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n_seq, int max_len,
+                      int use_interp, uint64_t seed)
+{
+    memset(e, 0, sizeof *e);
+    e->s = s;
+    e->cdt = cdt;
+    e->bs = bs;
+    e->n_seq = n_seq;
+    e->max_len = max_len;
+    e->use_interp = use_interp;
+    e->rng = seed;
+    e->m = km_module(s);
+    if (!e->m)
+        exit(1);
+    e->row0 = is_mla(e) ? s->R : s->HKV * s->DK;
+    e->row1 = is_mla(e) ? s->DR : s->HKV * s->DV;
+    for (int q = 0; q < n_seq; q++) {
+        e->hist0[q] = xmalloc((size_t)max_len * e->row0 * 4);
+        e->hist1[q] = xmalloc((size_t)max_len * e->row1 * 4);
+    }
+    if (use_interp) {
+        for (int q = 0; q < n_seq; q++)
+            T_OK(rt_interp_init(e->m, NULL, max_len, &e->in[q]));
+        for (int q = 0; q < n_seq; q++)
+            if (!e->in[q])
+                exit(1);
+        fill_weights(e->in[0], e->m, cdt, s, &e->rng);
+        for (int i = 0; i < e->m->n_values; i++)
+            if (e->m->values[i]->kind == IR_VALUE_WEIGHT)
+                for (int q = 1; q < n_seq; q++)
+                    T_OK(rt_interp_set_weight(e->in[q], e->m->values[i],
+                                              rt_interp_weight(e->in[0], e->m->values[i])));
+    }
+    bind_init(&e->b, e->m, cdt);
+    e->lib = prog_lib(s, cdt, bs);
+    /* the block table: every page of every sequence shuffled over the pools */
+    int mb = (max_len + bs - 1) / bs, pages = mb * MAX_SEQ;
+    e->b.max_blocks = mb;
+    int *bt = xmalloc((size_t)pages * 4);
+    for (int i = 0; i < pages; i++)
+        bt[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = irand(&e->rng, i + 1), t = bt[i];
+        bt[i] = bt[j];
+        bt[j] = t;
+    }
+    e->b.input[RT_INPUT_BLOCK_TABLE] = dalloc((size_t)pages * 4);
+    CK(cudaMemcpy(e->b.input[RT_INPUT_BLOCK_TABLE], bt, (size_t)pages * 4, cudaMemcpyHostToDevice));
+    free(bt);
+    size_t esz = ir_dtype_size(cdt);
+    for (int i = 0; i < 2; i++) {
+        size_t bytes = (size_t)pages * bs * (i ? e->row1 : e->row0) * esz;
+        e->b.kv[i] = dalloc(bytes);
+        CK(cudaMemset(e->b.kv[i], 0xff, bytes)); /* NaN: a read of an unwritten row shows */
+    }
+    e->b.input[RT_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    e->b.input[RT_INPUT_SLOTS] = dalloc(TMAX * 4);
+    e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
+    if (!e->rows)
+        exit(1);
+}
+
+static void attn_free(attn_env *e)
+{
+    printf("%-16s %s attn   worst error: gpu %.2e, reference vs interpreter %.2e\n", e->s->name,
+           ir_dtype_name(e->cdt), e->worst_gpu, e->worst_ref);
+    for (int q = 0; q < e->n_seq; q++) {
+        free(e->hist0[q]);
+        free(e->hist1[q]);
+        rt_interp_free(e->in[q]);
+    }
+    for (int i = 0; i < e->m->n_values; i++)
+        free(e->rows[i]);
+    free(e->rows);
+    bind_free(&e->b);
+    ir_module_free(e->m);
+}
+
+/* One step of bucket T: ntok[q] new tokens of sequence q, padding for the
+ * rest, all shuffled; compare: 0 no check, 1 against the reference (and the
+ * interpreter, with the reference checked against it). */
+static void attn_step(attn_env *e, int T, const int *ntok, int compare)
+{
+    const km_spec *s = e->s;
+    const ir_module *m = e->m;
+    int n = 0;
+    for (int q = 0; q < e->n_seq; q++)
+        for (int j = 0; j < ntok[q]; j++) {
+            e->seq_of[n] = q;
+            e->idx_of[n++] = j;
+        }
+    if (n > T) {
+        fprintf(stderr, "attn_step: %d tokens in bucket %d\n", n, T);
+        exit(1);
+    }
+    for (; n < T; n++)
+        e->seq_of[n] = -1;
+    for (int i = T - 1; i > 0; i--) {
+        int j = irand(&e->rng, i + 1), a = e->seq_of[i], b = e->idx_of[i];
+        e->seq_of[i] = e->seq_of[j];
+        e->idx_of[i] = e->idx_of[j];
+        e->seq_of[j] = a;
+        e->idx_of[j] = b;
+    }
+    int slots[TMAX];
+    for (int t = 0; t < T; t++) {
+        int q = e->seq_of[t];
+        e->pos_of[t] = q < 0 ? irand(&e->rng, e->max_len) : e->len[q] + e->idx_of[t];
+        slots[t] = q;
+    }
+    if (e->use_interp)
+        for (int q = 0; q < e->n_seq; q++) {
+            if (!ntok[q])
+                continue;
+            int32_t tok[TMAX], pos[TMAX];
+            for (int j = 0; j < ntok[q]; j++) {
+                tok[j] = irand(&e->rng, s->vocab);
+                pos[j] = e->len[q] + j;
+            }
+            T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
+        }
+    /* the attention op's operands: from the interpreters or random */
+    const ir_op *op = NULL;
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_ATTENTION || m->ops[k]->kind == IR_OP_MLA_ATTENTION)
+            op = m->ops[k];
+    int n_opnd = is_mla(e) ? 4 : 3;
+    for (int a = 0; a < n_opnd; a++) {
+        const ir_value *v = op->in[a];
+        int w = (int)ir_type_numel(&v->type, 1);
+        ir_dtype dt = storage(&e->b, v);
+        free(e->rows[v->id]);
+        e->rows[v->id] = xmalloc((size_t)T * w * 4);
+        for (int t = 0; t < T; t++) {
+            float *r = e->rows[v->id] + (size_t)t * w;
+            int q = e->seq_of[t];
+            if (q >= 0 && e->use_interp)
+                memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
+            else
+                for (int i = 0; i < w; i++)
+                    r[i] = round_to(dt, urand(&e->rng, 1.7f));
+        }
+    }
+    /* what the cache now holds */
+    for (int t = 0; t < T; t++) {
+        int q = e->seq_of[t];
+        if (q < 0)
+            continue;
+        const ir_value *c0 = op->in[is_mla(e) ? 2 : 1], *c1 = op->in[is_mla(e) ? 3 : 2];
+        memcpy(e->hist0[q] + (size_t)e->pos_of[t] * e->row0, e->rows[c0->id] + (size_t)t * e->row0,
+               (size_t)e->row0 * 4);
+        memcpy(e->hist1[q] + (size_t)e->pos_of[t] * e->row1, e->rows[c1->id] + (size_t)t * e->row1,
+               (size_t)e->row1 * 4);
+    }
+    CK(cudaMemcpy(e->b.input[RT_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(e->b.input[RT_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
+    cg_options o;
+    options_for(&o, e->cdt, e->bs);
+    cg_ctx c;
+    T_OK(gen(m, &o, T, &c));
+    /* the argmax reads the output embedding: give it the first interpreter's */
+    const ir_value *outv = val(m, "out");
+    free(e->rows[outv->id]);
+    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
+    for (size_t i = 0; i < (size_t)T * 40; i++)
+        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
+    bind_step_values(&e->b, &c, rows_from_env, e);
+    launch_steps(&e->b, &c, e->lib);
+    for (int q = 0; q < e->n_seq; q++)
+        e->len[q] += ntok[q];
+    const ir_value *res = op->out[0];
+    int w = (int)ir_type_numel(&res->type, 1);
+    float *gpu = xmalloc((size_t)T * w * 4);
+    download(gpu, storage(&e->b, res), e->b.val[res->id], (size_t)T * w);
+    char what[160];
+    snprintf(what, sizeof what, "%s T=%d", s->name, T);
+    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
+    if (compare) {
+        int pads_ok = 1, n_real = 0;
+        float *g = xmalloc((size_t)T * w * 4), *r = xmalloc((size_t)T * w * 4),
+              *ri = xmalloc((size_t)T * w * 4);
+        for (int t = 0; t < T; t++) {
+            int q = e->seq_of[t];
+            if (q < 0) {
+                for (int i = 0; i < w; i++)
+                    pads_ok &= gpu[(size_t)t * w + i] == 0.0f;
+                continue;
+            }
+            const float *q0 = e->rows[op->in[0]->id] + (size_t)t * (size_t)ir_type_numel(&op->in[0]->type, 1);
+            const float *q1 = is_mla(e) ? e->rows[op->in[1]->id] + (size_t)t * (size_t)ir_type_numel(&op->in[1]->type, 1) : NULL;
+            ref_token(e, q, e->pos_of[t], q0, q1, r + (size_t)n_real * w);
+            memcpy(g + (size_t)n_real * w, gpu + (size_t)t * w, (size_t)w * 4);
+            if (e->use_interp)
+                memcpy(ri + (size_t)n_real * w, rt_interp_value(e->in[q], res) + (size_t)e->idx_of[t] * w,
+                       (size_t)w * 4);
+            n_real++;
+        }
+        T_CHECK(pads_ok);
+        if (!pads_ok)
+            fprintf(stderr, "FAIL %s: a padding token's attention output is not zero\n", what);
+        double tol = e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32;
+        if (e->use_interp) {
+            char w2[200];
+            snprintf(w2, sizeof w2, "%s reference vs interpreter", what);
+            e->worst_ref = fmax(e->worst_ref, compare_rows(w2, r, ri, n_real, w, 1e-5));
+            e->worst_gpu = fmax(e->worst_gpu, compare_rows(what, g, ri, n_real, w, tol));
+        } else {
+            e->worst_gpu = fmax(e->worst_gpu, compare_rows(what, g, r, n_real, w, tol));
+        }
+        free(g);
+        free(r);
+        free(ri);
+    }
+    free(gpu);
+    ctx_free(&c);
+}
+
+/* Short runs against the interpreter: two sequences of prefill chunks that
+ * cross pages, mixed with padding, then decode steps. */
+static void attn_case_interp(const km_spec *s, ir_dtype cdt, int bs, int big)
+{
+    double t0 = now_s();
+    attn_env e;
+    attn_init(&e, s, cdt, bs, 2, 160, 1, 0x5eed0000u + (uint64_t)s->H * 7 + (uint64_t)cdt);
+    int a[2] = {big ? 40 : 7, big ? 20 : 5};
+    attn_step(&e, big ? 64 : 16, a, 1);
+    int b2[2] = {big ? 30 : 9, big ? 34 : 4};
+    attn_step(&e, big ? 64 : 16, b2, 1);
+    int d[2] = {1, 1};
+    attn_step(&e, 8, d, 1);
+    int d1[2] = {0, 1};
+    attn_step(&e, 1, d1, 1);
+    attn_step(&e, 2, d1, 1);
+    attn_free(&e);
+    printf("%-16s %s attn   (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt), now_s() - t0);
+}
+
+/* Long contexts against the reference: three sequences filled by steps of
+ * 64 random tokens, then decode steps. */
+static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *lens)
+{
+    double t0 = now_s();
+    attn_env e;
+    int mx = 0;
+    for (int q = 0; q < 3; q++)
+        mx = lens[q] + 4 > mx ? lens[q] + 4 : mx;
+    attn_init(&e, s, cdt, bs, 3, mx, 0, 0x10c0000u + (uint64_t)s->H);
+    for (;;) {
+        int n[3], tot = 0;
+        for (int q = 0; q < 3; q++) {
+            n[q] = lens[q] - e.len[q] < 64 - tot ? lens[q] - e.len[q] : 64 - tot;
+            tot += n[q];
+        }
+        if (!tot)
+            break;
+        attn_step(&e, 64, n, 0);
+    }
+    int d[3] = {1, 1, 1};
+    attn_step(&e, 8, d, 1);
+    if (getenv("MOEC_KERN_BENCH")) {
+        cg_options o;
+        options_for(&o, cdt, bs);
+        cg_ctx c;
+        T_OK(gen(e.m, &o, 8, &c));
+        bench_steps(&e.b, &c, e.lib, "T=8 long", 0);
+        ctx_free(&c);
+    }
+    int d1[3] = {1, 0, 0};
+    attn_step(&e, 1, d1, 1);
+    attn_free(&e);
+    printf("%-16s %s attn   (long: %d, %d, %d positions, %.1f s)\n", s->name, ir_dtype_name(cdt),
+           lens[0], lens[1], lens[2], now_s() - t0);
+}
+
+/* ---- the cases ------------------------------------------------------------- */
+
+#define TM(t) (1u << (__builtin_ctz(t)))
+
+static const km_spec V2_MOE = {.name = "v2lite_moe", .vocab = 97, .E = 64, .K = 6, .NG = 1,
+                               .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408,
+                               .wdt = "bf16", .moe_scale = 1.0};
+static const km_spec V2_EXPERTS = {.name = "v2lite_experts", .vocab = 97, .E = 64, .K = 6,
+                                   .NG = 1, .TG = 1, .scaling = 1.0, .moe = KM_EXPERTS,
+                                   .HID = 2048, .I = 1408, .wdt = "bf16", .moe_scale = 1.0};
+/* V3's hidden sizes with 16 of its 256 experts (its full routing below) */
+static const km_spec V3_MOE = {.name = "v3_moe16", .vocab = 97, .E = 16, .K = 8, .sigmoid = 1,
+                               .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5,
+                               .moe = KM_ROUTED, .HID = 7168, .I = 2048, .wdt = "bf16",
+                               .moe_scale = 1.0};
+static const km_spec V3_TOPK = {.name = "v3_topk", .vocab = 97, .E = 256, .K = 8, .sigmoid = 1,
+                                .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5};
+static const km_spec V2_GROUPED = {.name = "v2_grouped_topk", .vocab = 97, .E = 160, .K = 6,
+                                   .NG = 8, .TG = 3, .scaling = 16.0};
+static const km_spec Q3_MOE = {.name = "qwen3_moe", .vocab = 97, .E = 128, .K = 8, .NG = 1,
+                               .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                               .HID = 2048, .I = 768, .wdt = "bf16", .moe_scale = 1.0};
+static const km_spec ODD_EXPERTS = {.name = "odd_experts", .vocab = 97, .E = 6, .K = 3, .NG = 3,
+                                    .TG = 2, .norm = 1, .scaling = 1.5, .moe = KM_EXPERTS,
+                                    .HID = 20, .I = 12, .wdt = "f16", .moe_scale = 1.0};
+static const km_spec ODD_ROUTED = {.name = "odd_routed", .vocab = 97, .E = 5, .K = 2, .sigmoid = 1,
+                                   .NG = 1, .TG = 1, .bias = 1, .scaling = 1.0,
+                                   .moe = KM_ROUTED_SPLIT, .HID = 9, .I = 7, .wdt = "f32",
+                                   .moe_scale = 0.25};
+static const km_spec Q3_ATTN = {.name = "qwen3_attn", .vocab = 97, .attn = KM_GQA, .H = 32,
+                                .HKV = 4, .DK = 128, .DV = 128, .attn_scale = 0.08838834764831845};
+static const km_spec ODD_ATTN = {.name = "odd_attn", .vocab = 97, .attn = KM_GQA, .H = 6, .HKV = 2,
+                                 .DK = 24, .DV = 40, .window = 5, .attn_scale = 0.2};
+static const km_spec V2_MLA = {.name = "v2lite_mla", .vocab = 97, .attn = KM_MLA, .H = 16, .R = 512,
+                               .DR = 64, .attn_scale = 0.07216878364870323};
+static const km_spec V3_MLA = {.name = "v3_mla", .vocab = 97, .attn = KM_MLA, .H = 128, .R = 512,
+                               .DR = 64, .attn_scale = 0.07216878364870323};
+static const km_spec ODD_MLA = {.name = "odd_mla", .vocab = 97, .attn = KM_MLA, .H = 3, .R = 36,
+                                .DR = 6, .window = 3, .attn_scale = 0.3};
+
+int main(void)
+{
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        printf("SKIP: no CUDA device\n");
+        return 0;
+    }
+    double t0 = now_s();
+    cache_dir = t_tmpdir("gpu_kernels");
+    const unsigned ALL = TM(1) | TM(8) | TM(64), SHORT = TM(1) | TM(2) | TM(8) | TM(16) | TM(64);
+    prog_add(&V2_MOE, IR_DTYPE_BF16, 64, ALL);
+    prog_add(&V2_EXPERTS, IR_DTYPE_BF16, 64, TM(8));
+    prog_add(&V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8));
+    prog_add(&V3_TOPK, IR_DTYPE_BF16, 64, ALL);
+    prog_add(&V2_GROUPED, IR_DTYPE_BF16, 64, TM(64));
+    prog_add(&Q3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(32));
+    prog_add(&Q3_MOE, IR_DTYPE_F32, 64, TM(8));
+    prog_add(&ODD_EXPERTS, IR_DTYPE_BF16, 64, ALL);
+    prog_add(&ODD_EXPERTS, IR_DTYPE_F32, 64, ALL);
+    prog_add(&ODD_ROUTED, IR_DTYPE_F32, 64, ALL);
+    prog_add(&Q3_ATTN, IR_DTYPE_BF16, 64, SHORT);
+    prog_add(&Q3_ATTN, IR_DTYPE_F32, 64, SHORT);
+    prog_add(&ODD_ATTN, IR_DTYPE_BF16, 16, SHORT);
+    prog_add(&ODD_ATTN, IR_DTYPE_F32, 16, SHORT);
+    prog_add(&V2_MLA, IR_DTYPE_BF16, 64, SHORT);
+    prog_add(&V2_MLA, IR_DTYPE_F32, 64, SHORT);
+    prog_add(&V3_MLA, IR_DTYPE_BF16, 64, SHORT);
+    prog_add(&ODD_MLA, IR_DTYPE_BF16, 16, SHORT);
+    prog_add(&ODD_MLA, IR_DTYPE_F32, 16, SHORT);
+    progs_compile();
+
+    moe_case(&V2_MOE, IR_DTYPE_BF16, ALL, 1);
+    moe_case(&V2_EXPERTS, IR_DTYPE_BF16, TM(8), 2);
+    moe_case(&V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8), 3);
+    moe_case(&V3_TOPK, IR_DTYPE_BF16, ALL, 4);
+    moe_case(&V2_GROUPED, IR_DTYPE_BF16, TM(64), 5);
+    moe_case(&Q3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(32), 6);
+    moe_case(&Q3_MOE, IR_DTYPE_F32, TM(8), 7);
+    moe_case(&ODD_EXPERTS, IR_DTYPE_BF16, ALL, 8);
+    moe_case(&ODD_EXPERTS, IR_DTYPE_F32, ALL, 9);
+    moe_case(&ODD_ROUTED, IR_DTYPE_F32, ALL, 10);
+
+    attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
+    attn_case_interp(&Q3_ATTN, IR_DTYPE_F32, 64, 1);
+    attn_case_interp(&ODD_ATTN, IR_DTYPE_BF16, 16, 0);
+    attn_case_interp(&ODD_ATTN, IR_DTYPE_F32, 16, 0);
+    attn_case_interp(&V2_MLA, IR_DTYPE_BF16, 64, 1);
+    attn_case_interp(&V2_MLA, IR_DTYPE_F32, 64, 1);
+    attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
+    attn_case_interp(&ODD_MLA, IR_DTYPE_BF16, 16, 0);
+    attn_case_interp(&ODD_MLA, IR_DTYPE_F32, 16, 0);
+    const int long_q3[3] = {2100, 700, 64}, long_mla[3] = {1500, 300, 65}, long_odd[3] = {200, 33, 16};
+    attn_case_long(&Q3_ATTN, IR_DTYPE_BF16, 64, long_q3);
+    attn_case_long(&V2_MLA, IR_DTYPE_BF16, 64, long_mla);
+    attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, long_mla);
+    attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, long_odd);
+    attn_case_long(&ODD_MLA, IR_DTYPE_F32, 16, long_odd);
+
+    progs_free();
+    printf("total %.1f s\n", now_s() - t0);
+    return t_finish("gpu_kernels");
+}
+
+#else
+
+int main(void)
+{
+    printf("SKIP: no CUDA device\n");
+    return 0;
+}
+
+#endif

@@ -1,0 +1,167 @@
+/* kern_modules.h — small modules around the heavy kernel ops (attention,
+ * mla_attention, moe_topk, moe_routed, moe_experts) for the codegen tests:
+ * every operand comes from an embedding of the tokens (table row t is
+ * whatever the test writes there), so the interpreter can run them and the
+ * generated kernels see the same values. Shared by test_codegen_kernels.c
+ * (codegen and NVRTC) and gpu_kernels.c (GPU against the interpreter). */
+#ifndef MOEC_TEST_KERN_MODULES_H
+#define MOEC_TEST_KERN_MODULES_H
+
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/cg.h"
+#include "ir/ir.h"
+
+enum { KM_NONE = 0, KM_GQA, KM_MLA };
+enum { KM_MOE_NONE = 0, KM_ROUTED, KM_ROUTED_SPLIT, KM_EXPERTS, KM_EXPERTS_SPLIT };
+
+typedef struct km_spec {
+    const char *name;
+    int vocab;                 /* rows of every table: the most distinct tokens */
+    int attn;                  /* KM_NONE, KM_GQA, KM_MLA */
+    int H, HKV, DK, DV;        /* GQA */
+    int R, DR;                 /* MLA (with H) */
+    int window;
+    double attn_scale;
+    int E, K;                  /* moe_topk (E > 0) */
+    int sigmoid, NG, TG, top2, norm, bias;
+    double scaling;
+    int moe;                   /* KM_MOE_* (needs E, K) */
+    int HID, I;
+    const char *wdt;           /* expert weights' IR dtype: "bf16", "f32", "f16" */
+    double moe_scale;
+} km_spec;
+
+/* A float attribute as IR text: always with a '.' or an exponent. */
+static inline const char *km_float(char *buf, double v)
+{
+    snprintf(buf, 40, "%.17g", v);
+    if (!strpbrk(buf, ".eEn"))
+        strcat(buf, ".0");
+    return buf;
+}
+
+/* `%name : f32[T, n] = embedding(%tokens, %tab_name)` with its table. */
+static inline void km_table(cg_buf *w, cg_buf *o, const km_spec *s, const char *name, int n,
+                            const char *dt)
+{
+    cg_buf_printf(w, "  weight %%tab_%s : %s[%d, %d] = \"tab_%s\"\n", name, dt, s->vocab, n, name);
+    cg_buf_printf(o, "  %%%s : f32[T, %d] = embedding(%%tokens, %%tab_%s)\n", name, n, name);
+}
+
+/* The module text of s (malloc'd, NULL when out of memory). Values: q, k, v
+ * or q_c, q_pe, kv_c, k_pe and o; logits, ids, w; x, y. Output: out
+ * [T, 40], an embedding, for the argmax. */
+static inline char *km_text(const km_spec *s)
+{
+    cg_buf w = {0}, o = {0}, all = {0};
+    char f1[40], f2[40];
+    km_table(&w, &o, s, "out", 40, "f32");
+    if (s->attn == KM_GQA) {
+        km_table(&w, &o, s, "q_flat", s->H * s->DK, "bf16");
+        km_table(&w, &o, s, "k_flat", s->HKV * s->DK, "bf16");
+        km_table(&w, &o, s, "v_flat", s->HKV * s->DV, "bf16");
+        cg_buf_printf(&o, "  %%q : f32[T, %d, %d] = reshape(%%q_flat)\n", s->H, s->DK);
+        cg_buf_printf(&o, "  %%k : f32[T, %d, %d] = reshape(%%k_flat)\n", s->HKV, s->DK);
+        cg_buf_printf(&o, "  %%v : f32[T, %d, %d] = reshape(%%v_flat)\n", s->HKV, s->DV);
+        cg_buf_printf(&o,
+                      "  %%o : f32[T, %d, %d] = attention(%%q, %%k, %%v, %%positions) {scale = %s, "
+                      "window = %d}\n",
+                      s->H, s->DV, km_float(f1, s->attn_scale), s->window);
+    } else if (s->attn == KM_MLA) {
+        km_table(&w, &o, s, "qc_flat", s->H * s->R, "bf16");
+        km_table(&w, &o, s, "qpe_flat", s->H * s->DR, "bf16");
+        km_table(&w, &o, s, "kv_c", s->R, "bf16");
+        km_table(&w, &o, s, "kpe_flat", s->DR, "bf16");
+        cg_buf_printf(&o, "  %%q_c : f32[T, %d, %d] = reshape(%%qc_flat)\n", s->H, s->R);
+        cg_buf_printf(&o, "  %%q_pe : f32[T, %d, %d] = reshape(%%qpe_flat)\n", s->H, s->DR);
+        cg_buf_printf(&o, "  %%k_pe : f32[T, 1, %d] = reshape(%%kpe_flat)\n", s->DR);
+        cg_buf_printf(&o,
+                      "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
+                      "%%positions) {scale = %s, window = %d}\n",
+                      s->H, s->R, km_float(f1, s->attn_scale), s->window);
+    }
+    if (s->E > 0) {
+        km_table(&w, &o, s, "logits", s->E, "f32");
+        if (s->bias)
+            cg_buf_printf(&w, "  weight %%bias : f32[%d] = \"bias\"\n", s->E);
+        cg_buf_printf(&o,
+                      "  %%ids : i32[T, %d], %%w : f32[T, %d] = moe_topk(%%logits%s) {scoring = "
+                      "\"%s\", top_k = %d, n_group = %d, topk_group = %d, group_score = \"%s\", "
+                      "norm_topk_prob = %d, scaling = %s}\n",
+                      s->K, s->K, s->bias ? ", %bias" : "", s->sigmoid ? "sigmoid" : "softmax",
+                      s->K, s->NG, s->TG, s->top2 ? "top2_sum" : "max", s->norm,
+                      km_float(f1, s->scaling));
+    }
+    if (s->moe != KM_MOE_NONE) {
+        int split = s->moe == KM_ROUTED_SPLIT || s->moe == KM_EXPERTS_SPLIT;
+        km_table(&w, &o, s, "x", s->HID, "bf16");
+        if (split) {
+            cg_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"\n", s->wdt, s->E, s->I,
+                          s->HID);
+            cg_buf_printf(&w, "  weight %%up : %s[%d, %d, %d] = \"up\"\n", s->wdt, s->E, s->I,
+                          s->HID);
+        } else {
+            cg_buf_printf(&w, "  weight %%gate_up : %s[%d, %d, %d] = \"gate_up\"\n", s->wdt, s->E,
+                          2 * s->I, s->HID);
+        }
+        cg_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"\n", s->wdt, s->E, s->HID,
+                      s->I);
+        const char *ws = split ? "%gate, %up, %down" : "%gate_up, %down";
+        if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
+            cg_buf_printf(&o, "  %%y : f32[T, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s}\n",
+                          s->HID, ws, km_float(f2, s->moe_scale));
+        else
+            cg_buf_printf(&o, "  %%y : f32[T, %d, %d] = moe_experts(%%x, %%ids, %s)\n", s->K,
+                          s->HID, ws);
+    }
+    cg_buf_printf(&all,
+                  "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"
+                  "  input %%positions : i32[T]\n%s%s  output %%out\n}\n",
+                  s->name, w.data ? w.data : "", o.data ? o.data : "");
+    int bad = w.oom || o.oom || all.oom;
+    cg_buf_free(&w);
+    cg_buf_free(&o);
+    if (bad) {
+        cg_buf_free(&all);
+        return NULL;
+    }
+    return all.data;
+}
+
+/* Parses km_text(s); NULL (error printed) on failure. */
+static inline ir_module *km_module(const km_spec *s)
+{
+    char *text = km_text(s);
+    ir_module *m = NULL;
+    if (!text || ir_module_parse(text, s->name, &m) != MOEC_OK) {
+        fprintf(stderr, "%s: %s\n", s->name, text ? moec_last_error() : "out of memory");
+        m = NULL;
+    }
+    free(text);
+    return m;
+}
+
+/* Whether codegen/attention.c ... codegen/moe_experts.c emit op. */
+static inline int km_is_heavy(const ir_op *op)
+{
+    return op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION ||
+           op->kind == IR_OP_MOE_TOPK || op->kind == IR_OP_MOE_ROUTED ||
+           op->kind == IR_OP_MOE_EXPERTS;
+}
+
+/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum). */
+static inline int km_steps_of(const ir_op *op)
+{
+    switch (op->kind) {
+    case IR_OP_ATTENTION:
+    case IR_OP_MLA_ATTENTION: return 2;
+    case IR_OP_MOE_TOPK: return 1;
+    case IR_OP_MOE_ROUTED: return 4;
+    case IR_OP_MOE_EXPERTS: return 3;
+    default: return 0;
+    }
+}
+
+#endif

@@ -1,0 +1,478 @@
+/* test_codegen_kernels.c — the heavy kernels' emitters (attention,
+ * mla_attention, moe_topk, moe_routed, moe_experts, argmax) on hand-built
+ * modules of real model shapes and odd small ones, and on the ops of the
+ * tiny models after the whole pass pipeline, for buckets T = 1, 8, 64:
+ * the steps they emit (kernels, grids, blocks, argument lists that match
+ * the kernel signatures, scratch inside the reservation) and an NVRTC
+ * compile of every program for sm_90 whose cubin holds every kernel. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codegen/cg.h"
+#include "codegen/moe_routed.h"
+#include "err.h"
+#include "kern_modules.h"
+#include "passlib.h"
+#include "testlib.h"
+
+static const int BUCKETS[] = {1, 8, 64};
+#define N_BUCKETS 3
+
+static void ctx_free(cg_ctx *c)
+{
+    cg_buf_free(&c->src);
+    for (int i = 0; i < c->n_kernels; i++)
+        free(c->kernel_names[i]);
+    free(c->kernel_names);
+    free(c->steps);
+    memset(c, 0, sizeof *c);
+}
+
+/* The parameter count of kernel `name` in src (commas of its signature + 1). */
+static int kernel_params(const char *src, const char *name, int *launch_bound)
+{
+    char pat[256];
+    snprintf(pat, sizeof pat, " %s(", name);
+    const char *p = strstr(src, pat);
+    if (!p)
+        return -1;
+    const char *lb = p;
+    while (lb > src && strncmp(lb, "__launch_bounds__(", 18) != 0)
+        lb--;
+    *launch_bound = atoi(lb + 18);
+    int n = 1;
+    for (p += strlen(pat); *p && *p != ')'; p++)
+        n += *p == ',';
+    return n;
+}
+
+/* Whether the line before kernel name's definition is a comment naming the
+ * codegen file that produced it. */
+static int has_header(const char *src, const char *name)
+{
+    char pat[256];
+    snprintf(pat, sizeof pat, " %s(", name);
+    const char *p = strstr(src, pat);
+    if (!p)
+        return 0;
+    while (p > src && p[-1] != '\n')
+        p--;
+    if (p == src)
+        return 0;
+    const char *q = p - 1;
+    while (q > src && q[-1] != '\n')
+        q--;
+    const char *cg = strstr(q, "(codegen/");
+    return strncmp(q, "// ", 3) == 0 && cg && cg < p;
+}
+
+/* Emits the heavy ops of m (and the argmax of its output) for bucket T. */
+static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
+{
+    memset(c, 0, sizeof *c);
+    c->m = m;
+    c->opt = o;
+    c->T = T;
+    for (int k = 0; k < m->n_ops; k++)
+        if (km_is_heavy(m->ops[k]))
+            MOEC_TRY(cg_emit_op(c, m->ops[k]));
+    return cg_emit_argmax(c, m->outputs[0]);
+}
+
+/* Generic checks of one bucket's steps against its source. */
+static void check_steps(const ir_module *m, const cg_ctx *c)
+{
+    int want = 1; /* argmax */
+    for (int k = 0; k < m->n_ops; k++)
+        want += km_steps_of(m->ops[k]);
+    T_CHECK(c->n_steps == want);
+    for (int i = 0; i < c->n_steps; i++) {
+        const rt_step *s = &c->steps[i];
+        T_CHECK(s->kind == RT_STEP_KERNEL);
+        T_CHECK(s->kernel >= 0 && s->kernel < c->n_kernels);
+        if (s->kernel < 0 || s->kernel >= c->n_kernels)
+            continue;
+        const char *name = c->kernel_names[s->kernel];
+        int lb = 0;
+        int np = kernel_params(c->src.data, name, &lb);
+        if (np != s->n_args || (int)s->block[0] != lb)
+            fprintf(stderr, "%s: %d params, %d args; launch bound %d, block %u\n", name, np,
+                    s->n_args, lb, s->block[0]);
+        T_CHECK(np == s->n_args);
+        T_CHECK((int)s->block[0] == lb);
+        T_CHECK(s->block[0] % 32 == 0 && s->block[0] <= 1024 && s->block[1] == 1);
+        T_CHECK(s->grid[0] >= 1 && s->grid[1] >= 1 && s->grid[2] >= 1);
+        T_CHECK(s->smem == 0);
+        T_CHECK(has_header(c->src.data, name));
+        for (int a = 0; a < s->n_args; a++)
+            if (s->args[a].kind == RT_ARG_SCRATCH)
+                T_CHECK(s->args[a].i >= 0 && (size_t)s->args[a].i < c->scratch_bytes &&
+                        s->args[a].i % 16 == 0);
+    }
+}
+
+/* Finds the steps of the first op of kind k; returns the first step index. */
+static int steps_of(const ir_module *m, const cg_ctx *c, ir_op_kind k)
+{
+    for (int j = 0; j < m->n_ops; j++)
+        if (m->ops[j]->kind == k)
+            for (int i = 0; i < c->n_steps; i++)
+                if (c->steps[i].op_id == m->ops[j]->id)
+                    return i;
+    return -1;
+}
+
+static int has(const void *bin, size_t n, const char *s)
+{
+    return memmem(bin, n, s, strlen(s)) != NULL;
+}
+
+/* A program waiting for NVRTC, and the kernels its cubin must hold. */
+typedef struct compile_job {
+    char *label, *src;
+    cg_buf names; /* kernel names, one per line */
+    void *cubin;
+    size_t size;
+    moec_status st;
+    char err[2048];
+} compile_job;
+
+static compile_job jobs[32];
+static int n_jobs, next_job;
+static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
+static const char *cache_dir;
+
+static void *compile_worker(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&job_lock);
+        int i = next_job++;
+        pthread_mutex_unlock(&job_lock);
+        if (i >= n_jobs)
+            return NULL;
+        compile_job *j = &jobs[i];
+        j->st = cg_compile(j->src, "sm_90", cache_dir, &j->cubin, &j->size);
+        if (j->st != MOEC_OK)
+            snprintf(j->err, sizeof j->err, "%s", moec_last_error());
+    }
+}
+
+/* Compiles every queued program on a thread per CPU (NVRTC takes a good
+ * tenth of a second per kernel) and checks each cubin holds its kernels. */
+static void compile_all(void)
+{
+    cache_dir = t_tmpdir("cg_kern");
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
+    pthread_t th[8];
+    int started = 0;
+    for (int i = 1; i < n_threads; i++)
+        if (pthread_create(&th[started], NULL, compile_worker, NULL) == 0)
+            started++;
+    compile_worker(NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < n_jobs; i++) {
+        compile_job *j = &jobs[i];
+#ifdef MOEC_HAVE_CUDA
+        if (j->st != MOEC_OK)
+            fprintf(stderr, "%s: %s\n", j->label, j->err);
+        T_CHECK(j->st == MOEC_OK);
+        for (char *line = j->names.data; j->st == MOEC_OK && line && *line;) {
+            char *nl = strchr(line, '\n');
+            *nl = '\0';
+            int found = has(j->cubin, j->size, line);
+            if (!found)
+                fprintf(stderr, "%s: no kernel %s in the cubin\n", j->label, line);
+            T_CHECK(found);
+            line = nl + 1;
+        }
+#else
+        T_CHECK(j->st != MOEC_OK);
+#endif
+        free(j->cubin);
+        free(j->src);
+        free(j->label);
+        cg_buf_free(&j->names);
+    }
+    n_jobs = next_job = 0;
+}
+
+/* Generates m for every bucket, checks the steps, calls check(m, c) per
+ * bucket, and queues the buckets in compile_mask (bit b: BUCKETS[b]) as one
+ * program for compile_all. */
+static void run_module(const ir_module *m, const cg_options *o,
+                       void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
+{
+    T_CHECK(n_jobs < 32);
+    if (n_jobs >= 32)
+        return;
+    compile_job *j = &jobs[n_jobs];
+    memset(j, 0, sizeof *j);
+    cg_buf prog = {0};
+    cg_emit_prologue(&prog);
+    int ok = 1;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        cg_ctx c;
+        moec_status st = gen(m, o, BUCKETS[b], &c);
+        T_OK(st);
+        if (st == MOEC_OK) {
+            check_steps(m, &c);
+            if (check)
+                check(m, &c);
+            if (compile_mask & (1u << b)) {
+                cg_buf_printf(&prog, "%s", c.src.data);
+                for (int k = 0; k < c.n_kernels; k++)
+                    cg_buf_printf(&j->names, "%s\n", c.kernel_names[k]);
+            }
+        }
+        ok = ok && st == MOEC_OK;
+        ctx_free(&c);
+    }
+    T_CHECK(!prog.oom && !j->names.oom);
+    if (!ok || prog.oom || j->names.oom || !compile_mask) {
+        cg_buf_free(&prog);
+        cg_buf_free(&j->names);
+        return;
+    }
+    char label[128];
+    snprintf(label, sizeof label, "%s (%s, buckets mask %u)", m->name,
+             ir_dtype_name(o->compute_dtype), compile_mask);
+    j->label = strdup(label);
+    j->src = prog.data;
+    n_jobs++;
+}
+
+/* ---- the real model shapes ----------------------------------------------- */
+
+static size_t al16(size_t n) { return (n + 15) / 16 * 16; }
+
+/* DeepSeek-V2-Lite: MLA 16 heads r 512 dr 64, 64 experts top-6, H 2048, I 1408. */
+static void check_v2lite(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T;
+    int a = steps_of(m, c, IR_OP_MLA_ATTENTION);
+    T_CHECK(a >= 0);
+    if (a >= 0) {
+        const rt_step *w = &c->steps[a], *s = &c->steps[a + 1];
+        T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 8 && w->args[6].kind == RT_ARG_KV &&
+                w->args[6].i == 0 && w->args[7].i == 1);
+        /* every head of a token in one block: the cache rows are read once */
+        T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == 1 && s->block[0] == 256);
+        T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_h16_r512_dr64_hb16") != NULL);
+        T_CHECK(s->args[5].kind == RT_ARG_CONFIG && s->args[5].index == RT_CONFIG_MAX_BLOCKS);
+        T_CHECK(s->args[9].kind == RT_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
+    }
+    int k = steps_of(m, c, IR_OP_MOE_TOPK);
+    T_CHECK(k >= 0 && c->steps[k].grid[0] == (unsigned)(T + 3) / 4 && c->steps[k].block[0] == 128);
+    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    T_CHECK(r >= 0);
+    if (r < 0)
+        return;
+    /* BM: 1 at T=1 and 8 (6 and 48 slots over 64 experts), 8 at T=64 */
+    int bm = T == 64 ? 8 : T == 8 ? 2 : 1;
+    int n = T * 6, nnz = n < 64 ? n : 64;
+    int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
+    const rt_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
+    char want[128];
+    snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_rw4_t%d_bf16_bf16_fused", bm,
+             T);
+    T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
+    T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
+    T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == 1408 / 32 && gu->block[0] == 256);
+    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == 2048 / 64);
+    T_CHECK(sm->grid[0] == (unsigned)T && sm->grid[1] == 2);
+    /* scratch: sorted slots, block experts, used count, h [T*K, I], y [T*K, H] */
+    size_t want_scratch = al16(al16(al16(al16((size_t)nb * bm * 4) + (size_t)nb * 4) + 4) +
+                               (size_t)n * 1408 * 4) +
+                          (size_t)n * 2048 * 4;
+    T_CHECK(c->scratch_bytes == want_scratch);
+    T_CHECK(gu->args[1].kind == RT_ARG_WEIGHT && gu->args[2].index == gu->args[1].index);
+    T_CHECK(dn->args[5].kind == RT_ARG_ACT && dn->args[6].kind == RT_ARG_F32 &&
+            dn->args[6].f == 1.0);
+    T_CHECK(sm->args[2].kind == RT_ARG_ACT && sm->args[2].index == ir_module_find_value(m, "y")->id);
+}
+
+/* DeepSeek-V3: MLA 128 heads, sigmoid routing with bias over 8 groups (4
+ * kept, top2_sum), 256 experts top-8, H 7168, I 2048. */
+static void check_v3(const ir_module *m, const cg_ctx *c)
+{
+    int a = steps_of(m, c, IR_OP_MLA_ATTENTION);
+    T_CHECK(a >= 0 && c->steps[a + 1].grid[1] == 128 / 16);
+    int k = steps_of(m, c, IR_OP_MOE_TOPK);
+    T_CHECK(k >= 0);
+    if (k >= 0) {
+        const rt_step *s = &c->steps[k];
+        T_CHECK(s->n_args == 5 && s->args[1].kind == RT_ARG_WEIGHT && s->args[4].f == 2.5);
+        T_CHECK(strstr(c->kernel_names[s->kernel], "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") !=
+                NULL);
+    }
+    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    T_CHECK(r >= 0 && c->steps[r + 1].grid[1] == 2048 / 32 && c->steps[r + 2].grid[1] == 7168 / 64);
+}
+
+/* Qwen3-30B-A3B: GQA 32 q heads, 4 kv heads, d 128; 128 experts top-8,
+ * H 2048, I 768 with separate gate and up. */
+static void check_qwen3(const ir_module *m, const cg_ctx *c)
+{
+    int a = steps_of(m, c, IR_OP_ATTENTION);
+    T_CHECK(a >= 0);
+    if (a >= 0) {
+        const rt_step *w = &c->steps[a], *s = &c->steps[a + 1];
+        T_CHECK(w->grid[0] == (unsigned)c->T && w->args[0].kind == RT_ARG_ACT);
+        /* a block per (token, kv head): the 8 heads of a group share its reads */
+        T_CHECK(s->grid[0] == (unsigned)c->T && s->grid[1] == 4 && s->grid[2] == 1);
+        T_CHECK(strstr(c->kernel_names[s->kernel], "attn_h32_hkv4_dk128_dv128_gb8") != NULL);
+        T_CHECK(s->args[1].kind == RT_ARG_INPUT && s->args[1].index == RT_INPUT_POSITIONS);
+        T_CHECK(s->args[2].kind == RT_ARG_INPUT && s->args[2].index == RT_INPUT_SLOTS);
+        T_CHECK(s->args[3].kind == RT_ARG_INPUT && s->args[3].index == RT_INPUT_BLOCK_TABLE);
+        T_CHECK(s->args[9].kind == RT_ARG_I32 && s->args[9].i == 0);
+    }
+    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    T_CHECK(r >= 0);
+    if (r >= 0) {
+        const rt_step *gu = &c->steps[r + 1];
+        T_CHECK(strstr(c->kernel_names[gu->kernel], "_split") != NULL);
+        T_CHECK(gu->args[1].kind == RT_ARG_WEIGHT && gu->args[2].kind == RT_ARG_WEIGHT &&
+                gu->args[1].index != gu->args[2].index);
+    }
+    int last = c->n_steps - 1;
+    T_CHECK(c->steps[last].args[1].kind == RT_ARG_INPUT &&
+            c->steps[last].args[1].index == RT_INPUT_SAMPLED && c->steps[last].grid[0] == (unsigned)c->T);
+}
+
+static void test_real_shapes(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    km_spec v2 = {.name = "k_v2lite", .vocab = 8, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
+                  .attn_scale = 0.1352, .E = 64, .K = 6, .NG = 1, .TG = 1, .scaling = 1.0,
+                  .moe = KM_ROUTED, .HID = 2048, .I = 1408, .wdt = "bf16", .moe_scale = 1.0};
+    km_spec v3 = {.name = "k_v3", .vocab = 8, .attn = KM_MLA, .H = 128, .R = 512, .DR = 64,
+                  .attn_scale = 0.1352, .E = 256, .K = 8, .sigmoid = 1, .NG = 8, .TG = 4,
+                  .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5, .moe = KM_ROUTED, .HID = 7168,
+                  .I = 2048, .wdt = "bf16", .moe_scale = 1.0};
+    km_spec q3 = {.name = "k_qwen3", .vocab = 8, .attn = KM_GQA, .H = 32, .HKV = 4, .DK = 128,
+                  .DV = 128, .attn_scale = 0.08838834764831845, .E = 128, .K = 8, .NG = 1, .TG = 1,
+                  .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT, .HID = 2048, .I = 768,
+                  .wdt = "bf16", .moe_scale = 1.0};
+    const km_spec *specs[] = {&v2, &v3, &q3};
+    void (*checks[])(const ir_module *, const cg_ctx *) = {check_v2lite, check_v3, check_qwen3};
+    /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows */
+    const unsigned compile[] = {2, 4, 1};
+    for (int i = 0; i < 3; i++) {
+        ir_module *m = km_module(specs[i]);
+        T_CHECK(m != NULL);
+        if (m)
+            run_module(m, &o, checks[i], compile[i]);
+        ir_module_free(m);
+    }
+}
+
+/* ---- odd shapes, other dtypes --------------------------------------------- */
+
+static void check_odd(const ir_module *m, const cg_ctx *c)
+{
+    int e = steps_of(m, c, IR_OP_MOE_EXPERTS);
+    if (e < 0)
+        return;
+    /* no router weights: the down GEMM writes the [T, K, H] result itself */
+    const rt_step *dn = &c->steps[e + 2];
+    T_CHECK(dn->n_args == 6 && dn->args[5].kind == RT_ARG_ACT &&
+            dn->args[5].index == ir_module_find_value(m, "y")->id);
+    T_CHECK(strstr(c->kernel_names[dn->kernel], "_now") != NULL);
+}
+
+static void test_odd_shapes(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    o.kv_block_size = 16;
+    /* head dims and hidden sizes that are not multiples of 8 or 32, a window */
+    km_spec g = {.name = "k_odd_gqa", .vocab = 8, .attn = KM_GQA, .H = 6, .HKV = 2, .DK = 24,
+                 .DV = 40, .window = 5, .attn_scale = 0.2, .E = 6, .K = 3, .NG = 3, .TG = 2,
+                 .norm = 1, .scaling = 1.5, .moe = KM_EXPERTS, .HID = 20, .I = 12, .wdt = "f16",
+                 .moe_scale = 1.0};
+    km_spec l = {.name = "k_odd_mla", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                 .window = 3, .attn_scale = 0.3, .E = 5, .K = 2, .sigmoid = 1, .NG = 1, .TG = 1,
+                 .bias = 1, .scaling = 1.0, .moe = KM_EXPERTS_SPLIT, .HID = 9, .I = 7, .wdt = "f32",
+                 .moe_scale = 1.0};
+    km_spec r = {.name = "k_odd_routed", .vocab = 8, .attn = KM_GQA, .H = 1, .HKV = 1, .DK = 3,
+                 .DV = 5, .attn_scale = 0.5, .E = 3, .K = 3, .NG = 1, .TG = 1, .scaling = 1.0,
+                 .moe = KM_ROUTED_SPLIT, .HID = 3, .I = 5, .wdt = "bf16", .moe_scale = 0.25};
+    const km_spec *specs[] = {&g, &l, &r};
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            ir_module *m = km_module(specs[i]);
+            T_CHECK(m != NULL);
+            if (m)
+                run_module(m, &o, check_odd, (i + f32) % 2 ? 2 : 0);
+            ir_module_free(m);
+        }
+}
+
+/* ---- the tiny models after every pass ------------------------------------- */
+
+static void test_tiny_models(void)
+{
+    static const char *models[] = {"deepseek_v2", "deepseek_v3", "qwen3_moe", "qwen2_moe"};
+    cg_options o;
+    cg_options_default(&o);
+    for (int i = 0; i < 4; i++) {
+        ir_module *m = t_pipeline_module(models[i], NULL, NULL);
+        T_CHECK(m != NULL);
+        if (!m)
+            continue;
+        int heavy = 0;
+        for (int k = 0; k < m->n_ops; k++)
+            heavy += km_is_heavy(m->ops[k]);
+        T_CHECK(heavy >= 4);
+        run_module(m, &o, NULL, i % 2 ? 4 : 1);
+        ir_module_free(m);
+    }
+}
+
+/* ---- errors --------------------------------------------------------------- */
+
+static void test_errors(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    km_spec s = {.name = "k_wide_topk", .vocab = 4, .E = 64, .K = 40, .NG = 1, .TG = 1,
+                 .scaling = 1.0};
+    ir_module *m = km_module(&s);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    cg_ctx c = {.m = m, .opt = &o, .T = 8};
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_MOE_TOPK)
+            T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED, "top_k 40 > 32");
+    ctx_free(&c);
+    ir_module_free(m);
+    /* the argmax wants [T, vocab] logits stored as f32: x is bf16 */
+    km_spec s2 = {.name = "k_bf16_x", .vocab = 4, .E = 4, .K = 2, .NG = 1, .TG = 1, .scaling = 1.0,
+                  .moe = KM_ROUTED, .HID = 8, .I = 8, .wdt = "bf16", .moe_scale = 1.0};
+    m = km_module(&s2);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    cg_ctx d = {.m = m, .opt = &o, .T = 8};
+    T_ERR(cg_emit_argmax(&d, ir_module_find_value(m, "x")), MOEC_ERR_INVALID_ARG, "stored as f32");
+    ctx_free(&d);
+    ir_module_free(m);
+}
+
+int main(void)
+{
+    test_real_shapes();
+    test_odd_shapes();
+    test_tiny_models();
+    test_errors();
+    compile_all();
+    return t_finish("test_codegen_kernels");
+}
