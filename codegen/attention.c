@@ -15,6 +15,9 @@
 /* Positions per warp tile (one per lane) and warps per block. */
 #define ATTN_TILE 32
 #define ATTN_WARPS 4
+/* Blocks that keep an H100's 132 SMs busy, and the most splits of a sequence. */
+#define ATTN_TARGET_BLOCKS 264
+#define ATTN_MAX_SPLITS 64
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -38,14 +41,15 @@ static const char ATTN_BODY[] =
     "    __shared__ long long row_s[NW][TILE];\n"
     "    __shared__ float m_s[NW][GB], l_s[NW][GB];\n"
     "    __shared__ float acc_s[NW][GB][DV];\n"
-    "    const int t = blockIdx.x, kh = blockIdx.y;\n"
-    "    const int h0 = kh * G + blockIdx.z * GB;\n"
+    "    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z % NSPLIT;\n"
+    "    const int h0 = kh * G + blockIdx.z / NSPLIT * GB;\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    const int s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h0) * DV;\n"
     "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        for (int i = threadIdx.x; i < GB * DV; i += NT)\n"
-    "            st(o + i, 0.0f);\n"
+    "        if constexpr (NSPLIT == 1)\n"
+    "            for (int i = threadIdx.x; i < GB * DV; i += NT)\n"
+    "                st(o + i, 0.0f);\n"
     "        return;\n"
     "    }\n"
     "    const TQ *qt = q + ((long long)t * H + h0) * DK;\n"
@@ -54,6 +58,9 @@ static const char ATTN_BODY[] =
     "    __syncthreads();\n"
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
     "    const int n_tiles = (p - lo + TILE) / TILE;\n"
+    "    /* this block's share of the tiles when the sequence is split */\n"
+    "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = split * per;\n"
+    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    float m[GB], lsum[GB], acc[GB][CPL];\n"
     "#pragma unroll\n"
@@ -64,7 +71,7 @@ static const char ATTN_BODY[] =
     "        for (int c = 0; c < CPL; c++)\n"
     "            acc[g][c] = 0.0f;\n"
     "    }\n"
-    "    for (int tile = warp; tile < n_tiles; tile += NW) {\n"
+    "    for (int tile = first + warp; tile < last; tile += NW) {\n"
     "        const int p0 = lo + tile * TILE, pp = p0 + lane;\n"
     "        const bool valid = pp <= p;\n"
     "        float sc[GB];\n"
@@ -156,7 +163,55 @@ static const char ATTN_BODY[] =
     "            l += l_s[w][g] * f;\n"
     "            a += acc_s[w][g][c] * f;\n"
     "        }\n"
-    "        st(o + i, a / l);\n"
+    "        if constexpr (NSPLIT > 1) {\n"
+    "            /* this split's softmax state and unnormalised output */\n"
+    "            const long long part = ((long long)t * H + h0 + g) * NSPLIT + split;\n"
+    "            part_o[part * DV + c] = a;\n"
+    "            if (c == 0) {\n"
+    "                part_ml[part * 2] = mx;\n"
+    "                part_ml[part * 2 + 1] = l;\n"
+    "            }\n"
+    "        } else {\n"
+    "            st(o + i, a / l);\n"
+    "        }\n"
+    "    }\n";
+
+/* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
+ * sum_z l_z e^(m_z - M); padding tokens get zeros. */
+static const char COMBINE_BODY[] =
+    "    __shared__ float w_s[NSPLIT];\n"
+    "    __shared__ float inv_s;\n"
+    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
+    "    TO *o = out + ((long long)t * H + h) * D;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        for (int c = threadIdx.x; c < D; c += blockDim.x)\n"
+    "            st(o + c, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
+    "    if (threadIdx.x < 32) {\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
+    "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
+    "        mx = warp_max(mx);\n"
+    "        float l = 0.0f;\n"
+    "        for (int z = threadIdx.x; z < NSPLIT; z += 32) {\n"
+    "            const float m = part_ml[(part + z) * 2];\n"
+    "            const float w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
+    "            w_s[z] = w;\n"
+    "            l += w * part_ml[(part + z) * 2 + 1];\n"
+    "        }\n"
+    "        l = warp_sum(l);\n"
+    "        if (threadIdx.x == 0)\n"
+    "            inv_s = 1.0f / l;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    for (int c = threadIdx.x; c < D; c += blockDim.x) {\n"
+    "        float a = 0.0f;\n"
+    "        for (int z = 0; z < NSPLIT; z++)\n"
+    "            if (w_s[z] != 0.0f)\n"
+    "                a += part_o[(part + z) * D + c] * w_s[z];\n"
+    "        st(o + c, a * inv_s);\n"
     "    }\n";
 
 /* The widest of 8, 4, 2, 1 elements that divides n. */
@@ -259,11 +314,16 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->args[6] = cg_arg_kv(op, 0);
     s->args[7] = cg_arg_kv(op, 1);
 
-    /* kernel 2: attention over the cache */
+    /* kernel 2: attention over the cache, the sequence split when the
+       bucket's blocks cannot fill the GPU */
+    long long blocks = (long long)c->T * HKV * (G / gb);
+    int ns = (int)((ATTN_TARGET_BLOCKS + blocks - 1) / blocks);
+    if (ns > ATTN_MAX_SPLITS)
+        ns = ATTN_MAX_SPLITS;
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
-    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_bs%d_t%d_%s", H, HKV, DK,
-             DV, gb, bs, c->T, tag);
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_bs%d_t%d_%s", H, HKV,
+             DK, DV, gb, ns, bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -274,13 +334,17 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ q, "
                       "const int *__restrict__ pos, const int *__restrict__ slots, const int "
                       "*__restrict__ block_table, int max_blocks, const %s *__restrict__ kpool, const "
-                      "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window)\n{\n"
+                      "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
-                      "NT = %d, TILE = %d, KV = %d;\n",
-                      ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt), cg_ctype(qdt), ts,
-                      cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32, ATTN_TILE,
-                      vec_of(DK));
+                      "NT = %d, TILE = %d, KV = %d, NSPLIT = %d;\n",
+                      ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
+                      ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "",
+                      cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
+                      ATTN_TILE, vec_of(DK), ns);
+        if (ns == 1)
+            cg_buf_printf(&c->src, "    float *part_ml = nullptr, *part_o = nullptr;\n"
+                                   "    (void)part_ml;\n    (void)part_o;\n");
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);
@@ -289,9 +353,9 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->kernel = ka;
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)HKV;
-    s->grid[2] = (unsigned)(G / gb);
+    s->grid[2] = (unsigned)(G / gb * ns);
     s->block[0] = ATTN_WARPS * 32;
-    s->n_args = 10;
+    s->n_args = ns > 1 ? 12 : 10;
     s->args[0] = cg_arg_act(q);
     s->args[1] = cg_arg_input(RT_INPUT_POSITIONS);
     s->args[2] = cg_arg_input(RT_INPUT_SLOTS);
@@ -302,5 +366,45 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->args[7] = cg_arg_act(op->out[0]);
     s->args[8] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
     s->args[9] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+    if (ns == 1)
+        return MOEC_OK;
+
+    /* kernel 3: the merge of the splits */
+    size_t off_ml = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * 2 * 4);
+    size_t off_o = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * (size_t)DV * 4);
+    s->args[10] = cg_arg_scratch(off_ml);
+    s->args[11] = cg_arg_scratch(off_o);
+    char cname[256];
+    snprintf(cname, sizeof cname, "attn_combine_h%lld_dv%lld_ns%d_bs%d_t%d_%s", H, DV, ns, bs, c->T,
+             ir_dtype_name(odt));
+    int kc = cg_kernel(c, cname, &is_new);
+    if (kc < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// attention: merge of the sequence splits (codegen/attention.c, "
+                      "cg_emit_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
+                      "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
+                      "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
+                      "    typedef %s TO;\n"
+                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d;\n",
+                      cname, cg_ctype(odt), cg_ctype(odt), H, DV, bs, ns);
+        cg_buf_printf(&c->src, "%s}\n\n", COMBINE_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
+    s->kernel = kc;
+    s->grid[0] = (unsigned)c->T;
+    s->grid[1] = (unsigned)H;
+    s->block[0] = 128;
+    s->n_args = 6;
+    s->args[0] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[1] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[2] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[3] = cg_arg_scratch(off_ml);
+    s->args[4] = cg_arg_scratch(off_o);
+    s->args[5] = cg_arg_act(op->out[0]);
     return MOEC_OK;
 }

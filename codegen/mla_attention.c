@@ -15,6 +15,9 @@
 
 #define MLA_THREADS 256
 #define MLA_SMEM_MAX (46 * 1024)
+/* Blocks that keep an H100's 132 SMs busy, and the most splits of a sequence. */
+#define MLA_TARGET_BLOCKS 264
+#define MLA_MAX_SPLITS 64
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -41,8 +44,9 @@ static const char ATTN_BODY[] =
     "    const int s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h0) * R;\n"
     "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        for (int i = tid; i < HB * R; i += NT)\n"
-    "            st(o + i, 0.0f);\n"
+    "        if constexpr (NSPLIT == 1)\n"
+    "            for (int i = tid; i < HB * R; i += NT)\n"
+    "                st(o + i, 0.0f);\n"
     "        return;\n"
     "    }\n"
     "    for (int i = tid; i < HB * RS; i += NT) {\n"
@@ -66,8 +70,11 @@ static const char ATTN_BODY[] =
     "                acc[ni][a][b] = 0.0f;\n"
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
     "    const int n_tiles = (p - lo + PT) / PT;\n"
+    "    /* this block's share of the tiles when the sequence is split */\n"
+    "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = blockIdx.z * per;\n"
+    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
-    "    for (int tile = 0; tile < n_tiles; tile++) {\n"
+    "    for (int tile = first; tile < last; tile++) {\n"
     "        const int p0 = lo + tile * PT;\n"
     "        const int nv = p - p0 + 1 < PT ? p - p0 + 1 : PT;\n"
     "        if (tid < nv)\n"
@@ -142,6 +149,15 @@ static const char ATTN_BODY[] =
     "        }\n"
     "        __syncthreads();\n"
     "    }\n"
+    "    __syncthreads();\n"
+    "    /* split: this block's softmax state (m, l) and unnormalised output */\n"
+    "    const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
+    "    if constexpr (NSPLIT > 1) {\n"
+    "        if (tid < HB) {\n"
+    "            part_ml[(part + (long long)tid * NSPLIT) * 2] = m_s[tid];\n"
+    "            part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = l_s[tid];\n"
+    "        }\n"
+    "    }\n"
     "#pragma unroll\n"
     "    for (int ni = 0; ni < NI; ni++) {\n"
     "        const int item = tid + ni * NT;\n"
@@ -150,13 +166,55 @@ static const char ATTN_BODY[] =
     "        const int c0 = (item % RG) * CS, hb = (item / RG) * HS;\n"
     "#pragma unroll\n"
     "        for (int a = 0; a < HS; a++) {\n"
-    "            const float l = l_s[hb + a];\n"
-    "            float y[CS];\n"
+    "            if constexpr (NSPLIT > 1) {\n"
+    "                stv<CS>(part_o + (part + (long long)(hb + a) * NSPLIT) * R + c0, acc[ni][a]);\n"
+    "            } else {\n"
+    "                const float l = l_s[hb + a];\n"
+    "                float y[CS];\n"
     "#pragma unroll\n"
-    "            for (int b = 0; b < CS; b++)\n"
-    "                y[b] = acc[ni][a][b] / l;\n"
-    "            stv<CS>(o + (long long)(hb + a) * R + c0, y);\n"
+    "                for (int b = 0; b < CS; b++)\n"
+    "                    y[b] = acc[ni][a][b] / l;\n"
+    "                stv<CS>(o + (long long)(hb + a) * R + c0, y);\n"
+    "            }\n"
     "        }\n"
+    "    }\n";
+
+/* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
+ * sum_z l_z e^(m_z - M); padding tokens get zeros. */
+static const char COMBINE_BODY[] =
+    "    __shared__ float w_s[NSPLIT];\n"
+    "    __shared__ float inv_s;\n"
+    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
+    "    TO *o = out + ((long long)t * H + h) * D;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        for (int c = threadIdx.x; c < D; c += blockDim.x)\n"
+    "            st(o + c, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
+    "    if (threadIdx.x < 32) {\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
+    "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
+    "        mx = warp_max(mx);\n"
+    "        float l = 0.0f;\n"
+    "        for (int z = threadIdx.x; z < NSPLIT; z += 32) {\n"
+    "            const float m = part_ml[(part + z) * 2];\n"
+    "            const float w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
+    "            w_s[z] = w;\n"
+    "            l += w * part_ml[(part + z) * 2 + 1];\n"
+    "        }\n"
+    "        l = warp_sum(l);\n"
+    "        if (threadIdx.x == 0)\n"
+    "            inv_s = 1.0f / l;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    for (int c = threadIdx.x; c < D; c += blockDim.x) {\n"
+    "        float a = 0.0f;\n"
+    "        for (int z = 0; z < NSPLIT; z++)\n"
+    "            if (w_s[z] != 0.0f)\n"
+    "                a += part_o[(part + z) * D + c] * w_s[z];\n"
+    "        st(o + c, a * inv_s);\n"
     "    }\n";
 
 static int vec_of(long long n)
@@ -239,6 +297,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "mla_attention %%%s: r %lld needs more accumulators than registers hold", who,
                         R);
+    /* split the sequence when the bucket's blocks cannot fill the GPU */
+    long long blocks = (long long)c->T * (H / hb);
+    int ns = (int)((MLA_TARGET_BLOCKS + blocks - 1) / blocks);
+    if (ns > MLA_MAX_SPLITS)
+        ns = MLA_MAX_SPLITS;
     const char *ts = cg_ctype(dt);
     char tag[64];
     if (cdt == dt && edt == dt)
@@ -287,8 +350,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     else
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
-    snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_bs%d_t%d_%s", H, R,
-             DR, hb, pt, hs, bs, c->T, tag);
+    snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_bs%d_t%d_%s", H,
+             R, DR, hb, pt, hs, ns, bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
@@ -300,13 +363,17 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "q_c, const %s *__restrict__ q_pe, const int *__restrict__ pos, const int "
                       "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, const "
                       "%s *__restrict__ kvpool, const %s *__restrict__ pepool, %s *__restrict__ out, "
-                      "float scale, int window)\n{\n"
+                      "float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, HB = %d, PT = %d, HS = %d, "
-                      "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d;\n",
+                      "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d, NSPLIT = %d;\n",
                       MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), ts, ts, cg_ctype(odt),
+                      ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "",
                       cg_ctype(qdt), ts, cg_ctype(odt), H, R, DR, hb, pt, hs, cs, ve, qld, ldk, bs,
-                      MLA_THREADS);
+                      MLA_THREADS, ns);
+        if (ns == 1)
+            cg_buf_printf(&c->src, "    float *part_ml = nullptr, *part_o = nullptr;\n"
+                                   "    (void)part_ml;\n    (void)part_o;\n");
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);
@@ -315,8 +382,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->kernel = ka;
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)(H / hb);
+    s->grid[2] = (unsigned)ns;
     s->block[0] = MLA_THREADS;
-    s->n_args = 11;
+    s->n_args = ns > 1 ? 13 : 11;
     s->args[0] = cg_arg_act(qc);
     s->args[1] = cg_arg_act(qpe);
     s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
@@ -328,5 +396,45 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->args[8] = cg_arg_act(op->out[0]);
     s->args[9] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
     s->args[10] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+    if (ns == 1)
+        return MOEC_OK;
+
+    /* the splits' partial results, merged by a third kernel */
+    size_t off_ml = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * 2 * 4);
+    size_t off_o = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * (size_t)R * 4);
+    s->args[11] = cg_arg_scratch(off_ml);
+    s->args[12] = cg_arg_scratch(off_o);
+    char cname[256];
+    snprintf(cname, sizeof cname, "mla_combine_h%lld_r%lld_ns%d_bs%d_t%d_%s", H, R, ns, bs, c->T,
+             ir_dtype_name(odt));
+    int kc = cg_kernel(c, cname, &is_new);
+    if (kc < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// mla_attention: merge of the sequence splits (codegen/mla_attention.c, "
+                      "cg_emit_mla_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
+                      "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
+                      "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
+                      "    typedef %s TO;\n"
+                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d;\n",
+                      cname, cg_ctype(odt), cg_ctype(odt), H, R, bs, ns);
+        cg_buf_printf(&c->src, "%s}\n\n", COMBINE_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
+    s->kernel = kc;
+    s->grid[0] = (unsigned)c->T;
+    s->grid[1] = (unsigned)H;
+    s->block[0] = 128;
+    s->n_args = 6;
+    s->args[0] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[1] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[2] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[3] = cg_arg_scratch(off_ml);
+    s->args[4] = cg_arg_scratch(off_o);
+    s->args[5] = cg_arg_act(op->out[0]);
     return MOEC_OK;
 }

@@ -414,7 +414,8 @@ static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v)
     upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
 }
 
-static void launch_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib)
+/* Launches every step of c (reps times each, for timing); synchronizes. */
+static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps)
 {
     for (int i = 0; i < c->n_steps; i++) {
         const rt_step *s = &c->steps[i];
@@ -452,10 +453,16 @@ static void launch_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib)
             }
         }
         dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
-        CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, 0));
+        for (int r = 0; r < reps; r++)
+            CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, 0));
         CK(cudaGetLastError());
     }
     CK(cudaDeviceSynchronize());
+}
+
+static void launch_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib)
+{
+    launch_steps_n(b, c, lib, 1);
 }
 
 /* With MOEC_KERN_BENCH set: the mean time of each step over 20 launches. */
@@ -474,8 +481,7 @@ static void bench_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const ch
         one.n_steps = 1;
         launch_steps(b, &one, lib);
         CK(cudaEventRecord(e0, 0));
-        for (int r = 0; r < 20; r++)
-            launch_steps(b, &one, lib);
+        launch_steps_n(b, &one, lib, 20);
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float ms = 0;

@@ -85,8 +85,19 @@ static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c
 static void check_steps(const ir_module *m, const cg_ctx *c)
 {
     int want = 1; /* argmax */
-    for (int k = 0; k < m->n_ops; k++)
-        want += km_steps_of(m->ops[k]);
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        int n = 0;
+        for (int i = 0; i < c->n_steps; i++)
+            n += c->steps[i].op_id == op->id;
+        if (op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION) {
+            /* cache write, attention, and the merge when the sequence is split */
+            T_CHECK(n == 2 || n == 3);
+            want += n;
+        } else {
+            want += km_steps_of(op);
+        }
+    }
     T_CHECK(c->n_steps == want);
     for (int i = 0; i < c->n_steps; i++) {
         const rt_step *s = &c->steps[i];
@@ -248,7 +259,20 @@ static void run_module(const ir_module *m, const cg_options *o,
 
 /* ---- the real model shapes ----------------------------------------------- */
 
-static size_t al16(size_t n) { return (n + 15) / 16 * 16; }
+/* cg_scratch's arithmetic: reserve n bytes at the next 16-byte boundary. */
+static size_t reserve(size_t *top, size_t n)
+{
+    size_t off = (*top + 15) / 16 * 16;
+    *top = off + n;
+    return off;
+}
+
+/* Splits of the sequence for a bucket of `blocks` blocks: enough for 264. */
+static int splits(int blocks)
+{
+    int ns = (264 + blocks - 1) / blocks;
+    return ns > 64 ? 64 : ns;
+}
 
 /* DeepSeek-V2-Lite: MLA 16 heads r 512 dr 64, 64 experts top-6, H 2048, I 1408. */
 static void check_v2lite(const ir_module *m, const cg_ctx *c)
@@ -260,9 +284,19 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         const rt_step *w = &c->steps[a], *s = &c->steps[a + 1];
         T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 8 && w->args[6].kind == RT_ARG_KV &&
                 w->args[6].i == 0 && w->args[7].i == 1);
-        /* every head of a token in one block: the cache rows are read once */
-        T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == 1 && s->block[0] == 256);
+        /* every head of a token in one block: the cache rows are read once;
+           the sequence split to fill the GPU */
+        int ns = splits(T);
+        T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == 1 && s->grid[2] == (unsigned)ns &&
+                s->block[0] == 256);
         T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_h16_r512_dr64_hb16") != NULL);
+        T_CHECK(s->n_args == (ns > 1 ? 13 : 11));
+        if (ns > 1) {
+            const rt_step *cb = s + 1;
+            T_CHECK(strstr(c->kernel_names[cb->kernel], "mla_combine_h16_r512") != NULL);
+            T_CHECK(cb->grid[0] == (unsigned)T && cb->grid[1] == 16 && cb->n_args == 6);
+            T_CHECK(cb->args[3].i == s->args[11].i && cb->args[4].i == s->args[12].i);
+        }
         T_CHECK(s->args[5].kind == RT_ARG_CONFIG && s->args[5].index == RT_CONFIG_MAX_BLOCKS);
         T_CHECK(s->args[9].kind == RT_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
     }
@@ -285,11 +319,20 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == 1408 / 32 && gu->block[0] == 256);
     T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == 2048 / 64);
     T_CHECK(sm->grid[0] == (unsigned)T && sm->grid[1] == 2);
-    /* scratch: sorted slots, block experts, used count, h [T*K, I], y [T*K, H] */
-    size_t want_scratch = al16(al16(al16(al16((size_t)nb * bm * 4) + (size_t)nb * 4) + 4) +
-                               (size_t)n * 1408 * 4) +
-                          (size_t)n * 2048 * 4;
-    T_CHECK(c->scratch_bytes == want_scratch);
+    /* scratch: the attention splits' (m, l) and outputs; sorted slots,
+       block experts, used count, h [T*K, I], y [T*K, H] */
+    size_t top = 0;
+    int ns = splits(T);
+    if (ns > 1) {
+        reserve(&top, (size_t)T * 16 * ns * 2 * 4);
+        reserve(&top, (size_t)T * 16 * ns * 512 * 4);
+    }
+    T_CHECK(al->args[1].i == (int64_t)reserve(&top, (size_t)nb * bm * 4));
+    T_CHECK(al->args[2].i == (int64_t)reserve(&top, (size_t)nb * 4));
+    T_CHECK(al->args[3].i == (int64_t)reserve(&top, 4));
+    T_CHECK(gu->args[6].i == (int64_t)reserve(&top, (size_t)n * 1408 * 4));
+    T_CHECK(sm->args[0].i == (int64_t)reserve(&top, (size_t)n * 2048 * 4));
+    T_CHECK(c->scratch_bytes == top);
     T_CHECK(gu->args[1].kind == RT_ARG_WEIGHT && gu->args[2].index == gu->args[1].index);
     T_CHECK(dn->args[5].kind == RT_ARG_ACT && dn->args[6].kind == RT_ARG_F32 &&
             dn->args[6].f == 1.0);
@@ -323,8 +366,9 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
     if (a >= 0) {
         const rt_step *w = &c->steps[a], *s = &c->steps[a + 1];
         T_CHECK(w->grid[0] == (unsigned)c->T && w->args[0].kind == RT_ARG_ACT);
-        /* a block per (token, kv head): the 8 heads of a group share its reads */
-        T_CHECK(s->grid[0] == (unsigned)c->T && s->grid[1] == 4 && s->grid[2] == 1);
+        /* a block per (token, kv head, split): the 8 heads of a group share its reads */
+        T_CHECK(s->grid[0] == (unsigned)c->T && s->grid[1] == 4 &&
+                s->grid[2] == (unsigned)splits(c->T * 4));
         T_CHECK(strstr(c->kernel_names[s->kernel], "attn_h32_hkv4_dk128_dv128_gb8") != NULL);
         T_CHECK(s->args[1].kind == RT_ARG_INPUT && s->args[1].index == RT_INPUT_POSITIONS);
         T_CHECK(s->args[2].kind == RT_ARG_INPUT && s->args[2].index == RT_INPUT_SLOTS);
