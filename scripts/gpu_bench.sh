@@ -6,6 +6,8 @@
 # (bench/torch_ref.py) on the same weights, batch sizes and context, and
 # leaves every log and the JSON lines in $OUT/bench.tar.gz.
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
+# TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped;
+# eager-loop, the per-expert loop transformers runs, takes minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${1:-tests/data/configs/deepseek_v2_lite.json}
@@ -35,6 +37,7 @@ build-gpu/moec bench "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" --js
   >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
+    --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
     >"$LOGS/torch.jsonl" 2>"$LOGS/torch.table" || tail -20 "$LOGS/torch.table"
 fi
 finish 0
