@@ -46,9 +46,11 @@ static int expert_weight(const ir_module *m, const ir_value *w)
     return 0;
 }
 
-/* The bytes one decode step of B sequences at `context` reads, given the
- * experts the last timed step selected (read back from the arena). */
-static moec_status step_bytes(const moec_cuda_model *g, int B, int context, moec_bench_row *row)
+/* The bytes one decode step of B sequences at `context` reads: the
+ * experts each MoE layer selects are read back from a step run as far as
+ * that layer's expert op (later in the step the plan reuses their memory). */
+static moec_status step_bytes(const moec_cuda_model *g, int B, int context, const int32_t *tok,
+                              const int32_t *pos, const int32_t *slot, moec_bench_row *row)
 {
     const ir_module *m = g->fused;
     ir_dtype dt = g->plan->compute_dtype;
@@ -76,9 +78,10 @@ static moec_status step_bytes(const moec_cuda_model *g, int B, int context, moec
         int E = (int)op->in[op->n_in - 1]->type.dims[0], K = (int)ids->type.dims[1];
         int32_t *buf = malloc((size_t)B * (size_t)K * sizeof *buf);
         char *hit = calloc((size_t)E, 1);
-        moec_status st = buf && hit ? rt_cuda_read_value(g->cuda, B, ids, buf,
-                                                         (size_t)B * (size_t)K * sizeof *buf)
+        moec_status st = buf && hit ? rt_cuda_run_until(g->cuda, B, tok, pos, slot, op->id)
                                     : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+        if (st == MOEC_OK)
+            st = rt_cuda_read_value(g->cuda, B, ids, buf, (size_t)B * (size_t)K * sizeof *buf);
         int n_hit = 0;
         for (int k = 0; st == MOEC_OK && k < B * K; k++)
             if (buf[k] >= 0 && buf[k] < E && !hit[buf[k]]) {
@@ -147,7 +150,7 @@ moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
         float ms = 0;
         st = rt_cuda_time_steps(g.cuda, B, tok, pos, slot, o->warmup, o->steps, &ms);
         if (st == MOEC_OK)
-            st = step_bytes(&g, B, o->context, row);
+            st = step_bytes(&g, B, o->context, tok, pos, slot, row);
         if (st != MOEC_OK)
             break;
         row->batch = B;

@@ -93,6 +93,12 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
 }
 
+moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                              const int32_t *slots, int stop_op)
+{
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
+}
+
 moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, size_t cap)
 {
     return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
@@ -1113,11 +1119,13 @@ static moec_status check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
 }
 
 /* Launches every step of a bucket. */
-static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb)
+/* Runs the bucket's steps in order, those of ops before op `stop_op` only
+ * (all of them when stop_op is -1). */
+static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int stop_op)
 {
     const rt_bucket *b = cb->b;
     char where[512];
-    for (int i = 0; i < b->n_steps; i++) {
+    for (int i = 0; i < b->n_steps && (stop_op < 0 || b->steps[i].op_id < stop_op); i++) {
         const rt_step *s = &b->steps[i];
         rt_cuda_launch *L = &cb->launches[i];
         cudaStream_t stream = c->stream[s->stream];
@@ -1201,11 +1209,11 @@ static moec_status write_inputs(rt_cuda *c, int n, const int32_t *tokens, const 
 /* Runs one step of bucket cb on the inputs already written. Stream 1 starts
  * after what stream 0 did before and ends before what it does next,
  * whatever forks and joins the plan has. */
-static moec_status launch_step(rt_cuda *c, rt_cuda_bucket *cb, const char *where)
+static moec_status launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, const char *where)
 {
     MOEC_TRY(CK(cudaEventRecord(c->head, c->stream[0]), where));
     MOEC_TRY(CK(cudaStreamWaitEvent(c->stream[1], c->head, 0), where));
-    MOEC_TRY(run_steps(c, cb));
+    MOEC_TRY(run_steps(c, cb, stop_op));
     MOEC_TRY(CK(cudaEventRecord(c->tail, c->stream[1]), where));
     return CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);
 }
@@ -1231,7 +1239,7 @@ moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t
     snprintf(where, sizeof where, "step of %d tokens (bucket T=%d)", n, cb->b->T);
     MOEC_TRY(CK(cudaSetDevice(c->device), where));
     MOEC_TRY(write_inputs(c, n, tokens, positions, slots, where));
-    MOEC_TRY(launch_step(c, cb, where));
+    MOEC_TRY(launch_step(c, cb, -1, where));
     cudaStream_t s0 = c->stream[0];
     if (logits_out)
         MOEC_TRY(CK(cudaMemcpyAsync(logits_out, cb->logits,
@@ -1263,7 +1271,7 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     MOEC_TRY(CK(cudaSetDevice(c->device), where));
     MOEC_TRY(write_inputs(c, n, tokens, positions, slots, where));
     for (int i = 0; i < warmup; i++)
-        MOEC_TRY(launch_step(c, cb, where));
+        MOEC_TRY(launch_step(c, cb, -1, where));
     cudaEvent_t *ev = calloc((size_t)iters + 1, sizeof *ev);
     float *ms = calloc((size_t)iters, sizeof *ms);
     moec_status st = ev && ms ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
@@ -1273,7 +1281,7 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     for (int i = 0; st == MOEC_OK && i < iters; i++) {
         st = CK(cudaEventRecord(ev[i], c->stream[0]), where);
         if (st == MOEC_OK)
-            st = launch_step(c, cb, where);
+            st = launch_step(c, cb, -1, where);
     }
     if (st == MOEC_OK)
         st = CK(cudaEventRecord(ev[iters], c->stream[0]), where);
@@ -1290,6 +1298,21 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     free(ev);
     free(ms);
     return st;
+}
+
+moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                              const int32_t *slots, int stop_op)
+{
+    if (!c || !tokens || !positions || !slots || stop_op < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_run_until: bad argument");
+    MOEC_TRY(check_inputs(c, n, tokens, positions, slots));
+    rt_cuda_bucket *cb = bucket_for(c, n);
+    char where[128];
+    snprintf(where, sizeof where, "partial step of %d tokens up to op %d", n, stop_op);
+    MOEC_TRY(CK(cudaSetDevice(c->device), where));
+    MOEC_TRY(write_inputs(c, n, tokens, positions, slots, where));
+    MOEC_TRY(launch_step(c, cb, stop_op, where));
+    return sync_stream0(c, where);
 }
 
 moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, size_t cap)

@@ -47,9 +47,14 @@ moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t
  * median step time. The arena keeps the last step's values. */
 moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                                const int32_t *slots, int warmup, int iters, float *median_ms);
+/* Runs a step of n tokens only as far as the steps of ops before op id
+ * stop_op, and waits for it: the values live at that point (which the
+ * memory plan may reuse later in the step) can then be read. */
+moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                              const int32_t *slots, int stop_op);
 /* Copies the first n rows of activation v (of the plan's module) as the
- * last step of the bucket holding n tokens left it, in its storage dtype,
- * into dst (cap bytes). */
+ * last (partial) step of the bucket holding n tokens left it, in its
+ * storage dtype, into dst (cap bytes). */
 moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, size_t cap);
 /* Device-to-device copy bandwidth of device 0, counting bytes read plus
  * bytes written, over a buffer of `bytes` (median of iters copies). */

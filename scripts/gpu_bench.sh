@@ -40,4 +40,26 @@ if [ -f bench/torch_ref.py ]; then
     --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
     >"$LOGS/torch.jsonl" 2>"$LOGS/torch.table" || tail -20 "$LOGS/torch.table"
 fi
+python3 - "$LOGS" >"$LOGS/summary.table" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+rows = {}
+for name in ("moec.jsonl", "torch.jsonl"):
+    p = os.path.join(d, name)
+    if os.path.exists(p):
+        for line in open(p):
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.setdefault(r["batch"], {})[r["impl"] + ":" + r["mode"]] = r
+cols = sorted({k for r in rows.values() for k in r})
+print("ms per decode step")
+print("batch " + " ".join(f"{c:>20}" for c in cols) + "  floor_ms moec/floor")
+for b in sorted(rows):
+    r = rows[b]
+    fl = r.get("moec:eager", {}).get("floor_ms")
+    line = f"{b:5d} " + " ".join(f"{r[c]['ms']:20.3f}" if c in r else f"{'-':>20}" for c in cols)
+    if fl:
+        line += f"  {fl:8.3f} {r['moec:eager']['ms'] / fl:10.2f}"
+    print(line)
+PY
 finish 0
