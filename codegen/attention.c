@@ -1,12 +1,14 @@
 /* attention.c — GQA attention over the paged KV cache (docs/IR.md,
  * attention; docs/CUDA.md, KV cache). q, k, v arrive normed and rotated.
- * Two kernels: the cache write of this step's k and v rows (padding tokens,
+ * Kernels: the cache write of this step's k and v rows (padding tokens,
  * slot -1, write nothing), then attention of each token over its cached
  * positions (causal p <= pos, optional window) with an online softmax in
  * fp32. One block per (token, kv head, group of query heads): the heads of
  * a GQA group share every k and v row the block reads. Warps take tiles of
  * 32 positions (one per lane for the scores, then all lanes over the value
- * channels) and merge their partial softmax states at the end. */
+ * channels) and merge their partial softmax states at the end. When the
+ * bucket has too few blocks to fill the GPU (decode), the sequence is also
+ * split over blocks, and a third kernel merges the splits' partial states. */
 #include <stdio.h>
 
 #include "codegen/cg.h"
@@ -206,12 +208,24 @@ static const char COMBINE_BODY[] =
     "            inv_s = 1.0f / l;\n"
     "    }\n"
     "    __syncthreads();\n"
-    "    for (int c = threadIdx.x; c < D; c += blockDim.x) {\n"
-    "        float a = 0.0f;\n"
-    "        for (int z = 0; z < NSPLIT; z++)\n"
-    "            if (w_s[z] != 0.0f)\n"
-    "                a += part_o[(part + z) * D + c] * w_s[z];\n"
-    "        st(o + c, a * inv_s);\n"
+    "    /* every split wrote its output (zeros when it had no positions) */\n"
+    "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
+    "        float a[CV];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < CV; j++)\n"
+    "            a[j] = 0.0f;\n"
+    "#pragma unroll 8\n"
+    "        for (int z = 0; z < NSPLIT; z++) {\n"
+    "            float v[CV];\n"
+    "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < CV; j++)\n"
+    "                a[j] += v[j] * w_s[z];\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < CV; j++)\n"
+    "            a[j] *= inv_s;\n"
+    "        stv<CV>(o + c, a);\n"
     "    }\n";
 
 /* The widest of 8, 4, 2, 1 elements that divides n. */
@@ -388,8 +402,8 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
                       "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
                       "    typedef %s TO;\n"
-                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d;\n",
-                      cname, cg_ctype(odt), cg_ctype(odt), H, DV, bs, ns);
+                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
+                      cname, cg_ctype(odt), cg_ctype(odt), H, DV, bs, ns, DV % 4 ? 1 : 4);
         cg_buf_printf(&c->src, "%s}\n\n", COMBINE_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);

@@ -1,13 +1,17 @@
 /* mla_attention.c — MLA decode attention over the compressed paged cache
  * (docs/IR.md, mla_attention): the cache holds only kv_c [r] and k_pe [dr]
  * per position; logits are scale * (q_c . kv_c[p] + q_pe . k_pe[p]) and the
- * values are kv_c[p] itself. Two kernels: the cache write of this step's
- * rows (none for padding tokens), then attention. Every head of a token
- * reads the same cache rows, so one block takes one token and a group of
- * heads: each tile of positions is read from the cache once into shared
- * memory and serves all the block's heads, first for the scores (one thread
- * per (head, position)), then for the output (each thread owns a few heads
- * by a few channels), with an online softmax in fp32 in between. */
+ * values are kv_c[p] itself. Kernels: the cache write of this step's rows
+ * (none for padding tokens), then attention. Every head of a token reads the
+ * same cache rows, so one block takes one token and a group of heads: each
+ * tile of positions is read from the cache once into shared memory and
+ * serves all the block's heads, with an online softmax in fp32. In bf16 with
+ * heads in sixteens the products run on tensor cores (16 heads per block,
+ * tiles double-buffered with cp.async); otherwise on CUDA cores (one thread
+ * per (head, position) for the scores, each thread a few heads by a few
+ * channels for the output). When the bucket has too few blocks to fill the
+ * GPU (decode), the sequence is split over blocks too, and a third kernel
+ * merges the splits. */
 #include <stdio.h>
 
 #include "codegen/cg.h"
@@ -17,6 +21,9 @@
 #define MLA_SMEM_MAX (46 * 1024)
 /* Blocks that keep an H100's 132 SMs busy, and the most splits of a sequence. */
 #define MLA_TARGET_BLOCKS 264
+/* The tensor-core kernel: warps, and positions per tile. */
+#define MMA_WARPS 8
+#define MMA_PT 32
 #define MLA_MAX_SPLITS 64
 
 static const char WRITE_BODY[] =
@@ -209,12 +216,212 @@ static const char COMBINE_BODY[] =
     "            inv_s = 1.0f / l;\n"
     "    }\n"
     "    __syncthreads();\n"
-    "    for (int c = threadIdx.x; c < D; c += blockDim.x) {\n"
-    "        float a = 0.0f;\n"
-    "        for (int z = 0; z < NSPLIT; z++)\n"
-    "            if (w_s[z] != 0.0f)\n"
-    "                a += part_o[(part + z) * D + c] * w_s[z];\n"
-    "        st(o + c, a * inv_s);\n"
+    "    /* every split wrote its output (zeros when it had no positions) */\n"
+    "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
+    "        float a[CV];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < CV; j++)\n"
+    "            a[j] = 0.0f;\n"
+    "#pragma unroll 8\n"
+    "        for (int z = 0; z < NSPLIT; z++) {\n"
+    "            float v[CV];\n"
+    "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < CV; j++)\n"
+    "                a[j] += v[j] * w_s[z];\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < CV; j++)\n"
+    "            a[j] *= inv_s;\n"
+    "        stv<CV>(o + c, a);\n"
+    "    }\n";
+
+/* The tensor-core form (bf16, 16 heads per block, m16n8k16 MMAs with fp32
+ * accumulation): tiles of PT positions double-buffered in shared memory by
+ * cp.async; S = Q K^T for the 16 heads (one 8-position MMA column per warp),
+ * the online softmax on S (P rounded to bf16 for the second product, l summed
+ * from the rounded P), then O += P V with each warp owning R / 8 channels. */
+static const char MMA_HELPERS[] =
+    "#ifndef MOEC_MLA_MMA_HELPERS\n"
+    "#define MOEC_MLA_MMA_HELPERS\n"
+    "__device__ __forceinline__ void mla_cp16(void *smem, const void *gmem)\n"
+    "{\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);\n"
+    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\\n\" ::\"r\"(a), \"l\"(gmem));\n"
+    "}\n"
+    "__device__ __forceinline__ void mla_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::); }\n"
+    "template <int N> __device__ __forceinline__ void mla_cp_wait()\n"
+    "{\n"
+    "    asm volatile(\"cp.async.wait_group %0;\\n\" ::\"n\"(N));\n"
+    "}\n"
+    "__device__ __forceinline__ void mla_mma(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,\n"
+    "                                        unsigned b0, unsigned b1)\n"
+    "{\n"
+    "    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, \"\n"
+    "                 \"{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\\n\"\n"
+    "                 : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+    "                 : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned mla_ld32(const __nv_bfloat16 *p)\n"
+    "{\n"
+    "    return *reinterpret_cast<const unsigned *>(p);\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned mla_pack(__nv_bfloat16 lo, __nv_bfloat16 hi)\n"
+    "{\n"
+    "    return (unsigned)__bfloat16_as_ushort(lo) | ((unsigned)__bfloat16_as_ushort(hi) << 16);\n"
+    "}\n"
+    "#endif\n\n";
+
+static const char MMA_BODY[] =
+    "    constexpr int RS = R + DR, LD = RS + 8, PLD = PT + 8, SLD = PT + 4, CW = R / NW, NTN = CW / 8;\n"
+    "    struct Smem {\n"
+    "        __nv_bfloat16 q[16][LD];\n"
+    "        __nv_bfloat16 kv[2][PT][LD];\n"
+    "        float s[16][SLD];\n"
+    "        __nv_bfloat16 p[16][PLD];\n"
+    "        float m[16], l[16], alpha[16];\n"
+    "    };\n"
+    "    static_assert(sizeof(Smem) == SMEM, \"shared memory layout\");\n"
+    "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
+    "    Smem &sm = *reinterpret_cast<Smem *>(smem_raw);\n"
+    "    const int t = blockIdx.x, h0 = blockIdx.y * 16;\n"
+    "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    TO *o = out + ((long long)t * H + h0) * R;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        if constexpr (NSPLIT == 1)\n"
+    "            for (int i = tid; i < 16 * R; i += NT)\n"
+    "                st(o + i, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
+    "    const int n_tiles = (p - lo + PT) / PT;\n"
+    "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = blockIdx.z * per;\n"
+    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
+    "    const int *bt = block_table + (long long)s * max_blocks;\n"
+    "    for (int i = tid; i < 16 * (RS / 8); i += NT) {\n"
+    "        const int r = i / (RS / 8), j = (i % (RS / 8)) * 8;\n"
+    "        const long long qr = (long long)t * H + h0 + r;\n"
+    "        if (j < R)\n"
+    "            mla_cp16(&sm.q[r][j], q_c + qr * R + j);\n"
+    "        else\n"
+    "            mla_cp16(&sm.q[r][j], q_pe + qr * DR + (j - R));\n"
+    "    }\n"
+    "    if (tid < 16) {\n"
+    "        sm.m[tid] = MOEC_NEG_INF;\n"
+    "        sm.l[tid] = 0.0f;\n"
+    "    }\n"
+    "    /* rows past the token's position are zeros: P is 0 there, and 0 * stale could be NaN */\n"
+    "    auto load_tile = [&](int tile, int buf) {\n"
+    "        const int p0 = lo + tile * PT;\n"
+    "        for (int i = tid; i < PT * (RS / 8); i += NT) {\n"
+    "            const int r = i / (RS / 8), j = (i % (RS / 8)) * 8, pp = p0 + r;\n"
+    "            if (pp > p) {\n"
+    "                *reinterpret_cast<uint4 *>(&sm.kv[buf][r][j]) = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                continue;\n"
+    "            }\n"
+    "            const long long row = (long long)bt[pp / BS] * BS + pp % BS;\n"
+    "            if (j < R)\n"
+    "                mla_cp16(&sm.kv[buf][r][j], kvpool + row * R + j);\n"
+    "            else\n"
+    "                mla_cp16(&sm.kv[buf][r][j], pepool + row * DR + (j - R));\n"
+    "        }\n"
+    "    };\n"
+    "    float acc[NTN][4];\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < NTN; n++)\n"
+    "        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;\n"
+    "    if (first < last)\n"
+    "        load_tile(first, 0);\n"
+    "    mla_cp_commit();\n"
+    "    for (int tile = first; tile < last; tile++) {\n"
+    "        const int buf = (tile - first) & 1;\n"
+    "        if (tile + 1 < last)\n"
+    "            load_tile(tile + 1, buf ^ 1);\n"
+    "        mla_cp_commit();\n"
+    "        mla_cp_wait<1>();\n"
+    "        __syncthreads();\n"
+    "        const int p0 = lo + tile * PT;\n"
+    "        const int nv = p - p0 + 1 < PT ? p - p0 + 1 : PT;\n"
+    "        if (warp < PT / 8) {\n"
+    "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "            const int n0 = warp * 8;\n"
+    "#pragma unroll 4\n"
+    "            for (int k0 = 0; k0 < RS; k0 += 16)\n"
+    "                mla_mma(c, mla_ld32(&sm.q[g][k0 + 2 * tq]), mla_ld32(&sm.q[g + 8][k0 + 2 * tq]),\n"
+    "                        mla_ld32(&sm.q[g][k0 + 8 + 2 * tq]), mla_ld32(&sm.q[g + 8][k0 + 8 + 2 * tq]),\n"
+    "                        mla_ld32(&sm.kv[buf][n0 + g][k0 + 2 * tq]),\n"
+    "                        mla_ld32(&sm.kv[buf][n0 + g][k0 + 8 + 2 * tq]));\n"
+    "            const int col = n0 + 2 * tq;\n"
+    "            sm.s[g][col] = col < nv ? c[0] * scale : MOEC_NEG_INF;\n"
+    "            sm.s[g][col + 1] = col + 1 < nv ? c[1] * scale : MOEC_NEG_INF;\n"
+    "            sm.s[g + 8][col] = col < nv ? c[2] * scale : MOEC_NEG_INF;\n"
+    "            sm.s[g + 8][col + 1] = col + 1 < nv ? c[3] * scale : MOEC_NEG_INF;\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        for (int r = warp; r < 16; r += NW) {\n"
+    "            const float v = lane < PT ? sm.s[r][lane] : MOEC_NEG_INF;\n"
+    "            const float mold = sm.m[r];\n"
+    "            const float mnew = fmaxf(mold, warp_max(v));\n"
+    "            const __nv_bfloat16 pb = __float2bfloat16(lane < nv ? expf(v - mnew) : 0.0f);\n"
+    "            const float lsum = warp_sum(__bfloat162float(pb));\n"
+    "            if (lane < PT)\n"
+    "                sm.p[r][lane] = pb;\n"
+    "            if (lane == 0) {\n"
+    "                const float al = expf(mold - mnew);\n"
+    "                sm.alpha[r] = al;\n"
+    "                sm.l[r] = sm.l[r] * al + lsum;\n"
+    "                sm.m[r] = mnew;\n"
+    "            }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];\n"
+    "#pragma unroll\n"
+    "        for (int n = 0; n < NTN; n++) {\n"
+    "            acc[n][0] *= a_lo;\n"
+    "            acc[n][1] *= a_lo;\n"
+    "            acc[n][2] *= a_hi;\n"
+    "            acc[n][3] *= a_hi;\n"
+    "        }\n"
+    "        const int cb = warp * CW + g;\n"
+    "#pragma unroll\n"
+    "        for (int kk = 0; kk < PT; kk += 16) {\n"
+    "            const unsigned a0 = mla_ld32(&sm.p[g][kk + 2 * tq]), a1 = mla_ld32(&sm.p[g + 8][kk + 2 * tq]);\n"
+    "            const unsigned a2 = mla_ld32(&sm.p[g][kk + 8 + 2 * tq]);\n"
+    "            const unsigned a3 = mla_ld32(&sm.p[g + 8][kk + 8 + 2 * tq]);\n"
+    "#pragma unroll\n"
+    "            for (int n = 0; n < NTN; n++) {\n"
+    "                const int ch = cb + n * 8;\n"
+    "                const unsigned b0 = mla_pack(sm.kv[buf][kk + 2 * tq][ch], sm.kv[buf][kk + 2 * tq + 1][ch]);\n"
+    "                const unsigned b1 = mla_pack(sm.kv[buf][kk + 8 + 2 * tq][ch], sm.kv[buf][kk + 9 + 2 * tq][ch]);\n"
+    "                mla_mma(acc[n], a0, a1, a2, a3, b0, b1);\n"
+    "            }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "    }\n"
+    "    mla_cp_wait<0>();\n"
+    "    __syncthreads();\n"
+    "    const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
+    "    if constexpr (NSPLIT > 1) {\n"
+    "        if (tid < 16) {\n"
+    "            part_ml[(part + (long long)tid * NSPLIT) * 2] = sm.m[tid];\n"
+    "            part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = sm.l[tid];\n"
+    "        }\n"
+    "    }\n"
+    "    const float l_lo = sm.l[g], l_hi = sm.l[g + 8];\n"
+    "#pragma unroll\n"
+    "    for (int n = 0; n < NTN; n++) {\n"
+    "        const int ch = warp * CW + n * 8 + 2 * tq;\n"
+    "        if constexpr (NSPLIT > 1) {\n"
+    "            *reinterpret_cast<float2 *>(part_o + (part + (long long)g * NSPLIT) * R + ch) =\n"
+    "                make_float2(acc[n][0], acc[n][1]);\n"
+    "            *reinterpret_cast<float2 *>(part_o + (part + (long long)(g + 8) * NSPLIT) * R + ch) =\n"
+    "                make_float2(acc[n][2], acc[n][3]);\n"
+    "        } else {\n"
+    "            float y0[2] = {acc[n][0] / l_lo, acc[n][1] / l_lo}, y1[2] = {acc[n][2] / l_hi, acc[n][3] / l_hi};\n"
+    "            stv<2>(o + (long long)g * R + ch, y0);\n"
+    "            stv<2>(o + (long long)(g + 8) * R + ch, y1);\n"
+    "        }\n"
     "    }\n";
 
 static int vec_of(long long n)
@@ -297,6 +504,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "mla_attention %%%s: r %lld needs more accumulators than registers hold", who,
                         R);
+    /* bf16 with heads in sixteens: the tensor-core kernel */
+    int mma = dt == IR_DTYPE_BF16 && qdt == IR_DTYPE_BF16 && pdt == IR_DTYPE_BF16 && H % 16 == 0 &&
+              R % (8 * MMA_WARPS) == 0 && DR % 8 == 0 && RS % 16 == 0;
+    if (mma)
+        hb = 16;
     /* split the sequence when the bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * (H / hb);
     int ns = (int)((MLA_TARGET_BLOCKS + blocks - 1) / blocks);
@@ -350,12 +562,39 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     else
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
-    snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_bs%d_t%d_%s", H,
-             R, DR, hb, pt, hs, ns, bs, c->T, tag);
+    long long ld = RS + 8, smem = 0;
+    if (mma) {
+        /* the Smem struct of MMA_BODY: q, two kv tiles, scores, P, m, l, alpha */
+        smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + 16LL * (MMA_PT + 4) * 4 +
+               16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4;
+        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_bs%d_t%d_%s", H, R,
+                 DR, MMA_PT, ns, bs, c->T, tag);
+    } else {
+        snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_bs%d_t%d_%s",
+                 H, R, DR, hb, pt, hs, ns, bs, c->T, tag);
+    }
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    if (is_new) {
+    const char *params = ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "";
+    if (is_new && mma) {
+        cg_buf_printf(&c->src, "%s", MMA_HELPERS);
+        cg_buf_printf(&c->src,
+                      "// mla_attention: attention over the compressed cache on tensor cores, one "
+                      "block per token and 16 heads (codegen/mla_attention.c, "
+                      "cg_emit_mla_attention)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
+                      "*__restrict__ q_c, const __nv_bfloat16 *__restrict__ q_pe, const int "
+                      "*__restrict__ pos, const int *__restrict__ slots, const int *__restrict__ "
+                      "block_table, int max_blocks, const __nv_bfloat16 *__restrict__ kvpool, const "
+                      "__nv_bfloat16 *__restrict__ pepool, %s *__restrict__ out, float scale, int "
+                      "window%s)\n{\n"
+                      "    typedef %s TO;\n"
+                      "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
+                      "%d, NSPLIT = %d, SMEM = %lld;\n",
+                      MMA_WARPS * 32, aname, cg_ctype(odt), params, cg_ctype(odt), H, R, DR, MMA_PT,
+                      MMA_WARPS, bs, MMA_WARPS * 32, ns, smem);
+    } else if (is_new) {
         cg_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
                       "and head group (codegen/mla_attention.c, cg_emit_mla_attention)\n"
@@ -367,14 +606,15 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, HB = %d, PT = %d, HS = %d, "
                       "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d, NSPLIT = %d;\n",
-                      MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), ts, ts, cg_ctype(odt),
-                      ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "",
+                      MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), ts, ts, cg_ctype(odt), params,
                       cg_ctype(qdt), ts, cg_ctype(odt), H, R, DR, hb, pt, hs, cs, ve, qld, ldk, bs,
                       MLA_THREADS, ns);
+    }
+    if (is_new) {
         if (ns == 1)
             cg_buf_printf(&c->src, "    float *part_ml = nullptr, *part_o = nullptr;\n"
                                    "    (void)part_ml;\n    (void)part_o;\n");
-        cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
+        cg_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);
     if (!s)
@@ -383,7 +623,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)(H / hb);
     s->grid[2] = (unsigned)ns;
-    s->block[0] = MLA_THREADS;
+    s->block[0] = mma ? MMA_WARPS * 32 : MLA_THREADS;
+    s->smem = (unsigned)smem;
     s->n_args = ns > 1 ? 13 : 11;
     s->args[0] = cg_arg_act(qc);
     s->args[1] = cg_arg_act(qpe);
@@ -418,8 +659,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
                       "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
                       "    typedef %s TO;\n"
-                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d;\n",
-                      cname, cg_ctype(odt), cg_ctype(odt), H, R, bs, ns);
+                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
+                      cname, cg_ctype(odt), cg_ctype(odt), H, R, bs, ns, R % 4 ? 1 : 4);
         cg_buf_printf(&c->src, "%s}\n\n", COMBINE_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);

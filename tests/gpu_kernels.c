@@ -452,6 +452,9 @@ static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int r
                 exit(1);
             }
         }
+        if (s->smem > 48 * 1024)
+            CK(cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)s->smem, 0));
         dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
         for (int r = 0; r < reps; r++)
             CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, 0));
@@ -1048,6 +1051,9 @@ static const km_spec ODD_ROUTED = {.name = "odd_routed", .vocab = 97, .E = 5, .K
                                    .moe_scale = 0.25};
 static const km_spec Q3_ATTN = {.name = "qwen3_attn", .vocab = 97, .attn = KM_GQA, .H = 32,
                                 .HKV = 4, .DK = 128, .DV = 128, .attn_scale = 0.08838834764831845};
+/* one kv head per query head: T = 64 fills the GPU without a split */
+static const km_spec MHA_ATTN = {.name = "mha_attn", .vocab = 97, .attn = KM_GQA, .H = 8, .HKV = 8,
+                                 .DK = 64, .DV = 64, .attn_scale = 0.125};
 static const km_spec ODD_ATTN = {.name = "odd_attn", .vocab = 97, .attn = KM_GQA, .H = 6, .HKV = 2,
                                  .DK = 24, .DV = 40, .window = 5, .attn_scale = 0.2};
 static const km_spec V2_MLA = {.name = "v2lite_mla", .vocab = 97, .attn = KM_MLA, .H = 16, .R = 512,
@@ -1079,6 +1085,7 @@ int main(void)
     prog_add(&ODD_ROUTED, IR_DTYPE_F32, 64, ALL);
     prog_add(&Q3_ATTN, IR_DTYPE_BF16, 64, SHORT);
     prog_add(&Q3_ATTN, IR_DTYPE_F32, 64, SHORT);
+    prog_add(&MHA_ATTN, IR_DTYPE_BF16, 64, SHORT);
     prog_add(&ODD_ATTN, IR_DTYPE_BF16, 16, SHORT);
     prog_add(&ODD_ATTN, IR_DTYPE_F32, 16, SHORT);
     prog_add(&V2_MLA, IR_DTYPE_BF16, 64, SHORT);
@@ -1101,6 +1108,7 @@ int main(void)
 
     attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
     attn_case_interp(&Q3_ATTN, IR_DTYPE_F32, 64, 1);
+    attn_case_interp(&MHA_ATTN, IR_DTYPE_BF16, 64, 1);
     attn_case_interp(&ODD_ATTN, IR_DTYPE_BF16, 16, 0);
     attn_case_interp(&ODD_ATTN, IR_DTYPE_F32, 16, 0);
     attn_case_interp(&V2_MLA, IR_DTYPE_BF16, 64, 1);

@@ -151,7 +151,8 @@ static inline int km_is_heavy(const ir_op *op)
            op->kind == IR_OP_MOE_EXPERTS;
 }
 
-/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum). */
+/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum); the
+ * attention ops add a merge to their 2 when they split the sequence. */
 static inline int km_steps_of(const ir_op *op)
 {
     switch (op->kind) {
