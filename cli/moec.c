@@ -69,6 +69,8 @@ static const char *USAGE_RUN =
     "                         vocab_size per generated token; row 0 is the\n"
     "                         prompt's last position\n"
     "  --max-seq-len N        KV cache length (default: prompt + N)\n"
+    "  --arch ARCH            GPU target the kernels are compiled for (default\n"
+    "                         sm_90; the same as MOEC_ARCH=ARCH)\n"
     "  --ignore-eos           keep generating after the model's eos_token_id\n"
     "  -h, --help             this help\n";
 
@@ -88,6 +90,7 @@ static const char *USAGE_BENCH =
     "  --steps N            timed steps per batch size (default 100)\n"
     "  --warmup N           untimed steps first (default 10)\n"
     "  --json               one JSON object per batch size instead of a table\n"
+    "  --arch ARCH          GPU target (default sm_90; the same as MOEC_ARCH)\n"
     "  -h, --help           this help\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
@@ -265,7 +268,7 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             o->ignore_eos = 1;
         } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--max-new-tokens") ||
                    !strcmp(a, "--backend") || !strcmp(a, "--logits-out") ||
-                   !strcmp(a, "--max-seq-len")) {
+                   !strcmp(a, "--max-seq-len") || !strcmp(a, "--arch")) {
             if (!has_val)
                 return usage_error(USAGE_RUN, "%s needs a value", a);
             const char *v = argv[++i];
@@ -273,6 +276,11 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
                 o->ids_text = v;
             else if (!strcmp(a, "--logits-out"))
                 o->logits_path = v;
+            else if (!strcmp(a, "--arch")) {
+                if (strncmp(v, "sm_", 3) || strlen(v) > 10)
+                    return usage_error(USAGE_RUN, "--arch: '%s' is not a GPU arch like sm_90", v);
+                setenv("MOEC_ARCH", v, 1);
+            }
             else if (!strcmp(a, "--max-new-tokens")) {
                 if (parse_int(v, 1, 1 << 24, &o->max_new))
                     return usage_error(USAGE_RUN, "--max-new-tokens: '%s' is not an integer >= 1", v);
@@ -406,6 +414,10 @@ static int cmd_bench(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--arch")) {
+            if (i + 1 == argc || strncmp(argv[i + 1], "sm_", 3) || strlen(argv[i + 1]) > 10)
+                return usage_error(USAGE_BENCH, "%s", "--arch needs a GPU arch like sm_90");
+            setenv("MOEC_ARCH", argv[++i], 1);
         } else if (!strcmp(a, "--batch-sizes") || !strcmp(a, "--context") ||
                    !strcmp(a, "--steps") || !strcmp(a, "--warmup")) {
             if (i + 1 == argc)

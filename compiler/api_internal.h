@@ -20,7 +20,8 @@ typedef struct moec_cuda_model {
     rt_cuda *cuda;
 } moec_cuda_model;
 
-/* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. */
+/* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. The
+ * target arch is sm_90 unless MOEC_ARCH names another (moec --arch). */
 moec_status moec_cuda_dtype(ir_dtype *out);
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
                                  int max_seqs, int max_seq_len, moec_cuda_model *out);

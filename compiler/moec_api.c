@@ -214,6 +214,13 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
     cg_options co;
     cg_options_default(&co);
     co.compute_dtype = dt;
+    const char *arch = getenv("MOEC_ARCH");
+    if (arch && *arch) {
+        if (strlen(arch) >= sizeof co.arch)
+            st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_ARCH='%s' is too long", arch);
+        else
+            snprintf(co.arch, sizeof co.arch, "%s", arch);
+    }
     co.n_buckets = po.n_batch_sizes;
     memcpy(co.buckets, po.batch_sizes, sizeof co.buckets);
     if (st == MOEC_OK)

@@ -26,7 +26,7 @@ expect 0 "dump-ir MODEL_DIR" -- "$B" --help
 expect 2 "usage: moec" -- "$B"
 expect 2 "unknown command 'frobnicate'" -- "$B" frobnicate
 for f in --output --summary --after --dtype --help fuse_qkv_a plan_memory; do expect 0 "$f" -- "$B" dump-ir --help; done
-for f in --prompt-ids --max-new-tokens --backend --logits-out --max-seq-len --ignore-eos --help; do
+for f in --prompt-ids --max-new-tokens --backend --logits-out --max-seq-len --ignore-eos --arch --help; do
   expect 0 "$f" -- "$B" run --help
 done
 
@@ -85,6 +85,11 @@ expect 2 "bad token id at 'x'" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,x --max
 expect 2 "bad token id at ''" -- "$B" run "$D/qwen3_moe" --prompt-ids 1, --max-new-tokens 2
 expect 2 "token id 256 is outside the vocabulary (vocab_size 256)" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,256 --max-new-tokens 2
 expect 2 "--max-new-tokens: '0' is not an integer >= 1" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
+expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --arch 90
+for f in --batch-sizes --context --steps --warmup --json --arch; do expect 0 "$f" -- "$B" bench --help; done
+expect 2 "--batch-sizes: '0' is not 1 to 16 sizes >= 1" -- "$B" bench "$D/qwen3_moe" --batch-sizes 0
+expect 2 "--steps: 'x' is not a count" -- "$B" bench "$D/qwen3_moe" --steps x
+expect 1 "context 1024 exceeds max_position_embeddings 512" -- "$B" bench "$D/qwen3_moe"
 expect 2 "--backend: 'tpu' is not cpu, cuda or auto" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend tpu
 expect 2 "--max-seq-len 2 is too short" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 4 --max-seq-len 2
 expect 1 "max_seq_len 100000 exceeds the model's max_position_embeddings 512" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
