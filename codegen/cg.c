@@ -110,8 +110,13 @@ rt_step *cg_step(cg_ctx *c, rt_step_kind kind, const ir_op *op)
 
 size_t cg_scratch(cg_ctx *c, size_t bytes)
 {
-    size_t off = (c->scratch_bytes + 15) / 16 * 16;
-    c->scratch_bytes = off + bytes;
+    int s = c->stream == 1;
+    size_t off = (c->scratch_cur[s] + 15) / 16 * 16;
+    c->scratch_cur[s] = off + bytes;
+    if (c->scratch_cur[s] > c->scratch_max[s])
+        c->scratch_max[s] = c->scratch_cur[s];
+    c->scratch_bytes = c->scratch_max[1] ? (c->scratch_max[0] + 15) / 16 * 16 + c->scratch_max[1]
+                                         : c->scratch_max[0];
     return off;
 }
 
@@ -328,6 +333,7 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
     switch (op->kind) {
     case IR_OP_EMBEDDING: st = cg_emit_embedding(c, op); break;
     case IR_OP_RMS_NORM: st = cg_emit_rms_norm(c, op); break;
+    case IR_OP_ADD_RMS_NORM: st = cg_emit_add_rms_norm(c, op); break;
     case IR_OP_LINEAR: st = cg_emit_linear(c, op); break;
     case IR_OP_RESHAPE:
     case IR_OP_SLICE:

@@ -46,7 +46,10 @@ typedef struct cg_ctx {
     char **kernel_names;
     int n_steps, steps_cap;
     rt_step *steps;
-    size_t scratch_bytes;     /* grows as emitters reserve scratch */
+    size_t scratch_bytes;     /* the bucket's scratch: the largest op's, per stream */
+    int stream;               /* the stream of the op being emitted */
+    size_t scratch_cur[2];    /* the current op's reservations, per stream */
+    size_t scratch_max[2];
 } cg_ctx;
 
 /* Registers kernel `name` (which must encode every literal its source bakes
@@ -56,7 +59,10 @@ typedef struct cg_ctx {
 int cg_kernel(cg_ctx *c, const char *name, int *is_new);
 /* Appends a step for op (zeroed, stream = op->stream); NULL when out of memory. */
 rt_step *cg_step(cg_ctx *c, rt_step_kind kind, const ir_op *op);
-/* Reserves bytes of scratch (16-byte aligned); returns its offset. */
+/* Reserves bytes of scratch (16-byte aligned) for the op being emitted;
+ * returns its offset. Scratch lives only during its op's steps, so every
+ * op on a stream starts again at offset 0 (stream 1's region follows
+ * stream 0's: the two run at the same time). */
 size_t cg_scratch(cg_ctx *c, size_t bytes);
 
 rt_arg cg_arg_act(const ir_value *v);
@@ -84,6 +90,7 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op);
 /* The per-op emitters (codegen/<op>.c). */
 moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op); /* sum and its RMSNorm, one kernel */
 moec_status cg_emit_linear(cg_ctx *c, const ir_op *op);       /* cuBLASLt GEMM step */
 moec_status cg_emit_copy(cg_ctx *c, const ir_op *op);         /* reshape, slice, concat, expand */
 moec_status cg_emit_eltwise(cg_ctx *c, const ir_op *op);      /* add, mul, silu, sigmoid, silu_mul */

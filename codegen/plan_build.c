@@ -97,11 +97,27 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
     c->opt = o;
     c->T = T;
     cg_emit_prologue(&c->src);
-    for (int k = 0; k < m->n_ops; k++)
+    for (int k = 0; k < m->n_ops; k++) {
+        c->stream = m->ops[k]->stream;
+        c->scratch_cur[0] = c->scratch_cur[1] = 0;
         MOEC_TRY(cg_emit_op(c, m->ops[k]));
+    }
+    c->stream = 0;
+    c->scratch_cur[0] = 0;
     moec_status st = cg_emit_argmax(c, m->outputs[0]);
     if (st != MOEC_OK)
         return moec_err_wrap(st, "codegen of the argmax (bucket T=%d)", T);
+    /* Stream 1's scratch follows stream 0's. */
+    size_t base = (c->scratch_max[0] + 15) / 16 * 16;
+    for (int i = 0; i < c->n_steps; i++) {
+        rt_step *s = &c->steps[i];
+        if (s->stream != 1)
+            continue;
+        for (int a = 0; a < s->n_args; a++)
+            if (s->args[a].kind == RT_ARG_SCRATCH)
+                s->args[a].i += (int64_t)base;
+    }
+    /* c->scratch_bytes (cg_scratch) already counts both regions. */
     if (c->src.oom)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory generating bucket T=%d", T);
     return MOEC_OK;
