@@ -1,12 +1,15 @@
-/* moec.c — the moec command line: dump-ir and run over the public API
- * (include/moec.h). Usage errors exit 2, library errors exit 1 with the
- * library's message. */
+/* moec.c — the moec command line: compile, dump-ir, run and bench over the
+ * public API (include/moec.h). Usage errors exit 2, library errors exit 1
+ * with the library's message. */
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "moec.h"
 
@@ -17,8 +20,9 @@ static const char *USAGE_MAIN =
     "as published: config.json + *.safetensors) and runs them.\n"
     "\n"
     "commands:\n"
+    "  compile MODEL_DIR   compile for the GPU ahead of time into a plan file\n"
     "  dump-ir MODEL_DIR   print the model's IR (see docs/IR.md)\n"
-    "  run MODEL_DIR       greedy generation from token ids\n"
+    "  run MODEL_DIR|PLAN  greedy generation from token ids\n"
     "  bench MODEL_DIR     decode step time against its memory floor (needs a GPU)\n"
     "\n"
     "options:\n"
@@ -51,26 +55,56 @@ static void print_passes(FILE *out)
         fprintf(out, "  %-20s %s\n", moec_pass_name(i), moec_pass_description(i));
 }
 
+static const char *USAGE_COMPILE =
+    "usage: moec compile MODEL_DIR -o PLAN [options]\n"
+    "\n"
+    "Compiles the model for the GPU ahead of time: runs every pass, generates the\n"
+    "CUDA kernels of each batch bucket and compiles them with NVRTC (no GPU is\n"
+    "needed; kernels are cached in $MOEC_CACHE_DIR, else ~/.cache/moec/cubin), and\n"
+    "writes PLAN: the fused IR, the kernels, the launch tables, the memory plan,\n"
+    "and hashes of MODEL_DIR's config.json and of every checkpoint tensor's name,\n"
+    "dtype and shape. A plan runs only against that checkpoint:\n"
+    "`moec run PLAN --weights MODEL_DIR ...`. The tensors are checked, not read.\n"
+    "Progress goes to stderr.\n"
+    "\n"
+    "options:\n"
+    "  -o, --output PLAN     the plan file to write (required)\n"
+    "  --arch ARCH           GPU target (default sm_90, or $MOEC_ARCH); the plan runs\n"
+    "                        on devices of that arch\n"
+    "  --dtype D             compute dtype: bf16 (default) or fp32\n"
+    "  --batch-sizes LIST    ascending batch buckets, comma-separated (default\n"
+    "                        1,2,4,8,16,32,64); a step of n tokens runs in the\n"
+    "                        smallest bucket that holds it, longer prompts in chunks\n"
+    "                        of the largest\n"
+    "  --tp N                tensor-parallel degree (only 1 so far)\n"
+    "  -h, --help            this help\n";
+
 static const char *USAGE_RUN =
     "usage: moec run MODEL_DIR --prompt-ids IDS --max-new-tokens N [options]\n"
+    "       moec run PLAN --weights MODEL_DIR --prompt-ids IDS --max-new-tokens N [options]\n"
     "\n"
     "Loads the model (config.json and its safetensors, every weight checked),\n"
     "runs the prompt, then greedy-decodes up to N tokens, printing the generated\n"
-    "ids on one line, separated by spaces.\n"
+    "ids on one line, separated by spaces. Given a PLAN file (moec compile), runs\n"
+    "it on the GPU with no compile step, after checking that --weights holds the\n"
+    "checkpoint it was compiled for and that the device has its arch and memory.\n"
     "\n"
     "options:\n"
     "  --prompt-ids IDS       comma-separated token ids, e.g. 1,2,3 (required)\n"
     "  --max-new-tokens N     tokens to generate, N >= 1 (required)\n"
+    "  --weights DIR          the checkpoint (config.json + *.safetensors): required\n"
+    "                         with a PLAN; with MODEL_DIR, weights from DIR instead\n"
     "  --backend B            cpu (the fp32 reference interpreter), cuda, or\n"
     "                         auto (default: cuda where a GPU is present, else\n"
     "                         cpu); cuda computes in bf16, or fp32 with\n"
-    "                         MOEC_DTYPE=fp32\n"
+    "                         MOEC_DTYPE=fp32; a PLAN runs on cuda, in the dtype\n"
+    "                         it was compiled for\n"
     "  --logits-out FILE      write float32 little-endian logits, one row of\n"
     "                         vocab_size per generated token; row 0 is the\n"
     "                         prompt's last position\n"
     "  --max-seq-len N        KV cache length (default: prompt + N)\n"
     "  --arch ARCH            GPU target the kernels are compiled for (default\n"
-    "                         sm_90; the same as MOEC_ARCH=ARCH)\n"
+    "                         sm_90; the same as MOEC_ARCH=ARCH; not with a PLAN)\n"
     "  --ignore-eos           keep generating after the model's eos_token_id\n"
     "  -h, --help             this help\n";
 
@@ -244,12 +278,15 @@ static int argmax(const float *row, int n)
 }
 
 typedef struct run_opts {
-    const char *dir;
+    const char *dir;       /* MODEL_DIR or PLAN */
+    const char *weights;   /* --weights */
     const char *ids_text;
     const char *logits_path;
+    const char *arch;
     long max_new;
     long max_seq;
     moec_backend backend;
+    int backend_set;
     int ignore_eos;
 } run_opts;
 
@@ -268,7 +305,8 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             o->ignore_eos = 1;
         } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--max-new-tokens") ||
                    !strcmp(a, "--backend") || !strcmp(a, "--logits-out") ||
-                   !strcmp(a, "--max-seq-len") || !strcmp(a, "--arch")) {
+                   !strcmp(a, "--max-seq-len") || !strcmp(a, "--arch") ||
+                   !strcmp(a, "--weights")) {
             if (!has_val)
                 return usage_error(USAGE_RUN, "%s needs a value", a);
             const char *v = argv[++i];
@@ -276,10 +314,12 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
                 o->ids_text = v;
             else if (!strcmp(a, "--logits-out"))
                 o->logits_path = v;
+            else if (!strcmp(a, "--weights"))
+                o->weights = v;
             else if (!strcmp(a, "--arch")) {
                 if (strncmp(v, "sm_", 3) || strlen(v) > 10)
                     return usage_error(USAGE_RUN, "--arch: '%s' is not a GPU arch like sm_90", v);
-                setenv("MOEC_ARCH", v, 1);
+                o->arch = v;
             }
             else if (!strcmp(a, "--max-new-tokens")) {
                 if (parse_int(v, 1, 1 << 24, &o->max_new))
@@ -287,14 +327,17 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             } else if (!strcmp(a, "--max-seq-len")) {
                 if (parse_int(v, 1, 1 << 26, &o->max_seq))
                     return usage_error(USAGE_RUN, "--max-seq-len: '%s' is not an integer >= 1", v);
-            } else if (!strcmp(v, "cpu"))
-                o->backend = MOEC_BACKEND_CPU;
-            else if (!strcmp(v, "cuda"))
-                o->backend = MOEC_BACKEND_CUDA;
-            else if (!strcmp(v, "auto"))
-                o->backend = MOEC_BACKEND_AUTO;
-            else
-                return usage_error(USAGE_RUN, "--backend: '%s' is not cpu, cuda or auto", v);
+            } else {
+                o->backend_set = 1;
+                if (!strcmp(v, "cpu"))
+                    o->backend = MOEC_BACKEND_CPU;
+                else if (!strcmp(v, "cuda"))
+                    o->backend = MOEC_BACKEND_CUDA;
+                else if (!strcmp(v, "auto"))
+                    o->backend = MOEC_BACKEND_AUTO;
+                else
+                    return usage_error(USAGE_RUN, "--backend: '%s' is not cpu, cuda or auto", v);
+            }
         } else if (a[0] == '-') {
             return usage_error(USAGE_RUN, "unknown option %s", a);
         } else if (!o->dir) {
@@ -304,11 +347,39 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
         }
     }
     if (!o->dir)
-        return usage_error(USAGE_RUN, "%s", "missing MODEL_DIR");
+        return usage_error(USAGE_RUN, "%s", "missing MODEL_DIR or PLAN");
     if (!o->ids_text)
         return usage_error(USAGE_RUN, "%s", "missing --prompt-ids");
     if (o->max_new < 0)
         return usage_error(USAGE_RUN, "%s", "missing --max-new-tokens");
+    return 0;
+}
+
+/* A plan file is anything that exists and is not a directory (moec_session_init_plan
+ * says when it is not a plan); anything else is taken for a model directory. */
+static int is_plan_path(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && !S_ISDIR(sb.st_mode);
+}
+
+/* Checks what a run of a plan cannot take; 0 when fine, else the exit code. */
+static int plan_checks(const run_opts *o)
+{
+    if (!o->weights)
+        return usage_error(USAGE_RUN,
+                           "%s is a plan file: --weights MODEL_DIR (the checkpoint it was "
+                           "compiled for) is required",
+                           o->dir);
+    if (o->backend_set && o->backend == MOEC_BACKEND_CPU)
+        return usage_error(USAGE_RUN,
+                           "--backend cpu: %s is a plan, which runs on the GPU (run MODEL_DIR "
+                           "for the CPU interpreter)",
+                           o->dir);
+    if (o->arch)
+        return usage_error(USAGE_RUN,
+                           "--arch: %s is a plan, compiled for one arch (moec compile --arch)",
+                           o->dir);
     return 0;
 }
 
@@ -319,21 +390,40 @@ static int cmd_run(int argc, char **argv)
     int rc = run_parse(argc, argv, &o, &done);
     if (rc || done)
         return rc;
+    int plan = is_plan_path(o.dir);
+    if (plan && (rc = plan_checks(&o)) != 0)
+        return rc;
+    if (o.arch)
+        setenv("MOEC_ARCH", o.arch, 1);
     int32_t *ids = NULL;
     const char *bad = NULL;
     int n = parse_ids(o.ids_text, &ids, &bad);
     if (n < 0)
         return usage_error(USAGE_RUN, "--prompt-ids: bad token id at '%s' (want comma-separated integers >= 0)",
                            bad ? bad : o.ids_text);
+    long max_seq = o.max_seq ? o.max_seq : n + o.max_new;
+    if (max_seq < n + o.max_new - 1) {
+        fprintf(stderr, "moec: --max-seq-len %ld is too short for %d prompt tokens and %ld new tokens\n",
+                max_seq, n, o.max_new);
+        free(ids);
+        return 2;
+    }
 
     moec_model_t *m = NULL;
     moec_session_t *s = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
-    moec_status st = moec_model_open(o.dir, &m);
-    if (st != MOEC_OK)
-        goto fail;
-    int vocab = moec_model_vocab_size(m);
+    moec_status st;
+    if (plan) {
+        st = moec_session_init_plan(o.dir, o.weights, (int)max_seq, &s);
+        if (st != MOEC_OK)
+            goto fail;
+    } else {
+        st = moec_model_open(o.dir, &m);
+        if (st != MOEC_OK)
+            goto fail;
+    }
+    int vocab = plan ? moec_session_vocab_size(s) : moec_model_vocab_size(m);
     for (int i = 0; i < n; i++) {
         if (ids[i] >= vocab) {
             fprintf(stderr, "moec: --prompt-ids: token id %d is outside the vocabulary (vocab_size %d)\n",
@@ -342,16 +432,11 @@ static int cmd_run(int argc, char **argv)
             goto out;
         }
     }
-    long max_seq = o.max_seq ? o.max_seq : n + o.max_new;
-    if (max_seq < n + o.max_new - 1) {
-        fprintf(stderr, "moec: --max-seq-len %ld is too short for %d prompt tokens and %ld new tokens\n",
-                max_seq, n, o.max_new);
-        rc = 2;
-        goto out;
+    if (!plan) {
+        st = moec_session_init(m, o.weights ? o.weights : o.dir, o.backend, (int)max_seq, &s);
+        if (st != MOEC_OK)
+            goto fail;
     }
-    st = moec_session_init(m, o.dir, o.backend, (int)max_seq, &s);
-    if (st != MOEC_OK)
-        goto fail;
     logits = malloc((size_t)n * (size_t)vocab * sizeof *logits);
     if (!logits) {
         fprintf(stderr, "moec: out of memory\n");
@@ -367,7 +452,7 @@ static int cmd_run(int argc, char **argv)
     if (st != MOEC_OK)
         goto fail;
     const float *row = logits + (size_t)(n - 1) * (size_t)vocab;
-    int eos = moec_model_eos_token(m);
+    int eos = moec_session_eos_token(s);
     for (long k = 0; k < o.max_new; k++) {
         if (lf && fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab) {
             fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
@@ -402,6 +487,116 @@ out:
     return rc;
 }
 
+/* Parses --batch-sizes: 1 to 16 sizes in [1, 4096], ascending when
+ * `ascending`; 0 on success. */
+static int parse_batch_sizes(const char *v, int ascending, int *out, int *n_out)
+{
+    int32_t *ids = NULL;
+    const char *bad = NULL;
+    int n = parse_ids(v, &ids, &bad);
+    int ok = n >= 1 && n <= 16;
+    for (int k = 0; ok && k < n; k++)
+        ok = ids[k] >= 1 && ids[k] <= 4096 && (!ascending || !k || ids[k] > ids[k - 1]);
+    for (int k = 0; ok && k < n; k++)
+        out[k] = ids[k];
+    free(ids);
+    if (ok)
+        *n_out = n;
+    return ok ? 0 : -1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Progress of the NVRTC compiles: one line per update, or one line
+ * rewritten in place on a terminal. */
+static void compile_progress(int done, int total, void *user)
+{
+    int tty = *(const int *)user;
+    fprintf(stderr, "%smoec compile: compiled %d/%d buckets%s", tty ? "\r" : "", done, total,
+            tty && done < total ? "" : "\n");
+    fflush(stderr);
+}
+
+static int cmd_compile(int argc, char **argv)
+{
+    const char *dir = NULL, *outpath = NULL;
+    moec_compile_options o;
+    memset(&o, 0, sizeof o);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            fputs(USAGE_COMPILE, stdout);
+            return 0;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--arch") ||
+                   !strcmp(a, "--dtype") || !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp")) {
+            if (i + 1 == argc)
+                return usage_error(USAGE_COMPILE, "%s needs a value", a);
+            const char *v = argv[++i];
+            long tp;
+            if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+                outpath = v;
+            } else if (!strcmp(a, "--arch")) {
+                if (strncmp(v, "sm_", 3) || strlen(v) > 10)
+                    return usage_error(USAGE_COMPILE, "--arch: '%s' is not a GPU arch like sm_90", v);
+                o.arch = v;
+            } else if (!strcmp(a, "--dtype")) {
+                if (strcmp(v, "bf16") && strcmp(v, "fp32"))
+                    return usage_error(USAGE_COMPILE, "--dtype: '%s' is not bf16 or fp32", v);
+                o.dtype = v;
+            } else if (!strcmp(a, "--batch-sizes")) {
+                if (parse_batch_sizes(v, 1, o.batch, &o.n_batch))
+                    return usage_error(USAGE_COMPILE,
+                                       "--batch-sizes: '%s' is not 1 to 16 ascending sizes from 1 to 4096", v);
+            } else if (parse_int(v, 1, 1 << 16, &tp)) {
+                return usage_error(USAGE_COMPILE, "--tp: '%s' is not an integer >= 1", v);
+            } else if (tp != 1) {
+                fprintf(stderr, "moec: tensor parallelism (--tp %ld) is not supported yet\n", tp);
+                return 2;
+            } else {
+                o.tp = 1;
+            }
+        } else if (a[0] == '-') {
+            return usage_error(USAGE_COMPILE, "unknown option %s", a);
+        } else if (!dir) {
+            dir = a;
+        } else {
+            return usage_error(USAGE_COMPILE, "unexpected argument %s", a);
+        }
+    }
+    if (!dir)
+        return usage_error(USAGE_COMPILE, "%s", "missing MODEL_DIR");
+    if (!outpath)
+        return usage_error(USAGE_COMPILE, "%s", "missing -o PLAN (the plan file to write)");
+    const char *arch = o.arch ? o.arch : getenv("MOEC_ARCH");
+    const char *buckets = "1,2,4,8,16,32,64";
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--batch-sizes") && i + 1 < argc)
+            buckets = argv[i + 1];
+    int tty = isatty(fileno(stderr));
+    o.progress = compile_progress;
+    o.progress_user = &tty;
+    double t0 = now_s();
+    moec_model_t *m = NULL;
+    moec_status st = moec_model_open(dir, &m);
+    if (st == MOEC_OK) {
+        fprintf(stderr, "moec compile: %s: passes, code generation and NVRTC (%s, %s, buckets %s)\n",
+                dir, arch && *arch ? arch : "sm_90", o.dtype ? o.dtype : "bf16", buckets);
+        st = moec_compile(m, dir, &o, outpath);
+    }
+    moec_model_free(m);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    struct stat sb;
+    long long size = stat(outpath, &sb) == 0 ? (long long)sb.st_size : -1;
+    fprintf(stderr, "moec compile: wrote %s (%lld bytes) in %.1f s\n", outpath, size, now_s() - t0);
+    return 0;
+}
+
 static int cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL;
@@ -425,18 +620,8 @@ static int cmd_bench(int argc, char **argv)
             const char *v = argv[++i];
             long x;
             if (!strcmp(a, "--batch-sizes")) {
-                int32_t *ids = NULL;
-                const char *bad = NULL;
-                int n = parse_ids(v, &ids, &bad);
-                int ok = n >= 1 && n <= 16;
-                for (int k = 0; ok && k < n; k++)
-                    ok = ids[k] >= 1 && ids[k] <= 4096;
-                for (int k = 0; ok && k < n; k++)
-                    o.batch[k] = ids[k];
-                free(ids);
-                if (!ok)
+                if (parse_batch_sizes(v, 0, o.batch, &o.n_batch))
                     return usage_error(USAGE_BENCH, "--batch-sizes: '%s' is not 1 to 16 sizes >= 1", v);
-                o.n_batch = n;
             } else if (parse_int(v, !strcmp(a, "--steps") ? 1 : 0, 1 << 24, &x)) {
                 char msg[256];
                 snprintf(msg, sizeof msg, "%s: '%s' is not a count", a, v);
@@ -504,6 +689,8 @@ int main(int argc, char **argv)
         fputs(USAGE_MAIN, stdout);
         return 0;
     }
+    if (!strcmp(cmd, "compile"))
+        return cmd_compile(argc - 2, argv + 2);
     if (!strcmp(cmd, "dump-ir"))
         return cmd_dump_ir(argc - 2, argv + 2);
     if (!strcmp(cmd, "run"))

@@ -3,6 +3,7 @@
 #ifndef MOEC_API_INTERNAL_H
 #define MOEC_API_INTERNAL_H
 
+#include "codegen/cg.h"
 #include "ir/ir.h"
 #include "moec.h"
 #include "runtime/cuda_rt.h"
@@ -13,16 +14,22 @@ const ir_module *moec_model_module(const moec_model_t *model);
 
 /* A model compiled for and bound to the GPU: every pass on a copy of its
  * module, the checkpoint checked against the fused weights, the plan built
- * and compiled, the runtime bound for max_seqs sequences of max_seq_len. */
+ * and compiled (or the plan and its module read from a plan file), the
+ * runtime bound for max_seqs sequences of max_seq_len. */
 typedef struct moec_cuda_model {
     ir_module *fused;
     rt_plan *plan;
     rt_cuda *cuda;
 } moec_cuda_model;
 
-/* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. The
- * target arch is sm_90 unless MOEC_ARCH names another (moec --arch). */
+/* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. */
 moec_status moec_cuda_dtype(ir_dtype *out);
+/* Code generation options for compute dtype dt and target arch (NULL:
+ * $MOEC_ARCH, else sm_90; moec --arch), the default buckets. */
+moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out);
+/* Every pass on a copy of module, compiled for co's dtype and buckets (a
+ * failing pass leaves its input IR in $TMPDIR). */
+moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused);
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
                                  int max_seqs, int max_seq_len, moec_cuda_model *out);
 void moec_cuda_model_free(moec_cuda_model *x);

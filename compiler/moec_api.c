@@ -2,18 +2,20 @@
  * loader and the backends. A model is the verified IR of a config; a session
  * is one sequence being generated on one backend: the CPU interpreter on the
  * unfused module, or the CUDA runtime on a plan built in-process from the
- * module after every pass (compute dtype bf16, or fp32 with MOEC_DTYPE=fp32). */
+ * module after every pass (compute dtype bf16, or fp32 with MOEC_DTYPE=fp32)
+ * or read from a plan file (moec compile), which calls no compiler code. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "codegen/cg.h"
 #include "compiler/api_internal.h"
 #include "compiler/frontend.h"
-#include "compiler/passes.h"
 #include "err.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
+#include "runtime/plan_file.h"
 #include "runtime/weights.h"
 
 struct moec_model {
@@ -23,10 +25,10 @@ struct moec_model {
 };
 
 struct moec_session {
-    const moec_model_t *model;
     moec_backend backend;
     int max_seq;
     int length;
+    int vocab, eos;
     /* CPU */
     rt_weights *weights;
     rt_interp *interp;
@@ -201,28 +203,13 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
                                  int max_seqs, int max_seq_len, moec_cuda_model *x)
 {
     memset(x, 0, sizeof *x);
-    pass_options po;
-    pass_options_default(&po);
-    po.compute_dtype = dt;
-    const char *tmp = getenv("TMPDIR");
-    moec_status st = ir_module_clone(model->module, &x->fused);
+    cg_options co;
+    moec_status st = moec_cg_options(dt, NULL, &co);
     if (st == MOEC_OK)
-        st = pass_run_pipeline(x->fused, &po, NULL, NULL, NULL, tmp && *tmp ? tmp : "/tmp");
+        st = moec_fuse(model->module, &co, &x->fused);
     rt_weights *w = NULL;
     if (st == MOEC_OK)
         st = rt_weights_open(x->fused, weights_dir, &w);
-    cg_options co;
-    cg_options_default(&co);
-    co.compute_dtype = dt;
-    const char *arch = getenv("MOEC_ARCH");
-    if (arch && *arch) {
-        if (strlen(arch) >= sizeof co.arch)
-            st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_ARCH='%s' is too long", arch);
-        else
-            snprintf(co.arch, sizeof co.arch, "%s", arch);
-    }
-    co.n_buckets = po.n_batch_sizes;
-    memcpy(co.buckets, po.batch_sizes, sizeof co.buckets);
     if (st == MOEC_OK)
         st = cg_plan_build(x->fused, &co, &x->plan);
     if (st == MOEC_OK)
@@ -268,8 +255,9 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
     moec_session_t *s = calloc(1, sizeof *s);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    s->model = model;
     s->backend = backend;
+    s->vocab = moec_model_vocab_size(model);
+    s->eos = moec_model_eos_token(model);
     s->max_seq = max_seq_len;
     moec_status st;
     if (backend == MOEC_BACKEND_CUDA) {
@@ -301,6 +289,61 @@ void moec_session_free(moec_session_t *s)
 }
 
 moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backend : MOEC_BACKEND_AUTO; }
+
+int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; }
+
+int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
+
+/* Reads and checks the plan, then binds it: everything moec_session_init_plan
+ * promises, into x (freed by the caller on failure). */
+static moec_status plan_bind(const char *plan_path, const char *weights_dir, int max_seq_len,
+                             moec_cuda_model *x, int *vocab)
+{
+    struct stat sb;
+    if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
+    rt_plan_meta meta;
+    MOEC_TRY(rt_plan_read(plan_path, &x->plan, &x->fused, &meta));
+    int max_pos = (int)ir_module_meta_int(x->fused, "max_position_embeddings", 0);
+    if (max_pos > 0 && max_seq_len > max_pos)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "max_seq_len %d exceeds the model's max_position_embeddings %d (plan %s)",
+                        max_seq_len, max_pos, plan_path);
+    MOEC_TRY(rt_plan_check_checkpoint(&meta, x->fused, plan_path, weights_dir));
+    rt_weights *w = NULL;
+    MOEC_TRY(rt_weights_open(x->fused, weights_dir, &w));
+    moec_status st = rt_cuda_init(x->plan, w, 1, max_seq_len, &x->cuda);
+    rt_weights_free(w);
+    MOEC_TRY(st);
+    *vocab = (int)ir_module_meta_int(x->fused, "vocab_size", 0);
+    if (rt_cuda_logits_cols(x->cuda) != *vocab)
+        return MOEC_ERR(MOEC_ERR_FORMAT, "plan %s: its logits have %d columns, its vocabulary %d",
+                        plan_path, rt_cuda_logits_cols(x->cuda), *vocab);
+    return MOEC_OK;
+}
+
+moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
+                                   int max_seq_len, moec_session_t **out)
+{
+    if (!plan_path || !weights_dir || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_plan: NULL argument");
+    *out = NULL;
+    if (max_seq_len <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got %d", max_seq_len);
+    moec_session_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    s->backend = MOEC_BACKEND_CUDA;
+    s->max_seq = max_seq_len;
+    moec_status st = plan_bind(plan_path, weights_dir, max_seq_len, &s->gpu, &s->vocab);
+    if (st != MOEC_OK) {
+        moec_session_free(s);
+        return st;
+    }
+    s->eos = (int)ir_module_meta_int(s->gpu.fused, "eos_token_id", -1);
+    *out = s;
+    return MOEC_OK;
+}
 
 int moec_session_length(const moec_session_t *s) { return s ? s->length : 0; }
 

@@ -22,6 +22,10 @@ static const pass_info PIPELINE[] = {
     /* routed_scaling_factor applied once where it costs nothing; in fp16 the
      * shared expert output is divided instead, to avoid overflow (seed 001). */
     {"fold_routed_scale", pass_fold_routed_scale, "routed_scaling_factor applied once, for free"},
+    /* The residual add and the RMSNorm that follows it: one kernel reads the
+     * residual and the branch output once and writes both the new residual
+     * and its normalized form, instead of writing the sum and reading it back. */
+    {"fuse_add_rms_norm", pass_fuse_add_rms_norm, "residual add and the next RMSNorm as one op"},
     /* MLA decode attends over the compressed cache (kv_c, k_pe) with the k and
      * v up-projections absorbed into the query and the output. */
     {"absorb_mla", pass_absorb_mla, "MLA over the compressed KV cache"},

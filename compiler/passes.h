@@ -49,6 +49,7 @@ moec_status pass_fuse_gate_up(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_silu_and_mul(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_router_weight(ir_module *m, const pass_options *opt);
 moec_status pass_fold_routed_scale(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
 moec_status pass_plan_memory(ir_module *m, const pass_options *opt);

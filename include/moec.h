@@ -95,6 +95,42 @@ moec_status moec_session_forward(moec_session_t *session, const int32_t *ids, in
                                  float *logits_out);
 /* Tokens in the sequence so far. */
 int moec_session_length(const moec_session_t *session);
+/* The model's vocab_size (floats per logits row) and eos_token_id (-1 if
+ * none), for sessions made from a model or from a plan alike. */
+int moec_session_vocab_size(const moec_session_t *session);
+int moec_session_eos_token(const moec_session_t *session);
+
+/* Ahead-of-time compile (moec compile): every pass, then per batch bucket
+ * the CUDA kernels generated and compiled with NVRTC for one GPU arch (no
+ * GPU needed; cubins are cached by content), written with the launch
+ * tables and the memory plan to a plan file at out_path, with hashes of
+ * weights_dir's config.json and of the name, dtype and shape of every
+ * checkpoint tensor the plan binds there: a plan runs only against that
+ * checkpoint. The checkpoint's tensors are checked (not read) first. A
+ * zeroed struct (or NULL) gives the defaults. */
+typedef struct moec_compile_options {
+    const char *arch;      /* "sm_90"; NULL: $MOEC_ARCH, else sm_90 */
+    const char *dtype;     /* compute dtype: "bf16" (NULL) or "fp32" */
+    int n_batch;           /* batch buckets, ascending; 0: 1, 2, 4, 8, 16, 32, 64 */
+    int batch[16];
+    int tp;                /* tensor-parallel degree: only 1 so far (0 means 1) */
+    const char *cache_dir; /* cubin cache; NULL: $MOEC_CACHE_DIR, else ~/.cache/moec/cubin */
+    /* When not NULL, called as buckets finish compiling: done of total. */
+    void (*progress)(int done, int total, void *user);
+    void *progress_user;
+} moec_compile_options;
+
+moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
+                         const moec_compile_options *opt, const char *out_path);
+
+/* A CUDA session of one sequence from a plan file, with no compiler call:
+ * the plan read and checked against the checkpoint in weights_dir (the
+ * hashes it was compiled with; MOEC_ERR_MISMATCH otherwise), then, on the
+ * device, its arch (MOEC_ERR_UNSUPPORTED naming both) and the memory its
+ * weights, KV cache of max_seq_len tokens and activations need
+ * (MOEC_ERR_CAPACITY naming the bytes needed and free), then bound. */
+moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
+                                   int max_seq_len, moec_session_t **out);
 
 /* The decode benchmark (moec bench): per batch size B, B sequences at a
  * context of `context` tokens each decode one token per step; the median

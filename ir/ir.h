@@ -158,6 +158,8 @@ typedef enum ir_op_kind {
                           -> f32[T, H, dv]: head h's v up-projection of o_c[t,h] */
     IR_OP_FORK,        /* (x) -> x on the op's (side) stream, which waits for x */
     IR_OP_JOIN,        /* (x) -> x on the main stream, which waits for the side stream */
+    IR_OP_ADD_RMS_NORM, /* (a [T, D], b [T, D], w [D]) {eps, alpha} -> (sum f32[T, D] = a + alpha*b,
+                          normed f32[T, D] = rms_norm(sum, w)) */
     IR_OP_COUNT,
 } ir_op_kind;
 

@@ -68,6 +68,8 @@ static const op_info OPS[IR_OP_COUNT] = {
                            {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
     [IR_OP_FORK] = {"fork", 1, 1, 1, {{0}}},
     [IR_OP_JOIN] = {"join", 1, 1, 1, {{0}}},
+    [IR_OP_ADD_RMS_NORM] = {"add_rms_norm", 3, 3, 2,
+                            {{"eps", IR_ATTR_FLOAT, 1}, {"alpha", IR_ATTR_FLOAT, 0}}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -795,6 +797,31 @@ static moec_status infer_mla_attention(infer_ctx *c, ir_type *out)
     return MOEC_OK;
 }
 
+/* The residual add and the RMSNorm of its result in one op: a and b the same
+ * [T, D] (no broadcast), w [D]. */
+static moec_status infer_add_rms_norm(infer_ctx *c, ir_type *out)
+{
+    const ir_value *a = c->op->in[0], *b = c->op->in[1], *w = c->op->in[2];
+    MOEC_TRY(need_act(c, a, "a", 2, 2, 1));
+    MOEC_TRY(need_act(c, b, "b", 2, 2, 1));
+    MOEC_TRY(need_static(c, w, "weight", 1));
+    int64_t d = a->type.dims[1];
+    if (b->type.dims[1] != d)
+        return fail(c, "b %%%s (%s) and a %%%s (%s) differ in width", vname(b),
+                    tfmt(&b->type).s, vname(a), tfmt(&a->type).s);
+    if (w->type.dims[0] != d)
+        return fail(c, "weight %%%s has %" PRId64 " elements, a's last dim is %" PRId64,
+                    vname(w), w->type.dims[0], d);
+    double eps = ir_op_attr_float(c->op, "eps", 0);
+    if (!isfinite(eps) || eps < 0)
+        return fail(c, "eps %g must be finite and >= 0", eps);
+    if (!isfinite(ir_op_attr_float(c->op, "alpha", 1)))
+        return fail(c, "alpha must be finite");
+    out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, d, 0);
+    out[1] = out[0];
+    return MOEC_OK;
+}
+
 /* fork and join: the result is x, type and all. */
 static moec_status infer_identity(infer_ctx *c, ir_type *out)
 {
@@ -859,6 +886,7 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_MLA_VABSORB: return infer_mla_vabsorb(&c, out);
     case IR_OP_FORK:
     case IR_OP_JOIN: return infer_identity(&c, out);
+    case IR_OP_ADD_RMS_NORM: return infer_add_rms_norm(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

@@ -521,26 +521,100 @@ static moec_status upload_weights(rt_cuda *c, const rt_weights *w)
     return st;
 }
 
+/* The two KV pools of an attention or mla_attention op into pool; 0 for
+ * other ops. */
+static int kv_pools(const ir_op *op, const ir_value *pool[2])
+{
+    if (op->kind == IR_OP_ATTENTION && op->n_in >= 3) {
+        pool[0] = op->in[1];
+        pool[1] = op->in[2];
+        return 1;
+    }
+    if (op->kind == IR_OP_MLA_ATTENTION && op->n_in >= 4) {
+        pool[0] = op->in[2];
+        pool[1] = op->in[3];
+        return 1;
+    }
+    return 0;
+}
+
+static size_t kv_pool_bytes(const rt_cuda *c, const ir_value *pool)
+{
+    return (size_t)c->max_seqs * (size_t)c->max_blocks * (size_t)c->plan->kv_block_size *
+           (size_t)ir_type_numel(&pool->type, 0) * ir_dtype_size(c->plan->compute_dtype);
+}
+
+/* A cubin built for sm_XY runs on compute capability X.Z with Z >= Y; one
+ * built for an arch-specific target (sm_90a) only on X.Y itself. */
+static moec_status check_arch(const rt_cuda *c)
+{
+    const char *a = c->plan->arch;
+    char *end = NULL;
+    long v = strncmp(a, "sm_", 3) || !isdigit((unsigned char)a[3]) ? -1 : strtol(a + 3, &end, 10);
+    int specific = end && *end == 'a';
+    if (v < 10 || v > 999 || (end && *end && strcmp(end, "a") && strcmp(end, "f")))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "the plan's target arch '%s' is not like sm_90", a);
+    int major = (int)(v / 10), minor = (int)(v % 10);
+    if (major == c->cc_major && (specific ? minor == c->cc_minor : minor <= c->cc_minor))
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                    "the plan was compiled for %s, but device 0 (%s) is sm_%d%d: compile it for "
+                    "this device (moec compile --arch sm_%d%d)",
+                    a, c->device_name, c->cc_major, c->cc_minor, c->cc_major, c->cc_minor);
+}
+
+/* What the context will allocate, against what the device has free, before
+ * anything is allocated: a plan too big fails with its sizes, not with a
+ * cudaMalloc half way through the upload. */
+static moec_status check_memory(const rt_cuda *c)
+{
+    const rt_plan *p = c->plan;
+    const ir_module *m = p->module;
+    size_t weights = 0, kv = 0, arena = 0, scratch = 0;
+    for (int i = 0; i < m->n_values; i++)
+        if (m->values[i]->kind == IR_VALUE_WEIGHT)
+            weights += (size_t)ir_type_numel(&m->values[i]->type, 0) *
+                       ir_dtype_size(rt_value_storage_dtype(m, m->values[i], p->compute_dtype));
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_value *pool[2];
+        if (kv_pools(m->ops[k], pool))
+            kv += kv_pool_bytes(c, pool[0]) + kv_pool_bytes(c, pool[1]);
+    }
+    for (int b = 0; b < p->n_buckets; b++) {
+        if (p->buckets[b].arena_bytes > arena)
+            arena = p->buckets[b].arena_bytes;
+        if (p->buckets[b].scratch_bytes > scratch)
+            scratch = p->buckets[b].scratch_bytes;
+    }
+    size_t other = (4 * (size_t)c->in_stride + (size_t)c->max_seqs * (size_t)c->max_blocks) *
+                       sizeof(int32_t) +
+                   2 * RT_CUDA_WORKSPACE;
+    size_t need = weights + kv + arena + scratch + other;
+    size_t free_b = 0, total_b = 0;
+    MOEC_TRY(CK(cudaMemGetInfo(&free_b, &total_b), "reading device 0's free memory"));
+    if (need <= free_b)
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_CAPACITY,
+                    "the plan needs %zu bytes (%zu MiB) of device memory: weights %zu MiB, KV "
+                    "cache %zu MiB (%d sequences of %d tokens), activations and scratch %zu MiB, "
+                    "inputs and workspaces %zu MiB; device 0 (%s) has %zu bytes (%zu MiB) free "
+                    "of %zu MiB",
+                    need, need >> 20, weights >> 20, kv >> 20, c->max_seqs, c->max_seq_len,
+                    (arena + scratch) >> 20, other >> 20, c->device_name, free_b, free_b >> 20,
+                    total_b >> 20);
+}
+
 /* The two KV pools of every attention and mla_attention op. */
 static moec_status alloc_kv(rt_cuda *c)
 {
     const ir_module *m = c->plan->module;
-    size_t esize = ir_dtype_size(c->plan->compute_dtype);
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
         const ir_value *pool[2];
-        if (op->kind == IR_OP_ATTENTION && op->n_in >= 3) {
-            pool[0] = op->in[1];
-            pool[1] = op->in[2];
-        } else if (op->kind == IR_OP_MLA_ATTENTION && op->n_in >= 4) {
-            pool[0] = op->in[2];
-            pool[1] = op->in[3];
-        } else {
+        if (!kv_pools(op, pool))
             continue;
-        }
         for (int p = 0; p < 2; p++) {
-            size_t bytes = (size_t)c->n_blocks * (size_t)c->plan->kv_block_size *
-                           (size_t)ir_type_numel(&pool[p]->type, 0) * esize;
+            size_t bytes = kv_pool_bytes(c, pool[p]);
             char where[512];
             snprintf(where, sizeof where, "KV pool %d (%%%s) of %s %%%s", p, pool[p]->name,
                      ir_op_name(op->kind), op->out[0]->name);
@@ -959,6 +1033,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     snprintf(c->device_name, sizeof c->device_name, "%s", prop.name);
     c->cc_major = prop.major;
     c->cc_minor = prop.minor;
+    MOEC_TRY(check_arch(c));
     const char *sync = getenv("MOEC_CUDA_SYNC");
     c->debug_sync = sync && *sync && strcmp(sync, "0");
 
@@ -975,6 +1050,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
                 c->vocab = rows;
         }
     }
+    MOEC_TRY(check_memory(c));
 
     for (int s = 0; s < 2; s++)
         MOEC_TRY(CK(cudaStreamCreateWithFlags(&c->stream[s], cudaStreamNonBlocking), "a stream"));

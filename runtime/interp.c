@@ -136,6 +136,22 @@ static moec_status op_embedding(rt_interp *in, const ir_op *op, int T)
     return MOEC_OK;
 }
 
+/* y = x / sqrt(mean(x^2) + eps) * w over rows of D: rms_norm and add_rms_norm. */
+static void rms_norm_rows(const float *x, const float *w, float *y, int64_t rows, int64_t D,
+                          double eps)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * D;
+        double ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            ss += (double)xr[j] * xr[j];
+        float var = (float)(ss / (double)D);
+        float inv = 1.0f / sqrtf(var + (float)eps);
+        for (int64_t j = 0; j < D; j++)
+            y[i * D + j] = w[j] * (xr[j] * inv);
+    }
+}
+
 static moec_status op_rms_norm(rt_interp *in, const ir_op *op, int T)
 {
     double eps;
@@ -148,18 +164,31 @@ static moec_status op_rms_norm(rt_interp *in, const ir_op *op, int T)
     if (numel_of(op->in[1], T) != D || numel_of(op->out[0], T) != rows * D)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rms_norm weight %s must have %lld elements",
                         op_name(op), op->in[1]->name, (long long)D);
-    const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]);
-    float *y = fbuf(in, op->out[0]);
-    for (int64_t i = 0; i < rows; i++) {
-        const float *xr = x + i * D;
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++)
-            ss += (double)xr[j] * xr[j];
-        float var = (float)(ss / (double)D);
-        float inv = 1.0f / sqrtf(var + (float)eps);
-        for (int64_t j = 0; j < D; j++)
-            y[i * D + j] = w[j] * (xr[j] * inv);
-    }
+    rms_norm_rows(fbuf(in, op->in[0]), fbuf(in, op->in[1]), fbuf(in, op->out[0]), rows, D, eps);
+    return MOEC_OK;
+}
+
+/* sum = a + alpha * b (rounded to fp32, as add leaves it), then normed =
+ * rms_norm(sum, w): bit for bit the add and the rms_norm it replaces. */
+static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
+{
+    double eps;
+    MOEC_TRY(attr_num_req(op, "eps", &eps));
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[0], T, d) != 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: add_rms_norm wants a [T, D]", op_name(op));
+    int64_t rows = d[0], D = d[1];
+    if (numel_of(op->in[1], T) != rows * D || numel_of(op->in[2], T) != D ||
+        numel_of(op->out[0], T) != rows * D || numel_of(op->out[1], T) != rows * D)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: add_rms_norm wants b [T, %lld] and weight %s of %lld elements",
+                        op_name(op), (long long)D, op->in[2]->name, (long long)D);
+    const float *a = fbuf(in, op->in[0]), *b = fbuf(in, op->in[1]);
+    float *sum = fbuf(in, op->out[0]);
+    float alpha = (float)attr_num_or(op, "alpha", 1.0);
+    for (int64_t i = 0; i < rows * D; i++)
+        sum[i] = a[i] + alpha * b[i];
+    rms_norm_rows(sum, fbuf(in, op->in[2]), fbuf(in, op->out[1]), rows, D, eps);
     return MOEC_OK;
 }
 
@@ -1015,6 +1044,7 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_MLA_VABSORB: return op_mla_vabsorb(in, op, T);
     case IR_OP_FORK:
     case IR_OP_JOIN: return op_copy(in, op, T);
+    case IR_OP_ADD_RMS_NORM: return op_add_rms_norm(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1052,6 +1082,7 @@ static const struct {
     [IR_OP_MLA_VABSORB] = {2, 2, 1, 0, 0, 0},
     [IR_OP_FORK] = {1, 1, 1, 0, 0, 1},
     [IR_OP_JOIN] = {1, 1, 1, 0, 0, 1},
+    [IR_OP_ADD_RMS_NORM] = {3, 3, 2, 0, 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand

@@ -6,12 +6,16 @@
  * that runs in chunks of the largest bucket across KV pages. Through the
  * runtime: 3 sequences decoded together in one step (slots 0, 1, 2, plus a
  * padding row) equal each decoded alone and the interpreter, the sampled
- * ids are the rows' argmax, and bad steps fail before they run. Every row
- * must be finite (the arena starts poisoned with NaN). Without a device:
- * "SKIP: no CUDA device", exit 0. */
+ * ids are the rows' argmax, and bad steps fail before they run; a plan for
+ * another arch and one that does not fit the device's memory are refused
+ * at init. A plan file (moec_compile, fp32) run by moec_session_init_plan
+ * gives the greedy tokens and rows of the in-process CUDA session. Every
+ * row must be finite (the arena starts poisoned with NaN). Without a
+ * device: "SKIP: no CUDA device", exit 0. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codegen/cg.h"
 #include "compiler/api_internal.h"
@@ -233,6 +237,15 @@ static void prefill_all(rt_cuda *c, int V, float *const ref[N_SEQ], const char *
 static void check_bad_plans(rt_plan *plan, const rt_weights *w)
 {
     rt_cuda *c = NULL;
+    char arch[sizeof plan->arch];
+    memcpy(arch, plan->arch, sizeof arch);
+    snprintf(plan->arch, sizeof plan->arch, "sm_10");
+    T_ERR(rt_cuda_init(plan, w, 2, 64, &c), MOEC_ERR_UNSUPPORTED,
+          "the plan was compiled for sm_10, but device 0");
+    memcpy(plan->arch, arch, sizeof arch);
+    /* 4096 sequences of 2^20 tokens: terabytes of KV cache. */
+    T_ERR(rt_cuda_init(plan, w, 4096, 1 << 20, &c), MOEC_ERR_CAPACITY, "MiB) free");
+    T_CHECK(c == NULL);
     rt_bucket *b0 = &plan->buckets[0], *bl = &plan->buckets[plan->n_buckets - 1];
     char *kept = b0->kernel_names[0];
     b0->kernel_names[0] = "no_such_kernel";
@@ -373,6 +386,47 @@ static void check_batch(const char *name, const moec_model_t *m, const char *dir
         free(ref[s]);
 }
 
+/* The model compiled to a plan file (fp32, default buckets: the cubins the
+ * in-process session compiled, from the cache) and run from it: the same
+ * greedy tokens and rows as the in-process CUDA session. */
+static void check_plan_file(const char *name, const moec_model_t *m, const char *dir,
+                            const int32_t *prompt, int P)
+{
+    int V = moec_model_vocab_size(m);
+    int rows_n = P + DECODE;
+    char tmp[4096], path[4200];
+    snprintf(tmp, sizeof tmp, "%s", t_tmpdir("gpu-plan"));
+    snprintf(path, sizeof path, "%s/%s.moec", tmp, name);
+    moec_compile_options o = {0};
+    o.dtype = "fp32";
+    T_OK(moec_compile(m, dir, &o, path));
+    setenv("MOEC_DTYPE", "fp32", 1);
+    moec_session_t *inproc = NULL, *fromfile = NULL;
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CUDA, rows_n, &inproc));
+    T_OK(moec_session_init_plan(path, dir, rows_n, &fromfile));
+    float *a = malloc((size_t)rows_n * V * sizeof *a), *b = malloc((size_t)rows_n * V * sizeof *b);
+    int32_t ta[DECODE], tb[DECODE];
+    if (inproc && fromfile && a && b) {
+        T_CHECK(moec_session_vocab_size(fromfile) == V &&
+                moec_session_eos_token(fromfile) == moec_model_eos_token(m));
+        T_OK(run_session(inproc, prompt, P, DECODE, V, NULL, ta, a));
+        T_OK(run_session(fromfile, prompt, P, DECODE, V, NULL, tb, b));
+        int diffs;
+        double worst = compare_rows(b, a, 0, rows_n, V, &diffs);
+        int same = !memcmp(ta, tb, sizeof ta);
+        printf("%-18s fp32: plan file vs in-process plan: max row error %.3g, greedy tokens %s\n",
+               name, worst, same ? "identical" : "DIFFER");
+        T_CHECK(same && diffs == 0);
+        T_CHECK(worst <= 1e-5);
+    }
+    free(a);
+    free(b);
+    moec_session_free(inproc);
+    moec_session_free(fromfile);
+    remove(path);
+    rmdir(tmp);
+}
+
 static void check_model(const char *name)
 {
     char rel[256];
@@ -396,6 +450,7 @@ static void check_model(const char *name)
         check_session(name, m, dir, prompt, P, feed, ref, 0);
         check_long_prompt(name, m, dir);
         check_batch(name, m, dir);
+        check_plan_file(name, m, dir, prompt, P);
     } else {
         T_CHECK(!"the interpreter failed");
         fprintf(stderr, "%s: %s\n", name, moec_last_error());

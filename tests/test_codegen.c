@@ -678,6 +678,100 @@ static void test_unit_ops(void)
     ir_module_free(m);
 }
 
+/* add_rms_norm: warp form for short rows, block form for long ones, a
+ * signature of every dtype where they differ, the sum's storage rounding
+ * before the norm, and rows too long to keep in registers. */
+static const char ADD_NORM_IR[] =
+    "module add_norm {\n"
+    "  input %tokens : i32[T]\n"
+    "  input %positions : i32[T]\n"
+    "  weight %embed : bf16[256, 64] = \"e\"\n"
+    "  weight %norm : bf16[64] = \"n\"\n"
+    "  weight %norm32 : f32[64] = \"n32\"\n"
+    "  weight %wide_w : bf16[2048, 64] = \"ww\"\n"
+    "  weight %wide_norm : bf16[2048] = \"wn\"\n"
+    "  weight %huge_w : bf16[73728, 64] = \"hw\"\n"
+    "  weight %huge_norm : bf16[73728] = \"hn\"\n"
+    "  %x : f32[T, 64] = embedding(%tokens, %embed)\n"
+    "  %x2 : f32[T, 64] = silu(%x)\n"
+    "  %r : f32[T, 64], %h : f32[T, 64] = add_rms_norm(%x, %x2, %norm) {eps = 1e-06, alpha = 2.5}\n"
+    "  %r2 : f32[T, 64], %h2 : f32[T, 64] = add_rms_norm(%r, %h, %norm) {eps = 1e-05}\n"
+    "  %r3 : f32[T, 64], %h3 : f32[T, 64] = add_rms_norm(%r2, %h2, %norm32) {eps = 1e-05}\n"
+    "  %wd : f32[T, 2048] = linear(%h3, %wide_w)\n"
+    "  %wr : f32[T, 2048], %wh : f32[T, 2048] = add_rms_norm(%wd, %wd, %wide_norm) {eps = 1e-06}\n"
+    "  %hg : f32[T, 73728] = linear(%r3, %huge_w)\n"
+    "  %hr : f32[T, 73728], %hh : f32[T, 73728] = add_rms_norm(%hg, %hg, %huge_norm) {eps = 1e-06}\n"
+    "  %lg : f32[T, 256] = linear(%h3, %embed)\n"
+    "  %logits : f32[T, 256] = reshape(%lg)\n"
+    "  output %logits\n"
+    "}\n";
+
+static void test_add_rms_norm(void)
+{
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(ADD_NORM_IR, "add_norm.mir", &m));
+    if (!m)
+        return;
+    plan_trivially(m);
+    cg_options o;
+    cg_options_default(&o);
+    cg_ctx c;
+    ctx_init(&c, m, &o, 8);
+    for (int k = 0; k < m->n_ops; k++)
+        T_OK(cg_emit_op(&c, m->ops[k]));
+    check_steps(&c);
+    /* 64 wide: a warp per row, 4 rows a block */
+    expect_kernel(&c, "r", "add_rms_norm_d64_t8_bf16", 2, 1, 128, 7);
+    const rt_step *s = step_of(&c, "r");
+    T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "x")) &&
+            is_arg(s->args[1], RT_ARG_ACT, vid(&c, "x2")) &&
+            is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "norm")) &&
+            is_arg(s->args[3], RT_ARG_ACT, vid(&c, "r")) &&
+            is_arg(s->args[4], RT_ARG_ACT, vid(&c, "h")) && s->args[5].kind == RT_ARG_F32 &&
+            s->args[5].f == 2.5 && s->args[6].kind == RT_ARG_F32 && s->args[6].f == 1e-6);
+    /* one step for the op, whose two results are both named by it */
+    int first;
+    const ir_op *op = op_of(m, "h");
+    T_CHECK(op && op == op_of(m, "r") && steps_of(&c, op->id, &first) == 1);
+    /* alpha defaults to 1; the same specialization shares the kernel */
+    const rt_step *s2 = step_of(&c, "r2");
+    T_CHECK(s && s2 && s2->kernel == s->kernel && s2->args[5].f == 1.0 && s2->args[6].f == 1e-5);
+    /* an f32 weight: every dtype in the name (sum, normed, a, b, w) */
+    expect_kernel(&c, "r3", "add_rms_norm_d64_t8_bf16_bf16_bf16_bf16_f32", 2, 1, 128, 7);
+    /* the hidden size: a block per row, 256 threads of 8 elements */
+    expect_kernel(&c, "wr", "add_rms_norm_d2048_t8_bf16", 8, 1, 256, 7);
+    s = step_of(&c, "wr");
+    T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "wd")) &&
+            is_arg(s->args[1], RT_ARG_ACT, vid(&c, "wd")) &&
+            is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "wide_norm")) &&
+            is_arg(s->args[3], RT_ARG_ACT, vid(&c, "wr")) &&
+            is_arg(s->args[4], RT_ARG_ACT, vid(&c, "wh")));
+    /* rows too long for registers: 1024 threads, the sum read back */
+    expect_kernel(&c, "hr", "add_rms_norm_d73728_t8_bf16", 8, 1, 1024, 7);
+    const char *src = c.src.data ? c.src.data : "";
+    T_CHECK(strstr(src, "// add_rms_norm (codegen/add_rms_norm.c), first for %r, %h\n"
+                        "extern \"C\" __global__ void __launch_bounds__(128)\n"
+                        "add_rms_norm_d64_t8_bf16(const __nv_bfloat16 *__restrict__ a, ") != NULL);
+    const char *huge = strstr(src, "add_rms_norm_d73728_t8_bf16(");
+    T_CHECK(huge && strstr(huge, "ldv<8>(sr + c * 8, t);") && !strstr(huge, "float v["));
+    /* bf16: the norm is of the sum as stored */
+    T_CHECK(strstr(src, "__nv_bfloat16 q;\n                st(&q, t[j]);\n") != NULL);
+    compile_src(src, "the add_rms_norm module");
+    ctx_free(&c);
+
+    /* f32 compute: no rounding of the sum */
+    o.compute_dtype = IR_DTYPE_F32;
+    ctx_init(&c, m, &o, 1);
+    for (int k = 0; k < m->n_ops; k++)
+        T_OK(cg_emit_op(&c, m->ops[k]));
+    expect_kernel(&c, "r", "add_rms_norm_d64_t1_f32", 1, 1, 128, 7);
+    expect_kernel(&c, "wr", "add_rms_norm_d2048_t1_f32", 1, 1, 256, 7);
+    T_CHECK(c.src.data && !strstr(c.src.data, " q;\n"));
+    compile_src(c.src.data, "the add_rms_norm module in f32");
+    ctx_free(&c);
+    ir_module_free(m);
+}
+
 /* ---- the GEMM steps mean what the ops do ---------------------------------------- */
 
 /* C = alpha * op(A) op(B) (+ bias) per batch, column-major, as cuBLASLt reads
@@ -947,6 +1041,7 @@ int main(void)
     test_cache();
     test_compile_error();
     test_unit_ops();
+    test_add_rms_norm();
     test_gemm_semantics();
     test_storage();
     test_plan_errors();

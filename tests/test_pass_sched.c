@@ -517,14 +517,17 @@ static double worst_row_error(const float *a, const float *b, int rows, int voca
     return worst;
 }
 
-/* The residual stream value of the first layer, and a value of the same
- * size born (by an op that does not read it) while it is still needed:
- * forcing them together must corrupt. */
+/* The residual stream value of the first layer (an add's result read
+ * twice, or the sum of an add_rms_norm, whose norm is inside it), and a
+ * value of the same size born (by an op that does not read it) while it is
+ * still needed: forcing them together must corrupt. */
 static void sabotage(ir_module *m)
 {
     for (int k = 0; k < m->n_ops; k++) {
         ir_value *u = m->ops[k]->out[0];
-        if (m->ops[k]->kind != IR_OP_ADD || ir_module_use_count(m, u) < 2)
+        ir_op_kind kind = m->ops[k]->kind;
+        int uses = ir_module_use_count(m, u);
+        if (!(kind == IR_OP_ADD && uses >= 2) && !(kind == IR_OP_ADD_RMS_NORM && uses >= 1))
             continue;
         int last = k;
         for (int q = k + 1; q < m->n_ops; q++)

@@ -1,0 +1,199 @@
+/* add_rms_norm.c — the residual add fused with the RMSNorm after it:
+ * sum = a + alpha * b, y = sum / sqrt(mean(sum^2) + eps) * w, per token row.
+ * One kernel reads the residual and the branch output once and writes both
+ * the new residual and its normalized form, where add then rms_norm would
+ * write the sum and read it back. The norm is taken of the sum as stored
+ * (rounded to its storage dtype), so the result is what the unfused pair
+ * computes; fp32 math with the same formulas as eltwise.c and rms_norm.c.
+ *
+ * Short rows take one warp each, four rows to a block; long rows (the
+ * hidden size of real models) one block each. Each thread keeps its share
+ * of the row in registers between the sum and the scaling unless that share
+ * is large, and then reads back the sum it wrote itself.
+ *
+ * Kernel add_rms_norm_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W *w,
+ * S *sum, Y *y, float alpha, float eps). Warp form: grid ceil(T / 4), block
+ * 128; block form: grid T, block up to 1024 (a multiple of 32). */
+#include <math.h>
+#include <stdio.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+static int vec_of(int64_t n)
+{
+    int v = 8;
+    while (v > 1 && n % v)
+        v /= 2;
+    return v;
+}
+
+/* "bf16" when every operand and result is stored alike, else the dtypes of
+ * sum, normed, a, b and w in that order. */
+static void dtype_sig(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
+{
+    ir_dtype d[5] = {cg_storage(c, op->out[0]), cg_storage(c, op->out[1]),
+                     cg_storage(c, op->in[0]), cg_storage(c, op->in[1]),
+                     cg_storage(c, op->in[2])};
+    int same = 1;
+    for (int i = 1; i < 5; i++)
+        same &= d[i] == d[0];
+    int n = snprintf(buf, cap, "%s", ir_dtype_name(d[0]));
+    for (int i = 1; !same && i < 5 && n > 0 && (size_t)n < cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "_%s", ir_dtype_name(d[i]));
+}
+
+/* A numeric attribute whether written as an int or a float. */
+static int num_attr(const ir_op *op, const char *key, double *out)
+{
+    const ir_attr *a = ir_op_attr(op, key);
+    if (a && a->kind == IR_ATTR_FLOAT)
+        *out = a->f;
+    else if (a && a->kind == IR_ATTR_INT)
+        *out = (double)a->i;
+    else
+        return 0;
+    return 1;
+}
+
+moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
+{
+    const ir_value *a = op->in[0], *b = op->in[1], *w = op->in[2];
+    const ir_value *s = op->out[0], *y = op->out[1];
+    double eps, alpha = 1.0;
+    int64_t D = a->type.rank == 2 ? a->type.dims[1] : 0;
+    if (a->type.rank != 2 || b->type.rank != 2 || b->type.dims[1] != D ||
+        ir_type_numel(&w->type, 1) != D || ir_type_numel(&s->type, 1) != D ||
+        ir_type_numel(&y->type, 1) != D || !num_attr(op, "eps", &eps))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "add_rms_norm %%%s: wants a [T, D], b [T, D], w [D] and an eps attribute",
+                        s->name);
+    if (ir_op_attr(op, "alpha") && !num_attr(op, "alpha", &alpha))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: alpha must be a number",
+                        s->name);
+    if (!isfinite(alpha) || !isfinite(eps))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: alpha %g and eps %g must be finite",
+                        s->name, alpha, eps);
+    ir_dtype da = cg_storage(c, a), db = cg_storage(c, b), dw = cg_storage(c, w);
+    ir_dtype ds = cg_storage(c, s), dy = cg_storage(c, y);
+    if (da == IR_DTYPE_I32 || db == IR_DTYPE_I32 || dw == IR_DTYPE_I32 || ds == IR_DTYPE_I32 ||
+        dy == IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: integer operands", s->name);
+    int rows = c->T;
+    int vec = vec_of(D);
+    int64_t chunks = D / vec;
+    int warp_form = chunks <= 128;
+    int stride = warp_form ? 32 : (int)(chunks >= 1024 ? 1024 : (chunks + 31) / 32 * 32);
+    int nch = (int)((chunks + stride - 1) / stride);
+    int cache = nch * vec <= 64;
+    char sig[64], name[256];
+    dtype_sig(c, op, sig, sizeof sig);
+    snprintf(name, sizeof name, "add_rms_norm_d%lld_t%d_%s", (long long)D, c->T, sig);
+    int is_new;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
+    if (is_new) {
+        cg_buf *src = &c->src;
+        cg_buf_printf(src,
+                      "// add_rms_norm (codegen/add_rms_norm.c), first for %%%s, %%%s\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d)\n"
+                      "%s(const %s *__restrict__ a, const %s *__restrict__ b,\n"
+                      "    const %s *__restrict__ w, %s *__restrict__ sum, %s *__restrict__ y,\n"
+                      "    float alpha, float eps)\n"
+                      "{\n",
+                      s->name, y->name, warp_form ? 128 : stride, name, cg_ctype(da),
+                      cg_ctype(db), cg_ctype(dw), cg_ctype(ds), cg_ctype(dy));
+        if (warp_form)
+            cg_buf_printf(src,
+                          "    const int row = blockIdx.x * 4 + (threadIdx.x >> 5);\n"
+                          "    const int lane = threadIdx.x & 31;\n"
+                          "    if (row >= %d)\n"
+                          "        return;\n",
+                          rows);
+        else
+            cg_buf_printf(src, "    const int row = blockIdx.x;\n"
+                               "    const int lane = threadIdx.x;\n");
+        cg_buf_printf(src,
+                      "    const long long base = (long long)row * %lld;\n"
+                      "    const %s *ar = a + base;\n"
+                      "    const %s *br = b + base;\n"
+                      "    %s *sr = sum + base;\n"
+                      "    %s *yr = y + base;\n"
+                      "    float ss = 0.0f;\n",
+                      (long long)D, cg_ctype(da), cg_ctype(db), cg_ctype(ds), cg_ctype(dy));
+        if (cache)
+            cg_buf_printf(src, "    float v[%d][%d];\n", nch, vec);
+        cg_buf_printf(src,
+                      "#pragma unroll\n"
+                      "    for (int i = 0; i < %d; i++) {\n"
+                      "        const int c = lane + i * %d;\n"
+                      "        if (c < %lld) {\n"
+                      "            float t[%d], u[%d];\n"
+                      "            ldv<%d>(ar + c * %d, t);\n"
+                      "            ldv<%d>(br + c * %d, u);\n"
+                      "#pragma unroll\n"
+                      "            for (int j = 0; j < %d; j++)\n"
+                      "                t[j] = t[j] + alpha * u[j];\n"
+                      "            stv<%d>(sr + c * %d, t);\n"
+                      "#pragma unroll\n"
+                      "            for (int j = 0; j < %d; j++) {\n",
+                      nch, stride, (long long)chunks, vec, vec, vec, vec, vec, vec, vec, vec, vec,
+                      vec);
+        if (ds != IR_DTYPE_F32)
+            cg_buf_printf(src,
+                          "                %s q;\n"
+                          "                st(&q, t[j]);\n"
+                          "                t[j] = ld(&q);\n",
+                          cg_ctype(ds));
+        cg_buf_printf(src,
+                      "                ss += t[j] * t[j];\n"
+                      "%s"
+                      "            }\n"
+                      "        }\n"
+                      "    }\n"
+                      "    ss = %s(ss);\n"
+                      "    const float inv = 1.0f / sqrtf(ss / %lld.0f + eps);\n"
+                      "#pragma unroll\n"
+                      "    for (int i = 0; i < %d; i++) {\n"
+                      "        const int c = lane + i * %d;\n"
+                      "        if (c < %lld) {\n"
+                      "            float t[%d], wv[%d];\n",
+                      cache ? "                v[i][j] = t[j];\n" : "",
+                      warp_form ? "warp_sum" : "block_sum", (long long)D, nch, stride,
+                      (long long)chunks, vec, vec);
+        if (cache)
+            cg_buf_printf(src,
+                          "#pragma unroll\n"
+                          "            for (int j = 0; j < %d; j++)\n"
+                          "                t[j] = v[i][j];\n",
+                          vec);
+        else
+            cg_buf_printf(src, "            ldv<%d>(sr + c * %d, t);\n", vec, vec);
+        cg_buf_printf(src,
+                      "            ldv<%d>(w + c * %d, wv);\n"
+                      "#pragma unroll\n"
+                      "            for (int j = 0; j < %d; j++)\n"
+                      "                t[j] = wv[j] * (t[j] * inv);\n"
+                      "            stv<%d>(yr + c * %d, t);\n"
+                      "        }\n"
+                      "    }\n"
+                      "}\n\n",
+                      vec, vec, vec, vec, vec);
+    }
+    rt_step *st = cg_step(c, RT_STEP_KERNEL, op);
+    if (!st)
+        return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
+    st->kernel = k;
+    st->grid[0] = (unsigned)(warp_form ? (rows + 3) / 4 : rows);
+    st->block[0] = (unsigned)(warp_form ? 128 : stride);
+    st->n_args = 7;
+    st->args[0] = cg_arg_act(a);
+    st->args[1] = cg_arg_act(b);
+    st->args[2] = cg_arg_act(w);
+    st->args[3] = cg_arg_act(s);
+    st->args[4] = cg_arg_act(y);
+    st->args[5] = cg_arg_f32(alpha);
+    st->args[6] = cg_arg_f32(eps);
+    return MOEC_OK;
+}

@@ -1,0 +1,123 @@
+/* moec_compile.c — ahead-of-time compile (moec compile, moec.h): the pass
+ * pipeline, code generation and NVRTC for every batch bucket, and the plan
+ * file the runtime loads with no compiler call. The in-process CUDA path
+ * (moec_cuda_model_init) goes through the same options and passes, so a
+ * plan file and an in-process plan of the same model are the same plan. */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compiler/api_internal.h"
+#include "compiler/passes.h"
+#include "err.h"
+#include "runtime/plan_file.h"
+#include "runtime/weights.h"
+
+moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out)
+{
+    cg_options_default(out);
+    out->compute_dtype = dt;
+    if (!arch || !*arch)
+        arch = getenv("MOEC_ARCH");
+    if (!arch || !*arch)
+        return MOEC_OK;
+    if (strlen(arch) >= sizeof out->arch || strncmp(arch, "sm_", 3) ||
+        !isdigit((unsigned char)arch[3]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "target arch '%s' is not a GPU arch like sm_90",
+                        arch);
+    snprintf(out->arch, sizeof out->arch, "%s", arch);
+    return MOEC_OK;
+}
+
+moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused)
+{
+    *fused = NULL;
+    pass_options po;
+    pass_options_default(&po);
+    po.compute_dtype = co->compute_dtype;
+    po.n_batch_sizes = co->n_buckets;
+    memcpy(po.batch_sizes, co->buckets, sizeof po.batch_sizes);
+    const char *tmp = getenv("TMPDIR");
+    ir_module *m = NULL;
+    MOEC_TRY(ir_module_clone(module, &m));
+    moec_status st = pass_run_pipeline(m, &po, NULL, NULL, NULL, tmp && *tmp ? tmp : "/tmp");
+    if (st != MOEC_OK) {
+        ir_module_free(m);
+        return st;
+    }
+    *fused = m;
+    return MOEC_OK;
+}
+
+/* The options of moec_compile as code generation options. */
+static moec_status compile_options(const moec_compile_options *o, cg_options *co)
+{
+    int tp = o->tp ? o->tp : 1;
+    if (tp != 1)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "tensor parallelism (tp %d) is not supported yet",
+                        tp);
+    ir_dtype dt;
+    if (!o->dtype || !strcmp(o->dtype, "bf16"))
+        dt = IR_DTYPE_BF16;
+    else if (!strcmp(o->dtype, "fp32"))
+        dt = IR_DTYPE_F32;
+    else
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "compute dtype '%s' is not bf16 or fp32 (the CUDA runtime computes in "
+                        "those)",
+                        o->dtype);
+    MOEC_TRY(moec_cg_options(dt, o->arch, co));
+    if (o->n_batch) {
+        int max = (int)(sizeof co->buckets / sizeof *co->buckets);
+        if (o->n_batch < 0 || o->n_batch > max)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%d batch sizes (want 1 to %d)", o->n_batch,
+                            max);
+        for (int i = 0; i < o->n_batch; i++)
+            if (o->batch[i] < 1 || o->batch[i] > 4096 || (i && o->batch[i] <= o->batch[i - 1]))
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "batch size %d is %d: batch sizes must ascend, from 1 to 4096", i,
+                                o->batch[i]);
+        co->n_buckets = o->n_batch;
+        memcpy(co->buckets, o->batch, (size_t)o->n_batch * sizeof *o->batch);
+    }
+    co->cache_dir = o->cache_dir;
+    co->progress = o->progress;
+    co->progress_user = o->progress_user;
+    return MOEC_OK;
+}
+
+moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
+                         const moec_compile_options *opt, const char *out_path)
+{
+    if (!model || !weights_dir || !out_path)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_compile: NULL argument");
+    moec_compile_options defaults;
+    if (!opt) {
+        memset(&defaults, 0, sizeof defaults);
+        opt = &defaults;
+    }
+    cg_options co;
+    MOEC_TRY(compile_options(opt, &co));
+    ir_module *fused = NULL;
+    rt_weights *w = NULL;
+    rt_plan *plan = NULL;
+    rt_plan_meta meta;
+    memset(&meta, 0, sizeof meta);
+    meta.format = RT_PLAN_FORMAT;
+    moec_status st = moec_fuse(moec_model_module(model), &co, &fused);
+    /* The checkpoint must fit the plan before the expensive part. */
+    if (st == MOEC_OK)
+        st = rt_weights_open(fused, weights_dir, &w);
+    rt_weights_free(w);
+    if (st == MOEC_OK)
+        st = rt_hash_config(weights_dir, meta.config_hash);
+    if (st == MOEC_OK)
+        st = rt_hash_weights(fused, weights_dir, meta.weights_hash);
+    if (st == MOEC_OK)
+        st = cg_plan_build(fused, &co, &plan);
+    if (st == MOEC_OK)
+        st = rt_plan_write(out_path, plan, &meta);
+    rt_plan_free(plan);
+    ir_module_free(fused);
+    return st;
+}

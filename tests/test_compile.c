@@ -1,0 +1,314 @@
+/* test_compile.c — ahead-of-time compile to a plan file and plan sessions,
+ * with no GPU: moec_compile of a tiny model writes a plan that reads back
+ * (buckets, kernels, cubins, module, the checkpoint hashes) and equals the
+ * plan built in-process from the same options; progress is reported per
+ * bucket; bad options, a foreign or missing checkpoint and an unwritable
+ * path fail without leaving a file. A plan session checks the plan and the
+ * checkpoint before it asks for a device: another checkpoint is refused
+ * first, and only then (here) "no CUDA device". MOEC_COMPILE_TEST_CACHE
+ * names a cubin cache to keep (to rerun under valgrind without NVRTC). */
+#include <ftw.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "compiler/api_internal.h"
+#include "runtime/plan_file.h"
+#include "testlib.h"
+
+#ifdef MOEC_HAVE_CUDA
+enum { HAVE_NVRTC = 1 };
+#else
+enum { HAVE_NVRTC = 0 };
+#endif
+
+static char g_dir[4096], g_cache[4200];
+
+typedef struct progress_log {
+    int n;
+    int done[16], total[16];
+} progress_log;
+
+static void on_progress(int done, int total, void *user)
+{
+    progress_log *l = user;
+    if (l->n < 16) {
+        l->done[l->n] = done;
+        l->total[l->n] = total;
+    }
+    l->n++;
+}
+
+static int exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[4][4200];
+    static int i;
+    char *b = buf[i++ % 4];
+    snprintf(b, sizeof buf[0], "%s/%s", g_dir, name);
+    return b;
+}
+
+/* The plan read back from path equals p (built in-process) step for step,
+ * and its cubins byte for byte. */
+static void check_same_plan(const rt_plan *p, const rt_plan *q)
+{
+    T_CHECK(p->n_buckets == q->n_buckets && p->compute_dtype == q->compute_dtype &&
+            !strcmp(p->arch, q->arch) && p->kv_block_size == q->kv_block_size);
+    for (int b = 0; b < p->n_buckets && b < q->n_buckets; b++) {
+        const rt_bucket *x = &p->buckets[b], *y = &q->buckets[b];
+        T_CHECK(x->T == y->T && x->n_kernels == y->n_kernels && x->n_steps == y->n_steps &&
+                x->arena_bytes == y->arena_bytes && x->scratch_bytes == y->scratch_bytes);
+        T_CHECK(x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size));
+        for (int k = 0; k < x->n_kernels && k < y->n_kernels; k++)
+            T_CHECK(!strcmp(x->kernel_names[k], y->kernel_names[k]));
+        for (int s = 0; s < x->n_steps && s < y->n_steps; s++)
+            T_CHECK(!memcmp(&x->steps[s], &y->steps[s], sizeof x->steps[s]));
+    }
+    char *a = ir_module_print_str(p->module), *c = ir_module_print_str(q->module);
+    T_CHECK(a && c && !strcmp(a, c));
+    free(a);
+    free(c);
+}
+
+/* deepseek_v3 in bf16, buckets 1 and 8: the plan file and what it holds. */
+static void test_compile_v3(const char *plan_path)
+{
+    const char *dir = t_src("tests/data/deepseek_v3");
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    if (!m)
+        return;
+    progress_log log = {0};
+    moec_compile_options o = {0};
+    o.n_batch = 2;
+    o.batch[0] = 1;
+    o.batch[1] = 8;
+    o.cache_dir = g_cache;
+    o.progress = on_progress;
+    o.progress_user = &log;
+    T_OK(moec_compile(m, dir, &o, plan_path));
+    T_CHECK(log.n == 2 && log.done[0] == 1 && log.done[1] == 2 && log.total[0] == 2 &&
+            log.total[1] == 2);
+
+    rt_plan *p = NULL;
+    ir_module *pm = NULL;
+    rt_plan_meta meta;
+    T_OK(rt_plan_read(plan_path, &p, &pm, &meta));
+    if (p) {
+        T_CHECK(p->n_buckets == 2 && p->buckets[0].T == 1 && p->buckets[1].T == 8);
+        T_CHECK(!strcmp(p->arch, "sm_90") && p->compute_dtype == IR_DTYPE_BF16 &&
+                p->kv_block_size == 64);
+        for (int b = 0; b < p->n_buckets; b++) {
+            const rt_bucket *bk = &p->buckets[b];
+            /* A cubin is an ELF image. */
+            T_CHECK(bk->cubin_size > 1000 && !memcmp(bk->cubin, "\177ELF", 4));
+            T_CHECK(bk->n_kernels > 5 && bk->n_steps >= bk->n_kernels);
+            for (int k = 0; k < bk->n_kernels; k++)
+                T_CHECK(bk->kernel_names[k] && strlen(bk->kernel_names[k]) > 3);
+            T_CHECK(bk->arena_bytes == (size_t)ir_module_meta_int(pm, "arena_bytes_per_token", 0) *
+                                           (size_t)bk->T);
+        }
+        /* The fused module: MLA absorbed, planned, for bf16. */
+        T_CHECK(ir_module_meta_int(pm, "vocab_size", 0) == 256);
+        const ir_attr *cd = ir_module_meta(pm, "compute_dtype");
+        T_CHECK(cd && cd->kind == IR_ATTR_STR && !strcmp(cd->s, "bf16"));
+        int mla = 0;
+        for (int i = 0; i < pm->n_ops; i++)
+            mla += pm->ops[i]->kind == IR_OP_MLA_ATTENTION;
+        T_CHECK(mla == 3);
+        /* The hashes are those of the checkpoint, and only of it. */
+        char cfg[17], w[17];
+        T_OK(rt_hash_config(dir, cfg));
+        T_OK(rt_hash_weights(pm, dir, w));
+        T_CHECK(!strcmp(cfg, meta.config_hash) && !strcmp(w, meta.weights_hash));
+        T_OK(rt_plan_check_checkpoint(&meta, pm, plan_path, dir));
+        T_ERR(rt_plan_check_checkpoint(&meta, pm, plan_path, t_src("tests/data/qwen3_moe")),
+              MOEC_ERR_MISMATCH, "was compiled for another config");
+
+        /* The same options in-process give the same plan (warm cache). */
+        cg_options co;
+        ir_module *fm = NULL;
+        rt_plan *q = NULL;
+        T_OK(moec_cg_options(IR_DTYPE_BF16, "sm_90", &co));
+        co.n_buckets = 2;
+        co.buckets[0] = 1;
+        co.buckets[1] = 8;
+        co.cache_dir = g_cache;
+        T_OK(moec_fuse(moec_model_module(m), &co, &fm));
+        if (fm)
+            T_OK(cg_plan_build(fm, &co, &q));
+        if (q)
+            check_same_plan(q, p);
+        rt_plan_free(q);
+        ir_module_free(fm);
+        rt_plan_free(p);
+    }
+    ir_module_free(pm);
+    moec_model_free(m);
+}
+
+/* qwen3_moe in fp32, one bucket. */
+static void test_compile_fp32(void)
+{
+    const char *dir = t_src("tests/data/qwen3_moe");
+    const char *path = tmp_path("q3.moec");
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    if (!m)
+        return;
+    moec_compile_options o = {0};
+    o.dtype = "fp32";
+    o.n_batch = 1;
+    o.batch[0] = 4;
+    o.arch = "sm_80";
+    o.tp = 1;
+    o.cache_dir = g_cache;
+    T_OK(moec_compile(m, dir, &o, path));
+    rt_plan *p = NULL;
+    ir_module *pm = NULL;
+    rt_plan_meta meta;
+    T_OK(rt_plan_read(path, &p, &pm, &meta));
+    if (p)
+        T_CHECK(p->compute_dtype == IR_DTYPE_F32 && p->n_buckets == 1 && p->buckets[0].T == 4 &&
+                !strcmp(p->arch, "sm_80") && p->buckets[0].cubin_size > 0);
+    rt_plan_free(p);
+    ir_module_free(pm);
+    moec_model_free(m);
+}
+
+/* Bad options and checkpoints fail before anything is written. */
+static void test_compile_errors(void)
+{
+    const char *dir = t_src("tests/data/deepseek_v3");
+    const char *path = tmp_path("never.moec");
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    if (!m)
+        return;
+    moec_compile_options o = {0};
+    o.cache_dir = g_cache;
+    o.tp = 2;
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_UNSUPPORTED,
+          "tensor parallelism (tp 2) is not supported yet");
+    o.tp = 1;
+    o.dtype = "fp16";
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
+          "compute dtype 'fp16' is not bf16 or fp32");
+    o.dtype = NULL;
+    o.arch = "gfx942";
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
+          "target arch 'gfx942' is not a GPU arch like sm_90");
+    o.arch = NULL;
+    o.n_batch = 3;
+    o.batch[0] = 1;
+    o.batch[1] = 8;
+    o.batch[2] = 8;
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
+          "batch size 2 is 8: batch sizes must ascend");
+    o.n_batch = 17;
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG, "17 batch sizes (want 1 to 16)");
+    o.n_batch = 1;
+    o.batch[0] = 1;
+    /* Another model's checkpoint, and a directory with no weights. */
+    T_ERR(moec_compile(m, t_src("tests/data/qwen3_moe"), &o, path), MOEC_ERR_MISMATCH,
+          "tensor 'model.layers.0.self_attn.q_a_layernorm.weight' not found in");
+    const char *empty = tmp_path("noweights");
+    T_CHECK(mkdir(empty, 0755) == 0);
+    char cfg[4300];
+    snprintf(cfg, sizeof cfg, "%s/config.json", empty);
+    size_t n;
+    char *text = t_read_file(t_src("tests/data/deepseek_v3/config.json"), &n);
+    t_write_file(cfg, text, n);
+    free(text);
+    T_ERR(moec_compile(m, empty, &o, path), MOEC_ERR_IO, "no *.safetensors");
+    T_CHECK(!exists(path));
+    T_ERR(moec_compile(m, dir, &o, tmp_path("no/such/dir/x.moec")), MOEC_ERR_IO,
+          "no/such/dir/x.moec");
+    T_ERR(moec_compile(NULL, dir, &o, path), MOEC_ERR_INVALID_ARG, "NULL argument");
+    T_CHECK(!exists(path));
+    remove(cfg);
+    rmdir(empty);
+    moec_model_free(m);
+}
+
+/* Plan sessions: every check that needs no device comes before the device. */
+static void test_plan_session(const char *plan_path)
+{
+    moec_session_t *s = NULL;
+    const char *v3 = t_src("tests/data/deepseek_v3");
+    T_ERR(moec_session_init_plan(plan_path, t_src("tests/data/qwen3_moe"), 16, &s),
+          MOEC_ERR_MISMATCH, "was compiled for another config");
+    T_CHECK(s == NULL);
+    T_ERR(moec_session_init_plan(plan_path, v3, 1000, &s), MOEC_ERR_INVALID_ARG,
+          "max_seq_len 1000 exceeds the model's max_position_embeddings 512");
+    T_ERR(moec_session_init_plan(plan_path, v3, 0, &s), MOEC_ERR_INVALID_ARG,
+          "max_seq_len must be positive");
+    T_ERR(moec_session_init_plan(plan_path, NULL, 16, &s), MOEC_ERR_INVALID_ARG, "NULL argument");
+
+    size_t n;
+    char *good = t_read_file(plan_path, &n);
+    const char *bad = tmp_path("bad.moec");
+    t_write_file(bad, good, n / 2);
+    T_ERR(moec_session_init_plan(bad, v3, 16, &s), MOEC_ERR_FORMAT,
+          "bad.moec is corrupt or truncated");
+    t_write_file(bad, good, 100);
+    T_ERR(moec_session_init_plan(bad, v3, 16, &s), MOEC_ERR_FORMAT, "bad.moec is truncated");
+    free(good);
+    T_ERR(moec_session_init_plan(v3, v3, 16, &s), MOEC_ERR_IO,
+          "deepseek_v3 is a directory, not a plan file");
+    T_ERR(moec_session_init_plan(t_src("tests/data/deepseek_v3/config.json"), v3, 16, &s),
+          MOEC_ERR_FORMAT, "config.json is not a moec plan");
+    remove(bad);
+
+    int n_dev = 0;
+    if (moec_cuda_device_count(&n_dev) != MOEC_OK || n_dev < 1) {
+        T_ERR(moec_session_init_plan(plan_path, v3, 16, &s), MOEC_ERR_NO_DEVICE, "no CUDA device");
+        T_CHECK(s == NULL);
+    } else {
+        T_OK(moec_session_init_plan(plan_path, v3, 16, &s));
+        T_CHECK(moec_session_backend(s) == MOEC_BACKEND_CUDA && moec_session_vocab_size(s) == 256 &&
+                moec_session_eos_token(s) == 1);
+        moec_session_free(s);
+    }
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+int main(void)
+{
+    snprintf(g_dir, sizeof g_dir, "%s", t_tmpdir("compile"));
+    const char *keep = getenv("MOEC_COMPILE_TEST_CACHE");
+    if (keep && *keep)
+        snprintf(g_cache, sizeof g_cache, "%s", keep);
+    else
+        snprintf(g_cache, sizeof g_cache, "%s/cubin", g_dir);
+    char plan[4300];
+    snprintf(plan, sizeof plan, "%s/v3.moec", g_dir);
+    test_compile_errors();
+    if (!HAVE_NVRTC) {
+        moec_model_t *m = NULL;
+        T_OK(moec_model_open(t_src("tests/data/deepseek_v3"), &m));
+        T_ERR(moec_compile(m, t_src("tests/data/deepseek_v3"), NULL, plan), MOEC_ERR_UNSUPPORTED,
+              "built without NVRTC");
+        moec_model_free(m);
+        fprintf(stderr, "SKIP: no compile checks: moec was built without the CUDA toolkit\n");
+    } else {
+        test_compile_v3(plan);
+        test_compile_fp32();
+        test_plan_session(plan);
+    }
+    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return t_finish("test_compile");
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# test_compile_cli.sh — `moec compile` and `moec run PLAN` as a user meets
+# them, with no GPU: the help names every flag; compile of a tiny model
+# writes a plan (MOECPLAN magic) with a progress line per bucket; running a
+# plan checks the plan, then the checkpoint, then asks for a device (here:
+# "no CUDA device"); every bad invocation fails with its exit code and
+# message. A fresh cubin cache, so NVRTC really compiles (valgrind runs are
+# in test_compile_valgrind.sh).
+set -u
+B=${MOEC_BUILD_DIR:?}/moec
+S=${MOEC_SOURCE_DIR:?}
+D=$S/tests/data
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+export MOEC_CACHE_DIR=$T/cubin
+unset MOEC_ARCH MOEC_DTYPE
+pass=0 fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+
+# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr.
+expect() {
+  local code=$1 needle=$2; shift 3
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
+  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
+}
+
+expect 0 "compile MODEL_DIR" -- "$B" --help
+for f in --output --arch --dtype --batch-sizes --tp --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
+  expect 0 "$f" -- "$B" compile --help
+done
+expect 0 "--weights DIR" -- "$B" run --help
+expect 0 "moec run PLAN --weights MODEL_DIR" -- "$B" run --help
+
+# Compile: a plan, a progress line per bucket, a summary line.
+P=$T/v3.moec
+"$B" compile "$D/deepseek_v3" -o "$P" --batch-sizes 1,8 2>"$T/err"; rc=$?
+[ "$rc" = 0 ] && ok || bad "compile exited $rc: $(cat "$T/err")"
+[ "$(head -c 8 "$P" 2>/dev/null)" = MOECPLAN ] && ok || bad "the plan lacks the MOECPLAN magic"
+grep -qx "moec compile: compiled 1/2 buckets" "$T/err" && ok || bad "no progress line 1/2: $(cat "$T/err")"
+grep -qx "moec compile: compiled 2/2 buckets" "$T/err" && ok || bad "no progress line 2/2: $(cat "$T/err")"
+grep -q "moec compile: wrote $P ([0-9]* bytes) in [0-9.]* s" "$T/err" && ok || bad "no summary line: $(cat "$T/err")"
+n=$(ls "$MOEC_CACHE_DIR" | wc -l); [ "$n" -ge 2 ] && ok || bad "the cubin cache holds $n entries, want 2"
+expect 0 "compiled 1/1 buckets" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
+
+# Running a plan: the plan, then the checkpoint, then the device.
+expect 1 "plan $P was compiled for another config" -- "$B" run "$P" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  expect 1 "no CUDA device" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+fi
+size=$(stat -c %s "$P")
+head -c 100 "$P" >"$T/short.moec"
+expect 1 "plan $T/short.moec is truncated" -- "$B" run "$T/short.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
+head -c $((size - 4096)) "$P" >"$T/cut.moec"
+expect 1 "plan $T/cut.moec is corrupt or truncated (checksum mismatch)" -- "$B" run "$T/cut.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
+expect 1 "config.json is not a moec plan" -- "$B" run "$D/deepseek_v3/config.json" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
+expect 1 "max_seq_len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+
+# Bad invocations.
+expect 2 "tensor parallelism (--tp 2) is not supported yet" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp 2
+expect 2 "--tp: 'x' is not an integer >= 1" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp x
+expect 2 "missing -o PLAN" -- "$B" compile "$D/deepseek_v3"
+expect 2 "missing MODEL_DIR" -- "$B" compile -o "$T/x.moec"
+expect 2 "--dtype: 'fp16' is not bf16 or fp32" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --dtype fp16
+expect 2 "--batch-sizes: '8,1' is not 1 to 16 ascending sizes" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --batch-sizes 8,1
+expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --arch 90
+expect 2 "unknown option --frob" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --frob
+expect 2 "is a plan file: --weights MODEL_DIR (the checkpoint it was compiled for) is required" -- "$B" run "$P" --prompt-ids 1 --max-new-tokens 1
+expect 2 "--backend cpu: $P is a plan, which runs on the GPU" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --backend cpu
+expect 2 "--arch: $P is a plan, compiled for one arch" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --arch sm_90
+mkdir -p "$T/noweights" && cp "$D/deepseek_v3/config.json" "$T/noweights/"
+expect 1 "no *.safetensors" -- "$B" compile "$T/noweights" -o "$T/x.moec"
+[ ! -e "$T/x.moec" ] && ok || bad "a failed compile left $T/x.moec"
+"$B" compile "$D/deepseek_v3" -o "$T/again.moec" --batch-sizes 1,8 2>/dev/null
+cmp -s "$T/again.moec" "$P" && ok || bad "a recompile (warm cache) wrote a different plan"
+
+# run MODEL_DIR --weights DIR reads the weights from DIR.
+mkdir -p "$T/cfg" && cp "$D/qwen3_moe/config.json" "$T/cfg/"
+want=$("$B" run "$D/qwen3_moe" --prompt-ids 3,4,5 --max-new-tokens 3 --ignore-eos --backend cpu)
+got=$("$B" run "$T/cfg" --weights "$D/qwen3_moe" --prompt-ids 3,4,5 --max-new-tokens 3 --ignore-eos --backend cpu)
+[ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "run --weights printed '$got', want '$want'"
+
+echo "test_compile_cli: $pass passed, $fail failed"
+[ "$fail" = 0 ]
