@@ -29,7 +29,8 @@ typedef struct cg_options {
     int n_buckets;
     int buckets[16];          /* ascending batch sizes T */
     const char *cache_dir;    /* cubin cache (NULL: $MOEC_CACHE_DIR or ~/.cache/moec) */
-    /* Called after each bucket's kernels compile (progress lines). */
+    /* Called as each bucket's kernels finish compiling (progress lines):
+     * from the compiling threads, one call at a time. */
     void (*progress)(int done, int total, void *user);
     void *progress_user;
 } cg_options;

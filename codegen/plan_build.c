@@ -134,7 +134,7 @@ typedef struct compile_job {
 
 typedef struct compile_queue {
     compile_job *jobs;
-    int n, next;
+    int n, next, done;
     pthread_mutex_t lock;
 } compile_queue;
 
@@ -151,6 +151,12 @@ static void *compile_worker(void *arg)
         j->st = cg_compile(j->c->src.data, j->o->arch, j->o->cache_dir, &j->cubin, &j->size);
         if (j->st != MOEC_OK)
             snprintf(j->err, sizeof j->err, "%s", moec_last_error());
+        /* Progress as each bucket finishes, one call at a time. */
+        pthread_mutex_lock(&q->lock);
+        q->done++;
+        if (j->st == MOEC_OK && j->o->progress)
+            j->o->progress(q->done, q->n, j->o->progress_user);
+        pthread_mutex_unlock(&q->lock);
     }
 }
 
@@ -159,7 +165,7 @@ static void compile_all(compile_job *jobs, int n)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int n_threads = cpus < 1 ? 1 : cpus > n ? n : (int)cpus;
-    compile_queue q = {jobs, n, 0, PTHREAD_MUTEX_INITIALIZER};
+    compile_queue q = {jobs, n, 0, 0, PTHREAD_MUTEX_INITIALIZER};
     pthread_t th[16];
     int started = 0;
     for (int i = 1; i < n_threads && i < 16; i++)
@@ -226,8 +232,6 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **o
         c->steps = NULL;
         bk->arena_bytes = (size_t)arena * (size_t)c->T;
         bk->scratch_bytes = c->scratch_bytes;
-        if (st == MOEC_OK && opt->progress)
-            opt->progress(b + 1, nb, opt->progress_user);
     }
 out:
     for (int b = 0; ctx && b < nb; b++)

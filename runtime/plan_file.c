@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -423,6 +424,9 @@ static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m,
 /* Reads the whole file into memory. */
 static moec_status slurp(const char *path, uint8_t **data, size_t *size)
 {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO, "cannot read plan %s: not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return MOEC_ERR(MOEC_ERR_IO, "cannot open plan %s: %s", path, strerror(errno));
