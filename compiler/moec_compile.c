@@ -41,11 +41,17 @@ moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module *
     ir_module *m = NULL;
     MOEC_TRY(ir_module_clone(module, &m));
     moec_status st = pass_run_pipeline(m, &po, NULL, NULL, NULL, tmp && *tmp ? tmp : "/tmp");
-    if (st != MOEC_OK) {
-        ir_module_free(m);
+    /* Plans name values and ops by index. A plan file carries the module as
+     * text, which parses back with values in printed order (inputs, weights,
+     * results), while passes append new values at the end: so the plan is
+     * built over the module as it reads back from its text. */
+    ir_module *canonical = NULL;
+    if (st == MOEC_OK)
+        st = ir_module_clone(m, &canonical);
+    ir_module_free(m);
+    if (st != MOEC_OK)
         return st;
-    }
-    *fused = m;
+    *fused = canonical;
     return MOEC_OK;
 }
 

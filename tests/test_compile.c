@@ -67,8 +67,38 @@ static void check_same_plan(const rt_plan *p, const rt_plan *q)
         T_CHECK(x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size));
         for (int k = 0; k < x->n_kernels && k < y->n_kernels; k++)
             T_CHECK(!strcmp(x->kernel_names[k], y->kernel_names[k]));
-        for (int s = 0; s < x->n_steps && s < y->n_steps; s++)
+        for (int s = 0; s < x->n_steps && s < y->n_steps; s++) {
             T_CHECK(!memcmp(&x->steps[s], &y->steps[s], sizeof x->steps[s]));
+            /* Indices name the same values and ops in both modules. */
+            const rt_step *st = &x->steps[s];
+            const rt_arg *args[RT_MAX_ARGS + 4];
+            int n = 0;
+            for (int a = 0; a < st->n_args; a++)
+                args[n++] = &st->args[a];
+            if (st->kind == RT_STEP_GEMM) {
+                args[n++] = &st->gemm.a;
+                args[n++] = &st->gemm.b;
+                args[n++] = &st->gemm.c;
+                if (st->gemm.has_bias)
+                    args[n++] = &st->gemm.bias;
+            }
+            for (int a = 0; a < n; a++) {
+                if (args[a]->kind != RT_ARG_ACT && args[a]->kind != RT_ARG_WEIGHT)
+                    continue;
+                int v = args[a]->index;
+                int ok = v >= 0 && v < p->module->n_values && v < q->module->n_values &&
+                         !strcmp(p->module->values[v]->name, q->module->values[v]->name);
+                T_CHECK(ok);
+                if (!ok) {
+                    fprintf(stderr, "bucket %d step %d arg %d: value index %d differs\n", b, s, a, v);
+                    return;
+                }
+            }
+            if (st->op_id >= 0)
+                T_CHECK(st->op_id < q->module->n_ops &&
+                        !strcmp(p->module->ops[st->op_id]->out[0]->name,
+                                q->module->ops[st->op_id]->out[0]->name));
+        }
     }
     char *a = ir_module_print_str(p->module), *c = ir_module_print_str(q->module);
     T_CHECK(a && c && !strcmp(a, c));
