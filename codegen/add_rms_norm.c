@@ -18,15 +18,8 @@
 #include <stdio.h>
 
 #include "codegen/cg.h"
+#include "codegen/norm_rows.h"
 #include "err.h"
-
-static int vec_of(int64_t n)
-{
-    int v = 8;
-    while (v > 1 && n % v)
-        v /= 2;
-    return v;
-}
 
 /* "bf16" when every operand and result is stored alike, else the dtypes of
  * sum, normed, a, b and w in that order. */
@@ -80,12 +73,8 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
         dy == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: integer operands", s->name);
     int rows = c->T;
-    int vec = vec_of(D);
-    int64_t chunks = D / vec;
-    int warp_form = chunks <= 128;
-    int stride = warp_form ? 32 : (int)(chunks >= 1024 ? 1024 : (chunks + 31) / 32 * 32);
-    int nch = (int)((chunks + stride - 1) / stride);
-    int cache = nch * vec <= 64;
+    cg_norm_rows l = cg_norm_rows_of(D);
+    int vec = l.vec;
     char sig[64], name[256];
     dtype_sig(c, op, sig, sizeof sig);
     snprintf(name, sizeof name, "add_rms_norm_d%lld_t%d_%s", (long long)D, c->T, sig);
@@ -102,18 +91,9 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "    const %s *__restrict__ w, %s *__restrict__ sum, %s *__restrict__ y,\n"
                       "    float alpha, float eps)\n"
                       "{\n",
-                      s->name, y->name, warp_form ? 128 : stride, name, cg_ctype(da),
+                      s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(da),
                       cg_ctype(db), cg_ctype(dw), cg_ctype(ds), cg_ctype(dy));
-        if (warp_form)
-            cg_buf_printf(src,
-                          "    const int row = blockIdx.x * 4 + (threadIdx.x >> 5);\n"
-                          "    const int lane = threadIdx.x & 31;\n"
-                          "    if (row >= %d)\n"
-                          "        return;\n",
-                          rows);
-        else
-            cg_buf_printf(src, "    const int row = blockIdx.x;\n"
-                               "    const int lane = threadIdx.x;\n");
+        cg_norm_rows_begin(src, &l, rows);
         cg_buf_printf(src,
                       "    const long long base = (long long)row * %lld;\n"
                       "    const %s *ar = a + base;\n"
@@ -122,8 +102,8 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "    %s *yr = y + base;\n"
                       "    float ss = 0.0f;\n",
                       (long long)D, cg_ctype(da), cg_ctype(db), cg_ctype(ds), cg_ctype(dy));
-        if (cache)
-            cg_buf_printf(src, "    float v[%d][%d];\n", nch, vec);
+        if (l.cache)
+            cg_buf_printf(src, "    float v[%d][%d];\n", l.nch, vec);
         cg_buf_printf(src,
                       "#pragma unroll\n"
                       "    for (int i = 0; i < %d; i++) {\n"
@@ -138,55 +118,21 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "            stv<%d>(sr + c * %d, t);\n"
                       "#pragma unroll\n"
                       "            for (int j = 0; j < %d; j++) {\n",
-                      nch, stride, (long long)chunks, vec, vec, vec, vec, vec, vec, vec, vec, vec,
-                      vec);
+                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec, vec, vec, vec, vec,
+                      vec, vec);
         if (ds != IR_DTYPE_F32)
             cg_buf_printf(src,
                           "                %s q;\n"
                           "                st(&q, t[j]);\n"
                           "                t[j] = ld(&q);\n",
                           cg_ctype(ds));
-        cg_buf_printf(src,
-                      "                ss += t[j] * t[j];\n"
-                      "%s"
-                      "            }\n"
-                      "        }\n"
-                      "    }\n"
-                      "    ss = %s(ss);\n"
-                      "    const float inv = 1.0f / sqrtf(ss / %lld.0f + eps);\n"
-                      "#pragma unroll\n"
-                      "    for (int i = 0; i < %d; i++) {\n"
-                      "        const int c = lane + i * %d;\n"
-                      "        if (c < %lld) {\n"
-                      "            float t[%d], wv[%d];\n",
-                      cache ? "                v[i][j] = t[j];\n" : "",
-                      warp_form ? "warp_sum" : "block_sum", (long long)D, nch, stride,
-                      (long long)chunks, vec, vec);
-        if (cache)
-            cg_buf_printf(src,
-                          "#pragma unroll\n"
-                          "            for (int j = 0; j < %d; j++)\n"
-                          "                t[j] = v[i][j];\n",
-                          vec);
-        else
-            cg_buf_printf(src, "            ldv<%d>(sr + c * %d, t);\n", vec, vec);
-        cg_buf_printf(src,
-                      "            ldv<%d>(w + c * %d, wv);\n"
-                      "#pragma unroll\n"
-                      "            for (int j = 0; j < %d; j++)\n"
-                      "                t[j] = wv[j] * (t[j] * inv);\n"
-                      "            stv<%d>(yr + c * %d, t);\n"
-                      "        }\n"
-                      "    }\n"
-                      "}\n\n",
-                      vec, vec, vec, vec, vec);
+        cg_norm_rows_finish(src, &l, D, "sr");
     }
     rt_step *st = cg_step(c, RT_STEP_KERNEL, op);
     if (!st)
         return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
     st->kernel = k;
-    st->grid[0] = (unsigned)(warp_form ? (rows + 3) / 4 : rows);
-    st->block[0] = (unsigned)(warp_form ? 128 : stride);
+    cg_norm_rows_launch(st, &l, rows);
     st->n_args = 7;
     st->args[0] = cg_arg_act(a);
     st->args[1] = cg_arg_act(b);

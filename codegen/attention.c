@@ -11,15 +11,13 @@
  * split over blocks, and a third kernel merges the splits' partial states. */
 #include <stdio.h>
 
+#include "codegen/attn_common.h"
 #include "codegen/cg.h"
 #include "err.h"
 
 /* Positions per warp tile (one per lane) and warps per block. */
 #define ATTN_TILE 32
 #define ATTN_WARPS 4
-/* Blocks that keep an H100's 132 SMs busy, and the most splits of a sequence. */
-#define ATTN_TARGET_BLOCKS 264
-#define ATTN_MAX_SPLITS 64
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -178,62 +176,6 @@ static const char ATTN_BODY[] =
     "        }\n"
     "    }\n";
 
-/* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
- * sum_z l_z e^(m_z - M); padding tokens get zeros. */
-static const char COMBINE_BODY[] =
-    "    __shared__ float w_s[NSPLIT];\n"
-    "    __shared__ float inv_s;\n"
-    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
-    "    TO *o = out + ((long long)t * H + h) * D;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        for (int c = threadIdx.x; c < D; c += blockDim.x)\n"
-    "            st(o + c, 0.0f);\n"
-    "        return;\n"
-    "    }\n"
-    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
-    "    if (threadIdx.x < 32) {\n"
-    "        float mx = MOEC_NEG_INF;\n"
-    "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
-    "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
-    "        mx = warp_max(mx);\n"
-    "        float l = 0.0f;\n"
-    "        for (int z = threadIdx.x; z < NSPLIT; z += 32) {\n"
-    "            const float m = part_ml[(part + z) * 2];\n"
-    "            const float w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
-    "            w_s[z] = w;\n"
-    "            l += w * part_ml[(part + z) * 2 + 1];\n"
-    "        }\n"
-    "        l = warp_sum(l);\n"
-    "        if (threadIdx.x == 0)\n"
-    "            inv_s = 1.0f / l;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    /* every split wrote its output (zeros when it had no positions) */\n"
-    "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
-    "        float a[CV];\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < CV; j++)\n"
-    "            a[j] = 0.0f;\n"
-    "#pragma unroll 8\n"
-    "        for (int z = 0; z < NSPLIT; z++) {\n"
-    "            float v[CV];\n"
-    "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < CV; j++)\n"
-    "                a[j] += v[j] * w_s[z];\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < CV; j++)\n"
-    "            a[j] *= inv_s;\n"
-    "        stv<CV>(o + c, a);\n"
-    "    }\n";
-
-/* The widest of 8, 4, 2, 1 elements that divides n. */
-static int vec_of(long long n)
-{
-    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
-}
-
 /* "bf16" when the cache dtype and both operands' dtypes agree, else all three. */
 static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype b)
 {
@@ -309,31 +251,17 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TK;\n    typedef %s TV;\n    typedef %s TS;\n"
                       "    constexpr int BS = %d, KROW = %lld, VROW = %lld, KV = %d, VV = %d;\n",
                       wname, cg_ctype(kdt), cg_ctype(vdt), ts, ts, cg_ctype(kdt), cg_ctype(vdt), ts, bs,
-                      krow, vrow, vec_of(krow), vec_of(vrow));
+                      krow, vrow, cg_attn_vec_of(krow), cg_attn_vec_of(vrow));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    rt_step *s = cg_attn_write_step(c, op, kw, kv, vv);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
-    s->kernel = kw;
-    s->grid[0] = (unsigned)c->T;
-    s->block[0] = 128;
-    s->n_args = 8;
-    s->args[0] = cg_arg_act(kv);
-    s->args[1] = cg_arg_act(vv);
-    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
-    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
-    s->args[6] = cg_arg_kv(op, 0);
-    s->args[7] = cg_arg_kv(op, 1);
 
     /* kernel 2: attention over the cache, the sequence split when the
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
-    int ns = (int)((ATTN_TARGET_BLOCKS + blocks - 1) / blocks);
-    if (ns > ATTN_MAX_SPLITS)
-        ns = ATTN_MAX_SPLITS;
+    int ns = cg_attn_splits(blocks);
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_bs%d_t%d_%s", H, HKV,
@@ -353,12 +281,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
                       "NT = %d, TILE = %d, KV = %d, NSPLIT = %d;\n",
                       ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
-                      ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "",
+                      cg_attn_part_params(ns),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
-                      ATTN_TILE, vec_of(DK), ns);
+                      ATTN_TILE, cg_attn_vec_of(DK), ns);
         if (ns == 1)
-            cg_buf_printf(&c->src, "    float *part_ml = nullptr, *part_o = nullptr;\n"
-                                   "    (void)part_ml;\n    (void)part_o;\n");
+            cg_attn_emit_no_parts(&c->src);
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);
@@ -369,56 +296,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->grid[1] = (unsigned)HKV;
     s->grid[2] = (unsigned)(G / gb * ns);
     s->block[0] = ATTN_WARPS * 32;
-    s->n_args = ns > 1 ? 12 : 10;
     s->args[0] = cg_arg_act(q);
-    s->args[1] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[2] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[3] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
-    s->args[4] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
-    s->args[5] = cg_arg_kv(op, 0);
-    s->args[6] = cg_arg_kv(op, 1);
-    s->args[7] = cg_arg_act(op->out[0]);
-    s->args[8] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
-    s->args[9] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+    cg_attn_args(s, op, 1, ns);
     if (ns == 1)
         return MOEC_OK;
-
     /* kernel 3: the merge of the splits */
-    size_t off_ml = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * 2 * 4);
-    size_t off_o = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * (size_t)DV * 4);
-    s->args[10] = cg_arg_scratch(off_ml);
-    s->args[11] = cg_arg_scratch(off_o);
-    char cname[256];
-    snprintf(cname, sizeof cname, "attn_combine_h%lld_dv%lld_ns%d_bs%d_t%d_%s", H, DV, ns, bs, c->T,
-             ir_dtype_name(odt));
-    int kc = cg_kernel(c, cname, &is_new);
-    if (kc < 0)
-        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
-    if (is_new) {
-        cg_buf_printf(&c->src,
-                      "// attention: merge of the sequence splits (codegen/attention.c, "
-                      "cg_emit_attention)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
-                      "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
-                      "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
-                      "    typedef %s TO;\n"
-                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
-                      cname, cg_ctype(odt), cg_ctype(odt), H, DV, bs, ns, DV % 4 ? 1 : 4);
-        cg_buf_printf(&c->src, "%s}\n\n", COMBINE_BODY);
-    }
-    s = cg_step(c, RT_STEP_KERNEL, op);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
-    s->kernel = kc;
-    s->grid[0] = (unsigned)c->T;
-    s->grid[1] = (unsigned)H;
-    s->block[0] = 128;
-    s->n_args = 6;
-    s->args[0] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[1] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[2] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
-    s->args[3] = cg_arg_scratch(off_ml);
-    s->args[4] = cg_arg_scratch(off_o);
-    s->args[5] = cg_arg_act(op->out[0]);
-    return MOEC_OK;
+    return cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns);
 }

@@ -14,17 +14,15 @@
  * merges the splits. */
 #include <stdio.h>
 
+#include "codegen/attn_common.h"
 #include "codegen/cg.h"
 #include "err.h"
 
 #define MLA_THREADS 256
 #define MLA_SMEM_MAX (46 * 1024)
-/* Blocks that keep an H100's 132 SMs busy, and the most splits of a sequence. */
-#define MLA_TARGET_BLOCKS 264
 /* The tensor-core kernel: warps, and positions per tile. */
 #define MMA_WARPS 8
 #define MMA_PT 32
-#define MLA_MAX_SPLITS 64
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -184,56 +182,6 @@ static const char ATTN_BODY[] =
     "                stv<CS>(o + (long long)(hb + a) * R + c0, y);\n"
     "            }\n"
     "        }\n"
-    "    }\n";
-
-/* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
- * sum_z l_z e^(m_z - M); padding tokens get zeros. */
-static const char COMBINE_BODY[] =
-    "    __shared__ float w_s[NSPLIT];\n"
-    "    __shared__ float inv_s;\n"
-    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
-    "    TO *o = out + ((long long)t * H + h) * D;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        for (int c = threadIdx.x; c < D; c += blockDim.x)\n"
-    "            st(o + c, 0.0f);\n"
-    "        return;\n"
-    "    }\n"
-    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
-    "    if (threadIdx.x < 32) {\n"
-    "        float mx = MOEC_NEG_INF;\n"
-    "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
-    "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
-    "        mx = warp_max(mx);\n"
-    "        float l = 0.0f;\n"
-    "        for (int z = threadIdx.x; z < NSPLIT; z += 32) {\n"
-    "            const float m = part_ml[(part + z) * 2];\n"
-    "            const float w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
-    "            w_s[z] = w;\n"
-    "            l += w * part_ml[(part + z) * 2 + 1];\n"
-    "        }\n"
-    "        l = warp_sum(l);\n"
-    "        if (threadIdx.x == 0)\n"
-    "            inv_s = 1.0f / l;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    /* every split wrote its output (zeros when it had no positions) */\n"
-    "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
-    "        float a[CV];\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < CV; j++)\n"
-    "            a[j] = 0.0f;\n"
-    "#pragma unroll 8\n"
-    "        for (int z = 0; z < NSPLIT; z++) {\n"
-    "            float v[CV];\n"
-    "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < CV; j++)\n"
-    "                a[j] += v[j] * w_s[z];\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < CV; j++)\n"
-    "            a[j] *= inv_s;\n"
-    "        stv<CV>(o + c, a);\n"
     "    }\n";
 
 /* The tensor-core form (bf16, 16 heads per block, m16n8k16 MMAs with fp32
@@ -424,11 +372,6 @@ static const char MMA_BODY[] =
     "        }\n"
     "    }\n";
 
-static int vec_of(long long n)
-{
-    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
-}
-
 static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
 
 static long long round_up(long long n, long long m) { return (n + m - 1) / m * m; }
@@ -465,7 +408,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "mla_attention %%%s: kv_block_size %d", who, bs);
     long long esz = (long long)ir_dtype_size(dt), qsz = (long long)ir_dtype_size(qdt);
     long long RS = R + DR;
-    int ve = vec_of(gcd(R, DR));
+    int ve = cg_attn_vec_of(gcd(R, DR));
     long long qld = round_up(RS, 16 / qsz), ldk = round_up(RS, 16 / esz) + 16 / esz;
     /* heads per block: the largest divisor of H up to 16; then positions per
        tile, then fewer heads, until shared memory fits */
@@ -490,7 +433,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                             DR);
         hb = d;
     }
-    int cs = vec_of(R);
+    int cs = cg_attn_vec_of(R);
     /* heads per thread: as many as keep the accumulators at 32 registers and
        all threads busy */
     int hs = 1;
@@ -511,9 +454,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         hb = 16;
     /* split the sequence when the bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * (H / hb);
-    int ns = (int)((MLA_TARGET_BLOCKS + blocks - 1) / blocks);
-    if (ns > MLA_MAX_SPLITS)
-        ns = MLA_MAX_SPLITS;
+    int ns = cg_attn_splits(blocks);
     const char *ts = cg_ctype(dt);
     char tag[64];
     if (cdt == dt && edt == dt)
@@ -537,24 +478,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, %s "
                       "*__restrict__ kvpool, %s *__restrict__ pepool)\n{\n"
                       "    constexpr int R = %lld, DR = %lld, BS = %d, VR = %d, VD = %d;\n",
-                      wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, vec_of(R), vec_of(DR));
+                      wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, cg_attn_vec_of(R), cg_attn_vec_of(DR));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    rt_step *s = cg_attn_write_step(c, op, kw, kvc, kpe);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    s->kernel = kw;
-    s->grid[0] = (unsigned)c->T;
-    s->block[0] = 128;
-    s->n_args = 8;
-    s->args[0] = cg_arg_act(kvc);
-    s->args[1] = cg_arg_act(kpe);
-    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
-    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
-    s->args[6] = cg_arg_kv(op, 0);
-    s->args[7] = cg_arg_kv(op, 1);
 
     char aname[256];
     if (qdt == dt && pdt == dt && odt == dt)
@@ -576,7 +505,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    const char *params = ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "";
+    const char *params = cg_attn_part_params(ns);
     if (is_new && mma) {
         cg_buf_printf(&c->src, "%s", MMA_HELPERS);
         cg_buf_printf(&c->src,
@@ -612,8 +541,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     }
     if (is_new) {
         if (ns == 1)
-            cg_buf_printf(&c->src, "    float *part_ml = nullptr, *part_o = nullptr;\n"
-                                   "    (void)part_ml;\n    (void)part_o;\n");
+            cg_attn_emit_no_parts(&c->src);
         cg_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, op);
@@ -625,57 +553,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->grid[2] = (unsigned)ns;
     s->block[0] = mma ? MMA_WARPS * 32 : MLA_THREADS;
     s->smem = (unsigned)smem;
-    s->n_args = ns > 1 ? 13 : 11;
     s->args[0] = cg_arg_act(qc);
     s->args[1] = cg_arg_act(qpe);
-    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
-    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
-    s->args[6] = cg_arg_kv(op, 0);
-    s->args[7] = cg_arg_kv(op, 1);
-    s->args[8] = cg_arg_act(op->out[0]);
-    s->args[9] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
-    s->args[10] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+    cg_attn_args(s, op, 2, ns);
     if (ns == 1)
         return MOEC_OK;
-
     /* the splits' partial results, merged by a third kernel */
-    size_t off_ml = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * 2 * 4);
-    size_t off_o = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * (size_t)R * 4);
-    s->args[11] = cg_arg_scratch(off_ml);
-    s->args[12] = cg_arg_scratch(off_o);
-    char cname[256];
-    snprintf(cname, sizeof cname, "mla_combine_h%lld_r%lld_ns%d_bs%d_t%d_%s", H, R, ns, bs, c->T,
-             ir_dtype_name(odt));
-    int kc = cg_kernel(c, cname, &is_new);
-    if (kc < 0)
-        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    if (is_new) {
-        cg_buf_printf(&c->src,
-                      "// mla_attention: merge of the sequence splits (codegen/mla_attention.c, "
-                      "cg_emit_mla_attention)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
-                      "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
-                      "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
-                      "    typedef %s TO;\n"
-                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
-                      cname, cg_ctype(odt), cg_ctype(odt), H, R, bs, ns, R % 4 ? 1 : 4);
-        cg_buf_printf(&c->src, "%s}\n\n", COMBINE_BODY);
-    }
-    s = cg_step(c, RT_STEP_KERNEL, op);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    s->kernel = kc;
-    s->grid[0] = (unsigned)c->T;
-    s->grid[1] = (unsigned)H;
-    s->block[0] = 128;
-    s->n_args = 6;
-    s->args[0] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[1] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[2] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
-    s->args[3] = cg_arg_scratch(off_ml);
-    s->args[4] = cg_arg_scratch(off_o);
-    s->args[5] = cg_arg_act(op->out[0]);
-    return MOEC_OK;
+    return cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns);
 }

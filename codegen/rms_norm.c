@@ -10,15 +10,8 @@
 #include <stdio.h>
 
 #include "codegen/cg.h"
+#include "codegen/norm_rows.h"
 #include "err.h"
-
-static int vec_of(int64_t n)
-{
-    int v = 8;
-    while (v > 1 && n % v)
-        v /= 2;
-    return v;
-}
 
 /* "bf16", or the result's dtype then each float operand's when they differ. */
 static void dtype_sig(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
@@ -46,12 +39,8 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
     int64_t D = x->type.dims[r - 1];
     int64_t per_token = ir_type_numel(&x->type, 1) / D;
     int64_t rows = per_token * c->T;
-    int vec = vec_of(D);
-    int64_t chunks = D / vec;
-    int warp_form = chunks <= 128;
-    int stride = warp_form ? 32 : (int)(chunks >= 1024 ? 1024 : (chunks + 31) / 32 * 32);
-    int nch = (int)((chunks + stride - 1) / stride);
-    int cache = nch * vec <= 64;
+    cg_norm_rows l = cg_norm_rows_of(D);
+    int vec = l.vec;
     ir_dtype dx = cg_storage(c, x), dw = cg_storage(c, w), dy = cg_storage(c, y);
     char sig[64], name[256];
     dtype_sig(c, op, sig, sizeof sig);
@@ -72,24 +61,15 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
             "extern \"C\" __global__ void __launch_bounds__(%d)\n"
             "%s(const %s *__restrict__ x, const %s *__restrict__ w, %s *__restrict__ y, float eps)\n"
             "{\n",
-            y->name, warp_form ? 128 : stride, name, cg_ctype(dx), cg_ctype(dw), cg_ctype(dy));
-        if (warp_form)
-            cg_buf_printf(b,
-                          "    const int row = blockIdx.x * 4 + (threadIdx.x >> 5);\n"
-                          "    const int lane = threadIdx.x & 31;\n"
-                          "    if (row >= %lld)\n"
-                          "        return;\n",
-                          (long long)rows);
-        else
-            cg_buf_printf(b, "    const int row = blockIdx.x;\n"
-                             "    const int lane = threadIdx.x;\n");
+            y->name, cg_norm_rows_threads(&l), name, cg_ctype(dx), cg_ctype(dw), cg_ctype(dy));
+        cg_norm_rows_begin(b, &l, (long long)rows);
         cg_buf_printf(b,
                       "    const %s *xr = x + (long long)row * %lld;\n"
                       "    %s *yr = y + (long long)row * %lld;\n"
                       "    float ss = 0.0f;\n",
                       cg_ctype(dx), (long long)D, cg_ctype(dy), (long long)D);
-        if (cache)
-            cg_buf_printf(b, "    float v[%d][%d];\n", nch, vec);
+        if (l.cache)
+            cg_buf_printf(b, "    float v[%d][%d];\n", l.nch, vec);
         cg_buf_printf(b,
                       "#pragma unroll\n"
                       "    for (int i = 0; i < %d; i++) {\n"
@@ -98,48 +78,15 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
                       "            float t[%d];\n"
                       "            ldv<%d>(xr + c * %d, t);\n"
                       "#pragma unroll\n"
-                      "            for (int j = 0; j < %d; j++) {\n"
-                      "                ss += t[j] * t[j];\n"
-                      "%s"
-                      "            }\n"
-                      "        }\n"
-                      "    }\n"
-                      "    ss = %s(ss);\n"
-                      "    const float inv = 1.0f / sqrtf(ss / %lld.0f + eps);\n"
-                      "#pragma unroll\n"
-                      "    for (int i = 0; i < %d; i++) {\n"
-                      "        const int c = lane + i * %d;\n"
-                      "        if (c < %lld) {\n"
-                      "            float t[%d], wv[%d];\n",
-                      nch, stride, (long long)chunks, vec, vec, vec, vec,
-                      cache ? "                v[i][j] = t[j];\n" : "",
-                      warp_form ? "warp_sum" : "block_sum", (long long)D, nch, stride,
-                      (long long)chunks, vec, vec);
-        if (cache)
-            cg_buf_printf(b,
-                          "#pragma unroll\n"
-                          "            for (int j = 0; j < %d; j++)\n"
-                          "                t[j] = v[i][j];\n",
-                          vec);
-        else
-            cg_buf_printf(b, "            ldv<%d>(xr + c * %d, t);\n", vec, vec);
-        cg_buf_printf(b,
-                      "            ldv<%d>(w + c * %d, wv);\n"
-                      "#pragma unroll\n"
-                      "            for (int j = 0; j < %d; j++)\n"
-                      "                t[j] = wv[j] * (t[j] * inv);\n"
-                      "            stv<%d>(yr + c * %d, t);\n"
-                      "        }\n"
-                      "    }\n"
-                      "}\n\n",
-                      vec, vec, vec, vec, vec);
+                      "            for (int j = 0; j < %d; j++) {\n",
+                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec);
+        cg_norm_rows_finish(b, &l, D, "xr");
     }
     rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "rms_norm %%%s: out of memory", y->name);
     s->kernel = k;
-    s->grid[0] = (unsigned)(warp_form ? (rows + 3) / 4 : rows);
-    s->block[0] = (unsigned)(warp_form ? 128 : stride);
+    cg_norm_rows_launch(s, &l, rows);
     s->n_args = 4;
     s->args[0] = cg_arg_act(x);
     s->args[1] = cg_arg_act(w);

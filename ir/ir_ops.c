@@ -632,6 +632,28 @@ static moec_status need_dims3(infer_ctx *c, const ir_value *w, const char *role,
     return MOEC_OK;
 }
 
+/* The expert weights of moe_experts and moe_routed, from op->in[first]:
+ * gate [E, I, H] and up [E, I, H], or gate_up [E, 2I, H]; then down
+ * [E, H, I], last; H is the hidden size of the input x. */
+static moec_status need_expert_weights(infer_ctx *c, const ir_value *x, int first)
+{
+    const ir_op *op = c->op;
+    int64_t H = x->type.dims[1];
+    const ir_value *down = op->in[op->n_in - 1];
+    MOEC_TRY(need_static(c, down, "down", 3));
+    int64_t E = down->type.dims[0], I = down->type.dims[2];
+    if (down->type.dims[1] != H)
+        return fail(c, "down %%%s is %s: dim 1 must be the hidden size %" PRId64 " of %%%s",
+                    vname(down), tfmt(&down->type).s, H, vname(x));
+    if (op->n_in == first + 3) {
+        MOEC_TRY(need_dims3(c, op->in[first], "gate", E, I, H));
+        MOEC_TRY(need_dims3(c, op->in[first + 1], "up", E, I, H));
+    } else {
+        MOEC_TRY(need_dims3(c, op->in[first], "gate_up", E, 2 * I, H));
+    }
+    return MOEC_OK;
+}
+
 static moec_status infer_moe_experts(infer_ctx *c, ir_type *out)
 {
     const ir_op *op = c->op;
@@ -639,18 +661,7 @@ static moec_status infer_moe_experts(infer_ctx *c, ir_type *out)
     MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
     MOEC_TRY(need_act(c, ids, "ids", 2, 2, 0));
     int64_t H = x->type.dims[1], K = ids->type.dims[1];
-    const ir_value *down = op->in[op->n_in - 1];
-    MOEC_TRY(need_static(c, down, "down", 3));
-    int64_t E = down->type.dims[0], I = down->type.dims[2];
-    if (down->type.dims[1] != H)
-        return fail(c, "down %%%s is %s: dim 1 must be the hidden size %" PRId64 " of %%%s",
-                    vname(down), tfmt(&down->type).s, H, vname(x));
-    if (op->n_in == 5) {
-        MOEC_TRY(need_dims3(c, op->in[2], "gate", E, I, H));
-        MOEC_TRY(need_dims3(c, op->in[3], "up", E, I, H));
-    } else {
-        MOEC_TRY(need_dims3(c, op->in[2], "gate_up", E, 2 * I, H));
-    }
+    MOEC_TRY(need_expert_weights(c, x, 2));
     const char *act = ir_op_attr_str(op, "act", "silu");
     if (strcmp(act, "silu"))
         return fail(c, "act '%s' is not supported (only \"silu\")", act);
@@ -703,18 +714,7 @@ static moec_status infer_moe_routed(infer_ctx *c, ir_type *out)
     if (w->type.dims[1] != K)
         return fail(c, "weights %%%s (%s) and ids %%%s (%s) differ in top_k", vname(w),
                     tfmt(&w->type).s, vname(ids), tfmt(&ids->type).s);
-    const ir_value *down = op->in[op->n_in - 1];
-    MOEC_TRY(need_static(c, down, "down", 3));
-    int64_t E = down->type.dims[0], I = down->type.dims[2];
-    if (down->type.dims[1] != H)
-        return fail(c, "down %%%s is %s: dim 1 must be the hidden size %" PRId64 " of %%%s",
-                    vname(down), tfmt(&down->type).s, H, vname(x));
-    if (op->n_in == 6) {
-        MOEC_TRY(need_dims3(c, op->in[3], "gate", E, I, H));
-        MOEC_TRY(need_dims3(c, op->in[4], "up", E, I, H));
-    } else {
-        MOEC_TRY(need_dims3(c, op->in[3], "gate_up", E, 2 * I, H));
-    }
+    MOEC_TRY(need_expert_weights(c, x, 3));
     if (!isfinite(ir_op_attr_float(op, "scale", 1)))
         return fail(c, "scale must be finite");
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, H, 0);

@@ -624,57 +624,40 @@ static moec_status mla_kv_b_dims(const ir_op *op, int64_t H, int64_t *dn, int64_
     return MOEC_OK;
 }
 
-static moec_status op_mla_qabsorb(rt_interp *in, const ir_op *op, int T)
+/* mla_qabsorb and mla_vabsorb, per token and head a product with a slice
+ * of kv_b [H*(dn+dv), r] (in double): mla_qabsorb takes q_nope [T, H, dn]
+ * through W_UK[h] (dn x r, the head's first dn rows) transposed to r
+ * channels; mla_vabsorb takes o_c [T, H, r] through W_UV[h] (dv x r, the
+ * dv rows after them) to dv channels. */
+static moec_status op_mla_absorb(rt_interp *in, const ir_op *op, int T)
 {
-    int64_t d[IR_MAX_RANK], dn, dv, r;
+    int is_v = op->kind == IR_OP_MLA_VABSORB;
+    const char *kind = ir_op_name(op->kind), *xname = is_v ? "o_c" : "q_nope";
+    int64_t d[IR_MAX_RANK], dn = 0, dv = 0, r = 0;
     if (shape_of(op->in[0], T, d) != 3)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: mla_qabsorb wants q_nope [T, H, dn]",
-                        op_name(op));
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s wants %s [T, H, %s]", op_name(op), kind,
+                        xname, is_v ? "r" : "dn");
     int64_t H = d[1];
     MOEC_TRY(mla_kv_b_dims(op, H, &dn, &dv, &r));
-    if (d[2] != dn || numel_of(op->out[0], T) != (int64_t)T * H * r)
+    int64_t n_in = is_v ? r : dn, n_out = is_v ? dv : r;
+    if (d[2] != n_in || numel_of(op->out[0], T) != (int64_t)T * H * n_out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s: mla_qabsorb wants q_nope [T, %lld, %lld] and a result [T, %lld, %lld]",
-                        op_name(op), (long long)H, (long long)dn, (long long)H, (long long)r);
-    const float *q = fbuf(in, op->in[0]), *kv_b = fbuf(in, op->in[1]);
+                        "%s: %s wants %s [T, %lld, %lld] and a result [T, %lld, %lld]",
+                        op_name(op), kind, xname, (long long)H, (long long)n_in, (long long)H,
+                        (long long)n_out);
+    /* the weight of output k and input m is w[k * w_out + m * w_in] */
+    int64_t w_first = is_v ? dn * r : 0, w_out = is_v ? r : 1, w_in = is_v ? 1 : r;
+    const float *x = fbuf(in, op->in[0]), *kv_b = fbuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
-            const float *qr = q + (t * H + h) * dn;
-            const float *wk = kv_b + h * (dn + dv) * r; /* W_UK[h]: dn x r */
-            for (int64_t j = 0; j < r; j++) {
+            const float *xr = x + (t * H + h) * n_in;
+            const float *w = kv_b + h * (dn + dv) * r + w_first;
+            for (int64_t k = 0; k < n_out; k++) {
                 double acc = 0;
-                for (int64_t i = 0; i < dn; i++)
-                    acc += (double)qr[i] * wk[i * r + j];
-                y[(t * H + h) * r + j] = (float)acc;
-            }
-        }
-    return MOEC_OK;
-}
-
-static moec_status op_mla_vabsorb(rt_interp *in, const ir_op *op, int T)
-{
-    int64_t d[IR_MAX_RANK], dn, dv, r;
-    if (shape_of(op->in[0], T, d) != 3)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: mla_vabsorb wants o_c [T, H, r]",
-                        op_name(op));
-    int64_t H = d[1];
-    MOEC_TRY(mla_kv_b_dims(op, H, &dn, &dv, &r));
-    if (d[2] != r || numel_of(op->out[0], T) != (int64_t)T * H * dv)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s: mla_vabsorb wants o_c [T, %lld, %lld] and a result [T, %lld, %lld]",
-                        op_name(op), (long long)H, (long long)r, (long long)H, (long long)dv);
-    const float *o = fbuf(in, op->in[0]), *kv_b = fbuf(in, op->in[1]);
-    float *y = fbuf(in, op->out[0]);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < H; h++) {
-            const float *orow = o + (t * H + h) * r;
-            const float *wv = kv_b + (h * (dn + dv) + dn) * r; /* W_UV[h]: dv x r */
-            for (int64_t i = 0; i < dv; i++) {
-                double acc = 0;
-                for (int64_t j = 0; j < r; j++)
-                    acc += (double)wv[i * r + j] * orow[j];
-                y[(t * H + h) * dv + i] = (float)acc;
+                for (int64_t m = 0; m < n_in; m++)
+                    acc += (double)xr[m] * w[k * w_out + m * w_in];
+                y[(t * H + h) * n_out + k] = (float)acc;
             }
         }
     return MOEC_OK;
@@ -1039,9 +1022,9 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_REDUCE_SUM: return op_reduce_sum(in, op, T);
     case IR_OP_SILU_MUL: return op_silu_mul(in, op, T);
     case IR_OP_MOE_ROUTED: return op_moe_routed(in, op, T);
-    case IR_OP_MLA_QABSORB: return op_mla_qabsorb(in, op, T);
+    case IR_OP_MLA_QABSORB: return op_mla_absorb(in, op, T);
     case IR_OP_MLA_ATTENTION: return op_mla_attention(in, op, T);
-    case IR_OP_MLA_VABSORB: return op_mla_vabsorb(in, op, T);
+    case IR_OP_MLA_VABSORB: return op_mla_absorb(in, op, T);
     case IR_OP_FORK:
     case IR_OP_JOIN: return op_copy(in, op, T);
     case IR_OP_ADD_RMS_NORM: return op_add_rms_norm(in, op, T);

@@ -1,0 +1,186 @@
+/* attn_common.h — what the two paged-cache attention emitters
+ * (codegen/attention.c, codegen/mla_attention.c) share: the sequence-split
+ * count, the steps of the cache write and of the attention kernel over the
+ * cache, and the kernel that merges the splits' partial softmax states.
+ * Internal to codegen; static inline so that it needs no source file. */
+#ifndef MOEC_CG_ATTN_COMMON_H
+#define MOEC_CG_ATTN_COMMON_H
+
+#include <stdio.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+/* Blocks that keep an H100's 132 SMs busy, and the most splits of a sequence. */
+#define CG_ATTN_TARGET_BLOCKS 264
+#define CG_ATTN_MAX_SPLITS 64
+
+/* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
+ * sum_z l_z e^(m_z - M); padding tokens get zeros. */
+static const char CG_ATTN_COMBINE_BODY[] =
+    "    __shared__ float w_s[NSPLIT];\n"
+    "    __shared__ float inv_s;\n"
+    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
+    "    TO *o = out + ((long long)t * H + h) * D;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        for (int c = threadIdx.x; c < D; c += blockDim.x)\n"
+    "            st(o + c, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
+    "    if (threadIdx.x < 32) {\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
+    "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
+    "        mx = warp_max(mx);\n"
+    "        float l = 0.0f;\n"
+    "        for (int z = threadIdx.x; z < NSPLIT; z += 32) {\n"
+    "            const float m = part_ml[(part + z) * 2];\n"
+    "            const float w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
+    "            w_s[z] = w;\n"
+    "            l += w * part_ml[(part + z) * 2 + 1];\n"
+    "        }\n"
+    "        l = warp_sum(l);\n"
+    "        if (threadIdx.x == 0)\n"
+    "            inv_s = 1.0f / l;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    /* every split wrote its output (zeros when it had no positions) */\n"
+    "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
+    "        float a[CV];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < CV; j++)\n"
+    "            a[j] = 0.0f;\n"
+    "#pragma unroll 8\n"
+    "        for (int z = 0; z < NSPLIT; z++) {\n"
+    "            float v[CV];\n"
+    "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < CV; j++)\n"
+    "                a[j] += v[j] * w_s[z];\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < CV; j++)\n"
+    "            a[j] *= inv_s;\n"
+    "        stv<CV>(o + c, a);\n"
+    "    }\n";
+
+/* The widest of 8, 4, 2, 1 elements that divides n. */
+static inline int cg_attn_vec_of(long long n)
+{
+    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
+}
+
+/* Splits of each sequence so that `blocks` blocks per split fill the GPU. */
+static inline int cg_attn_splits(long long blocks)
+{
+    int ns = (int)((CG_ATTN_TARGET_BLOCKS + blocks - 1) / blocks);
+    return ns > CG_ATTN_MAX_SPLITS ? CG_ATTN_MAX_SPLITS : ns;
+}
+
+/* The step of the cache-write kernel k of op: one block of 128 per token,
+ * args (a, b, pos, slots, block_table, max_blocks, pool 0, pool 1). */
+static inline rt_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, const ir_value *a,
+                                          const ir_value *b)
+{
+    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return NULL;
+    s->kernel = k;
+    s->grid[0] = (unsigned)c->T;
+    s->block[0] = 128;
+    s->n_args = 8;
+    s->args[0] = cg_arg_act(a);
+    s->args[1] = cg_arg_act(b);
+    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
+    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[6] = cg_arg_kv(op, 0);
+    s->args[7] = cg_arg_kv(op, 1);
+    return s;
+}
+
+/* The attention kernel's args after its query operands, from args[i]: pos,
+ * slots, block_table, max_blocks, pool 0, pool 1, out, scale, window (and,
+ * when split, the two scratch arrays, set by cg_attn_emit_combine). */
+static inline void cg_attn_args(rt_step *s, const ir_op *op, int i, int ns)
+{
+    s->n_args = i + (ns > 1 ? 11 : 9);
+    s->args[i] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[i + 1] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[i + 2] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
+    s->args[i + 3] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[i + 4] = cg_arg_kv(op, 0);
+    s->args[i + 5] = cg_arg_kv(op, 1);
+    s->args[i + 6] = cg_arg_act(op->out[0]);
+    s->args[i + 7] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
+    s->args[i + 8] = cg_arg_i32(ir_op_attr_int(op, "window", 0));
+}
+
+/* The attention kernel's extra parameters when the sequence is split. */
+static inline const char *cg_attn_part_params(int ns)
+{
+    return ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "";
+}
+
+/* In an unsplit attention kernel, the split-only pointers, unused. */
+static inline void cg_attn_emit_no_parts(cg_buf *b)
+{
+    cg_buf_printf(b, "    float *part_ml = nullptr, *part_o = nullptr;\n"
+                     "    (void)part_ml;\n    (void)part_o;\n");
+}
+
+/* For a split attention step s (args[n_args - 2], [n_args - 1] its scratch
+ * arrays): reserves the partial states of T tokens by H heads by ns splits
+ * of D channels, and emits the kernel that merges them into op->out[0],
+ * named <prefix>_combine_h<H>_<dim><D>_ns.., for op `what` of
+ * codegen/<what>.c. */
+static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, rt_step *s,
+                                               const char *what, const char *prefix,
+                                               const char *dim, long long H, long long D, int ns)
+{
+    const char *who = op->out[0]->name;
+    int bs = c->opt->kv_block_size;
+    ir_dtype odt = cg_storage(c, op->out[0]);
+    size_t off_ml = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * 2 * 4);
+    size_t off_o = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * (size_t)D * 4);
+    s->args[s->n_args - 2] = cg_arg_scratch(off_ml);
+    s->args[s->n_args - 1] = cg_arg_scratch(off_o);
+    char cname[256];
+    snprintf(cname, sizeof cname, "%s_combine_h%lld_%s%lld_ns%d_bs%d_t%d_%s", prefix, H, dim, D, ns,
+             bs, c->T, ir_dtype_name(odt));
+    int is_new = 0;
+    int kc = cg_kernel(c, cname, &is_new);
+    if (kc < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", what, who);
+    if (is_new) {
+        cg_buf_printf(&c->src,
+                      "// %s: merge of the sequence splits (codegen/%s.c, cg_emit_%s)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
+                      "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
+                      "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
+                      "    typedef %s TO;\n"
+                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
+                      what, what, what, cname, cg_ctype(odt), cg_ctype(odt), H, D, bs, ns,
+                      D % 4 ? 1 : 4);
+        cg_buf_printf(&c->src, "%s}\n\n", CG_ATTN_COMBINE_BODY);
+    }
+    s = cg_step(c, RT_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", what, who);
+    s->kernel = kc;
+    s->grid[0] = (unsigned)c->T;
+    s->grid[1] = (unsigned)H;
+    s->block[0] = 128;
+    s->n_args = 6;
+    s->args[0] = cg_arg_input(RT_INPUT_POSITIONS);
+    s->args[1] = cg_arg_input(RT_INPUT_SLOTS);
+    s->args[2] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[3] = cg_arg_scratch(off_ml);
+    s->args[4] = cg_arg_scratch(off_o);
+    s->args[5] = cg_arg_act(op->out[0]);
+    return MOEC_OK;
+}
+
+#endif
