@@ -215,6 +215,9 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
     if (st == MOEC_OK)
         st = rt_cuda_init(x->plan, w, max_seqs, max_seq_len, &x->cuda);
     rt_weights_free(w);
+    const char *graphs = getenv("MOEC_GRAPHS"); /* CUDA Graph replay: opt-in, not yet GPU-verified */
+    if (st == MOEC_OK && graphs && !strcmp(graphs, "1"))
+        st = rt_cuda_capture(x->cuda);
     if (st == MOEC_OK && rt_cuda_logits_cols(x->cuda) != moec_model_vocab_size(model))
         st = MOEC_ERR(MOEC_ERR_INTERNAL, "the plan's logits have %d columns, the vocabulary %d",
                       rt_cuda_logits_cols(x->cuda), moec_model_vocab_size(model));

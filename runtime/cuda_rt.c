@@ -77,6 +77,11 @@ moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs,
 
 void rt_cuda_free(rt_cuda *c) { (void)c; }
 
+moec_status rt_cuda_capture(rt_cuda *c)
+{
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
+}
+
 moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                          const int32_t *slots, float *logits_out, int32_t *sampled_out)
 {
@@ -206,6 +211,7 @@ typedef struct rt_cuda_bucket {
     rt_cuda_kernel_info *info;
     rt_cuda_launch *launches;
     float *logits;                 /* module output 0 in the arena, for this T */
+    cudaGraphExec_t graph;         /* one whole step captured (rt_cuda_capture), or NULL */
 } rt_cuda_bucket;
 
 struct rt_cuda {
@@ -1131,6 +1137,8 @@ void rt_cuda_free(rt_cuda *c)
             if (L->event)
                 cudaEventDestroy(L->event);
         }
+        if (cb->graph)
+            cudaGraphExecDestroy(cb->graph);
         free(cb->launches);
         free(cb->kernels);
         free(cb->info);
@@ -1294,6 +1302,91 @@ static moec_status launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, cons
     return CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);
 }
 
+/* Drops every bucket's captured graph: steps launch eagerly again. */
+static void drop_graphs(rt_cuda *c)
+{
+    for (int b = 0; b < c->n_buckets; b++)
+        if (c->buckets[b].graph) {
+            cudaGraphExecDestroy(c->buckets[b].graph);
+            c->buckets[b].graph = NULL;
+        }
+}
+
+/* Captures one whole step of cb, exactly what launch_step(c, cb, -1) issues
+ * (the head fork of stream 1, every step with the plan's own forks and
+ * joins, the tail join), into cb->graph. The cuBLASLt steps are capturable
+ * because nothing is chosen or allocated while they run: their algorithms
+ * were picked by the heuristic at init and each stream's handle has its own
+ * workspace, preallocated at init and alive as long as the context. On a
+ * failure the capture is still ended (stream 1 joined first, so that no
+ * stream is left capturing) and its graph discarded. */
+static moec_status capture_bucket(rt_cuda *c, rt_cuda_bucket *cb)
+{
+    char where[96];
+    snprintf(where, sizeof where, "capturing the step of bucket T=%d", cb->b->T);
+    MOEC_TRY(CK(cudaStreamBeginCapture(c->stream[0], cudaStreamCaptureModeThreadLocal), where));
+    int joined = 0;
+    moec_status st = CK(cudaEventRecord(c->head, c->stream[0]), where);
+    if (st == MOEC_OK)
+        st = CK(cudaStreamWaitEvent(c->stream[1], c->head, 0), where);
+    if (st == MOEC_OK)
+        st = run_steps(c, cb, -1);
+    if (st == MOEC_OK)
+        st = CK(cudaEventRecord(c->tail, c->stream[1]), where);
+    if (st == MOEC_OK) {
+        st = CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);
+        joined = st == MOEC_OK;
+    }
+    if (!joined && cudaEventRecord(c->tail, c->stream[1]) == cudaSuccess)
+        (void)cudaStreamWaitEvent(c->stream[0], c->tail, 0);
+    cudaGraph_t graph = NULL;
+    if (st == MOEC_OK)
+        st = CK(cudaStreamEndCapture(c->stream[0], &graph), where);
+    else
+        (void)cudaStreamEndCapture(c->stream[0], &graph);
+    if (st == MOEC_OK && !graph)
+        st = MOEC_ERR(MOEC_ERR_CUDA, "%s: cudaStreamEndCapture gave no graph", where);
+    if (st == MOEC_OK)
+        st = CK(cudaGraphInstantiate(&cb->graph, graph, 0), where);
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (st != MOEC_OK) {
+        cb->graph = NULL;
+        (void)cudaGetLastError(); /* clear what the failed capture left */
+    }
+    return st;
+}
+
+moec_status rt_cuda_capture(rt_cuda *c)
+{
+    if (!c)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_capture: the context is NULL");
+    MOEC_TRY(CK(cudaSetDevice(c->device), "capturing the steps"));
+    MOEC_TRY(CK(cudaDeviceSynchronize(), "capturing the steps"));
+    drop_graphs(c);
+    int debug_sync = c->debug_sync; /* no synchronization may be captured */
+    c->debug_sync = 0;
+    moec_status st = MOEC_OK;
+    for (int b = 0; b < c->n_buckets && st == MOEC_OK; b++)
+        st = capture_bucket(c, &c->buckets[b]);
+    c->debug_sync = debug_sync;
+    if (st != MOEC_OK)
+        drop_graphs(c);
+    return st;
+}
+
+/* Runs one whole step of cb: its graph when it was captured, graphs are
+ * not disabled (MOEC_DISABLE_GRAPHS=1) and steps are not synchronized one
+ * by one (MOEC_CUDA_SYNC=1, which needs the eager launches to name a
+ * fault); otherwise launch_step. */
+static moec_status run_step(rt_cuda *c, rt_cuda_bucket *cb, const char *where)
+{
+    const char *off = getenv("MOEC_DISABLE_GRAPHS");
+    if (cb->graph && !c->debug_sync && !(off && !strcmp(off, "1")))
+        return CK(cudaGraphLaunch(cb->graph, c->stream[0]), where);
+    return launch_step(c, cb, -1, where);
+}
+
 static moec_status sync_stream0(rt_cuda *c, const char *where)
 {
     cudaError_t e = cudaStreamSynchronize(c->stream[0]);
@@ -1315,7 +1408,7 @@ moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t
     snprintf(where, sizeof where, "step of %d tokens (bucket T=%d)", n, cb->b->T);
     MOEC_TRY(CK(cudaSetDevice(c->device), where));
     MOEC_TRY(write_inputs(c, n, tokens, positions, slots, where));
-    MOEC_TRY(launch_step(c, cb, -1, where));
+    MOEC_TRY(run_step(c, cb, where));
     cudaStream_t s0 = c->stream[0];
     if (logits_out)
         MOEC_TRY(CK(cudaMemcpyAsync(logits_out, cb->logits,
@@ -1347,7 +1440,7 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     MOEC_TRY(CK(cudaSetDevice(c->device), where));
     MOEC_TRY(write_inputs(c, n, tokens, positions, slots, where));
     for (int i = 0; i < warmup; i++)
-        MOEC_TRY(launch_step(c, cb, -1, where));
+        MOEC_TRY(run_step(c, cb, where));
     cudaEvent_t *ev = calloc((size_t)iters + 1, sizeof *ev);
     float *ms = calloc((size_t)iters, sizeof *ms);
     moec_status st = ev && ms ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
@@ -1357,7 +1450,7 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     for (int i = 0; st == MOEC_OK && i < iters; i++) {
         st = CK(cudaEventRecord(ev[i], c->stream[0]), where);
         if (st == MOEC_OK)
-            st = launch_step(c, cb, -1, where);
+            st = run_step(c, cb, where);
     }
     if (st == MOEC_OK)
         st = CK(cudaEventRecord(ev[iters], c->stream[0]), where);

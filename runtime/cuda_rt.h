@@ -27,6 +27,13 @@ moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs,
                          rt_cuda **out);
 /* Releases everything the context holds, device memory included. */
 void rt_cuda_free(rt_cuda *c);
+/* Captures one full step of every bucket into a CUDA Graph over the
+ * context's fixed buffers (stream 1 forked and joined inside the capture);
+ * afterwards rt_cuda_step and rt_cuda_time_steps replay the bucket's graph
+ * instead of launching its steps, unless MOEC_DISABLE_GRAPHS=1. A failure
+ * names the bucket and leaves the context usable eagerly. Not yet verified
+ * on a GPU; sessions call it only when MOEC_GRAPHS=1. */
+moec_status rt_cuda_capture(rt_cuda *c);
 
 /* Runs n tokens (1 <= n <= rt_cuda_max_tokens) in the smallest bucket that
  * holds them: token i of sequence slots[i] at position positions[i] (its KV
