@@ -251,7 +251,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TK;\n    typedef %s TV;\n    typedef %s TS;\n"
                       "    constexpr int BS = %d, KROW = %lld, VROW = %lld, KV = %d, VV = %d;\n",
                       wname, cg_ctype(kdt), cg_ctype(vdt), ts, ts, cg_ctype(kdt), cg_ctype(vdt), ts, bs,
-                      krow, vrow, cg_attn_vec_of(krow), cg_attn_vec_of(vrow));
+                      krow, vrow, cg_vec_width(krow), cg_vec_width(vrow));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
     rt_step *s = cg_attn_write_step(c, op, kw, kv, vv);
@@ -283,7 +283,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
                       cg_attn_part_params(ns),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
-                      ATTN_TILE, cg_attn_vec_of(DK), ns);
+                      ATTN_TILE, cg_vec_width(DK), ns);
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);

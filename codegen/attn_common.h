@@ -65,12 +65,6 @@ static const char CG_ATTN_COMBINE_BODY[] =
     "        stv<CV>(o + c, a);\n"
     "    }\n";
 
-/* The widest of 8, 4, 2, 1 elements that divides n. */
-static inline int cg_attn_vec_of(long long n)
-{
-    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
-}
-
 /* Splits of each sequence so that `blocks` blocks per split fill the GPU. */
 static inline int cg_attn_splits(long long blocks)
 {

@@ -367,3 +367,19 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
                       op->out[0]->name, c->T);
     return st;
 }
+
+int cg_vec_width(int64_t n)
+{
+    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
+}
+
+void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
+{
+    ir_dtype dy = cg_storage(c, op->out[0]);
+    int same = 1;
+    for (int i = 0; i < op->n_in; i++)
+        same &= cg_storage(c, op->in[i]) == dy;
+    int n = snprintf(buf, cap, "%s", ir_dtype_name(dy));
+    for (int i = 0; !same && i < op->n_in && n > 0 && (size_t)n < cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "_%s", ir_dtype_name(cg_storage(c, op->in[i])));
+}

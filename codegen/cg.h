@@ -80,6 +80,13 @@ rt_arg cg_arg_f32(double v);
 ir_dtype cg_storage(const cg_ctx *c, const ir_value *v);
 const char *cg_ctype(ir_dtype dt);
 
+/* The widest of 8, 4, 2, 1 elements that divides n: the vector width of
+ * 16-byte (bf16) loads a row of n elements allows. */
+int cg_vec_width(int64_t n);
+/* "<result dtype>" when every operand is stored like op's first result,
+ * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
+void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);
+
 /* The prologue every program starts with: includes, and the load/store
  * helpers generated code uses: `float ld(const T *p)` for float, bf16 and
  * half, `void st(T *p, float v)`, warp and block sum/max reductions. */

@@ -18,25 +18,6 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-static int vec_of(int64_t n)
-{
-    int v = 8;
-    while (v > 1 && n % v)
-        v /= 2;
-    return v;
-}
-
-static void dtype_sig(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
-{
-    ir_dtype dy = cg_storage(c, op->out[0]);
-    int same = 1;
-    for (int i = 0; i < op->n_in; i++)
-        same &= cg_storage(c, op->in[i]) == dy;
-    int n = snprintf(buf, cap, "%s", ir_dtype_name(dy));
-    for (int i = 0; !same && i < op->n_in && n > 0 && (size_t)n < cap; i++)
-        n += snprintf(buf + n, cap - (size_t)n, "_%s", ir_dtype_name(cg_storage(c, op->in[i])));
-}
-
 /* dims of v with T substituted. */
 static void dims_of(const ir_value *v, int T, int64_t *d)
 {
@@ -92,7 +73,7 @@ static moec_status emit_segments(cg_ctx *c, const ir_op *op, const char *name, c
     int64_t all = g->len;
     for (int i = 0; i < g->n; i++)
         all = gcd(gcd(gcd(gcd(all, g->begin[i]), g->width[i]), g->stride[i]), g->offset[i]);
-    int vec = vec_of(all);
+    int vec = cg_vec_width(all);
     int64_t per_row = g->len / vec, units = g->rows * per_row;
     int is_new;
     int k = cg_kernel(c, name, &is_new);
@@ -160,7 +141,7 @@ static moec_status emit_expand(cg_ctx *c, const ir_op *op, const char *sig)
     int64_t total = prod(dy, 0, 4);
     if (total >= INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "expand %%%s: too many elements", y->name);
-    int vec = vec_of(dy[3]);
+    int vec = cg_vec_width(dy[3]);
     char name[256];
     int n = snprintf(name, sizeof name, "expand");
     for (int pass = 0; pass < 2; pass++) {
@@ -227,7 +208,7 @@ moec_status cg_emit_copy(cg_ctx *c, const ir_op *op)
 {
     const ir_value *y = op->out[0];
     char sig[128], name[512];
-    dtype_sig(c, op, sig, sizeof sig);
+    cg_dtype_signature(c, op, sig, sizeof sig);
     for (int i = 0; i < op->n_in; i++)
         if ((cg_storage(c, op->in[i]) == IR_DTYPE_I32) != (cg_storage(c, y) == IR_DTYPE_I32))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: mixes i32 and float operands",

@@ -17,25 +17,6 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-static int vec_of(int64_t n)
-{
-    int v = 8;
-    while (v > 1 && n % v)
-        v /= 2;
-    return v;
-}
-
-static void dtype_sig(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
-{
-    ir_dtype dy = cg_storage(c, op->out[0]);
-    int same = 1;
-    for (int i = 0; i < op->n_in; i++)
-        same &= cg_storage(c, op->in[i]) == dy;
-    int n = snprintf(buf, cap, "%s", ir_dtype_name(dy));
-    for (int i = 0; !same && i < op->n_in && n > 0 && (size_t)n < cap; i++)
-        n += snprintf(buf + n, cap - (size_t)n, "_%s", ir_dtype_name(cg_storage(c, op->in[i])));
-}
-
 /* A numeric attribute whether written as an int or a float. */
 static double num_attr(const ir_op *op, const char *key, double dflt)
 {
@@ -106,7 +87,7 @@ static moec_status emit_binary(cg_ctx *c, const ir_op *op, const char *sig)
     if (total >= INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: too many elements", ir_op_name(op->kind),
                         y->name);
-    int vec = vec_of(bcast ? da[3] : ir_type_numel(&a->type, 1));
+    int vec = cg_vec_width(bcast ? da[3] : ir_type_numel(&a->type, 1));
     char name[256];
     int n = snprintf(name, sizeof name, "%s", ir_op_name(op->kind));
     if (!bcast)
@@ -206,7 +187,7 @@ static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
     if (ny * c->T >= INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: too many elements", ir_op_name(op->kind),
                         y->name);
-    int vec = vec_of(silu_mul ? half : nx);
+    int vec = cg_vec_width(silu_mul ? half : nx);
     int64_t units = ny * c->T / vec;
     char name[256];
     if (silu_mul)
@@ -265,7 +246,7 @@ static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
 moec_status cg_emit_eltwise(cg_ctx *c, const ir_op *op)
 {
     char sig[64];
-    dtype_sig(c, op, sig, sizeof sig);
+    cg_dtype_signature(c, op, sig, sizeof sig);
     switch (op->kind) {
     case IR_OP_ADD:
     case IR_OP_MUL: return emit_binary(c, op, sig);

@@ -12,14 +12,6 @@
 #include "err.h"
 
 /* The largest of 8, 4, 2, 1 elements that divides n. */
-static int vec_of(int64_t n)
-{
-    int v = 8;
-    while (v > 1 && n % v)
-        v /= 2;
-    return v;
-}
-
 moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op)
 {
     const ir_value *ids = op->in[0], *table = op->in[1], *y = op->out[0];
@@ -31,7 +23,7 @@ moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op)
                         table->name);
     int64_t V = table->type.dims[0], H = table->type.dims[1];
     ir_dtype dt = cg_storage(c, table), dy = cg_storage(c, y);
-    int vec = vec_of(H);
+    int vec = cg_vec_width(H);
     int64_t chunks = H / vec;
     int block = chunks >= 256 ? 256 : (int)((chunks + 31) / 32 * 32);
     char name[256];

@@ -408,7 +408,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "mla_attention %%%s: kv_block_size %d", who, bs);
     long long esz = (long long)ir_dtype_size(dt), qsz = (long long)ir_dtype_size(qdt);
     long long RS = R + DR;
-    int ve = cg_attn_vec_of(gcd(R, DR));
+    int ve = cg_vec_width(gcd(R, DR));
     long long qld = round_up(RS, 16 / qsz), ldk = round_up(RS, 16 / esz) + 16 / esz;
     /* heads per block: the largest divisor of H up to 16; then positions per
        tile, then fewer heads, until shared memory fits */
@@ -433,7 +433,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                             DR);
         hb = d;
     }
-    int cs = cg_attn_vec_of(R);
+    int cs = cg_vec_width(R);
     /* heads per thread: as many as keep the accumulators at 32 registers and
        all threads busy */
     int hs = 1;
@@ -478,7 +478,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, %s "
                       "*__restrict__ kvpool, %s *__restrict__ pepool)\n{\n"
                       "    constexpr int R = %lld, DR = %lld, BS = %d, VR = %d, VD = %d;\n",
-                      wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, cg_attn_vec_of(R), cg_attn_vec_of(DR));
+                      wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, cg_vec_width(R), cg_vec_width(DR));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
     rt_step *s = cg_attn_write_step(c, op, kw, kvc, kpe);

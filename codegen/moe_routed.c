@@ -204,11 +204,6 @@ static const char SUM_BODY[] =
     "    }\n"
     "    stv<VE>(out + (long long)t * H + h, acc);\n";
 
-static int vec_of(long long n)
-{
-    return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
-}
-
 /* Rows of each expert block: the bucket's expected tokens per expert,
  * doubled for the skew of real routers, as a power of two in [1, 8]. */
 static int rows_per_block(long long T, long long K, long long E)
@@ -265,7 +260,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     /* rows per warp: 4 of gate and of up, 8 of down (fewer measured slower at
        BM = 8 too: the GEMMs are bound by issue there, not by registers) */
     int rw_gu = 4, rw_dn = 8;
-    int ve_h = vec_of(H), ve_i = vec_of(I);
+    int ve_h = cg_vec_width(H), ve_i = cg_vec_width(I);
 
     size_t off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
     size_t off_blk = cg_scratch(c, (size_t)nb * 4);
@@ -396,7 +391,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         return MOEC_OK;
 
     /* (4) sum over k */
-    int ve = vec_of(H);
+    int ve = cg_vec_width(H);
     snprintf(name, sizeof name, "moe_sum_e%lld_k%lld_h%lld_t%d_%s", E, K, H, T, ir_dtype_name(odt));
     int k4 = cg_kernel(c, name, &is_new);
     if (k4 < 0)

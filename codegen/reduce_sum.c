@@ -9,14 +9,6 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-static int vec_of(int64_t n)
-{
-    int v = 8;
-    while (v > 1 && n % v)
-        v /= 2;
-    return v;
-}
-
 moec_status cg_emit_reduce_sum(cg_ctx *c, const ir_op *op)
 {
     const ir_value *x = op->in[0], *y = op->out[0];
@@ -38,7 +30,7 @@ moec_status cg_emit_reduce_sum(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "reduce_sum %%%s: integer operands", y->name);
     if (outer * n * inner * c->T >= INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "reduce_sum %%%s: too many elements", y->name);
-    int vec = vec_of(inner);
+    int vec = cg_vec_width(inner);
     int64_t per_row = inner / vec, units = outer * c->T * per_row;
     char name[256];
     if (tx == ty)
