@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "moec.h"
+#include "timer.h"
 
 static const char *USAGE_MAIN =
     "usage: moec <command> [options]\n"
@@ -110,21 +111,33 @@ static const char *USAGE_RUN =
 
 static const char *USAGE_BENCH =
     "usage: moec bench MODEL_DIR [--batch-sizes 1,8,32,64] [--context 1024] [options]\n"
+    "       moec bench PLAN --weights MODEL_DIR [options]\n"
     "\n"
-    "Compiles the model for the GPU (MOEC_DTYPE=bf16 by default, or fp32), then,\n"
-    "per batch size B, decodes one token for each of B sequences that already\n"
-    "hold `context` tokens, and prints the median step time (CUDA events, after\n"
-    "warm-up), the bytes the step must read (weights, the routed experts it\n"
-    "selected, the KV cache in use), the floor (those bytes over the copy\n"
-    "bandwidth measured at start, read + write) and time / floor.\n"
+    "Compiles the model for the GPU (MOEC_DTYPE=bf16 by default, or fp32), or\n"
+    "loads a plan file (moec compile) with no compile step, captures every batch\n"
+    "bucket's decode step as a CUDA Graph (once with the shared experts on a\n"
+    "second stream, once on one stream), then, per batch size B, decodes one\n"
+    "token for each of B sequences that already hold `context` tokens and prints\n"
+    "the median step time (CUDA events, after warm-up) four ways: graph replay\n"
+    "and eager launches, each with two streams and with one; then the bytes the\n"
+    "step must read (weights, the routed experts it selected, the KV cache in\n"
+    "use), the floor (those bytes over the copy bandwidth measured at start,\n"
+    "read + write) and time / floor for the default way (graph, two streams).\n"
+    "The header line gives the setup time (compile or plan load, upload) and the\n"
+    "capture time of all buckets. With MOEC_DISABLE_GRAPHS=1 nothing is captured\n"
+    "and the graph columns read -1.\n"
     "\n"
     "options:\n"
+    "  --weights DIR        the checkpoint a plan was compiled for (with PLAN only)\n"
     "  --batch-sizes LIST   comma-separated batch sizes (default 1,8,32,64)\n"
     "  --context N          tokens already in each sequence (default 1024)\n"
-    "  --steps N            timed steps per batch size (default 100)\n"
+    "  --steps N            timed steps per batch size and way (default 100)\n"
     "  --warmup N           untimed steps first (default 10)\n"
-    "  --json               one JSON object per batch size instead of a table\n"
-    "  --arch ARCH          GPU target (default sm_90; the same as MOEC_ARCH)\n"
+    "  --profile            also print, per batch size, the time of every kernel\n"
+    "                       (eager, one stream, an event between launches), summed\n"
+    "                       by kernel, to stderr\n"
+    "  --json               one JSON object per batch size and way instead of a table\n"
+    "  --arch ARCH          GPU target when compiling (default sm_90; as MOEC_ARCH)\n"
     "  -h, --help           this help\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
@@ -505,13 +518,6 @@ static int parse_batch_sizes(const char *v, int ascending, int *out, int *n_out)
     return ok ? 0 : -1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Progress of the NVRTC compiles: one line per update, or one line
  * rewritten in place on a terminal. */
 static void compile_progress(int done, int total, void *user)
@@ -580,7 +586,7 @@ static int cmd_compile(int argc, char **argv)
     int tty = isatty(fileno(stderr));
     o.progress = compile_progress;
     o.progress_user = &tty;
-    double t0 = now_s();
+    double t0 = moec_now_s();
     moec_model_t *m = NULL;
     moec_status st = moec_model_open(dir, &m);
     if (st == MOEC_OK) {
@@ -593,15 +599,15 @@ static int cmd_compile(int argc, char **argv)
         return lib_error(st);
     struct stat sb;
     long long size = stat(outpath, &sb) == 0 ? (long long)sb.st_size : -1;
-    fprintf(stderr, "moec compile: wrote %s (%lld bytes) in %.1f s\n", outpath, size, now_s() - t0);
+    fprintf(stderr, "moec compile: wrote %s (%lld bytes) in %.1f s\n", outpath, size, moec_now_s() - t0);
     return 0;
 }
 
 static int cmd_bench(int argc, char **argv)
 {
-    const char *dir = NULL;
-    moec_bench_options o = {4, {1, 8, 32, 64}, 1024, 100, 10};
-    int json = 0;
+    const char *dir = NULL, *weights = NULL;
+    moec_bench_options o = {4, {1, 8, 32, 64}, 1024, 100, 10, NULL, NULL};
+    int json = 0, arch = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (is_help(a)) {
@@ -609,10 +615,17 @@ static int cmd_bench(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--profile")) {
+            o.profile = stderr;
         } else if (!strcmp(a, "--arch")) {
             if (i + 1 == argc || strncmp(argv[i + 1], "sm_", 3) || strlen(argv[i + 1]) > 10)
                 return usage_error(USAGE_BENCH, "%s", "--arch needs a GPU arch like sm_90");
             setenv("MOEC_ARCH", argv[++i], 1);
+            arch = 1;
+        } else if (!strcmp(a, "--weights")) {
+            if (i + 1 == argc)
+                return usage_error(USAGE_BENCH, "%s needs a value", a);
+            weights = argv[++i];
         } else if (!strcmp(a, "--batch-sizes") || !strcmp(a, "--context") ||
                    !strcmp(a, "--steps") || !strcmp(a, "--warmup")) {
             if (i + 1 == argc)
@@ -642,13 +655,32 @@ static int cmd_bench(int argc, char **argv)
         }
     }
     if (!dir)
-        return usage_error(USAGE_BENCH, "%s", "missing MODEL_DIR");
+        return usage_error(USAGE_BENCH, "%s", "missing MODEL_DIR or PLAN");
+    int plan = is_plan_path(dir);
+    if (plan && !weights)
+        return usage_error(USAGE_BENCH,
+                           "%s is a plan file: --weights MODEL_DIR (the checkpoint it was "
+                           "compiled for) is required",
+                           dir);
+    if (!plan && weights)
+        return usage_error(USAGE_BENCH, "--weights goes with a plan file; %s is a model directory",
+                           dir);
+    if (plan && arch)
+        return usage_error(USAGE_BENCH, "--arch: %s is a plan, compiled for one arch (moec compile --arch)",
+                           dir);
     moec_model_t *m = NULL;
-    moec_status st = moec_model_open(dir, &m);
+    moec_status st = MOEC_OK;
     moec_bench_result r;
-    if (st == MOEC_OK) {
-        fprintf(stderr, "moec bench: compiling %s for the GPU and loading its weights\n", dir);
-        st = moec_bench(m, dir, &o, &r);
+    if (plan) {
+        o.plan_path = dir;
+        fprintf(stderr, "moec bench: loading plan %s and the weights in %s\n", dir, weights);
+        st = moec_bench(NULL, weights, &o, &r);
+    } else {
+        st = moec_model_open(dir, &m);
+        if (st == MOEC_OK) {
+            fprintf(stderr, "moec bench: compiling %s for the GPU and loading its weights\n", dir);
+            st = moec_bench(m, dir, &o, &r);
+        }
     }
     moec_model_free(m);
     if (st != MOEC_OK)
@@ -656,24 +688,35 @@ static int cmd_bench(int argc, char **argv)
     const char *dtype = getenv("MOEC_DTYPE");
     dtype = dtype && *dtype ? dtype : "bf16";
     if (!json) {
-        printf("device %s, copy bandwidth %.2f TB/s (read+write), %s, context %d, %d steps, "
-               "setup %.1f s\n",
-               r.device, r.copy_bytes_per_s / 1e12, dtype, o.context, o.steps, r.setup_s);
-        printf("%6s %10s %10s %10s %10s %14s\n", "batch", "step_ms", "MB_read", "floor_ms",
-               "time/floor", "experts_hit");
+        printf("device %s, copy bandwidth %.2f TB/s (read+write), %s, context %d, %d steps\n"
+               "setup %.2f s (%s), capture of all buckets %.3f s (two streams), %.3f s (one)\n",
+               r.device, r.copy_bytes_per_s / 1e12, dtype, o.context, o.steps, r.setup_s,
+               plan ? "plan load + upload" : "compile + upload", r.capture_s, r.capture_single_s);
+        printf("%6s %9s %9s %9s %9s %9s %9s %9s %10s %8s\n", "batch", "graph_ms", "graph_1s",
+               "eager_ms", "eager_1s", "MB_read", "floor_ms", "x_floor", "experts", "launches");
     }
     for (int i = 0; i < r.n_rows; i++) {
         const moec_bench_row *w = &r.rows[i];
-        if (json)
-            printf("{\"impl\": \"moec\", \"mode\": \"eager\", \"batch\": %d, \"context\": %d, "
-                   "\"ms\": %.4f, \"bytes\": %.0f, \"floor_ms\": %.4f, \"copy_tb_s\": %.3f, "
-                   "\"experts_hit\": %d, \"experts_total\": %d, \"dtype\": \"%s\", \"device\": \"%s\"}\n",
-                   w->batch, o.context, w->step_ms, w->bytes, w->floor_ms,
-                   r.copy_bytes_per_s / 1e12, w->experts_hit, w->experts_total, dtype, r.device);
-        else
-            printf("%6d %10.3f %10.1f %10.3f %10.2f %8d/%-5d\n", w->batch, w->step_ms,
-                   w->bytes / 1e6, w->floor_ms, w->step_ms / w->floor_ms, w->experts_hit,
-                   w->experts_total);
+        if (json) {
+            for (int k = 0; k < MOEC_BENCH_MODES; k++)
+                printf("{\"impl\": \"moec\", \"mode\": \"%s\", \"batch\": %d, \"context\": %d, "
+                       "\"ms\": %.4f, \"bytes\": %.0f, \"floor_ms\": %.4f, \"copy_tb_s\": %.3f, "
+                       "\"experts_hit\": %d, \"experts_total\": %d, \"launches\": %d, "
+                       "\"setup_s\": %.3f, \"capture_s\": %.4f, \"dtype\": \"%s\", \"device\": \"%s\"}\n",
+                       moec_bench_mode_name(k), w->batch, o.context, w->mode_ms[k], w->bytes,
+                       w->floor_ms, r.copy_bytes_per_s / 1e12, w->experts_hit, w->experts_total,
+                       r.launches_per_step[i], r.setup_s,
+                       k == MOEC_BENCH_GRAPH_SINGLE ? r.capture_single_s : r.capture_s, dtype,
+                       r.device);
+        } else {
+            char experts[32];
+            snprintf(experts, sizeof experts, "%d/%d", w->experts_hit, w->experts_total);
+            printf("%6d %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.2f %10s %8d\n", w->batch,
+                   w->mode_ms[MOEC_BENCH_GRAPH_DUAL], w->mode_ms[MOEC_BENCH_GRAPH_SINGLE],
+                   w->mode_ms[MOEC_BENCH_EAGER_DUAL], w->mode_ms[MOEC_BENCH_EAGER_SINGLE],
+                   w->bytes / 1e6, w->floor_ms, w->step_ms / w->floor_ms, experts,
+                   r.launches_per_step[i]);
+        }
     }
     return 0;
 }

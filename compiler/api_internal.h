@@ -20,7 +20,20 @@ typedef struct moec_cuda_model {
     ir_module *fused;
     rt_plan *plan;
     rt_cuda *cuda;
+    double capture_s; /* capturing every bucket's graph (0: not captured) */
 } moec_cuda_model;
+
+/* How a model is bound to the GPU. Graphs are captured at init unless
+ * `eager` or MOEC_DISABLE_GRAPHS=1; single_stream runs the shared-expert
+ * branch on stream 0 too (moec --single-stream). */
+typedef struct moec_cuda_opts {
+    int max_seqs, max_seq_len;
+    int single_stream;
+    int eager;
+} moec_cuda_opts;
+
+/* 1 when MOEC_DISABLE_GRAPHS is set to anything but "" or "0". */
+int moec_graphs_disabled(void);
 
 /* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. */
 moec_status moec_cuda_dtype(ir_dtype *out);
@@ -31,7 +44,12 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out);
  * failing pass leaves its input IR in $TMPDIR). */
 moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused);
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
-                                 int max_seqs, int max_seq_len, moec_cuda_model *out);
+                                 const moec_cuda_opts *o, moec_cuda_model *out);
+/* The same from a plan file (no compiler call): the plan read and checked
+ * against the checkpoint in weights_dir, then bound. *vocab gets the
+ * model's vocab_size. On failure x holds what was made (free it). */
+moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
+                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab);
 void moec_cuda_model_free(moec_cuda_model *x);
 
 #endif

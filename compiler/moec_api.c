@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "codegen/cg.h"
+#include "timer.h"
 #include "compiler/api_internal.h"
 #include "compiler/frontend.h"
 #include "err.h"
@@ -199,8 +200,27 @@ moec_status moec_cuda_dtype(ir_dtype *out)
     return MOEC_OK;
 }
 
+int moec_graphs_disabled(void)
+{
+    const char *e = getenv("MOEC_DISABLE_GRAPHS");
+    return e && *e && strcmp(e, "0");
+}
+
+/* After rt_cuda_init: the stream mode, then every bucket's graph captured
+ * (timed) unless the options or MOEC_DISABLE_GRAPHS say eager. */
+static moec_status cuda_model_finish(moec_cuda_model *x, const moec_cuda_opts *o)
+{
+    rt_cuda_set_single_stream(x->cuda, o->single_stream);
+    if (o->eager || moec_graphs_disabled())
+        return MOEC_OK;
+    double t0 = moec_now_s();
+    MOEC_TRY(rt_cuda_capture(x->cuda));
+    x->capture_s = moec_now_s() - t0;
+    return MOEC_OK;
+}
+
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
-                                 int max_seqs, int max_seq_len, moec_cuda_model *x)
+                                 const moec_cuda_opts *o, moec_cuda_model *x)
 {
     memset(x, 0, sizeof *x);
     cg_options co;
@@ -213,14 +233,13 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
     if (st == MOEC_OK)
         st = cg_plan_build(x->fused, &co, &x->plan);
     if (st == MOEC_OK)
-        st = rt_cuda_init(x->plan, w, max_seqs, max_seq_len, &x->cuda);
+        st = rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda);
     rt_weights_free(w);
-    const char *graphs = getenv("MOEC_GRAPHS"); /* CUDA Graph replay: opt-in, not yet GPU-verified */
-    if (st == MOEC_OK && graphs && !strcmp(graphs, "1"))
-        st = rt_cuda_capture(x->cuda);
     if (st == MOEC_OK && rt_cuda_logits_cols(x->cuda) != moec_model_vocab_size(model))
         st = MOEC_ERR(MOEC_ERR_INTERNAL, "the plan's logits have %d columns, the vocabulary %d",
                       rt_cuda_logits_cols(x->cuda), moec_model_vocab_size(model));
+    if (st == MOEC_OK)
+        st = cuda_model_finish(x, o);
     if (st != MOEC_OK)
         moec_cuda_model_free(x);
     return st;
@@ -266,8 +285,10 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
     if (backend == MOEC_BACKEND_CUDA) {
         ir_dtype dt = IR_DTYPE_BF16;
         st = moec_cuda_dtype(&dt);
-        if (st == MOEC_OK)
-            st = moec_cuda_model_init(model, weights_dir, dt, 1, max_seq_len, &s->gpu);
+        if (st == MOEC_OK) {
+            moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
+            st = moec_cuda_model_init(model, weights_dir, dt, &o, &s->gpu);
+        }
     } else {
         st = rt_weights_open(model->module, weights_dir, &s->weights);
         if (st == MOEC_OK)
@@ -297,32 +318,31 @@ int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; 
 
 int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
 
-/* Reads and checks the plan, then binds it: everything moec_session_init_plan
- * promises, into x (freed by the caller on failure). */
-static moec_status plan_bind(const char *plan_path, const char *weights_dir, int max_seq_len,
-                             moec_cuda_model *x, int *vocab)
+moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
+                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab)
 {
+    memset(x, 0, sizeof *x);
     struct stat sb;
     if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
     rt_plan_meta meta;
     MOEC_TRY(rt_plan_read(plan_path, &x->plan, &x->fused, &meta));
     int max_pos = (int)ir_module_meta_int(x->fused, "max_position_embeddings", 0);
-    if (max_pos > 0 && max_seq_len > max_pos)
+    if (max_pos > 0 && o->max_seq_len > max_pos)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d (plan %s)",
-                        max_seq_len, max_pos, plan_path);
+                        o->max_seq_len, max_pos, plan_path);
     MOEC_TRY(rt_plan_check_checkpoint(&meta, x->fused, plan_path, weights_dir));
     rt_weights *w = NULL;
     MOEC_TRY(rt_weights_open(x->fused, weights_dir, &w));
-    moec_status st = rt_cuda_init(x->plan, w, 1, max_seq_len, &x->cuda);
+    moec_status st = rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda);
     rt_weights_free(w);
     MOEC_TRY(st);
     *vocab = (int)ir_module_meta_int(x->fused, "vocab_size", 0);
     if (rt_cuda_logits_cols(x->cuda) != *vocab)
         return MOEC_ERR(MOEC_ERR_FORMAT, "plan %s: its logits have %d columns, its vocabulary %d",
                         plan_path, rt_cuda_logits_cols(x->cuda), *vocab);
-    return MOEC_OK;
+    return cuda_model_finish(x, o);
 }
 
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
@@ -338,7 +358,8 @@ moec_status moec_session_init_plan(const char *plan_path, const char *weights_di
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     s->backend = MOEC_BACKEND_CUDA;
     s->max_seq = max_seq_len;
-    moec_status st = plan_bind(plan_path, weights_dir, max_seq_len, &s->gpu, &s->vocab);
+    moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
+    moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &s->gpu, &s->vocab);
     if (st != MOEC_OK) {
         moec_session_free(s);
         return st;

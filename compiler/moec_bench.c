@@ -3,17 +3,10 @@
  * reading over the bandwidth the device shows for a plain copy. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "compiler/api_internal.h"
 #include "err.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "timer.h"
 
 static double storage_bytes(const ir_module *m, const ir_value *v, ir_dtype compute)
 {
@@ -102,36 +95,166 @@ static moec_status step_bytes(const moec_cuda_model *g, int B, int context, cons
     return MOEC_OK;
 }
 
+const char *moec_bench_mode_name(int mode)
+{
+    static const char *names[MOEC_BENCH_MODES] = {"graph", "graph_single", "eager", "eager_single"};
+    return mode >= 0 && mode < MOEC_BENCH_MODES ? names[mode] : "?";
+}
+
+/* The plan's bucket that runs B tokens. */
+static const rt_bucket *bucket_of(const rt_plan *p, int B)
+{
+    for (int b = 0; b < p->n_buckets; b++)
+        if (p->buckets[b].T >= B)
+            return &p->buckets[b];
+    return NULL;
+}
+
+static int launches(const rt_bucket *b)
+{
+    int n = 0;
+    for (int i = 0; i < b->n_steps; i++)
+        n += b->steps[i].kind == RT_STEP_KERNEL || b->steps[i].kind == RT_STEP_GEMM;
+    return n;
+}
+
+typedef struct prof_entry {
+    char name[160];
+    int count;
+    double ms;
+} prof_entry;
+
+static int cmp_prof(const void *a, const void *b)
+{
+    double x = ((const prof_entry *)a)->ms, y = ((const prof_entry *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+/* Times every launch of B tokens' step and writes them summed by kernel
+ * (GEMMs by the op they implement), the largest first. */
+static moec_status profile(const moec_cuda_model *g, int B, const int32_t *tok, const int32_t *pos,
+                           const int32_t *slot, int iters, FILE *out)
+{
+    const rt_bucket *b = bucket_of(g->plan, B);
+    double *ms = calloc((size_t)b->n_steps, sizeof *ms);
+    prof_entry *e = calloc((size_t)b->n_steps, sizeof *e);
+    moec_status st = ms && e ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    if (st == MOEC_OK)
+        st = rt_cuda_profile_steps(g->cuda, B, tok, pos, slot, iters, ms);
+    int n = 0;
+    double total = 0;
+    for (int i = 0; st == MOEC_OK && i < b->n_steps; i++) {
+        const rt_step *s = &b->steps[i];
+        char name[160];
+        if (s->kind == RT_STEP_KERNEL)
+            snprintf(name, sizeof name, "%s", b->kernel_names[s->kernel]);
+        else if (s->kind == RT_STEP_GEMM)
+            snprintf(name, sizeof name, "cublasLt (%s)",
+                     ir_op_name(g->fused->ops[s->op_id]->kind));
+        else
+            continue;
+        int k = 0;
+        while (k < n && strcmp(e[k].name, name))
+            k++;
+        if (k == n)
+            snprintf(e[n++].name, sizeof e->name, "%s", name);
+        e[k].count++;
+        e[k].ms += ms[i];
+        total += ms[i];
+    }
+    if (st == MOEC_OK) {
+        qsort(e, (size_t)n, sizeof *e, cmp_prof);
+        fprintf(out, "profile: batch %d (bucket T=%d), %d launches, %.3f ms summed over launches\n",
+                B, b->T, launches(b), total);
+        fprintf(out, "%10s %6s %8s %10s  %s\n", "ms", "%", "count", "us/launch", "kernel");
+        for (int k = 0; k < n; k++)
+            fprintf(out, "%10.4f %6.1f %8d %10.2f  %s\n", e[k].ms, 100 * e[k].ms / total, e[k].count,
+                    1e3 * e[k].ms / e[k].count, e[k].name);
+    }
+    free(ms);
+    free(e);
+    return st;
+}
+
+/* Times B tokens' step in every mode into row->mode_ms. */
+static moec_status time_modes(const moec_cuda_model *g, int B, const int32_t *tok,
+                              const int32_t *pos, const int32_t *slot, const moec_bench_options *o,
+                              moec_bench_row *row)
+{
+    for (int mode = 0; mode < MOEC_BENCH_MODES; mode++) {
+        int graph = mode == MOEC_BENCH_GRAPH_DUAL || mode == MOEC_BENCH_GRAPH_SINGLE;
+        int single = mode == MOEC_BENCH_GRAPH_SINGLE || mode == MOEC_BENCH_EAGER_SINGLE;
+        rt_cuda_set_single_stream(g->cuda, single);
+        rt_cuda_set_graphs(g->cuda, graph);
+        float ms = 0;
+        MOEC_TRY(rt_cuda_time_steps(g->cuda, B, tok, pos, slot, o->warmup, o->steps, &ms));
+        row->mode_ms[mode] = graph && !rt_cuda_graphs_captured(g->cuda) ? -1 : ms;
+    }
+    rt_cuda_set_single_stream(g->cuda, 0);
+    rt_cuda_set_graphs(g->cuda, 1);
+    row->step_ms = row->mode_ms[MOEC_BENCH_GRAPH_DUAL] > 0 ? row->mode_ms[MOEC_BENCH_GRAPH_DUAL]
+                                                            : row->mode_ms[MOEC_BENCH_EAGER_DUAL];
+    return MOEC_OK;
+}
+
+/* Binds the model (or plan) for B up to max_b and captures both stream
+ * modes' graphs (unless MOEC_DISABLE_GRAPHS=1), timing each part. */
+static moec_status bench_bind(const moec_model_t *model, const char *weights_dir,
+                              const moec_bench_options *o, int max_b, moec_cuda_model *g,
+                              int *vocab, moec_bench_result *out)
+{
+    moec_cuda_opts co = {.max_seqs = max_b, .max_seq_len = o->context + 1, .eager = 1};
+    double t0 = moec_now_s();
+    if (o->plan_path) {
+        MOEC_TRY(moec_cuda_model_init_plan(o->plan_path, weights_dir, &co, g, vocab));
+    } else {
+        ir_dtype dt = IR_DTYPE_BF16;
+        MOEC_TRY(moec_cuda_dtype(&dt));
+        MOEC_TRY(moec_cuda_model_init(model, weights_dir, dt, &co, g));
+        *vocab = moec_model_vocab_size(model);
+    }
+    out->setup_s = moec_now_s() - t0;
+    if (moec_graphs_disabled())
+        return MOEC_OK;
+    for (int single = 1; single >= 0; single--) {
+        rt_cuda_set_single_stream(g->cuda, single);
+        t0 = moec_now_s();
+        MOEC_TRY(rt_cuda_capture(g->cuda));
+        *(single ? &out->capture_single_s : &out->capture_s) = moec_now_s() - t0;
+    }
+    return MOEC_OK;
+}
+
 moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
                        const moec_bench_options *o, moec_bench_result *out)
 {
-    if (!model || !weights_dir || !o || !out || o->n_batch < 1 || o->n_batch > 16 ||
-        o->context < 0 || o->steps < 1 || o->warmup < 0)
+    if ((!model && !(o && o->plan_path)) || !weights_dir || !o || !out || o->n_batch < 1 ||
+        o->n_batch > 16 || o->context < 0 || o->steps < 1 || o->warmup < 0)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_bench: bad options");
     memset(out, 0, sizeof *out);
     int max_b = 0;
     for (int i = 0; i < o->n_batch; i++)
         max_b = o->batch[i] > max_b ? o->batch[i] : max_b;
-    int max_pos = moec_model_max_positions(model);
+    int max_pos = model ? moec_model_max_positions(model) : 0;
     if (max_pos > 0 && o->context + 1 > max_pos)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "context %d exceeds max_position_embeddings %d",
                         o->context, max_pos);
     int n_dev = 0;
     MOEC_TRY(moec_cuda_device_count(&n_dev));
-    ir_dtype dt = IR_DTYPE_BF16;
-    MOEC_TRY(moec_cuda_dtype(&dt));
     double bw = 0;
     MOEC_TRY(rt_cuda_copy_bandwidth((size_t)1 << 30, 20, &bw));
     out->copy_bytes_per_s = bw;
-    double t0 = now_s();
     moec_cuda_model g;
-    MOEC_TRY(moec_cuda_model_init(model, weights_dir, dt, max_b, o->context + 1, &g));
-    out->setup_s = now_s() - t0;
+    int vocab = 0;
+    moec_status st = bench_bind(model, weights_dir, o, max_b, &g, &vocab, out);
+    if (st != MOEC_OK) {
+        moec_cuda_model_free(&g);
+        return st;
+    }
     snprintf(out->device, sizeof out->device, "%s", rt_cuda_device_name(g.cuda));
-    int vocab = moec_model_vocab_size(model);
     int32_t *tok = malloc((size_t)max_b * sizeof *tok), *pos = malloc((size_t)max_b * sizeof *pos),
             *slot = malloc((size_t)max_b * sizeof *slot);
-    moec_status st = tok && pos && slot ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    st = tok && pos && slot ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     for (int i = 0; st == MOEC_OK && i < o->n_batch; i++) {
         int B = o->batch[i];
@@ -147,15 +270,16 @@ moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
             slot[b] = b;
         }
         moec_bench_row *row = &out->rows[out->n_rows];
-        float ms = 0;
-        st = rt_cuda_time_steps(g.cuda, B, tok, pos, slot, o->warmup, o->steps, &ms);
+        st = time_modes(&g, B, tok, pos, slot, o, row);
         if (st == MOEC_OK)
             st = step_bytes(&g, B, o->context, tok, pos, slot, row);
+        if (st == MOEC_OK && o->profile)
+            st = profile(&g, B, tok, pos, slot, o->steps < 20 ? o->steps : 20, o->profile);
         if (st != MOEC_OK)
             break;
         row->batch = B;
-        row->step_ms = ms;
         row->floor_ms = row->bytes / bw * 1e3;
+        out->launches_per_step[out->n_rows] = launches(bucket_of(g.plan, B));
         out->n_rows++;
     }
     free(tok);

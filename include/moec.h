@@ -132,24 +132,78 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
                                    int max_seq_len, moec_session_t **out);
 
+/* An engine: up to max_seqs sequences decoded together, for services. Each
+ * sequence lives in a slot (0 .. max_seqs-1) with its own KV cache of
+ * max_seq_len tokens; the caller says which slot and position every token
+ * of a step belongs to and owns the slot bookkeeping. On CUDA a step of n
+ * tokens runs the smallest compiled batch bucket >= n (its CUDA Graph,
+ * captured at open, unless `eager` or MOEC_DISABLE_GRAPHS=1); on the CPU it
+ * runs the reference interpreter, one KV cache per slot. */
+typedef struct moec_engine moec_engine_t;
+typedef struct moec_engine_options {
+    moec_backend backend; /* moec_engine_open: AUTO (CUDA where present), CPU or CUDA */
+    int max_seqs;         /* sequence slots; 0: 8 */
+    int max_seq_len;      /* tokens per sequence; 0: 4096, or max_position_embeddings if less */
+    int single_stream;    /* CUDA: the shared experts on the main stream too */
+    int eager;            /* CUDA: launch kernels one by one, no CUDA Graphs */
+} moec_engine_options;
+
+/* From a model: every pass and (CUDA) the kernels compiled now. */
+moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
+                             const moec_engine_options *opt, moec_engine_t **out);
+/* From a plan file (moec compile), CUDA only, no compiler call; the plan is
+ * checked against the checkpoint in weights_dir as moec_session_init_plan
+ * does. opt->backend must be AUTO or CUDA. */
+moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir,
+                                  const moec_engine_options *opt, moec_engine_t **out);
+void moec_engine_free(moec_engine_t *engine);
+/* One step of n tokens (1 <= n <= moec_engine_max_tokens): token i is
+ * tokens[i] of the sequence in slots[i] at position positions[i]; its K/V
+ * entries are written there and it attends to positions 0..positions[i] of
+ * its slot, those written by earlier steps and by earlier tokens of this
+ * step. A new sequence in a slot simply starts again at position 0.
+ * next_out[i] (when not NULL) gets the greedy next id after token i (the
+ * argmax of its logits, the lowest id on ties); logits_out (when not NULL)
+ * n rows of vocab_size floats. MOEC_ERR_INVALID_ARG for a slot or token id
+ * out of range, MOEC_ERR_CAPACITY for a position >= max_seq_len; both
+ * before anything runs. */
+moec_status moec_engine_step(moec_engine_t *engine, int n, const int32_t *tokens,
+                             const int32_t *positions, const int32_t *slots, int32_t *next_out,
+                             float *logits_out);
+int moec_engine_max_tokens(const moec_engine_t *engine); /* most tokens one step takes */
+int moec_engine_max_seqs(const moec_engine_t *engine);
+int moec_engine_max_seq_len(const moec_engine_t *engine);
+int moec_engine_vocab_size(const moec_engine_t *engine);
+int moec_engine_eos_token(const moec_engine_t *engine); /* -1 if none */
+moec_backend moec_engine_backend(const moec_engine_t *engine);
+
 /* The decode benchmark (moec bench): per batch size B, B sequences at a
  * context of `context` tokens each decode one token per step; the median
- * step time over `steps` timed steps (CUDA events, after `warmup`), the
- * bytes that step must read (every weight but the routed experts, the
- * routed experts the step actually selected, the embedding rows, the KV
- * cache in use), and the floor: those bytes over the device's measured
- * copy bandwidth (read + write). Compute dtype from MOEC_DTYPE (bf16). */
+ * step time over `steps` timed steps (CUDA events, after `warmup`) of each
+ * way of running it (CUDA Graph replay or eager launches, the shared
+ * experts on a second stream or not), the bytes that step must read (every
+ * weight but the routed experts, the routed experts the step actually
+ * selected, the embedding rows, the KV cache in use), and the floor: those
+ * bytes over the device's measured copy bandwidth (read + write). Compute
+ * dtype from MOEC_DTYPE (bf16), or the plan's. */
 typedef struct moec_bench_options {
     int n_batch;
     int batch[16];
     int context;
     int steps;
     int warmup;
+    const char *plan_path; /* bench a plan file (model may be NULL) instead of compiling */
+    FILE *profile;         /* when not NULL: per batch size, time per kernel (eager, one
+                            * stream, an event between every two launches) written here */
 } moec_bench_options;
+
+enum { MOEC_BENCH_GRAPH_DUAL, MOEC_BENCH_GRAPH_SINGLE, MOEC_BENCH_EAGER_DUAL,
+       MOEC_BENCH_EAGER_SINGLE, MOEC_BENCH_MODES };
 
 typedef struct moec_bench_row {
     int batch;
-    double step_ms;
+    double step_ms;      /* the default way: graph replay, two streams */
+    double mode_ms[MOEC_BENCH_MODES]; /* every way, by MOEC_BENCH_* */
     double bytes;        /* read by one step */
     double floor_ms;     /* bytes / copy bandwidth */
     int experts_hit;     /* routed experts selected, summed over MoE layers */
@@ -159,10 +213,16 @@ typedef struct moec_bench_row {
 typedef struct moec_bench_result {
     char device[128];
     double copy_bytes_per_s; /* read + write */
-    double setup_s;          /* passes, codegen + NVRTC (or cache), upload */
+    double setup_s;          /* compile (passes, codegen, NVRTC or cache) or plan read, upload */
+    double capture_s;        /* capturing every bucket's graph, two-stream mode */
+    double capture_single_s; /* the same, one stream */
+    int launches_per_step[16]; /* per row: kernels + GEMMs of the bucket's step */
     int n_rows;
     moec_bench_row rows[16];
 } moec_bench_result;
+
+/* The name of a MOEC_BENCH_* mode: "graph", "graph_single", "eager", "eager_single". */
+const char *moec_bench_mode_name(int mode);
 
 moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
                        const moec_bench_options *opt, moec_bench_result *out);

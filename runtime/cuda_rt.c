@@ -98,6 +98,17 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
     return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
 }
 
+moec_status rt_cuda_profile_steps(rt_cuda *c, int n, const int32_t *tokens,
+                                  const int32_t *positions, const int32_t *slots, int iters,
+                                  double *step_ms)
+{
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
+}
+
+void rt_cuda_set_single_stream(rt_cuda *c, int single) { (void)c; (void)single; }
+void rt_cuda_set_graphs(rt_cuda *c, int on) { (void)c; (void)on; }
+int rt_cuda_graphs_captured(const rt_cuda *c) { (void)c; return 0; }
+
 moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                               const int32_t *slots, int stop_op)
 {
@@ -211,7 +222,8 @@ typedef struct rt_cuda_bucket {
     rt_cuda_kernel_info *info;
     rt_cuda_launch *launches;
     float *logits;                 /* module output 0 in the arena, for this T */
-    cudaGraphExec_t graph;         /* one whole step captured (rt_cuda_capture), or NULL */
+    cudaGraphExec_t graph[2];      /* one whole step captured (rt_cuda_capture), or NULL:
+                                    * [0] with stream 1 forked, [1] on stream 0 alone */
 } rt_cuda_bucket;
 
 struct rt_cuda {
@@ -225,6 +237,8 @@ struct rt_cuda {
     int vocab;                     /* token ids must be below (0: unchecked) */
     int out_cols;
     int debug_sync;                /* MOEC_CUDA_SYNC=1: synchronize after every step */
+    int single_stream;             /* 1: every step on stream 0, forks and joins skipped */
+    int graphs_off;                /* 1: launch eagerly even where a graph was captured */
     size_t device_bytes;
 
     void **weights;                /* per value id */
@@ -1137,8 +1151,9 @@ void rt_cuda_free(rt_cuda *c)
             if (L->event)
                 cudaEventDestroy(L->event);
         }
-        if (cb->graph)
-            cudaGraphExecDestroy(cb->graph);
+        for (int k = 0; k < 2; k++)
+            if (cb->graph[k])
+                cudaGraphExecDestroy(cb->graph[k]);
         free(cb->launches);
         free(cb->kernels);
         free(cb->info);
@@ -1212,8 +1227,11 @@ static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int stop_op)
     for (int i = 0; i < b->n_steps && (stop_op < 0 || b->steps[i].op_id < stop_op); i++) {
         const rt_step *s = &b->steps[i];
         rt_cuda_launch *L = &cb->launches[i];
-        cudaStream_t stream = c->stream[s->stream];
+        int sk = c->single_stream ? 0 : s->stream;
+        cudaStream_t stream = c->stream[sk];
         cudaError_t e = cudaSuccess;
+        if (c->single_stream && (s->kind == RT_STEP_FORK || s->kind == RT_STEP_JOIN))
+            continue;
         const char *call = "";
         switch (s->kind) {
         case RT_STEP_KERNEL: {
@@ -1226,8 +1244,8 @@ static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int stop_op)
         case RT_STEP_GEMM: {
             rt_cuda_gemm *g = &L->gemm;
             cublasStatus_t ls = c->lt.cublasLtMatmul(
-                c->lt_handle[s->stream], g->desc, &g->alpha, g->a, g->la, g->b, g->lb, &g->beta,
-                g->c, g->lc, g->c, g->lc, &g->algo, c->workspace[s->stream], RT_CUDA_WORKSPACE,
+                c->lt_handle[sk], g->desc, &g->alpha, g->a, g->la, g->b, g->lb, &g->beta,
+                g->c, g->lc, g->c, g->lc, &g->algo, c->workspace[sk], RT_CUDA_WORKSPACE,
                 stream);
             if (ls != CUBLAS_STATUS_SUCCESS)
                 return LT(c, ls, step_where(c, cb, i, where, sizeof where));
@@ -1302,19 +1320,22 @@ static moec_status launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, cons
     return CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);
 }
 
-/* Drops every bucket's captured graph: steps launch eagerly again. */
+/* Drops every bucket's graph of the current stream mode. */
 static void drop_graphs(rt_cuda *c)
 {
-    for (int b = 0; b < c->n_buckets; b++)
-        if (c->buckets[b].graph) {
-            cudaGraphExecDestroy(c->buckets[b].graph);
-            c->buckets[b].graph = NULL;
+    for (int b = 0; b < c->n_buckets; b++) {
+        cudaGraphExec_t *g = &c->buckets[b].graph[c->single_stream];
+        if (*g) {
+            cudaGraphExecDestroy(*g);
+            *g = NULL;
         }
+    }
 }
 
 /* Captures one whole step of cb, exactly what launch_step(c, cb, -1) issues
  * (the head fork of stream 1, every step with the plan's own forks and
- * joins, the tail join), into cb->graph. The cuBLASLt steps are capturable
+ * joins, or all on stream 0 in single-stream mode, the tail join), into
+ * cb->graph of the current mode. The cuBLASLt steps are capturable
  * because nothing is chosen or allocated while they run: their algorithms
  * were picked by the heuristic at init and each stream's handle has its own
  * workspace, preallocated at init and alive as long as the context. On a
@@ -1346,12 +1367,17 @@ static moec_status capture_bucket(rt_cuda *c, rt_cuda_bucket *cb)
         (void)cudaStreamEndCapture(c->stream[0], &graph);
     if (st == MOEC_OK && !graph)
         st = MOEC_ERR(MOEC_ERR_CUDA, "%s: cudaStreamEndCapture gave no graph", where);
+    cudaGraphExec_t *exec = &cb->graph[c->single_stream];
     if (st == MOEC_OK)
-        st = CK(cudaGraphInstantiate(&cb->graph, graph, 0), where);
+        st = CK(cudaGraphInstantiate(exec, graph, 0), where);
+    if (st == MOEC_OK)
+        st = CK(cudaGraphUpload(*exec, c->stream[0]), where);
     if (graph)
         cudaGraphDestroy(graph);
     if (st != MOEC_OK) {
-        cb->graph = NULL;
+        if (*exec)
+            cudaGraphExecDestroy(*exec);
+        *exec = NULL;
         (void)cudaGetLastError(); /* clear what the failed capture left */
     }
     return st;
@@ -1370,20 +1396,44 @@ moec_status rt_cuda_capture(rt_cuda *c)
     for (int b = 0; b < c->n_buckets && st == MOEC_OK; b++)
         st = capture_bucket(c, &c->buckets[b]);
     c->debug_sync = debug_sync;
+    if (st == MOEC_OK)
+        st = CK(cudaStreamSynchronize(c->stream[0]), "uploading the captured steps");
     if (st != MOEC_OK)
         drop_graphs(c);
     return st;
 }
 
-/* Runs one whole step of cb: its graph when it was captured, graphs are
- * not disabled (MOEC_DISABLE_GRAPHS=1) and steps are not synchronized one
- * by one (MOEC_CUDA_SYNC=1, which needs the eager launches to name a
- * fault); otherwise launch_step. */
+void rt_cuda_set_single_stream(rt_cuda *c, int single)
+{
+    if (c)
+        c->single_stream = single != 0;
+}
+
+void rt_cuda_set_graphs(rt_cuda *c, int on)
+{
+    if (c)
+        c->graphs_off = !on;
+}
+
+int rt_cuda_graphs_captured(const rt_cuda *c)
+{
+    if (!c || !c->n_buckets)
+        return 0;
+    for (int b = 0; b < c->n_buckets; b++)
+        if (!c->buckets[b].graph[c->single_stream])
+            return 0;
+    return 1;
+}
+
+/* Runs one whole step of cb: its graph of the current stream mode when it
+ * was captured, graphs are not turned off (rt_cuda_set_graphs) and steps
+ * are not synchronized one by one (MOEC_CUDA_SYNC=1, which needs the eager
+ * launches to name a fault); otherwise launch_step. */
 static moec_status run_step(rt_cuda *c, rt_cuda_bucket *cb, const char *where)
 {
-    const char *off = getenv("MOEC_DISABLE_GRAPHS");
-    if (cb->graph && !c->debug_sync && !(off && !strcmp(off, "1")))
-        return CK(cudaGraphLaunch(cb->graph, c->stream[0]), where);
+    cudaGraphExec_t g = cb->graph[c->single_stream];
+    if (g && !c->graphs_off && !c->debug_sync)
+        return CK(cudaGraphLaunch(g, c->stream[0]), where);
     return launch_step(c, cb, -1, where);
 }
 
@@ -1466,6 +1516,59 @@ moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const i
         cudaEventDestroy(ev[i]);
     free(ev);
     free(ms);
+    return st;
+}
+
+moec_status rt_cuda_profile_steps(rt_cuda *c, int n, const int32_t *tokens,
+                                  const int32_t *positions, const int32_t *slots, int iters,
+                                  double *step_ms)
+{
+    if (!c || !tokens || !positions || !slots || !step_ms || iters < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_profile_steps: bad argument");
+    MOEC_TRY(check_inputs(c, n, tokens, positions, slots));
+    rt_cuda_bucket *cb = bucket_for(c, n);
+    const rt_bucket *b = cb->b;
+    char where[128];
+    snprintf(where, sizeof where, "profiled steps of %d tokens (bucket T=%d)", n, b->T);
+    MOEC_TRY(CK(cudaSetDevice(c->device), where));
+    MOEC_TRY(write_inputs(c, n, tokens, positions, slots, where));
+    int single = c->single_stream;
+    c->single_stream = 1; /* one stream, so that the events bracket one step each */
+    cudaEvent_t *ev = calloc((size_t)b->n_steps + 1, sizeof *ev);
+    moec_status st = ev ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    int made = 0;
+    for (; st == MOEC_OK && made <= b->n_steps; made++)
+        st = CK(cudaEventCreate(&ev[made]), where);
+    for (int i = 0; i < b->n_steps; i++)
+        step_ms[i] = 0;
+    for (int it = 0; st == MOEC_OK && it <= iters; it++) { /* the first is a warm-up */
+        for (int i = 0; st == MOEC_OK && i < b->n_steps; i++) {
+            st = CK(cudaEventRecord(ev[i], c->stream[0]), where);
+            if (st != MOEC_OK)
+                break;
+            /* one step: run_steps up to and including step i only */
+            rt_bucket one = *b;
+            one.steps = b->steps + i;
+            one.n_steps = 1;
+            rt_cuda_bucket sub = *cb;
+            sub.b = &one;
+            sub.launches = cb->launches + i;
+            st = run_steps(c, &sub, -1);
+        }
+        if (st == MOEC_OK)
+            st = CK(cudaEventRecord(ev[b->n_steps], c->stream[0]), where);
+        if (st == MOEC_OK)
+            st = sync_stream0(c, where);
+        for (int i = 0; st == MOEC_OK && it > 0 && i < b->n_steps; i++) {
+            float ms = 0;
+            st = CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]), where);
+            step_ms[i] += ms / iters;
+        }
+    }
+    c->single_stream = single;
+    for (int i = 0; i < made; i++)
+        cudaEventDestroy(ev[i]);
+    free(ev);
     return st;
 }
 

@@ -27,13 +27,23 @@ moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs,
                          rt_cuda **out);
 /* Releases everything the context holds, device memory included. */
 void rt_cuda_free(rt_cuda *c);
-/* Captures one full step of every bucket into a CUDA Graph over the
- * context's fixed buffers (stream 1 forked and joined inside the capture);
- * afterwards rt_cuda_step and rt_cuda_time_steps replay the bucket's graph
- * instead of launching its steps, unless MOEC_DISABLE_GRAPHS=1. A failure
- * names the bucket and leaves the context usable eagerly. Not yet verified
- * on a GPU; sessions call it only when MOEC_GRAPHS=1. */
+/* Captures one whole step of every bucket into a CUDA Graph over the
+ * context's fixed buffers, in the current stream mode (dual: stream 1
+ * forked and joined inside the capture with events; single: all on stream
+ * 0), and uploads it; afterwards rt_cuda_step and rt_cuda_time_steps in
+ * that mode replay the bucket's graph instead of launching its steps. The
+ * graphs of both modes can be held at once. A failure names the bucket and
+ * leaves the context usable eagerly. */
 moec_status rt_cuda_capture(rt_cuda *c);
+/* 1: every step on stream 0 (the plan's forks and joins skipped); 0 (the
+ * default): the shared-expert branch on stream 1. Selects which captured
+ * graphs run. */
+void rt_cuda_set_single_stream(rt_cuda *c, int single);
+/* 0: launch eagerly even where graphs were captured; 1 (the default):
+ * replay them. */
+void rt_cuda_set_graphs(rt_cuda *c, int on);
+/* 1 when every bucket has a graph in the current stream mode. */
+int rt_cuda_graphs_captured(const rt_cuda *c);
 
 /* Runs n tokens (1 <= n <= rt_cuda_max_tokens) in the smallest bucket that
  * holds them: token i of sequence slots[i] at position positions[i] (its KV
@@ -54,6 +64,13 @@ moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t
  * median step time. The arena keeps the last step's values. */
 moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                                const int32_t *slots, int warmup, int iters, float *median_ms);
+/* Profiling: runs the bucket holding n tokens eagerly on stream 0 alone,
+ * with an event between every two of its steps, iters times after one
+ * warm-up; step_ms[i] (one per plan step of the bucket) gets step i's mean
+ * time. Forks and joins read 0. */
+moec_status rt_cuda_profile_steps(rt_cuda *c, int n, const int32_t *tokens,
+                                  const int32_t *positions, const int32_t *slots, int iters,
+                                  double *step_ms);
 /* Runs a step of n tokens only as far as the steps of ops before op id
  * stop_op, and waits for it: the values live at that point (which the
  * memory plan may reuse later in the step) can then be read. */

@@ -2,7 +2,9 @@
 # gpu_bench.sh — the decode benchmark of BENCHMARKS.md, run on the GPU
 # machine in one call: builds moec, writes a DeepSeek-V2-Lite-shaped model
 # with random bf16 weights (tests/data/configs/deepseek_v2_lite.json; about
-# 31 GB, not committed), runs `moec bench` on it, then the PyTorch reference
+# 31 GB, not committed), compiles it ahead of time (`moec compile`), runs
+# `moec bench` on the plan file (load time, capture time, graph/eager x
+# two streams/one, a per-kernel profile), then the PyTorch reference
 # (bench/torch_ref.py) on the same weights, batch sizes and context, and
 # leaves every log and the JSON lines in $OUT/bench.tar.gz.
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
@@ -33,8 +35,13 @@ t0=$SECONDS
 build-gpu/moec-sample "$MODEL/config.json" "$MODEL" --fast --force >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; finish 1; }
 echo "model written in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
 
-build-gpu/moec bench "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" --json \
-  >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
+df -h / /tmp >>"$LOGS/env.txt" 2>&1
+t0=$SECONDS
+build-gpu/moec compile "$MODEL" -o "$MODEL.moec" >"$LOGS/compile.txt" 2>&1 || { tail "$LOGS/compile.txt"; finish 1; }
+echo "plan compiled in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
+build-gpu/moec bench "$MODEL.moec" --weights "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
+  ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
+rm -f "$MODEL.moec"
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
     --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
@@ -43,7 +50,7 @@ fi
 python3 - "$LOGS" >"$LOGS/summary.table" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-rows = {}
+rows, meta = {}, {}
 for name in ("moec.jsonl", "torch.jsonl"):
     p = os.path.join(d, name)
     if os.path.exists(p):
@@ -51,15 +58,24 @@ for name in ("moec.jsonl", "torch.jsonl"):
             if line.startswith("{"):
                 r = json.loads(line)
                 rows.setdefault(r["batch"], {})[r["impl"] + ":" + r["mode"]] = r
+                if r["impl"] == "moec":
+                    meta = r
 cols = sorted({k for r in rows.values() for k in r})
+if meta:
+    print(f"moec: {meta['device']}, {meta['dtype']}, copy {meta['copy_tb_s']:.2f} TB/s, "
+          f"plan load + upload {meta['setup_s']:.2f} s, capture of all buckets {meta['capture_s']:.3f} s")
 print("ms per decode step")
-print("batch " + " ".join(f"{c:>20}" for c in cols) + "  floor_ms moec/floor")
+print("batch " + " ".join(f"{c:>20}" for c in cols) + "  floor_ms graph/floor graph/torch-graph")
 for b in sorted(rows):
     r = rows[b]
-    fl = r.get("moec:eager", {}).get("floor_ms")
+    g = r.get("moec:graph", {})
+    fl = g.get("floor_ms")
     line = f"{b:5d} " + " ".join(f"{r[c]['ms']:20.3f}" if c in r else f"{'-':>20}" for c in cols)
     if fl:
-        line += f"  {fl:8.3f} {r['moec:eager']['ms'] / fl:10.2f}"
+        line += f"  {fl:8.3f} {g['ms'] / fl:11.2f}"
+        tg = r.get("torch:graph-grouped")
+        if tg:
+            line += f" {g['ms'] / tg['ms']:17.2f}"
     print(line)
 PY
 finish 0

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# gpu_session.sh — one device call that does everything: scripts/gpu_check.sh
+# (build, GPU tests, CLI goldens, memcheck) and then scripts/gpu_bench.sh (the
+# DeepSeek-V2-Lite-shape benchmark with the PyTorch reference), each under a
+# time limit, leaving $OUT/gpu_check.tar.gz, $OUT/bench.tar.gz and
+# $OUT/summary.txt. CHECK_S / BENCH_S set the limits (seconds); SKIP_CHECK=1
+# or SKIP_BENCH=1 leave a part out. Extra arguments go to gpu_bench.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moec-gpu}
+export OUT
+mkdir -p "$OUT"
+rc=0
+if [ "${SKIP_CHECK:-0}" != 1 ]; then
+  timeout "${CHECK_S:-300}" scripts/gpu_check.sh || rc=1
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  timeout "${BENCH_S:-270}" scripts/gpu_bench.sh "$@" >"$OUT/bench_stdout.txt" 2>&1 || rc=1
+  cat "$OUT/bench_stdout.txt" >>"$OUT/summary.txt"
+fi
+cat "$OUT/summary.txt"
+exit $rc
