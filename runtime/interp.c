@@ -20,6 +20,7 @@ struct rt_interp {
     int T_cap;           /* tokens the activation buffers are sized for */
     void **data;         /* per value id: weights (all elements, fp32); inputs and
                             op results [T_cap, ...] (int32 for i32 values, else fp32) */
+    int borrowed;        /* the weights belong to another interpreter (rt_interp_init_shared) */
     float **k_cache;     /* per op id: attention [max_seq, Hkv, Dk]; mla_attention
                             [max_seq, r] (kv_c) */
     float **v_cache;     /* per op id: attention [max_seq, Hkv, Dv]; mla_attention
@@ -1232,7 +1233,8 @@ void rt_interp_free(rt_interp *in)
     if (in->m) {
         free_activations(in);
         for (int i = 0; in->data && i < in->m->n_values; i++)
-            free(in->data[i]);
+            if (!in->borrowed || !in->m->values[i] || in->m->values[i]->kind != IR_VALUE_WEIGHT)
+                free(in->data[i]);
         for (int i = 0; i < in->m->n_ops; i++) {
             if (in->k_cache)
                 free(in->k_cache[i]);
@@ -1250,7 +1252,10 @@ void rt_interp_free(rt_interp *in)
     free(in);
 }
 
-static moec_status init_values(rt_interp *in, const rt_weights *w)
+/* Checks every value and sets up the weights: read from w (zero when w is
+ * NULL), or with `from` not NULL borrowed from that interpreter of the same
+ * module. */
+static moec_status init_values(rt_interp *in, const rt_weights *w, const rt_interp *from)
 {
     const ir_module *m = in->m;
     for (int i = 0; i < m->n_values; i++) {
@@ -1280,6 +1285,10 @@ static moec_status init_values(rt_interp *in, const rt_weights *w)
             continue;
         if (is_i32(v))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %s is i32; weights are float", v->name);
+        if (from) {
+            in->data[i] = from->data[i];
+            continue;
+        }
         int64_t n = numel_of(v, 0);
         if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1)
             return MOEC_ERR(MOEC_ERR_OOM, "weight %s: %lld elements", v->name, (long long)n);
@@ -1353,7 +1362,10 @@ static moec_status init_ops(rt_interp *in)
     return MOEC_OK;
 }
 
-moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq, rt_interp **out)
+/* rt_interp_init and rt_interp_init_shared: weights from w, or borrowed
+ * from `from` when it is not NULL. */
+static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt_interp *from,
+                               int max_seq, rt_interp **out)
 {
     if (!out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: out is NULL");
@@ -1368,6 +1380,7 @@ moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
         return MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory");
     in->m = m;
     in->max_seq = max_seq;
+    in->borrowed = from != NULL;
     size_t nv = (size_t)(m->n_values > 0 ? m->n_values : 1);
     size_t no = (size_t)(m->n_ops > 0 ? m->n_ops : 1);
     in->data = calloc(nv, sizeof *in->data);
@@ -1379,7 +1392,7 @@ moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
     if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written || !in->scores)
         st = MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory for %d values", m->n_values);
     if (st == MOEC_OK)
-        st = init_values(in, w);
+        st = init_values(in, w, from);
     if (st == MOEC_OK)
         st = init_ops(in);
     if (st != MOEC_OK) {
@@ -1388,6 +1401,21 @@ moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
     }
     *out = in;
     return MOEC_OK;
+}
+
+moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq, rt_interp **out)
+{
+    return interp_init(m, w, NULL, max_seq, out);
+}
+
+moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out)
+{
+    if (!owner) {
+        if (out)
+            *out = NULL;
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_shared: owner is NULL");
+    }
+    return interp_init(owner->m, NULL, owner, max_seq, out);
 }
 
 static int is_weight_of(const rt_interp *in, const ir_value *v)

@@ -15,6 +15,11 @@ typedef struct rt_interp rt_interp;
  * sets each with rt_interp_set_weight (pass tests use random weights). */
 moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
                            rt_interp **out);
+/* Another interpreter of owner's module, with its own KV caches and
+ * activations for sequences of up to max_seq tokens, that reads owner's
+ * weights in place (not copied: owner must outlive it, and a weight set
+ * through either is seen by both). For many sequences of one model. */
+moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out);
 void rt_interp_free(rt_interp *in);
 
 /* Copies ir_type_numel(&v->type, 0) floats into weight v. */

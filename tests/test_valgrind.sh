@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# test_valgrind.sh — `moec run` and `moec dump-ir` of tiny models under
-# valgrind: no leak, no invalid access. Skips (loudly) without valgrind.
+# test_valgrind.sh — `moec run`, `moec dump-ir` and `moec-serve --stdin` of
+# tiny models under valgrind: no leak, no invalid access. Skips (loudly)
+# without valgrind.
 set -u
 B=${MOEC_BUILD_DIR:?}/moec
 D=${MOEC_SOURCE_DIR:?}/tests/data
 if ! command -v valgrind >/dev/null; then
   echo "SKIP: valgrind is not installed (run scripts/install_deps.sh)"; exit 0
 fi
-fail=0
+fail=0 runs=0
 # run RC CMD...: CMD exits RC under valgrind with no error and no leak.
 run() {
   local want=$1; shift
+  runs=$((runs + 1))
   valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all \
     --error-exitcode=99 "$@" >/dev/null 2>"$T/vg"
   local rc=$?
@@ -26,5 +28,16 @@ run 0 "$B" run "$D/qwen2_moe" --prompt-ids 11,95 --max-new-tokens 2 --ignore-eos
 run 0 "$B" dump-ir "$D/deepseek_v3"
 run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1,999 --max-new-tokens 1
 run 1 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
-echo "test_valgrind: $((5 - fail)) passed, $fail failed"
+# The service: requests served together (one in two prefill chunks), a bad
+# one, one refused for want of a slot, a line cut off by the end of input.
+{
+  echo '{"id":"a","prompt_ids":[0,17,42,99,5,200,31],"max_new_tokens":3,"ignore_eos":true}'
+  echo "{\"id\":2,\"prompt_ids\":[$(seq -s, 1 70)],\"max_new_tokens\":2}"
+  echo '{"id":"full","prompt_ids":[1],"max_new_tokens":1}'
+  echo '{"id":"bad","prompt_ids":[1,"x"],"max_new_tokens":1}'
+  echo 'not json'
+  printf '%s' '{"id":"cut","prompt_ids":[1],"max_new_tokens":1'
+} >"$T/requests"
+run 0 "$B-serve" "$D/deepseek_v2" --stdin --backend cpu --max-seqs 2 <"$T/requests"
+echo "test_valgrind: $((runs - fail)) passed, $fail failed"
 [ "$fail" = 0 ]

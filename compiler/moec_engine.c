@@ -1,0 +1,317 @@
+/* moec_engine.c — the multi-sequence engine of include/moec.h, for services:
+ * up to max_seqs sequences, each in a slot with its own KV cache, advanced
+ * together one step of tokens at a time. The caller (a scheduler such as
+ * samples/serve.c) decides which slot and position every token of a step
+ * has; the engine checks them all, runs the step and returns each token's
+ * greedy next id (and, when asked, its logits).
+ *
+ * On CUDA a step is one rt_cuda_step: the smallest compiled bucket that
+ * holds the tokens, replayed from its CUDA Graph unless eager; the argmax is
+ * taken on the device. On the CPU every slot has its own reference
+ * interpreter (its own KV cache, the weights shared with slot 0's), a step
+ * runs each run of consecutive tokens of one slot as one forward, and the
+ * argmax is taken here. Tokens never mix across rows in either backend, so a
+ * sequence's logits do not depend on what else shares its step.
+ *
+ * The engine owns everything it runs on: on the CPU a copy of the model's
+ * module, on CUDA the fused module and plan; the model may be freed after
+ * moec_engine_open. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "compiler/api_internal.h"
+#include "err.h"
+#include "runtime/cuda_rt.h"
+#include "runtime/interp.h"
+#include "runtime/plan_file.h"
+#include "runtime/weights.h"
+
+#define ENGINE_DEFAULT_SEQS 8
+#define ENGINE_DEFAULT_SEQ_LEN 4096
+#define ENGINE_CPU_MAX_TOKENS 64 /* the largest default CUDA bucket */
+
+struct moec_engine {
+    moec_backend backend; /* CPU or CUDA, never AUTO */
+    int max_seqs, max_seq_len, max_tokens;
+    int vocab, eos;
+    /* CPU: the module copy, its weights and one interpreter per slot
+     * (interp[0] owns the fp32 weights, the others borrow them) */
+    ir_module *module;
+    rt_interp **interp;
+    float *rows; /* max_tokens rows of logits when the caller wants none */
+    /* CUDA */
+    moec_cuda_model gpu;
+};
+
+/* ---- opening -------------------------------------------------------------- */
+
+/* max_seqs and max_seq_len from the options (0: the defaults), checked
+ * against the model's max_position_embeddings (0: unknown). */
+static moec_status engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
+                                int *max_seq_len)
+{
+    *max_seqs = opt->max_seqs ? opt->max_seqs : ENGINE_DEFAULT_SEQS;
+    *max_seq_len = opt->max_seq_len;
+    if (!*max_seq_len)
+        *max_seq_len = max_pos > 0 && max_pos < ENGINE_DEFAULT_SEQ_LEN ? max_pos
+                                                                       : ENGINE_DEFAULT_SEQ_LEN;
+    if (*max_seqs < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seqs must be positive, got %d", *max_seqs);
+    if (*max_seq_len < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got %d",
+                        *max_seq_len);
+    if (max_pos > 0 && *max_seq_len > max_pos)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "max_seq_len %d exceeds the model's max_position_embeddings %d",
+                        *max_seq_len, max_pos);
+    return MOEC_OK;
+}
+
+/* The CPU backend: the module copied, its weights read once into slot 0's
+ * interpreter, every other slot's interpreter borrowing them. */
+static moec_status engine_open_cpu(moec_engine_t *e, const moec_model_t *model,
+                                   const char *weights_dir)
+{
+    MOEC_TRY(ir_module_clone(moec_model_module(model), &e->module));
+    e->interp = calloc((size_t)e->max_seqs, sizeof *e->interp);
+    e->rows = malloc((size_t)e->max_tokens * (size_t)e->vocab * sizeof *e->rows);
+    if (!e->interp || !e->rows)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d sequence slots", e->max_seqs);
+    rt_weights *w = NULL;
+    MOEC_TRY(rt_weights_open(e->module, weights_dir, &w));
+    moec_status st = rt_interp_init(e->module, w, e->max_seq_len, &e->interp[0]);
+    rt_weights_free(w);
+    MOEC_TRY(st);
+    for (int s = 1; s < e->max_seqs; s++)
+        MOEC_TRY(rt_interp_init_shared(e->interp[0], e->max_seq_len, &e->interp[s]));
+    return MOEC_OK;
+}
+
+/* moec_cuda_opts for an engine of e's sizes. */
+static moec_cuda_opts engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt)
+{
+    return (moec_cuda_opts){.max_seqs = e->max_seqs,
+                            .max_seq_len = e->max_seq_len,
+                            .single_stream = opt->single_stream,
+                            .eager = opt->eager};
+}
+
+moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
+                             const moec_engine_options *opt, moec_engine_t **out)
+{
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open: out is NULL");
+    *out = NULL;
+    if (!model || !weights_dir)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open: NULL model or weights_dir");
+    const moec_engine_options dflt = {0};
+    if (!opt)
+        opt = &dflt;
+    moec_backend backend = opt->backend;
+    if (backend != MOEC_BACKEND_AUTO && backend != MOEC_BACKEND_CPU &&
+        backend != MOEC_BACKEND_CUDA)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open: unknown backend %d",
+                        (int)backend);
+    int max_seqs, max_seq_len;
+    MOEC_TRY(engine_sizes(opt, moec_model_max_positions(model), &max_seqs, &max_seq_len));
+    int n_dev = 0;
+    if (backend == MOEC_BACKEND_AUTO) {
+        backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
+                                                                         : MOEC_BACKEND_CPU;
+        moec_err_clear();
+    }
+    if (backend == MOEC_BACKEND_CUDA)
+        MOEC_TRY(moec_cuda_device_count(&n_dev));
+    ir_dtype dt = IR_DTYPE_BF16;
+    if (backend == MOEC_BACKEND_CUDA)
+        MOEC_TRY(moec_cuda_dtype(&dt));
+
+    moec_engine_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    e->backend = backend;
+    e->max_seqs = max_seqs;
+    e->max_seq_len = max_seq_len;
+    e->vocab = moec_model_vocab_size(model);
+    e->eos = moec_model_eos_token(model);
+    moec_status st;
+    if (backend == MOEC_BACKEND_CUDA) {
+        moec_cuda_opts o = engine_cuda_opts(e, opt);
+        st = moec_cuda_model_init(model, weights_dir, dt, &o, &e->gpu);
+        if (st == MOEC_OK)
+            e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
+    } else {
+        e->max_tokens = ENGINE_CPU_MAX_TOKENS;
+        st = engine_open_cpu(e, model, weights_dir);
+    }
+    if (st != MOEC_OK) {
+        moec_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return MOEC_OK;
+}
+
+/* The plan's max_position_embeddings (0 if it names none), for the default
+ * max_seq_len: the plan read once just for its module's meta. */
+static moec_status plan_max_positions(const char *plan_path, int *out)
+{
+    rt_plan *plan = NULL;
+    ir_module *module = NULL;
+    rt_plan_meta meta;
+    moec_status st = rt_plan_read(plan_path, &plan, &module, &meta);
+    if (st == MOEC_OK)
+        *out = (int)ir_module_meta_int(module, "max_position_embeddings", 0);
+    rt_plan_free(plan);
+    ir_module_free(module);
+    return st;
+}
+
+moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir,
+                                  const moec_engine_options *opt, moec_engine_t **out)
+{
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open_plan: out is NULL");
+    *out = NULL;
+    if (!plan_path || !weights_dir)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "moec_engine_open_plan: NULL plan_path or weights_dir");
+    const moec_engine_options dflt = {0};
+    if (!opt)
+        opt = &dflt;
+    if (opt->backend != MOEC_BACKEND_AUTO && opt->backend != MOEC_BACKEND_CUDA)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "plan %s runs on the GPU: the engine's backend must be auto or cuda",
+                        plan_path);
+    struct stat sb;
+    if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
+    int n_dev = 0;
+    MOEC_TRY(moec_cuda_device_count(&n_dev));
+    /* The plan's bound checks max_seq_len itself; only the default needs
+     * max_position_embeddings first. */
+    int max_pos = 0;
+    if (!opt->max_seq_len)
+        MOEC_TRY(plan_max_positions(plan_path, &max_pos));
+    int max_seqs, max_seq_len;
+    MOEC_TRY(engine_sizes(opt, max_pos, &max_seqs, &max_seq_len));
+
+    moec_engine_t *e = calloc(1, sizeof *e);
+    if (!e)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    e->backend = MOEC_BACKEND_CUDA;
+    e->max_seqs = max_seqs;
+    e->max_seq_len = max_seq_len;
+    moec_cuda_opts o = engine_cuda_opts(e, opt);
+    moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &e->gpu, &e->vocab);
+    if (st != MOEC_OK) {
+        moec_engine_free(e);
+        return st;
+    }
+    e->eos = (int)ir_module_meta_int(e->gpu.fused, "eos_token_id", -1);
+    e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
+    *out = e;
+    return MOEC_OK;
+}
+
+void moec_engine_free(moec_engine_t *e)
+{
+    if (!e)
+        return;
+    moec_cuda_model_free(&e->gpu);
+    /* The borrowers first: slot 0 owns the weights they read. */
+    for (int s = e->interp ? e->max_seqs - 1 : -1; s >= 0; s--)
+        rt_interp_free(e->interp[s]);
+    free(e->interp);
+    free(e->rows);
+    ir_module_free(e->module);
+    free(e);
+}
+
+/* ---- stepping ------------------------------------------------------------- */
+
+/* Every argument of a step checked, before anything runs (the same errors
+ * as the CUDA runtime gives). */
+static moec_status step_check(const moec_engine_t *e, int n, const int32_t *tokens,
+                              const int32_t *positions, const int32_t *slots)
+{
+    if (n < 1 || n > e->max_tokens)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "a step runs 1 to %d tokens, not %d", e->max_tokens,
+                        n);
+    if (!tokens || !positions || !slots)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL tokens, positions or slots");
+    for (int i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= e->max_seqs)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: slot %d is not in [0, %d)", i,
+                            slots[i], e->max_seqs);
+        if (positions[i] < 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: position %d is negative", i,
+                            positions[i]);
+        if (positions[i] >= e->max_seq_len)
+            return MOEC_ERR(MOEC_ERR_CAPACITY,
+                            "token %d: position %d of slot %d does not fit the KV cache of %d "
+                            "tokens per sequence",
+                            i, positions[i], slots[i], e->max_seq_len);
+        if (tokens[i] < 0 || tokens[i] >= e->vocab)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "token %d: id %d is outside the vocabulary (%d ids)", i, tokens[i],
+                            e->vocab);
+    }
+    return MOEC_OK;
+}
+
+/* The greedy id of one row: its largest logit, the lowest id on ties. */
+static int32_t row_argmax(const float *row, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best])
+            best = i;
+    return best;
+}
+
+/* A CPU step: each run of consecutive tokens of one slot is one forward of
+ * that slot's interpreter, in order, so later tokens of a slot see the K/V
+ * its earlier tokens of the step wrote. */
+static moec_status step_cpu(moec_engine_t *e, int n, const int32_t *tokens,
+                            const int32_t *positions, const int32_t *slots, int32_t *next_out,
+                            float *logits_out)
+{
+    size_t V = (size_t)e->vocab;
+    float *rows = logits_out ? logits_out : e->rows;
+    for (int i = 0; i < n;) {
+        int k = 1;
+        while (i + k < n && slots[i + k] == slots[i])
+            k++;
+        MOEC_TRY(rt_interp_forward(e->interp[slots[i]], tokens + i, positions + i, k,
+                                   rows + (size_t)i * V));
+        i += k;
+    }
+    if (next_out)
+        for (int i = 0; i < n; i++)
+            next_out[i] = row_argmax(rows + (size_t)i * V, e->vocab);
+    return MOEC_OK;
+}
+
+moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
+                             const int32_t *positions, const int32_t *slots, int32_t *next_out,
+                             float *logits_out)
+{
+    if (!e)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL engine");
+    MOEC_TRY(step_check(e, n, tokens, positions, slots));
+    if (e->backend == MOEC_BACKEND_CUDA)
+        return rt_cuda_step(e->gpu.cuda, n, tokens, positions, slots, logits_out, next_out);
+    return step_cpu(e, n, tokens, positions, slots, next_out, logits_out);
+}
+
+int moec_engine_max_tokens(const moec_engine_t *e) { return e ? e->max_tokens : 0; }
+int moec_engine_max_seqs(const moec_engine_t *e) { return e ? e->max_seqs : 0; }
+int moec_engine_max_seq_len(const moec_engine_t *e) { return e ? e->max_seq_len : 0; }
+int moec_engine_vocab_size(const moec_engine_t *e) { return e ? e->vocab : 0; }
+int moec_engine_eos_token(const moec_engine_t *e) { return e ? e->eos : -1; }
+moec_backend moec_engine_backend(const moec_engine_t *e)
+{
+    return e ? e->backend : MOEC_BACKEND_AUTO;
+}
