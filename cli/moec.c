@@ -107,6 +107,11 @@ static const char *USAGE_RUN =
     "  --arch ARCH            GPU target the kernels are compiled for (default\n"
     "                         sm_90; the same as MOEC_ARCH=ARCH; not with a PLAN)\n"
     "  --ignore-eos           keep generating after the model's eos_token_id\n"
+    "  --single-stream        cuda: run the shared experts on the main stream too\n"
+    "                         (default: on a second stream, overlapping the routed\n"
+    "                         experts; the same as MOEC_SINGLE_STREAM=1)\n"
+    "  --eager                cuda: launch every kernel of a step one by one instead\n"
+    "                         of replaying its CUDA Graph (MOEC_DISABLE_GRAPHS=1)\n"
     "  -h, --help             this help\n";
 
 static const char *USAGE_BENCH =
@@ -316,6 +321,10 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             return 0;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->ignore_eos = 1;
+        } else if (!strcmp(a, "--single-stream")) {
+            setenv("MOEC_SINGLE_STREAM", "1", 1);
+        } else if (!strcmp(a, "--eager")) {
+            setenv("MOEC_DISABLE_GRAPHS", "1", 1);
         } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--max-new-tokens") ||
                    !strcmp(a, "--backend") || !strcmp(a, "--logits-out") ||
                    !strcmp(a, "--max-seq-len") || !strcmp(a, "--arch") ||

@@ -22,6 +22,8 @@ typedef struct cg_buf {
 void cg_buf_printf(cg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_buf_free(cg_buf *b);
 
+enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };
+
 typedef struct cg_options {
     ir_dtype compute_dtype;   /* BF16 (default) or F32 */
     char arch[16];            /* "sm_90" */
@@ -29,6 +31,8 @@ typedef struct cg_options {
     int n_buckets;
     int buckets[16];          /* ascending batch sizes T */
     const char *cache_dir;    /* cubin cache (NULL: $MOEC_CACHE_DIR or ~/.cache/moec) */
+    int moe_kernel;           /* routed-expert GEMMs: CG_MOE_AUTO (default), CG_MOE_SIMT
+                               * (CUDA cores) or CG_MOE_MMA (tensor cores, bf16 only) */
     /* Called as each bucket's kernels finish compiling (progress lines):
      * from the compiling threads, one call at a time. */
     void (*progress)(int done, int total, void *user);

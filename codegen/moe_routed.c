@@ -18,6 +18,9 @@
 #include "err.h"
 
 #define MOE_WARPS 8
+#define MMA_WARPS 4     /* tensor-core form: 16 weight rows per warp */
+#define MMA_UNROLL_GU 4 /* k chunks of loads in flight per lane: gate_up */
+#define MMA_UNROLL_DN 4 /* and down */
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
 
@@ -184,6 +187,145 @@ static const char DOWN_BODY[] =
     "            }\n"
     "        }\n";
 
+/* The tensor-core forms (bf16 weights and activations, fp32 accumulation):
+ * each warp owns 16 weight rows and the block's BM slots (BM / 8 column
+ * tiles of m16n8k16 products, the weights as the 16-row A operand and the
+ * tokens as the 8-column B operand). A lane loads 16 bytes (8 elements) of
+ * each of its two weight rows and of its token's row per 32-wide k chunk:
+ * the reduction order over k does not matter, so the 8 elements a lane
+ * holds stand for the k columns its fragments need (words 0 and 1 for the
+ * first product's k 2q.. and 2q+8.., words 2 and 3 for the second's), the
+ * same permutation on both operands. U chunks of loads are issued before
+ * their products. */
+static const char MMA_HEAD[] =
+    "    constexpr int NTILE = BM / 8, NSTEP = KD / 32;\n"
+    "    const int b = blockIdx.x;\n"
+    "    if (b >= *n_used)\n"
+    "        return;\n"
+    "    const int e = blk_expert[b];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "    const int n0 = (blockIdx.y * NW + warp) * 16;\n"
+    "    if (n0 >= ND)\n"
+    "        return;\n"
+    "    int sl[NTILE];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        sl[t] = sorted[b * BM + t * 8 + g];\n";
+
+static const char MMA_GATE_UP_BODY[] =
+    "    const TX *xr[NTILE];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        xr[t] = x + (long long)(sl[t] >= 0 ? sl[t] / K : 0) * KD + q * 8;\n"
+    "    const TW *g0 = wg + (long long)e * GSTRIDE + (long long)(n0 + g) * KD + q * 8;\n"
+    "    const TW *u0 = wu + (long long)e * USTRIDE + UOFF + (long long)(n0 + g) * KD + q * 8;\n"
+    "    float ag[NTILE][4], au[NTILE][4];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "            ag[t][i] = au[t][i] = 0.0f;\n"
+    "#pragma unroll 1\n"
+    "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
+    "        uint4 wa[U][4], xb[U][NTILE];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
+    "                break;\n"
+    "            const long long k = (long long)(s0 + u) * 32;\n"
+    "            wa[u][0] = *reinterpret_cast<const uint4 *>(g0 + k);\n"
+    "            wa[u][1] = *reinterpret_cast<const uint4 *>(g0 + 8LL * KD + k);\n"
+    "            wa[u][2] = *reinterpret_cast<const uint4 *>(u0 + k);\n"
+    "            wa[u][3] = *reinterpret_cast<const uint4 *>(u0 + 8LL * KD + k);\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NTILE; t++)\n"
+    "                xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
+    "                break;\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NTILE; t++) {\n"
+    "                moec_mma_bf16(ag[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, xb[u][t].x, xb[u][t].y);\n"
+    "                moec_mma_bf16(ag[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, xb[u][t].z, xb[u][t].w);\n"
+    "                moec_mma_bf16(au[t], wa[u][2].x, wa[u][3].x, wa[u][2].y, wa[u][3].y, xb[u][t].x, xb[u][t].y);\n"
+    "                moec_mma_bf16(au[t], wa[u][2].z, wa[u][3].z, wa[u][2].w, wa[u][3].w, xb[u][t].z, xb[u][t].w);\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "    /* c[0], c[1]: row g, slots 2q, 2q + 1 of the tile; c[2], c[3]: row g + 8 */\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
+    "            if (slot < 0)\n"
+    "                continue;\n"
+    "#pragma unroll\n"
+    "            for (int r = 0; r < 2; r++) {\n"
+    "                const float gv = ag[t][2 * r + j], uv = au[t][2 * r + j];\n"
+    "                hbuf[(long long)slot * ND + n0 + g + 8 * r] = gv / (1.0f + expf(-gv)) * uv;\n"
+    "            }\n"
+    "        }\n";
+
+static const char MMA_DOWN_BODY[] =
+    "    const float *hr[NTILE];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        hr[t] = hbuf + (long long)(sl[t] >= 0 ? sl[t] : 0) * KD + q * 8;\n"
+    "    const TW *d0 = wd + (long long)e * ND * KD + (long long)(n0 + g) * KD + q * 8;\n"
+    "    float acc[NTILE][4];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "            acc[t][i] = 0.0f;\n"
+    "#pragma unroll 1\n"
+    "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
+    "        uint4 wa[U][2];\n"
+    "        float4 hv[U][NTILE][2];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
+    "                break;\n"
+    "            const long long k = (long long)(s0 + u) * 32;\n"
+    "            wa[u][0] = *reinterpret_cast<const uint4 *>(d0 + k);\n"
+    "            wa[u][1] = *reinterpret_cast<const uint4 *>(d0 + 8LL * KD + k);\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NTILE; t++) {\n"
+    "                hv[u][t][0] = *reinterpret_cast<const float4 *>(hr[t] + k);\n"
+    "                hv[u][t][1] = *reinterpret_cast<const float4 *>(hr[t] + k + 4);\n"
+    "            }\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
+    "                break;\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NTILE; t++) {\n"
+    "                const unsigned b0 = moec_pack_bf16(hv[u][t][0].x, hv[u][t][0].y);\n"
+    "                const unsigned b1 = moec_pack_bf16(hv[u][t][0].z, hv[u][t][0].w);\n"
+    "                const unsigned b2 = moec_pack_bf16(hv[u][t][1].x, hv[u][t][1].y);\n"
+    "                const unsigned b3 = moec_pack_bf16(hv[u][t][1].z, hv[u][t][1].w);\n"
+    "                moec_mma_bf16(acc[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
+    "                moec_mma_bf16(acc[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, b2, b3);\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
+    "            if (slot < 0)\n"
+    "                continue;\n"
+    "            const float f = MULW ? scale * ld(wts + slot) : 1.0f;\n"
+    "#pragma unroll\n"
+    "            for (int r = 0; r < 2; r++)\n"
+    "                st(y + (long long)slot * ND + n0 + g + 8 * r, acc[t][2 * r + j] * f);\n"
+    "        }\n";
+
 static const char SUM_BODY[] =
     "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
     "    if (h >= H)\n"
@@ -255,6 +397,16 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int T = c->T;
     long long N = (long long)T * K;
     int bm = rows_per_block(T, K, E);
+    /* tensor cores for bf16 once blocks hold two or more rows (a single
+       row per block streams at the copy bandwidth on CUDA cores already);
+       BM is then 8 or 16, one or two 8-column tiles, since a product costs
+       the same for 1 or 8 columns */
+    int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
+    int mma = xdt == IR_DTYPE_BF16 && gdt == IR_DTYPE_BF16 && ddt == IR_DTYPE_BF16 &&
+              H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
+              (mode == CG_MOE_MMA || bm >= 2);
+    if (mma)
+        bm = 2 * T * K > 8 * E ? 16 : 8;
     long long nnz = N < E ? N : E;
     long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
     /* rows per warp: 4 of gate and of up, 8 of down (fewer measured slower at
@@ -299,34 +451,40 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
 
     /* (2) gate_up with silu_mul */
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
-    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_rw%d_t%d_%s_%s_%s", E, K,
-             H, I, bm, rw_gu, T, ir_dtype_name(xdt), ir_dtype_name(gdt), fused ? "fused" : "split");
+    int warps = mma ? MMA_WARPS : MOE_WARPS, rows_gu = mma ? 16 : rw_gu;
+    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s%d_t%d_%s_%s_%s", E, K,
+             H, I, bm, mma ? "mma_u" : "rw", mma ? MMA_UNROLL_GU : rw_gu, T, ir_dtype_name(xdt),
+             ir_dtype_name(gdt), fused ? "fused" : "split");
     int k2 = cg_kernel(c, name, &is_new);
     if (k2 < 0)
         return oom(d);
     if (is_new) {
         cg_buf_printf(&c->src,
-                      "// %s: gate_up GEMM with silu_mul (codegen/moe_routed.c, cg_moe_emit)\n"
+                      "// %s: gate_up GEMM with silu_mul%s (codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
                       "const %s *__restrict__ wg, const %s *__restrict__ wu, const int *__restrict__ "
                       "sorted, const int *__restrict__ blk_expert, const int *__restrict__ n_used, "
                       "float *__restrict__ hbuf)\n{\n"
                       "    typedef %s TX;\n    typedef %s TW;\n"
-                      "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, RW = %d, NW = %d, "
-                      "VE = %d;\n"
+                      "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n",
-                      opname, MOE_WARPS * 32, name, cg_ctype(xdt), cg_ctype(gdt), cg_ctype(gdt),
-                      cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm, rw_gu, MOE_WARPS, ve_h, gstride,
-                      gstride, uoff);
-        cg_buf_printf(&c->src, "%s%s}\n\n", GEMM_HEAD, GATE_UP_BODY);
+                      opname, mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(xdt),
+                      cg_ctype(gdt), cg_ctype(gdt), cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
+                      warps, gstride, gstride, uoff);
+        if (mma)
+            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", MMA_UNROLL_GU, MMA_HEAD,
+                          MMA_GATE_UP_BODY);
+        else
+            cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
+                          GEMM_HEAD, GATE_UP_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k2;
     s->grid[0] = (unsigned)nb;
-    s->grid[1] = (unsigned)((I + MOE_WARPS * rw_gu - 1) / (MOE_WARPS * rw_gu));
-    s->block[0] = MOE_WARPS * 32;
+    s->grid[1] = (unsigned)((I + warps * rows_gu - 1) / (warps * rows_gu));
+    s->block[0] = (unsigned)warps * 32;
     s->n_args = 7;
     s->args[0] = cg_arg_act(d->x);
     s->args[1] = cg_arg_act(d->gate);
@@ -339,40 +497,46 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     /* (3) down, times the router weight and scale when routed */
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_rw%d_t%d_%s_%s_%s", E, K, H,
-             I, bm, rw_dn, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now");
+    int rows_dn = mma ? 16 : rw_dn;
+    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s%d_t%d_%s_%s_%s", E, K, H,
+             I, bm, mma ? "mma_u" : "rw", mma ? MMA_UNROLL_DN : rw_dn, T, ir_dtype_name(ddt),
+             ir_dtype_name(ydt), d->w ? "w" : "now");
     int k3 = cg_kernel(c, name, &is_new);
     if (k3 < 0)
         return oom(d);
     if (is_new) {
         cg_buf_printf(&c->src,
-                      "// %s: down GEMM%s (codegen/moe_routed.c, cg_moe_emit)\n"
+                      "// %s: down GEMM%s%s (codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "hbuf, const %s *__restrict__ wd, const int *__restrict__ sorted, const int "
                       "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
-                      opname, d->w ? " times scale * router weight" : "", MOE_WARPS * 32, name,
-                      cg_ctype(ddt));
+                      opname, d->w ? " times scale * router weight" : "",
+                      mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(ddt));
         if (d->w)
             cg_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         cg_buf_printf(&c->src,
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
-                      "    constexpr int KD = %lld, ND = %lld, BM = %d, RW = %d, NW = %d, VE = %d;\n"
+                      "    constexpr int KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr bool MULW = %s;\n",
-                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, rw_dn, MOE_WARPS, ve_i,
-                      d->w ? "true" : "false");
+                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, warps, d->w ? "true" : "false");
         if (!d->w)
             cg_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
-        cg_buf_printf(&c->src, "%s%s}\n\n", GEMM_HEAD, DOWN_BODY);
+        if (mma)
+            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", MMA_UNROLL_DN, MMA_HEAD,
+                          MMA_DOWN_BODY);
+        else
+            cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
+                          GEMM_HEAD, DOWN_BODY);
     }
     s = cg_step(c, RT_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k3;
     s->grid[0] = (unsigned)nb;
-    s->grid[1] = (unsigned)((H + MOE_WARPS * rw_dn - 1) / (MOE_WARPS * rw_dn));
-    s->block[0] = MOE_WARPS * 32;
+    s->grid[1] = (unsigned)((H + warps * rows_dn - 1) / (warps * rows_dn));
+    s->block[0] = (unsigned)warps * 32;
     int n = 0;
     s->args[n++] = cg_arg_scratch(off_h);
     s->args[n++] = cg_arg_act(d->down);

@@ -210,7 +210,8 @@ int moec_graphs_disabled(void)
  * (timed) unless the options or MOEC_DISABLE_GRAPHS say eager. */
 static moec_status cuda_model_finish(moec_cuda_model *x, const moec_cuda_opts *o)
 {
-    rt_cuda_set_single_stream(x->cuda, o->single_stream);
+    const char *ss = getenv("MOEC_SINGLE_STREAM");
+    rt_cuda_set_single_stream(x->cuda, o->single_stream || (ss && *ss && strcmp(ss, "0")));
     if (o->eager || moec_graphs_disabled())
         return MOEC_OK;
     double t0 = moec_now_s();

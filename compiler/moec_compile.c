@@ -17,6 +17,16 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out)
 {
     cg_options_default(out);
     out->compute_dtype = dt;
+    const char *mk = getenv("MOEC_MOE_KERNEL");
+    if (mk && *mk && strcmp(mk, "auto")) {
+        if (!strcmp(mk, "simt"))
+            out->moe_kernel = CG_MOE_SIMT;
+        else if (!strcmp(mk, "mma"))
+            out->moe_kernel = CG_MOE_MMA;
+        else
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_MOE_KERNEL='%s' is not auto, simt or mma",
+                            mk);
+    }
     if (!arch || !*arch)
         arch = getenv("MOEC_ARCH");
     if (!arch || !*arch)

@@ -9,6 +9,8 @@
  * N(0, 1); matrices N(0, 1/in_features); norm weights 1 + N(0, 0.1^2);
  * biases and DeepSeek-V3's e_score_correction_bias N(0, 0.1^2). */
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "moec.h"
 
@@ -29,8 +32,8 @@ static const char *USAGE =
     "\n"
     "options:\n"
     "  --seed N    random seed (default 1)\n"
-    "  --fast      uniform instead of normal draws of the same mean and variance\n"
-    "              (for benchmark-sized models)\n"
+    "  --fast      uniform instead of normal draws of the same mean and variance,\n"
+    "              written by one thread per CPU (for benchmark-sized models)\n"
     "  --force     overwrite OUT_DIR/config.json and OUT_DIR/model.safetensors\n"
     "  -h, --help  this help\n";
 
@@ -156,6 +159,130 @@ static int buf_printf(char **buf, size_t *len, size_t *cap, const char *fmt, ...
     }
 }
 
+/* --fast: the tensors' bytes written by one thread per CPU (up to 16), in
+ * units of FAST_UNIT elements, each unit drawn from its own generator
+ * seeded by (seed, tensor, unit), so the file is the same whatever the
+ * threads' order. */
+enum { FAST_UNIT = 1 << 20, FAST_THREADS = 16 };
+
+typedef struct fast_job {
+    const moec_model_t *m;
+    int fd;
+    uint64_t seed;
+    const size_t *tensor_off; /* file offset of each tensor's data */
+    pthread_mutex_t lock;
+    int tensor;               /* the next unit: tensor and element */
+    size_t elem;
+    int failed;
+    double done, total, next_report;
+} fast_job;
+
+static void *fast_worker(void *arg)
+{
+    fast_job *j = arg;
+    uint8_t *buf = malloc((size_t)FAST_UNIT * 4);
+    if (!buf) {
+        pthread_mutex_lock(&j->lock);
+        j->failed = ENOMEM;
+        pthread_mutex_unlock(&j->lock);
+        return NULL;
+    }
+    int n = moec_model_tensor_count(j->m);
+    for (;;) {
+        pthread_mutex_lock(&j->lock);
+        moec_tensor_info t;
+        while (j->tensor < n && !j->failed) {
+            moec_model_tensor_info(j->m, j->tensor, &t);
+            if (j->elem < numel(&t))
+                break;
+            j->tensor++;
+            j->elem = 0;
+        }
+        int ti = j->tensor;
+        size_t k = j->elem;
+        j->elem += FAST_UNIT;
+        int stop = ti >= n || j->failed;
+        pthread_mutex_unlock(&j->lock);
+        if (stop)
+            break;
+        float mean, std;
+        tensor_distribution(&t, &mean, &std);
+        size_t count = numel(&t), es = elem_size(t.dtype);
+        size_t part = count - k < FAST_UNIT ? count - k : FAST_UNIT;
+        uint64_t rng = j->seed ^ ((uint64_t)ti * 0x9E3779B97F4A7C15ull) ^
+                       ((uint64_t)(k / FAST_UNIT) * 0xC2B2AE3D27D4EB4Full);
+        rng_next(&rng);
+        for (size_t e = 0; e < part; e++) {
+            float v = mean + std * draw(&rng, 1);
+            if (t.dtype == MOEC_DTYPE_F32) {
+                memcpy(buf + 4 * e, &v, 4);
+            } else {
+                uint16_t h = t.dtype == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+                memcpy(buf + 2 * e, &h, 2);
+            }
+        }
+        size_t bytes = part * es, put = 0;
+        off_t at = (off_t)(j->tensor_off[ti] + k * es);
+        while (put < bytes) {
+            ssize_t w = pwrite(j->fd, buf + put, bytes - put, at + (off_t)put);
+            if (w <= 0)
+                break;
+            put += (size_t)w;
+        }
+        pthread_mutex_lock(&j->lock);
+        if (put < bytes && !j->failed)
+            j->failed = errno ? errno : EIO;
+        j->done += (double)bytes;
+        if (j->done >= j->next_report) {
+            fprintf(stderr, "moec-sample: %.1f of %.1f GB\n", j->done / 1e9, j->total / 1e9);
+            j->next_report = j->done + 2e9;
+        }
+        pthread_mutex_unlock(&j->lock);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Writes every tensor's data after the header (data_start bytes in). */
+static int write_fast(const char *path, const moec_model_t *m, uint64_t seed, size_t data_start)
+{
+    int n = moec_model_tensor_count(m);
+    size_t *off = malloc(((size_t)n + 1) * sizeof *off);
+    if (!off)
+        return ENOMEM;
+    off[0] = data_start;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        moec_tensor_info t;
+        moec_model_tensor_info(m, i, &t);
+        off[i + 1] = off[i] + numel(&t) * elem_size(t.dtype);
+        total += (double)(off[i + 1] - off[i]);
+    }
+    int fd = open(path, O_WRONLY);
+    if (fd < 0) {
+        int e = errno;
+        free(off);
+        return e;
+    }
+    fast_job j = {.m = m, .fd = fd, .seed = seed, .tensor_off = off,
+                  .lock = PTHREAD_MUTEX_INITIALIZER, .total = total, .next_report = 2e9};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = cpus < 1 ? 1 : cpus > FAST_THREADS ? FAST_THREADS : (int)cpus;
+    pthread_t th[FAST_THREADS];
+    int started = 0;
+    for (int i = 1; i < nt; i++)
+        if (pthread_create(&th[started], NULL, fast_worker, &j) == 0)
+            started++;
+    fast_worker(&j);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    if (close(fd) != 0 && !j.failed)
+        j.failed = errno;
+    pthread_mutex_destroy(&j.lock);
+    free(off);
+    return j.failed;
+}
+
 static int write_safetensors(const char *path, const moec_model_t *m, uint64_t seed, int fast)
 {
     int n = moec_model_tensor_count(m);
@@ -194,6 +321,17 @@ static int write_safetensors(const char *path, const moec_model_t *m, uint64_t s
     for (int b = 0; b < 8; b++)
         lenbuf[b] = (uint8_t)((uint64_t)len >> (8 * b));
     int ok = fwrite(lenbuf, 1, 8, f) == 8 && fwrite(hdr, 1, len, f) == len;
+    if (fast) {
+        int e = ok && fclose(f) == 0 ? 0 : EIO;
+        free(hdr);
+        if (!e)
+            e = write_fast(path, m, seed, 8 + len);
+        if (e) {
+            fprintf(stderr, "moec-sample: cannot write %s: %s\n", path, strerror(e));
+            return 1;
+        }
+        return 0;
+    }
     uint64_t rng = seed;
     enum { CHUNK = 1 << 16 };
     static uint8_t chunk[CHUNK * 4];

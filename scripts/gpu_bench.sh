@@ -42,6 +42,13 @@ echo "plan compiled in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
 build-gpu/moec bench "$MODEL.moec" --weights "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
   ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
 rm -f "$MODEL.moec"
+# MOE_AB=1: the same with the routed experts on CUDA cores (MOEC_MOE_KERNEL=simt), graph replay only
+if [ "${MOE_AB:-0}" = 1 ]; then
+  MOEC_MOE_KERNEL=simt build-gpu/moec compile "$MODEL" -o "$MODEL.simt.moec" >>"$LOGS/compile.txt" 2>&1 &&
+  build-gpu/moec bench "$MODEL.simt.moec" --weights "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
+    --json >"$LOGS/moec_simt.jsonl" 2>"$LOGS/moec_simt.err" || tail -20 "$LOGS/moec_simt.err"
+  rm -f "$MODEL.simt.moec"
+fi
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
     --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
@@ -51,14 +58,16 @@ python3 - "$LOGS" >"$LOGS/summary.table" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 rows, meta = {}, {}
-for name in ("moec.jsonl", "torch.jsonl"):
+for name, impl in (("moec.jsonl", None), ("moec_simt.jsonl", "moec_simt"), ("torch.jsonl", None)):
     p = os.path.join(d, name)
     if os.path.exists(p):
         for line in open(p):
             if line.startswith("{"):
                 r = json.loads(line)
-                rows.setdefault(r["batch"], {})[r["impl"] + ":" + r["mode"]] = r
-                if r["impl"] == "moec":
+                if impl and r["mode"] != "graph":
+                    continue
+                rows.setdefault(r["batch"], {})[(impl or r["impl"]) + ":" + r["mode"]] = r
+                if r["impl"] == "moec" and not impl:
                     meta = r
 cols = sorted({k for r in rows.values() for k in r})
 if meta:
