@@ -14,13 +14,29 @@
 #include "codegen/moe_routed.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "err.h"
 
 #define MOE_WARPS 8
-#define MMA_WARPS 4     /* tensor-core form: 16 weight rows per warp */
-#define MMA_UNROLL_GU 4 /* k chunks of loads in flight per lane: gate_up */
-#define MMA_UNROLL_DN 4 /* and down */
+/* The tensor-core form's shape: warps per block (16 weight rows each), k
+ * chunks of loads in flight per lane, and the CUDA-core rows per block from
+ * which tensor cores take over. MOEC_MOE_MMA_WARPS, MOEC_MOE_MMA_U and
+ * MOEC_MOE_MMA_MIN_BM override them for tuning (the kernel names say
+ * which were used, so cached cubins never mix them up). */
+#define MMA_WARPS 4
+#define MMA_UNROLL 4
+#define MMA_MIN_BM 2
+
+static int env_knob(const char *name, int dflt, int lo, int hi)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return dflt;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    return end && !*end && v >= lo && v <= hi ? (int)v : dflt;
+}
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
 
@@ -402,9 +418,11 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
        BM is then 8 or 16, one or two 8-column tiles, since a product costs
        the same for 1 or 8 columns */
     int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
+    int mma_warps = env_knob("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
+    int mma_u = env_knob("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
     int mma = xdt == IR_DTYPE_BF16 && gdt == IR_DTYPE_BF16 && ddt == IR_DTYPE_BF16 &&
               H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
-              (mode == CG_MOE_MMA || bm >= 2);
+              (mode == CG_MOE_MMA || bm >= env_knob("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 16));
     if (mma)
         bm = 2 * T * K > 8 * E ? 16 : 8;
     long long nnz = N < E ? N : E;
@@ -451,10 +469,14 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
 
     /* (2) gate_up with silu_mul */
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
-    int warps = mma ? MMA_WARPS : MOE_WARPS, rows_gu = mma ? 16 : rw_gu;
-    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s%d_t%d_%s_%s_%s", E, K,
-             H, I, bm, mma ? "mma_u" : "rw", mma ? MMA_UNROLL_GU : rw_gu, T, ir_dtype_name(xdt),
-             ir_dtype_name(gdt), fused ? "fused" : "split");
+    int warps = mma ? mma_warps : MOE_WARPS, rows_gu = mma ? 16 : rw_gu;
+    char form[32];
+    if (mma)
+        snprintf(form, sizeof form, "mma_w%d_u%d", mma_warps, mma_u);
+    else
+        snprintf(form, sizeof form, "rw%d", rw_gu);
+    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s", E, K, H,
+             I, bm, form, T, ir_dtype_name(xdt), ir_dtype_name(gdt), fused ? "fused" : "split");
     int k2 = cg_kernel(c, name, &is_new);
     if (k2 < 0)
         return oom(d);
@@ -472,7 +494,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       cg_ctype(gdt), cg_ctype(gdt), cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
                       warps, gstride, gstride, uoff);
         if (mma)
-            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", MMA_UNROLL_GU, MMA_HEAD,
+            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else
             cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
@@ -498,9 +520,10 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     int rows_dn = mma ? 16 : rw_dn;
-    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s%d_t%d_%s_%s_%s", E, K, H,
-             I, bm, mma ? "mma_u" : "rw", mma ? MMA_UNROLL_DN : rw_dn, T, ir_dtype_name(ddt),
-             ir_dtype_name(ydt), d->w ? "w" : "now");
+    if (!mma)
+        snprintf(form, sizeof form, "rw%d", rw_dn);
+    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s", E, K, H, I,
+             bm, form, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now");
     int k3 = cg_kernel(c, name, &is_new);
     if (k3 < 0)
         return oom(d);
@@ -524,7 +547,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
             cg_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
         if (mma)
-            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", MMA_UNROLL_DN, MMA_HEAD,
+            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
                           MMA_DOWN_BODY);
         else
             cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,

@@ -1073,6 +1073,18 @@ int main(void)
     double t0 = now_s();
     cache_dir = t_tmpdir("gpu_kernels");
     const unsigned ALL = TM(1) | TM(8) | TM(64), SHORT = TM(1) | TM(2) | TM(8) | TM(16) | TM(64);
+    if (getenv("MOEC_KERN_MOE_ONLY")) {
+        /* tuning (scripts/gpu_moe_tune.sh): the real-shape MoE cases only,
+           every bucket, with MOEC_KERN_BENCH for their times */
+        const unsigned EVERY = TM(1) | TM(2) | TM(4) | TM(8) | TM(16) | TM(32) | TM(64);
+        prog_add(&V2_MOE, IR_DTYPE_BF16, 64, EVERY);
+        prog_add(&Q3_MOE, IR_DTYPE_BF16, 64, TM(8) | TM(32) | TM(64));
+        progs_compile();
+        moe_case(&V2_MOE, IR_DTYPE_BF16, EVERY, 1);
+        moe_case(&Q3_MOE, IR_DTYPE_BF16, TM(8) | TM(32) | TM(64), 6);
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (MoE only)");
+    }
     prog_add(&V2_MOE, IR_DTYPE_BF16, 64, ALL);
     prog_add(&V2_EXPERTS, IR_DTYPE_BF16, 64, TM(8));
     prog_add(&V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8));

@@ -322,7 +322,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     const rt_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
     char want[128];
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
-             mma ? "mma_u4" : "rw4", T);
+             mma ? "mma_w4_u4" : "rw4", T);
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
     T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 64 : 1408 / 32) &&
