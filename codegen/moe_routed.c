@@ -24,9 +24,13 @@
  * which tensor cores take over. MOEC_MOE_MMA_WARPS, MOEC_MOE_MMA_U and
  * MOEC_MOE_MMA_MIN_BM override them for tuning (the kernel names say
  * which were used, so cached cubins never mix them up). */
-#define MMA_WARPS 4
-#define MMA_UNROLL 4
-#define MMA_MIN_BM 2
+/* (H100, 2026-11-22, scripts/gpu_moe_tune.sh: one-warp blocks with 8 chunks
+ * in flight stream the V2-Lite experts at 2.6 to 2.8 TB/s of gate_up at
+ * T = 8..32, 4-warp blocks at 1.9 to 2.1; CUDA cores stay ahead at one
+ * or two rows per block.) */
+#define MMA_WARPS 1
+#define MMA_UNROLL 8
+#define MMA_MIN_BM 4
 
 static int env_knob(const char *name, int dflt, int lo, int hi)
 {
@@ -413,18 +417,19 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int T = c->T;
     long long N = (long long)T * K;
     int bm = rows_per_block(T, K, E);
-    /* tensor cores for bf16 once blocks hold two or more rows (a single
-       row per block streams at the copy bandwidth on CUDA cores already);
-       BM is then 8 or 16, one or two 8-column tiles, since a product costs
-       the same for 1 or 8 columns */
+    /* tensor cores for bf16 once CUDA-core blocks would hold four or more
+       rows (one or two rows per block stream near the copy bandwidth on
+       CUDA cores already); BM is then 8, or 16 when experts average more
+       than 8 slots: one or two 8-column tiles, since a product costs the
+       same for 1 or 8 columns */
     int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
     int mma_warps = env_knob("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
     int mma_u = env_knob("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
     int mma = xdt == IR_DTYPE_BF16 && gdt == IR_DTYPE_BF16 && ddt == IR_DTYPE_BF16 &&
               H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
-              (mode == CG_MOE_MMA || bm >= env_knob("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 16));
+              (mode == CG_MOE_MMA || bm >= env_knob("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
     if (mma)
-        bm = 2 * T * K > 8 * E ? 16 : 8;
+        bm = T * K > 8 * E ? 16 : 8;
     long long nnz = N < E ? N : E;
     long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
     /* rows per warp: 4 of gate and of up, 8 of down (fewer measured slower at

@@ -28,7 +28,7 @@ finish() {
 { nvidia-smi; date -u; git -C . log -1 --oneline; } >"$LOGS/env.txt" 2>&1
 gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; finish 1; }
 
-MODEL=/tmp/moec-bench-model
+MODEL=${MODEL_DIR:-/tmp/moec-bench-model} # MODEL_DIR=/dev/shm/x where the disk is too small
 mkdir -p "$MODEL"
 cp "$CONFIG" "$MODEL/config.json"
 t0=$SECONDS

@@ -19,7 +19,7 @@ run() { # LABEL ENV...
   env MOEC_KERN_MOE_ONLY=1 MOEC_KERN_BENCH=1 "$@" build-gpu/tests/gpu_kernels 2>&1 |
     grep -E "bench .*(moe_gate_up|moe_down)|passed|failed|check failed" >>"$LOG"
 }
-run simt MOEC_MOE_MMA_MIN_BM=99
+run simt MOEC_MOE_MMA_MIN_BM=1024
 for wu in "${@:-4 4}"; do
   set -- $wu
   run "mma warps $1 unroll $2" MOEC_MOE_MMA_MIN_BM=1 MOEC_MOE_MMA_WARPS=$1 MOEC_MOE_MMA_U=$2

@@ -313,22 +313,22 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     T_CHECK(r >= 0);
     if (r < 0)
         return;
-    /* T=1: one row per expert block on CUDA cores (8 warps of 4 gate/up
-       rows, 8 down rows); T=8 and 64: tensor cores, blocks of 8 and 16
-       rows (48 and 384 slots over 64 experts), 4 warps of 16 rows */
-    int mma = T > 1, bm = T == 64 ? 16 : T == 8 ? 8 : 1;
+    /* T=1 and 8: one and two rows per expert block on CUDA cores (8 warps
+       of 4 gate/up rows, 8 down rows); T=64 (12 rows per block wanted):
+       tensor cores, blocks of 8 rows, one warp of 16 rows */
+    int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
     const rt_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
     char want[128];
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
-             mma ? "mma_w4_u4" : "rw4", T);
+             mma ? "mma_w1_u8" : "rw4", T);
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
     T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
-    T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 64 : 1408 / 32) &&
-            gu->block[0] == (mma ? 128 : 256));
-    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == 2048 / 64 &&
-            dn->block[0] == (mma ? 128 : 256));
+    T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 32) &&
+            gu->block[0] == (mma ? 32 : 256));
+    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == (mma ? 2048 / 16 : 2048 / 64) &&
+            dn->block[0] == (mma ? 32 : 256));
     T_CHECK(sm->grid[0] == (unsigned)T && sm->grid[1] == 2);
     /* scratch: the attention splits' (m, l) and outputs; sorted slots,
        block experts, used count, h [T*K, I], y [T*K, H] */
@@ -364,12 +364,12 @@ static void check_v3(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->kernel_names[s->kernel], "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") !=
                 NULL);
     }
-    /* gate_up: 2048 rows, down: 7168 rows, 32 (CUDA cores up to T=16) or 64
-       (tensor cores, once T > 16 puts two slots on a block of 256
-       experts) per block */
+    /* gate_up: 2048 rows, down: 7168 rows; 32 and 64 rows per block on
+       CUDA cores up to T=48, 16 on tensor cores once T > 48 wants four
+       slots on a block of 256 experts */
     int r = steps_of(m, c, IR_OP_MOE_ROUTED);
-    T_CHECK(r >= 0 && c->steps[r + 1].grid[1] == (c->T <= 16 ? 2048 / 32 : 2048 / 64) &&
-            c->steps[r + 2].grid[1] == 7168 / 64);
+    T_CHECK(r >= 0 && c->steps[r + 1].grid[1] == (c->T <= 48 ? 2048 / 32 : 2048 / 16) &&
+            c->steps[r + 2].grid[1] == (c->T <= 48 ? 7168 / 64 : 7168 / 16));
 }
 
 /* Qwen3-30B-A3B: GQA 32 q heads, 4 kv heads, d 128; 128 experts top-8,
