@@ -1,7 +1,9 @@
 /* copy.c — the data-movement ops: reshape, slice, concat and expand, and the
- * copies behind fork and join (a value handed to the other stream). Every
- * value has its own arena slot, so each becomes a copy kernel, skipped when
- * the planner gave result and operand one slot. Reshape, slice and concat
+ * copies behind fork and join (a value handed to the other stream). A
+ * reshape, fork or join whose result plan_memory put at its operand's offset
+ * (an alias, the usual case) is the same bytes and emits nothing; one it
+ * could not alias (the storage dtype changes, e.g. into the f32 logits)
+ * becomes a copy kernel, like slice, concat and expand. Reshape, slice and concat
  * are one kernel shape: rows of the result assembled from segments of
  * operand rows, moved bit for bit (or converted where the storage dtypes
  * differ, e.g. moe_topk's f32 weights into the compute dtype), 16 bytes per
@@ -226,9 +228,17 @@ moec_status cg_emit_copy(cg_ctx *c, const ir_op *op)
         if (ir_type_numel(&x->type, 1) != n)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: %%%s has another element count",
                             ir_op_name(op->kind), y->name, x->name);
-        if (x->kind == IR_VALUE_OP && x->mem_offset == y->mem_offset &&
-            cg_storage(c, x) == cg_storage(c, y))
-            return MOEC_OK; /* the planner aliased them: nothing to move */
+        if (x->kind == IR_VALUE_OP && x->mem_offset == y->mem_offset) {
+            /* the planner aliased them: nothing to move, unless the bytes
+             * had to change type in place (threads would race) */
+            if (cg_storage(c, x) != cg_storage(c, y))
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "%s %%%s: shares its arena offset with %%%s, which is stored as "
+                                "%s, not %s: a converting copy needs its own bytes",
+                                ir_op_name(op->kind), y->name, x->name,
+                                ir_dtype_name(cg_storage(c, x)), ir_dtype_name(cg_storage(c, y)));
+            return MOEC_OK;
+        }
         g.rows = c->T;
         g.len = n;
         g.n = 1;

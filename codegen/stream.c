@@ -1,9 +1,10 @@
 /* stream.c — fork and join as event steps between the main stream (0) and
  * the side stream (1) that runs the shared experts: at a fork stream 1
  * waits for stream 0's work so far, at a join stream 0 waits for stream 1's.
- * The op's result is its operand, unchanged; unless the planner gave both
- * one arena slot, it is copied on the stream that reads it next (the fork's
- * on stream 1, after the wait; the join's on stream 0). */
+ * The op's result is its operand, unchanged: plan_memory gives both one
+ * arena offset, so the event is all there is; were they apart, the value
+ * would be copied on the stream that reads it next (the fork's on stream 1,
+ * after the wait; the join's on stream 0). */
 #include "codegen/cg.h"
 #include "err.h"
 

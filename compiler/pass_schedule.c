@@ -10,15 +10,20 @@
  * non-routed operand computes from the expert op's input.
  *
  * plan_memory: every activation gets a byte offset per token in one arena
- * per batch bucket (offset * T), by liveness and greedy first-fit; values
+ * per batch bucket (offset * T), by liveness (ir_module_live_ranges: values
  * touched between a fork and its join stay live over the whole interval,
- * since the two streams run in any interleaving there; the operand of a
- * fork or join stays live as long as its result, so either may be an alias. */
+ * since the two streams run in any interleaving there) and greedy
+ * first-fit. A reshape, fork or join result takes its operand's offset when
+ * the two are stored alike on the GPU: the same bytes, so the backend moves
+ * nothing (a reshape of a row-major value is the same bytes; fork and join
+ * only order the streams). Such an alias group is placed as one value,
+ * live from its first member's definition to its last member's last use. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "compiler/passes.h"
 #include "err.h"
+#include "runtime/plan.h"
 
 /* ---- assign_streams ------------------------------------------------------- */
 
@@ -196,67 +201,18 @@ typedef struct live_value {
     int64_t offset;
 } live_value;
 
-/* The fork that join j waits for: the one its operand descends from through
- * side-stream ops; -1 when there is none. */
-static int fork_of(const ir_value *v, int depth)
+/* Whether y (a reshape, fork or join of x) may live in x's bytes: both op
+ * results (step inputs are not in the GPU arena) stored alike on the GPU
+ * under any compute dtype (rt_value_storage_dtype: i32, forced f32 and
+ * compute-dtype values are three classes, told apart under bf16), so that
+ * no converting copy is needed. The interpreter stores everything in 4
+ * bytes an element: any such pair is the same bytes there. */
+static int may_share(const ir_module *m, const ir_value *x, const ir_value *y)
 {
-    if (!v || v->kind != IR_VALUE_OP || !v->def || depth > 10000)
-        return -1;
-    const ir_op *op = v->def;
-    if (op->kind == IR_OP_FORK)
-        return op->id;
-    if (op->stream != 1)
-        return -1;
-    for (int i = 0; i < op->n_in; i++) {
-        int f = fork_of(op->in[i], depth + 1);
-        if (f >= 0)
-            return f;
-    }
-    return -1;
-}
-
-/* Stretches every value an op in [from, to] touches over that interval. */
-static void stretch_interval(const ir_module *m, int from, int to, live_value *lv, const int *slot)
-{
-    for (int k = from; k <= to; k++) {
-        const ir_op *op = m->ops[k];
-        for (int i = 0; i < op->n_in + op->n_out; i++) {
-            const ir_value *v = i < op->n_in ? op->in[i] : op->out[i - op->n_in];
-            int s = slot[v->id];
-            if (s < 0)
-                continue;
-            if (lv[s].start > from)
-                lv[s].start = from;
-            if (lv[s].end < to)
-                lv[s].end = to;
-        }
-    }
-}
-
-static moec_status stretch_streams(const ir_module *m, live_value *lv, const int *slot)
-{
-    unsigned char *paired = calloc((size_t)m->n_ops + 1, 1);
-    if (!paired)
-        return MOEC_ERR(MOEC_ERR_OOM, "plan_memory: out of memory");
-    for (int k = 0; k < m->n_ops; k++) {
-        const ir_op *op = m->ops[k];
-        if (op->kind != IR_OP_JOIN)
-            continue;
-        int f = fork_of(op->in[0], 0);
-        if (f < 0 || paired[f]) /* no traceable fork: the latest unpaired one */
-            for (f = k - 1; f >= 0 && (m->ops[f]->kind != IR_OP_FORK || paired[f]); f--)
-                ;
-        if (f < 0)
-            continue;
-        paired[f] = 1;
-        stretch_interval(m, f, k, lv, slot);
-    }
-    /* A fork never joined: its side stream may run to the end. */
-    for (int k = 0; k < m->n_ops; k++)
-        if (m->ops[k]->kind == IR_OP_FORK && !paired[k])
-            stretch_interval(m, k, m->n_ops - 1, lv, slot);
-    free(paired);
-    return MOEC_OK;
+    return x->kind == IR_VALUE_OP && y->kind == IR_VALUE_OP &&
+           ir_type_numel(&x->type, 1) == ir_type_numel(&y->type, 1) &&
+           rt_value_storage_dtype(m, x, IR_DTYPE_BF16) ==
+               rt_value_storage_dtype(m, y, IR_DTYPE_BF16);
 }
 
 static int by_size_then_start(const void *pa, const void *pb)
@@ -306,10 +262,13 @@ moec_status pass_plan_memory(ir_module *m, const pass_options *opt)
     int nv = m->n_values;
     moec_status st = MOEC_OK;
     int *slot = malloc(sizeof *slot * ((size_t)nv + 1));
+    int *start = malloc(sizeof *start * ((size_t)nv + 1));
+    int *end = malloc(sizeof *end * ((size_t)nv + 1));
+    int *root = malloc(sizeof *root * ((size_t)nv + 1));
     live_value *lv = calloc((size_t)nv + 1, sizeof *lv);
     live_value **order = malloc(sizeof *order * ((size_t)nv + 1));
     live_value **scratch = malloc(sizeof *scratch * ((size_t)nv + 1));
-    if (!slot || !lv || !order || !scratch) {
+    if (!slot || !start || !end || !root || !lv || !order || !scratch) {
         st = MOEC_ERR(MOEC_ERR_OOM, "plan_memory: out of memory");
         goto out;
     }
@@ -337,58 +296,60 @@ moec_status pass_plan_memory(ir_module *m, const pass_options *opt)
                           "plan_memory: activation %%%s has no leading token dimension", v->name);
             goto out;
         }
-        live_value *l = &lv[n];
-        l->v = v;
-        l->size = (ir_type_numel(&v->type, 0) * 4 + 15) / 16 * 16;
-        if (v->kind == IR_VALUE_INPUT)
-            l->start = -1;
-        else if (v->def)
-            l->start = v->def->id;
-        else {
+        if (v->kind == IR_VALUE_OP && !v->def) {
             st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "plan_memory: %%%s has no defining op", v->name);
             goto out;
         }
-        l->end = l->start;
+        live_value *l = &lv[n];
+        l->v = v;
+        l->size = (ir_type_numel(&v->type, 0) * 4 + 15) / 16 * 16;
         total += l->size;
         slot[i] = n++;
     }
-    for (int k = 0; k < m->n_ops; k++) {
-        const ir_op *op = m->ops[k];
-        for (int i = 0; i < op->n_in; i++) {
-            int s = slot[op->in[i]->id];
-            if (s >= 0 && lv[s].end < k)
-                lv[s].end = k;
-        }
-    }
-    for (int i = 0; i < m->n_outputs; i++) {
-        int s = slot[m->outputs[i]->id];
-        if (s >= 0)
-            lv[s].end = m->n_ops;
-    }
-    st = stretch_streams(m, lv, slot);
-    if (st != MOEC_OK)
+    if (ir_module_live_ranges(m, start, end)) {
+        st = MOEC_ERR(MOEC_ERR_OOM, "plan_memory: out of memory");
         goto out;
-    /* A fork or join may be done as an event with its result an alias of its
-     * operand: keep the operand's bytes as long as the result lives. */
+    }
+    for (int i = 0; i < nv; i++)
+        if (slot[i] >= 0) {
+            lv[slot[i]].start = start[i];
+            lv[slot[i]].end = end[i];
+        }
+    /* Alias groups, in op order (an operand's group is final before its
+     * result joins it): a group is placed once, at its first value's slot. */
+    for (int i = 0; i < n; i++)
+        root[i] = i;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
-        if (op->kind != IR_OP_FORK && op->kind != IR_OP_JOIN)
+        if (!ir_op_may_alias(op->kind))
             continue;
         int si = slot[op->in[0]->id], so = slot[op->out[0]->id];
-        if (si >= 0 && so >= 0 && lv[si].end < lv[so].end)
-            lv[si].end = lv[so].end;
+        if (si >= 0 && so >= 0 && may_share(m, op->in[0], op->out[0]))
+            root[so] = root[si];
     }
+    for (int i = 0; i < n; i++) {
+        live_value *r = &lv[root[i]];
+        if (lv[i].start < r->start)
+            r->start = lv[i].start;
+        if (lv[i].end > r->end)
+            r->end = lv[i].end;
+    }
+    int n_groups = 0;
     for (int i = 0; i < n; i++)
-        order[i] = &lv[i];
-    qsort(order, (size_t)n, sizeof *order, by_size_then_start);
-    int64_t peak = place_values(order, n, scratch);
+        if (root[i] == i)
+            order[n_groups++] = &lv[i];
+    qsort(order, (size_t)n_groups, sizeof *order, by_size_then_start);
+    int64_t peak = place_values(order, n_groups, scratch);
     for (int i = 0; i < n; i++)
-        lv[i].v->mem_offset = lv[i].offset;
+        lv[i].v->mem_offset = lv[root[i]].offset;
     st = ir_module_set_meta_int(m, "arena_bytes_per_token", peak);
     if (st == MOEC_OK)
         st = ir_module_set_meta_int(m, "activation_bytes_per_token", total);
 out:
     free(slot);
+    free(start);
+    free(end);
+    free(root);
     free(lv);
     free(order);
     free(scratch);

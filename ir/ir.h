@@ -284,8 +284,23 @@ moec_status ir_op_infer(const ir_op *op, ir_type *out);
 
 /* Types and shapes agree, one definition per value, no use before definition,
  * only known attributes of the right kind (required ones present), weights
- * bound, names unique. The error names the first offending value. */
+ * bound, names unique; and among activations with arena offsets, no two
+ * share bytes while both are live (ir_module_live_ranges), but for a
+ * reshape, fork or join result at exactly its operand's offset (an alias:
+ * the two are then live as one). The error names the first offending value. */
 moec_status ir_module_verify(const ir_module *m);
+
+/* ---- the memory plan ------------------------------------------------------- */
+
+/* 1 for the ops whose result may share its operand's arena bytes after
+ * plan_memory (reshape, fork, join: the same bytes, so no copy). */
+int ir_op_may_alias(ir_op_kind kind);
+/* When each value's bytes are needed, in op indices, inclusive: from its
+ * defining op (inputs: -1) to its last use (outputs: n_ops), stretched over
+ * every fork..join interval that touches it (the streams interleave there).
+ * start and end have n_values entries (weights': meaningless). Needs op ids
+ * equal to their index, as in a verified module. 0, or -1 when out of memory. */
+int ir_module_live_ranges(const ir_module *m, int *start, int *end);
 
 moec_status ir_module_print(const ir_module *m, FILE *out);
 /* The text into a malloc'd string (caller frees). */

@@ -1,8 +1,9 @@
 /* ir_verify.c — the module verifier, run after parsing and after every pass:
  * names unique, one definition per value and none used before it, weights
- * bound, T only where it belongs, attributes known, and every op's result
- * types exactly what inference gives. The error names the first offending
- * value. */
+ * bound, T only where it belongs, attributes known, every op's result
+ * types exactly what inference gives, and a memory plan whose live values
+ * never share bytes but through the aliases plan_memory makes (reshape,
+ * fork, join). The error names the first offending value. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,97 @@ static moec_status verify_outputs(const ir_module *m)
     return MOEC_OK;
 }
 
+/* One placed activation of the plan check: its bytes per token and the live
+ * range of its alias group. */
+typedef struct placed {
+    const ir_value *v;
+    int group, start, end;
+    int64_t lo, hi; /* bytes [lo, hi) per token */
+} placed;
+
+static int by_start(const void *pa, const void *pb)
+{
+    const placed *a = pa, *b = pb;
+    if (a->start != b->start)
+        return a->start < b->start ? -1 : 1;
+    return a->v->id < b->v->id ? -1 : a->v->id > b->v->id;
+}
+
+/* Among activations with arena offsets: a reshape, fork or join result at
+ * exactly its operand's offset joins the operand's alias group (the bytes
+ * are written once, by the op that defines the group's first value, and
+ * only read after), live over the union of its members' ranges; no two
+ * groups may share bytes while both are live. */
+static moec_status verify_plan(const ir_module *m)
+{
+    int n = m->n_values, n_placed = 0;
+    for (int i = 0; i < n; i++)
+        n_placed += m->values[i]->kind != IR_VALUE_WEIGHT && m->values[i]->mem_offset >= 0;
+    if (!n_placed)
+        return MOEC_OK;
+    int *start = malloc(sizeof *start * (size_t)n), *end = malloc(sizeof *end * (size_t)n);
+    int *group = malloc(sizeof *group * (size_t)n);
+    placed *p = malloc(sizeof *p * (size_t)n_placed);
+    int *active = malloc(sizeof *active * (size_t)n_placed);
+    moec_status st = MOEC_OK;
+    if (!start || !end || !group || !p || !active || ir_module_live_ranges(m, start, end)) {
+        st = MOEC_ERR(MOEC_ERR_OOM, "verify: out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        group[i] = i;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        const ir_value *x = op->in[0], *y = op->out[0];
+        if (ir_op_may_alias(op->kind) && x->kind == IR_VALUE_OP && x->mem_offset >= 0 &&
+            y->mem_offset == x->mem_offset)
+            group[y->id] = group[x->id]; /* x's group is final: x is defined before y */
+    }
+    for (int i = 0; i < n; i++) {
+        int g = group[i];
+        if (start[i] < start[g])
+            start[g] = start[i];
+        if (end[i] > end[g])
+            end[g] = end[i];
+    }
+    for (int i = 0, j = 0; i < n; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_WEIGHT || v->mem_offset < 0)
+            continue;
+        int g = group[i];
+        p[j++] = (placed){v, g, start[g], end[g], v->mem_offset,
+                          v->mem_offset + ir_type_numel(&v->type, 1) * 4};
+    }
+    qsort(p, (size_t)n_placed, sizeof *p, by_start);
+    int n_active = 0;
+    for (int i = 0; i < n_placed && st == MOEC_OK; i++) {
+        const placed *a = &p[i];
+        int keep = 0;
+        for (int j = 0; j < n_active; j++)
+            if (p[active[j]].end >= a->start)
+                active[keep++] = active[j];
+        n_active = keep;
+        for (int j = 0; j < n_active; j++) {
+            const placed *b = &p[active[j]];
+            if (b->group == a->group || b->hi <= a->lo || a->hi <= b->lo)
+                continue;
+            st = BAD("%%%s (@%" PRId64 "*T) and %%%s (@%" PRId64 "*T) share arena bytes while "
+                     "both are live (ops %d..%d and %d..%d); only a reshape, fork or join result "
+                     "may share its operand's storage, at exactly its offset",
+                     b->v->name, b->lo, a->v->name, a->lo, b->start, b->end, a->start, a->end);
+            break;
+        }
+        active[n_active++] = i;
+    }
+out:
+    free(start);
+    free(end);
+    free(group);
+    free(p);
+    free(active);
+    return st;
+}
+
 moec_status ir_module_verify(const ir_module *m)
 {
     if (!m)
@@ -225,5 +317,6 @@ moec_status ir_module_verify(const ir_module *m)
     ir_name_map_free(&names);
     MOEC_TRY(st);
     MOEC_TRY(verify_ops(m));
-    return verify_outputs(m);
+    MOEC_TRY(verify_outputs(m));
+    return verify_plan(m);
 }

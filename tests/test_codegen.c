@@ -1,7 +1,8 @@
 /* test_codegen.c — the CUDA code generator on a machine without a GPU: the
  * launch steps each emitter records (kernel names, grid and block, argument
  * order, the cuBLASLt GEMM shapes, which an emulation of cuBLASLt's
- * column-major reading checks against the ops' formulas), the NVRTC cache
+ * column-major reading checks against the ops' formulas), reshape, fork
+ * and join launching nothing once plan_memory aliases them, the NVRTC cache
  * (hit, corrupt entry, compile errors with the numbered source), and the CI
  * compile check of issue 4: every bucket of the five tiny models and the
  * layer shapes of DeepSeek-V2-Lite, DeepSeek-V3 and Qwen3-30B-A3B generate
@@ -678,6 +679,106 @@ static void test_unit_ops(void)
     ir_module_free(m);
 }
 
+/* The unit module through plan_memory: the reshape, fork and join that
+ * keep their storage dtype share their operand's bytes and launch nothing
+ * (fork and join keep their event step); the reshape into the f32 logits
+ * changes storage, so it keeps its own bytes and its converting copy; and
+ * forced onto its operand's bytes, codegen refuses it (an in-place
+ * conversion would race). */
+static void test_aliases(void)
+{
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
+    if (!m)
+        return;
+    T_OK(pass_plan_memory(m, NULL));
+    T_OK(ir_module_verify(m));
+    const ir_value *y = ir_module_find_value(m, "y"), *q = ir_module_find_value(m, "q");
+    const ir_value *a = ir_module_find_value(m, "a"), *f = ir_module_find_value(m, "f");
+    const ir_value *fs = ir_module_find_value(m, "fs"), *j = ir_module_find_value(m, "j");
+    ir_value *lg = ir_module_find_value(m, "lg"), *logits = ir_module_find_value(m, "logits");
+    T_CHECK(y->mem_offset == q->mem_offset && a->mem_offset == f->mem_offset &&
+            fs->mem_offset == j->mem_offset && lg->mem_offset != logits->mem_offset);
+    cg_options o;
+    cg_options_default(&o);
+    for (int dt = 0; dt < 2; dt++) {
+        o.compute_dtype = dt ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+        cg_ctx c;
+        ctx_init(&c, m, &o, 8);
+        for (int k = 0; k < m->n_ops; k++)
+            T_OK(cg_emit_op(&c, m->ops[k]));
+        check_steps(&c);
+        int first;
+        T_CHECK(steps_of(&c, q->def->id, &first) == 0);
+        T_CHECK(steps_of(&c, f->def->id, &first) == 1 && c.steps[first].kind == RT_STEP_FORK &&
+                c.steps[first].stream == 1);
+        T_CHECK(steps_of(&c, j->def->id, &first) == 1 && c.steps[first].kind == RT_STEP_JOIN &&
+                c.steps[first].stream == 0);
+        /* the slice of q reads q's (= y's) bytes */
+        const rt_step *s = step_of(&c, "qn");
+        T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "q")));
+        if (dt == 0)
+            expect_kernel(&c, "logits", "copy_n256_t8_f32_bf16", 1, 1, 256, 2);
+        else /* everything f32: the output reshape could alias, but was planned apart */
+            expect_kernel(&c, "logits", "copy_n256_t8_f32", 1, 1, 256, 2);
+        T_CHECK(!strstr(c.src.data, "copy_n96_t8") && !strstr(c.src.data, "copy_n64_t8"));
+        ctx_free(&c);
+    }
+    int64_t keep = logits->mem_offset;
+    logits->mem_offset = lg->mem_offset;
+    o.compute_dtype = IR_DTYPE_BF16;
+    cg_ctx c;
+    ctx_init(&c, m, &o, 8);
+    T_ERR(cg_emit_op(&c, logits->def), MOEC_ERR_INVALID_ARG,
+          "reshape %logits: shares its arena offset with %lg, which is stored as bf16, not f32");
+    ctx_free(&c);
+    logits->mem_offset = keep;
+    ir_module_free(m);
+}
+
+/* After the whole pipeline, per bucket: no reshape, fork or join launches
+ * a kernel; fork and join are one event step each. Returns bucket T=1's
+ * launches (kernels and GEMMs). */
+static int check_no_alias_copies(const ir_module *m)
+{
+    static const int buckets[] = {1, 8, 64};
+    cg_options o;
+    cg_options_default(&o);
+    int launches = -1;
+    for (int b = 0; b < 3; b++) {
+        cg_ctx c;
+        if (!generate(m, &o, buckets[b], &c)) {
+            ctx_free(&c);
+            continue;
+        }
+        int bad = 0, n = 0, forks = 0, joins = 0, events = 0;
+        for (int i = 0; i < c.n_steps; i++) {
+            const rt_step *s = &c.steps[i];
+            if (s->kind == RT_STEP_KERNEL || s->kind == RT_STEP_GEMM)
+                n++;
+            if (s->op_id < 0 || s->op_id >= m->n_ops)
+                continue;
+            ir_op_kind k = m->ops[s->op_id]->kind;
+            if (k == IR_OP_RESHAPE || ((k == IR_OP_FORK || k == IR_OP_JOIN) &&
+                                       s->kind != RT_STEP_FORK && s->kind != RT_STEP_JOIN))
+                bad++;
+            events += s->kind == RT_STEP_FORK || s->kind == RT_STEP_JOIN;
+        }
+        for (int k = 0; k < m->n_ops; k++) {
+            forks += m->ops[k]->kind == IR_OP_FORK;
+            joins += m->ops[k]->kind == IR_OP_JOIN;
+        }
+        if (bad)
+            fprintf(stderr, "%s T=%d: %d steps of reshape, fork or join copy\n", m->name,
+                    buckets[b], bad);
+        T_CHECK(bad == 0 && events == forks + joins);
+        if (b == 0)
+            launches = n;
+        ctx_free(&c);
+    }
+    return launches;
+}
+
 /* add_rms_norm: warp form for short rows, block form for long ones, a
  * signature of every dtype where they differ, the sum's storage rounding
  * before the norm, and rows too long to keep in registers. */
@@ -964,6 +1065,9 @@ static void test_model(const char *name)
                 c.steps[0].gemm.type_a == IR_DTYPE_BF16 && c.steps[0].gemm.n == 2);
     }
     ctx_free(&c);
+    int launches = check_no_alias_copies(m);
+    fprintf(stderr, "%s: %d launches per step at T=1 (no reshape, fork or join copies)\n", name,
+            launches);
     test_plan_build(m);
     fprintf(stderr, "%s: %d buckets generated%s in %.2f s\n", name, o.n_buckets,
             HAVE_NVRTC ? " and compiled" : "", now() - t0);
@@ -992,6 +1096,8 @@ static void test_config(const char *file)
     if (m) {
         static const int buckets[] = {1, 2, 4, 8, 16, 32, 64};
         gen_and_compile(m, buckets, 7);
+        int launches = check_no_alias_copies(m);
+        fprintf(stderr, "%s (2 layers): %d launches per step at T=1\n", file, launches);
         fprintf(stderr, "%s (2 layers): every default bucket generated%s in %.2f s\n", file,
                 HAVE_NVRTC ? " and compiled" : "", now() - t0);
         ir_module_free(m);
@@ -1041,6 +1147,7 @@ int main(void)
     test_cache();
     test_compile_error();
     test_unit_ops();
+    test_aliases();
     test_add_rms_norm();
     test_gemm_semantics();
     test_storage();

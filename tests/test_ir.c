@@ -1,6 +1,7 @@
 /* test_ir.c — the IR library: arena, types, a module that uses every op
  * built with the builder API, its text form against a golden file, the
- * print/parse round trip, every verifier rule, parser errors with their
+ * print/parse round trip, every verifier rule (the memory plan's too:
+ * live ranges, reshape/fork/join aliases, overlaps), parser errors with their
  * exact "file:line:col", shape-inference errors, and a mutation loop that
  * the parser must survive. Set MOEC_UPDATE_GOLDEN=1 to rewrite the golden. */
 #include <math.h>
@@ -728,6 +729,148 @@ static void test_verifier(void)
     ir_module_free(m);
 }
 
+/* ---- the memory plan: aliases and overlaps ----------------------------------- */
+
+/* A planned module in the text form: e lives across the fork..join (the
+ * side stream reads it as f, its alias), the join's j is the side output s
+ * itself, q a reshape of j; o reuses tokens' and positions' bytes. */
+static const char PLANNED_IR[] =
+    "module planned {\n"
+    "  meta arena_bytes_per_token = 128\n"
+    "  input %tokens : i32[T] @0*T\n"
+    "  input %positions : i32[T] @16*T\n"
+    "  weight %emb : f32[16, 8] = \"emb\"\n"
+    "  weight %w : f32[8, 8] = \"w\"\n"
+    "  %e : f32[T, 8] @32*T = embedding(%tokens, %emb)\n"
+    "  %f : f32[T, 8] @32*T = fork(%e) stream 1\n"
+    "  %s : f32[T, 8] @64*T = linear(%f, %w) stream 1\n"
+    "  %r : f32[T, 8] @96*T = linear(%e, %w)\n"
+    "  %j : f32[T, 8] @64*T = join(%s)\n"
+    "  %q : f32[T, 2, 4] @64*T = reshape(%j)\n"
+    "  %o : f32[T, 2, 4] @0*T = mul(%q, %q)\n"
+    "  output %o\n"
+    "}\n";
+
+/* PLANNED_IR with the first `from` replaced by `to`. */
+static char *planned_with(const char *from, const char *to)
+{
+    const char *at = strstr(PLANNED_IR, from);
+    T_CHECK(at != NULL);
+    size_t n = strlen(PLANNED_IR) + strlen(to) + 1;
+    char *s = malloc(n);
+    if (!s || !at) {
+        free(s);
+        return NULL;
+    }
+    snprintf(s, n, "%.*s%s%s", (int)(at - PLANNED_IR), PLANNED_IR, to, at + strlen(from));
+    return s;
+}
+
+static void expect_plan_rejected(const char *from, const char *to, const char *needle)
+{
+    char *text = planned_with(from, to);
+    ir_module *m = NULL;
+    if (text)
+        T_ERR(ir_module_parse(text, "bad_plan.mir", &m), MOEC_ERR_FORMAT, needle);
+    T_CHECK(m == NULL);
+    free(text);
+}
+
+static void test_plan_aliases(void)
+{
+    /* reshape, fork and join at their operand's offset: accepted, printed
+     * and read back the same */
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(PLANNED_IR, "planned.mir", &m));
+    if (m) {
+        char *text = ir_module_print_str(m);
+        T_CHECK(text && !strcmp(text, PLANNED_IR));
+        free(text);
+        T_CHECK(ir_op_may_alias(IR_OP_RESHAPE) && ir_op_may_alias(IR_OP_FORK) &&
+                ir_op_may_alias(IR_OP_JOIN) && !ir_op_may_alias(IR_OP_SLICE) &&
+                !ir_op_may_alias(IR_OP_LINEAR));
+        /* live ranges: e and everything the side stream touches span the
+         * fork..join (ops 1..4); j and q until the mul; o past the end */
+        int start[16], end[16];
+        T_CHECK(m->n_values <= 16 && ir_module_live_ranges(m, start, end) == 0);
+        int e = val(m, "e")->id, s = val(m, "s")->id, r = val(m, "r")->id;
+        int q = val(m, "q")->id, o = val(m, "o")->id, tok = val(m, "tokens")->id;
+        T_CHECK(start[tok] == -1 && end[tok] == 0);
+        T_CHECK(start[e] == 0 && end[e] == 4 && start[s] == 1 && end[s] == 4);
+        T_CHECK(start[r] == 1 && end[r] == 4 && start[q] == 5 && end[q] == 6);
+        T_CHECK(start[o] == 6 && end[o] == 7);
+        /* the verifier on the module itself: an op result in place over its
+         * operand is no alias */
+        val(m, "o")->mem_offset = 64;
+        T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "share arena bytes while both are live");
+        val(m, "o")->mem_offset = 0;
+        T_OK(ir_module_verify(m));
+        /* only placed values are checked against each other */
+        val(m, "r")->mem_offset = 32;
+        T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "%e (@32*T) and %r (@32*T)");
+        val(m, "e")->mem_offset = val(m, "f")->mem_offset = -1;
+        T_OK(ir_module_verify(m));
+        ir_module_free(m);
+    }
+    /* r written while e is still read by the side stream (as its alias f) */
+    expect_plan_rejected("%r : f32[T, 8] @96*T", "%r : f32[T, 8] @32*T",
+                         "%e (@32*T) and %r (@32*T) share arena bytes while both are live "
+                         "(ops 0..4 and 1..4)");
+    /* a linear in place over its operand: only reshape, fork, join alias */
+    expect_plan_rejected("%s : f32[T, 8] @64*T", "%s : f32[T, 8] @32*T",
+                         "share arena bytes while both are live (ops 0..4 and 1..4)");
+    /* an alias must be exact: a join 4 bytes into its operand overlaps it */
+    expect_plan_rejected("%j : f32[T, 8] @64*T", "%j : f32[T, 8] @68*T",
+                         "%s (@64*T) and %j (@68*T) share arena bytes");
+    /* a reshape apart from its operand is a copy: fine into bytes no live
+     * value holds (r's: r is dead after the join), not into bytes it
+     * overlaps while reading them */
+    char *copy = planned_with("%q : f32[T, 2, 4] @64*T", "%q : f32[T, 2, 4] @96*T");
+    ir_module *mc = NULL;
+    if (copy)
+        T_OK(ir_module_parse(copy, "copy.mir", &mc));
+    ir_module_free(mc);
+    free(copy);
+    /* (s and its alias j, which q reads, span 1..5) */
+    expect_plan_rejected("%q : f32[T, 2, 4] @64*T", "%q : f32[T, 2, 4] @80*T",
+                         "%s (@64*T) and %q (@80*T) share arena bytes");
+    /* step inputs are not op results: no alias of tokens (on the GPU they
+     * live outside the arena) */
+    expect_plan_rejected("  %o : f32[T, 2, 4] @0*T = mul(%q, %q)\n",
+                         "  %t2 : i32[T, 1] @0*T = reshape(%tokens)\n"
+                         "  %o : f32[T, 2, 4] @16*T = mul(%q, %q)\n",
+                         "%tokens (@0*T) and %t2 (@0*T) share arena bytes");
+
+    /* a side-stream chain whose every op reads the previous value twice:
+     * finding the join's fork is linear, not one walk per path (2^64) */
+    enum { CHAIN = 64 };
+    char *deep = malloc(16384);
+    if (!deep)
+        return;
+    int n = snprintf(deep, 16384,
+                     "module deep {\n  meta arena_bytes_per_token = %d\n"
+                     "  input %%tokens : i32[T] @0*T\n  weight %%emb : f32[16, 4] = \"emb\"\n"
+                     "  %%e : f32[T, 4] @16*T = embedding(%%tokens, %%emb)\n"
+                     "  %%a0 : f32[T, 4] @16*T = fork(%%e) stream 1\n",
+                     32 + 16 * (CHAIN + 1));
+    for (int i = 1; i <= CHAIN; i++)
+        n += snprintf(deep + n, 16384 - (size_t)n,
+                      "  %%a%d : f32[T, 4] @%d*T = add(%%a%d, %%a%d) stream 1\n", i, 16 + 16 * i,
+                      i - 1, i - 1);
+    snprintf(deep + n, 16384 - (size_t)n,
+             "  %%j : f32[T, 4] @%d*T = join(%%a%d)\n  output %%j\n}\n", 16 + 16 * CHAIN, CHAIN);
+    ir_module *md = NULL;
+    T_OK(ir_module_parse(deep, "deep.mir", &md));
+    if (md) {
+        int start[CHAIN + 8], end[CHAIN + 8];
+        T_CHECK(md->n_values <= CHAIN + 8 && ir_module_live_ranges(md, start, end) == 0);
+        /* every side value spans the fork..join (ops 1..CHAIN + 2) */
+        T_CHECK(start[val(md, "a1")->id] == 1 && end[val(md, "a1")->id] == CHAIN + 2);
+        ir_module_free(md);
+    }
+    free(deep);
+}
+
 /* ---- shape inference ------------------------------------------------------ */
 
 static void test_infer_errors(void)
@@ -1294,6 +1437,7 @@ int main(void)
     test_builder_and_lookup();
     test_print_parse();
     test_verifier();
+    test_plan_aliases();
     test_infer_errors();
     test_infer_fused();
     test_parse_errors();

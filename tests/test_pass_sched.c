@@ -9,7 +9,10 @@
  * weights and its own values. plan_memory is checked by an independent
  * liveness checker, and for real by running the interpreter with every
  * activation in the planned arena — including a sabotaged plan, which must
- * disagree. */
+ * disagree. Every reshape, fork and join result shares its operand's bytes
+ * (an alias); an alias broken by an op writing into the shared buffer while
+ * it is still to be read is refused by the checker and the verifier, and
+ * the planned run disagrees. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
@@ -339,8 +342,18 @@ static void violation(plan_report *r, int verbose, const char *fmt, const char *
     r->violations++;
 }
 
-/* Recomputes sizes and live ranges (fork..join stretching included) and
- * counts values whose bytes overlap while both are live. */
+/* Whether op makes y an alias of its operand x: a reshape, fork or join at
+ * exactly x's offset, x an op result (step inputs are not in the GPU arena). */
+static int is_alias(const ir_op *op)
+{
+    return (op->kind == IR_OP_RESHAPE || op->kind == IR_OP_FORK || op->kind == IR_OP_JOIN) &&
+           op->in[0]->kind == IR_VALUE_OP && op->in[0]->mem_offset == op->out[0]->mem_offset;
+}
+
+/* Recomputes sizes and live ranges (fork..join stretching included), joins
+ * each alias with its operand (one buffer, live while any of them is), and
+ * counts values of different buffers whose bytes overlap while both are
+ * live. */
 static plan_report check_plan(const ir_module *m, int verbose)
 {
     plan_report r = {0, 0, ir_module_meta_int(m, "arena_bytes_per_token", -1), 0};
@@ -379,6 +392,22 @@ static plan_report check_plan(const ir_module *m, int verbose)
         }
         fork_at = -1;
     }
+    /* buffers: buf[v] the first value of v's alias chain, its range the union */
+    int *buf = calloc((size_t)n, sizeof *buf);
+    if (!buf) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    for (int i = 0; i < n; i++)
+        buf[i] = i;
+    for (int k = 0; k < m->n_ops; k++)
+        if (is_alias(m->ops[k]))
+            buf[m->ops[k]->out[0]->id] = buf[m->ops[k]->in[0]->id];
+    for (int i = 0; i < n; i++) {
+        int b = buf[i];
+        lo[b] = lo[i] < lo[b] ? lo[i] : lo[b];
+        hi[b] = hi[i] > hi[b] ? hi[i] : hi[b];
+    }
     for (int i = 0; i < n; i++) {
         const ir_value *v = m->values[i];
         if (v->kind == IR_VALUE_WEIGHT) {
@@ -401,13 +430,15 @@ static plan_report check_plan(const ir_module *m, int verbose)
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             const ir_value *a = m->values[i], *b = m->values[j];
-            if (a->kind == IR_VALUE_WEIGHT || b->kind == IR_VALUE_WEIGHT)
+            int bi = buf[i], bj = buf[j];
+            if (a->kind == IR_VALUE_WEIGHT || b->kind == IR_VALUE_WEIGHT || bi == bj)
                 continue;
-            if (lo[i] > hi[j] || lo[j] > hi[i])
+            if (lo[bi] > hi[bj] || lo[bj] > hi[bi])
                 continue;
             if (a->mem_offset < b->mem_offset + size[j] && b->mem_offset < a->mem_offset + size[i])
                 violation(&r, verbose, "%%%s and %%%s overlap while both live", a->name, b->name);
         }
+    free(buf);
     free(lo);
     free(hi);
     free(size);
@@ -416,7 +447,9 @@ static plan_report check_plan(const ir_module *m, int verbose)
 
 /* A module of eight [T, 8] values live across one fork..join: the side
  * stream's s1 may not share bytes with the main stream's r2 even though in
- * program order s1 is dead before r2 is born. */
+ * program order s1 is dead before r2 is born. The fork's f is e's bytes and
+ * the join's j is s2's (aliases); o = add(r3, j) is the only value that
+ * reuses bytes, and not those it reads. */
 static const char *const STREAM_IR =
     "module t {\n"
     "  input %tokens : i32[T]\n"
@@ -444,12 +477,34 @@ static void test_plan_small(void)
     T_OK(pass_plan_memory(m, NULL));
     plan_report r = check_plan(m, 1);
     T_CHECK(r.violations == 0);
-    /* e, f, s1, s2, r1, r2, r3, j all live over fork..join: 8 * 32 bytes;
-     * o reuses; tokens (16) sits beside e; positions reuses. */
-    T_CHECK(r.arena == 256);
+    /* e (= f), s1, s2 (= j), r1, r2, r3 all live over fork..join: 6 * 32
+     * bytes; o reuses; tokens (16) sits beside e; positions reuses. The
+     * sum without reuse still counts every value. */
+    T_CHECK(r.arena == 192);
     T_CHECK(ir_module_meta_int(m, "activation_bytes_per_token", -1) == 9 * 32 + 2 * 16);
     const ir_value *s1 = ir_module_find_value(m, "s1"), *r2 = ir_module_find_value(m, "r2");
     T_CHECK(s1 && r2 && s1->mem_offset != r2->mem_offset);
+    const ir_value *e = ir_module_find_value(m, "e"), *f = ir_module_find_value(m, "f");
+    const ir_value *s2 = ir_module_find_value(m, "s2"), *j = ir_module_find_value(m, "j");
+    const ir_value *o = ir_module_find_value(m, "o"), *r3 = ir_module_find_value(m, "r3");
+    T_CHECK(e && f && e->mem_offset == f->mem_offset);
+    T_CHECK(s2 && j && s2->mem_offset == j->mem_offset);
+    T_CHECK(o && r3 && o->mem_offset != r3->mem_offset && o->mem_offset != j->mem_offset);
+    /* the verifier holds the plan to the same rule: s1 into r2's bytes, or
+     * r1 into e's while the side stream reads f, is refused */
+    T_OK(ir_module_verify(m));
+    ir_value *s1w = ir_module_find_value(m, "s1"), *r1w = ir_module_find_value(m, "r1");
+    int64_t keep = s1w->mem_offset;
+    s1w->mem_offset = r2->mem_offset;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "share arena bytes while both are live");
+    T_CHECK(check_plan(m, 0).violations > 0);
+    s1w->mem_offset = keep;
+    keep = r1w->mem_offset;
+    r1w->mem_offset = f->mem_offset;
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "share arena bytes while both are live");
+    T_CHECK(check_plan(m, 0).violations > 0);
+    r1w->mem_offset = keep;
+    T_OK(ir_module_verify(m));
     /* Printed as @N*T and read back the same. */
     char *text = ir_module_print_str(m);
     T_CHECK(text && strstr(text, "*T"));
@@ -549,6 +604,120 @@ static void sabotage(ir_module *m)
     T_CHECK(!"no value to sabotage");
 }
 
+/* Every reshape, fork and join after plan_memory is an alias (the tiny
+ * models have no storage-changing one); their number. */
+static int check_aliases(const ir_module *m)
+{
+    int n = 0;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        if (op->kind != IR_OP_RESHAPE && op->kind != IR_OP_FORK && op->kind != IR_OP_JOIN)
+            continue;
+        n++;
+        T_CHECK(is_alias(op));
+        if (!is_alias(op))
+            fprintf(stderr, "%s %%%s @%" PRId64 " is not at %%%s's offset %" PRId64 "\n",
+                    ir_op_name(op->kind), op->out[0]->name, op->out[0]->mem_offset,
+                    op->in[0]->name, op->in[0]->mem_offset);
+    }
+    return n;
+}
+
+static int reads(const ir_op *op, const ir_value *v)
+{
+    for (int i = 0; i < op->n_in; i++)
+        if (op->in[i] == v)
+            return 1;
+    return 0;
+}
+
+/* Breaks the first alias made by an op of `kind`: an op that runs while the
+ * shared buffer is still to be read, and reads neither name of it, gets its
+ * result put into it. For a reshape or fork, an op after the alias and before
+ * the buffer's last read (so the program-order interpreter reads the
+ * damage); for a join, an op of the main stream between the fork and the
+ * join (on the GPU it writes while the side stream computes the joined
+ * value). The name of the value moved, or NULL when there is none. */
+static const char *sabotage_alias(ir_module *m, ir_op_kind kind)
+{
+    int64_t arena = ir_module_meta_int(m, "arena_bytes_per_token", 0);
+    int fork_at = -1;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        if (op->kind == IR_OP_FORK)
+            fork_at = k;
+        if (op->kind != kind || !is_alias(op))
+            continue;
+        const ir_value *x = op->in[0], *y = op->out[0];
+        int from = k + 1, to = k;
+        if (kind == IR_OP_JOIN) {
+            from = fork_at + 1;
+            to = k;
+        } else {
+            for (int q = k + 1; q < m->n_ops; q++)
+                if (reads(m->ops[q], x) || reads(m->ops[q], y))
+                    to = q;
+        }
+        for (int q = from; q < to; q++) {
+            const ir_op *w = m->ops[q];
+            ir_value *r = w->out[0];
+            if (w == op || w->stream != 0 || reads(w, x) || reads(w, y) || r == x ||
+                y->mem_offset + ir_type_numel(&r->type, 1) * 4 > arena)
+                continue;
+            r->mem_offset = y->mem_offset;
+            return r->name;
+        }
+    }
+    return NULL;
+}
+
+/* The sabotaged aliases of each kind: the independent checker and the
+ * verifier refuse them, and (reshape, fork) the planned run disagrees. */
+static void test_alias_sabotage(const char *model, const ir_module *planned, const int32_t *tokens,
+                                const float *ref, int vocab)
+{
+    static const ir_op_kind kinds[] = {IR_OP_RESHAPE, IR_OP_FORK, IR_OP_JOIN};
+    size_t n = (size_t)N_TOKENS * vocab;
+    float *rows = malloc(n * sizeof *rows);
+    if (!rows) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    for (int i = 0; i < N_OF(kinds); i++) {
+        ir_module *m = NULL;
+        T_OK(ir_module_clone(planned, &m));
+        if (!m)
+            continue;
+        const char *moved = sabotage_alias(m, kinds[i]);
+        int has_kind = 0;
+        for (int k = 0; k < m->n_ops; k++)
+            has_kind |= m->ops[k]->kind == kinds[i];
+        T_CHECK(moved || !has_kind);
+        if (!moved) {
+            ir_module_free(m);
+            continue;
+        }
+        T_CHECK(check_plan(m, 0).violations > 0);
+        T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "share arena bytes while both are live");
+        if (kinds[i] != IR_OP_JOIN) {
+            memset(rows, 0, n * sizeof *rows);
+            int ran = run_steps(model, m, 1, tokens, vocab, rows);
+            T_CHECK(ran);
+            if (ran) {
+                double err = worst_row_error(ref, rows, N_TOKENS, vocab);
+                printf("plan_memory %-18s %s alias overwritten by %%%s: max row error %.3g "
+                       "(must be large)\n",
+                       model, ir_op_name(kinds[i]), moved, err);
+                T_CHECK(err > 1e-3);
+            }
+        } else {
+            printf("plan_memory %-18s join alias overwritten by %%%s: refused\n", model, moved);
+        }
+        ir_module_free(m);
+    }
+    free(rows);
+}
+
 static void test_plan_real(const char *model, int idx)
 {
     ir_module *plain = t_pipeline_module(model, "assign_streams", NULL);
@@ -561,6 +730,10 @@ static void test_plan_real(const char *model, int idx)
     plan_report r = check_plan(planned, 1);
     T_CHECK(r.violations == 0);
     T_CHECK(r.peak <= r.arena && r.arena <= r.sum && r.arena < r.sum);
+    int aliases = check_aliases(planned);
+    T_CHECK(aliases > 0);
+    printf("plan_memory %-18s %d reshape/fork/join results share their operand's bytes\n", model,
+           aliases);
     T_CHECK(ir_module_meta_int(planned, "activation_bytes_per_token", -1) == r.sum);
     printf("plan_memory %-18s arena %" PRId64 " bytes/token of %" PRId64 " (%.0f%%), %d fork/join pairs\n",
            model, r.arena, r.sum, 100.0 * (double)r.arena / (double)r.sum, SHARED_LAYERS[idx]);
@@ -583,6 +756,7 @@ static void test_plan_real(const char *model, int idx)
         double err = worst_row_error(ra, rb, N_TOKENS, vocab);
         printf("plan_memory %-18s planned arena vs unplanned: max row error %.3g\n", model, err);
         T_CHECK(err <= 1e-5);
+        test_alias_sabotage(model, planned, tokens, ra, vocab);
     }
     /* The same checks on a broken plan: the checker and the run both notice. */
     sabotage(planned);
