@@ -305,6 +305,18 @@ static const char PROLOGUE[] =
     "    return *reinterpret_cast<const unsigned *>(&v);\n"
     "}\n"
     "\n"
+    "/* Programmatic dependent launch (sm_90): every kernel first waits for the\n"
+    "   kernel before it to finish and its writes to be visible, then lets the\n"
+    "   next one be scheduled, so that the next launch overlaps this kernel's\n"
+    "   run; without the launch attribute both are no-ops. */\n"
+    "__device__ __forceinline__ void moec_pdl_enter()\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.wait;\\n\" ::: \"memory\");\n"
+    "    asm volatile(\"griddepcontrol.launch_dependents;\\n\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n"
+    "\n"
     "__device__ __forceinline__ float warp_sum(float v)\n"
     "{\n"
     "#pragma unroll\n"
@@ -347,6 +359,33 @@ static const char PROLOGUE[] =
     "\n";
 
 void cg_emit_prologue(cg_buf *b) { cg_buf_printf(b, "%s", PROLOGUE); }
+
+void cg_add_pdl_waits(cg_buf *b)
+{
+    static const char KERNEL[] = "extern \"C\" __global__", ENTER[] = "\n    moec_pdl_enter();";
+    if (b->oom || !b->data)
+        return;
+    size_t n = 0;
+    for (const char *p = strstr(b->data, KERNEL); p; p = strstr(p + 1, KERNEL))
+        n++;
+    cg_buf out = {0};
+    const char *p = b->data;
+    for (size_t k = 0; k < n; k++) {
+        const char *kern = strstr(p, KERNEL), *open = kern ? strchr(kern, '{') : NULL;
+        if (!open)
+            break;
+        cg_buf_printf(&out, "%.*s%s", (int)(open + 1 - p), p, ENTER);
+        p = open + 1;
+    }
+    cg_buf_printf(&out, "%s", p);
+    if (out.oom) {
+        cg_buf_free(&out);
+        b->oom = 1;
+        return;
+    }
+    cg_buf_free(b);
+    *b = out;
+}
 
 moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
 {

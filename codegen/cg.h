@@ -21,6 +21,10 @@ typedef struct cg_buf {
 
 void cg_buf_printf(cg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cg_buf_free(cg_buf *b);
+/* Makes every kernel in the generated source begin with moec_pdl_enter()
+ * (the prologue's programmatic-dependent-launch wait and trigger), which
+ * the runtime's launches rely on (docs/CUDA.md). */
+void cg_add_pdl_waits(cg_buf *b);
 
 enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };
 

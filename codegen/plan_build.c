@@ -118,6 +118,7 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
                 s->args[a].i += (int64_t)base;
     }
     /* c->scratch_bytes (cg_scratch) already counts both regions. */
+    cg_add_pdl_waits(&c->src);
     if (c->src.oom)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory generating bucket T=%d", T);
     return MOEC_OK;
@@ -211,6 +212,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **o
     p->compute_dtype = opt->compute_dtype;
     snprintf(p->arch, sizeof p->arch, "%s", opt->arch);
     p->kv_block_size = opt->kv_block_size;
+    p->pdl = 1; /* generate() gave every kernel its moec_pdl_enter */
     p->n_buckets = nb;
     int64_t arena = ir_module_meta(m, "arena_bytes_per_token")->i;
     for (int b = 0; b < nb; b++) {

@@ -241,6 +241,8 @@ struct rt_cuda {
     int debug_sync;                /* MOEC_CUDA_SYNC=1: synchronize after every step */
     int single_stream;             /* 1: every step on stream 0, forks and joins skipped */
     int graphs_off;                /* 1: launch eagerly even where a graph was captured */
+    int pdl;                       /* 1: kernels launched as programmatic dependents (plan->pdl,
+                                    * sm_90+, unless MOEC_PDL=0) */
     size_t device_bytes;
 
     void **weights;                /* per value id */
@@ -1109,6 +1111,8 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     MOEC_TRY(CK(cudaGetDeviceProperties(&prop, c->device), "device 0"));
     snprintf(c->device_name, sizeof c->device_name, "%s", prop.name);
     c->cc_major = prop.major;
+    const char *pdl = getenv("MOEC_PDL");
+    c->pdl = p->pdl && prop.major >= 9 && !(pdl && !strcmp(pdl, "0"));
     c->cc_minor = prop.minor;
     MOEC_TRY(check_arch(c));
     const char *sync = getenv("MOEC_CUDA_SYNC");
@@ -1294,8 +1298,20 @@ static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int stop_op)
         case RT_STEP_KERNEL: {
             dim3 grid = {s->grid[0], s->grid[1], s->grid[2]};
             dim3 block = {s->block[0], s->block[1], s->block[2]};
-            call = "cudaLaunchKernel";
-            e = cudaLaunchKernel((const void *)L->kernel, grid, block, L->args, s->smem, stream);
+            if (c->pdl) {
+                /* a programmatic dependent of the kernel before it on the
+                   stream: scheduled while that one runs, waiting in
+                   moec_pdl_enter for its results */
+                cudaLaunchAttribute attr;
+                attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                attr.val.programmaticStreamSerializationAllowed = 1;
+                cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, &attr, 1};
+                call = "cudaLaunchKernelExC";
+                e = cudaLaunchKernelExC(&cfg, (const void *)L->kernel, L->args);
+            } else {
+                call = "cudaLaunchKernel";
+                e = cudaLaunchKernel((const void *)L->kernel, grid, block, L->args, s->smem, stream);
+            }
             break;
         }
         case RT_STEP_GEMM: {

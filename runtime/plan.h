@@ -100,6 +100,8 @@ typedef struct rt_plan {
     ir_dtype compute_dtype;   /* BF16 or F32 */
     char arch[16];            /* "sm_90" */
     int kv_block_size;        /* tokens per KV page */
+    int pdl;                  /* 1: every kernel begins with moec_pdl_enter, so steps may be
+                               * launched as programmatic dependents (sm_90) */
     int n_buckets;
     rt_bucket *buckets;       /* owned, ascending T */
 } rt_plan;

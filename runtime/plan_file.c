@@ -219,6 +219,7 @@ moec_status rt_plan_write(const char *path, const rt_plan *p, const rt_plan_meta
     cJSON_AddStringToObject(h, "arch", p->arch);
     cJSON_AddStringToObject(h, "compute_dtype", ir_dtype_name(p->compute_dtype));
     cJSON_AddNumberToObject(h, "kv_block_size", p->kv_block_size);
+    cJSON_AddNumberToObject(h, "pdl", p->pdl);
     cJSON_AddStringToObject(h, "config_hash", meta->config_hash);
     cJSON_AddStringToObject(h, "weights_hash", meta->weights_hash);
     size_t off = 0;
@@ -582,6 +583,8 @@ moec_status rt_plan_read(const char *path, rt_plan **out, ir_module **module_out
         goto done;
     }
     p->kv_block_size = (int)jfield(&r, h, "kv_block_size");
+    const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
+    p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
     size_t ir_size = 0;
     const uint8_t *ir = blob(&r, cJSON_GetObjectItemCaseSensitive(h, "ir"), &ir_size);
     if (!ir)

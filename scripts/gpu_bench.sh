@@ -42,13 +42,18 @@ echo "plan compiled in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
 build-gpu/moec bench "$MODEL.moec" --weights "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
   ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
 rm -f "$MODEL.moec"
-# MOE_AB=1: the same with the routed experts on CUDA cores (MOEC_MOE_KERNEL=simt), graph replay only
-if [ "${MOE_AB:-0}" = 1 ]; then
-  MOEC_MOE_KERNEL=simt build-gpu/moec compile "$MODEL" -o "$MODEL.simt.moec" >>"$LOGS/compile.txt" 2>&1 &&
-  build-gpu/moec bench "$MODEL.simt.moec" --weights "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
-    --json >"$LOGS/moec_simt.jsonl" 2>"$LOGS/moec_simt.err" || tail -20 "$LOGS/moec_simt.err"
-  rm -f "$MODEL.simt.moec"
-fi
+# VARIANTS="name:ENV=V[,ENV=V] ...": the same plan compiled and benched under
+# each variant's environment (graph replay rows only), e.g.
+# VARIANTS="simt:MOEC_MOE_KERNEL=simt nopdl:MOEC_PDL=0"
+for variant in ${VARIANTS:-}; do
+  vname=${variant%%:*}
+  venv=${variant#*:}
+  env ${venv//,/ } build-gpu/moec compile "$MODEL" -o "$MODEL.$vname.moec" >>"$LOGS/compile.txt" 2>&1 &&
+  env ${venv//,/ } build-gpu/moec bench "$MODEL.$vname.moec" --weights "$MODEL" --batch-sizes "$BATCHES" \
+    --context "$CONTEXT" --json >"$LOGS/variant_$vname.jsonl" 2>"$LOGS/variant_$vname.err" ||
+    tail -20 "$LOGS/variant_$vname.err"
+  rm -f "$MODEL.$vname.moec"
+done
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
     --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
@@ -58,7 +63,8 @@ python3 - "$LOGS" >"$LOGS/summary.table" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 rows, meta = {}, {}
-for name, impl in (("moec.jsonl", None), ("moec_simt.jsonl", "moec_simt"), ("torch.jsonl", None)):
+variants = sorted(f for f in os.listdir(d) if f.startswith("variant_") and f.endswith(".jsonl"))
+for name, impl in [("moec.jsonl", None)] + [(f, "moec_" + f[8:-6]) for f in variants] + [("torch.jsonl", None)]:
     p = os.path.join(d, name)
     if os.path.exists(p):
         for line in open(p):

@@ -536,8 +536,29 @@ static void test_errors(void)
     ir_module_free(m);
 }
 
+/* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else. */
+static void test_pdl_waits(void)
+{
+    cg_buf b = {0};
+    cg_buf_printf(&b, "__device__ int f() { return 1; }\n"
+                      "// k1\nextern \"C\" __global__ void __launch_bounds__(256)\nk1(int *x)\n{\n"
+                      "    x[0] = f();\n}\n\n"
+                      "extern \"C\" __global__ void __launch_bounds__(64) k2(int *x)\n{\n"
+                      "    if (x) { x[1] = 2; }\n}\n");
+    cg_add_pdl_waits(&b);
+    T_CHECK(!b.oom && b.data);
+    if (b.data)
+        T_CHECK(!strcmp(b.data, "__device__ int f() { return 1; }\n"
+                                "// k1\nextern \"C\" __global__ void __launch_bounds__(256)\nk1(int *x)\n{"
+                                "\n    moec_pdl_enter();\n    x[0] = f();\n}\n\n"
+                                "extern \"C\" __global__ void __launch_bounds__(64) k2(int *x)\n{"
+                                "\n    moec_pdl_enter();\n    if (x) { x[1] = 2; }\n}\n"));
+    cg_buf_free(&b);
+}
+
 int main(void)
 {
+    test_pdl_waits();
     test_real_shapes();
     test_odd_shapes();
     test_tiny_models();

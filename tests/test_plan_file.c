@@ -27,6 +27,7 @@ static rt_plan *make_plan(ir_module *m)
     p->compute_dtype = IR_DTYPE_BF16;
     snprintf(p->arch, sizeof p->arch, "sm_90");
     p->kv_block_size = 64;
+    p->pdl = 1;
     p->n_buckets = 2;
     p->buckets = calloc(2, sizeof *p->buckets);
     for (int b = 0; b < 2; b++) {
@@ -69,7 +70,8 @@ static rt_plan *make_plan(ir_module *m)
 static void check_same(const rt_plan *a, const rt_plan *b)
 {
     T_CHECK(!strcmp(a->arch, b->arch) && a->compute_dtype == b->compute_dtype &&
-            a->kv_block_size == b->kv_block_size && a->n_buckets == b->n_buckets);
+            a->kv_block_size == b->kv_block_size && a->pdl == b->pdl &&
+            a->n_buckets == b->n_buckets);
     for (int i = 0; i < a->n_buckets && i < b->n_buckets; i++) {
         const rt_bucket *x = &a->buckets[i], *y = &b->buckets[i];
         T_CHECK(x->T == y->T && x->cubin_size == y->cubin_size &&
