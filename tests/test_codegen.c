@@ -539,6 +539,49 @@ static void expect_gemm(const cg_ctx *c, const char *result, int ta, int m, int 
     T_CHECK(ok);
 }
 
+/* Buckets of up to 8 tokens: the linears of the unit module as generated
+ * kernels (8 warps of 4 weight rows a block), alpha and the bias as
+ * arguments; compiled by NVRTC. Their numbers are checked on the GPU
+ * against the interpreter (tests/gpu_model.c, gpu_engine.c). */
+static void test_gemv(void)
+{
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
+    if (!m)
+        return;
+    plan_trivially(m);
+    cg_options o;
+    cg_options_default(&o);
+    for (int T = 1; T <= 16; T *= 2) {
+        cg_ctx c;
+        ctx_init(&c, m, &o, T);
+        for (int k = 0; k < m->n_ops; k++)
+            T_OK(cg_emit_op(&c, m->ops[k]));
+        const rt_step *s = step_of(&c, "y");
+        if (T > 8) {
+            T_CHECK(s && s->kind == RT_STEP_GEMM);
+            ctx_free(&c);
+            continue;
+        }
+        char want[128];
+        snprintf(want, sizeof want, "linear_gemv_n96_k64_t%d_bf16_bf16_bf16_bbf16", T);
+        expect_kernel(&c, "y", want, 3, 1, 256, 5);
+        T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "h")) &&
+                is_arg(s->args[1], RT_ARG_WEIGHT, vid(&c, "w1")) &&
+                is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "b1")) && s->args[3].kind == RT_ARG_F32 &&
+                s->args[3].f == 1.0 && is_arg(s->args[4], RT_ARG_ACT, vid(&c, "y")));
+        snprintf(want, sizeof want, "linear_gemv_n96_k64_t%d_bf16_bf16_bf16", T);
+        expect_kernel(&c, "y2", want, 3, 1, 256, 5);
+        s = step_of(&c, "y2");
+        T_CHECK(s && s->args[3].f == 0.5);
+        snprintf(want, sizeof want, "linear_gemv_n2048_k64_t%d_bf16_bf16_bf16", T);
+        expect_kernel(&c, "wide", want, 64, 1, 256, 5);
+        compile_src(c.src.data, "the unit module's few-rows linears");
+        ctx_free(&c);
+    }
+    ir_module_free(m);
+}
+
 static void test_unit_ops(void)
 {
     ir_module *m = NULL;
@@ -1061,8 +1104,12 @@ static void test_model(const char *name)
     T_CHECK(head && head->kind == IR_OP_LINEAR);
     if (head && head->kind == IR_OP_LINEAR) {
         T_OK(cg_emit_op(&c, head));
-        T_CHECK(c.n_steps == 1 && c.steps[0].gemm.type_c == IR_DTYPE_F32 &&
-                c.steps[0].gemm.type_a == IR_DTYPE_BF16 && c.steps[0].gemm.n == 2);
+        /* T=2: the generated few-rows kernel, bf16 weight and input, f32 out */
+        char want[160];
+        snprintf(want, sizeof want, "linear_gemv_n%lld_k%lld_t2_bf16_bf16_f32",
+                 (long long)head->in[1]->type.dims[0], (long long)head->in[1]->type.dims[1]);
+        T_CHECK(c.n_steps == 1 && c.steps[0].kind == RT_STEP_KERNEL &&
+                !strcmp(kname(&c, &c.steps[0]), want));
     }
     ctx_free(&c);
     int launches = check_no_alias_copies(m);
@@ -1146,10 +1193,14 @@ int main(void)
         fprintf(stderr, "SKIP: no NVRTC compile checks: moec was built without the CUDA toolkit\n");
     test_cache();
     test_compile_error();
+    /* the GEMM steps' form and meaning, with every bucket on cuBLASLt */
+    setenv("MOEC_GEMV_MAX_T", "0", 1);
     test_unit_ops();
+    test_gemm_semantics();
+    unsetenv("MOEC_GEMV_MAX_T");
+    test_gemv();
     test_aliases();
     test_add_rms_norm();
-    test_gemm_semantics();
     test_storage();
     test_plan_errors();
     static const char *models[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
