@@ -4,9 +4,9 @@
  * streams the weight once, and for a handful of rows cuBLASLt's GEMM
  * kernels read it well below the copy bandwidth (H100, 2026-11-22: the 135
  * decode GEMMs of a DeepSeek-V2-Lite step at batch 1 took 1.7 ms for 1.6
- * GB). Each warp owns RW weight rows and walks K with 16-byte loads, the
- * bucket's T activation rows in registers, fp32 accumulation, a warp sum
- * per (row, token); the epilogue applies alpha and the bias.
+ * GB; at 8 rows cuBLASLt stays ahead). A block owns a few weight rows, its
+ * warps split K with 16-byte loads, fp32 accumulation; the epilogue
+ * applies alpha and the bias.
  *
  * Larger buckets are one cuBLASLt step. cuBLASLt is column-major: row-major
  * y is C (m = N, n = T, ldc = N); row-major w [N, K] is a K x N column-major
@@ -28,57 +28,79 @@ static double num_attr(const ir_op *op, const char *key, double dflt)
     return a && a->kind == IR_ATTR_INT ? (double)a->i : dflt;
 }
 
-#define GEMV_MAX_T 8
+#define GEMV_MAX_T 4
 #define GEMV_WARPS 8
-#define GEMV_RW 4
 
+/* Each block owns RB weight rows; its NW warps split K (warp w takes the
+ * 32 * VE wide chunks w, w + NW, ...), each lane's 16-byte loads of the RB
+ * rows in flight together; the warps' partial sums meet in shared memory.
+ * RB follows N so that even the router's 64 rows make 64 blocks. */
 static const char GEMV_BODY[] =
     "    constexpr int KSTEP = 32 * VE, NSTEP = (K + KSTEP - 1) / KSTEP;\n"
+    "    __shared__ float part[NW][RB * T];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const long long n0 = ((long long)blockIdx.x * NW + warp) * RW;\n"
-    "    if (n0 >= N)\n"
-    "        return;\n"
-    "    float acc[RW][T];\n"
+    "    const long long n0 = (long long)blockIdx.x * RB;\n"
+    "    float acc[RB][T];\n"
     "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++)\n"
+    "    for (int r = 0; r < RB; r++)\n"
     "#pragma unroll\n"
     "        for (int t = 0; t < T; t++)\n"
     "            acc[r][t] = 0.0f;\n"
     "    const TW *wr = w + n0 * K;\n"
-    "#pragma unroll(T <= 2 ? 4 : 2)\n"
-    "    for (int s = 0; s < NSTEP; s++) {\n"
+    "#pragma unroll 2\n"
+    "    for (int s = warp; s < NSTEP; s += NW) {\n"
     "        const int k = s * KSTEP + lane * VE;\n"
     "        if (K % KSTEP != 0 && k >= K)\n"
     "            break;\n"
-    "        float xv[T][VE];\n"
+    "        float wv[RB][VE];\n"
     "#pragma unroll\n"
-    "        for (int t = 0; t < T; t++)\n"
-    "            ldv<VE>(x + (long long)t * K + k, xv[t]);\n"
+    "        for (int r = 0; r < RB; r++)\n"
+    "            if (N % RB == 0 || n0 + r < N)\n"
+    "                ldv<VE>(wr + (long long)r * K + k, wv[r]);\n"
     "#pragma unroll\n"
-    "        for (int r = 0; r < RW; r++) {\n"
-    "            if (N % RW != 0 && n0 + r >= N)\n"
-    "                continue;\n"
-    "            float wv[VE];\n"
-    "            ldv<VE>(wr + (long long)r * K + k, wv);\n"
+    "        for (int t = 0; t < T; t++) {\n"
+    "            float xv[VE];\n"
+    "            ldv<VE>(x + (long long)t * K + k, xv);\n"
     "#pragma unroll\n"
-    "            for (int t = 0; t < T; t++)\n"
+    "            for (int r = 0; r < RB; r++)\n"
+    "                if (N % RB == 0 || n0 + r < N)\n"
     "#pragma unroll\n"
-    "                for (int j = 0; j < VE; j++)\n"
-    "                    acc[r][t] += wv[j] * xv[t][j];\n"
+    "                    for (int j = 0; j < VE; j++)\n"
+    "                        acc[r][t] += wv[r][j] * xv[j];\n"
     "        }\n"
     "    }\n"
     "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++)\n"
+    "    for (int r = 0; r < RB; r++)\n"
     "#pragma unroll\n"
     "        for (int t = 0; t < T; t++) {\n"
-    "            float v = warp_sum(acc[r][t]);\n"
-    "            if (lane == ((r * T + t) & 31) && (N % RW == 0 || n0 + r < N)) {\n"
-    "                v *= alpha;\n"
-    "                if constexpr (HAS_BIAS)\n"
-    "                    v += ld(bias + n0 + r);\n"
-    "                st(y + (long long)t * N + n0 + r, v);\n"
-    "            }\n"
-    "        }\n";
+    "            const float v = warp_sum(acc[r][t]);\n"
+    "            if (lane == 0)\n"
+    "                part[warp][r * T + t] = v;\n"
+    "        }\n"
+    "    __syncthreads();\n"
+    "    for (int i = threadIdx.x; i < RB * T; i += NW * 32) {\n"
+    "        const int r = i / T, t = i % T;\n"
+    "        if (N % RB != 0 && n0 + r >= N)\n"
+    "            continue;\n"
+    "        float v = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int q = 0; q < NW; q++)\n"
+    "            v += part[q][i];\n"
+    "        v *= alpha;\n"
+    "        if constexpr (HAS_BIAS)\n"
+    "            v += ld(bias + n0 + r);\n"
+    "        st(y + (long long)t * N + n0 + r, v);\n"
+    "    }\n";
+
+/* Rows per block: enough blocks to fill the GPU twice over (264 on an
+ * H100's 132 SMs), at most 8 rows. */
+static int gemv_rows_per_block(int64_t N)
+{
+    int rb = 1;
+    while (rb < 8 && N / (2 * rb) >= 264)
+        rb *= 2;
+    return rb;
+}
 
 /* The bucket sizes that get the generated kernel: T <= GEMV_MAX_T, or
  * MOEC_GEMV_MAX_T's bound. */
@@ -99,10 +121,10 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     ir_dtype dw = cg_storage(c, w), dx = cg_storage(c, x), dy = cg_storage(c, y);
     ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    int ve = cg_vec_width(K);
+    int ve = cg_vec_width(K), rb = gemv_rows_per_block(N);
     char name[200];
-    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_t%d_%s_%s_%s%s%s", (long long)N,
-             (long long)K, c->T, ir_dtype_name(dw), ir_dtype_name(dx), ir_dtype_name(dy),
+    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d_%s_%s_%s%s%s", (long long)N,
+             (long long)K, rb, c->T, ir_dtype_name(dw), ir_dtype_name(dx), ir_dtype_name(dy),
              bias ? "_b" : "", bias ? ir_dtype_name(db) : "");
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -117,16 +139,16 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
                       "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, VE = %d, RW = %d, NW = %d;\n"
+                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d;\n"
                       "    constexpr bool HAS_BIAS = %s;\n%s}\n\n",
                       GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw), cg_ctype(db),
-                      cg_ctype(dy), cg_ctype(dw), (long long)N, (long long)K, c->T, ve, GEMV_RW,
+                      cg_ctype(dy), cg_ctype(dw), (long long)N, (long long)K, c->T, ve, rb,
                       GEMV_WARPS, bias ? "true" : "false", GEMV_BODY);
     rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
-    s->grid[0] = (unsigned)((N + GEMV_WARPS * GEMV_RW - 1) / (GEMV_WARPS * GEMV_RW));
+    s->grid[0] = (unsigned)((N + rb - 1) / rb);
     s->block[0] = GEMV_WARPS * 32;
     s->n_args = 5;
     s->args[0] = cg_arg_act(x);

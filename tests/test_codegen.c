@@ -539,9 +539,10 @@ static void expect_gemm(const cg_ctx *c, const char *result, int ta, int m, int 
     T_CHECK(ok);
 }
 
-/* Buckets of up to 8 tokens: the linears of the unit module as generated
- * kernels (8 warps of 4 weight rows a block), alpha and the bias as
- * arguments; compiled by NVRTC. Their numbers are checked on the GPU
+/* Buckets of up to 4 tokens: the linears of the unit module as generated
+ * kernels (a block of 8 warps per 1 to 8 weight rows: 96 rows make 96
+ * blocks, 2048 rows 512 blocks of 4), alpha and the bias as arguments;
+ * compiled by NVRTC. Their numbers are checked on the GPU
  * against the interpreter (tests/gpu_model.c, gpu_engine.c). */
 static void test_gemv(void)
 {
@@ -558,24 +559,24 @@ static void test_gemv(void)
         for (int k = 0; k < m->n_ops; k++)
             T_OK(cg_emit_op(&c, m->ops[k]));
         const rt_step *s = step_of(&c, "y");
-        if (T > 8) {
+        if (T > 4) {
             T_CHECK(s && s->kind == RT_STEP_GEMM);
             ctx_free(&c);
             continue;
         }
         char want[128];
-        snprintf(want, sizeof want, "linear_gemv_n96_k64_t%d_bf16_bf16_bf16_bbf16", T);
-        expect_kernel(&c, "y", want, 3, 1, 256, 5);
+        snprintf(want, sizeof want, "linear_gemv_n96_k64_rb1_t%d_bf16_bf16_bf16_bbf16", T);
+        expect_kernel(&c, "y", want, 96, 1, 256, 5);
         T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "h")) &&
                 is_arg(s->args[1], RT_ARG_WEIGHT, vid(&c, "w1")) &&
                 is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "b1")) && s->args[3].kind == RT_ARG_F32 &&
                 s->args[3].f == 1.0 && is_arg(s->args[4], RT_ARG_ACT, vid(&c, "y")));
-        snprintf(want, sizeof want, "linear_gemv_n96_k64_t%d_bf16_bf16_bf16", T);
-        expect_kernel(&c, "y2", want, 3, 1, 256, 5);
+        snprintf(want, sizeof want, "linear_gemv_n96_k64_rb1_t%d_bf16_bf16_bf16", T);
+        expect_kernel(&c, "y2", want, 96, 1, 256, 5);
         s = step_of(&c, "y2");
         T_CHECK(s && s->args[3].f == 0.5);
-        snprintf(want, sizeof want, "linear_gemv_n2048_k64_t%d_bf16_bf16_bf16", T);
-        expect_kernel(&c, "wide", want, 64, 1, 256, 5);
+        snprintf(want, sizeof want, "linear_gemv_n2048_k64_rb4_t%d_bf16_bf16_bf16", T);
+        expect_kernel(&c, "wide", want, 512, 1, 256, 5);
         compile_src(c.src.data, "the unit module's few-rows linears");
         ctx_free(&c);
     }
@@ -1106,10 +1107,16 @@ static void test_model(const char *name)
         T_OK(cg_emit_op(&c, head));
         /* T=2: the generated few-rows kernel, bf16 weight and input, f32 out */
         char want[160];
-        snprintf(want, sizeof want, "linear_gemv_n%lld_k%lld_t2_bf16_bf16_f32",
-                 (long long)head->in[1]->type.dims[0], (long long)head->in[1]->type.dims[1]);
+        /* rows per block: doubled up to 8 while 264 blocks remain */
+        long long N = (long long)head->in[1]->type.dims[0];
+        int rb = 1;
+        while (rb < 8 && N / (2 * rb) >= 264)
+            rb *= 2;
+        snprintf(want, sizeof want, "linear_gemv_n%lld_k%lld_rb%d_t2_bf16_bf16_f32", N,
+                 (long long)head->in[1]->type.dims[1], rb);
         T_CHECK(c.n_steps == 1 && c.steps[0].kind == RT_STEP_KERNEL &&
-                !strcmp(kname(&c, &c.steps[0]), want));
+                !strcmp(kname(&c, &c.steps[0]), want) &&
+                c.steps[0].grid[0] == (unsigned)((N + rb - 1) / rb));
     }
     ctx_free(&c);
     int launches = check_no_alias_copies(m);
