@@ -25,7 +25,7 @@ finish() {
   cat "$LOGS"/*.table 2>/dev/null
   exit "${1:-0}"
 }
-{ nvidia-smi; date -u; git -C . log -1 --oneline; } >"$LOGS/env.txt" 2>&1
+{ nvidia-smi; date -u; cat COMMIT 2>/dev/null || git -C . log -1 --oneline; } >"$LOGS/env.txt" 2>&1 # COMMIT: written beside a snapshot
 gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; finish 1; }
 
 MODEL=${MODEL_DIR:-/tmp/moec-bench-model} # MODEL_DIR=/dev/shm/x where the disk is too small

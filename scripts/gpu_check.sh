@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one script the GPU machine runs: builds moec in
 # build-gpu, runs the GPU tests (ctest -L gpu), runs `moec run` on the CUDA
-# backend under compute-sanitizer's memcheck and against the goldens, and
+# backend under compute-sanitizer's memcheck and against the goldens, serves
+# plan files with moec-serve over TCP, and
 # leaves every log in $OUT/gpu_check.tar.gz (with summary.txt beside it).
 # Where cJSON is not installed it uses the copy carried in .dev/cjson/ (an
 # extracted libcjson1 + libcjson-dev). Exit status: 0 when every stage passed.
@@ -63,6 +64,53 @@ cli_golden() {
   return $rc
 }
 stage cli_golden cli_golden
+
+# moec-serve on the GPU from a plan file (fp32): three requests in one write
+# over TCP (batched into one bucket) each stream the transformers greedy ids
+# of their tiny model; a fourth, too long for the KV cache, gets its error.
+serve_plan() {
+  local rc=0 m port
+  for m in deepseek_v3 qwen2_moe; do
+    local d=tests/data/$m plan=/tmp/serve-$m.moec
+    MOEC_DTYPE=fp32 build-gpu/moec compile "$d" -o "$plan" --dtype fp32 || return 1
+    local prompt greedy n
+    prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('$d/golden.json'))['prompt_ids'])))")
+    greedy=$(python3 -c "import json;print(json.load(open('$d/golden.json'))['greedy_ids'])")
+    n=$(python3 -c "import json;print(len(json.load(open('$d/golden.json'))['greedy_ids']))")
+    build-gpu/moec-serve "$plan" --weights "$d" --port 0 --max-seqs 4 --max-seq-len 64 \
+      2>/tmp/serve-$m.err &
+    local pid=$!
+    for _ in $(seq 100); do
+      port=$(sed -n 's/.*127[.]0[.]0[.]1:\([0-9][0-9]*\).*/\1/p' /tmp/serve-$m.err | head -1)
+      [ -n "$port" ] && break
+      sleep 0.2
+    done
+    cat /tmp/serve-$m.err
+    python3 - "$port" "$prompt" "$n" "$greedy" <<'PY' || rc=1
+import json, socket, sys
+port, prompt, n, greedy = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), json.loads(sys.argv[4])
+s = socket.create_connection(("127.0.0.1", port))
+reqs = [{"id": i, "prompt_ids": prompt, "max_new_tokens": n, "ignore_eos": True} for i in range(3)]
+reqs.append({"id": "long", "prompt_ids": prompt * 20, "max_new_tokens": 8})
+s.sendall("".join(json.dumps(r) + "\n" for r in reqs).encode())
+f = s.makefile()
+done, err = {}, None
+while len(done) < 3 or err is None:
+    r = json.loads(f.readline())
+    if "error" in r:
+        err = r
+    elif r.get("done"):
+        done[r["id"]] = r["tokens"]
+ok = all(done[i] == greedy for i in range(3)) and "too long" in err["error"]
+print("served", done, "error reply", err, "want", greedy, "->", "ok" if ok else "WRONG")
+sys.exit(0 if ok else 1)
+PY
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  return $rc
+}
+stage serve_plan serve_plan
 
 SAN=/usr/local/cuda/bin/compute-sanitizer
 sanitize() {
