@@ -35,6 +35,10 @@ typedef struct moec_cuda_opts {
 /* 1 when MOEC_DISABLE_GRAPHS is set to anything but "" or "0". */
 int moec_graphs_disabled(void);
 
+/* AUTO becomes CUDA where a device is present, else CPU; CUDA is checked
+ * to have a device (MOEC_ERR_NO_DEVICE otherwise). */
+moec_status moec_resolve_backend(moec_backend *backend);
+
 /* The compute dtype of CUDA work: bf16 unless MOEC_DTYPE says fp32. */
 moec_status moec_cuda_dtype(ir_dtype *out);
 /* Code generation options for compute dtype dt and target arch (NULL:

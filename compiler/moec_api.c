@@ -254,6 +254,19 @@ void moec_cuda_model_free(moec_cuda_model *x)
     memset(x, 0, sizeof *x);
 }
 
+moec_status moec_resolve_backend(moec_backend *backend)
+{
+    int n_dev = 0;
+    if (*backend == MOEC_BACKEND_AUTO) {
+        *backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
+                                                                          : MOEC_BACKEND_CPU;
+        moec_err_clear();
+    }
+    if (*backend == MOEC_BACKEND_CUDA)
+        MOEC_TRY(moec_cuda_device_count(&n_dev));
+    return MOEC_OK;
+}
+
 moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
                               moec_backend backend, int max_seq_len, moec_session_t **out)
 {
@@ -267,14 +280,7 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d",
                         max_seq_len, max_pos);
-    int n_dev = 0;
-    if (backend == MOEC_BACKEND_AUTO) {
-        backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
-                                                                         : MOEC_BACKEND_CPU;
-        moec_err_clear();
-    }
-    if (backend == MOEC_BACKEND_CUDA)
-        MOEC_TRY(moec_cuda_device_count(&n_dev));
+    MOEC_TRY(moec_resolve_backend(&backend));
     moec_session_t *s = calloc(1, sizeof *s);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");

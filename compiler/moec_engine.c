@@ -115,14 +115,7 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
                         (int)backend);
     int max_seqs, max_seq_len;
     MOEC_TRY(engine_sizes(opt, moec_model_max_positions(model), &max_seqs, &max_seq_len));
-    int n_dev = 0;
-    if (backend == MOEC_BACKEND_AUTO) {
-        backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
-                                                                         : MOEC_BACKEND_CPU;
-        moec_err_clear();
-    }
-    if (backend == MOEC_BACKEND_CUDA)
-        MOEC_TRY(moec_cuda_device_count(&n_dev));
+    MOEC_TRY(moec_resolve_backend(&backend));
     ir_dtype dt = IR_DTYPE_BF16;
     if (backend == MOEC_BACKEND_CUDA)
         MOEC_TRY(moec_cuda_dtype(&dt));

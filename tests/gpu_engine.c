@@ -47,34 +47,6 @@ typedef struct schedule {
     float *rows; /* n_rows rows of V */
 } schedule;
 
-static int argmax(const float *row, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
-
-/* max |got - ref| / max |ref| over one row. */
-static double row_error(const float *got, const float *ref, int n)
-{
-    double maxref = 0, maxdiff = 0;
-    for (int i = 0; i < n; i++) {
-        maxref = fmax(maxref, fabs(ref[i]));
-        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
-    }
-    return maxdiff / (maxref > 0 ? maxref : 1);
-}
-
-static int all_finite(const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return 0;
-    return 1;
-}
-
 /* Makes the schedule on a CPU engine: each step of STEP_SIZE tokens (fewer
  * at the end) takes one decode token per running sequence, then prompt
  * tokens of the started sequences in order. */
@@ -143,7 +115,7 @@ static moec_status replay(moec_engine_t *e, const schedule *sc, int V, float *ro
         if (st != MOEC_OK)
             return st;
         for (int i = 0; i < sc->n[k]; i++)
-            *next_ok &= next[k][i] == argmax(r + (size_t)i * V, V);
+            *next_ok &= next[k][i] == t_argmax(r + (size_t)i * V, V);
     }
     return MOEC_OK;
 }
@@ -191,8 +163,8 @@ static double compare(const float *got, const float *ref, int n_rows, int V, int
     *diffs = 0;
     for (int r = 0; r < n_rows; r++) {
         const float *g = got + (size_t)r * V, *w = ref + (size_t)r * V;
-        worst = fmax(worst, row_error(g, w, V));
-        *diffs += argmax(g, V) != argmax(w, V);
+        worst = fmax(worst, t_row_error(g, w, V));
+        *diffs += t_argmax(g, V) != t_argmax(w, V);
     }
     return worst;
 }
@@ -279,8 +251,8 @@ static void check_model(const char *name, int with_plan)
         printf("%-18s fp32: %d steps (%d rows, 4 slots) vs the CPU engine: max row error %.3g "
                "(limit 1e-4), next ids %s%s\n",
                name, sc->n_steps, sc->n_rows, worst, same_next ? "identical" : "DIFFER",
-               all_finite(graph, (size_t)sc->n_rows * V) ? "" : ", NON-FINITE LOGITS");
-        T_CHECK(all_finite(graph, (size_t)sc->n_rows * V));
+               t_all_finite(graph, (size_t)sc->n_rows * V) ? "" : ", NON-FINITE LOGITS");
+        T_CHECK(t_all_finite(graph, (size_t)sc->n_rows * V));
         T_CHECK(worst <= 1e-4);
         T_CHECK(same_next && diffs == 0);
     }
@@ -298,11 +270,11 @@ static void check_model(const char *name, int with_plan)
     if (ok_bf16) {
         double worst = compare(bf16, sc->rows, sc->n_rows, V, &diffs), mean = 0;
         for (int r = 0; r < sc->n_rows; r++)
-            mean += row_error(bf16 + (size_t)r * V, sc->rows + (size_t)r * V, V) / sc->n_rows;
+            mean += t_row_error(bf16 + (size_t)r * V, sc->rows + (size_t)r * V, V) / sc->n_rows;
         printf("%-18s bf16: vs the CPU engine: row error mean %.3g (limit 2e-2), max %.3g (limit "
                "0.25), %d of %d argmax differ (reported, not failed)\n",
                name, mean, worst, diffs, sc->n_rows);
-        T_CHECK(all_finite(bf16, (size_t)sc->n_rows * V));
+        T_CHECK(t_all_finite(bf16, (size_t)sc->n_rows * V));
         T_CHECK(mean <= 2e-2);
         T_CHECK(worst <= 0.25);
     }

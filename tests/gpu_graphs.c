@@ -48,24 +48,6 @@ static const int SIZES[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 
 /* Context tokens slot s holds before the checks. */
 static int context_of(int s) { return 3 + s % 11; }
 
-static double row_error(const float *got, const float *ref, int n)
-{
-    double maxref = 0, maxdiff = 0;
-    for (int i = 0; i < n; i++) {
-        maxref = fmax(maxref, fabs(ref[i]));
-        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
-    }
-    return maxdiff / (maxref > 0 ? maxref : 1);
-}
-
-static int all_finite(const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return 0;
-    return 1;
-}
-
 /* One step in a given way: graphs on or off, one stream or two. */
 static moec_status step_as(rt_cuda *c, int graph, int single, int n, const int32_t *tok,
                            const int32_t *pos, const int32_t *slot, float *logits, int32_t *ids)
@@ -133,9 +115,9 @@ static void check_ways(const char *name, const char *dt, rt_cuda *c, int V, uint
         eager_same &= e;
         graph_same &= g;
         for (int k = 0; k < 5; k++)
-            finite &= all_finite(L[k], (size_t)n * V);
+            finite &= t_all_finite(L[k], (size_t)n * V);
         for (int r = 0; r < n; r++)
-            worst_single = fmax(worst_single, row_error(L[3] + (size_t)r * V, L[0] + (size_t)r * V, V));
+            worst_single = fmax(worst_single, t_row_error(L[3] + (size_t)r * V, L[0] + (size_t)r * V, V));
     }
     printf("%-18s %s: batch sizes 1..64: eager twice %s; graph vs eager %s; one stream vs two: "
            "max row error %.3g\n",
@@ -178,7 +160,7 @@ static void check_replays(const char *name, const char *dt, rt_cuda *c, int V, u
         if (st == MOEC_OK && check) {
             st = step_as(c, 0, 0, n, tok, pos, slot, b, ib);
             drift += memcmp(a, b, (size_t)n * V * sizeof *a) != 0;
-            finite &= all_finite(a, (size_t)n * V);
+            finite &= t_all_finite(a, (size_t)n * V);
         }
         if (st != MOEC_OK) {
             T_OK(st);

@@ -49,34 +49,6 @@ static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3"
 #define N_SEQ 3       /* the batch test */
 #define BATCH_STEPS 4
 
-static int argmax(const float *row, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
-
-/* max |got - ref| / max |ref| over one row. */
-static double row_error(const float *got, const float *ref, int n)
-{
-    double maxref = 0, maxdiff = 0;
-    for (int i = 0; i < n; i++) {
-        maxref = fmax(maxref, fabs(ref[i]));
-        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
-    }
-    return maxdiff / (maxref > 0 ? maxref : 1);
-}
-
-static int all_finite(const float *x, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(x[i]))
-            return 0;
-    return 1;
-}
-
 static int read_prompt(const char *dir, int32_t *prompt, int cap)
 {
     char path[4096];
@@ -105,7 +77,7 @@ static moec_status run_session(moec_session_t *s, const int32_t *prompt, int P, 
 {
     moec_status st = moec_session_forward(s, prompt, P, rows);
     for (int k = 0; k < steps && st == MOEC_OK; k++) {
-        int32_t tok = feed ? feed[k] : argmax(rows + (size_t)(P + k - 1) * V, V);
+        int32_t tok = feed ? feed[k] : t_argmax(rows + (size_t)(P + k - 1) * V, V);
         if (feed_out)
             feed_out[k] = tok;
         st = moec_session_forward(s, &tok, 1, rows + (size_t)(P + k) * V);
@@ -121,8 +93,8 @@ static double compare_rows(const float *got, const float *ref, int from, int to,
     double worst = 0;
     *token_diffs = 0;
     for (int r = from; r < to; r++) {
-        worst = fmax(worst, row_error(got + (size_t)r * V, ref + (size_t)r * V, V));
-        *token_diffs += argmax(got + (size_t)r * V, V) != argmax(ref + (size_t)r * V, V);
+        worst = fmax(worst, t_row_error(got + (size_t)r * V, ref + (size_t)r * V, V));
+        *token_diffs += t_argmax(got + (size_t)r * V, V) != t_argmax(ref + (size_t)r * V, V);
     }
     return worst;
 }
@@ -145,7 +117,7 @@ static void check_session(const char *name, const moec_model_t *m, const char *d
     T_CHECK(moec_session_backend(s) == MOEC_BACKEND_CUDA);
     T_OK(run_session(s, prompt, P, DECODE, V, feed, NULL, got));
     T_CHECK(moec_session_length(s) == rows_n);
-    int finite = all_finite(got, (size_t)rows_n * V);
+    int finite = t_all_finite(got, (size_t)rows_n * V);
     int diffs;
     double worst = compare_rows(got, ref, 0, rows_n, V, &diffs);
     int greedy_diffs;
@@ -189,7 +161,7 @@ static void check_long_prompt(const char *name, const moec_model_t *m, const cha
         T_OK(run_session(gpu, prompt, LONG, 2, V, feed, NULL, got));
         int diffs;
         double worst = compare_rows(got, ref, 0, rows_n, V, &diffs);
-        int finite = all_finite(got, (size_t)rows_n * V);
+        int finite = t_all_finite(got, (size_t)rows_n * V);
         printf("%-18s fp32: %d-token prompt in chunks + 2 steps: max row error %.3g, %d argmax "
                "differences%s\n",
                name, LONG, worst, diffs, finite ? "" : ", NON-FINITE LOGITS");
@@ -229,7 +201,7 @@ static void prefill_all(rt_cuda *c, int V, float *const ref[N_SEQ], const char *
                    diffs);
         T_CHECK(e <= 1e-4);
         for (int i = 0; i < SEQ_LEN[s]; i++)
-            T_CHECK(sampled[i] == argmax(rows + (size_t)i * V, V));
+            T_CHECK(sampled[i] == t_argmax(rows + (size_t)i * V, V));
         free(rows);
     }
 }
@@ -336,14 +308,14 @@ static void check_batch(const char *name, const moec_model_t *m, const char *dir
                 slot[s] = s;
             }
             T_OK(rt_cuda_step(together, N_SEQ, tok, pos, slot, rows, sampled));
-            finite &= all_finite(rows, (size_t)N_SEQ * V);
+            finite &= t_all_finite(rows, (size_t)N_SEQ * V);
             for (int s = 0; s < N_SEQ; s++) {
                 const float *row = rows + (size_t)s * V;
-                sampled_ok &= sampled[s] == argmax(row, V);
+                sampled_ok &= sampled[s] == t_argmax(row, V);
                 worst_ref = fmax(worst_ref,
-                                 row_error(row, ref[s] + (size_t)(SEQ_LEN[s] + k) * V, V));
+                                 t_row_error(row, ref[s] + (size_t)(SEQ_LEN[s] + k) * V, V));
                 T_OK(rt_cuda_step(alone, 1, &tok[s], &pos[s], &slot[s], one, NULL));
-                worst_alone = fmax(worst_alone, row_error(row, one, V));
+                worst_alone = fmax(worst_alone, t_row_error(row, one, V));
             }
         }
         printf("%-18s fp32: %d sequences in one step x %d: max row error %.3g vs the interpreter, "

@@ -28,15 +28,6 @@ static const int START_STEP[N_SEQ] = {0, 0, 1};
 
 static int32_t seq_token(int s, int i, int V) { return (int32_t)((s * 53 + i * 29 + 3) % V); }
 
-static int argmax(const float *row, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
-
 static int read_ints(const cJSON *arr, int32_t *out, int cap)
 {
     int n = 0;
@@ -62,7 +53,7 @@ static void run_alone(const moec_model_t *m, const char *dir, const int32_t *pro
         return;
     T_OK(moec_session_forward(s, prompt, P, rows));
     for (int k = 0; k <= DECODE; k++) {
-        ids[k] = argmax(rows + (size_t)(P - 1 + k) * V, V);
+        ids[k] = t_argmax(rows + (size_t)(P - 1 + k) * V, V);
         if (k < DECODE)
             T_OK(moec_session_forward(s, &ids[k], 1, rows + (size_t)(P + k) * V));
     }
@@ -154,7 +145,7 @@ static void run_together(moec_engine_t *e, int V, seq *sq, int32_t gen[N_SEQ][DE
         for (int i = 0; i < n; i++) {
             seq *q = &sq[who[i]];
             memcpy(q->rows + (size_t)pos[i] * V, rows + (size_t)i * V, (size_t)V * sizeof *rows);
-            T_CHECK(next[i] == argmax(rows + (size_t)i * V, V));
+            T_CHECK(next[i] == t_argmax(rows + (size_t)i * V, V));
             /* The last known token's next id is the next generated token. */
             if (pos[i] == q->known - 1 && q->fed == q->known) {
                 gen[who[i]][q->known - PROMPT_LEN[who[i]]] = next[i];

@@ -83,26 +83,6 @@ static int read_ints(const cJSON *arr, int32_t *out, int cap)
     return n;
 }
 
-static int argmax(const float *row, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
-
-/* Compares one row; returns the error relative to max |ref|. */
-static double row_error(const float *got, const float *ref, int n)
-{
-    double maxref = 0, maxdiff = 0;
-    for (int i = 0; i < n; i++) {
-        maxref = fmax(maxref, fabs(ref[i]));
-        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
-    }
-    return maxdiff / (maxref > 0 ? maxref : 1);
-}
-
 static void check_model(const char *name, int fused)
 {
     char rel[256];
@@ -136,15 +116,15 @@ static void check_model(const char *name, int fused)
     int tokens_ok = 1;
     if (opened && got && runner_forward(&r, prompt, P, got) == MOEC_OK) {
         for (int row = 0; row < P; row++)
-            worst = fmax(worst, row_error(got + (size_t)row * vocab, ref + (size_t)row * vocab, vocab));
-        int32_t next = argmax(got + (size_t)(P - 1) * vocab, vocab);
+            worst = fmax(worst, t_row_error(got + (size_t)row * vocab, ref + (size_t)row * vocab, vocab));
+        int32_t next = t_argmax(got + (size_t)(P - 1) * vocab, vocab);
         tokens_ok &= next == greedy[0];
         for (int k = 1; k < G; k++) {
             T_OK(runner_forward(&r, &next, 1, got));
             const float *want = ref + (size_t)(P + k - 1) * vocab;
-            double e = row_error(got, want, vocab);
+            double e = t_row_error(got, want, vocab);
             worst = fmax(worst, e);
-            next = argmax(got, vocab);
+            next = t_argmax(got, vocab);
             tokens_ok &= next == greedy[k];
         }
     } else {

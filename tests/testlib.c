@@ -105,3 +105,30 @@ float t_rand_normal(uint64_t *s)
     double u2 = ((double)(t_rand_u64(s) >> 11) + 0.5) / 9007199254740992.0;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
+
+int t_argmax(const float *row, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best])
+            best = i;
+    return best;
+}
+
+double t_row_error(const float *got, const float *ref, int n)
+{
+    double maxref = 0, maxdiff = 0;
+    for (int i = 0; i < n; i++) {
+        maxref = fmax(maxref, fabs(ref[i]));
+        maxdiff = fmax(maxdiff, fabs((double)got[i] - ref[i]));
+    }
+    return maxdiff / (maxref > 0 ? maxref : 1);
+}
+
+int t_all_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return 0;
+    return 1;
+}

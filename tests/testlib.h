@@ -4,6 +4,7 @@
 #ifndef MOEC_TESTLIB_H
 #define MOEC_TESTLIB_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,13 @@ const char *t_tmpdir(const char *tag);
 /* Reads a whole file (NUL-terminated); dies if it cannot. */
 char *t_read_file(const char *path, size_t *len);
 void t_write_file(const char *path, const void *data, size_t len);
+
+/* Logits rows: the index of the largest (the lowest on ties); the largest
+ * |got - ref| over max |ref| (1 when ref is all zeros); 1 when all n values
+ * are finite. */
+int t_argmax(const float *row, int n);
+double t_row_error(const float *got, const float *ref, int n);
+int t_all_finite(const float *x, size_t n);
 
 /* splitmix64-based deterministic RNG. */
 uint64_t t_rand_u64(uint64_t *state);
