@@ -8,12 +8,10 @@
  * warps split K with 16-byte loads, fp32 accumulation; the epilogue
  * applies alpha and the bias.
  *
- * Buckets of 8 to 32 tokens with bf16 operands run the tensor-core kernel
- * below; larger ones (and the rest) are one cuBLASLt step. cuBLASLt is column-major: row-major
+ * Larger buckets are one cuBLASLt step. cuBLASLt is column-major: row-major
  * y is C (m = N, n = T, ldc = N); row-major w [N, K] is a K x N column-major
  * matrix, transposed (lda = K); row-major x [T, K] is K x T (ldb = K).
- * MOEC_GEMV_MAX_T (0 to 16) and MOEC_LINEAR_MMA_MAX_T (0 to 64) move the
- * boundaries, for comparisons. */
+ * MOEC_GEMV_MAX_T (0 to 16) moves the boundary, for comparisons. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,120 +100,6 @@ static int gemv_rows_per_block(int64_t N)
     while (rb < 8 && N / (2 * rb) >= 264)
         rb *= 2;
     return rb;
-}
-
-/* Buckets of 8 to MMA_MAX_T tokens with bf16 weights and activations: the
- * tensor-core form of the routed experts' GEMMs (codegen/moe_routed.c) on
- * one dense weight: each one-warp block owns 16 weight rows (the 16-row A
- * operand of m16n8k16 products) and all T tokens (T / 8 column tiles), a
- * lane's 16-byte loads of its two rows and its token rows for U k chunks
- * in flight before their products; the same k permutation on both
- * operands (moe_routed.c says why it is free). */
-#define MMA_MAX_T 32
-
-static const char MMA_BODY[] =
-    "    constexpr int NTILE = T / 8, NSTEP = K / 32;\n"
-    "    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    const long long n0 = (long long)blockIdx.x * 16;\n"
-    "    const TW *w0 = w + (n0 + g) * K + q * 8;\n"
-    "    float acc[NTILE][4];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            acc[t][i] = 0.0f;\n"
-    "#pragma unroll 1\n"
-    "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
-    "        uint4 wa[U][2], xb[U][NTILE];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++) {\n"
-    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
-    "                break;\n"
-    "            const long long k = (long long)(s0 + u) * 32;\n"
-    "            wa[u][0] = *reinterpret_cast<const uint4 *>(w0 + k);\n"
-    "            wa[u][1] = *reinterpret_cast<const uint4 *>(w0 + 8LL * K + k);\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NTILE; t++)\n"
-    "                xb[u][t] = *reinterpret_cast<const uint4 *>(x + (long long)(t * 8 + g) * K + q * 8 + k);\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++) {\n"
-    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
-    "                break;\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NTILE; t++) {\n"
-    "                moec_mma_bf16(acc[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, xb[u][t].x, xb[u][t].y);\n"
-    "                moec_mma_bf16(acc[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, xb[u][t].z, xb[u][t].w);\n"
-    "            }\n"
-    "        }\n"
-    "    }\n"
-    "    /* acc[t][0], [1]: row g, tokens 8t + 2q, 8t + 2q + 1; [2], [3]: row g + 8 */\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++)\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < 2; r++) {\n"
-    "                const long long row = n0 + g + 8 * r;\n"
-    "                float v = acc[t][2 * r + j] * alpha;\n"
-    "                if constexpr (HAS_BIAS)\n"
-    "                    v += ld(bias + row);\n"
-    "                st(y + (long long)(t * 8 + 2 * q + j) * N + row, v);\n"
-    "            }\n";
-
-/* The largest bucket that gets the tensor-core kernel: MMA_MAX_T, or
- * MOEC_LINEAR_MMA_MAX_T's (0 turns it off). */
-static int mma_max_t(void)
-{
-    const char *e = getenv("MOEC_LINEAR_MMA_MAX_T");
-    if (!e || !*e)
-        return MMA_MAX_T;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return end && !*end && v >= 0 && v <= 64 ? (int)v : MMA_MAX_T;
-}
-
-/* y = alpha x w^T (+ bias) by the tensor-core kernel (dtypes checked). */
-static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha)
-{
-    const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
-    const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
-    ir_dtype dy = cg_storage(c, y), db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    int U = c->T <= 8 ? 8 : 4;
-    char name[200];
-    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_u%d_t%d_bf16_%s%s%s", (long long)N,
-             (long long)K, U, c->T, ir_dtype_name(dy), bias ? "_b" : "",
-             bias ? ir_dtype_name(db) : "");
-    int is_new = 0;
-    int k = cg_kernel(c, name, &is_new);
-    if (k < 0)
-        return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
-    if (is_new)
-        cg_buf_printf(&c->src,
-                      "// linear: y = alpha x w^T (+ b) on tensor cores (codegen/linear.c, "
-                      "emit_mma)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(32) %s(const __nv_bfloat16 "
-                      "*__restrict__ x, const __nv_bfloat16 *__restrict__ w, const %s *__restrict__ "
-                      "bias, float alpha, %s *__restrict__ y)\n{\n"
-                      "    typedef __nv_bfloat16 TW;\n"
-                      "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, U = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s;\n%s}\n\n",
-                      name, cg_ctype(db), cg_ctype(dy), (long long)N, (long long)K, c->T, U,
-                      bias ? "true" : "false", MMA_BODY);
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
-    s->kernel = k;
-    s->grid[0] = (unsigned)(N / 16);
-    s->block[0] = 32;
-    s->n_args = 5;
-    s->args[0] = cg_arg_act(x);
-    s->args[1] = cg_arg_act(w);
-    s->args[2] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
-    s->args[3] = cg_arg_f32(alpha);
-    s->args[4] = cg_arg_act(y);
-    return MOEC_OK;
 }
 
 /* The bucket sizes that get the generated kernel: T <= GEMV_MAX_T, or
@@ -309,9 +193,6 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
     if (c->T <= gemv_max_t() && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
         return emit_gemv(c, op, N, K, alpha);
-    if (c->T <= mma_max_t() && c->T % 8 == 0 && da == IR_DTYPE_BF16 && N % 16 == 0 &&
-        K % 32 == 0 && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
-        return emit_mma(c, op, N, K, alpha);
     rt_step *s = cg_step(c, RT_STEP_GEMM, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);

@@ -542,7 +542,7 @@ static void expect_gemm(const cg_ctx *c, const char *result, int ta, int m, int 
 /* Buckets of up to 4 tokens: the linears of the unit module as generated
  * kernels (a block of 8 warps per 1 to 8 weight rows: 96 rows make 96
  * blocks, 2048 rows 512 blocks of 4), alpha and the bias as arguments;
- * 8 and 16 tokens: the tensor-core kernel; compiled by NVRTC. Their numbers are checked on the GPU
+ * compiled by NVRTC. Their numbers are checked on the GPU
  * against the interpreter (tests/gpu_model.c, gpu_engine.c). */
 static void test_gemv(void)
 {
@@ -560,14 +560,7 @@ static void test_gemv(void)
             T_OK(cg_emit_op(&c, m->ops[k]));
         const rt_step *s = step_of(&c, "y");
         if (T > 4) {
-            /* 8 and 16 tokens: the tensor-core kernel, a warp per 16 rows */
-            char mma[128];
-            snprintf(mma, sizeof mma, "linear_mma_n96_k64_u%d_t%d_bf16_bf16_bbf16", T <= 8 ? 8 : 4, T);
-            expect_kernel(&c, "y", mma, 6, 1, 32, 5);
-            T_CHECK(s && is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "b1")) && s->args[3].f == 1.0);
-            snprintf(mma, sizeof mma, "linear_mma_n2048_k64_u%d_t%d_bf16_bf16", T <= 8 ? 8 : 4, T);
-            expect_kernel(&c, "wide", mma, 128, 1, 32, 5);
-            compile_src(c.src.data, "the unit module's tensor-core linears");
+            T_CHECK(s && s->kind == RT_STEP_GEMM);
             ctx_free(&c);
             continue;
         }
@@ -1209,11 +1202,9 @@ int main(void)
     test_compile_error();
     /* the GEMM steps' form and meaning, with every bucket on cuBLASLt */
     setenv("MOEC_GEMV_MAX_T", "0", 1);
-    setenv("MOEC_LINEAR_MMA_MAX_T", "0", 1);
     test_unit_ops();
     test_gemm_semantics();
     unsetenv("MOEC_GEMV_MAX_T");
-    unsetenv("MOEC_LINEAR_MMA_MAX_T");
     test_gemv();
     test_aliases();
     test_add_rms_norm();
