@@ -21,13 +21,15 @@ static const char *USAGE_MAIN =
     "as published: config.json + *.safetensors) and runs them.\n"
     "\n"
     "commands:\n"
-    "  compile MODEL_DIR   compile for the GPU ahead of time into a plan file\n"
-    "  dump-ir MODEL_DIR   print the model's IR (see docs/IR.md)\n"
-    "  run MODEL_DIR|PLAN  greedy generation from token ids\n"
-    "  bench MODEL_DIR     decode step time against its memory floor (needs a GPU)\n"
+    "  compile MODEL_DIR     compile for the GPU ahead of time into a plan file\n"
+    "  dump-ir MODEL_DIR     print the model's IR (see docs/IR.md)\n"
+    "  run MODEL_DIR|PLAN    greedy generation from token ids\n"
+    "  bench MODEL_DIR|PLAN  decode step time against its memory floor (needs a GPU)\n"
     "\n"
     "options:\n"
-    "  -h, --help          this help; `moec <command> --help` for a command's options\n";
+    "  -h, --help            this help; `moec <command> --help` for a command's options\n"
+    "\n"
+    "moec-serve (a separate program) serves a model or plan over stdin or TCP.\n";
 
 static const char *USAGE_DUMP =
     "usage: moec dump-ir MODEL_DIR [--after PASS | --after all -o DIR] [options]\n"

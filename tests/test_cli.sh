@@ -86,7 +86,15 @@ expect 2 "bad token id at ''" -- "$B" run "$D/qwen3_moe" --prompt-ids 1, --max-n
 expect 2 "token id 256 is outside the vocabulary (vocab_size 256)" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,256 --max-new-tokens 2
 expect 2 "--max-new-tokens: '0' is not an integer >= 1" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
 expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --arch 90
-for f in --batch-sizes --context --steps --warmup --json --arch; do expect 0 "$f" -- "$B" bench --help; done
+for f in --batch-sizes --context --steps --warmup --json --arch --weights --profile; do expect 0 "$f" -- "$B" bench --help; done
+for f in --single-stream --eager; do expect 0 "$f" -- "$B" run --help; done
+# bench of a plan file wants --weights; --weights wants a plan file
+: >"$T/some.moec"
+expect 2 "some.moec is a plan file: --weights MODEL_DIR" -- "$B" bench "$T/some.moec"
+expect 2 "--weights goes with a plan file" -- "$B" bench "$D/qwen3_moe" --weights "$D/qwen3_moe"
+# the stream and graph flags change nothing on the CPU: the same ids
+expect 0 "$("$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu)" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu --single-stream --eager
 expect 2 "--batch-sizes: '0' is not 1 to 16 sizes >= 1" -- "$B" bench "$D/qwen3_moe" --batch-sizes 0
 expect 2 "--steps: 'x' is not a count" -- "$B" bench "$D/qwen3_moe" --steps x
 expect 1 "context 1024 exceeds max_position_embeddings 512" -- "$B" bench "$D/qwen3_moe"
