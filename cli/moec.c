@@ -534,7 +534,7 @@ static int parse_batch_sizes(const char *v, int ascending, int *out, int *n_out)
 static void compile_progress(int done, int total, void *user)
 {
     int tty = *(const int *)user;
-    fprintf(stderr, "%smoec compile: compiled %d/%d buckets%s", tty ? "\r" : "", done, total,
+    fprintf(stderr, "%smoec compile: compiled %d/%d kernels%s", tty ? "\r" : "", done, total,
             tty && done < total ? "" : "\n");
     fflush(stderr);
 }

@@ -37,7 +37,8 @@ typedef struct cg_options {
     const char *cache_dir;    /* cubin cache (NULL: $MOEC_CACHE_DIR or ~/.cache/moec) */
     int moe_kernel;           /* routed-expert GEMMs: CG_MOE_AUTO (default), CG_MOE_SIMT
                                * (CUDA cores) or CG_MOE_MMA (tensor cores, bf16 only) */
-    /* Called as each bucket's kernels finish compiling (progress lines):
+    /* Called as each bucket's kernels finish compiling (progress lines),
+     * with the kernels compiled so far of every bucket's kernels:
      * from the compiling threads, one call at a time. */
     void (*progress)(int done, int total, void *user);
     void *progress_user;

@@ -135,7 +135,8 @@ typedef struct compile_job {
 
 typedef struct compile_queue {
     compile_job *jobs;
-    int n, next, done;
+    int n, next;
+    int kernels_done, kernels_total;
     pthread_mutex_t lock;
 } compile_queue;
 
@@ -152,11 +153,12 @@ static void *compile_worker(void *arg)
         j->st = cg_compile(j->c->src.data, j->o->arch, j->o->cache_dir, &j->cubin, &j->size);
         if (j->st != MOEC_OK)
             snprintf(j->err, sizeof j->err, "%s", moec_last_error());
-        /* Progress as each bucket finishes, one call at a time. */
+        /* Progress as each bucket finishes: kernels done of all buckets'
+           kernels, one call at a time. */
         pthread_mutex_lock(&q->lock);
-        q->done++;
+        q->kernels_done += j->c->n_kernels;
         if (j->st == MOEC_OK && j->o->progress)
-            j->o->progress(q->done, q->n, j->o->progress_user);
+            j->o->progress(q->kernels_done, q->kernels_total, j->o->progress_user);
         pthread_mutex_unlock(&q->lock);
     }
 }
@@ -166,7 +168,9 @@ static void compile_all(compile_job *jobs, int n)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int n_threads = cpus < 1 ? 1 : cpus > n ? n : (int)cpus;
-    compile_queue q = {jobs, n, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+    compile_queue q = {jobs, n, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+    for (int i = 0; i < n; i++)
+        q.kernels_total += jobs[i].c->n_kernels;
     pthread_t th[16];
     int started = 0;
     for (int i = 1; i < n_threads && i < 16; i++)

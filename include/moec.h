@@ -115,7 +115,8 @@ typedef struct moec_compile_options {
     int batch[16];
     int tp;                /* tensor-parallel degree: only 1 so far (0 means 1) */
     const char *cache_dir; /* cubin cache; NULL: $MOEC_CACHE_DIR, else ~/.cache/moec/cubin */
-    /* When not NULL, called as buckets finish compiling: done of total. */
+    /* When not NULL, called as each bucket finishes compiling: the kernels
+     * compiled so far (done) of all buckets' kernels (total). */
     void (*progress)(int done, int total, void *user);
     void *progress_user;
 } moec_compile_options;
