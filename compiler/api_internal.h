@@ -8,6 +8,7 @@
 #include "moec.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/plan.h"
+#include "runtime/plan_file.h"
 
 /* The model's unfused, verified module (owned by the model). */
 const ir_module *moec_model_module(const moec_model_t *model);
@@ -49,11 +50,21 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out);
 moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused);
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
                                  const moec_cuda_opts *o, moec_cuda_model *out);
-/* The same from a plan file (no compiler call): the plan read and checked
- * against the checkpoint in weights_dir, then bound. *vocab gets the
- * model's vocab_size. On failure x holds what was made (free it). */
+/* The same from a plan file (no compiler call): moec_cuda_plan_read, then
+ * moec_cuda_plan_bind. On failure x holds what was made (free it). */
 moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
                                       const moec_cuda_opts *o, moec_cuda_model *x, int *vocab);
+/* MOEC_ERR_IO when plan_path is a directory. */
+moec_status moec_check_plan_path(const char *plan_path);
+/* Reads the plan file into x->plan and x->fused (x zeroed first). */
+moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, rt_plan_meta *meta);
+/* Binds a plan read into x for o: max_seq_len checked against the model's
+ * max_position_embeddings, the plan checked against the checkpoint in
+ * weights_dir (meta's hashes), weights uploaded, graphs captured; *vocab
+ * gets the model's vocab_size. */
+moec_status moec_cuda_plan_bind(moec_cuda_model *x, const rt_plan_meta *meta,
+                                const char *plan_path, const char *weights_dir,
+                                const moec_cuda_opts *o, int *vocab);
 void moec_cuda_model_free(moec_cuda_model *x);
 
 #endif

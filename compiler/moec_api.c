@@ -325,21 +325,31 @@ int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; 
 
 int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
 
-moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
-                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab)
+moec_status moec_check_plan_path(const char *plan_path)
 {
-    memset(x, 0, sizeof *x);
     struct stat sb;
     if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
-    rt_plan_meta meta;
-    MOEC_TRY(rt_plan_read(plan_path, &x->plan, &x->fused, &meta));
+    return MOEC_OK;
+}
+
+moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, rt_plan_meta *meta)
+{
+    memset(x, 0, sizeof *x);
+    MOEC_TRY(moec_check_plan_path(plan_path));
+    return rt_plan_read(plan_path, &x->plan, &x->fused, meta);
+}
+
+moec_status moec_cuda_plan_bind(moec_cuda_model *x, const rt_plan_meta *meta,
+                                const char *plan_path, const char *weights_dir,
+                                const moec_cuda_opts *o, int *vocab)
+{
     int max_pos = (int)ir_module_meta_int(x->fused, "max_position_embeddings", 0);
     if (max_pos > 0 && o->max_seq_len > max_pos)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d (plan %s)",
                         o->max_seq_len, max_pos, plan_path);
-    MOEC_TRY(rt_plan_check_checkpoint(&meta, x->fused, plan_path, weights_dir));
+    MOEC_TRY(rt_plan_check_checkpoint(meta, x->fused, plan_path, weights_dir));
     rt_weights *w = NULL;
     MOEC_TRY(rt_weights_open(x->fused, weights_dir, &w));
     moec_status st = rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda);
@@ -350,6 +360,14 @@ moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights
         return MOEC_ERR(MOEC_ERR_FORMAT, "plan %s: its logits have %d columns, its vocabulary %d",
                         plan_path, rt_cuda_logits_cols(x->cuda), *vocab);
     return cuda_model_finish(x, o);
+}
+
+moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
+                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab)
+{
+    rt_plan_meta meta;
+    MOEC_TRY(moec_cuda_plan_read(plan_path, x, &meta));
+    return moec_cuda_plan_bind(x, &meta, plan_path, weights_dir, o, vocab);
 }
 
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,

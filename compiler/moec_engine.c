@@ -18,7 +18,6 @@
  * moec_engine_open. */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "compiler/api_internal.h"
 #include "err.h"
@@ -148,19 +147,6 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
 
 /* The plan's max_position_embeddings (0 if it names none), for the default
  * max_seq_len: the plan read once just for its module's meta. */
-static moec_status plan_max_positions(const char *plan_path, int *out)
-{
-    rt_plan *plan = NULL;
-    ir_module *module = NULL;
-    rt_plan_meta meta;
-    moec_status st = rt_plan_read(plan_path, &plan, &module, &meta);
-    if (st == MOEC_OK)
-        *out = (int)ir_module_meta_int(module, "max_position_embeddings", 0);
-    rt_plan_free(plan);
-    ir_module_free(module);
-    return st;
-}
-
 moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir,
                                   const moec_engine_options *opt, moec_engine_t **out)
 {
@@ -177,27 +163,24 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "plan %s runs on the GPU: the engine's backend must be auto or cuda",
                         plan_path);
-    struct stat sb;
-    if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
+    MOEC_TRY(moec_check_plan_path(plan_path));
     int n_dev = 0;
     MOEC_TRY(moec_cuda_device_count(&n_dev));
-    /* The plan's bound checks max_seq_len itself; only the default needs
-     * max_position_embeddings first. */
-    int max_pos = 0;
-    if (!opt->max_seq_len)
-        MOEC_TRY(plan_max_positions(plan_path, &max_pos));
-    int max_seqs, max_seq_len;
-    MOEC_TRY(engine_sizes(opt, max_pos, &max_seqs, &max_seq_len));
 
     moec_engine_t *e = calloc(1, sizeof *e);
     if (!e)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     e->backend = MOEC_BACKEND_CUDA;
-    e->max_seqs = max_seqs;
-    e->max_seq_len = max_seq_len;
-    moec_cuda_opts o = engine_cuda_opts(e, opt);
-    moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &e->gpu, &e->vocab);
+    /* the plan's module gives the default max_seq_len, then the plan is bound */
+    rt_plan_meta meta;
+    moec_status st = moec_cuda_plan_read(plan_path, &e->gpu, &meta);
+    if (st == MOEC_OK)
+        st = engine_sizes(opt, (int)ir_module_meta_int(e->gpu.fused, "max_position_embeddings", 0),
+                          &e->max_seqs, &e->max_seq_len);
+    if (st == MOEC_OK) {
+        moec_cuda_opts o = engine_cuda_opts(e, opt);
+        st = moec_cuda_plan_bind(&e->gpu, &meta, plan_path, weights_dir, &o, &e->vocab);
+    }
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;
