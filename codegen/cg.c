@@ -428,6 +428,16 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
     return st;
 }
 
+int cg_env_int(const char *name, int dflt, int lo, int hi)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return dflt;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    return end && !*end && v >= lo && v <= hi ? (int)v : dflt;
+}
+
 int cg_vec_width(int64_t n)
 {
     return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;

@@ -92,6 +92,9 @@ const char *cg_ctype(ir_dtype dt);
 /* The widest of 8, 4, 2, 1 elements that divides n: the vector width of
  * 16-byte (bf16) loads a row of n elements allows. */
 int cg_vec_width(int64_t n);
+/* A tuning knob from the environment, read at code generation: the integer
+ * in $name when it is one in [lo, hi], else dflt. */
+int cg_env_int(const char *name, int dflt, int lo, int hi);
 /* "<result dtype>" when every operand is stored like op's first result,
  * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);

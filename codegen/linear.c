@@ -14,7 +14,6 @@
  * MOEC_GEMV_MAX_T (0 to 16) moves the boundary, for comparisons. */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "codegen/cg.h"
 #include "err.h"
@@ -102,18 +101,6 @@ static int gemv_rows_per_block(int64_t N)
     return rb;
 }
 
-/* The bucket sizes that get the generated kernel: T <= GEMV_MAX_T, or
- * MOEC_GEMV_MAX_T's bound. */
-static int gemv_max_t(void)
-{
-    const char *e = getenv("MOEC_GEMV_MAX_T");
-    if (!e || !*e)
-        return GEMV_MAX_T;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return end && !*end && v >= 0 && v <= 16 ? (int)v : GEMV_MAX_T;
-}
-
 /* y = alpha x w^T (+ bias) by the generated kernel (dtypes checked). */
 static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha)
 {
@@ -191,7 +178,7 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
                         y->name, w->name, ir_dtype_name(da), x->name, ir_dtype_name(db));
     if (da == IR_DTYPE_I32 || dc == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
-    if (c->T <= gemv_max_t() && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
+    if (c->T <= cg_env_int("MOEC_GEMV_MAX_T", GEMV_MAX_T, 0, 16) && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
         return emit_gemv(c, op, N, K, alpha);
     rt_step *s = cg_step(c, RT_STEP_GEMM, op);
     if (!s)

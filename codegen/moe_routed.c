@@ -14,7 +14,6 @@
 #include "codegen/moe_routed.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 
 #include "err.h"
 
@@ -23,7 +22,7 @@
  * chunks of loads in flight per lane, and the CUDA-core rows per block from
  * which tensor cores take over. MOEC_MOE_MMA_WARPS, MOEC_MOE_MMA_U and
  * MOEC_MOE_MMA_MIN_BM override them for tuning (the kernel names say
- * which were used, so cached cubins never mix them up). */
+ * which shape ran). */
 /* (H100, 2026-11-22, scripts/gpu_moe_tune.sh: one-warp blocks with 8 chunks
  * in flight stream the V2-Lite experts at 2.6 to 2.8 TB/s of gate_up at
  * T = 8..32, 4-warp blocks at 1.9 to 2.1; CUDA cores stay ahead at one
@@ -32,15 +31,6 @@
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
 
-static int env_knob(const char *name, int dflt, int lo, int hi)
-{
-    const char *e = getenv(name);
-    if (!e || !*e)
-        return dflt;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return end && !*end && v >= lo && v <= hi ? (int)v : dflt;
-}
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
 
@@ -423,11 +413,11 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
        than 8 slots: one or two 8-column tiles, since a product costs the
        same for 1 or 8 columns */
     int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
-    int mma_warps = env_knob("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
-    int mma_u = env_knob("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
+    int mma_warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
+    int mma_u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
     int mma = xdt == IR_DTYPE_BF16 && gdt == IR_DTYPE_BF16 && ddt == IR_DTYPE_BF16 &&
               H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
-              (mode == CG_MOE_MMA || bm >= env_knob("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
+              (mode == CG_MOE_MMA || bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
     if (mma)
         bm = T * K > 8 * E ? 16 : 8;
     long long nnz = N < E ? N : E;
