@@ -539,13 +539,10 @@ static void *upload_worker(void *arg)
             q->st = st;
             snprintf(q->err, sizeof q->err, "%s", moec_last_error());
         }
+        while (q->next < m->n_values && m->values[q->next]->kind != IR_VALUE_WEIGHT)
+            q->next++; /* the next weight */
         int i = q->st == MOEC_OK ? q->next++ : m->n_values;
         pthread_mutex_unlock(&q->lock);
-        while (i < m->n_values && m->values[i]->kind != IR_VALUE_WEIGHT) {
-            pthread_mutex_lock(&q->lock);
-            i = q->next++;
-            pthread_mutex_unlock(&q->lock);
-        }
         if (i >= m->n_values)
             break;
         st = upload_one(q->c, q->w, i, &host, &host_cap, stage);
@@ -1278,14 +1275,12 @@ static moec_status check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
     return MOEC_OK;
 }
 
-/* Launches every step of a bucket. */
-/* Runs the bucket's steps in order, those of ops before op `stop_op` only
- * (all of them when stop_op is -1). */
-static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int stop_op)
+/* Launches steps from .. to-1 of the bucket, in order. */
+static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
 {
     const rt_bucket *b = cb->b;
     char where[512];
-    for (int i = 0; i < b->n_steps && (stop_op < 0 || b->steps[i].op_id < stop_op); i++) {
+    for (int i = from; i < to; i++) {
         const rt_step *s = &b->steps[i];
         rt_cuda_launch *L = &cb->launches[i];
         int sk = c->single_stream ? 0 : s->stream;
@@ -1388,7 +1383,10 @@ static moec_status launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, cons
 {
     MOEC_TRY(CK(cudaEventRecord(c->head, c->stream[0]), where));
     MOEC_TRY(CK(cudaStreamWaitEvent(c->stream[1], c->head, 0), where));
-    MOEC_TRY(run_steps(c, cb, stop_op));
+    int end = 0; /* the steps of ops before stop_op, or all */
+    while (end < cb->b->n_steps && (stop_op < 0 || cb->b->steps[end].op_id < stop_op))
+        end++;
+    MOEC_TRY(run_steps(c, cb, 0, end));
     MOEC_TRY(CK(cudaEventRecord(c->tail, c->stream[1]), where));
     return CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);
 }
@@ -1424,7 +1422,7 @@ static moec_status capture_bucket(rt_cuda *c, rt_cuda_bucket *cb)
     if (st == MOEC_OK)
         st = CK(cudaStreamWaitEvent(c->stream[1], c->head, 0), where);
     if (st == MOEC_OK)
-        st = run_steps(c, cb, -1);
+        st = run_steps(c, cb, 0, cb->b->n_steps);
     if (st == MOEC_OK)
         st = CK(cudaEventRecord(c->tail, c->stream[1]), where);
     if (st == MOEC_OK) {
@@ -1619,14 +1617,7 @@ moec_status rt_cuda_profile_steps(rt_cuda *c, int n, const int32_t *tokens,
             st = CK(cudaEventRecord(ev[i], c->stream[0]), where);
             if (st != MOEC_OK)
                 break;
-            /* one step: run_steps up to and including step i only */
-            rt_bucket one = *b;
-            one.steps = b->steps + i;
-            one.n_steps = 1;
-            rt_cuda_bucket sub = *cb;
-            sub.b = &one;
-            sub.launches = cb->launches + i;
-            st = run_steps(c, &sub, -1);
+            st = run_steps(c, cb, i, i + 1);
         }
         if (st == MOEC_OK)
             st = CK(cudaEventRecord(ev[b->n_steps], c->stream[0]), where);
