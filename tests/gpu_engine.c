@@ -211,11 +211,8 @@ static void check_plan(const char *name, const moec_model_t *m, const char *dir,
 
 static void check_model(const char *name, int with_plan)
 {
-    char rel[256];
-    snprintf(rel, sizeof rel, "tests/data/%s", name);
-    const char *dir = t_src(rel);
-    moec_model_t *m = NULL;
-    T_OK(moec_model_open(dir, &m));
+    const char *dir;
+    moec_model_t *m = t_open_tiny(name, &dir);
     if (!m)
         return;
     int V = moec_model_vocab_size(m);

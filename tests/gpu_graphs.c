@@ -182,11 +182,8 @@ static void check_replays(const char *name, const char *dt, rt_cuda *c, int V, u
 static void check_model(const char *name, ir_dtype dt)
 {
     const char *dts = dt == IR_DTYPE_F32 ? "fp32" : "bf16";
-    char rel[256];
-    snprintf(rel, sizeof rel, "tests/data/%s", name);
-    const char *dir = t_src(rel);
-    moec_model_t *m = NULL;
-    T_OK(moec_model_open(dir, &m));
+    const char *dir;
+    moec_model_t *m = t_open_tiny(name, &dir);
     if (!m)
         return;
     int V = moec_model_vocab_size(m);

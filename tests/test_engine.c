@@ -214,11 +214,8 @@ static void check_interleaved(moec_engine_t *e, const moec_model_t *m, const cha
 
 static void check_model(const char *name)
 {
-    char rel[256];
-    snprintf(rel, sizeof rel, "tests/data/%s", name);
-    const char *dir = t_src(rel);
-    moec_model_t *m = NULL;
-    T_OK(moec_model_open(dir, &m));
+    const char *dir;
+    moec_model_t *m = t_open_tiny(name, &dir);
     if (!m)
         return;
     moec_engine_options o = {.backend = MOEC_BACKEND_CPU, .max_seqs = SLOTS,

@@ -132,3 +132,13 @@ int t_all_finite(const float *x, size_t n)
             return 0;
     return 1;
 }
+
+moec_model_t *t_open_tiny(const char *name, const char **dir)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/data/%s", name);
+    *dir = t_src(rel);
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(*dir, &m));
+    return m;
+}

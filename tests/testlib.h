@@ -45,6 +45,9 @@ int t_finish(const char *name);
 
 /* $MOEC_SOURCE_DIR/rel (or ./rel), in a static buffer rotated 8 ways. */
 const char *t_src(const char *rel);
+/* tests/data/NAME, opened (a failure counted and printed: NULL); *dir gets
+ * its path (a t_src buffer). */
+moec_model_t *t_open_tiny(const char *name, const char **dir);
 /* A fresh empty directory under $TMPDIR (static buffer rotated 8 ways). */
 const char *t_tmpdir(const char *tag);
 /* Reads a whole file (NUL-terminated); dies if it cannot. */
