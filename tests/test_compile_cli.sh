@@ -49,6 +49,8 @@ first=$(grep "^moec compile: compiled" "$T/err" | head -1 | sed 's/.* \([0-9]*\)
 [ "${first:-0}" -gt 0 ] && [ "${first:-0}" -lt "${2:-0}" ] && ok || bad "first progress line: $(cat "$T/err")"
 grep -q "moec compile: wrote $P ([0-9]* bytes) in [0-9.]* s" "$T/err" && ok || bad "no summary line: $(cat "$T/err")"
 n=$(ls "$MOEC_CACHE_DIR" | wc -l); [ "$n" -ge 2 ] && ok || bad "the cubin cache holds $n entries, want 2"
+expect 1 "MOEC_MOE_KERNEL='fast' is not auto, simt or mma" -- env MOEC_MOE_KERNEL=fast "$B" compile "$D/qwen3_moe" -o "$T/bad.moec"
+[ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
 
 # Running a plan: the plan, then the checkpoint, then the device.
