@@ -128,7 +128,7 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                           cg_ctype(ds));
         cg_norm_rows_finish(src, &l, D, "sr");
     }
-    rt_step *st = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *st = cg_step(c, IR_STEP_KERNEL, op);
     if (!st)
         return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
     st->kernel = k;

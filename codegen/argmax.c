@@ -1,5 +1,5 @@
 /* argmax.c — the last step of every bucket: the greedy token of each row of
- * the f32 logits (ties to the lower index) into RT_INPUT_SAMPLED, so that a
+ * the f32 logits (ties to the lower index) into IR_INPUT_SAMPLED, so that a
  * decode loop reads back T ints instead of T * vocab floats. One block per
  * token row, float4 loads when the vocabulary allows. */
 #include <stdio.h>
@@ -76,7 +76,7 @@ moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits)
                       nt, name, V, nt);
         cg_buf_printf(&c->src, "%s}\n\n", ARGMAX_BODY);
     }
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, logits->def);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, logits->def);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "argmax of %%%s: no memory", logits->name);
     s->kernel = k;
@@ -84,6 +84,6 @@ moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits)
     s->block[0] = (unsigned)nt;
     s->n_args = 2;
     s->args[0] = cg_arg_act(logits);
-    s->args[1] = cg_arg_input(RT_INPUT_SAMPLED);
+    s->args[1] = cg_arg_input(IR_INPUT_SAMPLED);
     return MOEC_OK;
 }

@@ -254,7 +254,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       krow, vrow, cg_vec_width(krow), cg_vec_width(vrow));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
-    rt_step *s = cg_attn_write_step(c, op, kw, kv, vv);
+    ir_step *s = cg_attn_write_step(c, op, kw, kv, vv);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
 
@@ -288,7 +288,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
             cg_attn_emit_no_parts(&c->src);
         cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
-    s = cg_step(c, RT_STEP_KERNEL, op);
+    s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
     s->kernel = ka;

@@ -74,10 +74,10 @@ static inline int cg_attn_splits(long long blocks)
 
 /* The step of the cache-write kernel k of op: one block of 128 per token,
  * args (a, b, pos, slots, block_table, max_blocks, pool 0, pool 1). */
-static inline rt_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, const ir_value *a,
+static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, const ir_value *a,
                                           const ir_value *b)
 {
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return NULL;
     s->kernel = k;
@@ -86,10 +86,10 @@ static inline rt_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
     s->n_args = 8;
     s->args[0] = cg_arg_act(a);
     s->args[1] = cg_arg_act(b);
-    s->args[2] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[3] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[4] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
-    s->args[5] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[2] = cg_arg_input(IR_INPUT_POSITIONS);
+    s->args[3] = cg_arg_input(IR_INPUT_SLOTS);
+    s->args[4] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
+    s->args[5] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
     s->args[6] = cg_arg_kv(op, 0);
     s->args[7] = cg_arg_kv(op, 1);
     return s;
@@ -98,13 +98,13 @@ static inline rt_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
 /* The attention kernel's args after its query operands, from args[i]: pos,
  * slots, block_table, max_blocks, pool 0, pool 1, out, scale, window (and,
  * when split, the two scratch arrays, set by cg_attn_emit_combine). */
-static inline void cg_attn_args(rt_step *s, const ir_op *op, int i, int ns)
+static inline void cg_attn_args(ir_step *s, const ir_op *op, int i, int ns)
 {
     s->n_args = i + (ns > 1 ? 11 : 9);
-    s->args[i] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[i + 1] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[i + 2] = cg_arg_input(RT_INPUT_BLOCK_TABLE);
-    s->args[i + 3] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[i] = cg_arg_input(IR_INPUT_POSITIONS);
+    s->args[i + 1] = cg_arg_input(IR_INPUT_SLOTS);
+    s->args[i + 2] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
+    s->args[i + 3] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
     s->args[i + 4] = cg_arg_kv(op, 0);
     s->args[i + 5] = cg_arg_kv(op, 1);
     s->args[i + 6] = cg_arg_act(op->out[0]);
@@ -130,7 +130,7 @@ static inline void cg_attn_emit_no_parts(cg_buf *b)
  * of D channels, and emits the kernel that merges them into op->out[0],
  * named <prefix>_combine_h<H>_<dim><D>_ns.., for op `what` of
  * codegen/<what>.c. */
-static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, rt_step *s,
+static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_step *s,
                                                const char *what, const char *prefix,
                                                const char *dim, long long H, long long D, int ns)
 {
@@ -160,7 +160,7 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, rt_st
                       D % 4 ? 1 : 4);
         cg_buf_printf(&c->src, "%s}\n\n", CG_ATTN_COMBINE_BODY);
     }
-    s = cg_step(c, RT_STEP_KERNEL, op);
+    s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", what, who);
     s->kernel = kc;
@@ -168,9 +168,9 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, rt_st
     s->grid[1] = (unsigned)H;
     s->block[0] = 128;
     s->n_args = 6;
-    s->args[0] = cg_arg_input(RT_INPUT_POSITIONS);
-    s->args[1] = cg_arg_input(RT_INPUT_SLOTS);
-    s->args[2] = cg_arg_config(RT_CONFIG_MAX_BLOCKS);
+    s->args[0] = cg_arg_input(IR_INPUT_POSITIONS);
+    s->args[1] = cg_arg_input(IR_INPUT_SLOTS);
+    s->args[2] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
     s->args[3] = cg_arg_scratch(off_ml);
     s->args[4] = cg_arg_scratch(off_o);
     s->args[5] = cg_arg_act(op->out[0]);

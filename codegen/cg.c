@@ -87,17 +87,17 @@ int cg_kernel(cg_ctx *c, const char *name, int *is_new)
     return c->n_kernels++;
 }
 
-rt_step *cg_step(cg_ctx *c, rt_step_kind kind, const ir_op *op)
+ir_step *cg_step(cg_ctx *c, ir_step_kind kind, const ir_op *op)
 {
     if (c->n_steps == c->steps_cap) {
         int cap = c->steps_cap ? 2 * c->steps_cap : 128;
-        rt_step *p = realloc(c->steps, sizeof *p * (size_t)cap);
+        ir_step *p = realloc(c->steps, sizeof *p * (size_t)cap);
         if (!p)
             return NULL;
         c->steps = p;
         c->steps_cap = cap;
     }
-    rt_step *s = &c->steps[c->n_steps++];
+    ir_step *s = &c->steps[c->n_steps++];
     memset(s, 0, sizeof *s);
     s->kind = kind;
     s->stream = op ? op->stream : 0;
@@ -122,63 +122,63 @@ size_t cg_scratch(cg_ctx *c, size_t bytes)
 
 /* Operands may be module inputs (the step inputs) or weights as well as
  * activations: each becomes the argument kind that locates it. */
-rt_arg cg_arg_act(const ir_value *v)
+ir_arg cg_arg_act(const ir_value *v)
 {
     if (v->kind == IR_VALUE_WEIGHT)
         return cg_arg_weight(v);
     if (v->kind == IR_VALUE_INPUT && !strcmp(v->name, "tokens"))
-        return cg_arg_input(RT_INPUT_TOKENS);
+        return cg_arg_input(IR_INPUT_TOKENS);
     if (v->kind == IR_VALUE_INPUT && !strcmp(v->name, "positions"))
-        return cg_arg_input(RT_INPUT_POSITIONS);
-    rt_arg a = {RT_ARG_ACT, v->id, 0, 0};
+        return cg_arg_input(IR_INPUT_POSITIONS);
+    ir_arg a = {IR_ARG_ACT, v->id, 0, 0};
     return a;
 }
 
-rt_arg cg_arg_weight(const ir_value *v)
+ir_arg cg_arg_weight(const ir_value *v)
 {
-    rt_arg a = {RT_ARG_WEIGHT, v->id, 0, 0};
+    ir_arg a = {IR_ARG_WEIGHT, v->id, 0, 0};
     return a;
 }
 
-rt_arg cg_arg_kv(const ir_op *attention_op, int pool)
+ir_arg cg_arg_kv(const ir_op *attention_op, int pool)
 {
-    rt_arg a = {RT_ARG_KV, attention_op->id, pool, 0};
+    ir_arg a = {IR_ARG_KV, attention_op->id, pool, 0};
     return a;
 }
 
-rt_arg cg_arg_input(rt_input which)
+ir_arg cg_arg_input(ir_input which)
 {
-    rt_arg a = {RT_ARG_INPUT, (int)which, 0, 0};
+    ir_arg a = {IR_ARG_INPUT, (int)which, 0, 0};
     return a;
 }
 
-rt_arg cg_arg_config(rt_config which)
+ir_arg cg_arg_config(ir_config which)
 {
-    rt_arg a = {RT_ARG_CONFIG, (int)which, 0, 0};
+    ir_arg a = {IR_ARG_CONFIG, (int)which, 0, 0};
     return a;
 }
 
-rt_arg cg_arg_scratch(size_t offset)
+ir_arg cg_arg_scratch(size_t offset)
 {
-    rt_arg a = {RT_ARG_SCRATCH, 0, (int64_t)offset, 0};
+    ir_arg a = {IR_ARG_SCRATCH, 0, (int64_t)offset, 0};
     return a;
 }
 
-rt_arg cg_arg_i32(int64_t v)
+ir_arg cg_arg_i32(int64_t v)
 {
-    rt_arg a = {RT_ARG_I32, 0, v, 0};
+    ir_arg a = {IR_ARG_I32, 0, v, 0};
     return a;
 }
 
-rt_arg cg_arg_f32(double v)
+ir_arg cg_arg_f32(double v)
 {
-    rt_arg a = {RT_ARG_F32, 0, 0, v};
+    ir_arg a = {IR_ARG_F32, 0, 0, v};
     return a;
 }
 
 ir_dtype cg_storage(const cg_ctx *c, const ir_value *v)
 {
-    return rt_value_storage_dtype(c->m, v, c->opt->compute_dtype);
+    return ir_value_storage_dtype(c->m, v, c->opt->compute_dtype);
 }
 
 const char *cg_ctype(ir_dtype dt)

@@ -1,7 +1,7 @@
 /* cg.h — code generation for the CUDA backend: per batch bucket, every kernel
  * op of the fused IR emits CUDA C source with its shapes, counts and dtypes
  * baked in as literals (into one program per bucket, compiled once with
- * NVRTC) and the launch steps that run it (runtime/plan.h). One op per
+ * NVRTC) and the launch steps that run it (ir/ir_plan.h). One op per
  * codegen file (codegen/<op>.c); this header is the contract between them. */
 #ifndef MOEC_CG_CG_H
 #define MOEC_CG_CG_H
@@ -9,7 +9,7 @@
 #include <stdarg.h>
 
 #include "ir/ir.h"
-#include "runtime/plan.h"
+#include "ir/ir_plan.h"
 
 /* A growing text buffer; after an allocation failure it stays empty and
  * `oom` is set (checked once, at the end). */
@@ -55,7 +55,7 @@ typedef struct cg_ctx {
     int n_kernels, kernels_cap;
     char **kernel_names;
     int n_steps, steps_cap;
-    rt_step *steps;
+    ir_step *steps;
     size_t scratch_bytes;     /* the bucket's scratch: the largest op's, per stream */
     int stream;               /* the stream of the op being emitted */
     size_t scratch_cur[2];    /* the current op's reservations, per stream */
@@ -68,23 +68,23 @@ typedef struct cg_ctx {
  * kernel). -1 when out of memory. */
 int cg_kernel(cg_ctx *c, const char *name, int *is_new);
 /* Appends a step for op (zeroed, stream = op->stream); NULL when out of memory. */
-rt_step *cg_step(cg_ctx *c, rt_step_kind kind, const ir_op *op);
+ir_step *cg_step(cg_ctx *c, ir_step_kind kind, const ir_op *op);
 /* Reserves bytes of scratch (16-byte aligned) for the op being emitted;
  * returns its offset. Scratch lives only during its op's steps, so every
  * op on a stream starts again at offset 0 (stream 1's region follows
  * stream 0's: the two run at the same time). */
 size_t cg_scratch(cg_ctx *c, size_t bytes);
 
-rt_arg cg_arg_act(const ir_value *v);
-rt_arg cg_arg_weight(const ir_value *v);
-rt_arg cg_arg_kv(const ir_op *attention_op, int pool);
-rt_arg cg_arg_input(rt_input which);
-rt_arg cg_arg_config(rt_config which);
-rt_arg cg_arg_scratch(size_t offset);
-rt_arg cg_arg_i32(int64_t v);
-rt_arg cg_arg_f32(double v);
+ir_arg cg_arg_act(const ir_value *v);
+ir_arg cg_arg_weight(const ir_value *v);
+ir_arg cg_arg_kv(const ir_op *attention_op, int pool);
+ir_arg cg_arg_input(ir_input which);
+ir_arg cg_arg_config(ir_config which);
+ir_arg cg_arg_scratch(size_t offset);
+ir_arg cg_arg_i32(int64_t v);
+ir_arg cg_arg_f32(double v);
 
-/* The storage dtype of a value on the GPU (rt_value_storage_dtype) and its
+/* The storage dtype of a value on the GPU (ir_value_storage_dtype) and its
  * C type in generated code: "float", "__nv_bfloat16", "__half", "int". */
 ir_dtype cg_storage(const cg_ctx *c, const ir_value *v);
 const char *cg_ctype(ir_dtype dt);
@@ -124,7 +124,7 @@ moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op);   /* align, gate_up+
 moec_status cg_emit_moe_experts(cg_ctx *c, const ir_op *op);  /* unfused form, for op tests */
 moec_status cg_emit_stream(cg_ctx *c, const ir_op *op);       /* fork, join */
 /* The last step of every bucket: argmax of each token's logits into
- * RT_INPUT_SAMPLED. */
+ * IR_INPUT_SAMPLED. */
 moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);
 
 /* NVRTC: compiles src for arch into a cubin, through the on-disk cache
@@ -135,6 +135,6 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
                        size_t *size);
 
 /* Generates and compiles every bucket of the fused, planned module m. */
-moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **out);
+moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **out);
 
 #endif

@@ -55,9 +55,9 @@ typedef struct segments {
     int64_t stride[IR_MAX_OPERANDS], offset[IR_MAX_OPERANDS];
 } segments;
 
-static rt_step *kernel_step(cg_ctx *c, const ir_op *op, int k, int64_t units)
+static ir_step *kernel_step(cg_ctx *c, const ir_op *op, int k, int64_t units)
 {
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return NULL;
     s->kernel = k;
@@ -113,7 +113,7 @@ static moec_status emit_segments(cg_ctx *c, const ir_op *op, const char *name, c
         }
         cg_buf_printf(b, "}\n\n");
     }
-    rt_step *s = kernel_step(c, op, k, units);
+    ir_step *s = kernel_step(c, op, k, units);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
     s->n_args = g->n + 1;
@@ -197,7 +197,7 @@ static moec_status emit_expand(cg_ctx *c, const ir_op *op, const char *sig)
         else
             cg_buf_printf(&c->src, "    cpv<%d>(y + o, x + src);\n}\n\n", vec);
     }
-    rt_step *s = kernel_step(c, op, k, total / vec);
+    ir_step *s = kernel_step(c, op, k, total / vec);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "expand %%%s: out of memory", y->name);
     s->n_args = 2;

@@ -31,9 +31,9 @@ static moec_status oom(const ir_op *op)
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), op->out[0]->name);
 }
 
-static rt_step *kernel_step(cg_ctx *c, const ir_op *op, int k, int64_t units)
+static ir_step *kernel_step(cg_ctx *c, const ir_op *op, int k, int64_t units)
 {
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return NULL;
     s->kernel = k;
@@ -157,7 +157,7 @@ static moec_status emit_binary(cg_ctx *c, const ir_op *op, const char *sig)
                       "}\n\n",
                       vec, add ? "va[j] + alpha * vb[j]" : "va[j] * vb[j]", vec);
     }
-    rt_step *s = kernel_step(c, op, k, units);
+    ir_step *s = kernel_step(c, op, k, units);
     if (!s)
         return oom(op);
     s->n_args = add ? 4 : 3;
@@ -234,7 +234,7 @@ static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
                                                  : "1.0f / (1.0f + expf(-v[q]))",
                           vec, vec);
     }
-    rt_step *s = kernel_step(c, op, k, units);
+    ir_step *s = kernel_step(c, op, k, units);
     if (!s)
         return oom(op);
     s->n_args = 2;

@@ -59,7 +59,7 @@ moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op)
             "}\n\n",
             y->name, block, name, cg_ctype(dt), cg_ctype(dy), (long long)chunks, cg_ctype(dy),
             (long long)H, vec, (long long)V, vec, vec, vec, (long long)H, vec);
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "embedding %%%s: out of memory", y->name);
     s->kernel = k;

@@ -131,7 +131,7 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw), cg_ctype(db),
                       cg_ctype(dy), cg_ctype(dw), (long long)N, (long long)K, c->T, ve, rb,
                       GEMV_WARPS, bias ? "true" : "false", GEMV_BODY);
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
@@ -180,10 +180,10 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
     if (c->T <= cg_env_int("MOEC_GEMV_MAX_T", GEMV_MAX_T, 0, 16) && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
         return emit_gemv(c, op, N, K, alpha);
-    rt_step *s = cg_step(c, RT_STEP_GEMM, op);
+    ir_step *s = cg_step(c, IR_STEP_GEMM, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
-    rt_gemm *g = &s->gemm;
+    ir_gemm *g = &s->gemm;
     g->trans_a = 1;
     g->trans_b = 0;
     g->m = (int)N;

@@ -42,10 +42,10 @@ moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
     if (H * (dn + dv) * r > INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: kv_b is too large", ir_op_name(op->kind),
                         y->name);
-    rt_step *s = cg_step(c, RT_STEP_GEMM, op);
+    ir_step *s = cg_step(c, IR_STEP_GEMM, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
-    rt_gemm *g = &s->gemm;
+    ir_gemm *g = &s->gemm;
     g->n = c->T;
     g->batch = (int)H;
     g->lda = r;

@@ -477,7 +477,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, cg_vec_width(R), cg_vec_width(DR));
         cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
-    rt_step *s = cg_attn_write_step(c, op, kw, kvc, kpe);
+    ir_step *s = cg_attn_write_step(c, op, kw, kvc, kpe);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
 
@@ -540,7 +540,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
             cg_attn_emit_no_parts(&c->src);
         cg_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
-    s = cg_step(c, RT_STEP_KERNEL, op);
+    s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
     s->kernel = ka;

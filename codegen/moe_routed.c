@@ -451,7 +451,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       opname, ALIGN_THREADS, name, E, K, T, bm, nb, ALIGN_THREADS);
         cg_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
     }
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, d->op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k1;
@@ -495,7 +495,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
             cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
                           GEMM_HEAD, GATE_UP_BODY);
     }
-    s = cg_step(c, RT_STEP_KERNEL, d->op);
+    s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k2;
@@ -548,7 +548,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
             cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
                           GEMM_HEAD, DOWN_BODY);
     }
-    s = cg_step(c, RT_STEP_KERNEL, d->op);
+    s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k3;
@@ -588,7 +588,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       opname, SUM_THREADS, name, cg_ctype(odt), E, K, H, ve, SUM_THREADS);
         cg_buf_printf(&c->src, "%s}\n\n", SUM_BODY);
     }
-    s = cg_step(c, RT_STEP_KERNEL, d->op);
+    s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k4;

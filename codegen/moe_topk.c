@@ -192,7 +192,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
             cg_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
         cg_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
     }
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
     s->kernel = k;

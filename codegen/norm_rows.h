@@ -98,7 +98,7 @@ static inline void cg_norm_rows_finish(cg_buf *b, const cg_norm_rows *l, int64_t
 }
 
 /* The launch of a kernel over `rows` rows. */
-static inline void cg_norm_rows_launch(rt_step *s, const cg_norm_rows *l, long long rows)
+static inline void cg_norm_rows_launch(ir_step *s, const cg_norm_rows *l, long long rows)
 {
     s->grid[0] = (unsigned)(l->warp_form ? (rows + 3) / 4 : rows);
     s->block[0] = (unsigned)cg_norm_rows_threads(l);

@@ -15,6 +15,7 @@
 
 #include "codegen/cg.h"
 #include "err.h"
+#include "hash.h"
 
 #ifdef MOEC_HAVE_CUDA
 
@@ -51,15 +52,6 @@ static void hash_str(key_hash *h, const char *s)
         if (!*p)
             break;
     }
-}
-
-static uint64_t fnv1a64(const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
 }
 
 /* ---- the cache directory -------------------------------------------------- */
@@ -119,7 +111,7 @@ static int cache_read(const char *path, const char *key, void **cubin, size_t *s
     if (ok) {
         data = malloc((size_t)n);
         ok = data && fread(data, 1, (size_t)n, f) == n && fgetc(f) == EOF &&
-             fnv1a64(data, (size_t)n) == sum;
+             moec_fnv1a(MOEC_FNV_SEED, data, (size_t)n) == sum;
     }
     fclose(f);
     if (!ok) {
@@ -148,7 +140,7 @@ static void cache_write(const char *dir, const char *path, const char *key, cons
         unlink(tmp);
         return;
     }
-    uint64_t n = size, sum = fnv1a64(cubin, size);
+    uint64_t n = size, sum = moec_fnv1a(MOEC_FNV_SEED, cubin, size);
     int ok = fwrite(CACHE_MAGIC, 1, 8, f) == 8 && fwrite(key, 1, KEY_LEN, f) == KEY_LEN &&
              fwrite(&n, sizeof n, 1, f) == 1 && fwrite(&sum, sizeof sum, 1, f) == 1 &&
              fwrite(cubin, 1, size, f) == size;

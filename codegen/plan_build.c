@@ -110,11 +110,11 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
     /* Stream 1's scratch follows stream 0's. */
     size_t base = (c->scratch_max[0] + 15) / 16 * 16;
     for (int i = 0; i < c->n_steps; i++) {
-        rt_step *s = &c->steps[i];
+        ir_step *s = &c->steps[i];
         if (s->stream != 1)
             continue;
         for (int a = 0; a < s->n_args; a++)
-            if (s->args[a].kind == RT_ARG_SCRATCH)
+            if (s->args[a].kind == IR_ARG_SCRATCH)
                 s->args[a].i += (int64_t)base;
     }
     /* c->scratch_bytes (cg_scratch) already counts both regions. */
@@ -181,7 +181,7 @@ static void compile_all(compile_job *jobs, int n)
         pthread_join(th[i], NULL);
 }
 
-moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **out)
+moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **out)
 {
     if (!m || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: NULL argument");
@@ -197,7 +197,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **o
     moec_status st = MOEC_OK;
     cg_ctx *ctx = calloc((size_t)nb, sizeof *ctx);
     compile_job *jobs = calloc((size_t)nb, sizeof *jobs);
-    rt_plan *p = calloc(1, sizeof *p);
+    ir_plan *p = calloc(1, sizeof *p);
     if (p)
         p->buckets = calloc((size_t)nb, sizeof *p->buckets);
     if (!ctx || !jobs || !p || !p->buckets) {
@@ -223,7 +223,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, rt_plan **o
         compile_job *j = &jobs[b];
         if (j->st != MOEC_OK && st == MOEC_OK)
             st = MOEC_ERR(j->st, "bucket T=%d: %s", opt->buckets[b], j->err);
-        rt_bucket *bk = &p->buckets[b];
+        ir_bucket *bk = &p->buckets[b];
         cg_ctx *c = &ctx[b];
         bk->T = c->T;
         bk->cubin = j->cubin;
@@ -247,7 +247,7 @@ out:
     free(ctx);
     free(jobs);
     if (st != MOEC_OK) {
-        rt_plan_free(p);
+        ir_plan_free(p);
         return st;
     }
     *out = p;

@@ -68,7 +68,7 @@ moec_status cg_emit_reduce_sum(cg_ctx *c, const ir_op *op)
                       (long long)per_row, (long long)per_row, vec, cg_ctype(tx),
                       (long long)(n * inner), vec, vec, (long long)n, vec, (long long)inner, vec,
                       vec, (long long)inner);
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "reduce_sum %%%s: out of memory", y->name);
     s->kernel = k;

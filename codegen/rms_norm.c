@@ -82,7 +82,7 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
                       l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec);
         cg_norm_rows_finish(b, &l, D, "xr");
     }
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "rms_norm %%%s: out of memory", y->name);
     s->kernel = k;

@@ -204,7 +204,7 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
                           2 * pairs, 2 * pairs, 2 * pairs, 2 * pairs, pairs, 2 * pairs, 2 * pairs);
     }
     free(inv_freq);
-    rt_step *s = cg_step(c, RT_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "rope %%%s: out of memory", y->name);
     s->kernel = k;

@@ -17,7 +17,7 @@ moec_status cg_emit_stream(cg_ctx *c, const ir_op *op)
     if (op->stream != (fork ? 1 : 0))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: runs on stream %d, not %d",
                         ir_op_name(op->kind), op->out[0]->name, op->stream, fork ? 1 : 0);
-    rt_step *s = cg_step(c, fork ? RT_STEP_FORK : RT_STEP_JOIN, op);
+    ir_step *s = cg_step(c, fork ? IR_STEP_FORK : IR_STEP_JOIN, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind),
                         op->out[0]->name);

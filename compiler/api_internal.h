@@ -7,8 +7,8 @@
 #include "ir/ir.h"
 #include "moec.h"
 #include "runtime/cuda_rt.h"
-#include "runtime/plan.h"
-#include "runtime/plan_file.h"
+#include "ir/ir_plan.h"
+#include "runtime/plan_check.h"
 
 /* The model's unfused, verified module (owned by the model). */
 const ir_module *moec_model_module(const moec_model_t *model);
@@ -19,7 +19,7 @@ const ir_module *moec_model_module(const moec_model_t *model);
  * runtime bound for max_seqs sequences of max_seq_len. */
 typedef struct moec_cuda_model {
     ir_module *fused;
-    rt_plan *plan;
+    ir_plan *plan;
     rt_cuda *cuda;
     double capture_s; /* capturing every bucket's graph (0: not captured) */
 } moec_cuda_model;
@@ -57,12 +57,12 @@ moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights
 /* MOEC_ERR_IO when plan_path is a directory. */
 moec_status moec_check_plan_path(const char *plan_path);
 /* Reads the plan file into x->plan and x->fused (x zeroed first). */
-moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, rt_plan_meta *meta);
+moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_plan_meta *meta);
 /* Binds a plan read into x for o: max_seq_len checked against the model's
  * max_position_embeddings, the plan checked against the checkpoint in
  * weights_dir (meta's hashes), weights uploaded, graphs captured; *vocab
  * gets the model's vocab_size. */
-moec_status moec_cuda_plan_bind(moec_cuda_model *x, const rt_plan_meta *meta,
+moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
                                 const char *plan_path, const char *weights_dir,
                                 const moec_cuda_opts *o, int *vocab);
 void moec_cuda_model_free(moec_cuda_model *x);

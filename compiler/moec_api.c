@@ -16,7 +16,7 @@
 #include "err.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
-#include "runtime/plan_file.h"
+#include "runtime/plan_check.h"
 #include "runtime/weights.h"
 
 struct moec_model {
@@ -249,7 +249,7 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
 void moec_cuda_model_free(moec_cuda_model *x)
 {
     rt_cuda_free(x->cuda);
-    rt_plan_free(x->plan);
+    ir_plan_free(x->plan);
     ir_module_free(x->fused);
     memset(x, 0, sizeof *x);
 }
@@ -333,14 +333,14 @@ moec_status moec_check_plan_path(const char *plan_path)
     return MOEC_OK;
 }
 
-moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, rt_plan_meta *meta)
+moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_plan_meta *meta)
 {
     memset(x, 0, sizeof *x);
     MOEC_TRY(moec_check_plan_path(plan_path));
-    return rt_plan_read(plan_path, &x->plan, &x->fused, meta);
+    return ir_plan_read(plan_path, &x->plan, &x->fused, meta);
 }
 
-moec_status moec_cuda_plan_bind(moec_cuda_model *x, const rt_plan_meta *meta,
+moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
                                 const char *plan_path, const char *weights_dir,
                                 const moec_cuda_opts *o, int *vocab)
 {
@@ -365,7 +365,7 @@ moec_status moec_cuda_plan_bind(moec_cuda_model *x, const rt_plan_meta *meta,
 moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
                                       const moec_cuda_opts *o, moec_cuda_model *x, int *vocab)
 {
-    rt_plan_meta meta;
+    ir_plan_meta meta;
     MOEC_TRY(moec_cuda_plan_read(plan_path, x, &meta));
     return moec_cuda_plan_bind(x, &meta, plan_path, weights_dir, o, vocab);
 }

@@ -11,7 +11,7 @@
 static double storage_bytes(const ir_module *m, const ir_value *v, ir_dtype compute)
 {
     return (double)ir_type_numel(&v->type, 0) *
-           (double)ir_dtype_size(rt_value_storage_dtype(m, v, compute));
+           (double)ir_dtype_size(ir_value_storage_dtype(m, v, compute));
 }
 
 /* 1 when the weight's only readers are embedding lookups (rows, not the table). */
@@ -102,7 +102,7 @@ const char *moec_bench_mode_name(int mode)
 }
 
 /* The plan's bucket that runs B tokens. */
-static const rt_bucket *bucket_of(const rt_plan *p, int B)
+static const ir_bucket *bucket_of(const ir_plan *p, int B)
 {
     for (int b = 0; b < p->n_buckets; b++)
         if (p->buckets[b].T >= B)
@@ -110,11 +110,11 @@ static const rt_bucket *bucket_of(const rt_plan *p, int B)
     return NULL;
 }
 
-static int launches(const rt_bucket *b)
+static int launches(const ir_bucket *b)
 {
     int n = 0;
     for (int i = 0; i < b->n_steps; i++)
-        n += b->steps[i].kind == RT_STEP_KERNEL || b->steps[i].kind == RT_STEP_GEMM;
+        n += b->steps[i].kind == IR_STEP_KERNEL || b->steps[i].kind == IR_STEP_GEMM;
     return n;
 }
 
@@ -135,7 +135,7 @@ static int cmp_prof(const void *a, const void *b)
 static moec_status profile(const moec_cuda_model *g, int B, const int32_t *tok, const int32_t *pos,
                            const int32_t *slot, int iters, FILE *out)
 {
-    const rt_bucket *b = bucket_of(g->plan, B);
+    const ir_bucket *b = bucket_of(g->plan, B);
     double *ms = calloc((size_t)b->n_steps, sizeof *ms);
     prof_entry *e = calloc((size_t)b->n_steps, sizeof *e);
     moec_status st = ms && e ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
@@ -144,11 +144,11 @@ static moec_status profile(const moec_cuda_model *g, int B, const int32_t *tok, 
     int n = 0;
     double total = 0;
     for (int i = 0; st == MOEC_OK && i < b->n_steps; i++) {
-        const rt_step *s = &b->steps[i];
+        const ir_step *s = &b->steps[i];
         char name[160];
-        if (s->kind == RT_STEP_KERNEL)
+        if (s->kind == IR_STEP_KERNEL)
             snprintf(name, sizeof name, "%s", b->kernel_names[s->kernel]);
-        else if (s->kind == RT_STEP_GEMM)
+        else if (s->kind == IR_STEP_GEMM)
             snprintf(name, sizeof name, "cublasLt (%s)",
                      ir_op_name(g->fused->ops[s->op_id]->kind));
         else

@@ -10,7 +10,7 @@
 #include "compiler/api_internal.h"
 #include "compiler/passes.h"
 #include "err.h"
-#include "runtime/plan_file.h"
+#include "runtime/plan_check.h"
 #include "runtime/weights.h"
 
 moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out)
@@ -116,10 +116,10 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     MOEC_TRY(compile_options(opt, &co));
     ir_module *fused = NULL;
     rt_weights *w = NULL;
-    rt_plan *plan = NULL;
-    rt_plan_meta meta;
+    ir_plan *plan = NULL;
+    ir_plan_meta meta;
     memset(&meta, 0, sizeof meta);
-    meta.format = RT_PLAN_FORMAT;
+    meta.format = IR_PLAN_FORMAT;
     moec_status st = moec_fuse(moec_model_module(model), &co, &fused);
     /* The checkpoint must fit the plan before the expensive part. */
     if (st == MOEC_OK)
@@ -132,8 +132,8 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     if (st == MOEC_OK)
         st = cg_plan_build(fused, &co, &plan);
     if (st == MOEC_OK)
-        st = rt_plan_write(out_path, plan, &meta);
-    rt_plan_free(plan);
+        st = ir_plan_write(out_path, plan, &meta);
+    ir_plan_free(plan);
     ir_module_free(fused);
     return st;
 }

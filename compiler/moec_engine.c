@@ -23,7 +23,7 @@
 #include "err.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
-#include "runtime/plan_file.h"
+#include "runtime/plan_check.h"
 #include "runtime/weights.h"
 
 #define ENGINE_DEFAULT_SEQS 8
@@ -172,7 +172,7 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     e->backend = MOEC_BACKEND_CUDA;
     /* the plan's module gives the default max_seq_len, then the plan is bound */
-    rt_plan_meta meta;
+    ir_plan_meta meta;
     moec_status st = moec_cuda_plan_read(plan_path, &e->gpu, &meta);
     if (st == MOEC_OK)
         st = engine_sizes(opt, (int)ir_module_meta_int(e->gpu.fused, "max_position_embeddings", 0),

@@ -23,7 +23,7 @@
 
 #include "compiler/passes.h"
 #include "err.h"
-#include "runtime/plan.h"
+#include "ir/ir_plan.h"
 
 /* ---- assign_streams ------------------------------------------------------- */
 
@@ -203,7 +203,7 @@ typedef struct live_value {
 
 /* Whether y (a reshape, fork or join of x) may live in x's bytes: both op
  * results (step inputs are not in the GPU arena) stored alike on the GPU
- * under any compute dtype (rt_value_storage_dtype: i32, forced f32 and
+ * under any compute dtype (ir_value_storage_dtype: i32, forced f32 and
  * compute-dtype values are three classes, told apart under bf16), so that
  * no converting copy is needed. The interpreter stores everything in 4
  * bytes an element: any such pair is the same bytes there. */
@@ -211,8 +211,8 @@ static int may_share(const ir_module *m, const ir_value *x, const ir_value *y)
 {
     return x->kind == IR_VALUE_OP && y->kind == IR_VALUE_OP &&
            ir_type_numel(&x->type, 1) == ir_type_numel(&y->type, 1) &&
-           rt_value_storage_dtype(m, x, IR_DTYPE_BF16) ==
-               rt_value_storage_dtype(m, y, IR_DTYPE_BF16);
+           ir_value_storage_dtype(m, x, IR_DTYPE_BF16) ==
+               ir_value_storage_dtype(m, y, IR_DTYPE_BF16);
 }
 
 static int by_size_then_start(const void *pa, const void *pb)

@@ -31,7 +31,7 @@ void rt_cuda_to_bf16(const float *src, uint16_t *dst, size_t n)
 }
 
 /* Checks what the runtime relies on in the plan and the module. */
-static moec_status check_plan(const rt_plan *p, int max_seqs, int max_seq_len)
+static moec_status check_plan(const ir_plan *p, int max_seqs, int max_seq_len)
 {
     if (max_seqs < 1 || max_seq_len < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
@@ -55,7 +55,7 @@ static moec_status check_plan(const rt_plan *p, int max_seqs, int max_seq_len)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no output", m->name);
     const ir_value *out = m->outputs[0];
     if (out->kind != IR_VALUE_OP || out->mem_offset < 0 ||
-        rt_value_storage_dtype(m, out, p->compute_dtype) != IR_DTYPE_F32)
+        ir_value_storage_dtype(m, out, p->compute_dtype) != IR_DTYPE_F32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "output %%%s must be an f32 activation with an arena offset", out->name);
     return MOEC_OK;
@@ -63,7 +63,7 @@ static moec_status check_plan(const rt_plan *p, int max_seqs, int max_seq_len)
 
 #ifndef MOEC_HAVE_CUDA
 
-moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
+moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
                          rt_cuda **out)
 {
     if (!out)
@@ -198,8 +198,8 @@ typedef struct rt_cuda_gemm {
 /* One step, ready to launch. args[j] points at vals[j]. */
 typedef struct rt_cuda_launch {
     cudaKernel_t kernel;
-    void *args[RT_MAX_ARGS];
-    rt_cuda_val vals[RT_MAX_ARGS];
+    void *args[IR_MAX_ARGS];
+    rt_cuda_val vals[IR_MAX_ARGS];
     rt_cuda_gemm gemm;
     cudaEvent_t event;
 } rt_cuda_launch;
@@ -211,13 +211,13 @@ typedef struct rt_cuda_kernel_info {
     int max_args;                  /* the most arguments a step passes it */
     int n_known;                   /* parameters whose size the runtime knows */
     int n_exact;                   /* 1: the kernel has exactly n_known parameters */
-    size_t param_size[RT_MAX_ARGS];
+    size_t param_size[IR_MAX_ARGS];
     int max_threads;
     unsigned max_smem;             /* the most dynamic shared memory a step asks */
 } rt_cuda_kernel_info;
 
 typedef struct rt_cuda_bucket {
-    const rt_bucket *b;
+    const ir_bucket *b;
     cudaLibrary_t lib;
     int loaded;
     cudaKernel_t *kernels;
@@ -229,7 +229,7 @@ typedef struct rt_cuda_bucket {
 } rt_cuda_bucket;
 
 struct rt_cuda {
-    const rt_plan *plan;
+    const ir_plan *plan;
     rt_lt_api lt;
     int device;
     char device_name[256];
@@ -254,8 +254,8 @@ struct rt_cuda {
     char *scratch;
     size_t scratch_bytes;
     int32_t *inputs;               /* tokens, positions, slots, sampled, block table */
-    int32_t *input_ptr[RT_INPUT_COUNT];
-    size_t input_bytes[RT_INPUT_COUNT];
+    int32_t *input_ptr[IR_INPUT_COUNT];
+    size_t input_bytes[IR_INPUT_COUNT];
     int32_t *host_in;              /* pinned: tokens, positions, slots */
 
     cudaStream_t stream[2];
@@ -317,7 +317,7 @@ static moec_status lt_check(const rt_cuda *c, cublasStatus_t s, const char *expr
 static const char *step_where(const rt_cuda *c, const rt_cuda_bucket *cb, int i, char *buf,
                               size_t cap)
 {
-    const rt_step *s = &cb->b->steps[i];
+    const ir_step *s = &cb->b->steps[i];
     const ir_module *m = c->plan->module;
     const ir_op *op = s->op_id >= 0 && s->op_id < m->n_ops ? m->ops[s->op_id] : NULL;
     const char *kind = op ? ir_op_name(op->kind) : "?";
@@ -326,17 +326,17 @@ static const char *step_where(const rt_cuda *c, const rt_cuda_bucket *cb, int i,
     if (n < 0 || (size_t)n >= cap)
         return buf;
     switch (s->kind) {
-    case RT_STEP_KERNEL:
+    case IR_STEP_KERNEL:
         snprintf(buf + n, cap - (size_t)n, "kernel %s)",
                  s->kernel >= 0 && s->kernel < cb->b->n_kernels ? cb->b->kernel_names[s->kernel]
                                                                 : "(bad index)");
         break;
-    case RT_STEP_GEMM:
+    case IR_STEP_GEMM:
         snprintf(buf + n, cap - (size_t)n, "cuBLASLt gemm m=%d n=%d k=%d batch=%d)", s->gemm.m,
                  s->gemm.n, s->gemm.k, s->gemm.batch);
         break;
-    case RT_STEP_FORK: snprintf(buf + n, cap - (size_t)n, "fork)"); break;
-    case RT_STEP_JOIN: snprintf(buf + n, cap - (size_t)n, "join)"); break;
+    case IR_STEP_FORK: snprintf(buf + n, cap - (size_t)n, "fork)"); break;
+    case IR_STEP_JOIN: snprintf(buf + n, cap - (size_t)n, "join)"); break;
     default: snprintf(buf + n, cap - (size_t)n, "step kind %d)", (int)s->kind); break;
     }
     return buf;
@@ -421,7 +421,7 @@ static int float_dtype(ir_dtype dt)
 /* Loads every bucket's cubin and resolves its kernels. */
 static moec_status load_kernels(rt_cuda *c, rt_cuda_bucket *cb)
 {
-    const rt_bucket *b = cb->b;
+    const ir_bucket *b = cb->b;
     char where[512];
     snprintf(where, sizeof where,
              "bucket T=%d: loading its cubin (%zu bytes, built for %s; device 0 is %s, sm_%d%d)",
@@ -437,13 +437,13 @@ static moec_status load_kernels(rt_cuda *c, rt_cuda_bucket *cb)
     if (!cb->kernels || !cb->info)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory loading bucket T=%d", b->T);
     for (int s = 0; s < b->n_steps; s++) {
-        const rt_step *st = &b->steps[s];
-        if (st->kind != RT_STEP_KERNEL || st->kernel < 0 || st->kernel >= b->n_kernels)
+        const ir_step *st = &b->steps[s];
+        if (st->kind != IR_STEP_KERNEL || st->kernel < 0 || st->kernel >= b->n_kernels)
             continue;
         rt_cuda_kernel_info *ki = &cb->info[st->kernel];
         if (st->smem > ki->max_smem)
             ki->max_smem = st->smem;
-        if (st->n_args > ki->max_args && st->n_args <= RT_MAX_ARGS)
+        if (st->n_args > ki->max_args && st->n_args <= IR_MAX_ARGS)
             ki->max_args = st->n_args;
     }
     for (int k = 0; k < b->n_kernels; k++) {
@@ -498,7 +498,7 @@ static moec_status upload_one(rt_cuda *c, const rt_weights *w, int i, float **ho
 {
     const ir_module *m = c->plan->module;
     const ir_value *v = m->values[i];
-    ir_dtype dt = rt_value_storage_dtype(m, v, c->plan->compute_dtype);
+    ir_dtype dt = ir_value_storage_dtype(m, v, c->plan->compute_dtype);
     size_t numel = (size_t)ir_type_numel(&v->type, 0);
     char where[512];
     snprintf(where, sizeof where, "weight %%%s (stored as %s)", v->name, ir_dtype_name(dt));
@@ -566,7 +566,7 @@ static moec_status upload_weights(rt_cuda *c, const rt_weights *w)
             continue;
         char ty[64];
         ir_type_format(&v->type, ty, sizeof ty);
-        ir_dtype dt = rt_value_storage_dtype(m, v, compute);
+        ir_dtype dt = ir_value_storage_dtype(m, v, compute);
         if (dt != IR_DTYPE_F32 && dt != IR_DTYPE_BF16)
             return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                             "weight %%%s (%s): storage dtype %s is not supported by the CUDA runtime",
@@ -644,13 +644,13 @@ static moec_status check_arch(const rt_cuda *c)
  * cudaMalloc half way through the upload. */
 static moec_status check_memory(const rt_cuda *c)
 {
-    const rt_plan *p = c->plan;
+    const ir_plan *p = c->plan;
     const ir_module *m = p->module;
     size_t weights = 0, kv = 0, arena = 0, scratch = 0;
     for (int i = 0; i < m->n_values; i++)
         if (m->values[i]->kind == IR_VALUE_WEIGHT)
             weights += (size_t)ir_type_numel(&m->values[i]->type, 0) *
-                       ir_dtype_size(rt_value_storage_dtype(m, m->values[i], p->compute_dtype));
+                       ir_dtype_size(ir_value_storage_dtype(m, m->values[i], p->compute_dtype));
     for (int k = 0; k < m->n_ops; k++) {
         const ir_value *pool[2];
         if (kv_pools(m->ops[k], pool))
@@ -705,7 +705,7 @@ static moec_status alloc_kv(rt_cuda *c)
 /* Arena, scratch, the step inputs (with the static block table). */
 static moec_status alloc_buffers(rt_cuda *c)
 {
-    const rt_plan *p = c->plan;
+    const ir_plan *p = c->plan;
     for (int b = 0; b < p->n_buckets; b++) {
         if (p->buckets[b].arena_bytes > c->arena_bytes)
             c->arena_bytes = p->buckets[b].arena_bytes;
@@ -723,14 +723,14 @@ static moec_status alloc_buffers(rt_cuda *c)
     size_t total = 4 * (size_t)c->in_stride + table;
     MOEC_TRY(dev_alloc(c, (void **)&c->inputs, total * sizeof(int32_t), "the step inputs"));
     MOEC_TRY(CK(cudaMemset(c->inputs, 0, total * sizeof(int32_t)), "the step inputs"));
-    c->input_ptr[RT_INPUT_TOKENS] = c->inputs;
-    c->input_ptr[RT_INPUT_POSITIONS] = c->inputs + c->in_stride;
-    c->input_ptr[RT_INPUT_SLOTS] = c->inputs + 2 * (size_t)c->in_stride;
-    c->input_ptr[RT_INPUT_SAMPLED] = c->inputs + 3 * (size_t)c->in_stride;
-    c->input_ptr[RT_INPUT_BLOCK_TABLE] = c->inputs + 4 * (size_t)c->in_stride;
-    for (int i = 0; i < RT_INPUT_COUNT; i++)
+    c->input_ptr[IR_INPUT_TOKENS] = c->inputs;
+    c->input_ptr[IR_INPUT_POSITIONS] = c->inputs + c->in_stride;
+    c->input_ptr[IR_INPUT_SLOTS] = c->inputs + 2 * (size_t)c->in_stride;
+    c->input_ptr[IR_INPUT_SAMPLED] = c->inputs + 3 * (size_t)c->in_stride;
+    c->input_ptr[IR_INPUT_BLOCK_TABLE] = c->inputs + 4 * (size_t)c->in_stride;
+    for (int i = 0; i < IR_INPUT_COUNT; i++)
         c->input_bytes[i] = (size_t)c->tmax * sizeof(int32_t);
-    c->input_bytes[RT_INPUT_BLOCK_TABLE] = table * sizeof(int32_t);
+    c->input_bytes[IR_INPUT_BLOCK_TABLE] = table * sizeof(int32_t);
 
     /* Slot s owns pages s * max_blocks .. s * max_blocks + max_blocks - 1. */
     int32_t *bt = malloc(table * sizeof *bt);
@@ -738,7 +738,7 @@ static moec_status alloc_buffers(rt_cuda *c)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory building the block table");
     for (size_t i = 0; i < table; i++)
         bt[i] = (int32_t)i;
-    moec_status st = CK(cudaMemcpy(c->input_ptr[RT_INPUT_BLOCK_TABLE], bt, table * sizeof *bt,
+    moec_status st = CK(cudaMemcpy(c->input_ptr[IR_INPUT_BLOCK_TABLE], bt, table * sizeof *bt,
                                    cudaMemcpyHostToDevice),
                         "the block table");
     free(bt);
@@ -752,7 +752,7 @@ static moec_status alloc_buffers(rt_cuda *c)
 
 /* ACT, WEIGHT and INPUT arguments may point a->i bytes into their buffer
  * (a head's rows of a weight, say). */
-static moec_status apply_offset(const rt_arg *a, rt_cuda_ref *r, const char *where, int j)
+static moec_status apply_offset(const ir_arg *a, rt_cuda_ref *r, const char *where, int j)
 {
     if (a->i < 0 || (uint64_t)a->i > (uint64_t)r->avail)
         return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: byte offset %lld outside its %zu bytes",
@@ -762,21 +762,21 @@ static moec_status apply_offset(const rt_arg *a, rt_cuda_ref *r, const char *whe
     return MOEC_OK;
 }
 
-static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, rt_cuda_ref *r,
+static moec_status resolve_arg(rt_cuda *c, const ir_bucket *b, const ir_arg *a, rt_cuda_ref *r,
                                const char *where, int j)
 {
     const ir_module *m = c->plan->module;
     memset(r, 0, sizeof *r);
     r->dtype = -1;
     switch (a->kind) {
-    case RT_ARG_ACT: {
+    case IR_ARG_ACT: {
         if (a->index < 0 || a->index >= m->n_values)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: value id %d out of range", where,
                             j, a->index);
         const ir_value *v = m->values[a->index];
         if (v->kind == IR_VALUE_INPUT) {
-            int in = !strcmp(v->name, "tokens") ? RT_INPUT_TOKENS
-                     : !strcmp(v->name, "positions") ? RT_INPUT_POSITIONS : -1;
+            int in = !strcmp(v->name, "tokens") ? IR_INPUT_TOKENS
+                     : !strcmp(v->name, "positions") ? IR_INPUT_POSITIONS : -1;
             if (in < 0)
                 return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: input %%%s is not a step input",
                                 where, j, v->name);
@@ -793,7 +793,7 @@ static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, 
             return MOEC_ERR(MOEC_ERR_INTERNAL,
                             "%s: argument %d: %%%s has no arena offset (plan_memory not run?)",
                             where, j, v->name);
-        ir_dtype sd = rt_value_storage_dtype(m, v, c->plan->compute_dtype);
+        ir_dtype sd = ir_value_storage_dtype(m, v, c->plan->compute_dtype);
         size_t off = (size_t)v->mem_offset * (size_t)b->T;
         size_t bytes = (size_t)ir_type_numel(&v->type, b->T) * ir_dtype_size(sd);
         if (off + bytes > b->arena_bytes || off + bytes > c->arena_bytes)
@@ -807,7 +807,7 @@ static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, 
         r->dtype = (int)sd;
         return apply_offset(a, r, where, j);
     }
-    case RT_ARG_WEIGHT:
+    case IR_ARG_WEIGHT:
         if (a->index < 0 || a->index >= m->n_values || m->values[a->index]->kind != IR_VALUE_WEIGHT ||
             !c->weights[a->index])
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: value id %d is not a weight",
@@ -815,9 +815,9 @@ static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, 
         r->val.p = c->weights[a->index];
         r->is_ptr = 1;
         r->avail = c->weight_bytes[a->index];
-        r->dtype = (int)rt_value_storage_dtype(m, m->values[a->index], c->plan->compute_dtype);
+        r->dtype = (int)ir_value_storage_dtype(m, m->values[a->index], c->plan->compute_dtype);
         return apply_offset(a, r, where, j);
-    case RT_ARG_KV:
+    case IR_ARG_KV:
         if (a->index < 0 || a->index >= m->n_ops || a->i < 0 || a->i > 1 ||
             !c->kv[2 * a->index + a->i])
             return MOEC_ERR(MOEC_ERR_INTERNAL,
@@ -829,8 +829,8 @@ static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, 
         r->avail = c->kv_bytes[2 * a->index + a->i];
         r->dtype = (int)c->plan->compute_dtype;
         return MOEC_OK;
-    case RT_ARG_INPUT:
-        if (a->index < 0 || a->index >= RT_INPUT_COUNT)
+    case IR_ARG_INPUT:
+        if (a->index < 0 || a->index >= IR_INPUT_COUNT)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: no step input %d", where, j,
                             a->index);
         r->val.p = c->input_ptr[a->index];
@@ -838,7 +838,7 @@ static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, 
         r->avail = c->input_bytes[a->index];
         r->dtype = IR_DTYPE_I32;
         return apply_offset(a, r, where, j);
-    case RT_ARG_SCRATCH:
+    case IR_ARG_SCRATCH:
         if (a->i < 0 || (size_t)a->i > b->scratch_bytes || !c->scratch)
             return MOEC_ERR(MOEC_ERR_INTERNAL,
                             "%s: argument %d: scratch offset %lld outside the bucket's %zu bytes",
@@ -847,35 +847,35 @@ static moec_status resolve_arg(rt_cuda *c, const rt_bucket *b, const rt_arg *a, 
         r->is_ptr = 1;
         r->avail = b->scratch_bytes - (size_t)a->i;
         return MOEC_OK;
-    case RT_ARG_CONFIG:
-        if (a->index != RT_CONFIG_MAX_BLOCKS)
+    case IR_ARG_CONFIG:
+        if (a->index != IR_CONFIG_MAX_BLOCKS)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: no config value %d", where, j,
                             a->index);
         r->val.i = c->max_blocks;
         return MOEC_OK;
-    case RT_ARG_I32:
+    case IR_ARG_I32:
         if (a->i < INT32_MIN || a->i > INT32_MAX)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: %lld does not fit an i32", where,
                             j, (long long)a->i);
         r->val.i = (int32_t)a->i;
         return MOEC_OK;
-    case RT_ARG_F32:
+    case IR_ARG_F32:
         r->val.f = (float)a->f;
         return MOEC_OK;
     }
     return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: argument %d: unknown kind %d", where, j, (int)a->kind);
 }
 
-static moec_status prepare_kernel(rt_cuda *c, rt_cuda_bucket *cb, const rt_step *s,
+static moec_status prepare_kernel(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *s,
                                   rt_cuda_launch *L, const char *where)
 {
-    const rt_bucket *b = cb->b;
+    const ir_bucket *b = cb->b;
     if (s->kernel < 0 || s->kernel >= b->n_kernels)
         return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: kernel index %d outside the bucket's %d kernels",
                         where, s->kernel, b->n_kernels);
-    if (s->n_args < 0 || s->n_args > RT_MAX_ARGS)
+    if (s->n_args < 0 || s->n_args > IR_MAX_ARGS)
         return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: %d arguments (at most %d)", where, s->n_args,
-                        RT_MAX_ARGS);
+                        IR_MAX_ARGS);
     const rt_cuda_kernel_info *ki = &cb->info[s->kernel];
     unsigned long long threads = (unsigned long long)s->block[0] * s->block[1] * s->block[2];
     if (!s->grid[0] || !s->grid[1] || !s->grid[2] || !threads)
@@ -959,7 +959,7 @@ static moec_status layout_init(rt_cuda *c, cublasLtMatrixLayout_t *l, ir_dtype d
 }
 
 /* Chooses the algorithm for g with pointers of the given alignments. */
-static moec_status gemm_algo(rt_cuda *c, const rt_step *s, rt_cuda_gemm *g,
+static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                              cublasLtMatmulPreference_t pref, const uint32_t align[4],
                              const char *where)
 {
@@ -995,10 +995,10 @@ static moec_status gemm_algo(rt_cuda *c, const rt_step *s, rt_cuda_gemm *g,
     return MOEC_OK;
 }
 
-static moec_status prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const rt_step *s,
+static moec_status prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *s,
                                 rt_cuda_launch *L, const char *where)
 {
-    const rt_gemm *gm = &s->gemm;
+    const ir_gemm *gm = &s->gemm;
     rt_cuda_gemm *g = &L->gemm;
     if (gm->m < 1 || gm->n < 1 || gm->k < 1 || gm->batch < 1)
         return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: empty gemm", where);
@@ -1065,7 +1065,7 @@ static moec_status prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const rt_step *s
 
 static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
 {
-    const rt_bucket *b = cb->b;
+    const ir_bucket *b = cb->b;
     if (b->n_steps < 0 || (b->n_steps > 0 && !b->steps))
         return MOEC_ERR(MOEC_ERR_INTERNAL, "bucket T=%d: bad step table", b->T);
     cb->launches = calloc((size_t)b->n_steps + 1, sizeof *cb->launches);
@@ -1079,16 +1079,16 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
     cb->logits = (float *)(c->arena + off);
     char where[512];
     for (int i = 0; i < b->n_steps; i++) {
-        const rt_step *s = &b->steps[i];
+        const ir_step *s = &b->steps[i];
         rt_cuda_launch *L = &cb->launches[i];
         step_where(c, cb, i, where, sizeof where);
         if (s->stream != 0 && s->stream != 1)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: stream %d (0 or 1)", where, s->stream);
         switch (s->kind) {
-        case RT_STEP_KERNEL: MOEC_TRY(prepare_kernel(c, cb, s, L, where)); break;
-        case RT_STEP_GEMM: MOEC_TRY(prepare_gemm(c, cb, s, L, where)); break;
-        case RT_STEP_FORK:
-        case RT_STEP_JOIN:
+        case IR_STEP_KERNEL: MOEC_TRY(prepare_kernel(c, cb, s, L, where)); break;
+        case IR_STEP_GEMM: MOEC_TRY(prepare_gemm(c, cb, s, L, where)); break;
+        case IR_STEP_FORK:
+        case IR_STEP_JOIN:
             MOEC_TRY(CK(cudaEventCreateWithFlags(&L->event, cudaEventDisableTiming), where));
             break;
         default: return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: unknown step kind", where);
@@ -1099,7 +1099,7 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
 
 static moec_status setup(rt_cuda *c, const rt_weights *w)
 {
-    const rt_plan *p = c->plan;
+    const ir_plan *p = c->plan;
     const ir_module *m = p->module;
     MOEC_TRY(lt_open(&c->lt));
     c->device = 0;
@@ -1159,7 +1159,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     return CK(cudaDeviceSynchronize(), "finishing the set-up");
 }
 
-moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
+moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
                          rt_cuda **out)
 {
     if (!out)
@@ -1278,19 +1278,19 @@ static moec_status check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
 /* Launches steps from .. to-1 of the bucket, in order. */
 static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
 {
-    const rt_bucket *b = cb->b;
+    const ir_bucket *b = cb->b;
     char where[512];
     for (int i = from; i < to; i++) {
-        const rt_step *s = &b->steps[i];
+        const ir_step *s = &b->steps[i];
         rt_cuda_launch *L = &cb->launches[i];
         int sk = c->single_stream ? 0 : s->stream;
         cudaStream_t stream = c->stream[sk];
         cudaError_t e = cudaSuccess;
-        if (c->single_stream && (s->kind == RT_STEP_FORK || s->kind == RT_STEP_JOIN))
+        if (c->single_stream && (s->kind == IR_STEP_FORK || s->kind == IR_STEP_JOIN))
             continue;
         const char *call = "";
         switch (s->kind) {
-        case RT_STEP_KERNEL: {
+        case IR_STEP_KERNEL: {
             dim3 grid = {s->grid[0], s->grid[1], s->grid[2]};
             dim3 block = {s->block[0], s->block[1], s->block[2]};
             if (c->pdl) {
@@ -1309,7 +1309,7 @@ static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
             }
             break;
         }
-        case RT_STEP_GEMM: {
+        case IR_STEP_GEMM: {
             rt_cuda_gemm *g = &L->gemm;
             cublasStatus_t ls = c->lt.cublasLtMatmul(
                 c->lt_handle[sk], g->desc, &g->alpha, g->a, g->la, g->b, g->lb, &g->beta,
@@ -1319,7 +1319,7 @@ static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
                 return LT(c, ls, step_where(c, cb, i, where, sizeof where));
             break;
         }
-        case RT_STEP_FORK: /* stream 1 waits for stream 0 */
+        case IR_STEP_FORK: /* stream 1 waits for stream 0 */
             call = "cudaEventRecord";
             e = cudaEventRecord(L->event, c->stream[0]);
             if (e == cudaSuccess) {
@@ -1327,7 +1327,7 @@ static moec_status run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
                 e = cudaStreamWaitEvent(c->stream[1], L->event, 0);
             }
             break;
-        case RT_STEP_JOIN: /* stream 0 waits for stream 1 */
+        case IR_STEP_JOIN: /* stream 0 waits for stream 1 */
             call = "cudaEventRecord";
             e = cudaEventRecord(L->event, c->stream[1]);
             if (e == cudaSuccess) {
@@ -1537,7 +1537,7 @@ moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t
                                     cudaMemcpyDeviceToHost, s0),
                     where));
     if (sampled_out)
-        MOEC_TRY(CK(cudaMemcpyAsync(sampled_out, c->input_ptr[RT_INPUT_SAMPLED],
+        MOEC_TRY(CK(cudaMemcpyAsync(sampled_out, c->input_ptr[IR_INPUT_SAMPLED],
                                     (size_t)n * sizeof *sampled_out, cudaMemcpyDeviceToHost, s0),
                     where));
     return sync_stream0(c, where);
@@ -1598,7 +1598,7 @@ moec_status rt_cuda_profile_steps(rt_cuda *c, int n, const int32_t *tokens,
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_profile_steps: bad argument");
     MOEC_TRY(check_inputs(c, n, tokens, positions, slots));
     rt_cuda_bucket *cb = bucket_for(c, n);
-    const rt_bucket *b = cb->b;
+    const ir_bucket *b = cb->b;
     char where[128];
     snprintf(where, sizeof where, "profiled steps of %d tokens (bucket T=%d)", n, b->T);
     MOEC_TRY(CK(cudaSetDevice(c->device), where));
@@ -1659,7 +1659,7 @@ moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, 
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s is not an activation with an arena offset",
                         v->name);
     rt_cuda_bucket *cb = bucket_for(c, n);
-    ir_dtype dt = rt_value_storage_dtype(c->plan->module, v, c->plan->compute_dtype);
+    ir_dtype dt = ir_value_storage_dtype(c->plan->module, v, c->plan->compute_dtype);
     size_t bytes = (size_t)n * (size_t)ir_type_numel(&v->type, 1) * ir_dtype_size(dt);
     if (bytes > cap)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s: %zu bytes do not fit in %zu", v->name, bytes, cap);

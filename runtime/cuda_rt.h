@@ -1,4 +1,4 @@
-/* cuda_rt.h — the CUDA runtime: binds a launch plan (runtime/plan.h) to
+/* cuda_rt.h — the CUDA runtime: binds a launch plan (ir/ir_plan.h) to
  * device memory (every weight in its storage dtype, the activation arena,
  * scratch, the paged KV pools, the step inputs) and executes steps of up to
  * the largest bucket's tokens eagerly on two streams. It links only the
@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/plan.h"
+#include "ir/ir_plan.h"
 #include "runtime/weights.h"
 
 typedef struct rt_cuda rt_cuda;
@@ -23,7 +23,7 @@ typedef struct rt_cuda rt_cuda;
  * arrays, cuBLASLt descriptors and algorithms) so that a step only
  * launches. plan (and its module) must outlive the context; w is only read
  * here. MOEC_ERR_NO_DEVICE without a device. */
-moec_status rt_cuda_init(const rt_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
+moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
                          rt_cuda **out);
 /* Releases everything the context holds, device memory included. */
 void rt_cuda_free(rt_cuda *c);

@@ -321,7 +321,7 @@ typedef struct gk_bind {
     ir_dtype cdt;
     void **val;             /* per value id: TMAX tokens (weights: all of it) */
     void *kv[2];
-    void *input[RT_INPUT_COUNT];
+    void *input[IR_INPUT_COUNT];
     void *scratch;
     size_t scratch_cap;
     int max_blocks;
@@ -346,7 +346,7 @@ static void bind_free(gk_bind *b)
     for (int i = 0; i < 2; i++)
         if (b->kv[i])
             CK(cudaFree(b->kv[i]));
-    for (int i = 0; i < RT_INPUT_COUNT; i++)
+    for (int i = 0; i < IR_INPUT_COUNT; i++)
         if (b->input[i])
             CK(cudaFree(b->input[i]));
     if (b->scratch)
@@ -355,7 +355,7 @@ static void bind_free(gk_bind *b)
 
 static ir_dtype storage(const gk_bind *b, const ir_value *v)
 {
-    return rt_value_storage_dtype(b->m, v, b->cdt);
+    return ir_value_storage_dtype(b->m, v, b->cdt);
 }
 
 /* Whether v is a result of an op whose kernels the program runs. */
@@ -379,8 +379,8 @@ static void bind_step_values(gk_bind *b, const cg_ctx *c, row_source src, void *
 {
     for (int i = 0; i < c->n_steps; i++)
         for (int a = 0; a < c->steps[i].n_args; a++) {
-            const rt_arg *g = &c->steps[i].args[a];
-            if (g->kind != RT_ARG_ACT)
+            const ir_arg *g = &c->steps[i].args[a];
+            if (g->kind != IR_ARG_ACT)
                 continue;
             const ir_value *v = b->m->values[g->index];
             size_t n = (size_t)ir_type_numel(&v->type, c->T);
@@ -398,9 +398,9 @@ static void bind_step_values(gk_bind *b, const cg_ctx *c, row_source src, void *
     }
     if (b->scratch)
         CK(cudaMemset(b->scratch, 0x7f, b->scratch_cap));
-    if (!b->input[RT_INPUT_SAMPLED])
-        b->input[RT_INPUT_SAMPLED] = dalloc(TMAX * 4);
-    CK(cudaMemset(b->input[RT_INPUT_SAMPLED], 0xff, TMAX * 4));
+    if (!b->input[IR_INPUT_SAMPLED])
+        b->input[IR_INPUT_SAMPLED] = dalloc(TMAX * 4);
+    CK(cudaMemset(b->input[IR_INPUT_SAMPLED], 0xff, TMAX * 4));
 }
 
 /* Uploads weight v (the interpreter's values, rounded alike) once. */
@@ -418,30 +418,30 @@ static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v)
 static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps)
 {
     for (int i = 0; i < c->n_steps; i++) {
-        const rt_step *s = &c->steps[i];
+        const ir_step *s = &c->steps[i];
         cudaKernel_t k;
         CK(cudaLibraryGetKernel(&k, lib, c->kernel_names[s->kernel]));
-        void *ptr[RT_MAX_ARGS], *argv[RT_MAX_ARGS];
-        int iv[RT_MAX_ARGS];
-        float fv[RT_MAX_ARGS];
+        void *ptr[IR_MAX_ARGS], *argv[IR_MAX_ARGS];
+        int iv[IR_MAX_ARGS];
+        float fv[IR_MAX_ARGS];
         for (int a = 0; a < s->n_args; a++) {
-            const rt_arg *g = &s->args[a];
+            const ir_arg *g = &s->args[a];
             argv[a] = &ptr[a];
             switch (g->kind) {
-            case RT_ARG_ACT:
-            case RT_ARG_WEIGHT: ptr[a] = b->val[g->index]; break;
-            case RT_ARG_KV: ptr[a] = b->kv[g->i]; break;
-            case RT_ARG_INPUT: ptr[a] = b->input[g->index]; break;
-            case RT_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
-            case RT_ARG_CONFIG:
+            case IR_ARG_ACT:
+            case IR_ARG_WEIGHT: ptr[a] = b->val[g->index]; break;
+            case IR_ARG_KV: ptr[a] = b->kv[g->i]; break;
+            case IR_ARG_INPUT: ptr[a] = b->input[g->index]; break;
+            case IR_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
+            case IR_ARG_CONFIG:
                 iv[a] = b->max_blocks;
                 argv[a] = &iv[a];
                 break;
-            case RT_ARG_I32:
+            case IR_ARG_I32:
                 iv[a] = (int)g->i;
                 argv[a] = &iv[a];
                 break;
-            case RT_ARG_F32:
+            case IR_ARG_F32:
                 fv[a] = (float)g->f;
                 argv[a] = &fv[a];
                 break;
@@ -502,7 +502,7 @@ static void bench_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const ch
 static void check_sampled(gk_bind *b, const float *logits, int T, int V, const char *what)
 {
     int got[TMAX];
-    CK(cudaMemcpy(got, b->input[RT_INPUT_SAMPLED], (size_t)T * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(got, b->input[IR_INPUT_SAMPLED], (size_t)T * 4, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int t = 0; t < T; t++) {
         int best = 0;
@@ -548,7 +548,7 @@ static void fill_weights(rt_interp *in, const ir_module *m, ir_dtype cdt, const 
             continue;
         size_t n = (size_t)ir_type_numel(&v->type, 0);
         float *w = rt_interp_weight(in, v);
-        ir_dtype dt = rt_value_storage_dtype(m, v, cdt);
+        ir_dtype dt = ir_value_storage_dtype(m, v, cdt);
         if (!strcmp(v->name, "tab_logits")) {
             for (size_t j = 0; j < n; j++)
                 w[j] = (float)(irand(rng, 97) - 48) / 16.0f;
@@ -602,7 +602,7 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
         T_OK(gen(m, &o, T, &c));
         for (int i = 0; i < c.n_steps; i++)
             for (int a = 0; a < c.steps[i].n_args; a++)
-                if (c.steps[i].args[a].kind == RT_ARG_WEIGHT)
+                if (c.steps[i].args[a].kind == IR_ARG_WEIGHT)
                     bind_weight(&b, in, m->values[c.steps[i].args[a].index]);
         bind_step_values(&b, &c, rows_from_interp, &u);
         launch_steps(&b, &c, lib);
@@ -792,8 +792,8 @@ static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n
         bt[i] = bt[j];
         bt[j] = t;
     }
-    e->b.input[RT_INPUT_BLOCK_TABLE] = dalloc((size_t)pages * 4);
-    CK(cudaMemcpy(e->b.input[RT_INPUT_BLOCK_TABLE], bt, (size_t)pages * 4, cudaMemcpyHostToDevice));
+    e->b.input[IR_INPUT_BLOCK_TABLE] = dalloc((size_t)pages * 4);
+    CK(cudaMemcpy(e->b.input[IR_INPUT_BLOCK_TABLE], bt, (size_t)pages * 4, cudaMemcpyHostToDevice));
     free(bt);
     size_t esz = ir_dtype_size(cdt);
     for (int i = 0; i < 2; i++) {
@@ -801,8 +801,8 @@ static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n
         e->b.kv[i] = dalloc(bytes);
         CK(cudaMemset(e->b.kv[i], 0xff, bytes)); /* NaN: a read of an unwritten row shows */
     }
-    e->b.input[RT_INPUT_POSITIONS] = dalloc(TMAX * 4);
-    e->b.input[RT_INPUT_SLOTS] = dalloc(TMAX * 4);
+    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
     e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
     if (!e->rows)
         exit(1);
@@ -900,8 +900,8 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
         memcpy(e->hist1[q] + (size_t)e->pos_of[t] * e->row1, e->rows[c1->id] + (size_t)t * e->row1,
                (size_t)e->row1 * 4);
     }
-    CK(cudaMemcpy(e->b.input[RT_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(e->b.input[RT_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
     cg_options o;
     options_for(&o, e->cdt, e->bs);
     cg_ctx c;

@@ -208,7 +208,7 @@ static void prefill_all(rt_cuda *c, int V, float *const ref[N_SEQ], const char *
 
 /* Broken plans fail at init with the step and call named, and leave
  * nothing behind (the caller checks device memory). */
-static void check_bad_plans(rt_plan *plan, const rt_weights *w)
+static void check_bad_plans(ir_plan *plan, const rt_weights *w)
 {
     rt_cuda *c = NULL;
     char arch[sizeof plan->arch];
@@ -220,7 +220,7 @@ static void check_bad_plans(rt_plan *plan, const rt_weights *w)
     /* 4096 sequences of 2^20 tokens: terabytes of KV cache. */
     T_ERR(rt_cuda_init(plan, w, 4096, 1 << 20, &c), MOEC_ERR_CAPACITY, "MiB) free");
     T_CHECK(c == NULL);
-    rt_bucket *b0 = &plan->buckets[0], *bl = &plan->buckets[plan->n_buckets - 1];
+    ir_bucket *b0 = &plan->buckets[0], *bl = &plan->buckets[plan->n_buckets - 1];
     char *kept = b0->kernel_names[0];
     b0->kernel_names[0] = "no_such_kernel";
     T_ERR(rt_cuda_init(plan, w, 2, 64, &c), MOEC_ERR_CUDA,
@@ -228,10 +228,10 @@ static void check_bad_plans(rt_plan *plan, const rt_weights *w)
     b0->kernel_names[0] = kept;
     T_CHECK(c == NULL);
     for (int i = 0; i < bl->n_steps; i++) {
-        rt_step *s = &bl->steps[i];
-        if (s->kind == RT_STEP_KERNEL && s->n_args > 0) {
-            rt_arg keep = s->args[0];
-            s->args[0].kind = RT_ARG_ACT;
+        ir_step *s = &bl->steps[i];
+        if (s->kind == IR_STEP_KERNEL && s->n_args > 0) {
+            ir_arg keep = s->args[0];
+            s->args[0].kind = IR_ARG_ACT;
             s->args[0].index = plan->module->n_values + 5;
             T_ERR(rt_cuda_init(plan, w, 2, 64, &c), MOEC_ERR_INTERNAL, "argument 0: value id");
             s->args[0] = keep;
@@ -239,8 +239,8 @@ static void check_bad_plans(rt_plan *plan, const rt_weights *w)
         }
     }
     for (int i = 0; i < bl->n_steps; i++) {
-        rt_step *s = &bl->steps[i];
-        if (s->kind == RT_STEP_GEMM) {
+        ir_step *s = &bl->steps[i];
+        if (s->kind == IR_STEP_GEMM) {
             ir_dtype keep = s->gemm.type_c;
             s->gemm.type_c = keep == IR_DTYPE_F32 ? IR_DTYPE_BF16 : IR_DTYPE_F32;
             T_ERR(rt_cuda_init(plan, w, 2, 64, &c), MOEC_ERR_INTERNAL, "but the gemm reads it as");
@@ -271,7 +271,7 @@ static void check_batch(const char *name, const moec_model_t *m, const char *dir
 
     ir_module *fm = NULL;
     rt_weights *w = NULL;
-    rt_plan *plan = NULL;
+    ir_plan *plan = NULL;
     rt_cuda *together = NULL, *alone = NULL;
     pass_options po;
     pass_options_default(&po);
@@ -353,7 +353,7 @@ static void check_batch(const char *name, const moec_model_t *m, const char *dir
         printf("%-18s device memory free: %zu bytes before two contexts (%zu bytes), %zu after\n",
                name, free_before, held, free_after);
     T_CHECK(free_after == free_before);
-    rt_plan_free(plan);
+    ir_plan_free(plan);
     rt_weights_free(w);
     ir_module_free(fm);
     for (int s = 0; s < N_SEQ; s++)

@@ -115,24 +115,24 @@ static void check_steps(const cg_ctx *c)
 {
     int bad = 0;
     for (int i = 0; i < c->n_steps; i++) {
-        const rt_step *s = &c->steps[i];
-        if (s->stream < 0 || s->stream > 1 || s->n_args < 0 || s->n_args > RT_MAX_ARGS)
+        const ir_step *s = &c->steps[i];
+        if (s->stream < 0 || s->stream > 1 || s->n_args < 0 || s->n_args > IR_MAX_ARGS)
             bad++;
-        if (s->kind == RT_STEP_KERNEL) {
+        if (s->kind == IR_STEP_KERNEL) {
             unsigned threads = s->block[0] * s->block[1] * s->block[2];
             if (s->kernel < 0 || s->kernel >= c->n_kernels || threads == 0 || threads > 1024 ||
                 threads % 32 || s->grid[0] == 0 || s->grid[1] == 0 || s->grid[2] == 0)
                 bad++;
         }
-        const rt_arg *args = s->kind == RT_STEP_GEMM ? &s->gemm.a : s->args;
-        int n = s->kind == RT_STEP_GEMM ? 3 : s->n_args;
+        const ir_arg *args = s->kind == IR_STEP_GEMM ? &s->gemm.a : s->args;
+        int n = s->kind == IR_STEP_GEMM ? 3 : s->n_args;
         for (int a = 0; a < n; a++)
-            if ((args[a].kind == RT_ARG_ACT || args[a].kind == RT_ARG_WEIGHT) &&
+            if ((args[a].kind == IR_ARG_ACT || args[a].kind == IR_ARG_WEIGHT) &&
                 (args[a].index < 0 || args[a].index >= c->m->n_values ||
-                 (args[a].kind == RT_ARG_ACT) !=
+                 (args[a].kind == IR_ARG_ACT) !=
                      (c->m->values[args[a].index]->kind == IR_VALUE_OP)))
                 bad++;
-        if (s->kind == RT_STEP_GEMM &&
+        if (s->kind == IR_STEP_GEMM &&
             (s->gemm.m < 1 || s->gemm.n != c->T || s->gemm.k < 1 || s->gemm.batch < 1))
             bad++;
     }
@@ -472,7 +472,7 @@ static const ir_op *op_of(const ir_module *m, const char *result)
 }
 
 /* The step op `result` recorded (its only kernel or GEMM step). */
-static const rt_step *step_of(const cg_ctx *c, const char *result)
+static const ir_step *step_of(const cg_ctx *c, const char *result)
 {
     const ir_op *op = op_of(c->m, result);
     int first;
@@ -482,19 +482,19 @@ static const rt_step *step_of(const cg_ctx *c, const char *result)
     }
     for (int i = first; i < c->n_steps; i++)
         if (c->steps[i].op_id == op->id &&
-            (c->steps[i].kind == RT_STEP_KERNEL || c->steps[i].kind == RT_STEP_GEMM))
+            (c->steps[i].kind == IR_STEP_KERNEL || c->steps[i].kind == IR_STEP_GEMM))
             return &c->steps[i];
     return &c->steps[first];
 }
 
-static const char *kname(const cg_ctx *c, const rt_step *s)
+static const char *kname(const cg_ctx *c, const ir_step *s)
 {
-    return s && s->kind == RT_STEP_KERNEL && s->kernel >= 0 && s->kernel < c->n_kernels
+    return s && s->kind == IR_STEP_KERNEL && s->kernel >= 0 && s->kernel < c->n_kernels
                ? c->kernel_names[s->kernel]
                : "";
 }
 
-static int is_arg(rt_arg a, rt_arg_kind kind, int index)
+static int is_arg(ir_arg a, ir_arg_kind kind, int index)
 {
     return a.kind == kind && a.index == index;
 }
@@ -508,8 +508,8 @@ static int vid(const cg_ctx *c, const char *name)
 static void expect_kernel(const cg_ctx *c, const char *result, const char *name, unsigned grid0,
                           unsigned grid1, unsigned block0, int n_args)
 {
-    const rt_step *s = step_of(c, result);
-    int ok = s && s->kind == RT_STEP_KERNEL && !strcmp(kname(c, s), name) && s->grid[0] == grid0 &&
+    const ir_step *s = step_of(c, result);
+    int ok = s && s->kind == IR_STEP_KERNEL && !strcmp(kname(c, s), name) && s->grid[0] == grid0 &&
              s->grid[1] == grid1 && s->grid[2] == 1 && s->block[0] == block0 && s->block[1] == 1 &&
              s->n_args == n_args;
     if (!ok && s)
@@ -524,9 +524,9 @@ static void expect_kernel(const cg_ctx *c, const char *result, const char *name,
 static void expect_gemm(const cg_ctx *c, const char *result, int ta, int m, int n, int k, int batch,
                         int64_t lda, int64_t ldb, int64_t ldc, int64_t sa, int64_t sb, int64_t sc)
 {
-    const rt_step *s = step_of(c, result);
-    const rt_gemm *g = s ? &s->gemm : NULL;
-    int ok = s && s->kind == RT_STEP_GEMM && g->trans_a == ta && g->trans_b == 0 && g->m == m &&
+    const ir_step *s = step_of(c, result);
+    const ir_gemm *g = s ? &s->gemm : NULL;
+    int ok = s && s->kind == IR_STEP_GEMM && g->trans_a == ta && g->trans_b == 0 && g->m == m &&
              g->n == n && g->k == k && g->batch == batch && g->lda == lda && g->ldb == ldb &&
              g->ldc == ldc && g->stride_a == sa && g->stride_b == sb && g->stride_c == sc;
     if (!ok && g)
@@ -558,19 +558,19 @@ static void test_gemv(void)
         ctx_init(&c, m, &o, T);
         for (int k = 0; k < m->n_ops; k++)
             T_OK(cg_emit_op(&c, m->ops[k]));
-        const rt_step *s = step_of(&c, "y");
+        const ir_step *s = step_of(&c, "y");
         if (T > 4) {
-            T_CHECK(s && s->kind == RT_STEP_GEMM);
+            T_CHECK(s && s->kind == IR_STEP_GEMM);
             ctx_free(&c);
             continue;
         }
         char want[128];
         snprintf(want, sizeof want, "linear_gemv_n96_k64_rb1_t%d_bf16_bf16_bf16_bbf16", T);
         expect_kernel(&c, "y", want, 96, 1, 256, 5);
-        T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "h")) &&
-                is_arg(s->args[1], RT_ARG_WEIGHT, vid(&c, "w1")) &&
-                is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "b1")) && s->args[3].kind == RT_ARG_F32 &&
-                s->args[3].f == 1.0 && is_arg(s->args[4], RT_ARG_ACT, vid(&c, "y")));
+        T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "h")) &&
+                is_arg(s->args[1], IR_ARG_WEIGHT, vid(&c, "w1")) &&
+                is_arg(s->args[2], IR_ARG_WEIGHT, vid(&c, "b1")) && s->args[3].kind == IR_ARG_F32 &&
+                s->args[3].f == 1.0 && is_arg(s->args[4], IR_ARG_ACT, vid(&c, "y")));
         snprintf(want, sizeof want, "linear_gemv_n96_k64_rb1_t%d_bf16_bf16_bf16", T);
         expect_kernel(&c, "y2", want, 96, 1, 256, 5);
         s = step_of(&c, "y2");
@@ -602,29 +602,29 @@ static void test_unit_ops(void)
 
     /* embedding: grid (chunks of 8 per 32-thread block, T) */
     expect_kernel(&c, "x", "embedding_v256_h64_t8_bf16", 1, 8, 32, 3);
-    const rt_step *s = step_of(&c, "x");
-    T_CHECK(s && is_arg(s->args[0], RT_ARG_INPUT, RT_INPUT_TOKENS) &&
-            is_arg(s->args[1], RT_ARG_WEIGHT, vid(&c, "embed")) &&
-            is_arg(s->args[2], RT_ARG_ACT, vid(&c, "x")));
+    const ir_step *s = step_of(&c, "x");
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_INPUT, IR_INPUT_TOKENS) &&
+            is_arg(s->args[1], IR_ARG_WEIGHT, vid(&c, "embed")) &&
+            is_arg(s->args[2], IR_ARG_ACT, vid(&c, "x")));
     /* rms_norm: short rows one warp each, 4 to a block; long rows a block each */
     expect_kernel(&c, "h", "rms_norm_d64_t8_bf16", 2, 1, 128, 4);
     s = step_of(&c, "h");
-    T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "x")) &&
-            is_arg(s->args[1], RT_ARG_WEIGHT, vid(&c, "norm")) &&
-            is_arg(s->args[2], RT_ARG_ACT, vid(&c, "h")) && s->args[3].kind == RT_ARG_F32 &&
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "x")) &&
+            is_arg(s->args[1], IR_ARG_WEIGHT, vid(&c, "norm")) &&
+            is_arg(s->args[2], IR_ARG_ACT, vid(&c, "h")) && s->args[3].kind == IR_ARG_F32 &&
             s->args[3].f == 1e-6);
     expect_kernel(&c, "wn", "rms_norm_d2048_t8_bf16", 8, 1, 256, 4);
     /* identical specializations share a kernel */
-    const rt_step *h2 = step_of(&c, "h2");
+    const ir_step *h2 = step_of(&c, "h2");
     T_CHECK(h2 && s && h2->kernel == s->kernel);
     /* linear: column-major C(N x T) = W^T x */
     expect_gemm(&c, "y", 1, 96, 8, 64, 1, 64, 64, 96, 0, 0, 0);
     s = step_of(&c, "y");
-    T_CHECK(s && s->gemm.has_bias && is_arg(s->gemm.bias, RT_ARG_WEIGHT, vid(&c, "b1")) &&
+    T_CHECK(s && s->gemm.has_bias && is_arg(s->gemm.bias, IR_ARG_WEIGHT, vid(&c, "b1")) &&
             s->gemm.type_bias == IR_DTYPE_BF16 && s->gemm.alpha == 1.0f &&
-            is_arg(s->gemm.a, RT_ARG_WEIGHT, vid(&c, "w1")) &&
-            is_arg(s->gemm.b, RT_ARG_ACT, vid(&c, "h")) &&
-            is_arg(s->gemm.c, RT_ARG_ACT, vid(&c, "y")) && s->gemm.type_a == IR_DTYPE_BF16 &&
+            is_arg(s->gemm.a, IR_ARG_WEIGHT, vid(&c, "w1")) &&
+            is_arg(s->gemm.b, IR_ARG_ACT, vid(&c, "h")) &&
+            is_arg(s->gemm.c, IR_ARG_ACT, vid(&c, "y")) && s->gemm.type_a == IR_DTYPE_BF16 &&
             s->gemm.type_b == IR_DTYPE_BF16 && s->gemm.type_c == IR_DTYPE_BF16);
     s = step_of(&c, "y2");
     T_CHECK(s && !s->gemm.has_bias && s->gemm.alpha == 0.5f);
@@ -638,16 +638,16 @@ static void test_unit_ops(void)
     expect_kernel(&c, "qp", "slice_r4_s24_o16_l8_t8_bf16", 1, 1, 256, 2);
     expect_kernel(&c, "qf", "concat_r4_l24_16_8_t8_bf16", 1, 1, 256, 3);
     s = step_of(&c, "qf");
-    T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "qn")) &&
-            is_arg(s->args[1], RT_ARG_ACT, vid(&c, "qr")) &&
-            is_arg(s->args[2], RT_ARG_ACT, vid(&c, "qf")));
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "qn")) &&
+            is_arg(s->args[1], IR_ARG_ACT, vid(&c, "qr")) &&
+            is_arg(s->args[2], IR_ARG_ACT, vid(&c, "qf")));
     expect_kernel(&c, "ke", "expand_1x8_4x8_t8_bf16", 1, 1, 256, 2);
     /* elementwise */
     expect_kernel(&c, "s", "silu_n64_t8_bf16", 1, 1, 256, 2);
     expect_kernel(&c, "g", "sigmoid_n64_t8_bf16", 1, 1, 256, 2);
     expect_kernel(&c, "a", "add_n64_t8_bf16", 1, 1, 256, 4);
     s = step_of(&c, "a");
-    T_CHECK(s && s->args[3].kind == RT_ARG_F32 && s->args[3].f == 2.0);
+    T_CHECK(s && s->args[3].kind == IR_ARG_F32 && s->args[3].f == 2.0);
     expect_kernel(&c, "ob", "mul_Tx4x16_bTx4x1_t8_bf16", 1, 1, 256, 3);
     expect_kernel(&c, "sm", "silu_mul_r1_i48_t8_bf16", 1, 1, 256, 2);
     expect_kernel(&c, "r", "reduce_sum_r1_n4_i16_t8_bf16", 1, 1, 256, 2);
@@ -655,7 +655,7 @@ static void test_unit_ops(void)
     s = step_of(&c, "qr");
     T_CHECK(s && !strncmp(kname(&c, s), "rope_interleave_h4_d8_t8_bf16_", 30) && s->grid[0] == 1 &&
             s->block[0] == 256 && s->n_args == 3 &&
-            is_arg(s->args[1], RT_ARG_INPUT, RT_INPUT_POSITIONS));
+            is_arg(s->args[1], IR_ARG_INPUT, IR_INPUT_POSITIONS));
     s = step_of(&c, "qx");
     T_CHECK(s && !strncmp(kname(&c, s), "rope_neox_h4_d8_t8_bf16_", 24));
     /* the YaRN table as docs/IR.md defines it: i = 0 extrapolates (ramp 0),
@@ -673,17 +673,17 @@ static void test_unit_ops(void)
     expect_gemm(&c, "qc", 0, 32, 8, 16, 4, 32, 64, 128, 1024, 16, 32);
     expect_gemm(&c, "o", 1, 16, 8, 32, 4, 32, 128, 64, 1024, 32, 16);
     s = step_of(&c, "qc");
-    T_CHECK(s && s->gemm.a.i == 0 && is_arg(s->gemm.a, RT_ARG_WEIGHT, vid(&c, "kv_b")));
+    T_CHECK(s && s->gemm.a.i == 0 && is_arg(s->gemm.a, IR_ARG_WEIGHT, vid(&c, "kv_b")));
     s = step_of(&c, "o");
-    T_CHECK(s && s->gemm.a.i == 16 * 32 * 2 && is_arg(s->gemm.b, RT_ARG_ACT, vid(&c, "qc")));
+    T_CHECK(s && s->gemm.a.i == 16 * 32 * 2 && is_arg(s->gemm.b, IR_ARG_ACT, vid(&c, "qc")));
     /* fork: event then copy on stream 1; join: event then copy on stream 0 */
     int first;
     const ir_op *fork = op_of(m, "f"), *join = op_of(m, "j");
-    T_CHECK(fork && steps_of(&c, fork->id, &first) == 2 && c.steps[first].kind == RT_STEP_FORK &&
-            c.steps[first].stream == 1 && c.steps[first + 1].kind == RT_STEP_KERNEL &&
+    T_CHECK(fork && steps_of(&c, fork->id, &first) == 2 && c.steps[first].kind == IR_STEP_FORK &&
+            c.steps[first].stream == 1 && c.steps[first + 1].kind == IR_STEP_KERNEL &&
             c.steps[first + 1].stream == 1 &&
             !strcmp(kname(&c, &c.steps[first + 1]), "copy_n64_t8_bf16"));
-    T_CHECK(join && steps_of(&c, join->id, &first) == 2 && c.steps[first].kind == RT_STEP_JOIN &&
+    T_CHECK(join && steps_of(&c, join->id, &first) == 2 && c.steps[first].kind == IR_STEP_JOIN &&
             c.steps[first].stream == 0 && c.steps[first + 1].stream == 0);
     s = step_of(&c, "fs");
     T_CHECK(s && s->stream == 1);
@@ -754,13 +754,13 @@ static void test_aliases(void)
         check_steps(&c);
         int first;
         T_CHECK(steps_of(&c, q->def->id, &first) == 0);
-        T_CHECK(steps_of(&c, f->def->id, &first) == 1 && c.steps[first].kind == RT_STEP_FORK &&
+        T_CHECK(steps_of(&c, f->def->id, &first) == 1 && c.steps[first].kind == IR_STEP_FORK &&
                 c.steps[first].stream == 1);
-        T_CHECK(steps_of(&c, j->def->id, &first) == 1 && c.steps[first].kind == RT_STEP_JOIN &&
+        T_CHECK(steps_of(&c, j->def->id, &first) == 1 && c.steps[first].kind == IR_STEP_JOIN &&
                 c.steps[first].stream == 0);
         /* the slice of q reads q's (= y's) bytes */
-        const rt_step *s = step_of(&c, "qn");
-        T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "q")));
+        const ir_step *s = step_of(&c, "qn");
+        T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "q")));
         if (dt == 0)
             expect_kernel(&c, "logits", "copy_n256_t8_f32_bf16", 1, 1, 256, 2);
         else /* everything f32: the output reshape could alias, but was planned apart */
@@ -797,16 +797,16 @@ static int check_no_alias_copies(const ir_module *m)
         }
         int bad = 0, n = 0, forks = 0, joins = 0, events = 0;
         for (int i = 0; i < c.n_steps; i++) {
-            const rt_step *s = &c.steps[i];
-            if (s->kind == RT_STEP_KERNEL || s->kind == RT_STEP_GEMM)
+            const ir_step *s = &c.steps[i];
+            if (s->kind == IR_STEP_KERNEL || s->kind == IR_STEP_GEMM)
                 n++;
             if (s->op_id < 0 || s->op_id >= m->n_ops)
                 continue;
             ir_op_kind k = m->ops[s->op_id]->kind;
             if (k == IR_OP_RESHAPE || ((k == IR_OP_FORK || k == IR_OP_JOIN) &&
-                                       s->kind != RT_STEP_FORK && s->kind != RT_STEP_JOIN))
+                                       s->kind != IR_STEP_FORK && s->kind != IR_STEP_JOIN))
                 bad++;
-            events += s->kind == RT_STEP_FORK || s->kind == RT_STEP_JOIN;
+            events += s->kind == IR_STEP_FORK || s->kind == IR_STEP_JOIN;
         }
         for (int k = 0; k < m->n_ops; k++) {
             forks += m->ops[k]->kind == IR_OP_FORK;
@@ -867,30 +867,30 @@ static void test_add_rms_norm(void)
     check_steps(&c);
     /* 64 wide: a warp per row, 4 rows a block */
     expect_kernel(&c, "r", "add_rms_norm_d64_t8_bf16", 2, 1, 128, 7);
-    const rt_step *s = step_of(&c, "r");
-    T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "x")) &&
-            is_arg(s->args[1], RT_ARG_ACT, vid(&c, "x2")) &&
-            is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "norm")) &&
-            is_arg(s->args[3], RT_ARG_ACT, vid(&c, "r")) &&
-            is_arg(s->args[4], RT_ARG_ACT, vid(&c, "h")) && s->args[5].kind == RT_ARG_F32 &&
-            s->args[5].f == 2.5 && s->args[6].kind == RT_ARG_F32 && s->args[6].f == 1e-6);
+    const ir_step *s = step_of(&c, "r");
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "x")) &&
+            is_arg(s->args[1], IR_ARG_ACT, vid(&c, "x2")) &&
+            is_arg(s->args[2], IR_ARG_WEIGHT, vid(&c, "norm")) &&
+            is_arg(s->args[3], IR_ARG_ACT, vid(&c, "r")) &&
+            is_arg(s->args[4], IR_ARG_ACT, vid(&c, "h")) && s->args[5].kind == IR_ARG_F32 &&
+            s->args[5].f == 2.5 && s->args[6].kind == IR_ARG_F32 && s->args[6].f == 1e-6);
     /* one step for the op, whose two results are both named by it */
     int first;
     const ir_op *op = op_of(m, "h");
     T_CHECK(op && op == op_of(m, "r") && steps_of(&c, op->id, &first) == 1);
     /* alpha defaults to 1; the same specialization shares the kernel */
-    const rt_step *s2 = step_of(&c, "r2");
+    const ir_step *s2 = step_of(&c, "r2");
     T_CHECK(s && s2 && s2->kernel == s->kernel && s2->args[5].f == 1.0 && s2->args[6].f == 1e-5);
     /* an f32 weight: every dtype in the name (sum, normed, a, b, w) */
     expect_kernel(&c, "r3", "add_rms_norm_d64_t8_bf16_bf16_bf16_bf16_f32", 2, 1, 128, 7);
     /* the hidden size: a block per row, 256 threads of 8 elements */
     expect_kernel(&c, "wr", "add_rms_norm_d2048_t8_bf16", 8, 1, 256, 7);
     s = step_of(&c, "wr");
-    T_CHECK(s && is_arg(s->args[0], RT_ARG_ACT, vid(&c, "wd")) &&
-            is_arg(s->args[1], RT_ARG_ACT, vid(&c, "wd")) &&
-            is_arg(s->args[2], RT_ARG_WEIGHT, vid(&c, "wide_norm")) &&
-            is_arg(s->args[3], RT_ARG_ACT, vid(&c, "wr")) &&
-            is_arg(s->args[4], RT_ARG_ACT, vid(&c, "wh")));
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "wd")) &&
+            is_arg(s->args[1], IR_ARG_ACT, vid(&c, "wd")) &&
+            is_arg(s->args[2], IR_ARG_WEIGHT, vid(&c, "wide_norm")) &&
+            is_arg(s->args[3], IR_ARG_ACT, vid(&c, "wr")) &&
+            is_arg(s->args[4], IR_ARG_ACT, vid(&c, "wh")));
     /* rows too long for registers: 1024 threads, the sum read back */
     expect_kernel(&c, "hr", "add_rms_norm_d73728_t8_bf16", 8, 1, 1024, 7);
     const char *src = c.src.data ? c.src.data : "";
@@ -920,8 +920,8 @@ static void test_add_rms_norm(void)
 /* ---- the GEMM steps mean what the ops do ---------------------------------------- */
 
 /* C = alpha * op(A) op(B) (+ bias) per batch, column-major, as cuBLASLt reads
- * an rt_gemm (plan.h); a.i is a byte offset of `esize`-byte elements. */
-static void gemm_ref(const rt_gemm *g, const float *a, const float *b, const float *bias, float *c,
+ * an ir_gemm (plan.h); a.i is a byte offset of `esize`-byte elements. */
+static void gemm_ref(const ir_gemm *g, const float *a, const float *b, const float *bias, float *c,
                      size_t esize)
 {
     a += g->a.i / (int64_t)esize;
@@ -969,7 +969,7 @@ static void test_gemm_semantics(void)
     float *x = rand_buf(T * 64, &rng), *w = rand_buf(96 * 64, &rng), *bias = rand_buf(96, &rng);
     float *kvb = rand_buf(H * (DN + DV) * R, &rng), *q = rand_buf(T * H * DN, &rng);
     float *oc = rand_buf(T * H * R, &rng), *out = calloc(T * H * R + 96 * T, sizeof(float));
-    const rt_step *s = step_of(&c, "y");
+    const ir_step *s = step_of(&c, "y");
     double worst = 0;
     if (s && x && w && bias && kvb && q && oc && out) {
         gemm_ref(&s->gemm, w, x, bias, out, 2);
@@ -1033,16 +1033,16 @@ static void test_storage(void)
     T_CHECK(router && ids && w && bias && embed && norm);
     if (router && ids && w && bias && embed && norm) {
         ir_dtype bf = IR_DTYPE_BF16;
-        T_CHECK(rt_value_storage_dtype(m, logits, bf) == IR_DTYPE_F32);
-        T_CHECK(rt_value_storage_dtype(m, router, bf) == IR_DTYPE_F32);
-        T_CHECK(rt_value_storage_dtype(m, ids, bf) == IR_DTYPE_I32);
-        T_CHECK(rt_value_storage_dtype(m, w, bf) == IR_DTYPE_F32);
-        T_CHECK(rt_value_storage_dtype(m, bias, bf) == IR_DTYPE_F32);
-        T_CHECK(rt_value_storage_dtype(m, embed, bf) == IR_DTYPE_BF16);
-        T_CHECK(rt_value_storage_dtype(m, norm, bf) == IR_DTYPE_BF16);
-        T_CHECK(rt_value_storage_dtype(m, norm, IR_DTYPE_F16) == IR_DTYPE_F16);
-        T_CHECK(rt_value_storage_dtype(m, embed, IR_DTYPE_F32) == IR_DTYPE_F32);
-        T_CHECK(rt_value_storage_dtype(m, m->inputs[0], bf) == IR_DTYPE_I32);
+        T_CHECK(ir_value_storage_dtype(m, logits, bf) == IR_DTYPE_F32);
+        T_CHECK(ir_value_storage_dtype(m, router, bf) == IR_DTYPE_F32);
+        T_CHECK(ir_value_storage_dtype(m, ids, bf) == IR_DTYPE_I32);
+        T_CHECK(ir_value_storage_dtype(m, w, bf) == IR_DTYPE_F32);
+        T_CHECK(ir_value_storage_dtype(m, bias, bf) == IR_DTYPE_F32);
+        T_CHECK(ir_value_storage_dtype(m, embed, bf) == IR_DTYPE_BF16);
+        T_CHECK(ir_value_storage_dtype(m, norm, bf) == IR_DTYPE_BF16);
+        T_CHECK(ir_value_storage_dtype(m, norm, IR_DTYPE_F16) == IR_DTYPE_F16);
+        T_CHECK(ir_value_storage_dtype(m, embed, IR_DTYPE_F32) == IR_DTYPE_F32);
+        T_CHECK(ir_value_storage_dtype(m, m->inputs[0], bf) == IR_DTYPE_I32);
     }
     ir_module_free(m);
     T_CHECK(!strcmp(cg_ctype(IR_DTYPE_BF16), "__nv_bfloat16") &&
@@ -1070,7 +1070,7 @@ static void test_plan_build(const ir_module *m)
     o.cache_dir = g_cache;
     o.progress = progress;
     n_progress = last_done = last_total = 0;
-    rt_plan *p = NULL;
+    ir_plan *p = NULL;
     moec_status st = cg_plan_build(m, &o, &p);
     if (st != MOEC_OK && (not_yet(st) || !HAVE_NVRTC)) {
         fprintf(stderr, "note: no full plan for %s yet: %s\n", m->name, moec_last_error());
@@ -1087,14 +1087,14 @@ static void test_plan_build(const ir_module *m)
         kernels += p->buckets[b].n_kernels;
     T_CHECK(last_done == kernels && last_total == kernels);
     for (int b = 0; b < p->n_buckets; b++) {
-        const rt_bucket *bk = &p->buckets[b];
+        const ir_bucket *bk = &p->buckets[b];
         T_CHECK(bk->T == o.buckets[b] && bk->cubin_size > 4 && !memcmp(bk->cubin, "\177ELF", 4) &&
                 bk->n_kernels > 0 && bk->n_steps > m->n_ops / 2 &&
                 bk->arena_bytes == (size_t)arena * (size_t)bk->T);
-        const rt_step *last = &bk->steps[bk->n_steps - 1];
-        T_CHECK(last->kind == RT_STEP_KERNEL && last->stream == 0);
+        const ir_step *last = &bk->steps[bk->n_steps - 1];
+        T_CHECK(last->kind == IR_STEP_KERNEL && last->stream == 0);
     }
-    rt_plan_free(p);
+    ir_plan_free(p);
 }
 
 static void test_model(const char *name)
@@ -1122,7 +1122,7 @@ static void test_model(const char *name)
             rb *= 2;
         snprintf(want, sizeof want, "linear_gemv_n%lld_k%lld_rb%d_t2_bf16_bf16_f32", N,
                  (long long)head->in[1]->type.dims[1], rb);
-        T_CHECK(c.n_steps == 1 && c.steps[0].kind == RT_STEP_KERNEL &&
+        T_CHECK(c.n_steps == 1 && c.steps[0].kind == IR_STEP_KERNEL &&
                 !strcmp(kname(&c, &c.steps[0]), want) &&
                 c.steps[0].grid[0] == (unsigned)((N + rb - 1) / rb));
     }
@@ -1172,7 +1172,7 @@ static void test_plan_errors(void)
     ir_module *m = load_model("qwen3_moe");
     if (!m)
         return;
-    rt_plan *p = (rt_plan *)1;
+    ir_plan *p = (ir_plan *)1;
     T_ERR(cg_plan_build(m, NULL, &p), MOEC_ERR_INVALID_ARG, "arena_bytes_per_token");
     T_CHECK(p == NULL);
     plan_trivially(m);

@@ -104,8 +104,8 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
     }
     T_CHECK(c->n_steps == want);
     for (int i = 0; i < c->n_steps; i++) {
-        const rt_step *s = &c->steps[i];
-        T_CHECK(s->kind == RT_STEP_KERNEL);
+        const ir_step *s = &c->steps[i];
+        T_CHECK(s->kind == IR_STEP_KERNEL);
         T_CHECK(s->kernel >= 0 && s->kernel < c->n_kernels);
         if (s->kernel < 0 || s->kernel >= c->n_kernels)
             continue;
@@ -123,7 +123,7 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->smem == 0 || (strstr(name, "_mma_") && s->smem <= 227 * 1024));
         T_CHECK(has_header(c->src.data, name));
         for (int a = 0; a < s->n_args; a++)
-            if (s->args[a].kind == RT_ARG_SCRATCH)
+            if (s->args[a].kind == IR_ARG_SCRATCH)
                 T_CHECK(s->args[a].i >= 0 && (size_t)s->args[a].i < c->scratch_bytes &&
                         s->args[a].i % 16 == 0);
     }
@@ -286,8 +286,8 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     int a = steps_of(m, c, IR_OP_MLA_ATTENTION);
     T_CHECK(a >= 0);
     if (a >= 0) {
-        const rt_step *w = &c->steps[a], *s = &c->steps[a + 1];
-        T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 8 && w->args[6].kind == RT_ARG_KV &&
+        const ir_step *w = &c->steps[a], *s = &c->steps[a + 1];
+        T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 8 && w->args[6].kind == IR_ARG_KV &&
                 w->args[6].i == 0 && w->args[7].i == 1);
         /* every head of a token in one block: the cache rows are read once;
            the sequence split to fill the GPU */
@@ -299,13 +299,13 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + 16 * 36 * 4 + 16 * 40 * 2 + 192);
         T_CHECK(s->n_args == (ns > 1 ? 13 : 11));
         if (ns > 1) {
-            const rt_step *cb = s + 1;
+            const ir_step *cb = s + 1;
             T_CHECK(strstr(c->kernel_names[cb->kernel], "mla_combine_h16_r512") != NULL);
             T_CHECK(cb->grid[0] == (unsigned)T && cb->grid[1] == 16 && cb->n_args == 6);
             T_CHECK(cb->args[3].i == s->args[11].i && cb->args[4].i == s->args[12].i);
         }
-        T_CHECK(s->args[5].kind == RT_ARG_CONFIG && s->args[5].index == RT_CONFIG_MAX_BLOCKS);
-        T_CHECK(s->args[9].kind == RT_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
+        T_CHECK(s->args[5].kind == IR_ARG_CONFIG && s->args[5].index == IR_CONFIG_MAX_BLOCKS);
+        T_CHECK(s->args[9].kind == IR_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
     }
     int k = steps_of(m, c, IR_OP_MOE_TOPK);
     T_CHECK(k >= 0 && c->steps[k].grid[0] == (unsigned)(T + 3) / 4 && c->steps[k].block[0] == 128);
@@ -319,7 +319,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
-    const rt_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
+    const ir_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
     char want[128];
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
              mma ? "mma_w1_u8" : "rw4", T);
@@ -344,10 +344,10 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     T_CHECK(gu->args[6].i == (int64_t)reserve(&top, (size_t)n * 1408 * 4));
     T_CHECK(sm->args[0].i == (int64_t)reserve(&top, (size_t)n * 2048 * 4));
     T_CHECK(c->scratch_bytes == top);
-    T_CHECK(gu->args[1].kind == RT_ARG_WEIGHT && gu->args[2].index == gu->args[1].index);
-    T_CHECK(dn->args[5].kind == RT_ARG_ACT && dn->args[6].kind == RT_ARG_F32 &&
+    T_CHECK(gu->args[1].kind == IR_ARG_WEIGHT && gu->args[2].index == gu->args[1].index);
+    T_CHECK(dn->args[5].kind == IR_ARG_ACT && dn->args[6].kind == IR_ARG_F32 &&
             dn->args[6].f == 1.0);
-    T_CHECK(sm->args[2].kind == RT_ARG_ACT && sm->args[2].index == ir_module_find_value(m, "y")->id);
+    T_CHECK(sm->args[2].kind == IR_ARG_ACT && sm->args[2].index == ir_module_find_value(m, "y")->id);
 }
 
 /* DeepSeek-V3: MLA 128 heads, sigmoid routing with bias over 8 groups (4
@@ -359,8 +359,8 @@ static void check_v3(const ir_module *m, const cg_ctx *c)
     int k = steps_of(m, c, IR_OP_MOE_TOPK);
     T_CHECK(k >= 0);
     if (k >= 0) {
-        const rt_step *s = &c->steps[k];
-        T_CHECK(s->n_args == 5 && s->args[1].kind == RT_ARG_WEIGHT && s->args[4].f == 2.5);
+        const ir_step *s = &c->steps[k];
+        T_CHECK(s->n_args == 5 && s->args[1].kind == IR_ARG_WEIGHT && s->args[4].f == 2.5);
         T_CHECK(strstr(c->kernel_names[s->kernel], "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") !=
                 NULL);
     }
@@ -379,28 +379,28 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
     int a = steps_of(m, c, IR_OP_ATTENTION);
     T_CHECK(a >= 0);
     if (a >= 0) {
-        const rt_step *w = &c->steps[a], *s = &c->steps[a + 1];
-        T_CHECK(w->grid[0] == (unsigned)c->T && w->args[0].kind == RT_ARG_ACT);
+        const ir_step *w = &c->steps[a], *s = &c->steps[a + 1];
+        T_CHECK(w->grid[0] == (unsigned)c->T && w->args[0].kind == IR_ARG_ACT);
         /* a block per (token, kv head, split): the 8 heads of a group share its reads */
         T_CHECK(s->grid[0] == (unsigned)c->T && s->grid[1] == 4 &&
                 s->grid[2] == (unsigned)splits(c->T * 4));
         T_CHECK(strstr(c->kernel_names[s->kernel], "attn_h32_hkv4_dk128_dv128_gb8") != NULL);
-        T_CHECK(s->args[1].kind == RT_ARG_INPUT && s->args[1].index == RT_INPUT_POSITIONS);
-        T_CHECK(s->args[2].kind == RT_ARG_INPUT && s->args[2].index == RT_INPUT_SLOTS);
-        T_CHECK(s->args[3].kind == RT_ARG_INPUT && s->args[3].index == RT_INPUT_BLOCK_TABLE);
-        T_CHECK(s->args[9].kind == RT_ARG_I32 && s->args[9].i == 0);
+        T_CHECK(s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
+        T_CHECK(s->args[2].kind == IR_ARG_INPUT && s->args[2].index == IR_INPUT_SLOTS);
+        T_CHECK(s->args[3].kind == IR_ARG_INPUT && s->args[3].index == IR_INPUT_BLOCK_TABLE);
+        T_CHECK(s->args[9].kind == IR_ARG_I32 && s->args[9].i == 0);
     }
     int r = steps_of(m, c, IR_OP_MOE_ROUTED);
     T_CHECK(r >= 0);
     if (r >= 0) {
-        const rt_step *gu = &c->steps[r + 1];
+        const ir_step *gu = &c->steps[r + 1];
         T_CHECK(strstr(c->kernel_names[gu->kernel], "_split") != NULL);
-        T_CHECK(gu->args[1].kind == RT_ARG_WEIGHT && gu->args[2].kind == RT_ARG_WEIGHT &&
+        T_CHECK(gu->args[1].kind == IR_ARG_WEIGHT && gu->args[2].kind == IR_ARG_WEIGHT &&
                 gu->args[1].index != gu->args[2].index);
     }
     int last = c->n_steps - 1;
-    T_CHECK(c->steps[last].args[1].kind == RT_ARG_INPUT &&
-            c->steps[last].args[1].index == RT_INPUT_SAMPLED && c->steps[last].grid[0] == (unsigned)c->T);
+    T_CHECK(c->steps[last].args[1].kind == IR_ARG_INPUT &&
+            c->steps[last].args[1].index == IR_INPUT_SAMPLED && c->steps[last].grid[0] == (unsigned)c->T);
 }
 
 static void test_real_shapes(void)
@@ -446,8 +446,8 @@ static void check_odd(const ir_module *m, const cg_ctx *c)
     if (e < 0)
         return;
     /* no router weights: the down GEMM writes the [T, K, H] result itself */
-    const rt_step *dn = &c->steps[e + 2];
-    T_CHECK(dn->n_args == 6 && dn->args[5].kind == RT_ARG_ACT &&
+    const ir_step *dn = &c->steps[e + 2];
+    T_CHECK(dn->n_args == 6 && dn->args[5].kind == IR_ARG_ACT &&
             dn->args[5].index == ir_module_find_value(m, "y")->id);
     T_CHECK(strstr(c->kernel_names[dn->kernel], "_now") != NULL);
 }

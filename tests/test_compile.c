@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "compiler/api_internal.h"
-#include "runtime/plan_file.h"
+#include "runtime/plan_check.h"
 #include "testlib.h"
 
 #ifdef MOEC_HAVE_CUDA
@@ -56,12 +56,12 @@ static const char *tmp_path(const char *name)
 
 /* The plan read back from path equals p (built in-process) step for step,
  * and its cubins byte for byte. */
-static void check_same_plan(const rt_plan *p, const rt_plan *q)
+static void check_same_plan(const ir_plan *p, const ir_plan *q)
 {
     T_CHECK(p->n_buckets == q->n_buckets && p->compute_dtype == q->compute_dtype &&
             !strcmp(p->arch, q->arch) && p->kv_block_size == q->kv_block_size);
     for (int b = 0; b < p->n_buckets && b < q->n_buckets; b++) {
-        const rt_bucket *x = &p->buckets[b], *y = &q->buckets[b];
+        const ir_bucket *x = &p->buckets[b], *y = &q->buckets[b];
         T_CHECK(x->T == y->T && x->n_kernels == y->n_kernels && x->n_steps == y->n_steps &&
                 x->arena_bytes == y->arena_bytes && x->scratch_bytes == y->scratch_bytes);
         T_CHECK(x->cubin_size == y->cubin_size && !memcmp(x->cubin, y->cubin, x->cubin_size));
@@ -70,12 +70,12 @@ static void check_same_plan(const rt_plan *p, const rt_plan *q)
         for (int s = 0; s < x->n_steps && s < y->n_steps; s++) {
             T_CHECK(!memcmp(&x->steps[s], &y->steps[s], sizeof x->steps[s]));
             /* Indices name the same values and ops in both modules. */
-            const rt_step *st = &x->steps[s];
-            const rt_arg *args[RT_MAX_ARGS + 4];
+            const ir_step *st = &x->steps[s];
+            const ir_arg *args[IR_MAX_ARGS + 4];
             int n = 0;
             for (int a = 0; a < st->n_args; a++)
                 args[n++] = &st->args[a];
-            if (st->kind == RT_STEP_GEMM) {
+            if (st->kind == IR_STEP_GEMM) {
                 args[n++] = &st->gemm.a;
                 args[n++] = &st->gemm.b;
                 args[n++] = &st->gemm.c;
@@ -83,7 +83,7 @@ static void check_same_plan(const rt_plan *p, const rt_plan *q)
                     args[n++] = &st->gemm.bias;
             }
             for (int a = 0; a < n; a++) {
-                if (args[a]->kind != RT_ARG_ACT && args[a]->kind != RT_ARG_WEIGHT)
+                if (args[a]->kind != IR_ARG_ACT && args[a]->kind != IR_ARG_WEIGHT)
                     continue;
                 int v = args[a]->index;
                 int ok = v >= 0 && v < p->module->n_values && v < q->module->n_values &&
@@ -127,10 +127,10 @@ static void test_compile_v3(const char *plan_path)
     T_CHECK(log.n == 2 && log.total[0] == log.total[1] && log.done[1] == log.total[1] &&
             log.done[0] > 0 && log.done[0] < log.done[1]);
 
-    rt_plan *p = NULL;
+    ir_plan *p = NULL;
     ir_module *pm = NULL;
-    rt_plan_meta meta;
-    T_OK(rt_plan_read(plan_path, &p, &pm, &meta));
+    ir_plan_meta meta;
+    T_OK(ir_plan_read(plan_path, &p, &pm, &meta));
     if (p) {
         T_CHECK(p->n_buckets == 2 && p->buckets[0].T == 1 && p->buckets[1].T == 8);
         T_CHECK(log.total[0] == p->buckets[0].n_kernels + p->buckets[1].n_kernels);
@@ -138,7 +138,7 @@ static void test_compile_v3(const char *plan_path)
         T_CHECK(!strcmp(p->arch, "sm_90") && p->compute_dtype == IR_DTYPE_BF16 &&
                 p->kv_block_size == 64);
         for (int b = 0; b < p->n_buckets; b++) {
-            const rt_bucket *bk = &p->buckets[b];
+            const ir_bucket *bk = &p->buckets[b];
             /* A cubin is an ELF image. */
             T_CHECK(bk->cubin_size > 1000 && !memcmp(bk->cubin, "\177ELF", 4));
             T_CHECK(bk->n_kernels > 5 && bk->n_steps >= bk->n_kernels);
@@ -167,7 +167,7 @@ static void test_compile_v3(const char *plan_path)
         /* The same options in-process give the same plan (warm cache). */
         cg_options co;
         ir_module *fm = NULL;
-        rt_plan *q = NULL;
+        ir_plan *q = NULL;
         T_OK(moec_cg_options(IR_DTYPE_BF16, "sm_90", &co));
         co.n_buckets = 2;
         co.buckets[0] = 1;
@@ -178,9 +178,9 @@ static void test_compile_v3(const char *plan_path)
             T_OK(cg_plan_build(fm, &co, &q));
         if (q)
             check_same_plan(q, p);
-        rt_plan_free(q);
+        ir_plan_free(q);
         ir_module_free(fm);
-        rt_plan_free(p);
+        ir_plan_free(p);
     }
     ir_module_free(pm);
     moec_model_free(m);
@@ -203,14 +203,14 @@ static void test_compile_fp32(void)
     o.tp = 1;
     o.cache_dir = g_cache;
     T_OK(moec_compile(m, dir, &o, path));
-    rt_plan *p = NULL;
+    ir_plan *p = NULL;
     ir_module *pm = NULL;
-    rt_plan_meta meta;
-    T_OK(rt_plan_read(path, &p, &pm, &meta));
+    ir_plan_meta meta;
+    T_OK(ir_plan_read(path, &p, &pm, &meta));
     if (p)
         T_CHECK(p->compute_dtype == IR_DTYPE_F32 && p->n_buckets == 1 && p->buckets[0].T == 4 &&
                 !strcmp(p->arch, "sm_80") && p->buckets[0].cubin_size > 0);
-    rt_plan_free(p);
+    ir_plan_free(p);
     ir_module_free(pm);
     moec_model_free(m);
 }

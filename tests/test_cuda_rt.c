@@ -78,11 +78,11 @@ static void test_init_checks(void)
     ir_module *m = tiny_module();
     if (!m)
         return;
-    rt_bucket buckets[2];
+    ir_bucket buckets[2];
     memset(buckets, 0, sizeof buckets);
     buckets[0].T = 1;
     buckets[1].T = 4;
-    rt_plan plan = {.module = m, .compute_dtype = IR_DTYPE_BF16, .kv_block_size = 64,
+    ir_plan plan = {.module = m, .compute_dtype = IR_DTYPE_BF16, .kv_block_size = 64,
                     .n_buckets = 2, .buckets = buckets};
     rt_weights *fake = (rt_weights *)&plan; /* never read: every check fails first */
     rt_cuda *c = (rt_cuda *)&plan;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "compiler/frontend.h"
-#include "runtime/plan_file.h"
+#include "runtime/plan_check.h"
 #include "testlib.h"
 
 static const char *IR_TEXT =
@@ -20,9 +20,9 @@ static const char *IR_TEXT =
     "}\n";
 
 /* A plan with two buckets, a kernel step and a GEMM step. */
-static rt_plan *make_plan(ir_module *m)
+static ir_plan *make_plan(ir_module *m)
 {
-    rt_plan *p = calloc(1, sizeof *p);
+    ir_plan *p = calloc(1, sizeof *p);
     p->module = m;
     p->compute_dtype = IR_DTYPE_BF16;
     snprintf(p->arch, sizeof p->arch, "sm_90");
@@ -31,7 +31,7 @@ static rt_plan *make_plan(ir_module *m)
     p->n_buckets = 2;
     p->buckets = calloc(2, sizeof *p->buckets);
     for (int b = 0; b < 2; b++) {
-        rt_bucket *bk = &p->buckets[b];
+        ir_bucket *bk = &p->buckets[b];
         bk->T = b ? 8 : 1;
         bk->cubin_size = 37 + (size_t)b * 100;
         bk->cubin = malloc(bk->cubin_size);
@@ -42,8 +42,8 @@ static rt_plan *make_plan(ir_module *m)
         bk->kernel_names[0] = strdup(b ? "embedding_v8_h4_t8_bf16" : "embedding_v8_h4_t1_bf16");
         bk->n_steps = 2;
         bk->steps = calloc(2, sizeof *bk->steps);
-        rt_step *k = &bk->steps[0];
-        k->kind = RT_STEP_KERNEL;
+        ir_step *k = &bk->steps[0];
+        k->kind = IR_STEP_KERNEL;
         k->op_id = 0;
         k->grid[0] = (unsigned)bk->T;
         k->grid[1] = k->grid[2] = 1;
@@ -51,29 +51,29 @@ static rt_plan *make_plan(ir_module *m)
         k->block[1] = k->block[2] = 1;
         k->smem = 64;
         k->n_args = 3;
-        k->args[0] = (rt_arg){RT_ARG_INPUT, RT_INPUT_TOKENS, 0, 0};
-        k->args[1] = (rt_arg){RT_ARG_WEIGHT, 2, 0, 0};
-        k->args[2] = (rt_arg){RT_ARG_F32, 0, 0, 0.125};
-        rt_step *g = &bk->steps[1];
-        g->kind = RT_STEP_GEMM;
+        k->args[0] = (ir_arg){IR_ARG_INPUT, IR_INPUT_TOKENS, 0, 0};
+        k->args[1] = (ir_arg){IR_ARG_WEIGHT, 2, 0, 0};
+        k->args[2] = (ir_arg){IR_ARG_F32, 0, 0, 0.125};
+        ir_step *g = &bk->steps[1];
+        g->kind = IR_STEP_GEMM;
         g->stream = 1;
         g->op_id = 1;
-        g->gemm = (rt_gemm){1, 0, 8, bk->T, 4, 1, 4, 4, 8, 0, 0, 0, IR_DTYPE_BF16, IR_DTYPE_BF16,
-                            IR_DTYPE_F32, 0.5f, {RT_ARG_WEIGHT, 2, 0, 0}, {RT_ARG_ACT, 3, 0, 0},
-                            {RT_ARG_ACT, 4, 0, 0}, 0, {RT_ARG_I32, 0, -5, 0}, IR_DTYPE_F32};
+        g->gemm = (ir_gemm){1, 0, 8, bk->T, 4, 1, 4, 4, 8, 0, 0, 0, IR_DTYPE_BF16, IR_DTYPE_BF16,
+                            IR_DTYPE_F32, 0.5f, {IR_ARG_WEIGHT, 2, 0, 0}, {IR_ARG_ACT, 3, 0, 0},
+                            {IR_ARG_ACT, 4, 0, 0}, 0, {IR_ARG_I32, 0, -5, 0}, IR_DTYPE_F32};
         bk->arena_bytes = 48 * (size_t)bk->T;
         bk->scratch_bytes = 16;
     }
     return p;
 }
 
-static void check_same(const rt_plan *a, const rt_plan *b)
+static void check_same(const ir_plan *a, const ir_plan *b)
 {
     T_CHECK(!strcmp(a->arch, b->arch) && a->compute_dtype == b->compute_dtype &&
             a->kv_block_size == b->kv_block_size && a->pdl == b->pdl &&
             a->n_buckets == b->n_buckets);
     for (int i = 0; i < a->n_buckets && i < b->n_buckets; i++) {
-        const rt_bucket *x = &a->buckets[i], *y = &b->buckets[i];
+        const ir_bucket *x = &a->buckets[i], *y = &b->buckets[i];
         T_CHECK(x->T == y->T && x->cubin_size == y->cubin_size &&
                 !memcmp(x->cubin, y->cubin, x->cubin_size) && x->n_kernels == y->n_kernels &&
                 !strcmp(x->kernel_names[0], y->kernel_names[0]) && x->n_steps == y->n_steps &&
@@ -89,10 +89,10 @@ static void check_same(const rt_plan *a, const rt_plan *b)
 
 static void expect_read_error(const char *path, moec_status st, const char *needle)
 {
-    rt_plan *p = NULL;
+    ir_plan *p = NULL;
     ir_module *m = NULL;
-    rt_plan_meta meta;
-    T_ERR(rt_plan_read(path, &p, &m, &meta), st, needle);
+    ir_plan_meta meta;
+    T_ERR(ir_plan_read(path, &p, &m, &meta), st, needle);
     T_CHECK(p == NULL && m == NULL);
 }
 
@@ -122,19 +122,19 @@ int main(void)
     T_OK(ir_module_parse(IR_TEXT, "tiny.mir", &m));
     if (!m)
         return t_finish("test_plan_file");
-    rt_plan *p = make_plan(m);
-    rt_plan_meta meta = {RT_PLAN_FORMAT, "0123456789abcdef", "fedcba9876543210", ""};
-    T_OK(rt_plan_write(path, p, &meta));
+    ir_plan *p = make_plan(m);
+    ir_plan_meta meta = {IR_PLAN_FORMAT, "0123456789abcdef", "fedcba9876543210", ""};
+    T_OK(ir_plan_write(path, p, &meta));
 
-    rt_plan *q = NULL;
+    ir_plan *q = NULL;
     ir_module *qm = NULL;
-    rt_plan_meta qmeta;
-    T_OK(rt_plan_read(path, &q, &qm, &qmeta));
+    ir_plan_meta qmeta;
+    T_OK(ir_plan_read(path, &q, &qm, &qmeta));
     if (q) {
         check_same(p, q);
         T_CHECK(!strcmp(qmeta.config_hash, meta.config_hash) &&
-                !strcmp(qmeta.weights_hash, meta.weights_hash) && qmeta.format == RT_PLAN_FORMAT);
-        rt_plan_free(q);
+                !strcmp(qmeta.weights_hash, meta.weights_hash) && qmeta.format == IR_PLAN_FORMAT);
+        ir_plan_free(q);
     }
     ir_module_free(qm);
 
@@ -159,7 +159,7 @@ int main(void)
     expect_read_error(bad, MOEC_ERR_FORMAT, "corrupt or truncated (checksum mismatch)");
     /* A newer format version. */
     memcpy(d, good, n);
-    d[8] = RT_PLAN_FORMAT + 1;
+    d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
     expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 2; this moec reads version 1");
@@ -189,19 +189,19 @@ int main(void)
     ir_module *v3 = NULL;
     T_OK(fe_model_load(t_src("tests/data/deepseek_v3"), &v3));
     if (v3) {
-        rt_plan_meta mine = {RT_PLAN_FORMAT, "", "", ""};
+        ir_plan_meta mine = {IR_PLAN_FORMAT, "", "", ""};
         T_OK(rt_hash_config(t_src("tests/data/deepseek_v3"), mine.config_hash));
         T_OK(rt_hash_weights(v3, t_src("tests/data/deepseek_v3"), mine.weights_hash));
         T_OK(rt_plan_check_checkpoint(&mine, v3, path, t_src("tests/data/deepseek_v3")));
         T_ERR(rt_plan_check_checkpoint(&mine, v3, path, t_src("tests/data/qwen3_moe")),
               MOEC_ERR_MISMATCH, "was compiled for another config");
-        rt_plan_meta other = mine;
+        ir_plan_meta other = mine;
         other.weights_hash[0] = other.weights_hash[0] == '0' ? '1' : '0';
         T_ERR(rt_plan_check_checkpoint(&other, v3, path, t_src("tests/data/deepseek_v3")),
               MOEC_ERR_MISMATCH, "was compiled for another checkpoint");
         ir_module_free(v3);
     }
-    rt_plan_free(p);
+    ir_plan_free(p);
     ir_module_free(m);
     return t_finish("test_plan_file");
 }

@@ -20,7 +20,7 @@ static size_t scratch_of(const char *json, int layers, const char *cache)
     snprintf(repl, sizeof repl, "\"num_hidden_layers\":%3d", layers);
     memcpy(at, repl, strlen(repl));
     ir_module *m = NULL;
-    rt_plan *p = NULL;
+    ir_plan *p = NULL;
     size_t bytes = 0;
     T_OK(fe_config_build(text, "deepseek_v2_lite.json", &m));
     if (m)
@@ -34,13 +34,13 @@ static size_t scratch_of(const char *json, int layers, const char *cache)
         bytes = p->buckets[0].scratch_bytes;
         for (int s = 0; s < p->buckets[0].n_steps; s++)
             for (int a = 0; a < p->buckets[0].steps[s].n_args; a++)
-                if (p->buckets[0].steps[s].args[a].kind == RT_ARG_SCRATCH)
+                if (p->buckets[0].steps[s].args[a].kind == IR_ARG_SCRATCH)
                     T_CHECK((size_t)p->buckets[0].steps[s].args[a].i < bytes);
     } else {
         fprintf(stderr, "%s\n", moec_last_error());
         T_CHECK(!"plan build failed");
     }
-    rt_plan_free(p);
+    ir_plan_free(p);
     ir_module_free(m);
     free(text);
     return bytes;

@@ -2,14 +2,14 @@
  * runtime follow for how each value is stored on the GPU (plan.h). */
 #include <stdlib.h>
 
-#include "runtime/plan.h"
+#include "ir/ir_plan.h"
 
-void rt_plan_free(rt_plan *p)
+void ir_plan_free(ir_plan *p)
 {
     if (!p)
         return;
     for (int b = 0; b < p->n_buckets && p->buckets; b++) {
-        rt_bucket *bk = &p->buckets[b];
+        ir_bucket *bk = &p->buckets[b];
         free(bk->cubin);
         for (int k = 0; k < bk->n_kernels && bk->kernel_names; k++)
             free(bk->kernel_names[k]);
@@ -36,7 +36,7 @@ static int touches_topk(const ir_module *m, const ir_value *v)
     return 0;
 }
 
-ir_dtype rt_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype compute)
+ir_dtype ir_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype compute)
 {
     if (v->type.dtype == IR_DTYPE_I32)
         return IR_DTYPE_I32;

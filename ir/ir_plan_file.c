@@ -1,8 +1,8 @@
-/* plan_file.c — writing and reading plan files (see plan_file.h). The header
+/* ir_plan_file.c — writing and reading plan files (see ir_plan_file.h). The header
  * is JSON (cJSON) with compact arrays for steps; the blobs are raw. Reading
  * checks the magic, the format version, the checksum and every offset
  * before it trusts anything. */
-#include "runtime/plan_file.h"
+#include "ir/ir_plan_file.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -13,114 +13,10 @@
 #include <unistd.h>
 
 #include "err.h"
-#include "runtime/safetensors.h"
+#include "hash.h"
 
 static const char MAGIC[8] = {'M', 'O', 'E', 'C', 'P', 'L', 'A', 'N'};
 #define MOEC_VERSION "0.1"
-
-static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
-{
-    const uint8_t *p = data;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
-#define FNV_SEED 0xcbf29ce484222325ull
-
-static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
-
-/* ---- hashes ---------------------------------------------------------------- */
-
-moec_status rt_hash_config(const char *model_dir, char out[17])
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-    uint64_t h = FNV_SEED;
-    char buf[65536];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-        h = fnv1a(h, buf, k);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s", path);
-    hex64(h, out);
-    return MOEC_OK;
-}
-
-static uint64_t hash_tensor(uint64_t h, const rt_st_tensor *t)
-{
-    h = fnv1a(h, t->name, strlen(t->name) + 1);
-    const char *dt = rt_st_dtype_name(t->dtype);
-    h = fnv1a(h, dt, strlen(dt) + 1);
-    for (int d = 0; d < t->rank; d++) {
-        int64_t v = t->shape[d];
-        h = fnv1a(h, &v, sizeof v);
-    }
-    return h;
-}
-
-static moec_status hash_binding(const rt_safetensors *st, const ir_binding *b, const char *dir,
-                                uint64_t *h)
-{
-    if (b->kind == IR_BIND_CONCAT) {
-        for (int i = 0; i < b->n_parts; i++)
-            MOEC_TRY(hash_binding(st, &b->parts[i], dir, h));
-        return MOEC_OK;
-    }
-    int count = b->kind == IR_BIND_STACK ? b->count : 1;
-    for (int e = 0; e < count; e++) {
-        char name[1024];
-        const char *at = b->kind == IR_BIND_STACK ? strstr(b->name, "{e}") : NULL;
-        if (at)
-            snprintf(name, sizeof name, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
-        else
-            snprintf(name, sizeof name, "%s", b->name);
-        const rt_st_tensor *t = rt_safetensors_find(st, name);
-        if (!t)
-            return MOEC_ERR(MOEC_ERR_MISMATCH, "tensor '%s' not found in %s", name, dir);
-        *h = hash_tensor(*h, t);
-    }
-    return MOEC_OK;
-}
-
-moec_status rt_hash_weights(const ir_module *m, const char *model_dir, char out[17])
-{
-    rt_safetensors *st = NULL;
-    MOEC_TRY(rt_safetensors_open_dir(model_dir, &st));
-    uint64_t h = FNV_SEED;
-    moec_status s = MOEC_OK;
-    for (int i = 0; i < m->n_values && s == MOEC_OK; i++)
-        if (m->values[i]->kind == IR_VALUE_WEIGHT)
-            s = hash_binding(st, &m->values[i]->bind, model_dir, &h);
-    rt_safetensors_free(st);
-    if (s == MOEC_OK)
-        hex64(h, out);
-    return s;
-}
-
-moec_status rt_plan_check_checkpoint(const rt_plan_meta *meta, const ir_module *m,
-                                     const char *plan_path, const char *model_dir)
-{
-    char cfg[17], w[17];
-    MOEC_TRY(rt_hash_config(model_dir, cfg));
-    if (strcmp(cfg, meta->config_hash))
-        return MOEC_ERR(MOEC_ERR_MISMATCH,
-                        "plan %s was compiled for another config (config hash %s; %s/config.json has %s)",
-                        plan_path, meta->config_hash, model_dir, cfg);
-    MOEC_TRY(rt_hash_weights(m, model_dir, w));
-    if (strcmp(w, meta->weights_hash))
-        return MOEC_ERR(MOEC_ERR_MISMATCH,
-                        "plan %s was compiled for another checkpoint (weights hash %s; %s has %s)",
-                        plan_path, meta->weights_hash, model_dir, w);
-    return MOEC_OK;
-}
 
 /* ---- writing --------------------------------------------------------------- */
 
@@ -132,13 +28,13 @@ static cJSON *num_array(const double *v, int n)
     return a;
 }
 
-static cJSON *arg_json(const rt_arg *a)
+static cJSON *arg_json(const ir_arg *a)
 {
     double v[4] = {a->kind, a->index, (double)a->i, a->f};
     return num_array(v, 4);
 }
 
-static cJSON *gemm_json(const rt_gemm *g)
+static cJSON *gemm_json(const ir_gemm *g)
 {
     double v[20] = {g->trans_a, g->trans_b, g->m, g->n, g->k, g->batch,
                     (double)g->lda, (double)g->ldb, (double)g->ldc,
@@ -152,7 +48,7 @@ static cJSON *gemm_json(const rt_gemm *g)
     return a;
 }
 
-static cJSON *step_json(const rt_step *s)
+static cJSON *step_json(const ir_step *s)
 {
     double v[11] = {s->kind, s->stream, s->op_id, s->kernel, s->grid[0], s->grid[1], s->grid[2],
                     s->block[0], s->block[1], s->block[2], s->smem};
@@ -161,7 +57,7 @@ static cJSON *step_json(const rt_step *s)
     for (int i = 0; i < s->n_args; i++)
         cJSON_AddItemToArray(args, arg_json(&s->args[i]));
     cJSON_AddItemToArray(a, args);
-    cJSON_AddItemToArray(a, s->kind == RT_STEP_GEMM ? gemm_json(&s->gemm) : cJSON_CreateNull());
+    cJSON_AddItemToArray(a, s->kind == IR_STEP_GEMM ? gemm_json(&s->gemm) : cJSON_CreateNull());
     return a;
 }
 
@@ -190,7 +86,7 @@ static void out_write(out_file *o, const void *data, size_t n)
         o->failed = 1;
         return;
     }
-    o->hash = fnv1a(o->hash, data, n);
+    o->hash = moec_fnv1a(o->hash, data, n);
     o->pos += n;
 }
 
@@ -201,10 +97,10 @@ static void out_pad(out_file *o, size_t to)
         out_write(o, zeros, to - o->pos < 16 ? to - o->pos : 16);
 }
 
-moec_status rt_plan_write(const char *path, const rt_plan *p, const rt_plan_meta *meta)
+moec_status ir_plan_write(const char *path, const ir_plan *p, const ir_plan_meta *meta)
 {
     if (!path || !p || !p->module || !meta)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_plan_write: NULL argument");
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_write: NULL argument");
     char *ir = ir_module_print_str(p->module);
     if (!ir)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory printing the plan's IR");
@@ -214,7 +110,7 @@ moec_status rt_plan_write(const char *path, const rt_plan *p, const rt_plan_meta
      * known once the header is printed: so they are stored relative to the
      * start of the blob section. */
     cJSON *h = cJSON_CreateObject();
-    cJSON_AddNumberToObject(h, "format", RT_PLAN_FORMAT);
+    cJSON_AddNumberToObject(h, "format", IR_PLAN_FORMAT);
     cJSON_AddStringToObject(h, "moec", MOEC_VERSION);
     cJSON_AddStringToObject(h, "arch", p->arch);
     cJSON_AddStringToObject(h, "compute_dtype", ir_dtype_name(p->compute_dtype));
@@ -227,7 +123,7 @@ moec_status rt_plan_write(const char *path, const rt_plan *p, const rt_plan_meta
     off = align16(off + ir_size);
     cJSON *buckets = cJSON_AddArrayToObject(h, "buckets");
     for (int b = 0; b < p->n_buckets; b++) {
-        const rt_bucket *bk = &p->buckets[b];
+        const ir_bucket *bk = &p->buckets[b];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "T", bk->T);
         cJSON_AddNumberToObject(o, "arena_bytes", (double)bk->arena_bytes);
@@ -251,13 +147,13 @@ moec_status rt_plan_write(const char *path, const rt_plan *p, const rt_plan_meta
 
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    out_file o = {fopen(tmp, "wb"), FNV_SEED, 0, 0};
+    out_file o = {fopen(tmp, "wb"), MOEC_FNV_SEED, 0, 0};
     if (!o.f) {
         free(ir);
         free(htext);
         return MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
     }
-    uint32_t fmt = RT_PLAN_FORMAT, zero = 0;
+    uint32_t fmt = IR_PLAN_FORMAT, zero = 0;
     uint64_t hlen = strlen(htext);
     out_write(&o, MAGIC, 8);
     out_write(&o, &fmt, 4);
@@ -337,31 +233,31 @@ static const uint8_t *blob(reader *r, const cJSON *o, size_t *size)
     return r->data + r->base + (size_t)off;
 }
 
-static rt_arg read_arg(reader *r, const cJSON *a)
+static ir_arg read_arg(reader *r, const cJSON *a)
 {
-    rt_arg x = {0};
+    ir_arg x = {0};
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 4) {
         bad(r, "a step argument is malformed");
         return x;
     }
-    x.kind = (rt_arg_kind)jnum(r, a, 0);
+    x.kind = (ir_arg_kind)jnum(r, a, 0);
     x.index = (int)jnum(r, a, 1);
     x.i = (int64_t)jnum(r, a, 2);
     x.f = jnum(r, a, 3);
-    if (x.kind < RT_ARG_ACT || x.kind > RT_ARG_F32)
+    if (x.kind < IR_ARG_ACT || x.kind > IR_ARG_F32)
         bad(r, "a step argument has an unknown kind");
     return x;
 }
 
 static int valid_dtype(double d) { return d >= 0 && d < IR_DTYPE_COUNT; }
 
-static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m, int n_kernels)
+static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m, int n_kernels)
 {
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 13) {
         bad(r, "a step is malformed");
         return;
     }
-    s->kind = (rt_step_kind)jnum(r, a, 0);
+    s->kind = (ir_step_kind)jnum(r, a, 0);
     s->stream = (int)jnum(r, a, 1);
     s->op_id = (int)jnum(r, a, 2);
     s->kernel = (int)jnum(r, a, 3);
@@ -370,15 +266,15 @@ static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m,
         s->block[i] = (unsigned)jnum(r, a, 7 + i);
     }
     s->smem = (unsigned)jnum(r, a, 10);
-    if (s->kind < RT_STEP_KERNEL || s->kind > RT_STEP_JOIN || s->stream < 0 || s->stream > 1 ||
+    if (s->kind < IR_STEP_KERNEL || s->kind > IR_STEP_JOIN || s->stream < 0 || s->stream > 1 ||
         s->op_id < -1 || s->op_id >= m->n_ops ||
-        (s->kind == RT_STEP_KERNEL && (s->kernel < 0 || s->kernel >= n_kernels))) {
+        (s->kind == IR_STEP_KERNEL && (s->kernel < 0 || s->kernel >= n_kernels))) {
         bad(r, "a step refers to something that does not exist");
         return;
     }
     const cJSON *args = cJSON_GetArrayItem(a, 11);
     int n = cJSON_GetArraySize(args);
-    if (!cJSON_IsArray(args) || n > RT_MAX_ARGS) {
+    if (!cJSON_IsArray(args) || n > IR_MAX_ARGS) {
         bad(r, "a step has too many arguments");
         return;
     }
@@ -386,13 +282,13 @@ static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m,
     for (int i = 0; i < n; i++)
         s->args[i] = read_arg(r, cJSON_GetArrayItem(args, i));
     const cJSON *g = cJSON_GetArrayItem(a, 12);
-    if (s->kind != RT_STEP_GEMM)
+    if (s->kind != IR_STEP_GEMM)
         return;
     if (!cJSON_IsArray(g) || cJSON_GetArraySize(g) != 22) {
         bad(r, "a GEMM step is malformed");
         return;
     }
-    rt_gemm *x = &s->gemm;
+    ir_gemm *x = &s->gemm;
     x->trans_a = (int)jnum(r, g, 0);
     x->trans_b = (int)jnum(r, g, 1);
     x->m = (int)jnum(r, g, 2);
@@ -456,7 +352,7 @@ static moec_status slurp(const char *path, uint8_t **data, size_t *size)
     return MOEC_OK;
 }
 
-static moec_status read_buckets(reader *r, const cJSON *h, rt_plan *p, const ir_module *m)
+static moec_status read_buckets(reader *r, const cJSON *h, ir_plan *p, const ir_module *m)
 {
     const cJSON *bs = cJSON_GetObjectItemCaseSensitive(h, "buckets");
     if (!cJSON_IsArray(bs))
@@ -468,7 +364,7 @@ static moec_status read_buckets(reader *r, const cJSON *h, rt_plan *p, const ir_
     p->n_buckets = nb;
     for (int b = 0; b < nb && r->st == MOEC_OK; b++) {
         const cJSON *o = cJSON_GetArrayItem(bs, b);
-        rt_bucket *bk = &p->buckets[b];
+        ir_bucket *bk = &p->buckets[b];
         bk->T = (int)jfield(r, o, "T");
         bk->arena_bytes = (size_t)jfield(r, o, "arena_bytes");
         bk->scratch_bytes = (size_t)jfield(r, o, "scratch_bytes");
@@ -509,11 +405,11 @@ static moec_status read_buckets(reader *r, const cJSON *h, rt_plan *p, const ir_
     return r->st;
 }
 
-moec_status rt_plan_read(const char *path, rt_plan **out, ir_module **module_out,
-                         rt_plan_meta *meta)
+moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out,
+                         ir_plan_meta *meta)
 {
     if (!path || !out || !module_out || !meta)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_plan_read: NULL argument");
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_read: NULL argument");
     *out = NULL;
     *module_out = NULL;
     memset(meta, 0, sizeof *meta);
@@ -532,11 +428,11 @@ moec_status rt_plan_read(const char *path, rt_plan **out, ir_module **module_out
         return MOEC_ERR(MOEC_ERR_FORMAT, "plan %s is truncated (%zu bytes)", path, size);
     }
     memcpy(&fmt, data + 8, 4);
-    if (fmt > RT_PLAN_FORMAT) {
+    if (fmt > IR_PLAN_FORMAT) {
         free(data);
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "plan %s has format version %u; this moec reads version %d: recompile it "
-                        "with this moec (moec compile)", path, fmt, RT_PLAN_FORMAT);
+                        "with this moec (moec compile)", path, fmt, IR_PLAN_FORMAT);
     }
     memcpy(&hlen, data + 16, 8);
     if (hlen > size - 24 - 8) {
@@ -545,14 +441,14 @@ moec_status rt_plan_read(const char *path, rt_plan **out, ir_module **module_out
                         path, (unsigned long long)hlen, size);
     }
     memcpy(&sum, data + size - 8, 8);
-    if (fnv1a(FNV_SEED, data, size - 8) != sum) {
+    if (moec_fnv1a(MOEC_FNV_SEED, data, size - 8) != sum) {
         free(data);
         return MOEC_ERR(MOEC_ERR_FORMAT, "plan %s is corrupt or truncated (checksum mismatch)", path);
     }
     r.size = size - 8;
     r.base = align16(24 + (size_t)hlen);
     cJSON *h = cJSON_ParseWithLength((const char *)data + 24, (size_t)hlen);
-    rt_plan *p = calloc(1, sizeof *p);
+    ir_plan *p = calloc(1, sizeof *p);
     ir_module *m = NULL;
     if (!h || !p) {
         if (!h)
@@ -607,7 +503,7 @@ done:
     free(data);
     if (r.st != MOEC_OK) {
         if (p)
-            rt_plan_free(p);
+            ir_plan_free(p);
         ir_module_free(m);
         return r.st;
     }

@@ -1,0 +1,104 @@
+/* plan_check.c — the checkpoint hashes a plan file carries (ir_plan_meta)
+ * and the check that a plan is bound only to the checkpoint it was compiled
+ * for: config.json's bytes, and the name, dtype and shape of every tensor
+ * the module binds, as the checkpoint's safetensors headers give them. */
+#include "runtime/plan_check.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "err.h"
+#include "hash.h"
+#include "runtime/safetensors.h"
+
+static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+
+moec_status rt_hash_config(const char *model_dir, char out[17])
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s: %s", path, strerror(errno));
+    uint64_t h = MOEC_FNV_SEED;
+    char buf[65536];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
+        h = moec_fnv1a(h, buf, k);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad)
+        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s", path);
+    hex64(h, out);
+    return MOEC_OK;
+}
+
+static uint64_t hash_tensor(uint64_t h, const rt_st_tensor *t)
+{
+    h = moec_fnv1a(h, t->name, strlen(t->name) + 1);
+    const char *dt = rt_st_dtype_name(t->dtype);
+    h = moec_fnv1a(h, dt, strlen(dt) + 1);
+    for (int d = 0; d < t->rank; d++) {
+        int64_t v = t->shape[d];
+        h = moec_fnv1a(h, &v, sizeof v);
+    }
+    return h;
+}
+
+static moec_status hash_binding(const rt_safetensors *st, const ir_binding *b, const char *dir,
+                                uint64_t *h)
+{
+    if (b->kind == IR_BIND_CONCAT) {
+        for (int i = 0; i < b->n_parts; i++)
+            MOEC_TRY(hash_binding(st, &b->parts[i], dir, h));
+        return MOEC_OK;
+    }
+    int count = b->kind == IR_BIND_STACK ? b->count : 1;
+    for (int e = 0; e < count; e++) {
+        char name[1024];
+        const char *at = b->kind == IR_BIND_STACK ? strstr(b->name, "{e}") : NULL;
+        if (at)
+            snprintf(name, sizeof name, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
+        else
+            snprintf(name, sizeof name, "%s", b->name);
+        const rt_st_tensor *t = rt_safetensors_find(st, name);
+        if (!t)
+            return MOEC_ERR(MOEC_ERR_MISMATCH, "tensor '%s' not found in %s", name, dir);
+        *h = hash_tensor(*h, t);
+    }
+    return MOEC_OK;
+}
+
+moec_status rt_hash_weights(const ir_module *m, const char *model_dir, char out[17])
+{
+    rt_safetensors *st = NULL;
+    MOEC_TRY(rt_safetensors_open_dir(model_dir, &st));
+    uint64_t h = MOEC_FNV_SEED;
+    moec_status s = MOEC_OK;
+    for (int i = 0; i < m->n_values && s == MOEC_OK; i++)
+        if (m->values[i]->kind == IR_VALUE_WEIGHT)
+            s = hash_binding(st, &m->values[i]->bind, model_dir, &h);
+    rt_safetensors_free(st);
+    if (s == MOEC_OK)
+        hex64(h, out);
+    return s;
+}
+
+moec_status rt_plan_check_checkpoint(const ir_plan_meta *meta, const ir_module *m,
+                                     const char *plan_path, const char *model_dir)
+{
+    char cfg[17], w[17];
+    MOEC_TRY(rt_hash_config(model_dir, cfg));
+    if (strcmp(cfg, meta->config_hash))
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "plan %s was compiled for another config (config hash %s; %s/config.json has %s)",
+                        plan_path, meta->config_hash, model_dir, cfg);
+    MOEC_TRY(rt_hash_weights(m, model_dir, w));
+    if (strcmp(w, meta->weights_hash))
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "plan %s was compiled for another checkpoint (weights hash %s; %s has %s)",
+                        plan_path, meta->weights_hash, model_dir, w);
+    return MOEC_OK;
+}
+
