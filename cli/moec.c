@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "moec.h"
+#include "samples/serve.h"
 #include "timer.h"
 
 static const char *USAGE_MAIN =
@@ -25,11 +26,13 @@ static const char *USAGE_MAIN =
     "  dump-ir MODEL_DIR     print the model's IR (see docs/IR.md)\n"
     "  run MODEL_DIR|PLAN    greedy generation from token ids\n"
     "  bench MODEL_DIR|PLAN  decode step time against its memory floor (needs a GPU)\n"
+    "  serve MODEL_DIR|PLAN  the generation service over stdin or TCP (`moec serve --help`)\n"
     "\n"
     "options:\n"
     "  -h, --help            this help; `moec <command> --help` for a command's options\n"
     "\n"
-    "moec-serve (a separate program) serves a model or plan over stdin or TCP.\n";
+    "moec-serve (a separate program, linked against the runtime library alone)\n"
+    "serves plan files the same way.\n";
 
 static const char *USAGE_DUMP =
     "usage: moec dump-ir MODEL_DIR [--after PASS | --after all -o DIR] [options]\n"
@@ -75,10 +78,11 @@ static const char *USAGE_COMPILE =
     "  --arch ARCH           GPU target (default sm_90, or $MOEC_ARCH); the plan runs\n"
     "                        on devices of that arch\n"
     "  --dtype D             compute dtype: bf16 (default) or fp32\n"
-    "  --batch-sizes LIST    ascending batch buckets, comma-separated (default\n"
-    "                        1,2,4,8,16,32,64); a step of n tokens runs in the\n"
-    "                        smallest bucket that holds it, longer prompts in chunks\n"
-    "                        of the largest\n"
+    "  --buckets LIST        ascending batch buckets (tokens per step, 1 to 4096),\n"
+    "                        comma-separated, at most 16 (default 1,2,4,8,16,32,64);\n"
+    "                        a step of n tokens runs in the smallest bucket that\n"
+    "                        holds it, longer prompts in chunks of the largest\n"
+    "                        (--batch-sizes: the same, its older name)\n"
     "  --tp N                tensor-parallel degree (only 1 so far)\n"
     "  -h, --help            this help\n";
 
@@ -511,16 +515,16 @@ out:
     return rc;
 }
 
-/* Parses --batch-sizes: 1 to 16 sizes in [1, 4096], ascending when
- * `ascending`; 0 on success. */
-static int parse_batch_sizes(const char *v, int ascending, int *out, int *n_out)
+/* Parses a list of 1 to MOEC_BUCKETS_MAX sizes >= 1 (bench's batch sizes,
+ * compile's buckets, which moec_buckets_check then checks); 0 on success. */
+static int parse_batch_sizes(const char *v, int *out, int *n_out)
 {
     int32_t *ids = NULL;
     const char *bad = NULL;
     int n = parse_ids(v, &ids, &bad);
-    int ok = n >= 1 && n <= 16;
+    int ok = n >= 1 && n <= MOEC_BUCKETS_MAX;
     for (int k = 0; ok && k < n; k++)
-        ok = ids[k] >= 1 && ids[k] <= 4096 && (!ascending || !k || ids[k] > ids[k - 1]);
+        ok = ids[k] >= 1;
     for (int k = 0; ok && k < n; k++)
         out[k] = ids[k];
     free(ids);
@@ -550,7 +554,8 @@ static int cmd_compile(int argc, char **argv)
             fputs(USAGE_COMPILE, stdout);
             return 0;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--arch") ||
-                   !strcmp(a, "--dtype") || !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp")) {
+                   !strcmp(a, "--dtype") || !strcmp(a, "--buckets") ||
+                   !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp")) {
             if (i + 1 == argc)
                 return usage_error(USAGE_COMPILE, "%s needs a value", a);
             const char *v = argv[++i];
@@ -565,10 +570,12 @@ static int cmd_compile(int argc, char **argv)
                 if (strcmp(v, "bf16") && strcmp(v, "fp32"))
                     return usage_error(USAGE_COMPILE, "--dtype: '%s' is not bf16 or fp32", v);
                 o.dtype = v;
-            } else if (!strcmp(a, "--batch-sizes")) {
-                if (parse_batch_sizes(v, 1, o.batch, &o.n_batch))
-                    return usage_error(USAGE_COMPILE,
-                                       "--batch-sizes: '%s' is not 1 to 16 ascending sizes from 1 to 4096", v);
+            } else if (!strcmp(a, "--buckets") || !strcmp(a, "--batch-sizes")) {
+                if (parse_batch_sizes(v, o.buckets, &o.n_buckets) ||
+                    moec_buckets_check(o.buckets, o.n_buckets) != MOEC_OK)
+                    return usage_error(USAGE_COMPILE, strcmp(a, "--buckets")
+                        ? "--batch-sizes: '%s' is not 1 to 16 ascending buckets from 1 to 4096 tokens"
+                        : "--buckets: '%s' is not 1 to 16 ascending buckets from 1 to 4096 tokens", v);
             } else if (parse_int(v, 1, 1 << 16, &tp)) {
                 return usage_error(USAGE_COMPILE, "--tp: '%s' is not an integer >= 1", v);
             } else if (tp != 1) {
@@ -590,10 +597,11 @@ static int cmd_compile(int argc, char **argv)
     if (!outpath)
         return usage_error(USAGE_COMPILE, "%s", "missing -o PLAN (the plan file to write)");
     const char *arch = o.arch ? o.arch : getenv("MOEC_ARCH");
-    const char *buckets = "1,2,4,8,16,32,64";
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--batch-sizes") && i + 1 < argc)
-            buckets = argv[i + 1];
+    if (!o.n_buckets)
+        o.n_buckets = moec_buckets_default(o.buckets);
+    char buckets[16 * 6] = "";
+    for (int i = 0, n = 0; i < o.n_buckets; i++)
+        n += snprintf(buckets + n, sizeof buckets - (size_t)n, "%s%d", i ? "," : "", o.buckets[i]);
     int tty = isatty(fileno(stderr));
     o.progress = compile_progress;
     o.progress_user = &tty;
@@ -644,7 +652,7 @@ static int cmd_bench(int argc, char **argv)
             const char *v = argv[++i];
             long x;
             if (!strcmp(a, "--batch-sizes")) {
-                if (parse_batch_sizes(v, 0, o.batch, &o.n_batch))
+                if (parse_batch_sizes(v, o.batch, &o.n_batch))
                     return usage_error(USAGE_BENCH, "--batch-sizes: '%s' is not 1 to 16 sizes >= 1", v);
             } else if (parse_int(v, !strcmp(a, "--steps") ? 1 : 0, 1 << 24, &x)) {
                 char msg[256];
@@ -732,6 +740,19 @@ static int cmd_bench(int argc, char **argv)
     return 0;
 }
 
+/* `moec serve MODEL_DIR`: the model compiled (CUDA) or interpreted (CPU)
+ * now, then served as moec-serve serves a plan. */
+static moec_status serve_open_model(const char *model_dir, const char *weights_dir,
+                                    const moec_engine_options *opt, moec_engine_t **out)
+{
+    moec_model_t *m = NULL;
+    moec_status st = moec_model_open(model_dir, &m);
+    if (st == MOEC_OK)
+        st = moec_engine_open(m, weights_dir, opt, out);
+    moec_model_free(m); /* the engine keeps what it needs */
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -751,5 +772,7 @@ int main(int argc, char **argv)
         return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench"))
         return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve"))
+        return moec_serve_main(argc - 1, argv + 1, serve_open_model);
     return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
 }

@@ -55,13 +55,11 @@ void cg_buf_free(cg_buf *b)
 
 void cg_options_default(cg_options *o)
 {
-    static const int buckets[] = {1, 2, 4, 8, 16, 32, 64};
     memset(o, 0, sizeof *o);
     o->compute_dtype = IR_DTYPE_BF16;
     snprintf(o->arch, sizeof o->arch, "%s", MOEC_CUDA_ARCH_DEFAULT);
     o->kv_block_size = 64;
-    o->n_buckets = (int)(sizeof buckets / sizeof *buckets);
-    memcpy(o->buckets, buckets, sizeof buckets);
+    o->n_buckets = ir_buckets_default(o->buckets);
 }
 
 int cg_kernel(cg_ctx *c, const char *name, int *is_new)

@@ -33,7 +33,7 @@ typedef struct cg_options {
     char arch[16];            /* "sm_90" */
     int kv_block_size;        /* tokens per KV page (64) */
     int n_buckets;
-    int buckets[16];          /* ascending batch sizes T */
+    int buckets[IR_BUCKETS_MAX]; /* ascending batch buckets T (ir_plan.h) */
     const char *cache_dir;    /* cubin cache (NULL: $MOEC_CACHE_DIR or ~/.cache/moec) */
     int moe_kernel;           /* routed-expert GEMMs: CG_MOE_AUTO (default), CG_MOE_SIMT
                                * (CUDA cores) or CG_MOE_MMA (tensor cores, bf16 only) */

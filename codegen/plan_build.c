@@ -33,15 +33,8 @@ static moec_status check_options(const cg_options *o)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: no target arch");
     if (o->kv_block_size < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: kv_block_size %d", o->kv_block_size);
-    if (o->n_buckets < 1 || o->n_buckets > 16)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "cg_plan_build: %d buckets (want 1 to 16)",
-                        o->n_buckets);
-    for (int i = 0; i < o->n_buckets; i++)
-        if (o->buckets[i] < 1 || o->buckets[i] > 65536 || (i && o->buckets[i] <= o->buckets[i - 1]))
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "cg_plan_build: bucket %d is %d (buckets must ascend, 1 to 65536)", i,
-                            o->buckets[i]);
-    return MOEC_OK;
+    moec_status st = ir_buckets_check(o->buckets, o->n_buckets);
+    return st == MOEC_OK ? st : moec_err_wrap(st, "cg_plan_build");
 }
 
 /* The module is fused and planned: one output, inputs only tokens and

@@ -3,7 +3,7 @@
 #ifndef MOEC_COMMON_ERR_H
 #define MOEC_COMMON_ERR_H
 
-#include "moec.h"
+#include "moec_rt.h"
 
 #if defined(__GNUC__)
 #define MOEC_PRINTF(a, b) __attribute__((format(printf, a, b)))

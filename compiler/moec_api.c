@@ -25,18 +25,6 @@ struct moec_model {
     moec_tensor_info *tensors; /* names live in the module's arena */
 };
 
-struct moec_session {
-    moec_backend backend;
-    int max_seq;
-    int length;
-    int vocab, eos;
-    /* CPU */
-    rt_weights *weights;
-    rt_interp *interp;
-    /* CUDA: the plan points into the fused module, the runtime into both */
-    moec_cuda_model gpu;
-};
-
 /* Appends the tensors of one TENSOR or STACK binding of weight type t to
  * m->tensors; with m->tensors NULL only counts them. */
 static moec_status model_add_tensors(moec_model_t *m, const ir_binding *b, const ir_type *t)
@@ -200,26 +188,6 @@ moec_status moec_cuda_dtype(ir_dtype *out)
     return MOEC_OK;
 }
 
-int moec_graphs_disabled(void)
-{
-    const char *e = getenv("MOEC_DISABLE_GRAPHS");
-    return e && *e && strcmp(e, "0");
-}
-
-/* After rt_cuda_init: the stream mode, then every bucket's graph captured
- * (timed) unless the options or MOEC_DISABLE_GRAPHS say eager. */
-static moec_status cuda_model_finish(moec_cuda_model *x, const moec_cuda_opts *o)
-{
-    const char *ss = getenv("MOEC_SINGLE_STREAM");
-    rt_cuda_set_single_stream(x->cuda, o->single_stream || (ss && *ss && strcmp(ss, "0")));
-    if (o->eager || moec_graphs_disabled())
-        return MOEC_OK;
-    double t0 = moec_now_s();
-    MOEC_TRY(rt_cuda_capture(x->cuda));
-    x->capture_s = moec_now_s() - t0;
-    return MOEC_OK;
-}
-
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
                                  const moec_cuda_opts *o, moec_cuda_model *x)
 {
@@ -234,37 +202,11 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
     if (st == MOEC_OK)
         st = cg_plan_build(x->fused, &co, &x->plan);
     if (st == MOEC_OK)
-        st = rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda);
+        st = moec_cuda_model_bind(x, w, o, moec_model_vocab_size(model), "the compiled plan");
     rt_weights_free(w);
-    if (st == MOEC_OK && rt_cuda_logits_cols(x->cuda) != moec_model_vocab_size(model))
-        st = MOEC_ERR(MOEC_ERR_INTERNAL, "the plan's logits have %d columns, the vocabulary %d",
-                      rt_cuda_logits_cols(x->cuda), moec_model_vocab_size(model));
-    if (st == MOEC_OK)
-        st = cuda_model_finish(x, o);
     if (st != MOEC_OK)
         moec_cuda_model_free(x);
     return st;
-}
-
-void moec_cuda_model_free(moec_cuda_model *x)
-{
-    rt_cuda_free(x->cuda);
-    ir_plan_free(x->plan);
-    ir_module_free(x->fused);
-    memset(x, 0, sizeof *x);
-}
-
-moec_status moec_resolve_backend(moec_backend *backend)
-{
-    int n_dev = 0;
-    if (*backend == MOEC_BACKEND_AUTO) {
-        *backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
-                                                                          : MOEC_BACKEND_CPU;
-        moec_err_clear();
-    }
-    if (*backend == MOEC_BACKEND_CUDA)
-        MOEC_TRY(moec_cuda_device_count(&n_dev));
-    return MOEC_OK;
 }
 
 moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
@@ -281,13 +223,10 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
                         "max_seq_len %d exceeds the model's max_position_embeddings %d",
                         max_seq_len, max_pos);
     MOEC_TRY(moec_resolve_backend(&backend));
-    moec_session_t *s = calloc(1, sizeof *s);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    s->backend = backend;
+    moec_session_t *s;
+    MOEC_TRY(moec_session_new(backend, max_seq_len, &s));
     s->vocab = moec_model_vocab_size(model);
     s->eos = moec_model_eos_token(model);
-    s->max_seq = max_seq_len;
     moec_status st;
     if (backend == MOEC_BACKEND_CUDA) {
         ir_dtype dt = IR_DTYPE_BF16;
@@ -297,151 +236,13 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
             st = moec_cuda_model_init(model, weights_dir, dt, &o, &s->gpu);
         }
     } else {
-        st = rt_weights_open(model->module, weights_dir, &s->weights);
-        if (st == MOEC_OK)
-            st = rt_interp_init(model->module, s->weights, max_seq_len, &s->interp);
+        st = moec_session_bind_cpu(s, model->module, weights_dir);
     }
     if (st != MOEC_OK) {
         moec_session_free(s);
         return st;
     }
     *out = s;
-    return MOEC_OK;
-}
-
-void moec_session_free(moec_session_t *s)
-{
-    if (!s)
-        return;
-    moec_cuda_model_free(&s->gpu);
-    rt_interp_free(s->interp);
-    rt_weights_free(s->weights);
-    free(s);
-}
-
-moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backend : MOEC_BACKEND_AUTO; }
-
-int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; }
-
-int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
-
-moec_status moec_check_plan_path(const char *plan_path)
-{
-    struct stat sb;
-    if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
-    return MOEC_OK;
-}
-
-moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_plan_meta *meta)
-{
-    memset(x, 0, sizeof *x);
-    MOEC_TRY(moec_check_plan_path(plan_path));
-    return ir_plan_read(plan_path, &x->plan, &x->fused, meta);
-}
-
-moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
-                                const char *plan_path, const char *weights_dir,
-                                const moec_cuda_opts *o, int *vocab)
-{
-    int max_pos = (int)ir_module_meta_int(x->fused, "max_position_embeddings", 0);
-    if (max_pos > 0 && o->max_seq_len > max_pos)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "max_seq_len %d exceeds the model's max_position_embeddings %d (plan %s)",
-                        o->max_seq_len, max_pos, plan_path);
-    MOEC_TRY(rt_plan_check_checkpoint(meta, x->fused, plan_path, weights_dir));
-    rt_weights *w = NULL;
-    MOEC_TRY(rt_weights_open(x->fused, weights_dir, &w));
-    moec_status st = rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda);
-    rt_weights_free(w);
-    MOEC_TRY(st);
-    *vocab = (int)ir_module_meta_int(x->fused, "vocab_size", 0);
-    if (rt_cuda_logits_cols(x->cuda) != *vocab)
-        return MOEC_ERR(MOEC_ERR_FORMAT, "plan %s: its logits have %d columns, its vocabulary %d",
-                        plan_path, rt_cuda_logits_cols(x->cuda), *vocab);
-    return cuda_model_finish(x, o);
-}
-
-moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
-                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab)
-{
-    ir_plan_meta meta;
-    MOEC_TRY(moec_cuda_plan_read(plan_path, x, &meta));
-    return moec_cuda_plan_bind(x, &meta, plan_path, weights_dir, o, vocab);
-}
-
-moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
-                                   int max_seq_len, moec_session_t **out)
-{
-    if (!plan_path || !weights_dir || !out)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_plan: NULL argument");
-    *out = NULL;
-    if (max_seq_len <= 0)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got %d", max_seq_len);
-    moec_session_t *s = calloc(1, sizeof *s);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    s->backend = MOEC_BACKEND_CUDA;
-    s->max_seq = max_seq_len;
-    moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
-    moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &s->gpu, &s->vocab);
-    if (st != MOEC_OK) {
-        moec_session_free(s);
-        return st;
-    }
-    s->eos = (int)ir_module_meta_int(s->gpu.fused, "eos_token_id", -1);
-    *out = s;
-    return MOEC_OK;
-}
-
-int moec_session_length(const moec_session_t *s) { return s ? s->length : 0; }
-
-static moec_status forward_cpu(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
-{
-    int32_t *pos = malloc((size_t)n * sizeof *pos);
-    if (!pos)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    for (int i = 0; i < n; i++)
-        pos[i] = s->length + i;
-    moec_status st = rt_interp_forward(s->interp, ids, pos, n, logits_out);
-    free(pos);
-    return st;
-}
-
-/* Runs the tokens in chunks of the largest bucket (one sequence, slot 0,
- * consecutive positions). */
-static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
-{
-    int chunk = rt_cuda_max_tokens(s->gpu.cuda);
-    size_t cols = (size_t)rt_cuda_logits_cols(s->gpu.cuda);
-    int32_t *pos = malloc((size_t)chunk * sizeof *pos);
-    int32_t *slot = calloc((size_t)chunk, sizeof *slot);
-    moec_status st = pos && slot ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    for (int done = 0; done < n && st == MOEC_OK; done += chunk) {
-        int k = n - done < chunk ? n - done : chunk;
-        for (int i = 0; i < k; i++)
-            pos[i] = s->length + done + i;
-        st = rt_cuda_step(s->gpu.cuda, k, ids + done, pos, slot,
-                          logits_out ? logits_out + (size_t)done * cols : NULL, NULL);
-    }
-    free(pos);
-    free(slot);
-    return st;
-}
-
-moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
-{
-    if (!s || !ids || n <= 0)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: no tokens");
-    if (n > s->max_seq - s->length)
-        return MOEC_ERR(MOEC_ERR_CAPACITY,
-                        "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,
-                        s->length, s->max_seq);
-    if (s->gpu.cuda)
-        MOEC_TRY(forward_cuda(s, ids, n, logits_out));
-    else
-        MOEC_TRY(forward_cpu(s, ids, n, logits_out));
-    s->length += n;
     return MOEC_OK;
 }
 

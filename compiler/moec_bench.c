@@ -102,14 +102,6 @@ const char *moec_bench_mode_name(int mode)
 }
 
 /* The plan's bucket that runs B tokens. */
-static const ir_bucket *bucket_of(const ir_plan *p, int B)
-{
-    for (int b = 0; b < p->n_buckets; b++)
-        if (p->buckets[b].T >= B)
-            return &p->buckets[b];
-    return NULL;
-}
-
 static int launches(const ir_bucket *b)
 {
     int n = 0;
@@ -135,7 +127,7 @@ static int cmp_prof(const void *a, const void *b)
 static moec_status profile(const moec_cuda_model *g, int B, const int32_t *tok, const int32_t *pos,
                            const int32_t *slot, int iters, FILE *out)
 {
-    const ir_bucket *b = bucket_of(g->plan, B);
+    const ir_bucket *b = ir_plan_bucket_for(g->plan, B);
     double *ms = calloc((size_t)b->n_steps, sizeof *ms);
     prof_entry *e = calloc((size_t)b->n_steps, sizeof *e);
     moec_status st = ms && e ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
@@ -185,13 +177,14 @@ static moec_status time_modes(const moec_cuda_model *g, int B, const int32_t *to
         int graph = mode == MOEC_BENCH_GRAPH_DUAL || mode == MOEC_BENCH_GRAPH_SINGLE;
         int single = mode == MOEC_BENCH_GRAPH_SINGLE || mode == MOEC_BENCH_EAGER_SINGLE;
         rt_cuda_set_single_stream(g->cuda, single);
-        rt_cuda_set_graphs(g->cuda, graph);
+        graph_set_enabled(g->graphs, graph);
         float ms = 0;
-        MOEC_TRY(rt_cuda_time_steps(g->cuda, B, tok, pos, slot, o->warmup, o->steps, &ms));
-        row->mode_ms[mode] = graph && !rt_cuda_graphs_captured(g->cuda) ? -1 : ms;
+        MOEC_TRY(graph_time_steps(g->graphs, g->cuda, B, tok, pos, slot, o->warmup, o->steps,
+                                  &ms));
+        row->mode_ms[mode] = graph && !graph_captured(g->graphs) ? -1 : ms;
     }
     rt_cuda_set_single_stream(g->cuda, 0);
-    rt_cuda_set_graphs(g->cuda, 1);
+    graph_set_enabled(g->graphs, 1);
     row->step_ms = row->mode_ms[MOEC_BENCH_GRAPH_DUAL] > 0 ? row->mode_ms[MOEC_BENCH_GRAPH_DUAL]
                                                             : row->mode_ms[MOEC_BENCH_EAGER_DUAL];
     return MOEC_OK;
@@ -214,12 +207,12 @@ static moec_status bench_bind(const moec_model_t *model, const char *weights_dir
         *vocab = moec_model_vocab_size(model);
     }
     out->setup_s = moec_now_s() - t0;
-    if (moec_graphs_disabled())
+    if (graph_disabled_by_env())
         return MOEC_OK;
     for (int single = 1; single >= 0; single--) {
         rt_cuda_set_single_stream(g->cuda, single);
         t0 = moec_now_s();
-        MOEC_TRY(rt_cuda_capture(g->cuda));
+        MOEC_TRY(graph_capture(g->graphs));
         *(single ? &out->capture_single_s : &out->capture_s) = moec_now_s() - t0;
     }
     return MOEC_OK;
@@ -279,7 +272,7 @@ moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
             break;
         row->batch = B;
         row->floor_ms = row->bytes / bw * 1e3;
-        out->launches_per_step[out->n_rows] = launches(bucket_of(g.plan, B));
+        out->launches_per_step[out->n_rows] = launches(ir_plan_bucket_for(g.plan, B));
         out->n_rows++;
     }
     free(tok);

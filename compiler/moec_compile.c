@@ -39,14 +39,25 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out)
     return MOEC_OK;
 }
 
+_Static_assert(MOEC_BUCKETS_MAX == IR_BUCKETS_MAX, "the public bucket bound is ir_plan.h's");
+
+moec_status moec_buckets_check(const int *buckets, int n)
+{
+    if (!buckets)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_buckets_check: NULL buckets");
+    return ir_buckets_check(buckets, n);
+}
+
+int moec_buckets_default(int out[MOEC_BUCKETS_MAX]) { return ir_buckets_default(out); }
+
 moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused)
 {
     *fused = NULL;
     pass_options po;
     pass_options_default(&po);
     po.compute_dtype = co->compute_dtype;
-    po.n_batch_sizes = co->n_buckets;
-    memcpy(po.batch_sizes, co->buckets, sizeof po.batch_sizes);
+    po.n_buckets = co->n_buckets;
+    memcpy(po.buckets, co->buckets, sizeof po.buckets);
     const char *tmp = getenv("TMPDIR");
     ir_module *m = NULL;
     MOEC_TRY(ir_module_clone(module, &m));
@@ -83,18 +94,10 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
                         "those)",
                         o->dtype);
     MOEC_TRY(moec_cg_options(dt, o->arch, co));
-    if (o->n_batch) {
-        int max = (int)(sizeof co->buckets / sizeof *co->buckets);
-        if (o->n_batch < 0 || o->n_batch > max)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%d batch sizes (want 1 to %d)", o->n_batch,
-                            max);
-        for (int i = 0; i < o->n_batch; i++)
-            if (o->batch[i] < 1 || o->batch[i] > 4096 || (i && o->batch[i] <= o->batch[i - 1]))
-                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                                "batch size %d is %d: batch sizes must ascend, from 1 to 4096", i,
-                                o->batch[i]);
-        co->n_buckets = o->n_batch;
-        memcpy(co->buckets, o->batch, (size_t)o->n_batch * sizeof *o->batch);
+    if (o->n_buckets) {
+        MOEC_TRY(ir_buckets_check(o->buckets, o->n_buckets));
+        co->n_buckets = o->n_buckets;
+        memcpy(co->buckets, o->buckets, (size_t)o->n_buckets * sizeof *o->buckets);
     }
     co->cache_dir = o->cache_dir;
     co->progress = o->progress;

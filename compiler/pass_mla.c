@@ -214,11 +214,11 @@ static moec_status record_decision(ir_module *m, const pass_options *opt, const 
                                    int n_layers, mla_cost total)
 {
     size_t es = ir_dtype_size(opt->compute_dtype);
-    int nb = opt->n_batch_sizes > 0 ? opt->n_batch_sizes : 1;
+    int nb = opt->n_buckets > 0 ? opt->n_buckets : 1;
     int64_t run_b = 0, fold_b = 0;
     int b_lo = 1, b_hi = 1;
     for (int i = 0; i < nb; i++) {
-        int64_t B = opt->n_batch_sizes > 0 ? opt->batch_sizes[i] : 1;
+        int64_t B = opt->n_buckets > 0 ? opt->buckets[i] : 1;
         if (i == 0 || B < b_lo)
             b_lo = (int)B;
         if (i == 0 || B > b_hi)

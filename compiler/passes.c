@@ -40,11 +40,9 @@ static const pass_info PIPELINE[] = {
 
 void pass_options_default(pass_options *opt)
 {
-    static const int buckets[] = {1, 2, 4, 8, 16, 32, 64};
     memset(opt, 0, sizeof *opt);
     opt->compute_dtype = IR_DTYPE_BF16;
-    opt->n_batch_sizes = (int)(sizeof buckets / sizeof *buckets);
-    memcpy(opt->batch_sizes, buckets, sizeof buckets);
+    opt->n_buckets = ir_buckets_default(opt->buckets);
 }
 
 const pass_info *pass_pipeline(int *n)

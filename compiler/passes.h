@@ -5,11 +5,12 @@
 #define MOEC_PASS_PASSES_H
 
 #include "ir/ir.h"
+#include "ir/ir_plan.h"
 
 typedef struct pass_options {
     ir_dtype compute_dtype;  /* bf16 (default), f16 or f32: what the GPU computes in */
-    int n_batch_sizes;       /* the compiled batch buckets (absorb_mla weighs them) */
-    int batch_sizes[16];
+    int n_buckets;           /* the compiled batch buckets (absorb_mla weighs them) */
+    int buckets[IR_BUCKETS_MAX];
 } pass_options;
 
 /* The defaults: bf16, buckets 1, 2, 4, 8, 16, 32, 64. */

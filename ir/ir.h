@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "moec.h"
+#include "moec_rt.h"
 
 /* ---- arena ---------------------------------------------------------------- */
 

@@ -2,6 +2,7 @@
  * runtime follow for how each value is stored on the GPU (plan.h). */
 #include <stdlib.h>
 
+#include "err.h"
 #include "ir/ir_plan.h"
 
 void ir_plan_free(ir_plan *p)
@@ -18,6 +19,36 @@ void ir_plan_free(ir_plan *p)
     }
     free(p->buckets);
     free(p);
+}
+
+int ir_buckets_default(int out[IR_BUCKETS_MAX])
+{
+    int n = 0;
+    for (int t = 1; t <= 64; t *= 2)
+        out[n++] = t;
+    return n;
+}
+
+moec_status ir_buckets_check(const int *buckets, int n)
+{
+    if (n < 1 || n > IR_BUCKETS_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%d batch buckets (want 1 to %d)", n,
+                        IR_BUCKETS_MAX);
+    for (int i = 0; i < n; i++)
+        if (buckets[i] < 1 || buckets[i] > IR_BUCKET_TOKENS_MAX ||
+            (i && buckets[i] <= buckets[i - 1]))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "batch bucket %d is %d: buckets must ascend, from 1 to %d tokens", i,
+                            buckets[i], IR_BUCKET_TOKENS_MAX);
+    return MOEC_OK;
+}
+
+const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n)
+{
+    for (int b = 0; b < p->n_buckets; b++)
+        if (p->buckets[b].T >= n)
+            return &p->buckets[b];
+    return NULL;
 }
 
 /* Whether v is an operand or a result of some moe_topk op. */

@@ -108,6 +108,20 @@ typedef struct ir_plan {
 
 void ir_plan_free(ir_plan *p);
 
+/* Batch buckets: the token counts a plan has a compiled step for, ascending.
+ * A step of n tokens runs the smallest bucket >= n, its rows past n padded.
+ * This is their one definition: the default list, the bounds and the check
+ * (compile options, plan files and the runtime all call it), the lookup. */
+#define IR_BUCKETS_MAX 16          /* buckets in a plan */
+#define IR_BUCKET_TOKENS_MAX 4096  /* tokens in one bucket */
+/* The default buckets, 1, 2, 4, 8, 16, 32, 64, into out; returns how many. */
+int ir_buckets_default(int out[IR_BUCKETS_MAX]);
+/* 1 to IR_BUCKETS_MAX buckets, ascending, each 1 to IR_BUCKET_TOKENS_MAX;
+ * MOEC_ERR_INVALID_ARG naming the first that is not. */
+moec_status ir_buckets_check(const int *buckets, int n);
+/* The smallest bucket of p that holds n tokens; NULL when none does. */
+const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n);
+
 /* How each activation is stored on the GPU: i32 values as i32; moe_topk's
  * operands and results and the module outputs in f32; every other
  * activation in the compute dtype. Weights: their IR dtype if f32, else the

@@ -27,23 +27,10 @@ moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs,
                          rt_cuda **out);
 /* Releases everything the context holds, device memory included. */
 void rt_cuda_free(rt_cuda *c);
-/* Captures one whole step of every bucket into a CUDA Graph over the
- * context's fixed buffers, in the current stream mode (dual: stream 1
- * forked and joined inside the capture with events; single: all on stream
- * 0), and uploads it; afterwards rt_cuda_step and rt_cuda_time_steps in
- * that mode replay the bucket's graph instead of launching its steps. The
- * graphs of both modes can be held at once. A failure names the bucket and
- * leaves the context usable eagerly. */
-moec_status rt_cuda_capture(rt_cuda *c);
 /* 1: every step on stream 0 (the plan's forks and joins skipped); 0 (the
- * default): the shared-expert branch on stream 1. Selects which captured
- * graphs run. */
+ * default): the shared-expert branch on stream 1. graphs/ keeps a graph
+ * of each mode. */
 void rt_cuda_set_single_stream(rt_cuda *c, int single);
-/* 0: launch eagerly even where graphs were captured; 1 (the default):
- * replay them. */
-void rt_cuda_set_graphs(rt_cuda *c, int on);
-/* 1 when every bucket has a graph in the current stream mode. */
-int rt_cuda_graphs_captured(const rt_cuda *c);
 
 /* Runs n tokens (1 <= n <= rt_cuda_max_tokens) in the smallest bucket that
  * holds them: token i of sequence slots[i] at position positions[i] (its KV
@@ -58,12 +45,6 @@ int rt_cuda_graphs_captured(const rt_cuda *c);
 moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                          const int32_t *slots, float *logits_out, int32_t *sampled_out);
 
-/* Benchmarking. Writes the inputs once, runs `warmup` steps of the bucket
- * holding n tokens, then `iters` more, each between two events on stream 0
- * (no copy-back, no host synchronization between them); *median_ms is the
- * median step time. The arena keeps the last step's values. */
-moec_status rt_cuda_time_steps(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
-                               const int32_t *slots, int warmup, int iters, float *median_ms);
 /* Profiling: runs the bucket holding n tokens eagerly on stream 0 alone,
  * with an event between every two of its steps, iters times after one
  * warm-up; step_ms[i] (one per plan step of the bucket) gets step i's mean
@@ -96,5 +77,9 @@ size_t rt_cuda_device_bytes(const rt_cuda *c);
 /* fp32 to bf16 with round-to-nearest-even (NaN stays a quiet NaN), as the
  * weights are uploaded. Needs no GPU. */
 void rt_cuda_to_bf16(const float *src, uint16_t *dst, size_t n);
+/* What rt_cuda_init checks of the plan and its module before any device
+ * call (positive sizes, the dtype, ascending buckets, an f32 output with an
+ * arena offset). Needs no GPU. */
+moec_status rt_cuda_check_plan(const ir_plan *p, int max_seqs, int max_seq_len);
 
 #endif

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "moec.h"
+#include "moec_rt.h"
 
 /* Every dtype the format names; moec computes with F32/F16/BF16 only. */
 typedef enum rt_st_dtype {

@@ -1,5 +1,7 @@
-/* serve.c — moec-serve: a low-latency generation service over the engine
- * (moec_engine_*). It loads a model (or a plan file) once, then answers
+/* serve.c — the generation service behind moec-serve (a plan file, the
+ * runtime library alone) and `moec serve` (a model folder too, compiled
+ * first): a low-latency service over the engine (moec_engine_*). It loads
+ * the engine once, then answers
  * requests, one JSON object a line, on stdin or on TCP connections to
  * 127.0.0.1, streaming every generated token back as a JSON line as soon as
  * its step ends.
@@ -33,13 +35,15 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 
-#include "moec.h"
+#include "samples/serve.h"
 
 static const char *USAGE =
-    "usage: moec-serve MODEL_DIR [options]\n"
-    "       moec-serve PLAN --weights MODEL_DIR [options]\n"
+    "usage: moec-serve PLAN --weights MODEL_DIR [options]\n"
+    "       moec serve MODEL_DIR|PLAN [--weights MODEL_DIR] [options]\n"
     "\n"
-    "Loads the model once and serves greedy generation requests: one JSON object\n"
+    "moec-serve runs plan files (moec compile) and links the runtime alone;\n"
+    "`moec serve` also takes a model folder, compiled (CUDA) or interpreted\n"
+    "(CPU) at start. Loads the model once and serves greedy generation requests: one JSON object\n"
     "a line, on stdin (the default) or on TCP connections to 127.0.0.1:\n"
     "\n"
     "  {\"id\": \"a\", \"prompt_ids\": [1, 2, 3], \"max_new_tokens\": 16, \"ignore_eos\": false}\n"
@@ -793,7 +797,7 @@ static int is_plan_path(const char *path)
 }
 
 /* Opens the engine; returns -1 on success, else the exit code. */
-static int open_engine(const serve_opts *o, moec_engine_t **out)
+static int open_engine(const serve_opts *o, serve_model_opener open_model, moec_engine_t **out)
 {
     moec_engine_options eo = {.backend = o->backend,
                               .max_seqs = (int)o->max_seqs,
@@ -809,12 +813,12 @@ static int open_engine(const serve_opts *o, moec_engine_t **out)
         if (o->backend_set && o->backend == MOEC_BACKEND_CPU)
             return usage_error("--backend cpu: %s is a plan, which runs on the GPU", o->path);
         st = moec_engine_open_plan(o->path, o->weights, &eo, out);
+    } else if (open_model) {
+        st = open_model(o->path, o->weights ? o->weights : o->path, &eo, out);
     } else {
-        moec_model_t *m = NULL;
-        st = moec_model_open(o->path, &m);
-        if (st == MOEC_OK)
-            st = moec_engine_open(m, o->weights ? o->weights : o->path, &eo, out);
-        moec_model_free(m); /* the engine keeps what it needs */
+        return usage_error("%s is not a plan file: moec-serve serves plan files (moec compile); "
+                           "`moec serve MODEL_DIR` compiles and serves a model folder",
+                           o->path);
     }
     if (st != MOEC_OK) {
         fprintf(stderr, "moec-serve: error (%s): %s\n", moec_status_name(st), moec_last_error());
@@ -823,7 +827,7 @@ static int open_engine(const serve_opts *o, moec_engine_t **out)
     return -1;
 }
 
-int main(int argc, char **argv)
+int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
 {
     serve_opts o = {0};
     int rc = parse_args(argc, argv, &o);
@@ -836,7 +840,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     server sv = {.listen_fd = -1};
-    if ((rc = open_engine(&o, &sv.engine)) >= 0)
+    if ((rc = open_engine(&o, open_model, &sv.engine)) >= 0)
         return rc;
     sv.max_seqs = moec_engine_max_seqs(sv.engine);
     sv.max_seq_len = moec_engine_max_seq_len(sv.engine);

@@ -49,19 +49,19 @@ static const int SIZES[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 
 static int context_of(int s) { return 3 + s % 11; }
 
 /* One step in a given way: graphs on or off, one stream or two. */
-static moec_status step_as(rt_cuda *c, int graph, int single, int n, const int32_t *tok,
+static moec_status step_as(moec_cuda_model *c, int graph, int single, int n, const int32_t *tok,
                            const int32_t *pos, const int32_t *slot, float *logits, int32_t *ids)
 {
-    rt_cuda_set_graphs(c, graph);
-    rt_cuda_set_single_stream(c, single);
-    moec_status st = rt_cuda_step(c, n, tok, pos, slot, logits, ids);
-    rt_cuda_set_graphs(c, 1);
-    rt_cuda_set_single_stream(c, 0);
+    graph_set_enabled(c->graphs, graph);
+    rt_cuda_set_single_stream(c->cuda, single);
+    moec_status st = graph_step(c->graphs, c->cuda, n, tok, pos, slot, logits, ids);
+    graph_set_enabled(c->graphs, 1);
+    rt_cuda_set_single_stream(c->cuda, 0);
     return st;
 }
 
 /* Every slot gets its context, eagerly, up to 64 tokens a step. */
-static void prefill(rt_cuda *c, int V, uint64_t *rng)
+static void prefill(moec_cuda_model *c, int V, uint64_t *rng)
 {
     int32_t tok[64], pos[64], slot[64];
     int n = 0;
@@ -80,7 +80,7 @@ static void prefill(rt_cuda *c, int V, uint64_t *rng)
 }
 
 /* The four ways agree on every batch size. */
-static void check_ways(const char *name, const char *dt, rt_cuda *c, int V, uint64_t *rng)
+static void check_ways(const char *name, const char *dt, moec_cuda_model *c, int V, uint64_t *rng)
 {
     size_t cap = (size_t)64 * V;
     float *L[5];
@@ -91,7 +91,7 @@ static void check_ways(const char *name, const char *dt, rt_cuda *c, int V, uint
     double worst_single = 0;
     for (size_t i = 0; i < sizeof SIZES / sizeof *SIZES; i++) {
         int n = SIZES[i];
-        if (n > rt_cuda_max_tokens(c))
+        if (n > rt_cuda_max_tokens(c->cuda))
             continue;
         int32_t tok[64], pos[64], slot[64];
         for (int k = 0; k < n; k++) {
@@ -133,12 +133,12 @@ static void check_ways(const char *name, const char *dt, rt_cuda *c, int V, uint
 }
 
 /* REPLAYS graph steps with changing inputs; every 1000th also eagerly. */
-static void check_replays(const char *name, const char *dt, rt_cuda *c, int V, uint64_t *rng)
+static void check_replays(const char *name, const char *dt, moec_cuda_model *c, int V, uint64_t *rng)
 {
     int len[SEQS];
     for (int s = 0; s < SEQS; s++)
         len[s] = context_of(s);
-    int tmax = rt_cuda_max_tokens(c) < SEQS ? rt_cuda_max_tokens(c) : SEQS;
+    int tmax = rt_cuda_max_tokens(c->cuda) < SEQS ? rt_cuda_max_tokens(c->cuda) : SEQS;
     float *a = malloc((size_t)tmax * V * sizeof *a), *b = malloc((size_t)tmax * V * sizeof *b);
     int32_t ib[64];
     size_t free_before = device_free_bytes();
@@ -193,21 +193,21 @@ static void check_model(const char *name, ir_dtype dt)
     T_OK(st);
     if (st == MOEC_OK) {
         uint64_t rng = 0x5EEDull + (uint64_t)dt;
-        prefill(g.cuda, V, &rng);
+        prefill(&g, V, &rng);
         double t0 = moec_now_s();
-        T_OK(rt_cuda_capture(g.cuda));
+        T_OK(graph_capture(g.graphs));
         double t_dual = moec_now_s() - t0;
         rt_cuda_set_single_stream(g.cuda, 1);
         t0 = moec_now_s();
-        T_OK(rt_cuda_capture(g.cuda));
+        T_OK(graph_capture(g.graphs));
         double t_single = moec_now_s() - t0;
-        T_CHECK(rt_cuda_graphs_captured(g.cuda));
+        T_CHECK(graph_captured(g.graphs));
         rt_cuda_set_single_stream(g.cuda, 0);
-        T_CHECK(rt_cuda_graphs_captured(g.cuda));
+        T_CHECK(graph_captured(g.graphs));
         printf("%-18s %s: captured every bucket in %.3f s (two streams), %.3f s (one)\n", name,
                dts, t_dual, t_single);
-        check_ways(name, dts, g.cuda, V, &rng);
-        check_replays(name, dts, g.cuda, V, &rng);
+        check_ways(name, dts, &g, V, &rng);
+        check_replays(name, dts, &g, V, &rng);
     }
     moec_cuda_model_free(&g);
     moec_model_free(m);

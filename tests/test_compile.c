@@ -116,9 +116,9 @@ static void test_compile_v3(const char *plan_path)
         return;
     progress_log log = {0};
     moec_compile_options o = {0};
-    o.n_batch = 2;
-    o.batch[0] = 1;
-    o.batch[1] = 8;
+    o.n_buckets = 2;
+    o.buckets[0] = 1;
+    o.buckets[1] = 8;
     o.cache_dir = g_cache;
     o.progress = on_progress;
     o.progress_user = &log;
@@ -197,8 +197,8 @@ static void test_compile_fp32(void)
         return;
     moec_compile_options o = {0};
     o.dtype = "fp32";
-    o.n_batch = 1;
-    o.batch[0] = 4;
+    o.n_buckets = 1;
+    o.buckets[0] = 4;
     o.arch = "sm_80";
     o.tp = 1;
     o.cache_dir = g_cache;
@@ -238,16 +238,16 @@ static void test_compile_errors(void)
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "target arch 'gfx942' is not a GPU arch like sm_90");
     o.arch = NULL;
-    o.n_batch = 3;
-    o.batch[0] = 1;
-    o.batch[1] = 8;
-    o.batch[2] = 8;
+    o.n_buckets = 3;
+    o.buckets[0] = 1;
+    o.buckets[1] = 8;
+    o.buckets[2] = 8;
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
-          "batch size 2 is 8: batch sizes must ascend");
-    o.n_batch = 17;
-    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG, "17 batch sizes (want 1 to 16)");
-    o.n_batch = 1;
-    o.batch[0] = 1;
+          "batch bucket 2 is 8: buckets must ascend");
+    o.n_buckets = 17;
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG, "17 batch buckets (want 1 to 16)");
+    o.n_buckets = 1;
+    o.buckets[0] = 1;
     /* Another model's checkpoint, and a directory with no weights. */
     T_ERR(moec_compile(m, t_src("tests/data/qwen3_moe"), &o, path), MOEC_ERR_MISMATCH,
           "tensor 'model.layers.0.self_attn.q_a_layernorm.weight' not found in");

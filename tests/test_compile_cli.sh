@@ -28,7 +28,7 @@ expect() {
 }
 
 expect 0 "compile MODEL_DIR" -- "$B" --help
-for f in --output --arch --dtype --batch-sizes --tp --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
+for f in --output --arch --dtype --buckets --batch-sizes --tp --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
   expect 0 "$f" -- "$B" compile --help
 done
 expect 0 "--weights DIR" -- "$B" run --help
@@ -72,7 +72,7 @@ expect 2 "--tp: 'x' is not an integer >= 1" -- "$B" compile "$D/deepseek_v3" -o 
 expect 2 "missing -o PLAN" -- "$B" compile "$D/deepseek_v3"
 expect 2 "missing MODEL_DIR" -- "$B" compile -o "$T/x.moec"
 expect 2 "--dtype: 'fp16' is not bf16 or fp32" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --dtype fp16
-expect 2 "--batch-sizes: '8,1' is not 1 to 16 ascending sizes" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --batch-sizes 8,1
+expect 2 "--batch-sizes: '8,1' is not 1 to 16 ascending buckets" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --batch-sizes 8,1
 expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --arch 90
 expect 2 "unknown option --frob" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --frob
 expect 2 "is a plan file: --weights MODEL_DIR (the checkpoint it was compiled for) is required" -- "$B" run "$P" --prompt-ids 1 --max-new-tokens 1

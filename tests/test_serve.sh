@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# test_serve.sh — moec-serve on the CPU backend as a client meets it, over
+# test_serve.sh — the generation service (`moec serve`, which also takes a
+# model folder; moec-serve runs the same loop on plan files) on the CPU
+# backend as a client meets it, over
 # stdin and over TCP (bash's /dev/tcp; no python): every tiny model's golden
 # prompt streams transformers' greedy ids; requests sent together each get
 # their own tokens (the same as `moec run`), a long prompt prefilled in
@@ -10,10 +12,13 @@
 # cleanly on SIGTERM; bad command lines exit 2.
 set -u
 B=${MOEC_BUILD_DIR:?}
-SERVE=$B/moec-serve
 S=${MOEC_SOURCE_DIR:?}
 D=$S/tests/data
 T=$(mktemp -d)
+# `moec serve` as one program path, so that "$SERVE" ... & gives its pid.
+SERVE=$T/moec-serve-model
+printf '#!/bin/sh\nexec "%s/moec" serve "$@"\n' "$B" >"$SERVE"
+chmod +x "$SERVE"
 SERVER_PID=
 cleanup() {
   [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
@@ -99,6 +104,11 @@ expect 2 "--backend cpu: $T/x.moec is a plan" -- "$SERVE" "$T/x.moec" --weights 
 expect 1 "max_seq_len 100000 exceeds the model's max_position_embeddings 512" -- \
   "$SERVE" "$D/qwen3_moe" --stdin --backend cpu --max-seq-len 100000
 expect 1 "nonexistent/config.json" -- "$SERVE" "$T/nonexistent" --stdin
+# moec-serve links the runtime alone: plan files only, the rest said by name.
+expect 2 "$D/qwen3_moe is not a plan file: moec-serve serves plan files (moec compile); \`moec serve MODEL_DIR\` compiles and serves a model folder" -- \
+  "$B/moec-serve" "$D/qwen3_moe" --stdin
+expect 2 "is a plan file: --weights MODEL_DIR" -- "$B/moec-serve" "$T/x.moec"
+expect 1 "no CUDA" -- "$B/moec-serve" "$T/x.moec" --weights "$D/qwen3_moe" --stdin
 
 # ---- the goldens, one model at a time -----------------------------------------
 for m in deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe; do

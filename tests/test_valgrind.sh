@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_valgrind.sh — `moec run`, `moec dump-ir` and `moec-serve --stdin` of
+# test_valgrind.sh — `moec run`, `moec dump-ir` and `moec serve --stdin` of
 # tiny models under valgrind: no leak, no invalid access. Skips (loudly)
 # without valgrind.
 set -u
@@ -38,6 +38,6 @@ run 1 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 10
   echo 'not json'
   printf '%s' '{"id":"cut","prompt_ids":[1],"max_new_tokens":1'
 } >"$T/requests"
-run 0 "$B-serve" "$D/deepseek_v2" --stdin --backend cpu --max-seqs 2 <"$T/requests"
+run 0 "$B" serve "$D/deepseek_v2" --stdin --backend cpu --max-seqs 2 <"$T/requests"
 echo "test_valgrind: $((runs - fail)) passed, $fail failed"
 [ "$fail" = 0 ]

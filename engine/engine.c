@@ -1,11 +1,11 @@
-/* moec_engine.c — the multi-sequence engine of include/moec.h, for services:
+/* engine.c — the multi-sequence engine of include/moec_rt.h, for services:
  * up to max_seqs sequences, each in a slot with its own KV cache, advanced
  * together one step of tokens at a time. The caller (a scheduler such as
  * samples/serve.c) decides which slot and position every token of a step
  * has; the engine checks them all, runs the step and returns each token's
  * greedy next id (and, when asked, its logits).
  *
- * On CUDA a step is one rt_cuda_step: the smallest compiled bucket that
+ * On CUDA a step is one graph_step: the smallest compiled bucket that
  * holds the tokens, replayed from its CUDA Graph unless eager; the argmax is
  * taken on the device. On the CPU every slot has its own reference
  * interpreter (its own KV cache, the weights shared with slot 0's), a step
@@ -15,39 +15,25 @@
  *
  * The engine owns everything it runs on: on the CPU a copy of the model's
  * module, on CUDA the fused module and plan; the model may be freed after
- * moec_engine_open. */
+ * moec_engine_open (compiler/moec_engine_open.c, which makes an engine from
+ * a model; moec_engine_open_plan here needs no compiler). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "compiler/api_internal.h"
+#include "engine/engine_internal.h"
 #include "err.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
-#include "runtime/plan_check.h"
 #include "runtime/weights.h"
 
 #define ENGINE_DEFAULT_SEQS 8
 #define ENGINE_DEFAULT_SEQ_LEN 4096
-#define ENGINE_CPU_MAX_TOKENS 64 /* the largest default CUDA bucket */
-
-struct moec_engine {
-    moec_backend backend; /* CPU or CUDA, never AUTO */
-    int max_seqs, max_seq_len, max_tokens;
-    int vocab, eos;
-    /* CPU: the module copy, its weights and one interpreter per slot
-     * (interp[0] owns the fp32 weights, the others borrow them) */
-    ir_module *module;
-    rt_interp **interp;
-    float *rows; /* max_tokens rows of logits when the caller wants none */
-    /* CUDA */
-    moec_cuda_model gpu;
-};
 
 /* ---- opening -------------------------------------------------------------- */
 
 /* max_seqs and max_seq_len from the options (0: the defaults), checked
  * against the model's max_position_embeddings (0: unknown). */
-static moec_status engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
+moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
                                 int *max_seq_len)
 {
     *max_seqs = opt->max_seqs ? opt->max_seqs : ENGINE_DEFAULT_SEQS;
@@ -69,10 +55,10 @@ static moec_status engine_sizes(const moec_engine_options *opt, int max_pos, int
 
 /* The CPU backend: the module copied, its weights read once into slot 0's
  * interpreter, every other slot's interpreter borrowing them. */
-static moec_status engine_open_cpu(moec_engine_t *e, const moec_model_t *model,
-                                   const char *weights_dir)
+moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
+                                 const char *weights_dir)
 {
-    MOEC_TRY(ir_module_clone(moec_model_module(model), &e->module));
+    MOEC_TRY(ir_module_clone(module, &e->module));
     e->interp = calloc((size_t)e->max_seqs, sizeof *e->interp);
     e->rows = malloc((size_t)e->max_tokens * (size_t)e->vocab * sizeof *e->rows);
     if (!e->interp || !e->rows)
@@ -88,61 +74,12 @@ static moec_status engine_open_cpu(moec_engine_t *e, const moec_model_t *model,
 }
 
 /* moec_cuda_opts for an engine of e's sizes. */
-static moec_cuda_opts engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt)
+moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt)
 {
     return (moec_cuda_opts){.max_seqs = e->max_seqs,
                             .max_seq_len = e->max_seq_len,
                             .single_stream = opt->single_stream,
                             .eager = opt->eager};
-}
-
-moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
-                             const moec_engine_options *opt, moec_engine_t **out)
-{
-    if (!out)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open: out is NULL");
-    *out = NULL;
-    if (!model || !weights_dir)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open: NULL model or weights_dir");
-    const moec_engine_options dflt = {0};
-    if (!opt)
-        opt = &dflt;
-    moec_backend backend = opt->backend;
-    if (backend != MOEC_BACKEND_AUTO && backend != MOEC_BACKEND_CPU &&
-        backend != MOEC_BACKEND_CUDA)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_open: unknown backend %d",
-                        (int)backend);
-    int max_seqs, max_seq_len;
-    MOEC_TRY(engine_sizes(opt, moec_model_max_positions(model), &max_seqs, &max_seq_len));
-    MOEC_TRY(moec_resolve_backend(&backend));
-    ir_dtype dt = IR_DTYPE_BF16;
-    if (backend == MOEC_BACKEND_CUDA)
-        MOEC_TRY(moec_cuda_dtype(&dt));
-
-    moec_engine_t *e = calloc(1, sizeof *e);
-    if (!e)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    e->backend = backend;
-    e->max_seqs = max_seqs;
-    e->max_seq_len = max_seq_len;
-    e->vocab = moec_model_vocab_size(model);
-    e->eos = moec_model_eos_token(model);
-    moec_status st;
-    if (backend == MOEC_BACKEND_CUDA) {
-        moec_cuda_opts o = engine_cuda_opts(e, opt);
-        st = moec_cuda_model_init(model, weights_dir, dt, &o, &e->gpu);
-        if (st == MOEC_OK)
-            e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
-    } else {
-        e->max_tokens = ENGINE_CPU_MAX_TOKENS;
-        st = engine_open_cpu(e, model, weights_dir);
-    }
-    if (st != MOEC_OK) {
-        moec_engine_free(e);
-        return st;
-    }
-    *out = e;
-    return MOEC_OK;
 }
 
 /* The plan's max_position_embeddings (0 if it names none), for the default
@@ -175,10 +112,10 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
     ir_plan_meta meta;
     moec_status st = moec_cuda_plan_read(plan_path, &e->gpu, &meta);
     if (st == MOEC_OK)
-        st = engine_sizes(opt, (int)ir_module_meta_int(e->gpu.fused, "max_position_embeddings", 0),
+        st = moec_engine_sizes(opt, (int)ir_module_meta_int(e->gpu.fused, "max_position_embeddings", 0),
                           &e->max_seqs, &e->max_seq_len);
     if (st == MOEC_OK) {
-        moec_cuda_opts o = engine_cuda_opts(e, opt);
+        moec_cuda_opts o = moec_engine_cuda_opts(e, opt);
         st = moec_cuda_plan_bind(&e->gpu, &meta, plan_path, weights_dir, &o, &e->vocab);
     }
     if (st != MOEC_OK) {
@@ -278,7 +215,7 @@ moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL engine");
     MOEC_TRY(step_check(e, n, tokens, positions, slots));
     if (e->backend == MOEC_BACKEND_CUDA)
-        return rt_cuda_step(e->gpu.cuda, n, tokens, positions, slots, logits_out, next_out);
+        return moec_cuda_model_step(&e->gpu, n, tokens, positions, slots, logits_out, next_out);
     return step_cpu(e, n, tokens, positions, slots, next_out, logits_out);
 }
 

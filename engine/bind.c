@@ -1,0 +1,93 @@
+/* bind.c — a plan bound to the GPU (moec_cuda_model): read from a plan file
+ * and checked against the checkpoint it was compiled for, or built by the
+ * compiler in-process; then the runtime context, its weights and the graph
+ * policy. Sessions and engines of both origins share it. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine/engine_internal.h"
+#include "err.h"
+#include "runtime/plan_check.h"
+
+moec_status moec_resolve_backend(moec_backend *backend)
+{
+    int n_dev = 0;
+    if (*backend == MOEC_BACKEND_AUTO) {
+        *backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
+                                                                          : MOEC_BACKEND_CPU;
+        moec_err_clear();
+    }
+    if (*backend == MOEC_BACKEND_CUDA)
+        MOEC_TRY(moec_cuda_device_count(&n_dev));
+    return MOEC_OK;
+}
+
+moec_status moec_cuda_model_bind(moec_cuda_model *x, const rt_weights *w,
+                                 const moec_cuda_opts *o, int vocab, const char *what)
+{
+    MOEC_TRY(rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda));
+    if (rt_cuda_logits_cols(x->cuda) != vocab)
+        return MOEC_ERR(MOEC_ERR_FORMAT, "%s: its logits have %d columns, its vocabulary %d",
+                        what, rt_cuda_logits_cols(x->cuda), vocab);
+    return graph_bind(x->cuda, o->eager, o->single_stream, &x->graphs, &x->capture_s);
+}
+
+void moec_cuda_model_free(moec_cuda_model *x)
+{
+    graph_set_free(x->graphs);
+    rt_cuda_free(x->cuda);
+    ir_plan_free(x->plan);
+    ir_module_free(x->fused);
+    memset(x, 0, sizeof *x);
+}
+
+moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *tokens,
+                                 const int32_t *positions, const int32_t *slots,
+                                 float *logits_out, int32_t *sampled_out)
+{
+    return graph_step(x->graphs, x->cuda, n, tokens, positions, slots, logits_out, sampled_out);
+}
+
+moec_status moec_check_plan_path(const char *plan_path)
+{
+    struct stat sb;
+    if (stat(plan_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO, "%s is a directory, not a plan file", plan_path);
+    return MOEC_OK;
+}
+
+moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_plan_meta *meta)
+{
+    memset(x, 0, sizeof *x);
+    MOEC_TRY(moec_check_plan_path(plan_path));
+    return ir_plan_read(plan_path, &x->plan, &x->fused, meta);
+}
+
+moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
+                                const char *plan_path, const char *weights_dir,
+                                const moec_cuda_opts *o, int *vocab)
+{
+    int max_pos = (int)ir_module_meta_int(x->fused, "max_position_embeddings", 0);
+    if (max_pos > 0 && o->max_seq_len > max_pos)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "max_seq_len %d exceeds the model's max_position_embeddings %d (plan %s)",
+                        o->max_seq_len, max_pos, plan_path);
+    MOEC_TRY(rt_plan_check_checkpoint(meta, x->fused, plan_path, weights_dir));
+    rt_weights *w = NULL;
+    MOEC_TRY(rt_weights_open(x->fused, weights_dir, &w));
+    *vocab = (int)ir_module_meta_int(x->fused, "vocab_size", 0);
+    char what[4200];
+    snprintf(what, sizeof what, "plan %s", plan_path);
+    moec_status st = moec_cuda_model_bind(x, w, o, *vocab, what);
+    rt_weights_free(w);
+    return st;
+}
+
+moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
+                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab)
+{
+    ir_plan_meta meta;
+    MOEC_TRY(moec_cuda_plan_read(plan_path, x, &meta));
+    return moec_cuda_plan_bind(x, &meta, plan_path, weights_dir, o, vocab);
+}

@@ -1,0 +1,111 @@
+/* engine_internal.h — what the library's own files (engine/ and the
+ * compiler's API glue, not its users) may ask of the runtime's public
+ * handles: a plan bound to the GPU, the session and engine structs, and the
+ * steps that sessions and engines made from a model (compiler/) share with
+ * those made from a plan file (here). Nothing here needs the compiler. */
+#ifndef MOEC_ENGINE_INTERNAL_H
+#define MOEC_ENGINE_INTERNAL_H
+
+#include "graphs/graph.h"
+#include "ir/ir.h"
+#include "ir/ir_plan_file.h"
+#include "moec_rt.h"
+#include "runtime/cuda_rt.h"
+#include "runtime/interp.h"
+#include "runtime/weights.h"
+
+/* A plan bound to the GPU: the plan and the module it points into (built
+ * in-process by the compiler, or read from a plan file), the runtime bound
+ * for max_seqs sequences of max_seq_len, and its graphs. */
+typedef struct moec_cuda_model {
+    ir_module *fused;
+    ir_plan *plan;
+    rt_cuda *cuda;
+    graph_set *graphs;
+    double capture_s; /* capturing every bucket's graph (0: not captured) */
+} moec_cuda_model;
+
+/* How a plan is bound: graphs are captured at bind unless `eager` or
+ * MOEC_DISABLE_GRAPHS=1; single_stream runs the shared-expert branch on
+ * stream 0 too (moec --single-stream). */
+typedef struct moec_cuda_opts {
+    int max_seqs, max_seq_len;
+    int single_stream;
+    int eager;
+} moec_cuda_opts;
+
+/* AUTO becomes CUDA where a device is present, else CPU; CUDA is checked
+ * to have a device (MOEC_ERR_NO_DEVICE otherwise). */
+moec_status moec_resolve_backend(moec_backend *backend);
+
+/* x->plan and x->fused made: binds them with w for o (rt_cuda_init, the
+ * logits checked to have vocab columns, the graph policy applied). */
+moec_status moec_cuda_model_bind(moec_cuda_model *x, const rt_weights *w,
+                                 const moec_cuda_opts *o, int vocab, const char *what);
+/* MOEC_ERR_IO when plan_path is a directory. */
+moec_status moec_check_plan_path(const char *plan_path);
+/* Reads the plan file into x->plan and x->fused (x zeroed first). */
+moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_plan_meta *meta);
+/* Binds a plan read into x for o: max_seq_len checked against the model's
+ * max_position_embeddings, the plan checked against the checkpoint in
+ * weights_dir (meta's hashes), weights uploaded, graphs captured; *vocab
+ * gets the model's vocab_size. */
+moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
+                                const char *plan_path, const char *weights_dir,
+                                const moec_cuda_opts *o, int *vocab);
+/* moec_cuda_plan_read, then moec_cuda_plan_bind. On failure x holds what
+ * was made (free it). */
+moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
+                                      const moec_cuda_opts *o, moec_cuda_model *x, int *vocab);
+void moec_cuda_model_free(moec_cuda_model *x);
+/* One step of n tokens on x (graph replay where captured). */
+moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *tokens,
+                                 const int32_t *positions, const int32_t *slots,
+                                 float *logits_out, int32_t *sampled_out);
+
+/* One sequence: the CPU interpreter on the unfused module, or a plan bound
+ * to the GPU. */
+struct moec_session {
+    moec_backend backend;
+    int max_seq;
+    int length;
+    int vocab, eos;
+    /* CPU */
+    rt_weights *weights;
+    rt_interp *interp;
+    /* CUDA: the plan points into the fused module, the runtime into both */
+    moec_cuda_model gpu;
+};
+
+/* A zeroed session of max_seq_len tokens on backend (CPU or CUDA). */
+moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session_t **out);
+/* A CPU session's interpreter on module (which must outlive it). */
+moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
+                                  const char *weights_dir);
+
+/* Up to max_seqs sequences in slots. */
+struct moec_engine {
+    moec_backend backend; /* CPU or CUDA, never AUTO */
+    int max_seqs, max_seq_len, max_tokens;
+    int vocab, eos;
+    /* CPU: the module copy, its weights and one interpreter per slot
+     * (interp[0] owns the fp32 weights, the others borrow them) */
+    ir_module *module;
+    rt_interp **interp;
+    float *rows; /* max_tokens rows of logits when the caller wants none */
+    /* CUDA */
+    moec_cuda_model gpu;
+};
+
+/* max_seqs and max_seq_len from the options (0: the defaults), checked
+ * against the model's max_position_embeddings (0: unknown). */
+moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
+                              int *max_seq_len);
+/* The CPU backend of e (sizes set): module copied, its weights read once
+ * into slot 0's interpreter, every other slot's interpreter borrowing them. */
+moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
+                                 const char *weights_dir);
+/* moec_cuda_opts for an engine of e's sizes. */
+moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt);
+
+#endif

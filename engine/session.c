@@ -1,0 +1,116 @@
+/* session.c — one sequence being generated (moec_rt.h): on the GPU from a
+ * plan file (moec_session_init_plan, no compiler call) or a plan the
+ * compiler built (moec_session_init in compiler/moec_api.c), or on the CPU
+ * reference interpreter over the unfused module. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "err.h"
+
+moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session_t **out)
+{
+    *out = NULL;
+    if (max_seq_len <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got %d", max_seq_len);
+    moec_session_t *s = calloc(1, sizeof *s);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    s->backend = backend;
+    s->max_seq = max_seq_len;
+    s->eos = -1;
+    *out = s;
+    return MOEC_OK;
+}
+
+moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
+                                  const char *weights_dir)
+{
+    MOEC_TRY(rt_weights_open(module, weights_dir, &s->weights));
+    return rt_interp_init(module, s->weights, s->max_seq, &s->interp);
+}
+
+void moec_session_free(moec_session_t *s)
+{
+    if (!s)
+        return;
+    moec_cuda_model_free(&s->gpu);
+    rt_interp_free(s->interp);
+    rt_weights_free(s->weights);
+    free(s);
+}
+
+moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backend : MOEC_BACKEND_AUTO; }
+
+int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; }
+
+int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
+
+moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
+                                   int max_seq_len, moec_session_t **out)
+{
+    if (!plan_path || !weights_dir || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_plan: NULL argument");
+    moec_session_t *s;
+    MOEC_TRY(moec_session_new(MOEC_BACKEND_CUDA, max_seq_len, &s));
+    moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
+    moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &s->gpu, &s->vocab);
+    if (st != MOEC_OK) {
+        moec_session_free(s);
+        return st;
+    }
+    s->eos = (int)ir_module_meta_int(s->gpu.fused, "eos_token_id", -1);
+    *out = s;
+    return MOEC_OK;
+}
+
+int moec_session_length(const moec_session_t *s) { return s ? s->length : 0; }
+
+static moec_status forward_cpu(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+{
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    for (int i = 0; i < n; i++)
+        pos[i] = s->length + i;
+    moec_status st = rt_interp_forward(s->interp, ids, pos, n, logits_out);
+    free(pos);
+    return st;
+}
+
+/* Runs the tokens in chunks of the largest bucket (one sequence, slot 0,
+ * consecutive positions). */
+static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+{
+    int chunk = rt_cuda_max_tokens(s->gpu.cuda);
+    size_t cols = (size_t)rt_cuda_logits_cols(s->gpu.cuda);
+    int32_t *pos = malloc((size_t)chunk * sizeof *pos);
+    int32_t *slot = calloc((size_t)chunk, sizeof *slot);
+    moec_status st = pos && slot ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    for (int done = 0; done < n && st == MOEC_OK; done += chunk) {
+        int k = n - done < chunk ? n - done : chunk;
+        for (int i = 0; i < k; i++)
+            pos[i] = s->length + done + i;
+        st = moec_cuda_model_step(&s->gpu, k, ids + done, pos, slot,
+                                  logits_out ? logits_out + (size_t)done * cols : NULL, NULL);
+    }
+    free(pos);
+    free(slot);
+    return st;
+}
+
+moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+{
+    if (!s || !ids || n <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: no tokens");
+    if (n > s->max_seq - s->length)
+        return MOEC_ERR(MOEC_ERR_CAPACITY,
+                        "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,
+                        s->length, s->max_seq);
+    if (s->gpu.cuda)
+        MOEC_TRY(forward_cuda(s, ids, n, logits_out));
+    else
+        MOEC_TRY(forward_cpu(s, ids, n, logits_out));
+    s->length += n;
+    return MOEC_OK;
+}

@@ -1,0 +1,204 @@
+/* cuda_internal.h — what the files of the CUDA runtime share and nothing
+ * outside runtime/ and graphs/ needs: the context's layout, cuBLASLt's
+ * function table, the error helpers, and the set-up and step functions that
+ * the context (cuda_context.c), memory (cuda_memory.c), weights
+ * (cuda_weights.c), cuBLASLt (cuda_blaslt.c), steps (cuda_step.c),
+ * profiling (cuda_profile.c) and graphs/ call across files. Only built
+ * with the CUDA toolkit (MOEC_HAVE_CUDA). */
+#ifndef MOEC_RT_CUDA_INTERNAL_H
+#define MOEC_RT_CUDA_INTERNAL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "runtime/cuda_rt.h"
+
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#define RT_CUDA_WORKSPACE ((size_t)32 << 20) /* cuBLASLt workspace per stream */
+#define RT_CUDA_CHUNK ((size_t)4 << 20)      /* weight elements converted per upload */
+#define RT_CUDA_STR2(x) #x
+#define RT_CUDA_STR(x) RT_CUDA_STR2(x)
+
+/* ---- cuBLASLt, opened at run time ---------------------------------------- */
+
+#define RT_LT_FUNCS(X)                      \
+    X(cublasLtCreate)                       \
+    X(cublasLtDestroy)                      \
+    X(cublasLtGetStatusName)                \
+    X(cublasLtGetStatusString)              \
+    X(cublasLtMatmulDescCreate)             \
+    X(cublasLtMatmulDescDestroy)            \
+    X(cublasLtMatmulDescSetAttribute)       \
+    X(cublasLtMatrixLayoutCreate)           \
+    X(cublasLtMatrixLayoutDestroy)          \
+    X(cublasLtMatrixLayoutSetAttribute)     \
+    X(cublasLtMatmulPreferenceCreate)       \
+    X(cublasLtMatmulPreferenceDestroy)      \
+    X(cublasLtMatmulPreferenceSetAttribute) \
+    X(cublasLtMatmulAlgoGetHeuristic)       \
+    X(cublasLtMatmul)
+
+typedef struct rt_lt_api {
+    void *dl;
+#define RT_LT_MEMBER(f) __typeof__(f) *f;
+    RT_LT_FUNCS(RT_LT_MEMBER)
+#undef RT_LT_MEMBER
+} rt_lt_api;
+
+/* ---- the context ----------------------------------------------------------- */
+
+typedef union rt_cuda_val {
+    void *p;
+    int32_t i;
+    float f;
+} rt_cuda_val;
+
+/* A resolved argument: a device address (with the bytes it may reach and
+ * the dtype stored there, -1 when unknown) or a literal. */
+typedef struct rt_cuda_ref {
+    rt_cuda_val val;
+    int is_ptr;
+    size_t avail;
+    int dtype;
+} rt_cuda_ref;
+
+typedef struct rt_cuda_gemm {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    const void *a, *b;
+    void *c;
+    const void *bias;
+    float alpha, beta;
+} rt_cuda_gemm;
+
+/* One step, ready to launch. args[j] points at vals[j]. */
+typedef struct rt_cuda_launch {
+    cudaKernel_t kernel;
+    void *args[IR_MAX_ARGS];
+    rt_cuda_val vals[IR_MAX_ARGS];
+    rt_cuda_gemm gemm;
+    cudaEvent_t event;
+} rt_cuda_launch;
+
+/* What the device says about one kernel of a cubin. Parameters are asked
+ * for only up to the most arguments a step passes (asking past the last one
+ * is an API error, which compute-sanitizer reports). */
+typedef struct rt_cuda_kernel_info {
+    int max_args;                  /* the most arguments a step passes it */
+    int n_known;                   /* parameters whose size the runtime knows */
+    int n_exact;                   /* 1: the kernel has exactly n_known parameters */
+    size_t param_size[IR_MAX_ARGS];
+    int max_threads;
+    unsigned max_smem;             /* the most dynamic shared memory a step asks */
+} rt_cuda_kernel_info;
+
+typedef struct rt_cuda_bucket {
+    const ir_bucket *b;
+    cudaLibrary_t lib;
+    int loaded;
+    cudaKernel_t *kernels;
+    rt_cuda_kernel_info *info;
+    rt_cuda_launch *launches;
+    float *logits;                 /* module output 0 in the arena, for this T */
+} rt_cuda_bucket;
+
+struct rt_cuda {
+    const ir_plan *plan;
+    rt_lt_api lt;
+    int device;
+    char device_name[256];
+    int cc_major, cc_minor;
+    int max_seqs, max_seq_len, max_blocks, n_blocks;
+    int tmax, in_stride;
+    int vocab;                     /* token ids must be below (0: unchecked) */
+    int out_cols;
+    int debug_sync;                /* MOEC_CUDA_SYNC=1: synchronize after every step */
+    int single_stream;             /* 1: every step on stream 0, forks and joins skipped */
+    int pdl;                       /* 1: kernels launched as programmatic dependents (plan->pdl,
+                                    * sm_90+, unless MOEC_PDL=0) */
+    size_t device_bytes;
+
+    void **weights;                /* per value id */
+    size_t *weight_bytes;
+    void **kv;                     /* per op id, two pools */
+    size_t *kv_bytes;
+    char *arena;
+    size_t arena_bytes;
+    char *scratch;
+    size_t scratch_bytes;
+    int32_t *inputs;               /* tokens, positions, slots, sampled, block table */
+    int32_t *input_ptr[IR_INPUT_COUNT];
+    size_t input_bytes[IR_INPUT_COUNT];
+    int32_t *host_in;              /* pinned: tokens, positions, slots */
+
+    cudaStream_t stream[2];
+    cudaEvent_t head, tail;        /* stream 1 joins stream 0 at a step's start and end */
+    cublasLtHandle_t lt_handle[2];
+    void *workspace[2];
+
+    int n_buckets;
+    rt_cuda_bucket *buckets;
+};
+
+/* ---- errors (cuda_errors.c) ------------------------------------------------ */
+
+moec_status rt_cuda_fail(moec_status st, const char *file, int line, const char *where,
+                         const char *expr, const char *name, const char *text);
+moec_status rt_cuda_check(cudaError_t e, const char *expr, const char *where, const char *file,
+                              int line);
+moec_status rt_lt_check(const rt_cuda *c, cublasStatus_t s, const char *expr, const char *where,
+                            const char *file, int line);
+const char *rt_cuda_step_where(const rt_cuda *c, const rt_cuda_bucket *cb, int i, char *buf,
+                              size_t cap);
+/* Both evaluate `where` only on failure. */
+#define CK(call, where) rt_cuda_check((call), #call, (where), __FILE__, __LINE__)
+#define LT(c, call, where) rt_lt_check((c), (call), #call, (where), __FILE__, __LINE__)
+
+/* ---- set-up (cuda_blaslt.c, cuda_memory.c, cuda_weights.c) ----------------- */
+
+moec_status rt_lt_open(rt_lt_api *lt);
+moec_status rt_cuda_alloc(rt_cuda *c, void **p, size_t bytes, const char *what);
+cudaDataType_t rt_lt_type(ir_dtype dt);
+int rt_float_dtype(ir_dtype dt);
+moec_status rt_cuda_upload_weights(rt_cuda *c, const rt_weights *w);
+moec_status rt_cuda_check_arch(const rt_cuda *c);
+moec_status rt_cuda_check_memory(const rt_cuda *c);
+moec_status rt_cuda_alloc_kv(rt_cuda *c);
+moec_status rt_cuda_alloc_buffers(rt_cuda *c);
+/* Argument a of step argument j resolved to a device address or a literal
+ * (cuda_context.c). */
+moec_status rt_cuda_resolve_arg(rt_cuda *c, const ir_bucket *b, const ir_arg *a, rt_cuda_ref *r,
+                                const char *where, int j);
+moec_status rt_cuda_prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *s,
+                                rt_cuda_launch *L, const char *where);
+
+/* ---- a step (cuda_step.c) ---------------------------------------------------- */
+
+moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
+                                const int32_t *positions, const int32_t *slots);
+moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to);
+rt_cuda_bucket *rt_cuda_bucket_for(rt_cuda *c, int n);
+moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                                const int32_t *slots, const char *where);
+moec_status rt_cuda_launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, const char *where);
+moec_status rt_cuda_sync(rt_cuda *c, const char *where);
+/* The start of a step of n tokens: arguments checked, the bucket that
+ * holds them into *cb, what it is ("what of n tokens (bucket T=..)") into
+ * where, the inputs written. */
+moec_status rt_cuda_begin_step(rt_cuda *c, int n, const int32_t *tokens,
+                               const int32_t *positions, const int32_t *slots, const char *what,
+                               rt_cuda_bucket **cb, char *where, size_t where_cap);
+/* The end of a step: logits and sampled ids copied back (each when its
+ * pointer is not NULL), stream 0 synchronized. */
+moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, float *logits_out,
+                             int32_t *sampled_out, const char *where);
+/* The median of n step times (sorts ms). */
+float rt_median_ms(float *ms, int n);
+
+#endif

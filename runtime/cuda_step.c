@@ -1,0 +1,239 @@
+/* cuda_step.c — one step launched eagerly: the inputs written to their
+ * fixed buffers, every launch of the bucket on two streams (or one), and
+ * the copy-back of logits and sampled ids. graphs/ captures exactly what
+ * rt_cuda_launch_step issues and replays it. */
+#ifdef MOEC_HAVE_CUDA
+
+#include "runtime/cuda_internal.h"
+
+moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
+                                const int32_t *positions, const int32_t *slots)
+{
+    if (n < 1 || n > c->tmax)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "a step runs 1 to %d tokens, not %d", c->tmax, n);
+    for (int i = 0; i < n; i++) {
+        if (slots[i] < 0 || slots[i] >= c->max_seqs)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: slot %d is not in [0, %d)", i,
+                            slots[i], c->max_seqs);
+        if (positions[i] < 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: position %d is negative", i,
+                            positions[i]);
+        if (positions[i] >= c->max_seq_len)
+            return MOEC_ERR(MOEC_ERR_CAPACITY,
+                            "token %d: position %d of slot %d does not fit the KV cache of %d "
+                            "tokens per sequence",
+                            i, positions[i], slots[i], c->max_seq_len);
+        if (c->vocab && (tokens[i] < 0 || tokens[i] >= c->vocab))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "token %d: id %d is outside the vocabulary (%d ids)", i, tokens[i],
+                            c->vocab);
+    }
+    return MOEC_OK;
+}
+
+/* Launches steps from .. to-1 of the bucket, in order. */
+moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
+{
+    const ir_bucket *b = cb->b;
+    char where[512];
+    for (int i = from; i < to; i++) {
+        const ir_step *s = &b->steps[i];
+        rt_cuda_launch *L = &cb->launches[i];
+        int sk = c->single_stream ? 0 : s->stream;
+        cudaStream_t stream = c->stream[sk];
+        cudaError_t e = cudaSuccess;
+        if (c->single_stream && (s->kind == IR_STEP_FORK || s->kind == IR_STEP_JOIN))
+            continue;
+        const char *call = "";
+        switch (s->kind) {
+        case IR_STEP_KERNEL: {
+            dim3 grid = {s->grid[0], s->grid[1], s->grid[2]};
+            dim3 block = {s->block[0], s->block[1], s->block[2]};
+            if (c->pdl) {
+                /* a programmatic dependent of the kernel before it on the
+                   stream: scheduled while that one runs, waiting in
+                   moec_pdl_enter for its results */
+                cudaLaunchAttribute attr;
+                attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                attr.val.programmaticStreamSerializationAllowed = 1;
+                cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, &attr, 1};
+                call = "cudaLaunchKernelExC";
+                e = cudaLaunchKernelExC(&cfg, (const void *)L->kernel, L->args);
+            } else {
+                call = "cudaLaunchKernel";
+                e = cudaLaunchKernel((const void *)L->kernel, grid, block, L->args, s->smem, stream);
+            }
+            break;
+        }
+        case IR_STEP_GEMM: {
+            rt_cuda_gemm *g = &L->gemm;
+            cublasStatus_t ls = c->lt.cublasLtMatmul(
+                c->lt_handle[sk], g->desc, &g->alpha, g->a, g->la, g->b, g->lb, &g->beta,
+                g->c, g->lc, g->c, g->lc, &g->algo, c->workspace[sk], RT_CUDA_WORKSPACE,
+                stream);
+            if (ls != CUBLAS_STATUS_SUCCESS)
+                return LT(c, ls, rt_cuda_step_where(c, cb, i, where, sizeof where));
+            break;
+        }
+        case IR_STEP_FORK: /* stream 1 waits for stream 0 */
+            call = "cudaEventRecord";
+            e = cudaEventRecord(L->event, c->stream[0]);
+            if (e == cudaSuccess) {
+                call = "cudaStreamWaitEvent";
+                e = cudaStreamWaitEvent(c->stream[1], L->event, 0);
+            }
+            break;
+        case IR_STEP_JOIN: /* stream 0 waits for stream 1 */
+            call = "cudaEventRecord";
+            e = cudaEventRecord(L->event, c->stream[1]);
+            if (e == cudaSuccess) {
+                call = "cudaStreamWaitEvent";
+                e = cudaStreamWaitEvent(c->stream[0], L->event, 0);
+            }
+            break;
+        }
+        if (e != cudaSuccess)
+            return rt_cuda_fail(MOEC_ERR_CUDA, __FILE__, __LINE__,
+                                rt_cuda_step_where(c, cb, i, where, sizeof where), call,
+                                cudaGetErrorName(e), cudaGetErrorString(e));
+        if (c->debug_sync) {
+            for (int k = 0; k < 2 && e == cudaSuccess; k++)
+                e = cudaStreamSynchronize(c->stream[k]);
+            if (e != cudaSuccess)
+                return MOEC_ERR(MOEC_ERR_CUDA, "%s: cudaStreamSynchronize after it (MOEC_CUDA_SYNC): %s: %s",
+                                rt_cuda_step_where(c, cb, i, where, sizeof where), cudaGetErrorName(e),
+                                cudaGetErrorString(e));
+        }
+    }
+    return MOEC_OK;
+}
+
+/* The bucket that holds n tokens (rt_cuda_check_inputs has checked n). */
+rt_cuda_bucket *rt_cuda_bucket_for(rt_cuda *c, int n)
+{
+    const ir_bucket *b = ir_plan_bucket_for(c->plan, n);
+    return b ? &c->buckets[b - c->plan->buckets] : NULL;
+}
+
+/* Writes the step inputs (padding rows: token 0, position 0, slot -1). */
+moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                                const int32_t *slots, const char *where)
+{
+    int32_t *h = c->host_in;
+    for (int i = 0; i < c->in_stride; i++) {
+        h[i] = i < n ? tokens[i] : 0;
+        h[c->in_stride + i] = i < n ? positions[i] : 0;
+        h[2 * c->in_stride + i] = i < n ? slots[i] : -1;
+    }
+    return CK(cudaMemcpyAsync(c->inputs, h, 3 * (size_t)c->in_stride * sizeof *h,
+                              cudaMemcpyHostToDevice, c->stream[0]),
+              where);
+}
+
+/* Runs one step of bucket cb on the inputs already written. Stream 1 starts
+ * after what stream 0 did before and ends before what it does next,
+ * whatever forks and joins the plan has. */
+moec_status rt_cuda_launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, const char *where)
+{
+    MOEC_TRY(CK(cudaEventRecord(c->head, c->stream[0]), where));
+    MOEC_TRY(CK(cudaStreamWaitEvent(c->stream[1], c->head, 0), where));
+    int end = 0; /* the steps of ops before stop_op, or all */
+    while (end < cb->b->n_steps && (stop_op < 0 || cb->b->steps[end].op_id < stop_op))
+        end++;
+    MOEC_TRY(rt_cuda_run_steps(c, cb, 0, end));
+    MOEC_TRY(CK(cudaEventRecord(c->tail, c->stream[1]), where));
+    return CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);
+}
+
+moec_status rt_cuda_sync(rt_cuda *c, const char *where)
+{
+    cudaError_t e = cudaStreamSynchronize(c->stream[0]);
+    if (e != cudaSuccess)
+        return MOEC_ERR(MOEC_ERR_CUDA, "%s: cudaStreamSynchronize: %s: %s%s", where,
+                        cudaGetErrorName(e), cudaGetErrorString(e),
+                        c->debug_sync ? "" : " (something this step ran failed; MOEC_CUDA_SYNC=1 names it)");
+    return MOEC_OK;
+}
+
+moec_status rt_cuda_begin_step(rt_cuda *c, int n, const int32_t *tokens,
+                               const int32_t *positions, const int32_t *slots, const char *what,
+                               rt_cuda_bucket **cb, char *where, size_t where_cap)
+{
+    if (!c || !tokens || !positions || !slots)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: NULL argument", what);
+    MOEC_TRY(rt_cuda_check_inputs(c, n, tokens, positions, slots));
+    *cb = rt_cuda_bucket_for(c, n);
+    snprintf(where, where_cap, "%s of %d tokens (bucket T=%d)", what, n, (*cb)->b->T);
+    MOEC_TRY(CK(cudaSetDevice(c->device), where));
+    return rt_cuda_write_inputs(c, n, tokens, positions, slots, where);
+}
+
+moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, float *logits_out,
+                             int32_t *sampled_out, const char *where)
+{
+    cudaStream_t s0 = c->stream[0];
+    if (logits_out)
+        MOEC_TRY(CK(cudaMemcpyAsync(logits_out, cb->logits,
+                                    (size_t)n * (size_t)c->out_cols * sizeof *logits_out,
+                                    cudaMemcpyDeviceToHost, s0),
+                    where));
+    if (sampled_out)
+        MOEC_TRY(CK(cudaMemcpyAsync(sampled_out, c->input_ptr[IR_INPUT_SAMPLED],
+                                    (size_t)n * sizeof *sampled_out, cudaMemcpyDeviceToHost, s0),
+                    where));
+    return rt_cuda_sync(c, where);
+}
+
+moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                         const int32_t *slots, float *logits_out, int32_t *sampled_out)
+{
+    rt_cuda_bucket *cb;
+    char where[128];
+    MOEC_TRY(rt_cuda_begin_step(c, n, tokens, positions, slots, "rt_cuda_step", &cb, where,
+                                sizeof where));
+    MOEC_TRY(rt_cuda_launch_step(c, cb, -1, where));
+    return rt_cuda_end_step(c, cb, n, logits_out, sampled_out, where);
+}
+
+moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
+                              const int32_t *slots, int stop_op)
+{
+    if (!c || !tokens || !positions || !slots || stop_op < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_run_until: bad argument");
+    MOEC_TRY(rt_cuda_check_inputs(c, n, tokens, positions, slots));
+    rt_cuda_bucket *cb = rt_cuda_bucket_for(c, n);
+    char where[128];
+    snprintf(where, sizeof where, "partial step of %d tokens up to op %d", n, stop_op);
+    MOEC_TRY(CK(cudaSetDevice(c->device), where));
+    MOEC_TRY(rt_cuda_write_inputs(c, n, tokens, positions, slots, where));
+    MOEC_TRY(rt_cuda_launch_step(c, cb, stop_op, where));
+    return rt_cuda_sync(c, where);
+}
+
+moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, size_t cap)
+{
+    if (!c || !v || !dst || n < 1 || n > c->tmax)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_read_value: bad argument");
+    if (v->kind == IR_VALUE_WEIGHT || v->mem_offset < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s is not an activation with an arena offset",
+                        v->name);
+    rt_cuda_bucket *cb = rt_cuda_bucket_for(c, n);
+    ir_dtype dt = ir_value_storage_dtype(c->plan->module, v, c->plan->compute_dtype);
+    size_t bytes = (size_t)n * (size_t)ir_type_numel(&v->type, 1) * ir_dtype_size(dt);
+    if (bytes > cap)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s: %zu bytes do not fit in %zu", v->name, bytes, cap);
+    char where[256];
+    snprintf(where, sizeof where, "reading %%%s", v->name);
+    MOEC_TRY(CK(cudaMemcpy(dst, c->arena + (size_t)v->mem_offset * (size_t)cb->b->T, bytes,
+                           cudaMemcpyDeviceToHost),
+                where));
+    return MOEC_OK;
+}
+
+void rt_cuda_set_single_stream(rt_cuda *c, int single)
+{
+    if (c)
+        c->single_stream = single != 0;
+}
+
+#endif
