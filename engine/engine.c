@@ -24,6 +24,7 @@
 #include "err.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
+#include "runtime/step_check.h"
 #include "runtime/weights.h"
 
 #define ENGINE_DEFAULT_SEQS 8
@@ -144,36 +145,6 @@ void moec_engine_free(moec_engine_t *e)
 
 /* ---- stepping ------------------------------------------------------------- */
 
-/* Every argument of a step checked, before anything runs (the same errors
- * as the CUDA runtime gives). */
-static moec_status step_check(const moec_engine_t *e, int n, const int32_t *tokens,
-                              const int32_t *positions, const int32_t *slots)
-{
-    if (n < 1 || n > e->max_tokens)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "a step runs 1 to %d tokens, not %d", e->max_tokens,
-                        n);
-    if (!tokens || !positions || !slots)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL tokens, positions or slots");
-    for (int i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= e->max_seqs)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: slot %d is not in [0, %d)", i,
-                            slots[i], e->max_seqs);
-        if (positions[i] < 0)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: position %d is negative", i,
-                            positions[i]);
-        if (positions[i] >= e->max_seq_len)
-            return MOEC_ERR(MOEC_ERR_CAPACITY,
-                            "token %d: position %d of slot %d does not fit the KV cache of %d "
-                            "tokens per sequence",
-                            i, positions[i], slots[i], e->max_seq_len);
-        if (tokens[i] < 0 || tokens[i] >= e->vocab)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "token %d: id %d is outside the vocabulary (%d ids)", i, tokens[i],
-                            e->vocab);
-    }
-    return MOEC_OK;
-}
-
 /* The greedy id of one row: its largest logit, the lowest id on ties. */
 static int32_t row_argmax(const float *row, int n)
 {
@@ -213,7 +184,8 @@ moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
 {
     if (!e)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL engine");
-    MOEC_TRY(step_check(e, n, tokens, positions, slots));
+    rt_step_limits l = {e->max_tokens, e->max_seqs, e->max_seq_len, e->vocab};
+    MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
     if (e->backend == MOEC_BACKEND_CUDA)
         return moec_cuda_model_step(&e->gpu, n, tokens, positions, slots, logits_out, next_out);
     return step_cpu(e, n, tokens, positions, slots, next_out, logits_out);

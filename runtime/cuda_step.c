@@ -5,30 +5,13 @@
 #ifdef MOEC_HAVE_CUDA
 
 #include "runtime/cuda_internal.h"
+#include "runtime/step_check.h"
 
 moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
-                                const int32_t *positions, const int32_t *slots)
+                                 const int32_t *positions, const int32_t *slots)
 {
-    if (n < 1 || n > c->tmax)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "a step runs 1 to %d tokens, not %d", c->tmax, n);
-    for (int i = 0; i < n; i++) {
-        if (slots[i] < 0 || slots[i] >= c->max_seqs)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: slot %d is not in [0, %d)", i,
-                            slots[i], c->max_seqs);
-        if (positions[i] < 0)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: position %d is negative", i,
-                            positions[i]);
-        if (positions[i] >= c->max_seq_len)
-            return MOEC_ERR(MOEC_ERR_CAPACITY,
-                            "token %d: position %d of slot %d does not fit the KV cache of %d "
-                            "tokens per sequence",
-                            i, positions[i], slots[i], c->max_seq_len);
-        if (c->vocab && (tokens[i] < 0 || tokens[i] >= c->vocab))
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "token %d: id %d is outside the vocabulary (%d ids)", i, tokens[i],
-                            c->vocab);
-    }
-    return MOEC_OK;
+    rt_step_limits l = {c->tmax, c->max_seqs, c->max_seq_len, c->vocab};
+    return rt_step_check(&l, n, tokens, positions, slots);
 }
 
 /* Launches steps from .. to-1 of the bucket, in order. */
