@@ -83,8 +83,8 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
     if (is_new) {
-        cg_buf *src = &c->src;
-        cg_buf_printf(src,
+        moec_buf *src = &c->src;
+        moec_buf_printf(src,
                       "// add_rms_norm (codegen/add_rms_norm.c), first for %%%s, %%%s\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d)\n"
                       "%s(const %s *__restrict__ a, const %s *__restrict__ b,\n"
@@ -94,7 +94,7 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(da),
                       cg_ctype(db), cg_ctype(dw), cg_ctype(ds), cg_ctype(dy));
         cg_norm_rows_begin(src, &l, rows);
-        cg_buf_printf(src,
+        moec_buf_printf(src,
                       "    const long long base = (long long)row * %lld;\n"
                       "    const %s *ar = a + base;\n"
                       "    const %s *br = b + base;\n"
@@ -103,8 +103,8 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "    float ss = 0.0f;\n",
                       (long long)D, cg_ctype(da), cg_ctype(db), cg_ctype(ds), cg_ctype(dy));
         if (l.cache)
-            cg_buf_printf(src, "    float v[%d][%d];\n", l.nch, vec);
-        cg_buf_printf(src,
+            moec_buf_printf(src, "    float v[%d][%d];\n", l.nch, vec);
+        moec_buf_printf(src,
                       "#pragma unroll\n"
                       "    for (int i = 0; i < %d; i++) {\n"
                       "        const int c = lane + i * %d;\n"
@@ -121,7 +121,7 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec, vec, vec, vec, vec,
                       vec, vec);
         if (ds != IR_DTYPE_F32)
-            cg_buf_printf(src,
+            moec_buf_printf(src,
                           "                %s q;\n"
                           "                st(&q, t[j]);\n"
                           "                t[j] = ld(&q);\n",

@@ -67,14 +67,14 @@ moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "argmax of %%%s: no memory", logits->name);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// argmax: greedy token per row, ties to the lower index (codegen/argmax.c, "
                       "cg_emit_argmax)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "logits, int *__restrict__ sampled)\n{\n"
                       "    constexpr int V = %lld, NT = %d;\n",
                       nt, name, V, nt);
-        cg_buf_printf(&c->src, "%s}\n\n", ARGMAX_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", ARGMAX_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, logits->def);
     if (!s)

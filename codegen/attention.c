@@ -242,7 +242,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     if (kw < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// attention: cache write of k and v (codegen/attention.c, cg_emit_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(128) %s(const %s *__restrict__ k, "
                       "const %s *__restrict__ v, const int *__restrict__ pos, const int *__restrict__ "
@@ -252,7 +252,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "    constexpr int BS = %d, KROW = %lld, VROW = %lld, KV = %d, VV = %d;\n",
                       wname, cg_ctype(kdt), cg_ctype(vdt), ts, ts, cg_ctype(kdt), cg_ctype(vdt), ts, bs,
                       krow, vrow, cg_vec_width(krow), cg_vec_width(vrow));
-        cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
     ir_step *s = cg_attn_write_step(c, op, kw, kv, vv);
     if (!s)
@@ -270,7 +270,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// attention: GQA over the paged cache, online softmax "
                       "(codegen/attention.c, cg_emit_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ q, "
@@ -286,7 +286,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       ATTN_TILE, cg_vec_width(DK), ns);
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
-        cg_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

@@ -119,9 +119,9 @@ static inline const char *cg_attn_part_params(int ns)
 }
 
 /* In an unsplit attention kernel, the split-only pointers, unused. */
-static inline void cg_attn_emit_no_parts(cg_buf *b)
+static inline void cg_attn_emit_no_parts(moec_buf *b)
 {
-    cg_buf_printf(b, "    float *part_ml = nullptr, *part_o = nullptr;\n"
+    moec_buf_printf(b, "    float *part_ml = nullptr, *part_o = nullptr;\n"
                      "    (void)part_ml;\n    (void)part_o;\n");
 }
 
@@ -149,7 +149,7 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
     if (kc < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", what, who);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// %s: merge of the sequence splits (codegen/%s.c, cg_emit_%s)\n"
                       "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
                       "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
@@ -158,7 +158,7 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
                       "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
                       what, what, what, cname, cg_ctype(odt), cg_ctype(odt), H, D, bs, ns,
                       D % 4 ? 1 : 4);
-        cg_buf_printf(&c->src, "%s}\n\n", CG_ATTN_COMBINE_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", CG_ATTN_COMBINE_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

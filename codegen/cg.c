@@ -13,46 +13,6 @@
 #define MOEC_CUDA_ARCH_DEFAULT "sm_90"
 #endif
 
-void cg_buf_printf(cg_buf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        size_t room = b->cap - b->len;
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->data ? b->data + b->len : NULL, b->data ? room : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            break;
-        }
-        if (b->data && (size_t)n < room) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + (size_t)n + 1)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p) {
-            b->oom = 1;
-            break;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = 0;
-}
-
-void cg_buf_free(cg_buf *b)
-{
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
-
 void cg_options_default(cg_options *o)
 {
     memset(o, 0, sizeof *o);
@@ -356,9 +316,9 @@ static const char PROLOGUE[] =
     "__device__ __forceinline__ float block_max(float v) { return moec_block_reduce<true>(v); }\n"
     "\n";
 
-void cg_emit_prologue(cg_buf *b) { cg_buf_printf(b, "%s", PROLOGUE); }
+void cg_emit_prologue(moec_buf *b) { moec_buf_printf(b, "%s", PROLOGUE); }
 
-void cg_add_pdl_waits(cg_buf *b)
+void cg_add_pdl_waits(moec_buf *b)
 {
     static const char KERNEL[] = "extern \"C\" __global__", ENTER[] = "\n    moec_pdl_enter();";
     if (b->oom || !b->data)
@@ -366,22 +326,22 @@ void cg_add_pdl_waits(cg_buf *b)
     size_t n = 0;
     for (const char *p = strstr(b->data, KERNEL); p; p = strstr(p + 1, KERNEL))
         n++;
-    cg_buf out = {0};
+    moec_buf out = {0};
     const char *p = b->data;
     for (size_t k = 0; k < n; k++) {
         const char *kern = strstr(p, KERNEL), *open = kern ? strchr(kern, '{') : NULL;
         if (!open)
             break;
-        cg_buf_printf(&out, "%.*s%s", (int)(open + 1 - p), p, ENTER);
+        moec_buf_printf(&out, "%.*s%s", (int)(open + 1 - p), p, ENTER);
         p = open + 1;
     }
-    cg_buf_printf(&out, "%s", p);
+    moec_buf_printf(&out, "%s", p);
     if (out.oom) {
-        cg_buf_free(&out);
+        moec_buf_free(&out);
         b->oom = 1;
         return;
     }
-    cg_buf_free(b);
+    moec_buf_free(b);
     *b = out;
 }
 

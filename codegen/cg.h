@@ -10,21 +10,12 @@
 
 #include "ir/ir.h"
 #include "ir/ir_plan.h"
+#include "strbuf.h"
 
-/* A growing text buffer; after an allocation failure it stays empty and
- * `oom` is set (checked once, at the end). */
-typedef struct cg_buf {
-    char *data;
-    size_t len, cap;
-    int oom;
-} cg_buf;
-
-void cg_buf_printf(cg_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void cg_buf_free(cg_buf *b);
 /* Makes every kernel in the generated source begin with moec_pdl_enter()
  * (the prologue's programmatic-dependent-launch wait and trigger), which
  * the runtime's launches rely on (docs/CUDA.md). */
-void cg_add_pdl_waits(cg_buf *b);
+void cg_add_pdl_waits(moec_buf *b);
 
 enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };
 
@@ -51,7 +42,7 @@ typedef struct cg_ctx {
     const ir_module *m;
     const cg_options *opt;
     int T;
-    cg_buf src;               /* the bucket's program: prologue, then every kernel */
+    moec_buf src;               /* the bucket's program: prologue, then every kernel */
     int n_kernels, kernels_cap;
     char **kernel_names;
     int n_steps, steps_cap;
@@ -102,7 +93,7 @@ void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
 /* The prologue every program starts with: includes, and the load/store
  * helpers generated code uses: `float ld(const T *p)` for float, bf16 and
  * half, `void st(T *p, float v)`, warp and block sum/max reductions. */
-void cg_emit_prologue(cg_buf *b);
+void cg_emit_prologue(moec_buf *b);
 
 /* Emits the kernels and steps of one op (dispatching on op->kind). */
 moec_status cg_emit_op(cg_ctx *c, const ir_op *op);

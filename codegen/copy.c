@@ -82,14 +82,14 @@ static moec_status emit_segments(cg_ctx *c, const ir_op *op, const char *name, c
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
     if (is_new) {
-        cg_buf *b = &c->src;
-        cg_buf_printf(b,
+        moec_buf *b = &c->src;
+        moec_buf_printf(b,
                       "// %s (codegen/copy.c), first for %%%s\n"
                       "extern \"C\" __global__ void __launch_bounds__(256)\n%s(",
                       ir_op_name(op->kind), y->name, name);
         for (int i = 0; i < g->n; i++)
-            cg_buf_printf(b, "const %s *__restrict__ x%d, ", cg_ctype(cg_storage(c, op->in[i])), i);
-        cg_buf_printf(b,
+            moec_buf_printf(b, "const %s *__restrict__ x%d, ", cg_ctype(cg_storage(c, op->in[i])), i);
+        moec_buf_printf(b,
                       "%s *__restrict__ y)\n"
                       "{\n"
                       "    const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
@@ -101,17 +101,17 @@ static moec_status emit_segments(cg_ctx *c, const ir_op *op, const char *name, c
                       (long long)per_row, vec, cg_ctype(cg_storage(c, y)), (long long)g->len);
         for (int i = 0; i < g->n; i++) {
             if (g->n == 1)
-                cg_buf_printf(b, "    ");
+                moec_buf_printf(b, "    ");
             else if (i == g->n - 1)
-                cg_buf_printf(b, "    else\n        ");
+                moec_buf_printf(b, "    else\n        ");
             else
-                cg_buf_printf(b, "    %sif (j < %lld)\n        ", i ? "else " : "",
+                moec_buf_printf(b, "    %sif (j < %lld)\n        ", i ? "else " : "",
                               (long long)(g->begin[i] + g->width[i]));
-            cg_buf_printf(b, "cpv<%d>(out, x%d + (long long)row * %lld + %lld + (j - %lld));\n",
+            moec_buf_printf(b, "cpv<%d>(out, x%d + (long long)row * %lld + %lld + (j - %lld));\n",
                           vec, i, (long long)g->stride[i], (long long)g->offset[i],
                           (long long)g->begin[i]);
         }
-        cg_buf_printf(b, "}\n\n");
+        moec_buf_printf(b, "}\n\n");
     }
     ir_step *s = kernel_step(c, op, k, units);
     if (!s)
@@ -159,7 +159,7 @@ static moec_status emit_expand(cg_ctx *c, const ir_op *op, const char *sig)
         return MOEC_ERR(MOEC_ERR_OOM, "expand %%%s: out of memory", y->name);
     ir_dtype tx = cg_storage(c, x), ty = cg_storage(c, y);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// expand (codegen/copy.c), first for %%%s\n"
                       "extern \"C\" __global__ void __launch_bounds__(256)\n"
                       "%s(const %s *__restrict__ x, %s *__restrict__ y)\n"
@@ -178,14 +178,14 @@ static moec_status emit_expand(cg_ctx *c, const ir_op *op, const char *sig)
                       (long long)dy[1], (long long)dy[1], (long long)st[0], (long long)st[1],
                       (long long)st[2], (long long)st[3]);
         if (st[3] == 0 && tx == ty)
-            cg_buf_printf(&c->src,
+            moec_buf_printf(&c->src,
                           "#pragma unroll\n"
                           "    for (int j = 0; j < %d; j++)\n"
                           "        y[o + j] = x[src];\n"
                           "}\n\n",
                           vec);
         else if (st[3] == 0)
-            cg_buf_printf(&c->src,
+            moec_buf_printf(&c->src,
                           "    float v[%d];\n"
                           "    const float s = ld(x + src);\n"
                           "#pragma unroll\n"
@@ -195,7 +195,7 @@ static moec_status emit_expand(cg_ctx *c, const ir_op *op, const char *sig)
                           "}\n\n",
                           vec, vec, vec);
         else
-            cg_buf_printf(&c->src, "    cpv<%d>(y + o, x + src);\n}\n\n", vec);
+            moec_buf_printf(&c->src, "    cpv<%d>(y + o, x + src);\n}\n\n", vec);
     }
     ir_step *s = kernel_step(c, op, k, total / vec);
     if (!s)

@@ -45,7 +45,7 @@ static ir_step *kernel_step(cg_ctx *c, const ir_op *op, int k, int64_t units)
 static void kernel_head(cg_ctx *c, const ir_op *op, const char *name, const char *params,
                         int64_t units)
 {
-    cg_buf_printf(&c->src,
+    moec_buf_printf(&c->src,
                   "// %s (codegen/eltwise.c), first for %%%s\n"
                   "extern \"C\" __global__ void __launch_bounds__(256)\n"
                   "%s(%s)\n"
@@ -122,16 +122,16 @@ static moec_status emit_binary(cg_ctx *c, const ir_op *op, const char *sig)
                  "const %s *__restrict__ a, const %s *__restrict__ b, %s *__restrict__ y%s",
                  cg_ctype(ta), cg_ctype(tb), cg_ctype(ty), add ? ", float alpha" : "");
         kernel_head(c, op, name, params, units);
-        cg_buf *s = &c->src;
-        cg_buf_printf(s,
+        moec_buf *s = &c->src;
+        moec_buf_printf(s,
                       "    const int o = i * %d;\n"
                       "    float va[%d], vb[%d];\n"
                       "    ldv<%d>(a + o, va);\n",
                       vec, vec, vec, vec);
         if (!bcast)
-            cg_buf_printf(s, "    ldv<%d>(b + o, vb);\n", vec);
+            moec_buf_printf(s, "    ldv<%d>(b + o, vb);\n", vec);
         else {
-            cg_buf_printf(s,
+            moec_buf_printf(s,
                           "    const int e = o %% %lld, r = o / %lld;\n"
                           "    const int c = r %% %lld, r2 = r / %lld;\n"
                           "    const int d1 = r2 %% %lld, d0 = r2 / %lld;\n"
@@ -140,16 +140,16 @@ static moec_status emit_binary(cg_ctx *c, const ir_op *op, const char *sig)
                           (long long)da[1], (long long)da[1], (long long)st[0], (long long)st[1],
                           (long long)st[2], (long long)st[3]);
             if (st[3] == 0)
-                cg_buf_printf(s,
+                moec_buf_printf(s,
                               "    const float sb = ld(b + bi);\n"
                               "#pragma unroll\n"
                               "    for (int j = 0; j < %d; j++)\n"
                               "        vb[j] = sb;\n",
                               vec);
             else
-                cg_buf_printf(s, "    ldv<%d>(b + bi, vb);\n", vec);
+                moec_buf_printf(s, "    ldv<%d>(b + bi, vb);\n", vec);
         }
-        cg_buf_printf(s,
+        moec_buf_printf(s,
                       "#pragma unroll\n"
                       "    for (int j = 0; j < %d; j++)\n"
                       "        va[j] = %s;\n"
@@ -205,9 +205,9 @@ static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
         snprintf(params, sizeof params, "const %s *__restrict__ x, %s *__restrict__ y",
                  cg_ctype(tx), cg_ctype(ty));
         kernel_head(c, op, name, params, units);
-        cg_buf *s = &c->src;
+        moec_buf *s = &c->src;
         if (silu_mul)
-            cg_buf_printf(s,
+            moec_buf_printf(s,
                           "    const int row = i / %lld, j = (i - row * %lld) * %d;\n"
                           "    float g[%d], u[%d];\n"
                           "    ldv<%d>(x + (long long)row * %lld + j, g);\n"
@@ -221,7 +221,7 @@ static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
                           (long long)(2 * half), vec, (long long)(2 * half), (long long)half, vec,
                           vec, (long long)half);
         else
-            cg_buf_printf(s,
+            moec_buf_printf(s,
                           "    float v[%d];\n"
                           "    ldv<%d>(x + i * %d, v);\n"
                           "#pragma unroll\n"

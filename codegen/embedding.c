@@ -38,7 +38,7 @@ moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "embedding %%%s: out of memory", y->name);
     if (is_new)
-        cg_buf_printf(
+        moec_buf_printf(
             &c->src,
             "// embedding (codegen/embedding.c), first for %%%s\n"
             "extern \"C\" __global__ void __launch_bounds__(%d)\n"

@@ -118,7 +118,7 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     if (is_new)
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// linear: y = alpha x w^T (+ b) for a few rows (codegen/linear.c, "
                       "emit_gemv)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "

@@ -466,7 +466,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     if (kw < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// mla_attention: cache write of kv_c and k_pe (codegen/mla_attention.c, "
                       "cg_emit_mla_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(128) %s(const %s *__restrict__ "
@@ -475,7 +475,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "*__restrict__ kvpool, %s *__restrict__ pepool)\n{\n"
                       "    constexpr int R = %lld, DR = %lld, BS = %d, VR = %d, VD = %d;\n",
                       wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, cg_vec_width(R), cg_vec_width(DR));
-        cg_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
     ir_step *s = cg_attn_write_step(c, op, kw, kvc, kpe);
     if (!s)
@@ -503,8 +503,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
     const char *params = cg_attn_part_params(ns);
     if (is_new && mma) {
-        cg_buf_printf(&c->src, "%s", MMA_HELPERS);
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src, "%s", MMA_HELPERS);
+        moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache on tensor cores, one "
                       "block per token and 16 heads (codegen/mla_attention.c, "
                       "cg_emit_mla_attention)\n"
@@ -520,7 +520,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       MMA_WARPS * 32, aname, cg_ctype(odt), params, cg_ctype(odt), H, R, DR, MMA_PT,
                       MMA_WARPS, bs, MMA_WARPS * 32, ns, smem);
     } else if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
                       "and head group (codegen/mla_attention.c, cg_emit_mla_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ "
@@ -538,7 +538,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     if (is_new) {
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
-        cg_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

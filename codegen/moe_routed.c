@@ -441,7 +441,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     if (k1 < 0)
         return oom(d);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// %s: align, slots sorted by expert and padded to blocks of BM "
                       "(codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
@@ -449,7 +449,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       "n_used)\n{\n"
                       "    constexpr int E = %lld, K = %lld, T = %d, BM = %d, NB = %lld, NT = %d;\n",
                       opname, ALIGN_THREADS, name, E, K, T, bm, nb, ALIGN_THREADS);
-        cg_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
@@ -476,7 +476,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     if (k2 < 0)
         return oom(d);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// %s: gate_up GEMM with silu_mul%s (codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
                       "const %s *__restrict__ wg, const %s *__restrict__ wu, const int *__restrict__ "
@@ -489,10 +489,10 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       cg_ctype(gdt), cg_ctype(gdt), cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
                       warps, gstride, gstride, uoff);
         if (mma)
-            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else
-            cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
                           GEMM_HEAD, GATE_UP_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, d->op);
@@ -523,7 +523,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     if (k3 < 0)
         return oom(d);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// %s: down GEMM%s%s (codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "hbuf, const %s *__restrict__ wd, const int *__restrict__ sorted, const int "
@@ -531,21 +531,21 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       opname, d->w ? " times scale * router weight" : "",
                       mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(ddt));
         if (d->w)
-            cg_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
-        cg_buf_printf(&c->src,
+            moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
+        moec_buf_printf(&c->src,
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
                       "    constexpr int KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr bool MULW = %s;\n",
                       cg_ctype(ydt), cg_ctype(ddt), I, H, bm, warps, d->w ? "true" : "false");
         if (!d->w)
-            cg_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
+            moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
         if (mma)
-            cg_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
                           MMA_DOWN_BODY);
         else
-            cg_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
                           GEMM_HEAD, DOWN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, d->op);
@@ -579,14 +579,14 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     if (k4 < 0)
         return oom(d);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// %s: sum of the weighted expert outputs over k (codegen/moe_routed.c, "
                       "cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "y, const int *__restrict__ ids, %s *__restrict__ out)\n{\n"
                       "    constexpr int E = %lld, K = %lld, H = %lld, VE = %d, NT = %d;\n",
                       opname, SUM_THREADS, name, cg_ctype(odt), E, K, H, ve, SUM_THREADS);
-        cg_buf_printf(&c->src, "%s}\n\n", SUM_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", SUM_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)

@@ -173,15 +173,15 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
     if (is_new) {
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// moe_topk: router scores and grouped top-k, one warp per token "
                       "(codegen/moe_topk.c, cg_emit_moe_topk)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "logits, ",
                       nw * 32, name);
         if (bias)
-            cg_buf_printf(&c->src, "const %s *__restrict__ bias, ", cg_ctype(bdt));
-        cg_buf_printf(&c->src,
+            moec_buf_printf(&c->src, "const %s *__restrict__ bias, ", cg_ctype(bdt));
+        moec_buf_printf(&c->src,
                       "int *__restrict__ ids, float *__restrict__ wts, float scaling)\n{\n"
                       "    constexpr int E = %lld, K = %lld, NG = %lld, TG = %lld, GS = E / NG, T = %d, "
                       "NW = %d;\n"
@@ -189,8 +189,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                       E, K, NG, TG, c->T, nw, softmax ? "true" : "false", top2 ? "true" : "false",
                       norm ? "true" : "false", bias ? "true" : "false");
         if (!bias)
-            cg_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
-        cg_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
+            moec_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
+        moec_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

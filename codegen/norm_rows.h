@@ -39,17 +39,17 @@ static inline int cg_norm_rows_threads(const cg_norm_rows *l)
 }
 
 /* The kernel's first lines: `row` and `lane` of this thread (rows in all). */
-static inline void cg_norm_rows_begin(cg_buf *b, const cg_norm_rows *l, long long rows)
+static inline void cg_norm_rows_begin(moec_buf *b, const cg_norm_rows *l, long long rows)
 {
     if (l->warp_form)
-        cg_buf_printf(b,
+        moec_buf_printf(b,
                       "    const int row = blockIdx.x * 4 + (threadIdx.x >> 5);\n"
                       "    const int lane = threadIdx.x & 31;\n"
                       "    if (row >= %lld)\n"
                       "        return;\n",
                       rows);
     else
-        cg_buf_printf(b, "    const int row = blockIdx.x;\n"
+        moec_buf_printf(b, "    const int row = blockIdx.x;\n"
                          "    const int lane = threadIdx.x;\n");
 }
 
@@ -57,11 +57,11 @@ static inline void cg_norm_rows_begin(cg_buf *b, const cg_norm_rows *l, long lon
  * t[j] (the chunk's values): the sum of squares, then y = w * t * inv for
  * every chunk, rereading the chunk from `reread` (a row pointer) when it is
  * not kept in registers; yr and w are the output row and weight. */
-static inline void cg_norm_rows_finish(cg_buf *b, const cg_norm_rows *l, int64_t D,
+static inline void cg_norm_rows_finish(moec_buf *b, const cg_norm_rows *l, int64_t D,
                                        const char *reread)
 {
     int vec = l->vec;
-    cg_buf_printf(b,
+    moec_buf_printf(b,
                   "                ss += t[j] * t[j];\n"
                   "%s"
                   "            }\n"
@@ -78,14 +78,14 @@ static inline void cg_norm_rows_finish(cg_buf *b, const cg_norm_rows *l, int64_t
                   l->warp_form ? "warp_sum" : "block_sum", (long long)D, l->nch, l->stride,
                   (long long)l->chunks, vec, vec);
     if (l->cache)
-        cg_buf_printf(b,
+        moec_buf_printf(b,
                       "#pragma unroll\n"
                       "            for (int j = 0; j < %d; j++)\n"
                       "                t[j] = v[i][j];\n",
                       vec);
     else
-        cg_buf_printf(b, "            ldv<%d>(%s + c * %d, t);\n", vec, reread, vec);
-    cg_buf_printf(b,
+        moec_buf_printf(b, "            ldv<%d>(%s + c * %d, t);\n", vec, reread, vec);
+    moec_buf_printf(b,
                   "            ldv<%d>(w + c * %d, wv);\n"
                   "#pragma unroll\n"
                   "            for (int j = 0; j < %d; j++)\n"

@@ -152,7 +152,7 @@ static void cache_write(const char *dir, const char *path, const char *key, cons
 /* ---- compile errors ------------------------------------------------------- */
 
 /* Appends line `no` (1-based) of src to out as "  12| text". */
-static void numbered_line(cg_buf *out, const char *src, int no, int max_chars)
+static void numbered_line(moec_buf *out, const char *src, int no, int max_chars)
 {
     const char *p = src;
     for (int l = 1; l < no && p; l++) {
@@ -164,7 +164,7 @@ static void numbered_line(cg_buf *out, const char *src, int no, int max_chars)
         return;
     const char *e = strchr(p, '\n');
     int len = e ? (int)(e - p) : (int)strlen(p);
-    cg_buf_printf(out, "%4d| %.*s%s\n", no, len < max_chars ? len : max_chars, p,
+    moec_buf_printf(out, "%4d| %.*s%s\n", no, len < max_chars ? len : max_chars, p,
                   len > max_chars ? " ..." : "");
 }
 
@@ -208,27 +208,27 @@ static moec_status compile_error(const char *dir, const char *key, const char *a
 {
     char path[4200] = "";
     int saved = write_failure(dir, key, arch, log, src, path, sizeof path) == 0;
-    cg_buf msg = {0};
-    cg_buf_printf(&msg, "NVRTC could not compile the program for %s (%s%s)%s:\n", arch,
+    moec_buf msg = {0};
+    moec_buf_printf(&msg, "NVRTC could not compile the program for %s (%s%s)%s:\n", arch,
                   saved ? "full log and numbered source in " : "could not save the log in ",
                   saved ? path : dir, hint);
     int len = (int)strlen(log), shown = 0;
     for (const char *p = log; *p && shown < 12 && p - log < 1400; shown++) {
         const char *e = strchr(p, '\n');
         int n = e ? (int)(e - p) : (int)strlen(p);
-        cg_buf_printf(&msg, "%.*s\n", n < 300 ? n : 300, p);
+        moec_buf_printf(&msg, "%.*s\n", n < 300 ? n : 300, p);
         p = e ? e + 1 : p + n;
         if (p - log >= len)
             break;
     }
     int at = first_error_line(log);
     if (at > 0) {
-        cg_buf_printf(&msg, "source around line %d:\n", at);
+        moec_buf_printf(&msg, "source around line %d:\n", at);
         for (int l = at > 3 ? at - 3 : 1; l <= at + 2; l++)
             numbered_line(&msg, src, l, 160);
     }
     moec_status st = MOEC_ERR(MOEC_ERR_CUDA, "%s", msg.data ? msg.data : "NVRTC compile failed");
-    cg_buf_free(&msg);
+    moec_buf_free(&msg);
     return st;
 }
 

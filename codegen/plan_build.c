@@ -14,7 +14,7 @@
 
 static void ctx_free(cg_ctx *c)
 {
-    cg_buf_free(&c->src);
+    moec_buf_free(&c->src);
     for (int i = 0; i < c->n_kernels; i++)
         free(c->kernel_names[i]);
     free(c->kernel_names);

@@ -44,7 +44,7 @@ moec_status cg_emit_reduce_sum(cg_ctx *c, const ir_op *op)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "reduce_sum %%%s: out of memory", y->name);
     if (is_new)
-        cg_buf_printf(&c->src,
+        moec_buf_printf(&c->src,
                       "// reduce_sum (codegen/reduce_sum.c), first for %%%s\n"
                       "extern \"C\" __global__ void __launch_bounds__(256)\n"
                       "%s(const %s *__restrict__ x, %s *__restrict__ y)\n"

@@ -54,8 +54,8 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "rms_norm %%%s: out of memory", y->name);
     if (is_new) {
-        cg_buf *b = &c->src;
-        cg_buf_printf(
+        moec_buf *b = &c->src;
+        moec_buf_printf(
             b,
             "// rms_norm (codegen/rms_norm.c), first for %%%s\n"
             "extern \"C\" __global__ void __launch_bounds__(%d)\n"
@@ -63,14 +63,14 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
             "{\n",
             y->name, cg_norm_rows_threads(&l), name, cg_ctype(dx), cg_ctype(dw), cg_ctype(dy));
         cg_norm_rows_begin(b, &l, (long long)rows);
-        cg_buf_printf(b,
+        moec_buf_printf(b,
                       "    const %s *xr = x + (long long)row * %lld;\n"
                       "    %s *yr = y + (long long)row * %lld;\n"
                       "    float ss = 0.0f;\n",
                       cg_ctype(dx), (long long)D, cg_ctype(dy), (long long)D);
         if (l.cache)
-            cg_buf_printf(b, "    float v[%d][%d];\n", l.nch, vec);
-        cg_buf_printf(b,
+            moec_buf_printf(b, "    float v[%d][%d];\n", l.nch, vec);
+        moec_buf_printf(b,
                       "#pragma unroll\n"
                       "    for (int i = 0; i < %d; i++) {\n"
                       "        const int c = lane + i * %d;\n"

@@ -138,21 +138,21 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "rope %%%s: out of memory", y->name);
     }
     if (is_new) {
-        cg_buf *b = &c->src;
+        moec_buf *b = &c->src;
         char scale[96] = ""; /* cos and sin times attn_factor (x * 1 is exact: omitted) */
         if (af != 1.0f)
             snprintf(scale, sizeof scale, "        cs[q] *= %af;\n        sn[q] *= %af;\n",
                      (double)af, (double)af);
-        cg_buf_printf(
+        moec_buf_printf(
             b, "// rope (codegen/rope.c), first for %%%s\n__constant__ float %s_inv_freq[%lld] = {",
             y->name, name, (long long)half);
         for (int64_t i = 0; i < half; i++)
-            cg_buf_printf(b, "%s%af",
+            moec_buf_printf(b, "%s%af",
                           i == 0  ? "\n    "
                           : i % 4 ? ", "
                                   : ",\n    ",
                           (double)inv_freq[i]);
-        cg_buf_printf(
+        moec_buf_printf(
             b,
             "};\n"
             "extern \"C\" __global__ void __launch_bounds__(256)\n"
@@ -176,7 +176,7 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
             (long long)per_head, (long long)H, pairs, pairs, pairs, name, pairs, scale,
             cg_ctype(tx), (long long)D, cg_ctype(ty), (long long)D);
         if (neox)
-            cg_buf_printf(b,
+            moec_buf_printf(b,
                           "    float lo[%d], hi[%d], olo[%d], ohi[%d];\n"
                           "    ldv<%d>(xh + c * %d, lo);\n"
                           "    ldv<%d>(xh + %lld + c * %d, hi);\n"
@@ -191,7 +191,7 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
                           pairs, pairs, pairs, pairs, pairs, pairs, pairs, (long long)half, pairs,
                           pairs, pairs, pairs, pairs, (long long)half, pairs);
         else
-            cg_buf_printf(b,
+            moec_buf_printf(b,
                           "    float v[%d], o[%d];\n"
                           "    ldv<%d>(xh + c * %d, v);\n"
                           "#pragma unroll\n"

@@ -10,56 +10,8 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/strbuf.h"
 #include "ir/ir_internal.h"
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->cap - b->n <= n) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap - b->n <= n) {
-            if (cap > ((size_t)-1) / 2) {
-                b->oom = 1;
-                return;
-            }
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...) MOEC_PRINTF(2, 3);
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->oom = 1;
-        return;
-    }
-    sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
 
 /* Shortest %.Ng that reads back bit for bit; ".0" appended when the text
  * would otherwise read as an int. An integral value prints as "40.0" rather
@@ -93,166 +45,166 @@ static void format_double(double v, char *buf, size_t cap)
     }
 }
 
-static void sb_quoted(sbuf *b, const char *s)
+static void sb_quoted(moec_buf *b, const char *s)
 {
-    sb_put(b, "\"", 1);
+    moec_buf_put(b, "\"", 1);
     if (!s)
         s = "";
     const char *run = s;
     for (; *s; s++) {
         if (*s == '"' || *s == '\\') {
-            sb_put(b, run, (size_t)(s - run));
-            sb_put(b, "\\", 1);
+            moec_buf_put(b, run, (size_t)(s - run));
+            moec_buf_put(b, "\\", 1);
             run = s;
         }
     }
-    sb_put(b, run, (size_t)(s - run));
-    sb_put(b, "\"", 1);
+    moec_buf_put(b, run, (size_t)(s - run));
+    moec_buf_put(b, "\"", 1);
 }
 
-static void sb_attr_value(sbuf *b, const ir_attr *a)
+static void sb_attr_value(moec_buf *b, const ir_attr *a)
 {
     char num[64];
     switch (a->kind) {
-    case IR_ATTR_INT: sb_printf(b, "%" PRId64, a->i); return;
+    case IR_ATTR_INT: moec_buf_printf(b, "%" PRId64, a->i); return;
     case IR_ATTR_FLOAT:
         format_double(a->f, num, sizeof num);
-        sb_str(b, num);
+        moec_buf_str(b, num);
         return;
     case IR_ATTR_STR: sb_quoted(b, a->s); return;
     case IR_ATTR_INTS:
-        sb_put(b, "[", 1);
+        moec_buf_put(b, "[", 1);
         for (int i = 0; i < a->n && a->ints; i++)
-            sb_printf(b, "%s%" PRId64, i ? ", " : "", a->ints[i]);
-        sb_put(b, "]", 1);
+            moec_buf_printf(b, "%s%" PRId64, i ? ", " : "", a->ints[i]);
+        moec_buf_put(b, "]", 1);
         return;
     }
-    sb_str(b, "?");
+    moec_buf_str(b, "?");
 }
 
 static const char *vn(const ir_value *v) { return v && v->name ? v->name : "?"; }
 
-static void sb_type(sbuf *b, const ir_type *t)
+static void sb_type(moec_buf *b, const ir_type *t)
 {
     char ts[96];
     ir_type_format(t, ts, sizeof ts);
-    sb_str(b, ts);
+    moec_buf_str(b, ts);
 }
 
 /* " @256*T": an activation's planned arena offset per token, when it has one. */
-static void sb_offset(sbuf *b, const ir_value *v)
+static void sb_offset(moec_buf *b, const ir_value *v)
 {
     if (v->mem_offset >= 0)
-        sb_printf(b, " @%" PRId64 "*T", v->mem_offset);
+        moec_buf_printf(b, " @%" PRId64 "*T", v->mem_offset);
 }
 
-static void sb_binding_leaf(sbuf *b, const ir_binding *bind)
+static void sb_binding_leaf(moec_buf *b, const ir_binding *bind)
 {
     if (bind->kind == IR_BIND_STACK) {
-        sb_str(b, "stack(");
+        moec_buf_str(b, "stack(");
         sb_quoted(b, bind->name);
-        sb_printf(b, ", %d)", bind->count);
+        moec_buf_printf(b, ", %d)", bind->count);
     } else {
         sb_quoted(b, bind->name);
     }
 }
 
-static void sb_binding(sbuf *b, const ir_binding *bind)
+static void sb_binding(moec_buf *b, const ir_binding *bind)
 {
     if (bind->kind != IR_BIND_CONCAT) {
         sb_binding_leaf(b, bind);
         return;
     }
-    sb_printf(b, "concat(%d", bind->axis);
+    moec_buf_printf(b, "concat(%d", bind->axis);
     for (int i = 0; i < bind->n_parts && bind->parts; i++) {
-        sb_str(b, ", ");
+        moec_buf_str(b, ", ");
         sb_binding_leaf(b, &bind->parts[i]);
     }
-    sb_str(b, ")");
+    moec_buf_str(b, ")");
 }
 
-static void sb_op(sbuf *b, const ir_op *op)
+static void sb_op(moec_buf *b, const ir_op *op)
 {
-    sb_str(b, "  ");
+    moec_buf_str(b, "  ");
     if (!op) {
-        sb_str(b, "# null op\n");
+        moec_buf_str(b, "# null op\n");
         return;
     }
     int n_out = op->n_out < 0 ? 0 : op->n_out > IR_MAX_RESULTS ? IR_MAX_RESULTS : op->n_out;
     for (int i = 0; i < n_out; i++) {
-        sb_printf(b, "%s%%", i ? ", " : "");
-        sb_str(b, vn(op->out[i]));
-        sb_str(b, " : ");
+        moec_buf_printf(b, "%s%%", i ? ", " : "");
+        moec_buf_str(b, vn(op->out[i]));
+        moec_buf_str(b, " : ");
         if (op->out[i]) {
             sb_type(b, &op->out[i]->type);
             sb_offset(b, op->out[i]);
         }
     }
-    sb_printf(b, " = %s(", ir_op_name(op->kind));
+    moec_buf_printf(b, " = %s(", ir_op_name(op->kind));
     int n_in = op->n_in < 0 ? 0 : op->n_in > IR_MAX_OPERANDS ? IR_MAX_OPERANDS : op->n_in;
     for (int i = 0; i < n_in; i++) {
-        sb_str(b, i ? ", %" : "%");
-        sb_str(b, vn(op->in[i]));
+        moec_buf_str(b, i ? ", %" : "%");
+        moec_buf_str(b, vn(op->in[i]));
     }
-    sb_str(b, ")");
+    moec_buf_str(b, ")");
     int n_attr = op->n_attr < 0 ? 0 : op->n_attr > IR_MAX_ATTRS ? IR_MAX_ATTRS : op->n_attr;
     for (int i = 0; i < n_attr; i++) {
-        sb_str(b, i ? ", " : " {");
-        sb_str(b, op->attrs[i].key ? op->attrs[i].key : "?");
-        sb_str(b, " = ");
+        moec_buf_str(b, i ? ", " : " {");
+        moec_buf_str(b, op->attrs[i].key ? op->attrs[i].key : "?");
+        moec_buf_str(b, " = ");
         sb_attr_value(b, &op->attrs[i]);
     }
     if (n_attr)
-        sb_str(b, "}");
+        moec_buf_str(b, "}");
     if (op->stream != 0)
-        sb_printf(b, " stream %d", op->stream);
-    sb_str(b, "\n");
+        moec_buf_printf(b, " stream %d", op->stream);
+    moec_buf_str(b, "\n");
 }
 
-static void print_module(sbuf *b, const ir_module *m)
+static void print_module(moec_buf *b, const ir_module *m)
 {
-    sb_printf(b, "module ");
-    sb_str(b, m->name ? m->name : "?");
-    sb_str(b, " {\n");
+    moec_buf_printf(b, "module ");
+    moec_buf_str(b, m->name ? m->name : "?");
+    moec_buf_str(b, " {\n");
     for (int i = 0; i < m->n_meta && m->meta; i++) {
-        sb_str(b, "  meta ");
-        sb_str(b, m->meta[i].key ? m->meta[i].key : "?");
-        sb_str(b, " = ");
+        moec_buf_str(b, "  meta ");
+        moec_buf_str(b, m->meta[i].key ? m->meta[i].key : "?");
+        moec_buf_str(b, " = ");
         sb_attr_value(b, &m->meta[i]);
-        sb_str(b, "\n");
+        moec_buf_str(b, "\n");
     }
     int n_inputs = m->n_inputs < 0 ? 0 : m->n_inputs > 8 ? 8 : m->n_inputs;
     for (int i = 0; i < n_inputs; i++) {
-        sb_str(b, "  input %");
-        sb_str(b, vn(m->inputs[i]));
-        sb_str(b, " : ");
+        moec_buf_str(b, "  input %");
+        moec_buf_str(b, vn(m->inputs[i]));
+        moec_buf_str(b, " : ");
         if (m->inputs[i]) {
             sb_type(b, &m->inputs[i]->type);
             sb_offset(b, m->inputs[i]);
         }
-        sb_str(b, "\n");
+        moec_buf_str(b, "\n");
     }
     for (int i = 0; i < m->n_values && m->values; i++) {
         const ir_value *v = m->values[i];
         if (!v || v->kind != IR_VALUE_WEIGHT)
             continue;
-        sb_str(b, "  weight %");
-        sb_str(b, vn(v));
-        sb_str(b, " : ");
+        moec_buf_str(b, "  weight %");
+        moec_buf_str(b, vn(v));
+        moec_buf_str(b, " : ");
         sb_type(b, &v->type);
-        sb_str(b, " = ");
+        moec_buf_str(b, " = ");
         sb_binding(b, &v->bind);
-        sb_str(b, "\n");
+        moec_buf_str(b, "\n");
     }
     for (int i = 0; i < m->n_ops && m->ops; i++)
         sb_op(b, m->ops[i]);
     int n_outputs = m->n_outputs < 0 ? 0 : m->n_outputs > 8 ? 8 : m->n_outputs;
     for (int i = 0; i < n_outputs; i++) {
-        sb_str(b, "  output %");
-        sb_str(b, vn(m->outputs[i]));
-        sb_str(b, "\n");
+        moec_buf_str(b, "  output %");
+        moec_buf_str(b, vn(m->outputs[i]));
+        moec_buf_str(b, "\n");
     }
-    sb_str(b, "}\n");
+    moec_buf_str(b, "}\n");
 }
 
 char *ir_module_print_str(const ir_module *m)
@@ -261,14 +213,14 @@ char *ir_module_print_str(const ir_module *m)
         MOEC_ERR(MOEC_ERR_INVALID_ARG, "print: null module");
         return NULL;
     }
-    sbuf b = {0};
+    moec_buf b = {0};
     print_module(&b, m);
     if (b.oom) {
-        free(b.p);
+        free(b.data);
         MOEC_ERR(MOEC_ERR_OOM, "print: out of memory");
         return NULL;
     }
-    return b.p;
+    return b.data;
 }
 
 moec_status ir_module_print(const ir_module *m, FILE *out)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "strbuf.h"
 
 /* A header this long is corruption, not a checkpoint. */
 #define ST_MAX_HEADER ((uint64_t)100000000)
@@ -782,62 +783,21 @@ moec_status rt_safetensors_open_dir(const char *dir, rt_safetensors **out)
 
 /* ---- writing -------------------------------------------------------------- */
 
-typedef struct st_buf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} st_buf;
-
-static void st_buf_put(st_buf *b, const char *s, size_t n)
+static void json_string(moec_buf *b, const char *s)
 {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void st_buf_printf(st_buf *b, const char *fmt, ...) MOEC_PRINTF(2, 3);
-static void st_buf_printf(st_buf *b, const char *fmt, ...)
-{
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        b->oom = 1;
-    else
-        st_buf_put(b, tmp, (size_t)n);
-}
-
-static void st_buf_json_string(st_buf *b, const char *s)
-{
-    st_buf_put(b, "\"", 1);
+    moec_buf_put(b, "\"", 1);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\') {
             char esc[2] = {'\\', (char)c};
-            st_buf_put(b, esc, 2);
+            moec_buf_put(b, esc, 2);
         } else if (c < 0x20) {
-            st_buf_printf(b, "\\u%04x", c);
+            moec_buf_printf(b, "\\u%04x", c);
         } else {
-            st_buf_put(b, (const char *)&c, 1);
+            moec_buf_put(b, (const char *)&c, 1);
         }
     }
-    st_buf_put(b, "\"", 1);
+    moec_buf_put(b, "\"", 1);
 }
 
 static moec_status st_write_all(FILE *fp, const void *p, size_t n, const char *path)
@@ -887,7 +847,7 @@ moec_status rt_safetensors_write(const char *path, const rt_st_write_tensor *ten
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_safetensors_write: bad arguments");
     uint64_t *sizes = malloc((size_t)(n ? n : 1) * sizeof *sizes);
     const char **names = malloc((size_t)(n ? n : 1) * sizeof *names);
-    st_buf b = {0};
+    moec_buf b = {0};
     FILE *fp = NULL;
     moec_status s = MOEC_OK;
     if (!sizes || !names) {
@@ -906,23 +866,23 @@ moec_status rt_safetensors_write(const char *path, const rt_st_write_tensor *ten
         }
     }
 
-    st_buf_put(&b, "{", 1);
+    moec_buf_put(&b, "{", 1);
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const rt_st_write_tensor *t = &tensors[i];
         if (i)
-            st_buf_put(&b, ",", 1);
-        st_buf_json_string(&b, t->name);
-        st_buf_printf(&b, ":{\"dtype\":\"%s\",\"shape\":[", rt_st_dtype_name(t->dtype));
+            moec_buf_put(&b, ",", 1);
+        json_string(&b, t->name);
+        moec_buf_printf(&b, ":{\"dtype\":\"%s\",\"shape\":[", rt_st_dtype_name(t->dtype));
         for (int d = 0; d < t->rank; d++)
-            st_buf_printf(&b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
-        st_buf_printf(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+            moec_buf_printf(&b, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        moec_buf_printf(&b, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
                       (unsigned long long)(off + sizes[i]));
         off += sizes[i];
     }
-    st_buf_put(&b, "}", 1);
-    while (!b.oom && b.n % 8 != 0)
-        st_buf_put(&b, " ", 1);
+    moec_buf_put(&b, "}", 1);
+    while (!b.oom && b.len % 8 != 0)
+        moec_buf_put(&b, " ", 1);
     if (b.oom) {
         s = MOEC_ERR(MOEC_ERR_OOM, "out of memory writing the header of %s", path);
         goto done;
@@ -935,10 +895,10 @@ moec_status rt_safetensors_write(const char *path, const rt_st_write_tensor *ten
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)((uint64_t)b.n >> (8 * i));
+        len8[i] = (uint8_t)((uint64_t)b.len >> (8 * i));
     s = st_write_all(fp, len8, 8, path);
     if (s == MOEC_OK)
-        s = st_write_all(fp, b.p, b.n, path);
+        s = st_write_all(fp, b.data, b.len, path);
     for (int i = 0; i < n && s == MOEC_OK; i++)
         s = st_write_all(fp, tensors[i].data, (size_t)sizes[i], path);
     if (fclose(fp) != 0 && s == MOEC_OK)
@@ -946,7 +906,7 @@ moec_status rt_safetensors_write(const char *path, const rt_st_write_tensor *ten
     if (s != MOEC_OK)
         remove(path);
 done:
-    free(b.p);
+    free(b.data);
     free(names);
     free(sizes);
     return s;

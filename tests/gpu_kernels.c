@@ -207,7 +207,7 @@ static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c
 
 static void ctx_free(cg_ctx *c)
 {
-    cg_buf_free(&c->src);
+    moec_buf_free(&c->src);
     for (int i = 0; i < c->n_kernels; i++)
         free(c->kernel_names[i]);
     free(c->kernel_names);
@@ -227,7 +227,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
         exit(1);
     cg_options o;
     options_for(&o, cdt, bs);
-    cg_buf src = {0};
+    moec_buf src = {0};
     cg_emit_prologue(&src);
     for (int b = 0; b < 7; b++) {
         if (!(tmask & (1u << b)))
@@ -238,7 +238,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
             fprintf(stderr, "%s T=%d: %s\n", s->name, BUCKETS[b], moec_last_error());
             exit(1);
         }
-        cg_buf_printf(&src, "%s", c.src.data);
+        moec_buf_printf(&src, "%s", c.src.data);
         ctx_free(&c);
     }
     ir_module_free(m);

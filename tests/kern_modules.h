@@ -43,11 +43,11 @@ static inline const char *km_float(char *buf, double v)
 }
 
 /* `%name : f32[T, n] = embedding(%tokens, %tab_name)` with its table. */
-static inline void km_table(cg_buf *w, cg_buf *o, const km_spec *s, const char *name, int n,
+static inline void km_table(moec_buf *w, moec_buf *o, const km_spec *s, const char *name, int n,
                             const char *dt)
 {
-    cg_buf_printf(w, "  weight %%tab_%s : %s[%d, %d] = \"tab_%s\"\n", name, dt, s->vocab, n, name);
-    cg_buf_printf(o, "  %%%s : f32[T, %d] = embedding(%%tokens, %%tab_%s)\n", name, n, name);
+    moec_buf_printf(w, "  weight %%tab_%s : %s[%d, %d] = \"tab_%s\"\n", name, dt, s->vocab, n, name);
+    moec_buf_printf(o, "  %%%s : f32[T, %d] = embedding(%%tokens, %%tab_%s)\n", name, n, name);
 }
 
 /* The module text of s (malloc'd, NULL when out of memory). Values: q, k, v
@@ -55,17 +55,17 @@ static inline void km_table(cg_buf *w, cg_buf *o, const km_spec *s, const char *
  * [T, 40], an embedding, for the argmax. */
 static inline char *km_text(const km_spec *s)
 {
-    cg_buf w = {0}, o = {0}, all = {0};
+    moec_buf w = {0}, o = {0}, all = {0};
     char f1[40], f2[40];
     km_table(&w, &o, s, "out", 40, "f32");
     if (s->attn == KM_GQA) {
         km_table(&w, &o, s, "q_flat", s->H * s->DK, "bf16");
         km_table(&w, &o, s, "k_flat", s->HKV * s->DK, "bf16");
         km_table(&w, &o, s, "v_flat", s->HKV * s->DV, "bf16");
-        cg_buf_printf(&o, "  %%q : f32[T, %d, %d] = reshape(%%q_flat)\n", s->H, s->DK);
-        cg_buf_printf(&o, "  %%k : f32[T, %d, %d] = reshape(%%k_flat)\n", s->HKV, s->DK);
-        cg_buf_printf(&o, "  %%v : f32[T, %d, %d] = reshape(%%v_flat)\n", s->HKV, s->DV);
-        cg_buf_printf(&o,
+        moec_buf_printf(&o, "  %%q : f32[T, %d, %d] = reshape(%%q_flat)\n", s->H, s->DK);
+        moec_buf_printf(&o, "  %%k : f32[T, %d, %d] = reshape(%%k_flat)\n", s->HKV, s->DK);
+        moec_buf_printf(&o, "  %%v : f32[T, %d, %d] = reshape(%%v_flat)\n", s->HKV, s->DV);
+        moec_buf_printf(&o,
                       "  %%o : f32[T, %d, %d] = attention(%%q, %%k, %%v, %%positions) {scale = %s, "
                       "window = %d}\n",
                       s->H, s->DV, km_float(f1, s->attn_scale), s->window);
@@ -74,10 +74,10 @@ static inline char *km_text(const km_spec *s)
         km_table(&w, &o, s, "qpe_flat", s->H * s->DR, "bf16");
         km_table(&w, &o, s, "kv_c", s->R, "bf16");
         km_table(&w, &o, s, "kpe_flat", s->DR, "bf16");
-        cg_buf_printf(&o, "  %%q_c : f32[T, %d, %d] = reshape(%%qc_flat)\n", s->H, s->R);
-        cg_buf_printf(&o, "  %%q_pe : f32[T, %d, %d] = reshape(%%qpe_flat)\n", s->H, s->DR);
-        cg_buf_printf(&o, "  %%k_pe : f32[T, 1, %d] = reshape(%%kpe_flat)\n", s->DR);
-        cg_buf_printf(&o,
+        moec_buf_printf(&o, "  %%q_c : f32[T, %d, %d] = reshape(%%qc_flat)\n", s->H, s->R);
+        moec_buf_printf(&o, "  %%q_pe : f32[T, %d, %d] = reshape(%%qpe_flat)\n", s->H, s->DR);
+        moec_buf_printf(&o, "  %%k_pe : f32[T, 1, %d] = reshape(%%kpe_flat)\n", s->DR);
+        moec_buf_printf(&o,
                       "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
                       "%%positions) {scale = %s, window = %d}\n",
                       s->H, s->R, km_float(f1, s->attn_scale), s->window);
@@ -85,8 +85,8 @@ static inline char *km_text(const km_spec *s)
     if (s->E > 0) {
         km_table(&w, &o, s, "logits", s->E, "f32");
         if (s->bias)
-            cg_buf_printf(&w, "  weight %%bias : f32[%d] = \"bias\"\n", s->E);
-        cg_buf_printf(&o,
+            moec_buf_printf(&w, "  weight %%bias : f32[%d] = \"bias\"\n", s->E);
+        moec_buf_printf(&o,
                       "  %%ids : i32[T, %d], %%w : f32[T, %d] = moe_topk(%%logits%s) {scoring = "
                       "\"%s\", top_k = %d, n_group = %d, topk_group = %d, group_score = \"%s\", "
                       "norm_topk_prob = %d, scaling = %s}\n",
@@ -98,33 +98,33 @@ static inline char *km_text(const km_spec *s)
         int split = s->moe == KM_ROUTED_SPLIT || s->moe == KM_EXPERTS_SPLIT;
         km_table(&w, &o, s, "x", s->HID, "bf16");
         if (split) {
-            cg_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"\n", s->wdt, s->E, s->I,
+            moec_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"\n", s->wdt, s->E, s->I,
                           s->HID);
-            cg_buf_printf(&w, "  weight %%up : %s[%d, %d, %d] = \"up\"\n", s->wdt, s->E, s->I,
+            moec_buf_printf(&w, "  weight %%up : %s[%d, %d, %d] = \"up\"\n", s->wdt, s->E, s->I,
                           s->HID);
         } else {
-            cg_buf_printf(&w, "  weight %%gate_up : %s[%d, %d, %d] = \"gate_up\"\n", s->wdt, s->E,
+            moec_buf_printf(&w, "  weight %%gate_up : %s[%d, %d, %d] = \"gate_up\"\n", s->wdt, s->E,
                           2 * s->I, s->HID);
         }
-        cg_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"\n", s->wdt, s->E, s->HID,
+        moec_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"\n", s->wdt, s->E, s->HID,
                       s->I);
         const char *ws = split ? "%gate, %up, %down" : "%gate_up, %down";
         if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
-            cg_buf_printf(&o, "  %%y : f32[T, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s}\n",
+            moec_buf_printf(&o, "  %%y : f32[T, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s}\n",
                           s->HID, ws, km_float(f2, s->moe_scale));
         else
-            cg_buf_printf(&o, "  %%y : f32[T, %d, %d] = moe_experts(%%x, %%ids, %s)\n", s->K,
+            moec_buf_printf(&o, "  %%y : f32[T, %d, %d] = moe_experts(%%x, %%ids, %s)\n", s->K,
                           s->HID, ws);
     }
-    cg_buf_printf(&all,
+    moec_buf_printf(&all,
                   "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"
                   "  input %%positions : i32[T]\n%s%s  output %%out\n}\n",
                   s->name, w.data ? w.data : "", o.data ? o.data : "");
     int bad = w.oom || o.oom || all.oom;
-    cg_buf_free(&w);
-    cg_buf_free(&o);
+    moec_buf_free(&w);
+    moec_buf_free(&o);
     if (bad) {
-        cg_buf_free(&all);
+        moec_buf_free(&all);
         return NULL;
     }
     return all.data;

@@ -26,7 +26,7 @@ static const int BUCKETS[] = {1, 8, 64};
 
 static void ctx_free(cg_ctx *c)
 {
-    cg_buf_free(&c->src);
+    moec_buf_free(&c->src);
     for (int i = 0; i < c->n_kernels; i++)
         free(c->kernel_names[i]);
     free(c->kernel_names);
@@ -148,7 +148,7 @@ static int has(const void *bin, size_t n, const char *s)
 /* A program waiting for NVRTC, and the kernels its cubin must hold. */
 typedef struct compile_job {
     char *label, *src;
-    cg_buf names; /* kernel names, one per line */
+    moec_buf names; /* kernel names, one per line */
     void *cubin;
     size_t size;
     moec_status st;
@@ -212,7 +212,7 @@ static void compile_all(void)
         free(j->cubin);
         free(j->src);
         free(j->label);
-        cg_buf_free(&j->names);
+        moec_buf_free(&j->names);
     }
     n_jobs = next_job = 0;
 }
@@ -228,7 +228,7 @@ static void run_module(const ir_module *m, const cg_options *o,
         return;
     compile_job *j = &jobs[n_jobs];
     memset(j, 0, sizeof *j);
-    cg_buf prog = {0};
+    moec_buf prog = {0};
     cg_emit_prologue(&prog);
     int ok = 1;
     for (int b = 0; b < N_BUCKETS; b++) {
@@ -240,9 +240,9 @@ static void run_module(const ir_module *m, const cg_options *o,
             if (check)
                 check(m, &c);
             if (compile_mask & (1u << b)) {
-                cg_buf_printf(&prog, "%s", c.src.data);
+                moec_buf_printf(&prog, "%s", c.src.data);
                 for (int k = 0; k < c.n_kernels; k++)
-                    cg_buf_printf(&j->names, "%s\n", c.kernel_names[k]);
+                    moec_buf_printf(&j->names, "%s\n", c.kernel_names[k]);
             }
         }
         ok = ok && st == MOEC_OK;
@@ -250,8 +250,8 @@ static void run_module(const ir_module *m, const cg_options *o,
     }
     T_CHECK(!prog.oom && !j->names.oom);
     if (!ok || prog.oom || j->names.oom || !compile_mask) {
-        cg_buf_free(&prog);
-        cg_buf_free(&j->names);
+        moec_buf_free(&prog);
+        moec_buf_free(&j->names);
         return;
     }
     char label[128];
@@ -539,8 +539,8 @@ static void test_errors(void)
 /* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else. */
 static void test_pdl_waits(void)
 {
-    cg_buf b = {0};
-    cg_buf_printf(&b, "__device__ int f() { return 1; }\n"
+    moec_buf b = {0};
+    moec_buf_printf(&b, "__device__ int f() { return 1; }\n"
                       "// k1\nextern \"C\" __global__ void __launch_bounds__(256)\nk1(int *x)\n{\n"
                       "    x[0] = f();\n}\n\n"
                       "extern \"C\" __global__ void __launch_bounds__(64) k2(int *x)\n{\n"
@@ -553,7 +553,7 @@ static void test_pdl_waits(void)
                                 "\n    moec_pdl_enter();\n    x[0] = f();\n}\n\n"
                                 "extern \"C\" __global__ void __launch_bounds__(64) k2(int *x)\n{"
                                 "\n    moec_pdl_enter();\n    if (x) { x[1] = 2; }\n}\n"));
-    cg_buf_free(&b);
+    moec_buf_free(&b);
 }
 
 int main(void)
