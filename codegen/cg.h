@@ -125,6 +125,23 @@ moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);
 moec_status cg_compile(const char *src, const char *arch, const char *cache_dir, void **cubin,
                        size_t *size);
 
+/* One NVRTC compile of cg_compile_many: src in; cubin (owned by the caller
+ * afterwards), its size, the status and the error text out. weight counts
+ * towards the progress (e.g. the source's kernels). */
+typedef struct cg_compile_job {
+    const char *src;
+    int weight;
+    void *cubin;
+    size_t size;
+    moec_status st;
+    char err[4096];
+} cg_compile_job;
+/* Compiles every job for arch on up to one thread per CPU; progress (when
+ * not NULL) is called, one call at a time, as each job compiles, with the
+ * weight done so far of the total. */
+void cg_compile_many(cg_compile_job *jobs, int n, const char *arch, const char *cache_dir,
+                     void (*progress)(int done, int total, void *user), void *user);
+
 /* Generates and compiles every bucket of the fused, planned module m. */
 moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **out);
 

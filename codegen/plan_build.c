@@ -2,12 +2,11 @@
  * bucket, the program (prologue, every op's kernels in module order, the
  * argmax of the logits) and its steps, then one NVRTC compile per bucket.
  * The compiles are independent and dominate the time, so they run on
- * parallel threads once every bucket's source is generated. */
-#include <pthread.h>
+ * parallel threads (cg_compile_many) once every bucket's source is
+ * generated. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "codegen/cg.h"
 #include "err.h"
@@ -117,63 +116,6 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
     return MOEC_OK;
 }
 
-typedef struct compile_job {
-    const cg_ctx *c;
-    const cg_options *o;
-    void *cubin;
-    size_t size;
-    moec_status st;
-    char err[4096];
-} compile_job;
-
-typedef struct compile_queue {
-    compile_job *jobs;
-    int n, next;
-    int kernels_done, kernels_total;
-    pthread_mutex_t lock;
-} compile_queue;
-
-static void *compile_worker(void *arg)
-{
-    compile_queue *q = arg;
-    for (;;) {
-        pthread_mutex_lock(&q->lock);
-        int i = q->next++;
-        pthread_mutex_unlock(&q->lock);
-        if (i >= q->n)
-            return NULL;
-        compile_job *j = &q->jobs[i];
-        j->st = cg_compile(j->c->src.data, j->o->arch, j->o->cache_dir, &j->cubin, &j->size);
-        if (j->st != MOEC_OK)
-            snprintf(j->err, sizeof j->err, "%s", moec_last_error());
-        /* Progress as each bucket finishes: kernels done of all buckets'
-           kernels, one call at a time. */
-        pthread_mutex_lock(&q->lock);
-        q->kernels_done += j->c->n_kernels;
-        if (j->st == MOEC_OK && j->o->progress)
-            j->o->progress(q->kernels_done, q->kernels_total, j->o->progress_user);
-        pthread_mutex_unlock(&q->lock);
-    }
-}
-
-/* Compiles every job, on up to one thread per CPU. */
-static void compile_all(compile_job *jobs, int n)
-{
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int n_threads = cpus < 1 ? 1 : cpus > n ? n : (int)cpus;
-    compile_queue q = {jobs, n, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
-    for (int i = 0; i < n; i++)
-        q.kernels_total += jobs[i].c->n_kernels;
-    pthread_t th[16];
-    int started = 0;
-    for (int i = 1; i < n_threads && i < 16; i++)
-        if (pthread_create(&th[started], NULL, compile_worker, &q) == 0)
-            started++;
-    compile_worker(&q);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-}
-
 moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **out)
 {
     if (!m || !out)
@@ -189,7 +131,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **o
     int nb = opt->n_buckets;
     moec_status st = MOEC_OK;
     cg_ctx *ctx = calloc((size_t)nb, sizeof *ctx);
-    compile_job *jobs = calloc((size_t)nb, sizeof *jobs);
+    cg_compile_job *jobs = calloc((size_t)nb, sizeof *jobs);
     ir_plan *p = calloc(1, sizeof *p);
     if (p)
         p->buckets = calloc((size_t)nb, sizeof *p->buckets);
@@ -199,12 +141,12 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **o
     }
     for (int b = 0; b < nb && st == MOEC_OK; b++) {
         st = generate(m, opt, opt->buckets[b], &ctx[b]);
-        jobs[b].c = &ctx[b];
-        jobs[b].o = opt;
+        jobs[b].src = ctx[b].src.data;
+        jobs[b].weight = ctx[b].n_kernels; /* progress counts kernels */
     }
     if (st != MOEC_OK)
         goto out;
-    compile_all(jobs, nb);
+    cg_compile_many(jobs, nb, opt->arch, opt->cache_dir, opt->progress, opt->progress_user);
     p->module = m;
     p->compute_dtype = opt->compute_dtype;
     snprintf(p->arch, sizeof p->arch, "%s", opt->arch);
@@ -213,7 +155,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **o
     p->n_buckets = nb;
     int64_t arena = ir_module_meta(m, "arena_bytes_per_token")->i;
     for (int b = 0; b < nb; b++) {
-        compile_job *j = &jobs[b];
+        cg_compile_job *j = &jobs[b];
         if (j->st != MOEC_OK && st == MOEC_OK)
             st = MOEC_ERR(j->st, "bucket T=%d: %s", opt->buckets[b], j->err);
         ir_bucket *bk = &p->buckets[b];
