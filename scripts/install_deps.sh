@@ -10,6 +10,7 @@ command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v clang >/dev/null || need+=(clang)
+command -v pkg-config >/dev/null || need+=(pkg-config)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
