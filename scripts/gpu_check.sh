@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one script the GPU machine runs: builds moec in
 # build-gpu, runs the GPU tests (ctest -L gpu), runs `moec run` on the CUDA
-# backend under compute-sanitizer's memcheck and against the goldens, serves
-# plan files with moec-serve over TCP, and
+# backend against the goldens, serves plan files with moec-serve over TCP,
+# runs compute-sanitizer's four tools (scripts/gpu_sanitize.sh), and
 # leaves every log in $OUT/gpu_check.tar.gz (with summary.txt beside it).
 # Where cJSON is not installed it uses the copy carried in .dev/cjson/ (an
 # extracted libcjson1 + libcjson-dev). Exit status: 0 when every stage passed.
@@ -112,16 +112,9 @@ PY
 }
 stage serve_plan serve_plan
 
-SAN=/usr/local/cuda/bin/compute-sanitizer
-sanitize() {
-  local dtype
-  for dtype in bf16 fp32; do
-    echo "== MOEC_DTYPE=$dtype"
-    MOEC_DTYPE=$dtype "$SAN" --tool memcheck --leak-check full --error-exitcode 1 \
-      build-gpu/moec run tests/data/deepseek_v3 --backend cuda \
-      --prompt-ids 0,64,128,7,19,222,45,8 --max-new-tokens 4 --ignore-eos || return 1
-  done
-}
-stage memcheck sanitize
+# compute-sanitizer: racecheck, synccheck, initcheck, memcheck (leak check)
+# on every tiny model, bf16 and fp32, graphs on and off, and on the
+# real-shape kernel sample (scripts/gpu_sanitize.sh); any hazard fails.
+stage sanitizers scripts/gpu_sanitize.sh "$LOGS/sanitizers"
 
 finish

@@ -1085,6 +1085,30 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (MoE only)");
     }
+    if (getenv("MOEC_KERN_SANITIZE")) {
+        /* under compute-sanitizer (scripts/gpu_sanitize.sh): a sample of
+           the real-shape cases, small buckets, no long contexts, so that
+           racecheck finishes inside a device call */
+        const unsigned FEW = TM(1) | TM(8), ATT = TM(1) | TM(2) | TM(8) | TM(16);
+        prog_add(&V2_MOE, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&V3_TOPK, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&Q3_MOE, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&Q3_ATTN, IR_DTYPE_BF16, 64, ATT);
+        prog_add(&V2_MLA, IR_DTYPE_BF16, 64, ATT);
+        prog_add(&V2_MLA, IR_DTYPE_F32, 64, ATT);
+        prog_add(&V3_MLA, IR_DTYPE_BF16, 64, ATT);
+        progs_compile();
+        moe_case(&V2_MOE, IR_DTYPE_BF16, FEW, 1);
+        moe_case(&V3_TOPK, IR_DTYPE_BF16, FEW, 4);
+        moe_case(&Q3_MOE, IR_DTYPE_BF16, FEW, 6);
+        attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 0);
+        attn_case_interp(&V2_MLA, IR_DTYPE_BF16, 64, 0);
+        attn_case_interp(&V2_MLA, IR_DTYPE_F32, 64, 0);
+        attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (sanitizer sample)");
+    }
     prog_add(&V2_MOE, IR_DTYPE_BF16, 64, ALL);
     prog_add(&V2_EXPERTS, IR_DTYPE_BF16, 64, TM(8));
     prog_add(&V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8));
