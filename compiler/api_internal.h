@@ -13,6 +13,19 @@
 /* The model's unfused, verified module (owned by the model). */
 const ir_module *moec_model_module(const moec_model_t *model);
 
+/* The eos ids of a module (its meta eos_token_id: one id or a list) as the
+ * public API gives them out: *ids (free with moec_eos_free) gets n of them,
+ * each checked to lie in [0, vocab_size). */
+typedef struct moec_eos {
+    int n;
+    int32_t *ids;
+} moec_eos;
+moec_status moec_eos_init(const ir_module *m, moec_eos *out);
+void moec_eos_free(moec_eos *e);
+/* e's count, and *ids (when ids is not NULL) its ids; the first or -1. */
+int moec_eos_list(const moec_eos *e, const int32_t **ids);
+int moec_eos_first(const moec_eos *e);
+
 /* A model compiled for and bound to the GPU: every pass on a copy of its
  * module, the checkpoint checked against the fused weights, the plan built
  * and compiled (or the plan and its module read from a plan file), the

@@ -23,13 +23,15 @@ struct moec_model {
     ir_module *module;
     int n_tensors;
     moec_tensor_info *tensors; /* names live in the module's arena */
+    moec_eos eos;
 };
 
 struct moec_session {
     moec_backend backend;
     int max_seq;
     int length;
-    int vocab, eos;
+    int vocab;
+    moec_eos eos;
     /* CPU */
     rt_weights *weights;
     rt_interp *interp;
@@ -106,17 +108,20 @@ moec_status moec_model_tensor_info(const moec_model_t *m, int i, moec_tensor_inf
     return MOEC_OK;
 }
 
-moec_status moec_model_open(const char *model_dir, moec_model_t **out)
+/* A model from the folder or config file at path (is_dir says which). */
+static moec_status model_open(const char *path, int is_dir, moec_model_t **out)
 {
-    if (!model_dir || !out)
+    if (!path || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_open: NULL argument");
     *out = NULL;
     moec_model_t *m = calloc(1, sizeof *m);
     if (!m)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", model_dir);
-    moec_status st = fe_model_load(model_dir, &m->module);
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", path);
+    moec_status st = is_dir ? fe_model_load(path, &m->module) : fe_config_load(path, &m->module);
     if (st == MOEC_OK)
         st = model_list_tensors(m);
+    if (st == MOEC_OK)
+        st = moec_eos_init(m->module, &m->eos);
     if (st != MOEC_OK) {
         moec_model_free(m);
         return st;
@@ -125,10 +130,21 @@ moec_status moec_model_open(const char *model_dir, moec_model_t **out)
     return MOEC_OK;
 }
 
+moec_status moec_model_open(const char *model_dir, moec_model_t **out)
+{
+    return model_open(model_dir, 1, out);
+}
+
+moec_status moec_model_open_config(const char *config_path, moec_model_t **out)
+{
+    return model_open(config_path, 0, out);
+}
+
 void moec_model_free(moec_model_t *m)
 {
     if (!m)
         return;
+    moec_eos_free(&m->eos);
     ir_module_free(m->module);
     free(m);
 }
@@ -183,10 +199,47 @@ int moec_model_max_positions(const moec_model_t *m)
     return m ? (int)ir_module_meta_int(m->module, "max_position_embeddings", 0) : 0;
 }
 
-int moec_model_eos_token(const moec_model_t *m)
+moec_status moec_eos_init(const ir_module *m, moec_eos *out)
 {
-    return m ? (int)ir_module_meta_int(m->module, "eos_token_id", -1) : -1;
+    const int64_t *v;
+    int n = ir_module_meta_ints(m, "eos_token_id", &v);
+    int64_t vocab = ir_module_meta_int(m, "vocab_size", 0);
+    out->n = 0;
+    out->ids = malloc((size_t)(n ? n : 1) * sizeof *out->ids);
+    if (!out->ids)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d eos ids", n);
+    for (int i = 0; i < n; i++) {
+        if (v[i] < 0 || v[i] >= vocab)
+            return MOEC_ERR(MOEC_ERR_FORMAT,
+                            "module %s: eos id %lld is outside the vocabulary (vocab_size %lld)",
+                            m->name, (long long)v[i], (long long)vocab);
+        out->ids[out->n++] = (int32_t)v[i];
+    }
+    return MOEC_OK;
 }
+
+void moec_eos_free(moec_eos *e)
+{
+    free(e->ids);
+    e->ids = NULL;
+    e->n = 0;
+}
+
+int moec_eos_list(const moec_eos *e, const int32_t **ids)
+{
+    if (ids)
+        *ids = e && e->n ? e->ids : NULL;
+    return e ? e->n : 0;
+}
+
+int moec_eos_first(const moec_eos *e) { return e && e->n ? e->ids[0] : -1; }
+
+int moec_model_eos_tokens(const moec_model_t *m, const int32_t **ids)
+{
+    return moec_eos_list(m ? &m->eos : NULL, ids);
+}
+
+int moec_model_eos_token(const moec_model_t *m) { return moec_eos_first(m ? &m->eos : NULL); }
 
 moec_status moec_cuda_dtype(ir_dtype *out)
 {
@@ -286,10 +339,11 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     s->backend = backend;
     s->vocab = moec_model_vocab_size(model);
-    s->eos = moec_model_eos_token(model);
     s->max_seq = max_seq_len;
-    moec_status st;
-    if (backend == MOEC_BACKEND_CUDA) {
+    moec_status st = moec_eos_init(model->module, &s->eos);
+    if (st != MOEC_OK) {
+        /* recorded */
+    } else if (backend == MOEC_BACKEND_CUDA) {
         ir_dtype dt = IR_DTYPE_BF16;
         st = moec_cuda_dtype(&dt);
         if (st == MOEC_OK) {
@@ -316,6 +370,7 @@ void moec_session_free(moec_session_t *s)
     moec_cuda_model_free(&s->gpu);
     rt_interp_free(s->interp);
     rt_weights_free(s->weights);
+    moec_eos_free(&s->eos);
     free(s);
 }
 
@@ -323,7 +378,12 @@ moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backe
 
 int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; }
 
-int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
+int moec_session_eos_token(const moec_session_t *s) { return moec_eos_first(s ? &s->eos : NULL); }
+
+int moec_session_eos_tokens(const moec_session_t *s, const int32_t **ids)
+{
+    return moec_eos_list(s ? &s->eos : NULL, ids);
+}
 
 moec_status moec_check_plan_path(const char *plan_path)
 {
@@ -385,11 +445,12 @@ moec_status moec_session_init_plan(const char *plan_path, const char *weights_di
     s->max_seq = max_seq_len;
     moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
     moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &s->gpu, &s->vocab);
+    if (st == MOEC_OK)
+        st = moec_eos_init(s->gpu.fused, &s->eos);
     if (st != MOEC_OK) {
         moec_session_free(s);
         return st;
     }
-    s->eos = (int)ir_module_meta_int(s->gpu.fused, "eos_token_id", -1);
     *out = s;
     return MOEC_OK;
 }

@@ -17,7 +17,7 @@
 
 typedef struct rt_plan_meta {
     int format;
-    char config_hash[17];  /* hex FNV-1a 64 of config.json */
+    char config_hash[17];  /* hex FNV-1a 64 of config.json (+ generation_config.json) */
     char weights_hash[17]; /* hex FNV-1a 64 over every bound tensor's name, dtype, shape */
     char moec_version[16];
 } rt_plan_meta;
@@ -31,7 +31,8 @@ moec_status rt_plan_write(const char *path, const rt_plan *p, const rt_plan_meta
 moec_status rt_plan_read(const char *path, rt_plan **out, ir_module **module_out,
                          rt_plan_meta *meta);
 
-/* Hashes for the meta: config.json's bytes; the name, dtype and shape of
+/* Hashes for the meta: the bytes of config.json and, when the folder has
+ * one, generation_config.json (its eos ids); the name, dtype and shape of
  * every checkpoint tensor m binds, as the checkpoint in dir has them. */
 moec_status rt_hash_config(const char *model_dir, char out[17]);
 moec_status rt_hash_weights(const ir_module *m, const char *model_dir, char out[17]);
