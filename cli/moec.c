@@ -112,7 +112,7 @@ static const char *USAGE_RUN =
     "  --max-seq-len N        KV cache length (default: prompt + N)\n"
     "  --arch ARCH            GPU target the kernels are compiled for (default\n"
     "                         sm_90; the same as MOEC_ARCH=ARCH; not with a PLAN)\n"
-    "  --ignore-eos           keep generating after the model's eos_token_id\n"
+    "  --ignore-eos           keep generating after any of the model's eos ids\n"
     "  --single-stream        cuda: run the shared experts on the main stream too\n"
     "                         (default: on a second stream, overlapping the routed\n"
     "                         experts; the same as MOEC_SINGLE_STREAM=1)\n"
@@ -301,6 +301,15 @@ static int argmax(const float *row, int n)
     return best;
 }
 
+/* 1 when t is one of the model's n eos ids. */
+static int is_eos(int32_t t, const int32_t *eos, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (eos[i] == t)
+            return 1;
+    return 0;
+}
+
 typedef struct run_opts {
     const char *dir;       /* MODEL_DIR or PLAN */
     const char *weights;   /* --weights */
@@ -480,7 +489,8 @@ static int cmd_run(int argc, char **argv)
     if (st != MOEC_OK)
         goto fail;
     const float *row = logits + (size_t)(n - 1) * (size_t)vocab;
-    int eos = moec_session_eos_token(s);
+    const int32_t *eos;
+    int n_eos = moec_session_eos_tokens(s, &eos);
     for (long k = 0; k < o.max_new; k++) {
         if (lf && fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab) {
             fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
@@ -490,7 +500,7 @@ static int cmd_run(int argc, char **argv)
         int32_t next = argmax(row, vocab);
         printf(k ? " %d" : "%d", (int)next);
         fflush(stdout);
-        if ((!o.ignore_eos && next == eos) || k + 1 == o.max_new)
+        if ((!o.ignore_eos && is_eos(next, eos, n_eos)) || k + 1 == o.max_new)
             break;
         st = moec_session_forward(s, &next, 1, logits);
         if (st != MOEC_OK) {

@@ -75,15 +75,17 @@ typedef struct fe_common {
     int64_t max_position_embeddings;
     double rms_norm_eps;
     int tie_word_embeddings;
-    int has_eos;
-    int64_t eos_token_id;
+    const cJSON *eos; /* eos_token_id (an id or a list), checked; NULL: none */
+    int n_eos;
     ir_dtype weight_dtype; /* from "dtype" or "torch_dtype" */
 } fe_common;
 
 /* Reads the fields above (and rejects hidden_act other than silu and any
- * quantization_config). max_pos_default is the family's default for
+ * quantization_config); the eos ids from gen (generation_config.json) when
+ * it is not NULL and sets them. max_pos_default is the family's default for
  * max_position_embeddings. */
-moec_status fe_common_read(const fe_json *j, int64_t max_pos_default, fe_common *c);
+moec_status fe_common_read(const fe_json *j, const fe_json *gen, int64_t max_pos_default,
+                           fe_common *c);
 
 /* ---- RoPE -----------------------------------------------------------------
  * The rope op's attributes as transformers' standardize_rope_params and its

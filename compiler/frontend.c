@@ -17,6 +17,8 @@
 
 #include "compiler/fe_internal.h"
 #include "compiler/frontend.h"
+#include "file.h"
+#include "json.h"
 
 /* ---- config fields --------------------------------------------------------- */
 
@@ -33,38 +35,6 @@ int fe_json_is_set(const fe_json *j, const char *key)
     return it && !cJSON_IsNull(it);
 }
 
-static const char *json_kind(const cJSON *it)
-{
-    if (cJSON_IsNull(it))
-        return "null";
-    if (cJSON_IsBool(it))
-        return "a boolean";
-    if (cJSON_IsNumber(it))
-        return "a number";
-    if (cJSON_IsString(it))
-        return "a string";
-    if (cJSON_IsArray(it))
-        return "an array";
-    return "an object";
-}
-
-/* The value as the config writes it, shortened. */
-static void json_repr(const cJSON *it, char *buf, size_t cap)
-{
-    if (cJSON_IsNumber(it))
-        snprintf(buf, cap, "%.17g", it->valuedouble);
-    else if (cJSON_IsString(it))
-        snprintf(buf, cap, "\"%.120s\"", it->valuestring);
-    else if (cJSON_IsBool(it))
-        snprintf(buf, cap, "%s", cJSON_IsTrue(it) ? "true" : "false");
-    else if (cJSON_IsNull(it))
-        snprintf(buf, cap, "null");
-    else if (cJSON_IsArray(it))
-        snprintf(buf, cap, "[...]");
-    else
-        snprintf(buf, cap, "{...}");
-}
-
 static moec_status json_missing(const fe_json *j, const char *key)
 {
     return MOEC_ERR(MOEC_ERR_FORMAT, "%s: missing required field \"%s%s\"", j->file, j->prefix,
@@ -75,9 +45,9 @@ static moec_status json_type_error(const fe_json *j, const char *key, const cJSO
                                    const char *want)
 {
     char repr[160];
-    json_repr(it, repr, sizeof repr);
+    moec_json_repr(it, repr, sizeof repr);
     return MOEC_ERR(MOEC_ERR_FORMAT, "%s: field \"%s%s\" must be %s, got %s (%s)", j->file,
-                    j->prefix, key, want, json_kind(it), repr);
+                    j->prefix, key, want, moec_json_kind(it), repr);
 }
 
 moec_status fe_json_unsupported(const fe_json *j, const char *key, const char *why, ...)
@@ -92,20 +62,40 @@ moec_status fe_json_unsupported(const fe_json *j, const char *key, const char *w
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: field \"%s%s\" (absent) %s", j->file, j->prefix,
                         key, msg);
     char repr[160];
-    json_repr(it, repr, sizeof repr);
+    moec_json_repr(it, repr, sizeof repr);
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: field \"%s%s\" = %s %s", j->file, j->prefix, key,
                     repr, msg);
 }
 
+static moec_status json_range_error(const fe_json *j, const char *key, int64_t lo, int64_t hi)
+{
+    if (hi == INT64_MAX)
+        return fe_json_unsupported(j, key, "is out of range (must be at least %lld)",
+                                   (long long)lo);
+    return fe_json_unsupported(j, key, "is out of range (must be in [%lld, %lld])",
+                               (long long)lo, (long long)hi);
+}
+
+/* An integer in [lo, hi], compared as the double the file holds before it
+ * is converted, so that 1e30 is reported as 1e30. */
+static moec_status json_item_int_in(const fe_json *j, const char *key, const cJSON *it,
+                                    int64_t lo, int64_t hi, int64_t *out)
+{
+    switch (moec_json_int(it, (double)lo, (double)hi, out)) {
+    case MOEC_JSON_INT_OK:
+        return MOEC_OK;
+    case MOEC_JSON_INT_NOT_INT:
+        return json_type_error(j, key, it, "an integer");
+    default:
+        return json_range_error(j, key, lo, hi);
+    }
+}
+
+/* Any integer a double holds exactly. */
 static moec_status json_item_int(const fe_json *j, const char *key, const cJSON *it, int64_t *out)
 {
-    if (!cJSON_IsNumber(it))
-        return json_type_error(j, key, it, "an integer");
-    double d = it->valuedouble;
-    if (!(fabs(d) <= 9007199254740992.0) || d != floor(d))
-        return json_type_error(j, key, it, "an integer");
-    *out = (int64_t)d;
-    return MOEC_OK;
+    const int64_t big = (int64_t)MOEC_JSON_INT_MAX;
+    return json_item_int_in(j, key, it, -big, big, out);
 }
 
 moec_status fe_json_int_req(const fe_json *j, const char *key, int64_t *out)
@@ -140,20 +130,15 @@ moec_status fe_json_int_opt(const fe_json *j, const char *key, int *set, int64_t
 moec_status fe_json_check_range(const fe_json *j, const char *key, int64_t v, int64_t lo,
                                 int64_t hi)
 {
-    if (v < lo || v > hi) {
-        if (hi == INT64_MAX)
-            return fe_json_unsupported(j, key, "is out of range (must be at least %lld)",
-                                       (long long)lo);
-        return fe_json_unsupported(j, key, "is out of range (must be in [%lld, %lld])",
-                                   (long long)lo, (long long)hi);
-    }
-    return MOEC_OK;
+    return v < lo || v > hi ? json_range_error(j, key, lo, hi) : MOEC_OK;
 }
 
 moec_status fe_json_dim_req(const fe_json *j, const char *key, int64_t max, int64_t *out)
 {
-    MOEC_TRY(fe_json_int_req(j, key, out));
-    return fe_json_check_range(j, key, *out, 1, max);
+    const cJSON *it = fe_json_get(j, key);
+    if (!it)
+        return json_missing(j, key);
+    return json_item_int_in(j, key, it, 1, max, out);
 }
 
 moec_status fe_dim_product(const fe_json *j, const char *what, int64_t a, int64_t b, int64_t *out)
@@ -262,31 +247,61 @@ static moec_status read_dtype(const fe_json *j, ir_dtype *out)
     return MOEC_OK;
 }
 
-static moec_status read_eos(const fe_json *j, fe_common *c)
+/* eos_token_id is an id or a list of ids: its first, and the one after e. */
+static const cJSON *eos_first(const cJSON *it) { return cJSON_IsArray(it) ? it->child : it; }
+static const cJSON *eos_next(const cJSON *it, const cJSON *e)
+{
+    return cJSON_IsArray(it) ? e->next : NULL;
+}
+
+/* j's eos_token_id (absent or null: *n = 0): each id an integer in
+ * [0, vocab_size), so that generation can stop on it. */
+static moec_status eos_check(const fe_json *j, int64_t vocab, const cJSON **ids, int *n)
 {
     const cJSON *it = fe_json_get(j, "eos_token_id");
-    c->has_eos = 0;
+    *ids = NULL;
+    *n = 0;
     if (!it || cJSON_IsNull(it))
         return MOEC_OK;
-    if (cJSON_IsArray(it)) {
-        const cJSON *first = it->child;
-        if (!first)
-            return MOEC_OK;
-        if (!cJSON_IsNumber(first) || first->valuedouble != floor(first->valuedouble) ||
-            !(fabs(first->valuedouble) <= 2147483647.0))
-            return json_type_error(j, "eos_token_id", first, "a list of integers");
-        c->eos_token_id = (int64_t)first->valuedouble;
-        c->has_eos = 1;
-        return MOEC_OK;
-    }
-    if (!cJSON_IsNumber(it))
+    if (!cJSON_IsNumber(it) && !cJSON_IsArray(it))
         return json_type_error(j, "eos_token_id", it, "an integer or a list of integers");
-    MOEC_TRY(json_item_int(j, "eos_token_id", it, &c->eos_token_id));
-    c->has_eos = 1;
+    int i = 0;
+    for (const cJSON *e = eos_first(it); e; e = eos_next(it, e), i++) {
+        char key[48];
+        if (cJSON_IsArray(it))
+            snprintf(key, sizeof key, "eos_token_id[%d]", i);
+        else
+            snprintf(key, sizeof key, "eos_token_id");
+        int64_t id;
+        moec_json_int_result r = moec_json_int(e, 0, (double)(vocab - 1), &id);
+        if (r == MOEC_JSON_INT_NOT_INT)
+            return json_type_error(j, key, e, "an integer");
+        if (r != MOEC_JSON_INT_OK) {
+            char repr[64];
+            moec_json_repr(e, repr, sizeof repr);
+            return MOEC_ERR(MOEC_ERR_FORMAT,
+                            "%s: field \"%s\" = %s is not a token id (vocab_size is %lld)",
+                            j->file, key, repr, (long long)vocab);
+        }
+    }
+    *ids = it;
+    *n = i;
     return MOEC_OK;
 }
 
-moec_status fe_common_read(const fe_json *j, int64_t max_pos_default, fe_common *c)
+/* The eos ids generation stops on, as transformers' generate() takes them:
+ * generation_config.json's eos_token_id when that file sets one, else
+ * config.json's. Both files' ids are checked. */
+static moec_status read_eos(const fe_json *cfg, const fe_json *gen, fe_common *c)
+{
+    MOEC_TRY(eos_check(cfg, c->vocab_size, &c->eos, &c->n_eos));
+    if (!gen || !fe_json_is_set(gen, "eos_token_id"))
+        return MOEC_OK;
+    return eos_check(gen, c->vocab_size, &c->eos, &c->n_eos);
+}
+
+moec_status fe_common_read(const fe_json *j, const fe_json *gen, int64_t max_pos_default,
+                           fe_common *c)
 {
     MOEC_TRY(fe_json_str_or(j, "model_type", "", &c->model_type));
     MOEC_TRY(fe_json_dim_req(j, "vocab_size", FE_DIM_MAX, &c->vocab_size));
@@ -302,7 +317,7 @@ moec_status fe_common_read(const fe_json *j, int64_t max_pos_default, fe_common 
     if (c->rms_norm_eps < 0)
         return fe_json_unsupported(j, "rms_norm_eps", "is negative");
     MOEC_TRY(fe_json_bool_or(j, "tie_word_embeddings", 0, &c->tie_word_embeddings));
-    MOEC_TRY(read_eos(j, c));
+    MOEC_TRY(read_eos(j, gen, c));
     MOEC_TRY(read_dtype(j, &c->weight_dtype));
 
     const char *act;
@@ -817,14 +832,31 @@ moec_status fe_moe_routed(fe_ctx *c, ir_value *x, int64_t n_experts, int64_t moe
     return op_finish(c, rop, NULL, out);
 }
 
+/* eos_token_id: one id as an int (as modules had it before lists), several
+ * as a list. */
+static moec_status model_eos_meta(ir_module *m, const fe_common *cc)
+{
+    if (cc->n_eos == 0)
+        return MOEC_OK;
+    int64_t *ids = malloc((size_t)cc->n_eos * sizeof *ids);
+    if (!ids)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d eos ids", cc->n_eos);
+    int n = 0;
+    for (const cJSON *e = eos_first(cc->eos); e; e = eos_next(cc->eos, e))
+        ids[n++] = (int64_t)e->valuedouble;
+    moec_status st = n == 1 ? ir_module_set_meta_int(m, "eos_token_id", ids[0])
+                            : ir_module_set_meta_ints(m, "eos_token_id", ids, n);
+    free(ids);
+    return st;
+}
+
 static moec_status model_metas(ir_module *m, const fe_common *cc)
 {
     MOEC_TRY(ir_module_set_meta_int(m, "vocab_size", cc->vocab_size));
     MOEC_TRY(ir_module_set_meta_int(m, "hidden_size", cc->hidden_size));
     MOEC_TRY(ir_module_set_meta_int(m, "num_hidden_layers", cc->num_layers));
     MOEC_TRY(ir_module_set_meta_int(m, "max_position_embeddings", cc->max_position_embeddings));
-    if (cc->has_eos)
-        MOEC_TRY(ir_module_set_meta_int(m, "eos_token_id", cc->eos_token_id));
+    MOEC_TRY(model_eos_meta(m, cc));
     MOEC_TRY(ir_module_set_meta_int(m, "tie_word_embeddings", cc->tie_word_embeddings ? 1 : 0));
     return MOEC_OK;
 }
@@ -901,6 +933,72 @@ moec_status fe_model_build(const fe_common *cc, const fe_family *fam, const void
 
 /* ---- entry points ------------------------------------------------------------ */
 
+/* Parses a config file's text (named file in errors): JSON with no key
+ * written twice. */
+static moec_status config_parse(const char *text, const char *file, cJSON **out)
+{
+    const char *end = NULL;
+    *out = cJSON_ParseWithOpts(text, &end, 1);
+    if (!*out)
+        return MOEC_ERR(MOEC_ERR_FORMAT, "%s: not valid JSON (at byte %ld)", file,
+                        end ? (long)(end - text) : 0L);
+    moec_status st = moec_json_check_unique(*out, file);
+    if (st != MOEC_OK) {
+        cJSON_Delete(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* The family's builder and default max_position_embeddings for j's
+ * model_type. */
+static moec_status config_family(const fe_json *j,
+                                 moec_status (**build)(const fe_json *, const fe_common *,
+                                                       ir_module **),
+                                 int64_t *max_pos)
+{
+    const char *type = NULL;
+    MOEC_TRY(fe_json_str_or(j, "model_type", NULL, &type));
+    if (!type)
+        return json_missing(j, "model_type");
+    if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0) {
+        *build = fe_deepseek_build;
+        *max_pos = strcmp(type, "deepseek_v2") == 0 ? 2048 : 4096;
+    } else if (strcmp(type, "qwen2_moe") == 0 || strcmp(type, "qwen3_moe") == 0) {
+        *build = fe_qwen_build;
+        *max_pos = 32768;
+    } else {
+        return fe_json_unsupported(j, "model_type",
+                                   "is not supported (moec supports deepseek_v2, deepseek_v3, "
+                                   "qwen2_moe and qwen3_moe)");
+    }
+    return MOEC_OK;
+}
+
+/* The verified module of a parsed config and, when gen is not NULL, its
+ * generation config. */
+static moec_status config_build(const fe_json *j, const fe_json *gen, ir_module **out)
+{
+    if (!cJSON_IsObject(j->obj))
+        return MOEC_ERR(MOEC_ERR_FORMAT, "%s: the config must be a JSON object", j->file);
+    if (gen && !cJSON_IsObject(gen->obj))
+        return MOEC_ERR(MOEC_ERR_FORMAT, "%s: the generation config must be a JSON object",
+                        gen->file);
+    moec_status (*build)(const fe_json *, const fe_common *, ir_module **);
+    int64_t max_pos;
+    MOEC_TRY(config_family(j, &build, &max_pos));
+    fe_common cc;
+    MOEC_TRY(fe_common_read(j, gen, max_pos, &cc));
+    MOEC_TRY(build(j, &cc, out));
+    moec_status st = ir_module_verify(*out);
+    if (st != MOEC_OK) {
+        moec_err_wrap(st, "%s: the frontend built an invalid module", j->file);
+        ir_module_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 moec_status fe_config_build(const char *json, const char *filename, ir_module **out)
 {
     if (!json || !out)
@@ -908,43 +1006,42 @@ moec_status fe_config_build(const char *json, const char *filename, ir_module **
     *out = NULL;
     if (!filename)
         filename = "config.json";
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(json, &end, 1);
-    if (!root)
-        return MOEC_ERR(MOEC_ERR_FORMAT, "%s: not valid JSON (at byte %ld)", filename,
-                        end ? (long)(end - json) : 0L);
-    moec_status st;
+    cJSON *root;
+    MOEC_TRY(config_parse(json, filename, &root));
     fe_json j = {root, filename, ""};
-    const char *type = NULL;
-    if (!cJSON_IsObject(root)) {
-        st = MOEC_ERR(MOEC_ERR_FORMAT, "%s: the config must be a JSON object", filename);
-    } else if ((st = fe_json_str_or(&j, "model_type", NULL, &type)) != MOEC_OK) {
-        /* recorded */
-    } else if (!type) {
-        st = json_missing(&j, "model_type");
-    } else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0) {
-        fe_common cc;
-        st = fe_common_read(&j, strcmp(type, "deepseek_v2") == 0 ? 2048 : 4096, &cc);
-        if (st == MOEC_OK)
-            st = fe_deepseek_build(&j, &cc, out);
-    } else if (strcmp(type, "qwen2_moe") == 0 || strcmp(type, "qwen3_moe") == 0) {
-        fe_common cc;
-        st = fe_common_read(&j, 32768, &cc);
-        if (st == MOEC_OK)
-            st = fe_qwen_build(&j, &cc, out);
-    } else {
-        st = fe_json_unsupported(&j, "model_type",
-                                 "is not supported (moec supports deepseek_v2, deepseek_v3, "
-                                 "qwen2_moe and qwen3_moe)");
-    }
-    if (st == MOEC_OK) {
-        st = ir_module_verify(*out);
-        if (st != MOEC_OK) {
-            moec_err_wrap(st, "%s: the frontend built an invalid module", filename);
-            ir_module_free(*out);
-            *out = NULL;
-        }
-    }
+    moec_status st = config_build(&j, NULL, out);
+    cJSON_Delete(root);
+    return st;
+}
+
+/* Reads and parses the config file path; with optional, a path that does
+ * not exist gives MOEC_OK and *out NULL. */
+static moec_status config_read(const char *path, int optional, cJSON **out)
+{
+    char *text;
+    size_t len;
+    *out = NULL;
+    MOEC_TRY(optional ? moec_file_read_optional(path, MOEC_FILE_CONFIG_MAX, &text, &len)
+                      : moec_file_read(path, MOEC_FILE_CONFIG_MAX, &text, &len));
+    if (!text)
+        return MOEC_OK;
+    moec_status st = strlen(text) != len
+                         ? MOEC_ERR(MOEC_ERR_FORMAT, "%s: not valid JSON (a NUL byte at byte %zu)",
+                                    path, strlen(text))
+                         : config_parse(text, path, out);
+    free(text);
+    return st;
+}
+
+moec_status fe_config_load(const char *path, ir_module **out)
+{
+    if (!path || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "fe_config_load: NULL argument");
+    *out = NULL;
+    cJSON *root;
+    MOEC_TRY(config_read(path, 0, &root));
+    fe_json j = {root, path, ""};
+    moec_status st = config_build(&j, NULL, out);
     cJSON_Delete(root);
     return st;
 }
@@ -954,47 +1051,26 @@ moec_status fe_model_load(const char *model_dir, ir_module **out)
     if (!model_dir || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "fe_model_load: NULL argument");
     *out = NULL;
-    size_t plen = strlen(model_dir) + sizeof "/config.json";
-    char *path = malloc(plen);
-    if (!path)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", model_dir);
-    snprintf(path, plen, "%s/config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        moec_status st = MOEC_ERR(MOEC_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-        free(path);
-        return st;
-    }
-    /* Configs are a few kB; anything past 16 MiB is not one. */
-    const size_t cap = 16u << 20;
-    size_t len = 0, size = 4096;
-    char *text = malloc(size + 1);
-    moec_status st = MOEC_OK;
-    while (text) {
-        size_t n = fread(text + len, 1, size - len, f);
-        len += n;
-        if (len < size)
-            break;
-        if (size >= cap) {
-            st = MOEC_ERR(MOEC_ERR_FORMAT, "%s: larger than %zu bytes; not a config", path, cap);
-            break;
-        }
-        size *= 2;
-        char *grown = realloc(text, size + 1);
-        if (!grown)
-            free(text);
-        text = grown;
-    }
-    if (!text)
-        st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading %s", path);
-    else if (st == MOEC_OK && ferror(f))
-        st = MOEC_ERR(MOEC_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-    fclose(f);
+    size_t plen = strlen(model_dir) + sizeof "/generation_config.json";
+    char *path = malloc(plen), *gen_path = malloc(plen);
+    cJSON *root = NULL, *gen_root = NULL;
+    moec_status st = path && gen_path ? MOEC_OK
+                                      : MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s",
+                                                 model_dir);
     if (st == MOEC_OK) {
-        text[len] = '\0';
-        st = fe_config_build(text, path, out);
+        snprintf(path, plen, "%s/config.json", model_dir);
+        snprintf(gen_path, plen, "%s/generation_config.json", model_dir);
+        st = config_read(path, 0, &root);
     }
-    free(text);
+    if (st == MOEC_OK)
+        st = config_read(gen_path, 1, &gen_root);
+    if (st == MOEC_OK) {
+        fe_json j = {root, path, ""}, gen = {gen_root, gen_path, ""};
+        st = config_build(&j, gen_root ? &gen : NULL, out);
+    }
+    cJSON_Delete(gen_root);
+    cJSON_Delete(root);
+    free(gen_path);
     free(path);
     return st;
 }

@@ -7,8 +7,12 @@
 
 #include "ir/ir.h"
 
-/* Reads <model_dir>/config.json and builds the module. */
+/* Reads <model_dir>/config.json and, when the folder has one,
+ * generation_config.json (the eos ids generation stops on), and builds the
+ * module. Neither file may write a key twice. */
 moec_status fe_model_load(const char *model_dir, ir_module **out);
+/* The same from a config file of any name, with no generation config. */
+moec_status fe_config_load(const char *path, ir_module **out);
 /* Builds the module from config JSON text; filename is used in errors. */
 moec_status fe_config_build(const char *json, const char *filename, ir_module **out);
 

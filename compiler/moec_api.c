@@ -23,6 +23,7 @@ struct moec_model {
     ir_module *module;
     int n_tensors;
     moec_tensor_info *tensors; /* names live in the module's arena */
+    moec_eos eos;
 };
 
 /* Appends the tensors of one TENSOR or STACK binding of weight type t to
@@ -94,17 +95,20 @@ moec_status moec_model_tensor_info(const moec_model_t *m, int i, moec_tensor_inf
     return MOEC_OK;
 }
 
-moec_status moec_model_open(const char *model_dir, moec_model_t **out)
+/* A model from the folder or config file at path (is_dir says which). */
+static moec_status model_open(const char *path, int is_dir, moec_model_t **out)
 {
-    if (!model_dir || !out)
+    if (!path || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_open: NULL argument");
     *out = NULL;
     moec_model_t *m = calloc(1, sizeof *m);
     if (!m)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", model_dir);
-    moec_status st = fe_model_load(model_dir, &m->module);
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", path);
+    moec_status st = is_dir ? fe_model_load(path, &m->module) : fe_config_load(path, &m->module);
     if (st == MOEC_OK)
         st = model_list_tensors(m);
+    if (st == MOEC_OK)
+        st = moec_eos_init(m->module, &m->eos);
     if (st != MOEC_OK) {
         moec_model_free(m);
         return st;
@@ -113,10 +117,21 @@ moec_status moec_model_open(const char *model_dir, moec_model_t **out)
     return MOEC_OK;
 }
 
+moec_status moec_model_open(const char *model_dir, moec_model_t **out)
+{
+    return model_open(model_dir, 1, out);
+}
+
+moec_status moec_model_open_config(const char *config_path, moec_model_t **out)
+{
+    return model_open(config_path, 0, out);
+}
+
 void moec_model_free(moec_model_t *m)
 {
     if (!m)
         return;
+    moec_eos_free(&m->eos);
     ir_module_free(m->module);
     free(m);
 }
@@ -171,10 +186,12 @@ int moec_model_max_positions(const moec_model_t *m)
     return m ? (int)ir_module_meta_int(m->module, "max_position_embeddings", 0) : 0;
 }
 
-int moec_model_eos_token(const moec_model_t *m)
+int moec_model_eos_tokens(const moec_model_t *m, const int32_t **ids)
 {
-    return m ? (int)ir_module_meta_int(m->module, "eos_token_id", -1) : -1;
+    return moec_eos_list(m ? &m->eos : NULL, ids);
 }
+
+int moec_model_eos_token(const moec_model_t *m) { return moec_eos_first(m ? &m->eos : NULL); }
 
 moec_status moec_cuda_dtype(ir_dtype *out)
 {
@@ -226,9 +243,10 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
     moec_session_t *s;
     MOEC_TRY(moec_session_new(backend, max_seq_len, &s));
     s->vocab = moec_model_vocab_size(model);
-    s->eos = moec_model_eos_token(model);
-    moec_status st;
-    if (backend == MOEC_BACKEND_CUDA) {
+    moec_status st = moec_eos_init(model->module, &s->eos);
+    if (st != MOEC_OK) {
+        /* recorded */
+    } else if (backend == MOEC_BACKEND_CUDA) {
         ir_dtype dt = IR_DTYPE_BF16;
         st = moec_cuda_dtype(&dt);
         if (st == MOEC_OK) {

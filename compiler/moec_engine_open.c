@@ -36,9 +36,10 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     e->max_seqs = max_seqs;
     e->max_seq_len = max_seq_len;
     e->vocab = moec_model_vocab_size(model);
-    e->eos = moec_model_eos_token(model);
-    moec_status st;
-    if (backend == MOEC_BACKEND_CUDA) {
+    moec_status st = moec_eos_init(moec_model_module(model), &e->eos);
+    if (st != MOEC_OK) {
+        /* recorded */
+    } else if (backend == MOEC_BACKEND_CUDA) {
         moec_cuda_opts o = moec_engine_cuda_opts(e, opt);
         st = moec_cuda_model_init(model, weights_dir, dt, &o, &e->gpu);
         if (st == MOEC_OK)

@@ -119,11 +119,12 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
         moec_cuda_opts o = moec_engine_cuda_opts(e, opt);
         st = moec_cuda_plan_bind(&e->gpu, &meta, plan_path, weights_dir, &o, &e->vocab);
     }
+    if (st == MOEC_OK)
+        st = moec_eos_init(e->gpu.fused, &e->eos);
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;
     }
-    e->eos = (int)ir_module_meta_int(e->gpu.fused, "eos_token_id", -1);
     e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
     *out = e;
     return MOEC_OK;
@@ -140,6 +141,7 @@ void moec_engine_free(moec_engine_t *e)
     free(e->interp);
     free(e->rows);
     ir_module_free(e->module);
+    moec_eos_free(&e->eos);
     free(e);
 }
 
@@ -195,7 +197,11 @@ int moec_engine_max_tokens(const moec_engine_t *e) { return e ? e->max_tokens : 
 int moec_engine_max_seqs(const moec_engine_t *e) { return e ? e->max_seqs : 0; }
 int moec_engine_max_seq_len(const moec_engine_t *e) { return e ? e->max_seq_len : 0; }
 int moec_engine_vocab_size(const moec_engine_t *e) { return e ? e->vocab : 0; }
-int moec_engine_eos_token(const moec_engine_t *e) { return e ? e->eos : -1; }
+int moec_engine_eos_token(const moec_engine_t *e) { return moec_eos_first(e ? &e->eos : NULL); }
+int moec_engine_eos_tokens(const moec_engine_t *e, const int32_t **ids)
+{
+    return moec_eos_list(e ? &e->eos : NULL, ids);
+}
 moec_backend moec_engine_backend(const moec_engine_t *e)
 {
     return e ? e->backend : MOEC_BACKEND_AUTO;

@@ -63,13 +63,28 @@ moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *token
                                  const int32_t *positions, const int32_t *slots,
                                  float *logits_out, int32_t *sampled_out);
 
+/* The eos ids of a module (its meta eos_token_id: one id or a list) as the
+ * public API gives them out, each checked to lie in [0, vocab_size)
+ * (engine/eos.c). */
+typedef struct moec_eos {
+    int n;
+    int32_t *ids;
+} moec_eos;
+moec_status moec_eos_init(const ir_module *m, moec_eos *out);
+void moec_eos_free(moec_eos *e);
+/* e's count, and *ids (when ids is not NULL) its ids. */
+int moec_eos_list(const moec_eos *e, const int32_t **ids);
+/* The first id, or -1. */
+int moec_eos_first(const moec_eos *e);
+
 /* One sequence: the CPU interpreter on the unfused module, or a plan bound
  * to the GPU. */
 struct moec_session {
     moec_backend backend;
     int max_seq;
     int length;
-    int vocab, eos;
+    int vocab;
+    moec_eos eos;
     /* CPU */
     rt_weights *weights;
     rt_interp *interp;
@@ -87,7 +102,8 @@ moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
 struct moec_engine {
     moec_backend backend; /* CPU or CUDA, never AUTO */
     int max_seqs, max_seq_len, max_tokens;
-    int vocab, eos;
+    int vocab;
+    moec_eos eos;
     /* CPU: the module copy, its weights and one interpreter per slot
      * (interp[0] owns the fp32 weights, the others borrow them) */
     ir_module *module;

@@ -18,7 +18,6 @@ moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     s->backend = backend;
     s->max_seq = max_seq_len;
-    s->eos = -1;
     *out = s;
     return MOEC_OK;
 }
@@ -37,6 +36,7 @@ void moec_session_free(moec_session_t *s)
     moec_cuda_model_free(&s->gpu);
     rt_interp_free(s->interp);
     rt_weights_free(s->weights);
+    moec_eos_free(&s->eos);
     free(s);
 }
 
@@ -44,7 +44,12 @@ moec_backend moec_session_backend(const moec_session_t *s) { return s ? s->backe
 
 int moec_session_vocab_size(const moec_session_t *s) { return s ? s->vocab : 0; }
 
-int moec_session_eos_token(const moec_session_t *s) { return s ? s->eos : -1; }
+int moec_session_eos_token(const moec_session_t *s) { return moec_eos_first(s ? &s->eos : NULL); }
+
+int moec_session_eos_tokens(const moec_session_t *s, const int32_t **ids)
+{
+    return moec_eos_list(s ? &s->eos : NULL, ids);
+}
 
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
                                    int max_seq_len, moec_session_t **out)
@@ -55,11 +60,12 @@ moec_status moec_session_init_plan(const char *plan_path, const char *weights_di
     MOEC_TRY(moec_session_new(MOEC_BACKEND_CUDA, max_seq_len, &s));
     moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
     moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &s->gpu, &s->vocab);
+    if (st == MOEC_OK)
+        st = moec_eos_init(s->gpu.fused, &s->eos);
     if (st != MOEC_OK) {
         moec_session_free(s);
         return st;
     }
-    s->eos = (int)ir_module_meta_int(s->gpu.fused, "eos_token_id", -1);
     *out = s;
     return MOEC_OK;
 }

@@ -17,7 +17,13 @@ extern "C" {
  * Weights are not touched until a session is made. */
 typedef struct moec_model moec_model_t;
 
+/* Reads model_dir/config.json and, when the folder has one,
+ * generation_config.json (for its eos_token_id). Only regular files are
+ * read, and no key may appear twice in either. */
 moec_status moec_model_open(const char *model_dir, moec_model_t **out);
+/* The same from a config file of any name, with no generation config (for
+ * tools that write a model from a config: moec-sample). */
+moec_status moec_model_open_config(const char *config_path, moec_model_t **out);
 void moec_model_free(moec_model_t *model);
 /* Writes the module's IR text. */
 moec_status moec_model_dump_ir(const moec_model_t *model, FILE *out);
@@ -39,7 +45,12 @@ moec_status moec_model_dump_passes(const moec_model_t *model, const char *dtype,
 moec_status moec_model_summary(const moec_model_t *model, FILE *out);
 int moec_model_vocab_size(const moec_model_t *model);
 int moec_model_max_positions(const moec_model_t *model);
-/* The config's eos_token_id (the first, if a list), or -1 if it has none. */
+/* The eos ids generation stops on, as transformers' generate() takes them:
+ * generation_config.json's eos_token_id when that file sets one, else
+ * config.json's (an id or a list), each in [0, vocab_size). *ids (when ids
+ * is not NULL; owned by the model) gets them; returns how many (0: none). */
+int moec_model_eos_tokens(const moec_model_t *model, const int32_t **ids);
+/* The first of them, or -1 if there is none. */
 int moec_model_eos_token(const moec_model_t *model);
 
 /* The checkpoint tensors a model reads, as published (per-expert tensors

@@ -57,7 +57,10 @@ moec_status moec_session_forward(moec_session_t *session, const int32_t *ids, in
                                  float *logits_out);
 /* Tokens in the sequence so far. */
 int moec_session_length(const moec_session_t *session);
-/* The model's vocab_size (floats per logits row) and eos_token_id (-1 if
+/* The eos ids (as moec_model_eos_tokens: generation_config.json's, else
+ * config.json's; a plan carries them; *ids owned by the session). */
+int moec_session_eos_tokens(const moec_session_t *session, const int32_t **ids);
+/* The model's vocab_size (floats per logits row) and its first eos id (-1 if
  * none), for sessions made from a model or from a plan alike. */
 int moec_session_vocab_size(const moec_session_t *session);
 int moec_session_eos_token(const moec_session_t *session);
@@ -110,7 +113,9 @@ int moec_engine_max_tokens(const moec_engine_t *engine); /* most tokens one step
 int moec_engine_max_seqs(const moec_engine_t *engine);
 int moec_engine_max_seq_len(const moec_engine_t *engine);
 int moec_engine_vocab_size(const moec_engine_t *engine);
-int moec_engine_eos_token(const moec_engine_t *engine); /* -1 if none */
+int moec_engine_eos_token(const moec_engine_t *engine); /* the first eos id, -1 if none */
+/* The eos ids (as moec_model_eos_tokens; *ids owned by the engine). */
+int moec_engine_eos_tokens(const moec_engine_t *engine, const int32_t **ids);
 moec_backend moec_engine_backend(const moec_engine_t *engine);
 
 /* Number of CUDA devices; MOEC_ERR_NO_DEVICE (with a message) when there is

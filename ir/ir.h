@@ -212,6 +212,9 @@ void ir_module_free(ir_module *m);
 
 const ir_attr *ir_module_meta(const ir_module *m, const char *key);
 int64_t ir_module_meta_int(const ir_module *m, const char *key, int64_t dflt);
+/* An int or int-list meta as a list: *v (into the module) gets its values;
+ * returns how many (0, *v NULL, when absent or of another kind). */
+int ir_module_meta_ints(const ir_module *m, const char *key, const int64_t **v);
 
 ir_value *ir_module_find_value(const ir_module *m, const char *name);
 
@@ -220,6 +223,7 @@ ir_value *ir_module_find_value(const ir_module *m, const char *name);
  * error recorded (duplicate name, shape that does not agree, no memory). */
 
 moec_status ir_module_set_meta_int(ir_module *m, const char *key, int64_t v);
+moec_status ir_module_set_meta_ints(ir_module *m, const char *key, const int64_t *v, int n);
 moec_status ir_module_set_meta_float(ir_module *m, const char *key, double v);
 moec_status ir_module_set_meta_str(ir_module *m, const char *key, const char *v);
 

@@ -166,6 +166,21 @@ int64_t ir_module_meta_int(const ir_module *m, const char *key, int64_t dflt)
     return a && a->kind == IR_ATTR_INT ? a->i : dflt;
 }
 
+int ir_module_meta_ints(const ir_module *m, const char *key, const int64_t **v)
+{
+    const ir_attr *a = ir_module_meta(m, key);
+    *v = NULL;
+    if (a && a->kind == IR_ATTR_INT) {
+        *v = &a->i;
+        return 1;
+    }
+    if (a && a->kind == IR_ATTR_INTS) {
+        *v = a->ints;
+        return a->n;
+    }
+    return 0;
+}
+
 ir_value *ir_module_find_value(const ir_module *m, const char *name)
 {
     if (!m || !name || !m->values)
@@ -267,6 +282,22 @@ moec_status ir_module_set_meta_int(ir_module *m, const char *key, int64_t v)
     ir_attr *a;
     MOEC_TRY(ir_module_meta_slot(m, key, IR_ATTR_INT, &a));
     a->i = v;
+    return MOEC_OK;
+}
+
+moec_status ir_module_set_meta_ints(ir_module *m, const char *key, const int64_t *v, int n)
+{
+    if (n < 0 || (n > 0 && !v))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "meta '%s': bad int list", key ? key : "?");
+    ir_attr *a;
+    MOEC_TRY(ir_module_meta_slot(m, key, IR_ATTR_INTS, &a));
+    if (n > 0) {
+        a->ints = ir_arena_alloc(m->arena, sizeof *a->ints * (size_t)n);
+        if (!a->ints)
+            return MOEC_ERR(MOEC_ERR_OOM, "meta '%s': out of memory", key);
+        memcpy(a->ints, v, sizeof *a->ints * (size_t)n);
+    }
+    a->n = n;
     return MOEC_OK;
 }
 

@@ -6,17 +6,20 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "err.h"
+#include "file.h"
+#include "json.h"
 #include "hash.h"
 
 static const char MAGIC[8] = {'M', 'O', 'E', 'C', 'P', 'L', 'A', 'N'};
 #define MOEC_VERSION "0.1"
+
 
 /* ---- writing --------------------------------------------------------------- */
 
@@ -207,30 +210,56 @@ static double jnum(reader *r, const cJSON *a, int i)
     return it->valuedouble;
 }
 
-static double jfield(reader *r, const cJSON *o, const char *key)
+/* Integer fields are checked as the doubles the header holds, before any
+ * conversion, so that the error shows the file's value. */
+#define PLAN_INT_LO ((double)INT_MIN)
+#define PLAN_INT_HI ((double)INT_MAX)
+#define PLAN_UINT_HI ((double)UINT_MAX)
+#define PLAN_I64 MOEC_JSON_INT_MAX /* within +-2^53: exact in a double */
+
+/* The integer `it` (named by what) in [lo, hi], or 0 with the error kept. */
+static int64_t jint_item(reader *r, const cJSON *it, const char *what, double lo, double hi)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(it)) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "header field '%s' is missing or not a number", key);
-        bad(r, msg);
-        return 0;
-    }
-    return it->valuedouble;
+    int64_t v = 0;
+    if (moec_json_int(it, lo, hi, &v) == MOEC_JSON_INT_OK)
+        return v;
+    char repr[64], msg[256];
+    moec_json_repr(it, repr, sizeof repr);
+    if (!cJSON_IsNumber(it))
+        snprintf(msg, sizeof msg, "%s is missing or not a number", what);
+    else
+        snprintf(msg, sizeof msg, "%s is %s, not an integer in [%.0f, %.0f]", what, repr, lo, hi);
+    bad(r, msg);
+    return 0;
+}
+
+/* Item i of a step's (or argument's) array, an integer in [lo, hi]. */
+static int64_t jint(reader *r, const cJSON *a, int i, double lo, double hi)
+{
+    return jint_item(r, cJSON_GetArrayItem(a, i), "a step field", lo, hi);
+}
+
+/* Header (or bucket) field key, an integer in [lo, hi]. */
+static int64_t jfield(reader *r, const cJSON *o, const char *key, double lo, double hi)
+{
+    char what[128];
+    snprintf(what, sizeof what, "header field '%s'", key);
+    return jint_item(r, cJSON_GetObjectItemCaseSensitive(o, key), what, lo, hi);
 }
 
 /* Validates a blob reference; returns its start or NULL. */
 static const uint8_t *blob(reader *r, const cJSON *o, size_t *size)
 {
-    double off = jfield(r, o, "offset"), n = jfield(r, o, "size");
+    size_t off = (size_t)jfield(r, o, "offset", 0, PLAN_I64);
+    size_t n = (size_t)jfield(r, o, "size", 0, PLAN_I64);
     if (r->st != MOEC_OK)
         return NULL;
-    if (off < 0 || n < 0 || r->base + off + n > (double)r->size) {
+    if (r->base + off + n > r->size) {
         bad(r, "a blob lies outside the file");
         return NULL;
     }
-    *size = (size_t)n;
-    return r->data + r->base + (size_t)off;
+    *size = n;
+    return r->data + r->base + off;
 }
 
 static ir_arg read_arg(reader *r, const cJSON *a)
@@ -240,16 +269,14 @@ static ir_arg read_arg(reader *r, const cJSON *a)
         bad(r, "a step argument is malformed");
         return x;
     }
-    x.kind = (ir_arg_kind)jnum(r, a, 0);
-    x.index = (int)jnum(r, a, 1);
-    x.i = (int64_t)jnum(r, a, 2);
+    x.kind = (ir_arg_kind)jint(r, a, 0, PLAN_INT_LO, PLAN_INT_HI);
+    x.index = (int)jint(r, a, 1, PLAN_INT_LO, PLAN_INT_HI);
+    x.i = jint(r, a, 2, -PLAN_I64, PLAN_I64);
     x.f = jnum(r, a, 3);
     if (x.kind < IR_ARG_ACT || x.kind > IR_ARG_F32)
         bad(r, "a step argument has an unknown kind");
     return x;
 }
-
-static int valid_dtype(double d) { return d >= 0 && d < IR_DTYPE_COUNT; }
 
 static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m, int n_kernels)
 {
@@ -257,15 +284,15 @@ static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m,
         bad(r, "a step is malformed");
         return;
     }
-    s->kind = (ir_step_kind)jnum(r, a, 0);
-    s->stream = (int)jnum(r, a, 1);
-    s->op_id = (int)jnum(r, a, 2);
-    s->kernel = (int)jnum(r, a, 3);
+    s->kind = (ir_step_kind)jint(r, a, 0, PLAN_INT_LO, PLAN_INT_HI);
+    s->stream = (int)jint(r, a, 1, PLAN_INT_LO, PLAN_INT_HI);
+    s->op_id = (int)jint(r, a, 2, PLAN_INT_LO, PLAN_INT_HI);
+    s->kernel = (int)jint(r, a, 3, PLAN_INT_LO, PLAN_INT_HI);
     for (int i = 0; i < 3; i++) {
-        s->grid[i] = (unsigned)jnum(r, a, 4 + i);
-        s->block[i] = (unsigned)jnum(r, a, 7 + i);
+        s->grid[i] = (unsigned)jint(r, a, 4 + i, 0, PLAN_UINT_HI);
+        s->block[i] = (unsigned)jint(r, a, 7 + i, 0, PLAN_UINT_HI);
     }
-    s->smem = (unsigned)jnum(r, a, 10);
+    s->smem = (unsigned)jint(r, a, 10, 0, PLAN_UINT_HI);
     if (s->kind < IR_STEP_KERNEL || s->kind > IR_STEP_JOIN || s->stream < 0 || s->stream > 1 ||
         s->op_id < -1 || s->op_id >= m->n_ops ||
         (s->kind == IR_STEP_KERNEL && (s->kernel < 0 || s->kernel >= n_kernels))) {
@@ -289,67 +316,33 @@ static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m,
         return;
     }
     ir_gemm *x = &s->gemm;
-    x->trans_a = (int)jnum(r, g, 0);
-    x->trans_b = (int)jnum(r, g, 1);
-    x->m = (int)jnum(r, g, 2);
-    x->n = (int)jnum(r, g, 3);
-    x->k = (int)jnum(r, g, 4);
-    x->batch = (int)jnum(r, g, 5);
-    x->lda = (int64_t)jnum(r, g, 6);
-    x->ldb = (int64_t)jnum(r, g, 7);
-    x->ldc = (int64_t)jnum(r, g, 8);
-    x->stride_a = (int64_t)jnum(r, g, 9);
-    x->stride_b = (int64_t)jnum(r, g, 10);
-    x->stride_c = (int64_t)jnum(r, g, 11);
-    double ta = jnum(r, g, 12), tb = jnum(r, g, 13), tc = jnum(r, g, 14), tbias = jnum(r, g, 17);
-    if (!valid_dtype(ta) || !valid_dtype(tb) || !valid_dtype(tc) || !valid_dtype(tbias)) {
-        bad(r, "a GEMM step has an unknown dtype");
+    x->trans_a = (int)jint(r, g, 0, PLAN_INT_LO, PLAN_INT_HI);
+    x->trans_b = (int)jint(r, g, 1, PLAN_INT_LO, PLAN_INT_HI);
+    x->m = (int)jint(r, g, 2, PLAN_INT_LO, PLAN_INT_HI);
+    x->n = (int)jint(r, g, 3, PLAN_INT_LO, PLAN_INT_HI);
+    x->k = (int)jint(r, g, 4, PLAN_INT_LO, PLAN_INT_HI);
+    x->batch = (int)jint(r, g, 5, PLAN_INT_LO, PLAN_INT_HI);
+    x->lda = jint(r, g, 6, -PLAN_I64, PLAN_I64);
+    x->ldb = jint(r, g, 7, -PLAN_I64, PLAN_I64);
+    x->ldc = jint(r, g, 8, -PLAN_I64, PLAN_I64);
+    x->stride_a = jint(r, g, 9, -PLAN_I64, PLAN_I64);
+    x->stride_b = jint(r, g, 10, -PLAN_I64, PLAN_I64);
+    x->stride_c = jint(r, g, 11, -PLAN_I64, PLAN_I64);
+    double dmax = IR_DTYPE_COUNT - 1;
+    int64_t ta = jint(r, g, 12, 0, dmax), tb = jint(r, g, 13, 0, dmax);
+    int64_t tc = jint(r, g, 14, 0, dmax), tbias = jint(r, g, 17, 0, dmax);
+    if (r->st != MOEC_OK)
         return;
-    }
     x->type_a = (ir_dtype)ta;
     x->type_b = (ir_dtype)tb;
     x->type_c = (ir_dtype)tc;
     x->type_bias = (ir_dtype)tbias;
     x->alpha = (float)jnum(r, g, 15);
-    x->has_bias = (int)jnum(r, g, 16);
+    x->has_bias = (int)jint(r, g, 16, PLAN_INT_LO, PLAN_INT_HI);
     x->a = read_arg(r, cJSON_GetArrayItem(g, 18));
     x->b = read_arg(r, cJSON_GetArrayItem(g, 19));
     x->c = read_arg(r, cJSON_GetArrayItem(g, 20));
     x->bias = read_arg(r, cJSON_GetArrayItem(g, 21));
-}
-
-/* Reads the whole file into memory. */
-static moec_status slurp(const char *path, uint8_t **data, size_t *size)
-{
-    struct stat sb;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read plan %s: not a regular file", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot open plan %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read plan %s: not a regular file", path);
-    }
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read plan %s", path);
-    }
-    uint8_t *buf = malloc((size_t)n + 1);
-    if (!buf) {
-        fclose(f);
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory reading plan %s (%ld bytes)", path, n);
-    }
-    size_t got = fread(buf, 1, (size_t)n, f);
-    fclose(f);
-    if (got != (size_t)n) {
-        free(buf);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read plan %s", path);
-    }
-    *data = buf;
-    *size = (size_t)n;
-    return MOEC_OK;
 }
 
 static moec_status read_buckets(reader *r, const cJSON *h, ir_plan *p, const ir_module *m)
@@ -365,9 +358,9 @@ static moec_status read_buckets(reader *r, const cJSON *h, ir_plan *p, const ir_
     for (int b = 0; b < nb && r->st == MOEC_OK; b++) {
         const cJSON *o = cJSON_GetArrayItem(bs, b);
         ir_bucket *bk = &p->buckets[b];
-        bk->T = (int)jfield(r, o, "T");
-        bk->arena_bytes = (size_t)jfield(r, o, "arena_bytes");
-        bk->scratch_bytes = (size_t)jfield(r, o, "scratch_bytes");
+        bk->T = (int)jfield(r, o, "T", 1, PLAN_INT_HI);
+        bk->arena_bytes = (size_t)jfield(r, o, "arena_bytes", 0, PLAN_I64);
+        bk->scratch_bytes = (size_t)jfield(r, o, "scratch_bytes", 0, PLAN_I64);
         size_t n = 0;
         const uint8_t *cubin = blob(r, cJSON_GetObjectItemCaseSensitive(o, "cubin"), &n);
         if (!cubin)
@@ -413,9 +406,10 @@ moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out
     *out = NULL;
     *module_out = NULL;
     memset(meta, 0, sizeof *meta);
-    uint8_t *data = NULL;
+    char *raw = NULL;
     size_t size = 0;
-    MOEC_TRY(slurp(path, &data, &size));
+    MOEC_TRY(moec_file_read(path, SIZE_MAX, &raw, &size));
+    uint8_t *data = (uint8_t *)raw;
     reader r = {path, data, 0, 0, MOEC_OK};
     uint32_t fmt = 0;
     uint64_t hlen = 0, sum = 0;
@@ -457,6 +451,8 @@ moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out
             r.st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading plan %s", path);
         goto done;
     }
+    if ((r.st = moec_json_check_unique(h, path)) != MOEC_OK)
+        goto done;
     meta->format = (int)fmt;
     const cJSON *s;
     const char *strs[] = {"arch", "compute_dtype", "config_hash", "weights_hash", "moec"};
@@ -478,7 +474,7 @@ moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out
         bad(&r, "unknown compute dtype");
         goto done;
     }
-    p->kv_block_size = (int)jfield(&r, h, "kv_block_size");
+    p->kv_block_size = (int)jfield(&r, h, "kv_block_size", 1, PLAN_INT_HI);
     const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
     p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
     size_t ir_size = 0;

@@ -17,7 +17,7 @@
 
 typedef struct ir_plan_meta {
     int format;
-    char config_hash[17];  /* hex FNV-1a 64 of config.json */
+    char config_hash[17];  /* hex FNV-1a 64 of config.json (+ generation_config.json) */
     char weights_hash[17]; /* hex FNV-1a 64 over every bound tensor's name, dtype, shape */
     char moec_version[16];
 } ir_plan_meta;

@@ -6,30 +6,37 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "err.h"
+#include "file.h"
 #include "hash.h"
 #include "runtime/safetensors.h"
 
 static void hex64(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
 
+/* The files whose bytes make the config hash: generation_config.json gives
+ * the eos ids the plan carries; a folder without one hashes as before it
+ * was read. */
+static const char *const CONFIG_FILES[2] = {"config.json", "generation_config.json"};
+
 moec_status rt_hash_config(const char *model_dir, char out[17])
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s: %s", path, strerror(errno));
     uint64_t h = MOEC_FNV_SEED;
-    char buf[65536];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0)
-        h = moec_fnv1a(h, buf, k);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s", path);
+    for (int i = 0; i < 2; i++) {
+        char path[4096], *text;
+        size_t len;
+        snprintf(path, sizeof path, "%s/%s", model_dir, CONFIG_FILES[i]);
+        MOEC_TRY(i == 0 ? moec_file_read(path, MOEC_FILE_CONFIG_MAX, &text, &len)
+                        : moec_file_read_optional(path, MOEC_FILE_CONFIG_MAX, &text, &len));
+        if (!text)
+            continue;
+        if (i > 0)
+            h = moec_fnv1a(h, CONFIG_FILES[i], strlen(CONFIG_FILES[i]) + 1);
+        h = moec_fnv1a(h, text, len);
+        free(text);
+    }
     hex64(h, out);
     return MOEC_OK;
 }
@@ -92,7 +99,8 @@ moec_status rt_plan_check_checkpoint(const ir_plan_meta *meta, const ir_module *
     MOEC_TRY(rt_hash_config(model_dir, cfg));
     if (strcmp(cfg, meta->config_hash))
         return MOEC_ERR(MOEC_ERR_MISMATCH,
-                        "plan %s was compiled for another config (config hash %s; %s/config.json has %s)",
+                        "plan %s was compiled for another config (config hash %s; %s/config.json "
+                        "with its generation_config.json has %s)",
                         plan_path, meta->config_hash, model_dir, cfg);
     MOEC_TRY(rt_hash_weights(m, model_dir, w));
     if (strcmp(w, meta->weights_hash))

@@ -8,7 +8,6 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,12 +18,14 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "file.h"
+#include "json.h"
 #include "strbuf.h"
 
 /* A header this long is corruption, not a checkpoint. */
 #define ST_MAX_HEADER ((uint64_t)100000000)
-/* JSON numbers are doubles: integers above 2^53 cannot be trusted. */
-#define ST_MAX_JSON_INT 9007199254740992.0
+/* An index is a name per tensor: a few MB for the largest checkpoints. */
+#define ST_MAX_INDEX ((size_t)1 << 30)
 
 static const struct {
     const char *name;
@@ -191,12 +192,10 @@ static int st_cmp_order(const void *a, const void *b)
 /* A JSON number that is an exact non-negative integer within 2^53. */
 static int st_json_uint(const cJSON *j, uint64_t *out)
 {
-    if (!cJSON_IsNumber(j))
+    int64_t v;
+    if (moec_json_int(j, 0, MOEC_JSON_INT_MAX, &v) != MOEC_JSON_INT_OK)
         return -1;
-    double d = j->valuedouble;
-    if (!(d >= 0.0) || d > ST_MAX_JSON_INT || floor(d) != d)
-        return -1;
-    *out = (uint64_t)d;
+    *out = (uint64_t)v;
     return 0;
 }
 
@@ -423,6 +422,9 @@ static moec_status st_parse(const uint8_t *buf, size_t len, const char *file,
             goto done;
         }
     }
+    /* A tensor's own fields ("dtype" twice) */
+    if ((s = moec_json_check_unique(root, file)) != MOEC_OK)
+        goto done;
 
     /* Empty tensors occupy no bytes and overlap nothing. */
     qsort(es, (size_t)n, sizeof *es, st_cmp_begin);
@@ -504,20 +506,9 @@ static moec_status st_add_file(rt_safetensors *st, const char *path)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", path);
     st->n_files++; /* from here on rt_safetensors_free releases f */
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block */
-    if (fd < 0)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot stat %s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return MOEC_ERR(MOEC_ERR_IO, "%s is not a regular file", path);
-    }
-    size_t len = (size_t)sb.st_size;
+    int fd;
+    size_t len;
+    MOEC_TRY(moec_file_open(path, &fd, &len));
     if (len < 8) {
         close(fd);
         return MOEC_ERR(MOEC_ERR_FORMAT, "%s: truncated: no header length (%zu bytes)", path,
@@ -565,62 +556,24 @@ static int st_plain_name(const char *s)
     return s[0] && strchr(s, '/') == NULL && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
-static moec_status st_read_small_file(const char *path, char **out, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return MOEC_ERR(MOEC_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, fp);
-        if (n < cap)
-            break;
-        if (cap > ((size_t)1 << 30)) {
-            free(buf);
-            fclose(fp);
-            return MOEC_ERR(MOEC_ERR_FORMAT, "%s: larger than 1 GiB", path);
-        }
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    if (!buf) {
-        fclose(fp);
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory reading %s", path);
-    }
-    int bad = ferror(fp);
-    fclose(fp);
-    if (bad) {
-        free(buf);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot read %s", path);
-    }
-    *out = buf;
-    *len = n;
-    return MOEC_OK;
-}
-
 /* Opens every shard an index names and checks that each mapped tensor is in
  * the shard the index says. */
 static moec_status st_open_index(rt_safetensors *st, const char *dir, const char *index)
 {
     char *text = NULL;
     size_t len = 0;
-    MOEC_TRY(st_read_small_file(index, &text, &len));
+    MOEC_TRY(moec_file_read(index, ST_MAX_INDEX, &text, &len));
     cJSON *root = cJSON_ParseWithLength(text, len);
     free(text);
     if (!root)
         return MOEC_ERR(MOEC_ERR_FORMAT, "%s: not valid JSON", index);
 
-    moec_status s = MOEC_OK;
     const char **shards = NULL;
     char *path = NULL;
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    moec_status s = moec_json_check_unique(root, index);
+    if (s != MOEC_OK)
+        goto done;
     if (!cJSON_IsObject(root) || !cJSON_IsObject(map)) {
         s = MOEC_ERR(MOEC_ERR_FORMAT, "%s: no \"weight_map\" object", index);
         goto done;
@@ -825,7 +778,7 @@ static moec_status st_write_check(const rt_st_write_tensor *tensors, int n, cons
                             t->rank);
         uint64_t bytes = rt_st_dtype_size(t->dtype);
         for (int d = 0; d < t->rank; d++) {
-            if (t->shape[d] < 0 || (double)t->shape[d] > ST_MAX_JSON_INT)
+            if (t->shape[d] < 0 || (double)t->shape[d] > MOEC_JSON_INT_MAX)
                 return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: tensor '%s': bad dim %lld", path,
                                 t->name, (long long)t->shape[d]);
             uint64_t v = (uint64_t)t->shape[d];

@@ -13,7 +13,7 @@
  * prompt arriving never stalls the others' next token), then prompt tokens
  * of new sequences, oldest first (chunked prefill: a long prompt spans as
  * many steps as it needs). Decoding is greedy, from the engine's next ids.
- * A sequence ends after max_new_tokens, or at the model's eos_token_id
+ * A sequence ends after max_new_tokens, or at any of the model's eos ids
  * unless the request says ignore_eos; its slot is then free for the next
  * request. A client that goes away takes its sequences with it. */
 #include <errno.h>
@@ -266,7 +266,9 @@ typedef struct seq {
 
 typedef struct server {
     moec_engine_t *engine;
-    int max_seqs, max_seq_len, max_tokens, vocab, eos;
+    int max_seqs, max_seq_len, max_tokens, vocab;
+    const int32_t *eos; /* the model's n_eos eos ids (the engine owns them) */
+    int n_eos;
     seq *seqs;          /* max_seqs, by slot */
     int n_busy;
     uint64_t arrivals;
@@ -290,15 +292,35 @@ static void seq_release(server *sv, seq *q)
     sv->n_busy--;
 }
 
+static int is_eos(const server *sv, int32_t t)
+{
+    for (int i = 0; i < sv->n_eos; i++)
+        if (sv->eos[i] == t)
+            return 1;
+    return 0;
+}
+
+/* The eos ids as "1, 2" (cut with "..." when long), or "none". */
+static const char *eos_text(const server *sv, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "%s", sv->n_eos ? "" : "none");
+    int i = 0;
+    for (; i < sv->n_eos && n + 16 < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%d", i ? ", " : "", (int)sv->eos[i]);
+    if (i < sv->n_eos)
+        snprintf(buf + n, cap - n, ", ...");
+    return buf;
+}
+
 /* Appends generated token t to q and streams it; ends q at its length or
- * at eos. */
+ * at any eos id. */
 static void seq_emit(server *sv, seq *q, int32_t t)
 {
     q->tokens[q->known++] = t;
     int index = q->known - q->n_prompt - 1;
     conn *c = q->client;
     conn_printf(c, "{\"id\":%s,\"token\":%d,\"index\":%d}\n", q->id_json, (int)t, index);
-    const char *finish = !q->ignore_eos && sv->eos >= 0 && t == sv->eos ? "eos"
+    const char *finish = !q->ignore_eos && is_eos(sv, t)                ? "eos"
                          : index + 1 == q->max_new                        ? "length"
                                                                           : NULL;
     if (!finish)
@@ -846,7 +868,7 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     sv.max_seq_len = moec_engine_max_seq_len(sv.engine);
     sv.max_tokens = moec_engine_max_tokens(sv.engine);
     sv.vocab = moec_engine_vocab_size(sv.engine);
-    sv.eos = moec_engine_eos_token(sv.engine);
+    sv.n_eos = moec_engine_eos_tokens(sv.engine, &sv.eos);
     sv.seqs = xcalloc((size_t)sv.max_seqs, sizeof *sv.seqs);
     sv.tok = xcalloc((size_t)sv.max_tokens, sizeof *sv.tok);
     sv.pos = xcalloc((size_t)sv.max_tokens, sizeof *sv.pos);
@@ -864,11 +886,12 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
         server_add_conn(&sv, 0, 1, 1);
     }
     if (rc < 0) {
+        char eos[96];
         fprintf(stderr,
                 "moec-serve: %s backend, %d sequence slots of %d tokens, %d tokens a step, "
-                "vocab_size %d, eos %d; %s\n",
+                "vocab_size %d, eos %s; %s\n",
                 backend_name(moec_engine_backend(sv.engine)), sv.max_seqs, sv.max_seq_len,
-                sv.max_tokens, sv.vocab, sv.eos, where);
+                sv.max_tokens, sv.vocab, eos_text(&sv, eos, sizeof eos), where);
         rc = server_run(&sv, o.port < 0);
     }
 

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "moec.h"
@@ -28,7 +30,10 @@ static const char *USAGE =
     "Writes OUT_DIR/config.json (a copy of CONFIG_JSON) and OUT_DIR/model.safetensors\n"
     "with random weights for every tensor the model reads, in the dtype its config\n"
     "names (torch_dtype / dtype). Refuses to overwrite an existing model unless\n"
-    "--force is given.\n"
+    "--force is given. Says the model's size first, and refuses when OUT_DIR's\n"
+    "file system has less space free; both files are written under temporary\n"
+    "names and renamed into place at the end, so a run that fails or is stopped\n"
+    "leaves no partial model (and no OUT_DIR it created).\n"
     "\n"
     "options:\n"
     "  --seed N    random seed (default 1)\n"
@@ -283,7 +288,9 @@ static int write_fast(const char *path, const moec_model_t *m, uint64_t seed, si
     return j.failed;
 }
 
-static int write_safetensors(const char *path, const moec_model_t *m, uint64_t seed, int fast)
+/* The safetensors header of m's tensors (padded to 8 bytes), and the bytes
+ * of their data; NULL when out of memory. */
+static char *build_header(const moec_model_t *m, size_t *len_out, double *data_bytes)
 {
     int n = moec_model_tensor_count(m);
     size_t cap = 4096, len = 0, offset = 0;
@@ -310,11 +317,22 @@ static int write_safetensors(const char *path, const moec_model_t *m, uint64_t s
     while (len % 8)
         if (buf_printf(&hdr, &len, &cap, " "))
             goto oom;
+    *len_out = len;
+    *data_bytes = (double)offset;
+    return hdr;
+oom:
+    free(hdr);
+    return NULL;
+}
 
+/* Writes the header hdr[0, len) and every tensor's data to path. */
+static int write_safetensors(const char *path, const moec_model_t *m, uint64_t seed, int fast,
+                             const char *hdr, size_t len)
+{
+    int n = moec_model_tensor_count(m);
     FILE *f = fopen(path, "wb");
     if (!f) {
         fprintf(stderr, "moec-sample: cannot write %s: %s\n", path, strerror(errno));
-        free(hdr);
         return 1;
     }
     uint8_t lenbuf[8];
@@ -323,7 +341,6 @@ static int write_safetensors(const char *path, const moec_model_t *m, uint64_t s
     int ok = fwrite(lenbuf, 1, 8, f) == 8 && fwrite(hdr, 1, len, f) == len;
     if (fast) {
         int e = ok && fclose(f) == 0 ? 0 : EIO;
-        free(hdr);
         if (!e)
             e = write_fast(path, m, seed, 8 + len);
         if (e) {
@@ -368,16 +385,11 @@ static int write_safetensors(const char *path, const moec_model_t *m, uint64_t s
     }
     if (fclose(f) != 0)
         ok = 0;
-    free(hdr);
     if (!ok) {
         fprintf(stderr, "moec-sample: cannot write %s: %s\n", path, strerror(errno));
         return 1;
     }
     return 0;
-oom:
-    free(hdr);
-    fprintf(stderr, "moec-sample: out of memory\n");
-    return 1;
 }
 
 static int copy_file(const char *from, const char *to)
@@ -405,6 +417,145 @@ static int copy_file(const char *from, const char *to)
         return 1;
     }
     return 0;
+}
+
+/* The outputs and the temporary names they are written under, in the same
+ * folder (a rename there is atomic): a run that fails or is killed never
+ * leaves a partial model.safetensors or config.json. The temporary names
+ * do not end in .safetensors, so no loader takes one for a shard. */
+typedef struct out_paths {
+    char dir[4096], cfg[4096], st[4096];
+    char cfg_tmp[4200], st_tmp[4200];
+    int created; /* dir was made by this run: removed with the rest on failure */
+} out_paths;
+
+static int out_paths_init(out_paths *o, const char *outdir)
+{
+    if (strlen(outdir) > sizeof o->cfg - 32) {
+        fprintf(stderr, "moec-sample: the path %s is too long\n", outdir);
+        return 1;
+    }
+    snprintf(o->dir, sizeof o->dir, "%s", outdir);
+    o->created = 0;
+    snprintf(o->cfg, sizeof o->cfg, "%s/config.json", outdir);
+    snprintf(o->st, sizeof o->st, "%s/model.safetensors", outdir);
+    snprintf(o->cfg_tmp, sizeof o->cfg_tmp, "%s.tmp.%d", o->cfg, (int)getpid());
+    snprintf(o->st_tmp, sizeof o->st_tmp, "%s.tmp.%d", o->st, (int)getpid());
+    return 0;
+}
+
+/* The temporary files (and the folder this run made), removed by the
+ * handler of SIGINT, SIGTERM and SIGHUP (unlink and rmdir are
+ * async-signal-safe). */
+static const out_paths *volatile g_tmp;
+
+static void remove_tmp_and_die(int sig)
+{
+    if (g_tmp) {
+        unlink(g_tmp->st_tmp);
+        unlink(g_tmp->cfg_tmp);
+        if (g_tmp->created)
+            rmdir(g_tmp->dir);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void remove_tmp_on_signals(const out_paths *o)
+{
+    g_tmp = o;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = o ? remove_tmp_and_die : SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+/* n bytes in the unit that suits them: "388.6 kB", "61.23 GB". */
+static const char *fmt_bytes(double n, char *buf, size_t cap)
+{
+    if (n >= 1e12)
+        snprintf(buf, cap, "%.2f TB", n / 1e12);
+    else if (n >= 1e9)
+        snprintf(buf, cap, "%.2f GB", n / 1e9);
+    else if (n >= 1e6)
+        snprintf(buf, cap, "%.1f MB", n / 1e6);
+    else
+        snprintf(buf, cap, "%.1f kB", n / 1e3);
+    return buf;
+}
+
+/* Fails, naming dir, when dir's file system has less than `need` bytes
+ * free for an unprivileged writer. */
+static int check_free_space(const char *dir, double need)
+{
+    struct statvfs fs;
+    if (statvfs(dir, &fs) != 0) {
+        fprintf(stderr, "moec-sample: cannot query the free space of %s: %s\n", dir,
+                strerror(errno));
+        return 1;
+    }
+    double avail = (double)fs.f_bavail * (double)fs.f_frsize;
+    if (avail < need) {
+        char a[32], b[32];
+        fprintf(stderr, "moec-sample: %s has %s free, but the model needs %s\n", dir,
+                fmt_bytes(avail, a, sizeof a), fmt_bytes(need, b, sizeof b));
+        return 1;
+    }
+    return 0;
+}
+
+/* Writes the model's safetensors and the config copy under their temporary
+ * names, then renames both into place; on any failure removes them. */
+static int write_model(const out_paths *o, const char *config, const moec_model_t *m,
+                       uint64_t seed, int fast)
+{
+    size_t len;
+    double data;
+    char *hdr = build_header(m, &len, &data);
+    if (!hdr) {
+        fprintf(stderr, "moec-sample: out of memory\n");
+        return 1;
+    }
+    double total = 8.0 + (double)len + data;
+    char size[32];
+    remove_tmp_on_signals(o); /* before anything is said or written */
+    fprintf(stderr, "moec-sample: writing %d tensors, %s, to %s\n", moec_model_tensor_count(m),
+            fmt_bytes(total, size, sizeof size), o->st);
+    /* copying a file onto itself would empty it */
+    struct stat a, b;
+    int have_a = stat(config, &a) == 0;
+    int same = have_a && stat(o->cfg, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    int rc = check_free_space(o->dir, total + (have_a && !same ? (double)a.st_size : 0));
+    if (rc == 0) {
+        rc = write_safetensors(o->st_tmp, m, seed, fast, hdr, len);
+        if (rc == 0 && !same)
+            rc = copy_file(config, o->cfg_tmp);
+        /* the config first: a folder with a config but no model.safetensors
+         * is a config folder, never a model with the wrong config */
+        if (rc == 0 && !same && rename(o->cfg_tmp, o->cfg) != 0) {
+            fprintf(stderr, "moec-sample: cannot rename %s to %s: %s\n", o->cfg_tmp, o->cfg,
+                    strerror(errno));
+            rc = 1;
+        }
+        if (rc == 0 && rename(o->st_tmp, o->st) != 0) {
+            fprintf(stderr, "moec-sample: cannot rename %s to %s: %s\n", o->st_tmp, o->st,
+                    strerror(errno));
+            rc = 1;
+        }
+        if (rc != 0) {
+            unlink(o->st_tmp);
+            unlink(o->cfg_tmp);
+        }
+    }
+    remove_tmp_on_signals(NULL);
+    free(hdr);
+    if (rc == 0)
+        fprintf(stderr, "moec-sample: wrote %d tensors to %s\n", moec_model_tensor_count(m),
+                o->st);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -443,36 +594,31 @@ int main(int argc, char **argv)
         fputs(USAGE, stderr);
         return 2;
     }
-    char cfg_out[4096], st_out[4096];
-    snprintf(cfg_out, sizeof cfg_out, "%s/config.json", outdir);
-    snprintf(st_out, sizeof st_out, "%s/model.safetensors", outdir);
-    struct stat sb;
-    if (!force && stat(st_out, &sb) == 0) {
-        fprintf(stderr, "moec-sample: %s exists (use --force to overwrite)\n", st_out);
-        return 1;
-    }
-    if (mkdir(outdir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "moec-sample: cannot create %s: %s\n", outdir, strerror(errno));
-        return 1;
-    }
-    struct stat a, b;
-    int same = stat(config, &a) == 0 && stat(cfg_out, &b) == 0 && a.st_dev == b.st_dev &&
-               a.st_ino == b.st_ino;
-    if (!same && copy_file(config, cfg_out)) /* copying a file onto itself would empty it */
-        return 1;
+    /* The config is read (and every error names it) before anything is
+     * created. */
     moec_model_t *m;
-    moec_status st = moec_model_open(outdir, &m);
+    moec_status st = moec_model_open_config(config, &m);
     if (st != MOEC_OK) {
         fprintf(stderr, "moec-sample: %s: %s\n", moec_status_name(st), moec_last_error());
-        if (!same)
-            remove(cfg_out);
         return 1;
     }
-    int rc = write_safetensors(st_out, m, seed, fast);
+    out_paths o;
+    int rc = out_paths_init(&o, outdir);
+    if (rc == 0 && !force && access(o.st, F_OK) == 0) {
+        fprintf(stderr, "moec-sample: %s exists (use --force to overwrite)\n", o.st);
+        rc = 1;
+    }
+    if (rc == 0) {
+        o.created = mkdir(outdir, 0755) == 0;
+        if (!o.created && errno != EEXIST) {
+            fprintf(stderr, "moec-sample: cannot create %s: %s\n", outdir, strerror(errno));
+            rc = 1;
+        }
+    }
     if (rc == 0)
-        fprintf(stderr, "moec-sample: wrote %d tensors to %s\n", moec_model_tensor_count(m), st_out);
-    else
-        remove(st_out);
+        rc = write_model(&o, config, m, seed, fast);
+    if (rc != 0 && o.created)
+        rmdir(outdir);
     moec_model_free(m);
     return rc;
 }

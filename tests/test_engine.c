@@ -328,10 +328,75 @@ static void check_errors(void)
     T_CHECK(moec_engine_max_tokens(NULL) == 0 && moec_engine_eos_token(NULL) == -1);
 }
 
+/* 1 when ids[0, n) are want[0, n). */
+static int same_ids(const int32_t *ids, const int32_t *want, int n)
+{
+    return ids && !memcmp(ids, want, (size_t)n * sizeof *ids);
+}
+
+/* Every eos id (generation_config.json's list) reaches the model, a session
+ * and an engine, which keeps its own after the model is freed. */
+static void check_eos_lists(void)
+{
+    const char *dir = t_tmpdir("engine-eos");
+    char path[4200], weights[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t n;
+    char *text = t_read_file(t_src("tests/data/qwen3_moe/config.json"), &n);
+    t_write_file(path, text, n);
+    free(text);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    t_write_file(path, "{\"eos_token_id\": [5, 1, 200]}", 29);
+    snprintf(weights, sizeof weights, "%s", t_src("tests/data/qwen3_moe"));
+
+    static const int32_t want[3] = {5, 1, 200};
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    const int32_t *ids = NULL;
+    T_CHECK(moec_model_eos_tokens(m, &ids) == 3 && same_ids(ids, want, 3));
+    T_CHECK(moec_model_eos_tokens(m, NULL) == 3 && moec_model_eos_token(m) == 5);
+    moec_session_t *s = NULL;
+    T_OK(moec_session_init(m, weights, MOEC_BACKEND_CPU, 8, &s));
+    ids = NULL;
+    T_CHECK(moec_session_eos_tokens(s, &ids) == 3 && same_ids(ids, want, 3));
+    T_CHECK(moec_session_eos_token(s) == 5);
+    moec_session_free(s);
+    moec_engine_options o = {.backend = MOEC_BACKEND_CPU, .max_seqs = 1, .max_seq_len = 8};
+    moec_engine_t *e = NULL;
+    T_OK(moec_engine_open(m, weights, &o, &e));
+    moec_model_free(m);
+    ids = NULL;
+    T_CHECK(moec_engine_eos_tokens(e, &ids) == 3 && same_ids(ids, want, 3));
+    T_CHECK(moec_engine_eos_token(e) == 5);
+    moec_engine_free(e);
+
+    /* None: 0 ids, -1; NULL handles alike. */
+    remove(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    text = t_read_file(path, &n);
+    char *at = strstr(text, "\"eos_token_id\": 1,");
+    T_CHECK(at != NULL);
+    if (at)
+        memcpy(at, "\"eos_token_id\":[],", strlen("\"eos_token_id\": 1,"));
+    t_write_file(path, text, n);
+    free(text);
+    m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    ids = want;
+    T_CHECK(moec_model_eos_tokens(m, &ids) == 0 && ids == NULL && moec_model_eos_token(m) == -1);
+    moec_model_free(m);
+    ids = want;
+    T_CHECK(moec_model_eos_tokens(NULL, &ids) == 0 && ids == NULL);
+    T_CHECK(moec_session_eos_tokens(NULL, NULL) == 0 && moec_engine_eos_tokens(NULL, NULL) == 0);
+    remove(path);
+    remove(dir);
+}
+
 int main(void)
 {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
         check_model(MODELS[i]);
     check_errors();
+    check_eos_lists();
     return t_finish("test_engine");
 }

@@ -9,6 +9,8 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "compiler/frontend.h"
 #include "testlib.h"
@@ -302,7 +304,8 @@ static void test_deepseek_v2_qlora(void)
     T_CHECK(is_moe(m, 0) && !is_moe(m, 1) && is_moe(m, 2) && !is_moe(m, 3));
     T_CHECK(layer_ops(m, 0, -1) == 4 + 23 + 12);
     T_CHECK(layer_ops(m, 1, -1) == 4 + 23 + 5);
-    T_CHECK(ir_module_meta_int(m, "eos_token_id", -1) == 7); /* first of [7, 9] */
+    const int64_t *eos;
+    T_CHECK(ir_module_meta_ints(m, "eos_token_id", &eos) == 2 && eos[0] == 7 && eos[1] == 9);
     /* torch_dtype float32; attention_bias -> q_a_proj, kv_a_proj, o_proj biases. */
     WEIGHT(m, "l0.attn.q_a_proj", IR_DTYPE_F32, 2, 24, 64, 0,
            "model.layers.0.self_attn.q_a_proj.weight", 0);
@@ -932,7 +935,24 @@ static void test_rejections(void)
     REJECT(v2, "tie_word_embeddings", "1", F, "tie_word_embeddings");
     REJECT(v2, "rms_norm_eps", "null", F, "rms_norm_eps");
     REJECT(v2, "eos_token_id", "\"x\"", F, "eos_token_id");
-    REJECT(v2, "eos_token_id", "[\"x\"]", F, "eos_token_id");
+    REJECT(v2, "eos_token_id", "[\"x\"]", F, "field \"eos_token_id[0]\" must be an integer");
+    REJECT(v2, "eos_token_id", "[1, 2.5]", F, "field \"eos_token_id[1]\" must be an integer");
+    /* Every eos id must be a token: [0, vocab_size 256). */
+    REJECT(v2, "eos_token_id", "256", F,
+           "deepseek_v2_tiny.json: field \"eos_token_id\" = 256 is not a token id (vocab_size is "
+           "256)");
+    REJECT(v2, "eos_token_id", "[1, 2, 1e30]", F,
+           "deepseek_v2_tiny.json: field \"eos_token_id[2]\" = 1e+30 is not a token id "
+           "(vocab_size is 256)");
+    REJECT(v2, "eos_token_id", "[-1]", F, "field \"eos_token_id[0]\" = -1 is not a token id");
+    /* Integers are range-checked as the file writes them, never wrapped. */
+    REJECT(v2, "hidden_size", "1e30", U,
+           "deepseek_v2_tiny.json: field \"hidden_size\" = 1e+30 is out of range (must be in "
+           "[1, 16777216])");
+    REJECT(v2, "max_position_embeddings", "-1e30", U,
+           "field \"max_position_embeddings\" = -1e+30 is out of range");
+    REJECT(v2, "n_shared_experts", "9007199254740994", U,
+           "field \"n_shared_experts\" = 9007199254740994 is out of range");
     REJECT(q3, "moe_intermediate_size", NULL, F, "moe_intermediate_size");
     REJECT(q2, "shared_expert_intermediate_size", NULL, F, "shared_expert_intermediate_size");
     REJECT(q2, "num_experts", NULL, F, "num_experts");
@@ -978,6 +998,124 @@ static void test_rejections(void)
     T_CHECK(m == NULL);
 }
 
+/* A key written twice, at any depth, is refused by name: cJSON would take
+ * the first, transformers (Python's json) the last. */
+static void test_duplicate_keys(void)
+{
+    const moec_status F = MOEC_ERR_FORMAT;
+    char *text = config_text("deepseek_v2_tiny.json");
+    size_t n = strlen(text);
+    char *dup = malloc(n + 64);
+    ir_module *m = NULL;
+    /* hidden_size 32 before the config's 64 */
+    snprintf(dup, n + 64, "{\"hidden_size\": 32, %s", text + 1);
+    T_ERR(fe_config_build(dup, "dup.json", &m), F, "dup.json: key \"hidden_size\" appears twice");
+    T_CHECK(m == NULL);
+    /* inside rope_scaling */
+    const char *rs = strstr(text, "\"rope_scaling\": {");
+    T_CHECK(rs != NULL);
+    if (rs) {
+        size_t at = (size_t)(rs - text) + strlen("\"rope_scaling\": {");
+        snprintf(dup, n + 64, "%.*s\"factor\": 2, %s", (int)at, text, text + at);
+        T_ERR(fe_config_build(dup, "dup.json", &m), F,
+              "dup.json: key \"rope_scaling.factor\" appears twice");
+        T_CHECK(m == NULL);
+    }
+    /* in an object inside a list */
+    T_ERR(fe_config_build("{\"a\": [1, {\"b\": 1, \"b\": 2}], \"model_type\": \"x\"}",
+                          "list.json", &m),
+          F, "list.json: key \"a[1].b\" appears twice");
+    /* many keys (sorted, not pairwise): the 40th written twice */
+    char many[2048] = "{";
+    for (int i = 0; i < 60; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "\"k%d\": %d, ", i, i);
+    snprintf(many + strlen(many), sizeof many - strlen(many), "\"k40\": 1}");
+    T_ERR(fe_config_build(many, "many.json", &m), F, "many.json: key \"k40\" appears twice");
+    T_CHECK(m == NULL);
+    free(dup);
+    free(text);
+}
+
+/* Writes text to dir/name. */
+static void write_in(const char *dir, const char *name, const char *text)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    t_write_file(path, text, strlen(text));
+}
+
+/* The eos ids of a model folder: generation_config.json's when it sets
+ * eos_token_id, else config.json's; each checked; the file named. */
+static void test_generation_config(void)
+{
+    const char *dir = t_tmpdir("fe_gen");
+    char cfg[4200], gen[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(gen, sizeof gen, "%s/generation_config.json", dir);
+    char *text = config_text("deepseek_v2_qlora.json"); /* eos [7, 9], vocab 256 */
+    t_write_file(cfg, text, strlen(text));
+    free(text);
+    ir_module *m = NULL;
+    const int64_t *eos;
+
+    write_in(dir, "generation_config.json", "{\"eos_token_id\": [3, 4, 5], \"do_sample\": false}");
+    T_OK(fe_model_load(dir, &m));
+    T_CHECK(m && ir_module_meta_ints(m, "eos_token_id", &eos) == 3 && eos[0] == 3 &&
+            eos[2] == 5);
+    ir_module_free(m);
+    write_in(dir, "generation_config.json", "{\"eos_token_id\": 11}");
+    T_OK(fe_model_load(dir, &m));
+    T_CHECK(m && ir_module_meta_int(m, "eos_token_id", -1) == 11);
+    ir_module_free(m);
+    /* absent or null in the generation config: config.json's */
+    write_in(dir, "generation_config.json", "{\"eos_token_id\": null, \"bos_token_id\": 0}");
+    T_OK(fe_model_load(dir, &m));
+    T_CHECK(m && ir_module_meta_ints(m, "eos_token_id", &eos) == 2 && eos[0] == 7 && eos[1] == 9);
+    ir_module_free(m);
+
+    m = NULL;
+    char want[4400];
+    write_in(dir, "generation_config.json", "{\"eos_token_id\": [1, 300]}");
+    snprintf(want, sizeof want,
+             "%s: field \"eos_token_id[1]\" = 300 is not a token id (vocab_size is 256)", gen);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_FORMAT, want);
+    write_in(dir, "generation_config.json", "{\"eos_token_id\": 1, \"eos_token_id\": 2}");
+    snprintf(want, sizeof want, "%s: key \"eos_token_id\" appears twice", gen);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_FORMAT, want);
+    write_in(dir, "generation_config.json", "[1]");
+    snprintf(want, sizeof want, "%s: the generation config must be a JSON object", gen);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_FORMAT, want);
+    write_in(dir, "generation_config.json", "{\"eos_token_id\": ");
+    snprintf(want, sizeof want, "%s: not valid JSON", gen);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_FORMAT, want);
+    T_CHECK(m == NULL);
+
+    /* A FIFO in place of either file is refused at once, never read. */
+    remove(gen);
+    T_CHECK(mkfifo(gen, 0600) == 0);
+    snprintf(want, sizeof want, "%s is not a regular file (it is a FIFO)", gen);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_IO, want);
+    remove(gen);
+    remove(cfg);
+    T_CHECK(mkfifo(cfg, 0600) == 0);
+    snprintf(want, sizeof want, "%s is not a regular file (it is a FIFO)", cfg);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_IO, want);
+    T_ERR(fe_config_load(cfg, &m), MOEC_ERR_IO, want);
+    remove(cfg);
+    /* A directory in place of config.json */
+    T_CHECK(mkdir(cfg, 0700) == 0);
+    snprintf(want, sizeof want, "%s is not a regular file (it is a directory)", cfg);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_IO, want);
+    rmdir(cfg);
+    /* A NUL byte cuts what cJSON sees: refused, not read as the text before it. */
+    t_write_file(cfg, "{}\0{", 4);
+    snprintf(want, sizeof want, "%s: not valid JSON (a NUL byte at byte 2)", cfg);
+    T_ERR(fe_model_load(dir, &m), MOEC_ERR_FORMAT, want);
+    T_CHECK(m == NULL);
+    remove(cfg);
+    remove(dir);
+}
+
 /* fe_model_load reads <dir>/config.json and names it in errors. */
 static void test_model_load(void)
 {
@@ -1012,6 +1150,8 @@ int main(void)
     test_rope_variants();
     test_published();
     test_rejections();
+    test_duplicate_keys();
+    test_generation_config();
     test_model_load();
     return t_finish("test_frontend");
 }

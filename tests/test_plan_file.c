@@ -3,6 +3,7 @@
  * plan, truncated anywhere, a flipped byte, a newer format version, a header
  * that is not JSON, a step that points nowhere, another checkpoint. */
 #include <string.h>
+#include <sys/stat.h>
 
 #include "compiler/frontend.h"
 #include "runtime/plan_check.h"
@@ -11,6 +12,7 @@
 static const char *IR_TEXT =
     "module tiny {\n"
     "  meta vocab_size = 8\n"
+    "  meta eos_token_id = [1, 2]\n"
     "  input %tokens : i32[T]\n"
     "  input %positions : i32[T]\n"
     "  weight %emb : bf16[8, 4] = \"model.embed_tokens.weight\"\n"
@@ -111,6 +113,26 @@ static void reseal(uint8_t *d, size_t n)
     memcpy(d + n - 8, &h, 8);
 }
 
+/* Writes the plan image good[0, n) to bad with the first `find` of its
+ * header overwritten, just after its text `after`, by repl (no longer than
+ * what it covers), resealed; expects a FORMAT error with needle. */
+static void expect_header_edit(const uint8_t *good, size_t n, const char *bad, const char *find,
+                               const char *after, const char *repl, const char *needle)
+{
+    uint8_t *d = malloc(n);
+    memcpy(d, good, n);
+    char *hit = strstr((char *)d + 24, find);
+    char *at = hit ? strstr(hit, after) : NULL;
+    T_CHECK(at != NULL);
+    if (at) {
+        memcpy(at + strlen(after), repl, strlen(repl));
+        reseal(d, n);
+        t_write_file(bad, d, n);
+        expect_read_error(bad, MOEC_ERR_FORMAT, needle);
+    }
+    free(d);
+}
+
 int main(void)
 {
     const char *dir = t_tmpdir("plan");
@@ -132,6 +154,10 @@ int main(void)
     T_OK(ir_plan_read(path, &q, &qm, &qmeta));
     if (q) {
         check_same(p, q);
+        /* The eos ids are the module's, in the plan's IR. */
+        const int64_t *eos;
+        T_CHECK(ir_module_meta_ints(q->module, "eos_token_id", &eos) == 2 && eos[0] == 1 &&
+                eos[1] == 2);
         T_CHECK(!strcmp(qmeta.config_hash, meta.config_hash) &&
                 !strcmp(qmeta.weights_hash, meta.weights_hash) && qmeta.format == IR_PLAN_FORMAT);
         ir_plan_free(q);
@@ -181,9 +207,38 @@ int main(void)
         t_write_file(bad, d, n);
         expect_read_error(bad, MOEC_ERR_FORMAT, "a step refers to something that does not exist");
     }
+    /* A step field that is not an integer: block[0] (128) of the first step. */
+    expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "1.5",
+                       "is corrupt: a step field is 1.5, not an integer in [0, 4294967295]");
+    /* A key twice in the header: "arch" renamed "moec". */
+    expect_header_edit(good, n, bad, "\"arch\":", "", "\"moec\"",
+                       "bad.moec: key \"moec\" appears twice");
+    /* Integers out of range are reported as the file has them, never wrapped:
+     * a bucket's arena -1. */
+    expect_header_edit(good, n, bad, "\"arena_bytes\":48", ":", "-1",
+                       "header field 'arena_bytes' is -1, not an integer in [0, "
+                       "9007199254740992]");
     free(d);
     free(good);
     expect_read_error("/nonexistent/x.moec", MOEC_ERR_IO, "/nonexistent/x.moec");
+
+    /* kv_block_size 12345 rewritten 1e+30 (it was reported wrapped to int). */
+    p->kv_block_size = 12345;
+    T_OK(ir_plan_write(bad, p, &meta));
+    p->kv_block_size = 64;
+    d = (uint8_t *)t_read_file(bad, &n);
+    char want[4400];
+    snprintf(want, sizeof want,
+             "plan %s is corrupt: header field 'kv_block_size' is 1e+30, not an integer in "
+             "[1, 2147483647]",
+             bad);
+    expect_header_edit(d, n, bad, "\"kv_block_size\":12345", ":", "1e+30", want);
+    free(d);
+    /* A FIFO in place of a plan is refused, not waited on. */
+    remove(bad);
+    T_CHECK(mkfifo(bad, 0600) == 0);
+    expect_read_error(bad, MOEC_ERR_IO, "bad.moec is not a regular file (it is a FIFO)");
+    remove(bad);
 
     /* Checkpoint hashes: the same model agrees with itself, another does not. */
     ir_module *v3 = NULL;
@@ -195,6 +250,30 @@ int main(void)
         T_OK(rt_plan_check_checkpoint(&mine, v3, path, t_src("tests/data/deepseek_v3")));
         T_ERR(rt_plan_check_checkpoint(&mine, v3, path, t_src("tests/data/qwen3_moe")),
               MOEC_ERR_MISMATCH, "was compiled for another config");
+        /* generation_config.json (its eos ids) is part of the config hash:
+         * a folder without one hashes as config.json alone always did. */
+        const char *gdir = t_tmpdir("plan-gen");
+        char cfg[4200], gen[4200], h[17];
+        snprintf(cfg, sizeof cfg, "%s/config.json", gdir);
+        snprintf(gen, sizeof gen, "%s/generation_config.json", gdir);
+        size_t cn;
+        char *ctext = t_read_file(t_src("tests/data/deepseek_v3/config.json"), &cn);
+        t_write_file(cfg, ctext, cn);
+        free(ctext);
+        T_OK(rt_hash_config(gdir, h));
+        T_CHECK(!strcmp(h, mine.config_hash));
+        t_write_file(gen, "{\"eos_token_id\": [1, 2]}", 24);
+        T_OK(rt_hash_config(gdir, h));
+        T_CHECK(strcmp(h, mine.config_hash) != 0);
+        T_ERR(rt_plan_check_checkpoint(&mine, v3, path, gdir), MOEC_ERR_MISMATCH,
+              "was compiled for another config");
+        remove(gen);
+        T_CHECK(mkfifo(gen, 0600) == 0);
+        T_ERR(rt_hash_config(gdir, h), MOEC_ERR_IO,
+              "generation_config.json is not a regular file (it is a FIFO)");
+        remove(gen);
+        remove(cfg);
+        remove(gdir);
         ir_plan_meta other = mine;
         other.weights_hash[0] = other.weights_hash[0] == '0' ? '1' : '0';
         T_ERR(rt_plan_check_checkpoint(&other, v3, path, t_src("tests/data/deepseek_v3")),

@@ -273,6 +273,13 @@ static void test_bad_files(void)
         "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4]},"
         " \"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}",
         8, "duplicate tensor name 'w'");
+    /* A key twice inside an entry: the first and the last would differ. */
+    BAD("dupfield",
+        "{\"w\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [0, 4],"
+        " \"dtype\": \"F16\"}}",
+        8, "key \"w.dtype\" appears twice");
+    BAD("dupmeta", "{\"__metadata__\": {\"format\": \"pt\", \"format\": \"np\"}}", 0,
+        "key \"__metadata__.format\" appears twice");
     BAD("meta", "{\"__metadata__\": {\"format\": 1}}", 0,
         "\"__metadata__\" entry 'format' is not a string");
     BAD("meta2", "{\"__metadata__\": [\"pt\"]}", 0, "\"__metadata__\" is not an object");
@@ -303,7 +310,8 @@ static void test_bad_files(void)
     st = NULL;
     T_ERR(rt_safetensors_open_file(path_in(dir, "absent.safetensors"), &st), MOEC_ERR_IO,
           "absent.safetensors: No such file");
-    T_ERR(rt_safetensors_open_file(dir, &st), MOEC_ERR_IO, "is not a regular file");
+    T_ERR(rt_safetensors_open_file(dir, &st), MOEC_ERR_IO,
+          "is not a regular file (it is a directory)");
     T_CHECK(st == NULL);
     T_ERR(rt_safetensors_check_buffer(NULL, 0, "nothing.safetensors"), MOEC_ERR_FORMAT,
           "nothing.safetensors: truncated");
@@ -389,6 +397,15 @@ static void test_sharded(void)
     t_write_file(path_in(dir, "model.safetensors.index.json"), "{\"metadata\": {}}", 16);
     T_ERR(rt_safetensors_open_dir(dir, &st), MOEC_ERR_FORMAT,
           "model.safetensors.index.json: no \"weight_map\" object");
+    write_index(dir, "{\"a\": \"" S1 "\", \"c\": \"" S2 "\", \"a\": \"" S2 "\"}");
+    T_ERR(rt_safetensors_open_dir(dir, &st), MOEC_ERR_FORMAT,
+          "model.safetensors.index.json: key \"weight_map.a\" appears twice");
+    /* An index that is a FIFO is refused, not waited on. */
+    remove(path_in(dir, "model.safetensors.index.json"));
+    T_CHECK(mkfifo(path_in(dir, "model.safetensors.index.json"), 0600) == 0);
+    T_ERR(rt_safetensors_open_dir(dir, &st), MOEC_ERR_IO,
+          "model.safetensors.index.json is not a regular file (it is a FIFO)");
+    remove(path_in(dir, "model.safetensors.index.json"));
 
     /* A bad shard reports its own error. */
     write_index(dir, "{\"a\": \"" S1 "\", \"c\": \"" S2 "\"}");
@@ -434,7 +451,8 @@ static void test_dir_layouts(void)
     /* A FIFO is refused, not waited on. */
     dir = t_tmpdir("st-fifo");
     T_CHECK(mkfifo(path_in(dir, "p.safetensors"), 0600) == 0);
-    T_ERR(rt_safetensors_open_dir(dir, &st), MOEC_ERR_IO, "p.safetensors is not a regular file");
+    T_ERR(rt_safetensors_open_dir(dir, &st), MOEC_ERR_IO,
+          "p.safetensors is not a regular file (it is a FIFO)");
 
     dir = t_tmpdir("st-empty");
     t_write_file(path_in(dir, "config.json"), "{}", 2);

@@ -1,0 +1,24 @@
+/* file.h — opening the files moec reads (config.json, generation_config.json,
+ * safetensors shards and their index, plan files): only regular files, and
+ * never blocking on a FIFO or a device that stands in for one. */
+#ifndef MOEC_COMMON_FILE_H
+#define MOEC_COMMON_FILE_H
+
+#include <stddef.h>
+
+#include "moec.h"
+
+/* Opens path read-only; MOEC_ERR_IO naming path when it cannot be opened or
+ * is not a regular file. *fd (close it) and *size get the file. */
+moec_status moec_file_open(const char *path, int *fd, size_t *size);
+/* Reads the regular file path whole: *data (free it) gets its *len bytes
+ * and a NUL after them. MOEC_ERR_FORMAT when it is larger than max bytes. */
+moec_status moec_file_read(const char *path, size_t max, char **data, size_t *len);
+/* moec_file_read for a file a folder may lack (generation_config.json):
+ * when path does not exist, MOEC_OK with *data NULL. */
+moec_status moec_file_read_optional(const char *path, size_t max, char **data, size_t *len);
+
+/* Configs are a few kB; anything past 16 MiB is not one. */
+#define MOEC_FILE_CONFIG_MAX ((size_t)16 << 20)
+
+#endif
