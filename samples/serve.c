@@ -13,7 +13,12 @@
  * many steps as it needs). Decoding is greedy, from the engine's next ids.
  * A sequence ends after max_new_tokens, or at the model's eos_token_id
  * unless the request says ignore_eos; its slot is then free for the next
- * request. A client that goes away takes its sequences with it. */
+ * request. A client that goes away takes its sequences with it.
+ *
+ * What clients can make it hold is bounded: connections (--max-connections),
+ * each one's unfinished request line and unread replies, and those bytes
+ * over all clients (--max-buffer-mib); buffers are freed once empty and the
+ * memory returned after a burst, so an idle service shrinks back. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -565,6 +570,10 @@ static void handle_request(server *sv, conn *c, const cJSON *req, size_t bad_utf
     }
     if (!cJSON_IsString(id) && !cJSON_IsNumber(id)) {
         reply_error(c, NULL, "\"id\" must be a string or a number");
+        return;
+    }
+    if (cJSON_IsNumber(id) && !isfinite(id->valuedouble)) {
+        reply_error(c, NULL, "\"id\" is a number too large to echo"); /* it would print null */
         return;
     }
     size_t id_len = cJSON_IsString(id) ? strlen(id->valuestring) : 0;

@@ -181,6 +181,7 @@ good='{"id":"ok","prompt_ids":[5,101,33,240,18,77],"max_new_tokens":9,"ignore_eo
   echo '{"id":"n3","prompt_ids":[1],"max_new_tokens":0}'
   echo '{"id":"n4","prompt_ids":[1],"max_new_tokens":1.5}'
   echo '{"id":"e1","prompt_ids":[1],"max_new_tokens":1,"ignore_eos":"yes"}'
+  echo '{"id":-1e400,"prompt_ids":[1],"max_new_tokens":1}'
   echo '{"id":"f1","prompt_ids":[1],"max_new_tokens":1,"foo":2}'
   echo '{"id":"f2","prompt_ids":[1],"max_new_tokens":1,"ignore_eso":true}'
   echo '{"id":"f3","prompt_ids":[1],"max_new_tokens":1,"max_new_tokens":2}'
@@ -221,6 +222,7 @@ expect_line "$T/bad.out" '{"id":"n2","error":"\"max_new_tokens\" must be an inte
 expect_line "$T/bad.out" '{"id":"n3","error":"\"max_new_tokens\" must be at least 1, got 0"}'
 expect_line "$T/bad.out" '{"id":"n4","error":"\"max_new_tokens\" must be an integer"}'
 expect_line "$T/bad.out" '{"id":"e1","error":"\"ignore_eos\" must be true or false"}'
+expect_line "$T/bad.out" '{"id":null,"error":"\"id\" is a number too large to echo"}'
 expect_line "$T/bad.out" '{"id":"f1","error":"unknown field \"foo\" (the fields: id, prompt_ids, max_new_tokens, ignore_eos)"}'
 expect_line "$T/bad.out" '{"id":"f2","error":"unknown field \"ignore_eso\" (the fields: id, prompt_ids, max_new_tokens, ignore_eos)"}'
 expect_line "$T/bad.out" '{"id":"f3","error":"field \"max_new_tokens\" is given twice"}'
@@ -241,7 +243,7 @@ expect_tokens "$T/bad.out" '"ok"' "$(golden $m greedy_ids)" length
 expect_tokens "$T/bad.out" '"fits"' "$(reference $m 1,2,3,4,5,6,7,8,9,10 6)" length
 expect_tokens "$T/bad.out" '"crlf"' "$(reference $m 5 1)" length
 expect_tokens "$T/bad.out" '"last"' "77,77" length
-[ "$(grep -c '"error"' "$T/bad.out")" = 30 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 30"
+[ "$(grep -c '"error"' "$T/bad.out")" = 31 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 31"
 # Every reply, the refusals of bytes that are not UTF-8 included, is strict
 # UTF-8 JSON.
 python3 - "$T/bad.out" <<'PY' && ok || bad "bad.out is not one UTF-8 JSON object a line"
