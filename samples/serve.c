@@ -15,7 +15,12 @@
  * many steps as it needs). Decoding is greedy, from the engine's next ids.
  * A sequence ends after max_new_tokens, or at any of the model's eos ids
  * unless the request says ignore_eos; its slot is then free for the next
- * request. A client that goes away takes its sequences with it. */
+ * request. A client that goes away takes its sequences with it.
+ *
+ * What clients can make it hold is bounded: connections (--max-connections),
+ * each one's unfinished request line and unread replies, and those bytes
+ * over all clients (--max-buffer-mib); buffers are freed once empty and the
+ * memory returned after a burst, so an idle service shrinks back. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -31,6 +36,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h> /* malloc_trim */
+#endif
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -43,13 +51,16 @@ static const char *USAGE =
     "\n"
     "moec-serve runs plan files (moec compile) and links the runtime alone;\n"
     "`moec serve` also takes a model folder, compiled (CUDA) or interpreted\n"
-    "(CPU) at start. Loads the model once and serves greedy generation requests: one JSON object\n"
-    "a line, on stdin (the default) or on TCP connections to 127.0.0.1:\n"
+    "(CPU) at start. Loads the model once and serves greedy generation\n"
+    "requests: one JSON object a line (UTF-8, at most 1048576 bytes), on stdin\n"
+    "(the default) or on TCP connections to 127.0.0.1:\n"
     "\n"
     "  {\"id\": \"a\", \"prompt_ids\": [1, 2, 3], \"max_new_tokens\": 16, \"ignore_eos\": false}\n"
     "\n"
-    "id is a string or a number, echoed in every reply; ignore_eos is optional.\n"
-    "Each generated token is sent as soon as it is known, then a final line:\n"
+    "id is a string or a number, echoed in every reply, and may not be the id of\n"
+    "a request still running on the same connection; ignore_eos is optional; any\n"
+    "other field is refused. Each generated token is sent as soon as it is known,\n"
+    "then a final line:\n"
     "\n"
     "  {\"id\":\"a\",\"token\":17,\"index\":0}\n"
     "  {\"id\":\"a\",\"done\":true,\"tokens\":[17,...],\"finish\":\"length\"}   (or \"eos\")\n"
@@ -59,7 +70,8 @@ static const char *USAGE =
     "every step decodes one token of each running sequence and fills the rest of\n"
     "the step with the prompts of new ones. Each request takes one sequence slot\n"
     "until it finishes; with every slot busy a request is refused (\"cache full\").\n"
-    "Replies go to the connection a request came from. With --stdin, the service\n"
+    "Replies go to the connection a request came from; a client that leaves more\n"
+    "than 16 MiB of replies unread is disconnected. With --stdin, the service\n"
     "exits when stdin is closed and every request has finished.\n"
     "\n"
     "options:\n"
@@ -67,20 +79,40 @@ static const char *USAGE =
     "                       with a PLAN; with MODEL_DIR, weights from DIR instead\n"
     "  --stdin              requests on stdin, replies on stdout (the default)\n"
     "  --port N             listen on 127.0.0.1:N instead (0: a free port; the\n"
-    "                       startup line on stderr names it)\n"
-    "  --max-seqs N         sequence slots: requests served at once (default 8)\n"
+    "                       startup line on stderr names it); not with --stdin\n"
+    "  --max-connections N  --port: clients connected at once (default 64, at most\n"
+    "                       65536); one more gets an error line and is closed\n"
+    "  --max-buffer-mib N   MiB held for all clients together: unfinished request\n"
+    "                       lines and replies not yet read (default 256); a line\n"
+    "                       that would pass it is refused, and the client with the\n"
+    "                       most unread replies is disconnected\n"
+    "  --max-seqs N         sequence slots: requests served at once (default 8, at\n"
+    "                       most 65536)\n"
     "  --max-seq-len N      tokens per sequence, prompt + new tokens (default 4096,\n"
-    "                       or the model's max_position_embeddings if less)\n"
+    "                       or the model's max_position_embeddings if less; at\n"
+    "                       most 67108864)\n"
     "  --backend B          cpu (the fp32 reference interpreter), cuda, or auto\n"
     "                       (default: cuda where a GPU is present, else cpu); cuda\n"
-    "                       computes in bf16, or fp32 with MOEC_DTYPE=fp32\n"
-    "  --single-stream      cuda: the shared experts on the main stream too\n"
-    "  --eager              cuda: launch kernels one by one, no CUDA Graphs\n"
+    "                       computes in bf16, or fp32 with MOEC_DTYPE=fp32 (a PLAN:\n"
+    "                       in the dtype it was compiled for)\n"
+    "  --single-stream      cuda: the shared experts on the main stream too (the\n"
+    "                       cpu backend ignores it)\n"
+    "  --eager              cuda: launch kernels one by one, no CUDA Graphs (the\n"
+    "                       cpu backend ignores it)\n"
     "  -h, --help           this help\n";
 
-#define LINE_LIMIT (1 << 20)     /* longest request line, in bytes */
-#define READ_CHUNK (64 << 10)    /* bytes read at once */
-#define OUT_LIMIT (64 << 20)     /* replies held for a client that does not read */
+#define LINE_LIMIT (1 << 20)    /* longest request line, in bytes */
+#define READ_CHUNK (64 << 10)   /* bytes read at once */
+#define OUT_LIMIT (16 << 20)    /* replies held for one client that does not read */
+#define OUT_KEEP (64 << 10)     /* a reply buffer larger than this is freed once sent */
+#define TRIM_AFTER (1 << 20)    /* bytes freed or parsed before memory goes back to the OS */
+#define DEFAULT_CONNS 64
+#define DEFAULT_BUFFER_MIB 256
+/* serve's own bound on --max-seqs, --max-connections and --max-buffer-mib:
+ * the engine sets none above (a slot count it cannot hold fails when it
+ * allocates), and past this a typo is likelier than a plan. */
+#define COUNT_LIMIT (1 << 16)
+#define SEQ_LEN_LIMIT (1 << 26)
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -126,6 +158,14 @@ static int usage_error(const char *fmt, const char *arg)
     return 2;
 }
 
+/* A count option out of range: its bounds named. */
+static int count_error(const char *opt, const char *value, long max)
+{
+    fprintf(stderr, "moec-serve: %s: '%s' is not an integer from 1 to %ld\n\n%s", opt, value,
+            max, USAGE);
+    return 2;
+}
+
 static const char *backend_name(moec_backend b)
 {
     return b == MOEC_BACKEND_CUDA ? "cuda" : b == MOEC_BACKEND_CPU ? "cpu" : "auto";
@@ -133,8 +173,16 @@ static const char *backend_name(moec_backend b)
 
 /* ---- connections ---------------------------------------------------------- */
 
-/* A client: a TCP connection, or stdin and stdout. Requests are read into
- * `in` until a newline; replies wait in `out` until the client takes them. */
+/* What every client's buffers hold together, against --max-buffer-mib:
+ * the bytes of unfinished request lines and of replies not yet written. */
+typedef struct budget {
+    size_t held, limit;
+    size_t churn; /* bytes freed or parsed since memory last went back to the OS */
+} budget;
+
+/* A client: a TCP connection, or stdin and stdout. Only an unfinished
+ * request line waits in `in`; replies wait in `out` until the client takes
+ * them. Both are freed when empty, so an idle client holds a few bytes. */
 typedef struct conn {
     int fd;          /* read from (a socket, or 0) */
     int out_fd;      /* written to (the socket, or 1) */
@@ -142,57 +190,102 @@ typedef struct conn {
     int eof;         /* the client sent all it will send */
     int dead;        /* closed: free it once the loop is done with it */
     int failed;      /* closed because reading or writing failed */
-    int discarding;  /* inside an over-long line: dropping bytes to its newline */
+    int discarding;  /* inside a refused line: dropping bytes to its newline */
     int n_running;   /* its sequences still generating */
+    budget *budget;
     char *in;
-    size_t in_len;
+    size_t in_len, in_cap;
     char *out;
     size_t out_len, out_off, out_cap;
 } conn;
+
+static size_t conn_pending(const conn *c) { return c->out_len - c->out_off; }
+
+static void conn_in_clear(conn *c)
+{
+    c->budget->held -= c->in_len;
+    c->budget->churn += c->in_cap;
+    free(c->in);
+    c->in = NULL;
+    c->in_len = c->in_cap = 0;
+}
+
+static void conn_out_clear(conn *c)
+{
+    c->budget->held -= conn_pending(c);
+    c->budget->churn += c->out_cap;
+    free(c->out);
+    c->out = NULL;
+    c->out_len = c->out_off = c->out_cap = 0;
+}
+
+/* Closes c at once (its buffers freed; the loop frees the rest), saying why
+ * on stderr. */
+__attribute__((format(printf, 2, 3))) static void conn_drop(conn *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moec-serve: dropping a client: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    conn_in_clear(c);
+    conn_out_clear(c);
+    c->dead = 1;
+}
 
 /* Appends text to c's replies. */
 static void conn_write(conn *c, const char *text, size_t n)
 {
     if (c->dead)
         return;
+    if (c->out_len + n > c->out_cap && c->out_off) {
+        memmove(c->out, c->out + c->out_off, conn_pending(c));
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+    }
     if (c->out_len + n > c->out_cap) {
         c->out_cap = (c->out_len + n) * 2;
         c->out = xrealloc(c->out, c->out_cap);
     }
     memcpy(c->out + c->out_len, text, n);
     c->out_len += n;
+    c->budget->held += n;
+}
+
+/* vsnprintf into a new string. */
+static char *vformat(const char *fmt, va_list ap)
+{
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    if (n < 0)
+        die_oom(); /* only an invalid format or a length past INT_MAX */
+    char *text = xrealloc(NULL, (size_t)n + 1);
+    vsnprintf(text, (size_t)n + 1, fmt, ap);
+    return text;
 }
 
 __attribute__((format(printf, 2, 3))) static void conn_printf(conn *c, const char *fmt, ...)
 {
-    char small[256];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
+    char *text = vformat(fmt, ap);
     va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof small) {
-        conn_write(c, small, (size_t)n);
-        return;
-    }
-    char *big = xrealloc(NULL, (size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    conn_write(c, big, (size_t)n);
-    free(big);
+    conn_write(c, text, strlen(text));
+    free(text);
 }
 
 /* An error reply: {"id": <id or null>, "error": msg}. id_json is the id as
- * JSON text, or NULL. */
+ * JSON text, or NULL. The message is never cut short, so it stays the
+ * valid UTF-8 that the names it quotes are. */
 __attribute__((format(printf, 3, 4))) static void reply_error(conn *c, const char *id_json,
                                                               const char *fmt, ...)
 {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    char *msg = vformat(fmt, ap);
     va_end(ap);
     cJSON *o = cJSON_CreateObject();
     cJSON *id = id_json ? cJSON_Parse(id_json) : cJSON_CreateNull();
@@ -202,17 +295,20 @@ __attribute__((format(printf, 3, 4))) static void reply_error(conn *c, const cha
     char *text = cJSON_PrintUnformatted(o);
     if (!text)
         die_oom();
-    conn_printf(c, "%s\n", text);
+    conn_write(c, text, strlen(text));
+    conn_write(c, "\n", 1);
     cJSON_free(text);
     cJSON_Delete(o);
+    free(msg);
 }
 
 /* Writes what c's client will take now: all of it for stdout (blocking),
- * as much as the socket accepts otherwise. A failed write closes c. */
+ * as much as the socket accepts otherwise. A failed write closes c, and so
+ * does more than OUT_LIMIT bytes of replies left unread. */
 static void conn_flush(conn *c)
 {
     while (!c->dead && c->out_off < c->out_len) {
-        ssize_t n = write(c->out_fd, c->out + c->out_off, c->out_len - c->out_off);
+        ssize_t n = write(c->out_fd, c->out + c->out_off, conn_pending(c));
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -225,13 +321,17 @@ static void conn_flush(conn *c)
             break;
         }
         c->out_off += (size_t)n;
+        c->budget->held -= (size_t)n;
     }
-    if (c->out_off == c->out_len)
+    if (c->dead)
+        return;
+    if (c->out_off == c->out_len) {
         c->out_off = c->out_len = 0;
-    else if (c->out_len - c->out_off > OUT_LIMIT) {
-        fprintf(stderr, "moec-serve: dropping a client that has not read %zu bytes of replies\n",
-                c->out_len - c->out_off);
-        c->dead = 1;
+        if (c->out_cap > OUT_KEEP)
+            conn_out_clear(c); /* a burst's buffer goes back */
+    } else if (conn_pending(c) > OUT_LIMIT) {
+        conn_drop(c, "it has not read %zu bytes of replies (more than %d MiB)", conn_pending(c),
+                  OUT_LIMIT >> 20);
     }
 }
 
@@ -241,8 +341,8 @@ static void conn_free(conn *c)
         return;
     if (!c->is_stdio)
         close(c->fd);
-    free(c->in);
-    free(c->out);
+    conn_in_clear(c);
+    conn_out_clear(c);
     free(c);
 }
 
@@ -275,6 +375,9 @@ typedef struct server {
     int rotate;         /* the first slot to get a decode token this step */
     conn **conns;
     int n_conns, cap_conns;
+    int max_conns;      /* --max-connections */
+    budget budget;      /* every connection's buffers together */
+    char *scratch;      /* READ_CHUNK bytes: what one read brings */
     int listen_fd;      /* -1 with --stdin */
     int accept_paused;  /* out of file descriptors: no accept until a client leaves */
     /* one step's inputs and outputs */
@@ -312,6 +415,13 @@ static const char *eos_text(const server *sv, char *buf, size_t cap)
     return buf;
 }
 
+/* Ends q with an error reply instead of its done line. */
+static void seq_fail(server *sv, seq *q, const char *why)
+{
+    reply_error(q->client, q->id_json, "generation failed: %s", why);
+    seq_release(sv, q);
+}
+
 /* Appends generated token t to q and streams it; ends q at its length or
  * at any eos id. */
 static void seq_emit(server *sv, seq *q, int32_t t)
@@ -346,64 +456,134 @@ static int json_int(const cJSON *v, long long *out)
     return 1;
 }
 
-/* Writes why a request is refused into err; returns -1. */
-__attribute__((format(printf, 3, 4))) static int refuse(char *err, size_t cap, const char *fmt,
-                                                        ...)
+/* The offset of the first byte of s[0..n) that is not part of valid UTF-8
+ * (a stray continuation byte, a cut or overlong sequence, a surrogate, a
+ * code point past U+10FFFF); n when all of it is valid. */
+static size_t utf8_invalid_at(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned cp = u[i], min;
+        size_t len;
+        if (cp < 0x80) {
+            i++;
+            continue;
+        } else if ((cp & 0xE0) == 0xC0) {
+            len = 2, cp &= 0x1F, min = 0x80;
+        } else if ((cp & 0xF0) == 0xE0) {
+            len = 3, cp &= 0x0F, min = 0x800;
+        } else if ((cp & 0xF8) == 0xF0) {
+            len = 4, cp &= 0x07, min = 0x10000;
+        } else {
+            return i;
+        }
+        if (n - i < len)
+            return i;
+        for (size_t k = 1; k < len; k++) {
+            if ((u[i + k] & 0xC0) != 0x80)
+                return i;
+            cp = cp << 6 | (u[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
+/* Why a request is refused, as a new string. */
+__attribute__((format(printf, 1, 2))) static char *refuse(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
+    char *msg = vformat(fmt, ap);
     va_end(ap);
-    return -1;
+    return msg;
 }
 
-/* Checks a request's fields; 0 when it can be served, else -1 with the
- * reason in err. */
-static int request_check(const server *sv, const cJSON *req, char *err, size_t cap)
+/* Every field of a request must be one of these, once: a misspelt
+ * optional field would otherwise be ignored without a word. */
+static const char *const REQUEST_FIELDS[] = {"id", "prompt_ids", "max_new_tokens", "ignore_eos"};
+
+/* NULL when req's fields are all known and none is given twice. */
+static char *request_fields_check(const cJSON *req)
+{
+    const cJSON *f;
+    cJSON_ArrayForEach(f, req)
+    {
+        size_t k = 0, n = sizeof REQUEST_FIELDS / sizeof *REQUEST_FIELDS;
+        while (k < n && strcmp(f->string, REQUEST_FIELDS[k]))
+            k++;
+        if (k == n)
+            return refuse("unknown field \"%s\" (the fields: id, prompt_ids, max_new_tokens, "
+                          "ignore_eos)",
+                          f->string);
+        for (const cJSON *g = req->child; g != f; g = g->next)
+            if (!strcmp(g->string, f->string))
+                return refuse("field \"%s\" is given twice", f->string);
+    }
+    return NULL;
+}
+
+/* NULL when a request's fields can be served. */
+static char *request_check(const server *sv, const cJSON *req)
 {
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "prompt_ids");
     const cJSON *max_new = cJSON_GetObjectItemCaseSensitive(req, "max_new_tokens");
     const cJSON *ignore = cJSON_GetObjectItemCaseSensitive(req, "ignore_eos");
     if (!ids)
-        return refuse(err, cap, "missing \"prompt_ids\"");
+        return refuse("missing \"prompt_ids\"");
     if (!cJSON_IsArray(ids))
-        return refuse(err, cap, "\"prompt_ids\" must be an array of token ids");
+        return refuse("\"prompt_ids\" must be an array of token ids");
     int n_prompt = cJSON_GetArraySize(ids);
     if (n_prompt == 0)
-        return refuse(err, cap, "\"prompt_ids\" is empty");
+        return refuse("\"prompt_ids\" is empty");
     int i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, ids)
     {
         long long t;
         if (!json_int(it, &t))
-            return refuse(err, cap, "\"prompt_ids\"[%d] is not an integer", i);
+            return refuse("\"prompt_ids\"[%d] is not an integer", i);
         if (t < 0 || t >= sv->vocab)
-            return refuse(err, cap,
-                          "\"prompt_ids\"[%d]: token id %lld is outside the vocabulary "
+            return refuse("\"prompt_ids\"[%d]: token id %lld is outside the vocabulary "
                           "(vocab_size %d)",
                           i, t, sv->vocab);
         i++;
     }
     long long n_new;
     if (!max_new)
-        return refuse(err, cap, "missing \"max_new_tokens\"");
+        return refuse("missing \"max_new_tokens\"");
     if (!json_int(max_new, &n_new))
-        return refuse(err, cap, "\"max_new_tokens\" must be an integer");
+        return refuse("\"max_new_tokens\" must be an integer");
     if (n_new < 1)
-        return refuse(err, cap, "\"max_new_tokens\" must be at least 1, got %lld", n_new);
+        return refuse("\"max_new_tokens\" must be at least 1, got %lld", n_new);
     if (ignore && !cJSON_IsBool(ignore))
-        return refuse(err, cap, "\"ignore_eos\" must be true or false");
+        return refuse("\"ignore_eos\" must be true or false");
     if (n_prompt + n_new > sv->max_seq_len)
-        return refuse(err, cap,
-                      "too long for the KV cache: %d prompt + %lld new = %lld tokens of at "
+        return refuse("too long for the KV cache: %d prompt + %lld new = %lld tokens of at "
                       "most %d",
                       n_prompt, n_new, n_prompt + n_new, sv->max_seq_len);
-    return 0;
+    return NULL;
 }
 
-/* Checks one request and admits it into a free slot, or answers why not. */
-static void handle_request(server *sv, conn *c, const cJSON *req)
+/* NULL when c has no request of this id running: its replies could not be
+ * told from the new one's. */
+static char *request_id_check(const server *sv, const conn *c, const char *id_json)
+{
+    for (int s = 0; s < sv->max_seqs; s++) {
+        const seq *q = &sv->seqs[s];
+        if (q->busy && q->client == c && !strcmp(q->id_json, id_json))
+            return refuse("id %s is already in flight", id_json);
+    }
+    return NULL;
+}
+
+/* Checks one request (its line: len bytes, the first that is not UTF-8 at
+ * bad_utf8, len when none) and admits it into a free slot, or answers why
+ * not. */
+static void handle_request(server *sv, conn *c, const cJSON *req, size_t bad_utf8, size_t len)
 {
     if (!cJSON_IsObject(req)) {
         reply_error(c, NULL, "a request must be a JSON object");
@@ -418,19 +598,33 @@ static void handle_request(server *sv, conn *c, const cJSON *req)
         reply_error(c, NULL, "\"id\" must be a string or a number");
         return;
     }
+    if (cJSON_IsNumber(id) && !isfinite(id->valuedouble)) {
+        reply_error(c, NULL, "\"id\" is a number too large to echo"); /* it would print null */
+        return;
+    }
+    size_t id_len = cJSON_IsString(id) ? strlen(id->valuestring) : 0;
+    if (id_len && utf8_invalid_at(id->valuestring, id_len) < id_len) {
+        reply_error(c, NULL, "\"id\" is not valid UTF-8"); /* so it cannot be echoed */
+        return;
+    }
     char *id_json = cJSON_PrintUnformatted(id);
     if (!id_json)
         die_oom();
-    char err[256];
     seq *q = NULL;
     for (int s = 0; s < sv->max_seqs && !q; s++)
         if (!sv->seqs[s].busy)
             q = &sv->seqs[s];
-    if (request_check(sv, req, err, sizeof err) < 0 || !q) {
-        if (!q)
-            snprintf(err, sizeof err, "cache full: all %d sequence slots are in use",
-                     sv->max_seqs);
+    char *err = bad_utf8 < len ? refuse("the request is not valid UTF-8 (byte %zu)", bad_utf8)
+                               : request_fields_check(req);
+    if (!err)
+        err = request_check(sv, req);
+    if (!err)
+        err = request_id_check(sv, c, id_json);
+    if (!err && !q)
+        err = refuse("cache full: all %d sequence slots are in use", sv->max_seqs);
+    if (err) {
         reply_error(c, id_json, "%s", err);
+        free(err);
         cJSON_free(id_json);
         return;
     }
@@ -452,9 +646,11 @@ static void handle_request(server *sv, conn *c, const cJSON *req)
     sv->n_busy++;
 }
 
-/* One request line (without its newline; NUL-terminated in place). */
+/* One request line (without its newline; NUL-terminated in place, so
+ * line[len] must be writable). */
 static void handle_line(server *sv, conn *c, char *line, size_t len)
 {
+    sv->budget.churn += len; /* the parse allocates in proportion */
     if (len && line[len - 1] == '\r')
         len--;
     line[len] = '\0';
@@ -469,17 +665,48 @@ static void handle_line(server *sv, conn *c, char *line, size_t len)
         reply_error(c, NULL, "malformed JSON at byte %ld", off);
         return;
     }
-    handle_request(sv, c, req);
+    handle_request(sv, c, req, utf8_invalid_at(line, len), len);
     cJSON_Delete(req);
 }
 
+/* Adds n bytes to c's unfinished line; -1 when that refuses the line (an
+ * error reply sent, its bytes dropped): it grows past LINE_LIMIT, or all
+ * clients together would hold more than --max-buffer-mib. */
+static int conn_in_add(conn *c, const char *p, size_t n)
+{
+    budget *b = c->budget;
+    if (c->in_len + n > LINE_LIMIT || b->held + n > b->limit) {
+        if (c->in_len + n > LINE_LIMIT)
+            reply_error(c, NULL, "request line longer than %d bytes", LINE_LIMIT);
+        else
+            reply_error(c, NULL,
+                        "request line refused: the clients together would hold more than "
+                        "%zu MiB (--max-buffer-mib)",
+                        b->limit >> 20);
+        conn_in_clear(c);
+        return -1;
+    }
+    if (c->in_len + n + 1 > c->in_cap) {
+        size_t cap = c->in_cap ? 2 * c->in_cap : 4096;
+        if (cap < c->in_len + n + 1)
+            cap = c->in_len + n + 1;
+        if (cap > LINE_LIMIT + 1)
+            cap = LINE_LIMIT + 1;
+        c->in = xrealloc(c->in, cap);
+        c->in_cap = cap;
+    }
+    memcpy(c->in + c->in_len, p, n);
+    c->in_len += n;
+    b->held += n;
+    return 0;
+}
+
 /* Reads what c sent and handles every complete line; at end of input the
- * last line, newline or not. */
+ * last line, newline or not. Lines are handled where the read put them;
+ * only an unfinished one is copied into c->in, freed once it ends. */
 static void conn_read(server *sv, conn *c)
 {
-    if (!c->in)
-        c->in = xrealloc(NULL, LINE_LIMIT + READ_CHUNK + 1);
-    ssize_t n = read(c->fd, c->in + c->in_len, READ_CHUNK);
+    ssize_t n = read(c->fd, sv->scratch, READ_CHUNK);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
         return;
     if (n < 0) {
@@ -488,35 +715,26 @@ static void conn_read(server *sv, conn *c)
         c->dead = c->failed = 1;
         return;
     }
-    size_t old = c->in_len;
-    c->in_len += (size_t)n;
-    size_t start = 0;
-    for (size_t i = old; i < c->in_len; i++) {
-        if (c->in[i] != '\n')
-            continue;
-        if (c->discarding)
-            c->discarding = 0;
-        else if (i - start > LINE_LIMIT)
-            reply_error(c, NULL, "request line longer than %d bytes", LINE_LIMIT);
-        else
-            handle_line(sv, c, c->in + start, i - start);
-        start = i + 1;
-    }
-    memmove(c->in, c->in + start, c->in_len - start);
-    c->in_len -= start;
-    if (c->discarding) {
-        c->in_len = 0;
-    } else if (c->in_len > LINE_LIMIT) {
-        reply_error(c, NULL, "request line longer than %d bytes", LINE_LIMIT);
-        c->discarding = 1;
-        c->in_len = 0;
-    }
     if (n == 0) {
         c->eof = 1;
         if (c->in_len && !c->discarding)
             handle_line(sv, c, c->in, c->in_len);
-        c->in_len = 0;
+        conn_in_clear(c);
+        return;
     }
+    char *p = sv->scratch, *end = p + n;
+    for (char *nl; (nl = memchr(p, '\n', (size_t)(end - p))); p = nl + 1) {
+        size_t len = (size_t)(nl - p);
+        if (c->discarding)
+            c->discarding = 0; /* the refused line ends here */
+        else if (!c->in_len)
+            handle_line(sv, c, p, len);
+        else if (conn_in_add(c, p, len) == 0)
+            handle_line(sv, c, c->in, c->in_len);
+        conn_in_clear(c);
+    }
+    if (p < end && !c->discarding && conn_in_add(c, p, (size_t)(end - p)) < 0)
+        c->discarding = 1;
 }
 
 /* ---- stepping ------------------------------------------------------------- */
@@ -561,13 +779,9 @@ static void serve_step(server *sv)
         /* Nothing of this step can be trusted: its sequences end here. */
         fprintf(stderr, "moec-serve: step of %d tokens failed (%s): %s\n", n,
                 moec_status_name(st), moec_last_error());
-        for (int i = 0; i < n; i++) {
-            seq *q = &sv->seqs[sv->slot[i]];
-            if (!q->busy)
-                continue;
-            reply_error(q->client, q->id_json, "generation failed: %s", moec_last_error());
-            seq_release(sv, q);
-        }
+        for (int i = 0; i < n; i++)
+            if (sv->seqs[sv->slot[i]].busy)
+                seq_fail(sv, &sv->seqs[sv->slot[i]], moec_last_error());
         return;
     }
     /* The row of a sequence's last known token gives its next token. */
@@ -587,11 +801,40 @@ static conn *server_add_conn(server *sv, int fd, int out_fd, int is_stdio)
         sv->conns = xrealloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
     }
     conn *c = xcalloc(1, sizeof *c);
+    c->budget = &sv->budget;
     c->fd = fd;
     c->out_fd = out_fd;
     c->is_stdio = is_stdio;
     sv->conns[sv->n_conns++] = c;
     return c;
+}
+
+/* Connections not yet closed. */
+static int server_n_open(const server *sv)
+{
+    int n = 0;
+    for (int i = 0; i < sv->n_conns; i++)
+        n += !sv->conns[i]->dead;
+    return n;
+}
+
+/* Turns away a client past --max-connections: one error line, then the
+ * connection closes. What the client already sent is read first, so that
+ * it sees the line and then the end rather than a reset. */
+static void server_refuse(server *sv, int fd)
+{
+    for (int k = 0; k < 16; k++)
+        if (read(fd, sv->scratch, READ_CHUNK) <= 0)
+            break;
+    char line[160];
+    int n = snprintf(line, sizeof line,
+                     "{\"id\":null,\"error\":\"too many connections: all %d that "
+                     "--max-connections allows are open\"}\n",
+                     sv->max_conns);
+    if (write(fd, line, (size_t)n) < 0) {
+        /* it has gone already: there is no one to tell */
+    }
+    close(fd);
 }
 
 /* Accepts every pending connection, non-blocking. */
@@ -613,7 +856,10 @@ static void server_accept(server *sv)
             close(fd);
             continue;
         }
-        server_add_conn(sv, fd, fd, 0);
+        if (server_n_open(sv) >= sv->max_conns)
+            server_refuse(sv, fd);
+        else
+            server_add_conn(sv, fd, fd, 0);
     }
 }
 
@@ -640,6 +886,44 @@ static int server_reap(server *sv)
     }
     sv->n_conns = kept;
     return stdio_failed;
+}
+
+/* While the clients together hold more than --max-buffer-mib, drops the
+ * one with the most replies unread (request lines are refused as they
+ * arrive, so only replies push the total over). */
+static void server_budget_check(server *sv)
+{
+    while (sv->budget.held > sv->budget.limit) {
+        conn *worst = NULL;
+        for (int i = 0; i < sv->n_conns; i++) {
+            conn *c = sv->conns[i];
+            if (!c->dead && (!worst || conn_pending(c) > conn_pending(worst)))
+                worst = c;
+        }
+        if (!worst || !conn_pending(worst))
+            return;
+        conn_drop(worst,
+                  "it has not read %zu bytes of replies, and the clients together hold more "
+                  "than %zu MiB (--max-buffer-mib)",
+                  conn_pending(worst), sv->budget.limit >> 20);
+    }
+}
+
+/* Gives memory freed since the last time back to the OS, once there is
+ * enough of it: glibc keeps freed heap pages for reuse, so after a burst of
+ * big request lines the process would otherwise stay at the burst's size.
+ * Done when the loop is about to wait (cheap then), or while sequences run
+ * once much more has piled up. */
+static void server_trim(server *sv)
+{
+#ifdef __GLIBC__
+    if (sv->budget.churn < (sv->n_busy ? 64 : 1) * (size_t)TRIM_AFTER)
+        return;
+    malloc_trim(0);
+    sv->budget.churn = 0;
+#else
+    (void)sv;
+#endif
 }
 
 static volatile sig_atomic_t g_stop;
@@ -682,6 +966,7 @@ static int server_run(server *sv, int stdio)
                                (c->out_off < c->out_len && !c->is_stdio ? POLLOUT : 0));
             pfd[np++] = (struct pollfd){.fd = ev ? c->fd : -1, .events = ev};
         }
+        server_trim(sv);
         /* Running sequences: only look; otherwise wait for a client. */
         struct timespec zero = {0, 0};
         int r = ppoll(pfd, (nfds_t)np, sv->n_busy ? &zero : NULL, &orig);
@@ -710,6 +995,7 @@ static int server_run(server *sv, int stdio)
             serve_step(sv);
         for (int i = 0; i < sv->n_conns; i++)
             conn_flush(sv->conns[i]);
+        server_budget_check(sv);
     }
     sigprocmask(SIG_SETMASK, &orig, NULL);
     free(pfd);
@@ -748,44 +1034,59 @@ typedef struct serve_opts {
     const char *path;    /* MODEL_DIR or PLAN */
     const char *weights;
     long port;           /* -1: --stdin */
+    int stdin_set;       /* --stdin given */
     long max_seqs, max_seq_len;
+    long max_conns, buffer_mib;
     moec_backend backend;
     int backend_set;
     int single_stream, eager;
 } serve_opts;
 
+/* An option that takes a count from 1 to max, and where it goes. */
+typedef struct count_opt {
+    const char *name;
+    long max;
+    long *dst;
+} count_opt;
+
 /* Parses the command line; returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
     o->port = -1;
+    o->max_conns = DEFAULT_CONNS;
+    o->buffer_mib = DEFAULT_BUFFER_MIB;
+    const count_opt counts[] = {{"--max-seqs", COUNT_LIMIT, &o->max_seqs},
+                                {"--max-seq-len", SEQ_LEN_LIMIT, &o->max_seq_len},
+                                {"--max-connections", COUNT_LIMIT, &o->max_conns},
+                                {"--max-buffer-mib", COUNT_LIMIT, &o->buffer_mib}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const count_opt *cnt = NULL;
+        for (size_t k = 0; k < sizeof counts / sizeof *counts; k++)
+            if (!strcmp(a, counts[k].name))
+                cnt = &counts[k];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(USAGE, stdout);
             return 0;
         } else if (!strcmp(a, "--stdin")) {
-            o->port = -1;
+            o->stdin_set = 1;
         } else if (!strcmp(a, "--single-stream")) {
             o->single_stream = 1;
         } else if (!strcmp(a, "--eager")) {
             o->eager = 1;
-        } else if (!strcmp(a, "--weights") || !strcmp(a, "--port") ||
-                   !strcmp(a, "--max-seqs") || !strcmp(a, "--max-seq-len") ||
+        } else if (cnt || !strcmp(a, "--weights") || !strcmp(a, "--port") ||
                    !strcmp(a, "--backend")) {
             if (i + 1 == argc)
                 return usage_error("%s needs a value", a);
             const char *v = argv[++i];
-            if (!strcmp(a, "--weights")) {
+            if (cnt) {
+                if (parse_int(v, 1, cnt->max, cnt->dst))
+                    return count_error(a, v, cnt->max);
+            } else if (!strcmp(a, "--weights")) {
                 o->weights = v;
             } else if (!strcmp(a, "--port")) {
                 if (parse_int(v, 0, 65535, &o->port))
                     return usage_error("--port: '%s' is not a port number (0 to 65535)", v);
-            } else if (!strcmp(a, "--max-seqs")) {
-                if (parse_int(v, 1, 1 << 16, &o->max_seqs))
-                    return usage_error("--max-seqs: '%s' is not an integer >= 1", v);
-            } else if (!strcmp(a, "--max-seq-len")) {
-                if (parse_int(v, 1, 1 << 26, &o->max_seq_len))
-                    return usage_error("--max-seq-len: '%s' is not an integer >= 1", v);
             } else {
                 o->backend_set = 1;
                 if (!strcmp(v, "cpu"))
@@ -807,6 +1108,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     }
     if (!o->path)
         return usage_error("%s", "missing MODEL_DIR or PLAN");
+    if (o->stdin_set && o->port >= 0)
+        return usage_error("%s", "--stdin and --port cannot be used together: requests come "
+                                 "from stdin or from TCP, not both");
     return -1;
 }
 
@@ -869,6 +1173,9 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     sv.max_tokens = moec_engine_max_tokens(sv.engine);
     sv.vocab = moec_engine_vocab_size(sv.engine);
     sv.n_eos = moec_engine_eos_tokens(sv.engine, &sv.eos);
+    sv.max_conns = (int)o.max_conns;
+    sv.budget.limit = (size_t)o.buffer_mib << 20;
+    sv.scratch = xcalloc(READ_CHUNK, 1);
     sv.seqs = xcalloc((size_t)sv.max_seqs, sizeof *sv.seqs);
     sv.tok = xcalloc((size_t)sv.max_tokens, sizeof *sv.tok);
     sv.pos = xcalloc((size_t)sv.max_tokens, sizeof *sv.pos);
@@ -902,6 +1209,7 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     free(sv.conns);
     if (sv.listen_fd >= 0)
         close(sv.listen_fd);
+    free(sv.scratch);
     free(sv.seqs);
     free(sv.tok);
     free(sv.pos);

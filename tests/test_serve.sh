@@ -2,14 +2,19 @@
 # test_serve.sh — the generation service (`moec serve`, which also takes a
 # model folder; moec-serve runs the same loop on plan files) on the CPU
 # backend as a client meets it, over
-# stdin and over TCP (bash's /dev/tcp; no python): every tiny model's golden
-# prompt streams transformers' greedy ids; requests sent together each get
-# their own tokens (the same as `moec run`), a long prompt prefilled in
-# chunks included; eos ends a sequence unless ignore_eos; every bad request
-# gets its exact error reply while the others complete; a busy service
-# refuses with "cache full" and serves again once a slot is free; the TCP
-# service answers each connection with its own requests' replies and stops
-# cleanly on SIGTERM; bad command lines exit 2.
+# stdin and over TCP (bash's /dev/tcp, and python3 where many connections
+# or raw sockets are needed): every tiny model's golden prompt streams
+# transformers' greedy ids; requests sent together each get their own tokens
+# (the same as `moec run`), a long prompt prefilled in chunks included; eos
+# ends a sequence unless ignore_eos; every bad request (unknown or repeated
+# fields, ids that are not UTF-8 or already in flight included) gets its
+# exact error reply, valid UTF-8 JSON, while the others complete; a busy
+# service refuses with "cache full" and serves again once a slot is free;
+# the TCP service answers each connection with its own requests' replies,
+# turns away connections past --max-connections, refuses request lines past
+# --max-buffer-mib, drops clients that leave too many replies unread, gives
+# the memory of a burst of big request lines back, and stops cleanly on
+# SIGTERM; bad command lines exit 2.
 set -u
 B=${MOEC_BUILD_DIR:?}
 S=${MOEC_SOURCE_DIR:?}
@@ -29,11 +34,12 @@ pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 
-# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr.
+# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr
+# (a command still running after 20 s is killed: exit 124).
 expect() {
   local code=$1 needle=$2; shift 3
   local out rc
-  out=$("$@" 2>&1 </dev/null); rc=$?
+  out=$(timeout 20 "$@" 2>&1 </dev/null); rc=$?
   if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
   case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
 }
@@ -88,15 +94,28 @@ expect_line() {
 }
 
 # ---- command line -------------------------------------------------------------
-for f in --weights --stdin --port --max-seqs --max-seq-len --backend --single-stream --eager \
-  --help prompt_ids max_new_tokens ignore_eos '"finish"' 'cache full'; do
+for f in --weights --stdin --port --max-connections --max-buffer-mib --max-seqs --max-seq-len \
+  --backend --single-stream --eager --help prompt_ids max_new_tokens ignore_eos '"finish"' \
+  'cache full' 'other field is refused' 'not with --stdin' 'than 16 MiB of replies unread'; do
   expect 0 "$f" -- "$SERVE" --help
 done
 expect 2 "missing MODEL_DIR or PLAN" -- "$SERVE"
 expect 2 "unknown option --frob" -- "$SERVE" "$D/qwen3_moe" --frob
 expect 2 "--backend: 'tpu' is not cpu, cuda or auto" -- "$SERVE" "$D/qwen3_moe" --backend tpu
 expect 2 "--port: '70000' is not a port number" -- "$SERVE" "$D/qwen3_moe" --port 70000
-expect 2 "--max-seqs: '0' is not an integer >= 1" -- "$SERVE" "$D/qwen3_moe" --max-seqs 0
+expect 2 "--max-seqs: '0' is not an integer from 1 to 65536" -- "$SERVE" "$D/qwen3_moe" --max-seqs 0
+expect 2 "--max-seqs: '1000000' is not an integer from 1 to 65536" -- \
+  "$SERVE" "$D/qwen3_moe" --max-seqs 1000000
+expect 2 "--max-seq-len: '1e9' is not an integer from 1 to 67108864" -- \
+  "$SERVE" "$D/qwen3_moe" --max-seq-len 1e9
+expect 2 "--max-connections: '0' is not an integer from 1 to 65536" -- \
+  "$SERVE" "$D/qwen3_moe" --max-connections 0
+expect 2 "--max-buffer-mib: '70000' is not an integer from 1 to 65536" -- \
+  "$SERVE" "$D/qwen3_moe" --max-buffer-mib 70000
+expect 2 "--stdin and --port cannot be used together: requests come from stdin or from TCP, \
+not both" -- \
+  "$SERVE" "$D/qwen3_moe" --stdin --port 0
+expect 2 "--stdin and --port cannot be used together" -- "$SERVE" "$D/qwen3_moe" --port 0 --stdin
 expect 2 "--max-seq-len needs a value" -- "$SERVE" "$D/qwen3_moe" --max-seq-len
 echo "not a plan" >"$T/x.moec"
 expect 2 "is a plan file: --weights MODEL_DIR" -- "$SERVE" "$T/x.moec"
@@ -172,13 +191,29 @@ good='{"id":"ok","prompt_ids":[5,101,33,240,18,77],"max_new_tokens":9,"ignore_eo
   echo '{"id":"n3","prompt_ids":[1],"max_new_tokens":0}'
   echo '{"id":"n4","prompt_ids":[1],"max_new_tokens":1.5}'
   echo '{"id":"e1","prompt_ids":[1],"max_new_tokens":1,"ignore_eos":"yes"}'
+  echo '{"id":-1e400,"prompt_ids":[1],"max_new_tokens":1}'
+  echo '{"id":"f1","prompt_ids":[1],"max_new_tokens":1,"foo":2}'
+  echo '{"id":"f2","prompt_ids":[1],"max_new_tokens":1,"ignore_eso":true}'
+  echo '{"id":"f3","prompt_ids":[1],"max_new_tokens":1,"max_new_tokens":2}'
+  printf '{"id":"\xff\xfe","prompt_ids":[1],"max_new_tokens":1}\n'
+  printf '{"id":"\xc0\xaf","prompt_ids":[1],"max_new_tokens":1}\n'
+  printf '{"id":"\xed\xa0\x80","prompt_ids":[1],"max_new_tokens":1}\n'
+  printf '{"id":"u1","prompt_ids":[1],"max_new_tokens":1,"\xe2\x82":1}\n'
+  printf '{"id":"u2","prompt_ids":[1,"\xf4\x90\x80\x80"],"max_new_tokens":1}\n'
+  printf '{"id":"caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80","prompt_ids":[5],"max_new_tokens":2,"ignore_eos":true}\n'
+  echo '{"id":"\u00e9\ud83d\ude00","prompt_ids":[5],"max_new_tokens":1,"ignore_eos":true}'
+  echo '{"id":"dup","prompt_ids":[5],"max_new_tokens":9,"ignore_eos":true}'
+  echo '{"id":"dup","prompt_ids":[6],"max_new_tokens":1}'
+  echo '{"id":8,"prompt_ids":[5],"max_new_tokens":9,"ignore_eos":true}'
+  echo '{"id":8.0,"prompt_ids":[6],"max_new_tokens":1}'
+  echo '{"id":"8","prompt_ids":[5],"max_new_tokens":2,"ignore_eos":true}'
   echo '{"id":"long","prompt_ids":[1,2,3,4,5,6,7,8,9,10],"max_new_tokens":7}'
   echo '{"id":"fits","prompt_ids":[1,2,3,4,5,6,7,8,9,10],"max_new_tokens":6,"ignore_eos":true}'
   echo ''
   printf '%s\r\n' '{"id":"crlf","prompt_ids":[5],"max_new_tokens":1}'
   head -c 1100000 /dev/zero | tr '\0' 'x'; echo
   printf '%s' '{"id":"last","prompt_ids":[5,101,33,240,18,77],"max_new_tokens":2,"ignore_eos":true}'
-} | serve "$T/bad.out" "$D/$m" --max-seq-len 16
+} | serve "$T/bad.out" "$D/$m" --max-seq-len 16 --max-seqs 16
 expect_line "$T/bad.out" '{"id":null,"error":"malformed JSON at byte 27"}'
 expect_line "$T/bad.out" '{"id":null,"error":"malformed JSON at byte 0"}'
 expect_line "$T/bad.out" '{"id":null,"error":"malformed JSON at byte 11"}'
@@ -197,13 +232,37 @@ expect_line "$T/bad.out" '{"id":"n2","error":"\"max_new_tokens\" must be an inte
 expect_line "$T/bad.out" '{"id":"n3","error":"\"max_new_tokens\" must be at least 1, got 0"}'
 expect_line "$T/bad.out" '{"id":"n4","error":"\"max_new_tokens\" must be an integer"}'
 expect_line "$T/bad.out" '{"id":"e1","error":"\"ignore_eos\" must be true or false"}'
+expect_line "$T/bad.out" '{"id":null,"error":"\"id\" is a number too large to echo"}'
+expect_line "$T/bad.out" '{"id":"f1","error":"unknown field \"foo\" (the fields: id, prompt_ids, max_new_tokens, ignore_eos)"}'
+expect_line "$T/bad.out" '{"id":"f2","error":"unknown field \"ignore_eso\" (the fields: id, prompt_ids, max_new_tokens, ignore_eos)"}'
+expect_line "$T/bad.out" '{"id":"f3","error":"field \"max_new_tokens\" is given twice"}'
+[ "$(grep -cxF '{"id":null,"error":"\"id\" is not valid UTF-8"}' "$T/bad.out")" = 3 ] && ok ||
+  bad "want 3 ids refused as not UTF-8 (a stray byte, an overlong /, a surrogate): $(cat "$T/bad.out")"
+expect_line "$T/bad.out" '{"id":"u1","error":"the request is not valid UTF-8 (byte 48)"}'
+expect_line "$T/bad.out" '{"id":"u2","error":"the request is not valid UTF-8 (byte 28)"}'
+expect_tokens "$T/bad.out" "\"café ✓ 😀\"" "$(reference $m 5 2)" length
+expect_tokens "$T/bad.out" "\"é😀\"" "$(reference $m 5 1)" length
+expect_line "$T/bad.out" '{"id":"dup","error":"id \"dup\" is already in flight"}'
+expect_tokens "$T/bad.out" '"dup"' "$(reference $m 5 9)" length
+expect_line "$T/bad.out" '{"id":8,"error":"id 8 is already in flight"}'
+expect_tokens "$T/bad.out" 8 "$(reference $m 5 9)" length
+expect_tokens "$T/bad.out" '"8"' "$(reference $m 5 2)" length
 expect_line "$T/bad.out" '{"id":"long","error":"too long for the KV cache: 10 prompt + 7 new = 17 tokens of at most 16"}'
 expect_line "$T/bad.out" '{"id":null,"error":"request line longer than 1048576 bytes"}'
 expect_tokens "$T/bad.out" '"ok"' "$(golden $m greedy_ids)" length
 expect_tokens "$T/bad.out" '"fits"' "$(reference $m 1,2,3,4,5,6,7,8,9,10 6)" length
 expect_tokens "$T/bad.out" '"crlf"' "$(reference $m 5 1)" length
 expect_tokens "$T/bad.out" '"last"' "77,77" length
-[ "$(grep -c '"error"' "$T/bad.out")" = 20 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 20"
+[ "$(grep -c '"error"' "$T/bad.out")" = 31 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 31"
+# Every reply, the refusals of bytes that are not UTF-8 included, is strict
+# UTF-8 JSON.
+python3 - "$T/bad.out" <<'PY' && ok || bad "bad.out is not one UTF-8 JSON object a line"
+import json, sys
+with open(sys.argv[1], "rb") as f:
+    for n, raw in enumerate(f, 1):
+        line = raw.decode("utf-8")  # strict: raises on any byte that is not UTF-8
+        assert isinstance(json.loads(line), dict), f"line {n}: {line!r}"
+PY
 
 # ---- cache full, then a free slot again --------------------------------------
 # One slot: the second of two requests written together is refused; a third,
@@ -223,19 +282,122 @@ expect_tokens "$T/full.out" '"ok"' "$(golden $m greedy_ids)" length
 expect_tokens "$T/full.out" '"third"' "77,77,77" length
 
 # ---- TCP ------------------------------------------------------------------------
+# start_tcp NAME ARGS...: moec-serve ARGS --port 0 --backend cpu in the
+# background, stdout into $T/NAME.out, stderr into $T/NAME.err; sets
+# SERVER_PID, SERVER_ERR and port (fails when no port is printed within 10 s).
+start_tcp() {
+  local name=$1; shift
+  "$SERVE" "$@" --port 0 --backend cpu >"$T/$name.out" 2>"$T/$name.err" &
+  SERVER_PID=$! SERVER_ERR=$T/$name.err port=
+  for _ in $(seq 200); do
+    port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$T/$name.err")
+    [ -n "$port" ] && { ok; return 0; }
+    sleep 0.05
+  done
+  bad "moec-serve --port 0 printed no port: $(cat "$T/$name.err")"
+  return 1
+}
+
+# stop_tcp NAME: SIGTERM; the service must exit 0, having written nothing
+# to stdout.
+stop_tcp() {
+  kill -TERM "$SERVER_PID"
+  wait "$SERVER_PID"; local rc=$?; SERVER_PID=
+  [ "$rc" = 0 ] && ok || bad "moec-serve --port exited $rc on SIGTERM: $(cat "$T/$1.err")"
+  [ ! -s "$T/$1.out" ] && ok || bad "moec-serve --port wrote to stdout: $(cat "$T/$1.out")"
+}
+
+# client WHAT: runs the python on stdin against the service on $port
+# ($SERVER_PID, $SERVER_ERR), with serve_client.py's helpers; an exception
+# or exit with a message fails WHAT.
+cat >"$T/serve_client.py" <<'PY'
+"""Helpers for test_serve.sh's TCP checks: a client reading strict UTF-8
+JSON reply lines, the service's resident memory, waiting with a deadline."""
+import json, os, re, socket, sys, time
+
+PORT, PID = int(os.environ["PORT"]), int(os.environ["SERVER_PID"])
+SERVER_ERR = os.environ["SERVER_ERR"]  # the service's stderr
+
+
+class Client:
+    def __init__(self, rcvbuf=0):
+        self.s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.s.settimeout(10)
+        self.s.connect(("127.0.0.1", PORT))
+        self.buf = b""
+
+    def send(self, data):
+        self.s.sendall(data.encode() if isinstance(data, str) else data)
+
+    def line(self):
+        """The next reply, parsed; None when the service closed the connection."""
+        while b"\n" not in self.buf:
+            try:
+                chunk = self.s.recv(1 << 16)
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                return None
+            self.buf += chunk
+        raw, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(raw.decode("utf-8"))
+
+    def reply(self):
+        """Reads up to a done or error line and returns it (None at the end)."""
+        while True:
+            r = self.line()
+            if r is None or "done" in r or "error" in r:
+                return r
+
+    def close(self):
+        self.s.close()
+
+
+def request(rid, new=1, prompt=(5,)):
+    return json.dumps({"id": rid, "prompt_ids": list(prompt), "max_new_tokens": new,
+                       "ignore_eos": True}) + "\n"
+
+
+def rss_kib():
+    with open(f"/proc/{PID}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+
+def unread_by_service():
+    """Bytes waiting in the service's connections that it has not read yet
+    (the receive queues of /proc/net/tcp's sockets on PORT)."""
+    n = 0
+    with open("/proc/net/tcp") as f:
+        for row in f.readlines()[1:]:
+            local, state, queues = row.split()[1], row.split()[3], row.split()[4]
+            if int(local.split(":")[1], 16) == PORT and state == "01":
+                n += int(queues.split(":")[1], 16)
+    return n
+
+
+def wait_for(cond, seconds):
+    end = time.time() + seconds
+    while not cond():
+        if time.time() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def check(cond, msg):
+    if not cond:
+        sys.exit(msg)
+PY
+client() {
+  local what=$1 out
+  out=$(cd "$T" && PORT=$port SERVER_PID=$SERVER_PID SERVER_ERR=$SERVER_ERR timeout 60 python3 - 2>&1) &&
+    ok || bad "$what: $out"
+}
+
 m=deepseek_v3
-"$SERVE" "$D/$m" --port 0 --backend cpu --max-seqs 4 >"$T/tcp.out" 2>"$T/tcp.err" &
-SERVER_PID=$!
-port=
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9][0-9]*\)$/\1/p' "$T/tcp.err")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-if [ -z "$port" ]; then
-  bad "moec-serve --port 0 printed no port: $(cat "$T/tcp.err")"
-else
-  ok
+if start_tcp tcp "$D/$m" --max-seqs 4; then
   # read_replies FD FILE N: N done or error lines from FD (5 s at most each line).
   read_replies() {
     local fd=$1 file=$2 n=$3 line
@@ -267,11 +429,159 @@ else
   read_replies 7 "$T/c7b" 1
   expect_tokens "$T/c7b" '"after"' "$(reference $m 100,3 5)" length
   exec 7>&- 7<&-
-  kill -TERM "$SERVER_PID"
-  wait "$SERVER_PID"; rc=$?; SERVER_PID=
-  [ "$rc" = 0 ] && ok || bad "moec-serve --port exited $rc on SIGTERM: $(cat "$T/tcp.err")"
+  # An id is only refused while in flight on its own connection: another
+  # connection may use it at the same time.
+  client "ids per connection" <<'PY'
+from serve_client import *
+a, b = Client(), Client()
+a.send(request("same", 400))
+check(a.line().get("index") == 0, "no first token")
+b.send(request("same", 2))
+r = b.reply()
+check(r.get("done") and len(r["tokens"]) == 2, f"the other connection's \"same\": {r}")
+a.send(request("same", 1))
+r = a.reply()
+check(r == {"id": "same", "error": "id \"same\" is already in flight"}, f"the duplicate: {r}")
+r = a.reply()
+check(r.get("done") and len(r["tokens"]) == 400, f"the first \"same\": {r}")
+PY
+  stop_tcp tcp
 fi
-[ ! -s "$T/tcp.out" ] && ok || bad "moec-serve --port wrote to stdout: $(cat "$T/tcp.out")"
+
+# ---- at most --max-connections clients ----------------------------------------
+# Past the cap a client gets one error line and the end of the connection;
+# the clients within it are served, and once one leaves a new one is.
+m=qwen3_moe
+if start_tcp conns "$D/$m" --max-connections 3; then
+  client "--max-connections" <<'PY'
+from serve_client import *
+refusal = {"id": None,
+           "error": "too many connections: all 3 that --max-connections allows are open"}
+kept = [Client() for _ in range(3)]
+for i, c in enumerate(kept):
+    c.send(request(i))
+    r = c.reply()
+    check(r and r.get("done"), f"client {i} within the cap: {r}")
+for i in range(2):
+    extra = Client()
+    r = extra.line()
+    check(r == refusal, f"client {3 + i} past the cap: {r}")
+    check(extra.line() is None, f"client {3 + i}: the connection stays open after the refusal")
+kept[0].send(request("again"))
+r = kept[0].reply()
+check(r and r.get("done"), f"a client within the cap after the refusals: {r}")
+kept[2].close()
+def served():
+    c = Client()
+    c.send(request("new"))
+    r = c.reply()
+    check(r is not None and (r.get("done") or r == refusal), f"a new client: {r}")
+    return r.get("done")
+check(wait_for(served, 5), "no new client served once one of the 3 left")
+PY
+  stop_tcp conns
+fi
+
+# ---- --max-buffer-mib: request lines --------------------------------------------
+# With 2 MiB for all, two clients' unfinished lines of 900,000 bytes (blanks
+# inside the JSON) fit and a third's is refused as soon as it would pass
+# the total; all three are served once their lines end, the third with
+# its next line.
+if start_tcp buf "$D/$m" --max-buffer-mib 2; then
+  client "--max-buffer-mib lines" <<'PY'
+from serve_client import *
+cs = [Client() for _ in range(3)]
+for i, c in enumerate(cs):
+    c.send(request(i)[:-2] + " " * 900000)
+    if i < 2:
+        check(wait_for(lambda: unread_by_service() == 0, 5), "the service does not read")
+r = cs[2].line()
+check(r == {"id": None, "error": "request line refused: the clients together would hold more "
+                                 "than 2 MiB (--max-buffer-mib)"}, f"the third line: {r}")
+for c in cs:
+    c.send("}\n")
+for i in range(2):
+    r = cs[i].reply()
+    check(r.get("done") and r["id"] == i, f"client {i}: {r}")
+cs[2].send(request("next"))
+r = cs[2].reply()
+check(r.get("done") and r["id"] == "next", f"the refused client's next line: {r}")
+PY
+  stop_tcp buf
+fi
+
+# ---- unread replies ------------------------------------------------------------
+# A client that asks for much (a 300 kB id echoed in every token line) and
+# reads nothing is dropped, past 16 MiB of its own replies or past the
+# total; its memory goes back, and the others are served on.
+# unread NAME WHY ARGS...: that client against moec-serve ARGS; the drop
+# message on stderr must end in WHY (an extended regex).
+unread() {
+  local name=$1 why=$2; shift 2
+  start_tcp "$name" "$D/$m" "$@" || return
+  client "$name: a client that does not read" <<'PY'
+from serve_client import *
+base = rss_kib()
+hog = Client(rcvbuf=4096)
+hog.send(request("x" * 300000, 400, prompt=(1,)))
+check(wait_for(lambda: "dropping a client" in open(SERVER_ERR).read(), 20),
+      "the client that does not read was never dropped")
+check(wait_for(lambda: rss_kib() < base + 8192, 5),
+      f"VmRSS {rss_kib()} KiB after the drop, {base} KiB before")
+c = Client()
+c.send(request("other", 3))
+r = c.reply()
+check(r.get("done") and len(r["tokens"]) == 3, f"another client after the drop: {r}")
+hog.s.settimeout(5)
+try:
+    while hog.s.recv(1 << 20):
+        pass
+except ConnectionResetError:
+    pass
+PY
+  grep -qE "^moec-serve: dropping a client: it has not read [0-9]+ bytes of replies$why\$" \
+    "$T/$name.err" && ok || bad "$name: no drop message ending in '$why': $(cat "$T/$name.err")"
+  stop_tcp "$name"
+}
+unread own " \(more than 16 MiB\)" --max-buffer-mib 64
+unread all ", and the clients together hold more than 4 MiB \(--max-buffer-mib\)" \
+  --max-buffer-mib 4
+
+# ---- memory after a burst -------------------------------------------------------
+# 48 clients each send 1,000,000 bytes of a request line: the service grows
+# by them; once the lines end (and are answered) and again once a second
+# burst's clients leave with their lines unfinished, its resident memory is
+# back within 8 MiB of where it started.
+if start_tcp burst "$D/$m"; then
+  client "memory after a burst" <<'PY'
+from serve_client import *
+c = Client()
+c.send(request("warm", 4))
+check(c.reply().get("done"), "the warm-up request")
+base = rss_kib()
+cs = [Client() for _ in range(48)]
+def burst():
+    for i, c in enumerate(cs):
+        c.send(request(i)[:-2] + " " * 1000000)
+    check(wait_for(lambda: rss_kib() > base + 40960, 10),
+          f"the burst never reached the service: VmRSS {rss_kib()} KiB, {base} KiB before")
+    return rss_kib()
+peak = burst()
+for c in cs:
+    c.send("}\n")
+for i, c in enumerate(cs):
+    r = c.reply()
+    check(r and (r.get("done") or "cache full" in r.get("error", "")), f"client {i}: {r}")
+check(wait_for(lambda: rss_kib() < base + 8192, 5),
+      f"VmRSS {rss_kib()} KiB once the lines ended: {base} KiB before, {peak} KiB at the peak")
+peak = burst()
+for c in cs:
+    c.close()
+check(wait_for(lambda: rss_kib() < base + 8192, 5),
+      f"VmRSS {rss_kib()} KiB once the clients left: {base} KiB before, {peak} KiB at the peak")
+PY
+  stop_tcp burst
+fi
 
 echo "test_serve: $pass passed, $fail failed"
 [ "$fail" = 0 ]
