@@ -52,6 +52,11 @@ static const char *USAGE_DUMP =
     "  -o, --output PATH   write to the file PATH (a folder with --after all)\n"
     "  --summary           print a summary (layers, ops by kind, weight bytes)\n"
     "                      instead of the IR\n"
+    "  --tp N              the module of one rank of N (docs/PARALLEL.md): after\n"
+    "                      pass shard unless --after says another\n"
+    "  --ep M              with --tp: the routed experts in M groups of ranks\n"
+    "                      (M divides N; default 1)\n"
+    "  --rank R            with --tp: which rank's module, 0 .. N-1 (default 0)\n"
     "  -h, --help          this help\n";
 
 static void print_passes(FILE *out)
@@ -118,6 +123,12 @@ static const char *USAGE_RUN =
     "                         experts; the same as MOEC_SINGLE_STREAM=1)\n"
     "  --eager                cuda: launch every kernel of a step one by one instead\n"
     "                         of replaying its CUDA Graph (MOEC_DISABLE_GRAPHS=1)\n"
+    "  --tp N                 split the model over N ranks (docs/PARALLEL.md): on\n"
+    "                         cpu, N reference interpreters in step in this process,\n"
+    "                         the collectives done in memory; --tp 1 runs the\n"
+    "                         sharded path with one rank\n"
+    "  --ep M                 the routed experts in M groups of the ranks (M divides\n"
+    "                         N; --ep alone: as many ranks as groups)\n"
     "  -h, --help             this help\n";
 
 static const char *USAGE_BENCH =
@@ -215,11 +226,56 @@ static int parse_ids(const char *s, int32_t **out, const char **bad)
     return n;
 }
 
+/* --tp N, --ep M or --rank R at argv[*i] (an int in [lo, 64]) into *out;
+ * 1 when argv[*i] is one of them, -1 (a usage error printed) when its value
+ * is bad. */
+static int parse_parallel_flag(int argc, char **argv, int *i, const char *usage,
+                               moec_parallel *par, int *seen)
+{
+    const char *a = argv[*i];
+    int *dst = !strcmp(a, "--tp") ? &par->tp : !strcmp(a, "--ep") ? &par->ep
+               : !strcmp(a, "--rank") ? &par->rank : NULL;
+    if (!dst)
+        return 0;
+    long v;
+    long lo = dst == &par->rank ? 0 : 1;
+    if (++*i == argc) {
+        usage_error(usage, "%s needs a value", a);
+        return -1;
+    }
+    if (parse_int(argv[*i], lo, 64, &v)) {
+        usage_error(usage, dst == &par->rank ? "%s: not an integer in [0, 64)"
+                                             : "%s: not an integer in [1, 64]",
+                    a);
+        return -1;
+    }
+    *dst = (int)v;
+    *seen |= dst == &par->tp ? 1 : dst == &par->ep ? 2 : 4;
+    return 1;
+}
+
+/* The parallel flags seen (bits: 1 --tp, 2 --ep, 4 --rank) completed: --ep
+ * alone means as many ranks (tp = ep); --rank needs --tp. */
+static int parallel_finish(const char *usage, moec_parallel *par, int seen)
+{
+    if ((seen & 2) && !(seen & 1))
+        par->tp = par->ep;
+    if ((seen & 4) && !(seen & 3))
+        return usage_error(usage, "%s", "--rank needs --tp");
+    return 0;
+}
+
 static int cmd_dump_ir(int argc, char **argv)
 {
     const char *dir = NULL, *outpath = NULL, *after = NULL, *dtype = NULL;
-    int summary = 0;
+    int summary = 0, par_seen = 0;
+    moec_parallel par = {0};
     for (int i = 0; i < argc; i++) {
+        int pf = parse_parallel_flag(argc, argv, &i, USAGE_DUMP, &par, &par_seen);
+        if (pf < 0)
+            return 2;
+        if (pf)
+            continue;
         if (is_help(argv[i])) {
             fputs(USAGE_DUMP, stdout);
             print_passes(stdout);
@@ -263,12 +319,17 @@ static int cmd_dump_ir(int argc, char **argv)
         return usage_error(USAGE_DUMP, "%s", "--summary and --after do not go together");
     if (dtype && strcmp(dtype, "bf16") && strcmp(dtype, "fp16") && strcmp(dtype, "fp32"))
         return usage_error(USAGE_DUMP, "--dtype: '%s' is not bf16, fp16 or fp32", dtype);
+    if (parallel_finish(USAGE_DUMP, &par, par_seen))
+        return 2;
+    if (par_seen && summary)
+        return usage_error(USAGE_DUMP, "%s", "--summary and --tp do not go together");
+    const moec_parallel *pp = par_seen ? &par : NULL;
     moec_model_t *m;
     moec_status st = moec_model_open(dir, &m);
     if (st != MOEC_OK)
         return lib_error(st);
     if (after && !strcmp(after, "all")) {
-        st = moec_model_dump_passes(m, dtype, outpath);
+        st = moec_model_dump_passes_rank(m, dtype, pp, outpath);
         if (st == MOEC_OK)
             fprintf(stderr, "moec: wrote %d files to %s\n", moec_pass_count() + 1, outpath);
         moec_model_free(m);
@@ -280,9 +341,9 @@ static int cmd_dump_ir(int argc, char **argv)
         moec_model_free(m);
         return 1;
     }
-    st = summary ? moec_model_summary(m, out)
-         : after ? moec_model_dump_ir_after(m, after, dtype, out)
-                 : moec_model_dump_ir(m, out);
+    st = summary          ? moec_model_summary(m, out)
+         : after || pp    ? moec_model_dump_ir_rank(m, after, dtype, pp, out)
+                          : moec_model_dump_ir(m, out);
     int rc = st == MOEC_OK ? 0 : lib_error(st);
     if (out != stdout && fclose(out) != 0 && rc == 0) {
         fprintf(stderr, "moec: cannot write %s: %s\n", outpath, strerror(errno));
@@ -321,6 +382,8 @@ typedef struct run_opts {
     moec_backend backend;
     int backend_set;
     int ignore_eos;
+    moec_parallel par;     /* --tp, --ep */
+    int par_seen;
 } run_opts;
 
 static int run_parse(int argc, char **argv, run_opts *o, int *done)
@@ -330,6 +393,13 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
+        int pf = strcmp(a, "--rank")
+                     ? parse_parallel_flag(argc, argv, &i, USAGE_RUN, &o->par, &o->par_seen)
+                     : 0;
+        if (pf < 0)
+            return 2;
+        if (pf)
+            continue;
         if (is_help(a)) {
             fputs(USAGE_RUN, stdout);
             *done = 1;
@@ -389,7 +459,7 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
         return usage_error(USAGE_RUN, "%s", "missing --prompt-ids");
     if (o->max_new < 0)
         return usage_error(USAGE_RUN, "%s", "missing --max-new-tokens");
-    return 0;
+    return parallel_finish(USAGE_RUN, &o->par, o->par_seen) ? 2 : 0;
 }
 
 /* A plan file is anything that exists and is not a directory (moec_session_init_plan
@@ -470,7 +540,8 @@ static int cmd_run(int argc, char **argv)
         }
     }
     if (!plan) {
-        st = moec_session_init(m, o.weights ? o.weights : o.dir, o.backend, (int)max_seq, &s);
+        st = moec_session_init_parallel(m, o.weights ? o.weights : o.dir, o.backend,
+                                        (int)max_seq, o.par_seen ? &o.par : NULL, &s);
         if (st != MOEC_OK)
             goto fail;
     }
@@ -558,18 +629,25 @@ static int cmd_compile(int argc, char **argv)
     const char *dir = NULL, *outpath = NULL;
     moec_compile_options o;
     memset(&o, 0, sizeof o);
+    int par_seen = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
+        int pf = strcmp(a, "--rank") ? parse_parallel_flag(argc, argv, &i, USAGE_COMPILE, &o.par,
+                                                           &par_seen)
+                                     : 0;
+        if (pf < 0)
+            return 2;
+        if (pf)
+            continue;
         if (is_help(a)) {
             fputs(USAGE_COMPILE, stdout);
             return 0;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--arch") ||
                    !strcmp(a, "--dtype") || !strcmp(a, "--buckets") ||
-                   !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp")) {
+                   !strcmp(a, "--batch-sizes")) {
             if (i + 1 == argc)
                 return usage_error(USAGE_COMPILE, "%s needs a value", a);
             const char *v = argv[++i];
-            long tp;
             if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
                 outpath = v;
             } else if (!strcmp(a, "--arch")) {
@@ -586,13 +664,6 @@ static int cmd_compile(int argc, char **argv)
                     return usage_error(USAGE_COMPILE, strcmp(a, "--buckets")
                         ? "--batch-sizes: '%s' is not 1 to 16 ascending buckets from 1 to 4096 tokens"
                         : "--buckets: '%s' is not 1 to 16 ascending buckets from 1 to 4096 tokens", v);
-            } else if (parse_int(v, 1, 1 << 16, &tp)) {
-                return usage_error(USAGE_COMPILE, "--tp: '%s' is not an integer >= 1", v);
-            } else if (tp != 1) {
-                fprintf(stderr, "moec: tensor parallelism (--tp %ld) is not supported yet\n", tp);
-                return 2;
-            } else {
-                o.tp = 1;
             }
         } else if (a[0] == '-') {
             return usage_error(USAGE_COMPILE, "unknown option %s", a);
@@ -604,6 +675,8 @@ static int cmd_compile(int argc, char **argv)
     }
     if (!dir)
         return usage_error(USAGE_COMPILE, "%s", "missing MODEL_DIR");
+    if (parallel_finish(USAGE_COMPILE, &o.par, par_seen))
+        return 2;
     if (!outpath)
         return usage_error(USAGE_COMPILE, "%s", "missing -o PLAN (the plan file to write)");
     const char *arch = o.arch ? o.arch : getenv("MOEC_ARCH");

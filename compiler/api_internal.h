@@ -20,6 +20,14 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out);
 /* Every pass on a copy of module, compiled for co's dtype and buckets (a
  * failing pass leaves its input IR in $TMPDIR). */
 moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused);
+/* The same for rank `rank` of par (NULL or tp 0: unsharded, as moec_fuse). */
+moec_status moec_fuse_rank(const ir_module *module, const cg_options *co,
+                           const moec_parallel *par, int rank, ir_module **fused);
+/* Every rank's module of par (tp of them into mods[0 .. tp-1]) for the CPU
+ * reference interpreter: the pipeline compiled for f32. On failure none
+ * is left. */
+moec_status moec_fuse_ranks_cpu(const moec_model_t *model, const moec_parallel *par,
+                                ir_module **mods);
 /* Every pass on a copy of the model's module, the checkpoint checked
  * against the fused weights, the plan built and compiled, then bound. */
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,

@@ -265,3 +265,58 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
 }
 
 const ir_module *moec_model_module(const moec_model_t *m) { return m ? m->module : NULL; }
+
+moec_status moec_fuse_ranks_cpu(const moec_model_t *model, const moec_parallel *par,
+                                ir_module **mods)
+{
+    MOEC_TRY(moec_parallel_check(par));
+    cg_options co;
+    MOEC_TRY(moec_cg_options(IR_DTYPE_F32, NULL, &co));
+    for (int r = 0; r < par->tp; r++) {
+        moec_status st = moec_fuse_rank(model->module, &co, par, r, &mods[r]);
+        if (st != MOEC_OK) {
+            for (int j = 0; j < r; j++)
+                ir_module_free(mods[j]);
+            return moec_err_wrap(st, "rank %d of tp %d", r, par->tp);
+        }
+    }
+    return MOEC_OK;
+}
+
+moec_status moec_session_init_parallel(const moec_model_t *model, const char *weights_dir,
+                                       moec_backend backend, int max_seq_len,
+                                       const moec_parallel *par, moec_session_t **out)
+{
+    if (!par || par->tp == 0)
+        return moec_session_init(model, weights_dir, backend, max_seq_len, out);
+    if (!model || !weights_dir || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_parallel: NULL argument");
+    *out = NULL;
+    MOEC_TRY(moec_parallel_check(par));
+    MOEC_TRY(moec_resolve_backend(&backend));
+    if (backend == MOEC_BACKEND_CUDA)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "tensor parallelism (tp %d) on CUDA from a model is not supported yet: "
+                        "moec compile --tp, then run the plan",
+                        par->tp);
+    int max_pos = moec_model_max_positions(model);
+    if (max_pos > 0 && max_seq_len > max_pos)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "max_seq_len %d exceeds the model's max_position_embeddings %d",
+                        max_seq_len, max_pos);
+    moec_session_t *s;
+    MOEC_TRY(moec_session_new(backend, max_seq_len, &s));
+    s->vocab = moec_model_vocab_size(model);
+    ir_module *mods[IR_MAX_RANKS];
+    moec_status st = moec_eos_init(model->module, &s->eos);
+    if (st == MOEC_OK)
+        st = moec_fuse_ranks_cpu(model, par, mods);
+    if (st == MOEC_OK)
+        st = rt_interp_init_ranks(mods, par->tp, weights_dir, max_seq_len, &s->interp);
+    if (st != MOEC_OK) {
+        moec_session_free(s);
+        return st;
+    }
+    *out = s;
+    return MOEC_OK;
+}

@@ -52,12 +52,24 @@ int moec_buckets_default(int out[MOEC_BUCKETS_MAX]) { return ir_buckets_default(
 
 moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module **fused)
 {
+    return moec_fuse_rank(module, co, NULL, 0, fused);
+}
+
+moec_status moec_fuse_rank(const ir_module *module, const cg_options *co,
+                           const moec_parallel *par, int rank, ir_module **fused)
+{
     *fused = NULL;
     pass_options po;
     pass_options_default(&po);
     po.compute_dtype = co->compute_dtype;
     po.n_buckets = co->n_buckets;
     memcpy(po.buckets, co->buckets, sizeof po.buckets);
+    if (par) {
+        po.tp = par->tp;
+        po.ep = par->ep;
+        po.rank = rank;
+        po.source = module;
+    }
     const char *tmp = getenv("TMPDIR");
     ir_module *m = NULL;
     MOEC_TRY(ir_module_clone(module, &m));
@@ -79,10 +91,10 @@ moec_status moec_fuse(const ir_module *module, const cg_options *co, ir_module *
 /* The options of moec_compile as code generation options. */
 static moec_status compile_options(const moec_compile_options *o, cg_options *co)
 {
-    int tp = o->tp ? o->tp : 1;
-    if (tp != 1)
+    MOEC_TRY(moec_parallel_check(&o->par));
+    if (o->par.tp)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "tensor parallelism (tp %d) is not supported yet",
-                        tp);
+                        o->par.tp);
     ir_dtype dt;
     if (!o->dtype || !strcmp(o->dtype, "bf16"))
         dt = IR_DTYPE_BF16;

@@ -11,9 +11,17 @@
 #include "compiler/passes.h"
 #include "err.h"
 
-static moec_status dump_options(const char *dtype, pass_options *opt)
+static moec_status dump_options(const moec_model_t *model, const char *dtype,
+                                const moec_parallel *par, pass_options *opt)
 {
     pass_options_default(opt);
+    if (par) {
+        MOEC_TRY(moec_parallel_check(par));
+        opt->tp = par->tp;
+        opt->ep = par->ep;
+        opt->rank = par->rank;
+        opt->source = moec_model_module(model);
+    }
     if (!dtype || !strcmp(dtype, "bf16"))
         opt->compute_dtype = IR_DTYPE_BF16;
     else if (!strcmp(dtype, "fp16"))
@@ -34,10 +42,18 @@ static const char *repro_dir(void)
 moec_status moec_model_dump_ir_after(const moec_model_t *model, const char *pass,
                                      const char *dtype, FILE *out)
 {
+    return moec_model_dump_ir_rank(model, pass, dtype, NULL, out);
+}
+
+moec_status moec_model_dump_ir_rank(const moec_model_t *model, const char *pass,
+                                    const char *dtype, const moec_parallel *par, FILE *out)
+{
+    if (par && !pass)
+        pass = "shard";
     if (!model || !pass || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_dump_ir_after: NULL argument");
     pass_options opt;
-    MOEC_TRY(dump_options(dtype, &opt));
+    MOEC_TRY(dump_options(model, dtype, par, &opt));
     ir_module *m = NULL;
     MOEC_TRY(ir_module_clone(moec_model_module(model), &m));
     moec_status st = pass_run_pipeline(m, &opt, pass, NULL, NULL, repro_dir());
@@ -75,10 +91,16 @@ static moec_status observe_pass(const ir_module *m, const pass_info *p, int inde
 
 moec_status moec_model_dump_passes(const moec_model_t *model, const char *dtype, const char *dir)
 {
+    return moec_model_dump_passes_rank(model, dtype, NULL, dir);
+}
+
+moec_status moec_model_dump_passes_rank(const moec_model_t *model, const char *dtype,
+                                        const moec_parallel *par, const char *dir)
+{
     if (!model || !dir)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_dump_passes: NULL argument");
     pass_options opt;
-    MOEC_TRY(dump_options(dtype, &opt));
+    MOEC_TRY(dump_options(model, dtype, par, &opt));
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
         return MOEC_ERR(MOEC_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
     ir_module *m = NULL;
@@ -89,6 +111,20 @@ moec_status moec_model_dump_passes(const moec_model_t *model, const char *dtype,
         st = pass_run_pipeline(m, &opt, NULL, observe_pass, &d, dir);
     ir_module_free(m);
     return st;
+}
+
+moec_status moec_parallel_check(const moec_parallel *par)
+{
+    if (!par)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_parallel_check: NULL argument");
+    if (par->tp == 0) {
+        if (par->ep > 1 || par->rank)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "ep %d and rank %d need tp (the ranks the model is split over)",
+                            par->ep, par->rank);
+        return MOEC_OK;
+    }
+    return pass_shard_check(par->tp, par->ep ? par->ep : 1, par->rank);
 }
 
 int moec_pass_count(void)

@@ -29,6 +29,10 @@ static const pass_info PIPELINE[] = {
     /* MLA decode attends over the compressed cache (kv_c, k_pe) with the k and
      * v up-projections absorbed into the query and the output. */
     {"absorb_mla", pass_absorb_mla, "MLA over the compressed KV cache"},
+    /* One rank's part of a tensor- and expert-parallel group: heads, MLP
+     * intermediates, experts and vocabulary split, collectives where the
+     * ranks' parts meet (a no-op unless tp is set). */
+    {"shard", pass_shard, "one rank's part of the model (tp/ep), collectives between ranks"},
     /* The shared expert branch runs on stream 1 beside routing and the routed
      * experts on stream 0, with explicit fork and join. */
     {"assign_streams", pass_assign_streams, "shared experts on a second stream"},

@@ -11,6 +11,13 @@ typedef struct pass_options {
     ir_dtype compute_dtype;  /* bf16 (default), f16 or f32: what the GPU computes in */
     int n_buckets;           /* the compiled batch buckets (absorb_mla weighs them) */
     int buckets[IR_BUCKETS_MAX];
+    /* shard: rank `rank` of tp ranks, the routed experts in ep groups of
+     * them (ep 0: 1); tp 0 leaves the module whole (no collectives), tp 1
+     * shards it for one rank (collectives of one). source: the frontend's
+     * module, where the checkpoint tensors' shapes are (to slice a fused
+     * weight's parts). */
+    int tp, ep, rank;
+    const ir_module *source;
 } pass_options;
 
 /* The defaults: bf16, buckets 1, 2, 4, 8, 16, 32, 64. */
@@ -44,6 +51,11 @@ moec_status pass_run_passes(ir_module *m, const pass_info *passes, int n, const 
                             const char *stop_after, pass_observer observe, void *user,
                             const char *reproducer_dir);
 
+/* tp, ep and rank as pass_shard takes them: tp 1 to IR_MAX_RANKS, ep
+ * dividing it, rank below it; MOEC_ERR_INVALID_ARG naming the one that is
+ * not. */
+moec_status pass_shard_check(int tp, int ep, int rank);
+
 /* The passes (compiler/pass_*.c). */
 moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_gate_up(ir_module *m, const pass_options *opt);
@@ -52,6 +64,7 @@ moec_status pass_fuse_router_weight(ir_module *m, const pass_options *opt);
 moec_status pass_fold_routed_scale(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
+moec_status pass_shard(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
 moec_status pass_plan_memory(ir_module *m, const pass_options *opt);
 

@@ -36,6 +36,17 @@ const char *moec_pass_description(int i);
  * A failing pass names itself and leaves its input IR in $TMPDIR. */
 moec_status moec_model_dump_ir_after(const moec_model_t *model, const char *pass,
                                      const char *dtype, FILE *out);
+/* tp, ep and rank in range and agreeing (ep divides tp; with tp 0, ep and
+ * rank 0); MOEC_ERR_INVALID_ARG naming the one that is not. */
+moec_status moec_parallel_check(const moec_parallel *par);
+/* moec_model_dump_ir_after for one rank of par (pass NULL: "shard"). The
+ * shapes that do not split evenly are refused naming the config field. */
+moec_status moec_model_dump_ir_rank(const moec_model_t *model, const char *pass,
+                                    const char *dtype, const moec_parallel *par, FILE *out);
+/* moec_model_dump_passes for one rank of par. */
+moec_status moec_model_dump_passes_rank(const moec_model_t *model, const char *dtype,
+                                        const moec_parallel *par, const char *dir);
+
 /* Writes dir/00_frontend.mir, then dir/NN_<pass>.mir after every pass, each
  * with a header line naming the pass; a failing pass leaves its input IR in
  * dir/moec-repro-<pass>.mir. */
@@ -72,6 +83,15 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
                               moec_backend backend, int max_seq_len,
                               moec_session_t **out);
 
+/* moec_session_init split over the ranks of par (NULL or tp 0: exactly
+ * moec_session_init). On the CPU every rank has its reference interpreter
+ * over its sharded module (the pipeline compiled for f32), all in this
+ * process and in step, the collectives done in memory between them; each
+ * rank reads only its slices of the checkpoint. */
+moec_status moec_session_init_parallel(const moec_model_t *model, const char *weights_dir,
+                                       moec_backend backend, int max_seq_len,
+                                       const moec_parallel *par, moec_session_t **out);
+
 #define MOEC_BUCKETS_MAX 16
 
 /* Ahead-of-time compile (moec compile): every pass, then per batch bucket
@@ -88,7 +108,8 @@ typedef struct moec_compile_options {
     int n_buckets;         /* batch buckets (tokens per step), ascending; 0: the
                             * default, 1, 2, 4, 8, 16, 32, 64 (moec_buckets_check) */
     int buckets[MOEC_BUCKETS_MAX];
-    int tp;                /* tensor-parallel degree: only 1 so far (0 means 1) */
+    moec_parallel par;     /* tensor/expert parallelism (par.rank unused); zeroed:
+                            * unsharded */
     const char *cache_dir; /* cubin cache; NULL: $MOEC_CACHE_DIR, else ~/.cache/moec/cubin */
     /* When not NULL, called as each bucket finishes compiling: the kernels
      * compiled so far (done) of all buckets' kernels (total). */

@@ -42,6 +42,19 @@ typedef enum moec_backend {
 } moec_backend;
 
 
+/* Tensor and expert parallelism on one host (docs/PARALLEL.md): the model
+ * split over tp ranks (attention heads, MLP and shared-expert intermediates,
+ * the vocabulary), the routed experts spread over ep groups of tp / ep
+ * ranks, each expert split over the ranks of its group; collectives where
+ * the ranks' parts meet. A zeroed struct is the unsharded model. */
+typedef struct moec_parallel {
+    int tp;   /* ranks: 0 unsharded (no collectives); 1 one rank through the
+               * sharded path (collectives of one); up to 64 */
+    int ep;   /* expert groups, dividing tp; 0: 1 (every expert split over all
+               * tp ranks); ep = tp: each rank holds whole experts, E / tp */
+    int rank; /* dumps only: the rank whose module to print, 0 .. tp-1 */
+} moec_parallel;
+
 /* A generation session of one sequence: weights loaded and checked (every
  * bound tensor present, of the right shape and dtype), KV cache for
  * max_seq_len tokens. */
@@ -88,6 +101,9 @@ typedef struct moec_engine_options {
     int max_seq_len;      /* tokens per sequence; 0: 4096, or max_position_embeddings if less */
     int single_stream;    /* CUDA: the shared experts on the main stream too */
     int eager;            /* CUDA: launch kernels one by one, no CUDA Graphs */
+    moec_parallel par;    /* moec_engine_open: the ranks the model is split over
+                           * (par.rank unused; zeroed: unsharded); a plan's are
+                           * its own */
 } moec_engine_options;
 
 /* From a plan file (moec compile), CUDA only, no compiler call; the plan is

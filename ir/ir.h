@@ -83,6 +83,14 @@ typedef struct ir_binding {
     int axis;                  /* CONCAT */
     int n_parts;               /* CONCAT */
     struct ir_binding *parts;  /* CONCAT: TENSOR or STACK bindings */
+    /* TENSOR and STACK: a box of the checkpoint tensor (a stack's dim 0 is
+     * the expert index), what one rank of a sharded module reads:
+     * `"o_proj.weight"[:, 32:64]`, `stack("...{e}...", 8)[4:8, 0:16, :]`.
+     * box_rank 0: the whole tensor; else the weight's rank, and per dim
+     * box_size[d] elements from box_start[d] (box_size 0: the whole dim). */
+    int box_rank;
+    int64_t box_start[IR_MAX_RANK];
+    int64_t box_size[IR_MAX_RANK];
 } ir_binding;
 
 typedef struct ir_op ir_op;
@@ -160,10 +168,18 @@ typedef enum ir_op_kind {
     IR_OP_JOIN,        /* (x) -> x on the main stream, which waits for the side stream */
     IR_OP_ADD_RMS_NORM, /* (a [T, D], b [T, D], w [D]) {eps, alpha} -> (sum f32[T, D] = a + alpha*b,
                           normed f32[T, D] = rms_norm(sum, w)) */
+    /* Collectives over the `ranks` ranks of a sharded module (pass shard;
+     * docs/IR.md, "Collectives"): every rank runs the same collectives in
+     * the same order. */
+    IR_OP_ALL_REDUCE,     /* (x) {ranks} -> f32 like x: the sum of every rank's x */
+    IR_OP_ALL_GATHER,     /* (x) {axis, ranks} -> dim axis * ranks: block r is rank r's x */
+    IR_OP_REDUCE_SCATTER, /* (x) {axis, ranks} -> dim axis / ranks: block `rank` of the sum */
+    IR_OP_ALL_TO_ALL,     /* (x) {axis, ranks} -> like x: block j is rank j's block `rank` */
     IR_OP_COUNT,
 } ir_op_kind;
 
 #define IR_MAX_OPERANDS 8
+#define IR_MAX_RANKS 64 /* most ranks a collective spans */
 #define IR_MAX_RESULTS 2
 #define IR_MAX_ATTRS 12
 

@@ -369,11 +369,57 @@ ir_value *ir_module_add_input(ir_module *m, const char *name, ir_type type)
     return v;
 }
 
+/* The leaf's extent along dim d: its box's, else the whole dim (-1: not
+ * known without the checkpoint, a plain tensor's dim). */
+static int64_t leaf_extent(const ir_binding *b, int d)
+{
+    if (b->box_rank > d && b->box_size[d] > 0)
+        return b->box_size[d];
+    if (d == 0 && b->kind == IR_BIND_STACK)
+        return b->count;
+    return -1;
+}
+
 static int stack_fits(const ir_binding *b, const ir_type *t, int concat_axis)
 {
+    int64_t n = leaf_extent(b, 0);
     if (concat_axis == 0)
-        return b->count <= t->dims[0];
-    return b->count == t->dims[0];
+        return n <= t->dims[0];
+    return n == t->dims[0];
+}
+
+/* A leaf's box: as many dims as the weight, each range inside a stack's
+ * count (dim 0) and, but along a concat axis, as wide as the weight. */
+static moec_status box_check(const ir_binding *b, const ir_type *t, int concat_axis, char *msg,
+                             size_t cap)
+{
+    if (b->box_rank == 0)
+        return MOEC_OK;
+    if (b->box_rank != t->rank) {
+        snprintf(msg, cap, "slice has %d dims, the weight has %d", b->box_rank, t->rank);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    for (int d = 0; d < b->box_rank; d++) {
+        int64_t lo = b->box_start[d], n = b->box_size[d];
+        if (n == 0 && lo == 0)
+            continue;
+        if (lo < 0 || n < 1 || lo > IR_DIM_MAX - n) {
+            snprintf(msg, cap, "slice dim %d [%" PRId64 ":%" PRId64 "] is empty or negative", d,
+                     lo, lo + n);
+            return MOEC_ERR_INVALID_ARG;
+        }
+        if (d == 0 && b->kind == IR_BIND_STACK && lo + n > b->count) {
+            snprintf(msg, cap, "slice dim 0 [%" PRId64 ":%" PRId64 "] is outside the stack's %d",
+                     lo, lo + n, b->count);
+            return MOEC_ERR_INVALID_ARG;
+        }
+        if (d != concat_axis && n != t->dims[d]) {
+            snprintf(msg, cap, "slice dim %d [%" PRId64 ":%" PRId64 "] has %" PRId64
+                     " entries, the weight %" PRId64, d, lo, lo + n, n, t->dims[d]);
+            return MOEC_ERR_INVALID_ARG;
+        }
+    }
+    return MOEC_OK;
 }
 
 static moec_status binding_leaf_check(const ir_binding *b, const ir_type *t, int concat_axis,
@@ -394,14 +440,15 @@ static moec_status binding_leaf_check(const ir_binding *b, const ir_type *t, int
             return MOEC_ERR_INVALID_ARG;
         }
         if (!stack_fits(b, t, concat_axis)) {
-            snprintf(msg, cap, "stack count %d does not match dim 0 (%" PRId64 ")", b->count,
-                     t->dims[0]);
+            snprintf(msg, cap, "stack count %" PRId64 " does not match dim 0 (%" PRId64 ")",
+                     leaf_extent(b, 0), t->dims[0]);
             return MOEC_ERR_INVALID_ARG;
         }
     } else {
         snprintf(msg, cap, "binding part of kind %d must be a tensor or a stack", (int)b->kind);
         return MOEC_ERR_INVALID_ARG;
     }
+    MOEC_TRY(box_check(b, t, concat_axis, msg, cap));
     if (!ir_string_valid(b->name)) {
         snprintf(msg, cap, "tensor name has control characters");
         return MOEC_ERR_INVALID_ARG;
@@ -431,25 +478,33 @@ moec_status ir_binding_check(const ir_binding *b, const ir_type *t, char *msg, s
     return MOEC_OK;
 }
 
-int ir_binding_copy(ir_module *m, ir_binding *dst, const ir_binding *src)
+/* A TENSOR or STACK leaf, name and box, into m's arena. */
+static int binding_leaf_copy(ir_module *m, ir_binding *dst, const ir_binding *src)
 {
     memset(dst, 0, sizeof *dst);
     dst->kind = src->kind;
     dst->count = src->count;
+    dst->box_rank = src->box_rank;
+    memcpy(dst->box_start, src->box_start, sizeof dst->box_start);
+    memcpy(dst->box_size, src->box_size, sizeof dst->box_size);
+    return src->name && !(dst->name = ir_arena_strdup(m->arena, src->name)) ? -1 : 0;
+}
+
+int ir_binding_copy(ir_module *m, ir_binding *dst, const ir_binding *src)
+{
+    if (src->kind != IR_BIND_CONCAT)
+        return binding_leaf_copy(m, dst, src);
+    memset(dst, 0, sizeof *dst);
+    dst->kind = src->kind;
     dst->axis = src->axis;
-    if (src->name && !(dst->name = ir_arena_strdup(m->arena, src->name)))
-        return -1;
-    if (src->kind != IR_BIND_CONCAT || src->n_parts <= 0 || !src->parts)
+    if (src->n_parts <= 0 || !src->parts)
         return 0;
     ir_binding *parts = ir_arena_alloc(m->arena, sizeof *parts * (size_t)src->n_parts);
     if (!parts)
         return -1;
-    for (int i = 0; i < src->n_parts; i++) {
-        parts[i].kind = src->parts[i].kind;
-        parts[i].count = src->parts[i].count;
-        if (src->parts[i].name && !(parts[i].name = ir_arena_strdup(m->arena, src->parts[i].name)))
+    for (int i = 0; i < src->n_parts; i++)
+        if (binding_leaf_copy(m, &parts[i], &src->parts[i]))
             return -1;
-    }
     dst->parts = parts;
     dst->n_parts = src->n_parts;
     return 0;

@@ -26,7 +26,8 @@ typedef struct op_info {
 } op_info;
 
 static const op_info OPS[IR_OP_COUNT] = {
-    [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1, {{0}}},
+    [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1,
+                         {{"vocab_start", IR_ATTR_INT, 0}, {"vocab_size", IR_ATTR_INT, 0}}},
     [IR_OP_RMS_NORM] = {"rms_norm", 2, 2, 1, {{"eps", IR_ATTR_FLOAT, 1}}},
     [IR_OP_LINEAR] = {"linear", 2, 3, 1, {{"alpha", IR_ATTR_FLOAT, 0}}},
     [IR_OP_RESHAPE] = {"reshape", 1, 1, 1, {{0}}},
@@ -59,7 +60,10 @@ static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_MOE_EXPERTS] = {"moe_experts", 4, 5, 1, {{"act", IR_ATTR_STR, 0}}},
     [IR_OP_REDUCE_SUM] = {"reduce_sum", 1, 1, 1, {{"axis", IR_ATTR_INT, 1}}},
     [IR_OP_SILU_MUL] = {"silu_mul", 1, 1, 1, {{0}}},
-    [IR_OP_MOE_ROUTED] = {"moe_routed", 5, 6, 1, {{"scale", IR_ATTR_FLOAT, 0}}},
+    [IR_OP_MOE_ROUTED] = {"moe_routed", 5, 6, 1,
+                          {{"scale", IR_ATTR_FLOAT, 0},
+                           {"expert_start", IR_ATTR_INT, 0},
+                           {"n_experts", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_QABSORB] = {"mla_qabsorb", 2, 2, 1,
                            {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
     [IR_OP_MLA_ATTENTION] = {"mla_attention", 5, 5, 1,
@@ -70,6 +74,13 @@ static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_JOIN] = {"join", 1, 1, 1, {{0}}},
     [IR_OP_ADD_RMS_NORM] = {"add_rms_norm", 3, 3, 2,
                             {{"eps", IR_ATTR_FLOAT, 1}, {"alpha", IR_ATTR_FLOAT, 0}}},
+    [IR_OP_ALL_REDUCE] = {"all_reduce", 1, 1, 1, {{"ranks", IR_ATTR_INT, 1}}},
+    [IR_OP_ALL_GATHER] = {"all_gather", 1, 1, 1,
+                          {{"axis", IR_ATTR_INT, 1}, {"ranks", IR_ATTR_INT, 1}}},
+    [IR_OP_REDUCE_SCATTER] = {"reduce_scatter", 1, 1, 1,
+                              {{"axis", IR_ATTR_INT, 1}, {"ranks", IR_ATTR_INT, 1}}},
+    [IR_OP_ALL_TO_ALL] = {"all_to_all", 1, 1, 1,
+                          {{"axis", IR_ATTR_INT, 1}, {"ranks", IR_ATTR_INT, 1}}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -359,6 +370,15 @@ static moec_status infer_embedding(infer_ctx *c, ir_type *out)
     const ir_value *ids = c->op->in[0], *table = c->op->in[1];
     MOEC_TRY(need_act(c, ids, "ids", 1, 1, 0));
     MOEC_TRY(need_static(c, table, "table", 2));
+    /* a vocab-parallel rank's table holds rows [vocab_start, vocab_start + V)
+     * of a vocabulary of vocab_size ids */
+    int64_t V = table->type.dims[0];
+    int64_t start = ir_op_attr_int(c->op, "vocab_start", 0);
+    int64_t size = ir_op_attr_int(c->op, "vocab_size", V);
+    if (start < 0 || size < 1 || size > IR_DIM_MAX || start > size - V)
+        return fail(c, "table %%%s's %" PRId64 " rows from vocab_start %" PRId64
+                       " do not fit vocab_size %" PRId64,
+                    vname(table), V, start, size);
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, table->type.dims[1], 0);
     return MOEC_OK;
 }
@@ -717,6 +737,14 @@ static moec_status infer_moe_routed(infer_ctx *c, ir_type *out)
     MOEC_TRY(need_expert_weights(c, x, 3));
     if (!isfinite(ir_op_attr_float(op, "scale", 1)))
         return fail(c, "scale must be finite");
+    /* an expert-parallel rank holds experts [expert_start, expert_start + E)
+     * of n_experts */
+    int64_t E = op->in[op->n_in - 1]->type.dims[0];
+    int64_t e0 = ir_op_attr_int(op, "expert_start", 0), ne = ir_op_attr_int(op, "n_experts", E);
+    if (e0 < 0 || ne < 1 || ne > IR_DIM_MAX || e0 > ne - E)
+        return fail(c, "%" PRId64 " experts from expert_start %" PRId64
+                       " do not fit n_experts %" PRId64,
+                    E, e0, ne);
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, H, 0);
     return MOEC_OK;
 }
@@ -833,6 +861,49 @@ static moec_status infer_identity(infer_ctx *c, ir_type *out)
     return MOEC_OK;
 }
 
+/* ---- collectives ---------------------------------------------------------- */
+
+/* A float activation x and the ranks attribute (1 to IR_MAX_RANKS). */
+static moec_status need_collective(infer_ctx *c, int64_t *ranks)
+{
+    MOEC_TRY(need_act(c, c->op->in[0], "input", 1, IR_MAX_RANK, 1));
+    *ranks = ir_op_attr_int(c->op, "ranks", 0);
+    if (*ranks < 1 || *ranks > IR_MAX_RANKS)
+        return fail(c, "ranks %" PRId64 " out of range [1, %d]", *ranks, IR_MAX_RANKS);
+    return MOEC_OK;
+}
+
+static moec_status infer_all_reduce(infer_ctx *c, ir_type *out)
+{
+    int64_t ranks;
+    MOEC_TRY(need_collective(c, &ranks));
+    out[0] = type_like(&c->op->in[0]->type, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+/* all_gather, reduce_scatter and all_to_all: the dim `axis` grows by ranks,
+ * shrinks by ranks (which must divide it) or stays. */
+static moec_status infer_blocked(infer_ctx *c, ir_type *out)
+{
+    int64_t ranks;
+    MOEC_TRY(need_collective(c, &ranks));
+    const ir_value *x = c->op->in[0];
+    ir_type r = type_like(&x->type, IR_DTYPE_F32);
+    int axis = 0;
+    MOEC_TRY(axis_attr(c, "axis", r.rank, &axis));
+    if (c->op->kind == IR_OP_ALL_GATHER)
+        r.dims[axis] *= ranks;
+    else if (r.dims[axis] % ranks)
+        return fail(c, "dim %d of %%%s (%s) does not split into %" PRId64 " ranks", axis,
+                    vname(x), tfmt(&x->type).s, ranks);
+    else if (c->op->kind == IR_OP_REDUCE_SCATTER)
+        r.dims[axis] /= ranks;
+    if (!ir_type_valid(&r, 1))
+        return fail(c, "result %s is too large", tfmt(&r).s);
+    out[0] = r;
+    return MOEC_OK;
+}
+
 moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap)
 {
     infer_ctx c = {op, msg, cap};
@@ -887,6 +958,10 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_FORK:
     case IR_OP_JOIN: return infer_identity(&c, out);
     case IR_OP_ADD_RMS_NORM: return infer_add_rms_norm(&c, out);
+    case IR_OP_ALL_REDUCE: return infer_all_reduce(&c, out);
+    case IR_OP_ALL_GATHER:
+    case IR_OP_REDUCE_SCATTER:
+    case IR_OP_ALL_TO_ALL: return infer_blocked(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

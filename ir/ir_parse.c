@@ -563,8 +563,33 @@ static moec_status parse_int_in(parser *p, const char *what, int64_t lo, int64_t
     return next(p);
 }
 
+/* A box after a leaf: "[4:8, :, 0:16]" (start:end or ':' per dim). */
+static moec_status parse_box(parser *p, ir_binding *b)
+{
+    token *t = &p->tok;
+    MOEC_TRY(next(p));
+    for (;;) {
+        if (b->box_rank == IR_MAX_RANK)
+            return PERR(p, "a slice has at most %d dims", IR_MAX_RANK);
+        int d = b->box_rank++;
+        if (t->kind == TK_COLON) {
+            MOEC_TRY(next(p));
+        } else {
+            int lo, hi;
+            MOEC_TRY(parse_int_in(p, "slice start", 0, INT32_MAX, &lo));
+            MOEC_TRY(expect(p, TK_COLON, "':' in the slice start:end"));
+            MOEC_TRY(parse_int_in(p, "slice end", (int64_t)lo + 1, INT32_MAX, &hi));
+            b->box_start[d] = lo;
+            b->box_size[d] = hi - lo;
+        }
+        if (t->kind != TK_COMMA)
+            return expect(p, TK_RBRACKET, "',' or ']' in the slice");
+        MOEC_TRY(next(p));
+    }
+}
+
 /* "name" or stack("pattern", count). */
-static moec_status parse_binding_leaf(parser *p, ir_binding *b)
+static moec_status parse_binding_leaf_base(parser *p, ir_binding *b)
 {
     token *t = &p->tok;
     if (t->kind == TK_STRING) {
@@ -588,6 +613,13 @@ static moec_status parse_binding_leaf(parser *p, ir_binding *b)
     char found[64];
     tok_desc(t, found, sizeof found);
     return PERR(p, "expected a tensor name, stack(...) or concat(...), found %s", found);
+}
+
+/* "name" or stack("pattern", count), each with an optional box. */
+static moec_status parse_binding_leaf(parser *p, ir_binding *b)
+{
+    MOEC_TRY(parse_binding_leaf_base(p, b));
+    return p->tok.kind == TK_LBRACKET ? parse_box(p, b) : MOEC_OK;
 }
 
 static moec_status parse_binding(parser *p, ir_binding *b)

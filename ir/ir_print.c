@@ -107,6 +107,17 @@ static void sb_binding_leaf(moec_buf *b, const ir_binding *bind)
     } else {
         sb_quoted(b, bind->name);
     }
+    /* the box: [4:8, :, 0:16] */
+    for (int d = 0; d < bind->box_rank; d++) {
+        moec_buf_str(b, d ? ", " : "[");
+        if (bind->box_size[d] > 0)
+            moec_buf_printf(b, "%" PRId64 ":%" PRId64, bind->box_start[d],
+                            bind->box_start[d] + bind->box_size[d]);
+        else
+            moec_buf_str(b, ":");
+    }
+    if (bind->box_rank)
+        moec_buf_str(b, "]");
 }
 
 static void sb_binding(moec_buf *b, const ir_binding *bind)

@@ -33,6 +33,12 @@ struct rt_interp {
     double *scores;      /* attention scratch: max_seq scores */
     const ir_value *tokens;
     const ir_value *positions;
+    /* A group of ranks (rt_interp_init_ranks): rank 0's interpreter holds
+     * every rank's (peers[0] is itself) and runs them all, in step, meeting
+     * at each collective; it owns the modules when `owned` is set. */
+    int n_ranks;          /* 1 alone */
+    rt_interp **peers;    /* rank 0 of a group: n_ranks interpreters */
+    ir_module **owned;    /* rank 0 of a group: the modules it frees */
 };
 
 /* ---- shapes and buffers --------------------------------------------------- */
@@ -124,15 +130,23 @@ static moec_status op_embedding(rt_interp *in, const ir_op *op, int T)
     if (numel_of(op->in[0], T) != T || numel_of(op->out[0], T) != (int64_t)T * H)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: embedding wants ids [T] and result [T, %lld]",
                         op_name(op), (long long)H);
+    /* a vocab-parallel rank's table: rows [start, start + V) of `vocab` ids;
+     * an id another rank holds reads as zeros (its all_reduce adds them) */
+    int64_t start = (int64_t)attr_num_or(op, "vocab_start", 0);
+    int64_t vocab = (int64_t)attr_num_or(op, "vocab_size", (double)V);
     const int32_t *ids = ibuf(in, op->in[0]);
     const float *table = fbuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
     for (int t = 0; t < T; t++) {
-        if (ids[t] < 0 || ids[t] >= V)
+        if (ids[t] < 0 || ids[t] >= vocab)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "%s: token id %d is outside the vocabulary [0, %lld) of %s",
-                            op_name(op), (int)ids[t], (long long)V, op->in[1]->name);
-        memcpy(y + (int64_t)t * H, table + (int64_t)ids[t] * H, (size_t)H * sizeof(float));
+                            op_name(op), (int)ids[t], (long long)vocab, op->in[1]->name);
+        int64_t row = ids[t] - start;
+        if (row >= 0 && row < V)
+            memcpy(y + (int64_t)t * H, table + row * H, (size_t)H * sizeof(float));
+        else
+            memset(y + (int64_t)t * H, 0, (size_t)H * sizeof(float));
     }
     return MOEC_OK;
 }
@@ -952,6 +966,10 @@ static moec_status op_moe_routed(rt_interp *in, const ir_op *op, int T)
                         "(or gate and up [E, I, H]), down [E, H, I]",
                         op_name(op));
     float scale = (float)attr_num_or(op, "scale", 1.0);
+    /* an expert-parallel rank holds experts [e0, e0 + E) of n_experts; the
+     * others' add nothing here (its all_reduce adds them) */
+    int64_t e0 = (int64_t)attr_num_or(op, "expert_start", 0);
+    int64_t n_experts = (int64_t)attr_num_or(op, "n_experts", (double)E);
     float *g = malloc((size_t)(2 * I + H) * sizeof(float) + 1);
     double *acc = malloc((size_t)H * sizeof(double) + 1);
     if (!g || !acc) {
@@ -971,12 +989,15 @@ static moec_status op_moe_routed(rt_interp *in, const ir_op *op, int T)
         for (int64_t h = 0; h < H; h++)
             acc[h] = 0;
         for (int64_t k = 0; k < K; k++) {
-            int32_t e = ids[t * K + k];
-            if (e < 0 || e >= E) {
+            int32_t id = ids[t * K + k];
+            if (id < 0 || id >= n_experts) {
                 st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: expert id %d is outside [0, %lld)",
-                              op_name(op), (int)e, (long long)E);
+                              op_name(op), (int)id, (long long)n_experts);
                 break;
             }
+            int64_t e = id - e0;
+            if (e < 0 || e >= E)
+                continue;
             if (fused) {
                 const float *gu = wg + (int64_t)e * 2 * I * H;
                 matvec(gu, xt, I, H, g);
@@ -998,6 +1019,103 @@ static moec_status op_moe_routed(rt_interp *in, const ir_op *op, int T)
     free(g);
     free(acc);
     return st;
+}
+
+/* ---- collectives ---------------------------------------------------------- */
+
+/* Every rank's collective ops[r] (rank r of n) agree: one kind, `ranks` n, one axis and one operand type. */
+static moec_status collective_check(const ir_op *const *ops, int n)
+{
+    const ir_op *a = ops[0];
+    int64_t ranks = ir_op_attr_int(a, "ranks", 0);
+    if (ranks != n)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: %s over %lld ranks, but the interpreter runs %d (a sharded module "
+                        "runs with one interpreter per rank: rt_interp_init_ranks)",
+                        op_name(a), ir_op_name(a->kind), (long long)ranks, n);
+    for (int r = 1; r < n; r++) {
+        const ir_op *b = ops[r];
+        if (b->kind != a->kind || ir_op_attr_int(b, "ranks", 0) != ranks ||
+            ir_op_attr_int(b, "axis", 0) != ir_op_attr_int(a, "axis", 0) ||
+            !ir_type_equal(&b->in[0]->type, &a->in[0]->type)) {
+            char ta[96], tb[96];
+            ir_type_format(&a->in[0]->type, ta, sizeof ta);
+            ir_type_format(&b->in[0]->type, tb, sizeof tb);
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "rank %d reached %s %s of %s while rank 0 reached %s %s of %s: the "
+                            "ranks' modules do not run the same collectives",
+                            r, ir_op_name(b->kind), op_name(b), tb, ir_op_name(a->kind),
+                            op_name(a), ta);
+        }
+    }
+    return MOEC_OK;
+}
+
+/* Element i summed over the n ranks' x, in rank order, in double. */
+static float sum_ranks(const float *const *x, int n, int64_t i)
+{
+    double sum = 0;
+    for (int j = 0; j < n; j++)
+        sum += x[j][i];
+    return (float)sum;
+}
+
+/* Runs the collective ops[r] of n ranks in memory: rank r's operand and
+ * result are in ins[r]'s buffers. Sums accumulate in double, in rank order. */
+static moec_status collective_run(rt_interp *const *ins, const ir_op *const *ops, int n, int T)
+{
+    MOEC_TRY(collective_check(ops, n));
+    const ir_op *op = ops[0];
+    int64_t d[IR_MAX_RANK];
+    int rank = shape_of(op->in[0], T, d);
+    int axis = op->kind == IR_OP_ALL_REDUCE ? 0 : (int)ir_op_attr_int(op, "axis", 0);
+    int64_t outer = prod(d, 0, axis), inner = prod(d, axis, rank), chunk = inner / n;
+    const float *x[IR_MAX_RANKS];
+    float *y[IR_MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        x[r] = fbuf(ins[r], ops[r]->in[0]);
+        y[r] = fbuf(ins[r], ops[r]->out[0]);
+    }
+    for (int r = 0; r < n; r++) {
+        for (int64_t o = 0; o < outer; o++) {
+            const int64_t row = o * inner;
+            switch (op->kind) {
+            case IR_OP_ALL_REDUCE:
+                for (int64_t c = 0; c < inner; c++)
+                    y[r][row + c] = sum_ranks(x, n, row + c);
+                break;
+            case IR_OP_REDUCE_SCATTER:
+                for (int64_t c = 0; c < chunk; c++)
+                    y[r][o * chunk + c] = sum_ranks(x, n, row + r * chunk + c);
+                break;
+            case IR_OP_ALL_GATHER:
+                for (int j = 0; j < n; j++)
+                    memcpy(y[r] + (o * n + j) * inner, x[j] + row, (size_t)inner * sizeof(float));
+                break;
+            case IR_OP_ALL_TO_ALL:
+                for (int j = 0; j < n; j++)
+                    memcpy(y[r] + row + j * chunk, x[j] + row + r * chunk,
+                           (size_t)chunk * sizeof(float));
+                break;
+            default:
+                return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: %s is not a collective", op_name(op),
+                                ir_op_name(op->kind));
+            }
+        }
+    }
+    return MOEC_OK;
+}
+
+static int is_collective(ir_op_kind k)
+{
+    return k == IR_OP_ALL_REDUCE || k == IR_OP_ALL_GATHER || k == IR_OP_REDUCE_SCATTER ||
+           k == IR_OP_ALL_TO_ALL;
+}
+
+/* A collective run by one interpreter alone: a group of one rank. */
+static moec_status op_collective_alone(rt_interp *in, const ir_op *op, int T)
+{
+    return collective_run(&in, &op, 1, T);
 }
 
 /* ---- the interpreter ------------------------------------------------------ */
@@ -1029,6 +1147,10 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_FORK:
     case IR_OP_JOIN: return op_copy(in, op, T);
     case IR_OP_ADD_RMS_NORM: return op_add_rms_norm(in, op, T);
+    case IR_OP_ALL_REDUCE:
+    case IR_OP_ALL_GATHER:
+    case IR_OP_REDUCE_SCATTER:
+    case IR_OP_ALL_TO_ALL: return op_collective_alone(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1067,6 +1189,10 @@ static const struct {
     [IR_OP_FORK] = {1, 1, 1, 0, 0, 1},
     [IR_OP_JOIN] = {1, 1, 1, 0, 0, 1},
     [IR_OP_ADD_RMS_NORM] = {3, 3, 2, 0, 0, 0},
+    [IR_OP_ALL_REDUCE] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_ALL_GATHER] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_REDUCE_SCATTER] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_ALL_TO_ALL] = {1, 1, 1, 0, 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand
@@ -1230,6 +1356,8 @@ void rt_interp_free(rt_interp *in)
 {
     if (!in)
         return;
+    for (int r = 1; in->peers && r < in->n_ranks; r++)
+        rt_interp_free(in->peers[r]);
     if (in->m) {
         free_activations(in);
         for (int i = 0; in->data && i < in->m->n_values; i++)
@@ -1249,7 +1377,13 @@ void rt_interp_free(rt_interp *in)
     free(in->v_cache);
     free(in->kv_written);
     free(in->scores);
+    free(in->peers);
+    ir_module **owned = in->owned;
+    int n = in->n_ranks;
     free(in);
+    for (int r = 0; owned && r < n; r++)
+        ir_module_free(owned[r]);
+    free(owned);
 }
 
 /* Checks every value and sets up the weights: read from w (zero when w is
@@ -1379,6 +1513,7 @@ static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt
     if (!in)
         return MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory");
     in->m = m;
+    in->n_ranks = 1;
     in->max_seq = max_seq;
     in->borrowed = from != NULL;
     size_t nv = (size_t)(m->n_values > 0 ? m->n_values : 1);
@@ -1408,6 +1543,22 @@ moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
     return interp_init(m, w, NULL, max_seq, out);
 }
 
+/* A group leader over peers[0..n-1] (made, owned by the leader from now). */
+static moec_status group_make(rt_interp **peers, int n, rt_interp **out)
+{
+    rt_interp *lead = peers[0];
+    lead->peers = malloc((size_t)n * sizeof *lead->peers);
+    if (!lead->peers) {
+        for (int r = 0; r < n; r++)
+            rt_interp_free(peers[r]);
+        return MOEC_ERR(MOEC_ERR_OOM, "no memory for a group of %d ranks", n);
+    }
+    memcpy(lead->peers, peers, (size_t)n * sizeof *peers);
+    lead->n_ranks = n;
+    *out = lead;
+    return MOEC_OK;
+}
+
 moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out)
 {
     if (!owner) {
@@ -1415,7 +1566,79 @@ moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp
             *out = NULL;
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_shared: owner is NULL");
     }
-    return interp_init(owner->m, NULL, owner, max_seq, out);
+    if (!owner->peers)
+        return interp_init(owner->m, NULL, owner, max_seq, out);
+    *out = NULL;
+    rt_interp *peers[IR_MAX_RANKS] = {0};
+    for (int r = 0; r < owner->n_ranks; r++) {
+        const rt_interp *o = owner->peers[r];
+        moec_status st = interp_init(o->m, NULL, o, max_seq, &peers[r]);
+        if (st != MOEC_OK) {
+            for (int j = 0; j < r; j++)
+                rt_interp_free(peers[j]);
+            return moec_err_wrap(st, "rank %d", r);
+        }
+    }
+    return group_make(peers, owner->n_ranks, out);
+}
+
+/* Module mods[r] is a shard of rank r of n, or unsharded with n == 1. */
+static moec_status check_rank_module(const ir_module *m, int r, int n)
+{
+    int64_t tp = ir_module_meta_int(m, "tp", 0), rank = ir_module_meta_int(m, "rank", 0);
+    if ((tp || n > 1) && (tp != n || rank != r))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "module %d of a group of %d ranks is rank %lld of tp %lld (module %s)", r,
+                        n, (long long)rank, (long long)tp, m->name ? m->name : "?");
+    return MOEC_OK;
+}
+
+moec_status rt_interp_init_ranks(ir_module **mods, int n, const char *weights_dir, int max_seq,
+                                 rt_interp **out)
+{
+    ir_module **owned = malloc((size_t)(n > 0 ? n : 1) * sizeof *owned);
+    rt_interp *peers[IR_MAX_RANKS] = {0};
+    moec_status st = MOEC_OK;
+    if (!out || !mods || n < 1 || n > IR_MAX_RANKS)
+        st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_ranks: %d ranks (1 to %d)", n,
+                      IR_MAX_RANKS);
+    else if (!owned)
+        st = MOEC_ERR(MOEC_ERR_OOM, "no memory for a group of %d ranks", n);
+    else
+        *out = NULL;
+    for (int r = 0; st == MOEC_OK && r < n; r++) {
+        rt_weights *w = NULL;
+        st = mods[r] ? check_rank_module(mods[r], r, n)
+                     : MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_ranks: module %d is NULL", r);
+        if (st == MOEC_OK && weights_dir)
+            st = rt_weights_open(mods[r], weights_dir, &w);
+        if (st == MOEC_OK)
+            st = rt_interp_init(mods[r], w, max_seq, &peers[r]);
+        rt_weights_free(w);
+        if (st != MOEC_OK)
+            moec_err_wrap(st, "rank %d", r);
+    }
+    if (st == MOEC_OK)
+        st = group_make(peers, n, out);
+    else
+        for (int r = 0; r < n && r < IR_MAX_RANKS; r++)
+            rt_interp_free(peers[r]);
+    if (st != MOEC_OK) {
+        for (int r = 0; mods && r < n; r++)
+            ir_module_free(mods[r]);
+        free(owned);
+        return st;
+    }
+    memcpy(owned, mods, (size_t)n * sizeof *owned);
+    (*out)->owned = owned;
+    return MOEC_OK;
+}
+
+rt_interp *rt_interp_rank(rt_interp *in, int r)
+{
+    if (!in || r < 0 || r >= in->n_ranks)
+        return NULL;
+    return in->peers ? in->peers[r] : in;
 }
 
 static int is_weight_of(const rt_interp *in, const ir_value *v)
@@ -1440,8 +1663,9 @@ float *rt_interp_weight(rt_interp *in, const ir_value *v)
     return is_weight_of(in, v) ? fbuf(in, v) : NULL;
 }
 
-moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
-                              int T, float *out)
+/* Checks a forward's inputs, sizes the buffers and writes the inputs. */
+static moec_status forward_begin(rt_interp *in, const int32_t *tokens, const int32_t *positions,
+                                 int T, int want_out)
 {
     if (!in || !tokens || !positions)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: NULL argument");
@@ -1453,16 +1677,75 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
             return MOEC_ERR(MOEC_ERR_CAPACITY, "position %d is past the KV cache (max_seq %d)",
                             (int)positions[t], in->max_seq);
     const ir_module *m = in->m;
-    if (out && (m->n_outputs < 1 || !m->outputs[0]))
+    if (want_out && (m->n_outputs < 1 || !m->outputs[0]))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no output to write",
                         m->name ? m->name : "?");
     MOEC_TRY(ensure_capacity(in, T));
     in->T = 0;
     memcpy(in->data[in->tokens->id], tokens, (size_t)T * sizeof(int32_t));
     memcpy(in->data[in->positions->id], positions, (size_t)T * sizeof(int32_t));
-    for (int i = 0; i < m->n_ops; i++)
-        MOEC_TRY(run_op(in, m->ops[i], T));
-    in->T = T;
+    return MOEC_OK;
+}
+
+/* Runs ops from *pc on until a collective (left for the group to run; *pc
+ * at it) or the end (*pc = n_ops). */
+static moec_status run_to_collective(rt_interp *in, int *pc, int T)
+{
+    const ir_module *m = in->m;
+    for (; *pc < m->n_ops && !is_collective(m->ops[*pc]->kind); (*pc)++)
+        MOEC_TRY(run_op(in, m->ops[*pc], T));
+    return MOEC_OK;
+}
+
+/* A group's forward: every rank up to its next collective, the collective
+ * across all of them, and again, until all have run every op. */
+static moec_status group_forward(rt_interp *lead, int T)
+{
+    int n = lead->n_ranks, pc[IR_MAX_RANKS] = {0};
+    for (;;) {
+        int ended = 0;
+        for (int r = 0; r < n; r++) {
+            moec_status st = run_to_collective(lead->peers[r], &pc[r], T);
+            if (st != MOEC_OK)
+                return moec_err_wrap(st, "rank %d", r);
+            ended += pc[r] == lead->peers[r]->m->n_ops;
+        }
+        if (ended == n)
+            return MOEC_OK;
+        const ir_op *ops[IR_MAX_RANKS];
+        for (int r = 0; r < n; r++) {
+            if (pc[r] == lead->peers[r]->m->n_ops)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "rank %d ran its last op while another rank waits in a "
+                                "collective: the ranks' modules do not run the same collectives",
+                                r);
+            ops[r] = lead->peers[r]->m->ops[pc[r]];
+        }
+        MOEC_TRY(collective_run(lead->peers, ops, n, T));
+        for (int r = 0; r < n; r++)
+            pc[r]++;
+    }
+}
+
+moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
+                              int T, float *out)
+{
+    int n = in && in->peers ? in->n_ranks : 1;
+    for (int r = 0; r < n; r++) {
+        moec_status st = forward_begin(in && in->peers ? in->peers[r] : in, tokens, positions,
+                                       T, out != NULL);
+        if (st != MOEC_OK)
+            return n > 1 ? moec_err_wrap(st, "rank %d", r) : st;
+    }
+    const ir_module *m = in->m;
+    if (in->peers) {
+        MOEC_TRY(group_forward(in, T));
+    } else {
+        for (int i = 0; i < m->n_ops; i++)
+            MOEC_TRY(run_op(in, m->ops[i], T));
+    }
+    for (int r = 0; r < n; r++)
+        (in->peers ? in->peers[r] : in)->T = T;
     if (out)
         memcpy(out, in->data[m->outputs[0]->id], (size_t)numel_of(m->outputs[0], T) * 4);
     return MOEC_OK;
@@ -1472,6 +1755,8 @@ moec_status rt_interp_use_plan(rt_interp *in, int enable)
 {
     if (!in)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_use_plan: NULL interpreter");
+    for (int r = 1; in->peers && r < in->n_ranks; r++)
+        MOEC_TRY(rt_interp_use_plan(in->peers[r], enable));
     int64_t per_token = 0;
     if (enable)
         MOEC_TRY(plan_check(in->m, &per_token));
@@ -1495,6 +1780,8 @@ void rt_interp_reset(rt_interp *in)
 {
     if (!in)
         return;
+    for (int r = 1; in->peers && r < in->n_ranks; r++)
+        rt_interp_reset(in->peers[r]);
     for (int i = 0; i < in->m->n_ops; i++) {
         if (!in->kv_written[i])
             continue;

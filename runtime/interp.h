@@ -20,6 +20,22 @@ moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
  * weights in place (not copied: owner must outlive it, and a weight set
  * through either is seen by both). For many sequences of one model. */
 moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out);
+/* A group of n ranks (1 to IR_MAX_RANKS) of one sharded model (pass shard):
+ * rank r runs mods[r], whose metas tp and rank must say so (an unsharded
+ * module may be the one rank of a group of 1), with its weights read from
+ * the checkpoint in weights_dir (each rank reads only its slices; NULL:
+ * zeros). The result is rank 0's interpreter: rt_interp_forward on it runs
+ * every rank in step, each up to its next collective, then that collective
+ * in memory across them all, and writes rank 0's output; rt_interp_reset,
+ * rt_interp_use_plan and rt_interp_free act on every rank, and
+ * rt_interp_init_shared on it makes another group reading the same
+ * weights. Takes the modules: they are freed with the group, or here on
+ * failure. The other accessors see rank 0 (rt_interp_rank for the rest). */
+moec_status rt_interp_init_ranks(ir_module **mods, int n, const char *weights_dir, int max_seq,
+                                 rt_interp **out);
+/* Rank r's interpreter of a group (in itself for r 0, or alone); NULL when
+ * there is no rank r. */
+rt_interp *rt_interp_rank(rt_interp *in, int r);
 void rt_interp_free(rt_interp *in);
 
 /* Copies ir_type_numel(&v->type, 0) floats into weight v. */

@@ -10,13 +10,19 @@
 
 #include "err.h"
 
-/* One part of a weight: a tensor, or count stacked tensors, covering `size`
- * entries of the weight's concat axis (the whole weight when not a concat). */
+/* One part of a weight: a box of a tensor, or of count stacked tensors
+ * (dim 0 the expert), covering `size` entries of the weight's concat axis
+ * (the whole weight when not a concat). */
 typedef struct wt_part {
-    int n;                      /* tensors: 1, or the stack count */
-    const rt_st_tensor **t;
+    int n;                      /* tensors: 1, or the experts of the box */
+    const rt_st_tensor **t;     /* a stack's from the box's first expert on */
+    int stacked;
+    int rank;                   /* dims of the box: a stack's count, then the tensor's */
+    int64_t lo[IR_MAX_RANK];    /* the box: lo[d] .. lo[d] + ext[d] (a stack's dim 0: 0,
+                                   t[] already starts at its first expert) */
+    int64_t ext[IR_MAX_RANK];
     int64_t size;               /* extent along the concat axis */
-    int64_t numel;              /* elements of the whole part */
+    int64_t numel;              /* elements of the box */
 } wt_part;
 
 typedef struct wt_weight {
@@ -83,32 +89,65 @@ static const char *wt_dtype_expect(ir_dtype want)
     }
 }
 
+/* The "[4:8, :]" form of a binding's box over dims [from, box_rank), for
+ * messages. */
+static void wt_format_box(const ir_binding *b, int from, char *buf, size_t cap)
+{
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = from; d < b->box_rank && n < cap; d++) {
+        const char *sep = d > from ? ", " : "";
+        if (b->box_size[d] > 0)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%lld:%lld", sep,
+                                  (long long)b->box_start[d],
+                                  (long long)(b->box_start[d] + b->box_size[d]));
+        else
+            n += (size_t)snprintf(buf + n, cap - n, "%s:", sep);
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
+}
+
 /* Finds tensor `name` and checks its dtype against the weight's and its
  * shape against want[0..rank) (dim `wild` may be anything, but is stored
- * into want on return so later tensors of a stack must agree). */
+ * into want on return so later tensors of a stack must agree). Where b's
+ * box covers a dim (box dims from box_from on are the tensor's), the
+ * tensor need only hold the box there. */
 static moec_status wt_resolve_tensor(const rt_weights *w, const ir_value *v, const char *name,
-                                     int64_t *want, int rank, int wild, const rt_st_tensor **out)
+                                     const ir_binding *b, int box_from, int64_t *want, int rank,
+                                     int wild, const rt_st_tensor **out)
 {
     const rt_st_tensor *t = rt_safetensors_find(w->st, name);
     if (!t)
         return MOEC_ERR(MOEC_ERR_MISMATCH, "weight %%%s: tensor '%s' not found in %s", v->name,
                         name, w->dir);
-    int ok = t->rank == rank;
-    for (int i = 0; ok && i < rank; i++)
-        ok = i == wild || t->shape[i] == want[i];
-    if (!ok) {
-        char got[160], exp[160];
+    int ok = t->rank == rank, fits = 1;
+    for (int i = 0; ok && i < rank; i++) {
+        int boxed = b->box_rank && b->box_size[box_from + i] > 0;
+        if (boxed)
+            fits &= b->box_start[box_from + i] + b->box_size[box_from + i] <= t->shape[i];
+        else
+            ok = i == wild || t->shape[i] == want[i];
+    }
+    if (!ok || !fits) {
+        char got[160], exp[160], box[160];
         wt_format_dims(t->shape, t->rank, -1, got, sizeof got);
-        wt_format_dims(want, rank, wild, exp, sizeof exp);
+        if (!ok) {
+            wt_format_dims(want, rank, wild, exp, sizeof exp);
+            return MOEC_ERR(MOEC_ERR_MISMATCH,
+                            "weight %%%s: tensor '%s' in %s has shape %s, expected %s", v->name,
+                            name, t->file, got, exp);
+        }
+        wt_format_box(b, box_from, box, sizeof box);
         return MOEC_ERR(MOEC_ERR_MISMATCH,
-                        "weight %%%s: tensor '%s' in %s has shape %s, expected %s", v->name, name,
-                        t->file, got, exp);
+                        "weight %%%s: tensor '%s' in %s has shape %s, which the slice %s does "
+                        "not fit",
+                        v->name, name, t->file, got, box);
     }
     if (!wt_dtype_ok(v->type.dtype, t->dtype))
         return MOEC_ERR(MOEC_ERR_MISMATCH,
                         "weight %%%s: tensor '%s' in %s has dtype %s, expected %s", v->name, name,
                         t->file, rt_st_dtype_name(t->dtype), wt_dtype_expect(v->type.dtype));
-    if (wild >= 0)
+    if (wild >= 0 && !(b->box_rank && b->box_size[box_from + wild] > 0))
         want[wild] = t->shape[wild];
     *out = t;
     return MOEC_OK;
@@ -139,6 +178,26 @@ static char *wt_stack_name(const char *pattern, int e)
     return s;
 }
 
+/* The box of a resolved part: b's box where it has one, else the whole of
+ * t's dims (a stack's dim 0: its experts, already picked into t[]). */
+static void wt_part_box(wt_part *part, const ir_binding *b)
+{
+    const rt_st_tensor *t = part->t[0];
+    int d0 = part->stacked;
+    part->rank = t->rank + d0;
+    if (d0) {
+        part->lo[0] = 0;
+        part->ext[0] = part->n;
+    }
+    part->numel = part->stacked ? part->n : 1;
+    for (int d = d0; d < part->rank; d++) {
+        int boxed = b->box_rank && b->box_size[d] > 0;
+        part->lo[d] = boxed ? b->box_start[d] : 0;
+        part->ext[d] = boxed ? b->box_size[d] : t->shape[d - d0];
+        part->numel *= part->ext[d];
+    }
+}
+
 /* Resolves a TENSOR or STACK binding into part, whose shape must be the
  * weight type's except along `axis` when axis >= 0 (a concat part). */
 static moec_status wt_resolve_part(const rt_weights *w, const ir_value *v, const ir_binding *b,
@@ -155,8 +214,7 @@ static moec_status wt_resolve_part(const rt_weights *w, const ir_value *v, const
         if (!part->t)
             return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
         part->n = 1;
-        MOEC_TRY(wt_resolve_tensor(w, v, b->name, want, ty->rank, axis, &part->t[0]));
-        part->size = axis >= 0 ? want[axis] : ty->rank ? ty->dims[0] : 1;
+        MOEC_TRY(wt_resolve_tensor(w, v, b->name, b, 0, want, ty->rank, axis, &part->t[0]));
     } else if (b->kind == IR_BIND_STACK) {
         if (!b->name || !strstr(b->name, "{e}"))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: stack pattern '%s' has no {e}",
@@ -167,37 +225,34 @@ static moec_status wt_resolve_part(const rt_weights *w, const ir_value *v, const
         if (b->count < 1)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: stack count %d", v->name,
                             b->count);
-        if (axis != 0 && b->count != ty->dims[0])
+        int boxed = b->box_rank && b->box_size[0] > 0;
+        int64_t e0 = boxed ? b->box_start[0] : 0, ne = boxed ? b->box_size[0] : b->count;
+        if (e0 + ne > b->count || (axis != 0 && ne != ty->dims[0]))
             return MOEC_ERR(MOEC_ERR_MISMATCH,
-                            "weight %%%s: stack of %d tensors ('%s') for leading dim %lld",
-                            v->name, b->count, b->name, (long long)ty->dims[0]);
-        part->t = malloc((size_t)b->count * sizeof *part->t);
+                            "weight %%%s: stack of %lld tensors ('%s') for leading dim %lld",
+                            v->name, (long long)ne, b->name, (long long)ty->dims[0]);
+        part->t = malloc((size_t)ne * sizeof *part->t);
         if (!part->t)
             return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
+        part->stacked = 1;
         int wild = axis > 0 ? axis - 1 : -1;
-        for (int e = 0; e < b->count; e++) {
-            char *name = wt_stack_name(b->name, e);
+        for (int64_t e = 0; e < ne; e++) {
+            char *name = wt_stack_name(b->name, (int)(e0 + e));
             if (!name)
                 return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
-            moec_status s = wt_resolve_tensor(w, v, name, want + 1, ty->rank - 1, wild,
+            moec_status s = wt_resolve_tensor(w, v, name, b, 1, want + 1, ty->rank - 1, wild,
                                               &part->t[e]);
             free(name);
-            part->n = e + 1;
+            part->n = (int)e + 1;
             MOEC_TRY(s);
             wild = -1; /* the first tensor fixed the free extent for the rest */
         }
-        part->size = axis > 0 ? want[axis] : b->count;
     } else {
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: a concat part must be a tensor or a "
                         "stack", v->name);
     }
-    part->numel = 0;
-    for (int i = 0; i < part->n; i++) {
-        int64_t k = 1;
-        for (int d = 0; d < part->t[i]->rank; d++)
-            k *= part->t[i]->shape[d];
-        part->numel += k;
-    }
+    wt_part_box(part, b);
+    part->size = axis >= 0 ? part->ext[axis] : ty->rank ? ty->dims[0] : 1;
     return MOEC_OK;
 }
 
@@ -332,15 +387,25 @@ static void wt_convert(const rt_st_tensor *t, int64_t off, int64_t n, float *dst
     }
 }
 
-/* Widens elements [start, start + n) of a part, in its row-major order
- * (tensor after tensor for a stack), into dst. */
+/* Widens elements [start, start + n) of a part's box, in its row-major
+ * order (tensor after tensor for a stack), into dst: a run of each box row
+ * at a time, from where that row lies in its tensor. */
 static void wt_read_range(const wt_part *part, int64_t start, int64_t n, float *dst)
 {
-    int64_t per = part->numel / part->n;
+    int r = part->rank, d0 = part->stacked;
+    int64_t row = part->ext[r - 1];
     while (n > 0) {
-        int64_t e = start / per, off = start % per;
-        int64_t k = per - off < n ? per - off : n;
-        wt_convert(part->t[e], off, k, dst);
+        int64_t idx[IR_MAX_RANK], rem = start;
+        for (int d = r - 1; d >= 0; d--) {
+            idx[d] = rem % part->ext[d];
+            rem /= part->ext[d];
+        }
+        const rt_st_tensor *t = part->t[d0 ? idx[0] : 0];
+        int64_t off = 0;
+        for (int d = d0; d < r; d++)
+            off = off * t->shape[d - d0] + part->lo[d] + idx[d];
+        int64_t k = row - idx[r - 1] < n ? row - idx[r - 1] : n;
+        wt_convert(t, off, k, dst);
         start += k;
         dst += k;
         n -= k;

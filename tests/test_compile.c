@@ -200,7 +200,6 @@ static void test_compile_fp32(void)
     o.n_buckets = 1;
     o.buckets[0] = 4;
     o.arch = "sm_80";
-    o.tp = 1;
     o.cache_dir = g_cache;
     T_OK(moec_compile(m, dir, &o, path));
     ir_plan *p = NULL;
@@ -226,10 +225,10 @@ static void test_compile_errors(void)
         return;
     moec_compile_options o = {0};
     o.cache_dir = g_cache;
-    o.tp = 2;
+    o.par.tp = 2;
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_UNSUPPORTED,
           "tensor parallelism (tp 2) is not supported yet");
-    o.tp = 1;
+    o.par.tp = 0;
     o.dtype = "fp16";
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "compute dtype 'fp16' is not bf16 or fp32");
