@@ -244,9 +244,9 @@ static int parse_parallel_flag(int argc, char **argv, int *i, const char *usage,
         return -1;
     }
     if (parse_int(argv[*i], lo, 64, &v)) {
-        usage_error(usage, dst == &par->rank ? "%s: not an integer in [0, 64)"
-                                             : "%s: not an integer in [1, 64]",
-                    a);
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s: '%.64s' is not an integer in [%ld, 64]", a, argv[*i], lo);
+        usage_error(usage, "%s", msg);
         return -1;
     }
     *dst = (int)v;

@@ -17,6 +17,7 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     const moec_engine_options dflt = {0};
     if (!opt)
         opt = &dflt;
+    MOEC_TRY(moec_parallel_check(&opt->par));
     moec_backend backend = opt->backend;
     if (backend != MOEC_BACKEND_AUTO && backend != MOEC_BACKEND_CPU &&
         backend != MOEC_BACKEND_CUDA)
@@ -39,6 +40,11 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     moec_status st = moec_eos_init(moec_model_module(model), &e->eos);
     if (st != MOEC_OK) {
         /* recorded */
+    } else if (backend == MOEC_BACKEND_CUDA && opt->par.tp) {
+        st = MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                      "tensor parallelism (tp %d) on CUDA from a model is not supported yet: "
+                      "moec compile --tp, then open the plan",
+                      opt->par.tp);
     } else if (backend == MOEC_BACKEND_CUDA) {
         moec_cuda_opts o = moec_engine_cuda_opts(e, opt);
         st = moec_cuda_model_init(model, weights_dir, dt, &o, &e->gpu);
@@ -47,7 +53,11 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     } else {
         int buckets[IR_BUCKETS_MAX]; /* as many tokens a step as the largest default bucket */
         e->max_tokens = buckets[ir_buckets_default(buckets) - 1];
-        st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir);
+        ir_module *mods[IR_MAX_RANKS];
+        if (!opt->par.tp)
+            st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir);
+        else if ((st = moec_fuse_ranks_cpu(model, &opt->par, mods)) == MOEC_OK)
+            st = moec_engine_open_cpu_ranks(e, mods, opt->par.tp, weights_dir);
     }
     if (st != MOEC_OK) {
         moec_engine_free(e);

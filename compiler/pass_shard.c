@@ -1074,7 +1074,7 @@ static moec_status check_splits(const shard_ctx *c)
             continue;
         const ir_value *down = op->in[op->n_in - 1];
         MOEC_TRY(need_divides(c, down->type.dims[0], c->ep, "ep", F_EXPERTS, op->out[0]));
-        snprintf(what, sizeof what, "tp / ep = %d / %d", c->tp, c->ep);
+        snprintf(what, sizeof what, "tp / ep = %d / %d =", c->tp, c->ep);
         MOEC_TRY(need_divides(c, down->type.dims[2], c->moe_tp, what, F_MOE_INTERMEDIATE,
                               op->out[0]));
     }

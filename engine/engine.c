@@ -56,22 +56,48 @@ moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *
 
 /* The CPU backend: the module copied, its weights read once into slot 0's
  * interpreter, every other slot's interpreter borrowing them. */
-moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
-                                 const char *weights_dir)
+static moec_status engine_cpu_slots(moec_engine_t *e)
 {
-    MOEC_TRY(ir_module_clone(module, &e->module));
     e->interp = calloc((size_t)e->max_seqs, sizeof *e->interp);
     e->rows = malloc((size_t)e->max_tokens * (size_t)e->vocab * sizeof *e->rows);
     if (!e->interp || !e->rows)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d sequence slots", e->max_seqs);
+    return MOEC_OK;
+}
+
+/* Every slot after the first: an interpreter (or group of ranks) reading
+ * slot 0's weights. */
+static moec_status engine_cpu_share(moec_engine_t *e)
+{
+    for (int s = 1; s < e->max_seqs; s++)
+        MOEC_TRY(rt_interp_init_shared(e->interp[0], e->max_seq_len, &e->interp[s]));
+    return MOEC_OK;
+}
+
+moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
+                                 const char *weights_dir)
+{
+    MOEC_TRY(ir_module_clone(module, &e->module));
+    MOEC_TRY(engine_cpu_slots(e));
     rt_weights *w = NULL;
     MOEC_TRY(rt_weights_open(e->module, weights_dir, &w));
     moec_status st = rt_interp_init(e->module, w, e->max_seq_len, &e->interp[0]);
     rt_weights_free(w);
     MOEC_TRY(st);
-    for (int s = 1; s < e->max_seqs; s++)
-        MOEC_TRY(rt_interp_init_shared(e->interp[0], e->max_seq_len, &e->interp[s]));
-    return MOEC_OK;
+    return engine_cpu_share(e);
+}
+
+moec_status moec_engine_open_cpu_ranks(moec_engine_t *e, ir_module **mods, int n,
+                                       const char *weights_dir)
+{
+    moec_status st = engine_cpu_slots(e);
+    if (st != MOEC_OK) {
+        for (int r = 0; r < n; r++)
+            ir_module_free(mods[r]);
+        return st;
+    }
+    MOEC_TRY(rt_interp_init_ranks(mods, n, weights_dir, e->max_seq_len, &e->interp[0]));
+    return engine_cpu_share(e);
 }
 
 /* moec_cuda_opts for an engine of e's sizes. */

@@ -121,6 +121,11 @@ moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *
  * into slot 0's interpreter, every other slot's interpreter borrowing them. */
 moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
                                  const char *weights_dir);
+/* The same over the sharded modules of n ranks (rt_interp_init_ranks: each
+ * slot a group of ranks; the modules are taken, freed with the engine or
+ * here on failure). */
+moec_status moec_engine_open_cpu_ranks(moec_engine_t *e, ir_module **mods, int n,
+                                       const char *weights_dir);
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt);
 

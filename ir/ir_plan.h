@@ -54,6 +54,8 @@ typedef enum ir_step_kind {
     IR_STEP_GEMM,   /* cuBLASLt: C[batch][m x n] = alpha * op(A) op(B) (+ bias), column-major */
     IR_STEP_FORK,   /* stream 1 waits for stream 0 (event) */
     IR_STEP_JOIN,   /* stream 0 waits for stream 1 (event) */
+    IR_STEP_COLLECTIVE, /* a collective over the plan's ranks on the step's stream (NCCL,
+                           or a custom all-reduce for small messages): coll */
 } ir_step_kind;
 
 typedef struct ir_gemm {
@@ -69,6 +71,17 @@ typedef struct ir_gemm {
     ir_dtype type_bias;
 } ir_gemm;
 
+/* A collective step: recv gets `op` of every rank's `count` elements at send
+ * (all_reduce: the sum, count elements; all_gather: the ranks' blocks in rank
+ * order, ranks * count), in dtype on both sides. */
+typedef struct ir_coll {
+    ir_op_kind op;    /* IR_OP_ALL_REDUCE or IR_OP_ALL_GATHER */
+    ir_dtype dtype;
+    int64_t count;
+    int ranks;
+    ir_arg send, recv;
+} ir_coll;
+
 #define IR_MAX_ARGS 16
 
 typedef struct ir_step {
@@ -81,6 +94,7 @@ typedef struct ir_step {
     int n_args;
     ir_arg args[IR_MAX_ARGS];
     ir_gemm gemm;     /* IR_STEP_GEMM */
+    ir_coll coll;     /* IR_STEP_COLLECTIVE */
 } ir_step;
 
 typedef struct ir_bucket {

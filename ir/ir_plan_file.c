@@ -51,6 +51,15 @@ static cJSON *gemm_json(const ir_gemm *g)
     return a;
 }
 
+static cJSON *coll_json(const ir_coll *c)
+{
+    double v[4] = {c->op, c->dtype, (double)c->count, c->ranks};
+    cJSON *a = num_array(v, 4);
+    cJSON_AddItemToArray(a, arg_json(&c->send));
+    cJSON_AddItemToArray(a, arg_json(&c->recv));
+    return a;
+}
+
 static cJSON *step_json(const ir_step *s)
 {
     double v[11] = {s->kind, s->stream, s->op_id, s->kernel, s->grid[0], s->grid[1], s->grid[2],
@@ -60,7 +69,9 @@ static cJSON *step_json(const ir_step *s)
     for (int i = 0; i < s->n_args; i++)
         cJSON_AddItemToArray(args, arg_json(&s->args[i]));
     cJSON_AddItemToArray(a, args);
-    cJSON_AddItemToArray(a, s->kind == IR_STEP_GEMM ? gemm_json(&s->gemm) : cJSON_CreateNull());
+    cJSON_AddItemToArray(a, s->kind == IR_STEP_GEMM         ? gemm_json(&s->gemm)
+                            : s->kind == IR_STEP_COLLECTIVE ? coll_json(&s->coll)
+                                                            : cJSON_CreateNull());
     return a;
 }
 
@@ -100,18 +111,86 @@ static void out_pad(out_file *o, size_t to)
         out_write(o, zeros, to - o->pos < 16 ? to - o->pos : 16);
 }
 
-moec_status ir_plan_write(const char *path, const ir_plan *p, const ir_plan_meta *meta)
-{
-    if (!path || !p || !p->module || !meta)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_write: NULL argument");
-    char *ir = ir_module_print_str(p->module);
-    if (!ir)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory printing the plan's IR");
-    size_t ir_size = strlen(ir);
+int ir_plan_meta_ranks(const ir_plan_meta *meta) { return meta && meta->tp > 0 ? meta->tp : 1; }
 
-    /* Blob offsets are relative to the end of the header, which is only
-     * known once the header is printed: so they are stored relative to the
-     * start of the blob section. */
+/* The blobs of a plan file in the order they are written, identical ones
+ * (the cubins ranks share) once. */
+typedef struct blob_list {
+    const void **data;
+    size_t *size, *offset;
+    int n, cap;
+    size_t end;
+} blob_list;
+
+/* Adds a blob (or finds the same bytes already added); returns its offset,
+ * or (size_t)-1 when out of memory. */
+static size_t blob_add(blob_list *l, const void *data, size_t size)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->size[i] == size && (!size || !memcmp(l->data[i], data, size)))
+            return l->offset[i];
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        const void **d = realloc(l->data, sizeof *d * (size_t)cap);
+        if (d)
+            l->data = d;
+        size_t *sz = realloc(l->size, sizeof *sz * (size_t)cap);
+        if (sz)
+            l->size = sz;
+        size_t *of = realloc(l->offset, sizeof *of * (size_t)cap);
+        if (of)
+            l->offset = of;
+        if (!d || !sz || !of)
+            return (size_t)-1;
+        l->cap = cap;
+    }
+    l->data[l->n] = data;
+    l->size[l->n] = size;
+    l->offset[l->n] = l->end;
+    l->end = align16(l->end + size);
+    return l->offset[l->n++];
+}
+
+/* One rank's part of the header: its IR and its buckets. */
+static cJSON *rank_json(const ir_plan *p, const char *ir, blob_list *blobs)
+{
+    cJSON *r = cJSON_CreateObject();
+    size_t off = blob_add(blobs, ir, strlen(ir));
+    if (!r || off == (size_t)-1) {
+        cJSON_Delete(r);
+        return NULL;
+    }
+    cJSON_AddItemToObject(r, "ir", blob_json(off, strlen(ir)));
+    cJSON *buckets = cJSON_AddArrayToObject(r, "buckets");
+    for (int b = 0; b < p->n_buckets; b++) {
+        const ir_bucket *bk = &p->buckets[b];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "T", bk->T);
+        cJSON_AddNumberToObject(o, "arena_bytes", (double)bk->arena_bytes);
+        cJSON_AddNumberToObject(o, "scratch_bytes", (double)bk->scratch_bytes);
+        off = blob_add(blobs, bk->cubin, bk->cubin_size);
+        if (off == (size_t)-1) {
+            cJSON_Delete(o);
+            cJSON_Delete(r);
+            return NULL;
+        }
+        cJSON_AddItemToObject(o, "cubin", blob_json(off, bk->cubin_size));
+        cJSON *names = cJSON_AddArrayToObject(o, "kernels");
+        for (int k = 0; k < bk->n_kernels; k++)
+            cJSON_AddItemToArray(names, cJSON_CreateString(bk->kernel_names[k]));
+        cJSON *steps = cJSON_AddArrayToObject(o, "steps");
+        for (int s = 0; s < bk->n_steps; s++)
+            cJSON_AddItemToArray(steps, step_json(&bk->steps[s]));
+        cJSON_AddItemToArray(buckets, o);
+    }
+    return r;
+}
+
+/* The header of plans[0 .. n-1]: what they share, then each rank's. */
+static char *header_text(const ir_plan *const *plans, int n, char **irs, const ir_plan_meta *meta,
+                         blob_list *blobs)
+{
+    const ir_plan *p = plans[0];
     cJSON *h = cJSON_CreateObject();
     cJSON_AddNumberToObject(h, "format", IR_PLAN_FORMAT);
     cJSON_AddStringToObject(h, "moec", MOEC_VERSION);
@@ -121,66 +200,100 @@ moec_status ir_plan_write(const char *path, const ir_plan *p, const ir_plan_meta
     cJSON_AddNumberToObject(h, "pdl", p->pdl);
     cJSON_AddStringToObject(h, "config_hash", meta->config_hash);
     cJSON_AddStringToObject(h, "weights_hash", meta->weights_hash);
-    size_t off = 0;
-    cJSON_AddItemToObject(h, "ir", blob_json(off, ir_size));
-    off = align16(off + ir_size);
-    cJSON *buckets = cJSON_AddArrayToObject(h, "buckets");
-    for (int b = 0; b < p->n_buckets; b++) {
-        const ir_bucket *bk = &p->buckets[b];
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "T", bk->T);
-        cJSON_AddNumberToObject(o, "arena_bytes", (double)bk->arena_bytes);
-        cJSON_AddNumberToObject(o, "scratch_bytes", (double)bk->scratch_bytes);
-        cJSON_AddItemToObject(o, "cubin", blob_json(off, bk->cubin_size));
-        off = align16(off + bk->cubin_size);
-        cJSON *names = cJSON_AddArrayToObject(o, "kernels");
-        for (int k = 0; k < bk->n_kernels; k++)
-            cJSON_AddItemToArray(names, cJSON_CreateString(bk->kernel_names[k]));
-        cJSON *steps = cJSON_AddArrayToObject(o, "steps");
-        for (int s = 0; s < bk->n_steps; s++)
-            cJSON_AddItemToArray(steps, step_json(&bk->steps[s]));
-        cJSON_AddItemToArray(buckets, o);
+    cJSON_AddNumberToObject(h, "tp", meta->tp);
+    cJSON_AddNumberToObject(h, "ep", meta->ep);
+    cJSON *ranks = cJSON_AddArrayToObject(h, "ranks");
+    int ok = h && ranks;
+    for (int r = 0; ok && r < n; r++) {
+        cJSON *o = rank_json(plans[r], irs[r], blobs);
+        ok = o != NULL;
+        cJSON_AddItemToArray(ranks, o);
     }
-    char *htext = cJSON_PrintUnformatted(h);
+    char *text = ok ? cJSON_PrintUnformatted(h) : NULL;
     cJSON_Delete(h);
-    if (!htext) {
-        free(ir);
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory writing the plan header");
-    }
+    return text;
+}
 
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    out_file o = {fopen(tmp, "wb"), MOEC_FNV_SEED, 0, 0};
-    if (!o.f) {
-        free(ir);
-        free(htext);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
-    }
-    uint32_t fmt = IR_PLAN_FORMAT, zero = 0;
-    uint64_t hlen = strlen(htext);
-    out_write(&o, MAGIC, 8);
-    out_write(&o, &fmt, 4);
-    out_write(&o, &zero, 4);
-    out_write(&o, &hlen, 8);
-    out_write(&o, htext, hlen);
-    size_t base = align16(o.pos);
-    out_pad(&o, base);
-    out_write(&o, ir, ir_size);
-    for (int b = 0; b < p->n_buckets; b++) {
-        out_pad(&o, align16(o.pos));
-        out_write(&o, p->buckets[b].cubin, p->buckets[b].cubin_size);
-    }
-    uint64_t sum = o.hash;
-    out_write(&o, &sum, 8);
-    free(ir);
-    free(htext);
-    int closed = fclose(o.f) == 0;
-    if (o.failed || !closed || rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", path, strerror(e));
+/* The ranks' plans agree on what the header holds once. */
+static moec_status check_ranks_agree(const ir_plan *const *plans, int n)
+{
+    for (int r = 1; r < n; r++) {
+        const ir_plan *a = plans[0], *b = plans[r];
+        if (!b || !b->module || strcmp(a->arch, b->arch) || a->compute_dtype != b->compute_dtype ||
+            a->kv_block_size != b->kv_block_size || a->pdl != b->pdl)
+            return MOEC_ERR(MOEC_ERR_INTERNAL,
+                            "ir_plan_write_ranks: rank %d's plan differs from rank 0's in arch, "
+                            "dtype, kv block size or pdl",
+                            r);
     }
     return MOEC_OK;
+}
+
+moec_status ir_plan_write(const char *path, const ir_plan *p, const ir_plan_meta *meta)
+{
+    if (meta && ir_plan_meta_ranks(meta) != 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_write: one plan for tp %d", meta->tp);
+    const ir_plan *one[1] = {p};
+    return ir_plan_write_ranks(path, one, meta);
+}
+
+moec_status ir_plan_write_ranks(const char *path, const ir_plan *const *plans,
+                                const ir_plan_meta *meta)
+{
+    if (!path || !plans || !meta)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_write: NULL argument");
+    int n = ir_plan_meta_ranks(meta);
+    if (n > IR_MAX_RANKS)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_write: tp %d", meta->tp);
+    for (int r = 0; r < n; r++)
+        if (!plans[r] || !plans[r]->module)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_write: NULL plan of rank %d", r);
+    MOEC_TRY(check_ranks_agree(plans, n));
+    char *irs[IR_MAX_RANKS] = {0};
+    blob_list blobs = {0};
+    moec_status st = MOEC_OK;
+    for (int r = 0; r < n && st == MOEC_OK; r++)
+        if (!(irs[r] = ir_module_print_str(plans[r]->module)))
+            st = MOEC_ERR(MOEC_ERR_OOM, "out of memory printing the plan's IR");
+    /* Blob offsets are relative to the start of the blob section, since the
+     * header's length is only known once it is printed. */
+    char *htext = st == MOEC_OK ? header_text(plans, n, irs, meta, &blobs) : NULL;
+    if (st == MOEC_OK && !htext)
+        st = MOEC_ERR(MOEC_ERR_OOM, "out of memory writing the plan header");
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    out_file o = {NULL, MOEC_FNV_SEED, 0, 0};
+    if (st == MOEC_OK && !(o.f = fopen(tmp, "wb")))
+        st = MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+    if (st == MOEC_OK) {
+        uint32_t fmt = IR_PLAN_FORMAT, zero = 0;
+        uint64_t hlen = strlen(htext);
+        out_write(&o, MAGIC, 8);
+        out_write(&o, &fmt, 4);
+        out_write(&o, &zero, 4);
+        out_write(&o, &hlen, 8);
+        out_write(&o, htext, hlen);
+        size_t base = align16(o.pos);
+        for (int i = 0; i < blobs.n; i++) {
+            out_pad(&o, base + blobs.offset[i]);
+            out_write(&o, blobs.data[i], blobs.size[i]);
+        }
+        uint64_t sum = o.hash;
+        out_write(&o, &sum, 8);
+        int closed = fclose(o.f) == 0;
+        if (o.failed || !closed || rename(tmp, path) != 0) {
+            int e = errno;
+            remove(tmp);
+            st = MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", path, strerror(e));
+        }
+    }
+    for (int r = 0; r < n; r++)
+        free(irs[r]);
+    free(blobs.data);
+    free(blobs.size);
+    free(blobs.offset);
+    free(htext);
+    return st;
 }
 
 /* ---- reading --------------------------------------------------------------- */
@@ -278,6 +391,25 @@ static ir_arg read_arg(reader *r, const cJSON *a)
     return x;
 }
 
+static void read_coll(reader *r, const cJSON *g, ir_coll *c)
+{
+    if (!cJSON_IsArray(g) || cJSON_GetArraySize(g) != 6) {
+        bad(r, "a collective step is malformed");
+        return;
+    }
+    int64_t op = jint(r, g, 0, 0, IR_OP_COUNT - 1), dt = jint(r, g, 1, 0, IR_DTYPE_COUNT - 1);
+    c->count = jint(r, g, 2, 0, PLAN_I64);
+    c->ranks = (int)jint(r, g, 3, 1, IR_MAX_RANKS);
+    c->send = read_arg(r, cJSON_GetArrayItem(g, 4));
+    c->recv = read_arg(r, cJSON_GetArrayItem(g, 5));
+    if (r->st != MOEC_OK)
+        return;
+    c->op = (ir_op_kind)op;
+    c->dtype = (ir_dtype)dt;
+    if (c->op != IR_OP_ALL_REDUCE && c->op != IR_OP_ALL_GATHER)
+        bad(r, "a collective step is neither all_reduce nor all_gather");
+}
+
 static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m, int n_kernels)
 {
     if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != 13) {
@@ -293,7 +425,7 @@ static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m,
         s->block[i] = (unsigned)jint(r, a, 7 + i, 0, PLAN_UINT_HI);
     }
     s->smem = (unsigned)jint(r, a, 10, 0, PLAN_UINT_HI);
-    if (s->kind < IR_STEP_KERNEL || s->kind > IR_STEP_JOIN || s->stream < 0 || s->stream > 1 ||
+    if (s->kind < IR_STEP_KERNEL || s->kind > IR_STEP_COLLECTIVE || s->stream < 0 || s->stream > 1 ||
         s->op_id < -1 || s->op_id >= m->n_ops ||
         (s->kind == IR_STEP_KERNEL && (s->kernel < 0 || s->kernel >= n_kernels))) {
         bad(r, "a step refers to something that does not exist");
@@ -309,6 +441,10 @@ static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m,
     for (int i = 0; i < n; i++)
         s->args[i] = read_arg(r, cJSON_GetArrayItem(args, i));
     const cJSON *g = cJSON_GetArrayItem(a, 12);
+    if (s->kind == IR_STEP_COLLECTIVE) {
+        read_coll(r, g, &s->coll);
+        return;
+    }
     if (s->kind != IR_STEP_GEMM)
         return;
     if (!cJSON_IsArray(g) || cJSON_GetArraySize(g) != 22) {
@@ -398,13 +534,86 @@ static moec_status read_buckets(reader *r, const cJSON *h, ir_plan *p, const ir_
     return r->st;
 }
 
-moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out,
-                         ir_plan_meta *meta)
+/* One rank's plan from its part of the header, o: its IR parsed into *m
+ * and checked to be rank `rank` of meta's split, then its buckets; the
+ * shared fields come from the top of the header, h. */
+static moec_status read_rank(reader *r, const cJSON *h, const cJSON *o, const ir_plan_meta *meta,
+                             int rank, ir_plan **out, ir_module **m)
 {
-    if (!path || !out || !module_out || !meta)
+    ir_plan *p = calloc(1, sizeof *p);
+    *out = p;
+    if (!p)
+        return r->st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading plan %s", r->path);
+    snprintf(p->arch, sizeof p->arch, "%s", cJSON_GetObjectItem(h, "arch")->valuestring);
+    if (ir_dtype_from_name(cJSON_GetObjectItem(h, "compute_dtype")->valuestring, &p->compute_dtype))
+        return bad(r, "unknown compute dtype");
+    p->kv_block_size = (int)jfield(r, h, "kv_block_size", 1, PLAN_INT_HI);
+    const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
+    p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
+    size_t ir_size = 0;
+    const uint8_t *ir = blob(r, cJSON_GetObjectItemCaseSensitive(o, "ir"), &ir_size);
+    if (!ir)
+        return r->st;
+    char *text = malloc(ir_size + 1);
+    if (!text)
+        return r->st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading plan %s", r->path);
+    memcpy(text, ir, ir_size);
+    text[ir_size] = '\0';
+    r->st = ir_module_parse(text, r->path, m);
+    free(text);
+    if (r->st != MOEC_OK)
+        return r->st;
+    if (ir_module_meta_int(*m, "tp", 0) != meta->tp ||
+        (meta->tp && (ir_module_meta_int(*m, "ep", 0) != meta->ep ||
+                      ir_module_meta_int(*m, "rank", -1) != rank))) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the IR of rank %d is not rank %d of tp %d ep %d", rank, rank,
+                 meta->tp, meta->ep);
+        return bad(r, msg);
+    }
+    p->module = *m;
+    return read_buckets(r, o, p, *m);
+}
+
+/* The header's strings, its tp and ep (format 1: none), and where each
+ * rank's part is: the ranks array, or the header itself in format 1. */
+static moec_status read_top(reader *r, const cJSON *h, ir_plan_meta *meta, const cJSON **ranks)
+{
+    const char *strs[] = {"arch", "compute_dtype", "config_hash", "weights_hash", "moec"};
+    for (int i = 0; i < 5; i++) {
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(h, strs[i]);
+        if (!cJSON_IsString(s) || strlen(s->valuestring) > 16)
+            return bad(r, "a header string is missing");
+    }
+    snprintf(meta->config_hash, sizeof meta->config_hash, "%s",
+             cJSON_GetObjectItem(h, "config_hash")->valuestring);
+    snprintf(meta->weights_hash, sizeof meta->weights_hash, "%s",
+             cJSON_GetObjectItem(h, "weights_hash")->valuestring);
+    snprintf(meta->moec_version, sizeof meta->moec_version, "%s",
+             cJSON_GetObjectItem(h, "moec")->valuestring);
+    *ranks = NULL;
+    if (meta->format < 2)
+        return MOEC_OK;
+    meta->tp = (int)jfield(r, h, "tp", 0, IR_MAX_RANKS);
+    meta->ep = (int)jfield(r, h, "ep", 0, IR_MAX_RANKS);
+    *ranks = cJSON_GetObjectItemCaseSensitive(h, "ranks");
+    if (r->st == MOEC_OK && (!cJSON_IsArray(*ranks) ||
+                             cJSON_GetArraySize(*ranks) != ir_plan_meta_ranks(meta)))
+        return bad(r, "the ranks' plans do not match tp");
+    if (r->st == MOEC_OK && meta->tp && (meta->ep < 1 || meta->tp % meta->ep))
+        return bad(r, "ep does not divide tp");
+    return r->st;
+}
+
+moec_status ir_plan_read_ranks(const char *path, ir_plan **out, ir_module **modules,
+                               ir_plan_meta *meta)
+{
+    if (!path || !out || !modules || !meta)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_read: NULL argument");
-    *out = NULL;
-    *module_out = NULL;
+    for (int i = 0; i < IR_MAX_RANKS; i++) {
+        out[i] = NULL;
+        modules[i] = NULL;
+    }
     memset(meta, 0, sizeof *meta);
     char *raw = NULL;
     size_t size = 0;
@@ -442,68 +651,51 @@ moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out
     r.size = size - 8;
     r.base = align16(24 + (size_t)hlen);
     cJSON *h = cJSON_ParseWithLength((const char *)data + 24, (size_t)hlen);
-    ir_plan *p = calloc(1, sizeof *p);
-    ir_module *m = NULL;
-    if (!h || !p) {
-        if (!h)
-            bad(&r, "the header is not JSON");
-        else
-            r.st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading plan %s", path);
-        goto done;
-    }
-    if ((r.st = moec_json_check_unique(h, path)) != MOEC_OK)
-        goto done;
+    const cJSON *ranks = NULL;
     meta->format = (int)fmt;
-    const cJSON *s;
-    const char *strs[] = {"arch", "compute_dtype", "config_hash", "weights_hash", "moec"};
-    for (int i = 0; i < 5; i++) {
-        s = cJSON_GetObjectItemCaseSensitive(h, strs[i]);
-        if (!cJSON_IsString(s) || strlen(s->valuestring) > 16) {
-            bad(&r, "a header string is missing");
-            goto done;
-        }
-    }
-    snprintf(p->arch, sizeof p->arch, "%s", cJSON_GetObjectItem(h, "arch")->valuestring);
-    snprintf(meta->config_hash, sizeof meta->config_hash, "%s",
-             cJSON_GetObjectItem(h, "config_hash")->valuestring);
-    snprintf(meta->weights_hash, sizeof meta->weights_hash, "%s",
-             cJSON_GetObjectItem(h, "weights_hash")->valuestring);
-    snprintf(meta->moec_version, sizeof meta->moec_version, "%s",
-             cJSON_GetObjectItem(h, "moec")->valuestring);
-    if (ir_dtype_from_name(cJSON_GetObjectItem(h, "compute_dtype")->valuestring, &p->compute_dtype)) {
-        bad(&r, "unknown compute dtype");
-        goto done;
-    }
-    p->kv_block_size = (int)jfield(&r, h, "kv_block_size", 1, PLAN_INT_HI);
-    const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
-    p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
-    size_t ir_size = 0;
-    const uint8_t *ir = blob(&r, cJSON_GetObjectItemCaseSensitive(h, "ir"), &ir_size);
-    if (!ir)
-        goto done;
-    char *text = malloc(ir_size + 1);
-    if (!text) {
-        r.st = MOEC_ERR(MOEC_ERR_OOM, "out of memory reading plan %s", path);
-        goto done;
-    }
-    memcpy(text, ir, ir_size);
-    text[ir_size] = '\0';
-    r.st = ir_module_parse(text, path, &m);
-    free(text);
-    if (r.st != MOEC_OK)
-        goto done;
-    p->module = m;
-    read_buckets(&r, h, p, m);
-done:
+    if (!h)
+        bad(&r, "the header is not JSON");
+    else if ((r.st = moec_json_check_unique(h, path)) == MOEC_OK)
+        read_top(&r, h, meta, &ranks);
+    for (int i = 0; r.st == MOEC_OK && i < ir_plan_meta_ranks(meta); i++)
+        read_rank(&r, h, ranks ? cJSON_GetArrayItem(ranks, i) : h, meta, i, &out[i],
+                  &modules[i]);
     cJSON_Delete(h);
     free(data);
     if (r.st != MOEC_OK) {
-        if (p)
-            ir_plan_free(p);
-        ir_module_free(m);
+        for (int i = 0; i < IR_MAX_RANKS; i++) {
+            ir_plan_free(out[i]);
+            ir_module_free(modules[i]);
+            out[i] = NULL;
+            modules[i] = NULL;
+        }
         return r.st;
     }
-    *out = p;
-    *module_out = m;
+    return MOEC_OK;
+}
+
+moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out,
+                         ir_plan_meta *meta)
+{
+    if (!path || !out || !module_out || !meta)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ir_plan_read: NULL argument");
+    ir_plan *plans[IR_MAX_RANKS];
+    ir_module *mods[IR_MAX_RANKS];
+    *out = NULL;
+    *module_out = NULL;
+    MOEC_TRY(ir_plan_read_ranks(path, plans, mods, meta));
+    int n = ir_plan_meta_ranks(meta);
+    if (n != 1) {
+        for (int i = 0; i < n; i++) {
+            ir_plan_free(plans[i]);
+            ir_module_free(mods[i]);
+        }
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "plan %s is split over %d ranks (tp %d, ep %d): it runs as a group of "
+                        "ranks, one GPU each",
+                        path, n, meta->tp, meta->ep);
+    }
+    *out = plans[0];
+    *module_out = mods[0];
     return MOEC_OK;
 }

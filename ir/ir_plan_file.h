@@ -13,22 +13,39 @@
 
 #include "ir/ir_plan.h"
 
-#define IR_PLAN_FORMAT 1
+/* 2: a plan per rank ("ranks"), tp and ep in the header, collective steps.
+ * Format 1 files (one plan, no ranks) still read. */
+#define IR_PLAN_FORMAT 2
 
 typedef struct ir_plan_meta {
     int format;
     char config_hash[17];  /* hex FNV-1a 64 of config.json (+ generation_config.json) */
     char weights_hash[17]; /* hex FNV-1a 64 over every bound tensor's name, dtype, shape */
     char moec_version[16];
+    int tp, ep;            /* the split the plan was compiled for (pass shard); 0, 0:
+                            * unsharded, one plan; else tp plans, one per rank */
 } ir_plan_meta;
+
+/* The plans a file holds: 1 when unsharded, else tp. */
+int ir_plan_meta_ranks(const ir_plan_meta *meta);
 
 /* Writes plan p (its module printed as IR text) to path, atomically
  * (a temporary file renamed into place). */
 moec_status ir_plan_write(const char *path, const ir_plan *p, const ir_plan_meta *meta);
+/* The same for every rank's plan, plans[r] for rank r (ir_plan_meta_ranks
+ * of them); cubins the ranks share are stored once. */
+moec_status ir_plan_write_ranks(const char *path, const ir_plan *const *plans,
+                                const ir_plan_meta *meta);
 
 /* Reads a plan: *module_out owns the parsed IR the plan points to (free it
- * after the plan). */
+ * after the plan). A plan split over several ranks is an error naming its
+ * tp (ir_plan_read_ranks reads those). */
 moec_status ir_plan_read(const char *path, ir_plan **out, ir_module **module_out,
                          ir_plan_meta *meta);
+/* Reads every rank's plan and module into out[r], modules[r] (room for
+ * IR_MAX_RANKS; ir_plan_meta_ranks(meta) of them), each module checked to
+ * be its rank's (metas tp, ep and rank). */
+moec_status ir_plan_read_ranks(const char *path, ir_plan **out, ir_module **modules,
+                               ir_plan_meta *meta);
 
 #endif

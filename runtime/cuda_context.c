@@ -225,6 +225,31 @@ static moec_status prepare_kernel(rt_cuda *c, rt_cuda_bucket *cb, const ir_step 
     return MOEC_OK;
 }
 
+/* A collective step: its send and recv buffers (vals 0 and 1), each
+ * holding what the collective reads or writes there. */
+static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *s,
+                                      rt_cuda_launch *L, const char *where)
+{
+    const ir_coll *k = &s->coll;
+    size_t esize = ir_dtype_size(k->dtype);
+    size_t need[2] = {(size_t)k->count * esize,
+                      (size_t)k->count * esize * (k->op == IR_OP_ALL_GATHER ? (size_t)k->ranks : 1)};
+    const ir_arg *args[2] = {&k->send, &k->recv};
+    for (int j = 0; j < 2; j++) {
+        rt_cuda_ref r;
+        MOEC_TRY(rt_cuda_resolve_arg(c, cb->b, args[j], &r, where, j));
+        if (!r.is_ptr || r.avail < need[j] || (r.dtype >= 0 && r.dtype != (int)k->dtype))
+            return MOEC_ERR(MOEC_ERR_INTERNAL,
+                            "%s: the collective's %s buffer holds %zu bytes of %s; it %s %zu "
+                            "bytes of %s",
+                            where, j ? "recv" : "send", r.avail,
+                            r.dtype >= 0 ? ir_dtype_name((ir_dtype)r.dtype) : "any dtype",
+                            j ? "writes" : "reads", need[j], ir_dtype_name(k->dtype));
+        L->vals[j] = r.val;
+    }
+    return MOEC_OK;
+}
+
 static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
 {
     const ir_bucket *b = cb->b;
@@ -253,6 +278,7 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
         case IR_STEP_JOIN:
             MOEC_TRY(CK(cudaEventCreateWithFlags(&L->event, cudaEventDisableTiming), where));
             break;
+        case IR_STEP_COLLECTIVE: MOEC_TRY(prepare_collective(c, cb, s, L, where)); break;
         default: return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: unknown step kind", where);
         }
     }
@@ -264,10 +290,9 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     const ir_plan *p = c->plan;
     const ir_module *m = p->module;
     MOEC_TRY(rt_lt_open(&c->lt));
-    c->device = 0;
-    MOEC_TRY(CK(cudaSetDevice(c->device), "selecting device 0"));
+    MOEC_TRY(CK(cudaSetDevice(c->device), "selecting the rank's device"));
     struct cudaDeviceProp prop;
-    MOEC_TRY(CK(cudaGetDeviceProperties(&prop, c->device), "device 0"));
+    MOEC_TRY(CK(cudaGetDeviceProperties(&prop, c->device), "the rank's device"));
     snprintf(c->device_name, sizeof c->device_name, "%s", prop.name);
     c->cc_major = prop.major;
     const char *pdl = getenv("MOEC_PDL");
@@ -285,7 +310,8 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
         if (op->kind == IR_OP_EMBEDDING && op->n_in >= 2) {
-            int rows = (int)op->in[1]->type.dims[0];
+            /* a vocab-parallel rank's table holds part of vocab_size ids */
+            int rows = (int)ir_op_attr_int(op, "vocab_size", op->in[1]->type.dims[0]);
             if (!c->vocab || rows < c->vocab)
                 c->vocab = rows;
         }
@@ -324,17 +350,29 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
 moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
                          rt_cuda **out)
 {
+    return rt_cuda_init_rank(plan, w, max_seqs, max_seq_len, 0, NULL, out);
+}
+
+moec_status rt_cuda_init_rank(const ir_plan *plan, const rt_weights *w, int max_seqs,
+                              int max_seq_len, int device, rt_comm *comm, rt_cuda **out)
+{
     if (!out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: out is NULL");
     *out = NULL;
     if (!plan || !w)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: NULL plan or weights");
     MOEC_TRY(rt_cuda_check_plan(plan, max_seqs, max_seq_len));
+    MOEC_TRY(rt_cuda_check_comm(plan, comm));
     int n = 0;
     MOEC_TRY(moec_cuda_device_count(&n));
+    if (device < 0 || device >= n)
+        return MOEC_ERR(MOEC_ERR_NO_DEVICE, "device %d does not exist (this machine has %d)",
+                        device, n);
     rt_cuda *c = calloc(1, sizeof *c);
     if (!c)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    c->device = device;
+    c->comm = comm;
     c->plan = plan;
     c->max_seqs = max_seqs;
     c->max_seq_len = max_seq_len;

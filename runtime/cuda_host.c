@@ -48,3 +48,26 @@ moec_status rt_cuda_check_plan(const ir_plan *p, int max_seqs, int max_seq_len)
                         "output %%%s must be an f32 activation with an arena offset", out->name);
     return MOEC_OK;
 }
+
+moec_status rt_cuda_check_comm(const ir_plan *p, const rt_comm *comm)
+{
+    const ir_module *m = p->module;
+    int64_t tp = ir_module_meta_int(m, "tp", 0), rank = ir_module_meta_int(m, "rank", 0);
+    if (!tp)
+        return comm ? MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                               "module %s is not sharded (no meta tp): it runs without a "
+                               "communicator",
+                               m->name)
+                    : MOEC_OK;
+    if (!comm)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "module %s is rank %lld of tp %lld: it runs with its rank's communicator, "
+                        "in a group of %lld GPUs",
+                        m->name, (long long)rank, (long long)tp, (long long)tp);
+    if (rt_comm_size(comm) != tp || rt_comm_rank(comm) != rank)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "module %s is rank %lld of tp %lld, its communicator rank %d of %d",
+                        m->name, (long long)rank, (long long)tp, rt_comm_rank(comm),
+                        rt_comm_size(comm));
+    return MOEC_OK;
+}

@@ -50,6 +50,20 @@ typedef struct rt_lt_api {
 #undef RT_LT_MEMBER
 } rt_lt_api;
 
+/* ---- collectives (cuda_comm.c) ---------------------------------------------- */
+
+/* A custom all-reduce for small messages (a one-shot all-reduce over peer
+ * memory, optionally fused with the residual add and RMSNorm), used in
+ * place of NCCL for all-reduces of at most its byte limit. */
+typedef moec_status (*rt_small_allreduce)(void *user, int rank, const void *send, void *recv,
+                                          size_t count, ir_dtype dtype, cudaStream_t stream,
+                                          const char *where);
+void rt_comm_set_small_allreduce(rt_comm *c, rt_small_allreduce fn, size_t max_bytes,
+                                 void *user);
+/* Enqueues collective step coll (send and recv resolved) on stream. */
+moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void *recv,
+                        cudaStream_t stream, const char *where);
+
 /* ---- the context ----------------------------------------------------------- */
 
 typedef union rt_cuda_val {
@@ -112,6 +126,7 @@ struct rt_cuda {
     const ir_plan *plan;
     rt_lt_api lt;
     int device;
+    rt_comm *comm;                 /* the rank's communicator (not owned); NULL unsharded */
     char device_name[256];
     int cc_major, cc_minor;
     int max_seqs, max_seq_len, max_blocks, n_blocks;

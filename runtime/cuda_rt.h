@@ -16,6 +16,29 @@
 
 typedef struct rt_cuda rt_cuda;
 
+/* ---- groups of ranks (cuda_comm.c) ------------------------------------------
+ * One process drives the n GPUs of a group, a thread each; the ranks'
+ * communicators are made at once (NCCL's ncclCommInitAll, NCCL opened with
+ * dlopen when the first group is made). */
+typedef struct rt_comm rt_comm;
+
+/* Communicators for ranks 0..n-1 on devices devs[0..n-1] into out[0..n-1]
+ * (n of 1: a communicator of one). MOEC_ERR_CUDA naming NCCL when it cannot
+ * be loaded or fails. */
+moec_status rt_comm_init_all(int n, const int *devs, rt_comm **out);
+/* Ends a communicator: its collectives, in flight or to come, fail instead
+ * of waiting for a rank that will never join (a failing rank's peers are
+ * ended this way). */
+void rt_comm_abort(rt_comm *c);
+/* Frees the n communicators of one rt_comm_init_all. */
+void rt_comm_free_all(rt_comm **comms, int n);
+int rt_comm_rank(const rt_comm *c);
+int rt_comm_size(const rt_comm *c);
+int rt_comm_device(const rt_comm *c);
+/* MOEC_OK, or the error a collective of comm met asynchronously (or that it
+ * was aborted), prefixed with where. */
+moec_status rt_comm_error(rt_comm *c, const char *where);
+
 /* Binds plan on device 0 for up to max_seqs sequences (slots 0..max_seqs-1)
  * of up to max_seq_len tokens each: loads every bucket's cubin and resolves
  * its kernels, uploads every weight of plan->module from w, allocates the
@@ -25,6 +48,12 @@ typedef struct rt_cuda rt_cuda;
  * here. MOEC_ERR_NO_DEVICE without a device. */
 moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
                          rt_cuda **out);
+/* rt_cuda_init for one rank of a group (docs/PARALLEL.md): on device
+ * `device`, its collective steps run over comm (rt_comm_init_all; not
+ * owned, and it must outlive the context). A plan with collective steps
+ * needs one; an unsharded plan takes NULL. */
+moec_status rt_cuda_init_rank(const ir_plan *plan, const rt_weights *w, int max_seqs,
+                              int max_seq_len, int device, rt_comm *comm, rt_cuda **out);
 /* Releases everything the context holds, device memory included. */
 void rt_cuda_free(rt_cuda *c);
 /* 1: every step on stream 0 (the plan's forks and joins skipped); 0 (the
@@ -81,5 +110,8 @@ void rt_cuda_to_bf16(const float *src, uint16_t *dst, size_t n);
  * call (positive sizes, the dtype, ascending buckets, an f32 output with an
  * arena offset). Needs no GPU. */
 moec_status rt_cuda_check_plan(const ir_plan *p, int max_seqs, int max_seq_len);
+/* A sharded plan (its module's meta tp) comes with the communicator of its
+ * rank in a group of tp, an unsharded one with none. Needs no GPU. */
+moec_status rt_cuda_check_comm(const ir_plan *p, const rt_comm *comm);
 
 #endif

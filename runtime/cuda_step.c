@@ -74,6 +74,10 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
                 e = cudaStreamWaitEvent(c->stream[0], L->event, 0);
             }
             break;
+        case IR_STEP_COLLECTIVE:
+            MOEC_TRY(rt_comm_run(c->comm, &s->coll, L->vals[0].p, L->vals[1].p, stream,
+                                 rt_cuda_step_where(c, cb, i, where, sizeof where)));
+            break;
         }
         if (e != cudaSuccess)
             return rt_cuda_fail(MOEC_ERR_CUDA, __FILE__, __LINE__,

@@ -18,7 +18,35 @@ moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs,
     return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
 }
 
+moec_status rt_cuda_init_rank(const ir_plan *plan, const rt_weights *w, int max_seqs,
+                              int max_seq_len, int device, rt_comm *comm, rt_cuda **out)
+{
+    (void)device;
+    MOEC_TRY(rt_cuda_init(plan, w, max_seqs, max_seq_len, out));
+    return rt_cuda_check_comm(plan, comm);
+}
+
 void rt_cuda_free(rt_cuda *c) { (void)c; }
+
+moec_status rt_comm_init_all(int n, const int *devs, rt_comm **out)
+{
+    (void)n;
+    (void)devs;
+    (void)out;
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
+}
+
+void rt_comm_abort(rt_comm *c) { (void)c; }
+void rt_comm_free_all(rt_comm **comms, int n) { (void)comms; (void)n; }
+int rt_comm_rank(const rt_comm *c) { (void)c; return 0; }
+int rt_comm_size(const rt_comm *c) { (void)c; return 1; }
+int rt_comm_device(const rt_comm *c) { (void)c; return 0; }
+moec_status rt_comm_error(rt_comm *c, const char *where)
+{
+    (void)c;
+    (void)where;
+    return MOEC_OK;
+}
 
 moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                          const int32_t *slots, float *logits_out, int32_t *sampled_out)

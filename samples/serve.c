@@ -99,6 +99,11 @@ static const char *USAGE =
     "                       cpu backend ignores it)\n"
     "  --eager              cuda: launch kernels one by one, no CUDA Graphs (the\n"
     "                       cpu backend ignores it)\n"
+    "  --tp N               the model split over N ranks (docs/PARALLEL.md; at most\n"
+    "                       64); a PLAN is split as it was compiled, and says so if\n"
+    "                       N differs\n"
+    "  --ep M               the routed experts in M groups of the ranks (M divides\n"
+    "                       N; --ep alone: N = M)\n"
     "  -h, --help           this help\n";
 
 #define LINE_LIMIT (1 << 20)    /* longest request line, in bytes */
@@ -1040,6 +1045,7 @@ typedef struct serve_opts {
     moec_backend backend;
     int backend_set;
     int single_stream, eager;
+    long tp, ep;         /* --tp, --ep (0: not given) */
 } serve_opts;
 
 /* An option that takes a count from 1 to max, and where it goes. */
@@ -1058,7 +1064,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     const count_opt counts[] = {{"--max-seqs", COUNT_LIMIT, &o->max_seqs},
                                 {"--max-seq-len", SEQ_LEN_LIMIT, &o->max_seq_len},
                                 {"--max-connections", COUNT_LIMIT, &o->max_conns},
-                                {"--max-buffer-mib", COUNT_LIMIT, &o->buffer_mib}};
+                                {"--max-buffer-mib", COUNT_LIMIT, &o->buffer_mib},
+                                {"--tp", 64, &o->tp},
+                                {"--ep", 64, &o->ep}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const count_opt *cnt = NULL;
@@ -1129,7 +1137,8 @@ static int open_engine(const serve_opts *o, serve_model_opener open_model, moec_
                               .max_seqs = (int)o->max_seqs,
                               .max_seq_len = (int)o->max_seq_len,
                               .single_stream = o->single_stream,
-                              .eager = o->eager};
+                              .eager = o->eager,
+                              .par = {.tp = (int)(o->tp ? o->tp : o->ep), .ep = (int)o->ep}};
     moec_status st;
     if (is_plan_path(o->path)) {
         if (!o->weights)

@@ -42,8 +42,8 @@ expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after abso
 expect 0 "mla_attention(" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
 expect 0 "stream 1" -- "$B" dump-ir "$D/qwen2_moe" --after assign_streams
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory
-expect 0 "wrote 10 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
-n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 10 ] && ok || bad "--after all wrote $n files, want 10"
+expect 0 "wrote 11 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
+n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 11 ] && ok || bad "--after all wrote $n files, want 11"
 head -1 "$T/passes/07_absorb_mla.mir" | grep -q "^# after pass absorb_mla" && ok || bad "07_absorb_mla.mir lacks its header"
 expect 2 "unknown pass 'fuse_everything'" -- "$B" dump-ir "$D/qwen3_moe" --after fuse_everything
 expect 2 "--after all needs -o DIR" -- "$B" dump-ir "$D/qwen3_moe" --after all

@@ -3,9 +3,11 @@
  * every prompt position and at each greedy decode step, and the greedy tokens,
  * must match what scripts/make_goldens.py computed with transformers:
  * per row, max |moec - ref| <= 1e-4 * max |ref|; tokens identical. Checked
- * twice: the unfused module through the public API (what `moec run --backend
- * cpu` runs), and the module after the whole pass pipeline, interpreted in
- * its planned memory arena. */
+ * the unfused module through the public API (what `moec run --backend cpu`
+ * runs), the module after the whole pass pipeline, interpreted in its
+ * planned memory arena, and the model split over ranks (tensor parallel 1,
+ * 2 and 4, expert parallel 2 and 4, and both: `moec run --tp N --ep M`),
+ * every rank's interpreter in step with the collectives in memory. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -26,13 +28,28 @@ typedef struct runner {
     int length;
 } runner;
 
-static int runner_open(runner *r, const char *dir, int fused, int max_seq)
+/* The ways of running a model: the unfused module, the compiled one, and
+ * split over ranks. */
+typedef struct mode {
+    const char *label;
+    int fused;
+    moec_parallel par;
+} mode;
+
+static const mode MODES[] = {
+    {"unfused", 0, {0, 0, 0}},   {"compiled", 1, {0, 0, 0}}, {"tp1", 0, {1, 0, 0}},
+    {"tp2", 0, {2, 0, 0}},       {"tp4", 0, {4, 0, 0}},      {"tp2 ep2", 0, {2, 2, 0}},
+    {"tp4 ep4", 0, {4, 4, 0}},   {"tp4 ep2", 0, {4, 2, 0}},
+};
+
+static int runner_open(runner *r, const char *dir, const mode *md, int max_seq)
 {
     memset(r, 0, sizeof *r);
-    if (!fused) {
+    if (!md->fused) {
         T_OK(moec_model_open(dir, &r->model));
         if (r->model)
-            T_OK(moec_session_init(r->model, dir, MOEC_BACKEND_CPU, max_seq, &r->session));
+            T_OK(moec_session_init_parallel(r->model, dir, MOEC_BACKEND_CPU, max_seq, &md->par,
+                                            &r->session));
         return r->session != NULL;
     }
     T_OK(fe_model_load(dir, &r->fused));
@@ -83,7 +100,7 @@ static int read_ints(const cJSON *arr, int32_t *out, int cap)
     return n;
 }
 
-static void check_model(const char *name, int fused)
+static void check_model(const char *name, const mode *md)
 {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/data/%s", name);
@@ -110,7 +127,7 @@ static void check_model(const char *name, int fused)
     T_CHECK(len == (size_t)rows * (size_t)vocab * sizeof(float));
 
     runner r;
-    int opened = runner_open(&r, dir, fused, rows + 1);
+    int opened = runner_open(&r, dir, md, rows + 1);
     float *got = malloc((size_t)P * (size_t)vocab * sizeof *got);
     double worst = 0;
     int tokens_ok = 1;
@@ -132,7 +149,7 @@ static void check_model(const char *name, int fused)
         fprintf(stderr, "%s: %s\n", name, moec_last_error());
     }
     printf("%-18s %-8s prompt %d, %d decode steps: max row error %.3g (limit 1e-4), tokens %s\n",
-           name, fused ? "compiled" : "unfused", P, G - 1, worst, tokens_ok ? "identical" : "DIFFER");
+           name, md->label, P, G - 1, worst, tokens_ok ? "identical" : "DIFFER");
     T_CHECK(worst <= 1e-4);
     T_CHECK(tokens_ok);
     free(got);
@@ -143,7 +160,7 @@ static void check_model(const char *name, int fused)
 int main(void)
 {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
-        for (int fused = 0; fused < 2; fused++)
-            check_model(MODELS[i], fused);
+        for (size_t k = 0; k < sizeof MODES / sizeof *MODES; k++)
+            check_model(MODELS[i], &MODES[k]);
     return t_finish("test_golden");
 }

@@ -45,10 +45,10 @@ int main(void)
     int n;
     const pass_info *pipe = pass_pipeline(&n);
     const char *order[] = {"fuse_qkv_a", "fuse_gate_up", "fuse_silu_and_mul", "fuse_router_weight",
-                           "fold_routed_scale", "fuse_add_rms_norm", "absorb_mla",
+                           "fold_routed_scale", "fuse_add_rms_norm", "absorb_mla", "shard",
                            "assign_streams", "plan_memory"};
-    T_CHECK(n == 9);
-    for (int i = 0; i < n && i < 9; i++)
+    T_CHECK(n == 10);
+    for (int i = 0; i < n && i < 10; i++)
         T_CHECK(!strcmp(pipe[i].name, order[i]) && pipe[i].what && *pipe[i].what);
 
     ir_module *m = NULL;

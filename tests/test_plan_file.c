@@ -145,7 +145,7 @@ int main(void)
     if (!m)
         return t_finish("test_plan_file");
     ir_plan *p = make_plan(m);
-    ir_plan_meta meta = {IR_PLAN_FORMAT, "0123456789abcdef", "fedcba9876543210", ""};
+    ir_plan_meta meta = {IR_PLAN_FORMAT, "0123456789abcdef", "fedcba9876543210", "", 0, 0};
     T_OK(ir_plan_write(path, p, &meta));
 
     ir_plan *q = NULL;
@@ -188,7 +188,7 @@ int main(void)
     d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
-    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 2; this moec reads version 1");
+    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 3; this moec reads version 2");
     /* A header that is not JSON. */
     memcpy(d, good, n);
     d[24] = '!';
@@ -244,7 +244,7 @@ int main(void)
     ir_module *v3 = NULL;
     T_OK(fe_model_load(t_src("tests/data/deepseek_v3"), &v3));
     if (v3) {
-        ir_plan_meta mine = {IR_PLAN_FORMAT, "", "", ""};
+        ir_plan_meta mine = {IR_PLAN_FORMAT, "", "", "", 0, 0};
         T_OK(rt_hash_config(t_src("tests/data/deepseek_v3"), mine.config_hash));
         T_OK(rt_hash_weights(v3, t_src("tests/data/deepseek_v3"), mine.weights_hash));
         T_OK(rt_plan_check_checkpoint(&mine, v3, path, t_src("tests/data/deepseek_v3")));

@@ -1,0 +1,223 @@
+/* cuda_comm.c — the communicators of a group of ranks on the GPUs of one
+ * process (issue 13, docs/PARALLEL.md): NCCL, opened with dlopen like
+ * cuBLASLt (so the CPU paths, CI and plans without collectives never need
+ * it), a communicator per rank made at once by ncclCommInitAll, and the
+ * collective steps of a plan enqueued on the rank's stream, where CUDA Graph
+ * capture records them like any kernel.
+ *
+ * The few NCCL types and entry points used are declared here (nccl.h need
+ * not be installed); where it is, their values are checked against it.
+ *
+ * A decode step's all-reduces are a few tokens of the hidden state, where
+ * NCCL's latency (10-20 us on H100) dominates; a one-shot all-reduce over
+ * peer memory takes 4-6 us. rt_comm_set_small_allreduce is the seam for
+ * one: all-reduces up to its byte limit go to it instead of NCCL. */
+#ifdef MOEC_HAVE_CUDA
+
+#include <dlfcn.h>
+
+#include "runtime/cuda_internal.h"
+
+/* NCCL's ABI, as nccl.h (2.x) declares it. */
+typedef struct rt_nccl_comm *rt_nccl_comm_t;
+typedef int rt_nccl_result;
+enum { RT_NCCL_SUCCESS = 0, RT_NCCL_IN_PROGRESS = 7 };
+enum { RT_NCCL_INT32 = 2, RT_NCCL_FLOAT16 = 6, RT_NCCL_FLOAT32 = 7, RT_NCCL_BFLOAT16 = 9 };
+enum { RT_NCCL_SUM = 0 };
+
+#if defined(__has_include)
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+_Static_assert((int)RT_NCCL_SUCCESS == (int)ncclSuccess &&
+                   (int)RT_NCCL_IN_PROGRESS == (int)ncclInProgress,
+               "NCCL result codes");
+_Static_assert((int)RT_NCCL_INT32 == (int)ncclInt32 && (int)RT_NCCL_FLOAT16 == (int)ncclFloat16 &&
+                   (int)RT_NCCL_FLOAT32 == (int)ncclFloat32 &&
+                   (int)RT_NCCL_BFLOAT16 == (int)ncclBfloat16,
+               "NCCL data types");
+_Static_assert((int)RT_NCCL_SUM == (int)ncclSum, "NCCL reduction ops");
+#endif
+#endif
+
+typedef struct rt_nccl_api {
+    void *dl;
+    rt_nccl_result (*GetVersion)(int *version);
+    rt_nccl_result (*CommInitAll)(rt_nccl_comm_t *comms, int n, const int *devs);
+    rt_nccl_result (*CommDestroy)(rt_nccl_comm_t comm);
+    rt_nccl_result (*CommAbort)(rt_nccl_comm_t comm);
+    rt_nccl_result (*CommGetAsyncError)(rt_nccl_comm_t comm, rt_nccl_result *err);
+    const char *(*GetErrorString)(rt_nccl_result r);
+    rt_nccl_result (*AllReduce)(const void *send, void *recv, size_t count, int dtype, int op,
+                                rt_nccl_comm_t comm, cudaStream_t stream);
+    rt_nccl_result (*AllGather)(const void *send, void *recv, size_t count, int dtype,
+                                rt_nccl_comm_t comm, cudaStream_t stream);
+} rt_nccl_api;
+
+struct rt_comm {
+    rt_nccl_api *api;     /* shared by the group; rank 0's comm owns it */
+    rt_nccl_comm_t nccl;
+    int rank, size, device;
+    int aborted;
+    rt_small_allreduce small; /* the one-shot seam (NULL: NCCL for everything) */
+    size_t small_max_bytes;
+    void *small_user;
+};
+
+static moec_status nccl_open(rt_nccl_api *n)
+{
+    static const char *const names[] = {"libnccl.so.2", "libnccl.so"};
+    const char *err = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !n->dl; i++) {
+        n->dl = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!n->dl && !err)
+            err = dlerror();
+    }
+    if (!n->dl)
+        return MOEC_ERR(MOEC_ERR_CUDA,
+                        "cannot load NCCL (%s), which a plan split over ranks needs: %s",
+                        names[0], err ? err : "not found");
+    static const char *const syms[] = {"ncclGetVersion",        "ncclCommInitAll",
+                                       "ncclCommDestroy",       "ncclCommAbort",
+                                       "ncclCommGetAsyncError", "ncclGetErrorString",
+                                       "ncclAllReduce",         "ncclAllGather"};
+    void **slots[] = {(void **)&n->GetVersion,        (void **)&n->CommInitAll,
+                      (void **)&n->CommDestroy,       (void **)&n->CommAbort,
+                      (void **)&n->CommGetAsyncError, (void **)&n->GetErrorString,
+                      (void **)&n->AllReduce,         (void **)&n->AllGather};
+    for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
+        void *sym = dlsym(n->dl, syms[i]);
+        if (!sym)
+            return MOEC_ERR(MOEC_ERR_CUDA, "NCCL (%s) has no %s", names[0], syms[i]);
+        memcpy(slots[i], &sym, sizeof sym);
+    }
+    return MOEC_OK;
+}
+
+static moec_status nccl_check(const rt_nccl_api *n, rt_nccl_result r, const char *call,
+                              const char *where)
+{
+    if (r == RT_NCCL_SUCCESS)
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_CUDA, "%s: %s failed: %s (NCCL error %d)", where, call,
+                    n->GetErrorString ? n->GetErrorString(r) : "?", r);
+}
+
+moec_status rt_comm_init_all(int n, const int *devs, rt_comm **out)
+{
+    if (n < 1 || n > IR_MAX_RANKS || !devs || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_comm_init_all: %d ranks", n);
+    for (int r = 0; r < n; r++)
+        out[r] = NULL;
+    rt_nccl_api *api = calloc(1, sizeof *api);
+    rt_nccl_comm_t comms[IR_MAX_RANKS] = {0};
+    moec_status st = api ? nccl_open(api) : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    if (st == MOEC_OK)
+        st = nccl_check(api, api->CommInitAll(comms, n, devs), "ncclCommInitAll",
+                        "making the ranks' communicators");
+    for (int r = 0; st == MOEC_OK && r < n; r++) {
+        out[r] = calloc(1, sizeof **out);
+        if (!out[r]) {
+            st = MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+            break;
+        }
+        *out[r] = (rt_comm){.api = api, .nccl = comms[r], .rank = r, .size = n, .device = devs[r]};
+    }
+    if (st == MOEC_OK)
+        return MOEC_OK;
+    for (int r = 0; r < n; r++) {
+        if (comms[r] && api->CommDestroy)
+            api->CommDestroy(comms[r]);
+        free(out[r]);
+        out[r] = NULL;
+    }
+    if (api && api->dl)
+        dlclose(api->dl);
+    free(api);
+    return st;
+}
+
+void rt_comm_abort(rt_comm *c)
+{
+    if (!c || c->aborted)
+        return;
+    c->aborted = 1;
+    if (c->api->CommAbort)
+        c->api->CommAbort(c->nccl);
+}
+
+void rt_comm_free_all(rt_comm **comms, int n)
+{
+    rt_nccl_api *api = n > 0 && comms[0] ? comms[0]->api : NULL;
+    for (int r = 0; r < n; r++) {
+        if (!comms[r])
+            continue;
+        if (!comms[r]->aborted)
+            api->CommDestroy(comms[r]->nccl);
+        free(comms[r]);
+        comms[r] = NULL;
+    }
+    if (api && api->dl)
+        dlclose(api->dl);
+    free(api);
+}
+
+int rt_comm_rank(const rt_comm *c) { return c ? c->rank : 0; }
+int rt_comm_size(const rt_comm *c) { return c ? c->size : 1; }
+int rt_comm_device(const rt_comm *c) { return c ? c->device : 0; }
+
+void rt_comm_set_small_allreduce(rt_comm *c, rt_small_allreduce fn, size_t max_bytes, void *user)
+{
+    c->small = fn;
+    c->small_max_bytes = max_bytes;
+    c->small_user = user;
+}
+
+moec_status rt_comm_error(rt_comm *c, const char *where)
+{
+    rt_nccl_result err = RT_NCCL_SUCCESS;
+    if (!c || c->aborted)
+        return c ? MOEC_ERR(MOEC_ERR_CUDA, "%s: rank %d's communicator was aborted", where,
+                            c->rank)
+                 : MOEC_OK;
+    MOEC_TRY(nccl_check(c->api, c->api->CommGetAsyncError(c->nccl, &err),
+                        "ncclCommGetAsyncError", where));
+    return nccl_check(c->api, err, "a collective", where);
+}
+
+static int nccl_dtype(ir_dtype dt)
+{
+    switch (dt) {
+    case IR_DTYPE_F16: return RT_NCCL_FLOAT16;
+    case IR_DTYPE_BF16: return RT_NCCL_BFLOAT16;
+    case IR_DTYPE_I32: return RT_NCCL_INT32;
+    default: return RT_NCCL_FLOAT32;
+    }
+}
+
+moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void *recv,
+                        cudaStream_t stream, const char *where)
+{
+    if (!c)
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: a collective step with no communicator", where);
+    if (coll->ranks != c->size)
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: a collective over %d ranks on a group of %d",
+                        where, coll->ranks, c->size);
+    size_t bytes = (size_t)coll->count * ir_dtype_size(coll->dtype);
+    if (coll->op == IR_OP_ALL_REDUCE && c->small && bytes <= c->small_max_bytes)
+        return c->small(c->small_user, c->rank, send, recv, (size_t)coll->count, coll->dtype,
+                        stream, where);
+    if (coll->op == IR_OP_ALL_REDUCE)
+        return nccl_check(c->api,
+                          c->api->AllReduce(send, recv, (size_t)coll->count,
+                                            nccl_dtype(coll->dtype), RT_NCCL_SUM, c->nccl, stream),
+                          "ncclAllReduce", where);
+    if (coll->op == IR_OP_ALL_GATHER)
+        return nccl_check(c->api,
+                          c->api->AllGather(send, recv, (size_t)coll->count,
+                                            nccl_dtype(coll->dtype), c->nccl, stream),
+                          "ncclAllGather", where);
+    return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: collective %s has no NCCL call", where,
+                    ir_op_name(coll->op));
+}
+
+#endif
