@@ -88,7 +88,12 @@ static const char *USAGE_COMPILE =
     "                        a step of n tokens runs in the smallest bucket that\n"
     "                        holds it, longer prompts in chunks of the largest\n"
     "                        (--batch-sizes: the same, its older name)\n"
-    "  --tp N                tensor-parallel degree (only 1 so far)\n"
+    "  --tp N                split the model over N ranks (docs/PARALLEL.md): one\n"
+    "                        plan per rank in PLAN, each reading only its slices of\n"
+    "                        the checkpoint; it runs on N GPUs (--tp 1: the same\n"
+    "                        path with one rank)\n"
+    "  --ep M                the routed experts in M groups of the ranks (M divides\n"
+    "                        N; --ep alone: N = M)\n"
     "  -h, --help            this help\n";
 
 static const char *USAGE_RUN =
@@ -126,7 +131,9 @@ static const char *USAGE_RUN =
     "  --tp N                 split the model over N ranks (docs/PARALLEL.md): on\n"
     "                         cpu, N reference interpreters in step in this process,\n"
     "                         the collectives done in memory; --tp 1 runs the\n"
-    "                         sharded path with one rank\n"
+    "                         sharded path with one rank. A PLAN runs with the split\n"
+    "                         it was compiled for (moec compile --tp), on as many\n"
+    "                         GPUs, a thread each; --tp says which split to expect\n"
     "  --ep M                 the routed experts in M groups of the ranks (M divides\n"
     "                         N; --ep alone: as many ranks as groups)\n"
     "  -h, --help             this help\n";
@@ -160,6 +167,7 @@ static const char *USAGE_BENCH =
     "                       by kernel, to stderr\n"
     "  --json               one JSON object per batch size and way instead of a table\n"
     "  --arch ARCH          GPU target when compiling (default sm_90; as MOEC_ARCH)\n"
+    "  --tp N, --ep M       a model split over ranks: not supported yet (refused)\n"
     "  -h, --help           this help\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
@@ -522,7 +530,8 @@ static int cmd_run(int argc, char **argv)
     FILE *lf = NULL;
     moec_status st;
     if (plan) {
-        st = moec_session_init_plan(o.dir, o.weights, (int)max_seq, &s);
+        st = moec_session_init_plan_parallel(o.dir, o.weights, (int)max_seq,
+                                             o.par_seen ? &o.par : NULL, &s);
         if (st != MOEC_OK)
             goto fail;
     } else {
@@ -709,9 +718,17 @@ static int cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL, *weights = NULL;
     moec_bench_options o = {4, {1, 8, 32, 64}, 1024, 100, 10, NULL, NULL};
-    int json = 0, arch = 0;
+    int json = 0, arch = 0, par_seen = 0;
+    moec_parallel par = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
+        int pf = strcmp(a, "--rank") ? parse_parallel_flag(argc, argv, &i, USAGE_BENCH, &par,
+                                                           &par_seen)
+                                     : 0;
+        if (pf < 0)
+            return 2;
+        if (pf)
+            continue;
         if (is_help(a)) {
             fputs(USAGE_BENCH, stdout);
             return 0;
@@ -758,6 +775,11 @@ static int cmd_bench(int argc, char **argv)
     }
     if (!dir)
         return usage_error(USAGE_BENCH, "%s", "missing MODEL_DIR or PLAN");
+    if (par_seen) {
+        fprintf(stderr, "moec: bench --tp/--ep: benchmarking a model split over ranks is not "
+                        "supported yet (moec run PLAN --tp N runs one)\n");
+        return 2;
+    }
     int plan = is_plan_path(dir);
     if (plan && !weights)
         return usage_error(USAGE_BENCH,

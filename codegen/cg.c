@@ -373,6 +373,10 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
     case IR_OP_MOE_EXPERTS: st = cg_emit_moe_experts(c, op); break;
     case IR_OP_FORK:
     case IR_OP_JOIN: st = cg_emit_stream(c, op); break;
+    case IR_OP_ALL_REDUCE:
+    case IR_OP_ALL_GATHER:
+    case IR_OP_REDUCE_SCATTER:
+    case IR_OP_ALL_TO_ALL: st = cg_emit_collective(c, op); break;
     default:
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "op %d (kind %d) has no CUDA code generator", op->id,
                         (int)op->kind);

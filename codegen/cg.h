@@ -114,6 +114,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op);   /* align, gate_up+silu_mul, down*w, sum */
 moec_status cg_emit_moe_experts(cg_ctx *c, const ir_op *op);  /* unfused form, for op tests */
 moec_status cg_emit_stream(cg_ctx *c, const ir_op *op);       /* fork, join */
+moec_status cg_emit_collective(cg_ctx *c, const ir_op *op);   /* all_reduce, all_gather */
 /* The last step of every bucket: argmax of each token's logits into
  * IR_INPUT_SAMPLED. */
 moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);

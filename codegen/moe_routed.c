@@ -48,7 +48,7 @@ static const char ALIGN_BODY[] =
     "        blk_expert[i] = -1;\n"
     "    __syncthreads();\n"
     "    for (int i = tid; i < N; i += NT) {\n"
-    "        const int e = ids[i];\n"
+    "        const int e = ids[i] - E0;\n"
     "        if (e >= 0 && e < E)\n"
     "            atomicAdd(&cnt[e], 1);\n"
     "    }\n"
@@ -80,7 +80,7 @@ static const char ALIGN_BODY[] =
     "            blk_expert[off[e] + b] = e;\n"
     "    }\n"
     "    for (int i = tid; i < N; i += NT) {\n"
-    "        const int e = ids[i];\n"
+    "        const int e = ids[i] - E0;\n"
     "        if (e >= 0 && e < E)\n"
     "            sorted[off[e] * BM + atomicAdd(&fill[e], 1)] = i;\n"
     "    }\n";
@@ -345,7 +345,7 @@ static const char SUM_BODY[] =
     "    for (int j = 0; j < VE; j++)\n"
     "        acc[j] = 0.0f;\n"
     "    for (int k = 0; k < K; k++) {\n"
-    "        const int e = ids[t * K + k];\n"
+    "        const int e = ids[t * K + k] - E0;\n"
     "        if (e < 0 || e >= E)\n"
     "            continue;\n"
     "        float v[VE];\n"
@@ -436,7 +436,12 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int is_new = 0;
 
     /* (1) align */
-    snprintf(name, sizeof name, "moe_align_e%lld_k%lld_bm%d_t%d", E, K, bm, T);
+    /* an expert-parallel rank holds experts e0 .. e0 + E - 1 of the ids */
+    long long e0 = d->e0;
+    char shard[32] = "";
+    if (e0)
+        snprintf(shard, sizeof shard, "_s%lld", e0);
+    snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d", E, shard, K, bm, T);
     int k1 = cg_kernel(c, name, &is_new);
     if (k1 < 0)
         return oom(d);
@@ -447,8 +452,9 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
                       "ids, int *__restrict__ sorted, int *__restrict__ blk_expert, int *__restrict__ "
                       "n_used)\n{\n"
-                      "    constexpr int E = %lld, K = %lld, T = %d, BM = %d, NB = %lld, NT = %d;\n",
-                      opname, ALIGN_THREADS, name, E, K, T, bm, nb, ALIGN_THREADS);
+                      "    constexpr int E = %lld, E0 = %lld, K = %lld, T = %d, BM = %d, NB = %lld, "
+                      "NT = %d;\n",
+                      opname, ALIGN_THREADS, name, E, e0, K, T, bm, nb, ALIGN_THREADS);
         moec_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
@@ -574,7 +580,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
 
     /* (4) sum over k */
     int ve = cg_vec_width(H);
-    snprintf(name, sizeof name, "moe_sum_e%lld_k%lld_h%lld_t%d_%s", E, K, H, T, ir_dtype_name(odt));
+    snprintf(name, sizeof name, "moe_sum_e%lld%s_k%lld_h%lld_t%d_%s", E, shard, K, H, T,
+             ir_dtype_name(odt));
     int k4 = cg_kernel(c, name, &is_new);
     if (k4 < 0)
         return oom(d);
@@ -584,8 +591,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       "cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "y, const int *__restrict__ ids, %s *__restrict__ out)\n{\n"
-                      "    constexpr int E = %lld, K = %lld, H = %lld, VE = %d, NT = %d;\n",
-                      opname, SUM_THREADS, name, cg_ctype(odt), E, K, H, ve, SUM_THREADS);
+                      "    constexpr int E = %lld, E0 = %lld, K = %lld, H = %lld, VE = %d, NT = %d;\n",
+                      opname, SUM_THREADS, name, cg_ctype(odt), E, e0, K, H, ve, SUM_THREADS);
         moec_buf_printf(&c->src, "%s}\n\n", SUM_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, d->op);
@@ -617,6 +624,7 @@ moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)
         .down = op->in[op->n_in - 1],
         .out = op->out[0],
         .scale = ir_op_attr_float(op, "scale", 1.0),
+        .e0 = ir_op_attr_int(op, "expert_start", 0),
     };
     return cg_moe_emit(c, &d);
 }

@@ -14,6 +14,7 @@ typedef struct cg_moe_desc {
     const ir_op *op;
     const ir_value *x, *ids, *w, *gate, *up, *down, *out;
     double scale;
+    int64_t e0; /* the first expert of the weights (expert parallel; ids are global) */
 } cg_moe_desc;
 
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);

@@ -293,7 +293,8 @@ moec_status moec_session_init_parallel(const moec_model_t *model, const char *we
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_parallel: NULL argument");
     *out = NULL;
     MOEC_TRY(moec_parallel_check(par));
-    MOEC_TRY(moec_resolve_backend(&backend));
+    if (backend != MOEC_BACKEND_CUDA)
+        MOEC_TRY(moec_resolve_backend(&backend));
     if (backend == MOEC_BACKEND_CUDA)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "tensor parallelism (tp %d) on CUDA from a model is not supported yet: "

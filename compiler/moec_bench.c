@@ -199,7 +199,14 @@ static moec_status bench_bind(const moec_model_t *model, const char *weights_dir
     moec_cuda_opts co = {.max_seqs = max_b, .max_seq_len = o->context + 1, .eager = 1};
     double t0 = moec_now_s();
     if (o->plan_path) {
-        MOEC_TRY(moec_cuda_model_init_plan(o->plan_path, weights_dir, &co, g, vocab));
+        ir_plan_meta meta;
+        MOEC_TRY(moec_cuda_plan_read(o->plan_path, g, &meta));
+        if (meta.tp)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "plan %s is split over %d ranks (tp %d): benchmarking a group of "
+                            "ranks is not supported yet",
+                            o->plan_path, ir_plan_meta_ranks(&meta), meta.tp);
+        MOEC_TRY(moec_cuda_plan_bind(g, &meta, o->plan_path, weights_dir, &co, vocab));
     } else {
         ir_dtype dt = IR_DTYPE_BF16;
         MOEC_TRY(moec_cuda_dtype(&dt));

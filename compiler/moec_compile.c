@@ -92,9 +92,6 @@ moec_status moec_fuse_rank(const ir_module *module, const cg_options *co,
 static moec_status compile_options(const moec_compile_options *o, cg_options *co)
 {
     MOEC_TRY(moec_parallel_check(&o->par));
-    if (o->par.tp)
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "tensor parallelism (tp %d) is not supported yet",
-                        o->par.tp);
     ir_dtype dt;
     if (!o->dtype || !strcmp(o->dtype, "bf16"))
         dt = IR_DTYPE_BF16;
@@ -129,26 +126,38 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     }
     cg_options co;
     MOEC_TRY(compile_options(opt, &co));
-    ir_module *fused = NULL;
-    rt_weights *w = NULL;
-    ir_plan *plan = NULL;
+    /* one plan per rank of the split (one when unsharded), in one file */
+    const moec_parallel *par = opt->par.tp ? &opt->par : NULL;
+    int n = par ? par->tp : 1;
+    ir_module *fused[IR_MAX_RANKS] = {0};
+    ir_plan *plans[IR_MAX_RANKS] = {0};
     ir_plan_meta meta;
     memset(&meta, 0, sizeof meta);
     meta.format = IR_PLAN_FORMAT;
-    moec_status st = moec_fuse(moec_model_module(model), &co, &fused);
-    /* The checkpoint must fit the plan before the expensive part. */
-    if (st == MOEC_OK)
-        st = rt_weights_open(fused, weights_dir, &w);
-    rt_weights_free(w);
+    meta.tp = par ? par->tp : 0;
+    meta.ep = par ? (par->ep ? par->ep : 1) : 0;
+    moec_status st = MOEC_OK;
+    for (int r = 0; r < n && st == MOEC_OK; r++) {
+        st = moec_fuse_rank(moec_model_module(model), &co, par, r, &fused[r]);
+        /* The checkpoint must fit the plan before the expensive part. */
+        rt_weights *w = NULL;
+        if (st == MOEC_OK)
+            st = rt_weights_open(fused[r], weights_dir, &w);
+        rt_weights_free(w);
+        if (st != MOEC_OK && par)
+            moec_err_wrap(st, "rank %d of tp %d", r, par->tp);
+    }
     if (st == MOEC_OK)
         st = rt_hash_config(weights_dir, meta.config_hash);
     if (st == MOEC_OK)
-        st = rt_hash_weights(fused, weights_dir, meta.weights_hash);
+        st = rt_hash_weights(fused[0], weights_dir, meta.weights_hash);
+    for (int r = 0; r < n && st == MOEC_OK; r++)
+        st = cg_plan_build(fused[r], &co, &plans[r]);
     if (st == MOEC_OK)
-        st = cg_plan_build(fused, &co, &plan);
-    if (st == MOEC_OK)
-        st = ir_plan_write(out_path, plan, &meta);
-    ir_plan_free(plan);
-    ir_module_free(fused);
+        st = ir_plan_write_ranks(out_path, (const ir_plan *const *)plans, &meta);
+    for (int r = 0; r < n; r++) {
+        ir_plan_free(plans[r]);
+        ir_module_free(fused[r]);
+    }
     return st;
 }

@@ -25,7 +25,8 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
                         (int)backend);
     int max_seqs, max_seq_len;
     MOEC_TRY(moec_engine_sizes(opt, moec_model_max_positions(model), &max_seqs, &max_seq_len));
-    MOEC_TRY(moec_resolve_backend(&backend));
+    if (backend != MOEC_BACKEND_CUDA || !opt->par.tp)
+        MOEC_TRY(moec_resolve_backend(&backend));
     ir_dtype dt = IR_DTYPE_BF16;
     if (backend == MOEC_BACKEND_CUDA)
         MOEC_TRY(moec_cuda_dtype(&dt));

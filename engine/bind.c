@@ -26,7 +26,8 @@ moec_status moec_resolve_backend(moec_backend *backend)
 moec_status moec_cuda_model_bind(moec_cuda_model *x, const rt_weights *w,
                                  const moec_cuda_opts *o, int vocab, const char *what)
 {
-    MOEC_TRY(rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda));
+    MOEC_TRY(rt_cuda_init_rank(x->plan, w, o->max_seqs, o->max_seq_len, o->device, o->comm,
+                               &x->cuda));
     if (rt_cuda_logits_cols(x->cuda) != vocab)
         return MOEC_ERR(MOEC_ERR_FORMAT, "%s: its logits have %d columns, its vocabulary %d",
                         what, rt_cuda_logits_cols(x->cuda), vocab);
@@ -35,6 +36,11 @@ moec_status moec_cuda_model_bind(moec_cuda_model *x, const rt_weights *w,
 
 void moec_cuda_model_free(moec_cuda_model *x)
 {
+    if (x->ranks) {
+        moec_ranks_free(x->ranks);
+        memset(x, 0, sizeof *x);
+        return;
+    }
     graph_set_free(x->graphs);
     rt_cuda_free(x->cuda);
     ir_plan_free(x->plan);
@@ -46,6 +52,8 @@ moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *token
                                  const int32_t *positions, const int32_t *slots,
                                  float *logits_out, int32_t *sampled_out)
 {
+    if (x->ranks)
+        return moec_ranks_step(x->ranks, n, tokens, positions, slots, logits_out, sampled_out);
     return graph_step(x->graphs, x->cuda, n, tokens, positions, slots, logits_out, sampled_out);
 }
 
@@ -61,7 +69,37 @@ moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_pl
 {
     memset(x, 0, sizeof *x);
     MOEC_TRY(moec_check_plan_path(plan_path));
-    return ir_plan_read(plan_path, &x->plan, &x->fused, meta);
+    ir_plan *plans[IR_MAX_RANKS];
+    ir_module *mods[IR_MAX_RANKS];
+    MOEC_TRY(ir_plan_read_ranks(plan_path, plans, mods, meta));
+    if (!meta->tp) {
+        x->plan = plans[0];
+        x->fused = mods[0];
+        return MOEC_OK;
+    }
+    /* split over ranks (tp 1 too: the same path with a communicator of one) */
+    MOEC_TRY(moec_ranks_new(plans, mods, ir_plan_meta_ranks(meta), &x->ranks));
+    x->plan = (ir_plan *)moec_ranks_plan(x->ranks);
+    x->fused = moec_ranks_module(x->ranks);
+    return MOEC_OK;
+}
+
+moec_status moec_plan_check_parallel(const ir_plan_meta *meta, const moec_parallel *par,
+                                     const char *plan_path)
+{
+    if (!par || (par->tp == meta->tp && (par->ep ? par->ep : 1) == (meta->ep ? meta->ep : 1)))
+        return MOEC_OK;
+    if (!meta->tp)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "plan %s was compiled unsharded (no --tp); asked to run it with tp %d: "
+                        "compile it with --tp %d",
+                        plan_path, par->tp, par->tp);
+    int n = ir_plan_meta_ranks(meta);
+    return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                    "plan %s was compiled for tp %d, ep %d (%d rank%s); asked to run it with tp "
+                    "%d, ep %d: a plan runs with the split it was compiled for",
+                    plan_path, meta->tp, meta->ep, n, n == 1 ? "" : "s", par->tp,
+                    par->ep ? par->ep : 1);
 }
 
 moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
@@ -73,6 +111,11 @@ moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d (plan %s)",
                         o->max_seq_len, max_pos, plan_path);
+    if (x->ranks) {
+        MOEC_TRY(moec_ranks_bind(x->ranks, meta, plan_path, weights_dir, o, vocab));
+        x->cuda = moec_ranks_cuda(x->ranks);
+        return MOEC_OK;
+    }
     MOEC_TRY(rt_plan_check_checkpoint(meta, x->fused, plan_path, weights_dir));
     rt_weights *w = NULL;
     MOEC_TRY(rt_weights_open(x->fused, weights_dir, &w));

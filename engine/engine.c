@@ -138,6 +138,8 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
     /* the plan's module gives the default max_seq_len, then the plan is bound */
     ir_plan_meta meta;
     moec_status st = moec_cuda_plan_read(plan_path, &e->gpu, &meta);
+    if (st == MOEC_OK && opt->par.tp)
+        st = moec_plan_check_parallel(&meta, &opt->par, plan_path);
     if (st == MOEC_OK)
         st = moec_engine_sizes(opt, (int)ir_module_meta_int(e->gpu.fused, "max_position_embeddings", 0),
                           &e->max_seqs, &e->max_seq_len);

@@ -17,12 +17,18 @@
 /* A plan bound to the GPU: the plan and the module it points into (built
  * in-process by the compiler, or read from a plan file), the runtime bound
  * for max_seqs sequences of max_seq_len, and its graphs. */
+typedef struct moec_ranks moec_ranks;
+
 typedef struct moec_cuda_model {
     ir_module *fused;
     ir_plan *plan;
     rt_cuda *cuda;
     graph_set *graphs;
     double capture_s; /* capturing every bucket's graph (0: not captured) */
+    /* A plan split over ranks (engine/ranks.c): the group owns every rank's
+     * plan, module, context and graphs; fused, plan and cuda above are rank
+     * 0's, borrowed (for queries), and graphs is NULL. */
+    moec_ranks *ranks;
 } moec_cuda_model;
 
 /* How a plan is bound: graphs are captured at bind unless `eager` or
@@ -32,6 +38,8 @@ typedef struct moec_cuda_opts {
     int max_seqs, max_seq_len;
     int single_stream;
     int eager;
+    int device;     /* the GPU (a rank's; 0 otherwise) */
+    rt_comm *comm;  /* a rank's communicator (engine/ranks.c); NULL unsharded */
 } moec_cuda_opts;
 
 /* AUTO becomes CUDA where a device is present, else CPU; CUDA is checked
@@ -53,6 +61,10 @@ moec_status moec_cuda_plan_read(const char *plan_path, moec_cuda_model *x, ir_pl
 moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
                                 const char *plan_path, const char *weights_dir,
                                 const moec_cuda_opts *o, int *vocab);
+/* MOEC_ERR_INVALID_ARG when par asks for another split than the plan's
+ * (par NULL: any). */
+moec_status moec_plan_check_parallel(const ir_plan_meta *meta, const moec_parallel *par,
+                                     const char *plan_path);
 /* moec_cuda_plan_read, then moec_cuda_plan_bind. On failure x holds what
  * was made (free it). */
 moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
@@ -62,6 +74,28 @@ void moec_cuda_model_free(moec_cuda_model *x);
 moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *tokens,
                                  const int32_t *positions, const int32_t *slots,
                                  float *logits_out, int32_t *sampled_out);
+
+/* ---- a plan split over ranks (engine/ranks.c) ------------------------------ */
+
+/* A group of n ranks over their plans and modules (taken; freed with the
+ * group, or here on failure), not yet bound. */
+moec_status moec_ranks_new(ir_plan **plans, ir_module **mods, int n, moec_ranks **out);
+/* Rank 0's plan, module and (once bound) context. */
+const ir_plan *moec_ranks_plan(const moec_ranks *g);
+ir_module *moec_ranks_module(const moec_ranks *g);
+rt_cuda *moec_ranks_cuda(const moec_ranks *g);
+/* Binds rank r on GPU r (MOEC_ERR_NO_DEVICE when the machine has fewer GPUs
+ * than ranks), a thread each, with communicators made at once; each rank
+ * reads only its slices of the checkpoint. *vocab: as moec_cuda_plan_bind. */
+moec_status moec_ranks_bind(moec_ranks *g, const ir_plan_meta *meta, const char *plan_path,
+                            const char *weights_dir, const moec_cuda_opts *o, int *vocab);
+/* One step on every rank at once; rank 0 copies logits and sampled ids
+ * back. A failing rank ends every rank; its error (naming it) is returned,
+ * and the group is unusable after. */
+moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
+                            const int32_t *positions, const int32_t *slots, float *logits_out,
+                            int32_t *sampled_out);
+void moec_ranks_free(moec_ranks *g);
 
 /* The eos ids of a module (its meta eos_token_id: one id or a list) as the
  * public API gives them out, each checked to lie in [0, vocab_size)

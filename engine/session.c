@@ -54,12 +54,24 @@ int moec_session_eos_tokens(const moec_session_t *s, const int32_t **ids)
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
                                    int max_seq_len, moec_session_t **out)
 {
+    return moec_session_init_plan_parallel(plan_path, weights_dir, max_seq_len, NULL, out);
+}
+
+moec_status moec_session_init_plan_parallel(const char *plan_path, const char *weights_dir,
+                                            int max_seq_len, const moec_parallel *par,
+                                            moec_session_t **out)
+{
     if (!plan_path || !weights_dir || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_plan: NULL argument");
     moec_session_t *s;
     MOEC_TRY(moec_session_new(MOEC_BACKEND_CUDA, max_seq_len, &s));
     moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
-    moec_status st = moec_cuda_model_init_plan(plan_path, weights_dir, &o, &s->gpu, &s->vocab);
+    ir_plan_meta meta;
+    moec_status st = moec_cuda_plan_read(plan_path, &s->gpu, &meta);
+    if (st == MOEC_OK)
+        st = moec_plan_check_parallel(&meta, par, plan_path);
+    if (st == MOEC_OK)
+        st = moec_cuda_plan_bind(&s->gpu, &meta, plan_path, weights_dir, &o, &s->vocab);
     if (st == MOEC_OK)
         st = moec_eos_init(s->gpu.fused, &s->eos);
     if (st != MOEC_OK) {

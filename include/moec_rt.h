@@ -86,6 +86,14 @@ int moec_session_eos_token(const moec_session_t *session);
  * (MOEC_ERR_CAPACITY naming the bytes needed and free), then bound. */
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
                                    int max_seq_len, moec_session_t **out);
+/* The same, checking that the plan was compiled for par's split (tp and
+ * ep; par NULL: whatever it was compiled for): MOEC_ERR_INVALID_ARG naming
+ * both when not. A plan split over ranks runs on as many GPUs of this
+ * machine, one thread each (MOEC_ERR_NO_DEVICE when there are fewer); a
+ * rank that fails ends every rank with its error. */
+moec_status moec_session_init_plan_parallel(const char *plan_path, const char *weights_dir,
+                                            int max_seq_len, const moec_parallel *par,
+                                            moec_session_t **out);
 
 /* An engine: up to max_seqs sequences decoded together, for services. Each
  * sequence lives in a slot (0 .. max_seqs-1) with its own KV cache of
@@ -108,7 +116,8 @@ typedef struct moec_engine_options {
 
 /* From a plan file (moec compile), CUDA only, no compiler call; the plan is
  * checked against the checkpoint in weights_dir as moec_session_init_plan
- * does. opt->backend must be AUTO or CUDA. */
+ * does, and, when opt->par.tp is set, against that split as
+ * moec_session_init_plan_parallel does. opt->backend must be AUTO or CUDA. */
 moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir,
                                   const moec_engine_options *opt, moec_engine_t **out);
 void moec_engine_free(moec_engine_t *engine);

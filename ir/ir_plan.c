@@ -76,5 +76,14 @@ ir_dtype ir_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype 
     for (int i = 0; i < m->n_outputs; i++)
         if (m->outputs[i] == v)
             return IR_DTYPE_F32;
+    /* a collective moves bytes as they are: its operand is stored like its
+     * result (the vocab-parallel logits gathered into the f32 output) */
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        if ((op->kind == IR_OP_ALL_REDUCE || op->kind == IR_OP_ALL_GATHER ||
+             op->kind == IR_OP_REDUCE_SCATTER || op->kind == IR_OP_ALL_TO_ALL) &&
+            op->in[0] == v)
+            return ir_value_storage_dtype(m, op->out[0], compute);
+    }
     return touches_topk(m, v) ? IR_DTYPE_F32 : compute;
 }

@@ -137,8 +137,8 @@ moec_status ir_buckets_check(const int *buckets, int n);
 const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n);
 
 /* How each activation is stored on the GPU: i32 values as i32; moe_topk's
- * operands and results and the module outputs in f32; every other
- * activation in the compute dtype. Weights: their IR dtype if f32, else the
+ * operands and results and the module outputs in f32; a collective's
+ * operand like its result; every other activation in the compute dtype. Weights: their IR dtype if f32, else the
  * compute dtype. */
 ir_dtype ir_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype compute);
 

@@ -285,6 +285,22 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
     return MOEC_OK;
 }
 
+/* The communicator's first collective, run now (every rank of the group
+ * sets up at once, a thread each), so that NCCL makes its connections
+ * before any step is captured into a CUDA Graph. */
+static moec_status comm_warmup(rt_cuda *c)
+{
+    if (!c->comm)
+        return MOEC_OK;
+    const char *where = "the communicator's first all-reduce";
+    ir_coll one = {.op = IR_OP_ALL_REDUCE, .dtype = IR_DTYPE_F32, .count = 1,
+                   .ranks = rt_comm_size(c->comm)};
+    MOEC_TRY(CK(cudaMemsetAsync(c->arena, 0, sizeof(float), c->stream[0]), where));
+    MOEC_TRY(rt_comm_run(c->comm, &one, c->arena, c->arena, c->stream[0], where));
+    MOEC_TRY(CK(cudaStreamSynchronize(c->stream[0]), where));
+    return rt_comm_error(c->comm, where);
+}
+
 static moec_status setup(rt_cuda *c, const rt_weights *w)
 {
     const ir_plan *p = c->plan;
@@ -344,6 +360,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     }
     for (int b = 0; b < p->n_buckets; b++)
         MOEC_TRY(prepare_bucket(c, &c->buckets[b]));
+    MOEC_TRY(comm_warmup(c));
     return CK(cudaDeviceSynchronize(), "finishing the set-up");
 }
 

@@ -75,6 +75,44 @@ for k in range(G):
 PY
 done
 
+# Tensor and expert parallelism on the CPU: one rank's module; run split over
+# ranks prints the unsplit run's ids; the flags' bad values and refusals.
+for f in --tp --ep --rank; do expect 0 "$f" -- "$B" dump-ir --help; done
+for f in --tp --ep; do expect 0 "$f" -- "$B" run --help; expect 0 "$f" -- "$B" compile --help; expect 0 "$f" -- "$B" serve --help; done
+expect 0 "meta rank = 1" -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
+expect 0 "# after pass shard" -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
+expect 0 '%logits : f32[T, 256] = all_gather(%logits.shard) {axis = 1, ranks = 2}' -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
+expect 0 '"model.layers.0.self_attn.o_proj.weight"[:, 32:64]' -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
+expect 0 'stack("model.layers.1.mlp.experts.{e}.down_proj.weight", 16)[8:16, :, :]' -- "$B" dump-ir "$D/deepseek_v3" --ep 2 --rank 1
+expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/deepseek_v3" --tp 4 --ep 2 --rank 3 --after plan_memory
+expect 0 "wrote 11 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
+grep -q "all_reduce" "$T/tp2/08_shard.mir" && ok || bad "08_shard.mir of --tp 2 has no all_reduce"
+expect 1 "tp 3 does not divide num_attention_heads 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 3
+expect 1 "ep 3 must divide tp 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 4 --ep 3
+expect 1 "rank 2 out of range [0, 2) (tp 2)" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --rank 2
+expect 2 "--rank needs --tp" -- "$B" dump-ir "$D/qwen3_moe" --rank 1
+expect 2 "--tp: '0' is not an integer in [1, 64]" -- "$B" dump-ir "$D/qwen3_moe" --tp 0
+expect 2 "--rank: '-1' is not an integer in [0, 64]" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --rank -1
+expect 2 "--summary and --tp do not go together" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --summary
+expect 2 "unknown option --rank" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --rank 0
+expect 2 "bench --tp/--ep: benchmarking a model split over ranks is not supported yet" -- "$B" bench "$D/qwen3_moe" --tp 2
+for m in deepseek_v2 qwen2_moe; do
+  want=$("$B" run "$D/$m" --prompt-ids 3,1,4,1,5 --max-new-tokens 6 --ignore-eos --backend cpu)
+  for split in "--tp 1" "--tp 2" "--tp 4" "--ep 2" "--tp 4 --ep 4" "--tp 4 --ep 2"; do
+    # shellcheck disable=SC2086
+    got=$("$B" run "$D/$m" --prompt-ids 3,1,4,1,5 --max-new-tokens 6 --ignore-eos --backend cpu $split 2>&1)
+    [ "$got" = "$want" ] && ok || bad "$m $split: run printed '$got', want '$want'"
+  done
+done
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  expect 1 "tensor parallelism (tp 2) on CUDA from a model is not supported yet" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend cuda --tp 2
+fi
+printf '{"id":"a","prompt_ids":[3,1,4],"max_new_tokens":3,"ignore_eos":true}\n' >"$T/req"
+want=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin <"$T/req" 2>/dev/null | tail -1)
+got=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 2 <"$T/req" 2>/dev/null | tail -1)
+[ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve --tp 2 --ep 2 replied '$got', want '$want'"
+expect 1 "ep 3 must divide tp 2" -- "$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 3
+
 # Bad invocations.
 expect 1 "nonexistent/config.json" -- "$B" dump-ir "$T/nonexistent"
 expect 2 "missing MODEL_DIR" -- "$B" dump-ir

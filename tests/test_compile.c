@@ -225,10 +225,12 @@ static void test_compile_errors(void)
         return;
     moec_compile_options o = {0};
     o.cache_dir = g_cache;
-    o.par.tp = 2;
-    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_UNSUPPORTED,
-          "tensor parallelism (tp 2) is not supported yet");
-    o.par.tp = 0;
+    o.par.tp = 3;
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
+          "tp 3 does not divide num_attention_heads 4 (%l0.attn.o_c)");
+    o.par = (moec_parallel){2, 3, 0};
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG, "ep 3 must divide tp 2");
+    o.par = (moec_parallel){0, 0, 0};
     o.dtype = "fp16";
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "compute dtype 'fp16' is not bf16 or fp32");
@@ -310,6 +312,110 @@ static void test_plan_session(const char *plan_path)
     }
 }
 
+/* The steps of kind k in a bucket. */
+static int count_steps(const ir_bucket *b, ir_step_kind k)
+{
+    int n = 0;
+    for (int i = 0; i < b->n_steps; i++)
+        n += b->steps[i].kind == k;
+    return n;
+}
+
+static int has_kernel(const ir_bucket *b, const char *prefix)
+{
+    for (int k = 0; k < b->n_kernels; k++)
+        if (!strncmp(b->kernel_names[k], prefix, strlen(prefix)))
+            return 1;
+    return 0;
+}
+
+/* moec compile --tp 2 --ep 2: a plan per rank in one file, each with its
+ * collectives as steps (the logits gathered through scratch, then put in
+ * place), its rank's vocabulary rows and experts in its kernels; the file
+ * says its split, a session asked for another is refused by name before
+ * any device is asked for, and a one-plan reader refuses it. */
+static void test_compile_ranks(void)
+{
+    const char *dir = t_src("tests/data/deepseek_v3");
+    const char *path = tmp_path("v3_tp2.moec");
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    if (!m)
+        return;
+    moec_compile_options o = {0};
+    o.dtype = "fp32";
+    o.n_buckets = 1;
+    o.buckets[0] = 4;
+    o.arch = "sm_80";
+    o.cache_dir = g_cache;
+    o.par = (moec_parallel){2, 2, 0};
+    T_OK(moec_compile(m, dir, &o, path));
+    ir_plan *plans[IR_MAX_RANKS];
+    ir_module *mods[IR_MAX_RANKS];
+    ir_plan_meta meta;
+    T_OK(ir_plan_read_ranks(path, plans, mods, &meta));
+    T_CHECK(meta.format == IR_PLAN_FORMAT && meta.tp == 2 && meta.ep == 2 &&
+            ir_plan_meta_ranks(&meta) == 2);
+    for (int r = 0; r < 2 && plans[r]; r++) {
+        const ir_bucket *b = &plans[r]->buckets[0];
+        int layers = (int)ir_module_meta_int(mods[r], "num_hidden_layers", 0);
+        T_CHECK(ir_module_meta_int(mods[r], "rank", -1) == r);
+        /* an all_reduce per layer's attention and MLP, the embedding's, the
+         * logits' all_gather */
+        T_CHECK(count_steps(b, IR_STEP_COLLECTIVE) == 2 + 2 * layers);
+        T_CHECK(has_kernel(b, "gather_r2_o4_i128_f32"));
+        T_CHECK(has_kernel(b, r ? "embedding_v128_h64_s128_t4" : "embedding_v128_h64_t4"));
+        T_CHECK(has_kernel(b, r ? "moe_align_e8_s8_k4" : "moe_align_e8_k4"));
+        for (int i = 0; i < b->n_steps; i++) {
+            const ir_step *st = &b->steps[i];
+            if (st->kind != IR_STEP_COLLECTIVE)
+                continue;
+            T_CHECK(st->coll.ranks == 2 && st->coll.dtype == IR_DTYPE_F32);
+            T_CHECK(st->coll.op == IR_OP_ALL_GATHER ? st->coll.count == 4 * 128
+                                                    : st->coll.count == 4 * 64);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        ir_plan_free(plans[r]);
+        ir_module_free(mods[r]);
+    }
+    ir_plan *one = NULL;
+    ir_module *mod = NULL;
+    T_ERR(ir_plan_read(path, &one, &mod, &meta), MOEC_ERR_UNSUPPORTED,
+          "v3_tp2.moec is split over 2 ranks (tp 2, ep 2): it runs as a group of ranks");
+    moec_session_t *s = NULL;
+    moec_parallel want = {1, 0, 0};
+    T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_INVALID_ARG,
+          "was compiled for tp 2, ep 2 (2 ranks); asked to run it with tp 1, ep 1: a plan runs "
+          "with the split it was compiled for");
+    want = (moec_parallel){2, 1, 0};
+    T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_INVALID_ARG,
+          "asked to run it with tp 2, ep 1");
+    T_CHECK(s == NULL);
+    int n_dev = 0;
+    if (moec_cuda_device_count(&n_dev) != MOEC_OK || n_dev < 1) {
+        want = (moec_parallel){2, 2, 0};
+        T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_NO_DEVICE,
+              "no CUDA device");
+    } else if (n_dev < 2) {
+        T_ERR(moec_session_init_plan(path, dir, 16, &s), MOEC_ERR_NO_DEVICE,
+              "is split over 2 ranks (tp 2, ep 2): it needs 2 GPUs, this machine has 1");
+    }
+    T_CHECK(s == NULL);
+    moec_model_free(m);
+}
+
+/* A plan compiled unsharded is refused by name when a split is asked for. */
+static void test_unsharded_plan_split(const char *plan_path)
+{
+    moec_session_t *s = NULL;
+    moec_parallel want = {1, 0, 0};
+    T_ERR(moec_session_init_plan_parallel(plan_path, t_src("tests/data/deepseek_v3"), 16, &want,
+                                          &s),
+          MOEC_ERR_INVALID_ARG, "was compiled unsharded (no --tp); asked to run it with tp 1");
+    T_CHECK(s == NULL);
+}
+
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb;
@@ -340,6 +446,8 @@ int main(void)
         test_compile_v3(plan);
         test_compile_fp32();
         test_plan_session(plan);
+        test_unsharded_plan_split(plan);
+        test_compile_ranks();
     }
     nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return t_finish("test_compile");

@@ -52,6 +52,10 @@ n=$(ls "$MOEC_CACHE_DIR" | wc -l); [ "$n" -ge 2 ] && ok || bad "the cubin cache 
 expect 1 "MOEC_MOE_KERNEL='fast' is not auto, simt or mma" -- env MOEC_MOE_KERNEL=fast "$B" compile "$D/qwen3_moe" -o "$T/bad.moec"
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
+# a plan per rank; one asked to run with another split is refused by name
+expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3tp2.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 2 --ep 2
+expect 1 "plan $T/q3tp2.moec was compiled for tp 2, ep 2 (2 ranks); asked to run it with tp 1, ep 1" -- "$B" run "$T/q3tp2.moec" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1 --tp 1
+expect 1 "plan $T/q3.moec was compiled for tp 1, ep 1 (1 rank); asked to run it with tp 2, ep 1" -- "$B" run "$T/q3.moec" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1 --tp 2
 
 # Running a plan: the plan, then the checkpoint, then the device.
 expect 1 "plan $P was compiled for another config" -- "$B" run "$P" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1
@@ -67,8 +71,11 @@ expect 1 "config.json is not a moec plan" -- "$B" run "$D/deepseek_v3/config.jso
 expect 1 "max_seq_len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
 
 # Bad invocations.
-expect 2 "tensor parallelism (--tp 2) is not supported yet" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp 2
-expect 2 "--tp: 'x' is not an integer >= 1" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp x
+expect 1 "tp 3 does not divide num_attention_heads 4" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp 3
+expect 1 "ep 4 must divide tp 2" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp 2 --ep 4
+expect 2 "--tp: 'x' is not an integer in [1, 64]" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp x
+expect 2 "--ep: '0' is not an integer in [1, 64]" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --ep 0
+expect 2 "unknown option --rank" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --rank 1
 expect 2 "missing -o PLAN" -- "$B" compile "$D/deepseek_v3"
 expect 2 "missing MODEL_DIR" -- "$B" compile -o "$T/x.moec"
 expect 2 "--dtype: 'fp16' is not bf16 or fp32" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --dtype fp16

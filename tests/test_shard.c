@@ -90,6 +90,16 @@ static void check_engine(void)
     moec_engine_t *c = NULL;
     T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_INVALID_ARG, "ep 3 must divide tp 2");
     T_CHECK(c == NULL);
+    /* on CUDA a split runs from a plan (moec compile --tp), not from a model */
+    o.par = (moec_parallel){2, 1, 0};
+    o.backend = MOEC_BACKEND_CUDA;
+    T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_UNSUPPORTED,
+          "tensor parallelism (tp 2) on CUDA from a model is not supported yet: moec compile "
+          "--tp, then open the plan");
+    moec_session_t *s = NULL;
+    T_ERR(moec_session_init_parallel(m, dir, MOEC_BACKEND_CUDA, 8, &o.par, &s),
+          MOEC_ERR_UNSUPPORTED, "tensor parallelism (tp 2) on CUDA from a model");
+    T_CHECK(c == NULL && s == NULL);
     moec_engine_free(a);
     moec_engine_free(b);
     moec_model_free(m);
