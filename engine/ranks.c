@@ -24,6 +24,7 @@
 
 #include "engine/engine_internal.h"
 #include "err.h"
+#include "runtime/step_check.h"
 
 typedef enum rank_cmd { CMD_NONE, CMD_BIND, CMD_STEP, CMD_QUIT } rank_cmd;
 
@@ -211,6 +212,10 @@ moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
                         g->w[g->failed].err);
     if (g->threads != g->n)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "the group of %d ranks is not bound", g->n);
+    /* checked here, once: a bad step must not look like a failing rank */
+    rt_step_limits l = {rt_cuda_max_tokens(moec_ranks_cuda(g)), g->opts.max_seqs,
+                        g->opts.max_seq_len, g->vocab};
+    MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
     g->n_tok = n;
     g->tokens = tokens;
     g->positions = positions;

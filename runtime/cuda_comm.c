@@ -138,9 +138,10 @@ moec_status rt_comm_init_all(int n, const int *devs, rt_comm **out)
 
 void rt_comm_abort(rt_comm *c)
 {
-    if (!c || c->aborted)
+    /* called from the failing rank's thread while the others may wait in
+     * this communicator's collectives: once only */
+    if (!c || __atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL))
         return;
-    c->aborted = 1;
     if (c->api->CommAbort)
         c->api->CommAbort(c->nccl);
 }
@@ -151,7 +152,7 @@ void rt_comm_free_all(rt_comm **comms, int n)
     for (int r = 0; r < n; r++) {
         if (!comms[r])
             continue;
-        if (!comms[r]->aborted)
+        if (!__atomic_load_n(&comms[r]->aborted, __ATOMIC_ACQUIRE))
             api->CommDestroy(comms[r]->nccl);
         free(comms[r]);
         comms[r] = NULL;
@@ -175,10 +176,10 @@ void rt_comm_set_small_allreduce(rt_comm *c, rt_small_allreduce fn, size_t max_b
 moec_status rt_comm_error(rt_comm *c, const char *where)
 {
     rt_nccl_result err = RT_NCCL_SUCCESS;
-    if (!c || c->aborted)
-        return c ? MOEC_ERR(MOEC_ERR_CUDA, "%s: rank %d's communicator was aborted", where,
-                            c->rank)
-                 : MOEC_OK;
+    if (!c)
+        return MOEC_OK;
+    if (__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE))
+        return MOEC_ERR(MOEC_ERR_CUDA, "%s: rank %d's communicator was aborted", where, c->rank);
     MOEC_TRY(nccl_check(c->api, c->api->CommGetAsyncError(c->nccl, &err),
                         "ncclCommGetAsyncError", where));
     return nccl_check(c->api, err, "a collective", where);
