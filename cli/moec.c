@@ -234,15 +234,15 @@ static int parse_ids(const char *s, int32_t **out, const char **bad)
     return n;
 }
 
-/* --tp N, --ep M or --rank R at argv[*i] (an int in [lo, 64]) into *out;
- * 1 when argv[*i] is one of them, -1 (a usage error printed) when its value
- * is bad. */
+/* --tp N, --ep M or (with_rank) --rank R at argv[*i] (an int in [lo, 64])
+ * into par; 1 when argv[*i] is one of them, -1 (a usage error printed) when
+ * its value is bad. */
 static int parse_parallel_flag(int argc, char **argv, int *i, const char *usage,
-                               moec_parallel *par, int *seen)
+                               moec_parallel *par, int *seen, int with_rank)
 {
     const char *a = argv[*i];
     int *dst = !strcmp(a, "--tp") ? &par->tp : !strcmp(a, "--ep") ? &par->ep
-               : !strcmp(a, "--rank") ? &par->rank : NULL;
+               : with_rank && !strcmp(a, "--rank") ? &par->rank : NULL;
     if (!dst)
         return 0;
     long v;
@@ -279,7 +279,7 @@ static int cmd_dump_ir(int argc, char **argv)
     int summary = 0, par_seen = 0;
     moec_parallel par = {0};
     for (int i = 0; i < argc; i++) {
-        int pf = parse_parallel_flag(argc, argv, &i, USAGE_DUMP, &par, &par_seen);
+        int pf = parse_parallel_flag(argc, argv, &i, USAGE_DUMP, &par, &par_seen, 1);
         if (pf < 0)
             return 2;
         if (pf)
@@ -401,9 +401,7 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
-        int pf = strcmp(a, "--rank")
-                     ? parse_parallel_flag(argc, argv, &i, USAGE_RUN, &o->par, &o->par_seen)
-                     : 0;
+        int pf = parse_parallel_flag(argc, argv, &i, USAGE_RUN, &o->par, &o->par_seen, 0);
         if (pf < 0)
             return 2;
         if (pf)
@@ -641,9 +639,7 @@ static int cmd_compile(int argc, char **argv)
     int par_seen = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        int pf = strcmp(a, "--rank") ? parse_parallel_flag(argc, argv, &i, USAGE_COMPILE, &o.par,
-                                                           &par_seen)
-                                     : 0;
+        int pf = parse_parallel_flag(argc, argv, &i, USAGE_COMPILE, &o.par, &par_seen, 0);
         if (pf < 0)
             return 2;
         if (pf)
@@ -722,9 +718,7 @@ static int cmd_bench(int argc, char **argv)
     moec_parallel par = {0};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        int pf = strcmp(a, "--rank") ? parse_parallel_flag(argc, argv, &i, USAGE_BENCH, &par,
-                                                           &par_seen)
-                                     : 0;
+        int pf = parse_parallel_flag(argc, argv, &i, USAGE_BENCH, &par, &par_seen, 0);
         if (pf < 0)
             return 2;
         if (pf)

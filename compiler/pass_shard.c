@@ -87,6 +87,20 @@ typedef struct shard_ctx {
     int deepseek;         /* config field names: DeepSeek's, else Qwen's */
 } shard_ctx;
 
+/* Room for one more of n elements of `elem` bytes in the malloc'd *arr. */
+static moec_status grow(void **arr, int n, int *cap, size_t elem)
+{
+    if (n < *cap)
+        return MOEC_OK;
+    int next = *cap ? 2 * *cap : 64;
+    void *g = realloc(*arr, elem * (size_t)next);
+    if (!g)
+        return MOEC_ERR(MOEC_ERR_OOM, "shard: out of memory");
+    *arr = g;
+    *cap = next;
+    return MOEC_OK;
+}
+
 /* ---- layouts ---------------------------------------------------------------- */
 
 static lay lay_of(lay_kind k)
@@ -645,14 +659,7 @@ static moec_status weight_for(shard_ctx *c, ir_value *w, const wspec *spec, ir_v
         if (!unique || !(v = ir_module_add_weight_bound(c->m, unique, t, &b)))
             return moec_err_wrap(MOEC_ERR_INTERNAL, "sharding weight %%%s", w->name);
     }
-    if (c->n_wm == c->cap_wm) {
-        int cap = c->cap_wm ? 2 * c->cap_wm : 64;
-        wmemo *g = realloc(c->wm, sizeof *g * (size_t)cap);
-        if (!g)
-            return MOEC_ERR(MOEC_ERR_OOM, "shard: out of memory");
-        c->wm = g;
-        c->cap_wm = cap;
-    }
+    MOEC_TRY(grow((void **)&c->wm, c->n_wm, &c->cap_wm, sizeof *c->wm));
     c->wm[c->n_wm++] = (wmemo){w->id, *spec, v};
     *out = v;
     return MOEC_OK;
@@ -784,14 +791,7 @@ static moec_status convert(shard_ctx *c, ir_value *v, const lay *from, const lay
     } else {
         MOEC_TRY(local_slices(c, v, from, to, before, &r));
     }
-    if (c->n_convs == c->cap_convs) {
-        int cap = c->cap_convs ? 2 * c->cap_convs : 64;
-        conv *g = realloc(c->convs, sizeof *g * (size_t)cap);
-        if (!g)
-            return MOEC_ERR(MOEC_ERR_OOM, "shard: out of memory");
-        c->convs = g;
-        c->cap_convs = cap;
-    }
+    MOEC_TRY(grow((void **)&c->convs, c->n_convs, &c->cap_convs, sizeof *c->convs));
     c->convs[c->n_convs++] = (conv){v, *to, r};
     *out = r;
     return MOEC_OK;

@@ -186,6 +186,18 @@ static void test_compile_v3(const char *plan_path)
     moec_model_free(m);
 }
 
+/* fp32, the one bucket of 4 tokens, sm_80, the test's cache. */
+static moec_compile_options fp32_options(void)
+{
+    moec_compile_options o = {0};
+    o.dtype = "fp32";
+    o.n_buckets = 1;
+    o.buckets[0] = 4;
+    o.arch = "sm_80";
+    o.cache_dir = g_cache;
+    return o;
+}
+
 /* qwen3_moe in fp32, one bucket. */
 static void test_compile_fp32(void)
 {
@@ -195,12 +207,7 @@ static void test_compile_fp32(void)
     T_OK(moec_model_open(dir, &m));
     if (!m)
         return;
-    moec_compile_options o = {0};
-    o.dtype = "fp32";
-    o.n_buckets = 1;
-    o.buckets[0] = 4;
-    o.arch = "sm_80";
-    o.cache_dir = g_cache;
+    moec_compile_options o = fp32_options();
     T_OK(moec_compile(m, dir, &o, path));
     ir_plan *p = NULL;
     ir_module *pm = NULL;
@@ -342,12 +349,7 @@ static void test_compile_ranks(void)
     T_OK(moec_model_open(dir, &m));
     if (!m)
         return;
-    moec_compile_options o = {0};
-    o.dtype = "fp32";
-    o.n_buckets = 1;
-    o.buckets[0] = 4;
-    o.arch = "sm_80";
-    o.cache_dir = g_cache;
+    moec_compile_options o = fp32_options();
     o.par = (moec_parallel){2, 2, 0};
     T_OK(moec_compile(m, dir, &o, path));
     ir_plan *plans[IR_MAX_RANKS];
