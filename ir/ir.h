@@ -303,6 +303,7 @@ moec_status ir_module_clone(const ir_module *m, ir_module **out);
 moec_status ir_op_infer(const ir_op *op, ir_type *out);
 
 /* Types and shapes agree, one definition per value, no use before definition,
+ * in a sharded module (meta tp) every collective over tp ranks,
  * only known attributes of the right kind (required ones present), weights
  * bound, names unique; and among activations with arena offsets, no two
  * share bytes while both are live (ir_module_live_ranges), but for a

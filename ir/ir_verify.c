@@ -194,6 +194,33 @@ static moec_status verify_ops(const ir_module *m)
     return st;
 }
 
+/* In a sharded module (meta tp), every collective spans its tp ranks, and
+ * the metas ep and rank agree with tp. */
+static moec_status verify_ranks(const ir_module *m)
+{
+    const ir_attr *tp = ir_module_meta(m, "tp");
+    if (!tp)
+        return MOEC_OK;
+    int64_t ep = ir_module_meta_int(m, "ep", 1), rank = ir_module_meta_int(m, "rank", 0);
+    if (tp->kind != IR_ATTR_INT || tp->i < 1 || tp->i > IR_MAX_RANKS || ep < 1 || tp->i % ep ||
+        rank < 0 || rank >= tp->i)
+        return BAD("module %s: meta tp %lld, ep %lld, rank %lld do not make a rank of a split "
+                   "(tp 1 to %d, ep dividing it, rank below it)",
+                   m->name, tp->kind == IR_ATTR_INT ? (long long)tp->i : -1LL, (long long)ep,
+                   (long long)rank, IR_MAX_RANKS);
+    for (int i = 0; i < m->n_ops; i++) {
+        const ir_op *op = m->ops[i];
+        if (op->kind != IR_OP_ALL_REDUCE && op->kind != IR_OP_ALL_GATHER &&
+            op->kind != IR_OP_REDUCE_SCATTER && op->kind != IR_OP_ALL_TO_ALL)
+            continue;
+        int64_t ranks = ir_op_attr_int(op, "ranks", 0);
+        if (ranks != tp->i)
+            return BAD("%%%s: %s over %lld ranks in a module of tp %lld", op->out[0]->name,
+                       ir_op_name(op->kind), (long long)ranks, (long long)tp->i);
+    }
+    return MOEC_OK;
+}
+
 static moec_status verify_outputs(const ir_module *m)
 {
     int cap = (int)(sizeof m->outputs / sizeof m->outputs[0]);
@@ -317,6 +344,7 @@ moec_status ir_module_verify(const ir_module *m)
     ir_name_map_free(&names);
     MOEC_TRY(st);
     MOEC_TRY(verify_ops(m));
+    MOEC_TRY(verify_ranks(m));
     MOEC_TRY(verify_outputs(m));
     return verify_plan(m);
 }

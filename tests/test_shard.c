@@ -656,6 +656,26 @@ static void check_inference(void)
         ir_module_free(m);
     }
     char text[1024];
+    /* a sharded module's collectives span its ranks */
+    static const struct {
+        const char *metas, *err;
+    } ranks[] = {
+        {"  meta tp = 2\n", "%v: all_reduce over 3 ranks in a module of tp 2"},
+        {"  meta tp = 3\n  meta ep = 2\n",
+         "module t: meta tp 3, ep 2, rank 0 do not make a rank of a split"},
+        {"  meta tp = 3\n  meta rank = 3\n", "meta tp 3, ep 1, rank 3 do not make a rank"},
+    };
+    for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++) {
+        snprintf(text, sizeof text,
+                 "module t {\n%s  input %%tokens : i32[T]\n  input %%positions : i32[T]\n"
+                 "  weight %%e : f32[4, 6] = \"e\"\n"
+                 "  %%x : f32[T, 6] = embedding(%%tokens, %%e)\n"
+                 "  %%v : f32[T, 6] = all_reduce(%%x) {ranks = 3}\n  output %%v\n}\n",
+                 ranks[i].metas);
+        ir_module *m = NULL;
+        T_ERR(ir_module_parse(text, "r.mir", &m), MOEC_ERR_FORMAT, ranks[i].err);
+        ir_module_free(m);
+    }
     snprintf(text, sizeof text,
              "%s  %%y : f32[T, 18] = all_gather(%%x) {axis = 1, ranks = 3}\n"
              "  %%z : f32[T, 6] = reduce_scatter(%%y) {axis = 1, ranks = 3}\n"
