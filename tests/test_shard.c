@@ -67,6 +67,44 @@ static void check_agree(const char *name, const moec_parallel *par)
     moec_model_free(m);
 }
 
+/* Every rank interpreted in its planned memory arena (plan_memory's offsets,
+ * collectives included) gives the unsharded model's logits. */
+static void check_planned(const char *name, const moec_parallel *par)
+{
+    const char *dir;
+    moec_model_t *m = t_open_tiny(name, &dir);
+    if (!m)
+        return;
+    moec_session_t *a = NULL;
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 16, &a));
+    ir_module *mods[IR_MAX_RANKS];
+    rt_interp *g = NULL;
+    T_OK(moec_fuse_ranks_cpu(m, par, mods));
+    T_OK(rt_interp_init_ranks(mods, par->tp, dir, 16, &g));
+    if (g)
+        T_OK(rt_interp_use_plan(g, 1));
+    int V = moec_model_vocab_size(m);
+    float *ra = malloc(sizeof *ra * (size_t)V * 9), *rb = malloc(sizeof *rb * (size_t)V * 9);
+    int32_t ids[9] = {5, 17, 3, 250, 9, 77, 1, 0, 128}, pos[9];
+    for (int i = 0; i < 9; i++)
+        pos[i] = i;
+    double worst = 1;
+    if (a && g && moec_session_forward(a, ids, 9, ra) == MOEC_OK &&
+        rt_interp_forward(g, ids, pos, 9, rb) == MOEC_OK) {
+        worst = 0;
+        for (int r = 0; r < 9; r++)
+            worst = fmax(worst, t_row_error(rb + (size_t)r * V, ra + (size_t)r * V, V));
+    }
+    printf("%-18s tp %d ep %d, planned arenas: max row error %.3g (limit 1e-5)\n", name, par->tp,
+           par->ep, worst);
+    T_CHECK(worst <= 1e-5);
+    free(ra);
+    free(rb);
+    rt_interp_free(g);
+    moec_session_free(a);
+    moec_model_free(m);
+}
+
 /* The CPU engine over groups of ranks gives the unsharded engine's tokens. */
 static void check_engine(void)
 {
@@ -692,6 +730,8 @@ int main(void)
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
         for (size_t k = 0; k < sizeof SPLITS / sizeof *SPLITS; k++)
             check_agree(MODELS[i], &SPLITS[k]);
+        check_planned(MODELS[i], &SPLITS[1]);
+        check_planned(MODELS[i], &SPLITS[5]);
         check_collectives(MODELS[i], 2, 1);
         check_collectives(MODELS[i], 4, 2);
         check_weight_cover(MODELS[i], 2, 1);
