@@ -1,7 +1,11 @@
 /* test_plan_file.c — plan files: a written plan reads back field for field,
  * and every damaged or foreign plan is refused with its own error: not a
  * plan, truncated anywhere, a flipped byte, a newer format version, a header
- * that is not JSON, a step that points nowhere, another checkpoint. */
+ * that is not JSON, a step that points nowhere, another checkpoint. Plans
+ * split over ranks (format 2): a plan per rank with its collective steps,
+ * identical cubins stored once, each rank's IR checked to be its rank's;
+ * a format 1 file (one plan, no ranks) still reads. */
+#include <cjson/cJSON.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -69,6 +73,22 @@ static ir_plan *make_plan(ir_module *m)
     return p;
 }
 
+/* IR_TEXT as rank r of tp 2 (ep 1): metas and the embedding's vocab_start. */
+static ir_module *rank_module(int r)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "module tiny {\n  meta vocab_size = 8\n  meta tp = 2\n  meta ep = 1\n"
+             "  meta rank = %d\n  input %%tokens : i32[T]\n  input %%positions : i32[T]\n"
+             "  weight %%emb : bf16[4, 4] = \"model.embed_tokens.weight\"[%d:%d, :]\n"
+             "  %%x : f32[T, 4] = embedding(%%tokens, %%emb) {vocab_start = %d, vocab_size = 8}\n"
+             "  %%s : f32[T, 4] = all_reduce(%%x) {ranks = 2}\n  output %%s\n}\n",
+             r, 4 * r, 4 * r + 4, 4 * r);
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(text, "rank.mir", &m));
+    return m;
+}
+
 static void check_same(const ir_plan *a, const ir_plan *b)
 {
     T_CHECK(!strcmp(a->arch, b->arch) && a->compute_dtype == b->compute_dtype &&
@@ -131,6 +151,132 @@ static void expect_header_edit(const uint8_t *good, size_t n, const char *bad, c
         expect_read_error(bad, MOEC_ERR_FORMAT, needle);
     }
     free(d);
+}
+
+/* A copy of the format 2 file image d[0, n) of one plan in the format 1
+ * layout: "ir" and "buckets" at the top of the header, no tp, ep, ranks. */
+static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
+{
+    uint64_t hlen;
+    memcpy(&hlen, d + 16, 8);
+    size_t base = (24 + (size_t)hlen + 15) & ~(size_t)15;
+    cJSON *h = cJSON_ParseWithLength((const char *)d + 24, (size_t)hlen);
+    cJSON *rank0 = cJSON_DetachItemFromArray(cJSON_GetObjectItem(h, "ranks"), 0);
+    cJSON_DeleteItemFromObject(h, "ranks");
+    cJSON_DeleteItemFromObject(h, "tp");
+    cJSON_DeleteItemFromObject(h, "ep");
+    cJSON_ReplaceItemInObject(h, "format", cJSON_CreateNumber(1));
+    cJSON_AddItemToObject(h, "ir", cJSON_DetachItemFromObject(rank0, "ir"));
+    cJSON_AddItemToObject(h, "buckets", cJSON_DetachItemFromObject(rank0, "buckets"));
+    cJSON_Delete(rank0);
+    char *text = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    uint64_t nl = strlen(text);
+    size_t nbase = (24 + (size_t)nl + 15) & ~(size_t)15, blobs = n - 8 - base;
+    *out_n = nbase + blobs + 8;
+    uint8_t *o = calloc(1, *out_n);
+    memcpy(o, d, 8);
+    uint32_t one = 1;
+    memcpy(o + 8, &one, 4);
+    memcpy(o + 16, &nl, 8);
+    memcpy(o + 24, text, nl);
+    memcpy(o + nbase, d + base, blobs);
+    free(text);
+    reseal(o, *out_n);
+    return o;
+}
+
+/* Plans of two ranks in one file, and the format 1 layout. */
+static void test_rank_plans(const char *dir, const ir_plan *single)
+{
+    char path[4096], bad[4096];
+    snprintf(path, sizeof path, "%s/ranks.moec", dir);
+    snprintf(bad, sizeof bad, "%s/bad_ranks.moec", dir);
+    ir_module *mods[2] = {rank_module(0), rank_module(1)};
+    if (!mods[0] || !mods[1])
+        return;
+    ir_plan *plans[2] = {make_plan(mods[0]), make_plan(mods[1])};
+    /* a collective step in rank 1's first bucket */
+    ir_step *st = &plans[1]->buckets[0].steps[1];
+    memset(st, 0, sizeof *st);
+    st->kind = IR_STEP_COLLECTIVE;
+    st->op_id = 1;
+    st->grid[0] = st->grid[1] = st->grid[2] = st->block[0] = st->block[1] = st->block[2] = 1;
+    st->coll = (ir_coll){IR_OP_ALL_REDUCE, IR_DTYPE_BF16, 4, 2, {IR_ARG_ACT, 4, 0, 0},
+                         {IR_ARG_ACT, 5, 0, 0}};
+    ir_plan_meta meta = {IR_PLAN_FORMAT, "0123456789abcdef", "fedcba9876543210", "", 2, 1};
+    T_ERR(ir_plan_write(path, plans[0], &meta), MOEC_ERR_INVALID_ARG,
+          "ir_plan_write: one plan for tp 2");
+    T_OK(ir_plan_write_ranks(path, (const ir_plan *const *)plans, &meta));
+    ir_plan *back[IR_MAX_RANKS];
+    ir_module *bm[IR_MAX_RANKS];
+    ir_plan_meta bmeta;
+    T_OK(ir_plan_read_ranks(path, back, bm, &bmeta));
+    T_CHECK(bmeta.tp == 2 && bmeta.ep == 1 && ir_plan_meta_ranks(&bmeta) == 2);
+    for (int r = 0; r < 2 && back[0]; r++) {
+        check_same(plans[r], back[r]);
+        T_CHECK(ir_module_meta_int(bm[r], "rank", -1) == r);
+        ir_plan_free(back[r]);
+        ir_module_free(bm[r]);
+    }
+    /* the ranks' cubins are alike (make_plan's): stored once, so the file
+     * is the one-rank file plus the second rank's IR and header part */
+    struct stat sa, sb;
+    char one[4200];
+    snprintf(one, sizeof one, "%s/one.moec", dir);
+    ir_plan_meta meta1 = meta;
+    meta1.tp = 0;
+    meta1.ep = 0;
+    ir_module *plain = NULL;
+    T_OK(ir_module_parse(IR_TEXT, "tiny.mir", &plain));
+    T_OK(ir_plan_write(one, single, &meta1));
+    T_CHECK(stat(path, &sa) == 0 && stat(one, &sb) == 0 && sa.st_size < sb.st_size + 2048 &&
+            sa.st_size > sb.st_size);
+    /* the header's tp and the ranks' IR must agree */
+    ir_plan_meta liar = meta;
+    liar.tp = 1;
+    ir_plan *solo[1] = {plans[1]};
+    T_OK(ir_plan_write_ranks(bad, (const ir_plan *const *)solo, &liar));
+    T_ERR(ir_plan_read_ranks(bad, back, bm, &bmeta), MOEC_ERR_FORMAT,
+          "the IR of rank 0 is not rank 0 of tp 1 ep 1");
+    T_CHECK(back[0] == NULL && bm[0] == NULL);
+    size_t n;
+    uint8_t *good = (uint8_t *)t_read_file(path, &n);
+    expect_header_edit(good, n, bad, "\"tp\":2", ":", "3", "the ranks' plans do not match tp");
+    expect_header_edit(good, n, bad, "\"ep\":1", ":", "3", "ep does not divide tp");
+    /* the collective step's op made add_rms_norm (not a collective) */
+    char coll[32], other[32];
+    snprintf(coll, sizeof coll, "[%d,%d,4,2,", (int)IR_OP_ALL_REDUCE, (int)IR_DTYPE_BF16);
+    snprintf(other, sizeof other, "[%d,%d,4,2,", (int)IR_OP_ADD_RMS_NORM, (int)IR_DTYPE_BF16);
+    expect_header_edit(good, n, bad, coll, "", other,
+                       "a collective step is neither all_reduce nor all_gather");
+    free(good);
+    /* a one-plan reader refuses a split plan by name */
+    ir_plan *p1 = NULL;
+    ir_module *m1 = NULL;
+    T_ERR(ir_plan_read(path, &p1, &m1, &bmeta), MOEC_ERR_UNSUPPORTED,
+          "ranks.moec is split over 2 ranks (tp 2, ep 1)");
+    /* format 1: one plan at the top of the header, still read */
+    good = (uint8_t *)t_read_file(one, &n);
+    size_t n1;
+    uint8_t *f1 = as_format1(good, n, &n1);
+    t_write_file(bad, f1, n1);
+    T_OK(ir_plan_read(bad, &p1, &m1, &bmeta));
+    T_CHECK(bmeta.format == 1 && bmeta.tp == 0 && p1);
+    if (p1)
+        check_same(single, p1);
+    ir_plan_free(p1);
+    ir_module_free(m1);
+    free(f1);
+    free(good);
+    remove(bad);
+    remove(one);
+    remove(path);
+    for (int r = 0; r < 2; r++) {
+        ir_plan_free(plans[r]);
+        ir_module_free(mods[r]);
+    }
+    ir_module_free(plain);
 }
 
 int main(void)
@@ -280,6 +426,7 @@ int main(void)
               MOEC_ERR_MISMATCH, "was compiled for another checkpoint");
         ir_module_free(v3);
     }
+    test_rank_plans(dir, p);
     ir_plan_free(p);
     ir_module_free(m);
     return t_finish("test_plan_file");
