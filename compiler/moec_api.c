@@ -226,12 +226,9 @@ moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_
     return st;
 }
 
-moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
-                              moec_backend backend, int max_seq_len, moec_session_t **out)
+/* A session's max_seq_len: positive and within max_position_embeddings. */
+static moec_status session_len_check(const moec_model_t *model, int max_seq_len)
 {
-    if (!model || !weights_dir || !out)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init: NULL argument");
-    *out = NULL;
     int max_pos = moec_model_max_positions(model);
     if (max_seq_len <= 0)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got %d", max_seq_len);
@@ -239,6 +236,16 @@ moec_status moec_session_init(const moec_model_t *model, const char *weights_dir
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d",
                         max_seq_len, max_pos);
+    return MOEC_OK;
+}
+
+moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
+                              moec_backend backend, int max_seq_len, moec_session_t **out)
+{
+    if (!model || !weights_dir || !out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init: NULL argument");
+    *out = NULL;
+    MOEC_TRY(session_len_check(model, max_seq_len));
     MOEC_TRY(moec_resolve_backend(&backend));
     moec_session_t *s;
     MOEC_TRY(moec_session_new(backend, max_seq_len, &s));
@@ -300,11 +307,7 @@ moec_status moec_session_init_parallel(const moec_model_t *model, const char *we
                         "tensor parallelism (tp %d) on CUDA from a model is not supported yet: "
                         "moec compile --tp, then run the plan",
                         par->tp);
-    int max_pos = moec_model_max_positions(model);
-    if (max_pos > 0 && max_seq_len > max_pos)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "max_seq_len %d exceeds the model's max_position_embeddings %d",
-                        max_seq_len, max_pos);
+    MOEC_TRY(session_len_check(model, max_seq_len));
     moec_session_t *s;
     MOEC_TRY(moec_session_new(backend, max_seq_len, &s));
     s->vocab = moec_model_vocab_size(model);
