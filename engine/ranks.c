@@ -126,8 +126,9 @@ static void *rank_main(void *arg)
     }
 }
 
-/* Runs cmd on every rank and waits for all of them; the first failure. */
-static moec_status run_cmd(struct moec_ranks *g, rank_cmd cmd, const char *what)
+/* Runs cmd on every started rank and waits for all of them; the rank that
+ * failed first (ever), or -1. */
+static int run_on_ranks(struct moec_ranks *g, rank_cmd cmd)
 {
     pthread_mutex_lock(&g->mu);
     g->cmd = cmd;
@@ -138,6 +139,13 @@ static moec_status run_cmd(struct moec_ranks *g, rank_cmd cmd, const char *what)
         pthread_cond_wait(&g->done, &g->mu);
     int failed = g->failed;
     pthread_mutex_unlock(&g->mu);
+    return failed;
+}
+
+/* run_on_ranks, the first failure recorded as the error. */
+static moec_status run_cmd(struct moec_ranks *g, rank_cmd cmd, const char *what)
+{
+    int failed = run_on_ranks(g, cmd);
     if (failed < 0)
         return MOEC_OK;
     const rank_worker *w = &g->w[failed];
@@ -230,8 +238,8 @@ void moec_ranks_free(moec_ranks *g)
     if (!g)
         return;
     if (g->threads) {
-        run_cmd(g, CMD_QUIT, "freeing the ranks");
-        moec_err_clear();
+        /* the error that ended the group (if one did) stays the caller's */
+        run_on_ranks(g, CMD_QUIT);
         for (int r = 0; r < g->threads; r++)
             pthread_join(g->w[r].th, NULL);
     }
