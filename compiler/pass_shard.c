@@ -1041,8 +1041,7 @@ static int is_shared_expert(const ir_module *m, const ir_op *op)
 static moec_status check_splits(const shard_ctx *c)
 {
     const ir_module *m = c->m;
-    char what[32];
-    snprintf(what, sizeof what, "tp");
+    char what[32]; /* "tp / ep = 4 / 2 =": the ranks an expert is split over */
     for (int i = 0; i < m->n_ops; i++) {
         const ir_op *op = m->ops[i];
         if (op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION) {
