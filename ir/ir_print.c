@@ -171,6 +171,15 @@ static void sb_binding(sbuf *b, const ir_binding *bind)
     sb_str(b, ")");
 }
 
+/* ", block_scale[128, 128] = <binding>" after a block-scaled weight's binding. */
+static void sb_block_scale(sbuf *b, const ir_block_scale *s)
+{
+    if (s->block[0] == 0 && s->block[1] == 0)
+        return;
+    sb_printf(b, ", block_scale[%" PRId64 ", %" PRId64 "] = ", s->block[0], s->block[1]);
+    sb_binding(b, &s->bind);
+}
+
 static void sb_op(sbuf *b, const ir_op *op)
 {
     sb_str(b, "  ");
@@ -242,6 +251,7 @@ static void print_module(sbuf *b, const ir_module *m)
         sb_type(b, &v->type);
         sb_str(b, " = ");
         sb_binding(b, &v->bind);
+        sb_block_scale(b, &v->scale);
         sb_str(b, "\n");
     }
     for (int i = 0; i < m->n_ops && m->ops; i++)
