@@ -1221,6 +1221,20 @@ typedef struct bad_case {
     const char *want; /* the exact "file:line:col: message" (or its start) */
 } bad_case;
 
+/* Each case, parsed as `file`, fails with its message and no module. */
+static void expect_parse_errors(const bad_case *cases, size_t n, const char *file)
+{
+    for (size_t i = 0; i < n; i++) {
+        ir_module *m = (ir_module *)&cases[i]; /* must be reset to NULL on error */
+        moec_status st = ir_module_parse(cases[i].text, file, &m);
+        T_ERR(st, MOEC_ERR_FORMAT, cases[i].want);
+        T_CHECK(m == NULL);
+        if (st != MOEC_ERR_FORMAT || !strstr(moec_last_error(), cases[i].want))
+            fprintf(stderr, "  (case %zu)\n", i);
+        ir_module_free(st == MOEC_OK ? m : NULL);
+    }
+}
+
 #define HEAD "module t {\n  input %tokens : i32[T]\n  weight %emb : bf16[8, 4] = \"emb\"\n"
 
 static void test_parse_errors(void)
@@ -1313,15 +1327,7 @@ static void test_parse_errors(void)
               "  output %y\n}\n",
          "bad.mir:5:34: unknown attribute 'alpha' for silu_mul"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ir_module *m = (ir_module *)&cases[i]; /* must be reset to NULL on error */
-        moec_status st = ir_module_parse(cases[i].text, "bad.mir", &m);
-        T_ERR(st, MOEC_ERR_FORMAT, cases[i].want);
-        T_CHECK(m == NULL);
-        if (st != MOEC_ERR_FORMAT || !strstr(moec_last_error(), cases[i].want))
-            fprintf(stderr, "  (case %zu)\n", i);
-        ir_module_free(st == MOEC_OK ? m : NULL);
-    }
+    expect_parse_errors(cases, sizeof cases / sizeof cases[0], "bad.mir");
     ir_module *m = NULL;
     T_ERR(ir_module_parse(NULL, "x.mir", &m), MOEC_ERR_INVALID_ARG, "x.mir: null text");
 }
@@ -1443,15 +1449,7 @@ static void test_block_scale(void)
                   "  %x : f32[T, 320] = embedding(%tokens, %q)\n  output %x\n}\n",
          "fp8.mir:5:3: %x: embedding: table %q must be a float, got f8e4m3[8, 320]"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ir_module *bad = NULL;
-        moec_status st = ir_module_parse(cases[i].text, "fp8.mir", &bad);
-        T_ERR(st, MOEC_ERR_FORMAT, cases[i].want);
-        T_CHECK(bad == NULL);
-        if (st != MOEC_ERR_FORMAT || !strstr(moec_last_error(), cases[i].want))
-            fprintf(stderr, "  (case %zu)\n", i);
-        ir_module_free(st == MOEC_OK ? bad : NULL);
-    }
+    expect_parse_errors(cases, sizeof cases / sizeof cases[0], "fp8.mir");
 }
 
 /* ---- mutation ------------------------------------------------------------- */

@@ -542,6 +542,25 @@ static ir_module *fp8_module(ir_type t, const ir_binding *b, const ir_binding *s
     return m;
 }
 
+/* %w [5, 5]: tensors "<first>.weight" and "<second>.weight" ([2, 5] and
+ * [3, 5], a and b) joined along the rows, their scales likewise, in blocks
+ * of 2 x 2. */
+static ir_module *fp8_rows_module(const char *first, const char *second)
+{
+    char names[4][32];
+    snprintf(names[0], sizeof names[0], "%s.weight", first);
+    snprintf(names[1], sizeof names[1], "%s.weight", second);
+    snprintf(names[2], sizeof names[2], "%s.weight_scale_inv", first);
+    snprintf(names[3], sizeof names[3], "%s.weight_scale_inv", second);
+    ir_binding parts[2] = {{.kind = IR_BIND_TENSOR, .name = names[0]},
+                           {.kind = IR_BIND_TENSOR, .name = names[1]}};
+    ir_binding sparts[2] = {{.kind = IR_BIND_TENSOR, .name = names[2]},
+                            {.kind = IR_BIND_TENSOR, .name = names[3]}};
+    ir_binding cat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = parts};
+    ir_binding scat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = sparts};
+    return fp8_module(ty(IR_DTYPE_F8E4M3, 2, 5, 5, 0), &cat, &scat, 2, 2);
+}
+
 /* Reads weight %w of m from the fp8 checkpoint into buf (NaN past it). */
 static int read_fp8(ir_module *m, float *buf, int n)
 {
@@ -592,13 +611,7 @@ static void test_fp8_reads(void)
     ir_module_free(m);
 
     /* A concatenation along the rows, the first part two whole blocks. */
-    ir_binding parts[2] = {{.kind = IR_BIND_TENSOR, .name = "a.weight"},
-                           {.kind = IR_BIND_TENSOR, .name = "b.weight"}};
-    ir_binding sparts[2] = {{.kind = IR_BIND_TENSOR, .name = "a.weight_scale_inv"},
-                            {.kind = IR_BIND_TENSOR, .name = "b.weight_scale_inv"}};
-    ir_binding cat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = parts};
-    ir_binding scat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = sparts};
-    m = fp8_module(ty(IR_DTYPE_F8E4M3, 2, 5, 5, 0), &cat, &scat, 2, 2);
+    m = fp8_rows_module("a", "b");
     if (read_fp8(m, buf, 64)) {
         bad = 0;
         for (int j = 0; j < 5; j++) {
@@ -614,14 +627,18 @@ static void test_fp8_reads(void)
 
 /* Opening weight %w (type t, bound by b, scales by sb in blocks b0 x b1) in
  * the fp8 checkpoint fails with st and needle. */
-static void expect_fp8_err(ir_type t, const ir_binding *b, const ir_binding *sb, int64_t b0,
-                           int64_t b1, moec_status st, const char *needle, int line)
+static void expect_module_err(ir_module *m, moec_status st, const char *needle, int line)
 {
-    ir_module *m = fp8_module(t, b, sb, b0, b1);
     rt_weights *w = (rt_weights *)1;
     t_expect_err(rt_weights_open(m, g_fp8_dir, &w), st, needle, "rt_weights_open", __FILE__, line);
     T_CHECK(w == NULL);
     ir_module_free(m);
+}
+
+static void expect_fp8_err(ir_type t, const ir_binding *b, const ir_binding *sb, int64_t b0,
+                           int64_t b1, moec_status st, const char *needle, int line)
+{
+    expect_module_err(fp8_module(t, b, sb, b0, b1), st, needle, line);
 }
 
 #define FP8_ERR(t, tensor, scale, b0, b1, needle)                                                \
@@ -690,13 +707,7 @@ static void test_fp8_errors(void)
                    "weight %w: scale tensor 'e.0.weight_scale_nope' (of 'e.0.weight') not found",
                    __LINE__);
     /* A concatenation whose first part ends inside a block: [3, 5] then [2, 5]. */
-    ir_binding parts[2] = {{.kind = IR_BIND_TENSOR, .name = "b.weight"},
-                           {.kind = IR_BIND_TENSOR, .name = "a.weight"}};
-    ir_binding sparts[2] = {{.kind = IR_BIND_TENSOR, .name = "b.weight_scale_inv"},
-                            {.kind = IR_BIND_TENSOR, .name = "a.weight_scale_inv"}};
-    ir_binding cat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = parts};
-    ir_binding scat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = sparts};
-    expect_fp8_err(ty(IR_DTYPE_F8E4M3, 2, 5, 5, 0), &cat, &scat, 2, 2, MOEC_ERR_MISMATCH,
+    expect_module_err(fp8_rows_module("b", "a"), MOEC_ERR_MISMATCH,
                    "weight %w: concat part 0 ('b.weight') spans 3 along axis 0, not a multiple "
                    "of the 2 of a scale block: the parts' blocks would not line up",
                    __LINE__);
