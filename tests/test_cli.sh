@@ -128,6 +128,13 @@ expect 0 "'modules_to_not_convert': ['lm_head', 'model.layers.1.mlp.gate', 'mode
   bash -c "'$SAMPLE' --fp8 '$S/tests/data/configs/qwen3_moe_fp8.json' '$T/fp8q' && python3 -c \"import json;print(json.load(open('$T/fp8q/config.json'))['quantization_config'])\""
 expect 0 "wrote 41 tensors" -- "$SAMPLE" "$S/tests/data/configs/deepseek_v3_fp8.json" "$T/bf16s"
 expect 0 "None" -- qc "$T/bf16s/config.json"
+# config and checkpoint that disagree on quantization: the tensor is named
+cp "$T/fp8s/config.json" "$T/bf16s/config.json"
+expect 1 "tensor 'model.layers.0.self_attn.q_a_proj.weight' in $T/bf16s/model.safetensors has dtype BF16, expected F8_E4M3" -- \
+  "$B" run "$T/bf16s" --prompt-ids 1 --max-new-tokens 1 --backend cpu
+cp "$S/tests/data/configs/deepseek_v3_fp8.json" "$T/fp8s/config.json"
+expect 1 "has dtype F8_E4M3, expected BF16 (an fp8 tensor, but the config does not quantize this weight" -- \
+  "$B" run "$T/fp8s" --prompt-ids 1 --max-new-tokens 1 --backend cpu
 
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]
