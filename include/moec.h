@@ -54,8 +54,15 @@ int moec_model_eos_tokens(const moec_model_t *model, const int32_t **ids);
 int moec_model_eos_token(const moec_model_t *model);
 
 /* The checkpoint tensors a model reads, as published (per-expert tensors
- * listed one by one), with the shape and dtype it expects. */
-typedef enum moec_dtype { MOEC_DTYPE_F32 = 0, MOEC_DTYPE_F16, MOEC_DTYPE_BF16 } moec_dtype;
+ * listed one by one), with the shape and dtype it expects. An fp8 tensor
+ * (quantization_config) is followed by its F32 block scales,
+ * "<name>_scale_inv". */
+typedef enum moec_dtype {
+    MOEC_DTYPE_F32 = 0,
+    MOEC_DTYPE_F16,
+    MOEC_DTYPE_BF16,
+    MOEC_DTYPE_F8_E4M3,
+} moec_dtype;
 typedef struct moec_tensor_info {
     const char *name; /* owned by the model */
     moec_dtype dtype;

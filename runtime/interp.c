@@ -4,7 +4,10 @@
  * and sums accumulate in double: this is the oracle, and the extra accuracy
  * only brings it closer to the exact result. RoPE frequencies are computed
  * in fp32 step by step as transformers computes them, since angles at large
- * positions amplify any difference there. */
+ * positions amplify any difference there. Weights arrive in fp32 from
+ * rt_weights_read_f32: fp8 block-scaled ones dequantized exactly there (each
+ * e4m3 code times its block's scale, one fp32 multiply), so every op below
+ * sees the checkpoint's function whatever its storage. */
 #include "runtime/interp.h"
 
 #include <math.h>

@@ -38,6 +38,8 @@ seed overlap '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":
 seed rank8 '{"r":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}' 'z'
 seed bigdims '{"b":{"dtype":"F64","shape":[4294967296,65536,0],"data_offsets":[0,0]}}' ''
 seed f8 '{"x":{"dtype":"F8_E4M3","shape":[3,1],"data_offsets":[1,4]}}    ' 'wxyz'
+# an fp8 weight and its block scales, the scale grid partial ([3, 5] in 2 x 2 blocks)
+seed f8_scaled '{"w":{"dtype":"F8_E4M3","shape":[3,5],"data_offsets":[0,15]},"w_scale_inv":{"dtype":"F32","shape":[2,3],"data_offsets":[16,40]}}' '0123456789abcdefghijklmnopqrstuvwxyz0123'
 
 cat >"$work/dict" <<'EOF'
 "dtype"
@@ -59,6 +61,7 @@ cat >"$work/dict" <<'EOF'
 "BOOL"
 "F8_E4M3"
 "F8_E5M2"
+"_scale_inv"
 "18446744073709551615"
 "4294967296"
 "9007199254740993"

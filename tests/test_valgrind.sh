@@ -39,5 +39,15 @@ run 1 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 10
   printf '%s' '{"id":"cut","prompt_ids":[1],"max_new_tokens":1'
 } >"$T/requests"
 run 0 "$B" serve "$D/deepseek_v2" --stdin --backend cpu --max-seqs 2 <"$T/requests"
+# fp8: dequantizing loads, the fused IR, a checkpoint missing a scale
+run 0 "$B" run "$D/deepseek_v3_fp8" --prompt-ids 0,64,128 --max-new-tokens 2 --ignore-eos --backend cpu
+run 0 "$B" dump-ir "$D/qwen3_moe_fp8" --after all -o "$T/passes"
+mkdir -p "$T/noscale" && cp "$D/qwen3_moe_fp8/config.json" "$T/noscale/" &&
+  python3 -c "import json,struct,sys
+d=open(sys.argv[1],'rb').read(); n=struct.unpack('<Q',d[:8])[0]; h=json.loads(d[8:8+n])
+h.pop('model.layers.1.mlp.experts.3.up_proj.weight_scale_inv')
+t=json.dumps(h).encode(); t+=b' '*(-len(t)%8)
+open(sys.argv[2],'wb').write(struct.pack('<Q',len(t))+t+d[8+n:])" "$D/qwen3_moe_fp8/model.safetensors" "$T/noscale/model.safetensors"
+run 1 "$B" run "$T/noscale" --prompt-ids 1 --max-new-tokens 1 --backend cpu
 echo "test_valgrind: $((runs - fail)) passed, $fail failed"
 [ "$fail" = 0 ]
