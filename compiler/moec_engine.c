@@ -11,7 +11,11 @@
  * interpreter (its own KV cache, the weights shared with slot 0's), a step
  * runs each run of consecutive tokens of one slot as one forward, and the
  * argmax is taken here. Tokens never mix across rows in either backend, so a
- * sequence's logits do not depend on what else shares its step.
+ * sequence's logits do not depend on what else shares its step. A row of
+ * logits with a NaN or an infinity has the id RT_SAMPLED_NONFINITE on both
+ * backends (the argmax sees every logit anyway), which the step reports as
+ * MOEC_ERR_NUMERIC with those ids left in next_out for the caller to sort
+ * out sequence by sequence.
  *
  * The engine owns everything it runs on: on the CPU a copy of the model's
  * module, on CUDA the fused module and plan; the model may be freed after
@@ -39,6 +43,8 @@ struct moec_engine {
     ir_module *module;
     rt_interp **interp;
     float *rows; /* max_tokens rows of logits when the caller wants none */
+    int32_t *next; /* max_tokens greedy ids when the caller wants none */
+    long steps;    /* steps begun (past the argument checks), for errors */
     /* CUDA */
     moec_cuda_model gpu;
 };
@@ -85,6 +91,13 @@ static moec_status engine_open_cpu(moec_engine_t *e, const moec_model_t *model,
     for (int s = 1; s < e->max_seqs; s++)
         MOEC_TRY(rt_interp_init_shared(e->interp[0], e->max_seq_len, &e->interp[s]));
     return MOEC_OK;
+}
+
+/* The greedy ids of a step whose caller wants none, once max_tokens is known. */
+static moec_status engine_alloc_next(moec_engine_t *e)
+{
+    e->next = malloc((size_t)e->max_tokens * sizeof *e->next);
+    return e->next ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d ids", e->max_tokens);
 }
 
 /* moec_cuda_opts for an engine of e's sizes. */
@@ -137,6 +150,8 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
         e->max_tokens = ENGINE_CPU_MAX_TOKENS;
         st = engine_open_cpu(e, model, weights_dir);
     }
+    if (st == MOEC_OK)
+        st = engine_alloc_next(e);
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;
@@ -187,6 +202,11 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
     }
     e->eos = (int)ir_module_meta_int(e->gpu.fused, "eos_token_id", -1);
     e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
+    st = engine_alloc_next(e);
+    if (st != MOEC_OK) {
+        moec_engine_free(e);
+        return st;
+    }
     *out = e;
     return MOEC_OK;
 }
@@ -201,6 +221,7 @@ void moec_engine_free(moec_engine_t *e)
         rt_interp_free(e->interp[s]);
     free(e->interp);
     free(e->rows);
+    free(e->next);
     ir_module_free(e->module);
     free(e);
 }
@@ -237,16 +258,6 @@ static moec_status step_check(const moec_engine_t *e, int n, const int32_t *toke
     return MOEC_OK;
 }
 
-/* The greedy id of one row: its largest logit, the lowest id on ties. */
-static int32_t row_argmax(const float *row, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
-
 /* A CPU step: each run of consecutive tokens of one slot is one forward of
  * that slot's interpreter, in order, so later tokens of a slot see the K/V
  * its earlier tokens of the step wrote. */
@@ -264,10 +275,28 @@ static moec_status step_cpu(moec_engine_t *e, int n, const int32_t *tokens,
                                    rows + (size_t)i * V));
         i += k;
     }
-    if (next_out)
-        for (int i = 0; i < n; i++)
-            next_out[i] = row_argmax(rows + (size_t)i * V, e->vocab);
+    for (int i = 0; i < n; i++)
+        next_out[i] = rt_logits_argmax(rows + (size_t)i * V, e->vocab);
     return MOEC_OK;
+}
+
+/* MOEC_ERR_NUMERIC naming the step and the first token whose logits are not
+ * finite (next[i] RT_SAMPLED_NONFINITE), if any. */
+static moec_status step_check_finite(long step, int n, const int32_t *positions,
+                                     const int32_t *slots, const int32_t *next)
+{
+    int first = -1, bad = 0;
+    for (int i = 0; i < n; i++)
+        if (next[i] == RT_SAMPLED_NONFINITE) {
+            first = first < 0 ? i : first;
+            bad++;
+        }
+    if (!bad)
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_NUMERIC,
+                    "step %ld: the logits of token %d (slot %d, position %d) hold a NaN or an "
+                    "infinity, and those of %d of the step's %d tokens in all",
+                    step, first, slots[first], positions[first], bad, n);
 }
 
 moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
@@ -277,9 +306,15 @@ moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
     if (!e)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL engine");
     MOEC_TRY(step_check(e, n, tokens, positions, slots));
+    /* the greedy ids are read even when the caller wants none: they say
+     * which rows are not finite */
+    int32_t *next = next_out ? next_out : e->next;
+    long step = e->steps++;
     if (e->backend == MOEC_BACKEND_CUDA)
-        return rt_cuda_step(e->gpu.cuda, n, tokens, positions, slots, logits_out, next_out);
-    return step_cpu(e, n, tokens, positions, slots, next_out, logits_out);
+        MOEC_TRY(rt_cuda_step(e->gpu.cuda, n, tokens, positions, slots, logits_out, next));
+    else
+        MOEC_TRY(step_cpu(e, n, tokens, positions, slots, next, logits_out));
+    return step_check_finite(step, n, positions, slots, next);
 }
 
 int moec_engine_max_tokens(const moec_engine_t *e) { return e ? e->max_tokens : 0; }

@@ -35,6 +35,9 @@ typedef enum rt_input {
     RT_INPUT_COUNT,
 } rt_input;
 
+/* RT_INPUT_SAMPLED of a token whose logits hold a NaN or an infinity. */
+#define RT_SAMPLED_NONFINITE (-1)
+
 /* Values chosen when the plan is loaded, not compiled in. */
 typedef enum rt_config {
     RT_CONFIG_MAX_BLOCKS = 0, /* columns of the block table: pages per sequence */

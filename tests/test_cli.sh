@@ -104,6 +104,22 @@ expect 1 "max_seq_len 100000 exceeds the model's max_position_embeddings 512" --
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect 1 "no CUDA device" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend cuda
 fi
+# Non-finite logits are an error naming the step and position, not ids:
+# every weight NaN fails on the prompt; with token 59's embedding row NaN,
+# [1,2] generates 59 and fails feeding it back.
+NAN_MODEL=$MOEC_BUILD_DIR/tests/nan_model
+"$NAN_MODEL" "$D/deepseek_v3" "$T/nan" && "$NAN_MODEL" "$D/deepseek_v3" "$T/nan59" model.embed_tokens.weight 59 &&
+  ok || bad "nan_model failed"
+expect 1 "moec: error (numeric error): " -- "$B" run "$T/nan" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu
+expect 1 ": step 0, position 0: the logits hold a NaN or an infinity (a NaN in the checkpoint, or an overflow)" -- \
+  "$B" run "$T/nan" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu
+out=$("$B" run "$T/nan" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu 2>/dev/null)
+[ -z "$out" ] && ok || bad "a NaN model printed ids: $out"
+expect 1 ": step 1, position 2: the logits hold a NaN or an infinity" -- \
+  "$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu
+out=$("$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu 2>/dev/null)
+[ "$out" = 59 ] && ok || bad "NaN at token 59: printed '$out', want '59' (the last id before the error)"
+
 # A model directory whose weights are missing: the error names the tensor.
 mkdir -p "$T/noweights" && cp "$D/qwen3_moe/config.json" "$T/noweights/"
 expect 1 "no *.safetensors" -- "$B" run "$T/noweights" --prompt-ids 1 --max-new-tokens 1
