@@ -432,6 +432,17 @@ static int run_check_length(const run_opts *o, int n, long max_seq, int max_pos)
     return 2;
 }
 
+/* A plan's max_position_embeddings, from the config.json in weights_dir
+ * (the plan runs only against the config it was compiled from); 0 when that
+ * cannot be read, and the plan's own checks say what is wrong. */
+static int plan_max_positions(const char *weights_dir)
+{
+    moec_model_t *m = NULL;
+    int max_pos = moec_model_open(weights_dir, &m) == MOEC_OK ? moec_model_max_positions(m) : 0;
+    moec_model_free(m);
+    return max_pos;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
@@ -465,6 +476,8 @@ static int cmd_run(int argc, char **argv)
     FILE *lf = NULL;
     moec_status st;
     if (plan) {
+        if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0)
+            goto out;
         st = moec_session_init_plan(o.dir, o.weights, (int)max_seq, &s);
         if (st != MOEC_OK)
             goto fail;

@@ -69,7 +69,10 @@ expect 1 "plan $T/short.moec is truncated" -- "$B" run "$T/short.moec" --weights
 head -c $((size - 4096)) "$P" >"$T/cut.moec"
 expect 1 "plan $T/cut.moec is corrupt or truncated (checksum mismatch)" -- "$B" run "$T/cut.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
 expect 1 "config.json is not a moec plan" -- "$B" run "$D/deepseek_v3/config.json" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
-expect 1 "max_seq_len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+expect 2 "moec: --max-seq-len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+# prompt + new tokens past the model's limit name the flag to change, for a plan too
+expect 2 "moec: 1 prompt tokens and --max-new-tokens 1000 need 1000 positions, more than the model's max_position_embeddings 512: --max-new-tokens can be at most 512" -- \
+  "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1000
 
 # A bad output path fails at once, before any pass or NVRTC compile, naming
 # the path given (not the temporary file the plan is written through).
