@@ -109,7 +109,9 @@ static const char *USAGE_RUN =
     "  --logits-out FILE      write float32 little-endian logits, one row of\n"
     "                         vocab_size per generated token; row 0 is the\n"
     "                         prompt's last position\n"
-    "  --max-seq-len N        KV cache length (default: prompt + N)\n"
+    "  --max-seq-len N        KV cache length (default: prompt + N - 1, the tokens\n"
+    "                         fed to the model); at most the model's\n"
+    "                         max_position_embeddings\n"
     "  --arch ARCH            GPU target the kernels are compiled for (default\n"
     "                         sm_90; the same as MOEC_ARCH=ARCH; not with a PLAN)\n"
     "  --ignore-eos           keep generating after any of the model's eos ids\n"
@@ -121,7 +123,7 @@ static const char *USAGE_RUN =
     "  -h, --help             this help\n";
 
 static const char *USAGE_BENCH =
-    "usage: moec bench MODEL_DIR [--batch-sizes 1,8,32,64] [--context 1024] [options]\n"
+    "usage: moec bench MODEL_DIR [--batch-sizes 1,8,32,64] [--context N] [options]\n"
     "       moec bench PLAN --weights MODEL_DIR [options]\n"
     "\n"
     "Compiles the model for the GPU (MOEC_DTYPE=bf16 by default, or fp32), or\n"
@@ -141,7 +143,8 @@ static const char *USAGE_BENCH =
     "options:\n"
     "  --weights DIR        the checkpoint a plan was compiled for (with PLAN only)\n"
     "  --batch-sizes LIST   comma-separated batch sizes (default 1,8,32,64)\n"
-    "  --context N          tokens already in each sequence (default 1024)\n"
+    "  --context N          tokens already in each sequence (default 1024, or the\n"
+    "                       model's max_position_embeddings - 1 where less)\n"
     "  --steps N            timed steps per batch size and way (default 100)\n"
     "  --warmup N           untimed steps first (default 10)\n"
     "  --profile            also print, per batch size, the time of every kernel\n"
@@ -420,6 +423,39 @@ static int plan_checks(const run_opts *o)
     return 0;
 }
 
+/* The KV cache of max_seq tokens against the model's max_position_embeddings
+ * (0: unknown), naming the flag to change: --max-seq-len where the user set
+ * it, else --max-new-tokens. 0 when it fits, else the exit code. */
+static int run_check_length(const run_opts *o, int n, long max_seq, int max_pos)
+{
+    if (max_pos <= 0 || max_seq <= max_pos)
+        return 0;
+    if (o->max_seq)
+        fprintf(stderr, "moec: --max-seq-len %ld exceeds the model's max_position_embeddings %d\n",
+                max_seq, max_pos);
+    else if (n > max_pos)
+        fprintf(stderr,
+                "moec: the prompt's %d tokens exceed the model's max_position_embeddings %d\n", n,
+                max_pos);
+    else
+        fprintf(stderr,
+                "moec: %d prompt tokens and --max-new-tokens %ld need %ld positions, more than the "
+                "model's max_position_embeddings %d: --max-new-tokens can be at most %ld\n",
+                n, o->max_new, max_seq, max_pos, (long)max_pos - n + 1);
+    return 2;
+}
+
+/* A plan's max_position_embeddings, from the config.json in weights_dir
+ * (the plan runs only against the config it was compiled from); 0 when that
+ * cannot be read, and the plan's own checks say what is wrong. */
+static int plan_max_positions(const char *weights_dir)
+{
+    moec_model_t *m = NULL;
+    int max_pos = moec_model_open(weights_dir, &m) == MOEC_OK ? moec_model_max_positions(m) : 0;
+    moec_model_free(m);
+    return max_pos;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
@@ -438,7 +474,8 @@ static int cmd_run(int argc, char **argv)
     if (n < 0)
         return usage_error(USAGE_RUN, "--prompt-ids: bad token id at '%s' (want comma-separated integers >= 0)",
                            bad ? bad : o.ids_text);
-    long max_seq = o.max_seq ? o.max_seq : n + o.max_new;
+    /* the last new token is printed, never fed back */
+    long max_seq = o.max_seq ? o.max_seq : n + o.max_new - 1;
     if (max_seq < n + o.max_new - 1) {
         fprintf(stderr, "moec: --max-seq-len %ld is too short for %d prompt tokens and %ld new tokens\n",
                 max_seq, n, o.max_new);
@@ -452,6 +489,8 @@ static int cmd_run(int argc, char **argv)
     FILE *lf = NULL;
     moec_status st;
     if (plan) {
+        if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0)
+            goto out;
         st = moec_session_init_plan(o.dir, o.weights, (int)max_seq, &s);
         if (st != MOEC_OK)
             goto fail;
@@ -459,6 +498,8 @@ static int cmd_run(int argc, char **argv)
         st = moec_model_open(o.dir, &m);
         if (st != MOEC_OK)
             goto fail;
+        if ((rc = run_check_length(&o, n, max_seq, moec_model_max_positions(m))) != 0)
+            goto out;
     }
     int vocab = plan ? moec_session_vocab_size(s) : moec_model_vocab_size(m);
     for (int i = 0; i < n; i++) {
@@ -635,7 +676,7 @@ static int cmd_compile(int argc, char **argv)
 static int cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL, *weights = NULL;
-    moec_bench_options o = {4, {1, 8, 32, 64}, 1024, 100, 10, NULL, NULL};
+    moec_bench_options o = {4, {1, 8, 32, 64}, -1, 100, 10, NULL, NULL};
     int json = 0, arch = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -700,6 +741,7 @@ static int cmd_bench(int argc, char **argv)
     moec_model_t *m = NULL;
     moec_status st = MOEC_OK;
     moec_bench_result r;
+    memset(&r, 0, sizeof r);
     if (plan) {
         o.plan_path = dir;
         fprintf(stderr, "moec bench: loading plan %s and the weights in %s\n", dir, weights);
@@ -712,6 +754,13 @@ static int cmd_bench(int argc, char **argv)
         }
     }
     moec_model_free(m);
+    if (st != MOEC_OK && r.max_context > 0 && r.context > r.max_context) {
+        fprintf(stderr,
+                "moec: --context %d is more than the model allows: at most %d (its "
+                "max_position_embeddings %d, less the token each step decodes)\n",
+                r.context, r.max_context, r.max_context + 1);
+        return 2;
+    }
     if (st != MOEC_OK)
         return lib_error(st);
     const char *dtype = getenv("MOEC_DTYPE");
@@ -719,7 +768,7 @@ static int cmd_bench(int argc, char **argv)
     if (!json) {
         printf("device %s, copy bandwidth %.2f TB/s (read+write), %s, context %d, %d steps\n"
                "setup %.2f s (%s), capture of all buckets %.3f s (two streams), %.3f s (one)\n",
-               r.device, r.copy_bytes_per_s / 1e12, dtype, o.context, o.steps, r.setup_s,
+               r.device, r.copy_bytes_per_s / 1e12, dtype, r.context, o.steps, r.setup_s,
                plan ? "plan load + upload" : "compile + upload", r.capture_s, r.capture_single_s);
         printf("%6s %9s %9s %9s %9s %9s %9s %9s %10s %8s\n", "batch", "graph_ms", "graph_1s",
                "eager_ms", "eager_1s", "MB_read", "floor_ms", "x_floor", "experts", "launches");
@@ -732,7 +781,7 @@ static int cmd_bench(int argc, char **argv)
                        "\"ms\": %.4f, \"bytes\": %.0f, \"floor_ms\": %.4f, \"copy_tb_s\": %.3f, "
                        "\"experts_hit\": %d, \"experts_total\": %d, \"launches\": %d, "
                        "\"setup_s\": %.3f, \"capture_s\": %.4f, \"dtype\": \"%s\", \"device\": \"%s\"}\n",
-                       moec_bench_mode_name(k), w->batch, o.context, w->mode_ms[k], w->bytes,
+                       moec_bench_mode_name(k), w->batch, r.context, w->mode_ms[k], w->bytes,
                        w->floor_ms, r.copy_bytes_per_s / 1e12, w->experts_hit, w->experts_total,
                        r.launches_per_step[i], r.setup_s,
                        k == MOEC_BENCH_GRAPH_SINGLE ? r.capture_single_s : r.capture_s, dtype,

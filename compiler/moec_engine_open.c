@@ -49,6 +49,8 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
         e->max_tokens = buckets[ir_buckets_default(buckets) - 1];
         st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir);
     }
+    if (st == MOEC_OK)
+        st = moec_engine_alloc_next(e);
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;

@@ -11,7 +11,11 @@
  * interpreter (its own KV cache, the weights shared with slot 0's), a step
  * runs each run of consecutive tokens of one slot as one forward, and the
  * argmax is taken here. Tokens never mix across rows in either backend, so a
- * sequence's logits do not depend on what else shares its step.
+ * sequence's logits do not depend on what else shares its step. A row of
+ * logits with a NaN or an infinity has the id IR_SAMPLED_NONFINITE on both
+ * backends (the argmax sees every logit anyway), which the step reports as
+ * MOEC_ERR_NUMERIC with those ids left in next_out for the caller to sort
+ * out sequence by sequence.
  *
  * The engine owns everything it runs on: on the CPU a copy of the model's
  * module, on CUDA the fused module and plan; the model may be freed after
@@ -74,6 +78,13 @@ moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
     return MOEC_OK;
 }
 
+/* The greedy ids of a step whose caller wants none, once max_tokens is known. */
+moec_status moec_engine_alloc_next(moec_engine_t *e)
+{
+    e->next = malloc((size_t)e->max_tokens * sizeof *e->next);
+    return e->next ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d ids", e->max_tokens);
+}
+
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt)
 {
@@ -126,6 +137,11 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
         return st;
     }
     e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
+    st = moec_engine_alloc_next(e);
+    if (st != MOEC_OK) {
+        moec_engine_free(e);
+        return st;
+    }
     *out = e;
     return MOEC_OK;
 }
@@ -140,22 +156,13 @@ void moec_engine_free(moec_engine_t *e)
         rt_interp_free(e->interp[s]);
     free(e->interp);
     free(e->rows);
+    free(e->next);
     ir_module_free(e->module);
     moec_eos_free(&e->eos);
     free(e);
 }
 
 /* ---- stepping ------------------------------------------------------------- */
-
-/* The greedy id of one row: its largest logit, the lowest id on ties. */
-static int32_t row_argmax(const float *row, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best])
-            best = i;
-    return best;
-}
 
 /* A CPU step: each run of consecutive tokens of one slot is one forward of
  * that slot's interpreter, in order, so later tokens of a slot see the K/V
@@ -174,10 +181,28 @@ static moec_status step_cpu(moec_engine_t *e, int n, const int32_t *tokens,
                                    rows + (size_t)i * V));
         i += k;
     }
-    if (next_out)
-        for (int i = 0; i < n; i++)
-            next_out[i] = row_argmax(rows + (size_t)i * V, e->vocab);
+    for (int i = 0; i < n; i++)
+        next_out[i] = rt_logits_argmax(rows + (size_t)i * V, e->vocab);
     return MOEC_OK;
+}
+
+/* MOEC_ERR_NUMERIC naming the step and the first token whose logits are not
+ * finite (next[i] IR_SAMPLED_NONFINITE), if any. */
+static moec_status step_check_finite(long step, int n, const int32_t *positions,
+                                     const int32_t *slots, const int32_t *next)
+{
+    int first = -1, bad = 0;
+    for (int i = 0; i < n; i++)
+        if (next[i] == IR_SAMPLED_NONFINITE) {
+            first = first < 0 ? i : first;
+            bad++;
+        }
+    if (!bad)
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_NUMERIC,
+                    "step %ld: the logits of token %d (slot %d, position %d) hold a NaN or an "
+                    "infinity, and those of %d of the step's %d tokens in all",
+                    step, first, slots[first], positions[first], bad, n);
 }
 
 moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
@@ -188,9 +213,15 @@ moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL engine");
     rt_step_limits l = {e->max_tokens, e->max_seqs, e->max_seq_len, e->vocab};
     MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
+    /* the greedy ids are read even when the caller wants none: they say
+     * which rows are not finite */
+    int32_t *next = next_out ? next_out : e->next;
+    long step = e->steps++;
     if (e->backend == MOEC_BACKEND_CUDA)
-        return moec_cuda_model_step(&e->gpu, n, tokens, positions, slots, logits_out, next_out);
-    return step_cpu(e, n, tokens, positions, slots, next_out, logits_out);
+        MOEC_TRY(moec_cuda_model_step(&e->gpu, n, tokens, positions, slots, logits_out, next));
+    else
+        MOEC_TRY(step_cpu(e, n, tokens, positions, slots, next, logits_out));
+    return step_check_finite(step, n, positions, slots, next);
 }
 
 int moec_engine_max_tokens(const moec_engine_t *e) { return e ? e->max_tokens : 0; }

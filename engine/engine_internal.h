@@ -85,6 +85,7 @@ struct moec_session {
     int length;
     int vocab;
     moec_eos eos;
+    long steps; /* forward calls begun, for errors */
     /* CPU */
     rt_weights *weights;
     rt_interp *interp;
@@ -108,7 +109,9 @@ struct moec_engine {
      * (interp[0] owns the fp32 weights, the others borrow them) */
     ir_module *module;
     rt_interp **interp;
-    float *rows; /* max_tokens rows of logits when the caller wants none */
+    float *rows;   /* max_tokens rows of logits when the caller wants none */
+    int32_t *next; /* max_tokens greedy ids when the caller wants none */
+    long steps;    /* steps begun (past the argument checks), for errors */
     /* CUDA */
     moec_cuda_model gpu;
 };
@@ -121,6 +124,8 @@ moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *
  * into slot 0's interpreter, every other slot's interpreter borrowing them. */
 moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
                                  const char *weights_dir);
+/* The greedy ids of a step whose caller wants none, once max_tokens is known. */
+moec_status moec_engine_alloc_next(moec_engine_t *e);
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt);
 

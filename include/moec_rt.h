@@ -28,6 +28,7 @@ typedef enum moec_status {
     MOEC_ERR_NO_DEVICE,    /* no CUDA device on this machine */
     MOEC_ERR_CUDA,         /* a CUDA, NVRTC, cuBLAS or NCCL call failed */
     MOEC_ERR_INTERNAL,     /* a broken invariant: a bug in moec */
+    MOEC_ERR_NUMERIC,      /* logits hold a NaN or an infinity: a broken checkpoint or an overflow */
 } moec_status;
 
 /* The message of the last error on this thread: "file:line: message",
@@ -52,7 +53,11 @@ void moec_session_free(moec_session_t *session);
 moec_backend moec_session_backend(const moec_session_t *session);
 /* Appends n tokens to the sequence and writes the logits of every one of
  * them (n rows of vocab_size floats) to logits_out when it is not NULL.
- * MOEC_ERR_CAPACITY when the sequence would outgrow max_seq_len. */
+ * MOEC_ERR_CAPACITY when the sequence would outgrow max_seq_len (nothing
+ * runs). MOEC_ERR_NUMERIC when a row of logits holds a NaN or an infinity:
+ * the tokens were appended and logits_out written all the same, and the
+ * error names the call (step 0 is the session's first forward) and the
+ * position of the first such row. */
 moec_status moec_session_forward(moec_session_t *session, const int32_t *ids, int n,
                                  float *logits_out);
 /* Tokens in the sequence so far. */
@@ -105,7 +110,12 @@ void moec_engine_free(moec_engine_t *engine);
  * argmax of its logits, the lowest id on ties); logits_out (when not NULL)
  * n rows of vocab_size floats. MOEC_ERR_INVALID_ARG for a slot or token id
  * out of range, MOEC_ERR_CAPACITY for a position >= max_seq_len; both
- * before anything runs. */
+ * before anything runs. MOEC_ERR_NUMERIC when the logits of one or more
+ * tokens hold a NaN or an infinity: the step ran (every token's K/V is
+ * written, logits_out filled), next_out[i] is -1 for each such token and
+ * the greedy id for the others, so a caller fails only the sequences of
+ * the tokens at -1; the error names the step (the engine's steps counted
+ * from 0), the first such token, its slot and position. */
 moec_status moec_engine_step(moec_engine_t *engine, int n, const int32_t *tokens,
                              const int32_t *positions, const int32_t *slots, int32_t *next_out,
                              float *logits_out);

@@ -36,7 +36,8 @@ void rt_cuda_set_single_stream(rt_cuda *c, int single);
  * holds them: token i of sequence slots[i] at position positions[i] (its KV
  * entries are written there); padding rows run token 0 with slot -1. Then
  * copies back the logits of the n tokens (n rows of rt_cuda_logits_cols
- * floats) and their argmax ids, each when its pointer is not NULL.
+ * floats) and their argmax ids (IR_SAMPLED_NONFINITE for a row with a NaN or
+ * an infinity), each when its pointer is not NULL.
  * MOEC_ERR_CAPACITY for a position past max_seq_len, MOEC_ERR_INVALID_ARG
  * for a slot or token id out of range; both before anything runs. A failed
  * launch names the step, its op and kernel; a fault that only shows at the

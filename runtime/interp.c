@@ -1471,6 +1471,18 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
     return MOEC_OK;
 }
 
+int32_t rt_logits_argmax(const float *row, int n)
+{
+    int32_t best = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(row[i]))
+            return IR_SAMPLED_NONFINITE;
+        if (row[i] > row[best])
+            best = i;
+    }
+    return best;
+}
+
 moec_status rt_interp_use_plan(rt_interp *in, int enable)
 {
     if (!in)

@@ -739,6 +739,21 @@ static void conn_read(server *sv, conn *c)
 
 /* ---- stepping ------------------------------------------------------------- */
 
+/* After a step that gave non-finite logits: the sequences of the tokens
+ * whose next id is -1 end with an error; the others go on. */
+static void fail_nonfinite(server *sv, int n)
+{
+    for (int i = 0; i < n; i++) {
+        seq *q = &sv->seqs[sv->slot[i]];
+        if (sv->next[i] >= 0 || !q->busy)
+            continue;
+        reply_error(q->client, q->id_json,
+                    "generation failed: the logits at position %d hold a NaN or an infinity",
+                    (int)sv->pos[i]);
+        seq_release(sv, q);
+    }
+}
+
 /* Packs one step (decode tokens first, then prompt chunks, oldest first),
  * runs it and streams what it generated. */
 static void serve_step(server *sv)
@@ -775,7 +790,10 @@ static void serve_step(server *sv)
     if (n == 0)
         return;
     moec_status st = moec_engine_step(sv->engine, n, sv->tok, sv->pos, sv->slot, sv->next, NULL);
-    if (st != MOEC_OK) {
+    if (st == MOEC_ERR_NUMERIC) {
+        fprintf(stderr, "moec-serve: %s\n", moec_last_error());
+        fail_nonfinite(sv, n);
+    } else if (st != MOEC_OK) {
         /* Nothing of this step can be trusted: its sequences end here. */
         fprintf(stderr, "moec-serve: step of %d tokens failed (%s): %s\n", n,
                 moec_status_name(st), moec_last_error());

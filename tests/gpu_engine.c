@@ -15,7 +15,10 @@
  *                        exact check); differing ids reported, not failed
  * For the first model, a plan file (moec_compile, fp32) opened by
  * moec_engine_open_plan with the default max_seq_len gives the rows of the
- * in-process engine. Without a device: "SKIP: no CUDA device", exit 0. */
+ * in-process engine. Then t_check_nonfinite on CUDA, bf16 and fp32: NaN
+ * logits (a NaN checkpoint, a NaN embedding row) are MOEC_ERR_NUMERIC from
+ * sessions and engine steps, with next_out -1 for exactly the tokens hit.
+ * Without a device: "SKIP: no CUDA device", exit 0. */
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
@@ -297,5 +300,11 @@ int main(void)
     }
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
         check_model(MODELS[i], i == 0);
+    /* NaN logits: the argmax step's -1 read back as MOEC_ERR_NUMERIC, in
+     * bf16 and fp32 */
+    unsetenv("MOEC_DTYPE");
+    t_check_nonfinite(MOEC_BACKEND_CUDA);
+    setenv("MOEC_DTYPE", "fp32", 1);
+    t_check_nonfinite(MOEC_BACKEND_CUDA);
     return t_finish("gpu_engine");
 }

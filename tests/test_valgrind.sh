@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_valgrind.sh — `moec run`, `moec dump-ir` and `moec serve --stdin` of
-# tiny models under valgrind: no leak, no invalid access. Skips (loudly)
-# without valgrind.
+# tiny models under valgrind, their error paths (NaN logits included) too:
+# no leak, no invalid access. Skips (loudly) without valgrind.
 set -u
 B=${MOEC_BUILD_DIR:?}/moec
 D=${MOEC_SOURCE_DIR:?}/tests/data
@@ -27,7 +27,14 @@ run 0 "$B" run "$D/deepseek_v2" --prompt-ids 0,17,42 --max-new-tokens 3 --ignore
 run 0 "$B" run "$D/qwen2_moe" --prompt-ids 11,95 --max-new-tokens 2 --ignore-eos
 run 0 "$B" dump-ir "$D/deepseek_v3"
 run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1,999 --max-new-tokens 1
-run 1 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
+run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
+# Non-finite logits (token 59's embedding row NaN): [1,2] generates 59, then
+# fails; the service fails that request and finishes the other.
+"${MOEC_BUILD_DIR:?}/tests/nan_model" "$D/deepseek_v3" "$T/nan59" model.embed_tokens.weight 59
+run 1 "$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 3 --ignore-eos --backend cpu
+printf '%s\n' '{"id":"nan","prompt_ids":[1,2],"max_new_tokens":3,"ignore_eos":true}' \
+  '{"id":"ok","prompt_ids":[3,250,7],"max_new_tokens":3,"ignore_eos":true}' >"$T/nan-requests"
+run 0 "$B" serve "$T/nan59" --stdin --backend cpu <"$T/nan-requests"
 # The service: requests served together (one in two prefill chunks), a bad
 # one, one refused for want of a slot, a line cut off by the end of input.
 {
