@@ -5,8 +5,8 @@
  * per row, max |moec - ref| <= 1e-4 * max |ref|; tokens identical. Checked
  * twice: the unfused module through the public API (what `moec run --backend
  * cpu` runs), and the module after the whole pass pipeline, interpreted in
- * its planned memory arena. The fp8 tiny models wait for their goldens in
- * GOLDENS_PENDING (below). */
+ * its planned memory arena. The fp8 tiny models' goldens are those of their
+ * dequantized F32 twin (make_goldens.py). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -69,16 +69,7 @@ static void runner_close(runner *r)
 }
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
-
-/* Models whose goldens scripts/gpu_goldens.sh has not yet written (it needs
- * torch and transformers: the GPU machine), fp8 checkpoints that
- * make_goldens.py dequantizes for transformers. Until their logits.bin and
- * golden.json exist they are not compared here (test_fp8 compares them with
- * their dequantized F32 twin meanwhile); once those exist they are compared
- * like the others, and this test FAILS until the model moves to MODELS:
- * that move completes the check. */
-static const char *GOLDENS_PENDING[] = {"deepseek_v3_fp8", "qwen3_moe_fp8"};
+                               "qwen3_moe", "deepseek_v3_fp8", "qwen3_moe_fp8"};
 
 static int read_ints(const cJSON *arr, int32_t *out, int cap)
 {
@@ -150,34 +141,10 @@ static void check_model(const char *name, int fused)
     runner_close(&r);
 }
 
-/* A model of GOLDENS_PENDING: compared once its goldens exist, and then a
- * failure until it is listed in MODELS instead. */
-static void check_pending(const char *name)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "tests/data/%s/golden.json", name);
-    FILE *f = fopen(t_src(rel), "rb");
-    if (!f) {
-        printf("%-18s PENDING: no goldens yet (scripts/gpu_goldens.sh on the GPU machine writes "
-               "them); not compared\n",
-               name);
-        return;
-    }
-    fclose(f);
-    for (int fused = 0; fused < 2; fused++)
-        check_model(name, fused);
-    t_checks++;
-    t_failures++;
-    fprintf(stderr, "%s has goldens now: move it from GOLDENS_PENDING to MODELS in %s\n", name,
-            __FILE__);
-}
-
 int main(void)
 {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
         for (int fused = 0; fused < 2; fused++)
             check_model(MODELS[i], fused);
-    for (size_t i = 0; i < sizeof GOLDENS_PENDING / sizeof *GOLDENS_PENDING; i++)
-        check_pending(GOLDENS_PENDING[i]);
     return t_finish("test_golden");
 }
