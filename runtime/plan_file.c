@@ -6,6 +6,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +313,34 @@ static double jnum(reader *r, const cJSON *a, int i)
     return it->valuedouble;
 }
 
+/* d if it is a whole number in [lo, hi], else 0 with the plan marked
+ * corrupt: converting a double outside its integer type's range (1e300 as
+ * an int) is undefined behaviour. */
+static double whole(reader *r, double d, double lo, double hi)
+{
+    if (d >= lo && d <= hi && d == floor(d))
+        return d;
+    bad(r, "a number is out of range or not whole");
+    return 0;
+}
+
+#define EXACT_MAX 9007199254740992.0 /* 2^53: doubles hold every integer up to it */
+
+static int jint(reader *r, const cJSON *a, int i)
+{
+    return (int)whole(r, jnum(r, a, i), INT_MIN, INT_MAX);
+}
+
+static unsigned juint(reader *r, const cJSON *a, int i)
+{
+    return (unsigned)whole(r, jnum(r, a, i), 0, UINT_MAX);
+}
+
+static int64_t ji64(reader *r, const cJSON *a, int i)
+{
+    return (int64_t)whole(r, jnum(r, a, i), -EXACT_MAX, EXACT_MAX);
+}
+
 static double jfield(reader *r, const cJSON *o, const char *key)
 {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -344,9 +374,9 @@ static rt_arg read_arg(reader *r, const cJSON *a)
         bad(r, "a step argument is malformed");
         return x;
     }
-    x.kind = (rt_arg_kind)jnum(r, a, 0);
-    x.index = (int)jnum(r, a, 1);
-    x.i = (int64_t)jnum(r, a, 2);
+    x.kind = (rt_arg_kind)jint(r, a, 0);
+    x.index = jint(r, a, 1);
+    x.i = ji64(r, a, 2);
     x.f = jnum(r, a, 3);
     if (x.kind < RT_ARG_ACT || x.kind > RT_ARG_F32)
         bad(r, "a step argument has an unknown kind");
@@ -361,15 +391,15 @@ static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m,
         bad(r, "a step is malformed");
         return;
     }
-    s->kind = (rt_step_kind)jnum(r, a, 0);
-    s->stream = (int)jnum(r, a, 1);
-    s->op_id = (int)jnum(r, a, 2);
-    s->kernel = (int)jnum(r, a, 3);
+    s->kind = (rt_step_kind)jint(r, a, 0);
+    s->stream = jint(r, a, 1);
+    s->op_id = jint(r, a, 2);
+    s->kernel = jint(r, a, 3);
     for (int i = 0; i < 3; i++) {
-        s->grid[i] = (unsigned)jnum(r, a, 4 + i);
-        s->block[i] = (unsigned)jnum(r, a, 7 + i);
+        s->grid[i] = juint(r, a, 4 + i);
+        s->block[i] = juint(r, a, 7 + i);
     }
-    s->smem = (unsigned)jnum(r, a, 10);
+    s->smem = juint(r, a, 10);
     if (s->kind < RT_STEP_KERNEL || s->kind > RT_STEP_JOIN || s->stream < 0 || s->stream > 1 ||
         s->op_id < -1 || s->op_id >= m->n_ops ||
         (s->kind == RT_STEP_KERNEL && (s->kernel < 0 || s->kernel >= n_kernels))) {
@@ -393,18 +423,18 @@ static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m,
         return;
     }
     rt_gemm *x = &s->gemm;
-    x->trans_a = (int)jnum(r, g, 0);
-    x->trans_b = (int)jnum(r, g, 1);
-    x->m = (int)jnum(r, g, 2);
-    x->n = (int)jnum(r, g, 3);
-    x->k = (int)jnum(r, g, 4);
-    x->batch = (int)jnum(r, g, 5);
-    x->lda = (int64_t)jnum(r, g, 6);
-    x->ldb = (int64_t)jnum(r, g, 7);
-    x->ldc = (int64_t)jnum(r, g, 8);
-    x->stride_a = (int64_t)jnum(r, g, 9);
-    x->stride_b = (int64_t)jnum(r, g, 10);
-    x->stride_c = (int64_t)jnum(r, g, 11);
+    x->trans_a = jint(r, g, 0);
+    x->trans_b = jint(r, g, 1);
+    x->m = jint(r, g, 2);
+    x->n = jint(r, g, 3);
+    x->k = jint(r, g, 4);
+    x->batch = jint(r, g, 5);
+    x->lda = ji64(r, g, 6);
+    x->ldb = ji64(r, g, 7);
+    x->ldc = ji64(r, g, 8);
+    x->stride_a = ji64(r, g, 9);
+    x->stride_b = ji64(r, g, 10);
+    x->stride_c = ji64(r, g, 11);
     double ta = jnum(r, g, 12), tb = jnum(r, g, 13), tc = jnum(r, g, 14), tbias = jnum(r, g, 17);
     if (!valid_dtype(ta) || !valid_dtype(tb) || !valid_dtype(tc) || !valid_dtype(tbias)) {
         bad(r, "a GEMM step has an unknown dtype");
@@ -415,7 +445,7 @@ static void read_step(reader *r, const cJSON *a, rt_step *s, const ir_module *m,
     x->type_c = (ir_dtype)tc;
     x->type_bias = (ir_dtype)tbias;
     x->alpha = (float)jnum(r, g, 15);
-    x->has_bias = (int)jnum(r, g, 16);
+    x->has_bias = jint(r, g, 16);
     x->a = read_arg(r, cJSON_GetArrayItem(g, 18));
     x->b = read_arg(r, cJSON_GetArrayItem(g, 19));
     x->c = read_arg(r, cJSON_GetArrayItem(g, 20));
@@ -469,9 +499,9 @@ static moec_status read_buckets(reader *r, const cJSON *h, rt_plan *p, const ir_
     for (int b = 0; b < nb && r->st == MOEC_OK; b++) {
         const cJSON *o = cJSON_GetArrayItem(bs, b);
         rt_bucket *bk = &p->buckets[b];
-        bk->T = (int)jfield(r, o, "T");
-        bk->arena_bytes = (size_t)jfield(r, o, "arena_bytes");
-        bk->scratch_bytes = (size_t)jfield(r, o, "scratch_bytes");
+        bk->T = (int)whole(r, jfield(r, o, "T"), INT_MIN, INT_MAX);
+        bk->arena_bytes = (size_t)whole(r, jfield(r, o, "arena_bytes"), 0, EXACT_MAX);
+        bk->scratch_bytes = (size_t)whole(r, jfield(r, o, "scratch_bytes"), 0, EXACT_MAX);
         size_t n = 0;
         const uint8_t *cubin = blob(r, cJSON_GetObjectItemCaseSensitive(o, "cubin"), &n);
         if (!cubin)
@@ -582,7 +612,7 @@ moec_status rt_plan_read(const char *path, rt_plan **out, ir_module **module_out
         bad(&r, "unknown compute dtype");
         goto done;
     }
-    p->kv_block_size = (int)jfield(&r, h, "kv_block_size");
+    p->kv_block_size = (int)whole(&r, jfield(&r, h, "kv_block_size"), INT_MIN, INT_MAX);
     const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
     p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
     size_t ir_size = 0;

@@ -111,6 +111,24 @@ static void reseal(uint8_t *d, size_t n)
     memcpy(d + n - 8, &h, 8);
 }
 
+/* The plan good (n bytes) with the first `from` in its header text
+ * rewritten in place to `to` (as long), resealed, is refused with needle. */
+static void expect_rewrite_error(const uint8_t *good, size_t n, const char *bad, const char *from,
+                                 const char *to, const char *needle)
+{
+    uint8_t *d = malloc(n);
+    memcpy(d, good, n);
+    char *at = strstr((char *)d + 24, from);
+    T_CHECK(at != NULL && strlen(from) == strlen(to));
+    if (at) {
+        memcpy(at, to, strlen(to));
+        reseal(d, n);
+        t_write_file(bad, d, n);
+        expect_read_error(bad, MOEC_ERR_FORMAT, needle);
+    }
+    free(d);
+}
+
 int main(void)
 {
     const char *dir = t_tmpdir("plan");
@@ -169,19 +187,20 @@ int main(void)
     reseal(d, n);
     t_write_file(bad, d, n);
     expect_read_error(bad, MOEC_ERR_FORMAT, "the header is not JSON");
-    /* A step pointing at a kernel that does not exist: "kernel" of the first
-     * step is its 4th number; rewrite the header text in place. */
-    memcpy(d, good, n);
-    char *hdr = (char *)d + 24;
-    char *steps = strstr(hdr, "\"steps\":[[0,0,0,0,");
-    T_CHECK(steps != NULL);
-    if (steps) {
-        steps[strlen("\"steps\":[[0,0,0,")] = '7';
-        reseal(d, n);
-        t_write_file(bad, d, n);
-        expect_read_error(bad, MOEC_ERR_FORMAT, "a step refers to something that does not exist");
-    }
     free(d);
+    /* A step pointing at a kernel that does not exist: "kernel" of the first
+     * step is its 4th number. */
+    expect_rewrite_error(good, n, bad, "\"steps\":[[0,0,0,0,", "\"steps\":[[0,0,0,7,",
+                         "a step refers to something that does not exist");
+    /* Numbers no field holds, which the reader once converted regardless
+     * (undefined behaviour; found writing fuzz_plan_file): 9e9 threads a block,
+     * 1.5 threads, -9 arena bytes. */
+    expect_rewrite_error(good, n, bad, ",1,1,1,128,1,1,", ",1,1,1,9e9,1,1,",
+                         "bad.moec is corrupt: a number is out of range or not whole");
+    expect_rewrite_error(good, n, bad, ",1,1,1,128,1,1,", ",1,1,1,1.5,1,1,",
+                         "is corrupt: a number is out of range or not whole");
+    expect_rewrite_error(good, n, bad, "\"arena_bytes\":48,", "\"arena_bytes\":-9,",
+                         "is corrupt: a number is out of range or not whole");
     free(good);
     expect_read_error("/nonexistent/x.moec", MOEC_ERR_IO, "/nonexistent/x.moec");
 
