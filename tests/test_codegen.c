@@ -179,13 +179,16 @@ static int generate(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
  * checked, but only enough buckets are compiled that every kernel *form*
  * compiles at least once. A form is a kernel's source, from its
  * `extern "C" __global__` to the next one, with each run of digits read as
- * one '#': two kernels of one form differ only in constants, which NVRTC
- * checks alike (nothing is a template, so both sides of an
- * `if constexpr (NSPLIT > 1)` are type-checked whatever NSPLIT is), while a
+ * one '#'. Two kernels of one form are the same code with other constants,
+ * which NVRTC checks alike (the kernels are not templates, so both sides of
+ * an `if constexpr (NSPLIT > 1)` are type-checked whatever NSPLIT is); a
  * different emitter path (GEMV or not, CUDA-core or tensor-core experts,
- * split or unsplit attention) is a different form. The smallest and the
- * largest bucket (the largest constants) always compile. On the GPU machine
- * gpu_model and gpu_engine compile and run every default bucket. */
+ * split or unsplit attention) is a different form. What a constant alone
+ * could break is a size limit or a helper template's instantiation (ldv<VE>
+ * with another vector width, which comes from the model's dims, not T): the
+ * smallest and the largest bucket, with the largest constants, always
+ * compile, and on the GPU machine gpu_model and gpu_engine compile and run
+ * every default bucket. */
 enum { MAX_FORMS = 128 };
 
 typedef struct form_set {
