@@ -6,10 +6,10 @@
 # streams), cut down by plan_seed (16-byte cubins) and without its
 # checksum, which fuzz_plan_file appends; without NVRTC only a bare
 # hand-made header seeds it (said loudly). The dictionary is every quoted
-# string in the seed, the IR's keywords and numbers no field can hold. Fails if the fuzzer reports a
-# crash, a sanitizer error, a leak or a timeout; the input that did it is
-# kept in $MOEC_BUILD_DIR/fuzz-artifacts/. Without clang the target is not
-# built and the test says SKIP.
+# string in the seed, the IR's keywords and numbers no field can hold.
+# Fails if the fuzzer reports a crash, a sanitizer error, a leak or a
+# timeout; the input that did it is kept in $MOEC_BUILD_DIR/fuzz-artifacts/.
+# Without clang the target is not built and the test says SKIP.
 set -u
 . "$(dirname "$0")/fuzz/run.sh"
 fuzz_begin fuzz_plan_file
