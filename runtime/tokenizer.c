@@ -70,11 +70,6 @@ static moec_status compile_fixed(moec_tokenizer_t *t)
     /* Rust regex's \w, which decides single_word */
     static const char word[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]";
     char msg[256];
-    t->mctx = pcre2_match_context_create(NULL);
-    if (!t->mctx)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening %s", t->path);
-    pcre2_set_match_limit(t->mctx, TOK_REGEX_MATCH_LIMIT);
-    pcre2_set_heap_limit(t->mctx, TOK_REGEX_HEAP_KIB);
     t->gpt2_re = tok_regex_compile(gpt2, sizeof gpt2 - 1, 0, msg, sizeof msg);
     t->word_re = t->gpt2_re ? tok_regex_compile(word, sizeof word - 1, 0, msg, sizeof msg) : NULL;
     if (!t->word_re)
@@ -128,7 +123,6 @@ void moec_tokenizer_free(moec_tokenizer_t *t)
         pcre2_code_free(t->steps[i].re);
     pcre2_code_free(t->gpt2_re);
     pcre2_code_free(t->word_re);
-    pcre2_match_context_free(t->mctx);
     free(t->added);
     tok_trie_free(&t->raw_trie);
     tok_trie_free(&t->norm_trie);
@@ -169,7 +163,7 @@ typedef struct tok_work {
     tok_buf text;
     tok_spans in, out;
     tok_ranges events, pieces;
-    pcre2_match_data *md;
+    tok_regex_run rx;
     tok_bpe_scratch bpe;
     tok_ids ids;
 } tok_work;
@@ -196,14 +190,13 @@ static void next_step(tok_work *w)
     w->out.n = 0;
 }
 
-static int word_at(const tok_work *w, const char *s, size_t n, size_t at)
+static int word_at(tok_work *w, const char *s, size_t n, size_t at)
 {
-    return pcre2_match(w->t->word_re, (PCRE2_SPTR)s, n, at, PCRE2_ANCHORED | PCRE2_NO_UTF_CHECK,
-                       w->md, w->t->mctx) >= 0;
+    return tok_regex_match(&w->rx, w->t->word_re, s, n, at, PCRE2_ANCHORED) >= 0;
 }
 
 /* single_word: no word character right before start or right after stop. */
-static int single_word_ok(const tok_work *w, const char *s, size_t n, size_t start, size_t stop)
+static int single_word_ok(tok_work *w, const char *s, size_t n, size_t start, size_t stop)
 {
     size_t prev = start;
     while (prev > 0 && ((unsigned char)s[--prev] & 0xc0) == 0x80)
@@ -323,7 +316,7 @@ static moec_status step_byte_level(tok_work *w, const tok_step *st, tok_span sp)
     w->pieces.n = 0;
     if (st->use_regex) {
         tok_step gpt2 = {TOK_STEP_SPLIT, w->t->gpt2_re, TOK_ISOLATED, 0, 0, 0};
-        MOEC_TRY(tok_split(w->t, &gpt2, w->text.p + sp.off, sp.len, w->md, &w->events, &w->pieces));
+        MOEC_TRY(tok_split(w->t, &gpt2, w->text.p + sp.off, sp.len, &w->rx, &w->events, &w->pieces));
     } else if (tok_ranges_push(&w->pieces, 0, sp.len, 0)) {
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory encoding");
     }
@@ -349,7 +342,7 @@ static moec_status step_pretok(tok_work *w, const tok_step *st)
         } else if (st->kind == TOK_STEP_BYTE_LEVEL) {
             MOEC_TRY(step_byte_level(w, st, sp));
         } else {
-            MOEC_TRY(tok_split(w->t, st, w->text.p + sp.off, sp.len, w->md, &w->events, &w->pieces));
+            MOEC_TRY(tok_split(w->t, st, w->text.p + sp.off, sp.len, &w->rx, &w->events, &w->pieces));
             for (size_t i = 0; i < w->pieces.n; i++) {
                 const tok_range *r = &w->pieces.v[i];
                 MOEC_TRY(push_span(w, sp.off + r->start, r->end - r->start, -1));
@@ -372,7 +365,7 @@ static moec_status encode(tok_work *w, const char *text, size_t len, int add_spe
 {
     const moec_tokenizer_t *t = w->t;
     size_t used;
-    if (!(w->md = pcre2_match_data_create(1, NULL)) ||
+    if (tok_regex_run_init(&w->rx, len) ||
         tok_utf8_lossy((const unsigned char *)text, len, 1, &w->text, &used) ||
         tok_buf_reserve(&w->text, 0))
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory encoding %zu bytes", len);
@@ -417,7 +410,7 @@ moec_status moec_tokenizer_encode(const moec_tokenizer_t *t, const char *text, s
     free(w.out.v);
     free(w.events.v);
     free(w.pieces.v);
-    pcre2_match_data_free(w.md);
+    tok_regex_run_free(&w.rx);
     tok_bpe_scratch_free(&w.bpe);
     if (st != MOEC_OK) {
         free(w.ids.v);

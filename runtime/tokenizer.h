@@ -25,8 +25,14 @@
 #define TOK_MAX_STEPS 64                       /* pre-tokenizers, Sequences flattened */
 #define TOK_MAX_NESTING 8                      /* Sequence in Sequence */
 #define TOK_MAX_TEXT_BYTES ((size_t)1 << 30)   /* one encode call */
-#define TOK_REGEX_MATCH_LIMIT 10000000u        /* PCRE2 backtracking per match */
+#define TOK_REGEX_MATCH_LIMIT 10000000u        /* PCRE2 backtracking per match attempt */
 #define TOK_REGEX_HEAP_KIB (64u * 1024)        /* PCRE2 backtracking memory */
+/* Regex steps (pattern items visited, counted by PCRE2 callouts) one encode
+ * call may take: base + per byte of text. The published patterns take a
+ * few per byte; a pattern such as DeepSeek-V2's \s+$ is quadratic on a long
+ * run of spaces (in Oniguruma too), and is stopped by this budget. */
+#define TOK_REGEX_STEPS_BASE 10000000ll
+#define TOK_REGEX_STEPS_PER_BYTE 200ll
 
 /* Room for element n of an array at p of *cap elements of elem bytes
  * (doubling): the array, moved maybe, or NULL out of memory (p kept). */
@@ -129,7 +135,6 @@ struct moec_tokenizer {
     int n_steps;
     pcre2_code *gpt2_re; /* ByteLevel's use_regex pattern */
     pcre2_code *word_re; /* one \w character as Rust's regex reads it (single_word) */
-    pcre2_match_context *mctx;
 
     tok_added *added;
     int n_added;
@@ -181,13 +186,26 @@ typedef struct tok_ranges {
 } tok_ranges;
 int tok_ranges_push(tok_ranges *r, size_t start, size_t end, int flag);
 
+/* What one encode call matches regexes with: its match data, and a match
+ * context holding the limits and the step budget its callout counts down. */
+typedef struct tok_regex_run {
+    pcre2_match_data *md;
+    pcre2_match_context *mc;
+    long long budget, left;
+} tok_regex_run;
+int tok_regex_run_init(tok_regex_run *run, size_t text_len); /* 0, or -1 out of memory */
+void tok_regex_run_free(tok_regex_run *run);
+/* pcre2_match from `from` (s is valid UTF-8; from at a character). */
+int tok_regex_match(tok_regex_run *run, const pcre2_code *re, const char *s, size_t n, size_t from,
+                    uint32_t options);
+
 /* The pieces a Split pre-tokenizer cuts s[0..n) into (n >= 1), as tokenizers'
  * NormalizedString::split: matches found as Oniguruma's find_iter finds them
  * (an empty match right after the previous match is skipped), the gaps
  * between them, `invert` and the behavior applied. out gets the kept pieces,
  * empty ones included (the caller drops them). */
 moec_status tok_split(const moec_tokenizer_t *t, const tok_step *st, const char *s, size_t n,
-                      pcre2_match_data *md, tok_ranges *scratch, tok_ranges *out);
+                      tok_regex_run *run, tok_ranges *scratch, tok_ranges *out);
 
 /* s[0..n) in Unicode Normalization Form C (utf8proc): *same when it is
  * already, else the normalized text appended to out (s may point into out). */

@@ -363,7 +363,7 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, int literal, char *ms
     pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
     uint32_t opt = literal ? PCRE2_LITERAL | PCRE2_UTF
                            : PCRE2_UTF | PCRE2_UCP | PCRE2_DOTALL | PCRE2_MULTILINE |
-                                 PCRE2_NEVER_BACKSLASH_C;
+                                 PCRE2_NEVER_BACKSLASH_C | PCRE2_AUTO_CALLOUT;
     int err;
     PCRE2_SIZE at;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)src.p, src.len, opt, &err, &at, cc);
@@ -375,9 +375,43 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, int literal, char *ms
         snprintf(msg, cap, "does not compile: %s", (const char *)why);
         return NULL;
     }
-    /* No JIT: encoding time goes to BPE, not the regexes (measured), and
-     * JIT code trips valgrind. */
+    /* No JIT: encoding time goes to BPE, not the regexes (measured), JIT
+     * code trips valgrind, and the step callouts would slow it anyway. */
     return re;
+}
+
+/* Every pattern item visited costs one step of the encode call's budget. */
+static int rx_step(pcre2_callout_block *b, void *data)
+{
+    (void)b;
+    long long *left = data;
+    return --*left < 0 ? PCRE2_ERROR_CALLOUT : 0;
+}
+
+int tok_regex_run_init(tok_regex_run *run, size_t text_len)
+{
+    run->budget = TOK_REGEX_STEPS_BASE + TOK_REGEX_STEPS_PER_BYTE * (long long)text_len;
+    run->left = run->budget;
+    run->md = pcre2_match_data_create(1, NULL);
+    run->mc = pcre2_match_context_create(NULL);
+    if (!run->md || !run->mc)
+        return -1;
+    pcre2_set_match_limit(run->mc, TOK_REGEX_MATCH_LIMIT);
+    pcre2_set_heap_limit(run->mc, TOK_REGEX_HEAP_KIB);
+    pcre2_set_callout(run->mc, rx_step, &run->left);
+    return 0;
+}
+
+void tok_regex_run_free(tok_regex_run *run)
+{
+    pcre2_match_data_free(run->md);
+    pcre2_match_context_free(run->mc);
+}
+
+int tok_regex_match(tok_regex_run *run, const pcre2_code *re, const char *s, size_t n, size_t from,
+                    uint32_t options)
+{
+    return pcre2_match(re, (PCRE2_SPTR)s, n, from, options | PCRE2_NO_UTF_CHECK, run->md, run->mc);
 }
 
 static size_t char_len(const char *s, size_t i, size_t n)
@@ -390,15 +424,20 @@ static size_t char_len(const char *s, size_t i, size_t n)
 
 /* Every match and every gap between them, in order, with flag 1 on matches. */
 static moec_status split_events(const moec_tokenizer_t *t, const pcre2_code *re, const char *s,
-                                size_t n, pcre2_match_data *md, tok_ranges *ev)
+                                size_t n, tok_regex_run *run, tok_ranges *ev)
 {
     size_t prev = 0, last_end = 0, last_match_end = 0;
     int have_last = 0;
     ev->n = 0;
     while (last_end <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, last_end, PCRE2_NO_UTF_CHECK, md, t->mctx);
+        int rc = tok_regex_match(run, re, s, n, last_end, 0);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
+        if (rc == PCRE2_ERROR_CALLOUT)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: the pre-tokenizer regexes took more than the "
+                                               "%lld steps this text allows (one backtracks too "
+                                               "much on a %zu-byte piece)",
+                            t->path, run->budget, n);
         if (rc < 0) {
             PCRE2_UCHAR why[160];
             pcre2_get_error_message(rc, why, sizeof why);
@@ -406,7 +445,7 @@ static moec_status split_events(const moec_tokenizer_t *t, const pcre2_code *re,
                             "%s: a pre-tokenizer regex gave up on a %zu-byte piece: %s", t->path, n,
                             (const char *)why);
         }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(run->md);
         size_t ms = ov[0], me = ov[1];
         if (me == ms && have_last && last_match_end == me) {
             /* Oniguruma's find_iter: no empty match right after a match */
@@ -461,9 +500,9 @@ static int split_fold(const tok_ranges *ev, tok_behavior b, tok_ranges *out)
 }
 
 moec_status tok_split(const moec_tokenizer_t *t, const tok_step *st, const char *s, size_t n,
-                      pcre2_match_data *md, tok_ranges *scratch, tok_ranges *out)
+                      tok_regex_run *run, tok_ranges *scratch, tok_ranges *out)
 {
-    MOEC_TRY(split_events(t, st->re, s, n, md, scratch));
+    MOEC_TRY(split_events(t, st->re, s, n, run, scratch));
     if (st->invert)
         for (size_t k = 0; k < scratch->n; k++)
             scratch->v[k].flag = !scratch->v[k].flag;

@@ -232,6 +232,34 @@ static void test_round_trip(size_t n)
     moec_tokenizer_free(tok);
 }
 
+/* A regex that backtracks quadratically (DeepSeek-V2's \s+$ on a long run
+ * of spaces before an emoji) is stopped by the step budget, not left to
+ * run for minutes; the published Qwen and DeepSeek-V3 patterns take the
+ * same text in stride. */
+static void test_step_budget(void)
+{
+    size_t n = 20000;
+    char *text = malloc(n + 8);
+    memset(text, ' ', n);
+    memcpy(text + n, "\xf0\x9f\x98\x80", 4);
+    moec_tokenizer_t *v2 = open_fixture("deepseek_v2"), *q = open_fixture("qwen2");
+    moec_tokenizer_t *v3 = open_fixture("deepseek_v3");
+    int32_t *ids = NULL;
+    int m = 0;
+    T_ERR(moec_tokenizer_encode(v2, text, n + 4, 1, &ids, &m), MOEC_ERR_CAPACITY,
+          "deepseek_v2/tokenizer.json: the pre-tokenizer regexes took more than the 14000800 steps "
+          "this text allows (one backtracks too much on a 20004-byte piece)");
+    T_CHECK(ids == NULL);
+    T_OK(moec_tokenizer_encode(q, text, n + 4, 1, &ids, &m));
+    free(ids);
+    T_OK(moec_tokenizer_encode(v3, text, n + 4, 1, &ids, &m));
+    free(ids);
+    moec_tokenizer_free(v2);
+    moec_tokenizer_free(q);
+    moec_tokenizer_free(v3);
+    free(text);
+}
+
 static void test_api_errors(void)
 {
     moec_tokenizer_t *tok = open_fixture("qwen2");
@@ -522,6 +550,7 @@ int main(int argc, char **argv)
     test_goldens();
     test_lookups();
     test_round_trip(quick ? (size_t)1 << 14 : (size_t)1 << 20);
+    test_step_budget();
     test_api_errors();
     g_dir = t_tmpdir("tokenizer");
     test_refused_components();
