@@ -24,7 +24,7 @@
 #define TOK_MAX_TOKEN_BYTES 4096               /* one vocab entry or added token */
 #define TOK_MAX_STEPS 64                       /* pre-tokenizers, Sequences flattened */
 #define TOK_MAX_NESTING 8                      /* Sequence in Sequence */
-#define TOK_MAX_TEXT_BYTES ((size_t)1 << 30)   /* one encode call */
+#define TOK_MAX_TEXT_BYTES ((size_t)16 << 20)  /* one encode call: its pieces take ~16x */
 #define TOK_REGEX_MATCH_LIMIT 10000000u        /* PCRE2 backtracking per match attempt */
 #define TOK_REGEX_HEAP_KIB (64u * 1024)        /* PCRE2 backtracking memory */
 /* Regex steps (pattern items visited, counted by PCRE2 callouts) one encode

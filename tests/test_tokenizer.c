@@ -273,7 +273,7 @@ static void test_api_errors(void)
     T_ERR(moec_tokenizer_encode(tok, NULL, 3, 1, &ids, &n), MOEC_ERR_INVALID_ARG, "NULL argument");
     T_ERR(moec_tokenizer_encode(tok, "abc", 3, 1, NULL, &n), MOEC_ERR_INVALID_ARG, "NULL argument");
     T_ERR(moec_tokenizer_encode(tok, "abc", (size_t)1 << 31, 1, &ids, &n), MOEC_ERR_CAPACITY,
-          "a text of 2147483648 bytes is more than the 1073741824 one encode call takes");
+          "a text of 2147483648 bytes is more than the 16777216 one encode call takes");
     T_ERR(moec_tokenizer_decode(tok, bad, 2, 0, &text, &len), MOEC_ERR_INVALID_ARG,
           "cannot decode the negative id -3");
     T_CHECK(text == NULL);
