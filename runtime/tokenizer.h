@@ -22,6 +22,7 @@
 #define TOK_MAX_JSON_DEPTH 64                  /* tokenizer.json nests ~6 deep */
 #define TOK_MAX_ID ((1 << 22) - 1)             /* ids index a dense table */
 #define TOK_MAX_TOKEN_BYTES 4096               /* one vocab entry or added token */
+#define TOK_MAX_ADDED_BYTES ((size_t)4 << 20)  /* all added tokens (a trie node per byte) */
 #define TOK_MAX_STEPS 64                       /* pre-tokenizers, Sequences flattened */
 #define TOK_MAX_NESTING 8                      /* Sequence in Sequence */
 #define TOK_MAX_TEXT_BYTES ((size_t)16 << 20)  /* one encode call: its pieces take ~16x */

@@ -441,6 +441,9 @@ static moec_status load_added_one(ld *L, const cJSON *a, const char *where, int3
     if (n > TOK_MAX_TOKEN_BYTES || !utf8_valid(content, n))
         return FAIL(MOEC_ERR_FORMAT, where, "the content must be valid UTF-8 of at most %d bytes",
                     TOK_MAX_TOKEN_BYTES);
+    if (L->names.len + n > TOK_MAX_ADDED_BYTES)
+        return FAIL(MOEC_ERR_CAPACITY, where, "added tokens of more than %zu bytes in all",
+                    TOK_MAX_ADDED_BYTES);
     if (tok_map_get(&t->added_ids, content, n) >= 0)
         return FAIL(MOEC_ERR_FORMAT, where, "'%.80s' is already an added token", content);
     int32_t vocab_id = tok_map_get(&t->vocab, content, n);

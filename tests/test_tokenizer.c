@@ -502,6 +502,20 @@ static void test_refused_files(void)
     REFUSED(json, NULL, MOEC_ERR_FORMAT, "model.vocab: a token of 5000 bytes (1 to 4096 allowed)");
     free(json);
     free(s);
+    /* 1100 added tokens of 4000 bytes: more than the 4 MiB moec reads in all */
+    json = malloc(6u << 20);
+    size_t at = (size_t)sprintf(json, "{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]},"
+                                      "\"added_tokens\":[");
+    for (int i = 0; i < 1100; i++) {
+        at += (size_t)sprintf(json + at, "%s{\"id\":%d,\"content\":\"%04d", i ? "," : "", i, i);
+        memset(json + at, 'y', 3996);
+        at += 3996;
+        at += (size_t)sprintf(json + at, "\"}");
+    }
+    sprintf(json + at, "],\"decoder\":{\"type\":\"ByteLevel\"}}");
+    REFUSED(json, NULL, MOEC_ERR_CAPACITY, "added_tokens[1048]: added tokens of more than 4194304 "
+                                           "bytes in all");
+    free(json);
     write_dir(good, NULL);
     snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
     int fd = open(path, O_WRONLY);
