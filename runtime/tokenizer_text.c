@@ -358,11 +358,11 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, int literal, char *ms
         snprintf(msg, cap, "out of memory");
         return NULL;
     }
-    /* Ruby syntax as tokenizers compiles it: `.` takes newlines, `^` and `$`
-     * work at line ends, and lines end at LF only. */
+    /* Ruby syntax as tokenizers compiles it: `^` and `$` work at line ends,
+     * `.` takes anything but a newline, and lines end at LF only. */
     pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
     uint32_t opt = literal ? PCRE2_LITERAL | PCRE2_UTF
-                           : PCRE2_UTF | PCRE2_UCP | PCRE2_DOTALL | PCRE2_MULTILINE |
+                           : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE |
                                  PCRE2_NEVER_BACKSLASH_C | PCRE2_AUTO_CALLOUT;
     int err;
     PCRE2_SIZE at;

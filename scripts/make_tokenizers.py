@@ -296,7 +296,7 @@ TEXTS = [
     "e\u0301 a\u0308 caf\u00e9 cafe\u0301 \u1e0b\u0323 \u212b \u2126 \ufb01",
     "def f(x):\n    return x ** 2  # comment\n", "if (a->b && c[i] != '\\0') { return -1; }",
     "https://example.com/path?q=1&x=2#frag", "\uff21\uff22\uff23 \uff11\uff12\uff13\uff01",
-    "a-b-c x-y", "axxbxxc, d;e,,f", "qqaqqbq", "kak yak k\nk yy y\ny", "1a 2b Fz _e \u0301c",
+    "a-b-c x-y", "axxbxxc, d;e,,f", "qqaqqbq", "kak yak k\nk yy y\ny", "k\nkk", "k\rkk", "1a 2b Fz _e \u0301c",
     "a\u0000b", "e\u0301\u0000\u00e9\u0000",
     # added and special tokens
     "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
