@@ -32,7 +32,8 @@ The fixtures:
                character, fused, or (without one) the characters dropped.
   bytes256     one token per byte, ids 0-255 (for the tiny test models).
 
-Test texts include strings absent from the corpus and invalid UTF-8: moec
+Test texts include strings absent from the corpus, 100 seeded random texts
+and invalid UTF-8: moec
 replaces every maximal invalid subpart with U+FFFD before encoding, the same
 as Python's bytes.decode("utf-8", "replace") (and Rust's from_utf8_lossy), so
 the golden of an invalid input is the encoding of its replaced text.
@@ -40,6 +41,7 @@ the golden of an invalid input is the encoding of its replaced text.
 import binascii
 import json
 import os
+import random
 import sys
 
 try:
@@ -315,6 +317,33 @@ INVALID = [
 ]
 
 
+# Random texts (seeded) of pieces every fixture treats specially: what a
+# differential fuzz against tokenizers found bugs with, kept as goldens.
+FUZZ_PIECES = [
+    " ", "  ", "\n", "\r\n", "\t", "\r", " \n", "\n\n", "  \n  ", "\u2028", "\x0b", "$", ".",
+    "\\", "a", "ab", "the", " quick", "x", "z", "q", "k", "y", "-", ",", ";", "'s", "'S", "1", "123",
+    "4567", "\u00e9", "e\u0301", "\u0301", "\u4e2d", "\u65e5\u672c", "\u30ab", "\ud55c",
+    "\U0001f600", "\u200d", "\u180e", "\u00a0", "\u3000", "!", "?", "(", ")", "[", "<", ">", "_",
+    "word", "ok ok", "caf\u00e9", "<|im_start|>", "<|im_end|>", "<think>", "<mask>", "[R]",
+    "<both>", "<s>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<|EOT|>", "\u00bd", "\u2167",
+]
+FUZZ_INVALID = [b"\xff", b"\xe4\xb8", b"\xed\xa0\x80", b"\xc0", b"\x80"]
+
+
+def fuzz_texts(count):
+    rng = random.Random(17)
+    texts = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            if rng.random() < 0.05:
+                parts.append(rng.choice(FUZZ_INVALID))
+            else:
+                parts.append(rng.choice(FUZZ_PIECES).encode() * rng.choice([1, 1, 1, 2, 3]))
+        texts.append(b"".join(parts))
+    return texts
+
+
 def bytes_to_chars():
     """GPT-2's byte -> character table of the ByteLevel pre-tokenizer."""
     bs = list(range(0x21, 0x7f)) + list(range(0xa1, 0xad)) + list(range(0xae, 0x100))
@@ -342,16 +371,16 @@ def decode_cases(tok, mixed):
     return cases
 
 
-def goldens(name, tok):
-    enc, dec = [], []
-    texts = [t.encode("utf-8") for t in TEXTS] + INVALID
-    all_ids = []
-    for raw in texts:
+def goldens(tok, texts, n_fuzz):
+    """What tok encodes each text to (by index into texts; the last n_fuzz
+    with add_special_tokens only) and decodes id lists to."""
+    enc, dec, all_ids = [], [], []
+    for k, raw in enumerate(texts):
         text = raw.decode("utf-8", "replace")
-        for add in (True, False):
+        for add in (True, False) if k < len(texts) - n_fuzz else (True,):
             ids = tok.encode(text, add_special_tokens=add).ids
-            enc.append({"text": raw.hex(), "add_special": add, "ids": ids})
-            if add:
+            enc.append({"text": k, "add_special": add, "ids": ids})
+            if add and k < len(texts) - n_fuzz:
                 all_ids.append(ids)
     mixed = [i for ids in all_ids for i in ids][:200]
     for ids in all_ids + decode_cases(tok, mixed):
@@ -362,8 +391,11 @@ def goldens(name, tok):
 
 
 def main():
+    fuzz = fuzz_texts(100)
+    texts = [t.encode("utf-8") for t in TEXTS] + INVALID + fuzz
     out = {"generator": "scripts/make_tokenizers.py",
-           "tokenizers_version": __import__("tokenizers").__version__, "tokenizers": {}}
+           "tokenizers_version": __import__("tokenizers").__version__,
+           "texts": [t.hex() for t in texts], "tokenizers": {}}
     for name, make in FIXTURES:
         obj, config, transformers_post = make()
         d = os.path.join(ROOT, name)
@@ -377,7 +409,7 @@ def main():
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
         if transformers_post is not None:
             tok = Tokenizer.from_str(json.dumps(dict(obj, post_processor=transformers_post)))
-        out["tokenizers"][name] = goldens(name, tok)
+        out["tokenizers"][name] = goldens(tok, texts, len(fuzz))
         print("%s: %d tokens, %d merges" % (name, tok.get_vocab_size(), len(obj["model"]["merges"])))
     with open(os.path.join(ROOT, "goldens.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, separators=(",", ":"))
