@@ -92,7 +92,7 @@ typedef struct tok_trie {
     size_t n, cap;
     int32_t root[256]; /* the root's children by byte (faster first step) */
 } tok_trie;
-int tok_trie_init(tok_trie *t);
+void tok_trie_init(tok_trie *t);
 /* 0 when added, 1 when s is already in the trie, -1 out of memory. */
 int tok_trie_add(tok_trie *t, const char *s, size_t n, int32_t added);
 /* The longest token that s[0..n) starts with: its index, length in *len; -1 none. */

@@ -146,12 +146,11 @@ void tok_merges_free(tok_merges *m)
 
 /* ---- the trie of added tokens ------------------------------------------------------- */
 
-int tok_trie_init(tok_trie *t)
+void tok_trie_init(tok_trie *t)
 {
     memset(t, 0, sizeof *t);
     for (int b = 0; b < 256; b++)
         t->root[b] = -1;
-    return 0;
 }
 
 static int32_t trie_child(const tok_trie *t, int32_t node, unsigned char byte)
