@@ -9,6 +9,7 @@
 #ifndef MOEC_RT_H
 #define MOEC_RT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -131,6 +132,56 @@ moec_backend moec_engine_backend(const moec_engine_t *engine);
 /* Number of CUDA devices; MOEC_ERR_NO_DEVICE (with a message) when there is
  * none or no driver. */
 moec_status moec_cuda_device_count(int *count);
+
+/* ---- tokenizer ---------------------------------------------------------------
+ * A model folder's tokenizer.json (Hugging Face `tokenizers` format:
+ * byte-level BPE, as DeepSeek-V2/V3 and Qwen2/Qwen3 publish it) and
+ * tokenizer_config.json, encoding and decoding exactly as `tokenizers` does
+ * (docs/TOKENIZER.md lists what is supported; anything else is refused at
+ * open with an error naming it). Part of libmoec_rt. Once open a tokenizer
+ * is read-only: threads may share it. */
+typedef struct moec_tokenizer moec_tokenizer_t;
+
+/* Reads model_dir/tokenizer.json and, when present, tokenizer_config.json
+ * (its bos_token / eos_token; for tokenizer_class LlamaTokenizerFast its
+ * add_bos_token / add_eos_token, which replace tokenizer.json's
+ * post-processor as transformers does). */
+moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out);
+void moec_tokenizer_free(moec_tokenizer_t *tok);
+/* Encodes len bytes of UTF-8 text. Invalid UTF-8 is not an error: each
+ * maximal invalid subpart becomes U+FFFD first (as Python's
+ * bytes.decode("utf-8", "replace") does). add_special_tokens adds what the
+ * post-processor adds (a BOS, ...). *ids is malloc'd (release with free(),
+ * never NULL on success), *n_ids its length. */
+moec_status moec_tokenizer_encode(const moec_tokenizer_t *tok, const char *text, size_t len,
+                                  int add_special_tokens, int32_t **ids, int *n_ids);
+/* Decodes ids through the byte-level decoder into malloc'd UTF-8 text
+ * (NUL-terminated; *len excludes the NUL; release with free()). Bytes that
+ * do not form valid UTF-8 become U+FFFD per maximal subpart; ids with no
+ * token decode to nothing, and so do special tokens when
+ * skip_special_tokens, as in tokenizers; a negative id is an error. */
+moec_status moec_tokenizer_decode(const moec_tokenizer_t *tok, const int32_t *ids, int n_ids,
+                                  int skip_special_tokens, char **text, size_t *len);
+/* The id of a token's text (an added token's, else the vocab's), -1 if none. */
+int32_t moec_tokenizer_token_id(const moec_tokenizer_t *tok, const char *token);
+/* tokenizer_config.json's bos_token / eos_token ids, -1 when it names none. */
+int32_t moec_tokenizer_bos_id(const moec_tokenizer_t *tok);
+int32_t moec_tokenizer_eos_id(const moec_tokenizer_t *tok);
+/* The largest id with a token, plus one. */
+int32_t moec_tokenizer_id_count(const moec_tokenizer_t *tok);
+
+/* Streaming decode, one id at a time as a model generates them: each push
+ * returns the text that became complete (possibly ""), never a partial
+ * UTF-8 sequence; finish returns what is left (a cut-off sequence as
+ * U+FFFD). The pieces of a stream concatenate to moec_tokenizer_decode of
+ * its ids. *text stays valid until the next call on d. */
+typedef struct moec_detokenizer moec_detokenizer_t;
+moec_status moec_detokenizer_init(const moec_tokenizer_t *tok, int skip_special_tokens,
+                                  moec_detokenizer_t **out);
+moec_status moec_detokenizer_push(moec_detokenizer_t *d, int32_t id, const char **text,
+                                  size_t *len);
+moec_status moec_detokenizer_finish(moec_detokenizer_t *d, const char **text, size_t *len);
+void moec_detokenizer_free(moec_detokenizer_t *d);
 
 #ifdef __cplusplus
 }

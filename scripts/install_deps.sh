@@ -5,6 +5,8 @@
 set -u
 need=()
 [ -f /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+[ -f /usr/include/pcre2.h ] || need+=(libpcre2-dev)
+[ -f /usr/include/utf8proc.h ] || need+=(libutf8proc-dev)
 command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
