@@ -13,6 +13,7 @@ command -v make >/dev/null || need+=(make)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
