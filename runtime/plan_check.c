@@ -1,7 +1,8 @@
 /* plan_check.c — the checkpoint hashes a plan file carries (ir_plan_meta)
  * and the check that a plan is bound only to the checkpoint it was compiled
  * for: config.json's bytes, and the name, dtype and shape of every tensor
- * the module binds, as the checkpoint's safetensors headers give them. */
+ * the module binds (a block-scaled weight's scale tensors too), as the
+ * checkpoint's safetensors headers give them. */
 #include "runtime/plan_check.h"
 
 #include <errno.h>
@@ -83,9 +84,14 @@ moec_status rt_hash_weights(const ir_module *m, const char *model_dir, char out[
     MOEC_TRY(rt_safetensors_open_dir(model_dir, &st));
     uint64_t h = MOEC_FNV_SEED;
     moec_status s = MOEC_OK;
-    for (int i = 0; i < m->n_values && s == MOEC_OK; i++)
-        if (m->values[i]->kind == IR_VALUE_WEIGHT)
-            s = hash_binding(st, &m->values[i]->bind, model_dir, &h);
+    for (int i = 0; i < m->n_values && s == MOEC_OK; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        s = hash_binding(st, &v->bind, model_dir, &h);
+        if (s == MOEC_OK && v->scale.block[0] > 0)
+            s = hash_binding(st, &v->scale.bind, model_dir, &h);
+    }
     rt_safetensors_free(st);
     if (s == MOEC_OK)
         hex64(h, out);
