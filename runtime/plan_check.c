@@ -65,11 +65,8 @@ static moec_status hash_binding(const rt_safetensors *st, const ir_binding *b, c
     int count = b->kind == IR_BIND_STACK ? b->count : 1;
     for (int e = 0; e < count; e++) {
         char name[1024];
-        const char *at = b->kind == IR_BIND_STACK ? strstr(b->name, "{e}") : NULL;
-        if (at)
-            snprintf(name, sizeof name, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
-        else
-            snprintf(name, sizeof name, "%s", b->name);
+        if (ir_binding_tensor_name(b, e, name, sizeof name))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "tensor name '%.200s' is too long", b->name);
         const rt_st_tensor *t = rt_safetensors_find(st, name);
         if (!t)
             return MOEC_ERR(MOEC_ERR_MISMATCH, "tensor '%s' not found in %s", name, dir);

@@ -418,6 +418,26 @@ static float wt_f16_to_f32(uint16_t h)
     return f;
 }
 
+uint8_t moec_f32_to_f8e4m3(float f)
+{
+    if (isnan(f))
+        return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 464.0f) /* past 448 and the tie above it, which goes to 448 (even) */
+        return sign | 0x7e;
+    if (a < 0x1p-6f) /* subnormal: m/8 2^-6 for m = 0..7; m = 8 is the smallest normal's code */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    int ex;
+    frexpf(a, &ex); /* a = fr 2^ex, fr in [0.5, 1) */
+    int e = ex - 1, m = (int)nearbyintf((ldexpf(a, -e) - 1.0f) * 8.0f);
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    return (uint8_t)(sign | (e + 7) << 3 | m);
+}
+
 float rt_f8e4m3_to_f32(uint8_t code)
 {
     uint32_t sign = (uint32_t)(code & 0x80u) << 24;
@@ -494,6 +514,19 @@ static void wt_convert(const rt_st_tensor *t, const rt_st_tensor *s, const int64
         memset(dst, 0, (size_t)n * sizeof *dst);
         break;
     }
+}
+
+moec_status rt_tensor_read_f32(const rt_st_tensor *t, float *dst)
+{
+    if (!t || !dst)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_tensor_read_f32: NULL argument");
+    if (t->dtype != RT_ST_F32 && t->dtype != RT_ST_F16 && t->dtype != RT_ST_BF16 &&
+        t->dtype != RT_ST_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "tensor '%s' in %s has dtype %s, not F32, F16, BF16 or I32", t->name,
+                        t->file, rt_st_dtype_name(t->dtype));
+    wt_convert(t, NULL, NULL, 0, (int64_t)(t->nbytes / rt_st_dtype_size(t->dtype)), dst);
+    return MOEC_OK;
 }
 
 /* Widens elements [start, start + n) of a part, in its row-major order
