@@ -5,8 +5,9 @@
  * and join launching nothing once plan_memory aliases them, the NVRTC cache
  * (hit, corrupt entry, compile errors with the numbered source), and the CI
  * compile check of issue 4: every bucket of the five tiny models and the
- * layer shapes of DeepSeek-V2-Lite, DeepSeek-V3 and Qwen3-30B-A3B generate
- * and compile for sm_90 with NVRTC, into a fresh cache so that CI really
+ * layer shapes of DeepSeek-V2-Lite, DeepSeek-V3 and Qwen3-30B-A3B (quantized
+ * to fp8 too, at buckets 1 and 64) generate and compile for sm_90 with
+ * NVRTC, into a fresh cache so that CI really
  * compiles. Ops whose emitter is still a placeholder ("not implemented
  * yet") are counted and reported rather than failed. */
 #include <cjson/cJSON.h>
@@ -1137,8 +1138,11 @@ static void test_model(const char *name)
 }
 
 /* A real config with 2 layers (one dense, one MoE: every specialization of
- * the full model), buckets 1 and 64. */
-static void test_config(const char *file)
+ * the full model), every default bucket; with fp8, quantized as
+ * DeepSeek-V3 publishes (block-scaled e4m3 linears: partial blocks such as
+ * kv_a's 576 rows, the fused qkv_a's 2112), buckets 1 and 64 (few-rows and
+ * tensor-core linears, CUDA-core and tensor-core experts). */
+static void test_config(const char *file, int fp8)
 {
     double t0 = now();
     char rel[256];
@@ -1150,18 +1154,29 @@ static void test_config(const char *file)
     if (!root)
         return;
     cJSON_ReplaceItemInObject(root, "num_hidden_layers", cJSON_CreateNumber(2));
+    if (fp8) {
+        cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+        cJSON_AddStringToObject(q, "quant_method", "fp8");
+        cJSON_AddStringToObject(q, "fmt", "e4m3");
+        cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+    }
     if (cJSON_GetObjectItem(root, "first_k_dense_replace"))
         cJSON_ReplaceItemInObject(root, "first_k_dense_replace", cJSON_CreateNumber(1));
     char *json = cJSON_Print(root);
     cJSON_Delete(root);
     ir_module *m = planned(build_json(json), build_json, json);
     if (m) {
-        static const int buckets[] = {1, 2, 4, 8, 16, 32, 64};
-        gen_and_compile(m, buckets, 7);
+        static const int buckets[] = {1, 2, 4, 8, 16, 32, 64}, fp8_buckets[] = {1, 64};
+        if (fp8)
+            gen_and_compile(m, fp8_buckets, 2);
+        else
+            gen_and_compile(m, buckets, 7);
         int launches = check_no_alias_copies(m);
-        fprintf(stderr, "%s (2 layers): %d launches per step at T=1\n", file, launches);
-        fprintf(stderr, "%s (2 layers): every default bucket generated%s in %.2f s\n", file,
-                HAVE_NVRTC ? " and compiled" : "", now() - t0);
+        fprintf(stderr, "%s%s (2 layers): %d launches per step at T=1\n", file,
+                fp8 ? " fp8" : "", launches);
+        fprintf(stderr, "%s%s (2 layers): %s generated%s in %.2f s\n", file, fp8 ? " fp8" : "",
+                fp8 ? "buckets 1 and 64" : "every default bucket", HAVE_NVRTC ? " and compiled" : "",
+                now() - t0);
         ir_module_free(m);
     }
     free(json);
@@ -1218,13 +1233,18 @@ int main(void)
     test_add_rms_norm();
     test_storage();
     test_plan_errors();
+    /* (the tiny fp8 models' kernels compile in test_codegen_kernels, their
+       steps are checked in test_fp8) */
     static const char *models[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
                                    "qwen3_moe"};
     for (int i = 0; i < 5; i++)
         test_model(models[i]);
-    test_config("deepseek_v2_lite.json");
-    test_config("deepseek_v3.json");
-    test_config("qwen3_30b_a3b.json");
+    test_config("deepseek_v2_lite.json", 0);
+    test_config("deepseek_v3.json", 0);
+    test_config("qwen3_30b_a3b.json", 0);
+    test_config("deepseek_v2_lite.json", 1);
+    test_config("deepseek_v3.json", 1);
+    test_config("qwen3_30b_a3b.json", 1);
     if (g_missing)
         fprintf(stderr, "note: %d ops still have placeholder emitters (not implemented yet)\n",
                 g_missing);
