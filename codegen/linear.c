@@ -210,76 +210,94 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     return MOEC_OK;
 }
 
-/* The fp8 weight on tensor cores (bf16 x, T > 4 rows): a block owns 16
- * weight rows, its NW warps split K in 32-wide chunks (chunk s to warp
- * s % NW), each chunk two m16n8k16 products per 8 tokens: the weight as
- * the A operand (its e4m3 codes widened to bf16 in registers, exactly),
- * x as B, in the lane permutation of the MoE kernels (codegen/moe_routed.c:
- * a lane's 8 elements of a row stand for the k columns its fragments
- * need, alike on both operands). Each chunk's products start from zero and
- * are added times the chunk's block scale (the 16 rows share a row block,
+/* The fp8 weight on tensor cores (bf16 x, T > 4 rows): a block owns RT
+ * tiles of 16 weight rows, its NW warps split K in 32-wide chunks (chunk s
+ * to warp s % NW), each chunk two m16n8k16 products per tile and 8 tokens:
+ * the weight as the A operand (its e4m3 codes widened to bf16 in
+ * registers, exactly), x as B (its fragments loaded once for the RT
+ * tiles), in the lane permutation of the MoE kernels (codegen/moe_routed.c:
+ * a lane's 8 elements of a row stand for the k columns its fragments need,
+ * alike on both operands). Each chunk's products start from zero and are
+ * added times the chunk's block scale (a tile's 16 rows share a row block,
  * the 32 columns a column block). The warps' sums meet in shared memory. */
 static const char MMA_BODY[] =
     "    constexpr int NSTEP = K / 32;\n"
-    "    __shared__ float part[NW][NT * 4][32];\n"
+    "    __shared__ float part[NW][RT * NT * 4][32];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    const long long n0 = (long long)blockIdx.x * 16;\n"
-    "    const long long r0 = n0 + g < N ? n0 + g : N - 1, r1 = n0 + g + 8 < N ? n0 + g + 8 : N - 1;\n"
-    "    const __nv_fp8_e4m3 *w0 = w + r0 * K + q * 8, *w1 = w + r1 * K + q * 8;\n"
-    "    const float *sr = ws + n0 / SBN * SC;\n"
+    "    const long long n0 = (long long)blockIdx.x * 16 * RT;\n"
+    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
+    "    const float *sr[RT];\n"
+    "#pragma unroll\n"
+    "    for (int rt = 0; rt < RT; rt++) {\n"
+    "        /* rows past N read row N - 1 and are never stored */\n"
+    "        const long long a = n0 + 16 * rt + g, b = a + 8;\n"
+    "        w0[rt] = w + (a < N ? a : N - 1) * K + q * 8;\n"
+    "        w1[rt] = w + (b < N ? b : N - 1) * K + q * 8;\n"
+    "        sr[rt] = ws + (n0 + 16 * rt < N ? n0 + 16 * rt : N - 1) / SBN * SC;\n"
+    "    }\n"
     "    const TX *xr[NT];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NT; t++) {\n"
     "        const int tok = t * 8 + g < T ? t * 8 + g : T - 1;\n"
     "        xr[t] = x + (long long)tok * K + q * 8;\n"
     "    }\n"
-    "    float acc[NT][4];\n"
+    "    float acc[RT][NT][4];\n"
     "#pragma unroll\n"
-    "    for (int t = 0; t < NT; t++)\n"
+    "    for (int rt = 0; rt < RT; rt++)\n"
     "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            acc[t][i] = 0.0f;\n"
+    "        for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "                acc[rt][t][i] = 0.0f;\n"
     "#pragma unroll 1\n"
     "    for (int s0 = warp; s0 < NSTEP; s0 += NW * U) {\n"
-    "        uint4 wa[U][2], xb[U][NT];\n"
-    "        float sc[U];\n"
+    "        uint4 wa[U][RT][2], xb[U][NT];\n"
+    "        float sc[U][RT];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (s0 + u * NW >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u * NW) * 32;\n"
-    "            wa[u][0] = moec_ld8(w0 + k);\n"
-    "            wa[u][1] = moec_ld8(w1 + k);\n"
+    "#pragma unroll\n"
+    "            for (int rt = 0; rt < RT; rt++) {\n"
+    "                wa[u][rt][0] = moec_ld8(w0[rt] + k);\n"
+    "                wa[u][rt][1] = moec_ld8(w1[rt] + k);\n"
+    "                sc[u][rt] = sr[rt][k / SBK];\n"
+    "            }\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NT; t++)\n"
     "                xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
-    "            sc[u] = sr[k / SBK];\n"
     "        }\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (s0 + u * NW >= NSTEP)\n"
     "                break;\n"
     "#pragma unroll\n"
-    "            for (int t = 0; t < NT; t++) {\n"
-    "                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    "                moec_mma_bf16(p, wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, xb[u][t].x, xb[u][t].y);\n"
-    "                moec_mma_bf16(p, wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, xb[u][t].z, xb[u][t].w);\n"
+    "            for (int rt = 0; rt < RT; rt++)\n"
     "#pragma unroll\n"
-    "                for (int i = 0; i < 4; i++)\n"
-    "                    acc[t][i] += sc[u] * p[i];\n"
-    "            }\n"
+    "                for (int t = 0; t < NT; t++) {\n"
+    "                    const uint4 a0 = wa[u][rt][0], a1 = wa[u][rt][1], bx = xb[u][t];\n"
+    "                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "                    moec_mma_bf16(p, a0.x, a1.x, a0.y, a1.y, bx.x, bx.y);\n"
+    "                    moec_mma_bf16(p, a0.z, a1.z, a0.w, a1.w, bx.z, bx.w);\n"
+    "#pragma unroll\n"
+    "                    for (int i = 0; i < 4; i++)\n"
+    "                        acc[rt][t][i] += sc[u][rt] * p[i];\n"
+    "                }\n"
     "        }\n"
     "    }\n"
     "#pragma unroll\n"
-    "    for (int t = 0; t < NT; t++)\n"
+    "    for (int rt = 0; rt < RT; rt++)\n"
     "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            part[warp][t * 4 + i][lane] = acc[t][i];\n"
+    "        for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "                part[warp][(rt * NT + t) * 4 + i][lane] = acc[rt][t][i];\n"
     "    __syncthreads();\n"
-    "    /* acc[t][i] of lane (g, q): row g + 8 (i / 2), token t * 8 + 2q + i % 2 */\n"
-    "    for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += NW * 32) {\n"
-    "        const int ti = idx / 32, l = idx % 32, t = ti / 4, i = ti % 4;\n"
-    "        const long long row = n0 + (l >> 2) + 8 * (i / 2);\n"
+    "    /* acc[rt][t][i] of lane (g, q): row 16 rt + g + 8 (i / 2), token t * 8 + 2q + i % 2 */\n"
+    "    for (int idx = threadIdx.x; idx < RT * NT * 4 * 32; idx += NW * 32) {\n"
+    "        const int ti = idx / 32, l = idx % 32, rt = ti / (NT * 4), t = ti / 4 % NT, i = ti % 4;\n"
+    "        const long long row = n0 + 16 * rt + (l >> 2) + 8 * (i / 2);\n"
     "        const int tok = t * 8 + 2 * (l & 3) + i % 2;\n"
     "        if (row >= N || tok >= T)\n"
     "            continue;\n"
@@ -312,12 +330,16 @@ static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     ir_dtype dx = cg_storage(c, x), dy = cg_storage(c, y);
     ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    int nt = (c->T + 7) / 8, u = 8 / nt < 1 ? 1 : 8 / nt;
+    /* two row tiles share their x fragments once x would be read more than
+       twice over (T >= 32), as long as that leaves 264 blocks (two per
+       H100 SM) */
+    int nt = (c->T + 7) / 8, rt = nt >= 4 && N / 32 >= 264 ? 2 : 1;
+    int u = 8 / (nt * rt) < 1 ? 1 : 8 / (nt * rt);
     char name[300], tag[40], decl[400], io[80];
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
-    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_u%d_f8e4m3_%s", (long long)N,
-             (long long)K, c->T, MMA_WARPS, u, io);
+    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_rt%d_u%d_f8e4m3_%s", (long long)N,
+             (long long)K, c->T, MMA_WARPS, rt, u, io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -331,16 +353,16 @@ static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K
                       "const %s *__restrict__ bias, float alpha, %s *__restrict__ y)\n{\n"
                       "    typedef %s TX;\n"
                       "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, NT = %d, NW = %d, U = %d;\n"
+                      "    constexpr int K = %lld, T = %d, NT = %d, NW = %d, RT = %d, U = %d;\n"
                       "    constexpr bool HAS_BIAS = %s;\n%s%s}\n\n",
                       MMA_WARPS * 32, name, cg_ctype(dx), cg_ctype(db), cg_ctype(dy),
-                      cg_ctype(dx), (long long)N, (long long)K, c->T, nt, MMA_WARPS, u,
+                      cg_ctype(dx), (long long)N, (long long)K, c->T, nt, MMA_WARPS, rt, u,
                       bias ? "true" : "false", decl, MMA_BODY);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
-    s->grid[0] = (unsigned)((N + 15) / 16);
+    s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt));
     s->block[0] = MMA_WARPS * 32;
     s->n_args = 6;
     s->args[0] = cg_arg_act(x);

@@ -1152,7 +1152,8 @@ static const km_spec ODD_MLA = {.name = "odd_mla", .vocab = 97, .attn = KM_MLA, 
 /* fp8 (block-scaled e4m3) weights: DeepSeek-V3's kv_a (576 rows, 4.5 row
  * blocks), its fused q_a + kv_a (2112 rows), o_proj (K 16384) and 16 of
  * its routed experts; V2-Lite's dense down_proj quantized (K 10944: 85.5
- * column blocks); Qwen3-30B's split experts and q_proj; odd shapes with
+ * column blocks) and gate_proj (10944 rows: two row tiles a tensor-core
+ * block); Qwen3-30B's split experts and q_proj; odd shapes with
  * partial blocks of 32 x 64, K = 200 (not in 32-wide chunks), and up
  * starting inside a row block. */
 static const km_spec F8_KV_A = {.name = "f8_v3_kv_a", .vocab = 97, .LN = 576, .LK = 7168,
@@ -1163,6 +1164,8 @@ static const km_spec F8_O_PROJ = {.name = "f8_v3_o_proj", .vocab = 97, .LN = 716
                                   .ldt = "f8e4m3"};
 static const km_spec F8_V2_DOWN = {.name = "f8_v2lite_down", .vocab = 97, .LN = 2048,
                                    .LK = 10944, .ldt = "f8e4m3"};
+static const km_spec F8_V2_GATE = {.name = "f8_v2lite_gate", .vocab = 97, .LN = 10944,
+                                   .LK = 2048, .ldt = "f8e4m3"};
 static const km_spec F8_ODD_LINEAR = {.name = "f8_odd_linear", .vocab = 97, .LN = 37, .LK = 200,
                                       .ldt = "f8e4m3", .BN = 32, .BK = 64};
 static const km_spec F8_V3_MOE = {.name = "f8_v3_moe16", .vocab = 97, .E = 16, .K = 8,
@@ -1263,6 +1266,7 @@ int main(void)
     prog_add(&F8_QKV_A, IR_DTYPE_BF16, 64, LIN);
     prog_add(&F8_O_PROJ, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     prog_add(&F8_V2_DOWN, IR_DTYPE_BF16, 64, TM(1) | TM(32));
+    prog_add(&F8_V2_GATE, IR_DTYPE_BF16, 64, TM(8) | TM(32) | TM(64));
     prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, LIN);
     prog_add(&F8_ODD_LINEAR, IR_DTYPE_F32, 64, ALL);
     prog_add(&F8_V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
@@ -1287,6 +1291,7 @@ int main(void)
     moe_case(&F8_QKV_A, IR_DTYPE_BF16, LIN, 13);
     moe_case(&F8_O_PROJ, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 14);
     moe_case(&F8_V2_DOWN, IR_DTYPE_BF16, TM(1) | TM(32), 15);
+    moe_case(&F8_V2_GATE, IR_DTYPE_BF16, TM(8) | TM(32) | TM(64), 23);
     moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, LIN, 16);
     moe_case(&F8_ODD_LINEAR, IR_DTYPE_F32, ALL, 17);
     moe_case(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(2) | TM(8) | TM(64), 18);

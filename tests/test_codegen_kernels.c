@@ -523,8 +523,12 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(kn, tag) != NULL && s->n_args == 6 && weight_arg(m, s->args[1], "lw", 0) &&
                 weight_arg(m, s->args[2], "lw", 1) && s->args[4].kind == IR_ARG_F32);
         if (mma) {
-            T_CHECK(!strncmp(kn, "linear_mma_", 11) && s->grid[0] == (unsigned)((N + 15) / 16) &&
-                    s->block[0] == 128);
+            /* two 16-row tiles a block from T = 32 where 264 blocks remain */
+            int rt = (T + 7) / 8 >= 4 && N / 32 >= 264 ? 2 : 1;
+            char form[32];
+            snprintf(form, sizeof form, "_w4_rt%d_", rt);
+            T_CHECK(!strncmp(kn, "linear_mma_", 11) && strstr(kn, form) &&
+                    s->grid[0] == (unsigned)((N + 16 * rt - 1) / (16 * rt)) && s->block[0] == 128);
         } else {
             T_CHECK(!strncmp(kn, "linear_gemv_", 12));
             int groups = T <= 4 ? 1 : (T + 3) / 4, ok = 1;
@@ -570,18 +574,22 @@ static void test_fp8_shapes(void)
     km_spec odd = {.name = "k_f8_odd", .vocab = 8, .E = 4, .K = 2, .NG = 1, .TG = 1,
                    .scaling = 1.0, .moe = KM_ROUTED, .HID = 320, .I = 48, .wdt = "f8e4m3",
                    .moe_scale = 0.5, .LN = 37, .LK = 200, .ldt = "f8e4m3", .BN = 32, .BK = 64};
-    const km_spec *specs[] = {&v3, &q3, &odd};
+    /* V2-Lite's dense gate_proj quantized: 10944 rows (85.5 row blocks),
+       two row tiles a block at T = 64 */
+    km_spec v2 = {.name = "k_f8_v2lite_gate", .vocab = 8, .LN = 10944, .LK = 2048,
+                  .ldt = "f8e4m3"};
+    const km_spec *specs[] = {&v3, &q3, &odd, &v2};
     /* compiled: v3 at T = 1 and 64 (few-rows and tensor-core linears,
        CUDA-core and tensor-core experts), qwen3 at T = 8 and 64, odd at
-       64 in bf16 (grouped few-rows linear) and at 8 in f32 */
-    const unsigned compile[] = {5, 6, 4};
-    for (int i = 0; i < 3; i++)
+       64 in bf16 (grouped few-rows linear) and at 8 in f32, v2 at 64 */
+    const unsigned compile[] = {5, 6, 4, 4};
+    for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++) {
             o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
             ir_module *m = km_module(specs[i]);
             T_CHECK(m != NULL);
             if (m)
-                run_module(m, &o, f32 ? NULL : check_fp8, f32 ? (i == 2 ? 2 : 0) : compile[i]);
+                run_module(m, &o, f32 ? NULL : check_fp8, f32 ? (i == 2 ? 2u : 0u) : compile[i]);
             ir_module_free(m);
         }
 }
