@@ -87,6 +87,14 @@ static const char *USAGE_COMPILE =
     "                        holds it, longer prompts in chunks of the largest\n"
     "                        (--batch-sizes: the same, its older name)\n"
     "  --tp N                tensor-parallel degree (only 1 so far)\n"
+    "  --quantize fp8        first write an fp8 copy of the checkpoint (block-scaled\n"
+    "                        e4m3, as DeepSeek-V3 publishes: every attention, MLP and\n"
+    "                        expert linear, one f32 scale per 128x128 block, amax/448)\n"
+    "                        into a new model folder, and compile for that folder:\n"
+    "                        run the plan with --weights on it (the CPU backend reads\n"
+    "                        it too: `moec run FOLDER --backend cpu`)\n"
+    "  --quantized-dir DIR   that folder (default: PLAN without .moec, plus .fp8);\n"
+    "                        it must not exist\n"
     "  -h, --help            this help\n";
 
 static const char *USAGE_RUN =
@@ -665,6 +673,7 @@ static void compile_progress(int done, int total, void *user)
 static int cmd_compile(int argc, char **argv)
 {
     const char *dir = NULL, *outpath = NULL;
+    char qdir[4096];
     moec_compile_options o;
     memset(&o, 0, sizeof o);
     for (int i = 0; i < argc; i++) {
@@ -674,13 +683,22 @@ static int cmd_compile(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--arch") ||
                    !strcmp(a, "--dtype") || !strcmp(a, "--buckets") ||
-                   !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp")) {
+                   !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp") ||
+                   !strcmp(a, "--quantize") || !strcmp(a, "--quantized-dir")) {
             if (i + 1 == argc)
                 return usage_error(USAGE_COMPILE, "%s needs a value", a);
             const char *v = argv[++i];
             long tp;
             if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
                 outpath = v;
+            } else if (!strcmp(a, "--quantize")) {
+                if (strcmp(v, "fp8"))
+                    return usage_error(USAGE_COMPILE, "--quantize: '%s' is not fp8", v);
+                o.quantize = v;
+            } else if (!strcmp(a, "--quantized-dir")) {
+                if (!*v)
+                    return usage_error(USAGE_COMPILE, "%s", "--quantized-dir: an empty name");
+                o.quantized_dir = v;
             } else if (!strcmp(a, "--arch")) {
                 if (strncmp(v, "sm_", 3) || strlen(v) > 10)
                     return usage_error(USAGE_COMPILE, "--arch: '%s' is not a GPU arch like sm_90", v);
@@ -715,6 +733,15 @@ static int cmd_compile(int argc, char **argv)
         return usage_error(USAGE_COMPILE, "%s", "missing MODEL_DIR");
     if (!outpath)
         return usage_error(USAGE_COMPILE, "%s", "missing -o PLAN (the plan file to write)");
+    if (o.quantized_dir && !o.quantize)
+        return usage_error(USAGE_COMPILE, "%s", "--quantized-dir goes with --quantize fp8");
+    if (o.quantize && !o.quantized_dir) {
+        size_t n = strlen(outpath);
+        if (n > 5 && !strcmp(outpath + n - 5, ".moec"))
+            n -= 5;
+        snprintf(qdir, sizeof qdir, "%.*s.fp8", (int)(n < 4000 ? n : 4000), outpath);
+        o.quantized_dir = qdir;
+    }
     const char *arch = o.arch ? o.arch : getenv("MOEC_ARCH");
     if (!o.n_buckets)
         o.n_buckets = moec_buckets_default(o.buckets);
@@ -728,6 +755,9 @@ static int cmd_compile(int argc, char **argv)
     moec_model_t *m = NULL;
     moec_status st = moec_model_open(dir, &m);
     if (st == MOEC_OK) {
+        if (o.quantize)
+            fprintf(stderr, "moec compile: %s: quantizing to fp8 into %s, then compiling for it\n",
+                    dir, o.quantized_dir);
         fprintf(stderr, "moec compile: %s: passes, code generation and NVRTC (%s, %s, buckets %s)\n",
                 dir, arch && *arch ? arch : "sm_90", o.dtype ? o.dtype : "bf16", buckets);
         st = moec_compile(m, dir, &o, outpath);
@@ -738,6 +768,9 @@ static int cmd_compile(int argc, char **argv)
     struct stat sb;
     long long size = stat(outpath, &sb) == 0 ? (long long)sb.st_size : -1;
     fprintf(stderr, "moec compile: wrote %s (%lld bytes) in %.1f s\n", outpath, size, moec_now_s() - t0);
+    if (o.quantize)
+        fprintf(stderr, "moec compile: the fp8 checkpoint is %s: run the plan with --weights %s\n",
+                o.quantized_dir, o.quantized_dir);
     return 0;
 }
 

@@ -79,8 +79,7 @@ moec_status rt_cuda_check_memory(const rt_cuda *c)
     size_t weights = 0, kv = 0, arena = 0, scratch = 0;
     for (int i = 0; i < m->n_values; i++)
         if (m->values[i]->kind == IR_VALUE_WEIGHT)
-            weights += (size_t)ir_type_numel(&m->values[i]->type, 0) *
-                       ir_dtype_size(ir_value_storage_dtype(m, m->values[i], p->compute_dtype));
+            weights += ir_weight_storage_bytes(m, m->values[i], p->compute_dtype);
     for (int k = 0; k < m->n_ops; k++) {
         const ir_value *pool[2];
         if (kv_pools(m->ops[k], pool))

@@ -5,7 +5,8 @@
  * and join launching nothing once plan_memory aliases them, the NVRTC cache
  * (hit, corrupt entry, compile errors with the numbered source), and the CI
  * compile check of issue 4: every bucket of the five tiny models and the
- * layer shapes of DeepSeek-V2-Lite, DeepSeek-V3 and Qwen3-30B-A3B generates,
+ * layer shapes of DeepSeek-V2-Lite, DeepSeek-V3 and Qwen3-30B-A3B (quantized
+ * to fp8 too) generates,
  * and every kernel form of each compiles for sm_90 with NVRTC (through
  * cg_plan_build of the buckets that hold them all: see "kernel forms"),
  * into a fresh cache so that CI really compiles. Ops whose emitter is still
@@ -1218,8 +1219,10 @@ static void test_model(const char *name)
 }
 
 /* A real config with 2 layers (one dense, one MoE: every specialization of
- * the full model). */
-static void test_config(const char *file)
+ * the full model); with fp8, quantized as DeepSeek-V3 publishes
+ * (block-scaled e4m3 linears: partial blocks such as kv_a's 576 rows, the
+ * fused qkv_a's 2112). */
+static void config_case(const char *file, int fp8)
 {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/data/configs/%s", file);
@@ -1230,6 +1233,12 @@ static void test_config(const char *file)
     if (!root)
         return;
     cJSON_ReplaceItemInObject(root, "num_hidden_layers", cJSON_CreateNumber(2));
+    if (fp8) {
+        cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+        cJSON_AddStringToObject(q, "quant_method", "fp8");
+        cJSON_AddStringToObject(q, "fmt", "e4m3");
+        cJSON_AddStringToObject(q, "activation_scheme", "dynamic");
+    }
     if (cJSON_GetObjectItem(root, "first_k_dense_replace"))
         cJSON_ReplaceItemInObject(root, "first_k_dense_replace", cJSON_CreateNumber(1));
     char *json = cJSON_Print(root);
@@ -1237,7 +1246,7 @@ static void test_config(const char *file)
     ir_module *m = planned(build_json(json), build_json, json);
     if (m) {
         char what[300];
-        snprintf(what, sizeof what, "%s (2 layers)", file);
+        snprintf(what, sizeof what, "%s%s (2 layers)", file, fp8 ? " fp8" : "");
         generate_and_compile(m, what);
         int launches = check_no_alias_copies(m);
         fprintf(stderr, "%s: %d launches per step at T=1\n", what, launches);
@@ -1245,6 +1254,9 @@ static void test_config(const char *file)
     }
     free(json);
 }
+
+static void test_config(const char *file) { config_case(file, 0); }
+static void test_config_fp8(const char *file) { config_case(file, 1); }
 
 static void test_plan_errors(void)
 {
@@ -1314,6 +1326,9 @@ static const part PARTS[] = {
     PART("config_deepseek_v2_lite", test_config, "deepseek_v2_lite.json"),
     PART("config_deepseek_v3", test_config, "deepseek_v3.json"),
     PART("config_qwen3_30b_a3b", test_config, "qwen3_30b_a3b.json"),
+    PART("config_deepseek_v2_lite_fp8", test_config_fp8, "deepseek_v2_lite.json"),
+    PART("config_deepseek_v3_fp8", test_config_fp8, "deepseek_v3.json"),
+    PART("config_qwen3_30b_a3b_fp8", test_config_fp8, "qwen3_30b_a3b.json"),
 };
 enum { N_PARTS = sizeof PARTS / sizeof PARTS[0] };
 
