@@ -1,0 +1,321 @@
+/* sample.c — host sampling (sample.h). The order and meaning follow vLLM's
+ * sampler: repetition penalty over prompt and output, then presence and
+ * frequency penalties over the output, then temperature, top_k, top_p and
+ * min_p, then one uniform draw. Sorting is avoided where it can be: top_k
+ * keeps a heap of k; top_p alone first tries the likeliest 256 ids and
+ * sorts the whole row only when they do not reach top_p; plain sampling
+ * walks the row in id order. */
+#include "engine/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+
+/* A candidate: an id and its (processed) logit. */
+typedef struct cand {
+    float v;
+    int32_t id;
+} cand;
+
+moec_status moec_sampler_init(moec_sampler *s, int vocab)
+{
+    memset(s, 0, sizeof *s);
+    s->vocab = vocab;
+    size_t n = (size_t)(vocab > 0 ? vocab : 1);
+    s->work = malloc(n * sizeof *s->work);
+    s->cands = malloc(n * sizeof(cand));
+    s->prob = malloc(n * sizeof *s->prob);
+    s->stamp = calloc(n, sizeof *s->stamp);
+    s->count = calloc(n, sizeof *s->count);
+    if (!s->work || !s->cands || !s->prob || !s->stamp || !s->count) {
+        moec_sampler_free(s);
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for sampling rows of %d ids", vocab);
+    }
+    return MOEC_OK;
+}
+
+void moec_sampler_free(moec_sampler *s)
+{
+    free(s->work);
+    free(s->cands);
+    free(s->prob);
+    free(s->stamp);
+    free(s->count);
+    memset(s, 0, sizeof *s);
+}
+
+/* A setting out of [lo, hi] (or not finite). */
+static moec_status out_of_range(const char *name, double v, double lo, double hi)
+{
+    if (isfinite(hi))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s must be a number from %g to %g, got %g", name,
+                        lo, hi, v);
+    return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s must be a finite number >= %g, got %g", name, lo,
+                    v);
+}
+
+static int within(double v, double lo, double hi) { return isfinite(v) && v >= lo && v <= hi; }
+
+moec_status moec_sampling_check(const moec_sampling *sp)
+{
+    if (!within(sp->temperature, 0, HUGE_VAL))
+        return out_of_range("temperature", sp->temperature, 0, HUGE_VAL);
+    if (sp->top_k < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "top_k must be 0 (all) or more, got %d",
+                        sp->top_k);
+    if (!within(sp->top_p, 0, 1))
+        return out_of_range("top_p", sp->top_p, 0, 1);
+    if (!within(sp->min_p, 0, 1))
+        return out_of_range("min_p", sp->min_p, 0, 1);
+    if (!within(sp->repetition_penalty, 0, HUGE_VAL))
+        return out_of_range("repetition_penalty", sp->repetition_penalty, 0, HUGE_VAL);
+    if (!within(sp->presence_penalty, -2, 2))
+        return out_of_range("presence_penalty", sp->presence_penalty, -2, 2);
+    if (!within(sp->frequency_penalty, -2, 2))
+        return out_of_range("frequency_penalty", sp->frequency_penalty, -2, 2);
+    if (sp->logprob != 0 && sp->logprob != 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "logprob must be 0 or 1, got %d", sp->logprob);
+    if (sp->top_logprobs < 0 || sp->top_logprobs > MOEC_TOP_LOGPROBS_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "top_logprobs must be from 0 to %d, got %d",
+                        MOEC_TOP_LOGPROBS_MAX, sp->top_logprobs);
+    return MOEC_OK;
+}
+
+static int has_repetition(const moec_sampling *sp)
+{
+    return sp->repetition_penalty != 0 && sp->repetition_penalty != 1;
+}
+
+int moec_sampling_is_plain_greedy(const moec_sampling *sp)
+{
+    return sp->temperature == 0 && !has_repetition(sp) && sp->presence_penalty == 0 &&
+           sp->frequency_penalty == 0 && !sp->logprob && !sp->top_logprobs;
+}
+
+uint64_t moec_sampling_stream(uint64_t seed) { return seed; }
+
+/* splitmix64: the next draw of a stream, uniform in [0, 1). */
+static double next_uniform(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static uint32_t next_epoch(moec_sampler *s)
+{
+    if (++s->epoch == 0) {
+        memset(s->stamp, 0, (size_t)s->vocab * sizeof *s->stamp);
+        s->epoch = 1;
+    }
+    return s->epoch;
+}
+
+/* Penalties on s->work: repetition once per id of prompt and output, then
+ * presence and frequency once per id of the output. */
+static void apply_penalties(moec_sampler *s, const moec_sampling *sp, const int32_t *tokens,
+                            int n_prompt, int n_known)
+{
+    if (has_repetition(sp)) {
+        uint32_t e = next_epoch(s);
+        float r = sp->repetition_penalty;
+        for (int i = 0; i < n_known; i++) {
+            int32_t id = tokens[i];
+            if (s->stamp[id] == e)
+                continue;
+            s->stamp[id] = e;
+            s->work[id] = s->work[id] > 0 ? s->work[id] / r : s->work[id] * r;
+        }
+    }
+    if (sp->presence_penalty == 0 && sp->frequency_penalty == 0)
+        return;
+    uint32_t e = next_epoch(s);
+    for (int i = n_prompt; i < n_known; i++) {
+        int32_t id = tokens[i];
+        if (s->stamp[id] != e) {
+            s->stamp[id] = e;
+            s->count[id] = 0;
+        }
+        s->count[id]++;
+    }
+    for (int i = n_prompt; i < n_known; i++) {
+        int32_t id = tokens[i];
+        if (s->count[id] > 0)
+            s->work[id] -= sp->presence_penalty + sp->frequency_penalty * (float)s->count[id];
+        s->count[id] = 0;
+    }
+}
+
+int32_t moec_argmax(const float *v, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return best;
+}
+
+/* a ranks before b: a larger value, or an equal one and a lower id. */
+static int before(const cand *a, const cand *b)
+{
+    return a->v > b->v || (a->v == b->v && a->id < b->id);
+}
+
+static int cand_order(const void *pa, const void *pb)
+{
+    const cand *a = pa, *b = pb;
+    return before(a, b) ? -1 : before(b, a) ? 1 : 0;
+}
+
+/* Moves h[i] down the heap of n whose root ranks last. */
+static void sift_down(cand *h, int n, int i)
+{
+    for (;;) {
+        int worst = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && before(&h[worst], &h[l]))
+            worst = l;
+        if (r < n && before(&h[worst], &h[r]))
+            worst = r;
+        if (worst == i)
+            return;
+        cand t = h[i];
+        h[i] = h[worst];
+        h[worst] = t;
+        i = worst;
+    }
+}
+
+/* The k first-ranked ids of v[0, n) into out[0, k), ranked. */
+static void top_ranked(const float *v, int n, int k, cand *out)
+{
+    if (k >= n) {
+        for (int i = 0; i < n; i++)
+            out[i] = (cand){v[i], i};
+        qsort(out, (size_t)n, sizeof *out, cand_order);
+        return;
+    }
+    for (int i = 0; i < k; i++)
+        out[i] = (cand){v[i], i};
+    for (int i = k / 2 - 1; i >= 0; i--)
+        sift_down(out, k, i);
+    for (int i = k; i < n; i++) {
+        cand c = {v[i], i};
+        if (before(&c, &out[0])) {
+            out[0] = c;
+            sift_down(out, k, 0);
+        }
+    }
+    qsort(out, (size_t)k, sizeof *out, cand_order);
+}
+
+/* The candidates the draw chooses among, into s->cands[0, *n): the top_k
+ * ranked (or, for top_p alone, enough ranked to reach top_p), else every id
+ * in id order. *z gets the sum of exp((v - mx) / t) over the support (the
+ * top_k, or all ids). Returns 1 when the candidates are ranked. */
+static int candidates(moec_sampler *s, const moec_sampling *sp, float mx, double t, int *n,
+                      double *z)
+{
+    int V = s->vocab;
+    cand *c = s->cands;
+    if (sp->top_k > 0 && sp->top_k < V) {
+        top_ranked(s->work, V, sp->top_k, c);
+        *n = sp->top_k;
+        *z = 0;
+        for (int i = 0; i < *n; i++)
+            *z += exp((c[i].v - mx) / t);
+        return 1;
+    }
+    *z = 0;
+    for (int i = 0; i < V; i++)
+        *z += exp((s->work[i] - mx) / t);
+    if (sp->top_p > 0 && sp->top_p < 1) {
+        for (int k = 256;; k *= 8) {
+            *n = k < V ? k : V;
+            top_ranked(s->work, V, *n, c);
+            double mass = 0;
+            for (int i = 0; i < *n; i++)
+                mass += exp((c[i].v - mx) / t);
+            if (mass / *z >= sp->top_p || *n == V)
+                return 1;
+        }
+    }
+    for (int i = 0; i < V; i++)
+        c[i] = (cand){s->work[i], i};
+    *n = V;
+    return 0;
+}
+
+/* A draw from the processed row in s->work (temperature > 0). */
+static int32_t draw(moec_sampler *s, const moec_sampling *sp, uint64_t *rng)
+{
+    float mx = s->work[moec_argmax(s->work, s->vocab)];
+    double t = sp->temperature, z;
+    int n;
+    int ranked = candidates(s, sp, mx, t, &n, &z);
+    cand *c = s->cands;
+    double *p = s->prob;
+    for (int i = 0; i < n; i++)
+        p[i] = exp((c[i].v - mx) / t) / z;
+    if (ranked && sp->top_p > 0 && sp->top_p < 1) {
+        double cum = 0;
+        int keep = 0;
+        while (keep < n && cum < sp->top_p)
+            cum += p[keep++];
+        n = keep;
+    }
+    double floor_p = sp->min_p * (1.0 / z); /* the likeliest id has probability 1 / z */
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i] < floor_p)
+            p[i] = 0;
+        total += p[i];
+    }
+    double u = next_uniform(rng) * total, acc = 0;
+    int32_t last = c[0].id;
+    for (int i = 0; i < n; i++) {
+        if (p[i] == 0)
+            continue;
+        acc += p[i];
+        last = c[i].id;
+        if (u < acc)
+            break;
+    }
+    return last;
+}
+
+/* Log probabilities of the raw logits: the token's, and the top n. */
+static void log_probs(moec_sampler *s, const moec_sampling *sp, const float *logits, int32_t tok,
+                      moec_event *ev)
+{
+    int V = s->vocab;
+    float mx = logits[moec_argmax(logits, V)];
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    ev->logprob = (float)(logits[tok] - lse);
+    ev->n_top = sp->top_logprobs < V ? sp->top_logprobs : V;
+    if (!ev->n_top)
+        return;
+    cand *c = s->cands;
+    top_ranked(logits, V, ev->n_top, c);
+    for (int i = 0; i < ev->n_top; i++) {
+        ev->top_ids[i] = c[i].id;
+        ev->top_logprobs[i] = (float)(c[i].v - lse);
+    }
+}
+
+int32_t moec_sample(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, const float *logits,
+                    const int32_t *tokens, int n_prompt, int n_known, moec_event *ev)
+{
+    memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
+    apply_penalties(s, sp, tokens, n_prompt, n_known);
+    int32_t tok = sp->temperature == 0 ? moec_argmax(s->work, s->vocab) : draw(s, sp, rng);
+    if (sp->logprob || sp->top_logprobs)
+        log_probs(s, sp, logits, tok, ev);
+    return tok;
+}
