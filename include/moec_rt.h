@@ -33,6 +33,8 @@ typedef enum moec_status {
 /* The message of the last error on this thread: "file:line: message",
  * naming the file, tensor or field at fault. Never NULL. */
 const char *moec_last_error(void);
+/* The same without its "file:line: " (what a service tells its clients). */
+const char *moec_last_error_message(void);
 const char *moec_status_name(moec_status st);
 
 typedef enum moec_backend {
