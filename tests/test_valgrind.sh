@@ -28,13 +28,18 @@ run 0 "$B" run "$D/qwen2_moe" --prompt-ids 11,95 --max-new-tokens 2 --ignore-eos
 run 0 "$B" dump-ir "$D/deepseek_v3"
 run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1,999 --max-new-tokens 1
 run 1 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
-# The service: requests served together (one in two prefill chunks), a bad
-# one, one refused for want of a slot, a line cut off by the end of input.
+# The service: requests served together (one in two prefill chunks), one
+# waiting for a sequence, one sampled with log probabilities, a bad one, a
+# cancel line, a stats line, a line cut off by the end of input. (Many
+# connections, cancels and disconnects: test_serve_load.sh.)
 {
   echo '{"id":"a","prompt_ids":[0,17,42,99,5,200,31],"max_new_tokens":3,"ignore_eos":true}'
   echo "{\"id\":2,\"prompt_ids\":[$(seq -s, 1 70)],\"max_new_tokens\":2}"
-  echo '{"id":"full","prompt_ids":[1],"max_new_tokens":1}'
+  echo '{"id":"wait","prompt_ids":[1],"max_new_tokens":1}'
+  echo '{"id":"s","prompt_ids":[0,17,42,99,5,200],"max_new_tokens":4,"temperature":1.1,"top_p":0.9,"seed":5,"logprobs":true,"top_logprobs":2,"repetition_penalty":1.2}'
   echo '{"id":"bad","prompt_ids":[1,"x"],"max_new_tokens":1}'
+  echo '{"id":"a","cancel":true}'
+  echo '{"stats":true}'
   echo 'not json'
   printf '%s' '{"id":"cut","prompt_ids":[1],"max_new_tokens":1'
 } >"$T/requests"
