@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -999,12 +1000,16 @@ static void server_accept(server *sv)
                 fprintf(stderr, "moec-serve: accept: %s\n", strerror(errno));
             return;
         }
-        int fl = fcntl(fd, F_GETFL);
+        int fl = fcntl(fd, F_GETFL), one = 1;
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
             fprintf(stderr, "moec-serve: fcntl: %s\n", strerror(errno));
             close(fd);
             continue;
         }
+        /* a token line goes out at once, not held back (Nagle) until the
+         * client acknowledges the last one */
+        if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+            fprintf(stderr, "moec-serve: TCP_NODELAY: %s\n", strerror(errno));
         if (server_n_open(sv) >= sv->max_conns)
             server_refuse(sv, fd);
         else
