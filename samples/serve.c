@@ -109,7 +109,8 @@ static const char *USAGE =
     "  --max-connections N  --port: clients connected at once (default 64, at most\n"
     "                       65536); one more gets an error line and is closed\n"
     "  --max-buffer-mib N   MiB held for all clients together: unfinished request\n"
-    "                       lines and replies not yet read (default 256); a line\n"
+    "                       lines, requests in flight (queued or running) and\n"
+    "                       replies not yet read (default 256); a line or request\n"
     "                       that would pass it is refused, and the client with the\n"
     "                       most unread replies is disconnected\n"
     "  --max-seqs N         sequences running at once (default 8, at most 65536)\n"
@@ -209,7 +210,8 @@ static const char *backend_name(moec_backend b)
 /* ---- connections ---------------------------------------------------------- */
 
 /* What every client's buffers hold together, against --max-buffer-mib:
- * the bytes of unfinished request lines and of replies not yet written. */
+ * the bytes of unfinished request lines, of replies not yet written, and of
+ * the requests in flight (queued or running in the engine). */
 typedef struct budget {
     size_t held, limit;
     size_t churn; /* bytes freed or parsed since memory last went back to the OS */
@@ -392,6 +394,7 @@ typedef struct inflight {
     uint64_t engine_id;
     int32_t *out;       /* max_new tokens */
     int n_out;
+    size_t cost;        /* its bytes, the engine's and these, in the budget */
     int logprob;        /* it asked for its tokens' log probabilities */
     struct inflight *prev, *next;
 } inflight;
@@ -422,6 +425,8 @@ static void req_free(inflight *r)
     if (r->next)
         r->next->prev = r->prev;
     c->n_running--;
+    c->budget->held -= r->cost;
+    c->budget->churn += r->cost;
     cJSON_free(r->id_json);
     free(r->out);
     free(r);
@@ -782,6 +787,14 @@ static char *request_id(conn *c, const cJSON *j, int required)
  * engine refused it. */
 static char *request_submit(server *sv, conn *c, const moec_request *mr, char *id_json)
 {
+    /* its tokens twice (the engine's copy of prompt and output, and the
+     * output here) and its ids: what it holds until it ends */
+    size_t cost = ((size_t)mr->n_prompt + (size_t)mr->max_tokens) * 2 * sizeof(int32_t) +
+                  (size_t)mr->n_stop * sizeof(int32_t) + sizeof(inflight) + strlen(id_json);
+    if (sv->budget.held + cost > sv->budget.limit)
+        return refuse("request refused: the requests in flight and the clients' buffers would "
+                      "hold more than %zu MiB (--max-buffer-mib)",
+                      sv->budget.limit >> 20);
     inflight *r = xcalloc(1, sizeof *r);
     r->client = c;
     r->id_json = id_json;
@@ -793,6 +806,8 @@ static char *request_submit(server *sv, conn *c, const moec_request *mr, char *i
         return refuse("%s", moec_last_error_message());
     }
     r->out = xcalloc((size_t)mr->max_tokens, sizeof *r->out);
+    r->cost = cost;
+    sv->budget.held += cost;
     r->next = c->reqs;
     if (c->reqs)
         c->reqs->prev = r;

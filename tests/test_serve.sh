@@ -624,6 +624,37 @@ PY
   stop_tcp buf
 fi
 
+# ---- --max-buffer-mib: requests in flight ---------------------------------------
+# Queued requests count too: with 1 MiB for all and one sequence at a time,
+# a client queueing hundreds of 400-token prompts is refused once they would
+# pass it; the requests in flight before still run, and its leaving cancels
+# them.
+if start_tcp queued "$D/$m" --max-buffer-mib 1 --max-seqs 1; then
+  client "--max-buffer-mib requests in flight" <<'PY'
+from serve_client import *
+c = Client()
+line = "".join(request(i, 20, prompt=[k % 256 for k in range(400)]) for i in range(400))
+c.send(line)
+while True:
+    r = c.line()
+    check(r is not None, "the connection closed")
+    if "error" in r:
+        break
+check(r["error"] == "request refused: the requests in flight and the clients' buffers would "
+      "hold more than 1 MiB (--max-buffer-mib)" and 100 < r["id"] < 399, f"the refusal: {r}")
+c.close()
+d = Client()
+def idle():
+    d.send('{"stats":true}\n')
+    st = d.line()["stats"]
+    return st["running"] == 0 and st["waiting"] == 0 and st["kv_blocks_used"] == 0
+check(wait_for(idle, 10), "the requests of the client that left still run")
+d.send(request("after", 2))
+check(d.reply().get("done"), "a request after")
+PY
+  stop_tcp queued
+fi
+
 # ---- unread replies ------------------------------------------------------------
 # A client that asks for much (a 300 kB id echoed in every token line) and
 # reads nothing is dropped, past 16 MiB of its own replies or past the
