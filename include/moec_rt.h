@@ -93,7 +93,9 @@ moec_status moec_session_init_plan(const char *plan_path, const char *weights_di
 typedef struct moec_engine moec_engine_t;
 typedef struct moec_engine_options {
     moec_backend backend; /* moec_engine_open: AUTO (CUDA where present), CPU or CUDA */
-    int max_seqs;         /* sequences running at once (block-table rows); 0: 8 */
+    int max_seqs;         /* block-table rows: sequences running at once (the scheduler
+                           * runs at most moec_engine_max_tokens, as each decodes a token
+                           * every step); 0: 8 */
     int max_seq_len;      /* tokens one sequence may hold, prompt + output; 0: the model's
                            * max_position_embeddings (4096 if it names none) */
     int single_stream;    /* CUDA: the shared experts on the main stream too */
