@@ -2,9 +2,9 @@
  * sampler: repetition penalty over prompt and output, then presence and
  * frequency penalties over the output, then temperature, top_k, top_p and
  * min_p, then one uniform draw. Sorting is avoided where it can be: top_k
- * keeps a heap of k; top_p alone first tries the likeliest 256 ids and
- * sorts the whole row only when they do not reach top_p; plain sampling
- * walks the row in id order. */
+ * keeps a heap of k; top_p alone finds its nucleus by a quickselect on
+ * probability mass, unsorted; plain sampling walks the row in id order.
+ * One exp per id (per top_k id with top_k). */
 #include "engine/sample.h"
 
 #include <math.h>
@@ -153,9 +153,12 @@ static void apply_penalties(moec_sampler *s, const moec_sampling *sp, const int3
 int32_t moec_argmax(const float *v, int n)
 {
     int32_t best = 0;
+    float top = v[0];
     for (int i = 1; i < n; i++)
-        if (v[i] > v[best])
+        if (v[i] > top) {
+            top = v[i];
             best = i;
+        }
     return best;
 }
 
@@ -212,41 +215,88 @@ static void top_ranked(const float *v, int n, int k, cand *out)
     qsort(out, (size_t)k, sizeof *out, cand_order);
 }
 
-/* The candidates the draw chooses among, into s->cands[0, *n): the top_k
- * ranked (or, for top_p alone, enough ranked to reach top_p), else every id
- * in id order. *z gets the sum of exp((v - mx) / t) over the support (the
- * top_k, or all ids). Returns 1 when the candidates are ranked. */
+static void cand_swap(cand *a, cand *b)
+{
+    cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Reorders c[0, n) so that its first k (returned) are the nucleus: the
+ * fewest first-ranked whose weights w[id] reach `need`, in no particular
+ * order. Quickselect on the mass (expected O(n)): partition around a
+ * pivot; if the ids ranked above it reach what is still needed the nucleus
+ * lies among them, else they and the pivot are in it and the rest is
+ * searched. */
+static int nucleus(cand *c, int n, const double *w, double need)
+{
+    int lo = 0, hi = n;
+    double taken = 0; /* the weight of c[0, lo), all in the nucleus */
+    while (hi - lo > 1) {
+        int m = lo + (hi - lo) / 2;
+        /* the median of three as pivot, moved to hi - 1 */
+        if (before(&c[m], &c[lo]))
+            cand_swap(&c[m], &c[lo]);
+        if (before(&c[hi - 1], &c[lo]))
+            cand_swap(&c[hi - 1], &c[lo]);
+        if (before(&c[m], &c[hi - 1]))
+            cand_swap(&c[m], &c[hi - 1]);
+        cand pivot = c[hi - 1];
+        int mid = lo;
+        double above = 0;
+        for (int i = lo; i < hi - 1; i++)
+            if (before(&c[i], &pivot)) {
+                above += w[c[i].id];
+                cand_swap(&c[i], &c[mid++]);
+            }
+        cand_swap(&c[hi - 1], &c[mid]);
+        if (taken + above >= need) {
+            hi = mid;
+        } else if (taken + above + w[pivot.id] >= need) {
+            return mid + 1;
+        } else {
+            taken += above + w[pivot.id];
+            lo = mid + 1;
+        }
+    }
+    return hi > 0 ? hi : 1;
+}
+
+/* The candidates the draw chooses among, into s->cands[0, *n), each id's
+ * weight exp((v - mx) / t) into s->prob[id] and their sum over the support
+ * (the top_k, or all ids) into *z: the top_k ranked, then, for top_p, the
+ * nucleus (the top_k's prefix, or found among all ids); else every id,
+ * unranked (returns 0, s->cands unused). */
 static int candidates(moec_sampler *s, const moec_sampling *sp, float mx, double t, int *n,
                       double *z)
 {
-    int V = s->vocab;
+    int V = s->vocab, top_p = sp->top_p > 0 && sp->top_p < 1;
     cand *c = s->cands;
+    double *w = s->prob;
+    *z = 0;
     if (sp->top_k > 0 && sp->top_k < V) {
-        top_ranked(s->work, V, sp->top_k, c);
         *n = sp->top_k;
-        *z = 0;
+        top_ranked(s->work, V, *n, c);
         for (int i = 0; i < *n; i++)
-            *z += exp((c[i].v - mx) / t);
+            *z += w[c[i].id] = exp((c[i].v - mx) / t);
+        if (top_p) {
+            double cum = 0;
+            int keep = 0;
+            while (keep < *n && cum < sp->top_p * *z)
+                cum += w[c[keep++].id];
+            *n = keep;
+        }
         return 1;
     }
-    *z = 0;
     for (int i = 0; i < V; i++)
-        *z += exp((s->work[i] - mx) / t);
-    if (sp->top_p > 0 && sp->top_p < 1) {
-        for (int k = 256;; k *= 8) {
-            *n = k < V ? k : V;
-            top_ranked(s->work, V, *n, c);
-            double mass = 0;
-            for (int i = 0; i < *n; i++)
-                mass += exp((c[i].v - mx) / t);
-            if (mass / *z >= sp->top_p || *n == V)
-                return 1;
-        }
-    }
+        *z += w[i] = exp((s->work[i] - mx) / t);
+    *n = V;
+    if (!top_p)
+        return 0;
     for (int i = 0; i < V; i++)
         c[i] = (cand){s->work[i], i};
-    *n = V;
-    return 0;
+    *n = nucleus(c, V, w, sp->top_p * *z);
+    return 1;
 }
 
 /* A draw from the processed row in s->work (temperature > 0). */
@@ -256,34 +306,26 @@ static int32_t draw(moec_sampler *s, const moec_sampling *sp, uint64_t *rng)
     double t = sp->temperature, z;
     int n;
     int ranked = candidates(s, sp, mx, t, &n, &z);
-    cand *c = s->cands;
-    double *p = s->prob;
-    for (int i = 0; i < n; i++)
-        p[i] = exp((c[i].v - mx) / t) / z;
-    if (ranked && sp->top_p > 0 && sp->top_p < 1) {
-        double cum = 0;
-        int keep = 0;
-        while (keep < n && cum < sp->top_p)
-            cum += p[keep++];
-        n = keep;
-    }
-    double floor_p = sp->min_p * (1.0 / z); /* the likeliest id has probability 1 / z */
+    const cand *c = s->cands;
+    const double *w = s->prob;
+#define ID_AT(i) (ranked ? c[(i)].id : (int32_t)(i))
+    /* min_p: the likeliest id has weight exp(0) = 1 */
     double total = 0;
-    for (int i = 0; i < n; i++) {
-        if (p[i] < floor_p)
-            p[i] = 0;
-        total += p[i];
-    }
+    for (int i = 0; i < n; i++)
+        if (w[ID_AT(i)] >= sp->min_p)
+            total += w[ID_AT(i)];
     double u = next_uniform(rng) * total, acc = 0;
-    int32_t last = c[0].id;
+    int32_t last = ID_AT(0);
     for (int i = 0; i < n; i++) {
-        if (p[i] == 0)
+        double wi = w[ID_AT(i)];
+        if (wi < sp->min_p)
             continue;
-        acc += p[i];
-        last = c[i].id;
+        acc += wi;
+        last = ID_AT(i);
         if (u < acc)
             break;
     }
+#undef ID_AT
     return last;
 }
 
@@ -312,9 +354,15 @@ static void log_probs(moec_sampler *s, const moec_sampling *sp, const float *log
 int32_t moec_sample(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, const float *logits,
                     const int32_t *tokens, int n_prompt, int n_known, moec_event *ev)
 {
-    memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
-    apply_penalties(s, sp, tokens, n_prompt, n_known);
-    int32_t tok = sp->temperature == 0 ? moec_argmax(s->work, s->vocab) : draw(s, sp, rng);
+    int32_t tok;
+    if (sp->temperature == 0 && !has_repetition(sp) && sp->presence_penalty == 0 &&
+        sp->frequency_penalty == 0) {
+        tok = moec_argmax(logits, s->vocab); /* nothing to change in the row */
+    } else {
+        memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
+        apply_penalties(s, sp, tokens, n_prompt, n_known);
+        tok = sp->temperature == 0 ? moec_argmax(s->work, s->vocab) : draw(s, sp, rng);
+    }
     if (sp->logprob || sp->top_logprobs)
         log_probs(s, sp, logits, tok, ev);
     return tok;

@@ -15,7 +15,7 @@ typedef struct moec_sampler {
     int vocab;
     float *work;     /* the row, penalties applied */
     void *cands;     /* vocab candidates: id and processed logit (sample.c) */
-    double *prob;    /* their probabilities */
+    double *prob;    /* per id: its weight exp((v - max) / temperature) */
     uint32_t *stamp; /* per id: the epoch it was last seen in */
     int32_t *count;  /* per id: its count in the output, valid when stamped */
     uint32_t epoch;
