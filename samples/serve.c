@@ -145,9 +145,10 @@ static const char *USAGE =
 #define TRIM_AFTER (1 << 20)    /* bytes freed or parsed before memory goes back to the OS */
 #define DEFAULT_CONNS 64
 #define DEFAULT_BUFFER_MIB 256
-/* serve's own bound on --max-seqs, --max-connections and --max-buffer-mib:
- * the engine sets none above (a slot count it cannot hold fails when it
- * allocates), and past this a typo is likelier than a plan. */
+/* serve's own bounds on --max-seqs, --max-connections, --max-buffer-mib,
+ * --kv-block-size (which the engine bounds lower), --max-seq-len and
+ * --kv-blocks: the engine sets none above (a count it cannot hold fails
+ * when it allocates), and past these a typo is likelier than a plan. */
 #define COUNT_LIMIT (1 << 16)
 #define SEQ_LEN_LIMIT (1 << 26)
 #define KV_BLOCKS_LIMIT (1 << 30)
