@@ -236,14 +236,16 @@ moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
     return MOEC_OK;
 }
 
-/* The scheduler owns the block table while it has requests. */
-static moec_status check_unscheduled(const moec_engine_t *e, const char *what)
+/* The scheduler owns the block table while it has requests; a step below it
+ * may write any block, so the prefix cache forgets what it kept. */
+static moec_status check_unscheduled(moec_engine_t *e, const char *what)
 {
     if (moec_sched_busy(e))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "%s: the scheduler has %d requests and owns the block table until they "
                         "end",
                         what, moec_engine_pending(e));
+    moec_sched_forget(e);
     return MOEC_OK;
 }
 

@@ -156,5 +156,7 @@ moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
 moec_status moec_sched_init(moec_engine_t *e, int prefix_cache);
 void moec_sched_free(moec_engine_t *e);
 int moec_sched_busy(const moec_engine_t *e);
+/* The prefix cache emptied: a step below the scheduler may write any block. */
+void moec_sched_forget(moec_engine_t *e);
 
 #endif

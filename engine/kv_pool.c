@@ -159,3 +159,12 @@ void moec_kv_publish(moec_kv_pool *p, int b, uint64_t h, const int32_t *ids)
     p->chain[b] = p->bucket[h & p->mask];
     p->bucket[h & p->mask] = b;
 }
+
+void moec_kv_forget(moec_kv_pool *p)
+{
+    for (int b = 0; b < p->n_blocks && p->n_cached; b++)
+        if (p->hashed[b] && !p->ref[b]) {
+            unhash(p, b);
+            p->n_cached--;
+        }
+}

@@ -44,4 +44,8 @@ void moec_kv_release(moec_kv_pool *p, int b);
  * already caches h. */
 void moec_kv_publish(moec_kv_pool *p, int b, uint64_t h, const int32_t *ids);
 
+/* Forgets every cached block no sequence holds (their KV is about to be
+ * overwritten from outside the scheduler). */
+void moec_kv_forget(moec_kv_pool *p);
+
 #endif

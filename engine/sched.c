@@ -136,6 +136,12 @@ int moec_sched_busy(const moec_engine_t *e)
     return e->sched && (e->sched->n_running || e->sched->n_waiting);
 }
 
+void moec_sched_forget(moec_engine_t *e)
+{
+    if (e->sched)
+        moec_kv_forget(&e->sched->pool);
+}
+
 /* ---- requests ------------------------------------------------------------- */
 
 static int blocks_for(const moec_engine_t *e, int64_t tokens)

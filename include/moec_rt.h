@@ -260,7 +260,9 @@ void moec_engine_get_stats(const moec_engine_t *engine, moec_engine_stats *out);
  * n rows of vocab_size floats. MOEC_ERR_INVALID_ARG for a slot or token id
  * out of range, or a position whose block is not set, MOEC_ERR_CAPACITY for
  * a position >= max_seq_len; all before anything runs. Refused while the
- * scheduler has requests (it owns the table then).
+ * scheduler has requests (it owns the table then); once they are done, a
+ * step (or moec_engine_set_blocks) here empties the prefix cache, since it
+ * may write any block.
  *
  * An engine whose pool holds max_seqs sequences of max_seq_len starts with
  * row s listing blocks s * P .. s * P + P - 1 (P = blocks per row): each row

@@ -300,6 +300,30 @@ static void check_prefix(const moec_model_t *m, const char *name, const char *di
     T_CHECK(same);
     T_CHECK(res[1][0].cached == 0 && res[1][1].cached == 20 && res[1][2].cached == 20);
     T_CHECK(res[0][1].cached == 0 && res[0][2].cached == 0);
+
+    /* Steps below the scheduler may write any block: the cache forgets. */
+    moec_engine_t *e = open_cpu(m, dir, 4, 0, 0);
+    if (!e)
+        return;
+    static result again[2];
+    memset(again, 0, sizeof again);
+    for (int k = 0; k < 2; k++) {
+        moec_request q = request_of(&s[0], (void *)(intptr_t)k);
+        uint64_t id;
+        T_OK(moec_engine_submit(e, &q, &id));
+        drain(e, again, NULL, NULL);
+        if (k)
+            break;
+        int32_t all[8] = {0, 1, 2, 3, 4, 5, 6, 7}, tok[4] = {9, 9, 9, 9}, pos[4] = {0, 1, 2, 3};
+        int32_t row[4] = {0, 0, 0, 0};
+        T_OK(moec_engine_set_blocks(e, 0, 0, 8, all));
+        T_OK(moec_engine_step(e, 4, tok, pos, row, NULL, NULL));
+    }
+    moec_engine_stats st;
+    moec_engine_get_stats(e, &st);
+    T_CHECK(again[1].cached == 0 && same_result(&again[0], &again[1]) &&
+            same_result(&again[0], &res[0][0]) && st.kv_blocks_cached > 0);
+    moec_engine_free(e);
 }
 
 static void run_one(moec_engine_t *e, const spec *s, result *r)
