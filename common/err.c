@@ -70,6 +70,7 @@ const char *moec_status_name(moec_status st)
     case MOEC_ERR_NO_DEVICE: return "no CUDA device";
     case MOEC_ERR_CUDA: return "CUDA error";
     case MOEC_ERR_INTERNAL: return "internal error";
+    case MOEC_ERR_NUMERIC: return "numeric error";
     }
     return "unknown status";
 }

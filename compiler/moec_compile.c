@@ -4,8 +4,12 @@
  * (moec_cuda_model_init) goes through the same options and passes, so a
  * plan file and an in-process plan of the same model are the same plan. */
 #include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "compiler/api_internal.h"
 #include "compiler/passes.h"
@@ -105,6 +109,36 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
     return MOEC_OK;
 }
 
+/* The plan file's path checked before the long part (passes, NVRTC): not a
+ * directory, in a directory that exists and can be written (the plan goes
+ * there through a temporary file renamed into place). */
+static moec_status check_out_path(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO,
+                        "cannot write the plan %s: it is a directory (name a file, such as "
+                        "%s/model.moec)",
+                        path, path);
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (stat(dir, &sb) != 0)
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s: %s", path, dir,
+                        strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: %s is not a directory", path, dir);
+    if (access(dir, W_OK) != 0)
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s is not writable: %s",
+                        path, dir, strerror(errno));
+    return MOEC_OK;
+}
+
 moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
                          const moec_compile_options *opt, const char *out_path)
 {
@@ -117,6 +151,7 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     }
     cg_options co;
     MOEC_TRY(compile_options(opt, &co));
+    MOEC_TRY(check_out_path(out_path));
     ir_module *fused = NULL;
     rt_weights *w = NULL;
     ir_plan *plan = NULL;

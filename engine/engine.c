@@ -11,7 +11,11 @@
  * argmax is taken on the device. On the CPU one paged interpreter runs the
  * whole step over the same pool and table, and the argmax is taken here.
  * Tokens never mix across rows in either backend, so a sequence's logits do
- * not depend on what else shares its step.
+ * not depend on what else shares its step. A row of logits with a NaN or an
+ * infinity has the id IR_SAMPLED_NONFINITE on both backends (the argmax sees
+ * every logit anyway), which moec_engine_step reports as MOEC_ERR_NUMERIC
+ * with those ids left in next_out for the caller to sort out sequence by
+ * sequence, and the scheduler as an error ending only those sequences.
  *
  * The engine owns everything it runs on: on the CPU a copy of the model's
  * module, on CUDA the fused module and plan; the model may be freed after
@@ -134,6 +138,9 @@ moec_status moec_engine_open_done(moec_engine_t *e, const moec_engine_options *o
         e->max_blocks = (e->max_seq_len + e->block_size - 1) / e->block_size;
         e->kv_blocks = rt_cuda_kv_blocks(e->gpu.cuda);
     }
+    e->next = malloc((size_t)e->max_tokens * sizeof *e->next);
+    if (!e->next)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d ids", e->max_tokens);
     return moec_sched_init(e, !opt->no_prefix_cache);
 }
 
@@ -196,6 +203,7 @@ void moec_engine_free(moec_engine_t *e)
     rt_interp_free(e->interp);
     free(e->table);
     free(e->rows);
+    free(e->next);
     ir_module_free(e->module);
     moec_eos_free(&e->eos);
     free(e);
@@ -232,7 +240,7 @@ moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
         memcpy(logits_out, rows + (size_t)first * V, (size_t)count * V * sizeof *rows);
     if (next_out)
         for (int i = 0; i < n; i++)
-            next_out[i] = moec_argmax(rows + (size_t)i * V, e->vocab);
+            next_out[i] = rt_logits_argmax(rows + (size_t)i * V, e->vocab);
     return MOEC_OK;
 }
 
@@ -249,6 +257,25 @@ static moec_status check_unscheduled(moec_engine_t *e, const char *what)
     return MOEC_OK;
 }
 
+/* MOEC_ERR_NUMERIC naming the step and the first token whose logits are not
+ * finite (next[i] IR_SAMPLED_NONFINITE), if any. */
+static moec_status step_check_finite(long step, int n, const int32_t *positions,
+                                     const int32_t *slots, const int32_t *next)
+{
+    int first = -1, bad = 0;
+    for (int i = 0; i < n; i++)
+        if (next[i] == IR_SAMPLED_NONFINITE) {
+            first = first < 0 ? i : first;
+            bad++;
+        }
+    if (!bad)
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_NUMERIC,
+                    "step %ld: the logits of token %d (slot %d, position %d) hold a NaN or an "
+                    "infinity, and those of %d of the step's %d tokens in all",
+                    step, first, slots[first], positions[first], bad, n);
+}
+
 moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
                              const int32_t *positions, const int32_t *slots, int32_t *next_out,
                              float *logits_out)
@@ -262,7 +289,11 @@ moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
                             e->table,      e->max_blocks, e->block_size};
         MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
     }
-    return moec_engine_forward(e, n, tokens, positions, slots, next_out, 0, n, logits_out);
+    /* the greedy ids are read even when the caller wants none: they say
+     * which rows are not finite */
+    int32_t *next = next_out ? next_out : e->next;
+    MOEC_TRY(moec_engine_forward(e, n, tokens, positions, slots, next, 0, n, logits_out));
+    return step_check_finite(e->steps++, n, positions, slots, next);
 }
 
 moec_status moec_engine_set_blocks(moec_engine_t *e, int slot, int first, int n,

@@ -90,6 +90,7 @@ struct moec_session {
     int length;
     int vocab;
     moec_eos eos;
+    long steps; /* forward calls begun, for errors */
     /* CPU */
     rt_weights *weights;
     rt_interp *interp;
@@ -120,6 +121,11 @@ struct moec_engine {
     rt_interp *interp;
     int32_t *table;
     float *rows;
+    /* both: max_tokens greedy ids of a moec_engine_step whose caller wants
+     * none (they say which rows are not finite), and the steps it ran, for
+     * errors */
+    int32_t *next;
+    long steps;
     /* CUDA: the plan bound (the block table lives in its context) */
     moec_cuda_model gpu;
     moec_sched *sched;
@@ -137,16 +143,17 @@ moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt);
 /* The end of opening either backend (e->gpu bound, or the CPU backend made):
- * the pool's sizes taken (opt's kv_block_size checked against the plan's)
- * and the scheduler made. */
+ * the pool's sizes taken (opt's kv_block_size checked against the plan's),
+ * e->next and the scheduler made. */
 moec_status moec_engine_open_done(moec_engine_t *e, const moec_engine_options *opt);
 
 /* Sets entries first .. first + n - 1 of block-table row `row` (checked). */
 moec_status moec_engine_table_set(moec_engine_t *e, int row, int first, int n,
                                   const int32_t *blocks);
 /* One step of n checked tokens on e's backend: next ids into next_out (when
- * not NULL), the logits of rows first .. first + count - 1 into logits_out
- * (when not NULL). */
+ * not NULL; IR_SAMPLED_NONFINITE for a row with a NaN or an infinity), the
+ * logits of rows first .. first + count - 1 into logits_out (when not
+ * NULL). */
 moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
                                 const int32_t *positions, const int32_t *slots,
                                 int32_t *next_out, int first, int count, float *logits_out);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "runtime/interp.h"
 
 /* A candidate: an id and its (processed) logit. */
 typedef struct cand {
@@ -148,18 +149,6 @@ static void apply_penalties(moec_sampler *s, const moec_sampling *sp, const int3
             s->work[id] -= sp->presence_penalty + sp->frequency_penalty * (float)s->count[id];
         s->count[id] = 0;
     }
-}
-
-int32_t moec_argmax(const float *v, int n)
-{
-    int32_t best = 0;
-    float top = v[0];
-    for (int i = 1; i < n; i++)
-        if (v[i] > top) {
-            top = v[i];
-            best = i;
-        }
-    return best;
 }
 
 /* a ranks before b: a larger value, or an equal one and a lower id. */
@@ -299,10 +288,10 @@ static int candidates(moec_sampler *s, const moec_sampling *sp, float mx, double
     return 1;
 }
 
-/* A draw from the processed row in s->work (temperature > 0). */
-static int32_t draw(moec_sampler *s, const moec_sampling *sp, uint64_t *rng)
+/* A draw from the processed row in s->work (temperature > 0), whose largest
+ * value is mx. */
+static int32_t draw(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, float mx)
 {
-    float mx = s->work[moec_argmax(s->work, s->vocab)];
     double t = sp->temperature, z;
     int n;
     int ranked = candidates(s, sp, mx, t, &n, &z);
@@ -329,12 +318,13 @@ static int32_t draw(moec_sampler *s, const moec_sampling *sp, uint64_t *rng)
     return last;
 }
 
-/* Log probabilities of the raw logits: the token's, and the top n. */
+/* Log probabilities of the raw logits (all finite): the token's, and the
+ * top n. */
 static void log_probs(moec_sampler *s, const moec_sampling *sp, const float *logits, int32_t tok,
                       moec_event *ev)
 {
     int V = s->vocab;
-    float mx = logits[moec_argmax(logits, V)];
+    float mx = logits[rt_logits_argmax(logits, V)];
     double sum = 0;
     for (int i = 0; i < V; i++)
         sum += exp((double)logits[i] - mx);
@@ -354,15 +344,20 @@ static void log_probs(moec_sampler *s, const moec_sampling *sp, const float *log
 int32_t moec_sample(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, const float *logits,
                     const int32_t *tokens, int n_prompt, int n_known, moec_event *ev)
 {
-    int32_t tok;
-    if (sp->temperature == 0 && !has_repetition(sp) && sp->presence_penalty == 0 &&
-        sp->frequency_penalty == 0) {
-        tok = moec_argmax(logits, s->vocab); /* nothing to change in the row */
-    } else {
+    const float *row = logits; /* greedy with nothing to change: read in place */
+    if (sp->temperature != 0 || has_repetition(sp) || sp->presence_penalty != 0 ||
+        sp->frequency_penalty != 0) {
         memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
         apply_penalties(s, sp, tokens, n_prompt, n_known);
-        tok = sp->temperature == 0 ? moec_argmax(s->work, s->vocab) : draw(s, sp, rng);
+        row = s->work;
     }
+    /* one pass finds the greedy id and whether the row is finite; the
+     * penalties keep a NaN or an infinity as it is, so a finite row here
+     * means finite logits too */
+    int32_t top = rt_logits_argmax(row, s->vocab);
+    if (top == IR_SAMPLED_NONFINITE)
+        return top;
+    int32_t tok = sp->temperature == 0 ? top : draw(s, sp, rng, row[top]);
     if (sp->logprob || sp->top_logprobs)
         log_probs(s, sp, logits, tok, ev);
     return tok;

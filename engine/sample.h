@@ -32,13 +32,13 @@ int moec_sampling_is_plain_greedy(const moec_sampling *sp);
 /* The first state of a request's random stream. */
 uint64_t moec_sampling_stream(uint64_t seed);
 
-/* The greedy id of a row: the largest of v[0, n), the lowest id on ties. */
-int32_t moec_argmax(const float *v, int n);
-
 /* The next token of a request from its row of logits (vocab floats):
  * tokens[0, n_prompt) are its prompt and tokens[n_prompt, n_known) its
  * output so far (for the penalties); *rng advances by one draw when it
- * samples. ev->logprob and ev->n_top/top_* are written as sp asks. */
+ * samples. ev->logprob and ev->n_top/top_* are written as sp asks.
+ * IR_SAMPLED_NONFINITE, and nothing drawn or written, when the row it
+ * samples from (the logits, penalties applied) holds a NaN or an infinity:
+ * non-finite logits, or penalties that overflowed. */
 int32_t moec_sample(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, const float *logits,
                     const int32_t *tokens, int n_prompt, int n_known, moec_event *ev);
 

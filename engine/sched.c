@@ -6,6 +6,7 @@
  * chained block hashes, host or GPU sampling (sample.c), and the metrics a
  * service reports. The engine's backend runs the steps (engine.c); this file
  * decides what they hold and owns the block table while requests exist. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,7 +62,11 @@ struct moec_sched {
     float *logits;       /* host rows of the step's sampled tokens (made on first need) */
     moec_event *events;
     int n_events, cap_events;
-    char *error;         /* the failed step's message, for its events */
+    char **msgs;         /* the texts its error events point to */
+    int n_msgs, cap_msgs;
+    int n_bad;           /* requests its non-finite logits ended, the first's id */
+    uint64_t bad_id;     /* and error (for moec_engine_run's) */
+    const char *bad_msg;
     moec_engine_stats stats;
 };
 
@@ -104,6 +109,14 @@ static void seq_free(seq *q)
     free(q);
 }
 
+/* Frees the texts of the last step's error events. */
+static void msgs_clear(moec_sched *s)
+{
+    for (int i = 0; i < s->n_msgs; i++)
+        free(s->msgs[i]);
+    s->n_msgs = 0;
+}
+
 void moec_sched_free(moec_engine_t *e)
 {
     moec_sched *s = e->sched;
@@ -126,7 +139,8 @@ void moec_sched_free(moec_engine_t *e)
     free(s->who);
     free(s->logits);
     free(s->events);
-    free(s->error);
+    msgs_clear(s);
+    free(s->msgs);
     free(s);
     e->sched = NULL;
 }
@@ -453,7 +467,8 @@ static moec_event *event_push(moec_sched *s, seq *q)
     return ev;
 }
 
-/* The end of q: the metrics on its last event, then q freed. */
+/* The end of q: the metrics on its last event, then q freed (an error
+ * event's text set by the caller). */
 static void finish(moec_engine_t *e, seq *q, moec_event *ev, moec_finish why)
 {
     moec_sched *s = e->sched;
@@ -464,9 +479,7 @@ static void finish(moec_engine_t *e, seq *q, moec_event *ev, moec_finish why)
     ev->cached_tokens = q->cached_tokens;
     ev->ttft_s = n_out ? q->t_first - q->t_submit : 0;
     ev->itl_s = n_out > 1 ? (q->t_last - q->t_first) / (n_out - 1) : 0;
-    if (why == MOEC_FINISH_ERROR)
-        ev->error = s->error;
-    else
+    if (why != MOEC_FINISH_ERROR)
         s->stats.requests_done++;
     seq_end(e, q);
 }
@@ -479,8 +492,58 @@ static int in_list(const int32_t *ids, int n, int32_t t)
     return 0;
 }
 
+/* A text the step's error events point to, kept until the next step. */
+static const char *step_message(moec_sched *s, const char *text)
+{
+    static const char oom[] = "out of memory for this error's message";
+    if (s->n_msgs == s->cap_msgs) {
+        int cap = s->cap_msgs ? 2 * s->cap_msgs : 8;
+        char **m = realloc(s->msgs, (size_t)cap * sizeof *m);
+        if (!m)
+            return oom;
+        s->msgs = m;
+        s->cap_msgs = cap;
+    }
+    char *m = strdup(text);
+    if (!m)
+        return oom;
+    s->msgs[s->n_msgs++] = m;
+    return m;
+}
+
+/* Ends q with an error event saying msg (a step_message). */
+static void end_with_error(moec_engine_t *e, seq *q, const char *msg)
+{
+    moec_event *ev = event_push(e->sched, q);
+    if (!ev) {
+        seq_end(e, q);
+        return;
+    }
+    ev->token = -1;
+    ev->error = msg;
+    finish(e, q, ev, MOEC_FINISH_ERROR);
+}
+
+/* The error of q, whose logits at position pos hold a NaN or an infinity
+ * (`how` says when, if not as they came), as a step_message;
+ * moec_engine_run's error names the step's first such. */
+static const char *nonfinite_message(moec_sched *s, const seq *q, int pos, const char *how)
+{
+    char text[128];
+    snprintf(text, sizeof text, "the logits at position %d hold a NaN or an infinity%s", pos,
+             how);
+    const char *msg = step_message(s, text);
+    if (!s->n_bad++) {
+        s->bad_id = q->id;
+        s->bad_msg = msg;
+    }
+    return msg;
+}
+
 /* q's next token from step row i: appended, its event pushed, q ended when
- * it stops. MOEC_ERR_OOM when the event cannot be stored. */
+ * it stops, or with an error when the row it samples from is not finite
+ * (penalties that overflowed: the raw rows were checked). MOEC_ERR_OOM when
+ * the event cannot be stored. */
 static moec_status take_token(moec_engine_t *e, seq *q, int i, int first, double now)
 {
     moec_sched *s = e->sched;
@@ -494,6 +557,12 @@ static moec_status take_token(moec_engine_t *e, seq *q, int i, int first, double
         t = moec_sample(&s->sampler, &q->sp, &q->rng,
                         s->logits + (size_t)(i - first) * (size_t)e->vocab, q->tokens,
                         q->n_prompt, q->known, ev);
+    if (t == IR_SAMPLED_NONFINITE) {
+        ev->token = -1;
+        ev->error = nonfinite_message(s, q, s->pos[i], " once the penalties apply");
+        finish(e, q, ev, MOEC_FINISH_ERROR);
+        return MOEC_OK;
+    }
     q->tokens[q->known++] = t;
     ev->token = t;
     ev->index = q->known - q->n_prompt - 1;
@@ -536,20 +605,37 @@ static void host_rows(const moec_engine_t *e, int n, int *first, int *count)
 static void fail_step(moec_engine_t *e, int n)
 {
     moec_sched *s = e->sched;
-    free(s->error);
-    s->error = strdup(moec_last_error());
+    const char *msg = step_message(s, moec_last_error());
     for (int i = 0; i < n; i++) {
         seq *q = s->who[i];
         if (i + 1 < n && s->who[i + 1] == q)
             continue; /* a request's tokens are adjacent: end it at its last */
-        moec_event *ev = event_push(s, q);
-        if (ev) {
-            ev->token = -1;
-            finish(e, q, ev, MOEC_FINISH_ERROR);
-        } else {
-            seq_end(e, q);
-        }
+        end_with_error(e, q, msg);
     }
+}
+
+/* Ends each request of the step with a row of logits that is not finite
+ * (its next id IR_SAMPLED_NONFINITE: on CUDA the device's argmax checks
+ * every row, copied back or not), naming its first; their rows' who
+ * become NULL. Returns how many requests the step holds. */
+static int end_nonfinite_rows(moec_engine_t *e, int n)
+{
+    moec_sched *s = e->sched;
+    int requests = 0;
+    for (int a = 0, b; a < n; a = b) {
+        seq *q = s->who[a];
+        int bad = -1;
+        for (b = a; b < n && s->who[b] == q; b++) /* a request's tokens are adjacent */
+            if (bad < 0 && s->next[b] == IR_SAMPLED_NONFINITE)
+                bad = b;
+        requests++;
+        if (bad < 0)
+            continue;
+        end_with_error(e, q, nonfinite_message(s, q, s->pos[bad], ""));
+        for (int i = a; i < b; i++)
+            s->who[i] = NULL;
+    }
+    return requests;
 }
 
 moec_status moec_engine_run(moec_engine_t *e, const moec_event **events, int *n_events)
@@ -559,6 +645,8 @@ moec_status moec_engine_run(moec_engine_t *e, const moec_event **events, int *n_
     moec_sched *s = e->sched;
     *events = NULL;
     *n_events = s->n_events = 0;
+    s->n_bad = 0;
+    msgs_clear(s);
     if (!s->n_running && !s->n_waiting)
         return MOEC_OK;
     double t0 = moec_now_s();
@@ -578,13 +666,20 @@ moec_status moec_engine_run(moec_engine_t *e, const moec_event **events, int *n_
     if (st == MOEC_OK) {
         for (int i = 0; i < n; i++)
             s->who[i]->fed = s->pos[i] + 1;
+        int requests = end_nonfinite_rows(e, n);
         for (int i = 0; i < n; i++)
-            if (i + 1 == n || s->who[i + 1] != s->who[i])
+            if (s->who[i] && (i + 1 == n || s->who[i + 1] != s->who[i]))
                 publish(s, s->who[i]);
         double now = moec_now_s();
         for (int i = 0; i < n && st == MOEC_OK; i++)
-            if (s->pos[i] == s->who[i]->known - 1)
+            if (s->who[i] && s->pos[i] == s->who[i]->known - 1)
                 st = take_token(e, s->who[i], i, first, now);
+        if (st == MOEC_OK && s->n_bad)
+            st = MOEC_ERR(MOEC_ERR_NUMERIC,
+                          "step %llu, request %llu: %s (%d of the step's %d requests end with "
+                          "such an error)",
+                          (unsigned long long)s->stats.steps, (unsigned long long)s->bad_id,
+                          s->bad_msg, s->n_bad, requests);
     } else {
         fail_step(e, n);
     }

@@ -9,6 +9,7 @@
 #ifndef MOEC_RT_H
 #define MOEC_RT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -28,6 +29,7 @@ typedef enum moec_status {
     MOEC_ERR_NO_DEVICE,    /* no CUDA device on this machine */
     MOEC_ERR_CUDA,         /* a CUDA, NVRTC, cuBLAS or NCCL call failed */
     MOEC_ERR_INTERNAL,     /* a broken invariant: a bug in moec */
+    MOEC_ERR_NUMERIC,      /* logits hold a NaN or an infinity: a broken checkpoint or an overflow */
 } moec_status;
 
 /* The message of the last error on this thread: "file:line: message",
@@ -54,7 +56,11 @@ void moec_session_free(moec_session_t *session);
 moec_backend moec_session_backend(const moec_session_t *session);
 /* Appends n tokens to the sequence and writes the logits of every one of
  * them (n rows of vocab_size floats) to logits_out when it is not NULL.
- * MOEC_ERR_CAPACITY when the sequence would outgrow max_seq_len. */
+ * MOEC_ERR_CAPACITY when the sequence would outgrow max_seq_len (nothing
+ * runs). MOEC_ERR_NUMERIC when a row of logits holds a NaN or an infinity:
+ * the tokens were appended and logits_out written all the same, and the
+ * error names the call (step 0 is the session's first forward) and the
+ * position of the first such row. */
 moec_status moec_session_forward(moec_session_t *session, const int32_t *ids, int n,
                                  float *logits_out);
 /* Tokens in the sequence so far. */
@@ -191,7 +197,8 @@ typedef enum moec_finish {
     MOEC_FINISH_LENGTH,   /* max_tokens generated */
     MOEC_FINISH_EOS,      /* an eos id */
     MOEC_FINISH_STOP,     /* one of the request's stop ids */
-    MOEC_FINISH_ERROR,    /* the step failed: no token; see error */
+    MOEC_FINISH_ERROR,    /* the step failed, or the request's logits hold a NaN or an
+                           * infinity: no token; see error */
 } moec_finish;
 /* "length", "eos", "stop", "error" (NONE: "none"). */
 const char *moec_finish_name(moec_finish finish);
@@ -228,7 +235,14 @@ moec_status moec_engine_cancel(moec_engine_t *engine, uint64_t id);
  * by the engine, valid until the next call) get what it generated and
  * which requests ended. Nothing to do: *n_events 0. When the step fails,
  * each of its requests ends with a MOEC_FINISH_ERROR event and the step's
- * status is returned. */
+ * status is returned. When a row of logits of a request's tokens in the
+ * step holds a NaN or an infinity, only that request ends, with a
+ * MOEC_FINISH_ERROR event whose error is "the logits at position P hold a
+ * NaN or an infinity" (its first such position; "... once the penalties
+ * apply" when only the row it samples from is, penalties having
+ * overflowed); the others go on, their events as usual, and
+ * MOEC_ERR_NUMERIC is returned naming the step (moec_engine_get_stats'
+ * steps before it), the first such request and its error, and how many. */
 moec_status moec_engine_run(moec_engine_t *engine, const moec_event **events, int *n_events);
 /* Requests waiting or running. */
 int moec_engine_pending(const moec_engine_t *engine);
@@ -259,10 +273,15 @@ void moec_engine_get_stats(const moec_engine_t *engine, moec_engine_stats *out);
  * argmax of its logits, the lowest id on ties); logits_out (when not NULL)
  * n rows of vocab_size floats. MOEC_ERR_INVALID_ARG for a slot or token id
  * out of range, or a position whose block is not set, MOEC_ERR_CAPACITY for
- * a position >= max_seq_len; all before anything runs. Refused while the
- * scheduler has requests (it owns the table then); once they are done, a
- * step (or moec_engine_set_blocks) here empties the prefix cache, since it
- * may write any block.
+ * a position >= max_seq_len; all before anything runs. MOEC_ERR_NUMERIC
+ * when the logits of one or more tokens hold a NaN or an infinity: the step
+ * ran (every token's K/V is written, logits_out filled), next_out[i] is -1
+ * for each such token and the greedy id for the others, so a caller fails
+ * only the sequences of the tokens at -1; the error names the step (the
+ * engine's steps below the scheduler counted from 0), the first such token,
+ * its slot and position. Refused while the scheduler has requests (it owns
+ * the table then); once they are done, a step (or moec_engine_set_blocks)
+ * here empties the prefix cache, since it may write any block.
  *
  * An engine whose pool holds max_seqs sequences of max_seq_len starts with
  * row s listing blocks s * P .. s * P + P - 1 (P = blocks per row): each row
@@ -280,6 +299,56 @@ moec_status moec_engine_set_blocks(moec_engine_t *engine, int slot, int first, i
 /* Number of CUDA devices; MOEC_ERR_NO_DEVICE (with a message) when there is
  * none or no driver. */
 moec_status moec_cuda_device_count(int *count);
+
+/* ---- tokenizer ---------------------------------------------------------------
+ * A model folder's tokenizer.json (Hugging Face `tokenizers` format:
+ * byte-level BPE, as DeepSeek-V2/V3 and Qwen2/Qwen3 publish it) and
+ * tokenizer_config.json, encoding and decoding exactly as `tokenizers` does
+ * (docs/TOKENIZER.md lists what is supported; anything else is refused at
+ * open with an error naming it). Part of libmoec_rt. Once open a tokenizer
+ * is read-only: threads may share it. */
+typedef struct moec_tokenizer moec_tokenizer_t;
+
+/* Reads model_dir/tokenizer.json and, when present, tokenizer_config.json
+ * (its bos_token / eos_token; for tokenizer_class LlamaTokenizerFast its
+ * add_bos_token / add_eos_token, which replace tokenizer.json's
+ * post-processor as transformers does). */
+moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out);
+void moec_tokenizer_free(moec_tokenizer_t *tok);
+/* Encodes len bytes of UTF-8 text. Invalid UTF-8 is not an error: each
+ * maximal invalid subpart becomes U+FFFD first (as Python's
+ * bytes.decode("utf-8", "replace") does). add_special_tokens adds what the
+ * post-processor adds (a BOS, ...). *ids is malloc'd (release with free(),
+ * never NULL on success), *n_ids its length. */
+moec_status moec_tokenizer_encode(const moec_tokenizer_t *tok, const char *text, size_t len,
+                                  int add_special_tokens, int32_t **ids, int *n_ids);
+/* Decodes ids through the byte-level decoder into malloc'd UTF-8 text
+ * (NUL-terminated; *len excludes the NUL; release with free()). Bytes that
+ * do not form valid UTF-8 become U+FFFD per maximal subpart; ids with no
+ * token decode to nothing, and so do special tokens when
+ * skip_special_tokens, as in tokenizers; a negative id is an error. */
+moec_status moec_tokenizer_decode(const moec_tokenizer_t *tok, const int32_t *ids, int n_ids,
+                                  int skip_special_tokens, char **text, size_t *len);
+/* The id of a token's text (an added token's, else the vocab's), -1 if none. */
+int32_t moec_tokenizer_token_id(const moec_tokenizer_t *tok, const char *token);
+/* tokenizer_config.json's bos_token / eos_token ids, -1 when it names none. */
+int32_t moec_tokenizer_bos_id(const moec_tokenizer_t *tok);
+int32_t moec_tokenizer_eos_id(const moec_tokenizer_t *tok);
+/* The largest id with a token, plus one. */
+int32_t moec_tokenizer_id_count(const moec_tokenizer_t *tok);
+
+/* Streaming decode, one id at a time as a model generates them: each push
+ * returns the text that became complete (possibly ""), never a partial
+ * UTF-8 sequence; finish returns what is left (a cut-off sequence as
+ * U+FFFD). The pieces of a stream concatenate to moec_tokenizer_decode of
+ * its ids. *text stays valid until the next call on d. */
+typedef struct moec_detokenizer moec_detokenizer_t;
+moec_status moec_detokenizer_init(const moec_tokenizer_t *tok, int skip_special_tokens,
+                                  moec_detokenizer_t **out);
+moec_status moec_detokenizer_push(moec_detokenizer_t *d, int32_t id, const char **text,
+                                  size_t *len);
+moec_status moec_detokenizer_finish(moec_detokenizer_t *d, const char **text, size_t *len);
+void moec_detokenizer_free(moec_detokenizer_t *d);
 
 #ifdef __cplusplus
 }

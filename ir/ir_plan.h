@@ -35,6 +35,9 @@ typedef enum ir_input {
     IR_INPUT_COUNT,
 } ir_input;
 
+/* IR_INPUT_SAMPLED of a token whose logits hold a NaN or an infinity. */
+#define IR_SAMPLED_NONFINITE (-1)
+
 /* Values chosen when the plan is loaded, not compiled in. */
 typedef enum ir_config {
     IR_CONFIG_MAX_BLOCKS = 0, /* columns of the block table: pages per sequence */

@@ -154,7 +154,8 @@ moec_status ir_plan_write(const char *path, const ir_plan *p, const ir_plan_meta
     if (!o.f) {
         free(ir);
         free(htext);
-        return MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write %s (through the temporary %s): %s", path, tmp,
+                        strerror(errno));
     }
     uint32_t fmt = IR_PLAN_FORMAT, zero = 0;
     uint64_t hlen = strlen(htext);

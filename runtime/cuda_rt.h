@@ -56,11 +56,12 @@ void rt_cuda_set_single_stream(rt_cuda *c, int single);
  * holds them: token i of sequence slots[i] at position positions[i] (its KV
  * entries are written to the block its row of the block table lists);
  * padding rows run token 0 with slot -1. Then copies back the logits of the
- * n tokens (n rows of rt_cuda_logits_cols floats) and their argmax ids,
- * each when its pointer is not NULL. MOEC_ERR_CAPACITY for a position past
- * max_seq_len, MOEC_ERR_INVALID_ARG for a slot or token id out of range or
- * a position whose block is -1; all before anything runs. A failed launch
- * names the step, its op and kernel; a fault that only shows at the final
+ * n tokens (n rows of rt_cuda_logits_cols floats) and their argmax ids
+ * (IR_SAMPLED_NONFINITE for a row with a NaN or an infinity), each when its
+ * pointer is not NULL. MOEC_ERR_CAPACITY for a position past max_seq_len,
+ * MOEC_ERR_INVALID_ARG for a slot or token id out of range or a position
+ * whose block is -1; all before anything runs. A failed launch names the
+ * step, its op and kernel; a fault that only shows at the final
  * synchronization is named too when MOEC_CUDA_SYNC=1 (which synchronizes
  * after every step). */
 moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,

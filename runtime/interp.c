@@ -4,7 +4,10 @@
  * and sums accumulate in double: this is the oracle, and the extra accuracy
  * only brings it closer to the exact result. RoPE frequencies are computed
  * in fp32 step by step as transformers computes them, since angles at large
- * positions amplify any difference there. */
+ * positions amplify any difference there. Weights arrive in fp32 from
+ * rt_weights_read_f32: fp8 block-scaled ones dequantized exactly there (each
+ * e4m3 code times its block's scale, one fp32 multiply), so every op below
+ * sees the checkpoint's function whatever its storage. */
 #include "runtime/interp.h"
 
 #include <math.h>
@@ -1550,6 +1553,21 @@ moec_status rt_interp_forward_paged(rt_interp *in, const rt_interp_pages *pages,
                         "(rt_interp_init_paged makes a paged one)");
     in->pages = *pages;
     return forward(in, tokens, positions, T, out);
+}
+
+int32_t rt_logits_argmax(const float *row, int n)
+{
+    int32_t best = 0;
+    float top = row[0];
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(row[i]))
+            return IR_SAMPLED_NONFINITE;
+        if (row[i] > top) {
+            top = row[i];
+            best = i;
+        }
+    }
+    return best;
 }
 
 moec_status rt_interp_use_plan(rt_interp *in, int enable)

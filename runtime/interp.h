@@ -7,6 +7,7 @@
 #define MOEC_RT_INTERP_H
 
 #include "ir/ir.h"
+#include "ir/ir_plan.h"
 #include "runtime/weights.h"
 
 typedef struct rt_interp rt_interp;
@@ -58,6 +59,10 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
 moec_status rt_interp_forward_paged(rt_interp *in, const rt_interp_pages *pages,
                                     const int32_t *tokens, const int32_t *positions, int T,
                                     float *out);
+/* The greedy id of one row of n logits: the largest, the lowest id on ties;
+ * IR_SAMPLED_NONFINITE when the row holds a NaN or an infinity, as the GPU's
+ * argmax step gives. */
+int32_t rt_logits_argmax(const float *row, int n);
 /* Planned-arena mode (enable 1), to test memory plans for real: every
  * activation (input and op result) lives in ONE buffer of meta
  * "arena_bytes_per_token" * T bytes, at byte mem_offset * T, 4 bytes an

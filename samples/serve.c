@@ -87,14 +87,17 @@ static const char *USAGE =
     "                                \"tokens_per_s\":..,...}}\n"
     "\n"
     "A request that cannot be served gets {\"id\":...,\"error\":\"message\"} (id null\n"
-    "when the request has no usable id) and the others go on. Requests queue and\n"
-    "run together: every step decodes one token of each running sequence and\n"
-    "fills the rest of the step with the prompts of new ones; all share one pool\n"
-    "of KV blocks, so a request waits while the pool or --max-seqs is full and\n"
-    "is refused only when it could never fit (longer than --max-seq-len or the\n"
-    "whole pool). When the pool runs out mid-decode the newest sequence is\n"
-    "preempted and recomputed later, its tokens unchanged. Prompts that share\n"
-    "whole blocks with an earlier one reuse their KV (prefix caching).\n"
+    "when the request has no usable id) and the others go on; so does one whose\n"
+    "logits turn out NaN or infinite (a broken checkpoint, an overflow):\n"
+    "\"generation failed: the logits at position P hold a NaN or an infinity\".\n"
+    "Requests queue and run together: every step decodes one token of each\n"
+    "running sequence and fills the rest of the step with the prompts of new\n"
+    "ones; all share one pool of KV blocks, so a request waits while the pool or\n"
+    "--max-seqs is full and is refused only when it could never fit (longer than\n"
+    "--max-seq-len or the whole pool). When the pool runs out mid-decode the\n"
+    "newest sequence is preempted and recomputed later, its tokens unchanged.\n"
+    "Prompts that share whole blocks with an earlier one reuse their KV (prefix\n"
+    "caching).\n"
     "Replies go to the connection a request came from; a client that leaves more\n"
     "than 16 MiB of replies unread is disconnected, and a client that goes away\n"
     "cancels its requests. With --stdin, the service exits when stdin is closed\n"
@@ -953,7 +956,9 @@ static void serve_step(server *sv)
     const moec_event *ev;
     int n;
     moec_status st = moec_engine_run(sv->engine, &ev, &n);
-    if (st != MOEC_OK) /* its requests end with an error event each */
+    if (st == MOEC_ERR_NUMERIC) /* only the requests it names end, with an error event each */
+        fprintf(stderr, "moec-serve: %s\n", moec_last_error());
+    else if (st != MOEC_OK) /* its requests end with an error event each */
         fprintf(stderr, "moec-serve: a step failed (%s): %s\n", moec_status_name(st),
                 moec_last_error());
     for (int i = 0; i < n; i++)

@@ -30,6 +30,12 @@
  *   - the pool sized from free memory (kv_memory_fraction), a pool too small
  *     for one block, a kv_block_size the plan was not compiled for, and a
  *     position whose block is not set, each with its message.
+ *
+ * Then t_check_nonfinite on CUDA, bf16 and fp32: NaN logits (a NaN
+ * checkpoint, a NaN embedding row) are MOEC_ERR_NUMERIC from sessions and
+ * engine steps, with next_out -1 for exactly the tokens hit, and end only
+ * the scheduler's requests they hit (greedy ones through the device's
+ * argmax, sampled ones through the host's check).
  * Without a device: "SKIP: no CUDA device", exit 0. */
 #include <math.h>
 #include <string.h>
@@ -524,5 +530,11 @@ int main(void)
             check_pool_sizes(m, dir);
         moec_model_free(m);
     }
+    /* NaN logits: the argmax step's -1 read back as MOEC_ERR_NUMERIC, in
+     * bf16 and fp32 */
+    unsetenv("MOEC_DTYPE");
+    t_check_nonfinite(MOEC_BACKEND_CUDA);
+    setenv("MOEC_DTYPE", "fp32", 1);
+    t_check_nonfinite(MOEC_BACKEND_CUDA);
     return t_finish("gpu_engine");
 }

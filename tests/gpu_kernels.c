@@ -166,18 +166,13 @@ static const int BUCKETS[] = {1, 2, 4, 8, 16, 32, 64};
 
 typedef struct gk_prog {
     char key[128];
-    char *src;
-    void *cubin;
-    size_t size;
-    moec_status st;
-    char err[2048];
+    cg_compile_job job; /* its source, then its cubin */
     cudaLibrary_t lib;
     int loaded;
 } gk_prog;
 
 static gk_prog progs[48];
-static int n_progs, next_prog;
-static pthread_mutex_t prog_lock = PTHREAD_MUTEX_INITIALIZER;
+static int n_progs;
 static const char *cache_dir;
 
 static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs)
@@ -245,44 +240,24 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
     gk_prog *p = &progs[n_progs++];
     memset(p, 0, sizeof *p);
     prog_key(p->key, s, cdt, bs);
-    p->src = src.data;
-}
-
-static void *compile_worker(void *arg)
-{
-    (void)arg;
-    for (;;) {
-        pthread_mutex_lock(&prog_lock);
-        int i = next_prog++;
-        pthread_mutex_unlock(&prog_lock);
-        if (i >= n_progs)
-            return NULL;
-        gk_prog *p = &progs[i];
-        p->st = cg_compile(p->src, "sm_90", cache_dir, &p->cubin, &p->size);
-        if (p->st != MOEC_OK)
-            snprintf(p->err, sizeof p->err, "%s", moec_last_error());
-    }
+    p->job.src = src.data;
 }
 
 static void progs_compile(void)
 {
     double t0 = now_s();
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int n = cpus < 1 ? 1 : cpus > 16 ? 16 : (int)cpus;
-    pthread_t th[16];
-    int started = 0;
-    for (int i = 1; i < n; i++)
-        if (pthread_create(&th[started], NULL, compile_worker, NULL) == 0)
-            started++;
-    compile_worker(NULL);
-    for (int i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
+    cg_compile_job jobs[48];
     for (int i = 0; i < n_progs; i++)
-        if (progs[i].st != MOEC_OK) {
-            fprintf(stderr, "%s: %s\n", progs[i].key, progs[i].err);
+        jobs[i] = progs[i].job;
+    cg_compile_many(jobs, n_progs, "sm_90", cache_dir, NULL, NULL);
+    for (int i = 0; i < n_progs; i++) {
+        progs[i].job = jobs[i];
+        if (jobs[i].st != MOEC_OK) {
+            fprintf(stderr, "%s: %s\n", progs[i].key, jobs[i].err);
             exit(1);
         }
-    printf("compiled %d programs in %.1f s on %d threads\n", n_progs, now_s() - t0, started + 1);
+    }
+    printf("compiled %d programs in %.1f s\n", n_progs, now_s() - t0);
 }
 
 static cudaLibrary_t prog_lib(const km_spec *s, ir_dtype cdt, int bs)
@@ -294,7 +269,7 @@ static cudaLibrary_t prog_lib(const km_spec *s, ir_dtype cdt, int bs)
         if (strcmp(p->key, key))
             continue;
         if (!p->loaded) {
-            CK(cudaLibraryLoadData(&p->lib, p->cubin, NULL, NULL, 0, NULL, NULL, 0));
+            CK(cudaLibraryLoadData(&p->lib, p->job.cubin, NULL, NULL, 0, NULL, NULL, 0));
             p->loaded = 1;
         }
         return p->lib;
@@ -308,8 +283,8 @@ static void progs_free(void)
     for (int i = 0; i < n_progs; i++) {
         if (progs[i].loaded)
             CK(cudaLibraryUnload(progs[i].lib));
-        free(progs[i].cubin);
-        free(progs[i].src);
+        free(progs[i].job.cubin);
+        free((char *)progs[i].job.src);
     }
     n_progs = 0;
 }

@@ -7,7 +7,8 @@
  * compile for sm_90 of one bucket of most modules (chosen so that every
  * kernel form compiles: expert blocks of 1, 2, 4 and 8 rows, split and
  * unsplit attention, tensor-core and CUDA-core MLA, bf16 and f32) whose
- * cubin must hold every kernel. NVRTC takes a few tenths of a second per
+ * cubin must hold every kernel; the argmax's check for NaN and infinite
+ * logits in its source. NVRTC takes a few tenths of a second per
  * kernel, hence one bucket each, compiled on a thread per CPU. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -536,6 +537,39 @@ static void test_errors(void)
     ir_module_free(m);
 }
 
+/* The argmax kernel marks a row with a NaN or an infinity: every logit's
+ * exponent bits tested (float4 and scalar loads), the flags of the block
+ * or-ed, and IR_SAMPLED_NONFINITE written instead of an id. */
+static void test_argmax_nonfinite(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    km_spec s = {.name = "k_argmax", .vocab = 4, .E = 4, .K = 2, .NG = 1, .TG = 1, .scaling = 1.0};
+    ir_module *m = km_module(&s);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    cg_ctx c = {.m = m, .opt = &o, .T = 8};
+    T_OK(cg_emit_argmax(&c, m->outputs[0]));
+    const char *src = c.src.data ? c.src.data : "";
+    static const char *want[] = {
+        "constexpr int NONFINITE_ID = -1;\n",
+        "return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;\n",
+        "bad |= nonfinite(v.x) | nonfinite(v.y) | nonfinite(v.z) | nonfinite(v.w);\n",
+        "bad |= nonfinite(v);\n",
+        "const int row_bad = __syncthreads_or(bad);\n",
+        "sampled[blockIdx.x] = row_bad ? NONFINITE_ID : bi;\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        if (!strstr(src, want[i])) {
+            fprintf(stderr, "argmax source lacks: %s", want[i]);
+            T_CHECK(0);
+        }
+    T_CHECK(IR_SAMPLED_NONFINITE == -1);
+    ctx_free(&c);
+    ir_module_free(m);
+}
+
 /* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else. */
 static void test_pdl_waits(void)
 {
@@ -563,6 +597,7 @@ int main(void)
     test_odd_shapes();
     test_tiny_models();
     test_errors();
+    test_argmax_nonfinite();
     compile_all();
     return t_finish("test_codegen_kernels");
 }

@@ -56,15 +56,42 @@ expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 
 # Running a plan: the plan, then the checkpoint, then the device.
 expect 1 "plan $P was compiled for another config" -- "$B" run "$P" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-  expect 1 "no CUDA device" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+  # bench of a plan: its default context fits the model, so on to the device
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$P" --weights "$D/deepseek_v3"
 fi
+# ...and a context too long for it is refused before any device is looked for
+expect 2 "moec: --context 1024 is more than the model allows: at most 511 (its max_position_embeddings 512, less the token each step decodes)" -- \
+  "$B" bench "$P" --weights "$D/deepseek_v3" --context 1024
 size=$(stat -c %s "$P")
 head -c 100 "$P" >"$T/short.moec"
 expect 1 "plan $T/short.moec is truncated" -- "$B" run "$T/short.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
 head -c $((size - 4096)) "$P" >"$T/cut.moec"
 expect 1 "plan $T/cut.moec is corrupt or truncated (checksum mismatch)" -- "$B" run "$T/cut.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
 expect 1 "config.json is not a moec plan" -- "$B" run "$D/deepseek_v3/config.json" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
-expect 1 "max_seq_len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+expect 2 "moec: --max-seq-len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+# prompt + new tokens past the model's limit name the flag to change, for a plan too
+expect 2 "moec: 1 prompt tokens and --max-new-tokens 1000 need 1000 positions, more than the model's max_position_embeddings 512: --max-new-tokens can be at most 512" -- \
+  "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1000
+
+# A bad output path fails at once, before any pass or NVRTC compile, naming
+# the path given (not the temporary file the plan is written through).
+# compile_fast CODE NEEDLE -- CMD...: as expect, and no kernel was compiled.
+compile_fast() {
+  expect "$@"
+  shift 3
+  "$@" 2>&1 | grep -q "compiled [0-9]*/[0-9]* kernels" && bad "$* compiled kernels first" || ok
+}
+compile_fast 1 "cannot write the plan $T: it is a directory (name a file, such as $T/model.moec)" -- \
+  "$B" compile "$D/deepseek_v3" -o "$T"
+compile_fast 1 "cannot write the plan $T/nonexistent/x.moec: directory $T/nonexistent: No such file or directory" -- \
+  "$B" compile "$D/deepseek_v3" -o "$T/nonexistent/x.moec"
+compile_fast 1 "cannot write the plan $P/x.moec: $P is not a directory" -- "$B" compile "$D/deepseek_v3" -o "$P/x.moec"
+if [ "$(id -u)" != 0 ]; then # root writes anywhere
+  mkdir "$T/ro" && chmod 555 "$T/ro"
+  compile_fast 1 "cannot write the plan $T/ro/x.moec: directory $T/ro is not writable: Permission denied" -- \
+    "$B" compile "$D/deepseek_v3" -o "$T/ro/x.moec"
+fi
 
 # Bad invocations.
 expect 2 "tensor parallelism (--tp 2) is not supported yet" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp 2

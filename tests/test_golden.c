@@ -5,7 +5,8 @@
  * per row, max |moec - ref| <= 1e-4 * max |ref|; tokens identical. Checked
  * twice: the unfused module through the public API (what `moec run --backend
  * cpu` runs), and the module after the whole pass pipeline, interpreted in
- * its planned memory arena. */
+ * its planned memory arena. The fp8 tiny models' goldens are those of their
+ * dequantized F32 twin (make_goldens.py). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -68,7 +69,7 @@ static void runner_close(runner *r)
 }
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
+                               "qwen3_moe", "deepseek_v3_fp8", "qwen3_moe_fp8"};
 
 static int read_ints(const cJSON *arr, int32_t *out, int cap)
 {

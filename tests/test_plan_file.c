@@ -218,6 +218,10 @@ int main(void)
     expect_header_edit(good, n, bad, "\"arena_bytes\":48", ":", "-1",
                        "header field 'arena_bytes' is -1, not an integer in [0, "
                        "9007199254740992]");
+    /* A number no field holds (found writing fuzz_plan_file): 9e9 threads a
+     * block, reported as the file has it. */
+    expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "9e9",
+                       "is corrupt: a step field is ");
     free(d);
     free(good);
     expect_read_error("/nonexistent/x.moec", MOEC_ERR_IO, "/nonexistent/x.moec");

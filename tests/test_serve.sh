@@ -8,7 +8,8 @@
 # (the same as `moec run`), a long prompt prefilled in chunks included; eos
 # ends a sequence unless ignore_eos; every bad request (unknown or repeated
 # fields, ids that are not UTF-8 or already in flight included) gets its
-# exact error reply, valid UTF-8 JSON, while the others complete; a busy
+# exact error reply, valid UTF-8 JSON, while the others complete, and so
+# does a request whose logits go NaN (a broken checkpoint); a busy
 # service queues requests (none refused for arriving while it is busy) and
 # serves them all; sampling settings, seeds, log probabilities, stop ids,
 # the prefix cache (cached_tokens), stats and cancel lines, and refusals of
@@ -306,6 +307,35 @@ with open(sys.argv[1], "rb") as f:
         line = raw.decode("utf-8")  # strict: raises on any byte that is not UTF-8
         assert isinstance(json.loads(line), dict), f"line {n}: {line!r}"
 PY
+
+# ---- non-finite logits: only the requests they hit fail ------------------------
+# deepseek_v3 (untied embeddings) with token 59's embedding row NaN: every
+# row of a sequence from its first 59 on is NaN. [1,2] generates 59 first
+# (checked), so "later" streams it, then fails feeding it back; "now" fails
+# in its prompt, and so does "sampled" (sampled on the host); "pen" fails
+# once its repetition penalty (1e-45) overflows a positive logit; "ok"
+# (never 59) runs in the same steps to the end.
+"$B/tests/nan_model" "$D/deepseek_v3" "$T/nan59" model.embed_tokens.weight 59
+want_ok=$(reference deepseek_v3 3,250,7 5)
+[ "$(reference deepseek_v3 1,2 1)" = 59 ] && ok || bad "prompt [1,2] of deepseek_v3 no longer continues 59"
+{
+  echo '{"id":"later","prompt_ids":[1,2],"max_new_tokens":4,"ignore_eos":true}'
+  echo '{"id":"ok","prompt_ids":[3,250,7],"max_new_tokens":5,"ignore_eos":true}'
+  echo '{"id":"now","prompt_ids":[1,59,2],"max_new_tokens":3,"ignore_eos":true}'
+  echo '{"id":"sampled","prompt_ids":[1,59,2],"max_new_tokens":3,"temperature":0.8,"seed":3}'
+  echo '{"id":"pen","prompt_ids":[3,250,7,11,40,90,120,200],"max_new_tokens":2,"repetition_penalty":1e-45}'
+} | serve "$T/nan.out" "$T/nan59"
+expect_line "$T/nan.out" '{"id":"later","token":59,"index":0}'
+expect_line "$T/nan.out" '{"id":"later","error":"generation failed: the logits at position 2 hold a NaN or an infinity"}'
+expect_line "$T/nan.out" '{"id":"now","error":"generation failed: the logits at position 1 hold a NaN or an infinity"}'
+expect_line "$T/nan.out" '{"id":"sampled","error":"generation failed: the logits at position 1 hold a NaN or an infinity"}'
+expect_line "$T/nan.out" '{"id":"pen","error":"generation failed: the logits at position 7 hold a NaN or an infinity once the penalties apply"}'
+expect_tokens "$T/nan.out" '"ok"' "$want_ok" length
+[ "$(wc -l <"$T/nan.out")" = $((2 + 1 + 1 + 1 + 5 + 1)) ] && ok ||
+  bad "non-finite: $(wc -l <"$T/nan.out") reply lines, want 11: $(cat "$T/nan.out")"
+grep -q "moec-serve: .*step 0, request 3: the logits at position 1 hold a NaN or an infinity (3 of the step's 5 requests end with such an error)" "$T/nan.out.err" &&
+  grep -q "moec-serve: .*step 1, request 1: the logits at position 2 hold a NaN or an infinity (1 of the step's 2 requests end with such an error)" "$T/nan.out.err" && ok ||
+  bad "non-finite: stderr lacks the engine's error: $(cat "$T/nan.out.err")"
 
 # ---- a busy service queues -------------------------------------------------------
 # One sequence at a time over a pool of 4 blocks of 4 tokens: requests sent
