@@ -292,12 +292,13 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
     int64_t H = d->heads, hid = c->cc->hidden_size, qk = d->nope + d->rope_dim;
     ir_value *w, *b = NULL, *q_flat;
     if (d->q_lora_rank == 0) {
-        MOEC_TRY(fe_weight2(c, "attn.q_proj", "self_attn.q_proj.weight", H * qk, hid, &w));
+        MOEC_TRY(fe_linear_weight(c, "attn.q_proj", "self_attn.q_proj.weight", H * qk, hid, &w));
         MOEC_TRY(fe_linear(c, "attn.q_flat", x, w, NULL, &q_flat));
     } else {
         ir_value *q_a, *q_a_norm, *nw;
         MOEC_TRY(
-            fe_weight2(c, "attn.q_a_proj", "self_attn.q_a_proj.weight", d->q_lora_rank, hid, &w));
+            fe_linear_weight(c, "attn.q_a_proj", "self_attn.q_a_proj.weight", d->q_lora_rank, hid,
+                             &w));
         if (d->attention_bias)
             MOEC_TRY(
                 fe_weight1(c, "attn.q_a_proj.bias", "self_attn.q_a_proj.bias", d->q_lora_rank, &b));
@@ -305,8 +306,8 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
         MOEC_TRY(fe_weight1(c, "attn.q_a_layernorm", "self_attn.q_a_layernorm.weight",
                             d->q_lora_rank, &nw));
         MOEC_TRY(fe_rms_norm(c, "attn.q_a_norm", q_a, nw, DS_LATENT_NORM_EPS, &q_a_norm));
-        MOEC_TRY(fe_weight2(c, "attn.q_b_proj", "self_attn.q_b_proj.weight", H * qk, d->q_lora_rank,
-                            &w));
+        MOEC_TRY(fe_linear_weight(c, "attn.q_b_proj", "self_attn.q_b_proj.weight", H * qk,
+                                  d->q_lora_rank, &w));
         MOEC_TRY(fe_linear(c, "attn.q_flat", q_a_norm, w, NULL, &q_flat));
     }
     ir_value *q, *q_nope, *q_pe;
@@ -317,8 +318,8 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
 
     ir_value *kv_a, *kv_c, *k_pe_flat, *kv_c_norm, *k_pe, *nw;
     b = NULL;
-    MOEC_TRY(fe_weight2(c, "attn.kv_a_proj", "self_attn.kv_a_proj_with_mqa.weight",
-                        d->kv_lora_rank + d->rope_dim, hid, &w));
+    MOEC_TRY(fe_linear_weight(c, "attn.kv_a_proj", "self_attn.kv_a_proj_with_mqa.weight",
+                              d->kv_lora_rank + d->rope_dim, hid, &w));
     if (d->attention_bias)
         MOEC_TRY(fe_weight1(c, "attn.kv_a_proj.bias", "self_attn.kv_a_proj_with_mqa.bias",
                             d->kv_lora_rank + d->rope_dim, &b));
@@ -337,8 +338,8 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
     MOEC_TRY(fe_concat2(c, "attn.q_full", q_nope, q_pe_rot, 2, &q_full));
 
     ir_value *kv_flat, *kv, *k_nope, *v, *k_pe_exp, *k_full;
-    MOEC_TRY(fe_weight2(c, "attn.kv_b_proj", "self_attn.kv_b_proj.weight", H * (d->nope + d->v_dim),
-                        d->kv_lora_rank, &w));
+    MOEC_TRY(fe_linear_weight(c, "attn.kv_b_proj", "self_attn.kv_b_proj.weight",
+                              H * (d->nope + d->v_dim), d->kv_lora_rank, &w));
     MOEC_TRY(fe_linear(c, "attn.kv_flat", kv_c_norm, w, NULL, &kv_flat));
     int64_t kvdims[2] = {H, d->nope + d->v_dim};
     MOEC_TRY(fe_reshape(c, "attn.kv", kv_flat, 3, kvdims, &kv));
@@ -353,7 +354,8 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
     int64_t cdims[1] = {H * d->v_dim};
     MOEC_TRY(fe_reshape(c, "attn.ctx_flat", ctx, 2, cdims, &ctx_flat));
     b = NULL;
-    MOEC_TRY(fe_weight2(c, "attn.o_proj", "self_attn.o_proj.weight", hid, H * d->v_dim, &w));
+    MOEC_TRY(
+        fe_linear_weight(c, "attn.o_proj", "self_attn.o_proj.weight", hid, H * d->v_dim, &w));
     if (d->attention_bias)
         MOEC_TRY(fe_weight1(c, "attn.o_proj.bias", "self_attn.o_proj.bias", hid, &b));
     return fe_linear(c, "attn.out", ctx_flat, w, b, out);

@@ -67,6 +67,19 @@ moec_status fe_json_str_opt(const fe_json *j, const char *key, const char **out)
 moec_status fe_json_unsupported(const fe_json *j, const char *key, const char *why, ...)
     MOEC_PRINTF(3, 4);
 
+/* ---- quantization (compiler/fe_quant.c) ----------------------------------- */
+
+typedef struct fe_quant {
+    int fp8;              /* quant_method "fp8": linears are block-scaled f8e4m3 */
+    int64_t block[2];     /* weight_block_size: rows, columns */
+    const cJSON *skip[2]; /* modules_to_not_convert, ignored_layers (NULL: none) */
+} fe_quant;
+
+/* Reads quantization_config (absent or null: none). Anything but
+ * quant_method "fp8", fmt "e4m3", activation_scheme "dynamic" and a
+ * weight_block_size of two sizes is MOEC_ERR_UNSUPPORTED naming the field. */
+moec_status fe_quant_read(const fe_json *root, fe_quant *q);
+
 /* ---- fields every family has ---------------------------------------------- */
 
 typedef struct fe_common {
@@ -78,12 +91,12 @@ typedef struct fe_common {
     const cJSON *eos; /* eos_token_id (an id or a list), checked; NULL: none */
     int n_eos;
     ir_dtype weight_dtype; /* from "dtype" or "torch_dtype" */
+    fe_quant quant;        /* points into the config's JSON tree */
 } fe_common;
 
-/* Reads the fields above (and rejects hidden_act other than silu and any
- * quantization_config); the eos ids from gen (generation_config.json) when
- * it is not NULL and sets them. max_pos_default is the family's default for
- * max_position_embeddings. */
+/* Reads the fields above (and rejects hidden_act other than silu); the eos
+ * ids from gen (generation_config.json) when it is not NULL and sets them.
+ * max_pos_default is the family's default for max_position_embeddings. */
 moec_status fe_common_read(const fe_json *j, const fe_json *gen, int64_t max_pos_default,
                            fe_common *c);
 
@@ -136,13 +149,23 @@ void fe_ctx_layer(fe_ctx *c, int layer);
 /* A weight %<vpre>vname bound to "<tpre>tensor" (stack: a pattern with {e}). */
 moec_status fe_weight(fe_ctx *c, const char *vname, const char *tensor, ir_dtype dt, int rank,
                       const int64_t *dims, ir_value **out);
-moec_status fe_weight_stack(fe_ctx *c, const char *vname, const char *pattern, int count,
-                            int64_t d1, int64_t d2, ir_value **out);
+moec_status fe_weight_stack(fe_ctx *c, const char *vname, const char *pattern, ir_dtype dt,
+                            int count, int64_t d1, int64_t d2, ir_value **out);
 /* Shorthands for weights of the checkpoint dtype. */
 moec_status fe_weight1(fe_ctx *c, const char *vname, const char *tensor, int64_t d0,
                        ir_value **out);
 moec_status fe_weight2(fe_ctx *c, const char *vname, const char *tensor, int64_t d0, int64_t d1,
                        ir_value **out);
+
+/* The weight [rows, cols] of a linear of a decoder layer (attention, MLP,
+ * experts), bound to "<tpre>tensor" ("<module>.weight"): block-scaled
+ * f8e4m3 with scales "<tpre><tensor>_scale_inv" when the config quantizes
+ * it, else of the checkpoint dtype. The stack form binds count experts'
+ * tensors; all of them must be quantized alike. */
+moec_status fe_linear_weight(fe_ctx *c, const char *vname, const char *tensor, int64_t rows,
+                             int64_t cols, ir_value **out);
+moec_status fe_linear_weight_stack(fe_ctx *c, const char *vname, const char *pattern, int count,
+                                   int64_t rows, int64_t cols, ir_value **out);
 
 /* Ops (names get vpre). */
 moec_status fe_linear(fe_ctx *c, const char *name, ir_value *x, ir_value *w, ir_value *b,

@@ -201,7 +201,7 @@ static moec_status qw_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
         ir_value *w, *b = NULL, *flat;
         snprintf(vn, sizeof vn, "attn.%s_proj", proj[i]);
         snprintf(tn, sizeof tn, "self_attn.%s_proj.weight", proj[i]);
-        MOEC_TRY(fe_weight2(c, vn, tn, n * D, hid, &w));
+        MOEC_TRY(fe_linear_weight(c, vn, tn, n * D, hid, &w));
         if (q->qkv_bias) {
             snprintf(vn, sizeof vn, "attn.%s_proj.bias", proj[i]);
             snprintf(tn, sizeof tn, "self_attn.%s_proj.bias", proj[i]);
@@ -229,7 +229,7 @@ static moec_status qw_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
         fe_attention(c, "attn.ctx", q_rot, k_rot, heads[2], q->scale, q->window[c->layer], &ctx));
     int64_t cdims[1] = {q->heads * D};
     MOEC_TRY(fe_reshape(c, "attn.ctx_flat", ctx, 2, cdims, &ctx_flat));
-    MOEC_TRY(fe_weight2(c, "attn.o_proj", "self_attn.o_proj.weight", hid, q->heads * D, &w));
+    MOEC_TRY(fe_linear_weight(c, "attn.o_proj", "self_attn.o_proj.weight", hid, q->heads * D, &w));
     if (q->o_bias)
         MOEC_TRY(fe_weight1(c, "attn.o_proj.bias", "self_attn.o_proj.bias", hid, &b));
     return fe_linear(c, "attn.out", ctx_flat, w, b, out);

@@ -324,10 +324,7 @@ moec_status fe_common_read(const fe_json *j, const fe_json *gen, int64_t max_pos
     MOEC_TRY(fe_json_str_or(j, "hidden_act", "silu", &act));
     if (strcmp(act, "silu") != 0)
         return fe_json_unsupported(j, "hidden_act", "is not supported (moec supports \"silu\")");
-    if (fe_json_is_set(j, "quantization_config"))
-        return fe_json_unsupported(j, "quantization_config",
-                                   "is not supported: moec reads unquantized checkpoints only");
-    return MOEC_OK;
+    return fe_quant_read(j, &c->quant);
 }
 
 /* ---- RoPE -------------------------------------------------------------------- */
@@ -586,15 +583,15 @@ moec_status fe_weight(fe_ctx *c, const char *vname, const char *tensor, ir_dtype
     return *out ? MOEC_OK : ir_failed("weight", vn);
 }
 
-moec_status fe_weight_stack(fe_ctx *c, const char *vname, const char *pattern, int count,
-                            int64_t d1, int64_t d2, ir_value **out)
+moec_status fe_weight_stack(fe_ctx *c, const char *vname, const char *pattern, ir_dtype dt,
+                            int count, int64_t d1, int64_t d2, ir_value **out)
 {
     char vn[256], tn[512];
     ir_type t;
     int64_t dims[3] = {count, d1, d2};
     MOEC_TRY(join_name(vn, sizeof vn, c->vpre, vname));
     MOEC_TRY(join_name(tn, sizeof tn, c->tpre, pattern));
-    MOEC_TRY(weight_type(vn, c->cc->weight_dtype, 3, dims, &t));
+    MOEC_TRY(weight_type(vn, dt, 3, dims, &t));
     *out = ir_module_add_weight_stack(c->m, vn, t, tn, count);
     return *out ? MOEC_OK : ir_failed("weight", vn);
 }
@@ -761,7 +758,7 @@ moec_status fe_mlp(fe_ctx *c, const char *vmod, const char *tmod, ir_value *x, i
         int64_t rows = i < 2 ? inter : H, cols = i < 2 ? H : inter;
         snprintf(vn, sizeof vn, "%s.%s", vmod, proj[i]);
         snprintf(tn, sizeof tn, "%s.%s.weight", tmod, proj[i]);
-        MOEC_TRY(fe_weight2(c, vn, tn, rows, cols, &w[i]));
+        MOEC_TRY(fe_linear_weight(c, vn, tn, rows, cols, &w[i]));
         if (bias) {
             snprintf(vn, sizeof vn, "%s.%s.bias", vmod, proj[i]);
             snprintf(tn, sizeof tn, "%s.%s.bias", tmod, proj[i]);
@@ -811,12 +808,12 @@ moec_status fe_moe_routed(fe_ctx *c, ir_value *x, int64_t n_experts, int64_t moe
 
     ir_value *gate, *up, *down;
     int E = (int)n_experts;
-    MOEC_TRY(fe_weight_stack(c, "moe.experts.gate", "mlp.experts.{e}.gate_proj.weight", E,
-                             moe_inter, H, &gate));
-    MOEC_TRY(fe_weight_stack(c, "moe.experts.up", "mlp.experts.{e}.up_proj.weight", E, moe_inter, H,
-                             &up));
-    MOEC_TRY(fe_weight_stack(c, "moe.experts.down", "mlp.experts.{e}.down_proj.weight", E, H,
-                             moe_inter, &down));
+    MOEC_TRY(fe_linear_weight_stack(c, "moe.experts.gate", "mlp.experts.{e}.gate_proj.weight", E,
+                                    moe_inter, H, &gate));
+    MOEC_TRY(fe_linear_weight_stack(c, "moe.experts.up", "mlp.experts.{e}.up_proj.weight", E,
+                                    moe_inter, H, &up));
+    MOEC_TRY(fe_linear_weight_stack(c, "moe.experts.down", "mlp.experts.{e}.down_proj.weight", E,
+                                    H, moe_inter, &down));
     ir_value *ein[5] = {x, ids, gate, up, down};
     ir_value *experts, *w3, *weighted;
     MOEC_TRY(op_simple(c, IR_OP_MOE_EXPERTS, "moe.experts", ein, 5, &experts));

@@ -26,27 +26,28 @@ struct moec_model {
     moec_eos eos;
 };
 
-/* Appends the tensors of one TENSOR or STACK binding of weight type t to
- * m->tensors; with m->tensors NULL only counts them. */
-static moec_status model_add_tensors(moec_model_t *m, const ir_binding *b, const ir_type *t)
+/* Appends the tensors of one TENSOR or STACK binding of weight type t (fp8:
+ * stored as F8_E4M3) to m->tensors; with m->tensors NULL only counts them. */
+static moec_status model_add_tensors(moec_model_t *m, const ir_binding *b, const ir_type *t,
+                                     int fp8)
 {
     int count = b->kind == IR_BIND_STACK ? b->count : 1;
     for (int e = 0; e < count; e++) {
         if (m->tensors) {
             moec_tensor_info *ti = &m->tensors[m->n_tensors];
-            ti->dtype = t->dtype == IR_DTYPE_F32 ? MOEC_DTYPE_F32
-                        : t->dtype == IR_DTYPE_F16 ? MOEC_DTYPE_F16 : MOEC_DTYPE_BF16;
+            ti->dtype = fp8                        ? MOEC_DTYPE_F8_E4M3
+                        : t->dtype == IR_DTYPE_F32 ? MOEC_DTYPE_F32
+                        : t->dtype == IR_DTYPE_F16 ? MOEC_DTYPE_F16
+                                                   : MOEC_DTYPE_BF16;
             int skip = b->kind == IR_BIND_STACK ? 1 : 0;
             ti->rank = t->rank - skip;
             for (int d = 0; d < ti->rank; d++)
                 ti->shape[d] = t->dims[d + skip];
             if (b->kind == IR_BIND_STACK) {
-                const char *at = strstr(b->name, "{e}");
-                size_t cap = strlen(b->name) + 16;
+                size_t cap = 4 * strlen(b->name) + 16; /* each "{e}" a number of <= 11 */
                 char *name = ir_arena_alloc(m->module->arena, cap);
-                if (!name || !at)
+                if (!name || ir_binding_tensor_name(b, e, name, cap))
                     return MOEC_ERR(MOEC_ERR_OOM, "out of memory listing tensors");
-                snprintf(name, cap, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
                 ti->name = name;
             } else {
                 ti->name = b->name;
@@ -66,7 +67,11 @@ static moec_status model_list_tensors(moec_model_t *m)
             if (v->kind != IR_VALUE_WEIGHT)
                 continue;
             if (v->bind.kind != IR_BIND_CONCAT) {
-                MOEC_TRY(model_add_tensors(m, &v->bind, &v->type));
+                int fp8 = v->scale.block[0] > 0;
+                MOEC_TRY(model_add_tensors(m, &v->bind, &v->type, fp8));
+                ir_type st = ir_block_scale_type(v);
+                if (fp8)
+                    MOEC_TRY(model_add_tensors(m, &v->scale.bind, &st, 0));
                 continue;
             }
             /* The frontend binds published tensors one to one; fused (concat)
@@ -161,6 +166,10 @@ moec_status moec_model_summary(const moec_model_t *m, FILE *out)
         double n = (double)ir_type_numel(&v->type, 0);
         params += n;
         bytes += n * (double)ir_dtype_size(v->type.dtype);
+        if (v->scale.block[0] > 0) {
+            ir_type st = ir_block_scale_type(v);
+            bytes += (double)ir_type_numel(&st, 0) * 4;
+        }
     }
     fprintf(out, "model %s: %lld layers, hidden %lld, vocab %lld\n", mod->name,
             (long long)ir_module_meta_int(mod, "num_hidden_layers", 0),

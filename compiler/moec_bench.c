@@ -8,10 +8,10 @@
 #include "err.h"
 #include "timer.h"
 
+/* A weight's bytes on the device: an fp8 weight's codes and its block scales. */
 static double storage_bytes(const ir_module *m, const ir_value *v, ir_dtype compute)
 {
-    return (double)ir_type_numel(&v->type, 0) *
-           (double)ir_dtype_size(ir_value_storage_dtype(m, v, compute));
+    return (double)ir_weight_storage_bytes(m, v, compute);
 }
 
 /* 1 when the weight's only readers are embedding lookups (rows, not the table). */
@@ -190,30 +190,24 @@ static moec_status time_modes(const moec_cuda_model *g, int B, const int32_t *to
     return MOEC_OK;
 }
 
-/* Binds the model (or plan) for B up to max_b and captures both stream
- * modes' graphs (unless MOEC_DISABLE_GRAPHS=1), timing each part. */
+/* Binds the model (or the plan already read into g, which took read_s) for
+ * B up to max_b and captures both stream modes' graphs (unless
+ * MOEC_DISABLE_GRAPHS=1), timing each part. */
 static moec_status bench_bind(const moec_model_t *model, const char *weights_dir,
-                              const moec_bench_options *o, int max_b, moec_cuda_model *g,
-                              int *vocab, moec_bench_result *out)
+                              const moec_bench_options *o, const ir_plan_meta *meta, int max_b,
+                              double read_s, moec_cuda_model *g, int *vocab, moec_bench_result *out)
 {
-    moec_cuda_opts co = {.max_seqs = max_b, .max_seq_len = o->context + 1, .eager = 1};
+    moec_cuda_opts co = {.max_seqs = max_b, .max_seq_len = out->context + 1, .eager = 1};
     double t0 = moec_now_s();
     if (o->plan_path) {
-        ir_plan_meta meta;
-        MOEC_TRY(moec_cuda_plan_read(o->plan_path, g, &meta));
-        if (meta.tp)
-            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                            "plan %s is split over %d ranks (tp %d): benchmarking a group of "
-                            "ranks is not supported yet",
-                            o->plan_path, ir_plan_meta_ranks(&meta), meta.tp);
-        MOEC_TRY(moec_cuda_plan_bind(g, &meta, o->plan_path, weights_dir, &co, vocab));
+        MOEC_TRY(moec_cuda_plan_bind(g, meta, o->plan_path, weights_dir, &co, vocab));
     } else {
         ir_dtype dt = IR_DTYPE_BF16;
         MOEC_TRY(moec_cuda_dtype(&dt));
         MOEC_TRY(moec_cuda_model_init(model, weights_dir, dt, &co, g));
         *vocab = moec_model_vocab_size(model);
     }
-    out->setup_s = moec_now_s() - t0;
+    out->setup_s = read_s + moec_now_s() - t0;
     if (graph_disabled_by_env())
         return MOEC_OK;
     for (int single = 1; single >= 0; single--) {
@@ -225,28 +219,71 @@ static moec_status bench_bind(const moec_model_t *model, const char *weights_dir
     return MOEC_OK;
 }
 
+/* out->context from the options (negative: the default) and out->max_context
+ * from the model's max_position_embeddings (0: unknown): each step decodes
+ * one token at position `context`, so context + 1 positions must fit. */
+static moec_status bench_context(const moec_bench_options *o, int max_pos, moec_bench_result *out)
+{
+    out->max_context = max_pos > 0 ? max_pos - 1 : 0;
+    out->context = o->context;
+    if (out->context < 0)
+        out->context = max_pos > 0 && max_pos - 1 < MOEC_BENCH_DEFAULT_CONTEXT
+                           ? max_pos - 1
+                           : MOEC_BENCH_DEFAULT_CONTEXT;
+    if (max_pos > 0 && out->context > out->max_context)
+        return MOEC_ERR(MOEC_ERR_CAPACITY,
+                        "context %d is too long: each step decodes the token after it, and the "
+                        "model's max_position_embeddings %d allows a context of at most %d",
+                        out->context, max_pos, out->max_context);
+    return MOEC_OK;
+}
+
+/* Everything before the device is looked for: the plan read (g->fused), the
+ * context checked against the model. */
+static moec_status bench_prepare(const moec_model_t *model, const moec_bench_options *o,
+                                 moec_cuda_model *g, ir_plan_meta *meta, moec_bench_result *out)
+{
+    int max_pos = 0;
+    if (o->plan_path) {
+        MOEC_TRY(moec_cuda_plan_read(o->plan_path, g, meta));
+        if (meta->tp)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "plan %s is split over %d ranks (tp %d): benchmarking a group of "
+                            "ranks is not supported yet",
+                            o->plan_path, ir_plan_meta_ranks(meta), meta->tp);
+        max_pos = (int)ir_module_meta_int(g->fused, "max_position_embeddings", 0);
+    } else {
+        max_pos = moec_model_max_positions(model);
+    }
+    return bench_context(o, max_pos, out);
+}
+
 moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
                        const moec_bench_options *o, moec_bench_result *out)
 {
     if ((!model && !(o && o->plan_path)) || !weights_dir || !o || !out || o->n_batch < 1 ||
-        o->n_batch > 16 || o->context < 0 || o->steps < 1 || o->warmup < 0)
+        o->n_batch > 16 || o->steps < 1 || o->warmup < 0)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_bench: bad options");
     memset(out, 0, sizeof *out);
     int max_b = 0;
     for (int i = 0; i < o->n_batch; i++)
         max_b = o->batch[i] > max_b ? o->batch[i] : max_b;
-    int max_pos = model ? moec_model_max_positions(model) : 0;
-    if (max_pos > 0 && o->context + 1 > max_pos)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "context %d exceeds max_position_embeddings %d",
-                        o->context, max_pos);
-    int n_dev = 0;
-    MOEC_TRY(moec_cuda_device_count(&n_dev));
-    double bw = 0;
-    MOEC_TRY(rt_cuda_copy_bandwidth((size_t)1 << 30, 20, &bw));
-    out->copy_bytes_per_s = bw;
     moec_cuda_model g;
+    memset(&g, 0, sizeof g);
+    ir_plan_meta meta;
+    double t0 = moec_now_s();
+    moec_status st = bench_prepare(model, o, &g, &meta, out);
+    double read_s = moec_now_s() - t0;
+    int n_dev = 0;
+    if (st == MOEC_OK)
+        st = moec_cuda_device_count(&n_dev);
+    double bw = 0;
+    if (st == MOEC_OK)
+        st = rt_cuda_copy_bandwidth((size_t)1 << 30, 20, &bw);
+    out->copy_bytes_per_s = bw;
     int vocab = 0;
-    moec_status st = bench_bind(model, weights_dir, o, max_b, &g, &vocab, out);
+    if (st == MOEC_OK)
+        st = bench_bind(model, weights_dir, o, &meta, max_b, read_s, &g, &vocab, out);
     if (st != MOEC_OK) {
         moec_cuda_model_free(&g);
         return st;
@@ -266,13 +303,13 @@ moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
         for (int b = 0; b < B; b++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             tok[b] = (int32_t)((rng >> 33) % (uint64_t)vocab);
-            pos[b] = o->context;
+            pos[b] = out->context;
             slot[b] = b;
         }
         moec_bench_row *row = &out->rows[out->n_rows];
         st = time_modes(&g, B, tok, pos, slot, o, row);
         if (st == MOEC_OK)
-            st = step_bytes(&g, B, o->context, tok, pos, slot, row);
+            st = step_bytes(&g, B, out->context, tok, pos, slot, row);
         if (st == MOEC_OK && o->profile)
             st = profile(&g, B, tok, pos, slot, o->steps < 20 ? o->steps : 20, o->profile);
         if (st != MOEC_OK)

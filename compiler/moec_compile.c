@@ -4,12 +4,17 @@
  * (moec_cuda_model_init) goes through the same options and passes, so a
  * plan file and an in-process plan of the same model are the same plan. */
 #include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "compiler/api_internal.h"
 #include "compiler/passes.h"
 #include "err.h"
+#include "file.h"
 #include "runtime/plan_check.h"
 #include "runtime/weights.h"
 
@@ -114,6 +119,52 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
     return MOEC_OK;
 }
 
+/* The plan file's path checked before the long part (passes, NVRTC): not a
+ * directory, in a directory that exists and can be written (the plan goes
+ * there through a temporary file renamed into place). */
+static moec_status check_out_path(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO,
+                        "cannot write the plan %s: it is a directory (name a file, such as "
+                        "%s/model.moec)",
+                        path, path);
+    char dir[4096];
+    moec_path_parent(path, dir, sizeof dir);
+    if (stat(dir, &sb) != 0)
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s: %s", path, dir,
+                        strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: %s is not a directory", path, dir);
+    if (access(dir, W_OK) != 0)
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s is not writable: %s",
+                        path, dir, strerror(errno));
+    return MOEC_OK;
+}
+
+/* --quantize: the checkpoint quantized into its new folder, then the plan
+ * compiled for that folder as for any fp8 checkpoint. */
+static moec_status compile_quantized(const moec_model_t *model, const char *weights_dir,
+                                     const moec_compile_options *opt, const char *out_path)
+{
+    if (strcmp(opt->quantize, "fp8"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "quantize '%s' is not supported: moec writes block-scaled fp8 (fp8)",
+                        opt->quantize);
+    if (!opt->quantized_dir || !*opt->quantized_dir)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "quantize fp8 needs quantized_dir, the folder of the fp8 checkpoint");
+    MOEC_TRY(moec_quantize_fp8(model, weights_dir, opt->quantized_dir, NULL));
+    moec_model_t *qm = NULL;
+    MOEC_TRY(moec_model_open(opt->quantized_dir, &qm));
+    moec_compile_options o = *opt;
+    o.quantize = NULL;
+    moec_status st = moec_compile(qm, opt->quantized_dir, &o, out_path);
+    moec_model_free(qm);
+    return st;
+}
+
 moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
                          const moec_compile_options *opt, const char *out_path)
 {
@@ -126,6 +177,9 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     }
     cg_options co;
     MOEC_TRY(compile_options(opt, &co));
+    MOEC_TRY(check_out_path(out_path));
+    if (opt->quantize)
+        return compile_quantized(model, weights_dir, opt, out_path);
     /* one plan per rank of the split (one when unsharded), in one file */
     const moec_parallel *par = opt->par.tp ? &opt->par : NULL;
     int n = par ? par->tp : 1;

@@ -56,10 +56,12 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
         e->max_tokens = buckets[ir_buckets_default(buckets) - 1];
         ir_module *mods[IR_MAX_RANKS];
         if (!opt->par.tp)
-            st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir);
+            st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir, opt);
         else if ((st = moec_fuse_ranks_cpu(model, &opt->par, mods)) == MOEC_OK)
-            st = moec_engine_open_cpu_ranks(e, mods, opt->par.tp, weights_dir);
+            st = moec_engine_open_cpu_ranks(e, mods, opt->par.tp, weights_dir, opt);
     }
+    if (st == MOEC_OK)
+        st = moec_engine_open_done(e, opt);
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;

@@ -7,7 +7,9 @@
  * Patterns are matched by structure (op kinds, operands, single users),
  * never by value names; names only shape the readable names of what is new.
  * Fused weights are CONCAT bindings over the checkpoint tensors, which the
- * loader assembles at load time. A rewritten op keeps its result value (its
+ * loader assembles at load time; block-scaled (fp8) weights fuse only where
+ * their scale grids join too (every part but the last spans whole blocks
+ * along the axis), their scales a CONCAT of the parts' scales. A rewritten op keeps its result value (its
  * name, type and users): a linear folded into a fused GEMM becomes a slice of
  * the GEMM's output, silu becomes silu_mul, reduce_sum becomes moe_routed. */
 #include <stdio.h>
@@ -59,17 +61,32 @@ static int is_plain_linear(const ir_op *op)
     return op->n_in < 3 || (is_leaf_weight(op->in[2]) && op->in[2]->bind.kind == IR_BIND_TENSOR);
 }
 
+/* The extent of one scale block of block-scaled w along axis (1 on an axis
+ * the blocks do not cover, such as the experts'). */
+static int64_t block_along(const ir_value *w, int axis)
+{
+    int r = w->type.rank;
+    return axis >= r - 2 ? w->scale.block[axis - (r - 2)] : 1;
+}
+
 /* 1 when weights ws[0..n-1] are leaves of one dtype and rank whose dims agree
- * on every axis but `axis`: they can be one CONCAT binding. */
+ * on every axis but `axis`: they can be one CONCAT binding. Block-scaled
+ * ones must share the block, and every part but the last span whole blocks
+ * along axis, so that their scale grids join into the fused weight's. */
 static int concatenable(ir_value *const *ws, int n, int axis)
 {
     for (int i = 0; i < n; i++) {
         if (!is_leaf_weight(ws[i]) || ws[i]->type.dtype != ws[0]->type.dtype ||
-            ws[i]->type.rank != ws[0]->type.rank)
+            ws[i]->type.rank != ws[0]->type.rank ||
+            ws[i]->scale.block[0] != ws[0]->scale.block[0] ||
+            ws[i]->scale.block[1] != ws[0]->scale.block[1])
             return 0;
         for (int d = 0; d < ws[0]->type.rank; d++)
             if (d != axis && ws[i]->type.dims[d] != ws[0]->type.dims[d])
                 return 0;
+        if (ws[0]->scale.block[0] > 0 && i + 1 < n &&
+            ws[i]->type.dims[axis] % block_along(ws[0], axis))
+            return 0;
     }
     return 1;
 }
@@ -112,18 +129,26 @@ static int any_ends_with(const char *const *names, int n, const char *suffix)
     return 0;
 }
 
-/* A new weight `name`: the bindings of ws[0..n-1] joined along axis. */
+/* A new weight `name`: the bindings of ws[0..n-1] (concatenable) joined
+ * along axis, and their scales' bindings likewise when block-scaled. NULL
+ * with the error recorded. */
 static ir_value *concat_weight(ir_module *m, const char *name, ir_value *const *ws, int n, int axis)
 {
-    ir_binding parts[FUSE_MAX_GROUP];
+    ir_binding parts[FUSE_MAX_GROUP], scales[FUSE_MAX_GROUP];
     ir_type t = ws[0]->type;
     t.dims[axis] = 0;
     for (int i = 0; i < n; i++) {
         parts[i] = ws[i]->bind;
+        scales[i] = ws[i]->scale.bind;
         t.dims[axis] += ws[i]->type.dims[axis];
     }
     ir_binding b = {.kind = IR_BIND_CONCAT, .axis = axis, .n_parts = n, .parts = parts};
-    return ir_module_add_weight_bound(m, name, t, &b);
+    ir_value *v = ir_module_add_weight_bound(m, name, t, &b);
+    if (!v || ws[0]->scale.block[0] == 0)
+        return v;
+    ir_binding sb = {.kind = IR_BIND_CONCAT, .axis = axis, .n_parts = n, .parts = scales};
+    const int64_t *blk = ws[0]->scale.block;
+    return ir_weight_set_block_scale(m, v, blk[0], blk[1], &sb) == MOEC_OK ? v : NULL;
 }
 
 /* Turns op, in place, into kind(in[0..n_in-1]) with no attributes; its

@@ -10,7 +10,12 @@
  * Absorption can also be done at load time ("folded": W_UK multiplied into
  * the q projection, W_UV into o_proj). The pass weighs both by the bytes a
  * decode step reads at the compiled batch sizes and records the choice and
- * the numbers in the module metas mla_absorb and mla_absorb_why. */
+ * the numbers in the module metas mla_absorb and mla_absorb_why.
+ *
+ * An fp8 kv_b_proj (block-scaled) becomes a weight of the compute dtype,
+ * still bound to its fp8 codes and scales: the loader dequantizes it, and the
+ * absorb ops read W_UK and W_UV as any other weight. It is read once per step
+ * at r x H*(dn+dv), small beside the layer's fp8 projections. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,6 +214,13 @@ static moec_status rewrite_site(ir_module *m, const mla_site *s)
     return MOEC_OK;
 }
 
+/* kv_b, if kept in fp8, to be dequantized at load into the compute dtype. */
+static void dequantize_kv_b(ir_value *kv_b, const pass_options *opt)
+{
+    if (kv_b->type.dtype == IR_DTYPE_F8E4M3)
+        kv_b->type.dtype = opt->compute_dtype;
+}
+
 /* Records the decision and its numbers in the metas. */
 static moec_status record_decision(ir_module *m, const pass_options *opt, const mla_site *first,
                                    int n_layers, mla_cost total)
@@ -282,6 +294,7 @@ moec_status pass_absorb_mla(ir_module *m, const pass_options *opt)
         if (!n_sites++)
             first = s;
         st = rewrite_site(m, &s);
+        dequantize_kv_b(s.kv_b, opt);
     }
     free(atts);
     if (st != MOEC_OK || !n_sites)

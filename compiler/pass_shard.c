@@ -1172,6 +1172,14 @@ moec_status pass_shard(ir_module *m, const pass_options *opt)
     if (ir_module_meta(m, "tp"))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "shard: module %s is sharded already (meta tp)",
                         m->name);
+    /* a rank's slice of an fp8 weight would need its scales cut on block
+     * boundaries, which heads and experts need not follow */
+    for (int i = 0; i < m->n_values; i++)
+        if (m->values[i]->kind == IR_VALUE_WEIGHT && m->values[i]->scale.block[0] > 0)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "shard: weight %%%s is block-scaled fp8 (quantization_config): "
+                            "splitting an fp8 checkpoint over ranks is not supported yet",
+                            m->values[i]->name);
     shard_ctx c = {.m = m, .opt = opt, .tp = opt->tp, .ep = ep, .rank = opt->rank};
     c.moe_tp = c.tp / c.ep;
     c.moe_rank = c.rank % c.moe_tp;

@@ -33,11 +33,14 @@ typedef struct moec_cuda_model {
 
 /* How a plan is bound: graphs are captured at bind unless `eager` or
  * MOEC_DISABLE_GRAPHS=1; single_stream runs the shared-expert branch on
- * stream 0 too (moec --single-stream). */
+ * stream 0 too (moec --single-stream); the KV pool as rt_cuda_sizes says
+ * (kv_blocks and kv_fraction 0: every slot owns max_seq_len of blocks). */
 typedef struct moec_cuda_opts {
     int max_seqs, max_seq_len;
     int single_stream;
     int eager;
+    int kv_blocks;
+    double kv_fraction;
     int device;     /* the GPU (a rank's; 0 otherwise) */
     rt_comm *comm;  /* a rank's communicator (engine/ranks.c); NULL unsharded */
 } moec_cuda_opts;
@@ -70,10 +73,18 @@ moec_status moec_plan_check_parallel(const ir_plan_meta *meta, const moec_parall
 moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
                                       const moec_cuda_opts *o, moec_cuda_model *x, int *vocab);
 void moec_cuda_model_free(moec_cuda_model *x);
-/* One step of n tokens on x (graph replay where captured). */
+/* One step of n tokens on x (graph replay where captured): the logits of
+ * rows first .. first + count - 1 into logits_out, the n argmax ids into
+ * sampled_out (each when not NULL). */
 moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *tokens,
-                                 const int32_t *positions, const int32_t *slots,
-                                 float *logits_out, int32_t *sampled_out);
+                                 const int32_t *positions, const int32_t *slots, int first,
+                                 int count, float *logits_out, int32_t *sampled_out);
+/* Block-table entries first .. first + n - 1 of row `row` (every rank's
+ * table when split), and the blocks of the pool (a split's: the fewest any
+ * rank holds). */
+moec_status moec_cuda_model_set_blocks(moec_cuda_model *x, int row, int first, int n,
+                                       const int32_t *blocks);
+int moec_cuda_model_kv_blocks(const moec_cuda_model *x);
 
 /* ---- a plan split over ranks (engine/ranks.c) ------------------------------ */
 
@@ -86,15 +97,24 @@ ir_module *moec_ranks_module(const moec_ranks *g);
 rt_cuda *moec_ranks_cuda(const moec_ranks *g);
 /* Binds rank r on GPU r (MOEC_ERR_NO_DEVICE when the machine has fewer GPUs
  * than ranks), a thread each, with communicators made at once; each rank
- * reads only its slices of the checkpoint. *vocab: as moec_cuda_plan_bind. */
+ * reads only its slices of the checkpoint, and holds its shard of every
+ * block of the KV pool. A pool sized by memory takes the fewest blocks any
+ * rank found room for; then, unless that fills every row, every rank's
+ * table starts empty (-1), as one context's does. *vocab: as
+ * moec_cuda_plan_bind. */
 moec_status moec_ranks_bind(moec_ranks *g, const ir_plan_meta *meta, const char *plan_path,
                             const char *weights_dir, const moec_cuda_opts *o, int *vocab);
-/* One step on every rank at once; rank 0 copies logits and sampled ids
- * back. A failing rank ends every rank; its error (naming it) is returned,
- * and the group is unusable after. */
+/* One step on every rank at once; rank 0 copies logits (rows first ..
+ * first + count - 1) and sampled ids back. A failing rank ends every rank;
+ * its error (naming it) is returned, and the group is unusable after. */
 moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
-                            const int32_t *positions, const int32_t *slots, float *logits_out,
-                            int32_t *sampled_out);
+                            const int32_t *positions, const int32_t *slots, int first, int count,
+                            float *logits_out, int32_t *sampled_out);
+/* Sets the entries in every rank's block table (between steps). */
+moec_status moec_ranks_set_blocks(moec_ranks *g, int row, int first, int n,
+                                  const int32_t *blocks);
+/* The blocks of the group's pool (as bound). */
+int moec_ranks_kv_blocks(const moec_ranks *g);
 void moec_ranks_free(moec_ranks *g);
 
 /* The eos ids of a module (its meta eos_token_id: one id or a list) as the
@@ -119,6 +139,7 @@ struct moec_session {
     int length;
     int vocab;
     moec_eos eos;
+    long steps; /* forward calls begun, for errors */
     /* CPU */
     rt_weights *weights;
     rt_interp *interp;
@@ -132,35 +153,74 @@ moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session
 moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
                                   const char *weights_dir);
 
-/* Up to max_seqs sequences in slots. */
+/* The scheduler's state (engine/sched.c). */
+typedef struct moec_sched moec_sched;
+
+/* Sequences over one pool of KV blocks, a block-table row each. */
 struct moec_engine {
     moec_backend backend; /* CPU or CUDA, never AUTO */
     int max_seqs, max_seq_len, max_tokens;
     int vocab;
+    int kv_blocks, block_size; /* the pool: blocks of block_size tokens */
+    int max_blocks;            /* block-table entries per row: max_seq_len's blocks */
     moec_eos eos;
-    /* CPU: the module copy, its weights and one interpreter per slot
-     * (interp[0] owns the fp32 weights, the others borrow them) */
+    /* CPU: the module copy, one paged interpreter over the pool (split:
+     * a group of ranks' interpreters, which owns their modules, and module
+     * is NULL), the block table, and max_tokens rows of logits when the
+     * caller wants none */
     ir_module *module;
-    rt_interp **interp;
-    float *rows; /* max_tokens rows of logits when the caller wants none */
-    /* CUDA */
+    rt_interp *interp;
+    int32_t *table;
+    float *rows;
+    /* both: max_tokens greedy ids of a moec_engine_step whose caller wants
+     * none (they say which rows are not finite), and the steps it ran, for
+     * errors */
+    int32_t *next;
+    long steps;
+    /* CUDA: the plan bound (the block table lives in its context) */
     moec_cuda_model gpu;
+    moec_sched *sched;
 };
 
 /* max_seqs and max_seq_len from the options (0: the defaults), checked
- * against the model's max_position_embeddings (0: unknown). */
+ * against the model's max_position_embeddings (0: unknown), and the other
+ * pool options checked. */
 moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
                               int *max_seq_len);
-/* The CPU backend of e (sizes set): module copied, its weights read once
- * into slot 0's interpreter, every other slot's interpreter borrowing them. */
+/* The CPU backend of e (sizes set): module copied, its weights read into a
+ * paged interpreter over a pool of opt's blocks, the block table made. */
 moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
-                                 const char *weights_dir);
-/* The same over the sharded modules of n ranks (rt_interp_init_ranks: each
- * slot a group of ranks; the modules are taken, freed with the engine or
- * here on failure). */
+                                 const char *weights_dir, const moec_engine_options *opt);
+/* The same over the sharded modules of n ranks (rt_interp_init_ranks_paged:
+ * every rank's interpreter holds its shard of each block of the pool, and
+ * the one block table maps them all; the modules are taken, freed with the
+ * engine or here on failure). */
 moec_status moec_engine_open_cpu_ranks(moec_engine_t *e, ir_module **mods, int n,
-                                       const char *weights_dir);
+                                       const char *weights_dir, const moec_engine_options *opt);
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt);
+/* The end of opening either backend (e->gpu bound, or the CPU backend made):
+ * the pool's sizes taken (opt's kv_block_size checked against the plan's),
+ * e->next and the scheduler made. */
+moec_status moec_engine_open_done(moec_engine_t *e, const moec_engine_options *opt);
+
+/* Sets entries first .. first + n - 1 of block-table row `row` (checked). */
+moec_status moec_engine_table_set(moec_engine_t *e, int row, int first, int n,
+                                  const int32_t *blocks);
+/* One step of n checked tokens on e's backend: next ids into next_out (when
+ * not NULL; IR_SAMPLED_NONFINITE for a row with a NaN or an infinity), the
+ * logits of rows first .. first + count - 1 into logits_out (when not
+ * NULL). */
+moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
+                                const int32_t *positions, const int32_t *slots,
+                                int32_t *next_out, int first, int count, float *logits_out);
+
+/* The scheduler of e (sched.c): made at open, freed with e; busy while it
+ * has requests (and so owns the block table). */
+moec_status moec_sched_init(moec_engine_t *e, int prefix_cache);
+void moec_sched_free(moec_engine_t *e);
+int moec_sched_busy(const moec_engine_t *e);
+/* The prefix cache emptied: a step below the scheduler may write any block. */
+void moec_sched_forget(moec_engine_t *e);
 
 #endif

@@ -53,7 +53,8 @@ struct moec_ranks {
     const char *plan_path, *weights_dir;
     moec_cuda_opts opts;
     int vocab;
-    int n_tok;
+    int kv_blocks;          /* the fewest blocks any rank's pool holds */
+    int n_tok, first, count;
     const int32_t *tokens, *positions, *slots;
     float *logits_out;
     int32_t *sampled_out;
@@ -75,8 +76,9 @@ static moec_status rank_bind(rank_worker *w)
 static moec_status rank_step(rank_worker *w)
 {
     struct moec_ranks *g = w->g;
-    return moec_cuda_model_step(&w->m, g->n_tok, g->tokens, g->positions, g->slots,
-                                w->r ? NULL : g->logits_out, w->r ? NULL : g->sampled_out);
+    return moec_cuda_model_step(&w->m, g->n_tok, g->tokens, g->positions, g->slots, g->first,
+                                g->count, w->r ? NULL : g->logits_out,
+                                w->r ? NULL : g->sampled_out);
 }
 
 /* A rank failed: the first one is remembered, and every communicator is
@@ -182,6 +184,41 @@ const ir_plan *moec_ranks_plan(const moec_ranks *g) { return g->w[0].m.plan; }
 ir_module *moec_ranks_module(const moec_ranks *g) { return g->w[0].m.fused; }
 rt_cuda *moec_ranks_cuda(const moec_ranks *g) { return g->w[0].m.cuda; }
 
+/* Block-table entries per row: max_seq_len's blocks. */
+static int ranks_row_blocks(const struct moec_ranks *g)
+{
+    int bs = g->w[0].m.plan->kv_block_size;
+    return (g->opts.max_seq_len + bs - 1) / bs;
+}
+
+/* Every rank holds its shard of each block, so the group's pool has as many
+ * blocks as the smallest rank's (a pool sized by memory may differ by rank).
+ * When that does not fill every row, rows must start empty on every rank,
+ * as one context's table does when its pool is short. */
+static moec_status ranks_agree_pool(struct moec_ranks *g)
+{
+    g->kv_blocks = rt_cuda_kv_blocks(g->w[0].m.cuda);
+    int same = 1;
+    for (int r = 1; r < g->n; r++) {
+        int b = rt_cuda_kv_blocks(g->w[r].m.cuda);
+        same &= b == g->kv_blocks;
+        g->kv_blocks = b < g->kv_blocks ? b : g->kv_blocks;
+    }
+    int per_row = ranks_row_blocks(g);
+    if (same || (int64_t)g->kv_blocks >= (int64_t)g->opts.max_seqs * per_row)
+        return MOEC_OK;
+    int32_t *none = malloc((size_t)per_row * sizeof *none);
+    if (!none)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for a block-table row of %d", per_row);
+    for (int i = 0; i < per_row; i++)
+        none[i] = -1;
+    moec_status st = MOEC_OK;
+    for (int row = 0; st == MOEC_OK && row < g->opts.max_seqs; row++)
+        st = moec_ranks_set_blocks(g, row, 0, per_row, none);
+    free(none);
+    return st;
+}
+
 moec_status moec_ranks_bind(moec_ranks *g, const ir_plan_meta *meta, const char *plan_path,
                             const char *weights_dir, const moec_cuda_opts *o, int *vocab)
 {
@@ -207,12 +244,12 @@ moec_status moec_ranks_bind(moec_ranks *g, const ir_plan_meta *meta, const char 
     }
     MOEC_TRY(run_cmd(g, CMD_BIND, "binding the ranks"));
     *vocab = g->vocab;
-    return MOEC_OK;
+    return ranks_agree_pool(g);
 }
 
 moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
-                            const int32_t *positions, const int32_t *slots, float *logits_out,
-                            int32_t *sampled_out)
+                            const int32_t *positions, const int32_t *slots, int first, int count,
+                            float *logits_out, int32_t *sampled_out)
 {
     if (g->failed >= 0)
         return MOEC_ERR(MOEC_ERR_CUDA,
@@ -220,18 +257,40 @@ moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
                         g->w[g->failed].err);
     if (g->threads != g->n)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "the group of %d ranks is not bound", g->n);
-    /* checked here, once: a bad step must not look like a failing rank */
-    rt_step_limits l = {rt_cuda_max_tokens(moec_ranks_cuda(g)), g->opts.max_seqs,
-                        g->opts.max_seq_len, g->vocab};
-    MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
+    /* checked here, once, on rank 0 (every rank has the same table): a bad
+     * step must not look like a failing rank */
+    MOEC_TRY(rt_cuda_check_inputs(moec_ranks_cuda(g), n, tokens, positions, slots));
     g->n_tok = n;
     g->tokens = tokens;
     g->positions = positions;
     g->slots = slots;
+    g->first = first;
+    g->count = count;
     g->logits_out = logits_out;
     g->sampled_out = sampled_out;
     return run_cmd(g, CMD_STEP, "a step");
 }
+
+moec_status moec_ranks_set_blocks(moec_ranks *g, int row, int first, int n,
+                                  const int32_t *blocks)
+{
+    if (g->threads != g->n)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "the group of %d ranks is not bound", g->n);
+    /* checked against the group's pool once: entries past the fewest
+     * blocks a rank holds are refused for every rank */
+    MOEC_TRY(rt_block_table_check(g->opts.max_seqs, ranks_row_blocks(g), g->kv_blocks, row,
+                                  first, n, blocks));
+    /* the tables are host memory until a step uploads them: the rank
+     * threads, idle between commands, see them through the group's lock */
+    for (int r = 0; r < g->n; r++) {
+        moec_status st = rt_cuda_set_blocks(g->w[r].m.cuda, row, first, n, blocks);
+        if (st != MOEC_OK)
+            return moec_err_wrap(st, "rank %d", r);
+    }
+    return MOEC_OK;
+}
+
+int moec_ranks_kv_blocks(const moec_ranks *g) { return g->kv_blocks; }
 
 void moec_ranks_free(moec_ranks *g)
 {

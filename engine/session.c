@@ -84,21 +84,30 @@ moec_status moec_session_init_plan_parallel(const char *plan_path, const char *w
 
 int moec_session_length(const moec_session_t *s) { return s ? s->length : 0; }
 
-static moec_status forward_cpu(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+/* Runs the tokens on the interpreter; next gets each row's greedy id. */
+static moec_status forward_cpu(moec_session_t *s, const int32_t *ids, int n, float *logits_out,
+                               int32_t *next)
 {
+    size_t V = (size_t)s->vocab;
     int32_t *pos = malloc((size_t)n * sizeof *pos);
-    if (!pos)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
-    for (int i = 0; i < n; i++)
+    float *rows = logits_out ? logits_out : malloc((size_t)n * V * sizeof *rows);
+    moec_status st = pos && rows ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    for (int i = 0; st == MOEC_OK && i < n; i++)
         pos[i] = s->length + i;
-    moec_status st = rt_interp_forward(s->interp, ids, pos, n, logits_out);
+    if (st == MOEC_OK)
+        st = rt_interp_forward(s->interp, ids, pos, n, rows);
+    for (int i = 0; st == MOEC_OK && i < n; i++)
+        next[i] = rt_logits_argmax(rows + (size_t)i * V, s->vocab);
+    if (rows != logits_out)
+        free(rows);
     free(pos);
     return st;
 }
 
 /* Runs the tokens in chunks of the largest bucket (one sequence, slot 0,
- * consecutive positions). */
-static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
+ * consecutive positions); next gets each row's greedy id. */
+static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, float *logits_out,
+                                int32_t *next)
 {
     int chunk = rt_cuda_max_tokens(s->gpu.cuda);
     size_t cols = (size_t)rt_cuda_logits_cols(s->gpu.cuda);
@@ -109,12 +118,27 @@ static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, fl
         int k = n - done < chunk ? n - done : chunk;
         for (int i = 0; i < k; i++)
             pos[i] = s->length + done + i;
-        st = moec_cuda_model_step(&s->gpu, k, ids + done, pos, slot,
-                                  logits_out ? logits_out + (size_t)done * cols : NULL, NULL);
+        st = moec_cuda_model_step(&s->gpu, k, ids + done, pos, slot, 0, k,
+                                  logits_out ? logits_out + (size_t)done * cols : NULL,
+                                  next + done);
     }
     free(pos);
     free(slot);
     return st;
+}
+
+/* MOEC_ERR_NUMERIC naming the call and the position of the first of the n
+ * tokens just appended whose logits are not finite, if any. */
+static moec_status session_check_finite(const moec_session_t *s, long step, const int32_t *next,
+                                        int n)
+{
+    for (int i = 0; i < n; i++)
+        if (next[i] == IR_SAMPLED_NONFINITE)
+            return MOEC_ERR(MOEC_ERR_NUMERIC,
+                            "step %ld, position %d: the logits hold a NaN or an infinity (a NaN "
+                            "in the checkpoint, or an overflow)",
+                            step, s->length - n + i);
+    return MOEC_OK;
 }
 
 moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
@@ -125,10 +149,18 @@ moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, f
         return MOEC_ERR(MOEC_ERR_CAPACITY,
                         "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,
                         s->length, s->max_seq);
-    if (s->gpu.cuda)
-        MOEC_TRY(forward_cuda(s, ids, n, logits_out));
-    else
-        MOEC_TRY(forward_cpu(s, ids, n, logits_out));
-    s->length += n;
-    return MOEC_OK;
+    /* each row's greedy id says whether it is finite: on the GPU the argmax
+     * step computes it anyway, on the CPU it is one pass over the rows */
+    int32_t *next = malloc((size_t)n * sizeof *next);
+    if (!next)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
+    long step = s->steps++;
+    moec_status st = s->gpu.cuda ? forward_cuda(s, ids, n, logits_out, next)
+                                 : forward_cpu(s, ids, n, logits_out, next);
+    if (st == MOEC_OK) {
+        s->length += n;
+        st = session_check_finite(s, step, next, n);
+    }
+    free(next);
+    return st;
 }

@@ -65,8 +65,15 @@ int moec_model_eos_tokens(const moec_model_t *model, const int32_t **ids);
 int moec_model_eos_token(const moec_model_t *model);
 
 /* The checkpoint tensors a model reads, as published (per-expert tensors
- * listed one by one), with the shape and dtype it expects. */
-typedef enum moec_dtype { MOEC_DTYPE_F32 = 0, MOEC_DTYPE_F16, MOEC_DTYPE_BF16 } moec_dtype;
+ * listed one by one), with the shape and dtype it expects. An fp8 tensor
+ * (quantization_config) is followed by its F32 block scales,
+ * "<name>_scale_inv". */
+typedef enum moec_dtype {
+    MOEC_DTYPE_F32 = 0,
+    MOEC_DTYPE_F16,
+    MOEC_DTYPE_BF16,
+    MOEC_DTYPE_F8_E4M3,
+} moec_dtype;
 typedef struct moec_tensor_info {
     const char *name; /* owned by the model */
     moec_dtype dtype;
@@ -100,8 +107,10 @@ moec_status moec_session_init_parallel(const moec_model_t *model, const char *we
  * tables and the memory plan to a plan file at out_path, with hashes of
  * weights_dir's config.json and of the name, dtype and shape of every
  * checkpoint tensor the plan binds there: a plan runs only against that
- * checkpoint. The checkpoint's tensors are checked (not read) first. A
- * zeroed struct (or NULL) gives the defaults. */
+ * checkpoint. First out_path is checked (MOEC_ERR_IO when it is a
+ * directory, or its directory is missing or not writable), then the
+ * checkpoint's tensors (not read). A zeroed struct (or NULL) gives the
+ * defaults. */
 typedef struct moec_compile_options {
     const char *arch;      /* "sm_90"; NULL: $MOEC_ARCH, else sm_90 */
     const char *dtype;     /* compute dtype: "bf16" (NULL) or "fp32" */
@@ -115,6 +124,11 @@ typedef struct moec_compile_options {
      * compiled so far (done) of all buckets' kernels (total). */
     void (*progress)(int done, int total, void *user);
     void *progress_user;
+    /* "fp8": the checkpoint is first quantized (moec_quantize_fp8) into the
+     * new folder quantized_dir (required then), and the plan is compiled
+     * for that folder, which it then runs against (--weights). NULL: none. */
+    const char *quantize;
+    const char *quantized_dir;
 } moec_compile_options;
 
 /* The one check of a bucket list: 1 to MOEC_BUCKETS_MAX buckets, ascending,
@@ -126,9 +140,37 @@ int moec_buckets_default(int out[MOEC_BUCKETS_MAX]);
 moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
                          const moec_compile_options *opt, const char *out_path);
 
+/* Block-scaled fp8 from a bf16, f16 or f32 checkpoint (moec compile
+ * --quantize fp8): writes the new folder out_dir (refused when it exists),
+ * a model of its own: weights_dir's config.json with the quantization_config
+ * DeepSeek-V3 publishes (quant_method fp8, fmt e4m3, activation_scheme
+ * dynamic, weight_block_size [128, 128]), its generation_config.json, and
+ * safetensors shards (model-NNNNN.safetensors) holding every tensor the
+ * model binds: each linear the frontend quantizes (attention projections,
+ * dense and shared MLPs, routed experts; docs/IR.md) as F8_E4M3 codes with
+ * F32 "<name>_scale_inv" scales, one per block of 128 x 128 (edge blocks
+ * partial): scale = amax / 448 (1 for a block of zeros), code = the e4m3
+ * nearest to w / scale (moec_f32_to_f8e4m3); every other tensor as it is.
+ * The folder is written under a temporary name and renamed into place. A
+ * model quantized already, or a weight holding a NaN or an infinity, is
+ * refused by name. stats (when not NULL) gets what was written. */
+typedef struct moec_quantize_stats {
+    int quantized; /* tensors quantized (each with its scales) */
+    int copied;    /* tensors copied as they were */
+    int shards;    /* safetensors files written */
+} moec_quantize_stats;
+moec_status moec_quantize_fp8(const moec_model_t *model, const char *weights_dir,
+                              const char *out_dir, moec_quantize_stats *stats);
+/* The float8_e4m3fn code nearest to f, ties to even, saturating at +-448
+ * (the format has no infinities); NaN gives 0x7f. */
+uint8_t moec_f32_to_f8e4m3(float f);
+
 /* From a model: every pass and (CUDA) the kernels compiled now. */
 moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
                              const moec_engine_options *opt, moec_engine_t **out);
+
+/* The context moec bench runs at by default, where the model allows it. */
+#define MOEC_BENCH_DEFAULT_CONTEXT 1024
 
 /* The decode benchmark (moec bench): per batch size B, B sequences at a
  * context of `context` tokens each decode one token per step; the median
@@ -138,11 +180,15 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
  * weight but the routed experts, the routed experts the step actually
  * selected, the embedding rows, the KV cache in use), and the floor: those
  * bytes over the device's measured copy bandwidth (read + write). Compute
- * dtype from MOEC_DTYPE (bf16), or the plan's. */
+ * dtype from MOEC_DTYPE (bf16), or the plan's. Before any device is looked
+ * for, the plan is read and the context checked: MOEC_ERR_CAPACITY when
+ * context + 1 (the token each step decodes) exceeds the model's
+ * max_position_embeddings, with out->context and out->max_context set. */
 typedef struct moec_bench_options {
     int n_batch;
     int batch[16];
-    int context;
+    int context;           /* negative: MOEC_BENCH_DEFAULT_CONTEXT, or the model's
+                            * max_position_embeddings - 1 where that is less */
     int steps;
     int warmup;
     const char *plan_path; /* bench a plan file (model may be NULL) instead of compiling */
@@ -164,6 +210,8 @@ typedef struct moec_bench_row {
 } moec_bench_row;
 
 typedef struct moec_bench_result {
+    int context;             /* the context benched (the options', or the default) */
+    int max_context;         /* max_position_embeddings - 1 (0: not known) */
     char device[128];
     double copy_bytes_per_s; /* read + write */
     double setup_s;          /* compile (passes, codegen, NVRTC or cache) or plan read, upload */

@@ -35,6 +35,7 @@ typedef enum ir_dtype {
     IR_DTYPE_F16,
     IR_DTYPE_BF16,
     IR_DTYPE_I32,
+    IR_DTYPE_F8E4M3, /* float8_e4m3fn: block-scaled weights only (ir_block_scale) */
     IR_DTYPE_COUNT,
 } ir_dtype;
 
@@ -47,7 +48,7 @@ typedef struct ir_type {
     int64_t dims[IR_MAX_RANK];
 } ir_type;
 
-const char *ir_dtype_name(ir_dtype dt); /* "f32", "f16", "bf16", "i32" */
+const char *ir_dtype_name(ir_dtype dt); /* "f32", "f16", "bf16", "i32", "f8e4m3" */
 int ir_dtype_from_name(const char *name, ir_dtype *out); /* 0 on success */
 size_t ir_dtype_size(ir_dtype dt);
 /* Elements per token (product of all dims but a leading T), or of all dims. */
@@ -93,6 +94,26 @@ typedef struct ir_binding {
     int64_t box_size[IR_MAX_RANK];
 } ir_binding;
 
+/* The name of tensor e of a TENSOR binding (e 0) or a STACK binding (its
+ * pattern with every "{e}" replaced by e) into buf; -1 when it does not fit
+ * in cap bytes or b is a CONCAT. */
+int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap);
+
+/* A block-scaled weight, as DeepSeek-V3/R1 and Qwen3-FP8 checkpoints store
+ * their linears: float8_e4m3fn codes q with one f32 scale s per block of
+ * block[0] x block[1] elements of the weight's last two dims (rows,
+ * columns), edge blocks partial:
+ *   W[..., i, j] = q[..., i, j] * s[..., i / block[0], j / block[1]]
+ * `bind` binds the scale tensors, of shape [..., ceil(N / block[0]),
+ * ceil(K / block[1])] (ir_block_scale_type), exactly as the weight's own
+ * binding binds q: same kind, stack count, concat axis and parts. The
+ * weight's dtype is f8e4m3 (kept quantized), or a float dtype when the
+ * loader dequantizes it into that dtype. block[0] == 0: not block-scaled. */
+typedef struct ir_block_scale {
+    int64_t block[2];
+    ir_binding bind;
+} ir_block_scale;
+
 typedef struct ir_op ir_op;
 
 typedef struct ir_value {
@@ -102,6 +123,7 @@ typedef struct ir_value {
     int id;            /* index in module->values */
     ir_op *def;        /* the op that defines it (IR_VALUE_OP) */
     ir_binding bind;   /* IR_VALUE_WEIGHT */
+    ir_block_scale scale; /* IR_VALUE_WEIGHT: its block scales (block[0] == 0: none) */
     int64_t mem_offset; /* activations after plan_memory: byte offset per token in the
                            arena (offset = mem_offset * T); -1 before; printed "@256*T" */
 } ir_value;
@@ -253,6 +275,14 @@ ir_value *ir_module_add_weight_stack(ir_module *m, const char *name, ir_type typ
 ir_value *ir_module_add_weight_bound(ir_module *m, const char *name, ir_type type,
                                      const ir_binding *bind);
 moec_status ir_module_add_output(ir_module *m, ir_value *v);
+/* Makes weight w block-scaled by blocks of rows x cols, its scales bound by
+ * `scale` (deep-copied; it must mirror w's binding); checked as the verifier
+ * checks it. */
+moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, int64_t cols,
+                                      const ir_binding *scale);
+/* The f32 type of block-scaled weight w's scales: w's dims with the last
+ * two divided by the block, rounded up. */
+ir_type ir_block_scale_type(const ir_value *w);
 
 /* Appends an op; result types come from ir_op_infer unless out_types is given
  * (then they must agree with it). out_names has n_out entries. Attributes are

@@ -48,6 +48,12 @@ int ir_string_valid(const char *s);
  * within rank). The problem, without the value's name, into msg. */
 moec_status ir_binding_check(const ir_binding *b, const ir_type *t, char *msg, size_t cap);
 
+/* Weight w's block scale agrees with it: none, unless w is f8e4m3; else
+ * blocks >= 1, w of rank >= 2 and a float or f8e4m3 dtype, and a scale
+ * binding that mirrors w's and fits ir_block_scale_type(w). The problem,
+ * without the value's name, into msg. */
+moec_status ir_block_scale_check(const ir_value *w, char *msg, size_t cap);
+
 /* Unchecked constructors: append a value / an op to m (no name checks). */
 ir_value *ir_module_new_value(ir_module *m, const char *name, size_t name_len,
                               ir_value_kind kind);

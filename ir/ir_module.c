@@ -478,6 +478,111 @@ moec_status ir_binding_check(const ir_binding *b, const ir_type *t, char *msg, s
     return MOEC_OK;
 }
 
+/* 1 when s has b's structure: kind, stack count, concat axis and parts. */
+static int binding_mirrors(const ir_binding *b, const ir_binding *s)
+{
+    if (b->kind != s->kind || b->count != s->count)
+        return 0;
+    if (b->kind != IR_BIND_CONCAT)
+        return 1;
+    if (b->axis != s->axis || b->n_parts != s->n_parts || !b->parts || !s->parts)
+        return 0;
+    for (int i = 0; i < b->n_parts; i++)
+        if (b->parts[i].kind != s->parts[i].kind || b->parts[i].count != s->parts[i].count)
+            return 0;
+    return 1;
+}
+
+/* 1 when b, or a part of it, holds a box of its tensors. */
+static int binding_boxed(const ir_binding *b)
+{
+    if (b->kind != IR_BIND_CONCAT)
+        return b->box_rank > 0;
+    for (int i = 0; b->parts && i < b->n_parts; i++)
+        if (b->parts[i].box_rank > 0)
+            return 1;
+    return 0;
+}
+
+int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap)
+{
+    if (!b->name || cap == 0 || b->kind == IR_BIND_CONCAT)
+        return -1;
+    size_t n = 0;
+    for (const char *p = b->name; *p;) {
+        int k = 1;
+        if (b->kind == IR_BIND_STACK && !strncmp(p, "{e}", 3)) {
+            k = 3;
+            n += (size_t)snprintf(buf + n, cap - n, "%d", e);
+        } else {
+            buf[n++] = *p;
+        }
+        if (n >= cap)
+            return -1;
+        p += k;
+    }
+    buf[n] = '\0';
+    return 0;
+}
+
+ir_type ir_block_scale_type(const ir_value *w)
+{
+    ir_type t = w->type;
+    t.dtype = IR_DTYPE_F32;
+    for (int k = 0; k < 2 && t.rank >= 2 && t.rank <= IR_MAX_RANK; k++) {
+        int64_t b = w->scale.block[k];
+        int d = t.rank - 2 + k;
+        if (b > 0)
+            t.dims[d] = (t.dims[d] + b - 1) / b;
+    }
+    return t;
+}
+
+moec_status ir_block_scale_check(const ir_value *w, char *msg, size_t cap)
+{
+    const ir_block_scale *s = &w->scale;
+    const ir_type *t = &w->type;
+    char ts[96];
+    ir_type_format(t, ts, sizeof ts);
+    if (s->block[0] == 0 && s->block[1] == 0) {
+        if (t->dtype != IR_DTYPE_F8E4M3)
+            return MOEC_OK;
+        snprintf(msg, cap, "f8e4m3 needs a block_scale (the scales of its blocks)");
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (s->block[0] < 1 || s->block[0] > IR_DIM_MAX || s->block[1] < 1 ||
+        s->block[1] > IR_DIM_MAX) {
+        snprintf(msg, cap, "block_scale block [%" PRId64 ", %" PRId64 "] must be >= 1",
+                 s->block[0], s->block[1]);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (t->rank < 2) {
+        snprintf(msg, cap, "a block_scale needs a weight of rank >= 2 (rows, columns), got %s", ts);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (t->dtype == IR_DTYPE_I32) {
+        snprintf(msg, cap, "an i32 weight cannot have a block_scale");
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (binding_boxed(&w->bind) || binding_boxed(&s->bind)) {
+        snprintf(msg, cap, "a block-scaled weight cannot be a slice of its tensors (a box): "
+                           "fp8 weights are not split over ranks");
+        return MOEC_ERR_INVALID_ARG;
+    }
+    if (!binding_mirrors(&w->bind, &s->bind)) {
+        snprintf(msg, cap, "the block_scale binding must mirror the weight's (same kind, stack "
+                           "count, concat axis and parts)");
+        return MOEC_ERR_INVALID_ARG;
+    }
+    ir_type st = ir_block_scale_type(w);
+    char sub[IR_MSG_CAP];
+    if (ir_binding_check(&s->bind, &st, sub, sizeof sub) != MOEC_OK) {
+        snprintf(msg, cap, "block_scale %s", sub);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    return MOEC_OK;
+}
+
 /* A TENSOR or STACK leaf, name and box, into m's arena. */
 static int binding_leaf_copy(ir_module *m, ir_binding *dst, const ir_binding *src)
 {
@@ -553,6 +658,28 @@ ir_value *ir_module_add_weight_stack(ir_module *m, const char *name, ir_type typ
 static int value_in_module(const ir_module *m, const ir_value *v)
 {
     return v && v->id >= 0 && v->id < m->n_values && m->values[v->id] == v;
+}
+
+moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, int64_t cols,
+                                      const ir_binding *scale)
+{
+    if (!m || !value_in_module(m, w) || w->kind != IR_VALUE_WEIGHT || !scale)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "block_scale: %%%s is not a weight of the module",
+                        w && w->name ? w->name : "?");
+    ir_block_scale was = w->scale;
+    w->scale.block[0] = rows;
+    w->scale.block[1] = cols;
+    w->scale.bind = *scale;
+    char msg[IR_MSG_CAP];
+    if (ir_block_scale_check(w, msg, sizeof msg) != MOEC_OK) {
+        w->scale = was;
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: %s", w->name, msg);
+    }
+    if (ir_binding_copy(m, &w->scale.bind, scale)) {
+        w->scale = was;
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory adding the block scale of %%%s", w->name);
+    }
+    return MOEC_OK;
 }
 
 moec_status ir_module_add_output(ir_module *m, ir_value *v)

@@ -311,6 +311,16 @@ static moec_status need_static(infer_ctx *c, const ir_value *v, const char *role
     return MOEC_OK;
 }
 
+/* A weight the op multiplies by (linear, experts, kv_b): as need_static, or
+ * f8e4m3 (block-scaled; the verifier checks its scales). */
+static moec_status need_matrix(infer_ctx *c, const ir_value *v, const char *role, int rank)
+{
+    const ir_type *t = &v->type;
+    if (t->dtype == IR_DTYPE_F8E4M3 && !ir_type_has_t(t) && t->rank == rank)
+        return MOEC_OK;
+    return need_static(c, v, role, rank);
+}
+
 static moec_status need_pos(infer_ctx *c, const ir_value *v)
 {
     return need_act(c, v, "positions", 1, 1, 0);
@@ -403,7 +413,7 @@ static moec_status infer_linear(infer_ctx *c, ir_type *out)
 {
     const ir_value *x = c->op->in[0], *w = c->op->in[1];
     MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
-    MOEC_TRY(need_static(c, w, "weight", 2));
+    MOEC_TRY(need_matrix(c, w, "weight", 2));
     if (w->type.dims[1] != x->type.dims[1])
         return fail(c, "weight %%%s has %" PRId64 " columns, input has %" PRId64, vname(w),
                     w->type.dims[1], x->type.dims[1]);
@@ -644,7 +654,7 @@ static moec_status infer_moe_topk(infer_ctx *c, ir_type *out)
 static moec_status need_dims3(infer_ctx *c, const ir_value *w, const char *role, int64_t d0,
                               int64_t d1, int64_t d2)
 {
-    MOEC_TRY(need_static(c, w, role, 3));
+    MOEC_TRY(need_matrix(c, w, role, 3));
     const int64_t *d = w->type.dims;
     if (d[0] != d0 || d[1] != d1 || d[2] != d2)
         return fail(c, "%s %%%s is %s, expected [%" PRId64 ", %" PRId64 ", %" PRId64 "]", role,
@@ -660,7 +670,7 @@ static moec_status need_expert_weights(infer_ctx *c, const ir_value *x, int firs
     const ir_op *op = c->op;
     int64_t H = x->type.dims[1];
     const ir_value *down = op->in[op->n_in - 1];
-    MOEC_TRY(need_static(c, down, "down", 3));
+    MOEC_TRY(need_matrix(c, down, "down", 3));
     int64_t E = down->type.dims[0], I = down->type.dims[2];
     if (down->type.dims[1] != H)
         return fail(c, "down %%%s is %s: dim 1 must be the hidden size %" PRId64 " of %%%s",
@@ -759,7 +769,7 @@ static moec_status mla_kv_b(infer_ctx *c, const ir_value *kv_b, int64_t H, int64
         return fail(c, "qk_nope_head_dim %" PRId64 " must be >= 1", *dn);
     if (*dv < 1 || *dv > IR_DIM_MAX)
         return fail(c, "v_head_dim %" PRId64 " must be >= 1", *dv);
-    MOEC_TRY(need_static(c, kv_b, "kv_b", 2));
+    MOEC_TRY(need_matrix(c, kv_b, "kv_b", 2));
     /* dn + dv <= 2^32 and H < 2^31: the product fits when it can equal the rows */
     int64_t want = *dn + *dv > IR_DIM_MAX / H ? -1 : H * (*dn + *dv);
     if (kv_b->type.dims[0] != want)

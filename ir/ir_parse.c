@@ -645,6 +645,34 @@ static moec_status parse_binding(parser *p, ir_binding *b)
     return expect(p, TK_RPAREN, "',' or ')' in concat(...)");
 }
 
+/* "block_scale[rows, cols] = <binding>" after a weight's binding and ','. */
+static moec_status parse_block_scale(parser *p, ir_block_scale *s)
+{
+    token *t = &p->tok;
+    if (!tok_is(t, TK_IDENT, "block_scale")) {
+        char found[64];
+        tok_desc(t, found, sizeof found);
+        return PERR(p, "expected block_scale after ',', found %s", found);
+    }
+    MOEC_TRY(next(p));
+    MOEC_TRY(expect(p, TK_LBRACKET, "'[' after block_scale"));
+    for (int k = 0; k < 2; k++) {
+        if (t->kind != TK_INT || t->i < 1 || t->i > IR_DIM_MAX) {
+            char found[64];
+            tok_desc(t, found, sizeof found);
+            return PERR(p, "expected a block size (an int in [1, %lld]), found %s", IR_DIM_MAX,
+                        found);
+        }
+        s->block[k] = t->i;
+        MOEC_TRY(next(p));
+        if (k == 0)
+            MOEC_TRY(expect(p, TK_COMMA, "',' between the block's rows and columns"));
+    }
+    MOEC_TRY(expect(p, TK_RBRACKET, "']' after the block's columns"));
+    MOEC_TRY(expect(p, TK_EQUAL, "'=' and the scales' binding"));
+    return parse_binding(p, &s->bind);
+}
+
 static moec_status parse_weight(parser *p)
 {
     token *t = &p->tok;
@@ -672,10 +700,21 @@ static moec_status parse_weight(parser *p)
     if (ir_binding_check(&b, &ty, msg, sizeof msg) != MOEC_OK)
         return perr(p, bind_tok.line, bind_tok.col, "weight %%%.*s: %s", (int)name.len,
                     name.text, msg);
+    ir_value w = {.type = ty, .bind = b};
+    token scale_tok = *t;
+    if (t->kind == TK_COMMA) {
+        MOEC_TRY(next(p));
+        scale_tok = *t;
+        MOEC_TRY(parse_block_scale(p, &w.scale));
+    }
+    if (ir_block_scale_check(&w, msg, sizeof msg) != MOEC_OK)
+        return perr(p, scale_tok.line, scale_tok.col, "weight %%%.*s: %s", (int)name.len,
+                    name.text, msg);
     ir_value *v;
     MOEC_TRY(define(p, &name, IR_VALUE_WEIGHT, &v));
     v->type = ty;
     v->bind = b;
+    v->scale = w.scale;
     return MOEC_OK;
 }
 

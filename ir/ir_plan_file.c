@@ -264,7 +264,8 @@ moec_status ir_plan_write_ranks(const char *path, const ir_plan *const *plans,
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
     out_file o = {NULL, MOEC_FNV_SEED, 0, 0};
     if (st == MOEC_OK && !(o.f = fopen(tmp, "wb")))
-        st = MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", tmp, strerror(errno));
+        st = MOEC_ERR(MOEC_ERR_IO, "cannot write %s (through the temporary %s): %s", path, tmp,
+                      strerror(errno));
     if (st == MOEC_OK) {
         uint32_t fmt = IR_PLAN_FORMAT, zero = 0;
         uint64_t hlen = strlen(htext);

@@ -134,6 +134,15 @@ static void sb_binding(moec_buf *b, const ir_binding *bind)
     moec_buf_str(b, ")");
 }
 
+/* ", block_scale[128, 128] = <binding>" after a block-scaled weight's binding. */
+static void sb_block_scale(moec_buf *b, const ir_block_scale *s)
+{
+    if (s->block[0] == 0 && s->block[1] == 0)
+        return;
+    moec_buf_printf(b, ", block_scale[%" PRId64 ", %" PRId64 "] = ", s->block[0], s->block[1]);
+    sb_binding(b, &s->bind);
+}
+
 static void sb_op(moec_buf *b, const ir_op *op)
 {
     moec_buf_str(b, "  ");
@@ -205,6 +214,7 @@ static void print_module(moec_buf *b, const ir_module *m)
         sb_type(b, &v->type);
         moec_buf_str(b, " = ");
         sb_binding(b, &v->bind);
+        sb_block_scale(b, &v->scale);
         moec_buf_str(b, "\n");
     }
     for (int i = 0; i < m->n_ops && m->ops; i++)

@@ -6,8 +6,8 @@
 
 #include "ir/ir_internal.h"
 
-static const char *const DTYPE_NAMES[IR_DTYPE_COUNT] = {"f32", "f16", "bf16", "i32"};
-static const size_t DTYPE_SIZES[IR_DTYPE_COUNT] = {4, 2, 2, 4};
+static const char *const DTYPE_NAMES[IR_DTYPE_COUNT] = {"f32", "f16", "bf16", "i32", "f8e4m3"};
+static const size_t DTYPE_SIZES[IR_DTYPE_COUNT] = {4, 2, 2, 4, 1};
 
 const char *ir_dtype_name(ir_dtype dt)
 {

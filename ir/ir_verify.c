@@ -1,9 +1,10 @@
 /* ir_verify.c — the module verifier, run after parsing and after every pass:
  * names unique, one definition per value and none used before it, weights
- * bound, T only where it belongs, attributes known, every op's result
- * types exactly what inference gives, and a memory plan whose live values
- * never share bytes but through the aliases plan_memory makes (reshape,
- * fork, join). The error names the first offending value. */
+ * bound (block-scaled ones with scales that mirror them), T only where it
+ * belongs, attributes known, every op's result types exactly what inference
+ * gives, and a memory plan whose live values never share bytes but through
+ * the aliases plan_memory makes (reshape, fork, join). The error names the
+ * first offending value. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,8 @@ static moec_status verify_value(const ir_module *m, const ir_value *v)
             listed |= m->inputs[i] == v;
         if (!listed)
             return BAD("input %%%s: not in the module's input list", v->name);
+        if (v->type.dtype == IR_DTYPE_F8E4M3)
+            return BAD("input %%%s: f8e4m3 is for block-scaled weights only", v->name);
         return MOEC_OK;
     }
     case IR_VALUE_WEIGHT: {
@@ -73,6 +76,8 @@ static moec_status verify_value(const ir_module *m, const ir_value *v)
             return BAD("weight %%%s: type %s must not have T, dims >= 1", v->name, ts);
         char msg[IR_MSG_CAP];
         if (ir_binding_check(&v->bind, &v->type, msg, sizeof msg) != MOEC_OK)
+            return BAD("weight %%%s: %s", v->name, msg);
+        if (ir_block_scale_check(v, msg, sizeof msg) != MOEC_OK)
             return BAD("weight %%%s: %s", v->name, msg);
         return MOEC_OK;
     }

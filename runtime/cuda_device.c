@@ -7,6 +7,34 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#ifdef MOEC_HAVE_CUDA
+/* Why cudaGetDeviceCount failed, as someone at the keyboard needs it: the
+ * runtime says "driver version is insufficient" also where there is no
+ * driver at all (a machine without a GPU), which cudaDriverGetVersion tells
+ * apart by reporting version 0. */
+static moec_status no_device(cudaError_t e)
+{
+    int drv = 0, rt = 0;
+    if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0 &&
+        cudaRuntimeGetVersion(&rt) == cudaSuccess)
+        return MOEC_ERR(MOEC_ERR_NO_DEVICE,
+                        "no CUDA device: the NVIDIA driver supports CUDA %d.%d, older than the "
+                        "CUDA runtime moec was built with (%d.%d): update the driver "
+                        "(cudaErrorInsufficientDriver)",
+                        drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+    if (e == cudaErrorInsufficientDriver)
+        return MOEC_ERR(MOEC_ERR_NO_DEVICE,
+                        "no CUDA device: no NVIDIA driver or GPU was found (no driver is "
+                        "installed: cudaErrorInsufficientDriver)");
+    if (e == cudaErrorNoDevice)
+        return MOEC_ERR(MOEC_ERR_NO_DEVICE,
+                        "no CUDA device: no NVIDIA driver or GPU was found (the driver sees no "
+                        "GPU: cudaErrorNoDevice)");
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: %s (%s)", cudaGetErrorString(e),
+                    cudaGetErrorName(e));
+}
+#endif
+
 moec_status moec_cuda_device_count(int *count)
 {
     if (!count)
@@ -16,10 +44,11 @@ moec_status moec_cuda_device_count(int *count)
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess)
-        return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: %s (%s)", cudaGetErrorString(e),
-                        cudaGetErrorName(e));
+        return no_device(e);
     if (n == 0)
-        return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: the driver reports 0 devices");
+        return MOEC_ERR(MOEC_ERR_NO_DEVICE,
+                        "no CUDA device: no NVIDIA driver or GPU was found (the driver reports 0 "
+                        "GPUs)");
     *count = n;
     return MOEC_OK;
 #else

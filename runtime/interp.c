@@ -4,7 +4,10 @@
  * and sums accumulate in double: this is the oracle, and the extra accuracy
  * only brings it closer to the exact result. RoPE frequencies are computed
  * in fp32 step by step as transformers computes them, since angles at large
- * positions amplify any difference there. */
+ * positions amplify any difference there. Weights arrive in fp32 from
+ * rt_weights_read_f32: fp8 block-scaled ones dequantized exactly there (each
+ * e4m3 code times its block's scale, one fp32 multiply), so every op below
+ * sees the checkpoint's function whatever its storage. */
 #include "runtime/interp.h"
 
 #include <math.h>
@@ -15,22 +18,27 @@
 
 struct rt_interp {
     const ir_module *m;
-    int max_seq;
+    int page_size;       /* positions per KV page */
+    int n_pages;         /* pages in every KV cache */
+    int paged;           /* 0: one sequence, its page_size positions in page 0 */
     int T;               /* tokens of the last forward (0 before any) */
     int T_cap;           /* tokens the activation buffers are sized for */
     void **data;         /* per value id: weights (all elements, fp32); inputs and
                             op results [T_cap, ...] (int32 for i32 values, else fp32) */
-    int borrowed;        /* the weights belong to another interpreter (rt_interp_init_shared) */
-    float **k_cache;     /* per op id: attention [max_seq, Hkv, Dk]; mla_attention
-                            [max_seq, r] (kv_c) */
-    float **v_cache;     /* per op id: attention [max_seq, Hkv, Dv]; mla_attention
-                            [max_seq, dr] (k_pe) */
-    unsigned char **kv_written; /* per op id: positions whose k, v are cached */
+    float **k_cache;     /* per op id, n_pages * page_size rows: attention [Hkv, Dk];
+                            mla_attention [r] (kv_c) */
+    float **v_cache;     /* per op id, rows as k_cache: attention [Hkv, Dv];
+                            mla_attention [dr] (k_pe) */
+    unsigned char **kv_written; /* per op id: rows whose k, v are cached */
     int planned;         /* activations live in `arena` at their planned offsets */
     char *arena;         /* planned mode: arena_bytes_per_token * arena_T bytes */
     int64_t arena_bytes_per_token;
     int arena_T;         /* tokens the arena is sized for */
-    double *scores;      /* attention scratch: max_seq scores */
+    double *scores;      /* attention scratch: a score per attended position */
+    int64_t *kv_rows;    /* attention scratch: the cache row of each attended position */
+    int64_t scratch_cap; /* positions scores and kv_rows hold */
+    rt_interp_pages pages; /* the page map of the forward being run */
+    int32_t page0;       /* the page map of an unpaged interpreter: page 0 */
     const ir_value *tokens;
     const ir_value *positions;
     /* A group of ranks (rt_interp_init_ranks): rank 0's interpreter holds
@@ -507,21 +515,44 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
 
 /* ---- attention ------------------------------------------------------------ */
 
-/* [lo, hi] of the cached positions token t attends to, after checking they
- * were all written. */
-static moec_status attend_range(const ir_op *op, int32_t pos, int64_t window,
-                                const unsigned char *written, int64_t *lo, int64_t *hi)
+/* The cache row of position p of token t's sequence, through the page map. */
+static int64_t kv_row(const rt_interp *in, int t, int64_t p)
 {
+    const rt_interp_pages *pg = &in->pages;
+    int64_t r = pg->row ? pg->row[t] : 0;
+    return (int64_t)pg->table[r * pg->max_pages + p / in->page_size] * in->page_size +
+           p % in->page_size;
+}
+
+/* Writes token t's k (nk floats) and v (nv floats) to the rows of its
+ * position in the caches of op. */
+static void kv_store(rt_interp *in, const ir_op *op, int t, int32_t pos, const float *k,
+                     int64_t nk, const float *v, int64_t nv)
+{
+    int64_t row = kv_row(in, t, pos);
+    memcpy(in->k_cache[op->id] + row * nk, k + (int64_t)t * nk, (size_t)nk * sizeof(float));
+    memcpy(in->v_cache[op->id] + row * nv, v + (int64_t)t * nv, (size_t)nv * sizeof(float));
+    in->kv_written[op->id][row] = 1;
+}
+
+/* [lo, hi] of the cached positions token t attends to, their cache rows in
+ * in->kv_rows[lo..hi], after checking they were all written. */
+static moec_status attend_range(rt_interp *in, const ir_op *op, int t, int32_t pos,
+                                int64_t window, int64_t *lo, int64_t *hi)
+{
+    const unsigned char *written = in->kv_written[op->id];
     *hi = pos;
     *lo = 0;
     if (window > 0 && *hi - window + 1 > 0)
         *lo = *hi - window + 1;
-    for (int64_t p = *lo; p <= *hi; p++)
-        if (!written[p])
+    for (int64_t p = *lo; p <= *hi; p++) {
+        in->kv_rows[p] = kv_row(in, t, p);
+        if (!written[in->kv_rows[p]])
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "%s: token at position %d attends to position %lld, which no "
                             "forward has written to the KV cache",
                             op_name(op), (int)pos, (long long)p);
+    }
     return MOEC_OK;
 }
 
@@ -544,29 +575,21 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
     const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *v = fbuf(in, op->in[2]);
     const int32_t *pos = ibuf(in, op->in[3]);
     float *y = fbuf(in, op->out[0]);
-    float *kc = in->k_cache[op->id], *vc = in->v_cache[op->id];
-    unsigned char *written = in->kv_written[op->id];
-    for (int t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
-                            op_name(op), (int)pos[t], in->max_seq);
-        memcpy(kc + (int64_t)pos[t] * Hkv * Dk, k + (int64_t)t * Hkv * Dk,
-               (size_t)(Hkv * Dk) * sizeof(float));
-        memcpy(vc + (int64_t)pos[t] * Hkv * Dv, v + (int64_t)t * Hkv * Dv,
-               (size_t)(Hkv * Dv) * sizeof(float));
-        written[pos[t]] = 1;
-    }
+    const float *kc = in->k_cache[op->id], *vc = in->v_cache[op->id];
+    for (int t = 0; t < T; t++)
+        kv_store(in, op, t, pos[t], k, Hkv * Dk, v, Hkv * Dv);
     float scale = (float)scale_d;
     double *sc = in->scores;
+    const int64_t *rows = in->kv_rows;
     for (int t = 0; t < T; t++) {
         int64_t lo, hi;
-        MOEC_TRY(attend_range(op, pos[t], window, written, &lo, &hi));
+        MOEC_TRY(attend_range(in, op, t, pos[t], window, &lo, &hi));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = q + ((int64_t)t * H + h) * Dk;
             int64_t kvh = h / group;
             double mx = -INFINITY;
             for (int64_t p = lo; p <= hi; p++) {
-                const float *kr = kc + (p * Hkv + kvh) * Dk;
+                const float *kr = kc + (rows[p] * Hkv + kvh) * Dk;
                 double dot = 0;
                 for (int64_t j = 0; j < Dk; j++)
                     dot += (double)qr[j] * kr[j];
@@ -583,7 +606,7 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
             for (int64_t j = 0; j < Dv; j++) {
                 double acc = 0;
                 for (int64_t p = lo; p <= hi; p++)
-                    acc += sc[p] * vc[(p * Hkv + kvh) * Dv + j];
+                    acc += sc[p] * vc[(rows[p] * Hkv + kvh) * Dv + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -700,21 +723,15 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
     const float *kvc = fbuf(in, op->in[2]), *kpe = fbuf(in, op->in[3]);
     const int32_t *pos = ibuf(in, op->in[4]);
     float *y = fbuf(in, op->out[0]);
-    float *cc = in->k_cache[op->id], *pc = in->v_cache[op->id];
-    unsigned char *written = in->kv_written[op->id];
-    for (int t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
-                            op_name(op), (int)pos[t], in->max_seq);
-        memcpy(cc + (int64_t)pos[t] * R, kvc + (int64_t)t * R, (size_t)R * sizeof(float));
-        memcpy(pc + (int64_t)pos[t] * Dr, kpe + (int64_t)t * Dr, (size_t)Dr * sizeof(float));
-        written[pos[t]] = 1;
-    }
+    const float *cc = in->k_cache[op->id], *pc = in->v_cache[op->id];
+    for (int t = 0; t < T; t++)
+        kv_store(in, op, t, pos[t], kvc, R, kpe, Dr);
     float scale = (float)scale_d;
     double *sc = in->scores;
+    const int64_t *rows = in->kv_rows;
     for (int t = 0; t < T; t++) {
         int64_t lo, hi;
-        MOEC_TRY(attend_range(op, pos[t], window, written, &lo, &hi));
+        MOEC_TRY(attend_range(in, op, t, pos[t], window, &lo, &hi));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = qc + ((int64_t)t * H + h) * R;
             const float *qp = qpe + ((int64_t)t * H + h) * Dr;
@@ -722,9 +739,9 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
             for (int64_t p = lo; p <= hi; p++) {
                 double dot = 0;
                 for (int64_t j = 0; j < R; j++)
-                    dot += (double)qr[j] * cc[p * R + j];
+                    dot += (double)qr[j] * cc[rows[p] * R + j];
                 for (int64_t j = 0; j < Dr; j++)
-                    dot += (double)qp[j] * pc[p * Dr + j];
+                    dot += (double)qp[j] * pc[rows[p] * Dr + j];
                 sc[p] = (double)((float)dot * scale);
                 if (sc[p] > mx)
                     mx = sc[p];
@@ -738,7 +755,7 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
             for (int64_t j = 0; j < R; j++) {
                 double acc = 0;
                 for (int64_t p = lo; p <= hi; p++)
-                    acc += sc[p] * cc[p * R + j];
+                    acc += sc[p] * cc[rows[p] * R + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -1361,8 +1378,7 @@ void rt_interp_free(rt_interp *in)
     if (in->m) {
         free_activations(in);
         for (int i = 0; in->data && i < in->m->n_values; i++)
-            if (!in->borrowed || !in->m->values[i] || in->m->values[i]->kind != IR_VALUE_WEIGHT)
-                free(in->data[i]);
+            free(in->data[i]);
         for (int i = 0; i < in->m->n_ops; i++) {
             if (in->k_cache)
                 free(in->k_cache[i]);
@@ -1377,6 +1393,7 @@ void rt_interp_free(rt_interp *in)
     free(in->v_cache);
     free(in->kv_written);
     free(in->scores);
+    free(in->kv_rows);
     free(in->peers);
     ir_module **owned = in->owned;
     int n = in->n_ranks;
@@ -1387,9 +1404,8 @@ void rt_interp_free(rt_interp *in)
 }
 
 /* Checks every value and sets up the weights: read from w (zero when w is
- * NULL), or with `from` not NULL borrowed from that interpreter of the same
- * module. */
-static moec_status init_values(rt_interp *in, const rt_weights *w, const rt_interp *from)
+ * NULL). */
+static moec_status init_values(rt_interp *in, const rt_weights *w)
 {
     const ir_module *m = in->m;
     for (int i = 0; i < m->n_values; i++) {
@@ -1419,10 +1435,6 @@ static moec_status init_values(rt_interp *in, const rt_weights *w, const rt_inte
             continue;
         if (is_i32(v))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %s is i32; weights are float", v->name);
-        if (from) {
-            in->data[i] = from->data[i];
-            continue;
-        }
         int64_t n = numel_of(v, 0);
         if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1)
             return MOEC_ERR(MOEC_ERR_OOM, "weight %s: %lld elements", v->name, (long long)n);
@@ -1484,50 +1496,41 @@ static moec_status init_ops(rt_interp *in)
         int64_t wk, wv;
         if (!cache_widths(op, &wk, &wv))
             continue;
-        size_t nk = (size_t)in->max_seq * (size_t)wk;
-        size_t nv = (size_t)in->max_seq * (size_t)wv;
-        in->k_cache[i] = calloc(nk, sizeof(float));
-        in->v_cache[i] = calloc(nv, sizeof(float));
-        in->kv_written[i] = calloc((size_t)in->max_seq, 1);
+        size_t rows = (size_t)in->n_pages * (size_t)in->page_size;
+        in->k_cache[i] = calloc(rows * (size_t)wk, sizeof(float));
+        in->v_cache[i] = calloc(rows * (size_t)wv, sizeof(float));
+        in->kv_written[i] = calloc(rows, 1);
         if (!in->k_cache[i] || !in->v_cache[i] || !in->kv_written[i])
-            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %d positions",
-                            op_name(op), in->max_seq);
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %zu positions",
+                            op_name(op), rows);
     }
     return MOEC_OK;
 }
 
-/* rt_interp_init and rt_interp_init_shared: weights from w, or borrowed
- * from `from` when it is not NULL. */
-static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt_interp *from,
-                               int max_seq, rt_interp **out)
+/* An interpreter of n_pages KV pages of page_size positions; paged 0 for
+ * one sequence (one page). */
+static moec_status interp_init(const ir_module *m, const rt_weights *w, int n_pages,
+                               int page_size, int paged, rt_interp **out)
 {
-    if (!out)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: out is NULL");
-    *out = NULL;
-    if (!m)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: module is NULL");
-    if (max_seq < 1)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: max_seq %d must be at least 1",
-                        max_seq);
     rt_interp *in = calloc(1, sizeof *in);
     if (!in)
         return MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory");
     in->m = m;
     in->n_ranks = 1;
-    in->max_seq = max_seq;
-    in->borrowed = from != NULL;
+    in->n_pages = n_pages;
+    in->page_size = page_size;
+    in->paged = paged;
     size_t nv = (size_t)(m->n_values > 0 ? m->n_values : 1);
     size_t no = (size_t)(m->n_ops > 0 ? m->n_ops : 1);
     in->data = calloc(nv, sizeof *in->data);
     in->k_cache = calloc(no, sizeof *in->k_cache);
     in->v_cache = calloc(no, sizeof *in->v_cache);
     in->kv_written = calloc(no, sizeof *in->kv_written);
-    in->scores = calloc((size_t)max_seq, sizeof *in->scores);
     moec_status st = MOEC_OK;
-    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written || !in->scores)
+    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written)
         st = MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory for %d values", m->n_values);
     if (st == MOEC_OK)
-        st = init_values(in, w, from);
+        st = init_values(in, w);
     if (st == MOEC_OK)
         st = init_ops(in);
     if (st != MOEC_OK) {
@@ -1540,7 +1543,31 @@ static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt
 
 moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq, rt_interp **out)
 {
-    return interp_init(m, w, NULL, max_seq, out);
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: out is NULL");
+    *out = NULL;
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: module is NULL");
+    if (max_seq < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: max_seq %d must be at least 1",
+                        max_seq);
+    return interp_init(m, w, 1, max_seq, 0, out);
+}
+
+moec_status rt_interp_init_paged(const ir_module *m, const rt_weights *w, int n_pages,
+                                 int page_size, rt_interp **out)
+{
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_paged: out is NULL");
+    *out = NULL;
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_paged: module is NULL");
+    if (n_pages < 1 || page_size < 1 || (int64_t)n_pages * page_size > INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_init_paged: %d pages of %d positions (each at least 1, at "
+                        "most 2^31 - 1 positions in all)",
+                        n_pages, page_size);
+    return interp_init(m, w, n_pages, page_size, 1, out);
 }
 
 /* A group leader over peers[0..n-1] (made, owned by the leader from now). */
@@ -1559,29 +1586,6 @@ static moec_status group_make(rt_interp **peers, int n, rt_interp **out)
     return MOEC_OK;
 }
 
-moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out)
-{
-    if (!owner) {
-        if (out)
-            *out = NULL;
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_shared: owner is NULL");
-    }
-    if (!owner->peers)
-        return interp_init(owner->m, NULL, owner, max_seq, out);
-    *out = NULL;
-    rt_interp *peers[IR_MAX_RANKS] = {0};
-    for (int r = 0; r < owner->n_ranks; r++) {
-        const rt_interp *o = owner->peers[r];
-        moec_status st = interp_init(o->m, NULL, o, max_seq, &peers[r]);
-        if (st != MOEC_OK) {
-            for (int j = 0; j < r; j++)
-                rt_interp_free(peers[j]);
-            return moec_err_wrap(st, "rank %d", r);
-        }
-    }
-    return group_make(peers, owner->n_ranks, out);
-}
-
 /* Module mods[r] is a shard of rank r of n, or unsharded with n == 1. */
 static moec_status check_rank_module(const ir_module *m, int r, int n)
 {
@@ -1593,15 +1597,17 @@ static moec_status check_rank_module(const ir_module *m, int r, int n)
     return MOEC_OK;
 }
 
-moec_status rt_interp_init_ranks(ir_module **mods, int n, const char *weights_dir, int max_seq,
-                                 rt_interp **out)
+/* rt_interp_init_ranks (paged 0: rt_interp_init of page_size positions for
+ * every rank) and rt_interp_init_ranks_paged (rt_interp_init_paged of
+ * n_pages pages); fn names the caller in errors. */
+static moec_status ranks_init(ir_module **mods, int n, const char *weights_dir, int n_pages,
+                              int page_size, int paged, const char *fn, rt_interp **out)
 {
     ir_module **owned = malloc((size_t)(n > 0 ? n : 1) * sizeof *owned);
     rt_interp *peers[IR_MAX_RANKS] = {0};
     moec_status st = MOEC_OK;
     if (!out || !mods || n < 1 || n > IR_MAX_RANKS)
-        st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_ranks: %d ranks (1 to %d)", n,
-                      IR_MAX_RANKS);
+        st = MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %d ranks (1 to %d)", fn, n, IR_MAX_RANKS);
     else if (!owned)
         st = MOEC_ERR(MOEC_ERR_OOM, "no memory for a group of %d ranks", n);
     else
@@ -1609,11 +1615,12 @@ moec_status rt_interp_init_ranks(ir_module **mods, int n, const char *weights_di
     for (int r = 0; st == MOEC_OK && r < n; r++) {
         rt_weights *w = NULL;
         st = mods[r] ? check_rank_module(mods[r], r, n)
-                     : MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_ranks: module %d is NULL", r);
+                     : MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: module %d is NULL", fn, r);
         if (st == MOEC_OK && weights_dir)
             st = rt_weights_open(mods[r], weights_dir, &w);
         if (st == MOEC_OK)
-            st = rt_interp_init(mods[r], w, max_seq, &peers[r]);
+            st = paged ? rt_interp_init_paged(mods[r], w, n_pages, page_size, &peers[r])
+                       : rt_interp_init(mods[r], w, page_size, &peers[r]);
         rt_weights_free(w);
         if (st != MOEC_OK)
             moec_err_wrap(st, "rank %d", r);
@@ -1632,6 +1639,19 @@ moec_status rt_interp_init_ranks(ir_module **mods, int n, const char *weights_di
     memcpy(owned, mods, (size_t)n * sizeof *owned);
     (*out)->owned = owned;
     return MOEC_OK;
+}
+
+moec_status rt_interp_init_ranks(ir_module **mods, int n, const char *weights_dir, int max_seq,
+                                 rt_interp **out)
+{
+    return ranks_init(mods, n, weights_dir, 1, max_seq, 0, "rt_interp_init_ranks", out);
+}
+
+moec_status rt_interp_init_ranks_paged(ir_module **mods, int n, const char *weights_dir,
+                                       int n_pages, int page_size, rt_interp **out)
+{
+    return ranks_init(mods, n, weights_dir, n_pages, page_size, 1, "rt_interp_init_ranks_paged",
+                      out);
 }
 
 rt_interp *rt_interp_rank(rt_interp *in, int r)
@@ -1663,7 +1683,52 @@ float *rt_interp_weight(rt_interp *in, const ir_value *v)
     return is_weight_of(in, v) ? fbuf(in, v) : NULL;
 }
 
-/* Checks a forward's inputs, sizes the buffers and writes the inputs. */
+/* Checks every token's position against its page map (pages in the pool,
+ * positions within the row) and sizes the attention scratch for the
+ * furthest one. */
+static moec_status check_pages(rt_interp *in, const int32_t *positions, int T)
+{
+    const rt_interp_pages *pg = &in->pages;
+    int64_t limit = (int64_t)pg->max_pages * in->page_size, need = 0;
+    for (int t = 0; t < T; t++) {
+        int32_t p = positions[t], r = pg->row ? pg->row[t] : 0;
+        if (!in->paged && (p < 0 || p >= in->page_size))
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "position %d is past the KV cache (max_seq %d)",
+                            (int)p, in->page_size);
+        if (p < 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: position %d is negative", t, p);
+        if (p >= limit)
+            return MOEC_ERR(MOEC_ERR_CAPACITY,
+                            "token %d: position %d is past its %d pages of %d positions", t, p,
+                            pg->max_pages, in->page_size);
+        if (r < 0 || r >= pg->n_rows)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: row %d of a page table of %d rows",
+                            t, r, pg->n_rows);
+        for (int64_t k = 0; k <= p / in->page_size; k++) {
+            int32_t page = pg->table[(int64_t)r * pg->max_pages + k];
+            if (page < 0 || page >= in->n_pages)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "token %d (position %d): page %lld of row %d is %d, not one of "
+                                "the %d pages",
+                                t, p, (long long)k, r, page, in->n_pages);
+        }
+        if (p + 1 > need)
+            need = p + 1;
+    }
+    if (need <= in->scratch_cap)
+        return MOEC_OK;
+    free(in->scores);
+    free(in->kv_rows);
+    in->scores = malloc((size_t)need * sizeof *in->scores);
+    in->kv_rows = malloc((size_t)need * sizeof *in->kv_rows);
+    in->scratch_cap = in->scores && in->kv_rows ? need : 0;
+    if (!in->scratch_cap)
+        return MOEC_ERR(MOEC_ERR_OOM, "no memory to attend to %lld positions", (long long)need);
+    return MOEC_OK;
+}
+
+/* Checks a forward's inputs against its page map in->pages, sizes the
+ * buffers and writes the inputs. */
 static moec_status forward_begin(rt_interp *in, const int32_t *tokens, const int32_t *positions,
                                  int T, int want_out)
 {
@@ -1672,10 +1737,7 @@ static moec_status forward_begin(rt_interp *in, const int32_t *tokens, const int
     if (T < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: T is %d; it must be at least 1",
                         T);
-    for (int t = 0; t < T; t++)
-        if (positions[t] < 0 || positions[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "position %d is past the KV cache (max_seq %d)",
-                            (int)positions[t], in->max_seq);
+    MOEC_TRY(check_pages(in, positions, T));
     const ir_module *m = in->m;
     if (want_out && (m->n_outputs < 1 || !m->outputs[0]))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no output to write",
@@ -1727,13 +1789,15 @@ static moec_status group_forward(rt_interp *lead, int T)
     }
 }
 
-moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
-                              int T, float *out)
+/* A forward of in (every rank of a group) through the page map pg. */
+static moec_status forward(rt_interp *in, const rt_interp_pages *pg, const int32_t *tokens,
+                           const int32_t *positions, int T, float *out)
 {
-    int n = in && in->peers ? in->n_ranks : 1;
+    int n = in->peers ? in->n_ranks : 1;
     for (int r = 0; r < n; r++) {
-        moec_status st = forward_begin(in && in->peers ? in->peers[r] : in, tokens, positions,
-                                       T, out != NULL);
+        rt_interp *x = in->peers ? in->peers[r] : in;
+        x->pages = *pg;
+        moec_status st = forward_begin(x, tokens, positions, T, out != NULL);
         if (st != MOEC_OK)
             return n > 1 ? moec_err_wrap(st, "rank %d", r) : st;
     }
@@ -1749,6 +1813,49 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
     if (out)
         memcpy(out, in->data[m->outputs[0]->id], (size_t)numel_of(m->outputs[0], T) * 4);
     return MOEC_OK;
+}
+
+moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
+                              int T, float *out)
+{
+    if (!in)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: NULL argument");
+    if (in->paged)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_forward: a paged interpreter needs a page map "
+                        "(rt_interp_forward_paged)");
+    rt_interp_pages pg = {.table = &in->page0, .max_pages = 1, .n_rows = 1};
+    return forward(in, &pg, tokens, positions, T, out);
+}
+
+moec_status rt_interp_forward_paged(rt_interp *in, const rt_interp_pages *pages,
+                                    const int32_t *tokens, const int32_t *positions, int T,
+                                    float *out)
+{
+    if (!in || !pages || !pages->table || !pages->row || pages->max_pages < 1 ||
+        pages->n_rows < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_forward_paged: NULL interpreter or an empty page map");
+    if (!in->paged)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_forward_paged: the interpreter has one sequence's cache "
+                        "(rt_interp_init_paged makes a paged one)");
+    return forward(in, pages, tokens, positions, T, out);
+}
+
+int32_t rt_logits_argmax(const float *row, int n)
+{
+    int32_t best = 0;
+    float top = row[0];
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(row[i]))
+            return IR_SAMPLED_NONFINITE;
+        if (row[i] > top) {
+            top = row[i];
+            best = i;
+        }
+    }
+    return best;
 }
 
 moec_status rt_interp_use_plan(rt_interp *in, int enable)
@@ -1782,14 +1889,15 @@ void rt_interp_reset(rt_interp *in)
         return;
     for (int r = 1; in->peers && r < in->n_ranks; r++)
         rt_interp_reset(in->peers[r]);
+    size_t rows = (size_t)in->n_pages * (size_t)in->page_size;
     for (int i = 0; i < in->m->n_ops; i++) {
         if (!in->kv_written[i])
             continue;
         int64_t wk, wv;
         if (!cache_widths(in->m->ops[i], &wk, &wv))
             continue;
-        memset(in->kv_written[i], 0, (size_t)in->max_seq);
-        memset(in->k_cache[i], 0, (size_t)in->max_seq * (size_t)wk * sizeof(float));
-        memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)wv * sizeof(float));
+        memset(in->kv_written[i], 0, rows);
+        memset(in->k_cache[i], 0, rows * (size_t)wk * sizeof(float));
+        memset(in->v_cache[i], 0, rows * (size_t)wv * sizeof(float));
     }
 }

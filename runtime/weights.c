@@ -1,10 +1,13 @@
 /* weights.c — binds a module's weight values to checkpoint tensors. Every
- * binding is resolved and checked (presence, shape, dtype) when the weights
- * are opened, so nothing fails half way through a load; reading widens the
- * stored dtype to fp32 and assembles stacks and concatenations in the
- * weight type's row-major layout. */
+ * binding is resolved and checked (presence, shape, dtype; for block-scaled
+ * weights the scale tensors' presence, dtype, shape and finiteness too) when
+ * the weights are opened, so nothing fails half way through a load; reading
+ * widens the stored dtype to fp32 (dequantizing fp8 codes by their block's
+ * scale) and assembles stacks and concatenations in the weight type's
+ * row-major layout. */
 #include "runtime/weights.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +24,8 @@ typedef struct wt_part {
     int64_t lo[IR_MAX_RANK];    /* the box: lo[d] .. lo[d] + ext[d] (a stack's dim 0: 0,
                                    t[] already starts at its first expert) */
     int64_t ext[IR_MAX_RANK];
+    const rt_st_tensor **s;     /* block-scaled (never boxed): each tensor's F32 scales;
+                                   else NULL */
     int64_t size;               /* extent along the concat axis */
     int64_t numel;              /* elements of the box */
 } wt_part;
@@ -29,6 +34,7 @@ typedef struct wt_weight {
     int axis; /* concat axis; 0 otherwise */
     int n_parts;
     wt_part *parts;
+    int64_t block[2]; /* block-scaled: rows, columns per scale; else 0 */
 } wt_weight;
 
 struct rt_weights {
@@ -44,14 +50,21 @@ void rt_weights_free(rt_weights *w)
     if (!w)
         return;
     for (int i = 0; i < w->n_values; i++) {
-        for (int p = 0; p < w->w[i].n_parts; p++)
+        for (int p = 0; p < w->w[i].n_parts; p++) {
             free(w->w[i].parts[p].t);
+            free(w->w[i].parts[p].s);
+        }
         free(w->w[i].parts);
     }
     free(w->w);
     free(w->dir);
     rt_safetensors_free(w->st);
     free(w);
+}
+
+static uint32_t wt_le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 static void wt_format_dims(const int64_t *d, int rank, int wild, char *buf, size_t cap)
@@ -143,10 +156,20 @@ static moec_status wt_resolve_tensor(const rt_weights *w, const ir_value *v, con
                         "not fit",
                         v->name, name, t->file, got, box);
     }
-    if (!wt_dtype_ok(v->type.dtype, t->dtype))
+    int scaled = v->scale.block[0] > 0;
+    if (scaled && t->dtype != RT_ST_F8_E4M3)
         return MOEC_ERR(MOEC_ERR_MISMATCH,
-                        "weight %%%s: tensor '%s' in %s has dtype %s, expected %s", v->name, name,
-                        t->file, rt_st_dtype_name(t->dtype), wt_dtype_expect(v->type.dtype));
+                        "weight %%%s: tensor '%s' in %s has dtype %s, expected F8_E4M3 (the "
+                        "config quantizes it: quantization_config)",
+                        v->name, name, t->file, rt_st_dtype_name(t->dtype));
+    if (!scaled && !wt_dtype_ok(v->type.dtype, t->dtype))
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "weight %%%s: tensor '%s' in %s has dtype %s, expected %s%s", v->name, name,
+                        t->file, rt_st_dtype_name(t->dtype), wt_dtype_expect(v->type.dtype),
+                        t->dtype == RT_ST_F8_E4M3
+                            ? " (an fp8 tensor, but the config does not quantize this weight: "
+                              "quantization_config)"
+                            : "");
     if (wild >= 0 && !(b->box_rank && b->box_size[box_from + wild] > 0))
         want[wild] = t->shape[wild];
     *out = t;
@@ -256,7 +279,100 @@ static moec_status wt_resolve_part(const rt_weights *w, const ir_value *v, const
     return MOEC_OK;
 }
 
-static moec_status wt_resolve(const rt_weights *w, const ir_value *v, wt_weight *out)
+/* Scale tensor `name` of fp8 tensor q of block-scaled weight v: present,
+ * F32, shaped as q's grid of blocks, every scale finite. */
+static moec_status wt_resolve_scale(const rt_weights *w, const ir_value *v, const rt_st_tensor *q,
+                                    const char *name, const rt_st_tensor **out)
+{
+    const rt_st_tensor *s = rt_safetensors_find(w->st, name);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "weight %%%s: scale tensor '%s' (of '%s') not found in %s", v->name, name,
+                        q->name, w->dir);
+    if (s->dtype != RT_ST_F32)
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "weight %%%s: scale tensor '%s' in %s has dtype %s, expected F32", v->name,
+                        name, s->file, rt_st_dtype_name(s->dtype));
+    if (q->rank < 2)
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "weight %%%s: tensor '%s' has rank %d; a block-scaled tensor needs rows "
+                        "and columns",
+                        v->name, q->name, q->rank);
+    int64_t want[RT_ST_MAX_RANK];
+    int ok = s->rank == q->rank;
+    for (int d = 0; d < q->rank; d++) {
+        want[d] = q->shape[d];
+        if (d >= q->rank - 2) {
+            int64_t b = v->scale.block[d - (q->rank - 2)];
+            want[d] = (want[d] + b - 1) / b;
+        }
+        ok = ok && s->shape[d] == want[d];
+    }
+    if (!ok) {
+        char got[160], exp[160], qs[160];
+        wt_format_dims(s->shape, s->rank, -1, got, sizeof got);
+        wt_format_dims(want, q->rank, -1, exp, sizeof exp);
+        wt_format_dims(q->shape, q->rank, -1, qs, sizeof qs);
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "weight %%%s: scale tensor '%s' in %s has shape %s, expected %s ('%s' is "
+                        "%s in blocks of [%lld, %lld])",
+                        v->name, name, s->file, got, exp, q->name, qs,
+                        (long long)v->scale.block[0], (long long)v->scale.block[1]);
+    }
+    size_t n = s->nbytes / 4;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = wt_le32((const uint8_t *)s->data + 4 * i);
+        if ((bits & 0x7f800000u) == 0x7f800000u)
+            return MOEC_ERR(MOEC_ERR_MISMATCH,
+                            "weight %%%s: scale tensor '%s' in %s holds %s at element %zu; scales "
+                            "must be finite",
+                            v->name, name, s->file, bits & 0x7fffffu ? "nan" : "inf", i);
+    }
+    *out = s;
+    return MOEC_OK;
+}
+
+/* The scales of block-scaled weight v, part by part as its scale binding
+ * mirrors its binding; the parts of a concatenation along a blocked axis
+ * must each (but the last) span whole blocks, so that their scale grids
+ * join into the weight's. */
+static moec_status wt_resolve_scales(const rt_weights *w, const ir_value *v, wt_weight *out)
+{
+    out->block[0] = v->scale.block[0];
+    out->block[1] = v->scale.block[1];
+    const ir_binding *sb = &v->scale.bind;
+    for (int p = 0; p < out->n_parts; p++) {
+        wt_part *part = &out->parts[p];
+        const ir_binding *leaf = sb->kind == IR_BIND_CONCAT ? &sb->parts[p] : sb;
+        part->s = calloc((size_t)part->n, sizeof *part->s);
+        if (!part->s)
+            return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
+        for (int e = 0; e < part->n; e++) {
+            char *name = leaf->kind == IR_BIND_STACK ? wt_stack_name(leaf->name, e) : NULL;
+            if (leaf->kind == IR_BIND_STACK && !name)
+                return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
+            moec_status st = wt_resolve_scale(w, v, part->t[e], name ? name : leaf->name,
+                                              &part->s[e]);
+            free(name);
+            MOEC_TRY(st);
+        }
+    }
+    int r = v->type.rank, a = out->axis;
+    if (v->bind.kind != IR_BIND_CONCAT || a < r - 2)
+        return MOEC_OK;
+    int64_t blk = out->block[a - (r - 2)];
+    for (int p = 0; p + 1 < out->n_parts; p++)
+        if (out->parts[p].size % blk)
+            return MOEC_ERR(MOEC_ERR_MISMATCH,
+                            "weight %%%s: concat part %d ('%s') spans %lld along axis %d, not a "
+                            "multiple of the %lld of a scale block: the parts' blocks would not "
+                            "line up",
+                            v->name, p, out->parts[p].t[0]->name, (long long)out->parts[p].size,
+                            a, (long long)blk);
+    return MOEC_OK;
+}
+
+static moec_status wt_resolve_binding(const rt_weights *w, const ir_value *v, wt_weight *out)
 {
     const ir_binding *b = &v->bind;
     const ir_type *ty = &v->type;
@@ -291,6 +407,14 @@ static moec_status wt_resolve(const rt_weights *w, const ir_value *v, wt_weight 
         return MOEC_ERR(MOEC_ERR_MISMATCH,
                         "weight %%%s: concat parts sum to %lld along axis %d, expected %lld",
                         v->name, (long long)sum, b->axis, (long long)ty->dims[b->axis]);
+    return MOEC_OK;
+}
+
+static moec_status wt_resolve(const rt_weights *w, const ir_value *v, wt_weight *out)
+{
+    MOEC_TRY(wt_resolve_binding(w, v, out));
+    if (v->scale.block[0] > 0)
+        return wt_resolve_scales(w, v, out);
     return MOEC_OK;
 }
 
@@ -350,13 +474,68 @@ static float wt_f16_to_f32(uint16_t h)
     return f;
 }
 
-static uint32_t wt_le32(const uint8_t *p)
+uint8_t moec_f32_to_f8e4m3(float f)
 {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    if (isnan(f))
+        return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 464.0f) /* past 448 and the tie above it, which goes to 448 (even) */
+        return sign | 0x7e;
+    if (a < 0x1p-6f) /* subnormal: m/8 2^-6 for m = 0..7; m = 8 is the smallest normal's code */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    int ex;
+    frexpf(a, &ex); /* a = fr 2^ex, fr in [0.5, 1) */
+    int e = ex - 1, m = (int)nearbyintf((ldexpf(a, -e) - 1.0f) * 8.0f);
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    return (uint8_t)(sign | (e + 7) << 3 | m);
 }
 
-/* Widens elements [off, off + n) of t (stored little-endian) into dst. */
-static void wt_convert(const rt_st_tensor *t, int64_t off, int64_t n, float *dst)
+float rt_f8e4m3_to_f32(uint8_t code)
+{
+    uint32_t sign = (uint32_t)(code & 0x80u) << 24;
+    uint32_t exp = (code >> 3) & 0xfu, mant = code & 0x7u;
+    uint32_t bits;
+    float f;
+    if (exp == 0xf && mant == 0x7) {
+        bits = sign | 0x7fc00000u; /* the only NaNs; e4m3fn has no infinities */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 120) << 23) | (mant << 20); /* (1 + m/8) 2^(e-7) */
+    } else {
+        f = (float)mant * 0x1p-9f; /* subnormal: m/8 2^-6, exact */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Elements [off, off + n) of fp8 tensor t [..., rows, cols], each code times
+ * its block's scale in s [..., ceil(rows / block[0]), ceil(cols / block[1])]. */
+static void wt_dequant(const rt_st_tensor *t, const rt_st_tensor *s, const int64_t *block,
+                       int64_t off, int64_t n, float *dst)
+{
+    int r = t->rank;
+    int64_t cols = t->shape[r - 1], rows = t->shape[r - 2];
+    int64_t scols = (cols + block[1] - 1) / block[1], srows = (rows + block[0] - 1) / block[0];
+    const uint8_t *q = t->data, *sp = s->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = off + i, col = at % cols, row = (at / cols) % rows, lead = at / (cols * rows);
+        int64_t si = (lead * srows + row / block[0]) * scols + col / block[1];
+        uint32_t bits = wt_le32(sp + 4 * si);
+        float scale;
+        memcpy(&scale, &bits, sizeof scale);
+        dst[i] = rt_f8e4m3_to_f32(q[at]) * scale;
+    }
+}
+
+/* Widens elements [off, off + n) of t (stored little-endian) into dst; an
+ * fp8 t is dequantized by its scales s in blocks of block[0] x block[1]. */
+static void wt_convert(const rt_st_tensor *t, const rt_st_tensor *s, const int64_t *block,
+                       int64_t off, int64_t n, float *dst)
 {
     const uint8_t *p = (const uint8_t *)t->data + (size_t)off * rt_st_dtype_size(t->dtype);
     uint32_t bits;
@@ -381,16 +560,37 @@ static void wt_convert(const rt_st_tensor *t, int64_t off, int64_t n, float *dst
         for (int64_t i = 0; i < n; i++, p += 4)
             dst[i] = (float)(int32_t)wt_le32(p);
         break;
+    case RT_ST_F8_E4M3: /* always with its scales: an unscaled weight refuses F8 at open */
+        if (s)
+            wt_dequant(t, s, block, off, n, dst);
+        else
+            memset(dst, 0, (size_t)n * sizeof *dst);
+        break;
     default: /* never reached: dtypes are checked at open */
         memset(dst, 0, (size_t)n * sizeof *dst);
         break;
     }
 }
 
+moec_status rt_tensor_read_f32(const rt_st_tensor *t, float *dst)
+{
+    if (!t || !dst)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_tensor_read_f32: NULL argument");
+    if (t->dtype != RT_ST_F32 && t->dtype != RT_ST_F16 && t->dtype != RT_ST_BF16 &&
+        t->dtype != RT_ST_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "tensor '%s' in %s has dtype %s, not F32, F16, BF16 or I32", t->name,
+                        t->file, rt_st_dtype_name(t->dtype));
+    wt_convert(t, NULL, NULL, 0, (int64_t)(t->nbytes / rt_st_dtype_size(t->dtype)), dst);
+    return MOEC_OK;
+}
+
 /* Widens elements [start, start + n) of a part's box, in its row-major
  * order (tensor after tensor for a stack), into dst: a run of each box row
- * at a time, from where that row lies in its tensor. */
-static void wt_read_range(const wt_part *part, int64_t start, int64_t n, float *dst)
+ * at a time, from where that row lies in its tensor (an fp8 tensor's
+ * elements each times its block's scale). */
+static void wt_read_range(const wt_part *part, const int64_t *block, int64_t start, int64_t n,
+                          float *dst)
 {
     int r = part->rank, d0 = part->stacked;
     int64_t row = part->ext[r - 1];
@@ -405,22 +605,30 @@ static void wt_read_range(const wt_part *part, int64_t start, int64_t n, float *
         for (int d = d0; d < r; d++)
             off = off * t->shape[d - d0] + part->lo[d] + idx[d];
         int64_t k = row - idx[r - 1] < n ? row - idx[r - 1] : n;
-        wt_convert(t, off, k, dst);
+        wt_convert(t, part->s ? part->s[d0 ? idx[0] : 0] : NULL, block, off, k, dst);
         start += k;
         dst += k;
         n -= k;
     }
 }
 
-moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *dst)
+/* The resolved weight of v, or an error when v is not a weight of w's module. */
+static moec_status wt_lookup(const rt_weights *w, const ir_value *v, const wt_weight **out)
 {
-    if (!w || !v || !dst)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f32: NULL argument");
     if (v->kind != IR_VALUE_WEIGHT || v->id < 0 || v->id >= w->n_values ||
         w->m->values[v->id] != v || w->w[v->id].n_parts == 0)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s is not a weight of the module the weights "
                         "were opened for", v->name ? v->name : "?");
-    const wt_weight *ww = &w->w[v->id];
+    *out = &w->w[v->id];
+    return MOEC_OK;
+}
+
+moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *dst)
+{
+    if (!w || !v || !dst)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f32: NULL argument");
+    const wt_weight *ww;
+    MOEC_TRY(wt_lookup(w, v, &ww));
     const ir_type *ty = &v->type;
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < ww->axis; d++)
@@ -435,8 +643,76 @@ moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *d
             continue;
         int64_t chunk = part->numel / outer;
         for (int64_t o = 0; o < outer; o++)
-            wt_read_range(part, o * chunk, chunk, dst + o * row + at);
+            wt_read_range(part, ww->block, o * chunk, chunk, dst + o * row + at);
         at += chunk;
     }
+    return MOEC_OK;
+}
+
+/* Elements [start, start + n) of the tensors ts[0..count) (each `per`
+ * elements, taken in order) copied as stored (esize bytes each; 4-byte
+ * elements are little-endian f32) into dst. */
+static void wt_copy_range(const rt_st_tensor *const *ts, int64_t per, size_t esize, int64_t start,
+                          int64_t n, uint8_t *dst)
+{
+    while (n > 0) {
+        int64_t e = start / per, off = start % per;
+        int64_t k = per - off < n ? per - off : n;
+        const uint8_t *src = (const uint8_t *)ts[e]->data + (size_t)off * esize;
+        if (esize == 4)
+            for (int64_t i = 0; i < k; i++) {
+                uint32_t bits = wt_le32(src + 4 * i);
+                memcpy(dst + 4 * i, &bits, 4);
+            }
+        else
+            memcpy(dst, src, (size_t)k * esize);
+        start += k;
+        dst += (size_t)k * esize;
+        n -= k;
+    }
+}
+
+/* The tensors of every part (codes, or with `scales` their scales) of
+ * weight ww of type ty assembled into dst: the parts of a concatenation
+ * side by side along its axis, each part's tensors one after the other. */
+static void wt_assemble(const wt_weight *ww, const ir_type *ty, int scales, uint8_t *dst)
+{
+    size_t esize = scales ? 4 : 1;
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < ww->axis; d++)
+        outer *= ty->dims[d];
+    for (int d = ww->axis + 1; d < ty->rank; d++)
+        inner *= ty->dims[d];
+    int64_t row = ty->dims[ww->axis] * inner, at = 0;
+    for (int p = 0; p < ww->n_parts; p++) {
+        const wt_part *part = &ww->parts[p];
+        const rt_st_tensor *const *ts = scales ? part->s : part->t;
+        int64_t numel = 0;
+        for (int e = 0; e < part->n; e++)
+            numel += (int64_t)(ts[e]->nbytes / esize);
+        if (numel == 0)
+            continue;
+        int64_t chunk = numel / outer;
+        for (int64_t o = 0; o < outer; o++)
+            wt_copy_range(ts, numel / part->n, esize, o * chunk, chunk,
+                          dst + (size_t)(o * row + at) * esize);
+        at += chunk;
+    }
+}
+
+moec_status rt_weights_read_f8(const rt_weights *w, const ir_value *v, uint8_t *codes,
+                               float *scales)
+{
+    if (!w || !v || !codes || !scales)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f8: NULL argument");
+    const wt_weight *ww;
+    MOEC_TRY(wt_lookup(w, v, &ww));
+    if (v->type.dtype != IR_DTYPE_F8E4M3 || ww->block[0] <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_weights_read_f8: weight %%%s is not kept in fp8 (dtype %s)", v->name,
+                        ir_dtype_name(v->type.dtype));
+    ir_type st = ir_block_scale_type(v);
+    wt_assemble(ww, &v->type, 0, codes);
+    wt_assemble(ww, &st, 1, (uint8_t *)scales);
     return MOEC_OK;
 }

@@ -22,14 +22,17 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "moec.h"
 
 static const char *USAGE =
-    "usage: moec-sample CONFIG_JSON OUT_DIR [--seed N] [--fast] [--force]\n"
+    "usage: moec-sample CONFIG_JSON OUT_DIR [--seed N] [--fast] [--force] [--fp8]\n"
     "\n"
     "Writes OUT_DIR/config.json (a copy of CONFIG_JSON) and OUT_DIR/model.safetensors\n"
     "with random weights for every tensor the model reads, in the dtype its config\n"
-    "names (torch_dtype / dtype). Refuses to overwrite an existing model unless\n"
+    "names (torch_dtype / dtype), the linears it quantizes (quantization_config) as\n"
+    "F8_E4M3 with F32 block scales. Refuses to overwrite an existing model unless\n"
     "--force is given. Says the model's size first, and refuses when OUT_DIR's\n"
     "file system has less space free; both files are written under temporary\n"
     "names and renamed into place at the end, so a run that fails or is stopped\n"
@@ -40,6 +43,10 @@ static const char *USAGE =
     "  --fast      uniform instead of normal draws of the same mean and variance,\n"
     "              written by one thread per CPU (for benchmark-sized models)\n"
     "  --force     overwrite OUT_DIR/config.json and OUT_DIR/model.safetensors\n"
+    "  --fp8       an fp8 block-scaled checkpoint: OUT_DIR/config.json gets the\n"
+    "              quantization_config DeepSeek-V3 publishes (quant_method fp8, fmt\n"
+    "              e4m3, activation_scheme dynamic, weight_block_size [128, 128])\n"
+    "              unless CONFIG_JSON has one\n"
     "  -h, --help  this help\n";
 
 static uint64_t rng_next(uint64_t *s)
@@ -63,12 +70,20 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The mean and standard deviation of tensor t's elements. */
+/* The mean and standard deviation of tensor t's elements. An fp8 linear's
+ * codes are drawn N(0, 1) and its block scales 1/sqrt(in_features) give the
+ * product the variance of an unquantized one (in_features taken as the
+ * scale grid's columns times 128, the usual block). */
 static void tensor_distribution(const moec_tensor_info *t, float *mean, float *std)
 {
     *mean = 0.0f;
     *std = 1.0f;
-    if (ends_with(t->name, "norm.weight")) {
+    if (ends_with(t->name, "_scale_inv")) {
+        *mean = 1.0f / sqrtf((float)t->shape[t->rank - 1] * 128.0f);
+        *std = 0.25f * *mean;
+    } else if (t->dtype == MOEC_DTYPE_F8_E4M3) {
+        *std = 1.0f;
+    } else if (ends_with(t->name, "norm.weight")) {
         *mean = 1.0f;
         *std = 0.1f;
     } else if (ends_with(t->name, ".bias") || ends_with(t->name, "e_score_correction_bias")) {
@@ -86,6 +101,13 @@ static float draw(uint64_t *rng, int fast)
     if (!fast)
         return rng_normal(rng);
     return ((float)(rng_next(rng) >> 40) * (1.0f / 16777216.0f) - 0.5f) * 3.4641016f;
+}
+
+/* One element of tensor t: mean + std * draw, block scales kept positive. */
+static float sample_value(const moec_tensor_info *t, float mean, float std, uint64_t *rng, int fast)
+{
+    float v = mean + std * draw(rng, fast);
+    return ends_with(t->name, "_scale_inv") ? fabsf(v) : v;
 }
 
 static uint16_t f32_to_bf16(float f)
@@ -127,10 +149,29 @@ static uint16_t f32_to_f16(float f)
 
 static const char *st_dtype(moec_dtype dt)
 {
-    return dt == MOEC_DTYPE_F32 ? "F32" : dt == MOEC_DTYPE_F16 ? "F16" : "BF16";
+    return dt == MOEC_DTYPE_F32    ? "F32"
+           : dt == MOEC_DTYPE_F16  ? "F16"
+           : dt == MOEC_DTYPE_BF16 ? "BF16"
+                                   : "F8_E4M3";
 }
 
-static size_t elem_size(moec_dtype dt) { return dt == MOEC_DTYPE_F32 ? 4 : 2; }
+static size_t elem_size(moec_dtype dt)
+{
+    return dt == MOEC_DTYPE_F32 ? 4 : dt == MOEC_DTYPE_F8_E4M3 ? 1 : 2;
+}
+
+/* Stores v as one element of dtype dt at p. */
+static void put_elem(uint8_t *p, moec_dtype dt, float v)
+{
+    if (dt == MOEC_DTYPE_F32) {
+        memcpy(p, &v, 4);
+    } else if (dt == MOEC_DTYPE_F8_E4M3) {
+        *p = moec_f32_to_f8e4m3(v);
+    } else {
+        uint16_t h = dt == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        memcpy(p, &h, 2);
+    }
+}
 
 static size_t numel(const moec_tensor_info *t)
 {
@@ -217,15 +258,8 @@ static void *fast_worker(void *arg)
         uint64_t rng = j->seed ^ ((uint64_t)ti * 0x9E3779B97F4A7C15ull) ^
                        ((uint64_t)(k / FAST_UNIT) * 0xC2B2AE3D27D4EB4Full);
         rng_next(&rng);
-        for (size_t e = 0; e < part; e++) {
-            float v = mean + std * draw(&rng, 1);
-            if (t.dtype == MOEC_DTYPE_F32) {
-                memcpy(buf + 4 * e, &v, 4);
-            } else {
-                uint16_t h = t.dtype == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
-                memcpy(buf + 2 * e, &h, 2);
-            }
-        }
+        for (size_t e = 0; e < part; e++)
+            put_elem(buf + es * e, t.dtype, sample_value(&t, mean, std, &rng, 1));
         size_t bytes = part * es, put = 0;
         off_t at = (off_t)(j->tensor_off[ti] + k * es);
         while (put < bytes) {
@@ -366,15 +400,8 @@ static int write_safetensors(const char *path, const moec_model_t *m, uint64_t s
         size_t count = numel(&t), es = elem_size(t.dtype);
         for (size_t k = 0; ok && k < count; k += CHUNK) {
             size_t part = count - k < CHUNK ? count - k : CHUNK;
-            for (size_t j = 0; j < part; j++) {
-                float v = mean + std * draw(&rng, fast);
-                if (t.dtype == MOEC_DTYPE_F32) {
-                    memcpy(chunk + 4 * j, &v, 4);
-                } else {
-                    uint16_t h = t.dtype == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
-                    memcpy(chunk + 2 * j, &h, 2);
-                }
-            }
+            for (size_t j = 0; j < part; j++)
+                put_elem(chunk + es * j, t.dtype, sample_value(&t, mean, std, &rng, fast));
             ok = fwrite(chunk, es, part, f) == part;
             done += (double)(part * es);
             if (total > 1e9 && done >= next_report) {
@@ -507,6 +534,78 @@ static int check_free_space(const char *dir, double need)
     return 0;
 }
 
+/* The whole of a small text file, NUL-terminated (caller frees); NULL with
+ * the reason printed. */
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "moec-sample: cannot read %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t len = 0, cap = 1 << 16;
+    char *text = malloc(cap + 1);
+    while (text) {
+        len += fread(text + len, 1, cap - len, f);
+        if (len < cap || cap >= (16u << 20))
+            break;
+        char *g = realloc(text, cap * 2 + 1);
+        if (!g)
+            free(text);
+        text = g;
+        cap *= 2;
+    }
+    int bad = !text || ferror(f) || len == cap;
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "moec-sample: cannot read %s (or larger than 16 MiB)\n", path);
+        free(text);
+        return NULL;
+    }
+    text[len] = '\0';
+    return text;
+}
+
+/* --fp8: CONFIG_JSON written to `to` with the quantization_config of
+ * DeepSeek-V3's published checkpoints added, unless it has one already.
+ * `from` may be `to`: it is read whole first. */
+static int write_fp8_config(const char *from, const char *to)
+{
+    char *text = read_text(from);
+    if (!text)
+        return 1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        fprintf(stderr, "moec-sample: %s is not a JSON object\n", from);
+        cJSON_Delete(root);
+        return 1;
+    }
+    int ok = 1;
+    if (!cJSON_GetObjectItemCaseSensitive(root, "quantization_config")) {
+        static const int block[2] = {128, 128};
+        cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
+        ok = q && cJSON_AddStringToObject(q, "quant_method", "fp8") &&
+             cJSON_AddStringToObject(q, "fmt", "e4m3") &&
+             cJSON_AddStringToObject(q, "activation_scheme", "dynamic") &&
+             cJSON_AddItemToObject(q, "weight_block_size", cJSON_CreateIntArray(block, 2));
+    }
+    char *out = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    FILE *f = out ? fopen(to, "wb") : NULL;
+    if (f) {
+        size_t n = strlen(out);
+        ok = fwrite(out, 1, n, f) == n && fputc('\n', f) != EOF;
+        ok = fclose(f) == 0 && ok;
+    }
+    free(out);
+    if (!f || !ok) {
+        fprintf(stderr, "moec-sample: cannot write %s\n", to);
+        return 1;
+    }
+    return 0;
+}
+
 /* Writes the model's safetensors and the config copy under their temporary
  * names, then renames both into place; on any failure removes them. */
 static int write_model(const out_paths *o, const char *config, const moec_model_t *m,
@@ -562,7 +661,7 @@ int main(int argc, char **argv)
 {
     const char *config = NULL, *outdir = NULL;
     unsigned long long seed = 1;
-    int force = 0, fast = 0;
+    int force = 0, fast = 0, fp8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(USAGE, stdout);
@@ -571,6 +670,8 @@ int main(int argc, char **argv)
             force = 1;
         } else if (!strcmp(argv[i], "--fast")) {
             fast = 1;
+        } else if (!strcmp(argv[i], "--fp8")) {
+            fp8 = 1;
         } else if (!strcmp(argv[i], "--seed")) {
             char *end;
             if (i + 1 == argc || (seed = strtoull(argv[i + 1], &end, 10), *end)) {
@@ -595,11 +696,30 @@ int main(int argc, char **argv)
         return 2;
     }
     /* The config is read (and every error names it) before anything is
-     * created. */
+     * created; with --fp8 the model is then the one its quantized copy (a
+     * temporary file, copied to OUT_DIR/config.json) describes. */
+    char fp8_cfg[4200] = "";
+    if (fp8) {
+        moec_model_t *plain;
+        moec_status pst = moec_model_open_config(config, &plain);
+        if (pst != MOEC_OK) {
+            fprintf(stderr, "moec-sample: %s: %s\n", moec_status_name(pst), moec_last_error());
+            return 1;
+        }
+        moec_model_free(plain);
+        const char *tmp = getenv("TMPDIR");
+        snprintf(fp8_cfg, sizeof fp8_cfg, "%s/moec-sample-fp8-%d.json", tmp && *tmp ? tmp : "/tmp",
+                 (int)getpid());
+        if (write_fp8_config(config, fp8_cfg))
+            return 1;
+        config = fp8_cfg;
+    }
     moec_model_t *m;
     moec_status st = moec_model_open_config(config, &m);
     if (st != MOEC_OK) {
         fprintf(stderr, "moec-sample: %s: %s\n", moec_status_name(st), moec_last_error());
+        if (fp8_cfg[0])
+            unlink(fp8_cfg);
         return 1;
     }
     out_paths o;
@@ -620,5 +740,7 @@ int main(int argc, char **argv)
     if (rc != 0 && o.created)
         rmdir(outdir);
     moec_model_free(m);
+    if (fp8_cfg[0])
+        unlink(fp8_cfg);
     return rc;
 }

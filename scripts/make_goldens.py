@@ -15,27 +15,200 @@ decode steps with the KV cache, and writes:
 Loading fails if transformers reports any missing, unexpected or misshaped
 tensor, so the sample writer's names are checked against the reference too.
 
+An fp8 block-scaled checkpoint (quantization_config quant_method "fp8":
+F8_E4M3 weights beside F32 weight_scale_inv) is first dequantized exactly,
+W = q * scale_inv of its block, into an F32 twin in a temporary folder with
+quantization_config removed, and the twin is what transformers loads: the
+goldens of the function the checkpoint defines, with no fp8 kernel involved.
+The dequantization is plain Python (no torch), so that
+
+  make_goldens.py --dequantize SRC DST
+
+writes the twin on any machine; tests/test_fp8.c checks it bit for bit
+against moec's own dequantization.
+
 usage: make_goldens.py [--steps N] [--device cpu|cuda] [DIR ...]
+       make_goldens.py --dequantize SRC DST
 """
 import argparse
 import json
+import math
 import os
 import platform
+import struct
 import sys
+import tempfile
+from array import array
 
-import torch
-import transformers
-from transformers import AutoModelForCausalLM
 
+# ---- fp8 checkpoints -------------------------------------------------------
+
+def e4m3_value(code):
+    """float8_e4m3fn from the format's definition: sign, 4 exponent bits of
+    bias 7, 3 mantissa bits; exponent 0 subnormal; S.1111.111 the only NaN."""
+    sign, e, m = code >> 7, (code >> 3) & 15, code & 7
+    if e == 15 and m == 7:
+        return math.nan
+    v = math.ldexp(m, -9) if e == 0 else math.ldexp(8 + m, e - 10)
+    return -v if sign else v
+
+
+E4M3 = [e4m3_value(c) for c in range(256)]
+
+
+def read_safetensors(path):
+    """{name: (dtype, shape, bytes)} of a single safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        out[name] = (t["dtype"], list(t["shape"]), data[base + lo:base + hi])
+    return out
+
+
+def write_safetensors_f32(path, tensors):
+    """tensors: [(name, shape, array('f'))], written in that order."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0  # transformers checks the format
+    for name, shape, values in tensors:
+        size = 4 * len(values)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _, _, values in tensors:
+            f.write(values.tobytes())
+
+
+def f32_array(raw):
+    a = array("f")
+    a.frombytes(raw)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a
+
+
+def widen(dtype, raw):
+    """A float tensor's values as array('f')."""
+    if dtype == "F32":
+        return f32_array(raw)
+    if dtype == "BF16":
+        a = array("f")
+        a.frombytes(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
+        return a
+    if dtype == "F16":
+        return array("f", (v for (v,) in struct.iter_unpack("<e", raw)))
+    sys.exit(f"cannot widen a {dtype} tensor")
+
+
+def dequantize_tensor(name, shape, codes, scale_shape, scales, block):
+    """W[.., i, j] = e4m3(q[.., i, j]) * s[.., i // bn, j // bk]: the product
+    of an exact double and an f32 rounded once to f32, as one fp32 multiply
+    rounds it."""
+    if len(shape) < 2:
+        sys.exit(f"{name}: an fp8 tensor needs rows and columns, has shape {shape}")
+    bn, bk = block
+    rows, cols = shape[-2], shape[-1]
+    srows, scols = -(-rows // bn), -(-cols // bk)
+    if scale_shape != shape[:-2] + [srows, scols]:
+        sys.exit(f"{name}_scale_inv: shape {scale_shape}, expected {shape[:-2] + [srows, scols]} "
+                 f"for {name} {shape} in blocks of {block}")
+    if not all(math.isfinite(s) for s in scales):
+        sys.exit(f"{name}_scale_inv: a scale is not finite")
+    out = array("f", bytes(4 * len(codes)))
+    lead = len(codes) // (rows * cols)
+    for b in range(lead):
+        for i in range(rows):
+            srow = (b * srows + i // bn) * scols
+            at = (b * rows + i) * cols
+            for j in range(cols):
+                out[at + j] = E4M3[codes[at + j]] * scales[srow + j // bk]
+    return out
+
+
+def fp8_block(config):
+    """weight_block_size of an fp8 quantization_config, else None."""
+    q = config.get("quantization_config")
+    if not q:
+        return None
+    if q.get("quant_method") != "fp8" or q.get("fmt", "e4m3") != "e4m3":
+        sys.exit(f"quantization_config {q} is not fp8 e4m3")
+    block = q.get("weight_block_size", [128, 128])
+    if not (isinstance(block, list) and len(block) == 2 and all(int(b) == b >= 1 for b in block)):
+        sys.exit(f"weight_block_size {block} is not two sizes")
+    return [int(b) for b in block]
+
+
+def dequantize_checkpoint(src, dst):
+    """Writes dst/config.json (quantization_config removed, torch_dtype
+    float32) and dst/model.safetensors (every tensor F32, fp8 ones
+    dequantized, their scales dropped) from the fp8 checkpoint in src."""
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    block = fp8_block(config)
+    if block is None:
+        sys.exit(f"{src}: config.json has no fp8 quantization_config")
+    tensors = read_safetensors(os.path.join(src, "model.safetensors"))
+    scales = {n for n in tensors if n.endswith("_scale_inv")}
+    out = []
+    for name, (dtype, shape, raw) in tensors.items():
+        if name in scales:
+            if name[:-len("_scale_inv")] not in tensors:
+                sys.exit(f"{name}: a scale without its tensor")
+            continue
+        if dtype == "F8_E4M3":
+            sname = name + "_scale_inv"
+            if sname not in tensors or tensors[sname][0] != "F32":
+                sys.exit(f"{name}: fp8 without an F32 {sname}")
+            values = dequantize_tensor(name, shape, raw, tensors[sname][1],
+                                       f32_array(tensors[sname][2]), block)
+        else:
+            if name + "_scale_inv" in tensors:
+                sys.exit(f"{name}: a {dtype} tensor with a block scale")
+            values = widen(dtype, raw)
+        out.append((name, shape, values))
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors_f32(os.path.join(dst, "model.safetensors"), out)
+    del config["quantization_config"]
+    config["torch_dtype"] = "float32"
+    config.pop("dtype", None)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    return block
+
+
+# ---- goldens ---------------------------------------------------------------
 
 def golden(model_dir, steps, device):
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
     with open(os.path.join(model_dir, "prompt.json")) as f:
         prompt = json.load(f)["prompt_ids"]
-    model, info = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        quantized = fp8_block(json.load(f)) is not None
+    with tempfile.TemporaryDirectory() as twin:
+        load_dir = model_dir
+        if quantized:
+            block = dequantize_checkpoint(model_dir, twin)
+            load_dir = twin
+        model, info = AutoModelForCausalLM.from_pretrained(
+            load_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
     if bad or info.get("error_msgs"):
         sys.exit(f"{model_dir}: transformers could not load every tensor cleanly: {info}")
+    if getattr(model.config, "quantization_config", None):
+        sys.exit(f"{model_dir}: the dequantized twin still loaded as quantized")
     model.to(device).eval()
     rows, greedy = [], []
     with torch.no_grad():
@@ -64,6 +237,8 @@ def golden(model_dir, steps, device):
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
     }
+    if quantized:
+        meta["weights"] = f"fp8 e4m3, block scales {block[0]}x{block[1]}, dequantized to fp32"
     with open(os.path.join(model_dir, "golden.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
@@ -73,16 +248,23 @@ def golden(model_dir, steps, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=None, help="cuda when available, else cpu")
+    ap.add_argument("--dequantize", nargs=2, metavar=("SRC", "DST"),
+                    help="only write the F32 twin of the fp8 checkpoint SRC into DST")
     ap.add_argument("dirs", nargs="*")
     a = ap.parse_args()
+    if a.dequantize:
+        dequantize_checkpoint(*a.dequantize)
+        return
+    import torch
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data")
     dirs = a.dirs or sorted(os.path.join(root, d) for d in os.listdir(root)
                             if os.path.exists(os.path.join(root, d, "prompt.json")))
     for d in dirs:
-        golden(d, a.steps, a.device)
+        golden(d, a.steps, device)
 
 
 if __name__ == "__main__":

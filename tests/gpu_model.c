@@ -1,5 +1,7 @@
 /* gpu_model.c — the CUDA backend against the CPU interpreter on every tiny
- * model in tests/data. Through the public API: the prompt and 8 greedy
+ * model in tests/data (the fp8 ones too: their kernels read e4m3 codes and
+ * block scales, the interpreter dequantizes exactly). Through the public
+ * API: the prompt (prompt.json) and 8 greedy
  * decode steps (each backend fed the interpreter's tokens), in fp32 (rows
  * within 1e-4 of max |ref|, greedy tokens identical) and bf16 (rows within
  * 2e-2; differing tokens are reported, not failed), and a 150-token prompt
@@ -42,7 +44,7 @@ static size_t device_free_bytes(void) { return 0; }
 #endif
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
+                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8"};
 
 #define DECODE 8      /* greedy steps after the prompt */
 #define LONG 150      /* the chunked prompt: 64 + 64 + 22 tokens, three KV pages */
@@ -52,7 +54,7 @@ static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3"
 static int read_prompt(const char *dir, int32_t *prompt, int cap)
 {
     char path[4096];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
+    snprintf(path, sizeof path, "%s/prompt.json", dir);
     char *text = t_read_file(path, NULL);
     cJSON *g = cJSON_Parse(text);
     free(text);

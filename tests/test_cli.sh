@@ -107,9 +107,11 @@ done
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect 1 "tensor parallelism (tp 2) on CUDA from a model is not supported yet" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend cuda --tp 2
 fi
+# the done lines agree but for their timings
+untimed() { sed 's/,"ttft_ms":[^,}]*//; s/,"itl_ms":[^,}]*//'; }
 printf '{"id":"a","prompt_ids":[3,1,4],"max_new_tokens":3,"ignore_eos":true}\n' >"$T/req"
-want=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin <"$T/req" 2>/dev/null | tail -1)
-got=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 2 <"$T/req" 2>/dev/null | tail -1)
+want=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin <"$T/req" 2>/dev/null | tail -1 | untimed)
+got=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 2 <"$T/req" 2>/dev/null | tail -1 | untimed)
 [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve --tp 2 --ep 2 replied '$got', want '$want'"
 expect 1 "ep 3 must divide tp 2" -- "$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 3
 
@@ -135,16 +137,87 @@ expect 0 "$("$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --back
   "$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu --single-stream --eager
 expect 2 "--batch-sizes: '0' is not 1 to 16 sizes >= 1" -- "$B" bench "$D/qwen3_moe" --batch-sizes 0
 expect 2 "--steps: 'x' is not a count" -- "$B" bench "$D/qwen3_moe" --steps x
-expect 1 "context 1024 exceeds max_position_embeddings 512" -- "$B" bench "$D/qwen3_moe"
+# bench checks its context before it looks for a device: the default fits
+# the model (max_position_embeddings 512: context 511), a longer one names
+# --context; make demo's sample model benches with the defaults.
+expect 2 "moec: --context 1024 is more than the model allows: at most 511 (its max_position_embeddings 512, less the token each step decodes)" -- \
+  "$B" bench "$D/qwen3_moe" --context 1024
+expect 2 "moec: --context 512 is more than the model allows: at most 511" -- "$B" bench "$D/qwen3_moe" --context 512
+"$MOEC_BUILD_DIR/moec-sample" "$S/samples/configs/deepseek_v3_tiny.json" "$T/sample" >/dev/null && ok || bad "moec-sample failed"
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$T/sample"
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$D/qwen3_moe" --context 511
+fi
 expect 2 "--backend: 'tpu' is not cpu, cuda or auto" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend tpu
 expect 2 "--max-seq-len 2 is too short" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 4 --max-seq-len 2
-expect 1 "max_seq_len 100000 exceeds the model's max_position_embeddings 512" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
+# prompt + new tokens past the model's limit name the flag to change
+expect 2 "moec: --max-seq-len 100000 exceeds the model's max_position_embeddings 512" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
+expect 2 "moec: 2 prompt tokens and --max-new-tokens 100000 need 100001 positions, more than the model's max_position_embeddings 512: --max-new-tokens can be at most 511" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 100000
+expect 2 "--max-new-tokens 512 need 513 positions" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 512
+n=$("$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 511 --ignore-eos --backend cpu | wc -w)
+[ "$n" = 511 ] && ok || bad "--max-new-tokens 511 after 2 prompt tokens (512 positions) printed $n ids"
+expect 2 "moec: the prompt's 513 tokens exceed the model's max_position_embeddings 512" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids "$(seq -s, 513 | sed 's/[0-9]*/1/g')" --max-new-tokens 1
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-  expect 1 "no CUDA device" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend cuda
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --backend cuda
 fi
+# Non-finite logits are an error naming the step and position, not ids:
+# every weight NaN fails on the prompt; with token 59's embedding row NaN,
+# [1,2] generates 59 and fails feeding it back.
+NAN_MODEL=$MOEC_BUILD_DIR/tests/nan_model
+"$NAN_MODEL" "$D/deepseek_v3" "$T/nan" && "$NAN_MODEL" "$D/deepseek_v3" "$T/nan59" model.embed_tokens.weight 59 &&
+  ok || bad "nan_model failed"
+expect 1 "moec: error (numeric error): " -- "$B" run "$T/nan" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu
+expect 1 ": step 0, position 0: the logits hold a NaN or an infinity (a NaN in the checkpoint, or an overflow)" -- \
+  "$B" run "$T/nan" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu
+out=$("$B" run "$T/nan" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu 2>/dev/null)
+[ -z "$out" ] && ok || bad "a NaN model printed ids: $out"
+expect 1 ": step 1, position 2: the logits hold a NaN or an infinity" -- \
+  "$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu
+out=$("$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu 2>/dev/null)
+[ "$out" = 59 ] && ok || bad "NaN at token 59: printed '$out', want '59' (the last id before the error)"
+
 # A model directory whose weights are missing: the error names the tensor.
 mkdir -p "$T/noweights" && cp "$D/qwen3_moe/config.json" "$T/noweights/"
 expect 1 "no *.safetensors" -- "$B" run "$T/noweights" --prompt-ids 1 --max-new-tokens 1
+
+# fp8 block-scaled checkpoints: fused where their scale blocks allow, run on
+# the CPU, compiled for the GPU (whose kernels read the fp8 weights); the
+# plan checks its checkpoint, scales included; moec-sample --fp8 writes one.
+FP8=$D/deepseek_v3_fp8
+expect 0 "weight %l0.attn.qkv_a_proj : f8e4m3[448, 320] = concat(0" -- "$B" dump-ir "$FP8" --after fuse_qkv_a
+expect 0 "32 weights (69 checkpoint tensors)" -- "$B" dump-ir "$FP8" --summary
+ids=$("$B" run "$FP8" --prompt-ids 0,64,128 --max-new-tokens 3 --backend cpu)
+[ "$(echo "$ids" | wc -w)" = 3 ] && ok || bad "run of the fp8 model printed '$ids'"
+expect 0 "moec compile: wrote $T/fp8.moec" -- "$B" compile "$FP8" -o "$T/fp8.moec" --batch-sizes 1,8
+# not split over ranks (its scales would need cutting on block boundaries)
+expect 1 "splitting an fp8 checkpoint over ranks is not supported yet" -- \
+  "$B" run "$FP8" --prompt-ids 1 --max-new-tokens 1 --backend cpu --tp 2
+expect 1 "splitting an fp8 checkpoint over ranks is not supported yet" -- \
+  "$B" compile "$FP8" -o "$T/fp8tp.moec" --tp 2
+[ ! -e "$T/fp8tp.moec" ] && ok || bad "a refused fp8 split wrote a plan"
+[ "$(head -c 8 "$T/fp8.moec" 2>/dev/null)" = MOECPLAN ] && ok || bad "the fp8 compile wrote no plan"
+expect 1 "plan $T/fp8.moec was compiled for another config" -- \
+  "$B" run "$T/fp8.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
+SAMPLE=$MOEC_BUILD_DIR/moec-sample
+qc() { python3 -c "import json,sys;print(json.load(open(sys.argv[1])).get('quantization_config'))" "$1"; }
+expect 0 "--fp8" -- "$SAMPLE" --help
+expect 0 "wrote 69 tensors" -- "$SAMPLE" --fp8 "$S/tests/data/configs/deepseek_v3_fp8.json" "$T/fp8s"
+expect 0 "{'quant_method': 'fp8', 'fmt': 'e4m3', 'activation_scheme': 'dynamic', 'weight_block_size': [128, 128]}" -- qc "$T/fp8s/config.json"
+expect 0 "weight %l1.moe.experts.down : f8e4m3[4, 320, 128]" -- "$B" dump-ir "$T/fp8s"
+expect 0 "'modules_to_not_convert': ['lm_head', 'model.layers.1.mlp.gate', 'model.layers.0.self_attn.o_proj']" -- \
+  bash -c "'$SAMPLE' --fp8 '$S/tests/data/configs/qwen3_moe_fp8.json' '$T/fp8q' && python3 -c \"import json;print(json.load(open('$T/fp8q/config.json'))['quantization_config'])\""
+expect 0 "wrote 41 tensors" -- "$SAMPLE" "$S/tests/data/configs/deepseek_v3_fp8.json" "$T/bf16s"
+expect 0 "None" -- qc "$T/bf16s/config.json"
+# config and checkpoint that disagree on quantization: the tensor is named
+cp "$T/fp8s/config.json" "$T/bf16s/config.json"
+expect 1 "tensor 'model.layers.0.self_attn.q_a_proj.weight' in $T/bf16s/model.safetensors has dtype BF16, expected F8_E4M3" -- \
+  "$B" run "$T/bf16s" --prompt-ids 1 --max-new-tokens 1 --backend cpu
+cp "$S/tests/data/configs/deepseek_v3_fp8.json" "$T/fp8s/config.json"
+expect 1 "has dtype F8_E4M3, expected BF16 (an fp8 tensor, but the config does not quantize this weight" -- \
+  "$B" run "$T/fp8s" --prompt-ids 1 --max-new-tokens 1 --backend cpu
 
 echo "test_cli: $pass passed, $fail failed"
 [ "$fail" = 0 ]

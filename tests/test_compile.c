@@ -269,13 +269,53 @@ static void test_compile_errors(void)
     free(text);
     T_ERR(moec_compile(m, empty, &o, path), MOEC_ERR_IO, "no *.safetensors");
     T_CHECK(!exists(path));
-    T_ERR(moec_compile(m, dir, &o, tmp_path("no/such/dir/x.moec")), MOEC_ERR_IO,
-          "no/such/dir/x.moec");
+    /* The output path is checked first (before the checkpoint: qwen3_moe's
+     * would not fit), naming the path given. */
+    char want[9000], in_file[4400];
+    snprintf(want, sizeof want, "cannot write the plan %s: directory %s: No such file or directory",
+             tmp_path("no/such/dir/x.moec"), tmp_path("no/such/dir"));
+    T_ERR(moec_compile(m, t_src("tests/data/qwen3_moe"), &o, tmp_path("no/such/dir/x.moec")),
+          MOEC_ERR_IO, want);
+    snprintf(want, sizeof want, "cannot write the plan %s: it is a directory (name a file, such as %s/model.moec)",
+             g_dir, g_dir);
+    T_ERR(moec_compile(m, t_src("tests/data/qwen3_moe"), &o, g_dir), MOEC_ERR_IO, want);
+    snprintf(in_file, sizeof in_file, "%s/x.moec", cfg);
+    snprintf(want, sizeof want, "cannot write the plan %s: %s is not a directory", in_file, cfg);
+    T_ERR(moec_compile(m, dir, &o, in_file), MOEC_ERR_IO, want);
     T_ERR(moec_compile(NULL, dir, &o, path), MOEC_ERR_INVALID_ARG, "NULL argument");
     T_CHECK(!exists(path));
     remove(cfg);
     rmdir(empty);
+    /* bench: the context against max_position_embeddings 512 (each step
+     * decodes one more token), before any device is looked for */
+    moec_bench_options bo = {.n_batch = 1, .batch = {1}, .context = 512, .steps = 1};
+    moec_bench_result r;
+    T_ERR(moec_bench(m, dir, &bo, &r), MOEC_ERR_CAPACITY,
+          "context 512 is too long: each step decodes the token after it, and the model's "
+          "max_position_embeddings 512 allows a context of at most 511");
+    T_CHECK(r.context == 512 && r.max_context == 511);
     moec_model_free(m);
+}
+
+/* moec_bench of a plan: its default context is the model's limit less one
+ * (not 1024), a longer one is refused before the device is looked for. */
+static void test_bench_plan(const char *plan_path)
+{
+    const char *v3 = t_src("tests/data/deepseek_v3");
+    moec_bench_options bo = {.n_batch = 1, .batch = {1}, .context = 1024, .steps = 1,
+                             .plan_path = plan_path};
+    moec_bench_result r;
+    T_ERR(moec_bench(NULL, v3, &bo, &r), MOEC_ERR_CAPACITY,
+          "context 1024 is too long: each step decodes the token after it, and the model's "
+          "max_position_embeddings 512 allows a context of at most 511");
+    T_CHECK(r.context == 1024 && r.max_context == 511);
+    int n_dev = 0;
+    if (moec_cuda_device_count(&n_dev) != MOEC_OK || n_dev < 1) {
+        bo.context = -1;
+        T_ERR(moec_bench(NULL, v3, &bo, &r), MOEC_ERR_NO_DEVICE,
+              "no CUDA device: no NVIDIA driver or GPU was found (");
+        T_CHECK(r.context == 511 && r.max_context == 511);
+    }
 }
 
 /* Plan sessions: every check that needs no device comes before the device. */
@@ -394,6 +434,13 @@ static void test_compile_ranks(void)
     T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_INVALID_ARG,
           "asked to run it with tp 2, ep 1");
     T_CHECK(s == NULL);
+    /* refused before any device is looked for */
+    moec_bench_options bo = {.n_batch = 1, .batch = {1}, .context = -1, .steps = 1,
+                             .plan_path = path};
+    moec_bench_result br;
+    T_ERR(moec_bench(NULL, dir, &bo, &br), MOEC_ERR_UNSUPPORTED,
+          "v3_tp2.moec is split over 2 ranks (tp 2): benchmarking a group of ranks is not "
+          "supported yet");
     int n_dev = 0;
     if (moec_cuda_device_count(&n_dev) != MOEC_OK || n_dev < 1) {
         want = (moec_parallel){2, 2, 0};
@@ -450,6 +497,7 @@ int main(void)
         test_plan_session(plan);
         test_unsharded_plan_split(plan);
         test_compile_ranks();
+        test_bench_plan(plan);
     }
     nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     return t_finish("test_compile");

@@ -28,7 +28,7 @@ expect() {
 }
 
 expect 0 "compile MODEL_DIR" -- "$B" --help
-for f in --output --arch --dtype --buckets --batch-sizes --tp --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
+for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
   expect 0 "$f" -- "$B" compile --help
 done
 expect 0 "--weights DIR" -- "$B" run --help
@@ -60,15 +60,42 @@ expect 1 "plan $T/q3.moec was compiled for tp 1, ep 1 (1 rank); asked to run it 
 # Running a plan: the plan, then the checkpoint, then the device.
 expect 1 "plan $P was compiled for another config" -- "$B" run "$P" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-  expect 1 "no CUDA device" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+  # bench of a plan: its default context fits the model, so on to the device
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$P" --weights "$D/deepseek_v3"
 fi
+# ...and a context too long for it is refused before any device is looked for
+expect 2 "moec: --context 1024 is more than the model allows: at most 511 (its max_position_embeddings 512, less the token each step decodes)" -- \
+  "$B" bench "$P" --weights "$D/deepseek_v3" --context 1024
 size=$(stat -c %s "$P")
 head -c 100 "$P" >"$T/short.moec"
 expect 1 "plan $T/short.moec is truncated" -- "$B" run "$T/short.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
 head -c $((size - 4096)) "$P" >"$T/cut.moec"
 expect 1 "plan $T/cut.moec is corrupt or truncated (checksum mismatch)" -- "$B" run "$T/cut.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
 expect 1 "config.json is not a moec plan" -- "$B" run "$D/deepseek_v3/config.json" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
-expect 1 "max_seq_len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+expect 2 "moec: --max-seq-len 1000 exceeds the model's max_position_embeddings 512" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 1000
+# prompt + new tokens past the model's limit name the flag to change, for a plan too
+expect 2 "moec: 1 prompt tokens and --max-new-tokens 1000 need 1000 positions, more than the model's max_position_embeddings 512: --max-new-tokens can be at most 512" -- \
+  "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1000
+
+# A bad output path fails at once, before any pass or NVRTC compile, naming
+# the path given (not the temporary file the plan is written through).
+# compile_fast CODE NEEDLE -- CMD...: as expect, and no kernel was compiled.
+compile_fast() {
+  expect "$@"
+  shift 3
+  "$@" 2>&1 | grep -q "compiled [0-9]*/[0-9]* kernels" && bad "$* compiled kernels first" || ok
+}
+compile_fast 1 "cannot write the plan $T: it is a directory (name a file, such as $T/model.moec)" -- \
+  "$B" compile "$D/deepseek_v3" -o "$T"
+compile_fast 1 "cannot write the plan $T/nonexistent/x.moec: directory $T/nonexistent: No such file or directory" -- \
+  "$B" compile "$D/deepseek_v3" -o "$T/nonexistent/x.moec"
+compile_fast 1 "cannot write the plan $P/x.moec: $P is not a directory" -- "$B" compile "$D/deepseek_v3" -o "$P/x.moec"
+if [ "$(id -u)" != 0 ]; then # root writes anywhere
+  mkdir "$T/ro" && chmod 555 "$T/ro"
+  compile_fast 1 "cannot write the plan $T/ro/x.moec: directory $T/ro is not writable: Permission denied" -- \
+    "$B" compile "$D/deepseek_v3" -o "$T/ro/x.moec"
+fi
 
 # Bad invocations.
 expect 1 "tp 3 does not divide num_attention_heads 4" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --tp 3
@@ -90,6 +117,27 @@ expect 1 "no *.safetensors" -- "$B" compile "$T/noweights" -o "$T/x.moec"
 [ ! -e "$T/x.moec" ] && ok || bad "a failed compile left $T/x.moec"
 "$B" compile "$D/deepseek_v3" -o "$T/again.moec" --batch-sizes 1,8 2>/dev/null
 cmp -s "$T/again.moec" "$P" && ok || bad "a recompile (warm cache) wrote a different plan"
+
+# --quantize fp8: the fp8 checkpoint written beside the plan (PLAN without
+# .moec, plus .fp8), the plan compiled for it; the CPU runs the same folder.
+Q=$T/q.moec
+"$B" compile "$D/deepseek_v3" -o "$Q" --quantize fp8 --batch-sizes 1 2>"$T/qerr"; rc=$?
+[ "$rc" = 0 ] && ok || bad "compile --quantize fp8 exited $rc: $(cat "$T/qerr")"
+grep -q "moec compile: the fp8 checkpoint is $T/q.fp8: run the plan with --weights $T/q.fp8" "$T/qerr" && ok ||
+  bad "compile --quantize fp8 does not say where the checkpoint is: $(cat "$T/qerr")"
+grep -q '"quant_method":[[:space:]]*"fp8"' "$T/q.fp8/config.json" && [ -f "$T/q.fp8/model-00001.safetensors" ] && ok ||
+  bad "$T/q.fp8 is not an fp8 checkpoint"
+[ "$(head -c 8 "$Q" 2>/dev/null)" = MOECPLAN ] && ok || bad "compile --quantize fp8 wrote no plan"
+got=$("$B" run "$T/q.fp8" --prompt-ids 3,4,5 --max-new-tokens 3 --ignore-eos --backend cpu)
+[ -n "$got" ] && ok || bad "the fp8 checkpoint does not run on the CPU"
+expect 1 "plan $Q was compiled for another config" -- "$B" run "$Q" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+compile_fast 1 "cannot write the fp8 checkpoint $T/q.fp8: it exists (remove it, or name another folder)" -- \
+  "$B" compile "$D/deepseek_v3" -o "$Q" --quantize fp8
+compile_fast 1 "is quantized already (its config.json has a quantization_config): nothing to quantize" -- \
+  "$B" compile "$D/deepseek_v3_fp8" -o "$T/q2.moec" --quantize fp8 --quantized-dir "$T/q2"
+[ ! -e "$T/q2" ] && ok || bad "a refused quantization left $T/q2"
+expect 2 "--quantize: 'int4' is not fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantize int4
+expect 2 "--quantized-dir goes with --quantize fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantized-dir "$T/qq"
 
 # run MODEL_DIR --weights DIR reads the weights from DIR.
 mkdir -p "$T/cfg" && cp "$D/qwen3_moe/config.json" "$T/cfg/"

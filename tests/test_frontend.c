@@ -4,8 +4,10 @@
  * mlp_only_layers put them; RoPE, YaRN and softmax-scale attributes equal
  * the reference's formulas (expected values computed independently with
  * Python's math module, shown next to each literal); the transformers-4 and
- * transformers-5 forms of one config give the same IR text; every
- * unsupported or malformed field is rejected by name. */
+ * transformers-5 forms of one config give the same IR text; fp8
+ * checkpoints (quantization_config) get block-scaled f8e4m3 linears but
+ * where modules_to_not_convert / ignored_layers say; every unsupported or
+ * malformed field is rejected by name. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -851,6 +853,193 @@ static void test_published(void)
     ir_module_free(m);
 }
 
+/* ---- fp8 block-scaled checkpoints ------------------------------------------- */
+
+/* Weight `name` is f8e4m3 in blocks of b0 x b1, its scales bound like its
+ * tensors to `scale` ({e} pattern when a stack). */
+static void check_fp8(const ir_module *m, const char *name, int64_t b0, int64_t b1,
+                      const char *scale, int line)
+{
+    t_checks++;
+    const ir_value *v = ir_module_find_value(m, name);
+    int ok = v && v->kind == IR_VALUE_WEIGHT && v->type.dtype == IR_DTYPE_F8E4M3 &&
+             v->scale.block[0] == b0 && v->scale.block[1] == b1 && v->scale.bind.name &&
+             !strcmp(v->scale.bind.name, scale) && v->scale.bind.kind == v->bind.kind &&
+             v->scale.bind.count == v->bind.count;
+    if (!ok) {
+        t_failures++;
+        fprintf(stderr, "%s:%d: weight %%%s is not f8e4m3 in [%lld, %lld] blocks scaled by %s\n",
+                __FILE__, line, name, (long long)b0, (long long)b1, scale);
+    }
+}
+#define FP8(m, name, scale) check_fp8(m, name, 128, 128, scale, __LINE__)
+
+/* Weight `name` is not block-scaled and of dtype dt. */
+static void check_plain(const ir_module *m, const char *name, ir_dtype dt, int line)
+{
+    t_checks++;
+    const ir_value *v = ir_module_find_value(m, name);
+    if (!v || v->kind != IR_VALUE_WEIGHT || v->type.dtype != dt || v->scale.block[0] ||
+        v->scale.block[1] || v->scale.bind.name) {
+        t_failures++;
+        fprintf(stderr, "%s:%d: weight %%%s is not a plain %s weight\n", __FILE__, line, name,
+                ir_dtype_name(dt));
+    }
+}
+#define PLAIN(m, name, dt) check_plain(m, name, dt, __LINE__)
+
+/* The number of block-scaled weights of m. */
+static int n_scaled(const ir_module *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_values; i++)
+        n += m->values[i]->kind == IR_VALUE_WEIGHT && m->values[i]->scale.block[0] > 0;
+    return n;
+}
+
+#define FP8_QC                                                                                     \
+    "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "               \
+    "\"weight_block_size\": [128, 128]}"
+
+static void test_fp8(void)
+{
+    const char *ds = "deepseek_v3_fp8.json", *qw = "qwen3_moe_fp8.json";
+    const char *skip = "quantization_config.modules_to_not_convert";
+
+    /* DeepSeek-V3 as published: every linear of the layers in fp8, the rest
+     * not; 2 layers x 5 attention projections, 3 dense + 3 shared MLP
+     * linears, 3 expert stacks. */
+    ir_module *m = build_ok_with(ds, "quantization_config", FP8_QC);
+    if (m) {
+        WEIGHT(m, "l0.attn.kv_a_proj", IR_DTYPE_F8E4M3, 2, 192, 320, 0,
+               "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 0);
+        FP8(m, "l0.attn.kv_a_proj", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv");
+        FP8(m, "l0.attn.q_a_proj", "model.layers.0.self_attn.q_a_proj.weight_scale_inv");
+        FP8(m, "l0.attn.q_b_proj", "model.layers.0.self_attn.q_b_proj.weight_scale_inv");
+        FP8(m, "l1.attn.kv_b_proj", "model.layers.1.self_attn.kv_b_proj.weight_scale_inv");
+        FP8(m, "l1.attn.o_proj", "model.layers.1.self_attn.o_proj.weight_scale_inv");
+        FP8(m, "l0.mlp.down_proj", "model.layers.0.mlp.down_proj.weight_scale_inv");
+        FP8(m, "l1.moe.shared.up_proj", "model.layers.1.mlp.shared_experts.up_proj.weight_scale_inv");
+        WEIGHT(m, "l1.moe.experts.down", IR_DTYPE_F8E4M3, 3, 4, 320, 128,
+               "model.layers.1.mlp.experts.{e}.down_proj.weight", 4);
+        FP8(m, "l1.moe.experts.down", "model.layers.1.mlp.experts.{e}.down_proj.weight_scale_inv");
+        FP8(m, "l1.moe.experts.gate", "model.layers.1.mlp.experts.{e}.gate_proj.weight_scale_inv");
+        PLAIN(m, "embed_tokens", IR_DTYPE_BF16);
+        PLAIN(m, "lm_head", IR_DTYPE_BF16);
+        PLAIN(m, "l1.moe.router", IR_DTYPE_BF16);
+        PLAIN(m, "l1.moe.router_bias", IR_DTYPE_F32);
+        PLAIN(m, "l0.attn.kv_a_layernorm", IR_DTYPE_BF16);
+        PLAIN(m, "norm", IR_DTYPE_BF16);
+        T_CHECK(n_scaled(m) == 2 * 5 + 3 + 3 + 3);
+        check_round_trip(m);
+    }
+    ir_module_free(m);
+    m = build_named(ds); /* no quantization_config: nothing quantized */
+    T_CHECK(m && n_scaled(m) == 0);
+    if (m)
+        PLAIN(m, "l0.attn.kv_a_proj", IR_DTYPE_BF16);
+    ir_module_free(m);
+    m = build_ok_with(ds, "quantization_config", "{\"quant_method\": \"fp8\"}");
+    if (m) /* transformers' defaults: 128 x 128, dynamic */
+        FP8(m, "l0.attn.o_proj", "model.layers.0.self_attn.o_proj.weight_scale_inv");
+    ir_module_free(m);
+    m = build_ok_with(ds, "quantization_config",
+                      "{\"quant_method\": \"fp8\", \"activation_scheme\": \"Dynamic\", "
+                      "\"weight_block_size\": [64, 32], \"ignored_layers\": null}");
+    if (m)
+        check_fp8(m, "l0.attn.o_proj", 64, 32, "model.layers.0.self_attn.o_proj.weight_scale_inv",
+                  __LINE__);
+    ir_module_free(m);
+
+    /* Qwen3-FP8 lists modules it kept in bf16: the router, here an o_proj. */
+    m = build_named(qw);
+    if (m) {
+        PLAIN(m, "l0.attn.o_proj", IR_DTYPE_BF16);
+        FP8(m, "l1.attn.o_proj", "model.layers.1.self_attn.o_proj.weight_scale_inv");
+        FP8(m, "l0.attn.k_proj", "model.layers.0.self_attn.k_proj.weight_scale_inv");
+        FP8(m, "l0.mlp.gate_proj", "model.layers.0.mlp.gate_proj.weight_scale_inv");
+        FP8(m, "l1.moe.experts.up", "model.layers.1.mlp.experts.{e}.up_proj.weight_scale_inv");
+        PLAIN(m, "l1.moe.router", IR_DTYPE_BF16);
+        PLAIN(m, "l0.attn.q_norm", IR_DTYPE_BF16);
+        T_CHECK(n_scaled(m) == 2 * 4 - 1 + 3 + 3);
+        check_round_trip(m);
+    }
+    ir_module_free(m);
+    /* How entries name modules: a name at a dot ... */
+    m = build_ok_with(qw, skip, "[\"o_proj\"]");
+    if (m) {
+        PLAIN(m, "l0.attn.o_proj", IR_DTYPE_BF16);
+        PLAIN(m, "l1.attn.o_proj", IR_DTYPE_BF16);
+        T_CHECK(n_scaled(m) == 2 * 3 + 3 + 3);
+    }
+    ir_module_free(m);
+    /* ... a module holding others, with or without the dot ... */
+    m = build_ok_with(qw, skip, "[\"model.layers.1\"]");
+    if (m) {
+        PLAIN(m, "l1.attn.q_proj", IR_DTYPE_BF16);
+        PLAIN(m, "l1.moe.experts.down", IR_DTYPE_BF16);
+        T_CHECK(n_scaled(m) == 4 + 3);
+    }
+    ir_module_free(m);
+    m = build_ok_with(qw, skip, "[\"model.layers.0.\"]");
+    T_CHECK(m && n_scaled(m) == 4 + 3);
+    if (m)
+        PLAIN(m, "l0.mlp.up_proj", IR_DTYPE_BF16);
+    ir_module_free(m);
+    /* ... the experts module of transformers 5 ... */
+    m = build_ok_with(qw, skip, "[\"model.layers.1.mlp.experts\"]");
+    if (m) {
+        PLAIN(m, "l1.moe.experts.gate", IR_DTYPE_BF16);
+        T_CHECK(n_scaled(m) == 2 * 4 + 3);
+    }
+    ir_module_free(m);
+    /* ... never part of a name; and ignored_layers counts too. */
+    m = build_ok_with(qw, skip, "[\"layers.1\", \"proj\", \"model.layers.1.self\"]");
+    T_CHECK(m && n_scaled(m) == 2 * 4 + 3 + 3);
+    ir_module_free(m);
+    m = build_ok_with(qw, "quantization_config.ignored_layers", "[\"model.layers.0.mlp\"]");
+    if (m) {
+        PLAIN(m, "l0.mlp.down_proj", IR_DTYPE_BF16);
+        PLAIN(m, "l0.attn.o_proj", IR_DTYPE_BF16);
+        T_CHECK(n_scaled(m) == 2 * 4 - 1 + 3);
+    }
+    ir_module_free(m);
+
+    const moec_status U = MOEC_ERR_UNSUPPORTED, F = MOEC_ERR_FORMAT;
+    REJECT(ds, "quantization_config", "\"fp8\"", F,
+           "deepseek_v3_fp8.json: field \"quantization_config\" must be an object");
+    REJECT(ds, "quantization_config", "{}", F,
+           "missing required field \"quantization_config.quant_method\"");
+    REJECT(qw, "quantization_config.quant_method", "\"fbgemm_fp8\"", U,
+           "qwen3_moe_fp8.json: field \"quantization_config.quant_method\" = \"fbgemm_fp8\" is "
+           "not supported");
+    REJECT(qw, "quantization_config.quant_method", "null", F,
+           "field \"quantization_config.quant_method\" must be a string");
+    REJECT(qw, "quantization_config.fmt", "\"e5m2\"", U,
+           "field \"quantization_config.fmt\" = \"e5m2\" is not supported");
+    REJECT(qw, "quantization_config.activation_scheme", "\"static\"", U,
+           "field \"quantization_config.activation_scheme\" = \"static\" is not supported");
+    REJECT(qw, "quantization_config.weight_block_size", "null", U,
+           "field \"quantization_config.weight_block_size\" = null is not supported: moec reads "
+           "block-scaled fp8");
+    REJECT(qw, "quantization_config.weight_block_size", "[128]", F,
+           "field \"quantization_config.weight_block_size\" must be a list of two integers");
+    REJECT(qw, "quantization_config.weight_block_size", "[128, 1.5]", F,
+           "field \"quantization_config.weight_block_size\" must be a list of two integers");
+    REJECT(qw, "quantization_config.weight_block_size", "[0, 128]", U,
+           "field \"quantization_config.weight_block_size\" = [0, ...] is not supported");
+    REJECT(qw, skip, "\"lm_head\"", F,
+           "field \"quantization_config.modules_to_not_convert\" must be a list of module names");
+    REJECT(qw, skip, "[\"lm_head\", 3]", F,
+           "field \"quantization_config.modules_to_not_convert\" item 1 must be a string");
+    REJECT(qw, "quantization_config.ignored_layers", "[\"model.layers.*.mlp\"]", U,
+           "field \"quantization_config.ignored_layers\" item 0 = \"model.layers.*.mlp\" is not "
+           "supported");
+    REJECT(qw, skip, "[\"model.layers.1.mlp.experts.0\"]", U,
+           "name some of the experts \"model.layers.1.mlp.experts.{e}.gate_proj.weight\" but not "
+           "others");
+}
+
 /* ---- rejections ---------------------------------------------------------------- */
 
 static void test_rejections(void)
@@ -864,7 +1053,8 @@ static void test_rejections(void)
     REJECT(v2, "model_type", NULL, F, "model_type");
     REJECT(v2, "hidden_act", "\"gelu\"", U, "hidden_act");
     REJECT(q3, "hidden_act", "\"relu\"", U, "hidden_act");
-    REJECT(v3, "quantization_config", "{\"quant_method\": \"fp8\"}", U, "quantization_config");
+    REJECT(v3, "quantization_config", "{\"quant_method\": \"gptq\"}", U,
+           "quantization_config.quant_method");
     REJECT(v2, "use_mla", "false", U, "use_mla");
     REJECT(v2, "torch_dtype", "\"float8_e4m3fn\"", U, "torch_dtype");
     REJECT(v3b, "dtype", "\"int8\"", U, "dtype");
@@ -1149,6 +1339,7 @@ int main(void)
     test_qwen3_moe();
     test_rope_variants();
     test_published();
+    test_fp8();
     test_rejections();
     test_duplicate_keys();
     test_generation_config();

@@ -2,8 +2,9 @@
  * built with the builder API, its text form against a golden file, the
  * print/parse round trip, every verifier rule (the memory plan's too:
  * live ranges, reshape/fork/join aliases, overlaps), parser errors with their
- * exact "file:line:col", shape-inference errors, and a mutation loop that
- * the parser must survive. Set MOEC_UPDATE_GOLDEN=1 to rewrite the golden. */
+ * exact "file:line:col", shape-inference errors, block-scaled (fp8) weights
+ * (text form, scale grid, what the verifier and the ops accept), and a
+ * mutation loop that the parser must survive. Set MOEC_UPDATE_GOLDEN=1 to rewrite the golden. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -347,6 +348,8 @@ static void test_types(void)
     T_CHECK(!strcmp(ir_dtype_name(IR_DTYPE_BF16), "bf16"));
     T_CHECK(ir_dtype_from_name("f16", &dt) == 0 && dt == IR_DTYPE_F16);
     T_CHECK(ir_dtype_from_name("f8", &dt) != 0);
+    T_CHECK(ir_dtype_from_name("f8e4m3", &dt) == 0 && dt == IR_DTYPE_F8E4M3);
+    T_CHECK(ir_dtype_size(IR_DTYPE_F8E4M3) == 1 && !strcmp(ir_dtype_name(dt), "f8e4m3"));
     T_CHECK(ir_dtype_size(IR_DTYPE_F32) == 4 && ir_dtype_size(IR_DTYPE_BF16) == 2);
     ir_type t = ty(IR_DTYPE_BF16, 3, T, 4, 64);
     char buf[64];
@@ -1218,6 +1221,20 @@ typedef struct bad_case {
     const char *want; /* the exact "file:line:col: message" (or its start) */
 } bad_case;
 
+/* Each case, parsed as `file`, fails with its message and no module. */
+static void expect_parse_errors(const bad_case *cases, size_t n, const char *file)
+{
+    for (size_t i = 0; i < n; i++) {
+        ir_module *m = (ir_module *)&cases[i]; /* must be reset to NULL on error */
+        moec_status st = ir_module_parse(cases[i].text, file, &m);
+        T_ERR(st, MOEC_ERR_FORMAT, cases[i].want);
+        T_CHECK(m == NULL);
+        if (st != MOEC_ERR_FORMAT || !strstr(moec_last_error(), cases[i].want))
+            fprintf(stderr, "  (case %zu)\n", i);
+        ir_module_free(st == MOEC_OK ? m : NULL);
+    }
+}
+
 #define HEAD "module t {\n  input %tokens : i32[T]\n  weight %emb : bf16[8, 4] = \"emb\"\n"
 
 static void test_parse_errors(void)
@@ -1310,17 +1327,136 @@ static void test_parse_errors(void)
               "  output %y\n}\n",
          "bad.mir:5:34: unknown attribute 'alpha' for silu_mul"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ir_module *m = (ir_module *)&cases[i]; /* must be reset to NULL on error */
-        moec_status st = ir_module_parse(cases[i].text, "bad.mir", &m);
-        T_ERR(st, MOEC_ERR_FORMAT, cases[i].want);
-        T_CHECK(m == NULL);
-        if (st != MOEC_ERR_FORMAT || !strstr(moec_last_error(), cases[i].want))
-            fprintf(stderr, "  (case %zu)\n", i);
-        ir_module_free(st == MOEC_OK ? m : NULL);
-    }
+    expect_parse_errors(cases, sizeof cases / sizeof cases[0], "bad.mir");
     ir_module *m = NULL;
     T_ERR(ir_module_parse(NULL, "x.mir", &m), MOEC_ERR_INVALID_ARG, "x.mir: null text");
+}
+
+/* ---- block-scaled weights -------------------------------------------------- */
+
+#define FP8_HEAD "module t {\n  input %tokens : i32[T]\n  weight %emb : bf16[8, 320] = \"emb\"\n"
+
+static const char FP8_TEXT[] =
+    FP8_HEAD
+    "  weight %w : f8e4m3[192, 320] = \"w.weight\", block_scale[128, 128] = \"w.weight_scale_inv\"\n"
+    "  weight %e : f8e4m3[4, 64, 320] = stack(\"e.{e}.weight\", 4), block_scale[128, 64] = "
+    "stack(\"e.{e}.weight_scale_inv\", 4)\n"
+    "  weight %c : f8e4m3[448, 320] = concat(0, \"a.weight\", \"b.weight\"), block_scale[128, 128] "
+    "= concat(0, \"a.weight_scale_inv\", \"b.weight_scale_inv\")\n"
+    "  weight %d : bf16[192, 320] = \"d.weight\", block_scale[128, 128] = \"d.weight_scale_inv\"\n"
+    "  %x : f32[T, 320] = embedding(%tokens, %emb)\n"
+    "  %y : f32[T, 192] = linear(%x, %w)\n"
+    "  %z : f32[T, 448] = linear(%x, %c)\n"
+    "  %u : f32[T, 192] = linear(%x, %d)\n"
+    "  output %y\n"
+    "  output %z\n"
+    "  output %u\n"
+    "}\n";
+
+static int type_is(ir_type t, ir_dtype dt, int rank, int64_t d0, int64_t d1, int64_t d2)
+{
+    ir_type want = ty(dt, rank, d0, d1, d2);
+    return ir_type_equal(&t, &want);
+}
+
+static void test_block_scale(void)
+{
+    /* The text form round-trips; the scale grids are the blocks rounded up. */
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(FP8_TEXT, "fp8.mir", &m));
+    if (!m)
+        return;
+    char *text = ir_module_print_str(m);
+    T_CHECK(text && !strcmp(text, FP8_TEXT));
+    free(text);
+    const ir_value *w = ir_module_find_value(m, "w"), *e = ir_module_find_value(m, "e");
+    const ir_value *c = ir_module_find_value(m, "c"), *d = ir_module_find_value(m, "d");
+    T_CHECK(w->scale.block[0] == 128 && w->scale.block[1] == 128 &&
+            w->scale.bind.kind == IR_BIND_TENSOR && !strcmp(w->scale.bind.name, "w.weight_scale_inv"));
+    T_CHECK(type_is(ir_block_scale_type(w), IR_DTYPE_F32, 2, 2, 3, 0));
+    T_CHECK(type_is(ir_block_scale_type(e), IR_DTYPE_F32, 3, 4, 1, 5));
+    T_CHECK(type_is(ir_block_scale_type(c), IR_DTYPE_F32, 2, 4, 3, 0));
+    T_CHECK(c->scale.bind.kind == IR_BIND_CONCAT && c->scale.bind.n_parts == 2 &&
+            !strcmp(c->scale.bind.parts[1].name, "b.weight_scale_inv"));
+    T_CHECK(d->type.dtype == IR_DTYPE_BF16 && d->scale.block[0] == 128);
+    const ir_value *emb = ir_module_find_value(m, "emb");
+    T_CHECK(emb->scale.block[0] == 0 && emb->scale.block[1] == 0);
+
+    /* The builder checks what the verifier checks and leaves a refused weight as it was. */
+    ir_value *q = must(ir_module_add_weight(m, "q", ty(IR_DTYPE_F8E4M3, 2, 4, 4, 0), "q.weight"),
+                       "q");
+    T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG,
+          "weight %q: f8e4m3 needs a block_scale (the scales of its blocks)");
+    ir_binding stk = {.kind = IR_BIND_STACK, .name = "s.{e}", .count = 4};
+    T_ERR(ir_weight_set_block_scale(m, q, 2, 2, &stk), MOEC_ERR_INVALID_ARG,
+          "weight %q: the block_scale binding must mirror the weight's (same kind, stack count, "
+          "concat axis and parts)");
+    ir_binding one = {.kind = IR_BIND_TENSOR, .name = "q.weight_scale_inv"};
+    T_ERR(ir_weight_set_block_scale(m, q, 0, 2, &one), MOEC_ERR_INVALID_ARG,
+          "weight %q: block_scale block [0, 2] must be >= 1");
+    T_CHECK(q->scale.block[0] == 0 && q->scale.bind.name == NULL);
+    T_ERR(ir_weight_set_block_scale(m, m->inputs[0], 2, 2, &one), MOEC_ERR_INVALID_ARG,
+          "block_scale: %tokens is not a weight of the module");
+    T_OK(ir_weight_set_block_scale(m, q, 2, 2, &one));
+    T_OK(ir_module_verify(m));
+    ir_value *qi = must(ir_module_add_weight(m, "qi", ty(IR_DTYPE_I32, 2, 4, 4, 0), "qi"), "qi");
+    T_ERR(ir_weight_set_block_scale(m, qi, 2, 2, &one), MOEC_ERR_INVALID_ARG,
+          "weight %qi: an i32 weight cannot have a block_scale");
+    ir_value *q1 = must(ir_module_add_weight(m, "q1", ty(IR_DTYPE_BF16, 1, 4, 0, 0), "q1"), "q1");
+    T_ERR(ir_weight_set_block_scale(m, q1, 2, 2, &one), MOEC_ERR_INVALID_ARG,
+          "weight %q1: a block_scale needs a weight of rank >= 2 (rows, columns), got bf16[4]");
+
+    /* Only the ops that multiply by a weight take f8e4m3: not an embedding or a norm. */
+    ir_value *x = ir_module_find_value(m, "x");
+    ir_value *emb_in[2] = {m->inputs[0], q};
+    T_CHECK(ir_build(m, IR_OP_EMBEDDING, "bad_emb", emb_in, 2) == NULL);
+    T_CHECK(strstr(moec_last_error(), "table %q must be a float, got f8e4m3[4, 4]") != NULL);
+    ir_value *w1 = must(ir_module_add_weight(m, "w1", ty(IR_DTYPE_F8E4M3, 1, 320, 0, 0), "w1"), "w1");
+    const char *names[1] = {"bad_norm"};
+    ir_value *norm_in[2] = {x, w1};
+    ir_op *op = op_new(m, IR_OP_RMS_NORM, names, 1, norm_in, 2);
+    must_ok(ir_op_set_float(m, op, "eps", 1e-6), "eps");
+    T_ERR(ir_op_finish(m, op, NULL), MOEC_ERR_INVALID_ARG,
+          "%bad_norm: rms_norm: weight %w1 must be a float, got f8e4m3[320]");
+    ir_module_free(m);
+
+    /* Parse errors of the block_scale clause, and of what it must agree with. */
+    static const bad_case cases[] = {
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\"\n  output %tokens\n}\n",
+         "fp8.mir:4:33: weight %q: f8e4m3 needs a block_scale (the scales of its blocks)"},
+        {FP8_HEAD "  weight %q : f8e4m3[4] = \"q\", block_scale[2, 2] = \"s\"\n  output %tokens\n}\n",
+         "fp8.mir:4:32: weight %q: a block_scale needs a weight of rank >= 2 (rows, columns), got "
+         "f8e4m3[4]"},
+        {FP8_HEAD "  weight %q : i32[4, 4] = \"q\", block_scale[2, 2] = \"s\"\n  output %tokens\n}\n",
+         "fp8.mir:4:32: weight %q: an i32 weight cannot have a block_scale"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] = stack(\"s.{e}\", 4)\n"
+                  "  output %tokens\n}\n",
+         "fp8.mir:4:35: weight %q: the block_scale binding must mirror the weight's"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4, 4] = stack(\"q.{e}\", 4), block_scale[2, 2] = "
+                  "stack(\"s.{e}\", 3)\n  output %tokens\n}\n",
+         "fp8.mir:4:52: weight %q: the block_scale binding must mirror the weight's"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[0, 2] = \"s\"\n  output %tokens\n}\n",
+         "fp8.mir:4:47: expected a block size (an int in [1, 2147483647]), found number '0'"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] \"s\"\n  output %tokens\n}\n",
+         "fp8.mir:4:53: expected '=' and the scales' binding, found string \"s\""},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", scale[2, 2] = \"s\"\n  output %tokens\n}\n",
+         "fp8.mir:4:35: expected block_scale after ',', found 'scale'"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2] = \"s\"\n  output %tokens\n}\n",
+         "fp8.mir:4:48: expected ',' between the block's rows and columns, found ']'"},
+        {FP8_HEAD "  weight %q : f8e4m3[2, 4] = \"q\"[0:2, :], block_scale[2, 2] = \"s\"\n"
+                  "  output %tokens\n}\n",
+         "weight %q: a block-scaled weight cannot be a slice of its tensors (a box): fp8 weights "
+         "are not split over ranks"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] = \"s\"[0:2, :]\n"
+                  "  output %tokens\n}\n",
+         "weight %q: a block-scaled weight cannot be a slice of its tensors (a box)"},
+        {FP8_HEAD "  input %p : f8e4m3[T]\n  output %tokens\n}\n",
+         "input %p: f8e4m3 is for block-scaled weights only"},
+        {FP8_HEAD "  weight %q : f8e4m3[8, 320] = \"q\", block_scale[2, 2] = \"s\"\n"
+                  "  %x : f32[T, 320] = embedding(%tokens, %q)\n  output %x\n}\n",
+         "fp8.mir:5:3: %x: embedding: table %q must be a float, got f8e4m3[8, 320]"},
+    };
+    expect_parse_errors(cases, sizeof cases / sizeof cases[0], "fp8.mir");
 }
 
 /* ---- mutation ------------------------------------------------------------- */
@@ -1441,6 +1577,7 @@ int main(void)
     test_infer_errors();
     test_infer_fused();
     test_parse_errors();
+    test_block_scale();
     test_mutations();
     return t_finish("test_ir");
 }

@@ -3,7 +3,11 @@
  * model of every family: each keeps the model's function through the
  * interpreter, makes the structure it promises (fewer GEMMs, CONCAT weights
  * of the right shapes, fused ops, the scale in one place), does nothing the
- * second time, and leaves alone what does not match its pattern. */
+ * second time, and leaves alone what does not match its pattern. The fp8
+ * tiny models (block-scaled weights with partial edge blocks) fuse exactly
+ * where the scale grids join: their scales concatenated like the weights,
+ * and fp8 pairs that do not span whole blocks (or mix blocks or dtypes)
+ * left unfused. */
 #include <math.h>
 #include <string.h>
 
@@ -490,9 +494,157 @@ static void test_near_misses(void)
     free(s);
 }
 
+/* ---- fp8 (block-scaled) weights -------------------------------------------- */
+
+static const ir_value *weight_of(const ir_module *m, const char *name)
+{
+    const ir_value *v = ir_module_find_value(m, name);
+    return v && v->kind == IR_VALUE_WEIGHT ? v : NULL;
+}
+
+/* w is an f8e4m3 concat of n parts on axis whose scales join the same way,
+ * in blocks of 128 x 128, the first scale part named first_scale. */
+static int fp8_concat(const ir_value *w, int axis, int n, const char *first_scale)
+{
+    return w && w->type.dtype == IR_DTYPE_F8E4M3 && w->bind.kind == IR_BIND_CONCAT &&
+           w->bind.axis == axis && w->bind.n_parts == n && w->scale.block[0] == 128 &&
+           w->scale.block[1] == 128 && w->scale.bind.kind == IR_BIND_CONCAT &&
+           w->scale.bind.axis == axis && w->scale.bind.n_parts == n &&
+           !strcmp(w->scale.bind.parts[0].name, first_scale);
+}
+
+static void test_fp8_models(void)
+{
+    static const char *const models[] = {"deepseek_v3_fp8", "qwen3_moe_fp8"};
+    for (int k = 0; k < 2; k++) {
+        for (int p = 0; p < N_PASSES; p++) {
+            double err = t_pass_equivalence(models[k], PASSES[p], NULL);
+            T_CHECK(err >= 0 && err <= 1e-5);
+        }
+        double err = t_pass_equivalence(models[k], "absorb_mla", NULL);
+        T_CHECK(err >= 0 && err <= 1e-5);
+        check_prefix_agrees(models[k], IR_DTYPE_BF16);
+        check_idempotent(models[k], "fuse_gate_up", IR_DTYPE_BF16);
+    }
+    /* DeepSeek: q_a (256 rows, two blocks) then kv_a (192: its last block
+     * partial) fuse; the dense MLP's 192-row gate/up do not; the shared
+     * expert's and the experts' 128-row gate/up do. */
+    ir_module *m = t_pipeline_module("deepseek_v3_fp8", "fuse_gate_up", NULL);
+    if (m) {
+        const ir_value *qkv = weight_of(m, "l0.attn.qkv_a_proj");
+        T_CHECK(fp8_concat(qkv, 0, 2, "model.layers.0.self_attn.q_a_proj.weight_scale_inv"));
+        T_CHECK(qkv && qkv->type.dims[0] == 448 && qkv->type.dims[1] == 320 &&
+                !strcmp(qkv->scale.bind.parts[1].name,
+                        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv"));
+        T_CHECK(weight_of(m, "l0.mlp.gate_proj") && !weight_of(m, "l0.mlp.gate_up_proj"));
+        const ir_value *sh = weight_of(m, "l1.moe.shared.gate_up_proj");
+        T_CHECK(fp8_concat(sh, 0, 2, "model.layers.1.mlp.shared_experts.gate_proj.weight_scale_inv"));
+        const ir_value *ex = weight_of(m, "l1.moe.experts.gate_up");
+        T_CHECK(fp8_concat(ex, 1, 2, "model.layers.1.mlp.experts.{e}.gate_proj.weight_scale_inv"));
+        T_CHECK(ex && ex->type.dims[0] == 4 && ex->type.dims[1] == 256 &&
+                ex->scale.bind.parts[1].kind == IR_BIND_STACK && ex->scale.bind.parts[1].count == 4);
+        T_CHECK(count_concat_weights(m) == 2 + 2);
+    }
+    ir_module_free(m);
+    /* Qwen3: q_proj (192 rows), the dense gate/up (192) and the experts'
+     * (64) end inside a block: nothing fuses. */
+    m = t_pipeline_module("qwen3_moe_fp8", "fuse_gate_up", NULL);
+    T_CHECK(m && count_concat_weights(m) == 0);
+    ir_module_free(m);
+    /* absorb_mla: kv_b_proj is dequantized at load into the compute dtype. */
+    pass_options f32 = opts(IR_DTYPE_F32);
+    for (int f = 0; f < 2; f++) {
+        pass_options bf16 = opts(IR_DTYPE_BF16);
+        m = t_pipeline_module("deepseek_v3_fp8", "absorb_mla", f ? &f32 : &bf16);
+        const ir_value *kvb = m ? weight_of(m, "l1.attn.kv_b_proj") : NULL;
+        T_CHECK(kvb && kvb->type.dtype == (f ? IR_DTYPE_F32 : IR_DTYPE_BF16) &&
+                kvb->scale.block[0] == 128 && kvb->bind.kind == IR_BIND_TENSOR);
+        T_CHECK(m && weight_of(m, "l1.attn.o_proj")->type.dtype == IR_DTYPE_F8E4M3);
+        ir_module_free(m);
+    }
+}
+
+#define FP8_TEXT_HEAD                                                                              \
+    "module t {\n  input %tokens : i32[T]\n  input %positions : i32[T]\n"                          \
+    "  weight %e : f32[16, 8] = \"e\"\n"
+
+/* Two projections of x with weights wq, wk declared as given. */
+static void qk_text(char *buf, size_t cap, const char *wq, const char *wk, int nq, int nk)
+{
+    snprintf(buf, cap,
+             "%s%s\n%s\n"
+             "  %%x : f32[T, 8] = embedding(%%tokens, %%e)\n"
+             "  %%q : f32[T, %d] = linear(%%x, %%wq)\n"
+             "  %%k : f32[T, %d] = linear(%%x, %%wk)\n"
+             "  %%y : f32[T, %d] = concat(%%q, %%k) {axis = 1}\n"
+             "  output %%y\n}\n",
+             FP8_TEXT_HEAD, wq, wk, nq, nk, nq + nk);
+}
+
+static void test_fp8_near_misses(void)
+{
+    char text[2048];
+    /* Whole blocks then a partial one: fused, scales joined. */
+    qk_text(text, sizeof text,
+            "  weight %wq : f8e4m3[4, 8] = \"wq\", block_scale[2, 4] = \"sq\"",
+            "  weight %wk : f8e4m3[3, 8] = \"wk\", block_scale[2, 4] = \"sk\"", 4, 3);
+    char *s = run_on_text(text, "fuse_qkv_a", IR_DTYPE_BF16);
+    T_CHECK(s && strstr(s, "weight %qkv_proj : f8e4m3[7, 8] = concat(0, \"wq\", \"wk\"), "
+                           "block_scale[2, 4] = concat(0, \"sq\", \"sk\")\n"));
+    T_CHECK(s && strstr(s, "%k : f32[T, 3] = slice(%qkv) {axis = 1, start = 4, size = 3}"));
+    free(s);
+    /* The first part ends inside a block: left. */
+    qk_text(text, sizeof text,
+            "  weight %wq : f8e4m3[3, 8] = \"wq\", block_scale[2, 4] = \"sq\"",
+            "  weight %wk : f8e4m3[4, 8] = \"wk\", block_scale[2, 4] = \"sk\"", 3, 4);
+    check_unchanged("fp8 part off the blocks", text, "fuse_qkv_a", IR_DTYPE_BF16);
+    /* Blocks that differ, and fp8 beside bf16: left. */
+    qk_text(text, sizeof text,
+            "  weight %wq : f8e4m3[4, 8] = \"wq\", block_scale[2, 4] = \"sq\"",
+            "  weight %wk : f8e4m3[4, 8] = \"wk\", block_scale[4, 4] = \"sk\"", 4, 4);
+    check_unchanged("fp8 blocks differ", text, "fuse_qkv_a", IR_DTYPE_BF16);
+    qk_text(text, sizeof text,
+            "  weight %wq : f8e4m3[4, 8] = \"wq\", block_scale[2, 4] = \"sq\"",
+            "  weight %wk : bf16[4, 8] = \"wk\"", 4, 4);
+    check_unchanged("fp8 and bf16", text, "fuse_qkv_a", IR_DTYPE_BF16);
+    /* A float weight dequantized at load is not fp8: it fuses with its like only. */
+    qk_text(text, sizeof text,
+            "  weight %wq : bf16[4, 8] = \"wq\", block_scale[2, 4] = \"sq\"",
+            "  weight %wk : bf16[4, 8] = \"wk\"", 4, 4);
+    check_unchanged("dequantized and plain", text, "fuse_qkv_a", IR_DTYPE_BF16);
+
+    /* Experts: gate and up of I = 4 rows fuse along axis 1 (blocks of 2
+     * rows), I = 3 do not. */
+    static const char experts[] =
+        "module t {\n  input %%tokens : i32[T]\n  input %%positions : i32[T]\n"
+        "  weight %%e : f32[16, 8] = \"e\"\n  weight %%r : f32[4, 8] = \"r\"\n"
+        "  weight %%g : f8e4m3[4, %d, 8] = stack(\"g{e}\", 4), block_scale[2, 8] = "
+        "stack(\"sg{e}\", 4)\n"
+        "  weight %%u : f8e4m3[4, %d, 8] = stack(\"u{e}\", 4), block_scale[2, 8] = "
+        "stack(\"su{e}\", 4)\n"
+        "  weight %%d : f8e4m3[4, 8, %d] = stack(\"d{e}\", 4), block_scale[2, 8] = "
+        "stack(\"sd{e}\", 4)\n"
+        "  %%x : f32[T, 8] = embedding(%%tokens, %%e)\n"
+        "  %%l : f32[T, 4] = linear(%%x, %%r)\n"
+        "  %%ids : i32[T, 2], %%w : f32[T, 2] = moe_topk(%%l) {scoring = \"softmax\", top_k = 2}\n"
+        "  %%s : f32[T, 8] = moe_routed(%%x, %%ids, %%w, %%g, %%u, %%d)\n"
+        "  output %%s\n}\n";
+    snprintf(text, sizeof text, experts, 4, 4, 4);
+    s = run_on_text(text, "fuse_gate_up", IR_DTYPE_BF16);
+    T_CHECK(s && strstr(s, "weight %gate_up : f8e4m3[4, 8, 8] = concat(1, stack(\"g{e}\", 4), "
+                           "stack(\"u{e}\", 4)), block_scale[2, 8] = concat(1, stack(\"sg{e}\", "
+                           "4), stack(\"su{e}\", 4))\n"));
+    T_CHECK(s && strstr(s, "= moe_routed(%x, %ids, %w, %gate_up, %d)"));
+    free(s);
+    snprintf(text, sizeof text, experts, 3, 3, 3);
+    check_unchanged("fp8 experts off the blocks", text, "fuse_gate_up", IR_DTYPE_BF16);
+}
+
 int main(void)
 {
     test_equivalence();
+    test_fp8_models();
+    test_fp8_near_misses();
     for (int c = 0; c < N_CASES; c++) {
         check_qkv(&CASES[c]);
         check_gate_up(&CASES[c]);

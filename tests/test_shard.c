@@ -481,6 +481,31 @@ static void refuse(const char *model, const char *const *kv, int n, int tp, int 
     moec_model_free(m);
 }
 
+/* An fp8 checkpoint is not split: its weights' scales would have to be cut
+ * on block boundaries. Refused by name from a session, an engine and
+ * dump-ir, nothing half made. */
+static void check_fp8_refused(void)
+{
+    const char *dir;
+    moec_model_t *m = t_open_tiny("deepseek_v3_fp8", &dir);
+    if (!m)
+        return;
+    static const char err[] = "is block-scaled fp8 (quantization_config): splitting an fp8 "
+                              "checkpoint over ranks is not supported yet";
+    moec_parallel par = {2, 0, 0};
+    moec_session_t *s = NULL;
+    T_ERR(moec_session_init_parallel(m, dir, MOEC_BACKEND_CPU, 8, &par, &s),
+          MOEC_ERR_UNSUPPORTED, err);
+    moec_engine_options o = {.backend = MOEC_BACKEND_CPU, .max_seqs = 2, .par = {2, 2, 0}};
+    moec_engine_t *e = NULL;
+    T_ERR(moec_engine_open(m, dir, &o, &e), MOEC_ERR_UNSUPPORTED, err);
+    FILE *null = fopen("/dev/null", "w");
+    T_ERR(moec_model_dump_ir_rank(m, NULL, NULL, &par, null), MOEC_ERR_UNSUPPORTED, err);
+    fclose(null);
+    T_CHECK(s == NULL && e == NULL);
+    moec_model_free(m);
+}
+
 static void check_refusals(void)
 {
     static const char *const none[] = {NULL};
@@ -524,6 +549,7 @@ static void check_refusals(void)
               "ep 2 and rank 0 need tp");
     fclose(null);
     moec_model_free(m);
+    check_fp8_refused();
     /* a module sharded twice */
     ir_module *r = rank_module("qwen2_moe", 2, 1, 0);
     pass_options po;

@@ -54,6 +54,25 @@ const char *t_tmpdir(const char *tag);
 char *t_read_file(const char *path, size_t *len);
 void t_write_file(const char *path, const void *data, size_t len);
 
+/* Writes dst (made if missing): src's config.json, and its model.safetensors
+ * with NaN (each byte 0xff: a NaN in F32, F16 and BF16 alike) in place of
+ * every weight (tensor NULL), or of row `row` of tensor `tensor` only (an
+ * embedding row: one token id's logits go NaN). Dies if it cannot. For the
+ * tests of non-finite logits; tests/nan_model.c offers it to shell tests. */
+void t_write_nan_model(const char *src, const char *dst, const char *tensor, int row);
+
+/* Non-finite logits on `backend` (CPU or CUDA), on deepseek_v3 (untied
+ * embeddings) with every weight NaN, and with only token 59's embedding row
+ * NaN (so only the rows of sequences that hold a 59 go NaN): a session
+ * fails with MOEC_ERR_NUMERIC naming the step and position, its tokens
+ * appended all the same; an engine step fails naming the first bad token,
+ * its slot and position, with next_out -1 for exactly the bad tokens, the
+ * other slots' ids and rows intact and their sequences going on; the
+ * scheduler ends exactly the requests that feed a 59 (greedy or sampled),
+ * at its position, and one whose penalties overflow, the others running to
+ * their length (on the CPU: the clean model's tokens). */
+void t_check_nonfinite(moec_backend backend);
+
 /* Logits rows: the index of the largest (the lowest on ties); the largest
  * |got - ref| over max |ref| (1 when ref is all zeros); 1 when all n values
  * are finite. */
