@@ -34,6 +34,9 @@ struct rt_interp {
     int64_t arena_bytes_per_token;
     int arena_T;         /* tokens the arena is sized for */
     double *scores;      /* attention scratch: max_seq scores */
+    int64_t *attend;     /* attention scratch: the max_seq positions a token attends to */
+    unsigned char *mark; /* attention and dsa_topk scratch: max_seq flags, left all 0 */
+    struct dsa_cand *cand; /* dsa_topk scratch: max_seq scored positions */
     const ir_value *tokens;
     const ir_value *positions;
 };
@@ -193,6 +196,39 @@ static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
     for (int64_t i = 0; i < rows * D; i++)
         sum[i] = a[i] + alpha * b[i];
     rms_norm_rows(sum, fbuf(in, op->in[2]), fbuf(in, op->out[1]), rows, D, eps);
+    return MOEC_OK;
+}
+
+/* LayerNorm over the last dim, as torch computes it in fp32: mean and
+ * (biased) variance of the row, then (x - mean) / sqrt(var + eps) * w + b. */
+static moec_status op_layer_norm(rt_interp *in, const ir_op *op, int T)
+{
+    double eps;
+    MOEC_TRY(attr_num_req(op, "eps", &eps));
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(op->in[0], T, d);
+    if (r < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: layer_norm of a scalar", op_name(op));
+    int64_t D = d[r - 1], rows = prod(d, 0, r - 1);
+    if (numel_of(op->in[1], T) != D || numel_of(op->in[2], T) != D ||
+        numel_of(op->out[0], T) != rows * D)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: layer_norm weight %s and bias %s must have %lld elements",
+                        op_name(op), op->in[1]->name, op->in[2]->name, (long long)D);
+    const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]), *b = fbuf(in, op->in[2]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * D;
+        double s = 0, ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            s += xr[j];
+        float mean = (float)(s / (double)D);
+        for (int64_t j = 0; j < D; j++)
+            ss += (double)(xr[j] - mean) * (xr[j] - mean);
+        float inv = 1.0f / sqrtf((float)(ss / (double)D) + (float)eps);
+        for (int64_t j = 0; j < D; j++)
+            y[i * D + j] = (xr[j] - mean) * inv * w[j] + b[j];
+    }
     return MOEC_OK;
 }
 
@@ -514,6 +550,48 @@ static moec_status attend_range(const ir_op *op, int32_t pos, int64_t window,
     return MOEC_OK;
 }
 
+/* The cached positions token t (at position pos) attends to, into
+ * in->attend[0..*n-1]: with a token selection (operand sel_at, dsa_topk's
+ * result [T, K]) its first min(K, pos + 1) entries, each a distinct cached
+ * position <= pos; without one, [lo, pos] by the window. */
+static moec_status attend_positions(rt_interp *in, const ir_op *op, int t, int32_t pos,
+                                    int64_t window, const unsigned char *written, int sel_at,
+                                    int64_t *n)
+{
+    int64_t *ap = in->attend;
+    if (op->n_in <= sel_at) {
+        int64_t lo, hi;
+        MOEC_TRY(attend_range(op, pos, window, written, &lo, &hi));
+        *n = hi - lo + 1;
+        for (int64_t i = 0; i < *n; i++)
+            ap[i] = lo + i;
+        return MOEC_OK;
+    }
+    int64_t K = op->in[sel_at]->type.dims[1];
+    if (op->in[sel_at]->type.rank != 2 || K < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: selection %s must be i32 [T, K]", op_name(op),
+                        op->in[sel_at]->name);
+    *n = K < (int64_t)pos + 1 ? K : (int64_t)pos + 1;
+    const int32_t *sel = ibuf(in, op->in[sel_at]) + (int64_t)t * K;
+    moec_status st = MOEC_OK;
+    int64_t i = 0;
+    for (; i < *n && st == MOEC_OK; i++) {
+        ap[i] = sel[i];
+        if (sel[i] < 0 || sel[i] > pos || !written[sel[i]] || in->mark[sel[i]])
+            st = MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                          "%s: token at position %d: selection %s[%d][%lld] = %d is not a "
+                          "distinct cached position <= %d",
+                          op_name(op), (int)pos, op->in[sel_at]->name, t, (long long)i,
+                          (int)sel[i], (int)pos);
+        else
+            in->mark[sel[i]] = 1;
+    }
+    for (int64_t j = 0; j < i; j++)
+        if (ap[j] >= 0 && ap[j] <= pos)
+            in->mark[ap[j]] = 0;
+    return st;
+}
+
 static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
 {
     double scale_d;
@@ -547,32 +625,33 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
     }
     float scale = (float)scale_d;
     double *sc = in->scores;
+    const int64_t *ap = in->attend;
     for (int t = 0; t < T; t++) {
-        int64_t lo, hi;
-        MOEC_TRY(attend_range(op, pos[t], window, written, &lo, &hi));
+        int64_t n;
+        MOEC_TRY(attend_positions(in, op, t, pos[t], window, written, 4, &n));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = q + ((int64_t)t * H + h) * Dk;
             int64_t kvh = h / group;
             double mx = -INFINITY;
-            for (int64_t p = lo; p <= hi; p++) {
-                const float *kr = kc + (p * Hkv + kvh) * Dk;
+            for (int64_t i = 0; i < n; i++) {
+                const float *kr = kc + (ap[i] * Hkv + kvh) * Dk;
                 double dot = 0;
                 for (int64_t j = 0; j < Dk; j++)
                     dot += (double)qr[j] * kr[j];
-                sc[p] = (double)((float)dot * scale);
-                if (sc[p] > mx)
-                    mx = sc[p];
+                sc[i] = (double)((float)dot * scale);
+                if (sc[i] > mx)
+                    mx = sc[i];
             }
             double sum = 0;
-            for (int64_t p = lo; p <= hi; p++) {
-                sc[p] = exp(sc[p] - mx);
-                sum += sc[p];
+            for (int64_t i = 0; i < n; i++) {
+                sc[i] = exp(sc[i] - mx);
+                sum += sc[i];
             }
             float *yr = y + ((int64_t)t * H + h) * Dv;
             for (int64_t j = 0; j < Dv; j++) {
                 double acc = 0;
-                for (int64_t p = lo; p <= hi; p++)
-                    acc += sc[p] * vc[(p * Hkv + kvh) * Dv + j];
+                for (int64_t i = 0; i < n; i++)
+                    acc += sc[i] * vc[(ap[i] * Hkv + kvh) * Dv + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -701,36 +780,138 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
     }
     float scale = (float)scale_d;
     double *sc = in->scores;
+    const int64_t *ap = in->attend;
     for (int t = 0; t < T; t++) {
-        int64_t lo, hi;
-        MOEC_TRY(attend_range(op, pos[t], window, written, &lo, &hi));
+        int64_t n;
+        MOEC_TRY(attend_positions(in, op, t, pos[t], window, written, 5, &n));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = qc + ((int64_t)t * H + h) * R;
             const float *qp = qpe + ((int64_t)t * H + h) * Dr;
             double mx = -INFINITY;
-            for (int64_t p = lo; p <= hi; p++) {
+            for (int64_t i = 0; i < n; i++) {
+                int64_t p = ap[i];
                 double dot = 0;
                 for (int64_t j = 0; j < R; j++)
                     dot += (double)qr[j] * cc[p * R + j];
                 for (int64_t j = 0; j < Dr; j++)
                     dot += (double)qp[j] * pc[p * Dr + j];
-                sc[p] = (double)((float)dot * scale);
-                if (sc[p] > mx)
-                    mx = sc[p];
+                sc[i] = (double)((float)dot * scale);
+                if (sc[i] > mx)
+                    mx = sc[i];
             }
             double sum = 0;
-            for (int64_t p = lo; p <= hi; p++) {
-                sc[p] = exp(sc[p] - mx);
-                sum += sc[p];
+            for (int64_t i = 0; i < n; i++) {
+                sc[i] = exp(sc[i] - mx);
+                sum += sc[i];
             }
             float *yr = y + ((int64_t)t * H + h) * R;
             for (int64_t j = 0; j < R; j++) {
                 double acc = 0;
-                for (int64_t p = lo; p <= hi; p++)
-                    acc += sc[p] * cc[p * R + j];
+                for (int64_t i = 0; i < n; i++)
+                    acc += sc[i] * cc[ap[i] * R + j];
                 yr[j] = (float)(acc / sum);
             }
         }
+    }
+    return MOEC_OK;
+}
+
+/* ---- DeepSeek sparse attention -------------------------------------------- */
+
+/* A scored position of dsa_topk. */
+struct dsa_cand {
+    float score;
+    int32_t pos;
+};
+
+/* Best first: the higher score (NaN above all, as torch.topk ranks it),
+ * then the lower position. */
+static int dsa_cand_cmp(const void *pa, const void *pb)
+{
+    const struct dsa_cand *a = pa, *b = pb;
+    int na = isnan(a->score), nb = isnan(b->score);
+    if (na != nb)
+        return na ? -1 : 1;
+    if (!na && a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+/* The index score of cached position p for token t: sum over the heads h
+ * of (w[h] * weight_scale) * relu(scale * q[h] . k[p]), each product and
+ * the head weights rounded to fp32 as the reference computes them. */
+static float dsa_score(const float *q, const float *kp, const float *w, int64_t Hi, int64_t Di,
+                       float scale, float weight_scale)
+{
+    double acc = 0;
+    for (int64_t h = 0; h < Hi; h++) {
+        double dot = 0;
+        for (int64_t j = 0; j < Di; j++)
+            dot += (double)q[h * Di + j] * kp[j];
+        float s = (float)dot * scale;
+        acc += (double)(w[h] * weight_scale) * (s > 0 ? s : 0.0f);
+    }
+    return (float)acc;
+}
+
+/* The DSA lightning indexer: caches this call's keys, then for each token
+ * the top_k cached positions <= pos by index score (ties: the lower
+ * position), written in ascending order, -1 after them; every position
+ * when there are no more than top_k. */
+static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t K;
+    double scale_d, ws_d;
+    MOEC_TRY(attr_int_req(op, "top_k", &K));
+    MOEC_TRY(attr_num_req(op, "scale", &scale_d));
+    MOEC_TRY(attr_num_req(op, "weight_scale", &ws_d));
+    int64_t dq[IR_MAX_RANK], dk[IR_MAX_RANK], dw[IR_MAX_RANK];
+    int rq = shape_of(op->in[0], T, dq), rk = shape_of(op->in[1], T, dk),
+        rw = shape_of(op->in[2], T, dw);
+    if (rq != 3 || rk != 2 || rw != 2 || dq[0] != T || dk[0] != T || dw[0] != T ||
+        dk[1] != dq[2] || dw[1] != dq[1] || K < 1 || numel_of(op->in[3], T) != T ||
+        numel_of(op->out[0], T) != (int64_t)T * K)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: dsa_topk wants q [T, Hi, Di], k [T, Di], weights [T, Hi], pos [T] "
+                        "and a result [T, top_k]",
+                        op_name(op));
+    int64_t Hi = dq[1], Di = dq[2];
+    const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *w = fbuf(in, op->in[2]);
+    const int32_t *pos = ibuf(in, op->in[3]);
+    int32_t *y = ibuf(in, op->out[0]);
+    float *kc = in->k_cache[op->id];
+    unsigned char *written = in->kv_written[op->id];
+    for (int t = 0; t < T; t++) {
+        if (pos[t] < 0 || pos[t] >= in->max_seq)
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
+                            op_name(op), (int)pos[t], in->max_seq);
+        memcpy(kc + (int64_t)pos[t] * Di, k + (int64_t)t * Di, (size_t)Di * sizeof(float));
+        written[pos[t]] = 1;
+    }
+    for (int t = 0; t < T; t++) {
+        int64_t lo, hi, n = (int64_t)pos[t] + 1;
+        MOEC_TRY(attend_range(op, pos[t], 0, written, &lo, &hi));
+        int32_t *yr = y + (int64_t)t * K;
+        if (n <= K) {
+            for (int64_t i = 0; i < K; i++)
+                yr[i] = i < n ? (int32_t)i : -1;
+            continue;
+        }
+        struct dsa_cand *cand = in->cand;
+        for (int64_t p = 0; p < n; p++) {
+            cand[p].score = dsa_score(q + (int64_t)t * Hi * Di, kc + p * Di, w + (int64_t)t * Hi,
+                                      Hi, Di, (float)scale_d, (float)ws_d);
+            cand[p].pos = (int32_t)p;
+        }
+        qsort(cand, (size_t)n, sizeof *cand, dsa_cand_cmp);
+        for (int64_t i = 0; i < K; i++)
+            in->mark[cand[i].pos] = 1;
+        int64_t o = 0;
+        for (int64_t p = 0; p < n; p++)
+            if (in->mark[p]) {
+                yr[o++] = (int32_t)p;
+                in->mark[p] = 0;
+            }
     }
     return MOEC_OK;
 }
@@ -1032,6 +1213,8 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_FORK:
     case IR_OP_JOIN: return op_copy(in, op, T);
     case IR_OP_ADD_RMS_NORM: return op_add_rms_norm(in, op, T);
+    case IR_OP_LAYER_NORM: return op_layer_norm(in, op, T);
+    case IR_OP_DSA_TOPK: return op_dsa_topk(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1058,18 +1241,20 @@ static const struct {
     [IR_OP_SILU] = {1, 1, 1, 0, 0, 0},
     [IR_OP_SIGMOID] = {1, 1, 1, 0, 0, 0},
     [IR_OP_ROPE] = {2, 2, 1, 1u << 1, 0, 0},
-    [IR_OP_ATTENTION] = {4, 4, 1, 1u << 3, 0, 0},
+    [IR_OP_ATTENTION] = {4, 5, 1, (1u << 3) | (1u << 4), 0, 0},
     [IR_OP_MOE_TOPK] = {1, 2, 2, 0, 1u << 0, 0},
     [IR_OP_MOE_EXPERTS] = {4, 5, 1, 1u << 1, 0, 0},
     [IR_OP_REDUCE_SUM] = {1, 1, 1, 0, 0, 0},
     [IR_OP_SILU_MUL] = {1, 1, 1, 0, 0, 0},
     [IR_OP_MOE_ROUTED] = {5, 6, 1, 1u << 1, 0, 0},
     [IR_OP_MLA_QABSORB] = {2, 2, 1, 0, 0, 0},
-    [IR_OP_MLA_ATTENTION] = {5, 5, 1, 1u << 4, 0, 0},
+    [IR_OP_MLA_ATTENTION] = {5, 6, 1, (1u << 4) | (1u << 5), 0, 0},
     [IR_OP_MLA_VABSORB] = {2, 2, 1, 0, 0, 0},
     [IR_OP_FORK] = {1, 1, 1, 0, 0, 1},
     [IR_OP_JOIN] = {1, 1, 1, 0, 0, 1},
     [IR_OP_ADD_RMS_NORM] = {3, 3, 2, 0, 0, 0},
+    [IR_OP_LAYER_NORM] = {3, 3, 1, 0, 0, 0},
+    [IR_OP_DSA_TOPK] = {4, 4, 1, 1u << 3, 1u << 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand
@@ -1252,6 +1437,9 @@ void rt_interp_free(rt_interp *in)
     free(in->v_cache);
     free(in->kv_written);
     free(in->scores);
+    free(in->attend);
+    free(in->mark);
+    free(in->cand);
     free(in);
 }
 
@@ -1324,6 +1512,11 @@ static int cache_widths(const ir_op *op, int64_t *nk, int64_t *nv)
         *nv = numel_of(op->in[3], 1); /* k_pe: dr */
         return 1;
     }
+    if (op->kind == IR_OP_DSA_TOPK) {
+        *nk = numel_of(op->in[1], 1); /* the indexer's keys: Di */
+        *nv = 0;
+        return 1;
+    }
     return 0;
 }
 
@@ -1356,9 +1549,9 @@ static moec_status init_ops(rt_interp *in)
         size_t nk = (size_t)in->max_seq * (size_t)wk;
         size_t nv = (size_t)in->max_seq * (size_t)wv;
         in->k_cache[i] = calloc(nk, sizeof(float));
-        in->v_cache[i] = calloc(nv, sizeof(float));
+        in->v_cache[i] = nv ? calloc(nv, sizeof(float)) : NULL;
         in->kv_written[i] = calloc((size_t)in->max_seq, 1);
-        if (!in->k_cache[i] || !in->v_cache[i] || !in->kv_written[i])
+        if (!in->k_cache[i] || (nv && !in->v_cache[i]) || !in->kv_written[i])
             return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %d positions",
                             op_name(op), in->max_seq);
     }
@@ -1391,8 +1584,12 @@ static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt
     in->v_cache = calloc(no, sizeof *in->v_cache);
     in->kv_written = calloc(no, sizeof *in->kv_written);
     in->scores = calloc((size_t)max_seq, sizeof *in->scores);
+    in->attend = calloc((size_t)max_seq, sizeof *in->attend);
+    in->mark = calloc((size_t)max_seq, 1);
+    in->cand = calloc((size_t)max_seq, sizeof *in->cand);
     moec_status st = MOEC_OK;
-    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written || !in->scores)
+    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written || !in->scores ||
+        !in->attend || !in->mark || !in->cand)
         st = MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory for %d values", m->n_values);
     if (st == MOEC_OK)
         st = init_values(in, w, from);
@@ -1518,6 +1715,7 @@ void rt_interp_reset(rt_interp *in)
             continue;
         memset(in->kv_written[i], 0, (size_t)in->max_seq);
         memset(in->k_cache[i], 0, (size_t)in->max_seq * (size_t)wk * sizeof(float));
-        memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)wv * sizeof(float));
+        if (wv)
+            memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)wv * sizeof(float));
     }
 }
