@@ -27,27 +27,44 @@ moec_status rt_cuda_alloc(rt_cuda *c, void **p, size_t bytes, const char *what)
     return MOEC_OK;
 }
 
-/* The two KV pools of an attention or mla_attention op into pool; 0 for
- * other ops. */
-static int kv_pools(const ir_op *op, const ir_value *pool[2])
-{
-    if (op->kind == IR_OP_ATTENTION && op->n_in >= 3) {
-        pool[0] = op->in[1];
-        pool[1] = op->in[2];
-        return 1;
-    }
-    if (op->kind == IR_OP_MLA_ATTENTION && op->n_in >= 4) {
-        pool[0] = op->in[2];
-        pool[1] = op->in[3];
-        return 1;
-    }
-    return 0;
-}
-
 static size_t kv_pool_bytes(const rt_cuda *c, const ir_value *pool)
 {
     return (size_t)c->max_seqs * (size_t)c->max_blocks * (size_t)c->plan->kv_block_size *
            (size_t)ir_type_numel(&pool->type, 0) * ir_dtype_size(c->plan->compute_dtype);
+}
+
+/* The bytes of op's two KV pools (0: none), 0 for an op without any:
+ * attention k and v, mla_attention kv_c and k_pe, dsa_topk its keys and,
+ * for the module's first dsa_topk only, the index score of every token of
+ * the largest bucket at every position (f32 [tmax, max_blocks * block
+ * size]), which every dsa_topk op of a step uses in turn (docs/CUDA.md). */
+static int kv_pools(const rt_cuda *c, int k, size_t bytes[2], const ir_value *pool[2])
+{
+    const ir_module *m = c->plan->module;
+    const ir_op *op = m->ops[k];
+    bytes[0] = bytes[1] = 0;
+    pool[0] = pool[1] = NULL;
+    if (op->kind == IR_OP_ATTENTION && op->n_in >= 3) {
+        pool[0] = op->in[1];
+        pool[1] = op->in[2];
+    } else if (op->kind == IR_OP_MLA_ATTENTION && op->n_in >= 4) {
+        pool[0] = op->in[2];
+        pool[1] = op->in[3];
+    } else if (op->kind == IR_OP_DSA_TOPK && op->n_in >= 2) {
+        pool[0] = op->in[1];
+        int first = 1;
+        for (int i = 0; i < k && first; i++)
+            first = m->ops[i]->kind != IR_OP_DSA_TOPK;
+        if (first)
+            bytes[1] = (size_t)c->tmax * (size_t)c->max_blocks *
+                       (size_t)c->plan->kv_block_size * sizeof(float);
+    } else {
+        return 0;
+    }
+    for (int p = 0; p < 2; p++)
+        if (pool[p])
+            bytes[p] = kv_pool_bytes(c, pool[p]);
+    return 1;
 }
 
 /* A cubin built for sm_XY runs on compute capability X.Z with Z >= Y; one
@@ -82,9 +99,10 @@ moec_status rt_cuda_check_memory(const rt_cuda *c)
             weights += (size_t)ir_type_numel(&m->values[i]->type, 0) *
                        ir_dtype_size(ir_value_storage_dtype(m, m->values[i], p->compute_dtype));
     for (int k = 0; k < m->n_ops; k++) {
+        size_t bytes[2];
         const ir_value *pool[2];
-        if (kv_pools(m->ops[k], pool))
-            kv += kv_pool_bytes(c, pool[0]) + kv_pool_bytes(c, pool[1]);
+        if (kv_pools(c, k, bytes, pool))
+            kv += bytes[0] + bytes[1];
     }
     for (int b = 0; b < p->n_buckets; b++) {
         if (p->buckets[b].arena_bytes > arena)
@@ -110,23 +128,26 @@ moec_status rt_cuda_check_memory(const rt_cuda *c)
                     total_b >> 20);
 }
 
-/* The two KV pools of every attention and mla_attention op. */
+/* The KV pools of every attention, mla_attention and dsa_topk op. */
 moec_status rt_cuda_alloc_kv(rt_cuda *c)
 {
     const ir_module *m = c->plan->module;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
+        size_t bytes[2];
         const ir_value *pool[2];
-        if (!kv_pools(op, pool))
+        if (!kv_pools(c, k, bytes, pool))
             continue;
         for (int p = 0; p < 2; p++) {
-            size_t bytes = kv_pool_bytes(c, pool[p]);
+            if (!bytes[p])
+                continue;
             char where[512];
-            snprintf(where, sizeof where, "KV pool %d (%%%s) of %s %%%s", p, pool[p]->name,
-                     ir_op_name(op->kind), op->out[0]->name);
-            MOEC_TRY(rt_cuda_alloc(c, &c->kv[2 * k + p], bytes, where));
-            c->kv_bytes[2 * k + p] = bytes;
-            MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes), where));
+            snprintf(where, sizeof where, "KV pool %d (%%%s) of %s %%%s", p,
+                     pool[p] ? pool[p]->name : "index scores", ir_op_name(op->kind),
+                     op->out[0]->name);
+            MOEC_TRY(rt_cuda_alloc(c, &c->kv[2 * k + p], bytes[p], where));
+            c->kv_bytes[2 * k + p] = bytes[p];
+            MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes[p]), where));
         }
     }
     return MOEC_OK;

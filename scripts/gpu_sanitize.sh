@@ -13,7 +13,7 @@ mkdir -p "$LOG"
 SAN=${SAN:-/usr/local/cuda/bin/compute-sanitizer}
 JOBS=${JOBS:-6}
 TOOLS=${TOOLS:-"racecheck synccheck initcheck memcheck"}
-MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe"}
+MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe deepseek_v32"}
 
 # one TOOL DTYPE GRAPHS MODEL: one sanitized `moec run` (MODEL = kernels: the
 # gpu_kernels sample); its verdict line on stdout.
@@ -28,7 +28,7 @@ one() {
   if [ "$model" = kernels ]; then
     MOEC_KERN_SANITIZE=1 "$SAN" "${args[@]}" build-gpu/tests/gpu_kernels >"$log" 2>&1
   else
-    prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('tests/data/$model/golden.json'))['prompt_ids'])))")
+    prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('tests/data/$model/prompt.json'))['prompt_ids'])))")
     MOEC_DTYPE=$dtype MOEC_DISABLE_GRAPHS=$((1 - graphs)) "$SAN" "${args[@]}" \
       build-gpu/moec run "tests/data/$model" --backend cuda --prompt-ids "$prompt" \
       --max-new-tokens 3 --ignore-eos >"$log" 2>&1

@@ -1219,11 +1219,12 @@ int main(void)
     test_storage();
     test_plan_errors();
     static const char *models[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                                   "qwen3_moe"};
-    for (int i = 0; i < 5; i++)
+                                   "qwen3_moe", "deepseek_v32"};
+    for (int i = 0; i < 6; i++)
         test_model(models[i]);
     test_config("deepseek_v2_lite.json");
     test_config("deepseek_v3.json");
+    test_config("deepseek_v32.json");
     test_config("qwen3_30b_a3b.json");
     if (g_missing)
         fprintf(stderr, "note: %d ops still have placeholder emitters (not implemented yet)\n",
