@@ -17,12 +17,15 @@
  *   dsa_select    per token, one block of 1024: with n = pos + 1 <= top_k
  *                 positions, all of them (0..pos, then -1s) and no scores
  *                 read; else a radix select of the top_k-th largest score
- *                 (four passes of 8-bit digits over order-preserving keys;
+ *                 (four passes of 8-bit digits over order-preserving keys,
+ *                 each warp adding its equal digits to the histogram once;
  *                 -0 taken as +0 so that keys tie exactly where floats
  *                 do), then a compaction in position order: every position
  *                 above the threshold and the first of those equal to it,
  *                 as many as top_k needs (ties: the lower position, as the
- *                 interpreter breaks them). Output ascending, as defined.
+ *                 interpreter breaks them), each thread a run of positions
+ *                 placed by two block scans of its counts. Output ascending,
+ *                 as defined.
  *
  * Everything inside the bucket's CUDA Graph: grids are fixed, the context
  * length is read from the positions on the device. */
@@ -175,10 +178,16 @@ static const char SELECT_BODY[] =
     "        for (int i = tid; i < 256; i += NT)\n"
     "            hist[i] = 0u;\n"
     "        __syncthreads();\n"
-    "        for (int i = tid; i < n; i += NT) {\n"
-    "            const unsigned key = dsa_key(sr[i]);\n"
-    "            if ((key & mask) == prefix)\n"
-    "                atomicAdd(&hist[(key >> shift) & 255u], 1u);\n"
+    "        /* whole warps per round, so that a warp adds its equal digits once:\n"
+    "           scores crowd into few digits (the top ones share an exponent) */\n"
+    "        for (int c0 = 0; c0 < n; c0 += NT) {\n"
+    "            const int i = c0 + tid;\n"
+    "            const unsigned key = i < n ? dsa_key(sr[i]) : 0u;\n"
+    "            const bool hit = i < n && (key & mask) == prefix;\n"
+    "            const unsigned d = hit ? (key >> shift) & 255u : 256u;\n"
+    "            const unsigned peers = __match_any_sync(0xffffffffu, d);\n"
+    "            if (hit && lane == __ffs(peers) - 1)\n"
+    "                atomicAdd(&hist[d], (unsigned)__popc(peers));\n"
     "        }\n"
     "        __syncthreads();\n"
     "        if (tid < 32) {\n"
@@ -211,20 +220,25 @@ static const char SELECT_BODY[] =
     "        remain = (int)pick_s[1];\n"
     "        __syncthreads();\n"
     "    }\n"
-    "    /* above the threshold key: taken; equal: the first `remain` of them */\n"
-    "    int base_eq = 0, base_sel = 0;\n"
-    "    for (int c0 = 0; c0 < n; c0 += NT) {\n"
-    "        const int i = c0 + tid;\n"
-    "        const unsigned key = i < n ? dsa_key(sr[i]) : 0u;\n"
-    "        const int gt = i < n && key > prefix, eq = i < n && key == prefix;\n"
-    "        int n_eq, n_sel;\n"
-    "        const int eq_rank = base_eq + dsa_block_scan(eq, &n_eq, ws);\n"
-    "        const int take = gt || (eq && eq_rank < remain);\n"
-    "        const int at = base_sel + dsa_block_scan(take, &n_sel, ws);\n"
+    "    /* above the threshold key: taken; equal: the first `remain` of them.\n"
+    "       Thread tid owns positions [i0, i1): its counts, scanned over the\n"
+    "       block, say where its takes go, in position order */\n"
+    "    const int L = (n + NT - 1) / NT, i0 = tid * L, i1 = i0 + L < n ? i0 + L : n;\n"
+    "    int gt = 0, eq = 0;\n"
+    "    for (int i = i0; i < i1; i++) {\n"
+    "        const unsigned key = dsa_key(sr[i]);\n"
+    "        gt += key > prefix;\n"
+    "        eq += key == prefix;\n"
+    "    }\n"
+    "    int n_gt, n_eq;\n"
+    "    const int gt_before = dsa_block_scan(gt, &n_gt, ws);\n"
+    "    int eq_before = dsa_block_scan(eq, &n_eq, ws);\n"
+    "    int at = gt_before + (eq_before < remain ? eq_before : remain);\n"
+    "    for (int i = i0; i < i1; i++) {\n"
+    "        const unsigned key = dsa_key(sr[i]);\n"
+    "        const bool take = key > prefix || (key == prefix && eq_before++ < remain);\n"
     "        if (take && at < K)\n"
-    "            o[at] = i;\n"
-    "        base_eq += n_eq;\n"
-    "        base_sel += n_sel;\n"
+    "            o[at++] = i;\n"
     "    }\n";
 
 static long long round_up(long long n, long long m) { return (n + m - 1) / m * m; }
