@@ -11,9 +11,11 @@
  *                 max_blocks * block size], shared by the layers, which run
  *                 one after another). A block takes one token and tiles of
  *                 PT positions, its tokens' q (all heads) in shared memory
- *                 beside a tile of keys; eight threads share a position,
- *                 each a strided eighth of the heads, and sum by shuffles.
- *                 The blocks of a token (grid.y) stride over its tiles.
+ *                 beside a tile of keys: in bf16 with heads and channels in
+ *                 sixteens the products run on tensor cores (below),
+ *                 otherwise eight threads share a position, each a strided
+ *                 eighth of the heads, and sum by shuffles. The blocks of a
+ *                 token (grid.y) stride over its tiles.
  *   dsa_select    per token, one block of 1024: with n = pos + 1 <= top_k
  *                 positions, all of them (0..pos, then -1s) and no scores
  *                 read; else a radix select of the top_k-th largest score
@@ -103,6 +105,89 @@ static const char SCORE_BODY[] =
     "        if (hg == 0 && pp < nv)\n"
     "            srow[p0 + pp] = acc;\n"
     "    }\n";
+
+/* The tensor-core form of the scores (bf16, heads and channels in sixteens):
+ * per tile of PT positions each warp takes 8 of them and every head, S = Q
+ * K^T by m16n8k16 MMAs (16 heads by 8 positions, fp32 accumulators), then
+ * sums w[h] * relu(scale * S) over the heads: its lanes' two rows per head
+ * tile, then across the lanes of a position by shuffles. */
+static const char SCORE_MMA_BODY[] =
+    "    constexpr int NW = NT / 32, MT = HI / 16;\n"
+    "    __shared__ __align__(16) __nv_bfloat16 q_s[HI][QLD];\n"
+    "    __shared__ __align__(16) __nv_bfloat16 k_s[PT][KLD];\n"
+    "    __shared__ float w_s[HI];\n"
+    "    __shared__ long long row_s[PT];\n"
+    "    const int t = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;\n"
+    "    const int g = lane >> 2, tq = lane & 3;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks || p < K)\n"
+    "        return;\n"
+    "    const int n = p + 1, n_tiles = (n + PT - 1) / PT;\n"
+    "    if ((int)blockIdx.y >= n_tiles)\n"
+    "        return;\n"
+    "    for (int i = tid; i < HI * (DI / 8); i += NT) {\n"
+    "        const int h = i / (DI / 8), j = (i % (DI / 8)) * 8;\n"
+    "        cpv<8>(&q_s[h][j], q + ((long long)t * HI + h) * DI + j);\n"
+    "    }\n"
+    "    for (int h = tid; h < HI; h += NT)\n"
+    "        w_s[h] = ld(w + (long long)t * HI + h) * weight_scale;\n"
+    "    const int *bt = block_table + (long long)s * max_blocks;\n"
+    "    float *srow = scores + (long long)t * max_blocks * BS;\n"
+    "    for (int tile = blockIdx.y; tile < n_tiles; tile += gridDim.y) {\n"
+    "        const int p0 = tile * PT, nv = n - p0 < PT ? n - p0 : PT;\n"
+    "        __syncthreads();\n"
+    "        for (int r = tid; r < PT; r += NT)\n"
+    "            row_s[r] = r < nv ? (long long)bt[(p0 + r) / BS] * BS + (p0 + r) % BS : -1;\n"
+    "        __syncthreads();\n"
+    "        /* rows past the context are zeros: their scores are not written */\n"
+    "        for (int i = tid; i < PT * (DI / 8); i += NT) {\n"
+    "            const int r = i / (DI / 8), j = (i % (DI / 8)) * 8;\n"
+    "            if (row_s[r] < 0)\n"
+    "                *reinterpret_cast<uint4 *>(&k_s[r][j]) = make_uint4(0u, 0u, 0u, 0u);\n"
+    "            else\n"
+    "                cpv<8>(&k_s[r][j], kpool + row_s[r] * DI + j);\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        for (int n0 = warp * 8; n0 < PT; n0 += NW * 8) {\n"
+    "            /* this lane's part of positions n0 + 2tq and n0 + 2tq + 1 */\n"
+    "            float a0 = 0.0f, a1 = 0.0f;\n"
+    "            for (int mt = 0; mt < MT; mt++) {\n"
+    "                const int h = mt * 16;\n"
+    "                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "#pragma unroll\n"
+    "                for (int k0 = 0; k0 < DI; k0 += 16)\n"
+    "                    moec_mma_bf16(c, dsa_ld32(&q_s[h + g][k0 + 2 * tq]),\n"
+    "                                  dsa_ld32(&q_s[h + g + 8][k0 + 2 * tq]),\n"
+    "                                  dsa_ld32(&q_s[h + g][k0 + 8 + 2 * tq]),\n"
+    "                                  dsa_ld32(&q_s[h + g + 8][k0 + 8 + 2 * tq]),\n"
+    "                                  dsa_ld32(&k_s[n0 + g][k0 + 2 * tq]),\n"
+    "                                  dsa_ld32(&k_s[n0 + g][k0 + 8 + 2 * tq]));\n"
+    "                const float w0 = w_s[h + g], w1 = w_s[h + g + 8];\n"
+    "                a0 += w0 * fmaxf(c[0] * scale, 0.0f) + w1 * fmaxf(c[2] * scale, 0.0f);\n"
+    "                a1 += w0 * fmaxf(c[1] * scale, 0.0f) + w1 * fmaxf(c[3] * scale, 0.0f);\n"
+    "            }\n"
+    "            /* the lanes of one tq hold the other rows: lanes tq + 4g */\n"
+    "#pragma unroll\n"
+    "            for (int o = 4; o < 32; o <<= 1) {\n"
+    "                a0 += __shfl_xor_sync(0xffffffffu, a0, o);\n"
+    "                a1 += __shfl_xor_sync(0xffffffffu, a1, o);\n"
+    "            }\n"
+    "            const int col = n0 + 2 * tq;\n"
+    "            if (g == 0 && col < nv)\n"
+    "                srow[p0 + col] = a0;\n"
+    "            if (g == 0 && col + 1 < nv)\n"
+    "                srow[p0 + col + 1] = a1;\n"
+    "        }\n"
+    "    }\n";
+
+static const char MMA_HELPERS[] =
+    "#ifndef MOEC_DSA_MMA_HELPERS\n"
+    "#define MOEC_DSA_MMA_HELPERS\n"
+    "__device__ __forceinline__ unsigned dsa_ld32(const __nv_bfloat16 *p)\n"
+    "{\n"
+    "    return *reinterpret_cast<const unsigned *>(p);\n"
+    "}\n"
+    "#endif\n\n";
 
 /* The select kernel's helpers: the order-preserving key of a score, and an
  * exclusive prefix sum over the block with its total. */
@@ -302,22 +387,33 @@ static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long lon
              sdt = c->opt->compute_dtype;
     long long qsz = (long long)ir_dtype_size(qdt), ssz = (long long)ir_dtype_size(sdt);
     long long qld = round_up(DI, 16 / qsz) + 16 / qsz, kld = round_up(DI, 16 / ssz) + 16 / ssz;
-    int pt = 32;
-    while (pt > 8 && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
+    /* bf16 with heads and channels in sixteens: tensor cores, 64 positions a
+       tile (fewer when the heads' q crowds shared memory) */
+    int mma = qdt == IR_DTYPE_BF16 && sdt == IR_DTYPE_BF16 && HI % 16 == 0 && DI % 16 == 0;
+    int pt = mma ? 64 : 32, pt_min = mma ? 16 : 8;
+    while (pt > pt_min && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
         pt /= 2;
+    if (mma && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX) {
+        mma = 0;
+        pt = 32;
+        while (pt > 8 && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
+            pt /= 2;
+    }
     if (HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "dsa_topk %%%s: %lld indexer heads of %lld channels do not fit shared "
                         "memory",
                         who, HI, DI);
-    int nt = pt * DSA_HEAD_GROUPS;
+    int nt = mma ? 256 : pt * DSA_HEAD_GROUPS;
     int nb = (DSA_TARGET_BLOCKS + c->T - 1) / c->T;
     char name[256];
-    snprintf(name, sizeof name, "dsa_score_h%lld_d%lld_k%lld_pt%d_nb%d_bs%d_t%d_%s", HI, DI, K, pt,
-             nb, bs, c->T, tag);
+    snprintf(name, sizeof name, "dsa_score%s_h%lld_d%lld_k%lld_pt%d_nb%d_bs%d_t%d_%s",
+             mma ? "_mma" : "", HI, DI, K, pt, nb, bs, c->T, tag);
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
+    if (is_new && mma)
+        moec_buf_printf(&c->src, "%s", MMA_HELPERS);
     if (is_new)
         moec_buf_printf(&c->src,
                         "// dsa_topk: index scores over the paged key cache, one block per token "
@@ -332,7 +428,7 @@ static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long lon
                         "BS = %d, VE = %d, QLD = %lld, KLD = %lld;\n%s}\n\n",
                         nt, name, cg_ctype(qdt), cg_ctype(wdt), cg_ctype(sdt), cg_ctype(qdt),
                         cg_ctype(sdt), HI, DI, K, pt, DSA_HEAD_GROUPS, nt, bs, cg_vec_width(DI), qld,
-                        kld, SCORE_BODY);
+                        kld, mma ? SCORE_MMA_BODY : SCORE_BODY);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);

@@ -404,8 +404,8 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
             c->steps[last].args[1].index == IR_INPUT_SAMPLED && c->steps[last].grid[0] == (unsigned)c->T);
 }
 
-/* DeepSeek-V3.2: the indexer (64 heads of 128, top 2048) before the sparse
- * MLA attention over the selection. */
+/* DeepSeek-V3.2: the indexer (64 heads of 128, top 2048; its scores on
+ * tensor cores) before the sparse MLA attention over the selection. */
 static void check_v32(const ir_module *m, const cg_ctx *c)
 {
     int T = c->T, d = steps_of(m, c, IR_OP_DSA_TOPK), a = steps_of(m, c, IR_OP_MLA_ATTENTION);
@@ -417,7 +417,7 @@ static void check_v32(const ir_module *m, const cg_ctx *c)
     /* keys into pool 0; scores into the first dsa_topk's pool 1, which the select reads */
     T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 6 && w->args[5].kind == IR_ARG_KV &&
             w->args[5].index == dsa->id && w->args[5].i == 0);
-    T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_h64_d128_k2048_pt32_") != NULL);
+    T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_mma_h64_d128_k2048_pt64_") != NULL);
     T_CHECK(sc->grid[0] == (unsigned)T && sc->grid[1] == (unsigned)((528 + T - 1) / T) &&
             sc->block[0] == 256);
     T_CHECK(sc->args[7].kind == IR_ARG_KV && sc->args[7].index == dsa->id && sc->args[7].i == 1);
