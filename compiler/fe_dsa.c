@@ -7,7 +7,8 @@
  *   q = wq_b(q_lora) as [T, index_n_heads, index_head_dim]
  *   k = k_norm(wk(x))                  LayerNorm with a bias, eps 1e-6
  *   the first qk_rope_head_dim channels of q and k rotated half-split
- *   ("neox"; the MLA's own RoPE is interleaved), the rest passed through
+ *   ("neox"; the MLA's own RoPE is interleaved), the rest passed through:
+ *   one rope op with rotary_dim
  *   w = weights_proj(x)                never quantized (bf16 in fp8 checkpoints)
  *   sel = dsa_topk(q, k, w) {scale = index_head_dim^-0.5,
  *                            weight_scale = index_n_heads^-0.5}
@@ -125,6 +126,7 @@ moec_status fe_dsa_read(const fe_json *j, const fe_common *cc, int64_t q_lora_ra
     d->rope_dim = rope_dim;
     d->rope = *mla_rope;
     d->rope.style = "neox";
+    d->rope.rotary_dim = d->head_dim > rope_dim ? rope_dim : 0;
     MOEC_TRY(read_layer_types(j, cc->num_layers));
     return read_mlp_layer_types(j, cc->num_layers, has_experts, d);
 }
@@ -137,27 +139,6 @@ int fe_dsa_layer_sparse(const fe_dsa *d, int layer)
     return it && cJSON_IsString(it) && strcmp(it->valuestring, "sparse") == 0;
 }
 
-/* x [T, h, head_dim] with its first rope_dim channels rotated (half-split)
- * and the others passed through: %<name>_pe, _pe_rot, _pass, _full. */
-static moec_status rope_first(fe_ctx *c, const fe_dsa *d, const char *name, ir_value *x,
-                              ir_value **out)
-{
-    char vn[96], vn2[96];
-    ir_value *pe, *rot, *pass;
-    snprintf(vn, sizeof vn, "%s_pe", name);
-    MOEC_TRY(fe_slice(c, vn, x, 2, 0, d->rope_dim, &pe));
-    snprintf(vn, sizeof vn, "%s_pe_rot", name);
-    MOEC_TRY(fe_rope_op(c, vn, pe, &d->rope, &rot));
-    if (d->head_dim == d->rope_dim) {
-        *out = rot;
-        return MOEC_OK;
-    }
-    snprintf(vn, sizeof vn, "%s_pass", name);
-    MOEC_TRY(fe_slice(c, vn, x, 2, d->rope_dim, d->head_dim - d->rope_dim, &pass));
-    snprintf(vn2, sizeof vn2, "%s_full", name);
-    return fe_concat2(c, vn2, rot, pass, 2, out);
-}
-
 moec_status fe_dsa_indexer(fe_ctx *c, const fe_dsa *d, ir_value *x, ir_value *q_lora,
                            ir_value **sel)
 {
@@ -168,7 +149,7 @@ moec_status fe_dsa_indexer(fe_ctx *c, const fe_dsa *d, ir_value *x, ir_value *q_
     MOEC_TRY(fe_linear(c, "attn.indexer.q_flat", q_lora, w, NULL, &q_flat));
     int64_t qdims[2] = {H, D};
     MOEC_TRY(fe_reshape(c, "attn.indexer.q", q_flat, 3, qdims, &q));
-    MOEC_TRY(rope_first(c, d, "attn.indexer.q", q, &q_full));
+    MOEC_TRY(fe_rope_op(c, "attn.indexer.q_rot", q, &d->rope, &q_full));
 
     MOEC_TRY(fe_linear_weight(c, "attn.indexer.wk", "self_attn.indexer.wk.weight", D, hid, &w));
     MOEC_TRY(fe_linear(c, "attn.indexer.k_raw", x, w, NULL, &k_raw));
@@ -177,7 +158,7 @@ moec_status fe_dsa_indexer(fe_ctx *c, const fe_dsa *d, ir_value *x, ir_value *q_
     MOEC_TRY(fe_layer_norm(c, "attn.indexer.k_normed", k_raw, w, b, DSA_K_NORM_EPS, &k_normed));
     int64_t kdims[2] = {1, D};
     MOEC_TRY(fe_reshape(c, "attn.indexer.k3", k_normed, 3, kdims, &k3));
-    MOEC_TRY(rope_first(c, d, "attn.indexer.k3", k3, &k3_full));
+    MOEC_TRY(fe_rope_op(c, "attn.indexer.k3_rot", k3, &d->rope, &k3_full));
     MOEC_TRY(fe_reshape(c, "attn.indexer.k", k3_full, 2, &D, &k));
 
     /* The reference keeps weights_proj in fp32 and DeepSeek's fp8

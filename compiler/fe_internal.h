@@ -125,6 +125,8 @@ typedef struct fe_rope {
     double dict_factor;
     double mscale_all_dim;   /* 0 when absent or null */
     const char *dict_prefix; /* "rope_scaling." or "rope_parameters." */
+    int64_t rotary_dim;      /* > 0: only the first rotary_dim channels rotate (set by the
+                                family; 0: all) */
 } fe_rope;
 
 /* dim: the rotated head dim (head_dim as transformers' rope code sees it). */
@@ -240,7 +242,8 @@ typedef struct fe_dsa {
     int64_t n_heads;  /* index_n_heads */
     int64_t head_dim; /* index_head_dim */
     int64_t rope_dim; /* qk_rope_head_dim: the first channels, rotated half-split */
-    fe_rope rope;     /* the MLA's RoPE parameters, in the "neox" layout */
+    fe_rope rope;     /* the MLA's RoPE parameters, in the "neox" layout, over the first
+                         rope_dim channels of each head */
     const cJSON *mlp_layer_types; /* "dense" / "sparse" per layer; NULL: the default */
 } fe_dsa;
 

@@ -732,6 +732,8 @@ moec_status fe_rope_op(fe_ctx *c, const char *name, ir_value *x, const fe_rope *
         MOEC_TRY(ir_op_set_float(c->m, op, "yarn_high", r->yarn_high));
         MOEC_TRY(ir_op_set_float(c->m, op, "attn_factor", r->attn_factor));
     }
+    if (r->rotary_dim > 0)
+        MOEC_TRY(ir_op_set_int(c->m, op, "rotary_dim", r->rotary_dim));
     return op_finish(c, op, NULL, out);
 }
 

@@ -11,7 +11,7 @@
 #include "common/err.h"
 #include "ir/ir_internal.h"
 
-#define OP_MAX_ATTR_SPECS 7
+#define OP_MAX_ATTR_SPECS 8
 
 typedef struct attr_spec {
     const char *key;
@@ -45,7 +45,8 @@ static const op_info OPS[IR_OP_COUNT] = {
                      {"factor", IR_ATTR_FLOAT, 0},
                      {"yarn_low", IR_ATTR_FLOAT, 0},
                      {"yarn_high", IR_ATTR_FLOAT, 0},
-                     {"attn_factor", IR_ATTR_FLOAT, 0}}},
+                     {"attn_factor", IR_ATTR_FLOAT, 0},
+                     {"rotary_dim", IR_ATTR_INT, 0}}},
     [IR_OP_ATTENTION] = {"attention", 4, 5, 1,
                          {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
     [IR_OP_MOE_TOPK] = {"moe_topk", 1, 2, 2,
@@ -559,6 +560,10 @@ static moec_status infer_rope(infer_ctx *c, ir_type *out)
     }
     if (!isfinite(ir_op_attr_float(op, "attn_factor", 1)))
         return fail(c, "attn_factor must be finite");
+    int64_t rd = ir_op_attr_int(op, "rotary_dim", x->type.dims[2]);
+    if (rd < 2 || rd > x->type.dims[2] || rd % 2)
+        return fail(c, "rotary_dim %" PRId64 " must be even and in [2, %" PRId64 "] (the head dim)",
+                    rd, x->type.dims[2]);
     out[0] = type_like(&x->type, IR_DTYPE_F32);
     return MOEC_OK;
 }

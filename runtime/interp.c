@@ -499,12 +499,16 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
         numel_of(op->out[0], T) != prod(d, 0, 3))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope wants x [T, H, D] with D even, pos [T]",
                         op_name(op));
-    int64_t H = d[1], D = d[2], half = D / 2;
+    /* rotary_dim: the first channels rotate as a head of that size; the rest pass */
+    int64_t H = d[1], D = d[2], rd = ir_op_attr_int(op, "rotary_dim", D), half = rd / 2;
+    if (rd < 2 || rd > D || rd % 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope rotary_dim %lld out of [2, %lld] or odd",
+                        op_name(op), (long long)rd, (long long)D);
     float af = (float)attr_num_or(op, "attn_factor", 1.0);
     float *inv_freq = malloc((size_t)half * sizeof(float) + 1);
     if (!inv_freq)
         return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for rope frequencies", op_name(op));
-    moec_status st = rope_inv_freq(op, D, inv_freq);
+    moec_status st = rope_inv_freq(op, rd, inv_freq);
     if (st != MOEC_OK) {
         free(inv_freq);
         return st;
@@ -512,6 +516,8 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
     const float *x = fbuf(in, op->in[0]);
     const int32_t *pos = ibuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
+    for (int64_t r = 0; r < (int64_t)T * H && rd < D; r++)
+        memcpy(y + r * D + rd, x + r * D + rd, (size_t)(D - rd) * sizeof(float));
     for (int t = 0; t < T; t++) {
         for (int64_t i = 0; i < half; i++) {
             float angle = (float)pos[t] * inv_freq[i];

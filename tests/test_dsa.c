@@ -127,12 +127,15 @@ static void test_frontend(void)
     const ir_op *at = def_op(m, "l1.attn.ctx");
     T_CHECK(at && at->kind == IR_OP_ATTENTION && at->n_in == 5 && tk && at->in[4] == tk->out[0]);
     /* the indexer's RoPE: the MLA's parameters, half-split, on 8 of 16 channels */
-    const ir_op *qr = def_op(m, "l1.attn.indexer.q_pe_rot"), *mr = def_op(m, "l1.attn.q_pe_rot");
+    const ir_op *qr = def_op(m, "l1.attn.indexer.q_rot"), *mr = def_op(m, "l1.attn.q_pe_rot");
     T_CHECK(qr && mr && !strcmp(ir_op_attr_str(qr, "style", ""), "neox") &&
             !strcmp(ir_op_attr_str(mr, "style", ""), "interleave"));
     T_CHECK(qr && mr && ir_op_attr_float(qr, "yarn_high", -1) == ir_op_attr_float(mr, "yarn_high", 0) &&
-            ir_op_attr_float(qr, "factor", -1) == 4.0 && qr->out[0]->type.dims[2] == 8);
-    T_CHECK(def_op(m, "l1.attn.indexer.k3_full") && def_op(m, "l1.attn.indexer.q_full"));
+            ir_op_attr_float(qr, "factor", -1) == 4.0 && qr->out[0]->type.dims[2] == 16 &&
+            ir_op_attr_int(qr, "rotary_dim", 0) == 8 && !ir_op_attr(mr, "rotary_dim"));
+    const ir_op *kr = def_op(m, "l1.attn.indexer.k3_rot");
+    T_CHECK(kr && kr->kind == IR_OP_ROPE && ir_op_attr_int(kr, "rotary_dim", 0) == 8 &&
+            tk && tk->in[0] == qr->out[0]);
     const ir_op *ln = def_op(m, "l1.attn.indexer.k_normed");
     T_CHECK(ln && ln->kind == IR_OP_LAYER_NORM && ir_op_attr_float(ln, "eps", 0) == 1e-6);
     const ir_value *wp = ir_module_find_value(m, "l2.attn.indexer.weights_proj");
@@ -173,9 +176,10 @@ static void test_frontend(void)
     T_CHECK(tk && ir_op_attr_int(tk, "top_k", 0) == 512 && tk->in[0]->type.dims[1] == 64 &&
             tk->in[0]->type.dims[2] == 128);
     ir_module_free(m);
-    /* index_head_dim == qk_rope_head_dim: every channel rotated, nothing passed */
+    /* index_head_dim == qk_rope_head_dim: every channel rotated */
     T_OK(build_with("index_head_dim", "8", &m));
-    T_CHECK(m && !def_op(m, "l0.attn.indexer.q_pass") && def_op(m, "l0.attn.indexer.q_pe_rot"));
+    T_CHECK(m && def_op(m, "l0.attn.indexer.q_rot") &&
+            !ir_op_attr(def_op(m, "l0.attn.indexer.q_rot"), "rotary_dim"));
     ir_module_free(m);
     /* layer_types naming DSA everywhere is accepted; rope_interleave is not read */
     T_OK(build_with("layer_types",
@@ -323,6 +327,12 @@ static void test_verifier(void)
     verify_error("  %s : f32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
                  "weight_scale = 1.0}\n",
                  "%s: dsa_topk");
+    verify_error("  %r : f32[T, 2, 8] = rope(%q, %positions) {style = \"neox\", theta = 1e+04, "
+                 "rotary_dim = 5}\n",
+                 "%r: rope: rotary_dim 5 must be even and in [2, 8] (the head dim)");
+    verify_error("  %r : f32[T, 2, 8] = rope(%q, %positions) {style = \"neox\", theta = 1e+04, "
+                 "rotary_dim = 10}\n",
+                 "%r: rope: rotary_dim 10 must be even and in [2, 8] (the head dim)");
     verify_error("  %y : f32[T, 8] = layer_norm(%k, %g, %b7) {eps = 1e-06}\n",
                  "%y: layer_norm: bias %b7 has 7 elements, input's last dim is 8");
     verify_error("  %y : f32[T, 8] = layer_norm(%k, %g) {eps = 1e-06}\n",
@@ -457,6 +467,50 @@ static void ref_select(const float *tab, const int32_t *tokens, int p, int K, do
             out[o++] = i;
     while (o < K)
         out[o++] = -1;
+}
+
+/* rope with rotary_dim R: exactly the rope of the first R channels (a head
+ * of R) with the rest passed, for both styles and YaRN. */
+static void test_partial_rope(void)
+{
+    static const char *styles[2] = {"neox", "interleave"};
+    for (int st = 0; st < 2; st++) {
+        char text[2048];
+        const char *attrs = "theta = 1e+04, scaling = \"yarn\", factor = 4.0, yarn_low = 1.0, "
+                            "yarn_high = 3.0, attn_factor = 1.25";
+        snprintf(text, sizeof text,
+                 "module r {\n  input %%tokens : i32[T]\n  input %%positions : i32[T]\n"
+                 "  weight %%tab : f32[8, 36] = \"tab\"\n"
+                 "  %%e : f32[T, 36] = embedding(%%tokens, %%tab)\n"
+                 "  %%x : f32[T, 3, 12] = reshape(%%e)\n"
+                 "  %%part : f32[T, 3, 12] = rope(%%x, %%positions) {style = \"%s\", %s, "
+                 "rotary_dim = 8}\n"
+                 "  %%lo : f32[T, 3, 8] = slice(%%x) {axis = 2, start = 0, size = 8}\n"
+                 "  %%hi : f32[T, 3, 4] = slice(%%x) {axis = 2, start = 8, size = 4}\n"
+                 "  %%lo_rot : f32[T, 3, 8] = rope(%%lo, %%positions) {style = \"%s\", %s}\n"
+                 "  %%whole : f32[T, 3, 12] = concat(%%lo_rot, %%hi) {axis = 2}\n"
+                 "  output %%e\n}\n",
+                 styles[st], attrs, styles[st], attrs);
+        ir_module *m = NULL;
+        rt_interp *in = NULL;
+        T_OK(ir_module_parse(text, "r.mir", &m));
+        if (m)
+            T_OK(rt_interp_init(m, NULL, 64, &in));
+        if (in) {
+            float tab[8 * 36];
+            uint64_t rng = 3 + (uint64_t)st;
+            for (int i = 0; i < 8 * 36; i++)
+                tab[i] = t_rand_normal(&rng);
+            T_OK(rt_interp_set_weight(in, ir_module_find_value(m, "tab"), tab));
+            int32_t tok[4] = {1, 7, 3, 0}, pos[4] = {0, 5, 17, 40};
+            T_OK(rt_interp_forward(in, tok, pos, 4, NULL));
+            const float *a = rt_interp_value(in, ir_module_find_value(m, "part"));
+            const float *b = rt_interp_value(in, ir_module_find_value(m, "whole"));
+            T_CHECK(a && b && !memcmp(a, b, 4 * 36 * sizeof(float)));
+        }
+        rt_interp_free(in);
+        ir_module_free(m);
+    }
 }
 
 static void test_layer_norm(void)
@@ -903,6 +957,7 @@ int main(void)
     test_config_errors();
     test_missing_tensor();
     test_verifier();
+    test_partial_rope();
     test_layer_norm();
     test_dsa_topk();
     test_passes();
