@@ -199,6 +199,35 @@ static void test_frontend(void)
     ir_module_free(m);
 }
 
+/* An fp8 V3.2 (as DeepSeek publishes it): the indexer's wq_b and wk are
+ * block-scaled like every attention projection, weights_proj is not (the
+ * checkpoint holds it in bf16); fuse_qkv_a joins q_a, kv_a and wk, and
+ * leaves the bf16 weights_proj its own GEMM. */
+static void test_fp8(void)
+{
+    ir_module *m = NULL;
+    T_OK(build_with("quantization_config",
+                    "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"activation_scheme\": "
+                    "\"dynamic\", \"weight_block_size\": [8, 8]}",
+                    &m));
+    if (!m)
+        return;
+    const ir_value *wq = ir_module_find_value(m, "l0.attn.indexer.wq_b"),
+                   *wk = ir_module_find_value(m, "l0.attn.indexer.wk"),
+                   *wp = ir_module_find_value(m, "l0.attn.indexer.weights_proj");
+    T_CHECK(wq && wq->type.dtype == IR_DTYPE_F8E4M3 && wq->scale.block[0] == 8 &&
+            !strcmp(wq->scale.bind.name, "model.layers.0.self_attn.indexer.wq_b.weight_scale_inv"));
+    T_CHECK(wk && wk->type.dtype == IR_DTYPE_F8E4M3);
+    T_CHECK(wp && wp->type.dtype == IR_DTYPE_BF16 && wp->scale.block[0] == 0);
+    T_OK(pass_run_pipeline(m, NULL, "fuse_qkv_a", NULL, NULL, NULL));
+    const ir_value *qkv = ir_module_find_value(m, "l0.attn.qkv_a_proj");
+    T_CHECK(qkv && qkv->type.dtype == IR_DTYPE_F8E4M3 && qkv->bind.n_parts == 3 &&
+            qkv->scale.bind.n_parts == 3);
+    const ir_op *w = def_op(m, "l0.attn.indexer.weights");
+    T_CHECK(w && w->kind == IR_OP_LINEAR && w->in[1] == wp);
+    ir_module_free(m);
+}
+
 /* ---- bad input -------------------------------------------------------------- */
 
 static void test_config_errors(void)
@@ -954,6 +983,7 @@ static void test_margins(void)
 int main(void)
 {
     test_frontend();
+    test_fp8();
     test_config_errors();
     test_missing_tensor();
     test_verifier();
