@@ -15,7 +15,6 @@
  *
  * The attention then reads only the positions sel holds. */
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "compiler/fe_internal.h"
@@ -143,13 +142,13 @@ moec_status fe_dsa_indexer(fe_ctx *c, const fe_dsa *d, ir_value *x, ir_value *q_
                            ir_value **sel)
 {
     int64_t H = d->n_heads, D = d->head_dim, hid = c->cc->hidden_size;
-    ir_value *w, *b, *q_flat, *q, *q_full, *k_raw, *k_normed, *k3, *k3_full, *k, *weights;
+    ir_value *w, *b, *q_flat, *q, *q_rot, *k_raw, *k_normed, *k3, *k3_rot, *k, *weights;
     MOEC_TRY(fe_linear_weight(c, "attn.indexer.wq_b", "self_attn.indexer.wq_b.weight", H * D,
                               q_lora->type.dims[1], &w));
     MOEC_TRY(fe_linear(c, "attn.indexer.q_flat", q_lora, w, NULL, &q_flat));
     int64_t qdims[2] = {H, D};
     MOEC_TRY(fe_reshape(c, "attn.indexer.q", q_flat, 3, qdims, &q));
-    MOEC_TRY(fe_rope_op(c, "attn.indexer.q_rot", q, &d->rope, &q_full));
+    MOEC_TRY(fe_rope_op(c, "attn.indexer.q_rot", q, &d->rope, &q_rot));
 
     MOEC_TRY(fe_linear_weight(c, "attn.indexer.wk", "self_attn.indexer.wk.weight", D, hid, &w));
     MOEC_TRY(fe_linear(c, "attn.indexer.k_raw", x, w, NULL, &k_raw));
@@ -158,14 +157,14 @@ moec_status fe_dsa_indexer(fe_ctx *c, const fe_dsa *d, ir_value *x, ir_value *q_
     MOEC_TRY(fe_layer_norm(c, "attn.indexer.k_normed", k_raw, w, b, DSA_K_NORM_EPS, &k_normed));
     int64_t kdims[2] = {1, D};
     MOEC_TRY(fe_reshape(c, "attn.indexer.k3", k_normed, 3, kdims, &k3));
-    MOEC_TRY(fe_rope_op(c, "attn.indexer.k3_rot", k3, &d->rope, &k3_full));
-    MOEC_TRY(fe_reshape(c, "attn.indexer.k", k3_full, 2, &D, &k));
+    MOEC_TRY(fe_rope_op(c, "attn.indexer.k3_rot", k3, &d->rope, &k3_rot));
+    MOEC_TRY(fe_reshape(c, "attn.indexer.k", k3_rot, 2, &D, &k));
 
     /* The reference keeps weights_proj in fp32 and DeepSeek's fp8
      * checkpoints store it in bf16: it is never block-scaled. */
     MOEC_TRY(fe_weight2(c, "attn.indexer.weights_proj", "self_attn.indexer.weights_proj.weight", H,
                         hid, &w));
     MOEC_TRY(fe_linear(c, "attn.indexer.weights", x, w, NULL, &weights));
-    return fe_dsa_topk(c, "attn.indexer.topk", q_full, k, weights, d->top_k, pow((double)D, -0.5),
+    return fe_dsa_topk(c, "attn.indexer.topk", q_rot, k, weights, d->top_k, pow((double)D, -0.5),
                        pow((double)H, -0.5), sel);
 }
