@@ -1,6 +1,7 @@
-/* moec.c — the moec command line: compile, dump-ir, run and bench over the
+/* moec.c — the moec command line: compile, dump-ir, run, bench and tokenize over the
  * public API (include/moec.h). Usage errors exit 2, library errors exit 1
  * with the library's message. */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
@@ -24,9 +25,11 @@ static const char *USAGE_MAIN =
     "commands:\n"
     "  compile MODEL_DIR     compile for the GPU ahead of time into a plan file\n"
     "  dump-ir MODEL_DIR     print the model's IR (see docs/IR.md)\n"
-    "  run MODEL_DIR|PLAN    greedy generation from token ids\n"
+    "  run MODEL_DIR|PLAN    greedy generation from token ids or a text prompt\n"
     "  bench MODEL_DIR|PLAN  decode step time against its memory floor (needs a GPU)\n"
     "  serve MODEL_DIR|PLAN  the generation service over stdin or TCP (`moec serve --help`)\n"
+    "  tokenize MODEL_DIR    text on stdin to token ids with the model's tokenizer.json,\n"
+    "                        or ids to text (--decode)\n"
     "\n"
     "options:\n"
     "  -h, --help            this help; `moec <command> --help` for a command's options\n"
@@ -84,20 +87,34 @@ static const char *USAGE_COMPILE =
     "                        holds it, longer prompts in chunks of the largest\n"
     "                        (--batch-sizes: the same, its older name)\n"
     "  --tp N                tensor-parallel degree (only 1 so far)\n"
+    "  --quantize fp8        first write an fp8 copy of the checkpoint (block-scaled\n"
+    "                        e4m3, as DeepSeek-V3 publishes: every attention, MLP and\n"
+    "                        expert linear, one f32 scale per 128x128 block, amax/448)\n"
+    "                        into a new model folder, and compile for that folder:\n"
+    "                        run the plan with --weights on it (the CPU backend reads\n"
+    "                        it too: `moec run FOLDER --backend cpu`)\n"
+    "  --quantized-dir DIR   that folder (default: PLAN without .moec, plus .fp8);\n"
+    "                        it must not exist\n"
     "  -h, --help            this help\n";
 
 static const char *USAGE_RUN =
-    "usage: moec run MODEL_DIR --prompt-ids IDS --max-new-tokens N [options]\n"
-    "       moec run PLAN --weights MODEL_DIR --prompt-ids IDS --max-new-tokens N [options]\n"
+    "usage: moec run MODEL_DIR --prompt-ids IDS|--prompt TEXT --max-new-tokens N [options]\n"
+    "       moec run PLAN --weights MODEL_DIR --prompt-ids IDS|--prompt TEXT --max-new-tokens N [options]\n"
     "\n"
     "Loads the model (config.json and its safetensors, every weight checked),\n"
     "runs the prompt, then greedy-decodes up to N tokens, printing the generated\n"
-    "ids on one line, separated by spaces. Given a PLAN file (moec compile), runs\n"
-    "it on the GPU with no compile step, after checking that --weights holds the\n"
-    "checkpoint it was compiled for and that the device has its arch and memory.\n"
+    "ids on one line, separated by spaces (with --prompt, their text). Given a\n"
+    "PLAN file (moec compile), runs it on the GPU with no compile step, after\n"
+    "checking that --weights holds the checkpoint it was compiled for and that\n"
+    "the device has its arch and memory.\n"
     "\n"
     "options:\n"
-    "  --prompt-ids IDS       comma-separated token ids, e.g. 1,2,3 (required)\n"
+    "  --prompt-ids IDS       comma-separated token ids, e.g. 1,2,3\n"
+    "  --prompt TEXT          the prompt as text, encoded with the model's\n"
+    "                         tokenizer.json (MODEL_DIR's, or a PLAN's --weights\n"
+    "                         folder's) as `moec tokenize` does; the generated\n"
+    "                         tokens are then printed as text, special tokens left\n"
+    "                         out (one of --prompt-ids and --prompt is required)\n"
     "  --max-new-tokens N     tokens to generate, N >= 1 (required)\n"
     "  --weights DIR          the checkpoint (config.json + *.safetensors): required\n"
     "                         with a PLAN; with MODEL_DIR, weights from DIR instead\n"
@@ -317,6 +334,7 @@ typedef struct run_opts {
     const char *dir;       /* MODEL_DIR or PLAN */
     const char *weights;   /* --weights */
     const char *ids_text;
+    const char *prompt; /* --prompt */
     const char *logits_path;
     const char *arch;
     long max_new;
@@ -343,7 +361,8 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             setenv("MOEC_SINGLE_STREAM", "1", 1);
         } else if (!strcmp(a, "--eager")) {
             setenv("MOEC_DISABLE_GRAPHS", "1", 1);
-        } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--max-new-tokens") ||
+        } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--prompt") ||
+                   !strcmp(a, "--max-new-tokens") ||
                    !strcmp(a, "--backend") || !strcmp(a, "--logits-out") ||
                    !strcmp(a, "--max-seq-len") || !strcmp(a, "--arch") ||
                    !strcmp(a, "--weights")) {
@@ -352,6 +371,8 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             const char *v = argv[++i];
             if (!strcmp(a, "--prompt-ids"))
                 o->ids_text = v;
+            else if (!strcmp(a, "--prompt"))
+                o->prompt = v;
             else if (!strcmp(a, "--logits-out"))
                 o->logits_path = v;
             else if (!strcmp(a, "--weights"))
@@ -388,8 +409,10 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
     }
     if (!o->dir)
         return usage_error(USAGE_RUN, "%s", "missing MODEL_DIR or PLAN");
-    if (!o->ids_text)
-        return usage_error(USAGE_RUN, "%s", "missing --prompt-ids");
+    if (!o->ids_text && !o->prompt)
+        return usage_error(USAGE_RUN, "%s", "missing --prompt-ids or --prompt");
+    if (o->ids_text && o->prompt)
+        return usage_error(USAGE_RUN, "%s", "--prompt-ids and --prompt are exclusive");
     if (o->max_new < 0)
         return usage_error(USAGE_RUN, "%s", "missing --max-new-tokens");
     return 0;
@@ -456,6 +479,44 @@ static int plan_max_positions(const char *weights_dir)
     return max_pos;
 }
 
+/* --prompt: the text encoded by the model's tokenizer (MODEL_DIR's, or a
+ * plan's --weights folder's), and a detokenizer for what is generated. */
+static int prompt_ids(const run_opts *o, int plan, moec_tokenizer_t **tok,
+                      moec_detokenizer_t **detok, int32_t **ids, int *n)
+{
+    moec_status st = moec_tokenizer_open(plan ? o->weights : o->dir, tok);
+    if (st == MOEC_OK)
+        st = moec_tokenizer_encode(*tok, o->prompt, strlen(o->prompt), 1, ids, n);
+    if (st == MOEC_OK)
+        st = moec_detokenizer_init(*tok, 1, detok);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    if (*n == 0) {
+        fprintf(stderr, "moec: --prompt: the text encodes to no tokens\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Prints a generated id (space-separated), or with --prompt the text that
+ * it completes; id -1 ends the stream. */
+static int print_token(moec_detokenizer_t *d, int32_t id, long k)
+{
+    if (!d) {
+        if (id >= 0)
+            printf(k ? " %d" : "%d", (int)id);
+        return 0;
+    }
+    const char *text;
+    size_t len;
+    moec_status st = id >= 0 ? moec_detokenizer_push(d, id, &text, &len)
+                             : moec_detokenizer_finish(d, &text, &len);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    fwrite(text, 1, len, stdout);
+    return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
@@ -470,17 +531,27 @@ static int cmd_run(int argc, char **argv)
         setenv("MOEC_ARCH", o.arch, 1);
     int32_t *ids = NULL;
     const char *bad = NULL;
-    int n = parse_ids(o.ids_text, &ids, &bad);
-    if (n < 0)
+    moec_tokenizer_t *tok = NULL;
+    moec_detokenizer_t *detok = NULL;
+    int n = 0;
+    if (o.prompt) {
+        rc = prompt_ids(&o, plan, &tok, &detok, &ids, &n);
+    } else if ((n = parse_ids(o.ids_text, &ids, &bad)) < 0) {
         return usage_error(USAGE_RUN, "--prompt-ids: bad token id at '%s' (want comma-separated integers >= 0)",
                            bad ? bad : o.ids_text);
+    }
     /* the last new token is printed, never fed back */
     long max_seq = o.max_seq ? o.max_seq : n + o.max_new - 1;
-    if (max_seq < n + o.max_new - 1) {
+    if (rc == 0 && max_seq < n + o.max_new - 1) {
         fprintf(stderr, "moec: --max-seq-len %ld is too short for %d prompt tokens and %ld new tokens\n",
                 max_seq, n, o.max_new);
+        rc = 2;
+    }
+    if (rc) {
         free(ids);
-        return 2;
+        moec_detokenizer_free(detok);
+        moec_tokenizer_free(tok);
+        return rc;
     }
 
     moec_model_t *m = NULL;
@@ -539,7 +610,8 @@ static int cmd_run(int argc, char **argv)
             goto out;
         }
         int32_t next = argmax(row, vocab);
-        printf(k ? " %d" : "%d", (int)next);
+        if ((rc = print_token(detok, next, k)) != 0)
+            goto out;
         fflush(stdout);
         if ((!o.ignore_eos && is_eos(next, eos, n_eos)) || k + 1 == o.max_new)
             break;
@@ -550,6 +622,8 @@ static int cmd_run(int argc, char **argv)
         }
         row = logits;
     }
+    if ((rc = print_token(detok, -1, 0)) != 0)
+        goto out;
     printf("\n");
     goto out;
 fail:
@@ -563,6 +637,8 @@ out:
     free(ids);
     moec_session_free(s);
     moec_model_free(m);
+    moec_detokenizer_free(detok);
+    moec_tokenizer_free(tok);
     return rc;
 }
 
@@ -597,6 +673,7 @@ static void compile_progress(int done, int total, void *user)
 static int cmd_compile(int argc, char **argv)
 {
     const char *dir = NULL, *outpath = NULL;
+    char qdir[4096];
     moec_compile_options o;
     memset(&o, 0, sizeof o);
     for (int i = 0; i < argc; i++) {
@@ -606,13 +683,22 @@ static int cmd_compile(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--arch") ||
                    !strcmp(a, "--dtype") || !strcmp(a, "--buckets") ||
-                   !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp")) {
+                   !strcmp(a, "--batch-sizes") || !strcmp(a, "--tp") ||
+                   !strcmp(a, "--quantize") || !strcmp(a, "--quantized-dir")) {
             if (i + 1 == argc)
                 return usage_error(USAGE_COMPILE, "%s needs a value", a);
             const char *v = argv[++i];
             long tp;
             if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
                 outpath = v;
+            } else if (!strcmp(a, "--quantize")) {
+                if (strcmp(v, "fp8"))
+                    return usage_error(USAGE_COMPILE, "--quantize: '%s' is not fp8", v);
+                o.quantize = v;
+            } else if (!strcmp(a, "--quantized-dir")) {
+                if (!*v)
+                    return usage_error(USAGE_COMPILE, "%s", "--quantized-dir: an empty name");
+                o.quantized_dir = v;
             } else if (!strcmp(a, "--arch")) {
                 if (strncmp(v, "sm_", 3) || strlen(v) > 10)
                     return usage_error(USAGE_COMPILE, "--arch: '%s' is not a GPU arch like sm_90", v);
@@ -647,6 +733,15 @@ static int cmd_compile(int argc, char **argv)
         return usage_error(USAGE_COMPILE, "%s", "missing MODEL_DIR");
     if (!outpath)
         return usage_error(USAGE_COMPILE, "%s", "missing -o PLAN (the plan file to write)");
+    if (o.quantized_dir && !o.quantize)
+        return usage_error(USAGE_COMPILE, "%s", "--quantized-dir goes with --quantize fp8");
+    if (o.quantize && !o.quantized_dir) {
+        size_t n = strlen(outpath);
+        if (n > 5 && !strcmp(outpath + n - 5, ".moec"))
+            n -= 5;
+        snprintf(qdir, sizeof qdir, "%.*s.fp8", (int)(n < 4000 ? n : 4000), outpath);
+        o.quantized_dir = qdir;
+    }
     const char *arch = o.arch ? o.arch : getenv("MOEC_ARCH");
     if (!o.n_buckets)
         o.n_buckets = moec_buckets_default(o.buckets);
@@ -660,6 +755,9 @@ static int cmd_compile(int argc, char **argv)
     moec_model_t *m = NULL;
     moec_status st = moec_model_open(dir, &m);
     if (st == MOEC_OK) {
+        if (o.quantize)
+            fprintf(stderr, "moec compile: %s: quantizing to fp8 into %s, then compiling for it\n",
+                    dir, o.quantized_dir);
         fprintf(stderr, "moec compile: %s: passes, code generation and NVRTC (%s, %s, buckets %s)\n",
                 dir, arch && *arch ? arch : "sm_90", o.dtype ? o.dtype : "bf16", buckets);
         st = moec_compile(m, dir, &o, outpath);
@@ -670,6 +768,9 @@ static int cmd_compile(int argc, char **argv)
     struct stat sb;
     long long size = stat(outpath, &sb) == 0 ? (long long)sb.st_size : -1;
     fprintf(stderr, "moec compile: wrote %s (%lld bytes) in %.1f s\n", outpath, size, moec_now_s() - t0);
+    if (o.quantize)
+        fprintf(stderr, "moec compile: the fp8 checkpoint is %s: run the plan with --weights %s\n",
+                o.quantized_dir, o.quantized_dir);
     return 0;
 }
 
@@ -812,6 +913,170 @@ static moec_status serve_open_model(const char *model_dir, const char *weights_d
     return st;
 }
 
+/* ---- moec tokenize ---------------------------------------------------------- */
+
+static const char *USAGE_TOKENIZE =
+    "usage: moec tokenize MODEL_DIR [--no-special-tokens] < TEXT\n"
+    "       moec tokenize MODEL_DIR --decode [--skip-special-tokens] < IDS\n"
+    "\n"
+    "Encodes the text on stdin (all of it, a final newline included) with\n"
+    "MODEL_DIR/tokenizer.json and tokenizer_config.json as Hugging Face tokenizers\n"
+    "does, and prints the ids on one line, comma-separated. Invalid UTF-8 is read\n"
+    "as U+FFFD (docs/TOKENIZER.md). With --decode, reads ids separated by commas\n"
+    "or whitespace and prints their text exactly, with no newline added.\n"
+    "\n"
+    "options:\n"
+    "  --decode               ids to text instead of text to ids\n"
+    "  --no-special-tokens    encode without what the post-processor adds (a BOS)\n"
+    "  --skip-special-tokens  decode without the special tokens\n"
+    "  -h, --help             this help\n";
+
+/* All of stdin, malloc'd; NULL (errno set) when it cannot be read. */
+static char *read_stdin(size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, stdin);
+        if (n < cap)
+            break;
+        char *grown = cap < ((size_t)1 << 31) ? realloc(buf, 2 * cap + 1) : NULL;
+        if (!grown) {
+            free(buf);
+            errno = ENOMEM;
+            return NULL;
+        }
+        buf = grown;
+        cap *= 2;
+    }
+    if (buf && ferror(stdin)) {
+        free(buf);
+        return NULL;
+    }
+    if (buf)
+        buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Ids separated by commas or whitespace; -1 with *bad at the text that is not one. */
+static int parse_id_list(const char *s, int32_t **out, const char **bad)
+{
+    int n = 0, cap = 64;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    for (const char *p = s; ids;) {
+        while (*p == ',' || isspace((unsigned char)*p))
+            p++;
+        if (!*p)
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < INT32_MIN || v > INT32_MAX ||
+            (*end && *end != ',' && !isspace((unsigned char)*end))) {
+            *bad = p;
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *g = realloc(ids, (size_t)cap * sizeof *g);
+            if (!g)
+                free(ids);
+            ids = g;
+        }
+        if (ids)
+            ids[n++] = (int32_t)v;
+        p = end;
+    }
+    *out = ids;
+    return ids ? n : -1;
+}
+
+static int tokenize_encode(const moec_tokenizer_t *tok, const char *text, size_t len, int special)
+{
+    int32_t *ids = NULL;
+    int n = 0;
+    moec_status st = moec_tokenizer_encode(tok, text, len, special, &ids, &n);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    for (int i = 0; i < n; i++)
+        printf(i ? ",%d" : "%d", (int)ids[i]);
+    printf("\n");
+    free(ids);
+    return 0;
+}
+
+static int tokenize_decode(const moec_tokenizer_t *tok, const char *in, int skip_special)
+{
+    int32_t *ids = NULL;
+    const char *bad = NULL;
+    int n = parse_id_list(in, &ids, &bad);
+    if (n < 0) {
+        if (!bad)
+            return lib_error(MOEC_ERR_OOM);
+        int len = (int)strcspn(bad, ", \t\r\n");
+        fprintf(stderr, "moec: tokenize --decode: bad token id at '%.*s' (want integers separated "
+                        "by commas or spaces)\n", len > 20 ? 20 : len, bad);
+        return 2;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    moec_status st = moec_tokenizer_decode(tok, ids, n, skip_special, &text, &len);
+    free(ids);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    fwrite(text, 1, len, stdout);
+    free(text);
+    return 0;
+}
+
+static int cmd_tokenize(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int decode = 0, no_special = 0, skip_special = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            fputs(USAGE_TOKENIZE, stdout);
+            return 0;
+        } else if (!strcmp(a, "--decode")) {
+            decode = 1;
+        } else if (!strcmp(a, "--no-special-tokens")) {
+            no_special = 1;
+        } else if (!strcmp(a, "--skip-special-tokens")) {
+            skip_special = 1;
+        } else if (a[0] == '-') {
+            return usage_error(USAGE_TOKENIZE, "unknown option %s", a);
+        } else if (!dir) {
+            dir = a;
+        } else {
+            return usage_error(USAGE_TOKENIZE, "unexpected argument %s", a);
+        }
+    }
+    if (!dir)
+        return usage_error(USAGE_TOKENIZE, "%s", "missing MODEL_DIR");
+    if (decode ? no_special : skip_special)
+        return usage_error(USAGE_TOKENIZE, "%s", decode ? "--no-special-tokens is for encoding, not --decode"
+                                                        : "--skip-special-tokens is for --decode");
+    moec_tokenizer_t *tok = NULL;
+    moec_status st = moec_tokenizer_open(dir, &tok);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    size_t len = 0;
+    char *in = read_stdin(&len);
+    int rc;
+    if (!in) {
+        fprintf(stderr, "moec: cannot read stdin: %s\n", strerror(errno));
+        rc = 1;
+    } else {
+        rc = decode ? tokenize_decode(tok, in, skip_special) : tokenize_encode(tok, in, len, !no_special);
+    }
+    free(in);
+    moec_tokenizer_free(tok);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -833,5 +1098,7 @@ int main(int argc, char **argv)
         return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "serve"))
         return moec_serve_main(argc - 1, argv + 1, serve_open_model);
+    if (!strcmp(cmd, "tokenize"))
+        return cmd_tokenize(argc - 2, argv + 2);
     return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
 }

@@ -98,6 +98,12 @@ ir_arg cg_arg_weight(const ir_value *v)
     return a;
 }
 
+ir_arg cg_arg_scales(const ir_value *w)
+{
+    ir_arg a = {IR_ARG_WEIGHT, w->id, (int64_t)ir_weight_scale_offset(w), 0};
+    return a;
+}
+
 ir_arg cg_arg_kv(const ir_op *attention_op, int pool)
 {
     ir_arg a = {IR_ARG_KV, attention_op->id, pool, 0};
@@ -146,7 +152,7 @@ const char *cg_ctype(ir_dtype dt)
     case IR_DTYPE_BF16: return "__nv_bfloat16";
     case IR_DTYPE_F16: return "__half";
     case IR_DTYPE_I32: return "int";
-    case IR_DTYPE_F8E4M3: return "__nv_fp8_e4m3"; /* never emitted yet: plan_build refuses fp8 */
+    case IR_DTYPE_F8E4M3: return "__nv_fp8_e4m3";
     case IR_DTYPE_COUNT: break;
     }
     return "void";
@@ -154,19 +160,22 @@ const char *cg_ctype(ir_dtype dt)
 
 /* The helpers every kernel may use. ld/st convert one element to and from
  * fp32; ldv/stv move N consecutive elements with the widest aligned loads
- * (16 bytes when N * sizeof(T) allows: callers guarantee the alignment);
+ * (16 bytes when N * sizeof(T) allows: callers guarantee the alignment;
+ * fp8 codes widened four at a time);
  * cpv copies N elements, bit for bit when the types agree. Block
  * reductions need blockDim.x to be a multiple of 32. */
 static const char PROLOGUE[] =
     "// moec generated CUDA C: prologue (codegen/cg.c), then one kernel per specialization\n"
     "#include <cuda_bf16.h>\n"
     "#include <cuda_fp16.h>\n"
+    "#include <cuda_fp8.h>\n"
     "\n"
     "#define MOEC_NEG_INF __int_as_float(0xff800000)\n"
     "\n"
     "__device__ __forceinline__ float ld(const float *p) { return *p; }\n"
     "__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }\n"
     "__device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }\n"
+    "__device__ __forceinline__ float ld(const __nv_fp8_e4m3 *p) { return float(*p); }\n"
     "__device__ __forceinline__ void st(float *p, float v) { *p = v; }\n"
     "__device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }\n"
     "__device__ __forceinline__ void st(__half *p, float v) { *p = __float2half(v); }\n"
@@ -218,6 +227,46 @@ static const char PROLOGUE[] =
     "    else moec_ldw<T, N>(p, v);\n"
     "}\n"
     "\n"
+    "/* fp8 weights (e4m3, exact in fp16 and in fp32): four codes of a word at a time */\n"
+    "__device__ __forceinline__ void moec_e4m3x4(unsigned c, float *v)\n"
+    "{\n"
+    "    const float2 a = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3)));\n"
+    "    const float2 b = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c >> 16), __NV_E4M3)));\n"
+    "    v[0] = a.x;\n"
+    "    v[1] = a.y;\n"
+    "    v[2] = b.x;\n"
+    "    v[3] = b.y;\n"
+    "}\n"
+    "\n"
+    "template <int N> __device__ __forceinline__ void ldv(const __nv_fp8_e4m3 *p, float *v)\n"
+    "{\n"
+    "    if constexpr (N % 16 == 0) {\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < N / 16; i++) {\n"
+    "            const uint4 w = reinterpret_cast<const uint4 *>(p)[i];\n"
+    "            moec_e4m3x4(w.x, v + 16 * i);\n"
+    "            moec_e4m3x4(w.y, v + 16 * i + 4);\n"
+    "            moec_e4m3x4(w.z, v + 16 * i + 8);\n"
+    "            moec_e4m3x4(w.w, v + 16 * i + 12);\n"
+    "        }\n"
+    "    } else if constexpr (N % 8 == 0) {\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < N / 8; i++) {\n"
+    "            const uint2 w = reinterpret_cast<const uint2 *>(p)[i];\n"
+    "            moec_e4m3x4(w.x, v + 8 * i);\n"
+    "            moec_e4m3x4(w.y, v + 8 * i + 4);\n"
+    "        }\n"
+    "    } else if constexpr (N % 4 == 0) {\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < N / 4; i++)\n"
+    "            moec_e4m3x4(reinterpret_cast<const unsigned *>(p)[i], v + 4 * i);\n"
+    "    } else {\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < N; i++)\n"
+    "            v[i] = ld(p + i);\n"
+    "    }\n"
+    "}\n"
+    "\n"
     "template <int N, typename T> __device__ __forceinline__ void stv(T *p, const float *v)\n"
     "{\n"
     "    constexpr int B = N * (int)sizeof(T);\n"
@@ -262,6 +311,23 @@ static const char PROLOGUE[] =
     "{\n"
     "    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);\n"
     "    return *reinterpret_cast<const unsigned *>(&v);\n"
+    "}\n"
+    "\n"
+    "/* 8 consecutive weights as the 4 bf16 pairs of a tensor-core fragment: bf16\n"
+    "   weights as they are, fp8 (e4m3) codes widened exactly */\n"
+    "__device__ __forceinline__ uint4 moec_ld8(const __nv_bfloat16 *p)\n"
+    "{\n"
+    "    return *reinterpret_cast<const uint4 *>(p);\n"
+    "}\n"
+    "\n"
+    "__device__ __forceinline__ uint4 moec_ld8(const __nv_fp8_e4m3 *p)\n"
+    "{\n"
+    "    const uint2 c = *reinterpret_cast<const uint2 *>(p);\n"
+    "    float f[8];\n"
+    "    moec_e4m3x4(c.x, f);\n"
+    "    moec_e4m3x4(c.y, f + 4);\n"
+    "    return make_uint4(moec_pack_bf16(f[0], f[1]), moec_pack_bf16(f[2], f[3]),\n"
+    "                      moec_pack_bf16(f[4], f[5]), moec_pack_bf16(f[6], f[7]));\n"
     "}\n"
     "\n"
     "/* Programmatic dependent launch (sm_90): every kernel first waits for the\n"

@@ -68,6 +68,9 @@ size_t cg_scratch(cg_ctx *c, size_t bytes);
 
 ir_arg cg_arg_act(const ir_value *v);
 ir_arg cg_arg_weight(const ir_value *v);
+/* The block scales of an fp8 weight: its buffer past its codes
+ * (ir_weight_scale_offset), f32 in ir_block_scale_type's layout. */
+ir_arg cg_arg_scales(const ir_value *w);
 ir_arg cg_arg_kv(const ir_op *attention_op, int pool);
 ir_arg cg_arg_input(ir_input which);
 ir_arg cg_arg_config(ir_config which);
@@ -76,7 +79,8 @@ ir_arg cg_arg_i32(int64_t v);
 ir_arg cg_arg_f32(double v);
 
 /* The storage dtype of a value on the GPU (ir_value_storage_dtype) and its
- * C type in generated code: "float", "__nv_bfloat16", "__half", "int". */
+ * C type in generated code: "float", "__nv_bfloat16", "__half", "int",
+ * "__nv_fp8_e4m3". */
 ir_dtype cg_storage(const cg_ctx *c, const ir_value *v);
 const char *cg_ctype(ir_dtype dt);
 
@@ -91,8 +95,10 @@ int cg_env_int(const char *name, int dflt, int lo, int hi);
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);
 
 /* The prologue every program starts with: includes, and the load/store
- * helpers generated code uses: `float ld(const T *p)` for float, bf16 and
- * half, `void st(T *p, float v)`, warp and block sum/max reductions. */
+ * helpers generated code uses: `float ld(const T *p)` for float, bf16,
+ * half and fp8 (e4m3), `void st(T *p, float v)`, vector loads and stores,
+ * the m16n8k16 product and its operand loads (`moec_ld8`: bf16 or fp8
+ * weights as bf16 fragments), warp and block sum/max reductions. */
 void cg_emit_prologue(moec_buf *b);
 
 /* Emits the kernels and steps of one op (dispatching on op->kind). */

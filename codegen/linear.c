@@ -54,8 +54,16 @@ static const char GEMV_BODY[] =
     "        float wv[RB][VE];\n"
     "#pragma unroll\n"
     "        for (int r = 0; r < RB; r++)\n"
-    "            if (N % RB == 0 || n0 + r < N)\n"
+    "            if (N % RB == 0 || n0 + r < N) {\n"
     "                ldv<VE>(wr + (long long)r * K + k, wv[r]);\n"
+    "                if constexpr (W8) {\n"
+    "                    /* the code times its block's scale, as the interpreter dequantizes */\n"
+    "                    const float sc = ws[(n0 + r) / SBN * SC + k / SBK];\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < VE; j++)\n"
+    "                        wv[r][j] *= sc;\n"
+    "                }\n"
+    "            }\n"
     "#pragma unroll\n"
     "        for (int t = 0; t < T; t++) {\n"
     "            float xv[VE];\n"
@@ -92,27 +100,77 @@ static const char GEMV_BODY[] =
     "    }\n";
 
 /* Rows per block: enough blocks to fill the GPU twice over (264 on an
- * H100's 132 SMs), at most 8 rows. */
-static int gemv_rows_per_block(int64_t N)
+ * H100's 132 SMs), at most 8 rows (4 of fp8, whose 16-byte loads hold 16
+ * elements: the same registers). */
+static int gemv_rows_per_block(int64_t N, int fp8)
 {
     int rb = 1;
-    while (rb < 8 && N / (2 * rb) >= 264)
+    while (rb < (fp8 ? 4 : 8) && N / (2 * rb) >= 264)
         rb *= 2;
     return rb;
 }
 
-/* y = alpha x w^T (+ bias) by the generated kernel (dtypes checked). */
-static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha)
+/* An fp8 weight's vector width: the widest of 16 to 1 elements that
+ * divides both K and the scale block's columns (so that a vector lies in
+ * one block), at most max. */
+static int fp8_vec_width(int64_t K, int64_t bk, int max)
+{
+    int ve = max;
+    while (ve > 1 && (K % ve || bk % ve))
+        ve /= 2;
+    return ve;
+}
+
+/* The kernel-name suffix and the constants of weight w's block scales:
+ * "" and W8 false for a weight not kept in fp8. */
+static void scale_consts(const cg_ctx *c, const ir_value *w, char *tag, size_t tcap,
+                         char *decl, size_t dcap)
+{
+    if (cg_storage(c, w) != IR_DTYPE_F8E4M3) {
+        snprintf(tag, tcap, "%s", "");
+        snprintf(decl, dcap,
+                 "    constexpr bool W8 = false;\n"
+                 "    constexpr long long SBN = 1, SBK = 1, SC = 1;\n"
+                 "    const float *ws = nullptr;\n"
+                 "    (void)ws;\n");
+        return;
+    }
+    const int64_t *b = w->scale.block;
+    snprintf(tag, tcap, "_s%lldx%lld", (long long)b[0], (long long)b[1]);
+    snprintf(decl, dcap,
+             "    constexpr bool W8 = true;\n"
+             "    constexpr long long SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n",
+             (long long)b[0], (long long)b[1],
+             (long long)((w->type.dims[1] + b[1] - 1) / b[1]));
+}
+
+/* The end of a linear kernel's name: the dtypes of x and y, the bias's
+ * (after "_b"), and the weight's scale blocks (scale_consts's tag). */
+static void io_suffix(const cg_ctx *c, const ir_op *op, const char *tag, char *buf, size_t cap)
+{
+    const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
+    snprintf(buf, cap, "%s_%s%s%s%s", ir_dtype_name(cg_storage(c, op->in[0])),
+             ir_dtype_name(cg_storage(c, op->out[0])), bias ? "_b" : "",
+             bias ? ir_dtype_name(cg_storage(c, bias)) : "", tag);
+}
+
+/* Rows t0 .. t0 + tg - 1 of y = alpha x w^T (+ bias) by the generated
+ * kernel (dtypes checked). */
+static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha,
+                             int t0, int tg)
 {
     const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     ir_dtype dw = cg_storage(c, w), dx = cg_storage(c, x), dy = cg_storage(c, y);
     ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    int ve = cg_vec_width(K), rb = gemv_rows_per_block(N);
-    char name[200];
-    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d_%s_%s_%s%s%s", (long long)N,
-             (long long)K, rb, c->T, ir_dtype_name(dw), ir_dtype_name(dx), ir_dtype_name(dy),
-             bias ? "_b" : "", bias ? ir_dtype_name(db) : "");
+    int fp8 = dw == IR_DTYPE_F8E4M3;
+    int ve = fp8 ? fp8_vec_width(K, w->scale.block[1], 16) : cg_vec_width(K);
+    int rb = gemv_rows_per_block(N, fp8);
+    char name[300], tag[40], decl[400], io[80];
+    scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
+    io_suffix(c, op, tag, io, sizeof io);
+    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d_%s_%s", (long long)N,
+             (long long)K, rb, tg, ir_dtype_name(dw), io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -122,27 +180,218 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "// linear: y = alpha x w^T (+ b) for a few rows (codegen/linear.c, "
                       "emit_gemv)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
-                      "const %s *__restrict__ w, const %s *__restrict__ bias, float alpha, "
+                      "const %s *__restrict__ w, %sconst %s *__restrict__ bias, float alpha, "
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
                       "    constexpr long long N = %lldLL;\n"
                       "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s;\n%s}\n\n",
-                      GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw), cg_ctype(db),
-                      cg_ctype(dy), cg_ctype(dw), (long long)N, (long long)K, c->T, ve, rb,
-                      GEMV_WARPS, bias ? "true" : "false", GEMV_BODY);
+                      "    constexpr bool HAS_BIAS = %s;\n%s%s}\n\n",
+                      GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw),
+                      fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
+                      cg_ctype(dw), (long long)N, (long long)K, tg, ve, rb, GEMV_WARPS,
+                      bias ? "true" : "false", decl, GEMV_BODY);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
     s->grid[0] = (unsigned)((N + rb - 1) / rb);
     s->block[0] = GEMV_WARPS * 32;
-    s->n_args = 5;
+    int n = 0;
+    s->args[n] = cg_arg_act(x);
+    s->args[n++].i = (int64_t)t0 * K * (int64_t)ir_dtype_size(dx);
+    s->args[n++] = cg_arg_act(w);
+    if (fp8)
+        s->args[n++] = cg_arg_scales(w);
+    s->args[n++] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
+    s->args[n++] = cg_arg_f32(alpha);
+    s->args[n] = cg_arg_act(y);
+    s->args[n++].i = (int64_t)t0 * N * (int64_t)ir_dtype_size(dy);
+    s->n_args = n;
+    return MOEC_OK;
+}
+
+/* The fp8 weight on tensor cores (bf16 x, T > 4 rows): a block owns RT
+ * tiles of 16 weight rows, its NW warps split K in 32-wide chunks (chunk s
+ * to warp s % NW), each chunk two m16n8k16 products per tile and 8 tokens:
+ * the weight as the A operand (its e4m3 codes widened to bf16 in
+ * registers, exactly), x as B (its fragments loaded once for the RT
+ * tiles), in the lane permutation of the MoE kernels (codegen/moe_routed.c:
+ * a lane's 8 elements of a row stand for the k columns its fragments need,
+ * alike on both operands). Each chunk's products start from zero and are
+ * added times the chunk's block scale (a tile's 16 rows share a row block,
+ * the 32 columns a column block). The warps' sums meet in shared memory. */
+static const char MMA_BODY[] =
+    "    constexpr int NSTEP = K / 32;\n"
+    "    __shared__ float part[NW][RT * NT * 4][32];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "    const long long n0 = (long long)blockIdx.x * 16 * RT;\n"
+    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
+    "    const float *sr[RT];\n"
+    "#pragma unroll\n"
+    "    for (int rt = 0; rt < RT; rt++) {\n"
+    "        /* rows past N read row N - 1 and are never stored */\n"
+    "        const long long a = n0 + 16 * rt + g, b = a + 8;\n"
+    "        w0[rt] = w + (a < N ? a : N - 1) * K + q * 8;\n"
+    "        w1[rt] = w + (b < N ? b : N - 1) * K + q * 8;\n"
+    "        sr[rt] = ws + (n0 + 16 * rt < N ? n0 + 16 * rt : N - 1) / SBN * SC;\n"
+    "    }\n"
+    "    const TX *xr[NT];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NT; t++) {\n"
+    "        const int tok = t * 8 + g < T ? t * 8 + g : T - 1;\n"
+    "        xr[t] = x + (long long)tok * K + q * 8;\n"
+    "    }\n"
+    "    float acc[RT][NT][4];\n"
+    "#pragma unroll\n"
+    "    for (int rt = 0; rt < RT; rt++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "                acc[rt][t][i] = 0.0f;\n"
+    "#pragma unroll 1\n"
+    "    for (int s0 = warp; s0 < NSTEP; s0 += NW * U) {\n"
+    "        uint4 wa[U][RT][2], xb[U][NT];\n"
+    "        float sc[U][RT];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (s0 + u * NW >= NSTEP)\n"
+    "                break;\n"
+    "            const long long k = (long long)(s0 + u * NW) * 32;\n"
+    "#pragma unroll\n"
+    "            for (int rt = 0; rt < RT; rt++) {\n"
+    "                wa[u][rt][0] = moec_ld8(w0[rt] + k);\n"
+    "                wa[u][rt][1] = moec_ld8(w1[rt] + k);\n"
+    "                sc[u][rt] = sr[rt][k / SBK];\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NT; t++)\n"
+    "                xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (s0 + u * NW >= NSTEP)\n"
+    "                break;\n"
+    "#pragma unroll\n"
+    "            for (int rt = 0; rt < RT; rt++)\n"
+    "#pragma unroll\n"
+    "                for (int t = 0; t < NT; t++) {\n"
+    "                    const uint4 a0 = wa[u][rt][0], a1 = wa[u][rt][1], bx = xb[u][t];\n"
+    "                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "                    moec_mma_bf16(p, a0.x, a1.x, a0.y, a1.y, bx.x, bx.y);\n"
+    "                    moec_mma_bf16(p, a0.z, a1.z, a0.w, a1.w, bx.z, bx.w);\n"
+    "#pragma unroll\n"
+    "                    for (int i = 0; i < 4; i++)\n"
+    "                        acc[rt][t][i] += sc[u][rt] * p[i];\n"
+    "                }\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int rt = 0; rt < RT; rt++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "                part[warp][(rt * NT + t) * 4 + i][lane] = acc[rt][t][i];\n"
+    "    __syncthreads();\n"
+    "    /* acc[rt][t][i] of lane (g, q): row 16 rt + g + 8 (i / 2), token t * 8 + 2q + i % 2 */\n"
+    "    for (int idx = threadIdx.x; idx < RT * NT * 4 * 32; idx += NW * 32) {\n"
+    "        const int ti = idx / 32, l = idx % 32, rt = ti / (NT * 4), t = ti / 4 % NT, i = ti % 4;\n"
+    "        const long long row = n0 + 16 * rt + (l >> 2) + 8 * (i / 2);\n"
+    "        const int tok = t * 8 + 2 * (l & 3) + i % 2;\n"
+    "        if (row >= N || tok >= T)\n"
+    "            continue;\n"
+    "        float v = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int w2 = 0; w2 < NW; w2++)\n"
+    "            v += part[w2][ti][l];\n"
+    "        v *= alpha;\n"
+    "        if constexpr (HAS_BIAS)\n"
+    "            v += ld(bias + row);\n"
+    "        st(y + (long long)tok * N + row, v);\n"
+    "    }\n";
+
+#define MMA_WARPS 4
+
+/* Whether the fp8 weight w of a linear with input x runs on tensor cores:
+ * bf16 x, 32-wide k chunks inside the column blocks, 16-row tiles inside
+ * the row blocks. */
+static int mma_fits(const cg_ctx *c, const ir_value *x, const ir_value *w)
+{
+    int64_t K = w->type.dims[1];
+    return cg_storage(c, x) == IR_DTYPE_BF16 && K % 32 == 0 && w->scale.block[1] % 32 == 0 &&
+           w->scale.block[0] % 16 == 0;
+}
+
+/* y = alpha x w^T (+ bias) for an fp8 w on tensor cores, all T rows. */
+static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha)
+{
+    const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
+    const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
+    ir_dtype dx = cg_storage(c, x), dy = cg_storage(c, y);
+    ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
+    /* two row tiles share their x fragments once x would be read more than
+       twice over (T >= 32), as long as that leaves 264 blocks (two per
+       H100 SM) */
+    int nt = (c->T + 7) / 8, rt = nt >= 4 && N / 32 >= 264 ? 2 : 1;
+    int u = 8 / (nt * rt) < 1 ? 1 : 8 / (nt * rt);
+    char name[300], tag[40], decl[400], io[80];
+    scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
+    io_suffix(c, op, tag, io, sizeof io);
+    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_rt%d_u%d_f8e4m3_%s", (long long)N,
+             (long long)K, c->T, MMA_WARPS, rt, u, io);
+    int is_new = 0;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
+    if (is_new)
+        moec_buf_printf(&c->src,
+                      "// linear: y = alpha x w^T (+ b), fp8 w on tensor cores (codegen/linear.c, "
+                      "emit_fp8_mma)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
+                      "const __nv_fp8_e4m3 *__restrict__ w, const float *__restrict__ ws, "
+                      "const %s *__restrict__ bias, float alpha, %s *__restrict__ y)\n{\n"
+                      "    typedef %s TX;\n"
+                      "    constexpr long long N = %lldLL;\n"
+                      "    constexpr int K = %lld, T = %d, NT = %d, NW = %d, RT = %d, U = %d;\n"
+                      "    constexpr bool HAS_BIAS = %s;\n%s%s}\n\n",
+                      MMA_WARPS * 32, name, cg_ctype(dx), cg_ctype(db), cg_ctype(dy),
+                      cg_ctype(dx), (long long)N, (long long)K, c->T, nt, MMA_WARPS, rt, u,
+                      bias ? "true" : "false", decl, MMA_BODY);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
+    s->kernel = k;
+    s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt));
+    s->block[0] = MMA_WARPS * 32;
+    s->n_args = 6;
     s->args[0] = cg_arg_act(x);
     s->args[1] = cg_arg_act(w);
-    s->args[2] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
-    s->args[3] = cg_arg_f32(alpha);
-    s->args[4] = cg_arg_act(y);
+    s->args[2] = cg_arg_scales(w);
+    s->args[3] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
+    s->args[4] = cg_arg_f32(alpha);
+    s->args[5] = cg_arg_act(y);
+    return MOEC_OK;
+}
+
+/* A linear of an fp8 weight (block-scaled, read as fp8: no cuBLASLt step
+ * takes bf16 activations with it): the few-rows kernel up to the gemv
+ * bound, tensor cores beyond where the shapes allow, else the few-rows
+ * kernel over groups of rows. */
+static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha,
+                            int gemv_max)
+{
+    const ir_value *x = op->in[0], *w = op->in[1];
+    if (w->scale.block[0] < 1 || w->scale.block[1] < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: fp8 weight %%%s has no block scales",
+                        op->out[0]->name, w->name);
+    if (c->T <= gemv_max)
+        return emit_gemv(c, op, N, K, alpha, 0, c->T);
+    if (mma_fits(c, x, w))
+        return emit_fp8_mma(c, op, N, K, alpha);
+    int step = gemv_max > 0 ? gemv_max : GEMV_MAX_T;
+    for (int t0 = 0; t0 < c->T; t0 += step)
+        MOEC_TRY(emit_gemv(c, op, N, K, alpha, t0, c->T - t0 < step ? c->T - t0 : step));
     return MOEC_OK;
 }
 
@@ -171,6 +420,10 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "linear %%%s: %lld x %lld is too large for one GEMM",
                         y->name, (long long)N, (long long)K);
     ir_dtype da = cg_storage(c, w), db = cg_storage(c, x), dc = cg_storage(c, y);
+    int gemv_max = cg_env_int("MOEC_GEMV_MAX_T", GEMV_MAX_T, 0, 16);
+    if (da == IR_DTYPE_F8E4M3 && db != IR_DTYPE_I32 && dc != IR_DTYPE_I32 &&
+        (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
+        return emit_fp8(c, op, N, K, alpha, gemv_max);
     if (da != db)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "linear %%%s: weight %%%s is stored %s but its input %%%s %s; "
@@ -178,8 +431,8 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
                         y->name, w->name, ir_dtype_name(da), x->name, ir_dtype_name(db));
     if (da == IR_DTYPE_I32 || dc == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
-    if (c->T <= cg_env_int("MOEC_GEMV_MAX_T", GEMV_MAX_T, 0, 16) && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
-        return emit_gemv(c, op, N, K, alpha);
+    if (c->T <= gemv_max && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
+        return emit_gemv(c, op, N, K, alpha, 0, c->T);
     ir_step *s = cg_step(c, IR_STEP_GEMM, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);

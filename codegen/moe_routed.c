@@ -10,7 +10,13 @@
  * The GEMMs stream weight rows with 16-byte loads, one warp per few rows,
  * the block's BM activation rows in registers, fp32 accumulation on CUDA
  * cores. Decode puts a token or two on each expert, so BM follows the
- * bucket's expected rows per expert (1 to 8). */
+ * bucket's expected rows per expert (1 to 8).
+ *
+ * fp8 expert weights (block-scaled e4m3, docs/IR.md) are read as fp8, their
+ * scales from past their codes (ir_weight_scale_offset): on CUDA cores each
+ * code is widened and multiplied by its block's scale as the interpreter
+ * dequantizes; on tensor cores codes widen exactly to bf16 and each 32-wide
+ * k chunk's products are added times the scale of the block they lie in. */
 #include "codegen/moe_routed.h"
 
 #include <stdio.h>
@@ -133,6 +139,16 @@ static const char GATE_UP_BODY[] =
     "            float gv[VE], uv[VE];\n"
     "            ldv<VE>(gr + (long long)r * KD + k, gv);\n"
     "            ldv<VE>(ur + (long long)r * KD + k, uv);\n"
+    "            if constexpr (W8) {\n"
+    "                /* each code times its block's scale, as the interpreter dequantizes */\n"
+    "                const float sg = gsc[((long long)e * SR + (n0 + r) / SBN) * SC + k / SBK];\n"
+    "                const float su = usc[((long long)e * SR + (UROW + n0 + r) / SBN) * SC + k / SBK];\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VE; j++) {\n"
+    "                    gv[j] *= sg;\n"
+    "                    uv[j] *= su;\n"
+    "                }\n"
+    "            }\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++)\n"
     "#pragma unroll\n"
@@ -178,6 +194,12 @@ static const char DOWN_BODY[] =
     "                continue;\n"
     "            float wv[VE];\n"
     "            ldv<VE>(dr + (long long)r * KD + k, wv);\n"
+    "            if constexpr (W8) {\n"
+    "                const float sd = dsc[((long long)e * SR + (n0 + r) / SBN) * SC + k / SBK];\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VE; j++)\n"
+    "                    wv[j] *= sd;\n"
+    "            }\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++)\n"
     "#pragma unroll\n"
@@ -238,15 +260,20 @@ static const char MMA_GATE_UP_BODY[] =
     "#pragma unroll 1\n"
     "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
     "        uint4 wa[U][4], xb[U][NTILE];\n"
+    "        [[maybe_unused]] float sg[U], su[U];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u) * 32;\n"
-    "            wa[u][0] = *reinterpret_cast<const uint4 *>(g0 + k);\n"
-    "            wa[u][1] = *reinterpret_cast<const uint4 *>(g0 + 8LL * KD + k);\n"
-    "            wa[u][2] = *reinterpret_cast<const uint4 *>(u0 + k);\n"
-    "            wa[u][3] = *reinterpret_cast<const uint4 *>(u0 + 8LL * KD + k);\n"
+    "            wa[u][0] = moec_ld8(g0 + k);\n"
+    "            wa[u][1] = moec_ld8(g0 + 8LL * KD + k);\n"
+    "            wa[u][2] = moec_ld8(u0 + k);\n"
+    "            wa[u][3] = moec_ld8(u0 + 8LL * KD + k);\n"
+    "            if constexpr (W8) {\n"
+    "                sg[u] = gsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
+    "                su[u] = usc[((long long)e * SR + (UROW + n0) / SBN) * SC + k / SBK];\n"
+    "            }\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++)\n"
     "                xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
@@ -257,10 +284,24 @@ static const char MMA_GATE_UP_BODY[] =
     "                break;\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
-    "                moec_mma_bf16(ag[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, xb[u][t].x, xb[u][t].y);\n"
-    "                moec_mma_bf16(ag[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, xb[u][t].z, xb[u][t].w);\n"
-    "                moec_mma_bf16(au[t], wa[u][2].x, wa[u][3].x, wa[u][2].y, wa[u][3].y, xb[u][t].x, xb[u][t].y);\n"
-    "                moec_mma_bf16(au[t], wa[u][2].z, wa[u][3].z, wa[u][2].w, wa[u][3].w, xb[u][t].z, xb[u][t].w);\n"
+    "                if constexpr (W8) {\n"
+    "                    /* this chunk's products, times its blocks' scales */\n"
+    "                    float pg[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pu[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "                    moec_mma_bf16(pg, wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, xb[u][t].x, xb[u][t].y);\n"
+    "                    moec_mma_bf16(pg, wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, xb[u][t].z, xb[u][t].w);\n"
+    "                    moec_mma_bf16(pu, wa[u][2].x, wa[u][3].x, wa[u][2].y, wa[u][3].y, xb[u][t].x, xb[u][t].y);\n"
+    "                    moec_mma_bf16(pu, wa[u][2].z, wa[u][3].z, wa[u][2].w, wa[u][3].w, xb[u][t].z, xb[u][t].w);\n"
+    "#pragma unroll\n"
+    "                    for (int i = 0; i < 4; i++) {\n"
+    "                        ag[t][i] += sg[u] * pg[i];\n"
+    "                        au[t][i] += su[u] * pu[i];\n"
+    "                    }\n"
+    "                } else {\n"
+    "                    moec_mma_bf16(ag[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, xb[u][t].x, xb[u][t].y);\n"
+    "                    moec_mma_bf16(ag[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, xb[u][t].z, xb[u][t].w);\n"
+    "                    moec_mma_bf16(au[t], wa[u][2].x, wa[u][3].x, wa[u][2].y, wa[u][3].y, xb[u][t].x, xb[u][t].y);\n"
+    "                    moec_mma_bf16(au[t], wa[u][2].z, wa[u][3].z, wa[u][2].w, wa[u][3].w, xb[u][t].z, xb[u][t].w);\n"
+    "                }\n"
     "            }\n"
     "        }\n"
     "    }\n"
@@ -295,13 +336,16 @@ static const char MMA_DOWN_BODY[] =
     "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
     "        uint4 wa[U][2];\n"
     "        float4 hv[U][NTILE][2];\n"
+    "        [[maybe_unused]] float sd[U];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u) * 32;\n"
-    "            wa[u][0] = *reinterpret_cast<const uint4 *>(d0 + k);\n"
-    "            wa[u][1] = *reinterpret_cast<const uint4 *>(d0 + 8LL * KD + k);\n"
+    "            wa[u][0] = moec_ld8(d0 + k);\n"
+    "            wa[u][1] = moec_ld8(d0 + 8LL * KD + k);\n"
+    "            if constexpr (W8)\n"
+    "                sd[u] = dsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
     "                hv[u][t][0] = *reinterpret_cast<const float4 *>(hr[t] + k);\n"
@@ -318,8 +362,17 @@ static const char MMA_DOWN_BODY[] =
     "                const unsigned b1 = moec_pack_bf16(hv[u][t][0].z, hv[u][t][0].w);\n"
     "                const unsigned b2 = moec_pack_bf16(hv[u][t][1].x, hv[u][t][1].y);\n"
     "                const unsigned b3 = moec_pack_bf16(hv[u][t][1].z, hv[u][t][1].w);\n"
-    "                moec_mma_bf16(acc[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
-    "                moec_mma_bf16(acc[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, b2, b3);\n"
+    "                if constexpr (W8) {\n"
+    "                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "                    moec_mma_bf16(p, wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
+    "                    moec_mma_bf16(p, wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, b2, b3);\n"
+    "#pragma unroll\n"
+    "                    for (int i = 0; i < 4; i++)\n"
+    "                        acc[t][i] += sd[u] * p[i];\n"
+    "                } else {\n"
+    "                    moec_mma_bf16(acc[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
+    "                    moec_mma_bf16(acc[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, b2, b3);\n"
+    "                }\n"
     "            }\n"
     "        }\n"
     "    }\n"
@@ -367,6 +420,55 @@ static int rows_per_block(long long T, long long K, long long E)
     return bm;
 }
 
+/* An expert weight's block scales as kernel constants (rows and columns
+ * per block, block rows per expert, block columns; UROW: the first row of
+ * up in a fused gate_up), and the kernel-name tag of its blocks; W8 false
+ * and unread placeholders for a weight not kept in fp8. `names` are the
+ * kernel's scale parameters, declared null when not fp8. */
+static void moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow,
+                             const char *names, char *tag, size_t tcap, char *decl, size_t dcap)
+{
+    if (cg_storage(c, w) != IR_DTYPE_F8E4M3) {
+        snprintf(tag, tcap, "%s", "");
+        snprintf(decl, dcap,
+                 "    constexpr bool W8 = false;\n"
+                 "    constexpr long long SBN = 1, SBK = 1, SR = 1, SC = 1, UROW = 0;\n"
+                 "    [[maybe_unused]] const float %s;\n",
+                 names);
+        return;
+    }
+    const int64_t *b = w->scale.block, *dims = w->type.dims;
+    snprintf(tag, tcap, "_s%lldx%lld", (long long)b[0], (long long)b[1]);
+    snprintf(decl, dcap,
+             "    constexpr bool W8 = true;\n"
+             "    constexpr long long SBN = %lldLL, SBK = %lldLL, SR = %lldLL, SC = %lldLL, UROW = "
+             "%lldLL;\n",
+             (long long)b[0], (long long)b[1], (long long)((dims[1] + b[0] - 1) / b[0]),
+             (long long)((dims[2] + b[1] - 1) / b[1]), urow);
+}
+
+/* Whether an expert weight's codes can feed the tensor-core form: bf16, or
+ * fp8 whose 16-row tiles (from row `urow`) and 32-wide k chunks each lie
+ * in one scale block. */
+static int mma_weight_ok(const cg_ctx *c, const ir_value *w, long long urow)
+{
+    ir_dtype dt = cg_storage(c, w);
+    if (dt == IR_DTYPE_BF16)
+        return 1;
+    return dt == IR_DTYPE_F8E4M3 && w->scale.block[0] % 16 == 0 && urow % 16 == 0 &&
+           w->scale.block[1] % 32 == 0;
+}
+
+/* The vector width of a row of n elements of an expert weight: an fp8
+ * one's vectors must also lie in one block of scale columns. */
+static int moe_vec_width(const cg_ctx *c, const ir_value *w, long long n)
+{
+    int ve = cg_vec_width(n);
+    while (cg_storage(c, w) == IR_DTYPE_F8E4M3 && ve > 1 && w->scale.block[1] % ve)
+        ve /= 2;
+    return ve;
+}
+
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -398,9 +500,12 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                         d->ids->name);
     ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate), ddt = cg_storage(c, d->down),
              odt = cg_storage(c, d->out);
-    if (!fused && cg_storage(c, d->up) != gdt)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: gate and up must be stored alike", opname,
-                        who);
+    if (!fused && (cg_storage(c, d->up) != gdt ||
+                   d->up->scale.block[0] != d->gate->scale.block[0] ||
+                   d->up->scale.block[1] != d->gate->scale.block[1]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: gate and up must be stored alike (dtype and scale blocks)",
+                        opname, who);
     if (E > 8192)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: %lld experts (at most 8192)", opname, who,
                         E);
@@ -415,7 +520,9 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
     int mma_warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
     int mma_u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
-    int mma = xdt == IR_DTYPE_BF16 && gdt == IR_DTYPE_BF16 && ddt == IR_DTYPE_BF16 &&
+    long long urow = fused ? I : 0;
+    int mma = xdt == IR_DTYPE_BF16 && mma_weight_ok(c, d->gate, urow) &&
+              (fused || mma_weight_ok(c, d->up, 0)) && mma_weight_ok(c, d->down, 0) &&
               H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
               (mode == CG_MOE_MMA || bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
     if (mma)
@@ -425,7 +532,14 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     /* rows per warp: 4 of gate and of up, 8 of down (fewer measured slower at
        BM = 8 too: the GEMMs are bound by issue there, not by registers) */
     int rw_gu = 4, rw_dn = 8;
-    int ve_h = cg_vec_width(H), ve_i = cg_vec_width(I);
+    int ve_h = moe_vec_width(c, d->gate, H), ve_i = moe_vec_width(c, d->down, I);
+    if (!fused && moe_vec_width(c, d->up, H) < ve_h)
+        ve_h = moe_vec_width(c, d->up, H);
+    int g8 = gdt == IR_DTYPE_F8E4M3, d8 = ddt == IR_DTYPE_F8E4M3;
+    char gtag[40], dtag[40], gdecl[400], ddecl[400];
+    moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", gtag, sizeof gtag, gdecl,
+                     sizeof gdecl);
+    moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
 
     size_t off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
     size_t off_blk = cg_scratch(c, (size_t)nb * 4);
@@ -470,8 +584,9 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         snprintf(form, sizeof form, "mma_w%d_u%d", mma_warps, mma_u);
     else
         snprintf(form, sizeof form, "rw%d", rw_gu);
-    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s", E, K, H,
-             I, bm, form, T, ir_dtype_name(xdt), ir_dtype_name(gdt), fused ? "fused" : "split");
+    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K,
+             H, I, bm, form, T, ir_dtype_name(xdt), ir_dtype_name(gdt), fused ? "fused" : "split",
+             gtag);
     int k2 = cg_kernel(c, name, &is_new);
     if (k2 < 0)
         return oom(d);
@@ -479,15 +594,17 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         moec_buf_printf(&c->src,
                       "// %s: gate_up GEMM with silu_mul%s (codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
-                      "const %s *__restrict__ wg, const %s *__restrict__ wu, const int *__restrict__ "
+                      "const %s *__restrict__ wg, const %s *__restrict__ wu, %sconst int *__restrict__ "
                       "sorted, const int *__restrict__ blk_expert, const int *__restrict__ n_used, "
                       "float *__restrict__ hbuf)\n{\n"
                       "    typedef %s TX;\n    typedef %s TW;\n"
                       "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
-                      "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n",
+                      "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
                       opname, mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(xdt),
-                      cg_ctype(gdt), cg_ctype(gdt), cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
-                      warps, gstride, gstride, uoff);
+                      cg_ctype(gdt), cg_ctype(gdt),
+                      g8 ? "const float *__restrict__ gsc, const float *__restrict__ usc, " : "",
+                      cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm, warps, gstride, gstride, uoff,
+                      gdecl);
         if (mma)
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
@@ -502,14 +619,19 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     s->grid[0] = (unsigned)nb;
     s->grid[1] = (unsigned)((I + warps * rows_gu - 1) / (warps * rows_gu));
     s->block[0] = (unsigned)warps * 32;
-    s->n_args = 7;
-    s->args[0] = cg_arg_act(d->x);
-    s->args[1] = cg_arg_act(d->gate);
-    s->args[2] = cg_arg_act(fused ? d->gate : d->up);
-    s->args[3] = cg_arg_scratch(off_sorted);
-    s->args[4] = cg_arg_scratch(off_blk);
-    s->args[5] = cg_arg_scratch(off_used);
-    s->args[6] = cg_arg_scratch(off_h);
+    int n = 0;
+    s->args[n++] = cg_arg_act(d->x);
+    s->args[n++] = cg_arg_act(d->gate);
+    s->args[n++] = cg_arg_act(fused ? d->gate : d->up);
+    if (g8) {
+        s->args[n++] = cg_arg_scales(d->gate);
+        s->args[n++] = cg_arg_scales(fused ? d->gate : d->up);
+    }
+    s->args[n++] = cg_arg_scratch(off_sorted);
+    s->args[n++] = cg_arg_scratch(off_blk);
+    s->args[n++] = cg_arg_scratch(off_used);
+    s->args[n++] = cg_arg_scratch(off_h);
+    s->n_args = n;
 
     /* (3) down, times the router weight and scale when routed */
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
@@ -517,8 +639,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int rows_dn = mma ? 16 : rw_dn;
     if (!mma)
         snprintf(form, sizeof form, "rw%d", rw_dn);
-    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s", E, K, H, I,
-             bm, form, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now");
+    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K, H,
+             I, bm, form, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag);
     int k3 = cg_kernel(c, name, &is_new);
     if (k3 < 0)
         return oom(d);
@@ -526,18 +648,20 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         moec_buf_printf(&c->src,
                       "// %s: down GEMM%s%s (codegen/moe_routed.c, cg_moe_emit)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
-                      "hbuf, const %s *__restrict__ wd, const int *__restrict__ sorted, const int "
+                      "hbuf, const %s *__restrict__ wd, %sconst int *__restrict__ sorted, const int "
                       "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
                       opname, d->w ? " times scale * router weight" : "",
-                      mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(ddt));
+                      mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(ddt),
+                      d8 ? "const float *__restrict__ dsc, " : "");
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
                       "    constexpr int KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
-                      "    constexpr bool MULW = %s;\n",
-                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, warps, d->w ? "true" : "false");
+                      "    constexpr bool MULW = %s;\n%s",
+                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, warps, d->w ? "true" : "false",
+                      ddecl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
@@ -555,9 +679,11 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     s->grid[0] = (unsigned)nb;
     s->grid[1] = (unsigned)((H + warps * rows_dn - 1) / (warps * rows_dn));
     s->block[0] = (unsigned)warps * 32;
-    int n = 0;
+    n = 0;
     s->args[n++] = cg_arg_scratch(off_h);
     s->args[n++] = cg_arg_act(d->down);
+    if (d8)
+        s->args[n++] = cg_arg_scales(d->down);
     s->args[n++] = cg_arg_scratch(off_sorted);
     s->args[n++] = cg_arg_scratch(off_blk);
     s->args[n++] = cg_arg_scratch(off_used);

@@ -7,10 +7,20 @@
 #include <string.h>
 
 static _Thread_local char last_error[4096];
+static _Thread_local size_t message_at; /* where the message starts, past "file:line: " */
 
 const char *moec_last_error(void) { return last_error[0] ? last_error : "no error"; }
 
-void moec_err_clear(void) { last_error[0] = '\0'; }
+const char *moec_last_error_message(void)
+{
+    return last_error[0] ? last_error + message_at : "no error";
+}
+
+void moec_err_clear(void)
+{
+    last_error[0] = '\0';
+    message_at = 0;
+}
 
 moec_status moec_err_set(moec_status st, const char *file, int line, const char *fmt, ...)
 {
@@ -18,6 +28,7 @@ moec_status moec_err_set(moec_status st, const char *file, int line, const char 
     int n = snprintf(last_error, sizeof last_error, "%s:%d: ", base ? base + 1 : file, line);
     if (n < 0 || (size_t)n >= sizeof last_error)
         n = 0;
+    message_at = (size_t)n;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
@@ -41,6 +52,7 @@ moec_status moec_err_wrap(moec_status st, const char *fmt, ...)
     memcpy(last_error, prefix, plen - 2);
     last_error[plen - 2] = ':';
     last_error[plen - 1] = ' ';
+    message_at = 0; /* the context comes first: all of it is the message */
     return st;
 }
 

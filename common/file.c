@@ -112,3 +112,14 @@ moec_status moec_file_read_optional(const char *path, size_t max, char **data, s
     int missing = 0;
     return file_read(path, max, data, len, &missing);
 }
+
+void moec_path_parent(const char *path, char *dir, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, cap, ".");
+    else if (slash == path)
+        snprintf(dir, cap, "/");
+    else
+        snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+}

@@ -18,6 +18,10 @@ moec_status moec_file_read(const char *path, size_t max, char **data, size_t *le
  * when path does not exist, MOEC_OK with *data NULL. */
 moec_status moec_file_read_optional(const char *path, size_t max, char **data, size_t *len);
 
+/* The folder `path` names a file in: "." for a bare name, "/" for a file
+ * at the root (into dir, cap bytes). */
+void moec_path_parent(const char *path, char *dir, size_t cap);
+
 /* Configs are a few kB; anything past 16 MiB is not one. */
 #define MOEC_FILE_CONFIG_MAX ((size_t)16 << 20)
 

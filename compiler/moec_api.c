@@ -44,12 +44,10 @@ static moec_status model_add_tensors(moec_model_t *m, const ir_binding *b, const
             for (int d = 0; d < ti->rank; d++)
                 ti->shape[d] = t->dims[d + skip];
             if (b->kind == IR_BIND_STACK) {
-                const char *at = strstr(b->name, "{e}");
-                size_t cap = strlen(b->name) + 16;
+                size_t cap = 4 * strlen(b->name) + 16; /* each "{e}" a number of <= 11 */
                 char *name = ir_arena_alloc(m->module->arena, cap);
-                if (!name || !at)
+                if (!name || ir_binding_tensor_name(b, e, name, cap))
                     return MOEC_ERR(MOEC_ERR_OOM, "out of memory listing tensors");
-                snprintf(name, cap, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
                 ti->name = name;
             } else {
                 ti->name = b->name;

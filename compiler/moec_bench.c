@@ -8,10 +8,10 @@
 #include "err.h"
 #include "timer.h"
 
+/* A weight's bytes on the device: an fp8 weight's codes and its block scales. */
 static double storage_bytes(const ir_module *m, const ir_value *v, ir_dtype compute)
 {
-    return (double)ir_type_numel(&v->type, 0) *
-           (double)ir_dtype_size(ir_value_storage_dtype(m, v, compute));
+    return (double)ir_weight_storage_bytes(m, v, compute);
 }
 
 /* 1 when the weight's only readers are embedding lookups (rows, not the table). */

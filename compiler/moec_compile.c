@@ -14,6 +14,7 @@
 #include "compiler/api_internal.h"
 #include "compiler/passes.h"
 #include "err.h"
+#include "file.h"
 #include "runtime/plan_check.h"
 #include "runtime/weights.h"
 
@@ -121,13 +122,7 @@ static moec_status check_out_path(const char *path)
                         "%s/model.moec)",
                         path, path);
     char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    moec_path_parent(path, dir, sizeof dir);
     if (stat(dir, &sb) != 0)
         return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s: %s", path, dir,
                         strerror(errno));
@@ -137,6 +132,28 @@ static moec_status check_out_path(const char *path)
         return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s is not writable: %s",
                         path, dir, strerror(errno));
     return MOEC_OK;
+}
+
+/* --quantize: the checkpoint quantized into its new folder, then the plan
+ * compiled for that folder as for any fp8 checkpoint. */
+static moec_status compile_quantized(const moec_model_t *model, const char *weights_dir,
+                                     const moec_compile_options *opt, const char *out_path)
+{
+    if (strcmp(opt->quantize, "fp8"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "quantize '%s' is not supported: moec writes block-scaled fp8 (fp8)",
+                        opt->quantize);
+    if (!opt->quantized_dir || !*opt->quantized_dir)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "quantize fp8 needs quantized_dir, the folder of the fp8 checkpoint");
+    MOEC_TRY(moec_quantize_fp8(model, weights_dir, opt->quantized_dir, NULL));
+    moec_model_t *qm = NULL;
+    MOEC_TRY(moec_model_open(opt->quantized_dir, &qm));
+    moec_compile_options o = *opt;
+    o.quantize = NULL;
+    moec_status st = moec_compile(qm, opt->quantized_dir, &o, out_path);
+    moec_model_free(qm);
+    return st;
 }
 
 moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
@@ -152,6 +169,8 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     cg_options co;
     MOEC_TRY(compile_options(opt, &co));
     MOEC_TRY(check_out_path(out_path));
+    if (opt->quantize)
+        return compile_quantized(model, weights_dir, opt, out_path);
     ir_module *fused = NULL;
     rt_weights *w = NULL;
     ir_plan *plan = NULL;

@@ -47,10 +47,10 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     } else {
         int buckets[IR_BUCKETS_MAX]; /* as many tokens a step as the largest default bucket */
         e->max_tokens = buckets[ir_buckets_default(buckets) - 1];
-        st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir);
+        st = moec_engine_open_cpu(e, moec_model_module(model), weights_dir, opt);
     }
     if (st == MOEC_OK)
-        st = moec_engine_alloc_next(e);
+        st = moec_engine_open_done(e, opt);
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;

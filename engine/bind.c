@@ -26,7 +26,11 @@ moec_status moec_resolve_backend(moec_backend *backend)
 moec_status moec_cuda_model_bind(moec_cuda_model *x, const rt_weights *w,
                                  const moec_cuda_opts *o, int vocab, const char *what)
 {
-    MOEC_TRY(rt_cuda_init(x->plan, w, o->max_seqs, o->max_seq_len, &x->cuda));
+    rt_cuda_sizes sz = {.max_seqs = o->max_seqs,
+                        .max_seq_len = o->max_seq_len,
+                        .kv_blocks = o->kv_blocks,
+                        .kv_fraction = o->kv_fraction};
+    MOEC_TRY(rt_cuda_init_sized(x->plan, w, &sz, &x->cuda));
     if (rt_cuda_logits_cols(x->cuda) != vocab)
         return MOEC_ERR(MOEC_ERR_FORMAT, "%s: its logits have %d columns, its vocabulary %d",
                         what, rt_cuda_logits_cols(x->cuda), vocab);
@@ -43,10 +47,11 @@ void moec_cuda_model_free(moec_cuda_model *x)
 }
 
 moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *tokens,
-                                 const int32_t *positions, const int32_t *slots,
-                                 float *logits_out, int32_t *sampled_out)
+                                 const int32_t *positions, const int32_t *slots, int first,
+                                 int count, float *logits_out, int32_t *sampled_out)
 {
-    return graph_step(x->graphs, x->cuda, n, tokens, positions, slots, logits_out, sampled_out);
+    return graph_step_rows(x->graphs, x->cuda, n, tokens, positions, slots, first, count,
+                           logits_out, sampled_out);
 }
 
 moec_status moec_check_plan_path(const char *plan_path)

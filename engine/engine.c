@@ -1,21 +1,21 @@
 /* engine.c — the multi-sequence engine of include/moec_rt.h, for services:
- * up to max_seqs sequences, each in a slot with its own KV cache, advanced
- * together one step of tokens at a time. The caller (a scheduler such as
- * samples/serve.c) decides which slot and position every token of a step
- * has; the engine checks them all, runs the step and returns each token's
- * greedy next id (and, when asked, its logits).
+ * sequences over one pool of KV blocks, a block-table row each, advanced
+ * together one step of tokens at a time. The scheduler (sched.c) decides
+ * what a step holds; below it moec_engine_step lets a caller decide. Either
+ * way the engine checks the step's tokens, runs it and gives each token's
+ * greedy next id and, when asked, its logits.
  *
- * On CUDA a step is one graph_step: the smallest compiled bucket that
- * holds the tokens, replayed from its CUDA Graph unless eager; the argmax is
- * taken on the device. On the CPU every slot has its own reference
- * interpreter (its own KV cache, the weights shared with slot 0's), a step
- * runs each run of consecutive tokens of one slot as one forward, and the
- * argmax is taken here. Tokens never mix across rows in either backend, so a
- * sequence's logits do not depend on what else shares its step. A row of
- * logits with a NaN or an infinity has the id IR_SAMPLED_NONFINITE on both
- * backends (the argmax sees every logit anyway), which the step reports as
- * MOEC_ERR_NUMERIC with those ids left in next_out for the caller to sort
- * out sequence by sequence.
+ * On CUDA a step is one graph step: the smallest compiled bucket that holds
+ * the tokens, replayed from its CUDA Graph unless eager, the block table a
+ * fixed device buffer whose changed rows are copied before the replay; the
+ * argmax is taken on the device. On the CPU one paged interpreter runs the
+ * whole step over the same pool and table, and the argmax is taken here.
+ * Tokens never mix across rows in either backend, so a sequence's logits do
+ * not depend on what else shares its step. A row of logits with a NaN or an
+ * infinity has the id IR_SAMPLED_NONFINITE on both backends (the argmax sees
+ * every logit anyway), which moec_engine_step reports as MOEC_ERR_NUMERIC
+ * with those ids left in next_out for the caller to sort out sequence by
+ * sequence, and the scheduler as an error ending only those sequences.
  *
  * The engine owns everything it runs on: on the CPU a copy of the model's
  * module, on CUDA the fused module and plan; the model may be freed after
@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "engine/sample.h"
 #include "err.h"
 #include "runtime/cuda_rt.h"
 #include "runtime/interp.h"
@@ -32,20 +33,20 @@
 #include "runtime/weights.h"
 
 #define ENGINE_DEFAULT_SEQS 8
-#define ENGINE_DEFAULT_SEQ_LEN 4096
+#define ENGINE_DEFAULT_SEQ_LEN 4096   /* when the model names no max_position_embeddings */
+#define ENGINE_CPU_POOL_SEQ_LEN 4096  /* the CPU pool's default: sequences this long */
+#define ENGINE_CPU_BLOCK_SIZE 16
+#define ENGINE_KV_FRACTION 0.9
 
 /* ---- opening -------------------------------------------------------------- */
 
-/* max_seqs and max_seq_len from the options (0: the defaults), checked
- * against the model's max_position_embeddings (0: unknown). */
 moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
-                                int *max_seq_len)
+                              int *max_seq_len)
 {
     *max_seqs = opt->max_seqs ? opt->max_seqs : ENGINE_DEFAULT_SEQS;
     *max_seq_len = opt->max_seq_len;
     if (!*max_seq_len)
-        *max_seq_len = max_pos > 0 && max_pos < ENGINE_DEFAULT_SEQ_LEN ? max_pos
-                                                                       : ENGINE_DEFAULT_SEQ_LEN;
+        *max_seq_len = max_pos > 0 ? max_pos : ENGINE_DEFAULT_SEQ_LEN;
     if (*max_seqs < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "max_seqs must be positive, got %d", *max_seqs);
     if (*max_seq_len < 1)
@@ -55,43 +56,92 @@ moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "max_seq_len %d exceeds the model's max_position_embeddings %d",
                         *max_seq_len, max_pos);
+    if (opt->kv_blocks < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "kv_blocks must be 0 (sized for you) or more, got %d",
+                        opt->kv_blocks);
+    if (!(opt->kv_memory_fraction >= 0 && opt->kv_memory_fraction <= 1))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "kv_memory_fraction must be from 0 to 1 (0: %g), got %g",
+                        ENGINE_KV_FRACTION, opt->kv_memory_fraction);
+    if (opt->kv_block_size < 0 || opt->kv_block_size > 4096)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "kv_block_size must be from 1 to 4096 tokens (0: the default), got %d",
+                        opt->kv_block_size);
     return MOEC_OK;
 }
 
-/* The CPU backend: the module copied, its weights read once into slot 0's
- * interpreter, every other slot's interpreter borrowing them. */
-moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
-                                 const char *weights_dir)
+/* e's block table on the CPU: every row owns its blocks when the pool holds
+ * them all, else every entry -1 (as the CUDA runtime starts its table). */
+static moec_status table_init(moec_engine_t *e)
 {
+    size_t n = (size_t)e->max_seqs * (size_t)e->max_blocks;
+    e->table = malloc((n ? n : 1) * sizeof *e->table);
+    if (!e->table)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for a block table of %d rows of %d",
+                        e->max_seqs, e->max_blocks);
+    int own = (size_t)e->kv_blocks >= n;
+    for (size_t i = 0; i < n; i++)
+        e->table[i] = own ? (int32_t)i : -1;
+    return MOEC_OK;
+}
+
+moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
+                                 const char *weights_dir, const moec_engine_options *opt)
+{
+    e->block_size = opt->kv_block_size ? opt->kv_block_size : ENGINE_CPU_BLOCK_SIZE;
+    e->max_blocks = (e->max_seq_len + e->block_size - 1) / e->block_size;
+    if ((int64_t)e->max_seqs * e->max_blocks > INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "a block table of %d rows of %d blocks (%d tokens of %d) is too large",
+                        e->max_seqs, e->max_blocks, e->max_seq_len, e->block_size);
+    int pool_len = e->max_seq_len < ENGINE_CPU_POOL_SEQ_LEN ? e->max_seq_len
+                                                             : ENGINE_CPU_POOL_SEQ_LEN;
+    int64_t blocks = opt->kv_blocks ? opt->kv_blocks
+                                    : (int64_t)e->max_seqs *
+                                          ((pool_len + e->block_size - 1) / e->block_size);
+    if (blocks * e->block_size > INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "a KV pool of %lld blocks of %d tokens is too large",
+                        (long long)blocks, e->block_size);
+    e->kv_blocks = (int)blocks;
     MOEC_TRY(ir_module_clone(module, &e->module));
-    e->interp = calloc((size_t)e->max_seqs, sizeof *e->interp);
     e->rows = malloc((size_t)e->max_tokens * (size_t)e->vocab * sizeof *e->rows);
-    if (!e->interp || !e->rows)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d sequence slots", e->max_seqs);
+    if (!e->rows)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d rows of logits", e->max_tokens);
+    MOEC_TRY(table_init(e));
     rt_weights *w = NULL;
     MOEC_TRY(rt_weights_open(e->module, weights_dir, &w));
-    moec_status st = rt_interp_init(e->module, w, e->max_seq_len, &e->interp[0]);
+    moec_status st = rt_interp_init_paged(e->module, w, e->kv_blocks, e->block_size, &e->interp);
     rt_weights_free(w);
-    MOEC_TRY(st);
-    for (int s = 1; s < e->max_seqs; s++)
-        MOEC_TRY(rt_interp_init_shared(e->interp[0], e->max_seq_len, &e->interp[s]));
-    return MOEC_OK;
-}
-
-/* The greedy ids of a step whose caller wants none, once max_tokens is known. */
-moec_status moec_engine_alloc_next(moec_engine_t *e)
-{
-    e->next = malloc((size_t)e->max_tokens * sizeof *e->next);
-    return e->next ? MOEC_OK : MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d ids", e->max_tokens);
+    return st;
 }
 
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt)
 {
+    double fraction = opt->kv_memory_fraction ? opt->kv_memory_fraction : ENGINE_KV_FRACTION;
     return (moec_cuda_opts){.max_seqs = e->max_seqs,
                             .max_seq_len = e->max_seq_len,
                             .single_stream = opt->single_stream,
-                            .eager = opt->eager};
+                            .eager = opt->eager,
+                            .kv_blocks = opt->kv_blocks,
+                            .kv_fraction = opt->kv_blocks ? 0 : fraction};
+}
+
+moec_status moec_engine_open_done(moec_engine_t *e, const moec_engine_options *opt)
+{
+    if (e->backend == MOEC_BACKEND_CUDA) {
+        e->block_size = e->gpu.plan->kv_block_size;
+        if (opt->kv_block_size && opt->kv_block_size != e->block_size)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "kv_block_size %d: the plan was compiled for blocks of %d tokens",
+                            opt->kv_block_size, e->block_size);
+        e->max_blocks = (e->max_seq_len + e->block_size - 1) / e->block_size;
+        e->kv_blocks = rt_cuda_kv_blocks(e->gpu.cuda);
+    }
+    e->next = malloc((size_t)e->max_tokens * sizeof *e->next);
+    if (!e->next)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d ids", e->max_tokens);
+    return moec_sched_init(e, !opt->no_prefix_cache);
 }
 
 /* The plan's max_position_embeddings (0 if it names none), for the default
@@ -132,12 +182,10 @@ moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir
     }
     if (st == MOEC_OK)
         st = moec_eos_init(e->gpu.fused, &e->eos);
-    if (st != MOEC_OK) {
-        moec_engine_free(e);
-        return st;
+    if (st == MOEC_OK) {
+        e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
+        st = moec_engine_open_done(e, opt);
     }
-    e->max_tokens = rt_cuda_max_tokens(e->gpu.cuda);
-    st = moec_engine_alloc_next(e);
     if (st != MOEC_OK) {
         moec_engine_free(e);
         return st;
@@ -150,11 +198,10 @@ void moec_engine_free(moec_engine_t *e)
 {
     if (!e)
         return;
+    moec_sched_free(e);
     moec_cuda_model_free(&e->gpu);
-    /* The borrowers first: slot 0 owns the weights they read. */
-    for (int s = e->interp ? e->max_seqs - 1 : -1; s >= 0; s--)
-        rt_interp_free(e->interp[s]);
-    free(e->interp);
+    rt_interp_free(e->interp);
+    free(e->table);
     free(e->rows);
     free(e->next);
     ir_module_free(e->module);
@@ -164,25 +211,49 @@ void moec_engine_free(moec_engine_t *e)
 
 /* ---- stepping ------------------------------------------------------------- */
 
-/* A CPU step: each run of consecutive tokens of one slot is one forward of
- * that slot's interpreter, in order, so later tokens of a slot see the K/V
- * its earlier tokens of the step wrote. */
-static moec_status step_cpu(moec_engine_t *e, int n, const int32_t *tokens,
-                            const int32_t *positions, const int32_t *slots, int32_t *next_out,
-                            float *logits_out)
+moec_status moec_engine_table_set(moec_engine_t *e, int row, int first, int n,
+                                  const int32_t *blocks)
 {
+    if (e->backend == MOEC_BACKEND_CUDA)
+        return rt_cuda_set_blocks(e->gpu.cuda, row, first, n, blocks);
+    MOEC_TRY(rt_block_table_check(e->max_seqs, e->max_blocks, e->kv_blocks, row, first, n,
+                                  blocks));
+    if (n)
+        memcpy(e->table + (size_t)row * (size_t)e->max_blocks + first, blocks,
+               (size_t)n * sizeof *blocks);
+    return MOEC_OK;
+}
+
+moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
+                                const int32_t *positions, const int32_t *slots,
+                                int32_t *next_out, int first, int count, float *logits_out)
+{
+    if (e->backend == MOEC_BACKEND_CUDA)
+        return moec_cuda_model_step(&e->gpu, n, tokens, positions, slots, first, count,
+                                    logits_out, next_out);
     size_t V = (size_t)e->vocab;
-    float *rows = logits_out ? logits_out : e->rows;
-    for (int i = 0; i < n;) {
-        int k = 1;
-        while (i + k < n && slots[i + k] == slots[i])
-            k++;
-        MOEC_TRY(rt_interp_forward(e->interp[slots[i]], tokens + i, positions + i, k,
-                                   rows + (size_t)i * V));
-        i += k;
-    }
-    for (int i = 0; i < n; i++)
-        next_out[i] = rt_logits_argmax(rows + (size_t)i * V, e->vocab);
+    float *rows = logits_out && first == 0 && count == n ? logits_out : e->rows;
+    rt_interp_pages pg = {.table = e->table, .max_pages = e->max_blocks,
+                          .n_rows = e->max_seqs, .row = slots};
+    MOEC_TRY(rt_interp_forward_paged(e->interp, &pg, tokens, positions, n, rows));
+    if (logits_out && rows != logits_out)
+        memcpy(logits_out, rows + (size_t)first * V, (size_t)count * V * sizeof *rows);
+    if (next_out)
+        for (int i = 0; i < n; i++)
+            next_out[i] = rt_logits_argmax(rows + (size_t)i * V, e->vocab);
+    return MOEC_OK;
+}
+
+/* The scheduler owns the block table while it has requests; a step below it
+ * may write any block, so the prefix cache forgets what it kept. */
+static moec_status check_unscheduled(moec_engine_t *e, const char *what)
+{
+    if (moec_sched_busy(e))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: the scheduler has %d requests and owns the block table until they "
+                        "end",
+                        what, moec_engine_pending(e));
+    moec_sched_forget(e);
     return MOEC_OK;
 }
 
@@ -211,22 +282,34 @@ moec_status moec_engine_step(moec_engine_t *e, int n, const int32_t *tokens,
 {
     if (!e)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_step: NULL engine");
-    rt_step_limits l = {e->max_tokens, e->max_seqs, e->max_seq_len, e->vocab};
-    MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
+    MOEC_TRY(check_unscheduled(e, "moec_engine_step"));
+    if (e->backend != MOEC_BACKEND_CUDA) {
+        /* the CUDA runtime makes the same check against its own table */
+        rt_step_limits l = {e->max_tokens, e->max_seqs, e->max_seq_len, e->vocab,
+                            e->table,      e->max_blocks, e->block_size};
+        MOEC_TRY(rt_step_check(&l, n, tokens, positions, slots));
+    }
     /* the greedy ids are read even when the caller wants none: they say
      * which rows are not finite */
     int32_t *next = next_out ? next_out : e->next;
-    long step = e->steps++;
-    if (e->backend == MOEC_BACKEND_CUDA)
-        MOEC_TRY(moec_cuda_model_step(&e->gpu, n, tokens, positions, slots, logits_out, next));
-    else
-        MOEC_TRY(step_cpu(e, n, tokens, positions, slots, next, logits_out));
-    return step_check_finite(step, n, positions, slots, next);
+    MOEC_TRY(moec_engine_forward(e, n, tokens, positions, slots, next, 0, n, logits_out));
+    return step_check_finite(e->steps++, n, positions, slots, next);
+}
+
+moec_status moec_engine_set_blocks(moec_engine_t *e, int slot, int first, int n,
+                                   const int32_t *blocks)
+{
+    if (!e)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_engine_set_blocks: NULL engine");
+    MOEC_TRY(check_unscheduled(e, "moec_engine_set_blocks"));
+    return moec_engine_table_set(e, slot, first, n, blocks);
 }
 
 int moec_engine_max_tokens(const moec_engine_t *e) { return e ? e->max_tokens : 0; }
 int moec_engine_max_seqs(const moec_engine_t *e) { return e ? e->max_seqs : 0; }
 int moec_engine_max_seq_len(const moec_engine_t *e) { return e ? e->max_seq_len : 0; }
+int moec_engine_kv_blocks(const moec_engine_t *e) { return e ? e->kv_blocks : 0; }
+int moec_engine_kv_block_size(const moec_engine_t *e) { return e ? e->block_size : 0; }
 int moec_engine_vocab_size(const moec_engine_t *e) { return e ? e->vocab : 0; }
 int moec_engine_eos_token(const moec_engine_t *e) { return moec_eos_first(e ? &e->eos : NULL); }
 int moec_engine_eos_tokens(const moec_engine_t *e, const int32_t **ids)

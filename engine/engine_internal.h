@@ -27,11 +27,14 @@ typedef struct moec_cuda_model {
 
 /* How a plan is bound: graphs are captured at bind unless `eager` or
  * MOEC_DISABLE_GRAPHS=1; single_stream runs the shared-expert branch on
- * stream 0 too (moec --single-stream). */
+ * stream 0 too (moec --single-stream); the KV pool as rt_cuda_sizes says
+ * (kv_blocks and kv_fraction 0: every slot owns max_seq_len of blocks). */
 typedef struct moec_cuda_opts {
     int max_seqs, max_seq_len;
     int single_stream;
     int eager;
+    int kv_blocks;
+    double kv_fraction;
 } moec_cuda_opts;
 
 /* AUTO becomes CUDA where a device is present, else CPU; CUDA is checked
@@ -58,10 +61,12 @@ moec_status moec_cuda_plan_bind(moec_cuda_model *x, const ir_plan_meta *meta,
 moec_status moec_cuda_model_init_plan(const char *plan_path, const char *weights_dir,
                                       const moec_cuda_opts *o, moec_cuda_model *x, int *vocab);
 void moec_cuda_model_free(moec_cuda_model *x);
-/* One step of n tokens on x (graph replay where captured). */
+/* One step of n tokens on x (graph replay where captured): the logits of
+ * rows first .. first + count - 1 into logits_out, the n argmax ids into
+ * sampled_out (each when not NULL). */
 moec_status moec_cuda_model_step(moec_cuda_model *x, int n, const int32_t *tokens,
-                                 const int32_t *positions, const int32_t *slots,
-                                 float *logits_out, int32_t *sampled_out);
+                                 const int32_t *positions, const int32_t *slots, int first,
+                                 int count, float *logits_out, int32_t *sampled_out);
 
 /* The eos ids of a module (its meta eos_token_id: one id or a list) as the
  * public API gives them out, each checked to lie in [0, vocab_size)
@@ -99,34 +104,66 @@ moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session
 moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
                                   const char *weights_dir);
 
-/* Up to max_seqs sequences in slots. */
+/* The scheduler's state (engine/sched.c). */
+typedef struct moec_sched moec_sched;
+
+/* Sequences over one pool of KV blocks, a block-table row each. */
 struct moec_engine {
     moec_backend backend; /* CPU or CUDA, never AUTO */
     int max_seqs, max_seq_len, max_tokens;
     int vocab;
+    int kv_blocks, block_size; /* the pool: blocks of block_size tokens */
+    int max_blocks;            /* block-table entries per row: max_seq_len's blocks */
     moec_eos eos;
-    /* CPU: the module copy, its weights and one interpreter per slot
-     * (interp[0] owns the fp32 weights, the others borrow them) */
+    /* CPU: the module copy, one paged interpreter over the pool, the block
+     * table, and max_tokens rows of logits when the caller wants none */
     ir_module *module;
-    rt_interp **interp;
-    float *rows;   /* max_tokens rows of logits when the caller wants none */
-    int32_t *next; /* max_tokens greedy ids when the caller wants none */
-    long steps;    /* steps begun (past the argument checks), for errors */
-    /* CUDA */
+    rt_interp *interp;
+    int32_t *table;
+    float *rows;
+    /* both: max_tokens greedy ids of a moec_engine_step whose caller wants
+     * none (they say which rows are not finite), and the steps it ran, for
+     * errors */
+    int32_t *next;
+    long steps;
+    /* CUDA: the plan bound (the block table lives in its context) */
     moec_cuda_model gpu;
+    moec_sched *sched;
 };
 
 /* max_seqs and max_seq_len from the options (0: the defaults), checked
- * against the model's max_position_embeddings (0: unknown). */
+ * against the model's max_position_embeddings (0: unknown), and the other
+ * pool options checked. */
 moec_status moec_engine_sizes(const moec_engine_options *opt, int max_pos, int *max_seqs,
                               int *max_seq_len);
-/* The CPU backend of e (sizes set): module copied, its weights read once
- * into slot 0's interpreter, every other slot's interpreter borrowing them. */
+/* The CPU backend of e (sizes set): module copied, its weights read into a
+ * paged interpreter over a pool of opt's blocks, the block table made. */
 moec_status moec_engine_open_cpu(moec_engine_t *e, const ir_module *module,
-                                 const char *weights_dir);
-/* The greedy ids of a step whose caller wants none, once max_tokens is known. */
-moec_status moec_engine_alloc_next(moec_engine_t *e);
+                                 const char *weights_dir, const moec_engine_options *opt);
 /* moec_cuda_opts for an engine of e's sizes. */
 moec_cuda_opts moec_engine_cuda_opts(const moec_engine_t *e, const moec_engine_options *opt);
+/* The end of opening either backend (e->gpu bound, or the CPU backend made):
+ * the pool's sizes taken (opt's kv_block_size checked against the plan's),
+ * e->next and the scheduler made. */
+moec_status moec_engine_open_done(moec_engine_t *e, const moec_engine_options *opt);
+
+/* Sets entries first .. first + n - 1 of block-table row `row` (checked). */
+moec_status moec_engine_table_set(moec_engine_t *e, int row, int first, int n,
+                                  const int32_t *blocks);
+/* One step of n checked tokens on e's backend: next ids into next_out (when
+ * not NULL; IR_SAMPLED_NONFINITE for a row with a NaN or an infinity), the
+ * logits of rows first .. first + count - 1 into logits_out (when not
+ * NULL). */
+moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
+                                const int32_t *positions, const int32_t *slots,
+                                int32_t *next_out, int first, int count, float *logits_out);
+
+/* The scheduler of e (sched.c): made at open, freed with e; busy while it
+ * has requests (and so owns the block table). */
+moec_status moec_sched_init(moec_engine_t *e, int prefix_cache);
+void moec_sched_free(moec_engine_t *e);
+int moec_sched_busy(const moec_engine_t *e);
+/* The prefix cache emptied: a step below the scheduler may write any block. */
+void moec_sched_forget(moec_engine_t *e);
 
 #endif

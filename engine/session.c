@@ -106,7 +106,7 @@ static moec_status forward_cuda(moec_session_t *s, const int32_t *ids, int n, fl
         int k = n - done < chunk ? n - done : chunk;
         for (int i = 0; i < k; i++)
             pos[i] = s->length + done + i;
-        st = moec_cuda_model_step(&s->gpu, k, ids + done, pos, slot,
+        st = moec_cuda_model_step(&s->gpu, k, ids + done, pos, slot, 0, k,
                                   logits_out ? logits_out + (size_t)done * cols : NULL,
                                   next + done);
     }

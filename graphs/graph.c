@@ -146,16 +146,23 @@ static moec_status check_set(const graph_set *g, const rt_cuda *c)
     return MOEC_OK;
 }
 
-moec_status graph_step(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
-                       const int32_t *positions, const int32_t *slots, float *logits_out,
-                       int32_t *sampled_out)
+moec_status graph_step_rows(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
+                            const int32_t *positions, const int32_t *slots, int first, int count,
+                            float *logits_out, int32_t *sampled_out)
 {
     MOEC_TRY(check_set(g, c));
     rt_cuda_bucket *cb;
     char where[128];
     MOEC_TRY(rt_cuda_begin_step(c, n, tokens, positions, slots, "step", &cb, where, sizeof where));
     MOEC_TRY(run(g, c, cb, where));
-    return rt_cuda_end_step(c, cb, n, logits_out, sampled_out, where);
+    return rt_cuda_end_step(c, cb, n, first, count, logits_out, sampled_out, where);
+}
+
+moec_status graph_step(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
+                       const int32_t *positions, const int32_t *slots, float *logits_out,
+                       int32_t *sampled_out)
+{
+    return graph_step_rows(g, c, n, tokens, positions, slots, 0, n, logits_out, sampled_out);
 }
 
 moec_status graph_time_steps(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
@@ -208,6 +215,12 @@ void graph_set_free(graph_set *g) { (void)g; }
 moec_status graph_capture(graph_set *g) { return NO_CUDA; }
 void graph_set_enabled(graph_set *g, int on) { (void)g; (void)on; }
 int graph_captured(const graph_set *g) { return 0; }
+moec_status graph_step_rows(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
+                            const int32_t *positions, const int32_t *slots, int first, int count,
+                            float *logits_out, int32_t *sampled_out)
+{
+    return NO_CUDA;
+}
 moec_status graph_step(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
                        const int32_t *positions, const int32_t *slots, float *logits_out,
                        int32_t *sampled_out)

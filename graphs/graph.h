@@ -34,6 +34,11 @@ int graph_captured(const graph_set *g);
 moec_status graph_step(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
                        const int32_t *positions, const int32_t *slots, float *logits_out,
                        int32_t *sampled_out);
+/* graph_step with only the logits of rows first .. first + count - 1
+ * copied back (into logits_out, count rows): a step's sampled rows only. */
+moec_status graph_step_rows(graph_set *g, rt_cuda *c, int n, const int32_t *tokens,
+                            const int32_t *positions, const int32_t *slots, int first, int count,
+                            float *logits_out, int32_t *sampled_out);
 /* Benchmarking: writes the inputs once, runs `warmup` steps of the bucket
  * holding n tokens as graph_step would (no copy-back), then `iters` more,
  * each between two events on stream 0; *median_ms is the median. */

@@ -103,6 +103,11 @@ typedef struct moec_compile_options {
      * compiled so far (done) of all buckets' kernels (total). */
     void (*progress)(int done, int total, void *user);
     void *progress_user;
+    /* "fp8": the checkpoint is first quantized (moec_quantize_fp8) into the
+     * new folder quantized_dir (required then), and the plan is compiled
+     * for that folder, which it then runs against (--weights). NULL: none. */
+    const char *quantize;
+    const char *quantized_dir;
 } moec_compile_options;
 
 /* The one check of a bucket list: 1 to MOEC_BUCKETS_MAX buckets, ascending,
@@ -113,6 +118,31 @@ int moec_buckets_default(int out[MOEC_BUCKETS_MAX]);
 
 moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
                          const moec_compile_options *opt, const char *out_path);
+
+/* Block-scaled fp8 from a bf16, f16 or f32 checkpoint (moec compile
+ * --quantize fp8): writes the new folder out_dir (refused when it exists),
+ * a model of its own: weights_dir's config.json with the quantization_config
+ * DeepSeek-V3 publishes (quant_method fp8, fmt e4m3, activation_scheme
+ * dynamic, weight_block_size [128, 128]), its generation_config.json, and
+ * safetensors shards (model-NNNNN.safetensors) holding every tensor the
+ * model binds: each linear the frontend quantizes (attention projections,
+ * dense and shared MLPs, routed experts; docs/IR.md) as F8_E4M3 codes with
+ * F32 "<name>_scale_inv" scales, one per block of 128 x 128 (edge blocks
+ * partial): scale = amax / 448 (1 for a block of zeros), code = the e4m3
+ * nearest to w / scale (moec_f32_to_f8e4m3); every other tensor as it is.
+ * The folder is written under a temporary name and renamed into place. A
+ * model quantized already, or a weight holding a NaN or an infinity, is
+ * refused by name. stats (when not NULL) gets what was written. */
+typedef struct moec_quantize_stats {
+    int quantized; /* tensors quantized (each with its scales) */
+    int copied;    /* tensors copied as they were */
+    int shards;    /* safetensors files written */
+} moec_quantize_stats;
+moec_status moec_quantize_fp8(const moec_model_t *model, const char *weights_dir,
+                              const char *out_dir, moec_quantize_stats *stats);
+/* The float8_e4m3fn code nearest to f, ties to even, saturating at +-448
+ * (the format has no infinities); NaN gives 0x7f. */
+uint8_t moec_f32_to_f8e4m3(float f);
 
 /* From a model: every pass and (CUDA) the kernels compiled now. */
 moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,

@@ -9,6 +9,7 @@
 #ifndef MOEC_RT_H
 #define MOEC_RT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -34,6 +35,8 @@ typedef enum moec_status {
 /* The message of the last error on this thread: "file:line: message",
  * naming the file, tensor or field at fault. Never NULL. */
 const char *moec_last_error(void);
+/* The same without its "file:line: " (what a service tells its clients). */
+const char *moec_last_error_message(void);
 const char *moec_status_name(moec_status st);
 
 typedef enum moec_backend {
@@ -79,58 +82,273 @@ int moec_session_eos_token(const moec_session_t *session);
 moec_status moec_session_init_plan(const char *plan_path, const char *weights_dir,
                                    int max_seq_len, moec_session_t **out);
 
-/* An engine: up to max_seqs sequences decoded together, for services. Each
- * sequence lives in a slot (0 .. max_seqs-1) with its own KV cache of
- * max_seq_len tokens; the caller says which slot and position every token
- * of a step belongs to and owns the slot bookkeeping. On CUDA a step of n
+/* An engine: many sequences decoded together, for services. All of them
+ * share one pool of KV blocks (kv_block_size tokens each); a sequence holds
+ * the blocks its tokens need, listed in its row of a block table (one row
+ * per sequence running, max_seqs rows), so a sequence is limited by the free
+ * blocks and max_seq_len, not by a slot of fixed size. On CUDA a step of n
  * tokens runs the smallest compiled batch bucket >= n (its CUDA Graph,
- * captured at open, unless `eager` or MOEC_DISABLE_GRAPHS=1); on the CPU it
- * runs the reference interpreter, one KV cache per slot. */
+ * captured at open, unless `eager` or MOEC_DISABLE_GRAPHS=1; the block
+ * table is a fixed device buffer whose rows are updated before each replay);
+ * on the CPU it runs the reference interpreter over the same paged pool.
+ *
+ * Two ways to drive it: the scheduler (moec_engine_submit / _run, below),
+ * which owns the block table, queues requests, decodes, samples, caches
+ * prefixes and preempts; or, below it, moec_engine_step, where the caller
+ * says which row and position every token has. */
 typedef struct moec_engine moec_engine_t;
 typedef struct moec_engine_options {
     moec_backend backend; /* moec_engine_open: AUTO (CUDA where present), CPU or CUDA */
-    int max_seqs;         /* sequence slots; 0: 8 */
-    int max_seq_len;      /* tokens per sequence; 0: 4096, or max_position_embeddings if less */
+    int max_seqs;         /* block-table rows: sequences running at once (the scheduler
+                           * runs at most moec_engine_max_tokens, as each decodes a token
+                           * every step); 0: 8 */
+    int max_seq_len;      /* tokens one sequence may hold, prompt + output; 0: the model's
+                           * max_position_embeddings (4096 if it names none) */
     int single_stream;    /* CUDA: the shared experts on the main stream too */
     int eager;            /* CUDA: launch kernels one by one, no CUDA Graphs */
+    int kv_blocks;        /* blocks in the KV pool; 0: on CUDA sized by kv_memory_fraction,
+                           * on the CPU max_seqs sequences of min(max_seq_len, 4096) tokens */
+    double kv_memory_fraction; /* CUDA with kv_blocks 0: the share of the device memory
+                           * free once weights, activations, inputs and workspaces are
+                           * allocated (graphs are captured in the rest) that the pool
+                           * takes; 0: 0.9. Never more blocks than max_seqs sequences of
+                           * max_seq_len tokens fill. */
+    int kv_block_size;    /* tokens per block: on CUDA the plan's (0 or that number); on
+                           * the CPU 0 gives 16 */
+    int no_prefix_cache;  /* 1: requests never share blocks (no prefix caching) */
 } moec_engine_options;
 
 /* From a plan file (moec compile), CUDA only, no compiler call; the plan is
  * checked against the checkpoint in weights_dir as moec_session_init_plan
- * does. opt->backend must be AUTO or CUDA. */
+ * does. opt->backend must be AUTO or CUDA. MOEC_ERR_CAPACITY (naming the
+ * bytes) when not even one KV block fits. */
 moec_status moec_engine_open_plan(const char *plan_path, const char *weights_dir,
                                   const moec_engine_options *opt, moec_engine_t **out);
 void moec_engine_free(moec_engine_t *engine);
-/* One step of n tokens (1 <= n <= moec_engine_max_tokens): token i is
- * tokens[i] of the sequence in slots[i] at position positions[i]; its K/V
- * entries are written there and it attends to positions 0..positions[i] of
- * its slot, those written by earlier steps and by earlier tokens of this
- * step. A new sequence in a slot simply starts again at position 0.
- * next_out[i] (when not NULL) gets the greedy next id after token i (the
- * argmax of its logits, the lowest id on ties); logits_out (when not NULL)
- * n rows of vocab_size floats. MOEC_ERR_INVALID_ARG for a slot or token id
- * out of range, MOEC_ERR_CAPACITY for a position >= max_seq_len; both
- * before anything runs. MOEC_ERR_NUMERIC when the logits of one or more
- * tokens hold a NaN or an infinity: the step ran (every token's K/V is
- * written, logits_out filled), next_out[i] is -1 for each such token and
- * the greedy id for the others, so a caller fails only the sequences of
- * the tokens at -1; the error names the step (the engine's steps counted
- * from 0), the first such token, its slot and position. */
-moec_status moec_engine_step(moec_engine_t *engine, int n, const int32_t *tokens,
-                             const int32_t *positions, const int32_t *slots, int32_t *next_out,
-                             float *logits_out);
+
 int moec_engine_max_tokens(const moec_engine_t *engine); /* most tokens one step takes */
 int moec_engine_max_seqs(const moec_engine_t *engine);
 int moec_engine_max_seq_len(const moec_engine_t *engine);
+int moec_engine_kv_blocks(const moec_engine_t *engine);     /* blocks in the pool */
+int moec_engine_kv_block_size(const moec_engine_t *engine); /* tokens per block */
 int moec_engine_vocab_size(const moec_engine_t *engine);
 int moec_engine_eos_token(const moec_engine_t *engine); /* the first eos id, -1 if none */
 /* The eos ids (as moec_model_eos_tokens; *ids owned by the engine). */
 int moec_engine_eos_tokens(const moec_engine_t *engine, const int32_t **ids);
 moec_backend moec_engine_backend(const moec_engine_t *engine);
 
+/* ---- the scheduler: requests in, tokens out ------------------------------
+ *
+ * Requests wait in a queue (first come, first served) and are admitted to
+ * the running set while a block-table row is free, the pool has the blocks
+ * their tokens need (beyond a small reserve for the running ones' growth),
+ * and the step has room. Each step takes the next token of every running
+ * sequence that is decoding first, then chunks of the prompts being
+ * prefilled, oldest first, up to moec_engine_max_tokens. When a decoding
+ * sequence needs a new block and none is free, the newest running sequence
+ * is preempted: its blocks freed, it goes back to the front of the queue and
+ * is recomputed (prompt and output so far) when admitted again; what it
+ * already generated stands, and since sampling draws from the request's own
+ * random stream, preemption does not change its tokens.
+ *
+ * Prefix caching: every full block a sequence has computed is hashed by a
+ * chain over the token ids of it and every block before it; a request whose
+ * first full blocks hash (and compare) equal to cached ones holds those
+ * blocks (reference counted) and skips their prefill. Blocks no sequence
+ * holds stay cached until a new block is needed, the least recently freed
+ * first. The last prompt token is always computed (its logits give the
+ * first output token). */
+
+typedef struct moec_sampling {
+    float temperature;        /* 0: greedy, the largest logit (the lowest id on ties) */
+    int top_k;                /* keep the top_k likeliest ids; 0: all */
+    float top_p;              /* keep the fewest likeliest ids whose probability reaches
+                               * top_p; 0 or 1: all */
+    float min_p;              /* drop ids less likely than min_p times the likeliest; 0: none */
+    float repetition_penalty; /* ids in the prompt or output: a positive logit divided by it,
+                               * a negative one multiplied; 0 or 1: none */
+    float presence_penalty;   /* subtracted from the logit of every id in the output */
+    float frequency_penalty;  /* times an id's count in the output, subtracted from its logit */
+    uint64_t seed;            /* the request's random stream: the same seed, prompt and
+                               * settings give the same tokens */
+    int logprob;              /* 1: report the chosen id's log probability */
+    int top_logprobs;         /* report the n likeliest ids' (0 to MOEC_TOP_LOGPROBS_MAX) */
+} moec_sampling;
+/* Penalties apply first, then temperature, top_k, top_p and min_p, in that
+ * order. Log probabilities are those of the model's own distribution (the
+ * log-softmax of the logits, before penalties and temperature). Greedy
+ * requests that ask for no log probability take the argmax computed on the
+ * GPU; the others copy their rows of logits back and sample on the host. */
+#define MOEC_TOP_LOGPROBS_MAX 20
+
+typedef struct moec_request {
+    const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab_size); copied */
+    int n_prompt;
+    int max_tokens;           /* the most tokens to generate, >= 1 */
+    const int32_t *stop_ids;  /* n_stop ids that end generation (as output); copied */
+    int n_stop;
+    int ignore_eos;           /* 0: the model's eos ids end generation too */
+    moec_sampling sampling;
+    void *user;               /* handed back in the request's events */
+} moec_request;
+
+typedef enum moec_finish {
+    MOEC_FINISH_NONE = 0, /* more tokens follow */
+    MOEC_FINISH_LENGTH,   /* max_tokens generated */
+    MOEC_FINISH_EOS,      /* an eos id */
+    MOEC_FINISH_STOP,     /* one of the request's stop ids */
+    MOEC_FINISH_ERROR,    /* the step failed, or the request's logits hold a NaN or an
+                           * infinity: no token; see error */
+} moec_finish;
+/* "length", "eos", "stop", "error" (NONE: "none"). */
+const char *moec_finish_name(moec_finish finish);
+
+/* One generated token, or the end of a request. */
+typedef struct moec_event {
+    uint64_t request;     /* the id moec_engine_submit gave */
+    void *user;
+    int32_t token;        /* the token (-1 with MOEC_FINISH_ERROR) */
+    int index;            /* its place in the output, from 0 */
+    float logprob;        /* sampling.logprob: its log probability */
+    int n_top;            /* sampling.top_logprobs: the likeliest ids, likeliest first */
+    int32_t top_ids[MOEC_TOP_LOGPROBS_MAX];
+    float top_logprobs[MOEC_TOP_LOGPROBS_MAX];
+    moec_finish finish;   /* not NONE: the request's last event; then: */
+    int n_prompt;         /* prompt tokens */
+    int n_output;         /* tokens generated */
+    int cached_tokens;    /* prompt tokens whose prefill the prefix cache saved */
+    double ttft_s;        /* submit to first token, seconds */
+    double itl_s;         /* mean time between two of its tokens (0 for one token) */
+    const char *error;    /* MOEC_FINISH_ERROR: why (valid until the next moec_engine_run) */
+} moec_event;
+
+/* Queues a request (*id gets its id, never 0). Refused (MOEC_ERR_INVALID_ARG)
+ * for a bad field, and (MOEC_ERR_CAPACITY) only when it could never run:
+ * prompt + max_tokens longer than max_seq_len, or needing more blocks than
+ * the whole pool holds; never for the engine being busy. */
+moec_status moec_engine_submit(moec_engine_t *engine, const moec_request *req, uint64_t *id);
+/* Ends a request now, waiting or running; its blocks are freed and it has
+ * no more events. MOEC_ERR_INVALID_ARG for an id that is not waiting or
+ * running. */
+moec_status moec_engine_cancel(moec_engine_t *engine, uint64_t id);
+/* One step: admits, preempts, runs the tokens and samples; *events (owned
+ * by the engine, valid until the next call) get what it generated and
+ * which requests ended. Nothing to do: *n_events 0. When the step fails,
+ * each of its requests ends with a MOEC_FINISH_ERROR event and the step's
+ * status is returned. When a row of logits of a request's tokens in the
+ * step holds a NaN or an infinity, only that request ends, with a
+ * MOEC_FINISH_ERROR event whose error is "the logits at position P hold a
+ * NaN or an infinity" (its first such position; "... once the penalties
+ * apply" when only the row it samples from is, penalties having
+ * overflowed); the others go on, their events as usual, and
+ * MOEC_ERR_NUMERIC is returned naming the step (moec_engine_get_stats'
+ * steps before it), the first such request and its error, and how many. */
+moec_status moec_engine_run(moec_engine_t *engine, const moec_event **events, int *n_events);
+/* Requests waiting or running. */
+int moec_engine_pending(const moec_engine_t *engine);
+
+typedef struct moec_engine_stats {
+    int running;            /* requests in the running set (holding blocks) */
+    int waiting;            /* queued: new, or preempted to be recomputed */
+    int kv_blocks;          /* blocks in the pool */
+    int kv_blocks_used;     /* held by running requests */
+    int kv_blocks_cached;   /* held by none, keeping a prefix for later requests */
+    int kv_block_size;
+    double prefix_hit_rate; /* cached_tokens / prompt_tokens (0 before any) */
+    double tokens_per_s;    /* generated_tokens / busy_s (0 before any) */
+    double busy_s;          /* seconds spent in steps */
+    uint64_t steps, requests_done, requests_cancelled, preemptions;
+    uint64_t prompt_tokens, cached_tokens, generated_tokens;
+} moec_engine_stats;
+void moec_engine_get_stats(const moec_engine_t *engine, moec_engine_stats *out);
+
+/* ---- below the scheduler: steps of given tokens ----------------------------
+ *
+ * One step of n tokens (1 <= n <= moec_engine_max_tokens): token i is
+ * tokens[i] of the sequence in block-table row slots[i] at position
+ * positions[i]; its K/V entries are written to the block its row lists for
+ * that position and it attends to positions 0..positions[i] of its row,
+ * those written by earlier steps and by earlier tokens of this step.
+ * next_out[i] (when not NULL) gets the greedy next id after token i (the
+ * argmax of its logits, the lowest id on ties); logits_out (when not NULL)
+ * n rows of vocab_size floats. MOEC_ERR_INVALID_ARG for a slot or token id
+ * out of range, or a position whose block is not set, MOEC_ERR_CAPACITY for
+ * a position >= max_seq_len; all before anything runs. MOEC_ERR_NUMERIC
+ * when the logits of one or more tokens hold a NaN or an infinity: the step
+ * ran (every token's K/V is written, logits_out filled), next_out[i] is -1
+ * for each such token and the greedy id for the others, so a caller fails
+ * only the sequences of the tokens at -1; the error names the step (the
+ * engine's steps below the scheduler counted from 0), the first such token,
+ * its slot and position. Refused while the scheduler has requests (it owns
+ * the table then); once they are done, a step (or moec_engine_set_blocks)
+ * here empties the prefix cache, since it may write any block.
+ *
+ * An engine whose pool holds max_seqs sequences of max_seq_len starts with
+ * row s listing blocks s * P .. s * P + P - 1 (P = blocks per row): each row
+ * owns its blocks, and a new sequence in a row simply starts again at
+ * position 0. Otherwise rows start empty: moec_engine_set_blocks fills them. */
+moec_status moec_engine_step(moec_engine_t *engine, int n, const int32_t *tokens,
+                             const int32_t *positions, const int32_t *slots, int32_t *next_out,
+                             float *logits_out);
+/* Row slot's entries first .. first + n - 1 (its blocks for positions
+ * first * kv_block_size on) become blocks[0 .. n-1], each in [0, kv_blocks)
+ * or -1 (none). Refused while the scheduler has requests. */
+moec_status moec_engine_set_blocks(moec_engine_t *engine, int slot, int first, int n,
+                                   const int32_t *blocks);
+
 /* Number of CUDA devices; MOEC_ERR_NO_DEVICE (with a message) when there is
  * none or no driver. */
 moec_status moec_cuda_device_count(int *count);
+
+/* ---- tokenizer ---------------------------------------------------------------
+ * A model folder's tokenizer.json (Hugging Face `tokenizers` format:
+ * byte-level BPE, as DeepSeek-V2/V3 and Qwen2/Qwen3 publish it) and
+ * tokenizer_config.json, encoding and decoding exactly as `tokenizers` does
+ * (docs/TOKENIZER.md lists what is supported; anything else is refused at
+ * open with an error naming it). Part of libmoec_rt. Once open a tokenizer
+ * is read-only: threads may share it. */
+typedef struct moec_tokenizer moec_tokenizer_t;
+
+/* Reads model_dir/tokenizer.json and, when present, tokenizer_config.json
+ * (its bos_token / eos_token; for tokenizer_class LlamaTokenizerFast its
+ * add_bos_token / add_eos_token, which replace tokenizer.json's
+ * post-processor as transformers does). */
+moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out);
+void moec_tokenizer_free(moec_tokenizer_t *tok);
+/* Encodes len bytes of UTF-8 text. Invalid UTF-8 is not an error: each
+ * maximal invalid subpart becomes U+FFFD first (as Python's
+ * bytes.decode("utf-8", "replace") does). add_special_tokens adds what the
+ * post-processor adds (a BOS, ...). *ids is malloc'd (release with free(),
+ * never NULL on success), *n_ids its length. */
+moec_status moec_tokenizer_encode(const moec_tokenizer_t *tok, const char *text, size_t len,
+                                  int add_special_tokens, int32_t **ids, int *n_ids);
+/* Decodes ids through the byte-level decoder into malloc'd UTF-8 text
+ * (NUL-terminated; *len excludes the NUL; release with free()). Bytes that
+ * do not form valid UTF-8 become U+FFFD per maximal subpart; ids with no
+ * token decode to nothing, and so do special tokens when
+ * skip_special_tokens, as in tokenizers; a negative id is an error. */
+moec_status moec_tokenizer_decode(const moec_tokenizer_t *tok, const int32_t *ids, int n_ids,
+                                  int skip_special_tokens, char **text, size_t *len);
+/* The id of a token's text (an added token's, else the vocab's), -1 if none. */
+int32_t moec_tokenizer_token_id(const moec_tokenizer_t *tok, const char *token);
+/* tokenizer_config.json's bos_token / eos_token ids, -1 when it names none. */
+int32_t moec_tokenizer_bos_id(const moec_tokenizer_t *tok);
+int32_t moec_tokenizer_eos_id(const moec_tokenizer_t *tok);
+/* The largest id with a token, plus one. */
+int32_t moec_tokenizer_id_count(const moec_tokenizer_t *tok);
+
+/* Streaming decode, one id at a time as a model generates them: each push
+ * returns the text that became complete (possibly ""), never a partial
+ * UTF-8 sequence; finish returns what is left (a cut-off sequence as
+ * U+FFFD). The pieces of a stream concatenate to moec_tokenizer_decode of
+ * its ids. *text stays valid until the next call on d. */
+typedef struct moec_detokenizer moec_detokenizer_t;
+moec_status moec_detokenizer_init(const moec_tokenizer_t *tok, int skip_special_tokens,
+                                  moec_detokenizer_t **out);
+moec_status moec_detokenizer_push(moec_detokenizer_t *d, int32_t id, const char **text,
+                                  size_t *len);
+moec_status moec_detokenizer_finish(moec_detokenizer_t *d, const char **text, size_t *len);
+void moec_detokenizer_free(moec_detokenizer_t *d);
 
 #ifdef __cplusplus
 }

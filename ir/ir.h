@@ -86,6 +86,11 @@ typedef struct ir_binding {
     struct ir_binding *parts;  /* CONCAT: TENSOR or STACK bindings */
 } ir_binding;
 
+/* The name of tensor e of a TENSOR binding (e 0) or a STACK binding (its
+ * pattern with every "{e}" replaced by e) into buf; -1 when it does not fit
+ * in cap bytes or b is a CONCAT. */
+int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap);
+
 /* A block-scaled weight, as DeepSeek-V3/R1 and Qwen3-FP8 checkpoints store
  * their linears: float8_e4m3fn codes q with one f32 scale s per block of
  * block[0] x block[1] elements of the weight's last two dims (rows,

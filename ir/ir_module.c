@@ -446,6 +446,27 @@ static int binding_mirrors(const ir_binding *b, const ir_binding *s)
     return 1;
 }
 
+int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap)
+{
+    if (!b->name || cap == 0 || b->kind == IR_BIND_CONCAT)
+        return -1;
+    size_t n = 0;
+    for (const char *p = b->name; *p;) {
+        int k = 1;
+        if (b->kind == IR_BIND_STACK && !strncmp(p, "{e}", 3)) {
+            k = 3;
+            n += (size_t)snprintf(buf + n, cap - n, "%d", e);
+        } else {
+            buf[n++] = *p;
+        }
+        if (n >= cap)
+            return -1;
+        p += k;
+    }
+    buf[n] = '\0';
+    return 0;
+}
+
 ir_type ir_block_scale_type(const ir_value *w)
 {
     ir_type t = w->type;

@@ -72,9 +72,27 @@ ir_dtype ir_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype 
     if (v->type.dtype == IR_DTYPE_I32)
         return IR_DTYPE_I32;
     if (v->kind == IR_VALUE_WEIGHT)
-        return v->type.dtype == IR_DTYPE_F32 ? IR_DTYPE_F32 : compute;
+        return v->type.dtype == IR_DTYPE_F32 || v->type.dtype == IR_DTYPE_F8E4M3 ? v->type.dtype
+                                                                                : compute;
     for (int i = 0; i < m->n_outputs; i++)
         if (m->outputs[i] == v)
             return IR_DTYPE_F32;
     return touches_topk(m, v) ? IR_DTYPE_F32 : compute;
+}
+
+size_t ir_weight_scale_offset(const ir_value *w)
+{
+    if (w->kind != IR_VALUE_WEIGHT || w->type.dtype != IR_DTYPE_F8E4M3)
+        return 0;
+    return ((size_t)ir_type_numel(&w->type, 0) + 15) / 16 * 16;
+}
+
+size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype compute)
+{
+    size_t off = ir_weight_scale_offset(w);
+    if (off) {
+        ir_type st = ir_block_scale_type(w);
+        return off + (size_t)ir_type_numel(&st, 0) * sizeof(float);
+    }
+    return (size_t)ir_type_numel(&w->type, 0) * ir_dtype_size(ir_value_storage_dtype(m, w, compute));
 }

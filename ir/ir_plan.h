@@ -128,8 +128,20 @@ const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n);
 
 /* How each activation is stored on the GPU: i32 values as i32; moe_topk's
  * operands and results and the module outputs in f32; every other
- * activation in the compute dtype. Weights: their IR dtype if f32, else the
- * compute dtype. */
+ * activation in the compute dtype. Weights: their IR dtype if f32 or
+ * f8e4m3 (block-scaled fp8, read as fp8 by the kernels), else the compute
+ * dtype (a float weight with a block_scale, like absorb_mla's kv_b, is
+ * dequantized at load). */
 ir_dtype ir_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype compute);
+
+/* A weight's device buffer: its elements in their storage dtype, row-major
+ * in the IR's shape; an f8e4m3 weight's block scales follow them, f32 in
+ * ir_block_scale_type's shape, row-major, ir_weight_scale_offset bytes
+ * from the start (the codes rounded up to 16 bytes, zero padded). */
+/* The byte offset of weight w's scales in its buffer; 0 when it has none
+ * there (not stored as f8e4m3). */
+size_t ir_weight_scale_offset(const ir_value *w);
+/* The bytes of weight w's device buffer (its scales included). */
+size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype compute);
 
 #endif

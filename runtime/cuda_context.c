@@ -280,7 +280,12 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     c->tmax = p->buckets[p->n_buckets - 1].T;
     c->in_stride = (c->tmax + 63) / 64 * 64;
     c->max_blocks = (c->max_seq_len + p->kv_block_size - 1) / p->kv_block_size;
-    c->n_blocks = c->max_seqs * c->max_blocks;
+    if ((int64_t)c->max_seqs * c->max_blocks > INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "a block table of %d rows of %d blocks (%d tokens of %d) is too large",
+                        c->max_seqs, c->max_blocks, c->max_seq_len, p->kv_block_size);
+    if (!c->n_blocks && !c->kv_fraction)
+        c->n_blocks = c->max_seqs * c->max_blocks;
     c->out_cols = (int)ir_type_numel(&m->outputs[0]->type, 0);
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
@@ -310,34 +315,39 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
         MOEC_TRY(load_kernels(c, &c->buckets[b]));
     }
     MOEC_TRY(rt_cuda_upload_weights(c, w));
-    MOEC_TRY(rt_cuda_alloc_kv(c));
     MOEC_TRY(rt_cuda_alloc_buffers(c));
     for (int s = 0; s < 2; s++) {
         MOEC_TRY(LT(c, c->lt.cublasLtCreate(&c->lt_handle[s]), "a cuBLASLt handle"));
         MOEC_TRY(rt_cuda_alloc(c, &c->workspace[s], RT_CUDA_WORKSPACE, "a cuBLASLt workspace"));
     }
+    /* the pool last: a fraction of what is left is its to take */
+    MOEC_TRY(rt_cuda_size_kv(c));
+    MOEC_TRY(rt_cuda_alloc_kv(c));
+    MOEC_TRY(rt_cuda_init_table(c));
     for (int b = 0; b < p->n_buckets; b++)
         MOEC_TRY(prepare_bucket(c, &c->buckets[b]));
     return CK(cudaDeviceSynchronize(), "finishing the set-up");
 }
 
-moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
-                         rt_cuda **out)
+moec_status rt_cuda_init_sized(const ir_plan *plan, const rt_weights *w, const rt_cuda_sizes *sz,
+                               rt_cuda **out)
 {
     if (!out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: out is NULL");
     *out = NULL;
-    if (!plan || !w)
+    if (!plan || !w || !sz)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: NULL plan or weights");
-    MOEC_TRY(rt_cuda_check_plan(plan, max_seqs, max_seq_len));
+    MOEC_TRY(rt_cuda_check_plan(plan, sz));
     int n = 0;
     MOEC_TRY(moec_cuda_device_count(&n));
     rt_cuda *c = calloc(1, sizeof *c);
     if (!c)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory");
     c->plan = plan;
-    c->max_seqs = max_seqs;
-    c->max_seq_len = max_seq_len;
+    c->max_seqs = sz->max_seqs;
+    c->max_seq_len = sz->max_seq_len;
+    c->n_blocks = sz->kv_blocks;
+    c->kv_fraction = sz->kv_fraction;
     moec_status st = setup(c, w);
     if (st != MOEC_OK) {
         rt_cuda_free(c);
@@ -395,6 +405,9 @@ void rt_cuda_free(rt_cuda *c)
     cudaFree(c->scratch);
     cudaFree(c->inputs);
     cudaFreeHost(c->host_in);
+    cudaFreeHost(c->bt_host);
+    free(c->bt_lo);
+    free(c->bt_hi);
     if (c->head)
         cudaEventDestroy(c->head);
     if (c->tail)
@@ -414,5 +427,7 @@ int rt_cuda_max_tokens(const rt_cuda *c) { return c ? c->tmax : 0; }
 int rt_cuda_logits_cols(const rt_cuda *c) { return c ? c->out_cols : 0; }
 
 size_t rt_cuda_device_bytes(const rt_cuda *c) { return c ? c->device_bytes : 0; }
+
+int rt_cuda_kv_blocks(const rt_cuda *c) { return c ? c->n_blocks : 0; }
 
 #endif

@@ -1,6 +1,7 @@
 /* cuda_host.c — the parts of the CUDA runtime that need no GPU: the bf16
- * conversion the weights go through, and the checks of a plan made before
- * any device call (so that they hold, and are tested, without a GPU). */
+ * conversion the weights go through, the checks of a plan made before any
+ * device call (so that they hold, and are tested, without a GPU), and
+ * rt_cuda_init over rt_cuda_init_sized. */
 #include <string.h>
 
 #include "err.h"
@@ -18,13 +19,25 @@ void rt_cuda_to_bf16(const float *src, uint16_t *dst, size_t n)
     }
 }
 
-/* Checks what the runtime relies on in the plan and the module. */
-moec_status rt_cuda_check_plan(const ir_plan *p, int max_seqs, int max_seq_len)
+moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
+                         rt_cuda **out)
 {
-    if (max_seqs < 1 || max_seq_len < 1)
+    rt_cuda_sizes sz = {.max_seqs = max_seqs, .max_seq_len = max_seq_len};
+    return rt_cuda_init_sized(plan, w, &sz, out);
+}
+
+/* Checks what the runtime relies on in the plan and the module. */
+moec_status rt_cuda_check_plan(const ir_plan *p, const rt_cuda_sizes *sz)
+{
+    if (sz->max_seqs < 1 || sz->max_seq_len < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "rt_cuda_init: max_seqs (%d) and max_seq_len (%d) must be positive",
-                        max_seqs, max_seq_len);
+                        sz->max_seqs, sz->max_seq_len);
+    if (sz->kv_blocks < 0 || !(sz->kv_fraction >= 0 && sz->kv_fraction <= 1))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_cuda_init: kv_blocks (%d) must be at least 0 and kv_fraction (%g) "
+                        "from 0 to 1",
+                        sz->kv_blocks, sz->kv_fraction);
     if (!p->module || p->n_buckets < 1 || !p->buckets)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: the plan has no module or no bucket");
     if (p->compute_dtype != IR_DTYPE_F32 && p->compute_dtype != IR_DTYPE_BF16)

@@ -114,7 +114,10 @@ struct rt_cuda {
     int device;
     char device_name[256];
     int cc_major, cc_minor;
-    int max_seqs, max_seq_len, max_blocks, n_blocks;
+    int max_seqs, max_seq_len;
+    int max_blocks;                /* block-table entries per row */
+    int n_blocks;                  /* blocks in the KV pool (0 until sized by kv_fraction) */
+    double kv_fraction;
     int tmax, in_stride;
     int vocab;                     /* token ids must be below (0: unchecked) */
     int out_cols;
@@ -136,6 +139,9 @@ struct rt_cuda {
     int32_t *input_ptr[IR_INPUT_COUNT];
     size_t input_bytes[IR_INPUT_COUNT];
     int32_t *host_in;              /* pinned: tokens, positions, slots */
+    int32_t *bt_host;              /* pinned: the block table as the host set it */
+    int *bt_lo, *bt_hi;            /* per row: entries [lo, hi) changed since the last upload */
+    int bt_dirty;                  /* some row changed */
 
     cudaStream_t stream[2];
     cudaEvent_t head, tail;        /* stream 1 joins stream 0 at a step's start and end */
@@ -169,8 +175,15 @@ int rt_float_dtype(ir_dtype dt);
 moec_status rt_cuda_upload_weights(rt_cuda *c, const rt_weights *w);
 moec_status rt_cuda_check_arch(const rt_cuda *c);
 moec_status rt_cuda_check_memory(const rt_cuda *c);
+/* The blocks of the pool (kv_fraction of the free memory when n_blocks is
+ * 0), the pools of every attention, mla_attention and dsa_topk op, the
+ * block table's first contents. */
+moec_status rt_cuda_size_kv(rt_cuda *c);
 moec_status rt_cuda_alloc_kv(rt_cuda *c);
+moec_status rt_cuda_init_table(rt_cuda *c);
 moec_status rt_cuda_alloc_buffers(rt_cuda *c);
+/* Copies the block-table rows changed since the last upload (stream 0). */
+moec_status rt_cuda_upload_table(rt_cuda *c, const char *where);
 /* Argument a of step argument j resolved to a device address or a literal
  * (cuda_context.c). */
 moec_status rt_cuda_resolve_arg(rt_cuda *c, const ir_bucket *b, const ir_arg *a, rt_cuda_ref *r,
@@ -194,10 +207,11 @@ moec_status rt_cuda_sync(rt_cuda *c, const char *where);
 moec_status rt_cuda_begin_step(rt_cuda *c, int n, const int32_t *tokens,
                                const int32_t *positions, const int32_t *slots, const char *what,
                                rt_cuda_bucket **cb, char *where, size_t where_cap);
-/* The end of a step: logits and sampled ids copied back (each when its
+/* The end of a step: the logits of rows first .. first + count - 1 (into
+ * logits_out, count rows) and the n sampled ids copied back (each when its
  * pointer is not NULL), stream 0 synchronized. */
-moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, float *logits_out,
-                             int32_t *sampled_out, const char *where);
+moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, int first, int count,
+                             float *logits_out, int32_t *sampled_out, const char *where);
 /* The median of n step times (sorts ms). */
 float rt_median_ms(float *ms, int n);
 

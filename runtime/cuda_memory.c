@@ -1,11 +1,15 @@
 /* cuda_memory.c — device memory: the arch and free-memory checks before
- * anything is allocated, the paged KV pools, the activation arena, scratch
- * and the step inputs. */
+ * anything is allocated, the paged KV pools (sized by a share of the memory
+ * left once everything else is allocated, or given), the block table that
+ * maps each sequence's positions to blocks (a fixed device buffer, its rows
+ * uploaded as the host changes them), the activation arena, scratch and the
+ * step inputs. */
 #ifdef MOEC_HAVE_CUDA
 
 #include <ctype.h>
 
 #include "runtime/cuda_internal.h"
+#include "runtime/step_check.h"
 
 moec_status rt_cuda_alloc(rt_cuda *c, void **p, size_t bytes, const char *what)
 {
@@ -27,23 +31,19 @@ moec_status rt_cuda_alloc(rt_cuda *c, void **p, size_t bytes, const char *what)
     return MOEC_OK;
 }
 
-static size_t kv_pool_bytes(const rt_cuda *c, const ir_value *pool)
-{
-    return (size_t)c->max_seqs * (size_t)c->max_blocks * (size_t)c->plan->kv_block_size *
-           (size_t)ir_type_numel(&pool->type, 0) * ir_dtype_size(c->plan->compute_dtype);
-}
-
-/* The bytes of op's two KV pools (0: none), 0 for an op without any:
- * attention k and v, mla_attention kv_c and k_pe, dsa_topk its keys and,
- * for the module's first dsa_topk only, the index score of every token of
- * the largest bucket at every position (f32 [tmax, max_blocks * block
- * size]), which every dsa_topk op of a step uses in turn (docs/CUDA.md). */
-static int kv_pools(const rt_cuda *c, int k, size_t bytes[2], const ir_value *pool[2])
+/* op's KV pools into pool (NULL: none); 0 for an op without any: attention
+ * k and v, mla_attention kv_c and k_pe, dsa_topk its keys, all paged by the
+ * block table. The module's first dsa_topk also has, as its second pool
+ * (pool[1] NULL, *scores its bytes; 0 for every other op), the index score
+ * of every token of the largest bucket at every position (f32 [tmax,
+ * max_blocks * block size]), which every dsa_topk op of a step uses in turn
+ * (docs/CUDA.md): not paged, its size fixed by the plan. */
+static int kv_pools(const rt_cuda *c, int k, const ir_value *pool[2], size_t *scores)
 {
     const ir_module *m = c->plan->module;
     const ir_op *op = m->ops[k];
-    bytes[0] = bytes[1] = 0;
     pool[0] = pool[1] = NULL;
+    *scores = 0;
     if (op->kind == IR_OP_ATTENTION && op->n_in >= 3) {
         pool[0] = op->in[1];
         pool[1] = op->in[2];
@@ -56,15 +56,48 @@ static int kv_pools(const rt_cuda *c, int k, size_t bytes[2], const ir_value *po
         for (int i = 0; i < k && first; i++)
             first = m->ops[i]->kind != IR_OP_DSA_TOPK;
         if (first)
-            bytes[1] = (size_t)c->tmax * (size_t)c->max_blocks *
-                       (size_t)c->plan->kv_block_size * sizeof(float);
+            *scores = (size_t)c->tmax * (size_t)c->max_blocks * (size_t)c->plan->kv_block_size *
+                      sizeof(float);
     } else {
         return 0;
     }
-    for (int p = 0; p < 2; p++)
-        if (pool[p])
-            bytes[p] = kv_pool_bytes(c, pool[p]);
     return 1;
+}
+
+/* The bytes of one block of one pool. */
+static size_t kv_block_pool_bytes(const rt_cuda *c, const ir_value *pool)
+{
+    return (size_t)c->plan->kv_block_size * (size_t)ir_type_numel(&pool->type, 0) *
+           ir_dtype_size(c->plan->compute_dtype);
+}
+
+size_t rt_cuda_kv_block_bytes(const rt_cuda *c)
+{
+    if (!c)
+        return 0;
+    const ir_module *m = c->plan->module;
+    size_t bytes = 0, scores;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_value *pool[2];
+        if (kv_pools(c, k, pool, &scores))
+            for (int p = 0; p < 2; p++)
+                if (pool[p])
+                    bytes += kv_block_pool_bytes(c, pool[p]);
+    }
+    return bytes;
+}
+
+/* The bytes of the pools that are not paged: the index scores. */
+static size_t kv_scores_bytes(const rt_cuda *c)
+{
+    const ir_module *m = c->plan->module;
+    size_t bytes = 0, scores;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_value *pool[2];
+        if (kv_pools(c, k, pool, &scores))
+            bytes += scores;
+    }
+    return bytes;
 }
 
 /* A cubin built for sm_XY runs on compute capability X.Z with Z >= Y; one
@@ -93,17 +126,12 @@ moec_status rt_cuda_check_memory(const rt_cuda *c)
 {
     const ir_plan *p = c->plan;
     const ir_module *m = p->module;
-    size_t weights = 0, kv = 0, arena = 0, scratch = 0;
+    size_t weights = 0, arena = 0, scratch = 0;
     for (int i = 0; i < m->n_values; i++)
         if (m->values[i]->kind == IR_VALUE_WEIGHT)
-            weights += (size_t)ir_type_numel(&m->values[i]->type, 0) *
-                       ir_dtype_size(ir_value_storage_dtype(m, m->values[i], p->compute_dtype));
-    for (int k = 0; k < m->n_ops; k++) {
-        size_t bytes[2];
-        const ir_value *pool[2];
-        if (kv_pools(c, k, bytes, pool))
-            kv += bytes[0] + bytes[1];
-    }
+            weights += ir_weight_storage_bytes(m, m->values[i], p->compute_dtype);
+    /* a pool sized by kv_fraction takes what is left, checked when it is sized */
+    size_t kv = (size_t)c->n_blocks * rt_cuda_kv_block_bytes(c) + kv_scores_bytes(c);
     for (int b = 0; b < p->n_buckets; b++) {
         if (p->buckets[b].arena_bytes > arena)
             arena = p->buckets[b].arena_bytes;
@@ -120,40 +148,121 @@ moec_status rt_cuda_check_memory(const rt_cuda *c)
         return MOEC_OK;
     return MOEC_ERR(MOEC_ERR_CAPACITY,
                     "the plan needs %zu bytes (%zu MiB) of device memory: weights %zu MiB, KV "
-                    "cache %zu MiB (%d sequences of %d tokens), activations and scratch %zu MiB, "
+                    "cache %zu MiB (%d blocks of %d tokens), activations and scratch %zu MiB, "
                     "inputs and workspaces %zu MiB; device 0 (%s) has %zu bytes (%zu MiB) free "
                     "of %zu MiB",
-                    need, need >> 20, weights >> 20, kv >> 20, c->max_seqs, c->max_seq_len,
+                    need, need >> 20, weights >> 20, kv >> 20, c->n_blocks, p->kv_block_size,
                     (arena + scratch) >> 20, other >> 20, c->device_name, free_b, free_b >> 20,
                     total_b >> 20);
 }
 
-/* The KV pools of every attention, mla_attention and dsa_topk op. */
+moec_status rt_cuda_size_kv(rt_cuda *c)
+{
+    size_t per_block = rt_cuda_kv_block_bytes(c);
+    int full = c->max_seqs * c->max_blocks; /* every row at its longest */
+    if (c->n_blocks || !per_block) {
+        if (!c->n_blocks)
+            c->n_blocks = full; /* no attention op: the table still maps positions */
+        return MOEC_OK;
+    }
+    size_t free_b = 0, total_b = 0;
+    MOEC_TRY(CK(cudaMemGetInfo(&free_b, &total_b), "reading device 0's free memory"));
+    /* the index scores (not paged) come out of the share first */
+    double share = (double)free_b * c->kv_fraction - (double)kv_scores_bytes(c);
+    double blocks = share > 0 ? share / (double)per_block : 0;
+    c->n_blocks = blocks >= full ? full : (int)blocks;
+    if (c->n_blocks >= 1)
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_CAPACITY,
+                    "no KV block fits: one block (%d tokens) takes %zu bytes, and %.2f of the "
+                    "%zu MiB device 0 (%s) has free once the weights, activations and workspaces "
+                    "are allocated, less %zu bytes of index scores, is %.0f bytes",
+                    c->plan->kv_block_size, per_block, c->kv_fraction, free_b >> 20,
+                    c->device_name, kv_scores_bytes(c), share);
+}
+
+/* The KV pools of every attention, mla_attention and dsa_topk op: n_blocks
+ * blocks each, and the index scores. */
 moec_status rt_cuda_alloc_kv(rt_cuda *c)
 {
     const ir_module *m = c->plan->module;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
-        size_t bytes[2];
+        size_t scores;
         const ir_value *pool[2];
-        if (!kv_pools(c, k, bytes, pool))
+        if (!kv_pools(c, k, pool, &scores))
             continue;
         for (int p = 0; p < 2; p++) {
-            if (!bytes[p])
+            size_t bytes = pool[p] ? (size_t)c->n_blocks * kv_block_pool_bytes(c, pool[p])
+                                   : scores;
+            if (!bytes)
                 continue;
             char where[512];
-            snprintf(where, sizeof where, "KV pool %d (%%%s) of %s %%%s", p,
-                     pool[p] ? pool[p]->name : "index scores", ir_op_name(op->kind),
+            snprintf(where, sizeof where, "KV pool %d (%%%s, %d blocks) of %s %%%s", p,
+                     pool[p] ? pool[p]->name : "index scores", c->n_blocks, ir_op_name(op->kind),
                      op->out[0]->name);
-            MOEC_TRY(rt_cuda_alloc(c, &c->kv[2 * k + p], bytes[p], where));
-            c->kv_bytes[2 * k + p] = bytes[p];
-            MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes[p]), where));
+            MOEC_TRY(rt_cuda_alloc(c, &c->kv[2 * k + p], bytes, where));
+            c->kv_bytes[2 * k + p] = bytes;
+            MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes), where));
         }
     }
     return MOEC_OK;
 }
 
-/* Arena, scratch, the step inputs (with the static block table). */
+/* With every row's blocks in the pool, slot s owns blocks s * max_blocks ..
+ * s * max_blocks + max_blocks - 1; otherwise no row has a block yet. */
+moec_status rt_cuda_init_table(rt_cuda *c)
+{
+    size_t table = (size_t)c->max_seqs * (size_t)c->max_blocks;
+    int own = (size_t)c->n_blocks >= table;
+    for (size_t i = 0; i < table; i++)
+        c->bt_host[i] = own ? (int32_t)i : -1;
+    for (int r = 0; r < c->max_seqs; r++) {
+        c->bt_lo[r] = 0;
+        c->bt_hi[r] = c->max_blocks;
+    }
+    c->bt_dirty = 1;
+    return MOEC_OK;
+}
+
+moec_status rt_cuda_set_blocks(rt_cuda *c, int row, int first, int n, const int32_t *blocks)
+{
+    if (!c)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_set_blocks: NULL context");
+    MOEC_TRY(rt_block_table_check(c->max_seqs, c->max_blocks, c->n_blocks, row, first, n, blocks));
+    if (!n)
+        return MOEC_OK;
+    memcpy(c->bt_host + (size_t)row * c->max_blocks + first, blocks, (size_t)n * sizeof *blocks);
+    if (first < c->bt_lo[row])
+        c->bt_lo[row] = first;
+    if (first + n > c->bt_hi[row])
+        c->bt_hi[row] = first + n;
+    c->bt_dirty = 1;
+    return MOEC_OK;
+}
+
+moec_status rt_cuda_upload_table(rt_cuda *c, const char *where)
+{
+    if (!c->bt_dirty)
+        return MOEC_OK;
+    int32_t *dev = c->input_ptr[IR_INPUT_BLOCK_TABLE];
+    for (int r = 0; r < c->max_seqs; r++) {
+        if (c->bt_lo[r] >= c->bt_hi[r])
+            continue;
+        size_t at = (size_t)r * c->max_blocks + (size_t)c->bt_lo[r];
+        MOEC_TRY(CK(cudaMemcpyAsync(dev + at, c->bt_host + at,
+                                    (size_t)(c->bt_hi[r] - c->bt_lo[r]) * sizeof *dev,
+                                    cudaMemcpyHostToDevice, c->stream[0]),
+                    where));
+        c->bt_lo[r] = c->max_blocks;
+        c->bt_hi[r] = 0;
+    }
+    c->bt_dirty = 0;
+    return MOEC_OK;
+}
+
+/* Arena, scratch, the step inputs with the block table (and its pinned
+ * host copy). */
 moec_status rt_cuda_alloc_buffers(rt_cuda *c)
 {
     const ir_plan *p = c->plan;
@@ -183,17 +292,13 @@ moec_status rt_cuda_alloc_buffers(rt_cuda *c)
         c->input_bytes[i] = (size_t)c->tmax * sizeof(int32_t);
     c->input_bytes[IR_INPUT_BLOCK_TABLE] = table * sizeof(int32_t);
 
-    /* Slot s owns pages s * max_blocks .. s * max_blocks + max_blocks - 1. */
-    int32_t *bt = malloc(table * sizeof *bt);
-    if (!bt)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory building the block table");
-    for (size_t i = 0; i < table; i++)
-        bt[i] = (int32_t)i;
-    moec_status st = CK(cudaMemcpy(c->input_ptr[IR_INPUT_BLOCK_TABLE], bt, table * sizeof *bt,
-                                   cudaMemcpyHostToDevice),
-                        "the block table");
-    free(bt);
-    MOEC_TRY(st);
+    MOEC_TRY(CK(cudaMallocHost((void **)&c->bt_host, (table ? table : 1) * sizeof(int32_t)),
+                "the pinned block table"));
+    c->bt_lo = calloc((size_t)c->max_seqs, sizeof *c->bt_lo);
+    c->bt_hi = calloc((size_t)c->max_seqs, sizeof *c->bt_hi);
+    if (!c->bt_lo || !c->bt_hi)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory for the block table of %d rows",
+                        c->max_seqs);
     MOEC_TRY(CK(cudaMallocHost((void **)&c->host_in, 3 * (size_t)c->in_stride * sizeof(int32_t)),
                 "the pinned step inputs"));
     return MOEC_OK;

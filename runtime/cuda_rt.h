@@ -17,14 +17,34 @@
 typedef struct rt_cuda rt_cuda;
 
 /* Binds plan on device 0 for up to max_seqs sequences (slots 0..max_seqs-1)
- * of up to max_seq_len tokens each: loads every bucket's cubin and resolves
- * its kernels, uploads every weight of plan->module from w, allocates the
- * arena, scratch, KV pools and inputs, and prepares every launch (argument
- * arrays, cuBLASLt descriptors and algorithms) so that a step only
- * launches. plan (and its module) must outlive the context; w is only read
- * here. MOEC_ERR_NO_DEVICE without a device. */
+ * of up to max_seq_len tokens each, each slot owning its KV blocks (as
+ * rt_cuda_init_sized with kv_blocks and kv_fraction 0): loads every
+ * bucket's cubin and resolves its kernels, uploads every weight of
+ * plan->module from w, allocates the arena, scratch, KV pools and inputs,
+ * and prepares every launch (argument arrays, cuBLASLt descriptors and
+ * algorithms) so that a step only launches. plan (and its module) must
+ * outlive the context; w is only read here. MOEC_ERR_NO_DEVICE without a
+ * device. */
 moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
                          rt_cuda **out);
+
+/* The KV pool and block table of a context: the pool holds kv_blocks
+ * blocks of the plan's kv_block_size tokens (per attention op, two pools
+ * of that many blocks); the block table has max_seqs rows of
+ * ceil(max_seq_len / kv_block_size) entries, row s listing the block of
+ * each kv_block_size positions of the sequence in slot s. */
+typedef struct rt_cuda_sizes {
+    int max_seqs, max_seq_len;
+    /* Blocks in the pool; 0: kv_fraction of the device memory free once the
+     * weights, activations, inputs and workspaces are allocated (at most
+     * max_seqs full rows' worth); both 0: exactly max_seqs full rows. When
+     * the pool fills every row, row s starts as blocks s * P .. s * P + P - 1
+     * (each slot owns its blocks); otherwise every entry starts at -1. */
+    int kv_blocks;
+    double kv_fraction;
+} rt_cuda_sizes;
+moec_status rt_cuda_init_sized(const ir_plan *plan, const rt_weights *w, const rt_cuda_sizes *sz,
+                               rt_cuda **out);
 /* Releases everything the context holds, device memory included. */
 void rt_cuda_free(rt_cuda *c);
 /* 1: every step on stream 0 (the plan's forks and joins skipped); 0 (the
@@ -34,17 +54,26 @@ void rt_cuda_set_single_stream(rt_cuda *c, int single);
 
 /* Runs n tokens (1 <= n <= rt_cuda_max_tokens) in the smallest bucket that
  * holds them: token i of sequence slots[i] at position positions[i] (its KV
- * entries are written there); padding rows run token 0 with slot -1. Then
- * copies back the logits of the n tokens (n rows of rt_cuda_logits_cols
- * floats) and their argmax ids (IR_SAMPLED_NONFINITE for a row with a NaN or
- * an infinity), each when its pointer is not NULL.
- * MOEC_ERR_CAPACITY for a position past max_seq_len, MOEC_ERR_INVALID_ARG
- * for a slot or token id out of range; both before anything runs. A failed
- * launch names the step, its op and kernel; a fault that only shows at the
- * final synchronization is named too when MOEC_CUDA_SYNC=1 (which
- * synchronizes after every step). */
+ * entries are written to the block its row of the block table lists);
+ * padding rows run token 0 with slot -1. Then copies back the logits of the
+ * n tokens (n rows of rt_cuda_logits_cols floats) and their argmax ids
+ * (IR_SAMPLED_NONFINITE for a row with a NaN or an infinity), each when its
+ * pointer is not NULL. MOEC_ERR_CAPACITY for a position past max_seq_len,
+ * MOEC_ERR_INVALID_ARG for a slot or token id out of range or a position
+ * whose block is -1; all before anything runs. A failed launch names the
+ * step, its op and kernel; a fault that only shows at the final
+ * synchronization is named too when MOEC_CUDA_SYNC=1 (which synchronizes
+ * after every step). */
 moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                          const int32_t *slots, float *logits_out, int32_t *sampled_out);
+/* Sets entries first .. first + n - 1 of row `row` of the block table to
+ * blocks[0 .. n-1] (each in [0, kv_blocks) or -1). The table is a fixed
+ * device buffer that graphs read: the rows changed are copied to it on
+ * stream 0 at the start of the next step, before its launches or replay. */
+moec_status rt_cuda_set_blocks(rt_cuda *c, int row, int first, int n, const int32_t *blocks);
+/* Blocks in the KV pool, and the bytes one block takes over all layers. */
+int rt_cuda_kv_blocks(const rt_cuda *c);
+size_t rt_cuda_kv_block_bytes(const rt_cuda *c);
 
 /* Profiling: runs the bucket holding n tokens eagerly on stream 0 alone,
  * with an event between every two of its steps, iters times after one
@@ -81,6 +110,6 @@ void rt_cuda_to_bf16(const float *src, uint16_t *dst, size_t n);
 /* What rt_cuda_init checks of the plan and its module before any device
  * call (positive sizes, the dtype, ascending buckets, an f32 output with an
  * arena offset). Needs no GPU. */
-moec_status rt_cuda_check_plan(const ir_plan *p, int max_seqs, int max_seq_len);
+moec_status rt_cuda_check_plan(const ir_plan *p, const rt_cuda_sizes *sz);
 
 #endif

@@ -10,7 +10,9 @@
 moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
                                  const int32_t *positions, const int32_t *slots)
 {
-    rt_step_limits l = {c->tmax, c->max_seqs, c->max_seq_len, c->vocab};
+    rt_step_limits l = {c->tmax,       c->max_seqs,   c->max_seq_len,
+                        c->vocab,      c->bt_host,    c->max_blocks,
+                        c->plan->kv_block_size};
     return rt_step_check(&l, n, tokens, positions, slots);
 }
 
@@ -98,7 +100,8 @@ rt_cuda_bucket *rt_cuda_bucket_for(rt_cuda *c, int n)
     return b ? &c->buckets[b - c->plan->buckets] : NULL;
 }
 
-/* Writes the step inputs (padding rows: token 0, position 0, slot -1). */
+/* Writes the step inputs (padding rows: token 0, position 0, slot -1) and
+ * the block-table rows changed since the last step. */
 moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                                 const int32_t *slots, const char *where)
 {
@@ -108,9 +111,10 @@ moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const
         h[c->in_stride + i] = i < n ? positions[i] : 0;
         h[2 * c->in_stride + i] = i < n ? slots[i] : -1;
     }
-    return CK(cudaMemcpyAsync(c->inputs, h, 3 * (size_t)c->in_stride * sizeof *h,
-                              cudaMemcpyHostToDevice, c->stream[0]),
-              where);
+    MOEC_TRY(CK(cudaMemcpyAsync(c->inputs, h, 3 * (size_t)c->in_stride * sizeof *h,
+                                cudaMemcpyHostToDevice, c->stream[0]),
+                where));
+    return rt_cuda_upload_table(c, where);
 }
 
 /* Runs one step of bucket cb on the inputs already written. Stream 1 starts
@@ -151,13 +155,16 @@ moec_status rt_cuda_begin_step(rt_cuda *c, int n, const int32_t *tokens,
     return rt_cuda_write_inputs(c, n, tokens, positions, slots, where);
 }
 
-moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, float *logits_out,
-                             int32_t *sampled_out, const char *where)
+moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, int first, int count,
+                             float *logits_out, int32_t *sampled_out, const char *where)
 {
     cudaStream_t s0 = c->stream[0];
-    if (logits_out)
-        MOEC_TRY(CK(cudaMemcpyAsync(logits_out, cb->logits,
-                                    (size_t)n * (size_t)c->out_cols * sizeof *logits_out,
+    if (logits_out && (first < 0 || count < 0 || first > n - count))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: logits rows %d .. %d of %d", where, first,
+                        first + count - 1, n);
+    if (logits_out && count)
+        MOEC_TRY(CK(cudaMemcpyAsync(logits_out, cb->logits + (size_t)first * (size_t)c->out_cols,
+                                    (size_t)count * (size_t)c->out_cols * sizeof *logits_out,
                                     cudaMemcpyDeviceToHost, s0),
                     where));
     if (sampled_out)
@@ -175,7 +182,7 @@ moec_status rt_cuda_step(rt_cuda *c, int n, const int32_t *tokens, const int32_t
     MOEC_TRY(rt_cuda_begin_step(c, n, tokens, positions, slots, "rt_cuda_step", &cb, where,
                                 sizeof where));
     MOEC_TRY(rt_cuda_launch_step(c, cb, -1, where));
-    return rt_cuda_end_step(c, cb, n, logits_out, sampled_out, where);
+    return rt_cuda_end_step(c, cb, n, 0, n, logits_out, sampled_out, where);
 }
 
 moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,

@@ -6,17 +6,25 @@
 #include "err.h"
 #include "runtime/cuda_rt.h"
 
-moec_status rt_cuda_init(const ir_plan *plan, const rt_weights *w, int max_seqs, int max_seq_len,
-                         rt_cuda **out)
+moec_status rt_cuda_init_sized(const ir_plan *plan, const rt_weights *w, const rt_cuda_sizes *sz,
+                               rt_cuda **out)
 {
     if (!out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: out is NULL");
     *out = NULL;
-    if (!plan || !w)
+    if (!plan || !w || !sz)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_init: NULL plan or weights");
-    MOEC_TRY(rt_cuda_check_plan(plan, max_seqs, max_seq_len));
+    MOEC_TRY(rt_cuda_check_plan(plan, sz));
     return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
 }
+
+moec_status rt_cuda_set_blocks(rt_cuda *c, int row, int first, int n, const int32_t *blocks)
+{
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
+}
+
+int rt_cuda_kv_blocks(const rt_cuda *c) { return 0; }
+size_t rt_cuda_kv_block_bytes(const rt_cuda *c) { return 0; }
 
 void rt_cuda_free(rt_cuda *c) { (void)c; }
 

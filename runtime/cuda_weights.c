@@ -1,6 +1,8 @@
 /* cuda_weights.c — the weight upload: every weight of the module read from
  * the checkpoint, converted to its storage dtype and copied to the device
- * by a few threads. */
+ * by a few threads. Weights kept in fp8 are copied as the checkpoint
+ * stores them, codes then block scales (ir_weight_scale_offset), never
+ * widened. */
 #ifdef MOEC_HAVE_CUDA
 
 #include <pthread.h>
@@ -10,8 +12,9 @@
 
 /* The weight upload: one queue of weights, filled by up to
  * RT_UPLOAD_THREADS threads, each reading its weight to fp32 from the
- * checkpoint's mapping, converting it to bf16 where it is stored so, and
- * copying it to the device; the first error stops the others. */
+ * checkpoint's mapping, converting it to bf16 where it is stored so (an
+ * fp8 weight: its codes and scales, unconverted), and copying it to the
+ * device; the first error stops the others. */
 #define RT_UPLOAD_THREADS 8
 typedef struct upload_queue {
     rt_cuda *c;
@@ -22,8 +25,9 @@ typedef struct upload_queue {
     char err[1024];
 } upload_queue;
 
-/* Reads, converts and copies weight value i. host (of host_cap floats) and
- * stage (RT_CUDA_CHUNK bf16) are the calling thread's buffers. */
+/* Reads, converts and copies weight value i (allocated: c->weight_bytes[i]).
+ * host (of host_cap floats) and stage (RT_CUDA_CHUNK bf16) are the calling
+ * thread's buffers. */
 static moec_status upload_one(rt_cuda *c, const rt_weights *w, int i, float **host,
                               size_t *host_cap, uint16_t *stage)
 {
@@ -33,13 +37,23 @@ static moec_status upload_one(rt_cuda *c, const rt_weights *w, int i, float **ho
     size_t numel = (size_t)ir_type_numel(&v->type, 0);
     char where[512];
     snprintf(where, sizeof where, "weight %%%s (stored as %s)", v->name, ir_dtype_name(dt));
-    if (numel > *host_cap) {
+    /* floats for a float weight; an fp8 one's whole buffer, in bytes */
+    size_t need = dt == IR_DTYPE_F8E4M3 ? (c->weight_bytes[i] + 3) / 4 : numel;
+    if (need > *host_cap) {
         free(*host);
-        *host = malloc(numel * sizeof **host);
-        *host_cap = *host ? numel : 0;
+        *host = malloc(need * sizeof **host);
+        *host_cap = *host ? need : 0;
         if (!*host)
             return MOEC_ERR(MOEC_ERR_OOM, "%s: out of host memory (%zu bytes)", where,
-                            numel * sizeof **host);
+                            need * sizeof **host);
+    }
+    if (dt == IR_DTYPE_F8E4M3) {
+        /* codes, zero padding, scales: the buffer as ir_weight_scale_offset lays it out */
+        size_t bytes = c->weight_bytes[i], off = ir_weight_scale_offset(v);
+        uint8_t *raw = (uint8_t *)*host;
+        memset(raw + numel, 0, off - numel);
+        MOEC_TRY(rt_weights_read_f8(w, v, raw, (float *)(raw + off)));
+        return CK(cudaMemcpy(c->weights[i], raw, bytes, cudaMemcpyHostToDevice), where);
     }
     MOEC_TRY(rt_weights_read_f32(w, v, *host));
     if (dt == IR_DTYPE_F32)
@@ -98,14 +112,14 @@ moec_status rt_cuda_upload_weights(rt_cuda *c, const rt_weights *w)
         char ty[64];
         ir_type_format(&v->type, ty, sizeof ty);
         ir_dtype dt = ir_value_storage_dtype(m, v, compute);
-        if (dt != IR_DTYPE_F32 && dt != IR_DTYPE_BF16)
+        if (dt != IR_DTYPE_F32 && dt != IR_DTYPE_BF16 && dt != IR_DTYPE_F8E4M3)
             return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                             "weight %%%s (%s): storage dtype %s is not supported by the CUDA runtime",
                             v->name, ty, ir_dtype_name(dt));
         int64_t numel = ir_type_numel(&v->type, 0);
         if (numel <= 0)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "weight %%%s (%s) has no elements", v->name, ty);
-        size_t bytes = (size_t)numel * ir_dtype_size(dt);
+        size_t bytes = ir_weight_storage_bytes(m, v, compute);
         snprintf(where, sizeof where, "weight %%%s (%s, stored as %s)", v->name, ty,
                  ir_dtype_name(dt));
         MOEC_TRY(rt_cuda_alloc(c, &c->weights[i], bytes, where));

@@ -18,25 +18,29 @@
 
 struct rt_interp {
     const ir_module *m;
-    int max_seq;
+    int page_size;       /* positions per KV page */
+    int n_pages;         /* pages in every KV cache */
+    int paged;           /* 0: one sequence, its page_size positions in page 0 */
     int T;               /* tokens of the last forward (0 before any) */
     int T_cap;           /* tokens the activation buffers are sized for */
     void **data;         /* per value id: weights (all elements, fp32); inputs and
                             op results [T_cap, ...] (int32 for i32 values, else fp32) */
-    int borrowed;        /* the weights belong to another interpreter (rt_interp_init_shared) */
-    float **k_cache;     /* per op id: attention [max_seq, Hkv, Dk]; mla_attention
-                            [max_seq, r] (kv_c) */
-    float **v_cache;     /* per op id: attention [max_seq, Hkv, Dv]; mla_attention
-                            [max_seq, dr] (k_pe) */
-    unsigned char **kv_written; /* per op id: positions whose k, v are cached */
+    float **k_cache;     /* per op id, n_pages * page_size rows: attention [Hkv, Dk];
+                            mla_attention [r] (kv_c) */
+    float **v_cache;     /* per op id, rows as k_cache: attention [Hkv, Dv];
+                            mla_attention [dr] (k_pe) */
+    unsigned char **kv_written; /* per op id: rows whose k, v are cached */
     int planned;         /* activations live in `arena` at their planned offsets */
     char *arena;         /* planned mode: arena_bytes_per_token * arena_T bytes */
     int64_t arena_bytes_per_token;
     int arena_T;         /* tokens the arena is sized for */
-    double *scores;      /* attention scratch: max_seq scores */
-    int64_t *attend;     /* attention scratch: the max_seq positions a token attends to */
-    unsigned char *mark; /* attention and dsa_topk scratch: max_seq flags, left all 0 */
-    struct dsa_cand *cand; /* dsa_topk scratch: max_seq scored positions */
+    double *scores;      /* attention scratch: a score per attended position */
+    int64_t *kv_rows;    /* attention scratch: the cache row of each attended position */
+    unsigned char *mark; /* attention and dsa_topk scratch: a flag per position, left all 0 */
+    struct dsa_cand *cand; /* dsa_topk scratch: a scored candidate per position */
+    int64_t scratch_cap; /* positions the scratch arrays hold */
+    rt_interp_pages pages; /* the page map of the forward being run */
+    int32_t page0;       /* the page map of an unpaged interpreter: page 0 */
     const ir_value *tokens;
     const ir_value *positions;
 };
@@ -538,39 +542,59 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
 
 /* ---- attention ------------------------------------------------------------ */
 
-/* [lo, hi] of the cached positions token t attends to, after checking they
- * were all written. */
-static moec_status attend_range(const ir_op *op, int32_t pos, int64_t window,
-                                const unsigned char *written, int64_t *lo, int64_t *hi)
+/* The cache row of position p of token t's sequence, through the page map. */
+static int64_t kv_row(const rt_interp *in, int t, int64_t p)
 {
+    const rt_interp_pages *pg = &in->pages;
+    int64_t r = pg->row ? pg->row[t] : 0;
+    return (int64_t)pg->table[r * pg->max_pages + p / in->page_size] * in->page_size +
+           p % in->page_size;
+}
+
+/* Writes token t's k (nk floats) and v (nv floats; none for dsa_topk's
+ * keys) to the rows of its position in the caches of op. */
+static void kv_store(rt_interp *in, const ir_op *op, int t, int32_t pos, const float *k,
+                     int64_t nk, const float *v, int64_t nv)
+{
+    int64_t row = kv_row(in, t, pos);
+    memcpy(in->k_cache[op->id] + row * nk, k + (int64_t)t * nk, (size_t)nk * sizeof(float));
+    if (nv)
+        memcpy(in->v_cache[op->id] + row * nv, v + (int64_t)t * nv, (size_t)nv * sizeof(float));
+    in->kv_written[op->id][row] = 1;
+}
+
+/* [lo, hi] of the cached positions token t attends to, their cache rows in
+ * in->kv_rows[0..hi - lo], after checking they were all written. */
+static moec_status attend_range(rt_interp *in, const ir_op *op, int t, int32_t pos,
+                                int64_t window, int64_t *lo, int64_t *hi)
+{
+    const unsigned char *written = in->kv_written[op->id];
     *hi = pos;
     *lo = 0;
     if (window > 0 && *hi - window + 1 > 0)
         *lo = *hi - window + 1;
-    for (int64_t p = *lo; p <= *hi; p++)
-        if (!written[p])
+    for (int64_t p = *lo; p <= *hi; p++) {
+        in->kv_rows[p - *lo] = kv_row(in, t, p);
+        if (!written[in->kv_rows[p - *lo]])
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "%s: token at position %d attends to position %lld, which no "
                             "forward has written to the KV cache",
                             op_name(op), (int)pos, (long long)p);
+    }
     return MOEC_OK;
 }
 
-/* The cached positions token t (at position pos) attends to, into
- * in->attend[0..*n-1]: with a token selection (operand sel_at, dsa_topk's
- * result [T, K]) its first min(K, pos + 1) entries, each a distinct cached
- * position <= pos; without one, [lo, pos] by the window. */
+/* The cached positions token t (at position pos) attends to, their cache
+ * rows into in->kv_rows[0..*n-1]: with a token selection (operand sel_at,
+ * dsa_topk's result [T, K]) its first min(K, pos + 1) entries, each a
+ * distinct cached position <= pos; without one, [lo, pos] by the window. */
 static moec_status attend_positions(rt_interp *in, const ir_op *op, int t, int32_t pos,
-                                    int64_t window, const unsigned char *written, int sel_at,
-                                    int64_t *n)
+                                    int64_t window, int sel_at, int64_t *n)
 {
-    int64_t *ap = in->attend;
     if (op->n_in <= sel_at) {
         int64_t lo, hi;
-        MOEC_TRY(attend_range(op, pos, window, written, &lo, &hi));
+        MOEC_TRY(attend_range(in, op, t, pos, window, &lo, &hi));
         *n = hi - lo + 1;
-        for (int64_t i = 0; i < *n; i++)
-            ap[i] = lo + i;
         return MOEC_OK;
     }
     int64_t K = op->in[sel_at]->type.dims[1];
@@ -579,22 +603,28 @@ static moec_status attend_positions(rt_interp *in, const ir_op *op, int t, int32
                         op->in[sel_at]->name);
     *n = K < (int64_t)pos + 1 ? K : (int64_t)pos + 1;
     const int32_t *sel = ibuf(in, op->in[sel_at]) + (int64_t)t * K;
+    const unsigned char *written = in->kv_written[op->id];
     moec_status st = MOEC_OK;
     int64_t i = 0;
     for (; i < *n && st == MOEC_OK; i++) {
-        ap[i] = sel[i];
-        if (sel[i] < 0 || sel[i] > pos || !written[sel[i]] || in->mark[sel[i]])
+        int32_t p = sel[i];
+        int ok = p >= 0 && p <= pos && !in->mark[p];
+        if (ok) {
+            in->kv_rows[i] = kv_row(in, t, p);
+            ok = written[in->kv_rows[i]];
+        }
+        if (!ok)
             st = MOEC_ERR(MOEC_ERR_INVALID_ARG,
                           "%s: token at position %d: selection %s[%d][%lld] = %d is not a "
                           "distinct cached position <= %d",
-                          op_name(op), (int)pos, op->in[sel_at]->name, t, (long long)i,
-                          (int)sel[i], (int)pos);
+                          op_name(op), (int)pos, op->in[sel_at]->name, t, (long long)i, (int)p,
+                          (int)pos);
         else
-            in->mark[sel[i]] = 1;
+            in->mark[p] = 1;
     }
     for (int64_t j = 0; j < i; j++)
-        if (ap[j] >= 0 && ap[j] <= pos)
-            in->mark[ap[j]] = 0;
+        if (sel[j] >= 0 && sel[j] <= pos)
+            in->mark[sel[j]] = 0;
     return st;
 }
 
@@ -617,30 +647,21 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
     const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *v = fbuf(in, op->in[2]);
     const int32_t *pos = ibuf(in, op->in[3]);
     float *y = fbuf(in, op->out[0]);
-    float *kc = in->k_cache[op->id], *vc = in->v_cache[op->id];
-    unsigned char *written = in->kv_written[op->id];
-    for (int t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
-                            op_name(op), (int)pos[t], in->max_seq);
-        memcpy(kc + (int64_t)pos[t] * Hkv * Dk, k + (int64_t)t * Hkv * Dk,
-               (size_t)(Hkv * Dk) * sizeof(float));
-        memcpy(vc + (int64_t)pos[t] * Hkv * Dv, v + (int64_t)t * Hkv * Dv,
-               (size_t)(Hkv * Dv) * sizeof(float));
-        written[pos[t]] = 1;
-    }
+    const float *kc = in->k_cache[op->id], *vc = in->v_cache[op->id];
+    for (int t = 0; t < T; t++)
+        kv_store(in, op, t, pos[t], k, Hkv * Dk, v, Hkv * Dv);
     float scale = (float)scale_d;
     double *sc = in->scores;
-    const int64_t *ap = in->attend;
+    const int64_t *rows = in->kv_rows;
     for (int t = 0; t < T; t++) {
         int64_t n;
-        MOEC_TRY(attend_positions(in, op, t, pos[t], window, written, 4, &n));
+        MOEC_TRY(attend_positions(in, op, t, pos[t], window, 4, &n));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = q + ((int64_t)t * H + h) * Dk;
             int64_t kvh = h / group;
             double mx = -INFINITY;
             for (int64_t i = 0; i < n; i++) {
-                const float *kr = kc + (ap[i] * Hkv + kvh) * Dk;
+                const float *kr = kc + (rows[i] * Hkv + kvh) * Dk;
                 double dot = 0;
                 for (int64_t j = 0; j < Dk; j++)
                     dot += (double)qr[j] * kr[j];
@@ -657,7 +678,7 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
             for (int64_t j = 0; j < Dv; j++) {
                 double acc = 0;
                 for (int64_t i = 0; i < n; i++)
-                    acc += sc[i] * vc[(ap[i] * Hkv + kvh) * Dv + j];
+                    acc += sc[i] * vc[(rows[i] * Hkv + kvh) * Dv + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -774,33 +795,26 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
     const float *kvc = fbuf(in, op->in[2]), *kpe = fbuf(in, op->in[3]);
     const int32_t *pos = ibuf(in, op->in[4]);
     float *y = fbuf(in, op->out[0]);
-    float *cc = in->k_cache[op->id], *pc = in->v_cache[op->id];
-    unsigned char *written = in->kv_written[op->id];
-    for (int t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
-                            op_name(op), (int)pos[t], in->max_seq);
-        memcpy(cc + (int64_t)pos[t] * R, kvc + (int64_t)t * R, (size_t)R * sizeof(float));
-        memcpy(pc + (int64_t)pos[t] * Dr, kpe + (int64_t)t * Dr, (size_t)Dr * sizeof(float));
-        written[pos[t]] = 1;
-    }
+    const float *cc = in->k_cache[op->id], *pc = in->v_cache[op->id];
+    for (int t = 0; t < T; t++)
+        kv_store(in, op, t, pos[t], kvc, R, kpe, Dr);
     float scale = (float)scale_d;
     double *sc = in->scores;
-    const int64_t *ap = in->attend;
+    const int64_t *rows = in->kv_rows;
     for (int t = 0; t < T; t++) {
         int64_t n;
-        MOEC_TRY(attend_positions(in, op, t, pos[t], window, written, 5, &n));
+        MOEC_TRY(attend_positions(in, op, t, pos[t], window, 5, &n));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = qc + ((int64_t)t * H + h) * R;
             const float *qp = qpe + ((int64_t)t * H + h) * Dr;
             double mx = -INFINITY;
             for (int64_t i = 0; i < n; i++) {
-                int64_t p = ap[i];
+                int64_t r = rows[i];
                 double dot = 0;
                 for (int64_t j = 0; j < R; j++)
-                    dot += (double)qr[j] * cc[p * R + j];
+                    dot += (double)qr[j] * cc[r * R + j];
                 for (int64_t j = 0; j < Dr; j++)
-                    dot += (double)qp[j] * pc[p * Dr + j];
+                    dot += (double)qp[j] * pc[r * Dr + j];
                 sc[i] = (double)((float)dot * scale);
                 if (sc[i] > mx)
                     mx = sc[i];
@@ -814,7 +828,7 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
             for (int64_t j = 0; j < R; j++) {
                 double acc = 0;
                 for (int64_t i = 0; i < n; i++)
-                    acc += sc[i] * cc[ap[i] * R + j];
+                    acc += sc[i] * cc[rows[i] * R + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -885,18 +899,12 @@ static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
     const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *w = fbuf(in, op->in[2]);
     const int32_t *pos = ibuf(in, op->in[3]);
     int32_t *y = ibuf(in, op->out[0]);
-    float *kc = in->k_cache[op->id];
-    unsigned char *written = in->kv_written[op->id];
-    for (int t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "%s: position %d is past the KV cache (max_seq %d)",
-                            op_name(op), (int)pos[t], in->max_seq);
-        memcpy(kc + (int64_t)pos[t] * Di, k + (int64_t)t * Di, (size_t)Di * sizeof(float));
-        written[pos[t]] = 1;
-    }
+    const float *kc = in->k_cache[op->id];
+    for (int t = 0; t < T; t++)
+        kv_store(in, op, t, pos[t], k, Di, NULL, 0);
     for (int t = 0; t < T; t++) {
         int64_t lo, hi, n = (int64_t)pos[t] + 1;
-        MOEC_TRY(attend_range(op, pos[t], 0, written, &lo, &hi));
+        MOEC_TRY(attend_range(in, op, t, pos[t], 0, &lo, &hi));
         int32_t *yr = y + (int64_t)t * K;
         if (n <= K) {
             for (int64_t i = 0; i < K; i++)
@@ -905,8 +913,8 @@ static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
         }
         struct dsa_cand *cand = in->cand;
         for (int64_t p = 0; p < n; p++) {
-            cand[p].score = dsa_score(q + (int64_t)t * Hi * Di, kc + p * Di, w + (int64_t)t * Hi,
-                                      Hi, Di, (float)scale_d, (float)ws_d);
+            cand[p].score = dsa_score(q + (int64_t)t * Hi * Di, kc + in->kv_rows[p] * Di,
+                                      w + (int64_t)t * Hi, Hi, Di, (float)scale_d, (float)ws_d);
             cand[p].pos = (int32_t)p;
         }
         qsort(cand, (size_t)n, sizeof *cand, dsa_cand_cmp);
@@ -1427,8 +1435,7 @@ void rt_interp_free(rt_interp *in)
     if (in->m) {
         free_activations(in);
         for (int i = 0; in->data && i < in->m->n_values; i++)
-            if (!in->borrowed || !in->m->values[i] || in->m->values[i]->kind != IR_VALUE_WEIGHT)
-                free(in->data[i]);
+            free(in->data[i]);
         for (int i = 0; i < in->m->n_ops; i++) {
             if (in->k_cache)
                 free(in->k_cache[i]);
@@ -1443,16 +1450,15 @@ void rt_interp_free(rt_interp *in)
     free(in->v_cache);
     free(in->kv_written);
     free(in->scores);
-    free(in->attend);
+    free(in->kv_rows);
     free(in->mark);
     free(in->cand);
     free(in);
 }
 
 /* Checks every value and sets up the weights: read from w (zero when w is
- * NULL), or with `from` not NULL borrowed from that interpreter of the same
- * module. */
-static moec_status init_values(rt_interp *in, const rt_weights *w, const rt_interp *from)
+ * NULL). */
+static moec_status init_values(rt_interp *in, const rt_weights *w)
 {
     const ir_module *m = in->m;
     for (int i = 0; i < m->n_values; i++) {
@@ -1482,10 +1488,6 @@ static moec_status init_values(rt_interp *in, const rt_weights *w, const rt_inte
             continue;
         if (is_i32(v))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %s is i32; weights are float", v->name);
-        if (from) {
-            in->data[i] = from->data[i];
-            continue;
-        }
         int64_t n = numel_of(v, 0);
         if ((uint64_t)n > SIZE_MAX / sizeof(float) - 1)
             return MOEC_ERR(MOEC_ERR_OOM, "weight %s: %lld elements", v->name, (long long)n);
@@ -1552,53 +1554,40 @@ static moec_status init_ops(rt_interp *in)
         int64_t wk, wv;
         if (!cache_widths(op, &wk, &wv))
             continue;
-        size_t nk = (size_t)in->max_seq * (size_t)wk;
-        size_t nv = (size_t)in->max_seq * (size_t)wv;
-        in->k_cache[i] = calloc(nk, sizeof(float));
-        in->v_cache[i] = nv ? calloc(nv, sizeof(float)) : NULL;
-        in->kv_written[i] = calloc((size_t)in->max_seq, 1);
-        if (!in->k_cache[i] || (nv && !in->v_cache[i]) || !in->kv_written[i])
-            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %d positions",
-                            op_name(op), in->max_seq);
+        size_t rows = (size_t)in->n_pages * (size_t)in->page_size;
+        in->k_cache[i] = calloc(rows * (size_t)wk, sizeof(float));
+        in->v_cache[i] = wv ? calloc(rows * (size_t)wv, sizeof(float)) : NULL;
+        in->kv_written[i] = calloc(rows, 1);
+        if (!in->k_cache[i] || (wv && !in->v_cache[i]) || !in->kv_written[i])
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %zu positions",
+                            op_name(op), rows);
     }
     return MOEC_OK;
 }
 
-/* rt_interp_init and rt_interp_init_shared: weights from w, or borrowed
- * from `from` when it is not NULL. */
-static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt_interp *from,
-                               int max_seq, rt_interp **out)
+/* An interpreter of n_pages KV pages of page_size positions; paged 0 for
+ * one sequence (one page). */
+static moec_status interp_init(const ir_module *m, const rt_weights *w, int n_pages,
+                               int page_size, int paged, rt_interp **out)
 {
-    if (!out)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: out is NULL");
-    *out = NULL;
-    if (!m)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: module is NULL");
-    if (max_seq < 1)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: max_seq %d must be at least 1",
-                        max_seq);
     rt_interp *in = calloc(1, sizeof *in);
     if (!in)
         return MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory");
     in->m = m;
-    in->max_seq = max_seq;
-    in->borrowed = from != NULL;
+    in->n_pages = n_pages;
+    in->page_size = page_size;
+    in->paged = paged;
     size_t nv = (size_t)(m->n_values > 0 ? m->n_values : 1);
     size_t no = (size_t)(m->n_ops > 0 ? m->n_ops : 1);
     in->data = calloc(nv, sizeof *in->data);
     in->k_cache = calloc(no, sizeof *in->k_cache);
     in->v_cache = calloc(no, sizeof *in->v_cache);
     in->kv_written = calloc(no, sizeof *in->kv_written);
-    in->scores = calloc((size_t)max_seq, sizeof *in->scores);
-    in->attend = calloc((size_t)max_seq, sizeof *in->attend);
-    in->mark = calloc((size_t)max_seq, 1);
-    in->cand = calloc((size_t)max_seq, sizeof *in->cand);
     moec_status st = MOEC_OK;
-    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written || !in->scores ||
-        !in->attend || !in->mark || !in->cand)
+    if (!in->data || !in->k_cache || !in->v_cache || !in->kv_written)
         st = MOEC_ERR(MOEC_ERR_OOM, "rt_interp_init: no memory for %d values", m->n_values);
     if (st == MOEC_OK)
-        st = init_values(in, w, from);
+        st = init_values(in, w);
     if (st == MOEC_OK)
         st = init_ops(in);
     if (st != MOEC_OK) {
@@ -1611,17 +1600,31 @@ static moec_status interp_init(const ir_module *m, const rt_weights *w, const rt
 
 moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq, rt_interp **out)
 {
-    return interp_init(m, w, NULL, max_seq, out);
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: out is NULL");
+    *out = NULL;
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: module is NULL");
+    if (max_seq < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init: max_seq %d must be at least 1",
+                        max_seq);
+    return interp_init(m, w, 1, max_seq, 0, out);
 }
 
-moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out)
+moec_status rt_interp_init_paged(const ir_module *m, const rt_weights *w, int n_pages,
+                                 int page_size, rt_interp **out)
 {
-    if (!owner) {
-        if (out)
-            *out = NULL;
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_shared: owner is NULL");
-    }
-    return interp_init(owner->m, NULL, owner, max_seq, out);
+    if (!out)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_paged: out is NULL");
+    *out = NULL;
+    if (!m)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_init_paged: module is NULL");
+    if (n_pages < 1 || page_size < 1 || (int64_t)n_pages * page_size > INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_init_paged: %d pages of %d positions (each at least 1, at "
+                        "most 2^31 - 1 positions in all)",
+                        n_pages, page_size);
+    return interp_init(m, w, n_pages, page_size, 1, out);
 }
 
 static int is_weight_of(const rt_interp *in, const ir_value *v)
@@ -1646,18 +1649,64 @@ float *rt_interp_weight(rt_interp *in, const ir_value *v)
     return is_weight_of(in, v) ? fbuf(in, v) : NULL;
 }
 
-moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
-                              int T, float *out)
+/* Checks every token's position against its page map (pages in the pool,
+ * positions within the row) and sizes the attention scratch for the
+ * furthest one. */
+static moec_status check_pages(rt_interp *in, const int32_t *positions, int T)
+{
+    const rt_interp_pages *pg = &in->pages;
+    int64_t limit = (int64_t)pg->max_pages * in->page_size, need = 0;
+    for (int t = 0; t < T; t++) {
+        int32_t p = positions[t], r = pg->row ? pg->row[t] : 0;
+        if (!in->paged && (p < 0 || p >= in->page_size))
+            return MOEC_ERR(MOEC_ERR_CAPACITY, "position %d is past the KV cache (max_seq %d)",
+                            (int)p, in->page_size);
+        if (p < 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: position %d is negative", t, p);
+        if (p >= limit)
+            return MOEC_ERR(MOEC_ERR_CAPACITY,
+                            "token %d: position %d is past its %d pages of %d positions", t, p,
+                            pg->max_pages, in->page_size);
+        if (r < 0 || r >= pg->n_rows)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "token %d: row %d of a page table of %d rows",
+                            t, r, pg->n_rows);
+        for (int64_t k = 0; k <= p / in->page_size; k++) {
+            int32_t page = pg->table[(int64_t)r * pg->max_pages + k];
+            if (page < 0 || page >= in->n_pages)
+                return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                                "token %d (position %d): page %lld of row %d is %d, not one of "
+                                "the %d pages",
+                                t, p, (long long)k, r, page, in->n_pages);
+        }
+        if (p + 1 > need)
+            need = p + 1;
+    }
+    if (need <= in->scratch_cap)
+        return MOEC_OK;
+    free(in->scores);
+    free(in->kv_rows);
+    free(in->mark);
+    free(in->cand);
+    in->scores = malloc((size_t)need * sizeof *in->scores);
+    in->kv_rows = malloc((size_t)need * sizeof *in->kv_rows);
+    in->mark = calloc((size_t)need, 1);
+    in->cand = malloc((size_t)need * sizeof *in->cand);
+    in->scratch_cap = in->scores && in->kv_rows && in->mark && in->cand ? need : 0;
+    if (!in->scratch_cap)
+        return MOEC_ERR(MOEC_ERR_OOM, "no memory to attend to %lld positions", (long long)need);
+    return MOEC_OK;
+}
+
+/* A forward through the page map in->pages. */
+static moec_status forward(rt_interp *in, const int32_t *tokens, const int32_t *positions, int T,
+                           float *out)
 {
     if (!in || !tokens || !positions)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: NULL argument");
     if (T < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_forward: T is %d; it must be at least 1",
                         T);
-    for (int t = 0; t < T; t++)
-        if (positions[t] < 0 || positions[t] >= in->max_seq)
-            return MOEC_ERR(MOEC_ERR_CAPACITY, "position %d is past the KV cache (max_seq %d)",
-                            (int)positions[t], in->max_seq);
+    MOEC_TRY(check_pages(in, positions, T));
     const ir_module *m = in->m;
     if (out && (m->n_outputs < 1 || !m->outputs[0]))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "module %s has no output to write",
@@ -1674,14 +1723,45 @@ moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_
     return MOEC_OK;
 }
 
+moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
+                              int T, float *out)
+{
+    if (in && in->paged)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_forward: a paged interpreter needs a page map "
+                        "(rt_interp_forward_paged)");
+    if (in)
+        in->pages = (rt_interp_pages){.table = &in->page0, .max_pages = 1, .n_rows = 1};
+    return forward(in, tokens, positions, T, out);
+}
+
+moec_status rt_interp_forward_paged(rt_interp *in, const rt_interp_pages *pages,
+                                    const int32_t *tokens, const int32_t *positions, int T,
+                                    float *out)
+{
+    if (!in || !pages || !pages->table || !pages->row || pages->max_pages < 1 ||
+        pages->n_rows < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_forward_paged: NULL interpreter or an empty page map");
+    if (!in->paged)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_forward_paged: the interpreter has one sequence's cache "
+                        "(rt_interp_init_paged makes a paged one)");
+    in->pages = *pages;
+    return forward(in, tokens, positions, T, out);
+}
+
 int32_t rt_logits_argmax(const float *row, int n)
 {
     int32_t best = 0;
+    float top = row[0];
     for (int i = 0; i < n; i++) {
         if (!isfinite(row[i]))
             return IR_SAMPLED_NONFINITE;
-        if (row[i] > row[best])
+        if (row[i] > top) {
+            top = row[i];
             best = i;
+        }
     }
     return best;
 }
@@ -1713,15 +1793,16 @@ void rt_interp_reset(rt_interp *in)
 {
     if (!in)
         return;
+    size_t rows = (size_t)in->n_pages * (size_t)in->page_size;
     for (int i = 0; i < in->m->n_ops; i++) {
         if (!in->kv_written[i])
             continue;
         int64_t wk, wv;
         if (!cache_widths(in->m->ops[i], &wk, &wv))
             continue;
-        memset(in->kv_written[i], 0, (size_t)in->max_seq);
-        memset(in->k_cache[i], 0, (size_t)in->max_seq * (size_t)wk * sizeof(float));
+        memset(in->kv_written[i], 0, rows);
+        memset(in->k_cache[i], 0, rows * (size_t)wk * sizeof(float));
         if (wv)
-            memset(in->v_cache[i], 0, (size_t)in->max_seq * (size_t)wv * sizeof(float));
+            memset(in->v_cache[i], 0, rows * (size_t)wv * sizeof(float));
     }
 }

@@ -1,5 +1,6 @@
 /* interp.h — the CPU reference interpreter: executes any IR module in fp32,
- * one plain function per op, with a KV cache per attention op. It is the
+ * one plain function per op, with a KV cache per attention op (one
+ * sequence's, or a paged pool shared by many). It is the
  * definition of every op, the oracle of every test, and the backend used
  * where there is no GPU. */
 #ifndef MOEC_RT_INTERP_H
@@ -11,17 +12,30 @@
 
 typedef struct rt_interp rt_interp;
 
-/* Prepares to run m for sequences of up to max_seq tokens. Weights are read
- * (widened to fp32) from w; with w NULL they start at zero and the caller
- * sets each with rt_interp_set_weight (pass tests use random weights). */
+/* Prepares to run m for one sequence of up to max_seq tokens. Weights are
+ * read (widened to fp32) from w; with w NULL they start at zero and the
+ * caller sets each with rt_interp_set_weight (pass tests use random
+ * weights). */
 moec_status rt_interp_init(const ir_module *m, const rt_weights *w, int max_seq,
                            rt_interp **out);
-/* Another interpreter of owner's module, with its own KV caches and
- * activations for sequences of up to max_seq tokens, that reads owner's
- * weights in place (not copied: owner must outlive it, and a weight set
- * through either is seen by both). For many sequences of one model. */
-moec_status rt_interp_init_shared(const rt_interp *owner, int max_seq, rt_interp **out);
+/* A paged interpreter for many sequences at once, as the GPU runs them:
+ * every attention op's KV cache is one pool of n_pages pages of page_size
+ * positions, shared by all sequences, and each forward says through a page
+ * map which page holds each position of each token's sequence
+ * (rt_interp_forward_paged). Pages may be shared (a common prefix). */
+moec_status rt_interp_init_paged(const ir_module *m, const rt_weights *w, int n_pages,
+                                 int page_size, rt_interp **out);
 void rt_interp_free(rt_interp *in);
+
+/* A page map: row r of table (max_pages entries) lists the pages of one
+ * sequence, position p in page table[r * max_pages + p / page_size]; token
+ * t of a forward belongs to the sequence of row[t]. */
+typedef struct rt_interp_pages {
+    const int32_t *table; /* [n_rows, max_pages] */
+    int max_pages;
+    int n_rows;
+    const int32_t *row;   /* per token */
+} rt_interp_pages;
 
 /* Copies ir_type_numel(&v->type, 0) floats into weight v. */
 moec_status rt_interp_set_weight(rt_interp *in, const ir_value *v, const float *data);
@@ -30,9 +44,21 @@ float *rt_interp_weight(rt_interp *in, const ir_value *v);
 
 /* Runs the module on T tokens (inputs "tokens" and "positions", i32[T]),
  * appending to the KV caches. Writes output 0 ([T, ...] f32, all T rows)
- * into out when not NULL. MOEC_ERR_CAPACITY if a position is >= max_seq. */
+ * into out when not NULL. MOEC_ERR_CAPACITY if a position is >= max_seq.
+ * Not for a paged interpreter. */
 moec_status rt_interp_forward(rt_interp *in, const int32_t *tokens, const int32_t *positions,
                               int T, float *out);
+/* The same on a paged interpreter, tokens of any sequences mixed: each
+ * token's K/V go to the page its position maps to in its row of pages (all
+ * written before any token attends), and it attends to positions 0..its own
+ * of that row. Every page a token's row maps up to its position must be in
+ * [0, n_pages) (MOEC_ERR_INVALID_ARG naming the token, row and page), and
+ * each position below max_pages * page_size (MOEC_ERR_CAPACITY); rows are
+ * independent, so a token's logits do not depend on what else runs with
+ * it. */
+moec_status rt_interp_forward_paged(rt_interp *in, const rt_interp_pages *pages,
+                                    const int32_t *tokens, const int32_t *positions, int T,
+                                    float *out);
 /* The greedy id of one row of n logits: the largest, the lowest id on ties;
  * IR_SAMPLED_NONFINITE when the row holds a NaN or an infinity, as the GPU's
  * argmax step gives. */
@@ -51,7 +77,7 @@ moec_status rt_interp_use_plan(rt_interp *in, int enable);
 /* Looks up any value of the last forward (fp32, [T, ...]); NULL if unknown.
  * For debugging and pass tests. */
 const float *rt_interp_value(const rt_interp *in, const ir_value *v);
-/* Empties the KV caches. */
+/* Empties the KV caches (every page). */
 void rt_interp_reset(rt_interp *in);
 
 #endif

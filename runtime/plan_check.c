@@ -1,7 +1,8 @@
 /* plan_check.c — the checkpoint hashes a plan file carries (ir_plan_meta)
  * and the check that a plan is bound only to the checkpoint it was compiled
  * for: config.json's bytes, and the name, dtype and shape of every tensor
- * the module binds, as the checkpoint's safetensors headers give them. */
+ * the module binds (a block-scaled weight's scale tensors too), as the
+ * checkpoint's safetensors headers give them. */
 #include "runtime/plan_check.h"
 
 #include <errno.h>
@@ -64,11 +65,8 @@ static moec_status hash_binding(const rt_safetensors *st, const ir_binding *b, c
     int count = b->kind == IR_BIND_STACK ? b->count : 1;
     for (int e = 0; e < count; e++) {
         char name[1024];
-        const char *at = b->kind == IR_BIND_STACK ? strstr(b->name, "{e}") : NULL;
-        if (at)
-            snprintf(name, sizeof name, "%.*s%d%s", (int)(at - b->name), b->name, e, at + 3);
-        else
-            snprintf(name, sizeof name, "%s", b->name);
+        if (ir_binding_tensor_name(b, e, name, sizeof name))
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "tensor name '%.200s' is too long", b->name);
         const rt_st_tensor *t = rt_safetensors_find(st, name);
         if (!t)
             return MOEC_ERR(MOEC_ERR_MISMATCH, "tensor '%s' not found in %s", name, dir);
@@ -83,9 +81,14 @@ moec_status rt_hash_weights(const ir_module *m, const char *model_dir, char out[
     MOEC_TRY(rt_safetensors_open_dir(model_dir, &st));
     uint64_t h = MOEC_FNV_SEED;
     moec_status s = MOEC_OK;
-    for (int i = 0; i < m->n_values && s == MOEC_OK; i++)
-        if (m->values[i]->kind == IR_VALUE_WEIGHT)
-            s = hash_binding(st, &m->values[i]->bind, model_dir, &h);
+    for (int i = 0; i < m->n_values && s == MOEC_OK; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        s = hash_binding(st, &v->bind, model_dir, &h);
+        if (s == MOEC_OK && v->scale.block[0] > 0)
+            s = hash_binding(st, &v->scale.bind, model_dir, &h);
+    }
     rt_safetensors_free(st);
     if (s == MOEC_OK)
         hex64(h, out);

@@ -7,7 +7,8 @@
 
 /* Hashes for the meta: the bytes of config.json and, when the folder has
  * one, generation_config.json (its eos ids); the name, dtype and shape of
- * every checkpoint tensor m binds, as the checkpoint in dir has them. */
+ * every checkpoint tensor m binds (block scales included), as the
+ * checkpoint in dir has them. */
 moec_status rt_hash_config(const char *model_dir, char out[17]);
 moec_status rt_hash_weights(const ir_module *m, const char *model_dir, char out[17]);
 

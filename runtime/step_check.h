@@ -1,5 +1,6 @@
 /* step_check.h — the one check of a step's inputs, made before anything
- * runs by the engine (either backend) and by the CUDA runtime. */
+ * runs by the engine (either backend) and by the CUDA runtime, and of a
+ * change to a block table. */
 #ifndef MOEC_RT_STEP_CHECK_H
 #define MOEC_RT_STEP_CHECK_H
 
@@ -12,12 +13,22 @@ typedef struct rt_step_limits {
     int max_seqs;    /* slots */
     int max_seq_len; /* positions per slot */
     int vocab;       /* token ids below it; 0: unchecked */
+    const int32_t *table; /* when not NULL, the block table [max_seqs, max_blocks]: the
+                           * block of every token's position must be set (not -1) */
+    int max_blocks, block_size;
 } rt_step_limits;
 
 /* n in [1, max_tokens]; every token's slot in [0, max_seqs), position in
- * [0, max_seq_len) (MOEC_ERR_CAPACITY past it) and id in [0, vocab);
- * MOEC_ERR_INVALID_ARG naming the token otherwise. */
+ * [0, max_seq_len) (MOEC_ERR_CAPACITY past it) with a block, and id in
+ * [0, vocab); MOEC_ERR_INVALID_ARG naming the token otherwise. */
 moec_status rt_step_check(const rt_step_limits *l, int n, const int32_t *tokens,
                           const int32_t *positions, const int32_t *slots);
+
+/* Setting entries first .. first + n - 1 of row `row` of a block table of
+ * max_seqs rows of max_blocks entries to blocks[0 .. n-1], each in
+ * [0, n_blocks) or -1 (none): MOEC_ERR_INVALID_ARG naming what is out of
+ * range. */
+moec_status rt_block_table_check(int max_seqs, int max_blocks, int n_blocks, int row, int first,
+                                 int n, const int32_t *blocks);
 
 #endif

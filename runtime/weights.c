@@ -418,6 +418,26 @@ static float wt_f16_to_f32(uint16_t h)
     return f;
 }
 
+uint8_t moec_f32_to_f8e4m3(float f)
+{
+    if (isnan(f))
+        return 0x7f;
+    uint8_t sign = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= 464.0f) /* past 448 and the tie above it, which goes to 448 (even) */
+        return sign | 0x7e;
+    if (a < 0x1p-6f) /* subnormal: m/8 2^-6 for m = 0..7; m = 8 is the smallest normal's code */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    int ex;
+    frexpf(a, &ex); /* a = fr 2^ex, fr in [0.5, 1) */
+    int e = ex - 1, m = (int)nearbyintf((ldexpf(a, -e) - 1.0f) * 8.0f);
+    if (m == 8) {
+        m = 0;
+        e++;
+    }
+    return (uint8_t)(sign | (e + 7) << 3 | m);
+}
+
 float rt_f8e4m3_to_f32(uint8_t code)
 {
     uint32_t sign = (uint32_t)(code & 0x80u) << 24;
@@ -496,6 +516,19 @@ static void wt_convert(const rt_st_tensor *t, const rt_st_tensor *s, const int64
     }
 }
 
+moec_status rt_tensor_read_f32(const rt_st_tensor *t, float *dst)
+{
+    if (!t || !dst)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_tensor_read_f32: NULL argument");
+    if (t->dtype != RT_ST_F32 && t->dtype != RT_ST_F16 && t->dtype != RT_ST_BF16 &&
+        t->dtype != RT_ST_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "tensor '%s' in %s has dtype %s, not F32, F16, BF16 or I32", t->name,
+                        t->file, rt_st_dtype_name(t->dtype));
+    wt_convert(t, NULL, NULL, 0, (int64_t)(t->nbytes / rt_st_dtype_size(t->dtype)), dst);
+    return MOEC_OK;
+}
+
 /* Widens elements [start, start + n) of a part, in its row-major order
  * (tensor after tensor for a stack), into dst. */
 static void wt_read_range(const wt_part *part, const int64_t *block, int64_t start, int64_t n,
@@ -512,15 +545,23 @@ static void wt_read_range(const wt_part *part, const int64_t *block, int64_t sta
     }
 }
 
-moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *dst)
+/* The resolved weight of v, or an error when v is not a weight of w's module. */
+static moec_status wt_lookup(const rt_weights *w, const ir_value *v, const wt_weight **out)
 {
-    if (!w || !v || !dst)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f32: NULL argument");
     if (v->kind != IR_VALUE_WEIGHT || v->id < 0 || v->id >= w->n_values ||
         w->m->values[v->id] != v || w->w[v->id].n_parts == 0)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%%%s is not a weight of the module the weights "
                         "were opened for", v->name ? v->name : "?");
-    const wt_weight *ww = &w->w[v->id];
+    *out = &w->w[v->id];
+    return MOEC_OK;
+}
+
+moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *dst)
+{
+    if (!w || !v || !dst)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f32: NULL argument");
+    const wt_weight *ww;
+    MOEC_TRY(wt_lookup(w, v, &ww));
     const ir_type *ty = &v->type;
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < ww->axis; d++)
@@ -538,5 +579,73 @@ moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *d
             wt_read_range(part, ww->block, o * chunk, chunk, dst + o * row + at);
         at += chunk;
     }
+    return MOEC_OK;
+}
+
+/* Elements [start, start + n) of the tensors ts[0..count) (each `per`
+ * elements, taken in order) copied as stored (esize bytes each; 4-byte
+ * elements are little-endian f32) into dst. */
+static void wt_copy_range(const rt_st_tensor *const *ts, int64_t per, size_t esize, int64_t start,
+                          int64_t n, uint8_t *dst)
+{
+    while (n > 0) {
+        int64_t e = start / per, off = start % per;
+        int64_t k = per - off < n ? per - off : n;
+        const uint8_t *src = (const uint8_t *)ts[e]->data + (size_t)off * esize;
+        if (esize == 4)
+            for (int64_t i = 0; i < k; i++) {
+                uint32_t bits = wt_le32(src + 4 * i);
+                memcpy(dst + 4 * i, &bits, 4);
+            }
+        else
+            memcpy(dst, src, (size_t)k * esize);
+        start += k;
+        dst += (size_t)k * esize;
+        n -= k;
+    }
+}
+
+/* The tensors of every part (codes, or with `scales` their scales) of
+ * weight ww of type ty assembled into dst: the parts of a concatenation
+ * side by side along its axis, each part's tensors one after the other. */
+static void wt_assemble(const wt_weight *ww, const ir_type *ty, int scales, uint8_t *dst)
+{
+    size_t esize = scales ? 4 : 1;
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < ww->axis; d++)
+        outer *= ty->dims[d];
+    for (int d = ww->axis + 1; d < ty->rank; d++)
+        inner *= ty->dims[d];
+    int64_t row = ty->dims[ww->axis] * inner, at = 0;
+    for (int p = 0; p < ww->n_parts; p++) {
+        const wt_part *part = &ww->parts[p];
+        const rt_st_tensor *const *ts = scales ? part->s : part->t;
+        int64_t numel = 0;
+        for (int e = 0; e < part->n; e++)
+            numel += (int64_t)(ts[e]->nbytes / esize);
+        if (numel == 0)
+            continue;
+        int64_t chunk = numel / outer;
+        for (int64_t o = 0; o < outer; o++)
+            wt_copy_range(ts, numel / part->n, esize, o * chunk, chunk,
+                          dst + (size_t)(o * row + at) * esize);
+        at += chunk;
+    }
+}
+
+moec_status rt_weights_read_f8(const rt_weights *w, const ir_value *v, uint8_t *codes,
+                               float *scales)
+{
+    if (!w || !v || !codes || !scales)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f8: NULL argument");
+    const wt_weight *ww;
+    MOEC_TRY(wt_lookup(w, v, &ww));
+    if (v->type.dtype != IR_DTYPE_F8E4M3 || ww->block[0] <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_weights_read_f8: weight %%%s is not kept in fp8 (dtype %s)", v->name,
+                        ir_dtype_name(v->type.dtype));
+    ir_type st = ir_block_scale_type(v);
+    wt_assemble(ww, &v->type, 0, codes);
+    wt_assemble(ww, &st, 1, (uint8_t *)scales);
     return MOEC_OK;
 }

@@ -1,31 +1,31 @@
 /* serve.c — the generation service behind moec-serve (a plan file, the
  * runtime library alone) and `moec serve` (a model folder too, compiled
- * first): a low-latency service over the engine (moec_engine_*). It loads
- * the engine once, then answers
- * requests, one JSON object a line, on stdin or on TCP connections to
- * 127.0.0.1, streaming every generated token back as a JSON line as soon as
- * its step ends.
+ * first): a service over the engine's scheduler (moec_engine_submit / _run
+ * / _cancel). It loads the engine once, then answers requests, one JSON
+ * object a line, on stdin or on TCP connections to 127.0.0.1, streaming
+ * every generated token back as a JSON line as soon as its step ends.
  *
- * One thread, one poll() loop: it reads requests, admits each into a free
- * sequence slot (or answers why not), and while any sequence is running it
- * runs engine steps back to back. A step packs, up to the engine's
- * max_tokens, first one decode token of every running sequence (so a long
- * prompt arriving never stalls the others' next token), then prompt tokens
- * of new sequences, oldest first (chunked prefill: a long prompt spans as
- * many steps as it needs). Decoding is greedy, from the engine's next ids.
- * A sequence ends after max_new_tokens, or at any of the model's eos ids
- * unless the request says ignore_eos; its slot is then free for the next
- * request. A client that goes away takes its sequences with it.
+ * One thread, one poll() loop: it reads requests and hands each to the
+ * engine, which queues it, and while any request is pending it runs engine
+ * steps back to back. The engine decides what a step holds (one decode
+ * token of every running sequence first, then chunks of new prompts), over
+ * one pool of KV blocks shared by all sequences, with prefix caching and
+ * preemption; this file parses requests, streams the engine's events back to
+ * the connection each request came from, and cancels the requests of a
+ * client that goes away.
  *
  * What clients can make it hold is bounded: connections (--max-connections),
  * each one's unfinished request line and unread replies, and those bytes
  * over all clients (--max-buffer-mib); buffers are freed once empty and the
- * memory returned after a burst, so an idle service shrinks back. */
+ * memory returned after a burst, so an idle service shrinks back. The
+ * requests waiting in the engine's queue are bounded by the same bytes:
+ * each came in a line. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h> /* malloc_trim */
@@ -51,28 +52,56 @@ static const char *USAGE =
     "\n"
     "moec-serve runs plan files (moec compile) and links the runtime alone;\n"
     "`moec serve` also takes a model folder, compiled (CUDA) or interpreted\n"
-    "(CPU) at start. Loads the model once and serves greedy generation\n"
-    "requests: one JSON object a line (UTF-8, at most 1048576 bytes), on stdin\n"
-    "(the default) or on TCP connections to 127.0.0.1:\n"
+    "(CPU) at start. Loads the model once and serves generation requests: one\n"
+    "JSON object a line (UTF-8, at most 1048576 bytes), on stdin (the default)\n"
+    "or on TCP connections to 127.0.0.1:\n"
     "\n"
-    "  {\"id\": \"a\", \"prompt_ids\": [1, 2, 3], \"max_new_tokens\": 16, \"ignore_eos\": false}\n"
+    "  {\"id\": \"a\", \"prompt_ids\": [1, 2, 3], \"max_new_tokens\": 16}\n"
     "\n"
     "id is a string or a number, echoed in every reply, and may not be the id of\n"
-    "a request still running on the same connection; ignore_eos is optional; any\n"
-    "other field is refused. Each generated token is sent as soon as it is known,\n"
-    "then a final line:\n"
+    "a request still running on the same connection. Optional fields:\n"
+    "  ignore_eos          true: the model's eos ids do not end generation\n"
+    "  stop_token_ids      ids that end generation (the id is output)\n"
+    "  temperature         0 (the default): greedy; else sampled\n"
+    "  top_k, top_p, min_p keep the top_k likeliest ids, the likeliest reaching\n"
+    "                      top_p, those at least min_p times the likeliest\n"
+    "  repetition_penalty, presence_penalty, frequency_penalty\n"
+    "  seed                the request's random stream (the same seed gives the\n"
+    "                      same tokens); without one, a fresh one\n"
+    "  logprobs            true: each token's log probability\n"
+    "  top_logprobs        N: the N likeliest ids' too (at most 20)\n"
+    "any other field is refused. Each generated token is sent as soon as it is\n"
+    "known, then a final line:\n"
     "\n"
-    "  {\"id\":\"a\",\"token\":17,\"index\":0}\n"
-    "  {\"id\":\"a\",\"done\":true,\"tokens\":[17,...],\"finish\":\"length\"}   (or \"eos\")\n"
+    "  {\"id\":\"a\",\"token\":17,\"index\":0}   (,\"logprob\":-0.5,\"top_logprobs\":[[17,-0.5],...])\n"
+    "  {\"id\":\"a\",\"done\":true,\"tokens\":[17,...],\"finish\":\"length\",\"prompt_tokens\":3,\n"
+    "   \"cached_tokens\":0,\"ttft_ms\":1.2,\"itl_ms\":0.8}\n"
+    "\n"
+    "finish is \"length\", \"eos\", \"stop\" or \"cancelled\"; cached_tokens the prompt\n"
+    "tokens whose prefill the prefix cache saved; ttft_ms the time to the first\n"
+    "token, itl_ms the mean time between two tokens. Two more lines:\n"
+    "\n"
+    "  {\"id\": \"a\", \"cancel\": true}   ends request a of this connection now\n"
+    "  {\"stats\": true}               {\"id\":null,\"stats\":{\"running\":..,\"waiting\":..,\n"
+    "                                \"kv_blocks_used\":..,\"prefix_hit_rate\":..,\n"
+    "                                \"tokens_per_s\":..,...}}\n"
     "\n"
     "A request that cannot be served gets {\"id\":...,\"error\":\"message\"} (id null\n"
-    "when the request has no usable id) and the others go on. Requests run together:\n"
-    "every step decodes one token of each running sequence and fills the rest of\n"
-    "the step with the prompts of new ones. Each request takes one sequence slot\n"
-    "until it finishes; with every slot busy a request is refused (\"cache full\").\n"
+    "when the request has no usable id) and the others go on; so does one whose\n"
+    "logits turn out NaN or infinite (a broken checkpoint, an overflow):\n"
+    "\"generation failed: the logits at position P hold a NaN or an infinity\".\n"
+    "Requests queue and run together: every step decodes one token of each\n"
+    "running sequence and fills the rest of the step with the prompts of new\n"
+    "ones; all share one pool of KV blocks, so a request waits while the pool or\n"
+    "--max-seqs is full and is refused only when it could never fit (longer than\n"
+    "--max-seq-len or the whole pool). When the pool runs out mid-decode the\n"
+    "newest sequence is preempted and recomputed later, its tokens unchanged.\n"
+    "Prompts that share whole blocks with an earlier one reuse their KV (prefix\n"
+    "caching).\n"
     "Replies go to the connection a request came from; a client that leaves more\n"
-    "than 16 MiB of replies unread is disconnected. With --stdin, the service\n"
-    "exits when stdin is closed and every request has finished.\n"
+    "than 16 MiB of replies unread is disconnected, and a client that goes away\n"
+    "cancels its requests. With --stdin, the service exits when stdin is closed\n"
+    "and every request has finished.\n"
     "\n"
     "options:\n"
     "  --weights DIR        the checkpoint (config.json + *.safetensors): required\n"
@@ -83,14 +112,25 @@ static const char *USAGE =
     "  --max-connections N  --port: clients connected at once (default 64, at most\n"
     "                       65536); one more gets an error line and is closed\n"
     "  --max-buffer-mib N   MiB held for all clients together: unfinished request\n"
-    "                       lines and replies not yet read (default 256); a line\n"
+    "                       lines, requests in flight (queued or running) and\n"
+    "                       replies not yet read (default 256); a line or request\n"
     "                       that would pass it is refused, and the client with the\n"
     "                       most unread replies is disconnected\n"
-    "  --max-seqs N         sequence slots: requests served at once (default 8, at\n"
-    "                       most 65536)\n"
-    "  --max-seq-len N      tokens per sequence, prompt + new tokens (default 4096,\n"
-    "                       or the model's max_position_embeddings if less; at\n"
+    "  --max-seqs N         sequences running at once (default 8, at most 65536;\n"
+    "                       no more than the tokens of a step run: 64 on the cpu,\n"
+    "                       the largest compiled bucket on cuda)\n"
+    "  --max-seq-len N      tokens one sequence may hold, prompt + new tokens\n"
+    "                       (default: the model's max_position_embeddings; at\n"
     "                       most 67108864)\n"
+    "  --kv-blocks N        blocks in the KV pool (default: cuda, by\n"
+    "                       --kv-memory-fraction; cpu, --max-seqs sequences of\n"
+    "                       --max-seq-len tokens, or of 4096 if that is less)\n"
+    "  --kv-memory-fraction F\n"
+    "                       cuda: the share (above 0, at most 1; default 0.9) of\n"
+    "                       the GPU memory left after the weights, activations\n"
+    "                       and workspaces that the KV pool takes\n"
+    "  --kv-block-size N    cpu: tokens per KV block (default 16; cuda: the plan's)\n"
+    "  --no-prefix-cache    requests never share KV blocks\n"
     "  --backend B          cpu (the fp32 reference interpreter), cuda, or auto\n"
     "                       (default: cuda where a GPU is present, else cpu); cuda\n"
     "                       computes in bf16, or fp32 with MOEC_DTYPE=fp32 (a PLAN:\n"
@@ -108,11 +148,13 @@ static const char *USAGE =
 #define TRIM_AFTER (1 << 20)    /* bytes freed or parsed before memory goes back to the OS */
 #define DEFAULT_CONNS 64
 #define DEFAULT_BUFFER_MIB 256
-/* serve's own bound on --max-seqs, --max-connections and --max-buffer-mib:
- * the engine sets none above (a slot count it cannot hold fails when it
- * allocates), and past this a typo is likelier than a plan. */
+/* serve's own bounds on --max-seqs, --max-connections, --max-buffer-mib,
+ * --kv-block-size (which the engine bounds lower), --max-seq-len and
+ * --kv-blocks: the engine sets none above (a count it cannot hold fails
+ * when it allocates), and past these a typo is likelier than a plan. */
 #define COUNT_LIMIT (1 << 16)
 #define SEQ_LEN_LIMIT (1 << 26)
+#define KV_BLOCKS_LIMIT (1 << 30)
 
 /* ---- small helpers -------------------------------------------------------- */
 
@@ -174,7 +216,8 @@ static const char *backend_name(moec_backend b)
 /* ---- connections ---------------------------------------------------------- */
 
 /* What every client's buffers hold together, against --max-buffer-mib:
- * the bytes of unfinished request lines and of replies not yet written. */
+ * the bytes of unfinished request lines, of replies not yet written, and of
+ * the requests in flight (queued or running in the engine). */
 typedef struct budget {
     size_t held, limit;
     size_t churn; /* bytes freed or parsed since memory last went back to the OS */
@@ -191,7 +234,8 @@ typedef struct conn {
     int dead;        /* closed: free it once the loop is done with it */
     int failed;      /* closed because reading or writing failed */
     int discarding;  /* inside a refused line: dropping bytes to its newline */
-    int n_running;   /* its sequences still generating */
+    int n_running;   /* its requests in flight */
+    struct inflight *reqs; /* them */
     budget *budget;
     char *in;
     size_t in_len, in_cap;
@@ -346,33 +390,27 @@ static void conn_free(conn *c)
     free(c);
 }
 
-/* ---- sequences ------------------------------------------------------------ */
+/* ---- requests in flight ----------------------------------------------------- */
 
-/* A request being served, in the slot of its index. Its tokens are the
- * prompt then the generated ids; `fed` of them have been through a step
- * (their K/V are in the slot's cache), `known` are known. While the prompt
- * is being fed, known - fed prompt tokens wait; afterwards exactly one: the
- * last generated token, whose next id the next step gives. */
-typedef struct seq {
-    int busy;
+/* A request the engine has: its connection, its id as JSON text, what it
+ * generated so far (for its done line). Linked into its connection's list. */
+typedef struct inflight {
     conn *client;
-    char *id_json;      /* the request's id as JSON text */
-    int32_t *tokens;    /* n_prompt + max_new */
-    int n_prompt, max_new;
-    int known, fed;
-    int ignore_eos;
-    uint64_t arrival;   /* admission order: older prompts are fed first */
-} seq;
+    char *id_json;
+    uint64_t engine_id;
+    int32_t *out;       /* max_new tokens */
+    int n_out;
+    size_t cost;        /* its bytes, the engine's and these, in the budget */
+    int logprob;        /* it asked for its tokens' log probabilities */
+    struct inflight *prev, *next;
+} inflight;
 
 typedef struct server {
     moec_engine_t *engine;
     int max_seqs, max_seq_len, max_tokens, vocab;
     const int32_t *eos; /* the model's n_eos eos ids (the engine owns them) */
     int n_eos;
-    seq *seqs;          /* max_seqs, by slot */
-    int n_busy;
-    uint64_t arrivals;
-    int rotate;         /* the first slot to get a decode token this step */
+    uint64_t seeds;     /* the stream requests without a seed draw theirs from */
     conn **conns;
     int n_conns, cap_conns;
     int max_conns;      /* --max-connections */
@@ -380,27 +418,24 @@ typedef struct server {
     char *scratch;      /* READ_CHUNK bytes: what one read brings */
     int listen_fd;      /* -1 with --stdin */
     int accept_paused;  /* out of file descriptors: no accept until a client leaves */
-    /* one step's inputs and outputs */
-    int32_t *tok, *pos, *slot, *next;
 } server;
 
-static void seq_release(server *sv, seq *q)
+/* Forgets r (the engine is done with it, or is told to be by the caller). */
+static void req_free(inflight *r)
 {
-    if (!q->busy)
-        return;
-    q->client->n_running--;
-    cJSON_free(q->id_json);
-    free(q->tokens);
-    memset(q, 0, sizeof *q);
-    sv->n_busy--;
-}
-
-static int is_eos(const server *sv, int32_t t)
-{
-    for (int i = 0; i < sv->n_eos; i++)
-        if (sv->eos[i] == t)
-            return 1;
-    return 0;
+    conn *c = r->client;
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        c->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    c->n_running--;
+    c->budget->held -= r->cost;
+    c->budget->churn += r->cost;
+    cJSON_free(r->id_json);
+    free(r->out);
+    free(r);
 }
 
 /* The eos ids as "1, 2" (cut with "..." when long), or "none". */
@@ -415,31 +450,50 @@ static const char *eos_text(const server *sv, char *buf, size_t cap)
     return buf;
 }
 
-/* Ends q with an error reply instead of its done line. */
-static void seq_fail(server *sv, seq *q, const char *why)
+/* r's done line: its tokens, why it ended and its metrics. */
+static void reply_done(inflight *r, const char *finish, const moec_event *ev)
 {
-    reply_error(q->client, q->id_json, "generation failed: %s", why);
-    seq_release(sv, q);
+    conn *c = r->client;
+    conn_printf(c, "{\"id\":%s,\"done\":true,\"tokens\":[", r->id_json);
+    for (int i = 0; i < r->n_out; i++)
+        conn_printf(c, i ? ",%d" : "%d", (int)r->out[i]);
+    conn_printf(c, "],\"finish\":\"%s\"", finish);
+    if (ev)
+        conn_printf(c,
+                    ",\"prompt_tokens\":%d,\"cached_tokens\":%d,\"ttft_ms\":%.3f,"
+                    "\"itl_ms\":%.3f",
+                    ev->n_prompt, ev->cached_tokens, ev->ttft_s * 1e3, ev->itl_s * 1e3);
+    conn_printf(c, "}\n");
 }
 
-/* Appends generated token t to q and streams it; ends q at its length or
- * at any eos id. */
-static void seq_emit(server *sv, seq *q, int32_t t)
+/* One event of the engine: a token line (with its log probabilities when
+ * asked), and at the end the done line, or the error. */
+static void reply_event(const moec_event *ev)
 {
-    q->tokens[q->known++] = t;
-    int index = q->known - q->n_prompt - 1;
-    conn *c = q->client;
-    conn_printf(c, "{\"id\":%s,\"token\":%d,\"index\":%d}\n", q->id_json, (int)t, index);
-    const char *finish = !q->ignore_eos && is_eos(sv, t)                ? "eos"
-                         : index + 1 == q->max_new                        ? "length"
-                                                                          : NULL;
-    if (!finish)
+    inflight *r = ev->user;
+    conn *c = r->client;
+    if (ev->finish == MOEC_FINISH_ERROR) {
+        reply_error(c, r->id_json, "generation failed: %s", ev->error);
+        req_free(r);
         return;
-    conn_printf(c, "{\"id\":%s,\"done\":true,\"tokens\":[", q->id_json);
-    for (int i = q->n_prompt; i < q->known; i++)
-        conn_printf(c, i > q->n_prompt ? ",%d" : "%d", (int)q->tokens[i]);
-    conn_printf(c, "],\"finish\":\"%s\"}\n", finish);
-    seq_release(sv, q);
+    }
+    r->out[r->n_out++] = ev->token;
+    conn_printf(c, "{\"id\":%s,\"token\":%d,\"index\":%d", r->id_json, (int)ev->token,
+                ev->index);
+    if (r->logprob)
+        conn_printf(c, ",\"logprob\":%.9g", ev->logprob);
+    if (ev->n_top) {
+        conn_printf(c, ",\"top_logprobs\":[");
+        for (int i = 0; i < ev->n_top; i++)
+            conn_printf(c, "%s[%d,%.9g]", i ? "," : "", (int)ev->top_ids[i],
+                        ev->top_logprobs[i]);
+        conn_printf(c, "]");
+    }
+    conn_printf(c, "}\n");
+    if (ev->finish == MOEC_FINISH_NONE)
+        return;
+    reply_done(r, moec_finish_name(ev->finish), ev);
+    req_free(r);
 }
 
 /* ---- requests ------------------------------------------------------------- */
@@ -504,7 +558,13 @@ __attribute__((format(printf, 1, 2))) static char *refuse(const char *fmt, ...)
 
 /* Every field of a request must be one of these, once: a misspelt
  * optional field would otherwise be ignored without a word. */
-static const char *const REQUEST_FIELDS[] = {"id", "prompt_ids", "max_new_tokens", "ignore_eos"};
+static const char *const REQUEST_FIELDS[] = {
+    "id",          "prompt_ids",         "max_new_tokens",   "ignore_eos",
+    "temperature", "top_k",              "top_p",            "min_p",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+    "stop_token_ids", "logprobs",        "top_logprobs",     "stats",
+    "cancel"};
+#define N_REQUEST_FIELDS (sizeof REQUEST_FIELDS / sizeof *REQUEST_FIELDS)
 
 /* NULL when req's fields are all known and none is given twice. */
 static char *request_fields_check(const cJSON *req)
@@ -512,13 +572,16 @@ static char *request_fields_check(const cJSON *req)
     const cJSON *f;
     cJSON_ArrayForEach(f, req)
     {
-        size_t k = 0, n = sizeof REQUEST_FIELDS / sizeof *REQUEST_FIELDS;
-        while (k < n && strcmp(f->string, REQUEST_FIELDS[k]))
+        size_t k = 0;
+        while (k < N_REQUEST_FIELDS && strcmp(f->string, REQUEST_FIELDS[k]))
             k++;
-        if (k == n)
-            return refuse("unknown field \"%s\" (the fields: id, prompt_ids, max_new_tokens, "
-                          "ignore_eos)",
-                          f->string);
+        if (k == N_REQUEST_FIELDS) {
+            char list[512] = "";
+            for (size_t i = 0; i < N_REQUEST_FIELDS; i++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                         REQUEST_FIELDS[i]);
+            return refuse("unknown field \"%s\" (the fields: %s)", f->string, list);
+        }
         for (const cJSON *g = req->child; g != f; g = g->next)
             if (!strcmp(g->string, f->string))
                 return refuse("field \"%s\" is given twice", f->string);
@@ -526,124 +589,271 @@ static char *request_fields_check(const cJSON *req)
     return NULL;
 }
 
-/* NULL when a request's fields can be served. */
-static char *request_check(const server *sv, const cJSON *req)
+/* An int field (absent: *out unchanged) as an integer from lo to hi. */
+static char *field_int(const cJSON *req, const char *name, long long lo, long long hi,
+                       long long *out)
 {
-    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "prompt_ids");
-    const cJSON *max_new = cJSON_GetObjectItemCaseSensitive(req, "max_new_tokens");
-    const cJSON *ignore = cJSON_GetObjectItemCaseSensitive(req, "ignore_eos");
-    if (!ids)
-        return refuse("missing \"prompt_ids\"");
-    if (!cJSON_IsArray(ids))
-        return refuse("\"prompt_ids\" must be an array of token ids");
-    int n_prompt = cJSON_GetArraySize(ids);
-    if (n_prompt == 0)
-        return refuse("\"prompt_ids\" is empty");
-    int i = 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, name);
+    if (!v)
+        return NULL;
+    if (!json_int(v, out) || *out < lo || *out > hi)
+        return refuse("\"%s\" must be an integer from %lld to %lld", name, lo, hi);
+    return NULL;
+}
+
+/* A number field (absent: *out unchanged); its range is the engine's to
+ * check. */
+static char *field_number(const cJSON *req, const char *name, float *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, name);
+    if (!v)
+        return NULL;
+    if (!cJSON_IsNumber(v))
+        return refuse("\"%s\" must be a number", name);
+    *out = (float)v->valuedouble;
+    return NULL;
+}
+
+/* A true/false field (absent: *out unchanged). */
+static char *field_bool(const cJSON *req, const char *name, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, name);
+    if (!v)
+        return NULL;
+    if (!cJSON_IsBool(v))
+        return refuse("\"%s\" must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return NULL;
+}
+
+/* A list of token ids (absent: none) into a new array *ids of *n. */
+static char *field_ids(const cJSON *req, const char *name, int32_t **ids, int *n)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, name);
+    *ids = NULL;
+    *n = 0;
+    if (!v)
+        return NULL;
+    if (!cJSON_IsArray(v))
+        return refuse("\"%s\" must be an array of token ids", name);
+    *ids = xcalloc((size_t)cJSON_GetArraySize(v), sizeof **ids);
     const cJSON *it;
-    cJSON_ArrayForEach(it, ids)
+    cJSON_ArrayForEach(it, v)
     {
         long long t;
-        if (!json_int(it, &t))
-            return refuse("\"prompt_ids\"[%d] is not an integer", i);
-        if (t < 0 || t >= sv->vocab)
-            return refuse("\"prompt_ids\"[%d]: token id %lld is outside the vocabulary "
-                          "(vocab_size %d)",
-                          i, t, sv->vocab);
-        i++;
+        if (!json_int(it, &t) || t < INT32_MIN || t > INT32_MAX)
+            return refuse("\"%s\"[%d] is not an integer", name, *n);
+        (*ids)[(*n)++] = (int32_t)t;
     }
-    long long n_new;
-    if (!max_new)
+    return NULL;
+}
+
+/* The request's fields into an engine request (prompt and stop ids in new
+ * arrays the caller frees); NULL, or why it cannot be served. The ranges
+ * of ids and settings, and whether it fits, are the engine's to say. */
+static char *request_parse(server *sv, const cJSON *j, moec_request *r, int32_t **prompt,
+                           int32_t **stop)
+{
+    long long max_new = 0, top_k = 0, top_logprobs = 0, seed = -1;
+    moec_sampling *sp = &r->sampling;
+    char *err = NULL;
+    *stop = NULL;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "prompt_ids"))
+        return refuse("missing \"prompt_ids\"");
+    if ((err = field_ids(j, "prompt_ids", prompt, &r->n_prompt)))
+        return err;
+    if (!r->n_prompt)
+        return refuse("\"prompt_ids\" is empty");
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(j, "max_new_tokens");
+    if (!mn)
         return refuse("missing \"max_new_tokens\"");
-    if (!json_int(max_new, &n_new))
+    if (!json_int(mn, &max_new))
         return refuse("\"max_new_tokens\" must be an integer");
-    if (n_new < 1)
-        return refuse("\"max_new_tokens\" must be at least 1, got %lld", n_new);
-    if (ignore && !cJSON_IsBool(ignore))
-        return refuse("\"ignore_eos\" must be true or false");
-    if (n_prompt + n_new > sv->max_seq_len)
-        return refuse("too long for the KV cache: %d prompt + %lld new = %lld tokens of at "
-                      "most %d",
-                      n_prompt, n_new, n_prompt + n_new, sv->max_seq_len);
+    if (max_new < 1)
+        return refuse("\"max_new_tokens\" must be at least 1, got %lld", max_new);
+    if (max_new > INT32_MAX)
+        return refuse("\"max_new_tokens\" must be at most %d, got %lld", INT32_MAX, max_new);
+    r->max_tokens = (int)max_new;
+    if ((err = field_bool(j, "ignore_eos", &r->ignore_eos)) ||
+        (err = field_number(j, "temperature", &sp->temperature)) ||
+        (err = field_int(j, "top_k", 0, INT32_MAX, &top_k)) ||
+        (err = field_number(j, "top_p", &sp->top_p)) ||
+        (err = field_number(j, "min_p", &sp->min_p)) ||
+        (err = field_number(j, "repetition_penalty", &sp->repetition_penalty)) ||
+        (err = field_number(j, "presence_penalty", &sp->presence_penalty)) ||
+        (err = field_number(j, "frequency_penalty", &sp->frequency_penalty)) ||
+        (err = field_int(j, "seed", 0, 9007199254740992LL, &seed)) ||
+        (err = field_bool(j, "logprobs", &sp->logprob)) ||
+        (err = field_int(j, "top_logprobs", 0, INT32_MAX, &top_logprobs)) ||
+        (err = field_ids(j, "stop_token_ids", stop, &r->n_stop)))
+        return err;
+    r->prompt = *prompt;
+    r->stop_ids = *stop;
+    sp->top_k = (int)top_k;
+    sp->top_logprobs = (int)top_logprobs;
+    /* no seed: one of the service's own stream, so that each differs */
+    if (seed < 0) {
+        uint64_t z = (sv->seeds += 0x9e3779b97f4a7c15ull);
+        seed = (long long)((z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull >> 11);
+    }
+    sp->seed = (uint64_t)seed;
     return NULL;
 }
 
-/* NULL when c has no request of this id running: its replies could not be
- * told from the new one's. */
-static char *request_id_check(const server *sv, const conn *c, const char *id_json)
+/* c's request in flight with this id, or NULL. */
+static inflight *conn_find(const conn *c, const char *id_json)
 {
-    for (int s = 0; s < sv->max_seqs; s++) {
-        const seq *q = &sv->seqs[s];
-        if (q->busy && q->client == c && !strcmp(q->id_json, id_json))
-            return refuse("id %s is already in flight", id_json);
-    }
+    for (inflight *r = c->reqs; r; r = r->next)
+        if (!strcmp(r->id_json, id_json))
+            return r;
     return NULL;
 }
 
-/* Checks one request (its line: len bytes, the first that is not UTF-8 at
- * bad_utf8, len when none) and admits it into a free slot, or answers why
- * not. */
-static void handle_request(server *sv, conn *c, const cJSON *req, size_t bad_utf8, size_t len)
+/* {"id": ..., "stats": {...}}: the engine's counters. */
+static void reply_stats(server *sv, conn *c, const char *id_json)
 {
-    if (!cJSON_IsObject(req)) {
-        reply_error(c, NULL, "a request must be a JSON object");
-        return;
+    moec_engine_stats st;
+    moec_engine_get_stats(sv->engine, &st);
+    conn_printf(c,
+                "{\"id\":%s,\"stats\":{\"running\":%d,\"waiting\":%d,\"kv_blocks\":%d,"
+                "\"kv_blocks_used\":%d,\"kv_blocks_cached\":%d,\"kv_block_size\":%d,"
+                "\"prefix_hit_rate\":%.4f,\"tokens_per_s\":%.1f,\"busy_s\":%.3f,\"steps\":%llu,"
+                "\"requests_done\":%llu,\"requests_cancelled\":%llu,\"preemptions\":%llu,"
+                "\"prompt_tokens\":%llu,\"cached_tokens\":%llu,\"generated_tokens\":%llu,"
+                "\"connections\":%d}}\n",
+                id_json ? id_json : "null", st.running, st.waiting, st.kv_blocks,
+                st.kv_blocks_used, st.kv_blocks_cached, st.kv_block_size, st.prefix_hit_rate,
+                st.tokens_per_s, st.busy_s, (unsigned long long)st.steps,
+                (unsigned long long)st.requests_done, (unsigned long long)st.requests_cancelled,
+                (unsigned long long)st.preemptions, (unsigned long long)st.prompt_tokens,
+                (unsigned long long)st.cached_tokens, (unsigned long long)st.generated_tokens,
+                sv->n_conns);
+}
+
+/* A control line, {"stats": true} or {"id": X, "cancel": true} (X a
+ * request in flight on this connection, which ends with a done line of
+ * finish "cancelled"): NULL when answered, else why not. */
+static char *handle_control(server *sv, conn *c, const cJSON *j, const char *id_json)
+{
+    const char *what = cJSON_HasObjectItem(j, "stats") ? "stats" : "cancel";
+    const cJSON *f;
+    cJSON_ArrayForEach(f, j)
+    {
+        if (strcmp(f->string, "id") && strcmp(f->string, what))
+            return refuse("field \"%s\" in a %s line (it takes \"id\" and \"%s\" alone)",
+                          f->string, what, what);
     }
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(req, "id");
+    if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, what)))
+        return refuse("\"%s\" must be true", what);
+    if (!strcmp(what, "stats")) {
+        reply_stats(sv, c, id_json);
+        return NULL;
+    }
+    if (!id_json)
+        return refuse("missing \"id\" (the request to cancel)");
+    inflight *r = conn_find(c, id_json);
+    if (!r)
+        return refuse("id %s is not in flight on this connection", id_json);
+    if (moec_engine_cancel(sv->engine, r->engine_id) != MOEC_OK)
+        return refuse("%s", moec_last_error_message());
+    reply_done(r, "cancelled", NULL);
+    req_free(r);
+    return NULL;
+}
+
+/* The request's id as JSON text (new), or NULL with an error reply sent. */
+static char *request_id(conn *c, const cJSON *j, int required)
+{
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
     if (!id) {
-        reply_error(c, NULL, "missing \"id\" (a string or a number)");
-        return;
+        if (required)
+            reply_error(c, NULL, "missing \"id\" (a string or a number)");
+        return NULL;
     }
     if (!cJSON_IsString(id) && !cJSON_IsNumber(id)) {
         reply_error(c, NULL, "\"id\" must be a string or a number");
-        return;
+        return NULL;
     }
     if (cJSON_IsNumber(id) && !isfinite(id->valuedouble)) {
         reply_error(c, NULL, "\"id\" is a number too large to echo"); /* it would print null */
-        return;
+        return NULL;
     }
     size_t id_len = cJSON_IsString(id) ? strlen(id->valuestring) : 0;
     if (id_len && utf8_invalid_at(id->valuestring, id_len) < id_len) {
         reply_error(c, NULL, "\"id\" is not valid UTF-8"); /* so it cannot be echoed */
-        return;
+        return NULL;
     }
     char *id_json = cJSON_PrintUnformatted(id);
     if (!id_json)
         die_oom();
-    seq *q = NULL;
-    for (int s = 0; s < sv->max_seqs && !q; s++)
-        if (!sv->seqs[s].busy)
-            q = &sv->seqs[s];
-    char *err = bad_utf8 < len ? refuse("the request is not valid UTF-8 (byte %zu)", bad_utf8)
-                               : request_fields_check(req);
-    if (!err)
-        err = request_check(sv, req);
-    if (!err)
-        err = request_id_check(sv, c, id_json);
-    if (!err && !q)
-        err = refuse("cache full: all %d sequence slots are in use", sv->max_seqs);
-    if (err) {
-        reply_error(c, id_json, "%s", err);
-        free(err);
-        cJSON_free(id_json);
+    return id_json;
+}
+
+/* Submits a checked request to the engine and tracks it; NULL, or why the
+ * engine refused it. */
+static char *request_submit(server *sv, conn *c, const moec_request *mr, char *id_json)
+{
+    /* its tokens twice (the engine's copy of prompt and output, and the
+     * output here) and its ids: what it holds until it ends */
+    size_t cost = ((size_t)mr->n_prompt + (size_t)mr->max_tokens) * 2 * sizeof(int32_t) +
+                  (size_t)mr->n_stop * sizeof(int32_t) + sizeof(inflight) + strlen(id_json);
+    if (sv->budget.held + cost > sv->budget.limit)
+        return refuse("request refused: the requests in flight and the clients' buffers would "
+                      "hold more than %zu MiB (--max-buffer-mib)",
+                      sv->budget.limit >> 20);
+    inflight *r = xcalloc(1, sizeof *r);
+    r->client = c;
+    r->id_json = id_json;
+    r->logprob = mr->sampling.logprob;
+    moec_request q = *mr;
+    q.user = r;
+    if (moec_engine_submit(sv->engine, &q, &r->engine_id) != MOEC_OK) {
+        free(r);
+        return refuse("%s", moec_last_error_message());
+    }
+    r->out = xcalloc((size_t)mr->max_tokens, sizeof *r->out);
+    r->cost = cost;
+    sv->budget.held += cost;
+    r->next = c->reqs;
+    if (c->reqs)
+        c->reqs->prev = r;
+    c->reqs = r;
+    c->n_running++;
+    return NULL;
+}
+
+/* Checks one line's object (its line: len bytes, the first that is not
+ * UTF-8 at bad_utf8, len when none) and queues its request with the engine
+ * or answers it (stats, cancel), or says why not. */
+static void handle_request(server *sv, conn *c, const cJSON *j, size_t bad_utf8, size_t len)
+{
+    if (!cJSON_IsObject(j)) {
+        reply_error(c, NULL, "a request must be a JSON object");
         return;
     }
-    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "prompt_ids");
-    q->busy = 1;
-    q->client = c;
-    q->id_json = id_json;
-    q->n_prompt = cJSON_GetArraySize(ids);
-    q->max_new = (int)cJSON_GetObjectItemCaseSensitive(req, "max_new_tokens")->valuedouble;
-    q->tokens = xcalloc((size_t)q->n_prompt + (size_t)q->max_new, sizeof *q->tokens);
-    int i = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, ids) q->tokens[i++] = (int32_t)it->valuedouble;
-    q->known = q->n_prompt;
-    q->fed = 0;
-    q->ignore_eos = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(req, "ignore_eos"));
-    q->arrival = sv->arrivals++;
-    c->n_running++;
-    sv->n_busy++;
+    int control = cJSON_HasObjectItem(j, "stats") || cJSON_HasObjectItem(j, "cancel");
+    char *id_json = request_id(c, j, !control);
+    if (!id_json && (!control || cJSON_HasObjectItem(j, "id")))
+        return;
+    char *err = bad_utf8 < len ? refuse("the request is not valid UTF-8 (byte %zu)", bad_utf8)
+                               : request_fields_check(j);
+    if (!err && control) {
+        err = handle_control(sv, c, j, id_json);
+    } else if (!err) {
+        moec_request mr = {0};
+        int32_t *prompt = NULL, *stop = NULL;
+        err = request_parse(sv, j, &mr, &prompt, &stop);
+        if (!err && conn_find(c, id_json))
+            err = refuse("id %s is already in flight", id_json);
+        if (!err && !(err = request_submit(sv, c, &mr, id_json)))
+            id_json = NULL; /* the request holds it */
+        free(prompt);
+        free(stop);
+    }
+    if (err)
+        reply_error(c, id_json, "%s", err);
+    free(err);
+    cJSON_free(id_json);
 }
 
 /* One request line (without its newline; NUL-terminated in place, so
@@ -739,75 +949,20 @@ static void conn_read(server *sv, conn *c)
 
 /* ---- stepping ------------------------------------------------------------- */
 
-/* After a step that gave non-finite logits: the sequences of the tokens
- * whose next id is -1 end with an error; the others go on. */
-static void fail_nonfinite(server *sv, int n)
-{
-    for (int i = 0; i < n; i++) {
-        seq *q = &sv->seqs[sv->slot[i]];
-        if (sv->next[i] >= 0 || !q->busy)
-            continue;
-        reply_error(q->client, q->id_json,
-                    "generation failed: the logits at position %d hold a NaN or an infinity",
-                    (int)sv->pos[i]);
-        seq_release(sv, q);
-    }
-}
-
-/* Packs one step (decode tokens first, then prompt chunks, oldest first),
- * runs it and streams what it generated. */
+/* One engine step (it admits, decodes, prefills and samples); what it
+ * generated streamed to the clients. */
 static void serve_step(server *sv)
 {
-    int n = 0;
-    for (int r = 0; r < sv->max_seqs && n < sv->max_tokens; r++) {
-        int s = (sv->rotate + r) % sv->max_seqs;
-        seq *q = &sv->seqs[s];
-        if (!q->busy || q->fed < q->n_prompt)
-            continue;
-        sv->tok[n] = q->tokens[q->fed];
-        sv->pos[n] = q->fed++;
-        sv->slot[n++] = s;
-    }
-    sv->rotate = (sv->rotate + 1) % sv->max_seqs;
-    while (n < sv->max_tokens) {
-        seq *oldest = NULL;
-        for (int s = 0; s < sv->max_seqs; s++) {
-            seq *q = &sv->seqs[s];
-            if (q->busy && q->fed < q->n_prompt && (!oldest || q->arrival < oldest->arrival))
-                oldest = q;
-        }
-        if (!oldest)
-            break;
-        int take = oldest->n_prompt - oldest->fed;
-        if (take > sv->max_tokens - n)
-            take = sv->max_tokens - n;
-        for (int i = 0; i < take; i++) {
-            sv->tok[n] = oldest->tokens[oldest->fed];
-            sv->pos[n] = oldest->fed++;
-            sv->slot[n++] = (int32_t)(oldest - sv->seqs);
-        }
-    }
-    if (n == 0)
-        return;
-    moec_status st = moec_engine_step(sv->engine, n, sv->tok, sv->pos, sv->slot, sv->next, NULL);
-    if (st == MOEC_ERR_NUMERIC) {
+    const moec_event *ev;
+    int n;
+    moec_status st = moec_engine_run(sv->engine, &ev, &n);
+    if (st == MOEC_ERR_NUMERIC) /* only the requests it names end, with an error event each */
         fprintf(stderr, "moec-serve: %s\n", moec_last_error());
-        fail_nonfinite(sv, n);
-    } else if (st != MOEC_OK) {
-        /* Nothing of this step can be trusted: its sequences end here. */
-        fprintf(stderr, "moec-serve: step of %d tokens failed (%s): %s\n", n,
-                moec_status_name(st), moec_last_error());
-        for (int i = 0; i < n; i++)
-            if (sv->seqs[sv->slot[i]].busy)
-                seq_fail(sv, &sv->seqs[sv->slot[i]], moec_last_error());
-        return;
-    }
-    /* The row of a sequence's last known token gives its next token. */
-    for (int i = 0; i < n; i++) {
-        seq *q = &sv->seqs[sv->slot[i]];
-        if (q->busy && sv->pos[i] == q->known - 1)
-            seq_emit(sv, q, sv->next[i]);
-    }
+    else if (st != MOEC_OK) /* its requests end with an error event each */
+        fprintf(stderr, "moec-serve: a step failed (%s): %s\n", moec_status_name(st),
+                moec_last_error());
+    for (int i = 0; i < n; i++)
+        reply_event(&ev[i]);
 }
 
 /* ---- the loop ------------------------------------------------------------- */
@@ -868,12 +1023,16 @@ static void server_accept(server *sv)
                 fprintf(stderr, "moec-serve: accept: %s\n", strerror(errno));
             return;
         }
-        int fl = fcntl(fd, F_GETFL);
+        int fl = fcntl(fd, F_GETFL), one = 1;
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
             fprintf(stderr, "moec-serve: fcntl: %s\n", strerror(errno));
             close(fd);
             continue;
         }
+        /* a token line goes out at once, not held back (Nagle) until the
+         * client acknowledges the last one */
+        if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+            fprintf(stderr, "moec-serve: TCP_NODELAY: %s\n", strerror(errno));
         if (server_n_open(sv) >= sv->max_conns)
             server_refuse(sv, fd);
         else
@@ -895,9 +1054,11 @@ static int server_reap(server *sv)
             sv->conns[kept++] = c;
             continue;
         }
-        for (int s = 0; s < sv->max_seqs; s++)
-            if (sv->seqs[s].busy && sv->seqs[s].client == c)
-                seq_release(sv, &sv->seqs[s]);
+        while (c->reqs) { /* no one to answer: they end, their blocks freed */
+            if (moec_engine_cancel(sv->engine, c->reqs->engine_id) != MOEC_OK)
+                fprintf(stderr, "moec-serve: %s\n", moec_last_error());
+            req_free(c->reqs);
+        }
         stdio_failed |= c->is_stdio && c->failed;
         conn_free(c);
         sv->accept_paused = 0;
@@ -935,7 +1096,7 @@ static void server_budget_check(server *sv)
 static void server_trim(server *sv)
 {
 #ifdef __GLIBC__
-    if (sv->budget.churn < (sv->n_busy ? 64 : 1) * (size_t)TRIM_AFTER)
+    if (sv->budget.churn < (moec_engine_pending(sv->engine) ? 64 : 1) * (size_t)TRIM_AFTER)
         return;
     malloc_trim(0);
     sv->budget.churn = 0;
@@ -987,7 +1148,7 @@ static int server_run(server *sv, int stdio)
         server_trim(sv);
         /* Running sequences: only look; otherwise wait for a client. */
         struct timespec zero = {0, 0};
-        int r = ppoll(pfd, (nfds_t)np, sv->n_busy ? &zero : NULL, &orig);
+        int r = ppoll(pfd, (nfds_t)np, moec_engine_pending(sv->engine) ? &zero : NULL, &orig);
         if (r < 0 && errno != EINTR) {
             fprintf(stderr, "moec-serve: poll: %s\n", strerror(errno));
             rc = 1;
@@ -1009,7 +1170,7 @@ static int server_run(server *sv, int stdio)
                     conn_flush(c);
             }
         }
-        if (sv->n_busy)
+        if (moec_engine_pending(sv->engine))
             serve_step(sv);
         for (int i = 0; i < sv->n_conns; i++)
             conn_flush(sv->conns[i]);
@@ -1055,9 +1216,11 @@ typedef struct serve_opts {
     int stdin_set;       /* --stdin given */
     long max_seqs, max_seq_len;
     long max_conns, buffer_mib;
+    long kv_blocks, kv_block_size;
+    double kv_fraction;
     moec_backend backend;
     int backend_set;
-    int single_stream, eager;
+    int single_stream, eager, no_prefix_cache;
 } serve_opts;
 
 /* An option that takes a count from 1 to max, and where it goes. */
@@ -1076,7 +1239,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     const count_opt counts[] = {{"--max-seqs", COUNT_LIMIT, &o->max_seqs},
                                 {"--max-seq-len", SEQ_LEN_LIMIT, &o->max_seq_len},
                                 {"--max-connections", COUNT_LIMIT, &o->max_conns},
-                                {"--max-buffer-mib", COUNT_LIMIT, &o->buffer_mib}};
+                                {"--max-buffer-mib", COUNT_LIMIT, &o->buffer_mib},
+                                {"--kv-blocks", KV_BLOCKS_LIMIT, &o->kv_blocks},
+                                {"--kv-block-size", COUNT_LIMIT, &o->kv_block_size}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const count_opt *cnt = NULL;
@@ -1092,8 +1257,10 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             o->single_stream = 1;
         } else if (!strcmp(a, "--eager")) {
             o->eager = 1;
+        } else if (!strcmp(a, "--no-prefix-cache")) {
+            o->no_prefix_cache = 1;
         } else if (cnt || !strcmp(a, "--weights") || !strcmp(a, "--port") ||
-                   !strcmp(a, "--backend")) {
+                   !strcmp(a, "--backend") || !strcmp(a, "--kv-memory-fraction")) {
             if (i + 1 == argc)
                 return usage_error("%s needs a value", a);
             const char *v = argv[++i];
@@ -1105,6 +1272,14 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             } else if (!strcmp(a, "--port")) {
                 if (parse_int(v, 0, 65535, &o->port))
                     return usage_error("--port: '%s' is not a port number (0 to 65535)", v);
+            } else if (!strcmp(a, "--kv-memory-fraction")) {
+                char *end;
+                errno = 0;
+                o->kv_fraction = strtod(v, &end);
+                if (errno || end == v || *end || !(o->kv_fraction > 0 && o->kv_fraction <= 1))
+                    return usage_error("--kv-memory-fraction: '%s' is not a number above 0 and "
+                                       "at most 1",
+                                       v);
             } else {
                 o->backend_set = 1;
                 if (!strcmp(v, "cpu"))
@@ -1147,7 +1322,11 @@ static int open_engine(const serve_opts *o, serve_model_opener open_model, moec_
                               .max_seqs = (int)o->max_seqs,
                               .max_seq_len = (int)o->max_seq_len,
                               .single_stream = o->single_stream,
-                              .eager = o->eager};
+                              .eager = o->eager,
+                              .kv_blocks = (int)o->kv_blocks,
+                              .kv_memory_fraction = o->kv_fraction,
+                              .kv_block_size = (int)o->kv_block_size,
+                              .no_prefix_cache = o->no_prefix_cache};
     moec_status st;
     if (is_plan_path(o->path)) {
         if (!o->weights)
@@ -1194,11 +1373,7 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     sv.max_conns = (int)o.max_conns;
     sv.budget.limit = (size_t)o.buffer_mib << 20;
     sv.scratch = xcalloc(READ_CHUNK, 1);
-    sv.seqs = xcalloc((size_t)sv.max_seqs, sizeof *sv.seqs);
-    sv.tok = xcalloc((size_t)sv.max_tokens, sizeof *sv.tok);
-    sv.pos = xcalloc((size_t)sv.max_tokens, sizeof *sv.pos);
-    sv.slot = xcalloc((size_t)sv.max_tokens, sizeof *sv.slot);
-    sv.next = xcalloc((size_t)sv.max_tokens, sizeof *sv.next);
+    sv.seeds = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 
     char where[64] = "reading requests from stdin";
     int port = (int)o.port;
@@ -1213,26 +1388,25 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     if (rc < 0) {
         char eos[96];
         fprintf(stderr,
-                "moec-serve: %s backend, %d sequence slots of %d tokens, %d tokens a step, "
-                "vocab_size %d, eos %s; %s\n",
+                "moec-serve: %s backend, up to %d sequences at once of up to %d tokens, a KV "
+                "pool of %d blocks of %d tokens%s, %d tokens a step, vocab_size %d, eos %s; "
+                "%s\n",
                 backend_name(moec_engine_backend(sv.engine)), sv.max_seqs, sv.max_seq_len,
-                sv.max_tokens, sv.vocab, eos_text(&sv, eos, sizeof eos), where);
+                moec_engine_kv_blocks(sv.engine), moec_engine_kv_block_size(sv.engine),
+                o.no_prefix_cache ? " (no prefix caching)" : "", sv.max_tokens, sv.vocab,
+                eos_text(&sv, eos, sizeof eos), where);
         rc = server_run(&sv, o.port < 0);
     }
 
-    for (int s = 0; s < sv.max_seqs; s++)
-        seq_release(&sv, &sv.seqs[s]);
-    for (int i = 0; i < sv.n_conns; i++)
+    for (int i = 0; i < sv.n_conns; i++) {
+        while (sv.conns[i]->reqs) /* the engine, freed below, frees its side */
+            req_free(sv.conns[i]->reqs);
         conn_free(sv.conns[i]);
+    }
     free(sv.conns);
     if (sv.listen_fd >= 0)
         close(sv.listen_fd);
     free(sv.scratch);
-    free(sv.seqs);
-    free(sv.tok);
-    free(sv.pos);
-    free(sv.slot);
-    free(sv.next);
     moec_engine_free(sv.engine);
     return rc;
 }

@@ -147,29 +147,6 @@ static uint16_t f32_to_f16(float f)
     return (uint16_t)(sign | h);
 }
 
-/* float8_e4m3fn nearest to f, ties to even, saturating at +-448 (the
- * format has no infinities; 0x7f and 0xff are its NaNs, never written). */
-static uint8_t f32_to_e4m3(float f)
-{
-    uint8_t sign = signbit(f) ? 0x80 : 0;
-    float a = fabsf(f);
-    if (!(a < 464.0f)) /* 464 and up round past 448 */
-        return sign | 0x7e;
-    if (a < 0x1p-6f) /* subnormal: m/8 2^-6; m = 8 is the smallest normal's code */
-        return sign | (uint8_t)nearbyintf(a * 512.0f);
-    int ex;
-    frexpf(a, &ex); /* a = fr 2^ex, fr in [0.5, 1): exponent ex - 1 */
-    int e = ex - 1;
-    int m = (int)nearbyintf((ldexpf(a, -e) - 1.0f) * 8.0f);
-    if (m == 8) {
-        m = 0;
-        e++;
-    }
-    if (e + 7 > 15 || (e + 7 == 15 && m == 7))
-        return sign | 0x7e;
-    return (uint8_t)(sign | (e + 7) << 3 | m);
-}
-
 static const char *st_dtype(moec_dtype dt)
 {
     return dt == MOEC_DTYPE_F32    ? "F32"
@@ -189,7 +166,7 @@ static void put_elem(uint8_t *p, moec_dtype dt, float v)
     if (dt == MOEC_DTYPE_F32) {
         memcpy(p, &v, 4);
     } else if (dt == MOEC_DTYPE_F8_E4M3) {
-        *p = f32_to_e4m3(v);
+        *p = moec_f32_to_f8e4m3(v);
     } else {
         uint16_t h = dt == MOEC_DTYPE_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
         memcpy(p, &h, 2);

@@ -5,8 +5,13 @@
 # 31 GB, not committed), compiles it ahead of time (`moec compile`), runs
 # `moec bench` on the plan file (load time, capture time, graph/eager x
 # two streams/one, a per-kernel profile), then the PyTorch reference
-# (bench/torch_ref.py) on the same weights, batch sizes and context, and
-# leaves every log and the JSON lines in $OUT/bench.tar.gz.
+# (bench/torch_ref.py) on the same weights, batch sizes and context; then
+# the same shape with block-scaled fp8 weights (FP8=1, the default: about 16
+# GB more on disk; FP8=0 skips it), written by `moec-sample --fp8` (or with
+# FP8_FROM=quantize, the bf16 model quantized by `moec compile --quantize
+# fp8`), compiled and benched the same way, each row with its own floor (the
+# fp8 bytes and their scales); and leaves every log and the JSON lines in
+# $OUT/bench.tar.gz. The summary puts the fp8 step beside the bf16 one.
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
 # TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped;
 # eager-loop, the per-expert loop transformers runs, takes minutes).
@@ -54,6 +59,24 @@ for variant in ${VARIANTS:-}; do
     tail -20 "$LOGS/variant_$vname.err"
   rm -f "$MODEL.$vname.moec"
 done
+if [ "${FP8:-1}" = 1 ]; then
+  F8=$MODEL-fp8
+  rm -rf "$F8" "$F8.tmp"* "$F8.moec"
+  t0=$SECONDS
+  if [ "${FP8_FROM:-sample}" = quantize ]; then
+    build-gpu/moec compile "$MODEL" -o "$F8.moec" --quantize fp8 --quantized-dir "$F8" \
+      >"$LOGS/compile_fp8.txt" 2>&1 || tail "$LOGS/compile_fp8.txt"
+  else
+    build-gpu/moec-sample "$CONFIG" "$F8" --fast --force --fp8 >"$LOGS/sample_fp8.txt" 2>&1 &&
+      build-gpu/moec compile "$F8" -o "$F8.moec" >"$LOGS/compile_fp8.txt" 2>&1 ||
+      tail "$LOGS/sample_fp8.txt" "$LOGS/compile_fp8.txt"
+  fi
+  echo "fp8 model (${FP8_FROM:-sample}) written and compiled in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
+  build-gpu/moec bench "$F8.moec" --weights "$F8" --batch-sizes "$BATCHES" --context "$CONTEXT" \
+    ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/moec_fp8.jsonl" 2>"$LOGS/moec_fp8.err" ||
+    tail -20 "$LOGS/moec_fp8.err"
+  rm -f "$F8.moec"
+fi
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
     --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
@@ -64,7 +87,8 @@ import json, os, sys
 d = sys.argv[1]
 rows, meta = {}, {}
 variants = sorted(f for f in os.listdir(d) if f.startswith("variant_") and f.endswith(".jsonl"))
-for name, impl in [("moec.jsonl", None)] + [(f, "moec_" + f[8:-6]) for f in variants] + [("torch.jsonl", None)]:
+for name, impl in ([("moec.jsonl", None), ("moec_fp8.jsonl", "moec_fp8")] +
+                   [(f, "moec_" + f[8:-6]) for f in variants] + [("torch.jsonl", None)]):
     p = os.path.join(d, name)
     if os.path.exists(p):
         for line in open(p):
@@ -80,7 +104,8 @@ if meta:
     print(f"moec: {meta['device']}, {meta['dtype']}, copy {meta['copy_tb_s']:.2f} TB/s, "
           f"plan load + upload {meta['setup_s']:.2f} s, capture of all buckets {meta['capture_s']:.3f} s")
 print("ms per decode step")
-print("batch " + " ".join(f"{c:>20}" for c in cols) + "  floor_ms graph/floor graph/torch-graph")
+print("batch " + " ".join(f"{c:>20}" for c in cols) + "  floor_ms graph/floor graph/torch-graph"
+      "  fp8_floor_ms fp8/fp8_floor fp8/bf16")
 for b in sorted(rows):
     r = rows[b]
     g = r.get("moec:graph", {})
@@ -89,8 +114,12 @@ for b in sorted(rows):
     if fl:
         line += f"  {fl:8.3f} {g['ms'] / fl:11.2f}"
         tg = r.get("torch:graph-grouped")
-        if tg:
-            line += f" {g['ms'] / tg['ms']:17.2f}"
+        line += f" {g['ms'] / tg['ms']:17.2f}" if tg else f" {'-':>17}"
+    f8 = r.get("moec_fp8:graph", {})
+    if f8.get("floor_ms"):
+        line += f"  {f8['floor_ms']:12.3f} {f8['ms'] / f8['floor_ms']:13.2f}"
+        if g.get("ms"):
+            line += f" {f8['ms'] / g['ms']:8.2f}"
     print(line)
 PY
 finish 0

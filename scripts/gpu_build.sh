@@ -1,21 +1,34 @@
 # gpu_build.sh — sourced by the GPU machine's scripts: builds moec in
 # build-gpu (Release flags of CMAKE_BUILD_TYPE=RelWithDebInfo), using the
-# cJSON carried in .dev/cjson/ (an extracted libcjson1 + libcjson-dev) where
-# the machine has none, and one NVRTC cache for every program that runs.
+# cJSON, PCRE2 and utf8proc carried in .dev/ (extracted Debian packages:
+# libcjson1 + libcjson-dev, libpcre2-8-0 + libpcre2-dev, libutf8proc2 +
+# libutf8proc-dev) where the machine has none, and one NVRTC cache for every
+# program that runs.
 # Defines gpu_build (returns non-zero on failure).
 GPU_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GPU_CMAKE_ARGS=(-S "$GPU_ROOT" -B "$GPU_ROOT/build-gpu" -DMOEC_FUZZ=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
-if [ ! -f /usr/include/cjson/cJSON.h ]; then
-  GPU_CJ=$GPU_ROOT/.dev/cjson/usr
-  GPU_CJLIB=$GPU_CJ/lib/x86_64-linux-gnu
-  GPU_CMAKE_ARGS+=(-DCJSON_INCLUDE_DIR="$GPU_CJ/include" -DCJSON_LIBRARY="$GPU_CJLIB/libcjson.so")
-  export LD_LIBRARY_PATH=$GPU_CJLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
+# The Debian packages the build needs, where the machine has none: each
+# extracted (dpkg -x) under .dev/NAME/ (scripts/gpu_snapshot.sh carries .dev).
+GPU_DEV_MISSING=()
+gpu_dev() { # gpu_dev NAME HEADER LIB VAR: -D$VAR_INCLUDE_DIR/_LIBRARY from .dev/NAME
+  local name=$1 header=$2 lib=$3 var=$4
+  [ -f "/usr/include/$header" ] && return 0
+  local root=$GPU_ROOT/.dev/$name/usr
+  if [ ! -f "$root/include/$header" ]; then
+    GPU_DEV_MISSING+=("$name")
+    return 0
+  fi
+  GPU_CMAKE_ARGS+=(-D"${var}_INCLUDE_DIR=$root/include" -D"${var}_LIBRARY=$root/lib/x86_64-linux-gnu/$lib")
+  export LD_LIBRARY_PATH=$root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+gpu_dev cjson cjson/cJSON.h libcjson.so CJSON
+gpu_dev pcre2 pcre2.h libpcre2-8.so PCRE2
+gpu_dev utf8proc utf8proc.h libutf8proc.so UTF8PROC
 export MOEC_CACHE_DIR=${MOEC_CACHE_DIR:-$GPU_ROOT/build-gpu/nvrtc-cache}
 
 gpu_build() {
-  if [ -n "${GPU_CJ:-}" ] && [ ! -f "$GPU_CJ/include/cjson/cJSON.h" ]; then
-    echo "cJSON is not installed and .dev/cjson/ was not carried"
+  if [ ${#GPU_DEV_MISSING[@]} -gt 0 ]; then
+    echo "not installed and not carried in .dev/: ${GPU_DEV_MISSING[*]}"
     return 1
   fi
   cmake "${GPU_CMAKE_ARGS[@]}" && cmake --build "$GPU_ROOT/build-gpu" -j"$(nproc)"

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (where torch and transformers are installed):
-# recomputes the transformers reference logits of every tiny model in
-# tests/data on CUDA in fp32 (TF32 off) and packs them into $OUT/goldens.tar
-# for copying back into tests/data/.
+# recomputes the transformers reference logits of the tiny models named as
+# arguments (tests/data/NAME folders; every tiny model in tests/data when
+# none is named) on CUDA in fp32 (TF32 off) and packs them into
+# $OUT/goldens.tar for copying back into tests/data/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-python3 scripts/make_goldens.py --device cuda
-tar cf "${OUT:-/tmp}/goldens.tar" tests/data/*/logits.bin tests/data/*/golden.json
+python3 scripts/make_goldens.py --device cuda "$@"
+if [ $# -gt 0 ]; then
+  files=()
+  for d in "$@"; do files+=("$d/logits.bin" "$d/golden.json"); done
+  tar cf "${OUT:-/tmp}/goldens.tar" "${files[@]}"
+else
+  tar cf "${OUT:-/tmp}/goldens.tar" tests/data/*/logits.bin tests/data/*/golden.json
+fi

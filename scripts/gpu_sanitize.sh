@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # gpu_sanitize.sh — compute-sanitizer over the GPU paths, every hazard or
 # error a failure: racecheck, synccheck, initcheck and memcheck (with leak
-# check) on `moec run` of every tiny model, bf16 and fp32, CUDA Graphs on and
-# off; then each tool on the real-shape kernel sample of tests/gpu_kernels.c
-# (MOEC_KERN_SANITIZE=1). Runs JOBS sanitizer processes at once on the one
+# check) on `moec run` of every tiny model (the fp8 ones too), bf16 and fp32,
+# CUDA Graphs on and off; then each tool on the real-shape kernel sample of
+# tests/gpu_kernels.c (MOEC_KERN_SANITIZE=1, fp8 linears and experts among
+# them). Runs JOBS sanitizer processes at once on the one
 # GPU. Needs build-gpu/ (scripts/gpu_build.sh). Logs under $1 (a folder);
 # prints one line per run and a total; exit 0 only when every run is clean.
 set -uo pipefail
@@ -13,7 +14,7 @@ mkdir -p "$LOG"
 SAN=${SAN:-/usr/local/cuda/bin/compute-sanitizer}
 JOBS=${JOBS:-6}
 TOOLS=${TOOLS:-"racecheck synccheck initcheck memcheck"}
-MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe deepseek_v32"}
+MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe deepseek_v3_fp8 qwen3_moe_fp8 deepseek_v32"}
 
 # one TOOL DTYPE GRAPHS MODEL: one sanitized `moec run` (MODEL = kernels: the
 # gpu_kernels sample); its verdict line on stdout.

@@ -11,6 +11,11 @@ OUT=${OUT:-/tmp/moec-gpu}
 export OUT
 mkdir -p "$OUT"
 rc=0
+if [ -n "${GOLDENS:-}" ]; then
+  # shellcheck disable=SC2086
+  timeout "${GOLDENS_S:-180}" scripts/gpu_goldens.sh $GOLDENS >"$OUT/goldens.txt" 2>&1 || rc=1
+  echo "goldens: $([ $rc = 0 ] && echo ok || echo FAILED) ($GOLDENS)" | tee -a "$OUT/summary.txt"
+fi
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
   timeout "${CHECK_S:-300}" scripts/gpu_check.sh || rc=1
 fi

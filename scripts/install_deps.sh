@@ -5,12 +5,15 @@
 set -u
 need=()
 [ -f /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
+[ -f /usr/include/pcre2.h ] || need+=(libpcre2-dev)
+[ -f /usr/include/utf8proc.h ] || need+=(libutf8proc-dev)
 command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v valgrind >/dev/null || need+=(valgrind)
 command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -15,9 +15,27 @@
  *                        exact check); differing ids reported, not failed
  * For the first model, a plan file (moec_compile, fp32) opened by
  * moec_engine_open_plan with the default max_seq_len gives the rows of the
- * in-process engine. Then t_check_nonfinite on CUDA, bf16 and fp32: NaN
- * logits (a NaN checkpoint, a NaN embedding row) are MOEC_ERR_NUMERIC from
- * sessions and engine steps, with next_out -1 for exactly the tokens hit.
+ * in-process engine.
+ *
+ * The pool and the scheduler on CUDA (fp32), every model:
+ *   - rows set through moec_engine_set_blocks between graph replays are
+ *     uploaded before the next replay: a row starting with another row's two
+ *     blocks (a shared prefix) gives the logits of computing them (1e-4);
+ *   - 24 requests (greedy, seeded sampling with log probabilities, stop ids)
+ *     through moec_engine_submit / _run on 4 rows and 5 blocks of 64 tokens
+ *     (queueing, preemption, prefix caching): the greedy ones give the CPU scheduler's
+ *     tokens, every one the same tokens and log probabilities on a second
+ *     CUDA engine (the same seed, the same tokens), sampled ones' differences
+ *     from the CPU reported; and no block left in use;
+ *   - the pool sized from free memory (kv_memory_fraction), a pool too small
+ *     for one block, a kv_block_size the plan was not compiled for, and a
+ *     position whose block is not set, each with its message.
+ *
+ * Then t_check_nonfinite on CUDA, bf16 and fp32: NaN logits (a NaN
+ * checkpoint, a NaN embedding row) are MOEC_ERR_NUMERIC from sessions and
+ * engine steps, with next_out -1 for exactly the tokens hit, and end only
+ * the scheduler's requests they hit (greedy ones through the device's
+ * argmax, sampled ones through the host's check).
  * Without a device: "SKIP: no CUDA device", exit 0. */
 #include <math.h>
 #include <string.h>
@@ -26,7 +44,8 @@
 #include "testlib.h"
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
+                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8",
+                               "deepseek_v32"};
 
 #define N_SEQ 4
 #define DECODE 5     /* tokens each sequence generates after its prompt, fed back */
@@ -291,6 +310,208 @@ static void check_model(const char *name, int with_plan)
     moec_model_free(m);
 }
 
+/* ---- the pool and the scheduler ------------------------------------------- */
+
+/* n tokens of one row from position `from`, in steps of at most the
+ * engine's max_tokens; rows (when not NULL) gets their logits. */
+static void row_steps(moec_engine_t *e, int32_t row, const int32_t *tok, int from, int n,
+                      float *rows)
+{
+    int T = moec_engine_max_tokens(e), V = moec_engine_vocab_size(e);
+    int32_t pos[4096], slot[4096];
+    for (int done = 0; done < n; done += T) {
+        int k = n - done < T ? n - done : T;
+        for (int i = 0; i < k; i++)
+            pos[i] = from + done + i, slot[i] = row;
+        T_OK(moec_engine_step(e, k, tok + from + done, pos, slot, NULL,
+                              rows ? rows + (size_t)done * V : NULL));
+    }
+}
+
+/* Row 1 starts with row 0's first two blocks and computes the rest; row 2
+ * computes the whole prompt in blocks of its own (set between steps, so
+ * each change reaches the device before the next replay). */
+static void check_shared_blocks(const moec_model_t *m, const char *name, const char *dir)
+{
+    int V = moec_model_vocab_size(m);
+    setenv("MOEC_DTYPE", "fp32", 1);
+    /* 11 blocks: fewer than the 3 rows of 256 tokens fill, so rows start empty */
+    moec_engine_options o = {.backend = MOEC_BACKEND_CUDA, .max_seqs = 3, .max_seq_len = 256,
+                             .kv_blocks = 11};
+    moec_engine_t *e = NULL;
+    T_OK(moec_engine_open(m, dir, &o, &e));
+    if (!e)
+        return;
+    int bs = moec_engine_kv_block_size(e), P = 2 * bs + 5;
+    T_CHECK(moec_engine_kv_blocks(e) == 11 && P <= 256);
+    int32_t *tok = malloc((size_t)P * sizeof *tok);
+    float *fresh = malloc((size_t)P * V * sizeof *fresh), *shared = malloc((size_t)P * V * 4);
+    for (int i = 0; i < P; i++)
+        tok[i] = (int32_t)((i * 71 + 9) % V);
+    int32_t b0[3] = {7, 2, 10}, b1[3] = {7, 2, 5}, b2[3] = {0, 9, 4};
+    T_OK(moec_engine_set_blocks(e, 0, 0, 3, b0));
+    row_steps(e, 0, tok, 0, 2 * bs, NULL);
+    T_OK(moec_engine_set_blocks(e, 1, 0, 3, b1));
+    row_steps(e, 1, tok, 2 * bs, P - 2 * bs, shared);
+    T_OK(moec_engine_set_blocks(e, 2, 0, 3, b2));
+    row_steps(e, 2, tok, 0, P, fresh);
+    double worst = 0;
+    for (int r = 0; r < P - 2 * bs; r++)
+        worst = fmax(worst, t_row_error(shared + (size_t)r * V, fresh + (size_t)(2 * bs + r) * V, V));
+    printf("%-18s fp32: a prefix of 2 blocks shared through the block table (set between "
+           "replays): max row error %.3g vs computing it (limit 1e-4)\n",
+           name, worst);
+    T_CHECK(worst <= 1e-4);
+    /* a position whose block is not set: refused before anything runs */
+    int32_t t = 1, far = 3 * bs, row = 2;
+    T_ERR(moec_engine_step(e, 1, &t, &far, &row, NULL, NULL), MOEC_ERR_INVALID_ARG,
+          "has no KV block (entry 3 of its row of the block table is -1)");
+    free(tok);
+    free(fresh);
+    free(shared);
+    moec_engine_free(e);
+}
+
+#define SCHED_REQ 24
+#define SCHED_NEW 12
+
+typedef struct sched_out {
+    int32_t tok[SCHED_REQ][SCHED_NEW];
+    float lp[SCHED_REQ][SCHED_NEW];
+    int n[SCHED_REQ];
+    int done[SCHED_REQ];
+    int cached;
+} sched_out;
+
+/* The requests of the scheduler check: prompts of 3 to 60 ids (a third
+ * sharing a 20-id prefix), greedy or seeded sampling with log
+ * probabilities, every fifth with stop ids. */
+static moec_request sched_request(int r, int V, int32_t prompt[64], int32_t stop[2])
+{
+    int n = 3 + (r * 17) % 58;
+    for (int i = 0; i < n; i++)
+        prompt[i] = (int32_t)(r % 3 == 0 && i < 20 ? (i * 13 + 1) % V : (r * 31 + i * 7) % V);
+    stop[0] = (int32_t)((r * 5) % V);
+    stop[1] = (int32_t)((r * 11 + 3) % V);
+    moec_request q = {.prompt = prompt, .n_prompt = n, .max_tokens = 4 + r % (SCHED_NEW - 3),
+                      .stop_ids = stop, .n_stop = r % 5 == 4 ? 2 : 0, .ignore_eos = 1,
+                      .user = (void *)(intptr_t)r};
+    if (r % 2)
+        q.sampling = (moec_sampling){.temperature = 0.9f, .top_p = 0.95f, .top_k = 40,
+                                     .seed = (uint64_t)r * 977, .logprob = 1};
+    return q;
+}
+
+/* Runs the requests through e's scheduler into out. */
+static void sched_run(moec_engine_t *e, int V, sched_out *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int r = 0; r < SCHED_REQ; r++) {
+        int32_t prompt[64], stop[2];
+        moec_request q = sched_request(r, V, prompt, stop);
+        uint64_t id;
+        T_OK(moec_engine_submit(e, &q, &id));
+    }
+    for (int guard = 0; moec_engine_pending(e) && guard < 10000; guard++) {
+        const moec_event *ev;
+        int n;
+        T_OK(moec_engine_run(e, &ev, &n));
+        for (int i = 0; i < n; i++) {
+            int r = (int)(intptr_t)ev[i].user;
+            if (ev[i].finish == MOEC_FINISH_ERROR || out->n[r] >= SCHED_NEW)
+                continue;
+            out->lp[r][out->n[r]] = ev[i].logprob;
+            out->tok[r][out->n[r]++] = ev[i].token;
+            if (ev[i].finish != MOEC_FINISH_NONE) {
+                out->done[r] = 1;
+                out->cached += ev[i].cached_tokens;
+            }
+        }
+    }
+}
+
+static moec_engine_t *sched_engine(const moec_model_t *m, const char *dir, moec_backend b,
+                                   int kv_blocks)
+{
+    moec_engine_options o = {.backend = b, .max_seqs = 4, .max_seq_len = 128,
+                             .kv_blocks = kv_blocks,
+                             .kv_block_size = b == MOEC_BACKEND_CPU ? 16 : 0};
+    moec_engine_t *e = NULL;
+    T_OK(moec_engine_open(m, dir, &o, &e));
+    return e;
+}
+
+static void check_sched(const moec_model_t *m, const char *name, const char *dir)
+{
+    int V = moec_model_vocab_size(m);
+    setenv("MOEC_DTYPE", "fp32", 1);
+    static sched_out cpu, gpu, again;
+    moec_engine_t *e = sched_engine(m, dir, MOEC_BACKEND_CUDA, 24);
+    if (!e)
+        return;
+    /* requests of up to 72 tokens: with blocks of 64, 5 blocks for 4 rows of
+     * up to 2 make decoding ones preempt */
+    int bs = moec_engine_kv_block_size(e), blocks = bs >= 64 ? 5 : 24;
+    moec_engine_free(e);
+    e = sched_engine(m, dir, MOEC_BACKEND_CPU, 24);
+    if (!e)
+        return;
+    sched_run(e, V, &cpu);
+    moec_engine_free(e);
+    moec_engine_stats st;
+    for (int k = 0; k < 2; k++) {
+        e = sched_engine(m, dir, MOEC_BACKEND_CUDA, blocks);
+        if (!e)
+            return;
+        sched_run(e, V, k ? &again : &gpu);
+        moec_engine_get_stats(e, &st);
+        T_CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0);
+        moec_engine_free(e);
+    }
+    int greedy_same = 1, sampled_differ = 0, all_done = 1;
+    for (int r = 0; r < SCHED_REQ; r++) {
+        int same = gpu.n[r] == cpu.n[r] &&
+                   !memcmp(gpu.tok[r], cpu.tok[r], (size_t)gpu.n[r] * sizeof(int32_t));
+        if (r % 2)
+            sampled_differ += !same;
+        else
+            greedy_same &= same;
+        all_done &= gpu.done[r] && again.done[r];
+    }
+    int repeat_same = !memcmp(&gpu, &again, sizeof gpu);
+    printf("%-18s fp32 scheduler, %d requests on 4 rows and %d blocks of %d (%llu preemptions, %d "
+           "prompt tokens cached): greedy tokens %s the CPU's, %d of %d sampled differ from the "
+           "CPU (reported, not failed); a second CUDA run %s\n",
+           name, SCHED_REQ, blocks, bs, (unsigned long long)st.preemptions, gpu.cached,
+           greedy_same ? "identical to" : "DIFFER from", sampled_differ, SCHED_REQ / 2,
+           repeat_same ? "identical" : "DIFFERS");
+    T_CHECK(all_done && greedy_same && repeat_same);
+}
+
+/* The pool's size from memory, and the refusals. */
+static void check_pool_sizes(const moec_model_t *m, const char *dir)
+{
+    setenv("MOEC_DTYPE", "fp32", 1);
+    moec_engine_options o = {.backend = MOEC_BACKEND_CUDA, .max_seqs = 2, .max_seq_len = 512,
+                             .kv_memory_fraction = 0.5};
+    moec_engine_t *e = NULL;
+    T_OK(moec_engine_open(m, dir, &o, &e));
+    if (e) {
+        int bs = moec_engine_kv_block_size(e);
+        /* a tiny model: half the free memory holds every row at its longest */
+        T_CHECK(moec_engine_kv_blocks(e) == 2 * ((512 + bs - 1) / bs));
+        moec_engine_free(e);
+        e = NULL;
+    }
+    o.kv_memory_fraction = 1e-12;
+    T_ERR(moec_engine_open(m, dir, &o, &e), MOEC_ERR_CAPACITY, "no KV block fits: one block");
+    o.kv_memory_fraction = 0;
+    o.kv_block_size = 3;
+    T_ERR(moec_engine_open(m, dir, &o, &e), MOEC_ERR_INVALID_ARG,
+          "kv_block_size 3: the plan was compiled for blocks of");
+    T_CHECK(e == NULL);
+}
+
 int main(void)
 {
     int n = 0;
@@ -298,8 +519,18 @@ int main(void)
         printf("SKIP: no CUDA device (%s)\n", moec_last_error());
         return 0;
     }
-    for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
+    for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
         check_model(MODELS[i], i == 0);
+        const char *dir;
+        moec_model_t *m = t_open_tiny(MODELS[i], &dir);
+        if (!m)
+            continue;
+        check_shared_blocks(m, MODELS[i], dir);
+        check_sched(m, MODELS[i], dir);
+        if (i == 0)
+            check_pool_sizes(m, dir);
+        moec_model_free(m);
+    }
     /* NaN logits: the argmax step's -1 read back as MOEC_ERR_NUMERIC, in
      * bf16 and fp32 */
     unsetenv("MOEC_DTYPE");

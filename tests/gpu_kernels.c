@@ -1,9 +1,13 @@
 /* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
- * moe_topk, moe_routed, moe_experts, argmax, and DeepSeek-V3.2's dsa_topk
- * with the sparse mla_attention over its selection) run on the GPU against the CPU
- * interpreter, on fresh random inputs, at real model shapes (DeepSeek-V2-Lite,
- * DeepSeek-V3, Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2)
- * and fp32 (1e-4), relative to each row's largest magnitude. Every output
+ * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
+ * the sparse mla_attention over its selection, and the linears and experts
+ * of fp8 weights) run on the GPU against the CPU interpreter, on fresh
+ * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
+ * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
+ * (1e-4), relative to each row's largest magnitude. fp8 weights are random
+ * e4m3 codes (every code but the NaNs) with random block scales, uploaded
+ * as the runtime lays them out (codes, then scales: ir_weight_scale_offset)
+ * while the interpreter holds their exact dequantization. Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
@@ -188,17 +192,25 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs)
     o->kv_block_size = bs;
 }
 
+/* The heavy ops of m and the argmax of its output, for bucket T, added to
+ * c (whose kernels so far are reused, not emitted again). */
+static moec_status gen_more(const ir_module *m, int T, cg_ctx *c)
+{
+    c->T = T;
+    c->n_steps = 0;
+    for (int k = 0; k < m->n_ops; k++)
+        if (km_is_heavy(m->ops[k]))
+            MOEC_TRY(cg_emit_op(c, m->ops[k]));
+    return cg_emit_argmax(c, m->outputs[0]);
+}
+
 /* The heavy ops of m and the argmax of its output, for bucket T. */
 static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
 {
     memset(c, 0, sizeof *c);
     c->m = m;
     c->opt = o;
-    c->T = T;
-    for (int k = 0; k < m->n_ops; k++)
-        if (km_is_heavy(m->ops[k]))
-            MOEC_TRY(cg_emit_op(c, m->ops[k]));
-    return cg_emit_argmax(c, m->outputs[0]);
+    return gen_more(m, T, c);
 }
 
 static void ctx_free(cg_ctx *c)
@@ -223,25 +235,33 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
         exit(1);
     cg_options o;
     options_for(&o, cdt, bs);
-    moec_buf src = {0};
-    cg_emit_prologue(&src);
+    /* one context for every bucket: a kernel two buckets share (the few-rows
+       linear of 4 rows, run per group of 4 by larger buckets) is emitted once */
+    cg_ctx c;
+    memset(&c, 0, sizeof c);
+    c.m = m;
+    c.opt = &o;
+    cg_emit_prologue(&c.src);
     for (int b = 0; b < 7; b++) {
         if (!(tmask & (1u << b)))
             continue;
-        cg_ctx c;
-        moec_status st = gen(m, &o, BUCKETS[b], &c);
+        moec_status st = gen_more(m, BUCKETS[b], &c);
         if (st != MOEC_OK) {
             fprintf(stderr, "%s T=%d: %s\n", s->name, BUCKETS[b], moec_last_error());
             exit(1);
         }
-        moec_buf_printf(&src, "%s", c.src.data);
-        ctx_free(&c);
     }
     ir_module_free(m);
+    if (c.src.oom) {
+        fprintf(stderr, "%s: out of memory generating its program\n", s->name);
+        exit(1);
+    }
     gk_prog *p = &progs[n_progs++];
     memset(p, 0, sizeof *p);
     prog_key(p->key, s, cdt, bs);
-    p->job.src = src.data;
+    p->job.src = c.src.data;
+    c.src.data = NULL;
+    ctx_free(&c);
 }
 
 static void progs_compile(void)
@@ -384,14 +404,24 @@ static void bind_step_values(gk_bind *b, const cg_ctx *c, row_source src, void *
     CK(cudaMemset(b->input[IR_INPUT_SAMPLED], 0xff, TMAX * 4));
 }
 
-/* Uploads weight v (the interpreter's values, rounded alike) once. */
-static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v)
+/* Uploads weight v once: an fp8 weight's image (codes, scales) as is,
+ * another as the interpreter's values, rounded alike. */
+static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v, void *const *image)
 {
     if (b->val[v->id])
         return;
     size_t n = (size_t)ir_type_numel(&v->type, 0);
     ir_dtype dt = storage(b, v);
-    b->val[v->id] = dalloc(n * ir_dtype_size(dt));
+    size_t bytes = ir_weight_storage_bytes(b->m, v, b->cdt);
+    b->val[v->id] = dalloc(bytes);
+    if (dt == IR_DTYPE_F8E4M3) {
+        if (!image[v->id]) {
+            fprintf(stderr, "fp8 weight %s has no image\n", v->name);
+            exit(1);
+        }
+        CK(cudaMemcpy(b->val[v->id], image[v->id], bytes, cudaMemcpyHostToDevice));
+        return;
+    }
     upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
 }
 
@@ -410,11 +440,15 @@ static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int r
             argv[a] = &ptr[a];
             switch (g->kind) {
             case IR_ARG_ACT:
-            case IR_ARG_WEIGHT: ptr[a] = b->val[g->index]; break;
+            case IR_ARG_WEIGHT:
+                ptr[a] = b->val[g->index] ? (char *)b->val[g->index] + g->i : NULL;
+                break;
             case IR_ARG_KV:
                 ptr[a] = b->kv_by_op ? b->kv_by_op[2 * g->index + g->i] : b->kv[g->i];
                 break;
-            case IR_ARG_INPUT: ptr[a] = b->input[g->index]; break;
+            case IR_ARG_INPUT:
+                ptr[a] = b->input[g->index] ? (char *)b->input[g->index] + g->i : NULL;
+                break;
             case IR_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
             case IR_ARG_CONFIG:
                 iv[a] = b->max_blocks;
@@ -519,11 +553,48 @@ static const float *rows_from_interp(void *u, const ir_value *v)
     return rt_interp_value(((interp_rows *)u)->in, v);
 }
 
+/* fp8 weight v: random e4m3 codes (the NaN codes 0x7f and 0xff taken one
+ * lower), one random positive scale per block (about a / 448, so that
+ * |weights| stay below about 1.5 a), into its device image *image
+ * (malloc'd: codes, zero padding, scales, as ir_weight_scale_offset lays
+ * them out); the interpreter gets each code times its block's scale, as
+ * the loader dequantizes. */
+static void fill_fp8(rt_interp *in, const ir_module *m, const ir_value *v, ir_dtype cdt, float a,
+                     uint64_t *rng, void **image)
+{
+    size_t n = (size_t)ir_type_numel(&v->type, 0), off = ir_weight_scale_offset(v);
+    uint8_t *img = calloc(1, ir_weight_storage_bytes(m, v, cdt));
+    if (!img) {
+        fprintf(stderr, "out of memory for the image of %s\n", v->name);
+        exit(1);
+    }
+    ir_type st = ir_block_scale_type(v);
+    float *sc = (float *)(img + off);
+    for (int64_t i = 0; i < ir_type_numel(&st, 0); i++)
+        sc[i] = a / 448.0f * (1.0f + 0.5f * urand(rng, 1.0f));
+    int r = v->type.rank;
+    int64_t rows = v->type.dims[r - 2], cols = v->type.dims[r - 1];
+    int64_t srows = st.dims[r - 2], scols = st.dims[r - 1];
+    float *w = rt_interp_weight(in, v);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t q = (uint8_t)(t_rand_u64(rng) >> 56);
+        if ((q & 0x7f) == 0x7f)
+            q--;
+        img[i] = q;
+        int64_t col = (int64_t)i % cols, row = ((int64_t)i / cols) % rows;
+        int64_t lead = (int64_t)i / (cols * rows);
+        w[i] = rt_f8e4m3_to_f32(q) *
+               sc[(lead * srows + row / v->scale.block[0]) * scols + col / v->scale.block[1]];
+    }
+    image[v->id] = img;
+}
+
 /* Random weights, rounded to how the GPU stores them: routing logits on a
  * grid of 1/16 (exact ties, and no near-ties for rounding to flip), the
- * bias on a grid of 1/64, expert weights scaled to keep activations O(1). */
+ * bias on a grid of 1/64, expert and linear weights scaled to keep
+ * activations O(1); fp8 weights as fill_fp8 makes them. */
 static void fill_weights(rt_interp *in, const ir_module *m, ir_dtype cdt, const km_spec *s,
-                         uint64_t *rng)
+                         uint64_t *rng, void **image)
 {
     for (int i = 0; i < m->n_values; i++) {
         const ir_value *v = m->values[i];
@@ -544,14 +615,38 @@ static void fill_weights(rt_interp *in, const ir_module *m, ir_dtype cdt, const 
                 a = sqrtf(3.0f / (float)s->HID);
             else if (!strcmp(v->name, "down"))
                 a = sqrtf(12.0f / (float)s->I);
+            else if (!strcmp(v->name, "lw"))
+                a = sqrtf(3.0f / (float)s->LK);
+            if (dt == IR_DTYPE_F8E4M3) {
+                if (!image) {
+                    fprintf(stderr, "%s: fp8 weight %s without an image\n", s->name, v->name);
+                    exit(1);
+                }
+                fill_fp8(in, m, v, cdt, a, rng, image);
+                continue;
+            }
             for (size_t j = 0; j < n; j++)
                 w[j] = round_to(dt, urand(rng, a));
         }
     }
 }
 
-/* Runs the routing and expert kernels of s for each bucket of tmask and
- * compares ids (exactly), weights, the expert result and the argmax. */
+/* The device bytes of the weights an op reads per expert (E: the expert
+ * count) or whole (E 1), by name: fp8 ones with their scales. */
+static double weight_bytes(const ir_module *m, ir_dtype cdt, const char *const *names, int E)
+{
+    double bytes = 0;
+    for (; *names; names++) {
+        const ir_value *v = ir_module_find_value(m, *names);
+        if (v)
+            bytes += (double)ir_weight_storage_bytes(m, v, cdt) / E;
+    }
+    return bytes;
+}
+
+/* Runs the routing, expert and fp8 linear kernels of s for each bucket of
+ * tmask and compares ids (exactly), weights, the expert and linear results
+ * and the argmax. */
 static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
 {
     double t0 = now_s();
@@ -563,13 +658,16 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
     if (!in)
         exit(1);
     uint64_t rng = seed;
-    fill_weights(in, m, cdt, s, &rng);
+    void **image = calloc((size_t)m->n_values, sizeof *image);
+    if (!image)
+        exit(1);
+    fill_weights(in, m, cdt, s, &rng, image);
     cg_options o;
     options_for(&o, cdt, 64);
     cudaLibrary_t lib = prog_lib(s, cdt, 64);
     gk_bind b;
     bind_init(&b, m, cdt);
-    double tol = cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32, worst_w = 0, worst_y = 0;
+    double tol = cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32, worst_w = 0, worst_y = 0, worst_l = 0;
     interp_rows u = {in};
     for (int bi = 0; bi < 7; bi++) {
         if (!(tmask & (1u << bi)))
@@ -586,7 +684,7 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
         for (int i = 0; i < c.n_steps; i++)
             for (int a = 0; a < c.steps[i].n_args; a++)
                 if (c.steps[i].args[a].kind == IR_ARG_WEIGHT)
-                    bind_weight(&b, in, m->values[c.steps[i].args[a].index]);
+                    bind_weight(&b, in, m->values[c.steps[i].args[a].index], image);
         bind_step_values(&b, &c, rows_from_interp, &u);
         launch_steps(&b, &c, lib);
         char what[160];
@@ -626,9 +724,20 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
             worst_y = fmax(worst_y, compare_rows(what, gy, rt_interp_value(in, y), rows, n, tol));
             free(gy);
         }
+        if (s->LN > 0) {
+            const ir_value *ly = val(m, "ly");
+            float *gl = xmalloc((size_t)T * s->LN * 4);
+            download(gl, storage(&b, ly), b.val[ly->id], (size_t)T * s->LN);
+            snprintf(what, sizeof what, "%s %s T=%d linear %s[%d, %d]", s->name,
+                     ir_dtype_name(cdt), T, s->ldt, s->LN, s->LK);
+            worst_l = fmax(worst_l, compare_rows(what, gl, rt_interp_value(in, ly), T, s->LN, tol));
+            free(gl);
+        }
         snprintf(what, sizeof what, "%s T=%d", s->name, T);
         check_sampled(&b, rt_interp_value(in, val(m, "out")), T, 40, what);
-        double bytes = 0;
+        static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down", NULL};
+        static const char *const LINEAR_W[] = {"lw", NULL};
+        double bytes = weight_bytes(m, cdt, LINEAR_W, 1);
         if (s->moe != KM_MOE_NONE) {
             /* the weights of the experts the tokens chose */
             const int32_t *rid = (const int32_t *)rt_interp_value(in, val(m, "ids"));
@@ -636,14 +745,17 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
             for (int j = 0; j < T * s->K; j++)
                 used[rid[j]] = 1;
             for (int j = 0; j < s->E; j++)
-                bytes += used[j] * 3.0 * s->I * s->HID * ir_dtype_size(cdt);
+                bytes += used[j] * weight_bytes(m, cdt, EXPERT_W, s->E);
         }
         snprintf(what, sizeof what, "T=%d", T);
         bench_steps(&b, &c, lib, what, bytes);
         ctx_free(&c);
     }
-    printf("%-16s %s moe    worst error: weights %.2e, experts %.2e (%.1f s)\n", s->name,
-           ir_dtype_name(cdt), worst_w, worst_y, now_s() - t0);
+    printf("%-16s %s moe    worst error: weights %.2e, experts %.2e, linear %.2e (%.1f s)\n",
+           s->name, ir_dtype_name(cdt), worst_w, worst_y, worst_l, now_s() - t0);
+    for (int i = 0; i < m->n_values; i++)
+        free(image[i]);
+    free(image);
     bind_free(&b);
     rt_interp_free(in);
     ir_module_free(m);
@@ -739,7 +851,7 @@ static void interps_init(rt_interp **in, int n, const ir_module *m, ir_dtype cdt
         if (!in[q])
             exit(1);
     }
-    fill_weights(in[0], m, cdt, s, rng);
+    fill_weights(in[0], m, cdt, s, rng, NULL); /* no fp8 weights */
     for (int i = 0; i < m->n_values; i++)
         if (m->values[i]->kind == IR_VALUE_WEIGHT)
             for (int q = 1; q < n; q++)
@@ -1482,6 +1594,42 @@ static const km_spec V3_MLA = {.name = "v3_mla", .vocab = 97, .attn = KM_MLA, .H
                                .DR = 64, .attn_scale = 0.07216878364870323};
 static const km_spec ODD_MLA = {.name = "odd_mla", .vocab = 97, .attn = KM_MLA, .H = 3, .R = 36,
                                 .DR = 6, .window = 3, .attn_scale = 0.3};
+/* fp8 (block-scaled e4m3) weights: DeepSeek-V3's kv_a (576 rows, 4.5 row
+ * blocks), its fused q_a + kv_a (2112 rows), o_proj (K 16384) and 16 of
+ * its routed experts; V2-Lite's dense down_proj quantized (K 10944: 85.5
+ * column blocks) and gate_proj (10944 rows: two row tiles a tensor-core
+ * block); Qwen3-30B's split experts and q_proj; odd shapes with
+ * partial blocks of 32 x 64, K = 200 (not in 32-wide chunks), and up
+ * starting inside a row block. */
+static const km_spec F8_KV_A = {.name = "f8_v3_kv_a", .vocab = 97, .LN = 576, .LK = 7168,
+                                .ldt = "f8e4m3"};
+static const km_spec F8_QKV_A = {.name = "f8_v3_qkv_a", .vocab = 97, .LN = 2112, .LK = 7168,
+                                 .ldt = "f8e4m3"};
+static const km_spec F8_O_PROJ = {.name = "f8_v3_o_proj", .vocab = 97, .LN = 7168, .LK = 16384,
+                                  .ldt = "f8e4m3"};
+static const km_spec F8_V2_DOWN = {.name = "f8_v2lite_down", .vocab = 97, .LN = 2048,
+                                   .LK = 10944, .ldt = "f8e4m3"};
+static const km_spec F8_V2_GATE = {.name = "f8_v2lite_gate", .vocab = 97, .LN = 10944,
+                                   .LK = 2048, .ldt = "f8e4m3"};
+static const km_spec F8_ODD_LINEAR = {.name = "f8_odd_linear", .vocab = 97, .LN = 37, .LK = 200,
+                                      .ldt = "f8e4m3", .BN = 32, .BK = 64};
+static const km_spec F8_V3_MOE = {.name = "f8_v3_moe16", .vocab = 97, .E = 16, .K = 8,
+                                  .sigmoid = 1, .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1,
+                                  .scaling = 2.5, .moe = KM_ROUTED, .HID = 7168, .I = 2048,
+                                  .wdt = "f8e4m3", .moe_scale = 2.5};
+static const km_spec F8_Q3_MOE = {.name = "f8_qwen3_moe", .vocab = 97, .E = 128, .K = 8, .NG = 1,
+                                  .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                                  .HID = 2048, .I = 768, .wdt = "f8e4m3", .moe_scale = 1.0,
+                                  .LN = 4096, .LK = 2048, .ldt = "f8e4m3"};
+static const km_spec F8_ODD_MOE = {.name = "f8_odd_moe", .vocab = 97, .E = 6, .K = 3, .NG = 1,
+                                   .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED,
+                                   .HID = 320, .I = 48, .wdt = "f8e4m3", .moe_scale = 0.5,
+                                   .BN = 32, .BK = 64};
+/* tensor cores with up from row 96 of 32-row blocks */
+static const km_spec F8_ODD_MMA = {.name = "f8_odd_mma", .vocab = 97, .E = 3, .K = 2, .NG = 1,
+                                   .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED,
+                                   .HID = 320, .I = 96, .wdt = "f8e4m3", .moe_scale = 1.0,
+                                   .BN = 32, .BK = 64};
 
 /* DeepSeek-V3.2: the indexer's 64 heads of 128 and V3's MLA; top 32 of short
  * runs (so that they select), the real top 2048 at long contexts */
@@ -1532,6 +1680,9 @@ int main(void)
         prog_add(&V2_MLA, IR_DTYPE_F32, 64, ATT);
         prog_add(&V3_MLA, IR_DTYPE_BF16, 64, ATT);
         prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+        prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
         progs_compile();
         moe_case(&V2_MOE, IR_DTYPE_BF16, FEW, 1);
         moe_case(&V3_TOPK, IR_DTYPE_BF16, FEW, 4);
@@ -1541,6 +1692,9 @@ int main(void)
         attn_case_interp(&V2_MLA, IR_DTYPE_F32, 64, 0);
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+        moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
+        moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
+        moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (sanitizer sample)");
@@ -1571,6 +1725,22 @@ int main(void)
     prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     prog_add(&ODD_DSA, IR_DTYPE_BF16, 16, DSA_T);
     prog_add(&ODD_DSA, IR_DTYPE_F32, 16, DSA_T);
+    /* fp8: the few-rows kernel (T <= 4), tensor cores (T >= 8), the few-rows
+       kernel per 4 rows (f32, or K not in 32-wide chunks) */
+    const unsigned LIN = TM(1) | TM(2) | TM(4) | TM(8) | TM(16) | TM(64);
+    prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, LIN);
+    prog_add(&F8_KV_A, IR_DTYPE_F32, 64, TM(1) | TM(8));
+    prog_add(&F8_QKV_A, IR_DTYPE_BF16, 64, LIN);
+    prog_add(&F8_O_PROJ, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+    prog_add(&F8_V2_DOWN, IR_DTYPE_BF16, 64, TM(1) | TM(32));
+    prog_add(&F8_V2_GATE, IR_DTYPE_BF16, 64, TM(8) | TM(32) | TM(64));
+    prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, LIN);
+    prog_add(&F8_ODD_LINEAR, IR_DTYPE_F32, 64, ALL);
+    prog_add(&F8_V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+    prog_add(&F8_Q3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+    prog_add(&F8_ODD_MOE, IR_DTYPE_BF16, 64, ALL);
+    prog_add(&F8_ODD_MOE, IR_DTYPE_F32, 64, ALL);
+    prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, ALL);
     progs_compile();
 
     moe_case(&V2_MOE, IR_DTYPE_BF16, ALL, 1);
@@ -1583,6 +1753,19 @@ int main(void)
     moe_case(&ODD_EXPERTS, IR_DTYPE_BF16, ALL, 8);
     moe_case(&ODD_EXPERTS, IR_DTYPE_F32, ALL, 9);
     moe_case(&ODD_ROUTED, IR_DTYPE_F32, ALL, 10);
+    moe_case(&F8_KV_A, IR_DTYPE_BF16, LIN, 11);
+    moe_case(&F8_KV_A, IR_DTYPE_F32, TM(1) | TM(8), 12);
+    moe_case(&F8_QKV_A, IR_DTYPE_BF16, LIN, 13);
+    moe_case(&F8_O_PROJ, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 14);
+    moe_case(&F8_V2_DOWN, IR_DTYPE_BF16, TM(1) | TM(32), 15);
+    moe_case(&F8_V2_GATE, IR_DTYPE_BF16, TM(8) | TM(32) | TM(64), 23);
+    moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, LIN, 16);
+    moe_case(&F8_ODD_LINEAR, IR_DTYPE_F32, ALL, 17);
+    moe_case(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(2) | TM(8) | TM(64), 18);
+    moe_case(&F8_Q3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 19);
+    moe_case(&F8_ODD_MOE, IR_DTYPE_BF16, ALL, 20);
+    moe_case(&F8_ODD_MOE, IR_DTYPE_F32, ALL, 21);
+    moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, ALL, 22);
 
     attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
     attn_case_interp(&Q3_ATTN, IR_DTYPE_F32, 64, 1);

@@ -1,5 +1,7 @@
 /* gpu_model.c — the CUDA backend against the CPU interpreter on every tiny
- * model in tests/data. Through the public API: the prompt and 8 greedy
+ * model in tests/data (the fp8 ones too: their kernels read e4m3 codes and
+ * block scales, the interpreter dequantizes exactly). Through the public
+ * API: the prompt (prompt.json) and 8 greedy
  * decode steps (each backend fed the interpreter's tokens), in fp32 (rows
  * within 1e-4 of max |ref|, greedy tokens identical) and bf16 (rows within
  * 2e-2, deepseek_v32's 1e-1: bf16_limit; differing tokens are reported, not
@@ -43,7 +45,8 @@ static size_t device_free_bytes(void) { return 0; }
 #endif
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe", "deepseek_v32"};
+                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8",
+                               "deepseek_v32"};
 
 #define DECODE 8      /* greedy steps after the prompt */
 #define LONG 150      /* the chunked prompt: 64 + 64 + 22 tokens, three KV pages */

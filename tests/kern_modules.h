@@ -1,6 +1,7 @@
 /* kern_modules.h — small modules around the heavy kernel ops (attention,
- * mla_attention, moe_topk, moe_routed, moe_experts, and DeepSeek-V3.2's
- * dsa_topk feeding a sparse mla_attention) for the codegen tests:
+ * mla_attention, moe_topk, moe_routed, moe_experts, DeepSeek-V3.2's
+ * dsa_topk feeding a sparse mla_attention, and linears of fp8 weights, which
+ * run generated kernels only) for the codegen tests:
  * every operand comes from an embedding of the tokens (table row t is
  * whatever the test writes there), so the interpreter can run them and the
  * generated kernels see the same values. Shared by test_codegen_kernels.c
@@ -30,12 +31,28 @@ typedef struct km_spec {
     double scaling;
     int moe;                   /* KM_MOE_* (needs E, K) */
     int HID, I;
-    const char *wdt;           /* expert weights' IR dtype: "bf16", "f32", "f16" */
+    const char *wdt;           /* expert weights' IR dtype: "bf16", "f32", "f16", "f8e4m3" */
     double moe_scale;
     int TOPK, HI, DI;          /* with KM_MLA and TOPK > 0: dsa_topk over HI heads of DI
                                   channels selects TOPK positions for the mla_attention */
     double dsa_scale, dsa_wscale;
+    int LN, LK;                /* a linear ly [T, LN] = lx [T, LK] lw^T when LN > 0 */
+    const char *ldt;           /* its weight's IR dtype */
+    int BN, BK;                /* the block scales of f8e4m3 weights (0: 128) */
 } km_spec;
+
+/* ", block_scale[BN, BK] = "<name>_s"" for an f8e4m3 weight, else "". */
+static inline const char *km_scale(char *buf, size_t cap, const km_spec *s, const char *dt,
+                                   const char *name)
+{
+    if (strcmp(dt, "f8e4m3")) {
+        buf[0] = '\0';
+        return buf;
+    }
+    snprintf(buf, cap, ", block_scale[%d, %d] = \"%s_s\"", s->BN ? s->BN : 128,
+             s->BK ? s->BK : 128, name);
+    return buf;
+}
 
 /* A float attribute as IR text: always with a '.' or an exponent. */
 static inline const char *km_float(char *buf, double v)
@@ -113,20 +130,21 @@ static inline char *km_text(const km_spec *s)
                       s->K, s->NG, s->TG, s->top2 ? "top2_sum" : "max", s->norm,
                       km_float(f1, s->scaling));
     }
+    char sc[96];
     if (s->moe != KM_MOE_NONE) {
         int split = s->moe == KM_ROUTED_SPLIT || s->moe == KM_EXPERTS_SPLIT;
         km_table(&w, &o, s, "x", s->HID, "bf16");
         if (split) {
-            moec_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"\n", s->wdt, s->E, s->I,
-                          s->HID);
-            moec_buf_printf(&w, "  weight %%up : %s[%d, %d, %d] = \"up\"\n", s->wdt, s->E, s->I,
-                          s->HID);
+            moec_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"%s\n", s->wdt, s->E,
+                          s->I, s->HID, km_scale(sc, sizeof sc, s, s->wdt, "gate"));
+            moec_buf_printf(&w, "  weight %%up : %s[%d, %d, %d] = \"up\"%s\n", s->wdt, s->E, s->I,
+                          s->HID, km_scale(sc, sizeof sc, s, s->wdt, "up"));
         } else {
-            moec_buf_printf(&w, "  weight %%gate_up : %s[%d, %d, %d] = \"gate_up\"\n", s->wdt, s->E,
-                          2 * s->I, s->HID);
+            moec_buf_printf(&w, "  weight %%gate_up : %s[%d, %d, %d] = \"gate_up\"%s\n", s->wdt,
+                          s->E, 2 * s->I, s->HID, km_scale(sc, sizeof sc, s, s->wdt, "gate_up"));
         }
-        moec_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"\n", s->wdt, s->E, s->HID,
-                      s->I);
+        moec_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"%s\n", s->wdt, s->E, s->HID,
+                      s->I, km_scale(sc, sizeof sc, s, s->wdt, "down"));
         const char *ws = split ? "%gate, %up, %down" : "%gate_up, %down";
         if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
             moec_buf_printf(&o, "  %%y : f32[T, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s}\n",
@@ -134,6 +152,12 @@ static inline char *km_text(const km_spec *s)
         else
             moec_buf_printf(&o, "  %%y : f32[T, %d, %d] = moe_experts(%%x, %%ids, %s)\n", s->K,
                           s->HID, ws);
+    }
+    if (s->LN > 0) {
+        km_table(&w, &o, s, "lx", s->LK, "bf16");
+        moec_buf_printf(&w, "  weight %%lw : %s[%d, %d] = \"lw\"%s\n", s->ldt, s->LN, s->LK,
+                      km_scale(sc, sizeof sc, s, s->ldt, "lw"));
+        moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)\n", s->LN);
     }
     moec_buf_printf(&all,
                   "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"
@@ -162,23 +186,29 @@ static inline ir_module *km_module(const km_spec *s)
     return m;
 }
 
-/* Whether codegen/attention.c ... codegen/moe_experts.c emit op. */
+/* Whether codegen/attention.c ... codegen/moe_experts.c or codegen/dsa_topk.c
+ * emit op, or it is
+ * a linear of an fp8 weight (codegen/linear.c: generated kernels in every
+ * bucket, never a cuBLASLt step). */
 static inline int km_is_heavy(const ir_op *op)
 {
     return op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION ||
            op->kind == IR_OP_MOE_TOPK || op->kind == IR_OP_MOE_ROUTED ||
-           op->kind == IR_OP_MOE_EXPERTS || op->kind == IR_OP_DSA_TOPK;
+           op->kind == IR_OP_MOE_EXPERTS || op->kind == IR_OP_DSA_TOPK ||
+           (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
 /* Steps each heavy op emits (moe_routed: align, gate_up, down, sum;
- * dsa_topk: key write, scores, select); the
- * attention ops add a merge to their 2 when they split the sequence. */
+ * dsa_topk: key write, scores, select); the attention ops add a merge to
+ * their 2 when they split the sequence, an fp8 linear has one or more
+ * (km_steps_of says 1: check its own count). */
 static inline int km_steps_of(const ir_op *op)
 {
     switch (op->kind) {
     case IR_OP_ATTENTION:
     case IR_OP_MLA_ATTENTION: return 2;
     case IR_OP_MOE_TOPK: return 1;
+    case IR_OP_LINEAR: return km_is_heavy(op) ? 1 : 0;
     case IR_OP_MOE_ROUTED: return 4;
     case IR_OP_MOE_EXPERTS: return 3;
     case IR_OP_DSA_TOPK: return 3; /* key write, scores, select */

@@ -1,6 +1,7 @@
 /* test_codegen_kernels.c — the heavy kernels' emitters (attention,
- * mla_attention, moe_topk, moe_routed, moe_experts, argmax) on hand-built
- * modules of real model shapes and odd small ones, and on the ops of the
+ * mla_attention, moe_topk, moe_routed, moe_experts, argmax, and linears and
+ * experts of fp8 weights) on hand-built modules of real model shapes and
+ * odd small ones, and on the ops of the
  * tiny models after the whole pass pipeline, for buckets T = 1, 8, 64:
  * the steps they emit (kernels, grids, blocks, argument lists that match
  * the kernel signatures, scratch offsets) for every bucket, and an NVRTC
@@ -98,6 +99,10 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         if (op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION) {
             /* cache write, attention, and the merge when the sequence is split */
             T_CHECK(n == 2 || n == 3);
+            want += n;
+        } else if (op->kind == IR_OP_LINEAR && km_is_heavy(op)) {
+            /* one kernel, or the few-rows kernel per group of up to 4 rows */
+            T_CHECK(n >= 1 && n <= (c->T + 3) / 4);
             want += n;
         } else {
             want += km_steps_of(op);
@@ -520,15 +525,120 @@ static void test_odd_shapes(void)
         }
 }
 
+/* ---- fp8 weights ------------------------------------------------------------ */
+
+/* Whether a is weight `name` of m at byte offset at (0: its codes; its
+ * scale offset: its scales). */
+static int weight_arg(const ir_module *m, ir_arg a, const char *name, int scales)
+{
+    const ir_value *v = ir_module_find_value(m, name);
+    return v && a.kind == IR_ARG_WEIGHT && a.index == v->id &&
+           a.i == (scales ? (int64_t)ir_weight_scale_offset(v) : 0) &&
+           (!scales || a.i >= ir_type_numel(&v->type, 0));
+}
+
+/* The fp8 linear and experts: kernels named for fp8 and their blocks, the
+ * weights passed as codes then scales, the few-rows kernel up to T = 4,
+ * tensor cores beyond where the shapes allow, else the few-rows kernel
+ * per group of 4 rows (x and y offset to the group's rows). */
+static void check_fp8(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T;
+    int l = steps_of(m, c, IR_OP_LINEAR);
+    const ir_value *lw = ir_module_find_value(m, "lw");
+    if (l >= 0 && lw) {
+        const ir_step *s = &c->steps[l];
+        long long N = lw->type.dims[0], K = lw->type.dims[1];
+        int mma = T > 4 && K % 32 == 0 && lw->scale.block[1] % 32 == 0 &&
+                  lw->scale.block[0] % 16 == 0;
+        const char *kn = c->kernel_names[s->kernel];
+        char tag[32];
+        snprintf(tag, sizeof tag, "_f8e4m3_bf16_bf16_s%lldx%lld", (long long)lw->scale.block[0],
+                 (long long)lw->scale.block[1]);
+        T_CHECK(strstr(kn, tag) != NULL && s->n_args == 6 && weight_arg(m, s->args[1], "lw", 0) &&
+                weight_arg(m, s->args[2], "lw", 1) && s->args[4].kind == IR_ARG_F32);
+        if (mma) {
+            /* two 16-row tiles a block from T = 32 where 264 blocks remain */
+            int rt = (T + 7) / 8 >= 4 && N / 32 >= 264 ? 2 : 1;
+            char form[32];
+            snprintf(form, sizeof form, "_w4_rt%d_", rt);
+            T_CHECK(!strncmp(kn, "linear_mma_", 11) && strstr(kn, form) &&
+                    s->grid[0] == (unsigned)((N + 16 * rt - 1) / (16 * rt)) && s->block[0] == 128);
+        } else {
+            T_CHECK(!strncmp(kn, "linear_gemv_", 12));
+            int groups = T <= 4 ? 1 : (T + 3) / 4, ok = 1;
+            for (int g = 0; g < groups; g++) {
+                const ir_step *sg = &c->steps[l + g];
+                ok &= sg->op_id == s->op_id && sg->args[0].i == (int64_t)g * 4 * K * 2 &&
+                      sg->args[5].i == (int64_t)g * 4 * N * 2;
+            }
+            T_CHECK(ok);
+        }
+    }
+    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    if (r < 0)
+        return;
+    const ir_step *gu = &c->steps[r + 1], *dn = &c->steps[r + 2];
+    int split = ir_module_find_value(m, "up") != NULL;
+    const char *g = split ? "gate" : "gate_up", *u = split ? "up" : "gate_up";
+    T_CHECK(gu->n_args == 9 && weight_arg(m, gu->args[1], g, 0) &&
+            weight_arg(m, gu->args[2], u, 0) && weight_arg(m, gu->args[3], g, 1) &&
+            weight_arg(m, gu->args[4], u, 1) && gu->args[5].kind == IR_ARG_SCRATCH);
+    T_CHECK(dn->n_args == 9 && weight_arg(m, dn->args[1], "down", 0) &&
+            weight_arg(m, dn->args[2], "down", 1) && dn->args[3].kind == IR_ARG_SCRATCH);
+    T_CHECK(strstr(c->kernel_names[gu->kernel], "_f8e4m3_") != NULL &&
+            strstr(c->kernel_names[dn->kernel], "_f8e4m3_") != NULL);
+}
+
+static void test_fp8_shapes(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    /* DeepSeek-V3's kv_a (576 rows: 4.5 row blocks) and routed experts
+       (16 of its 256) */
+    km_spec v3 = {.name = "k_f8_v3", .vocab = 8, .E = 16, .K = 8, .sigmoid = 1, .NG = 8, .TG = 4,
+                  .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5, .moe = KM_ROUTED,
+                  .HID = 7168, .I = 2048, .wdt = "f8e4m3", .moe_scale = 1.0, .LN = 576,
+                  .LK = 7168, .ldt = "f8e4m3"};
+    /* Qwen3-30B-A3B's experts (gate and up apart) and o_proj */
+    km_spec q3 = {.name = "k_f8_qwen3", .vocab = 8, .E = 128, .K = 8, .NG = 1, .TG = 1, .norm = 1,
+                  .scaling = 1.0, .moe = KM_ROUTED_SPLIT, .HID = 2048, .I = 768,
+                  .wdt = "f8e4m3", .moe_scale = 1.0, .LN = 2048, .LK = 4096, .ldt = "f8e4m3"};
+    /* partial blocks everywhere, blocks of 32 x 64, up starting inside a
+       row block; a linear whose K (200) is not in 32-wide chunks */
+    km_spec odd = {.name = "k_f8_odd", .vocab = 8, .E = 4, .K = 2, .NG = 1, .TG = 1,
+                   .scaling = 1.0, .moe = KM_ROUTED, .HID = 320, .I = 48, .wdt = "f8e4m3",
+                   .moe_scale = 0.5, .LN = 37, .LK = 200, .ldt = "f8e4m3", .BN = 32, .BK = 64};
+    /* V2-Lite's dense gate_proj quantized: 10944 rows (85.5 row blocks),
+       two row tiles a block at T = 64 */
+    km_spec v2 = {.name = "k_f8_v2lite_gate", .vocab = 8, .LN = 10944, .LK = 2048,
+                  .ldt = "f8e4m3"};
+    const km_spec *specs[] = {&v3, &q3, &odd, &v2};
+    /* compiled: v3 at T = 1 and 64 (few-rows and tensor-core linears,
+       CUDA-core and tensor-core experts), qwen3 at T = 8 and 64, odd at
+       64 in bf16 (grouped few-rows linear) and at 8 in f32, v2 at 64 */
+    const unsigned compile[] = {5, 6, 4, 4};
+    for (int i = 0; i < 4; i++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            ir_module *m = km_module(specs[i]);
+            T_CHECK(m != NULL);
+            if (m)
+                run_module(m, &o, f32 ? NULL : check_fp8, f32 ? (i == 2 ? 2u : 0u) : compile[i]);
+            ir_module_free(m);
+        }
+}
+
 /* ---- the tiny models after every pass ------------------------------------- */
 
 static void test_tiny_models(void)
 {
-    static const char *models[] = {"deepseek_v2", "deepseek_v3", "qwen3_moe", "qwen2_moe",
+    static const char *models[] = {"deepseek_v2",     "deepseek_v3",   "qwen3_moe",
+                                   "qwen2_moe",       "deepseek_v3_fp8", "qwen3_moe_fp8",
                                    "deepseek_v32"};
     cg_options o;
     cg_options_default(&o);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 7; i++) {
         ir_module *m = t_pipeline_module(models[i], NULL, NULL);
         T_CHECK(m != NULL);
         if (!m)
@@ -537,7 +647,7 @@ static void test_tiny_models(void)
         for (int k = 0; k < m->n_ops; k++)
             heavy += km_is_heavy(m->ops[k]);
         T_CHECK(heavy >= 4);
-        run_module(m, &o, NULL, i == 1 ? 4 : i == 2 ? 1 : i == 4 ? 2 : 0);
+        run_module(m, &o, NULL, i == 1 || i == 4 ? 4 : i == 2 || i == 5 ? 1 : i == 6 ? 2 : 0);
         ir_module_free(m);
     }
 }
@@ -631,6 +741,7 @@ int main(void)
     test_pdl_waits();
     test_real_shapes();
     test_odd_shapes();
+    test_fp8_shapes();
     test_tiny_models();
     test_errors();
     test_argmax_nonfinite();

@@ -28,7 +28,7 @@ expect() {
 }
 
 expect 0 "compile MODEL_DIR" -- "$B" --help
-for f in --output --arch --dtype --buckets --batch-sizes --tp --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
+for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
   expect 0 "$f" -- "$B" compile --help
 done
 expect 0 "--weights DIR" -- "$B" run --help
@@ -110,6 +110,27 @@ expect 1 "no *.safetensors" -- "$B" compile "$T/noweights" -o "$T/x.moec"
 [ ! -e "$T/x.moec" ] && ok || bad "a failed compile left $T/x.moec"
 "$B" compile "$D/deepseek_v3" -o "$T/again.moec" --batch-sizes 1,8 2>/dev/null
 cmp -s "$T/again.moec" "$P" && ok || bad "a recompile (warm cache) wrote a different plan"
+
+# --quantize fp8: the fp8 checkpoint written beside the plan (PLAN without
+# .moec, plus .fp8), the plan compiled for it; the CPU runs the same folder.
+Q=$T/q.moec
+"$B" compile "$D/deepseek_v3" -o "$Q" --quantize fp8 --batch-sizes 1 2>"$T/qerr"; rc=$?
+[ "$rc" = 0 ] && ok || bad "compile --quantize fp8 exited $rc: $(cat "$T/qerr")"
+grep -q "moec compile: the fp8 checkpoint is $T/q.fp8: run the plan with --weights $T/q.fp8" "$T/qerr" && ok ||
+  bad "compile --quantize fp8 does not say where the checkpoint is: $(cat "$T/qerr")"
+grep -q '"quant_method":[[:space:]]*"fp8"' "$T/q.fp8/config.json" && [ -f "$T/q.fp8/model-00001.safetensors" ] && ok ||
+  bad "$T/q.fp8 is not an fp8 checkpoint"
+[ "$(head -c 8 "$Q" 2>/dev/null)" = MOECPLAN ] && ok || bad "compile --quantize fp8 wrote no plan"
+got=$("$B" run "$T/q.fp8" --prompt-ids 3,4,5 --max-new-tokens 3 --ignore-eos --backend cpu)
+[ -n "$got" ] && ok || bad "the fp8 checkpoint does not run on the CPU"
+expect 1 "plan $Q was compiled for another config" -- "$B" run "$Q" --weights "$D/deepseek_v3" --prompt-ids 1,2 --max-new-tokens 1
+compile_fast 1 "cannot write the fp8 checkpoint $T/q.fp8: it exists (remove it, or name another folder)" -- \
+  "$B" compile "$D/deepseek_v3" -o "$Q" --quantize fp8
+compile_fast 1 "is quantized already (its config.json has a quantization_config): nothing to quantize" -- \
+  "$B" compile "$D/deepseek_v3_fp8" -o "$T/q2.moec" --quantize fp8 --quantized-dir "$T/q2"
+[ ! -e "$T/q2" ] && ok || bad "a refused quantization left $T/q2"
+expect 2 "--quantize: 'int4' is not fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantize int4
+expect 2 "--quantized-dir goes with --quantize fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantized-dir "$T/qq"
 
 # run MODEL_DIR --weights DIR reads the weights from DIR.
 mkdir -p "$T/cfg" && cp "$D/qwen3_moe/config.json" "$T/cfg/"

@@ -1,26 +1,14 @@
 #!/usr/bin/env bash
 # test_fuzz_safetensors.sh — runs the libFuzzer target fuzz_safetensors
-# (rt_safetensors_check_buffer under ASan and UBSan) for a bounded time on a
-# seed corpus: the files in tests/fuzz/corpus (written by
-# rt_safetensors_write) plus a few hand-made headers written here. Fails if
-# the fuzzer reports a crash, a sanitizer error, a leak or a timeout; the
-# input that did it is kept in $MOEC_BUILD_DIR/fuzz-artifacts/. Without
-# clang the target is not built and the test says SKIP.
+# (rt_safetensors_check_buffer under ASan and UBSan) for a bounded time
+# (tests/fuzz/run.sh) on a seed corpus: the files in tests/fuzz/corpus
+# (written by rt_safetensors_write) plus a few hand-made headers written
+# here. Fails if the fuzzer reports a crash, a sanitizer error, a leak or a
+# timeout; the input that did it is kept in $MOEC_BUILD_DIR/fuzz-artifacts/.
+# Without clang the target is not built and the test says SKIP.
 set -u
-
-src=${MOEC_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-build=${MOEC_BUILD_DIR:-$src/build}
-bin=$build/tests/fuzz/fuzz_safetensors
-
-if [ ! -x "$bin" ]; then
-    echo "SKIP: $bin was not built (it needs clang with -fsanitize=fuzzer and MOEC_FUZZ=ON);" \
-         "safetensors fuzzing did NOT run"
-    exit 0
-fi
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/moec-fuzz-st-XXXXXX") || exit 1
-trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/corpus" "$work/artifacts"
+. "$(dirname "$0")/fuzz/run.sh"
+fuzz_begin fuzz_safetensors
 cp "$src"/tests/fuzz/corpus/* "$work/corpus/" || exit 1
 
 # The 8-byte little-endian length as printf escapes.
@@ -70,23 +58,4 @@ cat >"$work/dict" <<'EOF'
 "\\u0000"
 EOF
 
-"$bin" -max_total_time=20 -runs=3000000 -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-    -dict="$work/dict" -artifact_prefix="$work/artifacts/" -print_final_stats=1 \
-    "$work/corpus" >"$work/log" 2>&1
-rc=$?
-
-if [ $rc -ne 0 ] || [ -n "$(ls -A "$work/artifacts")" ]; then
-    tail -n 60 "$work/log"
-    mkdir -p "$build/fuzz-artifacts"
-    for f in "$work"/artifacts/*; do
-        [ -e "$f" ] || continue
-        cp "$f" "$build/fuzz-artifacts/"
-        echo "input $(basename "$f") (kept in $build/fuzz-artifacts):"
-        od -A d -c "$f" | head -n 20
-    done
-    echo "FAIL: fuzz_safetensors found a problem (exit $rc); reproduce with $bin <input>"
-    exit 1
-fi
-grep -E '^(Done|stat::number_of_executed_units)' "$work/log"
-echo "fuzz_safetensors: no crash"
-exit 0
+fuzz_run -max_len=4096 -dict="$work/dict"

@@ -5,8 +5,9 @@
  * per row, max |moec - ref| <= 1e-4 * max |ref|; tokens identical. Checked
  * twice: the unfused module through the public API (what `moec run --backend
  * cpu` runs), and the module after the whole pass pipeline, interpreted in
- * its planned memory arena. The fp8 tiny models wait for their goldens in
- * GOLDENS_PENDING (below). */
+ * its planned memory arena. The fp8 tiny models' goldens are those of their
+ * dequantized F32 twin (make_goldens.py). deepseek_v32 waits for its goldens
+ * in GOLDENS_PENDING (below). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -69,19 +70,17 @@ static void runner_close(runner *r)
 }
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
+                               "qwen3_moe", "deepseek_v3_fp8", "qwen3_moe_fp8"};
 
 /* Models whose goldens scripts/gpu_goldens.sh has not yet written (it needs
- * torch and transformers: the GPU machine): the fp8 checkpoints, which
- * make_goldens.py dequantizes for transformers, and deepseek_v32, whose
- * context of 28 tokens is past its index_topk of 8 so that the indexer's
- * selection decides its logits. Until their logits.bin and golden.json
- * exist they are not compared here (test_fp8 compares the fp8 models with
- * their dequantized F32 twin, test_dsa deepseek_v32 with dense V3 MLA of
- * the same weights and its top-k boundary's margin); once those exist they
- * are compared like the others, and this test FAILS until the model moves
- * to MODELS: that move completes the check. */
-static const char *GOLDENS_PENDING[] = {"deepseek_v3_fp8", "qwen3_moe_fp8", "deepseek_v32"};
+ * torch and transformers: the GPU machine): deepseek_v32, whose context of
+ * 28 tokens is past its index_topk of 8 so that the indexer's selection
+ * decides its logits. Until its logits.bin and golden.json exist it is not
+ * compared here (test_dsa compares it with dense V3 MLA of the same weights
+ * and checks its top-k boundary's margin); once those exist it is compared
+ * like the others, and this test FAILS until the model moves to MODELS:
+ * that move completes the check. */
+static const char *GOLDENS_PENDING[] = {"deepseek_v32"};
 
 static int read_ints(const cJSON *arr, int32_t *out, int cap)
 {

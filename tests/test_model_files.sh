@@ -88,7 +88,7 @@ out=$("$B/moec" run "$T/eos" --prompt-ids 116 --max-new-tokens 8 --backend cpu 2
 [ "$out" = "$want" ] && ok || bad "moec run with eos [$other, $stop]: '$out', want '$want'"
 echo '{"id":"e","prompt_ids":[116],"max_new_tokens":8}' |
   "$B/moec" serve "$T/eos" --stdin --backend cpu >"$T/serve.out" 2>"$T/serve.err"
-grep -qF "{\"id\":\"e\",\"done\":true,\"tokens\":[${want// /,}],\"finish\":\"eos\"}" "$T/serve.out" && ok ||
+grep -qF "{\"id\":\"e\",\"done\":true,\"tokens\":[${want// /,}],\"finish\":\"eos\"," "$T/serve.out" && ok ||
   bad "moec serve with eos [$other, $stop]: $(cat "$T/serve.out" "$T/serve.err")"
 grep -qF "eos $other, $stop;" "$T/serve.err" && ok || bad "moec serve startup line: $(cat "$T/serve.err")"
 # without the generation config, config.json's eos 1 stops it after 64, 1

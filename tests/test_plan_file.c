@@ -218,6 +218,10 @@ int main(void)
     expect_header_edit(good, n, bad, "\"arena_bytes\":48", ":", "-1",
                        "header field 'arena_bytes' is -1, not an integer in [0, "
                        "9007199254740992]");
+    /* A number no field holds (found writing fuzz_plan_file): 9e9 threads a
+     * block, reported as the file has it. */
+    expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "9e9",
+                       "is corrupt: a step field is ");
     free(d);
     free(good);
     expect_read_error("/nonexistent/x.moec", MOEC_ERR_IO, "/nonexistent/x.moec");
@@ -280,6 +284,28 @@ int main(void)
               MOEC_ERR_MISMATCH, "was compiled for another checkpoint");
         ir_module_free(v3);
     }
+    /* An fp8 checkpoint's hash covers its scale tensors: a weight bound to
+     * other scales hashes differently, and missing ones are named. */
+    ir_module *f8 = NULL;
+    const char *f8dir = t_src("tests/data/deepseek_v3_fp8");
+    T_OK(fe_model_load(f8dir, &f8));
+    ir_value *o = f8 ? ir_module_find_value(f8, "l0.attn.o_proj") : NULL;
+    T_CHECK(o && o->scale.block[0] == 128 && o->scale.bind.kind == IR_BIND_TENSOR);
+    if (o) {
+        char h1[17], h2[17];
+        T_OK(rt_hash_weights(f8, f8dir, h1));
+        const char *kept = o->scale.bind.name;
+        o->scale.bind.name = "model.layers.1.self_attn.o_proj.weight_scale_inv";
+        T_OK(rt_hash_weights(f8, f8dir, h2));
+        T_CHECK(strcmp(h1, h2) != 0);
+        o->scale.bind.name = "model.layers.0.self_attn.o_proj.no_scale";
+        T_ERR(rt_hash_weights(f8, f8dir, h2), MOEC_ERR_MISMATCH,
+              "tensor 'model.layers.0.self_attn.o_proj.no_scale' not found in");
+        o->scale.bind.name = kept;
+        T_OK(rt_hash_weights(f8, f8dir, h2));
+        T_CHECK(!strcmp(h1, h2));
+    }
+    ir_module_free(f8);
     ir_plan_free(p);
     ir_module_free(m);
     return t_finish("test_plan_file");

@@ -29,19 +29,28 @@ run 0 "$B" dump-ir "$D/deepseek_v3"
 run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1,999 --max-new-tokens 1
 run 2 "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 100000
 # Non-finite logits (token 59's embedding row NaN): [1,2] generates 59, then
-# fails; the service fails that request and finishes the other.
+# fails; the service fails that request, a sampled one with 59 in its prompt
+# and one whose repetition penalty overflows, and finishes the other.
 "${MOEC_BUILD_DIR:?}/tests/nan_model" "$D/deepseek_v3" "$T/nan59" model.embed_tokens.weight 59
 run 1 "$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 3 --ignore-eos --backend cpu
 printf '%s\n' '{"id":"nan","prompt_ids":[1,2],"max_new_tokens":3,"ignore_eos":true}' \
-  '{"id":"ok","prompt_ids":[3,250,7],"max_new_tokens":3,"ignore_eos":true}' >"$T/nan-requests"
+  '{"id":"ok","prompt_ids":[3,250,7],"max_new_tokens":3,"ignore_eos":true}' \
+  '{"id":"s","prompt_ids":[1,59],"max_new_tokens":2,"temperature":0.8,"logprobs":true}' \
+  '{"id":"pen","prompt_ids":[3,250,7,11,40,90,120,200],"max_new_tokens":2,"repetition_penalty":1e-45}' \
+  >"$T/nan-requests"
 run 0 "$B" serve "$T/nan59" --stdin --backend cpu <"$T/nan-requests"
-# The service: requests served together (one in two prefill chunks), a bad
-# one, one refused for want of a slot, a line cut off by the end of input.
+# The service: requests served together (one in two prefill chunks), one
+# waiting for a sequence, one sampled with log probabilities, a bad one, a
+# cancel line, a stats line, a line cut off by the end of input. (Many
+# connections, cancels and disconnects: test_serve_load.sh.)
 {
   echo '{"id":"a","prompt_ids":[0,17,42,99,5,200,31],"max_new_tokens":3,"ignore_eos":true}'
   echo "{\"id\":2,\"prompt_ids\":[$(seq -s, 1 70)],\"max_new_tokens\":2}"
-  echo '{"id":"full","prompt_ids":[1],"max_new_tokens":1}'
+  echo '{"id":"wait","prompt_ids":[1],"max_new_tokens":1}'
+  echo '{"id":"s","prompt_ids":[0,17,42,99,5,200],"max_new_tokens":4,"temperature":1.1,"top_p":0.9,"seed":5,"logprobs":true,"top_logprobs":2,"repetition_penalty":1.2}'
   echo '{"id":"bad","prompt_ids":[1,"x"],"max_new_tokens":1}'
+  echo '{"id":"a","cancel":true}'
+  echo '{"stats":true}'
   echo 'not json'
   printf '%s' '{"id":"cut","prompt_ids":[1],"max_new_tokens":1'
 } >"$T/requests"

@@ -625,6 +625,92 @@ static void test_fp8_reads(void)
     ir_module_free(m);
 }
 
+/* Weight %w of m read as stored (rt_weights_read_f8) gives the codes
+ * `codes` (n of them) and the scales `scales` (ns), and dequantizing them
+ * by the grid rt_weights_read_f8 documents, code i times scale
+ * [.., row / b0, col / b1], is bit for bit what rt_weights_read_f32 gives:
+ * the layout the GPU kernels index. */
+static void expect_raw(ir_module *m, const uint8_t *codes, int n, const float *scales, int ns)
+{
+    const ir_value *v = ir_module_find_value(m, "w");
+    rt_weights *w = NULL;
+    T_OK(rt_weights_open(m, g_fp8_dir, &w));
+    uint8_t q[64];
+    float s[64], f[64];
+    memset(q, 0xee, sizeof q);
+    for (int i = 0; i < 64; i++)
+        s[i] = NAN;
+    if (!w || rt_weights_read_f8(w, v, q, s) != MOEC_OK ||
+        rt_weights_read_f32(w, v, f) != MOEC_OK) {
+        T_CHECK(!"reading the fp8 weight");
+        rt_weights_free(w);
+        ir_module_free(m);
+        return;
+    }
+    T_CHECK(!memcmp(q, codes, (size_t)n) && q[n] == 0xee);
+    T_CHECK(!memcmp(s, scales, (size_t)ns * sizeof *s) && isnan(s[ns]));
+    int r = v->type.rank;
+    int64_t rows = v->type.dims[r - 2], cols = v->type.dims[r - 1];
+    ir_type st = ir_block_scale_type(v);
+    int64_t srows = st.dims[r - 2], scols = st.dims[r - 1];
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t col = i % cols, row = (i / cols) % rows, lead = i / (cols * rows);
+        int64_t si = (lead * srows + row / v->scale.block[0]) * scols + col / v->scale.block[1];
+        bad += !same_float(rt_f8e4m3_to_f32(q[i]) * s[si], f[i]);
+    }
+    T_CHECK(bad == 0);
+    rt_weights_free(w);
+    ir_module_free(m);
+}
+
+static void test_fp8_raw(void)
+{
+    ir_binding q = {.kind = IR_BIND_TENSOR, .name = "q.weight"};
+    ir_binding qs = {.kind = IR_BIND_TENSOR, .name = "q.weight_scale_inv"};
+    expect_raw(fp8_module(ty(IR_DTYPE_F8E4M3, 2, 3, 5, 0), &q, &qs, 2, 2), Q35, 15, S23, 6);
+    /* a stack: expert after expert, codes and scales alike */
+    ir_binding e = {.kind = IR_BIND_STACK, .name = "e.{e}.weight", .count = 2};
+    ir_binding es = {.kind = IR_BIND_STACK, .name = "e.{e}.weight_scale_inv", .count = 2};
+    uint8_t codes[64];
+    float scales[64];
+    memcpy(codes, E23[0], 6);
+    memcpy(codes + 6, E23[1], 6);
+    memcpy(scales, E22[0], sizeof E22[0]);
+    memcpy(scales + 4, E22[1], sizeof E22[1]);
+    expect_raw(fp8_module(ty(IR_DTYPE_F8E4M3, 3, 2, 2, 3), &e, &es, 1, 2), codes, 12, scales, 8);
+    /* rows of a then rows of b; the scale rows likewise */
+    memcpy(codes, Q35, 10);
+    memcpy(codes + 10, Q35, 15);
+    memcpy(scales, S23, 3 * sizeof *scales);
+    memcpy(scales + 3, S23, 6 * sizeof *scales);
+    expect_raw(fp8_rows_module("a", "b"), codes, 25, scales, 9);
+    /* gate_up as the passes fuse it: concat(1, stack, stack), per expert
+       the first stack's rows then the second's, and their scale rows */
+    ir_binding parts[2] = {e, e}, sparts[2] = {es, es};
+    ir_binding cat = {.kind = IR_BIND_CONCAT, .axis = 1, .n_parts = 2, .parts = parts};
+    ir_binding scat = {.kind = IR_BIND_CONCAT, .axis = 1, .n_parts = 2, .parts = sparts};
+    for (int x = 0; x < 2; x++) {
+        memcpy(codes + 12 * x, E23[x], 6);
+        memcpy(codes + 12 * x + 6, E23[x], 6);
+        memcpy(scales + 8 * x, E22[x], sizeof E22[x]);
+        memcpy(scales + 8 * x + 4, E22[x], sizeof E22[x]);
+    }
+    expect_raw(fp8_module(ty(IR_DTYPE_F8E4M3, 3, 2, 4, 3), &cat, &scat, 1, 2), codes, 24, scales,
+               16);
+    /* a weight dequantized at load has no fp8 form to read */
+    ir_module *m = fp8_module(ty(IR_DTYPE_BF16, 2, 3, 5, 0), &q, &qs, 2, 2);
+    rt_weights *w = NULL;
+    T_OK(rt_weights_open(m, g_fp8_dir, &w));
+    uint8_t b[16];
+    float f[8];
+    if (w)
+        T_ERR(rt_weights_read_f8(w, ir_module_find_value(m, "w"), b, f), MOEC_ERR_INVALID_ARG,
+              "rt_weights_read_f8: weight %w is not kept in fp8 (dtype bf16)");
+    rt_weights_free(w);
+    ir_module_free(m);
+}
+
 /* Opening weight %w (type t, bound by b, scales by sb in blocks b0 x b1) in
  * the fp8 checkpoint fails with st and needle. */
 static void expect_module_err(ir_module *m, moec_status st, const char *needle, int line)
@@ -721,6 +807,7 @@ int main(void)
     test_e4m3_codes();
     make_fp8_checkpoint();
     test_fp8_reads();
+    test_fp8_raw();
     test_fp8_errors();
     return t_finish("test_weights");
 }

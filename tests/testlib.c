@@ -241,6 +241,136 @@ static void nonfinite_engine(moec_backend backend, const char *nan59)
     moec_engine_free(e);
 }
 
+/* The scheduler's requests for nonfinite_sched: greedy and sampled, with a
+ * 59 in the prompt, one whose first token is 59 (on the CPU), ones that
+ * never meet a 59, and one whose repetition penalty overflows the row it
+ * samples from (1e-45 divides a positive logit past FLT_MAX). */
+#define NF_REQ 6
+static const int32_t NF_PROMPT[NF_REQ][8] = {
+    {1, 2}, {3, 250, 7}, {1, 59, 2}, {1, 59, 2}, {3, 250, 7}, {3, 250, 7, 11, 40, 90, 120, 200}};
+static const int NF_N_PROMPT[NF_REQ] = {2, 3, 3, 3, 3, 8};
+static const int NF_MAX_NEW[NF_REQ] = {4, 5, 3, 3, 5, 2};
+
+typedef struct nf_result {
+    int32_t out[8];
+    int n_out;
+    moec_finish finish;
+    char error[128];
+} nf_result;
+
+/* Submits the NF_REQ requests to a fresh engine on dir and runs it dry:
+ * each request's tokens, finish and error into res[], each run's status
+ * and error (for the first two) into st[] and err[]. */
+static void nf_run(moec_backend backend, const char *dir, nf_result *res, moec_status st[2],
+                   char err[2][256])
+{
+    moec_model_t *m = NULL;
+    moec_engine_t *e = NULL;
+    memset(res, 0, NF_REQ * sizeof *res);
+    T_OK(moec_model_open(dir, &m));
+    moec_engine_options o = {.backend = backend, .max_seqs = NF_REQ, .max_seq_len = 32};
+    T_OK(moec_engine_open(m, dir, &o, &e));
+    moec_model_free(m);
+    if (!e)
+        return;
+    for (int r = 0; r < NF_REQ; r++) {
+        moec_request q = {.prompt = NF_PROMPT[r], .n_prompt = NF_N_PROMPT[r],
+                          .max_tokens = NF_MAX_NEW[r], .ignore_eos = 1,
+                          .user = (void *)(intptr_t)r};
+        if (r == 3 || r == 4)
+            q.sampling = (moec_sampling){.temperature = 0.9f, .top_k = r == 4 ? 5 : 0,
+                                         .seed = 7, .logprob = 1};
+        if (r == 5)
+            q.sampling.repetition_penalty = 1e-45f;
+        uint64_t id;
+        T_OK(moec_engine_submit(e, &q, &id));
+        T_CHECK(id == (uint64_t)r + 1);
+    }
+    for (int k = 0; moec_engine_pending(e) && k < 100; k++) {
+        const moec_event *ev;
+        int n;
+        moec_status rs = moec_engine_run(e, &ev, &n);
+        if (k < 2) {
+            st[k] = rs;
+            snprintf(err[k], sizeof err[k], "%s", rs == MOEC_OK ? "" : moec_last_error());
+        } else {
+            T_OK(rs);
+        }
+        for (int i = 0; i < n; i++) {
+            nf_result *r = &res[(intptr_t)ev[i].user];
+            if (ev[i].finish == MOEC_FINISH_ERROR)
+                snprintf(r->error, sizeof r->error, "%s", ev[i].error);
+            else if (r->n_out < 8)
+                r->out[r->n_out++] = ev[i].token;
+            r->finish = ev[i].finish;
+        }
+    }
+    T_CHECK(moec_engine_pending(e) == 0);
+    moec_engine_free(e);
+}
+
+/* The first position of 59 in request r's prompt and its first n output
+ * tokens, -1 if none. */
+static int nf_first59(int r, const nf_result *x, int n)
+{
+    for (int i = 0; i < NF_N_PROMPT[r] + n; i++)
+        if ((i < NF_N_PROMPT[r] ? NF_PROMPT[r][i] : x->out[i - NF_N_PROMPT[r]]) == 59)
+            return i;
+    return -1;
+}
+
+/* The scheduler on a model whose token 59 has a NaN embedding row: a
+ * request ends with an error at the first position of a 59 it feeds
+ * (prompt or output), greedy or sampled, having streamed what came before;
+ * a request that feeds none runs to its length; a penalty that overflows
+ * ends its request too. On the CPU, exactly: which requests, their
+ * positions and the runs' errors, and the others' tokens as on the clean
+ * model. */
+static void nonfinite_sched(moec_backend backend, const char *clean, const char *nan59)
+{
+    static nf_result got[NF_REQ], ref[NF_REQ];
+    moec_status st[2] = {MOEC_OK, MOEC_OK}, st_ref[2];
+    char err[2][256] = {"", ""}, err_ref[2][256];
+    nf_run(backend, nan59, got, st, err);
+    for (int r = 0; r < 5; r++) {
+        const nf_result *x = &got[r];
+        int at = nf_first59(r, x, x->n_out);
+        if (x->finish == MOEC_FINISH_ERROR) {
+            char want[128];
+            snprintf(want, sizeof want, "the logits at position %d hold a NaN or an infinity", at);
+            T_CHECK(at >= 0 && !strcmp(x->error, want));
+            T_CHECK(x->n_out == (at + 1 > NF_N_PROMPT[r] ? at + 1 - NF_N_PROMPT[r] : 0));
+        } else {
+            T_CHECK(x->finish == MOEC_FINISH_LENGTH && x->n_out == NF_MAX_NEW[r]);
+            T_CHECK(nf_first59(r, x, x->n_out - 1) < 0);
+        }
+    }
+    T_CHECK(got[2].finish == MOEC_FINISH_ERROR && got[3].finish == MOEC_FINISH_ERROR);
+    T_CHECK(st[0] == MOEC_ERR_NUMERIC &&
+            strstr(err[0], "step 0, request 3: the logits at position 1 hold a NaN or an "
+                           "infinity ("));
+    if (backend != MOEC_BACKEND_CPU)
+        return;
+    /* deepseek_v3's [1,2] continues 59; the penalty overflows on either
+     * model; the clean model's other requests give the same tokens */
+    nf_run(backend, clean, ref, st_ref, err_ref);
+    T_CHECK(got[0].n_out == 1 && got[0].out[0] == 59 && got[0].finish == MOEC_FINISH_ERROR);
+    T_CHECK(got[5].finish == MOEC_FINISH_ERROR && ref[5].finish == MOEC_FINISH_ERROR &&
+            !strcmp(got[5].error, "the logits at position 7 hold a NaN or an infinity once "
+                                  "the penalties apply"));
+    T_CHECK(strstr(err[0], "(3 of the step's 6 requests end with such an error)"));
+    T_CHECK(st[1] == MOEC_ERR_NUMERIC &&
+            strstr(err[1], "step 1, request 1: the logits at position 2 hold a NaN or an "
+                           "infinity (1 of the step's 3 requests end with such an error)"));
+    T_CHECK(st_ref[0] == MOEC_ERR_NUMERIC && st_ref[1] == MOEC_OK);
+    static const int ok[] = {1, 4};
+    for (int k = 0; k < 2; k++) {
+        const nf_result *a = &got[ok[k]], *b = &ref[ok[k]];
+        T_CHECK(a->finish == MOEC_FINISH_LENGTH && a->n_out == b->n_out &&
+                !memcmp(a->out, b->out, (size_t)a->n_out * sizeof *a->out));
+    }
+}
+
 void t_check_nonfinite(moec_backend backend)
 {
     const char *src = t_src("tests/data/deepseek_v3");
@@ -251,6 +381,7 @@ void t_check_nonfinite(moec_backend backend)
     t_write_nan_model(src, nan59, "model.embed_tokens.weight", 59);
     nonfinite_sessions(backend, all_nan, nan59);
     nonfinite_engine(backend, nan59);
+    nonfinite_sched(backend, src, nan59);
     remove_model(all_nan);
     remove_model(nan59);
 }

@@ -67,7 +67,10 @@ void t_write_nan_model(const char *src, const char *dst, const char *tensor, int
  * fails with MOEC_ERR_NUMERIC naming the step and position, its tokens
  * appended all the same; an engine step fails naming the first bad token,
  * its slot and position, with next_out -1 for exactly the bad tokens, the
- * other slots' ids and rows intact and their sequences going on. */
+ * other slots' ids and rows intact and their sequences going on; the
+ * scheduler ends exactly the requests that feed a 59 (greedy or sampled),
+ * at its position, and one whose penalties overflow, the others running to
+ * their length (on the CPU: the clean model's tokens). */
 void t_check_nonfinite(moec_backend backend);
 
 /* Logits rows: the index of the largest (the lowest on ties); the largest
