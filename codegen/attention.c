@@ -205,6 +205,12 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
     const ir_value *q = op->in[0], *kv = op->in[1], *vv = op->in[2];
+    if (op->n_in == 5)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "attention %%%s: a token selection (DeepSeek-V3.2's DSA) runs on the GPU "
+                        "as mla_attention over the compressed cache: run the pass pipeline "
+                        "through absorb_mla",
+                        who);
     if (op->n_in != 4 || q->type.rank != 3 || kv->type.rank != 3 || vv->type.rank != 3)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "attention %%%s: wants q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], pos",

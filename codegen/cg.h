@@ -121,6 +121,8 @@ moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op);   /* align, gate_up+
 moec_status cg_emit_moe_experts(cg_ctx *c, const ir_op *op);  /* unfused form, for op tests */
 moec_status cg_emit_stream(cg_ctx *c, const ir_op *op);       /* fork, join */
 moec_status cg_emit_collective(cg_ctx *c, const ir_op *op);   /* all_reduce, all_gather */
+moec_status cg_emit_layer_norm(cg_ctx *c, const ir_op *op);
+moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op);     /* key write, scores, top-k select */
 /* The last step of every bucket: argmax of each token's logits into
  * IR_INPUT_SAMPLED. */
 moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);

@@ -11,8 +11,12 @@
  * per (head, position) for the scores, each thread a few heads by a few
  * channels for the output). When the bucket has too few blocks to fill the
  * GPU (decode), the sequence is split over blocks too, and a third kernel
- * merges the splits. */
+ * merges the splits. With DeepSeek-V3.2's token selection (operand sel, from
+ * dsa_topk) the same kernels read only the selected positions' cache rows:
+ * tile i of a token holds sel[t][i * PT ...] instead of positions lo + i * PT
+ * on (KSEL, the selection's width, is 0 in the dense kernels). */
 #include <stdio.h>
+#include <string.h>
 
 #include "codegen/attn_common.h"
 #include "codegen/cg.h"
@@ -74,20 +78,27 @@ static const char ATTN_BODY[] =
     "            for (int b = 0; b < CS; b++)\n"
     "                acc[ni][a][b] = 0.0f;\n"
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
-    "    const int n_tiles = (p - lo + PT) / PT;\n"
+    "    /* the positions: lo..p, or with a selection sel[t][0 .. n_pos - 1] */\n"
+    "    const int n_pos = KSEL > 0 ? (p + 1 < KSEL ? p + 1 : KSEL) : p - lo + 1;\n"
+    "    const int n_tiles = (n_pos + PT - 1) / PT;\n"
     "    /* this block's share of the tiles when the sequence is split */\n"
     "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = blockIdx.z * per;\n"
     "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    for (int tile = first; tile < last; tile++) {\n"
-    "        const int p0 = lo + tile * PT;\n"
-    "        const int nv = p - p0 + 1 < PT ? p - p0 + 1 : PT;\n"
-    "        if (tid < nv)\n"
-    "            row_s[tid] = (long long)bt[(p0 + tid) / BS] * BS + (p0 + tid) % BS;\n"
+    "        const int i0 = tile * PT;\n"
+    "        const int nv = n_pos - i0 < PT ? n_pos - i0 : PT;\n"
+    "        if (tid < nv) {\n"
+    "            const int pp = KSEL > 0 ? sel[(long long)t * KSEL + i0 + tid] : lo + i0 + tid;\n"
+    "            row_s[tid] = pp >= 0 && pp <= p ? (long long)bt[pp / BS] * BS + pp % BS : -1;\n"
+    "        }\n"
     "        __syncthreads();\n"
     "        for (int i = tid; i < nv * (RS / VE); i += NT) {\n"
     "            const int r = i / (RS / VE), j = (i % (RS / VE)) * VE;\n"
-    "            if (j < R)\n"
+    "            if (row_s[r] < 0) { /* a selection entry that is no position: masked */\n"
+    "                float z[VE] = {};\n"
+    "                stv<VE>(&kv_s[r][j], z);\n"
+    "            } else if (j < R)\n"
     "                cpv<VE>(&kv_s[r][j], kvpool + row_s[r] * R + j);\n"
     "            else\n"
     "                cpv<VE>(&kv_s[r][j], pepool + row_s[r] * DR + (j - R));\n"
@@ -96,7 +107,7 @@ static const char ATTN_BODY[] =
     "        for (int i = tid; i < HB * PT; i += NT) {\n"
     "            const int hh = i / PT, pp = i % PT;\n"
     "            float sc = MOEC_NEG_INF;\n"
-    "            if (pp < nv) {\n"
+    "            if (pp < nv && row_s[pp] >= 0) {\n"
     "                float dot = 0.0f;\n"
     "                for (int j = 0; j < RS; j += VE) {\n"
     "                    float a[VE], b[VE];\n"
@@ -237,7 +248,9 @@ static const char MMA_BODY[] =
     "        return;\n"
     "    }\n"
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
-    "    const int n_tiles = (p - lo + PT) / PT;\n"
+    "    /* the positions: lo..p, or with a selection sel[t][0 .. n_pos - 1] */\n"
+    "    const int n_pos = KSEL > 0 ? (p + 1 < KSEL ? p + 1 : KSEL) : p - lo + 1;\n"
+    "    const int n_tiles = (n_pos + PT - 1) / PT;\n"
     "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = blockIdx.z * per;\n"
     "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
@@ -255,10 +268,11 @@ static const char MMA_BODY[] =
     "    }\n"
     "    /* rows past the token's position are zeros: P is 0 there, and 0 * stale could be NaN */\n"
     "    auto load_tile = [&](int tile, int buf) {\n"
-    "        const int p0 = lo + tile * PT;\n"
+    "        const int i0 = tile * PT;\n"
     "        for (int i = tid; i < PT * (RS / 8); i += NT) {\n"
-    "            const int r = i / (RS / 8), j = (i % (RS / 8)) * 8, pp = p0 + r;\n"
-    "            if (pp > p) {\n"
+    "            const int r = i / (RS / 8), j = (i % (RS / 8)) * 8, ir = i0 + r;\n"
+    "            const int pp = ir >= n_pos ? -1 : KSEL > 0 ? sel[(long long)t * KSEL + ir] : lo + ir;\n"
+    "            if (pp < 0 || pp > p) {\n"
     "                *reinterpret_cast<uint4 *>(&sm.kv[buf][r][j]) = make_uint4(0u, 0u, 0u, 0u);\n"
     "                continue;\n"
     "            }\n"
@@ -283,8 +297,7 @@ static const char MMA_BODY[] =
     "        mla_cp_commit();\n"
     "        mla_cp_wait<1>();\n"
     "        __syncthreads();\n"
-    "        const int p0 = lo + tile * PT;\n"
-    "        const int nv = p - p0 + 1 < PT ? p - p0 + 1 : PT;\n"
+    "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
     "        if (warp < PT / 8) {\n"
     "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
     "            const int n0 = warp * 8;\n"
@@ -383,12 +396,19 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
     const ir_value *qc = op->in[0], *qpe = op->in[1], *kvc = op->in[2], *kpe = op->in[3];
-    if (op->n_in != 5 || qc->type.rank != 3 || qpe->type.rank != 3 || kvc->type.rank != 2 ||
-        kpe->type.rank != 3)
+    /* DSA's token selection (dsa_topk): attend over its first min(K, pos + 1) entries */
+    const ir_value *sel = op->n_in == 6 ? op->in[5] : NULL;
+    if (op->n_in < 5 || op->n_in > 6 || qc->type.rank != 3 || qpe->type.rank != 3 ||
+        kvc->type.rank != 2 || kpe->type.rank != 3 ||
+        (sel && (sel->type.rank != 2 || cg_storage(c, sel) != IR_DTYPE_I32)))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "mla_attention %%%s: wants q_c [T, H, r], q_pe [T, H, dr], kv_c [T, r], "
-                        "k_pe [T, 1, dr], pos",
+                        "k_pe [T, 1, dr], pos and optionally sel i32 [T, K]",
                         who);
+    long long ksel = sel ? sel->type.dims[1] : 0;
+    if (sel && ir_op_attr_int(op, "window", 0) > 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "mla_attention %%%s: a window and a token selection together", who);
     long long H = qc->type.dims[1], R = qc->type.dims[2], DR = qpe->type.dims[2];
     if (qpe->type.dims[1] != H || kvc->type.dims[1] != R || kpe->type.dims[1] != 1 ||
         kpe->type.dims[2] != DR || H < 1 || R < 1 || DR < 1)
@@ -498,6 +518,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, bs, c->T, tag);
     }
+    if (sel) /* the sparse form reads the positions from sel */
+        snprintf(aname + strlen(aname), sizeof aname - strlen(aname), "_k%lld", ksel);
+    const char *sel_param = sel ? "const int *__restrict__ sel, " : "";
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
@@ -509,35 +532,38 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "block per token and 16 heads (codegen/mla_attention.c, "
                       "cg_emit_mla_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
-                      "*__restrict__ q_c, const __nv_bfloat16 *__restrict__ q_pe, const int "
+                      "*__restrict__ q_c, const __nv_bfloat16 *__restrict__ q_pe, %sconst int "
                       "*__restrict__ pos, const int *__restrict__ slots, const int *__restrict__ "
                       "block_table, int max_blocks, const __nv_bfloat16 *__restrict__ kvpool, const "
                       "__nv_bfloat16 *__restrict__ pepool, %s *__restrict__ out, float scale, int "
                       "window%s)\n{\n"
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
-                      "%d, NSPLIT = %d, SMEM = %lld;\n",
-                      MMA_WARPS * 32, aname, cg_ctype(odt), params, cg_ctype(odt), H, R, DR, MMA_PT,
-                      MMA_WARPS, bs, MMA_WARPS * 32, ns, smem);
+                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld;\n",
+                      MMA_WARPS * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
+                      DR, MMA_PT, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel);
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
                       "and head group (codegen/mla_attention.c, cg_emit_mla_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ "
-                      "q_c, const %s *__restrict__ q_pe, const int *__restrict__ pos, const int "
+                      "q_c, const %s *__restrict__ q_pe, %sconst int *__restrict__ pos, const int "
                       "*__restrict__ slots, const int *__restrict__ block_table, int max_blocks, const "
                       "%s *__restrict__ kvpool, const %s *__restrict__ pepool, %s *__restrict__ out, "
                       "float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, HB = %d, PT = %d, HS = %d, "
-                      "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d, NSPLIT = %d;\n",
-                      MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), ts, ts, cg_ctype(odt), params,
-                      cg_ctype(qdt), ts, cg_ctype(odt), H, R, DR, hb, pt, hs, cs, ve, qld, ldk, bs,
-                      MLA_THREADS, ns);
+                      "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d, NSPLIT = %d, "
+                      "KSEL = %lld;\n",
+                      MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), sel_param, ts, ts,
+                      cg_ctype(odt), params, cg_ctype(qdt), ts, cg_ctype(odt), H, R, DR, hb, pt, hs,
+                      cs, ve, qld, ldk, bs, MLA_THREADS, ns, ksel);
     }
     if (is_new) {
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
+        if (!sel)
+            moec_buf_printf(&c->src, "    const int *sel = nullptr;\n    (void)sel;\n");
         moec_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
@@ -551,7 +577,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->smem = (unsigned)smem;
     s->args[0] = cg_arg_act(qc);
     s->args[1] = cg_arg_act(qpe);
-    cg_attn_args(s, op, 2, ns);
+    if (sel)
+        s->args[2] = cg_arg_act(sel);
+    cg_attn_args(s, op, sel ? 3 : 2, ns);
     if (ns == 1)
         return MOEC_OK;
     /* the splits' partial results, merged by a third kernel */

@@ -5,10 +5,12 @@
  * a __constant__ table of exact hex floats; the kernel forms the angle
  * (float)pos * inv_freq[i] in fp32 as transformers does, and scales cos and
  * sin by attn_factor. One thread rotates up to 4 (interleave) or 8 (neox)
- * channel pairs of one head of one token.
+ * channel pairs of one head of one token. With rotary_dim R < D (DeepSeek-
+ * V3.2's indexer) the first R channels rotate as a head of R and the
+ * threads of a head copy the other D - R.
  *
- * Kernel rope_<style>_h<H>_d<D>_t<T>_<dtypes>_<hash of the table and
- * attn_factor>(const X *x, const int *pos, Y *y); grid ceil(T * H * D/2 /
+ * Kernel rope_<style>_h<H>_d<D>[_r<R>]_t<T>_<dtypes>_<hash of the table and
+ * attn_factor>(const X *x, const int *pos, Y *y); grid ceil(T * H * R/2 /
  * pairs / 256), block 256. */
 #include <math.h>
 #include <stdint.h>
@@ -103,7 +105,11 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
         ir_type_numel(&y->type, 1) != ir_type_numel(&x->type, 1))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "rope %%%s: wants x [T, H, D] with D even, pos i32[T]", y->name);
-    int64_t H = x->type.dims[1], D = x->type.dims[2], half = D / 2;
+    int64_t H = x->type.dims[1], D = x->type.dims[2];
+    int64_t R = ir_op_attr_int(op, "rotary_dim", D), half = R / 2;
+    if (R < 2 || R > D || R % 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rope %%%s: rotary_dim %lld out of [2, %lld] or odd",
+                        y->name, (long long)R, (long long)D);
     ir_dtype tx = cg_storage(c, x), ty = cg_storage(c, y);
     if (tx == IR_DTYPE_I32 || ty == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rope %%%s: integer operands", y->name);
@@ -114,20 +120,24 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
     float *inv_freq = malloc(sizeof(float) * (size_t)(half + 1));
     if (!inv_freq)
         return MOEC_ERR(MOEC_ERR_OOM, "rope %%%s: out of memory", y->name);
-    moec_status st = inv_freq_table(op, D, inv_freq);
+    moec_status st = inv_freq_table(op, R, inv_freq);
     if (st != MOEC_OK) {
         free(inv_freq);
         return st;
     }
+    /* vector loads stay aligned in every head: pairs divide the half and
+       the head (the rows of rotary_dim < D start at multiples of D) */
     int pairs = neox ? 8 : 4;
-    while (pairs > 1 && half % pairs)
+    while (pairs > 1 && (half % pairs || D % (neox ? pairs : 2 * pairs)))
         pairs /= 2;
     int64_t per_head = half / pairs, units = (int64_t)c->T * H * per_head;
     uint64_t h = hash_floats(inv_freq, half, 0xcbf29ce484222325ull);
     h = hash_floats(&af, 1, h);
     char name[256];
-    int n = snprintf(name, sizeof name, "rope_%s_h%lld_d%lld_t%d_%s", style, (long long)H,
-                     (long long)D, c->T, ir_dtype_name(ty));
+    int n = snprintf(name, sizeof name, "rope_%s_h%lld_d%lld", style, (long long)H, (long long)D);
+    if (R < D)
+        n += snprintf(name + n, sizeof name - (size_t)n, "_r%lld", (long long)R);
+    n += snprintf(name + n, sizeof name - (size_t)n, "_t%d_%s", c->T, ir_dtype_name(ty));
     if (tx != ty)
         n += snprintf(name + n, sizeof name - (size_t)n, "_%s", ir_dtype_name(tx));
     snprintf(name + n, sizeof name - (size_t)n, "_%08x", (unsigned)(h ^ (h >> 32)));
@@ -140,6 +150,21 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
     if (is_new) {
         moec_buf *b = &c->src;
         char scale[96] = ""; /* cos and sin times attn_factor (x * 1 is exact: omitted) */
+        /* the channels past R: the head's threads copy chunks of pv */
+        char pass[256] = "";
+        int64_t g = R, r = D;
+        while (r) {
+            int64_t t = g % r;
+            g = r;
+            r = t;
+        }
+        int pv = cg_vec_width(g); /* divides R, D and so D - R */
+        if (R < D)
+            snprintf(pass, sizeof pass,
+                     "    for (int j = c * %d; j < %lld; j += %lld)\n"
+                     "        cpv<%d>(yh + %lld + j, xh + %lld + j);\n",
+                     pv, (long long)(D - R), (long long)per_head * pv, pv, (long long)R,
+                     (long long)R);
         if (af != 1.0f)
             snprintf(scale, sizeof scale, "        cs[q] *= %af;\n        sn[q] *= %af;\n",
                      (double)af, (double)af);
@@ -171,10 +196,10 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
             "%s"
             "    }\n"
             "    const %s *xh = x + (long long)th * %lld;\n"
-            "    %s *yh = y + (long long)th * %lld;\n",
+            "    %s *yh = y + (long long)th * %lld;\n%s",
             name, cg_ctype(tx), cg_ctype(ty), (long long)units, (long long)per_head,
             (long long)per_head, (long long)H, pairs, pairs, pairs, name, pairs, scale,
-            cg_ctype(tx), (long long)D, cg_ctype(ty), (long long)D);
+            cg_ctype(tx), (long long)D, cg_ctype(ty), (long long)D, pass);
         if (neox)
             moec_buf_printf(b,
                           "    float lo[%d], hi[%d], olo[%d], ohi[%d];\n"

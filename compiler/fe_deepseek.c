@@ -1,7 +1,9 @@
-/* fe_deepseek.c — the deepseek_v2 and deepseek_v3 families: multi-head
- * latent attention (MLA) and the DeepSeek MoE, one IR op per module of
- * transformers 5.17's modeling_deepseek_v2.py / modeling_deepseek_v3.py,
- * with the defaults of their configuration classes. */
+/* fe_deepseek.c — the deepseek_v2, deepseek_v3 and deepseek_v32 families:
+ * multi-head latent attention (MLA) and the DeepSeek MoE, one IR op per
+ * module of transformers 5.17's modeling_deepseek_v2.py /
+ * modeling_deepseek_v3.py / modeling_deepseek_v32.py, with the defaults of
+ * their configuration classes. V3.2 is V3 with the DSA indexer in every
+ * attention (compiler/fe_dsa.c) and mlp_layer_types. */
 #include <math.h>
 #include <string.h>
 
@@ -12,7 +14,9 @@
 #define DS_LATENT_NORM_EPS 1e-6
 
 typedef struct ds_cfg {
-    int v3;
+    int v3;  /* deepseek_v3 or deepseek_v32: V3's routing and defaults */
+    int v32; /* deepseek_v32: DSA */
+    fe_dsa dsa;
     int64_t heads;
     int64_t q_lora_rank; /* 0: no q LoRA (q_proj) */
     int64_t kv_lora_rank, nope, rope_dim, v_dim;
@@ -96,7 +100,7 @@ static moec_status read_attention(const fe_json *j, const fe_common *cc, ds_cfg 
     /* V2 rotates complex pairs (view_as_complex): the interleaved layout.
      * V3 does too when rope_interleave (default true), else rotate_half. */
     int interleave = 1;
-    if (d->v3)
+    if (d->v3 && !d->v32) /* DeepseekV32Config drops the field: always interleaved */
         MOEC_TRY(truthy_or(j, "rope_interleave", 1, &interleave));
     d->rope.style = interleave ? "interleave" : "neox";
 
@@ -127,7 +131,7 @@ static moec_status read_n_experts(const fe_json *j, ds_cfg *d)
     const char *found = NULL;
     int64_t value = 0;
     int present = 0;
-    int n_names = d->v3 ? 2 : 3;
+    int n_names = d->v3 && !d->v32 ? 2 : 3; /* V3.2 re-routes num_experts too */
     for (int i = 0; i < n_names; i++) {
         if (!fe_json_get(j, names[i]))
             continue;
@@ -280,7 +284,12 @@ static moec_status read_moe(const fe_json *j, ds_cfg *d)
  * the value of every published DeepSeek model. */
 static int ds_layer_is_moe(const ds_cfg *d, int layer)
 {
-    return d->has_experts && layer >= d->first_k_dense && layer % d->layer_freq == 0;
+    if (!d->v32)
+        return d->has_experts && layer >= d->first_k_dense && layer % d->layer_freq == 0;
+    /* DeepseekV32Config: mlp_layer_types, by default first_k_dense_replace
+     * dense layers and the rest sparse; moe_layer_freq is not read. */
+    int sparse = fe_dsa_layer_sparse(&d->dsa, layer);
+    return sparse >= 0 ? sparse : d->has_experts && layer >= d->first_k_dense;
 }
 
 /* MLA as the reference computes it before any absorption: q (optionally
@@ -290,7 +299,7 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
 {
     const ds_cfg *d = cfgp;
     int64_t H = d->heads, hid = c->cc->hidden_size, qk = d->nope + d->rope_dim;
-    ir_value *w, *b = NULL, *q_flat;
+    ir_value *w, *b = NULL, *q_flat, *q_lora = NULL;
     if (d->q_lora_rank == 0) {
         MOEC_TRY(fe_linear_weight(c, "attn.q_proj", "self_attn.q_proj.weight", H * qk, hid, &w));
         MOEC_TRY(fe_linear(c, "attn.q_flat", x, w, NULL, &q_flat));
@@ -306,6 +315,7 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
         MOEC_TRY(fe_weight1(c, "attn.q_a_layernorm", "self_attn.q_a_layernorm.weight",
                             d->q_lora_rank, &nw));
         MOEC_TRY(fe_rms_norm(c, "attn.q_a_norm", q_a, nw, DS_LATENT_NORM_EPS, &q_a_norm));
+        q_lora = q_a_norm;
         MOEC_TRY(fe_linear_weight(c, "attn.q_b_proj", "self_attn.q_b_proj.weight", H * qk,
                                   d->q_lora_rank, &w));
         MOEC_TRY(fe_linear(c, "attn.q_flat", q_a_norm, w, NULL, &q_flat));
@@ -349,8 +359,13 @@ static moec_status ds_attention(fe_ctx *c, const void *cfgp, ir_value *x, ir_val
     MOEC_TRY(fe_expand(c, "attn.k_pe_exp", k_pe_rot, 3, edims, &k_pe_exp));
     MOEC_TRY(fe_concat2(c, "attn.k_full", k_nope, k_pe_exp, 2, &k_full));
 
-    ir_value *ctx, *ctx_flat;
-    MOEC_TRY(fe_attention(c, "attn.ctx", q_full, k_full, v, d->scale, 0, &ctx));
+    ir_value *ctx, *ctx_flat, *sel;
+    if (d->v32) {
+        MOEC_TRY(fe_dsa_indexer(c, &d->dsa, x, q_lora, &sel));
+        MOEC_TRY(fe_attention_sel(c, "attn.ctx", q_full, k_full, v, sel, d->scale, &ctx));
+    } else {
+        MOEC_TRY(fe_attention(c, "attn.ctx", q_full, k_full, v, d->scale, 0, &ctx));
+    }
     int64_t cdims[1] = {H * d->v_dim};
     MOEC_TRY(fe_reshape(c, "attn.ctx_flat", ctx, 2, cdims, &ctx_flat));
     b = NULL;
@@ -391,9 +406,12 @@ moec_status fe_deepseek_build(const fe_json *root, const fe_common *cc, ir_modul
 {
     ds_cfg d;
     memset(&d, 0, sizeof d);
-    d.v3 = strcmp(cc->model_type, "deepseek_v3") == 0;
+    d.v32 = strcmp(cc->model_type, "deepseek_v32") == 0;
+    d.v3 = d.v32 || strcmp(cc->model_type, "deepseek_v3") == 0;
     MOEC_TRY(read_attention(root, cc, &d));
     MOEC_TRY(read_moe(root, &d));
+    if (d.v32)
+        MOEC_TRY(fe_dsa_read(root, cc, d.q_lora_rank, d.rope_dim, &d.rope, d.has_experts, &d.dsa));
     static const fe_family family = {ds_attention, ds_mlp};
     return fe_model_build(cc, &family, &d, out);
 }

@@ -125,6 +125,8 @@ typedef struct fe_rope {
     double dict_factor;
     double mscale_all_dim;   /* 0 when absent or null */
     const char *dict_prefix; /* "rope_scaling." or "rope_parameters." */
+    int64_t rotary_dim;      /* > 0: only the first rotary_dim channels rotate (set by the
+                                family; 0: all) */
 } fe_rope;
 
 /* dim: the rotated head dim (head_dim as transformers' rope code sees it). */
@@ -188,6 +190,15 @@ moec_status fe_rope_op(fe_ctx *c, const char *name, ir_value *x, const fe_rope *
 moec_status fe_attention(fe_ctx *c, const char *name, ir_value *q, ir_value *k, ir_value *v,
                          double scale, int64_t window, ir_value **out);
 
+/* attention(q, k, v, positions, sel) over the positions the token selection
+ * sel (dsa_topk's result) chose. */
+moec_status fe_attention_sel(fe_ctx *c, const char *name, ir_value *q, ir_value *k, ir_value *v,
+                             ir_value *sel, double scale, ir_value **out);
+moec_status fe_layer_norm(fe_ctx *c, const char *name, ir_value *x, ir_value *w, ir_value *b,
+                          double eps, ir_value **out);
+moec_status fe_dsa_topk(fe_ctx *c, const char *name, ir_value *q, ir_value *k, ir_value *w,
+                        int64_t top_k, double scale, double weight_scale, ir_value **out);
+
 /* The SwiGLU MLP down(silu(gate(x)) * up(x)) with weights
  * "<tpre><tmod>.{gate,up,down}_proj.weight" (and ".bias" when bias) and
  * values %<vpre><vmod>.{gate,up,act,hidden,out}. */
@@ -222,6 +233,33 @@ typedef struct fe_family {
  * final norm, lm_head, output %logits. The result is not yet verified. */
 moec_status fe_model_build(const fe_common *cc, const fe_family *fam, const void *cfg,
                            ir_module **out);
+
+/* ---- DeepSeek-V3.2's sparse attention (compiler/fe_dsa.c) ---------------- */
+
+/* The lightning indexer's sizes, as DeepseekV32Config reads them. */
+typedef struct fe_dsa {
+    int64_t top_k;    /* index_topk, at most max_position_embeddings */
+    int64_t n_heads;  /* index_n_heads */
+    int64_t head_dim; /* index_head_dim */
+    int64_t rope_dim; /* qk_rope_head_dim: the first channels, rotated half-split */
+    fe_rope rope;     /* the MLA's RoPE parameters, in the "neox" layout, over the first
+                         rope_dim channels of each head */
+    const cJSON *mlp_layer_types; /* "dense" / "sparse" per layer; NULL: the default */
+} fe_dsa;
+
+/* Reads and checks index_topk, index_n_heads, index_head_dim (against
+ * qk_rope_head_dim rope_dim), q_lora_rank (the indexer needs it), layer_types
+ * and mlp_layer_types (n_layers entries; a "sparse" layer needs experts:
+ * has_experts). mla_rope: the attention's RoPE. */
+moec_status fe_dsa_read(const fe_json *j, const fe_common *cc, int64_t q_lora_rank,
+                        int64_t rope_dim, const fe_rope *mla_rope, int has_experts, fe_dsa *d);
+/* Layer `layer`'s MLP type: 1 for "sparse" (MoE), 0 for "dense", -1 when
+ * mlp_layer_types is not given (the caller's default applies). */
+int fe_dsa_layer_sparse(const fe_dsa *d, int layer);
+/* The indexer of the layer of c on the attention input x and the normed q
+ * LoRA latent q_lora (q_a_layernorm's output): its top-k selection. */
+moec_status fe_dsa_indexer(fe_ctx *c, const fe_dsa *d, ir_value *x, ir_value *q_lora,
+                           ir_value **sel);
 
 /* The families (compiler/fe_deepseek.c, compiler/fe_qwen.c). */
 moec_status fe_deepseek_build(const fe_json *root, const fe_common *cc, ir_module **out);

@@ -732,6 +732,8 @@ moec_status fe_rope_op(fe_ctx *c, const char *name, ir_value *x, const fe_rope *
         MOEC_TRY(ir_op_set_float(c->m, op, "yarn_high", r->yarn_high));
         MOEC_TRY(ir_op_set_float(c->m, op, "attn_factor", r->attn_factor));
     }
+    if (r->rotary_dim > 0)
+        MOEC_TRY(ir_op_set_int(c->m, op, "rotary_dim", r->rotary_dim));
     return op_finish(c, op, NULL, out);
 }
 
@@ -744,6 +746,38 @@ moec_status fe_attention(fe_ctx *c, const char *name, ir_value *q, ir_value *k, 
     MOEC_TRY(ir_op_set_float(c->m, op, "scale", scale));
     if (window > 0)
         MOEC_TRY(ir_op_set_int(c->m, op, "window", window));
+    return op_finish(c, op, NULL, out);
+}
+
+moec_status fe_attention_sel(fe_ctx *c, const char *name, ir_value *q, ir_value *k, ir_value *v,
+                             ir_value *sel, double scale, ir_value **out)
+{
+    ir_value *in[5] = {q, k, v, c->positions, sel};
+    ir_op *op;
+    MOEC_TRY(op_begin(c, IR_OP_ATTENTION, name, in, 5, &op));
+    MOEC_TRY(ir_op_set_float(c->m, op, "scale", scale));
+    return op_finish(c, op, NULL, out);
+}
+
+moec_status fe_layer_norm(fe_ctx *c, const char *name, ir_value *x, ir_value *w, ir_value *b,
+                          double eps, ir_value **out)
+{
+    ir_value *in[3] = {x, w, b};
+    ir_op *op;
+    MOEC_TRY(op_begin(c, IR_OP_LAYER_NORM, name, in, 3, &op));
+    MOEC_TRY(ir_op_set_float(c->m, op, "eps", eps));
+    return op_finish(c, op, NULL, out);
+}
+
+moec_status fe_dsa_topk(fe_ctx *c, const char *name, ir_value *q, ir_value *k, ir_value *w,
+                        int64_t top_k, double scale, double weight_scale, ir_value **out)
+{
+    ir_value *in[4] = {q, k, w, c->positions};
+    ir_op *op;
+    MOEC_TRY(op_begin(c, IR_OP_DSA_TOPK, name, in, 4, &op));
+    MOEC_TRY(ir_op_set_int(c->m, op, "top_k", top_k));
+    MOEC_TRY(ir_op_set_float(c->m, op, "scale", scale));
+    MOEC_TRY(ir_op_set_float(c->m, op, "weight_scale", weight_scale));
     return op_finish(c, op, NULL, out);
 }
 
@@ -958,16 +992,19 @@ static moec_status config_family(const fe_json *j,
     MOEC_TRY(fe_json_str_or(j, "model_type", NULL, &type));
     if (!type)
         return json_missing(j, "model_type");
-    if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0) {
+    if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0 ||
+        strcmp(type, "deepseek_v32") == 0) {
         *build = fe_deepseek_build;
-        *max_pos = strcmp(type, "deepseek_v2") == 0 ? 2048 : 4096;
+        *max_pos = strcmp(type, "deepseek_v2") == 0   ? 2048
+                   : strcmp(type, "deepseek_v3") == 0 ? 4096
+                                                      : 163840;
     } else if (strcmp(type, "qwen2_moe") == 0 || strcmp(type, "qwen3_moe") == 0) {
         *build = fe_qwen_build;
         *max_pos = 32768;
     } else {
         return fe_json_unsupported(j, "model_type",
                                    "is not supported (moec supports deepseek_v2, deepseek_v3, "
-                                   "qwen2_moe and qwen3_moe)");
+                                   "deepseek_v32, qwen2_moe and qwen3_moe)");
     }
     return MOEC_OK;
 }

@@ -63,8 +63,16 @@ static moec_status step_bytes(const moec_cuda_model *g, int B, int context, cons
             double per_token = (double)(ir_type_numel(&op->in[first]->type, 1) +
                                         ir_type_numel(&op->in[first + 1]->type, 1)) *
                                (double)ir_dtype_size(dt);
-            bytes += per_token * (double)B * (double)(context + 1);
+            /* DSA's sparse attention reads only the rows its selection holds */
+            int sel_at = op->kind == IR_OP_ATTENTION ? 4 : 5;
+            double rows = context + 1;
+            if (op->n_in > sel_at && op->in[sel_at]->type.dims[1] < rows)
+                rows = (double)op->in[sel_at]->type.dims[1];
+            bytes += per_token * (double)B * rows;
         }
+        if (op->kind == IR_OP_DSA_TOPK) /* the indexer reads every cached key */
+            bytes += (double)ir_type_numel(&op->in[1]->type, 1) * (double)ir_dtype_size(dt) *
+                     (double)B * (double)(context + 1);
         if (op->kind != IR_OP_MOE_ROUTED)
             continue;
         const ir_value *ids = op->in[1];

@@ -247,17 +247,25 @@ static moec_status fuse_linears(ir_module *m, ir_op *const *ops, int n, const ch
  * activation becomes one GEMM — unless a member's result feeds silu, mul or
  * moe_topk directly. Those groups are the MLP's gate/up pairs (fuse_gate_up's
  * work, which also fuses silu * up after) and the MoE block's input, where
- * the router gate has to stay its own small GEMM. What remains, in the four
+ * the router gate has to stay its own small GEMM. What remains, in the
  * families, is the attention's input projections: DeepSeek's q_a_proj (or
- * q_proj) with kv_a_proj_with_mqa, Qwen's q, k and v. Members must share the
- * weight dtype and all have a bias or none; otherwise the group is left. */
+ * q_proj) with kv_a_proj_with_mqa (in V3.2 with the indexer's wk and
+ * weights_proj too), Qwen's q, k and v; and in V3.2 q_b_proj with the
+ * indexer's wq_b, which read the same q LoRA latent. A group holds the
+ * linears whose weight has the seed's dtype and scale blocks (V3.2's fp8
+ * projections fuse without the bf16 weights_proj); they must all have a bias
+ * or none, and fp8 parts span whole blocks; otherwise the group is left. */
 static int qkv_group(const ir_module *m, const ir_op *seed, ir_op **group)
 {
-    const ir_value *x = seed->in[0];
+    const ir_value *x = seed->in[0], *sw = seed->in[1];
     int n = 0;
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *op = m->ops[i];
         if (op->kind != IR_OP_LINEAR || op->in[0] != x || !is_plain_linear(op))
+            continue;
+        const ir_value *w = op->in[1];
+        if (w->type.dtype != sw->type.dtype || w->scale.block[0] != sw->scale.block[0] ||
+            w->scale.block[1] != sw->scale.block[1])
             continue;
         if (n == 0 && op != seed)
             return 0; /* seen from its first member */
@@ -294,12 +302,18 @@ moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt)
         int n = qkv_group(m, op, group);
         if (n < 2)
             continue;
-        const char *outs[FUSE_MAX_GROUP];
-        for (int j = 0; j < n; j++)
+        const char *outs[FUSE_MAX_GROUP], *wnames[FUSE_MAX_GROUP];
+        for (int j = 0; j < n; j++) {
             outs[j] = group[j]->out[0]->name;
-        /* Named after DeepSeek's "a" projections (kv_a, q_a): qkv_a. */
+            wnames[j] = group[j]->in[1]->name;
+        }
+        /* Named after DeepSeek's "a" projections (kv_a, q_a): qkv_a; V3.2's
+         * q_b_proj and the indexer's wq_b (both read the q LoRA latent):
+         * q_b_wq_b. */
         int lora = any_ends_with(outs, n, "_a");
-        MOEC_TRY(fuse_linears(m, group, n, lora ? "qkv_a" : "qkv", lora ? "qkv_a_proj" : "qkv_proj"));
+        int q_b = !lora && any_ends_with(wnames, n, "q_b_proj") && any_ends_with(wnames, n, "wq_b");
+        MOEC_TRY(fuse_linears(m, group, n, lora ? "qkv_a" : q_b ? "q_b_wq_b" : "qkv",
+                              lora ? "qkv_a_proj" : q_b ? "q_b_wq_b_proj" : "qkv_proj"));
     }
     return ir_module_dce(m);
 }

@@ -28,6 +28,7 @@
 typedef struct mla_site {
     ir_op *att;                                     /* the attention op */
     ir_value *q_nope, *q_pe, *kv_c, *k_pe, *kv_b, *pos;
+    ir_value *sel; /* DSA's token selection (dsa_topk), or NULL */
     int64_t H, dn, dr, dv, r;
     int64_t q_in;   /* columns of the q projection (q_lora_rank or hidden) */
     int64_t hidden; /* rows of o_proj */
@@ -74,12 +75,12 @@ static int64_t projection_columns(const ir_value *x)
     return 0;
 }
 
-/* Matches attention(concat(q_nope, q_pe), concat(k_nope, expand(k_pe)), v, pos)
- * with k_nope and v the two slices of reshape(linear(kv_c, kv_b)). */
+/* Matches attention(concat(q_nope, q_pe), concat(k_nope, expand(k_pe)), v, pos
+ * [, sel]) with k_nope and v the two slices of reshape(linear(kv_c, kv_b)). */
 static int match_site(const ir_module *m, ir_op *att, mla_site *s)
 {
     memset(s, 0, sizeof *s);
-    if (att->kind != IR_OP_ATTENTION || att->n_in != 4 || att->n_out != 1)
+    if (att->kind != IR_OP_ATTENTION || att->n_in < 4 || att->n_in > 5 || att->n_out != 1)
         return 0;
     ir_op *qc = def_of(att->in[0], IR_OP_CONCAT), *kc = def_of(att->in[1], IR_OP_CONCAT);
     if (!qc || !kc || qc->n_in != 2 || kc->n_in != 2 || ir_op_attr_int(qc, "axis", -1) != 2 ||
@@ -116,6 +117,7 @@ static int match_site(const ir_module *m, ir_op *att, mla_site *s)
     s->k_pe = k_pe;
     s->kv_b = kv_b;
     s->pos = att->in[3];
+    s->sel = att->n_in > 4 ? att->in[4] : NULL;
     s->H = H;
     s->dn = dn;
     s->dr = dr;
@@ -186,8 +188,9 @@ static moec_status rewrite_site(ir_module *m, const mla_site *s)
     MOEC_TRY(ir_op_set_int(m, qa, "v_head_dim", s->dv));
     MOEC_TRY(ir_op_finish(m, qa, NULL));
 
-    ir_value *in_a[5] = {qa->out[0], s->q_pe, s->kv_c, s->k_pe, s->pos};
-    MOEC_TRY(add_placed(m, IR_OP_MLA_ATTENTION, in_a, 5, new_name(m, att->out[0], "o_c"), att, &ma));
+    ir_value *in_a[6] = {qa->out[0], s->q_pe, s->kv_c, s->k_pe, s->pos, s->sel};
+    MOEC_TRY(add_placed(m, IR_OP_MLA_ATTENTION, in_a, s->sel ? 6 : 5,
+                        new_name(m, att->out[0], "o_c"), att, &ma));
     MOEC_TRY(ir_op_set_float(m, ma, "scale", ir_op_attr_float(att, "scale", 0)));
     if (ir_op_attr(att, "window"))
         MOEC_TRY(ir_op_set_int(m, ma, "window", ir_op_attr_int(att, "window", 0)));

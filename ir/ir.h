@@ -165,9 +165,10 @@ typedef enum ir_op_kind {
     IR_OP_SIGMOID,     /* (x) -> 1 / (1 + exp(-x)) */
     IR_OP_ROPE,        /* (x [T, H, D], pos i32[T]) {style, theta, scaling, factor,
                           yarn_low, yarn_high, attn_factor} -> like x; rotates all D */
-    IR_OP_ATTENTION,   /* (q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], pos i32[T])
-                          {scale, window} -> f32[T, H, Dv]; appends k, v to this op's
-                          KV cache at their positions, causal over the cache */
+    IR_OP_ATTENTION,   /* (q [T, H, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], pos i32[T],
+                          [opt] sel i32[T, K]) {scale, window} -> f32[T, H, Dv]; appends
+                          k, v to this op's KV cache at their positions, causal over the
+                          cache (with sel: over the positions sel chose) */
     IR_OP_MOE_TOPK,    /* (logits [T, E], [opt] bias [E]) {scoring, top_k, n_group,
                           topk_group, group_score, norm_topk_prob, scaling}
                           -> (ids i32[T, K], weights f32[T, K]) */
@@ -182,8 +183,9 @@ typedef enum ir_op_kind {
                           sum_k scale * w[t,k] * down_e(silu(gate_e x) * up_e x) */
     IR_OP_MLA_QABSORB, /* (q_nope [T, H, dn], kv_b [H*(dn+dv), r]) {qk_nope_head_dim, v_head_dim}
                           -> f32[T, H, r]: q_nope[t,h] times head h's k up-projection */
-    IR_OP_MLA_ATTENTION, /* (q_c [T, H, r], q_pe [T, H, dr], kv_c [T, r], k_pe [T, 1, dr], pos)
-                          {scale, window} -> f32[T, H, r]; caches only kv_c and k_pe */
+    IR_OP_MLA_ATTENTION, /* (q_c [T, H, r], q_pe [T, H, dr], kv_c [T, r], k_pe [T, 1, dr], pos,
+                          [opt] sel i32[T, K]) {scale, window} -> f32[T, H, r]; caches only
+                          kv_c and k_pe */
     IR_OP_MLA_VABSORB, /* (o_c [T, H, r], kv_b [H*(dn+dv), r]) {qk_nope_head_dim, v_head_dim}
                           -> f32[T, H, dv]: head h's v up-projection of o_c[t,h] */
     IR_OP_FORK,        /* (x) -> x on the op's (side) stream, which waits for x */
@@ -197,6 +199,13 @@ typedef enum ir_op_kind {
     IR_OP_ALL_GATHER,     /* (x) {axis, ranks} -> dim axis * ranks: block r is rank r's x */
     IR_OP_REDUCE_SCATTER, /* (x) {axis, ranks} -> dim axis / ranks: block `rank` of the sum */
     IR_OP_ALL_TO_ALL,     /* (x) {axis, ranks} -> like x: block j is rank j's block `rank` */
+    /* DeepSeek-V3.2's sparse attention (DSA). */
+    IR_OP_LAYER_NORM,  /* (x [T, ..., D], w [D], b [D]) {eps} -> like x; (x - mean) /
+                          sqrt(var + eps) * w + b over the last dim */
+    IR_OP_DSA_TOPK,    /* (q [T, Hi, Di], k [T, Di], w [T, Hi], pos i32[T]) {top_k, scale,
+                          weight_scale} -> i32[T, top_k]: appends k to this op's key cache,
+                          scores every cached position p <= pos by sum_h w[h] * weight_scale *
+                          relu(scale * q[h] . k[p]) and keeps the top_k best, ascending */
     IR_OP_COUNT,
 } ir_op_kind;
 

@@ -11,7 +11,7 @@
 #include "common/err.h"
 #include "ir/ir_internal.h"
 
-#define OP_MAX_ATTR_SPECS 7
+#define OP_MAX_ATTR_SPECS 8
 
 typedef struct attr_spec {
     const char *key;
@@ -46,8 +46,9 @@ static const op_info OPS[IR_OP_COUNT] = {
                      {"factor", IR_ATTR_FLOAT, 0},
                      {"yarn_low", IR_ATTR_FLOAT, 0},
                      {"yarn_high", IR_ATTR_FLOAT, 0},
-                     {"attn_factor", IR_ATTR_FLOAT, 0}}},
-    [IR_OP_ATTENTION] = {"attention", 4, 4, 1,
+                     {"attn_factor", IR_ATTR_FLOAT, 0},
+                     {"rotary_dim", IR_ATTR_INT, 0}}},
+    [IR_OP_ATTENTION] = {"attention", 4, 5, 1,
                          {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
     [IR_OP_MOE_TOPK] = {"moe_topk", 1, 2, 2,
                         {{"scoring", IR_ATTR_STR, 1},
@@ -66,7 +67,7 @@ static const op_info OPS[IR_OP_COUNT] = {
                            {"n_experts", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_QABSORB] = {"mla_qabsorb", 2, 2, 1,
                            {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
-    [IR_OP_MLA_ATTENTION] = {"mla_attention", 5, 5, 1,
+    [IR_OP_MLA_ATTENTION] = {"mla_attention", 5, 6, 1,
                              {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_VABSORB] = {"mla_vabsorb", 2, 2, 1,
                            {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
@@ -81,6 +82,11 @@ static const op_info OPS[IR_OP_COUNT] = {
                               {{"axis", IR_ATTR_INT, 1}, {"ranks", IR_ATTR_INT, 1}}},
     [IR_OP_ALL_TO_ALL] = {"all_to_all", 1, 1, 1,
                           {{"axis", IR_ATTR_INT, 1}, {"ranks", IR_ATTR_INT, 1}}},
+    [IR_OP_LAYER_NORM] = {"layer_norm", 3, 3, 1, {{"eps", IR_ATTR_FLOAT, 1}}},
+    [IR_OP_DSA_TOPK] = {"dsa_topk", 4, 4, 1,
+                        {{"top_k", IR_ATTR_INT, 1},
+                         {"scale", IR_ATTR_FLOAT, 1},
+                         {"weight_scale", IR_ATTR_FLOAT, 1}}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -574,7 +580,32 @@ static moec_status infer_rope(infer_ctx *c, ir_type *out)
     }
     if (!isfinite(ir_op_attr_float(op, "attn_factor", 1)))
         return fail(c, "attn_factor must be finite");
+    int64_t rd = ir_op_attr_int(op, "rotary_dim", x->type.dims[2]);
+    if (rd < 2 || rd > x->type.dims[2] || rd % 2)
+        return fail(c, "rotary_dim %" PRId64 " must be even and in [2, %" PRId64 "] (the head dim)",
+                    rd, x->type.dims[2]);
     out[0] = type_like(&x->type, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+/* The attributes of attention and mla_attention, and the optional token
+ * selection (operand sel_at, from dsa_topk): i32 [T, K], and no window with
+ * it (a selection already says which positions each token sees). */
+static moec_status attention_scale_window(infer_ctx *c, int sel_at)
+{
+    const ir_op *op = c->op;
+    double scale = ir_op_attr_float(op, "scale", 0);
+    if (!isfinite(scale))
+        return fail(c, "scale %g must be finite", scale);
+    int64_t window = ir_op_attr_int(op, "window", 0);
+    if (window < 0)
+        return fail(c, "window %" PRId64 " must be >= 0", window);
+    if (op->n_in <= sel_at)
+        return MOEC_OK;
+    MOEC_TRY(need_act(c, op->in[sel_at], "sel", 2, 2, 0));
+    if (window > 0)
+        return fail(c, "window %" PRId64 " and the token selection %%%s cannot be combined",
+                    window, vname(op->in[sel_at]));
     return MOEC_OK;
 }
 
@@ -595,12 +626,7 @@ static moec_status infer_attention(infer_ctx *c, ir_type *out)
                     v->type.dims[1], vname(k), Hkv);
     if (H % Hkv)
         return fail(c, "q heads %" PRId64 " are not a multiple of kv heads %" PRId64, H, Hkv);
-    double scale = ir_op_attr_float(op, "scale", 0);
-    if (!isfinite(scale))
-        return fail(c, "scale %g must be finite", scale);
-    int64_t window = ir_op_attr_int(op, "window", 0);
-    if (window < 0)
-        return fail(c, "window %" PRId64 " must be >= 0", window);
+    MOEC_TRY(attention_scale_window(c, 4));
     out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, v->type.dims[2]);
     return MOEC_OK;
 }
@@ -825,12 +851,7 @@ static moec_status infer_mla_attention(infer_ctx *c, ir_type *out)
     if (kpe->type.dims[1] != 1 || kpe->type.dims[2] != dr)
         return fail(c, "k_pe %%%s is %s, expected [T, 1, %" PRId64 "] (q_pe's rope dim)",
                     vname(kpe), tfmt(&kpe->type).s, dr);
-    double scale = ir_op_attr_float(op, "scale", 0);
-    if (!isfinite(scale))
-        return fail(c, "scale %g must be finite", scale);
-    int64_t window = ir_op_attr_int(op, "window", 0);
-    if (window < 0)
-        return fail(c, "window %" PRId64 " must be >= 0", window);
+    MOEC_TRY(attention_scale_window(c, 5));
     out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, r);
     return MOEC_OK;
 }
@@ -857,6 +878,55 @@ static moec_status infer_add_rms_norm(infer_ctx *c, ir_type *out)
         return fail(c, "alpha must be finite");
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, d, 0);
     out[1] = out[0];
+    return MOEC_OK;
+}
+
+/* LayerNorm over the last dim: x [T, ..., D], weight and bias [D]. */
+static moec_status infer_layer_norm(infer_ctx *c, ir_type *out)
+{
+    const ir_value *x = c->op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 2, IR_MAX_RANK, 1));
+    int64_t d = x->type.dims[x->type.rank - 1];
+    for (int i = 1; i < 3; i++) {
+        const ir_value *p = c->op->in[i];
+        const char *role = i == 1 ? "weight" : "bias";
+        MOEC_TRY(need_static(c, p, role, 1));
+        if (p->type.dims[0] != d)
+            return fail(c, "%s %%%s has %" PRId64 " elements, input's last dim is %" PRId64, role,
+                        vname(p), p->type.dims[0], d);
+    }
+    double eps = ir_op_attr_float(c->op, "eps", 0);
+    if (!isfinite(eps) || eps < 0)
+        return fail(c, "eps %g must be finite and >= 0", eps);
+    out[0] = type_like(&x->type, IR_DTYPE_F32);
+    return MOEC_OK;
+}
+
+/* The DSA indexer's scores and top-k: q [T, Hi, Di], k [T, Di], w [T, Hi]. */
+static moec_status infer_dsa_topk(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *q = op->in[0], *k = op->in[1], *w = op->in[2];
+    MOEC_TRY(need_act(c, q, "q", 3, 3, 1));
+    MOEC_TRY(need_act(c, k, "k", 2, 2, 1));
+    MOEC_TRY(need_act(c, w, "weights", 2, 2, 1));
+    MOEC_TRY(need_pos(c, op->in[3]));
+    int64_t Hi = q->type.dims[1], Di = q->type.dims[2];
+    if (k->type.dims[1] != Di)
+        return fail(c, "k %%%s has %" PRId64 " channels, q %%%s has head dim %" PRId64, vname(k),
+                    k->type.dims[1], vname(q), Di);
+    if (w->type.dims[1] != Hi)
+        return fail(c, "weights %%%s has %" PRId64 " heads, q %%%s has %" PRId64, vname(w),
+                    w->type.dims[1], vname(q), Hi);
+    int64_t K = ir_op_attr_int(op, "top_k", 0);
+    if (K < 1 || K > IR_DIM_MAX)
+        return fail(c, "top_k %" PRId64 " must be >= 1", K);
+    double scale = ir_op_attr_float(op, "scale", 0), ws = ir_op_attr_float(op, "weight_scale", 0);
+    if (!isfinite(scale) || scale <= 0)
+        return fail(c, "scale %g must be finite and > 0", scale);
+    if (!isfinite(ws))
+        return fail(c, "weight_scale %g must be finite", ws);
+    out[0] = type_make(IR_DTYPE_I32, 2, IR_DIM_T, K, 0);
     return MOEC_OK;
 }
 
@@ -972,6 +1042,8 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_ALL_GATHER:
     case IR_OP_REDUCE_SCATTER:
     case IR_OP_ALL_TO_ALL: return infer_blocked(&c, out);
+    case IR_OP_LAYER_NORM: return infer_layer_norm(&c, out);
+    case IR_OP_DSA_TOPK: return infer_dsa_topk(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

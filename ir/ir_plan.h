@@ -17,7 +17,8 @@ typedef enum ir_arg_kind {
     IR_ARG_ACT,     /* index: value id; pointer = arena + mem_offset * T */
     IR_ARG_WEIGHT,  /* index: value id of a weight; its device copy */
     IR_ARG_KV,      /* index: op id of an attention op; i: 0 = first pool (k, or kv_c
-                       for MLA), 1 = second pool (v, or k_pe) */
+                       for MLA, or dsa_topk's keys), 1 = second pool (v, or k_pe; of the
+                       module's first dsa_topk: the index scores, docs/CUDA.md) */
     IR_ARG_INPUT,   /* index: an ir_input */
     IR_ARG_SCRATCH, /* i: byte offset into the bucket's scratch buffer */
     IR_ARG_CONFIG,  /* index: an ir_config value fixed at load (i32) */

@@ -191,7 +191,8 @@ moec_status rt_cuda_upload_weights(rt_cuda *c, const rt_weights *w);
 moec_status rt_cuda_check_arch(const rt_cuda *c);
 moec_status rt_cuda_check_memory(const rt_cuda *c);
 /* The blocks of the pool (kv_fraction of the free memory when n_blocks is
- * 0), its two pools per attention op, the block table's first contents. */
+ * 0), the pools of every attention, mla_attention and dsa_topk op, the
+ * block table's first contents. */
 moec_status rt_cuda_size_kv(rt_cuda *c);
 moec_status rt_cuda_alloc_kv(rt_cuda *c);
 moec_status rt_cuda_init_table(rt_cuda *c);

@@ -31,21 +31,37 @@ moec_status rt_cuda_alloc(rt_cuda *c, void **p, size_t bytes, const char *what)
     return MOEC_OK;
 }
 
-/* The two KV pools of an attention or mla_attention op into pool; 0 for
- * other ops. */
-static int kv_pools(const ir_op *op, const ir_value *pool[2])
+/* op's KV pools into pool (NULL: none); 0 for an op without any: attention
+ * k and v, mla_attention kv_c and k_pe, dsa_topk its keys, all paged by the
+ * block table. The module's first dsa_topk also has, as its second pool
+ * (pool[1] NULL, *scores its bytes; 0 for every other op), the index score
+ * of every token of the largest bucket at every position (f32 [tmax,
+ * max_blocks * block size]), which every dsa_topk op of a step uses in turn
+ * (docs/CUDA.md): not paged, its size fixed by the plan. */
+static int kv_pools(const rt_cuda *c, int k, const ir_value *pool[2], size_t *scores)
 {
+    const ir_module *m = c->plan->module;
+    const ir_op *op = m->ops[k];
+    pool[0] = pool[1] = NULL;
+    *scores = 0;
     if (op->kind == IR_OP_ATTENTION && op->n_in >= 3) {
         pool[0] = op->in[1];
         pool[1] = op->in[2];
-        return 1;
-    }
-    if (op->kind == IR_OP_MLA_ATTENTION && op->n_in >= 4) {
+    } else if (op->kind == IR_OP_MLA_ATTENTION && op->n_in >= 4) {
         pool[0] = op->in[2];
         pool[1] = op->in[3];
-        return 1;
+    } else if (op->kind == IR_OP_DSA_TOPK && op->n_in >= 2) {
+        pool[0] = op->in[1];
+        int first = 1;
+        for (int i = 0; i < k && first; i++)
+            first = m->ops[i]->kind != IR_OP_DSA_TOPK;
+        if (first)
+            *scores = (size_t)c->tmax * (size_t)c->max_blocks * (size_t)c->plan->kv_block_size *
+                      sizeof(float);
+    } else {
+        return 0;
     }
-    return 0;
+    return 1;
 }
 
 /* The bytes of one block of one pool. */
@@ -60,11 +76,26 @@ size_t rt_cuda_kv_block_bytes(const rt_cuda *c)
     if (!c)
         return 0;
     const ir_module *m = c->plan->module;
-    size_t bytes = 0;
+    size_t bytes = 0, scores;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_value *pool[2];
-        if (kv_pools(m->ops[k], pool))
-            bytes += kv_block_pool_bytes(c, pool[0]) + kv_block_pool_bytes(c, pool[1]);
+        if (kv_pools(c, k, pool, &scores))
+            for (int p = 0; p < 2; p++)
+                if (pool[p])
+                    bytes += kv_block_pool_bytes(c, pool[p]);
+    }
+    return bytes;
+}
+
+/* The bytes of the pools that are not paged: the index scores. */
+static size_t kv_scores_bytes(const rt_cuda *c)
+{
+    const ir_module *m = c->plan->module;
+    size_t bytes = 0, scores;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_value *pool[2];
+        if (kv_pools(c, k, pool, &scores))
+            bytes += scores;
     }
     return bytes;
 }
@@ -100,7 +131,7 @@ moec_status rt_cuda_check_memory(const rt_cuda *c)
         if (m->values[i]->kind == IR_VALUE_WEIGHT)
             weights += ir_weight_storage_bytes(m, m->values[i], p->compute_dtype);
     /* a pool sized by kv_fraction takes what is left, checked when it is sized */
-    size_t kv = (size_t)c->n_blocks * rt_cuda_kv_block_bytes(c);
+    size_t kv = (size_t)c->n_blocks * rt_cuda_kv_block_bytes(c) + kv_scores_bytes(c);
     for (int b = 0; b < p->n_buckets; b++) {
         if (p->buckets[b].arena_bytes > arena)
             arena = p->buckets[b].arena_bytes;
@@ -136,33 +167,40 @@ moec_status rt_cuda_size_kv(rt_cuda *c)
     }
     size_t free_b = 0, total_b = 0;
     MOEC_TRY(CK(cudaMemGetInfo(&free_b, &total_b), "reading device 0's free memory"));
-    double share = (double)free_b * c->kv_fraction;
-    double blocks = share / (double)per_block;
+    /* the index scores (not paged) come out of the share first */
+    double share = (double)free_b * c->kv_fraction - (double)kv_scores_bytes(c);
+    double blocks = share > 0 ? share / (double)per_block : 0;
     c->n_blocks = blocks >= full ? full : (int)blocks;
     if (c->n_blocks >= 1)
         return MOEC_OK;
     return MOEC_ERR(MOEC_ERR_CAPACITY,
                     "no KV block fits: one block (%d tokens) takes %zu bytes, and %.2f of the "
                     "%zu MiB device 0 (%s) has free once the weights, activations and workspaces "
-                    "are allocated is %.0f bytes",
+                    "are allocated, less %zu bytes of index scores, is %.0f bytes",
                     c->plan->kv_block_size, per_block, c->kv_fraction, free_b >> 20,
-                    c->device_name, share);
+                    c->device_name, kv_scores_bytes(c), share);
 }
 
-/* The two KV pools of every attention and mla_attention op. */
+/* The KV pools of every attention, mla_attention and dsa_topk op: n_blocks
+ * blocks each, and the index scores. */
 moec_status rt_cuda_alloc_kv(rt_cuda *c)
 {
     const ir_module *m = c->plan->module;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
+        size_t scores;
         const ir_value *pool[2];
-        if (!kv_pools(op, pool))
+        if (!kv_pools(c, k, pool, &scores))
             continue;
         for (int p = 0; p < 2; p++) {
-            size_t bytes = (size_t)c->n_blocks * kv_block_pool_bytes(c, pool[p]);
+            size_t bytes = pool[p] ? (size_t)c->n_blocks * kv_block_pool_bytes(c, pool[p])
+                                   : scores;
+            if (!bytes)
+                continue;
             char where[512];
             snprintf(where, sizeof where, "KV pool %d (%%%s, %d blocks) of %s %%%s", p,
-                     pool[p]->name, c->n_blocks, ir_op_name(op->kind), op->out[0]->name);
+                     pool[p] ? pool[p]->name : "index scores", c->n_blocks, ir_op_name(op->kind),
+                     op->out[0]->name);
             MOEC_TRY(rt_cuda_alloc(c, &c->kv[2 * k + p], bytes, where));
             c->kv_bytes[2 * k + p] = bytes;
             MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes), where));

@@ -36,7 +36,9 @@ struct rt_interp {
     int arena_T;         /* tokens the arena is sized for */
     double *scores;      /* attention scratch: a score per attended position */
     int64_t *kv_rows;    /* attention scratch: the cache row of each attended position */
-    int64_t scratch_cap; /* positions scores and kv_rows hold */
+    unsigned char *mark; /* attention and dsa_topk scratch: a flag per position, left all 0 */
+    struct dsa_cand *cand; /* dsa_topk scratch: a scored candidate per position */
+    int64_t scratch_cap; /* positions the scratch arrays hold */
     rt_interp_pages pages; /* the page map of the forward being run */
     int32_t page0;       /* the page map of an unpaged interpreter: page 0 */
     const ir_value *tokens;
@@ -212,6 +214,39 @@ static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
     for (int64_t i = 0; i < rows * D; i++)
         sum[i] = a[i] + alpha * b[i];
     rms_norm_rows(sum, fbuf(in, op->in[2]), fbuf(in, op->out[1]), rows, D, eps);
+    return MOEC_OK;
+}
+
+/* LayerNorm over the last dim, as torch computes it in fp32: mean and
+ * (biased) variance of the row, then (x - mean) / sqrt(var + eps) * w + b. */
+static moec_status op_layer_norm(rt_interp *in, const ir_op *op, int T)
+{
+    double eps;
+    MOEC_TRY(attr_num_req(op, "eps", &eps));
+    int64_t d[IR_MAX_RANK];
+    int r = shape_of(op->in[0], T, d);
+    if (r < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: layer_norm of a scalar", op_name(op));
+    int64_t D = d[r - 1], rows = prod(d, 0, r - 1);
+    if (numel_of(op->in[1], T) != D || numel_of(op->in[2], T) != D ||
+        numel_of(op->out[0], T) != rows * D)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: layer_norm weight %s and bias %s must have %lld elements",
+                        op_name(op), op->in[1]->name, op->in[2]->name, (long long)D);
+    const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]), *b = fbuf(in, op->in[2]);
+    float *y = fbuf(in, op->out[0]);
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * D;
+        double s = 0, ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            s += xr[j];
+        float mean = (float)(s / (double)D);
+        for (int64_t j = 0; j < D; j++)
+            ss += (double)(xr[j] - mean) * (xr[j] - mean);
+        float inv = 1.0f / sqrtf((float)(ss / (double)D) + (float)eps);
+        for (int64_t j = 0; j < D; j++)
+            y[i * D + j] = (xr[j] - mean) * inv * w[j] + b[j];
+    }
     return MOEC_OK;
 }
 
@@ -482,12 +517,16 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
         numel_of(op->out[0], T) != prod(d, 0, 3))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope wants x [T, H, D] with D even, pos [T]",
                         op_name(op));
-    int64_t H = d[1], D = d[2], half = D / 2;
+    /* rotary_dim: the first channels rotate as a head of that size; the rest pass */
+    int64_t H = d[1], D = d[2], rd = ir_op_attr_int(op, "rotary_dim", D), half = rd / 2;
+    if (rd < 2 || rd > D || rd % 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope rotary_dim %lld out of [2, %lld] or odd",
+                        op_name(op), (long long)rd, (long long)D);
     float af = (float)attr_num_or(op, "attn_factor", 1.0);
     float *inv_freq = malloc((size_t)half * sizeof(float) + 1);
     if (!inv_freq)
         return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for rope frequencies", op_name(op));
-    moec_status st = rope_inv_freq(op, D, inv_freq);
+    moec_status st = rope_inv_freq(op, rd, inv_freq);
     if (st != MOEC_OK) {
         free(inv_freq);
         return st;
@@ -495,6 +534,8 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
     const float *x = fbuf(in, op->in[0]);
     const int32_t *pos = ibuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
+    for (int64_t r = 0; r < (int64_t)T * H && rd < D; r++)
+        memcpy(y + r * D + rd, x + r * D + rd, (size_t)(D - rd) * sizeof(float));
     for (int t = 0; t < T; t++) {
         for (int64_t i = 0; i < half; i++) {
             float angle = (float)pos[t] * inv_freq[i];
@@ -524,19 +565,20 @@ static int64_t kv_row(const rt_interp *in, int t, int64_t p)
            p % in->page_size;
 }
 
-/* Writes token t's k (nk floats) and v (nv floats) to the rows of its
- * position in the caches of op. */
+/* Writes token t's k (nk floats) and v (nv floats; none for dsa_topk's
+ * keys) to the rows of its position in the caches of op. */
 static void kv_store(rt_interp *in, const ir_op *op, int t, int32_t pos, const float *k,
                      int64_t nk, const float *v, int64_t nv)
 {
     int64_t row = kv_row(in, t, pos);
     memcpy(in->k_cache[op->id] + row * nk, k + (int64_t)t * nk, (size_t)nk * sizeof(float));
-    memcpy(in->v_cache[op->id] + row * nv, v + (int64_t)t * nv, (size_t)nv * sizeof(float));
+    if (nv)
+        memcpy(in->v_cache[op->id] + row * nv, v + (int64_t)t * nv, (size_t)nv * sizeof(float));
     in->kv_written[op->id][row] = 1;
 }
 
 /* [lo, hi] of the cached positions token t attends to, their cache rows in
- * in->kv_rows[lo..hi], after checking they were all written. */
+ * in->kv_rows[0..hi - lo], after checking they were all written. */
 static moec_status attend_range(rt_interp *in, const ir_op *op, int t, int32_t pos,
                                 int64_t window, int64_t *lo, int64_t *hi)
 {
@@ -546,14 +588,58 @@ static moec_status attend_range(rt_interp *in, const ir_op *op, int t, int32_t p
     if (window > 0 && *hi - window + 1 > 0)
         *lo = *hi - window + 1;
     for (int64_t p = *lo; p <= *hi; p++) {
-        in->kv_rows[p] = kv_row(in, t, p);
-        if (!written[in->kv_rows[p]])
+        in->kv_rows[p - *lo] = kv_row(in, t, p);
+        if (!written[in->kv_rows[p - *lo]])
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "%s: token at position %d attends to position %lld, which no "
                             "forward has written to the KV cache",
                             op_name(op), (int)pos, (long long)p);
     }
     return MOEC_OK;
+}
+
+/* The cached positions token t (at position pos) attends to, their cache
+ * rows into in->kv_rows[0..*n-1]: with a token selection (operand sel_at,
+ * dsa_topk's result [T, K]) its first min(K, pos + 1) entries, each a
+ * distinct cached position <= pos; without one, [lo, pos] by the window. */
+static moec_status attend_positions(rt_interp *in, const ir_op *op, int t, int32_t pos,
+                                    int64_t window, int sel_at, int64_t *n)
+{
+    if (op->n_in <= sel_at) {
+        int64_t lo, hi;
+        MOEC_TRY(attend_range(in, op, t, pos, window, &lo, &hi));
+        *n = hi - lo + 1;
+        return MOEC_OK;
+    }
+    int64_t K = op->in[sel_at]->type.dims[1];
+    if (op->in[sel_at]->type.rank != 2 || K < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: selection %s must be i32 [T, K]", op_name(op),
+                        op->in[sel_at]->name);
+    *n = K < (int64_t)pos + 1 ? K : (int64_t)pos + 1;
+    const int32_t *sel = ibuf(in, op->in[sel_at]) + (int64_t)t * K;
+    const unsigned char *written = in->kv_written[op->id];
+    moec_status st = MOEC_OK;
+    int64_t i = 0;
+    for (; i < *n && st == MOEC_OK; i++) {
+        int32_t p = sel[i];
+        int ok = p >= 0 && p <= pos && !in->mark[p];
+        if (ok) {
+            in->kv_rows[i] = kv_row(in, t, p);
+            ok = written[in->kv_rows[i]];
+        }
+        if (!ok)
+            st = MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                          "%s: token at position %d: selection %s[%d][%lld] = %d is not a "
+                          "distinct cached position <= %d",
+                          op_name(op), (int)pos, op->in[sel_at]->name, t, (long long)i, (int)p,
+                          (int)pos);
+        else
+            in->mark[p] = 1;
+    }
+    for (int64_t j = 0; j < i; j++)
+        if (sel[j] >= 0 && sel[j] <= pos)
+            in->mark[sel[j]] = 0;
+    return st;
 }
 
 static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
@@ -582,31 +668,31 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
     double *sc = in->scores;
     const int64_t *rows = in->kv_rows;
     for (int t = 0; t < T; t++) {
-        int64_t lo, hi;
-        MOEC_TRY(attend_range(in, op, t, pos[t], window, &lo, &hi));
+        int64_t n;
+        MOEC_TRY(attend_positions(in, op, t, pos[t], window, 4, &n));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = q + ((int64_t)t * H + h) * Dk;
             int64_t kvh = h / group;
             double mx = -INFINITY;
-            for (int64_t p = lo; p <= hi; p++) {
-                const float *kr = kc + (rows[p] * Hkv + kvh) * Dk;
+            for (int64_t i = 0; i < n; i++) {
+                const float *kr = kc + (rows[i] * Hkv + kvh) * Dk;
                 double dot = 0;
                 for (int64_t j = 0; j < Dk; j++)
                     dot += (double)qr[j] * kr[j];
-                sc[p] = (double)((float)dot * scale);
-                if (sc[p] > mx)
-                    mx = sc[p];
+                sc[i] = (double)((float)dot * scale);
+                if (sc[i] > mx)
+                    mx = sc[i];
             }
             double sum = 0;
-            for (int64_t p = lo; p <= hi; p++) {
-                sc[p] = exp(sc[p] - mx);
-                sum += sc[p];
+            for (int64_t i = 0; i < n; i++) {
+                sc[i] = exp(sc[i] - mx);
+                sum += sc[i];
             }
             float *yr = y + ((int64_t)t * H + h) * Dv;
             for (int64_t j = 0; j < Dv; j++) {
                 double acc = 0;
-                for (int64_t p = lo; p <= hi; p++)
-                    acc += sc[p] * vc[(rows[p] * Hkv + kvh) * Dv + j];
+                for (int64_t i = 0; i < n; i++)
+                    acc += sc[i] * vc[(rows[i] * Hkv + kvh) * Dv + j];
                 yr[j] = (float)(acc / sum);
             }
         }
@@ -730,35 +816,130 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
     double *sc = in->scores;
     const int64_t *rows = in->kv_rows;
     for (int t = 0; t < T; t++) {
-        int64_t lo, hi;
-        MOEC_TRY(attend_range(in, op, t, pos[t], window, &lo, &hi));
+        int64_t n;
+        MOEC_TRY(attend_positions(in, op, t, pos[t], window, 5, &n));
         for (int64_t h = 0; h < H; h++) {
             const float *qr = qc + ((int64_t)t * H + h) * R;
             const float *qp = qpe + ((int64_t)t * H + h) * Dr;
             double mx = -INFINITY;
-            for (int64_t p = lo; p <= hi; p++) {
+            for (int64_t i = 0; i < n; i++) {
+                int64_t r = rows[i];
                 double dot = 0;
                 for (int64_t j = 0; j < R; j++)
-                    dot += (double)qr[j] * cc[rows[p] * R + j];
+                    dot += (double)qr[j] * cc[r * R + j];
                 for (int64_t j = 0; j < Dr; j++)
-                    dot += (double)qp[j] * pc[rows[p] * Dr + j];
-                sc[p] = (double)((float)dot * scale);
-                if (sc[p] > mx)
-                    mx = sc[p];
+                    dot += (double)qp[j] * pc[r * Dr + j];
+                sc[i] = (double)((float)dot * scale);
+                if (sc[i] > mx)
+                    mx = sc[i];
             }
             double sum = 0;
-            for (int64_t p = lo; p <= hi; p++) {
-                sc[p] = exp(sc[p] - mx);
-                sum += sc[p];
+            for (int64_t i = 0; i < n; i++) {
+                sc[i] = exp(sc[i] - mx);
+                sum += sc[i];
             }
             float *yr = y + ((int64_t)t * H + h) * R;
             for (int64_t j = 0; j < R; j++) {
                 double acc = 0;
-                for (int64_t p = lo; p <= hi; p++)
-                    acc += sc[p] * cc[rows[p] * R + j];
+                for (int64_t i = 0; i < n; i++)
+                    acc += sc[i] * cc[rows[i] * R + j];
                 yr[j] = (float)(acc / sum);
             }
         }
+    }
+    return MOEC_OK;
+}
+
+/* ---- DeepSeek sparse attention -------------------------------------------- */
+
+/* A scored position of dsa_topk. */
+struct dsa_cand {
+    float score;
+    int32_t pos;
+};
+
+/* Best first: the higher score (NaN above all, as torch.topk ranks it),
+ * then the lower position. */
+static int dsa_cand_cmp(const void *pa, const void *pb)
+{
+    const struct dsa_cand *a = pa, *b = pb;
+    int na = isnan(a->score), nb = isnan(b->score);
+    if (na != nb)
+        return na ? -1 : 1;
+    if (!na && a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    return (a->pos > b->pos) - (a->pos < b->pos);
+}
+
+/* The index score of cached position p for token t: sum over the heads h
+ * of (w[h] * weight_scale) * relu(scale * q[h] . k[p]), each product and
+ * the head weights rounded to fp32 as the reference computes them. */
+static float dsa_score(const float *q, const float *kp, const float *w, int64_t Hi, int64_t Di,
+                       float scale, float weight_scale)
+{
+    double acc = 0;
+    for (int64_t h = 0; h < Hi; h++) {
+        double dot = 0;
+        for (int64_t j = 0; j < Di; j++)
+            dot += (double)q[h * Di + j] * kp[j];
+        float s = (float)dot * scale;
+        acc += (double)(w[h] * weight_scale) * (s > 0 ? s : 0.0f);
+    }
+    return (float)acc;
+}
+
+/* The DSA lightning indexer: caches this call's keys, then for each token
+ * the top_k cached positions <= pos by index score (ties: the lower
+ * position), written in ascending order, -1 after them; every position
+ * when there are no more than top_k. */
+static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t K;
+    double scale_d, ws_d;
+    MOEC_TRY(attr_int_req(op, "top_k", &K));
+    MOEC_TRY(attr_num_req(op, "scale", &scale_d));
+    MOEC_TRY(attr_num_req(op, "weight_scale", &ws_d));
+    int64_t dq[IR_MAX_RANK], dk[IR_MAX_RANK], dw[IR_MAX_RANK];
+    int rq = shape_of(op->in[0], T, dq), rk = shape_of(op->in[1], T, dk),
+        rw = shape_of(op->in[2], T, dw);
+    if (rq != 3 || rk != 2 || rw != 2 || dq[0] != T || dk[0] != T || dw[0] != T ||
+        dk[1] != dq[2] || dw[1] != dq[1] || K < 1 || numel_of(op->in[3], T) != T ||
+        numel_of(op->out[0], T) != (int64_t)T * K)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: dsa_topk wants q [T, Hi, Di], k [T, Di], weights [T, Hi], pos [T] "
+                        "and a result [T, top_k]",
+                        op_name(op));
+    int64_t Hi = dq[1], Di = dq[2];
+    const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *w = fbuf(in, op->in[2]);
+    const int32_t *pos = ibuf(in, op->in[3]);
+    int32_t *y = ibuf(in, op->out[0]);
+    const float *kc = in->k_cache[op->id];
+    for (int t = 0; t < T; t++)
+        kv_store(in, op, t, pos[t], k, Di, NULL, 0);
+    for (int t = 0; t < T; t++) {
+        int64_t lo, hi, n = (int64_t)pos[t] + 1;
+        MOEC_TRY(attend_range(in, op, t, pos[t], 0, &lo, &hi));
+        int32_t *yr = y + (int64_t)t * K;
+        if (n <= K) {
+            for (int64_t i = 0; i < K; i++)
+                yr[i] = i < n ? (int32_t)i : -1;
+            continue;
+        }
+        struct dsa_cand *cand = in->cand;
+        for (int64_t p = 0; p < n; p++) {
+            cand[p].score = dsa_score(q + (int64_t)t * Hi * Di, kc + in->kv_rows[p] * Di,
+                                      w + (int64_t)t * Hi, Hi, Di, (float)scale_d, (float)ws_d);
+            cand[p].pos = (int32_t)p;
+        }
+        qsort(cand, (size_t)n, sizeof *cand, dsa_cand_cmp);
+        for (int64_t i = 0; i < K; i++)
+            in->mark[cand[i].pos] = 1;
+        int64_t o = 0;
+        for (int64_t p = 0; p < n; p++)
+            if (in->mark[p]) {
+                yr[o++] = (int32_t)p;
+                in->mark[p] = 0;
+            }
     }
     return MOEC_OK;
 }
@@ -1168,6 +1349,8 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_ALL_GATHER:
     case IR_OP_REDUCE_SCATTER:
     case IR_OP_ALL_TO_ALL: return op_collective_alone(in, op, T);
+    case IR_OP_LAYER_NORM: return op_layer_norm(in, op, T);
+    case IR_OP_DSA_TOPK: return op_dsa_topk(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1194,14 +1377,14 @@ static const struct {
     [IR_OP_SILU] = {1, 1, 1, 0, 0, 0},
     [IR_OP_SIGMOID] = {1, 1, 1, 0, 0, 0},
     [IR_OP_ROPE] = {2, 2, 1, 1u << 1, 0, 0},
-    [IR_OP_ATTENTION] = {4, 4, 1, 1u << 3, 0, 0},
+    [IR_OP_ATTENTION] = {4, 5, 1, (1u << 3) | (1u << 4), 0, 0},
     [IR_OP_MOE_TOPK] = {1, 2, 2, 0, 1u << 0, 0},
     [IR_OP_MOE_EXPERTS] = {4, 5, 1, 1u << 1, 0, 0},
     [IR_OP_REDUCE_SUM] = {1, 1, 1, 0, 0, 0},
     [IR_OP_SILU_MUL] = {1, 1, 1, 0, 0, 0},
     [IR_OP_MOE_ROUTED] = {5, 6, 1, 1u << 1, 0, 0},
     [IR_OP_MLA_QABSORB] = {2, 2, 1, 0, 0, 0},
-    [IR_OP_MLA_ATTENTION] = {5, 5, 1, 1u << 4, 0, 0},
+    [IR_OP_MLA_ATTENTION] = {5, 6, 1, (1u << 4) | (1u << 5), 0, 0},
     [IR_OP_MLA_VABSORB] = {2, 2, 1, 0, 0, 0},
     [IR_OP_FORK] = {1, 1, 1, 0, 0, 1},
     [IR_OP_JOIN] = {1, 1, 1, 0, 0, 1},
@@ -1210,6 +1393,8 @@ static const struct {
     [IR_OP_ALL_GATHER] = {1, 1, 1, 0, 0, 0},
     [IR_OP_REDUCE_SCATTER] = {1, 1, 1, 0, 0, 0},
     [IR_OP_ALL_TO_ALL] = {1, 1, 1, 0, 0, 0},
+    [IR_OP_LAYER_NORM] = {3, 3, 1, 0, 0, 0},
+    [IR_OP_DSA_TOPK] = {4, 4, 1, 1u << 3, 1u << 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand
@@ -1397,6 +1582,8 @@ void rt_interp_free(rt_interp *in)
     free(in->peers);
     ir_module **owned = in->owned;
     int n = in->n_ranks;
+    free(in->mark);
+    free(in->cand);
     free(in);
     for (int r = 0; owned && r < n; r++)
         ir_module_free(owned[r]);
@@ -1467,6 +1654,11 @@ static int cache_widths(const ir_op *op, int64_t *nk, int64_t *nv)
         *nv = numel_of(op->in[3], 1); /* k_pe: dr */
         return 1;
     }
+    if (op->kind == IR_OP_DSA_TOPK) {
+        *nk = numel_of(op->in[1], 1); /* the indexer's keys: Di */
+        *nv = 0;
+        return 1;
+    }
     return 0;
 }
 
@@ -1498,9 +1690,9 @@ static moec_status init_ops(rt_interp *in)
             continue;
         size_t rows = (size_t)in->n_pages * (size_t)in->page_size;
         in->k_cache[i] = calloc(rows * (size_t)wk, sizeof(float));
-        in->v_cache[i] = calloc(rows * (size_t)wv, sizeof(float));
+        in->v_cache[i] = wv ? calloc(rows * (size_t)wv, sizeof(float)) : NULL;
         in->kv_written[i] = calloc(rows, 1);
-        if (!in->k_cache[i] || !in->v_cache[i] || !in->kv_written[i])
+        if (!in->k_cache[i] || (wv && !in->v_cache[i]) || !in->kv_written[i])
             return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for a KV cache of %zu positions",
                             op_name(op), rows);
     }
@@ -1719,9 +1911,13 @@ static moec_status check_pages(rt_interp *in, const int32_t *positions, int T)
         return MOEC_OK;
     free(in->scores);
     free(in->kv_rows);
+    free(in->mark);
+    free(in->cand);
     in->scores = malloc((size_t)need * sizeof *in->scores);
     in->kv_rows = malloc((size_t)need * sizeof *in->kv_rows);
-    in->scratch_cap = in->scores && in->kv_rows ? need : 0;
+    in->mark = calloc((size_t)need, 1);
+    in->cand = malloc((size_t)need * sizeof *in->cand);
+    in->scratch_cap = in->scores && in->kv_rows && in->mark && in->cand ? need : 0;
     if (!in->scratch_cap)
         return MOEC_ERR(MOEC_ERR_OOM, "no memory to attend to %lld positions", (long long)need);
     return MOEC_OK;
@@ -1898,6 +2094,7 @@ void rt_interp_reset(rt_interp *in)
             continue;
         memset(in->kv_written[i], 0, rows);
         memset(in->k_cache[i], 0, rows * (size_t)wk * sizeof(float));
-        memset(in->v_cache[i], 0, rows * (size_t)wv * sizeof(float));
+        if (wv)
+            memset(in->v_cache[i], 0, rows * (size_t)wv * sizeof(float));
     }
 }

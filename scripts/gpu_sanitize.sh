@@ -14,7 +14,7 @@ mkdir -p "$LOG"
 SAN=${SAN:-/usr/local/cuda/bin/compute-sanitizer}
 JOBS=${JOBS:-6}
 TOOLS=${TOOLS:-"racecheck synccheck initcheck memcheck"}
-MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe deepseek_v3_fp8 qwen3_moe_fp8"}
+MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe deepseek_v3_fp8 qwen3_moe_fp8 deepseek_v32"}
 
 # one TOOL DTYPE GRAPHS MODEL: one sanitized `moec run` (MODEL = kernels: the
 # gpu_kernels sample); its verdict line on stdout.

@@ -27,6 +27,16 @@ The dequantization is plain Python (no torch), so that
 writes the twin on any machine; tests/test_fp8.c checks it bit for bit
 against moec's own dequantization.
 
+DeepSeek-V3.2 (deepseek_v32): its indexer selects index_topk tokens per
+query, and a near-tie at the top-k boundary would let rounding decide the
+selection, so every indexer call's smallest gap between the k-th and the
+next score (relative to the row's largest score) is measured, and a golden
+whose gap is under 1e-4 is refused. Where transformers has no checkpoint
+conversion for the per-expert tensors of a model (its experts are 3-D
+parameters: a missing mlp.experts.gate_up_proj), the experts are merged
+into an F32 twin the same way (gate_up_proj = cat(gate, up), down_proj
+stacked) and that is loaded.
+
 usage: make_goldens.py [--steps N] [--device cpu|cuda] [DIR ...]
        make_goldens.py --dequantize SRC DST
 """
@@ -186,30 +196,140 @@ def dequantize_checkpoint(src, dst):
     return block
 
 
+# ---- per-expert tensors merged ----------------------------------------------
+
+def merge_experts_twin(src, dst):
+    """Writes dst/config.json and dst/model.safetensors: src's checkpoint in
+    F32 with each layer's per-expert gate/up/down tensors merged into the 3-D
+    mlp.experts.gate_up_proj [E, 2I, H] and mlp.experts.down_proj [E, H, I]
+    that transformers' DeepseekV3/V32 experts hold."""
+    import re
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    tensors = read_safetensors(os.path.join(src, "model.safetensors"))
+    pat = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    experts, out = {}, []
+    for name, (dtype, shape, raw) in tensors.items():
+        m = pat.match(name)
+        if m:
+            experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = (shape, widen(dtype, raw))
+        else:
+            out.append((name, shape, widen(dtype, raw)))
+    for prefix, parts in sorted(experts.items()):
+        n = 1 + max(e for e, _ in parts)
+        gate_up, down = array("f"), array("f")
+        for e in range(n):
+            gate_up.extend(parts[(e, "gate")][1])
+            gate_up.extend(parts[(e, "up")][1])
+            down.extend(parts[(e, "down")][1])
+        gs, ds = parts[(0, "gate")][0], parts[(0, "down")][0]
+        out.append((prefix + ".gate_up_proj", [n, 2 * gs[0], gs[1]], gate_up))
+        out.append((prefix + ".down_proj", [n, ds[0], ds[1]], down))
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors_f32(os.path.join(dst, "model.safetensors"), out)
+    config["torch_dtype"] = "float32"
+    config.pop("dtype", None)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+
+
+def experts_unconverted(info):
+    """True when loading left only the 3-D expert parameters missing and
+    the per-expert tensors unused: no conversion mapping for the model."""
+    missing, unexpected = info.get("missing_keys") or [], info.get("unexpected_keys") or []
+    return bool(missing) and (all(k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))
+                            for k in missing)
+            and all(".mlp.experts." in k for k in unexpected))
+
+
+# ---- DSA: the indexer's top-k boundary --------------------------------------
+
+class TopkMargin:
+    """The smallest gap, relative to the row's largest |score|, between the
+    k-th and the next index score of every call of a DSA indexer (a module
+    whose class name ends in Indexer) while it is attached: Tensor.topk is
+    wrapped during the indexer's forward only. Masked scores (-inf, or the
+    mask's finfo.min added) are left out."""
+
+    MASKED = -1e30
+
+    def __init__(self, model):
+        self.gap, self.calls, self.saved, self.handles = math.inf, 0, None, []
+        for mod in model.modules():
+            if type(mod).__name__.endswith("Indexer"):
+                self.handles.append(mod.register_forward_pre_hook(self.enter))
+                self.handles.append(mod.register_forward_hook(self.leave))
+
+    def enter(self, mod, args):
+        import torch
+        self.saved = torch.Tensor.topk
+        saved, margin = self.saved, self
+
+        def topk(t, k, *a, **kw):
+            n = t.shape[-1]
+            if k < n:
+                x = t.float()
+                valid = torch.isfinite(x) & (x > margin.MASKED)
+                v = saved(x, k + 1, dim=-1).values
+                at_ok = torch.isfinite(v[..., k]) & (v[..., k] > margin.MASKED)
+                if bool(at_ok.any()):
+                    big = torch.where(valid, x.abs(), torch.zeros_like(x)).amax(-1).clamp_min(1e-30)
+                    rel = ((v[..., k - 1] - v[..., k]) / big)[at_ok]
+                    margin.gap = min(margin.gap, float(rel.min()))
+            margin.calls += 1
+            return saved(t, k, *a, **kw)
+
+        torch.Tensor.topk = topk
+
+    def leave(self, mod, args, out):
+        import torch
+        torch.Tensor.topk = self.saved
+
+
 # ---- goldens ---------------------------------------------------------------
+
+def load_model(model_dir, quantized, twin):
+    """The fp32 model of model_dir (dequantized, or with its experts merged,
+    into the folder twin when transformers needs it) and the folder it was
+    loaded from."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    load_dir = model_dir
+    if quantized:
+        dequantize_checkpoint(model_dir, twin)
+        load_dir = twin
+    model, info = AutoModelForCausalLM.from_pretrained(
+        load_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    if experts_unconverted(info):
+        merged = os.path.join(twin, "merged")
+        merge_experts_twin(load_dir, merged)
+        print(f"{model_dir}: transformers does not convert per-expert tensors for this model; "
+              f"loading them merged", file=sys.stderr)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            merged, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
+    if bad or info.get("error_msgs"):
+        sys.exit(f"{model_dir}: transformers could not load every tensor cleanly: {info}")
+    return model
+
 
 def golden(model_dir, steps, device):
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     with open(os.path.join(model_dir, "prompt.json")) as f:
         prompt = json.load(f)["prompt_ids"]
     with open(os.path.join(model_dir, "config.json")) as f:
-        quantized = fp8_block(json.load(f)) is not None
+        block = fp8_block(json.load(f))
+    quantized = block is not None
     with tempfile.TemporaryDirectory() as twin:
-        load_dir = model_dir
-        if quantized:
-            block = dequantize_checkpoint(model_dir, twin)
-            load_dir = twin
-        model, info = AutoModelForCausalLM.from_pretrained(
-            load_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
-    bad = {k: v for k, v in info.items() if v and k != "error_msgs"}
-    if bad or info.get("error_msgs"):
-        sys.exit(f"{model_dir}: transformers could not load every tensor cleanly: {info}")
+        model = load_model(model_dir, quantized, twin)
     if getattr(model.config, "quantization_config", None):
         sys.exit(f"{model_dir}: the dequantized twin still loaded as quantized")
     model.to(device).eval()
+    margin = TopkMargin(model)
     rows, greedy = [], []
     with torch.no_grad():
         ids = torch.tensor([prompt], device=device)
@@ -225,6 +345,13 @@ def golden(model_dir, steps, device):
             rows.append(out.logits[0].float().cpu())
             nxt = int(out.logits[0, -1].argmax())
             greedy.append(nxt)
+    if margin.handles:
+        print(f"{model_dir}: {margin.calls} indexer top-k calls, smallest relative gap at the "
+              f"boundary {margin.gap:.3g}")
+        if margin.gap < 1e-4:
+            sys.exit(f"{model_dir}: an indexer top-k boundary is a near-tie (relative gap "
+                     f"{margin.gap:.3g} < 1e-4): rounding would decide the golden; change the "
+                     f"prompt or the weights (moec-sample --seed)")
     logits = torch.cat(rows, 0).contiguous()
     logits.numpy().astype("<f4").tofile(os.path.join(model_dir, "logits.bin"))
     meta = {

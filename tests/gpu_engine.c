@@ -44,7 +44,8 @@
 #include "testlib.h"
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8"};
+                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8",
+                               "deepseek_v32"};
 
 #define N_SEQ 4
 #define DECODE 5     /* tokens each sequence generates after its prompt, fed back */

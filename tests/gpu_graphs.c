@@ -38,7 +38,8 @@ static size_t device_free_bytes(void) { return 0; }
 #endif
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8"};
+                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8",
+                               "deepseek_v32"};
 static const int SIZES[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64};
 
 #define SEQS 64

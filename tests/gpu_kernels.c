@@ -1,7 +1,8 @@
 /* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
- * moe_topk, moe_routed, moe_experts, argmax, and the linears and experts of
- * fp8 weights) run on the GPU against the CPU interpreter, on fresh random
- * inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
+ * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
+ * the sparse mla_attention over its selection, and the linears and experts
+ * of fp8 weights) run on the GPU against the CPU interpreter, on fresh
+ * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
  * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
  * (1e-4), relative to each row's largest magnitude. fp8 weights are random
  * e4m3 codes (every code but the NaNs) with random block scales, uploaded
@@ -316,6 +317,7 @@ typedef struct gk_bind {
     ir_dtype cdt;
     void **val;             /* per value id: TMAX tokens (weights: all of it) */
     void *kv[2];
+    void **kv_by_op;        /* when set: KV pool p of op id k at [2 * k + p] (several ops' pools) */
     void *input[IR_INPUT_COUNT];
     void *scratch;
     size_t scratch_cap;
@@ -341,6 +343,10 @@ static void bind_free(gk_bind *b)
     for (int i = 0; i < 2; i++)
         if (b->kv[i])
             CK(cudaFree(b->kv[i]));
+    for (int i = 0; b->kv_by_op && i < 2 * b->m->n_ops; i++)
+        if (b->kv_by_op[i])
+            CK(cudaFree(b->kv_by_op[i]));
+    free(b->kv_by_op);
     for (int i = 0; i < IR_INPUT_COUNT; i++)
         if (b->input[i])
             CK(cudaFree(b->input[i]));
@@ -437,7 +443,9 @@ static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int r
             case IR_ARG_WEIGHT:
                 ptr[a] = b->val[g->index] ? (char *)b->val[g->index] + g->i : NULL;
                 break;
-            case IR_ARG_KV: ptr[a] = b->kv[g->i]; break;
+            case IR_ARG_KV:
+                ptr[a] = b->kv_by_op ? b->kv_by_op[2 * g->index + g->i] : b->kv[g->i];
+                break;
             case IR_ARG_INPUT:
                 ptr[a] = b->input[g->index] ? (char *)b->input[g->index] + g->i : NULL;
                 break;
@@ -833,6 +841,83 @@ static void ref_token(const attn_env *e, int sq, int p, const float *q0, const f
     free(sc);
 }
 
+/* One interpreter per sequence (n of them, for max_len tokens), all with
+ * the same random weights. */
+static void interps_init(rt_interp **in, int n, const ir_module *m, ir_dtype cdt,
+                         const km_spec *s, int max_len, uint64_t *rng)
+{
+    for (int q = 0; q < n; q++) {
+        T_OK(rt_interp_init(m, NULL, max_len, &in[q]));
+        if (!in[q])
+            exit(1);
+    }
+    fill_weights(in[0], m, cdt, s, rng, NULL); /* no fp8 weights */
+    for (int i = 0; i < m->n_values; i++)
+        if (m->values[i]->kind == IR_VALUE_WEIGHT)
+            for (int q = 1; q < n; q++)
+                T_OK(rt_interp_set_weight(in[q], m->values[i], rt_interp_weight(in[0], m->values[i])));
+}
+
+/* The block table of MAX_SEQ sequences of max_len tokens in pages of bs:
+ * every page of every sequence shuffled over the pools; returns the pages. */
+static int bind_block_table(gk_bind *b, uint64_t *rng, int max_len, int bs)
+{
+    int mb = (max_len + bs - 1) / bs, pages = mb * MAX_SEQ;
+    b->max_blocks = mb;
+    int *bt = xmalloc((size_t)pages * 4);
+    for (int i = 0; i < pages; i++)
+        bt[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = irand(rng, i + 1), t = bt[i];
+        bt[i] = bt[j];
+        bt[j] = t;
+    }
+    b->input[IR_INPUT_BLOCK_TABLE] = dalloc((size_t)pages * 4);
+    CK(cudaMemcpy(b->input[IR_INPUT_BLOCK_TABLE], bt, (size_t)pages * 4, cudaMemcpyHostToDevice));
+    free(bt);
+    return pages;
+}
+
+/* The short runs' steps of two sequences: chunks a then b in bucket T0
+ * (prefill crossing pages, mixed with padding), then decode steps in
+ * buckets 8, 1 and 2, each checked. */
+static void short_steps(void (*step)(void *, int, const int *, int), void *u, int T0, const int *a,
+                        const int *b)
+{
+    static const int d[2] = {1, 1}, d1[2] = {0, 1};
+    step(u, T0, a, 1);
+    step(u, T0, b, 1);
+    step(u, 8, d, 1);
+    step(u, 1, d1, 1);
+    step(u, 2, d1, 1);
+}
+
+/* The longest of three sequences of lens[] tokens, with room for decode steps. */
+static int long_max_len(const int *lens)
+{
+    int mx = 0;
+    for (int q = 0; q < 3; q++)
+        mx = lens[q] + 4 > mx ? lens[q] + 4 : mx;
+    return mx;
+}
+
+/* Fills three sequences to lens[] tokens (len[]: so far) by steps of 64
+ * tokens of step(u, 64, ntok, 0). */
+static void fill_sequences(void (*step)(void *, int, const int *, int), void *u, const int *len,
+                           const int *lens)
+{
+    for (;;) {
+        int n[3], tot = 0;
+        for (int q = 0; q < 3; q++) {
+            n[q] = lens[q] - len[q] < 64 - tot ? lens[q] - len[q] : 64 - tot;
+            tot += n[q];
+        }
+        if (!tot)
+            break;
+        step(u, 64, n, 0);
+    }
+}
+
 static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n_seq, int max_len,
                       int use_interp, uint64_t seed)
 {
@@ -853,35 +938,11 @@ static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n
         e->hist0[q] = xmalloc((size_t)max_len * e->row0 * 4);
         e->hist1[q] = xmalloc((size_t)max_len * e->row1 * 4);
     }
-    if (use_interp) {
-        for (int q = 0; q < n_seq; q++)
-            T_OK(rt_interp_init(e->m, NULL, max_len, &e->in[q]));
-        for (int q = 0; q < n_seq; q++)
-            if (!e->in[q])
-                exit(1);
-        fill_weights(e->in[0], e->m, cdt, s, &e->rng, NULL); /* no fp8 weights */
-        for (int i = 0; i < e->m->n_values; i++)
-            if (e->m->values[i]->kind == IR_VALUE_WEIGHT)
-                for (int q = 1; q < n_seq; q++)
-                    T_OK(rt_interp_set_weight(e->in[q], e->m->values[i],
-                                              rt_interp_weight(e->in[0], e->m->values[i])));
-    }
+    if (use_interp)
+        interps_init(e->in, n_seq, e->m, cdt, s, max_len, &e->rng);
     bind_init(&e->b, e->m, cdt);
     e->lib = prog_lib(s, cdt, bs);
-    /* the block table: every page of every sequence shuffled over the pools */
-    int mb = (max_len + bs - 1) / bs, pages = mb * MAX_SEQ;
-    e->b.max_blocks = mb;
-    int *bt = xmalloc((size_t)pages * 4);
-    for (int i = 0; i < pages; i++)
-        bt[i] = i;
-    for (int i = pages - 1; i > 0; i--) {
-        int j = irand(&e->rng, i + 1), t = bt[i];
-        bt[i] = bt[j];
-        bt[j] = t;
-    }
-    e->b.input[IR_INPUT_BLOCK_TABLE] = dalloc((size_t)pages * 4);
-    CK(cudaMemcpy(e->b.input[IR_INPUT_BLOCK_TABLE], bt, (size_t)pages * 4, cudaMemcpyHostToDevice));
-    free(bt);
+    int pages = bind_block_table(&e->b, &e->rng, max_len, bs);
     size_t esz = ir_dtype_size(cdt);
     for (int i = 0; i < 2; i++) {
         size_t bytes = (size_t)pages * bs * (i ? e->row1 : e->row0) * esz;
@@ -911,6 +972,39 @@ static void attn_free(attn_env *e)
     ir_module_free(e->m);
 }
 
+/* The tokens of a step of bucket T: ntok[q] new ones of sequence q (of
+ * len[q] so far), padding (sequence -1, slot -1, a random position below
+ * max_len) for the rest, all shuffled: each token's sequence, index among
+ * its sequence's new tokens, position and slot. */
+static void assign_tokens(uint64_t *rng, int T, int n_seq, const int *len, const int *ntok,
+                          int max_len, int *seq_of, int *idx_of, int *pos_of, int *slots)
+{
+    int n = 0;
+    for (int q = 0; q < n_seq; q++)
+        for (int j = 0; j < ntok[q]; j++) {
+            seq_of[n] = q;
+            idx_of[n++] = j;
+        }
+    if (n > T) {
+        fprintf(stderr, "a step of %d tokens in bucket %d\n", n, T);
+        exit(1);
+    }
+    for (; n < T; n++)
+        seq_of[n] = -1;
+    for (int i = T - 1; i > 0; i--) {
+        int j = irand(rng, i + 1), a = seq_of[i], b = idx_of[i];
+        seq_of[i] = seq_of[j];
+        idx_of[i] = idx_of[j];
+        seq_of[j] = a;
+        idx_of[j] = b;
+    }
+    for (int t = 0; t < T; t++) {
+        int q = seq_of[t];
+        pos_of[t] = q < 0 ? irand(rng, max_len) : len[q] + idx_of[t];
+        slots[t] = q;
+    }
+}
+
 /* One step of bucket T: ntok[q] new tokens of sequence q, padding for the
  * rest, all shuffled; compare: 0 no check, 1 against the reference (and the
  * interpreter, with the reference checked against it). */
@@ -918,31 +1012,9 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
 {
     const km_spec *s = e->s;
     const ir_module *m = e->m;
-    int n = 0;
-    for (int q = 0; q < e->n_seq; q++)
-        for (int j = 0; j < ntok[q]; j++) {
-            e->seq_of[n] = q;
-            e->idx_of[n++] = j;
-        }
-    if (n > T) {
-        fprintf(stderr, "attn_step: %d tokens in bucket %d\n", n, T);
-        exit(1);
-    }
-    for (; n < T; n++)
-        e->seq_of[n] = -1;
-    for (int i = T - 1; i > 0; i--) {
-        int j = irand(&e->rng, i + 1), a = e->seq_of[i], b = e->idx_of[i];
-        e->seq_of[i] = e->seq_of[j];
-        e->idx_of[i] = e->idx_of[j];
-        e->seq_of[j] = a;
-        e->idx_of[j] = b;
-    }
     int slots[TMAX];
-    for (int t = 0; t < T; t++) {
-        int q = e->seq_of[t];
-        e->pos_of[t] = q < 0 ? irand(&e->rng, e->max_len) : e->len[q] + e->idx_of[t];
-        slots[t] = q;
-    }
+    assign_tokens(&e->rng, T, e->n_seq, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of,
+                  slots);
     if (e->use_interp)
         for (int q = 0; q < e->n_seq; q++) {
             if (!ntok[q])
@@ -1050,6 +1122,11 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
     ctx_free(&c);
 }
 
+static void attn_step_any(void *e, int T, const int *ntok, int compare)
+{
+    attn_step(e, T, ntok, compare);
+}
+
 /* Short runs against the interpreter: two sequences of prefill chunks that
  * cross pages, mixed with padding, then decode steps. */
 static void attn_case_interp(const km_spec *s, ir_dtype cdt, int bs, int big)
@@ -1057,15 +1134,8 @@ static void attn_case_interp(const km_spec *s, ir_dtype cdt, int bs, int big)
     double t0 = now_s();
     attn_env e;
     attn_init(&e, s, cdt, bs, 2, 160, 1, 0x5eed0000u + (uint64_t)s->H * 7 + (uint64_t)cdt);
-    int a[2] = {big ? 40 : 7, big ? 20 : 5};
-    attn_step(&e, big ? 64 : 16, a, 1);
-    int b2[2] = {big ? 30 : 9, big ? 34 : 4};
-    attn_step(&e, big ? 64 : 16, b2, 1);
-    int d[2] = {1, 1};
-    attn_step(&e, 8, d, 1);
-    int d1[2] = {0, 1};
-    attn_step(&e, 1, d1, 1);
-    attn_step(&e, 2, d1, 1);
+    int a[2] = {big ? 40 : 7, big ? 20 : 5}, b2[2] = {big ? 30 : 9, big ? 34 : 4};
+    short_steps(attn_step_any, &e, big ? 64 : 16, a, b2);
     attn_free(&e);
     printf("%-16s %s attn   (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt), now_s() - t0);
 }
@@ -1076,20 +1146,8 @@ static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *le
 {
     double t0 = now_s();
     attn_env e;
-    int mx = 0;
-    for (int q = 0; q < 3; q++)
-        mx = lens[q] + 4 > mx ? lens[q] + 4 : mx;
-    attn_init(&e, s, cdt, bs, 3, mx, 0, 0x10c0000u + (uint64_t)s->H);
-    for (;;) {
-        int n[3], tot = 0;
-        for (int q = 0; q < 3; q++) {
-            n[q] = lens[q] - e.len[q] < 64 - tot ? lens[q] - e.len[q] : 64 - tot;
-            tot += n[q];
-        }
-        if (!tot)
-            break;
-        attn_step(&e, 64, n, 0);
-    }
+    attn_init(&e, s, cdt, bs, 3, long_max_len(lens), 0, 0x10c0000u + (uint64_t)s->H);
+    fill_sequences(attn_step_any, &e, e.len, lens);
     int d[3] = {1, 1, 1};
     attn_step(&e, 8, d, 1);
     if (getenv("MOEC_KERN_BENCH")) {
@@ -1104,6 +1162,393 @@ static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *le
     attn_step(&e, 1, d1, 1);
     attn_free(&e);
     printf("%-16s %s attn   (long: %d, %d, %d positions, %.1f s)\n", s->name, ir_dtype_name(cdt),
+           lens[0], lens[1], lens[2], now_s() - t0);
+}
+
+/* ---- DSA: the indexer's selection, then the sparse MLA over it ------------ */
+
+/* Steps of several sequences with padding over a shuffled paged cache, as
+ * for attention, through dsa_topk (its key cache: pool 0; its index-score
+ * rows: pool 1) and the mla_attention that reads its selection. Every real
+ * token's selection must equal the interpreter's (short runs) or this
+ * file's reference (long contexts) exactly, a padding token's be all -1;
+ * the attention output must agree within the dtype's tolerance. */
+typedef struct dsa_env {
+    const km_spec *s;
+    ir_module *m;
+    const ir_op *dsa, *mla;
+    ir_dtype cdt;
+    int bs, n_seq, max_len, use_interp;
+    int len[MAX_SEQ];
+    rt_interp *in[MAX_SEQ];
+    float *hist[MAX_SEQ][3]; /* cached rows of each sequence: ik [DI], kv_c [R], k_pe [DR] */
+    int hw[3];
+    gk_bind b;
+    cudaLibrary_t lib;
+    uint64_t rng;
+    float **rows;
+    int seq_of[TMAX], idx_of[TMAX], pos_of[TMAX];
+    double worst_gpu, worst_ref, min_gap;
+    int checked, sel_bad;
+} dsa_env;
+
+static const float *rows_from_dsa(void *u, const ir_value *v)
+{
+    dsa_env *e = u;
+    if (!e->rows[v->id]) {
+        fprintf(stderr, "no rows for %s\n", v->name);
+        exit(1);
+    }
+    return e->rows[v->id];
+}
+
+typedef struct dsa_scored {
+    double s;
+    int p;
+} dsa_scored;
+
+static int dsa_scored_cmp(const void *pa, const void *pb)
+{
+    const dsa_scored *a = pa, *b = pb;
+    if (a->s != b->s)
+        return a->s > b->s ? -1 : 1;
+    return (a->p > b->p) - (a->p < b->p);
+}
+
+/* The selection of a token of sequence sq at position p (its indexer q
+ * [HI, DI] and weights [HI]): the interpreter's definition in double; the
+ * relative gap at the top-k boundary into *gap. Returns n = min(K, p + 1). */
+static int dsa_ref_select(const dsa_env *e, int sq, int p, const float *iq, const float *iw,
+                          int *sel, double *gap)
+{
+    const km_spec *s = e->s;
+    int K = s->TOPK, n = p + 1;
+    *gap = INFINITY;
+    if (n <= K) {
+        for (int i = 0; i < K; i++)
+            sel[i] = i < n ? i : -1;
+        return n;
+    }
+    dsa_scored *c = xmalloc((size_t)n * sizeof *c);
+    double big = 0;
+    for (int j = 0; j < n; j++) {
+        const float *k = e->hist[sq][0] + (size_t)j * s->DI;
+        double acc = 0;
+        for (int h = 0; h < s->HI; h++) {
+            double dot = 0;
+            for (int i = 0; i < s->DI; i++)
+                dot += (double)iq[(size_t)h * s->DI + i] * k[i];
+            float sh = (float)dot * (float)s->dsa_scale;
+            acc += (double)(iw[h] * (float)s->dsa_wscale) * (sh > 0 ? sh : 0.0f);
+        }
+        c[j].s = (double)(float)acc;
+        c[j].p = j;
+        big = fmax(big, fabs(c[j].s));
+    }
+    qsort(c, (size_t)n, sizeof *c, dsa_scored_cmp);
+    *gap = (c[K - 1].s - c[K].s) / (big > 0 ? big : 1);
+    char *chosen = calloc((size_t)n, 1);
+    if (!chosen)
+        exit(1);
+    for (int i = 0; i < K; i++)
+        chosen[c[i].p] = 1;
+    int o = 0;
+    for (int j = 0; j < n; j++)
+        if (chosen[j])
+            sel[o++] = j;
+    free(chosen);
+    free(c);
+    return K;
+}
+
+/* The sparse MLA attention of a token of sequence sq over sel[0..n-1]. */
+static void dsa_ref_attn(const dsa_env *e, int sq, const int *sel, int n, const float *qc,
+                         const float *qpe, float *out)
+{
+    const km_spec *s = e->s;
+    float scale = (float)s->attn_scale;
+    double *sc = xmalloc((size_t)n * sizeof *sc);
+    const float *kv = e->hist[sq][1], *pe = e->hist[sq][2];
+    for (int h = 0; h < s->H; h++) {
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < n; i++) {
+            double dot = 0;
+            for (int j = 0; j < s->R; j++)
+                dot += (double)qc[(size_t)h * s->R + j] * kv[(size_t)sel[i] * s->R + j];
+            for (int j = 0; j < s->DR; j++)
+                dot += (double)qpe[(size_t)h * s->DR + j] * pe[(size_t)sel[i] * s->DR + j];
+            sc[i] = (double)((float)dot * scale);
+            mx = fmax(mx, sc[i]);
+        }
+        for (int i = 0; i < n; i++)
+            sum += sc[i] = exp(sc[i] - mx);
+        for (int j = 0; j < s->R; j++) {
+            double acc = 0;
+            for (int i = 0; i < n; i++)
+                acc += sc[i] * kv[(size_t)sel[i] * s->R + j];
+            out[(size_t)h * s->R + j] = (float)(acc / sum);
+        }
+    }
+    free(sc);
+}
+
+static void dsa_init(dsa_env *e, const km_spec *s, ir_dtype cdt, int bs, int n_seq, int max_len,
+                     int use_interp, uint64_t seed)
+{
+    memset(e, 0, sizeof *e);
+    e->s = s;
+    e->cdt = cdt;
+    e->bs = bs;
+    e->n_seq = n_seq;
+    e->max_len = max_len;
+    e->use_interp = use_interp;
+    e->rng = seed;
+    e->min_gap = INFINITY;
+    e->m = km_module(s);
+    if (!e->m)
+        exit(1);
+    for (int k = 0; k < e->m->n_ops; k++) {
+        if (e->m->ops[k]->kind == IR_OP_DSA_TOPK)
+            e->dsa = e->m->ops[k];
+        if (e->m->ops[k]->kind == IR_OP_MLA_ATTENTION)
+            e->mla = e->m->ops[k];
+    }
+    e->hw[0] = s->DI;
+    e->hw[1] = s->R;
+    e->hw[2] = s->DR;
+    for (int q = 0; q < n_seq; q++)
+        for (int i = 0; i < 3; i++)
+            e->hist[q][i] = xmalloc((size_t)max_len * e->hw[i] * 4);
+    if (use_interp)
+        interps_init(e->in, n_seq, e->m, cdt, s, max_len, &e->rng);
+    bind_init(&e->b, e->m, cdt);
+    e->lib = prog_lib(s, cdt, bs);
+    int pages = bind_block_table(&e->b, &e->rng, max_len, bs), mb = e->b.max_blocks;
+    /* the pools, NaN-poisoned: keys, scores of TMAX tokens, kv_c, k_pe */
+    size_t esz = ir_dtype_size(cdt);
+    e->b.kv_by_op = calloc(2 * (size_t)e->m->n_ops, sizeof *e->b.kv_by_op);
+    if (!e->b.kv_by_op)
+        exit(1);
+    size_t bytes[4] = {(size_t)pages * bs * s->DI * esz, (size_t)TMAX * mb * bs * 4,
+                       (size_t)pages * bs * s->R * esz, (size_t)pages * bs * s->DR * esz};
+    int at[4] = {2 * e->dsa->id, 2 * e->dsa->id + 1, 2 * e->mla->id, 2 * e->mla->id + 1};
+    for (int i = 0; i < 4; i++) {
+        e->b.kv_by_op[at[i]] = dalloc(bytes[i]);
+        CK(cudaMemset(e->b.kv_by_op[at[i]], 0xff, bytes[i]));
+    }
+    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
+    e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
+    if (!e->rows)
+        exit(1);
+}
+
+static void dsa_free(dsa_env *e)
+{
+    printf("%-16s %s dsa    %d selections checked, %d wrong; smallest top-k gap %.2g; attention "
+           "worst error: gpu %.2e, reference vs interpreter %.2e\n",
+           e->s->name, ir_dtype_name(e->cdt), e->checked, e->sel_bad, e->min_gap, e->worst_gpu,
+           e->worst_ref);
+    for (int q = 0; q < e->n_seq; q++) {
+        for (int i = 0; i < 3; i++)
+            free(e->hist[q][i]);
+        rt_interp_free(e->in[q]);
+    }
+    for (int i = 0; i < e->m->n_values; i++)
+        free(e->rows[i]);
+    free(e->rows);
+    bind_free(&e->b);
+    ir_module_free(e->m);
+}
+
+/* The step's rows of operand v (T of them): the interpreters' for real
+ * tokens, random (rounded to the storage dtype) otherwise. */
+static void dsa_operand_rows(dsa_env *e, const ir_value *v, int T)
+{
+    int w = (int)ir_type_numel(&v->type, 1);
+    ir_dtype dt = storage(&e->b, v);
+    free(e->rows[v->id]);
+    e->rows[v->id] = xmalloc((size_t)T * w * 4);
+    for (int t = 0; t < T; t++) {
+        float *r = e->rows[v->id] + (size_t)t * w;
+        int q = e->seq_of[t];
+        if (q >= 0 && e->use_interp)
+            memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
+        else
+            for (int i = 0; i < w; i++)
+                r[i] = round_to(dt, urand(&e->rng, 1.7f));
+    }
+}
+
+/* Checks token t's selection (GPU row got) and attention output (GPU row o)
+ * against the interpreter's or the reference's; the reference against the
+ * interpreter when both are there. */
+static void dsa_check_token(dsa_env *e, int t, const int *got, const float *o, const char *what)
+{
+    const km_spec *s = e->s;
+    int q = e->seq_of[t], K = s->TOPK, W = s->H * s->R;
+    int *ref = xmalloc((size_t)K * sizeof *ref);
+    double gap;
+    const float *iq = e->rows[e->dsa->in[0]->id] + (size_t)t * s->HI * s->DI;
+    const float *iw = e->rows[e->dsa->in[2]->id] + (size_t)t * s->HI;
+    int n = dsa_ref_select(e, q, e->pos_of[t], iq, iw, ref, &gap);
+    e->min_gap = fmin(e->min_gap, gap);
+    float *ro = xmalloc((size_t)W * 4);
+    dsa_ref_attn(e, q, ref, n, e->rows[e->mla->in[0]->id] + (size_t)t * W,
+                 e->rows[e->mla->in[1]->id] + (size_t)t * s->H * s->DR, ro);
+    const int *want = ref;
+    const float *want_o = ro;
+    if (e->use_interp) {
+        const int32_t *isel =
+            (const int32_t *)rt_interp_value(e->in[q], e->dsa->out[0]) + (size_t)e->idx_of[t] * K;
+        const float *io = rt_interp_value(e->in[q], e->mla->out[0]) + (size_t)e->idx_of[t] * W;
+        int same = !memcmp(isel, ref, (size_t)K * sizeof *ref);
+        T_CHECK(same);
+        if (!same)
+            fprintf(stderr, "FAIL %s: token %d: this file's reference selection differs from "
+                            "the interpreter's\n", what, t);
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s token %d reference vs interpreter", what, t);
+        e->worst_ref = fmax(e->worst_ref, compare_rows(w2, ro, io, 1, W, 1e-5));
+        want = isel;
+        want_o = io;
+    }
+    e->checked++;
+    int bad = -1;
+    for (int i = 0; i < K && bad < 0; i++)
+        if (got[i] != want[i])
+            bad = i;
+    if (bad >= 0) {
+        e->sel_bad++;
+        t_checks++;
+        t_failures++;
+        fprintf(stderr,
+                "FAIL %s: token %d (sequence %d, position %d): selection [%d] is %d on the GPU, "
+                "%d wanted (of %d chosen; top-k boundary gap %.3g of the largest score)\n",
+                what, t, q, e->pos_of[t], bad, got[bad], want[bad], n, gap);
+    } else {
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s token %d attention", what, t);
+        e->worst_gpu = fmax(e->worst_gpu,
+                            compare_rows(w2, o, want_o, 1, W,
+                                         e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32));
+    }
+    free(ref);
+    free(ro);
+}
+
+/* One step of bucket T, as attn_step. */
+static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
+{
+    const km_spec *s = e->s;
+    const ir_module *m = e->m;
+    int slots[TMAX];
+    assign_tokens(&e->rng, T, e->n_seq, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of,
+                  slots);
+    if (e->use_interp)
+        for (int q = 0; q < e->n_seq; q++) {
+            if (!ntok[q])
+                continue;
+            int32_t tok[TMAX], pos[TMAX];
+            for (int j = 0; j < ntok[q]; j++) {
+                tok[j] = irand(&e->rng, s->vocab);
+                pos[j] = e->len[q] + j;
+            }
+            T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
+        }
+    for (int a = 0; a < 3; a++)
+        dsa_operand_rows(e, e->dsa->in[a], T);
+    for (int a = 0; a < 4; a++)
+        dsa_operand_rows(e, e->mla->in[a], T);
+    const ir_value *cached[3] = {e->dsa->in[1], e->mla->in[2], e->mla->in[3]};
+    for (int t = 0; t < T; t++) {
+        int q = e->seq_of[t];
+        for (int i = 0; q >= 0 && i < 3; i++)
+            memcpy(e->hist[q][i] + (size_t)e->pos_of[t] * e->hw[i],
+                   e->rows[cached[i]->id] + (size_t)t * e->hw[i], (size_t)e->hw[i] * 4);
+    }
+    const ir_value *outv = val(m, "out");
+    free(e->rows[outv->id]);
+    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
+    for (size_t i = 0; i < (size_t)T * 40; i++)
+        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
+    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
+    cg_options o;
+    options_for(&o, e->cdt, e->bs);
+    cg_ctx c;
+    T_OK(gen(m, &o, T, &c));
+    bind_step_values(&e->b, &c, rows_from_dsa, e);
+    launch_steps(&e->b, &c, e->lib);
+    for (int q = 0; q < e->n_seq; q++)
+        e->len[q] += ntok[q];
+    char what[160];
+    snprintf(what, sizeof what, "%s %s T=%d", s->name, ir_dtype_name(e->cdt), T);
+    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
+    if (compare) {
+        int K = s->TOPK, W = s->H * s->R;
+        int32_t *sel = xmalloc((size_t)T * K * 4);
+        float *gpu = xmalloc((size_t)T * W * 4);
+        CK(cudaMemcpy(sel, e->b.val[e->dsa->out[0]->id], (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+        download(gpu, storage(&e->b, e->mla->out[0]), e->b.val[e->mla->out[0]->id], (size_t)T * W);
+        int pads_ok = 1;
+        for (int t = 0; t < T; t++) {
+            if (e->seq_of[t] >= 0) {
+                dsa_check_token(e, t, sel + (size_t)t * K, gpu + (size_t)t * W, what);
+                continue;
+            }
+            for (int i = 0; i < K; i++)
+                pads_ok &= sel[(size_t)t * K + i] == -1;
+            for (int i = 0; i < W; i++)
+                pads_ok &= gpu[(size_t)t * W + i] == 0.0f;
+        }
+        T_CHECK(pads_ok);
+        if (!pads_ok)
+            fprintf(stderr, "FAIL %s: a padding token's selection is not all -1 or its attention "
+                            "output not zero\n", what);
+        free(sel);
+        free(gpu);
+    }
+    if (getenv("MOEC_KERN_BENCH") && compare && T <= 8) {
+        char label[64];
+        snprintf(label, sizeof label, "T=%d ctx %d", T, e->len[0]);
+        bench_steps(&e->b, &c, e->lib, label, 0);
+    }
+    ctx_free(&c);
+}
+
+static void dsa_step_any(void *e, int T, const int *ntok, int compare)
+{
+    dsa_step(e, T, ntok, compare);
+}
+
+/* Short runs against the interpreter: prefill chunks of two sequences
+ * crossing top_k and pages, mixed with padding, then decode steps. */
+static void dsa_case_interp(const km_spec *s, ir_dtype cdt, int bs)
+{
+    double t0 = now_s();
+    dsa_env e;
+    dsa_init(&e, s, cdt, bs, 2, 160, 1, 0xd5a0000u + (uint64_t)s->HI * 7 + (uint64_t)cdt);
+    int a[2] = {s->TOPK - 2, 5}, b2[2] = {30, 34};
+    short_steps(dsa_step_any, &e, 64, a, b2);
+    dsa_free(&e);
+    printf("%-16s %s dsa    (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt), now_s() - t0);
+}
+
+/* Long contexts against the reference: three sequences filled by steps of
+ * 64 random tokens (lens[q] past top_k or not), then decode steps. */
+static void dsa_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *lens)
+{
+    double t0 = now_s();
+    dsa_env e;
+    dsa_init(&e, s, cdt, bs, 3, long_max_len(lens), 0, 0xd5a1000u + (uint64_t)s->HI);
+    fill_sequences(dsa_step_any, &e, e.len, lens);
+    int d[3] = {1, 1, 1};
+    dsa_step(&e, 8, d, 1);
+    int d1[3] = {1, 0, 0};
+    dsa_step(&e, 1, d1, 1);
+    dsa_free(&e);
+    printf("%-16s %s dsa    (long: %d, %d, %d positions, %.1f s)\n", s->name, ir_dtype_name(cdt),
            lens[0], lens[1], lens[2], now_s() - t0);
 }
 
@@ -1186,6 +1631,20 @@ static const km_spec F8_ODD_MMA = {.name = "f8_odd_mma", .vocab = 97, .E = 3, .K
                                    .HID = 320, .I = 96, .wdt = "f8e4m3", .moe_scale = 1.0,
                                    .BN = 32, .BK = 64};
 
+/* DeepSeek-V3.2: the indexer's 64 heads of 128 and V3's MLA; top 32 of short
+ * runs (so that they select), the real top 2048 at long contexts */
+static const km_spec V32_DSA = {.name = "v32_dsa", .vocab = 97, .attn = KM_MLA, .H = 128, .R = 512,
+                                .DR = 64, .attn_scale = 0.07216878364870323, .TOPK = 32,
+                                .HI = 64, .DI = 128, .dsa_scale = 0.08838834764831845,
+                                .dsa_wscale = 0.125};
+static const km_spec V32_DSA_2K = {.name = "v32_dsa_2k", .vocab = 97, .attn = KM_MLA, .H = 128,
+                                   .R = 512, .DR = 64, .attn_scale = 0.07216878364870323,
+                                   .TOPK = 2048, .HI = 64, .DI = 128,
+                                   .dsa_scale = 0.08838834764831845, .dsa_wscale = 0.125};
+static const km_spec ODD_DSA = {.name = "odd_dsa", .vocab = 97, .attn = KM_MLA, .H = 3, .R = 36,
+                                .DR = 6, .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12,
+                                .dsa_scale = 0.5, .dsa_wscale = -0.7};
+
 int main(void)
 {
     int n_dev = 0;
@@ -1220,6 +1679,7 @@ int main(void)
         prog_add(&V2_MLA, IR_DTYPE_BF16, 64, ATT);
         prog_add(&V2_MLA, IR_DTYPE_F32, 64, ATT);
         prog_add(&V3_MLA, IR_DTYPE_BF16, 64, ATT);
+        prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
@@ -1231,6 +1691,7 @@ int main(void)
         attn_case_interp(&V2_MLA, IR_DTYPE_BF16, 64, 0);
         attn_case_interp(&V2_MLA, IR_DTYPE_F32, 64, 0);
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
+        dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
@@ -1258,6 +1719,12 @@ int main(void)
     prog_add(&V3_MLA, IR_DTYPE_BF16, 64, SHORT);
     prog_add(&ODD_MLA, IR_DTYPE_BF16, 16, SHORT);
     prog_add(&ODD_MLA, IR_DTYPE_F32, 16, SHORT);
+    const unsigned DSA_T = TM(1) | TM(2) | TM(8) | TM(64);
+    prog_add(&V32_DSA, IR_DTYPE_BF16, 64, DSA_T);
+    prog_add(&V32_DSA, IR_DTYPE_F32, 64, DSA_T);
+    prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+    prog_add(&ODD_DSA, IR_DTYPE_BF16, 16, DSA_T);
+    prog_add(&ODD_DSA, IR_DTYPE_F32, 16, DSA_T);
     /* fp8: the few-rows kernel (T <= 4), tensor cores (T >= 8), the few-rows
        kernel per 4 rows (f32, or K not in 32-wide chunks) */
     const unsigned LIN = TM(1) | TM(2) | TM(4) | TM(8) | TM(16) | TM(64);
@@ -1316,6 +1783,14 @@ int main(void)
     attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, long_mla);
     attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, long_odd);
     attn_case_long(&ODD_MLA, IR_DTYPE_F32, 16, long_odd);
+
+    dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+    dsa_case_interp(&V32_DSA, IR_DTYPE_F32, 64);
+    dsa_case_interp(&ODD_DSA, IR_DTYPE_BF16, 16);
+    dsa_case_interp(&ODD_DSA, IR_DTYPE_F32, 16);
+    const int long_dsa[3] = {4200, 2049, 700}, long_odd_dsa[3] = {200, 6, 5};
+    dsa_case_long(&V32_DSA_2K, IR_DTYPE_BF16, 64, long_dsa);
+    dsa_case_long(&ODD_DSA, IR_DTYPE_F32, 16, long_odd_dsa);
 
     progs_free();
     printf("total %.1f s\n", now_s() - t0);

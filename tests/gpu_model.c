@@ -4,7 +4,8 @@
  * API: the prompt (prompt.json) and 8 greedy
  * decode steps (each backend fed the interpreter's tokens), in fp32 (rows
  * within 1e-4 of max |ref|, greedy tokens identical) and bf16 (rows within
- * 2e-2; differing tokens are reported, not failed), and a 150-token prompt
+ * 2e-2, deepseek_v32's 1e-1: bf16_limit; differing tokens are reported, not
+ * failed), and a 150-token prompt
  * that runs in chunks of the largest bucket across KV pages. Through the
  * runtime: 3 sequences decoded together in one step (slots 0, 1, 2, plus a
  * padding row) equal each decoded alone and the interpreter, the sampled
@@ -44,7 +45,8 @@ static size_t device_free_bytes(void) { return 0; }
 #endif
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8"};
+                               "qwen3_moe",   "deepseek_v3_fp8",   "qwen3_moe_fp8",
+                               "deepseek_v32"};
 
 #define DECODE 8      /* greedy steps after the prompt */
 #define LONG 150      /* the chunked prompt: 64 + 64 + 22 tokens, three KV pages */
@@ -101,6 +103,14 @@ static double compare_rows(const float *got, const float *ref, int from, int to,
     return worst;
 }
 
+/* The bf16 bound on a row's error. deepseek_v32's indexer picks 8 of up to
+ * 28 positions by score: its bf16 inputs move a score by about 0.4% of the
+ * largest, and on the prompt the 8th and 9th scores come as close as 0.24%
+ * (test_dsa), so bf16 may select differently from the fp32 interpreter and
+ * attend to another token; its rows are held to 1e-1 (fp32 selects alike:
+ * 1e-4 as for every model). */
+static double bf16_limit(const char *name) { return strcmp(name, "deepseek_v32") ? 2e-2 : 1e-1; }
+
 /* The prompt and DECODE steps on CUDA in one dtype against the interpreter. */
 static void check_session(const char *name, const moec_model_t *m, const char *dir,
                           const int32_t *prompt, int P, const int32_t *feed, const float *ref,
@@ -124,16 +134,17 @@ static void check_session(const char *name, const moec_model_t *m, const char *d
     double worst = compare_rows(got, ref, 0, rows_n, V, &diffs);
     int greedy_diffs;
     compare_rows(got, ref, P - 1, rows_n, V, &greedy_diffs);
-    printf("%-18s %s: prompt %d + %d decode steps: max row error %.3g (limit %s), greedy tokens "
+    double limit = fp32 ? 1e-4 : bf16_limit(name);
+    printf("%-18s %s: prompt %d + %d decode steps: max row error %.3g (limit %.0e), greedy tokens "
            "%s%s\n",
-           name, fp32 ? "fp32" : "bf16", P, DECODE, worst, fp32 ? "1e-4" : "2e-2",
+           name, fp32 ? "fp32" : "bf16", P, DECODE, worst, limit,
            greedy_diffs ? "DIFFER" : "identical", finite ? "" : ", NON-FINITE LOGITS");
     if (greedy_diffs && !fp32)
         printf("%-18s bf16: %d of %d greedy tokens differ from the interpreter (reported, not "
                "failed)\n",
                name, greedy_diffs, DECODE + 1);
     T_CHECK(finite);
-    T_CHECK(worst <= (fp32 ? 1e-4 : 2e-2));
+    T_CHECK(worst <= limit);
     if (fp32)
         T_CHECK(greedy_diffs == 0);
     /* A sequence full to max_seq_len takes nothing more. */

@@ -1,6 +1,7 @@
 /* kern_modules.h — small modules around the heavy kernel ops (attention,
- * mla_attention, moe_topk, moe_routed, moe_experts, and linears of fp8
- * weights, which run generated kernels only) for the codegen tests:
+ * mla_attention, moe_topk, moe_routed, moe_experts, DeepSeek-V3.2's
+ * dsa_topk feeding a sparse mla_attention, and linears of fp8 weights, which
+ * run generated kernels only) for the codegen tests:
  * every operand comes from an embedding of the tokens (table row t is
  * whatever the test writes there), so the interpreter can run them and the
  * generated kernels see the same values. Shared by test_codegen_kernels.c
@@ -32,6 +33,9 @@ typedef struct km_spec {
     int HID, I;
     const char *wdt;           /* expert weights' IR dtype: "bf16", "f32", "f16", "f8e4m3" */
     double moe_scale;
+    int TOPK, HI, DI;          /* with KM_MLA and TOPK > 0: dsa_topk over HI heads of DI
+                                  channels selects TOPK positions for the mla_attention */
+    double dsa_scale, dsa_wscale;
     int LN, LK;                /* a linear ly [T, LN] = lx [T, LK] lw^T when LN > 0 */
     const char *ldt;           /* its weight's IR dtype */
     int BN, BK;                /* the block scales of f8e4m3 weights (0: 128) */
@@ -94,10 +98,25 @@ static inline char *km_text(const km_spec *s)
         moec_buf_printf(&o, "  %%q_c : f32[T, %d, %d] = reshape(%%qc_flat)\n", s->H, s->R);
         moec_buf_printf(&o, "  %%q_pe : f32[T, %d, %d] = reshape(%%qpe_flat)\n", s->H, s->DR);
         moec_buf_printf(&o, "  %%k_pe : f32[T, 1, %d] = reshape(%%kpe_flat)\n", s->DR);
-        moec_buf_printf(&o,
-                      "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
-                      "%%positions) {scale = %s, window = %d}\n",
-                      s->H, s->R, km_float(f1, s->attn_scale), s->window);
+        if (s->TOPK > 0) {
+            km_table(&w, &o, s, "iq_flat", s->HI * s->DI, "bf16");
+            km_table(&w, &o, s, "ik", s->DI, "bf16");
+            km_table(&w, &o, s, "iw", s->HI, "bf16");
+            moec_buf_printf(&o, "  %%iq : f32[T, %d, %d] = reshape(%%iq_flat)\n", s->HI, s->DI);
+            moec_buf_printf(&o,
+                          "  %%sel : i32[T, %d] = dsa_topk(%%iq, %%ik, %%iw, %%positions) {top_k = "
+                          "%d, scale = %s, weight_scale = %s}\n",
+                          s->TOPK, s->TOPK, km_float(f1, s->dsa_scale), km_float(f2, s->dsa_wscale));
+            moec_buf_printf(&o,
+                          "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
+                          "%%positions, %%sel) {scale = %s}\n",
+                          s->H, s->R, km_float(f1, s->attn_scale));
+        } else {
+            moec_buf_printf(&o,
+                          "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
+                          "%%positions) {scale = %s, window = %d}\n",
+                          s->H, s->R, km_float(f1, s->attn_scale), s->window);
+        }
     }
     if (s->E > 0) {
         km_table(&w, &o, s, "logits", s->E, "f32");
@@ -167,20 +186,22 @@ static inline ir_module *km_module(const km_spec *s)
     return m;
 }
 
-/* Whether codegen/attention.c ... codegen/moe_experts.c emit op, or it is
+/* Whether codegen/attention.c ... codegen/moe_experts.c or codegen/dsa_topk.c
+ * emit op, or it is
  * a linear of an fp8 weight (codegen/linear.c: generated kernels in every
  * bucket, never a cuBLASLt step). */
 static inline int km_is_heavy(const ir_op *op)
 {
     return op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION ||
            op->kind == IR_OP_MOE_TOPK || op->kind == IR_OP_MOE_ROUTED ||
-           op->kind == IR_OP_MOE_EXPERTS ||
+           op->kind == IR_OP_MOE_EXPERTS || op->kind == IR_OP_DSA_TOPK ||
            (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
-/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum); the
- * attention ops add a merge to their 2 when they split the sequence, an
- * fp8 linear has one or more (km_steps_of says 1: check its own count). */
+/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum;
+ * dsa_topk: key write, scores, select); the attention ops add a merge to
+ * their 2 when they split the sequence, an fp8 linear has one or more
+ * (km_steps_of says 1: check its own count). */
 static inline int km_steps_of(const ir_op *op)
 {
     switch (op->kind) {
@@ -190,6 +211,7 @@ static inline int km_steps_of(const ir_op *op)
     case IR_OP_LINEAR: return km_is_heavy(op) ? 1 : 0;
     case IR_OP_MOE_ROUTED: return 4;
     case IR_OP_MOE_EXPERTS: return 3;
+    case IR_OP_DSA_TOPK: return 3; /* key write, scores, select */
     default: return 0;
     }
 }

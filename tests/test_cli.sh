@@ -49,6 +49,34 @@ expect 2 "unknown pass 'fuse_everything'" -- "$B" dump-ir "$D/qwen3_moe" --after
 expect 2 "--after all needs -o DIR" -- "$B" dump-ir "$D/qwen3_moe" --after all
 expect 2 "--dtype: 'int4' is not bf16, fp16 or fp32" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory --dtype int4
 
+# DeepSeek-V3.2: every pass dumps; its bad fields and a missing indexer
+# tensor are named, with exit status 1.
+v32=$D/deepseek_v32
+expect 0 "wrote 11 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
+grep -q "= dsa_topk(" "$T/v32passes/10_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
+grep -q "= mla_attention(.*%l2.attn.indexer.topk)" "$T/v32passes/07_absorb_mla.mir" && ok ||
+  bad "deepseek_v32: the absorbed attention does not read the indexer's selection"
+v32bad() { # v32bad DIR KEY JSON: the tiny V3.2 model with config key set to JSON
+  mkdir -p "$1" && cp "$v32/model.safetensors" "$1/" &&
+    python3 -c "import json,sys;c=json.load(open('$v32/config.json'));c[sys.argv[1]]=json.loads(sys.argv[2]);json.dump(c,open('$1/config.json','w'))" "$2" "$3"
+}
+v32bad "$T/v32k0" index_topk 0
+expect 1 'field "index_topk" = 0 is out of range (must be at least 1)' -- "$B" dump-ir "$T/v32k0"
+v32bad "$T/v32d4" index_head_dim 4
+expect 1 'field "index_head_dim" = 4 is smaller than qk_rope_head_dim (8)' -- "$B" run "$T/v32d4" --backend cpu --prompt-ids 1,2 --max-new-tokens 1
+v32bad "$T/v32wk" index_topk 8
+python3 - "$T/v32wk/model.safetensors" <<'PY'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+name = b"model.layers.1.self_attn.indexer.wk.weight"
+i = b.index(name, 8, 8 + n)
+b[i + len(name) - len("k.weight")] = ord("z")
+open(p, "wb").write(b)
+PY
+expect 1 "tensor 'model.layers.1.self_attn.indexer.wk.weight' not found" -- "$B" run "$T/v32wk" --backend cpu --prompt-ids 1,2 --max-new-tokens 1
+
 # run: ids and logits rows against the goldens.
 for m in deepseek_v3 qwen2_moe; do
   read -r prompt greedy n <<<"$(python3 - "$D/$m/golden.json" <<'PY'

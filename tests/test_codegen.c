@@ -1323,12 +1323,15 @@ static const part PARTS[] = {
     PART("deepseek_v3", test_model, "deepseek_v3"),
     PART("qwen2_moe", test_model, "qwen2_moe"),
     PART("qwen3_moe", test_model, "qwen3_moe"),
+    PART("deepseek_v32", test_model, "deepseek_v32"),
     PART("config_deepseek_v2_lite", test_config, "deepseek_v2_lite.json"),
     PART("config_deepseek_v3", test_config, "deepseek_v3.json"),
     PART("config_qwen3_30b_a3b", test_config, "qwen3_30b_a3b.json"),
+    PART("config_deepseek_v32", test_config, "deepseek_v32.json"),
     PART("config_deepseek_v2_lite_fp8", test_config_fp8, "deepseek_v2_lite.json"),
     PART("config_deepseek_v3_fp8", test_config_fp8, "deepseek_v3.json"),
     PART("config_qwen3_30b_a3b_fp8", test_config_fp8, "qwen3_30b_a3b.json"),
+    PART("config_deepseek_v32_fp8", test_config_fp8, "deepseek_v32.json"),
 };
 enum { N_PARTS = sizeof PARTS / sizeof PARTS[0] };
 

@@ -409,6 +409,32 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
             c->steps[last].args[1].index == IR_INPUT_SAMPLED && c->steps[last].grid[0] == (unsigned)c->T);
 }
 
+/* DeepSeek-V3.2: the indexer (64 heads of 128, top 2048; its scores on
+ * tensor cores) before the sparse MLA attention over the selection. */
+static void check_v32(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T, d = steps_of(m, c, IR_OP_DSA_TOPK), a = steps_of(m, c, IR_OP_MLA_ATTENTION);
+    const ir_op *dsa = ir_module_find_value(m, "sel")->def;
+    T_CHECK(d >= 0 && a > d);
+    if (d < 0 || a < 0)
+        return;
+    const ir_step *w = &c->steps[d], *sc = &c->steps[d + 1], *se = &c->steps[d + 2];
+    /* keys into pool 0; scores into the first dsa_topk's pool 1, which the select reads */
+    T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 6 && w->args[5].kind == IR_ARG_KV &&
+            w->args[5].index == dsa->id && w->args[5].i == 0);
+    T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_mma_h64_d128_k2048_pt64_") != NULL);
+    T_CHECK(sc->grid[0] == (unsigned)T && sc->grid[1] == (unsigned)((528 + T - 1) / T) &&
+            sc->block[0] == 256);
+    T_CHECK(sc->args[7].kind == IR_ARG_KV && sc->args[7].index == dsa->id && sc->args[7].i == 1);
+    T_CHECK(se->grid[0] == (unsigned)T && se->block[0] == 1024 && se->args[0].kind == IR_ARG_KV &&
+            se->args[0].i == 1 && se->args[4].kind == IR_ARG_ACT &&
+            se->args[4].index == dsa->out[0]->id);
+    /* the sparse MLA kernel reads sel (its third argument) */
+    const ir_step *at = &c->steps[a + 1];
+    T_CHECK(strstr(c->kernel_names[at->kernel], "_k2048") != NULL);
+    T_CHECK(at->args[2].kind == IR_ARG_ACT && at->args[2].index == dsa->out[0]->id);
+}
+
 static void test_real_shapes(void)
 {
     cg_options o;
@@ -424,11 +450,15 @@ static void test_real_shapes(void)
                   .DV = 128, .attn_scale = 0.08838834764831845, .E = 128, .K = 8, .NG = 1, .TG = 1,
                   .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT, .HID = 2048, .I = 768,
                   .wdt = "bf16", .moe_scale = 1.0};
-    const km_spec *specs[] = {&v2, &v3, &q3};
-    void (*checks[])(const ir_module *, const cg_ctx *) = {check_v2lite, check_v3, check_qwen3};
-    /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows */
-    const unsigned compile[] = {2, 4, 1};
-    for (int i = 0; i < 3; i++) {
+    km_spec v32 = {.name = "k_v32", .vocab = 8, .attn = KM_MLA, .H = 128, .R = 512, .DR = 64,
+                   .attn_scale = 0.1352, .TOPK = 2048, .HI = 64, .DI = 128, .dsa_scale = 0.0883883,
+                   .dsa_wscale = 0.125};
+    const km_spec *specs[] = {&v2, &v3, &q3, &v32};
+    void (*checks[])(const ir_module *, const cg_ctx *) = {check_v2lite, check_v3, check_qwen3,
+                                                           check_v32};
+    /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows; V3.2 at 1 and 64 */
+    const unsigned compile[] = {2, 4, 1, 1 | 64};
+    for (int i = 0; i < 4; i++) {
         ir_module *m = km_module(specs[i]);
         T_CHECK(m != NULL);
         if (m)
@@ -478,14 +508,19 @@ static void test_odd_shapes(void)
     /* one kv head per query head: enough blocks at T = 64 not to split */
     km_spec mha = {.name = "k_mha", .vocab = 8, .attn = KM_GQA, .H = 8, .HKV = 8, .DK = 64,
                    .DV = 64, .attn_scale = 0.125};
-    const km_spec *specs[] = {&g, &l, &r, &mha};
-    for (int i = 0; i < 4; i++)
+    /* a DSA indexer of 3 heads of 12 channels choosing 5 positions */
+    km_spec dsa = {.name = "k_odd_dsa", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                   .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
+                   .dsa_wscale = -0.7};
+    const km_spec *specs[] = {&g, &l, &r, &mha, &dsa};
+    for (int i = 0; i < 5; i++)
         for (int f32 = 0; f32 < 2; f32++) {
             o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
             ir_module *m = km_module(specs[i]);
             T_CHECK(m != NULL);
             if (m)
-                run_module(m, &o, check_odd, i == 3 ? (f32 ? 0 : 4) : i < 2 && (i + f32) % 2 ? 2 : 0);
+                run_module(m, &o, check_odd,
+                           i == 4 ? 1 | 8 : i == 3 ? (f32 ? 0 : 4) : i < 2 && (i + f32) % 2 ? 2 : 0);
             ir_module_free(m);
         }
 }
@@ -598,11 +633,12 @@ static void test_fp8_shapes(void)
 
 static void test_tiny_models(void)
 {
-    static const char *models[] = {"deepseek_v2",     "deepseek_v3",  "qwen3_moe",
-                                   "qwen2_moe",       "deepseek_v3_fp8", "qwen3_moe_fp8"};
+    static const char *models[] = {"deepseek_v2",     "deepseek_v3",   "qwen3_moe",
+                                   "qwen2_moe",       "deepseek_v3_fp8", "qwen3_moe_fp8",
+                                   "deepseek_v32"};
     cg_options o;
     cg_options_default(&o);
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         ir_module *m = t_pipeline_module(models[i], NULL, NULL);
         T_CHECK(m != NULL);
         if (!m)
@@ -611,7 +647,7 @@ static void test_tiny_models(void)
         for (int k = 0; k < m->n_ops; k++)
             heavy += km_is_heavy(m->ops[k]);
         T_CHECK(heavy >= 4);
-        run_module(m, &o, NULL, i == 1 || i == 4 ? 4 : i == 2 || i == 5 ? 1 : 0);
+        run_module(m, &o, NULL, i == 1 || i == 4 ? 4 : i == 2 || i == 5 ? 1 : i == 6 ? 2 : 0);
         ir_module_free(m);
     }
 }

@@ -301,6 +301,35 @@ static ir_module *build_all(void)
     ir_op *mo = op_new(m, IR_OP_LINEAR, mo_name, 1, mo_in, 2);
     must_ok(ir_op_set_float(m, mo, "alpha", 0.125), "alpha");
     must_ok(ir_op_finish(m, mo, NULL), "mla out");
+    /* DeepSeek-V3.2's sparse attention: the indexer's key norm, its top-k,
+       and the selection read by both attentions */
+    ir_value *kn_w = must(ir_module_add_weight(m, "l0.dsa.k_norm", ty(IR_DTYPE_F32, 1, 8, 0, 0),
+                                               "model.layers.0.self_attn.indexer.k_norm.weight"), "w");
+    ir_value *kn_b = must(ir_module_add_weight(m, "l0.dsa.k_norm_bias", ty(IR_DTYPE_F32, 1, 8, 0, 0),
+                                               "model.layers.0.self_attn.indexer.k_norm.bias"), "w");
+    ir_value *ln_in[3] = {k_flat, kn_w, kn_b};
+    const char *ln_name[1] = {"l0.dsa.k"};
+    ir_op *ln = op_new(m, IR_OP_LAYER_NORM, ln_name, 1, ln_in, 3);
+    must_ok(ir_op_set_float(m, ln, "eps", 1e-6), "eps");
+    must_ok(ir_op_finish(m, ln, NULL), "layer_norm");
+    ir_value *iw = slice(m, "l0.dsa.w", qkv, 1, 0, 2);
+    ir_value *ds_in[4] = {q, ln->out[0], iw, pos};
+    const char *ds_name[1] = {"l0.dsa.sel"};
+    ir_op *ds = op_new(m, IR_OP_DSA_TOPK, ds_name, 1, ds_in, 4);
+    must_ok(ir_op_set_int(m, ds, "top_k", 3), "top_k");
+    must_ok(ir_op_set_float(m, ds, "scale", 0.25), "scale");
+    must_ok(ir_op_set_float(m, ds, "weight_scale", 0.5), "weight_scale");
+    must_ok(ir_op_finish(m, ds, NULL), "dsa_topk");
+    ir_value *sa_in[5] = {rq->out[0], rk->out[0], v, pos, ds->out[0]};
+    const char *sa_name[1] = {"l0.dsa.att"};
+    ir_op *sa = op_new(m, IR_OP_ATTENTION, sa_name, 1, sa_in, 5);
+    must_ok(ir_op_set_float(m, sa, "scale", 0.5), "scale");
+    must_ok(ir_op_finish(m, sa, NULL), "sparse attention");
+    ir_value *sm_in[6] = {qa->out[0], rq->out[0], kv_c, rk->out[0], pos, ds->out[0]};
+    const char *sm_name[1] = {"l0.dsa.o_c"};
+    ir_op *sm = op_new(m, IR_OP_MLA_ATTENTION, sm_name, 1, sm_in, 6);
+    must_ok(ir_op_set_float(m, sm, "scale", 0.25), "scale");
+    must_ok(ir_op_finish(m, sm, NULL), "sparse mla_attention");
     ir_value *j2 = shaped(m, IR_OP_RESHAPE, "l0.moe.joined2", joined, ty(IR_DTYPE_F32, 3, T, 2, 4));
     ir_value *j_full = shaped(m, IR_OP_RESHAPE, "l0.moe.joined_flat", j2,
                               ty(IR_DTYPE_F32, 2, T, 8, 0));
@@ -375,7 +404,7 @@ static void test_builder_and_lookup(void)
 {
     ir_module *m = build_all();
     T_OK(ir_module_verify(m));
-    T_CHECK(m->n_ops == 52);
+    T_CHECK(m->n_ops == 57);
     T_CHECK(ir_module_meta_int(m, "vocab_size", 0) == 32);
     T_CHECK(ir_module_meta_int(m, "missing", 7) == 7);
     T_CHECK(ir_module_meta(m, "note") && ir_module_meta(m, "note")->kind == IR_ATTR_STR);

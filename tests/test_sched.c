@@ -20,7 +20,7 @@
 #include "testlib.h"
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
+                               "qwen3_moe",   "deepseek_v32"};
 
 #define N_REQ 40
 #define MAX_PROMPT 40

@@ -5,7 +5,8 @@
 # stdin and over TCP (bash's /dev/tcp, and python3 where many connections
 # or raw sockets are needed): every tiny model's golden prompt streams
 # transformers' greedy ids; requests sent together each get their own tokens
-# (the same as `moec run`), a long prompt prefilled in chunks included; eos
+# (the same as `moec run`; deepseek_v32's prompt, its goldens pending, too),
+# a long prompt prefilled in chunks included; eos
 # ends a sequence unless ignore_eos; every bad request (unknown or repeated
 # fields, ids that are not UTF-8 or already in flight included) gets its
 # exact error reply, valid UTF-8 JSON, while the others complete, and so
@@ -155,6 +156,14 @@ for m in deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe; do
   grep -q "cpu backend, up to 8 sequences at once of up to 512 tokens, a KV pool of 256 blocks of 16 tokens, 64 tokens a step" "$T/$m.out.err" && ok ||
     bad "$m: startup line: $(cat "$T/$m.out.err")"
 done
+# deepseek_v32's goldens are pending (test_golden): its prompt.json prompt,
+# a context past its index_topk, streams what `moec run` gives.
+m=deepseek_v32
+prompt=$(tr -d ' \n' <"$D/$m/prompt.json" | sed -n 's/.*"prompt_ids":\[\([0-9,]*\)\].*/\1/p')
+want=$(reference $m "$prompt" 9)
+echo "{\"id\":\"$m\",\"prompt_ids\":[$prompt],\"max_new_tokens\":9,\"ignore_eos\":true}" |
+  serve "$T/$m.out" "$D/$m"
+expect_tokens "$T/$m.out" "\"$m\"" "$want" length
 
 # ---- requests together ----------------------------------------------------------
 # Three at once (string and number ids), a 100-token prompt (two prefill
