@@ -9,8 +9,7 @@
  * 2 and 4, expert parallel 2 and 4, and both: `moec run --tp N --ep M`),
  * every rank's interpreter in step with the collectives in memory. The fp8
  * tiny models' goldens are those of their dequantized F32 twin
- * (make_goldens.py); fp8 weights are not split over ranks. deepseek_v32
- * waits for its goldens in GOLDENS_PENDING (below). */
+ * (make_goldens.py); fp8 weights are not split over ranks. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -88,17 +87,8 @@ static void runner_close(runner *r)
 }
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe", "deepseek_v3_fp8", "qwen3_moe_fp8"};
+                               "qwen3_moe", "deepseek_v3_fp8", "qwen3_moe_fp8", "deepseek_v32"};
 
-/* Models whose goldens scripts/gpu_goldens.sh has not yet written (it needs
- * torch and transformers: the GPU machine): deepseek_v32, whose context of
- * 28 tokens is past its index_topk of 8 so that the indexer's selection
- * decides its logits. Until its logits.bin and golden.json exist it is not
- * compared here (test_dsa compares it with dense V3 MLA of the same weights
- * and checks its top-k boundary's margin); once those exist it is compared
- * like the others, and this test FAILS until the model moves to MODELS:
- * that move completes the check. */
-static const char *GOLDENS_PENDING[] = {"deepseek_v32"};
 
 static int read_ints(const cJSON *arr, int32_t *out, int cap)
 {
@@ -170,28 +160,6 @@ static void check_model(const char *name, const mode *md)
     runner_close(&r);
 }
 
-/* A model of GOLDENS_PENDING: compared once its goldens exist, and then a
- * failure until it is listed in MODELS instead. */
-static void check_pending(const char *name)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "tests/data/%s/golden.json", name);
-    FILE *f = fopen(t_src(rel), "rb");
-    if (!f) {
-        printf("%-18s PENDING: no goldens yet (scripts/gpu_goldens.sh on the GPU machine writes "
-               "them); not compared\n",
-               name);
-        return;
-    }
-    fclose(f);
-    for (size_t k = 0; k < sizeof MODES / sizeof *MODES; k++)
-        check_model(name, &MODES[k]);
-    t_checks++;
-    t_failures++;
-    fprintf(stderr, "%s has goldens now: move it from GOLDENS_PENDING to MODELS in %s\n", name,
-            __FILE__);
-}
-
 int main(void)
 {
     /* fp8 weights are not split over ranks (test_shard checks the refusal) */
@@ -199,7 +167,5 @@ int main(void)
         for (size_t k = 0; k < sizeof MODES / sizeof *MODES; k++)
             if (!MODES[k].par.tp || !strstr(MODELS[i], "_fp8"))
                 check_model(MODELS[i], &MODES[k]);
-    for (size_t i = 0; i < sizeof GOLDENS_PENDING / sizeof *GOLDENS_PENDING; i++)
-        check_pending(GOLDENS_PENDING[i]);
     return t_finish("test_golden");
 }
