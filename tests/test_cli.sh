@@ -9,18 +9,9 @@ S=${MOEC_SOURCE_DIR:?}
 D=$S/tests/data
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
 
-# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr.
-expect() {
-  local code=$1 needle=$2; shift 3
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
-  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
-}
 
 expect 0 "dump-ir MODEL_DIR" -- "$B" --help
 expect 2 "usage: moec" -- "$B"
@@ -247,5 +238,4 @@ cp "$S/tests/data/configs/deepseek_v3_fp8.json" "$T/fp8s/config.json"
 expect 1 "has dtype F8_E4M3, expected BF16 (an fp8 tensor, but the config does not quantize this weight" -- \
   "$B" run "$T/fp8s" --prompt-ids 1 --max-new-tokens 1 --backend cpu
 
-echo "test_cli: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_cli

@@ -14,18 +14,9 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export MOEC_CACHE_DIR=$T/cubin
 unset MOEC_ARCH MOEC_DTYPE
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
 
-# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr.
-expect() {
-  local code=$1 needle=$2; shift 3
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
-  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
-}
 
 expect 0 "compile MODEL_DIR" -- "$B" --help
 for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
@@ -145,5 +136,4 @@ want=$("$B" run "$D/qwen3_moe" --prompt-ids 3,4,5 --max-new-tokens 3 --ignore-eo
 got=$("$B" run "$T/cfg" --weights "$D/qwen3_moe" --prompt-ids 3,4,5 --max-new-tokens 3 --ignore-eos --backend cpu)
 [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "run --weights printed '$got', want '$want'"
 
-echo "test_compile_cli: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_compile_cli

@@ -6,9 +6,8 @@ set -u
 S=${MOEC_SOURCE_DIR:?}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
 
 out=$(cmake -S "$S" -B "$T/build" 2>&1) && ok || bad "configure failed: $out"
 line=$(grep -- "-- CUDA toolkit" <<<"$out")
@@ -24,5 +23,4 @@ else
   bad "the CUDA toolkit line is '$line'"
 fi
 
-echo "test_configure: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_configure

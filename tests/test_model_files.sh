@@ -18,19 +18,10 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
+EXPECT_TIMEOUT=20 # a command that waits on a FIFO times out
 
-# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr,
-# within 20 seconds (a command that waits on a FIFO exits 124).
-expect() {
-  local code=$1 needle=$2; shift 3
-  local out rc
-  out=$(timeout 20 "$@" 2>&1 </dev/null); rc=$?
-  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
-  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
-}
 
 # model NAME DIR: DIR holds a copy of tests/data/NAME's config.json and a
 # link to its weights.
@@ -161,5 +152,4 @@ stop_while_writing KILL "$T/s7"
 [ -e "$T/s7" ] && [ ! -e "$T/s7/model.safetensors" ] && [ ! -e "$T/s7/config.json" ] && ok ||
   bad "SIGKILL left $(ls -A "$T/s7" 2>&1) ($(cat "$T/stop.err"))"
 
-echo "test_model_files: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_model_files

@@ -35,19 +35,10 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
+EXPECT_TIMEOUT=20
 
-# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr
-# (a command still running after 20 s is killed: exit 124).
-expect() {
-  local code=$1 needle=$2; shift 3
-  local out rc
-  out=$(timeout 20 "$@" 2>&1 </dev/null); rc=$?
-  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
-  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
-}
 
 # serve OUT ARGS...: moec-serve --stdin --backend cpu ARGS, requests from
 # stdin, replies into OUT, stderr into OUT.err; must exit 0.
@@ -767,5 +758,4 @@ PY
   stop_tcp burst
 fi
 
-echo "test_serve: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_serve

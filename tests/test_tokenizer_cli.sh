@@ -10,18 +10,9 @@ S=${MOEC_SOURCE_DIR:?}
 D=$S/tests/data/tokenizers
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
 
-# expect CODE NEEDLE -- CMD...: exit code CODE and NEEDLE in stdout+stderr (stdin empty).
-expect() {
-  local code=$1 needle=$2; shift 3
-  local out rc
-  out=$("$@" 2>&1 </dev/null); rc=$?
-  if [ "$rc" != "$code" ]; then bad "$* -> exit $rc, want $code: $out"; return; fi
-  case "$out" in *"$needle"*) ok ;; *) bad "$* -> output lacks '$needle': $out" ;; esac
-}
 
 for f in --decode --no-special-tokens --skip-special-tokens --help; do expect 0 "$f" -- "$B" tokenize --help; done
 expect 0 "tokenize MODEL_DIR" -- "$B" --help
@@ -93,5 +84,4 @@ expect 2 "--prompt: the text encodes to no tokens" -- "$B" run "$M" --prompt "" 
 expect 1 "qwen3_moe/tokenizer.json: No such file or directory" -- \
   "$B" run "$S/tests/data/qwen3_moe" --prompt hi --max-new-tokens 1 --backend cpu
 
-echo "test_tokenizer_cli: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_tokenizer_cli

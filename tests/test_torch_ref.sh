@@ -20,9 +20,8 @@ if [ -z "$PY" ]; then
 fi
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
 
 # 1. Every tiny model, every form: 3 MLA models x 16 + 2 GQA models x 8.
 out=$("$PY" "$REF" --check "$D/deepseek_v2" "$D/deepseek_v2_qlora" "$D/deepseek_v3" "$D/qwen2_moe" \
@@ -79,5 +78,4 @@ out=$("$PY" "$REF" --check "$T/llama" 2>&1); rc=$?
 [ "$rc" = 2 ] && grep -q "model_type 'llama' is not supported" <<<"$out" && ok ||
   bad "unknown model_type: exit $rc: $out"
 
-echo "test_torch_ref: $pass passed, $fail failed"
-[ "$fail" = 0 ]
+finish test_torch_ref
