@@ -120,6 +120,9 @@ moec_status fe_dsa_read(const fe_json *j, const fe_common *cc, int64_t q_lora_ra
                                    "is smaller than qk_rope_head_dim (%lld), the channels of "
                                    "each indexer head that RoPE rotates",
                                    (long long)rope_dim);
+    if (d->head_dim % 2)
+        return fe_json_unsupported(j, "index_head_dim",
+                                   "is odd: moec's rope op rotates heads of an even size");
     int64_t p;
     MOEC_TRY(fe_dim_product(j, "index_n_heads * index_head_dim", d->n_heads, d->head_dim, &p));
     d->rope_dim = rope_dim;

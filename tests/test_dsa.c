@@ -240,6 +240,11 @@ static void test_config_errors(void)
     config_error("index_topk", "null", MOEC_ERR_FORMAT, "field \"index_topk\" must be an integer");
     config_error("index_head_dim", "4", MOEC_ERR_UNSUPPORTED,
                  "config.json: field \"index_head_dim\" = 4 is smaller than qk_rope_head_dim (8)");
+    /* found by fuzz_config: an odd head dim reached the rope op's verifier
+       as an invalid-argument error instead of being refused by name */
+    config_error("index_head_dim", "15", MOEC_ERR_UNSUPPORTED,
+                 "config.json: field \"index_head_dim\" = 15 is odd: moec's rope op rotates heads "
+                 "of an even size");
     config_error("index_head_dim", "0", MOEC_ERR_UNSUPPORTED,
                  "field \"index_head_dim\" = 0 is out of range (must be in [1,");
     config_error("index_n_heads", "0", MOEC_ERR_UNSUPPORTED,
