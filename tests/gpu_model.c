@@ -414,6 +414,69 @@ static void check_plan_file(const char *name, const moec_model_t *m, const char 
     rmdir(tmp);
 }
 
+/* Up to cap ints of a JSON array. */
+static int json_ints(const cJSON *arr, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (n < cap)
+            out[n++] = (int32_t)it->valuedouble;
+    }
+    return n;
+}
+
+/* moec's bf16 rows against transformers' own: the prompt and the golden's
+ * greedy tokens fed back (teacher-forced) on CUDA in bf16, each row's error
+ * against the fp32 golden (logits.bin), the worst of them held to twice
+ * the worst that transformers itself makes in bf16 on the same rows
+ * (golden.json's transformers_bf16, scripts/make_goldens.py). */
+static void check_vs_transformers(const char *name, const moec_model_t *m, const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    char *text = t_read_file(path, NULL);
+    cJSON *g = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *tf = cJSON_GetObjectItem(g, "transformers_bf16");
+    const cJSON *tf_err = cJSON_GetObjectItem(tf, "worst_row_error");
+    int32_t prompt[64], greedy[64];
+    int P = json_ints(cJSON_GetObjectItem(g, "prompt_ids"), prompt, 64);
+    int G = json_ints(cJSON_GetObjectItem(g, "greedy_ids"), greedy, 64);
+    int V = moec_model_vocab_size(m);
+    double want = cJSON_IsNumber(tf_err) ? tf_err->valuedouble : -1;
+    cJSON_Delete(g);
+    if (want < 0) {
+        printf("FAIL %s: golden.json has no transformers_bf16.worst_row_error (run "
+               "scripts/gpu_goldens.sh with BF16_ONLY=1)\n",
+               name);
+        T_CHECK(!"no transformers bf16 error");
+        return;
+    }
+    int rows_n = P + G - 1;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    float *ref = (float *)t_read_file(path, &len);
+    float *got = malloc((size_t)rows_n * V * sizeof *got);
+    T_CHECK(ref && len == (size_t)rows_n * V * sizeof(float));
+    setenv("MOEC_DTYPE", "bf16", 1);
+    moec_session_t *s = NULL;
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CUDA, rows_n, &s));
+    if (s && got && ref && len == (size_t)rows_n * V * sizeof(float)) {
+        T_OK(run_session(s, prompt, P, G - 1, V, greedy, NULL, got));
+        int flips;
+        double worst = compare_rows(got, ref, 0, rows_n, V, &flips);
+        printf("%-18s bf16 teacher-forced vs the fp32 golden: worst row error %.4g, transformers "
+               "bf16 %.4g, ratio %.2f (limit 2), argmax flips %d/%d\n",
+               name, worst, want, want > 0 ? worst / want : INFINITY, flips, rows_n);
+        T_CHECK(worst <= 2 * want);
+    }
+    moec_session_free(s);
+    free(got);
+    free(ref);
+}
+
 static void check_model(const char *name)
 {
     char rel[256];
@@ -435,6 +498,7 @@ static void check_model(const char *name)
     if (cpu && ref && run_session(cpu, prompt, P, DECODE, V, NULL, feed, ref) == MOEC_OK) {
         check_session(name, m, dir, prompt, P, feed, ref, 1);
         check_session(name, m, dir, prompt, P, feed, ref, 0);
+        check_vs_transformers(name, m, dir);
         check_long_prompt(name, m, dir);
         check_batch(name, m, dir);
         check_plan_file(name, m, dir, prompt, P);
