@@ -126,6 +126,14 @@ moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op);     /* key write, scor
 /* The last step of every bucket: argmax of each token's logits into
  * IR_INPUT_SAMPLED. */
 moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);
+/* Then the device sampler (codegen/sample.c): each row whose parameter row
+ * (IR_INPUT_SAMPLE_ROWS) is on gets its token drawn into
+ * IR_INPUT_SAMPLE_TOKENS and its log probability into
+ * IR_INPUT_SAMPLE_LOGPROBS, by the algorithm of ir/ir_sample.h. */
+moec_status cg_emit_sample(cg_ctx *c, const ir_value *logits);
+/* 1 when module m's buckets get the sampler: its vocabulary is at most
+ * IR_SAMPLE_VOCAB_MAX (larger ones sample on the host). */
+int cg_has_sampler(const ir_module *m);
 
 /* NVRTC: compiles src for arch into a cubin, through the on-disk cache
  * (keyed by a hash of source, options and NVRTC version). A compile error

@@ -99,6 +99,11 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
     moec_status st = cg_emit_argmax(c, m->outputs[0]);
     if (st != MOEC_OK)
         return moec_err_wrap(st, "codegen of the argmax (bucket T=%d)", T);
+    if (cg_has_sampler(m)) {
+        st = cg_emit_sample(c, m->outputs[0]);
+        if (st != MOEC_OK)
+            return moec_err_wrap(st, "codegen of the sampler (bucket T=%d)", T);
+    }
     /* Stream 1's scratch follows stream 0's. */
     size_t base = (c->scratch_max[0] + 15) / 16 * 16;
     for (int i = 0; i < c->n_steps; i++) {
@@ -152,6 +157,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **o
     snprintf(p->arch, sizeof p->arch, "%s", opt->arch);
     p->kv_block_size = opt->kv_block_size;
     p->pdl = 1; /* generate() gave every kernel its moec_pdl_enter */
+    p->sampler = cg_has_sampler(m);
     p->n_buckets = nb;
     int64_t arena = ir_module_meta(m, "arena_bytes_per_token")->i;
     for (int b = 0; b < nb; b++) {

@@ -163,6 +163,12 @@ moec_status moec_engine_open_done(moec_engine_t *e, const moec_engine_options *o
         e->max_blocks = (e->max_seq_len + e->block_size - 1) / e->block_size;
         e->kv_blocks = moec_cuda_model_kv_blocks(&e->gpu);
     }
+    /* MOEC_SAMPLER=host: the CUDA backend samples on the host too (for
+     * comparisons and debugging) */
+    const char *where = getenv("MOEC_SAMPLER");
+    e->sample_cap = e->backend == MOEC_BACKEND_CUDA && !(where && !strcmp(where, "host"))
+                        ? rt_cuda_sample_capacity(e->gpu.cuda)
+                        : -1;
     e->next = malloc((size_t)e->max_tokens * sizeof *e->next);
     if (!e->next)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d ids", e->max_tokens);
@@ -249,6 +255,15 @@ moec_status moec_engine_table_set(moec_engine_t *e, int row, int first, int n,
         memcpy(e->table + (size_t)row * (size_t)e->max_blocks + first, blocks,
                (size_t)n * sizeof *blocks);
     return MOEC_OK;
+}
+
+moec_status moec_engine_set_sampling(moec_engine_t *e, int n, const ir_sample_row *rows,
+                                     int n_pen, const ir_sample_pen *pens, int32_t *tokens_out,
+                                     float *logprobs_out)
+{
+    if (e->sample_cap < 0)
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "this engine samples on the host");
+    return rt_cuda_set_sampling(e->gpu.cuda, n, rows, n_pen, pens, tokens_out, logprobs_out);
 }
 
 moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,

@@ -179,6 +179,10 @@ struct moec_engine {
     long steps;
     /* CUDA: the plan bound (the block table lives in its context) */
     moec_cuda_model gpu;
+    /* the device sampler's room for penalty entries per step, -1 when every
+     * row is sampled on the host: the CPU backend, a plan without the
+     * sampler, or MOEC_SAMPLER=host */
+    int sample_cap;
     moec_sched *sched;
 };
 
@@ -214,6 +218,12 @@ moec_status moec_engine_table_set(moec_engine_t *e, int row, int first, int n,
 moec_status moec_engine_forward(moec_engine_t *e, int n, const int32_t *tokens,
                                 const int32_t *positions, const int32_t *slots,
                                 int32_t *next_out, int first, int count, float *logits_out);
+
+/* The next step's device sampling (sample_cap >= 0): rt_cuda_set_sampling
+ * on the context (a split's rank 0, which holds the gathered logits). */
+moec_status moec_engine_set_sampling(moec_engine_t *e, int n, const ir_sample_row *rows,
+                                     int n_pen, const ir_sample_pen *pens, int32_t *tokens_out,
+                                     float *logprobs_out);
 
 /* The scheduler of e (sched.c): made at open, freed with e; busy while it
  * has requests (and so owns the block table). */

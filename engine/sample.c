@@ -1,18 +1,27 @@
-/* sample.c — host sampling (sample.h). The order and meaning follow vLLM's
- * sampler: repetition penalty over prompt and output, then presence and
- * frequency penalties over the output, then temperature, top_k, top_p and
- * min_p, then one uniform draw. Sorting is avoided where it can be: top_k
- * keeps a heap of k; top_p alone finds its nucleus by a quickselect on
- * probability mass, unsorted; plain sampling walks the row in id order.
- * One exp per id (per top_k id with top_k). */
+/* sample.c — host sampling (sample.h): the CPU twin of the device sampler
+ * (codegen/sample.c), the algorithm of ir/ir_sample.h. The order and meaning
+ * of the settings follow vLLM's sampler: repetition penalty over prompt and
+ * output, presence and frequency penalties over the output, then
+ * temperature, top_k, top_p and min_p, then one draw. The kernel finds its
+ * thresholds by radix selection; here top_k keeps a heap of k and top_p
+ * finds its nucleus by a quickselect on the weights, unsorted: the same
+ * sets, since both rank by (logit, id). Every float operation is the
+ * kernel's, in its order, and this file is built without contraction into
+ * fused multiply-adds (CMakeLists.txt), so the weights, and so the tokens,
+ * are bit for bit the device's. */
 #include "engine/sample.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "err.h"
 #include "runtime/interp.h"
+
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "host sampling needs float arithmetic evaluated in float (FLT_EVAL_METHOD 0), as the GPU does"
+#endif
 
 /* A candidate: an id and its (processed) logit. */
 typedef struct cand {
@@ -27,10 +36,12 @@ moec_status moec_sampler_init(moec_sampler *s, int vocab)
     size_t n = (size_t)(vocab > 0 ? vocab : 1);
     s->work = malloc(n * sizeof *s->work);
     s->cands = malloc(n * sizeof(cand));
-    s->prob = malloc(n * sizeof *s->prob);
+    s->weight = malloc(n * sizeof *s->weight);
+    s->keep = malloc(n * sizeof *s->keep);
     s->stamp = calloc(n, sizeof *s->stamp);
     s->count = calloc(n, sizeof *s->count);
-    if (!s->work || !s->cands || !s->prob || !s->stamp || !s->count) {
+    s->pens = malloc(n * sizeof *s->pens);
+    if (!s->work || !s->cands || !s->weight || !s->keep || !s->stamp || !s->count || !s->pens) {
         moec_sampler_free(s);
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory for sampling rows of %d ids", vocab);
     }
@@ -41,9 +52,11 @@ void moec_sampler_free(moec_sampler *s)
 {
     free(s->work);
     free(s->cands);
-    free(s->prob);
+    free(s->weight);
+    free(s->keep);
     free(s->stamp);
     free(s->count);
+    free(s->pens);
     memset(s, 0, sizeof *s);
 }
 
@@ -89,22 +102,43 @@ static int has_repetition(const moec_sampling *sp)
     return sp->repetition_penalty != 0 && sp->repetition_penalty != 1;
 }
 
-int moec_sampling_is_plain_greedy(const moec_sampling *sp)
+static int has_presence_frequency(const moec_sampling *sp)
 {
-    return sp->temperature == 0 && !has_repetition(sp) && sp->presence_penalty == 0 &&
-           sp->frequency_penalty == 0 && !sp->logprob && !sp->top_logprobs;
+    return sp->presence_penalty != 0 || sp->frequency_penalty != 0;
 }
 
-uint64_t moec_sampling_stream(uint64_t seed) { return seed; }
-
-/* splitmix64: the next draw of a stream, uniform in [0, 1). */
-static double next_uniform(uint64_t *state)
+int moec_sampling_is_plain_greedy(const moec_sampling *sp)
 {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (double)(z >> 11) * 0x1.0p-53;
+    return sp->temperature == 0 && !has_repetition(sp) && !has_presence_frequency(sp) &&
+           !sp->logprob && !sp->top_logprobs;
+}
+
+/* ---- the row's parameters and penalties ------------------------------------ */
+
+void moec_sample_row_init(const moec_sampling *sp, int vocab, int counter, ir_sample_row *row)
+{
+    memset(row, 0, sizeof *row);
+    row->mode = IR_SAMPLE_ON;
+    row->logprob = sp->logprob;
+    row->temperature = sp->temperature;
+    double inv = sp->temperature > 0 ? 1.0 / sp->temperature : 0;
+    row->inv_temp = inv >= FLT_MAX ? FLT_MAX : (float)inv;
+    row->top_k = sp->top_k > 0 && sp->top_k < vocab ? sp->top_k : 0;
+    if (sp->top_p > 0 && sp->top_p < 1) {
+        /* a float below 1 is at most 1 - 2^-24: this fits 32 bits; a
+         * top_p too small to show stays a filter (of the likeliest id) */
+        double p = nearbyint((double)sp->top_p * 0x1p32);
+        row->top_p = p < 1 ? 1u : (uint32_t)p;
+    }
+    uint64_t min_w = sp->min_p > 0 ? (uint64_t)ceil((double)sp->min_p * 0x1p40) : 0;
+    row->min_p_lo = (uint32_t)min_w;
+    row->min_p_hi = (uint32_t)(min_w >> 32);
+    row->repetition = has_repetition(sp) ? sp->repetition_penalty : 1.0f;
+    row->presence = sp->presence_penalty;
+    row->frequency = sp->frequency_penalty;
+    row->seed_lo = (uint32_t)sp->seed;
+    row->seed_hi = (uint32_t)(sp->seed >> 32);
+    row->counter = (uint32_t)counter;
 }
 
 static uint32_t next_epoch(moec_sampler *s)
@@ -116,38 +150,92 @@ static uint32_t next_epoch(moec_sampler *s)
     return s->epoch;
 }
 
-/* Penalties on s->work: repetition once per id of prompt and output, then
- * presence and frequency once per id of the output. */
-static void apply_penalties(moec_sampler *s, const moec_sampling *sp, const int32_t *tokens,
-                            int n_prompt, int n_known)
+int moec_sample_penalties(moec_sampler *s, const moec_sampling *sp, const int32_t *tokens,
+                          int n_prompt, int n_known, ir_sample_pen *pens, int cap)
 {
-    if (has_repetition(sp)) {
-        uint32_t e = next_epoch(s);
-        float r = sp->repetition_penalty;
-        for (int i = 0; i < n_known; i++) {
-            int32_t id = tokens[i];
-            if (s->stamp[id] == e)
-                continue;
-            s->stamp[id] = e;
-            s->work[id] = s->work[id] > 0 ? s->work[id] / r : s->work[id] * r;
-        }
-    }
-    if (sp->presence_penalty == 0 && sp->frequency_penalty == 0)
-        return;
-    uint32_t e = next_epoch(s);
+    int from = has_repetition(sp) ? 0 : has_presence_frequency(sp) ? n_prompt : n_known;
+    if (from == n_known)
+        return 0;
+    /* counts in the output under one epoch, then each id listed once under
+     * the next */
+    uint32_t counted = next_epoch(s);
     for (int i = n_prompt; i < n_known; i++) {
         int32_t id = tokens[i];
-        if (s->stamp[id] != e) {
-            s->stamp[id] = e;
+        if (s->stamp[id] != counted) {
+            s->stamp[id] = counted;
             s->count[id] = 0;
         }
         s->count[id]++;
     }
-    for (int i = n_prompt; i < n_known; i++) {
+    uint32_t listed = next_epoch(s);
+    int n = 0;
+    for (int i = from; i < n_known; i++) {
         int32_t id = tokens[i];
-        if (s->count[id] > 0)
-            s->work[id] -= sp->presence_penalty + sp->frequency_penalty * (float)s->count[id];
-        s->count[id] = 0;
+        if (s->stamp[id] == listed)
+            continue;
+        int32_t c = s->stamp[id] == counted ? s->count[id] : 0;
+        s->stamp[id] = listed;
+        if (n == cap)
+            return -1;
+        pens[n++] = (ir_sample_pen){.id = id, .count = c};
+    }
+    return n;
+}
+
+/* ---- the algorithm ------------------------------------------------------------ */
+
+/* The integer weight of scaled logit x <= 0 (ir_sample.h), in the float
+ * operations of the kernel's moec_sample_weight. */
+static uint64_t weight_of(float x)
+{
+    if (!(x >= IR_SAMPLE_X_MIN))
+        return 0;
+    float k = rintf(x * IR_SAMPLE_LOG2E);
+    float r = (x - k * IR_SAMPLE_LN2_HI) - k * IR_SAMPLE_LN2_LO;
+    float p = IR_SAMPLE_EXP_C6;
+    p = p * r + IR_SAMPLE_EXP_C5;
+    p = p * r + IR_SAMPLE_EXP_C4;
+    p = p * r + IR_SAMPLE_EXP_C3;
+    p = p * r + IR_SAMPLE_EXP_C2;
+    p = p * r + IR_SAMPLE_EXP_C1;
+    p = p * r + IR_SAMPLE_EXP_C0;
+    return (uint64_t)(p * ldexpf(1.0f, IR_SAMPLE_WEIGHT_BITS + (int)k));
+}
+
+/* The high 64 bits of a * b. */
+static uint64_t mul_hi(uint64_t a, uint64_t b)
+{
+    uint64_t al = (uint32_t)a, ah = a >> 32, bl = (uint32_t)b, bh = b >> 32;
+    uint64_t ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
+    uint64_t mid = (ll >> 32) + (uint32_t)lh + (uint32_t)hl;
+    return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+}
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * IR_SAMPLE_MIX1;
+    z = (z ^ (z >> 27)) * IR_SAMPLE_MIX2;
+    return z ^ (z >> 31);
+}
+
+/* The row's random word (ir_sample.h). */
+static uint64_t random_word(const ir_sample_row *p)
+{
+    uint64_t seed = (uint64_t)p->seed_hi << 32 | p->seed_lo;
+    return mix64(mix64(seed + IR_SAMPLE_GOLDEN) + ((uint64_t)p->counter + 1) * IR_SAMPLE_GOLDEN);
+}
+
+/* The penalties on row, in the kernel's operations. */
+static void penalize(float *row, const ir_sample_row *p, const ir_sample_pen *pens)
+{
+    int rep = p->repetition != 1.0f, pf = p->presence != 0 || p->frequency != 0;
+    for (int j = 0; j < p->pen_count; j++) {
+        float v = row[pens[j].id];
+        if (rep)
+            v = v > 0 ? v / p->repetition : v * p->repetition;
+        if (pf && pens[j].count > 0)
+            v = v - (p->presence + p->frequency * (float)pens[j].count);
+        row[pens[j].id] = v;
     }
 }
 
@@ -211,16 +299,16 @@ static void cand_swap(cand *a, cand *b)
     *b = t;
 }
 
-/* Reorders c[0, n) so that its first k (returned) are the nucleus: the
- * fewest first-ranked whose weights w[id] reach `need`, in no particular
- * order. Quickselect on the mass (expected O(n)): partition around a
- * pivot; if the ids ranked above it reach what is still needed the nucleus
- * lies among them, else they and the pivot are in it and the rest is
- * searched. */
-static int nucleus(cand *c, int n, const double *w, double need)
+/* Reorders c[0, n) so that its first m (returned) are the nucleus: the
+ * fewest first-ranked whose weights w[id] reach need (at most their total),
+ * in no particular order. Quickselect on the weight (expected O(n)):
+ * partition around a pivot; if the ids ranked above it reach what is still
+ * needed the nucleus lies among them, else they and the pivot are in it and
+ * the rest is searched. */
+static int nucleus(cand *c, int n, const uint64_t *w, uint64_t need)
 {
     int lo = 0, hi = n;
-    double taken = 0; /* the weight of c[0, lo), all in the nucleus */
+    uint64_t taken = 0; /* the weight of c[0, lo), all in the nucleus */
     while (hi - lo > 1) {
         int m = lo + (hi - lo) / 2;
         /* the median of three as pivot, moved to hi - 1 */
@@ -232,7 +320,7 @@ static int nucleus(cand *c, int n, const double *w, double need)
             cand_swap(&c[m], &c[hi - 1]);
         cand pivot = c[hi - 1];
         int mid = lo;
-        double above = 0;
+        uint64_t above = 0;
         for (int i = lo; i < hi - 1; i++)
             if (before(&c[i], &pivot)) {
                 above += w[c[i].id];
@@ -251,71 +339,77 @@ static int nucleus(cand *c, int n, const double *w, double need)
     return hi > 0 ? hi : 1;
 }
 
-/* The candidates the draw chooses among, into s->cands[0, *n), each id's
- * weight exp((v - mx) / t) into s->prob[id] and their sum over the support
- * (the top_k, or all ids) into *z: the top_k ranked, then, for top_p, the
- * nucleus (the top_k's prefix, or found among all ids); else every id,
- * unranked (returns 0, s->cands unused). */
-static int candidates(moec_sampler *s, const moec_sampling *sp, float mx, double t, int *n,
-                      double *z)
+int32_t moec_sample_row(moec_sampler *s, const ir_sample_row *p, const ir_sample_pen *pens,
+                        const float *logits)
 {
-    int V = s->vocab, top_p = sp->top_p > 0 && sp->top_p < 1;
-    cand *c = s->cands;
-    double *w = s->prob;
-    *z = 0;
-    if (sp->top_k > 0 && sp->top_k < V) {
-        *n = sp->top_k;
-        top_ranked(s->work, V, *n, c);
-        for (int i = 0; i < *n; i++)
-            *z += w[c[i].id] = exp((c[i].v - mx) / t);
-        if (top_p) {
-            double cum = 0;
-            int keep = 0;
-            while (keep < *n && cum < sp->top_p * *z)
-                cum += w[c[keep++].id];
-            *n = keep;
-        }
-        return 1;
+    int V = s->vocab;
+    const float *v = logits; /* nothing to penalize: read in place */
+    if (p->pen_count > 0) {
+        memcpy(s->work, logits, (size_t)V * sizeof *s->work);
+        penalize(s->work, p, pens);
+        v = s->work;
     }
+    /* one pass finds the greedy id and whether the row is finite */
+    int32_t top = rt_logits_argmax(v, V);
+    if (top == IR_SAMPLED_NONFINITE || p->temperature == 0)
+        return top;
+    float vmax = v[top];
+    uint64_t *w = s->weight;
+    unsigned char *keep = s->keep;
+    for (int i = 0; i < V; i++) {
+        w[i] = weight_of((v[i] - vmax) * p->inv_temp);
+        keep[i] = 1;
+    }
+    cand *c = s->cands;
+    int n = V, ranked = 0;
+    if (p->top_k > 0 && p->top_k < V) {
+        n = p->top_k;
+        top_ranked(v, V, n, c);
+        ranked = 1;
+    }
+    if (p->top_p) {
+        if (!ranked)
+            for (int i = 0; i < V; i++)
+                c[i] = (cand){v[i], i};
+        uint64_t z = 0;
+        for (int j = 0; j < n; j++)
+            z += w[c[j].id];
+        uint64_t need = mul_hi(z, (uint64_t)p->top_p << 32);
+        n = nucleus(c, n, w, need ? need : 1);
+        ranked = 1;
+    }
+    if (ranked) {
+        memset(keep, 0, (size_t)V);
+        for (int j = 0; j < n; j++)
+            keep[c[j].id] = 1;
+    }
+    uint64_t min_w = (uint64_t)p->min_p_hi << 32 | p->min_p_lo, total = 0;
     for (int i = 0; i < V; i++)
-        *z += w[i] = exp((s->work[i] - mx) / t);
-    *n = V;
-    if (!top_p)
-        return 0;
+        if (keep[i] && w[i] >= min_w)
+            total += w[i];
+        else
+            keep[i] = 0;
+    /* the likeliest id is always kept, with weight 2^40: total > 0 */
+    uint64_t u = mul_hi(random_word(p), total), acc = 0;
     for (int i = 0; i < V; i++)
-        c[i] = (cand){s->work[i], i};
-    *n = nucleus(c, V, w, sp->top_p * *z);
-    return 1;
+        if (keep[i] && u < (acc += w[i]))
+            return i;
+    return top; /* not reached: u < total */
 }
 
-/* A draw from the processed row in s->work (temperature > 0), whose largest
- * value is mx. */
-static int32_t draw(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, float mx)
+/* The log of the sum of e^logit over a row (finite), in double. */
+static double log_sum_exp(const float *logits, int vocab)
 {
-    double t = sp->temperature, z;
-    int n;
-    int ranked = candidates(s, sp, mx, t, &n, &z);
-    const cand *c = s->cands;
-    const double *w = s->prob;
-#define ID_AT(i) (ranked ? c[(i)].id : (int32_t)(i))
-    /* min_p: the likeliest id has weight exp(0) = 1 */
-    double total = 0;
-    for (int i = 0; i < n; i++)
-        if (w[ID_AT(i)] >= sp->min_p)
-            total += w[ID_AT(i)];
-    double u = next_uniform(rng) * total, acc = 0;
-    int32_t last = ID_AT(0);
-    for (int i = 0; i < n; i++) {
-        double wi = w[ID_AT(i)];
-        if (wi < sp->min_p)
-            continue;
-        acc += wi;
-        last = ID_AT(i);
-        if (u < acc)
-            break;
-    }
-#undef ID_AT
-    return last;
+    float mx = logits[rt_logits_argmax(logits, vocab)];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - mx);
+    return mx + log(sum);
+}
+
+float moec_sample_logprob(const float *logits, int vocab, int32_t tok)
+{
+    return (float)(logits[tok] - log_sum_exp(logits, vocab));
 }
 
 /* Log probabilities of the raw logits (all finite): the token's, and the
@@ -324,11 +418,7 @@ static void log_probs(moec_sampler *s, const moec_sampling *sp, const float *log
                       moec_event *ev)
 {
     int V = s->vocab;
-    float mx = logits[rt_logits_argmax(logits, V)];
-    double sum = 0;
-    for (int i = 0; i < V; i++)
-        sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
+    double lse = log_sum_exp(logits, V);
     ev->logprob = (float)(logits[tok] - lse);
     ev->n_top = sp->top_logprobs < V ? sp->top_logprobs : V;
     if (!ev->n_top)
@@ -341,24 +431,15 @@ static void log_probs(moec_sampler *s, const moec_sampling *sp, const float *log
     }
 }
 
-int32_t moec_sample(moec_sampler *s, const moec_sampling *sp, uint64_t *rng, const float *logits,
+int32_t moec_sample(moec_sampler *s, const moec_sampling *sp, const float *logits,
                     const int32_t *tokens, int n_prompt, int n_known, moec_event *ev)
 {
-    const float *row = logits; /* greedy with nothing to change: read in place */
-    if (sp->temperature != 0 || has_repetition(sp) || sp->presence_penalty != 0 ||
-        sp->frequency_penalty != 0) {
-        memcpy(s->work, logits, (size_t)s->vocab * sizeof *s->work);
-        apply_penalties(s, sp, tokens, n_prompt, n_known);
-        row = s->work;
-    }
-    /* one pass finds the greedy id and whether the row is finite; the
-     * penalties keep a NaN or an infinity as it is, so a finite row here
-     * means finite logits too */
-    int32_t top = rt_logits_argmax(row, s->vocab);
-    if (top == IR_SAMPLED_NONFINITE)
-        return top;
-    int32_t tok = sp->temperature == 0 ? top : draw(s, sp, rng, row[top]);
-    if (sp->logprob || sp->top_logprobs)
+    ir_sample_row row;
+    moec_sample_row_init(sp, s->vocab, n_known - n_prompt, &row);
+    /* distinct ids are never more than the vocabulary: they fit */
+    row.pen_count = moec_sample_penalties(s, sp, tokens, n_prompt, n_known, s->pens, s->vocab);
+    int32_t tok = moec_sample_row(s, &row, s->pens, logits);
+    if (tok != IR_SAMPLED_NONFINITE && (sp->logprob || sp->top_logprobs))
         log_probs(s, sp, logits, tok, ev);
     return tok;
 }

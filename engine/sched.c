@@ -3,8 +3,9 @@
  * and a running set over one pool of KV blocks (kv_pool.c), decode tokens
  * first and chunked prefill after them, preemption of the newest sequence
  * when a decoding one needs a block and none is free, prefix caching by
- * chained block hashes, host or GPU sampling (sample.c), and the metrics a
- * service reports. The engine's backend runs the steps (engine.c); this file
+ * chained block hashes, sampling on the GPU (the device sampler, with the
+ * argmax for plain greedy requests) or the host (sample.c), and the metrics
+ * a service reports. The engine's backend runs the steps (engine.c); this file
  * decides what they hold and owns the block table while requests exist. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +39,6 @@ typedef struct seq {
     int ignore_eos;
     int plain;           /* plain greedy: the GPU's argmax serves it */
     moec_sampling sp;
-    uint64_t rng;
     double t_submit, t_first, t_last;
     struct seq *next;    /* in the waiting queue */
 } seq;
@@ -60,6 +60,12 @@ struct moec_sched {
     int32_t *tok, *pos, *slot, *next;
     seq **who;
     float *logits;       /* host rows of the step's sampled tokens (made on first need) */
+    /* the device sampler's part of the step (engine sample_cap >= 0) */
+    ir_sample_row *srow; /* per step row: its parameters (off: not sampled there) */
+    ir_sample_pen *spen; /* sample_cap entries */
+    unsigned char *on_dev; /* per step row: the device samples it */
+    int32_t *drawn;      /* per step row: the token the device drew, */
+    float *dlogprob;     /* and its log probability */
     moec_event *events;
     int n_events, cap_events;
     char **msgs;         /* the texts its error events point to */
@@ -94,6 +100,15 @@ moec_status moec_sched_init(moec_engine_t *e, int prefix_cache)
     s->who = malloc(T * sizeof *s->who);
     if (!s->running || !s->free_rows || !s->tok || !s->pos || !s->slot || !s->next || !s->who)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory for the scheduler");
+    if (e->sample_cap >= 0) {
+        s->srow = calloc(T, sizeof *s->srow);
+        s->spen = malloc((size_t)(e->sample_cap ? e->sample_cap : 1) * sizeof *s->spen);
+        s->on_dev = calloc(T, sizeof *s->on_dev);
+        s->drawn = malloc(T * sizeof *s->drawn);
+        s->dlogprob = malloc(T * sizeof *s->dlogprob);
+        if (!s->srow || !s->spen || !s->on_dev || !s->drawn || !s->dlogprob)
+            return MOEC_ERR(MOEC_ERR_OOM, "out of memory for the scheduler's sampling rows");
+    }
     for (int r = e->max_seqs - 1; r >= 0; r--)
         s->free_rows[s->n_free_rows++] = r;
     s->stats.kv_blocks = e->kv_blocks;
@@ -138,6 +153,11 @@ void moec_sched_free(moec_engine_t *e)
     free(s->next);
     free(s->who);
     free(s->logits);
+    free(s->srow);
+    free(s->spen);
+    free(s->on_dev);
+    free(s->drawn);
+    free(s->dlogprob);
     free(s->events);
     msgs_clear(s);
     free(s->msgs);
@@ -231,7 +251,6 @@ moec_status moec_engine_submit(moec_engine_t *e, const moec_request *r, uint64_t
     q->n_stop = r->n_stop;
     q->ignore_eos = r->ignore_eos;
     q->sp = r->sampling;
-    q->rng = moec_sampling_stream(r->sampling.seed);
     q->plain = moec_sampling_is_plain_greedy(&r->sampling);
     q->row = -1;
     q->t_submit = moec_now_s();
@@ -542,8 +561,9 @@ static const char *nonfinite_message(moec_sched *s, const seq *q, int pos, const
 
 /* q's next token from step row i: appended, its event pushed, q ended when
  * it stops, or with an error when the row it samples from is not finite
- * (penalties that overflowed: the raw rows were checked). MOEC_ERR_OOM when
- * the event cannot be stored. */
+ * (penalties that overflowed: the raw rows were checked). The token comes
+ * from the argmax (plain greedy on CUDA), the device sampler, or the host
+ * from the row's logits. MOEC_ERR_OOM when the event cannot be stored. */
 static moec_status take_token(moec_engine_t *e, seq *q, int i, int first, double now)
 {
     moec_sched *s = e->sched;
@@ -551,12 +571,19 @@ static moec_status take_token(moec_engine_t *e, seq *q, int i, int first, double
     if (!ev)
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory for the step's events");
     int32_t t;
-    if (e->backend == MOEC_BACKEND_CUDA && q->plain)
+    if (e->backend == MOEC_BACKEND_CUDA && q->plain) {
         t = s->next[i];
-    else
-        t = moec_sample(&s->sampler, &q->sp, &q->rng,
-                        s->logits + (size_t)(i - first) * (size_t)e->vocab, q->tokens,
-                        q->n_prompt, q->known, ev);
+    } else if (s->on_dev && s->on_dev[i]) {
+        t = s->drawn[i];
+        if (t != IR_SAMPLED_NONFINITE && (t < 0 || t >= e->vocab))
+            return MOEC_ERR(MOEC_ERR_INTERNAL,
+                            "the device sampler drew id %d for request %llu (vocabulary %d)", t,
+                            (unsigned long long)q->id, e->vocab);
+        ev->logprob = q->sp.logprob ? s->dlogprob[i] : 0;
+    } else {
+        t = moec_sample(&s->sampler, &q->sp, s->logits + (size_t)(i - first) * (size_t)e->vocab,
+                        q->tokens, q->n_prompt, q->known, ev);
+    }
     if (t == IR_SAMPLED_NONFINITE) {
         ev->token = -1;
         ev->error = nonfinite_message(s, q, s->pos[i], " once the penalties apply");
@@ -579,26 +606,53 @@ static moec_status take_token(moec_engine_t *e, seq *q, int i, int first, double
     return MOEC_OK;
 }
 
-/* The rows of the step whose logits the host needs: [*first, *first +
- * *count). On the CPU every row is computed anyway. */
-static void host_rows(const moec_engine_t *e, int n, int *first, int *count)
+/* Where each sampled row of the step is sampled. On the CPU every row is
+ * computed anyway and sampled here: all rows are host rows. On CUDA a plain
+ * greedy request takes the argmax; the device sampler draws the others,
+ * their parameter rows and penalty entries handed to it here, except those
+ * it cannot serve, whose logits are copied back and sampled on the host:
+ * top_logprobs (they need the whole row), penalty entries past the room a
+ * step has for them, and every row when the plan has no sampler or
+ * MOEC_SAMPLER=host. The host rows are [*first, *first + *count). */
+static moec_status plan_rows(moec_engine_t *e, int n, int *first, int *count)
 {
-    const moec_sched *s = e->sched;
+    moec_sched *s = e->sched;
     if (e->backend != MOEC_BACKEND_CUDA) {
         *first = 0;
         *count = n;
-        return;
+        return MOEC_OK;
     }
-    int lo = n, hi = -1;
+    int lo = n, hi = -1, rows = 0, n_pen = 0;
+    if (s->srow)
+        memset(s->srow, 0, (size_t)n * sizeof *s->srow);
     for (int i = 0; i < n; i++) {
         const seq *q = s->who[i];
-        if (s->pos[i] == q->known - 1 && !q->plain) {
-            lo = i < lo ? i : lo;
-            hi = i;
+        if (s->on_dev)
+            s->on_dev[i] = 0;
+        if (s->pos[i] != q->known - 1 || q->plain)
+            continue;
+        if (s->srow && !q->sp.top_logprobs) {
+            int k = moec_sample_penalties(&s->sampler, &q->sp, q->tokens, q->n_prompt, q->known,
+                                          s->spen + n_pen, e->sample_cap - n_pen);
+            if (k >= 0) {
+                moec_sample_row_init(&q->sp, e->vocab, q->known - q->n_prompt, &s->srow[i]);
+                s->srow[i].pen_first = n_pen;
+                s->srow[i].pen_count = k;
+                n_pen += k;
+                s->on_dev[i] = 1;
+                rows = i + 1;
+                continue;
+            }
         }
+        lo = i < lo ? i : lo;
+        hi = i;
     }
     *first = hi < 0 ? 0 : lo;
     *count = hi < 0 ? 0 : hi - lo + 1;
+    /* set every step, rows or none: nothing staged outlives its step */
+    if (!s->srow)
+        return MOEC_OK;
+    return moec_engine_set_sampling(e, rows, s->srow, n_pen, s->spen, s->drawn, s->dlogprob);
 }
 
 /* Every request of a failed step ends with an error event. */
@@ -655,14 +709,15 @@ moec_status moec_engine_run(moec_engine_t *e, const moec_event **events, int *n_
         return MOEC_ERR(MOEC_ERR_INTERNAL, "a step with nothing to run (%d running, %d waiting)",
                         s->n_running, s->n_waiting);
     int first, count;
-    host_rows(e, n, &first, &count);
-    if (count && !s->logits) {
+    moec_status st = plan_rows(e, n, &first, &count);
+    if (st == MOEC_OK && count && !s->logits) {
         s->logits = malloc((size_t)e->max_tokens * (size_t)e->vocab * sizeof *s->logits);
         if (!s->logits)
             return MOEC_ERR(MOEC_ERR_OOM, "out of memory for %d rows of logits", e->max_tokens);
     }
-    moec_status st = moec_engine_forward(e, n, s->tok, s->pos, s->slot, s->next, first, count,
-                                         count ? s->logits : NULL);
+    if (st == MOEC_OK)
+        st = moec_engine_forward(e, n, s->tok, s->pos, s->slot, s->next, first, count,
+                                 count ? s->logits : NULL);
     if (st == MOEC_OK) {
         for (int i = 0; i < n; i++)
             s->who[i]->fed = s->pos[i] + 1;

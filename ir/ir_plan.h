@@ -33,6 +33,11 @@ typedef enum ir_input {
     IR_INPUT_SLOTS,        /* i32[T]: sequence slot of each token, -1 for padding */
     IR_INPUT_BLOCK_TABLE,  /* i32[max_seqs, max_blocks]: KV block of each slot's pages */
     IR_INPUT_SAMPLED,      /* i32[T]: argmax of each token's logits (output) */
+    /* the device sampler's (codegen/sample.c; ir/ir_sample.h): */
+    IR_INPUT_SAMPLE_ROWS,  /* ir_sample_row[T]: each token row's sampling, written per step */
+    IR_INPUT_SAMPLE_PENS,  /* ir_sample_pen[]: the rows' penalty entries, written per step */
+    IR_INPUT_SAMPLE_TOKENS, /* i32[T]: the token drawn for each row sampled (output) */
+    IR_INPUT_SAMPLE_LOGPROBS, /* f32[T]: its log probability (output) */
     IR_INPUT_COUNT,
 } ir_input;
 
@@ -120,6 +125,8 @@ typedef struct ir_plan {
     int kv_block_size;        /* tokens per KV page */
     int pdl;                  /* 1: every kernel begins with moec_pdl_enter, so steps may be
                                * launched as programmatic dependents (sm_90) */
+    int sampler;              /* 1: every bucket ends with the device sampler's step, after
+                               * the argmax (codegen/sample.c) */
     int n_buckets;
     ir_bucket *buckets;       /* owned, ascending T */
 } ir_plan;

@@ -198,6 +198,7 @@ static char *header_text(const ir_plan *const *plans, int n, char **irs, const i
     cJSON_AddStringToObject(h, "compute_dtype", ir_dtype_name(p->compute_dtype));
     cJSON_AddNumberToObject(h, "kv_block_size", p->kv_block_size);
     cJSON_AddNumberToObject(h, "pdl", p->pdl);
+    cJSON_AddNumberToObject(h, "sampler", p->sampler);
     cJSON_AddStringToObject(h, "config_hash", meta->config_hash);
     cJSON_AddStringToObject(h, "weights_hash", meta->weights_hash);
     cJSON_AddNumberToObject(h, "tp", meta->tp);
@@ -220,10 +221,11 @@ static moec_status check_ranks_agree(const ir_plan *const *plans, int n)
     for (int r = 1; r < n; r++) {
         const ir_plan *a = plans[0], *b = plans[r];
         if (!b || !b->module || strcmp(a->arch, b->arch) || a->compute_dtype != b->compute_dtype ||
-            a->kv_block_size != b->kv_block_size || a->pdl != b->pdl)
+            a->kv_block_size != b->kv_block_size || a->pdl != b->pdl ||
+            a->sampler != b->sampler)
             return MOEC_ERR(MOEC_ERR_INTERNAL,
                             "ir_plan_write_ranks: rank %d's plan differs from rank 0's in arch, "
-                            "dtype, kv block size or pdl",
+                            "dtype, kv block size, pdl or sampler",
                             r);
     }
     return MOEC_OK;
@@ -551,6 +553,9 @@ static moec_status read_rank(reader *r, const cJSON *h, const cJSON *o, const ir
     p->kv_block_size = (int)jfield(r, h, "kv_block_size", 1, PLAN_INT_HI);
     const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
     p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
+    /* absent (format 2 and older): no device sampler, the host samples */
+    const cJSON *sampler = cJSON_GetObjectItemCaseSensitive(h, "sampler");
+    p->sampler = cJSON_IsNumber(sampler) && sampler->valuedouble == 1;
     size_t ir_size = 0;
     const uint8_t *ir = blob(r, cJSON_GetObjectItemCaseSensitive(o, "ir"), &ir_size);
     if (!ir)

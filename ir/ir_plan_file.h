@@ -14,8 +14,10 @@
 #include "ir/ir_plan.h"
 
 /* 2: a plan per rank ("ranks"), tp and ep in the header, collective steps.
- * Format 1 files (one plan, no ranks) still read. */
-#define IR_PLAN_FORMAT 2
+ * 3: the device sampler's step ends every bucket ("sampler"), reading and
+ * writing the IR_INPUT_SAMPLE_* inputs. Format 1 and 2 files still read
+ * (their requests sample on the host). */
+#define IR_PLAN_FORMAT 3
 
 typedef struct ir_plan_meta {
     int format;

@@ -461,6 +461,9 @@ void rt_cuda_free(rt_cuda *c)
     cudaFree(c->inputs);
     cudaFreeHost(c->host_in);
     cudaFreeHost(c->bt_host);
+    cudaFreeHost(c->smp_rows);
+    cudaFreeHost(c->smp_pens);
+    free(c->smp_stamp);
     free(c->bt_lo);
     free(c->bt_hi);
     if (c->head)

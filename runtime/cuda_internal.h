@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "err.h"
+#include "ir/ir_sample.h"
 #include "runtime/cuda_rt.h"
 
 
@@ -21,6 +22,7 @@
 
 #define RT_CUDA_WORKSPACE ((size_t)32 << 20) /* cuBLASLt workspace per stream */
 #define RT_CUDA_CHUNK ((size_t)4 << 20)      /* weight elements converted per upload */
+#define RT_CUDA_SAMPLE_PENS (1 << 20)        /* penalty entries a step may upload, at most */
 #define RT_CUDA_STR2(x) #x
 #define RT_CUDA_STR(x) RT_CUDA_STR2(x)
 
@@ -150,13 +152,32 @@ struct rt_cuda {
     size_t arena_bytes;
     char *scratch;
     size_t scratch_bytes;
-    int32_t *inputs;               /* tokens, positions, slots, sampled, block table */
+    int32_t *inputs;               /* tokens, positions, slots, sampled, block table, and with
+                                    * the sampler its rows, entries, tokens and log probs */
     int32_t *input_ptr[IR_INPUT_COUNT];
     size_t input_bytes[IR_INPUT_COUNT];
     int32_t *host_in;              /* pinned: tokens, positions, slots */
     int32_t *bt_host;              /* pinned: the block table as the host set it */
     int *bt_lo, *bt_hi;            /* per row: entries [lo, hi) changed since the last upload */
     int bt_dirty;                  /* some row changed */
+
+    /* The device sampler (plan->sampler; rt_cuda_set_sampling): the next
+     * step's parameter rows and penalty entries staged in pinned memory,
+     * uploaded with its other inputs; the device rows stay on only for the
+     * step that set them. */
+    ir_sample_row *smp_rows;       /* pinned: in_stride rows */
+    ir_sample_pen *smp_pens;       /* pinned: smp_cap entries */
+    int smp_cap;
+    int smp_n, smp_n_pen;          /* staged: rows and entries */
+    int smp_set;                   /* staged since the last step began */
+    int smp_live;                  /* the device's rows have some on (the last step's) */
+    int32_t *smp_tokens_out;       /* staged destinations of the drawn tokens and log probs */
+    float *smp_logprobs_out;
+    int32_t *smp_tokens_dst;       /* this step's (NULL: nothing to copy back) */
+    float *smp_logprobs_dst;
+    int smp_dst_rows;
+    uint32_t *smp_stamp;           /* rt_sample_check's scratch: vocab words */
+    uint32_t smp_epoch;
 
     cudaStream_t stream[2];
     cudaEvent_t head, tail;        /* stream 1 joins stream 0 at a step's start and end */

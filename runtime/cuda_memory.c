@@ -280,17 +280,48 @@ moec_status rt_cuda_alloc_buffers(rt_cuda *c)
         MOEC_TRY(CK(cudaMemset(c->scratch, 0, c->scratch_bytes), "scratch"));
     }
     size_t table = (size_t)c->max_seqs * (size_t)c->max_blocks;
-    size_t total = 4 * (size_t)c->in_stride + table;
+    size_t S = (size_t)c->in_stride;
+    /* the sampler's entries: each row it samples (no more than the step's
+     * tokens or the sequences) may list its whole sequence, up to a bound */
+    if (p->sampler) {
+        size_t rows = (size_t)(c->max_seqs < c->tmax ? c->max_seqs : c->tmax);
+        size_t per = (size_t)(c->max_seq_len < c->out_cols ? c->max_seq_len : c->out_cols);
+        c->smp_cap = rows * per < RT_CUDA_SAMPLE_PENS ? (int)(rows * per) : RT_CUDA_SAMPLE_PENS;
+    }
+    size_t smp = p->sampler ? S * (IR_SAMPLE_ROW_WORDS + 2) +
+                                  (size_t)c->smp_cap * IR_SAMPLE_PEN_WORDS
+                            : 0;
+    size_t total = 4 * S + table + smp;
     MOEC_TRY(rt_cuda_alloc(c, (void **)&c->inputs, total * sizeof(int32_t), "the step inputs"));
     MOEC_TRY(CK(cudaMemset(c->inputs, 0, total * sizeof(int32_t)), "the step inputs"));
     c->input_ptr[IR_INPUT_TOKENS] = c->inputs;
-    c->input_ptr[IR_INPUT_POSITIONS] = c->inputs + c->in_stride;
-    c->input_ptr[IR_INPUT_SLOTS] = c->inputs + 2 * (size_t)c->in_stride;
-    c->input_ptr[IR_INPUT_SAMPLED] = c->inputs + 3 * (size_t)c->in_stride;
-    c->input_ptr[IR_INPUT_BLOCK_TABLE] = c->inputs + 4 * (size_t)c->in_stride;
-    for (int i = 0; i < IR_INPUT_COUNT; i++)
+    c->input_ptr[IR_INPUT_POSITIONS] = c->inputs + S;
+    c->input_ptr[IR_INPUT_SLOTS] = c->inputs + 2 * S;
+    c->input_ptr[IR_INPUT_SAMPLED] = c->inputs + 3 * S;
+    c->input_ptr[IR_INPUT_BLOCK_TABLE] = c->inputs + 4 * S;
+    for (int i = 0; i <= IR_INPUT_SAMPLED; i++)
         c->input_bytes[i] = (size_t)c->tmax * sizeof(int32_t);
     c->input_bytes[IR_INPUT_BLOCK_TABLE] = table * sizeof(int32_t);
+    if (p->sampler) {
+        int32_t *at = c->inputs + 4 * S + table;
+        c->input_ptr[IR_INPUT_SAMPLE_ROWS] = at;
+        c->input_ptr[IR_INPUT_SAMPLE_TOKENS] = at + S * IR_SAMPLE_ROW_WORDS;
+        c->input_ptr[IR_INPUT_SAMPLE_LOGPROBS] = at + S * (IR_SAMPLE_ROW_WORDS + 1);
+        c->input_ptr[IR_INPUT_SAMPLE_PENS] = at + S * (IR_SAMPLE_ROW_WORDS + 2);
+        c->input_bytes[IR_INPUT_SAMPLE_ROWS] = (size_t)c->tmax * sizeof(ir_sample_row);
+        c->input_bytes[IR_INPUT_SAMPLE_TOKENS] = (size_t)c->tmax * sizeof(int32_t);
+        c->input_bytes[IR_INPUT_SAMPLE_LOGPROBS] = (size_t)c->tmax * sizeof(float);
+        c->input_bytes[IR_INPUT_SAMPLE_PENS] = (size_t)c->smp_cap * sizeof(ir_sample_pen);
+        MOEC_TRY(CK(cudaMallocHost((void **)&c->smp_rows, S * sizeof *c->smp_rows),
+                    "the pinned sampling rows"));
+        memset(c->smp_rows, 0, S * sizeof *c->smp_rows);
+        MOEC_TRY(CK(cudaMallocHost((void **)&c->smp_pens,
+                                   (c->smp_cap ? (size_t)c->smp_cap : 1) * sizeof *c->smp_pens),
+                    "the pinned penalty entries"));
+        c->smp_stamp = calloc((size_t)c->out_cols, sizeof *c->smp_stamp);
+        if (!c->smp_stamp)
+            return MOEC_ERR(MOEC_ERR_OOM, "out of memory for the sampler's check");
+    }
 
     MOEC_TRY(CK(cudaMallocHost((void **)&c->bt_host, (table ? table : 1) * sizeof(int32_t)),
                 "the pinned block table"));

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "ir/ir_plan.h"
+#include "ir/ir_sample.h"
 #include "runtime/weights.h"
 
 typedef struct rt_cuda rt_cuda;
@@ -104,6 +105,20 @@ moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
  * device buffer that graphs read: the rows changed are copied to it on
  * stream 0 at the start of the next step, before its launches or replay. */
 moec_status rt_cuda_set_blocks(rt_cuda *c, int row, int first, int n, const int32_t *blocks);
+/* The device sampler (a plan whose buckets end with it: plan->sampler):
+ * the next step samples rows[0, n) of its tokens' logits (n at most its
+ * tokens) as ir/ir_sample.h says, their penalty entries pens[0, n_pen)
+ * (checked: rt_sample_check), and copies the tokens drawn and their log
+ * probabilities into tokens_out[0, n) and logprobs_out[0, n) (rows off:
+ * unspecified) when it ends. The rows are fixed device buffers that graphs
+ * read, uploaded with the step's other inputs; a step that follows no
+ * rt_cuda_set_sampling samples nothing. MOEC_ERR_UNSUPPORTED for a plan
+ * without the sampler. */
+moec_status rt_cuda_set_sampling(rt_cuda *c, int n, const ir_sample_row *rows, int n_pen,
+                                 const ir_sample_pen *pens, int32_t *tokens_out,
+                                 float *logprobs_out);
+/* The penalty entries one step may hold; -1 when the plan has no sampler. */
+int rt_cuda_sample_capacity(const rt_cuda *c);
 /* Blocks in the KV pool, and the bytes one block takes over all layers. */
 int rt_cuda_kv_blocks(const rt_cuda *c);
 size_t rt_cuda_kv_block_bytes(const rt_cuda *c);

@@ -104,8 +104,83 @@ rt_cuda_bucket *rt_cuda_bucket_for(rt_cuda *c, int n)
     return b ? &c->buckets[b - c->plan->buckets] : NULL;
 }
 
-/* Writes the step inputs (padding rows: token 0, position 0, slot -1) and
- * the block-table rows changed since the last step. */
+int rt_cuda_sample_capacity(const rt_cuda *c)
+{
+    return c && c->plan->sampler ? c->smp_cap : -1;
+}
+
+moec_status rt_cuda_set_sampling(rt_cuda *c, int n, const ir_sample_row *rows, int n_pen,
+                                 const ir_sample_pen *pens, int32_t *tokens_out,
+                                 float *logprobs_out)
+{
+    if (!c)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_cuda_set_sampling: NULL context");
+    if (!c->plan->sampler)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "the plan has no device sampler (compiled by an older moec, or its "
+                        "vocabulary is over %d ids): sample on the host",
+                        IR_SAMPLE_VOCAB_MAX);
+    if (n < 0 || n > c->tmax || (n && (!rows || !tokens_out || !logprobs_out)))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_cuda_set_sampling: %d rows (a step has at most %d) or NULL arrays", n,
+                        c->tmax);
+    if (n_pen < 0 || n_pen > c->smp_cap || (n_pen && !pens))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_cuda_set_sampling: %d penalty entries (room for %d) or NULL entries",
+                        n_pen, c->smp_cap);
+    MOEC_TRY(rt_sample_check(c->out_cols, n, rows, n_pen, pens, c->smp_stamp, &c->smp_epoch));
+    memset(c->smp_rows, 0, (size_t)c->in_stride * sizeof *c->smp_rows);
+    if (n)
+        memcpy(c->smp_rows, rows, (size_t)n * sizeof *rows);
+    if (n_pen)
+        memcpy(c->smp_pens, pens, (size_t)n_pen * sizeof *pens);
+    c->smp_n = n;
+    c->smp_n_pen = n_pen;
+    c->smp_set = 1;
+    c->smp_tokens_out = tokens_out;
+    c->smp_logprobs_out = logprobs_out;
+    return MOEC_OK;
+}
+
+/* The sampling rows staged for this step of n tokens, or rows all off
+ * after a step that had some on, and their entries, on stream 0. */
+static moec_status upload_sampling(rt_cuda *c, int n, const char *where)
+{
+    c->smp_tokens_dst = NULL;
+    c->smp_logprobs_dst = NULL;
+    c->smp_dst_rows = 0;
+    int set = c->smp_set;
+    c->smp_set = 0;
+    if (!c->plan->sampler)
+        return MOEC_OK;
+    int rows = set ? c->smp_n : 0;
+    if (rows > n)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %d sampling rows for a step of %d tokens",
+                        where, rows, n);
+    if (!rows && !c->smp_live)
+        return MOEC_OK; /* the device's rows are all off already */
+    if (!rows)
+        memset(c->smp_rows, 0, (size_t)c->in_stride * sizeof *c->smp_rows);
+    MOEC_TRY(CK(cudaMemcpyAsync(c->input_ptr[IR_INPUT_SAMPLE_ROWS], c->smp_rows,
+                                (size_t)c->in_stride * sizeof *c->smp_rows,
+                                cudaMemcpyHostToDevice, c->stream[0]),
+                where));
+    if (rows && c->smp_n_pen)
+        MOEC_TRY(CK(cudaMemcpyAsync(c->input_ptr[IR_INPUT_SAMPLE_PENS], c->smp_pens,
+                                    (size_t)c->smp_n_pen * sizeof *c->smp_pens,
+                                    cudaMemcpyHostToDevice, c->stream[0]),
+                    where));
+    c->smp_live = rows > 0;
+    if (rows) {
+        c->smp_tokens_dst = c->smp_tokens_out;
+        c->smp_logprobs_dst = c->smp_logprobs_out;
+        c->smp_dst_rows = rows;
+    }
+    return MOEC_OK;
+}
+
+/* Writes the step inputs (padding rows: token 0, position 0, slot -1), the
+ * block-table rows changed since the last step and the sampling rows. */
 moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                                 const int32_t *slots, const char *where)
 {
@@ -118,6 +193,7 @@ moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const
     MOEC_TRY(CK(cudaMemcpyAsync(c->inputs, h, 3 * (size_t)c->in_stride * sizeof *h,
                                 cudaMemcpyHostToDevice, c->stream[0]),
                 where));
+    MOEC_TRY(upload_sampling(c, n, where));
     return rt_cuda_upload_table(c, where);
 }
 
@@ -175,6 +251,17 @@ moec_status rt_cuda_end_step(rt_cuda *c, const rt_cuda_bucket *cb, int n, int fi
         MOEC_TRY(CK(cudaMemcpyAsync(sampled_out, c->input_ptr[IR_INPUT_SAMPLED],
                                     (size_t)n * sizeof *sampled_out, cudaMemcpyDeviceToHost, s0),
                     where));
+    if (c->smp_tokens_dst) {
+        size_t rows = (size_t)c->smp_dst_rows;
+        MOEC_TRY(CK(cudaMemcpyAsync(c->smp_tokens_dst, c->input_ptr[IR_INPUT_SAMPLE_TOKENS],
+                                    rows * sizeof(int32_t), cudaMemcpyDeviceToHost, s0),
+                    where));
+        MOEC_TRY(CK(cudaMemcpyAsync(c->smp_logprobs_dst, c->input_ptr[IR_INPUT_SAMPLE_LOGPROBS],
+                                    rows * sizeof(float), cudaMemcpyDeviceToHost, s0),
+                    where));
+        c->smp_tokens_dst = NULL;
+        c->smp_logprobs_dst = NULL;
+    }
     return rt_cuda_sync(c, where);
 }
 

@@ -37,6 +37,14 @@ moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
     return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
 }
 
+moec_status rt_cuda_set_sampling(rt_cuda *c, int n, const ir_sample_row *rows, int n_pen,
+                                 const ir_sample_pen *pens, int32_t *tokens_out,
+                                 float *logprobs_out)
+{
+    return MOEC_ERR(MOEC_ERR_NO_DEVICE, "no CUDA device: moec was built without the CUDA toolkit");
+}
+
+int rt_cuda_sample_capacity(const rt_cuda *c) { return -1; }
 int rt_cuda_kv_blocks(const rt_cuda *c) { return 0; }
 size_t rt_cuda_kv_block_bytes(const rt_cuda *c) { return 0; }
 

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "ir/ir_sample.h"
 #include "moec_rt.h"
 
 typedef struct rt_step_limits {
@@ -30,5 +31,17 @@ moec_status rt_step_check(const rt_step_limits *l, int n, const int32_t *tokens,
  * range. */
 moec_status rt_block_table_check(int max_seqs, int max_blocks, int n_blocks, int row, int first,
                                  int n, const int32_t *blocks);
+
+/* The device sampler's parameter rows[0, n) and penalty entries
+ * pens[0, n_pen) for a step (ir/ir_sample.h), which the kernel trusts: each
+ * row off or on; an on row's temperature finite and >= 0 (with a finite
+ * inv_temp above 0 when not 0), top_k in [0, vocab), min_p's weight at
+ * most 2^40, its penalties finite (repetition above 0), and its entries a
+ * range of [0, n_pen) after the ranges of the rows before it, their ids in
+ * [0, vocab), distinct, and their counts >= 0. stamp (vocab words, zeroed
+ * once) and *epoch are the check's scratch across calls.
+ * MOEC_ERR_INVALID_ARG naming the row and what is wrong. */
+moec_status rt_sample_check(int vocab, int n, const ir_sample_row *rows, int n_pen,
+                            const ir_sample_pen *pens, uint32_t *stamp, uint32_t *epoch);
 
 #endif

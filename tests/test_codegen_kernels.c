@@ -9,7 +9,8 @@
  * kernel form compiles: expert blocks of 1, 2, 4 and 8 rows, split and
  * unsplit attention, tensor-core and CUDA-core MLA, bf16 and f32) whose
  * cubin must hold every kernel; the argmax's check for NaN and infinite
- * logits in its source. NVRTC takes a few tenths of a second per
+ * logits in its source; the device sampler at real and odd vocabularies
+ * (test_sampler). NVRTC takes a few tenths of a second per
  * kernel, hence one bucket each, compiled on a thread per CPU. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "codegen/cg.h"
 #include "codegen/moe_routed.h"
 #include "err.h"
+#include "ir/ir_sample.h"
 #include "kern_modules.h"
 #include "passlib.h"
 #include "testlib.h"
@@ -716,6 +718,129 @@ static void test_argmax_nonfinite(void)
     ir_module_free(m);
 }
 
+/* ---- the device sampler ------------------------------------------------------ */
+
+/* A module whose output is [T, V] logits (an embedding), for the argmax and
+ * the sampler; NULL (error printed) on failure. */
+static ir_module *logits_module(long long V)
+{
+    char text[512], name[32];
+    snprintf(name, sizeof name, "k_sample_v%lld", V);
+    snprintf(text, sizeof text,
+             "module %s {\n  meta vocab_size = %lld\n  input %%tokens : i32[T]\n"
+             "  input %%positions : i32[T]\n  weight %%tab : f32[4, %lld] = \"tab\"\n"
+             "  %%logits : f32[T, %lld] = embedding(%%tokens, %%tab)\n  output %%logits\n}\n",
+             name, V, V, V);
+    ir_module *m = NULL;
+    if (ir_module_parse(text, name, &m) != MOEC_OK) {
+        fprintf(stderr, "%s: %s\n", name, moec_last_error());
+        return NULL;
+    }
+    return m;
+}
+
+/* The sampler after the argmax, at real vocabularies (DeepSeek-V2-Lite's
+ * 102400, V3's 129280, Qwen3's 151936), a large one that needs 8 ids a lane
+ * and small odd ones: its step (one block per row; the logits, the argmax's
+ * ids, the parameter rows, the penalty entries, the tokens and log
+ * probabilities out), the constants of ir/ir_sample.h in its source, and an
+ * NVRTC compile of buckets 1 and 64 together (the shared definitions
+ * guarded); the largest vocabulary it takes, and one past it refused. */
+static void test_sampler(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    static const long long vocabs[] = {102400, 129280, 151936, 1 << 20, 50, 7, 2049};
+    for (size_t v = 0; v < sizeof vocabs / sizeof *vocabs; v++) {
+        long long V = vocabs[v];
+        ir_module *m = logits_module(V);
+        T_CHECK(m != NULL);
+        if (!m)
+            continue;
+        T_CHECK(cg_has_sampler(m));
+        compile_job *j = n_jobs < 32 ? &jobs[n_jobs] : NULL;
+        T_CHECK(j != NULL);
+        if (!j) {
+            ir_module_free(m);
+            return;
+        }
+        memset(j, 0, sizeof *j);
+        moec_buf prog = {0};
+        cg_emit_prologue(&prog);
+        for (int b = 0; b < N_BUCKETS; b++) {
+            int T = BUCKETS[b];
+            cg_ctx c = {.m = m, .opt = &o, .T = T};
+            T_OK(cg_emit_argmax(&c, m->outputs[0]));
+            T_OK(cg_emit_sample(&c, m->outputs[0]));
+            T_CHECK(c.n_steps == 2 && c.n_kernels == 2);
+            if (c.n_steps == 2) {
+                const ir_step *s = &c.steps[1];
+                char want[64];
+                snprintf(want, sizeof want, "sample_v%lld_t%d", V, T);
+                int nt = V >= 32768 ? 1024 : V >= 2048 ? 256 : 32, lb = 0;
+                T_CHECK(!strcmp(c.kernel_names[s->kernel], want));
+                T_CHECK(s->kind == IR_STEP_KERNEL && s->stream == 0 && s->grid[0] == (unsigned)T &&
+                        s->grid[1] == 1 && s->block[0] == (unsigned)nt && s->smem == 0);
+                T_CHECK(kernel_params(c.src.data, want, &lb) == 6 && lb == nt && s->n_args == 6);
+                T_CHECK(has_header(c.src.data, want));
+                T_CHECK(s->args[0].kind == IR_ARG_ACT && s->args[0].index == m->outputs[0]->id);
+                static const ir_input ins[] = {IR_INPUT_SAMPLED, IR_INPUT_SAMPLE_ROWS,
+                                               IR_INPUT_SAMPLE_PENS, IR_INPUT_SAMPLE_TOKENS,
+                                               IR_INPUT_SAMPLE_LOGPROBS};
+                for (int a = 0; a < 5; a++)
+                    T_CHECK(s->args[a + 1].kind == IR_ARG_INPUT &&
+                            s->args[a + 1].index == (int)ins[a] && s->args[a + 1].i == 0);
+                /* tiles of 32 * EPL ids: EPL 4, or 8 past 2^19 ids */
+                char tiles[96];
+                long long epl = V > (1 << 19) ? 8 : 4;
+                snprintf(tiles, sizeof tiles, "constexpr int V = %lld, NT = %d, EPL = %lld, NTILES = %lld;",
+                         V, nt, epl, (V + 32 * epl - 1) / (32 * epl));
+                T_CHECK(strstr(c.src.data, tiles) != NULL);
+                static const char *consts[] = {
+                    "#define MOEC_SAMPLE_WEIGHT_BITS 40\n", "#define MOEC_SAMPLE_X_MIN (-0x1.cp+4f)\n",
+                    "#define MOEC_SAMPLE_LN2_HI 0x1.62e4p-1f\n", "#define MOEC_SAMPLE_C3 0x1.555556p-3f\n",
+                    "#define MOEC_SAMPLE_GOLDEN 0x9e3779b97f4a7c15ull\n",
+                    "return __float2ull_rz(__fmul_rn(p, scale));\n"};
+                for (size_t k = 0; k < sizeof consts / sizeof *consts; k++)
+                    if (!strstr(c.src.data, consts[k])) {
+                        fprintf(stderr, "sampler source lacks: %s", consts[k]);
+                        T_CHECK(0);
+                    }
+            }
+            if (b != 1) { /* buckets 1 and 64 compiled */
+                moec_buf_printf(&prog, "%s", c.src.data);
+                for (int k = 0; k < c.n_kernels; k++)
+                    moec_buf_printf(&j->names, "%s\n", c.kernel_names[k]);
+            }
+            ctx_free(&c);
+        }
+        T_CHECK(!prog.oom && !j->names.oom);
+        /* two of the real vocabularies, the large one and the odd ones compile */
+        if (V != 102400 && V != 151936 && !prog.oom && !j->names.oom) {
+            char label[64];
+            snprintf(label, sizeof label, "sampler, vocabulary %lld", V);
+            j->label = strdup(label);
+            j->src = prog.data;
+            n_jobs++;
+        } else {
+            moec_buf_free(&prog);
+            moec_buf_free(&j->names);
+        }
+        ir_module_free(m);
+    }
+    ir_module *m = logits_module(IR_SAMPLE_VOCAB_MAX);
+    T_CHECK(m && cg_has_sampler(m));
+    ir_module_free(m);
+    m = logits_module(IR_SAMPLE_VOCAB_MAX + 1LL);
+    T_CHECK(m && !cg_has_sampler(m));
+    if (m) {
+        cg_ctx c = {.m = m, .opt = &o, .T = 1};
+        T_ERR(cg_emit_sample(&c, m->outputs[0]), MOEC_ERR_INVALID_ARG, "at most 8388608 ids");
+        ctx_free(&c);
+    }
+    ir_module_free(m);
+}
+
 /* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else. */
 static void test_pdl_waits(void)
 {
@@ -745,6 +870,7 @@ int main(void)
     test_tiny_models();
     test_errors();
     test_argmax_nonfinite();
+    test_sampler();
     compile_all();
     return t_finish("test_codegen_kernels");
 }

@@ -4,7 +4,7 @@
  * that is not JSON, a step that points nowhere, another checkpoint. Plans
  * split over ranks (format 2): a plan per rank with its collective steps,
  * identical cubins stored once, each rank's IR checked to be its rank's;
- * a format 1 file (one plan, no ranks) still reads. */
+ * a format 1 file (one plan, no ranks, no sampler) still reads. */
 #include <cjson/cJSON.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -34,6 +34,7 @@ static ir_plan *make_plan(ir_module *m)
     snprintf(p->arch, sizeof p->arch, "sm_90");
     p->kv_block_size = 64;
     p->pdl = 1;
+    p->sampler = 1;
     p->n_buckets = 2;
     p->buckets = calloc(2, sizeof *p->buckets);
     for (int b = 0; b < 2; b++) {
@@ -93,6 +94,7 @@ static void check_same(const ir_plan *a, const ir_plan *b)
 {
     T_CHECK(!strcmp(a->arch, b->arch) && a->compute_dtype == b->compute_dtype &&
             a->kv_block_size == b->kv_block_size && a->pdl == b->pdl &&
+            a->sampler == b->sampler &&
             a->n_buckets == b->n_buckets);
     for (int i = 0; i < a->n_buckets && i < b->n_buckets; i++) {
         const ir_bucket *x = &a->buckets[i], *y = &b->buckets[i];
@@ -153,8 +155,8 @@ static void expect_header_edit(const uint8_t *good, size_t n, const char *bad, c
     free(d);
 }
 
-/* A copy of the format 2 file image d[0, n) of one plan in the format 1
- * layout: "ir" and "buckets" at the top of the header, no tp, ep, ranks. */
+/* A copy of the file image d[0, n) of one plan in the format 1 layout:
+ * "ir" and "buckets" at the top of the header, no tp, ep, ranks, sampler. */
 static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
 {
     uint64_t hlen;
@@ -165,6 +167,7 @@ static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
     cJSON_DeleteItemFromObject(h, "ranks");
     cJSON_DeleteItemFromObject(h, "tp");
     cJSON_DeleteItemFromObject(h, "ep");
+    cJSON_DeleteItemFromObject(h, "sampler");
     cJSON_ReplaceItemInObject(h, "format", cJSON_CreateNumber(1));
     cJSON_AddItemToObject(h, "ir", cJSON_DetachItemFromObject(rank0, "ir"));
     cJSON_AddItemToObject(h, "buckets", cJSON_DetachItemFromObject(rank0, "buckets"));
@@ -263,8 +266,12 @@ static void test_rank_plans(const char *dir, const ir_plan *single)
     t_write_file(bad, f1, n1);
     T_OK(ir_plan_read(bad, &p1, &m1, &bmeta));
     T_CHECK(bmeta.format == 1 && bmeta.tp == 0 && p1);
-    if (p1)
+    if (p1) {
+        /* no device sampler: its requests sample on the host */
+        T_CHECK(p1->sampler == 0);
+        p1->sampler = single->sampler;
         check_same(single, p1);
+    }
     ir_plan_free(p1);
     ir_module_free(m1);
     free(f1);
@@ -334,7 +341,7 @@ int main(void)
     d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
-    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 3; this moec reads version 2");
+    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 4; this moec reads version 3");
     /* A header that is not JSON. */
     memcpy(d, good, n);
     d[24] = '!';
