@@ -45,7 +45,7 @@ static const char SAMPLE_DEFS[] =
     "static_assert(sizeof(moec_sample_pen) == 4 * MOEC_SAMPLE_PEN_WORDS, \"ir_sample_pen\");\n"
     "\n"
     "/* floor(e^x * 2^40) for a scaled logit x <= 0, 0 below X_MIN: the float\n"
-    "   operations of engine/sample.c's weight_of, none fused */\n"
+    "   operations of engine/sample.c's moec_sample_weight, none fused */\n"
     "__device__ __forceinline__ unsigned long long moec_sample_weight(float x)\n"
     "{\n"
     "    if (!(x >= MOEC_SAMPLE_X_MIN))\n"

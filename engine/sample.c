@@ -184,9 +184,7 @@ int moec_sample_penalties(moec_sampler *s, const moec_sampling *sp, const int32_
 
 /* ---- the algorithm ------------------------------------------------------------ */
 
-/* The integer weight of scaled logit x <= 0 (ir_sample.h), in the float
- * operations of the kernel's moec_sample_weight. */
-static uint64_t weight_of(float x)
+uint64_t moec_sample_weight(float x)
 {
     if (!(x >= IR_SAMPLE_X_MIN))
         return 0;
@@ -357,7 +355,7 @@ int32_t moec_sample_row(moec_sampler *s, const ir_sample_row *p, const ir_sample
     uint64_t *w = s->weight;
     unsigned char *keep = s->keep;
     for (int i = 0; i < V; i++) {
-        w[i] = weight_of((v[i] - vmax) * p->inv_temp);
+        w[i] = moec_sample_weight((v[i] - vmax) * p->inv_temp);
         keep[i] = 1;
     }
     cand *c = s->cands;

@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "ir/ir_plan.h"
 #include "ir/ir_sample.h"
 #include "moec_rt.h"
 
@@ -57,6 +58,11 @@ int moec_sample_penalties(moec_sampler *s, const moec_sampling *sp, const int32_
  * penalties that overflowed). The log probability is not its business. */
 int32_t moec_sample_row(moec_sampler *s, const ir_sample_row *p, const ir_sample_pen *pens,
                         const float *logits);
+
+/* The integer weight of a scaled logit x <= 0: floor(e^x * 2^40) in the
+ * float operations of ir_sample.h (the kernel's moec_sample_weight), 0 below
+ * IR_SAMPLE_X_MIN. */
+uint64_t moec_sample_weight(float x);
 
 /* The log probability of id tok under the logits (finite): their
  * log-softmax, in double. */
