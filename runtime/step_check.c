@@ -77,7 +77,7 @@ moec_status rt_sample_check(int vocab, int n, const ir_sample_row *rows, int n_p
                             r, p->mode);
         uint64_t min_w = (uint64_t)p->min_p_hi << 32 | p->min_p_lo;
         if (!in_range(p->temperature, 0, FLT_MAX) ||
-            (p->temperature > 0 && !in_range(p->inv_temp, FLT_MIN, FLT_MAX)))
+            (p->temperature > 0 && !(in_range(p->inv_temp, 0, FLT_MAX) && p->inv_temp > 0)))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "sampling row %d: temperature %g (1/t %g) is not finite and >= 0", r,
                             (double)p->temperature, (double)p->inv_temp);
@@ -89,7 +89,7 @@ moec_status rt_sample_check(int vocab, int n, const ir_sample_row *rows, int n_p
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "sampling row %d: min_p's weight %llu is over 2^%d (min_p 1)", r,
                             (unsigned long long)min_w, IR_SAMPLE_WEIGHT_BITS);
-        if (!in_range(p->repetition, FLT_MIN, FLT_MAX) || !isfinite(p->presence) ||
+        if (!in_range(p->repetition, 0, FLT_MAX) || !(p->repetition > 0) || !isfinite(p->presence) ||
             !isfinite(p->frequency))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "sampling row %d: penalties %g, %g, %g (repetition above 0, all "

@@ -35,8 +35,9 @@ moec_status rt_block_table_check(int max_seqs, int max_blocks, int n_blocks, int
 /* The device sampler's parameter rows[0, n) and penalty entries
  * pens[0, n_pen) for a step (ir/ir_sample.h), which the kernel trusts: each
  * row off or on; an on row's temperature finite and >= 0 (with a finite
- * inv_temp above 0 when not 0), top_k in [0, vocab), min_p's weight at
- * most 2^40, its penalties finite (repetition above 0), and its entries a
+ * inv_temp above 0 when not 0: subnormals too), top_k in [0, vocab),
+ * min_p's weight at most 2^40, its penalties finite (repetition above 0,
+ * subnormals too), and its entries a
  * range of [0, n_pen) after the ranges of the rows before it, their ids in
  * [0, vocab), distinct, and their counts >= 0. stamp (vocab words, zeroed
  * once) and *epoch are the check's scratch across calls.

@@ -21,12 +21,17 @@
  *   - rows set through moec_engine_set_blocks between graph replays are
  *     uploaded before the next replay: a row starting with another row's two
  *     blocks (a shared prefix) gives the logits of computing them (1e-4);
- *   - 24 requests (greedy, seeded sampling with log probabilities, stop ids)
+ *   - 24 requests (greedy, seeded sampling with top_k and top_p, or with
+ *     min_p and penalties, log probabilities, some top_logprobs, stop ids)
  *     through moec_engine_submit / _run on 4 rows and 5 blocks of 64 tokens
- *     (queueing, preemption, prefix caching): the greedy ones give the CPU scheduler's
- *     tokens, every one the same tokens and log probabilities on a second
- *     CUDA engine (the same seed, the same tokens), sampled ones' differences
- *     from the CPU reported; and no block left in use;
+ *     (queueing, preemption, prefix caching): the greedy ones give the CPU
+ *     scheduler's tokens, every one the same tokens and log probabilities
+ *     on a second CUDA engine (the same seed, the same tokens), and on a
+ *     third that samples on the host (MOEC_SAMPLER=host) the same tokens
+ *     and log probabilities within 1e-4: the device sampler draws what the
+ *     host does from the same logits, through the graphs; sampled ones'
+ *     differences from the CPU engine (other logits) reported; and no block
+ *     left in use;
  *   - the pool sized from free memory (kv_memory_fraction), a pool too small
  *     for one block, a kv_block_size the plan was not compiled for, and a
  *     position whose block is not set, each with its message.
@@ -396,9 +401,15 @@ static moec_request sched_request(int r, int V, int32_t prompt[64], int32_t stop
     moec_request q = {.prompt = prompt, .n_prompt = n, .max_tokens = 4 + r % (SCHED_NEW - 3),
                       .stop_ids = stop, .n_stop = r % 5 == 4 ? 2 : 0, .ignore_eos = 1,
                       .user = (void *)(intptr_t)r};
-    if (r % 2)
+    if (r % 4 == 1)
         q.sampling = (moec_sampling){.temperature = 0.9f, .top_p = 0.95f, .top_k = 40,
-                                     .seed = (uint64_t)r * 977, .logprob = 1};
+                                     .seed = (uint64_t)r * 977, .logprob = 1,
+                                     .top_logprobs = r % 8 == 5 ? 2 : 0};
+    else if (r % 4 == 3)
+        q.sampling = (moec_sampling){.temperature = 1.2f, .min_p = 0.02f,
+                                     .repetition_penalty = 1.3f, .presence_penalty = 0.4f,
+                                     .frequency_penalty = 0.2f, .seed = (uint64_t)r * 31,
+                                     .logprob = r % 8 == 3};
     return q;
 }
 
@@ -445,7 +456,7 @@ static void check_sched(const moec_model_t *m, const char *name, const char *dir
 {
     int V = moec_model_vocab_size(m);
     setenv("MOEC_DTYPE", "fp32", 1);
-    static sched_out cpu, gpu, again;
+    static sched_out cpu, gpu, again, host;
     moec_engine_t *e = sched_engine(m, dir, MOEC_BACKEND_CUDA, 24);
     if (!e)
         return;
@@ -459,11 +470,15 @@ static void check_sched(const moec_model_t *m, const char *name, const char *dir
     sched_run(e, V, &cpu);
     moec_engine_free(e);
     moec_engine_stats st;
-    for (int k = 0; k < 2; k++) {
+    sched_out *runs[3] = {&gpu, &again, &host};
+    for (int k = 0; k < 3; k++) {
+        if (k == 2) /* every request sampled on the host from copied-back logits */
+            setenv("MOEC_SAMPLER", "host", 1);
         e = sched_engine(m, dir, MOEC_BACKEND_CUDA, blocks);
+        unsetenv("MOEC_SAMPLER");
         if (!e)
             return;
-        sched_run(e, V, k ? &again : &gpu);
+        sched_run(e, V, runs[k]);
         moec_engine_get_stats(e, &st);
         T_CHECK(st.kv_blocks_used == 0 && st.running == 0 && st.waiting == 0);
         moec_engine_free(e);
@@ -479,13 +494,23 @@ static void check_sched(const moec_model_t *m, const char *name, const char *dir
         all_done &= gpu.done[r] && again.done[r];
     }
     int repeat_same = !memcmp(&gpu, &again, sizeof gpu);
+    /* the device sampler against the host's, on the same logits */
+    int host_same = 1;
+    double lp_worst = 0;
+    for (int r = 0; r < SCHED_REQ; r++) {
+        host_same &= gpu.n[r] == host.n[r] &&
+                     !memcmp(gpu.tok[r], host.tok[r], (size_t)gpu.n[r] * sizeof(int32_t));
+        for (int i = 0; i < gpu.n[r] && i < host.n[r]; i++)
+            lp_worst = fmax(lp_worst, fabs((double)gpu.lp[r][i] - host.lp[r][i]));
+    }
     printf("%-18s fp32 scheduler, %d requests on 4 rows and %d blocks of %d (%llu preemptions, %d "
            "prompt tokens cached): greedy tokens %s the CPU's, %d of %d sampled differ from the "
-           "CPU (reported, not failed); a second CUDA run %s\n",
+           "CPU (reported, not failed); a second CUDA run %s; sampling on the host instead: "
+           "tokens %s, log probs within %.1e\n",
            name, SCHED_REQ, blocks, bs, (unsigned long long)st.preemptions, gpu.cached,
            greedy_same ? "identical to" : "DIFFER from", sampled_differ, SCHED_REQ / 2,
-           repeat_same ? "identical" : "DIFFERS");
-    T_CHECK(all_done && greedy_same && repeat_same);
+           repeat_same ? "identical" : "DIFFERS", host_same ? "identical" : "DIFFER", lp_worst);
+    T_CHECK(all_done && greedy_same && repeat_same && host_same && lp_worst <= 1e-4);
 }
 
 /* The pool's size from memory, and the refusals. */

@@ -496,7 +496,15 @@ static void test_check(void)
     pens[1].id = 1;
     T_ERR(rt_sample_check(V, 3, rows, 3, pens, stamp, &epoch), MOEC_ERR_INVALID_ARG,
           "sampling row 0: penalty entry 1: id 1 is listed twice");
+    pens[1].id = 5;
+    /* subnormal settings are settings: a repetition penalty of 1e-45, a
+     * temperature whose inverse is below FLT_MIN */
+    rows[0].repetition = 1e-45f;
+    rows[2].temperature = 3e38f;
+    rows[2].inv_temp = (float)(1.0 / 3e38);
+    T_OK(rt_sample_check(V, 3, rows, 3, pens, stamp, &epoch));
     /* rows off are not read */
+    pens[1].id = 1;
     memset(&rows[0], 0, sizeof rows[0]);
     rows[0].top_k = -5;
     T_OK(rt_sample_check(V, 3, rows, 3, pens, stamp, &epoch));
