@@ -8,7 +8,8 @@
  * On CUDA a step is one graph step: the smallest compiled bucket that holds
  * the tokens, replayed from its CUDA Graph unless eager, the block table a
  * fixed device buffer whose changed rows are copied before the replay; the
- * argmax is taken on the device. On the CPU one paged interpreter runs the
+ * argmax is taken on the device, and the scheduler's sampled rows drawn
+ * there too (moec_engine_set_sampling). On the CPU one paged interpreter runs the
  * whole step over the same pool and table (a model split over ranks: a
  * group of them, each holding its shard of every block, stepped together),
  * and the argmax is taken here. A plan split over ranks has a context per

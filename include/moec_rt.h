@@ -204,9 +204,12 @@ typedef struct moec_sampling {
 } moec_sampling;
 /* Penalties apply first, then temperature, top_k, top_p and min_p, in that
  * order. Log probabilities are those of the model's own distribution (the
- * log-softmax of the logits, before penalties and temperature). Greedy
- * requests that ask for no log probability take the argmax computed on the
- * GPU; the others copy their rows of logits back and sample on the host. */
+ * log-softmax of the logits, before penalties and temperature). On CUDA,
+ * greedy requests that ask for no log probability take the argmax computed
+ * on the GPU, the others are sampled on the GPU too, and only those asking
+ * for top_logprobs copy their rows of logits back and sample on the host;
+ * the CPU backend samples on the host. Host and GPU draw the same token
+ * from the same logits, seed and place in the output (docs/SAMPLING.md). */
 #define MOEC_TOP_LOGPROBS_MAX 20
 
 typedef struct moec_request {
