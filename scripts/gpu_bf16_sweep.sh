@@ -32,6 +32,9 @@ c = json.load(open(src))
 if size == "wide":
     c["hidden_size"] *= 2
     c["num_hidden_layers"] += 1
+    for k in ("mlp_layer_types", "layer_types"):
+        if isinstance(c.get(k), list) and c[k]:
+            c[k].append(c[k][-1])
     for k in ("n_routed_experts", "num_experts"):
         if k in c:
             c[k] *= 2
