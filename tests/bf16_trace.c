@@ -8,7 +8,9 @@
  * worst over the prefill and the teacher-forced decode steps of the
  * golden); an op whose GPU error jumps above the rounded CPU's is where a
  * kernel loses more than storage does. i32 results (top-k ids) count
- * entries that differ. A diagnostic, run on the GPU machine:
+ * entries that differ. Last, the worst logits row error of each (relative
+ * to the row's largest logit, as the tests measure) and the rows whose
+ * argmax moved. A diagnostic, run on the GPU machine:
  *
  *   build/tests/bf16_trace tests/data/deepseek_v3 [DECODE_STEPS]
  */
@@ -137,6 +139,10 @@ int main(int argc, char **argv)
             cap = b > cap ? b : cap;
         }
     float *gf = malloc(cap), *ef = malloc(cap), *rf = malloc(cap);
+    const ir_value *outv = m->outputs[0];
+    int V = (int)ir_type_numel(&outv->type, 1);
+    double row_gpu = 0, row_emu = 0;
+    int flips_gpu = 0, flips_emu = 0, n_rows = 0;
     void *raw = malloc(cap);
     /* the prefill, then each teacher-forced decode token */
     for (int s = 0; s <= steps && st == MOEC_OK; s++) {
@@ -166,6 +172,15 @@ int main(int argc, char **argv)
             }
             memcpy(rf, r, nel * 4);
             memcpy(ef, e, nel * 4);
+            if (v == outv)
+                for (int t = 0; t < n; t++) {
+                    const float *rr = rf + (size_t)t * V;
+                    row_gpu = fmax(row_gpu, t_row_error(gf + (size_t)t * V, rr, V));
+                    row_emu = fmax(row_emu, t_row_error(ef + (size_t)t * V, rr, V));
+                    flips_gpu += t_argmax(gf + (size_t)t * V, V) != t_argmax(rr, V);
+                    flips_emu += t_argmax(ef + (size_t)t * V, V) != t_argmax(rr, V);
+                    n_rows++;
+                }
             err[k].gpu = fmax(err[k].gpu, rel_err(gf, rf, nel));
             err[k].emu = fmax(err[k].emu, rel_err(ef, rf, nel));
         }
@@ -191,6 +206,9 @@ int main(int argc, char **argv)
             printf("%-5d %-16s %-28s %12.3g %12.3g %8.2f\n", k, ir_op_name(op->kind), v->name,
                    err[k].gpu, err[k].emu, err[k].emu > 0 ? err[k].gpu / err[k].emu : 0.0);
     }
+    printf("%s: logits rows %d: worst row error gpu %.4g (argmax flips %d), cpu-rounded %.4g "
+           "(flips %d)\n",
+           dir, n_rows, row_gpu, flips_gpu, row_emu, flips_emu);
     free(gf);
     free(ef);
     free(rf);
