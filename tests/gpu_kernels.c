@@ -30,7 +30,7 @@
 #include "testlib.h"
 
 #ifdef MOEC_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "cuda_check.h"
 
 #define TMAX 64
 #define TOL_BF16 2e-2
@@ -41,16 +41,6 @@ static double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* A CUDA failure is fatal: after a fault the context is gone. */
-#define CK(x) ck((x), #x, __FILE__, __LINE__)
-static void ck(cudaError_t e, const char *what, const char *file, int line)
-{
-    if (e == cudaSuccess)
-        return;
-    fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
-    exit(1);
 }
 
 /* ---- random numbers and dtypes -------------------------------------------- */

@@ -28,16 +28,7 @@
 #include "testlib.h"
 
 #ifdef MOEC_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#define CK(x) ck((x), #x, __FILE__, __LINE__)
-static void ck(cudaError_t e, const char *what, const char *file, int line)
-{
-    if (e == cudaSuccess)
-        return;
-    fprintf(stderr, "%s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
-    exit(1);
-}
+#include "cuda_check.h"
 
 #define TMAX 64
 #define HIST 300 /* tokens of a row's request: prompt and output */
