@@ -4,7 +4,9 @@
 # check) on `moec run` of every tiny model (the fp8 ones too), bf16 and fp32,
 # CUDA Graphs on and off; then each tool on the real-shape kernel sample of
 # tests/gpu_kernels.c (MOEC_KERN_SANITIZE=1, fp8 linears and experts among
-# them). Runs JOBS sanitizer processes at once on the one
+# them) and on the device sampler's rounds of tests/gpu_sample.c
+# (MOEC_SAMPLE_SANITIZE=1: every setting, eager and replayed). Runs JOBS
+# sanitizer processes at once on the one
 # GPU. Needs build-gpu/ (scripts/gpu_build.sh). Logs under $1 (a folder);
 # prints one line per run and a total; exit 0 only when every run is clean.
 set -uo pipefail
@@ -17,7 +19,7 @@ TOOLS=${TOOLS:-"racecheck synccheck initcheck memcheck"}
 MODELS=${MODELS:-"deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe deepseek_v3_fp8 qwen3_moe_fp8 deepseek_v32"}
 
 # one TOOL DTYPE GRAPHS MODEL: one sanitized `moec run` (MODEL = kernels: the
-# gpu_kernels sample); its verdict line on stdout.
+# gpu_kernels sample; sampler: gpu_sample's); its verdict line on stdout.
 one() {
   local tool=$1 dtype=$2 graphs=$3 model=$4
   local name=$tool.$model.$dtype.g$graphs log
@@ -28,6 +30,8 @@ one() {
   local prompt rc
   if [ "$model" = kernels ]; then
     MOEC_KERN_SANITIZE=1 "$SAN" "${args[@]}" build-gpu/tests/gpu_kernels >"$log" 2>&1
+  elif [ "$model" = sampler ]; then
+    MOEC_SAMPLE_SANITIZE=1 "$SAN" "${args[@]}" build-gpu/tests/gpu_sample >"$log" 2>&1
   else
     prompt=$(python3 -c "import json;print(','.join(map(str,json.load(open('tests/data/$model/prompt.json'))['prompt_ids'])))")
     MOEC_DTYPE=$dtype MOEC_DISABLE_GRAPHS=$((1 - graphs)) "$SAN" "${args[@]}" \
@@ -56,6 +60,7 @@ export LOG SAN
       done
     done
     echo "$tool bf16 0 kernels"
+    echo "$tool fp32 0 sampler"
   done
 } | xargs -P "$JOBS" -L 1 bash -c 'one "$@"' _ | sort | tee "$LOG/verdicts.txt"
 total=$(wc -l <"$LOG/verdicts.txt")
