@@ -741,16 +741,27 @@ static ir_module *logits_module(long long V)
 
 /* The sampler after the argmax, at real vocabularies (DeepSeek-V2-Lite's
  * 102400, V3's 129280, Qwen3's 151936), a large one that needs 8 ids a lane
- * and small odd ones: its step (one block per row; the logits, the argmax's
- * ids, the parameter rows, the penalty entries, the tokens and log
- * probabilities out), the constants of ir/ir_sample.h in its source, and an
- * NVRTC compile of buckets 1 and 64 together (the shared definitions
- * guarded); the largest vocabulary it takes, and one past it refused. */
+ * and small odd ones, for every bucket: its step (one block per row; the
+ * logits, the argmax's ids, the parameter rows, the penalty entries, the
+ * tokens and log probabilities out) and the constants of ir/ir_sample.h in
+ * its source; then one NVRTC program of a bucket of each block size and
+ * lane width (1024 threads at 129280, 8 ids a lane at 2^20, 256 threads at
+ * 2049, 32 at 7: their shared definitions guarded); the largest vocabulary
+ * it takes, and one past it refused. */
 static void test_sampler(void)
 {
     cg_options o;
     cg_options_default(&o);
     static const long long vocabs[] = {102400, 129280, 151936, 1 << 20, 50, 7, 2049};
+    /* the bucket of each compiled into the one program (-1: none) */
+    static const int compile_T[] = {-1, 64, -1, 1, -1, 8, 1};
+    compile_job *j = n_jobs < 32 ? &jobs[n_jobs] : NULL;
+    T_CHECK(j != NULL);
+    if (!j)
+        return;
+    memset(j, 0, sizeof *j);
+    moec_buf prog = {0};
+    cg_emit_prologue(&prog);
     for (size_t v = 0; v < sizeof vocabs / sizeof *vocabs; v++) {
         long long V = vocabs[v];
         ir_module *m = logits_module(V);
@@ -758,15 +769,6 @@ static void test_sampler(void)
         if (!m)
             continue;
         T_CHECK(cg_has_sampler(m));
-        compile_job *j = n_jobs < 32 ? &jobs[n_jobs] : NULL;
-        T_CHECK(j != NULL);
-        if (!j) {
-            ir_module_free(m);
-            return;
-        }
-        memset(j, 0, sizeof *j);
-        moec_buf prog = {0};
-        cg_emit_prologue(&prog);
         for (int b = 0; b < N_BUCKETS; b++) {
             int T = BUCKETS[b];
             cg_ctx c = {.m = m, .opt = &o, .T = T};
@@ -807,26 +809,23 @@ static void test_sampler(void)
                         T_CHECK(0);
                     }
             }
-            if (b != 1) { /* buckets 1 and 64 compiled */
+            if (T == compile_T[v]) {
                 moec_buf_printf(&prog, "%s", c.src.data);
                 for (int k = 0; k < c.n_kernels; k++)
                     moec_buf_printf(&j->names, "%s\n", c.kernel_names[k]);
             }
             ctx_free(&c);
         }
-        T_CHECK(!prog.oom && !j->names.oom);
-        /* two of the real vocabularies, the large one and the odd ones compile */
-        if (V != 102400 && V != 151936 && !prog.oom && !j->names.oom) {
-            char label[64];
-            snprintf(label, sizeof label, "sampler, vocabulary %lld", V);
-            j->label = strdup(label);
-            j->src = prog.data;
-            n_jobs++;
-        } else {
-            moec_buf_free(&prog);
-            moec_buf_free(&j->names);
-        }
         ir_module_free(m);
+    }
+    T_CHECK(!prog.oom && !j->names.oom);
+    if (!prog.oom && !j->names.oom) {
+        j->label = strdup("the sampler at 129280, 2^20, 7 and 2049 ids");
+        j->src = prog.data;
+        n_jobs++;
+    } else {
+        moec_buf_free(&prog);
+        moec_buf_free(&j->names);
     }
     ir_module *m = logits_module(IR_SAMPLE_VOCAB_MAX);
     T_CHECK(m && cg_has_sampler(m));
