@@ -53,6 +53,10 @@ typedef struct cg_ctx {
     size_t scratch_max[2];
 } cg_ctx;
 
+/* Frees what a bucket's generation made (its source, kernel names and
+ * steps) and zeroes c. */
+void cg_ctx_free(cg_ctx *c);
+
 /* Registers kernel `name` (which must encode every literal its source bakes
  * in). Returns its index; *is_new tells whether the caller must now append
  * its source to c->src (identical specializations across layers share one

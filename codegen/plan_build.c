@@ -11,7 +11,7 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-static void ctx_free(cg_ctx *c)
+void cg_ctx_free(cg_ctx *c)
 {
     moec_buf_free(&c->src);
     for (int i = 0; i < c->n_kernels; i++)
@@ -182,7 +182,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **o
     }
 out:
     for (int b = 0; ctx && b < nb; b++)
-        ctx_free(&ctx[b]);
+        cg_ctx_free(&ctx[b]);
     for (int b = 0; jobs && b < nb; b++)
         free(jobs[b].cubin);
     free(ctx);

@@ -203,16 +203,6 @@ static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c
     return gen_more(m, T, c);
 }
 
-static void ctx_free(cg_ctx *c)
-{
-    moec_buf_free(&c->src);
-    for (int i = 0; i < c->n_kernels; i++)
-        free(c->kernel_names[i]);
-    free(c->kernel_names);
-    free(c->steps);
-    memset(c, 0, sizeof *c);
-}
-
 /* Queues one program with the buckets of tmask (bit i: BUCKETS[i]). */
 static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
 {
@@ -251,7 +241,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
     prog_key(p->key, s, cdt, bs);
     p->job.src = c.src.data;
     c.src.data = NULL;
-    ctx_free(&c);
+    cg_ctx_free(&c);
 }
 
 static void progs_compile(void)
@@ -739,7 +729,7 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
         }
         snprintf(what, sizeof what, "T=%d", T);
         bench_steps(&b, &c, lib, what, bytes);
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     printf("%-16s %s moe    worst error: weights %.2e, experts %.2e, linear %.2e (%.1f s)\n",
            s->name, ir_dtype_name(cdt), worst_w, worst_y, worst_l, now_s() - t0);
@@ -1109,7 +1099,7 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
         free(ri);
     }
     free(gpu);
-    ctx_free(&c);
+    cg_ctx_free(&c);
 }
 
 static void attn_step_any(void *e, int T, const int *ntok, int compare)
@@ -1146,7 +1136,7 @@ static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *le
         cg_ctx c;
         T_OK(gen(e.m, &o, 8, &c));
         bench_steps(&e.b, &c, e.lib, "T=8 long", 0);
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     int d1[3] = {1, 0, 0};
     attn_step(&e, 1, d1, 1);
@@ -1504,7 +1494,7 @@ static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
         snprintf(label, sizeof label, "T=%d ctx %d", T, e->len[0]);
         bench_steps(&e->b, &c, e->lib, label, 0);
     }
-    ctx_free(&c);
+    cg_ctx_free(&c);
 }
 
 static void dsa_step_any(void *e, int T, const int *ntok, int compare)

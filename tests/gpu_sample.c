@@ -73,15 +73,6 @@ static ir_module *logits_module(int V)
     return m;
 }
 
-static void ctx_free(cg_ctx *c)
-{
-    moec_buf_free(&c->src);
-    for (int k = 0; k < c->n_kernels; k++)
-        free(c->kernel_names[k]);
-    free(c->kernel_names);
-    free(c->steps);
-}
-
 /* Generates, compiles and loads the argmax and the sampler for V and T,
  * and allocates their buffers. */
 static int bench_init(bench *b, int V, int T)
@@ -116,7 +107,7 @@ static int bench_init(bench *b, int V, int T)
         }
     }
     free(cubin);
-    ctx_free(&c);
+    cg_ctx_free(&c);
     ir_module_free(m);
     if (!ok)
         return 0;

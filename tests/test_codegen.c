@@ -57,15 +57,6 @@ static void ctx_init(cg_ctx *c, const ir_module *m, const cg_options *o, int T)
     cg_emit_prologue(&c->src);
 }
 
-static void ctx_free(cg_ctx *c)
-{
-    moec_buf_free(&c->src);
-    for (int i = 0; i < c->n_kernels; i++)
-        free(c->kernel_names[i]);
-    free(c->kernel_names);
-    free(c->steps);
-}
-
 /* Every activation its own 16-byte aligned slot (for modules that did not
  * go through plan_memory). */
 static void plan_trivially(ir_module *m)
@@ -609,7 +600,7 @@ static void test_gemv(void)
         const ir_step *s = step_of(&c, "y");
         if (T > 4) {
             T_CHECK(s && s->kind == IR_STEP_GEMM);
-            ctx_free(&c);
+            cg_ctx_free(&c);
             continue;
         }
         char want[128];
@@ -626,7 +617,7 @@ static void test_gemv(void)
         snprintf(want, sizeof want, "linear_gemv_n2048_k64_rb4_t%d_bf16_bf16_bf16", T);
         expect_kernel(&c, "wide", want, 512, 1, 256, 5);
         compile_src(c.src.data, "the unit module's few-rows linears");
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     ir_module_free(m);
 }
@@ -744,7 +735,7 @@ static void test_unit_ops(void)
         decls++;
     T_CHECK(decls == c.n_kernels);
     compile_src(c.src.data, "the unit module");
-    ctx_free(&c);
+    cg_ctx_free(&c);
 
     /* f32 compute: every activation and bf16 weight stored f32 */
     o.compute_dtype = IR_DTYPE_F32;
@@ -756,7 +747,7 @@ static void test_unit_ops(void)
     T_CHECK(s && s->gemm.type_a == IR_DTYPE_F32 && s->gemm.type_c == IR_DTYPE_F32 &&
             s->gemm.n == 1);
     compile_src(c.src.data, "the unit module in f32");
-    ctx_free(&c);
+    cg_ctx_free(&c);
 
     /* errors name the value */
     ir_op *lin = (ir_op *)op_of(m, "y");
@@ -766,7 +757,7 @@ static void test_unit_ops(void)
         o.compute_dtype = IR_DTYPE_BF16;
         ctx_init(&c, m, &o, 2);
         T_ERR(cg_emit_op(&c, lin), MOEC_ERR_UNSUPPORTED, "linear %y: alpha 3 with a bias (%b1)");
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     ir_module_free(m);
 }
@@ -814,7 +805,7 @@ static void test_aliases(void)
         else /* everything f32: the output reshape could alias, but was planned apart */
             expect_kernel(&c, "logits", "copy_n256_t8_f32", 1, 1, 256, 2);
         T_CHECK(!strstr(c.src.data, "copy_n96_t8") && !strstr(c.src.data, "copy_n64_t8"));
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     int64_t keep = logits->mem_offset;
     logits->mem_offset = lg->mem_offset;
@@ -823,7 +814,7 @@ static void test_aliases(void)
     ctx_init(&c, m, &o, 8);
     T_ERR(cg_emit_op(&c, logits->def), MOEC_ERR_INVALID_ARG,
           "reshape %logits: shares its arena offset with %lg, which is stored as bf16, not f32");
-    ctx_free(&c);
+    cg_ctx_free(&c);
     logits->mem_offset = keep;
     ir_module_free(m);
 }
@@ -840,7 +831,7 @@ static int check_no_alias_copies(const ir_module *m)
     for (int b = 0; b < 3; b++) {
         cg_ctx c;
         if (!generate(m, &o, buckets[b], &c)) {
-            ctx_free(&c);
+            cg_ctx_free(&c);
             continue;
         }
         int bad = 0, n = 0, forks = 0, joins = 0, events = 0;
@@ -866,7 +857,7 @@ static int check_no_alias_copies(const ir_module *m)
         T_CHECK(bad == 0 && events == forks + joins);
         if (b == 0)
             launches = n;
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     return launches;
 }
@@ -950,7 +941,7 @@ static void test_add_rms_norm(void)
     /* bf16: the norm is of the sum as stored */
     T_CHECK(strstr(src, "__nv_bfloat16 q;\n                st(&q, t[j]);\n") != NULL);
     compile_src(src, "the add_rms_norm module");
-    ctx_free(&c);
+    cg_ctx_free(&c);
 
     /* f32 compute: no rounding of the sum */
     o.compute_dtype = IR_DTYPE_F32;
@@ -961,7 +952,7 @@ static void test_add_rms_norm(void)
     expect_kernel(&c, "wr", "add_rms_norm_d2048_t1_f32", 1, 1, 256, 7);
     T_CHECK(c.src.data && !strstr(c.src.data, " q;\n"));
     compile_src(c.src.data, "the add_rms_norm module in f32");
-    ctx_free(&c);
+    cg_ctx_free(&c);
     ir_module_free(m);
 }
 
@@ -1060,7 +1051,7 @@ static void test_gemm_semantics(void)
     free(q);
     free(oc);
     free(out);
-    ctx_free(&c);
+    cg_ctx_free(&c);
     ir_module_free(m);
 }
 
@@ -1167,7 +1158,7 @@ static void generate_and_compile(const ir_module *m, const char *what)
         cg_ctx c;
         if (generate(m, &o, o.buckets[b], &c))
             add_forms(&per[b], c.src.data);
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     int chosen[16], n = covering_buckets(per, &o, chosen);
     char list[128] = "";
@@ -1211,7 +1202,7 @@ static void test_model(const char *name)
                 !strcmp(kname(&c, &c.steps[0]), want) &&
                 c.steps[0].grid[0] == (unsigned)((N + rb - 1) / rb));
     }
-    ctx_free(&c);
+    cg_ctx_free(&c);
     int launches = check_no_alias_copies(m);
     fprintf(stderr, "%s: %d launches per step at T=1 (no reshape, fork or join copies)\n", name,
             launches);

@@ -28,16 +28,6 @@
 static const int BUCKETS[] = {1, 8, 64};
 #define N_BUCKETS 3
 
-static void ctx_free(cg_ctx *c)
-{
-    moec_buf_free(&c->src);
-    for (int i = 0; i < c->n_kernels; i++)
-        free(c->kernel_names[i]);
-    free(c->kernel_names);
-    free(c->steps);
-    memset(c, 0, sizeof *c);
-}
-
 /* The parameter count of kernel `name` in src (commas of its signature + 1). */
 static int kernel_params(const char *src, const char *name, int *launch_bound)
 {
@@ -254,7 +244,7 @@ static void run_module(const ir_module *m, const cg_options *o,
             }
         }
         ok = ok && st == MOEC_OK;
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     T_CHECK(!prog.oom && !j->names.oom);
     if (!ok || prog.oom || j->names.oom || !compile_mask) {
@@ -670,7 +660,7 @@ static void test_errors(void)
     for (int k = 0; k < m->n_ops; k++)
         if (m->ops[k]->kind == IR_OP_MOE_TOPK)
             T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED, "top_k 40 > 32");
-    ctx_free(&c);
+    cg_ctx_free(&c);
     ir_module_free(m);
     /* the argmax wants [T, vocab] logits stored as f32: x is bf16 */
     km_spec s2 = {.name = "k_bf16_x", .vocab = 4, .E = 4, .K = 2, .NG = 1, .TG = 1, .scaling = 1.0,
@@ -681,7 +671,7 @@ static void test_errors(void)
         return;
     cg_ctx d = {.m = m, .opt = &o, .T = 8};
     T_ERR(cg_emit_argmax(&d, ir_module_find_value(m, "x")), MOEC_ERR_INVALID_ARG, "stored as f32");
-    ctx_free(&d);
+    cg_ctx_free(&d);
     ir_module_free(m);
 }
 
@@ -714,7 +704,7 @@ static void test_argmax_nonfinite(void)
             T_CHECK(0);
         }
     T_CHECK(IR_SAMPLED_NONFINITE == -1);
-    ctx_free(&c);
+    cg_ctx_free(&c);
     ir_module_free(m);
 }
 
@@ -814,7 +804,7 @@ static void test_sampler(void)
                 for (int k = 0; k < c.n_kernels; k++)
                     moec_buf_printf(&j->names, "%s\n", c.kernel_names[k]);
             }
-            ctx_free(&c);
+            cg_ctx_free(&c);
         }
         ir_module_free(m);
     }
@@ -835,7 +825,7 @@ static void test_sampler(void)
     if (m) {
         cg_ctx c = {.m = m, .opt = &o, .T = 1};
         T_ERR(cg_emit_sample(&c, m->outputs[0]), MOEC_ERR_INVALID_ARG, "at most 8388608 ids");
-        ctx_free(&c);
+        cg_ctx_free(&c);
     }
     ir_module_free(m);
 }
