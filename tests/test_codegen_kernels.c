@@ -704,6 +704,26 @@ static void test_fp8_shapes(void)
        at 64; with CG_FP8_TC: tc at T = 1 and 8 */
     const unsigned compile[][3] = {{5, 4, 0}, {6, 0, 0}, {4, 4, 0}, {4, 0, 0}, {4, 0, 3}};
     const int modes[3] = {CG_FP8_AUTO, CG_FP8_OLD, CG_FP8_TC};
+    /* buckets that are not the default ones: 3 tokens, and 128 (two token
+       groups of the staged linear, blocks of 16 slots) */
+    for (int i = 0; i < 5; i++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int t = 0; t < 2; t++) {
+                o.compute_dtype = IR_DTYPE_BF16;
+                o.fp8_kernel = modes[mi];
+                ir_module *m = km_module(specs[i]);
+                cg_ctx c;
+                memset(&c, 0, sizeof c);
+                T_CHECK(m != NULL);
+                moec_status st = m ? gen(m, &o, t ? 128 : 3, &c) : MOEC_ERR_INVALID_ARG;
+                T_OK(st);
+                if (st == MOEC_OK) {
+                    check_steps(m, &c);
+                    check_fp8(m, &c);
+                }
+                ctx_free(&c);
+                ir_module_free(m);
+            }
     for (int i = 0; i < 5; i++)
         for (int mi = 0; mi < 3; mi++)
             for (int f32 = 0; f32 < 2; f32++) {
