@@ -18,6 +18,13 @@
 void cg_add_pdl_waits(moec_buf *b);
 
 enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };
+/* Kernels of fp8 weights: CG_FP8_AUTO takes the tensor-core kernels that
+ * stage the activations in shared memory (codegen/fp8_tc.h) where the old
+ * ones took tensor cores, CG_FP8_OLD the kernels before them (few-rows
+ * linear, tensor-core linear re-reading x per 16 rows, CUDA-core and
+ * tensor-core experts), CG_FP8_TC the staged kernels wherever the shapes
+ * allow (the few-token buckets too), for comparisons. */
+enum { CG_FP8_AUTO = 0, CG_FP8_OLD, CG_FP8_TC };
 
 typedef struct cg_options {
     ir_dtype compute_dtype;   /* BF16 (default) or F32 */
@@ -28,6 +35,8 @@ typedef struct cg_options {
     const char *cache_dir;    /* cubin cache (NULL: $MOEC_CACHE_DIR or ~/.cache/moec) */
     int moe_kernel;           /* routed-expert GEMMs: CG_MOE_AUTO (default), CG_MOE_SIMT
                                * (CUDA cores) or CG_MOE_MMA (tensor cores, bf16 only) */
+    int fp8_kernel;           /* kernels of fp8 weights: CG_FP8_AUTO (default), CG_FP8_OLD or
+                               * CG_FP8_TC */
     /* Called as each bucket's kernels finish compiling (progress lines),
      * with the kernels compiled so far of every bucket's kernels:
      * from the compiling threads, one call at a time. */
@@ -91,6 +100,11 @@ const char *cg_ctype(ir_dtype dt);
 /* The widest of 8, 4, 2, 1 elements that divides n: the vector width of
  * 16-byte (bf16) loads a row of n elements allows. */
 int cg_vec_width(int64_t n);
+/* The compute capability of the target arch ("sm_90": 90), 0 when it
+ * does not parse. */
+int cg_arch_num(const cg_options *o);
+/* The most dynamic shared memory a block of the target arch may take. */
+size_t cg_smem_max(const cg_options *o);
 /* A tuning knob from the environment, read at code generation: the integer
  * in $name when it is one in [lo, hi], else dflt. */
 int cg_env_int(const char *name, int dflt, int lo, int hi);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "codegen/cg.h"
+#include "codegen/fp8_tc.h"
 #include "err.h"
 
 /* A numeric attribute whether written as an int or a float. */
@@ -376,8 +377,10 @@ static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K
 
 /* A linear of an fp8 weight (block-scaled, read as fp8: no cuBLASLt step
  * takes bf16 activations with it): the few-rows kernel up to the gemv
- * bound, tensor cores beyond where the shapes allow, else the few-rows
- * kernel over groups of rows. */
+ * bound, beyond it the tensor-core kernel that stages x in shared memory
+ * (codegen/fp8_tc.c) where the shapes allow (CG_FP8_TC: in every bucket;
+ * CG_FP8_OLD: never, the first tensor-core kernel instead), else the
+ * few-rows kernel over groups of rows. */
 static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha,
                             int gemv_max)
 {
@@ -385,6 +388,15 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
     if (w->scale.block[0] < 1 || w->scale.block[1] < 1)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: fp8 weight %%%s has no block scales",
                         op->out[0]->name, w->name);
+    int mode = c->opt->fp8_kernel;
+    if (c->T <= gemv_max && mode != CG_FP8_TC)
+        return emit_gemv(c, op, N, K, alpha, 0, c->T);
+    if (mode != CG_FP8_OLD && cg_fp8_tc_linear_fits(c, op)) {
+        char tag[40], decl[400], io[80];
+        scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
+        io_suffix(c, op, tag, io, sizeof io);
+        return cg_fp8_tc_linear(c, op, alpha, io);
+    }
     if (c->T <= gemv_max)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
     if (mma_fits(c, x, w))

@@ -21,6 +21,8 @@
 
 #include <stdio.h>
 
+#include "codegen/fp8_tc.h"
+
 #include "err.h"
 
 #define MOE_WARPS 8
@@ -420,13 +422,9 @@ static int rows_per_block(long long T, long long K, long long E)
     return bm;
 }
 
-/* An expert weight's block scales as kernel constants (rows and columns
- * per block, block rows per expert, block columns; UROW: the first row of
- * up in a fused gate_up), and the kernel-name tag of its blocks; W8 false
- * and unread placeholders for a weight not kept in fp8. `names` are the
- * kernel's scale parameters, declared null when not fp8. */
-static void moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow,
-                             const char *names, char *tag, size_t tcap, char *decl, size_t dcap)
+/* rows and columns per block, block rows per expert, block columns */
+void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, const char *names,
+                         char *tag, size_t tcap, char *decl, size_t dcap)
 {
     if (cg_storage(c, w) != IR_DTYPE_F8E4M3) {
         snprintf(tag, tcap, "%s", "");
@@ -474,115 +472,26 @@ static moec_status oom(const cg_moe_desc *d)
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
 }
 
-moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
+/* (2) gate_up with silu_mul into h (f32), on CUDA cores or (mma) tensor
+ * cores: 4 rows of gate and of up a warp on CUDA cores (fewer measured
+ * slower at BM = 8 too: the GEMMs are bound by issue there, not by
+ * registers). */
+static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int mma)
 {
-    const char *opname = ir_op_name(d->op->kind), *who = d->out->name;
-    const ir_type *tx = &d->x->type, *ti = &d->ids->type, *tg = &d->gate->type,
-                  *td = &d->down->type;
-    if (tx->rank != 2 || ti->rank != 2 || tg->rank != 3 || td->rank != 3)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: wants x [T, H], ids [T, K], gate_up [E, 2I, H] (or gate and up "
-                        "[E, I, H]), down [E, H, I]",
-                        opname, who);
-    long long H = tx->dims[1], K = ti->dims[1], E = td->dims[0], I = td->dims[2];
-    int fused = d->up == NULL;
-    if (td->dims[1] != H || tg->dims[0] != E || tg->dims[1] != (fused ? 2 * I : I) ||
-        tg->dims[2] != H || (!fused && !ir_type_equal(&d->up->type, tg)) || K < 1 || E < 1 ||
-        H < 1 || I < 1)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: expert weights do not agree with x [T, %lld] and down [E, H, I]",
-                        opname, who, H);
-    if (d->w && (d->w->type.rank != 2 || d->w->type.dims[1] != K))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: weights %%%s must be [T, %lld]", opname,
-                        who, d->w->name, K);
-    if (cg_storage(c, d->ids) != IR_DTYPE_I32)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: ids %%%s must be i32", opname, who,
-                        d->ids->name);
-    ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate), ddt = cg_storage(c, d->down),
-             odt = cg_storage(c, d->out);
-    if (!fused && (cg_storage(c, d->up) != gdt ||
-                   d->up->scale.block[0] != d->gate->scale.block[0] ||
-                   d->up->scale.block[1] != d->gate->scale.block[1]))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: gate and up must be stored alike (dtype and scale blocks)",
-                        opname, who);
-    if (E > 8192)
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: %lld experts (at most 8192)", opname, who,
-                        E);
-    int T = c->T;
-    long long N = (long long)T * K;
-    int bm = rows_per_block(T, K, E);
-    /* tensor cores for bf16 once CUDA-core blocks would hold four or more
-       rows (one or two rows per block stream near the copy bandwidth on
-       CUDA cores already); BM is then 8, or 16 when experts average more
-       than 8 slots: one or two 8-column tiles, since a product costs the
-       same for 1 or 8 columns */
-    int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
+    const char *opname = ir_op_name(d->op->kind);
+    long long H = l->H, K = l->K, E = l->E, I = l->I;
+    int bm = l->bm, fused = l->fused, T = c->T, is_new = 0;
     int mma_warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
     int mma_u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
-    long long urow = fused ? I : 0;
-    int mma = xdt == IR_DTYPE_BF16 && mma_weight_ok(c, d->gate, urow) &&
-              (fused || mma_weight_ok(c, d->up, 0)) && mma_weight_ok(c, d->down, 0) &&
-              H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
-              (mode == CG_MOE_MMA || bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
-    if (mma)
-        bm = T * K > 8 * E ? 16 : 8;
-    long long nnz = N < E ? N : E;
-    long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
-    /* rows per warp: 4 of gate and of up, 8 of down (fewer measured slower at
-       BM = 8 too: the GEMMs are bound by issue there, not by registers) */
-    int rw_gu = 4, rw_dn = 8;
-    int ve_h = moe_vec_width(c, d->gate, H), ve_i = moe_vec_width(c, d->down, I);
+    char name[200];
+    ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate);
+    int rw_gu = 4, g8 = gdt == IR_DTYPE_F8E4M3;
+    int ve_h = moe_vec_width(c, d->gate, H);
     if (!fused && moe_vec_width(c, d->up, H) < ve_h)
         ve_h = moe_vec_width(c, d->up, H);
-    int g8 = gdt == IR_DTYPE_F8E4M3, d8 = ddt == IR_DTYPE_F8E4M3;
-    char gtag[40], dtag[40], gdecl[400], ddecl[400];
-    moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", gtag, sizeof gtag, gdecl,
-                     sizeof gdecl);
-    moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
-
-    size_t off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
-    size_t off_blk = cg_scratch(c, (size_t)nb * 4);
-    size_t off_used = cg_scratch(c, 4);
-    size_t off_h = cg_scratch(c, (size_t)(N * I) * 4);
-    size_t off_y = d->w ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
-    char name[200];
-    int is_new = 0;
-
-    /* (1) align */
-    /* an expert-parallel rank holds experts e0 .. e0 + E - 1 of the ids */
-    long long e0 = d->e0;
-    char shard[32] = "";
-    if (e0)
-        snprintf(shard, sizeof shard, "_s%lld", e0);
-    snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d", E, shard, K, bm, T);
-    int k1 = cg_kernel(c, name, &is_new);
-    if (k1 < 0)
-        return oom(d);
-    if (is_new) {
-        moec_buf_printf(&c->src,
-                      "// %s: align, slots sorted by expert and padded to blocks of BM "
-                      "(codegen/moe_routed.c, cg_moe_emit)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
-                      "ids, int *__restrict__ sorted, int *__restrict__ blk_expert, int *__restrict__ "
-                      "n_used)\n{\n"
-                      "    constexpr int E = %lld, E0 = %lld, K = %lld, T = %d, BM = %d, NB = %lld, "
-                      "NT = %d;\n",
-                      opname, ALIGN_THREADS, name, E, e0, K, T, bm, nb, ALIGN_THREADS);
-        moec_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
-    }
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
-    if (!s)
-        return oom(d);
-    s->kernel = k1;
-    s->block[0] = ALIGN_THREADS;
-    s->n_args = 4;
-    s->args[0] = cg_arg_act(d->ids);
-    s->args[1] = cg_arg_scratch(off_sorted);
-    s->args[2] = cg_arg_scratch(off_blk);
-    s->args[3] = cg_arg_scratch(off_used);
-
-    /* (2) gate_up with silu_mul */
+    char gtag[40], gdecl[400];
+    cg_moe_scale_consts(c, d->gate, fused ? I : 0, "*gsc = nullptr, *usc = nullptr", gtag,
+                        sizeof gtag, gdecl, sizeof gdecl);
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
     int warps = mma ? mma_warps : MOE_WARPS, rows_gu = mma ? 16 : rw_gu;
     char form[32];
@@ -618,11 +527,11 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
                           GEMM_HEAD, GATE_UP_BODY);
     }
-    s = cg_step(c, IR_STEP_KERNEL, d->op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k2;
-    s->grid[0] = (unsigned)nb;
+    s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((I + warps * rows_gu - 1) / (warps * rows_gu));
     s->block[0] = (unsigned)warps * 32;
     int n = 0;
@@ -633,17 +542,36 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         s->args[n++] = cg_arg_scales(d->gate);
         s->args[n++] = cg_arg_scales(fused ? d->gate : d->up);
     }
-    s->args[n++] = cg_arg_scratch(off_sorted);
-    s->args[n++] = cg_arg_scratch(off_blk);
-    s->args[n++] = cg_arg_scratch(off_used);
-    s->args[n++] = cg_arg_scratch(off_h);
+    s->args[n++] = cg_arg_scratch(l->off_sorted);
+    s->args[n++] = cg_arg_scratch(l->off_blk);
+    s->args[n++] = cg_arg_scratch(l->off_used);
+    s->args[n++] = cg_arg_scratch(l->off_h);
     s->n_args = n;
+    return MOEC_OK;
+}
 
-    /* (3) down, times the router weight and scale when routed */
+/* (3) down, times the router weight and scale when routed: 8 rows a warp
+ * on CUDA cores. */
+static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int mma)
+{
+    const char *opname = ir_op_name(d->op->kind);
+    long long H = l->H, K = l->K, E = l->E, I = l->I;
+    int bm = l->bm, T = c->T, is_new = 0;
+    int mma_warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
+    int mma_u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
+    char name[200];
+    ir_dtype ddt = cg_storage(c, d->down), odt = cg_storage(c, d->out);
+    int rw_dn = 8, d8 = ddt == IR_DTYPE_F8E4M3;
+    int ve_i = moe_vec_width(c, d->down, I);
+    char dtag[40], ddecl[400];
+    cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    int rows_dn = mma ? 16 : rw_dn;
-    if (!mma)
+    int warps = mma ? mma_warps : MOE_WARPS, rows_dn = mma ? 16 : rw_dn;
+    char form[32];
+    if (mma)
+        snprintf(form, sizeof form, "mma_w%d_u%d", mma_warps, mma_u);
+    else
         snprintf(form, sizeof form, "rw%d", rw_dn);
     snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K, H,
              I, bm, form, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag);
@@ -678,29 +606,143 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
                           GEMM_HEAD, DOWN_BODY);
     }
-    s = cg_step(c, IR_STEP_KERNEL, d->op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k3;
-    s->grid[0] = (unsigned)nb;
+    s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((H + warps * rows_dn - 1) / (warps * rows_dn));
     s->block[0] = (unsigned)warps * 32;
-    n = 0;
-    s->args[n++] = cg_arg_scratch(off_h);
+    int n = 0;
+    s->args[n++] = cg_arg_scratch(l->off_h);
     s->args[n++] = cg_arg_act(d->down);
     if (d8)
         s->args[n++] = cg_arg_scales(d->down);
-    s->args[n++] = cg_arg_scratch(off_sorted);
-    s->args[n++] = cg_arg_scratch(off_blk);
-    s->args[n++] = cg_arg_scratch(off_used);
+    s->args[n++] = cg_arg_scratch(l->off_sorted);
+    s->args[n++] = cg_arg_scratch(l->off_blk);
+    s->args[n++] = cg_arg_scratch(l->off_used);
     if (d->w) {
         s->args[n++] = cg_arg_act(d->w);
         s->args[n++] = cg_arg_f32(d->scale);
-        s->args[n++] = cg_arg_scratch(off_y);
+        s->args[n++] = cg_arg_scratch(l->off_y);
     } else {
         s->args[n++] = cg_arg_act(d->out);
     }
     s->n_args = n;
+    return MOEC_OK;
+}
+
+moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
+{
+    const char *opname = ir_op_name(d->op->kind), *who = d->out->name;
+    const ir_type *tx = &d->x->type, *ti = &d->ids->type, *tg = &d->gate->type,
+                  *td = &d->down->type;
+    if (tx->rank != 2 || ti->rank != 2 || tg->rank != 3 || td->rank != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: wants x [T, H], ids [T, K], gate_up [E, 2I, H] (or gate and up "
+                        "[E, I, H]), down [E, H, I]",
+                        opname, who);
+    long long H = tx->dims[1], K = ti->dims[1], E = td->dims[0], I = td->dims[2];
+    int fused = d->up == NULL;
+    if (td->dims[1] != H || tg->dims[0] != E || tg->dims[1] != (fused ? 2 * I : I) ||
+        tg->dims[2] != H || (!fused && !ir_type_equal(&d->up->type, tg)) || K < 1 || E < 1 ||
+        H < 1 || I < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: expert weights do not agree with x [T, %lld] and down [E, H, I]",
+                        opname, who, H);
+    if (d->w && (d->w->type.rank != 2 || d->w->type.dims[1] != K))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: weights %%%s must be [T, %lld]", opname,
+                        who, d->w->name, K);
+    if (cg_storage(c, d->ids) != IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: ids %%%s must be i32", opname, who,
+                        d->ids->name);
+    ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate), odt = cg_storage(c, d->out);
+    if (!fused && (cg_storage(c, d->up) != gdt ||
+                   d->up->scale.block[0] != d->gate->scale.block[0] ||
+                   d->up->scale.block[1] != d->gate->scale.block[1]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: gate and up must be stored alike (dtype and scale blocks)",
+                        opname, who);
+    if (E > 8192)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: %lld experts (at most 8192)", opname, who,
+                        E);
+    int T = c->T;
+    long long N = (long long)T * K;
+    int bm = rows_per_block(T, K, E);
+    /* tensor cores for bf16 once CUDA-core blocks would hold four or more
+       rows (one or two rows per block stream near the copy bandwidth on
+       CUDA cores already); BM is then 8, or 16 when experts average more
+       than 8 slots: one or two 8-column tiles, since a product costs the
+       same for 1 or 8 columns */
+    int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
+    long long urow = fused ? I : 0;
+    int mma = xdt == IR_DTYPE_BF16 && mma_weight_ok(c, d->gate, urow) &&
+              (fused || mma_weight_ok(c, d->up, 0)) && mma_weight_ok(c, d->down, 0) &&
+              H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
+              (mode == CG_MOE_MMA || bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
+    if (mma)
+        bm = T * K > 8 * E ? 16 : 8;
+    /* fp8 experts: the tensor-core kernels that stage x and h in shared
+       memory (codegen/fp8_tc.c) where the shapes allow and tensor cores
+       were taken (CG_FP8_TC: at every bucket; CG_FP8_OLD: never) */
+    int f8mode = c->opt ? c->opt->fp8_kernel : CG_FP8_AUTO;
+    int tc_bm = f8mode == CG_FP8_OLD || mode == CG_MOE_SIMT ? 0 : cg_fp8_tc_moe_rows(c, d, urow);
+    int tc = tc_bm > 0 && (mma || f8mode == CG_FP8_TC);
+    if (tc) {
+        bm = tc_bm;
+        mma = 0;
+    }
+    long long nnz = N < E ? N : E;
+    long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
+
+    size_t off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
+    size_t off_blk = cg_scratch(c, (size_t)nb * 4);
+    size_t off_used = cg_scratch(c, 4);
+    /* h: f32, bf16 for the staged kernels (which would round it to bf16 for
+       their products anyway) */
+    size_t off_h = cg_scratch(c, (size_t)(N * I) * (tc ? 2 : 4));
+    size_t off_y = d->w ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
+    cg_moe_layout lay = {.H = H, .K = K, .E = E, .I = I, .nb = nb, .bm = bm, .fused = fused,
+                         .off_sorted = off_sorted, .off_blk = off_blk, .off_used = off_used,
+                         .off_h = off_h, .off_y = off_y};
+    char name[200];
+    int is_new = 0;
+
+    /* (1) align */
+    /* an expert-parallel rank holds experts e0 .. e0 + E - 1 of the ids */
+    long long e0 = d->e0;
+    char shard[32] = "";
+    if (e0)
+        snprintf(shard, sizeof shard, "_s%lld", e0);
+    snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d", E, shard, K, bm, T);
+    int k1 = cg_kernel(c, name, &is_new);
+    if (k1 < 0)
+        return oom(d);
+    if (is_new) {
+        moec_buf_printf(&c->src,
+                      "// %s: align, slots sorted by expert and padded to blocks of BM "
+                      "(codegen/moe_routed.c, cg_moe_emit)\n"
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
+                      "ids, int *__restrict__ sorted, int *__restrict__ blk_expert, int *__restrict__ "
+                      "n_used)\n{\n"
+                      "    constexpr int E = %lld, E0 = %lld, K = %lld, T = %d, BM = %d, NB = %lld, "
+                      "NT = %d;\n",
+                      opname, ALIGN_THREADS, name, E, e0, K, T, bm, nb, ALIGN_THREADS);
+        moec_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
+    }
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k1;
+    s->block[0] = ALIGN_THREADS;
+    s->n_args = 4;
+    s->args[0] = cg_arg_act(d->ids);
+    s->args[1] = cg_arg_scratch(off_sorted);
+    s->args[2] = cg_arg_scratch(off_blk);
+    s->args[3] = cg_arg_scratch(off_used);
+    /* (2) gate_up with silu_mul, (3) down */
+    MOEC_TRY(tc ? cg_fp8_tc_moe_gate_up(c, d, &lay) : emit_gate_up(c, d, &lay, mma));
+    MOEC_TRY(tc ? cg_fp8_tc_moe_down(c, d, &lay) : emit_down(c, d, &lay, mma));
     if (!d->w)
         return MOEC_OK;
 

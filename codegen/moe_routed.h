@@ -19,4 +19,20 @@ typedef struct cg_moe_desc {
 
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
 
+/* What cg_moe_emit's steps share: the shapes, the expert blocks (nb of
+ * bm slots) and the scratch offsets of the sorted slots, the blocks'
+ * experts, the count used, h [T*K, I] and (routed) y [T*K, H]. */
+typedef struct cg_moe_layout {
+    long long H, K, E, I, nb;
+    int bm, fused;
+    size_t off_sorted, off_blk, off_used, off_h, off_y;
+} cg_moe_layout;
+
+/* An expert weight's block scales as kernel constants (W8, SBN, SBK, SR,
+ * SC, UROW: up's first row in a fused gate_up) and the kernel-name tag of
+ * its blocks; W8 false and null `names` (the kernel's scale parameters)
+ * for a weight not kept in fp8. */
+void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, const char *names,
+                         char *tag, size_t tcap, char *decl, size_t dcap);
+
 #endif

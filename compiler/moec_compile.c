@@ -32,6 +32,16 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_MOE_KERNEL='%s' is not auto, simt or mma",
                             mk);
     }
+    const char *fk = getenv("MOEC_FP8_KERNEL");
+    if (fk && *fk && strcmp(fk, "auto")) {
+        if (!strcmp(fk, "old"))
+            out->fp8_kernel = CG_FP8_OLD;
+        else if (!strcmp(fk, "tc"))
+            out->fp8_kernel = CG_FP8_TC;
+        else
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_FP8_KERNEL='%s' is not auto, old or tc",
+                            fk);
+    }
     if (!arch || !*arch)
         arch = getenv("MOEC_ARCH");
     if (!arch || !*arch)

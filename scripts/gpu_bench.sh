@@ -10,8 +10,11 @@
 # GB more on disk; FP8=0 skips it), written by `moec-sample --fp8` (or with
 # FP8_FROM=quantize, the bf16 model quantized by `moec compile --quantize
 # fp8`), compiled and benched the same way, each row with its own floor (the
-# fp8 bytes and their scales); and leaves every log and the JSON lines in
-# $OUT/bench.tar.gz. The summary puts the fp8 step beside the bf16 one.
+# fp8 bytes and their scales), and again under each of FP8_VARIANTS (e.g.
+# "old:MOEC_FP8_KERNEL=old": the fp8 kernels before the staged ones); and
+# leaves every log and the JSON lines in $OUT/bench.tar.gz. The summary puts
+# the fp8 step beside the bf16 one, each fp8 variant's beside both, and the
+# fp8 linears' and expert GEMMs' profiled ms per step of each fp8 run.
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
 # TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped,
 # compile-graph with TORCH_COMPILE_MODE, default "default";
@@ -77,6 +80,18 @@ if [ "${FP8:-1}" = 1 ]; then
     ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/moec_fp8.jsonl" 2>"$LOGS/moec_fp8.err" ||
     tail -20 "$LOGS/moec_fp8.err"
   rm -f "$F8.moec"
+  # FP8_VARIANTS="name:ENV=V[,ENV=V] ...": the fp8 model compiled and benched
+  # (with the per-kernel profile) under each variant's environment, e.g.
+  # FP8_VARIANTS="old:MOEC_FP8_KERNEL=old" for the kernels before the staged ones
+  for variant in ${FP8_VARIANTS:-}; do
+    vname=${variant%%:*}
+    venv=${variant#*:}
+    env ${venv//,/ } build-gpu/moec compile "$F8" -o "$F8.$vname.moec" >>"$LOGS/compile_fp8.txt" 2>&1 &&
+    env ${venv//,/ } build-gpu/moec bench "$F8.$vname.moec" --weights "$F8" --batch-sizes "$BATCHES" \
+      --context "$CONTEXT" ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/fp8variant_$vname.jsonl" \
+      2>"$LOGS/fp8variant_$vname.err" || tail -20 "$LOGS/fp8variant_$vname.err"
+    rm -f "$F8.$vname.moec"
+  done
 fi
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
@@ -89,8 +104,10 @@ import json, os, sys
 d = sys.argv[1]
 rows, meta = {}, {}
 variants = sorted(f for f in os.listdir(d) if f.startswith("variant_") and f.endswith(".jsonl"))
+fp8v = sorted(f for f in os.listdir(d) if f.startswith("fp8variant_") and f.endswith(".jsonl"))
 for name, impl in ([("moec.jsonl", None), ("moec_fp8.jsonl", "moec_fp8")] +
-                   [(f, "moec_" + f[8:-6]) for f in variants] + [("torch.jsonl", None)]):
+                   [(f, "moec_" + f[8:-6]) for f in variants] +
+                   [(f, "moec_fp8_" + f[11:-6]) for f in fp8v] + [("torch.jsonl", None)]):
     p = os.path.join(d, name)
     if os.path.exists(p):
         for line in open(p):
@@ -122,6 +139,32 @@ for b in sorted(rows):
         line += f"  {f8['floor_ms']:12.3f} {f8['ms'] / f8['floor_ms']:13.2f}"
         if g.get("ms"):
             line += f" {f8['ms'] / g['ms']:8.2f}"
+    for f in fp8v:
+        v = r.get("moec_fp8_" + f[11:-6] + ":graph", {})
+        if v.get("floor_ms") and g.get("ms"):
+            line += f"  {f[11:-6]}: /floor {v['ms'] / v['floor_ms']:.2f} /bf16 {v['ms'] / g['ms']:.2f}"
     print(line)
+# the fp8 weights' kernels (linears, expert GEMMs) summed from each fp8
+# run's per-kernel profile (moec bench --profile), ms per step
+fp8k = ("linear_gemv_", "linear_mma_", "linear_f8tc_", "moe_gate_up_", "moe_down_")
+runs = [("default", "moec_fp8.err")] + [(f[11:-6], f[:-6] + ".err") for f in fp8v]
+prof = {}
+for label, err in runs:
+    p = os.path.join(d, err)
+    if not os.path.exists(p):
+        continue
+    batch = None
+    for line in open(p):
+        if line.startswith("profile: batch"):
+            batch = int(line.split()[2])
+            continue
+        parts = line.split()
+        if batch is not None and len(parts) == 5 and parts[4].startswith(fp8k):
+            prof.setdefault(batch, {}).setdefault(label, 0.0)
+            prof[batch][label] += float(parts[0])
+if prof:
+    print("fp8 linears and expert GEMMs, ms per step (--profile, one stream): " +
+          ", ".join(f"batch {b}: " + " ".join(f"{k} {v:.3f}" for k, v in prof[b].items())
+                    for b in sorted(prof)))
 PY
 finish 0

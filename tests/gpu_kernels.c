@@ -7,7 +7,12 @@
  * (1e-4), relative to each row's largest magnitude. fp8 weights are random
  * e4m3 codes (every code but the NaNs) with random block scales, uploaded
  * as the runtime lays them out (codes, then scales: ir_weight_scale_offset)
- * while the interpreter holds their exact dequantization. Every output
+ * while the interpreter holds their exact dequantization; the fp8 cases
+ * run each choice of fp8 kernels asked for (MOEC_FP8_KERNEL's auto, old,
+ * tc: cg_options.fp8_kernel) against one interpreter run, at buckets 3
+ * and 128 too, and e4m3_widen_case checks the staged kernels' widening of
+ * all 256 codes bit for bit. MOEC_KERN_FP8 runs only the fp8 real shapes,
+ * old and staged kernels (scripts/gpu_fp8_tune.sh). Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
@@ -32,7 +37,7 @@
 #ifdef MOEC_HAVE_CUDA
 #include "cuda_check.h"
 
-#define TMAX 64
+#define TMAX 128
 #define TOL_BF16 2e-2
 #define TOL_F32 1e-4
 
@@ -157,7 +162,12 @@ static double compare_rows(const char *what, const float *gpu, const float *ref,
 
 /* ---- programs: generated per module, compiled in parallel up front -------- */
 
-static const int BUCKETS[] = {1, 2, 4, 8, 16, 32, 64};
+/* the default buckets, then 128 and 3 (tokens past the largest default
+   bucket, a bucket that is not a power of two) for the fp8 kernels; TM(t)
+   is bucket t's bit in a mask */
+static const int BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 128, 3};
+#define N_BUCKETS ((int)(sizeof BUCKETS / sizeof *BUCKETS))
+#define TM(t) ((t) == 3 ? 1u << 8 : 1u << __builtin_ctz(t))
 
 typedef struct gk_prog {
     char key[128];
@@ -166,20 +176,25 @@ typedef struct gk_prog {
     int loaded;
 } gk_prog;
 
-static gk_prog progs[48];
+static gk_prog progs[96];
 static int n_progs;
 static const char *cache_dir;
 
-static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs)
+/* The fp8 kernel choices (cg_options.fp8_kernel) by name. */
+static const char *const FP8_MODES[] = {"auto", "old", "tc"};
+#define FM(mode) (1u << (mode))
+
+static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs, int fp8)
 {
-    snprintf(buf, 128, "%s/%s/bs%d", s->name, ir_dtype_name(cdt), bs);
+    snprintf(buf, 128, "%s/%s/bs%d/%s", s->name, ir_dtype_name(cdt), bs, FP8_MODES[fp8]);
 }
 
-static void options_for(cg_options *o, ir_dtype cdt, int bs)
+static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
 {
     cg_options_default(o);
     o->compute_dtype = cdt;
     o->kv_block_size = bs;
+    o->fp8_kernel = fp8;
 }
 
 /* The heavy ops of m and the argmax of its output, for bucket T, added to
@@ -203,8 +218,9 @@ static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c
     return gen_more(m, T, c);
 }
 
-/* Queues one program with the buckets of tmask (bit i: BUCKETS[i]). */
-static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
+/* Queues one program with the buckets of tmask (bit i: BUCKETS[i]), fp8
+ * weights' kernels chosen as fp8 (CG_FP8_*) says. */
+static void prog_add_fp8(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask, int fp8)
 {
     if (n_progs == (int)(sizeof progs / sizeof *progs)) {
         fprintf(stderr, "too many programs\n");
@@ -214,7 +230,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
     if (!m)
         exit(1);
     cg_options o;
-    options_for(&o, cdt, bs);
+    options_for(&o, cdt, bs, fp8);
     /* one context for every bucket: a kernel two buckets share (the few-rows
        linear of 4 rows, run per group of 4 by larger buckets) is emitted once */
     cg_ctx c;
@@ -222,7 +238,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
     c.m = m;
     c.opt = &o;
     cg_emit_prologue(&c.src);
-    for (int b = 0; b < 7; b++) {
+    for (int b = 0; b < N_BUCKETS; b++) {
         if (!(tmask & (1u << b)))
             continue;
         moec_status st = gen_more(m, BUCKETS[b], &c);
@@ -238,16 +254,29 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
     }
     gk_prog *p = &progs[n_progs++];
     memset(p, 0, sizeof *p);
-    prog_key(p->key, s, cdt, bs);
+    prog_key(p->key, s, cdt, bs, fp8);
     p->job.src = c.src.data;
     c.src.data = NULL;
     cg_ctx_free(&c);
 }
 
+static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
+{
+    prog_add_fp8(s, cdt, bs, tmask, CG_FP8_AUTO);
+}
+
+/* prog_add_fp8 for each choice in modes (bit m: FM(m)). */
+static void prog_add_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, unsigned modes)
+{
+    for (int f = 0; f < 3; f++)
+        if (modes & FM(f))
+            prog_add_fp8(s, cdt, 64, tmask, f);
+}
+
 static void progs_compile(void)
 {
     double t0 = now_s();
-    cg_compile_job jobs[48];
+    cg_compile_job jobs[96];
     for (int i = 0; i < n_progs; i++)
         jobs[i] = progs[i].job;
     cg_compile_many(jobs, n_progs, "sm_90", cache_dir, NULL, NULL);
@@ -261,10 +290,10 @@ static void progs_compile(void)
     printf("compiled %d programs in %.1f s\n", n_progs, now_s() - t0);
 }
 
-static cudaLibrary_t prog_lib(const km_spec *s, ir_dtype cdt, int bs)
+static cudaLibrary_t prog_lib_fp8(const km_spec *s, ir_dtype cdt, int bs, int fp8)
 {
     char key[128];
-    prog_key(key, s, cdt, bs);
+    prog_key(key, s, cdt, bs, fp8);
     for (int i = 0; i < n_progs; i++) {
         gk_prog *p = &progs[i];
         if (strcmp(p->key, key))
@@ -277,6 +306,11 @@ static cudaLibrary_t prog_lib(const km_spec *s, ir_dtype cdt, int bs)
     }
     fprintf(stderr, "no program %s\n", key);
     exit(1);
+}
+
+static cudaLibrary_t prog_lib(const km_spec *s, ir_dtype cdt, int bs)
+{
+    return prog_lib_fp8(s, cdt, bs, CG_FP8_AUTO);
 }
 
 static void progs_free(void)
@@ -624,10 +658,99 @@ static double weight_bytes(const ir_module *m, ir_dtype cdt, const char *const *
     return bytes;
 }
 
+/* One bucket of moe_case under one choice of fp8 kernels: the steps
+ * generated with it run on the inputs the interpreter saw, their results
+ * compared (ids exactly, weights, the experts, the linear, the argmax);
+ * worst[3] takes the worst errors of weights, experts and linear. */
+static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void **image,
+                       gk_bind *b, ir_dtype cdt, int T, int fp8, double worst[3])
+{
+    cg_options o;
+    options_for(&o, cdt, 64, fp8);
+    cudaLibrary_t lib = prog_lib_fp8(s, cdt, 64, fp8);
+    double tol = cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32;
+    interp_rows u = {in};
+    cg_ctx c;
+    T_OK(gen(m, &o, T, &c));
+    for (int i = 0; i < c.n_steps; i++)
+        for (int a = 0; a < c.steps[i].n_args; a++)
+            if (c.steps[i].args[a].kind == IR_ARG_WEIGHT)
+                bind_weight(b, in, m->values[c.steps[i].args[a].index], image);
+    bind_step_values(b, &c, rows_from_interp, &u);
+    launch_steps(b, &c, lib);
+    char what[160];
+    const char *fm = FP8_MODES[fp8];
+    if (s->E > 0) {
+        const ir_value *ids = val(m, "ids"), *w = val(m, "w");
+        size_t n = (size_t)T * s->K;
+        int32_t *gid = xmalloc(n * 4);
+        float *gw = xmalloc(n * 4);
+        CK(cudaMemcpy(gid, b->val[ids->id], n * 4, cudaMemcpyDeviceToHost));
+        download(gw, IR_DTYPE_F32, b->val[w->id], n);
+        const int32_t *rid = (const int32_t *)rt_interp_value(in, ids);
+        int bad = 0;
+        for (size_t j = 0; j < n; j++)
+            if (gid[j] != rid[j] && bad++ < 3)
+                fprintf(stderr, "  %s T=%d: ids[%zu / %d]: gpu %d, interpreter %d\n", s->name, T,
+                        j / (size_t)s->K, (int)(j % (size_t)s->K), gid[j], rid[j]);
+        t_checks++;
+        if (bad) {
+            t_failures++;
+            fprintf(stderr, "FAIL %s T=%d: %d of %zu expert ids differ\n", s->name, T, bad, n);
+        }
+        snprintf(what, sizeof what, "%s T=%d topk weights", s->name, T);
+        worst[0] = fmax(worst[0], compare_rows(what, gw, rt_interp_value(in, w), T, s->K, 1e-5));
+        free(gid);
+        free(gw);
+    }
+    if (s->moe != KM_MOE_NONE) {
+        const ir_value *y = val(m, "y");
+        int per = (int)ir_type_numel(&y->type, 1), rows = T, n = per;
+        if (s->moe == KM_EXPERTS || s->moe == KM_EXPERTS_SPLIT) {
+            rows = T * s->K;
+            n = s->HID;
+        }
+        float *gy = xmalloc((size_t)T * per * 4);
+        download(gy, storage(b, y), b->val[y->id], (size_t)T * per);
+        snprintf(what, sizeof what, "%s %s T=%d fp8 %s experts", s->name, ir_dtype_name(cdt), T,
+                 fm);
+        worst[1] = fmax(worst[1], compare_rows(what, gy, rt_interp_value(in, y), rows, n, tol));
+        free(gy);
+    }
+    if (s->LN > 0) {
+        const ir_value *ly = val(m, "ly");
+        float *gl = xmalloc((size_t)T * s->LN * 4);
+        download(gl, storage(b, ly), b->val[ly->id], (size_t)T * s->LN);
+        snprintf(what, sizeof what, "%s %s T=%d fp8 %s linear %s[%d, %d]", s->name,
+                 ir_dtype_name(cdt), T, fm, s->ldt, s->LN, s->LK);
+        worst[2] = fmax(worst[2], compare_rows(what, gl, rt_interp_value(in, ly), T, s->LN, tol));
+        free(gl);
+    }
+    snprintf(what, sizeof what, "%s T=%d", s->name, T);
+    check_sampled(b, rt_interp_value(in, val(m, "out")), T, 40, what);
+    static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down", NULL};
+    static const char *const LINEAR_W[] = {"lw", NULL};
+    double bytes = weight_bytes(m, cdt, LINEAR_W, 1);
+    if (s->moe != KM_MOE_NONE) {
+        /* the weights of the experts the tokens chose */
+        const int32_t *rid = (const int32_t *)rt_interp_value(in, val(m, "ids"));
+        char used[8192] = {0};
+        for (int j = 0; j < T * s->K; j++)
+            used[rid[j]] = 1;
+        for (int j = 0; j < s->E; j++)
+            bytes += used[j] * weight_bytes(m, cdt, EXPERT_W, s->E);
+    }
+    snprintf(what, sizeof what, "%s T=%d %s", s->name, T, fm);
+    bench_steps(b, &c, lib, what, bytes);
+    cg_ctx_free(&c);
+}
+
 /* Runs the routing, expert and fp8 linear kernels of s for each bucket of
- * tmask and compares ids (exactly), weights, the expert and linear results
- * and the argmax. */
-static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
+ * tmask, with each choice of fp8 kernels in modes (bit m: FM(m)) on the
+ * same inputs and the interpreter's one result, and compares ids
+ * (exactly), weights, the expert and linear results and the argmax. */
+static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
+                           unsigned modes)
 {
     double t0 = now_s();
     ir_module *m = km_module(s);
@@ -642,14 +765,10 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
     if (!image)
         exit(1);
     fill_weights(in, m, cdt, s, &rng, image);
-    cg_options o;
-    options_for(&o, cdt, 64);
-    cudaLibrary_t lib = prog_lib(s, cdt, 64);
     gk_bind b;
     bind_init(&b, m, cdt);
-    double tol = cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32, worst_w = 0, worst_y = 0, worst_l = 0;
-    interp_rows u = {in};
-    for (int bi = 0; bi < 7; bi++) {
+    double worst[3][3] = {{0}};
+    for (int bi = 0; bi < N_BUCKETS; bi++) {
         if (!(tmask & (1u << bi)))
             continue;
         int T = BUCKETS[bi];
@@ -659,86 +778,27 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
             pos[t] = t;
         }
         T_OK(rt_interp_forward(in, tokens, pos, T, NULL));
-        cg_ctx c;
-        T_OK(gen(m, &o, T, &c));
-        for (int i = 0; i < c.n_steps; i++)
-            for (int a = 0; a < c.steps[i].n_args; a++)
-                if (c.steps[i].args[a].kind == IR_ARG_WEIGHT)
-                    bind_weight(&b, in, m->values[c.steps[i].args[a].index], image);
-        bind_step_values(&b, &c, rows_from_interp, &u);
-        launch_steps(&b, &c, lib);
-        char what[160];
-        if (s->E > 0) {
-            const ir_value *ids = val(m, "ids"), *w = val(m, "w");
-            size_t n = (size_t)T * s->K;
-            int32_t *gid = xmalloc(n * 4);
-            float *gw = xmalloc(n * 4);
-            CK(cudaMemcpy(gid, b.val[ids->id], n * 4, cudaMemcpyDeviceToHost));
-            download(gw, IR_DTYPE_F32, b.val[w->id], n);
-            const int32_t *rid = (const int32_t *)rt_interp_value(in, ids);
-            int bad = 0;
-            for (size_t j = 0; j < n; j++)
-                if (gid[j] != rid[j] && bad++ < 3)
-                    fprintf(stderr, "  %s T=%d: ids[%zu / %d]: gpu %d, interpreter %d\n", s->name,
-                            T, j / (size_t)s->K, (int)(j % (size_t)s->K), gid[j], rid[j]);
-            t_checks++;
-            if (bad) {
-                t_failures++;
-                fprintf(stderr, "FAIL %s T=%d: %d of %zu expert ids differ\n", s->name, T, bad, n);
-            }
-            snprintf(what, sizeof what, "%s T=%d topk weights", s->name, T);
-            worst_w = fmax(worst_w, compare_rows(what, gw, rt_interp_value(in, w), T, s->K, 1e-5));
-            free(gid);
-            free(gw);
-        }
-        if (s->moe != KM_MOE_NONE) {
-            const ir_value *y = val(m, "y");
-            int per = (int)ir_type_numel(&y->type, 1), rows = T, n = per;
-            if (s->moe == KM_EXPERTS || s->moe == KM_EXPERTS_SPLIT) {
-                rows = T * s->K;
-                n = s->HID;
-            }
-            float *gy = xmalloc((size_t)T * per * 4);
-            download(gy, storage(&b, y), b.val[y->id], (size_t)T * per);
-            snprintf(what, sizeof what, "%s %s T=%d experts", s->name, ir_dtype_name(cdt), T);
-            worst_y = fmax(worst_y, compare_rows(what, gy, rt_interp_value(in, y), rows, n, tol));
-            free(gy);
-        }
-        if (s->LN > 0) {
-            const ir_value *ly = val(m, "ly");
-            float *gl = xmalloc((size_t)T * s->LN * 4);
-            download(gl, storage(&b, ly), b.val[ly->id], (size_t)T * s->LN);
-            snprintf(what, sizeof what, "%s %s T=%d linear %s[%d, %d]", s->name,
-                     ir_dtype_name(cdt), T, s->ldt, s->LN, s->LK);
-            worst_l = fmax(worst_l, compare_rows(what, gl, rt_interp_value(in, ly), T, s->LN, tol));
-            free(gl);
-        }
-        snprintf(what, sizeof what, "%s T=%d", s->name, T);
-        check_sampled(&b, rt_interp_value(in, val(m, "out")), T, 40, what);
-        static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down", NULL};
-        static const char *const LINEAR_W[] = {"lw", NULL};
-        double bytes = weight_bytes(m, cdt, LINEAR_W, 1);
-        if (s->moe != KM_MOE_NONE) {
-            /* the weights of the experts the tokens chose */
-            const int32_t *rid = (const int32_t *)rt_interp_value(in, val(m, "ids"));
-            char used[8192] = {0};
-            for (int j = 0; j < T * s->K; j++)
-                used[rid[j]] = 1;
-            for (int j = 0; j < s->E; j++)
-                bytes += used[j] * weight_bytes(m, cdt, EXPERT_W, s->E);
-        }
-        snprintf(what, sizeof what, "T=%d", T);
-        bench_steps(&b, &c, lib, what, bytes);
-        cg_ctx_free(&c);
+        for (int f = 0; f < 3; f++)
+            if (modes & FM(f))
+                moe_bucket(s, m, in, image, &b, cdt, T, f, worst[f]);
     }
-    printf("%-16s %s moe    worst error: weights %.2e, experts %.2e, linear %.2e (%.1f s)\n",
-           s->name, ir_dtype_name(cdt), worst_w, worst_y, worst_l, now_s() - t0);
+    for (int f = 0; f < 3; f++)
+        if (modes & FM(f))
+            printf("%-16s %s moe    fp8 %-4s worst error: weights %.2e, experts %.2e, linear %.2e "
+                   "(%.1f s)\n",
+                   s->name, ir_dtype_name(cdt), FP8_MODES[f], worst[f][0], worst[f][1],
+                   worst[f][2], now_s() - t0);
     for (int i = 0; i < m->n_values; i++)
         free(image[i]);
     free(image);
     bind_free(&b);
     rt_interp_free(in);
     ir_module_free(m);
+}
+
+static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
+{
+    moe_case_modes(s, cdt, tmask, seed, FM(CG_FP8_AUTO));
 }
 
 /* ---- attention: steps over several sequences and padding ------------------ */
@@ -1042,7 +1102,7 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
     CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
     cg_options o;
-    options_for(&o, e->cdt, e->bs);
+    options_for(&o, e->cdt, e->bs, CG_FP8_AUTO);
     cg_ctx c;
     T_OK(gen(m, &o, T, &c));
     /* the argmax reads the output embedding: give it the first interpreter's */
@@ -1132,7 +1192,7 @@ static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *le
     attn_step(&e, 8, d, 1);
     if (getenv("MOEC_KERN_BENCH")) {
         cg_options o;
-        options_for(&o, cdt, bs);
+        options_for(&o, cdt, bs, CG_FP8_AUTO);
         cg_ctx c;
         T_OK(gen(e.m, &o, 8, &c));
         bench_steps(&e.b, &c, e.lib, "T=8 long", 0);
@@ -1455,7 +1515,7 @@ static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
     CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
     cg_options o;
-    options_for(&o, e->cdt, e->bs);
+    options_for(&o, e->cdt, e->bs, CG_FP8_AUTO);
     cg_ctx c;
     T_OK(gen(m, &o, T, &c));
     bind_step_values(&e->b, &c, rows_from_dsa, e);
@@ -1532,9 +1592,58 @@ static void dsa_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *len
            lens[0], lens[1], lens[2], now_s() - t0);
 }
 
-/* ---- the cases ------------------------------------------------------------- */
+/* ---- the widening of e4m3 codes to bf16 ----------------------------------- */
 
-#define TM(t) (1u << (__builtin_ctz(t)))
+/* moec_e4m3x4_bf16 (the staged fp8 kernels' widening, with no conversion
+ * unit) against rt_f8e4m3_to_f32 for all 256 codes, bit for bit: every
+ * finite code exactly its bf16 (subnormal codes, the zeros' signs), the
+ * two NaN codes +-480 as the prologue says. */
+static void e4m3_widen_case(void)
+{
+    moec_buf src = {0};
+    cg_emit_prologue(&src);
+    moec_buf_printf(&src, "extern \"C\" __global__ void e4m3_all(unsigned *out)\n{\n"
+                          "    const unsigned t = threadIdx.x, c = 4 * t;\n"
+                          "    moec_e4m3x4_bf16(c | (c + 1) << 8 | (c + 2) << 16 | (c + 3) << 24,\n"
+                          "                     out[2 * t], out[2 * t + 1]);\n}\n");
+    T_CHECK(!src.oom);
+    void *cubin = NULL;
+    size_t size = 0;
+    T_OK(cg_compile(src.data, "sm_90", cache_dir, &cubin, &size));
+    moec_buf_free(&src);
+    if (!cubin)
+        return;
+    cudaLibrary_t lib;
+    cudaKernel_t k;
+    CK(cudaLibraryLoadData(&lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
+    CK(cudaLibraryGetKernel(&k, lib, "e4m3_all"));
+    unsigned *d = dalloc(128 * 4), got[128];
+    void *argv[1] = {&d};
+    CK(cudaLaunchKernel((const void *)k, (dim3){1, 1, 1}, (dim3){64, 1, 1}, argv, 0, 0));
+    CK(cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int code = 0; code < 256; code++) {
+        /* code 4t + i: word 2t holds codes 4t, 4t + 1, word 2t + 1 the others */
+        unsigned w = got[code / 4 * 2 + code % 4 / 2];
+        uint16_t h = (uint16_t)(code % 2 ? w >> 16 : w & 0xffffu);
+        float want = (code & 0x7f) == 0x7f ? (code & 0x80 ? -480.0f : 480.0f)
+                                           : rt_f8e4m3_to_f32((uint8_t)code);
+        if (h != f2bf(want) && bad++ < 5)
+            fprintf(stderr, "  e4m3 code 0x%02x: bf16 0x%04x, want 0x%04x (%g)\n", code, h,
+                    f2bf(want), want);
+    }
+    t_checks++;
+    if (bad) {
+        t_failures++;
+        fprintf(stderr, "FAIL e4m3 widening: %d of 256 codes wrong\n", bad);
+    }
+    printf("e4m3 widening     all 256 codes %s\n", bad ? "WRONG" : "exact");
+    CK(cudaFree(d));
+    CK(cudaLibraryUnload(lib));
+    free(cubin);
+}
+
+/* ---- the cases ------------------------------------------------------------- */
 
 static const km_spec V2_MOE = {.name = "v2lite_moe", .vocab = 97, .E = 64, .K = 6, .NG = 1,
                                .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408,
@@ -1610,6 +1719,33 @@ static const km_spec F8_ODD_MMA = {.name = "f8_odd_mma", .vocab = 97, .E = 3, .K
                                    .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED,
                                    .HID = 320, .I = 96, .wdt = "f8e4m3", .moe_scale = 1.0,
                                    .BN = 32, .BK = 64};
+/* DeepSeek-V2-Lite's fp8 linears of a MoE layer (q_proj with kv_a, o_proj,
+ * the shared experts' gate_up and down) and its 64 routed experts: the
+ * shapes of the decode benchmark (BENCHMARKS.md) */
+static const km_spec F8_V2_QKV_A = {.name = "f8_v2lite_qkv_a", .vocab = 97, .LN = 3648,
+                                    .LK = 2048, .ldt = "f8e4m3"};
+static const km_spec F8_V2_O = {.name = "f8_v2lite_o_proj", .vocab = 97, .LN = 2048, .LK = 2048,
+                                .ldt = "f8e4m3"};
+static const km_spec F8_V2_SH_GU = {.name = "f8_v2lite_sh_gu", .vocab = 97, .LN = 5632,
+                                    .LK = 2048, .ldt = "f8e4m3"};
+static const km_spec F8_V2_SH_DOWN = {.name = "f8_v2lite_sh_dn", .vocab = 97, .LN = 2048,
+                                      .LK = 2816, .ldt = "f8e4m3"};
+static const km_spec F8_V2_MOE = {.name = "f8_v2lite_moe", .vocab = 97, .E = 64, .K = 6, .NG = 1,
+                                  .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048,
+                                  .I = 1408, .wdt = "f8e4m3", .moe_scale = 1.0};
+/* the staged kernels' edges (codegen/fp8_tc.c): blocks of 48 x 64, 336
+ * rows (7 row blocks, 21 tiles: slabs with dead warps), K 640 (10 chunks
+ * over up to 8 splits), up from row 192 of gate_up, down's H 320 (6.7 row
+ * blocks); gate and up apart with blocks of 16 x 128 (H 192: 1.5 column
+ * blocks), a linear of 100 rows (a tile past the end) and K 1280 */
+static const km_spec F8_TC_ODD = {.name = "f8_tc_odd", .vocab = 97, .E = 6, .K = 3, .NG = 1,
+                                  .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 320,
+                                  .I = 192, .wdt = "f8e4m3", .moe_scale = 0.5, .LN = 336,
+                                  .LK = 640, .ldt = "f8e4m3", .BN = 48, .BK = 64};
+static const km_spec F8_TC_SPLIT = {.name = "f8_tc_split", .vocab = 97, .E = 5, .K = 2, .NG = 1,
+                                    .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                                    .HID = 192, .I = 64, .wdt = "f8e4m3", .moe_scale = 1.5,
+                                    .LN = 100, .LK = 1280, .ldt = "f8e4m3", .BN = 16, .BK = 128};
 
 /* DeepSeek-V3.2: the indexer's 64 heads of 128 and V3's MLA; top 32 of short
  * runs (so that they select), the real top 2048 at long contexts */
@@ -1647,6 +1783,33 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (MoE only)");
     }
+    /* the fp8 kernels' buckets: one token, three, the default buckets' 8,
+       32 and 64, and 128 (two token groups of the staged linear) */
+    const unsigned F8T = TM(1) | TM(3) | TM(8) | TM(32) | TM(64) | TM(128);
+    const unsigned OLD_TC = FM(CG_FP8_OLD) | FM(CG_FP8_TC);
+    if (getenv("MOEC_KERN_FP8")) {
+        /* the fp8 kernels before and after the staged ones (scripts/
+           gpu_fp8_tune.sh): DeepSeek-V2-Lite's linears and experts,
+           Qwen3-30B's and DeepSeek-V3's experts, every fp8 bucket, both
+           choices checked against one interpreter run, with
+           MOEC_KERN_BENCH each kernel's time (auto: the old kernels up to
+           4 tokens, the staged ones beyond) */
+        const km_spec *v2[] = {&F8_V2_QKV_A, &F8_V2_O,    &F8_V2_SH_GU, &F8_V2_SH_DOWN,
+                               &F8_V2_GATE,  &F8_V2_DOWN, &F8_V2_MOE};
+        for (int i = 0; i < 7; i++)
+            prog_add_modes(v2[i], IR_DTYPE_BF16, F8T, OLD_TC);
+        prog_add_modes(&F8_Q3_MOE, IR_DTYPE_BF16, F8T, OLD_TC);
+        prog_add_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), OLD_TC);
+        progs_compile();
+        e4m3_widen_case();
+        for (int i = 0; i < 7; i++)
+            moe_case_modes(v2[i], IR_DTYPE_BF16, F8T, 40 + (uint64_t)i, OLD_TC);
+        moe_case_modes(&F8_Q3_MOE, IR_DTYPE_BF16, F8T, 47, OLD_TC);
+        moe_case_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 48, OLD_TC);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (fp8 old and staged)");
+    }
     if (getenv("MOEC_KERN_SANITIZE")) {
         /* under compute-sanitizer (scripts/gpu_sanitize.sh): a sample of
            the real-shape cases, small buckets, no long contexts, so that
@@ -1663,6 +1826,10 @@ int main(void)
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
+        /* the staged fp8 kernels: at T = 1 (forced) and 8, K split over
+           clusters of 8 */
+        prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, FEW, FM(CG_FP8_TC));
+        prog_add_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, FEW, FM(CG_FP8_TC));
         progs_compile();
         moe_case(&V2_MOE, IR_DTYPE_BF16, FEW, 1);
         moe_case(&V3_TOPK, IR_DTYPE_BF16, FEW, 4);
@@ -1675,6 +1842,8 @@ int main(void)
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
+        moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, FEW, 24, FM(CG_FP8_TC));
+        moe_case_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, FEW, 25, FM(CG_FP8_TC));
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (sanitizer sample)");
@@ -1705,23 +1874,32 @@ int main(void)
     prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     prog_add(&ODD_DSA, IR_DTYPE_BF16, 16, DSA_T);
     prog_add(&ODD_DSA, IR_DTYPE_F32, 16, DSA_T);
-    /* fp8: the few-rows kernel (T <= 4), tensor cores (T >= 8), the few-rows
-       kernel per 4 rows (f32, or K not in 32-wide chunks) */
+    /* fp8: the few-rows kernel (T <= 4), the staged kernels beyond (auto)
+       and the first tensor-core ones they replace (old), the staged ones
+       at every bucket (tc), the few-rows kernel per 4 rows (f32, or K not
+       in 32-wide chunks) */
     const unsigned LIN = TM(1) | TM(2) | TM(4) | TM(8) | TM(16) | TM(64);
-    prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, LIN);
+    const unsigned AUTO_OLD = FM(CG_FP8_AUTO) | FM(CG_FP8_OLD), EVERY_FP8 = AUTO_OLD | FM(CG_FP8_TC);
+    prog_add_modes(&F8_KV_A, IR_DTYPE_BF16, LIN, AUTO_OLD);
     prog_add(&F8_KV_A, IR_DTYPE_F32, 64, TM(1) | TM(8));
-    prog_add(&F8_QKV_A, IR_DTYPE_BF16, 64, LIN);
-    prog_add(&F8_O_PROJ, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
-    prog_add(&F8_V2_DOWN, IR_DTYPE_BF16, 64, TM(1) | TM(32));
-    prog_add(&F8_V2_GATE, IR_DTYPE_BF16, 64, TM(8) | TM(32) | TM(64));
+    prog_add_modes(&F8_QKV_A, IR_DTYPE_BF16, LIN, AUTO_OLD);
+    prog_add_modes(&F8_O_PROJ, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), AUTO_OLD);
+    prog_add_modes(&F8_V2_DOWN, IR_DTYPE_BF16, TM(1) | TM(32), AUTO_OLD);
+    prog_add_modes(&F8_V2_GATE, IR_DTYPE_BF16, TM(8) | TM(32) | TM(64), AUTO_OLD);
+    prog_add_modes(&F8_V2_O, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, LIN);
     prog_add(&F8_ODD_LINEAR, IR_DTYPE_F32, 64, ALL);
-    prog_add(&F8_V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
-    prog_add(&F8_Q3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+    prog_add_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(2) | TM(8) | TM(64), AUTO_OLD);
+    prog_add_modes(&F8_Q3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), AUTO_OLD);
+    prog_add_modes(&F8_V2_MOE, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_ODD_MOE, IR_DTYPE_BF16, 64, ALL);
     prog_add(&F8_ODD_MOE, IR_DTYPE_F32, 64, ALL);
     prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, ALL);
+    prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, EVERY_FP8);
+    prog_add(&F8_TC_ODD, IR_DTYPE_F32, 64, ALL);
+    prog_add_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, F8T, EVERY_FP8);
     progs_compile();
+    e4m3_widen_case();
 
     moe_case(&V2_MOE, IR_DTYPE_BF16, ALL, 1);
     moe_case(&V2_EXPERTS, IR_DTYPE_BF16, TM(8), 2);
@@ -1733,19 +1911,24 @@ int main(void)
     moe_case(&ODD_EXPERTS, IR_DTYPE_BF16, ALL, 8);
     moe_case(&ODD_EXPERTS, IR_DTYPE_F32, ALL, 9);
     moe_case(&ODD_ROUTED, IR_DTYPE_F32, ALL, 10);
-    moe_case(&F8_KV_A, IR_DTYPE_BF16, LIN, 11);
+    moe_case_modes(&F8_KV_A, IR_DTYPE_BF16, LIN, 11, AUTO_OLD);
     moe_case(&F8_KV_A, IR_DTYPE_F32, TM(1) | TM(8), 12);
-    moe_case(&F8_QKV_A, IR_DTYPE_BF16, LIN, 13);
-    moe_case(&F8_O_PROJ, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 14);
-    moe_case(&F8_V2_DOWN, IR_DTYPE_BF16, TM(1) | TM(32), 15);
-    moe_case(&F8_V2_GATE, IR_DTYPE_BF16, TM(8) | TM(32) | TM(64), 23);
+    moe_case_modes(&F8_QKV_A, IR_DTYPE_BF16, LIN, 13, AUTO_OLD);
+    moe_case_modes(&F8_O_PROJ, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 14, AUTO_OLD);
+    moe_case_modes(&F8_V2_DOWN, IR_DTYPE_BF16, TM(1) | TM(32), 15, AUTO_OLD);
+    moe_case_modes(&F8_V2_GATE, IR_DTYPE_BF16, TM(8) | TM(32) | TM(64), 23, AUTO_OLD);
+    moe_case_modes(&F8_V2_O, IR_DTYPE_BF16, F8T, 24, EVERY_FP8);
     moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, LIN, 16);
     moe_case(&F8_ODD_LINEAR, IR_DTYPE_F32, ALL, 17);
-    moe_case(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(2) | TM(8) | TM(64), 18);
-    moe_case(&F8_Q3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 19);
+    moe_case_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(2) | TM(8) | TM(64), 18, AUTO_OLD);
+    moe_case_modes(&F8_Q3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 19, AUTO_OLD);
+    moe_case_modes(&F8_V2_MOE, IR_DTYPE_BF16, F8T, 25, EVERY_FP8);
     moe_case(&F8_ODD_MOE, IR_DTYPE_BF16, ALL, 20);
     moe_case(&F8_ODD_MOE, IR_DTYPE_F32, ALL, 21);
     moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, ALL, 22);
+    moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, 26, EVERY_FP8);
+    moe_case(&F8_TC_ODD, IR_DTYPE_F32, ALL, 27);
+    moe_case_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, F8T, 28, EVERY_FP8);
 
     attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
     attn_case_interp(&Q3_ATTN, IR_DTYPE_F32, 64, 1);

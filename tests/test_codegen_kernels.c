@@ -117,8 +117,10 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         T_CHECK((int)s->block[0] == lb);
         T_CHECK(s->block[0] % 32 == 0 && s->block[0] <= 1024 && s->block[1] == 1);
         T_CHECK(s->grid[0] >= 1 && s->grid[1] >= 1 && s->grid[2] >= 1);
-        /* dynamic shared memory only for the tensor-core MLA kernel */
-        T_CHECK(s->smem == 0 || (strstr(name, "_mma_") && s->smem <= 227 * 1024));
+        /* dynamic shared memory only for the tensor-core MLA kernel and the
+           staged fp8 kernels */
+        T_CHECK(s->smem == 0 ||
+                ((strstr(name, "_mma_") || strstr(name, "_f8tc_")) && s->smem <= 227 * 1024));
         T_CHECK(has_header(c->src.data, name));
         for (int a = 0; a < s->n_args; a++)
             if (s->args[a].kind == IR_ARG_SCRATCH)
@@ -153,7 +155,7 @@ typedef struct compile_job {
     char err[2048];
 } compile_job;
 
-static compile_job jobs[32];
+static compile_job jobs[48];
 static int n_jobs, next_job;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *cache_dir;
@@ -221,8 +223,8 @@ static void compile_all(void)
 static void run_module(const ir_module *m, const cg_options *o,
                        void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
 {
-    T_CHECK(n_jobs < 32);
-    if (n_jobs >= 32)
+    T_CHECK(n_jobs < 48);
+    if (n_jobs >= 48)
         return;
     compile_job *j = &jobs[n_jobs];
     memset(j, 0, sizeof *j);
@@ -529,27 +531,68 @@ static int weight_arg(const ir_module *m, ir_arg a, const char *name, int scales
            (!scales || a.i >= ir_type_numel(&v->type, 0));
 }
 
+/* The staged fp8 linear's launch (codegen/fp8_tc.c) against its name: 8
+ * to 64 tokens a group (64, or T rounded up to 8), two 16-row tiles a warp
+ * from 32 tokens, 4 warps; on sm_90 K split over the fewest blocks (up to
+ * 8, at least a 64-wide chunk each) that make 264 blocks, a cluster each,
+ * x's rows of a split (or the partial sums) in shared memory. */
+static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long long K)
+{
+    const char *kn = c->kernel_names[s->kernel];
+    long long n = 0, k = 0;
+    int t = 0, tg = 0, nw = 0, rt = 0, S = 0, u = 0, T = c->T;
+    T_CHECK(sscanf(kn, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_", &n, &k, &t, &tg, &nw,
+                   &rt, &S, &u) == 8);
+    long long ch = K / 64, slabs = (N + 16LL * rt * nw - 1) / (16LL * rt * nw);
+    int want_tg = T >= 64 ? 64 : (T + 7) / 8 * 8, groups = (T + tg - 1) / tg, want_s = 1;
+    while (want_s < 8 && slabs * groups * want_s < 264)
+        want_s++;
+    if (want_s > ch)
+        want_s = (int)ch;
+    size_t x = (size_t)tg * (size_t)((ch + S - 1) / S * 64 + 8) * 2;
+    size_t part = S > 1 ? (size_t)nw * rt * (tg / 8) * 512 : 0;
+    T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == (tg >= 32 ? 2 : 1) &&
+            u == 4 / rt && S == want_s);
+    T_CHECK(s->grid[0] == (unsigned)(slabs * S) && s->grid[1] == (unsigned)groups &&
+            s->block[0] == 128 && s->smem == (x > part ? x : part));
+    char decl[320];
+    snprintf(decl, sizeof decl, "void %s__launch_bounds__(128) %s(", S > 1 ? "__cluster_dims__(" : "",
+             kn);
+    if (S > 1)
+        snprintf(decl, sizeof decl, "void __cluster_dims__(%d, 1, 1) __launch_bounds__(128) %s(", S,
+                 kn);
+    T_CHECK(strstr(c->src.data, decl) != NULL);
+}
+
 /* The fp8 linear and experts: kernels named for fp8 and their blocks, the
- * weights passed as codes then scales, the few-rows kernel up to T = 4,
- * tensor cores beyond where the shapes allow, else the few-rows kernel
- * per group of 4 rows (x and y offset to the group's rows). */
+ * weights passed as codes then scales. Linear: the few-rows kernel up to
+ * T = 4 (CG_FP8_TC: the staged kernel there too), beyond it the staged
+ * kernel where K comes in 64-wide chunks inside the column blocks and
+ * 16-row tiles inside the row blocks (CG_FP8_OLD: the first tensor-core
+ * kernel where 32-wide chunks fit), else the few-rows kernel per group of 4
+ * rows (x and y offset to the group's rows). Experts: the staged kernels
+ * where the first tensor-core ones ran (CG_FP8_TC: at every T) and H and I
+ * are multiples of 64, h then bf16. */
 static void check_fp8(const ir_module *m, const cg_ctx *c)
 {
-    int T = c->T;
+    int T = c->T, mode = c->opt->fp8_kernel;
     int l = steps_of(m, c, IR_OP_LINEAR);
     const ir_value *lw = ir_module_find_value(m, "lw");
     if (l >= 0 && lw) {
         const ir_step *s = &c->steps[l];
         long long N = lw->type.dims[0], K = lw->type.dims[1];
-        int mma = T > 4 && K % 32 == 0 && lw->scale.block[1] % 32 == 0 &&
-                  lw->scale.block[0] % 16 == 0;
+        long long bn = lw->scale.block[0], bk = lw->scale.block[1];
+        int tc = mode != CG_FP8_OLD && (T > 4 || mode == CG_FP8_TC) && K % 64 == 0 &&
+                 bk % 64 == 0 && bn % 16 == 0;
+        int mma = !tc && T > 4 && K % 32 == 0 && bk % 32 == 0 && bn % 16 == 0;
         const char *kn = c->kernel_names[s->kernel];
         char tag[32];
-        snprintf(tag, sizeof tag, "_f8e4m3_bf16_bf16_s%lldx%lld", (long long)lw->scale.block[0],
-                 (long long)lw->scale.block[1]);
+        snprintf(tag, sizeof tag, "_f8e4m3_bf16_bf16_s%lldx%lld", bn, bk);
         T_CHECK(strstr(kn, tag) != NULL && s->n_args == 6 && weight_arg(m, s->args[1], "lw", 0) &&
                 weight_arg(m, s->args[2], "lw", 1) && s->args[4].kind == IR_ARG_F32);
-        if (mma) {
+        if (tc) {
+            check_fp8_tc_linear(c, s, N, K);
+        } else if (mma) {
             /* two 16-row tiles a block from T = 32 where 264 blocks remain */
             int rt = (T + 7) / 8 >= 4 && N / 32 >= 264 ? 2 : 1;
             char form[32];
@@ -570,7 +613,7 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
     int r = steps_of(m, c, IR_OP_MOE_ROUTED);
     if (r < 0)
         return;
-    const ir_step *gu = &c->steps[r + 1], *dn = &c->steps[r + 2];
+    const ir_step *al = &c->steps[r], *gu = &c->steps[r + 1], *dn = &c->steps[r + 2];
     int split = ir_module_find_value(m, "up") != NULL;
     const char *g = split ? "gate" : "gate_up", *u = split ? "up" : "gate_up";
     T_CHECK(gu->n_args == 9 && weight_arg(m, gu->args[1], g, 0) &&
@@ -580,6 +623,39 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
             weight_arg(m, dn->args[2], "down", 1) && dn->args[3].kind == IR_ARG_SCRATCH);
     T_CHECK(strstr(c->kernel_names[gu->kernel], "_f8e4m3_") != NULL &&
             strstr(c->kernel_names[dn->kernel], "_f8e4m3_") != NULL);
+    const ir_value *dw = ir_module_find_value(m, "down"), *ids = ir_module_find_value(m, "ids");
+    long long E = dw->type.dims[0], H = dw->type.dims[1], I = dw->type.dims[2];
+    long long bn = dw->scale.block[0], bk = dw->scale.block[1], slots = T * ids->type.dims[1];
+    /* where the first kernels took tensor cores: four or more slots a
+       CUDA-core block (twice the mean slots an expert) */
+    int old_mma = (2 * slots + E - 1) / E > 2 && bk % 32 == 0 && bn % 16 == 0;
+    int tc = mode != CG_FP8_OLD && (old_mma || mode == CG_FP8_TC) && H % 64 == 0 &&
+             I % 64 == 0 && bk % 64 == 0 && bn % 16 == 0;
+    const char *gk = c->kernel_names[gu->kernel], *dk = c->kernel_names[dn->kernel];
+    T_CHECK((strstr(gk, "_f8tc_w4_") != NULL) == tc && (strstr(dk, "_f8tc_w4_") != NULL) == tc);
+    if (!tc)
+        return;
+    /* blocks of 8 slots, doubled to 64 while the experts average more,
+       halved while a block's x (or h) rows do not fit the shared memory */
+    int bm = 8;
+    while (bm < 64 && slots > bm * E)
+        bm *= 2;
+    while (bm > 8 && bm * ((H > I ? H : I) + 8) * 2 > 227 * 1024)
+        bm /= 2;
+    char want[64];
+    snprintf(want, sizeof want, "_bm%d_f8tc_w4_u%d_t%d_", bm, bm <= 16 ? 4 : 2, T);
+    T_CHECK(strstr(gk, want) != NULL);
+    long long nnz = slots < E ? slots : E, nb = (slots + (bm - 1) * nnz + bm - 1) / bm;
+    T_CHECK(al->grid[0] == 1 && gu->grid[0] == (unsigned)nb &&
+            gu->grid[1] == (unsigned)((I + 63) / 64) && gu->block[0] == 128 &&
+            gu->smem == (unsigned)(bm * (H + 8) * 2));
+    int rt = 0;
+    T_CHECK(sscanf(strstr(dk, "_f8tc_w4_rt"), "_f8tc_w4_rt%d_", &rt) == 1 && (rt == 1 || rt == 2));
+    T_CHECK(dn->grid[0] == gu->grid[0] && dn->grid[1] == (unsigned)((H + 64 * rt - 1) / (64 * rt)) &&
+            dn->block[0] == 128 && dn->smem == (unsigned)(bm * (I + 8) * 2));
+    /* h [T*K, I] is bf16: the down's y scratch follows 2 bytes an element on */
+    T_CHECK(dn->args[8].kind == IR_ARG_SCRATCH &&
+            dn->args[8].i == (int64_t)((gu->args[8].i + slots * I * 2 + 15) / 16 * 16));
 }
 
 static void test_fp8_shapes(void)
@@ -605,20 +681,55 @@ static void test_fp8_shapes(void)
        two row tiles a block at T = 64 */
     km_spec v2 = {.name = "k_f8_v2lite_gate", .vocab = 8, .LN = 10944, .LK = 2048,
                   .ldt = "f8e4m3"};
-    const km_spec *specs[] = {&v3, &q3, &odd, &v2};
-    /* compiled: v3 at T = 1 and 64 (few-rows and tensor-core linears,
-       CUDA-core and tensor-core experts), qwen3 at T = 8 and 64, odd at
-       64 in bf16 (grouped few-rows linear) and at 8 in f32, v2 at 64 */
-    const unsigned compile[] = {5, 6, 4, 4};
-    for (int i = 0; i < 4; i++)
-        for (int f32 = 0; f32 < 2; f32++) {
-            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-            ir_module *m = km_module(specs[i]);
-            T_CHECK(m != NULL);
-            if (m)
-                run_module(m, &o, f32 ? NULL : check_fp8, f32 ? (i == 2 ? 2u : 0u) : compile[i]);
-            ir_module_free(m);
-        }
+    /* the staged kernels' edges: blocks of 48 x 64 (rows 336 = 7 blocks,
+       21 tiles: a slab of 4 warps with dead ones; K 640 = 10 chunks split
+       unevenly), up from row 192 of gate_up, H 320 (6.7 row blocks of
+       down) */
+    km_spec tc = {.name = "k_f8_tc_odd", .vocab = 8, .E = 6, .K = 3, .NG = 1, .TG = 1,
+                  .scaling = 1.0, .moe = KM_ROUTED, .HID = 320, .I = 192, .wdt = "f8e4m3",
+                  .moe_scale = 0.5, .LN = 336, .LK = 640, .ldt = "f8e4m3", .BN = 48, .BK = 64};
+    const km_spec *specs[] = {&v3, &q3, &odd, &v2, &tc};
+    /* compiled, with the default kernels: v3 at T = 1 and 64 (few-rows and
+       staged linears, CUDA-core and staged experts), qwen3 at T = 8 and
+       64, odd at 64 in bf16 (grouped few-rows linear) and at 8 in f32, v2
+       and tc at 64; with the first kernels (CG_FP8_OLD): v3 at 64 and odd
+       at 64; with CG_FP8_TC: tc at T = 1 and 8 */
+    const unsigned compile[][3] = {{5, 4, 0}, {6, 0, 0}, {4, 4, 0}, {4, 0, 0}, {4, 0, 3}};
+    const int modes[3] = {CG_FP8_AUTO, CG_FP8_OLD, CG_FP8_TC};
+    /* buckets that are not the default ones: 3 tokens, and 128 (two token
+       groups of the staged linear, blocks of 16 slots) */
+    for (int i = 0; i < 5; i++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int t = 0; t < 2; t++) {
+                o.compute_dtype = IR_DTYPE_BF16;
+                o.fp8_kernel = modes[mi];
+                ir_module *m = km_module(specs[i]);
+                cg_ctx c;
+                memset(&c, 0, sizeof c);
+                T_CHECK(m != NULL);
+                moec_status st = m ? gen(m, &o, t ? 128 : 3, &c) : MOEC_ERR_INVALID_ARG;
+                T_OK(st);
+                if (st == MOEC_OK) {
+                    check_steps(m, &c);
+                    check_fp8(m, &c);
+                }
+                ctx_free(&c);
+                ir_module_free(m);
+            }
+    for (int i = 0; i < 5; i++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int f32 = 0; f32 < 2; f32++) {
+                if (f32 && mi)
+                    continue;
+                o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+                o.fp8_kernel = modes[mi];
+                ir_module *m = km_module(specs[i]);
+                T_CHECK(m != NULL);
+                if (m)
+                    run_module(m, &o, f32 ? NULL : check_fp8,
+                               f32 ? (i == 2 ? 2u : 0u) : compile[i][mi]);
+                ir_module_free(m);
+            }
 }
 
 /* ---- the tiny models after every pass ------------------------------------- */

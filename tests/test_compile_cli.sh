@@ -41,6 +41,7 @@ first=$(grep "^moec compile: compiled" "$T/err" | head -1 | sed 's/.* \([0-9]*\)
 grep -q "moec compile: wrote $P ([0-9]* bytes) in [0-9.]* s" "$T/err" && ok || bad "no summary line: $(cat "$T/err")"
 n=$(ls "$MOEC_CACHE_DIR" | wc -l); [ "$n" -ge 2 ] && ok || bad "the cubin cache holds $n entries, want 2"
 expect 1 "MOEC_MOE_KERNEL='fast' is not auto, simt or mma" -- env MOEC_MOE_KERNEL=fast "$B" compile "$D/qwen3_moe" -o "$T/bad.moec"
+expect 1 "MOEC_FP8_KERNEL='new' is not auto, old or tc" -- env MOEC_FP8_KERNEL=new "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec"
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
 # a plan per rank; one asked to run with another split is refused by name

@@ -1,0 +1,565 @@
+/* fp8_tc.c — fp8 weights on tensor cores with the activations staged in
+ * shared memory (fp8_tc.h): the dense linear and the routed experts'
+ * gate_up and down GEMMs.
+ *
+ * Why: the first tensor-core fp8 kernels (linear.c's emit_fp8_mma,
+ * moe_routed.c's tensor-core form) give every 16 weight rows their own
+ * block or warp, which reads its tokens' activations from L2 again: at
+ * 32 to 64 tokens that is more bytes than the fp8 weights themselves (h of
+ * the down GEMM, f32, twice the weights at 8 slots). And they widen codes
+ * with three conversions a pair (e4m3 to f16, to f32, to bf16), on the
+ * conversion unit, which moves a few codes a cycle per SM, not the 13 a
+ * cycle the memory brings. Here a block copies its tokens' x (or h, kept
+ * bf16 for these kernels) into shared memory once (cp.async, 16 bytes a
+ * copy) and its warps stream 16 to 32 weight rows each, U 64-wide chunks of
+ * 16-byte loads in flight per lane; codes widen with integer and bf16x2
+ * operations (moec_e4m3x4_bf16) and each chunk's products are added times
+ * its block scale (moec_f8_chunk). The dense linear splits K over up to
+ * 8 blocks where its rows alone make too few blocks for the GPU (264: two
+ * per H100 SM), the blocks of a row slab one thread block cluster (sm_90)
+ * whose blocks add their partial sums up in distributed shared memory: no
+ * second launch, no scratch.
+ *
+ * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
+ * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
+ * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
+ * (scripts/gpu_fp8_tune.sh); kernel names say which ran. */
+#include "codegen/fp8_tc.h"
+
+#include <stdio.h>
+
+#include "err.h"
+
+#define TC_WARPS 4
+/* blocks that fill an H100 twice (132 SMs) */
+#define TC_BLOCKS 264
+/* the linear's K splits at most: a portable cluster */
+#define TC_SPLIT_MAX 8
+
+/* The main loop every staged kernel shares. In scope: the warp's RT tiles
+ * (live[r]: the tile has rows; w0[r], w1[r]: this lane's rows g and g + 8
+ * at k 16q; sr[r]: the tile's row of block scales), chunks c0 .. c1 - 1,
+ * the staged rows xs (XS elements apart, chunk c0 first) and the
+ * thread's lane coordinates g, q. Each lane loads U chunks of its rows
+ * (16 bytes each) and their scales, then runs their products while the
+ * other warps load; the first loads go out before the wait for the
+ * staged rows. Leaves acc[RT][NT][4] (moec_f8_chunk's fragments). */
+static const char TC_LOOP[] =
+    "    uint4 wa[U][RT][2];\n"
+    "    float sc[U][RT];\n"
+    "    auto load = [&](int cb) {\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "#pragma unroll\n"
+    "            for (int r = 0; r < RT; r++) {\n"
+    "                const int c = cb + u;\n"
+    "                if (live[r] && c < c1) {\n"
+    "                    wa[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
+    "                    wa[u][r][1] = moec_ldg16(w1[r] + (long long)c * 64);\n"
+    "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
+    "                } else {\n"
+    "                    wa[u][r][0] = wa[u][r][1] = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    sc[u][r] = 0.0f;\n"
+    "                }\n"
+    "            }\n"
+    "    };\n"
+    "    float acc[RT][NT][4];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RT; r++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "                acc[r][t][i] = 0.0f;\n"
+    "    const __nv_bfloat16 *xl = xs + g * XS + q * 16;\n"
+    "    if (live[0])\n"
+    "        load(c0);\n"
+    "    moec_cp_wait();\n"
+    "    __syncthreads();\n"
+    "    if (live[0])\n"
+    "        for (int cb = c0;;) {\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < U; u++)\n"
+    "                if (cb + u < c1)\n"
+    "                    moec_f8_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "            cb += U;\n"
+    "            if (cb >= c1)\n"
+    "                break;\n"
+    "            load(cb);\n"
+    "        }\n";
+
+/* ---- the dense linear ---------------------------------------------------- */
+
+/* A block: TG tokens (blockIdx.y's group), the BN rows of slab blockIdx.x /
+ * S and chunks c0 .. c1 - 1 of K (split blockIdx.x % S). */
+static const char LINEAR_HEAD[] =
+    "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
+    "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "    const int split = (int)(blockIdx.x % S);\n"
+    "    const long long rb = blockIdx.x / S;\n"
+    "    const int c0 = split * CH / S, c1 = (split + 1) * CH / S, t0 = blockIdx.y * TG;\n"
+    "    /* x's tokens t0 .. t0 + TG - 1 (zeros past T) at chunks c0 .. c1 - 1 */\n"
+    "    {\n"
+    "        const int seg = (c1 - c0) * 8;\n"
+    "        for (int i = threadIdx.x; i < TG * seg; i += NW * 32) {\n"
+    "            const int r = i / seg, s = i - r * seg, tok = t0 + r;\n"
+    "            moec_cp16(xs + r * XS + s * 8, x + (long long)(tok < T ? tok : 0) * K + c0 * 64 + s * 8,\n"
+    "                      tok < T);\n"
+    "        }\n"
+    "    }\n"
+    "    /* this warp's RT tiles of 16 rows; rows past N read row N - 1 and are\n"
+    "       never stored */\n"
+    "    const long long n0 = rb * BN + warp * 16 * RT;\n"
+    "    bool live[RT];\n"
+    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
+    "    const float *sr[RT];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RT; r++) {\n"
+    "        const long long a = n0 + 16 * r;\n"
+    "        live[r] = a < N;\n"
+    "        const long long ra = a + g < N ? a + g : N - 1, rc = a + g + 8 < N ? a + g + 8 : N - 1;\n"
+    "        w0[r] = w + ra * K + q * 16;\n"
+    "        w1[r] = w + rc * K + q * 16;\n"
+    "        sr[r] = ws + (live[r] ? a : 0) / SBN * SC;\n"
+    "    }\n";
+
+/* fragment i of tile (r, t) of lane (g, q): row 16 r + g + 8 (i / 2), token
+ * 8 t + 2 q + i % 2. One split writes y; S splits put their sums in their
+ * shared memory, and each block of the cluster adds up a share of them. */
+static const char LINEAR_TAIL[] =
+    "    if constexpr (S == 1) {\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RT; r++)\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "                for (int i = 0; i < 4; i++) {\n"
+    "                    const long long row = n0 + 16 * r + g + 8 * (i >> 1);\n"
+    "                    const int tok = t0 + 8 * t + 2 * q + (i & 1);\n"
+    "                    if (row < N && tok < T) {\n"
+    "                        float v = acc[r][t][i] * alpha;\n"
+    "                        if constexpr (HAS_BIAS)\n"
+    "                            v += ld(bias + row);\n"
+    "                        st(y + (long long)tok * N + row, v);\n"
+    "                    }\n"
+    "                }\n"
+    "    } else {\n"
+    "        __syncthreads(); /* every warp is done with xs */\n"
+    "        float *part = reinterpret_cast<float *>(moec_smem);\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RT; r++)\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "                for (int i = 0; i < 4; i++)\n"
+    "                    part[(((warp * RT + r) * NT + t) * 4 + i) * 32 + lane] = acc[r][t][i];\n"
+    "        moec_cluster_sync();\n"
+    "        /* this block's share: elements split, split + S, ... of NW * 32 each;\n"
+    "           every remote read issued before the first sum */\n"
+    "        constexpr int E = NW * RT * NT * 128, PER = (E + S * NW * 32 - 1) / (S * NW * 32);\n"
+    "        float v[PER][S];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < PER; j++) {\n"
+    "            const int idx = (j * S + split) * NW * 32 + threadIdx.x;\n"
+    "#pragma unroll\n"
+    "            for (int k = 0; k < S; k++)\n"
+    "                v[j][k] = idx < E ? moec_ld_cluster(part + idx, (unsigned)k) : 0.0f;\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < PER; j++) {\n"
+    "            const int idx = (j * S + split) * NW * 32 + threadIdx.x;\n"
+    "            const int l = idx & 31, i = (idx >> 5) & 3, t = (idx >> 7) % NT, tile = (idx >> 7) / NT;\n"
+    "            const long long row = rb * BN + 16 * tile + (l >> 2) + 8 * (i >> 1);\n"
+    "            const int tok = t0 + 8 * t + 2 * (l & 3) + (i & 1);\n"
+    "            if (idx < E && row < N && tok < T) {\n"
+    "                float sum = 0.0f;\n"
+    "#pragma unroll\n"
+    "                for (int k = 0; k < S; k++)\n"
+    "                    sum += v[j][k];\n"
+    "                sum *= alpha;\n"
+    "                if constexpr (HAS_BIAS)\n"
+    "                    sum += ld(bias + row);\n"
+    "                st(y + (long long)tok * N + row, sum);\n"
+    "            }\n"
+    "        }\n"
+    "        moec_cluster_sync(); /* no block leaves while the others read it */\n"
+    "    }\n";
+
+typedef struct tc_shape {
+    int tg, nw, rt, u, s;
+    size_t smem;
+} tc_shape;
+
+/* The linear's shared memory: x's tg token rows over the most chunks a
+ * split holds, 8 elements of padding (rows 16 bytes apart modulo 128: the
+ * 16-byte fragment reads free of bank conflicts), or the partial sums. */
+static size_t linear_smem(const tc_shape *sh, long long ch)
+{
+    long long per = (ch + sh->s - 1) / sh->s;
+    size_t x = (size_t)sh->tg * (size_t)(per * 64 + 8) * 2;
+    size_t part = sh->s > 1 ? (size_t)sh->nw * (size_t)sh->rt * (size_t)(sh->tg / 8) * 128 * 4 : 0;
+    return x > part ? x : part;
+}
+
+/* The linear's shape for bucket T: tokens a group (up to 64), warps, tiles
+ * a warp (two from 32 tokens, so that a warp's x fragments serve 32
+ * rows), chunks in flight, and K splits (on sm_90: up to 8, until the
+ * blocks fill the GPU twice and x fits); fewer tokens a group while x does
+ * not fit. 0 when even 8 tokens do not. */
+static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
+{
+    int T = c->T, cluster = cg_arch_num(c->opt) >= 90;
+    long long ch = K / 64;
+    size_t max = cg_smem_max(c->opt);
+    sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
+    sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
+    sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
+    if (!sh->rt)
+        sh->rt = sh->tg >= 32 ? 2 : 1;
+    sh->u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
+    if (!sh->u)
+        sh->u = 4 / sh->rt;
+    int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
+    long long rows = 16LL * sh->rt * sh->nw, slabs = (N + rows - 1) / rows;
+    for (;;) {
+        long long groups = (T + sh->tg - 1) / sh->tg;
+        int s = want;
+        if (!s)
+            for (s = 1; s < TC_SPLIT_MAX && slabs * groups * s < TC_BLOCKS; s++)
+                ;
+        sh->s = !cluster ? 1 : s > ch ? (int)ch : s;
+        while (cluster && sh->s < TC_SPLIT_MAX && sh->s < ch && linear_smem(sh, ch) > max)
+            sh->s++;
+        sh->smem = linear_smem(sh, ch);
+        if (sh->smem <= max)
+            return 1;
+        if (sh->tg <= 8)
+            return 0;
+        sh->tg /= 2;
+    }
+}
+
+int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op)
+{
+    const ir_value *x = op->in[0], *w = op->in[1];
+    long long N = w->type.dims[0], K = w->type.dims[1];
+    tc_shape sh;
+    return cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
+           cg_storage(c, w) == IR_DTYPE_F8E4M3 && K % 64 == 0 && w->scale.block[1] % 64 == 0 &&
+           w->scale.block[0] % 16 == 0 && linear_shape(c, N, K, &sh);
+}
+
+moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io)
+{
+    const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
+    const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
+    long long N = w->type.dims[0], K = w->type.dims[1];
+    tc_shape sh;
+    if (!cg_fp8_tc_linear_fits(c, op) || !linear_shape(c, N, K, &sh))
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged fp8 kernel does not fit",
+                        y->name);
+    ir_dtype dy = cg_storage(c, y), db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
+    const int64_t *b = w->scale.block;
+    long long per = (K / 64 + sh.s - 1) / sh.s;
+    char name[300], cluster[48] = "";
+    snprintf(name, sizeof name, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_f8e4m3_%s", N,
+             K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, io);
+    if (sh.s > 1)
+        snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
+    int is_new = 0;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
+    if (is_new)
+        moec_buf_printf(
+            &c->src,
+            "// linear: y = alpha x w^T (+ b), fp8 w on tensor cores, x staged in shared memory "
+            "(codegen/fp8_tc.c)\n"
+            "extern \"C\" __global__ void %s__launch_bounds__(%d) %s(const __nv_bfloat16 "
+            "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ w, const float *__restrict__ ws, "
+            "const %s *__restrict__ bias, float alpha, %s *__restrict__ y)\n{\n"
+            "    constexpr long long N = %lldLL, SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n"
+            "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
+            "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
+            "    constexpr bool HAS_BIAS = %s;\n%s%s%s}\n\n",
+            cluster, sh.nw * 32, name, cg_ctype(db), cg_ctype(dy), N, (long long)b[0],
+            (long long)b[1], (K + b[1] - 1) / b[1], K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u,
+            per * 64 + 8, bias ? "true" : "false", LINEAR_HEAD, TC_LOOP, LINEAR_TAIL);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
+    long long rows = 16LL * sh.rt * sh.nw;
+    s->kernel = k;
+    s->grid[0] = (unsigned)((N + rows - 1) / rows * sh.s);
+    s->grid[1] = (unsigned)((c->T + sh.tg - 1) / sh.tg);
+    s->block[0] = (unsigned)sh.nw * 32;
+    s->smem = (unsigned)sh.smem;
+    s->n_args = 6;
+    s->args[0] = cg_arg_act(x);
+    s->args[1] = cg_arg_act(w);
+    s->args[2] = cg_arg_scales(w);
+    s->args[3] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
+    s->args[4] = cg_arg_f32(alpha);
+    s->args[5] = cg_arg_act(y);
+    return MOEC_OK;
+}
+
+/* ---- the routed experts -------------------------------------------------- */
+
+/* A block: expert block blockIdx.x (its expert e, BM slots, padding -1),
+ * NW warps of 16 rows of gate and the same 16 of up each. */
+static const char GATE_UP_HEAD[] =
+    "    const int b = blockIdx.x;\n"
+    "    if (b >= *n_used)\n"
+    "        return;\n"
+    "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
+    "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
+    "    const int e = blk_expert[b];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "    /* the x rows of the block's slots (padding: zeros) */\n"
+    "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
+    "        const int m = i / (CH * 8), s = i - m * (CH * 8), sl = sorted[b * BM + m];\n"
+    "        moec_cp16(xs + m * XS + s * 8, x + (long long)(sl >= 0 ? sl / K : 0) * KD + s * 8,\n"
+    "                  sl >= 0);\n"
+    "    }\n"
+    "    /* tile 0: rows n0 .. n0 + 15 of gate, tile 1: the same rows of up */\n"
+    "    const int n0 = blockIdx.y * (NW * 16) + warp * 16, r0 = n0 < ND ? n0 : 0;\n"
+    "    const bool live[RT] = {n0 < ND, n0 < ND};\n"
+    "    const __nv_fp8_e4m3 *w0[RT] = {\n"
+    "        wg + (long long)e * GSTRIDE + (long long)(r0 + g) * KD + q * 16,\n"
+    "        wu + (long long)e * USTRIDE + UOFF + (long long)(r0 + g) * KD + q * 16};\n"
+    "    const __nv_fp8_e4m3 *w1[RT] = {w0[0] + 8LL * KD, w0[1] + 8LL * KD};\n"
+    "    const float *sr[RT] = {gsc + ((long long)e * SR + r0 / SBN) * SC,\n"
+    "                           usc + ((long long)e * SR + (UROW + r0) / SBN) * SC};\n"
+    "    constexpr int c0 = 0, c1 = CH;\n";
+
+static const char GATE_UP_TAIL[] =
+    "    if (!live[0])\n"
+    "        return;\n"
+    "    /* fragments 0, 1: row g, slots 2q, 2q + 1 of the tile; 2, 3: row g + 8 */\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
+    "            if (slot < 0)\n"
+    "                continue;\n"
+    "#pragma unroll\n"
+    "            for (int r = 0; r < 2; r++) {\n"
+    "                const float gv = acc[0][t][2 * r + j], uv = acc[1][t][2 * r + j];\n"
+    "                hbuf[(long long)slot * ND + n0 + g + 8 * r] =\n"
+    "                    __float2bfloat16(gv / (1.0f + expf(-gv)) * uv);\n"
+    "            }\n"
+    "        }\n";
+
+/* A block: expert block blockIdx.x, NW warps of RT tiles of 16 rows of down. */
+static const char DOWN_HEAD[] =
+    "    const int b = blockIdx.x;\n"
+    "    if (b >= *n_used)\n"
+    "        return;\n"
+    "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
+    "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
+    "    const int e = blk_expert[b];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "    /* the h rows of the block's slots (padding: zeros) */\n"
+    "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
+    "        const int m = i / (CH * 8), s = i - m * (CH * 8), sl = sorted[b * BM + m];\n"
+    "        moec_cp16(xs + m * XS + s * 8, hbuf + (long long)(sl >= 0 ? sl : 0) * KD + s * 8,\n"
+    "                  sl >= 0);\n"
+    "    }\n"
+    "    const int n0 = blockIdx.y * (NW * 16 * RT) + warp * 16 * RT;\n"
+    "    bool live[RT];\n"
+    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
+    "    const float *sr[RT];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RT; r++) {\n"
+    "        const int a = n0 + 16 * r, ra = a < ND ? a : 0;\n"
+    "        live[r] = a < ND;\n"
+    "        w0[r] = wd + (long long)e * ND * KD + (long long)(ra + g) * KD + q * 16;\n"
+    "        w1[r] = w0[r] + 8LL * KD;\n"
+    "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
+    "    }\n"
+    "    constexpr int c0 = 0, c1 = CH;\n";
+
+static const char DOWN_TAIL[] =
+    "    if (!live[0])\n"
+    "        return;\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
+    "            if (slot < 0)\n"
+    "                continue;\n"
+    "            const float f = MULW ? scale * ld(wts + slot) : 1.0f;\n"
+    "#pragma unroll\n"
+    "            for (int r = 0; r < RT; r++)\n"
+    "                if (live[r])\n"
+    "#pragma unroll\n"
+    "                    for (int h = 0; h < 2; h++)\n"
+    "                        st(y + (long long)slot * ND + n0 + 16 * r + g + 8 * h,\n"
+    "                           acc[r][t][2 * h + j] * f);\n"
+    "        }\n";
+
+/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
+static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
+
+static int weight_fits(const cg_ctx *c, const ir_value *w)
+{
+    return !w || (cg_storage(c, w) == IR_DTYPE_F8E4M3 && w->scale.block[0] % 16 == 0 &&
+                  w->scale.block[1] % 64 == 0);
+}
+
+int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, int bm)
+{
+    long long H = d->x->type.dims[1], I = d->down->type.dims[2];
+    size_t max = cg_smem_max(c->opt);
+    return cg_arch_num(c->opt) >= 80 && cg_storage(c, d->x) == IR_DTYPE_BF16 &&
+           weight_fits(c, d->gate) && weight_fits(c, d->up) && weight_fits(c, d->down) &&
+           urow % 16 == 0 && H % 64 == 0 && I % 64 == 0 && bm >= 8 && bm % 8 == 0 &&
+           moe_smem(bm, H) <= max && moe_smem(bm, I) <= max;
+}
+
+int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
+{
+    long long slots = (long long)c->T * d->ids->type.dims[1], E = d->down->type.dims[0];
+    int bm = 8;
+    while (bm < 64 && slots > (long long)bm * E)
+        bm *= 2;
+    while (bm > 8 && !cg_fp8_tc_moe_fits(c, d, urow, bm))
+        bm /= 2;
+    return cg_fp8_tc_moe_fits(c, d, urow, bm) ? bm : 0;
+}
+
+static moec_status oom(const cg_moe_desc *d)
+{
+    return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
+}
+
+moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
+{
+    int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
+    if (!u)
+        u = l->bm <= 16 ? 4 : 2;
+    long long urow = l->fused ? l->I : 0;
+    char tag[40], decl[400], name[200];
+    cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
+                        sizeof decl);
+    long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
+    snprintf(name, sizeof name,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, c->T, l->fused ? "fused" : "split", tag);
+    int is_new = 0;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return oom(d);
+    if (is_new)
+        moec_buf_printf(
+            &c->src,
+            "// %s: gate_up GEMM with silu_mul, fp8 on tensor cores, x staged in shared memory "
+            "(codegen/fp8_tc.c)\n"
+            "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
+            "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ wg, const __nv_fp8_e4m3 "
+            "*__restrict__ wu, const float *__restrict__ gsc, const float *__restrict__ usc, const "
+            "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
+            "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
+            "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
+            "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
+            "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s%s%s%s}\n\n",
+            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
+            gstride, uoff, decl, GATE_UP_HEAD, TC_LOOP, GATE_UP_TAIL);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k;
+    s->grid[0] = (unsigned)l->nb;
+    s->grid[1] = (unsigned)((l->I + 16LL * nw - 1) / (16LL * nw));
+    s->block[0] = (unsigned)nw * 32;
+    s->smem = (unsigned)moe_smem(l->bm, l->H);
+    int n = 0;
+    s->args[n++] = cg_arg_act(d->x);
+    s->args[n++] = cg_arg_act(d->gate);
+    s->args[n++] = cg_arg_act(l->fused ? d->gate : d->up);
+    s->args[n++] = cg_arg_scales(d->gate);
+    s->args[n++] = cg_arg_scales(l->fused ? d->gate : d->up);
+    s->args[n++] = cg_arg_scratch(l->off_sorted);
+    s->args[n++] = cg_arg_scratch(l->off_blk);
+    s->args[n++] = cg_arg_scratch(l->off_used);
+    s->args[n++] = cg_arg_scratch(l->off_h);
+    s->n_args = n;
+    return MOEC_OK;
+}
+
+moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
+{
+    int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
+    /* two tiles a warp where the blocks still fill the GPU twice */
+    int rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
+    if (!rt)
+        rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
+    int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
+    if (!u)
+        u = l->bm <= 16 ? 4 : 4 / rt;
+    ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
+    ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
+    char tag[40], decl[400], name[200];
+    cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
+    snprintf(name, sizeof name,
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, c->T, ir_dtype_name(ydt), d->w ? "w" : "now",
+             tag);
+    int is_new = 0;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return oom(d);
+    if (is_new) {
+        moec_buf_printf(&c->src,
+                        "// %s: down GEMM%s, fp8 on tensor cores, h staged in shared memory "
+                        "(codegen/fp8_tc.c)\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
+                        "*__restrict__ hbuf, const __nv_fp8_e4m3 *__restrict__ wd, const float "
+                        "*__restrict__ dsc, const int *__restrict__ sorted, const int "
+                        "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
+                        ir_op_name(d->op->kind), d->w ? " times scale * router weight" : "",
+                        nw * 32, name);
+        if (d->w)
+            moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
+        moec_buf_printf(&c->src,
+                        "%s *__restrict__ y)\n{\n"
+                        "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
+                        "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
+                        "    constexpr bool MULW = %s;\n%s",
+                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
+                        decl);
+        if (!d->w)
+            moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
+                                     "    (void)wts;\n    (void)scale;\n");
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", DOWN_HEAD, TC_LOOP, DOWN_TAIL);
+    }
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    if (!s)
+        return oom(d);
+    s->kernel = k;
+    s->grid[0] = (unsigned)l->nb;
+    s->grid[1] = (unsigned)((l->H + 16LL * nw * rt - 1) / (16LL * nw * rt));
+    s->block[0] = (unsigned)nw * 32;
+    s->smem = (unsigned)moe_smem(l->bm, l->I);
+    int n = 0;
+    s->args[n++] = cg_arg_scratch(l->off_h);
+    s->args[n++] = cg_arg_act(d->down);
+    s->args[n++] = cg_arg_scales(d->down);
+    s->args[n++] = cg_arg_scratch(l->off_sorted);
+    s->args[n++] = cg_arg_scratch(l->off_blk);
+    s->args[n++] = cg_arg_scratch(l->off_used);
+    if (d->w) {
+        s->args[n++] = cg_arg_act(d->w);
+        s->args[n++] = cg_arg_f32(d->scale);
+        s->args[n++] = cg_arg_scratch(l->off_y);
+    } else {
+        s->args[n++] = cg_arg_act(d->out);
+    }
+    s->n_args = n;
+    return MOEC_OK;
+}

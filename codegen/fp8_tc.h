@@ -1,0 +1,40 @@
+/* fp8_tc.h — fp8 (block-scaled e4m3) weights on tensor cores with the
+ * activations staged in shared memory (codegen/fp8_tc.c): the dense linear
+ * (called by codegen/linear.c) and the routed experts' gate_up and down
+ * GEMMs (called by codegen/moe_routed.c). Each block copies its tokens' x
+ * (bf16) into shared memory once and streams a slab of weight rows with
+ * 16-byte loads, several 64-wide k chunks in flight per lane, the codes
+ * widened exactly to bf16 in registers (moec_e4m3x4_bf16, no conversion
+ * unit) and each chunk's m16n8k16 products added times its block scale
+ * (moec_f8_chunk). */
+#ifndef MOEC_CG_FP8_TC_H
+#define MOEC_CG_FP8_TC_H
+
+#include "codegen/moe_routed.h"
+
+/* Whether linear op (x [T, K] bf16, w [N, K] fp8) fits the staged kernel:
+ * 64-wide k chunks inside the column blocks, 16-row tiles inside the row
+ * blocks, an arch with bf16 tensor cores and cp.async, x within the
+ * shared memory at 8 tokens a group. */
+int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op);
+/* y = alpha x w^T (+ bias) of every token of the bucket: one kernel, its
+ * blocks a slab of rows and (on sm_90) a share of K, the shares of a slab
+ * a thread block cluster that sums them in distributed shared memory.
+ * `io` is the kernel-name suffix of x, y and bias dtypes and the blocks. */
+moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io);
+
+/* Whether the experts of d fit the staged kernels with blocks of bm slots:
+ * bf16 x, fp8 gate, up and down in 64-wide k chunks and 16-row tiles
+ * inside their blocks (up from row `urow` of gate_up), H and I multiples
+ * of 64, a block's x and h rows within the shared memory. */
+int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, int bm);
+/* The slots per expert block of the staged kernels: the bucket's mean
+ * slots per expert as a power of two in [8, 64] (8 below), halved while a
+ * block's rows do not fit the shared memory; 0 when 8 do not. */
+int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow);
+/* The gate_up (silu(gate x) * up x into h, bf16) and down (h into y)
+ * steps of the staged experts over l's expert blocks. */
+moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l);
+moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l);
+
+#endif

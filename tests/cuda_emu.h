@@ -1,0 +1,223 @@
+// cuda_emu.h — a CPU emulation of the CUDA the staged fp8 kernels use
+// (codegen/fp8_tc.c), so that their generated source runs without a GPU
+// (tests/test_fp8_emu.sh): every CUDA thread a host thread; __syncthreads,
+// a warp's m16n8k16 product and the cluster barrier pthread barriers over
+// the block, the warp and the cluster; shared memory one malloc a block of
+// exactly the bytes the step asks for (filled with 0xff), so that an
+// address sanitizer sees every access past it and a thread sanitizer every
+// unordered pair of accesses; cp.async a copy checked for its 16-byte
+// alignment. The m16n8k16 product gathers the warp's fragments in the PTX
+// ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
+// sums in double. The prologue's moec_e4m3x4_bf16 and moec_f8_chunk are the
+// real ones (fp8_emu_gen copies them); what they call is emulated here.
+#pragma once
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <pthread.h>
+#include <thread>
+#include <vector>
+
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __restrict__
+#define __launch_bounds__(...)
+#define __cluster_dims__(...)
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+struct __nv_bfloat16 {
+    uint16_t v;
+};
+struct __nv_fp8_e4m3 {
+    uint8_t v;
+};
+
+static inline float emu_bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t emu_f2bf(float f) // round to nearest even
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline __nv_bfloat16 __float2bfloat16(float f) { return {emu_f2bf(f)}; }
+static inline float ld(const float *p) { return *p; }
+static inline float ld(const __nv_bfloat16 *p) { return emu_bf2f(p->v); }
+static inline void st(float *p, float v) { *p = v; }
+static inline void st(__nv_bfloat16 *p, float v) { p->v = emu_f2bf(v); }
+
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    uint8_t b[8];
+    memcpy(b, &x, 4);
+    memcpy(b + 4, &y, 4);
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned sel = (s >> (4 * i)) & 15;
+        assert(sel < 8); // the sign-replicating selectors are not used
+        r |= (unsigned)b[sel] << (8 * i);
+    }
+    return r;
+}
+
+struct emu_warp {
+    pthread_barrier_t bar;
+    unsigned a[32][4], b[32][2];
+};
+struct emu_block {
+    unsigned char *smem;
+    size_t smem_bytes;
+    pthread_barrier_t bar;
+    std::vector<emu_warp> warps;
+};
+struct emu_cluster {
+    std::vector<emu_block *> blocks;
+    pthread_barrier_t bar;
+};
+
+inline dim3 blockDim, gridDim;
+inline thread_local dim3 threadIdx, blockIdx;
+inline thread_local emu_block *emu_this_block;
+inline thread_local emu_cluster *emu_this_cluster;
+
+static inline unsigned char *emu_smem() { return emu_this_block->smem; }
+static inline void __syncthreads() { pthread_barrier_wait(&emu_this_block->bar); }
+static inline void moec_pdl_enter() {}
+
+static inline void moec_cp16(void *s, const void *g, bool valid)
+{
+    const unsigned char *p = (const unsigned char *)s, *base = emu_this_block->smem;
+    assert(p >= base && p + 16 <= base + emu_this_block->smem_bytes && (p - base) % 16 == 0);
+    assert((uintptr_t)g % 16 == 0);
+    if (valid)
+        memcpy(s, g, 16);
+    else
+        memset(s, 0, 16);
+}
+
+static inline void moec_cp_wait() {}
+
+static inline uint4 moec_ldg16(const void *p)
+{
+    assert((uintptr_t)p % 16 == 0);
+    uint4 v;
+    memcpy(&v, p, 16);
+    return v;
+}
+
+static inline unsigned moec_bf16x2_exp120(unsigned v) // fma.rn.bf16x2 v, 2^120, -0
+{
+    const float k = ldexpf(1.0f, 120);
+    return emu_f2bf(emu_bf2f(v & 0xffffu) * k) | (unsigned)emu_f2bf(emu_bf2f(v >> 16) * k) << 16;
+}
+
+static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                 unsigned b0, unsigned b1)
+{
+    emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
+    const int lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
+    const unsigned a[4] = {a0, a1, a2, a3};
+    memcpy(w->a[lane], a, sizeof a);
+    w->b[lane][0] = b0;
+    w->b[lane][1] = b1;
+    pthread_barrier_wait(&w->bar);
+    // A[r][k]: lane (r % 8, k % 8 / 2), register (r >= 8) + 2 (k >= 8), half k % 2
+    auto A = [&](int r, int k) {
+        unsigned v = w->a[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
+        return emu_bf2f((k & 1) ? v >> 16 : v & 0xffffu);
+    };
+    // B[k][n]: lane (n, k % 8 / 2), register k >= 8, half k % 2
+    auto B = [&](int k, int n) {
+        unsigned v = w->b[n * 4 + ((k & 7) >> 1)][k >= 8];
+        return emu_bf2f((k & 1) ? v >> 16 : v & 0xffffu);
+    };
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
+        double s = 0;
+        for (int k = 0; k < 16; k++)
+            s += (double)A(row, k) * B(k, col);
+        c[i] += (float)s;
+    }
+    pthread_barrier_wait(&w->bar);
+}
+
+static inline void moec_cluster_sync() { pthread_barrier_wait(&emu_this_cluster->bar); }
+
+static inline float moec_ld_cluster(const float *p, unsigned rank)
+{
+    const size_t off = (const unsigned char *)p - emu_this_block->smem;
+    assert(off + 4 <= emu_this_block->smem_bytes && rank < emu_this_cluster->blocks.size());
+    float v;
+    memcpy(&v, emu_this_cluster->blocks[rank]->smem + off, 4);
+    return v;
+}
+
+// Runs fn (the kernel's call) over a grid of gx x gy blocks of `block`
+// threads and `smem` bytes of shared memory, clusters of s blocks along x
+// one at a time.
+static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned smem, unsigned s,
+                              const std::function<void()> &fn)
+{
+    assert(s >= 1 && gx % s == 0 && block % 32 == 0);
+    blockDim.x = block;
+    gridDim.x = gx;
+    gridDim.y = gy;
+    for (unsigned y = 0; y < gy; y++)
+        for (unsigned x0 = 0; x0 < gx; x0 += s) {
+            emu_cluster cl;
+            std::vector<emu_block> blocks(s);
+            pthread_barrier_init(&cl.bar, nullptr, s * block);
+            for (unsigned r = 0; r < s; r++) {
+                emu_block &b = blocks[r];
+                b.smem_bytes = smem;
+                b.smem = (unsigned char *)malloc(smem ? smem : 1);
+                memset(b.smem, 0xff, smem);
+                pthread_barrier_init(&b.bar, nullptr, block);
+                b.warps = std::vector<emu_warp>(block / 32);
+                for (emu_warp &w : b.warps)
+                    pthread_barrier_init(&w.bar, nullptr, 32);
+                cl.blocks.push_back(&b);
+            }
+            std::vector<std::thread> threads;
+            for (unsigned r = 0; r < s; r++)
+                for (unsigned t = 0; t < block; t++)
+                    threads.emplace_back([&, r, t] {
+                        threadIdx.x = t;
+                        blockIdx.x = x0 + r;
+                        blockIdx.y = y;
+                        emu_this_block = &blocks[r];
+                        emu_this_cluster = &cl;
+                        fn();
+                    });
+            for (std::thread &t : threads)
+                t.join();
+            for (emu_block &b : blocks) {
+                free(b.smem);
+                pthread_barrier_destroy(&b.bar);
+                for (emu_warp &w : b.warps)
+                    pthread_barrier_destroy(&w.bar);
+            }
+            pthread_barrier_destroy(&cl.bar);
+        }
+}

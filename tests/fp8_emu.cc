@@ -1,0 +1,248 @@
+// fp8_emu.cc — the staged fp8 kernels (codegen/fp8_tc.c), as the generator
+// writes them for fp8_emu_gen's cases, run on the CPU emulator (cuda_emu.h)
+// against a double-precision reference of the same random weights: e4m3
+// codes (every code but the NaNs) times random block scales, bf16
+// activations. Every output starts as NaN, so an element a kernel leaves
+// unwritten fails; errors are relative to each row's largest magnitude
+// (bf16 outputs and h: 1e-2). The routed experts' align and sum run here
+// (slots sorted by expert, padded to the kernels' blocks). Built and run by
+// tests/test_fp8_emu.sh, under an address or a thread sanitizer.
+#include "cuda_emu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+struct emu_step {
+    void (*fn)();
+    unsigned gx, gy, block, smem;
+    int cluster;
+};
+struct emu_case {
+    int moe;
+    const char *what;
+    int LN, LK, E, K, H, I, BN, BK, T, bm; // bm: slots a block of the expert kernels
+    emu_step steps[2];
+    int n_steps;
+};
+
+#include EMU_CASES
+
+#define TOL 1e-2
+
+static double e4m3(uint8_t c)
+{
+    const int e = (c >> 3) & 15, m = c & 7;
+    const double v = e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+    return c & 0x80 ? -v : v;
+}
+
+template <class T> struct buf {
+    std::vector<T> v; // exactly n elements: the sanitizer sees any access past them
+    explicit buf(size_t n) : v(n) {}
+    T *p() { return v.data(); }
+};
+
+struct rng {
+    std::mt19937_64 g;
+    explicit rng(uint64_t seed) : g(seed) {}
+    float uni(float a) { return std::uniform_real_distribution<float>(-a, a)(g); }
+    uint8_t code()
+    {
+        uint8_t q = (uint8_t)(g() >> 56);
+        return (q & 0x7f) == 0x7f ? q - 1 : q;
+    }
+};
+
+// An fp8 weight [n_lead][rows][cols] with its scale grid.
+struct f8w {
+    int lead, rows, cols, bn, bk, sr, sc;
+    buf<uint8_t> q;
+    buf<float> s;
+    f8w(rng &r, int lead_, int rows_, int cols_, int bn_, int bk_, float a)
+        : lead(lead_), rows(rows_), cols(cols_), bn(bn_), bk(bk_), sr((rows_ + bn_ - 1) / bn_),
+          sc((cols_ + bk_ - 1) / bk_), q((size_t)lead_ * rows_ * cols_), s((size_t)lead_ * sr * sc)
+    {
+        for (uint8_t &c : q.v)
+            c = r.code();
+        for (float &x : s.v)
+            x = a / 448.0f * (1.0f + 0.5f * r.uni(1.0f));
+    }
+    double at(int l, int row, int col) const
+    {
+        return e4m3(q.v[((size_t)l * rows + row) * cols + col]) *
+               s.v[((size_t)l * sr + row / bn) * sc + col / bk];
+    }
+};
+
+// Rows of n: the worst |got - ref| over the row's largest |ref|; a
+// non-finite value is infinitely wrong.
+static double row_error(const float *got, const double *ref, int n)
+{
+    double mx = 1e-30, worst = 0;
+    for (int i = 0; i < n; i++)
+        mx = std::max(mx, std::fabs(ref[i]));
+    for (int i = 0; i < n; i++)
+        worst = std::max(worst, std::isfinite(got[i]) ? std::fabs(got[i] - ref[i]) / mx : INFINITY);
+    return worst;
+}
+
+static double run_linear(const emu_case &c)
+{
+    using fn_t = void (*)(const __nv_bfloat16 *, const __nv_fp8_e4m3 *, const float *, const float *,
+                          float, __nv_bfloat16 *);
+    rng r(1000 + c.LN * 7 + c.T);
+    f8w w(r, 1, c.LN, c.LK, c.BN, c.BK, std::sqrt(3.0f / c.LK));
+    buf<__nv_bfloat16> x((size_t)c.T * c.LK), y((size_t)c.T * c.LN);
+    for (__nv_bfloat16 &v : x.v)
+        v.v = emu_f2bf(r.uni(1.7f));
+    for (__nv_bfloat16 &v : y.v)
+        v.v = 0xffff;
+    const emu_step &s = c.steps[0];
+    emu_launch(s.gx, s.gy, s.block, s.smem, s.cluster, [&] {
+        ((fn_t)s.fn)(x.p(), (const __nv_fp8_e4m3 *)w.q.p(), w.s.p(), w.s.p(), 1.0f, y.p());
+    });
+    double worst = 0;
+    std::vector<double> ref(c.LN);
+    std::vector<float> got(c.LN);
+    for (int t = 0; t < c.T; t++) {
+        for (int n = 0; n < c.LN; n++) {
+            double acc = 0;
+            for (int k = 0; k < c.LK; k++)
+                acc += w.at(0, n, k) * emu_bf2f(x.v[(size_t)t * c.LK + k].v);
+            ref[n] = acc;
+            got[n] = emu_bf2f(y.v[(size_t)t * c.LN + n].v);
+        }
+        worst = std::max(worst, row_error(got.data(), ref.data(), c.LN));
+    }
+    return worst;
+}
+
+static double run_moe(const emu_case &c, bool split)
+{
+    using gu_t = void (*)(const __nv_bfloat16 *, const __nv_fp8_e4m3 *, const __nv_fp8_e4m3 *,
+                          const float *, const float *, const int *, const int *, const int *,
+                          __nv_bfloat16 *);
+    using dn_t = void (*)(const __nv_bfloat16 *, const __nv_fp8_e4m3 *, const float *, const int *,
+                          const int *, const int *, const float *, float, float *);
+    const int E = c.E, K = c.K, H = c.H, I = c.I, T = c.T, N = T * K;
+    const float scale = 0.75f;
+    rng r(2000 + E * 31 + H + T);
+    f8w gate(r, E, split ? I : 2 * I, H, c.BN, c.BK, std::sqrt(3.0f / H));
+    f8w up(r, split ? E : 1, split ? I : 1, split ? H : 1, c.BN, c.BK, std::sqrt(3.0f / H));
+    f8w down(r, E, H, I, c.BN, c.BK, std::sqrt(12.0f / I));
+    buf<__nv_bfloat16> x((size_t)T * H), h((size_t)N * I);
+    buf<float> wts(N), y((size_t)N * H);
+    for (__nv_bfloat16 &v : x.v)
+        v.v = emu_f2bf(r.uni(1.7f));
+    std::vector<int> ids(N);
+    for (int t = 0; t < T; t++) {
+        std::vector<int> p(E);
+        for (int e = 0; e < E; e++)
+            p[e] = e;
+        std::shuffle(p.begin(), p.end(), r.g);
+        for (int k = 0; k < K; k++) {
+            ids[t * K + k] = p[k];
+            wts.v[t * K + k] = 0.5f + 0.5f * r.uni(1.0f);
+        }
+    }
+    // align: each expert's slots in blocks of bm, the blocks past the used ones empty
+    const unsigned nb = c.steps[0].gx;
+    const int bm = c.bm;
+    assert(bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
+    buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
+    std::fill(sorted.v.begin(), sorted.v.end(), -1);
+    std::fill(blk.v.begin(), blk.v.end(), -1);
+    int off = 0;
+    for (int e = 0; e < E; e++) {
+        std::vector<int> sl;
+        for (int i = 0; i < N; i++)
+            if (ids[i] == e)
+                sl.push_back(i);
+        const int n = ((int)sl.size() + bm - 1) / bm;
+        for (int b = 0; b < n; b++)
+            blk.v[off + b] = e;
+        for (size_t j = 0; j < sl.size(); j++)
+            sorted.v[(size_t)off * bm + j] = sl[j];
+        off += n;
+    }
+    assert(off <= (int)nb);
+    used.v[0] = off;
+    for (__nv_bfloat16 &v : h.v)
+        v.v = 0xffff;
+    std::fill(y.v.begin(), y.v.end(), NAN);
+    const emu_step &g = c.steps[0], &d = c.steps[1];
+    const __nv_fp8_e4m3 *gq = (const __nv_fp8_e4m3 *)gate.q.p();
+    emu_launch(g.gx, g.gy, g.block, g.smem, g.cluster, [&] {
+        ((gu_t)g.fn)(x.p(), gq, split ? (const __nv_fp8_e4m3 *)up.q.p() : gq, gate.s.p(),
+                     split ? up.s.p() : gate.s.p(), sorted.p(), blk.p(), used.p(), h.p());
+    });
+    emu_launch(d.gx, d.gy, d.block, d.smem, d.cluster, [&] {
+        ((dn_t)d.fn)(h.p(), (const __nv_fp8_e4m3 *)down.q.p(), down.s.p(), sorted.p(), blk.p(),
+                     used.p(), wts.p(), scale, y.p());
+    });
+    double worst = 0;
+    std::vector<double> ref(H), hv(I);
+    std::vector<float> got(H);
+    for (int t = 0; t < T; t++) {
+        std::fill(ref.begin(), ref.end(), 0.0);
+        std::fill(got.begin(), got.end(), 0.0f);
+        for (int k = 0; k < K; k++) {
+            const int sl = t * K + k, e = ids[sl];
+            for (int i = 0; i < I; i++) {
+                double gs = 0, us = 0;
+                for (int j = 0; j < H; j++) {
+                    const double xv = emu_bf2f(x.v[(size_t)t * H + j].v);
+                    gs += gate.at(e, i, j) * xv;
+                    us += (split ? up.at(e, i, j) : gate.at(e, I + i, j)) * xv;
+                }
+                hv[i] = gs / (1 + std::exp(-gs)) * us;
+            }
+            std::vector<float> gh(I);
+            for (int i = 0; i < I; i++)
+                gh[i] = emu_bf2f(h.v[(size_t)sl * I + i].v);
+            worst = std::max(worst, row_error(gh.data(), hv.data(), I));
+            for (int j = 0; j < H; j++) {
+                double acc = 0;
+                for (int i = 0; i < I; i++)
+                    acc += down.at(e, j, i) * hv[i];
+                ref[j] += scale * wts.v[sl] * acc;
+                got[j] += y.v[(size_t)sl * H + j];
+            }
+        }
+        worst = std::max(worst, row_error(got.data(), ref.data(), H));
+    }
+    return worst;
+}
+
+// fp8_emu [I,J,...]: the cases given (indices into CASES), or all of them.
+int main(int argc, char **argv)
+{
+    const int all = (int)(sizeof CASES / sizeof CASES[0]);
+    std::vector<int> which;
+    for (char *p = argc > 1 ? argv[1] : nullptr; p && *p; p += *p == ',') {
+        char *end;
+        const long i = strtol(p, &end, 10);
+        if (end == p || i < 0 || i >= all) {
+            fprintf(stderr, "fp8_emu: bad case list %s (0 to %d)\n", argv[1], all - 1);
+            return 2;
+        }
+        which.push_back((int)i);
+        p = end;
+    }
+    if (which.empty())
+        for (int i = 0; i < all; i++)
+            which.push_back(i);
+    int failed = 0;
+    for (int i : which) {
+        const emu_case &c = CASES[i];
+        const auto t0 = std::chrono::steady_clock::now();
+        const double worst = c.moe ? run_moe(c, strstr(c.what, "split") != nullptr) : run_linear(c);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const bool ok = worst <= TOL;
+        failed += !ok;
+        printf("%s %-48s worst error %.3g (%.1f s)\n", ok ? "ok  " : "FAIL", c.what, worst, s);
+    }
+    printf("fp8_emu: %d of %d cases passed\n", (int)which.size() - failed, (int)which.size());
+    return failed ? 1 : 0;
+}

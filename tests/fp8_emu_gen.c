@@ -1,0 +1,193 @@
+/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c) of a set
+ * of cases as C++ for the CPU emulator (tests/cuda_emu.h,
+ * tests/test_fp8_emu.sh): the prologue's moec_e4m3x4_bf16 and
+ * moec_f8_chunk as the generator emits them, each case's kernels in a
+ * namespace of their own, and a table of the cases with their launches.
+ * Cases: linears and routed experts at odd shapes (partial scale blocks,
+ * slabs with dead warps, uneven K splits over clusters, up inside a row
+ * block, gate and up apart) and buckets 1, 3, 8, 32, 64, 128, with the
+ * default kernel choice or the staged kernels forced, and the shape knobs
+ * set otherwise (test_fp8_emu.sh runs cases 9, 16 and 17 under the thread
+ * sanitizer: keep them a split linear and the two expert forms). usage:
+ * fp8_emu_gen OUT.inc */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cg.h"
+#include "kern_modules.h"
+
+typedef struct gen_case {
+    km_spec s;
+    int T, fp8;
+    const char *env; /* a shape knob NAME=VALUE, or NULL */
+} gen_case;
+
+#define LIN(n, k, bn, bk) \
+    {.name = "lin", .vocab = 8, .LN = n, .LK = k, .ldt = "f8e4m3", .BN = bn, .BK = bk}
+#define MOE(e, kk, h, i, sp, bn, bk)                                                              \
+    {.name = "moe", .vocab = 8, .E = e, .K = kk, .NG = 1, .TG = 1, .norm = 1, .scaling = 1.0,      \
+     .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "f8e4m3",                  \
+     .moe_scale = 0.75, .BN = bn, .BK = bk}
+
+static const gen_case CASES[] = {
+    {LIN(336, 640, 48, 64), 1, CG_FP8_TC, NULL},
+    {LIN(336, 640, 48, 64), 3, CG_FP8_TC, NULL},
+    {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, NULL},
+    {LIN(336, 640, 48, 64), 32, CG_FP8_AUTO, NULL},
+    {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, NULL},
+    {LIN(336, 640, 48, 64), 128, CG_FP8_AUTO, NULL},
+    {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, "MOEC_FP8_TC_SPLIT=1"},
+    {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_WARPS=3"},
+    {LIN(100, 1280, 16, 128), 8, CG_FP8_AUTO, NULL},
+    {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_U=3"},
+    {LIN(576, 512, 128, 128), 3, CG_FP8_TC, NULL},
+    {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, NULL},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_TC, NULL},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 8, CG_FP8_AUTO, NULL},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, NULL},
+    {MOE(4, 2, 192, 64, 0, 32, 64), 128, CG_FP8_AUTO, NULL},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 3, CG_FP8_TC, NULL},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO, "MOEC_FP8_TC_RT=2"},
+};
+enum { N_CASES = sizeof CASES / sizeof CASES[0] };
+
+/* The kernel text of `name` in src, the C++ the emulator compiles: a plain
+ * function (namespaced by the caller) whose shared memory is its block's. */
+static void put_kernel(FILE *f, const char *src, const char *name)
+{
+    char pat[320];
+    snprintf(pat, sizeof pat, " %s(", name);
+    const char *def = strstr(src, pat), *k0 = def;
+    while (k0 && k0 > src && strncmp(k0, "extern \"C\" __global__ ", 22))
+        k0--;
+    const char *k1 = def ? strstr(def, "\n}\n") : NULL;
+    if (!def || !k1 || k0 == src) {
+        fprintf(stderr, "fp8_emu_gen: no kernel %s in the source\n", name);
+        exit(1);
+    }
+    static const char SMEM[] = "extern __shared__ __align__(16) unsigned char moec_smem[];";
+    for (const char *p = k0 + 22; p < k1 + 3;)
+        if (!strncmp(p, SMEM, sizeof SMEM - 1)) {
+            fputs("unsigned char *moec_smem = emu_smem();", f);
+            p += sizeof SMEM - 1;
+        } else {
+            fputc(*p++, f);
+        }
+}
+
+/* The prologue's text from `from` up to `to` (both must be there). */
+static void put_prologue_part(FILE *f, const char *pro, const char *from, const char *to)
+{
+    const char *a = strstr(pro, from), *b = a ? strstr(a, to) : NULL;
+    if (!b) {
+        fprintf(stderr, "fp8_emu_gen: the prologue has no \"%s\"\n", from);
+        exit(1);
+    }
+    fprintf(f, "%.*s\n", (int)(b - a), a);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: fp8_emu_gen OUT.inc\n");
+        return 2;
+    }
+    FILE *f = fopen(argv[1], "w");
+    if (!f) {
+        perror(argv[1]);
+        return 1;
+    }
+    moec_buf pro = {0};
+    cg_emit_prologue(&pro);
+    if (pro.oom)
+        return 1;
+    fprintf(f, "// written by tests/fp8_emu_gen.c: the staged fp8 kernels for cuda_emu.h\n");
+    put_prologue_part(f, pro.data, "__device__ __forceinline__ void moec_e4m3x4_bf16",
+                      "/* 16 bytes of a weight stream");
+    put_prologue_part(f, pro.data, "template <int RT, int NT, int XS>",
+                      "/* Programmatic dependent launch");
+    moec_buf_free(&pro);
+    moec_buf table = {0};
+    for (int i = 0; i < N_CASES; i++) {
+        const gen_case *gc = &CASES[i];
+        char knob[64] = "";
+        if (gc->env) {
+            snprintf(knob, sizeof knob, "%s", gc->env);
+            char *eq = strchr(knob, '=');
+            *eq = '\0';
+            setenv(knob, eq + 1, 1);
+        }
+        ir_module *m = km_module(&gc->s);
+        if (!m)
+            return 1;
+        cg_options o;
+        cg_options_default(&o);
+        o.fp8_kernel = gc->fp8;
+        cg_ctx c;
+        memset(&c, 0, sizeof c);
+        c.m = m;
+        c.opt = &o;
+        c.T = gc->T;
+        for (int k = 0; k < m->n_ops; k++)
+            if ((m->ops[k]->kind == IR_OP_LINEAR || m->ops[k]->kind == IR_OP_MOE_ROUTED) &&
+                cg_emit_op(&c, m->ops[k]) != MOEC_OK) {
+                fprintf(stderr, "fp8_emu_gen: case %d: %s\n", i, moec_last_error());
+                return 1;
+            }
+        if (gc->env)
+            unsetenv(knob);
+        const km_spec *s = &gc->s;
+        int moe = s->E > 0;
+        /* the experts' slots a block, from the kernels' names */
+        int bm = 0;
+        for (int k = 0; k < c.n_kernels; k++) {
+            const char *b = strstr(c.kernel_names[k], "_bm");
+            if (b && strstr(c.kernel_names[k], "f8tc"))
+                bm = atoi(b + 3);
+        }
+        moec_buf_printf(&table,
+                        "    {%d, \"%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, {",
+                        moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
+                        moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
+                        gc->env ? " " : "", gc->env ? gc->env : "", s->LN, s->LK, s->E, s->K,
+                        s->HID, s->I, s->BN, s->BK, gc->T, bm);
+        fprintf(f, "namespace case%d {\n", i);
+        int n = 0;
+        for (int k = 0; k < c.n_steps; k++) {
+            const ir_step *st = &c.steps[k];
+            const char *name = c.kernel_names[st->kernel];
+            if (!strstr(name, "f8tc"))
+                continue; /* align and sum: the emulator's host side does them */
+            put_kernel(f, c.src.data, name);
+            /* the cluster size on the kernel's declaration line */
+            char pat[320];
+            snprintf(pat, sizeof pat, " %s(", name);
+            const char *def = strstr(c.src.data, pat), *line = def;
+            while (line > c.src.data && line[-1] != '\n')
+                line--;
+            const char *cd = strstr(line, "__cluster_dims__(");
+            int cluster = cd && cd < def ? atoi(cd + 17) : 1;
+            moec_buf_printf(&table, "%s{(void (*)())&case%d::%s, %u, %u, %u, %u, %d}", n ? ", " : "",
+                            i, name, st->grid[0], st->grid[1], st->block[0], st->smem, cluster);
+            n++;
+        }
+        fprintf(f, "} // namespace case%d\n", i);
+        moec_buf_printf(&table, "}, %d},\n", n);
+        if (n != (moe ? 2 : 1)) {
+            fprintf(stderr, "fp8_emu_gen: case %d ran %d staged kernels\n", i, n);
+            return 1;
+        }
+        moec_buf_free(&c.src);
+        for (int k = 0; k < c.n_kernels; k++)
+            free(c.kernel_names[k]);
+        free(c.kernel_names);
+        free(c.steps);
+        ir_module_free(m);
+    }
+    if (table.oom)
+        return 1;
+    fprintf(f, "static const emu_case CASES[] = {\n%s};\n", table.data);
+    moec_buf_free(&table);
+    return fclose(f) == 0 ? 0 : 1;
+}
