@@ -65,7 +65,9 @@ moec_status pass_fold_routed_scale(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
 moec_status pass_shard(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_mla_prologue(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_add3_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_plan_memory(ir_module *m, const pass_options *opt);
 
 #endif
