@@ -671,6 +671,11 @@ static const char *sabotage_alias(ir_module *m, ir_op_kind kind)
     return NULL;
 }
 
+/* Aliases of each kind sabotaged, over all models: every kind in some
+ * model (after fuse_mla_prologue a DeepSeek module's only reshapes are read
+ * right away, leaving no op between to break them; the Qwen ones have). */
+static int n_sabotaged[3];
+
 /* The sabotaged aliases of each kind: the independent checker and the
  * verifier refuse them, and (reshape, fork) the planned run disagrees. */
 static void test_alias_sabotage(const char *model, const ir_module *planned, const int32_t *tokens,
@@ -689,14 +694,12 @@ static void test_alias_sabotage(const char *model, const ir_module *planned, con
         if (!m)
             continue;
         const char *moved = sabotage_alias(m, kinds[i]);
-        int has_kind = 0;
-        for (int k = 0; k < m->n_ops; k++)
-            has_kind |= m->ops[k]->kind == kinds[i];
-        T_CHECK(moved || !has_kind);
         if (!moved) {
+            printf("plan_memory %-18s no %s alias to sabotage\n", model, ir_op_name(kinds[i]));
             ir_module_free(m);
             continue;
         }
+        n_sabotaged[i]++;
         T_CHECK(check_plan(m, 0).violations > 0);
         T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "share arena bytes while both are live");
         if (kinds[i] != IR_OP_JOIN) {
@@ -782,6 +785,8 @@ static void test_plan(void)
         T_CHECK(t_pass_equivalence(ALL[i], "plan_memory", NULL) >= 0);
         test_plan_real(ALL[i], i);
     }
+    for (int i = 0; i < 3; i++)
+        T_CHECK(n_sabotaged[i] > 0);
 }
 
 int main(void)
