@@ -276,14 +276,15 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
         moec_buf *b = &c->src;
         char sym[300];
         snprintf(sym, sizeof sym, "%s_inv_freq", name);
-        moec_buf_printf(b, "%s// %s (codegen/mla_prologue.c), first for %%%s\n", HELPERS,
-                        ir_op_name(op->kind), who);
+        moec_buf_printf(b, "%s", HELPERS);
         cg_rope_emit_table(b, &rt, sym);
         /* the unused sections' pointers, so that one body serves every form */
         moec_buf_printf(b,
-                        "extern \"C\" __global__ void __launch_bounds__(%d)\n%s(%s)\n{\n"
+                        "// %s (codegen/mla_prologue.c), first for %%%s\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)\n{\n"
                         "    typedef %s TX;\n    typedef %s TY;\n    typedef %s TP;\n",
-                        PRO_THREADS, name, params.data, cx, cy, cg_ctype(att ? tp : ty));
+                        ir_op_name(op->kind), who, PRO_THREADS, name, params.data, cx, cy,
+                        cg_ctype(att ? tp : ty));
         if (!heads)
             moec_buf_printf(b, "    TY *q_nope = nullptr, *q_pe = nullptr;\n"
                                "    (void)q_nope;\n    (void)q_pe;\n");

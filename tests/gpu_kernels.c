@@ -1,6 +1,7 @@
 /* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
  * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
- * the sparse mla_attention over its selection, and the linears and experts
+ * the sparse mla_attention over its selection, the MLA prologue ops with
+ * the cache rows they write, and the linears and experts
  * of fp8 weights) run on the GPU against the CPU interpreter, on fresh
  * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
  * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
@@ -167,7 +168,10 @@ static double compare_rows(const char *what, const float *gpu, const float *ref,
 
 /* ---- programs: generated per module, compiled in parallel up front -------- */
 
-static const int BUCKETS[] = {1, 2, 4, 8, 16, 32, 64};
+/* the default buckets, then 3 (a bucket no default has: the MLA prologue's
+   odd T); tmask bit i is BUCKETS[i] */
+static const int BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 3};
+#define N_BUCKETS_ALL 8
 
 typedef struct gk_prog {
     char key[128];
@@ -176,7 +180,7 @@ typedef struct gk_prog {
     int loaded;
 } gk_prog;
 
-static gk_prog progs[48];
+static gk_prog progs[64];
 static int n_progs;
 static const char *cache_dir;
 
@@ -242,7 +246,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
     c.m = m;
     c.opt = &o;
     cg_emit_prologue(&c.src);
-    for (int b = 0; b < 7; b++) {
+    for (int b = 0; b < N_BUCKETS_ALL; b++) {
         if (!(tmask & (1u << b)))
             continue;
         moec_status st = gen_more(m, BUCKETS[b], &c);
@@ -267,7 +271,7 @@ static void prog_add(const km_spec *s, ir_dtype cdt, int bs, unsigned tmask)
 static void progs_compile(void)
 {
     double t0 = now_s();
-    cg_compile_job jobs[48];
+    cg_compile_job jobs[64];
     for (int i = 0; i < n_progs; i++)
         jobs[i] = progs[i].job;
     cg_compile_many(jobs, n_progs, "sm_90", cache_dir, NULL, NULL);
@@ -1552,9 +1556,289 @@ static void dsa_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *len
            lens[0], lens[1], lens[2], now_s() - t0);
 }
 
+/* ---- the MLA prologue: its results, the cache rows it writes ---------------- */
+
+/* Steps of two sequences with padding over a shuffled paged cache, as for
+ * attention, through the prologue op(s) (mla_prologue, or mla_prologue_kv
+ * and mla_prologue_q) and the mla_attention whose cache they write: every
+ * prologue result of a real token against the interpreter's, the cache
+ * rows of every position of both sequences against the interpreter's kv_c
+ * and k_pe of that position, every other cache row still poisoned (padding
+ * tokens write none), and the attention output over the rows written. */
+typedef struct pro_env {
+    const km_spec *s;
+    ir_module *m;
+    const ir_op *att, *pro[2]; /* the prologue ops: the kv side's, then the q side's (or NULL) */
+    ir_dtype cdt;
+    int bs, max_len, pages;
+    int len[MAX_SEQ];
+    float *hist[MAX_SEQ][2]; /* the interpreter's kv_c [R] and k_pe [DR] per position */
+    rt_interp *in[MAX_SEQ];
+    gk_bind b;
+    cudaLibrary_t lib;
+    uint64_t rng;
+    float **rows;
+    int seq_of[TMAX], idx_of[TMAX], pos_of[TMAX];
+    double worst_pro, worst_att;
+    int rows_checked;
+} pro_env;
+
+static const float *rows_from_pro(void *u, const ir_value *v)
+{
+    pro_env *e = u;
+    if (!e->rows[v->id]) {
+        fprintf(stderr, "no rows for %s\n", v->name);
+        exit(1);
+    }
+    return e->rows[v->id];
+}
+
+static void pro_init(pro_env *e, const km_spec *s, ir_dtype cdt, int bs, uint64_t seed)
+{
+    memset(e, 0, sizeof *e);
+    e->s = s;
+    e->cdt = cdt;
+    e->bs = bs;
+    e->max_len = 160;
+    e->rng = seed;
+    e->m = km_module(s);
+    if (!e->m)
+        exit(1);
+    e->att = val(e->m, "o")->def;
+    e->pro[0] = val(e->m, "kv_c")->def;
+    e->pro[1] = val(e->m, "q_pe")->def == e->pro[0] ? NULL : val(e->m, "q_pe")->def;
+    for (int q = 0; q < 2; q++) {
+        e->hist[q][0] = xmalloc((size_t)e->max_len * s->R * 4);
+        e->hist[q][1] = xmalloc((size_t)e->max_len * s->DR * 4);
+    }
+    interps_init(e->in, 2, e->m, cdt, s, e->max_len, &e->rng);
+    bind_init(&e->b, e->m, cdt);
+    for (int i = 0; i < e->m->n_values; i++)
+        if (e->m->values[i]->kind == IR_VALUE_WEIGHT && !strstr(e->m->values[i]->name, "tab_"))
+            bind_weight(&e->b, e->in[0], e->m->values[i], NULL);
+    e->lib = prog_lib(s, cdt, bs);
+    e->pages = bind_block_table(&e->b, &e->rng, e->max_len, bs);
+    size_t esz = ir_dtype_size(cdt);
+    for (int i = 0; i < 2; i++) {
+        size_t bytes = (size_t)e->pages * bs * (i ? s->DR : s->R) * esz;
+        e->b.kv[i] = dalloc(bytes);
+        CK(cudaMemset(e->b.kv[i], 0xff, bytes)); /* poisoned: a row written shows */
+    }
+    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
+    e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
+    if (!e->rows)
+        exit(1);
+}
+
+static void pro_free(pro_env *e)
+{
+    printf("%-16s %s prologue worst error: results %.2e, attention %.2e; %d cache rows checked\n",
+           e->s->name, ir_dtype_name(e->cdt), e->worst_pro, e->worst_att, e->rows_checked);
+    for (int q = 0; q < 2; q++) {
+        free(e->hist[q][0]);
+        free(e->hist[q][1]);
+        rt_interp_free(e->in[q]);
+    }
+    for (int i = 0; i < e->m->n_values; i++)
+        free(e->rows[i]);
+    free(e->rows);
+    bind_free(&e->b);
+    ir_module_free(e->m);
+}
+
+/* The step's rows of v: the interpreters' for real tokens, random for padding. */
+static void pro_operand_rows(pro_env *e, const ir_value *v, int T)
+{
+    int w = (int)ir_type_numel(&v->type, 1);
+    ir_dtype dt = storage(&e->b, v);
+    free(e->rows[v->id]);
+    e->rows[v->id] = xmalloc((size_t)T * w * 4);
+    for (int t = 0; t < T; t++) {
+        float *r = e->rows[v->id] + (size_t)t * w;
+        int q = e->seq_of[t];
+        if (q >= 0)
+            memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
+        else
+            for (int i = 0; i < w; i++)
+                r[i] = round_to(dt, urand(&e->rng, 1.7f));
+    }
+}
+
+/* Value v on the GPU against the interpreter, for the real tokens of the
+ * step; the worst error. */
+static double pro_compare(pro_env *e, const ir_value *v, int T, const char *what)
+{
+    int w = (int)ir_type_numel(&v->type, 1), n = 0;
+    float *gpu = xmalloc((size_t)T * w * 4), *g = xmalloc((size_t)T * w * 4),
+          *r = xmalloc((size_t)T * w * 4);
+    download(gpu, storage(&e->b, v), e->b.val[v->id], (size_t)T * w);
+    for (int t = 0; t < T; t++) {
+        int q = e->seq_of[t];
+        if (q < 0)
+            continue;
+        memcpy(g + (size_t)n * w, gpu + (size_t)t * w, (size_t)w * 4);
+        memcpy(r + (size_t)n * w, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w,
+               (size_t)w * 4);
+        n++;
+    }
+    char w2[320];
+    snprintf(w2, sizeof w2, "%s %%%s", what, v->name);
+    double err = compare_rows(w2, g, r, n, w, e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32);
+    free(gpu);
+    free(g);
+    free(r);
+    return err;
+}
+
+/* Both pools: the row of each sequence's position p < len within tol of the
+ * interpreter's kv_c and k_pe at p; every row no sequence owns, or past its
+ * length, all poison bytes (0xff): padding tokens wrote nothing. */
+static void pro_check_cache(pro_env *e, const char *what)
+{
+    const km_spec *s = e->s;
+    int mb = e->b.max_blocks, bs = e->bs, width[2] = {s->R, s->DR};
+    int *bt = xmalloc((size_t)e->pages * 4);
+    CK(cudaMemcpy(bt, e->b.input[IR_INPUT_BLOCK_TABLE], (size_t)e->pages * 4,
+                  cudaMemcpyDeviceToHost));
+    /* the owner of each pool row: sequence * max_len + position, or -1 */
+    int rows = e->pages * bs;
+    int *owner = xmalloc((size_t)rows * sizeof *owner);
+    for (int i = 0; i < rows; i++)
+        owner[i] = -1;
+    for (int q = 0; q < 2; q++)
+        for (int p = 0; p < e->len[q]; p++)
+            owner[bt[q * mb + p / bs] * bs + p % bs] = q * e->max_len + p;
+    size_t esz = ir_dtype_size(e->cdt);
+    int stray = 0;
+    for (int i = 0; i < 2; i++) {
+        int w = width[i];
+        unsigned char *raw = xmalloc((size_t)rows * w * esz);
+        CK(cudaMemcpy(raw, e->b.kv[i], (size_t)rows * w * esz, cudaMemcpyDeviceToHost));
+        float *got = xmalloc((size_t)w * 4);
+        for (int row = 0; row < rows; row++) {
+            const unsigned char *rb = raw + (size_t)row * w * esz;
+            if (owner[row] < 0) {
+                for (size_t k = 0; k < (size_t)w * esz; k++)
+                    stray += rb[k] != 0xff;
+                continue;
+            }
+            int q = owner[row] / e->max_len, p = owner[row] % e->max_len;
+            if (e->cdt == IR_DTYPE_BF16)
+                for (int k = 0; k < w; k++) {
+                    uint16_t h;
+                    memcpy(&h, rb + 2 * k, 2);
+                    got[k] = bf2f(h);
+                }
+            else
+                memcpy(got, rb, (size_t)w * 4);
+            char w2[320];
+            snprintf(w2, sizeof w2, "%s cache %s of sequence %d position %d", what,
+                     i ? "k_pe" : "kv_c", q, p);
+            e->worst_pro = fmax(e->worst_pro, compare_rows(w2, got, e->hist[q][i] + (size_t)p * w, 1, w,
+                                                           e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32));
+            e->rows_checked++;
+        }
+        free(got);
+        free(raw);
+    }
+    T_CHECK(stray == 0);
+    if (stray)
+        fprintf(stderr, "FAIL %s: %d bytes of cache rows no sequence owns were written\n", what,
+                stray);
+    free(owner);
+    free(bt);
+}
+
+static void pro_step(pro_env *e, int T, const int *ntok)
+{
+    const km_spec *s = e->s;
+    const ir_module *m = e->m;
+    int slots[TMAX];
+    assign_tokens(&e->rng, T, 2, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of, slots);
+    for (int q = 0; q < 2; q++) {
+        if (!ntok[q])
+            continue;
+        int32_t tok[TMAX], pos[TMAX];
+        for (int j = 0; j < ntok[q]; j++) {
+            tok[j] = irand(&e->rng, s->vocab);
+            pos[j] = e->len[q] + j;
+        }
+        T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
+        /* what the cache holds at those positions */
+        for (int j = 0; j < ntok[q]; j++) {
+            memcpy(e->hist[q][0] + (size_t)pos[j] * s->R,
+                   rt_interp_value(e->in[q], e->att->in[2]) + (size_t)j * s->R, (size_t)s->R * 4);
+            memcpy(e->hist[q][1] + (size_t)pos[j] * s->DR,
+                   rt_interp_value(e->in[q], e->att->in[3]) + (size_t)j * s->DR, (size_t)s->DR * 4);
+        }
+    }
+    /* what the kernels read and nothing of theirs writes: the prologue
+       inputs, q_c, the argmax's logits */
+    for (int i = 0; i < 2; i++)
+        if (e->pro[i])
+            pro_operand_rows(e, e->pro[i]->in[0], T);
+    pro_operand_rows(e, e->att->in[0], T);
+    const ir_value *outv = val(m, "out");
+    free(e->rows[outv->id]);
+    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
+    for (size_t i = 0; i < (size_t)T * 40; i++)
+        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
+    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
+    cg_options o;
+    options_for(&o, e->cdt, e->bs);
+    cg_ctx c;
+    T_OK(gen(m, &o, T, &c));
+    bind_step_values(&e->b, &c, rows_from_pro, e);
+    launch_steps(&e->b, &c, e->lib);
+    for (int q = 0; q < 2; q++)
+        e->len[q] += ntok[q];
+    char what[160];
+    snprintf(what, sizeof what, "%s %s T=%d", s->name, ir_dtype_name(e->cdt), T);
+    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; e->pro[i] && k < e->pro[i]->n_out; k++)
+            e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));
+    e->worst_att = fmax(e->worst_att, pro_compare(e, e->att->out[0], T, what));
+    /* padding tokens: zeros from the attention */
+    int w = s->H * s->R, pads_ok = 1;
+    float *gpu = xmalloc((size_t)T * w * 4);
+    download(gpu, storage(&e->b, e->att->out[0]), e->b.val[e->att->out[0]->id], (size_t)T * w);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; e->seq_of[t] < 0 && i < w; i++)
+            pads_ok &= gpu[(size_t)t * w + i] == 0.0f;
+    T_CHECK(pads_ok);
+    free(gpu);
+    pro_check_cache(e, what);
+    if (getenv("MOEC_KERN_BENCH") && T <= 8) {
+        char label[64];
+        snprintf(label, sizeof label, "prologue T=%d", T);
+        bench_steps(&e->b, &c, e->lib, label, 0);
+    }
+    ctx_free(&c);
+}
+
+/* Prefill chunks crossing pages (T = 64, padding among them), then decode
+ * steps at T = 3 and 1, with a padding token in each T = 3 step. */
+static void pro_case(const km_spec *s, ir_dtype cdt, int bs)
+{
+    double t0 = now_s();
+    pro_env e;
+    pro_init(&e, s, cdt, bs, 0x9a0000u + (uint64_t)s->H * 7 + (uint64_t)cdt);
+    static const int steps[][3] = {{64, 40, 21}, {64, 30, 33}, {3, 1, 1}, {1, 0, 1},
+                                   {3, 1, 0},    {1, 1, 0},    {3, 0, 2}};
+    for (int i = 0; i < (int)(sizeof steps / sizeof *steps); i++)
+        pro_step(&e, steps[i][0], steps[i] + 1);
+    pro_free(&e);
+    printf("%-16s %s prologue (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt),
+           now_s() - t0);
+}
+
 /* ---- the cases ------------------------------------------------------------- */
 
 #define TM(t) (1u << (__builtin_ctz(t)))
+#define TM3 (1u << 7)
 
 static const km_spec V2_MOE = {.name = "v2lite_moe", .vocab = 97, .E = 64, .K = 6, .NG = 1,
                                .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408,
@@ -1641,6 +1925,23 @@ static const km_spec V32_DSA_2K = {.name = "v32_dsa_2k", .vocab = 97, .attn = KM
                                    .R = 512, .DR = 64, .attn_scale = 0.07216878364870323,
                                    .TOPK = 2048, .HI = 64, .DI = 128,
                                    .dsa_scale = 0.08838834764831845, .dsa_wscale = 0.125};
+/* the MLA prologue: DeepSeek-V2-Lite (no q LoRA: one mla_prologue) and V3
+ * (q_lora 1536, 128 heads: mla_prologue_kv and mla_prologue_q, rows wider
+ * than their sections as V3.2's), and odd sizes with neox, linear scaling
+ * and an attn_factor, with and without the q latent */
+static const km_spec PRO_V2 = {.name = "v2lite_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 16,
+                               .DN = 128, .DR = 64, .R = 512, .attn_scale = 0.1147213867929261};
+static const km_spec PRO_V3 = {.name = "v3_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 128,
+                               .DN = 128, .DR = 64, .R = 512, .QR = 1536, .XN = 192,
+                               .attn_scale = 0.1352337788608801};
+static const km_spec PRO_ODD = {.name = "odd_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 3,
+                                .DN = 5, .DR = 6, .R = 36, .XN = 3, .attn_scale = 0.3,
+                                .rope = "style = \"neox\", theta = 500.0, scaling = \"linear\", "
+                                        "factor = 2.0, attn_factor = 1.25"};
+static const km_spec PRO_ODD_Q = {.name = "odd_pro_q", .vocab = 97, .attn = KM_MLA_PRO, .H = 3,
+                                  .DN = 5, .DR = 6, .R = 36, .QR = 7, .XN = 3, .attn_scale = 0.3,
+                                  .rope = "style = \"neox\", theta = 500.0, scaling = "
+                                          "\"linear\", factor = 2.0, attn_factor = 1.25"};
 static const km_spec ODD_DSA = {.name = "odd_dsa", .vocab = 97, .attn = KM_MLA, .H = 3, .R = 36,
                                 .DR = 6, .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12,
                                 .dsa_scale = 0.5, .dsa_wscale = -0.7};
@@ -1680,6 +1981,7 @@ int main(void)
         prog_add(&V2_MLA, IR_DTYPE_F32, 64, ATT);
         prog_add(&V3_MLA, IR_DTYPE_BF16, 64, ATT);
         prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+        prog_add(&PRO_V2, IR_DTYPE_BF16, 64, TM(1) | TM(64) | TM3);
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
@@ -1692,6 +1994,7 @@ int main(void)
         attn_case_interp(&V2_MLA, IR_DTYPE_F32, 64, 0);
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+        pro_case(&PRO_V2, IR_DTYPE_BF16, 64);
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
@@ -1725,6 +2028,11 @@ int main(void)
     prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     prog_add(&ODD_DSA, IR_DTYPE_BF16, 16, DSA_T);
     prog_add(&ODD_DSA, IR_DTYPE_F32, 16, DSA_T);
+    const unsigned PRO_T = TM(1) | TM(64) | TM3;
+    const km_spec *pros[4] = {&PRO_V2, &PRO_V3, &PRO_ODD, &PRO_ODD_Q};
+    for (int i = 0; i < 4; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            prog_add(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16, PRO_T);
     /* fp8: the few-rows kernel (T <= 4), tensor cores (T >= 8), the few-rows
        kernel per 4 rows (f32, or K not in 32-wide chunks) */
     const unsigned LIN = TM(1) | TM(2) | TM(4) | TM(8) | TM(16) | TM(64);
@@ -1791,6 +2099,10 @@ int main(void)
     const int long_dsa[3] = {4200, 2049, 700}, long_odd_dsa[3] = {200, 6, 5};
     dsa_case_long(&V32_DSA_2K, IR_DTYPE_BF16, 64, long_dsa);
     dsa_case_long(&ODD_DSA, IR_DTYPE_F32, 16, long_odd_dsa);
+
+    for (int i = 0; i < 4; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            pro_case(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16);
 
     progs_free();
     printf("total %.1f s\n", now_s() - t0);
