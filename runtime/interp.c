@@ -605,7 +605,8 @@ static moec_status op_mla_prologue(rt_interp *in, const ir_op *op, int T)
         MOEC_TRY(attr_num_req(op, "eps", &eps));
     int o = 0; /* the result being written */
     if (dr < 2 || dr % 2 || (heads && (H < 1 || dn < 1)) || q_cols + (kv ? r + dr : 0) > N ||
-        (heads && (numel_of(op->out[0], T) != T * H * dn || numel_of(op->out[1], T) != T * H * dr)) ||
+        (heads &&
+         (numel_of(op->out[0], T) != T * H * dn || numel_of(op->out[1], T) != T * H * dr)) ||
         (!heads && numel_of(op->out[0], T) != T * qr) ||
         (kv && (numel_of(op->out[op->n_out - 2], T) != T * r ||
                 numel_of(op->out[op->n_out - 1], T) != T * dr)))

@@ -196,6 +196,10 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs)
     o->kv_block_size = bs;
 }
 
+/* The ops whose kernels these programs run: the heavy ones, and here the
+ * add_rms_norm of km_spec.AN too. */
+static int runs(const ir_op *op) { return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM; }
+
 /* The heavy ops of m and the argmax of its output, for bucket T, added to
  * c (whose kernels so far are reused, not emitted again). */
 static moec_status gen_more(const ir_module *m, int T, cg_ctx *c)
@@ -203,7 +207,7 @@ static moec_status gen_more(const ir_module *m, int T, cg_ctx *c)
     c->T = T;
     c->n_steps = 0;
     for (int k = 0; k < m->n_ops; k++)
-        if (km_is_heavy(m->ops[k]))
+        if (runs(m->ops[k]))
             MOEC_TRY(cg_emit_op(c, m->ops[k]));
     return cg_emit_argmax(c, m->outputs[0]);
 }
@@ -364,7 +368,7 @@ static ir_dtype storage(const gk_bind *b, const ir_value *v)
 }
 
 /* Whether v is a result of an op whose kernels the program runs. */
-static int produced(const ir_value *v) { return v->def && km_is_heavy(v->def); }
+static int produced(const ir_value *v) { return v->def && runs(v->def); }
 
 /* The device copy of activation v (TMAX tokens of 4-byte slots). */
 static void *act(gk_bind *b, const ir_value *v)
@@ -727,6 +731,18 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
             snprintf(what, sizeof what, "%s %s T=%d experts", s->name, ir_dtype_name(cdt), T);
             worst_y = fmax(worst_y, compare_rows(what, gy, rt_interp_value(in, y), rows, n, tol));
             free(gy);
+        }
+        if (s->AN > 0) {
+            static const char *const AN_OUT[2] = {"an_s", "an_n"};
+            float *ga = xmalloc((size_t)T * s->AN * 4);
+            for (int k = 0; k < 2; k++) {
+                const ir_value *v = val(m, AN_OUT[k]);
+                download(ga, storage(&b, v), b.val[v->id], (size_t)T * s->AN);
+                snprintf(what, sizeof what, "%s %s T=%d add_rms_norm %s", s->name,
+                         ir_dtype_name(cdt), T, AN_OUT[k]);
+                worst_l = fmax(worst_l, compare_rows(what, ga, rt_interp_value(in, v), T, s->AN, tol));
+            }
+            free(ga);
         }
         if (s->LN > 0) {
             const ir_value *ly = val(m, "ly");
@@ -1735,8 +1751,9 @@ static void pro_check_cache(pro_env *e, const char *what)
             char w2[320];
             snprintf(w2, sizeof w2, "%s cache %s of sequence %d position %d", what,
                      i ? "k_pe" : "kv_c", q, p);
-            e->worst_pro = fmax(e->worst_pro, compare_rows(w2, got, e->hist[q][i] + (size_t)p * w, 1, w,
-                                                           e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32));
+            double tol = e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32;
+            e->worst_pro =
+                fmax(e->worst_pro, compare_rows(w2, got, e->hist[q][i] + (size_t)p * w, 1, w, tol));
             e->rows_checked++;
         }
         free(got);
@@ -1929,6 +1946,11 @@ static const km_spec V32_DSA_2K = {.name = "v32_dsa_2k", .vocab = 97, .attn = KM
  * (q_lora 1536, 128 heads: mla_prologue_kv and mla_prologue_q, rows wider
  * than their sections as V3.2's), and odd sizes with neox, linear scaling
  * and an attn_factor, with and without the q latent */
+/* the residual add_rms_norm with the routed and shared experts' sum:
+ * V2-Lite's hidden size (alpha 1), V3's (alpha 2.5, its f16 form), odd */
+static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
+static const km_spec ADD3_V3 = {.name = "v3_add3", .vocab = 97, .AN = 7168, .an_alpha = 2.5};
+static const km_spec ADD3_ODD = {.name = "odd_add3", .vocab = 97, .AN = 37, .an_alpha = -0.5};
 static const km_spec PRO_V2 = {.name = "v2lite_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 16,
                                .DN = 128, .DR = 64, .R = 512, .attn_scale = 0.1147213867929261};
 static const km_spec PRO_V3 = {.name = "v3_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 128,
@@ -2028,6 +2050,10 @@ int main(void)
     prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     prog_add(&ODD_DSA, IR_DTYPE_BF16, 16, DSA_T);
     prog_add(&ODD_DSA, IR_DTYPE_F32, 16, DSA_T);
+    const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            prog_add(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     const unsigned PRO_T = TM(1) | TM(64) | TM3;
     const km_spec *pros[4] = {&PRO_V2, &PRO_V3, &PRO_ODD, &PRO_ODD_Q};
     for (int i = 0; i < 4; i++)
@@ -2103,6 +2129,10 @@ int main(void)
     for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)
             pro_case(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16);
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            moe_case(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, TM(1) | TM(8) | TM(64),
+                     30 + (uint64_t)(2 * i + f32));
 
     progs_free();
     printf("total %.1f s\n", now_s() - t0);

@@ -44,6 +44,10 @@ typedef struct km_spec {
     int LN, LK;                /* a linear ly [T, LN] = lx [T, LK] lw^T when LN > 0 */
     const char *ldt;           /* its weight's IR dtype */
     int BN, BK;                /* the block scales of f8e4m3 weights (0: 128) */
+    int AN;                    /* an_s, an_n [T, AN] = add_rms_norm(an_a, an_b, an_w, an_c)
+                                  {alpha = an_alpha} when AN > 0 (the residual add with the
+                                  routed and shared experts' sum) */
+    double an_alpha;
 } km_spec;
 
 /* ", block_scale[BN, BK] = "<name>_s"" for an f8e4m3 weight, else "". */
@@ -199,6 +203,16 @@ static inline char *km_text(const km_spec *s)
         moec_buf_printf(&w, "  weight %%lw : %s[%d, %d] = \"lw\"%s\n", s->ldt, s->LN, s->LK,
                       km_scale(sc, sizeof sc, s, s->ldt, "lw"));
         moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)\n", s->LN);
+    }
+    if (s->AN > 0) {
+        km_table(&w, &o, s, "an_a", s->AN, "bf16");
+        km_table(&w, &o, s, "an_b", s->AN, "bf16");
+        km_table(&w, &o, s, "an_c", s->AN, "bf16");
+        moec_buf_printf(&w, "  weight %%an_w : bf16[%d] = \"an_w\"\n", s->AN);
+        moec_buf_printf(&o,
+                      "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %%an_b, "
+                      "%%an_w, %%an_c) {eps = 1e-06, alpha = %s}\n",
+                      s->AN, s->AN, km_float(f1, s->an_alpha));
     }
     moec_buf_printf(&all,
                   "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"

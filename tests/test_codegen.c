@@ -890,9 +890,10 @@ static const char ADD_NORM_IR[] =
     "  %r : f32[T, 64], %h : f32[T, 64] = add_rms_norm(%x, %x2, %norm) {eps = 1e-06, alpha = 2.5}\n"
     "  %r2 : f32[T, 64], %h2 : f32[T, 64] = add_rms_norm(%r, %h, %norm) {eps = 1e-05}\n"
     "  %r3 : f32[T, 64], %h3 : f32[T, 64] = add_rms_norm(%r2, %h2, %norm32) {eps = 1e-05}\n"
-    "  %wd : f32[T, 2048] = linear(%h3, %wide_w)\n"
+    "  %r4 : f32[T, 64], %h4 : f32[T, 64] = add_rms_norm(%r3, %h3, %norm, %x2) {eps = 1e-05, alpha = 2.5}\n"
+    "  %wd : f32[T, 2048] = linear(%h4, %wide_w)\n"
     "  %wr : f32[T, 2048], %wh : f32[T, 2048] = add_rms_norm(%wd, %wd, %wide_norm) {eps = 1e-06}\n"
-    "  %hg : f32[T, 73728] = linear(%r3, %huge_w)\n"
+    "  %hg : f32[T, 73728] = linear(%r4, %huge_w)\n"
     "  %hr : f32[T, 73728], %hh : f32[T, 73728] = add_rms_norm(%hg, %hg, %huge_norm) {eps = 1e-06}\n"
     "  %lg : f32[T, 256] = linear(%h3, %embed)\n"
     "  %logits : f32[T, 256] = reshape(%lg)\n"
@@ -931,6 +932,16 @@ static void test_add_rms_norm(void)
     T_CHECK(s && s2 && s2->kernel == s->kernel && s2->args[5].f == 1.0 && s2->args[6].f == 1e-5);
     /* an f32 weight: every dtype in the name (sum, normed, a, b, w) */
     expect_kernel(&c, "r3", "add_rms_norm_d64_t8_bf16_bf16_bf16_bf16_f32", 2, 1, 128, 7);
+    /* a second addend, c: (a, b, w, c, sum, normed, alpha, eps); b + c first */
+    expect_kernel(&c, "r4", "add3_rms_norm_d64_t8_bf16", 2, 1, 128, 8);
+    s = step_of(&c, "r4");
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "r3")) &&
+            is_arg(s->args[1], IR_ARG_ACT, vid(&c, "h3")) &&
+            is_arg(s->args[2], IR_ARG_WEIGHT, vid(&c, "norm")) &&
+            is_arg(s->args[3], IR_ARG_ACT, vid(&c, "x2")) &&
+            is_arg(s->args[4], IR_ARG_ACT, vid(&c, "r4")) &&
+            is_arg(s->args[5], IR_ARG_ACT, vid(&c, "h4")) && s->args[6].f == 2.5 &&
+            s->args[7].f == 1e-5);
     /* the hidden size: a block per row, 256 threads of 8 elements */
     expect_kernel(&c, "wr", "add_rms_norm_d2048_t8_bf16", 8, 1, 256, 7);
     s = step_of(&c, "wr");
@@ -949,6 +960,11 @@ static void test_add_rms_norm(void)
     T_CHECK(huge && strstr(huge, "ldv<8>(sr + c * 8, t);") && !strstr(huge, "float v["));
     /* bf16: the norm is of the sum as stored */
     T_CHECK(strstr(src, "__nv_bfloat16 q;\n                st(&q, t[j]);\n") != NULL);
+    const char *add3 = strstr(src, "add3_rms_norm_d64_t8_bf16(");
+    T_CHECK(add3 && strstr(add3, "const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 "
+                                 "*__restrict__ c2, __nv_bfloat16 *__restrict__ sum") &&
+            strstr(add3, "ldv<8>(c2 + base + c * 8, u2);") &&
+            strstr(add3, "u[j] = u[j] + u2[j];"));
     compile_src(src, "the add_rms_norm module");
     ctx_free(&c);
 

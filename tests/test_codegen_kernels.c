@@ -483,7 +483,8 @@ static void check_prologue(const ir_module *m, const cg_ctx *c)
     const ir_op *att = ir_module_find_value(m, "o")->def;
     const ir_op *kv = ir_module_find_value(m, "kv_c")->def;
     const ir_op *q = ir_module_find_value(m, "q_pe")->def;
-    T_CHECK(a >= 0 && cg_mla_prologue_cache(m, kv) == att && cg_mla_prologue_cache(m, q) == (q == kv ? att : NULL));
+    T_CHECK(a >= 0 && cg_mla_prologue_cache(m, kv) == att &&
+            cg_mla_prologue_cache(m, q) == (q == kv ? att : NULL));
     if (a < 0)
         return;
     /* the attention starts with its attention kernel: no cache write */
@@ -498,8 +499,10 @@ static void check_prologue(const ir_module *m, const cg_ctx *c)
         if (op != kv && op != q)
             continue;
         const char *kn = c->kernel_names[s->kernel];
-        T_CHECK(!strncmp(kn, op->kind == IR_OP_MLA_PROLOGUE_KV ? "mla_prologue_kv_h0_" : op->kind == IR_OP_MLA_PROLOGUE_Q ? "mla_prologue_q_h" : "mla_prologue_h", op->kind == IR_OP_MLA_PROLOGUE ? 14 : 16));
-        int roles = op->kind == IR_OP_MLA_PROLOGUE_KV ? 2 : op->kind == IR_OP_MLA_PROLOGUE_Q ? nqg : nqg + 1;
+        int is_kv = op->kind == IR_OP_MLA_PROLOGUE_KV, is_q = op->kind == IR_OP_MLA_PROLOGUE_Q;
+        const char *want = is_kv ? "mla_prologue_kv_h0_" : is_q ? "mla_prologue_q_h" : "mla_prologue_h";
+        T_CHECK(!strncmp(kn, want, strlen(want)));
+        int roles = is_kv ? 2 : is_q ? nqg : nqg + 1;
         T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == (unsigned)roles && s->block[0] == 128);
         T_CHECK(s->args[0].kind == IR_ARG_ACT && s->args[0].index == op->in[0]->id &&
                 s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
@@ -510,13 +513,14 @@ static void check_prologue(const ir_module *m, const cg_ctx *c)
         /* ..., kv_c, k_pe, positions, slots, block_table, max_blocks, pool 0, pool 1, eps */
         int n = s->n_args;
         T_CHECK(n == 14 && strstr(kn, "_c64_") != NULL);
-        T_CHECK(s->args[n - 8].kind == IR_ARG_ACT && s->args[n - 8].index == op->out[op->n_out - 1]->id);
-        T_CHECK(s->args[n - 7].kind == IR_ARG_INPUT && s->args[n - 7].index == IR_INPUT_POSITIONS &&
-                s->args[n - 6].kind == IR_ARG_INPUT && s->args[n - 6].index == IR_INPUT_SLOTS &&
-                s->args[n - 5].kind == IR_ARG_INPUT && s->args[n - 5].index == IR_INPUT_BLOCK_TABLE &&
-                s->args[n - 4].kind == IR_ARG_CONFIG && s->args[n - 4].index == IR_CONFIG_MAX_BLOCKS);
-        T_CHECK(s->args[n - 3].kind == IR_ARG_KV && s->args[n - 3].index == att->id && s->args[n - 3].i == 0 &&
-                s->args[n - 2].kind == IR_ARG_KV && s->args[n - 2].index == att->id && s->args[n - 2].i == 1);
+        const ir_arg *g = s->args + n - 8;
+        T_CHECK(g[0].kind == IR_ARG_ACT && g[0].index == op->out[op->n_out - 1]->id);
+        T_CHECK(g[1].kind == IR_ARG_INPUT && g[1].index == IR_INPUT_POSITIONS &&
+                g[2].kind == IR_ARG_INPUT && g[2].index == IR_INPUT_SLOTS &&
+                g[3].kind == IR_ARG_INPUT && g[3].index == IR_INPUT_BLOCK_TABLE &&
+                g[4].kind == IR_ARG_CONFIG && g[4].index == IR_CONFIG_MAX_BLOCKS);
+        T_CHECK(g[5].kind == IR_ARG_KV && g[5].index == att->id && g[5].i == 0 &&
+                g[6].kind == IR_ARG_KV && g[6].index == att->id && g[6].i == 1);
         T_CHECK(s->args[n - 1].kind == IR_ARG_F32 && s->args[n - 1].f == 1e-6);
     }
 }
