@@ -47,28 +47,14 @@ typedef struct pro_site {
     ir_op *q_norm;
 } pro_site;
 
-static ir_op *def_of(const ir_value *v, ir_op_kind kind)
-{
-    if (!v || v->kind != IR_VALUE_OP || !v->def || v->def->kind != kind)
-        return NULL;
-    return v->def;
-}
-
-/* An f32 activation [T, ...] of rank `rank`. */
-static int is_act(const ir_value *v, int rank)
-{
-    return v && v->kind == IR_VALUE_OP && v->type.dtype == IR_DTYPE_F32 && v->type.rank == rank &&
-           v->type.dims[0] == IR_DIM_T;
-}
-
 /* The value v's columns are taken from through slices along dim 1 of
  * [T, N] values, and *col, the column v starts at there. */
 static ir_value *col_base(ir_value *v, int64_t *col)
 {
     *col = 0;
-    for (ir_op *s = def_of(v, IR_OP_SLICE); s && is_act(s->in[0], 2) && is_act(v, 2) &&
+    for (ir_op *s = pass_def_of(v, IR_OP_SLICE); s && pass_is_act(s->in[0], 2) && pass_is_act(v, 2) &&
                                             ir_op_attr_int(s, "axis", 0) == 1;
-         s = def_of(v, IR_OP_SLICE)) {
+         s = pass_def_of(v, IR_OP_SLICE)) {
         *col += ir_op_attr_int(s, "start", 0);
         v = s->in[0];
     }
@@ -79,7 +65,7 @@ static ir_value *col_base(ir_value *v, int64_t *col)
 static ir_value *full_rope_input(const ir_op *rope)
 {
     const ir_value *x = rope->in[0];
-    if (!is_act(x, 3) || !is_act(rope->out[0], 3) ||
+    if (!pass_is_act(x, 3) || !pass_is_act(rope->out[0], 3) ||
         ir_op_attr_int(rope, "rotary_dim", x->type.dims[2]) != x->type.dims[2])
         return NULL;
     return rope->in[0];
@@ -118,19 +104,19 @@ static int ropes_agree(const ir_op *a, const ir_op *b)
 /* The kv side of att into s; 0 when it does not match. */
 static int match_kv(ir_op *att, pro_site *s)
 {
-    s->kv_norm = def_of(att->in[2], IR_OP_RMS_NORM);
-    s->k_rope = def_of(att->in[3], IR_OP_ROPE);
+    s->kv_norm = pass_def_of(att->in[2], IR_OP_RMS_NORM);
+    s->k_rope = pass_def_of(att->in[3], IR_OP_ROPE);
     if (!s->kv_norm || !s->k_rope || s->k_rope->in[1] != s->pos)
         return 0;
     ir_value *kv_c = s->kv_norm->in[0], *k_pe = full_rope_input(s->k_rope);
-    ir_op *rs = k_pe ? def_of(k_pe, IR_OP_RESHAPE) : NULL;
-    if (!is_act(kv_c, 2) || !rs || !is_act(rs->in[0], 2) || k_pe->type.dims[1] != 1)
+    ir_op *rs = k_pe ? pass_def_of(k_pe, IR_OP_RESHAPE) : NULL;
+    if (!pass_is_act(kv_c, 2) || !rs || !pass_is_act(rs->in[0], 2) || k_pe->type.dims[1] != 1)
         return 0;
     int64_t c_col, p_col;
     ir_value *b = col_base(kv_c, &c_col), *bp = col_base(rs->in[0], &p_col);
     s->r = kv_c->type.dims[1];
     s->dr = k_pe->type.dims[2];
-    if (b != bp || b == kv_c || !is_act(b, 2) || p_col != c_col + s->r || s->dr % 2)
+    if (b != bp || b == kv_c || !pass_is_act(b, 2) || p_col != c_col + s->r || s->dr % 2)
         return 0;
     s->base = b;
     s->kv_col = c_col;
@@ -142,18 +128,18 @@ static int match_kv(ir_op *att, pro_site *s)
 static void match_q(ir_op *att, pro_site *s)
 {
     s->q_ok = 0;
-    ir_op *qa = def_of(att->in[0], IR_OP_MLA_QABSORB);
-    s->q_rope = def_of(att->in[1], IR_OP_ROPE);
+    ir_op *qa = pass_def_of(att->in[0], IR_OP_MLA_QABSORB);
+    s->q_rope = pass_def_of(att->in[1], IR_OP_ROPE);
     if (!qa || !s->q_rope || !ropes_agree(s->q_rope, s->k_rope))
         return;
     ir_value *q_pe = full_rope_input(s->q_rope);
     s->q_nope = qa->in[0];
-    ir_op *sp = q_pe ? def_of(q_pe, IR_OP_SLICE) : NULL, *sn = def_of(s->q_nope, IR_OP_SLICE);
-    if (!sp || !sn || sp->in[0] != sn->in[0] || !is_act(s->q_nope, 3))
+    ir_op *sp = q_pe ? pass_def_of(q_pe, IR_OP_SLICE) : NULL, *sn = pass_def_of(s->q_nope, IR_OP_SLICE);
+    if (!sp || !sn || sp->in[0] != sn->in[0] || !pass_is_act(s->q_nope, 3))
         return;
     ir_value *q = sp->in[0];
-    ir_op *rs = def_of(q, IR_OP_RESHAPE);
-    if (!is_act(q, 3) || !rs || !is_act(rs->in[0], 2))
+    ir_op *rs = pass_def_of(q, IR_OP_RESHAPE);
+    if (!pass_is_act(q, 3) || !rs || !pass_is_act(rs->in[0], 2))
         return;
     s->H = q->type.dims[1];
     s->dn = s->q_nope->type.dims[2];
@@ -163,7 +149,7 @@ static void match_q(ir_op *att, pro_site *s)
         return;
     int64_t col;
     s->q_base = col_base(rs->in[0], &col);
-    s->q_ok = col == 0 && is_act(s->q_base, 2);
+    s->q_ok = col == 0 && pass_is_act(s->q_base, 2);
 }
 
 /* q LoRA: the rms_norm of base's columns [0, kv_col), with the kv norm's eps. */
@@ -175,7 +161,7 @@ static ir_op *find_q_norm(const ir_module *m, const pro_site *s)
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *n = m->ops[i];
         int64_t col;
-        if (n->kind == IR_OP_RMS_NORM && is_act(n->in[0], 2) &&
+        if (n->kind == IR_OP_RMS_NORM && pass_is_act(n->in[0], 2) &&
             n->in[0]->type.dims[1] == s->kv_col && col_base(n->in[0], &col) == s->base &&
             col == 0 && ir_op_attr_float(n, "eps", -2) == eps)
             return n;

@@ -1,5 +1,6 @@
 /* passes.c — the default pass pipeline, in order, and the driver that runs
- * it with the verifier after every pass (STYLE.md item 6). */
+ * it with the verifier after every pass (STYLE.md item 6); the matching
+ * helpers the passes share. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,19 @@ const pass_info *pass_find(const char *name)
         if (!strcmp(PIPELINE[i].name, name))
             return &PIPELINE[i];
     return NULL;
+}
+
+ir_op *pass_def_of(const ir_value *v, ir_op_kind kind)
+{
+    if (!v || v->kind != IR_VALUE_OP || !v->def || v->def->kind != kind)
+        return NULL;
+    return v->def;
+}
+
+int pass_is_act(const ir_value *v, int rank)
+{
+    return v && v->kind != IR_VALUE_WEIGHT && v->type.dtype == IR_DTYPE_F32 &&
+           v->type.rank == rank && v->type.dims[0] == IR_DIM_T;
 }
 
 /* Writes the module a pass failed on; returns 0 when written. */

@@ -340,6 +340,15 @@ static moec_status need_matrix(infer_ctx *c, const ir_value *v, const char *role
     return need_static(c, v, role, rank);
 }
 
+/* The norms' eps attribute: finite and >= 0. */
+static moec_status need_eps(infer_ctx *c)
+{
+    double eps = ir_op_attr_float(c->op, "eps", 0);
+    if (!isfinite(eps) || eps < 0)
+        return fail(c, "eps %g must be finite and >= 0", eps);
+    return MOEC_OK;
+}
+
 static moec_status need_pos(infer_ctx *c, const ir_value *v)
 {
     return need_act(c, v, "positions", 1, 1, 0);
@@ -421,9 +430,7 @@ static moec_status infer_rms_norm(infer_ctx *c, ir_type *out)
     if (w->type.dims[0] != d)
         return fail(c, "weight %%%s has %" PRId64 " elements, input's last dim is %" PRId64,
                     vname(w), w->type.dims[0], d);
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     out[0] = type_like(&x->type, IR_DTYPE_F32);
     return MOEC_OK;
 }
@@ -900,9 +907,7 @@ static moec_status infer_add_rms_norm(infer_ctx *c, ir_type *out)
     if (w->type.dims[0] != d)
         return fail(c, "weight %%%s has %" PRId64 " elements, a's last dim is %" PRId64,
                     vname(w), w->type.dims[0], d);
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     if (!isfinite(ir_op_attr_float(c->op, "alpha", 1)))
         return fail(c, "alpha must be finite");
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, d, 0);
@@ -925,9 +930,7 @@ static moec_status prologue_norm(infer_ctx *c, int i, const char *role, int64_t 
 {
     MOEC_TRY(need_static(c, c->op->in[i], role, 1));
     *n = c->op->in[i]->type.dims[0];
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     return MOEC_OK;
 }
 
@@ -995,9 +998,7 @@ static moec_status infer_layer_norm(infer_ctx *c, ir_type *out)
             return fail(c, "%s %%%s has %" PRId64 " elements, input's last dim is %" PRId64, role,
                         vname(p), p->type.dims[0], d);
     }
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     out[0] = type_like(&x->type, IR_DTYPE_F32);
     return MOEC_OK;
 }

@@ -785,6 +785,115 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
 
 #define MAX_SEQ 3
 
+/* What the steps over several sequences share (attention, DSA, the MLA
+ * prologue): the rows of each operand value of a step of T tokens, by
+ * value id, as a row_source. */
+static const float *rows_from_table(void *u, const ir_value *v)
+{
+    float *const *rows = u;
+    if (!rows[v->id]) {
+        fprintf(stderr, "no rows for %s\n", v->name);
+        exit(1);
+    }
+    return rows[v->id];
+}
+
+/* rows[v->id] = the step's T rows of v: for a real token t (seq_of[t] >=
+ * 0) interpreter in[seq_of[t]]'s row idx_of[t] when in is not NULL, else
+ * (and for padding) random ones rounded to v's storage dtype. */
+static void step_rows(float **rows, const gk_bind *b, rt_interp *const *in, const int *seq_of,
+                      const int *idx_of, uint64_t *rng, const ir_value *v, int T)
+{
+    int w = (int)ir_type_numel(&v->type, 1);
+    ir_dtype dt = storage(b, v);
+    free(rows[v->id]);
+    rows[v->id] = xmalloc((size_t)T * w * 4);
+    for (int t = 0; t < T; t++) {
+        float *r = rows[v->id] + (size_t)t * w;
+        int q = seq_of[t];
+        if (q >= 0 && in)
+            memcpy(r, rt_interp_value(in[q], v) + (size_t)idx_of[t] * w, (size_t)w * 4);
+        else
+            for (int i = 0; i < w; i++)
+                r[i] = round_to(dt, urand(rng, 1.7f));
+    }
+}
+
+/* Interpreter in[q] runs ntok[q] new random tokens of its sequence, at
+ * positions len[q] on. */
+static void interps_step(rt_interp *const *in, int n_seq, const int *len, const int *ntok,
+                         int vocab, uint64_t *rng)
+{
+    for (int q = 0; q < n_seq; q++) {
+        if (!ntok[q])
+            continue;
+        int32_t tok[TMAX], pos[TMAX];
+        for (int j = 0; j < ntok[q]; j++) {
+            tok[j] = irand(rng, vocab);
+            pos[j] = len[q] + j;
+        }
+        T_OK(rt_interp_forward(in[q], tok, pos, ntok[q], NULL));
+    }
+}
+
+/* A cache of two pools of `pages` pages of bs rows, w0 and w1 elements a
+ * row, poisoned (0xff: NaN, so that a read of an unwritten row shows, and a
+ * write where none belongs too), the positions and slots inputs, and an
+ * empty rows table for m's values: what the steps over several sequences
+ * bind. */
+static float **bind_paged_cache(gk_bind *b, const ir_module *m, ir_dtype cdt, int pages, int bs,
+                                int w0, int w1)
+{
+    size_t esz = ir_dtype_size(cdt);
+    for (int i = 0; i < 2; i++) {
+        size_t bytes = (size_t)pages * bs * (i ? w1 : w0) * esz;
+        b->kv[i] = dalloc(bytes);
+        CK(cudaMemset(b->kv[i], 0xff, bytes));
+    }
+    b->input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    b->input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
+    float **rows = calloc((size_t)m->n_values, sizeof *rows);
+    if (!rows)
+        exit(1);
+    return rows;
+}
+
+/* Frees what bind_paged_cache bound (b and its pools, the rows table) and
+ * the env's module m. */
+static void free_paged_cache(gk_bind *b, float **rows, ir_module *m)
+{
+    for (int i = 0; i < m->n_values; i++)
+        free(rows[i]);
+    free(rows);
+    bind_free(b);
+    ir_module_free(m);
+}
+
+/* Runs a step of bucket T whose operands' rows are in `rows`: random
+ * logits for the argmax's %out, positions and slots uploaded, the heavy
+ * ops generated into *c (the caller frees it), their values bound and
+ * launched, the n_seq lengths advanced by ntok, the argmax checked. */
+static void run_step(gk_bind *b, const ir_module *m, ir_dtype cdt, int bs, cudaLibrary_t lib,
+                     float **rows, uint64_t *rng, const int *pos_of, const int *slots, int T,
+                     int n_seq, int *len, const int *ntok, const char *what, cg_ctx *c)
+{
+    const ir_value *outv = val(m, "out");
+    free(rows[outv->id]);
+    rows[outv->id] = xmalloc((size_t)T * 40 * 4);
+    for (size_t i = 0; i < (size_t)T * 40; i++)
+        rows[outv->id][i] = urand(rng, 1.0f);
+    CK(cudaMemcpy(b->input[IR_INPUT_POSITIONS], pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b->input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
+    cg_options o;
+    options_for(&o, cdt, bs);
+    T_OK(gen(m, &o, T, c));
+    bind_step_values(b, c, rows_from_table, rows);
+    launch_steps(b, c, lib);
+    for (int q = 0; q < n_seq; q++)
+        len[q] += ntok[q];
+    check_sampled(b, rows[outv->id], T, 40, what);
+}
+
 typedef struct attn_env {
     const km_spec *s;
     ir_module *m;
@@ -802,16 +911,6 @@ typedef struct attn_env {
     int seq_of[TMAX], idx_of[TMAX], pos_of[TMAX];
     double worst_gpu, worst_ref;
 } attn_env;
-
-static const float *rows_from_env(void *u, const ir_value *v)
-{
-    attn_env *e = u;
-    if (!e->rows[v->id]) {
-        fprintf(stderr, "no rows for %s\n", v->name);
-        exit(1);
-    }
-    return e->rows[v->id];
-}
 
 static int is_mla(const attn_env *e) { return e->s->attn == KM_MLA; }
 
@@ -963,17 +1062,7 @@ static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n
     bind_init(&e->b, e->m, cdt);
     e->lib = prog_lib(s, cdt, bs);
     int pages = bind_block_table(&e->b, &e->rng, max_len, bs);
-    size_t esz = ir_dtype_size(cdt);
-    for (int i = 0; i < 2; i++) {
-        size_t bytes = (size_t)pages * bs * (i ? e->row1 : e->row0) * esz;
-        e->b.kv[i] = dalloc(bytes);
-        CK(cudaMemset(e->b.kv[i], 0xff, bytes)); /* NaN: a read of an unwritten row shows */
-    }
-    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
-    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
-    e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
-    if (!e->rows)
-        exit(1);
+    e->rows = bind_paged_cache(&e->b, e->m, cdt, pages, bs, e->row0, e->row1);
 }
 
 static void attn_free(attn_env *e)
@@ -985,11 +1074,7 @@ static void attn_free(attn_env *e)
         free(e->hist1[q]);
         rt_interp_free(e->in[q]);
     }
-    for (int i = 0; i < e->m->n_values; i++)
-        free(e->rows[i]);
-    free(e->rows);
-    bind_free(&e->b);
-    ir_module_free(e->m);
+    free_paged_cache(&e->b, e->rows, e->m);
 }
 
 /* The tokens of a step of bucket T: ntok[q] new ones of sequence q (of
@@ -1036,38 +1121,16 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
     assign_tokens(&e->rng, T, e->n_seq, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of,
                   slots);
     if (e->use_interp)
-        for (int q = 0; q < e->n_seq; q++) {
-            if (!ntok[q])
-                continue;
-            int32_t tok[TMAX], pos[TMAX];
-            for (int j = 0; j < ntok[q]; j++) {
-                tok[j] = irand(&e->rng, s->vocab);
-                pos[j] = e->len[q] + j;
-            }
-            T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
-        }
+        interps_step(e->in, e->n_seq, e->len, ntok, s->vocab, &e->rng);
     /* the attention op's operands: from the interpreters or random */
     const ir_op *op = NULL;
     for (int k = 0; k < m->n_ops; k++)
         if (m->ops[k]->kind == IR_OP_ATTENTION || m->ops[k]->kind == IR_OP_MLA_ATTENTION)
             op = m->ops[k];
     int n_opnd = is_mla(e) ? 4 : 3;
-    for (int a = 0; a < n_opnd; a++) {
-        const ir_value *v = op->in[a];
-        int w = (int)ir_type_numel(&v->type, 1);
-        ir_dtype dt = storage(&e->b, v);
-        free(e->rows[v->id]);
-        e->rows[v->id] = xmalloc((size_t)T * w * 4);
-        for (int t = 0; t < T; t++) {
-            float *r = e->rows[v->id] + (size_t)t * w;
-            int q = e->seq_of[t];
-            if (q >= 0 && e->use_interp)
-                memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
-            else
-                for (int i = 0; i < w; i++)
-                    r[i] = round_to(dt, urand(&e->rng, 1.7f));
-        }
-    }
+    for (int a = 0; a < n_opnd; a++)
+        step_rows(e->rows, &e->b, e->use_interp ? e->in : NULL, e->seq_of, e->idx_of, &e->rng,
+                  op->in[a], T);
     /* what the cache now holds */
     for (int t = 0; t < T; t++) {
         int q = e->seq_of[t];
@@ -1079,29 +1142,15 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
         memcpy(e->hist1[q] + (size_t)e->pos_of[t] * e->row1, e->rows[c1->id] + (size_t)t * e->row1,
                (size_t)e->row1 * 4);
     }
-    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
-    cg_options o;
-    options_for(&o, e->cdt, e->bs);
+    char what[160];
+    snprintf(what, sizeof what, "%s T=%d", s->name, T);
     cg_ctx c;
-    T_OK(gen(m, &o, T, &c));
-    /* the argmax reads the output embedding: give it the first interpreter's */
-    const ir_value *outv = val(m, "out");
-    free(e->rows[outv->id]);
-    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
-    for (size_t i = 0; i < (size_t)T * 40; i++)
-        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
-    bind_step_values(&e->b, &c, rows_from_env, e);
-    launch_steps(&e->b, &c, e->lib);
-    for (int q = 0; q < e->n_seq; q++)
-        e->len[q] += ntok[q];
+    run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, e->n_seq,
+             e->len, ntok, what, &c);
     const ir_value *res = op->out[0];
     int w = (int)ir_type_numel(&res->type, 1);
     float *gpu = xmalloc((size_t)T * w * 4);
     download(gpu, storage(&e->b, res), e->b.val[res->id], (size_t)T * w);
-    char what[160];
-    snprintf(what, sizeof what, "%s T=%d", s->name, T);
-    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
     if (compare) {
         int pads_ok = 1, n_real = 0;
         float *g = xmalloc((size_t)T * w * 4), *r = xmalloc((size_t)T * w * 4),
@@ -1211,16 +1260,6 @@ typedef struct dsa_env {
     double worst_gpu, worst_ref, min_gap;
     int checked, sel_bad;
 } dsa_env;
-
-static const float *rows_from_dsa(void *u, const ir_value *v)
-{
-    dsa_env *e = u;
-    if (!e->rows[v->id]) {
-        fprintf(stderr, "no rows for %s\n", v->name);
-        exit(1);
-    }
-    return e->rows[v->id];
-}
 
 typedef struct dsa_scored {
     double s;
@@ -1374,30 +1413,14 @@ static void dsa_free(dsa_env *e)
             free(e->hist[q][i]);
         rt_interp_free(e->in[q]);
     }
-    for (int i = 0; i < e->m->n_values; i++)
-        free(e->rows[i]);
-    free(e->rows);
-    bind_free(&e->b);
-    ir_module_free(e->m);
+    free_paged_cache(&e->b, e->rows, e->m);
 }
 
 /* The step's rows of operand v (T of them): the interpreters' for real
  * tokens, random (rounded to the storage dtype) otherwise. */
 static void dsa_operand_rows(dsa_env *e, const ir_value *v, int T)
 {
-    int w = (int)ir_type_numel(&v->type, 1);
-    ir_dtype dt = storage(&e->b, v);
-    free(e->rows[v->id]);
-    e->rows[v->id] = xmalloc((size_t)T * w * 4);
-    for (int t = 0; t < T; t++) {
-        float *r = e->rows[v->id] + (size_t)t * w;
-        int q = e->seq_of[t];
-        if (q >= 0 && e->use_interp)
-            memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
-        else
-            for (int i = 0; i < w; i++)
-                r[i] = round_to(dt, urand(&e->rng, 1.7f));
-    }
+    step_rows(e->rows, &e->b, e->use_interp ? e->in : NULL, e->seq_of, e->idx_of, &e->rng, v, T);
 }
 
 /* Checks token t's selection (GPU row got) and attention output (GPU row o)
@@ -1466,16 +1489,7 @@ static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
     assign_tokens(&e->rng, T, e->n_seq, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of,
                   slots);
     if (e->use_interp)
-        for (int q = 0; q < e->n_seq; q++) {
-            if (!ntok[q])
-                continue;
-            int32_t tok[TMAX], pos[TMAX];
-            for (int j = 0; j < ntok[q]; j++) {
-                tok[j] = irand(&e->rng, s->vocab);
-                pos[j] = e->len[q] + j;
-            }
-            T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
-        }
+        interps_step(e->in, e->n_seq, e->len, ntok, s->vocab, &e->rng);
     for (int a = 0; a < 3; a++)
         dsa_operand_rows(e, e->dsa->in[a], T);
     for (int a = 0; a < 4; a++)
@@ -1487,24 +1501,11 @@ static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
             memcpy(e->hist[q][i] + (size_t)e->pos_of[t] * e->hw[i],
                    e->rows[cached[i]->id] + (size_t)t * e->hw[i], (size_t)e->hw[i] * 4);
     }
-    const ir_value *outv = val(m, "out");
-    free(e->rows[outv->id]);
-    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
-    for (size_t i = 0; i < (size_t)T * 40; i++)
-        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
-    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
-    cg_options o;
-    options_for(&o, e->cdt, e->bs);
-    cg_ctx c;
-    T_OK(gen(m, &o, T, &c));
-    bind_step_values(&e->b, &c, rows_from_dsa, e);
-    launch_steps(&e->b, &c, e->lib);
-    for (int q = 0; q < e->n_seq; q++)
-        e->len[q] += ntok[q];
     char what[160];
     snprintf(what, sizeof what, "%s %s T=%d", s->name, ir_dtype_name(e->cdt), T);
-    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
+    cg_ctx c;
+    run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, e->n_seq,
+             e->len, ntok, what, &c);
     if (compare) {
         int K = s->TOPK, W = s->H * s->R;
         int32_t *sel = xmalloc((size_t)T * K * 4);
@@ -1599,16 +1600,6 @@ typedef struct pro_env {
     int rows_checked;
 } pro_env;
 
-static const float *rows_from_pro(void *u, const ir_value *v)
-{
-    pro_env *e = u;
-    if (!e->rows[v->id]) {
-        fprintf(stderr, "no rows for %s\n", v->name);
-        exit(1);
-    }
-    return e->rows[v->id];
-}
-
 static void pro_init(pro_env *e, const km_spec *s, ir_dtype cdt, int bs, uint64_t seed)
 {
     memset(e, 0, sizeof *e);
@@ -1634,17 +1625,7 @@ static void pro_init(pro_env *e, const km_spec *s, ir_dtype cdt, int bs, uint64_
             bind_weight(&e->b, e->in[0], e->m->values[i], NULL);
     e->lib = prog_lib(s, cdt, bs);
     e->pages = bind_block_table(&e->b, &e->rng, e->max_len, bs);
-    size_t esz = ir_dtype_size(cdt);
-    for (int i = 0; i < 2; i++) {
-        size_t bytes = (size_t)e->pages * bs * (i ? s->DR : s->R) * esz;
-        e->b.kv[i] = dalloc(bytes);
-        CK(cudaMemset(e->b.kv[i], 0xff, bytes)); /* poisoned: a row written shows */
-    }
-    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
-    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
-    e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
-    if (!e->rows)
-        exit(1);
+    e->rows = bind_paged_cache(&e->b, e->m, cdt, e->pages, bs, s->R, s->DR);
 }
 
 static void pro_free(pro_env *e)
@@ -1656,29 +1637,7 @@ static void pro_free(pro_env *e)
         free(e->hist[q][1]);
         rt_interp_free(e->in[q]);
     }
-    for (int i = 0; i < e->m->n_values; i++)
-        free(e->rows[i]);
-    free(e->rows);
-    bind_free(&e->b);
-    ir_module_free(e->m);
-}
-
-/* The step's rows of v: the interpreters' for real tokens, random for padding. */
-static void pro_operand_rows(pro_env *e, const ir_value *v, int T)
-{
-    int w = (int)ir_type_numel(&v->type, 1);
-    ir_dtype dt = storage(&e->b, v);
-    free(e->rows[v->id]);
-    e->rows[v->id] = xmalloc((size_t)T * w * 4);
-    for (int t = 0; t < T; t++) {
-        float *r = e->rows[v->id] + (size_t)t * w;
-        int q = e->seq_of[t];
-        if (q >= 0)
-            memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
-        else
-            for (int i = 0; i < w; i++)
-                r[i] = round_to(dt, urand(&e->rng, 1.7f));
-    }
+    free_paged_cache(&e->b, e->rows, e->m);
 }
 
 /* Value v on the GPU against the interpreter, for the real tokens of the
@@ -1773,47 +1732,28 @@ static void pro_step(pro_env *e, int T, const int *ntok)
     const ir_module *m = e->m;
     int slots[TMAX];
     assign_tokens(&e->rng, T, 2, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of, slots);
-    for (int q = 0; q < 2; q++) {
-        if (!ntok[q])
-            continue;
-        int32_t tok[TMAX], pos[TMAX];
+    interps_step(e->in, 2, e->len, ntok, s->vocab, &e->rng);
+    /* what the cache holds at the new positions */
+    for (int q = 0; q < 2; q++)
         for (int j = 0; j < ntok[q]; j++) {
-            tok[j] = irand(&e->rng, s->vocab);
-            pos[j] = e->len[q] + j;
-        }
-        T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
-        /* what the cache holds at those positions */
-        for (int j = 0; j < ntok[q]; j++) {
-            memcpy(e->hist[q][0] + (size_t)pos[j] * s->R,
+            int p = e->len[q] + j;
+            memcpy(e->hist[q][0] + (size_t)p * s->R,
                    rt_interp_value(e->in[q], e->att->in[2]) + (size_t)j * s->R, (size_t)s->R * 4);
-            memcpy(e->hist[q][1] + (size_t)pos[j] * s->DR,
+            memcpy(e->hist[q][1] + (size_t)p * s->DR,
                    rt_interp_value(e->in[q], e->att->in[3]) + (size_t)j * s->DR, (size_t)s->DR * 4);
         }
-    }
     /* what the kernels read and nothing of theirs writes: the prologue
        inputs, q_c, the argmax's logits */
-    for (int i = 0; i < 2; i++)
-        if (e->pro[i])
-            pro_operand_rows(e, e->pro[i]->in[0], T);
-    pro_operand_rows(e, e->att->in[0], T);
-    const ir_value *outv = val(m, "out");
-    free(e->rows[outv->id]);
-    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
-    for (size_t i = 0; i < (size_t)T * 40; i++)
-        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
-    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
-    cg_options o;
-    options_for(&o, e->cdt, e->bs);
-    cg_ctx c;
-    T_OK(gen(m, &o, T, &c));
-    bind_step_values(&e->b, &c, rows_from_pro, e);
-    launch_steps(&e->b, &c, e->lib);
-    for (int q = 0; q < 2; q++)
-        e->len[q] += ntok[q];
+    for (int i = 0; i < 3; i++) {
+        const ir_value *v = i < 2 ? (e->pro[i] ? e->pro[i]->in[0] : NULL) : e->att->in[0];
+        if (v)
+            step_rows(e->rows, &e->b, e->in, e->seq_of, e->idx_of, &e->rng, v, T);
+    }
     char what[160];
     snprintf(what, sizeof what, "%s %s T=%d", s->name, ir_dtype_name(e->cdt), T);
-    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
+    cg_ctx c;
+    run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, 2, e->len,
+             ntok, what, &c);
     for (int i = 0; i < 2; i++)
         for (int k = 0; e->pro[i] && k < e->pro[i]->n_out; k++)
             e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));

@@ -28,14 +28,6 @@ static const char *const ALL[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_
                                   "qwen3_moe"};
 #define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))
 
-static int count_ops(const ir_module *m, ir_op_kind kind)
-{
-    int n = 0;
-    for (int i = 0; i < m->n_ops; i++)
-        n += m->ops[i]->kind == kind;
-    return n;
-}
-
 /* ---- the ops in the interpreter ------------------------------------------- */
 
 /* H = 3 heads of dn 4 + dr 6, r 8, qr 5; x rows of 48 columns: the q heads
@@ -243,19 +235,11 @@ static void test_verifier(void)
 
 /* ---- the passes on the tiny models ---------------------------------------- */
 
-static pass_options opts(ir_dtype dt)
-{
-    pass_options o;
-    pass_options_default(&o);
-    o.compute_dtype = dt;
-    return o;
-}
-
 static void test_equivalence(void)
 {
     for (int i = 0; i < N_OF(DEEPSEEK); i++)
         T_CHECK(t_pass_equivalence(DEEPSEEK[i], "fuse_mla_prologue", NULL) >= 0);
-    pass_options f16 = opts(IR_DTYPE_F16);
+    pass_options f16 = t_pass_options(IR_DTYPE_F16);
     for (int i = 0; i < N_OF(ALL); i++) {
         T_CHECK(t_pass_equivalence(ALL[i], "fuse_add3_rms_norm", NULL) >= 0);
         /* f16: DeepSeek's residual add_rms_norm multiplies by routed_scaling_factor */
@@ -285,17 +269,17 @@ static void check_prologue(const char *model)
         return;
     }
     int layers = (int)ir_module_meta_int(m, "num_hidden_layers", 0);
-    int lora = count_ops(before, IR_OP_MLA_ATTENTION) > 0 &&
+    int lora = t_count_ops(before, IR_OP_MLA_ATTENTION) > 0 &&
                ir_module_find_value(before, "l0.attn.q_a_norm") != NULL;
-    int n_a = count_ops(m, IR_OP_MLA_PROLOGUE), n_kv = count_ops(m, IR_OP_MLA_PROLOGUE_KV);
-    int n_q = count_ops(m, IR_OP_MLA_PROLOGUE_Q);
-    T_CHECK(count_ops(m, IR_OP_MLA_ATTENTION) == layers);
+    int n_a = t_count_ops(m, IR_OP_MLA_PROLOGUE), n_kv = t_count_ops(m, IR_OP_MLA_PROLOGUE_KV);
+    int n_q = t_count_ops(m, IR_OP_MLA_PROLOGUE_Q);
+    T_CHECK(t_count_ops(m, IR_OP_MLA_ATTENTION) == layers);
     T_CHECK(lora ? n_a == 0 && n_kv == layers && n_q == layers : n_a == layers && n_kv + n_q == 0);
     /* every rope and rms_norm of the attention went in; the indexer's stay */
-    int idx_ropes = 2 * count_ops(before, IR_OP_DSA_TOPK);
-    T_CHECK(count_ops(m, IR_OP_ROPE) == idx_ropes);
-    T_CHECK(count_ops(m, IR_OP_RMS_NORM) ==
-            count_ops(before, IR_OP_RMS_NORM) - (lora ? 2 : 1) * layers);
+    int idx_ropes = 2 * t_count_ops(before, IR_OP_DSA_TOPK);
+    T_CHECK(t_count_ops(m, IR_OP_ROPE) == idx_ropes);
+    T_CHECK(t_count_ops(m, IR_OP_RMS_NORM) ==
+            t_count_ops(before, IR_OP_RMS_NORM) - (lora ? 2 : 1) * layers);
     for (int l = 0; l < layers; l++) {
         char n[6][64];
         static const char *const what[6] = {"q_nope", "q_pe_rot", "kv_c_norm", "k_pe_rot",
@@ -341,13 +325,7 @@ static void check_prologue(const char *model)
         const ir_op *qa = att->in[0]->def;
         T_CHECK(qa && qa->kind == IR_OP_MLA_QABSORB && qa->in[0] == q->out[0]);
     }
-    /* nothing left to fuse */
-    char *once = ir_module_print_str(m);
-    T_OK(pass_fuse_mla_prologue(m, NULL));
-    char *twice = ir_module_print_str(m);
-    T_CHECK(once && twice && !strcmp(once, twice));
-    free(once);
-    free(twice);
+    t_pass_idempotent(m, pass_fuse_mla_prologue);
     printf("fuse_mla_prologue %-18s %d layers: %d mla_prologue, %d mla_prologue_kv, %d "
            "mla_prologue_q\n",
            model, layers, n_a, n_kv, n_q);
@@ -366,18 +344,18 @@ static void check_mismatch(const char *model, int lora)
         if (m->ops[i]->kind == IR_OP_ROPE && strstr(m->ops[i]->out[0]->name, "q_pe_rot"))
             T_OK(ir_op_set_float(m, m->ops[i], "theta", 5000.0));
     int layers = (int)ir_module_meta_int(m, "num_hidden_layers", 0);
-    int ropes = count_ops(m, IR_OP_ROPE);
+    int ropes = t_count_ops(m, IR_OP_ROPE);
     T_OK(pass_fuse_mla_prologue(m, NULL));
     T_OK(ir_module_verify(m));
-    T_CHECK(count_ops(m, IR_OP_MLA_PROLOGUE) == 0 && count_ops(m, IR_OP_MLA_PROLOGUE_Q) == 0);
-    T_CHECK(count_ops(m, IR_OP_MLA_PROLOGUE_KV) == (lora ? layers : 0));
-    T_CHECK(count_ops(m, IR_OP_ROPE) == ropes - (lora ? layers : 0));
+    T_CHECK(t_count_ops(m, IR_OP_MLA_PROLOGUE) == 0 && t_count_ops(m, IR_OP_MLA_PROLOGUE_Q) == 0);
+    T_CHECK(t_count_ops(m, IR_OP_MLA_PROLOGUE_KV) == (lora ? layers : 0));
+    T_CHECK(t_count_ops(m, IR_OP_ROPE) == ropes - (lora ? layers : 0));
     ir_module_free(m);
 }
 
 static void check_add3(const char *model, ir_dtype dt)
 {
-    pass_options o = opts(dt);
+    pass_options o = t_pass_options(dt);
     ir_module *before = t_pipeline_module(model, "assign_streams", &o);
     ir_module *m = t_pipeline_module(model, "fuse_add3_rms_norm", &o);
     if (!before || !m) {
@@ -386,7 +364,7 @@ static void check_add3(const char *model, ir_dtype dt)
         return;
     }
     /* one per MoE layer with a shared expert: each join's add */
-    int joins = count_ops(m, IR_OP_JOIN), fused = 0;
+    int joins = t_count_ops(m, IR_OP_JOIN), fused = 0;
     for (int i = 0; i < m->n_ops; i++) {
         const ir_op *n = m->ops[i];
         if (n->kind != IR_OP_ADD_RMS_NORM || n->n_in != 4)
@@ -402,14 +380,9 @@ static void check_add3(const char *model, ir_dtype dt)
                 ir_op_attr_float(n, "alpha", 1) == ir_op_attr_float(old->def, "alpha", 1));
     }
     T_CHECK(fused == joins);
-    T_CHECK(count_ops(m, IR_OP_ADD) == count_ops(before, IR_OP_ADD) - fused);
+    T_CHECK(t_count_ops(m, IR_OP_ADD) == t_count_ops(before, IR_OP_ADD) - fused);
     T_CHECK(m->n_ops == before->n_ops - fused);
-    char *once = ir_module_print_str(m);
-    T_OK(pass_fuse_add3_rms_norm(m, NULL));
-    char *twice = ir_module_print_str(m);
-    T_CHECK(once && twice && !strcmp(once, twice));
-    free(once);
-    free(twice);
+    t_pass_idempotent(m, pass_fuse_add3_rms_norm);
     printf("fuse_add3_rms_norm %-18s %s: %d expert sums in the residual add_rms_norm\n", model,
            ir_dtype_name(dt), fused);
     ir_module_free(before);
@@ -424,7 +397,7 @@ static void test_structure(void)
     check_mismatch("deepseek_v3", 1);
     /* no MLA: nothing to do */
     ir_module *q = t_pipeline_module("qwen3_moe", "fuse_mla_prologue", NULL);
-    T_CHECK(q && count_ops(q, IR_OP_ROPE) > 0 && count_ops(q, IR_OP_MLA_PROLOGUE) == 0);
+    T_CHECK(q && t_count_ops(q, IR_OP_ROPE) > 0 && t_count_ops(q, IR_OP_MLA_PROLOGUE) == 0);
     ir_module_free(q);
     for (int i = 0; i < N_OF(ALL); i++) {
         check_add3(ALL[i], IR_DTYPE_BF16);
