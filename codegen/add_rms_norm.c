@@ -5,15 +5,18 @@
  * write the sum and read it back. The norm is taken of the sum as stored
  * (rounded to its storage dtype), so the result is what the unfused pair
  * computes; fp32 math with the same formulas as eltwise.c and rms_norm.c.
+ * With a second addend c (the shared experts' output beside the routed
+ * ones': fuse_add3_rms_norm) sum = a + alpha * (b + c), b + c in fp32.
  *
  * Short rows take one warp each, four rows to a block; long rows (the
  * hidden size of real models) one block each. Each thread keeps its share
  * of the row in registers between the sum and the scaling unless that share
  * is large, and then reads back the sum it wrote itself.
  *
- * Kernel add_rms_norm_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W *w,
- * S *sum, Y *y, float alpha, float eps). Warp form: grid ceil(T / 4), block
- * 128; block form: grid T, block up to 1024 (a multiple of 32). */
+ * Kernel add_rms_norm[3]_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W
+ * *w, [const C *c,] S *sum, Y *y, float alpha, float eps). Warp form: grid
+ * ceil(T / 4), block 128; block form: grid T, block up to 1024 (a multiple
+ * of 32). */
 #include <math.h>
 #include <stdio.h>
 
@@ -22,17 +25,17 @@
 #include "err.h"
 
 /* "bf16" when every operand and result is stored alike, else the dtypes of
- * sum, normed, a, b and w in that order. */
+ * sum, normed, a, b, w (and c) in that order. */
 static void dtype_sig(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
 {
-    ir_dtype d[5] = {cg_storage(c, op->out[0]), cg_storage(c, op->out[1]),
-                     cg_storage(c, op->in[0]), cg_storage(c, op->in[1]),
-                     cg_storage(c, op->in[2])};
-    int same = 1;
-    for (int i = 1; i < 5; i++)
+    ir_dtype d[6] = {cg_storage(c, op->out[0]), cg_storage(c, op->out[1]),
+                     cg_storage(c, op->in[0]),  cg_storage(c, op->in[1]),
+                     cg_storage(c, op->in[2]),  cg_storage(c, op->in[op->n_in - 1])};
+    int nd = op->n_in == 4 ? 6 : 5, same = 1;
+    for (int i = 1; i < nd; i++)
         same &= d[i] == d[0];
     int n = snprintf(buf, cap, "%s", ir_dtype_name(d[0]));
-    for (int i = 1; !same && i < 5 && n > 0 && (size_t)n < cap; i++)
+    for (int i = 1; !same && i < nd && n > 0 && (size_t)n < cap; i++)
         n += snprintf(buf + n, cap - (size_t)n, "_%s", ir_dtype_name(d[i]));
 }
 
@@ -52,10 +55,12 @@ static int num_attr(const ir_op *op, const char *key, double *out)
 moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
 {
     const ir_value *a = op->in[0], *b = op->in[1], *w = op->in[2];
+    const ir_value *b2 = op->n_in == 4 ? op->in[3] : NULL;
     const ir_value *s = op->out[0], *y = op->out[1];
     double eps, alpha = 1.0;
     int64_t D = a->type.rank == 2 ? a->type.dims[1] : 0;
     if (a->type.rank != 2 || b->type.rank != 2 || b->type.dims[1] != D ||
+        (b2 && (b2->type.rank != 2 || b2->type.dims[1] != D)) ||
         ir_type_numel(&w->type, 1) != D || ir_type_numel(&s->type, 1) != D ||
         ir_type_numel(&y->type, 1) != D || !num_attr(op, "eps", &eps))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
@@ -68,31 +73,35 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: alpha %g and eps %g must be finite",
                         s->name, alpha, eps);
     ir_dtype da = cg_storage(c, a), db = cg_storage(c, b), dw = cg_storage(c, w);
-    ir_dtype ds = cg_storage(c, s), dy = cg_storage(c, y);
+    ir_dtype ds = cg_storage(c, s), dy = cg_storage(c, y), dc = b2 ? cg_storage(c, b2) : db;
     if (da == IR_DTYPE_I32 || db == IR_DTYPE_I32 || dw == IR_DTYPE_I32 || ds == IR_DTYPE_I32 ||
-        dy == IR_DTYPE_I32)
+        dy == IR_DTYPE_I32 || dc == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: integer operands", s->name);
     int rows = c->T;
     cg_norm_rows l = cg_norm_rows_of(D);
     int vec = l.vec;
     char sig[64], name[256];
     dtype_sig(c, op, sig, sizeof sig);
-    snprintf(name, sizeof name, "add_rms_norm_d%lld_t%d_%s", (long long)D, c->T, sig);
+    snprintf(name, sizeof name, "add%s_rms_norm_d%lld_t%d_%s", b2 ? "3" : "", (long long)D, c->T,
+             sig);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
     if (is_new) {
         moec_buf *src = &c->src;
+        char cparam[64] = "";
+        if (b2)
+            snprintf(cparam, sizeof cparam, " const %s *__restrict__ c2,", cg_ctype(dc));
         moec_buf_printf(src,
                       "// add_rms_norm (codegen/add_rms_norm.c), first for %%%s, %%%s\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d)\n"
                       "%s(const %s *__restrict__ a, const %s *__restrict__ b,\n"
-                      "    const %s *__restrict__ w, %s *__restrict__ sum, %s *__restrict__ y,\n"
+                      "    const %s *__restrict__ w,%s %s *__restrict__ sum, %s *__restrict__ y,\n"
                       "    float alpha, float eps)\n"
                       "{\n",
                       s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(da),
-                      cg_ctype(db), cg_ctype(dw), cg_ctype(ds), cg_ctype(dy));
+                      cg_ctype(db), cg_ctype(dw), cparam, cg_ctype(ds), cg_ctype(dy));
         cg_norm_rows_begin(src, &l, rows);
         moec_buf_printf(src,
                       "    const long long base = (long long)row * %lld;\n"
@@ -111,15 +120,26 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "        if (c < %lld) {\n"
                       "            float t[%d], u[%d];\n"
                       "            ldv<%d>(ar + c * %d, t);\n"
-                      "            ldv<%d>(br + c * %d, u);\n"
+                      "            ldv<%d>(br + c * %d, u);\n",
+                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec, vec, vec);
+        if (b2) /* b + c first, in fp32: add(b, c), then the residual add */
+            moec_buf_printf(src,
+                          "            {\n"
+                          "                float u2[%d];\n"
+                          "                ldv<%d>(c2 + base + c * %d, u2);\n"
+                          "#pragma unroll\n"
+                          "                for (int j = 0; j < %d; j++)\n"
+                          "                    u[j] = u[j] + u2[j];\n"
+                          "            }\n",
+                          vec, vec, vec, vec);
+        moec_buf_printf(src,
                       "#pragma unroll\n"
                       "            for (int j = 0; j < %d; j++)\n"
                       "                t[j] = t[j] + alpha * u[j];\n"
                       "            stv<%d>(sr + c * %d, t);\n"
                       "#pragma unroll\n"
                       "            for (int j = 0; j < %d; j++) {\n",
-                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec, vec, vec, vec, vec,
-                      vec, vec);
+                      vec, vec, vec, vec);
         if (ds != IR_DTYPE_F32)
             moec_buf_printf(src,
                           "                %s q;\n"
@@ -133,13 +153,16 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
     st->kernel = k;
     cg_norm_rows_launch(st, &l, rows);
-    st->n_args = 7;
-    st->args[0] = cg_arg_act(a);
-    st->args[1] = cg_arg_act(b);
-    st->args[2] = cg_arg_act(w);
-    st->args[3] = cg_arg_act(s);
-    st->args[4] = cg_arg_act(y);
-    st->args[5] = cg_arg_f32(alpha);
-    st->args[6] = cg_arg_f32(eps);
+    int i = 0;
+    st->args[i++] = cg_arg_act(a);
+    st->args[i++] = cg_arg_act(b);
+    st->args[i++] = cg_arg_act(w);
+    if (b2)
+        st->args[i++] = cg_arg_act(b2);
+    st->args[i++] = cg_arg_act(s);
+    st->args[i++] = cg_arg_act(y);
+    st->args[i++] = cg_arg_f32(alpha);
+    st->args[i++] = cg_arg_f32(eps);
+    st->n_args = i;
     return MOEC_OK;
 }

@@ -141,6 +141,31 @@ moec_status cg_emit_stream(cg_ctx *c, const ir_op *op);       /* fork, join */
 moec_status cg_emit_collective(cg_ctx *c, const ir_op *op);   /* all_reduce, all_gather */
 moec_status cg_emit_layer_norm(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op);     /* key write, scores, top-k select */
+/* The MLA prologue ops (mla_prologue, mla_prologue_kv, mla_prologue_q): one
+ * kernel each; mla_prologue and mla_prologue_kv also write the paged cache
+ * of the mla_attention cg_mla_prologue_cache names. */
+moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op);
+/* The mla_attention whose cache the prologue op `pro` writes: the one op
+ * reading pro's kv_c and k_pe results as its own kv_c and k_pe, on pro's
+ * stream; NULL when there is none (then the attention writes its cache
+ * itself). mla_attention's emitter asks the same to skip its write. */
+const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro);
+
+/* A rotation's frequencies for the rope attributes of op (rope or an MLA
+ * prologue op) over heads of R channels: inv_freq[R/2] computed on the host
+ * step by step as the interpreter computes them, attn_factor, and a hash of
+ * both for kernel names (codegen/rope.c). */
+typedef struct cg_rope {
+    float *inv_freq;
+    int64_t half;
+    float attn_factor;
+    unsigned hash;
+} cg_rope;
+moec_status cg_rope_init(const ir_op *op, int64_t R, cg_rope *r);
+void cg_rope_free(cg_rope *r);
+/* `__constant__ float <sym>[R/2] = {...};`: the table as exact hex floats. */
+void cg_rope_emit_table(moec_buf *b, const cg_rope *r, const char *sym);
+
 /* The last step of every bucket: argmax of each token's logits into
  * IR_INPUT_SAMPLED. */
 moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);

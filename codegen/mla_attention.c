@@ -2,19 +2,21 @@
  * (docs/IR.md, mla_attention): the cache holds only kv_c [r] and k_pe [dr]
  * per position; logits are scale * (q_c . kv_c[p] + q_pe . k_pe[p]) and the
  * values are kv_c[p] itself. Kernels: the cache write of this step's rows
- * (none for padding tokens), then attention. Every head of a token reads the
- * same cache rows, so one block takes one token and a group of heads: each
- * tile of positions is read from the cache once into shared memory and
- * serves all the block's heads, with an online softmax in fp32. In bf16 with
- * heads in sixteens the products run on tensor cores (16 heads per block,
- * tiles double-buffered with cp.async); otherwise on CUDA cores (one thread
- * per (head, position) for the scores, each thread a few heads by a few
- * channels for the output). When the bucket has too few blocks to fill the
- * GPU (decode), the sequence is split over blocks too, and a third kernel
- * merges the splits. With DeepSeek-V3.2's token selection (operand sel, from
- * dsa_topk) the same kernels read only the selected positions' cache rows:
- * tile i of a token holds sel[t][i * PT ...] instead of positions lo + i * PT
- * on (KSEL, the selection's width, is 0 in the dense kernels). */
+ * (none for padding tokens; no kernel at all when the MLA prologue op that
+ * computes kv_c and k_pe writes them, codegen/mla_prologue.c), then
+ * attention. Every head of a token reads the same cache rows, so one block
+ * takes one token and a group of heads: each tile of positions is read from
+ * the cache once into shared memory and serves all the block's heads, with
+ * an online softmax in fp32. In bf16 with heads in sixteens the products
+ * run on tensor cores (16 heads per block, tiles double-buffered with
+ * cp.async); otherwise on CUDA cores (one thread per (head, position) for
+ * the scores, each thread a few heads by a few channels for the output).
+ * When the bucket has too few blocks to fill the GPU (decode), the sequence
+ * is split over blocks too, and a third kernel merges the splits. With
+ * DeepSeek-V3.2's token selection (operand sel, from dsa_topk) the same
+ * kernels read only the selected positions' cache rows: tile i of a token
+ * holds sel[t][i * PT ...] instead of positions lo + i * PT on (KSEL, the
+ * selection's width, is 0 in the dense kernels). */
 #include <stdio.h>
 #include <string.h>
 
@@ -479,13 +481,17 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(cdt),
                  ir_dtype_name(edt));
 
+    /* the cache write, unless the MLA prologue op that computes kv_c and
+       k_pe writes their rows itself */
+    const ir_op *pro = kvc->kind == IR_VALUE_OP ? kvc->def : NULL;
+    int prewritten = pro && cg_mla_prologue_cache(c->m, pro) == op;
     char wname[256];
     snprintf(wname, sizeof wname, "mla_kv_write_r%lld_dr%lld_bs%d_t%d_%s", R, DR, bs, c->T, tag);
     int is_new = 0;
-    int kw = cg_kernel(c, wname, &is_new);
+    int kw = prewritten ? 0 : cg_kernel(c, wname, &is_new);
     if (kw < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    if (is_new) {
+    if (!prewritten && is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: cache write of kv_c and k_pe (codegen/mla_attention.c, "
                       "cg_emit_mla_attention)\n"
@@ -497,8 +503,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       wname, cg_ctype(cdt), cg_ctype(edt), ts, ts, R, DR, bs, cg_vec_width(R), cg_vec_width(DR));
         moec_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
-    ir_step *s = cg_attn_write_step(c, op, kw, kvc, kpe);
-    if (!s)
+    ir_step *s = prewritten ? NULL : cg_attn_write_step(c, op, kw, kvc, kpe);
+    if (!prewritten && !s)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
 
     char aname[256];

@@ -36,8 +36,8 @@ static int attr_num(const ir_op *op, const char *key, double *out)
 static moec_status need_num(const ir_op *op, const char *key, double *out)
 {
     if (!attr_num(op, key, out))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rope %%%s: needs a numeric attribute %s",
-                        op->out[0]->name, key);
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: needs a numeric attribute %s",
+                        ir_op_name(op->kind), op->out[0]->name, key);
     return MOEC_OK;
 }
 
@@ -50,8 +50,8 @@ static moec_status inv_freq_table(const ir_op *op, int64_t D, float *inv_freq)
     int linear = !strcmp(scaling, "linear"), yarn = !strcmp(scaling, "yarn");
     if (!linear && !yarn && strcmp(scaling, "none") != 0)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                        "rope %%%s: scaling \"%s\" (want none, linear or yarn)", op->out[0]->name,
-                        scaling);
+                        "%s %%%s: scaling \"%s\" (want none, linear or yarn)",
+                        ir_op_name(op->kind), op->out[0]->name, scaling);
     if (linear || yarn)
         MOEC_TRY(need_num(op, "factor", &factor));
     if (yarn) {
@@ -74,8 +74,8 @@ static moec_status inv_freq_table(const ir_op *op, int64_t D, float *inv_freq)
         }
         if (!isfinite(inv_freq[i]))
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "rope %%%s: inverse frequency %lld is not finite (theta %g)",
-                            op->out[0]->name, (long long)i, theta);
+                            "%s %%%s: inverse frequency %lld is not finite (theta %g)",
+                            ir_op_name(op->kind), op->out[0]->name, (long long)i, theta);
     }
     return MOEC_OK;
 }
@@ -89,6 +89,48 @@ static uint64_t hash_floats(const float *v, int64_t n, uint64_t h)
             h = (h ^ ((bits >> (8 * b)) & 0xff)) * 0x100000001b3ull;
     }
     return h;
+}
+
+moec_status cg_rope_init(const ir_op *op, int64_t R, cg_rope *r)
+{
+    memset(r, 0, sizeof *r);
+    double af;
+    r->attn_factor = attr_num(op, "attn_factor", &af) ? (float)af : 1.0f;
+    if (!isfinite(r->attn_factor))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: attn_factor is not finite",
+                        ir_op_name(op->kind), op->out[0]->name);
+    r->half = R / 2;
+    r->inv_freq = malloc(sizeof(float) * (size_t)(r->half + 1));
+    if (!r->inv_freq)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind),
+                        op->out[0]->name);
+    moec_status st = inv_freq_table(op, R, r->inv_freq);
+    if (st != MOEC_OK) {
+        cg_rope_free(r);
+        return st;
+    }
+    uint64_t h = hash_floats(r->inv_freq, r->half, 0xcbf29ce484222325ull);
+    h = hash_floats(&r->attn_factor, 1, h);
+    r->hash = (unsigned)(h ^ (h >> 32));
+    return MOEC_OK;
+}
+
+void cg_rope_free(cg_rope *r)
+{
+    free(r->inv_freq);
+    r->inv_freq = NULL;
+}
+
+void cg_rope_emit_table(moec_buf *b, const cg_rope *r, const char *sym)
+{
+    moec_buf_printf(b, "__constant__ float %s[%lld] = {", sym, (long long)r->half);
+    for (int64_t i = 0; i < r->half; i++)
+        moec_buf_printf(b, "%s%af",
+                      i == 0  ? "\n    "
+                      : i % 4 ? ", "
+                              : ",\n    ",
+                      (double)r->inv_freq[i]);
+    moec_buf_printf(b, "};\n");
 }
 
 moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
@@ -113,26 +155,15 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
     ir_dtype tx = cg_storage(c, x), ty = cg_storage(c, y);
     if (tx == IR_DTYPE_I32 || ty == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rope %%%s: integer operands", y->name);
-    double af_d;
-    float af = attr_num(op, "attn_factor", &af_d) ? (float)af_d : 1.0f;
-    if (!isfinite(af))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rope %%%s: attn_factor is not finite", y->name);
-    float *inv_freq = malloc(sizeof(float) * (size_t)(half + 1));
-    if (!inv_freq)
-        return MOEC_ERR(MOEC_ERR_OOM, "rope %%%s: out of memory", y->name);
-    moec_status st = inv_freq_table(op, R, inv_freq);
-    if (st != MOEC_OK) {
-        free(inv_freq);
-        return st;
-    }
+    cg_rope rt;
+    MOEC_TRY(cg_rope_init(op, R, &rt));
+    float af = rt.attn_factor;
     /* vector loads stay aligned in every head: pairs divide the half and
        the head (the rows of rotary_dim < D start at multiples of D) */
     int pairs = neox ? 8 : 4;
     while (pairs > 1 && (half % pairs || D % (neox ? pairs : 2 * pairs)))
         pairs /= 2;
     int64_t per_head = half / pairs, units = (int64_t)c->T * H * per_head;
-    uint64_t h = hash_floats(inv_freq, half, 0xcbf29ce484222325ull);
-    h = hash_floats(&af, 1, h);
     char name[256];
     int n = snprintf(name, sizeof name, "rope_%s_h%lld_d%lld", style, (long long)H, (long long)D);
     if (R < D)
@@ -140,11 +171,11 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
     n += snprintf(name + n, sizeof name - (size_t)n, "_t%d_%s", c->T, ir_dtype_name(ty));
     if (tx != ty)
         n += snprintf(name + n, sizeof name - (size_t)n, "_%s", ir_dtype_name(tx));
-    snprintf(name + n, sizeof name - (size_t)n, "_%08x", (unsigned)(h ^ (h >> 32)));
+    snprintf(name + n, sizeof name - (size_t)n, "_%08x", rt.hash);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0) {
-        free(inv_freq);
+        cg_rope_free(&rt);
         return MOEC_ERR(MOEC_ERR_OOM, "rope %%%s: out of memory", y->name);
     }
     if (is_new) {
@@ -168,18 +199,12 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
         if (af != 1.0f)
             snprintf(scale, sizeof scale, "        cs[q] *= %af;\n        sn[q] *= %af;\n",
                      (double)af, (double)af);
-        moec_buf_printf(
-            b, "// rope (codegen/rope.c), first for %%%s\n__constant__ float %s_inv_freq[%lld] = {",
-            y->name, name, (long long)half);
-        for (int64_t i = 0; i < half; i++)
-            moec_buf_printf(b, "%s%af",
-                          i == 0  ? "\n    "
-                          : i % 4 ? ", "
-                                  : ",\n    ",
-                          (double)inv_freq[i]);
+        char sym[300];
+        snprintf(sym, sizeof sym, "%s_inv_freq", name);
+        moec_buf_printf(b, "// rope (codegen/rope.c), first for %%%s\n", y->name);
+        cg_rope_emit_table(b, &rt, sym);
         moec_buf_printf(
             b,
-            "};\n"
             "extern \"C\" __global__ void __launch_bounds__(256)\n"
             "%s(const %s *__restrict__ x, const int *__restrict__ pos, %s *__restrict__ y)\n"
             "{\n"
@@ -228,7 +253,7 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op)
                           "}\n\n",
                           2 * pairs, 2 * pairs, 2 * pairs, 2 * pairs, pairs, 2 * pairs, 2 * pairs);
     }
-    free(inv_freq);
+    cg_rope_free(&rt);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "rope %%%s: out of memory", y->name);

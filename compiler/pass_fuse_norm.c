@@ -2,6 +2,9 @@
  * rms_norm normalizes becomes one add_rms_norm, so one kernel reads the
  * residual and the branch output once and writes both the new residual and
  * its normalized form (issue 4, "RMSNorm with the residual add fused").
+ * fuse_add3_rms_norm, later: an add of two branches that only such an
+ * add_rms_norm reads (the routed and the shared experts' outputs) becomes
+ * its second addend, one kernel less per MoE layer (issue 15).
  *
  * The add's result usually has other users (it is the residual stream, read
  * again by the next residual add): they read the fused op's first result,
@@ -78,4 +81,49 @@ moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt)
         i = fused->id;
     }
     return MOEC_OK;
+}
+
+/* An add_rms_norm(a, b, w) whose b is add(p, q) (no alpha, same shape, on
+ * the same stream), read by nothing else: add_rms_norm(a, p, w, q). With
+ * alpha 1 the add may be a, the two addends swapped (a + b is b + a in
+ * fp32). */
+static int fusable_sum(const ir_module *m, ir_op *n, int *slot)
+{
+    if (n->n_in != 3)
+        return 0;
+    for (*slot = 1; *slot >= 0; (*slot)--) {
+        if (*slot == 0 && ir_op_attr_float(n, "alpha", 1.0) != 1.0)
+            return 0;
+        const ir_value *b = n->in[*slot];
+        ir_op *add = b->kind == IR_VALUE_OP ? b->def : NULL;
+        if (add && add->kind == IR_OP_ADD && ir_op_attr_float(add, "alpha", 1.0) == 1.0 &&
+            add->stream == n->stream && ir_type_equal(&add->in[0]->type, &b->type) &&
+            ir_type_equal(&add->in[1]->type, &b->type) && ir_module_single_user(m, b) == n &&
+            n->in[1 - *slot] != b)
+            return 1;
+    }
+    return 0;
+}
+
+moec_status pass_fuse_add3_rms_norm(ir_module *m, const pass_options *opt)
+{
+    (void)opt;
+    int changed = 0;
+    for (int i = 0; i < m->n_ops; i++) {
+        ir_op *n = m->ops[i];
+        int slot;
+        if (n->kind != IR_OP_ADD_RMS_NORM || !fusable_sum(m, n, &slot))
+            continue;
+        ir_op *add = n->in[slot]->def;
+        if (slot == 0)
+            n->in[0] = n->in[1];
+        n->in[1] = add->in[0];
+        n->in[3] = add->in[1];
+        n->n_in = 4;
+        moec_status st = ir_op_finish(m, n, NULL);
+        if (st != MOEC_OK)
+            return moec_err_wrap(st, "fuse_add3_rms_norm %%%s", n->out[0]->name);
+        changed = 1;
+    }
+    return changed ? ir_module_dce(m) : MOEC_OK;
 }

@@ -41,20 +41,6 @@ typedef struct mla_cost {
     int64_t runtime_a, folded_a;
 } mla_cost;
 
-static ir_op *def_of(const ir_value *v, ir_op_kind kind)
-{
-    if (!v || v->kind != IR_VALUE_OP || !v->def || v->def->kind != kind)
-        return NULL;
-    return v->def;
-}
-
-/* An activation [T, d1, ...] of rank `rank` in f32. */
-static int is_act(const ir_value *v, int rank)
-{
-    return v && v->kind != IR_VALUE_WEIGHT && v->type.dtype == IR_DTYPE_F32 &&
-           v->type.rank == rank && v->type.dims[0] == IR_DIM_T;
-}
-
 static int slice_is(const ir_op *op, int64_t axis, int64_t start, int64_t size)
 {
     return op && ir_op_attr_int(op, "axis", -1) == axis && ir_op_attr_int(op, "start", -1) == start &&
@@ -82,18 +68,18 @@ static int match_site(const ir_module *m, ir_op *att, mla_site *s)
     memset(s, 0, sizeof *s);
     if (att->kind != IR_OP_ATTENTION || att->n_in < 4 || att->n_in > 5 || att->n_out != 1)
         return 0;
-    ir_op *qc = def_of(att->in[0], IR_OP_CONCAT), *kc = def_of(att->in[1], IR_OP_CONCAT);
+    ir_op *qc = pass_def_of(att->in[0], IR_OP_CONCAT), *kc = pass_def_of(att->in[1], IR_OP_CONCAT);
     if (!qc || !kc || qc->n_in != 2 || kc->n_in != 2 || ir_op_attr_int(qc, "axis", -1) != 2 ||
         ir_op_attr_int(kc, "axis", -1) != 2)
         return 0;
     ir_value *q_nope = qc->in[0], *q_pe = qc->in[1], *k_nope = kc->in[0], *v = att->in[2];
-    ir_op *ex = def_of(kc->in[1], IR_OP_EXPAND);
-    ir_op *sk = def_of(k_nope, IR_OP_SLICE), *sv = def_of(v, IR_OP_SLICE);
+    ir_op *ex = pass_def_of(kc->in[1], IR_OP_EXPAND);
+    ir_op *sk = pass_def_of(k_nope, IR_OP_SLICE), *sv = pass_def_of(v, IR_OP_SLICE);
     if (!ex || !sk || !sv || sk->in[0] != sv->in[0])
         return 0;
     ir_value *k_pe = ex->in[0], *kv = sk->in[0];
-    if (!is_act(q_nope, 3) || !is_act(q_pe, 3) || !is_act(k_pe, 3) || !is_act(kv, 3) ||
-        !is_act(v, 3) || !is_act(att->out[0], 3))
+    if (!pass_is_act(q_nope, 3) || !pass_is_act(q_pe, 3) || !pass_is_act(k_pe, 3) || !pass_is_act(kv, 3) ||
+        !pass_is_act(v, 3) || !pass_is_act(att->out[0], 3))
         return 0;
     int64_t H = q_nope->type.dims[1], dn = q_nope->type.dims[2], dr = q_pe->type.dims[2];
     int64_t dv = v->type.dims[2];
@@ -101,13 +87,13 @@ static int match_site(const ir_module *m, ir_op *att, mla_site *s)
         kv->type.dims[1] != H || kv->type.dims[2] != dn + dv || v->type.dims[1] != H ||
         !slice_is(sk, 2, 0, dn) || !slice_is(sv, 2, dn, dv))
         return 0;
-    ir_op *rs = def_of(kv, IR_OP_RESHAPE);
-    ir_op *lin = rs ? def_of(rs->in[0], IR_OP_LINEAR) : NULL;
+    ir_op *rs = pass_def_of(kv, IR_OP_RESHAPE);
+    ir_op *lin = rs ? pass_def_of(rs->in[0], IR_OP_LINEAR) : NULL;
     if (!lin || lin->n_in != 2 || ir_op_attr_float(lin, "alpha", 1.0) != 1.0 ||
-        !is_act(rs->in[0], 2) || rs->in[0]->type.dims[1] != H * (dn + dv))
+        !pass_is_act(rs->in[0], 2) || rs->in[0]->type.dims[1] != H * (dn + dv))
         return 0;
     ir_value *kv_c = lin->in[0], *kv_b = lin->in[1];
-    if (!is_act(kv_c, 2) || kv_b->kind != IR_VALUE_WEIGHT || kv_b->type.rank != 2 ||
+    if (!pass_is_act(kv_c, 2) || kv_b->kind != IR_VALUE_WEIGHT || kv_b->type.rank != 2 ||
         kv_b->type.dims[0] != H * (dn + dv) || kv_b->type.dims[1] != kv_c->type.dims[1])
         return 0;
     s->att = att;
@@ -124,8 +110,8 @@ static int match_site(const ir_module *m, ir_op *att, mla_site *s)
     s->dv = dv;
     s->r = kv_c->type.dims[1];
     /* q_nope = slice(reshape(q projection [T, H*(dn+dr)])) */
-    ir_op *qs = def_of(q_nope, IR_OP_SLICE);
-    ir_op *qr = qs ? def_of(qs->in[0], IR_OP_RESHAPE) : NULL;
+    ir_op *qs = pass_def_of(q_nope, IR_OP_SLICE);
+    ir_op *qr = qs ? pass_def_of(qs->in[0], IR_OP_RESHAPE) : NULL;
     s->q_in = qr ? projection_columns(qr->in[0]) : 0;
     if (!s->q_in)
         s->q_in = ir_module_meta_int(m, "hidden_size", 0);

@@ -1,5 +1,6 @@
 /* passes.c — the default pass pipeline, in order, and the driver that runs
- * it with the verifier after every pass (STYLE.md item 6). */
+ * it with the verifier after every pass (STYLE.md item 6); the matching
+ * helpers the passes share. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +34,15 @@ static const pass_info PIPELINE[] = {
      * intermediates, experts and vocabulary split, collectives where the
      * ranks' parts meet (a no-op unless tp is set). */
     {"shard", pass_shard, "one rank's part of the model (tp/ep), collectives between ranks"},
+    /* MLA's slices, RMSNorms, ropes and cache write between the q/kv
+     * projection and the attention: one op, one kernel (two with q LoRA). */
+    {"fuse_mla_prologue", pass_fuse_mla_prologue, "MLA's prologue as one op"},
     /* The shared expert branch runs on stream 1 beside routing and the routed
      * experts on stream 0, with explicit fork and join. */
     {"assign_streams", pass_assign_streams, "shared experts on a second stream"},
+    /* The add of the routed and the shared experts' outputs goes into the
+     * residual add_rms_norm after it (after assign_streams: it reads the join). */
+    {"fuse_add3_rms_norm", pass_fuse_add3_rms_norm, "the expert sum in the residual add_rms_norm"},
     /* Liveness-based offsets for every activation in one arena per bucket. */
     {"plan_memory", pass_plan_memory, "activation offsets in one arena"},
 };
@@ -61,6 +68,19 @@ const pass_info *pass_find(const char *name)
         if (!strcmp(PIPELINE[i].name, name))
             return &PIPELINE[i];
     return NULL;
+}
+
+ir_op *pass_def_of(const ir_value *v, ir_op_kind kind)
+{
+    if (!v || v->kind != IR_VALUE_OP || !v->def || v->def->kind != kind)
+        return NULL;
+    return v->def;
+}
+
+int pass_is_act(const ir_value *v, int rank)
+{
+    return v && v->kind != IR_VALUE_WEIGHT && v->type.dtype == IR_DTYPE_F32 &&
+           v->type.rank == rank && v->type.dims[0] == IR_DIM_T;
 }
 
 /* Writes the module a pass failed on; returns 0 when written. */

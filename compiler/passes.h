@@ -56,6 +56,12 @@ moec_status pass_run_passes(ir_module *m, const pass_info *passes, int n, const 
  * not. */
 moec_status pass_shard_check(int tp, int ep, int rank);
 
+/* Matching helpers the passes share. */
+/* The op of kind `kind` that defines v, or NULL (v no op result, or another kind's). */
+ir_op *pass_def_of(const ir_value *v, ir_op_kind kind);
+/* v is an f32 activation (not a weight) [T, ...] of rank `rank`. */
+int pass_is_act(const ir_value *v, int rank);
+
 /* The passes (compiler/pass_*.c). */
 moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_gate_up(ir_module *m, const pass_options *opt);
@@ -65,7 +71,9 @@ moec_status pass_fold_routed_scale(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
 moec_status pass_shard(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_mla_prologue(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_add3_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_plan_memory(ir_module *m, const pass_options *opt);
 
 #endif

@@ -190,8 +190,9 @@ typedef enum ir_op_kind {
                           -> f32[T, H, dv]: head h's v up-projection of o_c[t,h] */
     IR_OP_FORK,        /* (x) -> x on the op's (side) stream, which waits for x */
     IR_OP_JOIN,        /* (x) -> x on the main stream, which waits for the side stream */
-    IR_OP_ADD_RMS_NORM, /* (a [T, D], b [T, D], w [D]) {eps, alpha} -> (sum f32[T, D] = a + alpha*b,
-                          normed f32[T, D] = rms_norm(sum, w)) */
+    IR_OP_ADD_RMS_NORM, /* (a [T, D], b [T, D], w [D], [opt] c [T, D]) {eps, alpha} -> (sum
+                          f32[T, D] = a + alpha*b, or a + alpha*(b + c), normed f32[T, D] =
+                          rms_norm(sum, w)) */
     /* Collectives over the `ranks` ranks of a sharded module (pass shard;
      * docs/IR.md, "Collectives"): every rank runs the same collectives in
      * the same order. */
@@ -206,12 +207,25 @@ typedef enum ir_op_kind {
                           weight_scale} -> i32[T, top_k]: appends k to this op's key cache,
                           scores every cached position p <= pos by sum_h w[h] * weight_scale *
                           relu(scale * q[h] . k[p]) and keeps the top_k best, ascending */
+    /* MLA's prologue (pass fuse_mla_prologue; docs/IR.md, "mla_prologue"): what
+     * reads a row of the fused q/kv projection, one op instead of its slices,
+     * RMSNorms and ropes. x [T, N]: the sections a row holds, from column 0;
+     * columns past them are not read. Rope attributes as rope's. */
+    IR_OP_MLA_PROLOGUE,   /* (x [T, N], pos, kv_norm [r]) {heads, qk_nope_head_dim,
+                             qk_rope_head_dim, eps, rope's} -> (q_nope f32[T, H, dn], q_pe
+                             f32[T, H, dr] rotated, kv_c f32[T, r] normed, k_pe f32[T, 1, dr]
+                             rotated); x = [H heads of dn + dr | r | dr] */
+    IR_OP_MLA_PROLOGUE_KV, /* (x [T, N], pos, kv_norm [r], q_norm [qr]) {qk_rope_head_dim, eps,
+                             rope's} -> (q_a f32[T, qr] normed, kv_c, k_pe as above);
+                             x = [qr | r | dr] (q LoRA models) */
+    IR_OP_MLA_PROLOGUE_Q, /* (x [T, N], pos) {heads, qk_nope_head_dim, qk_rope_head_dim,
+                             rope's} -> (q_nope, q_pe as above); x = [H heads of dn + dr] */
     IR_OP_COUNT,
 } ir_op_kind;
 
 #define IR_MAX_OPERANDS 8
 #define IR_MAX_RANKS 64 /* most ranks a collective spans */
-#define IR_MAX_RESULTS 2
+#define IR_MAX_RESULTS 4
 #define IR_MAX_ATTRS 12
 
 struct ir_op {

@@ -11,7 +11,7 @@
 #include "common/err.h"
 #include "ir/ir_internal.h"
 
-#define OP_MAX_ATTR_SPECS 8
+#define OP_MAX_ATTR_SPECS 12
 
 typedef struct attr_spec {
     const char *key;
@@ -24,6 +24,12 @@ typedef struct op_info {
     int min_in, max_in, n_out;
     attr_spec attrs[OP_MAX_ATTR_SPECS];
 } op_info;
+
+/* rope's attributes, which the MLA prologue ops take too (docs/IR.md, rope). */
+#define ROPE_ATTRS                                                                               \
+    {"style", IR_ATTR_STR, 1}, {"theta", IR_ATTR_FLOAT, 1}, {"scaling", IR_ATTR_STR, 0},           \
+        {"factor", IR_ATTR_FLOAT, 0}, {"yarn_low", IR_ATTR_FLOAT, 0},                            \
+        {"yarn_high", IR_ATTR_FLOAT, 0}, {"attn_factor", IR_ATTR_FLOAT, 0}
 
 static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1,
@@ -39,15 +45,7 @@ static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_MUL] = {"mul", 2, 2, 1, {{0}}},
     [IR_OP_SILU] = {"silu", 1, 1, 1, {{0}}},
     [IR_OP_SIGMOID] = {"sigmoid", 1, 1, 1, {{0}}},
-    [IR_OP_ROPE] = {"rope", 2, 2, 1,
-                    {{"style", IR_ATTR_STR, 1},
-                     {"theta", IR_ATTR_FLOAT, 1},
-                     {"scaling", IR_ATTR_STR, 0},
-                     {"factor", IR_ATTR_FLOAT, 0},
-                     {"yarn_low", IR_ATTR_FLOAT, 0},
-                     {"yarn_high", IR_ATTR_FLOAT, 0},
-                     {"attn_factor", IR_ATTR_FLOAT, 0},
-                     {"rotary_dim", IR_ATTR_INT, 0}}},
+    [IR_OP_ROPE] = {"rope", 2, 2, 1, {ROPE_ATTRS, {"rotary_dim", IR_ATTR_INT, 0}}},
     [IR_OP_ATTENTION] = {"attention", 4, 5, 1,
                          {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
     [IR_OP_MOE_TOPK] = {"moe_topk", 1, 2, 2,
@@ -73,7 +71,7 @@ static const op_info OPS[IR_OP_COUNT] = {
                            {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
     [IR_OP_FORK] = {"fork", 1, 1, 1, {{0}}},
     [IR_OP_JOIN] = {"join", 1, 1, 1, {{0}}},
-    [IR_OP_ADD_RMS_NORM] = {"add_rms_norm", 3, 3, 2,
+    [IR_OP_ADD_RMS_NORM] = {"add_rms_norm", 3, 4, 2,
                             {{"eps", IR_ATTR_FLOAT, 1}, {"alpha", IR_ATTR_FLOAT, 0}}},
     [IR_OP_ALL_REDUCE] = {"all_reduce", 1, 1, 1, {{"ranks", IR_ATTR_INT, 1}}},
     [IR_OP_ALL_GATHER] = {"all_gather", 1, 1, 1,
@@ -87,6 +85,21 @@ static const op_info OPS[IR_OP_COUNT] = {
                         {{"top_k", IR_ATTR_INT, 1},
                          {"scale", IR_ATTR_FLOAT, 1},
                          {"weight_scale", IR_ATTR_FLOAT, 1}}},
+    [IR_OP_MLA_PROLOGUE] = {"mla_prologue", 3, 3, 4,
+                            {{"heads", IR_ATTR_INT, 1},
+                             {"qk_nope_head_dim", IR_ATTR_INT, 1},
+                             {"qk_rope_head_dim", IR_ATTR_INT, 1},
+                             {"eps", IR_ATTR_FLOAT, 1},
+                             ROPE_ATTRS}},
+    [IR_OP_MLA_PROLOGUE_KV] = {"mla_prologue_kv", 4, 4, 3,
+                               {{"qk_rope_head_dim", IR_ATTR_INT, 1},
+                                {"eps", IR_ATTR_FLOAT, 1},
+                                ROPE_ATTRS}},
+    [IR_OP_MLA_PROLOGUE_Q] = {"mla_prologue_q", 2, 2, 2,
+                              {{"heads", IR_ATTR_INT, 1},
+                               {"qk_nope_head_dim", IR_ATTR_INT, 1},
+                               {"qk_rope_head_dim", IR_ATTR_INT, 1},
+                               ROPE_ATTRS}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -327,6 +340,15 @@ static moec_status need_matrix(infer_ctx *c, const ir_value *v, const char *role
     return need_static(c, v, role, rank);
 }
 
+/* The norms' eps attribute: finite and >= 0. */
+static moec_status need_eps(infer_ctx *c)
+{
+    double eps = ir_op_attr_float(c->op, "eps", 0);
+    if (!isfinite(eps) || eps < 0)
+        return fail(c, "eps %g must be finite and >= 0", eps);
+    return MOEC_OK;
+}
+
 static moec_status need_pos(infer_ctx *c, const ir_value *v)
 {
     return need_act(c, v, "positions", 1, 1, 0);
@@ -408,9 +430,7 @@ static moec_status infer_rms_norm(infer_ctx *c, ir_type *out)
     if (w->type.dims[0] != d)
         return fail(c, "weight %%%s has %" PRId64 " elements, input's last dim is %" PRId64,
                     vname(w), w->type.dims[0], d);
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     out[0] = type_like(&x->type, IR_DTYPE_F32);
     return MOEC_OK;
 }
@@ -547,14 +567,11 @@ static moec_status infer_unary(infer_ctx *c, ir_type *out)
     return MOEC_OK;
 }
 
-static moec_status infer_rope(infer_ctx *c, ir_type *out)
+/* rope's attributes but rotary_dim: style, theta, scaling and its factor and
+ * YaRN range, attn_factor (the MLA prologue ops check theirs the same way). */
+static moec_status rope_attrs(infer_ctx *c)
 {
     const ir_op *op = c->op;
-    const ir_value *x = op->in[0];
-    MOEC_TRY(need_act(c, x, "input", 3, 3, 1));
-    MOEC_TRY(need_pos(c, op->in[1]));
-    if (x->type.dims[2] % 2)
-        return fail(c, "head dim %" PRId64 " of %%%s must be even", x->type.dims[2], vname(x));
     const char *style = ir_op_attr_str(op, "style", "");
     if (!str_is(style, "interleave", "neox", NULL))
         return fail(c, "style '%s' must be \"interleave\" or \"neox\"", style);
@@ -580,6 +597,18 @@ static moec_status infer_rope(infer_ctx *c, ir_type *out)
     }
     if (!isfinite(ir_op_attr_float(op, "attn_factor", 1)))
         return fail(c, "attn_factor must be finite");
+    return MOEC_OK;
+}
+
+static moec_status infer_rope(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 3, 3, 1));
+    MOEC_TRY(need_pos(c, op->in[1]));
+    if (x->type.dims[2] % 2)
+        return fail(c, "head dim %" PRId64 " of %%%s must be even", x->type.dims[2], vname(x));
+    MOEC_TRY(rope_attrs(c));
     int64_t rd = ir_op_attr_int(op, "rotary_dim", x->type.dims[2]);
     if (rd < 2 || rd > x->type.dims[2] || rd % 2)
         return fail(c, "rotary_dim %" PRId64 " must be even and in [2, %" PRId64 "] (the head dim)",
@@ -856,8 +885,8 @@ static moec_status infer_mla_attention(infer_ctx *c, ir_type *out)
     return MOEC_OK;
 }
 
-/* The residual add and the RMSNorm of its result in one op: a and b the same
- * [T, D] (no broadcast), w [D]. */
+/* The residual add and the RMSNorm of its result in one op: a and b (and the
+ * optional second addend c) the same [T, D] (no broadcast), w [D]. */
 static moec_status infer_add_rms_norm(infer_ctx *c, ir_type *out)
 {
     const ir_value *a = c->op->in[0], *b = c->op->in[1], *w = c->op->in[2];
@@ -868,16 +897,90 @@ static moec_status infer_add_rms_norm(infer_ctx *c, ir_type *out)
     if (b->type.dims[1] != d)
         return fail(c, "b %%%s (%s) and a %%%s (%s) differ in width", vname(b),
                     tfmt(&b->type).s, vname(a), tfmt(&a->type).s);
+    if (c->op->n_in == 4) {
+        const ir_value *b2 = c->op->in[3];
+        MOEC_TRY(need_act(c, b2, "c", 2, 2, 1));
+        if (b2->type.dims[1] != d)
+            return fail(c, "c %%%s (%s) and a %%%s (%s) differ in width", vname(b2),
+                        tfmt(&b2->type).s, vname(a), tfmt(&a->type).s);
+    }
     if (w->type.dims[0] != d)
         return fail(c, "weight %%%s has %" PRId64 " elements, a's last dim is %" PRId64,
                     vname(w), w->type.dims[0], d);
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     if (!isfinite(ir_op_attr_float(c->op, "alpha", 1)))
         return fail(c, "alpha must be finite");
     out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, d, 0);
     out[1] = out[0];
+    return MOEC_OK;
+}
+
+/* An int attribute of an MLA prologue op that must be >= 1 (and at most
+ * IR_DIM_MAX). */
+static moec_status prologue_dim(infer_ctx *c, const char *key, int64_t *v)
+{
+    *v = ir_op_attr_int(c->op, key, 0);
+    if (*v < 1 || *v > IR_DIM_MAX)
+        return fail(c, "%s %" PRId64 " must be >= 1", key, *v);
+    return MOEC_OK;
+}
+
+/* The norm weight operand i of an MLA prologue op ([n], float): its size. */
+static moec_status prologue_norm(infer_ctx *c, int i, const char *role, int64_t *n)
+{
+    MOEC_TRY(need_static(c, c->op->in[i], role, 1));
+    *n = c->op->in[i]->type.dims[0];
+    MOEC_TRY(need_eps(c));
+    return MOEC_OK;
+}
+
+/* mla_prologue, mla_prologue_kv and mla_prologue_q: x [T, N] holding the
+ * sections of the op's kind from column 0 (q heads of dn + dr, or the q
+ * latent of qr; then the kv latent of r and the rotary key of dr), pos, and
+ * the norm weights; the results in section order. */
+static moec_status infer_mla_prologue(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
+    MOEC_TRY(need_pos(c, op->in[1]));
+    int64_t dr, H = 0, dn = 0, r = 0, qr = 0;
+    MOEC_TRY(prologue_dim(c, "qk_rope_head_dim", &dr));
+    if (dr % 2)
+        return fail(c, "qk_rope_head_dim %" PRId64 " must be even", dr);
+    int heads = op->kind != IR_OP_MLA_PROLOGUE_KV, kv = op->kind != IR_OP_MLA_PROLOGUE_Q;
+    if (heads) {
+        MOEC_TRY(prologue_dim(c, "heads", &H));
+        MOEC_TRY(prologue_dim(c, "qk_nope_head_dim", &dn));
+    }
+    if (kv)
+        MOEC_TRY(prologue_norm(c, 2, "kv_norm", &r));
+    if (op->kind == IR_OP_MLA_PROLOGUE_KV)
+        MOEC_TRY(prologue_norm(c, 3, "q_norm", &qr));
+    MOEC_TRY(rope_attrs(c));
+    /* every size <= IR_DIM_MAX, the q heads' product checked: no overflow */
+    if (heads && dn + dr > IR_DIM_MAX / H)
+        return fail(c, "heads %" PRId64 " * (qk_nope_head_dim %" PRId64
+                       " + qk_rope_head_dim %" PRId64 ") is too large",
+                    H, dn, dr);
+    int64_t need = (heads ? H * (dn + dr) : qr) + (kv ? r + dr : 0);
+    if (need > x->type.dims[1])
+        return fail(c, "input %%%s (%s) has %" PRId64 " columns, its sections need %" PRId64,
+                    vname(x), tfmt(&x->type).s, x->type.dims[1], need);
+    int n = 0;
+    if (heads) {
+        out[n++] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, dn);
+        out[n++] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, dr);
+    } else {
+        out[n++] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, qr, 0);
+    }
+    if (kv) {
+        out[n++] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, r, 0);
+        out[n++] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, 1, dr);
+    }
+    for (int i = 0; i < n; i++)
+        if (!ir_type_valid(&out[i], 1))
+            return fail(c, "result %s is too large", tfmt(&out[i]).s);
     return MOEC_OK;
 }
 
@@ -895,9 +998,7 @@ static moec_status infer_layer_norm(infer_ctx *c, ir_type *out)
             return fail(c, "%s %%%s has %" PRId64 " elements, input's last dim is %" PRId64, role,
                         vname(p), p->type.dims[0], d);
     }
-    double eps = ir_op_attr_float(c->op, "eps", 0);
-    if (!isfinite(eps) || eps < 0)
-        return fail(c, "eps %g must be finite and >= 0", eps);
+    MOEC_TRY(need_eps(c));
     out[0] = type_like(&x->type, IR_DTYPE_F32);
     return MOEC_OK;
 }
@@ -1044,6 +1145,9 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_ALL_TO_ALL: return infer_blocked(&c, out);
     case IR_OP_LAYER_NORM: return infer_layer_norm(&c, out);
     case IR_OP_DSA_TOPK: return infer_dsa_topk(&c, out);
+    case IR_OP_MLA_PROLOGUE:
+    case IR_OP_MLA_PROLOGUE_KV:
+    case IR_OP_MLA_PROLOGUE_Q: return infer_mla_prologue(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

@@ -196,7 +196,8 @@ static moec_status op_rms_norm(rt_interp *in, const ir_op *op, int T)
 }
 
 /* sum = a + alpha * b (rounded to fp32, as add leaves it), then normed =
- * rms_norm(sum, w): bit for bit the add and the rms_norm it replaces. */
+ * rms_norm(sum, w): bit for bit the add and the rms_norm it replaces. With
+ * a second addend c, b + c first (rounded to fp32): add(b, c), then that. */
 static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
 {
     double eps;
@@ -210,11 +211,17 @@ static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "%s: add_rms_norm wants b [T, %lld] and weight %s of %lld elements",
                         op_name(op), (long long)D, op->in[2]->name, (long long)D);
+    if (op->n_in == 4 && numel_of(op->in[3], T) != rows * D)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: add_rms_norm wants c [T, %lld]", op_name(op),
+                        (long long)D);
     const float *a = fbuf(in, op->in[0]), *b = fbuf(in, op->in[1]);
+    const float *c = op->n_in == 4 ? fbuf(in, op->in[3]) : NULL;
     float *sum = fbuf(in, op->out[0]);
     float alpha = (float)attr_num_or(op, "alpha", 1.0);
-    for (int64_t i = 0; i < rows * D; i++)
-        sum[i] = a[i] + alpha * b[i];
+    for (int64_t i = 0; i < rows * D; i++) {
+        float bc = c ? b[i] + c[i] : b[i]; /* add(b, c), rounded to fp32 */
+        sum[i] = a[i] + alpha * bc;
+    }
     rms_norm_rows(sum, fbuf(in, op->in[2]), fbuf(in, op->out[1]), rows, D, eps);
     return MOEC_OK;
 }
@@ -505,7 +512,12 @@ static moec_status rope_inv_freq(const ir_op *op, int64_t D, float *inv_freq)
     return MOEC_OK;
 }
 
-static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
+/* y [T, H, D] = x rotated by op's rope attributes (style, theta, scaling,
+ * attn_factor), the first rd channels of each head as a head of rd, the
+ * rest copied: rope, and the rotations of the MLA prologue ops. y may be x
+ * (each pair is read before it is written). */
+static moec_status rope_rows(const ir_op *op, const float *x, const int32_t *pos, float *y, int T,
+                             int64_t H, int64_t D, int64_t rd)
 {
     const char *style = ir_op_attr_str(op, "style", NULL);
     if (!style || (strcmp(style, "interleave") != 0 && strcmp(style, "neox") != 0))
@@ -514,16 +526,7 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
                         op_name(op), style ? "\"" : "", style ? style : "absent",
                         style ? "\"" : "");
     int neox = strcmp(style, "neox") == 0;
-    int64_t d[IR_MAX_RANK];
-    if (shape_of(op->in[0], T, d) != 3 || d[2] % 2 != 0 || numel_of(op->in[1], T) != T ||
-        numel_of(op->out[0], T) != prod(d, 0, 3))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope wants x [T, H, D] with D even, pos [T]",
-                        op_name(op));
-    /* rotary_dim: the first channels rotate as a head of that size; the rest pass */
-    int64_t H = d[1], D = d[2], rd = ir_op_attr_int(op, "rotary_dim", D), half = rd / 2;
-    if (rd < 2 || rd > D || rd % 2)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope rotary_dim %lld out of [2, %lld] or odd",
-                        op_name(op), (long long)rd, (long long)D);
+    int64_t half = rd / 2;
     float af = (float)attr_num_or(op, "attn_factor", 1.0);
     float *inv_freq = malloc((size_t)half * sizeof(float) + 1);
     if (!inv_freq)
@@ -533,10 +536,7 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
         free(inv_freq);
         return st;
     }
-    const float *x = fbuf(in, op->in[0]);
-    const int32_t *pos = ibuf(in, op->in[1]);
-    float *y = fbuf(in, op->out[0]);
-    for (int64_t r = 0; r < (int64_t)T * H && rd < D; r++)
+    for (int64_t r = 0; r < (int64_t)T * H && rd < D && x != y; r++)
         memcpy(y + r * D + rd, x + r * D + rd, (size_t)(D - rd) * sizeof(float));
     for (int t = 0; t < T; t++) {
         for (int64_t i = 0; i < half; i++) {
@@ -553,6 +553,87 @@ static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
         }
     }
     free(inv_freq);
+    return MOEC_OK;
+}
+
+static moec_status op_rope(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[0], T, d) != 3 || d[2] % 2 != 0 || numel_of(op->in[1], T) != T ||
+        numel_of(op->out[0], T) != prod(d, 0, 3))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope wants x [T, H, D] with D even, pos [T]",
+                        op_name(op));
+    /* rotary_dim: the first channels rotate as a head of that size; the rest pass */
+    int64_t H = d[1], D = d[2], rd = ir_op_attr_int(op, "rotary_dim", D);
+    if (rd < 2 || rd > D || rd % 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope rotary_dim %lld out of [2, %lld] or odd",
+                        op_name(op), (long long)rd, (long long)D);
+    return rope_rows(op, fbuf(in, op->in[0]), ibuf(in, op->in[1]), fbuf(in, op->out[0]), T, H, D,
+                     rd);
+}
+
+/* ---- the MLA prologue ------------------------------------------------------ */
+
+/* Copies n columns from column `col` of every row of x (rows of stride
+ * `stride`) into y, rows of n: a slice along dim 1. */
+static void gather_cols(const float *x, int64_t stride, int64_t col, int64_t n, int64_t rows,
+                        float *y)
+{
+    for (int64_t t = 0; t < rows; t++)
+        memcpy(y + t * n, x + t * stride + col, (size_t)n * sizeof(float));
+}
+
+/* mla_prologue, mla_prologue_kv and mla_prologue_q: exactly the slices,
+ * rms_norms and ropes they replace (docs/IR.md): each section of a row of x
+ * is sliced into its result, which is then normalized or rotated in place
+ * by the functions rms_norm and rope use. */
+static moec_status op_mla_prologue(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK];
+    if (shape_of(op->in[0], T, d) != 2 || numel_of(op->in[1], T) != T)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s wants x [T, N] and pos [T]", op_name(op),
+                        ir_op_name(op->kind));
+    int64_t N = d[1], dr = ir_op_attr_int(op, "qk_rope_head_dim", 0);
+    int heads = op->kind != IR_OP_MLA_PROLOGUE_KV, kv = op->kind != IR_OP_MLA_PROLOGUE_Q;
+    int64_t H = heads ? ir_op_attr_int(op, "heads", 0) : 0;
+    int64_t dn = heads ? ir_op_attr_int(op, "qk_nope_head_dim", 0) : 0;
+    int64_t r = kv ? numel_of(op->in[2], T) : 0;
+    int64_t qr = op->kind == IR_OP_MLA_PROLOGUE_KV ? numel_of(op->in[3], T) : 0;
+    int64_t q_cols = heads ? H * (dn + dr) : qr;
+    double eps = 0;
+    if (kv)
+        MOEC_TRY(attr_num_req(op, "eps", &eps));
+    int o = 0; /* the result being written */
+    if (dr < 2 || dr % 2 || (heads && (H < 1 || dn < 1)) || q_cols + (kv ? r + dr : 0) > N ||
+        (heads &&
+         (numel_of(op->out[0], T) != T * H * dn || numel_of(op->out[1], T) != T * H * dr)) ||
+        (!heads && numel_of(op->out[0], T) != T * qr) ||
+        (kv && (numel_of(op->out[op->n_out - 2], T) != T * r ||
+                numel_of(op->out[op->n_out - 1], T) != T * dr)))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s: x [T, %lld] does not hold its sections",
+                        op_name(op), ir_op_name(op->kind), (long long)N);
+    const float *x = fbuf(in, op->in[0]);
+    const int32_t *pos = ibuf(in, op->in[1]);
+    if (heads) {
+        /* q [T, H, dn + dr] = reshape(slice(x)); q_nope, q_pe its slices; rope(q_pe) */
+        float *q_nope = fbuf(in, op->out[o++]), *q_pe = fbuf(in, op->out[o++]);
+        for (int t = 0; t < T; t++) {
+            gather_cols(x + (int64_t)t * N, dn + dr, 0, dn, H, q_nope + (int64_t)t * H * dn);
+            gather_cols(x + (int64_t)t * N, dn + dr, dn, dr, H, q_pe + (int64_t)t * H * dr);
+        }
+        MOEC_TRY(rope_rows(op, q_pe, pos, q_pe, T, H, dr, dr));
+    } else {
+        float *q_a = fbuf(in, op->out[o++]);
+        gather_cols(x, N, 0, qr, T, q_a);
+        rms_norm_rows(q_a, fbuf(in, op->in[3]), q_a, T, qr, eps);
+    }
+    if (kv) {
+        float *kv_c = fbuf(in, op->out[o++]), *k_pe = fbuf(in, op->out[o++]);
+        gather_cols(x, N, q_cols, r, T, kv_c);
+        rms_norm_rows(kv_c, fbuf(in, op->in[2]), kv_c, T, r, eps);
+        gather_cols(x, N, q_cols + r, dr, T, k_pe);
+        MOEC_TRY(rope_rows(op, k_pe, pos, k_pe, T, 1, dr, dr));
+    }
     return MOEC_OK;
 }
 
@@ -1353,6 +1434,9 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_ALL_TO_ALL: return op_collective_alone(in, op, T);
     case IR_OP_LAYER_NORM: return op_layer_norm(in, op, T);
     case IR_OP_DSA_TOPK: return op_dsa_topk(in, op, T);
+    case IR_OP_MLA_PROLOGUE:
+    case IR_OP_MLA_PROLOGUE_KV:
+    case IR_OP_MLA_PROLOGUE_Q: return op_mla_prologue(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1390,13 +1474,16 @@ static const struct {
     [IR_OP_MLA_VABSORB] = {2, 2, 1, 0, 0, 0},
     [IR_OP_FORK] = {1, 1, 1, 0, 0, 1},
     [IR_OP_JOIN] = {1, 1, 1, 0, 0, 1},
-    [IR_OP_ADD_RMS_NORM] = {3, 3, 2, 0, 0, 0},
+    [IR_OP_ADD_RMS_NORM] = {3, 4, 2, 0, 0, 0},
     [IR_OP_ALL_REDUCE] = {1, 1, 1, 0, 0, 0},
     [IR_OP_ALL_GATHER] = {1, 1, 1, 0, 0, 0},
     [IR_OP_REDUCE_SCATTER] = {1, 1, 1, 0, 0, 0},
     [IR_OP_ALL_TO_ALL] = {1, 1, 1, 0, 0, 0},
     [IR_OP_LAYER_NORM] = {3, 3, 1, 0, 0, 0},
     [IR_OP_DSA_TOPK] = {4, 4, 1, 1u << 3, 1u << 0, 0},
+    [IR_OP_MLA_PROLOGUE] = {3, 3, 4, 1u << 1, 0, 0},
+    [IR_OP_MLA_PROLOGUE_KV] = {4, 4, 3, 1u << 1, 0, 0},
+    [IR_OP_MLA_PROLOGUE_Q] = {2, 2, 2, 1u << 1, 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand

@@ -1,6 +1,7 @@
 /* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
  * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
- * the sparse mla_attention over its selection, and the linears and experts
+ * the sparse mla_attention over its selection, the MLA prologue ops with
+ * the cache rows they write, and the linears and experts
  * of fp8 weights) run on the GPU against the CPU interpreter, on fresh
  * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
  * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
@@ -176,7 +177,7 @@ typedef struct gk_prog {
     int loaded;
 } gk_prog;
 
-static gk_prog progs[96];
+static gk_prog progs[128];
 static int n_progs;
 static const char *cache_dir;
 
@@ -197,6 +198,10 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
     o->fp8_kernel = fp8;
 }
 
+/* The ops whose kernels these programs run: the heavy ones, and here the
+ * add_rms_norm of km_spec.AN too. */
+static int runs(const ir_op *op) { return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM; }
+
 /* The heavy ops of m and the argmax of its output, for bucket T, added to
  * c (whose kernels so far are reused, not emitted again). */
 static moec_status gen_more(const ir_module *m, int T, cg_ctx *c)
@@ -204,7 +209,7 @@ static moec_status gen_more(const ir_module *m, int T, cg_ctx *c)
     c->T = T;
     c->n_steps = 0;
     for (int k = 0; k < m->n_ops; k++)
-        if (km_is_heavy(m->ops[k]))
+        if (runs(m->ops[k]))
             MOEC_TRY(cg_emit_op(c, m->ops[k]));
     return cg_emit_argmax(c, m->outputs[0]);
 }
@@ -276,7 +281,7 @@ static void prog_add_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, unsig
 static void progs_compile(void)
 {
     double t0 = now_s();
-    cg_compile_job jobs[96];
+    cg_compile_job jobs[128];
     for (int i = 0; i < n_progs; i++)
         jobs[i] = progs[i].job;
     cg_compile_many(jobs, n_progs, "sm_90", cache_dir, NULL, NULL);
@@ -374,7 +379,7 @@ static ir_dtype storage(const gk_bind *b, const ir_value *v)
 }
 
 /* Whether v is a result of an op whose kernels the program runs. */
-static int produced(const ir_value *v) { return v->def && km_is_heavy(v->def); }
+static int produced(const ir_value *v) { return v->def && runs(v->def); }
 
 /* The device copy of activation v (TMAX tokens of 4-byte slots). */
 static void *act(gk_bind *b, const ir_value *v)
@@ -726,6 +731,18 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
         worst[2] = fmax(worst[2], compare_rows(what, gl, rt_interp_value(in, ly), T, s->LN, tol));
         free(gl);
     }
+    if (s->AN > 0) {
+        static const char *const AN_OUT[2] = {"an_s", "an_n"};
+        float *ga = xmalloc((size_t)T * s->AN * 4);
+        for (int k = 0; k < 2; k++) {
+            const ir_value *v = val(m, AN_OUT[k]);
+            download(ga, storage(b, v), b->val[v->id], (size_t)T * s->AN);
+            snprintf(what, sizeof what, "%s %s T=%d add_rms_norm %s", s->name,
+                     ir_dtype_name(cdt), T, AN_OUT[k]);
+            worst[2] = fmax(worst[2], compare_rows(what, ga, rt_interp_value(in, v), T, s->AN, tol));
+        }
+        free(ga);
+    }
     snprintf(what, sizeof what, "%s T=%d", s->name, T);
     check_sampled(b, rt_interp_value(in, val(m, "out")), T, 40, what);
     static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down", NULL};
@@ -805,6 +822,115 @@ static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t se
 
 #define MAX_SEQ 3
 
+/* What the steps over several sequences share (attention, DSA, the MLA
+ * prologue): the rows of each operand value of a step of T tokens, by
+ * value id, as a row_source. */
+static const float *rows_from_table(void *u, const ir_value *v)
+{
+    float *const *rows = u;
+    if (!rows[v->id]) {
+        fprintf(stderr, "no rows for %s\n", v->name);
+        exit(1);
+    }
+    return rows[v->id];
+}
+
+/* rows[v->id] = the step's T rows of v: for a real token t (seq_of[t] >=
+ * 0) interpreter in[seq_of[t]]'s row idx_of[t] when in is not NULL, else
+ * (and for padding) random ones rounded to v's storage dtype. */
+static void step_rows(float **rows, const gk_bind *b, rt_interp *const *in, const int *seq_of,
+                      const int *idx_of, uint64_t *rng, const ir_value *v, int T)
+{
+    int w = (int)ir_type_numel(&v->type, 1);
+    ir_dtype dt = storage(b, v);
+    free(rows[v->id]);
+    rows[v->id] = xmalloc((size_t)T * w * 4);
+    for (int t = 0; t < T; t++) {
+        float *r = rows[v->id] + (size_t)t * w;
+        int q = seq_of[t];
+        if (q >= 0 && in)
+            memcpy(r, rt_interp_value(in[q], v) + (size_t)idx_of[t] * w, (size_t)w * 4);
+        else
+            for (int i = 0; i < w; i++)
+                r[i] = round_to(dt, urand(rng, 1.7f));
+    }
+}
+
+/* Interpreter in[q] runs ntok[q] new random tokens of its sequence, at
+ * positions len[q] on. */
+static void interps_step(rt_interp *const *in, int n_seq, const int *len, const int *ntok,
+                         int vocab, uint64_t *rng)
+{
+    for (int q = 0; q < n_seq; q++) {
+        if (!ntok[q])
+            continue;
+        int32_t tok[TMAX], pos[TMAX];
+        for (int j = 0; j < ntok[q]; j++) {
+            tok[j] = irand(rng, vocab);
+            pos[j] = len[q] + j;
+        }
+        T_OK(rt_interp_forward(in[q], tok, pos, ntok[q], NULL));
+    }
+}
+
+/* A cache of two pools of `pages` pages of bs rows, w0 and w1 elements a
+ * row, poisoned (0xff: NaN, so that a read of an unwritten row shows, and a
+ * write where none belongs too), the positions and slots inputs, and an
+ * empty rows table for m's values: what the steps over several sequences
+ * bind. */
+static float **bind_paged_cache(gk_bind *b, const ir_module *m, ir_dtype cdt, int pages, int bs,
+                                int w0, int w1)
+{
+    size_t esz = ir_dtype_size(cdt);
+    for (int i = 0; i < 2; i++) {
+        size_t bytes = (size_t)pages * bs * (i ? w1 : w0) * esz;
+        b->kv[i] = dalloc(bytes);
+        CK(cudaMemset(b->kv[i], 0xff, bytes));
+    }
+    b->input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    b->input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
+    float **rows = calloc((size_t)m->n_values, sizeof *rows);
+    if (!rows)
+        exit(1);
+    return rows;
+}
+
+/* Frees what bind_paged_cache bound (b and its pools, the rows table) and
+ * the env's module m. */
+static void free_paged_cache(gk_bind *b, float **rows, ir_module *m)
+{
+    for (int i = 0; i < m->n_values; i++)
+        free(rows[i]);
+    free(rows);
+    bind_free(b);
+    ir_module_free(m);
+}
+
+/* Runs a step of bucket T whose operands' rows are in `rows`: random
+ * logits for the argmax's %out, positions and slots uploaded, the heavy
+ * ops generated into *c (the caller frees it), their values bound and
+ * launched, the n_seq lengths advanced by ntok, the argmax checked. */
+static void run_step(gk_bind *b, const ir_module *m, ir_dtype cdt, int bs, cudaLibrary_t lib,
+                     float **rows, uint64_t *rng, const int *pos_of, const int *slots, int T,
+                     int n_seq, int *len, const int *ntok, const char *what, cg_ctx *c)
+{
+    const ir_value *outv = val(m, "out");
+    free(rows[outv->id]);
+    rows[outv->id] = xmalloc((size_t)T * 40 * 4);
+    for (size_t i = 0; i < (size_t)T * 40; i++)
+        rows[outv->id][i] = urand(rng, 1.0f);
+    CK(cudaMemcpy(b->input[IR_INPUT_POSITIONS], pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b->input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
+    cg_options o;
+    options_for(&o, cdt, bs, CG_FP8_AUTO);
+    T_OK(gen(m, &o, T, c));
+    bind_step_values(b, c, rows_from_table, rows);
+    launch_steps(b, c, lib);
+    for (int q = 0; q < n_seq; q++)
+        len[q] += ntok[q];
+    check_sampled(b, rows[outv->id], T, 40, what);
+}
+
 typedef struct attn_env {
     const km_spec *s;
     ir_module *m;
@@ -822,16 +948,6 @@ typedef struct attn_env {
     int seq_of[TMAX], idx_of[TMAX], pos_of[TMAX];
     double worst_gpu, worst_ref;
 } attn_env;
-
-static const float *rows_from_env(void *u, const ir_value *v)
-{
-    attn_env *e = u;
-    if (!e->rows[v->id]) {
-        fprintf(stderr, "no rows for %s\n", v->name);
-        exit(1);
-    }
-    return e->rows[v->id];
-}
 
 static int is_mla(const attn_env *e) { return e->s->attn == KM_MLA; }
 
@@ -983,17 +1099,7 @@ static void attn_init(attn_env *e, const km_spec *s, ir_dtype cdt, int bs, int n
     bind_init(&e->b, e->m, cdt);
     e->lib = prog_lib(s, cdt, bs);
     int pages = bind_block_table(&e->b, &e->rng, max_len, bs);
-    size_t esz = ir_dtype_size(cdt);
-    for (int i = 0; i < 2; i++) {
-        size_t bytes = (size_t)pages * bs * (i ? e->row1 : e->row0) * esz;
-        e->b.kv[i] = dalloc(bytes);
-        CK(cudaMemset(e->b.kv[i], 0xff, bytes)); /* NaN: a read of an unwritten row shows */
-    }
-    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
-    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
-    e->rows = calloc((size_t)e->m->n_values, sizeof *e->rows);
-    if (!e->rows)
-        exit(1);
+    e->rows = bind_paged_cache(&e->b, e->m, cdt, pages, bs, e->row0, e->row1);
 }
 
 static void attn_free(attn_env *e)
@@ -1005,11 +1111,7 @@ static void attn_free(attn_env *e)
         free(e->hist1[q]);
         rt_interp_free(e->in[q]);
     }
-    for (int i = 0; i < e->m->n_values; i++)
-        free(e->rows[i]);
-    free(e->rows);
-    bind_free(&e->b);
-    ir_module_free(e->m);
+    free_paged_cache(&e->b, e->rows, e->m);
 }
 
 /* The tokens of a step of bucket T: ntok[q] new ones of sequence q (of
@@ -1056,38 +1158,16 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
     assign_tokens(&e->rng, T, e->n_seq, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of,
                   slots);
     if (e->use_interp)
-        for (int q = 0; q < e->n_seq; q++) {
-            if (!ntok[q])
-                continue;
-            int32_t tok[TMAX], pos[TMAX];
-            for (int j = 0; j < ntok[q]; j++) {
-                tok[j] = irand(&e->rng, s->vocab);
-                pos[j] = e->len[q] + j;
-            }
-            T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
-        }
+        interps_step(e->in, e->n_seq, e->len, ntok, s->vocab, &e->rng);
     /* the attention op's operands: from the interpreters or random */
     const ir_op *op = NULL;
     for (int k = 0; k < m->n_ops; k++)
         if (m->ops[k]->kind == IR_OP_ATTENTION || m->ops[k]->kind == IR_OP_MLA_ATTENTION)
             op = m->ops[k];
     int n_opnd = is_mla(e) ? 4 : 3;
-    for (int a = 0; a < n_opnd; a++) {
-        const ir_value *v = op->in[a];
-        int w = (int)ir_type_numel(&v->type, 1);
-        ir_dtype dt = storage(&e->b, v);
-        free(e->rows[v->id]);
-        e->rows[v->id] = xmalloc((size_t)T * w * 4);
-        for (int t = 0; t < T; t++) {
-            float *r = e->rows[v->id] + (size_t)t * w;
-            int q = e->seq_of[t];
-            if (q >= 0 && e->use_interp)
-                memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
-            else
-                for (int i = 0; i < w; i++)
-                    r[i] = round_to(dt, urand(&e->rng, 1.7f));
-        }
-    }
+    for (int a = 0; a < n_opnd; a++)
+        step_rows(e->rows, &e->b, e->use_interp ? e->in : NULL, e->seq_of, e->idx_of, &e->rng,
+                  op->in[a], T);
     /* what the cache now holds */
     for (int t = 0; t < T; t++) {
         int q = e->seq_of[t];
@@ -1099,29 +1179,15 @@ static void attn_step(attn_env *e, int T, const int *ntok, int compare)
         memcpy(e->hist1[q] + (size_t)e->pos_of[t] * e->row1, e->rows[c1->id] + (size_t)t * e->row1,
                (size_t)e->row1 * 4);
     }
-    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
-    cg_options o;
-    options_for(&o, e->cdt, e->bs, CG_FP8_AUTO);
+    char what[160];
+    snprintf(what, sizeof what, "%s T=%d", s->name, T);
     cg_ctx c;
-    T_OK(gen(m, &o, T, &c));
-    /* the argmax reads the output embedding: give it the first interpreter's */
-    const ir_value *outv = val(m, "out");
-    free(e->rows[outv->id]);
-    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
-    for (size_t i = 0; i < (size_t)T * 40; i++)
-        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
-    bind_step_values(&e->b, &c, rows_from_env, e);
-    launch_steps(&e->b, &c, e->lib);
-    for (int q = 0; q < e->n_seq; q++)
-        e->len[q] += ntok[q];
+    run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, e->n_seq,
+             e->len, ntok, what, &c);
     const ir_value *res = op->out[0];
     int w = (int)ir_type_numel(&res->type, 1);
     float *gpu = xmalloc((size_t)T * w * 4);
     download(gpu, storage(&e->b, res), e->b.val[res->id], (size_t)T * w);
-    char what[160];
-    snprintf(what, sizeof what, "%s T=%d", s->name, T);
-    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
     if (compare) {
         int pads_ok = 1, n_real = 0;
         float *g = xmalloc((size_t)T * w * 4), *r = xmalloc((size_t)T * w * 4),
@@ -1231,16 +1297,6 @@ typedef struct dsa_env {
     double worst_gpu, worst_ref, min_gap;
     int checked, sel_bad;
 } dsa_env;
-
-static const float *rows_from_dsa(void *u, const ir_value *v)
-{
-    dsa_env *e = u;
-    if (!e->rows[v->id]) {
-        fprintf(stderr, "no rows for %s\n", v->name);
-        exit(1);
-    }
-    return e->rows[v->id];
-}
 
 typedef struct dsa_scored {
     double s;
@@ -1394,30 +1450,14 @@ static void dsa_free(dsa_env *e)
             free(e->hist[q][i]);
         rt_interp_free(e->in[q]);
     }
-    for (int i = 0; i < e->m->n_values; i++)
-        free(e->rows[i]);
-    free(e->rows);
-    bind_free(&e->b);
-    ir_module_free(e->m);
+    free_paged_cache(&e->b, e->rows, e->m);
 }
 
 /* The step's rows of operand v (T of them): the interpreters' for real
  * tokens, random (rounded to the storage dtype) otherwise. */
 static void dsa_operand_rows(dsa_env *e, const ir_value *v, int T)
 {
-    int w = (int)ir_type_numel(&v->type, 1);
-    ir_dtype dt = storage(&e->b, v);
-    free(e->rows[v->id]);
-    e->rows[v->id] = xmalloc((size_t)T * w * 4);
-    for (int t = 0; t < T; t++) {
-        float *r = e->rows[v->id] + (size_t)t * w;
-        int q = e->seq_of[t];
-        if (q >= 0 && e->use_interp)
-            memcpy(r, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w, (size_t)w * 4);
-        else
-            for (int i = 0; i < w; i++)
-                r[i] = round_to(dt, urand(&e->rng, 1.7f));
-    }
+    step_rows(e->rows, &e->b, e->use_interp ? e->in : NULL, e->seq_of, e->idx_of, &e->rng, v, T);
 }
 
 /* Checks token t's selection (GPU row got) and attention output (GPU row o)
@@ -1486,16 +1526,7 @@ static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
     assign_tokens(&e->rng, T, e->n_seq, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of,
                   slots);
     if (e->use_interp)
-        for (int q = 0; q < e->n_seq; q++) {
-            if (!ntok[q])
-                continue;
-            int32_t tok[TMAX], pos[TMAX];
-            for (int j = 0; j < ntok[q]; j++) {
-                tok[j] = irand(&e->rng, s->vocab);
-                pos[j] = e->len[q] + j;
-            }
-            T_OK(rt_interp_forward(e->in[q], tok, pos, ntok[q], NULL));
-        }
+        interps_step(e->in, e->n_seq, e->len, ntok, s->vocab, &e->rng);
     for (int a = 0; a < 3; a++)
         dsa_operand_rows(e, e->dsa->in[a], T);
     for (int a = 0; a < 4; a++)
@@ -1507,24 +1538,11 @@ static void dsa_step(dsa_env *e, int T, const int *ntok, int compare)
             memcpy(e->hist[q][i] + (size_t)e->pos_of[t] * e->hw[i],
                    e->rows[cached[i]->id] + (size_t)t * e->hw[i], (size_t)e->hw[i] * 4);
     }
-    const ir_value *outv = val(m, "out");
-    free(e->rows[outv->id]);
-    e->rows[outv->id] = xmalloc((size_t)T * 40 * 4);
-    for (size_t i = 0; i < (size_t)T * 40; i++)
-        e->rows[outv->id][i] = urand(&e->rng, 1.0f);
-    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], e->pos_of, (size_t)T * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slots, (size_t)T * 4, cudaMemcpyHostToDevice));
-    cg_options o;
-    options_for(&o, e->cdt, e->bs, CG_FP8_AUTO);
-    cg_ctx c;
-    T_OK(gen(m, &o, T, &c));
-    bind_step_values(&e->b, &c, rows_from_dsa, e);
-    launch_steps(&e->b, &c, e->lib);
-    for (int q = 0; q < e->n_seq; q++)
-        e->len[q] += ntok[q];
     char what[160];
     snprintf(what, sizeof what, "%s %s T=%d", s->name, ir_dtype_name(e->cdt), T);
-    check_sampled(&e->b, e->rows[outv->id], T, 40, what);
+    cg_ctx c;
+    run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, e->n_seq,
+             e->len, ntok, what, &c);
     if (compare) {
         int K = s->TOPK, W = s->H * s->R;
         int32_t *sel = xmalloc((size_t)T * K * 4);
@@ -1643,7 +1661,227 @@ static void e4m3_widen_case(void)
     free(cubin);
 }
 
+/* ---- the MLA prologue: its results, the cache rows it writes ---------------- */
+
+/* Steps of two sequences with padding over a shuffled paged cache, as for
+ * attention, through the prologue op(s) (mla_prologue, or mla_prologue_kv
+ * and mla_prologue_q) and the mla_attention whose cache they write: every
+ * prologue result of a real token against the interpreter's, the cache
+ * rows of every position of both sequences against the interpreter's kv_c
+ * and k_pe of that position, every other cache row still poisoned (padding
+ * tokens write none), and the attention output over the rows written. */
+typedef struct pro_env {
+    const km_spec *s;
+    ir_module *m;
+    const ir_op *att, *pro[2]; /* the prologue ops: the kv side's, then the q side's (or NULL) */
+    ir_dtype cdt;
+    int bs, max_len, pages;
+    int len[MAX_SEQ];
+    float *hist[MAX_SEQ][2]; /* the interpreter's kv_c [R] and k_pe [DR] per position */
+    rt_interp *in[MAX_SEQ];
+    gk_bind b;
+    cudaLibrary_t lib;
+    uint64_t rng;
+    float **rows;
+    int seq_of[TMAX], idx_of[TMAX], pos_of[TMAX];
+    double worst_pro, worst_att;
+    int rows_checked;
+} pro_env;
+
+static void pro_init(pro_env *e, const km_spec *s, ir_dtype cdt, int bs, uint64_t seed)
+{
+    memset(e, 0, sizeof *e);
+    e->s = s;
+    e->cdt = cdt;
+    e->bs = bs;
+    e->max_len = 160;
+    e->rng = seed;
+    e->m = km_module(s);
+    if (!e->m)
+        exit(1);
+    e->att = val(e->m, "o")->def;
+    e->pro[0] = val(e->m, "kv_c")->def;
+    e->pro[1] = val(e->m, "q_pe")->def == e->pro[0] ? NULL : val(e->m, "q_pe")->def;
+    for (int q = 0; q < 2; q++) {
+        e->hist[q][0] = xmalloc((size_t)e->max_len * s->R * 4);
+        e->hist[q][1] = xmalloc((size_t)e->max_len * s->DR * 4);
+    }
+    interps_init(e->in, 2, e->m, cdt, s, e->max_len, &e->rng);
+    bind_init(&e->b, e->m, cdt);
+    for (int i = 0; i < e->m->n_values; i++)
+        if (e->m->values[i]->kind == IR_VALUE_WEIGHT && !strstr(e->m->values[i]->name, "tab_"))
+            bind_weight(&e->b, e->in[0], e->m->values[i], NULL);
+    e->lib = prog_lib(s, cdt, bs);
+    e->pages = bind_block_table(&e->b, &e->rng, e->max_len, bs);
+    e->rows = bind_paged_cache(&e->b, e->m, cdt, e->pages, bs, s->R, s->DR);
+}
+
+static void pro_free(pro_env *e)
+{
+    printf("%-16s %s prologue worst error: results %.2e, attention %.2e; %d cache rows checked\n",
+           e->s->name, ir_dtype_name(e->cdt), e->worst_pro, e->worst_att, e->rows_checked);
+    for (int q = 0; q < 2; q++) {
+        free(e->hist[q][0]);
+        free(e->hist[q][1]);
+        rt_interp_free(e->in[q]);
+    }
+    free_paged_cache(&e->b, e->rows, e->m);
+}
+
+/* Value v on the GPU against the interpreter, for the real tokens of the
+ * step; the worst error. */
+static double pro_compare(pro_env *e, const ir_value *v, int T, const char *what)
+{
+    int w = (int)ir_type_numel(&v->type, 1), n = 0;
+    float *gpu = xmalloc((size_t)T * w * 4), *g = xmalloc((size_t)T * w * 4),
+          *r = xmalloc((size_t)T * w * 4);
+    download(gpu, storage(&e->b, v), e->b.val[v->id], (size_t)T * w);
+    for (int t = 0; t < T; t++) {
+        int q = e->seq_of[t];
+        if (q < 0)
+            continue;
+        memcpy(g + (size_t)n * w, gpu + (size_t)t * w, (size_t)w * 4);
+        memcpy(r + (size_t)n * w, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w,
+               (size_t)w * 4);
+        n++;
+    }
+    char w2[320];
+    snprintf(w2, sizeof w2, "%s %%%s", what, v->name);
+    double err = compare_rows(w2, g, r, n, w, e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32);
+    free(gpu);
+    free(g);
+    free(r);
+    return err;
+}
+
+/* Both pools: the row of each sequence's position p < len within tol of the
+ * interpreter's kv_c and k_pe at p; every row no sequence owns, or past its
+ * length, all poison bytes (0xff): padding tokens wrote nothing. */
+static void pro_check_cache(pro_env *e, const char *what)
+{
+    const km_spec *s = e->s;
+    int mb = e->b.max_blocks, bs = e->bs, width[2] = {s->R, s->DR};
+    int *bt = xmalloc((size_t)e->pages * 4);
+    CK(cudaMemcpy(bt, e->b.input[IR_INPUT_BLOCK_TABLE], (size_t)e->pages * 4,
+                  cudaMemcpyDeviceToHost));
+    /* the owner of each pool row: sequence * max_len + position, or -1 */
+    int rows = e->pages * bs;
+    int *owner = xmalloc((size_t)rows * sizeof *owner);
+    for (int i = 0; i < rows; i++)
+        owner[i] = -1;
+    for (int q = 0; q < 2; q++)
+        for (int p = 0; p < e->len[q]; p++)
+            owner[bt[q * mb + p / bs] * bs + p % bs] = q * e->max_len + p;
+    size_t esz = ir_dtype_size(e->cdt);
+    int stray = 0;
+    for (int i = 0; i < 2; i++) {
+        int w = width[i];
+        unsigned char *raw = xmalloc((size_t)rows * w * esz);
+        CK(cudaMemcpy(raw, e->b.kv[i], (size_t)rows * w * esz, cudaMemcpyDeviceToHost));
+        float *got = xmalloc((size_t)w * 4);
+        for (int row = 0; row < rows; row++) {
+            const unsigned char *rb = raw + (size_t)row * w * esz;
+            if (owner[row] < 0) {
+                for (size_t k = 0; k < (size_t)w * esz; k++)
+                    stray += rb[k] != 0xff;
+                continue;
+            }
+            int q = owner[row] / e->max_len, p = owner[row] % e->max_len;
+            if (e->cdt == IR_DTYPE_BF16)
+                for (int k = 0; k < w; k++) {
+                    uint16_t h;
+                    memcpy(&h, rb + 2 * k, 2);
+                    got[k] = bf2f(h);
+                }
+            else
+                memcpy(got, rb, (size_t)w * 4);
+            char w2[320];
+            snprintf(w2, sizeof w2, "%s cache %s of sequence %d position %d", what,
+                     i ? "k_pe" : "kv_c", q, p);
+            double tol = e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32;
+            e->worst_pro =
+                fmax(e->worst_pro, compare_rows(w2, got, e->hist[q][i] + (size_t)p * w, 1, w, tol));
+            e->rows_checked++;
+        }
+        free(got);
+        free(raw);
+    }
+    T_CHECK(stray == 0);
+    if (stray)
+        fprintf(stderr, "FAIL %s: %d bytes of cache rows no sequence owns were written\n", what,
+                stray);
+    free(owner);
+    free(bt);
+}
+
+static void pro_step(pro_env *e, int T, const int *ntok)
+{
+    const km_spec *s = e->s;
+    const ir_module *m = e->m;
+    int slots[TMAX];
+    assign_tokens(&e->rng, T, 2, e->len, ntok, e->max_len, e->seq_of, e->idx_of, e->pos_of, slots);
+    interps_step(e->in, 2, e->len, ntok, s->vocab, &e->rng);
+    /* what the cache holds at the new positions */
+    for (int q = 0; q < 2; q++)
+        for (int j = 0; j < ntok[q]; j++) {
+            int p = e->len[q] + j;
+            memcpy(e->hist[q][0] + (size_t)p * s->R,
+                   rt_interp_value(e->in[q], e->att->in[2]) + (size_t)j * s->R, (size_t)s->R * 4);
+            memcpy(e->hist[q][1] + (size_t)p * s->DR,
+                   rt_interp_value(e->in[q], e->att->in[3]) + (size_t)j * s->DR, (size_t)s->DR * 4);
+        }
+    /* what the kernels read and nothing of theirs writes: the prologue
+       inputs, q_c, the argmax's logits */
+    for (int i = 0; i < 3; i++) {
+        const ir_value *v = i < 2 ? (e->pro[i] ? e->pro[i]->in[0] : NULL) : e->att->in[0];
+        if (v)
+            step_rows(e->rows, &e->b, e->in, e->seq_of, e->idx_of, &e->rng, v, T);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s %s T=%d", s->name, ir_dtype_name(e->cdt), T);
+    cg_ctx c;
+    run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, 2, e->len,
+             ntok, what, &c);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; e->pro[i] && k < e->pro[i]->n_out; k++)
+            e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));
+    e->worst_att = fmax(e->worst_att, pro_compare(e, e->att->out[0], T, what));
+    /* padding tokens: zeros from the attention */
+    int w = s->H * s->R, pads_ok = 1;
+    float *gpu = xmalloc((size_t)T * w * 4);
+    download(gpu, storage(&e->b, e->att->out[0]), e->b.val[e->att->out[0]->id], (size_t)T * w);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; e->seq_of[t] < 0 && i < w; i++)
+            pads_ok &= gpu[(size_t)t * w + i] == 0.0f;
+    T_CHECK(pads_ok);
+    free(gpu);
+    pro_check_cache(e, what);
+    if (getenv("MOEC_KERN_BENCH") && T <= 8) {
+        char label[64];
+        snprintf(label, sizeof label, "prologue T=%d", T);
+        bench_steps(&e->b, &c, e->lib, label, 0);
+    }
+    cg_ctx_free(&c);
+}
+
+/* Prefill chunks crossing pages (T = 64, padding among them), then decode
+ * steps at T = 3 and 1, with a padding token in each T = 3 step. */
+static void pro_case(const km_spec *s, ir_dtype cdt, int bs)
+{
+    double t0 = now_s();
+    pro_env e;
+    pro_init(&e, s, cdt, bs, 0x9a0000u + (uint64_t)s->H * 7 + (uint64_t)cdt);
+    static const int steps[][3] = {{64, 40, 21}, {64, 30, 33}, {3, 1, 1}, {1, 0, 1},
+                                   {3, 1, 0},    {1, 1, 0},    {3, 0, 2}};
+    for (int i = 0; i < (int)(sizeof steps / sizeof *steps); i++)
+        pro_step(&e, steps[i][0], steps[i] + 1);
+    pro_free(&e);
+    printf("%-16s %s prologue (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt),
+           now_s() - t0);
+}
+
 /* ---- the cases ------------------------------------------------------------- */
+
 
 static const km_spec V2_MOE = {.name = "v2lite_moe", .vocab = 97, .E = 64, .K = 6, .NG = 1,
                                .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408,
@@ -1757,6 +1995,28 @@ static const km_spec V32_DSA_2K = {.name = "v32_dsa_2k", .vocab = 97, .attn = KM
                                    .R = 512, .DR = 64, .attn_scale = 0.07216878364870323,
                                    .TOPK = 2048, .HI = 64, .DI = 128,
                                    .dsa_scale = 0.08838834764831845, .dsa_wscale = 0.125};
+/* the MLA prologue: DeepSeek-V2-Lite (no q LoRA: one mla_prologue) and V3
+ * (q_lora 1536, 128 heads: mla_prologue_kv and mla_prologue_q, rows wider
+ * than their sections as V3.2's), and odd sizes with neox, linear scaling
+ * and an attn_factor, with and without the q latent */
+/* the residual add_rms_norm with the routed and shared experts' sum:
+ * V2-Lite's hidden size (alpha 1), V3's (alpha 2.5, its f16 form), odd */
+static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
+static const km_spec ADD3_V3 = {.name = "v3_add3", .vocab = 97, .AN = 7168, .an_alpha = 2.5};
+static const km_spec ADD3_ODD = {.name = "odd_add3", .vocab = 97, .AN = 37, .an_alpha = -0.5};
+static const km_spec PRO_V2 = {.name = "v2lite_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 16,
+                               .DN = 128, .DR = 64, .R = 512, .attn_scale = 0.1147213867929261};
+static const km_spec PRO_V3 = {.name = "v3_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 128,
+                               .DN = 128, .DR = 64, .R = 512, .QR = 1536, .XN = 192,
+                               .attn_scale = 0.1352337788608801};
+static const km_spec PRO_ODD = {.name = "odd_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 3,
+                                .DN = 5, .DR = 6, .R = 36, .XN = 3, .attn_scale = 0.3,
+                                .rope = "style = \"neox\", theta = 500.0, scaling = \"linear\", "
+                                        "factor = 2.0, attn_factor = 1.25"};
+static const km_spec PRO_ODD_Q = {.name = "odd_pro_q", .vocab = 97, .attn = KM_MLA_PRO, .H = 3,
+                                  .DN = 5, .DR = 6, .R = 36, .QR = 7, .XN = 3, .attn_scale = 0.3,
+                                  .rope = "style = \"neox\", theta = 500.0, scaling = "
+                                          "\"linear\", factor = 2.0, attn_factor = 1.25"};
 static const km_spec ODD_DSA = {.name = "odd_dsa", .vocab = 97, .attn = KM_MLA, .H = 3, .R = 36,
                                 .DR = 6, .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12,
                                 .dsa_scale = 0.5, .dsa_wscale = -0.7};
@@ -1823,6 +2083,7 @@ int main(void)
         prog_add(&V2_MLA, IR_DTYPE_F32, 64, ATT);
         prog_add(&V3_MLA, IR_DTYPE_BF16, 64, ATT);
         prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+        prog_add(&PRO_V2, IR_DTYPE_BF16, 64, TM(1) | TM(64) | TM(3));
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
@@ -1839,6 +2100,7 @@ int main(void)
         attn_case_interp(&V2_MLA, IR_DTYPE_F32, 64, 0);
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+        pro_case(&PRO_V2, IR_DTYPE_BF16, 64);
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
@@ -1874,6 +2136,15 @@ int main(void)
     prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     prog_add(&ODD_DSA, IR_DTYPE_BF16, 16, DSA_T);
     prog_add(&ODD_DSA, IR_DTYPE_F32, 16, DSA_T);
+    const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            prog_add(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+    const unsigned PRO_T = TM(1) | TM(64) | TM(3);
+    const km_spec *pros[4] = {&PRO_V2, &PRO_V3, &PRO_ODD, &PRO_ODD_Q};
+    for (int i = 0; i < 4; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            prog_add(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16, PRO_T);
     /* fp8: the few-rows kernel (T <= 4), the staged kernels beyond (auto)
        and the first tensor-core ones they replace (old), the staged ones
        at every bucket (tc), the few-rows kernel per 4 rows (f32, or K not
@@ -1954,6 +2225,14 @@ int main(void)
     const int long_dsa[3] = {4200, 2049, 700}, long_odd_dsa[3] = {200, 6, 5};
     dsa_case_long(&V32_DSA_2K, IR_DTYPE_BF16, 64, long_dsa);
     dsa_case_long(&ODD_DSA, IR_DTYPE_F32, 16, long_odd_dsa);
+
+    for (int i = 0; i < 4; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            pro_case(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16);
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            moe_case(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, TM(1) | TM(8) | TM(64),
+                     30 + (uint64_t)(2 * i + f32));
 
     progs_free();
     printf("total %.1f s\n", now_s() - t0);

@@ -1,6 +1,7 @@
 /* kern_modules.h — small modules around the heavy kernel ops (attention,
  * mla_attention, moe_topk, moe_routed, moe_experts, DeepSeek-V3.2's
- * dsa_topk feeding a sparse mla_attention, and linears of fp8 weights, which
+ * dsa_topk feeding a sparse mla_attention, the MLA prologue ops feeding an
+ * mla_attention whose cache they write, and linears of fp8 weights, which
  * run generated kernels only) for the codegen tests:
  * every operand comes from an embedding of the tokens (table row t is
  * whatever the test writes there), so the interpreter can run them and the
@@ -15,7 +16,7 @@
 #include "codegen/cg.h"
 #include "ir/ir.h"
 
-enum { KM_NONE = 0, KM_GQA, KM_MLA };
+enum { KM_NONE = 0, KM_GQA, KM_MLA, KM_MLA_PRO };
 enum { KM_MOE_NONE = 0, KM_ROUTED, KM_ROUTED_SPLIT, KM_EXPERTS, KM_EXPERTS_SPLIT };
 
 typedef struct km_spec {
@@ -24,6 +25,10 @@ typedef struct km_spec {
     int attn;                  /* KM_NONE, KM_GQA, KM_MLA */
     int H, HKV, DK, DV;        /* GQA */
     int R, DR;                 /* MLA (with H) */
+    int DN, QR, XN;            /* KM_MLA_PRO: q_nope's head dim, the q latent (0: no q LoRA,
+                                  one mla_prologue; else mla_prologue_kv and mla_prologue_q),
+                                  columns past the sections in their inputs */
+    const char *rope;          /* KM_MLA_PRO: the rope attributes (NULL: DeepSeek-V3's YaRN) */
     int window;
     double attn_scale;
     int E, K;                  /* moe_topk (E > 0) */
@@ -39,6 +44,10 @@ typedef struct km_spec {
     int LN, LK;                /* a linear ly [T, LN] = lx [T, LK] lw^T when LN > 0 */
     const char *ldt;           /* its weight's IR dtype */
     int BN, BK;                /* the block scales of f8e4m3 weights (0: 128) */
+    int AN;                    /* an_s, an_n [T, AN] = add_rms_norm(an_a, an_b, an_w, an_c)
+                                  {alpha = an_alpha} when AN > 0 (the residual add with the
+                                  routed and shared experts' sum) */
+    double an_alpha;
 } km_spec;
 
 /* ", block_scale[BN, BK] = "<name>_s"" for an f8e4m3 weight, else "". */
@@ -90,6 +99,42 @@ static inline char *km_text(const km_spec *s)
                       "  %%o : f32[T, %d, %d] = attention(%%q, %%k, %%v, %%positions) {scale = %s, "
                       "window = %d}\n",
                       s->H, s->DV, km_float(f1, s->attn_scale), s->window);
+    } else if (s->attn == KM_MLA_PRO) {
+        const char *rope = s->rope ? s->rope
+                                   : "style = \"interleave\", theta = 1e+04, scaling = \"yarn\", "
+                                     "factor = 40.0, yarn_low = 10.0, yarn_high = 23.0, "
+                                     "attn_factor = 1.0";
+        int qw = s->H * (s->DN + s->DR);
+        km_table(&w, &o, s, "qc_flat", s->H * s->R, "bf16");
+        moec_buf_printf(&o, "  %%q_c : f32[T, %d, %d] = reshape(%%qc_flat)\n", s->H, s->R);
+        moec_buf_printf(&w, "  weight %%kv_norm : bf16[%d] = \"kv_norm\"\n", s->R);
+        if (s->QR > 0) {
+            km_table(&w, &o, s, "qkv", s->QR + s->R + s->DR + s->XN, "bf16");
+            km_table(&w, &o, s, "qb", qw + s->XN, "bf16");
+            moec_buf_printf(&w, "  weight %%q_norm : bf16[%d] = \"q_norm\"\n", s->QR);
+            moec_buf_printf(&o,
+                          "  %%q_a : f32[T, %d], %%kv_c : f32[T, %d], %%k_pe : f32[T, 1, %d] = "
+                          "mla_prologue_kv(%%qkv, %%positions, %%kv_norm, %%q_norm) "
+                          "{qk_rope_head_dim = %d, eps = 1e-06, %s}\n",
+                          s->QR, s->R, s->DR, s->DR, rope);
+            moec_buf_printf(&o,
+                          "  %%q_nope : f32[T, %d, %d], %%q_pe : f32[T, %d, %d] = "
+                          "mla_prologue_q(%%qb, %%positions) {heads = %d, qk_nope_head_dim = %d, "
+                          "qk_rope_head_dim = %d, %s}\n",
+                          s->H, s->DN, s->H, s->DR, s->H, s->DN, s->DR, rope);
+        } else {
+            km_table(&w, &o, s, "qkv", qw + s->R + s->DR + s->XN, "bf16");
+            moec_buf_printf(&o,
+                          "  %%q_nope : f32[T, %d, %d], %%q_pe : f32[T, %d, %d], %%kv_c : f32[T, "
+                          "%d], %%k_pe : f32[T, 1, %d] = mla_prologue(%%qkv, %%positions, "
+                          "%%kv_norm) {heads = %d, qk_nope_head_dim = %d, qk_rope_head_dim = %d, "
+                          "eps = 1e-06, %s}\n",
+                          s->H, s->DN, s->H, s->DR, s->R, s->DR, s->H, s->DN, s->DR, rope);
+        }
+        moec_buf_printf(&o,
+                      "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
+                      "%%positions) {scale = %s}\n",
+                      s->H, s->R, km_float(f1, s->attn_scale));
     } else if (s->attn == KM_MLA) {
         km_table(&w, &o, s, "qc_flat", s->H * s->R, "bf16");
         km_table(&w, &o, s, "qpe_flat", s->H * s->DR, "bf16");
@@ -159,6 +204,16 @@ static inline char *km_text(const km_spec *s)
                       km_scale(sc, sizeof sc, s, s->ldt, "lw"));
         moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)\n", s->LN);
     }
+    if (s->AN > 0) {
+        km_table(&w, &o, s, "an_a", s->AN, "bf16");
+        km_table(&w, &o, s, "an_b", s->AN, "bf16");
+        km_table(&w, &o, s, "an_c", s->AN, "bf16");
+        moec_buf_printf(&w, "  weight %%an_w : bf16[%d] = \"an_w\"\n", s->AN);
+        moec_buf_printf(&o,
+                      "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %%an_b, "
+                      "%%an_w, %%an_c) {eps = 1e-06, alpha = %s}\n",
+                      s->AN, s->AN, km_float(f1, s->an_alpha));
+    }
     moec_buf_printf(&all,
                   "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"
                   "  input %%positions : i32[T]\n%s%s  output %%out\n}\n",
@@ -195,16 +250,22 @@ static inline int km_is_heavy(const ir_op *op)
     return op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION ||
            op->kind == IR_OP_MOE_TOPK || op->kind == IR_OP_MOE_ROUTED ||
            op->kind == IR_OP_MOE_EXPERTS || op->kind == IR_OP_DSA_TOPK ||
+           op->kind == IR_OP_MLA_PROLOGUE || op->kind == IR_OP_MLA_PROLOGUE_KV ||
+           op->kind == IR_OP_MLA_PROLOGUE_Q ||
            (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
 /* Steps each heavy op emits (moe_routed: align, gate_up, down, sum;
  * dsa_topk: key write, scores, select); the attention ops add a merge to
- * their 2 when they split the sequence, an fp8 linear has one or more
- * (km_steps_of says 1: check its own count). */
+ * their 2 when they split the sequence, and an mla_attention whose cache
+ * an MLA prologue op writes has no write of its own (1, then); an fp8
+ * linear has one or more (km_steps_of says 1: check its own count). */
 static inline int km_steps_of(const ir_op *op)
 {
     switch (op->kind) {
+    case IR_OP_MLA_PROLOGUE:
+    case IR_OP_MLA_PROLOGUE_KV:
+    case IR_OP_MLA_PROLOGUE_Q: return 1;
     case IR_OP_ATTENTION:
     case IR_OP_MLA_ATTENTION: return 2;
     case IR_OP_MOE_TOPK: return 1;

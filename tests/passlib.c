@@ -124,3 +124,29 @@ double t_pass_equivalence(const char *model, const char *pass, const pass_option
     ir_module_free(m);
     return worst;
 }
+
+int t_count_ops(const ir_module *m, ir_op_kind kind)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_ops; i++)
+        n += m->ops[i]->kind == kind;
+    return n;
+}
+
+pass_options t_pass_options(ir_dtype dt)
+{
+    pass_options o;
+    pass_options_default(&o);
+    o.compute_dtype = dt;
+    return o;
+}
+
+void t_pass_idempotent(ir_module *m, pass_fn run)
+{
+    char *once = ir_module_print_str(m);
+    T_OK(run(m, NULL));
+    char *twice = ir_module_print_str(m);
+    T_CHECK(once && twice && !strcmp(once, twice));
+    free(once);
+    free(twice);
+}

@@ -22,4 +22,14 @@ double t_modules_agree(const char *model, const ir_module *a, const ir_module *b
  * stop_after (NULL: every pass). */
 ir_module *t_pipeline_module(const char *model, const char *stop_after, const pass_options *opt);
 
+/* The ops of kind `kind` in m. */
+int t_count_ops(const ir_module *m, ir_op_kind kind);
+
+/* Running pass `run` again on m (default options) changes nothing: it
+ * left nothing of its pattern. */
+void t_pass_idempotent(ir_module *m, pass_fn run);
+
+/* The default pass options with compute dtype dt. */
+pass_options t_pass_options(ir_dtype dt);
+
 #endif

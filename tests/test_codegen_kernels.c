@@ -7,7 +7,8 @@
  * the kernel signatures, scratch offsets) for every bucket, and an NVRTC
  * compile for sm_90 of one bucket of most modules (chosen so that every
  * kernel form compiles: expert blocks of 1, 2, 4 and 8 rows, split and
- * unsplit attention, tensor-core and CUDA-core MLA, bf16 and f32) whose
+ * unsplit attention, tensor-core and CUDA-core MLA, the MLA prologue's
+ * forms, bf16 and f32) whose
  * cubin must hold every kernel; the argmax's check for NaN and infinite
  * logits in its source; the device sampler at real and odd vocabularies
  * (test_sampler). NVRTC takes a few tenths of a second per
@@ -89,8 +90,12 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         for (int i = 0; i < c->n_steps; i++)
             n += c->steps[i].op_id == op->id;
         if (op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION) {
-            /* cache write, attention, and the merge when the sequence is split */
-            T_CHECK(n == 2 || n == 3);
+            /* cache write (unless an MLA prologue op writes the rows), attention,
+               and the merge when the sequence is split */
+            const ir_value *kvc = op->in[2];
+            int pre = op->kind == IR_OP_MLA_ATTENTION && kvc->def &&
+                      cg_mla_prologue_cache(m, kvc->def) == op;
+            T_CHECK(n == 2 - pre || n == 3 - pre);
             want += n;
         } else if (op->kind == IR_OP_LINEAR && km_is_heavy(op)) {
             /* one kernel, or the few-rows kernel per group of up to 4 rows */
@@ -459,6 +464,91 @@ static void test_real_shapes(void)
             run_module(m, &o, checks[i], compile[i]);
         ir_module_free(m);
     }
+}
+
+/* ---- the MLA prologue ------------------------------------------------------ */
+
+/* The prologue ops: one kernel each, a block of 128 per (token, role): the
+ * q head groups, the latent, the kv side; the kv side's op writes the cache
+ * rows of the attention (its pools, the step inputs), which writes none. */
+static void check_prologue(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T, a = steps_of(m, c, IR_OP_MLA_ATTENTION);
+    const ir_op *att = ir_module_find_value(m, "o")->def;
+    const ir_op *kv = ir_module_find_value(m, "kv_c")->def;
+    const ir_op *q = ir_module_find_value(m, "q_pe")->def;
+    T_CHECK(a >= 0 && cg_mla_prologue_cache(m, kv) == att &&
+            cg_mla_prologue_cache(m, q) == (q == kv ? att : NULL));
+    if (a < 0)
+        return;
+    /* the attention starts with its attention kernel: no cache write */
+    T_CHECK(!strncmp(c->kernel_names[c->steps[a].kernel], "mla_attn", 8));
+    int H = (int)ir_op_attr_int(q, "heads", 0), dn = (int)ir_op_attr_int(q, "qk_nope_head_dim", 0);
+    int dr = (int)ir_op_attr_int(q, "qk_rope_head_dim", 0);
+    int hg = 1024 / (dn + dr) < 1 ? 1 : 1024 / (dn + dr) > H ? H : 1024 / (dn + dr);
+    int nqg = (H + hg - 1) / hg;
+    for (int i = 0; i < c->n_steps; i++) {
+        const ir_step *s = &c->steps[i];
+        const ir_op *op = m->ops[s->op_id];
+        if (op != kv && op != q)
+            continue;
+        const char *kn = c->kernel_names[s->kernel];
+        int is_kv = op->kind == IR_OP_MLA_PROLOGUE_KV, is_q = op->kind == IR_OP_MLA_PROLOGUE_Q;
+        const char *want = is_kv ? "mla_prologue_kv_h0_" : is_q ? "mla_prologue_q_h" : "mla_prologue_h";
+        T_CHECK(!strncmp(kn, want, strlen(want)));
+        int roles = is_kv ? 2 : is_q ? nqg : nqg + 1;
+        T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == (unsigned)roles && s->block[0] == 128);
+        T_CHECK(s->args[0].kind == IR_ARG_ACT && s->args[0].index == op->in[0]->id &&
+                s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
+        if (op->kind == IR_OP_MLA_PROLOGUE_Q) {
+            T_CHECK(s->n_args == 4 && strstr(kn, "_c") == NULL);
+            continue;
+        }
+        /* ..., kv_c, k_pe, positions, slots, block_table, max_blocks, pool 0, pool 1, eps */
+        int n = s->n_args;
+        T_CHECK(n == 14 && strstr(kn, "_c64_") != NULL);
+        const ir_arg *g = s->args + n - 8;
+        T_CHECK(g[0].kind == IR_ARG_ACT && g[0].index == op->out[op->n_out - 1]->id);
+        T_CHECK(g[1].kind == IR_ARG_INPUT && g[1].index == IR_INPUT_POSITIONS &&
+                g[2].kind == IR_ARG_INPUT && g[2].index == IR_INPUT_SLOTS &&
+                g[3].kind == IR_ARG_INPUT && g[3].index == IR_INPUT_BLOCK_TABLE &&
+                g[4].kind == IR_ARG_CONFIG && g[4].index == IR_CONFIG_MAX_BLOCKS);
+        T_CHECK(g[5].kind == IR_ARG_KV && g[5].index == att->id && g[5].i == 0 &&
+                g[6].kind == IR_ARG_KV && g[6].index == att->id && g[6].i == 1);
+        T_CHECK(s->args[n - 1].kind == IR_ARG_F32 && s->args[n - 1].f == 1e-6);
+    }
+}
+
+static void test_prologue(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    /* DeepSeek-V2-Lite: no q LoRA, 16 heads of 128 + 64, kv_lora 512 */
+    km_spec v2 = {.name = "k_pro_v2lite", .vocab = 8, .attn = KM_MLA_PRO, .H = 16, .DN = 128,
+                  .DR = 64, .R = 512, .attn_scale = 0.1352};
+    /* DeepSeek-V3: q_lora 1536, 128 heads; inputs wider than the sections (V3.2's indexer) */
+    km_spec v3 = {.name = "k_pro_v3", .vocab = 8, .attn = KM_MLA_PRO, .H = 128, .DN = 128,
+                  .DR = 64, .R = 512, .QR = 1536, .XN = 192, .attn_scale = 0.1352};
+    /* odd sizes (scalar loads), neox, linear scaling, attn_factor */
+    km_spec odd = {.name = "k_pro_odd", .vocab = 8, .attn = KM_MLA_PRO, .H = 3, .DN = 5, .DR = 6,
+                   .R = 36, .XN = 3, .attn_scale = 0.3,
+                   .rope = "style = \"neox\", theta = 500.0, scaling = \"linear\", factor = 2.0, "
+                           "attn_factor = 1.25"};
+    km_spec oddq = odd;
+    oddq.name = "k_pro_odd_q";
+    oddq.QR = 7;
+    const km_spec *specs[] = {&v2, &v3, &odd, &oddq};
+    for (int i = 0; i < 4; i++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            o.kv_block_size = 64;
+            ir_module *m = km_module(specs[i]);
+            T_CHECK(m != NULL);
+            /* every form in bf16 at T = 1; the real shapes in f32 at T = 64 */
+            if (m)
+                run_module(m, &o, check_prologue, f32 ? (i < 2 ? 4u : 0u) : 1u);
+            ir_module_free(m);
+        }
 }
 
 /* ---- odd shapes, other dtypes --------------------------------------------- */
@@ -967,6 +1057,7 @@ int main(void)
     test_real_shapes();
     test_odd_shapes();
     test_fp8_shapes();
+    test_prologue();
     test_tiny_models();
     test_errors();
     test_argmax_nonfinite();

@@ -101,14 +101,6 @@ static const ir_op *def_op(const ir_module *m, const char *name)
     return v && v->kind == IR_VALUE_OP ? v->def : NULL;
 }
 
-static int count_ops(const ir_module *m, ir_op_kind kind)
-{
-    int n = 0;
-    for (int i = 0; i < m->n_ops; i++)
-        n += m->ops[i]->kind == kind;
-    return n;
-}
-
 /* ---- frontend --------------------------------------------------------------- */
 
 static void test_frontend(void)
@@ -118,7 +110,7 @@ static void test_frontend(void)
     if (!m)
         return;
     T_CHECK(!strcmp(m->name, "deepseek_v32"));
-    T_CHECK(count_ops(m, IR_OP_DSA_TOPK) == 3 && count_ops(m, IR_OP_LAYER_NORM) == 3);
+    T_CHECK(t_count_ops(m, IR_OP_DSA_TOPK) == 3 && t_count_ops(m, IR_OP_LAYER_NORM) == 3);
     const ir_op *tk = def_op(m, "l1.attn.indexer.topk");
     T_CHECK(tk && tk->kind == IR_OP_DSA_TOPK && ir_op_attr_int(tk, "top_k", 0) == 8);
     T_CHECK(tk && ir_op_attr_float(tk, "scale", 0) == 0.25);               /* 16^-0.5 */
@@ -758,11 +750,11 @@ static void test_passes(void)
         T_CHECK(def_op(m, "l1.attn.q_b_wq_b") && def_op(m, "l1.attn.q_b_wq_b")->kind == IR_OP_LINEAR);
         /* per layer 3 linears (qkv_a, q_b_wq_b, o_proj), the MoE's router,
            shared gate_up and down or the dense gate_up and down; lm_head */
-        T_CHECK(count_ops(m, IR_OP_LINEAR) == 3 * 3 + 3 + 3 + 2 + 1);
+        T_CHECK(t_count_ops(m, IR_OP_LINEAR) == 3 * 3 + 3 + 3 + 2 + 1);
         const ir_op *ma = def_op(m, "l2.attn.o_c");
         T_CHECK(ma && ma->kind == IR_OP_MLA_ATTENTION && ma->n_in == 6 &&
                 ma->in[5] == ir_module_find_value(m, "l2.attn.indexer.topk"));
-        T_CHECK(count_ops(m, IR_OP_ATTENTION) == 0 && count_ops(m, IR_OP_DSA_TOPK) == 3);
+        T_CHECK(t_count_ops(m, IR_OP_ATTENTION) == 0 && t_count_ops(m, IR_OP_DSA_TOPK) == 3);
         /* a second run of the pipeline's fusion changes nothing */
         char *a = ir_module_print_str(m);
         T_OK(pass_find("fuse_qkv_a")->run(m, NULL));

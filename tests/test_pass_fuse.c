@@ -53,14 +53,6 @@ static const model_case CASES[] = {
 };
 #define N_CASES ((int)(sizeof CASES / sizeof *CASES))
 
-static int count_ops(const ir_module *m, ir_op_kind kind)
-{
-    int n = 0;
-    for (int i = 0; i < m->n_ops; i++)
-        n += m->ops[i]->kind == kind;
-    return n;
-}
-
 /* Ops of kind that carry attribute key. */
 static int count_with_attr(const ir_module *m, ir_op_kind kind, const char *key)
 {
@@ -76,14 +68,6 @@ static int count_concat_weights(const ir_module *m)
     for (int i = 0; i < m->n_values; i++)
         n += m->values[i]->kind == IR_VALUE_WEIGHT && m->values[i]->bind.kind == IR_BIND_CONCAT;
     return n;
-}
-
-static pass_options opts(ir_dtype dt)
-{
-    pass_options o;
-    pass_options_default(&o);
-    o.compute_dtype = dt;
-    return o;
 }
 
 static ir_module *unfused(const char *model)
@@ -103,7 +87,7 @@ static void test_equivalence(void)
             double err = t_pass_equivalence(CASES[c].name, PASSES[p], NULL);
             T_CHECK(err >= 0 && err <= 1e-5);
         }
-    pass_options f16 = opts(IR_DTYPE_F16), f32 = opts(IR_DTYPE_F32);
+    pass_options f16 = t_pass_options(IR_DTYPE_F16), f32 = t_pass_options(IR_DTYPE_F32);
     for (int c = 0; c < N_CASES; c++) {
         double err = t_pass_equivalence(CASES[c].name, "fold_routed_scale", &f16);
         T_CHECK(err >= 0 && err <= 1e-5);
@@ -118,7 +102,7 @@ static void check_qkv(const model_case *c)
     ir_module *m = t_pipeline_module(c->name, "fuse_qkv_a", NULL);
     if (!m)
         return;
-    T_CHECK(count_ops(m, IR_OP_LINEAR) == c->linears - c->qkv_fused);
+    T_CHECK(t_count_ops(m, IR_OP_LINEAR) == c->linears - c->qkv_fused);
     T_CHECK(count_concat_weights(m) == 3 * (1 + c->qkv_bias));
     const ir_value *w = ir_module_find_value(m, c->qkv_w);
     const ir_value *y = ir_module_find_value(m, c->qkv);
@@ -153,7 +137,7 @@ static void check_qkv(const model_case *c)
         slices++;
     }
     T_CHECK(slices == c->qkv_parts && next == c->qkv_rows);
-    T_CHECK(count_ops(m, IR_OP_SILU) == c->pairs && count_ops(m, IR_OP_MOE_TOPK) == c->moe_layers);
+    T_CHECK(t_count_ops(m, IR_OP_SILU) == c->pairs && t_count_ops(m, IR_OP_MOE_TOPK) == c->moe_layers);
     ir_module_free(m);
 }
 
@@ -163,7 +147,7 @@ static void check_gate_up(const model_case *c)
     ir_module *m = t_pipeline_module(c->name, "fuse_gate_up", NULL);
     if (!m)
         return;
-    T_CHECK(count_ops(m, IR_OP_LINEAR) == c->linears - c->qkv_fused - c->pairs);
+    T_CHECK(t_count_ops(m, IR_OP_LINEAR) == c->linears - c->qkv_fused - c->pairs);
     T_CHECK(count_concat_weights(m) == 3 * (1 + c->qkv_bias) + c->pairs + c->moe_layers);
     const ir_value *w = ir_module_find_value(m, c->gate_up_w);
     T_CHECK(w && w->bind.kind == IR_BIND_CONCAT && w->bind.axis == 0 && w->bind.n_parts == 2 &&
@@ -203,9 +187,9 @@ static void check_fused_ops(const model_case *c)
     int reshapes = -1;
     ir_module *m = t_pipeline_module(c->name, "fuse_silu_and_mul", NULL);
     if (m) {
-        reshapes = count_ops(m, IR_OP_RESHAPE);
-        T_CHECK(count_ops(m, IR_OP_SILU) == 0 && count_ops(m, IR_OP_SILU_MUL) == c->pairs);
-        T_CHECK(count_ops(m, IR_OP_MUL) == c->moe_layers + !strcmp(c->name, "qwen2_moe") * 2);
+        reshapes = t_count_ops(m, IR_OP_RESHAPE);
+        T_CHECK(t_count_ops(m, IR_OP_SILU) == 0 && t_count_ops(m, IR_OP_SILU_MUL) == c->pairs);
+        T_CHECK(t_count_ops(m, IR_OP_MUL) == c->moe_layers + !strcmp(c->name, "qwen2_moe") * 2);
         const char *act = !strcmp(c->name, "qwen3_moe") ? "l1.mlp.act" : "l0.mlp.act";
         const ir_value *v = ir_module_find_value(m, act);
         T_CHECK(v && v->kind == IR_VALUE_OP && v->def->kind == IR_OP_SILU_MUL &&
@@ -214,9 +198,9 @@ static void check_fused_ops(const model_case *c)
     }
     m = t_pipeline_module(c->name, "fuse_router_weight", NULL);
     if (m) {
-        T_CHECK(count_ops(m, IR_OP_REDUCE_SUM) == 0 && count_ops(m, IR_OP_MOE_EXPERTS) == 0);
-        T_CHECK(count_ops(m, IR_OP_MOE_ROUTED) == c->moe_layers);
-        T_CHECK(count_ops(m, IR_OP_RESHAPE) == reshapes - c->moe_layers);
+        T_CHECK(t_count_ops(m, IR_OP_REDUCE_SUM) == 0 && t_count_ops(m, IR_OP_MOE_EXPERTS) == 0);
+        T_CHECK(t_count_ops(m, IR_OP_MOE_ROUTED) == c->moe_layers);
+        T_CHECK(t_count_ops(m, IR_OP_RESHAPE) == reshapes - c->moe_layers);
         const char *routed = !strcmp(c->name, "qwen3_moe") ? "l0.moe.routed" : "l1.moe.routed";
         const ir_value *v = ir_module_find_value(m, routed);
         T_CHECK(v && v->kind == IR_VALUE_OP && v->def->kind == IR_OP_MOE_ROUTED);
@@ -234,7 +218,7 @@ static void check_fused_ops(const model_case *c)
 /* fold_routed_scale: the factor in exactly one place. */
 static void check_fold(const model_case *c)
 {
-    pass_options bf16 = opts(IR_DTYPE_BF16), f16 = opts(IR_DTYPE_F16);
+    pass_options bf16 = t_pass_options(IR_DTYPE_BF16), f16 = t_pass_options(IR_DTYPE_F16);
     ir_module *m = t_pipeline_module(c->name, "fold_routed_scale", &bf16);
     if (m) {
         for (int i = 0; i < m->n_ops; i++) {
@@ -281,7 +265,7 @@ static void check_fold(const model_case *c)
 /* A second run of a pass changes nothing. */
 static void check_idempotent(const char *model, const char *pass, ir_dtype dt)
 {
-    pass_options o = opts(dt);
+    pass_options o = t_pass_options(dt);
     ir_module *m = t_pipeline_module(model, pass, &o);
     if (!m)
         return;
@@ -300,7 +284,7 @@ static void check_idempotent(const char *model, const char *pass, ir_dtype dt)
 /* The whole fusion prefix against the frontend's module. */
 static void check_prefix_agrees(const char *model, ir_dtype dt)
 {
-    pass_options o = opts(dt);
+    pass_options o = t_pass_options(dt);
     ir_module *a = unfused(model), *b = t_pipeline_module(model, "fold_routed_scale", &o);
     if (a && b) {
         double err = t_modules_agree(model, a, b, 0xf05e + (uint64_t)dt);
@@ -318,7 +302,7 @@ static char *run_on_text(const char *text, const char *pass, ir_dtype dt)
     T_OK(ir_module_parse(text, "<test>", &m));
     if (!m)
         return NULL;
-    pass_options o = opts(dt);
+    pass_options o = t_pass_options(dt);
     T_OK(ir_module_set_meta_str(m, "compute_dtype", ir_dtype_name(dt)));
     T_OK(pass_find(pass)->run(m, &o));
     T_OK(ir_module_verify(m));
@@ -552,9 +536,9 @@ static void test_fp8_models(void)
     T_CHECK(m && count_concat_weights(m) == 0);
     ir_module_free(m);
     /* absorb_mla: kv_b_proj is dequantized at load into the compute dtype. */
-    pass_options f32 = opts(IR_DTYPE_F32);
+    pass_options f32 = t_pass_options(IR_DTYPE_F32);
     for (int f = 0; f < 2; f++) {
-        pass_options bf16 = opts(IR_DTYPE_BF16);
+        pass_options bf16 = t_pass_options(IR_DTYPE_BF16);
         m = t_pipeline_module("deepseek_v3_fp8", "absorb_mla", f ? &f32 : &bf16);
         const ir_value *kvb = m ? weight_of(m, "l1.attn.kv_b_proj") : NULL;
         T_CHECK(kvb && kvb->type.dtype == (f ? IR_DTYPE_F32 : IR_DTYPE_BF16) &&

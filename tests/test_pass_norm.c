@@ -19,22 +19,6 @@ static const char *const MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepse
                                      "qwen2_moe", "qwen3_moe"};
 #define N_MODELS ((int)(sizeof MODELS / sizeof *MODELS))
 
-static int count_ops(const ir_module *m, ir_op_kind kind)
-{
-    int n = 0;
-    for (int i = 0; i < m->n_ops; i++)
-        n += m->ops[i]->kind == kind;
-    return n;
-}
-
-static pass_options opts(ir_dtype dt)
-{
-    pass_options o;
-    pass_options_default(&o);
-    o.compute_dtype = dt;
-    return o;
-}
-
 static void test_equivalence(void)
 {
     for (int i = 0; i < N_MODELS; i++) {
@@ -43,7 +27,7 @@ static void test_equivalence(void)
     }
     /* In f16, DeepSeek's MoE residual add multiplies by routed_scaling_factor
      * (fold_routed_scale): the fused op takes the alpha. */
-    pass_options f16 = opts(IR_DTYPE_F16);
+    pass_options f16 = t_pass_options(IR_DTYPE_F16);
     for (int i = 0; i < N_MODELS; i++) {
         double err = t_pass_equivalence(MODELS[i], "fuse_add_rms_norm", &f16);
         T_CHECK(err >= 0 && err <= 1e-5);
@@ -64,7 +48,7 @@ static const ir_op *fused_result(const ir_module *m, const char *name, int slot)
 
 static void check_structure(const char *model, ir_dtype dt)
 {
-    pass_options o = opts(dt);
+    pass_options o = t_pass_options(dt);
     ir_module *before = t_pipeline_module(model, "fold_routed_scale", &o);
     ir_module *m = t_pipeline_module(model, "fuse_add_rms_norm", &o);
     if (!before || !m) {
@@ -76,11 +60,11 @@ static void check_structure(const char *model, ir_dtype dt)
     T_CHECK(layers == 3);
     /* Two per layer: the post-attention norm of every layer, the input norm
      * of layers >= 1 and the final norm (layer 0's reads the embedding). */
-    int fused = count_ops(m, IR_OP_ADD_RMS_NORM);
+    int fused = t_count_ops(m, IR_OP_ADD_RMS_NORM);
     T_CHECK(fused == 2 * layers);
-    T_CHECK(count_ops(before, IR_OP_ADD_RMS_NORM) == 0);
-    T_CHECK(count_ops(m, IR_OP_RMS_NORM) == count_ops(before, IR_OP_RMS_NORM) - fused);
-    T_CHECK(count_ops(m, IR_OP_ADD) == count_ops(before, IR_OP_ADD) - fused);
+    T_CHECK(t_count_ops(before, IR_OP_ADD_RMS_NORM) == 0);
+    T_CHECK(t_count_ops(m, IR_OP_RMS_NORM) == t_count_ops(before, IR_OP_RMS_NORM) - fused);
+    T_CHECK(t_count_ops(m, IR_OP_ADD) == t_count_ops(before, IR_OP_ADD) - fused);
     T_CHECK(m->n_ops == before->n_ops - fused);
     /* No rms_norm reads an add any more. */
     for (int i = 0; i < m->n_ops; i++) {

@@ -33,14 +33,6 @@ static const int SHARED_LAYERS[] = {2, 2, 2, 2, 0};
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))
 
-static int count_ops(const ir_module *m, ir_op_kind kind)
-{
-    int n = 0;
-    for (int i = 0; i < m->n_ops; i++)
-        n += m->ops[i]->kind == kind;
-    return n;
-}
-
 static ir_module *frontend_module(const char *model)
 {
     char rel[256];
@@ -74,10 +66,10 @@ static void check_direct(const char *model, moec_status (*pass)(ir_module *, con
 static void check_absorbed(const char *model, const ir_module *m)
 {
     int layers = (int)ir_module_meta_int(m, "num_hidden_layers", -1);
-    T_CHECK(count_ops(m, IR_OP_ATTENTION) == 0);
-    T_CHECK(count_ops(m, IR_OP_MLA_ATTENTION) == layers);
-    T_CHECK(count_ops(m, IR_OP_MLA_QABSORB) == layers);
-    T_CHECK(count_ops(m, IR_OP_MLA_VABSORB) == layers);
+    T_CHECK(t_count_ops(m, IR_OP_ATTENTION) == 0);
+    T_CHECK(t_count_ops(m, IR_OP_MLA_ATTENTION) == layers);
+    T_CHECK(t_count_ops(m, IR_OP_MLA_QABSORB) == layers);
+    T_CHECK(t_count_ops(m, IR_OP_MLA_VABSORB) == layers);
     const ir_attr *a = ir_module_meta(m, "mla_absorb");
     const ir_attr *why = ir_module_meta(m, "mla_absorb_why");
     T_CHECK(a && a->kind == IR_ATTR_STR && !strcmp(a->s, "runtime"));
@@ -117,12 +109,7 @@ static void test_absorb_tiny(void)
             continue;
         check_absorbed(DEEPSEEK[i], m);
         /* Nothing is left to absorb the second time. */
-        char *once = ir_module_print_str(m);
-        T_OK(pass_absorb_mla(m, NULL));
-        char *twice = ir_module_print_str(m);
-        T_CHECK(once && twice && !strcmp(once, twice));
-        free(once);
-        free(twice);
+        t_pass_idempotent(m, pass_absorb_mla);
         ir_module_free(m);
     }
     /* Qwen has no MLA: the pass changes nothing and records nothing. */
@@ -186,7 +173,7 @@ static void test_absorb_real(const char *config)
         T_CHECK(a && a->kind == IR_ATTR_STR && !strcmp(a->s, "runtime"));
         T_CHECK(why && why->kind == IR_ATTR_STR && strstr(why->s, want));
         T_CHECK(why && !strstr(why->s, "not support"));
-        T_CHECK(count_ops(m, IR_OP_MLA_ATTENTION) == L && count_ops(m, IR_OP_ATTENTION) == 0);
+        T_CHECK(t_count_ops(m, IR_OP_MLA_ATTENTION) == L && t_count_ops(m, IR_OP_ATTENTION) == 0);
         if (fused)
             printf("absorb_mla %s: mla_absorb = %s\n  mla_absorb_why = %s\n", config,
                    a ? a->s : "?", why ? why->s : "?");
@@ -316,12 +303,7 @@ static void test_streams(void)
             break;
         }
         /* A second run finds nothing more to split. */
-        char *once = ir_module_print_str(m);
-        T_OK(pass_assign_streams(m, NULL));
-        char *twice = ir_module_print_str(m);
-        T_CHECK(once && twice && !strcmp(once, twice));
-        free(once);
-        free(twice);
+        t_pass_idempotent(m, pass_assign_streams);
         ir_module_free(m);
     }
 }
@@ -671,6 +653,11 @@ static const char *sabotage_alias(ir_module *m, ir_op_kind kind)
     return NULL;
 }
 
+/* Aliases of each kind sabotaged, over all models: every kind in some
+ * model (after fuse_mla_prologue a DeepSeek module's only reshapes are read
+ * right away, leaving no op between to break them; the Qwen ones have). */
+static int n_sabotaged[3];
+
 /* The sabotaged aliases of each kind: the independent checker and the
  * verifier refuse them, and (reshape, fork) the planned run disagrees. */
 static void test_alias_sabotage(const char *model, const ir_module *planned, const int32_t *tokens,
@@ -689,14 +676,12 @@ static void test_alias_sabotage(const char *model, const ir_module *planned, con
         if (!m)
             continue;
         const char *moved = sabotage_alias(m, kinds[i]);
-        int has_kind = 0;
-        for (int k = 0; k < m->n_ops; k++)
-            has_kind |= m->ops[k]->kind == kinds[i];
-        T_CHECK(moved || !has_kind);
         if (!moved) {
+            printf("plan_memory %-18s no %s alias to sabotage\n", model, ir_op_name(kinds[i]));
             ir_module_free(m);
             continue;
         }
+        n_sabotaged[i]++;
         T_CHECK(check_plan(m, 0).violations > 0);
         T_ERR(ir_module_verify(m), MOEC_ERR_INVALID_ARG, "share arena bytes while both are live");
         if (kinds[i] != IR_OP_JOIN) {
@@ -782,6 +767,8 @@ static void test_plan(void)
         T_CHECK(t_pass_equivalence(ALL[i], "plan_memory", NULL) >= 0);
         test_plan_real(ALL[i], i);
     }
+    for (int i = 0; i < 3; i++)
+        T_CHECK(n_sabotaged[i] > 0);
 }
 
 int main(void)

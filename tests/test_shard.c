@@ -18,6 +18,7 @@
 #include "runtime/interp.h"
 #include "runtime/safetensors.h"
 #include "runtime/weights.h"
+#include "passlib.h"
 #include "testlib.h"
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
@@ -168,14 +169,6 @@ static ir_module *rank_module(const char *name, int tp, int ep, int rank)
     return r;
 }
 
-static int count_ops(const ir_module *m, ir_op_kind k)
-{
-    int n = 0;
-    for (int i = 0; i < m->n_ops; i++)
-        n += m->ops[i]->kind == k;
-    return n;
-}
-
 /* Per layer one all_reduce after attention and one after the MLP or MoE,
  * one for the embedding, one all_gather of the logits, nothing else; every
  * collective over tp ranks; the metas say which rank. */
@@ -186,9 +179,9 @@ static void check_collectives(const char *name, int tp, int ep)
         if (!m)
             return;
         int layers = (int)ir_module_meta_int(m, "num_hidden_layers", 0);
-        T_CHECK(count_ops(m, IR_OP_ALL_REDUCE) == 1 + 2 * layers);
-        T_CHECK(count_ops(m, IR_OP_ALL_GATHER) == 1);
-        T_CHECK(count_ops(m, IR_OP_REDUCE_SCATTER) == 0 && count_ops(m, IR_OP_ALL_TO_ALL) == 0);
+        T_CHECK(t_count_ops(m, IR_OP_ALL_REDUCE) == 1 + 2 * layers);
+        T_CHECK(t_count_ops(m, IR_OP_ALL_GATHER) == 1);
+        T_CHECK(t_count_ops(m, IR_OP_REDUCE_SCATTER) == 0 && t_count_ops(m, IR_OP_ALL_TO_ALL) == 0);
         for (int i = 0; i < m->n_ops; i++) {
             const ir_op *op = m->ops[i];
             if (op->kind == IR_OP_ALL_REDUCE || op->kind == IR_OP_ALL_GATHER)

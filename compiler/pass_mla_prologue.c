@@ -1,0 +1,273 @@
+/* pass_mla_prologue.c — fuse_mla_prologue: what MLA does between the fused
+ * q/kv projection and the attention becomes one op (docs/IR.md,
+ * "mla_prologue"), so one kernel reads a row of the projection once and
+ * writes what the attention and mla_qabsorb read, where the slices, the
+ * RMSNorms and the ropes were a kernel each (issue 15: at batch 1 a decode
+ * step is mostly kernel boundaries).
+ *
+ * From each mla_attention(q_c, q_pe_rot, kv_c_norm, k_pe_rot, pos) back:
+ *   kv side: kv_c_norm = rms_norm(kv_c), k_pe_rot = rope(reshape(k_pe_flat)),
+ *            kv_c and k_pe_flat adjacent columns of one [T, N] value B
+ *            (slices of slices of it);
+ *   q side:  q_pe_rot = rope(q_pe), q_nope = mla_qabsorb's operand, both
+ *            slices of reshape(q_flat) [T, H, dn + dr], q_flat the first
+ *            H * (dn + dr) columns of a value Q.
+ * Without q LoRA (DeepSeek-V2, V2-Lite) Q is B and the kv columns follow the
+ * q ones: one mla_prologue. With it (V3, V3.2) B's first columns are the q
+ * latent an rms_norm reads (q_a_norm, which q_b_proj reads): one
+ * mla_prologue_kv for it and the kv side, and one mla_prologue_q for the q
+ * side after q_b_proj. Columns of B or Q past these (DeepSeek-V3.2's
+ * indexer projections) stay where they are, read by their own slices.
+ *
+ * The new op's results take the values' names and users; what only they
+ * read is dropped. Both ropes must carry the same attributes (no
+ * rotary_dim), the two norms the same eps. Matched by structure, never by
+ * value names. */
+#include <stdio.h>
+#include <string.h>
+
+#include "compiler/passes.h"
+#include "err.h"
+
+/* One MLA attention's prologue, as found. */
+typedef struct pro_site {
+    ir_op *att;
+    ir_value *pos;
+    /* kv side: kv_norm = rms_norm(kv_c), k_rope = rope(k_pe); kv_c at
+       column kv_col of base, k_pe_flat right after it */
+    ir_op *kv_norm, *k_rope;
+    ir_value *base;
+    int64_t kv_col, r;
+    /* q side: q_rope = rope(q_pe); q_nope; both of the first columns of q_base */
+    ir_op *q_rope;
+    ir_value *q_nope, *q_base;
+    int q_ok;
+    int64_t H, dn, dr;
+    /* q LoRA: the rms_norm of base's columns [0, kv_col) */
+    ir_op *q_norm;
+} pro_site;
+
+/* The value v's columns are taken from through slices along dim 1 of
+ * [T, N] values, and *col, the column v starts at there. */
+static ir_value *col_base(ir_value *v, int64_t *col)
+{
+    *col = 0;
+    for (ir_op *s = pass_def_of(v, IR_OP_SLICE); s && pass_is_act(s->in[0], 2) && pass_is_act(v, 2) &&
+                                            ir_op_attr_int(s, "axis", 0) == 1;
+         s = pass_def_of(v, IR_OP_SLICE)) {
+        *col += ir_op_attr_int(s, "start", 0);
+        v = s->in[0];
+    }
+    return v;
+}
+
+/* rope(x [T, h, dr], pos) rotating all dr channels: its input, else NULL. */
+static ir_value *full_rope_input(const ir_op *rope)
+{
+    const ir_value *x = rope->in[0];
+    if (!pass_is_act(x, 3) || !pass_is_act(rope->out[0], 3) ||
+        ir_op_attr_int(rope, "rotary_dim", x->type.dims[2]) != x->type.dims[2])
+        return NULL;
+    return rope->in[0];
+}
+
+/* The attributes a prologue op takes from the ropes (rope's but rotary_dim). */
+static const char *const ROPE_KEYS[] = {"style",    "theta",     "scaling",    "factor",
+                                        "yarn_low", "yarn_high", "attn_factor"};
+#define N_ROPE_KEYS ((int)(sizeof ROPE_KEYS / sizeof *ROPE_KEYS))
+
+static int attr_same(const ir_attr *a, const ir_attr *b)
+{
+    if (!a || !b)
+        return !a && !b;
+    if (a->kind != b->kind)
+        return 0;
+    switch (a->kind) {
+    case IR_ATTR_INT: return a->i == b->i;
+    case IR_ATTR_FLOAT: return a->f == b->f;
+    case IR_ATTR_STR: return a->s && b->s && !strcmp(a->s, b->s);
+    case IR_ATTR_INTS: break;
+    }
+    return 0;
+}
+
+static int ropes_agree(const ir_op *a, const ir_op *b)
+{
+    if (a->in[1] != b->in[1])
+        return 0;
+    for (int i = 0; i < N_ROPE_KEYS; i++)
+        if (!attr_same(ir_op_attr(a, ROPE_KEYS[i]), ir_op_attr(b, ROPE_KEYS[i])))
+            return 0;
+    return 1;
+}
+
+/* The kv side of att into s; 0 when it does not match. */
+static int match_kv(ir_op *att, pro_site *s)
+{
+    s->kv_norm = pass_def_of(att->in[2], IR_OP_RMS_NORM);
+    s->k_rope = pass_def_of(att->in[3], IR_OP_ROPE);
+    if (!s->kv_norm || !s->k_rope || s->k_rope->in[1] != s->pos)
+        return 0;
+    ir_value *kv_c = s->kv_norm->in[0], *k_pe = full_rope_input(s->k_rope);
+    ir_op *rs = k_pe ? pass_def_of(k_pe, IR_OP_RESHAPE) : NULL;
+    if (!pass_is_act(kv_c, 2) || !rs || !pass_is_act(rs->in[0], 2) || k_pe->type.dims[1] != 1)
+        return 0;
+    int64_t c_col, p_col;
+    ir_value *b = col_base(kv_c, &c_col), *bp = col_base(rs->in[0], &p_col);
+    s->r = kv_c->type.dims[1];
+    s->dr = k_pe->type.dims[2];
+    if (b != bp || b == kv_c || !pass_is_act(b, 2) || p_col != c_col + s->r || s->dr % 2)
+        return 0;
+    s->base = b;
+    s->kv_col = c_col;
+    return 1;
+}
+
+/* The q side of att into s: q_pe and q_nope the two slices of one
+ * reshape(q_flat) [T, H, dn + dr], q_flat the first columns of q_base. */
+static void match_q(ir_op *att, pro_site *s)
+{
+    s->q_ok = 0;
+    ir_op *qa = pass_def_of(att->in[0], IR_OP_MLA_QABSORB);
+    s->q_rope = pass_def_of(att->in[1], IR_OP_ROPE);
+    if (!qa || !s->q_rope || !ropes_agree(s->q_rope, s->k_rope))
+        return;
+    ir_value *q_pe = full_rope_input(s->q_rope);
+    s->q_nope = qa->in[0];
+    ir_op *sp = q_pe ? pass_def_of(q_pe, IR_OP_SLICE) : NULL, *sn = pass_def_of(s->q_nope, IR_OP_SLICE);
+    if (!sp || !sn || sp->in[0] != sn->in[0] || !pass_is_act(s->q_nope, 3))
+        return;
+    ir_value *q = sp->in[0];
+    ir_op *rs = pass_def_of(q, IR_OP_RESHAPE);
+    if (!pass_is_act(q, 3) || !rs || !pass_is_act(rs->in[0], 2))
+        return;
+    s->H = q->type.dims[1];
+    s->dn = s->q_nope->type.dims[2];
+    if (q->type.dims[2] != s->dn + s->dr || q_pe->type.dims[2] != s->dr ||
+        ir_op_attr_int(sn, "axis", 0) != 2 || ir_op_attr_int(sn, "start", -1) != 0 ||
+        ir_op_attr_int(sp, "axis", 0) != 2 || ir_op_attr_int(sp, "start", -1) != s->dn)
+        return;
+    int64_t col;
+    s->q_base = col_base(rs->in[0], &col);
+    s->q_ok = col == 0 && pass_is_act(s->q_base, 2);
+}
+
+/* q LoRA: the rms_norm of base's columns [0, kv_col), with the kv norm's eps. */
+static ir_op *find_q_norm(const ir_module *m, const pro_site *s)
+{
+    if (s->kv_col < 1)
+        return NULL;
+    double eps = ir_op_attr_float(s->kv_norm, "eps", -1);
+    for (int i = 0; i < m->n_ops; i++) {
+        ir_op *n = m->ops[i];
+        int64_t col;
+        if (n->kind == IR_OP_RMS_NORM && pass_is_act(n->in[0], 2) &&
+            n->in[0]->type.dims[1] == s->kv_col && col_base(n->in[0], &col) == s->base &&
+            col == 0 && ir_op_attr_float(n, "eps", -2) == eps)
+            return n;
+    }
+    return NULL;
+}
+
+/* Adds the prologue op `kind` (operands in, results replacing `old`, each
+ * value's name taken over), placed before the first op defining one of
+ * them, with the ropes' attributes and those given. */
+static moec_status add_prologue(ir_module *m, const pro_site *s, ir_op_kind kind,
+                                ir_value *const *in, int n_in, ir_value *const *old, int n_out)
+{
+    const char *tmp[IR_MAX_RESULTS];
+    const ir_op *anchor = NULL;
+    for (int i = 0; i < n_out; i++) {
+        tmp[i] = ir_module_unique_name(m, old[i]->name);
+        if (!tmp[i])
+            return MOEC_ERR(MOEC_ERR_OOM, "fuse_mla_prologue %%%s: out of memory", old[i]->name);
+        if (!anchor || old[i]->def->id < anchor->id)
+            anchor = old[i]->def;
+    }
+    ir_op *op = ir_module_add_op(m, kind, in, n_in, tmp, n_out);
+    if (!op)
+        return moec_err_wrap(MOEC_ERR_INTERNAL, "fuse_mla_prologue %%%s", old[0]->name);
+    if (kind != IR_OP_MLA_PROLOGUE_KV) {
+        MOEC_TRY(ir_op_set_int(m, op, "heads", s->H));
+        MOEC_TRY(ir_op_set_int(m, op, "qk_nope_head_dim", s->dn));
+    }
+    MOEC_TRY(ir_op_set_int(m, op, "qk_rope_head_dim", s->dr));
+    if (kind != IR_OP_MLA_PROLOGUE_Q)
+        MOEC_TRY(ir_op_set_float(m, op, "eps", ir_op_attr_float(s->kv_norm, "eps", 0)));
+    for (int i = 0; i < N_ROPE_KEYS; i++) {
+        const ir_attr *a = ir_op_attr(s->k_rope, ROPE_KEYS[i]);
+        if (!a)
+            continue;
+        if (a->kind == IR_ATTR_STR)
+            MOEC_TRY(ir_op_set_str(m, op, a->key, a->s));
+        else if (a->kind == IR_ATTR_FLOAT)
+            MOEC_TRY(ir_op_set_float(m, op, a->key, a->f));
+        else
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "fuse_mla_prologue: rope %%%s: attribute %s "
+                            "is not a %s", s->k_rope->out[0]->name, a->key, "float or string");
+    }
+    moec_status st = ir_op_finish(m, op, NULL);
+    if (st != MOEC_OK)
+        return moec_err_wrap(st, "fuse_mla_prologue %%%s", old[0]->name);
+    MOEC_TRY(ir_module_move_op_before(m, op, anchor));
+    for (int i = 0; i < n_out; i++) {
+        if (!ir_type_equal(&op->out[i]->type, &old[i]->type))
+            return MOEC_ERR(MOEC_ERR_INTERNAL, "fuse_mla_prologue: %%%s: fused type differs",
+                            old[i]->name);
+        ir_module_replace_uses(m, old[i], op->out[i]);
+    }
+    MOEC_TRY(ir_module_dce(m));
+    /* the replaced values are gone: their names (arena strings) go over */
+    for (int i = 0; i < n_out; i++)
+        op->out[i]->name = old[i]->name;
+    return MOEC_OK;
+}
+
+/* Rewrites the prologue of attention op att, when it matches. */
+static moec_status fuse_site(ir_module *m, ir_op *att)
+{
+    pro_site s;
+    memset(&s, 0, sizeof s);
+    s.att = att;
+    s.pos = att->in[4];
+    if (!match_kv(att, &s))
+        return MOEC_OK;
+    match_q(att, &s);
+    if (s.q_ok && s.q_base == s.base && s.kv_col == s.H * (s.dn + s.dr)) {
+        ir_value *in[3] = {s.base, s.pos, s.kv_norm->in[1]};
+        ir_value *old[4] = {s.q_nope, s.q_rope->out[0], s.kv_norm->out[0], s.k_rope->out[0]};
+        return add_prologue(m, &s, IR_OP_MLA_PROLOGUE, in, 3, old, 4);
+    }
+    /* the q side first: the kv side's op moves values the q side's match saw */
+    ir_op *q_norm = find_q_norm(m, &s);
+    if (s.q_ok && s.q_base != s.base) {
+        ir_value *in[2] = {s.q_base, s.pos};
+        ir_value *old[2] = {s.q_nope, s.q_rope->out[0]};
+        MOEC_TRY(add_prologue(m, &s, IR_OP_MLA_PROLOGUE_Q, in, 2, old, 2));
+    }
+    if (q_norm) {
+        ir_value *in[4] = {s.base, s.pos, s.kv_norm->in[1], q_norm->in[1]};
+        ir_value *old[3] = {q_norm->out[0], s.kv_norm->out[0], s.k_rope->out[0]};
+        return add_prologue(m, &s, IR_OP_MLA_PROLOGUE_KV, in, 4, old, 3);
+    }
+    return MOEC_OK;
+}
+
+moec_status pass_fuse_mla_prologue(ir_module *m, const pass_options *opt)
+{
+    (void)opt;
+    /* ops move and die as sites are rewritten: go by the attention ops'
+       result names, found again each time */
+    for (int i = 0; i < m->n_ops; i++) {
+        ir_op *att = m->ops[i];
+        if (att->kind != IR_OP_MLA_ATTENTION || att->n_in < 5)
+            continue;
+        const char *name = att->out[0]->name;
+        MOEC_TRY(fuse_site(m, att));
+        const ir_value *v = ir_module_find_value(m, name);
+        if (!v || !v->def)
+            return MOEC_ERR(MOEC_ERR_INTERNAL, "fuse_mla_prologue: %%%s is gone", name);
+        i = v->def->id;
+    }
+    return MOEC_OK;
+}
