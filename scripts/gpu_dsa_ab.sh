@@ -13,13 +13,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-dsa}
-LOGS=$(mktemp -d)/dsa_ab
+LOGS=${LOGS:-$(mktemp -d)/dsa_ab}
 mkdir -p "$OUT" "$LOGS"
 SAN=${SAN:-/usr/local/cuda/bin/compute-sanitizer}
 SAN_TOOLS=${SAN_TOOLS-"racecheck synccheck"}
 source scripts/gpu_build.sh
 finish() {
-  tar czf "$OUT/dsa_ab.tar.gz" -C "$(dirname "$LOGS")" dsa_ab
+  tar czf "$OUT/dsa_ab.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
   exit "$1"
 }
 { nvidia-smi; date -u; cat COMMIT 2>/dev/null || git -C . log -1 --oneline; } >"$LOGS/env.txt" 2>&1
