@@ -28,14 +28,14 @@
  * rows, heads as columns), then sum w[h] * relu(scale * S) over the heads
  * in registers. The select loads the score row once, as order-preserving
  * keys, into shared memory (up to a capacity fixed at code generation;
- * longer rows are read from global memory each pass instead) while the
- * first radix pass counts the top 11 bits; at most two more passes (11,
- * then 10 bits) narrow to the top_k-th key, stopping early when the whole
- * bin that holds it is taken; histograms are added to once per distinct
- * digit of a warp. Then each warp compacts a run of positions: its counts
- * of keys above the threshold and equal to it, scanned over the warps, and
- * ballots inside the run place every key above it and the first equal
- * ones, in position order.
+ * longer rows are read from global memory in each pass instead) with their
+ * least and greatest key: radix passes of 11, 11 and 10 bits start below
+ * the bits every key shares (a row of equal keys needs none) and stop once
+ * the whole bin holding the top_k-th key is taken. Then a compaction by
+ * 32-position words: ballots give each word its keys above the threshold
+ * and equal to it, a scan of the words' counts places them, and the keys
+ * above it and the first equal ones are staged in shared memory and
+ * written out in position order.
  *
  * legacy (MOEC_DSA_KERNEL=legacy, kept to compare against). The score
  * kernel takes one token per grid row and a share of its tiles per block
@@ -523,33 +523,43 @@ static const char SCORE_FAST_BODY[] =
     "        __syncthreads();\n"
     "    }\n";
 
-/* The fast select's helpers: a warp's votes into a histogram, and the pick
- * of the bin that holds a rank. */
+/* The fast select's helpers: the least and greatest key of a warp, and the
+ * pick of the histogram bin that holds a rank. */
 static const char FAST_SELECT_HELPERS[] =
     "#ifndef MOEC_DSA_FAST_SELECT_HELPERS\n"
     "#define MOEC_DSA_FAST_SELECT_HELPERS\n"
-    "/* h[d] += 1 for each lane of the warp with hit set, one atomic per distinct\n"
-    "   digit: scores crowd into few digits (the top ones share an exponent).\n"
-    "   Every lane of the warp calls it. */\n"
-    "__device__ __forceinline__ void dsa_hist_add(unsigned *h, unsigned d, bool hit)\n"
+    "__device__ __forceinline__ unsigned dsa_warp_min(unsigned v)\n"
     "{\n"
-    "    if (!__any_sync(0xffffffffu, hit))\n"
-    "        return;\n"
-    "    const unsigned peers = __match_any_sync(0xffffffffu, hit ? d : 0xffffffffu);\n"
-    "    if (hit && (int)(threadIdx.x & 31) == __ffs(peers) - 1)\n"
-    "        atomicAdd(&h[d], (unsigned)__popc(peers));\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    return __reduce_min_sync(0xffffffffu, v);\n"
+    "#else\n"
+    "    for (int o = 16; o > 0; o >>= 1)\n"
+    "        v = min(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "    return v;\n"
+    "#endif\n"
     "}\n"
-    "/* The bin of h (B bins, a multiple of blockDim.x, each thread a run of\n"
-    "   them from the top) that holds the remain-th largest key: pick[0] the\n"
-    "   bin, pick[1] the rank left inside it, pick[2] its count; 1 <= remain <=\n"
-    "   the keys in h. ws: 32 words. Every thread calls it; pick is read after. */\n"
+    "__device__ __forceinline__ unsigned dsa_warp_max(unsigned v)\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    return __reduce_max_sync(0xffffffffu, v);\n"
+    "#else\n"
+    "    for (int o = 16; o > 0; o >>= 1)\n"
+    "        v = max(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "    return v;\n"
+    "#endif\n"
+    "}\n"
+    "/* The bin of h (B bins; each thread a run of them from the top) that holds\n"
+    "   the remain-th largest key: pick[0] the bin, pick[1] the rank left inside\n"
+    "   it, pick[2] its count; 1 <= remain <= the keys in h. ws: 32 words.\n"
+    "   Every thread of a block of 32 warps calls it; pick is read after. */\n"
     "__device__ __forceinline__ void dsa_pick(const unsigned *h, int B, unsigned remain,\n"
     "                                         unsigned *pick, unsigned *ws)\n"
     "{\n"
-    "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
-    "    const int per = B / (int)blockDim.x, top = B - 1 - (int)threadIdx.x * per;\n"
+    "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+    "    const int per = (B + (int)blockDim.x - 1) / (int)blockDim.x;\n"
+    "    const int top = B - 1 - (int)threadIdx.x * per;\n"
     "    unsigned cnt = 0u;\n"
-    "    for (int b = 0; b < per; b++)\n"
+    "    for (int b = 0; b < per && top - b >= 0; b++)\n"
     "        cnt += h[top - b];\n"
     "    unsigned x = cnt;\n"
     "#pragma unroll\n"
@@ -561,7 +571,7 @@ static const char FAST_SELECT_HELPERS[] =
     "    if (lane == 31)\n"
     "        ws[warp] = x;\n"
     "    __syncthreads();\n"
-    "    const unsigned wt = lane < nw ? ws[lane] : 0u;\n"
+    "    const unsigned wt = ws[lane];\n"
     "    unsigned wi = wt;\n"
     "#pragma unroll\n"
     "    for (int o = 1; o < 32; o <<= 1) {\n"
@@ -571,7 +581,7 @@ static const char FAST_SELECT_HELPERS[] =
     "    }\n"
     "    unsigned cum = __shfl_sync(0xffffffffu, wi - wt, warp) + x - cnt;\n"
     "    if (cum < remain && remain <= cum + cnt)\n"
-    "        for (int b = 0; b < per; b++) {\n"
+    "        for (int b = 0; b < per && top - b >= 0; b++) {\n"
     "            const unsigned hb = h[top - b];\n"
     "            if (cum + hb >= remain) {\n"
     "                pick[0] = (unsigned)(top - b);\n"
@@ -585,16 +595,27 @@ static const char FAST_SELECT_HELPERS[] =
     "}\n"
     "#endif\n\n";
 
-/* The fast select: three radix passes (bits 31..21, 20..10, 9..0 of the
- * keys) over the row, the first loading it into shared memory when it fits
- * (CAP positions), then the compaction by warps' runs. */
+/* The fast select (a block of 32 warps per token). Rows of up to CAP
+ * positions are loaded once, as keys, into shared memory, with the least
+ * and greatest key: the bits above the highest one where they differ are
+ * common to every key, so the radix passes (11, 11, 10 bits) start below
+ * them, and a row of equal keys needs none. Longer rows are read from
+ * global memory in each pass. Each pass counts the digits of the keys that
+ * match the threshold's bits found so far (plain shared atomics: cheaper
+ * here than a warp's vote for equal digits), then picks the bin of the
+ * K-th; a pass stops the search when that whole bin is taken. Compaction
+ * in segments of 32 x 1024 positions: a warp's ballots give each 32-position
+ * word its masks of keys above the threshold and equal to it, thread w
+ * scans word w's counts over the block (above and equal packed in one
+ * word), and takes its word's keys above the threshold and the first
+ * equal ones still wanted, in position order; a row in shared memory is
+ * staged there (its keys are read no more) and copied out coalesced. */
 static const char SELECT_FAST_BODY[] =
     "    constexpr int NW = NT / 32, U = 4;\n"
+    "    static_assert(NW == 32 && CAP <= 32 * NT, \"a word per thread, one segment in shared memory\");\n"
     "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
     "    unsigned *ks = reinterpret_cast<unsigned *>(smem_raw);\n"
-    "    __shared__ unsigned hist[2][2048];\n"
-    "    __shared__ unsigned pick_s[3], ws[32];\n"
-    "    __shared__ int wc[2][NW];\n"
+    "    __shared__ unsigned hist[2][2048], ws[2][NW], pick_s[3];\n"
     "    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
     "    const int s = slots[t], p = pos[t];\n"
     "    int *o = out + (long long)t * K;\n"
@@ -611,85 +632,159 @@ static const char SELECT_FAST_BODY[] =
     "    }\n"
     "    const float *sr = scores + (long long)t * max_blocks * BS;\n"
     "    const bool in_smem = n <= CAP;\n"
-    "    for (int i = tid; i < 2 * 2048; i += NT)\n"
-    "        hist[i >> 11][i & 2047] = 0u;\n"
-    "    __syncthreads();\n"
-    "    /* the K-th largest key: `prefix` its bits under `mask` found so far,\n"
-    "       `remain` its rank among the keys that match them */\n"
-    "    unsigned prefix = 0u, mask = 0u, remain = (unsigned)K;\n"
-    "    for (int pass = 0; pass < 3; pass++) {\n"
-    "        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0, B = pass == 2 ? 1024 : 2048;\n"
-    "        unsigned *h = hist[pass & 1];\n"
-    "        /* pass 1 clears pass 2's bins: pass 0's pick has read them */\n"
-    "        if (pass == 1)\n"
-    "            for (int i = tid; i < 2048; i += NT)\n"
-    "                hist[0][i] = 0u;\n"
-    "        /* whole warps per round (the votes want every lane), U loads in flight */\n"
-    "        for (int c0 = 0; c0 < n; c0 += U * NT) {\n"
-    "            unsigned key[U];\n"
+    "    for (int i = tid; i < 2048; i += NT)\n"
+    "        hist[0][i] = 0u;\n"
+    "    /* the row as keys, whole float4s (none past n) then the rest */\n"
+    "    const int n4 = in_smem && BS % 4 == 0 ? n >> 2 : 0;\n"
+    "    unsigned lo = 0xffffffffu, hi = 0u;\n"
+    "    for (int c = 0; c < n4; c += U * NT) {\n"
+    "        float4 v[U];\n"
     "#pragma unroll\n"
-    "            for (int u = 0; u < U; u++) {\n"
-    "                const int i = c0 + u * NT + tid;\n"
-    "                key[u] = i >= n ? 0u : pass > 0 && in_smem ? ks[i] : dsa_key(sr[i]);\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "            if (c + u * NT + tid < n4)\n"
+    "                v[u] = reinterpret_cast<const float4 *>(sr)[c + u * NT + tid];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "            if (c + u * NT + tid < n4) {\n"
+    "                const uint4 k = make_uint4(dsa_key(v[u].x), dsa_key(v[u].y), dsa_key(v[u].z),\n"
+    "                                           dsa_key(v[u].w));\n"
+    "                reinterpret_cast<uint4 *>(ks)[c + u * NT + tid] = k;\n"
+    "                lo = min(lo, min(min(k.x, k.y), min(k.z, k.w)));\n"
+    "                hi = max(hi, max(max(k.x, k.y), max(k.z, k.w)));\n"
     "            }\n"
+    "    }\n"
+    "    for (int i = 4 * n4 + tid; in_smem && i < n; i += NT) {\n"
+    "        const unsigned k = dsa_key(sr[i]);\n"
+    "        ks[i] = k;\n"
+    "        lo = min(lo, k);\n"
+    "        hi = max(hi, k);\n"
+    "    }\n"
+    "    lo = dsa_warp_min(lo);\n"
+    "    hi = dsa_warp_max(hi);\n"
+    "    if (lane == 0) {\n"
+    "        ws[0][warp] = lo;\n"
+    "        ws[1][warp] = hi;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    lo = dsa_warp_min(ws[0][lane]);\n"
+    "    hi = dsa_warp_max(ws[1][lane]);\n"
+    "    /* the K-th largest key: `prefix` its bits under `mask` found so far,\n"
+    "       `remain` its rank among the keys that match them; bits [0, low) open */\n"
+    "    unsigned prefix = 0u, mask = 0u, remain = (unsigned)K;\n"
+    "    int low = 32;\n"
+    "    if (in_smem) {\n"
+    "        low = lo == hi ? 0 : 32 - __clz(lo ^ hi);\n"
+    "        mask = low == 32 ? 0u : 0xffffffffu << low;\n"
+    "        prefix = lo & mask;\n"
+    "    }\n"
+    "    for (int pass = 0; low > 0; pass++) {\n"
+    "        const int bits = low < 11 ? low : 11, shift = low - bits;\n"
+    "        const unsigned B = 1u << bits;\n"
+    "        unsigned *h = hist[pass & 1];\n"
+    "        if (in_smem) {\n"
+    "            for (int j = tid; j < n4; j += NT) {\n"
+    "                const uint4 k = reinterpret_cast<const uint4 *>(ks)[j];\n"
+    "                if ((k.x & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.x >> shift) & (B - 1u)], 1u);\n"
+    "                if ((k.y & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.y >> shift) & (B - 1u)], 1u);\n"
+    "                if ((k.z & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.z >> shift) & (B - 1u)], 1u);\n"
+    "                if ((k.w & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.w >> shift) & (B - 1u)], 1u);\n"
+    "            }\n"
+    "            for (int i = 4 * n4 + tid; i < n; i += NT)\n"
+    "                if ((ks[i] & mask) == prefix)\n"
+    "                    atomicAdd(&h[(ks[i] >> shift) & (B - 1u)], 1u);\n"
+    "        } else {\n"
+    "            for (int c = 0; c < n; c += U * NT) {\n"
+    "                float v[U];\n"
     "#pragma unroll\n"
-    "            for (int u = 0; u < U; u++) {\n"
-    "                const int i = c0 + u * NT + tid;\n"
-    "                if (pass == 0 && in_smem && i < n)\n"
-    "                    ks[i] = key[u];\n"
-    "                dsa_hist_add(h, (key[u] >> shift) & (unsigned)(B - 1),\n"
-    "                             i < n && (key[u] & mask) == prefix);\n"
+    "                for (int u = 0; u < U; u++)\n"
+    "                    v[u] = c + u * NT + tid < n ? sr[c + u * NT + tid] : 0.0f;\n"
+    "#pragma unroll\n"
+    "                for (int u = 0; u < U; u++) {\n"
+    "                    const unsigned k = dsa_key(v[u]);\n"
+    "                    if (c + u * NT + tid < n && (k & mask) == prefix)\n"
+    "                        atomicAdd(&h[(k >> shift) & (B - 1u)], 1u);\n"
+    "                }\n"
     "            }\n"
     "        }\n"
+    "        /* the next pass's bins: the last pick that read them is behind a barrier */\n"
+    "        for (int i = tid; i < 2048; i += NT)\n"
+    "            hist[(pass + 1) & 1][i] = 0u;\n"
     "        __syncthreads();\n"
-    "        dsa_pick(h, B, remain, pick_s, ws);\n"
+    "        dsa_pick(h, (int)B, remain, pick_s, ws[0]);\n"
     "        prefix |= pick_s[0] << shift;\n"
-    "        mask |= (unsigned)(B - 1) << shift;\n"
+    "        mask |= (B - 1u) << shift;\n"
     "        remain = pick_s[1];\n"
+    "        low = shift;\n"
     "        /* every key of the bin taken: no tie to break inside it */\n"
     "        if (pick_s[2] == remain)\n"
     "            break;\n"
     "    }\n"
     "    /* taken: the keys above the threshold (under mask) and the first `remain`\n"
-    "       equal to it. Warp w owns the run [w0, w0 + ch) of positions: its\n"
-    "       counts, scanned over the warps, and ballots inside the run place\n"
-    "       each taken position, in position order */\n"
-    "    const int ch = (n + NT - 1) / NT * 32, w0 = warp * ch, w1 = w0 + ch < n ? w0 + ch : n;\n"
-    "    const unsigned below = (1u << lane) - 1u;\n"
-    "    int gt = 0, eq = 0;\n"
-    "    for (int i = w0 + lane; i < w0 + ch; i += 32) {\n"
-    "        const unsigned km = (i < w1 ? (in_smem ? ks[i] : dsa_key(sr[i])) : 0u) & mask;\n"
-    "        gt += __popc(__ballot_sync(0xffffffffu, i < w1 && km > prefix));\n"
-    "        eq += __popc(__ballot_sync(0xffffffffu, i < w1 && km == prefix));\n"
-    "    }\n"
-    "    if (lane == 0) {\n"
-    "        wc[0][warp] = gt;\n"
-    "        wc[1][warp] = eq;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    const int a = lane < NW ? wc[0][lane] : 0, e = lane < NW ? wc[1][lane] : 0;\n"
-    "    int ai = a, ei = e;\n"
-    "#pragma unroll\n"
-    "    for (int d = 1; d < 32; d <<= 1) {\n"
-    "        const int ya = __shfl_up_sync(0xffffffffu, ai, d), ye = __shfl_up_sync(0xffffffffu, ei, d);\n"
-    "        if (lane >= d) {\n"
-    "            ai += ya;\n"
-    "            ei += ye;\n"
+    "       equal to it; the histograms hold the words' masks now */\n"
+    "    unsigned *am = hist[0], *tm = hist[1];\n"
+    "    int *stage = in_smem ? reinterpret_cast<int *>(ks) : o;\n"
+    "    unsigned above0 = 0u, tie0 = 0u; /* the counts of the segments before */\n"
+    "    for (int s0 = 0; s0 < n; s0 += 32 * NT) {\n"
+    "        const int nw = (n - s0 + 31) >> 5 < NT ? (n - s0 + 31) >> 5 : NT;\n"
+    "        for (int w = warp; w < nw; w += NW) {\n"
+    "            const int i = s0 + 32 * w + lane;\n"
+    "            const unsigned km = (i < n ? (in_smem ? ks[i] : dsa_key(sr[i])) : 0u) & mask;\n"
+    "            const unsigned a = __ballot_sync(0xffffffffu, i < n && km > prefix);\n"
+    "            const unsigned e = __ballot_sync(0xffffffffu, i < n && km == prefix);\n"
+    "            if (lane == 0) {\n"
+    "                am[w] = a;\n"
+    "                tm[w] = e;\n"
+    "            }\n"
     "        }\n"
+    "        __syncthreads();\n"
+    "        const unsigned ma = tid < nw ? am[tid] : 0u, me = tid < nw ? tm[tid] : 0u;\n"
+    "        const unsigned cnt = (unsigned)__popc(ma) << 16 | (unsigned)__popc(me);\n"
+    "        unsigned x = cnt;\n"
+    "#pragma unroll\n"
+    "        for (int d = 1; d < 32; d <<= 1) {\n"
+    "            const unsigned y = __shfl_up_sync(0xffffffffu, x, d);\n"
+    "            if (lane >= d)\n"
+    "                x += y;\n"
+    "        }\n"
+    "        if (lane == 31)\n"
+    "            ws[0][warp] = x;\n"
+    "        __syncthreads();\n"
+    "        const unsigned wt = ws[0][lane];\n"
+    "        unsigned wi = wt;\n"
+    "#pragma unroll\n"
+    "        for (int d = 1; d < 32; d <<= 1) {\n"
+    "            const unsigned y = __shfl_up_sync(0xffffffffu, wi, d);\n"
+    "            if (lane >= d)\n"
+    "                wi += y;\n"
+    "        }\n"
+    "        const unsigned total = __shfl_sync(0xffffffffu, wi, 31);\n"
+    "        const unsigned before = __shfl_sync(0xffffffffu, wi - wt, warp) + x - cnt;\n"
+    "        const unsigned ab = above0 + (before >> 16), eb = tie0 + (before & 0xffffu);\n"
+    "        /* this word's keys above, and its first equal ones while some are wanted */\n"
+    "        unsigned take = ma, left = remain > eb ? remain - eb : 0u, m = me;\n"
+    "        if (left >= (unsigned)__popc(me))\n"
+    "            take |= me;\n"
+    "        else\n"
+    "            for (; left; left--) {\n"
+    "                take |= m & (0u - m);\n"
+    "                m &= m - 1u;\n"
+    "            }\n"
+    "        int at = (int)(ab + (eb < remain ? eb : remain));\n"
+    "        for (; take; take &= take - 1u, at++)\n"
+    "            if (at < K)\n"
+    "                stage[at] = s0 + 32 * tid + __ffs(take) - 1;\n"
+    "        above0 += total >> 16;\n"
+    "        tie0 += total & 0xffffu;\n"
+    "        /* the masks and ws are rewritten by the next segment; stage is complete */\n"
+    "        __syncthreads();\n"
     "    }\n"
-    "    int gt_before = __shfl_sync(0xffffffffu, ai - a, warp);\n"
-    "    int eq_before = __shfl_sync(0xffffffffu, ei - e, warp);\n"
-    "    for (int i = w0 + lane; i < w0 + ch; i += 32) {\n"
-    "        const unsigned km = (i < w1 ? (in_smem ? ks[i] : dsa_key(sr[i])) : 0u) & mask;\n"
-    "        const bool above = i < w1 && km > prefix, tie = i < w1 && km == prefix;\n"
-    "        const unsigned ba = __ballot_sync(0xffffffffu, above), bt = __ballot_sync(0xffffffffu, tie);\n"
-    "        const int er = eq_before + __popc(bt & below);\n"
-    "        const int at = gt_before + __popc(ba & below) + (er < (int)remain ? er : (int)remain);\n"
-    "        if ((above || (tie && er < (int)remain)) && at < K)\n"
-    "            o[at] = i;\n"
-    "        gt_before += __popc(ba);\n"
-    "        eq_before += __popc(bt);\n"
-    "    }\n";
+    "    if (in_smem)\n"
+    "        for (int i = tid; i < K; i += NT)\n"
+    "            o[i] = stage[i];\n";
 
 static long long round_up(long long n, long long m) { return (n + m - 1) / m * m; }
 
@@ -890,13 +985,20 @@ static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long lon
 }
 
 /* The positions the fast select keeps in shared memory: MOEC_DSA_SELECT_CAP
- * (default 32768; 0: none, every pass reads the scores from global memory),
- * at most what the arch lets a block opt in to beside its histograms. */
+ * (default and most 32768: one compaction segment; 0: none, every pass
+ * reads the scores from global memory), at most what the arch lets a block
+ * opt in to beside its static shared memory, and never just past the 48
+ * KiB a launch gets without opting in (the runtime opts in beyond 48 KiB of
+ * dynamic shared memory only). */
 static int select_cap(const cg_ctx *c)
 {
     long long fit = (smem_optin(c->opt->arch) - DSA_SELECT_STATIC) / 4 / 1024 * 1024;
-    long long want = cg_env_int("MOEC_DSA_SELECT_CAP", DSA_SELECT_CAP, 0, 1 << 20);
-    return (int)(want < fit ? want : fit > 0 ? fit : 0);
+    long long cap = cg_env_int("MOEC_DSA_SELECT_CAP", DSA_SELECT_CAP, 0, DSA_SELECT_CAP);
+    if (cap > fit)
+        cap = fit > 0 ? fit : 0;
+    if (cap * 4 + DSA_SELECT_STATIC > 48 * 1024 && cap * 4 <= 48 * 1024)
+        cap = (48 * 1024 - DSA_SELECT_STATIC) / 4;
+    return (int)cap;
 }
 
 static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir_op *pool_op,
