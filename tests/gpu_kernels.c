@@ -426,8 +426,9 @@ static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v, void *cons
     upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
 }
 
-/* Launches every step of c (reps times each, for timing); synchronizes. */
-static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps)
+/* Launches every step of c (reps times each, for timing) on stream st. */
+static void launch_steps_on(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps,
+                            cudaStream_t st)
 {
     for (int i = 0; i < c->n_steps; i++) {
         const ir_step *s = &c->steps[i];
@@ -475,9 +476,15 @@ static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int r
                                                (int)s->smem, 0));
         dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
         for (int r = 0; r < reps; r++)
-            CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, 0));
+            CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, st));
         CK(cudaGetLastError());
     }
+}
+
+/* Launches every step of c (reps times each); synchronizes. */
+static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps)
+{
+    launch_steps_on(b, c, lib, reps, 0);
     CK(cudaDeviceSynchronize());
 }
 
@@ -2071,33 +2078,50 @@ static void dsa_ab_crafted(dsa_ab *e, const int *pos)
     free(sel);
 }
 
-/* Mean microseconds of one step of view v over 20 launches (after one). */
+/* Microseconds of one launch of view v's steps: 20 of them captured in a
+ * CUDA Graph (as the runtime replays a step), the mean of 5 replays after
+ * a warm-up, so that launch gaps stay out of the kernels' times. */
 static double dsa_ab_time(dsa_ab *e, const cg_ctx *v, cudaLibrary_t lib)
 {
+    cudaStream_t st;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
     cudaEvent_t e0, e1;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     launch_steps(&e->b, v, lib);
-    CK(cudaEventRecord(e0, 0));
-    launch_steps_n(&e->b, v, lib, 20);
-    CK(cudaEventRecord(e1, 0));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    launch_steps_on(&e->b, v, lib, 20, st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < 5; r++)
+        CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
     CK(cudaEventSynchronize(e1));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
-    return ms / 20 * 1e3;
+    CK(cudaStreamDestroy(st));
+    return ms / 100 * 1e3;
 }
 
 /* With MOEC_KERN_BENCH: each form's kernels at T = 1 and 64 (a sequence
  * per token, all at position ctx: ctx + 1 positions), contexts 4096 and
- * 16384, random keys. */
+ * 16384, random keys; then the select alone on all-equal scores (what
+ * `moec bench` gives it: an unfilled cache). */
 static void dsa_ab_bench(dsa_ab *e)
 {
     if (!getenv("MOEC_KERN_BENCH"))
         return;
     static const int ctxs[2] = {4096, 16384}, tis[2] = {0, 2};
-    printf("dsa bench (us a launch, mean of 20): form, T, context, k_write, score, select, sum\n");
+    printf("dsa bench (us a kernel, CUDA Graph of 20 launches): form, T, context, k_write, score, "
+           "select, sum\n");
     for (int c = 0; c < 2; c++)
         for (int b = 0; b < 2; b++) {
             int T = DSA_AB_T[tis[b]], slot[TMAX], pos[TMAX];
@@ -2118,6 +2142,15 @@ static void dsa_ab_bench(dsa_ab *e)
                 printf("  bench dsa %-7s T=%-2d ctx %-5d  k_write %6.1f  score %7.1f  select %6.1f  "
                        "sum %7.1f\n",
                        DSA_FORM_NAME[f], T, ctxs[c], us[0], us[1], us[2], sum);
+            }
+            /* the select alone on equal scores: every position ties */
+            CK(cudaMemset(e->b.kv_by_op[2 * e->op->id + 1], 0, (size_t)T * e->mb * e->bs * 4));
+            for (int f = 0; f < DSA_FORMS; f++) {
+                if (f == DSA_FAST_MIX)
+                    continue;
+                cg_ctx v = dsa_ab_view(e, f, tis[b], "dsa_select");
+                printf("  bench dsa %-7s T=%-2d ctx %-5d  select on equal scores %6.1f\n",
+                       DSA_FORM_NAME[f], T, ctxs[c], dsa_ab_time(e, &v, e->lib[f]));
             }
         }
 }
