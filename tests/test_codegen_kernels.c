@@ -7,8 +7,9 @@
  * the kernel signatures, scratch offsets) for every bucket, and an NVRTC
  * compile for sm_90 of one bucket of most modules (chosen so that every
  * kernel form compiles: expert blocks of 1, 2, 4 and 8 rows, split and
- * unsplit attention, tensor-core and CUDA-core MLA, bf16 and f32) whose
- * cubin must hold every kernel; the argmax's check for NaN and infinite
+ * unsplit attention, tensor-core and CUDA-core MLA, DeepSeek-V3.2's
+ * indexer in its fast and legacy forms (MOEC_DSA_KERNEL), bf16 and f32)
+ * whose cubin must hold every kernel; the argmax's check for NaN and infinite
  * logits in its source. NVRTC takes a few tenths of a second per
  * kernel, hence one bucket each, compiled on a thread per CPU. */
 #include <pthread.h>
