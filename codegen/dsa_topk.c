@@ -9,29 +9,51 @@
  *                 relu(scale * q[h] . k[p]), into the index-score rows (KV
  *                 pool 1 of the module's first dsa_topk: f32 [tmax,
  *                 max_blocks * block size], shared by the layers, which run
- *                 one after another). A block takes one token and tiles of
- *                 PT positions, its tokens' q (all heads) in shared memory
- *                 beside a tile of keys: in bf16 with heads and channels in
- *                 sixteens the products run on tensor cores (below),
- *                 otherwise eight threads share a position, each a strided
- *                 eighth of the heads, and sum by shuffles. The blocks of a
- *                 token (grid.y) stride over its tiles.
+ *                 one after another).
  *   dsa_select    per token, one block of 1024: with n = pos + 1 <= top_k
  *                 positions, all of them (0..pos, then -1s) and no scores
- *                 read; else a radix select of the top_k-th largest score
- *                 (four passes of 8-bit digits over order-preserving keys,
- *                 each warp adding its equal digits to the histogram once;
- *                 -0 taken as +0 so that keys tie exactly where floats
- *                 do), then a compaction in position order: every position
- *                 above the threshold and the first of those equal to it,
- *                 as many as top_k needs (ties: the lower position, as the
- *                 interpreter breaks them), each thread a run of positions
- *                 placed by two block scans of its counts. Output ascending,
- *                 as defined.
+ *                 read; else the top_k best (ties: the lower position, as
+ *                 the interpreter breaks them; -0 as +0; a NaN above
+ *                 everything), written in ascending position order.
  *
- * Everything inside the bucket's CUDA Graph: grids are fixed, the context
- * length is read from the positions on the device. */
+ * Two forms of the last two, MOEC_DSA_KERNEL choosing at code generation:
+ *
+ * fast (the default). The score kernel, in bf16 with heads and channels in
+ * sixteens, is a fixed grid of blocks that split every token's tiles of 64
+ * positions evenly between them (tile after tile, token after token, so
+ * that short and long contexts of one step share the GPU and a block loads
+ * a token's q once per run of its tiles); each tile of keys is fetched by
+ * cp.async while the block computes the one before, and four warps of 16
+ * positions take S = K Q^T by m16n8k16 MMAs fed by ldmatrix (positions as
+ * rows, heads as columns), then sum w[h] * relu(scale * S) over the heads
+ * in registers. The select loads the score row once, as order-preserving
+ * keys, into shared memory (up to a capacity fixed at code generation;
+ * longer rows are read from global memory in each pass instead) with their
+ * least and greatest key: radix passes of 11, 11 and 10 bits start below
+ * the bits every key shares (a row of equal keys needs none) and stop once
+ * the whole bin holding the top_k-th key is taken. Then a compaction by
+ * 32-position words: ballots give each word its keys above the threshold
+ * and equal to it, a scan of the words' counts places them, and the keys
+ * above it and the first equal ones are staged in shared memory and
+ * written out in position order.
+ *
+ * legacy (MOEC_DSA_KERNEL=legacy, kept to compare against). The score
+ * kernel takes one token per grid row and a share of its tiles per block
+ * (grid.y), its q (all heads) in shared memory beside a tile of keys: in
+ * bf16 with heads and channels in sixteens on tensor cores (16 heads by 8
+ * positions per MMA), otherwise eight threads share a position, each a
+ * strided eighth of the heads, and sum by shuffles. The select reads the
+ * scores from global memory in each of four passes of 8-bit digits, then
+ * compacts: each thread a run of positions placed by two block scans of
+ * its counts.
+ *
+ * Outside bf16 (or with heads or channels not in sixteens) the fast form
+ * scores like the legacy one, on CUDA cores. Everything runs inside the
+ * bucket's CUDA Graph: grids are fixed, the context length is read from
+ * the positions on the device. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "codegen/cg.h"
 #include "err.h"
@@ -39,7 +61,13 @@
 #define DSA_SMEM_MAX (46 * 1024)
 #define DSA_HEAD_GROUPS 8     /* threads per position in the score kernel */
 #define DSA_SELECT_THREADS 1024
-#define DSA_TARGET_BLOCKS 528 /* score blocks that keep an H100's SMs busy */
+#define DSA_TARGET_BLOCKS 528 /* legacy score blocks that keep an H100's SMs busy */
+#define DSA_FAST_PT 64        /* positions of a fast score tile: 4 warps of 16 */
+#define DSA_FAST_THREADS 128
+#define DSA_SMS 132           /* an H100's SMs: the fast score's grid is a wave of them */
+#define DSA_SM_SMEM (228 * 1024) /* shared memory of one of its SMs */
+#define DSA_SELECT_CAP 32768  /* positions the fast select keeps in shared memory */
+#define DSA_SELECT_STATIC (17 * 1024) /* the fast select's static shared memory, rounded up */
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -194,11 +222,12 @@ static const char MMA_HELPERS[] =
 static const char SELECT_HELPERS[] =
     "#ifndef MOEC_DSA_SELECT_HELPERS\n"
     "#define MOEC_DSA_SELECT_HELPERS\n"
-    "/* keys order as the floats do; -0 and +0 give one key (the floats tie) */\n"
+    "/* keys order as the floats do; -0 and +0 give one key (the floats tie);\n"
+    "   every NaN the largest key (a NaN ranks above everything, as in torch.topk) */\n"
     "__device__ __forceinline__ unsigned dsa_key(float v)\n"
     "{\n"
     "    const unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);\n"
-    "    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);\n"
+    "    return v != v ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);\n"
     "}\n"
     "/* v's exclusive prefix sum over the block (blockDim.x a multiple of 32, at\n"
     "   most 1024), the block's total into *total; ws: 33 ints of shared memory */\n"
@@ -326,6 +355,437 @@ static const char SELECT_BODY[] =
     "            o[at++] = i;\n"
     "    }\n";
 
+/* ---- the fast form ---------------------------------------------------------- */
+
+/* cp.async (16 bytes, zeros where the source is not read), its groups, and
+ * ldmatrix (four 8x8 bf16 matrices: the fragments of one m16n8k16 A tile,
+ * or of two B tiles). */
+static const char FAST_SCORE_HELPERS[] =
+    "#ifndef MOEC_DSA_FAST_SCORE_HELPERS\n"
+    "#define MOEC_DSA_FAST_SCORE_HELPERS\n"
+    "__device__ __forceinline__ void dsa_cp16(void *smem, const void *gmem, bool read)\n"
+    "{\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);\n"
+    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" ::\"r\"(a), \"l\"(gmem),\n"
+    "                 \"r\"(read ? 16 : 0));\n"
+    "}\n"
+    "__device__ __forceinline__ void dsa_cp_commit()\n"
+    "{\n"
+    "    asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\");\n"
+    "}\n"
+    "template <int N> __device__ __forceinline__ void dsa_cp_wait()\n"
+    "{\n"
+    "    asm volatile(\"cp.async.wait_group %0;\\n\" ::\"n\"(N) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void dsa_ldm4(unsigned *r, const __nv_bfloat16 *p)\n"
+    "{\n"
+    "    const unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
+    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
+    "                 : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3])\n"
+    "                 : \"r\"(a));\n"
+    "}\n"
+    "#endif\n\n";
+
+/* The fast score kernel (bf16, heads and channels in sixteens): the items
+ * are every token's tiles of PT positions, numbered token after token;
+ * block b takes items [b I / G, (b + 1) I / G). Per item: the next tile's
+ * keys start loading (cp.async), this one's are waited for, and warp w
+ * computes positions 16w..16w+15 against every head: A = 16 keys by 16
+ * channels, B = 16 channels by 8 heads, fp32 accumulators c[head tile]; a
+ * lane holds positions g and g + 8 for heads 8j + 2tq and 8j + 2tq + 1, sums
+ * w[h] * relu(scale * S) over them, and the four lanes of a position add
+ * theirs by shuffles. */
+static const char SCORE_FAST_BODY[] =
+    "    constexpr int NW = NT / 32, CH = DI / 8, NTN = HI / 8;\n"
+    "    struct Smem {\n"
+    "        __nv_bfloat16 q[HI][LD];\n"
+    "        __nv_bfloat16 k[2][PT][LD];\n"
+    "        float w[HI];\n"
+    "        int first[TT + 1];\n"
+    "    };\n"
+    "    static_assert(sizeof(Smem) == SMEM, \"shared memory layout\");\n"
+    "    static_assert(PT == NW * 16 && HI % 16 == 0 && DI % 16 == 0, \"tile shapes\");\n"
+    "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
+    "    Smem &sm = *reinterpret_cast<Smem *>(smem_raw);\n"
+    "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;\n"
+    "    /* first[t]: token t's first item; padding, and tokens with no more than\n"
+    "       K positions (every one selected), have none */\n"
+    "    if (warp == 0) {\n"
+    "        int carry = 0;\n"
+    "        for (int t0 = 0; t0 < TT; t0 += 32) {\n"
+    "            const int t = t0 + lane;\n"
+    "            int nt = 0;\n"
+    "            if (t < TT) {\n"
+    "                const int s = slots[t], p = pos[t];\n"
+    "                if (s >= 0 && p >= K && p / BS < max_blocks)\n"
+    "                    nt = p / PT + 1;\n"
+    "            }\n"
+    "            int x = nt;\n"
+    "#pragma unroll\n"
+    "            for (int o = 1; o < 32; o <<= 1) {\n"
+    "                const int y = __shfl_up_sync(0xffffffffu, x, o);\n"
+    "                if (lane >= o)\n"
+    "                    x += y;\n"
+    "            }\n"
+    "            if (t < TT)\n"
+    "                sm.first[t] = carry + x - nt;\n"
+    "            carry += __shfl_sync(0xffffffffu, x, 31);\n"
+    "        }\n"
+    "        if (lane == 0)\n"
+    "            sm.first[TT] = carry;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    const long long total = sm.first[TT];\n"
+    "    const int i0 = (int)(total * blockIdx.x / gridDim.x);\n"
+    "    const int i1 = (int)(total * (blockIdx.x + 1) / gridDim.x);\n"
+    "    if (i0 >= i1)\n"
+    "        return;\n"
+    "    /* tile j of token t into buffer b; rows past the token's position are zeros */\n"
+    "    auto load_tile = [&](int t, int j, int b) {\n"
+    "        const int n = pos[t] + 1, p0 = j * PT;\n"
+    "        const int *bt = block_table + (long long)slots[t] * max_blocks;\n"
+    "        for (int c = tid; c < PT * CH; c += NT) {\n"
+    "            const int r = c / CH, col = (c % CH) * 8, x = p0 + r;\n"
+    "            const __nv_bfloat16 *src = kpool;\n"
+    "            if (x < n)\n"
+    "                src = kpool + ((long long)bt[x / BS] * BS + x % BS) * DI + col;\n"
+    "            dsa_cp16(&sm.k[b][r][col], src, x < n);\n"
+    "        }\n"
+    "    };\n"
+    "    int t = 0, qt = -1;\n"
+    "    while (sm.first[t + 1] <= i0)\n"
+    "        t++;\n"
+    "    load_tile(t, i0 - sm.first[t], 0);\n"
+    "    dsa_cp_commit();\n"
+    "    for (int i = i0; i < i1; i++) {\n"
+    "        const int b = (i - i0) & 1;\n"
+    "        while (sm.first[t + 1] <= i)\n"
+    "            t++;\n"
+    "        /* a new token: its q and head weights (the last tile's products are done) */\n"
+    "        if (t != qt) {\n"
+    "            for (int c = tid; c < HI * CH; c += NT) {\n"
+    "                const int h = c / CH, col = (c % CH) * 8;\n"
+    "                dsa_cp16(&sm.q[h][col], q + ((long long)t * HI + h) * DI + col, true);\n"
+    "            }\n"
+    "            for (int h = tid; h < HI; h += NT)\n"
+    "                sm.w[h] = ld(w + (long long)t * HI + h) * weight_scale;\n"
+    "            qt = t;\n"
+    "        }\n"
+    "        dsa_cp_commit();\n"
+    "        if (i + 1 < i1) {\n"
+    "            int tn = t;\n"
+    "            while (sm.first[tn + 1] <= i + 1)\n"
+    "                tn++;\n"
+    "            load_tile(tn, i + 1 - sm.first[tn], b ^ 1);\n"
+    "        }\n"
+    "        dsa_cp_commit();\n"
+    "        /* every group but the next tile's: this tile and q are in */\n"
+    "        dsa_cp_wait<1>();\n"
+    "        __syncthreads();\n"
+    "        const int p0 = (i - sm.first[t]) * PT, n = pos[t] + 1;\n"
+    "        const int nv = n - p0 < PT ? n - p0 : PT;\n"
+    "        if (warp * 16 < nv) {\n"
+    "            float c[NTN][4];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NTN; j++)\n"
+    "                c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int k0 = 0; k0 < DI; k0 += 16) {\n"
+    "                unsigned a[4];\n"
+    "                dsa_ldm4(a, &sm.k[b][warp * 16 + (lane & 15)][k0 + (lane >> 4) * 8]);\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < NTN / 2; j++) {\n"
+    "                    unsigned bq[4];\n"
+    "                    dsa_ldm4(bq, &sm.q[j * 16 + (lane >> 4) * 8 + (lane & 7)][k0 + ((lane >> 3) & 1) * 8]);\n"
+    "                    moec_mma_bf16(c[2 * j], a[0], a[1], a[2], a[3], bq[0], bq[1]);\n"
+    "                    moec_mma_bf16(c[2 * j + 1], a[0], a[1], a[2], a[3], bq[2], bq[3]);\n"
+    "                }\n"
+    "            }\n"
+    "            float lo = 0.0f, hi = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NTN; j++) {\n"
+    "                const float w0 = sm.w[j * 8 + 2 * tq], w1 = sm.w[j * 8 + 2 * tq + 1];\n"
+    "                lo += w0 * fmaxf(c[j][0] * scale, 0.0f) + w1 * fmaxf(c[j][1] * scale, 0.0f);\n"
+    "                hi += w0 * fmaxf(c[j][2] * scale, 0.0f) + w1 * fmaxf(c[j][3] * scale, 0.0f);\n"
+    "            }\n"
+    "            lo += __shfl_xor_sync(0xffffffffu, lo, 1);\n"
+    "            hi += __shfl_xor_sync(0xffffffffu, hi, 1);\n"
+    "            lo += __shfl_xor_sync(0xffffffffu, lo, 2);\n"
+    "            hi += __shfl_xor_sync(0xffffffffu, hi, 2);\n"
+    "            float *srow = scores + (long long)t * max_blocks * BS + p0;\n"
+    "            const int r = warp * 16 + g;\n"
+    "            if (tq == 0 && r < nv)\n"
+    "                srow[r] = lo;\n"
+    "            if (tq == 0 && r + 8 < nv)\n"
+    "                srow[r + 8] = hi;\n"
+    "        }\n"
+    "        /* every warp is done with buffer b and q before they are loaded again */\n"
+    "        __syncthreads();\n"
+    "    }\n";
+
+/* The fast select's helpers: the least and greatest key of a warp, and the
+ * pick of the histogram bin that holds a rank. */
+static const char FAST_SELECT_HELPERS[] =
+    "#ifndef MOEC_DSA_FAST_SELECT_HELPERS\n"
+    "#define MOEC_DSA_FAST_SELECT_HELPERS\n"
+    "__device__ __forceinline__ unsigned dsa_warp_min(unsigned v)\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    return __reduce_min_sync(0xffffffffu, v);\n"
+    "#else\n"
+    "    for (int o = 16; o > 0; o >>= 1)\n"
+    "        v = min(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "    return v;\n"
+    "#endif\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned dsa_warp_max(unsigned v)\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    return __reduce_max_sync(0xffffffffu, v);\n"
+    "#else\n"
+    "    for (int o = 16; o > 0; o >>= 1)\n"
+    "        v = max(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+    "    return v;\n"
+    "#endif\n"
+    "}\n"
+    "/* The bin of h (B bins; each thread a run of them from the top) that holds\n"
+    "   the remain-th largest key: pick[0] the bin, pick[1] the rank left inside\n"
+    "   it, pick[2] its count; 1 <= remain <= the keys in h. ws: 32 words.\n"
+    "   Every thread of a block of 32 warps calls it; pick is read after. */\n"
+    "__device__ __forceinline__ void dsa_pick(const unsigned *h, int B, unsigned remain,\n"
+    "                                         unsigned *pick, unsigned *ws)\n"
+    "{\n"
+    "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+    "    const int per = (B + (int)blockDim.x - 1) / (int)blockDim.x;\n"
+    "    const int top = B - 1 - (int)threadIdx.x * per;\n"
+    "    unsigned cnt = 0u;\n"
+    "    for (int b = 0; b < per && top - b >= 0; b++)\n"
+    "        cnt += h[top - b];\n"
+    "    unsigned x = cnt;\n"
+    "#pragma unroll\n"
+    "    for (int o = 1; o < 32; o <<= 1) {\n"
+    "        const unsigned y = __shfl_up_sync(0xffffffffu, x, o);\n"
+    "        if (lane >= o)\n"
+    "            x += y;\n"
+    "    }\n"
+    "    if (lane == 31)\n"
+    "        ws[warp] = x;\n"
+    "    __syncthreads();\n"
+    "    const unsigned wt = ws[lane];\n"
+    "    unsigned wi = wt;\n"
+    "#pragma unroll\n"
+    "    for (int o = 1; o < 32; o <<= 1) {\n"
+    "        const unsigned y = __shfl_up_sync(0xffffffffu, wi, o);\n"
+    "        if (lane >= o)\n"
+    "            wi += y;\n"
+    "    }\n"
+    "    unsigned cum = __shfl_sync(0xffffffffu, wi - wt, warp) + x - cnt;\n"
+    "    if (cum < remain && remain <= cum + cnt)\n"
+    "        for (int b = 0; b < per && top - b >= 0; b++) {\n"
+    "            const unsigned hb = h[top - b];\n"
+    "            if (cum + hb >= remain) {\n"
+    "                pick[0] = (unsigned)(top - b);\n"
+    "                pick[1] = remain - cum;\n"
+    "                pick[2] = hb;\n"
+    "                break;\n"
+    "            }\n"
+    "            cum += hb;\n"
+    "        }\n"
+    "    __syncthreads();\n"
+    "}\n"
+    "#endif\n\n";
+
+/* The fast select (a block of 32 warps per token). Rows of up to CAP
+ * positions are loaded once, as keys, into shared memory, with the least
+ * and greatest key: the bits above the highest one where they differ are
+ * common to every key, so the radix passes (11, 11, 10 bits) start below
+ * them, and a row of equal keys needs none. Longer rows are read from
+ * global memory in each pass. Each pass counts the digits of the keys that
+ * match the threshold's bits found so far (plain shared atomics: cheaper
+ * here than a warp's vote for equal digits), then picks the bin of the
+ * K-th; a pass stops the search when that whole bin is taken. Compaction
+ * in segments of 32 x 1024 positions: a warp's ballots give each 32-position
+ * word its masks of keys above the threshold and equal to it, thread w
+ * scans word w's counts over the block (above and equal packed in one
+ * word), and takes its word's keys above the threshold and the first
+ * equal ones still wanted, in position order; a row in shared memory is
+ * staged there (its keys are read no more) and copied out coalesced. */
+static const char SELECT_FAST_BODY[] =
+    "    constexpr int NW = NT / 32, U = 4;\n"
+    "    static_assert(NW == 32 && CAP <= 32 * NT, \"a word per thread, one segment in shared memory\");\n"
+    "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
+    "    unsigned *ks = reinterpret_cast<unsigned *>(smem_raw);\n"
+    "    __shared__ unsigned hist[2][2048], ws[2][NW], pick_s[3];\n"
+    "    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
+    "    const int s = slots[t], p = pos[t];\n"
+    "    int *o = out + (long long)t * K;\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
+    "        for (int i = tid; i < K; i += NT)\n"
+    "            o[i] = -1;\n"
+    "        return;\n"
+    "    }\n"
+    "    const int n = p + 1;\n"
+    "    if (n <= K) {\n"
+    "        for (int i = tid; i < K; i += NT)\n"
+    "            o[i] = i < n ? i : -1;\n"
+    "        return;\n"
+    "    }\n"
+    "    const float *sr = scores + (long long)t * max_blocks * BS;\n"
+    "    const bool in_smem = n <= CAP;\n"
+    "    for (int i = tid; i < 2048; i += NT)\n"
+    "        hist[0][i] = 0u;\n"
+    "    /* the row as keys, whole float4s (none past n) then the rest */\n"
+    "    const int n4 = in_smem && BS % 4 == 0 ? n >> 2 : 0;\n"
+    "    unsigned lo = 0xffffffffu, hi = 0u;\n"
+    "    for (int c = 0; c < n4; c += U * NT) {\n"
+    "        float4 v[U];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "            if (c + u * NT + tid < n4)\n"
+    "                v[u] = reinterpret_cast<const float4 *>(sr)[c + u * NT + tid];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "            if (c + u * NT + tid < n4) {\n"
+    "                const uint4 k = make_uint4(dsa_key(v[u].x), dsa_key(v[u].y), dsa_key(v[u].z),\n"
+    "                                           dsa_key(v[u].w));\n"
+    "                reinterpret_cast<uint4 *>(ks)[c + u * NT + tid] = k;\n"
+    "                lo = min(lo, min(min(k.x, k.y), min(k.z, k.w)));\n"
+    "                hi = max(hi, max(max(k.x, k.y), max(k.z, k.w)));\n"
+    "            }\n"
+    "    }\n"
+    "    for (int i = 4 * n4 + tid; in_smem && i < n; i += NT) {\n"
+    "        const unsigned k = dsa_key(sr[i]);\n"
+    "        ks[i] = k;\n"
+    "        lo = min(lo, k);\n"
+    "        hi = max(hi, k);\n"
+    "    }\n"
+    "    lo = dsa_warp_min(lo);\n"
+    "    hi = dsa_warp_max(hi);\n"
+    "    if (lane == 0) {\n"
+    "        ws[0][warp] = lo;\n"
+    "        ws[1][warp] = hi;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    lo = dsa_warp_min(ws[0][lane]);\n"
+    "    hi = dsa_warp_max(ws[1][lane]);\n"
+    "    /* the K-th largest key: `prefix` its bits under `mask` found so far,\n"
+    "       `remain` its rank among the keys that match them; bits [0, low) open */\n"
+    "    unsigned prefix = 0u, mask = 0u, remain = (unsigned)K;\n"
+    "    int low = 32;\n"
+    "    if (in_smem) {\n"
+    "        low = lo == hi ? 0 : 32 - __clz(lo ^ hi);\n"
+    "        mask = low == 32 ? 0u : 0xffffffffu << low;\n"
+    "        prefix = lo & mask;\n"
+    "    }\n"
+    "    for (int pass = 0; low > 0; pass++) {\n"
+    "        const int bits = low < 11 ? low : 11, shift = low - bits;\n"
+    "        const unsigned B = 1u << bits;\n"
+    "        unsigned *h = hist[pass & 1];\n"
+    "        if (in_smem) {\n"
+    "            for (int j = tid; j < n4; j += NT) {\n"
+    "                const uint4 k = reinterpret_cast<const uint4 *>(ks)[j];\n"
+    "                if ((k.x & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.x >> shift) & (B - 1u)], 1u);\n"
+    "                if ((k.y & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.y >> shift) & (B - 1u)], 1u);\n"
+    "                if ((k.z & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.z >> shift) & (B - 1u)], 1u);\n"
+    "                if ((k.w & mask) == prefix)\n"
+    "                    atomicAdd(&h[(k.w >> shift) & (B - 1u)], 1u);\n"
+    "            }\n"
+    "            for (int i = 4 * n4 + tid; i < n; i += NT)\n"
+    "                if ((ks[i] & mask) == prefix)\n"
+    "                    atomicAdd(&h[(ks[i] >> shift) & (B - 1u)], 1u);\n"
+    "        } else {\n"
+    "            for (int c = 0; c < n; c += U * NT) {\n"
+    "                float v[U];\n"
+    "#pragma unroll\n"
+    "                for (int u = 0; u < U; u++)\n"
+    "                    v[u] = c + u * NT + tid < n ? sr[c + u * NT + tid] : 0.0f;\n"
+    "#pragma unroll\n"
+    "                for (int u = 0; u < U; u++) {\n"
+    "                    const unsigned k = dsa_key(v[u]);\n"
+    "                    if (c + u * NT + tid < n && (k & mask) == prefix)\n"
+    "                        atomicAdd(&h[(k >> shift) & (B - 1u)], 1u);\n"
+    "                }\n"
+    "            }\n"
+    "        }\n"
+    "        /* the next pass's bins: the last pick that read them is behind a barrier */\n"
+    "        for (int i = tid; i < 2048; i += NT)\n"
+    "            hist[(pass + 1) & 1][i] = 0u;\n"
+    "        __syncthreads();\n"
+    "        dsa_pick(h, (int)B, remain, pick_s, ws[0]);\n"
+    "        prefix |= pick_s[0] << shift;\n"
+    "        mask |= (B - 1u) << shift;\n"
+    "        remain = pick_s[1];\n"
+    "        low = shift;\n"
+    "        /* every key of the bin taken: no tie to break inside it */\n"
+    "        if (pick_s[2] == remain)\n"
+    "            break;\n"
+    "    }\n"
+    "    /* taken: the keys above the threshold (under mask) and the first `remain`\n"
+    "       equal to it; the histograms hold the words' masks now */\n"
+    "    unsigned *am = hist[0], *tm = hist[1];\n"
+    "    int *stage = in_smem ? reinterpret_cast<int *>(ks) : o;\n"
+    "    unsigned above0 = 0u, tie0 = 0u; /* the counts of the segments before */\n"
+    "    for (int s0 = 0; s0 < n; s0 += 32 * NT) {\n"
+    "        const int nw = (n - s0 + 31) >> 5 < NT ? (n - s0 + 31) >> 5 : NT;\n"
+    "        for (int w = warp; w < nw; w += NW) {\n"
+    "            const int i = s0 + 32 * w + lane;\n"
+    "            const unsigned km = (i < n ? (in_smem ? ks[i] : dsa_key(sr[i])) : 0u) & mask;\n"
+    "            const unsigned a = __ballot_sync(0xffffffffu, i < n && km > prefix);\n"
+    "            const unsigned e = __ballot_sync(0xffffffffu, i < n && km == prefix);\n"
+    "            if (lane == 0) {\n"
+    "                am[w] = a;\n"
+    "                tm[w] = e;\n"
+    "            }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "        const unsigned ma = tid < nw ? am[tid] : 0u, me = tid < nw ? tm[tid] : 0u;\n"
+    "        const unsigned cnt = (unsigned)__popc(ma) << 16 | (unsigned)__popc(me);\n"
+    "        unsigned x = cnt;\n"
+    "#pragma unroll\n"
+    "        for (int d = 1; d < 32; d <<= 1) {\n"
+    "            const unsigned y = __shfl_up_sync(0xffffffffu, x, d);\n"
+    "            if (lane >= d)\n"
+    "                x += y;\n"
+    "        }\n"
+    "        if (lane == 31)\n"
+    "            ws[0][warp] = x;\n"
+    "        __syncthreads();\n"
+    "        const unsigned wt = ws[0][lane];\n"
+    "        unsigned wi = wt;\n"
+    "#pragma unroll\n"
+    "        for (int d = 1; d < 32; d <<= 1) {\n"
+    "            const unsigned y = __shfl_up_sync(0xffffffffu, wi, d);\n"
+    "            if (lane >= d)\n"
+    "                wi += y;\n"
+    "        }\n"
+    "        const unsigned total = __shfl_sync(0xffffffffu, wi, 31);\n"
+    "        const unsigned before = __shfl_sync(0xffffffffu, wi - wt, warp) + x - cnt;\n"
+    "        const unsigned ab = above0 + (before >> 16), eb = tie0 + (before & 0xffffu);\n"
+    "        /* this word's keys above, and its first equal ones while some are wanted */\n"
+    "        unsigned take = ma, left = remain > eb ? remain - eb : 0u, m = me;\n"
+    "        if (left >= (unsigned)__popc(me))\n"
+    "            take |= me;\n"
+    "        else\n"
+    "            for (; left; left--) {\n"
+    "                take |= m & (0u - m);\n"
+    "                m &= m - 1u;\n"
+    "            }\n"
+    "        int at = (int)(ab + (eb < remain ? eb : remain));\n"
+    "        for (; take; take &= take - 1u, at++)\n"
+    "            if (at < K)\n"
+    "                stage[at] = s0 + 32 * tid + __ffs(take) - 1;\n"
+    "        above0 += total >> 16;\n"
+    "        tie0 += total & 0xffffu;\n"
+    "        /* the masks and ws are rewritten by the next segment; stage is complete */\n"
+    "        __syncthreads();\n"
+    "    }\n"
+    "    if (in_smem)\n"
+    "        for (int i = tid; i < K; i += NT)\n"
+    "            o[i] = stage[i];\n";
+
 static long long round_up(long long n, long long m) { return (n + m - 1) / m * m; }
 
 /* The module's first dsa_topk: its KV pool 1 holds the index scores of
@@ -345,6 +805,20 @@ static void seq_args(ir_step *s, int i)
     s->args[i + 1] = cg_arg_input(IR_INPUT_SLOTS);
     s->args[i + 2] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
     s->args[i + 3] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
+}
+
+/* The score kernels' arguments: q, w, then the sequence's, the key pool, the
+ * score rows, scale and weight_scale. */
+static void score_args(ir_step *s, const ir_op *op, const ir_op *pool_op)
+{
+    s->n_args = 10;
+    s->args[0] = cg_arg_act(op->in[0]);
+    s->args[1] = cg_arg_act(op->in[2]);
+    seq_args(s, 2);
+    s->args[6] = cg_arg_kv(op, 0);
+    s->args[7] = cg_arg_kv(pool_op, 1);
+    s->args[8] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
+    s->args[9] = cg_arg_f32(ir_op_attr_float(op, "weight_scale", 1.0));
 }
 
 static moec_status emit_write(cg_ctx *c, const ir_op *op, long long DI, const char *kt,
@@ -378,8 +852,72 @@ static moec_status emit_write(cg_ctx *c, const ir_op *op, long long DI, const ch
     return MOEC_OK;
 }
 
+/* The largest dynamic shared memory a block may opt in to on arch ("sm_XY"). */
+static long long smem_optin(const char *arch)
+{
+    int v = 0;
+    if (sscanf(arch, "sm_%d", &v) != 1)
+        return 48 * 1024;
+    if (v >= 120 || v == 86 || v == 89)
+        return 99 * 1024;
+    if (v >= 90)
+        return 227 * 1024;
+    if (v == 80 || v == 87)
+        return 163 * 1024;
+    return v >= 75 ? 64 * 1024 : 48 * 1024;
+}
+
+/* The fast score kernel (see SCORE_FAST_BODY); *done = 0 when its shared
+ * memory does not fit and the CUDA-core form must do. */
+static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, long long HI, long long DI,
+                                   long long K, const ir_op *pool_op, const char *tag, int *done)
+{
+    const char *who = op->out[0]->name;
+    int bs = c->opt->kv_block_size, is_new;
+    long long ld = DI + 8; /* ldmatrix's eight rows of a matrix on distinct banks */
+    long long smem = HI * ld * 2 + 2LL * DSA_FAST_PT * ld * 2 + HI * 4 + (c->T + 1LL) * 4;
+    *done = 0;
+    if (smem > smem_optin(c->opt->arch))
+        return MOEC_OK;
+    /* blocks resident per SM: the grid is one full wave of them */
+    long long per_sm = DSA_SM_SMEM / (smem + 1024);
+    int grid = DSA_SMS * (int)(per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm);
+    char name[256];
+    snprintf(name, sizeof name, "dsa_score_tc_h%lld_d%lld_k%lld_pt%d_g%d_bs%d_t%d_%s", HI, DI, K,
+             DSA_FAST_PT, grid, bs, c->T, tag);
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
+    if (is_new) {
+        moec_buf_printf(&c->src, "%s", FAST_SCORE_HELPERS);
+        moec_buf_printf(&c->src,
+                        "// dsa_topk: index scores over the paged key cache, every token's tiles "
+                        "shared by a fixed grid, on tensor cores (codegen/dsa_topk.c)\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const "
+                        "__nv_bfloat16 *__restrict__ q, const %s *__restrict__ w, const int "
+                        "*__restrict__ pos, const int *__restrict__ slots, const int "
+                        "*__restrict__ block_table, int max_blocks, const __nv_bfloat16 "
+                        "*__restrict__ kpool, float *__restrict__ scores, float scale, float "
+                        "weight_scale)\n{\n"
+                        "    constexpr int HI = %lld, DI = %lld, K = %lld, PT = %d, NT = %d, BS = "
+                        "%d, TT = %d, LD = %lld, SMEM = %lld;\n%s}\n\n",
+                        DSA_FAST_THREADS, name, cg_ctype(cg_storage(c, op->in[2])), HI, DI, K,
+                        DSA_FAST_PT, DSA_FAST_THREADS, bs, c->T, ld, smem, SCORE_FAST_BODY);
+    }
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
+    s->kernel = k;
+    s->grid[0] = (unsigned)grid;
+    s->block[0] = DSA_FAST_THREADS;
+    s->smem = (unsigned)smem;
+    score_args(s, op, pool_op);
+    *done = 1;
+    return MOEC_OK;
+}
+
 static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long long DI, long long K,
-                              const ir_op *pool_op, const char *tag)
+                              const ir_op *pool_op, const char *tag, int legacy)
 {
     const char *who = op->out[0]->name;
     int bs = c->opt->kv_block_size, is_new;
@@ -390,6 +928,12 @@ static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long lon
     /* bf16 with heads and channels in sixteens: tensor cores, 64 positions a
        tile (fewer when the heads' q crowds shared memory) */
     int mma = qdt == IR_DTYPE_BF16 && sdt == IR_DTYPE_BF16 && HI % 16 == 0 && DI % 16 == 0;
+    if (mma && !legacy) {
+        int done;
+        MOEC_TRY(emit_score_fast(c, op, HI, DI, K, pool_op, tag, &done));
+        if (done)
+            return MOEC_OK;
+    }
     int pt = mma ? 64 : 32, pt_min = mma ? 16 : 8;
     while (pt > pt_min && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
         pt /= 2;
@@ -436,36 +980,56 @@ static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long lon
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)nb;
     s->block[0] = (unsigned)nt;
-    s->n_args = 10;
-    s->args[0] = cg_arg_act(op->in[0]);
-    s->args[1] = cg_arg_act(op->in[2]);
-    seq_args(s, 2);
-    s->args[6] = cg_arg_kv(op, 0);
-    s->args[7] = cg_arg_kv(pool_op, 1);
-    s->args[8] = cg_arg_f32(ir_op_attr_float(op, "scale", 1.0));
-    s->args[9] = cg_arg_f32(ir_op_attr_float(op, "weight_scale", 1.0));
+    score_args(s, op, pool_op);
     return MOEC_OK;
 }
 
-static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir_op *pool_op)
+/* The positions the fast select keeps in shared memory: MOEC_DSA_SELECT_CAP
+ * (default and most 32768: one compaction segment; 0: none, every pass
+ * reads the scores from global memory), at most what the arch lets a block
+ * opt in to beside its static shared memory, and never just past the 48
+ * KiB a launch gets without opting in (the runtime opts in beyond 48 KiB of
+ * dynamic shared memory only). */
+static int select_cap(const cg_ctx *c)
+{
+    long long fit = (smem_optin(c->opt->arch) - DSA_SELECT_STATIC) / 4 / 1024 * 1024;
+    long long cap = cg_env_int("MOEC_DSA_SELECT_CAP", DSA_SELECT_CAP, 0, DSA_SELECT_CAP);
+    if (cap > fit)
+        cap = fit > 0 ? fit : 0;
+    if (cap * 4 + DSA_SELECT_STATIC > 48 * 1024 && cap * 4 <= 48 * 1024)
+        cap = (48 * 1024 - DSA_SELECT_STATIC) / 4;
+    return (int)cap;
+}
+
+static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir_op *pool_op,
+                               int legacy)
 {
     const char *who = op->out[0]->name;
-    int bs = c->opt->kv_block_size, is_new;
+    int bs = c->opt->kv_block_size, is_new, cap = legacy ? 0 : select_cap(c);
     char name[256];
-    snprintf(name, sizeof name, "dsa_select_k%lld_bs%d_t%d", K, bs, c->T);
+    if (legacy)
+        snprintf(name, sizeof name, "dsa_select_k%lld_bs%d_t%d", K, bs, c->T);
+    else
+        snprintf(name, sizeof name, "dsa_select_r11_k%lld_c%d_bs%d_t%d", K, cap, bs, c->T);
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
     if (is_new) {
+        char cap_line[64] = "";
+        if (!legacy)
+            snprintf(cap_line, sizeof cap_line, "    constexpr int CAP = %d;\n", cap);
         moec_buf_printf(&c->src, "%s", SELECT_HELPERS);
+        if (!legacy)
+            moec_buf_printf(&c->src, "%s", FAST_SELECT_HELPERS);
         moec_buf_printf(&c->src,
                         "// dsa_topk: the top-k positions of each token by radix select, in "
                         "position order (codegen/dsa_topk.c)\n"
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float "
                         "*__restrict__ scores, const int *__restrict__ pos, const int "
                         "*__restrict__ slots, int max_blocks, int *__restrict__ out)\n{\n"
-                        "    constexpr int K = %lld, BS = %d, NT = %d;\n%s}\n\n",
-                        DSA_SELECT_THREADS, name, K, bs, DSA_SELECT_THREADS, SELECT_BODY);
+                        "    constexpr int K = %lld, BS = %d, NT = %d;\n%s%s}\n\n",
+                        DSA_SELECT_THREADS, name, K, bs, DSA_SELECT_THREADS, cap_line,
+                        legacy ? SELECT_BODY : SELECT_FAST_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -473,6 +1037,7 @@ static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir
     s->kernel = k;
     s->grid[0] = (unsigned)c->T;
     s->block[0] = DSA_SELECT_THREADS;
+    s->smem = (unsigned)cap * 4u;
     s->n_args = 5;
     s->args[0] = cg_arg_kv(pool_op, 1);
     s->args[1] = cg_arg_input(IR_INPUT_POSITIONS);
@@ -480,6 +1045,19 @@ static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir
     s->args[3] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
     s->args[4] = cg_arg_act(op->out[0]);
     return MOEC_OK;
+}
+
+/* MOEC_DSA_KERNEL, read at code generation: "fast" (the default) or
+ * "legacy" (the kernels before the fast score and select, kept so that one
+ * GPU run can compare both). */
+static moec_status dsa_form(const char *who, int *legacy)
+{
+    const char *e = getenv("MOEC_DSA_KERNEL");
+    *legacy = e && !strcmp(e, "legacy");
+    if (!e || !*e || *legacy || !strcmp(e, "fast"))
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                    "dsa_topk %%%s: MOEC_DSA_KERNEL='%s' is not fast or legacy", who, e);
 }
 
 moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op)
@@ -501,7 +1079,9 @@ moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op)
     char tag[64], wtag[32];
     cg_dtype_signature(c, op, tag, sizeof tag);
     snprintf(wtag, sizeof wtag, "%s_%s", ir_dtype_name(kdt), ir_dtype_name(sdt));
+    int legacy;
+    MOEC_TRY(dsa_form(who, &legacy));
     MOEC_TRY(emit_write(c, op, DI, cg_ctype(kdt), cg_ctype(sdt), wtag));
-    MOEC_TRY(emit_score(c, op, HI, DI, K, pool_op, tag));
-    return emit_select(c, op, K, pool_op);
+    MOEC_TRY(emit_score(c, op, HI, DI, K, pool_op, tag, legacy));
+    return emit_select(c, op, K, pool_op, legacy);
 }

@@ -1,7 +1,8 @@
 /* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
  * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
- * the sparse mla_attention over its selection, the MLA prologue ops with
- * the cache rows they write, and the linears and experts
+ * the sparse mla_attention over its selection (and dsa_topk's fast kernels
+ * against its legacy ones), the MLA prologue ops with the cache rows they
+ * write, and the linears and experts
  * of fp8 weights) run on the GPU against the CPU interpreter, on fresh
  * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
  * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
@@ -444,8 +445,9 @@ static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v, void *cons
     upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
 }
 
-/* Launches every step of c (reps times each, for timing); synchronizes. */
-static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps)
+/* Launches every step of c (reps times each, for timing) on stream st. */
+static void launch_steps_on(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps,
+                            cudaStream_t st)
 {
     for (int i = 0; i < c->n_steps; i++) {
         const ir_step *s = &c->steps[i];
@@ -493,9 +495,15 @@ static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int r
                                                (int)s->smem, 0));
         dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
         for (int r = 0; r < reps; r++)
-            CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, 0));
+            CK(cudaLaunchKernel((const void *)k, grid, block, argv, s->smem, st));
         CK(cudaGetLastError());
     }
+}
+
+/* Launches every step of c (reps times each); synchronizes. */
+static void launch_steps_n(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps)
+{
+    launch_steps_on(b, c, lib, reps, 0);
     CK(cudaDeviceSynchronize());
 }
 
@@ -2021,6 +2029,579 @@ static const km_spec ODD_DSA = {.name = "odd_dsa", .vocab = 97, .attn = KM_MLA, 
                                 .DR = 6, .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12,
                                 .dsa_scale = 0.5, .dsa_wscale = -0.7};
 
+/* ---- DSA: the fast indexer kernels against the legacy ones ------------------ */
+
+/* The dsa_topk op alone at V3.2's real shape (64 heads of 128, top 2048),
+ * generated in each form (MOEC_DSA_KERNEL=legacy; the fast default; the
+ * fast with MOEC_DSA_SELECT_CAP=2100, so that one launch has rows in
+ * shared memory and rows read from global memory) for T = 1, 3 and 64.
+ * A key cache of up to 64 sequences of random bf16 keys (every 13th
+ * position a copy of an earlier key, every 29th zeros: exact ties) in
+ * shuffled pages; each run writes this step's keys, scores and selects.
+ * The scores must match this file's reference (the interpreter's
+ * definition) within 1e-4 of the row's largest; the selection must be the
+ * reference selection of the GPU's own scores exactly (and of the
+ * reference scores wherever the top-k boundary is not a near-tie); tokens
+ * with no more than top_k positions get 0..pos then -1s, padding -1s.
+ * Then the select alone on crafted score rows: all equal, -0 and +0, a few
+ * values (ties everywhere), NaNs and infinities, keys equal but in their
+ * last bits, negatives. With MOEC_KERN_BENCH: the kernels' times per form
+ * at T = 1 and 64, contexts 4096 and 16384 (a sequence per token). */
+enum { DSA_LEGACY, DSA_FAST, DSA_FAST_MIX, DSA_FORMS };
+static const char *const DSA_FORM_NAME[DSA_FORMS] = {"legacy", "fast", "fast-cap2100"};
+static const int DSA_AB_T[3] = {1, 3, 64};
+#define DSA_AB_SEQ 64
+#define DSA_AB_LEN (16384 + 64)
+
+typedef struct dsa_ab {
+    ir_module *m;
+    const ir_op *op;
+    int HI, DI, K, bs, mb;
+    cg_ctx ctx[DSA_FORMS];             /* each form's kernels (its source compiled) */
+    ir_step *steps[DSA_FORMS][3];      /* its steps per bucket of DSA_AB_T */
+    int n_steps[DSA_FORMS][3];
+    cudaLibrary_t lib[DSA_FORMS];
+    void *cubin[DSA_FORMS];
+    gk_bind b;
+    uint16_t *keys;                    /* the key pool as uploaded (bf16) */
+    int *bt;                           /* the block table [DSA_AB_SEQ, mb] */
+    uint64_t rng;
+    int pos[TMAX], slot[TMAX];
+    float *q, *w, *k;                  /* this step's operands, rounded to bf16 */
+} dsa_ab;
+
+/* Generates every form for every bucket and compiles them. */
+static void dsa_ab_programs(dsa_ab *e)
+{
+    cg_compile_job jobs[DSA_FORMS];
+    cg_options o;
+    options_for(&o, IR_DTYPE_BF16, e->bs);
+    for (int f = 0; f < DSA_FORMS; f++) {
+        setenv("MOEC_DSA_KERNEL", f == DSA_LEGACY ? "legacy" : "fast", 1);
+        if (f == DSA_FAST_MIX)
+            setenv("MOEC_DSA_SELECT_CAP", "2100", 1);
+        cg_ctx *c = &e->ctx[f];
+        memset(c, 0, sizeof *c);
+        c->m = e->m;
+        c->opt = &o;
+        cg_emit_prologue(&c->src);
+        for (int i = 0; i < 3; i++) {
+            c->T = DSA_AB_T[i];
+            c->n_steps = 0;
+            T_OK(cg_emit_op(c, e->op));
+            e->n_steps[f][i] = c->n_steps;
+            e->steps[f][i] = xmalloc((size_t)c->n_steps * sizeof(ir_step));
+            memcpy(e->steps[f][i], c->steps, (size_t)c->n_steps * sizeof(ir_step));
+        }
+        unsetenv("MOEC_DSA_KERNEL");
+        unsetenv("MOEC_DSA_SELECT_CAP");
+        c->opt = NULL;
+        if (c->src.oom) {
+            fprintf(stderr, "dsa forms: out of memory generating their source\n");
+            exit(1);
+        }
+        memset(&jobs[f], 0, sizeof jobs[f]);
+        jobs[f].src = c->src.data;
+    }
+    cg_compile_many(jobs, DSA_FORMS, "sm_90", cache_dir, NULL, NULL);
+    for (int f = 0; f < DSA_FORMS; f++) {
+        if (jobs[f].st != MOEC_OK) {
+            fprintf(stderr, "dsa form %s: %s\n", DSA_FORM_NAME[f], jobs[f].err);
+            exit(1);
+        }
+        e->cubin[f] = jobs[f].cubin;
+        CK(cudaLibraryLoadData(&e->lib[f], e->cubin[f], NULL, NULL, 0, NULL, NULL, 0));
+    }
+}
+
+/* The steps of form f for bucket index ti, as a context to launch (only
+ * the step named by `only` when it is not NULL: "dsa_score", "dsa_select"). */
+static cg_ctx dsa_ab_view(const dsa_ab *e, int f, int ti, const char *only)
+{
+    cg_ctx v = e->ctx[f];
+    v.T = DSA_AB_T[ti];
+    v.steps = e->steps[f][ti];
+    v.n_steps = e->n_steps[f][ti];
+    for (int i = 0; only && i < e->n_steps[f][ti]; i++)
+        if (!strncmp(v.kernel_names[v.steps[i].kernel], only, strlen(only))) {
+            v.steps = &e->steps[f][ti][i];
+            v.n_steps = 1;
+            return v;
+        }
+    if (only) {
+        fprintf(stderr, "dsa form %s has no %s step\n", DSA_FORM_NAME[f], only);
+        exit(1);
+    }
+    return v;
+}
+
+static uint16_t *dsa_key_row(const dsa_ab *e, int s, int x)
+{
+    return e->keys + ((size_t)e->bt[(size_t)s * e->mb + x / e->bs] * e->bs + x % e->bs) * e->DI;
+}
+
+static void dsa_ab_init(dsa_ab *e)
+{
+    memset(e, 0, sizeof *e);
+    e->m = km_module(&V32_DSA_2K);
+    if (!e->m)
+        exit(1);
+    for (int k = 0; k < e->m->n_ops; k++)
+        if (e->m->ops[k]->kind == IR_OP_DSA_TOPK)
+            e->op = e->m->ops[k];
+    e->HI = V32_DSA_2K.HI;
+    e->DI = V32_DSA_2K.DI;
+    e->K = V32_DSA_2K.TOPK;
+    e->bs = 64;
+    e->mb = DSA_AB_LEN / e->bs;
+    e->rng = 0xd5aab000u;
+    dsa_ab_programs(e);
+    bind_init(&e->b, e->m, IR_DTYPE_BF16);
+    e->b.max_blocks = e->mb;
+    int pages = DSA_AB_SEQ * e->mb;
+    e->bt = xmalloc((size_t)pages * sizeof *e->bt);
+    for (int i = 0; i < pages; i++)
+        e->bt[i] = i;
+    for (int i = pages - 1; i > 0; i--) {
+        int j = irand(&e->rng, i + 1), t = e->bt[i];
+        e->bt[i] = e->bt[j];
+        e->bt[j] = t;
+    }
+    e->b.input[IR_INPUT_BLOCK_TABLE] = dalloc((size_t)pages * 4);
+    CK(cudaMemcpy(e->b.input[IR_INPUT_BLOCK_TABLE], e->bt, (size_t)pages * 4, cudaMemcpyHostToDevice));
+    /* random keys; every 13th position a copy of an earlier one, every 29th zeros */
+    size_t n_keys = (size_t)pages * e->bs * e->DI;
+    e->keys = xmalloc(n_keys * 2);
+    for (size_t i = 0; i < n_keys; i++)
+        e->keys[i] = f2bf(urand(&e->rng, 1.7f));
+    for (int s = 0; s < DSA_AB_SEQ; s++)
+        for (int x = 1; x < DSA_AB_LEN; x++) {
+            if (x % 29 == 3)
+                memset(dsa_key_row(e, s, x), 0, (size_t)e->DI * 2);
+            else if (x % 13 == 5)
+                memcpy(dsa_key_row(e, s, x), dsa_key_row(e, s, irand(&e->rng, x)), (size_t)e->DI * 2);
+        }
+    e->b.kv_by_op = calloc(2 * (size_t)e->m->n_ops, sizeof *e->b.kv_by_op);
+    if (!e->b.kv_by_op)
+        exit(1);
+    void **kp = &e->b.kv_by_op[2 * e->op->id];
+    kp[0] = dalloc(n_keys * 2);
+    CK(cudaMemcpy(kp[0], e->keys, n_keys * 2, cudaMemcpyHostToDevice));
+    kp[1] = dalloc((size_t)TMAX * e->mb * e->bs * 4);
+    e->b.input[IR_INPUT_POSITIONS] = dalloc(TMAX * 4);
+    e->b.input[IR_INPUT_SLOTS] = dalloc(TMAX * 4);
+    for (int a = 0; a < 3; a++)
+        act(&e->b, e->op->in[a]);
+    act(&e->b, e->op->out[0]);
+    e->q = xmalloc((size_t)TMAX * e->HI * e->DI * 4);
+    e->w = xmalloc((size_t)TMAX * e->HI * 4);
+    e->k = xmalloc((size_t)TMAX * e->DI * 4);
+}
+
+static void dsa_ab_free(dsa_ab *e)
+{
+    for (int f = 0; f < DSA_FORMS; f++) {
+        CK(cudaLibraryUnload(e->lib[f]));
+        free(e->cubin[f]);
+        for (int i = 0; i < 3; i++)
+            free(e->steps[f][i]);
+        ctx_free(&e->ctx[f]);
+    }
+    bind_free(&e->b);
+    ir_module_free(e->m);
+    free(e->keys);
+    free(e->bt);
+    free(e->q);
+    free(e->w);
+    free(e->k);
+}
+
+/* A step of T tokens: token t of slot[t] at pos[t] (slot -1: padding);
+ * fresh random q, w and keys; this step's keys into the host's copy of the
+ * cache (the kernels write them into the device's). */
+static void dsa_ab_step(dsa_ab *e, int T, const int *slot, const int *pos)
+{
+    size_t nq = (size_t)T * e->HI * e->DI, nw = (size_t)T * e->HI, nk = (size_t)T * e->DI;
+    for (size_t i = 0; i < nq; i++)
+        e->q[i] = round_to(IR_DTYPE_BF16, urand(&e->rng, 1.0f));
+    for (size_t i = 0; i < nw; i++)
+        e->w[i] = round_to(IR_DTYPE_BF16, urand(&e->rng, 1.0f));
+    for (size_t i = 0; i < nk; i++)
+        e->k[i] = round_to(IR_DTYPE_BF16, urand(&e->rng, 1.7f));
+    for (int t = 0; t < T; t++) {
+        e->slot[t] = slot[t];
+        e->pos[t] = pos[t];
+        if (slot[t] >= 0)
+            for (int i = 0; i < e->DI; i++)
+                dsa_key_row(e, slot[t], pos[t])[i] = f2bf(e->k[(size_t)t * e->DI + i]);
+    }
+    upload(e->b.val[e->op->in[0]->id], storage(&e->b, e->op->in[0]), e->q, nq);
+    upload(e->b.val[e->op->in[1]->id], storage(&e->b, e->op->in[1]), e->k, nk);
+    upload(e->b.val[e->op->in[2]->id], storage(&e->b, e->op->in[2]), e->w, nw);
+    CK(cudaMemcpy(e->b.input[IR_INPUT_POSITIONS], pos, (size_t)T * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slot, (size_t)T * 4, cudaMemcpyHostToDevice));
+}
+
+/* The interpreter's index score of position x for token t (runtime/interp.c). */
+static float dsa_ab_score(const dsa_ab *e, int t, int x)
+{
+    const uint16_t *k = dsa_key_row(e, e->slot[t], x);
+    const float *q = e->q + (size_t)t * e->HI * e->DI, *w = e->w + (size_t)t * e->HI;
+    float kf[512];
+    for (int i = 0; i < e->DI; i++)
+        kf[i] = bf2f(k[i]);
+    double acc = 0;
+    for (int h = 0; h < e->HI; h++) {
+        double dot = 0;
+        for (int i = 0; i < e->DI; i++)
+            dot += (double)q[(size_t)h * e->DI + i] * kf[i];
+        float sh = (float)dot * (float)V32_DSA_2K.dsa_scale;
+        acc += (double)(w[h] * (float)V32_DSA_2K.dsa_wscale) * (sh > 0 ? sh : 0.0f);
+    }
+    return (float)acc;
+}
+
+typedef struct dsa_ab_cand {
+    float s;
+    int p;
+} dsa_ab_cand;
+
+static int dsa_ab_cmp(const void *pa, const void *pb)
+{
+    const dsa_ab_cand *a = pa, *b = pb;
+    int na = isnan(a->s), nb = isnan(b->s);
+    if (na != nb)
+        return na ? -1 : 1;
+    if (!na && a->s != b->s)
+        return a->s > b->s ? -1 : 1;
+    return (a->p > b->p) - (a->p < b->p);
+}
+
+/* The selection of n scores (K of them, ascending; NaN above all, ties to
+ * the lower position), as the interpreter's; the relative gap between the
+ * K-th and the next score into *gap (0 on a tie). */
+static void dsa_ab_select(const float *sc, int n, int K, int *sel, double *gap)
+{
+    dsa_ab_cand *c = xmalloc((size_t)n * sizeof *c);
+    double big = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].s = sc[i];
+        c[i].p = i;
+        if (isfinite(sc[i]))
+            big = fmax(big, fabs(sc[i]));
+    }
+    qsort(c, (size_t)n, sizeof *c, dsa_ab_cmp);
+    *gap = isfinite(c[K - 1].s) && isfinite(c[K].s) ? (c[K - 1].s - c[K].s) / (big > 0 ? big : 1) : 0;
+    char *mark = calloc((size_t)n, 1);
+    if (!mark)
+        exit(1);
+    for (int i = 0; i < K; i++)
+        mark[c[i].p] = 1;
+    for (int i = 0, o = 0; i < n; i++)
+        if (mark[i])
+            sel[o++] = i;
+    free(mark);
+    free(c);
+}
+
+/* Checks token t's selection: the n <= K and padding rows, else against
+ * the selection of the scores sc (which must be exact). */
+static int dsa_ab_check_sel(const dsa_ab *e, int t, const int *got, const float *sc,
+                            const char *what)
+{
+    int K = e->K, n = e->pos[t] + 1, *want = xmalloc((size_t)K * sizeof *want);
+    double gap;
+    if (e->slot[t] < 0 || n <= K)
+        for (int i = 0; i < K; i++)
+            want[i] = e->slot[t] < 0 || i >= n ? -1 : i;
+    else
+        dsa_ab_select(sc, n, K, want, &gap);
+    int bad = -1;
+    for (int i = 0; i < K && bad < 0; i++)
+        if (got[i] != want[i])
+            bad = i;
+    if (bad >= 0)
+        fprintf(stderr, "FAIL %s: token %d (slot %d, position %d): selection [%d] is %d, %d wanted\n",
+                what, t, e->slot[t], e->pos[t], bad, got[bad], want[bad]);
+    free(want);
+    return bad < 0;
+}
+
+/* One scenario: every form runs the step's write, score and select; the
+ * scores against the reference, the selections exactly. */
+static void dsa_ab_run(dsa_ab *e, int ti, const int *slot, const int *pos, const char *label)
+{
+    int T = DSA_AB_T[ti], K = e->K, row = e->mb * e->bs;
+    dsa_ab_step(e, T, slot, pos);
+    float *ref = xmalloc((size_t)T * row * 4), *gs = xmalloc((size_t)T * row * 4);
+    int *ref_sel = xmalloc((size_t)T * K * 4), *sel = xmalloc((size_t)T * K * 4);
+    double gap[TMAX];
+    for (int t = 0; t < T; t++) {
+        gap[t] = INFINITY;
+        if (slot[t] < 0 || pos[t] + 1 <= K)
+            continue;
+        for (int x = 0; x <= pos[t]; x++)
+            ref[(size_t)t * row + x] = dsa_ab_score(e, t, x);
+        dsa_ab_select(ref + (size_t)t * row, pos[t] + 1, K, ref_sel + (size_t)t * K, &gap[t]);
+    }
+    void **kp = &e->b.kv_by_op[2 * e->op->id];
+    for (int f = 0; f < DSA_FORMS; f++) {
+        char what[160];
+        snprintf(what, sizeof what, "dsa %s T=%d %s", DSA_FORM_NAME[f], T, label);
+        CK(cudaMemset(kp[1], 0xff, (size_t)TMAX * row * 4));
+        CK(cudaMemset(e->b.val[e->op->out[0]->id], 0x7f, (size_t)T * K * 4));
+        cg_ctx v = dsa_ab_view(e, f, ti, NULL);
+        launch_steps(&e->b, &v, e->lib[f]);
+        CK(cudaMemcpy(gs, kp[1], (size_t)T * row * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(sel, e->b.val[e->op->out[0]->id], (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+        int ok = 1, near = 0;
+        double worst = 0;
+        for (int t = 0; t < T; t++) {
+            const float *g = gs + (size_t)t * row, *r = ref + (size_t)t * row;
+            const int *st = sel + (size_t)t * K;
+            int scored = slot[t] >= 0 && pos[t] + 1 > K;
+            if (scored) {
+                double big = 0, err = 0;
+                for (int x = 0; x <= pos[t]; x++)
+                    big = fmax(big, fabs(r[x]));
+                for (int x = 0; x <= pos[t]; x++)
+                    err = isfinite(g[x]) ? fmax(err, fabs(g[x] - r[x])) : INFINITY;
+                err /= big > 0 ? big : 1;
+                worst = fmax(worst, err);
+                if (!(err <= 1e-4)) {
+                    fprintf(stderr, "FAIL %s: token %d: scores off the reference by %.3g of the largest\n",
+                            what, t, err);
+                    ok = 0;
+                }
+            }
+            ok &= dsa_ab_check_sel(e, t, st, g, what);
+            if (scored && memcmp(st, ref_sel + (size_t)t * K, (size_t)K * 4)) {
+                /* the GPU's scores rounded across a near-tie of the reference's */
+                near++;
+                if (gap[t] > 1e-4) {
+                    fprintf(stderr, "FAIL %s: token %d: the selection differs from the reference's "
+                                    "with a top-k gap of %.3g\n", what, t, gap[t]);
+                    ok = 0;
+                }
+            }
+        }
+        T_CHECK(ok);
+        printf("%-16s %-14s T=%-2d %-28s scores worst %.2e; selections %s%s\n", "v32_dsa_ab",
+               DSA_FORM_NAME[f], T, label, worst, ok ? "exact" : "WRONG",
+               near ? " (a near-tie of the reference rounded the other way)" : "");
+    }
+    free(ref);
+    free(gs);
+    free(ref_sel);
+    free(sel);
+}
+
+/* The select alone on crafted score rows: token t's row by pattern t % 8,
+ * its position pos[t]. */
+static void dsa_ab_crafted(dsa_ab *e, const int *pos)
+{
+    int T = 64, K = e->K, row = e->mb * e->bs;
+    float *sc = xmalloc((size_t)T * row * 4);
+    int *sel = xmalloc((size_t)T * K * 4), slot[TMAX];
+    for (int t = 0; t < T; t++) {
+        slot[t] = t;
+        float *r = sc + (size_t)t * row;
+        for (int x = 0; x < row; x++) {
+            float v;
+            switch (t % 8) {
+            case 0: v = 0.25f; break;                                     /* all equal */
+            case 1: v = irand(&e->rng, 2) ? 0.0f : -0.0f; break;          /* -0 and +0 */
+            case 2: v = (float)(irand(&e->rng, 5) - 2) * 0.5f; break;     /* ties everywhere */
+            case 3: {                                                     /* NaNs, infinities */
+                int c = irand(&e->rng, 40);
+                v = c == 0 ? NAN : c == 1 ? -NAN : c == 2 ? INFINITY : c == 3 ? -INFINITY
+                                                                     : urand(&e->rng, 3.0f);
+                break;
+            }
+            case 4: {                                                     /* the last bits decide */
+                uint32_t u = 0x3f800000u + (uint32_t)irand(&e->rng, 3000);
+                memcpy(&v, &u, 4);
+                break;
+            }
+            case 5: v = -1.0f - urand(&e->rng, 0.5f); break;              /* negatives */
+            case 6: v = x % 2 ? 1.0f : urand(&e->rng, 2.0f); break;       /* half tie at the top */
+            default: v = urand(&e->rng, 100.0f); break;                   /* distinct */
+            }
+            r[x] = v;
+        }
+    }
+    int pp[TMAX];
+    for (int t = 0; t < T; t++)
+        pp[t] = pos[t];
+    dsa_ab_step(e, T, slot, pp);
+    void **kp = &e->b.kv_by_op[2 * e->op->id];
+    for (int f = 0; f < DSA_FORMS; f++) {
+        char what[160];
+        snprintf(what, sizeof what, "dsa %s select on crafted rows", DSA_FORM_NAME[f]);
+        CK(cudaMemcpy(kp[1], sc, (size_t)T * row * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(e->b.val[e->op->out[0]->id], 0x7f, (size_t)T * K * 4));
+        cg_ctx v = dsa_ab_view(e, f, 2, "dsa_select");
+        launch_steps(&e->b, &v, e->lib[f]);
+        CK(cudaMemcpy(sel, e->b.val[e->op->out[0]->id], (size_t)T * K * 4, cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (int t = 0; t < T; t++)
+            ok &= dsa_ab_check_sel(e, t, sel + (size_t)t * K, sc + (size_t)t * row, what);
+        T_CHECK(ok);
+        printf("%-16s %-14s T=64 %-28s selections %s\n", "v32_dsa_ab", DSA_FORM_NAME[f],
+               "crafted rows", ok ? "exact" : "WRONG");
+    }
+    free(sc);
+    free(sel);
+}
+
+/* Microseconds of one launch of view v's steps: 20 of them captured in a
+ * CUDA Graph (as the runtime replays a step), the mean of 5 replays after
+ * a warm-up, so that launch gaps stay out of the kernels' times. */
+static double dsa_ab_time(dsa_ab *e, const cg_ctx *v, cudaLibrary_t lib)
+{
+    cudaStream_t st;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaEvent_t e0, e1;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    launch_steps(&e->b, v, lib);
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    launch_steps_on(&e->b, v, lib, 20, st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < 5; r++)
+        CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(st));
+    return ms / 100 * 1e3;
+}
+
+/* With MOEC_KERN_BENCH: each form's kernels at T = 1 and 64 (a sequence
+ * per token, all at position ctx: ctx + 1 positions), contexts 4096 and
+ * 16384, random keys; then the select alone on all-equal scores (what
+ * `moec bench` gives it: an unfilled cache). */
+static void dsa_ab_bench(dsa_ab *e)
+{
+    if (!getenv("MOEC_KERN_BENCH"))
+        return;
+    static const int ctxs[2] = {4096, 16384}, tis[2] = {0, 2};
+    printf("dsa bench (us a kernel, CUDA Graph of 20 launches): form, T, context, k_write, score, "
+           "select, sum\n");
+    for (int c = 0; c < 2; c++)
+        for (int b = 0; b < 2; b++) {
+            int T = DSA_AB_T[tis[b]], slot[TMAX], pos[TMAX];
+            for (int t = 0; t < T; t++) {
+                slot[t] = t;
+                pos[t] = ctxs[c];
+            }
+            dsa_ab_step(e, T, slot, pos);
+            for (int f = 0; f < DSA_FORMS; f++) {
+                if (f == DSA_FAST_MIX)
+                    continue;
+                static const char *const names[3] = {"dsa_k_write", "dsa_score", "dsa_select"};
+                double us[3], sum = 0;
+                for (int k = 0; k < 3; k++) {
+                    cg_ctx v = dsa_ab_view(e, f, tis[b], names[k]);
+                    sum += us[k] = dsa_ab_time(e, &v, e->lib[f]);
+                }
+                printf("  bench dsa %-7s T=%-2d ctx %-5d  k_write %6.1f  score %7.1f  select %6.1f  "
+                       "sum %7.1f\n",
+                       DSA_FORM_NAME[f], T, ctxs[c], us[0], us[1], us[2], sum);
+            }
+            /* the select alone on equal scores: every position ties */
+            CK(cudaMemset(e->b.kv_by_op[2 * e->op->id + 1], 0, (size_t)T * e->mb * e->bs * 4));
+            for (int f = 0; f < DSA_FORMS; f++) {
+                if (f == DSA_FAST_MIX)
+                    continue;
+                cg_ctx v = dsa_ab_view(e, f, tis[b], "dsa_select");
+                printf("  bench dsa %-7s T=%-2d ctx %-5d  select on equal scores %6.1f\n",
+                       DSA_FORM_NAME[f], T, ctxs[c], dsa_ab_time(e, &v, e->lib[f]));
+            }
+        }
+}
+
+/* The scenarios (sanitize: a small sample, for compute-sanitizer). */
+static void dsa_ab_case(int sanitize)
+{
+    double t0 = now_s();
+    dsa_ab e;
+    dsa_ab_init(&e);
+    /* T = 1: each context (positions pos + 1) on its own; padding alone */
+    static const int ctxs[5] = {1000, 2048, 2049, 4096, 16384};
+    for (int i = sanitize ? 2 : 0; i < (sanitize ? 4 : 5); i++) {
+        int slot = i, pos = ctxs[i] - 1;
+        char label[64];
+        snprintf(label, sizeof label, "context %d", ctxs[i]);
+        dsa_ab_run(&e, 0, &slot, &pos, label);
+    }
+    int pad = -1, pad_pos = 77;
+    dsa_ab_run(&e, 0, &pad, &pad_pos, "padding");
+    /* T = 3: a prefill chunk across top_k (2047, 2048, 2049 positions); then
+       a long context, padding and 4096 */
+    int s3[3] = {5, 5, 5}, p3[3] = {2046, 2047, 2048};
+    dsa_ab_run(&e, 1, s3, p3, "chunk at 2047..2049");
+    if (!sanitize) {
+        int s3b[3] = {6, -1, 7}, p3b[3] = {16383, 300, 4095};
+        dsa_ab_run(&e, 1, s3b, p3b, "16384, padding, 4096");
+    }
+    if (sanitize) {
+        dsa_ab_free(&e);
+        printf("%-16s (sanitizer sample, %.1f s)\n", "v32_dsa_ab", now_s() - t0);
+        return;
+    }
+    /* T = 64: chunks of 8 tokens at 16384, 8 across top_k, 20 at 4096, single
+       tokens at 1000, 2049 and 16384, padding, shuffled */
+    int s64[64], p64[64], n = 0;
+    for (int j = 0; j < 8; j++, n++) {
+        s64[n] = 10;
+        p64[n] = 16376 + j;
+    }
+    for (int j = 0; j < 8; j++, n++) {
+        s64[n] = 11;
+        p64[n] = 2044 + j;
+    }
+    for (int j = 0; j < 20; j++, n++) {
+        s64[n] = 12;
+        p64[n] = 4076 + j;
+    }
+    static const int singles[6] = {999, 2048, 16383, 2050, 5000, 9999};
+    for (int j = 0; j < 6; j++, n++) {
+        s64[n] = 13 + j;
+        p64[n] = singles[j];
+    }
+    for (; n < 64; n++) {
+        s64[n] = -1;
+        p64[n] = irand(&e.rng, DSA_AB_LEN);
+    }
+    for (int i = 63; i > 0; i--) {
+        int j = irand(&e.rng, i + 1), a = s64[i], b = p64[i];
+        s64[i] = s64[j];
+        p64[i] = p64[j];
+        s64[j] = a;
+        p64[j] = b;
+    }
+    dsa_ab_run(&e, 2, s64, p64, "mixed contexts");
+    int pc[64];
+    for (int t = 0; t < 64; t++)
+        pc[t] = (t / 8) % 3 == 0 ? 2048 + t : (t / 8) % 3 == 1 ? 4095 + t : 16320 + t;
+    dsa_ab_crafted(&e, pc);
+    dsa_ab_bench(&e);
+    dsa_ab_free(&e);
+    printf("%-16s (forms %s, %s, %s: %.1f s)\n", "v32_dsa_ab", DSA_FORM_NAME[0], DSA_FORM_NAME[1],
+           DSA_FORM_NAME[2], now_s() - t0);
+}
+
 int main(void)
 {
     int n_dev = 0;
@@ -2070,6 +2651,31 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (fp8 old and staged)");
     }
+    if (getenv("MOEC_KERN_DSA_ONLY")) {
+        /* the DSA indexer (scripts/gpu_dsa_ab.sh): the sparse MLA over its
+           selection at V3.2's shape, then the fast kernels against the
+           legacy ones (MOEC_KERN_BENCH: their times too); with
+           MOEC_KERN_SANITIZE a sample small enough for compute-sanitizer */
+        int san = getenv("MOEC_KERN_SANITIZE") != NULL;
+        prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+        if (san) {
+            progs_compile();
+            dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+            dsa_ab_case(1);
+            progs_free();
+            printf("total %.1f s\n", now_s() - t0);
+            return t_finish("gpu_kernels (DSA sanitizer sample)");
+        }
+        prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+        progs_compile();
+        dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+        const int long_dsa[3] = {4200, 2049, 700};
+        dsa_case_long(&V32_DSA_2K, IR_DTYPE_BF16, 64, long_dsa);
+        dsa_ab_case(0);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (DSA only)");
+    }
     if (getenv("MOEC_KERN_SANITIZE")) {
         /* under compute-sanitizer (scripts/gpu_sanitize.sh): a sample of
            the real-shape cases, small buckets, no long contexts, so that
@@ -2101,6 +2707,8 @@ int main(void)
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
         pro_case(&PRO_V2, IR_DTYPE_BF16, 64);
+    }
+        dsa_ab_case(1);
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
@@ -2225,6 +2833,7 @@ int main(void)
     const int long_dsa[3] = {4200, 2049, 700}, long_odd_dsa[3] = {200, 6, 5};
     dsa_case_long(&V32_DSA_2K, IR_DTYPE_BF16, 64, long_dsa);
     dsa_case_long(&ODD_DSA, IR_DTYPE_F32, 16, long_odd_dsa);
+    dsa_ab_case(0);
 
     for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)

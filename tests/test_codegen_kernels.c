@@ -8,10 +8,10 @@
  * compile for sm_90 of one bucket of most modules (chosen so that every
  * kernel form compiles: expert blocks of 1, 2, 4 and 8 rows, split and
  * unsplit attention, tensor-core and CUDA-core MLA, the MLA prologue's
- * forms, bf16 and f32) whose
- * cubin must hold every kernel; the argmax's check for NaN and infinite
- * logits in its source; the device sampler at real and odd vocabularies
- * (test_sampler). NVRTC takes a few tenths of a second per
+ * forms, DeepSeek-V3.2's indexer in its fast and legacy forms
+ * (MOEC_DSA_KERNEL), bf16 and f32) whose cubin must hold every kernel; the
+ * argmax's check for NaN and infinite logits in its source; the device
+ * sampler at real and odd vocabularies (test_sampler). NVRTC takes a few tenths of a second per
  * kernel, hence one bucket each, compiled on a thread per CPU. */
 #include <pthread.h>
 #include <stdlib.h>
@@ -122,10 +122,13 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         T_CHECK((int)s->block[0] == lb);
         T_CHECK(s->block[0] % 32 == 0 && s->block[0] <= 1024 && s->block[1] == 1);
         T_CHECK(s->grid[0] >= 1 && s->grid[1] >= 1 && s->grid[2] >= 1);
-        /* dynamic shared memory only for the tensor-core MLA kernel and the
-           staged fp8 kernels */
+        /* dynamic shared memory only for the tensor-core MLA kernel, the
+           staged fp8 kernels, the fast DSA score kernel and the fast DSA
+           select (its score row) */
         T_CHECK(s->smem == 0 ||
-                ((strstr(name, "_mma_") || strstr(name, "_f8tc_")) && s->smem <= 227 * 1024));
+                ((strstr(name, "_mma_") || strstr(name, "_f8tc_") ||
+                  !strncmp(name, "dsa_score_tc_", 13) || !strncmp(name, "dsa_select_r11_", 15)) &&
+                 s->smem <= 227 * 1024));
         T_CHECK(has_header(c->src.data, name));
         for (int a = 0; a < s->n_args; a++)
             if (s->args[a].kind == IR_ARG_SCRATCH)
@@ -408,8 +411,11 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
             c->steps[last].args[1].index == IR_INPUT_SAMPLED && c->steps[last].grid[0] == (unsigned)c->T);
 }
 
-/* DeepSeek-V3.2: the indexer (64 heads of 128, top 2048; its scores on
- * tensor cores) before the sparse MLA attention over the selection. */
+/* DeepSeek-V3.2: the indexer (64 heads of 128, top 2048) before the sparse
+ * MLA attention over the selection. Fast form (the default): the scores on
+ * tensor cores by a grid of 528 blocks of 128 sharing every token's tiles
+ * (q, two key tiles, head weights and the tokens' first tiles in dynamic
+ * shared memory), the select keeping 32768 scores in shared memory. */
 static void check_v32(const ir_module *m, const cg_ctx *c)
 {
     int T = c->T, d = steps_of(m, c, IR_OP_DSA_TOPK), a = steps_of(m, c, IR_OP_MLA_ATTENTION);
@@ -421,17 +427,61 @@ static void check_v32(const ir_module *m, const cg_ctx *c)
     /* keys into pool 0; scores into the first dsa_topk's pool 1, which the select reads */
     T_CHECK(w->grid[0] == (unsigned)T && w->n_args == 6 && w->args[5].kind == IR_ARG_KV &&
             w->args[5].index == dsa->id && w->args[5].i == 0);
-    T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_mma_h64_d128_k2048_pt64_") != NULL);
-    T_CHECK(sc->grid[0] == (unsigned)T && sc->grid[1] == (unsigned)((528 + T - 1) / T) &&
-            sc->block[0] == 256);
-    T_CHECK(sc->args[7].kind == IR_ARG_KV && sc->args[7].index == dsa->id && sc->args[7].i == 1);
-    T_CHECK(se->grid[0] == (unsigned)T && se->block[0] == 1024 && se->args[0].kind == IR_ARG_KV &&
-            se->args[0].i == 1 && se->args[4].kind == IR_ARG_ACT &&
+    T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_tc_h64_d128_k2048_pt64_g528_") != NULL);
+    T_CHECK(sc->grid[0] == 528 && sc->grid[1] == 1 && sc->block[0] == 128 &&
+            sc->smem == (unsigned)(64 * 136 * 2 + 2 * 64 * 136 * 2 + 64 * 4 + (T + 1) * 4));
+    T_CHECK(sc->n_args == 10 && sc->args[6].kind == IR_ARG_KV && sc->args[6].i == 0 &&
+            sc->args[7].kind == IR_ARG_KV && sc->args[7].index == dsa->id && sc->args[7].i == 1);
+    T_CHECK(strstr(c->kernel_names[se->kernel], "dsa_select_r11_k2048_c32768_") != NULL);
+    T_CHECK(se->grid[0] == (unsigned)T && se->block[0] == 1024 && se->smem == 32768 * 4 &&
+            se->args[0].kind == IR_ARG_KV && se->args[0].i == 1 && se->args[4].kind == IR_ARG_ACT &&
             se->args[4].index == dsa->out[0]->id);
     /* the sparse MLA kernel reads sel (its third argument) */
     const ir_step *at = &c->steps[a + 1];
     T_CHECK(strstr(c->kernel_names[at->kernel], "_k2048") != NULL);
     T_CHECK(at->args[2].kind == IR_ARG_ACT && at->args[2].index == dsa->out[0]->id);
+}
+
+/* The legacy form (MOEC_DSA_KERNEL=legacy): a grid row of 256-thread
+ * blocks per token, the select reading global memory. */
+static void check_v32_legacy(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T, d = steps_of(m, c, IR_OP_DSA_TOPK);
+    const ir_op *dsa = ir_module_find_value(m, "sel")->def;
+    T_CHECK(d >= 0);
+    if (d < 0)
+        return;
+    const ir_step *sc = &c->steps[d + 1], *se = &c->steps[d + 2];
+    T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_mma_h64_d128_k2048_pt64_") != NULL);
+    T_CHECK(sc->grid[0] == (unsigned)T && sc->grid[1] == (unsigned)((528 + T - 1) / T) &&
+            sc->block[0] == 256 && sc->smem == 0);
+    T_CHECK(sc->args[7].kind == IR_ARG_KV && sc->args[7].index == dsa->id && sc->args[7].i == 1);
+    T_CHECK(!strncmp(c->kernel_names[se->kernel], "dsa_select_k2048_", 17));
+    T_CHECK(se->grid[0] == (unsigned)T && se->block[0] == 1024 && se->smem == 0 &&
+            se->args[4].index == dsa->out[0]->id);
+}
+
+/* The fast select's capacity: MOEC_DSA_SELECT_CAP (0: every row from
+ * global memory), and at most what the arch lets a block opt in to. */
+static void check_v32_cap(const ir_module *m, const cg_ctx *c, const char *name, unsigned smem)
+{
+    int d = steps_of(m, c, IR_OP_DSA_TOPK);
+    T_CHECK(d >= 0);
+    if (d < 0)
+        return;
+    const ir_step *se = &c->steps[d + 2];
+    T_CHECK(strstr(c->kernel_names[se->kernel], name) != NULL && se->smem == smem);
+}
+
+static void check_v32_cap0(const ir_module *m, const cg_ctx *c)
+{
+    check_v32_cap(m, c, "dsa_select_r11_k2048_c0_", 0);
+}
+
+static void check_v32_sm86(const ir_module *m, const cg_ctx *c)
+{
+    /* 99 KiB less the histograms: 20480 scores */
+    check_v32_cap(m, c, "dsa_select_r11_k2048_c20480_", 20480 * 4);
 }
 
 static void test_real_shapes(void)
@@ -456,7 +506,7 @@ static void test_real_shapes(void)
     void (*checks[])(const ir_module *, const cg_ctx *) = {check_v2lite, check_v3, check_qwen3,
                                                            check_v32};
     /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows; V3.2 at 1 and 64 */
-    const unsigned compile[] = {2, 4, 1, 1 | 64};
+    const unsigned compile[] = {2, 4, 1, 1 | 4};
     for (int i = 0; i < 4; i++) {
         ir_module *m = km_module(specs[i]);
         T_CHECK(m != NULL);
@@ -464,6 +514,21 @@ static void test_real_shapes(void)
             run_module(m, &o, checks[i], compile[i]);
         ir_module_free(m);
     }
+    /* V3.2's other forms: legacy (compiled at T = 64), the select with no
+       scores in shared memory (compiled at T = 1), and for sm_86 */
+    ir_module *m = km_module(&v32);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    setenv("MOEC_DSA_KERNEL", "legacy", 1);
+    run_module(m, &o, check_v32_legacy, 4);
+    unsetenv("MOEC_DSA_KERNEL");
+    setenv("MOEC_DSA_SELECT_CAP", "0", 1);
+    run_module(m, &o, check_v32_cap0, 1);
+    unsetenv("MOEC_DSA_SELECT_CAP");
+    snprintf(o.arch, sizeof o.arch, "sm_86");
+    run_module(m, &o, check_v32_sm86, 0);
+    ir_module_free(m);
 }
 
 /* ---- the MLA prologue ------------------------------------------------------ */
@@ -873,6 +938,21 @@ static void test_errors(void)
     cg_ctx d = {.m = m, .opt = &o, .T = 8};
     T_ERR(cg_emit_argmax(&d, ir_module_find_value(m, "x")), MOEC_ERR_INVALID_ARG, "stored as f32");
     cg_ctx_free(&d);
+    ir_module_free(m);
+    /* MOEC_DSA_KERNEL other than fast or legacy */
+    km_spec s3 = {.name = "k_bad_dsa_form", .vocab = 4, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                  .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
+                  .dsa_wscale = 1.0};
+    m = km_module(&s3);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    cg_ctx e = {.m = m, .opt = &o, .T = 8};
+    setenv("MOEC_DSA_KERNEL", "fastest", 1);
+    T_ERR(cg_emit_op(&e, ir_module_find_value(m, "sel")->def), MOEC_ERR_INVALID_ARG,
+          "dsa_topk %sel: MOEC_DSA_KERNEL='fastest' is not fast or legacy");
+    unsetenv("MOEC_DSA_KERNEL");
+    ctx_free(&e);
     ir_module_free(m);
 }
 

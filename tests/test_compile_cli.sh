@@ -43,6 +43,8 @@ n=$(ls "$MOEC_CACHE_DIR" | wc -l); [ "$n" -ge 2 ] && ok || bad "the cubin cache 
 expect 1 "MOEC_MOE_KERNEL='fast' is not auto, simt or mma" -- env MOEC_MOE_KERNEL=fast "$B" compile "$D/qwen3_moe" -o "$T/bad.moec"
 expect 1 "MOEC_FP8_KERNEL='new' is not auto, old or tc" -- env MOEC_FP8_KERNEL=new "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec"
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
+expect 1 "MOEC_DSA_KERNEL='fastest' is not fast or legacy" -- env MOEC_DSA_KERNEL=fastest "$B" compile "$D/deepseek_v32" -o "$T/bad.moec" --batch-sizes 1
+[ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
 # a plan per rank; one asked to run with another split is refused by name
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3tp2.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 2 --ep 2
