@@ -2075,7 +2075,7 @@ static void dsa_ab_programs(dsa_ab *e)
 {
     cg_compile_job jobs[DSA_FORMS];
     cg_options o;
-    options_for(&o, IR_DTYPE_BF16, e->bs);
+    options_for(&o, IR_DTYPE_BF16, e->bs, CG_FP8_AUTO);
     for (int f = 0; f < DSA_FORMS; f++) {
         setenv("MOEC_DSA_KERNEL", f == DSA_LEGACY ? "legacy" : "fast", 1);
         if (f == DSA_FAST_MIX)
@@ -2205,7 +2205,7 @@ static void dsa_ab_free(dsa_ab *e)
         free(e->cubin[f]);
         for (int i = 0; i < 3; i++)
             free(e->steps[f][i]);
-        ctx_free(&e->ctx[f]);
+        cg_ctx_free(&e->ctx[f]);
     }
     bind_free(&e->b);
     ir_module_free(e->m);
@@ -2707,7 +2707,6 @@ int main(void)
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
         pro_case(&PRO_V2, IR_DTYPE_BF16, 64);
-    }
         dsa_ab_case(1);
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);

@@ -1245,7 +1245,7 @@ static int layer_launches(const ir_module *m, int layer)
                 n++;
         }
     }
-    ctx_free(&c);
+    cg_ctx_free(&c);
     return n;
 }
 

@@ -868,7 +868,7 @@ static void test_fp8_shapes(void)
                     check_steps(m, &c);
                     check_fp8(m, &c);
                 }
-                ctx_free(&c);
+                cg_ctx_free(&c);
                 ir_module_free(m);
             }
     for (int i = 0; i < 5; i++)
@@ -952,7 +952,7 @@ static void test_errors(void)
     T_ERR(cg_emit_op(&e, ir_module_find_value(m, "sel")->def), MOEC_ERR_INVALID_ARG,
           "dsa_topk %sel: MOEC_DSA_KERNEL='fastest' is not fast or legacy");
     unsetenv("MOEC_DSA_KERNEL");
-    ctx_free(&e);
+    cg_ctx_free(&e);
     ir_module_free(m);
 }
 
