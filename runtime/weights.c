@@ -324,9 +324,11 @@ static moec_status wt_resolve_scale(const rt_weights *w, const ir_value *v, cons
     return MOEC_OK;
 }
 
-/* The box of part's scales: leaf's (the blocks the part's box touches, as
- * the verifier checked), else the whole scale tensors; they must hold it. */
-static moec_status wt_scale_box(const ir_value *v, const ir_binding *leaf, wt_part *part)
+/* The box of part's scales: leaf's, else the whole scale tensors. It fits
+ * them: the verifier made it the blocks that the part's box, which fits its
+ * tensors, touches (ir_block_scale_box), and each scale tensor is its
+ * tensor's grid of blocks (wt_resolve_scale). */
+static void wt_scale_box(const ir_binding *leaf, wt_part *part)
 {
     const rt_st_tensor *s = part->s[0];
     int d0 = part->stacked;
@@ -339,18 +341,8 @@ static moec_status wt_scale_box(const ir_value *v, const ir_binding *leaf, wt_pa
         int boxed = leaf->box_rank && leaf->box_size[d] > 0;
         part->slo[d] = boxed ? leaf->box_start[d] : 0;
         part->sext[d] = boxed ? leaf->box_size[d] : s->shape[d - d0];
-        if (part->slo[d] + part->sext[d] > s->shape[d - d0]) {
-            char got[160], box[160];
-            wt_format_dims(s->shape, s->rank, -1, got, sizeof got);
-            ir_binding_box_format(leaf, d0, box, sizeof box);
-            return MOEC_ERR(MOEC_ERR_MISMATCH,
-                            "weight %%%s: scale tensor '%s' in %s has shape %s, which the slice "
-                            "%s does not fit",
-                            v->name, s->name, s->file, got, box);
-        }
         part->snumel *= part->sext[d];
     }
-    return MOEC_OK;
 }
 
 /* The scales of block-scaled weight v, part by part as its scale binding
@@ -380,7 +372,7 @@ static moec_status wt_resolve_scales(const rt_weights *w, const ir_value *v, wt_
             free(name);
             MOEC_TRY(st);
         }
-        MOEC_TRY(wt_scale_box(v, leaf, part));
+        wt_scale_box(leaf, part);
     }
     int r = v->type.rank, a = out->axis;
     if (v->bind.kind != IR_BIND_CONCAT || a < r - 2)

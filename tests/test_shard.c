@@ -532,6 +532,28 @@ static void check_fp8_weight_values(void)
     ir_module_free(ep2);
 }
 
+/* A rank checks every tensor it binds whole, though it reads only its
+ * boxes: a NaN among the scales of rank 0's blocks of q_b_proj refuses
+ * rank 1's weights too, naming the scale tensor (nothing is run on a bad
+ * checkpoint). */
+static void check_fp8_checkpoint_checked(void)
+{
+    const char *dst = t_tmpdir("fp8nan");
+    t_write_nan_model(t_src("tests/data/deepseek_v3_fp8_tp"), dst,
+                      "model.layers.0.self_attn.q_b_proj.weight_scale_inv", 0);
+    ir_module *r1 = rank_module("deepseek_v3_fp8_tp", 2, 1, 1);
+    rt_weights *w = NULL;
+    if (r1)
+        T_ERR(rt_weights_open(r1, dst, &w), MOEC_ERR_MISMATCH,
+              "weight %l0.attn.q_b_proj: scale tensor "
+              "'model.layers.0.self_attn.q_b_proj.weight_scale_inv' in ");
+    if (r1)
+        T_ERR(rt_weights_open(r1, dst, &w), MOEC_ERR_MISMATCH,
+              "holds nan at element 0; scales must be finite");
+    T_CHECK(w == NULL);
+    ir_module_free(r1);
+}
+
 /* A box that does not fit the checkpoint tensor, and malformed boxes. */
 static void check_box_errors(void)
 {
@@ -986,6 +1008,7 @@ int main(void)
     check_engine();
     check_weight_values();
     check_fp8_weight_values();
+    check_fp8_checkpoint_checked();
     check_box_errors();
     check_refusals();
     check_collective_semantics();
