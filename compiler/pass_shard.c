@@ -11,7 +11,10 @@
  * split or, fewer than the ranks, replicated; the routed experts' partial
  * sums meet in the same all_reduce as the shared expert's, and the vocab-
  * parallel logits in an all_gather. Every weight's binding names the box of
- * the checkpoint tensor its rank reads.
+ * the checkpoint tensor its rank reads; a block-scaled (fp8) weight's scales
+ * the blocks that box touches, the box starting on a block boundary and
+ * ending on one or at its tensor's end, or the split is refused naming the
+ * weight, rank, rows or columns and block (check_blocks).
  *
  * Nothing is matched by name. Each activation gets a layout: replicated
  * (full), a box along one axis (narrow: one or more ranges of it, joined in

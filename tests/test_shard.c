@@ -735,6 +735,60 @@ static void check_fp8_refused(void)
     fclose(null);
 }
 
+/* The published shapes in fp8 (tests/data/configs with DeepSeek-V3's
+ * quantization_config added): DeepSeek-V3 at tp 8 (16 heads of q_b's 192
+ * rows: 24 blocks) and at tp 8 ep 8; Qwen3-30B-A3B at tp 4 ep 4, but not
+ * tp 4 inside its experts (768 / 4 = 192 rows). */
+static void check_fp8_real_configs(void)
+{
+    static const struct {
+        const char *config;
+        moec_parallel par;
+        const char *err; /* NULL: splits */
+    } cases[] = {
+        {"deepseek_v3.json", {8, 1, 7}, NULL},
+        {"deepseek_v3.json", {8, 8, 5}, NULL},
+        {"qwen3_30b_a3b.json", {4, 4, 1}, NULL},
+        {"qwen3_30b_a3b.json", {4, 1, 1},
+         "shard: weight %l0.moe.experts.gate_up is block-scaled fp8 (blocks of 128 x 128): rank "
+         "1's rows 192..384 of \"model.layers.0.mlp.experts.{e}.gate_proj.weight\" (768 rows) do "
+         "not start on a block boundary (tp 4, ep 1)"},
+    };
+    FILE *null = fopen("/dev/null", "w");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/data/configs/%s", cases[i].config);
+        char *text = t_read_file(t_src(rel), NULL);
+        char *brace = strchr(text, '{');
+        T_CHECK(brace != NULL);
+        if (!brace) {
+            free(text);
+            continue;
+        }
+        static const char q[] = "{\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": "
+                                "\"e4m3\", \"activation_scheme\": \"dynamic\", "
+                                "\"weight_block_size\": [128, 128]},";
+        size_t len = strlen(text) + sizeof q;
+        char *fp8 = malloc(len);
+        snprintf(fp8, len, "%s%s", q, brace + 1);
+        const char *dir = t_tmpdir("fp8cfg");
+        char path[4200];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        t_write_file(path, fp8, strlen(fp8));
+        free(fp8);
+        free(text);
+        moec_model_t *m = NULL;
+        T_OK(moec_model_open_config(path, &m));
+        if (m && cases[i].err)
+            T_ERR(moec_model_dump_ir_rank(m, NULL, NULL, &cases[i].par, null),
+                  MOEC_ERR_UNSUPPORTED, cases[i].err);
+        else if (m)
+            T_OK(moec_model_dump_ir_rank(m, NULL, NULL, &cases[i].par, null));
+        moec_model_free(m);
+    }
+    fclose(null);
+}
+
 static void check_refusals(void)
 {
     static const char *const none[] = {NULL};
@@ -779,6 +833,7 @@ static void check_refusals(void)
     fclose(null);
     moec_model_free(m);
     check_fp8_refused();
+    check_fp8_real_configs();
     /* a module sharded twice */
     ir_module *r = rank_module("qwen2_moe", 2, 1, 0);
     pass_options po;
