@@ -1517,12 +1517,12 @@ static void test_block_scale(void)
                   "  output %tokens\n}\n",
          "fp8.mir:4:43: weight %q: the slice of \"q\" starts at row 1 (dim 0), not on a boundary "
          "of its blocks of 2: a block-scaled weight is sliced along whole blocks"},
-        {FP8_HEAD "  weight %q : f8e4m3[2, 3, 4] = stack(\"q.{e}\", 4)[2:4, :, 3:7], block_scale[2, 4] "
-                  "= stack(\"s.{e}\", 4)[2:4, :, 0:2]\n  output %tokens\n}\n",
+        {FP8_HEAD "  weight %q : f8e4m3[2, 3, 4] = stack(\"q.{e}\", 4)[2:4, :, 3:7], "
+                  "block_scale[2, 4] = stack(\"s.{e}\", 4)[2:4, :, 0:2]\n  output %tokens\n}\n",
          "weight %q: the slice of \"q.{e}\" starts at column 3 (dim 2), not on a boundary of its "
          "blocks of 4"},
-        {FP8_HEAD "  weight %q : f8e4m3[2, 3, 4] = stack(\"q.{e}\", 4)[2:4, :, 4:8], block_scale[2, 4] "
-                  "= stack(\"s.{e}\", 4)[0:2, :, 1:2]\n  output %tokens\n}\n",
+        {FP8_HEAD "  weight %q : f8e4m3[2, 3, 4] = stack(\"q.{e}\", 4)[2:4, :, 4:8], "
+                  "block_scale[2, 4] = stack(\"s.{e}\", 4)[0:2, :, 1:2]\n  output %tokens\n}\n",
          "weight %q: the block_scale slice of \"s.{e}\" is [0:2, :, 1:2], but the weight's slice "
          "touches the blocks [2:4, :, 1:2]"},
         {FP8_HEAD "  weight %q : f8e4m3[6, 4] = concat(0, \"a\"[2:4, :], \"b\"[1:5, :]), "
