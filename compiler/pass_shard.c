@@ -11,7 +11,10 @@
  * split or, fewer than the ranks, replicated; the routed experts' partial
  * sums meet in the same all_reduce as the shared expert's, and the vocab-
  * parallel logits in an all_gather. Every weight's binding names the box of
- * the checkpoint tensor its rank reads.
+ * the checkpoint tensor its rank reads; a block-scaled (fp8) weight's scales
+ * the blocks that box touches, the box starting on a block boundary and
+ * ending on one or at its tensor's end, or the split is refused naming the
+ * weight, rank, rows or columns and block (check_blocks).
  *
  * Nothing is matched by name. Each activation gets a layout: replicated
  * (full), a box along one axis (narrow: one or more ranges of it, joined in
@@ -79,6 +82,7 @@ typedef struct shard_ctx {
     int n0;               /* values before the pass */
     ir_type *orig;        /* per original value: its unsharded type */
     ir_binding *orig_bind;/* per original weight: its unsharded binding */
+    ir_block_scale *orig_scale; /* per original weight: its unsharded block scales */
     lay *want, *have;     /* per original value */
     conv *convs;
     int n_convs, cap_convs;
@@ -620,6 +624,83 @@ static moec_status bind_restrict(shard_ctx *c, const ir_value *w, ir_binding *b,
     return MOEC_OK;
 }
 
+/* The part of original binding `orig` that leaf l (a box of it) comes
+ * from: its index (0 when orig is not a concat), or -1. */
+static int orig_part(const ir_binding *orig, const ir_binding *l)
+{
+    if (orig->kind != IR_BIND_CONCAT)
+        return 0;
+    for (int p = 0; p < orig->n_parts; p++) {
+        const ir_binding *o = &orig->parts[p];
+        if (o->kind == l->kind && o->count == l->count && o->name && l->name &&
+            !strcmp(o->name, l->name))
+            return p;
+    }
+    return -1;
+}
+
+/* Leaf l of block-scaled weight w's split binding (a box of original part
+ * `o`) read along whole blocks: along each blocked dim its box starts on a
+ * block boundary and ends on one or at its tensor's end. */
+static moec_status check_blocks(const shard_ctx *c, const ir_value *w, const ir_binding *l,
+                                const ir_binding *o)
+{
+    const ir_block_scale *sc = &c->orig_scale[w->id];
+    const ir_binding *ob = &c->orig_bind[w->id];
+    const ir_type *t = &c->orig[w->id];
+    for (int k = 0; k < 2; k++) {
+        int d = t->rank - 2 + k;
+        if (d >= l->box_rank || l->box_size[d] <= 0)
+            continue;
+        int64_t lo = l->box_start[d], hi = lo + l->box_size[d], blk = sc->block[k];
+        int64_t ext = ob->kind == IR_BIND_CONCAT && ob->axis == d ? source_extent(c, o, d)
+                                                                   : t->dims[d];
+        int start_ok = lo % blk == 0, end_ok = hi % blk == 0 || hi == ext;
+        if (start_ok && end_ok)
+            continue;
+        const char *what = k ? "columns" : "rows";
+        char of[64] = "";
+        if (ext > 0)
+            snprintf(of, sizeof of, " (%" PRId64 " %s)", ext, what);
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "shard: weight %%%s is block-scaled fp8 (blocks of %" PRId64 " x %" PRId64
+                        "): rank %d's %s %" PRId64 "..%" PRId64 " of \"%s\"%s %s (tp %d, ep %d): "
+                        "a rank reads whole blocks of an fp8 checkpoint",
+                        w->name, sc->block[0], sc->block[1], c->rank, what, lo, hi, l->name, of,
+                        start_ok ? "end neither on a block boundary nor at the tensor's end"
+                                 : "do not start on a block boundary",
+                        c->tp, c->ep);
+    }
+    return MOEC_OK;
+}
+
+/* The scales of block-scaled weight w once its binding is b (its original
+ * one boxed by the split), into *s (parts in `parts`): for each leaf of b
+ * the original scale leaf of its part, boxed to the blocks the leaf's box
+ * touches. Each leaf must read whole blocks (check_blocks). */
+static moec_status scale_for(const shard_ctx *c, const ir_value *w, const ir_binding *b,
+                             ir_binding *s, ir_binding *parts)
+{
+    const ir_block_scale *sc = &c->orig_scale[w->id];
+    const ir_binding *ob = &c->orig_bind[w->id];
+    int n = b->kind == IR_BIND_CONCAT ? b->n_parts : 1;
+    for (int i = 0; i < n; i++) {
+        const ir_binding *l = b->kind == IR_BIND_CONCAT ? &b->parts[i] : b;
+        int p = orig_part(ob, l);
+        if (p < 0)
+            return MOEC_ERR(MOEC_ERR_INTERNAL, "shard: weight %%%s: \"%s\" is not a part of "
+                            "its binding", w->name, l->name ? l->name : "");
+        MOEC_TRY(check_blocks(c, w, l, ob->kind == IR_BIND_CONCAT ? &ob->parts[p] : ob));
+        parts[i] = sc->bind.kind == IR_BIND_CONCAT ? sc->bind.parts[p] : sc->bind;
+        ir_block_scale_box(l, c->orig[w->id].rank, sc->block, &parts[i]);
+    }
+    if (b->kind == IR_BIND_CONCAT)
+        *s = (ir_binding){.kind = IR_BIND_CONCAT, .axis = b->axis, .n_parts = n, .parts = parts};
+    else
+        *s = parts[0];
+    return MOEC_OK;
+}
+
 static int wspec_equal(const wspec *a, const wspec *b)
 {
     if (a->n != b->n)
@@ -648,6 +729,10 @@ static moec_status weight_for(shard_ctx *c, ir_value *w, const wspec *spec, ir_v
     ir_binding b = c->orig_bind[w->id];
     for (int i = 0; i < spec->n; i++)
         MOEC_TRY(bind_restrict(c, w, &b, &t, &spec->r[i]));
+    const ir_block_scale *sc = &c->orig_scale[w->id];
+    ir_binding sb, sparts[IR_MAX_OPERANDS * LAY_MAX];
+    if (sc->block[0] > 0)
+        MOEC_TRY(scale_for(c, w, &b, &sb, sparts));
     ir_value *v = w;
     if (first) {
         w->type = t;
@@ -659,6 +744,9 @@ static moec_status weight_for(shard_ctx *c, ir_value *w, const wspec *spec, ir_v
         if (!unique || !(v = ir_module_add_weight_bound(c->m, unique, t, &b)))
             return moec_err_wrap(MOEC_ERR_INTERNAL, "sharding weight %%%s", w->name);
     }
+    if (sc->block[0] > 0 &&
+        ir_weight_set_block_scale(c->m, v, sc->block[0], sc->block[1], &sb) != MOEC_OK)
+        return moec_err_wrap(MOEC_ERR_INTERNAL, "sharding weight %%%s", w->name);
     MOEC_TRY(grow((void **)&c->wm, c->n_wm, &c->cap_wm, sizeof *c->wm));
     c->wm[c->n_wm++] = (wmemo){w->id, *spec, v};
     *out = v;
@@ -1108,6 +1196,7 @@ static void ctx_free(shard_ctx *c)
 {
     free(c->orig);
     free(c->orig_bind);
+    free(c->orig_scale);
     free(c->want);
     free(c->have);
     free(c->convs);
@@ -1172,14 +1261,6 @@ moec_status pass_shard(ir_module *m, const pass_options *opt)
     if (ir_module_meta(m, "tp"))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "shard: module %s is sharded already (meta tp)",
                         m->name);
-    /* a rank's slice of an fp8 weight would need its scales cut on block
-     * boundaries, which heads and experts need not follow */
-    for (int i = 0; i < m->n_values; i++)
-        if (m->values[i]->kind == IR_VALUE_WEIGHT && m->values[i]->scale.block[0] > 0)
-            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                            "shard: weight %%%s is block-scaled fp8 (quantization_config): "
-                            "splitting an fp8 checkpoint over ranks is not supported yet",
-                            m->values[i]->name);
     shard_ctx c = {.m = m, .opt = opt, .tp = opt->tp, .ep = ep, .rank = opt->rank};
     c.moe_tp = c.tp / c.ep;
     c.moe_rank = c.rank % c.moe_tp;
@@ -1188,15 +1269,17 @@ moec_status pass_shard(ir_module *m, const pass_options *opt)
     size_t n = (size_t)(c.n0 ? c.n0 : 1);
     c.orig = malloc(n * sizeof *c.orig);
     c.orig_bind = malloc(n * sizeof *c.orig_bind);
+    c.orig_scale = malloc(n * sizeof *c.orig_scale);
     c.want = calloc(n, sizeof *c.want);
     c.have = calloc(n, sizeof *c.have);
     moec_status st = MOEC_OK;
-    if (!c.orig || !c.orig_bind || !c.want || !c.have) {
+    if (!c.orig || !c.orig_bind || !c.orig_scale || !c.want || !c.have) {
         st = MOEC_ERR(MOEC_ERR_OOM, "shard: out of memory");
     } else {
         for (int i = 0; i < c.n0; i++) {
             c.orig[i] = m->values[i]->type;
             c.orig_bind[i] = m->values[i]->bind;
+            c.orig_scale[i] = m->values[i]->scale;
             c.have[i] = lay_of(LAY_FULL);
         }
         st = shard_run(&c);

@@ -94,6 +94,10 @@ typedef struct ir_binding {
     int64_t box_size[IR_MAX_RANK];
 } ir_binding;
 
+/* The box of leaf b over dims [from, box_rank) as the text form writes it,
+ * "[4:8, :, 0:16]" (':' a whole dim), into buf; "(none)" without a box. */
+void ir_binding_box_format(const ir_binding *b, int from, char *buf, size_t cap);
+
 /* The name of tensor e of a TENSOR binding (e 0) or a STACK binding (its
  * pattern with every "{e}" replaced by e) into buf; -1 when it does not fit
  * in cap bytes or b is a CONCAT. */
@@ -106,7 +110,10 @@ int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap);
  *   W[..., i, j] = q[..., i, j] * s[..., i / block[0], j / block[1]]
  * `bind` binds the scale tensors, of shape [..., ceil(N / block[0]),
  * ceil(K / block[1])] (ir_block_scale_type), exactly as the weight's own
- * binding binds q: same kind, stack count, concat axis and parts. The
+ * binding binds q: same kind, stack count, concat axis and parts. A leaf
+ * of the weight that holds a box of its tensor (a rank's slice) starts it
+ * on a block boundary along the last two dims, and its scales' leaf holds
+ * the blocks that box touches (ir_block_scale_box). The
  * weight's dtype is f8e4m3 (kept quantized), or a float dtype when the
  * loader dequantizes it into that dtype. block[0] == 0: not block-scaled. */
 typedef struct ir_block_scale {
@@ -306,6 +313,13 @@ moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, i
 /* The f32 type of block-scaled weight w's scales: w's dims with the last
  * two divided by the block, rounded up. */
 ir_type ir_block_scale_type(const ir_value *w);
+/* The box of the scales that leaf b (a TENSOR or STACK binding of a
+ * block-scaled weight of `rank` dims, blocks of block[0] x block[1]) reads:
+ * along the last two dims the blocks its box touches, [start / block,
+ * ceil(end / block)); along the others (a stack's experts) its own box;
+ * none when b has none. Written into s's box; s's kind, name and count are
+ * left as they are. */
+void ir_block_scale_box(const ir_binding *b, int rank, const int64_t *block, ir_binding *s);
 
 /* Appends an op; result types come from ir_op_infer unless out_types is given
  * (then they must agree with it). out_names has n_out entries. Attributes are

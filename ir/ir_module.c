@@ -493,15 +493,25 @@ static int binding_mirrors(const ir_binding *b, const ir_binding *s)
     return 1;
 }
 
-/* 1 when b, or a part of it, holds a box of its tensors. */
-static int binding_boxed(const ir_binding *b)
+void ir_binding_box_format(const ir_binding *b, int from, char *buf, size_t cap)
 {
-    if (b->kind != IR_BIND_CONCAT)
-        return b->box_rank > 0;
-    for (int i = 0; b->parts && i < b->n_parts; i++)
-        if (b->parts[i].box_rank > 0)
-            return 1;
-    return 0;
+    if (cap == 0)
+        return;
+    if (b->box_rank == 0) {
+        snprintf(buf, cap, "(none)");
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = from; d < b->box_rank && n < cap; d++) {
+        const char *sep = d > from ? ", " : "";
+        if (b->box_size[d] > 0)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%" PRId64 ":%" PRId64, sep,
+                                  b->box_start[d], b->box_start[d] + b->box_size[d]);
+        else
+            n += (size_t)snprintf(buf + n, cap - n, "%s:", sep);
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, "]");
 }
 
 int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap)
@@ -523,6 +533,59 @@ int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap)
     }
     buf[n] = '\0';
     return 0;
+}
+
+void ir_block_scale_box(const ir_binding *b, int rank, const int64_t *block, ir_binding *s)
+{
+    s->box_rank = b->box_rank;
+    memcpy(s->box_start, b->box_start, sizeof s->box_start);
+    memcpy(s->box_size, b->box_size, sizeof s->box_size);
+    for (int k = 0; k < 2; k++) {
+        int d = rank - 2 + k;
+        if (d < 0 || d >= b->box_rank || b->box_size[d] <= 0 || block[k] < 1)
+            continue;
+        int64_t lo = b->box_start[d] / block[k];
+        int64_t hi = (b->box_start[d] + b->box_size[d] + block[k] - 1) / block[k];
+        s->box_start[d] = lo;
+        s->box_size[d] = hi - lo;
+    }
+}
+
+/* Leaf b of block-scaled weight w and its scales' leaf s: b's box starts
+ * on a block boundary along the blocked dims, and s holds the blocks it
+ * touches. */
+static moec_status block_scale_leaf_check(const ir_value *w, const ir_binding *b,
+                                          const ir_binding *s, char *msg, size_t cap)
+{
+    const int64_t *block = w->scale.block;
+    int rank = w->type.rank;
+    for (int k = 0; k < 2; k++) {
+        int d = rank - 2 + k;
+        if (d < b->box_rank && b->box_size[d] > 0 && b->box_start[d] % block[k]) {
+            snprintf(msg, cap,
+                     "the slice of \"%s\" starts at %s %" PRId64 " (dim %d), not on a "
+                     "boundary of its blocks of %" PRId64 ": a block-scaled weight is sliced "
+                     "along whole blocks",
+                     b->name ? b->name : "", k ? "column" : "row", b->box_start[d], d, block[k]);
+            return MOEC_ERR_INVALID_ARG;
+        }
+    }
+    ir_binding want = *s;
+    ir_block_scale_box(b, rank, block, &want);
+    int same = want.box_rank == s->box_rank;
+    for (int d = 0; same && d < s->box_rank; d++)
+        same = want.box_start[d] == s->box_start[d] && want.box_size[d] == s->box_size[d];
+    if (!same) {
+        char got[160], exp[160];
+        ir_binding_box_format(s, 0, got, sizeof got);
+        ir_binding_box_format(&want, 0, exp, sizeof exp);
+        snprintf(msg, cap,
+                 "the block_scale slice of \"%s\" is %s, but the weight's slice touches the "
+                 "blocks %s",
+                 s->name ? s->name : "", got, exp);
+        return MOEC_ERR_INVALID_ARG;
+    }
+    return MOEC_OK;
 }
 
 ir_type ir_block_scale_type(const ir_value *w)
@@ -564,16 +627,15 @@ moec_status ir_block_scale_check(const ir_value *w, char *msg, size_t cap)
         snprintf(msg, cap, "an i32 weight cannot have a block_scale");
         return MOEC_ERR_INVALID_ARG;
     }
-    if (binding_boxed(&w->bind) || binding_boxed(&s->bind)) {
-        snprintf(msg, cap, "a block-scaled weight cannot be a slice of its tensors (a box): "
-                           "fp8 weights are not split over ranks");
-        return MOEC_ERR_INVALID_ARG;
-    }
     if (!binding_mirrors(&w->bind, &s->bind)) {
         snprintf(msg, cap, "the block_scale binding must mirror the weight's (same kind, stack "
                            "count, concat axis and parts)");
         return MOEC_ERR_INVALID_ARG;
     }
+    if (w->bind.kind != IR_BIND_CONCAT)
+        MOEC_TRY(block_scale_leaf_check(w, &w->bind, &s->bind, msg, cap));
+    for (int i = 0; w->bind.kind == IR_BIND_CONCAT && i < w->bind.n_parts; i++)
+        MOEC_TRY(block_scale_leaf_check(w, &w->bind.parts[i], &s->bind.parts[i], msg, cap));
     ir_type st = ir_block_scale_type(w);
     char sub[IR_MSG_CAP];
     if (ir_binding_check(&s->bind, &st, sub, sizeof sub) != MOEC_OK) {

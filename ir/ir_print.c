@@ -107,17 +107,11 @@ static void sb_binding_leaf(moec_buf *b, const ir_binding *bind)
     } else {
         sb_quoted(b, bind->name);
     }
-    /* the box: [4:8, :, 0:16] */
-    for (int d = 0; d < bind->box_rank; d++) {
-        moec_buf_str(b, d ? ", " : "[");
-        if (bind->box_size[d] > 0)
-            moec_buf_printf(b, "%" PRId64 ":%" PRId64, bind->box_start[d],
-                            bind->box_start[d] + bind->box_size[d]);
-        else
-            moec_buf_str(b, ":");
+    if (bind->box_rank) {
+        char box[IR_MAX_RANK * 48]; /* the box: [4:8, :, 0:16] */
+        ir_binding_box_format(bind, 0, box, sizeof box);
+        moec_buf_str(b, box);
     }
-    if (bind->box_rank)
-        moec_buf_str(b, "]");
 }
 
 static void sb_binding(moec_buf *b, const ir_binding *bind)

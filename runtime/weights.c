@@ -24,11 +24,21 @@ typedef struct wt_part {
     int64_t lo[IR_MAX_RANK];    /* the box: lo[d] .. lo[d] + ext[d] (a stack's dim 0: 0,
                                    t[] already starts at its first expert) */
     int64_t ext[IR_MAX_RANK];
-    const rt_st_tensor **s;     /* block-scaled (never boxed): each tensor's F32 scales;
-                                   else NULL */
+    const rt_st_tensor **s;     /* block-scaled: each tensor's F32 scales; else NULL */
+    int64_t slo[IR_MAX_RANK];   /* block-scaled: the box of the scales (the blocks the */
+    int64_t sext[IR_MAX_RANK];  /* box touches), as lo and ext */
     int64_t size;               /* extent along the concat axis */
     int64_t numel;              /* elements of the box */
+    int64_t snumel;             /* scales of the scale box */
 } wt_part;
+
+/* A box of one tensor or of stacked tensors (dim 0 the tensor, t[0] the
+ * box's first): lo[d] .. lo[d] + ext[d] per dim, a stack's lo[0] 0. */
+typedef struct wt_box {
+    const rt_st_tensor *const *t;
+    int stacked, rank;
+    const int64_t *lo, *ext;
+} wt_box;
 
 typedef struct wt_weight {
     int axis; /* concat axis; 0 otherwise */
@@ -102,24 +112,6 @@ static const char *wt_dtype_expect(ir_dtype want)
     }
 }
 
-/* The "[4:8, :]" form of a binding's box over dims [from, box_rank), for
- * messages. */
-static void wt_format_box(const ir_binding *b, int from, char *buf, size_t cap)
-{
-    size_t n = (size_t)snprintf(buf, cap, "[");
-    for (int d = from; d < b->box_rank && n < cap; d++) {
-        const char *sep = d > from ? ", " : "";
-        if (b->box_size[d] > 0)
-            n += (size_t)snprintf(buf + n, cap - n, "%s%lld:%lld", sep,
-                                  (long long)b->box_start[d],
-                                  (long long)(b->box_start[d] + b->box_size[d]));
-        else
-            n += (size_t)snprintf(buf + n, cap - n, "%s:", sep);
-    }
-    if (n < cap)
-        snprintf(buf + n, cap - n, "]");
-}
-
 /* Finds tensor `name` and checks its dtype against the weight's and its
  * shape against want[0..rank) (dim `wild` may be anything, but is stored
  * into want on return so later tensors of a stack must agree). Where b's
@@ -150,7 +142,7 @@ static moec_status wt_resolve_tensor(const rt_weights *w, const ir_value *v, con
                             "weight %%%s: tensor '%s' in %s has shape %s, expected %s", v->name,
                             name, t->file, got, exp);
         }
-        wt_format_box(b, box_from, box, sizeof box);
+        ir_binding_box_format(b, box_from, box, sizeof box);
         return MOEC_ERR(MOEC_ERR_MISMATCH,
                         "weight %%%s: tensor '%s' in %s has shape %s, which the slice %s does "
                         "not fit",
@@ -332,10 +324,32 @@ static moec_status wt_resolve_scale(const rt_weights *w, const ir_value *v, cons
     return MOEC_OK;
 }
 
+/* The box of part's scales: leaf's, else the whole scale tensors. It fits
+ * them: the verifier made it the blocks that the part's box, which fits its
+ * tensors, touches (ir_block_scale_box), and each scale tensor is its
+ * tensor's grid of blocks (wt_resolve_scale). */
+static void wt_scale_box(const ir_binding *leaf, wt_part *part)
+{
+    const rt_st_tensor *s = part->s[0];
+    int d0 = part->stacked;
+    if (d0) {
+        part->slo[0] = 0;
+        part->sext[0] = part->n;
+    }
+    part->snumel = d0 ? part->n : 1;
+    for (int d = d0; d < part->rank; d++) {
+        int boxed = leaf->box_rank && leaf->box_size[d] > 0;
+        part->slo[d] = boxed ? leaf->box_start[d] : 0;
+        part->sext[d] = boxed ? leaf->box_size[d] : s->shape[d - d0];
+        part->snumel *= part->sext[d];
+    }
+}
+
 /* The scales of block-scaled weight v, part by part as its scale binding
- * mirrors its binding; the parts of a concatenation along a blocked axis
- * must each (but the last) span whole blocks, so that their scale grids
- * join into the weight's. */
+ * mirrors its binding (a stack's from its box's first expert on, as the
+ * codes); the parts of a concatenation along a blocked axis must each (but
+ * the last) span whole blocks, so that their scale grids join into the
+ * weight's. */
 static moec_status wt_resolve_scales(const rt_weights *w, const ir_value *v, wt_weight *out)
 {
     out->block[0] = v->scale.block[0];
@@ -344,18 +358,21 @@ static moec_status wt_resolve_scales(const rt_weights *w, const ir_value *v, wt_
     for (int p = 0; p < out->n_parts; p++) {
         wt_part *part = &out->parts[p];
         const ir_binding *leaf = sb->kind == IR_BIND_CONCAT ? &sb->parts[p] : sb;
+        int stack = leaf->kind == IR_BIND_STACK;
+        int64_t e0 = stack && leaf->box_rank && leaf->box_size[0] > 0 ? leaf->box_start[0] : 0;
         part->s = calloc((size_t)part->n, sizeof *part->s);
         if (!part->s)
             return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
         for (int e = 0; e < part->n; e++) {
-            char *name = leaf->kind == IR_BIND_STACK ? wt_stack_name(leaf->name, e) : NULL;
-            if (leaf->kind == IR_BIND_STACK && !name)
+            char *name = stack ? wt_stack_name(leaf->name, (int)(e0 + e)) : NULL;
+            if (stack && !name)
                 return MOEC_ERR(MOEC_ERR_OOM, "weight %%%s: out of memory", v->name);
             moec_status st = wt_resolve_scale(w, v, part->t[e], name ? name : leaf->name,
                                               &part->s[e]);
             free(name);
             MOEC_TRY(st);
         }
+        wt_scale_box(leaf, part);
     }
     int r = v->type.rank, a = out->axis;
     if (v->bind.kind != IR_BIND_CONCAT || a < r - 2)
@@ -585,6 +602,27 @@ moec_status rt_tensor_read_f32(const rt_st_tensor *t, float *dst)
     return MOEC_OK;
 }
 
+/* The run of box b's elements from `at` (row-major over ext) to the end
+ * of its box row, at most n long: its length; *ti gets the tensor it lies
+ * in, *off its element offset there. */
+static int64_t wt_box_run(const wt_box *b, int64_t at, int64_t n, int *ti, int64_t *off)
+{
+    int r = b->rank, d0 = b->stacked;
+    int64_t idx[IR_MAX_RANK], rem = at;
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d] = rem % b->ext[d];
+        rem /= b->ext[d];
+    }
+    *ti = d0 ? (int)idx[0] : 0;
+    const rt_st_tensor *t = b->t[*ti];
+    int64_t o = 0;
+    for (int d = d0; d < r; d++)
+        o = o * t->shape[d - d0] + b->lo[d] + idx[d];
+    *off = o;
+    int64_t k = b->ext[r - 1] - idx[r - 1];
+    return k < n ? k : n;
+}
+
 /* Widens elements [start, start + n) of a part's box, in its row-major
  * order (tensor after tensor for a stack), into dst: a run of each box row
  * at a time, from where that row lies in its tensor (an fp8 tensor's
@@ -592,20 +630,11 @@ moec_status rt_tensor_read_f32(const rt_st_tensor *t, float *dst)
 static void wt_read_range(const wt_part *part, const int64_t *block, int64_t start, int64_t n,
                           float *dst)
 {
-    int r = part->rank, d0 = part->stacked;
-    int64_t row = part->ext[r - 1];
+    wt_box b = {part->t, part->stacked, part->rank, part->lo, part->ext};
     while (n > 0) {
-        int64_t idx[IR_MAX_RANK], rem = start;
-        for (int d = r - 1; d >= 0; d--) {
-            idx[d] = rem % part->ext[d];
-            rem /= part->ext[d];
-        }
-        const rt_st_tensor *t = part->t[d0 ? idx[0] : 0];
-        int64_t off = 0;
-        for (int d = d0; d < r; d++)
-            off = off * t->shape[d - d0] + part->lo[d] + idx[d];
-        int64_t k = row - idx[r - 1] < n ? row - idx[r - 1] : n;
-        wt_convert(t, part->s ? part->s[d0 ? idx[0] : 0] : NULL, block, off, k, dst);
+        int ti;
+        int64_t off, k = wt_box_run(&b, start, n, &ti, &off);
+        wt_convert(part->t[ti], part->s ? part->s[ti] : NULL, block, off, k, dst);
         start += k;
         dst += k;
         n -= k;
@@ -649,16 +678,14 @@ moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *d
     return MOEC_OK;
 }
 
-/* Elements [start, start + n) of the tensors ts[0..count) (each `per`
- * elements, taken in order) copied as stored (esize bytes each; 4-byte
- * elements are little-endian f32) into dst. */
-static void wt_copy_range(const rt_st_tensor *const *ts, int64_t per, size_t esize, int64_t start,
-                          int64_t n, uint8_t *dst)
+/* Elements [start, start + n) of box b copied as stored (esize bytes
+ * each; 4-byte elements are little-endian f32) into dst. */
+static void wt_copy_range(const wt_box *b, size_t esize, int64_t start, int64_t n, uint8_t *dst)
 {
     while (n > 0) {
-        int64_t e = start / per, off = start % per;
-        int64_t k = per - off < n ? per - off : n;
-        const uint8_t *src = (const uint8_t *)ts[e]->data + (size_t)off * esize;
+        int ti;
+        int64_t off, k = wt_box_run(b, start, n, &ti, &off);
+        const uint8_t *src = (const uint8_t *)b->t[ti]->data + (size_t)off * esize;
         if (esize == 4)
             for (int64_t i = 0; i < k; i++) {
                 uint32_t bits = wt_le32(src + 4 * i);
@@ -672,9 +699,9 @@ static void wt_copy_range(const rt_st_tensor *const *ts, int64_t per, size_t esi
     }
 }
 
-/* The tensors of every part (codes, or with `scales` their scales) of
- * weight ww of type ty assembled into dst: the parts of a concatenation
- * side by side along its axis, each part's tensors one after the other. */
+/* The boxes of every part of weight ww of type ty (the codes', or with
+ * `scales` the scales') assembled into dst: the parts of a concatenation
+ * side by side along its axis. */
 static void wt_assemble(const wt_weight *ww, const ir_type *ty, int scales, uint8_t *dst)
 {
     size_t esize = scales ? 4 : 1;
@@ -686,16 +713,14 @@ static void wt_assemble(const wt_weight *ww, const ir_type *ty, int scales, uint
     int64_t row = ty->dims[ww->axis] * inner, at = 0;
     for (int p = 0; p < ww->n_parts; p++) {
         const wt_part *part = &ww->parts[p];
-        const rt_st_tensor *const *ts = scales ? part->s : part->t;
-        int64_t numel = 0;
-        for (int e = 0; e < part->n; e++)
-            numel += (int64_t)(ts[e]->nbytes / esize);
+        wt_box b = {scales ? part->s : part->t, part->stacked, part->rank,
+                    scales ? part->slo : part->lo, scales ? part->sext : part->ext};
+        int64_t numel = scales ? part->snumel : part->numel;
         if (numel == 0)
             continue;
         int64_t chunk = numel / outer;
         for (int64_t o = 0; o < outer; o++)
-            wt_copy_range(ts, numel / part->n, esize, o * chunk, chunk,
-                          dst + (size_t)(o * row + at) * esize);
+            wt_copy_range(&b, esize, o * chunk, chunk, dst + (size_t)(o * row + at) * esize);
         at += chunk;
     }
 }

@@ -28,7 +28,10 @@ moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *d
  * its scales, f32 in the layout of ir_block_scale_type(v), stacked and
  * concatenated as v's binding assembles its tensors (the loader checked
  * that the parts of a concatenation along a blocked axis line up with the
- * blocks). Nothing is converted: the GPU kernels read these bytes. */
+ * blocks). A weight bound to boxes of its tensors (a rank's slices, which
+ * start on block boundaries) reads the codes of its boxes and the scales of
+ * the blocks they touch, nothing else. Nothing is converted: the GPU
+ * kernels read these bytes. */
 moec_status rt_weights_read_f8(const rt_weights *w, const ir_value *v, uint8_t *codes,
                                float *scales);
 

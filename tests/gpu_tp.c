@@ -8,8 +8,13 @@
  *   fp32: every row within 1e-4 of its largest |logit|, the same greedy ids
  *   bf16: rows within 5e-2 on average (ids reported, not failed; the
  *         worst row hinges on near-ties of the routers' top-k: gpu_engine.c)
+ * The fp8 models whose dims follow the 128-blocks (deepseek_v3_fp8_tp,
+ * qwen3_moe_fp8_tp) keep their weights in fp8 on the GPU, each rank its
+ * codes' box and the scales of the blocks it touches.
  * Then a plan split over 2 ranks: on a machine with one GPU, refused naming
- * the GPUs it needs; with two or more, run as above against the CPU group.
+ * the GPUs it needs (qwen3_moe's and the fp8 deepseek_v3's, whose ranks
+ * hold boxes of its blocks); with two or more, run as above against the
+ * CPU group.
  * Graphs (default) and eager (MOEC_DISABLE_GRAPHS=1) both. Without a
  * device: "SKIP: no CUDA device", exit 0. */
 #include <math.h>
@@ -20,7 +25,7 @@
 #include "testlib.h"
 
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe"};
+                               "qwen3_moe",   "deepseek_v3_fp8_tp", "qwen3_moe_fp8_tp"};
 
 #define PROMPT 7
 #define DECODE 6
@@ -188,13 +193,19 @@ int main(void)
 
     const moec_parallel two = {2, 2, 0};
     if (n_dev < 2) {
-        const char *plan = compile_plan("qwen3_moe", &two, "fp32");
-        moec_session_t *s = NULL;
-        if (plan)
-            T_ERR(moec_session_init_plan(plan, t_src("tests/data/qwen3_moe"), SEQ_LEN, &s),
-                  MOEC_ERR_NO_DEVICE, "(tp 2, ep 2): it needs 2 GPUs, this machine has 1");
-        T_CHECK(s == NULL);
-        printf("tp 2 on 1 GPU: refused naming the GPUs it needs (2 ranks need 2 GPUs)\n");
+        static const char *const refused[] = {"qwen3_moe", "deepseek_v3_fp8_tp"};
+        for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+            const char *plan = compile_plan(refused[i], &two, "fp32");
+            char rel[256];
+            snprintf(rel, sizeof rel, "tests/data/%s", refused[i]);
+            moec_session_t *s = NULL;
+            if (plan)
+                T_ERR(moec_session_init_plan(plan, t_src(rel), SEQ_LEN, &s), MOEC_ERR_NO_DEVICE,
+                      "(tp 2, ep 2): it needs 2 GPUs, this machine has 1");
+            T_CHECK(s == NULL);
+            printf("%s tp 2 on 1 GPU: refused naming the GPUs it needs (2 ranks need 2 GPUs)\n",
+                   refused[i]);
+        }
     } else {
         for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
             compare(MODELS[i], &two, "fp32");

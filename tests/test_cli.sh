@@ -221,12 +221,21 @@ expect 0 "32 weights (69 checkpoint tensors)" -- "$B" dump-ir "$FP8" --summary
 ids=$("$B" run "$FP8" --prompt-ids 0,64,128 --max-new-tokens 3 --backend cpu)
 [ "$(echo "$ids" | wc -w)" = 3 ] && ok || bad "run of the fp8 model printed '$ids'"
 expect 0 "moec compile: wrote $T/fp8.moec" -- "$B" compile "$FP8" -o "$T/fp8.moec" --batch-sizes 1,8
-# not split over ranks (its scales would need cutting on block boundaries)
-expect 1 "splitting an fp8 checkpoint over ranks is not supported yet" -- \
+# split over ranks only along its 128 x 128 blocks: its 2 heads of 64 rows
+# of q_b are refused at tp 2, naming the block a rank's box would cut
+expect 1 "weight %l0.attn.q_b_proj is block-scaled fp8 (blocks of 128 x 128): rank 0's rows 0..64 of \"model.layers.0.self_attn.q_b_proj.weight\" (128 rows) end neither on a block boundary nor at the tensor's end (tp 2, ep 1)" -- \
   "$B" run "$FP8" --prompt-ids 1 --max-new-tokens 1 --backend cpu --tp 2
-expect 1 "splitting an fp8 checkpoint over ranks is not supported yet" -- \
+expect 1 "weight %l0.attn.q_b_proj is block-scaled fp8 (blocks of 128 x 128)" -- \
   "$B" compile "$FP8" -o "$T/fp8tp.moec" --tp 2
 [ ! -e "$T/fp8tp.moec" ] && ok || bad "a refused fp8 split wrote a plan"
+# a model whose heads and intermediates fill blocks splits: the same ids, the
+# rank's boxes of codes and scales in its IR
+F8TP=$D/deepseek_v3_fp8_tp
+whole=$("$B" run "$F8TP" --prompt-ids 0,64,128 --max-new-tokens 4 --ignore-eos --backend cpu)
+split=$("$B" run "$F8TP" --prompt-ids 0,64,128 --max-new-tokens 4 --ignore-eos --backend cpu --tp 2 --ep 2)
+[ -n "$whole" ] && [ "$whole" = "$split" ] && ok || bad "fp8 at tp 2 ep 2 printed '$split', unsharded '$whole'"
+expect 0 'weight %l0.attn.q_b_proj : f8e4m3[384, 256] = "model.layers.0.self_attn.q_b_proj.weight"[384:768, :], block_scale[128, 128] = "model.layers.0.self_attn.q_b_proj.weight_scale_inv"[3:6, :]' -- \
+  "$B" dump-ir "$F8TP" --tp 2 --rank 1
 [ "$(head -c 8 "$T/fp8.moec" 2>/dev/null)" = MOECPLAN ] && ok || bad "the fp8 compile wrote no plan"
 expect 1 "plan $T/fp8.moec was compiled for another config" -- \
   "$B" run "$T/fp8.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1

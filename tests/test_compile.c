@@ -376,6 +376,29 @@ static int has_kernel(const ir_bucket *b, const char *prefix)
     return 0;
 }
 
+/* tests/data/<name> compiled at tp 2, ep 2 (fp32_options) into
+ * tmp_path(file), its plans and modules read back into plans[0..1],
+ * mods[0..1] (NULL where it failed); the plan's path. */
+static const char *compile_tp2_ep2(const char *name, const char *file, ir_plan **plans,
+                                   ir_module **mods, ir_plan_meta *meta)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "tests/data/%s", name);
+    const char *dir = t_src(rel), *path = tmp_path(file);
+    memset(plans, 0, 2 * sizeof *plans);
+    memset(mods, 0, 2 * sizeof *mods);
+    moec_model_t *m = NULL;
+    T_OK(moec_model_open(dir, &m));
+    moec_compile_options o = fp32_options();
+    o.par = (moec_parallel){2, 2, 0};
+    if (m)
+        T_OK(moec_compile(m, dir, &o, path));
+    if (m)
+        T_OK(ir_plan_read_ranks(path, plans, mods, meta));
+    moec_model_free(m);
+    return path;
+}
+
 /* moec compile --tp 2 --ep 2: a plan per rank in one file, each with its
  * collectives as steps (the logits gathered through scratch, then put in
  * place), its rank's vocabulary rows and experts in its kernels; the file
@@ -384,18 +407,10 @@ static int has_kernel(const ir_bucket *b, const char *prefix)
 static void test_compile_ranks(void)
 {
     const char *dir = t_src("tests/data/deepseek_v3");
-    const char *path = tmp_path("v3_tp2.moec");
-    moec_model_t *m = NULL;
-    T_OK(moec_model_open(dir, &m));
-    if (!m)
-        return;
-    moec_compile_options o = fp32_options();
-    o.par = (moec_parallel){2, 2, 0};
-    T_OK(moec_compile(m, dir, &o, path));
     ir_plan *plans[IR_MAX_RANKS];
     ir_module *mods[IR_MAX_RANKS];
-    ir_plan_meta meta;
-    T_OK(ir_plan_read_ranks(path, plans, mods, &meta));
+    ir_plan_meta meta = {0};
+    const char *path = compile_tp2_ep2("deepseek_v3", "v3_tp2.moec", plans, mods, &meta);
     T_CHECK(meta.format == IR_PLAN_FORMAT && meta.tp == 2 && meta.ep == 2 &&
             ir_plan_meta_ranks(&meta) == 2);
     for (int r = 0; r < 2 && plans[r]; r++) {
@@ -451,7 +466,40 @@ static void test_compile_ranks(void)
               "is split over 2 ranks (tp 2, ep 2): it needs 2 GPUs, this machine has 1");
     }
     T_CHECK(s == NULL);
-    moec_model_free(m);
+}
+
+/* An fp8 checkpoint compiled split (--tp 2 --ep 2) along its blocks: each
+ * rank's plan keeps q_b_proj in fp8, its box of codes (rows 384 r ..) and
+ * the scales of its 3 blocks, the storage its codes then its scales; the
+ * plan's checkpoint hash is the checkpoint's (scales included) and binds
+ * only it. */
+static void test_compile_fp8_ranks(void)
+{
+    const char *dir = t_src("tests/data/deepseek_v3_fp8_tp");
+    ir_plan *plans[IR_MAX_RANKS];
+    ir_module *mods[IR_MAX_RANKS];
+    ir_plan_meta meta = {0};
+    const char *path =
+        compile_tp2_ep2("deepseek_v3_fp8_tp", "v3fp8_tp2.moec", plans, mods, &meta);
+    for (int r = 0; r < 2 && mods[r]; r++) {
+        const ir_value *q = ir_module_find_value(mods[r], "l0.attn.q_b_proj");
+        T_CHECK(q && q->type.dtype == IR_DTYPE_F8E4M3 && q->type.dims[0] == 384 &&
+                q->bind.box_start[0] == 384 * r && q->scale.bind.box_start[0] == 3 * r &&
+                q->scale.bind.box_size[0] == 3);
+        if (q)
+            T_CHECK(ir_weight_storage_bytes(mods[r], q, IR_DTYPE_F32) ==
+                    ir_weight_scale_offset(q) + 3 * 2 * sizeof(float));
+        char w[17];
+        T_OK(rt_hash_weights(mods[r], dir, w));
+        T_CHECK(!strcmp(w, meta.weights_hash));
+        T_OK(rt_plan_check_checkpoint(&meta, mods[r], path, dir));
+        T_ERR(rt_plan_check_checkpoint(&meta, mods[r], path, t_src("tests/data/deepseek_v3_fp8")),
+              MOEC_ERR_MISMATCH, "was compiled for another config");
+    }
+    for (int r = 0; r < 2; r++) {
+        ir_plan_free(plans[r]);
+        ir_module_free(mods[r]);
+    }
 }
 
 /* A plan compiled unsharded is refused by name when a split is asked for. */
@@ -497,6 +545,7 @@ int main(void)
         test_plan_session(plan);
         test_unsharded_plan_split(plan);
         test_compile_ranks();
+        test_compile_fp8_ranks();
         test_bench_plan(plan);
     }
     nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);

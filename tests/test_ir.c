@@ -1382,6 +1382,20 @@ static const char FP8_TEXT[] =
     "  output %u\n"
     "}\n";
 
+static const char FP8_BOX_TEXT[] =
+    FP8_HEAD
+    "  weight %w : f8e4m3[128, 320] = \"w.weight\"[128:256, :], block_scale[128, 128] = "
+    "\"w.weight_scale_inv\"[1:2, :]\n"
+    "  weight %o : f8e4m3[320, 100] = \"o.weight\"[:, 256:356], block_scale[128, 128] = "
+    "\"o.weight_scale_inv\"[:, 2:3]\n"
+    "  weight %gu : f8e4m3[2, 256, 320] = concat(1, stack(\"g.{e}\", 4)[2:4, 128:256, :], "
+    "stack(\"u.{e}\", 4)[2:4, 128:256, :]), block_scale[128, 128] = concat(1, "
+    "stack(\"gs.{e}\", 4)[2:4, 1:2, :], stack(\"us.{e}\", 4)[2:4, 1:2, :])\n"
+    "  %x : f32[T, 320] = embedding(%tokens, %emb)\n"
+    "  %y : f32[T, 128] = linear(%x, %w)\n"
+    "  output %y\n"
+    "}\n";
+
 static int type_is(ir_type t, ir_dtype dt, int rank, int64_t d0, int64_t d1, int64_t d2)
 {
     ir_type want = ty(dt, rank, d0, d1, d2);
@@ -1449,6 +1463,25 @@ static void test_block_scale(void)
           "%bad_norm: rms_norm: weight %w1 must be a float, got f8e4m3[320]");
     ir_module_free(m);
 
+    /* A rank's slices of block-scaled weights (pass shard): boxes that start
+     * on block boundaries, their scales the blocks they touch (an end inside
+     * a block takes that block: a partial edge block of the slice). */
+    m = NULL;
+    T_OK(ir_module_parse(FP8_BOX_TEXT, "box.mir", &m));
+    text = m ? ir_module_print_str(m) : NULL;
+    T_CHECK(text && !strcmp(text, FP8_BOX_TEXT));
+    free(text);
+    const ir_value *g = m ? ir_module_find_value(m, "gu") : NULL;
+    T_CHECK(g && type_is(ir_block_scale_type(g), IR_DTYPE_F32, 3, 2, 2, 3));
+    ir_binding leaf = {.kind = IR_BIND_STACK, .name = "x.{e}", .count = 8, .box_rank = 3,
+                       .box_start = {4, 128, 0}, .box_size = {2, 200, 0}};
+    ir_binding sl = {.kind = IR_BIND_STACK, .name = "s.{e}", .count = 8};
+    ir_block_scale_box(&leaf, 3, (const int64_t[2]){128, 64}, &sl);
+    T_CHECK(sl.box_rank == 3 && sl.box_start[0] == 4 && sl.box_size[0] == 2 &&
+            sl.box_start[1] == 1 && sl.box_size[1] == 2 && sl.box_size[2] == 0 &&
+            !strcmp(sl.name, "s.{e}"));
+    ir_module_free(m);
+
     /* Parse errors of the block_scale clause, and of what it must agree with. */
     static const bad_case cases[] = {
         {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\"\n  output %tokens\n}\n",
@@ -1474,11 +1507,29 @@ static void test_block_scale(void)
          "fp8.mir:4:48: expected ',' between the block's rows and columns, found ']'"},
         {FP8_HEAD "  weight %q : f8e4m3[2, 4] = \"q\"[0:2, :], block_scale[2, 2] = \"s\"\n"
                   "  output %tokens\n}\n",
-         "weight %q: a block-scaled weight cannot be a slice of its tensors (a box): fp8 weights "
-         "are not split over ranks"},
+         "fp8.mir:4:43: weight %q: the block_scale slice of \"s\" is (none), but the weight's "
+         "slice touches the blocks [0:1, :]"},
         {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] = \"s\"[0:2, :]\n"
                   "  output %tokens\n}\n",
-         "weight %q: a block-scaled weight cannot be a slice of its tensors (a box)"},
+         "fp8.mir:4:35: weight %q: the block_scale slice of \"s\" is [0:2, :], but the weight's "
+         "slice touches the blocks (none)"},
+        {FP8_HEAD "  weight %q : f8e4m3[2, 4] = \"q\"[1:3, :], block_scale[2, 2] = \"s\"[0:2, :]\n"
+                  "  output %tokens\n}\n",
+         "fp8.mir:4:43: weight %q: the slice of \"q\" starts at row 1 (dim 0), not on a boundary "
+         "of its blocks of 2: a block-scaled weight is sliced along whole blocks"},
+        {FP8_HEAD "  weight %q : f8e4m3[2, 3, 4] = stack(\"q.{e}\", 4)[2:4, :, 3:7], "
+                  "block_scale[2, 4] = stack(\"s.{e}\", 4)[2:4, :, 0:2]\n  output %tokens\n}\n",
+         "weight %q: the slice of \"q.{e}\" starts at column 3 (dim 2), not on a boundary of its "
+         "blocks of 4"},
+        {FP8_HEAD "  weight %q : f8e4m3[2, 3, 4] = stack(\"q.{e}\", 4)[2:4, :, 4:8], "
+                  "block_scale[2, 4] = stack(\"s.{e}\", 4)[0:2, :, 1:2]\n  output %tokens\n}\n",
+         "weight %q: the block_scale slice of \"s.{e}\" is [0:2, :, 1:2], but the weight's slice "
+         "touches the blocks [2:4, :, 1:2]"},
+        {FP8_HEAD "  weight %q : f8e4m3[6, 4] = concat(0, \"a\"[2:4, :], \"b\"[1:5, :]), "
+                  "block_scale[2, 2] = concat(0, \"sa\"[1:2, :], \"sb\"[0:3, :])\n"
+                  "  output %tokens\n}\n",
+         "weight %q: the slice of \"b\" starts at row 1 (dim 0), not on a boundary of its blocks "
+         "of 2"},
         {FP8_HEAD "  input %p : f8e4m3[T]\n  output %tokens\n}\n",
          "input %p: f8e4m3 is for block-scaled weights only"},
         {FP8_HEAD "  weight %q : f8e4m3[8, 320] = \"q\", block_scale[2, 2] = \"s\"\n"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_valgrind.sh — `moec run`, `moec dump-ir` and `moec serve --stdin` of
-# tiny models (DeepSeek-V3.2's sparse attention among them) under valgrind, their error paths (NaN logits included) too:
+# tiny models (DeepSeek-V3.2's sparse attention and fp8 split over ranks among
+# them) under valgrind, their error paths (NaN logits included) too:
 # no leak, no invalid access. Skips (loudly) without valgrind.
 set -u
 B=${MOEC_BUILD_DIR:?}/moec
@@ -65,6 +66,11 @@ h.pop('model.layers.1.mlp.experts.3.up_proj.weight_scale_inv')
 t=json.dumps(h).encode(); t+=b' '*(-len(t)%8)
 open(sys.argv[2],'wb').write(struct.pack('<Q',len(t))+t+d[8+n:])" "$D/qwen3_moe_fp8/model.safetensors" "$T/noscale/model.safetensors"
 run 1 "$B" run "$T/noscale" --prompt-ids 1 --max-new-tokens 1 --backend cpu
+# fp8 split over ranks: each rank's boxes of codes and scales; a split that
+# would cut a block refused
+run 0 "$B" run "$D/qwen3_moe_fp8_tp" --prompt-ids 5,101,33 --max-new-tokens 2 --ignore-eos \
+  --backend cpu --tp 4 --ep 2
+run 1 "$B" run "$D/deepseek_v3_fp8_tp" --prompt-ids 1 --max-new-tokens 1 --backend cpu --tp 4
 # DeepSeek-V3.2: past index_topk (8), so the indexer selects; every pass
 run 0 "$B" run "$D/deepseek_v32" --prompt-ids 0,64,128,7,19,222,45,8,91,33,150,201 \
   --max-new-tokens 3 --ignore-eos --backend cpu
