@@ -254,7 +254,10 @@ static moec_status fuse_linears(ir_module *m, ir_op *const *ops, int n, const ch
  * indexer's wq_b, which read the same q LoRA latent. A group holds the
  * linears whose weight has the seed's dtype and scale blocks (V3.2's fp8
  * projections fuse without the bf16 weights_proj); they must all have a bias
- * or none, and fp8 parts span whole blocks; otherwise the group is left. */
+ * or none, otherwise the group is left. fp8 parts but the last span whole
+ * blocks: the group is the longest run of its first members that does
+ * (V3.2's fp8 q_a and kv_a, whose 576 rows end in half a block, without the
+ * indexer's wk after them), the rest left to themselves. */
 static int qkv_group(const ir_module *m, const ir_op *seed, ir_op **group)
 {
     const ir_value *x = seed->in[0], *sw = seed->in[1];
@@ -286,8 +289,8 @@ static int qkv_group(const ir_module *m, const ir_op *seed, ir_op **group)
         ws[i] = group[i]->in[1];
         bs[i] = group[i]->n_in > 2 ? group[i]->in[2] : NULL;
     }
-    if (!concatenable(ws, n, 0) || (bs[0] && !concatenable(bs, n, 0)))
-        return 0;
+    while (n >= 2 && (!concatenable(ws, n, 0) || (bs[0] && !concatenable(bs, n, 0))))
+        n--;
     return n;
 }
 

@@ -577,6 +577,25 @@ static void test_fp8_near_misses(void)
                            "block_scale[2, 4] = concat(0, \"sq\", \"sk\")\n"));
     T_CHECK(s && strstr(s, "%k : f32[T, 3] = slice(%qkv) {axis = 1, start = 4, size = 3}"));
     free(s);
+    /* Three, the second ending inside a block (V3.2's fp8 q_a, kv_a, then
+       the indexer's wk): the first two fuse, the third stays its own. */
+    snprintf(text, sizeof text,
+             "%s"
+             "  weight %%wq : f8e4m3[4, 8] = \"wq\", block_scale[2, 4] = \"sq\"\n"
+             "  weight %%wk : f8e4m3[3, 8] = \"wk\", block_scale[2, 4] = \"sk\"\n"
+             "  weight %%wv : f8e4m3[4, 8] = \"wv\", block_scale[2, 4] = \"sv\"\n"
+             "  %%x : f32[T, 8] = embedding(%%tokens, %%e)\n"
+             "  %%q : f32[T, 4] = linear(%%x, %%wq)\n"
+             "  %%k : f32[T, 3] = linear(%%x, %%wk)\n"
+             "  %%v : f32[T, 4] = linear(%%x, %%wv)\n"
+             "  %%y : f32[T, 11] = concat(%%q, %%k, %%v) {axis = 1}\n"
+             "  output %%y\n}\n",
+             FP8_TEXT_HEAD);
+    s = run_on_text(text, "fuse_qkv_a", IR_DTYPE_BF16);
+    T_CHECK(s && strstr(s, "weight %qkv_proj : f8e4m3[7, 8] = concat(0, \"wq\", \"wk\"), "
+                           "block_scale[2, 4] = concat(0, \"sq\", \"sk\")\n") &&
+            strstr(s, "%v : f32[T, 4] = linear(%x, %wv)\n"));
+    free(s);
     /* The first part ends inside a block: left. */
     qk_text(text, sizeof text,
             "  weight %wq : f8e4m3[3, 8] = \"wq\", block_scale[2, 4] = \"sq\"",
