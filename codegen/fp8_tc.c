@@ -372,21 +372,12 @@ static const char DOWN_TAIL[] =
     "    if (!live[0])\n"
     "        return;\n"
     "#pragma unroll\n"
-    "    for (int t = 0; t < NT; t++)\n"
+    "    for (int r = 0; r < RT; r++)\n"
     "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++) {\n"
-    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
-    "            if (slot < 0)\n"
-    "                continue;\n"
-    "            const float f = MULW ? scale * ld(wts + slot) : 1.0f;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RT; r++)\n"
-    "                if (live[r])\n"
-    "#pragma unroll\n"
-    "                    for (int h = 0; h < 2; h++)\n"
-    "                        st(y + (long long)slot * ND + n0 + 16 * r + g + 8 * h,\n"
-    "                           acc[r][t][2 * h + j] * f);\n"
-    "        }\n";
+    "        for (int t = 0; t < NT; t++)\n"
+    "            if (live[r])\n"
+    "                moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t],\n"
+    "                                     scale, wts);\n";
 
 /* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
 static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }

@@ -369,16 +369,7 @@ static const char MMA_DOWN_BODY[] =
     "    }\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++) {\n"
-    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
-    "            if (slot < 0)\n"
-    "                continue;\n"
-    "            const float f = MULW ? scale * ld(wts + slot) : 1.0f;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < 2; r++)\n"
-    "                st(y + (long long)slot * ND + n0 + g + 8 * r, acc[t][2 * r + j] * f);\n"
-    "        }\n";
+    "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
 
 static const char SUM_BODY[] =
     "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
