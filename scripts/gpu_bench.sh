@@ -16,7 +16,8 @@
 # the fp8 step beside the bf16 one, each fp8 variant's beside both, and the
 # fp8 linears' and expert GEMMs' profiled ms per step of each fp8 run.
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
-# TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped;
+# TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped,
+# compile-graph with TORCH_COMPILE_MODE, default "default";
 # eager-loop, the per-expert loop transformers runs, takes minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,7 +95,8 @@ if [ "${FP8:-1}" = 1 ]; then
 fi
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
-    --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
+    --modes "${TORCH_MODES:-eager-grouped,graph-grouped,compile-graph}" \
+    --compile-mode "${TORCH_COMPILE_MODE:-default}" \
     >"$LOGS/torch.jsonl" 2>"$LOGS/torch.table" || tail -20 "$LOGS/torch.table"
 fi
 python3 - "$LOGS" >"$LOGS/summary.table" <<'PY'
