@@ -155,6 +155,8 @@ static const char LINEAR_TAIL[] =
     "                for (int i = 0; i < 4; i++)\n"
     "                    part[(((warp * RT + r) * NT + t) * 4 + i) * 32 + lane] = acc[r][t][i];\n"
     "        moec_cluster_sync();\n"
+    "        __syncthreads(); /* the cluster barrier orders this block's part too; said\n"
+    "                            again for tools that know only the block barrier */\n"
     "        /* this block's share: elements split, split + S, ... of NW * 32 each;\n"
     "           every remote read issued before the first sum */\n"
     "        constexpr int E = NW * RT * NT * 128, PER = (E + S * NW * 32 - 1) / (S * NW * 32);\n"
