@@ -7,11 +7,13 @@
  * block or warp, which reads its tokens' activations from L2 again: at
  * 32 to 64 tokens that is more bytes than the fp8 weights themselves (h of
  * the down GEMM, f32, twice the weights at 8 slots). And they widen codes
- * with three conversions a pair (e4m3 to f16, to f32, to bf16), on the
- * conversion unit, which moves a few codes a cycle per SM, not the 13 a
- * cycle the memory brings. Here a block copies its tokens' x (or h, kept
- * bf16 for these kernels) into shared memory once (cp.async, 16 bytes a
- * copy) and its warps stream 16 to 32 weight rows each, U 64-wide chunks of
+ * with three conversions a pair (e4m3 to f16, to f32, to bf16), of which an
+ * SM does 16 a cycle (the CUDA programming guide's throughput table for
+ * sm_90) while its share of the memory brings 13 codes a cycle: the
+ * conversions alone come near the floor. Here a block copies its tokens'
+ * x (or h, kept bf16 for these kernels) into shared memory once (cp.async,
+ * 16 bytes a copy) and its warps stream 16 to 32 weight rows each, U 64-wide
+ * chunks of
  * 16-byte loads in flight per lane; codes widen with integer and bf16x2
  * operations (moec_e4m3x4_bf16) and each chunk's products are added times
  * its block scale (moec_f8_chunk). The dense linear splits K over up to
