@@ -7,11 +7,13 @@
  * block or warp, which reads its tokens' activations from L2 again: at
  * 32 to 64 tokens that is more bytes than the fp8 weights themselves (h of
  * the down GEMM, f32, twice the weights at 8 slots). And they widen codes
- * with three conversions a pair (e4m3 to f16, to f32, to bf16), on the
- * conversion unit, which moves a few codes a cycle per SM, not the 13 a
- * cycle the memory brings. Here a block copies its tokens' x (or h, kept
- * bf16 for these kernels) into shared memory once (cp.async, 16 bytes a
- * copy) and its warps stream 16 to 32 weight rows each, U 64-wide chunks of
+ * with three conversions a pair (e4m3 to f16, to f32, to bf16), of which an
+ * SM does 16 a cycle (the CUDA programming guide's throughput table for
+ * sm_90) while its share of the memory brings 13 codes a cycle: the
+ * conversions alone come near the floor. Here a block copies its tokens'
+ * x (or h, kept bf16 for these kernels) into shared memory once (cp.async,
+ * 16 bytes a copy) and its warps stream 16 to 32 weight rows each, U 64-wide
+ * chunks of
  * 16-byte loads in flight per lane; codes widen with integer and bf16x2
  * operations (moec_e4m3x4_bf16) and each chunk's products are added times
  * its block scale (moec_f8_chunk). The dense linear splits K over up to
@@ -155,6 +157,8 @@ static const char LINEAR_TAIL[] =
     "                for (int i = 0; i < 4; i++)\n"
     "                    part[(((warp * RT + r) * NT + t) * 4 + i) * 32 + lane] = acc[r][t][i];\n"
     "        moec_cluster_sync();\n"
+    "        __syncthreads(); /* the cluster barrier orders this block's part too; said\n"
+    "                            again for tools that know only the block barrier */\n"
     "        /* this block's share: elements split, split + S, ... of NW * 32 each;\n"
     "           every remote read issued before the first sum */\n"
     "        constexpr int E = NW * RT * NT * 128, PER = (E + S * NW * 32 - 1) / (S * NW * 32);\n"
@@ -252,7 +256,7 @@ int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op)
 
 moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io)
 {
-    const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
+    const ir_value *w = op->in[1], *y = op->out[0];
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     long long N = w->type.dims[0], K = w->type.dims[1];
     tc_shape sh;
@@ -295,21 +299,28 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     s->grid[1] = (unsigned)((c->T + sh.tg - 1) / sh.tg);
     s->block[0] = (unsigned)sh.nw * 32;
     s->smem = (unsigned)sh.smem;
+    cg_fp8_linear_args(s, op, alpha);
+    return MOEC_OK;
+}
+
+void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha)
+{
+    const ir_value *w = op->in[1], *bias = op->n_in > 2 ? op->in[2] : NULL;
     s->n_args = 6;
-    s->args[0] = cg_arg_act(x);
+    s->args[0] = cg_arg_act(op->in[0]);
     s->args[1] = cg_arg_act(w);
     s->args[2] = cg_arg_scales(w);
     s->args[3] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
     s->args[4] = cg_arg_f32(alpha);
-    s->args[5] = cg_arg_act(y);
-    return MOEC_OK;
+    s->args[5] = cg_arg_act(op->out[0]);
 }
 
 /* ---- the routed experts -------------------------------------------------- */
 
-/* A block: expert block blockIdx.x (its expert e, BM slots, padding -1),
- * NW warps of 16 rows of gate and the same 16 of up each. */
-static const char GATE_UP_HEAD[] =
+/* A block of either expert GEMM: expert block blockIdx.x (its expert e,
+ * BM slots, padding -1) and the rows of its slots staged from row(slot)
+ * (the kernel's lambda). */
+static const char EXPERT_HEAD[] =
     "    const int b = blockIdx.x;\n"
     "    if (b >= *n_used)\n"
     "        return;\n"
@@ -317,13 +328,17 @@ static const char GATE_UP_HEAD[] =
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
     "    const int e = blk_expert[b];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    /* the x rows of the block's slots (padding: zeros) */\n"
+    "    /* padding slots: zeros, nothing read */\n"
     "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
     "        const int m = i / (CH * 8), s = i - m * (CH * 8), sl = sorted[b * BM + m];\n"
-    "        moec_cp16(xs + m * XS + s * 8, x + (long long)(sl >= 0 ? sl / K : 0) * KD + s * 8,\n"
-    "                  sl >= 0);\n"
+    "        moec_cp16(xs + m * XS + s * 8, row(sl >= 0 ? sl : 0) + s * 8, sl >= 0);\n"
     "    }\n"
-    "    /* tile 0: rows n0 .. n0 + 15 of gate, tile 1: the same rows of up */\n"
+    "    constexpr int c0 = 0, c1 = CH;\n";
+
+/* gate_up: NW warps of 16 rows of gate (tile 0) and the same 16 of up (tile 1) */
+static const char GATE_UP_HEAD[] =
+    "    auto row = [&](int sl) { return x + (long long)(sl / K) * KD; };\n"
+    "%s"
     "    const int n0 = blockIdx.y * (NW * 16) + warp * 16, r0 = n0 < ND ? n0 : 0;\n"
     "    const bool live[RT] = {n0 < ND, n0 < ND};\n"
     "    const __nv_fp8_e4m3 *w0[RT] = {\n"
@@ -331,43 +346,19 @@ static const char GATE_UP_HEAD[] =
     "        wu + (long long)e * USTRIDE + UOFF + (long long)(r0 + g) * KD + q * 16};\n"
     "    const __nv_fp8_e4m3 *w1[RT] = {w0[0] + 8LL * KD, w0[1] + 8LL * KD};\n"
     "    const float *sr[RT] = {gsc + ((long long)e * SR + r0 / SBN) * SC,\n"
-    "                           usc + ((long long)e * SR + (UROW + r0) / SBN) * SC};\n"
-    "    constexpr int c0 = 0, c1 = CH;\n";
+    "                           usc + ((long long)e * SR + (UROW + r0) / SBN) * SC};\n";
 
 static const char GATE_UP_TAIL[] =
     "    if (!live[0])\n"
     "        return;\n"
-    "    /* fragments 0, 1: row g, slots 2q, 2q + 1 of the tile; 2, 3: row g + 8 */\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++) {\n"
-    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
-    "            if (slot < 0)\n"
-    "                continue;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < 2; r++) {\n"
-    "                const float gv = acc[0][t][2 * r + j], uv = acc[1][t][2 * r + j];\n"
-    "                hbuf[(long long)slot * ND + n0 + g + 8 * r] =\n"
-    "                    __float2bfloat16(gv / (1.0f + expf(-gv)) * uv);\n"
-    "            }\n"
-    "        }\n";
+    "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, acc[0][t], acc[1][t]);\n";
 
-/* A block: expert block blockIdx.x, NW warps of RT tiles of 16 rows of down. */
+/* down: NW warps of RT tiles of 16 rows */
 static const char DOWN_HEAD[] =
-    "    const int b = blockIdx.x;\n"
-    "    if (b >= *n_used)\n"
-    "        return;\n"
-    "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
-    "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
-    "    const int e = blk_expert[b];\n"
-    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    /* the h rows of the block's slots (padding: zeros) */\n"
-    "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
-    "        const int m = i / (CH * 8), s = i - m * (CH * 8), sl = sorted[b * BM + m];\n"
-    "        moec_cp16(xs + m * XS + s * 8, hbuf + (long long)(sl >= 0 ? sl : 0) * KD + s * 8,\n"
-    "                  sl >= 0);\n"
-    "    }\n"
+    "    auto row = [&](int sl) { return hbuf + (long long)sl * KD; };\n"
+    "%s"
     "    const int n0 = blockIdx.y * (NW * 16 * RT) + warp * 16 * RT;\n"
     "    bool live[RT];\n"
     "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
@@ -379,28 +370,18 @@ static const char DOWN_HEAD[] =
     "        w0[r] = wd + (long long)e * ND * KD + (long long)(ra + g) * KD + q * 16;\n"
     "        w1[r] = w0[r] + 8LL * KD;\n"
     "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
-    "    }\n"
-    "    constexpr int c0 = 0, c1 = CH;\n";
+    "    }\n";
 
 static const char DOWN_TAIL[] =
     "    if (!live[0])\n"
     "        return;\n"
     "#pragma unroll\n"
-    "    for (int t = 0; t < NT; t++)\n"
+    "    for (int r = 0; r < RT; r++)\n"
     "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++) {\n"
-    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
-    "            if (slot < 0)\n"
-    "                continue;\n"
-    "            const float f = MULW ? scale * ld(wts + slot) : 1.0f;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RT; r++)\n"
-    "                if (live[r])\n"
-    "#pragma unroll\n"
-    "                    for (int h = 0; h < 2; h++)\n"
-    "                        st(y + (long long)slot * ND + n0 + 16 * r + g + 8 * h,\n"
-    "                           acc[r][t][2 * h + j] * f);\n"
-    "        }\n";
+    "        for (int t = 0; t < NT; t++)\n"
+    "            if (live[r])\n"
+    "                moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t],\n"
+    "                                     scale, wts);\n";
 
 /* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
 static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
@@ -432,6 +413,21 @@ int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
     return cg_fp8_tc_moe_fits(c, d, urow, bm) ? bm : 0;
 }
 
+/* A step of kernel k over l's expert blocks and `rows` of nd a block. */
+static ir_step *expert_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k, int nw,
+                            long long rows, long long nd, size_t smem)
+{
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    if (!s)
+        return NULL;
+    s->kernel = k;
+    s->grid[0] = (unsigned)l->nb;
+    s->grid[1] = (unsigned)((nd + rows - 1) / rows);
+    s->block[0] = (unsigned)nw * 32;
+    s->smem = (unsigned)smem;
+    return s;
+}
+
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -455,7 +451,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return oom(d);
-    if (is_new)
+    if (is_new) {
         moec_buf_printf(
             &c->src,
             "// %s: gate_up GEMM with silu_mul, fp8 on tensor cores, x staged in shared memory "
@@ -467,28 +463,16 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
-            "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s%s%s%s}\n\n",
+            "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, decl, GATE_UP_HEAD, TC_LOOP, GATE_UP_TAIL);
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+            gstride, uoff, decl);
+        moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
+        moec_buf_printf(&c->src, "%s%s}\n\n", TC_LOOP, GATE_UP_TAIL);
+    }
+    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
-    s->kernel = k;
-    s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((l->I + 16LL * nw - 1) / (16LL * nw));
-    s->block[0] = (unsigned)nw * 32;
-    s->smem = (unsigned)moe_smem(l->bm, l->H);
-    int n = 0;
-    s->args[n++] = cg_arg_act(d->x);
-    s->args[n++] = cg_arg_act(d->gate);
-    s->args[n++] = cg_arg_act(l->fused ? d->gate : d->up);
-    s->args[n++] = cg_arg_scales(d->gate);
-    s->args[n++] = cg_arg_scales(l->fused ? d->gate : d->up);
-    s->args[n++] = cg_arg_scratch(l->off_sorted);
-    s->args[n++] = cg_arg_scratch(l->off_blk);
-    s->args[n++] = cg_arg_scratch(l->off_used);
-    s->args[n++] = cg_arg_scratch(l->off_h);
-    s->n_args = n;
+    cg_moe_gate_up_args(s, d, l, 1);
     return MOEC_OK;
 }
 
@@ -536,30 +520,12 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
-        moec_buf_printf(&c->src, "%s%s%s}\n\n", DOWN_HEAD, TC_LOOP, DOWN_TAIL);
+        moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
+        moec_buf_printf(&c->src, "%s%s}\n\n", TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
-    s->kernel = k;
-    s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((l->H + 16LL * nw * rt - 1) / (16LL * nw * rt));
-    s->block[0] = (unsigned)nw * 32;
-    s->smem = (unsigned)moe_smem(l->bm, l->I);
-    int n = 0;
-    s->args[n++] = cg_arg_scratch(l->off_h);
-    s->args[n++] = cg_arg_act(d->down);
-    s->args[n++] = cg_arg_scales(d->down);
-    s->args[n++] = cg_arg_scratch(l->off_sorted);
-    s->args[n++] = cg_arg_scratch(l->off_blk);
-    s->args[n++] = cg_arg_scratch(l->off_used);
-    if (d->w) {
-        s->args[n++] = cg_arg_act(d->w);
-        s->args[n++] = cg_arg_f32(d->scale);
-        s->args[n++] = cg_arg_scratch(l->off_y);
-    } else {
-        s->args[n++] = cg_arg_act(d->out);
-    }
-    s->n_args = n;
+    cg_moe_down_args(s, d, l, 1);
     return MOEC_OK;
 }

@@ -365,13 +365,7 @@ static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K
     s->kernel = k;
     s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt));
     s->block[0] = MMA_WARPS * 32;
-    s->n_args = 6;
-    s->args[0] = cg_arg_act(x);
-    s->args[1] = cg_arg_act(w);
-    s->args[2] = cg_arg_scales(w);
-    s->args[3] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
-    s->args[4] = cg_arg_f32(alpha);
-    s->args[5] = cg_arg_act(y);
+    cg_fp8_linear_args(s, op, alpha);
     return MOEC_OK;
 }
 

@@ -307,20 +307,9 @@ static const char MMA_GATE_UP_BODY[] =
     "            }\n"
     "        }\n"
     "    }\n"
-    "    /* c[0], c[1]: row g, slots 2q, 2q + 1 of the tile; c[2], c[3]: row g + 8 */\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++) {\n"
-    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
-    "            if (slot < 0)\n"
-    "                continue;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < 2; r++) {\n"
-    "                const float gv = ag[t][2 * r + j], uv = au[t][2 * r + j];\n"
-    "                hbuf[(long long)slot * ND + n0 + g + 8 * r] = gv / (1.0f + expf(-gv)) * uv;\n"
-    "            }\n"
-    "        }\n";
+    "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, ag[t], au[t]);\n";
 
 static const char MMA_DOWN_BODY[] =
     "    const float *hr[NTILE];\n"
@@ -380,16 +369,7 @@ static const char MMA_DOWN_BODY[] =
     "    }\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 2; j++) {\n"
-    "            const int slot = sorted[b * BM + t * 8 + 2 * q + j];\n"
-    "            if (slot < 0)\n"
-    "                continue;\n"
-    "            const float f = MULW ? scale * ld(wts + slot) : 1.0f;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < 2; r++)\n"
-    "                st(y + (long long)slot * ND + n0 + g + 8 * r, acc[t][2 * r + j] * f);\n"
-    "        }\n";
+    "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
 
 static const char SUM_BODY[] =
     "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
@@ -472,6 +452,43 @@ static moec_status oom(const cg_moe_desc *d)
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
 }
 
+void cg_moe_gate_up_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales)
+{
+    int n = 0;
+    s->args[n++] = cg_arg_act(d->x);
+    s->args[n++] = cg_arg_act(d->gate);
+    s->args[n++] = cg_arg_act(l->fused ? d->gate : d->up);
+    if (scales) {
+        s->args[n++] = cg_arg_scales(d->gate);
+        s->args[n++] = cg_arg_scales(l->fused ? d->gate : d->up);
+    }
+    s->args[n++] = cg_arg_scratch(l->off_sorted);
+    s->args[n++] = cg_arg_scratch(l->off_blk);
+    s->args[n++] = cg_arg_scratch(l->off_used);
+    s->args[n++] = cg_arg_scratch(l->off_h);
+    s->n_args = n;
+}
+
+void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales)
+{
+    int n = 0;
+    s->args[n++] = cg_arg_scratch(l->off_h);
+    s->args[n++] = cg_arg_act(d->down);
+    if (scales)
+        s->args[n++] = cg_arg_scales(d->down);
+    s->args[n++] = cg_arg_scratch(l->off_sorted);
+    s->args[n++] = cg_arg_scratch(l->off_blk);
+    s->args[n++] = cg_arg_scratch(l->off_used);
+    if (d->w) {
+        s->args[n++] = cg_arg_act(d->w);
+        s->args[n++] = cg_arg_f32(d->scale);
+        s->args[n++] = cg_arg_scratch(l->off_y);
+    } else {
+        s->args[n++] = cg_arg_act(d->out);
+    }
+    s->n_args = n;
+}
+
 /* (2) gate_up with silu_mul into h (f32), on CUDA cores or (mma) tensor
  * cores: 4 rows of gate and of up a warp on CUDA cores (fewer measured
  * slower at BM = 8 too: the GEMMs are bound by issue there, not by
@@ -534,19 +551,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((I + warps * rows_gu - 1) / (warps * rows_gu));
     s->block[0] = (unsigned)warps * 32;
-    int n = 0;
-    s->args[n++] = cg_arg_act(d->x);
-    s->args[n++] = cg_arg_act(d->gate);
-    s->args[n++] = cg_arg_act(fused ? d->gate : d->up);
-    if (g8) {
-        s->args[n++] = cg_arg_scales(d->gate);
-        s->args[n++] = cg_arg_scales(fused ? d->gate : d->up);
-    }
-    s->args[n++] = cg_arg_scratch(l->off_sorted);
-    s->args[n++] = cg_arg_scratch(l->off_blk);
-    s->args[n++] = cg_arg_scratch(l->off_used);
-    s->args[n++] = cg_arg_scratch(l->off_h);
-    s->n_args = n;
+    cg_moe_gate_up_args(s, d, l, g8);
     return MOEC_OK;
 }
 
@@ -613,22 +618,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((H + warps * rows_dn - 1) / (warps * rows_dn));
     s->block[0] = (unsigned)warps * 32;
-    int n = 0;
-    s->args[n++] = cg_arg_scratch(l->off_h);
-    s->args[n++] = cg_arg_act(d->down);
-    if (d8)
-        s->args[n++] = cg_arg_scales(d->down);
-    s->args[n++] = cg_arg_scratch(l->off_sorted);
-    s->args[n++] = cg_arg_scratch(l->off_blk);
-    s->args[n++] = cg_arg_scratch(l->off_used);
-    if (d->w) {
-        s->args[n++] = cg_arg_act(d->w);
-        s->args[n++] = cg_arg_f32(d->scale);
-        s->args[n++] = cg_arg_scratch(l->off_y);
-    } else {
-        s->args[n++] = cg_arg_act(d->out);
-    }
-    s->n_args = n;
+    cg_moe_down_args(s, d, l, d8);
     return MOEC_OK;
 }
 

@@ -28,6 +28,14 @@ typedef struct cg_moe_layout {
     size_t off_sorted, off_blk, off_used, off_h, off_y;
 } cg_moe_layout;
 
+/* The gate_up step's arguments (x, gate, up, with `scales` their block
+ * scales, the sorted slots, the blocks' experts, the count used, h) and the
+ * down step's (h, down, with `scales` its block scales, the sorted slots,
+ * the blocks' experts, the count used, then the router weights, the scale
+ * and y when routed, else the result). */
+void cg_moe_gate_up_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
+void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
+
 /* An expert weight's block scales as kernel constants (W8, SBN, SBK, SR,
  * SC, UROW: up's first row in a fused gate_up) and the kernel-name tag of
  * its blocks; W8 false and null `names` (the kernel's scale parameters)

@@ -6,25 +6,31 @@
 # Qwen3-30B's and DeepSeek-V3's experts at T = 1, 3, 8, 32, 64, 128 with
 # MOEC_FP8_KERNEL=old and =tc, checks every result against the interpreter
 # and times every step (mean of 20 launches); then the same under each
-# variant of the staged kernels' shape knobs. Leaves $OUT/fp8_tune.txt: the
-# raw lines, then per shape and bucket the old and the staged time and
-# their ratio.
+# variant of the staged kernels' shape knobs. Leaves $OUT/fp8_tune.txt (the
+# timing and check lines, then per shape and bucket the old and the staged
+# time and their ratio) and every log in $OUT/fp8_tune.tar.gz.
 #   usage: scripts/gpu_fp8_tune.sh ["NAME:ENV=V[,ENV=V]" ...]
 #   e.g.   scripts/gpu_fp8_tune.sh "w8:MOEC_FP8_TC_WARPS=8" "u4:MOEC_FP8_TC_U=4"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-tune}
-mkdir -p "$OUT"
-source scripts/gpu_build.sh
-gpu_build >"$OUT/tune_build.txt" 2>&1 || { tail -30 "$OUT/tune_build.txt"; exit 1; }
+LOGS=$(mktemp -d)/fp8_tune
+mkdir -p "$OUT" "$LOGS"
 LOG=$OUT/fp8_tune.txt
 : >"$LOG"
+finish() {
+  tar czf "$OUT/fp8_tune.tar.gz" -C "$(dirname "$LOGS")" fp8_tune
+  cat "$LOG"
+  exit "$1"
+}
+source scripts/gpu_build.sh
+gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt" >>"$LOG"; finish 1; }
 rc=0
 run() { # LABEL ENV...
   local label=$1; shift
   echo "== $label" >>"$LOG"
-  env MOEC_KERN_FP8=1 MOEC_KERN_BENCH=1 "$@" build-gpu/tests/gpu_kernels >"$OUT/fp8_$label.txt" 2>&1 || rc=1
-  grep -E "bench |worst error|e4m3|passed|failed|FAIL|check failed" "$OUT/fp8_$label.txt" >>"$LOG"
+  env MOEC_KERN_FP8=1 MOEC_KERN_BENCH=1 "$@" build-gpu/tests/gpu_kernels >"$LOGS/$label.txt" 2>&1 || rc=1
+  grep -E "bench |worst error|e4m3|passed|failed|FAIL|check failed" "$LOGS/$label.txt" >>"$LOG"
 }
 run default
 for v in "$@"; do
@@ -55,5 +61,4 @@ for (lab, name, t, mode) in sorted(tot):
     r = f"{new[0] / old[0]:7.2f}" if old else "-"
     print(f"{lab:10} {name:20} {t:4d} {o:>16} {new[0]:7.1f} ({new[1]:4d}) {r}")
 PY
-cat "$LOG"
-exit $rc
+finish $rc

@@ -8,7 +8,9 @@
 # GOLDENS="tests/data/A ..." first recomputes those goldens
 # (scripts/gpu_goldens.sh; BF16_ONLY=1: only transformers' bf16 error);
 # TRACE="tests/data/A ..." runs build-gpu/tests/bf16_trace on each (the bf16
-# error op by op, GPU against the CPU) into $OUT/trace.txt.
+# error op by op, GPU against the CPU) into $OUT/trace.txt. FP8_TUNE=1 (or
+# its variants, see scripts/gpu_fp8_tune.sh) times every fp8 kernel old
+# against staged at the real shapes before the benchmark (FP8_TUNE_S limit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-gpu}
@@ -29,6 +31,15 @@ if [ -n "${TRACE:-}" ]; then
   for d in $TRACE; do
     timeout 120 build-gpu/tests/bf16_trace "$d" 8 >>"$OUT/trace.txt" 2>&1 || echo "trace $d: FAILED" >>"$OUT/summary.txt"
   done
+fi
+if [ -n "${FP8_TUNE:-}" ]; then
+  # FP8_TUNE=1, or the variants scripts/gpu_fp8_tune.sh takes ("NAME:ENV=V ...")
+  tune=()
+  [ "$FP8_TUNE" != 1 ] && read -ra tune <<<"$FP8_TUNE"
+  timeout "${FP8_TUNE_S:-420}" scripts/gpu_fp8_tune.sh "${tune[@]}" >/dev/null 2>&1 || rc=1
+  { echo "fp8 kernels, old against staged (scripts/gpu_fp8_tune.sh):"
+    grep -E "e4m3|FAIL|check failed|gpu_kernels" "$OUT/fp8_tune.txt"
+    sed -n '/^== summary/,$p' "$OUT/fp8_tune.txt"; } >>"$OUT/summary.txt" 2>&1
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_S:-270}" scripts/gpu_bench.sh "$@" >"$OUT/bench_stdout.txt" 2>&1 || rc=1

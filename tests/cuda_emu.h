@@ -8,8 +8,9 @@
 // unordered pair of accesses; cp.async a copy checked for its 16-byte
 // alignment. The m16n8k16 product gathers the warp's fragments in the PTX
 // ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
-// sums in double. The prologue's moec_e4m3x4_bf16 and moec_f8_chunk are the
-// real ones (fp8_emu_gen copies them); what they call is emulated here.
+// sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16 and
+// moec_f8_chunk are the real ones (fp8_emu_gen copies them); what they call
+// is emulated here.
 #pragma once
 #include <cassert>
 #include <cmath>

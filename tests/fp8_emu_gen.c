@@ -1,15 +1,15 @@
 /* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c) of a set
  * of cases as C++ for the CPU emulator (tests/cuda_emu.h,
- * tests/test_fp8_emu.sh): the prologue's moec_e4m3x4_bf16 and
- * moec_f8_chunk as the generator emits them, each case's kernels in a
- * namespace of their own, and a table of the cases with their launches.
- * Cases: linears and routed experts at odd shapes (partial scale blocks,
- * slabs with dead warps, uneven K splits over clusters, up inside a row
- * block, gate and up apart) and buckets 1, 3, 8, 32, 64, 128, with the
- * default kernel choice or the staged kernels forced, and the shape knobs
- * set otherwise (test_fp8_emu.sh runs cases 9, 16 and 17 under the thread
- * sanitizer: keep them a split linear and the two expert forms). usage:
- * fp8_emu_gen OUT.inc */
+ * tests/test_fp8_emu.sh): the prologue's moec_silu_mul_frag,
+ * moec_e4m3x4_bf16 and moec_f8_chunk as the generator emits them, each
+ * case's kernels in a namespace of their own, and a table of the cases with
+ * their launches. Cases: linears and routed experts at odd shapes (partial
+ * scale blocks, slabs with dead warps, uneven K splits over clusters, up
+ * inside a row block, gate and up apart) and buckets 1, 3, 8, 32, 64, 128,
+ * with the default kernel choice or the staged kernels forced, and the
+ * shape knobs set otherwise (test_fp8_emu.sh runs cases 9, 16 and 17 under
+ * the thread sanitizer: keep them a split linear and the two expert
+ * forms). usage: fp8_emu_gen OUT.inc */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +103,7 @@ int main(int argc, char **argv)
     if (pro.oom)
         return 1;
     fprintf(f, "// written by tests/fp8_emu_gen.c: the staged fp8 kernels for cuda_emu.h\n");
+    put_prologue_part(f, pro.data, "template <typename TH>", "/* two floats as a bf16 pair");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ void moec_e4m3x4_bf16",
                       "/* 16 bytes of a weight stream");
     put_prologue_part(f, pro.data, "template <int RT, int NT, int XS>",

@@ -1983,11 +1983,16 @@ static const km_spec F8_V2_MOE = {.name = "f8_v2lite_moe", .vocab = 97, .E = 64,
  * rows (7 row blocks, 21 tiles: slabs with dead warps), K 640 (10 chunks
  * over up to 8 splits), up from row 192 of gate_up, down's H 320 (6.7 row
  * blocks); gate and up apart with blocks of 16 x 128 (H 192: 1.5 column
- * blocks), a linear of 100 rows (a tile past the end) and K 1280 */
+ * blocks), a linear of 100 rows (a tile past the end) and K 1280; the
+ * unfused experts op (down writing the result) */
 static const km_spec F8_TC_ODD = {.name = "f8_tc_odd", .vocab = 97, .E = 6, .K = 3, .NG = 1,
                                   .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 320,
                                   .I = 192, .wdt = "f8e4m3", .moe_scale = 0.5, .LN = 336,
                                   .LK = 640, .ldt = "f8e4m3", .BN = 48, .BK = 64};
+static const km_spec F8_TC_EXPERTS = {.name = "f8_tc_experts", .vocab = 97, .E = 4, .K = 2,
+                                      .NG = 1, .TG = 1, .norm = 1, .scaling = 1.0,
+                                      .moe = KM_EXPERTS_SPLIT, .HID = 256, .I = 128,
+                                      .wdt = "f8e4m3", .moe_scale = 1.0};
 static const km_spec F8_TC_SPLIT = {.name = "f8_tc_split", .vocab = 97, .E = 5, .K = 2, .NG = 1,
                                     .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
                                     .HID = 192, .I = 64, .wdt = "f8e4m3", .moe_scale = 1.5,
@@ -2776,6 +2781,7 @@ int main(void)
     prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_TC_ODD, IR_DTYPE_F32, 64, ALL);
     prog_add_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, F8T, EVERY_FP8);
+    prog_add_modes(&F8_TC_EXPERTS, IR_DTYPE_BF16, ALL, EVERY_FP8);
     progs_compile();
     e4m3_widen_case();
 
@@ -2807,6 +2813,7 @@ int main(void)
     moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, 26, EVERY_FP8);
     moe_case(&F8_TC_ODD, IR_DTYPE_F32, ALL, 27);
     moe_case_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, F8T, 28, EVERY_FP8);
+    moe_case_modes(&F8_TC_EXPERTS, IR_DTYPE_BF16, ALL, 29, EVERY_FP8);
 
     attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
     attn_case_interp(&Q3_ATTN, IR_DTYPE_F32, 64, 1);

@@ -843,17 +843,21 @@ static void test_fp8_shapes(void)
     km_spec tc = {.name = "k_f8_tc_odd", .vocab = 8, .E = 6, .K = 3, .NG = 1, .TG = 1,
                   .scaling = 1.0, .moe = KM_ROUTED, .HID = 320, .I = 192, .wdt = "f8e4m3",
                   .moe_scale = 0.5, .LN = 336, .LK = 640, .ldt = "f8e4m3", .BN = 48, .BK = 64};
-    const km_spec *specs[] = {&v3, &q3, &odd, &v2, &tc};
+    /* the unfused experts op on the staged kernels (down writes the result) */
+    km_spec ex = {.name = "k_f8_tc_experts", .vocab = 8, .E = 4, .K = 2, .NG = 1, .TG = 1,
+                  .scaling = 1.0, .moe = KM_EXPERTS_SPLIT, .HID = 256, .I = 128,
+                  .wdt = "f8e4m3", .moe_scale = 1.0};
+    const km_spec *specs[] = {&v3, &q3, &odd, &v2, &tc, &ex};
     /* compiled, with the default kernels: v3 at T = 1 and 64 (few-rows and
        staged linears, CUDA-core and staged experts), qwen3 at T = 8 and
        64, odd at 64 in bf16 (grouped few-rows linear) and at 8 in f32, v2
-       and tc at 64; with the first kernels (CG_FP8_OLD): v3 at 64 and odd
-       at 64; with CG_FP8_TC: tc at T = 1 and 8 */
-    const unsigned compile[][3] = {{5, 4, 0}, {6, 0, 0}, {4, 4, 0}, {4, 0, 0}, {4, 0, 3}};
+       tc and the experts at 64; with the first kernels (CG_FP8_OLD): v3 at
+       64 and odd at 64; with CG_FP8_TC: tc at T = 1 and 8 */
+    const unsigned compile[][3] = {{5, 4, 0}, {6, 0, 0}, {4, 4, 0}, {4, 0, 0}, {4, 0, 3}, {4, 0, 0}};
     const int modes[3] = {CG_FP8_AUTO, CG_FP8_OLD, CG_FP8_TC};
     /* buckets that are not the default ones: 3 tokens, and 128 (two token
        groups of the staged linear, blocks of 16 slots) */
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         for (int mi = 0; mi < 3; mi++)
             for (int t = 0; t < 2; t++) {
                 o.compute_dtype = IR_DTYPE_BF16;
@@ -871,7 +875,7 @@ static void test_fp8_shapes(void)
                 cg_ctx_free(&c);
                 ir_module_free(m);
             }
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         for (int mi = 0; mi < 3; mi++)
             for (int f32 = 0; f32 < 2; f32++) {
                 if (f32 && mi)

@@ -42,6 +42,14 @@ grep -q "moec compile: wrote $P ([0-9]* bytes) in [0-9.]* s" "$T/err" && ok || b
 n=$(ls "$MOEC_CACHE_DIR" | wc -l); [ "$n" -ge 2 ] && ok || bad "the cubin cache holds $n entries, want 2"
 expect 1 "MOEC_MOE_KERNEL='fast' is not auto, simt or mma" -- env MOEC_MOE_KERNEL=fast "$B" compile "$D/qwen3_moe" -o "$T/bad.moec"
 expect 1 "MOEC_FP8_KERNEL='new' is not auto, old or tc" -- env MOEC_FP8_KERNEL=new "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec"
+# the fp8 kernels a plan holds at 8 tokens: the staged ones by default, the
+# first ones with MOEC_FP8_KERNEL=old (kernel names are in the plan's text)
+expect 0 "kernels" -- "$B" compile "$D/qwen3_moe_fp8" -o "$T/f8.moec" --batch-sizes 8
+expect 0 "kernels" -- env MOEC_FP8_KERNEL=old "$B" compile "$D/qwen3_moe_fp8" -o "$T/f8old.moec" --batch-sizes 8
+grep -qa "linear_f8tc_" "$T/f8.moec" && grep -qa "moe_gate_up_.*_f8tc_" "$T/f8.moec" && ok ||
+  bad "the default fp8 plan lacks the staged kernels"
+! grep -qa "_f8tc_" "$T/f8old.moec" && grep -qa "linear_mma_" "$T/f8old.moec" && ok ||
+  bad "MOEC_FP8_KERNEL=old still has staged kernels, or no first tensor-core linear"
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 1 "MOEC_DSA_KERNEL='fastest' is not fast or legacy" -- env MOEC_DSA_KERNEL=fastest "$B" compile "$D/deepseek_v32" -o "$T/bad.moec" --batch-sizes 1
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
