@@ -217,6 +217,23 @@ static const char MMA_HELPERS[] =
     "}\n"
     "#endif\n\n";
 
+/* x's inclusive prefix sum over the lanes of a warp, for every kernel here. */
+static const char SCAN_HELPERS[] =
+    "#ifndef MOEC_DSA_SCAN_HELPERS\n"
+    "#define MOEC_DSA_SCAN_HELPERS\n"
+    "template <typename T> __device__ __forceinline__ T dsa_warp_scan(T x)\n"
+    "{\n"
+    "    const int lane = threadIdx.x & 31;\n"
+    "#pragma unroll\n"
+    "    for (int o = 1; o < 32; o <<= 1) {\n"
+    "        const T y = __shfl_up_sync(0xffffffffu, x, o);\n"
+    "        if (lane >= o)\n"
+    "            x += y;\n"
+    "    }\n"
+    "    return x;\n"
+    "}\n"
+    "#endif\n\n";
+
 /* The select kernel's helpers: the order-preserving key of a score, and an
  * exclusive prefix sum over the block with its total. */
 static const char SELECT_HELPERS[] =
@@ -234,24 +251,12 @@ static const char SELECT_HELPERS[] =
     "__device__ __forceinline__ int dsa_block_scan(int v, int *total, int *ws)\n"
     "{\n"
     "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
-    "    int x = v;\n"
-    "#pragma unroll\n"
-    "    for (int o = 1; o < 32; o <<= 1) {\n"
-    "        const int y = __shfl_up_sync(0xffffffffu, x, o);\n"
-    "        if (lane >= o)\n"
-    "            x += y;\n"
-    "    }\n"
+    "    const int x = dsa_warp_scan(v);\n"
     "    if (lane == 31)\n"
     "        ws[warp] = x;\n"
     "    __syncthreads();\n"
     "    if (warp == 0) {\n"
-    "        int s = lane < nw ? ws[lane] : 0;\n"
-    "#pragma unroll\n"
-    "        for (int o = 1; o < 32; o <<= 1) {\n"
-    "            const int y = __shfl_up_sync(0xffffffffu, s, o);\n"
-    "            if (lane >= o)\n"
-    "                s += y;\n"
-    "        }\n"
+    "        const int s = dsa_warp_scan(lane < nw ? ws[lane] : 0);\n"
     "        if (lane < nw)\n"
     "            ws[lane] = s;\n"
     "        if (lane == 31)\n"
@@ -265,10 +270,10 @@ static const char SELECT_HELPERS[] =
     "}\n"
     "#endif\n\n";
 
-static const char SELECT_BODY[] =
-    "    __shared__ unsigned hist[256];\n"
-    "    __shared__ unsigned pick_s[2];\n"
-    "    __shared__ int ws[33];\n"
+/* Both selects begin alike: a padding token gets -1s, one with no more than
+ * K positions all of them, and no scores are read; else its score row sr
+ * of n positions. */
+static const char SELECT_ENTRY[] =
     "    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31;\n"
     "    const int s = slots[t], p = pos[t];\n"
     "    int *o = out + (long long)t * K;\n"
@@ -283,7 +288,12 @@ static const char SELECT_BODY[] =
     "            o[i] = i < n ? i : -1;\n"
     "        return;\n"
     "    }\n"
-    "    const float *sr = scores + (long long)t * max_blocks * BS;\n"
+    "    const float *sr = scores + (long long)t * max_blocks * BS;\n";
+
+static const char SELECT_BODY[] =
+    "    __shared__ unsigned hist[256];\n"
+    "    __shared__ unsigned pick_s[2];\n"
+    "    __shared__ int ws[33];\n"
     "    /* the K-th largest key, 8 bits a pass from the top; `remain`: its rank\n"
     "       among the keys that match the digits found so far */\n"
     "    unsigned prefix = 0u, mask = 0u;\n"
@@ -309,13 +319,7 @@ static const char SELECT_BODY[] =
     "            unsigned cnt = 0u;\n"
     "            for (int b = 0; b < 8; b++)\n"
     "                cnt += hist[255 - lane * 8 - b];\n"
-    "            unsigned incl = cnt;\n"
-    "#pragma unroll\n"
-    "            for (int d = 1; d < 32; d <<= 1) {\n"
-    "                const unsigned y = __shfl_up_sync(0xffffffffu, incl, d);\n"
-    "                if (lane >= d)\n"
-    "                    incl += y;\n"
-    "            }\n"
+    "            const unsigned incl = dsa_warp_scan(cnt);\n"
     "            unsigned cum = incl - cnt;\n"
     "            if (cum < (unsigned)remain && (unsigned)remain <= incl)\n"
     "                for (int b = 0; b < 8; b++) {\n"
@@ -420,13 +424,7 @@ static const char SCORE_FAST_BODY[] =
     "                if (s >= 0 && p >= K && p / BS < max_blocks)\n"
     "                    nt = p / PT + 1;\n"
     "            }\n"
-    "            int x = nt;\n"
-    "#pragma unroll\n"
-    "            for (int o = 1; o < 32; o <<= 1) {\n"
-    "                const int y = __shfl_up_sync(0xffffffffu, x, o);\n"
-    "                if (lane >= o)\n"
-    "                    x += y;\n"
-    "            }\n"
+    "            const int x = dsa_warp_scan(nt);\n"
     "            if (t < TT)\n"
     "                sm.first[t] = carry + x - nt;\n"
     "            carry += __shfl_sync(0xffffffffu, x, 31);\n"
@@ -561,24 +559,11 @@ static const char FAST_SELECT_HELPERS[] =
     "    unsigned cnt = 0u;\n"
     "    for (int b = 0; b < per && top - b >= 0; b++)\n"
     "        cnt += h[top - b];\n"
-    "    unsigned x = cnt;\n"
-    "#pragma unroll\n"
-    "    for (int o = 1; o < 32; o <<= 1) {\n"
-    "        const unsigned y = __shfl_up_sync(0xffffffffu, x, o);\n"
-    "        if (lane >= o)\n"
-    "            x += y;\n"
-    "    }\n"
+    "    const unsigned x = dsa_warp_scan(cnt);\n"
     "    if (lane == 31)\n"
     "        ws[warp] = x;\n"
     "    __syncthreads();\n"
-    "    const unsigned wt = ws[lane];\n"
-    "    unsigned wi = wt;\n"
-    "#pragma unroll\n"
-    "    for (int o = 1; o < 32; o <<= 1) {\n"
-    "        const unsigned y = __shfl_up_sync(0xffffffffu, wi, o);\n"
-    "        if (lane >= o)\n"
-    "            wi += y;\n"
-    "    }\n"
+    "    const unsigned wt = ws[lane], wi = dsa_warp_scan(wt);\n"
     "    unsigned cum = __shfl_sync(0xffffffffu, wi - wt, warp) + x - cnt;\n"
     "    if (cum < remain && remain <= cum + cnt)\n"
     "        for (int b = 0; b < per && top - b >= 0; b++) {\n"
@@ -616,21 +601,7 @@ static const char SELECT_FAST_BODY[] =
     "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
     "    unsigned *ks = reinterpret_cast<unsigned *>(smem_raw);\n"
     "    __shared__ unsigned hist[2][2048], ws[2][NW], pick_s[3];\n"
-    "    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
-    "    const int s = slots[t], p = pos[t];\n"
-    "    int *o = out + (long long)t * K;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        for (int i = tid; i < K; i += NT)\n"
-    "            o[i] = -1;\n"
-    "        return;\n"
-    "    }\n"
-    "    const int n = p + 1;\n"
-    "    if (n <= K) {\n"
-    "        for (int i = tid; i < K; i += NT)\n"
-    "            o[i] = i < n ? i : -1;\n"
-    "        return;\n"
-    "    }\n"
-    "    const float *sr = scores + (long long)t * max_blocks * BS;\n"
+    "    const int warp = tid >> 5;\n"
     "    const bool in_smem = n <= CAP;\n"
     "    for (int i = tid; i < 2048; i += NT)\n"
     "        hist[0][i] = 0u;\n"
@@ -743,24 +714,11 @@ static const char SELECT_FAST_BODY[] =
     "        __syncthreads();\n"
     "        const unsigned ma = tid < nw ? am[tid] : 0u, me = tid < nw ? tm[tid] : 0u;\n"
     "        const unsigned cnt = (unsigned)__popc(ma) << 16 | (unsigned)__popc(me);\n"
-    "        unsigned x = cnt;\n"
-    "#pragma unroll\n"
-    "        for (int d = 1; d < 32; d <<= 1) {\n"
-    "            const unsigned y = __shfl_up_sync(0xffffffffu, x, d);\n"
-    "            if (lane >= d)\n"
-    "                x += y;\n"
-    "        }\n"
+    "        const unsigned x = dsa_warp_scan(cnt);\n"
     "        if (lane == 31)\n"
     "            ws[0][warp] = x;\n"
     "        __syncthreads();\n"
-    "        const unsigned wt = ws[0][lane];\n"
-    "        unsigned wi = wt;\n"
-    "#pragma unroll\n"
-    "        for (int d = 1; d < 32; d <<= 1) {\n"
-    "            const unsigned y = __shfl_up_sync(0xffffffffu, wi, d);\n"
-    "            if (lane >= d)\n"
-    "                wi += y;\n"
-    "        }\n"
+    "        const unsigned wt = ws[0][lane], wi = dsa_warp_scan(wt);\n"
     "        const unsigned total = __shfl_sync(0xffffffffu, wi, 31);\n"
     "        const unsigned before = __shfl_sync(0xffffffffu, wi - wt, warp) + x - cnt;\n"
     "        const unsigned ab = above0 + (before >> 16), eb = tie0 + (before & 0xffffu);\n"
@@ -889,7 +847,7 @@ static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, long long HI, lon
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
     if (is_new) {
-        moec_buf_printf(&c->src, "%s", FAST_SCORE_HELPERS);
+        moec_buf_printf(&c->src, "%s%s", SCAN_HELPERS, FAST_SCORE_HELPERS);
         moec_buf_printf(&c->src,
                         "// dsa_topk: index scores over the paged key cache, every token's tiles "
                         "shared by a fixed grid, on tensor cores (codegen/dsa_topk.c)\n"
@@ -1018,7 +976,7 @@ static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir
         char cap_line[64] = "";
         if (!legacy)
             snprintf(cap_line, sizeof cap_line, "    constexpr int CAP = %d;\n", cap);
-        moec_buf_printf(&c->src, "%s", SELECT_HELPERS);
+        moec_buf_printf(&c->src, "%s%s", SCAN_HELPERS, SELECT_HELPERS);
         if (!legacy)
             moec_buf_printf(&c->src, "%s", FAST_SELECT_HELPERS);
         moec_buf_printf(&c->src,
@@ -1027,9 +985,9 @@ static moec_status emit_select(cg_ctx *c, const ir_op *op, long long K, const ir
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float "
                         "*__restrict__ scores, const int *__restrict__ pos, const int "
                         "*__restrict__ slots, int max_blocks, int *__restrict__ out)\n{\n"
-                        "    constexpr int K = %lld, BS = %d, NT = %d;\n%s%s}\n\n",
+                        "    constexpr int K = %lld, BS = %d, NT = %d;\n%s%s%s}\n\n",
                         DSA_SELECT_THREADS, name, K, bs, DSA_SELECT_THREADS, cap_line,
-                        legacy ? SELECT_BODY : SELECT_FAST_BODY);
+                        SELECT_ENTRY, legacy ? SELECT_BODY : SELECT_FAST_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

@@ -1311,12 +1311,60 @@ typedef struct dsa_scored {
     int p;
 } dsa_scored;
 
+/* Descending scores, a NaN above everything, ties to the lower position
+ * (the interpreter's order). */
 static int dsa_scored_cmp(const void *pa, const void *pb)
 {
     const dsa_scored *a = pa, *b = pb;
-    if (a->s != b->s)
+    int na = isnan(a->s), nb = isnan(b->s);
+    if (na != nb)
+        return na ? -1 : 1;
+    if (!na && a->s != b->s)
         return a->s > b->s ? -1 : 1;
     return (a->p > b->p) - (a->p < b->p);
+}
+
+/* The index score of key k for a token's indexer q [HI, DI] and head
+ * weights w [HI]: the interpreter's definition (runtime/interp.c). */
+static float dsa_score_of(const float *q, const float *w, const float *k, int HI, int DI,
+                          double scale, double wscale)
+{
+    double acc = 0;
+    for (int h = 0; h < HI; h++) {
+        double dot = 0;
+        for (int i = 0; i < DI; i++)
+            dot += (double)q[(size_t)h * DI + i] * k[i];
+        float sh = (float)dot * (float)scale;
+        acc += (double)(w[h] * (float)wscale) * (sh > 0 ? sh : 0.0f);
+    }
+    return (float)acc;
+}
+
+/* The selection of n scores (K of them, ascending; NaN above all, ties to
+ * the lower position), as the interpreter's; the relative gap between the
+ * K-th and the next score into *gap (0 on a tie). */
+static void dsa_select_of(const float *sc, int n, int K, int *sel, double *gap)
+{
+    dsa_scored *c = xmalloc((size_t)n * sizeof *c);
+    double big = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].s = sc[i];
+        c[i].p = i;
+        if (isfinite(sc[i]))
+            big = fmax(big, fabs(sc[i]));
+    }
+    qsort(c, (size_t)n, sizeof *c, dsa_scored_cmp);
+    *gap = isfinite(c[K - 1].s) && isfinite(c[K].s) ? (c[K - 1].s - c[K].s) / (big > 0 ? big : 1) : 0;
+    char *mark = calloc((size_t)n, 1);
+    if (!mark)
+        exit(1);
+    for (int i = 0; i < K; i++)
+        mark[c[i].p] = 1;
+    for (int i = 0, o = 0; i < n; i++)
+        if (mark[i])
+            sel[o++] = i;
+    free(mark);
+    free(c);
 }
 
 /* The selection of a token of sequence sq at position p (its indexer q
@@ -1333,35 +1381,12 @@ static int dsa_ref_select(const dsa_env *e, int sq, int p, const float *iq, cons
             sel[i] = i < n ? i : -1;
         return n;
     }
-    dsa_scored *c = xmalloc((size_t)n * sizeof *c);
-    double big = 0;
-    for (int j = 0; j < n; j++) {
-        const float *k = e->hist[sq][0] + (size_t)j * s->DI;
-        double acc = 0;
-        for (int h = 0; h < s->HI; h++) {
-            double dot = 0;
-            for (int i = 0; i < s->DI; i++)
-                dot += (double)iq[(size_t)h * s->DI + i] * k[i];
-            float sh = (float)dot * (float)s->dsa_scale;
-            acc += (double)(iw[h] * (float)s->dsa_wscale) * (sh > 0 ? sh : 0.0f);
-        }
-        c[j].s = (double)(float)acc;
-        c[j].p = j;
-        big = fmax(big, fabs(c[j].s));
-    }
-    qsort(c, (size_t)n, sizeof *c, dsa_scored_cmp);
-    *gap = (c[K - 1].s - c[K].s) / (big > 0 ? big : 1);
-    char *chosen = calloc((size_t)n, 1);
-    if (!chosen)
-        exit(1);
-    for (int i = 0; i < K; i++)
-        chosen[c[i].p] = 1;
-    int o = 0;
+    float *sc = xmalloc((size_t)n * sizeof *sc);
     for (int j = 0; j < n; j++)
-        if (chosen[j])
-            sel[o++] = j;
-    free(chosen);
-    free(c);
+        sc[j] = dsa_score_of(iq, iw, e->hist[sq][0] + (size_t)j * s->DI, s->HI, s->DI,
+                             s->dsa_scale, s->dsa_wscale);
+    dsa_select_of(sc, n, K, sel, gap);
+    free(sc);
     return K;
 }
 
@@ -2247,66 +2272,15 @@ static void dsa_ab_step(dsa_ab *e, int T, const int *slot, const int *pos)
     CK(cudaMemcpy(e->b.input[IR_INPUT_SLOTS], slot, (size_t)T * 4, cudaMemcpyHostToDevice));
 }
 
-/* The interpreter's index score of position x for token t (runtime/interp.c). */
+/* The index score of position x for token t. */
 static float dsa_ab_score(const dsa_ab *e, int t, int x)
 {
     const uint16_t *k = dsa_key_row(e, e->slot[t], x);
-    const float *q = e->q + (size_t)t * e->HI * e->DI, *w = e->w + (size_t)t * e->HI;
     float kf[512];
     for (int i = 0; i < e->DI; i++)
         kf[i] = bf2f(k[i]);
-    double acc = 0;
-    for (int h = 0; h < e->HI; h++) {
-        double dot = 0;
-        for (int i = 0; i < e->DI; i++)
-            dot += (double)q[(size_t)h * e->DI + i] * kf[i];
-        float sh = (float)dot * (float)V32_DSA_2K.dsa_scale;
-        acc += (double)(w[h] * (float)V32_DSA_2K.dsa_wscale) * (sh > 0 ? sh : 0.0f);
-    }
-    return (float)acc;
-}
-
-typedef struct dsa_ab_cand {
-    float s;
-    int p;
-} dsa_ab_cand;
-
-static int dsa_ab_cmp(const void *pa, const void *pb)
-{
-    const dsa_ab_cand *a = pa, *b = pb;
-    int na = isnan(a->s), nb = isnan(b->s);
-    if (na != nb)
-        return na ? -1 : 1;
-    if (!na && a->s != b->s)
-        return a->s > b->s ? -1 : 1;
-    return (a->p > b->p) - (a->p < b->p);
-}
-
-/* The selection of n scores (K of them, ascending; NaN above all, ties to
- * the lower position), as the interpreter's; the relative gap between the
- * K-th and the next score into *gap (0 on a tie). */
-static void dsa_ab_select(const float *sc, int n, int K, int *sel, double *gap)
-{
-    dsa_ab_cand *c = xmalloc((size_t)n * sizeof *c);
-    double big = 0;
-    for (int i = 0; i < n; i++) {
-        c[i].s = sc[i];
-        c[i].p = i;
-        if (isfinite(sc[i]))
-            big = fmax(big, fabs(sc[i]));
-    }
-    qsort(c, (size_t)n, sizeof *c, dsa_ab_cmp);
-    *gap = isfinite(c[K - 1].s) && isfinite(c[K].s) ? (c[K - 1].s - c[K].s) / (big > 0 ? big : 1) : 0;
-    char *mark = calloc((size_t)n, 1);
-    if (!mark)
-        exit(1);
-    for (int i = 0; i < K; i++)
-        mark[c[i].p] = 1;
-    for (int i = 0, o = 0; i < n; i++)
-        if (mark[i])
-            sel[o++] = i;
-    free(mark);
-    free(c);
+    return dsa_score_of(e->q + (size_t)t * e->HI * e->DI, e->w + (size_t)t * e->HI, kf, e->HI,
+                        e->DI, V32_DSA_2K.dsa_scale, V32_DSA_2K.dsa_wscale);
 }
 
 /* Checks token t's selection: the n <= K and padding rows, else against
@@ -2320,7 +2294,7 @@ static int dsa_ab_check_sel(const dsa_ab *e, int t, const int *got, const float 
         for (int i = 0; i < K; i++)
             want[i] = e->slot[t] < 0 || i >= n ? -1 : i;
     else
-        dsa_ab_select(sc, n, K, want, &gap);
+        dsa_select_of(sc, n, K, want, &gap);
     int bad = -1;
     for (int i = 0; i < K && bad < 0; i++)
         if (got[i] != want[i])
@@ -2347,7 +2321,7 @@ static void dsa_ab_run(dsa_ab *e, int ti, const int *slot, const int *pos, const
             continue;
         for (int x = 0; x <= pos[t]; x++)
             ref[(size_t)t * row + x] = dsa_ab_score(e, t, x);
-        dsa_ab_select(ref + (size_t)t * row, pos[t] + 1, K, ref_sel + (size_t)t * K, &gap[t]);
+        dsa_select_of(ref + (size_t)t * row, pos[t] + 1, K, ref_sel + (size_t)t * K, &gap[t]);
     }
     void **kp = &e->b.kv_by_op[2 * e->op->id];
     for (int f = 0; f < DSA_FORMS; f++) {
