@@ -163,7 +163,7 @@ typedef struct compile_job {
     char err[2048];
 } compile_job;
 
-static compile_job jobs[48];
+static compile_job jobs[64];
 static int n_jobs, next_job;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *cache_dir;
@@ -1030,7 +1030,7 @@ static void test_sampler(void)
     static const long long vocabs[] = {102400, 129280, 151936, 1 << 20, 50, 7, 2049};
     /* the bucket of each compiled into the one program (-1: none) */
     static const int compile_T[] = {-1, 64, -1, 1, -1, 8, 1};
-    compile_job *j = n_jobs < 32 ? &jobs[n_jobs] : NULL;
+    compile_job *j = n_jobs < (int)(sizeof jobs / sizeof *jobs) ? &jobs[n_jobs] : NULL;
     T_CHECK(j != NULL);
     if (!j)
         return;
