@@ -30,6 +30,11 @@ if ! "$B" compile "$D/deepseek_v3" -o "$T/v3.moec" --batch-sizes 1 2>"$T/err"; t
   echo "FAIL: compile: $(cat "$T/err")"; exit 1
 fi
 run 0 "$B" compile "$D/deepseek_v3" -o "$T/vg.moec" --batch-sizes 1
+# fp8 weights at 8 tokens: the staged kernels' generation (codegen/fp8_tc.c)
+if ! "$B" compile "$D/deepseek_v3_fp8" -o "$T/f8.moec" --batch-sizes 8 2>"$T/err"; then
+  echo "FAIL: compile: $(cat "$T/err")"; exit 1
+fi
+run 0 "$B" compile "$D/deepseek_v3_fp8" -o "$T/vgf8.moec" --batch-sizes 8
 if command -v nvidia-smi >/dev/null 2>&1; then
   run 1 "$B" run "$T/v3.moec" --weights "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1
 else
