@@ -208,6 +208,10 @@ typedef struct moec_sampling {
  * requests that ask for no log probability take the argmax computed on the
  * GPU; the others copy their rows of logits back and sample on the host. */
 #define MOEC_TOP_LOGPROBS_MAX 20
+/* The ranges moec_engine_submit checks the settings against, for a caller
+ * that wants to say which one a client got wrong before it queues anything:
+ * MOEC_ERR_INVALID_ARG naming the first setting out of range. */
+moec_status moec_sampling_check(const moec_sampling *sp);
 
 typedef struct moec_request {
     const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab_size); copied */

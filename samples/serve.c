@@ -45,6 +45,7 @@
 #include <cjson/cJSON.h>
 
 #include "samples/serve.h"
+#include "samples/serve_util.h"
 
 static const char *USAGE =
     "usage: moec-serve PLAN --weights MODEL_DIR [options]\n"
@@ -163,28 +164,6 @@ static const char *USAGE =
 
 /* ---- small helpers -------------------------------------------------------- */
 
-static void die_oom(void)
-{
-    fprintf(stderr, "moec-serve: out of memory\n");
-    exit(1);
-}
-
-static void *xrealloc(void *p, size_t n)
-{
-    p = realloc(p, n ? n : 1);
-    if (!p)
-        die_oom();
-    return p;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p)
-        die_oom();
-    return p;
-}
-
 /* Parses a decimal int in [lo, hi]; 0 on success. */
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
@@ -295,32 +274,18 @@ static void conn_write(conn *c, const char *text, size_t n)
     }
     if (c->out_len + n > c->out_cap) {
         c->out_cap = (c->out_len + n) * 2;
-        c->out = xrealloc(c->out, c->out_cap);
+        c->out = serve_xrealloc(c->out, c->out_cap);
     }
     memcpy(c->out + c->out_len, text, n);
     c->out_len += n;
     c->budget->held += n;
 }
 
-/* vsnprintf into a new string. */
-static char *vformat(const char *fmt, va_list ap)
-{
-    va_list ap2;
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    if (n < 0)
-        die_oom(); /* only an invalid format or a length past INT_MAX */
-    char *text = xrealloc(NULL, (size_t)n + 1);
-    vsnprintf(text, (size_t)n + 1, fmt, ap);
-    return text;
-}
-
 __attribute__((format(printf, 2, 3))) static void conn_printf(conn *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *text = vformat(fmt, ap);
+    char *text = serve_vformat(fmt, ap);
     va_end(ap);
     conn_write(c, text, strlen(text));
     free(text);
@@ -334,16 +299,16 @@ __attribute__((format(printf, 3, 4))) static void reply_error(conn *c, const cha
 {
     va_list ap;
     va_start(ap, fmt);
-    char *msg = vformat(fmt, ap);
+    char *msg = serve_vformat(fmt, ap);
     va_end(ap);
     cJSON *o = cJSON_CreateObject();
     cJSON *id = id_json ? cJSON_Parse(id_json) : cJSON_CreateNull();
     if (!o || !id || !cJSON_AddItemToObject(o, "id", id) ||
         !cJSON_AddStringToObject(o, "error", msg))
-        die_oom();
+        serve_die_oom();
     char *text = cJSON_PrintUnformatted(o);
     if (!text)
-        die_oom();
+        serve_die_oom();
     conn_write(c, text, strlen(text));
     conn_write(c, "\n", 1);
     cJSON_free(text);
@@ -503,60 +468,12 @@ static void reply_event(const moec_event *ev)
 
 /* ---- requests ------------------------------------------------------------- */
 
-/* v as an int when it is a JSON number with an integral value that fits. */
-static int json_int(const cJSON *v, long long *out)
-{
-    if (!cJSON_IsNumber(v))
-        return 0;
-    double d = v->valuedouble;
-    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
-        return 0;
-    *out = (long long)d;
-    return 1;
-}
-
-/* The offset of the first byte of s[0..n) that is not part of valid UTF-8
- * (a stray continuation byte, a cut or overlong sequence, a surrogate, a
- * code point past U+10FFFF); n when all of it is valid. */
-static size_t utf8_invalid_at(const char *s, size_t n)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned cp = u[i], min;
-        size_t len;
-        if (cp < 0x80) {
-            i++;
-            continue;
-        } else if ((cp & 0xE0) == 0xC0) {
-            len = 2, cp &= 0x1F, min = 0x80;
-        } else if ((cp & 0xF0) == 0xE0) {
-            len = 3, cp &= 0x0F, min = 0x800;
-        } else if ((cp & 0xF8) == 0xF0) {
-            len = 4, cp &= 0x07, min = 0x10000;
-        } else {
-            return i;
-        }
-        if (n - i < len)
-            return i;
-        for (size_t k = 1; k < len; k++) {
-            if ((u[i + k] & 0xC0) != 0x80)
-                return i;
-            cp = cp << 6 | (u[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return i;
-        i += len;
-    }
-    return n;
-}
-
 /* Why a request is refused, as a new string. */
 __attribute__((format(printf, 1, 2))) static char *refuse(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *msg = vformat(fmt, ap);
+    char *msg = serve_vformat(fmt, ap);
     va_end(ap);
     return msg;
 }
@@ -601,7 +518,7 @@ static char *field_int(const cJSON *req, const char *name, long long lo, long lo
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, name);
     if (!v)
         return NULL;
-    if (!json_int(v, out) || *out < lo || *out > hi)
+    if (!serve_json_int(v, out) || *out < lo || *out > hi)
         return refuse("\"%s\" must be an integer from %lld to %lld", name, lo, hi);
     return NULL;
 }
@@ -641,12 +558,12 @@ static char *field_ids(const cJSON *req, const char *name, int32_t **ids, int *n
         return NULL;
     if (!cJSON_IsArray(v))
         return refuse("\"%s\" must be an array of token ids", name);
-    *ids = xcalloc((size_t)cJSON_GetArraySize(v), sizeof **ids);
+    *ids = serve_xcalloc((size_t)cJSON_GetArraySize(v), sizeof **ids);
     const cJSON *it;
     cJSON_ArrayForEach(it, v)
     {
         long long t;
-        if (!json_int(it, &t) || t < INT32_MIN || t > INT32_MAX)
+        if (!serve_json_int(it, &t) || t < INT32_MIN || t > INT32_MAX)
             return refuse("\"%s\"[%d] is not an integer", name, *n);
         (*ids)[(*n)++] = (int32_t)t;
     }
@@ -672,7 +589,7 @@ static char *request_parse(server *sv, const cJSON *j, moec_request *r, int32_t 
     const cJSON *mn = cJSON_GetObjectItemCaseSensitive(j, "max_new_tokens");
     if (!mn)
         return refuse("missing \"max_new_tokens\"");
-    if (!json_int(mn, &max_new))
+    if (!serve_json_int(mn, &max_new))
         return refuse("\"max_new_tokens\" must be an integer");
     if (max_new < 1)
         return refuse("\"max_new_tokens\" must be at least 1, got %lld", max_new);
@@ -697,10 +614,8 @@ static char *request_parse(server *sv, const cJSON *j, moec_request *r, int32_t 
     sp->top_k = (int)top_k;
     sp->top_logprobs = (int)top_logprobs;
     /* no seed: one of the service's own stream, so that each differs */
-    if (seed < 0) {
-        uint64_t z = (sv->seeds += 0x9e3779b97f4a7c15ull);
-        seed = (long long)((z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull >> 11);
-    }
+    if (seed < 0)
+        seed = (long long)serve_seed_next(&sv->seeds);
     sp->seed = (uint64_t)seed;
     return NULL;
 }
@@ -784,13 +699,13 @@ static char *request_id(conn *c, const cJSON *j, int required)
         return NULL;
     }
     size_t id_len = cJSON_IsString(id) ? strlen(id->valuestring) : 0;
-    if (id_len && utf8_invalid_at(id->valuestring, id_len) < id_len) {
+    if (id_len && serve_utf8_invalid_at(id->valuestring, id_len) < id_len) {
         reply_error(c, NULL, "\"id\" is not valid UTF-8"); /* so it cannot be echoed */
         return NULL;
     }
     char *id_json = cJSON_PrintUnformatted(id);
     if (!id_json)
-        die_oom();
+        serve_die_oom();
     return id_json;
 }
 
@@ -806,7 +721,7 @@ static char *request_submit(server *sv, conn *c, const moec_request *mr, char *i
         return refuse("request refused: the requests in flight and the clients' buffers would "
                       "hold more than %zu MiB (--max-buffer-mib)",
                       sv->budget.limit >> 20);
-    inflight *r = xcalloc(1, sizeof *r);
+    inflight *r = serve_xcalloc(1, sizeof *r);
     r->client = c;
     r->id_json = id_json;
     r->logprob = mr->sampling.logprob;
@@ -816,7 +731,7 @@ static char *request_submit(server *sv, conn *c, const moec_request *mr, char *i
         free(r);
         return refuse("%s", moec_last_error_message());
     }
-    r->out = xcalloc((size_t)mr->max_tokens, sizeof *r->out);
+    r->out = serve_xcalloc((size_t)mr->max_tokens, sizeof *r->out);
     r->cost = cost;
     sv->budget.held += cost;
     r->next = c->reqs;
@@ -880,7 +795,7 @@ static void handle_line(server *sv, conn *c, char *line, size_t len)
         reply_error(c, NULL, "malformed JSON at byte %ld", off);
         return;
     }
-    handle_request(sv, c, req, utf8_invalid_at(line, len), len);
+    handle_request(sv, c, req, serve_utf8_invalid_at(line, len), len);
     cJSON_Delete(req);
 }
 
@@ -907,7 +822,7 @@ static int conn_in_add(conn *c, const char *p, size_t n)
             cap = c->in_len + n + 1;
         if (cap > LINE_LIMIT + 1)
             cap = LINE_LIMIT + 1;
-        c->in = xrealloc(c->in, cap);
+        c->in = serve_xrealloc(c->in, cap);
         c->in_cap = cap;
     }
     memcpy(c->in + c->in_len, p, n);
@@ -976,9 +891,9 @@ static conn *server_add_conn(server *sv, int fd, int out_fd, int is_stdio)
 {
     if (sv->n_conns == sv->cap_conns) {
         sv->cap_conns = sv->cap_conns ? 2 * sv->cap_conns : 8;
-        sv->conns = xrealloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
+        sv->conns = serve_xrealloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
     }
-    conn *c = xcalloc(1, sizeof *c);
+    conn *c = serve_xcalloc(1, sizeof *c);
     c->budget = &sv->budget;
     c->fd = fd;
     c->out_fd = out_fd;
@@ -1138,7 +1053,7 @@ static int server_run(server *sv, int stdio)
             break; /* stdin done (or stdout gone) and every request answered */
         if (cap_pfd < sv->n_conns + 1) {
             cap_pfd = sv->n_conns + 8;
-            pfd = xrealloc(pfd, (size_t)cap_pfd * sizeof *pfd);
+            pfd = serve_xrealloc(pfd, (size_t)cap_pfd * sizeof *pfd);
         }
         int np = 0;
         if (sv->listen_fd >= 0)
@@ -1381,7 +1296,7 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     sv.n_eos = moec_engine_eos_tokens(sv.engine, &sv.eos);
     sv.max_conns = (int)o.max_conns;
     sv.budget.limit = (size_t)o.buffer_mib << 20;
-    sv.scratch = xcalloc(READ_CHUNK, 1);
+    sv.scratch = serve_xcalloc(READ_CHUNK, 1);
     sv.seeds = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 
     char where[64] = "reading requests from stdin";
