@@ -148,7 +148,7 @@ typedef struct hreq {
 
     /* Shared, under h->mu. */
     int suspended;      /* its connection is suspended (only the engine thread resumes) */
-    int resume_pending; /* resumed; its connection's thread has not run since */
+    int queued;         /* it went to the engine thread: its answer comes from there */
     int waiting;        /* counted in h->n_waiting: queued, no token yet */
     int conn_done;      /* libmicrohttpd is done with the connection */
     int hup;            /* its client went away (or stopped reading): end the connection */
@@ -172,10 +172,10 @@ struct serve_http {
     long long started_at;
 
     pthread_mutex_t mu;
-    pthread_cond_t resumed; /* a resumed connection's thread ran (n_resuming fell) */
+    pthread_cond_t completed; /* a request left `all` */
     hreq *all;
     hreq *incoming_head, *incoming_tail;
-    int n_waiting, n_resuming, stopping;
+    int n_waiting, stopping;
     uint64_t seeds, ids;
 
     /* The engine thread alone. */
@@ -239,6 +239,28 @@ static void j_str(cJSON *o, const char *key, const char *v)
 }
 
 static void j_num(cJSON *o, const char *key, double v) { j_add(o, key, cJSON_CreateNumber(v)); }
+
+/* A string of n bytes of UTF-8 that may hold NULs (generated text: a token
+ * may be the byte 0), which cJSON's strings cannot: written as JSON here. */
+static void j_strn(cJSON *o, const char *key, const char *s, size_t n)
+{
+    moec_buf b = {0};
+    moec_buf_put(&b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            moec_buf_printf(&b, "\\%c", c);
+        else if (c == '\n')
+            moec_buf_str(&b, "\\n");
+        else if (c < 0x20 || c == 0x7f)
+            moec_buf_printf(&b, "\\u%04x", c);
+        else
+            moec_buf_put(&b, s + i, 1);
+    }
+    moec_buf_put(&b, "\"", 1);
+    j_add(o, key, cJSON_CreateRaw(serve_buf_text(&b)));
+    moec_buf_free(&b);
+}
 
 static char *j_print(cJSON *root)
 {
@@ -655,13 +677,8 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
     pthread_mutex_unlock(&h->mu);
     snprintf(r->id, sizeof r->id, "%s-%016llx", r->chat ? "chatcmpl" : "cmpl",
              (unsigned long long)id);
-    /* completions: 16 (OpenAI's default); chat: up to the sequence's end */
-    if (max_tokens < 0)
-        max_tokens = r->chat ? (h->cfg.max_seq_len > r->mr.n_prompt
-                                    ? h->cfg.max_seq_len - r->mr.n_prompt
-                                    : 1)
-                             : 16;
-    r->mr.max_tokens = (int)max_tokens;
+    r->mr.max_tokens = max_tokens < 0 ? 0 : (int)max_tokens; /* 0: the default, once the
+                                                              * prompt is known */
     return 0;
 }
 
@@ -711,9 +728,14 @@ static int parse_request(hreq *r, http_error *e)
                 rc = -1;
     }
     if (!rc)
-        rc = r->chat ? parse_messages(r, j, e) : parse_prompt(r, j, e);
-    if (!rc)
         rc = parse_sampling(r, j, e);
+    if (!rc)
+        rc = r->chat ? parse_messages(r, j, e) : parse_prompt(r, j, e);
+    /* completions: 16 (OpenAI's default); chat: up to the sequence's end */
+    if (!rc && !r->mr.max_tokens)
+        r->mr.max_tokens = !r->chat ? 16
+                           : h->cfg.max_seq_len > r->mr.n_prompt ? h->cfg.max_seq_len - r->mr.n_prompt
+                                                                 : 1;
     cJSON_Delete(j);
     r->mr.prompt = r->prompt;
     r->mr.stop_ids = r->stop_ids;
@@ -793,19 +815,7 @@ static void resume(hreq *r)
     if (!r->suspended)
         return;
     r->suspended = 0;
-    r->resume_pending = 1;
-    r->h->n_resuming++;
     MHD_resume_connection(r->conn);
-}
-
-/* r's connection's thread runs again (mu held). */
-static void resumed(hreq *r)
-{
-    if (!r->resume_pending)
-        return;
-    r->resume_pending = 0;
-    if (--r->h->n_resuming == 0)
-        pthread_cond_broadcast(&r->h->resumed);
 }
 
 /* No longer queued with no token (mu held). */
@@ -820,34 +830,33 @@ static void unwait(hreq *r)
 
 /* ---- the SSE stream ------------------------------------------------------------ */
 
-/* A token's text for log probabilities (special tokens kept), new. */
-static char *token_text(const serve_http *h, int32_t id)
+/* A token's text for log probabilities (special tokens kept): new, *len
+ * bytes (it may hold NULs). */
+static char *token_text(const serve_http *h, int32_t id, size_t *len)
 {
     char *text = NULL;
-    size_t len;
-    if (moec_tokenizer_decode(h->tok, &id, 1, 0, &text, &len) != MOEC_OK || !text) {
+    if (moec_tokenizer_decode(h->tok, &id, 1, 0, &text, len) != MOEC_OK || !text) {
         free(text);
-        text = strdup("");
-        if (!text)
-            serve_die_oom();
+        text = serve_format("%s", "");
+        *len = 0;
     }
     return text;
 }
 
-static cJSON *bytes_json(const char *s)
+static cJSON *bytes_json(const char *s, size_t n)
 {
     cJSON *a = j_check(cJSON_CreateArray());
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        j_add(a, NULL, cJSON_CreateNumber(*p));
+    for (size_t i = 0; i < n; i++)
+        j_add(a, NULL, cJSON_CreateNumber((unsigned char)s[i]));
     return a;
 }
 
-static long utf8_chars(const char *s)
+static long utf8_chars(const char *s, size_t n)
 {
-    long n = 0;
-    for (; *s; s++)
-        n += ((unsigned char)*s & 0xC0) != 0x80;
-    return n;
+    long chars = 0;
+    for (size_t i = 0; i < n; i++)
+        chars += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return chars;
 }
 
 /* The log probabilities of n tokens as OpenAI writes them: completions'
@@ -859,20 +868,21 @@ static cJSON *logprobs_json(hreq *r, const tok_lp *lps, int n)
     cJSON *o = j_check(cJSON_CreateObject());
     if (r->chat) {
         cJSON *content = j_arr(o, "content");
+        size_t len;
         for (int i = 0; i < n; i++) {
             cJSON *t = j_obj(content, NULL);
-            char *s = token_text(h, lps[i].id);
-            j_str(t, "token", s);
+            char *s = token_text(h, lps[i].id, &len);
+            j_strn(t, "token", s, len);
             j_num(t, "logprob", lps[i].logprob);
-            j_add(t, "bytes", bytes_json(s));
+            j_add(t, "bytes", bytes_json(s, len));
             free(s);
             cJSON *tops = j_arr(t, "top_logprobs");
             for (int k = 0; k < lps[i].n_top; k++) {
                 cJSON *tt = j_obj(tops, NULL);
-                s = token_text(h, lps[i].top_ids[k]);
-                j_str(tt, "token", s);
+                s = token_text(h, lps[i].top_ids[k], &len);
+                j_strn(tt, "token", s, len);
                 j_num(tt, "logprob", lps[i].top_lps[k]);
-                j_add(tt, "bytes", bytes_json(s));
+                j_add(tt, "bytes", bytes_json(s, len));
                 free(s);
             }
         }
@@ -884,17 +894,18 @@ static cJSON *logprobs_json(hreq *r, const tok_lp *lps, int n)
     if (!tops)
         j_add(o, "top_logprobs", cJSON_CreateNull());
     cJSON *offs = j_arr(o, "text_offset");
+    size_t len;
     for (int i = 0; i < n; i++) {
-        char *s = token_text(h, lps[i].id);
-        j_str(tokens, NULL, s);
+        char *s = token_text(h, lps[i].id, &len);
+        j_strn(tokens, NULL, s, len);
         j_add(lp, NULL, cJSON_CreateNumber(lps[i].logprob));
         j_add(offs, NULL, cJSON_CreateNumber((double)r->text_offset));
-        r->text_offset += utf8_chars(s);
+        r->text_offset += utf8_chars(s, len);
         free(s);
-        if (tops) {
+        if (tops) { /* {token text: logprob}; a key with a NUL is cut there (cJSON's keys) */
             cJSON *d = j_obj(tops, NULL);
             for (int k = 0; k < lps[i].n_top; k++) {
-                s = token_text(h, lps[i].top_ids[k]);
+                s = token_text(h, lps[i].top_ids[k], &len);
                 j_add(d, s, cJSON_CreateNumber(lps[i].top_lps[k]));
                 free(s);
             }
@@ -933,8 +944,8 @@ static void stage_event(hreq *r, cJSON *root)
 
 /* A chunk: text (or a chat delta of it), its tokens' log probabilities,
  * the finish reason once done. role: chat's first chunk. */
-static void stage_chunk(hreq *r, const char *text, const tok_lp *lps, int n_lps,
-                        const char *finish, int role)
+static void stage_chunk(hreq *r, const char *text, size_t text_len, const tok_lp *lps,
+                        int n_lps, const char *finish, int role)
 {
     cJSON *root = envelope(r, r->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *c = j_obj(j_arr(root, "choices"), NULL);
@@ -944,9 +955,9 @@ static void stage_chunk(hreq *r, const char *text, const tok_lp *lps, int n_lps,
         if (role)
             j_str(d, "role", "assistant");
         if (text)
-            j_str(d, "content", text);
+            j_strn(d, "content", text, text_len);
     } else {
-        j_str(c, "text", text ? text : "");
+        j_strn(c, "text", text ? text : "", text_len);
     }
     j_add(c, "logprobs", n_lps ? logprobs_json(r, lps, n_lps) : cJSON_CreateNull());
     j_str(c, "finish_reason", finish);
@@ -962,7 +973,6 @@ static int stage_more(hreq *r)
 {
     serve_http *h = r->h;
     pthread_mutex_lock(&h->mu);
-    resumed(r);
     if (r->hup) {
         pthread_mutex_unlock(&h->mu);
         return -1;
@@ -984,17 +994,17 @@ static int stage_more(hreq *r)
     }
     pthread_mutex_unlock(&h->mu);
     if (r->chat && !r->sent_role) {
-        stage_chunk(r, "", NULL, 0, NULL, 1);
+        stage_chunk(r, "", 0, NULL, 0, NULL, 1);
         r->sent_role = 1;
     }
     if (out.len || n_lps)
-        stage_chunk(r, serve_buf_text(&out), lps, n_lps, NULL, 0);
+        stage_chunk(r, serve_buf_text(&out), out.len, lps, n_lps, NULL, 0);
     if (done && fail.status) {
         stage_event(r, error_json(&fail));
         moec_buf_str(&r->stage, "data: [DONE]\n\n");
         r->sent_end = 1;
     } else if (done) {
-        stage_chunk(r, NULL, NULL, 0, r->finish, 0);
+        stage_chunk(r, NULL, 0, NULL, 0, r->finish, 0);
         if (r->include_usage) {
             cJSON *root = envelope(r, r->chat ? "chat.completion.chunk" : "text_completion");
             j_arr(root, "choices");
@@ -1044,9 +1054,9 @@ static enum MHD_Result answer_whole(hreq *r, moec_buf *out, const tok_lp *lps, i
     if (r->chat) {
         cJSON *m = j_obj(c, "message");
         j_str(m, "role", "assistant");
-        j_str(m, "content", serve_buf_text(out));
+        j_strn(m, "content", serve_buf_text(out), out->len);
     } else {
-        j_str(c, "text", serve_buf_text(out));
+        j_strn(c, "text", serve_buf_text(out), out->len);
     }
     j_add(c, "logprobs", r->logprobs ? logprobs_json(r, lps, n_lps) : cJSON_CreateNull());
     j_str(c, "finish_reason", r->finish);
@@ -1060,7 +1070,6 @@ static enum MHD_Result on_resumed(hreq *r)
 {
     serve_http *h = r->h;
     pthread_mutex_lock(&h->mu);
-    resumed(r);
     if (r->hup) {
         pthread_mutex_unlock(&h->mu);
         return MHD_NO;
@@ -1125,7 +1134,7 @@ static enum MHD_Result enqueue(hreq *r)
                              "(--max-waiting); retry later",
                              n);
     }
-    r->waiting = 1;
+    r->queued = r->waiting = 1;
     h->n_waiting++;
     serve_metrics_http_waiting(h->metrics, h->n_waiting);
     r->refs++; /* the engine thread's */
@@ -1291,7 +1300,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         return;
     *con_cls = NULL;
     pthread_mutex_lock(&h->mu);
-    resumed(r);
     r->conn_done = 1;
     if (r->prev_all)
         r->prev_all->next_all = r->next_all;
@@ -1300,12 +1308,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (r->next_all)
         r->next_all->prev_all = r->prev_all;
     hreq_release(r);
+    pthread_cond_broadcast(&h->completed);
     pthread_mutex_unlock(&h->mu);
 }
 
 static void on_log(void *cls, const char *fmt, va_list ap)
 {
     (void)cls;
+    /* what libmicrohttpd says when this file ends a connection on purpose
+     * (its client went away, or stopped reading) */
+    if (strstr(fmt, "Application reported internal error") ||
+        strstr(fmt, "application error generating response"))
+        return;
     fprintf(stderr, "moec-serve: http: ");
     vfprintf(stderr, fmt, ap);
     size_t n = strlen(fmt);
@@ -1410,13 +1424,13 @@ static void submit(serve_http *h, moec_engine_t *engine, hreq *r)
 
 void serve_http_pump(serve_http *h, moec_engine_t *engine, const struct pollfd *pfd)
 {
-    if (pfd[0].revents & POLLIN) {
+    if (pfd && pfd[0].revents & POLLIN) {
         uint64_t v;
         if (read(h->wake_fd, &v, sizeof v) < 0 && errno != EAGAIN)
             fprintf(stderr, "moec-serve: http: wake-up read: %s\n", strerror(errno));
     }
     /* clients that hung up while their requests waited on the engine */
-    for (int i = 0; i < h->n_polled; i++)
+    for (int i = 0; pfd && i < h->n_polled; i++)
         if (pfd[1 + i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))
             engine_end(h, engine, h->polled[i], 1, NULL, NULL, 1);
     h->n_polled = 0;
@@ -1583,7 +1597,7 @@ int serve_http_start(const serve_http_config *cfg, const moec_tokenizer_t *tok,
     h->started_at = (long long)time(NULL);
     h->seeds = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ 0x5e11;
     h->ids = h->seeds ^ 0x1d5;
-    if (pthread_mutex_init(&h->mu, NULL) || pthread_cond_init(&h->resumed, NULL))
+    if (pthread_mutex_init(&h->mu, NULL) || pthread_cond_init(&h->completed, NULL))
         serve_die_oom();
     h->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (h->wake_fd < 0) {
@@ -1595,12 +1609,11 @@ int serve_http_start(const serve_http_config *cfg, const moec_tokenizer_t *tok,
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     h->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-        ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)HEADER_LIMIT, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_EXTERNAL_LOGGER, on_log, h,
-        MHD_OPTION_END);
+        flags, (uint16_t)cfg->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+        on_log, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HEADER_LIMIT, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)cfg->threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
         fprintf(stderr, "moec-serve: http: cannot listen on %s:%d (the port taken, or the "
@@ -1651,16 +1664,22 @@ void serve_http_stop(serve_http *h)
     for (hreq *r = h->all; r; r = r->next_all)
         resume(r);
     h->incoming_head = h->incoming_tail = NULL;
+    /* their answers go out before the connections close (5 s at most: a
+     * client that does not read is not waited for) */
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += 5;
-    while (h->n_resuming > 0 &&
-           pthread_cond_timedwait(&h->resumed, &h->mu, &until) != ETIMEDOUT) {
+    int left;
+    for (;;) {
+        left = 0;
+        for (hreq *r = h->all; r; r = r->next_all)
+            left += r->queued;
+        if (!left || pthread_cond_timedwait(&h->completed, &h->mu, &until) == ETIMEDOUT)
+            break;
     }
-    int stuck = h->n_resuming;
     pthread_mutex_unlock(&h->mu);
-    if (stuck)
-        fprintf(stderr, "moec-serve: http: %d connections did not wake within 5 s\n", stuck);
+    if (left)
+        fprintf(stderr, "moec-serve: http: %d answers not sent within 5 s of the stop\n", left);
     if (h->daemon)
         MHD_stop_daemon(h->daemon);
     if (listen_fd != MHD_INVALID_SOCKET)
@@ -1668,7 +1687,7 @@ void serve_http_stop(serve_http *h)
     if (h->wake_fd >= 0)
         close(h->wake_fd);
     free(h->polled);
-    pthread_cond_destroy(&h->resumed);
+    pthread_cond_destroy(&h->completed);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }

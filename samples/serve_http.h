@@ -37,8 +37,9 @@ int serve_http_port(const serve_http *h);
  * descriptor, and the sockets of requests waiting for the engine, whose
  * clients may hang up. Returns the new count. */
 int serve_http_poll_fds(serve_http *h, struct pollfd **pfd, int *cap, int np);
-/* Right after the poll (pfd: the entries serve_http_poll_fds added): cancels
- * the requests whose clients went away, submits the new ones. */
+/* Right after the poll (pfd: the entries serve_http_poll_fds added, or NULL
+ * when the poll reported nothing): cancels the requests whose clients went
+ * away, submits the new ones. */
 void serve_http_pump(serve_http *h, moec_engine_t *engine, const struct pollfd *pfd);
 /* An engine event of an HTTP request (its user points at a serve_req_head
  * with http set). */
