@@ -350,4 +350,52 @@ wait "$A"
 tail -c 200 "$T/a2.out" | grep -qF 'data: {"error":{"message":"the service is shutting down"' && ok ||
   bad "a stream at SIGTERM ended with: $(tail -c 300 "$T/a2.out")"
 
+# ---- both protocols on one engine; a stalled client timed out ----------------------
+# --port's line protocol and --http together, an explicit --host and
+# --served-model-name; --http-timeout 1 closes a client that sent half a
+# request (within the 20 s this waits).
+if http_start "$T/serve2.err" "$M" --backend cpu --port 0 --http 0 --host 127.0.0.1 \
+  --served-model-name fox/v1 --http-timeout 1; then
+  line_port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\);.*/\1/p' "$T/serve2.err")
+  URL=http://127.0.0.1:$PORT
+  post /v1/completions '{"model":"fox/v1","prompt":[84,104,101],"max_tokens":4,"temperature":0}'
+  line=$(python3 - "$line_port" <<'PY'
+import json, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b'{"id":1,"prompt_ids":[84,104,101],"max_new_tokens":4}\n')
+buf = b""
+while b'"done":true' not in buf:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+print(",".join(map(str, json.loads(buf.splitlines()[-1])["tokens"])))
+PY
+)
+  # the same greedy tokens, as text through the tokenizer
+  echo "$line" | "$B/moec" tokenize "$M" --decode --skip-special-tokens >"$T/line.txt"
+  [ "$CODE" = 200 ] && [ -n "$line" ] && python3 -c '
+import json, sys
+sys.exit(json.load(open(sys.argv[1]))["choices"][0]["text"].encode() != open(sys.argv[2], "rb").read())' \
+    "$T/body" "$T/line.txt" && ok || bad "line protocol $line, HTTP $CODE $BODY"
+  post /v1/completions '{"model":"tiny-v2","prompt":"a"}'
+  expect_error 404 $E '"model"' '"model_not_found"' "The model 'tiny-v2' does not exist: this server serves 'fox/v1'"
+  closed=$(python3 - "$PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")
+s.settimeout(20)
+try:
+    print("closed" if s.recv(100) == b"" else "answered")
+except OSError as e:
+    print("still open: %s" % e)
+PY
+)
+  [ "$closed" = closed ] && ok || bad "a half-sent request with --http-timeout 1: $closed"
+  http_stop
+  [ "$STOP_RC" = 0 ] && ok || bad "the second server exited $STOP_RC"
+else
+  bad "no second server"
+fi
+
 finish test_http
