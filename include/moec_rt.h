@@ -404,6 +404,19 @@ typedef struct moec_chat_options {
  * template. */
 moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_message_t *msgs, int n_msgs,
                              const moec_chat_options_t *opts, char **out);
+/* The same for a conversation in JSON (len bytes of UTF-8): a list of
+ * messages, each an object with a string "role" and any other fields the
+ * template reads ("content" a string, a list or null; "tool_calls",
+ * "reasoning_content", "name", ...), or an object with such a list as
+ * "messages" and other members (OpenAI's "tools", or any variable a
+ * template reads, such as DeepSeek-V3.1's "thinking") passed to the
+ * template as variables. add_generation_prompt, bos_token and eos_token
+ * come from opts and the tokenizer (a request setting them is refused);
+ * enable_thinking from opts when set there, else from the request. A key
+ * written twice is refused. JSON numbers without a fraction become
+ * integers. */
+moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
+                                  const moec_chat_options_t *opts, char **out);
 
 #ifdef __cplusplus
 }
