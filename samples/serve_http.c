@@ -504,50 +504,48 @@ static int parse_prompt(hreq *r, const cJSON *j, http_error *e)
     return 0;
 }
 
-/* A message's content: a string, null, or a list of {"type": "text",
- * "text": ...} parts (joined). A new string in *out (NULL for null). */
-static int message_content(const cJSON *m, int i, char **out, http_error *e)
+/* A message's content as the template reads it: a string or null as given,
+ * a list of {"type": "text", "text": ...} parts (OpenAI's) joined into one
+ * string. In place, in m (a copy of the request's). */
+static int message_content(cJSON *m, int i, http_error *e)
 {
-    const cJSON *c = field(m, "content");
-    *out = NULL;
-    if (!c)
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (!c || cJSON_IsNull(c) || cJSON_IsString(c))
         return 0;
-    if (cJSON_IsString(c)) {
-        *out = strdup(c->valuestring);
-    } else if (cJSON_IsArray(c)) {
-        moec_buf b = {0};
-        moec_buf_str(&b, "");
-        const cJSON *part;
-        int k = 0;
-        cJSON_ArrayForEach(part, c)
-        {
-            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
-            if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
-                !cJSON_IsString(text)) {
-                moec_buf_free(&b);
-                return bad_request(e, "messages",
-                                   "'messages'[%d].content[%d] must be a {\"type\": \"text\", "
-                                   "\"text\": ...} part (moec takes text alone)",
-                                   i, k);
-            }
-            moec_buf_str(&b, text->valuestring);
-            k++;
-        }
-        *out = strdup(serve_buf_text(&b));
-        moec_buf_free(&b);
-    } else {
+    if (!cJSON_IsArray(c))
         return bad_request(e, "messages",
                            "'messages'[%d].content must be a string or a list of parts, not %s",
                            i, moec_json_kind(c));
+    moec_buf b = {0};
+    moec_buf_str(&b, "");
+    const cJSON *part;
+    int k = 0;
+    cJSON_ArrayForEach(part, c)
+    {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+            moec_buf_free(&b);
+            return bad_request(e, "messages",
+                               "'messages'[%d].content[%d] must be a {\"type\": \"text\", "
+                               "\"text\": ...} part (moec takes text alone)",
+                               i, k);
+        }
+        moec_buf_str(&b, text->valuestring);
+        k++;
     }
-    if (!*out)
+    cJSON *joined = j_check(cJSON_CreateString(serve_buf_text(&b)));
+    moec_buf_free(&b);
+    if (!cJSON_ReplaceItemInObjectCaseSensitive(m, "content", joined))
         serve_die_oom();
     return 0;
 }
 
-/* messages, rendered with the model's chat template and tokenized without
- * special tokens (the template writes them). */
+/* messages (each with whatever else the template reads: tool_calls, name,
+ * reasoning_content, ...), tools, and chat_template_kwargs' variables
+ * (enable_thinking, ...), rendered with the model's chat template
+ * (moec_chat_render_json) and tokenized without special tokens (the
+ * template writes them). */
 static int parse_messages(hreq *r, const cJSON *j, http_error *e)
 {
     const cJSON *v = field(j, "messages");
@@ -555,51 +553,45 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
         return bad_request(e, "messages", "'messages' is required");
     if (!cJSON_IsArray(v) || !cJSON_GetArraySize(v))
         return bad_request(e, "messages", "'messages' must be a non-empty list of messages");
-    int n = cJSON_GetArraySize(v), rc = 0;
-    moec_chat_message_t *msgs = serve_xcalloc((size_t)n, sizeof *msgs);
-    char **contents = serve_xcalloc((size_t)n, sizeof *contents);
+    const cJSON *kw = field(j, "chat_template_kwargs"), *tools = field(j, "tools");
+    if (kw && !cJSON_IsObject(kw))
+        return bad_request(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    moec_chat_options_t opts = {.add_generation_prompt = 1, .enable_thinking = -1};
+    if (field_bool(j, "add_generation_prompt", &opts.add_generation_prompt, e))
+        return -1;
+    cJSON *conv = j_check(cJSON_CreateObject());
+    cJSON *list = j_arr(conv, "messages");
     const cJSON *m;
-    int i = 0;
+    int i = 0, rc = 0;
     cJSON_ArrayForEach(m, v)
     {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+        if (!cJSON_IsObject(m) || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role"))) {
             rc = bad_request(e, "messages",
                              "'messages'[%d] must be an object with a string 'role'", i);
             break;
         }
-        if ((rc = message_content(m, i, &contents[i], e)))
+        cJSON *copy = j_check(cJSON_Duplicate(m, 1));
+        j_add(list, NULL, copy);
+        if ((rc = message_content(copy, i, e)))
             break;
-        msgs[i] = (moec_chat_message_t){.role = role->valuestring, .content = contents[i]};
         i++;
     }
-    moec_chat_options_t opts = {.add_generation_prompt = 1, .enable_thinking = -1};
-    const cJSON *kw = field(j, "chat_template_kwargs");
-    if (!rc && kw && !cJSON_IsObject(kw))
-        rc = bad_request(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    if (!rc)
-        rc = field_bool(j, "add_generation_prompt", &opts.add_generation_prompt, e);
-    if (!rc && kw && field(kw, "enable_thinking")) {
-        int think = 0;
-        rc = field_bool(kw, "enable_thinking", &think, e);
-        opts.enable_thinking = think;
-    }
-    char *text = NULL;
-    if (!rc) {
-        moec_status st = moec_chat_render(r->h->tok, msgs, n, &opts, &text);
-        if (st != MOEC_OK)
-            rc = bad_request(e, "messages", "cannot apply the chat template: %s",
-                             moec_last_error_message());
-    }
+    if (!rc && tools)
+        j_add(conv, "tools", cJSON_Duplicate(tools, 1));
+    for (const cJSON *k = kw ? kw->child : NULL; !rc && k; k = k->next)
+        j_add(conv, k->string, cJSON_Duplicate(k, 1));
+    char *json = rc ? NULL : j_print(conv), *text = NULL;
+    if (rc)
+        cJSON_Delete(conv);
+    if (!rc && moec_chat_render_json(r->h->tok, json, strlen(json), &opts, &text) != MOEC_OK)
+        rc = bad_request(e, "messages", "cannot apply the chat template: %s",
+                         moec_last_error_message());
     if (!rc)
         rc = encode(r, text, 0, "messages", e);
     if (!rc && !r->mr.n_prompt)
         rc = bad_request(e, "messages", "the chat template gave no tokens");
+    cJSON_free(json);
     free(text);
-    for (int k = 0; k < n; k++)
-        free(contents[k]);
-    free(contents);
-    free(msgs);
     return rc;
 }
 
