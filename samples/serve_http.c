@@ -583,7 +583,11 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
     char *json = rc ? NULL : j_print(conv), *text = NULL;
     if (rc)
         cJSON_Delete(conv);
-    if (!rc && moec_chat_render_json(r->h->tok, json, strlen(json), &opts, &text) != MOEC_OK)
+    moec_status st = rc ? MOEC_OK : moec_chat_render_json(r->h->tok, json, strlen(json), &opts, &text);
+    if (st == MOEC_ERR_NOT_FOUND) /* the message names the server's folder: not for clients */
+        rc = bad_request(e, "messages", "the model has no chat template (tokenizer_config.json's "
+                                        "chat_template): use /v1/completions");
+    else if (st != MOEC_OK)
         rc = bad_request(e, "messages", "cannot apply the chat template: %s",
                          moec_last_error_message());
     if (!rc)

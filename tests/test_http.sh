@@ -355,7 +355,7 @@ tail -c 200 "$T/a2.out" | grep -qF 'data: {"error":{"message":"the service is sh
 # --served-model-name; --http-timeout 1 closes a client that sent half a
 # request (within the 20 s this waits).
 if http_start "$T/serve2.err" "$M" --backend cpu --port 0 --http 0 --host 127.0.0.1 \
-  --served-model-name fox/v1 --http-timeout 1; then
+  --served-model-name fox/v1 --http-timeout 1 --tokenizer "$S/tests/data/tokenizers/bytes256"; then
   line_port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\);.*/\1/p' "$T/serve2.err")
   URL=http://127.0.0.1:$PORT
   post /v1/completions '{"model":"fox/v1","prompt":[84,104,101],"max_tokens":4,"temperature":0}'
@@ -380,6 +380,10 @@ sys.exit(json.load(open(sys.argv[1]))["choices"][0]["text"].encode() != open(sys
     "$T/body" "$T/line.txt" && ok || bad "line protocol $line, HTTP $CODE $BODY"
   post /v1/completions '{"model":"tiny-v2","prompt":"a"}'
   expect_error 404 $E '"model"' '"model_not_found"' "The model 'tiny-v2' does not exist: this server serves 'fox/v1'"
+  # --tokenizer: a folder with no chat template
+  post /v1/chat/completions '{"model":"fox/v1","messages":[{"role":"user","content":"hi"}]}'
+  expect_error 400 $E '"messages"' null \
+    "the model has no chat template (tokenizer_config.json's chat_template): use /v1/completions"
   closed=$(python3 - "$PORT" <<'PY'
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
