@@ -186,6 +186,26 @@ struct serve_http {
 
 /* ---- small helpers ----------------------------------------------------------- */
 
+/* Doubly linked lists threaded through a request's prev/next fields. */
+#define LIST_PUSH(head, r, prev, next)                                                         \
+    do {                                                                                       \
+        (r)->prev = NULL;                                                                      \
+        (r)->next = (head);                                                                    \
+        if (head)                                                                              \
+            (head)->prev = (r);                                                                \
+        (head) = (r);                                                                          \
+    } while (0)
+#define LIST_UNLINK(head, r, prev, next)                                                       \
+    do {                                                                                       \
+        if ((r)->prev)                                                                         \
+            (r)->prev->next = (r)->next;                                                       \
+        else                                                                                   \
+            (head) = (r)->next;                                                                \
+        if ((r)->next)                                                                         \
+            (r)->next->prev = (r)->prev;                                                       \
+        (r)->prev = (r)->next = NULL;                                                          \
+    } while (0)
+
 static void err_set(http_error *e, int status, const char *type, const char *code,
                     const char *param, char *message)
 {
@@ -766,10 +786,7 @@ static hreq *hreq_new(serve_http *h, struct MHD_Connection *conn, const char *ur
     }
     r->method_ok = r->ep != EP_UNKNOWN && !strcmp(method, ROUTES[r->ep].method);
     pthread_mutex_lock(&h->mu);
-    r->next_all = h->all;
-    if (h->all)
-        h->all->prev_all = r;
-    h->all = r;
+    LIST_PUSH(h->all, r, prev_all, next_all);
     pthread_mutex_unlock(&h->mu);
     return r;
 }
@@ -1297,12 +1314,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
     pthread_mutex_lock(&h->mu);
     r->conn_done = 1;
-    if (r->prev_all)
-        r->prev_all->next_all = r->next_all;
-    else
-        h->all = r->next_all;
-    if (r->next_all)
-        r->next_all->prev_all = r->prev_all;
+    LIST_UNLINK(h->all, r, prev_all, next_all);
     hreq_release(r);
     pthread_cond_broadcast(&h->completed);
     pthread_mutex_unlock(&h->mu);
@@ -1325,17 +1337,6 @@ static void on_log(void *cls, const char *fmt, va_list ap)
 
 /* ---- the engine thread ---------------------------------------------------------- */
 
-static void active_remove(serve_http *h, hreq *r)
-{
-    if (r->prev_active)
-        r->prev_active->next_active = r->next_active;
-    else
-        h->active = r->next_active;
-    if (r->next_active)
-        r->next_active->prev_active = r->prev_active;
-    r->prev_active = r->next_active = NULL;
-}
-
 /* The engine has no more of r: finish (or fail: status set) recorded, its
  * connection woken, the engine thread's hold dropped. cancel: r is still in
  * the engine and must be taken out. */
@@ -1345,7 +1346,7 @@ static void engine_end(serve_http *h, moec_engine_t *engine, hreq *r, int cancel
     if (cancel && r->in_engine && moec_engine_cancel(engine, r->engine_id) != MOEC_OK)
         fprintf(stderr, "moec-serve: http: %s\n", moec_last_error());
     if (r->in_engine)
-        active_remove(h, r);
+        LIST_UNLINK(h->active, r, prev_active, next_active);
     r->in_engine = 0;
     moec_detokenizer_free(r->detok);
     r->detok = NULL;
@@ -1412,10 +1413,7 @@ static void submit(serve_http *h, moec_engine_t *engine, hreq *r)
     }
     r->in_engine = 1;
     r->head.t_submit = moec_now_s();
-    r->next_active = h->active;
-    if (h->active)
-        h->active->prev_active = r;
-    h->active = r;
+    LIST_PUSH(h->active, r, prev_active, next_active);
 }
 
 void serve_http_pump(serve_http *h, moec_engine_t *engine, const struct pollfd *pfd)

@@ -15,19 +15,10 @@
 set -u
 B=${MOEC_BUILD_DIR:?}
 S=${MOEC_SOURCE_DIR:?}
-T=$(mktemp -d)
-SERVER_PID=
-BG=()
-cleanup() {
-  for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done
-  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
-  rm -rf "$T"
-}
-trap cleanup EXIT
 # shellcheck source=tests/lib.sh
 source "$S/tests/lib.sh"
-# shellcheck source=tests/http_model.sh
-source "$S/tests/http_model.sh"
+# shellcheck source=tests/http_lib.sh
+source "$S/tests/http_lib.sh"
 EXPECT_TIMEOUT=20
 M=$T/tiny-v2
 http_model "$M"

@@ -16,19 +16,15 @@ cancelled (the metrics count it, nothing is left running), and the service
 then answers as before and stops cleanly on SIGTERM."""
 import http.client
 import json
-import os
-import re
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-B = os.environ["MOEC_BUILD_DIR"]
-S = os.environ["MOEC_SOURCE_DIR"]
+from http_lib import make_model, start_server, stop_server
+
 CLIENTS = 100
 failures = []
 
@@ -36,28 +32,6 @@ failures = []
 def fail(msg):
     failures.append(msg)
     print("FAIL:", msg[:2000], flush=True)
-
-
-def start_server(model, *args):
-    """moec serve MODEL --http 0 ARGS; returns (process, port, stderr lines)."""
-    p = subprocess.Popen([B + "/moec", "serve", model, "--backend", "cpu", "--http", "0", *args],
-                         stderr=subprocess.PIPE, text=True)
-    lines = []
-    port = None
-    deadline = time.time() + 30
-    while port is None and time.time() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"HTTP API of model .* on 127\.0\.0\.1:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-    if port is None:
-        p.kill()
-        sys.exit("the server did not start: " + "".join(lines))
-    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
-    return p, port, lines
 
 
 def post(port, body, timeout=120):
@@ -138,19 +112,13 @@ def main():
     tmp = tempfile.mkdtemp()
     try:
         model = tmp + "/tiny-v2"
-        subprocess.run(["bash", "-c", 'source "$1/tests/http_model.sh" && http_model "$2"', "_",
-                        S, model], check=True)
+        make_model(model)
         server, port, log = start_server(model, "--max-connections", "256", "--max-seqs", "16",
                                          "--http-timeout", "600")
         try:
             run(port, log)
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                rc = server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                rc = "none (killed after 60 s)"
+            rc = stop_server(server)
             if rc != 0:
                 fail("the server exited %s on SIGTERM: %s" % (rc, "".join(log)))
     finally:

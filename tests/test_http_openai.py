@@ -29,16 +29,11 @@ except ImportError:
 
 import http.client
 import json
-import re
 import shutil
-import signal
-import subprocess
 import tempfile
-import threading
-import time
 
-B = os.environ["MOEC_BUILD_DIR"]
-S = os.environ["MOEC_SOURCE_DIR"]
+from http_lib import make_model, start_server, stop_server
+
 MODEL = "tiny-v2"
 failures = []
 
@@ -48,26 +43,6 @@ def check(ok, msg):
         failures.append(msg)
         print("FAIL:", msg[:2000], flush=True)
     return ok
-
-
-def start_server(model):
-    p = subprocess.Popen([B + "/moec", "serve", model, "--backend", "cpu", "--http", "0"],
-                         stderr=subprocess.PIPE, text=True)
-    lines, port = [], None
-    deadline = time.time() + 30
-    while port is None and time.time() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(r"HTTP API of model .* on 127\.0\.0\.1:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-    if port is None:
-        p.kill()
-        sys.exit("the server did not start: " + "".join(lines))
-    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
-    return p, port, lines
 
 
 def raises(call, kind, **want):
@@ -183,18 +158,12 @@ def main():
     tmp = tempfile.mkdtemp()
     try:
         model = tmp + "/" + MODEL
-        subprocess.run(["bash", "-c", 'source "$1/tests/http_model.sh" && http_model "$2"', "_",
-                        S, model], check=True)
+        make_model(model)
         server, port, log = start_server(model)
         try:
             run(port)
         finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                rc = server.wait(60)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                rc = "none (killed after 60 s)"
+            rc = stop_server(server)
             check(rc == 0, "the server exited %s on SIGTERM: %s" % (rc, "".join(log)))
     finally:
         shutil.rmtree(tmp)

@@ -10,19 +10,10 @@ S=${MOEC_SOURCE_DIR:?}
 if ! command -v valgrind >/dev/null; then
   echo "SKIP: valgrind is not installed (run scripts/install_deps.sh)"; exit 0
 fi
-T=$(mktemp -d)
-SERVER_PID=
-BG=()
-cleanup() {
-  for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done
-  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
-  rm -rf "$T"
-}
-trap cleanup EXIT
 # shellcheck source=tests/lib.sh
 source "$S/tests/lib.sh"
-# shellcheck source=tests/http_model.sh
-source "$S/tests/http_model.sh"
+# shellcheck source=tests/http_lib.sh
+source "$S/tests/http_lib.sh"
 M=$T/tiny-v2
 http_model "$M"
 

@@ -1,7 +1,19 @@
-# http_model.sh — sourced by the HTTP API's tests: a model folder that
-# serves text (the tiny deepseek_v2, whose greedy text is varied: multi-byte
-# characters, control bytes, U+FFFD), and a server started on it.
-#
+# http_lib.sh — sourced by the HTTP API's shell tests (after lib.sh): T, a
+# folder removed at exit along with the server (SERVER_PID) and the
+# background clients (BG) still running; a model folder that serves text
+# (the tiny deepseek_v2, whose greedy text is varied: multi-byte characters,
+# control bytes, U+FFFD); a server started on it. test_http_*.py use
+# http_model through bash too.
+T=$(mktemp -d)
+SERVER_PID=
+BG=()
+http_cleanup() {
+  for p in "${BG[@]}"; do kill "$p" 2>/dev/null; done
+  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
+  rm -rf "$T"
+}
+trap http_cleanup EXIT
+
 # http_model DIR: the tiny deepseek_v2 with the one-token-per-byte
 # tokenizer (its 256 ids are the model's vocabulary), a ChatML chat
 # template, and max_position_embeddings raised to 16384 so that one request
