@@ -718,10 +718,9 @@ static int parse_request(hreq *r, http_error *e)
             return bad_request(e, NULL, "the request body is not valid JSON (at byte %zu)", at);
         }
     }
-    if (!j) {
-        const char *at = cJSON_GetErrorPtr();
-        bad = at && at >= r->body && at <= r->body + r->body_len ? (size_t)(at - r->body)
-                                                                 : r->body_len;
+    if (!j) { /* end points at the error (cJSON_GetErrorPtr is one for all threads) */
+        bad = end && end >= r->body && end <= r->body + r->body_len ? (size_t)(end - r->body)
+                                                                    : r->body_len;
         return bad_request(e, NULL, "the request body is not valid JSON (at byte %zu)", bad);
     }
     int rc = 0;
