@@ -603,7 +603,8 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
     char *json = rc ? NULL : j_print(conv), *text = NULL;
     if (rc)
         cJSON_Delete(conv);
-    moec_status st = rc ? MOEC_OK : moec_chat_render_json(r->h->tok, json, strlen(json), &opts, &text);
+    moec_status st =
+        rc ? MOEC_OK : moec_chat_render_json(r->h->tok, json, strlen(json), &opts, &text);
     if (st == MOEC_ERR_NOT_FOUND) /* the message names the server's folder: not for clients */
         rc = bad_request(e, "messages", "the model has no chat template (tokenizer_config.json's "
                                         "chat_template): use /v1/completions");
@@ -747,10 +748,11 @@ static int parse_request(hreq *r, http_error *e)
     if (!rc)
         rc = r->chat ? parse_messages(r, j, e) : parse_prompt(r, j, e);
     /* completions: 16 (OpenAI's default); chat: up to the sequence's end */
-    if (!rc && !r->mr.max_tokens)
-        r->mr.max_tokens = !r->chat ? 16
-                           : h->cfg.max_seq_len > r->mr.n_prompt ? h->cfg.max_seq_len - r->mr.n_prompt
-                                                                 : 1;
+    if (!rc && !r->mr.max_tokens && !r->chat)
+        r->mr.max_tokens = 16;
+    else if (!rc && !r->mr.max_tokens)
+        r->mr.max_tokens = h->cfg.max_seq_len > r->mr.n_prompt ? h->cfg.max_seq_len - r->mr.n_prompt
+                                                               : 1;
     cJSON_Delete(j);
     r->mr.prompt = r->prompt;
     r->mr.stop_ids = r->stop_ids;
@@ -989,6 +991,11 @@ static int stage_more(hreq *r)
         pthread_mutex_unlock(&h->mu);
         return -1;
     }
+    if (!r->out.len && !r->n_lps && !r->engine_done && (r->sent_role || !r->chat)) {
+        suspend(r); /* nothing new */
+        pthread_mutex_unlock(&h->mu);
+        return 0;
+    }
     moec_buf out = r->out;
     tok_lp *lps = r->lps;
     int n_lps = r->n_lps, done = r->engine_done;
@@ -997,13 +1004,6 @@ static int stage_more(hreq *r)
     r->n_lps = r->cap_lps = 0;
     http_error fail = r->fail;
     r->fail = (http_error){0};
-    if (!out.len && !n_lps && !done && !r->sent_role && r->chat) {
-        /* nothing yet but the role */
-    } else if (!out.len && !n_lps && !done) {
-        suspend(r);
-        pthread_mutex_unlock(&h->mu);
-        return 0;
-    }
     pthread_mutex_unlock(&h->mu);
     if (r->chat && !r->sent_role) {
         stage_chunk(r, "", 0, NULL, 0, NULL, 1);

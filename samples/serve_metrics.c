@@ -88,7 +88,8 @@ void serve_metrics_http(serve_metrics *m, const char *endpoint, int status)
 {
     pthread_mutex_lock(&m->mu);
     int i = 0;
-    while (i < m->n_http && !(m->http[i].status == status && !strcmp(m->http[i].endpoint, endpoint)))
+    while (i < m->n_http &&
+           !(m->http[i].status == status && !strcmp(m->http[i].endpoint, endpoint)))
         i++;
     if (i == m->n_http && i < MAX_HTTP_ROWS)
         m->http[m->n_http++] = (http_row){.endpoint = endpoint, .status = status};
@@ -162,8 +163,8 @@ void serve_metrics_render(serve_metrics *m, moec_buf *b)
     counter(b, "moec_preemptions_total", "Running requests preempted to be recomputed.",
             st->preemptions);
     counter(b, "moec_prompt_tokens_total", "Prompt tokens admitted.", st->prompt_tokens);
-    counter(b, "moec_prompt_tokens_cached_total", "Prompt tokens whose prefill the prefix cache saved.",
-            st->cached_tokens);
+    counter(b, "moec_prompt_tokens_cached_total",
+            "Prompt tokens whose prefill the prefix cache saved.", st->cached_tokens);
     counter(b, "moec_generation_tokens_total", "Tokens generated.", st->generated_tokens);
     render_histogram(b, "moec_time_to_first_token_seconds",
                      "From a request's submission to its first token.", &m->ttft);
