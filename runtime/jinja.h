@@ -28,6 +28,7 @@ typedef struct jinja_limits {
 #define JINJA_MAX_STEPS 50000000ll
 #define JINJA_MAX_NESTING 200 /* blocks, brackets and operators nested in the source */
 #define JINJA_MAX_CALLS 64     /* macro calls in progress */
+#define JINJA_MAX_DEPTH 3000   /* expressions and statements evaluated inside each other (stack) */
 #define JINJA_MAX_RANGE 100000 /* range()'s items, as jinja2's sandbox allows */
 
 /* Renders the template src[0..len) with the members of the JSON object vars
@@ -55,6 +56,7 @@ struct jinja_ctx {
     moec_status status; /* of the first error */
     long long steps;
     int calls;          /* macro calls in progress */
+    int depth;          /* expressions and statements being evaluated, nested */
     int loop_ctl;       /* a break (1) or continue (2) on its way to its loop */
     moec_buf *out;      /* where text goes now (the result, or a captured block) */
     jinja_scope *scope; /* the innermost scope */

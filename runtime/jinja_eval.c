@@ -69,6 +69,16 @@ int jinja_step(jinja_ctx *c, int line)
     return 0;
 }
 
+/* Counts nesting: expressions in expressions, blocks in blocks and macro
+ * calls all take stack, and a hostile template may chain them deep. */
+static int enter(jinja_ctx *c, int line)
+{
+    if (++c->depth > JINJA_MAX_DEPTH)
+        return JFAIL(c, line, MOEC_ERR_CAPACITY, "rendering nests expressions, blocks and calls more than %d deep",
+                     JINJA_MAX_DEPTH);
+    return jinja_step(c, line);
+}
+
 static int emit(jinja_ctx *c, int line, const char *p, size_t n)
 {
     moec_buf_put(c->out, p, n);
@@ -439,20 +449,20 @@ static int eval_args(jinja_ctx *c, const jinja_node *n, jinja_value **args, jinj
 static int eval_filter(jinja_ctx *c, const jinja_node *n, const jinja_value *base, jinja_value *out)
 {
     jinja_value v, *args, *kw;
-    if (!n->a)
+    int rc = enter(c, n->line);
+    if (!rc && !n->a)
         v = *base;
-    else if (n->a->kind == JN_FILTER ? eval_filter(c, n->a, base, &v) : jinja_eval(c, n->a, &v))
-        return -1;
-    if (eval_args(c, n, &args, &kw))
-        return -1;
-    return jinja_filter(c, n->line, &n->name, &v, args, n->args.n, n->names, kw, n->kwargs.n, out);
+    else if (!rc)
+        rc = n->a->kind == JN_FILTER ? eval_filter(c, n->a, base, &v) : jinja_eval(c, n->a, &v);
+    rc = rc || eval_args(c, n, &args, &kw) ||
+         jinja_filter(c, n->line, &n->name, &v, args, n->args.n, n->names, kw, n->kwargs.n, out);
+    c->depth--;
+    return rc;
 }
 
-int jinja_eval(jinja_ctx *c, const jinja_node *n, jinja_value *out)
+static int eval_node(jinja_ctx *c, const jinja_node *n, jinja_value *out)
 {
     jinja_value a, b, *args, *kw;
-    if (jinja_step(c, n->line))
-        return -1;
     switch (n->kind) {
     case JN_CONST: *out = n->value; return 0;
     case JN_NAME: {
@@ -569,6 +579,13 @@ int jinja_eval(jinja_ctx *c, const jinja_node *n, jinja_value *out)
     }
 }
 
+int jinja_eval(jinja_ctx *c, const jinja_node *n, jinja_value *out)
+{
+    int rc = enter(c, n->line) || eval_node(c, n, out);
+    c->depth--;
+    return rc;
+}
+
 /* ---- statements --------------------------------------------------------------------------- */
 
 static int exec_body(jinja_ctx *c, const jinja_nodes *body);
@@ -666,11 +683,9 @@ static int exec_for(jinja_ctx *c, const jinja_node *n)
     return rc;
 }
 
-static int exec_stmt(jinja_ctx *c, const jinja_node *n)
+static int exec_node(jinja_ctx *c, const jinja_node *n)
 {
     jinja_value v;
-    if (jinja_step(c, n->line))
-        return -1;
     switch (n->kind) {
     case JN_TEXT: return emit(c, n->line, n->value.u.s.p, n->value.u.s.n);
     case JN_OUTPUT:
@@ -717,6 +732,13 @@ static int exec_stmt(jinja_ctx *c, const jinja_node *n)
     case JN_CONTINUE: c->loop_ctl = 2; return 0;
     default: return JFAIL(c, n->line, MOEC_ERR_INTERNAL, "an expression where a statement belongs");
     }
+}
+
+static int exec_stmt(jinja_ctx *c, const jinja_node *n)
+{
+    int rc = enter(c, n->line) || exec_node(c, n);
+    c->depth--;
+    return rc;
 }
 
 static int exec_body(jinja_ctx *c, const jinja_nodes *body)

@@ -147,6 +147,17 @@ static void test_errors(void)
         deep[k++] = '(';
     deep[k] = 0;
     ERR(deep, NULL, MOEC_ERR_CAPACITY, "chat template line 1: brackets nested more than 200 deep");
+    /* chains the parser reads in a loop, which evaluation would recurse into */
+    char *chain = malloc(5 * 4000 + 16);
+    k = (size_t)sprintf(chain, "{{ 1");
+    for (int i = 0; i < 4000; i++)
+        k += (size_t)sprintf(chain + k, "|trim");
+    sprintf(chain + k, " }}");
+    ERR(chain, NULL, MOEC_ERR_CAPACITY,
+        "chat template line 1: rendering nests expressions, blocks and calls more than 3000 deep");
+    free(chain);
+    ERR("{% set ns = namespace(x=[]) %}{% for i in range(2000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}",
+        NULL, MOEC_ERR_CAPACITY, "chat template line 1: a value nested more than 1000 deep");
 }
 
 static void test_renders(void)
