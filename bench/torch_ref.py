@@ -3,8 +3,9 @@
 (deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe), layer by layer as
 transformers 5.17 computes them but without its modelling code, used to time
 decode steps on the GPU (eager with the per-expert loop, eager and CUDA-graph
-with a grouped expert GEMM) and to check itself against the transformers
-goldens of the tiny test models in fp32.
+with a grouped expert GEMM, and torch.compile's kernels of the grouped form
+captured in a CUDA graph: compile-graph, --compile-mode) and to check itself
+against the transformers goldens of the tiny test models in fp32.
 
 usage:
   torch_ref.py MODEL [--batch-sizes 1,8,32,64] [--context 1024] [--modes ...]
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 
 CHECK_TOL = 1e-4  # max |err| of a row over the row's largest |logit|
 LATENT_NORM_EPS = 1e-6  # DeepSeek's q_a_layernorm / kv_a_layernorm keep the default eps
-ALL_MODES = ("eager-loop", "eager-grouped", "graph-grouped")
+ALL_MODES = ("eager-loop", "eager-grouped", "graph-grouped", "compile-graph")
 
 
 class RefError(Exception):
@@ -788,6 +789,7 @@ def run_bench(a):
     results = []
     with torch.inference_mode():
         model = RefModel(spec, src, dtype, dev, attn=a.attn, grouped_impl=a.grouped_impl)
+        model.compile_mode = a.compile_mode
         del src
         wbytes = sum(t.numel() * t.element_size() for t in _tensors(model))
         print(f"torch_ref: {spec.model_type}, {spec.n_layers} layers, {wbytes / 1e9:.2f} GB of weights on {name}; "
@@ -860,15 +862,20 @@ def bench_mode(model, mode, tokens, pos, seq, warmup, steps):
             last[:] = [model.forward(tokens, pos, seq, moe)]
 
         return time_steps(step, warmup, steps), last[0]
+    fwd = model.forward
+    if mode == "compile-graph":
+        # torch.compile's fused kernels (its own CUDA graphs off: the step is
+        # captured below like graph-grouped's), compiled for this batch
+        fwd = torch.compile(model.forward, mode=model.compile_mode, fullgraph=False, dynamic=False)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            model.forward(tokens, pos, seq, "grouped", static=True)
+            fwd(tokens, pos, seq, "grouped", static=True)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = model.forward(tokens, pos, seq, "grouped", static=True)
+        out = fwd(tokens, pos, seq, "grouped", static=True)
     try:
         return time_steps(graph.replay, warmup, steps), out.clone()
     finally:
@@ -919,6 +926,9 @@ def main(argv=None):
                     help="MLA KV cache: per-head k/v, or latent + k_pe expanded every step as transformers "
                          "5.17 does; auto: expanded when it fits in device memory")
     ap.add_argument("--grouped-impl", default="auto", choices=("auto", "grouped_mm", "bmm"))
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                    choices=("default", "max-autotune-no-cudagraphs"),
+                    help="torch.compile mode of the compile-graph mode (default max-autotune-no-cudagraphs)")
     ap.add_argument("--random-weights", action="store_true", help="draw weights on the device (no safetensors)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--layers", type=int, help="run only the first N layers")

@@ -33,4 +33,15 @@ moec_status moec_fuse_ranks_cpu(const moec_model_t *model, const moec_parallel *
 moec_status moec_cuda_model_init(const moec_model_t *model, const char *weights_dir, ir_dtype dt,
                                  const moec_cuda_opts *o, moec_cuda_model *out);
 
+/* A model split by par compiled for CUDA into a plan file of its own in a
+ * fresh scratch directory under $TMPDIR (else /tmp): path (cap bytes) gets
+ * DIR/model.moec. How a session or an engine runs a model split over ranks
+ * on CUDA: the same plan and the same rank group as `moec compile --tp`
+ * then `moec run PLAN`. Nothing is left on failure. */
+moec_status moec_compile_scratch(const moec_model_t *model, const char *weights_dir,
+                                 const moec_parallel *par, ir_dtype dt, char *path, size_t cap);
+/* Removes a plan of moec_compile_scratch and its directory (once opened:
+ * the plan is read whole at open). */
+void moec_compile_scratch_remove(const char *path);
+
 #endif

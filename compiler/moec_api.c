@@ -311,11 +311,16 @@ moec_status moec_session_init_parallel(const moec_model_t *model, const char *we
     MOEC_TRY(moec_parallel_check(par));
     if (backend != MOEC_BACKEND_CUDA)
         MOEC_TRY(moec_resolve_backend(&backend));
-    if (backend == MOEC_BACKEND_CUDA)
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                        "tensor parallelism (tp %d) on CUDA from a model is not supported yet: "
-                        "moec compile --tp, then run the plan",
-                        par->tp);
+    if (backend == MOEC_BACKEND_CUDA) {
+        /* the model compiled into a scratch plan, run as `moec run PLAN --tp` */
+        ir_dtype dt;
+        char path[4096];
+        MOEC_TRY(moec_cuda_dtype(&dt));
+        MOEC_TRY(moec_compile_scratch(model, weights_dir, par, dt, path, sizeof path));
+        moec_status st = moec_session_init_plan_parallel(path, weights_dir, max_seq_len, par, out);
+        moec_compile_scratch_remove(path);
+        return st;
+    }
     MOEC_TRY(session_len_check(model, max_seq_len));
     moec_session_t *s;
     MOEC_TRY(moec_session_new(backend, max_seq_len, &s));

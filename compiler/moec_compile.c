@@ -215,3 +215,45 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     }
     return st;
 }
+
+moec_status moec_compile_scratch(const moec_model_t *model, const char *weights_dir,
+                                 const moec_parallel *par, ir_dtype dt, char *path, size_t cap)
+{
+    /* the GPUs first: no compile for a machine that cannot run the split */
+    int n_dev = 0, ranks = par->tp;
+    MOEC_TRY(moec_cuda_device_count(&n_dev));
+    if (ranks > n_dev)
+        return MOEC_ERR(MOEC_ERR_NO_DEVICE,
+                        "the model split over %d ranks (tp %d, ep %d) needs %d GPUs, this "
+                        "machine has %d",
+                        ranks, par->tp, par->ep ? par->ep : 1, ranks, n_dev);
+    const char *tmp = getenv("TMPDIR");
+    int n = snprintf(path, cap, "%s/moec-plan-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (n < 0 || (size_t)n >= cap)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "TMPDIR %s is too long", tmp);
+    if (!mkdtemp(path))
+        return MOEC_ERR(MOEC_ERR_IO, "cannot make a scratch directory %s: %s", path,
+                        strerror(errno));
+    size_t len = strlen(path);
+    if (len + sizeof "/model.moec" > cap) {
+        rmdir(path);
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "TMPDIR %s is too long", tmp);
+    }
+    memcpy(path + len, "/model.moec", sizeof "/model.moec");
+    moec_compile_options o;
+    memset(&o, 0, sizeof o);
+    o.dtype = dt == IR_DTYPE_F32 ? "fp32" : "bf16";
+    o.par = *par;
+    moec_status st = moec_compile(model, weights_dir, &o, path);
+    if (st != MOEC_OK)
+        moec_compile_scratch_remove(path);
+    return st;
+}
+
+void moec_compile_scratch_remove(const char *path)
+{
+    char dir[4096];
+    unlink(path);
+    moec_path_parent(path, dir, sizeof dir);
+    rmdir(dir);
+}

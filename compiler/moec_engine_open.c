@@ -1,6 +1,7 @@
 /* moec_engine_open.c — an engine made from a model (include/moec.h): every
- * pass and, on CUDA, the kernels compiled now; on the CPU the reference
- * interpreter over the unfused module. The engine itself is engine/engine.c. */
+ * pass and, on CUDA, the kernels compiled now (a model split over ranks
+ * through a scratch plan file: moec_compile_scratch); on the CPU the
+ * reference interpreter over the unfused module. The engine itself is engine/engine.c. */
 #include <stdlib.h>
 
 #include "compiler/api_internal.h"
@@ -30,6 +31,14 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     ir_dtype dt = IR_DTYPE_BF16;
     if (backend == MOEC_BACKEND_CUDA)
         MOEC_TRY(moec_cuda_dtype(&dt));
+    if (backend == MOEC_BACKEND_CUDA && opt->par.tp) {
+        /* the model compiled into a scratch plan, opened as `moec serve PLAN --tp` */
+        char path[4096];
+        MOEC_TRY(moec_compile_scratch(model, weights_dir, &opt->par, dt, path, sizeof path));
+        moec_status st = moec_engine_open_plan(path, weights_dir, opt, out);
+        moec_compile_scratch_remove(path);
+        return st;
+    }
 
     moec_engine_t *e = calloc(1, sizeof *e);
     if (!e)
@@ -41,11 +50,6 @@ moec_status moec_engine_open(const moec_model_t *model, const char *weights_dir,
     moec_status st = moec_eos_init(moec_model_module(model), &e->eos);
     if (st != MOEC_OK) {
         /* recorded */
-    } else if (backend == MOEC_BACKEND_CUDA && opt->par.tp) {
-        st = MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                      "tensor parallelism (tp %d) on CUDA from a model is not supported yet: "
-                      "moec compile --tp, then open the plan",
-                      opt->par.tp);
     } else if (backend == MOEC_BACKEND_CUDA) {
         moec_cuda_opts o = moec_engine_cuda_opts(e, opt);
         st = moec_cuda_model_init(model, weights_dir, dt, &o, &e->gpu);

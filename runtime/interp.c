@@ -46,6 +46,8 @@ struct rt_interp {
     /* A group of ranks (rt_interp_init_ranks): rank 0's interpreter holds
      * every rank's (peers[0] is itself) and runs them all, in step, meeting
      * at each collective; it owns the modules when `owned` is set. */
+    ir_dtype round_dt;    /* rt_interp_round_storage: results rounded to it (F32: none) */
+    uint64_t round_skip;  /* op kinds (bit 1 << kind) whose results are not rounded */
     int n_ranks;          /* 1 alone */
     rt_interp **peers;    /* rank 0 of a group: n_ranks interpreters */
     ir_module **owned;    /* rank 0 of a group: the modules it frees */
@@ -1947,11 +1949,44 @@ static moec_status forward_begin(rt_interp *in, const int32_t *tokens, const int
 
 /* Runs ops from *pc on until a collective (left for the group to run; *pc
  * at it) or the end (*pc = n_ops). */
+/* v's n floats rounded to dt (bf16 or f16) to nearest even, as the GPU
+ * stores them. */
+static void round_floats(float *x, int64_t n, ir_dtype dt)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == IR_DTYPE_F16) {
+            x[i] = (float)(_Float16)x[i];
+            continue;
+        }
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        if ((u & 0x7f800000u) != 0x7f800000u)
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        else if (u & 0x007fffffu)
+            u |= 0x00400000u; /* a NaN stays a NaN */
+        memcpy(&x[i], &u, sizeof u);
+    }
+}
+
+/* rt_interp_round_storage's rounding of op's results. */
+static void round_results(rt_interp *in, const ir_op *op, int T)
+{
+    if (in->round_dt == IR_DTYPE_F32 || (in->round_skip >> op->kind & 1))
+        return;
+    for (int i = 0; i < op->n_out; i++) {
+        const ir_value *v = op->out[i];
+        if (!is_i32(v) && ir_value_storage_dtype(in->m, v, in->round_dt) == in->round_dt)
+            round_floats(fbuf(in, v), numel_of(v, T), in->round_dt);
+    }
+}
+
 static moec_status run_to_collective(rt_interp *in, int *pc, int T)
 {
     const ir_module *m = in->m;
-    for (; *pc < m->n_ops && !is_collective(m->ops[*pc]->kind); (*pc)++)
+    for (; *pc < m->n_ops && !is_collective(m->ops[*pc]->kind); (*pc)++) {
         MOEC_TRY(run_op(in, m->ops[*pc], T));
+        round_results(in, m->ops[*pc], T);
+    }
     return MOEC_OK;
 }
 
@@ -2001,8 +2036,11 @@ static moec_status forward(rt_interp *in, const rt_interp_pages *pg, const int32
     if (in->peers) {
         MOEC_TRY(group_forward(in, T));
     } else {
-        for (int i = 0; i < m->n_ops; i++)
-            MOEC_TRY(run_op(in, m->ops[i], T));
+        int pc = 0;
+        for (; pc < m->n_ops; pc++) {
+            MOEC_TRY(run_op(in, m->ops[pc], T));
+            round_results(in, m->ops[pc], T);
+        }
     }
     for (int r = 0; r < n; r++)
         (in->peers ? in->peers[r] : in)->T = T;
@@ -2077,6 +2115,27 @@ const float *rt_interp_value(const rt_interp *in, const ir_value *v)
     if (v->kind != IR_VALUE_WEIGHT && in->T == 0)
         return NULL;
     return fbuf(in, v);
+}
+
+moec_status rt_interp_round_storage(rt_interp *in, ir_dtype dt, uint64_t skip)
+{
+    if (!in)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_interp_round_storage: NULL interpreter");
+    if (dt != IR_DTYPE_F32 && dt != IR_DTYPE_BF16 && dt != IR_DTYPE_F16)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "rt_interp_round_storage: %s is not a compute dtype (f32, bf16, f16)",
+                        ir_dtype_name(dt));
+    for (int r = 1; in->peers && r < in->n_ranks; r++)
+        MOEC_TRY(rt_interp_round_storage(in->peers[r], dt, skip));
+    const ir_module *m = in->m;
+    for (int i = 0; dt != IR_DTYPE_F32 && i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind == IR_VALUE_WEIGHT && ir_value_storage_dtype(m, v, dt) == dt)
+            round_floats(fbuf(in, v), numel_of(v, 0), dt);
+    }
+    in->round_dt = dt;
+    in->round_skip = skip;
+    return MOEC_OK;
 }
 
 void rt_interp_reset(rt_interp *in)

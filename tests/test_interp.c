@@ -1211,6 +1211,84 @@ static void test_planned_arena(void)
     ir_module_free(m);
 }
 
+/* Whether x is a bf16 value (its low 16 bits zero). */
+static int is_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0xffffu) == 0;
+}
+
+/* rt_interp_round_storage: every result but the f32 output rounded to
+ * bf16, to nearest even; weights declared f32 stay f32 (as the GPU stores
+ * them); skipped op kinds; bad arguments. */
+static void test_round_storage(void)
+{
+    uint64_t rng = 43;
+    float table[20], w1[16], w2[12];
+    fill_random(table, 20, &rng);
+    fill_random(w1, 16, &rng);
+    fill_random(w2, 12, &rng);
+    /* ties go to even: 1 + 2^-8 (the bf16 halfway) rounds down to 1, and
+     * 1 + 3 * 2^-8 up to 1 + 2^-6 */
+    table[0] = 1.0f + 1.0f / 256;
+    table[1] = 1.0f + 3.0f / 256;
+    ir_module *m = plan_module();
+    rt_interp *in = NULL, *exact = NULL;
+    T_OK(rt_interp_init(m, NULL, 16, &in));
+    T_OK(rt_interp_init(m, NULL, 16, &exact));
+    if (!in || !exact)
+        return;
+    set(in, m, "table", table);
+    set(in, m, "w1", w1);
+    set(in, m, "w2", w2);
+    set(exact, m, "table", table);
+    set(exact, m, "w1", w1);
+    set(exact, m, "w2", w2);
+    T_ERR(rt_interp_round_storage(in, IR_DTYPE_I32, 0), MOEC_ERR_INVALID_ARG,
+          "i32 is not a compute dtype (f32, bf16, f16)");
+    T_ERR(rt_interp_round_storage(NULL, IR_DTYPE_BF16, 0), MOEC_ERR_INVALID_ARG, "NULL interpreter");
+    T_OK(rt_interp_round_storage(in, IR_DTYPE_BF16, 0));
+    const float *tw = rt_interp_weight(in, ir_module_find_value(m, "table"));
+    T_CHECK(tw[0] == 1.0f + 1.0f / 256 && tw[1] == 1.0f + 3.0f / 256);
+    static const int32_t tok[3] = {4, 0, 3};
+    float y[9], ye[9];
+    T_OK(rt_interp_forward(in, tok, POS, 3, y));
+    T_OK(rt_interp_forward(exact, tok, POS, 3, ye));
+    const float *x = rt_interp_value(in, ir_module_find_value(m, "x"));
+    T_CHECK(x[4] == 1.0f && x[5] == 1.0f + 4.0f / 256);
+    static const char *const rounded[] = {"x", "a", "b", "c"};
+    for (size_t k = 0; k < sizeof rounded / sizeof *rounded; k++) {
+        const ir_value *v = ir_module_find_value(m, rounded[k]);
+        const float *r = rt_interp_value(in, v), *e = rt_interp_value(exact, v);
+        int bf = 1, close = 1;
+        for (int i = 0; i < 12; i++) {
+            bf &= is_bf16(r[i]);
+            close &= fabsf(r[i] - e[i]) <= 0.02f * (fabsf(e[i]) + 0.1f);
+        }
+        if (!bf || !close)
+            fprintf(stderr, "FAIL %s: bf16 %d, close %d\n", rounded[k], bf, close);
+        T_CHECK(bf && close);
+    }
+    /* the output is stored f32: not rounded, but not the exact one either */
+    int out_bf = 1, differ = 0;
+    for (int i = 0; i < 9; i++) {
+        out_bf &= is_bf16(y[i]);
+        differ |= y[i] != ye[i];
+    }
+    T_CHECK(!out_bf && differ);
+    /* skipping linear's results leaves a in f32 */
+    T_OK(rt_interp_round_storage(in, IR_DTYPE_BF16, 1ull << IR_OP_LINEAR));
+    T_OK(rt_interp_forward(in, tok, POS, 3, y));
+    int a_bf = 1;
+    for (int i = 0; i < 12; i++)
+        a_bf &= is_bf16(rt_interp_value(in, ir_module_find_value(m, "a"))[i]);
+    T_CHECK(!a_bf);
+    rt_interp_free(in);
+    rt_interp_free(exact);
+    ir_module_free(m);
+}
+
 /* ---- errors --------------------------------------------------------------- */
 
 static void test_missing_input(void)
@@ -1246,5 +1324,6 @@ int main(void)
     test_mla_absorbed();
     test_fork_join_alpha();
     test_planned_arena();
+    test_round_storage();
     return t_finish("test_interp");
 }

@@ -128,15 +128,23 @@ static void check_engine(void)
     moec_engine_t *c = NULL;
     T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_INVALID_ARG, "ep 3 must divide tp 2");
     T_CHECK(c == NULL);
-    /* on CUDA a split runs from a plan (moec compile --tp), not from a model */
+    /* on CUDA a split from a model is compiled into a scratch plan
+     * (moec_compile_scratch) once the machine is seen to have the GPUs */
+    int n_dev = 0;
+    moec_status dc = moec_cuda_device_count(&n_dev);
     o.par = (moec_parallel){2, 1, 0};
     o.backend = MOEC_BACKEND_CUDA;
-    T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_UNSUPPORTED,
-          "tensor parallelism (tp 2) on CUDA from a model is not supported yet: moec compile "
-          "--tp, then open the plan");
     moec_session_t *s = NULL;
-    T_ERR(moec_session_init_parallel(m, dir, MOEC_BACKEND_CUDA, 8, &o.par, &s),
-          MOEC_ERR_UNSUPPORTED, "tensor parallelism (tp 2) on CUDA from a model");
+    if (dc != MOEC_OK) {
+        T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_NO_DEVICE, "no CUDA device");
+        T_ERR(moec_session_init_parallel(m, dir, MOEC_BACKEND_CUDA, 8, &o.par, &s),
+              MOEC_ERR_NO_DEVICE, "no CUDA device");
+    } else if (n_dev < 2) {
+        T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_NO_DEVICE,
+              "the model split over 2 ranks (tp 2, ep 1) needs 2 GPUs, this machine has 1");
+        T_ERR(moec_session_init_parallel(m, dir, MOEC_BACKEND_CUDA, 8, &o.par, &s),
+              MOEC_ERR_NO_DEVICE, "needs 2 GPUs, this machine has 1");
+    }
     T_CHECK(c == NULL && s == NULL);
     moec_engine_free(a);
     moec_engine_free(b);
