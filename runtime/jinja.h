@@ -66,6 +66,10 @@ struct jinja_ctx {
 /* n bytes (16-aligned, zeroed) from the render's arena; NULL (the error
  * recorded) when memory or the bound runs out. */
 void *jinja_alloc(jinja_ctx *c, size_t n);
+/* A copy of arena array p's first n items of elem bytes in a new arena
+ * array of cap items (growing arrays double it); NULL when it cannot be
+ * allocated (the error recorded). */
+void *jinja_grow(jinja_ctx *c, const void *p, size_t n, size_t cap, size_t elem);
 /* Frees every chunk of the arena. */
 void jinja_arena_free(jinja_ctx *c);
 /* Records "chat template line L: message" as the error, status st; -1. */

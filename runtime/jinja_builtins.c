@@ -131,14 +131,9 @@ typedef struct strvec {
 static int sv_push(jinja_ctx *c, strvec *sv, const char *p, size_t n)
 {
     if (sv->n == sv->cap) {
-        size_t cap = sv->cap ? sv->cap * 2 : 8;
-        jinja_str *v = jinja_alloc(c, cap * sizeof *v);
-        if (!v)
+        sv->cap = sv->cap ? sv->cap * 2 : 8;
+        if (!(sv->v = jinja_grow(c, sv->v, sv->n, sv->cap, sizeof *sv->v)))
             return -1;
-        if (sv->n)
-            memcpy(v, sv->v, sv->n * sizeof *v);
-        sv->v = v;
-        sv->cap = cap;
     }
     sv->v[sv->n++] = (jinja_str){p, n};
     return 0;

@@ -34,18 +34,10 @@ static int scope_set(jinja_ctx *c, jinja_scope *s, jinja_str name, jinja_value v
             return 0;
         }
     if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        jinja_str *names = jinja_alloc(c, cap * sizeof *names);
-        jinja_value *vals = names ? jinja_alloc(c, cap * sizeof *vals) : NULL;
-        if (!vals)
+        s->cap = s->cap ? s->cap * 2 : 8;
+        if (!(s->names = jinja_grow(c, s->names, s->n, s->cap, sizeof *s->names)) ||
+            !(s->vals = jinja_grow(c, s->vals, s->n, s->cap, sizeof *s->vals)))
             return -1;
-        if (s->n) {
-            memcpy(names, s->names, s->n * sizeof *names);
-            memcpy(vals, s->vals, s->n * sizeof *vals);
-        }
-        s->names = names;
-        s->vals = vals;
-        s->cap = cap;
     }
     s->names[s->n] = name;
     s->vals[s->n++] = v;
@@ -172,23 +164,13 @@ static int binary(jinja_ctx *c, int line, int op, const jinja_value *a, const ji
         double f = fval(a), g = fval(b);
         switch (op) {
         case '+':
-            if (!ints)
-                break;
-            if (__builtin_add_overflow(x, y, &r))
-                return overflow(c, line);
-            *out = jinja_int(r);
-            return 0;
         case '-':
-            if (!ints)
-                break;
-            if (__builtin_sub_overflow(x, y, &r))
-                return overflow(c, line);
-            *out = jinja_int(r);
-            return 0;
         case '*':
             if (!ints)
                 break;
-            if (__builtin_mul_overflow(x, y, &r))
+            if (op == '+' ? __builtin_add_overflow(x, y, &r)
+                : op == '-' ? __builtin_sub_overflow(x, y, &r)
+                            : __builtin_mul_overflow(x, y, &r))
                 return overflow(c, line);
             *out = jinja_int(r);
             return 0;

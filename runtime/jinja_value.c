@@ -51,6 +51,18 @@ void *jinja_alloc(jinja_ctx *c, size_t n)
     return p;
 }
 
+void *jinja_grow(jinja_ctx *c, const void *p, size_t n, size_t cap, size_t elem)
+{
+    if (cap > ((size_t)-1) / 2 / elem) {
+        JFAIL(c, 0, MOEC_ERR_CAPACITY, "an array of %zu items", cap);
+        return NULL;
+    }
+    void *q = jinja_alloc(c, cap * elem);
+    if (q && n)
+        memcpy(q, p, n * elem);
+    return q;
+}
+
 void jinja_arena_free(jinja_ctx *c)
 {
     while (c->chunks) {
@@ -230,15 +242,10 @@ int jinja_dict_set(jinja_ctx *c, jinja_dict *d, jinja_value key, jinja_value val
             return 0;
         }
     if (d->n == d->cap) {
-        size_t cap = d->cap * 2;
-        jinja_value *k = jinja_alloc(c, cap * sizeof *k), *v = k ? jinja_alloc(c, cap * sizeof *v) : NULL;
-        if (!v)
+        d->cap *= 2;
+        if (!(d->k = jinja_grow(c, d->k, d->n, d->cap, sizeof *d->k)) ||
+            !(d->v = jinja_grow(c, d->v, d->n, d->cap, sizeof *d->v)))
             return -1;
-        memcpy(k, d->k, d->n * sizeof *k);
-        memcpy(v, d->v, d->n * sizeof *v);
-        d->k = k;
-        d->v = v;
-        d->cap = cap;
     }
     d->k[d->n] = key;
     d->v[d->n++] = val;
@@ -576,14 +583,22 @@ static int write_items(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v
     return 0;
 }
 
-static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int repr, int depth)
+/* The bounds of writing a value out: its text's length and its nesting. */
+static int write_bounds(jinja_ctx *c, int line, const moec_buf *b, int depth)
 {
-    char num[40];
     if (b->len > c->lim.max_output)
         return JFAIL(c, line, MOEC_ERR_CAPACITY, "a value's text is longer than the %zu bytes a render may make",
                      c->lim.max_output);
     if (depth > VALUE_MAX_DEPTH)
         return JFAIL(c, line, MOEC_ERR_CAPACITY, "a value nested more than %d deep", VALUE_MAX_DEPTH);
+    return 0;
+}
+
+static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int repr, int depth)
+{
+    char num[40];
+    if (write_bounds(c, line, b, depth))
+        return -1;
     switch ((jinja_kind)v->kind) {
     case JV_UNDEF:
         if (repr)
@@ -710,11 +725,8 @@ int jinja_write_json(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, 
                      int sort_keys, int level)
 {
     char num[40];
-    if (b->len > c->lim.max_output)
-        return JFAIL(c, line, MOEC_ERR_CAPACITY, "tojson's text is longer than the %zu bytes a render may make",
-                     c->lim.max_output);
-    if (level > VALUE_MAX_DEPTH)
-        return JFAIL(c, line, MOEC_ERR_CAPACITY, "a value nested more than %d deep", VALUE_MAX_DEPTH);
+    if (write_bounds(c, line, b, level))
+        return -1;
     switch ((jinja_kind)v->kind) {
     case JV_NONE: moec_buf_str(b, "null"); return 0;
     case JV_BOOL: moec_buf_str(b, v->u.b ? "true" : "false"); return 0;
