@@ -152,7 +152,8 @@ int jinja_new_str(jinja_ctx *c, int line, const char *p, size_t n, jinja_value *
 /* A list of n items (zeroed: Undefined) in the arena. */
 int jinja_new_list(jinja_ctx *c, size_t n, jinja_value *out);
 int jinja_new_dict(jinja_ctx *c, size_t cap, jinja_kind kind, jinja_value *out);
-/* Sets key to val (replacing a present key, keeping its place). */
+/* Sets key to val (replacing a present key, keeping its place); a zeroed
+ * jinja_dict is an empty one. */
 int jinja_dict_set(jinja_ctx *c, jinja_dict *d, jinja_value key, jinja_value val);
 /* The value of a string key; NULL when absent. */
 const jinja_value *jinja_dict_get(const jinja_dict *d, const char *key, size_t n);

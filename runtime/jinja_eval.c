@@ -13,9 +13,7 @@
 
 struct jinja_scope {
     jinja_scope *parent;
-    size_t n, cap;
-    jinja_str *names;
-    jinja_value *vals;
+    jinja_dict vars; /* name (a string) -> value */
 };
 
 static jinja_scope *scope_new(jinja_ctx *c, jinja_scope *parent)
@@ -28,28 +26,16 @@ static jinja_scope *scope_new(jinja_ctx *c, jinja_scope *parent)
 
 static int scope_set(jinja_ctx *c, jinja_scope *s, jinja_str name, jinja_value v)
 {
-    for (size_t i = 0; i < s->n; i++)
-        if (s->names[i].n == name.n && !memcmp(s->names[i].p, name.p, name.n)) {
-            s->vals[i] = v;
-            return 0;
-        }
-    if (s->n == s->cap) {
-        s->cap = s->cap ? s->cap * 2 : 8;
-        if (!(s->names = jinja_grow(c, s->names, s->n, s->cap, sizeof *s->names)) ||
-            !(s->vals = jinja_grow(c, s->vals, s->n, s->cap, sizeof *s->vals)))
-            return -1;
-    }
-    s->names[s->n] = name;
-    s->vals[s->n++] = v;
-    return 0;
+    return jinja_dict_set(c, &s->vars, jinja_str_value(name.p, name.n), v);
 }
 
 static const jinja_value *scope_get(const jinja_scope *s, const char *p, size_t n)
 {
-    for (; s; s = s->parent)
-        for (size_t i = s->n; i-- > 0;)
-            if (s->names[i].n == n && !memcmp(s->names[i].p, p, n))
-                return &s->vals[i];
+    for (; s; s = s->parent) {
+        const jinja_value *v = jinja_dict_get(&s->vars, p, n);
+        if (v)
+            return v;
+    }
     return NULL;
 }
 

@@ -242,7 +242,7 @@ int jinja_dict_set(jinja_ctx *c, jinja_dict *d, jinja_value key, jinja_value val
             return 0;
         }
     if (d->n == d->cap) {
-        d->cap *= 2;
+        d->cap = d->cap ? d->cap * 2 : 4;
         if (!(d->k = jinja_grow(c, d->k, d->n, d->cap, sizeof *d->k)) ||
             !(d->v = jinja_grow(c, d->v, d->n, d->cap, sizeof *d->v)))
             return -1;
