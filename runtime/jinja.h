@@ -28,6 +28,7 @@ typedef struct jinja_limits {
 #define JINJA_MAX_STEPS 50000000ll
 #define JINJA_MAX_NESTING 200 /* blocks, brackets and operators nested in the source */
 #define JINJA_MAX_CALLS 64     /* macro calls in progress */
+#define JINJA_MAX_DEPTH 3000   /* expressions and statements evaluated inside each other (stack) */
 #define JINJA_MAX_RANGE 100000 /* range()'s items, as jinja2's sandbox allows */
 
 /* Renders the template src[0..len) with the members of the JSON object vars
@@ -55,6 +56,7 @@ struct jinja_ctx {
     moec_status status; /* of the first error */
     long long steps;
     int calls;          /* macro calls in progress */
+    int depth;          /* expressions and statements being evaluated, nested */
     int loop_ctl;       /* a break (1) or continue (2) on its way to its loop */
     moec_buf *out;      /* where text goes now (the result, or a captured block) */
     jinja_scope *scope; /* the innermost scope */
@@ -64,6 +66,10 @@ struct jinja_ctx {
 /* n bytes (16-aligned, zeroed) from the render's arena; NULL (the error
  * recorded) when memory or the bound runs out. */
 void *jinja_alloc(jinja_ctx *c, size_t n);
+/* A copy of arena array p's first n items of elem bytes in a new arena
+ * array of cap items (growing arrays double it); NULL when it cannot be
+ * allocated (the error recorded). */
+void *jinja_grow(jinja_ctx *c, const void *p, size_t n, size_t cap, size_t elem);
 /* Frees every chunk of the arena. */
 void jinja_arena_free(jinja_ctx *c);
 /* Records "chat template line L: message" as the error, status st; -1. */
@@ -146,7 +152,8 @@ int jinja_new_str(jinja_ctx *c, int line, const char *p, size_t n, jinja_value *
 /* A list of n items (zeroed: Undefined) in the arena. */
 int jinja_new_list(jinja_ctx *c, size_t n, jinja_value *out);
 int jinja_new_dict(jinja_ctx *c, size_t cap, jinja_kind kind, jinja_value *out);
-/* Sets key to val (replacing a present key, keeping its place). */
+/* Sets key to val (replacing a present key, keeping its place); a zeroed
+ * jinja_dict is an empty one. */
 int jinja_dict_set(jinja_ctx *c, jinja_dict *d, jinja_value key, jinja_value val);
 /* The value of a string key; NULL when absent. */
 const jinja_value *jinja_dict_get(const jinja_dict *d, const char *key, size_t n);

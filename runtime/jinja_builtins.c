@@ -97,6 +97,60 @@ static int in_set(uint32_t cp, const jinja_str *set)
     return 0;
 }
 
+/* The start of the code point that ends at s[end] (end > 0). */
+static size_t cp_before(const char *s, size_t end)
+{
+    size_t b = end - 1;
+    while (b > 0 && end - b < 4 && ((unsigned char)s[b] & 0xc0) == 0x80)
+        b--;
+    uint32_t cp;
+    return (size_t)jinja_utf8_next(s + b, end - b, &cp) == end - b ? b : end - 1;
+}
+
+static int space_before(const char *s, size_t end)
+{
+    uint32_t cp;
+    size_t b = cp_before(s, end);
+    jinja_utf8_next(s + b, end - b, &cp);
+    return jinja_is_space(cp);
+}
+
+static int space_at(const char *s, size_t n, size_t i, size_t *len)
+{
+    uint32_t cp;
+    *len = (size_t)jinja_utf8_next(s + i, n - i, &cp);
+    return jinja_is_space(cp);
+}
+
+/* A growing list of views into a string (split's parts). */
+typedef struct strvec {
+    jinja_str *v;
+    size_t n, cap;
+} strvec;
+
+static int sv_push(jinja_ctx *c, strvec *sv, const char *p, size_t n)
+{
+    if (sv->n == sv->cap) {
+        sv->cap = sv->cap ? sv->cap * 2 : 8;
+        if (!(sv->v = jinja_grow(c, sv->v, sv->n, sv->cap, sizeof *sv->v)))
+            return -1;
+    }
+    sv->v[sv->n++] = (jinja_str){p, n};
+    return 0;
+}
+
+/* The parts as a list of strings (in reverse order when `reverse`). */
+static int sv_list(jinja_ctx *c, const strvec *sv, int reverse, jinja_value *out)
+{
+    if (jinja_new_list(c, sv->n, out))
+        return -1;
+    for (size_t i = 0; i < sv->n; i++) {
+        const jinja_str *x = &sv->v[reverse ? sv->n - 1 - i : i];
+        out->u.l->v[i] = jinja_str_value(x->p, x->n);
+    }
+    return 0;
+}
+
 /* s stripped of set's code points (NULL: whitespace) on the left and/or right. */
 static jinja_value strip(const jinja_value *s, const jinja_str *set, int left, int right)
 {
@@ -110,12 +164,11 @@ static jinja_value strip(const jinja_value *s, const jinja_str *set, int left, i
         start += (size_t)k;
     }
     while (right && end > start) {
-        size_t b = end - 1;
-        while (b > start && ((unsigned char)p[b] & 0xc0) == 0x80 && end - b < 4)
-            b--;
+        size_t b = cp_before(p, end);
         uint32_t cp;
-        if ((size_t)jinja_utf8_next(p + b, end - b, &cp) != end - b)
-            b = end - 1, cp = 0xfffd;
+        if (b < start)
+            b = end - 1;
+        jinja_utf8_next(p + b, end - b, &cp);
         if (!in_set(cp, set))
             break;
         end = b;
@@ -183,115 +236,68 @@ static long long find_bytes(const jinja_str *s, const jinja_str *sub, size_t fro
 }
 
 /* str.split / rsplit (sep NULL: runs of whitespace), at most maxsplit
- * cuts (< 0: all). */
+ * cuts (< 0: all); with maxsplit reached, the rest is one part (keeping
+ * its whitespace on the far side, as Python does). */
 static int split(jinja_ctx *c, int line, const jinja_str *s, const jinja_str *sep, int64_t maxsplit, int right,
                  jinja_value *out)
 {
-    jinja_str *parts = jinja_alloc(c, (s->n + 2) * sizeof *parts);
-    size_t np = 0;
-    if (!parts)
-        return -1;
+    strvec parts = {0};
+    int64_t cuts = 0;
+    size_t k;
     if (sep && !sep->n)
         return JFAIL(c, line, MOEC_ERR_INVALID_ARG, "empty separator");
-    if (sep && !right) {
-        size_t at = 0;
-        for (;;) {
-            long long k = maxsplit < 0 || (int64_t)np < maxsplit ? find_bytes(s, sep, at, s->n, 0) : -1;
-            if (k < 0) {
-                parts[np++] = (jinja_str){s->p + at, s->n - at};
-                break;
-            }
-            parts[np++] = (jinja_str){s->p + at, (size_t)k - at};
-            at = (size_t)k + sep->n;
-        }
-    } else if (sep) {
-        size_t end = s->n;
-        for (;;) {
-            long long k = maxsplit < 0 || (int64_t)np < maxsplit ? find_bytes(s, sep, 0, end, 1) : -1;
-            if (k < 0) {
-                parts[np++] = (jinja_str){s->p, end};
-                break;
-            }
-            parts[np++] = (jinja_str){s->p + k + sep->n, end - (size_t)k - sep->n};
-            end = (size_t)k;
-        }
-        for (size_t i = 0; i < np / 2; i++) {
-            jinja_str t = parts[i];
-            parts[i] = parts[np - 1 - i];
-            parts[np - 1 - i] = t;
-        }
-    } else { /* whitespace: words, with the rest after maxsplit cuts kept whole (stripped) */
-        size_t i = 0;
-        uint32_t cp;
-        int64_t cuts = 0;
-        if (right) { /* rsplit(None, k): the same, from the right */
-            size_t end = s->n;
-            for (;;) {
-                while (end > 0) {
-                    size_t b = end - 1;
-                    while (b > 0 && ((unsigned char)s->p[b] & 0xc0) == 0x80)
-                        b--;
-                    jinja_utf8_next(s->p + b, end - b, &cp);
-                    if (!jinja_is_space(cp))
-                        break;
-                    end = b;
-                }
-                if (!end)
-                    break;
-                size_t start = end;
-                if (maxsplit >= 0 && cuts == maxsplit) { /* the rest, its leading whitespace kept */
-                    parts[np++] = (jinja_str){s->p, end};
-                    break;
-                }
-                while (start > 0) {
-                    size_t b = start - 1;
-                    while (b > 0 && ((unsigned char)s->p[b] & 0xc0) == 0x80)
-                        b--;
-                    jinja_utf8_next(s->p + b, start - b, &cp);
-                    if (jinja_is_space(cp))
-                        break;
-                    start = b;
-                }
-                parts[np++] = (jinja_str){s->p + start, end - start};
-                cuts++;
-                end = start;
-            }
-            for (size_t k = 0; k < np / 2; k++) {
-                jinja_str t = parts[k];
-                parts[k] = parts[np - 1 - k];
-                parts[np - 1 - k] = t;
-            }
-        } else {
-            for (;;) {
-                while (i < s->n) {
-                    int k = jinja_utf8_next(s->p + i, s->n - i, &cp);
-                    if (!jinja_is_space(cp))
-                        break;
-                    i += (size_t)k;
-                }
-                if (i >= s->n)
-                    break;
-                if (maxsplit >= 0 && cuts == maxsplit) { /* the rest, its trailing whitespace kept */
-                    parts[np++] = (jinja_str){s->p + i, s->n - i};
-                    break;
-                }
-                size_t start = i;
-                while (i < s->n) {
-                    int k = jinja_utf8_next(s->p + i, s->n - i, &cp);
-                    if (jinja_is_space(cp))
-                        break;
-                    i += (size_t)k;
-                }
-                parts[np++] = (jinja_str){s->p + start, i - start};
-                cuts++;
-            }
+    if (sep) {
+        size_t lo = 0, hi = s->n; /* what is left to cut */
+        for (;; cuts++) {
+            long long at = maxsplit < 0 || cuts < maxsplit ? find_bytes(s, sep, lo, hi, right) : -1;
+            if (at < 0)
+                return sv_push(c, &parts, s->p + lo, hi - lo) || sv_list(c, &parts, right, out);
+            if (right ? sv_push(c, &parts, s->p + at + sep->n, hi - (size_t)at - sep->n)
+                      : sv_push(c, &parts, s->p + lo, (size_t)at - lo))
+                return -1;
+            if (right)
+                hi = (size_t)at;
+            else
+                lo = (size_t)at + sep->n;
         }
     }
-    if (jinja_new_list(c, np, out))
-        return -1;
-    for (size_t i = 0; i < np; i++)
-        out->u.l->v[i] = jinja_str_value(parts[i].p, parts[i].n);
-    return 0;
+    if (!right) {
+        for (size_t i = 0;; cuts++) {
+            while (i < s->n && space_at(s->p, s->n, i, &k))
+                i += k;
+            if (i >= s->n)
+                break;
+            if (maxsplit >= 0 && cuts == maxsplit) {
+                if (sv_push(c, &parts, s->p + i, s->n - i))
+                    return -1;
+                break;
+            }
+            size_t start = i;
+            while (i < s->n && !space_at(s->p, s->n, i, &k))
+                i += k;
+            if (sv_push(c, &parts, s->p + start, i - start))
+                return -1;
+        }
+        return sv_list(c, &parts, 0, out);
+    }
+    for (size_t end = s->n;; cuts++) {
+        while (end > 0 && space_before(s->p, end))
+            end = cp_before(s->p, end);
+        if (!end)
+            break;
+        if (maxsplit >= 0 && cuts == maxsplit) {
+            if (sv_push(c, &parts, s->p, end))
+                return -1;
+            break;
+        }
+        size_t start = end;
+        while (start > 0 && !space_before(s->p, start))
+            start = cp_before(s->p, start);
+        if (sv_push(c, &parts, s->p + start, end - start))
+            return -1;
+        end = start;
+    }
+    return sv_list(c, &parts, 1, out);
 }
 
 /* str.replace(old, new, count): count < 0 all; an empty old goes between
@@ -829,32 +835,26 @@ static int str_method(jinja_ctx *c, int line, int id, const jinja_value *self, c
     case M_SPLITLINES: {
         if (A->n || A->nk)
             return JFAIL(c, line, MOEC_ERR_UNSUPPORTED, "splitlines with keepends is not supported");
-        jinja_str *parts = jinja_alloc(c, (s->n + 1) * sizeof *parts);
-        size_t np = 0, start = 0;
-        if (!parts)
-            return -1;
+        strvec parts = {0};
+        size_t start = 0;
         for (size_t i = 0; i < s->n;) {
             uint32_t cp;
             int n = jinja_utf8_next(s->p + i, s->n - i, &cp);
             int brk = cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x1c || cp == 0x1d ||
                       cp == 0x1e || cp == 0x85 || cp == 0x2028 || cp == 0x2029;
-            if (brk) {
-                parts[np++] = (jinja_str){s->p + start, i - start};
-                i += (size_t)n;
-                if (cp == '\r' && i < s->n && s->p[i] == '\n')
-                    i++;
-                start = i;
-            } else {
-                i += (size_t)n;
-            }
+            size_t at = i;
+            i += (size_t)n;
+            if (!brk)
+                continue;
+            if (cp == '\r' && i < s->n && s->p[i] == '\n')
+                i++;
+            if (sv_push(c, &parts, s->p + start, at - start))
+                return -1;
+            start = i;
         }
-        if (start < s->n)
-            parts[np++] = (jinja_str){s->p + start, s->n - start};
-        if (jinja_new_list(c, np, out))
+        if (start < s->n && sv_push(c, &parts, s->p + start, s->n - start))
             return -1;
-        for (size_t i = 0; i < np; i++)
-            out->u.l->v[i] = jinja_str_value(parts[i].p, parts[i].n);
-        return 0;
+        return sv_list(c, &parts, 0, out);
     }
     case M_ISDIGIT:
     case M_ISALPHA:

@@ -13,9 +13,7 @@
 
 struct jinja_scope {
     jinja_scope *parent;
-    size_t n, cap;
-    jinja_str *names;
-    jinja_value *vals;
+    jinja_dict vars; /* name (a string) -> value */
 };
 
 static jinja_scope *scope_new(jinja_ctx *c, jinja_scope *parent)
@@ -28,36 +26,16 @@ static jinja_scope *scope_new(jinja_ctx *c, jinja_scope *parent)
 
 static int scope_set(jinja_ctx *c, jinja_scope *s, jinja_str name, jinja_value v)
 {
-    for (size_t i = 0; i < s->n; i++)
-        if (s->names[i].n == name.n && !memcmp(s->names[i].p, name.p, name.n)) {
-            s->vals[i] = v;
-            return 0;
-        }
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 8;
-        jinja_str *names = jinja_alloc(c, cap * sizeof *names);
-        jinja_value *vals = names ? jinja_alloc(c, cap * sizeof *vals) : NULL;
-        if (!vals)
-            return -1;
-        if (s->n) {
-            memcpy(names, s->names, s->n * sizeof *names);
-            memcpy(vals, s->vals, s->n * sizeof *vals);
-        }
-        s->names = names;
-        s->vals = vals;
-        s->cap = cap;
-    }
-    s->names[s->n] = name;
-    s->vals[s->n++] = v;
-    return 0;
+    return jinja_dict_set(c, &s->vars, jinja_str_value(name.p, name.n), v);
 }
 
 static const jinja_value *scope_get(const jinja_scope *s, const char *p, size_t n)
 {
-    for (; s; s = s->parent)
-        for (size_t i = s->n; i-- > 0;)
-            if (s->names[i].n == n && !memcmp(s->names[i].p, p, n))
-                return &s->vals[i];
+    for (; s; s = s->parent) {
+        const jinja_value *v = jinja_dict_get(&s->vars, p, n);
+        if (v)
+            return v;
+    }
     return NULL;
 }
 
@@ -67,6 +45,16 @@ int jinja_step(jinja_ctx *c, int line)
         return JFAIL(c, line, MOEC_ERR_CAPACITY, "rendering takes more than the %lld steps a render may take",
                      c->lim.max_steps);
     return 0;
+}
+
+/* Counts nesting: expressions in expressions, blocks in blocks and macro
+ * calls all take stack, and a hostile template may chain them deep. */
+static int enter(jinja_ctx *c, int line)
+{
+    if (++c->depth > JINJA_MAX_DEPTH)
+        return JFAIL(c, line, MOEC_ERR_CAPACITY, "rendering nests expressions, blocks and calls more than %d deep",
+                     JINJA_MAX_DEPTH);
+    return jinja_step(c, line);
 }
 
 static int emit(jinja_ctx *c, int line, const char *p, size_t n)
@@ -162,23 +150,13 @@ static int binary(jinja_ctx *c, int line, int op, const jinja_value *a, const ji
         double f = fval(a), g = fval(b);
         switch (op) {
         case '+':
-            if (!ints)
-                break;
-            if (__builtin_add_overflow(x, y, &r))
-                return overflow(c, line);
-            *out = jinja_int(r);
-            return 0;
         case '-':
-            if (!ints)
-                break;
-            if (__builtin_sub_overflow(x, y, &r))
-                return overflow(c, line);
-            *out = jinja_int(r);
-            return 0;
         case '*':
             if (!ints)
                 break;
-            if (__builtin_mul_overflow(x, y, &r))
+            if (op == '+' ? __builtin_add_overflow(x, y, &r)
+                : op == '-' ? __builtin_sub_overflow(x, y, &r)
+                            : __builtin_mul_overflow(x, y, &r))
                 return overflow(c, line);
             *out = jinja_int(r);
             return 0;
@@ -439,20 +417,20 @@ static int eval_args(jinja_ctx *c, const jinja_node *n, jinja_value **args, jinj
 static int eval_filter(jinja_ctx *c, const jinja_node *n, const jinja_value *base, jinja_value *out)
 {
     jinja_value v, *args, *kw;
-    if (!n->a)
+    int rc = enter(c, n->line);
+    if (!rc && !n->a)
         v = *base;
-    else if (n->a->kind == JN_FILTER ? eval_filter(c, n->a, base, &v) : jinja_eval(c, n->a, &v))
-        return -1;
-    if (eval_args(c, n, &args, &kw))
-        return -1;
-    return jinja_filter(c, n->line, &n->name, &v, args, n->args.n, n->names, kw, n->kwargs.n, out);
+    else if (!rc)
+        rc = n->a->kind == JN_FILTER ? eval_filter(c, n->a, base, &v) : jinja_eval(c, n->a, &v);
+    rc = rc || eval_args(c, n, &args, &kw) ||
+         jinja_filter(c, n->line, &n->name, &v, args, n->args.n, n->names, kw, n->kwargs.n, out);
+    c->depth--;
+    return rc;
 }
 
-int jinja_eval(jinja_ctx *c, const jinja_node *n, jinja_value *out)
+static int eval_node(jinja_ctx *c, const jinja_node *n, jinja_value *out)
 {
     jinja_value a, b, *args, *kw;
-    if (jinja_step(c, n->line))
-        return -1;
     switch (n->kind) {
     case JN_CONST: *out = n->value; return 0;
     case JN_NAME: {
@@ -569,6 +547,13 @@ int jinja_eval(jinja_ctx *c, const jinja_node *n, jinja_value *out)
     }
 }
 
+int jinja_eval(jinja_ctx *c, const jinja_node *n, jinja_value *out)
+{
+    int rc = enter(c, n->line) || eval_node(c, n, out);
+    c->depth--;
+    return rc;
+}
+
 /* ---- statements --------------------------------------------------------------------------- */
 
 static int exec_body(jinja_ctx *c, const jinja_nodes *body);
@@ -666,11 +651,9 @@ static int exec_for(jinja_ctx *c, const jinja_node *n)
     return rc;
 }
 
-static int exec_stmt(jinja_ctx *c, const jinja_node *n)
+static int exec_node(jinja_ctx *c, const jinja_node *n)
 {
     jinja_value v;
-    if (jinja_step(c, n->line))
-        return -1;
     switch (n->kind) {
     case JN_TEXT: return emit(c, n->line, n->value.u.s.p, n->value.u.s.n);
     case JN_OUTPUT:
@@ -717,6 +700,13 @@ static int exec_stmt(jinja_ctx *c, const jinja_node *n)
     case JN_CONTINUE: c->loop_ctl = 2; return 0;
     default: return JFAIL(c, n->line, MOEC_ERR_INTERNAL, "an expression where a statement belongs");
     }
+}
+
+static int exec_stmt(jinja_ctx *c, const jinja_node *n)
+{
+    int rc = enter(c, n->line) || exec_node(c, n);
+    c->depth--;
+    return rc;
 }
 
 static int exec_body(jinja_ctx *c, const jinja_nodes *body)

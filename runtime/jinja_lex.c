@@ -23,14 +23,9 @@ typedef struct lexer {
 static int push(lexer *L, jinja_tok t)
 {
     if (L->out->n == L->out->cap) {
-        size_t cap = L->out->cap ? L->out->cap * 2 : 256;
-        jinja_tok *v = jinja_alloc(L->c, cap * sizeof *v);
-        if (!v)
+        L->out->cap = L->out->cap ? L->out->cap * 2 : 256;
+        if (!(L->out->v = jinja_grow(L->c, L->out->v, L->out->n, L->out->cap, sizeof *L->out->v)))
             return -1;
-        if (L->out->n)
-            memcpy(v, L->out->v, L->out->n * sizeof *v);
-        L->out->v = v;
-        L->out->cap = cap;
     }
     L->out->v[L->out->n++] = t;
     return 0;

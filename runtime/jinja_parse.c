@@ -96,20 +96,13 @@ typedef struct nodevec {
 static int vec_push(parser *P, nodevec *v, jinja_node *n, const jinja_str *name)
 {
     if (v->l.n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 4;
-        jinja_node **nv = jinja_alloc(P->c, cap * sizeof *nv);
-        jinja_str *names = name || v->names ? jinja_alloc(P->c, cap * sizeof *names) : NULL;
-        if (!nv || ((name || v->names) && !names))
+        v->cap = v->cap ? v->cap * 2 : 4;
+        if (!(v->l.v = jinja_grow(P->c, v->l.v, v->l.n, v->cap, sizeof *v->l.v)) ||
+            (v->names && !(v->names = jinja_grow(P->c, v->names, v->l.n, v->cap, sizeof *v->names))))
             return -1;
-        if (v->l.n) {
-            memcpy(nv, v->l.v, v->l.n * sizeof *nv);
-            if (v->names)
-                memcpy(names, v->names, v->l.n * sizeof *names);
-        }
-        v->l.v = nv;
-        v->names = names;
-        v->cap = cap;
     }
+    if (name && !v->names && !(v->names = jinja_grow(P->c, NULL, 0, v->cap, sizeof *v->names)))
+        return -1;
     if (name)
         v->names[v->l.n] = *name;
     v->l.v[v->l.n++] = n;
@@ -463,49 +456,43 @@ static jinja_node *binary(parser *P, jinja_node_kind kind, int op, int line, jin
     return n;
 }
 
+/* operand (op operand)*, left-associative: ops lists the level's
+ * operators (0-terminated). */
+static jinja_node *parse_level(parser *P, jinja_node *(*operand)(parser *), const int *ops)
+{
+    jinja_node *l = operand(P);
+    for (;;) {
+        const int *op = ops;
+        while (l && *op && !tok_is_op(cur(P), *op))
+            op++;
+        if (!l || !*op)
+            return l;
+        int line = cur(P)->line;
+        next(P);
+        l = binary(P, JN_BINARY, *op, line, l, operand(P));
+    }
+}
+
+static jinja_node *parse_unary_filtered(parser *P) { return parse_unary(P, 1); }
 static jinja_node *parse_pow(parser *P)
 {
-    jinja_node *l = parse_unary(P, 1);
-    while (l && tok_is_op(cur(P), JOP_POW)) {
-        int line = cur(P)->line;
-        next(P);
-        l = binary(P, JN_BINARY, JOP_POW, line, l, parse_unary(P, 1));
-    }
-    return l;
+    static const int ops[] = {JOP_POW, 0};
+    return parse_level(P, parse_unary_filtered, ops);
 }
-
 static jinja_node *parse_math2(parser *P)
 {
-    jinja_node *l = parse_pow(P);
-    while (l && (tok_is_op(cur(P), '*') || tok_is_op(cur(P), '/') || tok_is_op(cur(P), JOP_FLOORDIV) ||
-                 tok_is_op(cur(P), '%'))) {
-        int op = cur(P)->op, line = cur(P)->line;
-        next(P);
-        l = binary(P, JN_BINARY, op, line, l, parse_pow(P));
-    }
-    return l;
+    static const int ops[] = {'*', '/', JOP_FLOORDIV, '%', 0};
+    return parse_level(P, parse_pow, ops);
 }
-
 static jinja_node *parse_concat(parser *P)
 {
-    jinja_node *l = parse_math2(P);
-    while (l && tok_is_op(cur(P), '~')) {
-        int line = cur(P)->line;
-        next(P);
-        l = binary(P, JN_BINARY, '~', line, l, parse_math2(P));
-    }
-    return l;
+    static const int ops[] = {'~', 0};
+    return parse_level(P, parse_math2, ops);
 }
-
 static jinja_node *parse_math1(parser *P)
 {
-    jinja_node *l = parse_concat(P);
-    while (l && (tok_is_op(cur(P), '+') || tok_is_op(cur(P), '-'))) {
-        int op = cur(P)->op, line = cur(P)->line;
-        next(P);
-        l = binary(P, JN_BINARY, op, line, l, parse_concat(P));
-    }
-    return l;
+    static const int ops[] = {'+', '-', 0};
+    return parse_level(P, parse_concat, ops);
 }
 
 /* a < b < c is (a < b) and (b < c), b read twice (Jinja has no side effects). */
@@ -556,27 +543,19 @@ static jinja_node *parse_not(parser *P)
     return n;
 }
 
-static jinja_node *parse_and(parser *P)
+/* operand (word operand)*: `and` and `or`. */
+static jinja_node *parse_logic(parser *P, jinja_node *(*operand)(parser *), const char *word, jinja_node_kind kind)
 {
-    jinja_node *l = parse_not(P);
-    while (l && tok_is_name(cur(P), "and")) {
+    jinja_node *l = operand(P);
+    while (l && tok_is_name(cur(P), word)) {
         int line = cur(P)->line;
         next(P);
-        l = binary(P, JN_AND, 0, line, l, parse_not(P));
+        l = binary(P, kind, 0, line, l, operand(P));
     }
     return l;
 }
-
-static jinja_node *parse_or(parser *P)
-{
-    jinja_node *l = parse_and(P);
-    while (l && tok_is_name(cur(P), "or")) {
-        int line = cur(P)->line;
-        next(P);
-        l = binary(P, JN_OR, 0, line, l, parse_and(P));
-    }
-    return l;
-}
+static jinja_node *parse_and(parser *P) { return parse_logic(P, parse_not, "and", JN_AND); }
+static jinja_node *parse_or(parser *P) { return parse_logic(P, parse_and, "or", JN_OR); }
 
 static jinja_node *parse_condexpr(parser *P)
 {

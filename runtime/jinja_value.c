@@ -51,6 +51,18 @@ void *jinja_alloc(jinja_ctx *c, size_t n)
     return p;
 }
 
+void *jinja_grow(jinja_ctx *c, const void *p, size_t n, size_t cap, size_t elem)
+{
+    if (cap > ((size_t)-1) / 2 / elem) {
+        JFAIL(c, 0, MOEC_ERR_CAPACITY, "an array of %zu items", cap);
+        return NULL;
+    }
+    void *q = jinja_alloc(c, cap * elem);
+    if (q && n)
+        memcpy(q, p, n * elem);
+    return q;
+}
+
 void jinja_arena_free(jinja_ctx *c)
 {
     while (c->chunks) {
@@ -230,15 +242,10 @@ int jinja_dict_set(jinja_ctx *c, jinja_dict *d, jinja_value key, jinja_value val
             return 0;
         }
     if (d->n == d->cap) {
-        size_t cap = d->cap * 2;
-        jinja_value *k = jinja_alloc(c, cap * sizeof *k), *v = k ? jinja_alloc(c, cap * sizeof *v) : NULL;
-        if (!v)
+        d->cap = d->cap ? d->cap * 2 : 4;
+        if (!(d->k = jinja_grow(c, d->k, d->n, d->cap, sizeof *d->k)) ||
+            !(d->v = jinja_grow(c, d->v, d->n, d->cap, sizeof *d->v)))
             return -1;
-        memcpy(k, d->k, d->n * sizeof *k);
-        memcpy(v, d->v, d->n * sizeof *v);
-        d->k = k;
-        d->v = v;
-        d->cap = cap;
     }
     d->k[d->n] = key;
     d->v[d->n++] = val;
@@ -338,7 +345,16 @@ static double as_double(const jinja_value *v)
 }
 static int64_t as_int(const jinja_value *v) { return v->kind == JV_INT ? v->u.i : v->u.b; }
 
-int jinja_equal(const jinja_value *a, const jinja_value *b)
+/* Values nest at most this deep where equality, order and writing them
+ * out recurse (a template can nest lists in a loop; the stack cannot). */
+#define VALUE_MAX_DEPTH 1000
+
+static int equal_at(const jinja_value *a, const jinja_value *b, int depth);
+
+int jinja_equal(const jinja_value *a, const jinja_value *b) { return equal_at(a, b, 0); }
+
+/* Beyond VALUE_MAX_DEPTH, containers are equal only when they are the same. */
+static int equal_at(const jinja_value *a, const jinja_value *b, int depth)
 {
     if (is_number(a) && is_number(b)) {
         if (a->kind == JV_FLOAT || b->kind == JV_FLOAT)
@@ -354,16 +370,20 @@ int jinja_equal(const jinja_value *a, const jinja_value *b)
     case JV_LIST:
         if (a->tuple != b->tuple || a->u.l->n != b->u.l->n)
             return 0;
+        if (a->u.l == b->u.l || depth >= VALUE_MAX_DEPTH)
+            return a->u.l == b->u.l;
         for (size_t i = 0; i < a->u.l->n; i++)
-            if (!jinja_equal(&a->u.l->v[i], &b->u.l->v[i]))
+            if (!equal_at(&a->u.l->v[i], &b->u.l->v[i], depth + 1))
                 return 0;
         return 1;
     case JV_DICT:
         if (a->u.d->n != b->u.d->n)
             return 0;
+        if (a->u.d == b->u.d || depth >= VALUE_MAX_DEPTH)
+            return a->u.d == b->u.d;
         for (size_t i = 0; i < a->u.d->n; i++) {
             const jinja_value *o = jinja_dict_find(b->u.d, &a->u.d->k[i]);
-            if (!o || !jinja_equal(&a->u.d->v[i], o))
+            if (!o || !equal_at(&a->u.d->v[i], o, depth + 1))
                 return 0;
         }
         return 1;
@@ -371,13 +391,14 @@ int jinja_equal(const jinja_value *a, const jinja_value *b)
     case JV_LOOP: return a->u.loop == b->u.loop;
     case JV_FUNC: return a->id == b->id;
     case JV_MACRO: return a->u.macro == b->u.macro;
-    case JV_METHOD: return a->id == b->id && jinja_equal(a->u.self, b->u.self);
+    case JV_METHOD: return a->id == b->id && equal_at(a->u.self, b->u.self, depth + 1);
     default: return 0;
     }
 }
 
-/* -1, 0, 1 as a compares with b; 2 when they do not order. */
-static int cmp3(const jinja_value *a, const jinja_value *b)
+/* -1, 0, 1 as a compares with b; 2 when they do not order (or nest
+ * beyond VALUE_MAX_DEPTH). */
+static int cmp3_at(const jinja_value *a, const jinja_value *b, int depth)
 {
     if (is_number(a) && is_number(b)) {
         if (a->kind == JV_FLOAT || b->kind == JV_FLOAT) {
@@ -392,16 +413,18 @@ static int cmp3(const jinja_value *a, const jinja_value *b)
         int r = memcmp(a->u.s.p, b->u.s.p, n);
         return r < 0 ? -1 : r > 0 ? 1 : a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n;
     }
-    if (a->kind == JV_LIST && b->kind == JV_LIST && a->tuple == b->tuple) {
+    if (a->kind == JV_LIST && b->kind == JV_LIST && a->tuple == b->tuple && depth < VALUE_MAX_DEPTH) {
         for (size_t i = 0; i < a->u.l->n && i < b->u.l->n; i++) {
-            if (jinja_equal(&a->u.l->v[i], &b->u.l->v[i]))
+            if (equal_at(&a->u.l->v[i], &b->u.l->v[i], depth + 1))
                 continue;
-            return cmp3(&a->u.l->v[i], &b->u.l->v[i]);
+            return cmp3_at(&a->u.l->v[i], &b->u.l->v[i], depth + 1);
         }
         return a->u.l->n < b->u.l->n ? -1 : a->u.l->n > b->u.l->n;
     }
     return 2;
 }
+
+static int cmp3(const jinja_value *a, const jinja_value *b) { return cmp3_at(a, b, 0); }
 
 int jinja_order(jinja_ctx *c, int line, int op, const jinja_value *a, const jinja_value *b, int *res)
 {
@@ -527,9 +550,9 @@ static void write_str_repr(moec_buf *b, const char *s, size_t n)
     moec_buf_put(b, &q, 1);
 }
 
-static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int repr);
+static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int repr, int depth);
 
-static int write_items(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v)
+static int write_items(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int depth)
 {
     if (v->kind == JV_LIST) {
         const jinja_list *l = v->u.l;
@@ -537,7 +560,7 @@ static int write_items(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v
         for (size_t i = 0; i < l->n; i++) {
             if (i)
                 moec_buf_put(b, ", ", 2);
-            if (write_value(c, line, b, &l->v[i], 1))
+            if (write_value(c, line, b, &l->v[i], 1, depth + 1))
                 return -1;
         }
         if (v->tuple && l->n == 1)
@@ -550,22 +573,32 @@ static int write_items(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v
     for (size_t i = 0; i < d->n; i++) {
         if (i)
             moec_buf_put(b, ", ", 2);
-        if (write_value(c, line, b, &d->k[i], 1))
+        if (write_value(c, line, b, &d->k[i], 1, depth + 1))
             return -1;
         moec_buf_put(b, ": ", 2);
-        if (write_value(c, line, b, &d->v[i], 1))
+        if (write_value(c, line, b, &d->v[i], 1, depth + 1))
             return -1;
     }
     moec_buf_put(b, "}", 1);
     return 0;
 }
 
-static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int repr)
+/* The bounds of writing a value out: its text's length and its nesting. */
+static int write_bounds(jinja_ctx *c, int line, const moec_buf *b, int depth)
 {
-    char num[40];
     if (b->len > c->lim.max_output)
         return JFAIL(c, line, MOEC_ERR_CAPACITY, "a value's text is longer than the %zu bytes a render may make",
                      c->lim.max_output);
+    if (depth > VALUE_MAX_DEPTH)
+        return JFAIL(c, line, MOEC_ERR_CAPACITY, "a value nested more than %d deep", VALUE_MAX_DEPTH);
+    return 0;
+}
+
+static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, int repr, int depth)
+{
+    char num[40];
+    if (write_bounds(c, line, b, depth))
+        return -1;
     switch ((jinja_kind)v->kind) {
     case JV_UNDEF:
         if (repr)
@@ -585,12 +618,12 @@ static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v
             moec_buf_put(b, v->u.s.p, v->u.s.n);
         return 0;
     case JV_LIST:
-    case JV_DICT: return write_items(c, line, b, v);
+    case JV_DICT: return write_items(c, line, b, v, depth);
     case JV_NS: {
         moec_buf_str(b, "<Namespace ");
         jinja_value d = *v;
         d.kind = JV_DICT;
-        if (write_items(c, line, b, &d))
+        if (write_items(c, line, b, &d, depth))
             return -1;
         moec_buf_str(b, ">");
         return 0;
@@ -606,12 +639,12 @@ static int write_value(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v
 
 int jinja_write_str(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v)
 {
-    return write_value(c, line, b, v, 0);
+    return write_value(c, line, b, v, 0, 0);
 }
 
 int jinja_write_repr(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v)
 {
-    return write_value(c, line, b, v, 1);
+    return write_value(c, line, b, v, 1, 0);
 }
 
 int jinja_to_str(jinja_ctx *c, int line, const jinja_value *v, jinja_value *out)
@@ -692,11 +725,8 @@ int jinja_write_json(jinja_ctx *c, int line, moec_buf *b, const jinja_value *v, 
                      int sort_keys, int level)
 {
     char num[40];
-    if (b->len > c->lim.max_output)
-        return JFAIL(c, line, MOEC_ERR_CAPACITY, "tojson's text is longer than the %zu bytes a render may make",
-                     c->lim.max_output);
-    if (level > 512)
-        return JFAIL(c, line, MOEC_ERR_CAPACITY, "tojson: a value nested more than 512 deep");
+    if (write_bounds(c, line, b, level))
+        return -1;
     switch ((jinja_kind)v->kind) {
     case JV_NONE: moec_buf_str(b, "null"); return 0;
     case JV_BOOL: moec_buf_str(b, v->u.b ? "true" : "false"); return 0;

@@ -16,6 +16,8 @@ command -v valgrind >/dev/null || need+=(valgrind)
 command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v python3 >/dev/null || need+=(python3)
+# tests/test_chat_template.py renders the chat templates with jinja2 too
+python3 -c 'import jinja2' 2>/dev/null || need+=(python3-jinja2)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
