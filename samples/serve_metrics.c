@@ -4,6 +4,8 @@
 #include "samples/serve_metrics.h"
 
 #include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,18 +112,6 @@ static void head(moec_buf *b, const char *name, const char *type, const char *he
     moec_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static void gauge(moec_buf *b, const char *name, const char *help, double v)
-{
-    head(b, name, "gauge", help);
-    moec_buf_printf(b, "%s %.17g\n", name, v);
-}
-
-static void counter(moec_buf *b, const char *name, const char *help, unsigned long long v)
-{
-    head(b, name, "counter", help);
-    moec_buf_printf(b, "%s %llu\n", name, v);
-}
-
 static void render_histogram(moec_buf *b, const char *name, const char *help, const histogram *h)
 {
     head(b, name, "histogram", help);
@@ -134,38 +124,67 @@ static void render_histogram(moec_buf *b, const char *name, const char *help, co
                     h->count, name, h->sum, name, h->count);
 }
 
+/* The engine's numbers (moec_engine_stats fields of three kinds), by
+ * their names here. */
+typedef enum stat_kind { STAT_INT, STAT_DOUBLE, STAT_U64 } stat_kind;
+typedef struct engine_metric {
+    const char *name, *type, *help;
+    size_t off;
+    stat_kind kind;
+} engine_metric;
+#define STAT(field, kind) offsetof(moec_engine_stats, field), kind
+
+static const engine_metric ENGINE_METRICS[] = {
+    {"moec_requests_running", "gauge", "Requests in the running set, holding KV blocks.",
+     STAT(running, STAT_INT)},
+    {"moec_requests_waiting", "gauge", "Requests in the engine's queue (new or preempted).",
+     STAT(waiting, STAT_INT)},
+    {"moec_kv_blocks", "gauge", "Blocks in the KV pool.", STAT(kv_blocks, STAT_INT)},
+    {"moec_kv_blocks_used", "gauge", "KV blocks held by running requests.",
+     STAT(kv_blocks_used, STAT_INT)},
+    {"moec_kv_blocks_cached", "gauge", "KV blocks held by none, caching a prefix.",
+     STAT(kv_blocks_cached, STAT_INT)},
+    {"moec_prefix_cache_hit_rate", "gauge",
+     "Prompt tokens the prefix cache saved over the prompt tokens admitted.",
+     STAT(prefix_hit_rate, STAT_DOUBLE)},
+    {"moec_generation_tokens_per_second", "gauge", "Generated tokens per second of step time.",
+     STAT(tokens_per_s, STAT_DOUBLE)},
+    {"moec_steps_total", "counter", "Engine steps run.", STAT(steps, STAT_U64)},
+    {"moec_requests_finished_total", "counter", "Requests that ended (length, eos, stop).",
+     STAT(requests_done, STAT_U64)},
+    {"moec_requests_cancelled_total", "counter",
+     "Requests cancelled (a client gone, a stop string, a cancel line).",
+     STAT(requests_cancelled, STAT_U64)},
+    {"moec_preemptions_total", "counter", "Running requests preempted to be recomputed.",
+     STAT(preemptions, STAT_U64)},
+    {"moec_prompt_tokens_total", "counter", "Prompt tokens admitted.",
+     STAT(prompt_tokens, STAT_U64)},
+    {"moec_prompt_tokens_cached_total", "counter",
+     "Prompt tokens whose prefill the prefix cache saved.", STAT(cached_tokens, STAT_U64)},
+    {"moec_generation_tokens_total", "counter", "Tokens generated.",
+     STAT(generated_tokens, STAT_U64)},
+};
+
+static void render_stat(moec_buf *b, const engine_metric *e, const moec_engine_stats *st)
+{
+    const char *p = (const char *)st + e->off;
+    head(b, e->name, e->type, e->help);
+    if (e->kind == STAT_INT)
+        moec_buf_printf(b, "%s %d\n", e->name, *(const int *)p);
+    else if (e->kind == STAT_DOUBLE)
+        moec_buf_printf(b, "%s %.17g\n", e->name, *(const double *)p);
+    else
+        moec_buf_printf(b, "%s %llu\n", e->name, (unsigned long long)*(const uint64_t *)p);
+}
+
 void serve_metrics_render(serve_metrics *m, moec_buf *b)
 {
     pthread_mutex_lock(&m->mu);
-    const moec_engine_stats *st = &m->engine;
-    gauge(b, "moec_requests_running", "Requests in the running set, holding KV blocks.",
-          st->running);
-    gauge(b, "moec_requests_waiting", "Requests in the engine's queue (new or preempted).",
-          st->waiting);
-    gauge(b, "moec_http_requests_waiting",
-          "HTTP requests accepted that have no token yet (--max-waiting bounds them).",
-          m->http_waiting);
-    gauge(b, "moec_kv_blocks", "Blocks in the KV pool.", st->kv_blocks);
-    gauge(b, "moec_kv_blocks_used", "KV blocks held by running requests.", st->kv_blocks_used);
-    gauge(b, "moec_kv_blocks_cached", "KV blocks held by none, caching a prefix.",
-          st->kv_blocks_cached);
-    gauge(b, "moec_prefix_cache_hit_rate",
-          "Prompt tokens the prefix cache saved over the prompt tokens admitted.",
-          st->prefix_hit_rate);
-    gauge(b, "moec_generation_tokens_per_second", "Generated tokens per second of step time.",
-          st->tokens_per_s);
-    counter(b, "moec_steps_total", "Engine steps run.", st->steps);
-    counter(b, "moec_requests_finished_total", "Requests that ended (length, eos, stop).",
-            st->requests_done);
-    counter(b, "moec_requests_cancelled_total",
-            "Requests cancelled (a client gone, a stop string, a cancel line).",
-            st->requests_cancelled);
-    counter(b, "moec_preemptions_total", "Running requests preempted to be recomputed.",
-            st->preemptions);
-    counter(b, "moec_prompt_tokens_total", "Prompt tokens admitted.", st->prompt_tokens);
-    counter(b, "moec_prompt_tokens_cached_total",
-            "Prompt tokens whose prefill the prefix cache saved.", st->cached_tokens);
-    counter(b, "moec_generation_tokens_total", "Tokens generated.", st->generated_tokens);
+    for (size_t i = 0; i < sizeof ENGINE_METRICS / sizeof *ENGINE_METRICS; i++)
+        render_stat(b, &ENGINE_METRICS[i], &m->engine);
+    head(b, "moec_http_requests_waiting", "gauge",
+         "HTTP requests accepted that have no token yet (--max-waiting bounds them).");
+    moec_buf_printf(b, "moec_http_requests_waiting %d\n", m->http_waiting);
     render_histogram(b, "moec_time_to_first_token_seconds",
                      "From a request's submission to its first token.", &m->ttft);
     render_histogram(b, "moec_inter_token_latency_seconds",
