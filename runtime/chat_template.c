@@ -18,12 +18,11 @@ static moec_status no_template(const moec_tokenizer_t *tok)
 {
     if (tok->chat_template_missing)
         return MOEC_ERR(MOEC_ERR_NOT_FOUND, "%s", tok->chat_template_missing);
-    char dir[4096];
-    size_t n = strlen(tok->path) >= sizeof "tokenizer.json" ? strlen(tok->path) - (sizeof "tokenizer.json" - 1) : 0;
-    snprintf(dir, sizeof dir, "%.*s", (int)n, tok->path);
+    /* tok->path is DIR/tokenizer.json */
+    size_t n = strlen(tok->path) >= sizeof "/tokenizer.json" ? strlen(tok->path) - (sizeof "/tokenizer.json" - 1) : 0;
     return MOEC_ERR(MOEC_ERR_NOT_FOUND,
-                    "%s has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja)",
-                    n ? dir : ".");
+                    "%.*s has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja)",
+                    n ? (int)n : 1, n ? tok->path : ".");
 }
 
 /* Adds what the tokenizer and the options give the template to vars, then

@@ -536,10 +536,13 @@ int jinja_getitem(jinja_ctx *c, int line, const jinja_value *obj, const jinja_va
 
 int jinja_iterate(jinja_ctx *c, int line, const jinja_value *v, jinja_list **out)
 {
-    static jinja_list empty;
     jinja_value l;
     switch ((jinja_kind)v->kind) {
-    case JV_UNDEF: *out = &empty; return 0;
+    case JV_UNDEF:
+        if (jinja_new_list(c, 0, &l))
+            return -1;
+        *out = l.u.l;
+        return 0;
     case JV_LIST: *out = v->u.l; return 0;
     case JV_DICT:
         if (jinja_new_list(c, v->u.d->n, &l))

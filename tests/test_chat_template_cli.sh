@@ -67,7 +67,7 @@ expect 2 "unexpected argument extra" -- "$B" chat-template "$Q" extra
 expect 2 "--enable-thinking: '2' is not 0 or 1" -- "$B" chat-template "$Q" --enable-thinking 2
 expect 2 "--enable-thinking needs a value" -- "$B" chat-template "$Q" --enable-thinking
 expect 1 "cannot open $T/none/tokenizer.json" -- "$B" chat-template "$T/none"
-feed '[]' 1 "has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja)" -- \
+feed '[]' 1 "$D/qwen2 has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja)" -- \
   "$B" chat-template "$D/qwen2"
 folder "$T/nodefault" qwen2 '[{"name": "tool_use", "template": "x"}]'
 feed '[]' 1 "chat_template lists templates ('tool_use') but none named 'default'" -- "$B" chat-template "$T/nodefault"

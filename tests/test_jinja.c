@@ -309,6 +309,10 @@ static void test_api(void)
     T_OK(moec_chat_render_json(tok, req, strlen(req), &gen, &out));
     T_CHECK(out && !strcmp(out, "1False[1]False"));
     free(out);
+    req = "[{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}, {\"role\": \"assistant\"}]";
+    T_OK(moec_chat_render_json(tok, req, strlen(req), &think, &out));
+    T_CHECK(out && !strcmp(out, "2TrueNoneFalse"));
+    free(out);
     moec_tokenizer_free(tok);
     remove_folder(dir);
 
