@@ -1,4 +1,4 @@
-/* moec.c — the moec command line: compile, dump-ir, run, bench and tokenize over the
+/* moec.c — the moec command line: compile, dump-ir, run, bench, tokenize and chat-template over the
  * public API (include/moec.h). Usage errors exit 2, library errors exit 1
  * with the library's message. */
 #include <ctype.h>
@@ -30,6 +30,8 @@ static const char *USAGE_MAIN =
     "  serve MODEL_DIR|PLAN  the generation service over stdin or TCP (`moec serve --help`)\n"
     "  tokenize MODEL_DIR    text on stdin to token ids with the model's tokenizer.json,\n"
     "                        or ids to text (--decode)\n"
+    "  chat-template MODEL_DIR  a conversation (JSON on stdin) through the model's chat\n"
+    "                        template, as transformers' apply_chat_template renders it\n"
     "\n"
     "options:\n"
     "  -h, --help            this help; `moec <command> --help` for a command's options\n"
@@ -109,12 +111,13 @@ static const char *USAGE_COMPILE =
     "  -h, --help            this help\n";
 
 static const char *USAGE_RUN =
-    "usage: moec run MODEL_DIR --prompt-ids IDS|--prompt TEXT --max-new-tokens N [options]\n"
-    "       moec run PLAN --weights MODEL_DIR --prompt-ids IDS|--prompt TEXT --max-new-tokens N [options]\n"
+    "usage: moec run MODEL_DIR --prompt-ids IDS|--prompt TEXT|--chat TEXT --max-new-tokens N [options]\n"
+    "       moec run PLAN --weights MODEL_DIR --prompt-ids IDS|--prompt TEXT|--chat TEXT\n"
+    "                --max-new-tokens N [options]\n"
     "\n"
     "Loads the model (config.json and its safetensors, every weight checked),\n"
     "runs the prompt, then greedy-decodes up to N tokens, printing the generated\n"
-    "ids on one line, separated by spaces (with --prompt, their text). Given a\n"
+    "ids on one line, separated by spaces (with --prompt or --chat, their text). Given a\n"
     "PLAN file (moec compile), runs it on the GPU with no compile step, after\n"
     "checking that --weights holds the checkpoint it was compiled for and that\n"
     "the device has its arch and memory.\n"
@@ -125,7 +128,16 @@ static const char *USAGE_RUN =
     "                         tokenizer.json (MODEL_DIR's, or a PLAN's --weights\n"
     "                         folder's) as `moec tokenize` does; the generated\n"
     "                         tokens are then printed as text, special tokens left\n"
-    "                         out (one of --prompt-ids and --prompt is required)\n"
+    "                         out (one of --prompt-ids, --prompt and --chat is\n"
+    "                         required)\n"
+    "  --chat TEXT            TEXT as the user's message of a conversation, put\n"
+    "                         through the model's chat template with the assistant's\n"
+    "                         generation prompt (`moec chat-template`), then encoded\n"
+    "                         as apply_chat_template does (add_special_tokens=False:\n"
+    "                         the template writes the BOS where it wants one); the\n"
+    "                         generated tokens are printed as text as with --prompt\n"
+    "  --enable-thinking 0|1  with --chat: the template's enable_thinking (Qwen3's\n"
+    "                         thinking switch; default: the template's own default)\n"
     "  --max-new-tokens N     tokens to generate, N >= 1 (required)\n"
     "  --weights DIR          the checkpoint (config.json + *.safetensors): required\n"
     "                         with a PLAN; with MODEL_DIR, weights from DIR instead\n"
@@ -407,6 +419,8 @@ typedef struct run_opts {
     const char *weights;   /* --weights */
     const char *ids_text;
     const char *prompt; /* --prompt */
+    const char *chat;   /* --chat */
+    int enable_thinking; /* --enable-thinking: -1 unset */
     const char *logits_path;
     const char *arch;
     long max_new;
@@ -422,6 +436,7 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
 {
     *done = 0;
     o->max_new = -1;
+    o->enable_thinking = -1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int has_val = i + 1 < argc;
@@ -440,8 +455,8 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             setenv("MOEC_SINGLE_STREAM", "1", 1);
         } else if (!strcmp(a, "--eager")) {
             setenv("MOEC_DISABLE_GRAPHS", "1", 1);
-        } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--prompt") ||
-                   !strcmp(a, "--max-new-tokens") ||
+        } else if (!strcmp(a, "--prompt-ids") || !strcmp(a, "--prompt") || !strcmp(a, "--chat") ||
+                   !strcmp(a, "--enable-thinking") || !strcmp(a, "--max-new-tokens") ||
                    !strcmp(a, "--backend") || !strcmp(a, "--logits-out") ||
                    !strcmp(a, "--max-seq-len") || !strcmp(a, "--arch") ||
                    !strcmp(a, "--weights")) {
@@ -452,7 +467,13 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
                 o->ids_text = v;
             else if (!strcmp(a, "--prompt"))
                 o->prompt = v;
-            else if (!strcmp(a, "--logits-out"))
+            else if (!strcmp(a, "--chat"))
+                o->chat = v;
+            else if (!strcmp(a, "--enable-thinking")) {
+                if (strcmp(v, "0") && strcmp(v, "1"))
+                    return usage_error(USAGE_RUN, "--enable-thinking: '%s' is not 0 or 1", v);
+                o->enable_thinking = v[0] - '0';
+            } else if (!strcmp(a, "--logits-out"))
                 o->logits_path = v;
             else if (!strcmp(a, "--weights"))
                 o->weights = v;
@@ -488,10 +509,12 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
     }
     if (!o->dir)
         return usage_error(USAGE_RUN, "%s", "missing MODEL_DIR or PLAN");
-    if (!o->ids_text && !o->prompt)
-        return usage_error(USAGE_RUN, "%s", "missing --prompt-ids or --prompt");
-    if (o->ids_text && o->prompt)
-        return usage_error(USAGE_RUN, "%s", "--prompt-ids and --prompt are exclusive");
+    if (!o->ids_text && !o->prompt && !o->chat)
+        return usage_error(USAGE_RUN, "%s", "missing --prompt-ids, --prompt or --chat");
+    if (!!o->ids_text + !!o->prompt + !!o->chat > 1)
+        return usage_error(USAGE_RUN, "%s", "--prompt-ids, --prompt and --chat are exclusive");
+    if (o->enable_thinking >= 0 && !o->chat)
+        return usage_error(USAGE_RUN, "%s", "--enable-thinking goes with --chat");
     if (o->max_new < 0)
         return usage_error(USAGE_RUN, "%s", "missing --max-new-tokens");
     return parallel_finish(USAGE_RUN, &o->par, o->par_seen) ? 2 : 0;
@@ -559,19 +582,28 @@ static int plan_max_positions(const char *weights_dir)
 }
 
 /* --prompt: the text encoded by the model's tokenizer (MODEL_DIR's, or a
- * plan's --weights folder's), and a detokenizer for what is generated. */
+ * plan's --weights folder's), and a detokenizer for what is generated;
+ * --chat: the same for the text its chat template makes of it. */
 static int prompt_ids(const run_opts *o, int plan, moec_tokenizer_t **tok,
                       moec_detokenizer_t **detok, int32_t **ids, int *n)
 {
+    char *chat = NULL;
     moec_status st = moec_tokenizer_open(plan ? o->weights : o->dir, tok);
-    if (st == MOEC_OK)
-        st = moec_tokenizer_encode(*tok, o->prompt, strlen(o->prompt), 1, ids, n);
+    if (st == MOEC_OK && o->chat) { /* one user message, the assistant to answer */
+        moec_chat_message_t msg = {"user", o->chat};
+        moec_chat_options_t opts = {.add_generation_prompt = 1, .enable_thinking = o->enable_thinking};
+        st = moec_chat_render(*tok, &msg, 1, &opts, &chat);
+    }
+    if (st == MOEC_OK) /* the chat template writes its BOS itself, as apply_chat_template has it */
+        st = chat ? moec_tokenizer_encode(*tok, chat, strlen(chat), 0, ids, n)
+                  : moec_tokenizer_encode(*tok, o->prompt, strlen(o->prompt), 1, ids, n);
+    free(chat);
     if (st == MOEC_OK)
         st = moec_detokenizer_init(*tok, 1, detok);
     if (st != MOEC_OK)
         return lib_error(st);
     if (*n == 0) {
-        fprintf(stderr, "moec: --prompt: the text encodes to no tokens\n");
+        fprintf(stderr, "moec: %s: the text encodes to no tokens\n", o->chat ? "--chat" : "--prompt");
         return 2;
     }
     return 0;
@@ -613,7 +645,7 @@ static int cmd_run(int argc, char **argv)
     moec_tokenizer_t *tok = NULL;
     moec_detokenizer_t *detok = NULL;
     int n = 0;
-    if (o.prompt) {
+    if (o.prompt || o.chat) {
         rc = prompt_ids(&o, plan, &tok, &detok, &ids, &n);
     } else if ((n = parse_ids(o.ids_text, &ids, &bad)) < 0) {
         return usage_error(USAGE_RUN, "--prompt-ids: bad token id at '%s' (want comma-separated integers >= 0)",
@@ -1169,6 +1201,76 @@ static int cmd_tokenize(int argc, char **argv)
     return rc;
 }
 
+/* ---- moec chat-template ------------------------------------------------------ */
+
+static const char *USAGE_CHAT_TEMPLATE =
+    "usage: moec chat-template MODEL_DIR [--no-generation-prompt] [--enable-thinking 0|1] < JSON\n"
+    "\n"
+    "Renders the conversation on stdin with MODEL_DIR's chat template\n"
+    "(chat_template.jinja, or tokenizer_config.json's chat_template) as\n"
+    "transformers' apply_chat_template does, and prints the text exactly, with no\n"
+    "newline added (docs/TOKENIZER.md, \"Chat templates\"). The JSON is a list of\n"
+    "messages, [{\"role\": \"user\", \"content\": \"Hi\"}, ...] (any other fields of a\n"
+    "message, such as tool_calls or reasoning_content, reach the template), or an\n"
+    "object {\"messages\": [...], \"tools\": [...], ...} whose other members are\n"
+    "variables of the template (DeepSeek-V3.1's \"thinking\": true).\n"
+    "\n"
+    "options:\n"
+    "  --no-generation-prompt  end after the last message (default: end with the\n"
+    "                          assistant's prompt, add_generation_prompt=True)\n"
+    "  --enable-thinking 0|1   the template's enable_thinking (Qwen3); default:\n"
+    "                          unset, the template's own default\n"
+    "  -h, --help              this help\n";
+
+static int cmd_chat_template(int argc, char **argv)
+{
+    const char *dir = NULL;
+    moec_chat_options_t opts = {.add_generation_prompt = 1, .enable_thinking = -1};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            fputs(USAGE_CHAT_TEMPLATE, stdout);
+            return 0;
+        } else if (!strcmp(a, "--no-generation-prompt")) {
+            opts.add_generation_prompt = 0;
+        } else if (!strcmp(a, "--enable-thinking")) {
+            if (i + 1 >= argc)
+                return usage_error(USAGE_CHAT_TEMPLATE, "%s needs a value", a);
+            const char *v = argv[++i];
+            if (strcmp(v, "0") && strcmp(v, "1"))
+                return usage_error(USAGE_CHAT_TEMPLATE, "--enable-thinking: '%s' is not 0 or 1", v);
+            opts.enable_thinking = v[0] - '0';
+        } else if (a[0] == '-') {
+            return usage_error(USAGE_CHAT_TEMPLATE, "unknown option %s", a);
+        } else if (!dir) {
+            dir = a;
+        } else {
+            return usage_error(USAGE_CHAT_TEMPLATE, "unexpected argument %s", a);
+        }
+    }
+    if (!dir)
+        return usage_error(USAGE_CHAT_TEMPLATE, "%s", "missing MODEL_DIR");
+    moec_tokenizer_t *tok = NULL;
+    moec_status st = moec_tokenizer_open(dir, &tok);
+    if (st != MOEC_OK)
+        return lib_error(st);
+    size_t len = 0;
+    char *in = read_stdin(&len), *text = NULL;
+    int rc = 0;
+    if (!in) {
+        fprintf(stderr, "moec: cannot read stdin: %s\n", strerror(errno));
+        rc = 1;
+    } else if ((st = moec_chat_render_json(tok, in, len, &opts, &text)) != MOEC_OK) {
+        rc = lib_error(st);
+    } else {
+        fputs(text, stdout);
+    }
+    free(text);
+    free(in);
+    moec_tokenizer_free(tok);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1192,5 +1294,7 @@ int main(int argc, char **argv)
         return moec_serve_main(argc - 1, argv + 1, serve_open_model);
     if (!strcmp(cmd, "tokenize"))
         return cmd_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "chat-template"))
+        return cmd_chat_template(argc - 2, argv + 2);
     return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
 }

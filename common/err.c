@@ -71,6 +71,7 @@ const char *moec_status_name(moec_status st)
     case MOEC_ERR_CUDA: return "CUDA error";
     case MOEC_ERR_INTERNAL: return "internal error";
     case MOEC_ERR_NUMERIC: return "numeric error";
+    case MOEC_ERR_NOT_FOUND: return "not found";
     }
     return "unknown status";
 }

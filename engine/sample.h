@@ -32,8 +32,6 @@ typedef struct moec_sampler {
 moec_status moec_sampler_init(moec_sampler *s, int vocab);
 void moec_sampler_free(moec_sampler *s);
 
-/* MOEC_ERR_INVALID_ARG naming the first setting out of range. */
-moec_status moec_sampling_check(const moec_sampling *sp);
 /* 1 when the token is the argmax of the raw logits and nothing else is
  * asked: the GPU's argmax serves it with no sampling at all. */
 int moec_sampling_is_plain_greedy(const moec_sampling *sp);

@@ -30,6 +30,7 @@ typedef enum moec_status {
     MOEC_ERR_CUDA,         /* a CUDA, NVRTC, cuBLAS or NCCL call failed */
     MOEC_ERR_INTERNAL,     /* a broken invariant: a bug in moec */
     MOEC_ERR_NUMERIC,      /* logits hold a NaN or an infinity: a broken checkpoint or an overflow */
+    MOEC_ERR_NOT_FOUND,    /* something optional the call needs is absent (a chat template) */
 } moec_status;
 
 /* The message of the last error on this thread: "file:line: message",
@@ -211,6 +212,10 @@ typedef struct moec_sampling {
  * the CPU backend samples on the host. Host and GPU draw the same token
  * from the same logits, seed and place in the output (docs/SAMPLING.md). */
 #define MOEC_TOP_LOGPROBS_MAX 20
+/* The ranges moec_engine_submit checks the settings against, for a caller
+ * that wants to say which one a client got wrong before it queues anything:
+ * MOEC_ERR_INVALID_ARG naming the first setting out of range. */
+moec_status moec_sampling_check(const moec_sampling *sp);
 
 typedef struct moec_request {
     const int32_t *prompt;    /* n_prompt >= 1 ids in [0, vocab_size); copied */
@@ -380,6 +385,41 @@ moec_status moec_detokenizer_push(moec_detokenizer_t *d, int32_t id, const char 
                                   size_t *len);
 moec_status moec_detokenizer_finish(moec_detokenizer_t *d, const char **text, size_t *len);
 void moec_detokenizer_free(moec_detokenizer_t *d);
+
+/* Chat templates (docs/TOKENIZER.md, "Chat templates"): tokenizer_config.json's
+ * Jinja chat_template rendered by a small interpreter of the Jinja subset
+ * the DeepSeek and Qwen templates use, as transformers' apply_chat_template
+ * renders it (jinja2, trim_blocks and lstrip_blocks). */
+typedef struct moec_chat_message {
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* UTF-8, may be NULL for none */
+} moec_chat_message_t;
+typedef struct moec_chat_options {
+    int add_generation_prompt; /* 1: end with the assistant prompt */
+    int enable_thinking;       /* -1 unset (template default), 0, 1 */
+} moec_chat_options_t;
+/* Renders tokenizer_config.json's chat_template (a string, or the entry named
+ * "default" of a list of {name, template}) with bos_token, eos_token (strings
+ * from tokenizer_config.json), messages, add_generation_prompt and, when set,
+ * enable_thinking. *out is malloc'd NUL-terminated text the caller frees.
+ * MOEC_ERR_UNSUPPORTED naming the construct when the template uses one the
+ * interpreter does not have; MOEC_ERR_NOT_FOUND when the folder has no chat
+ * template. */
+moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_message_t *msgs, int n_msgs,
+                             const moec_chat_options_t *opts, char **out);
+/* The same for a conversation in JSON (len bytes of UTF-8): a list of
+ * messages, each an object with a string "role" and any other fields the
+ * template reads ("content" a string, a list or null; "tool_calls",
+ * "reasoning_content", "name", ...), or an object with such a list as
+ * "messages" and other members (OpenAI's "tools", or any variable a
+ * template reads, such as DeepSeek-V3.1's "thinking") passed to the
+ * template as variables. add_generation_prompt, bos_token and eos_token
+ * come from opts and the tokenizer (a request setting them is refused);
+ * enable_thinking from opts when set there, else from the request. A key
+ * written twice is refused. JSON numbers without a fraction become
+ * integers. */
+moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
+                                  const moec_chat_options_t *opts, char **out);
 
 #ifdef __cplusplus
 }

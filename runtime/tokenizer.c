@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "file.h"
 
 /* ---- opening ------------------------------------------------------------------------ */
 
@@ -92,13 +93,19 @@ moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out)
     t->unk_id = t->bos_id = t->eos_id = -1;
     tok_trie_init(&t->raw_trie);
     tok_trie_init(&t->norm_trie);
-    char *json = NULL, *cfg = NULL;
-    size_t len = 0, cfg_len = 0;
-    moec_status st = compile_fixed(t);
+    char *json = NULL, *cfg = NULL, *jinja_path = join_path(model_dir, "chat_template.jinja");
+    size_t len = 0, cfg_len = 0, jinja_len = 0;
+    moec_status st = jinja_path ? compile_fixed(t)
+                                : MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer of %s", model_dir);
     if (st == MOEC_OK)
         st = read_file(t->path, TOK_MAX_FILE_BYTES, 0, &json, &len);
     if (st == MOEC_OK)
         st = read_file(cfg_path, TOK_MAX_FILE_BYTES, 1, &cfg, &cfg_len);
+    if (st == MOEC_OK) /* transformers prefers it to tokenizer_config.json's chat_template */
+        st = moec_file_read_optional(jinja_path, TOK_MAX_FILE_BYTES, &t->chat_template, &jinja_len);
+    if (st == MOEC_OK && t->chat_template && strlen(t->chat_template) != jinja_len)
+        st = MOEC_ERR(MOEC_ERR_FORMAT, "%s: a NUL byte in the template", jinja_path);
+    free(jinja_path);
     if (st == MOEC_OK)
         st = tok_load(t, json, len, cfg, cfg_len, cfg_path);
     free(json);
@@ -131,6 +138,10 @@ void moec_tokenizer_free(moec_tokenizer_t *t)
     free(t->suffix);
     free(t->ids);
     tok_buf_free(&t->dec);
+    free(t->bos_token);
+    free(t->eos_token);
+    free(t->chat_template);
+    free(t->chat_template_missing);
     free(t);
 }
 

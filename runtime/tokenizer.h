@@ -150,6 +150,14 @@ struct moec_tokenizer {
     tok_buf dec;
 
     int32_t bos_id, eos_id; /* tokenizer_config.json's, -1 when none */
+    char *bos_token, *eos_token; /* their text, NULL when none */
+
+    /* The chat template: chat_template.jinja's when the folder has one (it
+     * wins, as in transformers), else tokenizer_config.json's chat_template
+     * (a string, or the entry named "default" of a list); NULL when none,
+     * with chat_template_missing saying why when the list has no default. */
+    char *chat_template;
+    char *chat_template_missing;
 };
 
 /* ---- text (tokenizer_text.c) ------------------------------------------------ */
@@ -247,7 +255,8 @@ moec_status tok_bpe(const moec_tokenizer_t *t, const char *s, size_t n, tok_bpe_
 int32_t tok_token_id(const moec_tokenizer_t *t, const char *s, size_t n);
 
 /* Fills t from the text of tokenizer.json (t->path names it) and, when
- * config is not NULL, of tokenizer_config.json (config_path). */
+ * config is not NULL, of tokenizer_config.json (config_path): its tokens,
+ * bos_token / eos_token, and chat_template. */
 moec_status tok_load(moec_tokenizer_t *t, const char *json, size_t len, const char *config,
                      size_t config_len, const char *config_path);
 

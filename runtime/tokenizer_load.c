@@ -648,6 +648,45 @@ static moec_status config_id(ld *L, const char *key, const char *token, int32_t 
 /* transformers' LlamaTokenizerFast (DeepSeek's class) replaces the
  * post-processor by a template built from add_bos_token (default true) and
  * add_eos_token (default false); the other classes keep tokenizer.json's. */
+static moec_status dup_str(ld *L, const char *where, const char *s, char **out)
+{
+    if (s && !(*out = strdup(s)))
+        return OOM(where);
+    return MOEC_OK;
+}
+
+/* chat_template: a string, or a list of {"name", "template"} of which
+ * transformers renders the one named "default". */
+static moec_status load_chat_template(ld *L, const cJSON *cfg)
+{
+    moec_tokenizer_t *t = L->t;
+    const cJSON *ct = member(cfg, "chat_template");
+    if (!ct)
+        return MOEC_OK;
+    if (cJSON_IsString(ct))
+        return dup_str(L, "chat_template", ct->valuestring, &t->chat_template);
+    if (!cJSON_IsArray(ct))
+        return FAIL(MOEC_ERR_FORMAT, "chat_template", "must be a string or a list of {\"name\", \"template\"}");
+    char names[256] = "";
+    size_t used = 0;
+    for (const cJSON *e = ct->child; e; e = e->next) {
+        const char *name = NULL, *tmpl = NULL;
+        if (!cJSON_IsObject(e))
+            return FAIL(MOEC_ERR_FORMAT, "chat_template", "a list entry is not a {\"name\", \"template\"} object");
+        MOEC_TRY(get_str(L, e, "chat_template", "name", &name));
+        MOEC_TRY(get_str(L, e, "chat_template", "template", &tmpl));
+        if (!name || !tmpl)
+            return FAIL(MOEC_ERR_FORMAT, "chat_template", "a list entry lacks its name or template");
+        if (!strcmp(name, "default"))
+            return dup_str(L, "chat_template", tmpl, &t->chat_template);
+        if (used + 1 < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s'%s'", used ? ", " : "", name);
+    }
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s: chat_template lists templates (%s) but none named 'default'", L->file, names);
+    return dup_str(L, "chat_template", msg, &t->chat_template_missing);
+}
+
 static moec_status load_config(ld *L, const cJSON *cfg)
 {
     moec_tokenizer_t *t = L->t;
@@ -658,6 +697,10 @@ static moec_status load_config(ld *L, const cJSON *cfg)
     MOEC_TRY(config_token(L, cfg, "eos_token", &eos));
     MOEC_TRY(config_id(L, "bos_token", bos, &t->bos_id));
     MOEC_TRY(config_id(L, "eos_token", eos, &t->eos_id));
+    MOEC_TRY(dup_str(L, "bos_token", bos, &t->bos_token));
+    MOEC_TRY(dup_str(L, "eos_token", eos, &t->eos_token));
+    if (!t->chat_template) /* chat_template.jinja, read first, wins */
+        MOEC_TRY(load_chat_template(L, cfg));
     if (!cls || (strcmp(cls, "LlamaTokenizerFast") != 0 && strcmp(cls, "LlamaTokenizer") != 0))
         return MOEC_OK;
     MOEC_TRY(get_bool(L, cfg, "", "add_bos_token", 1, &add_bos));

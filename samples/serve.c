@@ -45,6 +45,10 @@
 #include <cjson/cJSON.h>
 
 #include "samples/serve.h"
+#include "samples/serve_http.h"
+#include "samples/serve_metrics.h"
+#include "samples/serve_util.h"
+#include "timer.h"
 
 static const char *USAGE =
     "usage: moec-serve PLAN --weights MODEL_DIR [options]\n"
@@ -103,6 +107,25 @@ static const char *USAGE =
     "cancels its requests. With --stdin, the service exits when stdin is closed\n"
     "and every request has finished.\n"
     "\n"
+    "HTTP (--http PORT): the OpenAI API, beside --port's lines or alone, text in\n"
+    "and out through the model's tokenizer.json (docs/HTTP.md):\n"
+    "  POST /v1/completions       prompt (text or token ids), max_tokens (16),\n"
+    "                             logprobs (0-20), ...\n"
+    "  POST /v1/chat/completions  messages, rendered by tokenizer_config.json's\n"
+    "                             chat_template; logprobs (bool), top_logprobs\n"
+    "  GET /v1/models, /v1/models/ID, /health, /metrics (Prometheus text)\n"
+    "Both POSTs take model (the served id, else 404 model_not_found), max_tokens,\n"
+    "temperature (default 1), top_p, top_k, min_p, seed, presence_penalty,\n"
+    "frequency_penalty, repetition_penalty, stop (strings matched on the text,\n"
+    "never sent), ignore_eos, stop_token_ids, stream (Server-Sent Events:\n"
+    "data: {chunk} lines, then data: [DONE]), stream_options.include_usage; n\n"
+    "and best_of must be 1, echo and logit_bias are refused, other fields are\n"
+    "ignored. Errors are OpenAI's {\"error\": {message, type, param, code}}: 400\n"
+    "(a bad body or field, named), 404 (path or model), 405, 413 (a body past\n"
+    "--max-body-kib), 429 (--max-waiting requests already wait), 431 (headers\n"
+    "past 64 KiB), 500 (generation failed), 503 (shutting down). A client that\n"
+    "goes away cancels its request.\n"
+    "\n"
     "options:\n"
     "  --weights DIR        the checkpoint (config.json + *.safetensors): required\n"
     "                       with a PLAN; with MODEL_DIR, weights from DIR instead\n"
@@ -144,6 +167,23 @@ static const char *USAGE =
     "                       N differs\n"
     "  --ep M               the routed experts in M groups of the ranks (M divides\n"
     "                       N; --ep alone: N = M)\n"
+    "  --http PORT          serve the HTTP API on PORT (0: a free one; the startup\n"
+    "                       line on stderr names it); with --port too, both run\n"
+    "  --host ADDR          --http: the numeric address to bind (default 127.0.0.1;\n"
+    "                       0.0.0.0 or :: for every interface)\n"
+    "  --served-model-name NAME\n"
+    "                       --http: the model id requests name (default: the name\n"
+    "                       of the model folder, --weights' with a PLAN)\n"
+    "  --tokenizer DIR      --http: the folder of tokenizer.json and\n"
+    "                       tokenizer_config.json (default: the model folder)\n"
+    "  --max-waiting N      --http: requests accepted and without a token yet\n"
+    "                       (default 256); one more gets 429\n"
+    "  --max-body-kib N     --http: the largest request body (default 4096 KiB, at\n"
+    "                       most 1048576); a larger one gets 413\n"
+    "  --http-timeout S     --http: seconds a connection may stay idle, a request\n"
+    "                       half sent included (default 60); --max-connections\n"
+    "                       bounds HTTP connections too\n"
+    "  --http-threads N     --http: threads serving connections (default 4)\n"
     "  -h, --help           this help\n";
 
 #define LINE_LIMIT (1 << 20)    /* longest request line, in bytes */
@@ -153,6 +193,11 @@ static const char *USAGE =
 #define TRIM_AFTER (1 << 20)    /* bytes freed or parsed before memory goes back to the OS */
 #define DEFAULT_CONNS 64
 #define DEFAULT_BUFFER_MIB 256
+#define DEFAULT_WAITING 256      /* --max-waiting */
+#define DEFAULT_BODY_KIB 4096    /* --max-body-kib */
+#define BODY_KIB_LIMIT (1 << 20)
+#define DEFAULT_HTTP_TIMEOUT 60  /* --http-timeout, seconds */
+#define DEFAULT_HTTP_THREADS 4   /* --http-threads */
 /* serve's own bounds on --max-seqs, --max-connections, --max-buffer-mib,
  * --kv-block-size (which the engine bounds lower), --max-seq-len and
  * --kv-blocks: the engine sets none above (a count it cannot hold fails
@@ -162,28 +207,6 @@ static const char *USAGE =
 #define KV_BLOCKS_LIMIT (1 << 30)
 
 /* ---- small helpers -------------------------------------------------------- */
-
-static void die_oom(void)
-{
-    fprintf(stderr, "moec-serve: out of memory\n");
-    exit(1);
-}
-
-static void *xrealloc(void *p, size_t n)
-{
-    p = realloc(p, n ? n : 1);
-    if (!p)
-        die_oom();
-    return p;
-}
-
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p)
-        die_oom();
-    return p;
-}
 
 /* Parses a decimal int in [lo, hi]; 0 on success. */
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -295,32 +318,18 @@ static void conn_write(conn *c, const char *text, size_t n)
     }
     if (c->out_len + n > c->out_cap) {
         c->out_cap = (c->out_len + n) * 2;
-        c->out = xrealloc(c->out, c->out_cap);
+        c->out = serve_xrealloc(c->out, c->out_cap);
     }
     memcpy(c->out + c->out_len, text, n);
     c->out_len += n;
     c->budget->held += n;
 }
 
-/* vsnprintf into a new string. */
-static char *vformat(const char *fmt, va_list ap)
-{
-    va_list ap2;
-    va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap2);
-    va_end(ap2);
-    if (n < 0)
-        die_oom(); /* only an invalid format or a length past INT_MAX */
-    char *text = xrealloc(NULL, (size_t)n + 1);
-    vsnprintf(text, (size_t)n + 1, fmt, ap);
-    return text;
-}
-
 __attribute__((format(printf, 2, 3))) static void conn_printf(conn *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *text = vformat(fmt, ap);
+    char *text = serve_vformat(fmt, ap);
     va_end(ap);
     conn_write(c, text, strlen(text));
     free(text);
@@ -334,16 +343,16 @@ __attribute__((format(printf, 3, 4))) static void reply_error(conn *c, const cha
 {
     va_list ap;
     va_start(ap, fmt);
-    char *msg = vformat(fmt, ap);
+    char *msg = serve_vformat(fmt, ap);
     va_end(ap);
     cJSON *o = cJSON_CreateObject();
     cJSON *id = id_json ? cJSON_Parse(id_json) : cJSON_CreateNull();
     if (!o || !id || !cJSON_AddItemToObject(o, "id", id) ||
         !cJSON_AddStringToObject(o, "error", msg))
-        die_oom();
+        serve_die_oom();
     char *text = cJSON_PrintUnformatted(o);
     if (!text)
-        die_oom();
+        serve_die_oom();
     conn_write(c, text, strlen(text));
     conn_write(c, "\n", 1);
     cJSON_free(text);
@@ -400,6 +409,7 @@ static void conn_free(conn *c)
 /* A request the engine has: its connection, its id as JSON text, what it
  * generated so far (for its done line). Linked into its connection's list. */
 typedef struct inflight {
+    serve_req_head head; /* first: events find their front end by it */
     conn *client;
     char *id_json;
     uint64_t engine_id;
@@ -423,6 +433,8 @@ typedef struct server {
     char *scratch;      /* READ_CHUNK bytes: what one read brings */
     int listen_fd;      /* -1 with --stdin */
     int accept_paused;  /* out of file descriptors: no accept until a client leaves */
+    serve_metrics *metrics; /* what /metrics reports */
+    serve_http *http;   /* --http: the HTTP API's threads, or NULL */
 } server;
 
 /* Forgets r (the engine is done with it, or is told to be by the caller). */
@@ -503,60 +515,12 @@ static void reply_event(const moec_event *ev)
 
 /* ---- requests ------------------------------------------------------------- */
 
-/* v as an int when it is a JSON number with an integral value that fits. */
-static int json_int(const cJSON *v, long long *out)
-{
-    if (!cJSON_IsNumber(v))
-        return 0;
-    double d = v->valuedouble;
-    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
-        return 0;
-    *out = (long long)d;
-    return 1;
-}
-
-/* The offset of the first byte of s[0..n) that is not part of valid UTF-8
- * (a stray continuation byte, a cut or overlong sequence, a surrogate, a
- * code point past U+10FFFF); n when all of it is valid. */
-static size_t utf8_invalid_at(const char *s, size_t n)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        unsigned cp = u[i], min;
-        size_t len;
-        if (cp < 0x80) {
-            i++;
-            continue;
-        } else if ((cp & 0xE0) == 0xC0) {
-            len = 2, cp &= 0x1F, min = 0x80;
-        } else if ((cp & 0xF0) == 0xE0) {
-            len = 3, cp &= 0x0F, min = 0x800;
-        } else if ((cp & 0xF8) == 0xF0) {
-            len = 4, cp &= 0x07, min = 0x10000;
-        } else {
-            return i;
-        }
-        if (n - i < len)
-            return i;
-        for (size_t k = 1; k < len; k++) {
-            if ((u[i + k] & 0xC0) != 0x80)
-                return i;
-            cp = cp << 6 | (u[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return i;
-        i += len;
-    }
-    return n;
-}
-
 /* Why a request is refused, as a new string. */
 __attribute__((format(printf, 1, 2))) static char *refuse(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    char *msg = vformat(fmt, ap);
+    char *msg = serve_vformat(fmt, ap);
     va_end(ap);
     return msg;
 }
@@ -601,7 +565,7 @@ static char *field_int(const cJSON *req, const char *name, long long lo, long lo
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, name);
     if (!v)
         return NULL;
-    if (!json_int(v, out) || *out < lo || *out > hi)
+    if (!serve_json_int(v, out) || *out < lo || *out > hi)
         return refuse("\"%s\" must be an integer from %lld to %lld", name, lo, hi);
     return NULL;
 }
@@ -641,12 +605,12 @@ static char *field_ids(const cJSON *req, const char *name, int32_t **ids, int *n
         return NULL;
     if (!cJSON_IsArray(v))
         return refuse("\"%s\" must be an array of token ids", name);
-    *ids = xcalloc((size_t)cJSON_GetArraySize(v), sizeof **ids);
+    *ids = serve_xcalloc((size_t)cJSON_GetArraySize(v), sizeof **ids);
     const cJSON *it;
     cJSON_ArrayForEach(it, v)
     {
         long long t;
-        if (!json_int(it, &t) || t < INT32_MIN || t > INT32_MAX)
+        if (!serve_json_int(it, &t) || t < INT32_MIN || t > INT32_MAX)
             return refuse("\"%s\"[%d] is not an integer", name, *n);
         (*ids)[(*n)++] = (int32_t)t;
     }
@@ -672,7 +636,7 @@ static char *request_parse(server *sv, const cJSON *j, moec_request *r, int32_t 
     const cJSON *mn = cJSON_GetObjectItemCaseSensitive(j, "max_new_tokens");
     if (!mn)
         return refuse("missing \"max_new_tokens\"");
-    if (!json_int(mn, &max_new))
+    if (!serve_json_int(mn, &max_new))
         return refuse("\"max_new_tokens\" must be an integer");
     if (max_new < 1)
         return refuse("\"max_new_tokens\" must be at least 1, got %lld", max_new);
@@ -697,10 +661,8 @@ static char *request_parse(server *sv, const cJSON *j, moec_request *r, int32_t 
     sp->top_k = (int)top_k;
     sp->top_logprobs = (int)top_logprobs;
     /* no seed: one of the service's own stream, so that each differs */
-    if (seed < 0) {
-        uint64_t z = (sv->seeds += 0x9e3779b97f4a7c15ull);
-        seed = (long long)((z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull >> 11);
-    }
+    if (seed < 0)
+        seed = (long long)serve_seed_next(&sv->seeds);
     sp->seed = (uint64_t)seed;
     return NULL;
 }
@@ -784,13 +746,13 @@ static char *request_id(conn *c, const cJSON *j, int required)
         return NULL;
     }
     size_t id_len = cJSON_IsString(id) ? strlen(id->valuestring) : 0;
-    if (id_len && utf8_invalid_at(id->valuestring, id_len) < id_len) {
+    if (id_len && serve_utf8_invalid_at(id->valuestring, id_len) < id_len) {
         reply_error(c, NULL, "\"id\" is not valid UTF-8"); /* so it cannot be echoed */
         return NULL;
     }
     char *id_json = cJSON_PrintUnformatted(id);
     if (!id_json)
-        die_oom();
+        serve_die_oom();
     return id_json;
 }
 
@@ -806,7 +768,7 @@ static char *request_submit(server *sv, conn *c, const moec_request *mr, char *i
         return refuse("request refused: the requests in flight and the clients' buffers would "
                       "hold more than %zu MiB (--max-buffer-mib)",
                       sv->budget.limit >> 20);
-    inflight *r = xcalloc(1, sizeof *r);
+    inflight *r = serve_xcalloc(1, sizeof *r);
     r->client = c;
     r->id_json = id_json;
     r->logprob = mr->sampling.logprob;
@@ -816,7 +778,8 @@ static char *request_submit(server *sv, conn *c, const moec_request *mr, char *i
         free(r);
         return refuse("%s", moec_last_error_message());
     }
-    r->out = xcalloc((size_t)mr->max_tokens, sizeof *r->out);
+    r->head.t_submit = moec_now_s();
+    r->out = serve_xcalloc((size_t)mr->max_tokens, sizeof *r->out);
     r->cost = cost;
     sv->budget.held += cost;
     r->next = c->reqs;
@@ -880,7 +843,7 @@ static void handle_line(server *sv, conn *c, char *line, size_t len)
         reply_error(c, NULL, "malformed JSON at byte %ld", off);
         return;
     }
-    handle_request(sv, c, req, utf8_invalid_at(line, len), len);
+    handle_request(sv, c, req, serve_utf8_invalid_at(line, len), len);
     cJSON_Delete(req);
 }
 
@@ -907,7 +870,7 @@ static int conn_in_add(conn *c, const char *p, size_t n)
             cap = c->in_len + n + 1;
         if (cap > LINE_LIMIT + 1)
             cap = LINE_LIMIT + 1;
-        c->in = xrealloc(c->in, cap);
+        c->in = serve_xrealloc(c->in, cap);
         c->in_cap = cap;
     }
     memcpy(c->in + c->in_len, p, n);
@@ -966,8 +929,21 @@ static void serve_step(server *sv)
     else if (st != MOEC_OK) /* its requests end with an error event each */
         fprintf(stderr, "moec-serve: a step failed (%s): %s\n", moec_status_name(st),
                 moec_last_error());
-    for (int i = 0; i < n; i++)
-        reply_event(&ev[i]);
+    double now = moec_now_s();
+    for (int i = 0; i < n; i++) {
+        serve_req_head *head = ev[i].user;
+        if (ev[i].finish != MOEC_FINISH_ERROR) {
+            if (ev[i].index == 0)
+                serve_metrics_ttft(sv->metrics, now - head->t_submit);
+            else
+                serve_metrics_itl(sv->metrics, now - head->t_last);
+            head->t_last = now;
+        }
+        if (head->http)
+            serve_http_event(sv->http, sv->engine, &ev[i]);
+        else
+            reply_event(&ev[i]);
+    }
 }
 
 /* ---- the loop ------------------------------------------------------------- */
@@ -976,9 +952,9 @@ static conn *server_add_conn(server *sv, int fd, int out_fd, int is_stdio)
 {
     if (sv->n_conns == sv->cap_conns) {
         sv->cap_conns = sv->cap_conns ? 2 * sv->cap_conns : 8;
-        sv->conns = xrealloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
+        sv->conns = serve_xrealloc(sv->conns, (size_t)sv->cap_conns * sizeof *sv->conns);
     }
-    conn *c = xcalloc(1, sizeof *c);
+    conn *c = serve_xcalloc(1, sizeof *c);
     c->budget = &sv->budget;
     c->fd = fd;
     c->out_fd = out_fd;
@@ -1119,16 +1095,11 @@ static void on_signal(int sig)
 }
 
 /* Serves until SIGINT or SIGTERM, or with --stdin until stdin is done.
- * Returns the exit code. */
-static int server_run(server *sv, int stdio)
+ * SIGINT and SIGTERM are blocked but inside ppoll (orig: the mask there),
+ * so none is missed between the check of g_stop and the wait, and the HTTP
+ * threads never take them. Returns the exit code. */
+static int server_run(server *sv, int stdio, const sigset_t *orig)
 {
-    sigset_t block, orig;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    /* The signals arrive only inside ppoll, so none is missed between the
-     * check of g_stop and the wait. */
-    sigprocmask(SIG_BLOCK, &block, &orig);
     struct pollfd *pfd = NULL;
     int cap_pfd = 0, rc = 0;
     while (!g_stop) {
@@ -1138,9 +1109,9 @@ static int server_run(server *sv, int stdio)
             break; /* stdin done (or stdout gone) and every request answered */
         if (cap_pfd < sv->n_conns + 1) {
             cap_pfd = sv->n_conns + 8;
-            pfd = xrealloc(pfd, (size_t)cap_pfd * sizeof *pfd);
+            pfd = serve_xrealloc(pfd, (size_t)cap_pfd * sizeof *pfd);
         }
-        int np = 0;
+        int np = 0, n_conn_fds = sv->n_conns, http_at = 0;
         if (sv->listen_fd >= 0)
             pfd[np++] = (struct pollfd){.fd = sv->accept_paused ? -1 : sv->listen_fd,
                                         .events = POLLIN};
@@ -1150,10 +1121,14 @@ static int server_run(server *sv, int stdio)
                                (c->out_off < c->out_len && !c->is_stdio ? POLLOUT : 0));
             pfd[np++] = (struct pollfd){.fd = ev ? c->fd : -1, .events = ev};
         }
+        if (sv->http) {
+            http_at = np;
+            np = serve_http_poll_fds(sv->http, &pfd, &cap_pfd, np);
+        }
         server_trim(sv);
         /* Running sequences: only look; otherwise wait for a client. */
         struct timespec zero = {0, 0};
-        int r = ppoll(pfd, (nfds_t)np, moec_engine_pending(sv->engine) ? &zero : NULL, &orig);
+        int r = ppoll(pfd, (nfds_t)np, moec_engine_pending(sv->engine) ? &zero : NULL, orig);
         if (r < 0 && errno != EINTR) {
             fprintf(stderr, "moec-serve: poll: %s\n", strerror(errno));
             rc = 1;
@@ -1163,8 +1138,7 @@ static int server_run(server *sv, int stdio)
             int k = 0;
             if (sv->listen_fd >= 0 && pfd[k++].revents & POLLIN)
                 server_accept(sv);
-            int n_polled = np - k;
-            for (int i = 0; i < n_polled; i++, k++) {
+            for (int i = 0; i < n_conn_fds; i++, k++) {
                 conn *c = sv->conns[i];
                 short re = pfd[k].revents;
                 if (re & POLLNVAL)
@@ -1175,13 +1149,17 @@ static int server_run(server *sv, int stdio)
                     conn_flush(c);
             }
         }
+        if (sv->http)
+            serve_http_pump(sv->http, sv->engine, r > 0 ? pfd + http_at : NULL);
         if (moec_engine_pending(sv->engine))
             serve_step(sv);
         for (int i = 0; i < sv->n_conns; i++)
             conn_flush(sv->conns[i]);
         server_budget_check(sv);
+        moec_engine_stats stats; /* for /metrics: steps, cancels and admissions change it */
+        moec_engine_get_stats(sv->engine, &stats);
+        serve_metrics_engine(sv->metrics, &stats);
     }
-    sigprocmask(SIG_SETMASK, &orig, NULL);
     free(pfd);
     return rc;
 }
@@ -1227,6 +1205,10 @@ typedef struct serve_opts {
     int backend_set;
     int single_stream, eager, no_prefix_cache;
     long tp, ep;         /* --tp, --ep (0: not given) */
+    long http_port;      /* --http: -1 none */
+    const char *host;    /* --host */
+    const char *model_name, *tokenizer;
+    long max_waiting, body_kib, http_timeout, http_threads;
 } serve_opts;
 
 /* An option that takes a count from 1 to max, and where it goes. */
@@ -1239,9 +1221,13 @@ typedef struct count_opt {
 /* Parses the command line; returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, serve_opts *o)
 {
-    o->port = -1;
+    o->port = o->http_port = -1;
     o->max_conns = DEFAULT_CONNS;
     o->buffer_mib = DEFAULT_BUFFER_MIB;
+    o->max_waiting = DEFAULT_WAITING;
+    o->body_kib = DEFAULT_BODY_KIB;
+    o->http_timeout = DEFAULT_HTTP_TIMEOUT;
+    o->http_threads = DEFAULT_HTTP_THREADS;
     const count_opt counts[] = {{"--max-seqs", COUNT_LIMIT, &o->max_seqs},
                                 {"--max-seq-len", SEQ_LEN_LIMIT, &o->max_seq_len},
                                 {"--max-connections", COUNT_LIMIT, &o->max_conns},
@@ -1249,7 +1235,11 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                                 {"--kv-blocks", KV_BLOCKS_LIMIT, &o->kv_blocks},
                                 {"--kv-block-size", COUNT_LIMIT, &o->kv_block_size},
                                 {"--tp", 64, &o->tp},
-                                {"--ep", 64, &o->ep}};
+                                {"--ep", 64, &o->ep},
+                                {"--max-waiting", COUNT_LIMIT, &o->max_waiting},
+                                {"--max-body-kib", BODY_KIB_LIMIT, &o->body_kib},
+                                {"--http-timeout", 86400, &o->http_timeout},
+                                {"--http-threads", 64, &o->http_threads}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const count_opt *cnt = NULL;
@@ -1268,7 +1258,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->no_prefix_cache = 1;
         } else if (cnt || !strcmp(a, "--weights") || !strcmp(a, "--port") ||
-                   !strcmp(a, "--backend") || !strcmp(a, "--kv-memory-fraction")) {
+                   !strcmp(a, "--backend") || !strcmp(a, "--kv-memory-fraction") ||
+                   !strcmp(a, "--http") || !strcmp(a, "--host") ||
+                   !strcmp(a, "--served-model-name") || !strcmp(a, "--tokenizer")) {
             if (i + 1 == argc)
                 return usage_error("%s needs a value", a);
             const char *v = argv[++i];
@@ -1277,9 +1269,20 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                     return count_error(a, v, cnt->max);
             } else if (!strcmp(a, "--weights")) {
                 o->weights = v;
-            } else if (!strcmp(a, "--port")) {
-                if (parse_int(v, 0, 65535, &o->port))
-                    return usage_error("--port: '%s' is not a port number (0 to 65535)", v);
+            } else if (!strcmp(a, "--port") || !strcmp(a, "--http")) {
+                if (parse_int(v, 0, 65535, a[2] == 'p' ? &o->port : &o->http_port)) {
+                    fprintf(stderr, "moec-serve: %s: '%s' is not a port number (0 to 65535)\n\n%s",
+                            a, v, USAGE);
+                    return 2;
+                }
+            } else if (!strcmp(a, "--host")) {
+                o->host = v;
+            } else if (!strcmp(a, "--served-model-name")) {
+                if (!*v || serve_utf8_invalid_at(v, strlen(v)) < strlen(v))
+                    return usage_error("--served-model-name: '%s' is empty or not UTF-8", v);
+                o->model_name = v;
+            } else if (!strcmp(a, "--tokenizer")) {
+                o->tokenizer = v;
             } else if (!strcmp(a, "--kv-memory-fraction")) {
                 char *end;
                 errno = 0;
@@ -1312,6 +1315,17 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     if (o->stdin_set && o->port >= 0)
         return usage_error("%s", "--stdin and --port cannot be used together: requests come "
                                  "from stdin or from TCP, not both");
+    if (o->stdin_set && o->http_port >= 0)
+        return usage_error("%s", "--stdin and --http cannot be used together: the service "
+                                 "ends with stdin, the HTTP API runs until stopped");
+    if (o->http_port < 0) {
+        const char *http_only[] = {o->host ? "--host" : NULL,
+                                   o->model_name ? "--served-model-name" : NULL,
+                                   o->tokenizer ? "--tokenizer" : NULL};
+        for (int k = 0; k < 3; k++)
+            if (http_only[k])
+                return usage_error("%s is for the HTTP API: it needs --http PORT", http_only[k]);
+    }
     return -1;
 }
 
@@ -1359,6 +1373,37 @@ static int open_engine(const serve_opts *o, serve_model_opener open_model, moec_
     return -1;
 }
 
+/* --http: the tokenizer (--tokenizer, else the checkpoint's folder) and the
+ * model's id (--served-model-name, else that folder's name); -1 on success,
+ * else the exit code. */
+static int open_tokenizer(const serve_opts *o, moec_tokenizer_t **tok, char **model_name)
+{
+    const char *dir = o->weights ? o->weights : o->path;
+    if (moec_tokenizer_open(o->tokenizer ? o->tokenizer : dir, tok) != MOEC_OK) {
+        fprintf(stderr, "moec-serve: --http needs a tokenizer: %s\n", moec_last_error());
+        return 1;
+    }
+    if (o->model_name) {
+        *model_name = serve_format("%s", o->model_name);
+        return -1;
+    }
+    size_t end = strlen(dir);
+    while (end > 1 && dir[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && dir[start - 1] != '/')
+        start--;
+    *model_name = serve_format("%.*s", (int)(end - start), dir + start);
+    if (serve_utf8_invalid_at(*model_name, strlen(*model_name)) < strlen(*model_name)) {
+        fprintf(stderr, "moec-serve: the folder name of %s is not UTF-8: name the model with "
+                        "--served-model-name\n", dir);
+        moec_tokenizer_free(*tok);
+        free(*model_name);
+        return 2;
+    }
+    return -1;
+}
+
 int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
 {
     serve_opts o = {0};
@@ -1370,10 +1415,22 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigset_t block, orig;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigprocmask(SIG_BLOCK, &block, &orig); /* before any thread starts: see server_run */
 
     server sv = {.listen_fd = -1};
-    if ((rc = open_engine(&o, open_model, &sv.engine)) >= 0)
+    moec_tokenizer_t *tok = NULL;
+    char *model_name = NULL;
+    if (o.http_port >= 0 && (rc = open_tokenizer(&o, &tok, &model_name)) >= 0)
         return rc;
+    if ((rc = open_engine(&o, open_model, &sv.engine)) >= 0) {
+        moec_tokenizer_free(tok);
+        free(model_name);
+        return rc;
+    }
     sv.max_seqs = moec_engine_max_seqs(sv.engine);
     sv.max_seq_len = moec_engine_max_seq_len(sv.engine);
     sv.max_tokens = moec_engine_max_tokens(sv.engine);
@@ -1381,18 +1438,40 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
     sv.n_eos = moec_engine_eos_tokens(sv.engine, &sv.eos);
     sv.max_conns = (int)o.max_conns;
     sv.budget.limit = (size_t)o.buffer_mib << 20;
-    sv.scratch = xcalloc(READ_CHUNK, 1);
+    sv.scratch = serve_xcalloc(READ_CHUNK, 1);
     sv.seeds = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 
-    char where[64] = "reading requests from stdin";
-    int port = (int)o.port;
+    sv.metrics = serve_metrics_new();
+
+    char where[256] = "reading requests from stdin";
+    int port = (int)o.port, stdio = o.port < 0 && o.http_port < 0;
     if (o.port >= 0) {
         sv.listen_fd = listen_loopback(&port);
         if (sv.listen_fd < 0)
             rc = 1;
         snprintf(where, sizeof where, "listening on 127.0.0.1:%d", port);
-    } else {
+    } else if (stdio) {
         server_add_conn(&sv, 0, 1, 1);
+    } else {
+        where[0] = '\0';
+    }
+    if (rc < 0 && o.http_port >= 0) {
+        serve_http_config hc = {.host = o.host ? o.host : "127.0.0.1",
+                                .port = (int)o.http_port,
+                                .model_name = model_name,
+                                .max_connections = (int)o.max_conns,
+                                .max_waiting = (int)o.max_waiting,
+                                .max_body = (size_t)o.body_kib << 10,
+                                .timeout_s = (unsigned)o.http_timeout,
+                                .threads = (int)o.http_threads,
+                                .max_seq_len = sv.max_seq_len};
+        int v6 = strchr(hc.host, ':') != NULL;
+        if (serve_http_start(&hc, tok, sv.metrics, &sv.http))
+            rc = 1;
+        else
+            snprintf(where + strlen(where), sizeof where - strlen(where),
+                     "%sHTTP API of model '%s' on %s%s%s:%d", where[0] ? "; " : "", model_name,
+                     v6 ? "[" : "", hc.host, v6 ? "]" : "", serve_http_port(sv.http));
     }
     if (rc < 0) {
         char eos[96];
@@ -1404,8 +1483,10 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
                 moec_engine_kv_blocks(sv.engine), moec_engine_kv_block_size(sv.engine),
                 o.no_prefix_cache ? " (no prefix caching)" : "", sv.max_tokens, sv.vocab,
                 eos_text(&sv, eos, sizeof eos), where);
-        rc = server_run(&sv, o.port < 0);
+        rc = server_run(&sv, stdio, &orig);
     }
+    serve_http_stop(sv.http); /* its requests end before the engine goes */
+    sigprocmask(SIG_SETMASK, &orig, NULL);
 
     for (int i = 0; i < sv.n_conns; i++) {
         while (sv.conns[i]->reqs) /* the engine, freed below, frees its side */
@@ -1417,5 +1498,8 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
         close(sv.listen_fd);
     free(sv.scratch);
     moec_engine_free(sv.engine);
+    serve_metrics_free(sv.metrics);
+    moec_tokenizer_free(tok);
+    free(model_name);
     return rc;
 }

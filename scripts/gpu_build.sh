@@ -1,9 +1,10 @@
 # gpu_build.sh — sourced by the GPU machine's scripts: builds moec in
 # build-gpu (Release flags of CMAKE_BUILD_TYPE=RelWithDebInfo), using the
-# cJSON, PCRE2 and utf8proc carried in .dev/ (extracted Debian packages:
-# libcjson1 + libcjson-dev, libpcre2-8-0 + libpcre2-dev, libutf8proc2 +
-# libutf8proc-dev) where the machine has none, and one NVRTC cache for every
-# program that runs.
+# cJSON, PCRE2, utf8proc and libmicrohttpd carried in .dev/ (extracted Debian
+# packages: libcjson1 + libcjson-dev, libpcre2-8-0 + libpcre2-dev,
+# libutf8proc2 + libutf8proc-dev, libmicrohttpd12 + libmicrohttpd-dev, and
+# GnuTLS's libraries for it) where the machine has none, and one NVRTC cache
+# for every program that runs.
 # Defines gpu_build (returns non-zero on failure).
 GPU_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GPU_CMAKE_ARGS=(-S "$GPU_ROOT" -B "$GPU_ROOT/build-gpu" -DMOEC_FUZZ=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo)
@@ -24,6 +25,17 @@ gpu_dev() { # gpu_dev NAME HEADER LIB VAR: -D$VAR_INCLUDE_DIR/_LIBRARY from .dev
 gpu_dev cjson cjson/cJSON.h libcjson.so CJSON
 gpu_dev pcre2 pcre2.h libpcre2-8.so PCRE2
 gpu_dev utf8proc utf8proc.h libutf8proc.so UTF8PROC
+gpu_dev microhttpd microhttpd.h libmicrohttpd.so MHD
+# libmicrohttpd needs GnuTLS (libgnutls.so.30): the copy carried in
+# .dev/gnutls (with what it needs in turn) only where the machine has none,
+# so that its programs keep their own.
+if [ -d "$GPU_ROOT/.dev/microhttpd" ] && ! ldconfig -p 2>/dev/null | grep -q 'libgnutls[.]so[.]30 '; then
+  if [ -d "$GPU_ROOT/.dev/gnutls" ]; then
+    export LD_LIBRARY_PATH=$GPU_ROOT/.dev/gnutls/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH
+  else
+    GPU_DEV_MISSING+=(gnutls)
+  fi
+fi
 export MOEC_CACHE_DIR=${MOEC_CACHE_DIR:-$GPU_ROOT/build-gpu/nvrtc-cache}
 
 gpu_build() {

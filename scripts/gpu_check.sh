@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the one script the GPU machine runs: builds moec in
 # build-gpu, runs the GPU tests (ctest -L gpu), runs `moec run` on the CUDA
-# backend against the goldens, serves plan files with moec-serve over TCP,
+# backend against the goldens, serves plan files with moec-serve over TCP
+# and over its HTTP API,
 # runs compute-sanitizer's four tools (scripts/gpu_sanitize.sh), and
 # leaves every log in $OUT/gpu_check.tar.gz (with summary.txt beside it).
 # Where cJSON is not installed it uses the copy carried in .dev/cjson/ (an
@@ -115,6 +116,48 @@ PY
   return $rc
 }
 stage serve_plan serve_plan
+
+# moec-serve's HTTP API (--http) on the GPU from a plan file (fp32) with the
+# one-token-per-byte tokenizer: a greedy completion of the golden prompt's
+# ids, whole and streamed, is the text of transformers' greedy ids.
+serve_http_plan() {
+  local d=/tmp/http-v3 plan=/tmp/http-v3.moec port rc=0
+  mkdir -p "$d" && cp tests/data/deepseek_v3/* tests/data/tokenizers/bytes256/tokenizer.json "$d/"
+  MOEC_DTYPE=fp32 build-gpu/moec compile "$d" -o "$plan" --dtype fp32 || return 1
+  build-gpu/moec-serve "$plan" --weights "$d" --http 0 --max-seqs 4 --max-seq-len 64 \
+    2>/tmp/http-v3.err &
+  local pid=$!
+  for _ in $(seq 100); do
+    port=$(sed -n 's/.*HTTP API of model .* on 127[.]0[.]0[.]1:\([0-9][0-9]*\).*/\1/p' /tmp/http-v3.err)
+    [ -n "$port" ] && break
+    sleep 0.2
+  done
+  cat /tmp/http-v3.err
+  python3 - "$port" "$d/golden.json" <<'PY' || rc=1
+import http.client, json, sys
+port, g = int(sys.argv[1]), json.load(open(sys.argv[2]))
+want = bytes(g["greedy_ids"]).decode("utf-8", "replace")
+body = {"model": "http-v3", "prompt": g["prompt_ids"], "max_tokens": len(g["greedy_ids"]),
+        "temperature": 0, "ignore_eos": True}
+texts = []
+for stream in (False, True):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=stream)))
+    raw = c.getresponse().read().decode()
+    if stream:
+        texts.append("".join(json.loads(l[6:])["choices"][0]["text"] for l in raw.split("\n\n")
+                             if l.startswith("data: {")))
+    else:
+        texts.append(json.loads(raw)["choices"][0]["text"])
+ok = texts == [want, want]
+print("whole, streamed:", texts, "want", repr(want), "->", "ok" if ok else "WRONG")
+sys.exit(0 if ok else 1)
+PY
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return $rc
+}
+stage serve_http_plan serve_http_plan
 
 # compute-sanitizer: racecheck, synccheck, initcheck, memcheck (leak check)
 # on every tiny model, bf16 and fp32, graphs on and off, and on the

@@ -7,6 +7,8 @@ need=()
 [ -f /usr/include/cjson/cJSON.h ] || need+=(libcjson-dev)
 [ -f /usr/include/pcre2.h ] || need+=(libpcre2-dev)
 [ -f /usr/include/utf8proc.h ] || need+=(libutf8proc-dev)
+[ -f /usr/include/microhttpd.h ] || need+=(libmicrohttpd-dev)
+command -v curl >/dev/null || need+=(curl)
 command -v cmake >/dev/null || need+=(cmake)
 command -v cc >/dev/null || need+=(gcc)
 command -v c++ >/dev/null || need+=(g++)
@@ -15,6 +17,8 @@ command -v valgrind >/dev/null || need+=(valgrind)
 command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v python3 >/dev/null || need+=(python3)
+# tests/test_chat_template.py renders the chat templates with jinja2 too
+python3 -c 'import jinja2' 2>/dev/null || need+=(python3-jinja2)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

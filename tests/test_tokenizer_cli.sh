@@ -78,8 +78,8 @@ want=$("$B" run "$M" --prompt-ids "$ids" --max-new-tokens 5 --ignore-eos --backe
   "$B" tokenize "$M" --decode --skip-special-tokens)
 got=$("$B" run "$M" --prompt "hi there" --max-new-tokens 5 --ignore-eos --backend cpu); rc=$?
 [ $rc = 0 ] && [ "$got" = "$want" ] && [ -n "$got" ] && ok || bad "run --prompt printed '$got' (exit $rc), want '$want'"
-expect 2 "--prompt-ids and --prompt are exclusive" -- "$B" run "$M" --prompt hi --prompt-ids 1 --max-new-tokens 1
-expect 2 "missing --prompt-ids or --prompt" -- "$B" run "$M" --max-new-tokens 1
+expect 2 "--prompt-ids, --prompt and --chat are exclusive" -- "$B" run "$M" --prompt hi --prompt-ids 1 --max-new-tokens 1
+expect 2 "missing --prompt-ids, --prompt or --chat" -- "$B" run "$M" --max-new-tokens 1
 expect 2 "--prompt: the text encodes to no tokens" -- "$B" run "$M" --prompt "" --max-new-tokens 1
 expect 1 "qwen3_moe/tokenizer.json: No such file or directory" -- \
   "$B" run "$S/tests/data/qwen3_moe" --prompt hi --max-new-tokens 1 --backend cpu

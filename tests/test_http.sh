@@ -1,0 +1,396 @@
+#!/usr/bin/env bash
+# test_http.sh — `moec serve --http` (the OpenAI-compatible API; moec-serve
+# runs the same code on plan files) as curl meets it, on the CPU backend and
+# loopback only: every endpoint (completions and chat, whole and streamed as
+# Server-Sent Events, models, health, metrics) and every error status with
+# its exact OpenAI error object (400 for malformed JSON and for each bad
+# field, naming it; 404 for an unknown path and model; 405; 413 past the
+# body limit, whether the body is read or not; 429 when --max-waiting
+# requests wait; 431 for headers past the connection's memory; 503 for a
+# request waiting when the service stops). The greedy text of a completion
+# is the text `moec run --prompt` prints; streamed chunks concatenate to the
+# whole answer; a stop string is matched across tokens and never sent; a
+# client that goes away, queued or streaming, has its request cancelled;
+# /metrics counts what happened; bad command lines exit with their message.
+set -u
+B=${MOEC_BUILD_DIR:?}
+S=${MOEC_SOURCE_DIR:?}
+# shellcheck source=tests/lib.sh
+source "$S/tests/lib.sh"
+# shellcheck source=tests/http_lib.sh
+source "$S/tests/http_lib.sh"
+EXPECT_TIMEOUT=20
+M=$T/tiny-v2
+http_model "$M"
+
+# ---- command line -------------------------------------------------------------
+for f in "--http PORT" "--host ADDR" "--served-model-name NAME" "--tokenizer DIR" \
+  "--max-waiting N" "--max-body-kib N" "--http-timeout S" "--http-threads N" \
+  /v1/completions /v1/chat/completions /v1/models /health /metrics 'data: [DONE]' \
+  stream_options include_usage; do
+  expect 0 "$f" -- "$B/moec" serve --help
+done
+expect 2 "--http: '70000' is not a port number (0 to 65535)" -- "$B/moec" serve "$M" --http 70000
+expect 2 "--host is for the HTTP API: it needs --http PORT" -- "$B/moec" serve "$M" --host ::1
+expect 2 "--served-model-name is for the HTTP API: it needs --http PORT" -- \
+  "$B/moec" serve "$M" --served-model-name x
+expect 2 "--stdin and --http cannot be used together" -- "$B/moec" serve "$M" --stdin --http 0
+expect 2 "--max-waiting: '0' is not an integer from 1 to 65536" -- \
+  "$B/moec" serve "$M" --http 0 --max-waiting 0
+expect 2 "--max-body-kib: '2000000' is not an integer from 1 to 1048576" -- \
+  "$B/moec" serve "$M" --http 0 --max-body-kib 2000000
+expect 1 "--host: 'localhost' is not a numeric IPv4 or IPv6 address" -- \
+  "$B/moec" serve "$M" --backend cpu --http 0 --host localhost
+expect 1 "--http needs a tokenizer: " -- "$B/moec" serve "$S/tests/data/qwen3_moe" --http 0
+expect 1 "qwen3_moe/tokenizer.json" -- "$B/moec" serve "$S/tests/data/qwen3_moe" --http 0
+
+# ---- one server for the rest: one sequence at a time, one request waiting ------
+if ! http_start "$T/serve.err" "$M" --backend cpu --http 0 --max-seqs 1 --max-waiting 1 \
+  --kv-blocks 1100 --max-body-kib 64 --http-timeout 30 --max-connections 32; then
+  bad "no server"
+  finish test_http
+  exit 1
+fi
+URL=http://127.0.0.1:$PORT
+grep -qF "HTTP API of model 'tiny-v2' on 127.0.0.1:$PORT" "$T/serve.err" && ok ||
+  bad "startup line: $(cat "$T/serve.err")"
+
+# http METHOD PATH [CURL ARGS...]: the response's status in CODE, its body
+# in $T/body (and BODY).
+http() {
+  local m=$1 p=$2; shift 2
+  CODE=$(curl -s -o "$T/body" -w '%{http_code}' -X "$m" "$URL$p" "$@")
+  BODY=$(cat "$T/body")
+}
+# post PATH JSON: http POST with that body.
+post() { http POST "$1" -H 'Content-Type: application/json' --data-binary "$2"; }
+# expect_http CODE BODY: the last response, exactly.
+expect_http() {
+  [ "$CODE" = "$1" ] && [ "$BODY" = "$2" ] && ok || bad "want $1 $2, got $CODE $BODY"
+}
+# expect_error CODE TYPE PARAM CODE_FIELD MESSAGE: the OpenAI error object
+# (PARAM and CODE_FIELD as JSON: null or "name").
+expect_error() {
+  expect_http "$1" "{\"error\":{\"message\":\"$5\",\"type\":\"$2\",\"param\":$3,\"code\":$4}}"
+}
+# py CHECK: python3 asserts CHECK on j (the last body as JSON), text (the SSE
+# events' texts joined), events (the SSE data lines); prints why not.
+py() {
+  python3 - "$T/body" "$1" <<'PY'
+import json, sys
+raw = open(sys.argv[1], "rb").read().decode()
+events = [l[6:] for l in raw.split("\n\n") if l.startswith("data: ")]
+j = json.loads(raw) if raw.startswith("{") else None
+chunks = [json.loads(e) for e in events if e != "[DONE]"]
+def delta(c):
+    ch = c["choices"][0] if c["choices"] else {}
+    return ch.get("text", ch.get("delta", {}).get("content", "")) or ""
+text = "".join(delta(c) for c in chunks)
+if not eval(sys.argv[2]):
+    print("check failed: %s on %r" % (sys.argv[2], raw[:800]))
+    sys.exit(1)
+PY
+}
+N='"tiny-v2"'
+
+# ---- GET endpoints ------------------------------------------------------------
+http GET /health
+expect_http 200 '{"status":"ok"}'
+http GET /v1/models
+[ "$CODE" = 200 ] && py 'j["object"] == "list" and [m["id"] for m in j["data"]] == ["tiny-v2"] and j["data"][0]["object"] == "model" and j["data"][0]["owned_by"] == "moec" and j["data"][0]["max_model_len"] == 16384' && ok || bad "models: $CODE $BODY"
+http GET /v1/models/tiny-v2
+[ "$CODE" = 200 ] && py 'j["id"] == "tiny-v2" and j["object"] == "model"' && ok || bad "model: $CODE $BODY"
+http GET /v1/models/gpt-4
+expect_error 404 invalid_request_error null '"model_not_found"' \
+  "The model 'gpt-4' does not exist: this server serves 'tiny-v2'"
+
+# ---- completions ----------------------------------------------------------------
+PROMPT="The quick brown fox"
+post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0}"
+cp "$T/body" "$T/whole.json"
+want=$("$B/moec" run "$M" --prompt "$PROMPT" --max-new-tokens 40 --backend cpu | python3 -c \
+  'import sys, json; print(json.dumps(sys.stdin.buffer.read().decode()[:-1]))')
+[ "$CODE" = 200 ] && py "j['object'] == 'text_completion' and j['model'] == 'tiny-v2' and j['id'].startswith('cmpl-') and isinstance(j['created'], int) and len(j['choices']) == 1 and j['choices'][0]['index'] == 0 and j['choices'][0]['logprobs'] is None and j['choices'][0]['text'] == $want and j['choices'][0]['finish_reason'] in ('length', 'stop') and j['usage'] == {'prompt_tokens': 19, 'completion_tokens': j['usage']['completion_tokens'], 'total_tokens': 19 + j['usage']['completion_tokens']}" &&
+  ok || bad "completion: not moec run's text $want: $BODY"
+whole=$(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["choices"][0]["text"]))' "$T/whole.json")
+[ "$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])) > 20)' "$whole")" = True ] && ok ||
+  bad "the greedy text is too short to test with: $whole"
+
+# token ids as the prompt: the same answer
+post /v1/completions "{\"model\":$N,\"prompt\":[84,104,101,32,113,117,105,99,107,32,98,114,111,119,110,32,102,111,120],\"max_tokens\":40,\"temperature\":0}"
+py "j['choices'][0]['text'] == $whole" && ok || bad "prompt as ids: $BODY"
+
+# streamed: chunks of the same text, one id, finish on the last, usage, [DONE]
+post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}"
+[ "$CODE" = 200 ] && py "events[-1] == '[DONE]' and text == $whole and len({c['id'] for c in chunks}) == 1 and all(c['object'] == 'text_completion' and c['model'] == 'tiny-v2' for c in chunks) and [c['choices'][0]['finish_reason'] for c in chunks[:-1]][-1] in ('length', 'stop') and all(c['choices'][0]['finish_reason'] is None for c in chunks[:-2]) and chunks[-1]['choices'] == [] and chunks[-1]['usage']['prompt_tokens'] == 19 and all(c['usage'] is None for c in chunks[:-1])" &&
+  ok || bad "stream: $BODY"
+head -c 300 "$T/body" | grep -q '^data: {' && ok || bad "not SSE: $BODY"
+ct=$(curl -s -o /dev/null -w '%{content_type}' "$URL/v1/completions" -d "{\"model\":$N,\"prompt\":\"a\",\"max_tokens\":2,\"stream\":true}")
+[ "$ct" = text/event-stream ] && ok || bad "stream content type $ct"
+
+# stop strings: matched across tokens (one token a byte here), never sent
+IFS=$'\t' read -r stop before < <(python3 -c '
+import json, sys
+t = json.loads(sys.argv[1]); s = t[7:10]
+print(json.dumps(s) + "\t" + json.dumps(t[:t.find(s)]))' "$whole")
+for stream in false true; do
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"stop\":[\"zzz\",$stop],\"stream\":$stream}"
+  if [ $stream = false ]; then
+    py "j['choices'][0]['text'] == $before and j['choices'][0]['finish_reason'] == 'stop'" && ok ||
+      bad "stop $stop: $BODY"
+  else
+    py "text == $before and chunks[-1]['choices'][0]['finish_reason'] == 'stop'" && ok ||
+      bad "stop $stop streamed: $BODY"
+  fi
+done
+
+# log probabilities: one entry a token, the top ones likeliest first
+post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}"
+py "len(j['choices'][0]['logprobs']['tokens']) == 6 and len(j['choices'][0]['logprobs']['token_logprobs']) == 6 and all(1 <= len(t) <= 3 and max(t.values()) <= 0 for t in j['choices'][0]['logprobs']['top_logprobs']) and j['choices'][0]['logprobs']['text_offset'][0] == 0 and all(lp >= max(t.values()) for lp, t in zip(j['choices'][0]['logprobs']['token_logprobs'], j['choices'][0]['logprobs']['top_logprobs']))" &&
+  ok || bad "logprobs: $BODY"
+
+# sampling is seeded: the same seed gives the same text
+post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":12,\"temperature\":1.5,\"top_p\":0.9,\"top_k\":50,\"min_p\":0.01,\"presence_penalty\":0.5,\"frequency_penalty\":0.2,\"repetition_penalty\":1.1,\"seed\":7}"
+first=$BODY
+post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":12,\"temperature\":1.5,\"top_p\":0.9,\"top_k\":50,\"min_p\":0.01,\"presence_penalty\":0.5,\"frequency_penalty\":0.2,\"repetition_penalty\":1.1,\"seed\":7}"
+[ "$CODE" = 200 ] && [ "$(echo "$first" | sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//')" = \
+  "$(echo "$BODY" | sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//')" ] && ok ||
+  bad "the same seed gave $first and $BODY"
+
+# ---- chat ------------------------------------------------------------------------
+# The template renders ChatML; the byte tokenizer makes it the prompt, so the
+# answer is the completion of that text.
+CHAT_TEXT='<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nName a fox.<|im_end|>\n<|im_start|>assistant\n'
+post /v1/completions "{\"model\":$N,\"prompt\":\"$CHAT_TEXT\",\"max_tokens\":24,\"temperature\":0}"
+chat_want=$(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["choices"][0]["text"]))' "$T/body")
+MSGS='[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Name a "},{"type":"text","text":"fox."}]}]'
+post /v1/chat/completions "{\"model\":$N,\"messages\":$MSGS,\"max_tokens\":24,\"temperature\":0}"
+[ "$CODE" = 200 ] && py "j['object'] == 'chat.completion' and j['id'].startswith('chatcmpl-') and j['choices'][0]['message'] == {'role': 'assistant', 'content': $chat_want} and j['usage']['prompt_tokens'] == 100" &&
+  ok || bad "chat: want $chat_want: $CODE $BODY"
+post /v1/chat/completions "{\"model\":$N,\"messages\":$MSGS,\"max_tokens\":24,\"temperature\":0,\"stream\":true}"
+[ "$CODE" = 200 ] && py "chunks[0]['choices'][0]['delta'] == {'role': 'assistant', 'content': ''} and all(c['object'] == 'chat.completion.chunk' for c in chunks) and text == $chat_want and chunks[-1]['choices'][0]['delta'] == {} and chunks[-1]['choices'][0]['finish_reason'] in ('stop', 'length') and events[-1] == '[DONE]'" &&
+  ok || bad "chat stream: $CODE $BODY"
+post /v1/chat/completions "{\"model\":$N,\"messages\":$MSGS,\"max_tokens\":3,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2}"
+py "len(j['choices'][0]['logprobs']['content']) == 3 and all(len(t['top_logprobs']) == 2 and bytes(t['bytes']).decode() == t['token'] for t in j['choices'][0]['logprobs']['content'])" &&
+  ok || bad "chat logprobs: $CODE $BODY"
+
+# ---- errors: 400 -----------------------------------------------------------------
+E=invalid_request_error
+post /v1/completions ''
+expect_error 400 $E null null "the request body is empty: it must be a JSON object"
+post /v1/completions '{"model": "tiny-v2", "prompt": "a"'
+expect_error 400 $E null null "the request body is not valid JSON (at byte 33)"
+post /v1/completions '{"model":"tiny-v2","prompt":"a"} x'
+expect_error 400 $E null null "the request body is not valid JSON (at byte 33)"
+post /v1/completions '[1, 2]'
+expect_error 400 $E null null "the request body must be a JSON object, not an array"
+post /v1/completions "$(printf '{"model":"tiny-v2","prompt":"\xff"}')"
+expect_error 400 $E null null "the request body is not valid UTF-8 (byte 29)"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","prompt":"b"}'
+expect_error 400 $E null null 'the request body: key \"prompt\" appears twice'
+post /v1/completions '{"prompt":"a"}'
+expect_error 400 $E '"model"' null "'model' is required"
+post /v1/completions '{"model":7,"prompt":"a"}'
+expect_error 400 $E '"model"' null "'model' must be a string, not a number"
+post /v1/completions '{"model":"tiny-v2"}'
+expect_error 400 $E '"prompt"' null "'prompt' is required"
+post /v1/completions '{"model":"tiny-v2","prompt":""}'
+expect_error 400 $E '"prompt"' null "'prompt' is empty: it gives no tokens"
+post /v1/completions '{"model":"tiny-v2","prompt":{"a":1}}'
+expect_error 400 $E '"prompt"' null "'prompt' must be a string or a list of token ids, not an object"
+post /v1/completions '{"model":"tiny-v2","prompt":["a","b"]}'
+expect_error 400 $E '"prompt"' null "'prompt' holds 2 prompts: one a request (n must be 1 too)"
+post /v1/completions '{"model":"tiny-v2","prompt":[5,"x"]}'
+expect_error 400 $E '"prompt"' null "'prompt'[1] is not a token id (an integer)"
+post /v1/completions '{"model":"tiny-v2","prompt":[5,256]}'
+expect_error 400 $E '"prompt"' null "prompt token 1: id 256 is outside the vocabulary (256 ids)"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":0}'
+expect_error 400 $E '"max_tokens"' null "'max_tokens' must be from 1 to 2147483647, got 0"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":2.5}'
+expect_error 400 $E '"max_tokens"' null "'max_tokens' must be an integer, not a fraction"
+post /v1/completions '{"model":"tiny-v2","prompt":"abc","max_tokens":16382}'
+expect_error 400 $E null '"context_length_exceeded"' \
+  "too long: 3 prompt + 16382 new = 16385 tokens, more than the 16384 a sequence may hold (max_seq_len)"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","temperature":"hot"}'
+expect_error 400 $E '"temperature"' null "'temperature' must be a number, not a string"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","temperature":-1}'
+expect_error 400 $E '"temperature"' null "temperature must be a finite number >= 0, got -1"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","top_p":1.5}'
+expect_error 400 $E '"top_p"' null "top_p must be a number from 0 to 1, got 1.5"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","presence_penalty":3}'
+expect_error 400 $E '"presence_penalty"' null "presence_penalty must be a number from -2 to 2, got 3"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","top_k":-2}'
+expect_error 400 $E '"top_k"' null "'top_k' must be from -1 to 2147483647, got -2"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","seed":-1}'
+expect_error 400 $E '"seed"' null "'seed' must be from 0 to 9007199254740992, got -1"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","stream":1}'
+expect_error 400 $E '"stream"' null "'stream' must be true or false, not a number"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","stop":5}'
+expect_error 400 $E '"stop"' null "'stop' must be a string or a list of strings, not a number"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","stop":["x",""]}'
+expect_error 400 $E '"stop"' null "'stop'[1] must be a non-empty string"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","n":2}'
+expect_error 400 $E '"n"' null "'n' must be 1: moec gives one choice a request, got 2"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","best_of":3}'
+expect_error 400 $E '"best_of"' null "'best_of' must be 1: moec gives one choice a request, got 3"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","echo":true}'
+expect_error 400 $E '"echo"' null "'echo' is not supported"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","logit_bias":{"5":10}}'
+expect_error 400 $E '"logit_bias"' null "'logit_bias' is not supported"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","logprobs":21}'
+expect_error 400 $E '"logprobs"' null "'logprobs' must be from 0 to 20, got 21"
+post /v1/chat/completions '{"model":"tiny-v2","messages":[]}'
+expect_error 400 $E '"messages"' null "'messages' must be a non-empty list of messages"
+post /v1/chat/completions '{"model":"tiny-v2","messages":[{"content":"hi"}]}'
+expect_error 400 $E '"messages"' null "'messages'[0] must be an object with a string 'role'"
+post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","content":[{"type":"image_url"}]}]}'
+expect_error 400 $E '"messages"' null \
+  "'messages'[0].content[0] must be a {\\\"type\\\": \\\"text\\\", \\\"text\\\": ...} part (moec takes text alone)"
+post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","content":"hi"}],"top_logprobs":2}'
+expect_error 400 $E '"top_logprobs"' null "'top_logprobs' needs 'logprobs': true"
+post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":30}'
+expect_error 400 $E '"top_logprobs"' null "top_logprobs must be from 0 to 20, got 30"
+# unknown fields are ignored, as OpenAI's API does
+post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":1,"user":"u","frobnicate":{"x":[1]}}'
+[ "$CODE" = 200 ] && ok || bad "unknown fields: $CODE $BODY"
+
+# ---- errors: 404, 405, 413, 431 ---------------------------------------------------
+post /v1/completions '{"model":"gpt-4","prompt":"a"}'
+expect_error 404 $E '"model"' '"model_not_found"' "The model 'gpt-4' does not exist: this server serves 'tiny-v2'"
+http GET /v1/engines
+expect_error 404 $E null '"not_found"' \
+  "Invalid URL (GET /v1/engines): the endpoints are POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics"
+http GET /v1/completions
+expect_error 405 $E null '"method_not_allowed"' "Method GET is not allowed on /v1/completions: it takes POST"
+allow=$(curl -s -o /dev/null -D - -X POST "$URL/health" | tr -d '\r' | sed -n 's/^Allow: //p')
+[ "$allow" = GET ] && ok || bad "405 Allow header: $allow"
+python3 -c 'import sys; sys.stdout.write("{\"model\":\"tiny-v2\",\"prompt\":\"" + "a" * 70000 + "\"}")' >"$T/big.json"
+post /v1/completions "@$T/big.json"
+expect_error 413 $E null '"request_too_large"' "the request body is larger than 65536 bytes (--max-body-kib)"
+http POST /v1/completions -H 'Expect:' --data-binary "@$T/big.json"
+expect_error 413 $E null '"request_too_large"' "the request body is larger than 65536 bytes (--max-body-kib)"
+head -c 2000000 /dev/zero >"$T/huge" # past 16 times the limit: answered before it is read
+http POST /v1/completions -H 'Expect:' --data-binary "@$T/huge"
+expect_error 413 $E null '"request_too_large"' "the request body is larger than 65536 bytes (--max-body-kib)"
+http GET /health -H "X-Big: $(head -c 70000 /dev/zero | tr '\0' b)"
+[ "$CODE" = 431 ] && ok || bad "a 70 KB header: $CODE"
+
+# ---- the queue: 429, and clients that go away ------------------------------------
+# A runs (the one sequence) far longer than this takes; B waits (the one
+# place); C is refused. B's client leaves while queued, then A's mid-stream:
+# both are cancelled, and the next request is served.
+metric() { curl -s "$URL/metrics" | sed -n "s/^$1 //p"; }
+c0=$(metric moec_requests_cancelled_total) # the stop strings' requests
+curl -s -N "$URL/v1/completions" -d "{\"model\":$N,\"prompt\":\"long\",\"max_tokens\":16000,\"ignore_eos\":true,\"stream\":true}" >"$T/a.out" &
+A=$!
+BG+=("$A")
+for _ in $(seq 200); do [ -s "$T/a.out" ] && break; sleep 0.05; done
+[ -s "$T/a.out" ] && ok || bad "A never streamed"
+curl -s "$URL/v1/completions" -d "{\"model\":$N,\"prompt\":\"b\",\"max_tokens\":4}" >"$T/b.out" &
+B_PID=$!
+BG+=("$B_PID")
+for _ in $(seq 200); do [ "$(metric moec_http_requests_waiting)" = 1 ] && break; sleep 0.05; done
+[ "$(metric moec_http_requests_waiting)" = 1 ] && ok || bad "B is not waiting: $(curl -s "$URL/metrics")"
+post /v1/completions "{\"model\":$N,\"prompt\":\"c\",\"max_tokens\":4}"
+expect_error 429 rate_limit_error null '"queue_full"' \
+  "too many requests waiting: 1 are queued with no token yet (--max-waiting); retry later"
+kill "$B_PID"
+for _ in $(seq 200); do [ "$(metric moec_requests_cancelled_total)" = $((c0 + 1)) ] && break; sleep 0.05; done
+[ "$(metric moec_requests_cancelled_total)" = $((c0 + 1)) ] && [ "$(metric moec_http_requests_waiting)" = 0 ] &&
+  ok || bad "B's going did not cancel it: $(curl -s "$URL/metrics")"
+kill "$A"
+for _ in $(seq 200); do [ "$(metric moec_requests_cancelled_total)" = $((c0 + 2)) ] && break; sleep 0.05; done
+[ "$(metric moec_requests_cancelled_total)" = $((c0 + 2)) ] && [ "$(metric moec_requests_running)" = 0 ] &&
+  ok || bad "A's going did not cancel it: $(curl -s "$URL/metrics")"
+post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0}"
+py "j['choices'][0]['text'] == $whole" && ok || bad "after the cancels: $BODY"
+
+# ---- metrics -------------------------------------------------------------------------
+http GET /metrics
+[ "$CODE" = 200 ] && ok || bad "metrics: $CODE"
+for line in 'moec_http_requests_total{endpoint="/v1/completions",status="429"} 1' \
+  'moec_http_requests_total{endpoint="/v1/completions",status="413"} 3' \
+  'moec_http_requests_total{endpoint="/v1/models/",status="404"} 1' \
+  'moec_http_requests_total{endpoint="other",status="404"} 1' \
+  'moec_requests_waiting 0' '# TYPE moec_time_to_first_token_seconds histogram' \
+  '# TYPE moec_inter_token_latency_seconds histogram' 'moec_kv_blocks 1100'; do
+  grep -qxF "$line" "$T/body" && ok || bad "metrics lack '$line': $BODY"
+done
+py "all(float(l.split()[-1]) >= 0 for l in raw.splitlines() if l and not l.startswith('#'))" && ok ||
+  bad "metrics: a value that is not a number"
+done=$(sed -n 's/^moec_time_to_first_token_seconds_count //p' "$T/body")
+gen=$(sed -n 's/^moec_generation_tokens_total //p' "$T/body")
+itl=$(sed -n 's/^moec_inter_token_latency_seconds_count //p' "$T/body")
+[ "$((done + itl))" = "$gen" ] && ok || bad "first tokens $done + later ones $itl != $gen generated"
+
+# ---- a request waiting when the service stops: 503 ------------------------------
+curl -s -N "$URL/v1/completions" -d "{\"model\":$N,\"prompt\":\"long\",\"max_tokens\":16000,\"ignore_eos\":true,\"stream\":true}" >"$T/a2.out" &
+A=$!
+BG+=("$A")
+for _ in $(seq 200); do [ -s "$T/a2.out" ] && break; sleep 0.05; done
+curl -s -o "$T/b2.out" -w '%{http_code}' "$URL/v1/completions" -d "{\"model\":$N,\"prompt\":\"b\",\"max_tokens\":4}" >"$T/b2.code" &
+B_PID=$!
+for _ in $(seq 200); do [ "$(metric moec_http_requests_waiting)" = 1 ] && break; sleep 0.05; done
+http_stop
+wait "$B_PID"
+[ "$STOP_RC" = 0 ] && ok || bad "the server exited $STOP_RC on SIGTERM: $(cat "$T/serve.err")"
+[ "$(cat "$T/b2.code")" = 503 ] &&
+  [ "$(cat "$T/b2.out")" = '{"error":{"message":"the service is shutting down","type":"server_error","param":null,"code":"shutting_down"}}' ] &&
+  ok || bad "a waiting request at SIGTERM: $(cat "$T/b2.code") $(cat "$T/b2.out")"
+wait "$A"
+tail -c 200 "$T/a2.out" | grep -qF 'data: {"error":{"message":"the service is shutting down"' && ok ||
+  bad "a stream at SIGTERM ended with: $(tail -c 300 "$T/a2.out")"
+
+# ---- both protocols on one engine; a stalled client timed out ----------------------
+# --port's line protocol and --http together, an explicit --host and
+# --served-model-name; --http-timeout 1 closes a client that sent half a
+# request (within the 20 s this waits).
+if http_start "$T/serve2.err" "$M" --backend cpu --port 0 --http 0 --host 127.0.0.1 \
+  --served-model-name fox/v1 --http-timeout 1 --tokenizer "$S/tests/data/tokenizers/bytes256"; then
+  line_port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\);.*/\1/p' "$T/serve2.err")
+  URL=http://127.0.0.1:$PORT
+  post /v1/completions '{"model":"fox/v1","prompt":[84,104,101],"max_tokens":4,"temperature":0}'
+  line=$(python3 - "$line_port" <<'PY'
+import json, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b'{"id":1,"prompt_ids":[84,104,101],"max_new_tokens":4}\n')
+buf = b""
+while b'"done":true' not in buf:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+print(",".join(map(str, json.loads(buf.splitlines()[-1])["tokens"])))
+PY
+)
+  # the same greedy tokens, as text through the tokenizer
+  echo "$line" | "$B/moec" tokenize "$M" --decode --skip-special-tokens >"$T/line.txt"
+  [ "$CODE" = 200 ] && [ -n "$line" ] && python3 -c '
+import json, sys
+sys.exit(json.load(open(sys.argv[1]))["choices"][0]["text"].encode() != open(sys.argv[2], "rb").read())' \
+    "$T/body" "$T/line.txt" && ok || bad "line protocol $line, HTTP $CODE $BODY"
+  post /v1/completions '{"model":"tiny-v2","prompt":"a"}'
+  expect_error 404 $E '"model"' '"model_not_found"' "The model 'tiny-v2' does not exist: this server serves 'fox/v1'"
+  # --tokenizer: a folder with no chat template
+  post /v1/chat/completions '{"model":"fox/v1","messages":[{"role":"user","content":"hi"}]}'
+  expect_error 400 $E '"messages"' null \
+    "the model has no chat template (tokenizer_config.json's chat_template): use /v1/completions"
+  closed=$(python3 - "$PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")
+s.settimeout(20)
+try:
+    print("closed" if s.recv(100) == b"" else "answered")
+except OSError as e:
+    print("still open: %s" % e)
+PY
+)
+  [ "$closed" = closed ] && ok || bad "a half-sent request with --http-timeout 1: $closed"
+  http_stop
+  [ "$STOP_RC" = 0 ] && ok || bad "the second server exited $STOP_RC"
+else
+  bad "no second server"
+fi
+
+finish test_http
