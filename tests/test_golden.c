@@ -88,8 +88,10 @@ static void runner_close(runner *r)
     ir_module_free(r->fused);
 }
 
-static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                               "qwen3_moe", "deepseek_v3_fp8", "qwen3_moe_fp8", "deepseek_v32"};
+static const char *MODELS[] = {"deepseek_v2",        "deepseek_v2_qlora", "deepseek_v3",
+                               "qwen2_moe",          "qwen3_moe",         "deepseek_v3_fp8",
+                               "qwen3_moe_fp8",      "deepseek_v32",      "deepseek_v3_fp8_tp",
+                               "qwen3_moe_fp8_tp"};
 
 
 /* 1 when model's weights may be split as par says: every model but the fp8
@@ -98,7 +100,16 @@ static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3"
  * the fp8 models whose dims follow the blocks at every split). */
 static int split_keeps_blocks(const char *model, const moec_parallel *par)
 {
-    return !strstr(model, "_fp8") || par->tp <= 1;
+    if (!strstr(model, "_fp8") || par->tp <= 1)
+        return 1;
+    /* the fp8 models made to split (heads of 192 and 128 rows, experts of
+       256 and 128 rows): deepseek_v3_fp8_tp at tp 2; qwen3_moe_fp8_tp at tp
+       2, and at tp 4 with its experts whole on ep groups */
+    if (!strcmp(model, "deepseek_v3_fp8_tp"))
+        return par->tp == 2;
+    if (!strcmp(model, "qwen3_moe_fp8_tp"))
+        return par->tp == 2 || par->ep > 1;
+    return 0;
 }
 
 /* A split the blocks do not allow: refused, a rank's box cutting a block
