@@ -4,7 +4,8 @@
  * API: the prompt (prompt.json) and 8 greedy
  * decode steps (each backend fed the interpreter's tokens), in fp32 (rows
  * within 1e-4 of max |ref|, greedy tokens identical) and bf16 (the worst row
- * within 2e-2, none for deepseek_v32: bf16_limit; the mean within 5e-2;
+ * within 2e-2, the mean within 5e-2; on the models a near-tie decides,
+ * bf16_on_a_tie, the worst printed and the mean within 0.1;
  * differing tokens are reported, not failed); in bf16 teacher-forced on the
  * golden against transformers' own bf16 error (check_vs_transformers); and
  * a 150-token prompt
@@ -106,18 +107,25 @@ static double compare_rows(const float *got, const float *ref, int from, int to,
     return worst;
 }
 
-/* The bf16 bound on the worst row's error against the interpreter: 2e-2,
- * none for deepseek_v32, whose indexer picks 8 of up to 28 positions with
- * boundary gaps down to 2.4e-3 of the largest score (test_dsa), under the
- * ~1e-2 that bf16 moves a score: a bf16 run selects differently somewhere
- * and attends to another token (check_vs_transformers: transformers' own
- * bf16 flips 3 argmaxes); its rows are held on average (0.1, where every
- * other model's are held to 5e-2), and fp32 selects alike: 1e-4 as for
- * every model. */
-static double bf16_limit(const char *name) { return strcmp(name, "deepseek_v32") ? 2e-2 : INFINITY; }
-/* ... and on the mean row: 5e-2, deepseek_v32's 0.1 (its flipped
- * selections move the rows after them: check_vs_transformers) */
-static double bf16_mean_limit(const char *name) { return strcmp(name, "deepseek_v32") ? 5e-2 : 0.1; }
+/* Tiny models whose bf16 rows a discrete choice decides: a near-tie that
+ * bf16 noise flips, in moec and in transformers alike but not in the same
+ * rows (BENCHMARKS.md, "bf16 numerics"). deepseek_v32: its indexer picks 8
+ * of up to 28 positions with boundary gaps down to 2.4e-3 of the largest
+ * score (test_dsa), under the ~1e-2 that bf16 moves a score: a bf16 run
+ * selects differently somewhere and attends to another token (transformers'
+ * own bf16 flips 3 argmaxes). deepseek_v3_fp8_tp: one token's expert choice
+ * (4 experts, grouped sigmoid routing) sits on a tie: the CPU interpreter
+ * rounding every result to bf16 but silu_mul's (bf16_probe --kinds) makes
+ * the same 0.86 row the GPU makes, and 0.017 otherwise. For them the worst
+ * row is printed, not held, and the mean is held to 0.1 (every other
+ * model's: 5e-2), which a kernel that computes wrong would not meet; fp32
+ * is exact for every model (1e-4). */
+static int bf16_on_a_tie(const char *name)
+{
+    return !strcmp(name, "deepseek_v32") || !strcmp(name, "deepseek_v3_fp8_tp");
+}
+static double bf16_limit(const char *name) { return bf16_on_a_tie(name) ? INFINITY : 2e-2; }
+static double bf16_mean_limit(const char *name) { return bf16_on_a_tie(name) ? 0.1 : 5e-2; }
 
 /* The prompt and DECODE steps on CUDA in one dtype against the interpreter. */
 static void check_session(const char *name, const moec_model_t *m, const char *dir,
@@ -443,17 +451,9 @@ static int json_ints(const cJSON *arr, int32_t *out, int cap)
  * greedy tokens fed back (teacher-forced) on CUDA in bf16, each row's error
  * against the fp32 golden (logits.bin), held to twice what transformers
  * itself makes in bf16 on the same rows (golden.json's transformers_bf16,
- * scripts/make_goldens.py): the worst row and the mean row. The worst row
- * of a tiny model hinges on near-ties of its discrete choices (the routers'
- * top-k, DSA's token selection), which bf16 noise flips in moec and
- * transformers alike but not in the same rows (scripts/gpu_bf16_sweep.sh:
- * on 15 tiny models moec's GPU error follows what bf16 storage alone costs
- * on the CPU, bf16_trace, op by op). deepseek_v32's golden selects 8 of up
- * to 28 tokens with boundary gaps down to 2.4e-3 of the largest score,
- * under the ~1e-2 that bf16 moves a score: any bf16 run selects
- * differently somewhere, so its worst and mean rows measure which
- * selection flips rather than precision: its worst is printed, its mean
- * held to 0.1. */
+ * scripts/make_goldens.py): the worst row and the mean row. On the models
+ * a tie decides (bf16_on_a_tie) the worst is printed and the mean held to
+ * 0.1. */
 static void check_vs_transformers(const char *name, const moec_model_t *m, const char *dir)
 {
     char path[4096];
@@ -493,19 +493,18 @@ static void check_vs_transformers(const char *name, const moec_model_t *m, const
         double worst = compare_rows(got, ref, 0, rows_n, V, &flips), mean = 0;
         for (int r = 0; r < rows_n; r++)
             mean += t_row_error(got + (size_t)r * V, ref + (size_t)r * V, V) / rows_n;
-        int hold_worst = strcmp(name, "deepseek_v32") != 0;
+        int hold_worst = !bf16_on_a_tie(name);
         printf("%-18s bf16 teacher-forced vs the fp32 golden: worst row %.4g (transformers bf16 "
                "%.4g, ratio %.2f%s), mean row %.4g (transformers %.4g, ratio %.2f, %s), "
                "argmax flips %d/%d\n",
                name, worst, want_worst, worst / want_worst, hold_worst ? ", limit 2" : ", printed",
-               mean, want_mean, mean / want_mean, hold_worst ? "limit 2" : "limit 0.1 absolute",
+               mean, want_mean, mean / want_mean, hold_worst ? "limit 2" : "limit 0.1, on a tie",
                flips, rows_n);
         T_CHECK(!hold_worst || worst <= 2 * want_worst);
-        /* deepseek_v32: its mean too is the selections' (H100, 2026-11-24:
-           0.064, 2.8x transformers' 0.023, one layer-1 selection flipped
-           where transformers flips others): held to 0.1, what a kernel
-           that computes wrong would not meet */
-        T_CHECK(hold_worst ? mean <= 2 * want_mean : mean <= 0.1);
+        /* on a tie the mean too is the flipped choice's (H100, 2026-11-24:
+           deepseek_v32 0.064, 2.8x transformers' 0.023; deepseek_v3_fp8_tp
+           0.062, one row of 0.86) */
+        T_CHECK(hold_worst ? mean <= 2 * want_mean : mean <= bf16_mean_limit(name));
     }
     moec_session_free(s);
     free(got);
