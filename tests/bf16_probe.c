@@ -10,7 +10,6 @@
  *
  *   build/bf16_probe tests/data/deepseek_v3 [--kinds]
  */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,48 +21,9 @@
 #include "runtime/weights.h"
 #include "testlib.h"
 
-typedef struct golden {
-    int32_t ids[128]; /* prompt then the greedy tokens fed back */
-    int n_ids, P, rows, vocab;
-    float *logits;    /* [rows, vocab] */
-} golden;
-
-static int read_ints(const cJSON *arr, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr)
-    {
-        if (n < cap)
-            out[n++] = (int32_t)it->valuedouble;
-    }
-    return n;
-}
-
-static int golden_read(const char *dir, golden *g)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *text = t_read_file(path, NULL);
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    if (!j)
-        return 0;
-    g->P = read_ints(cJSON_GetObjectItem(j, "prompt_ids"), g->ids, 64);
-    g->n_ids = g->P + read_ints(cJSON_GetObjectItem(j, "greedy_ids"), g->ids + g->P, 64);
-    g->rows = cJSON_GetObjectItem(j, "rows")->valueint;
-    g->vocab = cJSON_GetObjectItem(j, "vocab_size")->valueint;
-    cJSON_Delete(j);
-    snprintf(path, sizeof path, "%s/logits.bin", dir);
-    size_t len = 0;
-    g->logits = (float *)t_read_file(path, &len);
-    return g->logits && len == (size_t)g->rows * (size_t)g->vocab * sizeof(float) &&
-           g->rows == g->n_ids - 1;
-}
-
 /* The worst row error of m run teacher-forced with its results rounded to
  * bf16 except op kinds in skip; *flips counts rows whose argmax differs. */
-static double probe(const ir_module *m, const char *dir, const golden *g, uint64_t skip,
+static double probe(const ir_module *m, const char *dir, const t_golden *g, uint64_t skip,
                     int *flips)
 {
     rt_weights *w = NULL;
@@ -75,7 +35,7 @@ static double probe(const ir_module *m, const char *dir, const golden *g, uint64
         rt_interp_init(m, w, g->n_ids, &in) != MOEC_OK ||
         rt_interp_round_storage(in, IR_DTYPE_BF16, skip) != MOEC_OK)
         goto out;
-    int32_t pos[128];
+    int32_t pos[2 * T_GOLDEN_IDS];
     for (int i = 0; i < g->n_ids; i++)
         pos[i] = i;
     if (rt_interp_forward(in, g->ids, pos, g->P, got) != MOEC_OK)
@@ -108,9 +68,8 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1];
     int kinds = argc > 2 && strcmp(argv[2], "--kinds") == 0;
-    golden g;
-    memset(&g, 0, sizeof g);
-    if (!golden_read(dir, &g)) {
+    t_golden g;
+    if (!t_golden_read(dir, &g)) {
         fprintf(stderr, "bf16_probe: %s has no readable golden.json + logits.bin\n", dir);
         return 1;
     }
@@ -139,6 +98,6 @@ int main(int argc, char **argv)
     }
     ir_module_free(raw);
     ir_module_free(fused);
-    free(g.logits);
+    t_golden_free(&g);
     return 0;
 }

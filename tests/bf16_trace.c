@@ -14,7 +14,6 @@
  *
  *   build/tests/bf16_trace tests/data/deepseek_v3 [DECODE_STEPS]
  */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,20 +25,6 @@
 #include "runtime/interp.h"
 #include "runtime/weights.h"
 #include "testlib.h"
-
-#define MAX_IDS 128
-
-static int read_ints(const cJSON *arr, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr)
-    {
-        if (n < cap)
-            out[n++] = (int32_t)it->valuedouble;
-    }
-    return n;
-}
 
 static float bf16_to_f32(uint16_t h)
 {
@@ -89,19 +74,14 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1];
     int steps = argc > 2 ? atoi(argv[2]) : 4;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *text = t_read_file(path, NULL);
-    cJSON *g = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    if (!g) {
-        fprintf(stderr, "bf16_trace: no golden.json in %s\n", dir);
+    t_golden gd;
+    if (!t_golden_read(dir, &gd)) {
+        fprintf(stderr, "bf16_trace: %s has no readable golden.json + logits.bin\n", dir);
         return 1;
     }
-    int32_t ids[MAX_IDS], pos[MAX_IDS], slot[MAX_IDS];
-    int P = read_ints(cJSON_GetObjectItem(g, "prompt_ids"), ids, 64);
-    int n_ids = P + read_ints(cJSON_GetObjectItem(g, "greedy_ids"), ids + P, 64);
-    cJSON_Delete(g);
+    const int32_t *ids = gd.ids;
+    int P = gd.P, n_ids = gd.n_ids;
+    int32_t pos[2 * T_GOLDEN_IDS], slot[2 * T_GOLDEN_IDS];
     if (steps > n_ids - P)
         steps = n_ids - P;
     for (int i = 0; i < n_ids; i++) {
@@ -219,5 +199,6 @@ int main(int argc, char **argv)
     rt_weights_free(w);
     moec_cuda_model_free(&x);
     moec_model_free(model);
+    t_golden_free(&gd);
     return st == MOEC_OK ? 0 : 1;
 }

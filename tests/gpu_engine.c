@@ -299,9 +299,8 @@ static void check_model(const char *name, int with_plan)
         T_CHECK(worst <= 1e-5);
     }
     if (ok_bf16) {
-        double worst = compare(bf16, sc->rows, sc->n_rows, V, &diffs), mean = 0;
-        for (int r = 0; r < sc->n_rows; r++)
-            mean += t_row_error(bf16 + (size_t)r * V, sc->rows + (size_t)r * V, V) / sc->n_rows;
+        double worst = compare(bf16, sc->rows, sc->n_rows, V, &diffs);
+        double mean = t_mean_row_error(bf16, sc->rows, sc->n_rows, V);
         printf("%-18s bf16: vs the CPU engine: row error mean %.3g (limit 5e-2), max %.3g "
                "(printed), %d of %d argmax differ (reported, not failed)\n",
                name, mean, worst, diffs, sc->n_rows);

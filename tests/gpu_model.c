@@ -147,9 +147,8 @@ static void check_session(const char *name, const moec_model_t *m, const char *d
     T_CHECK(moec_session_length(s) == rows_n);
     int finite = t_all_finite(got, (size_t)rows_n * V);
     int diffs;
-    double worst = compare_rows(got, ref, 0, rows_n, V, &diffs), mean = 0;
-    for (int r = 0; r < rows_n; r++)
-        mean += t_row_error(got + (size_t)r * V, ref + (size_t)r * V, V) / rows_n;
+    double worst = compare_rows(got, ref, 0, rows_n, V, &diffs);
+    double mean = t_mean_row_error(got, ref, rows_n, V);
     int greedy_diffs;
     compare_rows(got, ref, P - 1, rows_n, V, &greedy_diffs);
     double limit = fp32 ? 1e-4 : bf16_limit(name);
@@ -434,19 +433,6 @@ static void check_plan_file(const char *name, const moec_model_t *m, const char 
     rmdir(tmp);
 }
 
-/* Up to cap ints of a JSON array. */
-static int json_ints(const cJSON *arr, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr)
-    {
-        if (n < cap)
-            out[n++] = (int32_t)it->valuedouble;
-    }
-    return n;
-}
-
 /* moec's bf16 rows against transformers' own: the prompt and the golden's
  * greedy tokens fed back (teacher-forced) on CUDA in bf16, each row's error
  * against the fp32 golden (logits.bin), held to twice what transformers
@@ -456,43 +442,35 @@ static int json_ints(const cJSON *arr, int32_t *out, int cap)
  * 0.1. */
 static void check_vs_transformers(const char *name, const moec_model_t *m, const char *dir)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *text = t_read_file(path, NULL);
-    cJSON *g = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *tf = cJSON_GetObjectItem(g, "transformers_bf16");
-    const cJSON *tf_worst = cJSON_GetObjectItem(tf, "worst_row_error");
-    const cJSON *tf_mean = cJSON_GetObjectItem(tf, "mean_row_error");
-    int32_t prompt[64], greedy[64];
-    int P = json_ints(cJSON_GetObjectItem(g, "prompt_ids"), prompt, 64);
-    int G = json_ints(cJSON_GetObjectItem(g, "greedy_ids"), greedy, 64);
+    t_golden gd;
     int V = moec_model_vocab_size(m);
-    double want_worst = cJSON_IsNumber(tf_worst) ? tf_worst->valuedouble : -1;
-    double want_mean = cJSON_IsNumber(tf_mean) ? tf_mean->valuedouble : -1;
-    cJSON_Delete(g);
+    int ok = t_golden_read(dir, &gd);
+    if (ok)
+        T_CHECK(gd.vocab == V);
+    if (!ok || gd.vocab != V) {
+        t_golden_free(&gd);
+        return;
+    }
+    double want_worst = gd.tf_bf16_worst, want_mean = gd.tf_bf16_mean;
     if (want_worst < 0 || want_mean < 0) {
         printf("FAIL %s: golden.json has no transformers_bf16 errors (run scripts/gpu_goldens.sh "
                "with BF16_ONLY=1)\n",
                name);
         T_CHECK(!"no transformers bf16 error");
+        t_golden_free(&gd);
         return;
     }
-    int rows_n = P + G - 1;
-    size_t len = 0;
-    snprintf(path, sizeof path, "%s/logits.bin", dir);
-    float *ref = (float *)t_read_file(path, &len);
+    int rows_n = gd.rows;
+    const float *ref = gd.logits;
     float *got = malloc((size_t)rows_n * V * sizeof *got);
-    T_CHECK(ref && len == (size_t)rows_n * V * sizeof(float));
     setenv("MOEC_DTYPE", "bf16", 1);
     moec_session_t *s = NULL;
     T_OK(moec_session_init(m, dir, MOEC_BACKEND_CUDA, rows_n, &s));
-    if (s && got && ref && len == (size_t)rows_n * V * sizeof(float)) {
-        T_OK(run_session(s, prompt, P, G - 1, V, greedy, NULL, got));
+    if (s && got) {
+        T_OK(run_session(s, gd.prompt, gd.P, gd.G - 1, V, gd.greedy, NULL, got));
         int flips;
-        double worst = compare_rows(got, ref, 0, rows_n, V, &flips), mean = 0;
-        for (int r = 0; r < rows_n; r++)
-            mean += t_row_error(got + (size_t)r * V, ref + (size_t)r * V, V) / rows_n;
+        double worst = compare_rows(got, ref, 0, rows_n, V, &flips);
+        double mean = t_mean_row_error(got, ref, rows_n, V);
         int hold_worst = !bf16_on_a_tie(name);
         printf("%-18s bf16 teacher-forced vs the fp32 golden: worst row %.4g (transformers bf16 "
                "%.4g, ratio %.2f%s), mean row %.4g (transformers %.4g, ratio %.2f, %s), "
@@ -508,7 +486,7 @@ static void check_vs_transformers(const char *name, const moec_model_t *m, const
     }
     moec_session_free(s);
     free(got);
-    free(ref);
+    t_golden_free(&gd);
 }
 
 static void check_model(const char *name)

@@ -29,16 +29,10 @@ static const int START_STEP[N_SEQ] = {0, 0, 1};
 
 static int32_t seq_token(int s, int i, int V) { return (int32_t)((s * 53 + i * 29 + 3) % V); }
 
+/* t_json_ints, -1 when the array holds more than cap. */
 static int read_ints(const cJSON *arr, int32_t *out, int cap)
 {
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr)
-    {
-        if (n < cap)
-            out[n] = (int32_t)it->valuedouble;
-        n++;
-    }
+    int n = t_json_ints(arr, out, cap);
     return n <= cap ? n : -1;
 }
 

@@ -12,7 +12,6 @@
  * (make_goldens.py); they run every split whose ranks' boxes keep to their
  * 128 x 128 blocks (split_keeps_blocks), and the others are refused, naming
  * the block a box would cut (or the heads that do not split). */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
 
@@ -135,44 +134,19 @@ static void check_refused(const char *name, const mode *md)
     moec_model_free(m);
 }
 
-static int read_ints(const cJSON *arr, int32_t *out, int cap)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr)
-    {
-        if (n < cap)
-            out[n] = (int32_t)it->valuedouble;
-        n++;
-    }
-    return n;
-}
-
 static void check_model(const char *name, const mode *md)
 {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/data/%s", name);
     const char *dir = t_src(rel);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *text = t_read_file(path, NULL);
-    cJSON *g = cJSON_Parse(text);
-    free(text);
-    T_CHECK(g != NULL);
-    if (!g)
+    t_golden gd;
+    if (!t_golden_read(dir, &gd)) {
+        t_golden_free(&gd);
         return;
-    int32_t prompt[64], greedy[64];
-    int P = read_ints(cJSON_GetObjectItem(g, "prompt_ids"), prompt, 64);
-    int G = read_ints(cJSON_GetObjectItem(g, "greedy_ids"), greedy, 64);
-    int rows = cJSON_GetObjectItem(g, "rows")->valueint;
-    int vocab = cJSON_GetObjectItem(g, "vocab_size")->valueint;
-    cJSON_Delete(g);
-    T_CHECK(P <= 64 && G <= 64 && rows == P + G - 1);
-
-    snprintf(path, sizeof path, "%s/logits.bin", dir);
-    size_t len;
-    float *ref = (float *)t_read_file(path, &len);
-    T_CHECK(len == (size_t)rows * (size_t)vocab * sizeof(float));
+    }
+    const int32_t *prompt = gd.prompt, *greedy = gd.greedy;
+    int P = gd.P, G = gd.G, rows = gd.rows, vocab = gd.vocab;
+    const float *ref = gd.logits;
 
     runner r;
     int opened = runner_open(&r, dir, md, rows + 1);
@@ -201,7 +175,7 @@ static void check_model(const char *name, const mode *md)
     T_CHECK(worst <= 1e-4);
     T_CHECK(tokens_ok);
     free(got);
-    free(ref);
+    t_golden_free(&gd);
     runner_close(&r);
 }
 

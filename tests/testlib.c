@@ -437,3 +437,76 @@ moec_model_t *t_open_tiny(const char *name, const char **dir)
     T_OK(moec_model_open(*dir, &m));
     return m;
 }
+
+int t_json_ints(const cJSON *arr, int32_t *out, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr)
+    {
+        if (n < cap)
+            out[n] = (int32_t)it->valuedouble;
+        n++;
+    }
+    return n;
+}
+
+static double json_num(const cJSON *obj, const char *key, double dflt)
+{
+    const cJSON *v = cJSON_GetObjectItem(obj, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+int t_golden_read(const char *dir, t_golden *g)
+{
+    memset(g, 0, sizeof *g);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    char *text = t_read_file(path, NULL);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    t_checks++;
+    if (!j) {
+        t_failures++;
+        fprintf(stderr, "FAIL %s: does not parse\n", path);
+        return 0;
+    }
+    g->P = t_json_ints(cJSON_GetObjectItem(j, "prompt_ids"), g->prompt, T_GOLDEN_IDS);
+    g->G = t_json_ints(cJSON_GetObjectItem(j, "greedy_ids"), g->greedy, T_GOLDEN_IDS);
+    g->rows = (int)json_num(j, "rows", -1);
+    g->vocab = (int)json_num(j, "vocab_size", -1);
+    const cJSON *tf = cJSON_GetObjectItem(j, "transformers_bf16");
+    g->tf_bf16_worst = json_num(tf, "worst_row_error", -1);
+    g->tf_bf16_mean = json_num(tf, "mean_row_error", -1);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    size_t len = 0;
+    g->logits = (float *)t_read_file(path, &len);
+    if (g->P < 1 || g->P > T_GOLDEN_IDS || g->G < 1 || g->G > T_GOLDEN_IDS || g->vocab < 1 ||
+        g->rows != g->P + g->G - 1 || len != (size_t)g->rows * (size_t)g->vocab * sizeof(float)) {
+        t_failures++;
+        fprintf(stderr,
+                "FAIL %s: %d prompt and %d greedy ids, %d rows of %d, logits.bin of %zu bytes do "
+                "not agree\n",
+                dir, g->P, g->G, g->rows, g->vocab, len);
+        return 0;
+    }
+    g->n_ids = g->P + g->G;
+    memcpy(g->ids, g->prompt, (size_t)g->P * sizeof *g->ids);
+    memcpy(g->ids + g->P, g->greedy, (size_t)g->G * sizeof *g->ids);
+    return 1;
+}
+
+void t_golden_free(t_golden *g)
+{
+    free(g->logits);
+    g->logits = NULL;
+}
+
+double t_mean_row_error(const float *got, const float *ref, int rows, int n)
+{
+    double sum = 0;
+    for (int r = 0; r < rows; r++)
+        sum += t_row_error(got + (size_t)r * n, ref + (size_t)r * n, n);
+    return rows > 0 ? sum / rows : 0;
+}

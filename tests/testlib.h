@@ -73,11 +73,35 @@ void t_write_nan_model(const char *src, const char *dst, const char *tensor, int
  * their length (on the CPU: the clean model's tokens). */
 void t_check_nonfinite(moec_backend backend);
 
+/* Up to cap ints of a JSON array into out; returns how many it holds. */
+struct cJSON;
+int t_json_ints(const struct cJSON *arr, int32_t *out, int cap);
+
+/* A tiny model's golden (scripts/make_goldens.py, tests/data/NAME): from
+ * golden.json the prompt and greedy ids (and both in one array, ids: the
+ * sequence a teacher-forced run feeds), rows and vocab_size, and
+ * transformers' own bf16 errors (transformers_bf16's worst_row_error and
+ * mean_row_error: -1 where absent); logits.bin ([rows, vocab] f32, owned,
+ * t_golden_free). Checked (a failure counted and printed: returns 0): the
+ * files parse, at most T_GOLDEN_IDS ids each, rows == P + G - 1, and
+ * logits.bin holds rows * vocab floats. */
+#define T_GOLDEN_IDS 64
+typedef struct t_golden {
+    int32_t prompt[T_GOLDEN_IDS], greedy[T_GOLDEN_IDS], ids[2 * T_GOLDEN_IDS];
+    int P, G, n_ids, rows, vocab;
+    double tf_bf16_worst, tf_bf16_mean;
+    float *logits;
+} t_golden;
+int t_golden_read(const char *dir, t_golden *g);
+void t_golden_free(t_golden *g);
+
 /* Logits rows: the index of the largest (the lowest on ties); the largest
  * |got - ref| over max |ref| (1 when ref is all zeros); 1 when all n values
  * are finite. */
 int t_argmax(const float *row, int n);
 double t_row_error(const float *got, const float *ref, int n);
+/* t_row_error averaged over `rows` rows of n. */
+double t_mean_row_error(const float *got, const float *ref, int rows, int n);
 int t_all_finite(const float *x, size_t n);
 
 /* splitmix64-based deterministic RNG. */
