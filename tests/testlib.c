@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <ftw.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +51,28 @@ const char *t_src(const char *rel)
     return b;
 }
 
+/* Every directory t_tmpdir makes is removed when the test exits (set
+ * MOEC_KEEP_TMP=1 to keep them for a post-mortem). */
+enum { T_TMPDIRS_MAX = 64 };
+static char t_tmpdirs[T_TMPDIRS_MAX][4096];
+static int t_n_tmpdirs;
+
+static int t_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void t_tmpdirs_remove(void)
+{
+    const char *keep = getenv("MOEC_KEEP_TMP");
+    if (keep && *keep && strcmp(keep, "0") != 0)
+        return;
+    for (int i = 0; i < t_n_tmpdirs; i++)
+        nftw(t_tmpdirs[i], t_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 const char *t_tmpdir(const char *tag)
 {
     const char *tmp = getenv("TMPDIR");
@@ -58,6 +82,10 @@ const char *t_tmpdir(const char *tag)
         fprintf(stderr, "mkdtemp %s: %s\n", b, strerror(errno));
         exit(2);
     }
+    if (t_n_tmpdirs == 0)
+        atexit(t_tmpdirs_remove);
+    if (t_n_tmpdirs < T_TMPDIRS_MAX)
+        snprintf(t_tmpdirs[t_n_tmpdirs++], 4096, "%s", b);
     return b;
 }
 

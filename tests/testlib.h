@@ -48,7 +48,8 @@ const char *t_src(const char *rel);
 /* tests/data/NAME, opened (a failure counted and printed: NULL); *dir gets
  * its path (a t_src buffer). */
 moec_model_t *t_open_tiny(const char *name, const char **dir);
-/* A fresh empty directory under $TMPDIR (static buffer rotated 8 ways). */
+/* A fresh empty directory under $TMPDIR (static buffer rotated 8 ways),
+ * removed with its contents when the test exits (MOEC_KEEP_TMP=1 keeps it). */
 const char *t_tmpdir(const char *tag);
 /* Reads a whole file (NUL-terminated); dies if it cannot. */
 char *t_read_file(const char *path, size_t *len);
