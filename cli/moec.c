@@ -199,10 +199,18 @@ static const char *USAGE_BENCH =
     "  --warmup N           untimed steps first (default 10)\n"
     "  --profile            also print, per batch size, the time of every kernel\n"
     "                       (eager, one stream, an event between launches), summed\n"
-    "                       by kernel, to stderr\n"
+    "                       by kernel, to stderr (a split: every rank's, with the\n"
+    "                       collectives' time per step; JSON rows gain coll_ms)\n"
     "  --json               one JSON object per batch size and way instead of a table\n"
+    "                       (with tp and ep; a split's rows add rank_ms, rank_bytes\n"
+    "                       and rank_floor_ms, one per rank)\n"
     "  --arch ARCH          GPU target when compiling (default sm_90; as MOEC_ARCH)\n"
-    "  --tp N, --ep M       a model split over ranks: not supported yet (refused)\n"
+    "  --tp N, --ep M       a split over N ranks on N GPUs, a thread each, stepping\n"
+    "                       together as a session does (docs/PARALLEL.md): a model is\n"
+    "                       compiled so, a plan must have been. A step's time is its\n"
+    "                       slowest rank's (CUDA events on each), each rank's floor\n"
+    "                       the bytes it reads; more ranks than GPUs is refused\n"
+    "                       before anything compiles\n"
     "  -h, --help           this help\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
@@ -887,10 +895,33 @@ static int cmd_compile(int argc, char **argv)
     return 0;
 }
 
+/* A split bench row's per-rank fields for its JSON lines: ", \"rank_ms\":
+ * [...], \"rank_bytes\": [...], \"rank_floor_ms\": [...]". */
+static void bench_json_split(const moec_bench_result *r, const moec_bench_row *w, char *buf,
+                             size_t cap)
+{
+    static const char *const keys[] = {"rank_ms", "rank_bytes", "rank_floor_ms"};
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int f = 0; f < 3; f++) {
+        n += (size_t)snprintf(buf + n, cap - n, ", \"%s\": [", keys[f]);
+        for (int k = 0; k < r->tp && n < cap; k++) {
+            double v = f == 0 ? w->rank_ms[k]
+                       : f == 1 ? w->rank_bytes[k]
+                                : w->rank_bytes[k] / r->copy_bytes_per_s * 1e3;
+            n += (size_t)snprintf(buf + n, cap - n, f == 1 ? "%s%.0f" : "%s%.4f", k ? ", " : "", v);
+        }
+        if (n < cap)
+            n += (size_t)snprintf(buf + n, cap - n, "]");
+        if (n >= cap)
+            return;
+    }
+}
+
 static int cmd_bench(int argc, char **argv)
 {
     const char *dir = NULL, *weights = NULL;
-    moec_bench_options o = {4, {1, 8, 32, 64}, -1, 100, 10, NULL, NULL};
+    moec_bench_options o = {4, {1, 8, 32, 64}, -1, 100, 10, NULL, NULL, {0}};
     int json = 0, arch = 0, par_seen = 0;
     moec_parallel par = {0};
     for (int i = 0; i < argc; i++) {
@@ -946,11 +977,7 @@ static int cmd_bench(int argc, char **argv)
     }
     if (!dir)
         return usage_error(USAGE_BENCH, "%s", "missing MODEL_DIR or PLAN");
-    if (par_seen) {
-        fprintf(stderr, "moec: bench --tp/--ep: benchmarking a model split over ranks is not "
-                        "supported yet (moec run PLAN --tp N runs one)\n");
-        return 2;
-    }
+    o.par = par;
     int plan = is_plan_path(dir);
     if (plan && !weights)
         return usage_error(USAGE_BENCH,
@@ -995,22 +1022,33 @@ static int cmd_bench(int argc, char **argv)
                "setup %.2f s (%s), capture of all buckets %.3f s (two streams), %.3f s (one)\n",
                r.device, r.copy_bytes_per_s / 1e12, dtype, r.context, o.steps, r.setup_s,
                plan ? "plan load + upload" : "compile + upload", r.capture_s, r.capture_single_s);
+        if (r.tp)
+            printf("split over %d ranks (tp %d, ep %d), a GPU each: a step takes its slowest "
+                   "rank's time; MB_read and floor are the rank reading the most\n",
+                   r.tp, r.tp, r.ep);
         printf("%6s %9s %9s %9s %9s %9s %9s %9s %10s %8s\n", "batch", "graph_ms", "graph_1s",
                "eager_ms", "eager_1s", "MB_read", "floor_ms", "x_floor", "experts", "launches");
     }
     for (int i = 0; i < r.n_rows; i++) {
         const moec_bench_row *w = &r.rows[i];
         if (json) {
+            char split[4096] = "";
+            if (r.tp)
+                bench_json_split(&r, w, split, sizeof split);
+            char coll[64] = "";
+            if (o.profile)
+                snprintf(coll, sizeof coll, ", \"coll_ms\": %.4f", w->coll_ms);
             for (int k = 0; k < MOEC_BENCH_MODES; k++)
                 printf("{\"impl\": \"moec\", \"mode\": \"%s\", \"batch\": %d, \"context\": %d, "
                        "\"ms\": %.4f, \"bytes\": %.0f, \"floor_ms\": %.4f, \"copy_tb_s\": %.3f, "
                        "\"experts_hit\": %d, \"experts_total\": %d, \"launches\": %d, "
-                       "\"setup_s\": %.3f, \"capture_s\": %.4f, \"dtype\": \"%s\", \"device\": \"%s\"}\n",
+                       "\"setup_s\": %.3f, \"capture_s\": %.4f, \"dtype\": \"%s\", \"device\": \"%s\", "
+                       "\"tp\": %d, \"ep\": %d%s%s}\n",
                        moec_bench_mode_name(k), w->batch, r.context, w->mode_ms[k], w->bytes,
                        w->floor_ms, r.copy_bytes_per_s / 1e12, w->experts_hit, w->experts_total,
                        r.launches_per_step[i], r.setup_s,
                        k == MOEC_BENCH_GRAPH_SINGLE ? r.capture_single_s : r.capture_s, dtype,
-                       r.device);
+                       r.device, r.tp, r.ep, split, coll);
         } else {
             char experts[32];
             snprintf(experts, sizeof experts, "%d/%d", w->experts_hit, w->experts_total);

@@ -70,6 +70,20 @@ moec_status moec_cuda_model_set_blocks(moec_cuda_model *x, int row, int first, i
     return rt_cuda_set_blocks(x->cuda, row, first, n, blocks);
 }
 
+moec_status moec_cuda_model_each(moec_cuda_model *x, moec_rank_fn fn, void *user,
+                                 const char *what)
+{
+    if (x->ranks)
+        return moec_ranks_each(x->ranks, fn, user, what);
+    moec_status st = fn(x, 0, user);
+    return st == MOEC_OK ? MOEC_OK : moec_err_wrap(st, "%s", what);
+}
+
+int moec_cuda_model_ranks(const moec_cuda_model *x)
+{
+    return x->ranks ? moec_ranks_count(x->ranks) : 1;
+}
+
 int moec_cuda_model_kv_blocks(const moec_cuda_model *x)
 {
     return x->ranks ? moec_ranks_kv_blocks(x->ranks) : rt_cuda_kv_blocks(x->cuda);

@@ -115,7 +115,24 @@ moec_status moec_ranks_set_blocks(moec_ranks *g, int row, int first, int n,
                                   const int32_t *blocks);
 /* The blocks of the group's pool (as bound). */
 int moec_ranks_kv_blocks(const moec_ranks *g);
+/* The ranks of the group. */
+int moec_ranks_count(const moec_ranks *g);
 void moec_ranks_free(moec_ranks *g);
+
+/* Work on one rank's bound model (its plan, module, context and graphs),
+ * called on that rank's thread: what a benchmark does on every rank at
+ * once (capture, timed steps, profiles), the collectives inside meeting
+ * the other ranks'. */
+typedef moec_status (*moec_rank_fn)(moec_cuda_model *m, int rank, void *user);
+/* fn on every rank of the bound group at once, each on its thread; as a
+ * step, a failing rank ends every rank and its error (naming it, prefixed
+ * with what) is returned. */
+moec_status moec_ranks_each(moec_ranks *g, moec_rank_fn fn, void *user, const char *what);
+/* The same on a bound model: every rank of a split, else fn(x, 0, user). */
+moec_status moec_cuda_model_each(moec_cuda_model *x, moec_rank_fn fn, void *user,
+                                 const char *what);
+/* The ranks of x: its group's, else 1. */
+int moec_cuda_model_ranks(const moec_cuda_model *x);
 
 /* The eos ids of a module (its meta eos_token_id: one id or a list) as the
  * public API gives them out, each checked to lie in [0, vocab_size)

@@ -26,7 +26,7 @@
 #include "err.h"
 #include "runtime/step_check.h"
 
-typedef enum rank_cmd { CMD_NONE, CMD_BIND, CMD_STEP, CMD_QUIT } rank_cmd;
+typedef enum rank_cmd { CMD_NONE, CMD_BIND, CMD_STEP, CMD_EACH, CMD_QUIT } rank_cmd;
 
 typedef struct rank_worker {
     struct moec_ranks *g;
@@ -58,6 +58,8 @@ struct moec_ranks {
     const int32_t *tokens, *positions, *slots;
     float *logits_out;
     int32_t *sampled_out;
+    moec_rank_fn each_fn;
+    void *each_user;
 };
 
 static moec_status rank_bind(rank_worker *w)
@@ -114,6 +116,8 @@ static void *rank_main(void *arg)
             st = rank_bind(w);
         else if (cmd == CMD_STEP)
             st = rank_step(w);
+        else if (cmd == CMD_EACH)
+            st = g->each_fn(&w->m, w->r, g->each_user);
         else if (cmd == CMD_QUIT)
             moec_cuda_model_free(&w->m);
         w->st = st;
@@ -247,9 +251,8 @@ moec_status moec_ranks_bind(moec_ranks *g, const ir_plan_meta *meta, const char 
     return ranks_agree_pool(g);
 }
 
-moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
-                            const int32_t *positions, const int32_t *slots, int first, int count,
-                            float *logits_out, int32_t *sampled_out)
+/* MOEC_OK when the group is bound and no rank has failed. */
+static moec_status ranks_ready(const struct moec_ranks *g)
 {
     if (g->failed >= 0)
         return MOEC_ERR(MOEC_ERR_CUDA,
@@ -257,6 +260,14 @@ moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
                         g->w[g->failed].err);
     if (g->threads != g->n)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "the group of %d ranks is not bound", g->n);
+    return MOEC_OK;
+}
+
+moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
+                            const int32_t *positions, const int32_t *slots, int first, int count,
+                            float *logits_out, int32_t *sampled_out)
+{
+    MOEC_TRY(ranks_ready(g));
     /* checked here, once, on rank 0 (every rank has the same table): a bad
      * step must not look like a failing rank */
     MOEC_TRY(rt_cuda_check_inputs(moec_ranks_cuda(g), n, tokens, positions, slots));
@@ -269,6 +280,14 @@ moec_status moec_ranks_step(moec_ranks *g, int n, const int32_t *tokens,
     g->logits_out = logits_out;
     g->sampled_out = sampled_out;
     return run_cmd(g, CMD_STEP, "a step");
+}
+
+moec_status moec_ranks_each(moec_ranks *g, moec_rank_fn fn, void *user, const char *what)
+{
+    MOEC_TRY(ranks_ready(g));
+    g->each_fn = fn;
+    g->each_user = user;
+    return run_cmd(g, CMD_EACH, what);
 }
 
 moec_status moec_ranks_set_blocks(moec_ranks *g, int row, int first, int n,
@@ -291,6 +310,7 @@ moec_status moec_ranks_set_blocks(moec_ranks *g, int row, int first, int n,
 }
 
 int moec_ranks_kv_blocks(const moec_ranks *g) { return g->kv_blocks; }
+int moec_ranks_count(const moec_ranks *g) { return g->n; }
 
 void moec_ranks_free(moec_ranks *g)
 {

@@ -194,7 +194,13 @@ typedef struct moec_bench_options {
     const char *plan_path; /* bench a plan file (model may be NULL) instead of compiling */
     FILE *profile;         /* when not NULL: per batch size, time per kernel (eager, one
                             * stream, an event between every two launches) written here */
+    moec_parallel par;     /* tp 0: the model unsharded, a plan as compiled. Else a model
+                            * is compiled split so (docs/PARALLEL.md) and a plan must have
+                            * been; every rank steps at once on its GPU, a thread each */
 } moec_bench_options;
+
+/* The most ranks a split bench reports on. */
+#define MOEC_BENCH_MAX_RANKS 64
 
 enum { MOEC_BENCH_GRAPH_DUAL, MOEC_BENCH_GRAPH_SINGLE, MOEC_BENCH_EAGER_DUAL,
        MOEC_BENCH_EAGER_SINGLE, MOEC_BENCH_MODES };
@@ -207,6 +213,13 @@ typedef struct moec_bench_row {
     double floor_ms;     /* bytes / copy bandwidth */
     int experts_hit;     /* routed experts selected, summed over MoE layers */
     int experts_total;   /* routed experts, summed over MoE layers */
+    /* A split (result tp > 0): each mode's time is the slowest rank's (each
+     * rank timing its own steps with CUDA events), bytes, floor_ms and the
+     * experts those of the rank reading the most; per rank below. */
+    double rank_ms[MOEC_BENCH_MAX_RANKS];    /* graph replay, two streams (else eager) */
+    double rank_bytes[MOEC_BENCH_MAX_RANKS]; /* what that rank reads */
+    double coll_ms;      /* with a profile: the collectives' time per step, the most any
+                          * rank spends in them (eager, one stream); -1 without */
 } moec_bench_row;
 
 typedef struct moec_bench_result {
@@ -217,7 +230,8 @@ typedef struct moec_bench_result {
     double setup_s;          /* compile (passes, codegen, NVRTC or cache) or plan read, upload */
     double capture_s;        /* capturing every bucket's graph, two-stream mode */
     double capture_single_s; /* the same, one stream */
-    int launches_per_step[16]; /* per row: kernels + GEMMs of the bucket's step */
+    int launches_per_step[16]; /* per row: kernels + GEMMs of the bucket's step (rank 0's) */
+    int tp, ep;              /* the split benched (tp 0: unsharded; ep 1 without --ep) */
     int n_rows;
     moec_bench_row rows[16];
 } moec_bench_result;

@@ -124,7 +124,27 @@ expect 2 "--tp: '0' is not an integer in [1, 64]" -- "$B" dump-ir "$D/qwen3_moe"
 expect 2 "--rank: '-1' is not an integer in [0, 64]" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --rank -1
 expect 2 "--summary and --tp do not go together" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --summary
 expect 2 "unknown option --rank" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --rank 0
-expect 2 "bench --tp/--ep: benchmarking a model split over ranks is not supported yet" -- "$B" bench "$D/qwen3_moe" --tp 2
+# bench of a split: the split checked, a plan's split against the one asked
+# for and the context, all before a device is looked for; then the GPUs
+# counted before anything compiles (tests/gpu_bench_tp.sh runs one)
+expect 1 "ep 3 must divide tp 2" -- "$B" bench "$D/qwen3_moe" --tp 2 --ep 3
+expect 2 "--tp: '65' is not an integer in [1, 64]" -- "$B" bench "$D/qwen3_moe" --tp 65
+expect 2 "moec: --context 1024 is more than the model allows: at most 511" -- "$B" bench "$D/qwen3_moe" --tp 2 --context 1024
+"$B" compile "$D/qwen3_moe" -o "$T/q_tp2.moec" --tp 2 --batch-sizes 1 >/dev/null 2>&1 && ok || bad "compile qwen3_moe --tp 2"
+"$B" compile "$D/qwen3_moe" -o "$T/q.moec" --batch-sizes 1 >/dev/null 2>&1 && ok || bad "compile qwen3_moe"
+expect 1 "plan $T/q_tp2.moec was compiled for tp 2, ep 1 (2 ranks); asked to run it with tp 1, ep 1: a plan runs with the split it was compiled for" -- \
+  "$B" bench "$T/q_tp2.moec" --weights "$D/qwen3_moe" --tp 1
+expect 1 "plan $T/q_tp2.moec was compiled for tp 2, ep 1 (2 ranks); asked to run it with tp 2, ep 2" -- \
+  "$B" bench "$T/q_tp2.moec" --weights "$D/qwen3_moe" --tp 2 --ep 2
+expect 1 "plan $T/q.moec was compiled unsharded (no --tp); asked to run it with tp 2: compile it with --tp 2" -- \
+  "$B" bench "$T/q.moec" --weights "$D/qwen3_moe" --tp 2
+expect 2 "moec: --context 1024 is more than the model allows: at most 511" -- \
+  "$B" bench "$T/q_tp2.moec" --weights "$D/qwen3_moe" --context 1024
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$D/qwen3_moe" --tp 2
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$D/qwen3_moe" --tp 1 --ep 1
+  expect 1 "no CUDA device: no NVIDIA driver or GPU was found (" -- "$B" bench "$T/q_tp2.moec" --weights "$D/qwen3_moe"
+fi
 for m in deepseek_v2 qwen2_moe; do
   want=$("$B" run "$D/$m" --prompt-ids 3,1,4,1,5 --max-new-tokens 6 --ignore-eos --backend cpu)
   for split in "--tp 1" "--tp 2" "--tp 4" "--ep 2" "--tp 4 --ep 4" "--tp 4 --ep 2"; do
