@@ -62,6 +62,9 @@ static const char *USAGE_DUMP =
     "  --ep M              with --tp: the routed experts in M groups of ranks\n"
     "                      (M divides N; default 1)\n"
     "  --rank R            with --tp: which rank's module, 0 .. N-1 (default 0)\n"
+    "  --ep-combine HOW    with --tp: the MoE block's partial sums meet in one\n"
+    "                      all-reduce (default) or reduce-scatter: a reduce_scatter\n"
+    "                      over the hidden axis then an all_gather\n"
     "  -h, --help          this help\n";
 
 static void print_passes(FILE *out)
@@ -100,6 +103,9 @@ static const char *USAGE_COMPILE =
     "                        rank's slices keep to its 128 x 128 scale blocks\n"
     "  --ep M                the routed experts in M groups of the ranks (M divides\n"
     "                        N; --ep alone: N = M)\n"
+    "  --ep-combine HOW      all-reduce (default) or reduce-scatter: how the MoE\n"
+    "                        block's partial sums meet (a reduce_scatter over the\n"
+    "                        hidden axis, then an all_gather; N divides hidden_size)\n"
     "  --quantize fp8        first write an fp8 copy of the checkpoint (block-scaled\n"
     "                        e4m3, as DeepSeek-V3 publishes: every attention, MLP and\n"
     "                        expert linear, one f32 scale per 128x128 block, amax/448)\n"
@@ -170,6 +176,10 @@ static const char *USAGE_RUN =
     "                         keep to its 128 x 128 scale blocks\n"
     "  --ep M                 the routed experts in M groups of the ranks (M divides\n"
     "                         N; --ep alone: as many ranks as groups)\n"
+    "  --ep-combine HOW       all-reduce (default) or reduce-scatter: how the MoE\n"
+    "                         block's partial sums meet (reduce_scatter over the\n"
+    "                         hidden axis, then all_gather). A PLAN keeps the one it\n"
+    "                         was compiled with\n"
     "  -h, --help             this help\n";
 
 static const char *USAGE_BENCH =
@@ -211,6 +221,7 @@ static const char *USAGE_BENCH =
     "                       slowest rank's (CUDA events on each), each rank's floor\n"
     "                       the bytes it reads; more ranks than GPUs is refused\n"
     "                       before anything compiles\n"
+    "  --ep-combine HOW     all-reduce (default) or reduce-scatter, as moec compile\n"
     "  -h, --help           this help\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg)
@@ -284,6 +295,23 @@ static int parse_parallel_flag(int argc, char **argv, int *i, const char *usage,
                                moec_parallel *par, int *seen, int with_rank)
 {
     const char *a = argv[*i];
+    if (!strcmp(a, "--ep-combine")) {
+        if (++*i == argc) {
+            usage_error(usage, "%s needs a value", a);
+            return -1;
+        }
+        const char *v = argv[*i];
+        if (strcmp(v, "all-reduce") && strcmp(v, "reduce-scatter")) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "--ep-combine: '%.64s' is not all-reduce or reduce-scatter", v);
+            usage_error(usage, "%s", msg);
+            return -1;
+        }
+        par->ep_combine = strcmp(v, "all-reduce") ? MOEC_EP_COMBINE_REDUCE_SCATTER
+                                                  : MOEC_EP_COMBINE_ALL_REDUCE;
+        *seen |= 8;
+        return 1;
+    }
     int *dst = !strcmp(a, "--tp") ? &par->tp : !strcmp(a, "--ep") ? &par->ep
                : with_rank && !strcmp(a, "--rank") ? &par->rank : NULL;
     if (!dst)
@@ -305,14 +333,17 @@ static int parse_parallel_flag(int argc, char **argv, int *i, const char *usage,
     return 1;
 }
 
-/* The parallel flags seen (bits: 1 --tp, 2 --ep, 4 --rank) completed: --ep
- * alone means as many ranks (tp = ep); --rank needs --tp. */
+/* The parallel flags seen (bits: 1 --tp, 2 --ep, 4 --rank, 8 --ep-combine)
+ * completed: --ep alone means as many ranks (tp = ep); --rank and
+ * --ep-combine need a split. */
 static int parallel_finish(const char *usage, moec_parallel *par, int seen)
 {
     if ((seen & 2) && !(seen & 1))
         par->tp = par->ep;
     if ((seen & 4) && !(seen & 3))
         return usage_error(usage, "%s", "--rank needs --tp");
+    if ((seen & 8) && !(seen & 3))
+        return usage_error(usage, "%s", "--ep-combine needs --tp or --ep");
     return 0;
 }
 
@@ -977,6 +1008,8 @@ static int cmd_bench(int argc, char **argv)
     }
     if (!dir)
         return usage_error(USAGE_BENCH, "%s", "missing MODEL_DIR or PLAN");
+    if (parallel_finish(USAGE_BENCH, &par, par_seen))
+        return 2;
     o.par = par;
     int plan = is_plan_path(dir);
     if (plan && !weights)

@@ -82,6 +82,7 @@ moec_status moec_fuse_rank(const ir_module *module, const cg_options *co,
     if (par) {
         po.tp = par->tp;
         po.ep = par->ep;
+        po.ep_combine = par->ep_combine;
         po.rank = rank;
         po.source = module;
     }

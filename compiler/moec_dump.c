@@ -19,6 +19,7 @@ static moec_status dump_options(const moec_model_t *model, const char *dtype,
         MOEC_TRY(moec_parallel_check(par));
         opt->tp = par->tp;
         opt->ep = par->ep;
+        opt->ep_combine = par->ep_combine;
         opt->rank = par->rank;
         opt->source = moec_model_module(model);
     }
@@ -117,6 +118,15 @@ moec_status moec_parallel_check(const moec_parallel *par)
 {
     if (!par)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_parallel_check: NULL argument");
+    if (par->ep_combine != MOEC_EP_COMBINE_ALL_REDUCE &&
+        par->ep_combine != MOEC_EP_COMBINE_REDUCE_SCATTER)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "ep_combine %d is neither all-reduce (%d) nor "
+                        "reduce-scatter (%d)", par->ep_combine, MOEC_EP_COMBINE_ALL_REDUCE,
+                        MOEC_EP_COMBINE_REDUCE_SCATTER);
+    if (par->tp == 0 && par->ep_combine)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "the MoE combine (reduce-scatter) needs tp (the ranks the model is split "
+                        "over)");
     if (par->tp == 0) {
         if (par->ep > 1 || par->rank)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,

@@ -240,6 +240,7 @@ typedef enum shard_field {
     F_EXPERTS,
     F_MOE_INTERMEDIATE,
     F_VOCAB,
+    F_HIDDEN,
 } shard_field;
 
 static const char *field_name(const shard_ctx *c, shard_field f)
@@ -254,6 +255,7 @@ static const char *field_name(const shard_ctx *c, shard_field f)
     case F_EXPERTS: return c->deepseek ? "n_routed_experts" : "num_experts";
     case F_MOE_INTERMEDIATE: return "moe_intermediate_size";
     case F_VOCAB: return "vocab_size";
+    case F_HIDDEN: return "hidden_size";
     }
     return "?";
 }
@@ -836,6 +838,38 @@ static int is_share(const shard_ctx *c, const lay *l, int64_t d)
            l->len[0] == d / c->tp && l->lo[0] == c->rank * (d / c->tp);
 }
 
+/* 1 when partial sum v is the MoE block's: a moe_routed result, or sums
+ * (and reshapes, forks, joins) over one, the shared expert's added in. */
+static int moe_partial(const ir_value *v)
+{
+    for (int depth = 0; v && v->kind == IR_VALUE_OP && v->def && depth < 16; depth++) {
+        const ir_op *op = v->def;
+        if (op->kind == IR_OP_MOE_ROUTED)
+            return 1;
+        if (op->kind == IR_OP_ADD && moe_partial(op->in[1]))
+            return 1;
+        if (op->kind != IR_OP_ADD && op->kind != IR_OP_RESHAPE && op->kind != IR_OP_FORK &&
+            op->kind != IR_OP_JOIN)
+            return 0;
+        v = op->in[0];
+    }
+    return 0;
+}
+
+/* The MoE block's partial sum v made whole as a reduce_scatter along the
+ * hidden (last) axis, each rank summing its share, then an all_gather of
+ * the shares (pass_options.ep_combine): the same sum as one all_reduce. */
+static moec_status combine_scattered(shard_ctx *c, ir_value *v, ir_op *before, ir_value **out)
+{
+    char name[512];
+    ir_value *mine = NULL;
+    int axis = v->type.rank - 1;
+    MOEC_TRY(add_op1(c, IR_OP_REDUCE_SCATTER, v, name_with(v, "scatter", name, sizeof name),
+                     before, axis, 0, 0, &mine));
+    return add_op1(c, IR_OP_ALL_GATHER, mine, name_with(v, "gather", name, sizeof name), before,
+                   axis, 0, 0, out);
+}
+
 /* x (original value v, arriving as `from`) as `to`, converted before op
  * `before`; each conversion made once. */
 static moec_status convert(shard_ctx *c, ir_value *v, const lay *from, const lay *to,
@@ -859,8 +893,11 @@ static moec_status convert(shard_ctx *c, ir_value *v, const lay *from, const lay
         MOEC_TRY(add_op1(c, IR_OP_REDUCE_SCATTER, v, name_with(v, "scatter", name, sizeof name),
                          before, to->axis, 0, 0, &r));
     } else if (from->kind == LAY_PART) {
-        MOEC_TRY(add_op1(c, IR_OP_ALL_REDUCE, v, name_with(v, "sum", name, sizeof name), before,
-                         0, 0, 0, &r));
+        if (c->opt->ep_combine && moe_partial(v))
+            MOEC_TRY(combine_scattered(c, v, before, &r));
+        else
+            MOEC_TRY(add_op1(c, IR_OP_ALL_REDUCE, v, name_with(v, "sum", name, sizeof name),
+                             before, 0, 0, 0, &r));
         lay full = lay_of(LAY_FULL);
         if (to->kind == LAY_NARROW)
             MOEC_TRY(local_slices(c, r, &full, to, before, &r));
@@ -1164,6 +1201,9 @@ static moec_status check_splits(const shard_ctx *c)
         snprintf(what, sizeof what, "tp / ep = %d / %d =", c->tp, c->ep);
         MOEC_TRY(need_divides(c, down->type.dims[2], c->moe_tp, what, F_MOE_INTERMEDIATE,
                               op->out[0]));
+        if (c->opt->ep_combine) /* each rank sums its share of the hidden state */
+            MOEC_TRY(need_divides(c, op->out[0]->type.dims[op->out[0]->type.rank - 1], c->tp,
+                                  "tp (the MoE combine's reduce_scatter)", F_HIDDEN, op->out[0]));
     }
     for (int i = 0; i < m->n_ops; i++)
         if (m->ops[i]->kind == IR_OP_EMBEDDING)

@@ -18,6 +18,10 @@ typedef struct pass_options {
      * weight's parts). */
     int tp, ep, rank;
     const ir_module *source;
+    /* shard: how the MoE block's partial sums meet (moec_parallel.ep_combine):
+     * 0 one all_reduce; 1 a reduce_scatter over the hidden axis (each rank
+     * sums its share) then an all_gather, the same sum */
+    int ep_combine;
 } pass_options;
 
 /* The defaults: bf16, buckets 1, 2, 4, 8, 16, 32, 64. */

@@ -58,7 +58,16 @@ typedef struct moec_parallel {
     int ep;   /* expert groups, dividing tp; 0: 1 (every expert split over all
                * tp ranks); ep = tp: each rank holds whole experts, E / tp */
     int rank; /* dumps only: the rank whose module to print, 0 .. tp-1 */
+    int ep_combine; /* MOEC_EP_COMBINE_*: how the MoE block's partial sums (the
+                     * expert groups' and the shared expert's) meet */
 } moec_parallel;
+
+/* moec_parallel.ep_combine (moec --ep-combine; docs/PARALLEL.md). */
+enum {
+    MOEC_EP_COMBINE_ALL_REDUCE = 0,     /* one all_reduce (the default) */
+    MOEC_EP_COMBINE_REDUCE_SCATTER = 1  /* reduce_scatter over the hidden axis, then
+                                         * all_gather: the same sum; tp divides hidden_size */
+};
 
 /* A generation session of one sequence: weights loaded and checked (every
  * bound tensor present, of the right shape and dtype), KV cache for

@@ -179,7 +179,7 @@ int main(void)
         return 0;
     }
     snprintf(g_dir, sizeof g_dir, "%s", t_tmpdir("gpu_tp"));
-    const moec_parallel one = {1, 0, 0};
+    const moec_parallel one = {1, 0, 0, 0};
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
         compare(MODELS[i], &one, "fp32");
         compare(MODELS[i], &one, "bf16");
@@ -191,7 +191,7 @@ int main(void)
 
     from_model(&one);
 
-    const moec_parallel two = {2, 2, 0};
+    const moec_parallel two = {2, 2, 0, 0};
     if (n_dev < 2) {
         static const char *const refused[] = {"qwen3_moe", "deepseek_v3_fp8_tp"};
         for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {

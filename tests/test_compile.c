@@ -235,9 +235,9 @@ static void test_compile_errors(void)
     o.par.tp = 3;
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "tp 3 does not divide num_attention_heads 4 (%l0.attn.o_c)");
-    o.par = (moec_parallel){2, 3, 0};
+    o.par = (moec_parallel){2, 3, 0, 0};
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG, "ep 3 must divide tp 2");
-    o.par = (moec_parallel){0, 0, 0};
+    o.par = (moec_parallel){0, 0, 0, 0};
     o.dtype = "fp16";
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "compute dtype 'fp16' is not bf16 or fp32");
@@ -390,7 +390,7 @@ static const char *compile_tp2_ep2(const char *name, const char *file, ir_plan *
     moec_model_t *m = NULL;
     T_OK(moec_model_open(dir, &m));
     moec_compile_options o = fp32_options();
-    o.par = (moec_parallel){2, 2, 0};
+    o.par = (moec_parallel){2, 2, 0, 0};
     if (m)
         T_OK(moec_compile(m, dir, &o, path));
     if (m)
@@ -441,11 +441,11 @@ static void test_compile_ranks(void)
     T_ERR(ir_plan_read(path, &one, &mod, &meta), MOEC_ERR_UNSUPPORTED,
           "v3_tp2.moec is split over 2 ranks (tp 2, ep 2): it runs as a group of ranks");
     moec_session_t *s = NULL;
-    moec_parallel want = {1, 0, 0};
+    moec_parallel want = {1, 0, 0, 0};
     T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_INVALID_ARG,
           "was compiled for tp 2, ep 2 (2 ranks); asked to run it with tp 1, ep 1: a plan runs "
           "with the split it was compiled for");
-    want = (moec_parallel){2, 1, 0};
+    want = (moec_parallel){2, 1, 0, 0};
     T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_INVALID_ARG,
           "asked to run it with tp 2, ep 1");
     T_CHECK(s == NULL);
@@ -458,7 +458,7 @@ static void test_compile_ranks(void)
           "supported yet");
     int n_dev = 0;
     if (moec_cuda_device_count(&n_dev) != MOEC_OK || n_dev < 1) {
-        want = (moec_parallel){2, 2, 0};
+        want = (moec_parallel){2, 2, 0, 0};
         T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_NO_DEVICE,
               "no CUDA device");
     } else if (n_dev < 2) {
@@ -506,7 +506,7 @@ static void test_compile_fp8_ranks(void)
 static void test_unsharded_plan_split(const char *plan_path)
 {
     moec_session_t *s = NULL;
-    moec_parallel want = {1, 0, 0};
+    moec_parallel want = {1, 0, 0, 0};
     T_ERR(moec_session_init_plan_parallel(plan_path, t_src("tests/data/deepseek_v3"), 16, &want,
                                           &s),
           MOEC_ERR_INVALID_ARG, "was compiled unsharded (no --tp); asked to run it with tp 1");

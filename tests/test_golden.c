@@ -40,9 +40,12 @@ typedef struct mode {
 } mode;
 
 static const mode MODES[] = {
-    {"unfused", 0, {0, 0, 0}},   {"compiled", 1, {0, 0, 0}}, {"tp1", 0, {1, 0, 0}},
-    {"tp2", 0, {2, 0, 0}},       {"tp4", 0, {4, 0, 0}},      {"tp2 ep2", 0, {2, 2, 0}},
-    {"tp4 ep4", 0, {4, 4, 0}},   {"tp4 ep2", 0, {4, 2, 0}},
+    {"unfused", 0, {0, 0, 0, 0}},   {"compiled", 1, {0, 0, 0, 0}}, {"tp1", 0, {1, 0, 0, 0}},
+    {"tp2", 0, {2, 0, 0, 0}},       {"tp4", 0, {4, 0, 0, 0}},      {"tp2 ep2", 0, {2, 2, 0, 0}},
+    {"tp4 ep4", 0, {4, 4, 0, 0}},   {"tp4 ep2", 0, {4, 2, 0, 0}},
+    /* the MoE combine as reduce_scatter + all_gather (--ep-combine reduce-scatter) */
+    {"tp2 ep2 rs", 0, {2, 2, 0, MOEC_EP_COMBINE_REDUCE_SCATTER}},
+    {"tp4 ep4 rs", 0, {4, 4, 0, MOEC_EP_COMBINE_REDUCE_SCATTER}},
 };
 
 static int runner_open(runner *r, const char *dir, const mode *md, int max_seq)

@@ -575,7 +575,7 @@ static void check_splits(void)
     static const struct {
         const char *model;
         moec_parallel par;
-    } SPLITS[] = {{"deepseek_v2", {2, 0, 0}}, {"qwen3_moe", {4, 2, 0}}};
+    } SPLITS[] = {{"deepseek_v2", {2, 0, 0, 0}}, {"qwen3_moe", {4, 2, 0, 0}}};
     for (size_t i = 0; i < sizeof SPLITS / sizeof *SPLITS; i++) {
         const char *dir;
         moec_model_t *m = t_open_tiny(SPLITS[i].model, &dir);

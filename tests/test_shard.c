@@ -28,8 +28,12 @@
 static const char *MODELS[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
                                "qwen3_moe"};
 
-static const moec_parallel SPLITS[] = {{1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {2, 2, 0},
-                                       {4, 4, 0}, {4, 2, 0}, {1, 1, 0}};
+static const moec_parallel SPLITS[] = {{1, 0, 0, 0}, {2, 0, 0, 0}, {4, 0, 0, 0}, {2, 2, 0, 0},
+                                       {4, 4, 0, 0}, {4, 2, 0, 0}, {1, 1, 0, 0},
+                                       /* the MoE combine as reduce_scatter + all_gather */
+                                       {2, 2, 0, MOEC_EP_COMBINE_REDUCE_SCATTER},
+                                       {4, 4, 0, MOEC_EP_COMBINE_REDUCE_SCATTER},
+                                       {4, 2, 0, MOEC_EP_COMBINE_REDUCE_SCATTER}};
 
 /* The fp8 tiny models whose dims follow the 128 x 128 blocks, and the
  * splits whose boxes keep to them (the others: check_fp8_refused). */
@@ -38,8 +42,8 @@ static const struct {
     int n;
     moec_parallel par[6];
 } FP8_SPLITS[] = {
-    {"deepseek_v3_fp8_tp", 4, {{1, 0, 0}, {2, 0, 0}, {2, 2, 0}, {1, 1, 0}}},
-    {"qwen3_moe_fp8_tp", 6, {{1, 0, 0}, {2, 0, 0}, {2, 2, 0}, {4, 4, 0}, {4, 2, 0}, {1, 1, 0}}},
+    {"deepseek_v3_fp8_tp", 4, {{1, 0, 0, 0}, {2, 0, 0, 0}, {2, 2, 0, 0}, {1, 1, 0, 0}}},
+    {"qwen3_moe_fp8_tp", 6, {{1, 0, 0, 0}, {2, 0, 0, 0}, {2, 2, 0, 0}, {4, 4, 0, 0}, {4, 2, 0, 0}, {1, 1, 0, 0}}},
 };
 
 /* ---- sharded == unsharded ------------------------------------------------------ */
@@ -73,8 +77,8 @@ static void check_agree(const char *name, const moec_parallel *par)
     T_CHECK(ok);
     if (!ok)
         fprintf(stderr, "%s tp %d ep %d: %s\n", name, par->tp, par->ep, moec_last_error());
-    printf("%-18s tp %d ep %d: max row error %.3g against the unsharded model (limit 1e-5)\n",
-           name, par->tp, par->ep, worst);
+    printf("%-18s tp %d ep %d%s: max row error %.3g against the unsharded model (limit 1e-5)\n",
+           name, par->tp, par->ep, par->ep_combine ? " (combine: reduce-scatter)" : "", worst);
     T_CHECK(worst <= 1e-5);
     free(ra);
     free(rb);
@@ -131,7 +135,7 @@ static void check_engine(void)
     moec_engine_options o = {.backend = MOEC_BACKEND_CPU, .max_seqs = 2, .max_seq_len = 16};
     moec_engine_t *a = NULL, *b = NULL;
     T_OK(moec_engine_open(m, dir, &o, &a));
-    o.par = (moec_parallel){2, 2, 0};
+    o.par = (moec_parallel){2, 2, 0, 0};
     T_OK(moec_engine_open(m, dir, &o, &b));
     int32_t tok[4] = {5, 9, 7, 200}, pos[4] = {0, 1, 0, 1}, slot[4] = {0, 0, 1, 1};
     int32_t na[4] = {0}, nb[4] = {1};
@@ -140,7 +144,7 @@ static void check_engine(void)
         T_OK(moec_engine_step(b, 4, tok, pos, slot, nb, NULL));
         T_CHECK(!memcmp(na, nb, sizeof na));
     }
-    o.par = (moec_parallel){2, 3, 0};
+    o.par = (moec_parallel){2, 3, 0, 0};
     moec_engine_t *c = NULL;
     T_ERR(moec_engine_open(m, dir, &o, &c), MOEC_ERR_INVALID_ARG, "ep 3 must divide tp 2");
     T_CHECK(c == NULL);
@@ -148,7 +152,7 @@ static void check_engine(void)
      * (moec_compile_scratch) once the machine is seen to have the GPUs */
     int n_dev = 0;
     moec_status dc = moec_cuda_device_count(&n_dev);
-    o.par = (moec_parallel){2, 1, 0};
+    o.par = (moec_parallel){2, 1, 0, 0};
     o.backend = MOEC_BACKEND_CUDA;
     moec_session_t *s = NULL;
     if (dc != MOEC_OK) {
@@ -169,19 +173,59 @@ static void check_engine(void)
 
 /* ---- each rank's module ---------------------------------------------------------- */
 
-static ir_module *rank_module(const char *name, int tp, int ep, int rank)
+static ir_module *rank_module_par(const char *name, const moec_parallel *par, int rank)
 {
     const char *dir;
     moec_model_t *m = t_open_tiny(name, &dir);
     if (!m)
         return NULL;
-    moec_parallel par = {tp, ep, 0};
     cg_options co;
     ir_module *r = NULL;
     T_OK(moec_cg_options(IR_DTYPE_F32, NULL, &co));
-    T_OK(moec_fuse_rank(moec_model_module(m), &co, &par, rank, &r));
+    T_OK(moec_fuse_rank(moec_model_module(m), &co, par, rank, &r));
     moec_model_free(m);
     return r;
+}
+
+static ir_module *rank_module(const char *name, int tp, int ep, int rank)
+{
+    moec_parallel par = {tp, ep, 0, 0};
+    return rank_module_par(name, &par, rank);
+}
+
+/* --ep-combine reduce-scatter: each MoE block's all_reduce becomes a
+ * reduce_scatter along the hidden axis (each rank its share: hidden / tp
+ * columns) and an all_gather of the shares; the other collectives stay. */
+static void check_combine_scattered(const char *name, int tp, int ep)
+{
+    moec_parallel par = {tp, ep, 0, MOEC_EP_COMBINE_REDUCE_SCATTER};
+    for (int r = 0; r < tp; r++) {
+        ir_module *m = rank_module_par(name, &par, r);
+        if (!m)
+            return;
+        int layers = (int)ir_module_meta_int(m, "num_hidden_layers", 0);
+        int moe = t_count_ops(m, IR_OP_MOE_ROUTED);
+        T_CHECK(moe > 0);
+        T_CHECK(t_count_ops(m, IR_OP_REDUCE_SCATTER) == moe);
+        T_CHECK(t_count_ops(m, IR_OP_ALL_GATHER) == 1 + moe);
+        T_CHECK(t_count_ops(m, IR_OP_ALL_REDUCE) == 1 + 2 * layers - moe);
+        int64_t hidden = ir_module_meta_int(m, "hidden_size", 0);
+        for (int i = 0; i < m->n_ops; i++) {
+            const ir_op *op = m->ops[i];
+            if (op->kind != IR_OP_REDUCE_SCATTER)
+                continue;
+            const ir_type *t = &op->out[0]->type;
+            T_CHECK(ir_op_attr_int(op, "ranks", 0) == tp &&
+                    ir_op_attr_int(op, "axis", 0) == t->rank - 1 &&
+                    t->dims[t->rank - 1] * tp == hidden);
+            /* its shares gathered back, whole */
+            int gathered = 0;
+            for (int j = i + 1; j < m->n_ops; j++)
+                gathered |= m->ops[j]->kind == IR_OP_ALL_GATHER && m->ops[j]->in[0] == op->out[0];
+            T_CHECK(gathered);
+        }
+        ir_module_free(m);
+    }
 }
 
 /* Per layer one all_reduce after attention and one after the MLP or MoE,
@@ -628,7 +672,7 @@ static void refuse(const char *model, const char *const *kv, int n, int tp, int 
     if (!m)
         return;
     FILE *null = fopen("/dev/null", "w");
-    moec_parallel par = {tp, ep, 0};
+    moec_parallel par = {tp, ep, 0, 0};
     T_ERR(moec_model_dump_ir_rank(m, NULL, NULL, &par, null), MOEC_ERR_INVALID_ARG, err);
     /* the same from a session: nothing half made */
     moec_session_t *s = NULL;
@@ -660,7 +704,7 @@ static void check_fp8_refused(void)
     moec_model_t *m = t_open_tiny("deepseek_v3_fp8", &dir);
     if (!m)
         return;
-    moec_parallel par = {2, 0, 0};
+    moec_parallel par = {2, 0, 0, 0};
     moec_session_t *s = NULL;
     T_ERR(moec_session_init_parallel(m, dir, MOEC_BACKEND_CPU, 8, &par, &s),
           MOEC_ERR_UNSUPPORTED, v3_tp2);
@@ -716,7 +760,7 @@ static void check_fp8_refused(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         moec_model_t *cm = edited_model(cases[i].model, cases[i].kv, cases[i].n_kv);
-        par = (moec_parallel){cases[i].tp, cases[i].ep, cases[i].rank};
+        par = (moec_parallel){cases[i].tp, cases[i].ep, cases[i].rank, 0};
         if (cm) {
             T_ERR(moec_model_dump_ir_rank(cm, NULL, NULL, &par, null), MOEC_ERR_UNSUPPORTED,
                   cases[i].err);
@@ -739,10 +783,10 @@ static void check_fp8_real_configs(void)
         moec_parallel par;
         const char *err; /* NULL: splits */
     } cases[] = {
-        {"deepseek_v3.json", {8, 1, 7}, NULL},
-        {"deepseek_v3.json", {8, 8, 5}, NULL},
-        {"qwen3_30b_a3b.json", {4, 4, 1}, NULL},
-        {"qwen3_30b_a3b.json", {4, 1, 1},
+        {"deepseek_v3.json", {8, 1, 7, 0}, NULL},
+        {"deepseek_v3.json", {8, 8, 5, 0}, NULL},
+        {"qwen3_30b_a3b.json", {4, 4, 1, 0}, NULL},
+        {"qwen3_30b_a3b.json", {4, 1, 1, 0},
          "shard: weight %l0.moe.experts.gate_up is block-scaled fp8 (blocks of 128 x 128): rank "
          "1's rows 192..384 of \"model.layers.0.mlp.experts.{e}.gate_proj.weight\" (768 rows) do "
          "not start on a block boundary (tp 4, ep 1)"},
@@ -814,12 +858,12 @@ static void check_refusals(void)
     refuse("qwen2_moe", none, 0, 4, 3, "ep 3 must divide tp 4");
     refuse("qwen2_moe", none, 0, 65, 1, "tp 65 out of range [1, 64]");
     moec_model_t *m = edited_model("qwen2_moe", none, 0);
-    moec_parallel par = {2, 1, 2};
+    moec_parallel par = {2, 1, 2, 0};
     FILE *null = fopen("/dev/null", "w");
     if (m)
         T_ERR(moec_model_dump_ir_rank(m, NULL, NULL, &par, null), MOEC_ERR_INVALID_ARG,
               "rank 2 out of range [0, 2) (tp 2)");
-    par = (moec_parallel){0, 2, 0};
+    par = (moec_parallel){0, 2, 0, 0};
     if (m)
         T_ERR(moec_model_dump_ir_rank(m, NULL, NULL, &par, null), MOEC_ERR_INVALID_ARG,
               "ep 2 and rank 0 need tp");
@@ -1037,6 +1081,8 @@ int main(void)
         check_planned(MODELS[i], &SPLITS[5]);
         check_collectives(MODELS[i], 2, 1);
         check_collectives(MODELS[i], 4, 2);
+        check_combine_scattered(MODELS[i], 2, 2);
+        check_combine_scattered(MODELS[i], 4, 4);
         check_weight_cover(MODELS[i], 2, 1);
         check_weight_cover(MODELS[i], 4, 4);
         check_weight_cover(MODELS[i], 4, 2);
