@@ -409,8 +409,9 @@ static void read_coll(reader *r, const cJSON *g, ir_coll *c)
         return;
     c->op = (ir_op_kind)op;
     c->dtype = (ir_dtype)dt;
-    if (c->op != IR_OP_ALL_REDUCE && c->op != IR_OP_ALL_GATHER)
-        bad(r, "a collective step is neither all_reduce nor all_gather");
+    if (c->op != IR_OP_ALL_REDUCE && c->op != IR_OP_ALL_GATHER &&
+        c->op != IR_OP_REDUCE_SCATTER && c->op != IR_OP_ALL_TO_ALL)
+        bad(r, "a collective step is none of all_reduce, all_gather, reduce_scatter, all_to_all");
 }
 
 static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m, int n_kernels)

@@ -51,6 +51,14 @@ typedef struct rt_nccl_api {
                                 rt_nccl_comm_t comm, cudaStream_t stream);
     rt_nccl_result (*AllGather)(const void *send, void *recv, size_t count, int dtype,
                                 rt_nccl_comm_t comm, cudaStream_t stream);
+    rt_nccl_result (*ReduceScatter)(const void *send, void *recv, size_t recv_count, int dtype,
+                                    int op, rt_nccl_comm_t comm, cudaStream_t stream);
+    rt_nccl_result (*Send)(const void *send, size_t count, int dtype, int peer,
+                           rt_nccl_comm_t comm, cudaStream_t stream);
+    rt_nccl_result (*Recv)(void *recv, size_t count, int dtype, int peer, rt_nccl_comm_t comm,
+                           cudaStream_t stream);
+    rt_nccl_result (*GroupStart)(void);
+    rt_nccl_result (*GroupEnd)(void);
 } rt_nccl_api;
 
 struct rt_comm {
@@ -76,14 +84,19 @@ static moec_status nccl_open(rt_nccl_api *n)
         return MOEC_ERR(MOEC_ERR_CUDA,
                         "cannot load NCCL (%s), which a plan split over ranks needs: %s",
                         names[0], err ? err : "not found");
-    static const char *const syms[] = {"ncclGetVersion",        "ncclCommInitAll",
-                                       "ncclCommDestroy",       "ncclCommAbort",
-                                       "ncclCommGetAsyncError", "ncclGetErrorString",
-                                       "ncclAllReduce",         "ncclAllGather"};
+    static const char *const syms[] = {
+        "ncclGetVersion",     "ncclCommInitAll", "ncclCommDestroy",   "ncclCommAbort",
+        "ncclCommGetAsyncError", "ncclGetErrorString", "ncclAllReduce", "ncclAllGather",
+        "ncclReduceScatter",  "ncclSend",        "ncclRecv",          "ncclGroupStart",
+        "ncclGroupEnd"};
     void **slots[] = {(void **)&n->GetVersion,        (void **)&n->CommInitAll,
                       (void **)&n->CommDestroy,       (void **)&n->CommAbort,
                       (void **)&n->CommGetAsyncError, (void **)&n->GetErrorString,
-                      (void **)&n->AllReduce,         (void **)&n->AllGather};
+                      (void **)&n->AllReduce,         (void **)&n->AllGather,
+                      (void **)&n->ReduceScatter,     (void **)&n->Send,
+                      (void **)&n->Recv,              (void **)&n->GroupStart,
+                      (void **)&n->GroupEnd};
+    _Static_assert(sizeof syms / sizeof *syms == sizeof slots / sizeof *slots, "NCCL symbols");
     for (size_t i = 0; i < sizeof syms / sizeof *syms; i++) {
         void *sym = dlsym(n->dl, syms[i]);
         if (!sym)
@@ -195,6 +208,31 @@ static int nccl_dtype(ir_dtype dt)
     }
 }
 
+/* Part j of send to rank j and part j of recv from it (count elements
+ * each): one group of sends and receives, which NCCL runs as one
+ * operation (captured as one into a graph). The group is ended even when
+ * a call in it failed. */
+static moec_status all_to_all(rt_comm *c, const ir_coll *coll, const void *send, void *recv,
+                              cudaStream_t stream, const char *where)
+{
+    const rt_nccl_api *n = c->api;
+    size_t count = (size_t)coll->count, bytes = count * ir_dtype_size(coll->dtype);
+    int dt = nccl_dtype(coll->dtype);
+    MOEC_TRY(nccl_check(n, n->GroupStart(), "ncclGroupStart", where));
+    moec_status st = MOEC_OK;
+    for (int j = 0; st == MOEC_OK && j < c->size; j++) {
+        st = nccl_check(n, n->Send((const char *)send + (size_t)j * bytes, count, dt, j, c->nccl,
+                                   stream),
+                        "ncclSend", where);
+        if (st == MOEC_OK)
+            st = nccl_check(n, n->Recv((char *)recv + (size_t)j * bytes, count, dt, j, c->nccl,
+                                       stream),
+                            "ncclRecv", where);
+    }
+    moec_status end = nccl_check(n, n->GroupEnd(), "ncclGroupEnd", where);
+    return st != MOEC_OK ? st : end;
+}
+
 moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void *recv,
                         cudaStream_t stream, const char *where)
 {
@@ -217,6 +255,14 @@ moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void 
                           c->api->AllGather(send, recv, (size_t)coll->count,
                                             nccl_dtype(coll->dtype), c->nccl, stream),
                           "ncclAllGather", where);
+    if (coll->op == IR_OP_REDUCE_SCATTER)
+        return nccl_check(c->api,
+                          c->api->ReduceScatter(send, recv, (size_t)coll->count,
+                                                nccl_dtype(coll->dtype), RT_NCCL_SUM, c->nccl,
+                                                stream),
+                          "ncclReduceScatter", where);
+    if (coll->op == IR_OP_ALL_TO_ALL)
+        return all_to_all(c, coll, send, recv, stream, where);
     return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: collective %s has no NCCL call", where,
                     ir_op_name(coll->op));
 }

@@ -232,8 +232,12 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
 {
     const ir_coll *k = &s->coll;
     size_t esize = ir_dtype_size(k->dtype);
-    size_t need[2] = {(size_t)k->count * esize,
-                      (size_t)k->count * esize * (k->op == IR_OP_ALL_GATHER ? (size_t)k->ranks : 1)};
+    /* count is what one rank contributes (all_gather), receives
+     * (reduce_scatter) or exchanges with each peer (all_to_all) */
+    size_t one = (size_t)k->count * esize, all = one * (size_t)k->ranks;
+    int scatters = k->op == IR_OP_REDUCE_SCATTER || k->op == IR_OP_ALL_TO_ALL;
+    int gathers = k->op == IR_OP_ALL_GATHER || k->op == IR_OP_ALL_TO_ALL;
+    size_t need[2] = {scatters ? all : one, gathers ? all : one};
     const ir_arg *args[2] = {&k->send, &k->recv};
     for (int j = 0; j < 2; j++) {
         rt_cuda_ref r;

@@ -15,6 +15,8 @@
  * the GPUs it needs (qwen3_moe's and the fp8 deepseek_v3's, whose ranks
  * hold boxes of its blocks); with two or more, run as above against the
  * CPU group.
+ * The MoE combine as reduce_scatter + all_gather (--ep-combine
+ * reduce-scatter) on three models, fp32 and bf16, the same way.
  * Graphs (default) and eager (MOEC_DISABLE_GRAPHS=1) both. Without a
  * device: "SKIP: no CUDA device", exit 0. */
 #include <math.h>
@@ -41,7 +43,8 @@ static const char *compile_plan(const char *name, const moec_parallel *par, cons
     moec_model_t *m = t_open_tiny(name, &dir);
     if (!m)
         return NULL;
-    snprintf(path, sizeof path, "%s/%s_tp%d_ep%d_%s.moec", g_dir, name, par->tp, par->ep, dtype);
+    snprintf(path, sizeof path, "%s/%s_tp%d_ep%d%s_%s.moec", g_dir, name, par->tp, par->ep,
+             par->ep_combine ? "_rs" : "", dtype);
     moec_compile_options o = {0};
     o.dtype = dtype;
     o.par = *par;
@@ -104,9 +107,9 @@ static void compare(const char *name, const moec_parallel *par, const char *dtyp
         fprintf(stderr, "%s tp %d ep %d %s: %s\n", name, par->tp, par->ep, dtype,
                 moec_last_error());
     int fp32 = !strcmp(dtype, "fp32");
-    printf("%-18s tp %d ep %d %-4s: %d rows, worst %.3g, mean %.3g against the CPU group; "
+    printf("%-18s tp %d ep %d%s %-4s: %d rows, worst %.3g, mean %.3g against the CPU group; "
            "greedy ids %s\n",
-           name, par->tp, par->ep, dtype, rows, worst, rows ? sum / rows : 0,
+           name, par->tp, par->ep, par->ep_combine ? " rs" : "", dtype, rows, worst, rows ? sum / rows : 0,
            same_ids ? "equal" : "DIFFER");
     if (fp32) {
         T_CHECK(worst <= 1e-4);
@@ -191,6 +194,20 @@ int main(void)
 
     from_model(&one);
 
+    /* --ep-combine reduce-scatter: each MoE block's combine a reduce_scatter
+     * (NCCL's, over a communicator of one; the prompt's 7 tokens packed by
+     * a kernel first, a decode token's read as they are) and an all_gather,
+     * inside the graphs; the CPU group of the same split is the reference */
+    const moec_parallel one_rs = {1, 1, 0, MOEC_EP_COMBINE_REDUCE_SCATTER};
+    static const char *const scattered[] = {"deepseek_v3", "qwen2_moe", "qwen3_moe"};
+    for (size_t i = 0; i < sizeof scattered / sizeof *scattered; i++) {
+        compare(scattered[i], &one_rs, "fp32");
+        compare(scattered[i], &one_rs, "bf16");
+    }
+    setenv("MOEC_DISABLE_GRAPHS", "1", 1);
+    compare("deepseek_v3", &one_rs, "fp32");
+    unsetenv("MOEC_DISABLE_GRAPHS");
+
     const moec_parallel two = {2, 2, 0, 0};
     if (n_dev < 2) {
         static const char *const refused[] = {"qwen3_moe", "deepseek_v3_fp8_tp"};
@@ -207,8 +224,11 @@ int main(void)
                    refused[i]);
         }
     } else {
-        for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
+        const moec_parallel two_rs = {2, 2, 0, MOEC_EP_COMBINE_REDUCE_SCATTER};
+        for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
             compare(MODELS[i], &two, "fp32");
+            compare(MODELS[i], &two_rs, "fp32");
+        }
     }
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -1351,6 +1351,82 @@ static void test_plan_errors(void)
 }
 
 /* Everything but the whole models. */
+/* The collectives of a sharded module as steps: reduce_scatter and
+ * all_to_all along the hidden axis. Several tokens: a kernel packs each
+ * rank's columns of every row together in scratch, then the collective
+ * step (all_to_all into a second scratch buffer, whose blocks the gather
+ * kernel puts in place); one token: the step reads x as it is. Every
+ * kernel compiles with NVRTC. */
+static const char COLL_IR[] =
+    "module coll {\n"
+    "  input %tokens : i32[T]\n"
+    "  weight %embed : f32[256, 64] = \"e\"\n"
+    "  %x : f32[T, 64] = embedding(%tokens, %embed)\n"
+    "  %s : f32[T, 32] = reduce_scatter(%x) {axis = 1, ranks = 2}\n"
+    "  %a : f32[T, 32] = all_to_all(%s) {axis = 1, ranks = 2}\n"
+    "  %g : f32[T, 64] = all_gather(%a) {axis = 1, ranks = 2}\n"
+    "  %lg : f32[T, 256] = linear(%g, %embed)\n"
+    "  output %lg\n"
+    "}\n";
+
+static void test_collective_steps(void)
+{
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(COLL_IR, "coll.mir", &m));
+    if (!m)
+        return;
+    plan_trivially(m);
+    cg_options o;
+    cg_options_default(&o);
+    o.compute_dtype = IR_DTYPE_F32;
+    for (int T = 1; T <= 8; T += 7) {
+        cg_ctx c;
+        ctx_init(&c, m, &o, T);
+        for (int k = 0; k < m->n_ops; k++)
+            T_OK(cg_emit_op(&c, m->ops[k]));
+        check_steps(&c);
+        int first, n = steps_of(&c, op_of(m, "s")->id, &first);
+        const ir_step *st = first >= 0 ? &c.steps[first] : NULL;
+        if (T == 1) {
+            T_CHECK(n == 1 && st->kind == IR_STEP_COLLECTIVE && st->coll.op == IR_OP_REDUCE_SCATTER &&
+                    st->coll.count == 32 && st->coll.ranks == 2 &&
+                    is_arg(st->coll.send, IR_ARG_ACT, vid(&c, "x")) &&
+                    is_arg(st->coll.recv, IR_ARG_ACT, vid(&c, "s")));
+            n = steps_of(&c, op_of(m, "a")->id, &first);
+            st = &c.steps[first];
+            T_CHECK(n == 1 && st->coll.op == IR_OP_ALL_TO_ALL && st->coll.count == 16 &&
+                    is_arg(st->coll.send, IR_ARG_ACT, vid(&c, "s")) &&
+                    is_arg(st->coll.recv, IR_ARG_ACT, vid(&c, "a")));
+        } else {
+            /* pack x (8 rows, 2 blocks of 32), reduce-scatter from scratch into s */
+            T_CHECK(n == 2 && !strcmp(kname(&c, st), "scatter_pack_r2_o8_b32_f32_f32") &&
+                    st->grid[0] == 2 && is_arg(st->args[0], IR_ARG_ACT, vid(&c, "x")) &&
+                    st->args[1].kind == IR_ARG_SCRATCH);
+            const ir_step *rs = st + 1;
+            T_CHECK(n == 2 && rs->kind == IR_STEP_COLLECTIVE &&
+                    rs->coll.op == IR_OP_REDUCE_SCATTER && rs->coll.count == 8 * 32 &&
+                    rs->coll.send.kind == IR_ARG_SCRATCH &&
+                    rs->coll.send.i == st->args[1].i &&
+                    is_arg(rs->coll.recv, IR_ARG_ACT, vid(&c, "s")));
+            /* pack s, exchange into a second buffer, put the blocks in place */
+            n = steps_of(&c, op_of(m, "a")->id, &first);
+            const ir_step *p = &c.steps[first], *x = p + 1, *g = p + 2;
+            T_CHECK(n == 3 && !strcmp(kname(&c, p), "scatter_pack_r2_o8_b16_f32_f32") &&
+                    x->kind == IR_STEP_COLLECTIVE && x->coll.op == IR_OP_ALL_TO_ALL &&
+                    x->coll.count == 8 * 16 && x->coll.send.kind == IR_ARG_SCRATCH &&
+                    x->coll.send.i == p->args[1].i &&
+                    x->coll.recv.kind == IR_ARG_SCRATCH &&
+                    x->coll.recv.i >= x->coll.send.i + 2 * 8 * 16 * 4 &&
+                    !strcmp(kname(&c, g), "gather_r2_o8_i16_f32_f32") &&
+                    g->args[0].kind == IR_ARG_SCRATCH && g->args[0].i == x->coll.recv.i &&
+                    is_arg(g->args[1], IR_ARG_ACT, vid(&c, "a")));
+            compile_src(c.src.data, "the collectives' kernels");
+        }
+        cg_ctx_free(&c);
+    }
+    ir_module_free(m);
+}
+
 static void test_units(const char *unused)
 {
     (void)unused;
@@ -1366,6 +1442,7 @@ static void test_units(const char *unused)
     test_add_rms_norm();
     test_storage();
     test_plan_errors();
+    test_collective_steps();
 }
 
 typedef struct part {

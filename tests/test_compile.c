@@ -14,6 +14,7 @@
 
 #include "compiler/api_internal.h"
 #include "runtime/plan_check.h"
+#include "passlib.h"
 #include "testlib.h"
 
 #ifdef MOEC_HAVE_CUDA
@@ -379,8 +380,8 @@ static int has_kernel(const ir_bucket *b, const char *prefix)
 /* tests/data/<name> compiled at tp 2, ep 2 (fp32_options) into
  * tmp_path(file), its plans and modules read back into plans[0..1],
  * mods[0..1] (NULL where it failed); the plan's path. */
-static const char *compile_tp2_ep2(const char *name, const char *file, ir_plan **plans,
-                                   ir_module **mods, ir_plan_meta *meta)
+static const char *compile_tp2_ep2_as(const char *name, const char *file, int combine,
+                                      ir_plan **plans, ir_module **mods, ir_plan_meta *meta)
 {
     char rel[256];
     snprintf(rel, sizeof rel, "tests/data/%s", name);
@@ -390,13 +391,66 @@ static const char *compile_tp2_ep2(const char *name, const char *file, ir_plan *
     moec_model_t *m = NULL;
     T_OK(moec_model_open(dir, &m));
     moec_compile_options o = fp32_options();
-    o.par = (moec_parallel){2, 2, 0, 0};
+    o.par = (moec_parallel){2, 2, 0, combine};
+    if (combine) { /* one token a step too: a reduce_scatter straight from its operand */
+        o.n_buckets = 2;
+        o.buckets[0] = 1;
+        o.buckets[1] = 4;
+    }
     if (m)
         T_OK(moec_compile(m, dir, &o, path));
     if (m)
         T_OK(ir_plan_read_ranks(path, plans, mods, meta));
     moec_model_free(m);
     return path;
+}
+
+static const char *compile_tp2_ep2(const char *name, const char *file, ir_plan **plans,
+                                   ir_module **mods, ir_plan_meta *meta)
+{
+    return compile_tp2_ep2_as(name, file, MOEC_EP_COMBINE_ALL_REDUCE, plans, mods, meta);
+}
+
+/* moec compile --tp 2 --ep 2 --ep-combine reduce-scatter, through codegen
+ * and NVRTC for every rank: each MoE block's combine is a reduce_scatter
+ * step (a rank's 32 of the 64 hidden columns of each token) and an
+ * all_gather; with 4 tokens a kernel packs each rank's columns of every
+ * row together before it and the gathered blocks are put in place after;
+ * with one token the reduce_scatter reads its operand as it is. */
+static void test_compile_ranks_scattered(void)
+{
+    ir_plan *plans[IR_MAX_RANKS];
+    ir_module *mods[IR_MAX_RANKS];
+    ir_plan_meta meta = {0};
+    compile_tp2_ep2_as("deepseek_v3", "v3_tp2_rs.moec", MOEC_EP_COMBINE_REDUCE_SCATTER, plans,
+                       mods, &meta);
+    for (int r = 0; r < 2 && plans[r]; r++) {
+        int layers = (int)ir_module_meta_int(mods[r], "num_hidden_layers", 0);
+        int moe = t_count_ops(mods[r], IR_OP_MOE_ROUTED);
+        T_CHECK(moe > 0 && plans[r]->n_buckets == 2);
+        for (int k = 0; k < plans[r]->n_buckets; k++) {
+            const ir_bucket *b = &plans[r]->buckets[k];
+            int T = b->T, scatters = 0;
+            T_CHECK(count_steps(b, IR_STEP_COLLECTIVE) == 2 + 2 * layers + moe);
+            T_CHECK(has_kernel(b, "scatter_pack_r2_o4_b32_f32_f32") == (T == 4));
+            T_CHECK(has_kernel(b, "gather_r2_o4_i32_f32") == (T == 4));
+            for (int i = 0; i < b->n_steps; i++) {
+                const ir_step *st = &b->steps[i];
+                if (st->kind != IR_STEP_COLLECTIVE || st->coll.op != IR_OP_REDUCE_SCATTER)
+                    continue;
+                scatters++;
+                T_CHECK(st->coll.ranks == 2 && st->coll.count == T * 32 &&
+                        st->coll.dtype == IR_DTYPE_F32);
+                T_CHECK(T == 4 ? st->coll.send.kind == IR_ARG_SCRATCH
+                               : st->coll.send.kind == IR_ARG_ACT);
+            }
+            T_CHECK(scatters == moe);
+        }
+    }
+    for (int r = 0; r < 2; r++) {
+        ir_plan_free(plans[r]);
+        ir_module_free(mods[r]);
+    }
 }
 
 /* moec compile --tp 2 --ep 2: a plan per rank in one file, each with its
@@ -449,20 +503,24 @@ static void test_compile_ranks(void)
     T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_INVALID_ARG,
           "asked to run it with tp 2, ep 1");
     T_CHECK(s == NULL);
-    /* refused before any device is looked for */
+    /* bench: another split than the plan's refused before any device is
+     * looked for; its own split benched as a group (the GPUs counted) */
     moec_bench_options bo = {.n_batch = 1, .batch = {1}, .context = -1, .steps = 1,
-                             .plan_path = path};
+                             .plan_path = path, .par = {2, 1, 0, 0}};
     moec_bench_result br;
-    T_ERR(moec_bench(NULL, dir, &bo, &br), MOEC_ERR_UNSUPPORTED,
-          "v3_tp2.moec is split over 2 ranks (tp 2): benchmarking a group of ranks is not "
-          "supported yet");
+    T_ERR(moec_bench(NULL, dir, &bo, &br), MOEC_ERR_INVALID_ARG,
+          "v3_tp2.moec was compiled for tp 2, ep 2 (2 ranks); asked to run it with tp 2, ep 1");
+    bo.par = (moec_parallel){0, 0, 0, 0};
     int n_dev = 0;
     if (moec_cuda_device_count(&n_dev) != MOEC_OK || n_dev < 1) {
         want = (moec_parallel){2, 2, 0, 0};
         T_ERR(moec_session_init_plan_parallel(path, dir, 16, &want, &s), MOEC_ERR_NO_DEVICE,
               "no CUDA device");
+        T_ERR(moec_bench(NULL, dir, &bo, &br), MOEC_ERR_NO_DEVICE, "no CUDA device");
     } else if (n_dev < 2) {
         T_ERR(moec_session_init_plan(path, dir, 16, &s), MOEC_ERR_NO_DEVICE,
+              "is split over 2 ranks (tp 2, ep 2): it needs 2 GPUs, this machine has 1");
+        T_ERR(moec_bench(NULL, dir, &bo, &br), MOEC_ERR_NO_DEVICE,
               "is split over 2 ranks (tp 2, ep 2): it needs 2 GPUs, this machine has 1");
     }
     T_CHECK(s == NULL);
@@ -545,6 +603,7 @@ int main(void)
         test_plan_session(plan);
         test_unsharded_plan_split(plan);
         test_compile_ranks();
+        test_compile_ranks_scattered();
         test_compile_fp8_ranks();
         test_bench_plan(plan);
     }
