@@ -138,7 +138,13 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op);   /* align, gate_up+silu_mul, down*w, sum */
 moec_status cg_emit_moe_experts(cg_ctx *c, const ir_op *op);  /* unfused form, for op tests */
 moec_status cg_emit_stream(cg_ctx *c, const ir_op *op);       /* fork, join */
-moec_status cg_emit_collective(cg_ctx *c, const ir_op *op);   /* all_reduce, all_gather */
+moec_status cg_emit_collective(cg_ctx *c, const ir_op *op);   /* every collective */
+/* The one-shot all-reduce's kernel (allreduce_oneshot.c) over ranks in
+ * dtype dt put in the bucket's program once, launched by no step: the
+ * runtime finds it by name (ir_oneshot_kernel_name). Not for other dtypes. */
+moec_status cg_emit_oneshot(cg_ctx *c, int ranks, ir_dtype dt);
+/* Its source alone (after cg_emit_prologue's), for programs of its own. */
+void cg_oneshot_source(moec_buf *src, int ranks, ir_dtype dt);
 moec_status cg_emit_layer_norm(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op);     /* key write, scores, top-k select */
 /* The MLA prologue ops (mla_prologue, mla_prologue_kv, mla_prologue_q): one

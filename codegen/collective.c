@@ -164,6 +164,7 @@ moec_status cg_emit_collective(cg_ctx *c, const ir_op *op)
         if (dx != dy)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "all_reduce %%%s: stored as %s, its operand as %s",
                             y->name, ir_dtype_name(dy), ir_dtype_name(dx));
+        MOEC_TRY(cg_emit_oneshot(c, ranks, dx)); /* the runtime may run it instead of NCCL */
         return coll_step(c, op, IR_OP_ALL_REDUCE, dx, per_token * c->T, cg_arg_act(x),
                          cg_arg_act(y));
     }

@@ -1,5 +1,6 @@
 /* plan.c — freeing a launch plan, and the one rule both codegen and the
  * runtime follow for how each value is stored on the GPU (plan.h). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "err.h"
@@ -41,6 +42,11 @@ moec_status ir_buckets_check(const int *buckets, int n)
                             "batch bucket %d is %d: buckets must ascend, from 1 to %d tokens", i,
                             buckets[i], IR_BUCKET_TOKENS_MAX);
     return MOEC_OK;
+}
+
+void ir_oneshot_kernel_name(char *buf, size_t cap, int ranks, ir_dtype dt)
+{
+    snprintf(buf, cap, "allreduce_oneshot_r%d_%s", ranks, ir_dtype_name(dt));
 }
 
 const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n)

@@ -84,12 +84,21 @@ typedef struct ir_gemm {
  * (all_reduce: the sum, count elements; all_gather: the ranks' blocks in rank
  * order, ranks * count), in dtype on both sides. */
 typedef struct ir_coll {
-    ir_op_kind op;    /* IR_OP_ALL_REDUCE or IR_OP_ALL_GATHER */
+    ir_op_kind op;    /* IR_OP_ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER or _ALL_TO_ALL */
     ir_dtype dtype;
     int64_t count;
     int ranks;
     ir_arg send, recv;
 } ir_coll;
+
+/* The one-shot all-reduce (docs/PARALLEL.md, "Small all-reduces"): codegen
+ * puts its kernel, named so, in every bucket program with an all-reduce of
+ * a float dtype; the runtime finds it there by that name. A block sums
+ * IR_ONESHOT_CHUNK elements with IR_ONESHOT_THREADS threads. */
+#define IR_ONESHOT_CHUNK 4096
+#define IR_ONESHOT_THREADS 256
+/* "allreduce_oneshot_r<ranks>_<dtype>" into buf (cap bytes). */
+void ir_oneshot_kernel_name(char *buf, size_t cap, int ranks, ir_dtype dt);
 
 #define IR_MAX_ARGS 16
 

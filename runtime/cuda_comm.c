@@ -11,7 +11,8 @@
  * A decode step's all-reduces are a few tokens of the hidden state, where
  * NCCL's latency (10-20 us on H100) dominates; a one-shot all-reduce over
  * peer memory takes 4-6 us. rt_comm_set_small_allreduce is the seam for
- * one: all-reduces up to its byte limit go to it instead of NCCL. */
+ * one: all-reduces up to its byte limit go to it instead of NCCL. The
+ * group installs cuda_oneshot.c's as MOEC_ALLREDUCE says (allreduce_mode). */
 #ifdef MOEC_HAVE_CUDA
 
 #include <dlfcn.h>
@@ -63,6 +64,7 @@ typedef struct rt_nccl_api {
 
 struct rt_comm {
     rt_nccl_api *api;     /* shared by the group; rank 0's comm owns it */
+    rt_oneshot *oneshot;  /* shared likewise; NULL: NCCL for every all-reduce */
     rt_nccl_comm_t nccl;
     int rank, size, device;
     int aborted;
@@ -115,6 +117,57 @@ static moec_status nccl_check(const rt_nccl_api *n, rt_nccl_result r, const char
                     n->GetErrorString ? n->GetErrorString(r) : "?", r);
 }
 
+/* MOEC_ALLREDUCE: "nccl" (every all-reduce on NCCL), "oneshot" (the one-shot
+ * all-reduce for every message up to RT_ONESHOT_MAX_BYTES, whatever the
+ * ranks; an error where the GPUs lack peer access) or "auto" (the default:
+ * the one-shot for messages up to RT_ONESHOT_AUTO_BYTES on groups of 2 or
+ * more ranks that have peer access, NCCL otherwise). *max_bytes: 0 for
+ * NCCL alone. */
+#define RT_ONESHOT_MAX_BYTES ((size_t)1 << 20)
+#define RT_ONESHOT_AUTO_BYTES ((size_t)256 << 10)
+static moec_status allreduce_mode(int n, int *required, size_t *max_bytes)
+{
+    const char *m = getenv("MOEC_ALLREDUCE");
+    *required = 0;
+    *max_bytes = 0;
+    if (!m || !*m || !strcmp(m, "auto")) {
+        *max_bytes = n > 1 ? RT_ONESHOT_AUTO_BYTES : 0;
+        return MOEC_OK;
+    }
+    if (!strcmp(m, "oneshot")) {
+        *required = 1;
+        *max_bytes = RT_ONESHOT_MAX_BYTES;
+        return MOEC_OK;
+    }
+    if (!strcmp(m, "nccl"))
+        return MOEC_OK;
+    return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_ALLREDUCE=%s is not nccl, oneshot or auto", m);
+}
+
+/* The one-shot all-reduce on every communicator, as MOEC_ALLREDUCE says. */
+static moec_status install_oneshot(int n, const int *devs, rt_comm **comms)
+{
+    int required;
+    size_t max_bytes;
+    MOEC_TRY(allreduce_mode(n, &required, &max_bytes));
+    if (!max_bytes)
+        return MOEC_OK;
+    rt_oneshot *o = NULL;
+    moec_status st = rt_oneshot_init(n, devs, RT_ONESHOT_MAX_BYTES, &o);
+    if (st != MOEC_OK && !required) {
+        moec_err_clear(); /* no peer access: NCCL for everything */
+        return MOEC_OK;
+    }
+    if (st != MOEC_OK)
+        return moec_err_wrap(st, "MOEC_ALLREDUCE=oneshot");
+    for (int r = 0; r < n; r++)
+        rt_comm_set_small_allreduce(comms[r], rt_oneshot_run, max_bytes, o);
+    comms[0]->oneshot = o; /* rank 0's owns it, as the NCCL api */
+    for (int r = 1; r < n; r++)
+        comms[r]->oneshot = o;
+    return MOEC_OK;
+}
+
 moec_status rt_comm_init_all(int n, const int *devs, rt_comm **out)
 {
     if (n < 1 || n > IR_MAX_RANKS || !devs || !out)
@@ -136,6 +189,8 @@ moec_status rt_comm_init_all(int n, const int *devs, rt_comm **out)
         *out[r] = (rt_comm){.api = api, .nccl = comms[r], .rank = r, .size = n, .device = devs[r]};
     }
     if (st == MOEC_OK)
+        st = install_oneshot(n, devs, out);
+    if (st == MOEC_OK)
         return MOEC_OK;
     for (int r = 0; r < n; r++) {
         if (comms[r] && api->CommDestroy)
@@ -155,6 +210,7 @@ void rt_comm_abort(rt_comm *c)
      * this communicator's collectives: once only */
     if (!c || __atomic_exchange_n(&c->aborted, 1, __ATOMIC_ACQ_REL))
         return;
+    rt_oneshot_abort(c->oneshot); /* its waits end too */
     if (c->api->CommAbort)
         c->api->CommAbort(c->nccl);
 }
@@ -162,6 +218,7 @@ void rt_comm_abort(rt_comm *c)
 void rt_comm_free_all(rt_comm **comms, int n)
 {
     rt_nccl_api *api = n > 0 && comms[0] ? comms[0]->api : NULL;
+    rt_oneshot_free(n > 0 && comms[0] ? comms[0]->oneshot : NULL);
     for (int r = 0; r < n; r++) {
         if (!comms[r])
             continue;
@@ -184,6 +241,11 @@ void rt_comm_set_small_allreduce(rt_comm *c, rt_small_allreduce fn, size_t max_b
     c->small = fn;
     c->small_max_bytes = max_bytes;
     c->small_user = user;
+}
+
+moec_status rt_comm_small_error(const rt_comm *c, const char *where)
+{
+    return c && c->oneshot ? rt_oneshot_error(c->oneshot, where) : MOEC_OK;
 }
 
 moec_status rt_comm_error(rt_comm *c, const char *where)
@@ -233,8 +295,8 @@ static moec_status all_to_all(rt_comm *c, const ir_coll *coll, const void *send,
     return st != MOEC_OK ? st : end;
 }
 
-moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void *recv,
-                        cudaStream_t stream, const char *where)
+moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, cudaKernel_t oneshot, const void *send,
+                        void *recv, cudaStream_t stream, const char *where)
 {
     if (!c)
         return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: a collective step with no communicator", where);
@@ -242,9 +304,9 @@ moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void 
         return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: a collective over %d ranks on a group of %d",
                         where, coll->ranks, c->size);
     size_t bytes = (size_t)coll->count * ir_dtype_size(coll->dtype);
-    if (coll->op == IR_OP_ALL_REDUCE && c->small && bytes <= c->small_max_bytes)
-        return c->small(c->small_user, c->rank, send, recv, (size_t)coll->count, coll->dtype,
-                        stream, where);
+    if (coll->op == IR_OP_ALL_REDUCE && c->small && oneshot && bytes <= c->small_max_bytes)
+        return c->small(c->small_user, c->rank, oneshot, send, recv, (size_t)coll->count,
+                        coll->dtype, stream, where);
     if (coll->op == IR_OP_ALL_REDUCE)
         return nccl_check(c->api,
                           c->api->AllReduce(send, recv, (size_t)coll->count,

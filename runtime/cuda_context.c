@@ -251,6 +251,14 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
                             j ? "writes" : "reads", need[j], ir_dtype_name(k->dtype));
         L->vals[j] = r.val;
     }
+    /* the plan's one-shot all-reduce kernel, where codegen put one */
+    if (k->op == IR_OP_ALL_REDUCE) {
+        char name[96];
+        ir_oneshot_kernel_name(name, sizeof name, k->ranks, k->dtype);
+        for (int i = 0; i < cb->b->n_kernels; i++)
+            if (cb->b->kernel_names[i] && !strcmp(cb->b->kernel_names[i], name))
+                L->kernel = cb->kernels[i];
+    }
     return MOEC_OK;
 }
 
@@ -300,7 +308,7 @@ static moec_status comm_warmup(rt_cuda *c)
     ir_coll one = {.op = IR_OP_ALL_REDUCE, .dtype = IR_DTYPE_F32, .count = 1,
                    .ranks = rt_comm_size(c->comm)};
     MOEC_TRY(CK(cudaMemsetAsync(c->arena, 0, sizeof(float), c->stream[0]), where));
-    MOEC_TRY(rt_comm_run(c->comm, &one, c->arena, c->arena, c->stream[0], where));
+    MOEC_TRY(rt_comm_run(c->comm, &one, NULL, c->arena, c->arena, c->stream[0], where));
     MOEC_TRY(CK(cudaStreamSynchronize(c->stream[0]), where));
     return rt_comm_error(c->comm, where);
 }

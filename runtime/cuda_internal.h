@@ -54,17 +54,47 @@ typedef struct rt_lt_api {
 
 /* ---- collectives (cuda_comm.c) ---------------------------------------------- */
 
-/* A custom all-reduce for small messages (a one-shot all-reduce over peer
- * memory, optionally fused with the residual add and RMSNorm), used in
- * place of NCCL for all-reduces of at most its byte limit. */
-typedef moec_status (*rt_small_allreduce)(void *user, int rank, const void *send, void *recv,
-                                          size_t count, ir_dtype dtype, cudaStream_t stream,
+/* A custom all-reduce for small messages (the one-shot all-reduce over peer
+ * memory below, later perhaps fused with the residual add and RMSNorm),
+ * used in place of NCCL for all-reduces of at most its byte limit whose
+ * plan carries its kernel (`kernel`: the bucket's, found by name). */
+typedef moec_status (*rt_small_allreduce)(void *user, int rank, cudaKernel_t kernel,
+                                          const void *send, void *recv, size_t count,
+                                          ir_dtype dtype, cudaStream_t stream,
                                           const char *where);
 void rt_comm_set_small_allreduce(rt_comm *c, rt_small_allreduce fn, size_t max_bytes,
                                  void *user);
-/* Enqueues collective step coll (send and recv resolved) on stream. */
-moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, const void *send, void *recv,
-                        cudaStream_t stream, const char *where);
+/* MOEC_OK, or the error a small all-reduce recorded (its kernel gave up
+ * waiting for a peer): checked after every step's synchronization. */
+moec_status rt_comm_small_error(const rt_comm *c, const char *where);
+
+/* ---- the one-shot all-reduce (cuda_oneshot.c) -------------------------------
+ * n ranks on devices devs (distinct GPUs with peer access, or the same one),
+ * messages of up to max_bytes. */
+typedef struct rt_oneshot rt_oneshot;
+/* The group's buffers and peer access, made once. MOEC_ERR_UNSUPPORTED
+ * naming the GPUs when two cannot read each other's memory. */
+moec_status rt_oneshot_init(int n, const int *devs, size_t max_bytes, rt_oneshot **out);
+void rt_oneshot_free(rt_oneshot *o);
+/* The largest message, in bytes. */
+size_t rt_oneshot_max_bytes(const rt_oneshot *o);
+/* How long a rank waits for its peers before it gives up (default 10 s). */
+void rt_oneshot_set_timeout(rt_oneshot *o, double seconds);
+/* Every rank waiting now or later gives up (a rank failed). */
+void rt_oneshot_abort(rt_oneshot *o);
+/* MOEC_OK, or why a rank gave up waiting (timed out, aborted). */
+moec_status rt_oneshot_error(const rt_oneshot *o, const char *where);
+/* An rt_small_allreduce (user: the rt_oneshot): rank's count elements of
+ * send summed over the ranks into recv, on stream, by kernel (its plan's,
+ * or cg_oneshot_source compiled). Every rank must make the same calls. */
+moec_status rt_oneshot_run(void *user, int rank, cudaKernel_t kernel, const void *send,
+                           void *recv, size_t count, ir_dtype dtype, cudaStream_t stream,
+                           const char *where);
+
+/* Enqueues collective step coll (send and recv resolved) on stream;
+ * oneshot: the plan's one-shot all-reduce kernel for it, or NULL. */
+moec_status rt_comm_run(rt_comm *c, const ir_coll *coll, cudaKernel_t oneshot, const void *send,
+                        void *recv, cudaStream_t stream, const char *where);
 
 /* ---- the context ----------------------------------------------------------- */
 

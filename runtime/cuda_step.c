@@ -77,7 +77,7 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
             }
             break;
         case IR_STEP_COLLECTIVE:
-            MOEC_TRY(rt_comm_run(c->comm, &s->coll, L->vals[0].p, L->vals[1].p, stream,
+            MOEC_TRY(rt_comm_run(c->comm, &s->coll, L->kernel, L->vals[0].p, L->vals[1].p, stream,
                                  rt_cuda_step_where(c, cb, i, where, sizeof where)));
             break;
         }
@@ -219,7 +219,7 @@ moec_status rt_cuda_sync(rt_cuda *c, const char *where)
         return MOEC_ERR(MOEC_ERR_CUDA, "%s: cudaStreamSynchronize: %s: %s%s", where,
                         cudaGetErrorName(e), cudaGetErrorString(e),
                         c->debug_sync ? "" : " (something this step ran failed; MOEC_CUDA_SYNC=1 names it)");
-    return MOEC_OK;
+    return rt_comm_small_error(c->comm, where);
 }
 
 moec_status rt_cuda_begin_step(rt_cuda *c, int n, const int32_t *tokens,

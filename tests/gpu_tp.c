@@ -16,7 +16,8 @@
  * hold boxes of its blocks); with two or more, run as above against the
  * CPU group.
  * The MoE combine as reduce_scatter + all_gather (--ep-combine
- * reduce-scatter) on three models, fp32 and bf16, the same way.
+ * reduce-scatter) on three models, fp32 and bf16, the same way; and the
+ * one-shot all-reduce in place of NCCL (MOEC_ALLREDUCE=oneshot).
  * Graphs (default) and eager (MOEC_DISABLE_GRAPHS=1) both. Without a
  * device: "SKIP: no CUDA device", exit 0. */
 #include <math.h>
@@ -207,6 +208,25 @@ int main(void)
     setenv("MOEC_DISABLE_GRAPHS", "1", 1);
     compare("deepseek_v3", &one_rs, "fp32");
     unsetenv("MOEC_DISABLE_GRAPHS");
+
+    /* MOEC_ALLREDUCE=oneshot: every all-reduce by the plan's one-shot kernel
+     * (a group of one: its own staging buffer), in the graphs and eagerly */
+    setenv("MOEC_ALLREDUCE", "oneshot", 1);
+    compare("deepseek_v3", &one, "fp32");
+    compare("qwen3_moe", &one, "bf16");
+    setenv("MOEC_DISABLE_GRAPHS", "1", 1);
+    compare("qwen2_moe", &one, "fp32");
+    unsetenv("MOEC_DISABLE_GRAPHS");
+    setenv("MOEC_ALLREDUCE", "fast", 1);
+    {
+        const char *plan = compile_plan("qwen3_moe", &one, "fp32");
+        moec_session_t *s = NULL;
+        if (plan)
+            T_ERR(moec_session_init_plan(plan, t_src("tests/data/qwen3_moe"), SEQ_LEN, &s),
+                  MOEC_ERR_INVALID_ARG, "MOEC_ALLREDUCE=fast is not nccl, oneshot or auto");
+        T_CHECK(s == NULL);
+    }
+    unsetenv("MOEC_ALLREDUCE");
 
     const moec_parallel two = {2, 2, 0, 0};
     if (n_dev < 2) {

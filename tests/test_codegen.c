@@ -1365,7 +1365,8 @@ static const char COLL_IR[] =
     "  %s : f32[T, 32] = reduce_scatter(%x) {axis = 1, ranks = 2}\n"
     "  %a : f32[T, 32] = all_to_all(%s) {axis = 1, ranks = 2}\n"
     "  %g : f32[T, 64] = all_gather(%a) {axis = 1, ranks = 2}\n"
-    "  %lg : f32[T, 256] = linear(%g, %embed)\n"
+    "  %r : f32[T, 64] = all_reduce(%g) {ranks = 2}\n"
+    "  %lg : f32[T, 256] = linear(%r, %embed)\n"
     "  output %lg\n"
     "}\n";
 
@@ -1422,9 +1423,27 @@ static void test_collective_steps(void)
                     is_arg(g->args[1], IR_ARG_ACT, vid(&c, "a")));
             compile_src(c.src.data, "the collectives' kernels");
         }
+        /* the all_reduce: one NCCL step, and the one-shot kernel in the
+         * program, launched by no step (the runtime finds it by name) */
+        n = steps_of(&c, op_of(m, "r")->id, &first);
+        T_CHECK(n == 1 && c.steps[first].kind == IR_STEP_COLLECTIVE &&
+                c.steps[first].coll.op == IR_OP_ALL_REDUCE && c.steps[first].coll.count == T * 64);
+        int named = 0;
+        for (int k = 0; k < c.n_kernels; k++)
+            named += !strcmp(c.kernel_names[k], "allreduce_oneshot_r2_f32");
+        T_CHECK(named == 1);
         cg_ctx_free(&c);
     }
     ir_module_free(m);
+    /* the one-shot kernel in the other dtypes and rank counts compiles */
+    moec_buf src = {0};
+    cg_emit_prologue(&src);
+    cg_oneshot_source(&src, 2, IR_DTYPE_BF16);
+    cg_oneshot_source(&src, 8, IR_DTYPE_BF16);
+    cg_oneshot_source(&src, 4, IR_DTYPE_F16);
+    T_CHECK(src.data && strstr(src.data, "allreduce_oneshot_r8_bf16(const __nv_bfloat16 *__restrict__ x"));
+    compile_src(src.data, "the one-shot all-reduce kernels");
+    moec_buf_free(&src);
 }
 
 static void test_units(const char *unused)
