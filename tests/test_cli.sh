@@ -124,6 +124,12 @@ expect 2 "--tp: '0' is not an integer in [1, 64]" -- "$B" dump-ir "$D/qwen3_moe"
 expect 2 "--rank: '-1' is not an integer in [0, 64]" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --rank -1
 expect 2 "--summary and --tp do not go together" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --summary
 expect 2 "unknown option --rank" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --rank 0
+# --ep-combine: the MoE combine as reduce_scatter + all_gather
+for c in dump-ir run compile bench; do expect 0 "--ep-combine" -- "$B" "$c" --help; done
+expect 0 '%l0.moe.routed.scatter : f32[T, 32] = reduce_scatter(%l0.moe.routed) {axis = 1, ranks = 2}' -- \
+  "$B" dump-ir "$D/qwen3_moe" --tp 2 --rank 1 --ep-combine reduce-scatter
+expect 2 "--ep-combine: 'x' is not all-reduce or reduce-scatter" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --ep-combine x
+expect 2 "--ep-combine needs --tp or --ep" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --ep-combine reduce-scatter
 # bench of a split: the split checked, a plan's split against the one asked
 # for and the context, all before a device is looked for; then the GPUs
 # counted before anything compiles (tests/gpu_bench_tp.sh runs one)
@@ -147,7 +153,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 for m in deepseek_v2 qwen2_moe; do
   want=$("$B" run "$D/$m" --prompt-ids 3,1,4,1,5 --max-new-tokens 6 --ignore-eos --backend cpu)
-  for split in "--tp 1" "--tp 2" "--tp 4" "--ep 2" "--tp 4 --ep 4" "--tp 4 --ep 2"; do
+  for split in "--tp 1" "--tp 2" "--tp 4" "--ep 2" "--tp 4 --ep 4" "--tp 4 --ep 2" \
+    "--tp 2 --ep 2 --ep-combine reduce-scatter" "--ep 4 --ep-combine reduce-scatter"; do
     # shellcheck disable=SC2086
     got=$("$B" run "$D/$m" --prompt-ids 3,1,4,1,5 --max-new-tokens 6 --ignore-eos --backend cpu $split 2>&1)
     [ "$got" = "$want" ] && ok || bad "$m $split: run printed '$got', want '$want'"
