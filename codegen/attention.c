@@ -279,8 +279,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks);
-    /* a tile for each warp at least */
-    int minpos = ns > 1 ? cg_attn_split_min(ATTN_WARPS * ATTN_TILE) : 1;
+    int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d_bs%d_t%d_%s", H,
