@@ -5,7 +5,8 @@
  * From each dsa_topk(q, k, w, pos) back:
  *   key:  k = [reshape] rope([reshape] layer_norm(k_raw)) {rotating a head
  *         [1, D] at pos}, k_raw columns [col, col + D) of a [T, N] value B
- *         (slices of it): one dsa_prologue_k(B, pos, ln weight, ln bias)
+ *         (slices of it; or B itself, col 0, when wk is a linear of its own,
+ *         as in fp8 checkpoints): one dsa_prologue_k(B, pos, ln weight, ln bias)
  *         {col, eps, the rope's attributes}, which on the GPU also writes the
  *         key into dsa_topk's cache (docs/IR.md, "dsa_prologue_k").
  *   q:    q = rope(q0) at pos: dsa_topk rotates q itself (the rope's
@@ -83,8 +84,10 @@ static moec_status fuse_key(ir_module *m, ir_op *d)
     s.ln = pass_def_of(skip_reshapes(s.rope->in[0]), IR_OP_LAYER_NORM);
     if (!s.ln || !pass_is_act(s.ln->in[0], 2) || !pass_is_act(k, 2))
         return MOEC_OK;
+    /* k_raw's columns of the fused projection (or k_raw itself, column 0,
+       where wk stays a linear of its own: fp8 blocks keep it out of qkv_a) */
     s.base = pass_col_base(s.ln->in[0], &s.col);
-    if (s.base == s.ln->in[0] || !pass_is_act(s.base, 2))
+    if (!pass_is_act(s.base, 2))
         return MOEC_OK;
     ir_value *in[4] = {s.base, pos, s.ln->in[1], s.ln->in[2]};
     return replace_with(m, IR_OP_DSA_PROLOGUE_K, in, 4, k, s.ln, key_attrs, &s);
