@@ -370,6 +370,50 @@ static void test_verifier(void)
                  "%a: attention: window 3 and the token selection %s cannot be combined");
     verify_error("  %a : f32[T, 2, 8] = attention(%q, %k3, %k3, %positions, %w) {scale = 0.5}\n",
                  "%a: attention: sel %w must be i32");
+    /* fuse_dsa_indexer's forms: dsa_topk reading q and w from rows, rotating q */
+    verify_error("  %s : i32[T, 4] = dsa_topk(%e, %k, %e, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 2, q_col = 50, w_col = 24}\n",
+                 "%s: dsa_topk: q_col 50 + 16 columns is past %e (f32[T, 64])");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%e, %k, %e, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 2, q_col = 0, w_col = 63}\n",
+                 "%s: dsa_topk: w_col 63 + 2 columns is past %e (f32[T, 64])");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%e, %k, %e, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 0}\n",
+                 "%s: dsa_topk: heads 0 must be >= 1");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, q_col = 8}\n",
+                 "%s: dsa_topk: q_col and w_col need the attribute heads");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 2}\n",
+                 "%s: dsa_topk: q %q must have rank 2, got f32[T, 2, 8]");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, style = \"neox\"}\n",
+                 "%s: dsa_topk: a rope of q needs attribute 'theta'");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, style = \"neox\", theta = 1e+04, rotary_dim = 12}\n",
+                 "%s: dsa_topk: rotary_dim 12 must be even and in [2, 8] (the head dim)");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, theta = 1e+04}\n",
+                 "%s: dsa_topk: style '' must be \"interleave\" or \"neox\"");
+    /* dsa_prologue_k */
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 60, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: col 60 + 8 columns is past %e (f32[T, 64])");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b7) {col = 0, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: bias %b7 has 7 elements, weight %g 8");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04, rotary_dim = 3}\n",
+                 "%y: dsa_prologue_k: rotary_dim 3 must be even and in [2, 8] (the head dim)");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, "
+                 "style = \"neox\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: missing required attribute 'eps'");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, eps = 1e-06, "
+                 "style = \"half\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: style 'half' must be \"interleave\" or \"neox\"");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04, heads = 2}\n",
+                 "unknown attribute 'heads' for dsa_prologue_k");
     verify_error("  %a : f32[T, 2, 8] = mla_attention(%q, %q, %k, %k3, %positions, %positions) "
                  "{scale = 0.5}\n",
                  "%a: mla_attention: sel %positions must have rank 2");
@@ -755,6 +799,32 @@ static void test_passes(void)
         T_CHECK(ma && ma->kind == IR_OP_MLA_ATTENTION && ma->n_in == 6 &&
                 ma->in[5] == ir_module_find_value(m, "l2.attn.indexer.topk"));
         T_CHECK(t_count_ops(m, IR_OP_ATTENTION) == 0 && t_count_ops(m, IR_OP_DSA_TOPK) == 3);
+        /* fuse_dsa_indexer: the key path one dsa_prologue_k reading qkv_a's wk
+           columns; no rope, layer_norm or slice left (the MLA prologue
+           ops read their sections themselves); dsa_topk reads q_b_wq_b's wq_b
+           columns and qkv_a's weights_proj ones in place and rotates q */
+        T_CHECK(t_count_ops(m, IR_OP_DSA_PROLOGUE_K) == 3 && t_count_ops(m, IR_OP_ROPE) == 0 &&
+                t_count_ops(m, IR_OP_LAYER_NORM) == 0 && t_count_ops(m, IR_OP_SLICE) == 0);
+        const ir_op *pk = def_op(m, "l1.attn.indexer.k"), *tk = def_op(m, "l1.attn.indexer.topk");
+        T_CHECK(pk && pk->kind == IR_OP_DSA_PROLOGUE_K &&
+                pk->in[0] == ir_module_find_value(m, "l1.attn.qkv_a") &&
+                ir_op_attr_int(pk, "col", -1) == 24 + 40 &&
+                !strcmp(ir_op_attr_str(pk, "style", ""), "neox") &&
+                ir_op_attr_int(pk, "rotary_dim", 0) == 8 && ir_op_attr_float(pk, "eps", 0) == 1e-6);
+        T_CHECK(tk && tk->kind == IR_OP_DSA_TOPK &&
+                tk->in[0] == ir_module_find_value(m, "l1.attn.q_b_wq_b") && tk->in[1] == pk->out[0] &&
+                tk->in[2] == ir_module_find_value(m, "l1.attn.qkv_a") &&
+                ir_op_attr_int(tk, "heads", 0) == 8 && ir_op_attr_int(tk, "q_col", 0) == 96 &&
+                ir_op_attr_int(tk, "w_col", 0) == 24 + 40 + 16 &&
+                !strcmp(ir_op_attr_str(tk, "style", ""), "neox") &&
+                ir_op_attr_int(tk, "rotary_dim", 0) == 8);
+        /* a second run of fuse_dsa_indexer changes nothing */
+        char *f1 = ir_module_print_str(m);
+        T_OK(pass_find("fuse_dsa_indexer")->run(m, NULL));
+        char *f2 = ir_module_print_str(m);
+        T_CHECK(f1 && f2 && !strcmp(f1, f2));
+        free(f1);
+        free(f2);
         /* a second run of the pipeline's fusion changes nothing */
         char *a = ir_module_print_str(m);
         T_OK(pass_find("fuse_qkv_a")->run(m, NULL));
