@@ -1299,6 +1299,35 @@ static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *le
            lens[0], lens[1], lens[2], now_s() - t0);
 }
 
+/* Value v on the GPU against the interpreters' for the real tokens of the
+ * step (token t of sequence seq_of[t] >= 0: row idx_of[t] of in[seq_of[t]]);
+ * the worst error. */
+static double compare_real_rows(const gk_bind *b, rt_interp *const *in, const int *seq_of,
+                                const int *idx_of, const ir_value *v, int T, ir_dtype cdt,
+                                const char *what)
+{
+    int w = (int)ir_type_numel(&v->type, 1), n = 0;
+    float *gpu = xmalloc((size_t)T * w * 4), *g = xmalloc((size_t)T * w * 4),
+          *r = xmalloc((size_t)T * w * 4);
+    download(gpu, storage(b, v), b->val[v->id], (size_t)T * w);
+    for (int t = 0; t < T; t++) {
+        int q = seq_of[t];
+        if (q < 0)
+            continue;
+        memcpy(g + (size_t)n * w, gpu + (size_t)t * w, (size_t)w * 4);
+        memcpy(r + (size_t)n * w, rt_interp_value(in[q], v) + (size_t)idx_of[t] * w,
+               (size_t)w * 4);
+        n++;
+    }
+    char w2[320];
+    snprintf(w2, sizeof w2, "%s %%%s", what, v->name);
+    double err = compare_rows(w2, g, r, n, w, cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32);
+    free(gpu);
+    free(g);
+    free(r);
+    return err;
+}
+
 /* One KV pool of `pages` pages of bs rows of w elements (cdt): the row of
  * each sequence q's position p < len[q] within tol of hist[q] + p * w (the
  * interpreter's); every row no sequence owns, or past its length, all
@@ -1663,31 +1692,13 @@ static void dsa_check_token(dsa_env *e, int t, const int *got, const float *o, c
 static void dsa_check_keys(dsa_env *e, int T, const char *what)
 {
     const ir_value *k = e->dsa->in[1];
-    int w = e->s->DI, n = 0;
-    float *gpu = xmalloc((size_t)T * w * 4), *g = xmalloc((size_t)T * w * 4),
-          *r = xmalloc((size_t)T * w * 4);
-    download(gpu, storage(&e->b, k), e->b.val[k->id], (size_t)T * w);
-    for (int t = 0; t < T; t++) {
-        int q = e->seq_of[t];
-        if (q < 0)
-            continue;
-        memcpy(g + (size_t)n * w, gpu + (size_t)t * w, (size_t)w * 4);
-        memcpy(r + (size_t)n * w, rt_interp_value(e->in[q], k) + (size_t)e->idx_of[t] * w,
-               (size_t)w * 4);
-        n++;
-    }
-    char w2[320];
-    snprintf(w2, sizeof w2, "%s %%%s", what, k->name);
-    double tol = e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32;
-    e->worst_key = fmax(e->worst_key, compare_rows(w2, g, r, n, w, tol));
-    free(gpu);
-    free(g);
-    free(r);
+    e->worst_key = fmax(e->worst_key, compare_real_rows(&e->b, e->in, e->seq_of, e->idx_of, k, T,
+                                                        e->cdt, what));
     float *hist[MAX_SEQ];
     for (int q = 0; q < e->n_seq; q++)
         hist[q] = e->hist[q][0];
     check_pool(&e->b, e->b.kv_by_op[2 * e->dsa->id], e->pages, e->bs, e->n_seq, e->len,
-               e->max_len, w, e->cdt, hist, what, "ik", &e->worst_key, &e->key_rows);
+               e->max_len, e->s->DI, e->cdt, hist, what, "ik", &e->worst_key, &e->key_rows);
 }
 
 /* One step of bucket T, as attn_step. */
@@ -1922,30 +1933,10 @@ static void pro_free(pro_env *e)
     free_paged_cache(&e->b, e->rows, e->m);
 }
 
-/* Value v on the GPU against the interpreter, for the real tokens of the
- * step; the worst error. */
+/* Value v on the GPU against the interpreter (compare_real_rows). */
 static double pro_compare(pro_env *e, const ir_value *v, int T, const char *what)
 {
-    int w = (int)ir_type_numel(&v->type, 1), n = 0;
-    float *gpu = xmalloc((size_t)T * w * 4), *g = xmalloc((size_t)T * w * 4),
-          *r = xmalloc((size_t)T * w * 4);
-    download(gpu, storage(&e->b, v), e->b.val[v->id], (size_t)T * w);
-    for (int t = 0; t < T; t++) {
-        int q = e->seq_of[t];
-        if (q < 0)
-            continue;
-        memcpy(g + (size_t)n * w, gpu + (size_t)t * w, (size_t)w * 4);
-        memcpy(r + (size_t)n * w, rt_interp_value(e->in[q], v) + (size_t)e->idx_of[t] * w,
-               (size_t)w * 4);
-        n++;
-    }
-    char w2[320];
-    snprintf(w2, sizeof w2, "%s %%%s", what, v->name);
-    double err = compare_rows(w2, g, r, n, w, e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32);
-    free(gpu);
-    free(g);
-    free(r);
-    return err;
+    return compare_real_rows(&e->b, e->in, e->seq_of, e->idx_of, v, T, e->cdt, what);
 }
 
 /* Both pools of the attention, as check_pool. */

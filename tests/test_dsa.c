@@ -761,7 +761,119 @@ static void test_dsa_topk(void)
     dsa_close(&r);
 }
 
+/* fuse_dsa_indexer off the tiny model's layout: odd columns (the key at
+ * 5 of a row of 5 + 12 + 3, q at 3 of a row of 3 + 36), interleaved pairs,
+ * linear scaling and an attn_factor, rotary_dim 6 of 12. The fused module
+ * (dsa_prologue_k; dsa_topk with heads, q_col, w_col and the rope) gives
+ * the unfused one's keys and selections over 14 positions (top 5). */
+static void test_fused_forms(void)
+{
+    const char *rope = "style = \"interleave\", theta = 500.0, scaling = \"linear\", "
+                       "factor = 2.0, attn_factor = 1.25, rotary_dim = 6";
+    char text[4096];
+    snprintf(text, sizeof text,
+             "module f {\n  input %%tokens : i32[T]\n  input %%positions : i32[T]\n"
+             "  weight %%tabk : f32[16, 20] = \"tabk\"\n"
+             "  weight %%tabq : f32[16, 39] = \"tabq\"\n"
+             "  weight %%g : f32[12] = \"g\"\n"
+             "  weight %%b : f32[12] = \"b\"\n"
+             "  %%kx : f32[T, 20] = embedding(%%tokens, %%tabk)\n"
+             "  %%qx : f32[T, 39] = embedding(%%tokens, %%tabq)\n"
+             "  %%k_raw : f32[T, 12] = slice(%%kx) {axis = 1, start = 5, size = 12}\n"
+             "  %%k_n : f32[T, 12] = layer_norm(%%k_raw, %%g, %%b) {eps = 1e-06}\n"
+             "  %%k3 : f32[T, 1, 12] = reshape(%%k_n)\n"
+             "  %%k3_rot : f32[T, 1, 12] = rope(%%k3, %%positions) {%s}\n"
+             "  %%k : f32[T, 12] = reshape(%%k3_rot)\n"
+             "  %%w : f32[T, 3] = slice(%%kx) {axis = 1, start = 17, size = 3}\n"
+             "  %%q_flat : f32[T, 36] = slice(%%qx) {axis = 1, start = 3, size = 36}\n"
+             "  %%q : f32[T, 3, 12] = reshape(%%q_flat)\n"
+             "  %%q_rot : f32[T, 3, 12] = rope(%%q, %%positions) {%s}\n"
+             "  %%sel : i32[T, 5] = dsa_topk(%%q_rot, %%k, %%w, %%positions) {top_k = 5, "
+             "scale = 0.5, weight_scale = -0.7}\n"
+             "  output %%sel\n}\n",
+             rope, rope);
+    ir_module *a = NULL, *b = NULL;
+    T_OK(ir_module_parse(text, "f.mir", &a));
+    if (a)
+        T_OK(ir_module_clone(a, &b));
+    if (!a || !b) {
+        ir_module_free(a);
+        return;
+    }
+    T_OK(pass_fuse_dsa_indexer(b, NULL));
+    T_OK(ir_module_verify(b));
+    T_CHECK(t_count_ops(b, IR_OP_DSA_PROLOGUE_K) == 1 && t_count_ops(b, IR_OP_ROPE) == 0 &&
+            t_count_ops(b, IR_OP_SLICE) == 0 && t_count_ops(b, IR_OP_LAYER_NORM) == 0);
+    const ir_op *tk = def_op(b, "sel");
+    T_CHECK(tk && ir_op_attr_int(tk, "heads", 0) == 3 && ir_op_attr_int(tk, "q_col", 0) == 3 &&
+            ir_op_attr_int(tk, "w_col", 0) == 17 && ir_op_attr_int(tk, "rotary_dim", 0) == 6);
+    enum { N = 14 };
+    float tabk[16 * 20], tabq[16 * 39], g[12], bb[12];
+    uint64_t seed = 0xf05ed;
+    for (int i = 0; i < 16 * 20; i++)
+        tabk[i] = (float)(t_rand_u64(&seed) % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < 16 * 39; i++)
+        tabq[i] = (float)(t_rand_u64(&seed) % 2001) / 1000.0f - 1.0f;
+    for (int j = 0; j < 12; j++) {
+        g[j] = 1.0f + 0.125f * (float)j;
+        bb[j] = 0.0625f * (float)j - 0.3f;
+    }
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)(t_rand_u64(&seed) % 16);
+        pos[i] = i;
+    }
+    rt_interp *in[2] = {NULL, NULL};
+    ir_module *ms[2] = {a, b};
+    for (int v = 0; v < 2; v++) {
+        T_OK(rt_interp_init(ms[v], NULL, N, &in[v]));
+        if (!in[v])
+            continue;
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "tabk"), tabk));
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "tabq"), tabq));
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "g"), g));
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "b"), bb));
+    }
+    /* a prefill of 9 (past top_k), then single steps */
+    for (int at = 0; in[0] && in[1] && at < N; at += at ? 1 : 9) {
+        int n = at ? 1 : 9;
+        double kerr = 0;
+        int same = 1;
+        for (int v = 0; v < 2; v++)
+            T_OK(rt_interp_forward(in[v], tok + at, pos + at, n, NULL));
+        const float *ka = rt_interp_value(in[0], ir_module_find_value(a, "k")),
+                    *kb = rt_interp_value(in[1], ir_module_find_value(b, "k"));
+        const int32_t *sa = (const int32_t *)rt_interp_value(in[0], ir_module_find_value(a, "sel")),
+                      *sb = (const int32_t *)rt_interp_value(in[1], ir_module_find_value(b, "sel"));
+        for (int i = 0; i < n * 12; i++)
+            kerr = fmax(kerr, fabs((double)ka[i] - kb[i]));
+        for (int i = 0; i < n * 5; i++)
+            same &= sa[i] == sb[i];
+        T_CHECK(kerr <= 1e-6 && same);
+        if (kerr > 1e-6 || !same)
+            fprintf(stderr, "fused forms at position %d: keys differ by %g, selections %s\n", at,
+                    kerr, same ? "agree" : "differ");
+    }
+    for (int v = 0; v < 2; v++)
+        rt_interp_free(in[v]);
+    ir_module_free(a);
+    ir_module_free(b);
+}
+
 /* ---- passes ------------------------------------------------------------------ */
+
+/* Pass `name` run again on m (after the whole pipeline) changes nothing. */
+static void rerun_changes_nothing(ir_module *m, const char *name)
+{
+    char *a = ir_module_print_str(m);
+    T_OK(pass_find(name)->run(m, NULL));
+    char *b = ir_module_print_str(m);
+    T_CHECK(a && b && !strcmp(a, b));
+    if (a && b && strcmp(a, b))
+        fprintf(stderr, "a second run of %s changed the module\n", name);
+    free(a);
+    free(b);
+}
 
 static void test_passes(void)
 {
@@ -818,20 +930,9 @@ static void test_passes(void)
                 ir_op_attr_int(tk, "w_col", 0) == 24 + 40 + 16 &&
                 !strcmp(ir_op_attr_str(tk, "style", ""), "neox") &&
                 ir_op_attr_int(tk, "rotary_dim", 0) == 8);
-        /* a second run of fuse_dsa_indexer changes nothing */
-        char *f1 = ir_module_print_str(m);
-        T_OK(pass_find("fuse_dsa_indexer")->run(m, NULL));
-        char *f2 = ir_module_print_str(m);
-        T_CHECK(f1 && f2 && !strcmp(f1, f2));
-        free(f1);
-        free(f2);
+        rerun_changes_nothing(m, "fuse_dsa_indexer");
         /* a second run of the pipeline's fusion changes nothing */
-        char *a = ir_module_print_str(m);
-        T_OK(pass_find("fuse_qkv_a")->run(m, NULL));
-        char *b = ir_module_print_str(m);
-        T_CHECK(a && b && !strcmp(a, b));
-        free(a);
-        free(b);
+        rerun_changes_nothing(m, "fuse_qkv_a");
         /* the text form parses back */
         char *text = ir_module_print_str(m);
         ir_module *m2 = NULL;
@@ -1058,6 +1159,7 @@ int main(void)
     test_layer_norm();
     test_dsa_topk();
     test_passes();
+    test_fused_forms();
     test_sparsity_matters();
     test_margins();
     return t_finish("test_dsa");
