@@ -2768,17 +2768,28 @@ int main(void)
            MOEC_KERN_SANITIZE a sample small enough for compute-sanitizer */
         int san = getenv("MOEC_KERN_SANITIZE") != NULL;
         prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+        /* the fused indexer (fuse_dsa_indexer) */
+        const unsigned FUSED_T = TM(1) | TM(3) | TM(8) | TM(64);
+        prog_add(&V32_DSA_FUSED, IR_DTYPE_BF16, 64, FUSED_T);
         if (san) {
             progs_compile();
             dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+            dsa_case_fused(&V32_DSA_FUSED, IR_DTYPE_BF16, 64);
             dsa_ab_case(1);
             progs_free();
             printf("total %.1f s\n", now_s() - t0);
             return t_finish("gpu_kernels (DSA sanitizer sample)");
         }
         prog_add(&V32_DSA_2K, IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+        prog_add(&V32_DSA_FUSED, IR_DTYPE_F32, 64, FUSED_T);
+        prog_add(&ODD_DSA_FUSED, IR_DTYPE_BF16, 64, FUSED_T);
+        prog_add(&ODD_DSA_FUSED, IR_DTYPE_F32, 64, FUSED_T);
         progs_compile();
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+        for (int f32 = 0; f32 < 2; f32++) {
+            dsa_case_fused(&V32_DSA_FUSED, f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64);
+            dsa_case_fused(&ODD_DSA_FUSED, f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64);
+        }
         const int long_dsa[3] = {4200, 2049, 700};
         dsa_case_long(&V32_DSA_2K, IR_DTYPE_BF16, 64, long_dsa);
         dsa_ab_case(0);
