@@ -1412,7 +1412,7 @@ typedef struct dsa_env {
     int checked, sel_bad;
     /* the fused indexer (s->IRD > 0): the key pool's pages, the worst error
        of dsa_prologue_k's keys (its result and its cache rows) */
-    int pages, key_rows;
+    int pages, key_rows, near_ties;
     double worst_key;
 } dsa_env;
 
@@ -1483,7 +1483,7 @@ static void dsa_select_of(const float *sc, int n, int K, int *sel, double *gap)
  * [HI, DI] and weights [HI]): the interpreter's definition in double; the
  * relative gap at the top-k boundary into *gap. Returns n = min(K, p + 1). */
 static int dsa_ref_select(const dsa_env *e, int sq, int p, const float *iq, const float *iw,
-                          int *sel, double *gap)
+                          int *sel, double *gap, float *scores)
 {
     const km_spec *s = e->s;
     int K = s->TOPK, n = p + 1;
@@ -1493,13 +1493,42 @@ static int dsa_ref_select(const dsa_env *e, int sq, int p, const float *iq, cons
             sel[i] = i < n ? i : -1;
         return n;
     }
-    float *sc = xmalloc((size_t)n * sizeof *sc);
+    float *sc = scores ? scores : xmalloc((size_t)n * sizeof *sc);
     for (int j = 0; j < n; j++)
         sc[j] = dsa_score_of(iq, iw, e->hist[sq][0] + (size_t)j * s->DI, s->HI, s->DI,
                              s->dsa_scale, s->dsa_wscale);
     dsa_select_of(sc, n, K, sel, gap);
-    free(sc);
+    if (!scores)
+        free(sc);
     return K;
+}
+
+/* The fused form in bf16 rounds q after its rotation and the keys after
+ * their norm and rotation, where the interpreter keeps fp32: a selection
+ * may differ from the interpreter's at a near-tie. 1 when every position
+ * got holds and want does not scores within tol of the largest score of
+ * the top_k-th's (sc: the reference scores of the n positions), and at
+ * most max(1, K / 8) of them. */
+static int dsa_near_tie(const int *got, const int *want, int K, const float *sc, int n, double tol)
+{
+    double big = 0, kth = INFINITY;
+    for (int i = 0; i < n; i++)
+        big = fmax(big, fabs(sc[i]));
+    for (int i = 0; i < K; i++)
+        if (want[i] >= 0)
+            kth = fmin(kth, sc[want[i]]);
+    int extra = 0;
+    for (int i = 0; i < K; i++) {
+        int in = 0;
+        for (int j = 0; j < K && !in; j++)
+            in = got[i] == want[j];
+        if (in)
+            continue;
+        if (got[i] < 0 || got[i] >= n || !(sc[got[i]] >= kth - tol * big))
+            return 0;
+        extra++;
+    }
+    return extra <= (K / 8 > 1 ? K / 8 : 1);
 }
 
 /* The sparse MLA attention of a token of sequence sq over sel[0..n-1]. */
@@ -1604,8 +1633,8 @@ static void dsa_free(dsa_env *e)
            e->worst_ref);
     if (dsa_fused(e))
         printf("%-16s %s dsa    fused: dsa_prologue_k's keys worst error %.2e (results and %d "
-               "cache rows)\n",
-               e->s->name, ir_dtype_name(e->cdt), e->worst_key, e->key_rows);
+               "cache rows); %d selections differ from the interpreter's at a near-tie\n",
+               e->s->name, ir_dtype_name(e->cdt), e->worst_key, e->key_rows, e->near_ties);
     for (int q = 0; q < e->n_seq; q++) {
         for (int i = 0; i < 3; i++)
             free(e->hist[q][i]);
@@ -1629,35 +1658,34 @@ static void dsa_check_token(dsa_env *e, int t, const int *got, const float *o, c
     const km_spec *s = e->s;
     int q = e->seq_of[t], K = s->TOPK, W = s->H * s->R;
     int *ref = xmalloc((size_t)K * sizeof *ref);
-    double gap = INFINITY;
-    float *ro = xmalloc((size_t)W * 4);
-    int n = K;
-    /* the fused form's q and weights are rows of wider values, q rotated
-       inside dsa_topk: the interpreter alone is its reference */
-    if (!dsa_fused(e)) {
-        const float *iq = e->rows[e->dsa->in[0]->id] + (size_t)t * s->HI * s->DI;
-        const float *iw = e->rows[e->dsa->in[2]->id] + (size_t)t * s->HI;
-        n = dsa_ref_select(e, q, e->pos_of[t], iq, iw, ref, &gap);
-        e->min_gap = fmin(e->min_gap, gap);
-        dsa_ref_attn(e, q, ref, n, e->rows[e->mla->in[0]->id] + (size_t)t * W,
-                     e->rows[e->mla->in[1]->id] + (size_t)t * s->H * s->DR, ro);
+    double gap;
+    float *ro = xmalloc((size_t)W * 4), *sc = xmalloc((size_t)(e->pos_of[t] + 1) * sizeof *sc);
+    /* the fused form: q rotated by the module's reference rope op (the
+       interpreter's), the head weights at their columns of the key's row */
+    const float *iq = e->rows[e->dsa->in[0]->id] + (size_t)t * s->HI * s->DI;
+    const float *iw = e->rows[e->dsa->in[2]->id] + (size_t)t * s->HI;
+    if (dsa_fused(e)) {
+        iq = rt_interp_value(e->in[q], val(e->m, "iq_rot_ref")) + (size_t)e->idx_of[t] * s->HI * s->DI;
+        iw = e->rows[e->dsa->in[2]->id] + (size_t)t * (s->IPRE + s->DI + s->HI) + s->IPRE + s->DI;
     }
+    int n = dsa_ref_select(e, q, e->pos_of[t], iq, iw, ref, &gap, sc);
+    e->min_gap = fmin(e->min_gap, gap);
+    dsa_ref_attn(e, q, ref, n, e->rows[e->mla->in[0]->id] + (size_t)t * W,
+                 e->rows[e->mla->in[1]->id] + (size_t)t * s->H * s->DR, ro);
     const int *want = ref;
     const float *want_o = ro;
     if (e->use_interp) {
         const int32_t *isel =
             (const int32_t *)rt_interp_value(e->in[q], e->dsa->out[0]) + (size_t)e->idx_of[t] * K;
         const float *io = rt_interp_value(e->in[q], e->mla->out[0]) + (size_t)e->idx_of[t] * W;
-        if (!dsa_fused(e)) {
-            int same = !memcmp(isel, ref, (size_t)K * sizeof *ref);
-            T_CHECK(same);
-            if (!same)
-                fprintf(stderr, "FAIL %s: token %d: this file's reference selection differs from "
-                                "the interpreter's\n", what, t);
-            char w2[200];
-            snprintf(w2, sizeof w2, "%s token %d reference vs interpreter", what, t);
-            e->worst_ref = fmax(e->worst_ref, compare_rows(w2, ro, io, 1, W, 1e-5));
-        }
+        int same = !memcmp(isel, ref, (size_t)K * sizeof *ref);
+        T_CHECK(same);
+        if (!same)
+            fprintf(stderr, "FAIL %s: token %d: this file's reference selection differs from "
+                            "the interpreter's\n", what, t);
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s token %d reference vs interpreter", what, t);
+        e->worst_ref = fmax(e->worst_ref, compare_rows(w2, ro, io, 1, W, 1e-5));
         want = isel;
         want_o = io;
     }
@@ -1666,7 +1694,10 @@ static void dsa_check_token(dsa_env *e, int t, const int *got, const float *o, c
     for (int i = 0; i < K && bad < 0; i++)
         if (got[i] != want[i])
             bad = i;
-    if (bad >= 0) {
+    if (bad >= 0 && dsa_fused(e) && e->cdt == IR_DTYPE_BF16 && n == K &&
+        dsa_near_tie(got, want, K, sc, e->pos_of[t] + 1, TOL_BF16)) {
+        e->near_ties++;
+    } else if (bad >= 0) {
         e->sel_bad++;
         t_checks++;
         t_failures++;
@@ -1683,6 +1714,7 @@ static void dsa_check_token(dsa_env *e, int t, const int *got, const float *o, c
     }
     free(ref);
     free(ro);
+    free(sc);
 }
 
 /* The fused form's keys: dsa_prologue_k's result for the step's real

@@ -45,7 +45,8 @@ typedef struct km_spec {
                                   from dsa_prologue_k of a row [IPRE | key DI | weights HI],
                                   rotating IRD channels, and dsa_topk reading q at column IQPRE
                                   of a row [IQPRE | HI * DI] and the weights in place, rotating
-                                  q's first IRD channels */
+                                  q's first IRD channels (and, for the tests' reference,
+                                  iq_rot_ref [T, HI, DI]: q rotated by a rope op) */
     const char *irope;         /* their rope attributes (NULL: V3.2's neox YaRN) */
     int LN, LK;                /* a linear ly [T, LN] = lx [T, LK] lw^T when LN > 0 */
     const char *ldt;           /* its weight's IR dtype */
@@ -164,6 +165,15 @@ static inline char *km_text(const km_spec *s)
                           "  %%ik : f32[T, %d] = dsa_prologue_k(%%ikx, %%positions, %%ik_norm, "
                           "%%ik_bias) {col = %d, eps = 1e-06, %s, rotary_dim = %d}\n",
                           s->DI, s->IPRE, irope, s->IRD);
+            /* q rotated by a rope op of its own: the tests' reference (no kernel runs it) */
+            moec_buf_printf(&o,
+                          "  %%iq_ref_flat : f32[T, %d] = slice(%%iqx) {axis = 1, start = %d, "
+                          "size = %d}\n"
+                          "  %%iq_ref : f32[T, %d, %d] = reshape(%%iq_ref_flat)\n"
+                          "  %%iq_rot_ref : f32[T, %d, %d] = rope(%%iq_ref, %%positions) {%s, "
+                          "rotary_dim = %d}\n",
+                          s->HI * s->DI, s->IQPRE, s->HI * s->DI, s->HI, s->DI, s->HI, s->DI, irope,
+                          s->IRD);
             moec_buf_printf(&o,
                           "  %%sel : i32[T, %d] = dsa_topk(%%iqx, %%ik, %%ikx, %%positions) {top_k = "
                           "%d, scale = %s, weight_scale = %s, heads = %d, q_col = %d, w_col = %d, "

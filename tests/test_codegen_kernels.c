@@ -578,14 +578,16 @@ static void test_dsa_fused(void)
                             "factor = 2.0, attn_factor = 1.25"};
     ir_module *m = km_module(&v32), *mo = km_module(&odd);
     T_CHECK(m && mo);
+    /* compiled (one bucket each, NVRTC being slow): the fast form at T = 1,
+       legacy tensor cores at 8; the odd sizes' CUDA-core forms in bf16 and
+       f32 at 8; the steps of every bucket checked */
     if (m) {
-        /* the fast form at T = 1 and 64, legacy at 8; f32 (CUDA-core) at 64 */
-        run_module(m, &o, check_dsa_fused, 1 | 4);
+        run_module(m, &o, check_dsa_fused, 1);
         setenv("MOEC_DSA_KERNEL", "legacy", 1);
         run_module(m, &o, check_dsa_fused, 2);
         unsetenv("MOEC_DSA_KERNEL");
         o.compute_dtype = IR_DTYPE_F32;
-        run_module(m, &o, check_dsa_fused, 4);
+        run_module(m, &o, check_dsa_fused, 0);
         o.compute_dtype = IR_DTYPE_BF16;
     }
     if (mo)
