@@ -1503,9 +1503,10 @@ static int dsa_ref_select(const dsa_env *e, int sq, int p, const float *iq, cons
     return K;
 }
 
-/* The fused form in bf16 rounds q after its rotation and the keys after
- * their norm and rotation, where the interpreter keeps fp32: a selection
- * may differ from the interpreter's at a near-tie. 1 when every position
+/* The fused form rounds q after its rotation and the keys after their
+ * norm and rotation to the storage dtype (and sums in another order),
+ * where the interpreter keeps fp32: a selection may differ from the
+ * interpreter's at a near-tie. 1 when every position
  * got holds and want does not scores within tol of the largest score of
  * the top_k-th's (sc: the reference scores of the n positions), and at
  * most max(1, K / 8) of them. */
@@ -1694,8 +1695,9 @@ static void dsa_check_token(dsa_env *e, int t, const int *got, const float *o, c
     for (int i = 0; i < K && bad < 0; i++)
         if (got[i] != want[i])
             bad = i;
-    if (bad >= 0 && dsa_fused(e) && e->cdt == IR_DTYPE_BF16 && n == K &&
-        dsa_near_tie(got, want, K, sc, e->pos_of[t] + 1, TOL_BF16)) {
+    if (bad >= 0 && dsa_fused(e) && n == K &&
+        dsa_near_tie(got, want, K, sc, e->pos_of[t] + 1,
+                     e->cdt == IR_DTYPE_BF16 ? TOL_BF16 : TOL_F32)) {
         e->near_ties++;
     } else if (bad >= 0) {
         e->sel_bad++;
