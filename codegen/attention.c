@@ -94,7 +94,7 @@ static const char ATTN_BODY[] =
     "#pragma unroll\n"
     "            for (int g = 0; g < GB; g++)\n"
     "                dot[g] = 0.0f;\n"
-    "#pragma unroll 2\n"
+    "#pragma unroll\n"
     "            for (int d = 0; d < DK; d += KV) {\n"
     "                float kf[KV];\n"
     "                ldv<KV>(kr + d, kf);\n"
@@ -126,6 +126,8 @@ static const char ATTN_BODY[] =
     "        }\n"
     "        __syncwarp();\n"
     "        const int n_valid = p - p0 + 1 < TILE ? p - p0 + 1 : TILE;\n"
+    "        /* eight rows' loads in flight: one at a time is a memory latency each */\n"
+    "#pragma unroll 8\n"
     "        for (int i = 0; i < n_valid; i++) {\n"
     "            const TS *vr = vpool + (row_s[warp][i] * HKV + kh) * DV;\n"
     "            float vf[CPL];\n"
@@ -279,8 +281,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks);
-    /* a tile for each warp at least */
-    int minpos = ns > 1 ? cg_attn_split_min(ATTN_WARPS * ATTN_TILE) : 1;
+    int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d_bs%d_t%d_%s", H,

@@ -13,10 +13,10 @@
  * rows into kv_b: the weight argument's i is that byte offset.
  *
  * Buckets of up to ABSORB_MAX_T tokens (MOEC_ABSORB_MAX_T at codegen; 0:
- * cuBLASLt always) run a generated kernel instead: at a token or a few the
+ * cuBLASLt always) run a generated kernel instead: at a token or two the
  * GEMM is a 2 MB (V2-Lite) to 16 MB (V3) read that cuBLASLt's batched
- * launch takes ~7 us for. qabsorb: a block per head and 32 * VW columns of
- * r, its warps splitting the dn rows of W_UK[h] (every load of the block in
+ * launch takes ~7 us for. qabsorb: a block per head and 64 columns of r,
+ * its warps splitting the dn rows of W_UK[h] (every load of the block in
  * flight at once), the tokens' q_nope rows in shared memory, the warps'
  * partial sums added in shared memory. vabsorb: a block per head and
  * ABS_ROWS rows of W_UV[h], a warp per few rows, lanes along r against the
@@ -27,10 +27,13 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-#define ABSORB_MAX_T 8
+/* (H100, 2026-11-24, V2-Lite shape: the kernels 2.5 us a layer faster than
+   cuBLASLt at 1 token, 6 us slower at 8) */
+#define ABSORB_MAX_T 2
 #define ABS_Q_WARPS 16 /* qabsorb: warps per block, splitting dn */
 #define ABS_V_WARPS 8  /* vabsorb: warps per block */
-#define ABS_V_RPW 4    /* vabsorb: W_UV rows per warp */
+#define ABS_V_RPW 2    /* vabsorb: W_UV rows per warp */
+#define ABS_Q_VW 2     /* qabsorb: columns per lane (64 a block: blocks for every SM) */
 
 static const char QABSORB_BODY[] =
     "    constexpr int NT = NW * 32, COLS = 32 * VW;\n"
@@ -132,6 +135,8 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int
 {
     const ir_value *x = op->in[0], *kv_b = op->in[1], *y = op->out[0];
     int vw = cg_vec_width(r);
+    if (q && vw > ABS_Q_VW)
+        vw = ABS_Q_VW;
     char name[256];
     snprintf(name, sizeof name, "mla_%sabsorb_h%lld_dn%lld_dv%lld_r%lld_t%d_%s_%s_%s", q ? "q" : "v",
              (long long)H, (long long)dn, (long long)dv, (long long)r, c->T, ir_dtype_name(dc),
@@ -197,7 +202,7 @@ moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
     /* the kernel's shared memory: the tokens' rows of x, and qabsorb's
        partial sums */
     size_t smem = (size_t)c->T * (size_t)(q ? dn : r) * 4 + (q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
-    if (c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 64) && da != IR_DTYPE_F8E4M3 &&
+    if (c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) && da != IR_DTYPE_F8E4M3 &&
         smem <= 48 * 1024)
         return emit_kernel(c, op, q, H, dn, dv, r, da, db, dc);
     if (H * (dn + dv) * r > INT32_MAX)

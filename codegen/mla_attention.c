@@ -495,8 +495,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     /* split the sequence when the bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * (H / hb);
     int ns = cg_attn_splits(blocks);
-    /* two of the tensor-core kernel's 32-position tiles at least */
-    int minpos = ns > 1 ? cg_attn_split_min(2 * MMA_PT) : 1;
+    int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     const char *ts = cg_ctype(dt);
     char tag[64];
     if (cdt == dt && edt == dt)

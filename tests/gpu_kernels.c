@@ -201,7 +201,7 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
 
 /* The ops whose kernels these programs run: the heavy ones, and here the
  * add_rms_norm of km_spec.AN and the absorptions of km_spec.AH too (their
- * buckets of up to 8 tokens: generated kernels, not cuBLASLt). */
+ * buckets of up to 2 tokens: generated kernels, not cuBLASLt). */
 static int runs(const ir_op *op)
 {
     return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM || op->kind == IR_OP_MLA_QABSORB ||
@@ -2198,7 +2198,7 @@ static const km_spec ODD_DSA_FUSED = {.name = "odd_dsa_fused", .vocab = 97, .att
 static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
 static const km_spec ADD3_V3 = {.name = "v3_add3", .vocab = 97, .AN = 7168, .an_alpha = 2.5};
 static const km_spec ADD3_ODD = {.name = "odd_add3", .vocab = 97, .AN = 37, .an_alpha = -0.5};
-/* MLA's absorptions as generated kernels (buckets of up to 8 tokens):
+/* MLA's absorptions as generated kernels (buckets of up to 2 tokens):
  * V2-Lite's 16 heads and V3's 128 (dn = dv = 128, r 512), and odd sizes
  * (r not a multiple of 8, dv past one block's rows) */
 static const km_spec ABS_V2 = {.name = "v2lite_absorb", .vocab = 97, .AH = 16, .ADN = 128,
@@ -2908,7 +2908,7 @@ int main(void)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
     const km_spec *absorbs[3] = {&ABS_V2, &ABS_V3, &ABS_ODD};
-    const unsigned ABS_T = TM(1) | TM(2) | TM(8) | TM(3);
+    const unsigned ABS_T = TM(1) | TM(2);
     for (int i = 0; i < 3; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_T);
