@@ -156,6 +156,13 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op);
  * stream; NULL when there is none (then the attention writes its cache
  * itself). mla_attention's emitter asks the same to skip its write. */
 const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro);
+/* dsa_prologue_k: one kernel, which also writes the paged key cache of the
+ * dsa_topk cg_dsa_prologue_cache names. */
+moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op);
+/* The dsa_topk whose key cache the dsa_prologue_k `pro` writes: the one op
+ * reading pro's result as its k, on pro's stream; NULL when there is none
+ * (then dsa_topk writes its keys itself, and asks the same to skip it). */
+const ir_op *cg_dsa_prologue_cache(const ir_module *m, const ir_op *pro);
 
 /* A rotation's frequencies for the rope attributes of op (rope or an MLA
  * prologue op) over heads of R channels: inv_freq[R/2] computed on the host

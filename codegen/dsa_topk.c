@@ -78,7 +78,7 @@ static const char WRITE_BODY[] =
     "    for (int i = threadIdx.x; i < DI / V; i += blockDim.x)\n"
     "        cpv<V>(kpool + row * DI + i * V, k + (long long)t * DI + i * V);\n";
 
-static const char SCORE_BODY[] =
+static const char SCORE_HEAD[] =
     "    __shared__ __align__(16) TQ q_s[HI][QLD];\n"
     "    __shared__ __align__(16) TS k_s[PT][KLD];\n"
     "    __shared__ float w_s[HI];\n"
@@ -90,13 +90,9 @@ static const char SCORE_BODY[] =
     "        return;\n"
     "    const int n = p + 1, n_tiles = (n + PT - 1) / PT;\n"
     "    if ((int)blockIdx.y >= n_tiles)\n"
-    "        return;\n"
-    "    for (int i = tid; i < HI * (DI / VE); i += NT) {\n"
-    "        const int h = i / (DI / VE), j = (i % (DI / VE)) * VE;\n"
-    "        cpv<VE>(&q_s[h][j], q + ((long long)t * HI + h) * DI + j);\n"
-    "    }\n"
-    "    for (int h = tid; h < HI; h += NT)\n"
-    "        w_s[h] = ld(w + (long long)t * HI + h) * weight_scale;\n"
+    "        return;\n";
+
+static const char SCORE_TAIL[] =
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    float *srow = scores + (long long)t * max_blocks * BS;\n"
     "    const int pp = tid / HG, hg = tid % HG;\n"
@@ -134,12 +130,62 @@ static const char SCORE_BODY[] =
     "            srow[p0 + pp] = acc;\n"
     "    }\n";
 
+/* Both legacy forms load the token's q heads (from its row: QS apart,
+ * from column QC; VQ-wide) and head weights (WS apart, from WC) into shared
+ * memory, then, with ROPE, rotate q there: dsa_topk's rope of q (pass
+ * fuse_dsa_indexer), before the tile loop's first barrier. */
+static const char SCORE_Q_LOAD[] =
+    "    for (int i = tid; i < HI * (DI / VQ); i += NT) {\n"
+    "        const int h = i / (DI / VQ), j = (i % (DI / VQ)) * VQ;\n"
+    "        cpv<VQ>(&q_s[h][j], q + (long long)t * QS + QC + h * DI + j);\n"
+    "    }\n"
+    "    for (int h = tid; h < HI; h += NT)\n"
+    "        w_s[h] = ld(w + (long long)t * WS + WC + h) * weight_scale;\n"
+    "    if constexpr (ROPE) {\n"
+    "        __shared__ float cs_s[RDH], sn_s[RDH];\n"
+    "        dsa_rope_angles(cs_s, sn_s, RDH, (float)p, inv_freq, AF);\n"
+    "        __syncthreads();\n"
+    "        dsa_rope_rows<HI, RDH, NEOX, QLD>(&q_s[0][0], cs_s, sn_s);\n"
+    "    }\n";
+
+/* dsa_topk's rope of q, folded into the score kernels: the angles of
+ * position p (pairs k < rdh, cos and sin times attn_factor, as rope.c
+ * computes them), then each of HI heads (rows of LD in shared memory)
+ * rotated in place, pairs (k, k + RDH) neox, (2k, 2k + 1) interleaved, each
+ * pair read and written by one thread. */
+static const char ROPE_HELPERS[] =
+    "#ifndef MOEC_DSA_ROPE_HELPERS\n"
+    "#define MOEC_DSA_ROPE_HELPERS\n"
+    "__device__ __forceinline__ void dsa_rope_angles(float *cs, float *sn, int rdh, float p,\n"
+    "                                                const float *inv_freq, float af)\n"
+    "{\n"
+    "    for (int k = threadIdx.x; k < rdh; k += blockDim.x) {\n"
+    "        float s, c;\n"
+    "        sincosf(p * inv_freq[k], &s, &c);\n"
+    "        cs[k] = c * af;\n"
+    "        sn[k] = s * af;\n"
+    "    }\n"
+    "}\n"
+    "template <int HI, int RDH, bool NEOX, int LD, typename T>\n"
+    "__device__ __forceinline__ void dsa_rope_rows(T *q, const float *cs, const float *sn)\n"
+    "{\n"
+    "    for (int i = threadIdx.x; i < HI * RDH; i += blockDim.x) {\n"
+    "        const int h = i / RDH, k = i % RDH;\n"
+    "        const int i0 = NEOX ? k : 2 * k, i1 = NEOX ? k + RDH : 2 * k + 1;\n"
+    "        T *r = q + h * LD;\n"
+    "        const float x0 = ld(r + i0), x1 = ld(r + i1);\n"
+    "        st(r + i0, x0 * cs[k] - x1 * sn[k]);\n"
+    "        st(r + i1, x1 * cs[k] + x0 * sn[k]);\n"
+    "    }\n"
+    "}\n"
+    "#endif\n\n";
+
 /* The tensor-core form of the scores (bf16, heads and channels in sixteens):
  * per tile of PT positions each warp takes 8 of them and every head, S = Q
  * K^T by m16n8k16 MMAs (16 heads by 8 positions, fp32 accumulators), then
  * sums w[h] * relu(scale * S) over the heads: its lanes' two rows per head
  * tile, then across the lanes of a position by shuffles. */
-static const char SCORE_MMA_BODY[] =
+static const char SCORE_MMA_HEAD[] =
     "    constexpr int NW = NT / 32, MT = HI / 16;\n"
     "    __shared__ __align__(16) __nv_bfloat16 q_s[HI][QLD];\n"
     "    __shared__ __align__(16) __nv_bfloat16 k_s[PT][KLD];\n"
@@ -152,13 +198,9 @@ static const char SCORE_MMA_BODY[] =
     "        return;\n"
     "    const int n = p + 1, n_tiles = (n + PT - 1) / PT;\n"
     "    if ((int)blockIdx.y >= n_tiles)\n"
-    "        return;\n"
-    "    for (int i = tid; i < HI * (DI / 8); i += NT) {\n"
-    "        const int h = i / (DI / 8), j = (i % (DI / 8)) * 8;\n"
-    "        cpv<8>(&q_s[h][j], q + ((long long)t * HI + h) * DI + j);\n"
-    "    }\n"
-    "    for (int h = tid; h < HI; h += NT)\n"
-    "        w_s[h] = ld(w + (long long)t * HI + h) * weight_scale;\n"
+    "        return;\n";
+
+static const char SCORE_MMA_TAIL[] =
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    float *srow = scores + (long long)t * max_blocks * BS;\n"
     "    for (int tile = blockIdx.y; tile < n_tiles; tile += gridDim.y) {\n"
@@ -405,6 +447,7 @@ static const char SCORE_FAST_BODY[] =
     "        __nv_bfloat16 q[HI][LD];\n"
     "        __nv_bfloat16 k[2][PT][LD];\n"
     "        float w[HI];\n"
+    "        float cs[RDH], sn[RDH];\n"
     "        int first[TT + 1];\n"
     "    };\n"
     "    static_assert(sizeof(Smem) == SMEM, \"shared memory layout\");\n"
@@ -451,6 +494,7 @@ static const char SCORE_FAST_BODY[] =
     "        }\n"
     "    };\n"
     "    int t = 0, qt = -1;\n"
+    "    bool rot = false;\n"
     "    while (sm.first[t + 1] <= i0)\n"
     "        t++;\n"
     "    load_tile(t, i0 - sm.first[t], 0);\n"
@@ -463,10 +507,13 @@ static const char SCORE_FAST_BODY[] =
     "        if (t != qt) {\n"
     "            for (int c = tid; c < HI * CH; c += NT) {\n"
     "                const int h = c / CH, col = (c % CH) * 8;\n"
-    "                dsa_cp16(&sm.q[h][col], q + ((long long)t * HI + h) * DI + col, true);\n"
+    "                dsa_cp16(&sm.q[h][col], q + (long long)t * QS + QC + h * DI + col, true);\n"
     "            }\n"
     "            for (int h = tid; h < HI; h += NT)\n"
-    "                sm.w[h] = ld(w + (long long)t * HI + h) * weight_scale;\n"
+    "                sm.w[h] = ld(w + (long long)t * WS + WC + h) * weight_scale;\n"
+    "            if constexpr (ROPE)\n"
+    "                dsa_rope_angles(sm.cs, sm.sn, RDH, (float)pos[t], inv_freq, AF);\n"
+    "            rot = ROPE;\n"
     "            qt = t;\n"
     "        }\n"
     "        dsa_cp_commit();\n"
@@ -480,6 +527,12 @@ static const char SCORE_FAST_BODY[] =
     "        /* every group but the next tile's: this tile and q are in */\n"
     "        dsa_cp_wait<1>();\n"
     "        __syncthreads();\n"
+    "        /* a new token's q is in: rotated in place once (rot is the block's) */\n"
+    "        if (rot) {\n"
+    "            dsa_rope_rows<HI, RDH, NEOX, LD>(&sm.q[0][0], sm.cs, sm.sn);\n"
+    "            __syncthreads();\n"
+    "            rot = false;\n"
+    "        }\n"
     "        const int p0 = (i - sm.first[t]) * PT, n = pos[t] + 1;\n"
     "        const int nv = n - p0 < PT ? n - p0 : PT;\n"
     "        if (warp * 16 < nv) {\n"
@@ -779,6 +832,83 @@ static void score_args(ir_step *s, const ir_op *op, const ir_op *pool_op)
     s->args[9] = cg_arg_f32(ir_op_attr_float(op, "weight_scale", 1.0));
 }
 
+/* Where the score kernels find q and the head weights, and q's rope: the
+ * kernels' QS, QC, WS, WC (token t's head h at q + t * QS + QC + h * DI,
+ * its weight at w + t * WS + WC + h), ROPE, NEOX, RDH, AF and the frequency
+ * table; sfx, what of it a kernel name says. */
+typedef struct dsa_q {
+    long long hi, di, qs, qc, ws, wc, rdh;
+    int rope, neox;
+    cg_rope rt;
+    char sfx[96];
+} dsa_q;
+
+static moec_status dsa_q_init(const ir_op *op, dsa_q *dq)
+{
+    memset(dq, 0, sizeof *dq);
+    const ir_value *q = op->in[0], *k = op->in[1], *w = op->in[2];
+    dq->di = k->type.dims[1];
+    if (ir_op_attr(op, "heads")) {
+        dq->hi = ir_op_attr_int(op, "heads", 0);
+        dq->qs = q->type.dims[1];
+        dq->qc = ir_op_attr_int(op, "q_col", 0);
+        dq->ws = w->type.dims[1];
+        dq->wc = ir_op_attr_int(op, "w_col", 0);
+    } else {
+        dq->hi = q->type.dims[1];
+        dq->qs = dq->hi * dq->di;
+        dq->ws = dq->hi;
+    }
+    dq->rope = ir_op_attr(op, "style") != NULL;
+    dq->rdh = 1;
+    int n = 0;
+    if (dq->qs != dq->hi * dq->di || dq->qc || dq->ws != dq->hi || dq->wc)
+        n = snprintf(dq->sfx, sizeof dq->sfx, "_q%lld_%lld_w%lld_%lld", dq->qs, dq->qc, dq->ws,
+                     dq->wc);
+    if (!dq->rope)
+        return MOEC_OK;
+    const char *style = ir_op_attr_str(op, "style", "");
+    dq->neox = !strcmp(style, "neox");
+    long long rd = ir_op_attr_int(op, "rotary_dim", dq->di);
+    if ((!dq->neox && strcmp(style, "interleave") != 0) || rd < 2 || rd > dq->di || rd % 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "dsa_topk %%%s: q's rope wants style \"neox\" or \"interleave\" and an "
+                        "even rotary_dim <= %lld",
+                        op->out[0]->name, dq->di);
+    dq->rdh = rd / 2;
+    MOEC_TRY(cg_rope_init(op, rd, &dq->rt));
+    snprintf(dq->sfx + n, sizeof dq->sfx - (size_t)n, "_%s%lld_%08x", dq->neox ? "neox" : "il", rd,
+             dq->rt.hash);
+    return MOEC_OK;
+}
+
+/* The score kernels' constants and table of dq: before the kernel (the
+ * table, named after it) and inside it. */
+static void dsa_q_table(moec_buf *b, const dsa_q *dq, const char *kernel)
+{
+    if (dq->rope) {
+        char sym[300];
+        snprintf(sym, sizeof sym, "%s_inv_freq", kernel);
+        cg_rope_emit_table(b, &dq->rt, sym);
+    }
+}
+
+static void dsa_q_consts(moec_buf *b, const dsa_q *dq, const char *kernel)
+{
+    moec_buf_printf(b,
+                    "    constexpr long long QS = %lld, QC = %lld, WS = %lld, WC = %lld;\n"
+                    "    constexpr int RDH = %lld;\n"
+                    "    constexpr bool ROPE = %s, NEOX = %s;\n"
+                    "    constexpr float AF = %af;\n",
+                    dq->qs, dq->qc, dq->ws, dq->wc, dq->rdh, dq->rope ? "true" : "false",
+                    dq->neox ? "true" : "false", (double)(dq->rope ? dq->rt.attn_factor : 1.0f));
+    if (dq->rope)
+        moec_buf_printf(b, "    const float *inv_freq = %s_inv_freq;\n", kernel);
+    else
+        moec_buf_printf(b, "    const float *inv_freq = nullptr;\n");
+    moec_buf_printf(b, "    (void)RDH;\n    (void)NEOX;\n    (void)AF;\n    (void)inv_freq;\n");
+}
+
 static moec_status emit_write(cg_ctx *c, const ir_op *op, long long DI, const char *kt,
                               const char *st, const char *tag)
 {
@@ -826,28 +956,32 @@ static long long smem_optin(const char *arch)
 }
 
 /* The fast score kernel (see SCORE_FAST_BODY); *done = 0 when its shared
- * memory does not fit and the CUDA-core form must do. */
-static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, long long HI, long long DI,
-                                   long long K, const ir_op *pool_op, const char *tag, int *done)
+ * memory does not fit, or q's rows are not 16-byte aligned for cp.async,
+ * and another form must do. */
+static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, const dsa_q *dq, long long K,
+                                   const ir_op *pool_op, const char *tag, int *done)
 {
     const char *who = op->out[0]->name;
+    long long HI = dq->hi, DI = dq->di;
     int bs = c->opt->kv_block_size, is_new;
     long long ld = DI + 8; /* ldmatrix's eight rows of a matrix on distinct banks */
-    long long smem = HI * ld * 2 + 2LL * DSA_FAST_PT * ld * 2 + HI * 4 + (c->T + 1LL) * 4;
+    long long smem = HI * ld * 2 + 2LL * DSA_FAST_PT * ld * 2 + HI * 4 + 2 * dq->rdh * 4 +
+                     (c->T + 1LL) * 4;
     *done = 0;
-    if (smem > smem_optin(c->opt->arch))
+    if (smem > smem_optin(c->opt->arch) || dq->qs % 8 || dq->qc % 8)
         return MOEC_OK;
     /* blocks resident per SM: the grid is one full wave of them */
     long long per_sm = DSA_SM_SMEM / (smem + 1024);
     int grid = DSA_SMS * (int)(per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm);
     char name[256];
-    snprintf(name, sizeof name, "dsa_score_tc_h%lld_d%lld_k%lld_pt%d_g%d_bs%d_t%d_%s", HI, DI, K,
-             DSA_FAST_PT, grid, bs, c->T, tag);
+    snprintf(name, sizeof name, "dsa_score_tc_h%lld_d%lld_k%lld_pt%d_g%d_bs%d_t%d_%s%s", HI, DI,
+             K, DSA_FAST_PT, grid, bs, c->T, tag, dq->sfx);
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
     if (is_new) {
-        moec_buf_printf(&c->src, "%s%s", SCAN_HELPERS, FAST_SCORE_HELPERS);
+        moec_buf_printf(&c->src, "%s%s%s", SCAN_HELPERS, FAST_SCORE_HELPERS, ROPE_HELPERS);
+        dsa_q_table(&c->src, dq, name);
         moec_buf_printf(&c->src,
                         "// dsa_topk: index scores over the paged key cache, every token's tiles "
                         "shared by a fixed grid, on tensor cores (codegen/dsa_topk.c)\n"
@@ -858,9 +992,11 @@ static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, long long HI, lon
                         "*__restrict__ kpool, float *__restrict__ scores, float scale, float "
                         "weight_scale)\n{\n"
                         "    constexpr int HI = %lld, DI = %lld, K = %lld, PT = %d, NT = %d, BS = "
-                        "%d, TT = %d, LD = %lld, SMEM = %lld;\n%s}\n\n",
+                        "%d, TT = %d, LD = %lld, SMEM = %lld;\n",
                         DSA_FAST_THREADS, name, cg_ctype(cg_storage(c, op->in[2])), HI, DI, K,
-                        DSA_FAST_PT, DSA_FAST_THREADS, bs, c->T, ld, smem, SCORE_FAST_BODY);
+                        DSA_FAST_PT, DSA_FAST_THREADS, bs, c->T, ld, smem);
+        dsa_q_consts(&c->src, dq, name);
+        moec_buf_printf(&c->src, "%s}\n\n", SCORE_FAST_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -874,49 +1010,61 @@ static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, long long HI, lon
     return MOEC_OK;
 }
 
-static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long long DI, long long K,
+static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
+
+static moec_status emit_score(cg_ctx *c, const ir_op *op, const dsa_q *dq, long long K,
                               const ir_op *pool_op, const char *tag, int legacy)
 {
     const char *who = op->out[0]->name;
+    long long HI = dq->hi, DI = dq->di;
     int bs = c->opt->kv_block_size, is_new;
     ir_dtype qdt = cg_storage(c, op->in[0]), wdt = cg_storage(c, op->in[2]),
              sdt = c->opt->compute_dtype;
     long long qsz = (long long)ir_dtype_size(qdt), ssz = (long long)ir_dtype_size(sdt);
     long long qld = round_up(DI, 16 / qsz) + 16 / qsz, kld = round_up(DI, 16 / ssz) + 16 / ssz;
+    long long rope_smem = dq->rope ? 2 * dq->rdh * 4 : 0;
     /* bf16 with heads and channels in sixteens: tensor cores, 64 positions a
-       tile (fewer when the heads' q crowds shared memory) */
-    int mma = qdt == IR_DTYPE_BF16 && sdt == IR_DTYPE_BF16 && HI % 16 == 0 && DI % 16 == 0;
+       tile (fewer when the heads' q crowds shared memory); q's rows
+       16-byte aligned for its 8-wide loads */
+    int mma = qdt == IR_DTYPE_BF16 && sdt == IR_DTYPE_BF16 && HI % 16 == 0 && DI % 16 == 0 &&
+              dq->qs % 8 == 0 && dq->qc % 8 == 0;
     if (mma && !legacy) {
         int done;
-        MOEC_TRY(emit_score_fast(c, op, HI, DI, K, pool_op, tag, &done));
+        MOEC_TRY(emit_score_fast(c, op, dq, K, pool_op, tag, &done));
         if (done)
             return MOEC_OK;
     }
+#define SCORE_SMEM(pt) (HI * qld * qsz + (pt) * kld * ssz + HI * 4 + (pt) * 8 + rope_smem)
     int pt = mma ? 64 : 32, pt_min = mma ? 16 : 8;
-    while (pt > pt_min && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
+    while (pt > pt_min && SCORE_SMEM(pt) > DSA_SMEM_MAX)
         pt /= 2;
-    if (mma && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX) {
+    if (mma && SCORE_SMEM(pt) > DSA_SMEM_MAX) {
         mma = 0;
         pt = 32;
-        while (pt > 8 && HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
+        while (pt > 8 && SCORE_SMEM(pt) > DSA_SMEM_MAX)
             pt /= 2;
     }
-    if (HI * qld * qsz + pt * kld * ssz + HI * 4 + pt * 8 > DSA_SMEM_MAX)
+    if (SCORE_SMEM(pt) > DSA_SMEM_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "dsa_topk %%%s: %lld indexer heads of %lld channels do not fit shared "
                         "memory",
                         who, HI, DI);
+#undef SCORE_SMEM
     int nt = mma ? 256 : pt * DSA_HEAD_GROUPS;
     int nb = (DSA_TARGET_BLOCKS + c->T - 1) / c->T;
+    /* q's loads: 8 wide on tensor cores, else as wide as its rows' alignment allows */
+    int vq = mma ? 8 : cg_vec_width(gcd(gcd(DI, dq->qs), dq->qc));
     char name[256];
-    snprintf(name, sizeof name, "dsa_score%s_h%lld_d%lld_k%lld_pt%d_nb%d_bs%d_t%d_%s",
-             mma ? "_mma" : "", HI, DI, K, pt, nb, bs, c->T, tag);
+    snprintf(name, sizeof name, "dsa_score%s_h%lld_d%lld_k%lld_pt%d_nb%d_bs%d_t%d_%s%s",
+             mma ? "_mma" : "", HI, DI, K, pt, nb, bs, c->T, tag, dq->sfx);
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
     if (is_new && mma)
         moec_buf_printf(&c->src, "%s", MMA_HELPERS);
-    if (is_new)
+    if (is_new) {
+        moec_buf_printf(&c->src, "%s", ROPE_HELPERS);
+        dsa_q_table(&c->src, dq, name);
         moec_buf_printf(&c->src,
                         "// dsa_topk: index scores over the paged key cache, one block per token "
                         "and tiles of positions (codegen/dsa_topk.c)\n"
@@ -927,10 +1075,14 @@ static moec_status emit_score(cg_ctx *c, const ir_op *op, long long HI, long lon
                         "float scale, float weight_scale)\n{\n"
                         "    typedef %s TQ;\n    typedef %s TS;\n"
                         "    constexpr int HI = %lld, DI = %lld, K = %lld, PT = %d, HG = %d, NT = %d, "
-                        "BS = %d, VE = %d, QLD = %lld, KLD = %lld;\n%s}\n\n",
+                        "BS = %d, VE = %d, VQ = %d, QLD = %lld, KLD = %lld;\n",
                         nt, name, cg_ctype(qdt), cg_ctype(wdt), cg_ctype(sdt), cg_ctype(qdt),
-                        cg_ctype(sdt), HI, DI, K, pt, DSA_HEAD_GROUPS, nt, bs, cg_vec_width(DI), qld,
-                        kld, mma ? SCORE_MMA_BODY : SCORE_BODY);
+                        cg_ctype(sdt), HI, DI, K, pt, DSA_HEAD_GROUPS, nt, bs, cg_vec_width(DI),
+                        vq, qld, kld);
+        dsa_q_consts(&c->src, dq, name);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", mma ? SCORE_MMA_HEAD : SCORE_HEAD, SCORE_Q_LOAD,
+                        mma ? SCORE_MMA_TAIL : SCORE_TAIL);
+    }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
@@ -1022,16 +1174,18 @@ moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
     const ir_value *q = op->in[0], *k = op->in[1], *w = op->in[2], *y = op->out[0];
-    if (op->n_in != 4 || q->type.rank != 3 || k->type.rank != 2 || w->type.rank != 2 ||
-        y->type.rank != 2 || k->type.dims[1] != q->type.dims[2] ||
-        w->type.dims[1] != q->type.dims[1] || cg_storage(c, y) != IR_DTYPE_I32 ||
-        cg_storage(c, q) == IR_DTYPE_I32 || cg_storage(c, k) == IR_DTYPE_I32 ||
-        cg_storage(c, w) == IR_DTYPE_I32)
+    int rows = ir_op_attr(op, "heads") != NULL;
+    if (op->n_in != 4 || q->type.rank != (rows ? 2 : 3) || k->type.rank != 2 ||
+        w->type.rank != 2 || y->type.rank != 2 ||
+        (!rows && (k->type.dims[1] != q->type.dims[2] || w->type.dims[1] != q->type.dims[1])) ||
+        cg_storage(c, y) != IR_DTYPE_I32 || cg_storage(c, q) == IR_DTYPE_I32 ||
+        cg_storage(c, k) == IR_DTYPE_I32 || cg_storage(c, w) == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "dsa_topk %%%s: wants q [T, Hi, Di], k [T, Di], weights [T, Hi] (float), "
-                        "pos and an i32 result [T, top_k]",
+                        "dsa_topk %%%s: wants q [T, Hi, Di], k [T, Di], weights [T, Hi] (float; "
+                        "or rows holding q and the weights, with heads), pos and an i32 result "
+                        "[T, top_k]",
                         who);
-    long long HI = q->type.dims[1], DI = q->type.dims[2], K = y->type.dims[1];
+    long long K = y->type.dims[1];
     const ir_op *pool_op = first_dsa(c->m);
     ir_dtype sdt = c->opt->compute_dtype, kdt = cg_storage(c, k);
     char tag[64], wtag[32];
@@ -1039,7 +1193,24 @@ moec_status cg_emit_dsa_topk(cg_ctx *c, const ir_op *op)
     snprintf(wtag, sizeof wtag, "%s_%s", ir_dtype_name(kdt), ir_dtype_name(sdt));
     int legacy;
     MOEC_TRY(dsa_form(who, &legacy));
-    MOEC_TRY(emit_write(c, op, DI, cg_ctype(kdt), cg_ctype(sdt), wtag));
-    MOEC_TRY(emit_score(c, op, HI, DI, K, pool_op, tag, legacy));
+    dsa_q dq;
+    MOEC_TRY(dsa_q_init(op, &dq));
+    if (dq.hi < 1 || dq.qc < 0 || dq.wc < 0 || dq.qc + dq.hi * dq.di > dq.qs ||
+        dq.wc + dq.hi > dq.ws) {
+        cg_rope_free(&dq.rt);
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "dsa_topk %%%s: heads %lld of %lld channels at columns %lld and %lld are "
+                        "past q's %lld or the weights' %lld",
+                        who, dq.hi, dq.di, dq.qc, dq.wc, dq.qs, dq.ws);
+    }
+    /* the keys' cache write, unless the dsa_prologue_k that computes them writes it */
+    const ir_op *pro = k->kind == IR_VALUE_OP ? k->def : NULL;
+    moec_status st = MOEC_OK;
+    if (!pro || cg_dsa_prologue_cache(c->m, pro) != op)
+        st = emit_write(c, op, dq.di, cg_ctype(kdt), cg_ctype(sdt), wtag);
+    if (st == MOEC_OK)
+        st = emit_score(c, op, &dq, K, pool_op, tag, legacy);
+    cg_rope_free(&dq.rt);
+    MOEC_TRY(st);
     return emit_select(c, op, K, pool_op, legacy);
 }

@@ -47,20 +47,6 @@ typedef struct pro_site {
     ir_op *q_norm;
 } pro_site;
 
-/* The value v's columns are taken from through slices along dim 1 of
- * [T, N] values, and *col, the column v starts at there. */
-static ir_value *col_base(ir_value *v, int64_t *col)
-{
-    *col = 0;
-    for (ir_op *s = pass_def_of(v, IR_OP_SLICE); s && pass_is_act(s->in[0], 2) && pass_is_act(v, 2) &&
-                                            ir_op_attr_int(s, "axis", 0) == 1;
-         s = pass_def_of(v, IR_OP_SLICE)) {
-        *col += ir_op_attr_int(s, "start", 0);
-        v = s->in[0];
-    }
-    return v;
-}
-
 /* rope(x [T, h, dr], pos) rotating all dr channels: its input, else NULL. */
 static ir_value *full_rope_input(const ir_op *rope)
 {
@@ -70,11 +56,6 @@ static ir_value *full_rope_input(const ir_op *rope)
         return NULL;
     return rope->in[0];
 }
-
-/* The attributes a prologue op takes from the ropes (rope's but rotary_dim). */
-static const char *const ROPE_KEYS[] = {"style",    "theta",     "scaling",    "factor",
-                                        "yarn_low", "yarn_high", "attn_factor"};
-#define N_ROPE_KEYS ((int)(sizeof ROPE_KEYS / sizeof *ROPE_KEYS))
 
 static int attr_same(const ir_attr *a, const ir_attr *b)
 {
@@ -95,8 +76,8 @@ static int ropes_agree(const ir_op *a, const ir_op *b)
 {
     if (a->in[1] != b->in[1])
         return 0;
-    for (int i = 0; i < N_ROPE_KEYS; i++)
-        if (!attr_same(ir_op_attr(a, ROPE_KEYS[i]), ir_op_attr(b, ROPE_KEYS[i])))
+    for (int i = 0; i < PASS_N_ROPE_KEYS; i++)
+        if (!attr_same(ir_op_attr(a, PASS_ROPE_KEYS[i]), ir_op_attr(b, PASS_ROPE_KEYS[i])))
             return 0;
     return 1;
 }
@@ -113,7 +94,7 @@ static int match_kv(ir_op *att, pro_site *s)
     if (!pass_is_act(kv_c, 2) || !rs || !pass_is_act(rs->in[0], 2) || k_pe->type.dims[1] != 1)
         return 0;
     int64_t c_col, p_col;
-    ir_value *b = col_base(kv_c, &c_col), *bp = col_base(rs->in[0], &p_col);
+    ir_value *b = pass_col_base(kv_c, &c_col), *bp = pass_col_base(rs->in[0], &p_col);
     s->r = kv_c->type.dims[1];
     s->dr = k_pe->type.dims[2];
     if (b != bp || b == kv_c || !pass_is_act(b, 2) || p_col != c_col + s->r || s->dr % 2)
@@ -148,7 +129,7 @@ static void match_q(ir_op *att, pro_site *s)
         ir_op_attr_int(sp, "axis", 0) != 2 || ir_op_attr_int(sp, "start", -1) != s->dn)
         return;
     int64_t col;
-    s->q_base = col_base(rs->in[0], &col);
+    s->q_base = pass_col_base(rs->in[0], &col);
     s->q_ok = col == 0 && pass_is_act(s->q_base, 2);
 }
 
@@ -162,7 +143,7 @@ static ir_op *find_q_norm(const ir_module *m, const pro_site *s)
         ir_op *n = m->ops[i];
         int64_t col;
         if (n->kind == IR_OP_RMS_NORM && pass_is_act(n->in[0], 2) &&
-            n->in[0]->type.dims[1] == s->kv_col && col_base(n->in[0], &col) == s->base &&
+            n->in[0]->type.dims[1] == s->kv_col && pass_col_base(n->in[0], &col) == s->base &&
             col == 0 && ir_op_attr_float(n, "eps", -2) == eps)
             return n;
     }
@@ -194,18 +175,7 @@ static moec_status add_prologue(ir_module *m, const pro_site *s, ir_op_kind kind
     MOEC_TRY(ir_op_set_int(m, op, "qk_rope_head_dim", s->dr));
     if (kind != IR_OP_MLA_PROLOGUE_Q)
         MOEC_TRY(ir_op_set_float(m, op, "eps", ir_op_attr_float(s->kv_norm, "eps", 0)));
-    for (int i = 0; i < N_ROPE_KEYS; i++) {
-        const ir_attr *a = ir_op_attr(s->k_rope, ROPE_KEYS[i]);
-        if (!a)
-            continue;
-        if (a->kind == IR_ATTR_STR)
-            MOEC_TRY(ir_op_set_str(m, op, a->key, a->s));
-        else if (a->kind == IR_ATTR_FLOAT)
-            MOEC_TRY(ir_op_set_float(m, op, a->key, a->f));
-        else
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "fuse_mla_prologue: rope %%%s: attribute %s "
-                            "is not a %s", s->k_rope->out[0]->name, a->key, "float or string");
-    }
+    MOEC_TRY(pass_copy_rope_attrs(m, op, s->k_rope, 0, "fuse_mla_prologue"));
     moec_status st = ir_op_finish(m, op, NULL);
     if (st != MOEC_OK)
         return moec_err_wrap(st, "fuse_mla_prologue %%%s", old[0]->name);

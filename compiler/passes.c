@@ -37,6 +37,11 @@ static const pass_info PIPELINE[] = {
     /* MLA's slices, RMSNorms, ropes and cache write between the q/kv
      * projection and the attention: one op, one kernel (two with q LoRA). */
     {"fuse_mla_prologue", pass_fuse_mla_prologue, "MLA's prologue as one op"},
+    /* DeepSeek-V3.2's indexer: its key's slice, LayerNorm, rope and cache
+     * write as one op, and its q's rope and the slices of q and the head
+     * weights read inside dsa_topk's score kernel (three kernels a layer,
+     * from nine). */
+    {"fuse_dsa_indexer", pass_fuse_dsa_indexer, "the DSA indexer's key path as one op, q's rope in dsa_topk"},
     /* The shared expert branch runs on stream 1 beside routing and the routed
      * experts on stream 0, with explicit fork and join. */
     {"assign_streams", pass_assign_streams, "shared experts on a second stream"},
@@ -81,6 +86,41 @@ int pass_is_act(const ir_value *v, int rank)
 {
     return v && v->kind != IR_VALUE_WEIGHT && v->type.dtype == IR_DTYPE_F32 &&
            v->type.rank == rank && v->type.dims[0] == IR_DIM_T;
+}
+
+ir_value *pass_col_base(ir_value *v, int64_t *col)
+{
+    *col = 0;
+    for (ir_op *s = pass_def_of(v, IR_OP_SLICE); s && pass_is_act(s->in[0], 2) && pass_is_act(v, 2) &&
+                                            ir_op_attr_int(s, "axis", 0) == 1;
+         s = pass_def_of(v, IR_OP_SLICE)) {
+        *col += ir_op_attr_int(s, "start", 0);
+        v = s->in[0];
+    }
+    return v;
+}
+
+const char *const PASS_ROPE_KEYS[PASS_N_ROPE_KEYS] = {
+    "style", "theta", "scaling", "factor", "yarn_low", "yarn_high", "attn_factor"};
+
+moec_status pass_copy_rope_attrs(ir_module *m, ir_op *op, const ir_op *from, int with_rotary,
+                                 const char *who)
+{
+    for (int i = 0; i < PASS_N_ROPE_KEYS + with_rotary; i++) {
+        const ir_attr *a = ir_op_attr(from, i < PASS_N_ROPE_KEYS ? PASS_ROPE_KEYS[i] : "rotary_dim");
+        if (!a)
+            continue;
+        if (a->kind == IR_ATTR_STR)
+            MOEC_TRY(ir_op_set_str(m, op, a->key, a->s));
+        else if (a->kind == IR_ATTR_FLOAT)
+            MOEC_TRY(ir_op_set_float(m, op, a->key, a->f));
+        else if (a->kind == IR_ATTR_INT)
+            MOEC_TRY(ir_op_set_int(m, op, a->key, a->i));
+        else
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope %%%s: attribute %s is an int list",
+                            who, from->out[0]->name, a->key);
+    }
+    return MOEC_OK;
 }
 
 /* Writes the module a pass failed on; returns 0 when written. */

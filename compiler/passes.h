@@ -65,6 +65,18 @@ moec_status pass_shard_check(int tp, int ep, int rank);
 ir_op *pass_def_of(const ir_value *v, ir_op_kind kind);
 /* v is an f32 activation (not a weight) [T, ...] of rank `rank`. */
 int pass_is_act(const ir_value *v, int rank);
+/* The [T, N] value whose columns v is, through slices along dim 1 of
+ * [T, N] values, and *col, the column v starts at there (v itself and 0
+ * when it is no such slice). */
+ir_value *pass_col_base(ir_value *v, int64_t *col);
+/* rope's attributes but rotary_dim, as a list (style, theta, scaling,
+ * factor, yarn_low, yarn_high, attn_factor). */
+extern const char *const PASS_ROPE_KEYS[];
+#define PASS_N_ROPE_KEYS 7
+/* Copies those of from's rope attributes that are set (and rotary_dim when
+ * with_rotary) onto op; `who` names the pass in errors. */
+moec_status pass_copy_rope_attrs(ir_module *m, ir_op *op, const ir_op *from, int with_rotary,
+                                 const char *who);
 
 /* The passes (compiler/pass_*.c). */
 moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt);
@@ -76,6 +88,7 @@ moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
 moec_status pass_shard(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_mla_prologue(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_dsa_indexer(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_add3_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_plan_memory(ir_module *m, const pass_options *opt);

@@ -213,7 +213,10 @@ typedef enum ir_op_kind {
     IR_OP_DSA_TOPK,    /* (q [T, Hi, Di], k [T, Di], w [T, Hi], pos i32[T]) {top_k, scale,
                           weight_scale} -> i32[T, top_k]: appends k to this op's key cache,
                           scores every cached position p <= pos by sum_h w[h] * weight_scale *
-                          relu(scale * q[h] . k[p]) and keeps the top_k best, ascending */
+                          relu(scale * q[h] . k[p]) and keeps the top_k best, ascending.
+                          With {heads = Hi, q_col, w_col} q and w are [T, Nq], [T, Nw] rows
+                          holding q and w at those columns; with rope's attributes (and
+                          rotary_dim) q is rotated at pos first (pass fuse_dsa_indexer) */
     /* MLA's prologue (pass fuse_mla_prologue; docs/IR.md, "mla_prologue"): what
      * reads a row of the fused q/kv projection, one op instead of its slices,
      * RMSNorms and ropes. x [T, N]: the sections a row holds, from column 0;
@@ -227,13 +230,17 @@ typedef enum ir_op_kind {
                              x = [qr | r | dr] (q LoRA models) */
     IR_OP_MLA_PROLOGUE_Q, /* (x [T, N], pos) {heads, qk_nope_head_dim, qk_rope_head_dim,
                              rope's} -> (q_nope, q_pe as above); x = [H heads of dn + dr] */
+    IR_OP_DSA_PROLOGUE_K, /* (x [T, N], pos, w [D], b [D]) {col, eps, rope's, rotary_dim} ->
+                             f32[T, D]: the DSA indexer's key, layer_norm of x's columns
+                             [col, col + D) then rope of its first rotary_dim channels
+                             (pass fuse_dsa_indexer; docs/IR.md, "dsa_prologue_k") */
     IR_OP_COUNT,
 } ir_op_kind;
 
 #define IR_MAX_OPERANDS 8
 #define IR_MAX_RANKS 64 /* most ranks a collective spans */
 #define IR_MAX_RESULTS 4
-#define IR_MAX_ATTRS 12
+#define IR_MAX_ATTRS 16
 
 struct ir_op {
     ir_op_kind kind;

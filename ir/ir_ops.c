@@ -11,7 +11,7 @@
 #include "common/err.h"
 #include "ir/ir_internal.h"
 
-#define OP_MAX_ATTR_SPECS 12
+#define OP_MAX_ATTR_SPECS 16
 
 typedef struct attr_spec {
     const char *key;
@@ -30,6 +30,14 @@ typedef struct op_info {
     {"style", IR_ATTR_STR, 1}, {"theta", IR_ATTR_FLOAT, 1}, {"scaling", IR_ATTR_STR, 0},           \
         {"factor", IR_ATTR_FLOAT, 0}, {"yarn_low", IR_ATTR_FLOAT, 0},                            \
         {"yarn_high", IR_ATTR_FLOAT, 0}, {"attn_factor", IR_ATTR_FLOAT, 0}
+
+/* The same, all optional: dsa_topk's rope of q, present or not as a whole
+ * (infer_dsa_topk checks them like rope's once one is there). */
+#define ROPE_ATTRS_OPT                                                                           \
+    {"style", IR_ATTR_STR, 0}, {"theta", IR_ATTR_FLOAT, 0}, {"scaling", IR_ATTR_STR, 0},           \
+        {"factor", IR_ATTR_FLOAT, 0}, {"yarn_low", IR_ATTR_FLOAT, 0},                            \
+        {"yarn_high", IR_ATTR_FLOAT, 0}, {"attn_factor", IR_ATTR_FLOAT, 0},                      \
+        {"rotary_dim", IR_ATTR_INT, 0}
 
 static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1,
@@ -84,7 +92,11 @@ static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_DSA_TOPK] = {"dsa_topk", 4, 4, 1,
                         {{"top_k", IR_ATTR_INT, 1},
                          {"scale", IR_ATTR_FLOAT, 1},
-                         {"weight_scale", IR_ATTR_FLOAT, 1}}},
+                         {"weight_scale", IR_ATTR_FLOAT, 1},
+                         {"heads", IR_ATTR_INT, 0},
+                         {"q_col", IR_ATTR_INT, 0},
+                         {"w_col", IR_ATTR_INT, 0},
+                         ROPE_ATTRS_OPT}},
     [IR_OP_MLA_PROLOGUE] = {"mla_prologue", 3, 3, 4,
                             {{"heads", IR_ATTR_INT, 1},
                              {"qk_nope_head_dim", IR_ATTR_INT, 1},
@@ -100,6 +112,11 @@ static const op_info OPS[IR_OP_COUNT] = {
                                {"qk_nope_head_dim", IR_ATTR_INT, 1},
                                {"qk_rope_head_dim", IR_ATTR_INT, 1},
                                ROPE_ATTRS}},
+    [IR_OP_DSA_PROLOGUE_K] = {"dsa_prologue_k", 4, 4, 1,
+                              {{"col", IR_ATTR_INT, 1},
+                               {"eps", IR_ATTR_FLOAT, 1},
+                               ROPE_ATTRS,
+                               {"rotary_dim", IR_ATTR_INT, 0}}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -600,6 +617,16 @@ static moec_status rope_attrs(infer_ctx *c)
     return MOEC_OK;
 }
 
+/* The rotary channels of a head of D (rotary_dim, default D): even, 2 to D. */
+static moec_status rotary_dim(infer_ctx *c, int64_t D, int64_t *rd)
+{
+    *rd = ir_op_attr_int(c->op, "rotary_dim", D);
+    if (*rd < 2 || *rd > D || *rd % 2)
+        return fail(c, "rotary_dim %" PRId64 " must be even and in [2, %" PRId64 "] (the head dim)",
+                    *rd, D);
+    return MOEC_OK;
+}
+
 static moec_status infer_rope(infer_ctx *c, ir_type *out)
 {
     const ir_op *op = c->op;
@@ -609,10 +636,8 @@ static moec_status infer_rope(infer_ctx *c, ir_type *out)
     if (x->type.dims[2] % 2)
         return fail(c, "head dim %" PRId64 " of %%%s must be even", x->type.dims[2], vname(x));
     MOEC_TRY(rope_attrs(c));
-    int64_t rd = ir_op_attr_int(op, "rotary_dim", x->type.dims[2]);
-    if (rd < 2 || rd > x->type.dims[2] || rd % 2)
-        return fail(c, "rotary_dim %" PRId64 " must be even and in [2, %" PRId64 "] (the head dim)",
-                    rd, x->type.dims[2]);
+    int64_t rd;
+    MOEC_TRY(rotary_dim(c, x->type.dims[2], &rd));
     out[0] = type_like(&x->type, IR_DTYPE_F32);
     return MOEC_OK;
 }
@@ -1003,22 +1028,61 @@ static moec_status infer_layer_norm(infer_ctx *c, ir_type *out)
     return MOEC_OK;
 }
 
-/* The DSA indexer's scores and top-k: q [T, Hi, Di], k [T, Di], w [T, Hi]. */
+/* Columns [col, col + n) of the rows of x [T, N]: col >= 0 and inside. */
+static moec_status need_cols(infer_ctx *c, const ir_value *x, const char *key, int64_t col,
+                             int64_t n)
+{
+    if (col < 0 || col > x->type.dims[1] || n > x->type.dims[1] - col)
+        return fail(c, "%s %" PRId64 " + %" PRId64 " columns is past %%%s (%s)", key, col, n,
+                    vname(x), tfmt(&x->type).s);
+    return MOEC_OK;
+}
+
+/* The DSA indexer's scores and top-k: q [T, Hi, Di], k [T, Di], w [T, Hi];
+ * with heads, q [T, Nq] and w [T, Nw] holding them at q_col and w_col;
+ * with rope's attributes, q rotated first. */
 static moec_status infer_dsa_topk(infer_ctx *c, ir_type *out)
 {
     const ir_op *op = c->op;
     const ir_value *q = op->in[0], *k = op->in[1], *w = op->in[2];
-    MOEC_TRY(need_act(c, q, "q", 3, 3, 1));
+    int rows = ir_op_attr(op, "heads") != NULL;
+    MOEC_TRY(need_act(c, q, "q", rows ? 2 : 3, rows ? 2 : 3, 1));
     MOEC_TRY(need_act(c, k, "k", 2, 2, 1));
     MOEC_TRY(need_act(c, w, "weights", 2, 2, 1));
     MOEC_TRY(need_pos(c, op->in[3]));
-    int64_t Hi = q->type.dims[1], Di = q->type.dims[2];
-    if (k->type.dims[1] != Di)
-        return fail(c, "k %%%s has %" PRId64 " channels, q %%%s has head dim %" PRId64, vname(k),
-                    k->type.dims[1], vname(q), Di);
-    if (w->type.dims[1] != Hi)
-        return fail(c, "weights %%%s has %" PRId64 " heads, q %%%s has %" PRId64, vname(w),
-                    w->type.dims[1], vname(q), Hi);
+    int64_t Di = k->type.dims[1], Hi;
+    if (rows) {
+        Hi = ir_op_attr_int(op, "heads", 0);
+        if (Hi < 1 || Hi > IR_DIM_MAX / Di)
+            return fail(c, "heads %" PRId64 " must be >= 1 (and heads * %" PRId64 " not too large)",
+                        Hi, Di);
+        MOEC_TRY(need_cols(c, q, "q_col", ir_op_attr_int(op, "q_col", 0), Hi * Di));
+        MOEC_TRY(need_cols(c, w, "w_col", ir_op_attr_int(op, "w_col", 0), Hi));
+    } else {
+        if (ir_op_attr(op, "q_col") || ir_op_attr(op, "w_col"))
+            return fail(c, "q_col and w_col need the attribute heads");
+        Hi = q->type.dims[1];
+        if (q->type.dims[2] != Di)
+            return fail(c, "k %%%s has %" PRId64 " channels, q %%%s has head dim %" PRId64,
+                        vname(k), Di, vname(q), q->type.dims[2]);
+        if (w->type.dims[1] != Hi)
+            return fail(c, "weights %%%s has %" PRId64 " heads, q %%%s has %" PRId64, vname(w),
+                        w->type.dims[1], vname(q), Hi);
+    }
+    static const char *const rope_keys[] = {"style",     "theta",       "scaling",   "factor",
+                                            "yarn_low",  "yarn_high",   "attn_factor", "rotary_dim"};
+    int rope = 0;
+    for (int i = 0; i < 8; i++)
+        rope |= ir_op_attr(op, rope_keys[i]) != NULL;
+    if (rope) {
+        if (!ir_op_attr(op, "theta"))
+            return fail(c, "a rope of q needs attribute 'theta'");
+        int64_t rd;
+        MOEC_TRY(rope_attrs(c));
+        if (Di % 2)
+            return fail(c, "head dim %" PRId64 " must be even for a rope of q", Di);
+        MOEC_TRY(rotary_dim(c, Di, &rd));
+    }
     int64_t K = ir_op_attr_int(op, "top_k", 0);
     if (K < 1 || K > IR_DIM_MAX)
         return fail(c, "top_k %" PRId64 " must be >= 1", K);
@@ -1028,6 +1092,30 @@ static moec_status infer_dsa_topk(infer_ctx *c, ir_type *out)
     if (!isfinite(ws))
         return fail(c, "weight_scale %g must be finite", ws);
     out[0] = type_make(IR_DTYPE_I32, 2, IR_DIM_T, K, 0);
+    return MOEC_OK;
+}
+
+/* dsa_prologue_k: x [T, N] holding the key's D columns at col, pos, the
+ * LayerNorm's weight and bias [D]; rope's attributes with rotary_dim. */
+static moec_status infer_dsa_prologue_k(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
+    MOEC_TRY(need_pos(c, op->in[1]));
+    int64_t D;
+    MOEC_TRY(prologue_norm(c, 2, "weight", &D));
+    MOEC_TRY(need_static(c, op->in[3], "bias", 1));
+    if (op->in[3]->type.dims[0] != D)
+        return fail(c, "bias %%%s has %" PRId64 " elements, weight %%%s %" PRId64,
+                    vname(op->in[3]), op->in[3]->type.dims[0], vname(op->in[2]), D);
+    MOEC_TRY(need_cols(c, x, "col", ir_op_attr_int(op, "col", -1), D));
+    MOEC_TRY(rope_attrs(c));
+    if (D % 2)
+        return fail(c, "key width %" PRId64 " must be even", D);
+    int64_t rd;
+    MOEC_TRY(rotary_dim(c, D, &rd));
+    out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, D, 0);
     return MOEC_OK;
 }
 
@@ -1148,6 +1236,7 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_MLA_PROLOGUE:
     case IR_OP_MLA_PROLOGUE_KV:
     case IR_OP_MLA_PROLOGUE_Q: return infer_mla_prologue(&c, out);
+    case IR_OP_DSA_PROLOGUE_K: return infer_dsa_prologue_k(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

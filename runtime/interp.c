@@ -228,6 +228,25 @@ static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
 
 /* LayerNorm over the last dim, as torch computes it in fp32: mean and
  * (biased) variance of the row, then (x - mean) / sqrt(var + eps) * w + b. */
+/* y [rows, D] = LayerNorm of x's rows with w and b: the mean and biased
+ * variance in fp32 as torch's; layer_norm and dsa_prologue_k. y may be x. */
+static void layer_norm_rows(const float *x, const float *w, const float *b, float *y,
+                            int64_t rows, int64_t D, double eps)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xr = x + i * D;
+        double s = 0, ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            s += xr[j];
+        float mean = (float)(s / (double)D);
+        for (int64_t j = 0; j < D; j++)
+            ss += (double)(xr[j] - mean) * (xr[j] - mean);
+        float inv = 1.0f / sqrtf((float)(ss / (double)D) + (float)eps);
+        for (int64_t j = 0; j < D; j++)
+            y[i * D + j] = (xr[j] - mean) * inv * w[j] + b[j];
+    }
+}
+
 static moec_status op_layer_norm(rt_interp *in, const ir_op *op, int T)
 {
     double eps;
@@ -242,20 +261,8 @@ static moec_status op_layer_norm(rt_interp *in, const ir_op *op, int T)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "%s: layer_norm weight %s and bias %s must have %lld elements",
                         op_name(op), op->in[1]->name, op->in[2]->name, (long long)D);
-    const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]), *b = fbuf(in, op->in[2]);
-    float *y = fbuf(in, op->out[0]);
-    for (int64_t i = 0; i < rows; i++) {
-        const float *xr = x + i * D;
-        double s = 0, ss = 0;
-        for (int64_t j = 0; j < D; j++)
-            s += xr[j];
-        float mean = (float)(s / (double)D);
-        for (int64_t j = 0; j < D; j++)
-            ss += (double)(xr[j] - mean) * (xr[j] - mean);
-        float inv = 1.0f / sqrtf((float)(ss / (double)D) + (float)eps);
-        for (int64_t j = 0; j < D; j++)
-            y[i * D + j] = (xr[j] - mean) * inv * w[j] + b[j];
-    }
+    layer_norm_rows(fbuf(in, op->in[0]), fbuf(in, op->in[1]), fbuf(in, op->in[2]),
+                    fbuf(in, op->out[0]), rows, D, eps);
     return MOEC_OK;
 }
 
@@ -637,6 +644,28 @@ static moec_status op_mla_prologue(rt_interp *in, const ir_op *op, int T)
     return MOEC_OK;
 }
 
+/* dsa_prologue_k: exactly the slice, layer_norm and rope it replaces
+ * (docs/IR.md): x's columns [col, col + D) sliced into the result, then
+ * normalized and rotated there in place, as a head of D at pos. */
+static moec_status op_dsa_prologue_k(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK], col = ir_op_attr_int(op, "col", -1);
+    double eps;
+    MOEC_TRY(attr_num_req(op, "eps", &eps));
+    int64_t D = numel_of(op->in[2], T), rd = ir_op_attr_int(op, "rotary_dim", D);
+    if (shape_of(op->in[0], T, d) != 2 || numel_of(op->in[1], T) != T ||
+        numel_of(op->in[3], T) != D || numel_of(op->out[0], T) != T * D || col < 0 ||
+        col + D > d[1] || D % 2 || rd < 2 || rd > D || rd % 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: dsa_prologue_k wants x [T, N] holding D columns at col, pos [T], "
+                        "weight and bias [D] (D even) and an even rotary_dim <= D",
+                        op_name(op));
+    float *k = fbuf(in, op->out[0]);
+    gather_cols(fbuf(in, op->in[0]), d[1], col, D, T, k);
+    layer_norm_rows(k, fbuf(in, op->in[2]), fbuf(in, op->in[3]), k, T, D, eps);
+    return rope_rows(op, k, ibuf(in, op->in[1]), k, T, 1, D, rd);
+}
+
 /* ---- attention ------------------------------------------------------------ */
 
 /* The cache row of position p of token t's sequence, through the page map. */
@@ -971,30 +1000,12 @@ static float dsa_score(const float *q, const float *kp, const float *w, int64_t 
     return (float)acc;
 }
 
-/* The DSA lightning indexer: caches this call's keys, then for each token
- * the top_k cached positions <= pos by index score (ties: the lower
- * position), written in ascending order, -1 after them; every position
- * when there are no more than top_k. */
-static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
+/* dsa_topk on q [T, Hi, Di], k [T, Di], w [T, Hi] as given: caches k, then
+ * each token's row of y. */
+static moec_status dsa_select(rt_interp *in, const ir_op *op, const float *q, const float *k,
+                              const float *w, const int32_t *pos, int T, int64_t Hi, int64_t Di,
+                              int64_t K, float scale, float weight_scale)
 {
-    int64_t K;
-    double scale_d, ws_d;
-    MOEC_TRY(attr_int_req(op, "top_k", &K));
-    MOEC_TRY(attr_num_req(op, "scale", &scale_d));
-    MOEC_TRY(attr_num_req(op, "weight_scale", &ws_d));
-    int64_t dq[IR_MAX_RANK], dk[IR_MAX_RANK], dw[IR_MAX_RANK];
-    int rq = shape_of(op->in[0], T, dq), rk = shape_of(op->in[1], T, dk),
-        rw = shape_of(op->in[2], T, dw);
-    if (rq != 3 || rk != 2 || rw != 2 || dq[0] != T || dk[0] != T || dw[0] != T ||
-        dk[1] != dq[2] || dw[1] != dq[1] || K < 1 || numel_of(op->in[3], T) != T ||
-        numel_of(op->out[0], T) != (int64_t)T * K)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s: dsa_topk wants q [T, Hi, Di], k [T, Di], weights [T, Hi], pos [T] "
-                        "and a result [T, top_k]",
-                        op_name(op));
-    int64_t Hi = dq[1], Di = dq[2];
-    const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *w = fbuf(in, op->in[2]);
-    const int32_t *pos = ibuf(in, op->in[3]);
     int32_t *y = ibuf(in, op->out[0]);
     const float *kc = in->k_cache[op->id];
     for (int t = 0; t < T; t++)
@@ -1011,7 +1022,7 @@ static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
         struct dsa_cand *cand = in->cand;
         for (int64_t p = 0; p < n; p++) {
             cand[p].score = dsa_score(q + (int64_t)t * Hi * Di, kc + in->kv_rows[p] * Di,
-                                      w + (int64_t)t * Hi, Hi, Di, (float)scale_d, (float)ws_d);
+                                      w + (int64_t)t * Hi, Hi, Di, scale, weight_scale);
             cand[p].pos = (int32_t)p;
         }
         qsort(cand, (size_t)n, sizeof *cand, dsa_cand_cmp);
@@ -1025,6 +1036,66 @@ static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
             }
     }
     return MOEC_OK;
+}
+
+/* The DSA lightning indexer: caches this call's keys, then for each token
+ * the top_k cached positions <= pos by index score (ties: the lower
+ * position), written in ascending order, -1 after them; every position
+ * when there are no more than top_k. q and w read from rows at q_col and
+ * w_col with heads; q rotated first with rope's attributes. */
+static moec_status op_dsa_topk(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t K;
+    double scale_d, ws_d;
+    MOEC_TRY(attr_int_req(op, "top_k", &K));
+    MOEC_TRY(attr_num_req(op, "scale", &scale_d));
+    MOEC_TRY(attr_num_req(op, "weight_scale", &ws_d));
+    int64_t dq[IR_MAX_RANK], dk[IR_MAX_RANK], dw[IR_MAX_RANK];
+    int rq = shape_of(op->in[0], T, dq), rk = shape_of(op->in[1], T, dk),
+        rw = shape_of(op->in[2], T, dw);
+    /* q [T, Hi, Di] and w [T, Hi]; or, with heads, rows holding them at q_col and w_col */
+    int rows = ir_op_attr(op, "heads") != NULL;
+    int64_t Di = dk[1], Hi = rows ? ir_op_attr_int(op, "heads", 0) : dq[1];
+    int64_t qc = ir_op_attr_int(op, "q_col", 0), wc = ir_op_attr_int(op, "w_col", 0);
+    int64_t rd = ir_op_attr_int(op, "rotary_dim", Di);
+    int rope = ir_op_attr(op, "style") != NULL;
+    if (rq != (rows ? 2 : 3) || rk != 2 || rw != 2 || dq[0] != T || dk[0] != T || dw[0] != T ||
+        Hi < 1 || (!rows && (dq[2] != Di || dw[1] != Hi)) ||
+        (rows && (qc < 0 || wc < 0 || qc + Hi * Di > dq[1] || wc + Hi > dw[1])) || K < 1 ||
+        numel_of(op->in[3], T) != T || numel_of(op->out[0], T) != (int64_t)T * K ||
+        (rope && (Di % 2 || rd < 2 || rd > Di || rd % 2)))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: dsa_topk wants q [T, Hi, Di], k [T, Di], weights [T, Hi] (or rows "
+                        "holding them at q_col and w_col), pos [T] and a result [T, top_k]",
+                        op_name(op));
+    const float *q = fbuf(in, op->in[0]), *k = fbuf(in, op->in[1]), *w = fbuf(in, op->in[2]);
+    const int32_t *pos = ibuf(in, op->in[3]);
+    int64_t q_stride = rows ? dq[1] : Hi * Di, w_stride = rows ? dw[1] : Hi;
+    /* the rows' q and w gathered, and q rotated as rope would: a copy */
+    float *qbuf = NULL, *wbuf = NULL;
+    if (rows || rope) {
+        qbuf = malloc((size_t)T * (size_t)(Hi * Di) * sizeof(float) + 1);
+        wbuf = malloc((size_t)T * (size_t)Hi * sizeof(float) + 1);
+        if (!qbuf || !wbuf) {
+            free(qbuf);
+            free(wbuf);
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for dsa_topk's q", op_name(op));
+        }
+        gather_cols(q, q_stride, qc, Hi * Di, T, qbuf);
+        gather_cols(w, w_stride, wc, Hi, T, wbuf);
+        moec_status st = rope ? rope_rows(op, qbuf, pos, qbuf, T, Hi, Di, rd) : MOEC_OK;
+        if (st != MOEC_OK) {
+            free(qbuf);
+            free(wbuf);
+            return st;
+        }
+        q = qbuf;
+        w = wbuf;
+    }
+    moec_status st = dsa_select(in, op, q, k, w, pos, T, Hi, Di, K, (float)scale_d, (float)ws_d);
+    free(qbuf);
+    free(wbuf);
+    return st;
 }
 
 /* ---- mixture of experts --------------------------------------------------- */
@@ -1437,6 +1508,7 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_MLA_PROLOGUE:
     case IR_OP_MLA_PROLOGUE_KV:
     case IR_OP_MLA_PROLOGUE_Q: return op_mla_prologue(in, op, T);
+    case IR_OP_DSA_PROLOGUE_K: return op_dsa_prologue_k(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1484,6 +1556,7 @@ static const struct {
     [IR_OP_MLA_PROLOGUE] = {3, 3, 4, 1u << 1, 0, 0},
     [IR_OP_MLA_PROLOGUE_KV] = {4, 4, 3, 1u << 1, 0, 0},
     [IR_OP_MLA_PROLOGUE_Q] = {2, 2, 2, 1u << 1, 0, 0},
+    [IR_OP_DSA_PROLOGUE_K] = {4, 4, 1, 1u << 1, 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand

@@ -41,6 +41,13 @@ typedef struct km_spec {
     int TOPK, HI, DI;          /* with KM_MLA and TOPK > 0: dsa_topk over HI heads of DI
                                   channels selects TOPK positions for the mla_attention */
     double dsa_scale, dsa_wscale;
+    int IRD, IPRE, IQPRE;      /* IRD > 0: the fused indexer (pass fuse_dsa_indexer): the key
+                                  from dsa_prologue_k of a row [IPRE | key DI | weights HI],
+                                  rotating IRD channels, and dsa_topk reading q at column IQPRE
+                                  of a row [IQPRE | HI * DI] and the weights in place, rotating
+                                  q's first IRD channels (and, for the tests' reference,
+                                  iq_rot_ref [T, HI, DI]: q rotated by a rope op) */
+    const char *irope;         /* their rope attributes (NULL: V3.2's neox YaRN) */
     int LN, LK;                /* a linear ly [T, LN] = lx [T, LK] lw^T when LN > 0 */
     const char *ldt;           /* its weight's IR dtype */
     int BN, BK;                /* the block scales of f8e4m3 weights (0: 128) */
@@ -145,7 +152,39 @@ static inline char *km_text(const km_spec *s)
         moec_buf_printf(&o, "  %%q_c : f32[T, %d, %d] = reshape(%%qc_flat)\n", s->H, s->R);
         moec_buf_printf(&o, "  %%q_pe : f32[T, %d, %d] = reshape(%%qpe_flat)\n", s->H, s->DR);
         moec_buf_printf(&o, "  %%k_pe : f32[T, 1, %d] = reshape(%%kpe_flat)\n", s->DR);
-        if (s->TOPK > 0) {
+        if (s->TOPK > 0 && s->IRD > 0) {
+            const char *irope = s->irope ? s->irope
+                                         : "style = \"neox\", theta = 1e+04, scaling = \"yarn\", "
+                                           "factor = 40.0, yarn_low = 10.0, yarn_high = 23.0, "
+                                           "attn_factor = 1.0";
+            km_table(&w, &o, s, "ikx", s->IPRE + s->DI + s->HI, "bf16");
+            km_table(&w, &o, s, "iqx", s->IQPRE + s->HI * s->DI, "bf16");
+            moec_buf_printf(&w, "  weight %%ik_norm : bf16[%d] = \"ik_norm\"\n", s->DI);
+            moec_buf_printf(&w, "  weight %%ik_bias : bf16[%d] = \"ik_bias\"\n", s->DI);
+            moec_buf_printf(&o,
+                          "  %%ik : f32[T, %d] = dsa_prologue_k(%%ikx, %%positions, %%ik_norm, "
+                          "%%ik_bias) {col = %d, eps = 1e-06, %s, rotary_dim = %d}\n",
+                          s->DI, s->IPRE, irope, s->IRD);
+            /* q rotated by a rope op of its own: the tests' reference (no kernel runs it) */
+            moec_buf_printf(&o,
+                          "  %%iq_ref_flat : f32[T, %d] = slice(%%iqx) {axis = 1, start = %d, "
+                          "size = %d}\n"
+                          "  %%iq_ref : f32[T, %d, %d] = reshape(%%iq_ref_flat)\n"
+                          "  %%iq_rot_ref : f32[T, %d, %d] = rope(%%iq_ref, %%positions) {%s, "
+                          "rotary_dim = %d}\n",
+                          s->HI * s->DI, s->IQPRE, s->HI * s->DI, s->HI, s->DI, s->HI, s->DI, irope,
+                          s->IRD);
+            moec_buf_printf(&o,
+                          "  %%sel : i32[T, %d] = dsa_topk(%%iqx, %%ik, %%ikx, %%positions) {top_k = "
+                          "%d, scale = %s, weight_scale = %s, heads = %d, q_col = %d, w_col = %d, "
+                          "%s, rotary_dim = %d}\n",
+                          s->TOPK, s->TOPK, km_float(f1, s->dsa_scale), km_float(f2, s->dsa_wscale),
+                          s->HI, s->IQPRE, s->IPRE + s->DI, irope, s->IRD);
+            moec_buf_printf(&o,
+                          "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
+                          "%%positions, %%sel) {scale = %s}\n",
+                          s->H, s->R, km_float(f1, s->attn_scale));
+        } else if (s->TOPK > 0) {
             km_table(&w, &o, s, "iq_flat", s->HI * s->DI, "bf16");
             km_table(&w, &o, s, "ik", s->DI, "bf16");
             km_table(&w, &o, s, "iw", s->HI, "bf16");
@@ -265,28 +304,32 @@ static inline int km_is_heavy(const ir_op *op)
            op->kind == IR_OP_MOE_TOPK || op->kind == IR_OP_MOE_ROUTED ||
            op->kind == IR_OP_MOE_EXPERTS || op->kind == IR_OP_DSA_TOPK ||
            op->kind == IR_OP_MLA_PROLOGUE || op->kind == IR_OP_MLA_PROLOGUE_KV ||
-           op->kind == IR_OP_MLA_PROLOGUE_Q ||
+           op->kind == IR_OP_MLA_PROLOGUE_Q || op->kind == IR_OP_DSA_PROLOGUE_K ||
            (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
 /* Steps each heavy op emits (moe_routed: align, gate_up, down, sum;
  * dsa_topk: key write, scores, select); the attention ops add a merge to
  * their 2 when they split the sequence, and an mla_attention whose cache
- * an MLA prologue op writes has no write of its own (1, then); an fp8
- * linear has one or more (km_steps_of says 1: check its own count). */
-static inline int km_steps_of(const ir_op *op)
+ * an MLA prologue op writes has no write of its own (1, then), nor a
+ * dsa_topk whose keys a dsa_prologue_k writes (2); an fp8 linear has one
+ * or more (km_steps_of says 1: check its own count). */
+static inline int km_steps_of(const ir_module *m, const ir_op *op)
 {
+    const ir_value *k = op->kind == IR_OP_DSA_TOPK ? op->in[1] : NULL;
     switch (op->kind) {
     case IR_OP_MLA_PROLOGUE:
     case IR_OP_MLA_PROLOGUE_KV:
-    case IR_OP_MLA_PROLOGUE_Q: return 1;
+    case IR_OP_MLA_PROLOGUE_Q:
+    case IR_OP_DSA_PROLOGUE_K: return 1;
     case IR_OP_ATTENTION:
     case IR_OP_MLA_ATTENTION: return 2;
     case IR_OP_MOE_TOPK: return 1;
     case IR_OP_LINEAR: return km_is_heavy(op) ? 1 : 0;
     case IR_OP_MOE_ROUTED: return 4;
     case IR_OP_MOE_EXPERTS: return 3;
-    case IR_OP_DSA_TOPK: return 3; /* key write, scores, select */
+    case IR_OP_DSA_TOPK: /* key write, scores, select */
+        return k->kind == IR_VALUE_OP && k->def && cg_dsa_prologue_cache(m, k->def) == op ? 2 : 3;
     default: return 0;
     }
 }

@@ -1279,23 +1279,22 @@ static void test_model(const char *name)
     ir_module_free(m);
 }
 
-/* Launches at T=1 of the ops of layer `layer` (those whose first result is
- * named l<layer>.*: its attention, its MLP or MoE, and the residual
+/* Launches at T=1 of the ops whose first result's name starts with pre
+ * ("l1.": layer 1's attention, its MLP or MoE, and the residual
  * add_rms_norm that ends it). */
-static int layer_launches(const ir_module *m, int layer)
+static int prefix_launches(const ir_module *m, const char *pre)
 {
     cg_options o;
     cg_options_default(&o);
     cg_ctx c;
     int n = -1;
     if (generate(m, &o, 1, &c)) {
-        char pre[32];
-        int len = snprintf(pre, sizeof pre, "l%d.", layer);
+        size_t len = strlen(pre);
         n = 0;
         for (int i = 0; i < c.n_steps; i++) {
             const ir_step *s = &c.steps[i];
             if ((s->kind == IR_STEP_KERNEL || s->kind == IR_STEP_GEMM) && s->op_id >= 0 &&
-                !strncmp(m->ops[s->op_id]->out[0]->name, pre, (size_t)len))
+                !strncmp(m->ops[s->op_id]->out[0]->name, pre, len))
                 n++;
         }
     }
@@ -1303,27 +1302,40 @@ static int layer_launches(const ir_module *m, int layer)
     return n;
 }
 
-/* The pipeline without fuse_mla_prologue and fuse_add3_rms_norm (issue 15):
- * the launches those save in the MoE layer (layer 1) of a 2-layer DeepSeek
- * config, which must be `saved`. */
-static void issue15_launches(const char *json, const char *what, int saved)
+/* The pipeline without the passes `drop` names: the launches those save
+ * in the MoE layer (layer 1) of a 2-layer DeepSeek config, which must be
+ * `saved`; those of V3.2's indexer in that layer, with the whole pipeline
+ * and without them, when indexer > 0. */
+static void launches_saved(const char *json, const char *what, const char *const *drop,
+                           int n_drop, int saved, int indexer, int indexer_before)
 {
     int n;
     const pass_info *pipe = pass_pipeline(&n);
     pass_info old[32];
     int n_old = 0;
-    for (int i = 0; i < n && n_old < 32; i++)
-        if (strcmp(pipe[i].name, "fuse_mla_prologue") && strcmp(pipe[i].name, "fuse_add3_rms_norm"))
+    for (int i = 0; i < n && n_old < 32; i++) {
+        int keep = 1;
+        for (int j = 0; j < n_drop; j++)
+            keep &= strcmp(pipe[i].name, drop[j]) != 0;
+        if (keep)
             old[n_old++] = pipe[i];
+    }
     ir_module *before = build_json(json), *after = build_json(json);
     if (before && after) {
         T_OK(pass_run_passes(before, old, n_old, NULL, NULL, NULL, NULL, NULL));
         T_OK(pass_run_pipeline(after, NULL, NULL, NULL, NULL, NULL));
-        int b = layer_launches(before, 1), a = layer_launches(after, 1);
-        fprintf(stderr, "%s: %d launches per MoE layer at T=1, %d without fuse_mla_prologue and "
-                        "fuse_add3_rms_norm\n",
-                what, a, b);
+        int b = prefix_launches(before, "l1."), a = prefix_launches(after, "l1.");
+        fprintf(stderr, "%s: %d launches per MoE layer at T=1, %d without %s%s%s\n", what, a, b,
+                drop[0], n_drop > 1 ? " and " : "", n_drop > 1 ? drop[1] : "");
         T_CHECK(a > 0 && b - a == saved);
+        if (indexer > 0) {
+            /* the indexer's own launches (its ops' results are l1.attn.indexer.*) */
+            int ib = prefix_launches(before, "l1.attn.indexer."),
+                ia = prefix_launches(after, "l1.attn.indexer.");
+            fprintf(stderr, "%s: the indexer's launches per layer at T=1: %d, %d without %s\n",
+                    what, ia, ib, drop[0]);
+            T_CHECK(ia == indexer && ib == indexer_before);
+        }
     }
     ir_module_free(before);
     ir_module_free(after);
@@ -1362,10 +1374,20 @@ static void config_case(const char *file, int fp8)
         int launches = check_no_alias_copies(m);
         fprintf(stderr, "%s: %d launches per step at T=1\n", what, launches);
         /* the prologue's kernel replaces nine (slices, norms, ropes, the
-           cache write; V3.2's q_flat slice a tenth), the add_rms_norm the
-           expert sum's add */
+           cache write; in V3.2 the slice of q_b's output the q of the indexer
+           then reads in place a tenth), the add_rms_norm the expert sum's add
+           (issue 15) */
+        static const char *const i15[] = {"fuse_mla_prologue", "fuse_add3_rms_norm"};
+        static const char *const i12[] = {"fuse_dsa_indexer"};
+        int v32 = strstr(file, "v32") != NULL;
         if (!strncmp(file, "deepseek", 8))
-            issue15_launches(json, what, strstr(file, "v32") ? 11 : 10);
+            launches_saved(json, what, i15, 2, v32 ? 11 : 10, 0, 0);
+        /* V3.2's indexer: dsa_prologue_k replaces the key's slice,
+           layer_norm, rope and cache write; dsa_topk q's rope and the slices
+           of q and the head weights: 9 launches a layer, then 3 (issue 12).
+           In fp8 wk and weights_proj stay linears of their own (GEMMs): 5 */
+        if (v32)
+            launches_saved(json, what, i12, 1, fp8 ? 4 : 6, fp8 ? 5 : 3, 9);
         ir_module_free(m);
     }
     free(json);

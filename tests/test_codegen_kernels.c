@@ -102,7 +102,7 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             T_CHECK(n >= 1 && n <= (c->T + 3) / 4);
             want += n;
         } else {
-            want += km_steps_of(op);
+            want += km_steps_of(m, op);
         }
     }
     T_CHECK(c->n_steps == want);
@@ -429,7 +429,7 @@ static void check_v32(const ir_module *m, const cg_ctx *c)
             w->args[5].index == dsa->id && w->args[5].i == 0);
     T_CHECK(strstr(c->kernel_names[sc->kernel], "dsa_score_tc_h64_d128_k2048_pt64_g528_") != NULL);
     T_CHECK(sc->grid[0] == 528 && sc->grid[1] == 1 && sc->block[0] == 128 &&
-            sc->smem == (unsigned)(64 * 136 * 2 + 2 * 64 * 136 * 2 + 64 * 4 + (T + 1) * 4));
+            sc->smem == (unsigned)(64 * 136 * 2 + 2 * 64 * 136 * 2 + 64 * 4 + 2 * 4 + (T + 1) * 4));
     T_CHECK(sc->n_args == 10 && sc->args[6].kind == IR_ARG_KV && sc->args[6].i == 0 &&
             sc->args[7].kind == IR_ARG_KV && sc->args[7].index == dsa->id && sc->args[7].i == 1);
     T_CHECK(strstr(c->kernel_names[se->kernel], "dsa_select_r11_k2048_c32768_") != NULL);
@@ -529,6 +529,74 @@ static void test_real_shapes(void)
     snprintf(o.arch, sizeof o.arch, "sm_86");
     run_module(m, &o, check_v32_sm86, 0);
     ir_module_free(m);
+}
+
+/* ---- the fused indexer (pass fuse_dsa_indexer) ---------------------------- */
+
+/* dsa_prologue_k: one kernel, a warp a token, writing dsa_topk's key cache
+ * (pool 0 of the dsa_topk), which then starts with its score kernel; the
+ * score kernel reads q and the head weights from their rows and rotates q
+ * (its name says the rows and the rope). */
+static void check_dsa_fused(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T, pk = steps_of(m, c, IR_OP_DSA_PROLOGUE_K), d = steps_of(m, c, IR_OP_DSA_TOPK);
+    const ir_op *dsa = ir_module_find_value(m, "sel")->def;
+    const ir_op *pro = ir_module_find_value(m, "ik")->def;
+    T_CHECK(pk >= 0 && d == pk + 1 && cg_dsa_prologue_cache(m, pro) == dsa);
+    if (pk < 0 || d != pk + 1)
+        return;
+    const ir_step *p = &c->steps[pk], *sc = &c->steps[d], *se = &c->steps[d + 1];
+    T_CHECK(!strncmp(c->kernel_names[p->kernel], "dsa_prologue_k_d", 16) &&
+            strstr(c->kernel_names[p->kernel], "_bs64_") != NULL);
+    T_CHECK(p->grid[0] == (unsigned)((T + 3) / 4) && p->block[0] == 128 && p->n_args == 11 &&
+            p->args[9].kind == IR_ARG_KV && p->args[9].index == dsa->id && p->args[9].i == 0);
+    T_CHECK(!strncmp(c->kernel_names[sc->kernel], "dsa_score", 9) &&
+            strstr(c->kernel_names[sc->kernel], "_q") != NULL &&
+            (strstr(c->kernel_names[sc->kernel], "_neox64_") != NULL ||
+             strstr(c->kernel_names[sc->kernel], "_il6_") != NULL));
+    T_CHECK(sc->args[0].kind == IR_ARG_ACT && sc->args[0].index == dsa->in[0]->id &&
+            sc->args[1].kind == IR_ARG_ACT && sc->args[1].index == dsa->in[2]->id);
+    T_CHECK(!strncmp(c->kernel_names[se->kernel], "dsa_select", 10));
+}
+
+static void test_dsa_fused(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    o.kv_block_size = 64;
+    /* V3.2's shape: the key after q_a, kv and k_pe's 2112 columns, q after q_b's 24576 */
+    km_spec v32 = {.name = "k_v32_fused", .vocab = 8, .attn = KM_MLA, .H = 128, .R = 512,
+                   .DR = 64, .attn_scale = 0.1352, .TOPK = 2048, .HI = 64, .DI = 128,
+                   .dsa_scale = 0.0883883, .dsa_wscale = 0.125, .IRD = 64, .IPRE = 2112,
+                   .IQPRE = 24576};
+    /* odd sizes: rows not 16-byte aligned (CUDA-core scores, scalar loads),
+       interleaved pairs, linear scaling and an attn_factor */
+    km_spec odd = {.name = "k_odd_fused", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                   .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
+                   .dsa_wscale = -0.7, .IRD = 6, .IPRE = 5, .IQPRE = 3,
+                   .irope = "style = \"interleave\", theta = 500.0, scaling = \"linear\", "
+                            "factor = 2.0, attn_factor = 1.25"};
+    ir_module *m = km_module(&v32), *mo = km_module(&odd);
+    T_CHECK(m && mo);
+    /* compiled (one bucket each, NVRTC being slow): the fast form at T = 1,
+       legacy tensor cores at 8; the odd sizes' CUDA-core forms in bf16 and
+       f32 at 8; the steps of every bucket checked */
+    if (m) {
+        run_module(m, &o, check_dsa_fused, 1);
+        setenv("MOEC_DSA_KERNEL", "legacy", 1);
+        run_module(m, &o, check_dsa_fused, 2);
+        unsetenv("MOEC_DSA_KERNEL");
+        o.compute_dtype = IR_DTYPE_F32;
+        run_module(m, &o, check_dsa_fused, 0);
+        o.compute_dtype = IR_DTYPE_BF16;
+    }
+    if (mo)
+        for (int f32 = 0; f32 < 2; f32++) {
+            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            run_module(mo, &o, check_dsa_fused, 2);
+        }
+    ir_module_free(m);
+    ir_module_free(mo);
 }
 
 /* ---- the MLA prologue ------------------------------------------------------ */
@@ -1142,6 +1210,7 @@ int main(void)
     test_odd_shapes();
     test_fp8_shapes();
     test_prologue();
+    test_dsa_fused();
     test_tiny_models();
     test_errors();
     test_argmax_nonfinite();

@@ -370,6 +370,50 @@ static void test_verifier(void)
                  "%a: attention: window 3 and the token selection %s cannot be combined");
     verify_error("  %a : f32[T, 2, 8] = attention(%q, %k3, %k3, %positions, %w) {scale = 0.5}\n",
                  "%a: attention: sel %w must be i32");
+    /* fuse_dsa_indexer's forms: dsa_topk reading q and w from rows, rotating q */
+    verify_error("  %s : i32[T, 4] = dsa_topk(%e, %k, %e, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 2, q_col = 50, w_col = 24}\n",
+                 "%s: dsa_topk: q_col 50 + 16 columns is past %e (f32[T, 64])");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%e, %k, %e, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 2, q_col = 0, w_col = 63}\n",
+                 "%s: dsa_topk: w_col 63 + 2 columns is past %e (f32[T, 64])");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%e, %k, %e, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 0}\n",
+                 "%s: dsa_topk: heads 0 must be >= 1");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, q_col = 8}\n",
+                 "%s: dsa_topk: q_col and w_col need the attribute heads");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, heads = 2}\n",
+                 "%s: dsa_topk: q %q must have rank 2, got f32[T, 2, 8]");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, style = \"neox\"}\n",
+                 "%s: dsa_topk: a rope of q needs attribute 'theta'");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, style = \"neox\", theta = 1e+04, rotary_dim = 12}\n",
+                 "%s: dsa_topk: rotary_dim 12 must be even and in [2, 8] (the head dim)");
+    verify_error("  %s : i32[T, 4] = dsa_topk(%q, %k, %w, %positions) {top_k = 4, scale = 0.5, "
+                 "weight_scale = 1.0, theta = 1e+04}\n",
+                 "%s: dsa_topk: style '' must be \"interleave\" or \"neox\"");
+    /* dsa_prologue_k */
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 60, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: col 60 + 8 columns is past %e (f32[T, 64])");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b7) {col = 0, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: bias %b7 has 7 elements, weight %g 8");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04, rotary_dim = 3}\n",
+                 "%y: dsa_prologue_k: rotary_dim 3 must be even and in [2, 8] (the head dim)");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, "
+                 "style = \"neox\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: missing required attribute 'eps'");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, eps = 1e-06, "
+                 "style = \"half\", theta = 1e+04}\n",
+                 "%y: dsa_prologue_k: style 'half' must be \"interleave\" or \"neox\"");
+    verify_error("  %y : f32[T, 8] = dsa_prologue_k(%e, %positions, %g, %b) {col = 0, eps = 1e-06, "
+                 "style = \"neox\", theta = 1e+04, heads = 2}\n",
+                 "unknown attribute 'heads' for dsa_prologue_k");
     verify_error("  %a : f32[T, 2, 8] = mla_attention(%q, %q, %k, %k3, %positions, %positions) "
                  "{scale = 0.5}\n",
                  "%a: mla_attention: sel %positions must have rank 2");
@@ -717,7 +761,119 @@ static void test_dsa_topk(void)
     dsa_close(&r);
 }
 
+/* fuse_dsa_indexer off the tiny model's layout: odd columns (the key at
+ * 5 of a row of 5 + 12 + 3, q at 3 of a row of 3 + 36), interleaved pairs,
+ * linear scaling and an attn_factor, rotary_dim 6 of 12. The fused module
+ * (dsa_prologue_k; dsa_topk with heads, q_col, w_col and the rope) gives
+ * the unfused one's keys and selections over 14 positions (top 5). */
+static void test_fused_forms(void)
+{
+    const char *rope = "style = \"interleave\", theta = 500.0, scaling = \"linear\", "
+                       "factor = 2.0, attn_factor = 1.25, rotary_dim = 6";
+    char text[4096];
+    snprintf(text, sizeof text,
+             "module f {\n  input %%tokens : i32[T]\n  input %%positions : i32[T]\n"
+             "  weight %%tabk : f32[16, 20] = \"tabk\"\n"
+             "  weight %%tabq : f32[16, 39] = \"tabq\"\n"
+             "  weight %%g : f32[12] = \"g\"\n"
+             "  weight %%b : f32[12] = \"b\"\n"
+             "  %%kx : f32[T, 20] = embedding(%%tokens, %%tabk)\n"
+             "  %%qx : f32[T, 39] = embedding(%%tokens, %%tabq)\n"
+             "  %%k_raw : f32[T, 12] = slice(%%kx) {axis = 1, start = 5, size = 12}\n"
+             "  %%k_n : f32[T, 12] = layer_norm(%%k_raw, %%g, %%b) {eps = 1e-06}\n"
+             "  %%k3 : f32[T, 1, 12] = reshape(%%k_n)\n"
+             "  %%k3_rot : f32[T, 1, 12] = rope(%%k3, %%positions) {%s}\n"
+             "  %%k : f32[T, 12] = reshape(%%k3_rot)\n"
+             "  %%w : f32[T, 3] = slice(%%kx) {axis = 1, start = 17, size = 3}\n"
+             "  %%q_flat : f32[T, 36] = slice(%%qx) {axis = 1, start = 3, size = 36}\n"
+             "  %%q : f32[T, 3, 12] = reshape(%%q_flat)\n"
+             "  %%q_rot : f32[T, 3, 12] = rope(%%q, %%positions) {%s}\n"
+             "  %%sel : i32[T, 5] = dsa_topk(%%q_rot, %%k, %%w, %%positions) {top_k = 5, "
+             "scale = 0.5, weight_scale = -0.7}\n"
+             "  output %%sel\n}\n",
+             rope, rope);
+    ir_module *a = NULL, *b = NULL;
+    T_OK(ir_module_parse(text, "f.mir", &a));
+    if (a)
+        T_OK(ir_module_clone(a, &b));
+    if (!a || !b) {
+        ir_module_free(a);
+        return;
+    }
+    T_OK(pass_fuse_dsa_indexer(b, NULL));
+    T_OK(ir_module_verify(b));
+    T_CHECK(t_count_ops(b, IR_OP_DSA_PROLOGUE_K) == 1 && t_count_ops(b, IR_OP_ROPE) == 0 &&
+            t_count_ops(b, IR_OP_SLICE) == 0 && t_count_ops(b, IR_OP_LAYER_NORM) == 0);
+    const ir_op *tk = def_op(b, "sel");
+    T_CHECK(tk && ir_op_attr_int(tk, "heads", 0) == 3 && ir_op_attr_int(tk, "q_col", 0) == 3 &&
+            ir_op_attr_int(tk, "w_col", 0) == 17 && ir_op_attr_int(tk, "rotary_dim", 0) == 6);
+    enum { N = 14 };
+    float tabk[16 * 20], tabq[16 * 39], g[12], bb[12];
+    uint64_t seed = 0xf05ed;
+    for (int i = 0; i < 16 * 20; i++)
+        tabk[i] = (float)(t_rand_u64(&seed) % 2001) / 1000.0f - 1.0f;
+    for (int i = 0; i < 16 * 39; i++)
+        tabq[i] = (float)(t_rand_u64(&seed) % 2001) / 1000.0f - 1.0f;
+    for (int j = 0; j < 12; j++) {
+        g[j] = 1.0f + 0.125f * (float)j;
+        bb[j] = 0.0625f * (float)j - 0.3f;
+    }
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)(t_rand_u64(&seed) % 16);
+        pos[i] = i;
+    }
+    rt_interp *in[2] = {NULL, NULL};
+    ir_module *ms[2] = {a, b};
+    for (int v = 0; v < 2; v++) {
+        T_OK(rt_interp_init(ms[v], NULL, N, &in[v]));
+        if (!in[v])
+            continue;
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "tabk"), tabk));
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "tabq"), tabq));
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "g"), g));
+        T_OK(rt_interp_set_weight(in[v], ir_module_find_value(ms[v], "b"), bb));
+    }
+    /* a prefill of 9 (past top_k), then single steps */
+    for (int at = 0; in[0] && in[1] && at < N; at += at ? 1 : 9) {
+        int n = at ? 1 : 9;
+        double kerr = 0;
+        int same = 1;
+        for (int v = 0; v < 2; v++)
+            T_OK(rt_interp_forward(in[v], tok + at, pos + at, n, NULL));
+        const float *ka = rt_interp_value(in[0], ir_module_find_value(a, "k")),
+                    *kb = rt_interp_value(in[1], ir_module_find_value(b, "k"));
+        const int32_t *sa = (const int32_t *)rt_interp_value(in[0], ir_module_find_value(a, "sel")),
+                      *sb = (const int32_t *)rt_interp_value(in[1], ir_module_find_value(b, "sel"));
+        for (int i = 0; i < n * 12; i++)
+            kerr = fmax(kerr, fabs((double)ka[i] - kb[i]));
+        for (int i = 0; i < n * 5; i++)
+            same &= sa[i] == sb[i];
+        T_CHECK(kerr <= 1e-6 && same);
+        if (kerr > 1e-6 || !same)
+            fprintf(stderr, "fused forms at position %d: keys differ by %g, selections %s\n", at,
+                    kerr, same ? "agree" : "differ");
+    }
+    for (int v = 0; v < 2; v++)
+        rt_interp_free(in[v]);
+    ir_module_free(a);
+    ir_module_free(b);
+}
+
 /* ---- passes ------------------------------------------------------------------ */
+
+/* Pass `name` run again on m (after the whole pipeline) changes nothing. */
+static void rerun_changes_nothing(ir_module *m, const char *name)
+{
+    char *a = ir_module_print_str(m);
+    T_OK(pass_find(name)->run(m, NULL));
+    char *b = ir_module_print_str(m);
+    T_CHECK(a && b && !strcmp(a, b));
+    if (a && b && strcmp(a, b))
+        fprintf(stderr, "a second run of %s changed the module\n", name);
+    free(a);
+    free(b);
+}
 
 static void test_passes(void)
 {
@@ -755,13 +911,28 @@ static void test_passes(void)
         T_CHECK(ma && ma->kind == IR_OP_MLA_ATTENTION && ma->n_in == 6 &&
                 ma->in[5] == ir_module_find_value(m, "l2.attn.indexer.topk"));
         T_CHECK(t_count_ops(m, IR_OP_ATTENTION) == 0 && t_count_ops(m, IR_OP_DSA_TOPK) == 3);
+        /* fuse_dsa_indexer: the key path one dsa_prologue_k reading qkv_a's wk
+           columns; no rope, layer_norm or slice left (the MLA prologue
+           ops read their sections themselves); dsa_topk reads q_b_wq_b's wq_b
+           columns and qkv_a's weights_proj ones in place and rotates q */
+        T_CHECK(t_count_ops(m, IR_OP_DSA_PROLOGUE_K) == 3 && t_count_ops(m, IR_OP_ROPE) == 0 &&
+                t_count_ops(m, IR_OP_LAYER_NORM) == 0 && t_count_ops(m, IR_OP_SLICE) == 0);
+        const ir_op *pk = def_op(m, "l1.attn.indexer.k"), *tk = def_op(m, "l1.attn.indexer.topk");
+        T_CHECK(pk && pk->kind == IR_OP_DSA_PROLOGUE_K &&
+                pk->in[0] == ir_module_find_value(m, "l1.attn.qkv_a") &&
+                ir_op_attr_int(pk, "col", -1) == 24 + 40 &&
+                !strcmp(ir_op_attr_str(pk, "style", ""), "neox") &&
+                ir_op_attr_int(pk, "rotary_dim", 0) == 8 && ir_op_attr_float(pk, "eps", 0) == 1e-6);
+        T_CHECK(tk && tk->kind == IR_OP_DSA_TOPK &&
+                tk->in[0] == ir_module_find_value(m, "l1.attn.q_b_wq_b") && tk->in[1] == pk->out[0] &&
+                tk->in[2] == ir_module_find_value(m, "l1.attn.qkv_a") &&
+                ir_op_attr_int(tk, "heads", 0) == 8 && ir_op_attr_int(tk, "q_col", 0) == 96 &&
+                ir_op_attr_int(tk, "w_col", 0) == 24 + 40 + 16 &&
+                !strcmp(ir_op_attr_str(tk, "style", ""), "neox") &&
+                ir_op_attr_int(tk, "rotary_dim", 0) == 8);
+        rerun_changes_nothing(m, "fuse_dsa_indexer");
         /* a second run of the pipeline's fusion changes nothing */
-        char *a = ir_module_print_str(m);
-        T_OK(pass_find("fuse_qkv_a")->run(m, NULL));
-        char *b = ir_module_print_str(m);
-        T_CHECK(a && b && !strcmp(a, b));
-        free(a);
-        free(b);
+        rerun_changes_nothing(m, "fuse_qkv_a");
         /* the text form parses back */
         char *text = ir_module_print_str(m);
         ir_module *m2 = NULL;
@@ -988,6 +1159,7 @@ int main(void)
     test_layer_norm();
     test_dsa_topk();
     test_passes();
+    test_fused_forms();
     test_sparsity_matters();
     test_margins();
     return t_finish("test_dsa");
