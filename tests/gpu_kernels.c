@@ -186,9 +186,50 @@ static const char *cache_dir;
 static const char *const FP8_MODES[] = {"auto", "old", "tc"};
 #define FM(mode) (1u << (mode))
 
+/* The expert GEMMs' A/B (MOEC_KERN_MOE_AB, moe_ab_case): each variant is
+ * the environment its programs are generated under (the first CUDA-core
+ * form, the streaming form and its shapes: codegen/moe_routed.c's knobs);
+ * ab_var is the variant programs are being made or run for, -1 outside
+ * the A/B. */
+typedef struct ab_variant {
+    const char *name;
+    const char *env[3]; /* NAME=value, set over the knobs' defaults */
+} ab_variant;
+
+static const ab_variant AB_VARIANTS[] = {
+    {"old", {"MOEC_MOE_GEMV=0"}},
+    {"gv", {NULL}},
+    {"gv_u4", {"MOEC_MOE_GEMV_U=4"}},
+    {"gv_u1", {"MOEC_MOE_GEMV_U=1", "MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
+    {"gv_w8", {"MOEC_MOE_GEMV_WARPS=8"}},
+    {"gv_r1", {"MOEC_MOE_GEMV_RW=1", "MOEC_MOE_GEMV_RWD=2"}},
+    {"gv_r4", {"MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
+};
+#define N_AB_VARIANTS ((int)(sizeof AB_VARIANTS / sizeof *AB_VARIANTS))
+static int ab_var = -1;
+
+/* Sets variant v's environment (-1: none of the knobs set). */
+static void ab_set(int v)
+{
+    static const char *const KNOBS[] = {"MOEC_MOE_GEMV",     "MOEC_MOE_GEMV_U",
+                                        "MOEC_MOE_GEMV_RW",  "MOEC_MOE_GEMV_RWD",
+                                        "MOEC_MOE_GEMV_WARPS", "MOEC_MOE_GEMV_MAX_BM"};
+    for (size_t i = 0; i < sizeof KNOBS / sizeof *KNOBS; i++)
+        unsetenv(KNOBS[i]);
+    for (int i = 0; v >= 0 && i < 3 && AB_VARIANTS[v].env[i]; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "%s", AB_VARIANTS[v].env[i]);
+        char *eq = strchr(kv, '=');
+        *eq = 0;
+        setenv(kv, eq + 1, 1);
+    }
+    ab_var = v;
+}
+
 static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs, int fp8)
 {
-    snprintf(buf, 128, "%s/%s/bs%d/%s", s->name, ir_dtype_name(cdt), bs, FP8_MODES[fp8]);
+    snprintf(buf, 128, "%s/%s/bs%d/%s%s%s", s->name, ir_dtype_name(cdt), bs, FP8_MODES[fp8],
+             ab_var >= 0 ? "/" : "", ab_var >= 0 ? AB_VARIANTS[ab_var].name : "");
 }
 
 static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
@@ -445,6 +486,61 @@ static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v, void *cons
     upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
 }
 
+/* A step's kernel arguments, as cudaLaunchKernel takes them. */
+typedef struct step_argv {
+    void *ptr[IR_MAX_ARGS], *argv[IR_MAX_ARGS];
+    int iv[IR_MAX_ARGS];
+    float fv[IR_MAX_ARGS];
+} step_argv;
+
+/* Binds the arguments of step s of c into *sa; weights whose alt[id] is set
+ * (alt may be NULL) are read from there, a copy elsewhere in memory. */
+static void step_args(gk_bind *b, const cg_ctx *c, const ir_step *s, void *const *alt,
+                      step_argv *sa)
+{
+    void **ptr = sa->ptr, **argv = sa->argv;
+    int *iv = sa->iv;
+    float *fv = sa->fv;
+    for (int a = 0; a < s->n_args; a++) {
+        const ir_arg *g = &s->args[a];
+        argv[a] = &ptr[a];
+        switch (g->kind) {
+        case IR_ARG_ACT:
+            ptr[a] = b->val[g->index] ? (char *)b->val[g->index] + g->i : NULL;
+            break;
+        case IR_ARG_WEIGHT: {
+            void *w = alt && alt[g->index] ? alt[g->index] : b->val[g->index];
+            ptr[a] = w ? (char *)w + g->i : NULL;
+            break;
+        }
+        case IR_ARG_KV:
+            ptr[a] = b->kv_by_op ? b->kv_by_op[2 * g->index + g->i] : b->kv[g->i];
+            break;
+        case IR_ARG_INPUT:
+            ptr[a] = b->input[g->index] ? (char *)b->input[g->index] + g->i : NULL;
+            break;
+        case IR_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
+        case IR_ARG_CONFIG:
+            iv[a] = b->max_blocks;
+            argv[a] = &iv[a];
+            break;
+        case IR_ARG_I32:
+            iv[a] = (int)g->i;
+            argv[a] = &iv[a];
+            break;
+        case IR_ARG_F32:
+            fv[a] = (float)g->f;
+            argv[a] = &fv[a];
+            break;
+        }
+        if (argv[a] == &ptr[a] && !ptr[a]) {
+            fprintf(stderr, "%s: argument %d (kind %d) is unbound\n", c->kernel_names[s->kernel],
+                    a, (int)g->kind);
+            exit(1);
+        }
+    }
+}
+
 /* Launches every step of c (reps times each, for timing) on stream st. */
 static void launch_steps_on(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps,
                             cudaStream_t st)
@@ -453,43 +549,9 @@ static void launch_steps_on(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int 
         const ir_step *s = &c->steps[i];
         cudaKernel_t k;
         CK(cudaLibraryGetKernel(&k, lib, c->kernel_names[s->kernel]));
-        void *ptr[IR_MAX_ARGS], *argv[IR_MAX_ARGS];
-        int iv[IR_MAX_ARGS];
-        float fv[IR_MAX_ARGS];
-        for (int a = 0; a < s->n_args; a++) {
-            const ir_arg *g = &s->args[a];
-            argv[a] = &ptr[a];
-            switch (g->kind) {
-            case IR_ARG_ACT:
-            case IR_ARG_WEIGHT:
-                ptr[a] = b->val[g->index] ? (char *)b->val[g->index] + g->i : NULL;
-                break;
-            case IR_ARG_KV:
-                ptr[a] = b->kv_by_op ? b->kv_by_op[2 * g->index + g->i] : b->kv[g->i];
-                break;
-            case IR_ARG_INPUT:
-                ptr[a] = b->input[g->index] ? (char *)b->input[g->index] + g->i : NULL;
-                break;
-            case IR_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
-            case IR_ARG_CONFIG:
-                iv[a] = b->max_blocks;
-                argv[a] = &iv[a];
-                break;
-            case IR_ARG_I32:
-                iv[a] = (int)g->i;
-                argv[a] = &iv[a];
-                break;
-            case IR_ARG_F32:
-                fv[a] = (float)g->f;
-                argv[a] = &fv[a];
-                break;
-            }
-            if (argv[a] == &ptr[a] && !ptr[a]) {
-                fprintf(stderr, "%s: argument %d (kind %d) is unbound\n",
-                        c->kernel_names[s->kernel], a, (int)g->kind);
-                exit(1);
-            }
-        }
+        step_argv sa;
+        void **argv = sa.argv;
+        step_args(b, c, s, NULL, &sa);
         if (s->smem > 48 * 1024)
             CK(cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)s->smem, 0));
@@ -540,6 +602,71 @@ static void bench_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const ch
         printf("  bench %-12s total %.1f us, %.0f GB/s of weights\n", what, total, bytes / total * 1e-3);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+}
+
+/* The A/B's weight copies: ab_copies[r][id], copy r of weight id (NULL: the
+ * original); the timed graphs read copy j % AB_COPIES at launch j, so that
+ * the expert weights come from memory as in a decode step, not from the
+ * 50 MB L2 (V2-Lite's down at one token is 35 MB, 17 in fp8). */
+#define AB_COPIES 8
+#define AB_GRAPH_LAUNCHES 64
+static void **ab_copies[AB_COPIES];
+
+/* The mean time in us of step i of c over AB_GRAPH_LAUNCHES launches
+ * captured in a CUDA graph (one warm replay, then 5 timed). */
+static double ab_graph_us(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int i)
+{
+    const ir_step *s = &c->steps[i];
+    cudaKernel_t k;
+    CK(cudaLibraryGetKernel(&k, lib, c->kernel_names[s->kernel]));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int j = 0; j < AB_GRAPH_LAUNCHES; j++) {
+        step_argv sa;
+        step_args(b, c, s, ab_copies[j % AB_COPIES], &sa);
+        CK(cudaLaunchKernel((const void *)k, grid, block, sa.argv, s->smem, st));
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < 5; r++)
+        CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    return ms * 1e3 / (5.0 * AB_GRAPH_LAUNCHES);
+}
+
+/* The A/B's times: each expert GEMM step of c (gate_up, down) in a graph,
+ * with the bytes of the experts the tokens chose (gu_bytes, dn_bytes) as
+ * TB/s. */
+static void ab_time(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const char *what,
+                    double gu_bytes, double dn_bytes)
+{
+    for (int i = 0; i < c->n_steps; i++) {
+        const char *kn = c->kernel_names[c->steps[i].kernel];
+        int gu = !strncmp(kn, "moe_gate_up_", 12), dn = !strncmp(kn, "moe_down_", 9);
+        if (!gu && !dn)
+            continue;
+        double us = ab_graph_us(b, c, lib, i), bytes = gu ? gu_bytes : dn_bytes;
+        printf("  ab %-28s %-7s %7.1f us %5.2f TB/s %5.1f MB  %s\n", what,
+               gu ? "gate_up" : "down", us, bytes / us * 1e-6, bytes * 1e-6, kn);
+    }
 }
 
 /* The argmax step: sampled[t] against the interpreter's logits (ties low). */
@@ -767,6 +894,20 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
     }
     snprintf(what, sizeof what, "%s T=%d %s", s->name, T, fm);
     bench_steps(b, &c, lib, what, bytes);
+    if (ab_var >= 0 && s->moe != KM_MOE_NONE) {
+        static const char *const GU_W[] = {"gate_up", "gate", "up", NULL};
+        static const char *const DN_W[] = {"down", NULL};
+        const int32_t *rid = (const int32_t *)rt_interp_value(in, val(m, "ids"));
+        char used[8192] = {0};
+        int n_used = 0;
+        for (int j = 0; j < T * s->K; j++) {
+            n_used += !used[rid[j]];
+            used[rid[j]] = 1;
+        }
+        snprintf(what, sizeof what, "%s T=%d %s", s->name, T, AB_VARIANTS[ab_var].name);
+        ab_time(b, &c, lib, what, n_used * weight_bytes(m, cdt, GU_W, s->E),
+                n_used * weight_bytes(m, cdt, DN_W, s->E));
+    }
     cg_ctx_free(&c);
 }
 
@@ -824,6 +965,84 @@ static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint6
 static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
 {
     moe_case_modes(s, cdt, tmask, seed, FM(CG_FP8_AUTO));
+}
+
+/* The expert GEMMs' A/B (MOEC_KERN_MOE_AB): the routed experts of s in
+ * bf16 at the buckets of tmask, generated under each variant of vmask
+ * (bit v: AB_VARIANTS[v]) and checked against one interpreter run a
+ * bucket, each gate_up and down step then timed in a CUDA graph
+ * (ab_time) over AB_COPIES copies of the expert weights. */
+static void moe_ab_case(const km_spec *s, unsigned tmask, unsigned vmask, uint64_t seed)
+{
+    static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down"};
+    double t0 = now_s();
+    ir_dtype cdt = IR_DTYPE_BF16;
+    ir_module *m = km_module(s);
+    if (!m)
+        exit(1);
+    rt_interp *in = NULL;
+    T_OK(rt_interp_init(m, NULL, TMAX, &in));
+    if (!in)
+        exit(1);
+    uint64_t rng = seed;
+    void **image = calloc((size_t)m->n_values, sizeof *image);
+    if (!image)
+        exit(1);
+    fill_weights(in, m, cdt, s, &rng, image);
+    gk_bind b;
+    bind_init(&b, m, cdt);
+    for (int r = 1; r < AB_COPIES; r++) {
+        ab_copies[r] = calloc((size_t)m->n_values, sizeof(void *));
+        if (!ab_copies[r])
+            exit(1);
+    }
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        bind_weight(&b, in, v, image);
+        int expert = 0;
+        for (int k = 0; k < 4; k++)
+            expert |= !strcmp(v->name, EXPERT_W[k]);
+        size_t bytes = ir_weight_storage_bytes(m, v, cdt);
+        for (int r = 1; expert && r < AB_COPIES; r++) {
+            ab_copies[r][i] = dalloc(bytes);
+            CK(cudaMemcpy(ab_copies[r][i], b.val[i], bytes, cudaMemcpyDeviceToDevice));
+        }
+    }
+    double worst[3] = {0};
+    for (int bi = 0; bi < N_BUCKETS; bi++) {
+        if (!(tmask & (1u << bi)))
+            continue;
+        int T = BUCKETS[bi];
+        int32_t tokens[TMAX], pos[TMAX];
+        for (int t = 0; t < T; t++) {
+            tokens[t] = irand(&rng, s->vocab);
+            pos[t] = t;
+        }
+        T_OK(rt_interp_forward(in, tokens, pos, T, NULL));
+        for (int v = 0; v < N_AB_VARIANTS; v++)
+            if (vmask & (1u << v)) {
+                ab_set(v);
+                moe_bucket(s, m, in, image, &b, cdt, T, CG_FP8_AUTO, worst);
+            }
+        ab_set(-1);
+    }
+    printf("%-16s %s moe A/B worst error: weights %.2e, experts %.2e, linear %.2e (%.1f s)\n",
+           s->name, ir_dtype_name(cdt), worst[0], worst[1], worst[2], now_s() - t0);
+    for (int r = 1; r < AB_COPIES; r++) {
+        for (int i = 0; i < m->n_values; i++)
+            if (ab_copies[r][i])
+                CK(cudaFree(ab_copies[r][i]));
+        free(ab_copies[r]);
+        ab_copies[r] = NULL;
+    }
+    for (int i = 0; i < m->n_values; i++)
+        free(image[i]);
+    free(image);
+    bind_free(&b);
+    rt_interp_free(in);
+    ir_module_free(m);
 }
 
 /* ---- attention: steps over several sequences and padding ------------------ */
@@ -2023,6 +2242,22 @@ static const km_spec F8_TC_SPLIT = {.name = "f8_tc_split", .vocab = 97, .E = 5, 
                                     .HID = 192, .I = 64, .wdt = "f8e4m3", .moe_scale = 1.5,
                                     .LN = 100, .LK = 1280, .ldt = "f8e4m3", .BN = 16, .BK = 128};
 
+/* The streaming expert form's edges (codegen/moe_routed.c, GV_HEAD):
+ * bf16 H 200 (a partial 256-wide chunk) with I 37 (gate_up's last block
+ * of rows partly dead; down, I not in 8-wide vectors, on the first form);
+ * 256 experts top-1, H 136, I 72 (a chunk of 9 live lanes), gate and up
+ * apart; fp8 H 208 and I 176 (partial 128 x 128 scale blocks both ways,
+ * chunks of 512 codes mostly dead), top-4 of 7 */
+static const km_spec GV_ODD = {.name = "gv_odd", .vocab = 97, .E = 6, .K = 3, .NG = 1, .TG = 1,
+                               .norm = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 200, .I = 37,
+                               .wdt = "bf16", .moe_scale = 0.5};
+static const km_spec GV_ODD_SPLIT = {.name = "gv_odd_split", .vocab = 97, .E = 256, .K = 1,
+                                     .NG = 1, .TG = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                                     .HID = 136, .I = 72, .wdt = "bf16", .moe_scale = 1.5};
+static const km_spec F8_GV_ODD = {.name = "f8_gv_odd", .vocab = 97, .E = 7, .K = 4, .NG = 1,
+                                  .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                                  .HID = 208, .I = 176, .wdt = "f8e4m3", .moe_scale = 0.75};
+
 /* DeepSeek-V3.2: the indexer's 64 heads of 128 and V3's MLA; top 32 of short
  * runs (so that they select), the real top 2048 at long contexts */
 static const km_spec V32_DSA = {.name = "v32_dsa", .vocab = 97, .attn = KM_MLA, .H = 128, .R = 512,
@@ -2603,6 +2838,34 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (MoE only)");
     }
+    if (getenv("MOEC_KERN_MOE_AB")) {
+        /* the expert GEMMs' forms (scripts/gpu_moe_ab.sh): the first
+           CUDA-core form against the streaming one and its shapes at
+           V2-Lite's shape in bf16 and fp8, old and new at Qwen3-30B's and
+           DeepSeek-V3's (16 of its experts) and the odd edges; every result
+           checked, each expert GEMM timed in a CUDA graph */
+        const unsigned ABT = TM(1) | TM(2) | TM(3) | TM(8), EVERY_V = (1u << N_AB_VARIANTS) - 1;
+        const unsigned OLD_NEW = 3u;
+        const km_spec *tuned[] = {&V2_MOE, &F8_V2_MOE};
+        const km_spec *ab[] = {&Q3_MOE, &F8_Q3_MOE, &V3_MOE, &F8_V3_MOE,
+                               &GV_ODD, &GV_ODD_SPLIT, &F8_GV_ODD, &F8_ODD_MOE};
+        for (int v = 0; v < N_AB_VARIANTS; v++) {
+            ab_set(v);
+            for (int i = 0; i < 2; i++)
+                prog_add(tuned[i], IR_DTYPE_BF16, 64, ABT);
+            for (int i = 0; i < 8 && (OLD_NEW & (1u << v)); i++)
+                prog_add(ab[i], IR_DTYPE_BF16, 64, ABT);
+        }
+        ab_set(-1);
+        progs_compile();
+        for (int i = 0; i < 2; i++)
+            moe_ab_case(tuned[i], ABT, EVERY_V, 60 + (uint64_t)i);
+        for (int i = 0; i < 8; i++)
+            moe_ab_case(ab[i], ABT, OLD_NEW, 62 + (uint64_t)i);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (MoE A/B)");
+    }
     /* the fp8 kernels' buckets: one token, three, the default buckets' 8,
        32 and 64, and 128 (two token groups of the staged linear) */
     const unsigned F8T = TM(1) | TM(3) | TM(8) | TM(32) | TM(64) | TM(128);
@@ -2751,6 +3014,12 @@ int main(void)
     prog_add_modes(&F8_V2_MOE, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_ODD_MOE, IR_DTYPE_BF16, 64, ALL);
     prog_add(&F8_ODD_MOE, IR_DTYPE_F32, 64, ALL);
+    const unsigned GVT = TM(1) | TM(2) | TM(3) | TM(8);
+    prog_add(&GV_ODD, IR_DTYPE_BF16, 64, GVT);
+    prog_add(&GV_ODD, IR_DTYPE_F32, 64, GVT);
+    prog_add(&GV_ODD_SPLIT, IR_DTYPE_BF16, 64, GVT);
+    prog_add(&F8_GV_ODD, IR_DTYPE_BF16, 64, GVT);
+    prog_add(&F8_GV_ODD, IR_DTYPE_F32, 64, GVT);
     prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, ALL);
     prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_TC_ODD, IR_DTYPE_F32, 64, ALL);
@@ -2783,6 +3052,11 @@ int main(void)
     moe_case_modes(&F8_V2_MOE, IR_DTYPE_BF16, F8T, 25, EVERY_FP8);
     moe_case(&F8_ODD_MOE, IR_DTYPE_BF16, ALL, 20);
     moe_case(&F8_ODD_MOE, IR_DTYPE_F32, ALL, 21);
+    moe_case(&GV_ODD, IR_DTYPE_BF16, GVT, 50);
+    moe_case(&GV_ODD, IR_DTYPE_F32, GVT, 51);
+    moe_case(&GV_ODD_SPLIT, IR_DTYPE_BF16, GVT, 52);
+    moe_case(&F8_GV_ODD, IR_DTYPE_BF16, GVT, 53);
+    moe_case(&F8_GV_ODD, IR_DTYPE_F32, GVT, 54);
     moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, ALL, 22);
     moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, 26, EVERY_FP8);
     moe_case(&F8_TC_ODD, IR_DTYPE_F32, ALL, 27);
