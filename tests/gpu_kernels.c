@@ -14,7 +14,11 @@
  * tc: cg_options.fp8_kernel) against one interpreter run, at buckets 3
  * and 128 too, and e4m3_widen_case checks the staged kernels' widening of
  * all 256 codes bit for bit. MOEC_KERN_FP8 runs only the fp8 real shapes,
- * old and staged kernels (scripts/gpu_fp8_tune.sh). Every output
+ * old and staged kernels (scripts/gpu_fp8_tune.sh). MOEC_KERN_MOE_AB runs
+ * only the routed experts' A/B (scripts/gpu_moe_ab.sh): the first
+ * CUDA-core GEMMs against the streaming ones and their shapes
+ * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
+ * each gate_up and down timed in a CUDA graph over copies of the weights. Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
