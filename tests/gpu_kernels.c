@@ -2939,6 +2939,9 @@ int main(void)
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
+        /* the streaming expert GEMMs' edges (at T = 1) */
+        prog_add(&GV_ODD, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&F8_GV_ODD, IR_DTYPE_BF16, 64, FEW);
         /* the staged fp8 kernels: at T = 1 (forced) and 8, K split over
            clusters of 8 */
         prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, FEW, FM(CG_FP8_TC));
@@ -2957,6 +2960,8 @@ int main(void)
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
+        moe_case(&GV_ODD, IR_DTYPE_BF16, FEW, 50);
+        moe_case(&F8_GV_ODD, IR_DTYPE_BF16, FEW, 53);
         moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, FEW, 24, FM(CG_FP8_TC));
         moe_case_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, FEW, 25, FM(CG_FP8_TC));
         progs_free();
