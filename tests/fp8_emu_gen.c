@@ -31,6 +31,11 @@ typedef struct gen_case {
      .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "f8e4m3",                  \
      .moe_scale = 0.75, .BN = bn, .BK = bk}
 
+/* bf16 experts (the streaming form) */
+#define MOE16(e, kk, h, i, sp)                                                                     \
+    {.name = "moe", .vocab = 8, .E = e, .K = kk, .NG = 1, .TG = 1, .norm = 1, .scaling = 1.0,      \
+     .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "bf16", .moe_scale = 0.75}
+
 static const gen_case CASES[] = {
     {LIN(336, 640, 48, 64), 1, CG_FP8_TC, NULL},
     {LIN(336, 640, 48, 64), 3, CG_FP8_TC, NULL},
@@ -52,14 +57,20 @@ static const gen_case CASES[] = {
     {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO, "MOEC_FP8_TC_RT=2"},
     /* the streaming form (codegen/moe_routed.c) at blocks of 1 and 2 slots:
        partial 128 x 128 and 48 x 64 blocks, gate_up's and down's last
-       blocks of rows partly dead, H 1040 (3 chunks of 512 codes, 2 a
-       round: the last round's second chunk dead) */
-    {MOE(7, 4, 208, 176, 1, 128, 128), 1, CG_FP8_AUTO, NULL},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 2, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
-    {MOE(7, 4, 208, 176, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RWD=5"},
+       blocks of rows partly dead (12 and 20 rows a block), H 1040 (3
+       chunks of 512 codes, 2 a round: the last round's second chunk
+       dead; or 1 a round) */
+    {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, NULL},
+    {MOE(6, 3, 320, 48, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
+    {MOE(6, 3, 128, 80, 0, 48, 64), 2, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
+    {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RWD=5"},
     {MOE(5, 2, 1040, 48, 0, 128, 128), 1, CG_FP8_AUTO, NULL},
-    {MOE(5, 2, 1040, 48, 1, 128, 128), 2, CG_FP8_AUTO, "MOEC_MOE_GEMV_U=1"},
+    {MOE(5, 2, 1040, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_U=1"},
+    /* and its bf16 weights: a chunk of 25 (gate_up) and 5 (down) live
+       lanes; H 520, 3 chunks of 256 in rounds of 2 */
+    {MOE16(6, 3, 200, 40, 0), 2, CG_FP8_AUTO, NULL},
+    {MOE16(5, 2, 520, 72, 1), 1, CG_FP8_AUTO, NULL},
+    {MOE16(5, 2, 520, 72, 0), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -161,7 +172,7 @@ int main(int argc, char **argv)
         if (gc->env)
             unsetenv(knob);
         const km_spec *s = &gc->s;
-        int moe = s->E > 0;
+        int moe = s->E > 0, w16 = moe && !strcmp(s->wdt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
            streaming form (gv) keeps h in f32 */
         int bm = 0, h32 = 0;
@@ -173,11 +184,13 @@ int main(int argc, char **argv)
             h32 |= gv;
         }
         moec_buf_printf(&table,
-                        "    {%d, \"%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, {",
+                        "    {%d, \"%s%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, "
+                        "%d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
+                        w16 ? " bf16" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
                         gc->env ? " " : "", gc->env ? gc->env : "", s->LN, s->LK, s->E, s->K,
-                        s->HID, s->I, s->BN, s->BK, gc->T, bm, h32);
+                        s->HID, s->I, s->BN, s->BK, gc->T, bm, h32, w16);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {

@@ -206,6 +206,7 @@ static const ab_variant AB_VARIANTS[] = {
     {"gv_u4", {"MOEC_MOE_GEMV_U=4"}},
     {"gv_u1", {"MOEC_MOE_GEMV_U=1", "MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
     {"gv_w8", {"MOEC_MOE_GEMV_WARPS=8"}},
+    {"gv_w2", {"MOEC_MOE_GEMV_WARPS=2"}},
     {"gv_r1", {"MOEC_MOE_GEMV_RW=1", "MOEC_MOE_GEMV_RWD=2"}},
     {"gv_r4", {"MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
 };
