@@ -38,8 +38,8 @@
 #define MMA_WARPS 1
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
-/* The streaming form's shape (GV_HEAD): warps per block, rows per warp of
- * gate_up (each a gate and an up row) and of down, k chunks in flight, and
+/* The streaming form's shape (GV_CONSTS, GV_ROWS): warps per block, rows
+ * per warp of gate_up (each a gate and an up row) and of down, k chunks in flight, and
  * the largest expert block it takes (larger ones: the first CUDA-core
  * form). MOEC_MOE_GEMV=0 keeps the first form everywhere (an A/B in one
  * run); MOEC_MOE_GEMV_WARPS, _RW, _RWD, _U and _MAX_BM override the rest
@@ -104,12 +104,16 @@ static const char ALIGN_BODY[] =
     "            sorted[off[e] * BM + atomicAdd(&fill[e], 1)] = i;\n"
     "    }\n";
 
-/* Shared by gate_up and down: the block's expert, its BM slots (padding
- * rows read row 0 and are never stored) and the warp's first row n0. */
-static const char GEMM_HEAD[] =
+/* The first CUDA-core form's constants: VE elements a lane a k step. */
+static const char GEMM_CONSTS[] =
     "    constexpr int BN = NW * RW, KSTEP = 32 * VE, NSTEP = (KD + KSTEP - 1) / KSTEP;\n"
     "    /* small blocks: several k steps' loads in flight at once */\n"
-    "    constexpr int UNROLL = BM <= 2 ? 4 : 1;\n"
+    "    constexpr int UNROLL = BM <= 2 ? 4 : 1;\n";
+
+/* Shared by the CUDA-core forms' gate_up and down (after their constants,
+ * BN among them): the block's expert, its BM slots (padding rows read row
+ * 0 and are never stored) and the warp's first row n0. */
+static const char GEMM_HEAD[] =
     "    const int b = blockIdx.x;\n"
     "    if (b >= *n_used)\n"
     "        return;\n"
@@ -170,7 +174,11 @@ static const char GATE_UP_BODY[] =
     "                    au[r][m] += uv[j] * xv[m][j];\n"
     "                }\n"
     "        }\n"
-    "    }\n"
+    "    }\n";
+
+/* The CUDA-core forms' gate_up end: each row's and slot's sums over the
+ * warp, silu(gate) * up stored by one lane. */
+static const char GATE_UP_END[] =
     "#pragma unroll\n"
     "    for (int r = 0; r < RW; r++)\n"
     "#pragma unroll\n"
@@ -219,7 +227,11 @@ static const char DOWN_BODY[] =
     "                for (int j = 0; j < VE; j++)\n"
     "                    acc[r][m] += wv[j] * hv[m][j];\n"
     "        }\n"
-    "    }\n"
+    "    }\n";
+
+/* The CUDA-core forms' down end: each row's and slot's sum over the warp,
+ * times scale and the slot's router weight when MULW, stored by one lane. */
+static const char DOWN_END[] =
     "#pragma unroll\n"
     "    for (int r = 0; r < RW; r++)\n"
     "#pragma unroll\n"
@@ -242,21 +254,12 @@ static const char DOWN_BODY[] =
  * lane's 16 products are summed before the one multiply by their block's
  * scale (16 | SBK: a lane's codes lie in one block). Rows past ND load
  * nothing and are never stored; padding slots read x row 0. */
-static const char GV_HEAD[] =
+static const char GV_CONSTS[] =
     "    constexpr int VW = 16 / (int)sizeof(TW), KSTEP = 32 * VW;\n"
-    "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW;\n"
-    "    const int b = blockIdx.x;\n"
-    "    if (b >= *n_used)\n"
-    "        return;\n"
-    "    const int e = blk_expert[b];\n"
-    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const int n0 = blockIdx.y * BN + warp * RW;\n"
-    "    if (ND % BN != 0 && n0 >= ND)\n"
-    "        return;\n"
-    "    int sl[BM];\n"
-    "#pragma unroll\n"
-    "    for (int m = 0; m < BM; m++)\n"
-    "        sl[m] = sorted[b * BM + m];\n"
+    "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW;\n";
+
+/* After GEMM_HEAD: which of the warp's rows exist. */
+static const char GV_ROWS[] =
     "    /* live[r]: row n0 + r exists; rw[r]: the row read (n0 for dead rows,\n"
     "       whose loads are skipped) */\n"
     "    bool live[RW];\n"
@@ -267,51 +270,56 @@ static const char GV_HEAD[] =
     "        rw[r] = live[r] ? n0 + r : n0;\n"
     "    }\n";
 
-static const char GV_GATE_UP_BODY[] =
-    "    const TX *xr[BM];\n"
+/* The streaming GEMM of both steps: NM weight matrices (gate_up: gate and
+ * up, 2; down: 1), matrix i's row n of expert e at w[i] + e * WS[i] +
+ * WO[i] + n * KD, its scales' row (WR[i] + n) / SBN of sc[i]; the slots'
+ * activation rows from act (row slot / AK: x's token, or h's slot).
+ * Leaves a[NM][RW][BM], the sums of this lane's products. */
+static const char GV_BODY[] =
+    "    const TX *ar[BM];\n"
     "#pragma unroll\n"
     "    for (int m = 0; m < BM; m++)\n"
-    "        xr[m] = x + (long long)(sl[m] >= 0 ? sl[m] / K : 0) * KD + lane * VW;\n"
-    "    const TW *gr[RW], *ur[RW];\n"
-    "    [[maybe_unused]] const float *gs[RW], *us[RW];\n"
+    "        ar[m] = act + (long long)(sl[m] >= 0 ? sl[m] / AK : 0) * KD + lane * VW;\n"
+    "    const TW *wr[NM][RW];\n"
+    "    [[maybe_unused]] const float *sr[NM][RW];\n"
     "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++) {\n"
-    "        gr[r] = wg + (long long)e * GSTRIDE + (long long)rw[r] * KD + lane * VW;\n"
-    "        ur[r] = wu + (long long)e * USTRIDE + UOFF + (long long)rw[r] * KD + lane * VW;\n"
-    "        if constexpr (W8) {\n"
-    "            gs[r] = gsc + ((long long)e * SR + rw[r] / SBN) * SC;\n"
-    "            us[r] = usc + ((long long)e * SR + (UROW + rw[r]) / SBN) * SC;\n"
+    "    for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RW; r++) {\n"
+    "            wr[i][r] = w[i] + (long long)e * WS[i] + WO[i] + (long long)rw[r] * KD + lane * VW;\n"
+    "            if constexpr (W8)\n"
+    "                sr[i][r] = sc[i] + ((long long)e * SR + (WR[i] + rw[r]) / SBN) * SC;\n"
     "        }\n"
-    "    }\n"
-    "    float ag[RW][BM], au[RW][BM];\n"
+    "    float a[NM][RW][BM];\n"
     "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++)\n"
+    "    for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
-    "        for (int m = 0; m < BM; m++)\n"
-    "            ag[r][m] = au[r][m] = 0.0f;\n"
+    "        for (int r = 0; r < RW; r++)\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++)\n"
+    "                a[i][r][m] = 0.0f;\n"
     "#pragma unroll 1\n"
     "    for (int c0 = 0; c0 < NCH; c0 += U) {\n"
-    "        uint4 wgv[U][RW], wuv[U][RW];\n"
+    "        uint4 wv[U][NM][RW];\n"
     "        float xv[U][BM][VW];\n"
-    "        [[maybe_unused]] float sg[U][RW], su[U][RW];\n"
+    "        [[maybe_unused]] float sv[U][NM][RW];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
     "            const bool ok = (NCH % U == 0 || c0 + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
     "#pragma unroll\n"
-    "            for (int r = 0; r < RW; r++) {\n"
-    "                const bool on = ok && live[r];\n"
-    "                wgv[u][r] = on ? moec_ldg16(gr[r] + kc) : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                wuv[u][r] = on ? moec_ldg16(ur[r] + kc) : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                if constexpr (W8) {\n"
-    "                    sg[u][r] = on ? gs[r][k / SBK] : 0.0f;\n"
-    "                    su[u][r] = on ? us[r][k / SBK] : 0.0f;\n"
+    "            for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "                for (int r = 0; r < RW; r++) {\n"
+    "                    const bool on = ok && live[r];\n"
+    "                    wv[u][i][r] = on ? moec_ldg16(wr[i][r] + kc) : make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    if constexpr (W8)\n"
+    "                        sv[u][i][r] = on ? sr[i][r][k / SBK] : 0.0f;\n"
     "                }\n"
-    "            }\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++) {\n"
     "                if (ok) {\n"
-    "                    ldv<VW>(xr[m] + kc, xv[u][m]);\n"
+    "                    ldv<VW>(ar[m] + kc, xv[u][m]);\n"
     "                } else {\n"
     "#pragma unroll\n"
     "                    for (int j = 0; j < VW; j++)\n"
@@ -322,113 +330,42 @@ static const char GV_GATE_UP_BODY[] =
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++)\n"
     "#pragma unroll\n"
-    "            for (int r = 0; r < RW; r++) {\n"
-    "                float gv[VW], uv[VW];\n"
-    "                moec_w16(wgv[u][r], gv, (const TW *)nullptr);\n"
-    "                moec_w16(wuv[u][r], uv, (const TW *)nullptr);\n"
+    "            for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
-    "                for (int m = 0; m < BM; m++) {\n"
-    "                    float pg = W8 ? 0.0f : ag[r][m], pu = W8 ? 0.0f : au[r][m];\n"
+    "                for (int r = 0; r < RW; r++) {\n"
+    "                    float wf[VW];\n"
+    "                    moec_w16(wv[u][i][r], wf, (const TW *)nullptr);\n"
     "#pragma unroll\n"
-    "                    for (int j = 0; j < VW; j++) {\n"
-    "                        pg = fmaf(gv[j], xv[u][m][j], pg);\n"
-    "                        pu = fmaf(uv[j], xv[u][m][j], pu);\n"
-    "                    }\n"
-    "                    if constexpr (W8) {\n"
-    "                        ag[r][m] = fmaf(sg[u][r], pg, ag[r][m]);\n"
-    "                        au[r][m] = fmaf(su[u][r], pu, au[r][m]);\n"
-    "                    } else {\n"
-    "                        ag[r][m] = pg;\n"
-    "                        au[r][m] = pu;\n"
+    "                    for (int m = 0; m < BM; m++) {\n"
+    "                        float p = W8 ? 0.0f : a[i][r][m];\n"
+    "#pragma unroll\n"
+    "                        for (int j = 0; j < VW; j++)\n"
+    "                            p = fmaf(wf[j], xv[u][m][j], p);\n"
+    "                        if constexpr (W8)\n"
+    "                            a[i][r][m] = fmaf(sv[u][i][r], p, a[i][r][m]);\n"
+    "                        else\n"
+    "                            a[i][r][m] = p;\n"
     "                    }\n"
     "                }\n"
-    "            }\n"
-    "    }\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++)\n"
-    "#pragma unroll\n"
-    "        for (int m = 0; m < BM; m++) {\n"
-    "            const float g = warp_sum(ag[r][m]), u = warp_sum(au[r][m]);\n"
-    "            if (lane == ((r * BM + m) & 31) && sl[m] >= 0 && live[r])\n"
-    "                hbuf[(long long)sl[m] * ND + n0 + r] = g / (1.0f + expf(-g)) * u;\n"
-    "        }\n";
+    "    }\n";
 
-static const char GV_DOWN_BODY[] =
-    "    const float *hr[BM];\n"
-    "#pragma unroll\n"
-    "    for (int m = 0; m < BM; m++)\n"
-    "        hr[m] = hbuf + (long long)(sl[m] >= 0 ? sl[m] : 0) * KD + lane * VW;\n"
-    "    const TW *dr[RW];\n"
-    "    [[maybe_unused]] const float *ds[RW];\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++) {\n"
-    "        dr[r] = wd + (long long)e * ND * KD + (long long)rw[r] * KD + lane * VW;\n"
-    "        if constexpr (W8)\n"
-    "            ds[r] = dsc + ((long long)e * SR + rw[r] / SBN) * SC;\n"
-    "    }\n"
-    "    float acc[RW][BM];\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++)\n"
-    "#pragma unroll\n"
-    "        for (int m = 0; m < BM; m++)\n"
-    "            acc[r][m] = 0.0f;\n"
-    "#pragma unroll 1\n"
-    "    for (int c0 = 0; c0 < NCH; c0 += U) {\n"
-    "        uint4 wv[U][RW];\n"
-    "        float hv[U][BM][VW];\n"
-    "        [[maybe_unused]] float sd[U][RW];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++) {\n"
-    "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
-    "            const bool ok = (NCH % U == 0 || c0 + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RW; r++) {\n"
-    "                const bool on = ok && live[r];\n"
-    "                wv[u][r] = on ? moec_ldg16(dr[r] + kc) : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                if constexpr (W8)\n"
-    "                    sd[u][r] = on ? ds[r][k / SBK] : 0.0f;\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "            for (int m = 0; m < BM; m++) {\n"
-    "                if (ok) {\n"
-    "                    ldv<VW>(hr[m] + kc, hv[u][m]);\n"
-    "                } else {\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < VW; j++)\n"
-    "                        hv[u][m][j] = 0.0f;\n"
-    "                }\n"
-    "            }\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++)\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RW; r++) {\n"
-    "                float wf[VW];\n"
-    "                moec_w16(wv[u][r], wf, (const TW *)nullptr);\n"
-    "#pragma unroll\n"
-    "                for (int m = 0; m < BM; m++) {\n"
-    "                    float p = W8 ? 0.0f : acc[r][m];\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < VW; j++)\n"
-    "                        p = fmaf(wf[j], hv[u][m][j], p);\n"
-    "                    if constexpr (W8)\n"
-    "                        acc[r][m] = fmaf(sd[u][r], p, acc[r][m]);\n"
-    "                    else\n"
-    "                        acc[r][m] = p;\n"
-    "                }\n"
-    "            }\n"
-    "    }\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RW; r++)\n"
-    "#pragma unroll\n"
-    "        for (int m = 0; m < BM; m++) {\n"
-    "            float v = warp_sum(acc[r][m]);\n"
-    "            if (lane == ((r * BM + m) & 31) && sl[m] >= 0 && live[r]) {\n"
-    "                if constexpr (MULW)\n"
-    "                    v *= scale * ld(wts + sl[m]);\n"
-    "                st(y + (long long)sl[m] * ND + n0 + r, v);\n"
-    "            }\n"
-    "        }\n";
+/* GV_BODY's operands in gate_up (before it) and its sums' names (after). */
+static const char GV_GATE_UP_IN[] =
+    "    constexpr int NM = 2, AK = K;\n"
+    "    const TX *act = x;\n"
+    "    const TW *w[NM] = {wg, wu};\n"
+    "    [[maybe_unused]] const float *sc[NM] = {gsc, usc};\n"
+    "    constexpr long long WS[NM] = {GSTRIDE, USTRIDE}, WO[NM] = {0, UOFF}, WR[NM] = {0, UROW};\n";
+static const char GV_GATE_UP_OUT[] = "    float(&ag)[RW][BM] = a[0], (&au)[RW][BM] = a[1];\n";
+/* ... in down */
+static const char GV_DOWN_IN[] =
+    "    constexpr int NM = 1, AK = 1;\n"
+    "    typedef float TX;\n"
+    "    const TX *act = hbuf;\n"
+    "    const TW *w[NM] = {wd};\n"
+    "    [[maybe_unused]] const float *sc[NM] = {dsc};\n"
+    "    constexpr long long WS[NM] = {(long long)ND * KD}, WO[NM] = {0}, WR[NM] = {0};\n";
+static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
 
 /* The tensor-core forms (bf16 weights and activations, fp32 accumulation):
  * each warp owns 16 weight rows and the block's BM slots (BM / 8 column
@@ -800,11 +737,12 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else if (form == FORM_GV)
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s}\n\n", sh.rows,
-                          sh.u, GV_HEAD, GV_GATE_UP_BODY);
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
+                          sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_GATE_UP_IN, GV_BODY,
+                          GV_GATE_UP_OUT, GATE_UP_END);
         else
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
-                          GEMM_HEAD, GATE_UP_BODY);
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
+                          ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
@@ -864,11 +802,12 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_DOWN_BODY);
         else if (form == FORM_GV)
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s}\n\n", sh.rows,
-                          sh.u, GV_HEAD, GV_DOWN_BODY);
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
+                          sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_DOWN_IN, GV_BODY,
+                          GV_DOWN_OUT, DOWN_END);
         else
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
-                          GEMM_HEAD, DOWN_BODY);
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_dn,
+                          ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)

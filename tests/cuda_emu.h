@@ -1,6 +1,6 @@
 // cuda_emu.h — a CPU emulation of the CUDA the staged fp8 kernels use
 // (codegen/fp8_tc.c) and the streaming expert GEMMs (codegen/moe_routed.c,
-// GV_HEAD), so that their generated source runs without a GPU
+// GV_CONSTS), so that their generated source runs without a GPU
 // (tests/test_fp8_emu.sh): every CUDA thread a host thread; __syncthreads,
 // a warp's m16n8k16 product and shuffle, and the cluster barrier pthread
 // barriers over the block, the warp and the cluster; shared memory one

@@ -190,7 +190,7 @@ static const char *cache_dir;
 static const char *const FP8_MODES[] = {"auto", "old", "tc"};
 #define FM(mode) (1u << (mode))
 
-/* The expert GEMMs' A/B (MOEC_KERN_MOE_AB, moe_ab_case): each variant is
+/* The expert GEMMs' A/B (MOEC_KERN_MOE_AB, moe_case_run): each variant is
  * the environment its programs are generated under (the first CUDA-core
  * form, the streaming form and its shapes: codegen/moe_routed.c's knobs);
  * ab_var is the variant programs are being made or run for, -1 outside
@@ -622,8 +622,33 @@ static void bench_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const ch
 #define AB_GRAPH_LAUNCHES 64
 static void **ab_copies[AB_COPIES];
 
+/* Microseconds of one of the n launches graph g (captured on st) holds:
+ * the mean of 5 replays after a warm-up, so that launch gaps stay out of
+ * the kernels' times. Destroys g. */
+static double graph_us(cudaGraph_t g, cudaStream_t st, int n)
+{
+    cudaGraphExec_t ge;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < 5; r++)
+        CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return ms * 1e3 / (5.0 * n);
+}
+
 /* The mean time in us of step i of c over AB_GRAPH_LAUNCHES launches
- * captured in a CUDA graph (one warm replay, then 5 timed). */
+ * captured in a CUDA graph. */
 static double ab_graph_us(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int i)
 {
     const ir_step *s = &c->steps[i];
@@ -633,7 +658,6 @@ static double ab_graph_us(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int i)
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (int j = 0; j < AB_GRAPH_LAUNCHES; j++) {
         step_argv sa;
@@ -641,25 +665,9 @@ static double ab_graph_us(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int i)
         CK(cudaLaunchKernel((const void *)k, grid, block, sa.argv, s->smem, st));
     }
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, st));
-    for (int r = 0; r < 5; r++)
-        CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
+    double us = graph_us(g, st, AB_GRAPH_LAUNCHES);
     CK(cudaStreamDestroy(st));
-    return ms * 1e3 / (5.0 * AB_GRAPH_LAUNCHES);
+    return us;
 }
 
 /* The A/B's times: each expert GEMM step of c (gate_up, down) in a graph,
@@ -936,12 +944,53 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
     cg_ctx_free(&c);
 }
 
+/* The A/B's copies of the expert weights of m (bound first, as all its
+ * weights), ab_copies[1..] (ab_copies[0]: the originals). */
+static void ab_copies_make(const ir_module *m, gk_bind *b, rt_interp *in, void *const *image)
+{
+    static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down"};
+    for (int r = 1; r < AB_COPIES; r++) {
+        ab_copies[r] = calloc((size_t)m->n_values, sizeof(void *));
+        if (!ab_copies[r])
+            exit(1);
+    }
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        bind_weight(b, in, v, image);
+        int expert = 0;
+        for (int k = 0; k < 4; k++)
+            expert |= !strcmp(v->name, EXPERT_W[k]);
+        size_t bytes = ir_weight_storage_bytes(m, v, b->cdt);
+        for (int r = 1; expert && r < AB_COPIES; r++) {
+            ab_copies[r][i] = dalloc(bytes);
+            CK(cudaMemcpy(ab_copies[r][i], b->val[i], bytes, cudaMemcpyDeviceToDevice));
+        }
+    }
+}
+
+static void ab_copies_free(const ir_module *m)
+{
+    for (int r = 1; r < AB_COPIES; r++) {
+        for (int i = 0; i < m->n_values; i++)
+            if (ab_copies[r][i])
+                CK(cudaFree(ab_copies[r][i]));
+        free(ab_copies[r]);
+        ab_copies[r] = NULL;
+    }
+}
+
 /* Runs the routing, expert and fp8 linear kernels of s for each bucket of
  * tmask, with each choice of fp8 kernels in modes (bit m: FM(m)) on the
  * same inputs and the interpreter's one result, and compares ids
- * (exactly), weights, the expert and linear results and the argmax. */
-static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
-                           unsigned modes)
+ * (exactly), weights, the expert and linear results and the argmax. With
+ * vmask (the expert GEMMs' A/B, MOEC_KERN_MOE_AB): each choice once under
+ * every variant of vmask (bit v: AB_VARIANTS[v]), each gate_up and down
+ * step then timed in a CUDA graph (ab_time) over AB_COPIES copies of the
+ * expert weights. */
+static void moe_case_run(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
+                         unsigned modes, unsigned vmask)
 {
     double t0 = now_s();
     ir_module *m = km_module(s);
@@ -958,6 +1007,8 @@ static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint6
     fill_weights(in, m, cdt, s, &rng, image);
     gk_bind b;
     bind_init(&b, m, cdt);
+    if (vmask)
+        ab_copies_make(m, &b, in, image);
     double worst[3][3] = {{0}};
     for (int bi = 0; bi < N_BUCKETS; bi++) {
         if (!(tmask & (1u << bi)))
@@ -970,104 +1021,40 @@ static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint6
         }
         T_OK(rt_interp_forward(in, tokens, pos, T, NULL));
         for (int f = 0; f < 3; f++)
-            if (modes & FM(f))
-                moe_bucket(s, m, in, image, &b, cdt, T, f, worst[f]);
+            for (int v = vmask ? 0 : -1; (modes & FM(f)) && v < (vmask ? N_AB_VARIANTS : 0); v++)
+                if (v < 0 || (vmask & (1u << v))) {
+                    if (v >= 0)
+                        ab_set(v);
+                    moe_bucket(s, m, in, image, &b, cdt, T, f, worst[f]);
+                }
+        if (vmask)
+            ab_set(-1);
     }
     for (int f = 0; f < 3; f++)
         if (modes & FM(f))
-            printf("%-16s %s moe    fp8 %-4s worst error: weights %.2e, experts %.2e, linear %.2e "
-                   "(%.1f s)\n",
-                   s->name, ir_dtype_name(cdt), FP8_MODES[f], worst[f][0], worst[f][1],
-                   worst[f][2], now_s() - t0);
+            printf("%-16s %s moe    fp8 %-4s%s worst error: weights %.2e, experts %.2e, linear "
+                   "%.2e (%.1f s)\n",
+                   s->name, ir_dtype_name(cdt), FP8_MODES[f], vmask ? " A/B" : "", worst[f][0],
+                   worst[f][1], worst[f][2], now_s() - t0);
+    if (vmask)
+        ab_copies_free(m);
     for (int i = 0; i < m->n_values; i++)
         free(image[i]);
     free(image);
     bind_free(&b);
     rt_interp_free(in);
     ir_module_free(m);
+}
+
+static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
+                           unsigned modes)
+{
+    moe_case_run(s, cdt, tmask, seed, modes, 0);
 }
 
 static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
 {
     moe_case_modes(s, cdt, tmask, seed, FM(CG_FP8_AUTO));
-}
-
-/* The expert GEMMs' A/B (MOEC_KERN_MOE_AB): the routed experts of s in
- * bf16 at the buckets of tmask, generated under each variant of vmask
- * (bit v: AB_VARIANTS[v]) and checked against one interpreter run a
- * bucket, each gate_up and down step then timed in a CUDA graph
- * (ab_time) over AB_COPIES copies of the expert weights. */
-static void moe_ab_case(const km_spec *s, unsigned tmask, unsigned vmask, uint64_t seed)
-{
-    static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down"};
-    double t0 = now_s();
-    ir_dtype cdt = IR_DTYPE_BF16;
-    ir_module *m = km_module(s);
-    if (!m)
-        exit(1);
-    rt_interp *in = NULL;
-    T_OK(rt_interp_init(m, NULL, TMAX, &in));
-    if (!in)
-        exit(1);
-    uint64_t rng = seed;
-    void **image = calloc((size_t)m->n_values, sizeof *image);
-    if (!image)
-        exit(1);
-    fill_weights(in, m, cdt, s, &rng, image);
-    gk_bind b;
-    bind_init(&b, m, cdt);
-    for (int r = 1; r < AB_COPIES; r++) {
-        ab_copies[r] = calloc((size_t)m->n_values, sizeof(void *));
-        if (!ab_copies[r])
-            exit(1);
-    }
-    for (int i = 0; i < m->n_values; i++) {
-        const ir_value *v = m->values[i];
-        if (v->kind != IR_VALUE_WEIGHT)
-            continue;
-        bind_weight(&b, in, v, image);
-        int expert = 0;
-        for (int k = 0; k < 4; k++)
-            expert |= !strcmp(v->name, EXPERT_W[k]);
-        size_t bytes = ir_weight_storage_bytes(m, v, cdt);
-        for (int r = 1; expert && r < AB_COPIES; r++) {
-            ab_copies[r][i] = dalloc(bytes);
-            CK(cudaMemcpy(ab_copies[r][i], b.val[i], bytes, cudaMemcpyDeviceToDevice));
-        }
-    }
-    double worst[3] = {0};
-    for (int bi = 0; bi < N_BUCKETS; bi++) {
-        if (!(tmask & (1u << bi)))
-            continue;
-        int T = BUCKETS[bi];
-        int32_t tokens[TMAX], pos[TMAX];
-        for (int t = 0; t < T; t++) {
-            tokens[t] = irand(&rng, s->vocab);
-            pos[t] = t;
-        }
-        T_OK(rt_interp_forward(in, tokens, pos, T, NULL));
-        for (int v = 0; v < N_AB_VARIANTS; v++)
-            if (vmask & (1u << v)) {
-                ab_set(v);
-                moe_bucket(s, m, in, image, &b, cdt, T, CG_FP8_AUTO, worst);
-            }
-        ab_set(-1);
-    }
-    printf("%-16s %s moe A/B worst error: weights %.2e, experts %.2e, linear %.2e (%.1f s)\n",
-           s->name, ir_dtype_name(cdt), worst[0], worst[1], worst[2], now_s() - t0);
-    for (int r = 1; r < AB_COPIES; r++) {
-        for (int i = 0; i < m->n_values; i++)
-            if (ab_copies[r][i])
-                CK(cudaFree(ab_copies[r][i]));
-        free(ab_copies[r]);
-        ab_copies[r] = NULL;
-    }
-    for (int i = 0; i < m->n_values; i++)
-        free(image[i]);
-    free(image);
-    bind_free(&b);
-    rt_interp_free(in);
-    ir_module_free(m);
 }
 
 /* ---- attention: steps over several sequences and padding ------------------ */
@@ -2267,7 +2254,7 @@ static const km_spec F8_TC_SPLIT = {.name = "f8_tc_split", .vocab = 97, .E = 5, 
                                     .HID = 192, .I = 64, .wdt = "f8e4m3", .moe_scale = 1.5,
                                     .LN = 100, .LK = 1280, .ldt = "f8e4m3", .BN = 16, .BK = 128};
 
-/* The streaming expert form's edges (codegen/moe_routed.c, GV_HEAD):
+/* The streaming expert form's edges (codegen/moe_routed.c, GV_CONSTS):
  * bf16 H 200 (a partial 256-wide chunk) with I 37 (gate_up's last block
  * of rows partly dead; down, I not in 8-wide vectors, on the first form);
  * 256 experts top-1, H 136, I 72 (a chunk of 9 live lanes), gate and up
@@ -2709,30 +2696,14 @@ static double dsa_ab_time(dsa_ab *e, const cg_ctx *v, cudaLibrary_t lib)
 {
     cudaStream_t st;
     cudaGraph_t g;
-    cudaGraphExec_t ge;
-    cudaEvent_t e0, e1;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     launch_steps(&e->b, v, lib);
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     launch_steps_on(&e->b, v, lib, 20, st);
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e0, st));
-    for (int r = 0; r < 5; r++)
-        CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    double us = graph_us(g, st, 20);
     CK(cudaStreamDestroy(st));
-    return ms / 100 * 1e3;
+    return us;
 }
 
 /* With MOEC_KERN_BENCH: each form's kernels at T = 1 and 64 (a sequence
@@ -2893,9 +2864,9 @@ int main(void)
         ab_set(-1);
         progs_compile();
         for (int i = 0; i < 2; i++)
-            moe_ab_case(tuned[i], ABT, EVERY_V, 60 + (uint64_t)i);
+            moe_case_run(tuned[i], IR_DTYPE_BF16, ABT, 60 + (uint64_t)i, FM(CG_FP8_AUTO), EVERY_V);
         for (int i = 0; i < 8; i++)
-            moe_ab_case(ab[i], ABT, OLD_NEW, 62 + (uint64_t)i);
+            moe_case_run(ab[i], IR_DTYPE_BF16, ABT, 62 + (uint64_t)i, FM(CG_FP8_AUTO), OLD_NEW);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (MoE A/B)");

@@ -722,7 +722,7 @@ static void check_gv(const ir_module *m, const cg_ctx *c)
     T_CHECK(c->T != 1 || seen == 2);
 }
 
-/* The streaming form (codegen/moe_routed.c, GV_HEAD) at blocks of one or
+/* The streaming form (codegen/moe_routed.c, GV_CONSTS) at blocks of one or
  * two slots: where rows come in whole 16-byte vectors (H 200 in bf16, I 37
  * not: down on the first form; fp8 H 208 and I 176 with partial 128 x 128
  * blocks; f16 and f32 weights; the experts op's down writing the result),
