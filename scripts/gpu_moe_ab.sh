@@ -8,7 +8,8 @@
 # against the interpreter and each gate_up and down timed in a CUDA graph
 # of 64 launches over 8 copies of the weights (TB/s of the chosen experts'
 # bytes). Log in $OUT/moe_ab.txt; prints the A/B lines and the verdict.
-#   usage: scripts/gpu_moe_ab.sh
+# AB=v2 runs V2-Lite's variants only (about a third of the time).
+#   usage: [AB=v2] scripts/gpu_moe_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-moe-ab}
@@ -17,6 +18,6 @@ source scripts/gpu_build.sh
 { cmake "${GPU_CMAKE_ARGS[@]}" && cmake --build build-gpu -j"$(nproc)" --target gpu_kernels; } \
   >"$OUT/moe_ab_build.txt" 2>&1 || { tail -30 "$OUT/moe_ab_build.txt"; exit 1; }
 rc=0
-MOEC_KERN_MOE_AB=1 build-gpu/tests/gpu_kernels >"$OUT/moe_ab.txt" 2>&1 || rc=1
+MOEC_KERN_MOE_AB=${AB:-1} build-gpu/tests/gpu_kernels >"$OUT/moe_ab.txt" 2>&1 || rc=1
 grep -E "^(  ab |FAIL|gpu_kernels|compiled|total)|A/B worst" "$OUT/moe_ab.txt" | head -400
 exit "$rc"

@@ -2848,9 +2848,11 @@ int main(void)
            CUDA-core form against the streaming one and its shapes at
            V2-Lite's shape in bf16 and fp8, old and new at Qwen3-30B's and
            DeepSeek-V3's (16 of its experts) and the odd edges; every result
-           checked, each expert GEMM timed in a CUDA graph */
+           checked, each expert GEMM timed in a CUDA graph
+           (MOEC_KERN_MOE_AB=v2: V2-Lite's only) */
         const unsigned ABT = TM(1) | TM(2) | TM(3) | TM(8), EVERY_V = (1u << N_AB_VARIANTS) - 1;
         const unsigned OLD_NEW = 3u;
+        const int n_ab = strcmp(getenv("MOEC_KERN_MOE_AB"), "v2") ? 8 : 0;
         const km_spec *tuned[] = {&V2_MOE, &F8_V2_MOE};
         const km_spec *ab[] = {&Q3_MOE, &F8_Q3_MOE, &V3_MOE, &F8_V3_MOE,
                                &GV_ODD, &GV_ODD_SPLIT, &F8_GV_ODD, &F8_ODD_MOE};
@@ -2858,14 +2860,14 @@ int main(void)
             ab_set(v);
             for (int i = 0; i < 2; i++)
                 prog_add(tuned[i], IR_DTYPE_BF16, 64, ABT);
-            for (int i = 0; i < 8 && (OLD_NEW & (1u << v)); i++)
+            for (int i = 0; i < n_ab && (OLD_NEW & (1u << v)); i++)
                 prog_add(ab[i], IR_DTYPE_BF16, 64, ABT);
         }
         ab_set(-1);
         progs_compile();
         for (int i = 0; i < 2; i++)
             moe_case_run(tuned[i], IR_DTYPE_BF16, ABT, 60 + (uint64_t)i, FM(CG_FP8_AUTO), EVERY_V);
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < n_ab; i++)
             moe_case_run(ab[i], IR_DTYPE_BF16, ABT, 62 + (uint64_t)i, FM(CG_FP8_AUTO), OLD_NEW);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
