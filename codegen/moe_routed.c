@@ -38,6 +38,17 @@
 #define MMA_WARPS 1
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
+/* The streaming form's shape (GV_CONSTS, GV_ROWS): warps per block, rows
+ * per warp of gate_up (each a gate and an up row) and of down, k chunks in flight, and
+ * the largest expert block it takes (larger ones: the first CUDA-core
+ * form). MOEC_MOE_GEMV=0 keeps the first form everywhere (an A/B in one
+ * run); MOEC_MOE_GEMV_WARPS, _RW, _RWD, _U and _MAX_BM override the rest
+ * (the kernel names say which shape ran). */
+#define GV_WARPS 4
+#define GV_RW 2
+#define GV_RWD 4
+#define GV_U 2
+#define GV_MAX_BM 2
 
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
@@ -93,12 +104,16 @@ static const char ALIGN_BODY[] =
     "            sorted[off[e] * BM + atomicAdd(&fill[e], 1)] = i;\n"
     "    }\n";
 
-/* Shared by gate_up and down: the block's expert, its BM slots (padding
- * rows read row 0 and are never stored) and the warp's first row n0. */
-static const char GEMM_HEAD[] =
+/* The first CUDA-core form's constants: VE elements a lane a k step. */
+static const char GEMM_CONSTS[] =
     "    constexpr int BN = NW * RW, KSTEP = 32 * VE, NSTEP = (KD + KSTEP - 1) / KSTEP;\n"
     "    /* small blocks: several k steps' loads in flight at once */\n"
-    "    constexpr int UNROLL = BM <= 2 ? 4 : 1;\n"
+    "    constexpr int UNROLL = BM <= 2 ? 4 : 1;\n";
+
+/* Shared by the CUDA-core forms' gate_up and down (after their constants,
+ * BN among them): the block's expert, its BM slots (padding rows read row
+ * 0 and are never stored) and the warp's first row n0. */
+static const char GEMM_HEAD[] =
     "    const int b = blockIdx.x;\n"
     "    if (b >= *n_used)\n"
     "        return;\n"
@@ -159,7 +174,11 @@ static const char GATE_UP_BODY[] =
     "                    au[r][m] += uv[j] * xv[m][j];\n"
     "                }\n"
     "        }\n"
-    "    }\n"
+    "    }\n";
+
+/* The CUDA-core forms' gate_up end: each row's and slot's sums over the
+ * warp, silu(gate) * up stored by one lane. */
+static const char GATE_UP_END[] =
     "#pragma unroll\n"
     "    for (int r = 0; r < RW; r++)\n"
     "#pragma unroll\n"
@@ -208,7 +227,11 @@ static const char DOWN_BODY[] =
     "                for (int j = 0; j < VE; j++)\n"
     "                    acc[r][m] += wv[j] * hv[m][j];\n"
     "        }\n"
-    "    }\n"
+    "    }\n";
+
+/* The CUDA-core forms' down end: each row's and slot's sum over the warp,
+ * times scale and the slot's router weight when MULW, stored by one lane. */
+static const char DOWN_END[] =
     "#pragma unroll\n"
     "    for (int r = 0; r < RW; r++)\n"
     "#pragma unroll\n"
@@ -220,6 +243,129 @@ static const char DOWN_BODY[] =
     "                st(y + (long long)sl[m] * ND + n0 + r, v);\n"
     "            }\n"
     "        }\n";
+
+/* The streaming forms (gv) of gate_up and down for blocks of one or two
+ * slots: each lane reads 16 bytes of a weight row per k chunk (VW
+ * elements: 8 bf16, 16 fp8 codes), a warp RW rows, and issues U chunks of
+ * every row's loads (and the slots' activations, its scales) before it
+ * uses any, so that U * RW (gate_up: twice that) 16-byte loads per lane
+ * are in flight; small blocks of NW warps give the GPU many blocks even at
+ * one token. fp8 codes widen with integer operations (moec_w16) and each
+ * lane's 16 products are summed before the one multiply by their block's
+ * scale (16 | SBK: a lane's codes lie in one block). Rows past ND load
+ * nothing and are never stored; padding slots read x row 0. */
+static const char GV_CONSTS[] =
+    "    constexpr int VW = 16 / (int)sizeof(TW), KSTEP = 32 * VW;\n"
+    "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW;\n";
+
+/* After GEMM_HEAD: which of the warp's rows exist. */
+static const char GV_ROWS[] =
+    "    /* live[r]: row n0 + r exists; rw[r]: the row read (n0 for dead rows,\n"
+    "       whose loads are skipped) */\n"
+    "    bool live[RW];\n"
+    "    int rw[RW];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RW; r++) {\n"
+    "        live[r] = ND % BN == 0 || n0 + r < ND;\n"
+    "        rw[r] = live[r] ? n0 + r : n0;\n"
+    "    }\n";
+
+/* The streaming GEMM of both steps: NM weight matrices (gate_up: gate and
+ * up, 2; down: 1), matrix i's row n of expert e at w[i] + e * WS[i] +
+ * WO[i] + n * KD, its scales' row (WR[i] + n) / SBN of sc[i]; the slots'
+ * activation rows from act (row slot / AK: x's token, or h's slot).
+ * Leaves a[NM][RW][BM], the sums of this lane's products. */
+static const char GV_BODY[] =
+    "    const TX *ar[BM];\n"
+    "#pragma unroll\n"
+    "    for (int m = 0; m < BM; m++)\n"
+    "        ar[m] = act + (long long)(sl[m] >= 0 ? sl[m] / AK : 0) * KD + lane * VW;\n"
+    "    const TW *wr[NM][RW];\n"
+    "    [[maybe_unused]] const float *sr[NM][RW];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RW; r++) {\n"
+    "            wr[i][r] = w[i] + (long long)e * WS[i] + WO[i] + (long long)rw[r] * KD + lane * VW;\n"
+    "            if constexpr (W8)\n"
+    "                sr[i][r] = sc[i] + ((long long)e * SR + (WR[i] + rw[r]) / SBN) * SC;\n"
+    "        }\n"
+    "    float a[NM][RW][BM];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RW; r++)\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++)\n"
+    "                a[i][r][m] = 0.0f;\n"
+    "#pragma unroll 1\n"
+    "    for (int c0 = 0; c0 < NCH; c0 += U) {\n"
+    "        uint4 wv[U][NM][RW];\n"
+    "        float xv[U][BM][VW];\n"
+    "        [[maybe_unused]] float sv[U][NM][RW];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
+    "            const bool ok = (NCH % U == 0 || c0 + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "                for (int r = 0; r < RW; r++) {\n"
+    "                    const bool on = ok && live[r];\n"
+    "                    wv[u][i][r] = on ? moec_ldg16(wr[i][r] + kc) : make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    if constexpr (W8)\n"
+    "                        sv[u][i][r] = on ? sr[i][r][k / SBK] : 0.0f;\n"
+    "                }\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++) {\n"
+    "                if (ok) {\n"
+    "                    ldv<VW>(ar[m] + kc, xv[u][m]);\n"
+    "                } else {\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < VW; j++)\n"
+    "                        xv[u][m][j] = 0.0f;\n"
+    "                }\n"
+    "            }\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "                for (int r = 0; r < RW; r++) {\n"
+    "                    float wf[VW];\n"
+    "                    moec_w16(wv[u][i][r], wf, (const TW *)nullptr);\n"
+    "#pragma unroll\n"
+    "                    for (int m = 0; m < BM; m++) {\n"
+    "                        float p = W8 ? 0.0f : a[i][r][m];\n"
+    "#pragma unroll\n"
+    "                        for (int j = 0; j < VW; j++)\n"
+    "                            p = fmaf(wf[j], xv[u][m][j], p);\n"
+    "                        if constexpr (W8)\n"
+    "                            a[i][r][m] = fmaf(sv[u][i][r], p, a[i][r][m]);\n"
+    "                        else\n"
+    "                            a[i][r][m] = p;\n"
+    "                    }\n"
+    "                }\n"
+    "    }\n";
+
+/* GV_BODY's operands in gate_up (before it) and its sums' names (after). */
+static const char GV_GATE_UP_IN[] =
+    "    constexpr int NM = 2, AK = K;\n"
+    "    const TX *act = x;\n"
+    "    const TW *w[NM] = {wg, wu};\n"
+    "    [[maybe_unused]] const float *sc[NM] = {gsc, usc};\n"
+    "    constexpr long long WS[NM] = {GSTRIDE, USTRIDE}, WO[NM] = {0, UOFF}, WR[NM] = {0, UROW};\n";
+static const char GV_GATE_UP_OUT[] = "    float(&ag)[RW][BM] = a[0], (&au)[RW][BM] = a[1];\n";
+/* ... in down */
+static const char GV_DOWN_IN[] =
+    "    constexpr int NM = 1, AK = 1;\n"
+    "    typedef float TX;\n"
+    "    const TX *act = hbuf;\n"
+    "    const TW *w[NM] = {wd};\n"
+    "    [[maybe_unused]] const float *sc[NM] = {dsc};\n"
+    "    constexpr long long WS[NM] = {(long long)ND * KD}, WO[NM] = {0}, WR[NM] = {0};\n";
+static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
 
 /* The tensor-core forms (bf16 weights and activations, fp32 accumulation):
  * each warp owns 16 weight rows and the block's BM slots (BM / 8 column
@@ -447,6 +593,21 @@ static int moe_vec_width(const cg_ctx *c, const ir_value *w, long long n)
     return ve;
 }
 
+/* Whether the streaming form can read weight w (rows of n elements) 16
+ * bytes a lane: rows in whole 16-byte vectors, an fp8 lane's 16 codes in
+ * one column block, and bf16x2 arithmetic to widen them (sm_80). The
+ * activation rows then come in whole vectors of as many elements. */
+static int gv_weight_ok(const cg_ctx *c, const ir_value *w, long long n)
+{
+    ir_dtype dt = cg_storage(c, w);
+    if (dt == IR_DTYPE_F8E4M3)
+        return n % 16 == 0 && w->scale.block[1] % 16 == 0 && c->opt &&
+               cg_arch_num(c->opt) >= 80;
+    if (dt == IR_DTYPE_BF16 || dt == IR_DTYPE_F16)
+        return n % 8 == 0;
+    return dt == IR_DTYPE_F32 && n % 4 == 0;
+}
+
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -489,17 +650,57 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
     s->n_args = n;
 }
 
-/* (2) gate_up with silu_mul into h (f32), on CUDA cores or (mma) tensor
- * cores: 4 rows of gate and of up a warp on CUDA cores (fewer measured
- * slower at BM = 8 too: the GEMMs are bound by issue there, not by
- * registers). */
-static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int mma)
+/* The CUDA-core and tensor-core forms of the GEMMs. */
+enum { FORM_SIMT, FORM_MMA, FORM_GV };
+
+/* A GEMM step's shape: warps a block, rows a warp (a block's rows: their
+ * product), the streaming form's chunks in flight, the kernel-name tag. */
+typedef struct moe_shape {
+    int warps, rows, u;
+    char tag[32];
+} moe_shape;
+
+/* The shape of form `form` for a GEMM over k of kd elements of weight w
+ * (rows: rows a warp of the CUDA-core forms). The streaming form takes U
+ * chunks at a time, evened out over the row's chunks (6 chunks at U 4:
+ * two rounds of 3). */
+static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long long kd,
+                              int rows, const char *rw_env, int rw_dflt)
+{
+    moe_shape sh = {0};
+    if (form == FORM_MMA) {
+        sh.warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
+        sh.rows = 16;
+        sh.u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
+        snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
+    } else if (form == FORM_GV) {
+        long long kstep = 32 * (16 / (long long)ir_dtype_size(cg_storage(c, w)));
+        long long nch = (kd + kstep - 1) / kstep;
+        int u = cg_env_int("MOEC_MOE_GEMV_U", GV_U, 1, 8);
+        if (u > nch)
+            u = (int)nch;
+        long long rounds = (nch + u - 1) / u;
+        sh.warps = cg_env_int("MOEC_MOE_GEMV_WARPS", GV_WARPS, 1, 8);
+        sh.rows = cg_env_int(rw_env, rw_dflt, 1, 16);
+        sh.u = (int)((nch + rounds - 1) / rounds);
+        snprintf(sh.tag, sizeof sh.tag, "gv_w%d_r%d_u%d", sh.warps, sh.rows, sh.u);
+    } else {
+        sh.warps = MOE_WARPS;
+        sh.rows = rows;
+        snprintf(sh.tag, sizeof sh.tag, "rw%d", rows);
+    }
+    return sh;
+}
+
+/* (2) gate_up with silu_mul into h (f32), on CUDA cores (first form: 4
+ * rows of gate and of up a warp, fewer measured slower at BM = 8 too: the
+ * GEMMs are bound by issue there, not by registers; or streaming), or on
+ * tensor cores. */
+static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int form)
 {
     const char *opname = ir_op_name(d->op->kind);
     long long H = l->H, K = l->K, E = l->E, I = l->I;
-    int bm = l->bm, fused = l->fused, T = c->T, is_new = 0;
-    int mma_warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
-    int mma_u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
+    int bm = l->bm, fused = l->fused, T = c->T, is_new = 0, mma = form == FORM_MMA;
     char name[200];
     ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate);
     int rw_gu = 4, g8 = gdt == IR_DTYPE_F8E4M3;
@@ -510,15 +711,10 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     cg_moe_scale_consts(c, d->gate, fused ? I : 0, "*gsc = nullptr, *usc = nullptr", gtag,
                         sizeof gtag, gdecl, sizeof gdecl);
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
-    int warps = mma ? mma_warps : MOE_WARPS, rows_gu = mma ? 16 : rw_gu;
-    char form[32];
-    if (mma)
-        snprintf(form, sizeof form, "mma_w%d_u%d", mma_warps, mma_u);
-    else
-        snprintf(form, sizeof form, "rw%d", rw_gu);
+    moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW);
     snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K,
-             H, I, bm, form, T, ir_dtype_name(xdt), ir_dtype_name(gdt), fused ? "fused" : "split",
-             gtag);
+             H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
+             fused ? "fused" : "split", gtag);
     int k2 = cg_kernel(c, name, &is_new);
     if (k2 < 0)
         return oom(d);
@@ -532,38 +728,41 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                       "    typedef %s TX;\n    typedef %s TW;\n"
                       "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
-                      opname, mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(xdt),
+                      opname, mma ? " on tensor cores" : "", sh.warps * 32, name, cg_ctype(xdt),
                       cg_ctype(gdt), cg_ctype(gdt),
                       g8 ? "const float *__restrict__ gsc, const float *__restrict__ usc, " : "",
-                      cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm, warps, gstride, gstride, uoff,
+                      cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm, sh.warps, gstride, gstride, uoff,
                       gdecl);
         if (mma)
-            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
+        else if (form == FORM_GV)
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
+                          sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_GATE_UP_IN, GV_BODY,
+                          GV_GATE_UP_OUT, GATE_UP_END);
         else
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_gu, ve_h,
-                          GEMM_HEAD, GATE_UP_BODY);
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
+                          ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
+    long long bn = (long long)sh.warps * sh.rows;
     s->kernel = k2;
     s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((I + warps * rows_gu - 1) / (warps * rows_gu));
-    s->block[0] = (unsigned)warps * 32;
+    s->grid[1] = (unsigned)((I + bn - 1) / bn);
+    s->block[0] = (unsigned)sh.warps * 32;
     cg_moe_gate_up_args(s, d, l, g8);
     return MOEC_OK;
 }
 
 /* (3) down, times the router weight and scale when routed: 8 rows a warp
- * on CUDA cores. */
-static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int mma)
+ * on CUDA cores (first form), streaming, or on tensor cores. */
+static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int form)
 {
     const char *opname = ir_op_name(d->op->kind);
     long long H = l->H, K = l->K, E = l->E, I = l->I;
-    int bm = l->bm, T = c->T, is_new = 0;
-    int mma_warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
-    int mma_u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
+    int bm = l->bm, T = c->T, is_new = 0, mma = form == FORM_MMA;
     char name[200];
     ir_dtype ddt = cg_storage(c, d->down), odt = cg_storage(c, d->out);
     int rw_dn = 8, d8 = ddt == IR_DTYPE_F8E4M3;
@@ -572,14 +771,9 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    int warps = mma ? mma_warps : MOE_WARPS, rows_dn = mma ? 16 : rw_dn;
-    char form[32];
-    if (mma)
-        snprintf(form, sizeof form, "mma_w%d_u%d", mma_warps, mma_u);
-    else
-        snprintf(form, sizeof form, "rw%d", rw_dn);
+    moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD);
     snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K, H,
-             I, bm, form, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag);
+             I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag);
     int k3 = cg_kernel(c, name, &is_new);
     if (k3 < 0)
         return oom(d);
@@ -590,7 +784,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                       "hbuf, const %s *__restrict__ wd, %sconst int *__restrict__ sorted, const int "
                       "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
                       opname, d->w ? " times scale * router weight" : "",
-                      mma ? " on tensor cores" : "", warps * 32, name, cg_ctype(ddt),
+                      mma ? " on tensor cores" : "", sh.warps * 32, name, cg_ctype(ddt),
                       d8 ? "const float *__restrict__ dsc, " : "");
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
@@ -599,25 +793,30 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                       "    typedef %s TW;\n"
                       "    constexpr int KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr bool MULW = %s;\n%s",
-                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, warps, d->w ? "true" : "false",
+                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, sh.warps, d->w ? "true" : "false",
                       ddecl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
         if (mma)
-            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", mma_u, MMA_HEAD,
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_DOWN_BODY);
+        else if (form == FORM_GV)
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
+                          sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_DOWN_IN, GV_BODY,
+                          GV_DOWN_OUT, DOWN_END);
         else
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s}\n\n", rw_dn, ve_i,
-                          GEMM_HEAD, DOWN_BODY);
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_dn,
+                          ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
+    long long bn = (long long)sh.warps * sh.rows;
     s->kernel = k3;
     s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((H + warps * rows_dn - 1) / (warps * rows_dn));
-    s->block[0] = (unsigned)warps * 32;
+    s->grid[1] = (unsigned)((H + bn - 1) / bn);
+    s->block[0] = (unsigned)sh.warps * 32;
     cg_moe_down_args(s, d, l, d8);
     return MOEC_OK;
 }
@@ -682,6 +881,15 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         bm = tc_bm;
         mma = 0;
     }
+    /* the streaming form for the CUDA-core GEMMs of small blocks, each
+       GEMM where its rows come in whole 16-byte vectors */
+    int gv = !mma && !tc && cg_env_int("MOEC_MOE_GEMV", 1, 0, 1) &&
+             bm <= cg_env_int("MOEC_MOE_GEMV_MAX_BM", GV_MAX_BM, 1, 8);
+    int form_gu = mma ? FORM_MMA : FORM_SIMT, form_dn = form_gu;
+    if (gv && gv_weight_ok(c, d->gate, H) && (fused || gv_weight_ok(c, d->up, H)))
+        form_gu = FORM_GV;
+    if (gv && gv_weight_ok(c, d->down, I))
+        form_dn = FORM_GV;
     long long nnz = N < E ? N : E;
     long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
 
@@ -731,8 +939,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     s->args[2] = cg_arg_scratch(off_blk);
     s->args[3] = cg_arg_scratch(off_used);
     /* (2) gate_up with silu_mul, (3) down */
-    MOEC_TRY(tc ? cg_fp8_tc_moe_gate_up(c, d, &lay) : emit_gate_up(c, d, &lay, mma));
-    MOEC_TRY(tc ? cg_fp8_tc_moe_down(c, d, &lay) : emit_down(c, d, &lay, mma));
+    MOEC_TRY(tc ? cg_fp8_tc_moe_gate_up(c, d, &lay) : emit_gate_up(c, d, &lay, form_gu));
+    MOEC_TRY(tc ? cg_fp8_tc_moe_down(c, d, &lay) : emit_down(c, d, &lay, form_dn));
     if (!d->w)
         return MOEC_OK;
 

@@ -1,16 +1,17 @@
 // cuda_emu.h — a CPU emulation of the CUDA the staged fp8 kernels use
-// (codegen/fp8_tc.c), so that their generated source runs without a GPU
+// (codegen/fp8_tc.c) and the streaming expert GEMMs (codegen/moe_routed.c,
+// GV_CONSTS), so that their generated source runs without a GPU
 // (tests/test_fp8_emu.sh): every CUDA thread a host thread; __syncthreads,
-// a warp's m16n8k16 product and the cluster barrier pthread barriers over
-// the block, the warp and the cluster; shared memory one malloc a block of
-// exactly the bytes the step asks for (filled with 0xff), so that an
+// a warp's m16n8k16 product and shuffle, and the cluster barrier pthread
+// barriers over the block, the warp and the cluster; shared memory one
+// malloc a block of exactly the bytes the step asks for (filled with 0xff), so that an
 // address sanitizer sees every access past it and a thread sanitizer every
 // unordered pair of accesses; cp.async a copy checked for its 16-byte
 // alignment. The m16n8k16 product gathers the warp's fragments in the PTX
 // ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
-// sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16 and
-// moec_f8_chunk are the real ones (fp8_emu_gen copies them); what they call
-// is emulated here.
+// sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16,
+// moec_f8_chunk, ldv, warp_sum and moec_w16 are the real ones (fp8_emu_gen
+// copies them); what they call is emulated here.
 #pragma once
 #include <cassert>
 #include <cmath>
@@ -35,6 +36,18 @@ struct dim3 {
 };
 struct uint4 {
     unsigned x, y, z, w;
+};
+struct uint2 {
+    unsigned x, y;
+};
+struct float2 {
+    float x, y;
+};
+struct __half {
+    uint16_t v;
+};
+struct __half2 {
+    __half x, y;
 };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 struct __nv_bfloat16 {
@@ -62,6 +75,24 @@ static inline uint16_t emu_f2bf(float f) // round to nearest even
     return (uint16_t)(u >> 16);
 }
 
+static inline float __uint_as_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float emu_h2f(uint16_t h)
+{
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e == 0 ? ldexpf((float)m, -24)
+                    : e == 31 ? (m ? NAN : INFINITY)
+                              : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+static inline float2 __half22float2(__half2 h) { return {emu_h2f(h.x.v), emu_h2f(h.y.v)}; }
+
 static inline __nv_bfloat16 __float2bfloat16(float f) { return {emu_f2bf(f)}; }
 static inline float ld(const float *p) { return *p; }
 static inline float ld(const __nv_bfloat16 *p) { return emu_bf2f(p->v); }
@@ -85,6 +116,7 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
 struct emu_warp {
     pthread_barrier_t bar;
     unsigned a[32][4], b[32][2];
+    float f[32];
 };
 struct emu_block {
     unsigned char *smem;
@@ -161,6 +193,18 @@ static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2
         c[i] += (float)s;
     }
     pthread_barrier_wait(&w->bar);
+}
+
+// A warp's butterfly exchange: every lane of the warp takes part.
+static inline float __shfl_xor_sync(unsigned, float v, int o)
+{
+    emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
+    const int lane = threadIdx.x % 32;
+    w->f[lane] = v;
+    pthread_barrier_wait(&w->bar);
+    const float r = w->f[lane ^ o];
+    pthread_barrier_wait(&w->bar);
+    return r;
 }
 
 static inline void moec_cluster_sync() { pthread_barrier_wait(&emu_this_cluster->bar); }

@@ -1,17 +1,20 @@
-// fp8_emu.cc — the staged fp8 kernels (codegen/fp8_tc.c), as the generator
-// writes them for fp8_emu_gen's cases, run on the CPU emulator (cuda_emu.h)
-// against a double-precision reference of the same random weights: e4m3
-// codes (every code but the NaNs) times random block scales, bf16
-// activations. Every output starts as NaN, so an element a kernel leaves
-// unwritten fails; errors are relative to each row's largest magnitude
-// (bf16 outputs and h: 1e-2). The routed experts' align and sum run here
-// (slots sorted by expert, padded to the kernels' blocks). Built and run by
-// tests/test_fp8_emu.sh, under an address or a thread sanitizer.
+// fp8_emu.cc — the staged fp8 kernels (codegen/fp8_tc.c) and the streaming
+// fp8 expert GEMMs (codegen/moe_routed.c), as the generator writes them for
+// fp8_emu_gen's cases, run on the CPU emulator (cuda_emu.h) against a
+// double-precision reference of the same random weights: e4m3 codes (every
+// code but the NaNs) times random block scales (the streaming form: bf16
+// weights too), bf16 activations. Every
+// output starts as NaN, so an element a kernel leaves unwritten fails;
+// errors are relative to each row's largest magnitude (bf16 outputs and h:
+// 1e-2; h is f32 in the streaming form). The routed experts' align and sum
+// run here (slots sorted by expert, padded to the kernels' blocks). Built
+// and run by tests/test_fp8_emu.sh, under an address or a thread sanitizer.
 #include "cuda_emu.h"
 
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <type_traits>
 
 struct emu_step {
     void (*fn)();
@@ -22,6 +25,8 @@ struct emu_case {
     int moe;
     const char *what;
     int LN, LK, E, K, H, I, BN, BK, T, bm; // bm: slots a block of the expert kernels
+    int h32; // the streaming expert GEMMs (h in f32), else the staged ones (h in bf16)
+    int w16; // bf16 expert weights (the streaming form), else fp8
     emu_step steps[2];
     int n_steps;
 };
@@ -73,6 +78,24 @@ struct f8w {
         return e4m3(q.v[((size_t)l * rows + row) * cols + col]) *
                s.v[((size_t)l * sr + row / bn) * sc + col / bk];
     }
+    const __nv_fp8_e4m3 *codes() { return (const __nv_fp8_e4m3 *)q.p(); }
+};
+
+// A bf16 weight [n_lead][rows][cols] (the streaming form's bf16 experts).
+struct bfw {
+    int lead, rows, cols;
+    buf<__nv_bfloat16> w;
+    bfw(rng &r, int lead_, int rows_, int cols_, int, int, float a)
+        : lead(lead_), rows(rows_), cols(cols_), w((size_t)lead_ * rows_ * cols_)
+    {
+        for (__nv_bfloat16 &v : w.v)
+            v.v = emu_f2bf(r.uni(a));
+    }
+    double at(int l, int row, int col) const
+    {
+        return emu_bf2f(w.v[((size_t)l * rows + row) * cols + col].v);
+    }
+    const __nv_bfloat16 *codes() { return w.p(); }
 };
 
 // Rows of n: the worst |got - ref| over the row's largest |ref|; a
@@ -118,20 +141,31 @@ static double run_linear(const emu_case &c)
     return worst;
 }
 
-static double run_moe(const emu_case &c, bool split)
+static float h_value(__nv_bfloat16 v) { return emu_bf2f(v.v); }
+static float h_value(float v) { return v; }
+
+// TH: h's type, bf16 (the staged kernels) or f32 (the streaming ones); W:
+// the weights, f8w (codes, then their scales, passed to the kernels) or bfw.
+template <class TH, class W> static double run_moe(const emu_case &c, bool split)
 {
-    using gu_t = void (*)(const __nv_bfloat16 *, const __nv_fp8_e4m3 *, const __nv_fp8_e4m3 *,
-                          const float *, const float *, const int *, const int *, const int *,
-                          __nv_bfloat16 *);
-    using dn_t = void (*)(const __nv_bfloat16 *, const __nv_fp8_e4m3 *, const float *, const int *,
-                          const int *, const int *, const float *, float, float *);
+    constexpr bool f8 = std::is_same_v<W, f8w>;
+    using TW = std::conditional_t<f8, __nv_fp8_e4m3, __nv_bfloat16>;
+    using gu_t = void (*)(const __nv_bfloat16 *, const TW *, const TW *, const float *,
+                          const float *, const int *, const int *, const int *, TH *);
+    using dn_t = void (*)(const TH *, const TW *, const float *, const int *, const int *,
+                          const int *, const float *, float, float *);
+    using gu16_t = void (*)(const __nv_bfloat16 *, const TW *, const TW *, const int *,
+                            const int *, const int *, TH *);
+    using dn16_t = void (*)(const TH *, const TW *, const int *, const int *, const int *,
+                            const float *, float, float *);
     const int E = c.E, K = c.K, H = c.H, I = c.I, T = c.T, N = T * K;
     const float scale = 0.75f;
     rng r(2000 + E * 31 + H + T);
-    f8w gate(r, E, split ? I : 2 * I, H, c.BN, c.BK, std::sqrt(3.0f / H));
-    f8w up(r, split ? E : 1, split ? I : 1, split ? H : 1, c.BN, c.BK, std::sqrt(3.0f / H));
-    f8w down(r, E, H, I, c.BN, c.BK, std::sqrt(12.0f / I));
-    buf<__nv_bfloat16> x((size_t)T * H), h((size_t)N * I);
+    W gate(r, E, split ? I : 2 * I, H, c.BN, c.BK, std::sqrt(3.0f / H));
+    W up(r, split ? E : 1, split ? I : 1, split ? H : 1, c.BN, c.BK, std::sqrt(3.0f / H));
+    W down(r, E, H, I, c.BN, c.BK, std::sqrt(12.0f / I));
+    buf<__nv_bfloat16> x((size_t)T * H);
+    buf<TH> h((size_t)N * I);
     buf<float> wts(N), y((size_t)N * H);
     for (__nv_bfloat16 &v : x.v)
         v.v = emu_f2bf(r.uni(1.7f));
@@ -149,7 +183,8 @@ static double run_moe(const emu_case &c, bool split)
     // align: each expert's slots in blocks of bm, the blocks past the used ones empty
     const unsigned nb = c.steps[0].gx;
     const int bm = c.bm;
-    assert(bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
+    assert(c.h32 ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
+                 : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
     buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
     std::fill(sorted.v.begin(), sorted.v.end(), -1);
     std::fill(blk.v.begin(), blk.v.end(), -1);
@@ -168,18 +203,24 @@ static double run_moe(const emu_case &c, bool split)
     }
     assert(off <= (int)nb);
     used.v[0] = off;
-    for (__nv_bfloat16 &v : h.v)
-        v.v = 0xffff;
+    memset(h.p(), 0xff, h.v.size() * sizeof(TH));
     std::fill(y.v.begin(), y.v.end(), NAN);
     const emu_step &g = c.steps[0], &d = c.steps[1];
-    const __nv_fp8_e4m3 *gq = (const __nv_fp8_e4m3 *)gate.q.p();
+    const TW *gq = gate.codes(), *uq = split ? up.codes() : gq;
     emu_launch(g.gx, g.gy, g.block, g.smem, g.cluster, [&] {
-        ((gu_t)g.fn)(x.p(), gq, split ? (const __nv_fp8_e4m3 *)up.q.p() : gq, gate.s.p(),
-                     split ? up.s.p() : gate.s.p(), sorted.p(), blk.p(), used.p(), h.p());
+        if constexpr (f8)
+            ((gu_t)g.fn)(x.p(), gq, uq, gate.s.p(), split ? up.s.p() : gate.s.p(), sorted.p(),
+                         blk.p(), used.p(), h.p());
+        else
+            ((gu16_t)g.fn)(x.p(), gq, uq, sorted.p(), blk.p(), used.p(), h.p());
     });
     emu_launch(d.gx, d.gy, d.block, d.smem, d.cluster, [&] {
-        ((dn_t)d.fn)(h.p(), (const __nv_fp8_e4m3 *)down.q.p(), down.s.p(), sorted.p(), blk.p(),
-                     used.p(), wts.p(), scale, y.p());
+        if constexpr (f8)
+            ((dn_t)d.fn)(h.p(), down.codes(), down.s.p(), sorted.p(), blk.p(), used.p(), wts.p(),
+                         scale, y.p());
+        else
+            ((dn16_t)d.fn)(h.p(), down.codes(), sorted.p(), blk.p(), used.p(), wts.p(), scale,
+                           y.p());
     });
     double worst = 0;
     std::vector<double> ref(H), hv(I);
@@ -200,7 +241,7 @@ static double run_moe(const emu_case &c, bool split)
             }
             std::vector<float> gh(I);
             for (int i = 0; i < I; i++)
-                gh[i] = emu_bf2f(h.v[(size_t)sl * I + i].v);
+                gh[i] = h_value(h.v[(size_t)sl * I + i]);
             worst = std::max(worst, row_error(gh.data(), hv.data(), I));
             for (int j = 0; j < H; j++) {
                 double acc = 0;
@@ -237,7 +278,11 @@ int main(int argc, char **argv)
     for (int i : which) {
         const emu_case &c = CASES[i];
         const auto t0 = std::chrono::steady_clock::now();
-        const double worst = c.moe ? run_moe(c, strstr(c.what, "split") != nullptr) : run_linear(c);
+        const bool split = strstr(c.what, "split") != nullptr;
+        const double worst = !c.moe   ? run_linear(c)
+                             : c.w16 ? run_moe<float, bfw>(c, split)
+                             : c.h32 ? run_moe<float, f8w>(c, split)
+                                     : run_moe<__nv_bfloat16, f8w>(c, split);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const bool ok = worst <= TOL;
         failed += !ok;

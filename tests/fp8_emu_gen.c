@@ -1,7 +1,8 @@
-/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c) of a set
- * of cases as C++ for the CPU emulator (tests/cuda_emu.h,
- * tests/test_fp8_emu.sh): the prologue's moec_silu_mul_frag,
- * moec_e4m3x4_bf16 and moec_f8_chunk as the generator emits them, each
+/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c) and the
+ * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
+ * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
+ * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_f8_chunk, ldv,
+ * warp_sum and moec_w16 as the generator emits them, each
  * case's kernels in a namespace of their own, and a table of the cases with
  * their launches. Cases: linears and routed experts at odd shapes (partial
  * scale blocks, slabs with dead warps, uneven K splits over clusters, up
@@ -30,6 +31,11 @@ typedef struct gen_case {
      .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "f8e4m3",                  \
      .moe_scale = 0.75, .BN = bn, .BK = bk}
 
+/* bf16 experts (the streaming form) */
+#define MOE16(e, kk, h, i, sp)                                                                     \
+    {.name = "moe", .vocab = 8, .E = e, .K = kk, .NG = 1, .TG = 1, .norm = 1, .scaling = 1.0,      \
+     .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "bf16", .moe_scale = 0.75}
+
 static const gen_case CASES[] = {
     {LIN(336, 640, 48, 64), 1, CG_FP8_TC, NULL},
     {LIN(336, 640, 48, 64), 3, CG_FP8_TC, NULL},
@@ -49,6 +55,22 @@ static const gen_case CASES[] = {
     {MOE(4, 2, 192, 64, 0, 32, 64), 128, CG_FP8_AUTO, NULL},
     {MOE(5, 2, 192, 64, 1, 16, 128), 3, CG_FP8_TC, NULL},
     {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO, "MOEC_FP8_TC_RT=2"},
+    /* the streaming form (codegen/moe_routed.c) at blocks of 1 and 2 slots:
+       partial 128 x 128 and 48 x 64 blocks, gate_up's and down's last
+       blocks of rows partly dead (12 and 20 rows a block), H 1040 (3
+       chunks of 512 codes, 2 a round: the last round's second chunk
+       dead; or 1 a round) */
+    {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, NULL},
+    {MOE(6, 3, 320, 48, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
+    {MOE(6, 3, 128, 80, 0, 48, 64), 2, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
+    {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RWD=5"},
+    {MOE(5, 2, 1040, 48, 0, 128, 128), 1, CG_FP8_AUTO, NULL},
+    {MOE(5, 2, 1040, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_U=1"},
+    /* and its bf16 weights: a chunk of 25 (gate_up) and 5 (down) live
+       lanes; H 520, 3 chunks of 256 in rounds of 2 */
+    {MOE16(6, 3, 200, 40, 0), 2, CG_FP8_AUTO, NULL},
+    {MOE16(5, 2, 520, 72, 1), 1, CG_FP8_AUTO, NULL},
+    {MOE16(5, 2, 520, 72, 0), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -108,6 +130,17 @@ int main(int argc, char **argv)
                       "/* 16 bytes of a weight stream");
     put_prologue_part(f, pro.data, "template <int RT, int NT, int XS>",
                       "/* Programmatic dependent launch");
+    put_prologue_part(f, pro.data,
+                      "template <typename W, int N, typename T>\n__device__ __forceinline__ void "
+                      "moec_ldw",
+                      "template <typename W, int N, typename T>\n__device__ __forceinline__ void "
+                      "moec_stw");
+    put_prologue_part(f, pro.data, "template <int N, typename T> __device__ __forceinline__ void ldv",
+                      "/* fp8 weights (e4m3, exact in fp16");
+    put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
+                      "__device__ __forceinline__ float warp_max");
+    put_prologue_part(f, pro.data, "/* The 16 bytes of a weight vector",
+                      "/* 16 bytes from global to shared memory");
     moec_buf_free(&pro);
     moec_buf table = {0};
     for (int i = 0; i < N_CASES; i++) {
@@ -139,26 +172,31 @@ int main(int argc, char **argv)
         if (gc->env)
             unsetenv(knob);
         const km_spec *s = &gc->s;
-        int moe = s->E > 0;
-        /* the experts' slots a block, from the kernels' names */
-        int bm = 0;
+        int moe = s->E > 0, w16 = moe && !strcmp(s->wdt, "bf16");
+        /* the experts' slots a block, from the kernels' names; the
+           streaming form (gv) keeps h in f32 */
+        int bm = 0, h32 = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
-            if (b && strstr(c.kernel_names[k], "f8tc"))
+            int gv = strstr(c.kernel_names[k], "_gv_") != NULL;
+            if (b && (gv || strstr(c.kernel_names[k], "f8tc")))
                 bm = atoi(b + 3);
+            h32 |= gv;
         }
         moec_buf_printf(&table,
-                        "    {%d, \"%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, {",
+                        "    {%d, \"%s%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, "
+                        "%d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
+                        w16 ? " bf16" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
                         gc->env ? " " : "", gc->env ? gc->env : "", s->LN, s->LK, s->E, s->K,
-                        s->HID, s->I, s->BN, s->BK, gc->T, bm);
+                        s->HID, s->I, s->BN, s->BK, gc->T, bm, h32, w16);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
-            if (!strstr(name, "f8tc"))
+            if (!strstr(name, "f8tc") && !strstr(name, "_gv_"))
                 continue; /* align and sum: the emulator's host side does them */
             put_kernel(f, c.src.data, name);
             /* the cluster size on the kernel's declaration line */
@@ -176,7 +214,7 @@ int main(int argc, char **argv)
         fprintf(f, "} // namespace case%d\n", i);
         moec_buf_printf(&table, "}, %d},\n", n);
         if (n != (moe ? 2 : 1)) {
-            fprintf(stderr, "fp8_emu_gen: case %d ran %d staged kernels\n", i, n);
+            fprintf(stderr, "fp8_emu_gen: case %d ran %d staged or streaming kernels\n", i, n);
             return 1;
         }
         moec_buf_free(&c.src);

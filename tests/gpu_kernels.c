@@ -14,7 +14,11 @@
  * tc: cg_options.fp8_kernel) against one interpreter run, at buckets 3
  * and 128 too, and e4m3_widen_case checks the staged kernels' widening of
  * all 256 codes bit for bit. MOEC_KERN_FP8 runs only the fp8 real shapes,
- * old and staged kernels (scripts/gpu_fp8_tune.sh). Every output
+ * old and staged kernels (scripts/gpu_fp8_tune.sh). MOEC_KERN_MOE_AB runs
+ * only the routed experts' A/B (scripts/gpu_moe_ab.sh): the first
+ * CUDA-core GEMMs against the streaming ones and their shapes
+ * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
+ * each gate_up and down timed in a CUDA graph over copies of the weights. Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
@@ -186,9 +190,51 @@ static const char *cache_dir;
 static const char *const FP8_MODES[] = {"auto", "old", "tc"};
 #define FM(mode) (1u << (mode))
 
+/* The expert GEMMs' A/B (MOEC_KERN_MOE_AB, moe_case_run): each variant is
+ * the environment its programs are generated under (the first CUDA-core
+ * form, the streaming form and its shapes: codegen/moe_routed.c's knobs);
+ * ab_var is the variant programs are being made or run for, -1 outside
+ * the A/B. */
+typedef struct ab_variant {
+    const char *name;
+    const char *env[3]; /* NAME=value, set over the knobs' defaults */
+} ab_variant;
+
+static const ab_variant AB_VARIANTS[] = {
+    {"old", {"MOEC_MOE_GEMV=0"}},
+    {"gv", {NULL}},
+    {"gv_u4", {"MOEC_MOE_GEMV_U=4"}},
+    {"gv_u1", {"MOEC_MOE_GEMV_U=1", "MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
+    {"gv_w8", {"MOEC_MOE_GEMV_WARPS=8"}},
+    {"gv_w2", {"MOEC_MOE_GEMV_WARPS=2"}},
+    {"gv_r1", {"MOEC_MOE_GEMV_RW=1", "MOEC_MOE_GEMV_RWD=2"}},
+    {"gv_r4", {"MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
+};
+#define N_AB_VARIANTS ((int)(sizeof AB_VARIANTS / sizeof *AB_VARIANTS))
+static int ab_var = -1;
+
+/* Sets variant v's environment (-1: none of the knobs set). */
+static void ab_set(int v)
+{
+    static const char *const KNOBS[] = {"MOEC_MOE_GEMV",     "MOEC_MOE_GEMV_U",
+                                        "MOEC_MOE_GEMV_RW",  "MOEC_MOE_GEMV_RWD",
+                                        "MOEC_MOE_GEMV_WARPS", "MOEC_MOE_GEMV_MAX_BM"};
+    for (size_t i = 0; i < sizeof KNOBS / sizeof *KNOBS; i++)
+        unsetenv(KNOBS[i]);
+    for (int i = 0; v >= 0 && i < 3 && AB_VARIANTS[v].env[i]; i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "%s", AB_VARIANTS[v].env[i]);
+        char *eq = strchr(kv, '=');
+        *eq = 0;
+        setenv(kv, eq + 1, 1);
+    }
+    ab_var = v;
+}
+
 static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs, int fp8)
 {
-    snprintf(buf, 128, "%s/%s/bs%d/%s", s->name, ir_dtype_name(cdt), bs, FP8_MODES[fp8]);
+    snprintf(buf, 128, "%s/%s/bs%d/%s%s%s", s->name, ir_dtype_name(cdt), bs, FP8_MODES[fp8],
+             ab_var >= 0 ? "/" : "", ab_var >= 0 ? AB_VARIANTS[ab_var].name : "");
 }
 
 static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
@@ -450,6 +496,61 @@ static void bind_weight(gk_bind *b, rt_interp *in, const ir_value *v, void *cons
     upload(b->val[v->id], dt, rt_interp_weight(in, v), n);
 }
 
+/* A step's kernel arguments, as cudaLaunchKernel takes them. */
+typedef struct step_argv {
+    void *ptr[IR_MAX_ARGS], *argv[IR_MAX_ARGS];
+    int iv[IR_MAX_ARGS];
+    float fv[IR_MAX_ARGS];
+} step_argv;
+
+/* Binds the arguments of step s of c into *sa; weights whose alt[id] is set
+ * (alt may be NULL) are read from there, a copy elsewhere in memory. */
+static void step_args(gk_bind *b, const cg_ctx *c, const ir_step *s, void *const *alt,
+                      step_argv *sa)
+{
+    void **ptr = sa->ptr, **argv = sa->argv;
+    int *iv = sa->iv;
+    float *fv = sa->fv;
+    for (int a = 0; a < s->n_args; a++) {
+        const ir_arg *g = &s->args[a];
+        argv[a] = &ptr[a];
+        switch (g->kind) {
+        case IR_ARG_ACT:
+            ptr[a] = b->val[g->index] ? (char *)b->val[g->index] + g->i : NULL;
+            break;
+        case IR_ARG_WEIGHT: {
+            void *w = alt && alt[g->index] ? alt[g->index] : b->val[g->index];
+            ptr[a] = w ? (char *)w + g->i : NULL;
+            break;
+        }
+        case IR_ARG_KV:
+            ptr[a] = b->kv_by_op ? b->kv_by_op[2 * g->index + g->i] : b->kv[g->i];
+            break;
+        case IR_ARG_INPUT:
+            ptr[a] = b->input[g->index] ? (char *)b->input[g->index] + g->i : NULL;
+            break;
+        case IR_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
+        case IR_ARG_CONFIG:
+            iv[a] = b->max_blocks;
+            argv[a] = &iv[a];
+            break;
+        case IR_ARG_I32:
+            iv[a] = (int)g->i;
+            argv[a] = &iv[a];
+            break;
+        case IR_ARG_F32:
+            fv[a] = (float)g->f;
+            argv[a] = &fv[a];
+            break;
+        }
+        if (argv[a] == &ptr[a] && !ptr[a]) {
+            fprintf(stderr, "%s: argument %d (kind %d) is unbound\n", c->kernel_names[s->kernel],
+                    a, (int)g->kind);
+            exit(1);
+        }
+    }
+}
+
 /* Launches every step of c (reps times each, for timing) on stream st. */
 static void launch_steps_on(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int reps,
                             cudaStream_t st)
@@ -458,43 +559,9 @@ static void launch_steps_on(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int 
         const ir_step *s = &c->steps[i];
         cudaKernel_t k;
         CK(cudaLibraryGetKernel(&k, lib, c->kernel_names[s->kernel]));
-        void *ptr[IR_MAX_ARGS], *argv[IR_MAX_ARGS];
-        int iv[IR_MAX_ARGS];
-        float fv[IR_MAX_ARGS];
-        for (int a = 0; a < s->n_args; a++) {
-            const ir_arg *g = &s->args[a];
-            argv[a] = &ptr[a];
-            switch (g->kind) {
-            case IR_ARG_ACT:
-            case IR_ARG_WEIGHT:
-                ptr[a] = b->val[g->index] ? (char *)b->val[g->index] + g->i : NULL;
-                break;
-            case IR_ARG_KV:
-                ptr[a] = b->kv_by_op ? b->kv_by_op[2 * g->index + g->i] : b->kv[g->i];
-                break;
-            case IR_ARG_INPUT:
-                ptr[a] = b->input[g->index] ? (char *)b->input[g->index] + g->i : NULL;
-                break;
-            case IR_ARG_SCRATCH: ptr[a] = (char *)b->scratch + g->i; break;
-            case IR_ARG_CONFIG:
-                iv[a] = b->max_blocks;
-                argv[a] = &iv[a];
-                break;
-            case IR_ARG_I32:
-                iv[a] = (int)g->i;
-                argv[a] = &iv[a];
-                break;
-            case IR_ARG_F32:
-                fv[a] = (float)g->f;
-                argv[a] = &fv[a];
-                break;
-            }
-            if (argv[a] == &ptr[a] && !ptr[a]) {
-                fprintf(stderr, "%s: argument %d (kind %d) is unbound\n",
-                        c->kernel_names[s->kernel], a, (int)g->kind);
-                exit(1);
-            }
-        }
+        step_argv sa;
+        void **argv = sa.argv;
+        step_args(b, c, s, NULL, &sa);
         if (s->smem > 48 * 1024)
             CK(cudaKernelSetAttributeForDevice(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)s->smem, 0));
@@ -545,6 +612,79 @@ static void bench_steps(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const ch
         printf("  bench %-12s total %.1f us, %.0f GB/s of weights\n", what, total, bytes / total * 1e-3);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
+}
+
+/* The A/B's weight copies: ab_copies[r][id], copy r of weight id (NULL: the
+ * original); the timed graphs read copy j % AB_COPIES at launch j, so that
+ * the expert weights come from memory as in a decode step, not from the
+ * 50 MB L2 (V2-Lite's down at one token is 35 MB, 17 in fp8). */
+#define AB_COPIES 8
+#define AB_GRAPH_LAUNCHES 64
+static void **ab_copies[AB_COPIES];
+
+/* Microseconds of one of the n launches graph g (captured on st) holds:
+ * the mean of 5 replays after a warm-up, so that launch gaps stay out of
+ * the kernels' times. Destroys g. */
+static double graph_us(cudaGraph_t g, cudaStream_t st, int n)
+{
+    cudaGraphExec_t ge;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e0, st));
+    for (int r = 0; r < 5; r++)
+        CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return ms * 1e3 / (5.0 * n);
+}
+
+/* The mean time in us of step i of c over AB_GRAPH_LAUNCHES launches
+ * captured in a CUDA graph. */
+static double ab_graph_us(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, int i)
+{
+    const ir_step *s = &c->steps[i];
+    cudaKernel_t k;
+    CK(cudaLibraryGetKernel(&k, lib, c->kernel_names[s->kernel]));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    dim3 grid = {s->grid[0], s->grid[1], s->grid[2]}, block = {s->block[0], s->block[1], s->block[2]};
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int j = 0; j < AB_GRAPH_LAUNCHES; j++) {
+        step_argv sa;
+        step_args(b, c, s, ab_copies[j % AB_COPIES], &sa);
+        CK(cudaLaunchKernel((const void *)k, grid, block, sa.argv, s->smem, st));
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    double us = graph_us(g, st, AB_GRAPH_LAUNCHES);
+    CK(cudaStreamDestroy(st));
+    return us;
+}
+
+/* The A/B's times: each expert GEMM step of c (gate_up, down) in a graph,
+ * with the bytes of the experts the tokens chose (gu_bytes, dn_bytes) as
+ * TB/s. */
+static void ab_time(gk_bind *b, const cg_ctx *c, cudaLibrary_t lib, const char *what,
+                    double gu_bytes, double dn_bytes)
+{
+    for (int i = 0; i < c->n_steps; i++) {
+        const char *kn = c->kernel_names[c->steps[i].kernel];
+        int gu = !strncmp(kn, "moe_gate_up_", 12), dn = !strncmp(kn, "moe_down_", 9);
+        if (!gu && !dn)
+            continue;
+        double us = ab_graph_us(b, c, lib, i), bytes = gu ? gu_bytes : dn_bytes;
+        printf("  ab %-28s %-7s %7.1f us %5.2f TB/s %5.1f MB  %s\n", what,
+               gu ? "gate_up" : "down", us, bytes / us * 1e-6, bytes * 1e-6, kn);
+    }
 }
 
 /* The argmax step: sampled[t] against the interpreter's logits (ties low). */
@@ -787,15 +927,70 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
     }
     snprintf(what, sizeof what, "%s T=%d %s", s->name, T, fm);
     bench_steps(b, &c, lib, what, bytes);
+    if (ab_var >= 0 && s->moe != KM_MOE_NONE) {
+        static const char *const GU_W[] = {"gate_up", "gate", "up", NULL};
+        static const char *const DN_W[] = {"down", NULL};
+        const int32_t *rid = (const int32_t *)rt_interp_value(in, val(m, "ids"));
+        char used[8192] = {0};
+        int n_used = 0;
+        for (int j = 0; j < T * s->K; j++) {
+            n_used += !used[rid[j]];
+            used[rid[j]] = 1;
+        }
+        snprintf(what, sizeof what, "%s T=%d %s", s->name, T, AB_VARIANTS[ab_var].name);
+        ab_time(b, &c, lib, what, n_used * weight_bytes(m, cdt, GU_W, s->E),
+                n_used * weight_bytes(m, cdt, DN_W, s->E));
+    }
     cg_ctx_free(&c);
+}
+
+/* The A/B's copies of the expert weights of m (bound first, as all its
+ * weights), ab_copies[1..] (ab_copies[0]: the originals). */
+static void ab_copies_make(const ir_module *m, gk_bind *b, rt_interp *in, void *const *image)
+{
+    static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down"};
+    for (int r = 1; r < AB_COPIES; r++) {
+        ab_copies[r] = calloc((size_t)m->n_values, sizeof(void *));
+        if (!ab_copies[r])
+            exit(1);
+    }
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT)
+            continue;
+        bind_weight(b, in, v, image);
+        int expert = 0;
+        for (int k = 0; k < 4; k++)
+            expert |= !strcmp(v->name, EXPERT_W[k]);
+        size_t bytes = ir_weight_storage_bytes(m, v, b->cdt);
+        for (int r = 1; expert && r < AB_COPIES; r++) {
+            ab_copies[r][i] = dalloc(bytes);
+            CK(cudaMemcpy(ab_copies[r][i], b->val[i], bytes, cudaMemcpyDeviceToDevice));
+        }
+    }
+}
+
+static void ab_copies_free(const ir_module *m)
+{
+    for (int r = 1; r < AB_COPIES; r++) {
+        for (int i = 0; i < m->n_values; i++)
+            if (ab_copies[r][i])
+                CK(cudaFree(ab_copies[r][i]));
+        free(ab_copies[r]);
+        ab_copies[r] = NULL;
+    }
 }
 
 /* Runs the routing, expert and fp8 linear kernels of s for each bucket of
  * tmask, with each choice of fp8 kernels in modes (bit m: FM(m)) on the
  * same inputs and the interpreter's one result, and compares ids
- * (exactly), weights, the expert and linear results and the argmax. */
-static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
-                           unsigned modes)
+ * (exactly), weights, the expert and linear results and the argmax. With
+ * vmask (the expert GEMMs' A/B, MOEC_KERN_MOE_AB): each choice once under
+ * every variant of vmask (bit v: AB_VARIANTS[v]), each gate_up and down
+ * step then timed in a CUDA graph (ab_time) over AB_COPIES copies of the
+ * expert weights. */
+static void moe_case_run(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
+                         unsigned modes, unsigned vmask)
 {
     double t0 = now_s();
     ir_module *m = km_module(s);
@@ -812,6 +1007,8 @@ static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint6
     fill_weights(in, m, cdt, s, &rng, image);
     gk_bind b;
     bind_init(&b, m, cdt);
+    if (vmask)
+        ab_copies_make(m, &b, in, image);
     double worst[3][3] = {{0}};
     for (int bi = 0; bi < N_BUCKETS; bi++) {
         if (!(tmask & (1u << bi)))
@@ -824,21 +1021,35 @@ static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint6
         }
         T_OK(rt_interp_forward(in, tokens, pos, T, NULL));
         for (int f = 0; f < 3; f++)
-            if (modes & FM(f))
-                moe_bucket(s, m, in, image, &b, cdt, T, f, worst[f]);
+            for (int v = vmask ? 0 : -1; (modes & FM(f)) && v < (vmask ? N_AB_VARIANTS : 0); v++)
+                if (v < 0 || (vmask & (1u << v))) {
+                    if (v >= 0)
+                        ab_set(v);
+                    moe_bucket(s, m, in, image, &b, cdt, T, f, worst[f]);
+                }
+        if (vmask)
+            ab_set(-1);
     }
     for (int f = 0; f < 3; f++)
         if (modes & FM(f))
-            printf("%-16s %s moe    fp8 %-4s worst error: weights %.2e, experts %.2e, linear %.2e "
-                   "(%.1f s)\n",
-                   s->name, ir_dtype_name(cdt), FP8_MODES[f], worst[f][0], worst[f][1],
-                   worst[f][2], now_s() - t0);
+            printf("%-16s %s moe    fp8 %-4s%s worst error: weights %.2e, experts %.2e, linear "
+                   "%.2e (%.1f s)\n",
+                   s->name, ir_dtype_name(cdt), FP8_MODES[f], vmask ? " A/B" : "", worst[f][0],
+                   worst[f][1], worst[f][2], now_s() - t0);
+    if (vmask)
+        ab_copies_free(m);
     for (int i = 0; i < m->n_values; i++)
         free(image[i]);
     free(image);
     bind_free(&b);
     rt_interp_free(in);
     ir_module_free(m);
+}
+
+static void moe_case_modes(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed,
+                           unsigned modes)
+{
+    moe_case_run(s, cdt, tmask, seed, modes, 0);
 }
 
 static void moe_case(const km_spec *s, ir_dtype cdt, unsigned tmask, uint64_t seed)
@@ -2162,6 +2373,22 @@ static const km_spec F8_TC_SPLIT = {.name = "f8_tc_split", .vocab = 97, .E = 5, 
                                     .HID = 192, .I = 64, .wdt = "f8e4m3", .moe_scale = 1.5,
                                     .LN = 100, .LK = 1280, .ldt = "f8e4m3", .BN = 16, .BK = 128};
 
+/* The streaming expert form's edges (codegen/moe_routed.c, GV_CONSTS):
+ * bf16 H 200 (a partial 256-wide chunk) with I 37 (gate_up's last block
+ * of rows partly dead; down, I not in 8-wide vectors, on the first form);
+ * 256 experts top-1, H 136, I 72 (a chunk of 9 live lanes), gate and up
+ * apart; fp8 H 208 and I 176 (partial 128 x 128 scale blocks both ways,
+ * chunks of 512 codes mostly dead), top-4 of 7 */
+static const km_spec GV_ODD = {.name = "gv_odd", .vocab = 97, .E = 6, .K = 3, .NG = 1, .TG = 1,
+                               .norm = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 200, .I = 37,
+                               .wdt = "bf16", .moe_scale = 0.5};
+static const km_spec GV_ODD_SPLIT = {.name = "gv_odd_split", .vocab = 97, .E = 256, .K = 1,
+                                     .NG = 1, .TG = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                                     .HID = 136, .I = 72, .wdt = "bf16", .moe_scale = 1.5};
+static const km_spec F8_GV_ODD = {.name = "f8_gv_odd", .vocab = 97, .E = 7, .K = 4, .NG = 1,
+                                  .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                                  .HID = 208, .I = 176, .wdt = "f8e4m3", .moe_scale = 0.75};
+
 /* DeepSeek-V3.2: the indexer's 64 heads of 128 and V3's MLA; top 32 of short
  * runs (so that they select), the real top 2048 at long contexts */
 static const km_spec V32_DSA = {.name = "v32_dsa", .vocab = 97, .attn = KM_MLA, .H = 128, .R = 512,
@@ -2605,30 +2832,14 @@ static double dsa_ab_time(dsa_ab *e, const cg_ctx *v, cudaLibrary_t lib)
 {
     cudaStream_t st;
     cudaGraph_t g;
-    cudaGraphExec_t ge;
-    cudaEvent_t e0, e1;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     launch_steps(&e->b, v, lib);
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     launch_steps_on(&e->b, v, lib, 20, st);
     CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e0, st));
-    for (int r = 0; r < 5; r++)
-        CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
+    double us = graph_us(g, st, 20);
     CK(cudaStreamDestroy(st));
-    return ms / 100 * 1e3;
+    return us;
 }
 
 /* With MOEC_KERN_BENCH: each form's kernels at T = 1 and 64 (a sequence
@@ -2768,6 +2979,36 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (MoE only)");
     }
+    if (getenv("MOEC_KERN_MOE_AB")) {
+        /* the expert GEMMs' forms (scripts/gpu_moe_ab.sh): the first
+           CUDA-core form against the streaming one and its shapes at
+           V2-Lite's shape in bf16 and fp8, old and new at Qwen3-30B's and
+           DeepSeek-V3's (16 of its experts) and the odd edges; every result
+           checked, each expert GEMM timed in a CUDA graph
+           (MOEC_KERN_MOE_AB=v2: V2-Lite's only) */
+        const unsigned ABT = TM(1) | TM(2) | TM(3) | TM(8), EVERY_V = (1u << N_AB_VARIANTS) - 1;
+        const unsigned OLD_NEW = 3u;
+        const int n_ab = strcmp(getenv("MOEC_KERN_MOE_AB"), "v2") ? 8 : 0;
+        const km_spec *tuned[] = {&V2_MOE, &F8_V2_MOE};
+        const km_spec *ab[] = {&Q3_MOE, &F8_Q3_MOE, &V3_MOE, &F8_V3_MOE,
+                               &GV_ODD, &GV_ODD_SPLIT, &F8_GV_ODD, &F8_ODD_MOE};
+        for (int v = 0; v < N_AB_VARIANTS; v++) {
+            ab_set(v);
+            for (int i = 0; i < 2; i++)
+                prog_add(tuned[i], IR_DTYPE_BF16, 64, ABT);
+            for (int i = 0; i < n_ab && (OLD_NEW & (1u << v)); i++)
+                prog_add(ab[i], IR_DTYPE_BF16, 64, ABT);
+        }
+        ab_set(-1);
+        progs_compile();
+        for (int i = 0; i < 2; i++)
+            moe_case_run(tuned[i], IR_DTYPE_BF16, ABT, 60 + (uint64_t)i, FM(CG_FP8_AUTO), EVERY_V);
+        for (int i = 0; i < n_ab; i++)
+            moe_case_run(ab[i], IR_DTYPE_BF16, ABT, 62 + (uint64_t)i, FM(CG_FP8_AUTO), OLD_NEW);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (MoE A/B)");
+    }
     /* the fp8 kernels' buckets: one token, three, the default buckets' 8,
        32 and 64, and 128 (two token groups of the staged linear) */
     const unsigned F8T = TM(1) | TM(3) | TM(8) | TM(32) | TM(64) | TM(128);
@@ -2848,6 +3089,9 @@ int main(void)
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
+        /* the streaming expert GEMMs' edges (at T = 1) */
+        prog_add(&GV_ODD, IR_DTYPE_BF16, 64, FEW);
+        prog_add(&F8_GV_ODD, IR_DTYPE_BF16, 64, FEW);
         /* the staged fp8 kernels: at T = 1 (forced) and 8, K split over
            clusters of 8 */
         prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, FEW, FM(CG_FP8_TC));
@@ -2866,6 +3110,8 @@ int main(void)
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
         moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, FEW, 23);
+        moe_case(&GV_ODD, IR_DTYPE_BF16, FEW, 50);
+        moe_case(&F8_GV_ODD, IR_DTYPE_BF16, FEW, 53);
         moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, FEW, 24, FM(CG_FP8_TC));
         moe_case_modes(&F8_TC_SPLIT, IR_DTYPE_BF16, FEW, 25, FM(CG_FP8_TC));
         progs_free();
@@ -2937,6 +3183,12 @@ int main(void)
     prog_add_modes(&F8_V2_MOE, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_ODD_MOE, IR_DTYPE_BF16, 64, ALL);
     prog_add(&F8_ODD_MOE, IR_DTYPE_F32, 64, ALL);
+    const unsigned GVT = TM(1) | TM(2) | TM(3) | TM(8);
+    prog_add(&GV_ODD, IR_DTYPE_BF16, 64, GVT);
+    prog_add(&GV_ODD, IR_DTYPE_F32, 64, GVT);
+    prog_add(&GV_ODD_SPLIT, IR_DTYPE_BF16, 64, GVT);
+    prog_add(&F8_GV_ODD, IR_DTYPE_BF16, 64, GVT);
+    prog_add(&F8_GV_ODD, IR_DTYPE_F32, 64, GVT);
     prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, ALL);
     prog_add_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, EVERY_FP8);
     prog_add(&F8_TC_ODD, IR_DTYPE_F32, 64, ALL);
@@ -2969,6 +3221,11 @@ int main(void)
     moe_case_modes(&F8_V2_MOE, IR_DTYPE_BF16, F8T, 25, EVERY_FP8);
     moe_case(&F8_ODD_MOE, IR_DTYPE_BF16, ALL, 20);
     moe_case(&F8_ODD_MOE, IR_DTYPE_F32, ALL, 21);
+    moe_case(&GV_ODD, IR_DTYPE_BF16, GVT, 50);
+    moe_case(&GV_ODD, IR_DTYPE_F32, GVT, 51);
+    moe_case(&GV_ODD_SPLIT, IR_DTYPE_BF16, GVT, 52);
+    moe_case(&F8_GV_ODD, IR_DTYPE_BF16, GVT, 53);
+    moe_case(&F8_GV_ODD, IR_DTYPE_F32, GVT, 54);
     moe_case(&F8_ODD_MMA, IR_DTYPE_BF16, ALL, 22);
     moe_case_modes(&F8_TC_ODD, IR_DTYPE_BF16, F8T, 26, EVERY_FP8);
     moe_case(&F8_TC_ODD, IR_DTYPE_F32, ALL, 27);

@@ -231,8 +231,8 @@ static void compile_all(void)
 static void run_module(const ir_module *m, const cg_options *o,
                        void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
 {
-    T_CHECK(n_jobs < 48);
-    if (n_jobs >= 48)
+    T_CHECK(n_jobs < 64);
+    if (n_jobs >= 64)
         return;
     compile_job *j = &jobs[n_jobs];
     memset(j, 0, sizeof *j);
@@ -321,22 +321,27 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     T_CHECK(r >= 0);
     if (r < 0)
         return;
-    /* T=1 and 8: one and two rows per expert block on CUDA cores (8 warps
-       of 4 gate/up rows, 8 down rows); T=64 (12 rows per block wanted):
-       tensor cores, blocks of 8 rows, one warp of 16 rows */
+    /* T=1 and 8: one and two rows per expert block on CUDA cores, the
+       streaming form (4 warps of 2 gate/up rows, 4 down rows, 2 chunks in
+       flight: 8 of gate_up's 256-wide chunks in 4 rounds, down's 5.5 in
+       3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
+       one warp of 16 rows */
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
     const ir_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
     char want[128];
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
-             mma ? "mma_w1_u8" : "rw4", T);
+             mma ? "mma_w1_u8" : "gv_w4_r2_u2", T);
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
+    snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w", bm,
+             mma ? "mma_w1_u8" : "gv_w4_r4_u2", T);
+    T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
     T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
-    T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 32) &&
-            gu->block[0] == (mma ? 32 : 256));
-    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == (mma ? 2048 / 16 : 2048 / 64) &&
-            dn->block[0] == (mma ? 32 : 256));
+    T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 8) &&
+            gu->block[0] == (mma ? 32 : 128));
+    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == (mma ? 2048 / 16 : 2048 / 16) &&
+            dn->block[0] == (mma ? 32 : 128));
     T_CHECK(sm->grid[0] == (unsigned)T && sm->grid[1] == 2);
     /* scratch: the attention splits' (m, l) and outputs; sorted slots,
        block experts, used count, h [T*K, I], y [T*K, H] */
@@ -372,12 +377,12 @@ static void check_v3(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->kernel_names[s->kernel], "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") !=
                 NULL);
     }
-    /* gate_up: 2048 rows, down: 7168 rows; 32 and 64 rows per block on
-       CUDA cores up to T=48, 16 on tensor cores once T > 48 wants four
-       slots on a block of 256 experts */
+    /* gate_up: 2048 rows, down: 7168 rows; 8 and 16 rows per block in the
+       streaming form up to T=32 (blocks of 1 or 2 slots), 16 on tensor
+       cores once T > 48 wants four slots on a block of 256 experts */
     int r = steps_of(m, c, IR_OP_MOE_ROUTED);
-    T_CHECK(r >= 0 && c->steps[r + 1].grid[1] == (c->T <= 48 ? 2048 / 32 : 2048 / 16) &&
-            c->steps[r + 2].grid[1] == (c->T <= 48 ? 7168 / 64 : 7168 / 16));
+    T_CHECK(r >= 0 && c->steps[r + 1].grid[1] == (c->T <= 32 ? 2048 / 8 : 2048 / 16) &&
+            c->steps[r + 2].grid[1] == (c->T <= 32 ? 7168 / 16 : 7168 / 16));
 }
 
 /* Qwen3-30B-A3B: GQA 32 q heads, 4 kv heads, d 128; 128 experts top-8,
@@ -740,6 +745,108 @@ static void test_odd_shapes(void)
                            i == 4 ? 1 | 8 : i == 3 ? (f32 ? 0 : 4) : i < 2 && (i + f32) % 2 ? 2 : 0);
             ir_module_free(m);
         }
+}
+
+/* ---- the streaming expert form ---------------------------------------------- */
+
+/* The forms test_gv_forms expects at T = 1: the name tags of the gate_up
+ * and down kernels ("gv_w4_r2_u1": the streaming form with 4 warps of 2
+ * rows and 1 chunk in flight; "rw4": the first CUDA-core form). */
+static const char *gv_want_gu, *gv_want_dn;
+
+/* Every streaming GEMM's launch against its name (warps of 32 threads, a
+ * block's w * r rows over ND), and at T = 1 the forms wanted. */
+static void check_gv(const ir_module *m, const cg_ctx *c)
+{
+    const ir_value *dw = ir_module_find_value(m, "down");
+    T_CHECK(dw != NULL);
+    if (!dw)
+        return;
+    long long H = dw->type.dims[1], I = dw->type.dims[2];
+    int seen = 0;
+    for (int i = 0; i < c->n_steps; i++) {
+        const ir_step *s = &c->steps[i];
+        const char *kn = c->kernel_names[s->kernel];
+        int gu = !strncmp(kn, "moe_gate_up_", 12), dn = !strncmp(kn, "moe_down_", 9);
+        if (!gu && !dn)
+            continue;
+        long long nd = gu ? I : H;
+        const char *f = strstr(kn, "_gv_w");
+        int w = 0, r = 0, u = 0;
+        if (f) {
+            T_CHECK(sscanf(f, "_gv_w%d_r%d_u%d_", &w, &r, &u) == 3);
+            T_CHECK(w > 0 && r > 0 && u > 0 && s->block[0] == (unsigned)w * 32 &&
+                    s->grid[1] == (unsigned)((nd + w * r - 1) / (w * r)));
+        }
+        if (c->T == 1) {
+            char tag[48];
+            snprintf(tag, sizeof tag, "_%s_t1_", gu ? gv_want_gu : gv_want_dn);
+            if (!strstr(kn, tag))
+                fprintf(stderr, "%s: wants %s\n", kn, tag);
+            T_CHECK(strstr(kn, tag) != NULL);
+            seen++;
+        }
+    }
+    T_CHECK(c->T != 1 || seen == 2);
+}
+
+/* The streaming form (codegen/moe_routed.c, GV_CONSTS) at blocks of one or
+ * two slots: where rows come in whole 16-byte vectors (H 200 in bf16, I 37
+ * not: down on the first form; fp8 H 208 and I 176 with partial 128 x 128
+ * blocks; f16 and f32 weights; the experts op's down writing the result),
+ * the shape knobs (8 warps of 3 rows: V2-Lite's 1408 rows not a whole
+ * number of blocks; 4 chunks in flight, down's 6 evened out to 3 a round)
+ * and MOEC_MOE_GEMV=0 (the first form); each compiled at T = 1. */
+static void test_gv_forms(void)
+{
+    km_spec odd = {.name = "k_gv_odd", .vocab = 8, .E = 6, .K = 3, .NG = 1, .TG = 1, .norm = 1,
+                   .scaling = 1.0, .moe = KM_ROUTED, .HID = 200, .I = 37, .wdt = "bf16",
+                   .moe_scale = 0.5};
+    km_spec f8 = {.name = "k_gv_f8_odd", .vocab = 8, .E = 7, .K = 4, .NG = 1, .TG = 1,
+                  .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT, .HID = 208, .I = 176,
+                  .wdt = "f8e4m3", .moe_scale = 0.75};
+    km_spec ex = {.name = "k_gv_f16_experts", .vocab = 8, .E = 4, .K = 2, .NG = 1, .TG = 1,
+                  .norm = 1, .scaling = 1.0, .moe = KM_EXPERTS, .HID = 64, .I = 32,
+                  .wdt = "f16", .moe_scale = 1.0};
+    km_spec v2 = {.name = "k_gv_v2lite", .vocab = 8, .E = 64, .K = 6, .NG = 1, .TG = 1,
+                  .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408, .wdt = "bf16",
+                  .moe_scale = 1.0};
+    struct {
+        const km_spec *s;
+        int f32;
+        const char *env[3], *gu, *dn;
+    } cases[] = {
+        {&odd, 0, {NULL}, "gv_w4_r2_u1", "rw8"},
+        {&odd, 1, {NULL}, "gv_w4_r2_u2", "rw8"},
+        {&f8, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
+        {&f8, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
+        {&ex, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
+        {&ex, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
+        {&v2, 0, {"MOEC_MOE_GEMV_WARPS=8", "MOEC_MOE_GEMV_RW=3", "MOEC_MOE_GEMV_U=4"},
+         "gv_w8_r3_u4", "gv_w8_r4_u3"},
+        {&v2, 0, {"MOEC_MOE_GEMV=0"}, "rw4", "rw8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char kv[3][64];
+        for (int k = 0; k < 3 && cases[i].env[k]; k++) {
+            snprintf(kv[k], sizeof kv[k], "%s", cases[i].env[k]);
+            char *eq = strchr(kv[k], '=');
+            *eq = '\0';
+            setenv(kv[k], eq + 1, 1);
+        }
+        cg_options o;
+        cg_options_default(&o);
+        o.compute_dtype = cases[i].f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+        gv_want_gu = cases[i].gu;
+        gv_want_dn = cases[i].dn;
+        ir_module *m = km_module(cases[i].s);
+        T_CHECK(m != NULL);
+        if (m)
+            run_module(m, &o, check_gv, 1);
+        ir_module_free(m);
+        for (int k = 0; k < 3 && cases[i].env[k]; k++)
+            unsetenv(kv[k]);
+    }
 }
 
 /* ---- fp8 weights ------------------------------------------------------------ */
@@ -1209,6 +1316,7 @@ int main(void)
     test_real_shapes();
     test_odd_shapes();
     test_fp8_shapes();
+    test_gv_forms();
     test_prologue();
     test_dsa_fused();
     test_tiny_models();
