@@ -112,6 +112,12 @@ int cg_env_int(const char *name, int dflt, int lo, int hi);
  * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);
 
+/* The silu_mul kernel (codegen/eltwise.c) for op: silu(x[..., :half]) *
+ * x[..., half:] into dst, stored ty (a linear with act silu_mul runs it
+ * into scratch ahead of its GEMM). */
+moec_status cg_emit_silu_mul(cg_ctx *c, const ir_op *op, const ir_value *x, int64_t half,
+                             ir_dtype ty, ir_arg dst);
+
 /* The prologue every program starts with: includes, and the load/store
  * helpers generated code uses: `float ld(const T *p)` for float, bf16,
  * half and fp8 (e4m3), `void st(T *p, float v)`, vector loads and stores,

@@ -4,7 +4,9 @@
  * rows, with the expert of each block and the number of blocks used; (2)
  * gate_up: for each block and a tile of I, silu(gate x) * up x into h
  * [T*K, I] (f32 scratch); (3) down: y[slot] = scale * w[t,k] * down_e h[slot]
- * (f32 scratch); (4) sum over k into the result [T, H]. Each expert's weights
+ * (f32 scratch; the result itself when unsummed); (4) sum over k into the
+ * result [T, H] (none when unsummed: the add_rms_norm that reads the
+ * result sums it, pass fuse_moe_sum). Each expert's weights
  * are thus read once per block of BM of its tokens, not once per token.
  *
  * The GEMMs stream weight rows with 16-byte loads, one warp per few rows,
@@ -482,7 +484,7 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
     if (d->w) {
         s->args[n++] = cg_arg_act(d->w);
         s->args[n++] = cg_arg_f32(d->scale);
-        s->args[n++] = cg_arg_scratch(l->off_y);
+        s->args[n++] = d->unsummed ? cg_arg_act(d->out) : cg_arg_scratch(l->off_y);
     } else {
         s->args[n++] = cg_arg_act(d->out);
     }
@@ -691,7 +693,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     /* h: f32, bf16 for the staged kernels (which would round it to bf16 for
        their products anyway) */
     size_t off_h = cg_scratch(c, (size_t)(N * I) * (tc ? 2 : 4));
-    size_t off_y = d->w ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
+    size_t off_y = d->w && !d->unsummed ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
     cg_moe_layout lay = {.H = H, .K = K, .E = E, .I = I, .nb = nb, .bm = bm, .fused = fused,
                          .off_sorted = off_sorted, .off_blk = off_blk, .off_used = off_used,
                          .off_h = off_h, .off_y = off_y};
@@ -733,7 +735,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     /* (2) gate_up with silu_mul, (3) down */
     MOEC_TRY(tc ? cg_fp8_tc_moe_gate_up(c, d, &lay) : emit_gate_up(c, d, &lay, mma));
     MOEC_TRY(tc ? cg_fp8_tc_moe_down(c, d, &lay) : emit_down(c, d, &lay, mma));
-    if (!d->w)
+    /* unsummed: the add_rms_norm that reads the result sums it */
+    if (!d->w || d->unsummed)
         return MOEC_OK;
 
     /* (4) sum over k */
@@ -783,6 +786,10 @@ moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)
         .out = op->out[0],
         .scale = ir_op_attr_float(op, "scale", 1.0),
         .e0 = ir_op_attr_int(op, "expert_start", 0),
+        .unsummed = ir_op_attr_int(op, "unsummed", 0) != 0,
     };
+    if (d.unsummed && cg_storage(c, d.out) != IR_DTYPE_F32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_routed %%%s: unsummed, but stored as %s, not f32",
+                        d.out->name, ir_dtype_name(cg_storage(c, d.out)));
     return cg_moe_emit(c, &d);
 }

@@ -8,13 +8,15 @@
 
 /* One MoE expert computation: x [T, H], ids i32[T, K], gate_up [E, 2I, H]
  * (up NULL) or gate and up [E, I, H], down [E, H, I]. With w (f32[T, K])
- * the result is [T, H]: sum_k scale * w[t,k] * expert output; without, it
- * is [T, K, H], the expert outputs themselves. */
+ * the result is [T, H]: sum_k scale * w[t,k] * expert output (unsummed:
+ * [T, K, H], each slot's scale * w[t,k] * expert output); without, it is
+ * [T, K, H], the expert outputs themselves. */
 typedef struct cg_moe_desc {
     const ir_op *op;
     const ir_value *x, *ids, *w, *gate, *up, *down, *out;
     double scale;
     int64_t e0; /* the first expert of the weights (expert parallel; ids are global) */
+    int unsummed; /* routed: out is [T, K, H], the weighted outputs unsummed */
 } cg_moe_desc;
 
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
@@ -32,7 +34,7 @@ typedef struct cg_moe_layout {
  * scales, the sorted slots, the blocks' experts, the count used, h) and the
  * down step's (h, down, with `scales` its block scales, the sorted slots,
  * the blocks' experts, the count used, then the router weights, the scale
- * and y when routed, else the result). */
+ * and y (the result when unsummed) when routed, else the result). */
 void cg_moe_gate_up_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
 void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
 
