@@ -18,6 +18,11 @@ double t_pass_equivalence(const char *model, const char *pass, const pass_option
  * tokens; returns the worst relative row error, negative on failure. */
 double t_modules_agree(const char *model, const ir_module *a, const ir_module *b, uint64_t seed);
 
+/* The same with every result rounded as the GPU stores it in `round`
+ * (rt_interp_round_storage; F32: none). */
+double t_modules_agree_stored(const char *model, const ir_module *a, const ir_module *b,
+                              uint64_t seed, ir_dtype round);
+
 /* Builds tests/data/<model> and runs the pipeline up to and including
  * stop_after (NULL: every pass). */
 ir_module *t_pipeline_module(const char *model, const char *stop_after, const pass_options *opt);
