@@ -48,6 +48,10 @@ typedef struct km_spec {
                                   {alpha = an_alpha} when AN > 0 (the residual add with the
                                   routed and shared experts' sum) */
     double an_alpha;
+    int an_moe;                /* with KM_ROUTED(_SPLIT) and AN = HID: the routed experts'
+                                  result is unsummed ([T, K, HID]) and the add_rms_norm's b
+                                  (fuse_moe_sum), an_b unused */
+    int lact;                  /* the linear is act silu_mul: lx [T, 2 LK] */
 } km_spec;
 
 /* ", block_scale[BN, BK] = "<name>_s"" for an f8e4m3 weight, else "". */
@@ -191,7 +195,12 @@ static inline char *km_text(const km_spec *s)
         moec_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"%s\n", s->wdt, s->E, s->HID,
                       s->I, km_scale(sc, sizeof sc, s, s->wdt, "down"));
         const char *ws = split ? "%gate, %up, %down" : "%gate_up, %down";
-        if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
+        if ((s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT) && s->an_moe)
+            moec_buf_printf(&o,
+                          "  %%y : f32[T, %d, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s, "
+                          "unsummed = 1}\n",
+                          s->K, s->HID, ws, km_float(f2, s->moe_scale));
+        else if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
             moec_buf_printf(&o, "  %%y : f32[T, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s}\n",
                           s->HID, ws, km_float(f2, s->moe_scale));
         else
@@ -199,20 +208,22 @@ static inline char *km_text(const km_spec *s)
                           s->HID, ws);
     }
     if (s->LN > 0) {
-        km_table(&w, &o, s, "lx", s->LK, "bf16");
+        km_table(&w, &o, s, "lx", s->lact ? 2 * s->LK : s->LK, "bf16");
         moec_buf_printf(&w, "  weight %%lw : %s[%d, %d] = \"lw\"%s\n", s->ldt, s->LN, s->LK,
                       km_scale(sc, sizeof sc, s, s->ldt, "lw"));
-        moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)\n", s->LN);
+        moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)%s\n", s->LN,
+                      s->lact ? " {act = \"silu_mul\"}" : "");
     }
     if (s->AN > 0) {
         km_table(&w, &o, s, "an_a", s->AN, "bf16");
-        km_table(&w, &o, s, "an_b", s->AN, "bf16");
+        if (!s->an_moe)
+            km_table(&w, &o, s, "an_b", s->AN, "bf16");
         km_table(&w, &o, s, "an_c", s->AN, "bf16");
         moec_buf_printf(&w, "  weight %%an_w : bf16[%d] = \"an_w\"\n", s->AN);
         moec_buf_printf(&o,
-                      "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %%an_b, "
+                      "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %s, "
                       "%%an_w, %%an_c) {eps = 1e-06, alpha = %s}\n",
-                      s->AN, s->AN, km_float(f1, s->an_alpha));
+                      s->AN, s->AN, s->an_moe ? "%y" : "%an_b", km_float(f1, s->an_alpha));
     }
     moec_buf_printf(&all,
                   "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"
@@ -255,7 +266,8 @@ static inline int km_is_heavy(const ir_op *op)
            (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
-/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum;
+/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum, no sum
+ * when unsummed;
  * dsa_topk: key write, scores, select); the attention ops add a merge to
  * their 2 when they split the sequence, and an mla_attention whose cache
  * an MLA prologue op writes has no write of its own (1, then); an fp8
@@ -270,7 +282,7 @@ static inline int km_steps_of(const ir_op *op)
     case IR_OP_MLA_ATTENTION: return 2;
     case IR_OP_MOE_TOPK: return 1;
     case IR_OP_LINEAR: return km_is_heavy(op) ? 1 : 0;
-    case IR_OP_MOE_ROUTED: return 4;
+    case IR_OP_MOE_ROUTED: return ir_op_attr_int(op, "unsummed", 0) ? 3 : 4;
     case IR_OP_MOE_EXPERTS: return 3;
     case IR_OP_DSA_TOPK: return 3; /* key write, scores, select */
     default: return 0;
