@@ -60,6 +60,12 @@ typedef struct cg_ctx {
     int stream;               /* the stream of the op being emitted */
     size_t scratch_cur[2];    /* the current op's reservations, per stream */
     size_t scratch_max[2];
+    /* A moe_topk whose kernel also aligned the slots of the moe_routed
+     * after it (cg_moe_topk_routed): that op's id + 1 (0: none), and the
+     * scratch offsets of its sorted slots, block experts and count used,
+     * then the end of them. */
+    int moe_aligned;
+    size_t moe_align_off[4];
 } cg_ctx;
 
 /* Frees what a bucket's generation made (its source, kernel names and

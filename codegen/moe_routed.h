@@ -21,6 +21,25 @@ typedef struct cg_moe_desc {
 
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
 
+/* Buckets up to this many tokens align a moe_routed's slots in the kernel
+ * of the moe_topk before it (codegen/moe_topk.c). */
+#define CG_MOE_TOPK_ALIGN_MAX_T 8
+
+/* The moe_routed that moe_topk op `topk` can align the slots of in its own
+ * kernel, NULL if none: the bucket has at most CG_MOE_TOPK_ALIGN_MAX_T
+ * tokens, that op alone reads the ids and weights, it follows topk on its
+ * stream with nothing of that stream between them, and its weights hold
+ * every expert (and MOEC_MOE_TOPK_ALIGN is not 0, for comparisons). Its
+ * rows per expert block and block count in *bm, *nb.
+ * The moe_topk reserves the three scratch arrays (sorted slots, block
+ * experts, count used) and records them in c (moe_aligned,
+ * moe_align_off); that moe_routed then launches no align kernel. */
+const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb);
+
+/* The align kernel's body (sorted, blk_expert, n_used from ids): constants
+ * E, E0, K, T, BM, NB and NT (threads) in scope. */
+extern const char CG_MOE_ALIGN_BODY[];
+
 /* What cg_moe_emit's steps share: the shapes, the expert blocks (nb of
  * bm slots) and the scratch offsets of the sorted slots, the blocks'
  * experts, the count used, h [T*K, I] and (routed) y [T*K, H]. */

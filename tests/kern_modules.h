@@ -167,6 +167,11 @@ static inline char *km_text(const km_spec *s)
                           s->H, s->R, km_float(f1, s->attn_scale), s->window);
         }
     }
+    /* the experts' input first: the moe_routed follows its moe_topk with
+       nothing between them, as in a model (its align runs in the topk's
+       kernel in small buckets) */
+    if (s->moe != KM_MOE_NONE)
+        km_table(&w, &o, s, "x", s->HID, "bf16");
     if (s->E > 0) {
         km_table(&w, &o, s, "logits", s->E, "f32");
         if (s->bias)
@@ -182,7 +187,6 @@ static inline char *km_text(const km_spec *s)
     char sc[96];
     if (s->moe != KM_MOE_NONE) {
         int split = s->moe == KM_ROUTED_SPLIT || s->moe == KM_EXPERTS_SPLIT;
-        km_table(&w, &o, s, "x", s->HID, "bf16");
         if (split) {
             moec_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"%s\n", s->wdt, s->E,
                           s->I, s->HID, km_scale(sc, sizeof sc, s, s->wdt, "gate"));
@@ -267,7 +271,7 @@ static inline int km_is_heavy(const ir_op *op)
 }
 
 /* Steps each heavy op emits (moe_routed: align, gate_up, down, sum, no sum
- * when unsummed;
+ * when unsummed, no align where its moe_topk's kernel aligned;
  * dsa_topk: key write, scores, select); the attention ops add a merge to
  * their 2 when they split the sequence, and an mla_attention whose cache
  * an MLA prologue op writes has no write of its own (1, then); an fp8

@@ -101,6 +101,21 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             /* one kernel, or the few-rows kernel per group of up to 4 rows */
             T_CHECK(n >= 1 && n <= (c->T + 3) / 4);
             want += n;
+        } else if (op->kind == IR_OP_MOE_ROUTED) {
+            /* no align step where the moe_topk's kernel aligned (buckets up
+               to CG_MOE_TOPK_ALIGN_MAX_T) */
+            const ir_op *topk = op->in[1]->def;
+            int bm = 0;
+            long long nb = 0;
+            int fused = topk && cg_moe_topk_routed(c, topk, &bm, &nb) == op;
+            T_CHECK(fused == (c->T <= CG_MOE_TOPK_ALIGN_MAX_T && topk != NULL));
+            int aligned = 0;
+            for (int i = 0; i < c->n_steps; i++)
+                aligned += topk && c->steps[i].op_id == topk->id &&
+                           strstr(c->kernel_names[c->steps[i].kernel], "moe_topk_align_") != NULL;
+            T_CHECK(aligned == fused);
+            T_CHECK(n == km_steps_of(op) - fused);
+            want += n;
         } else {
             want += km_steps_of(op);
         }
