@@ -17,7 +17,7 @@
  * of the row in registers between the sum and the scaling unless that share
  * is large, and then reads back the sum it wrote itself.
  *
- * Kernel add_rms_norm[3][_sum<K>]_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W
+ * Kernel add_rms_norm[3][_sum<K>_<dtype>]_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W
  * *w, [const C *c,] S *sum, Y *y, float alpha, float eps). Warp form: grid
  * ceil(T / 4), block 128; block form: grid T, block up to 1024 (a multiple
  * of 32). */
@@ -96,8 +96,7 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
     char sig[64], name[256], sumk[32] = "";
     dtype_sig(c, op, sig, sizeof sig);
     if (b->type.rank == 3)
-        snprintf(sumk, sizeof sumk, "_sum%lld%s", (long long)kb,
-                 dsum == IR_DTYPE_F32 ? "" : ir_dtype_name(dsum));
+        snprintf(sumk, sizeof sumk, "_sum%lld_%s", (long long)kb, ir_dtype_name(dsum));
     snprintf(name, sizeof name, "add%s_rms_norm%s_d%lld_t%d_%s", b2 ? "3" : "", sumk,
              (long long)D, c->T, sig);
     int is_new;

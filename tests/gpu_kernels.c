@@ -3,8 +3,9 @@
  * the sparse mla_attention over its selection (and dsa_topk's fast kernels
  * against its legacy ones), the MLA prologue ops with the cache rows they
  * write, the linears and experts of fp8 weights, and issue 15's fused
- * forms: the routed experts unsummed with the add_rms_norm that sums them,
- * the act silu_mul linear) run on the GPU against the CPU interpreter, on fresh
+ * forms: the routed experts unsummed with the add_rms_norm that sums them
+ * and the moe_topk kernel that aligns their slots, the act silu_mul linear)
+ * run on the GPU against the CPU interpreter, on fresh
  * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
  * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
  * (1e-4), relative to each row's largest magnitude. fp8 weights are random
@@ -2045,7 +2046,8 @@ static const km_spec V32_DSA_2K = {.name = "v32_dsa_2k", .vocab = 97, .attn = KM
  * than their sections as V3.2's), and odd sizes with neox, linear scaling
  * and an attn_factor, with and without the q latent */
 /* fuse_moe_sum: the routed experts unsummed, their sum over k in the
- * residual add_rms_norm, at V2-Lite's shape (64 experts top-6), V3's (its
+ * residual add_rms_norm, the moe_topk kernel aligning their slots (T <= 8),
+ * at V2-Lite's shape (64 experts top-6), V3's (its
  * grouped sigmoid routing with the bias and the scaling, hidden 7168, 16
  * of its experts; alpha 2.5), Qwen3-30B's (128 experts top-8, softmax,
  * norm_topk_prob; gate and up apart) and odd ones */
@@ -2061,6 +2063,15 @@ static const km_spec SUM_Q3 = {.name = "qwen3_moe_sum", .vocab = 97, .E = 128, .
                                .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
                                .HID = 2048, .I = 768, .wdt = "bf16", .moe_scale = 1.0, .AN = 2048,
                                .an_alpha = 1.0, .an_moe = 1};
+/* V3's full routing (256 experts, 8 groups of which 4 kept by their top-2
+ * sums, sigmoid with the correction bias, norm_topk_prob, scaling 2.5) at
+ * a small hidden size: the moe_topk kernel that also aligns 8 slots a
+ * token over 256 experts */
+static const km_spec SUM_V3_R256 = {.name = "v3_route256_sum", .vocab = 97, .E = 256, .K = 8,
+                                    .sigmoid = 1, .NG = 8, .TG = 4, .top2 = 1, .norm = 1,
+                                    .bias = 1, .scaling = 2.5, .moe = KM_ROUTED, .HID = 512,
+                                    .I = 128, .wdt = "bf16", .moe_scale = 2.5, .AN = 512,
+                                    .an_alpha = 1.0, .an_moe = 1};
 static const km_spec SUM_ODD = {.name = "odd_moe_sum", .vocab = 97, .E = 5, .K = 3, .sigmoid = 1,
                                 .NG = 1, .TG = 1, .bias = 1, .scaling = 1.0, .moe = KM_ROUTED,
                                 .HID = 37, .I = 7, .wdt = "bf16", .moe_scale = 0.25, .AN = 37,
@@ -2766,11 +2777,11 @@ int main(void)
     /* issue 15's fused forms at T = 1, 3, 8 (the act linear's kernel: up
        to 4 tokens) */
     const unsigned FUSE_T = TM(1) | TM(3) | TM(8), ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
-    const km_spec *sums[4] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_ODD};
+    const km_spec *sums[5] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_V3_R256, &SUM_ODD};
     const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
     for (int f32 = 0; f32 < 2; f32++) {
         ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             prog_add(sums[i], cdt, 64, FUSE_T);
         for (int i = 0; i < 3; i++)
             prog_add(acts[i], cdt, 64, ACT_T);
@@ -2873,7 +2884,7 @@ int main(void)
                      30 + (uint64_t)(2 * i + f32));
     for (int f32 = 0; f32 < 2; f32++) {
         ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 5; i++)
             moe_case(sums[i], cdt, FUSE_T, 40 + (uint64_t)(2 * i + f32));
         for (int i = 0; i < 3; i++)
             moe_case(acts[i], cdt, ACT_T, 50 + (uint64_t)(2 * i + f32));
