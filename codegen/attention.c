@@ -59,8 +59,19 @@ static const char ATTN_BODY[] =
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
     "    const int n_tiles = (p - lo + TILE) / TILE;\n"
     "    /* this block's share of the tiles when the sequence is split */\n"
-    "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = split * per;\n"
+    "    const int per_min = (MINPOS + TILE - 1) / TILE, per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
+    "    const int per = per_even > per_min ? per_even : per_min, first = split * per;\n"
     "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
+    "    if constexpr (NSPLIT > 1) {\n"
+    "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
+    "            if (threadIdx.x < GB) {\n"
+    "                const long long part = ((long long)t * H + h0 + threadIdx.x) * NSPLIT + split;\n"
+    "                part_ml[part * 2] = MOEC_NEG_INF;\n"
+    "                part_ml[part * 2 + 1] = 0.0f;\n"
+    "            }\n"
+    "            return;\n"
+    "        }\n"
+    "    }\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    float m[GB], lsum[GB], acc[GB][CPL];\n"
     "#pragma unroll\n"
@@ -268,10 +279,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks);
+    int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
-    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_bs%d_t%d_%s", H, HKV,
-             DK, DV, gb, ns, bs, c->T, tag);
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d_bs%d_t%d_%s", H,
+             HKV, DK, DV, gb, ns, minpos, bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -285,11 +297,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
-                      "NT = %d, TILE = %d, KV = %d, NSPLIT = %d;\n",
+                      "NT = %d, TILE = %d, KV = %d, NSPLIT = %d, MINPOS = %d;\n",
                       ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
                       cg_attn_part_params(ns),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
-                      ATTN_TILE, cg_vec_width(DK), ns);
+                      ATTN_TILE, cg_vec_width(DK), ns, minpos);
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
         moec_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);

@@ -45,7 +45,8 @@ static const char CG_ATTN_COMBINE_BODY[] =
     "            inv_s = 1.0f / l;\n"
     "    }\n"
     "    __syncthreads();\n"
-    "    /* every split wrote its output (zeros when it had no positions) */\n"
+    "    /* a split with no positions wrote m = -inf (weight 0) and no output:\n"
+    "       only the splits of weight > 0 are read */\n"
     "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
     "        float a[CV];\n"
     "#pragma unroll\n"
@@ -53,6 +54,8 @@ static const char CG_ATTN_COMBINE_BODY[] =
     "            a[j] = 0.0f;\n"
     "#pragma unroll 8\n"
     "        for (int z = 0; z < NSPLIT; z++) {\n"
+    "            if (w_s[z] == 0.0f)\n"
+    "                continue;\n"
     "            float v[CV];\n"
     "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
     "#pragma unroll\n"
@@ -64,6 +67,17 @@ static const char CG_ATTN_COMBINE_BODY[] =
     "            a[j] *= inv_s;\n"
     "        stv<CV>(o + c, a);\n"
     "    }\n";
+
+/* The fewest positions a split takes, the kernels' MINPOS: dflt, the
+ * emitter's choice, or MOEC_ATTN_SPLIT_MIN at codegen for an A/B. Splits
+ * left without positions write a weight of 0 and no output, and the merge
+ * skips them. (H100, 2026-11-24, V2-Lite at batch 1, context 1024: the
+ * step 2.777 ms with 1, 2.829 with 64, 3.015 with 128: the splits' spread
+ * over the SMs is worth more than the partial states they write.) */
+static inline int cg_attn_split_min(int dflt)
+{
+    return cg_env_int("MOEC_ATTN_SPLIT_MIN", dflt, 1, 1 << 20);
+}
 
 /* Splits of each sequence so that `blocks` blocks per split fill the GPU. */
 static inline int cg_attn_splits(long long blocks)

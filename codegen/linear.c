@@ -118,11 +118,12 @@ static const char GEMV_BODY[] =
 
 /* Rows per block: enough blocks to fill the GPU twice over (264 on an
  * H100's 132 SMs), at most 8 rows (4 of fp8, whose 16-byte loads hold 16
- * elements: the same registers). */
-static int gemv_rows_per_block(int64_t N, int fp8)
+ * elements: the same registers), and at most 32 accumulators a lane (rows
+ * times the T tokens). */
+static int gemv_rows_per_block(int64_t N, int fp8, int T)
 {
     int rb = 1;
-    while (rb < (fp8 ? 4 : 8) && N / (2 * rb) >= 264)
+    while (rb < (fp8 ? 4 : 8) && 2 * rb * T <= 32 && N / (2 * rb) >= 264)
         rb *= 2;
     return rb;
 }
@@ -185,7 +186,7 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     ir_dtype dh = c->opt->compute_dtype;
     int fp8 = dw == IR_DTYPE_F8E4M3;
     int ve = fp8 ? fp8_vec_width(K, w->scale.block[1], 16) : cg_vec_width(K);
-    int rb = gemv_rows_per_block(N, fp8);
+    int rb = gemv_rows_per_block(N, fp8, tg);
     char name[300], tag[40], decl[400], io[80], silu[32] = "";
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);

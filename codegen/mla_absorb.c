@@ -10,9 +10,169 @@
  * mla_vabsorb, o[t,h,:] = W_UV[h] ([dv, r]) o_c[t,h,:]: C (dv x T, ldc =
  * H*dv) = A^T (W_UV[h] read as r x dv, lda = r, transposed) * B (o_c[:,h,:]
  * read as r x T, ldb = H*r); batch strides (dn+dv)*r, r, dv. A starts dn
- * rows into kv_b: the weight argument's i is that byte offset. */
+ * rows into kv_b: the weight argument's i is that byte offset.
+ *
+ * Buckets of up to ABSORB_MAX_T tokens (MOEC_ABSORB_MAX_T at codegen; 0:
+ * cuBLASLt always) run a generated kernel instead: at a token or two the
+ * GEMM is a 2 MB (V2-Lite) to 16 MB (V3) read that cuBLASLt's batched
+ * launch takes ~7 us for. qabsorb: a block per head and 64 columns of r,
+ * its warps splitting the dn rows of W_UK[h] (every load of the block in
+ * flight at once), the tokens' q_nope rows in shared memory, the warps'
+ * partial sums added in shared memory. vabsorb: a block per head and
+ * ABS_ROWS rows of W_UV[h], a warp per few rows, lanes along r against the
+ * tokens' o_c rows in shared memory, a warp sum per row and token. fp32
+ * accumulation, as cuBLASLt's. */
+#include <stdio.h>
+
 #include "codegen/cg.h"
 #include "err.h"
+
+/* (H100, 2026-11-24, V2-Lite shape: the kernels 2.5 us a layer faster than
+   cuBLASLt at 1 token, 6 us slower at 8) */
+#define ABSORB_MAX_T 2
+#define ABS_Q_WARPS 16 /* qabsorb: warps per block, splitting dn */
+#define ABS_V_WARPS 8  /* vabsorb: warps per block */
+#define ABS_V_RPW 2    /* vabsorb: W_UV rows per warp */
+#define ABS_Q_VW 2     /* qabsorb: columns per lane (64 a block: blocks for every SM) */
+
+static const char QABSORB_BODY[] =
+    "    constexpr int NT = NW * 32, COLS = 32 * VW;\n"
+    "    __shared__ float xs[T][DN];\n"
+    "    __shared__ __align__(16) float red[NW][COLS];\n"
+    "    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int c0 = blockIdx.y * COLS + lane * VW;\n"
+    "    for (int i = threadIdx.x; i < T * DN; i += NT)\n"
+    "        xs[i / DN][i % DN] = ld(x + ((long long)(i / DN) * H + h) * DN + i % DN);\n"
+    "    __syncthreads();\n"
+    "    const TW *w = kv_b + (long long)h * (DN + DV) * R;\n"
+    "    float acc[T][VW];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < T; t++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < VW; j++)\n"
+    "            acc[t][j] = 0.0f;\n"
+    "    if (c0 < R) {\n"
+    "#pragma unroll 8\n"
+    "        for (int d = warp; d < DN; d += NW) {\n"
+    "            float wv[VW];\n"
+    "            ldv<VW>(w + (long long)d * R + c0, wv);\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++) {\n"
+    "                const float q = xs[t][d];\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VW; j++)\n"
+    "                    acc[t][j] += q * wv[j];\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "    for (int t = 0; t < T; t++) {\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < VW; j++)\n"
+    "            red[warp][lane * VW + j] = acc[t][j];\n"
+    "        __syncthreads();\n"
+    "        for (int i = threadIdx.x; i < COLS; i += NT) {\n"
+    "            const int col = blockIdx.y * COLS + i;\n"
+    "            if (col < R) {\n"
+    "                float a = 0.0f;\n"
+    "#pragma unroll\n"
+    "                for (int k = 0; k < NW; k++)\n"
+    "                    a += red[k][i];\n"
+    "                st(y + ((long long)t * H + h) * R + col, a);\n"
+    "            }\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "    }\n";
+
+static const char VABSORB_BODY[] =
+    "    constexpr int NT = NW * 32;\n"
+    "    __shared__ __align__(16) float xs[T][R];\n"
+    "    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    for (int i = threadIdx.x; i < T * R; i += NT)\n"
+    "        xs[i / R][i % R] = ld(x + ((long long)(i / R) * H + h) * R + i % R);\n"
+    "    __syncthreads();\n"
+    "    const int v0 = (blockIdx.y * NW + warp) * RPW;\n"
+    "    const TW *w = kv_b + ((long long)h * (DN + DV) + DN) * R;\n"
+    "    float acc[RPW][T];\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < RPW; k++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < T; t++)\n"
+    "            acc[k][t] = 0.0f;\n"
+    "    for (int c = lane * VW; c < R; c += 32 * VW) {\n"
+    "        float wv[RPW][VW];\n"
+    "#pragma unroll\n"
+    "        for (int k = 0; k < RPW; k++)\n"
+    "            if (v0 + k < DV)\n"
+    "                ldv<VW>(w + (long long)(v0 + k) * R + c, wv[k]);\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < T; t++) {\n"
+    "            float xv[VW];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < VW; j++)\n"
+    "                xv[j] = xs[t][c + j];\n"
+    "#pragma unroll\n"
+    "            for (int k = 0; k < RPW; k++) {\n"
+    "                if (v0 + k >= DV)\n"
+    "                    continue;\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VW; j++)\n"
+    "                    acc[k][t] += wv[k][j] * xv[j];\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int k = 0; k < RPW; k++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < T; t++) {\n"
+    "            const float a = warp_sum(acc[k][t]);\n"
+    "            if (lane == 0 && v0 + k < DV)\n"
+    "                st(y + ((long long)t * H + h) * DV + v0 + k, a);\n"
+    "        }\n";
+
+/* The generated form of op for bucket c->T (see the top of the file). */
+static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int64_t dn,
+                               int64_t dv, int64_t r, ir_dtype da, ir_dtype db, ir_dtype dc)
+{
+    const ir_value *x = op->in[0], *kv_b = op->in[1], *y = op->out[0];
+    int vw = cg_vec_width(r);
+    if (q && vw > ABS_Q_VW)
+        vw = ABS_Q_VW;
+    char name[256];
+    snprintf(name, sizeof name, "mla_%sabsorb_h%lld_dn%lld_dv%lld_r%lld_t%d_%s_%s_%s", q ? "q" : "v",
+             (long long)H, (long long)dn, (long long)dv, (long long)r, c->T, ir_dtype_name(dc),
+             ir_dtype_name(db), ir_dtype_name(da));
+    int is_new = 0;
+    int k = cg_kernel(c, name, &is_new);
+    if (k < 0)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
+    int nw = q ? ABS_Q_WARPS : ABS_V_WARPS;
+    if (is_new) {
+        moec_buf_printf(&c->src,
+                        "// %s (codegen/mla_absorb.c), first for %%%s\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s "
+                        "*__restrict__ x, const %s *__restrict__ kv_b, %s *__restrict__ y)\n{\n"
+                        "    typedef %s TW;\n"
+                        "    constexpr int T = %d, H = %lld, DN = %lld, DV = %lld, R = %lld, VW = %d, "
+                        "NW = %d, RPW = %d;\n",
+                        ir_op_name(op->kind), y->name, nw * 32, name, cg_ctype(db), cg_ctype(da),
+                        cg_ctype(dc), cg_ctype(da), c->T, (long long)H, (long long)dn,
+                        (long long)dv, (long long)r, vw, nw, ABS_V_RPW);
+        moec_buf_printf(&c->src, "%s}\n\n", q ? QABSORB_BODY : VABSORB_BODY);
+    }
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
+    s->kernel = k;
+    s->grid[0] = (unsigned)H;
+    s->grid[1] = q ? (unsigned)((r + 32 * vw - 1) / (32 * vw))
+                   : (unsigned)((dv + nw * ABS_V_RPW - 1) / (nw * ABS_V_RPW));
+    s->block[0] = (unsigned)(nw * 32);
+    s->n_args = 3;
+    s->args[0] = cg_arg_act(x);
+    s->args[1] = cg_arg_act(kv_b);
+    s->args[2] = cg_arg_act(y);
+    return MOEC_OK;
+}
 
 moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
 {
@@ -39,6 +199,12 @@ moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
             "%s %%%s: kv_b %%%s is stored %s but %%%s %s; cuBLASLt wants one input type",
             ir_op_name(op->kind), y->name, kv_b->name, ir_dtype_name(da), x->name,
             ir_dtype_name(db));
+    /* the kernel's shared memory: the tokens' rows of x, and qabsorb's
+       partial sums */
+    size_t smem = (size_t)c->T * (size_t)(q ? dn : r) * 4 + (q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
+    if (c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) && da != IR_DTYPE_F8E4M3 &&
+        smem <= 48 * 1024)
+        return emit_kernel(c, op, q, H, dn, dv, r, da, db, dc);
     if (H * (dn + dv) * r > INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: kv_b is too large", ir_op_name(op->kind),
                         y->name);

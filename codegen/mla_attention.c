@@ -84,8 +84,19 @@ static const char ATTN_BODY[] =
     "    const int n_pos = KSEL > 0 ? (p + 1 < KSEL ? p + 1 : KSEL) : p - lo + 1;\n"
     "    const int n_tiles = (n_pos + PT - 1) / PT;\n"
     "    /* this block's share of the tiles when the sequence is split */\n"
-    "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = blockIdx.z * per;\n"
+    "    const int per_min = (MINPOS + PT - 1) / PT, per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
+    "    const int per = per_even > per_min ? per_even : per_min, first = blockIdx.z * per;\n"
     "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
+    "    if constexpr (NSPLIT > 1) {\n"
+    "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
+    "            const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
+    "            if (tid < HB) {\n"
+    "                part_ml[(part + (long long)tid * NSPLIT) * 2] = MOEC_NEG_INF;\n"
+    "                part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = 0.0f;\n"
+    "            }\n"
+    "            return;\n"
+    "        }\n"
+    "    }\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    for (int tile = first; tile < last; tile++) {\n"
     "        const int i0 = tile * PT;\n"
@@ -253,8 +264,19 @@ static const char MMA_BODY[] =
     "    /* the positions: lo..p, or with a selection sel[t][0 .. n_pos - 1] */\n"
     "    const int n_pos = KSEL > 0 ? (p + 1 < KSEL ? p + 1 : KSEL) : p - lo + 1;\n"
     "    const int n_tiles = (n_pos + PT - 1) / PT;\n"
-    "    const int per = (n_tiles + NSPLIT - 1) / NSPLIT, first = blockIdx.z * per;\n"
+    "    const int per_min = (MINPOS + PT - 1) / PT, per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
+    "    const int per = per_even > per_min ? per_even : per_min, first = blockIdx.z * per;\n"
     "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
+    "    if constexpr (NSPLIT > 1) {\n"
+    "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
+    "            const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
+    "            if (tid < 16) {\n"
+    "                part_ml[(part + (long long)tid * NSPLIT) * 2] = MOEC_NEG_INF;\n"
+    "                part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = 0.0f;\n"
+    "            }\n"
+    "            return;\n"
+    "        }\n"
+    "    }\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
     "    for (int i = tid; i < 16 * (RS / 8); i += NT) {\n"
     "        const int r = i / (RS / 8), j = (i % (RS / 8)) * 8;\n"
@@ -473,6 +495,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     /* split the sequence when the bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * (H / hb);
     int ns = cg_attn_splits(blocks);
+    int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     const char *ts = cg_ctype(dt);
     char tag[64];
     if (cdt == dt && edt == dt)
@@ -518,11 +541,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         /* the Smem struct of MMA_BODY: q, two kv tiles, scores, P, m, l, alpha */
         smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + 16LL * (MMA_PT + 4) * 4 +
                16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4;
-        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_bs%d_t%d_%s", H, R,
-                 DR, MMA_PT, ns, bs, c->T, tag);
+        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d_bs%d_t%d_%s", H,
+                 R, DR, MMA_PT, ns, minpos, bs, c->T, tag);
     } else {
-        snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_bs%d_t%d_%s",
-                 H, R, DR, hb, pt, hs, ns, bs, c->T, tag);
+        snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
+                 H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
     }
     if (sel) /* the sparse form reads the positions from sel */
         snprintf(aname + strlen(aname), sizeof aname - strlen(aname), "_k%lld", ksel);
@@ -545,9 +568,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "window%s)\n{\n"
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
-                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld;\n",
+                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d;\n",
                       MMA_WARPS * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
-                      DR, MMA_PT, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel);
+                      DR, MMA_PT, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel, minpos);
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
@@ -560,10 +583,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, HB = %d, PT = %d, HS = %d, "
                       "CS = %d, VE = %d, QLD = %lld, LDK = %lld, BS = %d, NT = %d, NSPLIT = %d, "
-                      "KSEL = %lld;\n",
+                      "KSEL = %lld, MINPOS = %d;\n",
                       MLA_THREADS, aname, cg_ctype(qdt), cg_ctype(pdt), sel_param, ts, ts,
                       cg_ctype(odt), params, cg_ctype(qdt), ts, cg_ctype(odt), H, R, DR, hb, pt, hs,
-                      cs, ve, qld, ldk, bs, MLA_THREADS, ns, ksel);
+                      cs, ve, qld, ldk, bs, MLA_THREADS, ns, ksel, minpos);
     }
     if (is_new) {
         if (ns == 1)

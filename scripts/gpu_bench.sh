@@ -18,7 +18,8 @@
 #   usage: scripts/gpu_bench.sh [CONFIG_JSON] [BATCH_SIZES] [CONTEXT]
 # TORCH_MODES picks the PyTorch modes (default eager-grouped,graph-grouped,
 # compile-graph with TORCH_COMPILE_MODE, default "default";
-# eager-loop, the per-expert loop transformers runs, takes minutes).
+# eager-loop, the per-expert loop transformers runs, takes minutes); TORCH=0
+# leaves the PyTorch reference out (an A/B of moec variants alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${1:-tests/data/configs/deepseek_v2_lite.json}
@@ -93,7 +94,7 @@ if [ "${FP8:-1}" = 1 ]; then
     rm -f "$F8.$vname.moec"
   done
 fi
-if [ -f bench/torch_ref.py ]; then
+if [ -f bench/torch_ref.py ] && [ "${TORCH:-1}" = 1 ]; then
   python3 bench/torch_ref.py "$MODEL" --batch-sizes "$BATCHES" --context "$CONTEXT" \
     --modes "${TORCH_MODES:-eager-grouped,graph-grouped,compile-graph}" \
     --compile-mode "${TORCH_COMPILE_MODE:-default}" \

@@ -24,7 +24,10 @@ failed=0
 stage() {
   local name=$1; shift
   local t0=$SECONDS
-  "$@" >"$LOGS/$name.txt" 2>&1
+  # in the background so that a TERM reaches the trap below at once
+  "$@" >"$LOGS/$name.txt" 2>&1 &
+  STAGE_PID=$!
+  wait "$STAGE_PID"
   local rc=$?
   local line="$name: $([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - t0)) s"
   echo "$line" | tee -a "$SUMMARY"
@@ -33,6 +36,7 @@ stage() {
 }
 
 finish() {
+  trap - TERM INT
   cp "$SUMMARY" "$OUT/summary.txt"
   tar czf "$OUT/gpu_check.tar.gz" -C "$(dirname "$LOGS")" gpu_check
   echo "logs: $OUT/gpu_check.tar.gz"
@@ -40,6 +44,12 @@ finish() {
 }
 
 { nvidia-smi; nvcc --version; cmake --version; } >"$LOGS/env.txt" 2>&1
+# killed by a caller's time limit (gpu_session.sh's CHECK_S): the logs so far
+# still come back, the stage running named as cut off
+STAGE_PID=
+trap 'echo "stopped by a signal (time limit?) in the stage after the last line" >>"$SUMMARY"
+  [ -n "$STAGE_PID" ] && { pkill -TERM -P "$STAGE_PID"; kill "$STAGE_PID"; } 2>/dev/null
+  failed=1; finish' TERM INT
 
 source scripts/gpu_build.sh
 stage build gpu_build || finish

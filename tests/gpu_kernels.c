@@ -202,13 +202,14 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
 }
 
 /* The ops whose kernels these programs run: the heavy ones, and here the
- * add_rms_norm of km_spec.AN and the act silu_mul linear of km_spec.lact
- * too (a generated kernel in buckets up to 4 tokens: its cases run only
- * those). */
+ * add_rms_norm of km_spec.AN, the absorptions of km_spec.AH (their
+ * buckets of up to 2 tokens: generated kernels, not cuBLASLt) and the act
+ * silu_mul linear of km_spec.lact too (a generated kernel in buckets up to
+ * 4 tokens: its cases run only those). */
 static int runs(const ir_op *op)
 {
-    return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM ||
-           (op->kind == IR_OP_LINEAR && ir_op_attr(op, "act"));
+    return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM || op->kind == IR_OP_MLA_QABSORB ||
+           op->kind == IR_OP_MLA_VABSORB || (op->kind == IR_OP_LINEAR && ir_op_attr(op, "act"));
 }
 
 /* The heavy ops of m and the argmax of its output, for bucket T, added to
@@ -652,6 +653,8 @@ static void fill_weights(rt_interp *in, const ir_module *m, ir_dtype cdt, const 
                 a = sqrtf(12.0f / (float)s->I);
             else if (!strcmp(v->name, "lw"))
                 a = sqrtf(3.0f / (float)s->LK);
+            else if (!strcmp(v->name, "ab_kvb"))
+                a = sqrtf(3.0f / (float)s->AR);
             if (dt == IR_DTYPE_F8E4M3) {
                 if (!image) {
                     fprintf(stderr, "%s: fp8 weight %s without an image\n", s->name, v->name);
@@ -759,10 +762,23 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
         }
         free(ga);
     }
+    if (s->AH > 0) {
+        static const char *const AB_OUT[2] = {"ab_qc", "ab_o"};
+        for (int k = 0; k < 2; k++) {
+            const ir_value *v = val(m, AB_OUT[k]);
+            int n = (int)ir_type_numel(&v->type, 1);
+            float *g = xmalloc((size_t)T * n * 4);
+            download(g, storage(b, v), b->val[v->id], (size_t)T * n);
+            snprintf(what, sizeof what, "%s %s T=%d %s", s->name, ir_dtype_name(cdt), T,
+                     k ? "mla_vabsorb" : "mla_qabsorb");
+            worst[2] = fmax(worst[2], compare_rows(what, g, rt_interp_value(in, v), T, n, tol));
+            free(g);
+        }
+    }
     snprintf(what, sizeof what, "%s T=%d", s->name, T);
     check_sampled(b, rt_interp_value(in, val(m, "out")), T, 40, what);
     static const char *const EXPERT_W[] = {"gate_up", "gate", "up", "down", NULL};
-    static const char *const LINEAR_W[] = {"lw", NULL};
+    static const char *const LINEAR_W[] = {"lw", "ab_kvb", NULL};
     double bytes = weight_bytes(m, cdt, LINEAR_W, 1);
     if (s->moe != KM_MOE_NONE) {
         /* the weights of the experts the tokens chose */
@@ -2090,6 +2106,15 @@ static const km_spec ACT_ODD = {.name = "odd_act", .vocab = 97, .LN = 37, .LK = 
 static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
 static const km_spec ADD3_V3 = {.name = "v3_add3", .vocab = 97, .AN = 7168, .an_alpha = 2.5};
 static const km_spec ADD3_ODD = {.name = "odd_add3", .vocab = 97, .AN = 37, .an_alpha = -0.5};
+/* MLA's absorptions as generated kernels (buckets of up to 2 tokens):
+ * V2-Lite's 16 heads and V3's 128 (dn = dv = 128, r 512), and odd sizes
+ * (r not a multiple of 8, dv past one block's rows) */
+static const km_spec ABS_V2 = {.name = "v2lite_absorb", .vocab = 97, .AH = 16, .ADN = 128,
+                               .ADV = 128, .AR = 512};
+static const km_spec ABS_V3 = {.name = "v3_absorb", .vocab = 97, .AH = 128, .ADN = 128, .ADV = 128,
+                               .AR = 512};
+static const km_spec ABS_ODD = {.name = "odd_absorb", .vocab = 97, .AH = 3, .ADN = 5, .ADV = 37,
+                                .AR = 36};
 static const km_spec PRO_V2 = {.name = "v2lite_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 16,
                                .DN = 128, .DR = 64, .R = 512, .attn_scale = 0.1147213867929261};
 static const km_spec PRO_V3 = {.name = "v3_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 128,
@@ -2774,6 +2799,11 @@ int main(void)
     for (int i = 0; i < 3; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
+    const km_spec *absorbs[3] = {&ABS_V2, &ABS_V3, &ABS_ODD};
+    const unsigned ABS_T = TM(1) | TM(2);
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_T);
     /* issue 15's fused forms at T = 1, 3, 8 (the act linear's kernel: up
        to 4 tokens) */
     const unsigned FUSE_T = TM(1) | TM(3) | TM(8), ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
@@ -2882,12 +2912,16 @@ int main(void)
         for (int f32 = 0; f32 < 2; f32++)
             moe_case(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, TM(1) | TM(8) | TM(64),
                      30 + (uint64_t)(2 * i + f32));
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            moe_case(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ABS_T,
+                     40 + (uint64_t)(2 * i + f32));
     for (int f32 = 0; f32 < 2; f32++) {
         ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
         for (int i = 0; i < 5; i++)
-            moe_case(sums[i], cdt, FUSE_T, 40 + (uint64_t)(2 * i + f32));
+            moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
         for (int i = 0; i < 3; i++)
-            moe_case(acts[i], cdt, ACT_T, 50 + (uint64_t)(2 * i + f32));
+            moe_case(acts[i], cdt, ACT_T, 80 + (uint64_t)(2 * i + f32));
     }
 
     progs_free();

@@ -52,6 +52,8 @@ typedef struct km_spec {
                                   result is unsummed ([T, K, HID]) and the add_rms_norm's b
                                   (fuse_moe_sum), an_b unused */
     int lact;                  /* the linear is act silu_mul: lx [T, 2 LK] */
+    int AH, ADN, ADV, AR;      /* ab_qc [T, AH, AR] = mla_qabsorb(ab_qn, ab_kvb) and ab_o [T, AH,
+                                  ADV] = mla_vabsorb(ab_qc, ab_kvb) when AH > 0 */
 } km_spec;
 
 /* ", block_scale[BN, BK] = "<name>_s"" for an f8e4m3 weight, else "". */
@@ -228,6 +230,18 @@ static inline char *km_text(const km_spec *s)
                       "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %s, "
                       "%%an_w, %%an_c) {eps = 1e-06, alpha = %s}\n",
                       s->AN, s->AN, s->an_moe ? "%y" : "%an_b", km_float(f1, s->an_alpha));
+    }
+    if (s->AH > 0) {
+        moec_buf_printf(&w, "  weight %%ab_kvb : bf16[%d, %d] = \"ab_kvb\"\n",
+                        s->AH * (s->ADN + s->ADV), s->AR);
+        km_table(&w, &o, s, "ab_qn_flat", s->AH * s->ADN, "bf16");
+        moec_buf_printf(&o, "  %%ab_qn : f32[T, %d, %d] = reshape(%%ab_qn_flat)\n", s->AH, s->ADN);
+        moec_buf_printf(&o,
+                        "  %%ab_qc : f32[T, %d, %d] = mla_qabsorb(%%ab_qn, %%ab_kvb) "
+                        "{qk_nope_head_dim = %d, v_head_dim = %d}\n"
+                        "  %%ab_o : f32[T, %d, %d] = mla_vabsorb(%%ab_qc, %%ab_kvb) "
+                        "{qk_nope_head_dim = %d, v_head_dim = %d}\n",
+                        s->AH, s->AR, s->ADN, s->ADV, s->AH, s->ADV, s->ADN, s->ADV);
     }
     moec_buf_printf(&all,
                   "module %s {\n  meta vocab_size = 40\n  input %%tokens : i32[T]\n"

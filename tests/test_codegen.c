@@ -624,6 +624,7 @@ static void test_gemv(void)
 
 static void test_unit_ops(void)
 {
+    setenv("MOEC_ABSORB_MAX_T", "0", 1); /* the absorptions as cuBLASLt GEMMs */
     ir_module *m = NULL;
     T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
     if (!m)
@@ -708,7 +709,8 @@ static void test_unit_ops(void)
     T_CHECK(c.src.data && strstr(c.src.data, lit) != NULL);
     snprintf(lit, sizeof lit, "cs[q] *= %af;", (double)1.2f);
     T_CHECK(c.src.data && strstr(c.src.data, lit) != NULL);
-    /* MLA absorption: per-head batched GEMMs over kv_b [4 * (16 + 16), 32] */
+    /* MLA absorption: per-head batched GEMMs over kv_b [4 * (16 + 16), 32]
+       (cuBLASLt's form: MOEC_ABSORB_MAX_T=0 for the whole of this test) */
     expect_gemm(&c, "qc", 0, 32, 8, 16, 4, 32, 64, 128, 1024, 16, 32);
     expect_gemm(&c, "o", 1, 16, 8, 32, 4, 32, 128, 64, 1024, 32, 16);
     s = step_of(&c, "qc");
@@ -760,6 +762,7 @@ static void test_unit_ops(void)
         cg_ctx_free(&c);
     }
     ir_module_free(m);
+    unsetenv("MOEC_ABSORB_MAX_T");
 }
 
 /* The unit module through plan_memory: the reshape, fork and join that
@@ -1008,6 +1011,7 @@ static float *rand_buf(size_t n, uint64_t *rng)
  * against docs/IR.md's formulas. */
 static void test_gemm_semantics(void)
 {
+    setenv("MOEC_ABSORB_MAX_T", "0", 1); /* the absorptions as cuBLASLt GEMMs */
     ir_module *m = NULL;
     T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
     if (!m)
@@ -1068,6 +1072,56 @@ static void test_gemm_semantics(void)
     free(oc);
     free(out);
     cg_ctx_free(&c);
+    ir_module_free(m);
+    unsetenv("MOEC_ABSORB_MAX_T");
+}
+
+/* Buckets of up to 2 tokens: the absorptions as generated kernels (qabsorb
+ * a block of 16 warps per head and 64 columns of r, vabsorb a block of 8
+ * warps per head and 16 rows of W_UV), x, kv_b and the result as
+ * arguments (vabsorb reads W_UV itself: no offset in the argument);
+ * compiled by NVRTC; 3 tokens and MOEC_ABSORB_MAX_T=1 at 2 keep cuBLASLt.
+ * Their numbers: tests/gpu_kernels.c against the interpreter. */
+static void test_absorb_kernels(void)
+{
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
+    if (!m)
+        return;
+    plan_trivially(m);
+    cg_options o;
+    cg_options_default(&o);
+    cg_ctx c;
+    ctx_init(&c, m, &o, 2);
+    for (int k = 0; k < m->n_ops; k++)
+        T_OK(cg_emit_op(&c, m->ops[k]));
+    check_steps(&c);
+    expect_kernel(&c, "qc", "mla_qabsorb_h4_dn16_dv16_r32_t2_bf16_bf16_bf16", 4, 1, 512, 3);
+    expect_kernel(&c, "o", "mla_vabsorb_h4_dn16_dv16_r32_t2_bf16_bf16_bf16", 4, 1, 256, 3);
+    const ir_step *s = step_of(&c, "qc");
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "qn")) && s->args[1].i == 0 &&
+            is_arg(s->args[1], IR_ARG_WEIGHT, vid(&c, "kv_b")) &&
+            is_arg(s->args[2], IR_ARG_ACT, vid(&c, "qc")));
+    s = step_of(&c, "o");
+    T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "qc")) && s->args[1].i == 0 &&
+            is_arg(s->args[1], IR_ARG_WEIGHT, vid(&c, "kv_b")) &&
+            is_arg(s->args[2], IR_ARG_ACT, vid(&c, "o")));
+    compile_src(c.src.data, "the unit module's absorptions");
+    cg_ctx_free(&c);
+    ctx_init(&c, m, &o, 3);
+    for (int k = 0; k < m->n_ops; k++)
+        T_OK(cg_emit_op(&c, m->ops[k]));
+    s = step_of(&c, "qc");
+    T_CHECK(s && s->kind == IR_STEP_GEMM);
+    cg_ctx_free(&c);
+    setenv("MOEC_ABSORB_MAX_T", "1", 1);
+    ctx_init(&c, m, &o, 2);
+    for (int k = 0; k < m->n_ops; k++)
+        T_OK(cg_emit_op(&c, m->ops[k]));
+    s = step_of(&c, "o");
+    T_CHECK(s && s->kind == IR_STEP_GEMM);
+    cg_ctx_free(&c);
+    unsetenv("MOEC_ABSORB_MAX_T");
     ir_module_free(m);
 }
 
@@ -1425,6 +1479,7 @@ static void test_units(const char *unused)
     setenv("MOEC_GEMV_MAX_T", "0", 1);
     test_unit_ops();
     test_gemm_semantics();
+    test_absorb_kernels();
     unsetenv("MOEC_GEMV_MAX_T");
     test_gemv();
     test_aliases();
