@@ -66,6 +66,19 @@ static void round_as(const rt_interp *in, ir_op_kind replaced, float *x, int64_t
         round_floats(x, n, in->round_dt);
 }
 
+/* y[o, j] = the sum over k of x[o, k, j] (x [outer, n, inner]), in double in
+ * k order, then fp32: reduce_sum's sum, and moe_routed's over its experts. */
+static void sum_middle(const float *x, float *y, int64_t outer, int64_t n, int64_t inner)
+{
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < inner; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < n; k++)
+                acc += x[(o * n + k) * inner + j];
+            y[o * inner + j] = (float)acc;
+        }
+}
+
 /* ---- shapes and buffers --------------------------------------------------- */
 
 /* The dims of v for T tokens (the symbolic dim replaced by T); returns rank. */
@@ -239,13 +252,7 @@ static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
         bsum = malloc((size_t)(rows * D) * sizeof(float) + 1);
         if (!bsum)
             return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for the sum over k", op_name(op));
-        for (int64_t t = 0; t < rows; t++)
-            for (int64_t h = 0; h < D; h++) {
-                double acc = 0;
-                for (int64_t k = 0; k < kb; k++)
-                    acc += b[(t * kb + k) * D + h];
-                bsum[t * D + h] = (float)acc;
-            }
+        sum_middle(b, bsum, rows, kb, D);
         round_as(in, IR_OP_MOE_ROUTED, bsum, rows * D);
         b = bsum;
     }
@@ -513,15 +520,7 @@ static moec_status op_reduce_sum(rt_interp *in, const ir_op *op, int T)
     if (numel_of(op->out[0], T) != outer * inner)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: reduce_sum result has the wrong shape",
                         op_name(op));
-    const float *x = fbuf(in, op->in[0]);
-    float *y = fbuf(in, op->out[0]);
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t j = 0; j < inner; j++) {
-            double acc = 0;
-            for (int64_t k = 0; k < n; k++)
-                acc += x[(o * n + k) * inner + j];
-            y[o * inner + j] = (float)acc;
-        }
+    sum_middle(fbuf(in, op->in[0]), fbuf(in, op->out[0]), outer, n, inner);
     return MOEC_OK;
 }
 

@@ -135,6 +135,19 @@ double t_pass_equivalence(const char *model, const char *pass, const pass_option
     return worst;
 }
 
+int t_pipeline_pair(const char *model, const char *before, const char *after,
+                    const pass_options *opt, ir_module **b, ir_module **a)
+{
+    *b = t_pipeline_module(model, before, opt);
+    *a = t_pipeline_module(model, after, opt);
+    if (*b && *a)
+        return 1;
+    ir_module_free(*b);
+    ir_module_free(*a);
+    *b = *a = NULL;
+    return 0;
+}
+
 int t_count_ops(const ir_module *m, ir_op_kind kind)
 {
     int n = 0;

@@ -27,6 +27,12 @@ double t_modules_agree_stored(const char *model, const ir_module *a, const ir_mo
  * stop_after (NULL: every pass). */
 ir_module *t_pipeline_module(const char *model, const char *stop_after, const pass_options *opt);
 
+/* Builds tests/data/<model> twice, through the pipeline up to and
+ * including `before` and `after`, into *b and *a; returns 0 (both freed,
+ * NULL) when either failed. */
+int t_pipeline_pair(const char *model, const char *before, const char *after,
+                    const pass_options *opt, ir_module **b, ir_module **a);
+
 /* The ops of kind `kind` in m. */
 int t_count_ops(const ir_module *m, ir_op_kind kind);
 

@@ -33,8 +33,8 @@ expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after abso
 expect 0 "mla_attention(" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
 expect 0 "stream 1" -- "$B" dump-ir "$D/qwen2_moe" --after assign_streams
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory
-expect 0 "wrote 13 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
-n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 13 ] && ok || bad "--after all wrote $n files, want 13"
+expect 0 "wrote 15 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
+n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 15 ] && ok || bad "--after all wrote $n files, want 15"
 head -1 "$T/passes/07_absorb_mla.mir" | grep -q "^# after pass absorb_mla" && ok || bad "07_absorb_mla.mir lacks its header"
 head -1 "$T/passes/09_fuse_mla_prologue.mir" | grep -q "^# after pass fuse_mla_prologue" && ok ||
   bad "09_fuse_mla_prologue.mir lacks its header"
@@ -51,9 +51,9 @@ expect 2 "--dtype: 'int4' is not bf16, fp16 or fp32" -- "$B" dump-ir "$D/qwen3_m
 # DeepSeek-V3.2: every pass dumps; its bad fields and a missing indexer
 # tensor are named, with exit status 1.
 v32=$D/deepseek_v32
-expect 0 "wrote 13 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
-grep -q "= dsa_topk(" "$T/v32passes/12_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
-grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/12_plan_memory.mir" && ok ||
+expect 0 "wrote 15 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
+grep -q "= dsa_topk(" "$T/v32passes/14_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
+grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/14_plan_memory.mir" && ok ||
   bad "deepseek_v32: mla_prologue_q does not read the fused q_b_wq_b"
 grep -q "= mla_attention(.*%l2.attn.indexer.topk)" "$T/v32passes/07_absorb_mla.mir" && ok ||
   bad "deepseek_v32: the absorbed attention does not read the indexer's selection"
@@ -114,7 +114,7 @@ expect 0 '%logits : f32[T, 256] = all_gather(%logits.shard) {axis = 1, ranks = 2
 expect 0 '"model.layers.0.self_attn.o_proj.weight"[:, 32:64]' -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
 expect 0 'stack("model.layers.1.mlp.experts.{e}.down_proj.weight", 16)[8:16, :, :]' -- "$B" dump-ir "$D/deepseek_v3" --ep 2 --rank 1
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/deepseek_v3" --tp 4 --ep 2 --rank 3 --after plan_memory
-expect 0 "wrote 13 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
+expect 0 "wrote 15 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
 grep -q "all_reduce" "$T/tp2/08_shard.mir" && ok || bad "08_shard.mir of --tp 2 has no all_reduce"
 expect 1 "tp 3 does not divide num_attention_heads 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 3
 expect 1 "ep 3 must divide tp 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 4 --ep 3

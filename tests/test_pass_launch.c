@@ -97,13 +97,9 @@ static int fp8_silu_muls(const ir_module *m)
 static void check_model(const char *model)
 {
     pass_options o = t_pass_options(IR_DTYPE_BF16);
-    ir_module *before = t_pipeline_module(model, "fuse_add3_rms_norm", &o);
-    ir_module *m = t_pipeline_module(model, "fuse_silu_mul_linear", &o);
-    if (!before || !m) {
-        ir_module_free(before);
-        ir_module_free(m);
+    ir_module *before, *m;
+    if (!t_pipeline_pair(model, "fuse_add3_rms_norm", "fuse_silu_mul_linear", &o, &before, &m))
         return;
-    }
     /* every MoE layer's routed sum (no model here is expert-parallel) */
     int routed = t_count_ops(m, IR_OP_MOE_ROUTED), uns = 0;
     for (int i = 0; i < m->n_ops; i++) {
