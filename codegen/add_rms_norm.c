@@ -7,13 +7,17 @@
  * computes; fp32 math with the same formulas as eltwise.c and rms_norm.c.
  * With a second addend c (the shared experts' output beside the routed
  * ones': fuse_add3_rms_norm) sum = a + alpha * (b + c), b + c in fp32.
+ * A b of [T, K, D] (the unsummed routed experts' K weighted outputs,
+ * fuse_moe_sum) is summed over K first, as moe_routed sums (double, k
+ * order) and rounded to the compute dtype as its summed result was stored:
+ * the moe_sum launch it replaces computed the same.
  *
  * Short rows take one warp each, four rows to a block; long rows (the
  * hidden size of real models) one block each. Each thread keeps its share
  * of the row in registers between the sum and the scaling unless that share
  * is large, and then reads back the sum it wrote itself.
  *
- * Kernel add_rms_norm[3]_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W
+ * Kernel add_rms_norm[3][_sum<K>_<dtype>]_d<D>_t<T>_<dtypes>(const A *a, const B *b, const W
  * *w, [const C *c,] S *sum, Y *y, float alpha, float eps). Warp form: grid
  * ceil(T / 4), block 128; block form: grid T, block up to 1024 (a multiple
  * of 32). */
@@ -59,12 +63,15 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
     const ir_value *s = op->out[0], *y = op->out[1];
     double eps, alpha = 1.0;
     int64_t D = a->type.rank == 2 ? a->type.dims[1] : 0;
-    if (a->type.rank != 2 || b->type.rank != 2 || b->type.dims[1] != D ||
+    int64_t kb = b->type.rank == 3 ? b->type.dims[1] : 1;
+    if (a->type.rank != 2 || (b->type.rank != 2 && b->type.rank != 3) ||
+        b->type.dims[b->type.rank - 1] != D ||
         (b2 && (b2->type.rank != 2 || b2->type.dims[1] != D)) ||
         ir_type_numel(&w->type, 1) != D || ir_type_numel(&s->type, 1) != D ||
         ir_type_numel(&y->type, 1) != D || !num_attr(op, "eps", &eps))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "add_rms_norm %%%s: wants a [T, D], b [T, D], w [D] and an eps attribute",
+                        "add_rms_norm %%%s: wants a [T, D], b [T, D] or [T, K, D], w [D] and an "
+                        "eps attribute",
                         s->name);
     if (ir_op_attr(op, "alpha") && !num_attr(op, "alpha", &alpha))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: alpha must be a number",
@@ -77,13 +84,21 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
     if (da == IR_DTYPE_I32 || db == IR_DTYPE_I32 || dw == IR_DTYPE_I32 || ds == IR_DTYPE_I32 ||
         dy == IR_DTYPE_I32 || dc == IR_DTYPE_I32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "add_rms_norm %%%s: integer operands", s->name);
+    /* the routed sum over K is rounded to the compute dtype's storage */
+    ir_dtype dsum = c->opt->compute_dtype;
+    if (b->type.rank == 3 && db != IR_DTYPE_F32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "add_rms_norm %%%s: b %%%s of [T, K, D] is stored %s, not f32", s->name,
+                        b->name, ir_dtype_name(db));
     int rows = c->T;
     cg_norm_rows l = cg_norm_rows_of(D);
     int vec = l.vec;
-    char sig[64], name[256];
+    char sig[64], name[256], sumk[32] = "";
     dtype_sig(c, op, sig, sizeof sig);
-    snprintf(name, sizeof name, "add%s_rms_norm_d%lld_t%d_%s", b2 ? "3" : "", (long long)D, c->T,
-             sig);
+    if (b->type.rank == 3)
+        snprintf(sumk, sizeof sumk, "_sum%lld_%s", (long long)kb, ir_dtype_name(dsum));
+    snprintf(name, sizeof name, "add%s_rms_norm%s_d%lld_t%d_%s", b2 ? "3" : "", sumk,
+             (long long)D, c->T, sig);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -106,11 +121,12 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
         moec_buf_printf(src,
                       "    const long long base = (long long)row * %lld;\n"
                       "    const %s *ar = a + base;\n"
-                      "    const %s *br = b + base;\n"
+                      "    const %s *br = b + base * %lld;\n"
                       "    %s *sr = sum + base;\n"
                       "    %s *yr = y + base;\n"
                       "    float ss = 0.0f;\n",
-                      (long long)D, cg_ctype(da), cg_ctype(db), cg_ctype(ds), cg_ctype(dy));
+                      (long long)D, cg_ctype(da), cg_ctype(db), (long long)kb, cg_ctype(ds),
+                      cg_ctype(dy));
         if (l.cache)
             moec_buf_printf(src, "    float v[%d][%d];\n", l.nch, vec);
         moec_buf_printf(src,
@@ -119,9 +135,39 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "        const int c = lane + i * %d;\n"
                       "        if (c < %lld) {\n"
                       "            float t[%d], u[%d];\n"
-                      "            ldv<%d>(ar + c * %d, t);\n"
-                      "            ldv<%d>(br + c * %d, u);\n",
-                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec, vec, vec);
+                      "            ldv<%d>(ar + c * %d, t);\n",
+                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec);
+        if (b->type.rank == 2)
+            moec_buf_printf(src, "            ldv<%d>(br + c * %d, u);\n", vec, vec);
+        else {
+            /* the routed sum: the K slots in k order, in double, as moe_routed sums */
+            moec_buf_printf(src,
+                          "            {\n"
+                          "                double acc[%d];\n"
+                          "#pragma unroll\n"
+                          "                for (int j = 0; j < %d; j++)\n"
+                          "                    acc[j] = 0.0;\n"
+                          "#pragma unroll\n"
+                          "                for (int k = 0; k < %lld; k++) {\n"
+                          "                    float yk[%d];\n"
+                          "                    ldv<%d>(br + k * %lldLL + c * %d, yk);\n"
+                          "#pragma unroll\n"
+                          "                    for (int j = 0; j < %d; j++)\n"
+                          "                        acc[j] += (double)yk[j];\n"
+                          "                }\n"
+                          "#pragma unroll\n"
+                          "                for (int j = 0; j < %d; j++) {\n"
+                          "                    u[j] = (float)acc[j];\n",
+                          vec, vec, (long long)kb, vec, vec, (long long)D, vec, vec, vec);
+            if (dsum != IR_DTYPE_F32)
+                moec_buf_printf(src,
+                              "                    %s q;\n"
+                              "                    st(&q, u[j]);\n"
+                              "                    u[j] = ld(&q);\n",
+                              cg_ctype(dsum));
+            moec_buf_printf(src, "                }\n"
+                                 "            }\n");
+        }
         if (b2) /* b + c first, in fp32: add(b, c), then the residual add */
             moec_buf_printf(src,
                           "            {\n"

@@ -60,6 +60,12 @@ typedef struct cg_ctx {
     int stream;               /* the stream of the op being emitted */
     size_t scratch_cur[2];    /* the current op's reservations, per stream */
     size_t scratch_max[2];
+    /* A moe_topk whose kernel also aligned the slots of the moe_routed
+     * after it (cg_moe_topk_routed): that op's id + 1 (0: none), and the
+     * scratch offsets of its sorted slots, block experts and count used,
+     * then the end of them. */
+    int moe_aligned;
+    size_t moe_align_off[4];
 } cg_ctx;
 
 /* Frees what a bucket's generation made (its source, kernel names and
@@ -111,6 +117,12 @@ int cg_env_int(const char *name, int dflt, int lo, int hi);
 /* "<result dtype>" when every operand is stored like op's first result,
  * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);
+
+/* The silu_mul kernel (codegen/eltwise.c) for op: silu(x[..., :half]) *
+ * x[..., half:] into dst, stored ty (a linear with act silu_mul runs it
+ * into scratch ahead of its GEMM). */
+moec_status cg_emit_silu_mul(cg_ctx *c, const ir_op *op, const ir_value *x, int64_t half,
+                             ir_dtype ty, ir_arg dst);
 
 /* The prologue every program starts with: includes, and the load/store
  * helpers generated code uses: `float ld(const T *p)` for float, bf16,

@@ -169,6 +169,72 @@ static moec_status emit_binary(cg_ctx *c, const ir_op *op, const char *sig)
     return MOEC_OK;
 }
 
+/* The kernel `name` of a unary op's x (stored tx) into y (stored ty) over
+ * `units` threads: its index, its head written when new (*is_new; the
+ * caller writes the body), -1 when out of memory. */
+static int unary_kernel(cg_ctx *c, const ir_op *op, const char *name, ir_dtype tx, ir_dtype ty,
+                        int64_t units, int *is_new)
+{
+    int k = cg_kernel(c, name, is_new);
+    if (k >= 0 && *is_new) {
+        char params[128];
+        snprintf(params, sizeof params, "const %s *__restrict__ x, %s *__restrict__ y",
+                 cg_ctype(tx), cg_ctype(ty));
+        kernel_head(c, op, name, params, units);
+    }
+    return k;
+}
+
+/* The step of kernel k over `units` threads: x into dst. */
+static moec_status unary_step(cg_ctx *c, const ir_op *op, int k, int64_t units,
+                              const ir_value *x, ir_arg dst)
+{
+    ir_step *s = k >= 0 ? kernel_step(c, op, k, units) : NULL;
+    if (!s)
+        return oom(op);
+    s->n_args = 2;
+    s->args[0] = cg_arg_act(x);
+    s->args[1] = dst;
+    return MOEC_OK;
+}
+
+/* silu(x[..., :I]) * x[..., I:] of x (rows of 2I per token, stored tx)
+ * into dst (rows of I, stored ty): the silu_mul op's kernel, and the one a
+ * linear with act silu_mul runs ahead of its GEMM (codegen/linear.c). */
+moec_status cg_emit_silu_mul(cg_ctx *c, const ir_op *op, const ir_value *x, int64_t half,
+                             ir_dtype ty, ir_arg dst)
+{
+    ir_dtype tx = cg_storage(c, x);
+    int64_t nx = ir_type_numel(&x->type, 1), ny = nx / 2;
+    if (ny * c->T >= INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: too many elements", ir_op_name(op->kind),
+                        op->out[0]->name);
+    int vec = cg_vec_width(half);
+    int64_t units = ny * c->T / vec;
+    char name[256];
+    /* the dtypes as cg_dtype_signature writes them: y's, then x's if other */
+    snprintf(name, sizeof name, "silu_mul_r%lld_i%lld_t%d_%s%s%s", (long long)(ny / half),
+             (long long)half, c->T, ir_dtype_name(ty), ty != tx ? "_" : "",
+             ty != tx ? ir_dtype_name(tx) : "");
+    int is_new = 0;
+    int k = unary_kernel(c, op, name, tx, ty, units, &is_new);
+    if (k >= 0 && is_new)
+        moec_buf_printf(&c->src,
+                      "    const int row = i / %lld, j = (i - row * %lld) * %d;\n"
+                      "    float g[%d], u[%d];\n"
+                      "    ldv<%d>(x + (long long)row * %lld + j, g);\n"
+                      "    ldv<%d>(x + (long long)row * %lld + %lld + j, u);\n"
+                      "#pragma unroll\n"
+                      "    for (int q = 0; q < %d; q++)\n"
+                      "        g[q] = g[q] / (1.0f + expf(-g[q])) * u[q];\n"
+                      "    stv<%d>(y + (long long)row * %lld + j, g);\n"
+                      "}\n\n",
+                      (long long)(half / vec), (long long)(half / vec), vec, vec, vec, vec,
+                      (long long)(2 * half), vec, (long long)(2 * half), (long long)half, vec,
+                      vec, (long long)half);
+    return unary_step(c, op, k, units, x, dst);
+}
+
 static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
 {
     const ir_value *x = op->in[0], *y = op->out[0];
@@ -184,63 +250,31 @@ static moec_status emit_unary(cg_ctx *c, const ir_op *op, const char *sig)
     if (!is_float(tx) || !is_float(ty))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: integer operands", ir_op_name(op->kind),
                         y->name);
+    if (silu_mul)
+        return cg_emit_silu_mul(c, op, x, half, ty, cg_arg_act(y));
     if (ny * c->T >= INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: too many elements", ir_op_name(op->kind),
                         y->name);
-    int vec = cg_vec_width(silu_mul ? half : nx);
+    int vec = cg_vec_width(nx);
     int64_t units = ny * c->T / vec;
     char name[256];
-    if (silu_mul)
-        snprintf(name, sizeof name, "silu_mul_r%lld_i%lld_t%d_%s", (long long)(ny / half),
-                 (long long)half, c->T, sig);
-    else
-        snprintf(name, sizeof name, "%s_n%lld_t%d_%s", ir_op_name(op->kind), (long long)nx, c->T,
-                 sig);
-    int is_new;
-    int k = cg_kernel(c, name, &is_new);
-    if (k < 0)
-        return oom(op);
-    if (is_new) {
-        char params[128];
-        snprintf(params, sizeof params, "const %s *__restrict__ x, %s *__restrict__ y",
-                 cg_ctype(tx), cg_ctype(ty));
-        kernel_head(c, op, name, params, units);
-        moec_buf *s = &c->src;
-        if (silu_mul)
-            moec_buf_printf(s,
-                          "    const int row = i / %lld, j = (i - row * %lld) * %d;\n"
-                          "    float g[%d], u[%d];\n"
-                          "    ldv<%d>(x + (long long)row * %lld + j, g);\n"
-                          "    ldv<%d>(x + (long long)row * %lld + %lld + j, u);\n"
-                          "#pragma unroll\n"
-                          "    for (int q = 0; q < %d; q++)\n"
-                          "        g[q] = g[q] / (1.0f + expf(-g[q])) * u[q];\n"
-                          "    stv<%d>(y + (long long)row * %lld + j, g);\n"
-                          "}\n\n",
-                          (long long)(half / vec), (long long)(half / vec), vec, vec, vec, vec,
-                          (long long)(2 * half), vec, (long long)(2 * half), (long long)half, vec,
-                          vec, (long long)half);
-        else
-            moec_buf_printf(s,
-                          "    float v[%d];\n"
-                          "    ldv<%d>(x + i * %d, v);\n"
-                          "#pragma unroll\n"
-                          "    for (int q = 0; q < %d; q++)\n"
-                          "        v[q] = %s;\n"
-                          "    stv<%d>(y + i * %d, v);\n"
-                          "}\n\n",
-                          vec, vec, vec, vec,
-                          op->kind == IR_OP_SILU ? "v[q] / (1.0f + expf(-v[q]))"
-                                                 : "1.0f / (1.0f + expf(-v[q]))",
-                          vec, vec);
-    }
-    ir_step *s = kernel_step(c, op, k, units);
-    if (!s)
-        return oom(op);
-    s->n_args = 2;
-    s->args[0] = cg_arg_act(x);
-    s->args[1] = cg_arg_act(y);
-    return MOEC_OK;
+    snprintf(name, sizeof name, "%s_n%lld_t%d_%s", ir_op_name(op->kind), (long long)nx, c->T, sig);
+    int is_new = 0;
+    int k = unary_kernel(c, op, name, tx, ty, units, &is_new);
+    if (k >= 0 && is_new)
+        moec_buf_printf(&c->src,
+                      "    float v[%d];\n"
+                      "    ldv<%d>(x + i * %d, v);\n"
+                      "#pragma unroll\n"
+                      "    for (int q = 0; q < %d; q++)\n"
+                      "        v[q] = %s;\n"
+                      "    stv<%d>(y + i * %d, v);\n"
+                      "}\n\n",
+                      vec, vec, vec, vec,
+                      op->kind == IR_OP_SILU ? "v[q] / (1.0f + expf(-v[q]))"
+                                             : "1.0f / (1.0f + expf(-v[q]))",
+                      vec, vec);
+    return unary_step(c, op, k, units, x, cg_arg_act(y));
 }
 
 moec_status cg_emit_eltwise(cg_ctx *c, const ir_op *op)

@@ -6,7 +6,10 @@
  * decode GEMMs of a DeepSeek-V2-Lite step at batch 1 took 1.7 ms for 1.6
  * GB; at 8 rows cuBLASLt stays ahead). A block owns a few weight rows, its
  * warps split K with 16-byte loads, fp32 accumulation; the epilogue
- * applies alpha and the bias.
+ * applies alpha and the bias. With act silu_mul (pass
+ * fuse_silu_mul_linear) x is [T, 2K], gate then up: the kernel computes
+ * silu(gate) * up while it loads x, rounded as the silu_mul result was
+ * stored; a GEMM bucket runs the silu_mul kernel into scratch first.
  *
  * Larger buckets are one cuBLASLt step. cuBLASLt is column-major: row-major
  * y is C (m = N, n = T, ldc = N); row-major w [N, K] is a K x N column-major
@@ -14,6 +17,7 @@
  * MOEC_GEMV_MAX_T (0 to 16) moves the boundary, for comparisons. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "codegen/cg.h"
 #include "codegen/fp8_tc.h"
@@ -68,7 +72,19 @@ static const char GEMV_BODY[] =
     "#pragma unroll\n"
     "        for (int t = 0; t < T; t++) {\n"
     "            float xv[VE];\n"
-    "            ldv<VE>(x + (long long)t * K + k, xv);\n"
+    "            if constexpr (ACT) {\n"
+    "                /* silu(gate) * up, rounded as the silu_mul result was stored */\n"
+    "                float uv[VE];\n"
+    "                ldv<VE>(x + (long long)t * 2 * K + k, xv);\n"
+    "                ldv<VE>(x + (long long)t * 2 * K + K + k, uv);\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < VE; j++) {\n"
+    "                    TH hq;\n"
+    "                    st(&hq, xv[j] / (1.0f + expf(-xv[j])) * uv[j]);\n"
+    "                    xv[j] = ld(&hq);\n"
+    "                }\n"
+    "            } else\n"
+    "                ldv<VE>(x + (long long)t * K + k, xv);\n"
     "#pragma unroll\n"
     "            for (int r = 0; r < RB; r++)\n"
     "                if (N % RB == 0 || n0 + r < N)\n"
@@ -165,14 +181,19 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     ir_dtype dw = cg_storage(c, w), dx = cg_storage(c, x), dy = cg_storage(c, y);
     ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
+    /* act silu_mul: rows of 2K, h rounded to the compute dtype's storage */
+    int act = ir_op_attr(op, "act") != NULL;
+    ir_dtype dh = c->opt->compute_dtype;
     int fp8 = dw == IR_DTYPE_F8E4M3;
     int ve = fp8 ? fp8_vec_width(K, w->scale.block[1], 16) : cg_vec_width(K);
     int rb = gemv_rows_per_block(N, fp8, tg);
-    char name[300], tag[40], decl[400], io[80];
+    char name[300], tag[40], decl[400], io[80], silu[32] = "";
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
-    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d_%s_%s", (long long)N,
-             (long long)K, rb, tg, ir_dtype_name(dw), io);
+    if (act)
+        snprintf(silu, sizeof silu, "_silu_%s", ir_dtype_name(dh));
+    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d%s_%s_%s", (long long)N,
+             (long long)K, rb, tg, silu, ir_dtype_name(dw), io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -185,13 +206,15 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "const %s *__restrict__ w, %sconst %s *__restrict__ bias, float alpha, "
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
+                      "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
                       "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s;\n%s%s}\n\n",
+                      "    constexpr bool HAS_BIAS = %s, ACT = %s;\n%s%s}\n\n",
                       GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
-                      cg_ctype(dw), (long long)N, (long long)K, tg, ve, rb, GEMV_WARPS,
-                      bias ? "true" : "false", decl, GEMV_BODY);
+                      cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb,
+                      GEMV_WARPS, bias ? "true" : "false", act ? "true" : "false", decl,
+                      GEMV_BODY);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
@@ -200,7 +223,7 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     s->block[0] = GEMV_WARPS * 32;
     int n = 0;
     s->args[n] = cg_arg_act(x);
-    s->args[n++].i = (int64_t)t0 * K * (int64_t)ir_dtype_size(dx);
+    s->args[n++].i = (int64_t)t0 * (act ? 2 : 1) * K * (int64_t)ir_dtype_size(dx);
     s->args[n++] = cg_arg_act(w);
     if (fp8)
         s->args[n++] = cg_arg_scales(w);
@@ -384,6 +407,16 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: fp8 weight %%%s has no block scales",
                         op->out[0]->name, w->name);
     int mode = c->opt->fp8_kernel;
+    if (ir_op_attr(op, "act")) {
+        /* the other fp8 kernels read x as the op's input (the pass never
+           fuses an fp8 weight) */
+        if (c->T > gemv_max || mode == CG_FP8_TC)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "linear %%%s: act silu_mul with fp8 weight %%%s at %d tokens (the "
+                            "few-token kernel only, up to %d)",
+                            op->out[0]->name, w->name, c->T, mode == CG_FP8_TC ? 0 : gemv_max);
+        return emit_gemv(c, op, N, K, alpha, 0, c->T);
+    }
     if (c->T <= gemv_max && mode != CG_FP8_TC)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
     if (mode != CG_FP8_OLD && cg_fp8_tc_linear_fits(c, op)) {
@@ -406,12 +439,17 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
 {
     const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
+    const char *act = ir_op_attr_str(op, "act", NULL);
+    if (act && strcmp(act, "silu_mul"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: act \"%s\" is not \"silu_mul\"",
+                        y->name, act);
     if (x->type.rank != 2 || w->type.rank != 2 || w->type.dims[0] == IR_DIM_T ||
-        x->type.dims[1] != w->type.dims[1] || y->type.rank != 2 ||
+        x->type.dims[1] != (act ? 2 : 1) * w->type.dims[1] || y->type.rank != 2 ||
         y->type.dims[1] != w->type.dims[0] ||
         (bias && ir_type_numel(&bias->type, 1) != w->type.dims[0]))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "linear %%%s: wants x [T, K], w [N, K], b [N] and a result [T, N]",
+                        "linear %%%s: wants x [T, K] ([T, 2K] with act), w [N, K], b [N] and a "
+                        "result [T, N]",
                         y->name);
     int64_t N = w->type.dims[0], K = w->type.dims[1];
     double alpha = num_attr(op, "alpha", 1.0);
@@ -440,6 +478,18 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
     if (c->T <= gemv_max && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
+    /* act: silu_mul into scratch (the compute dtype, as its result was
+       stored), the GEMM's input */
+    ir_arg xb = cg_arg_act(x);
+    if (act) {
+        db = c->opt->compute_dtype;
+        if (da != db)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "linear %%%s: weight %%%s is stored %s but silu_mul's result %s",
+                            y->name, w->name, ir_dtype_name(da), ir_dtype_name(db));
+        xb = cg_arg_scratch(cg_scratch(c, (size_t)c->T * (size_t)K * ir_dtype_size(db)));
+        MOEC_TRY(cg_emit_silu_mul(c, op, x, K, db, xb));
+    }
     ir_step *s = cg_step(c, IR_STEP_GEMM, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
@@ -458,7 +508,7 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
     g->type_c = dc;
     g->alpha = (float)alpha;
     g->a = cg_arg_act(w);
-    g->b = cg_arg_act(x);
+    g->b = xb;
     g->c = cg_arg_act(y);
     if (bias) {
         ir_dtype dbias = cg_storage(c, bias);

@@ -4,7 +4,9 @@
  * rows, with the expert of each block and the number of blocks used; (2)
  * gate_up: for each block and a tile of I, silu(gate x) * up x into h
  * [T*K, I] (f32 scratch); (3) down: y[slot] = scale * w[t,k] * down_e h[slot]
- * (f32 scratch); (4) sum over k into the result [T, H]. Each expert's weights
+ * (f32 scratch; the result itself when unsummed); (4) sum over k into the
+ * result [T, H] (none when unsummed: the add_rms_norm that reads the
+ * result sums it, pass fuse_moe_sum). Each expert's weights
  * are thus read once per block of BM of its tokens, not once per token.
  *
  * The GEMMs stream weight rows with 16-byte loads, one warp per few rows,
@@ -53,7 +55,7 @@
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
 
-static const char ALIGN_BODY[] =
+const char CG_MOE_ALIGN_BODY[] =
     "    constexpr int N = T * K;\n"
     "    __shared__ int cnt[E], off[E], fill[E];\n"
     "    const int tid = threadIdx.x, lane = tid & 31;\n"
@@ -643,7 +645,7 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
     if (d->w) {
         s->args[n++] = cg_arg_act(d->w);
         s->args[n++] = cg_arg_f32(d->scale);
-        s->args[n++] = cg_arg_scratch(l->off_y);
+        s->args[n++] = d->unsummed ? cg_arg_act(d->out) : cg_arg_scratch(l->off_y);
     } else {
         s->args[n++] = cg_arg_act(d->out);
     }
@@ -821,41 +823,17 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     return MOEC_OK;
 }
 
-moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
+/* The expert blocks of d's bucket: rows per block, the tensor-core forms
+ * (mma: CUDA-core GEMM bodies on tensor cores; tc: the staged fp8 kernels
+ * of codegen/fp8_tc.c) and the blocks' count (an upper bound: the align
+ * kernel writes the count used). */
+static void moe_blocks(const cg_ctx *c, const cg_moe_desc *d, int *bm_out, int *mma_out,
+                       int *tc_out, long long *nb_out)
 {
-    const char *opname = ir_op_name(d->op->kind), *who = d->out->name;
-    const ir_type *tx = &d->x->type, *ti = &d->ids->type, *tg = &d->gate->type,
-                  *td = &d->down->type;
-    if (tx->rank != 2 || ti->rank != 2 || tg->rank != 3 || td->rank != 3)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: wants x [T, H], ids [T, K], gate_up [E, 2I, H] (or gate and up "
-                        "[E, I, H]), down [E, H, I]",
-                        opname, who);
-    long long H = tx->dims[1], K = ti->dims[1], E = td->dims[0], I = td->dims[2];
-    int fused = d->up == NULL;
-    if (td->dims[1] != H || tg->dims[0] != E || tg->dims[1] != (fused ? 2 * I : I) ||
-        tg->dims[2] != H || (!fused && !ir_type_equal(&d->up->type, tg)) || K < 1 || E < 1 ||
-        H < 1 || I < 1)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: expert weights do not agree with x [T, %lld] and down [E, H, I]",
-                        opname, who, H);
-    if (d->w && (d->w->type.rank != 2 || d->w->type.dims[1] != K))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: weights %%%s must be [T, %lld]", opname,
-                        who, d->w->name, K);
-    if (cg_storage(c, d->ids) != IR_DTYPE_I32)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: ids %%%s must be i32", opname, who,
-                        d->ids->name);
-    ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate), odt = cg_storage(c, d->out);
-    if (!fused && (cg_storage(c, d->up) != gdt ||
-                   d->up->scale.block[0] != d->gate->scale.block[0] ||
-                   d->up->scale.block[1] != d->gate->scale.block[1]))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: gate and up must be stored alike (dtype and scale blocks)",
-                        opname, who);
-    if (E > 8192)
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: %lld experts (at most 8192)", opname, who,
-                        E);
-    int T = c->T;
+    long long H = d->x->type.dims[1], K = d->ids->type.dims[1], E = d->down->type.dims[0],
+              I = d->down->type.dims[2];
+    int fused = d->up == NULL, T = c->T;
+    ir_dtype xdt = cg_storage(c, d->x);
     long long N = (long long)T * K;
     int bm = rows_per_block(T, K, E);
     /* tensor cores for bf16 once CUDA-core blocks would hold four or more
@@ -881,6 +859,51 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         bm = tc_bm;
         mma = 0;
     }
+    long long nnz = N < E ? N : E;
+    *nb_out = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
+    *bm_out = bm;
+    *mma_out = mma;
+    *tc_out = tc;
+}
+
+moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
+{
+    const char *opname = ir_op_name(d->op->kind), *who = d->out->name;
+    const ir_type *tx = &d->x->type, *ti = &d->ids->type, *tg = &d->gate->type,
+                  *td = &d->down->type;
+    if (tx->rank != 2 || ti->rank != 2 || tg->rank != 3 || td->rank != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: wants x [T, H], ids [T, K], gate_up [E, 2I, H] (or gate and up "
+                        "[E, I, H]), down [E, H, I]",
+                        opname, who);
+    long long H = tx->dims[1], K = ti->dims[1], E = td->dims[0], I = td->dims[2];
+    int fused = d->up == NULL;
+    if (td->dims[1] != H || tg->dims[0] != E || tg->dims[1] != (fused ? 2 * I : I) ||
+        tg->dims[2] != H || (!fused && !ir_type_equal(&d->up->type, tg)) || K < 1 || E < 1 ||
+        H < 1 || I < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: expert weights do not agree with x [T, %lld] and down [E, H, I]",
+                        opname, who, H);
+    if (d->w && (d->w->type.rank != 2 || d->w->type.dims[1] != K))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: weights %%%s must be [T, %lld]", opname,
+                        who, d->w->name, K);
+    if (cg_storage(c, d->ids) != IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s %%%s: ids %%%s must be i32", opname, who,
+                        d->ids->name);
+    ir_dtype gdt = cg_storage(c, d->gate), odt = cg_storage(c, d->out);
+    if (!fused && (cg_storage(c, d->up) != gdt ||
+                   d->up->scale.block[0] != d->gate->scale.block[0] ||
+                   d->up->scale.block[1] != d->gate->scale.block[1]))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s %%%s: gate and up must be stored alike (dtype and scale blocks)",
+                        opname, who);
+    if (E > 8192)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: %lld experts (at most 8192)", opname, who,
+                        E);
+    int bm, mma, tc;
+    long long nb;
+    moe_blocks(c, d, &bm, &mma, &tc, &nb);
+    long long N = (long long)c->T * K;
     /* the streaming form for the CUDA-core GEMMs of small blocks, each
        GEMM where its rows come in whole 16-byte vectors */
     int gv = !mma && !tc && cg_env_int("MOEC_MOE_GEMV", 1, 0, 1) &&
@@ -890,58 +913,72 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         form_gu = FORM_GV;
     if (gv && gv_weight_ok(c, d->down, I))
         form_dn = FORM_GV;
-    long long nnz = N < E ? N : E;
-    long long nb = (N + (long long)(bm - 1) * nnz + bm - 1) / bm;
 
-    size_t off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
-    size_t off_blk = cg_scratch(c, (size_t)nb * 4);
-    size_t off_used = cg_scratch(c, 4);
+    /* the moe_topk before this op aligned the slots already (it reserved
+       their scratch; h and y go past it) */
+    int aligned = c->moe_aligned == d->op->id + 1;
+    size_t off_sorted, off_blk, off_used;
+    if (aligned) {
+        off_sorted = c->moe_align_off[0];
+        off_blk = c->moe_align_off[1];
+        off_used = c->moe_align_off[2];
+        int s = c->stream == 1;
+        if (c->scratch_cur[s] < c->moe_align_off[3])
+            c->scratch_cur[s] = c->moe_align_off[3];
+        c->moe_aligned = 0;
+    } else {
+        off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
+        off_blk = cg_scratch(c, (size_t)nb * 4);
+        off_used = cg_scratch(c, 4);
+    }
     /* h: f32, bf16 for the staged kernels (which would round it to bf16 for
        their products anyway) */
     size_t off_h = cg_scratch(c, (size_t)(N * I) * (tc ? 2 : 4));
-    size_t off_y = d->w ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
+    size_t off_y = d->w && !d->unsummed ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
     cg_moe_layout lay = {.H = H, .K = K, .E = E, .I = I, .nb = nb, .bm = bm, .fused = fused,
                          .off_sorted = off_sorted, .off_blk = off_blk, .off_used = off_used,
                          .off_h = off_h, .off_y = off_y};
     char name[200];
     int is_new = 0;
-
-    /* (1) align */
-    /* an expert-parallel rank holds experts e0 .. e0 + E - 1 of the ids */
     long long e0 = d->e0;
     char shard[32] = "";
     if (e0)
         snprintf(shard, sizeof shard, "_s%lld", e0);
-    snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d", E, shard, K, bm, T);
-    int k1 = cg_kernel(c, name, &is_new);
-    if (k1 < 0)
-        return oom(d);
-    if (is_new) {
-        moec_buf_printf(&c->src,
-                      "// %s: align, slots sorted by expert and padded to blocks of BM "
-                      "(codegen/moe_routed.c, cg_moe_emit)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
-                      "ids, int *__restrict__ sorted, int *__restrict__ blk_expert, int *__restrict__ "
-                      "n_used)\n{\n"
-                      "    constexpr int E = %lld, E0 = %lld, K = %lld, T = %d, BM = %d, NB = %lld, "
-                      "NT = %d;\n",
-                      opname, ALIGN_THREADS, name, E, e0, K, T, bm, nb, ALIGN_THREADS);
-        moec_buf_printf(&c->src, "%s}\n\n", ALIGN_BODY);
+    int T = c->T;
+    if (!aligned) {
+        /* (1) align */
+        snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d", E, shard, K, bm, T);
+        int k1 = cg_kernel(c, name, &is_new);
+        if (k1 < 0)
+            return oom(d);
+        if (is_new) {
+            moec_buf_printf(&c->src,
+                          "// %s: align, slots sorted by expert and padded to blocks of BM "
+                          "(codegen/moe_routed.c, cg_moe_emit)\n"
+                          "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
+                          "ids, int *__restrict__ sorted, int *__restrict__ blk_expert, int *__restrict__ "
+                          "n_used)\n{\n"
+                          "    constexpr int E = %lld, E0 = %lld, K = %lld, T = %d, BM = %d, NB = %lld, "
+                          "NT = %d;\n",
+                          opname, ALIGN_THREADS, name, E, e0, K, T, bm, nb, ALIGN_THREADS);
+            moec_buf_printf(&c->src, "%s}\n\n", CG_MOE_ALIGN_BODY);
+        }
+        ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+        if (!s)
+            return oom(d);
+        s->kernel = k1;
+        s->block[0] = ALIGN_THREADS;
+        s->n_args = 4;
+        s->args[0] = cg_arg_act(d->ids);
+        s->args[1] = cg_arg_scratch(off_sorted);
+        s->args[2] = cg_arg_scratch(off_blk);
+        s->args[3] = cg_arg_scratch(off_used);
     }
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
-    if (!s)
-        return oom(d);
-    s->kernel = k1;
-    s->block[0] = ALIGN_THREADS;
-    s->n_args = 4;
-    s->args[0] = cg_arg_act(d->ids);
-    s->args[1] = cg_arg_scratch(off_sorted);
-    s->args[2] = cg_arg_scratch(off_blk);
-    s->args[3] = cg_arg_scratch(off_used);
     /* (2) gate_up with silu_mul, (3) down */
     MOEC_TRY(tc ? cg_fp8_tc_moe_gate_up(c, d, &lay) : emit_gate_up(c, d, &lay, form_gu));
     MOEC_TRY(tc ? cg_fp8_tc_moe_down(c, d, &lay) : emit_down(c, d, &lay, form_dn));
-    if (!d->w)
+    /* unsummed: the add_rms_norm that reads the result sums it */
+    if (!d->w || d->unsummed)
         return MOEC_OK;
 
     /* (4) sum over k */
@@ -961,7 +998,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                       opname, SUM_THREADS, name, cg_ctype(odt), E, e0, K, H, ve, SUM_THREADS);
         moec_buf_printf(&c->src, "%s}\n\n", SUM_BODY);
     }
-    s = cg_step(c, IR_STEP_KERNEL, d->op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
     s->kernel = k4;
@@ -975,11 +1012,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     return MOEC_OK;
 }
 
-moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)
+static cg_moe_desc routed_desc(const ir_op *op)
 {
-    if (op->n_in != 5 && op->n_in != 6)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_routed %%%s: %d operands (5 or 6)",
-                        op->out[0]->name, op->n_in);
     cg_moe_desc d = {
         .op = op,
         .x = op->in[0],
@@ -991,6 +1025,43 @@ moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)
         .out = op->out[0],
         .scale = ir_op_attr_float(op, "scale", 1.0),
         .e0 = ir_op_attr_int(op, "expert_start", 0),
+        .unsummed = ir_op_attr_int(op, "unsummed", 0) != 0,
     };
+    return d;
+}
+
+const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb)
+{
+    const ir_module *m = c->m;
+    if (c->T > CG_MOE_TOPK_ALIGN_MAX_T || topk->kind != IR_OP_MOE_TOPK || topk->n_out != 2 ||
+        !cg_env_int("MOEC_MOE_TOPK_ALIGN", 1, 0, 1))
+        return NULL;
+    const ir_op *r = ir_module_single_user(m, topk->out[0]);
+    if (!r || r->kind != IR_OP_MOE_ROUTED || (r->n_in != 5 && r->n_in != 6) ||
+        ir_module_single_user(m, topk->out[1]) != r || r->in[1] != topk->out[0] ||
+        r->in[2] != topk->out[1] || r->stream != topk->stream || r->id <= topk->id)
+        return NULL;
+    /* nothing between them on their stream uses its scratch */
+    for (int k = topk->id + 1; k < r->id; k++)
+        if (m->ops[k]->stream == topk->stream)
+            return NULL;
+    cg_moe_desc d = routed_desc(r);
+    if (d.e0 != 0 || d.down->type.rank != 3 || d.x->type.rank != 2 || d.ids->type.rank != 2 ||
+        d.down->type.dims[0] != topk->in[0]->type.dims[1])
+        return NULL;
+    int mma, tc;
+    moe_blocks(c, &d, bm, &mma, &tc, nb);
+    return r;
+}
+
+moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)
+{
+    if (op->n_in != 5 && op->n_in != 6)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_routed %%%s: %d operands (5 or 6)",
+                        op->out[0]->name, op->n_in);
+    cg_moe_desc d = routed_desc(op);
+    if (d.unsummed && cg_storage(c, d.out) != IR_DTYPE_F32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moe_routed %%%s: unsummed, but stored as %s, not f32",
+                        d.out->name, ir_dtype_name(cg_storage(c, d.out)));
     return cg_moe_emit(c, &d);
 }

@@ -8,16 +8,37 @@
 
 /* One MoE expert computation: x [T, H], ids i32[T, K], gate_up [E, 2I, H]
  * (up NULL) or gate and up [E, I, H], down [E, H, I]. With w (f32[T, K])
- * the result is [T, H]: sum_k scale * w[t,k] * expert output; without, it
- * is [T, K, H], the expert outputs themselves. */
+ * the result is [T, H]: sum_k scale * w[t,k] * expert output (unsummed:
+ * [T, K, H], each slot's scale * w[t,k] * expert output); without, it is
+ * [T, K, H], the expert outputs themselves. */
 typedef struct cg_moe_desc {
     const ir_op *op;
     const ir_value *x, *ids, *w, *gate, *up, *down, *out;
     double scale;
     int64_t e0; /* the first expert of the weights (expert parallel; ids are global) */
+    int unsummed; /* routed: out is [T, K, H], the weighted outputs unsummed */
 } cg_moe_desc;
 
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
+
+/* Buckets up to this many tokens align a moe_routed's slots in the kernel
+ * of the moe_topk before it (codegen/moe_topk.c). */
+#define CG_MOE_TOPK_ALIGN_MAX_T 8
+
+/* The moe_routed that moe_topk op `topk` can align the slots of in its own
+ * kernel, NULL if none: the bucket has at most CG_MOE_TOPK_ALIGN_MAX_T
+ * tokens, that op alone reads the ids and weights, it follows topk on its
+ * stream with nothing of that stream between them, and its weights hold
+ * every expert (and MOEC_MOE_TOPK_ALIGN is not 0, for comparisons). Its
+ * rows per expert block and block count in *bm, *nb.
+ * The moe_topk reserves the three scratch arrays (sorted slots, block
+ * experts, count used) and records them in c (moe_aligned,
+ * moe_align_off); that moe_routed then launches no align kernel. */
+const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb);
+
+/* The align kernel's body (sorted, blk_expert, n_used from ids): constants
+ * E, E0, K, T, BM, NB and NT (threads) in scope. */
+extern const char CG_MOE_ALIGN_BODY[];
 
 /* What cg_moe_emit's steps share: the shapes, the expert blocks (nb of
  * bm slots) and the scratch offsets of the sorted slots, the blocks'
@@ -32,7 +53,7 @@ typedef struct cg_moe_layout {
  * scales, the sorted slots, the blocks' experts, the count used, h) and the
  * down step's (h, down, with `scales` its block scales, the sorted slots,
  * the blocks' experts, the count used, then the router weights, the scale
- * and y when routed, else the result). */
+ * and y (the result when unsummed) when routed, else the result). */
 void cg_moe_gate_up_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
 void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
 

@@ -5,11 +5,18 @@
  * renormalisation (+1e-20) and scaling. One warp per token: E is at most a
  * few hundred, so a token's scores sit in shared memory and every
  * selection is a warp arg-max. E, K and the grouping are literals; the
- * scaling factor is an argument (layers share the kernel). */
+ * scaling factor is an argument (layers share the kernel).
+ *
+ * In buckets of up to 8 tokens, where its ids and weights feed only the
+ * moe_routed after it (cg_moe_topk_routed), the kernel is one block of a
+ * warp per token that, once every token has chosen, also sorts the slots
+ * by expert into that op's blocks (codegen/moe_routed.c's align body):
+ * one launch instead of two. */
 #include <stdio.h>
 #include <string.h>
 
 #include "codegen/cg.h"
+#include "codegen/moe_routed.h"
 #include "err.h"
 
 static const char TOPK_BODY[] =
@@ -164,9 +171,20 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "moe_topk %%%s: %lld experts do not fit shared memory",
                         who, E);
     ir_dtype bdt = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    char name[160];
-    snprintf(name, sizeof name, "moe_topk_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", E, K,
-             softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
+    /* the moe_routed after it aligned here: a warp per token in one block,
+       and the align's counts (3 ints per expert) beside them */
+    int bm = 0;
+    long long nb = 0;
+    const ir_op *routed = cg_moe_topk_routed(c, op, &bm, &nb);
+    if (routed && per_warp * c->T + 12 * E > 40 * 1024)
+        routed = NULL;
+    if (routed)
+        nw = c->T;
+    char name[200], align[48] = "";
+    if (routed)
+        snprintf(align, sizeof align, "_align_bm%d", bm);
+    snprintf(name, sizeof name, "moe_topk%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align, E,
+             K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -174,15 +192,20 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
     if (is_new) {
         moec_buf_printf(&c->src,
-                      "// moe_topk: router scores and grouped top-k, one warp per token "
+                      "// moe_topk: router scores and grouped top-k, one warp per token%s "
                       "(codegen/moe_topk.c, cg_emit_moe_topk)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
                       "logits, ",
+                      routed ? ", then the slots aligned for the moe_routed after it" : "",
                       nw * 32, name);
         if (bias)
             moec_buf_printf(&c->src, "const %s *__restrict__ bias, ", cg_ctype(bdt));
+        moec_buf_printf(&c->src, "int *__restrict__ ids, float *__restrict__ wts, float scaling%s",
+                      routed ? ", int *__restrict__ sorted, int *__restrict__ blk_expert, "
+                               "int *__restrict__ n_used"
+                             : "");
         moec_buf_printf(&c->src,
-                      "int *__restrict__ ids, float *__restrict__ wts, float scaling)\n{\n"
+                      ")\n{\n"
                       "    constexpr int E = %lld, K = %lld, NG = %lld, TG = %lld, GS = E / NG, T = %d, "
                       "NW = %d;\n"
                       "    constexpr bool SOFTMAX = %s, TOP2 = %s, NORM = %s, HAS_BIAS = %s;\n",
@@ -190,7 +213,18 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                       norm ? "true" : "false", bias ? "true" : "false");
         if (!bias)
             moec_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
-        moec_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
+        if (!routed)
+            moec_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
+        else /* every warp is a token (no early return): then the align */
+            moec_buf_printf(&c->src,
+                          "    {\n%s    }\n"
+                          "    __syncthreads();\n"
+                          "    {\n"
+                          "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
+                          "        constexpr long long NB = %lldLL;\n"
+                          "%s    }\n"
+                          "}\n\n",
+                          TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -205,6 +239,17 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     s->args[n++] = cg_arg_act(op->out[0]);
     s->args[n++] = cg_arg_act(op->out[1]);
     s->args[n++] = cg_arg_f32(ir_op_attr_float(op, "scaling", 1.0));
+    if (routed) {
+        /* the moe_routed's sorted slots, block experts and count used, in
+           its order (codegen/moe_routed.c) */
+        c->moe_aligned = routed->id + 1;
+        c->moe_align_off[0] = cg_scratch(c, (size_t)(nb * bm) * 4);
+        c->moe_align_off[1] = cg_scratch(c, (size_t)nb * 4);
+        c->moe_align_off[2] = cg_scratch(c, 4);
+        c->moe_align_off[3] = c->scratch_cur[c->stream == 1];
+        for (int i = 0; i < 3; i++)
+            s->args[n++] = cg_arg_scratch(c->moe_align_off[i]);
+    }
     s->n_args = n;
     return MOEC_OK;
 }

@@ -48,6 +48,13 @@ static const pass_info PIPELINE[] = {
     /* The add of the routed and the shared experts' outputs goes into the
      * residual add_rms_norm after it (after assign_streams: it reads the join). */
     {"fuse_add3_rms_norm", pass_fuse_add3_rms_norm, "the expert sum in the residual add_rms_norm"},
+    /* The routed experts' sum over k goes into that add_rms_norm too: it
+     * reads the K weighted expert outputs of its row itself (one launch
+     * less per MoE layer). */
+    {"fuse_moe_sum", pass_fuse_moe_sum, "the routed experts' sum over k in the add_rms_norm"},
+    /* The shared expert's silu_mul goes into its down projection, whose
+     * few-token kernel computes it while loading its input. */
+    {"fuse_silu_mul_linear", pass_fuse_silu_mul_linear, "silu_mul in the linear that reads it"},
     /* Liveness-based offsets for every activation in one arena per bucket. */
     {"plan_memory", pass_plan_memory, "activation offsets in one arena"},
 };

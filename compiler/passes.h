@@ -91,6 +91,8 @@ moec_status pass_fuse_mla_prologue(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_dsa_indexer(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_add3_rms_norm(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_moe_sum(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_silu_mul_linear(ir_module *m, const pass_options *opt);
 moec_status pass_plan_memory(ir_module *m, const pass_options *opt);
 
 #endif

@@ -43,7 +43,7 @@ static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_EMBEDDING] = {"embedding", 2, 2, 1,
                          {{"vocab_start", IR_ATTR_INT, 0}, {"vocab_size", IR_ATTR_INT, 0}}},
     [IR_OP_RMS_NORM] = {"rms_norm", 2, 2, 1, {{"eps", IR_ATTR_FLOAT, 1}}},
-    [IR_OP_LINEAR] = {"linear", 2, 3, 1, {{"alpha", IR_ATTR_FLOAT, 0}}},
+    [IR_OP_LINEAR] = {"linear", 2, 3, 1, {{"alpha", IR_ATTR_FLOAT, 0}, {"act", IR_ATTR_STR, 0}}},
     [IR_OP_RESHAPE] = {"reshape", 1, 1, 1, {{0}}},
     [IR_OP_SLICE] = {"slice", 1, 1, 1,
                      {{"axis", IR_ATTR_INT, 1}, {"start", IR_ATTR_INT, 1}, {"size", IR_ATTR_INT, 1}}},
@@ -70,7 +70,8 @@ static const op_info OPS[IR_OP_COUNT] = {
     [IR_OP_MOE_ROUTED] = {"moe_routed", 5, 6, 1,
                           {{"scale", IR_ATTR_FLOAT, 0},
                            {"expert_start", IR_ATTR_INT, 0},
-                           {"n_experts", IR_ATTR_INT, 0}}},
+                           {"n_experts", IR_ATTR_INT, 0},
+                           {"unsummed", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_QABSORB] = {"mla_qabsorb", 2, 2, 1,
                            {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
     [IR_OP_MLA_ATTENTION] = {"mla_attention", 5, 6, 1,
@@ -457,9 +458,17 @@ static moec_status infer_linear(infer_ctx *c, ir_type *out)
     const ir_value *x = c->op->in[0], *w = c->op->in[1];
     MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
     MOEC_TRY(need_matrix(c, w, "weight", 2));
-    if (w->type.dims[1] != x->type.dims[1])
-        return fail(c, "weight %%%s has %" PRId64 " columns, input has %" PRId64, vname(w),
-                    w->type.dims[1], x->type.dims[1]);
+    /* act = "silu_mul": x holds gate then up, [T, 2K] */
+    const char *act = ir_op_attr_str(c->op, "act", NULL);
+    if (act && strcmp(act, "silu_mul"))
+        return fail(c, "act \"%s\" is not \"silu_mul\"", act);
+    int64_t kx = act ? x->type.dims[1] / 2 : x->type.dims[1];
+    if (act && x->type.dims[1] % 2)
+        return fail(c, "act \"silu_mul\" wants an even input width (gate, then up), got %" PRId64,
+                    x->type.dims[1]);
+    if (w->type.dims[1] != kx)
+        return fail(c, "weight %%%s has %" PRId64 " columns, input has %" PRId64 "%s", vname(w),
+                    w->type.dims[1], kx, act ? " after silu_mul" : "");
     if (c->op->n_in == 3) {
         const ir_value *b = c->op->in[2];
         MOEC_TRY(need_static(c, b, "bias", 1));
@@ -835,7 +844,17 @@ static moec_status infer_moe_routed(infer_ctx *c, ir_type *out)
         return fail(c, "%" PRId64 " experts from expert_start %" PRId64
                        " do not fit n_experts %" PRId64,
                     E, e0, ne);
-    out[0] = type_make(IR_DTYPE_F32, 2, IR_DIM_T, H, 0);
+    /* unsummed: the K weighted expert outputs of each token, for the
+     * add_rms_norm that sums them (fuse_moe_sum); every expert held */
+    int64_t uns = ir_op_attr_int(op, "unsummed", 0);
+    if (uns != 0 && uns != 1)
+        return fail(c, "unsummed %" PRId64 " must be 0 or 1", uns);
+    if (uns && (e0 != 0 || ne != E))
+        return fail(c, "unsummed with experts %" PRId64 " .. %" PRId64 " of %" PRId64
+                       ": the weights must hold every expert",
+                    e0, e0 + E - 1, ne);
+    out[0] = uns ? type_make(IR_DTYPE_F32, 3, IR_DIM_T, K, H)
+                 : type_make(IR_DTYPE_F32, 2, IR_DIM_T, H, 0);
     return MOEC_OK;
 }
 
@@ -916,10 +935,11 @@ static moec_status infer_add_rms_norm(infer_ctx *c, ir_type *out)
 {
     const ir_value *a = c->op->in[0], *b = c->op->in[1], *w = c->op->in[2];
     MOEC_TRY(need_act(c, a, "a", 2, 2, 1));
-    MOEC_TRY(need_act(c, b, "b", 2, 2, 1));
+    /* b may be [T, K, D]: summed over K first (an unsummed moe_routed's) */
+    MOEC_TRY(need_act(c, b, "b", 2, 3, 1));
     MOEC_TRY(need_static(c, w, "weight", 1));
     int64_t d = a->type.dims[1];
-    if (b->type.dims[1] != d)
+    if (b->type.dims[b->type.rank - 1] != d)
         return fail(c, "b %%%s (%s) and a %%%s (%s) differ in width", vname(b),
                     tfmt(&b->type).s, vname(a), tfmt(&a->type).s);
     if (c->op->n_in == 4) {

@@ -83,6 +83,11 @@ ir_dtype ir_value_storage_dtype(const ir_module *m, const ir_value *v, ir_dtype 
     for (int i = 0; i < m->n_outputs; i++)
         if (m->outputs[i] == v)
             return IR_DTYPE_F32;
+    /* an unsummed moe_routed's K weighted expert outputs stay fp32 until
+     * the add_rms_norm that sums them, as the sum's own scratch was */
+    if (v->kind == IR_VALUE_OP && v->def && v->def->kind == IR_OP_MOE_ROUTED &&
+        ir_op_attr_int(v->def, "unsummed", 0))
+        return IR_DTYPE_F32;
     /* a collective moves bytes as they are: its operand is stored like its
      * result (the vocab-parallel logits gathered into the f32 output) */
     for (int k = 0; k < m->n_ops; k++) {

@@ -157,7 +157,8 @@ moec_status ir_buckets_check(const int *buckets, int n);
 const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n);
 
 /* How each activation is stored on the GPU: i32 values as i32; moe_topk's
- * operands and results and the module outputs in f32; a collective's
+ * operands and results, an unsummed moe_routed's result and the module
+ * outputs in f32; a collective's
  * operand like its result; every other activation in the compute dtype.
  * Weights: their IR dtype if f32 or f8e4m3 (block-scaled fp8, read as fp8
  * by the kernels), else the compute dtype (a float weight with a

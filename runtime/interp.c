@@ -53,6 +53,32 @@ struct rt_interp {
     ir_module **owned;    /* rank 0 of a group: the modules it frees */
 };
 
+static void round_floats(float *x, int64_t n, ir_dtype dt);
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* A fused op's intermediate (the silu_mul it folds in, the routed sum)
+ * rounded as the op it replaces rounds its result under
+ * rt_interp_round_storage: to round_dt unless that op's kind is skipped. */
+static void round_as(const rt_interp *in, ir_op_kind replaced, float *x, int64_t n)
+{
+    if (in->round_dt != IR_DTYPE_F32 && !(in->round_skip >> replaced & 1))
+        round_floats(x, n, in->round_dt);
+}
+
+/* y[o, j] = the sum over k of x[o, k, j] (x [outer, n, inner]), in double in
+ * k order, then fp32: reduce_sum's sum, and moe_routed's over its experts. */
+static void sum_middle(const float *x, float *y, int64_t outer, int64_t n, int64_t inner)
+{
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < inner; j++) {
+            double acc = 0;
+            for (int64_t k = 0; k < n; k++)
+                acc += x[(o * n + k) * inner + j];
+            y[o * inner + j] = (float)acc;
+        }
+}
+
 /* ---- shapes and buffers --------------------------------------------------- */
 
 /* The dims of v for T tokens (the symbolic dim replaced by T); returns rank. */
@@ -197,16 +223,21 @@ static moec_status op_rms_norm(rt_interp *in, const ir_op *op, int T)
 
 /* sum = a + alpha * b (rounded to fp32, as add leaves it), then normed =
  * rms_norm(sum, w): bit for bit the add and the rms_norm it replaces. With
- * a second addend c, b + c first (rounded to fp32): add(b, c), then that. */
+ * a second addend c, b + c first (rounded to fp32): add(b, c), then that.
+ * A b of [T, K, D] (an unsummed moe_routed's) is first summed over K as
+ * moe_routed sums (in double, in k order, then fp32) and rounded as its
+ * summed result was stored. */
 static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
 {
     double eps;
     MOEC_TRY(attr_num_req(op, "eps", &eps));
-    int64_t d[IR_MAX_RANK];
+    int64_t d[IR_MAX_RANK], db[IR_MAX_RANK];
     if (shape_of(op->in[0], T, d) != 2)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: add_rms_norm wants a [T, D]", op_name(op));
     int64_t rows = d[0], D = d[1];
-    if (numel_of(op->in[1], T) != rows * D || numel_of(op->in[2], T) != D ||
+    int rb = shape_of(op->in[1], T, db);
+    int64_t kb = rb == 3 ? db[1] : 1;
+    if (numel_of(op->in[1], T) != rows * kb * D || numel_of(op->in[2], T) != D ||
         numel_of(op->out[0], T) != rows * D || numel_of(op->out[1], T) != rows * D)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "%s: add_rms_norm wants b [T, %lld] and weight %s of %lld elements",
@@ -216,12 +247,21 @@ static moec_status op_add_rms_norm(rt_interp *in, const ir_op *op, int T)
                         (long long)D);
     const float *a = fbuf(in, op->in[0]), *b = fbuf(in, op->in[1]);
     const float *c = op->n_in == 4 ? fbuf(in, op->in[3]) : NULL;
-    float *sum = fbuf(in, op->out[0]);
+    float *sum = fbuf(in, op->out[0]), *bsum = NULL;
+    if (rb == 3) {
+        bsum = malloc((size_t)(rows * D) * sizeof(float) + 1);
+        if (!bsum)
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for the sum over k", op_name(op));
+        sum_middle(b, bsum, rows, kb, D);
+        round_as(in, IR_OP_MOE_ROUTED, bsum, rows * D);
+        b = bsum;
+    }
     float alpha = (float)attr_num_or(op, "alpha", 1.0);
     for (int64_t i = 0; i < rows * D; i++) {
         float bc = c ? b[i] + c[i] : b[i]; /* add(b, c), rounded to fp32 */
         sum[i] = a[i] + alpha * bc;
     }
+    free(bsum);
     rms_norm_rows(sum, fbuf(in, op->in[2]), fbuf(in, op->out[1]), rows, D, eps);
     return MOEC_OK;
 }
@@ -270,7 +310,15 @@ static moec_status op_linear(rt_interp *in, const ir_op *op, int T)
 {
     int64_t dx[IR_MAX_RANK], dw[IR_MAX_RANK];
     int rx = shape_of(op->in[0], T, dx), rw = shape_of(op->in[1], T, dw);
-    if (rx != 2 || rw != 2 || dx[1] != dw[1])
+    if (rx != 2 || rw != 2)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: linear wants x [T, K] and w [N, K]",
+                        op_name(op));
+    /* act = "silu_mul": x is [T, 2K], silu_mul(x) rounded as its own
+     * result was stored, then the product */
+    int act = ir_op_attr_str(op, "act", NULL) != NULL;
+    if (rx == 2 && act && dx[1] == 2 * dw[1])
+        dx[1] = dw[1];
+    if (rx == 2 && dx[1] != dw[1])
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: linear wants x [T, K] and w [N, K]",
                         op_name(op));
     int64_t rows = dx[0], K = dx[1], N = dw[0];
@@ -285,6 +333,17 @@ static moec_status op_linear(rt_interp *in, const ir_op *op, int T)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: result must be [T, %lld]", op_name(op),
                         (long long)N);
     const float *x = fbuf(in, op->in[0]), *w = fbuf(in, op->in[1]);
+    float *h = NULL;
+    if (act) {
+        h = malloc((size_t)(rows * K) * sizeof(float) + 1);
+        if (!h)
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: no memory for silu_mul", op_name(op));
+        for (int64_t t = 0; t < rows; t++)
+            for (int64_t k = 0; k < K; k++)
+                h[t * K + k] = silu(x[t * 2 * K + k]) * x[t * 2 * K + K + k];
+        round_as(in, IR_OP_SILU_MUL, h, rows * K);
+        x = h;
+    }
     float *y = fbuf(in, op->out[0]);
     float alpha = (float)attr_num_or(op, "alpha", 1.0);
     for (int64_t t = 0; t < rows; t++) {
@@ -296,6 +355,7 @@ static moec_status op_linear(rt_interp *in, const ir_op *op, int T)
             y[t * N + n] = alpha * (b ? v + b[n] : v);
         }
     }
+    free(h);
     return MOEC_OK;
 }
 
@@ -438,7 +498,6 @@ static moec_status op_binary(rt_interp *in, const ir_op *op, int T)
     return MOEC_OK;
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
 static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* silu and sigmoid. */
@@ -468,15 +527,7 @@ static moec_status op_reduce_sum(rt_interp *in, const ir_op *op, int T)
     if (numel_of(op->out[0], T) != outer * inner)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: reduce_sum result has the wrong shape",
                         op_name(op));
-    const float *x = fbuf(in, op->in[0]);
-    float *y = fbuf(in, op->out[0]);
-    for (int64_t o = 0; o < outer; o++)
-        for (int64_t j = 0; j < inner; j++) {
-            double acc = 0;
-            for (int64_t k = 0; k < n; k++)
-                acc += x[(o * n + k) * inner + j];
-            y[o * inner + j] = (float)acc;
-        }
+    sum_middle(fbuf(in, op->in[0]), fbuf(in, op->out[0]), outer, n, inner);
     return MOEC_OK;
 }
 
@@ -1312,7 +1363,10 @@ static moec_status op_moe_routed(rt_interp *in, const ir_op *op, int T)
     ok = ok && dg[2] == H && (!fused || dg[1] % 2 == 0) && dd[0] == E && dd[1] == H && dd[2] == I;
     if (ok && !fused)
         ok = shape_of(op->in[4], T, du) == 3 && du[0] == E && du[1] == I && du[2] == H;
-    if (!ok || numel_of(op->out[0], T) != (int64_t)T * H)
+    /* unsummed: slot (t, k) holds its weighted expert output, summed by
+     * the add_rms_norm that reads it */
+    int uns = ir_op_attr_int(op, "unsummed", 0) != 0;
+    if (!ok || numel_of(op->out[0], T) != (int64_t)T * H * (uns ? K : 1))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "%s: moe_routed wants x [T, H], ids [T, K], w [T, K], gate_up [E, 2I, H] "
                         "(or gate and up [E, I, H]), down [E, H, I]",
@@ -1362,10 +1416,13 @@ static moec_status op_moe_routed(rt_interp *in, const ir_op *op, int T)
                 g[i] = silu(g[i]) * u[i];
             matvec(wd + (int64_t)e * H * I, g, H, I, eo);
             float coef = scale * wts[t * K + k];
-            for (int64_t h = 0; h < H; h++)
+            for (int64_t h = 0; h < H; h++) {
+                if (uns)
+                    y[(t * K + k) * H + h] = eo[h] * coef;
                 acc[h] += (double)(eo[h] * coef);
+            }
         }
-        for (int64_t h = 0; h < H; h++)
+        for (int64_t h = 0; !uns && h < H; h++)
             y[t * H + h] = (float)acc[h];
     }
     free(g);

@@ -2,8 +2,10 @@
  * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
  * the sparse mla_attention over its selection (and dsa_topk's fast kernels
  * against its legacy ones), the MLA prologue ops with the cache rows they
- * write, and the linears and experts
- * of fp8 weights) run on the GPU against the CPU interpreter, on fresh
+ * write, the linears and experts of fp8 weights, and issue 15's fused
+ * forms: the routed experts unsummed with the add_rms_norm that sums them
+ * and the moe_topk kernel that aligns their slots, the act silu_mul linear)
+ * run on the GPU against the CPU interpreter, on fresh
  * random inputs, at real model shapes (DeepSeek-V2-Lite, DeepSeek-V3,
  * Qwen3-30B-A3B) and odd small ones, in bf16 (tolerance 2e-2) and fp32
  * (1e-4), relative to each row's largest magnitude. fp8 weights are random
@@ -246,12 +248,14 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
 }
 
 /* The ops whose kernels these programs run: the heavy ones, and here the
- * add_rms_norm of km_spec.AN and the absorptions of km_spec.AH too (their
- * buckets of up to 2 tokens: generated kernels, not cuBLASLt). */
+ * add_rms_norm of km_spec.AN, the absorptions of km_spec.AH (their
+ * buckets of up to 2 tokens: generated kernels, not cuBLASLt) and the act
+ * silu_mul linear of km_spec.lact too (a generated kernel in buckets up to
+ * 4 tokens: its cases run only those). */
 static int runs(const ir_op *op)
 {
     return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM || op->kind == IR_OP_MLA_QABSORB ||
-           op->kind == IR_OP_MLA_VABSORB;
+           op->kind == IR_OP_MLA_VABSORB || (op->kind == IR_OP_LINEAR && ir_op_attr(op, "act"));
 }
 
 /* The heavy ops of m and the argmax of its output, for bucket T, added to
@@ -866,7 +870,7 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
     if (s->moe != KM_MOE_NONE) {
         const ir_value *y = val(m, "y");
         int per = (int)ir_type_numel(&y->type, 1), rows = T, n = per;
-        if (s->moe == KM_EXPERTS || s->moe == KM_EXPERTS_SPLIT) {
+        if (s->moe == KM_EXPERTS || s->moe == KM_EXPERTS_SPLIT || s->an_moe) {
             rows = T * s->K;
             n = s->HID;
         }
@@ -2420,6 +2424,46 @@ static const km_spec ODD_DSA_FUSED = {.name = "odd_dsa_fused", .vocab = 97, .att
  * (q_lora 1536, 128 heads: mla_prologue_kv and mla_prologue_q, rows wider
  * than their sections as V3.2's), and odd sizes with neox, linear scaling
  * and an attn_factor, with and without the q latent */
+/* fuse_moe_sum: the routed experts unsummed, their sum over k in the
+ * residual add_rms_norm, the moe_topk kernel aligning their slots (T <= 8),
+ * at V2-Lite's shape (64 experts top-6), V3's (its
+ * grouped sigmoid routing with the bias and the scaling, hidden 7168, 16
+ * of its experts; alpha 2.5), Qwen3-30B's (128 experts top-8, softmax,
+ * norm_topk_prob; gate and up apart) and odd ones */
+static const km_spec SUM_V2 = {.name = "v2lite_moe_sum", .vocab = 97, .E = 64, .K = 6, .NG = 1,
+                               .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408,
+                               .wdt = "bf16", .moe_scale = 1.0, .AN = 2048, .an_alpha = 1.0,
+                               .an_moe = 1};
+static const km_spec SUM_V3 = {.name = "v3_moe16_sum", .vocab = 97, .E = 16, .K = 8, .sigmoid = 1,
+                               .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5,
+                               .moe = KM_ROUTED, .HID = 7168, .I = 2048, .wdt = "bf16",
+                               .moe_scale = 1.0, .AN = 7168, .an_alpha = 2.5, .an_moe = 1};
+static const km_spec SUM_Q3 = {.name = "qwen3_moe_sum", .vocab = 97, .E = 128, .K = 8, .NG = 1,
+                               .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                               .HID = 2048, .I = 768, .wdt = "bf16", .moe_scale = 1.0, .AN = 2048,
+                               .an_alpha = 1.0, .an_moe = 1};
+/* V3's full routing (256 experts, 8 groups of which 4 kept by their top-2
+ * sums, sigmoid with the correction bias, norm_topk_prob, scaling 2.5) at
+ * a small hidden size: the moe_topk kernel that also aligns 8 slots a
+ * token over 256 experts */
+static const km_spec SUM_V3_R256 = {.name = "v3_route256_sum", .vocab = 97, .E = 256, .K = 8,
+                                    .sigmoid = 1, .NG = 8, .TG = 4, .top2 = 1, .norm = 1,
+                                    .bias = 1, .scaling = 2.5, .moe = KM_ROUTED, .HID = 512,
+                                    .I = 128, .wdt = "bf16", .moe_scale = 2.5, .AN = 512,
+                                    .an_alpha = 1.0, .an_moe = 1};
+static const km_spec SUM_ODD = {.name = "odd_moe_sum", .vocab = 97, .E = 5, .K = 3, .sigmoid = 1,
+                                .NG = 1, .TG = 1, .bias = 1, .scaling = 1.0, .moe = KM_ROUTED,
+                                .HID = 37, .I = 7, .wdt = "bf16", .moe_scale = 0.25, .AN = 37,
+                                .an_alpha = -0.5, .an_moe = 1};
+/* fuse_silu_mul_linear: the shared experts' down projection with its
+ * silu_mul, V2-Lite's (2 shared experts: K 2816) and V3's (K 2048, N
+ * 7168), and odd */
+static const km_spec ACT_V2 = {.name = "v2lite_sh_down_act", .vocab = 97, .LN = 2048, .LK = 2816,
+                               .ldt = "bf16", .lact = 1};
+static const km_spec ACT_V3 = {.name = "v3_sh_down_act", .vocab = 97, .LN = 7168, .LK = 2048,
+                               .ldt = "bf16", .lact = 1};
+static const km_spec ACT_ODD = {.name = "odd_act", .vocab = 97, .LN = 37, .LK = 200,
+                                .ldt = "bf16", .lact = 1};
 /* the residual add_rms_norm with the routed and shared experts' sum:
  * V2-Lite's hidden size (alpha 1), V3's (alpha 2.5, its f16 form), odd */
 static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
@@ -3158,6 +3202,18 @@ int main(void)
     for (int i = 0; i < 3; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_T);
+    /* issue 15's fused forms at T = 1, 3, 8 (the act linear's kernel: up
+       to 4 tokens) */
+    const unsigned FUSE_T = TM(1) | TM(3) | TM(8), ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
+    const km_spec *sums[5] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_V3_R256, &SUM_ODD};
+    const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
+    for (int f32 = 0; f32 < 2; f32++) {
+        ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+        for (int i = 0; i < 5; i++)
+            prog_add(sums[i], cdt, 64, FUSE_T);
+        for (int i = 0; i < 3; i++)
+            prog_add(acts[i], cdt, 64, ACT_T);
+    }
     const unsigned PRO_T = TM(1) | TM(64) | TM(3);
     const km_spec *pros[4] = {&PRO_V2, &PRO_V3, &PRO_ODD, &PRO_ODD_Q};
     for (int i = 0; i < 4; i++)
@@ -3273,6 +3329,13 @@ int main(void)
         for (int f32 = 0; f32 < 2; f32++)
             moe_case(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ABS_T,
                      40 + (uint64_t)(2 * i + f32));
+    for (int f32 = 0; f32 < 2; f32++) {
+        ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+        for (int i = 0; i < 5; i++)
+            moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
+        for (int i = 0; i < 3; i++)
+            moe_case(acts[i], cdt, ACT_T, 80 + (uint64_t)(2 * i + f32));
+    }
 
     progs_free();
     printf("total %.1f s\n", now_s() - t0);

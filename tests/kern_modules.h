@@ -55,6 +55,10 @@ typedef struct km_spec {
                                   {alpha = an_alpha} when AN > 0 (the residual add with the
                                   routed and shared experts' sum) */
     double an_alpha;
+    int an_moe;                /* with KM_ROUTED(_SPLIT) and AN = HID: the routed experts'
+                                  result is unsummed ([T, K, HID]) and the add_rms_norm's b
+                                  (fuse_moe_sum), an_b unused */
+    int lact;                  /* the linear is act silu_mul: lx [T, 2 LK] */
     int AH, ADN, ADV, AR;      /* ab_qc [T, AH, AR] = mla_qabsorb(ab_qn, ab_kvb) and ab_o [T, AH,
                                   ADV] = mla_vabsorb(ab_qc, ab_kvb) when AH > 0 */
 } km_spec;
@@ -204,6 +208,11 @@ static inline char *km_text(const km_spec *s)
                           s->H, s->R, km_float(f1, s->attn_scale), s->window);
         }
     }
+    /* the experts' input first: the moe_routed follows its moe_topk with
+       nothing between them, as in a model (its align runs in the topk's
+       kernel in small buckets) */
+    if (s->moe != KM_MOE_NONE)
+        km_table(&w, &o, s, "x", s->HID, "bf16");
     if (s->E > 0) {
         km_table(&w, &o, s, "logits", s->E, "f32");
         if (s->bias)
@@ -219,7 +228,6 @@ static inline char *km_text(const km_spec *s)
     char sc[96];
     if (s->moe != KM_MOE_NONE) {
         int split = s->moe == KM_ROUTED_SPLIT || s->moe == KM_EXPERTS_SPLIT;
-        km_table(&w, &o, s, "x", s->HID, "bf16");
         if (split) {
             moec_buf_printf(&w, "  weight %%gate : %s[%d, %d, %d] = \"gate\"%s\n", s->wdt, s->E,
                           s->I, s->HID, km_scale(sc, sizeof sc, s, s->wdt, "gate"));
@@ -232,7 +240,12 @@ static inline char *km_text(const km_spec *s)
         moec_buf_printf(&w, "  weight %%down : %s[%d, %d, %d] = \"down\"%s\n", s->wdt, s->E, s->HID,
                       s->I, km_scale(sc, sizeof sc, s, s->wdt, "down"));
         const char *ws = split ? "%gate, %up, %down" : "%gate_up, %down";
-        if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
+        if ((s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT) && s->an_moe)
+            moec_buf_printf(&o,
+                          "  %%y : f32[T, %d, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s, "
+                          "unsummed = 1}\n",
+                          s->K, s->HID, ws, km_float(f2, s->moe_scale));
+        else if (s->moe == KM_ROUTED || s->moe == KM_ROUTED_SPLIT)
             moec_buf_printf(&o, "  %%y : f32[T, %d] = moe_routed(%%x, %%ids, %%w, %s) {scale = %s}\n",
                           s->HID, ws, km_float(f2, s->moe_scale));
         else
@@ -240,20 +253,22 @@ static inline char *km_text(const km_spec *s)
                           s->HID, ws);
     }
     if (s->LN > 0) {
-        km_table(&w, &o, s, "lx", s->LK, "bf16");
+        km_table(&w, &o, s, "lx", s->lact ? 2 * s->LK : s->LK, "bf16");
         moec_buf_printf(&w, "  weight %%lw : %s[%d, %d] = \"lw\"%s\n", s->ldt, s->LN, s->LK,
                       km_scale(sc, sizeof sc, s, s->ldt, "lw"));
-        moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)\n", s->LN);
+        moec_buf_printf(&o, "  %%ly : f32[T, %d] = linear(%%lx, %%lw)%s\n", s->LN,
+                      s->lact ? " {act = \"silu_mul\"}" : "");
     }
     if (s->AN > 0) {
         km_table(&w, &o, s, "an_a", s->AN, "bf16");
-        km_table(&w, &o, s, "an_b", s->AN, "bf16");
+        if (!s->an_moe)
+            km_table(&w, &o, s, "an_b", s->AN, "bf16");
         km_table(&w, &o, s, "an_c", s->AN, "bf16");
         moec_buf_printf(&w, "  weight %%an_w : bf16[%d] = \"an_w\"\n", s->AN);
         moec_buf_printf(&o,
-                      "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %%an_b, "
+                      "  %%an_s : f32[T, %d], %%an_n : f32[T, %d] = add_rms_norm(%%an_a, %s, "
                       "%%an_w, %%an_c) {eps = 1e-06, alpha = %s}\n",
-                      s->AN, s->AN, km_float(f1, s->an_alpha));
+                      s->AN, s->AN, s->an_moe ? "%y" : "%an_b", km_float(f1, s->an_alpha));
     }
     if (s->AH > 0) {
         moec_buf_printf(&w, "  weight %%ab_kvb : bf16[%d, %d] = \"ab_kvb\"\n",
@@ -308,7 +323,8 @@ static inline int km_is_heavy(const ir_op *op)
            (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
-/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum;
+/* Steps each heavy op emits (moe_routed: align, gate_up, down, sum, no sum
+ * when unsummed, no align where its moe_topk's kernel aligned;
  * dsa_topk: key write, scores, select); the attention ops add a merge to
  * their 2 when they split the sequence, and an mla_attention whose cache
  * an MLA prologue op writes has no write of its own (1, then), nor a
@@ -326,7 +342,7 @@ static inline int km_steps_of(const ir_module *m, const ir_op *op)
     case IR_OP_MLA_ATTENTION: return 2;
     case IR_OP_MOE_TOPK: return 1;
     case IR_OP_LINEAR: return km_is_heavy(op) ? 1 : 0;
-    case IR_OP_MOE_ROUTED: return 4;
+    case IR_OP_MOE_ROUTED: return ir_op_attr_int(op, "unsummed", 0) ? 3 : 4;
     case IR_OP_MOE_EXPERTS: return 3;
     case IR_OP_DSA_TOPK: /* key write, scores, select */
         return k->kind == IR_VALUE_OP && k->def && cg_dsa_prologue_cache(m, k->def) == op ? 2 : 3;

@@ -24,14 +24,17 @@ ir_module *t_pipeline_module(const char *model, const char *stop_after, const pa
     return m;
 }
 
-/* Runs m over tokens (PREFILL, then DECODE single steps) into rows. */
+/* Runs m over tokens (PREFILL, then DECODE single steps) into rows, every
+ * result rounded to `round` (rt_interp_round_storage; F32: none). */
 static int run_module(const char *dir, const ir_module *m, const int32_t *tokens, int vocab,
-                      float *rows)
+                      ir_dtype round, float *rows)
 {
     rt_weights *w = NULL;
     rt_interp *in = NULL;
     int ok = 0;
-    if (rt_weights_open(m, dir, &w) != MOEC_OK || rt_interp_init(m, w, PREFILL + DECODE, &in) != MOEC_OK)
+    if (rt_weights_open(m, dir, &w) != MOEC_OK ||
+        rt_interp_init(m, w, PREFILL + DECODE, &in) != MOEC_OK ||
+        rt_interp_round_storage(in, round, 0) != MOEC_OK)
         goto out;
     int32_t pos[PREFILL];
     for (int i = 0; i < PREFILL; i++)
@@ -54,6 +57,12 @@ out:
 
 double t_modules_agree(const char *model, const ir_module *a, const ir_module *b, uint64_t seed)
 {
+    return t_modules_agree_stored(model, a, b, seed, IR_DTYPE_F32);
+}
+
+double t_modules_agree_stored(const char *model, const ir_module *a, const ir_module *b,
+                              uint64_t seed, ir_dtype round)
+{
     char rel[256];
     snprintf(rel, sizeof rel, "tests/data/%s", model);
     const char *dir = t_src(rel);
@@ -64,7 +73,8 @@ double t_modules_agree(const char *model, const ir_module *a, const ir_module *b
     size_t n = (size_t)(PREFILL + DECODE) * (size_t)vocab;
     float *ra = malloc(n * sizeof *ra), *rb = malloc(n * sizeof *rb);
     double worst = -1;
-    if (ra && rb && run_module(dir, a, tokens, vocab, ra) && run_module(dir, b, tokens, vocab, rb)) {
+    if (ra && rb && run_module(dir, a, tokens, vocab, round, ra) &&
+        run_module(dir, b, tokens, vocab, round, rb)) {
         worst = 0;
         for (int r = 0; r < PREFILL + DECODE; r++) {
             double maxref = 0, maxdiff = 0;
@@ -123,6 +133,19 @@ double t_pass_equivalence(const char *model, const char *pass, const pass_option
     ir_module_free(before);
     ir_module_free(m);
     return worst;
+}
+
+int t_pipeline_pair(const char *model, const char *before, const char *after,
+                    const pass_options *opt, ir_module **b, ir_module **a)
+{
+    *b = t_pipeline_module(model, before, opt);
+    *a = t_pipeline_module(model, after, opt);
+    if (*b && *a)
+        return 1;
+    ir_module_free(*b);
+    ir_module_free(*a);
+    *b = *a = NULL;
+    return 0;
 }
 
 int t_count_ops(const ir_module *m, ir_op_kind kind)

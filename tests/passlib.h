@@ -18,9 +18,20 @@ double t_pass_equivalence(const char *model, const char *pass, const pass_option
  * tokens; returns the worst relative row error, negative on failure. */
 double t_modules_agree(const char *model, const ir_module *a, const ir_module *b, uint64_t seed);
 
+/* The same with every result rounded as the GPU stores it in `round`
+ * (rt_interp_round_storage; F32: none). */
+double t_modules_agree_stored(const char *model, const ir_module *a, const ir_module *b,
+                              uint64_t seed, ir_dtype round);
+
 /* Builds tests/data/<model> and runs the pipeline up to and including
  * stop_after (NULL: every pass). */
 ir_module *t_pipeline_module(const char *model, const char *stop_after, const pass_options *opt);
+
+/* Builds tests/data/<model> twice, through the pipeline up to and
+ * including `before` and `after`, into *b and *a; returns 0 (both freed,
+ * NULL) when either failed. */
+int t_pipeline_pair(const char *model, const char *before, const char *after,
+                    const pass_options *opt, ir_module **b, ir_module **a);
 
 /* The ops of kind `kind` in m. */
 int t_count_ops(const ir_module *m, ir_op_kind kind);

@@ -33,8 +33,8 @@ expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after abso
 expect 0 "mla_attention(" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
 expect 0 "stream 1" -- "$B" dump-ir "$D/qwen2_moe" --after assign_streams
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory
-expect 0 "wrote 14 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
-n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 14 ] && ok || bad "--after all wrote $n files, want 14"
+expect 0 "wrote 16 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
+n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 16 ] && ok || bad "--after all wrote $n files, want 16"
 head -1 "$T/passes/07_absorb_mla.mir" | grep -q "^# after pass absorb_mla" && ok || bad "07_absorb_mla.mir lacks its header"
 head -1 "$T/passes/09_fuse_mla_prologue.mir" | grep -q "^# after pass fuse_mla_prologue" && ok ||
   bad "09_fuse_mla_prologue.mir lacks its header"
@@ -51,8 +51,8 @@ expect 2 "--dtype: 'int4' is not bf16, fp16 or fp32" -- "$B" dump-ir "$D/qwen3_m
 # DeepSeek-V3.2: every pass dumps; its bad fields and a missing indexer
 # tensor are named, with exit status 1.
 v32=$D/deepseek_v32
-expect 0 "wrote 14 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
-grep -q "= dsa_topk(" "$T/v32passes/13_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
+expect 0 "wrote 16 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
+grep -q "= dsa_topk(" "$T/v32passes/15_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
 head -1 "$T/v32passes/10_fuse_dsa_indexer.mir" | grep -q "^# after pass fuse_dsa_indexer" && ok ||
   bad "10_fuse_dsa_indexer.mir lacks its header"
 grep -q "%l2.attn.indexer.k : f32\[T, 16\] = dsa_prologue_k(%l2.attn.qkv_a, %positions, %l2.attn.indexer.k_norm, %l2.attn.indexer.k_norm.bias) {col = 64, eps = 1e-06, style = \"neox\"" \
@@ -60,7 +60,7 @@ grep -q "%l2.attn.indexer.k : f32\[T, 16\] = dsa_prologue_k(%l2.attn.qkv_a, %pos
 grep -q "= dsa_topk(%l2.attn.q_b_wq_b, %l2.attn.indexer.k, %l2.attn.qkv_a, %positions) {.*heads = 8, q_col = 96, w_col = 80, style = \"neox\"" \
   "$T/v32passes/10_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: dsa_topk does not read q and the weights in place after fuse_dsa_indexer"
 grep -q "= rope(\|= layer_norm(" "$T/v32passes/10_fuse_dsa_indexer.mir" && bad "deepseek_v32: a rope or layer_norm is left after fuse_dsa_indexer" || ok
-grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/13_plan_memory.mir" && ok ||
+grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/15_plan_memory.mir" && ok ||
   bad "deepseek_v32: mla_prologue_q does not read the fused q_b_wq_b"
 grep -q "= mla_attention(.*%l2.attn.indexer.topk)" "$T/v32passes/07_absorb_mla.mir" && ok ||
   bad "deepseek_v32: the absorbed attention does not read the indexer's selection"
@@ -121,7 +121,7 @@ expect 0 '%logits : f32[T, 256] = all_gather(%logits.shard) {axis = 1, ranks = 2
 expect 0 '"model.layers.0.self_attn.o_proj.weight"[:, 32:64]' -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
 expect 0 'stack("model.layers.1.mlp.experts.{e}.down_proj.weight", 16)[8:16, :, :]' -- "$B" dump-ir "$D/deepseek_v3" --ep 2 --rank 1
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/deepseek_v3" --tp 4 --ep 2 --rank 3 --after plan_memory
-expect 0 "wrote 14 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
+expect 0 "wrote 16 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
 grep -q "all_reduce" "$T/tp2/08_shard.mir" && ok || bad "08_shard.mir of --tp 2 has no all_reduce"
 expect 1 "tp 3 does not divide num_attention_heads 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 3
 expect 1 "ep 3 must divide tp 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 4 --ep 3

@@ -1302,12 +1302,14 @@ static int prefix_launches(const ir_module *m, const char *pre)
     return n;
 }
 
-/* The pipeline without the passes `drop` names: the launches those save
- * in the MoE layer (layer 1) of a 2-layer DeepSeek config, which must be
- * `saved`; those of V3.2's indexer in that layer, with the whole pipeline
- * and without them, when indexer > 0. */
+/* The pipeline without the passes `drop` names (and, with no_align, codegen
+ * without the moe_topk kernel that aligns the routed experts' slots:
+ * MOEC_MOE_TOPK_ALIGN=0): the launches those save in the MoE layer (layer
+ * 1) of a 2-layer DeepSeek config, which must be `saved`; those of V3.2's
+ * indexer in that layer, with the whole pipeline and without them, when
+ * indexer > 0. */
 static void launches_saved(const char *json, const char *what, const char *const *drop,
-                           int n_drop, int saved, int indexer, int indexer_before)
+                           int n_drop, int no_align, int saved, int indexer, int indexer_before)
 {
     int n;
     const pass_info *pipe = pass_pipeline(&n);
@@ -1324,9 +1326,14 @@ static void launches_saved(const char *json, const char *what, const char *const
     if (before && after) {
         T_OK(pass_run_passes(before, old, n_old, NULL, NULL, NULL, NULL, NULL));
         T_OK(pass_run_pipeline(after, NULL, NULL, NULL, NULL, NULL));
-        int b = prefix_launches(before, "l1."), a = prefix_launches(after, "l1.");
-        fprintf(stderr, "%s: %d launches per MoE layer at T=1, %d without %s%s%s\n", what, a, b,
-                drop[0], n_drop > 1 ? " and " : "", n_drop > 1 ? drop[1] : "");
+        if (no_align)
+            setenv("MOEC_MOE_TOPK_ALIGN", "0", 1);
+        int b = prefix_launches(before, "l1.");
+        unsetenv("MOEC_MOE_TOPK_ALIGN");
+        int a = prefix_launches(after, "l1.");
+        fprintf(stderr, "%s: %d launches per MoE layer at T=1, %d without %s%s%s%s\n", what, a, b,
+                drop[0], n_drop > 1 ? " and the other fusions" : "",
+                no_align ? " and the aligning moe_topk" : "", "");
         T_CHECK(a > 0 && b - a == saved);
         if (indexer > 0) {
             /* the indexer's own launches (its ops' results are l1.attn.indexer.*) */
@@ -1339,6 +1346,61 @@ static void launches_saved(const char *json, const char *what, const char *const
     }
     ir_module_free(before);
     ir_module_free(after);
+}
+
+/* fuse_moe_sum and fuse_silu_mul_linear in a 2-layer config's plan: no
+ * moe_sum kernel anywhere; each add_rms_norm with an unsummed b runs the
+ * summing kernel, one step; each act linear runs the few-token kernel with
+ * silu_mul at T = 1, and at T = 8 the silu_mul kernel into scratch, then
+ * its GEMM reading that scratch (bf16 weights) or, with fp8 weights (the
+ * pass leaves them), no act at all. */
+static void check_fused_kernels(const ir_module *m, const char *what)
+{
+    static const int buckets[] = {1, 8};
+    int uns = 0, acts = 0, routed = 0;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        uns += op->kind == IR_OP_ADD_RMS_NORM && op->in[1]->type.rank == 3;
+        acts += op->kind == IR_OP_LINEAR && ir_op_attr(op, "act") != NULL;
+        routed += op->kind == IR_OP_MOE_ROUTED;
+    }
+    T_CHECK(uns == routed);
+    for (int b = 0; b < 2; b++) {
+        cg_options o;
+        cg_options_default(&o);
+        cg_ctx c;
+        if (!generate(m, &o, buckets[b], &c)) {
+            cg_ctx_free(&c);
+            continue;
+        }
+        int sums = 0, gemv = 0, pre = 0, gemm = 0;
+        for (int i = 0; i < c.n_kernels; i++)
+            T_CHECK(strncmp(c.kernel_names[i], "moe_sum_", 8) != 0);
+        for (int i = 0; i < c.n_steps; i++) {
+            const ir_step *s = &c.steps[i];
+            const ir_op *op = s->op_id >= 0 ? m->ops[s->op_id] : NULL;
+            const char *kn = s->kind == IR_STEP_KERNEL ? c.kernel_names[s->kernel] : "";
+            if (op && op->kind == IR_OP_ADD_RMS_NORM && op->in[1]->type.rank == 3)
+                sums += strstr(kn, "_rms_norm_sum") != NULL;
+            if (!op || op->kind != IR_OP_LINEAR || !ir_op_attr(op, "act"))
+                continue;
+            gemv += !strncmp(kn, "linear_gemv_", 12) && strstr(kn, "_silu_") != NULL;
+            pre += !strncmp(kn, "silu_mul_r1_", 12);
+            if (s->kind == IR_STEP_GEMM) {
+                gemm++;
+                T_CHECK(s->gemm.b.kind == IR_ARG_SCRATCH && i > 0 &&
+                        c.steps[i - 1].args[1].kind == IR_ARG_SCRATCH &&
+                        c.steps[i - 1].args[1].i == s->gemm.b.i);
+            }
+        }
+        fprintf(stderr, "%s T=%d: %d summing add_rms_norm, act linears: %d few-token, %d "
+                        "silu_mul + GEMM\n",
+                what, buckets[b], sums, gemv, gemm);
+        T_CHECK(sums == uns);
+        T_CHECK(b == 0 ? gemv == acts && pre == 0 && gemm == 0
+                       : gemv == 0 && pre == acts && gemm == acts);
+        cg_ctx_free(&c);
+    }
 }
 
 /* A real config with 2 layers (one dense, one MoE: every specialization of
@@ -1373,21 +1435,25 @@ static void config_case(const char *file, int fp8)
         generate_and_compile(m, what);
         int launches = check_no_alias_copies(m);
         fprintf(stderr, "%s: %d launches per step at T=1\n", what, launches);
+        check_fused_kernels(m, what);
         /* the prologue's kernel replaces nine (slices, norms, ropes, the
            cache write; in V3.2 the slice of q_b's output the q of the indexer
            then reads in place a tenth), the add_rms_norm the expert sum's add
-           (issue 15) */
-        static const char *const i15[] = {"fuse_mla_prologue", "fuse_add3_rms_norm"};
+           and the routed sum over k, the shared expert's down projection its
+           silu_mul (not of fp8 weights: the pass leaves those), the
+           moe_topk's kernel the align (issue 15) */
+        static const char *const i15[] = {"fuse_mla_prologue", "fuse_add3_rms_norm",
+                                          "fuse_moe_sum", "fuse_silu_mul_linear"};
         static const char *const i12[] = {"fuse_dsa_indexer"};
         int v32 = strstr(file, "v32") != NULL;
         if (!strncmp(file, "deepseek", 8))
-            launches_saved(json, what, i15, 2, v32 ? 11 : 10, 0, 0);
+            launches_saved(json, what, i15, 4, 1, (v32 ? 14 : 13) - (fp8 ? 1 : 0), 0, 0);
         /* V3.2's indexer: dsa_prologue_k replaces the key's slice,
            layer_norm, rope and cache write; dsa_topk q's rope and the slices
            of q and the head weights: 9 launches a layer, then 3 (issue 12).
            In fp8 wk and weights_proj stay linears of their own (GEMMs): 5 */
         if (v32)
-            launches_saved(json, what, i12, 1, fp8 ? 4 : 6, fp8 ? 5 : 3, 9);
+            launches_saved(json, what, i12, 1, 0, fp8 ? 4 : 6, fp8 ? 5 : 3, 9);
         ir_module_free(m);
     }
     free(json);

@@ -101,6 +101,21 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             /* one kernel, or the few-rows kernel per group of up to 4 rows */
             T_CHECK(n >= 1 && n <= (c->T + 3) / 4);
             want += n;
+        } else if (op->kind == IR_OP_MOE_ROUTED) {
+            /* no align step where the moe_topk's kernel aligned (buckets up
+               to CG_MOE_TOPK_ALIGN_MAX_T) */
+            const ir_op *topk = op->in[1]->def;
+            int bm = 0;
+            long long nb = 0;
+            int fused = topk && cg_moe_topk_routed(c, topk, &bm, &nb) == op;
+            T_CHECK(fused == (c->T <= CG_MOE_TOPK_ALIGN_MAX_T && topk != NULL));
+            int aligned = 0;
+            for (int i = 0; i < c->n_steps; i++)
+                aligned += topk && c->steps[i].op_id == topk->id &&
+                           strstr(c->kernel_names[c->steps[i].kernel], "moe_topk_align_") != NULL;
+            T_CHECK(aligned == fused);
+            T_CHECK(n == km_steps_of(op) - fused);
+            want += n;
         } else {
             want += km_steps_of(m, op);
         }
@@ -146,6 +161,23 @@ static int steps_of(const ir_module *m, const cg_ctx *c, ir_op_kind k)
                 if (c->steps[i].op_id == m->ops[j]->id)
                     return i;
     return -1;
+}
+
+/* The first moe_routed's gate_up step (-1: none), and the step that
+ * aligned its slots with the argument index of its sorted slots (then
+ * block experts, count used): its own align kernel's (1), or in buckets
+ * up to CG_MOE_TOPK_ALIGN_MAX_T its moe_topk's kernel's (its last three
+ * arguments). */
+static int moe_gate_up_step(const ir_module *m, const cg_ctx *c, const ir_step **al, int *al_arg)
+{
+    int r = steps_of(m, c, IR_OP_MOE_ROUTED), k = steps_of(m, c, IR_OP_MOE_TOPK);
+    if (r < 0)
+        return -1;
+    int fused = k >= 0 && strstr(c->kernel_names[c->steps[k].kernel], "moe_topk_align_") != NULL;
+    T_CHECK(fused == (c->T <= CG_MOE_TOPK_ALIGN_MAX_T && k >= 0));
+    *al = fused ? &c->steps[k] : &c->steps[r];
+    *al_arg = fused ? (*al)->n_args - 3 : 1;
+    return fused ? r : r + 1;
 }
 
 static int has(const void *bin, size_t n, const char *s)
@@ -315,9 +347,13 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->args[5].kind == IR_ARG_CONFIG && s->args[5].index == IR_CONFIG_MAX_BLOCKS);
         T_CHECK(s->args[9].kind == IR_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
     }
-    int k = steps_of(m, c, IR_OP_MOE_TOPK);
-    T_CHECK(k >= 0 && c->steps[k].grid[0] == (unsigned)(T + 3) / 4 && c->steps[k].block[0] == 128);
-    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    /* up to 8 tokens: one block of a warp per token that also aligns */
+    int k = steps_of(m, c, IR_OP_MOE_TOPK), fused = T <= 8;
+    T_CHECK(k >= 0 && c->steps[k].grid[0] == (unsigned)(fused ? 1 : (T + 3) / 4) &&
+            c->steps[k].block[0] == (unsigned)(fused ? 32 * T : 128) &&
+            c->steps[k].n_args == (fused ? 7 : 4));
+    const ir_step *al = NULL;
+    int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
     T_CHECK(r >= 0);
     if (r < 0)
         return;
@@ -329,7 +365,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
-    const ir_step *al = &c->steps[r], *gu = al + 1, *dn = al + 2, *sm = al + 3;
+    const ir_step *gu = &c->steps[r], *dn = gu + 1, *sm = gu + 2;
     char want[128];
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
              mma ? "mma_w1_u8" : "gv_w4_r2_u2", T);
@@ -351,9 +387,11 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         reserve(&top, (size_t)T * 16 * ns * 2 * 4);
         reserve(&top, (size_t)T * 16 * ns * 512 * 4);
     }
-    T_CHECK(al->args[1].i == (int64_t)reserve(&top, (size_t)nb * bm * 4));
-    T_CHECK(al->args[2].i == (int64_t)reserve(&top, (size_t)nb * 4));
-    T_CHECK(al->args[3].i == (int64_t)reserve(&top, 4));
+    T_CHECK(al->args[ala].i == (int64_t)reserve(&top, (size_t)nb * bm * 4));
+    T_CHECK(al->args[ala + 1].i == (int64_t)reserve(&top, (size_t)nb * 4));
+    T_CHECK(al->args[ala + 2].i == (int64_t)reserve(&top, 4));
+    T_CHECK(gu->args[3].i == al->args[ala].i && gu->args[4].i == al->args[ala + 1].i &&
+            gu->args[5].i == al->args[ala + 2].i);
     T_CHECK(gu->args[6].i == (int64_t)reserve(&top, (size_t)n * 1408 * 4));
     T_CHECK(sm->args[0].i == (int64_t)reserve(&top, (size_t)n * 2048 * 4));
     T_CHECK(c->scratch_bytes == top);
@@ -373,16 +411,20 @@ static void check_v3(const ir_module *m, const cg_ctx *c)
     T_CHECK(k >= 0);
     if (k >= 0) {
         const ir_step *s = &c->steps[k];
-        T_CHECK(s->n_args == 5 && s->args[1].kind == IR_ARG_WEIGHT && s->args[4].f == 2.5);
-        T_CHECK(strstr(c->kernel_names[s->kernel], "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") !=
-                NULL);
+        int fused = c->T <= 8;
+        T_CHECK(s->n_args == (fused ? 8 : 5) && s->args[1].kind == IR_ARG_WEIGHT &&
+                s->args[4].f == 2.5);
+        T_CHECK(strstr(c->kernel_names[s->kernel],
+                       fused ? "moe_topk_align_bm1_e256_k8_sigmoid_g8_tg4_top2_n1_bf32"
+                             : "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") != NULL);
     }
     /* gate_up: 2048 rows, down: 7168 rows; 8 and 16 rows per block in the
        streaming form up to T=32 (blocks of 1 or 2 slots), 16 on tensor
        cores once T > 48 wants four slots on a block of 256 experts */
-    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
-    T_CHECK(r >= 0 && c->steps[r + 1].grid[1] == (c->T <= 32 ? 2048 / 8 : 2048 / 16) &&
-            c->steps[r + 2].grid[1] == (c->T <= 32 ? 7168 / 16 : 7168 / 16));
+    const ir_step *al = NULL;
+    int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
+    T_CHECK(r >= 0 && c->steps[r].grid[1] == (c->T <= 32 ? 2048 / 8 : 2048 / 16) &&
+            c->steps[r + 1].grid[1] == 7168 / 16);
 }
 
 /* Qwen3-30B-A3B: GQA 32 q heads, 4 kv heads, d 128; 128 experts top-8,
@@ -403,10 +445,11 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->args[3].kind == IR_ARG_INPUT && s->args[3].index == IR_INPUT_BLOCK_TABLE);
         T_CHECK(s->args[9].kind == IR_ARG_I32 && s->args[9].i == 0);
     }
-    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    const ir_step *al = NULL;
+    int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
     T_CHECK(r >= 0);
     if (r >= 0) {
-        const ir_step *gu = &c->steps[r + 1];
+        const ir_step *gu = &c->steps[r];
         T_CHECK(strstr(c->kernel_names[gu->kernel], "_split") != NULL);
         T_CHECK(gu->args[1].kind == IR_ARG_WEIGHT && gu->args[2].kind == IR_ARG_WEIGHT &&
                 gu->args[1].index != gu->args[2].index);
@@ -940,10 +983,11 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
             T_CHECK(ok);
         }
     }
-    int r = steps_of(m, c, IR_OP_MOE_ROUTED);
+    const ir_step *al = NULL;
+    int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
     if (r < 0)
         return;
-    const ir_step *al = &c->steps[r], *gu = &c->steps[r + 1], *dn = &c->steps[r + 2];
+    const ir_step *gu = &c->steps[r], *dn = &c->steps[r + 1];
     int split = ir_module_find_value(m, "up") != NULL;
     const char *g = split ? "gate" : "gate_up", *u = split ? "up" : "gate_up";
     T_CHECK(gu->n_args == 9 && weight_arg(m, gu->args[1], g, 0) &&

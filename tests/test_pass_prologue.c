@@ -356,13 +356,9 @@ static void check_mismatch(const char *model, int lora)
 static void check_add3(const char *model, ir_dtype dt)
 {
     pass_options o = t_pass_options(dt);
-    ir_module *before = t_pipeline_module(model, "assign_streams", &o);
-    ir_module *m = t_pipeline_module(model, "fuse_add3_rms_norm", &o);
-    if (!before || !m) {
-        ir_module_free(before);
-        ir_module_free(m);
+    ir_module *before, *m;
+    if (!t_pipeline_pair(model, "assign_streams", "fuse_add3_rms_norm", &o, &before, &m))
         return;
-    }
     /* one per MoE layer with a shared expert: each join's add */
     int joins = t_count_ops(m, IR_OP_JOIN), fused = 0;
     for (int i = 0; i < m->n_ops; i++) {
