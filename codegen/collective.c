@@ -47,6 +47,24 @@ static moec_status coll_step(cg_ctx *c, const ir_op *op, ir_op_kind kind, ir_dty
     return MOEC_OK;
 }
 
+/* The step of a kernel that moves n elements from `from` to `to`, a thread
+ * each (gather's placing, the scatters' packing). */
+static moec_status move_step(cg_ctx *c, const ir_op *op, int kernel, int64_t n, ir_arg from,
+                             ir_arg to)
+{
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind),
+                        op->out[0]->name);
+    s->kernel = kernel;
+    s->grid[0] = (unsigned)((n + GATHER_THREADS - 1) / GATHER_THREADS);
+    s->block[0] = GATHER_THREADS;
+    s->n_args = 2;
+    s->args[0] = from;
+    s->args[1] = to;
+    return MOEC_OK;
+}
+
 /* The kernel that moves rank j's gathered block (row o) to its place along
  * the axis: y[o][j][:] = g[j][o][:]. */
 static moec_status gather_place(cg_ctx *c, const ir_op *op, int ranks, int64_t outer,
@@ -77,17 +95,8 @@ static moec_status gather_place(cg_ctx *c, const ir_op *op, int ranks, int64_t o
                         "}\n\n",
                         y->name, GATHER_THREADS, name, cg_ctype(dg), cg_ctype(dy), ranks,
                         (long long)outer, (long long)inner);
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "all_gather %%%s: out of memory", y->name);
-    int64_t n = (int64_t)ranks * outer * inner;
-    s->kernel = k;
-    s->grid[0] = (unsigned)((n + GATHER_THREADS - 1) / GATHER_THREADS);
-    s->block[0] = GATHER_THREADS;
-    s->n_args = 2;
-    s->args[0] = cg_arg_scratch(off);
-    s->args[1] = cg_arg_act(y);
-    return MOEC_OK;
+    return move_step(c, op, k, (int64_t)ranks * outer * inner, cg_arg_scratch(off),
+                     cg_arg_act(y));
 }
 
 /* The kernel that packs block j of every row together, in y's storage:
@@ -119,17 +128,8 @@ static moec_status scatter_pack(cg_ctx *c, const ir_op *op, int ranks, int64_t o
                         "}\n\n",
                         ir_op_name(op->kind), y->name, GATHER_THREADS, name, cg_ctype(dx),
                         cg_ctype(dg), ranks, (long long)outer, (long long)block);
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
-    int64_t n = (int64_t)ranks * outer * block;
-    s->kernel = k;
-    s->grid[0] = (unsigned)((n + GATHER_THREADS - 1) / GATHER_THREADS);
-    s->block[0] = GATHER_THREADS;
-    s->n_args = 2;
-    s->args[0] = cg_arg_act(x);
-    s->args[1] = cg_arg_scratch(off);
-    return MOEC_OK;
+    return move_step(c, op, k, (int64_t)ranks * outer * block, cg_arg_act(x),
+                     cg_arg_scratch(off));
 }
 
 /* reduce_scatter and all_to_all along the axis: ranks blocks of `block`
