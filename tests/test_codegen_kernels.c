@@ -114,7 +114,7 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
                 aligned += topk && c->steps[i].op_id == topk->id &&
                            strstr(c->kernel_names[c->steps[i].kernel], "moe_topk_align_") != NULL;
             T_CHECK(aligned == fused);
-            T_CHECK(n == km_steps_of(op) - fused);
+            T_CHECK(n == km_steps_of(m, op) - fused);
             want += n;
         } else {
             want += km_steps_of(m, op);
