@@ -9,7 +9,8 @@
 # extracted libcjson1 + libcjson-dev). Exit status: 0 when every stage passed.
 # CTEST_R=REGEX runs only the GPU tests it matches; QUICK=1 leaves out the
 # CLI, serve and sanitizer stages (a short call for one question);
-# SKIP_SANITIZE=1 the sanitizer stage alone.
+# SKIP_SANITIZE=1 the sanitizer stage alone. CTEST_J=N runs N GPU tests at
+# once on the one GPU (each fits beside the others).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -54,7 +55,7 @@ trap 'echo "stopped by a signal (time limit?) in the stage after the last line" 
 source scripts/gpu_build.sh
 stage build gpu_build || finish
 
-stage ctest_gpu bash -c "cd build-gpu && ctest -L gpu ${CTEST_R:+-R '$CTEST_R'} --output-on-failure --timeout 600"
+stage ctest_gpu bash -c "cd build-gpu && ctest -L gpu -j ${CTEST_J:-1} ${CTEST_R:+-R '$CTEST_R'} --output-on-failure --timeout 600"
 cp build-gpu/Testing/Temporary/LastTest.log "$LOGS/ctest_gpu_full.txt" 2>/dev/null
 
 [ "${QUICK:-0}" = 1 ] && finish
