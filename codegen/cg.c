@@ -78,6 +78,26 @@ size_t cg_scratch(cg_ctx *c, size_t bytes)
     return off;
 }
 
+void cg_scratch_place_streams(cg_ctx *c)
+{
+    size_t base = (c->scratch_max[0] + 15) / 16 * 16;
+    for (int i = 0; i < c->n_steps; i++) {
+        ir_step *s = &c->steps[i];
+        if (s->stream != 1)
+            continue;
+        for (int a = 0; a < s->n_args; a++)
+            if (s->args[a].kind == IR_ARG_SCRATCH)
+                s->args[a].i += (int64_t)base;
+        if (s->kind == IR_STEP_GEMM) {
+            /* a GEMM's operands may be scratch too (the act linear's input) */
+            ir_arg *g[4] = {&s->gemm.a, &s->gemm.b, &s->gemm.c, &s->gemm.bias};
+            for (int k = 0; k < 4; k++)
+                if (g[k]->kind == IR_ARG_SCRATCH)
+                    g[k]->i += (int64_t)base;
+        }
+    }
+}
+
 /* Operands may be module inputs (the step inputs) or weights as well as
  * activations: each becomes the argument kind that locates it. */
 ir_arg cg_arg_act(const ir_value *v)

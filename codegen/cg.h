@@ -85,6 +85,11 @@ ir_step *cg_step(cg_ctx *c, ir_step_kind kind, const ir_op *op);
  * stream 0's: the two run at the same time). */
 size_t cg_scratch(cg_ctx *c, size_t bytes);
 
+/* After a bucket's steps are generated: stream 1's scratch follows stream
+ * 0's region, so its steps' scratch operands (kernel arguments and GEMM
+ * operands) move past it. cg_plan_build calls it once per bucket. */
+void cg_scratch_place_streams(cg_ctx *c);
+
 ir_arg cg_arg_act(const ir_value *v);
 ir_arg cg_arg_weight(const ir_value *v);
 /* The block scales of an fp8 weight: its buffer past its codes

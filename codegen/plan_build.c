@@ -104,16 +104,7 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
         if (st != MOEC_OK)
             return moec_err_wrap(st, "codegen of the sampler (bucket T=%d)", T);
     }
-    /* Stream 1's scratch follows stream 0's. */
-    size_t base = (c->scratch_max[0] + 15) / 16 * 16;
-    for (int i = 0; i < c->n_steps; i++) {
-        ir_step *s = &c->steps[i];
-        if (s->stream != 1)
-            continue;
-        for (int a = 0; a < s->n_args; a++)
-            if (s->args[a].kind == IR_ARG_SCRATCH)
-                s->args[a].i += (int64_t)base;
-    }
+    cg_scratch_place_streams(c);
     /* c->scratch_bytes (cg_scratch) already counts both regions. */
     cg_add_pdl_waits(&c->src);
     if (c->src.oom)

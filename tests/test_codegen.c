@@ -1373,7 +1373,10 @@ static void check_fused_kernels(const ir_module *m, const char *what)
             cg_ctx_free(&c);
             continue;
         }
-        int sums = 0, gemv = 0, pre = 0, gemm = 0;
+        /* as cg_plan_build places them: a shared expert's act linear runs
+           on stream 1, whose scratch lies past stream 0's */
+        cg_scratch_place_streams(&c);
+        int sums = 0, gemv = 0, pre = 0, gemm = 0, stream1 = 0;
         for (int i = 0; i < c.n_kernels; i++)
             T_CHECK(strncmp(c.kernel_names[i], "moe_sum_", 8) != 0);
         for (int i = 0; i < c.n_steps; i++) {
@@ -1388,14 +1391,17 @@ static void check_fused_kernels(const ir_module *m, const char *what)
             pre += !strncmp(kn, "silu_mul_r1_", 12);
             if (s->kind == IR_STEP_GEMM) {
                 gemm++;
+                /* it reads the silu_mul kernel's output: same stream, same place */
                 T_CHECK(s->gemm.b.kind == IR_ARG_SCRATCH && i > 0 &&
+                        c.steps[i - 1].stream == s->stream &&
                         c.steps[i - 1].args[1].kind == IR_ARG_SCRATCH &&
                         c.steps[i - 1].args[1].i == s->gemm.b.i);
+                stream1 += s->stream == 1;
             }
         }
         fprintf(stderr, "%s T=%d: %d summing add_rms_norm, act linears: %d few-token, %d "
-                        "silu_mul + GEMM\n",
-                what, buckets[b], sums, gemv, gemm);
+                        "silu_mul + GEMM (%d on stream 1)\n",
+                what, buckets[b], sums, gemv, gemm, stream1);
         T_CHECK(sums == uns);
         T_CHECK(b == 0 ? gemv == acts && pre == 0 && gemm == 0
                        : gemv == 0 && pre == acts && gemm == acts);
