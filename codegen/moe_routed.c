@@ -46,10 +46,15 @@
  * form). MOEC_MOE_GEMV=0 keeps the first form everywhere (an A/B in one
  * run); MOEC_MOE_GEMV_WARPS, _RW, _RWD, _U and _MAX_BM override the rest
  * (the kernel names say which shape ran). */
+/* (H100, 2026-11-24, scripts/gpu_moe_ab.sh AB=v2, V2-Lite experts at T =
+   1, 2, 3, 8: 4 chunks in flight stream bf16 gate_up / down at 2.81 / 2.56
+   TB/s at T = 1 and fp8 at 2.38 / 1.75, 2 chunks 2.79 / 2.40 and 1.80 /
+   1.48, the first form 2.73 / 2.16 and 1.70 / 1.23; 4 chunks lead or tie
+   at every T) */
 #define GV_WARPS 4
 #define GV_RW 2
 #define GV_RWD 4
-#define GV_U 2
+#define GV_U 4
 #define GV_MAX_BM 2
 
 #define ALIGN_THREADS 256

@@ -358,9 +358,9 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     if (r < 0)
         return;
     /* T=1 and 8: one and two rows per expert block on CUDA cores, the
-       streaming form (4 warps of 2 gate/up rows, 4 down rows, 2 chunks in
-       flight: 8 of gate_up's 256-wide chunks in 4 rounds, down's 5.5 in
-       3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
+       streaming form (4 warps of 2 gate/up rows, 4 down rows, 4 chunks in
+       flight: 8 of gate_up's 256-wide chunks in 2 rounds, down's 5.5 in 2
+       of 3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
        one warp of 16 rows */
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
@@ -368,10 +368,10 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     const ir_step *gu = &c->steps[r], *dn = gu + 1, *sm = gu + 2;
     char want[128];
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
-             mma ? "mma_w1_u8" : "gv_w4_r2_u2", T);
+             mma ? "mma_w1_u8" : "gv_w4_r2_u4", T);
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
     snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w", bm,
-             mma ? "mma_w1_u8" : "gv_w4_r4_u2", T);
+             mma ? "mma_w1_u8" : "gv_w4_r4_u3", T);
     T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
     T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 8) &&
