@@ -18,7 +18,10 @@
 /* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
  * sum_z l_z e^(m_z - M); padding tokens get zeros. */
 static const char CG_ATTN_COMBINE_BODY[] =
-    "    __shared__ float w_s[NSPLIT];\n"
+    "    /* padded to 8 (zeros): the unrolled reads of w_s below may come in\n"
+    "       vectors past NSPLIT (compute-sanitizer saw 16-byte reads there) */\n"
+    "    constexpr int NSPAD = (NSPLIT + 7) / 8 * 8;\n"
+    "    __shared__ __align__(16) float w_s[NSPAD];\n"
     "    __shared__ float inv_s;\n"
     "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h) * D;\n"
@@ -29,6 +32,8 @@ static const char CG_ATTN_COMBINE_BODY[] =
     "    }\n"
     "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
     "    if (threadIdx.x < 32) {\n"
+    "        for (int z = NSPLIT + threadIdx.x; z < NSPAD; z += 32)\n"
+    "            w_s[z] = 0.0f;\n"
     "        float mx = MOEC_NEG_INF;\n"
     "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
     "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
