@@ -22,8 +22,11 @@ typedef struct cg_moe_desc {
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
 
 /* Buckets up to this many tokens align a moe_routed's slots in the kernel
- * of the moe_topk before it (codegen/moe_topk.c). */
-#define CG_MOE_TOPK_ALIGN_MAX_T 8
+ * of the moe_topk before it (codegen/moe_topk.c). (H100, 2026-11-24,
+ * V2-Lite step, graph replay: 2.703 ms against 2.722 without it at batch
+ * 1, but 7.529 against 7.400 at batch 8, where one block of a warp per
+ * token is slower than the separate top-k and align: 1.) */
+#define CG_MOE_TOPK_ALIGN_MAX_T 1
 
 /* The moe_routed that moe_topk op `topk` can align the slots of in its own
  * kernel, NULL if none: the bucket has at most CG_MOE_TOPK_ALIGN_MAX_T

@@ -2425,7 +2425,7 @@ static const km_spec ODD_DSA_FUSED = {.name = "odd_dsa_fused", .vocab = 97, .att
  * than their sections as V3.2's), and odd sizes with neox, linear scaling
  * and an attn_factor, with and without the q latent */
 /* fuse_moe_sum: the routed experts unsummed, their sum over k in the
- * residual add_rms_norm, the moe_topk kernel aligning their slots (T <= 8),
+ * residual add_rms_norm, the moe_topk kernel aligning their slots (T = 1),
  * at V2-Lite's shape (64 experts top-6), V3's (its
  * grouped sigmoid routing with the bias and the scaling, hidden 7168, 16
  * of its experts; alpha 2.5), Qwen3-30B's (128 experts top-8, softmax,

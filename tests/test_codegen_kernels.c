@@ -347,8 +347,9 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->args[5].kind == IR_ARG_CONFIG && s->args[5].index == IR_CONFIG_MAX_BLOCKS);
         T_CHECK(s->args[9].kind == IR_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
     }
-    /* up to 8 tokens: one block of a warp per token that also aligns */
-    int k = steps_of(m, c, IR_OP_MOE_TOPK), fused = T <= 8;
+    /* up to CG_MOE_TOPK_ALIGN_MAX_T tokens: one block of a warp per token
+       that also aligns */
+    int k = steps_of(m, c, IR_OP_MOE_TOPK), fused = T <= CG_MOE_TOPK_ALIGN_MAX_T;
     T_CHECK(k >= 0 && c->steps[k].grid[0] == (unsigned)(fused ? 1 : (T + 3) / 4) &&
             c->steps[k].block[0] == (unsigned)(fused ? 32 * T : 128) &&
             c->steps[k].n_args == (fused ? 7 : 4));
@@ -411,7 +412,7 @@ static void check_v3(const ir_module *m, const cg_ctx *c)
     T_CHECK(k >= 0);
     if (k >= 0) {
         const ir_step *s = &c->steps[k];
-        int fused = c->T <= 8;
+        int fused = c->T <= CG_MOE_TOPK_ALIGN_MAX_T;
         T_CHECK(s->n_args == (fused ? 8 : 5) && s->args[1].kind == IR_ARG_WEIGHT &&
                 s->args[4].f == 2.5);
         T_CHECK(strstr(c->kernel_names[s->kernel],
