@@ -822,6 +822,22 @@ static double weight_bytes(const ir_module *m, ir_dtype cdt, const char *const *
     return bytes;
 }
 
+/* Value `name` of the steps just run, T rows, against the interpreter's
+ * (compare_rows, reported as "<spec> <dtype> T=<T> <label>"): the row error. */
+static double compare_value(const km_spec *s, const ir_module *m, rt_interp *in, gk_bind *b,
+                            ir_dtype cdt, int T, const char *name, const char *label, double tol)
+{
+    const ir_value *v = val(m, name);
+    int n = (int)ir_type_numel(&v->type, 1);
+    float *g = xmalloc((size_t)T * n * 4);
+    download(g, storage(b, v), b->val[v->id], (size_t)T * n);
+    char what[200];
+    snprintf(what, sizeof what, "%s %s T=%d %s", s->name, ir_dtype_name(cdt), T, label);
+    double e = compare_rows(what, g, rt_interp_value(in, v), T, n, tol);
+    free(g);
+    return e;
+}
+
 /* One bucket of moe_case under one choice of fp8 kernels: the steps
  * generated with it run on the inputs the interpreter saw, their results
  * compared (ids exactly, weights, the experts, the linear, the argmax);
@@ -881,39 +897,20 @@ static void moe_bucket(const km_spec *s, const ir_module *m, rt_interp *in, void
         worst[1] = fmax(worst[1], compare_rows(what, gy, rt_interp_value(in, y), rows, n, tol));
         free(gy);
     }
+    char label[96];
     if (s->LN > 0) {
-        const ir_value *ly = val(m, "ly");
-        float *gl = xmalloc((size_t)T * s->LN * 4);
-        download(gl, storage(b, ly), b->val[ly->id], (size_t)T * s->LN);
-        snprintf(what, sizeof what, "%s %s T=%d fp8 %s linear %s[%d, %d]", s->name,
-                 ir_dtype_name(cdt), T, fm, s->ldt, s->LN, s->LK);
-        worst[2] = fmax(worst[2], compare_rows(what, gl, rt_interp_value(in, ly), T, s->LN, tol));
-        free(gl);
+        snprintf(label, sizeof label, "fp8 %s linear %s[%d, %d]", fm, s->ldt, s->LN, s->LK);
+        worst[2] = fmax(worst[2], compare_value(s, m, in, b, cdt, T, "ly", label, tol));
     }
     if (s->AN > 0) {
-        static const char *const AN_OUT[2] = {"an_s", "an_n"};
-        float *ga = xmalloc((size_t)T * s->AN * 4);
-        for (int k = 0; k < 2; k++) {
-            const ir_value *v = val(m, AN_OUT[k]);
-            download(ga, storage(b, v), b->val[v->id], (size_t)T * s->AN);
-            snprintf(what, sizeof what, "%s %s T=%d add_rms_norm %s", s->name,
-                     ir_dtype_name(cdt), T, AN_OUT[k]);
-            worst[2] = fmax(worst[2], compare_rows(what, ga, rt_interp_value(in, v), T, s->AN, tol));
-        }
-        free(ga);
+        worst[2] = fmax(worst[2], compare_value(s, m, in, b, cdt, T, "an_s", "add_rms_norm an_s",
+                                                tol));
+        worst[2] = fmax(worst[2], compare_value(s, m, in, b, cdt, T, "an_n", "add_rms_norm an_n",
+                                                tol));
     }
     if (s->AH > 0) {
-        static const char *const AB_OUT[2] = {"ab_qc", "ab_o"};
-        for (int k = 0; k < 2; k++) {
-            const ir_value *v = val(m, AB_OUT[k]);
-            int n = (int)ir_type_numel(&v->type, 1);
-            float *g = xmalloc((size_t)T * n * 4);
-            download(g, storage(b, v), b->val[v->id], (size_t)T * n);
-            snprintf(what, sizeof what, "%s %s T=%d %s", s->name, ir_dtype_name(cdt), T,
-                     k ? "mla_vabsorb" : "mla_qabsorb");
-            worst[2] = fmax(worst[2], compare_rows(what, g, rt_interp_value(in, v), T, n, tol));
-            free(g);
-        }
+        worst[2] = fmax(worst[2], compare_value(s, m, in, b, cdt, T, "ab_qc", "mla_qabsorb", tol));
+        worst[2] = fmax(worst[2], compare_value(s, m, in, b, cdt, T, "ab_o", "mla_vabsorb", tol));
     }
     snprintf(what, sizeof what, "%s T=%d", s->name, T);
     check_sampled(b, rt_interp_value(in, val(m, "out")), T, 40, what);

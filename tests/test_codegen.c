@@ -1092,10 +1092,7 @@ static void test_absorb_kernels(void)
     cg_options o;
     cg_options_default(&o);
     cg_ctx c;
-    ctx_init(&c, m, &o, 2);
-    for (int k = 0; k < m->n_ops; k++)
-        T_OK(cg_emit_op(&c, m->ops[k]));
-    check_steps(&c);
+    T_CHECK(generate(m, &o, 2, &c));
     expect_kernel(&c, "qc", "mla_qabsorb_h4_dn16_dv16_r32_t2_bf16_bf16_bf16", 4, 1, 512, 3);
     expect_kernel(&c, "o", "mla_vabsorb_h4_dn16_dv16_r32_t2_bf16_bf16_bf16", 4, 1, 256, 3);
     const ir_step *s = step_of(&c, "qc");
@@ -1108,16 +1105,12 @@ static void test_absorb_kernels(void)
             is_arg(s->args[2], IR_ARG_ACT, vid(&c, "o")));
     compile_src(c.src.data, "the unit module's absorptions");
     cg_ctx_free(&c);
-    ctx_init(&c, m, &o, 3);
-    for (int k = 0; k < m->n_ops; k++)
-        T_OK(cg_emit_op(&c, m->ops[k]));
+    T_CHECK(generate(m, &o, 3, &c));
     s = step_of(&c, "qc");
     T_CHECK(s && s->kind == IR_STEP_GEMM);
     cg_ctx_free(&c);
     setenv("MOEC_ABSORB_MAX_T", "1", 1);
-    ctx_init(&c, m, &o, 2);
-    for (int k = 0; k < m->n_ops; k++)
-        T_OK(cg_emit_op(&c, m->ops[k]));
+    T_CHECK(generate(m, &o, 2, &c));
     s = step_of(&c, "o");
     T_CHECK(s && s->kind == IR_STEP_GEMM);
     cg_ctx_free(&c);
