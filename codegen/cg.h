@@ -14,7 +14,10 @@
 
 /* Makes every kernel in the generated source begin with moec_pdl_enter()
  * (the prologue's programmatic-dependent-launch wait and trigger), which
- * the runtime's launches rely on (docs/CUDA.md). */
+ * the runtime's launches rely on (docs/CUDA.md). A kernel body that already
+ * has a line "    moec_pdl_enter();" keeps it where it is: such a kernel
+ * may issue moec_prefetch_l2 of its weights before it, and nothing else
+ * (no read of a value an earlier kernel writes, no write). */
 void cg_add_pdl_waits(moec_buf *b);
 
 enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };

@@ -1335,7 +1335,8 @@ static void test_sampler(void)
     ir_module_free(m);
 }
 
-/* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else. */
+/* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else,
+ * but where the body places its own (k3, after its prefetch). */
 static void test_pdl_waits(void)
 {
     moec_buf b = {0};
@@ -1343,7 +1344,9 @@ static void test_pdl_waits(void)
                       "// k1\nextern \"C\" __global__ void __launch_bounds__(256)\nk1(int *x)\n{\n"
                       "    x[0] = f();\n}\n\n"
                       "extern \"C\" __global__ void __launch_bounds__(64) k2(int *x)\n{\n"
-                      "    if (x) { x[1] = 2; }\n}\n");
+                      "    if (x) { x[1] = 2; }\n}\n"
+                      "extern \"C\" __global__ void k3(const int *w)\n{\n"
+                      "    moec_prefetch_l2(w, 64);\n    moec_pdl_enter();\n}\n");
     cg_add_pdl_waits(&b);
     T_CHECK(!b.oom && b.data);
     if (b.data)
@@ -1351,7 +1354,9 @@ static void test_pdl_waits(void)
                                 "// k1\nextern \"C\" __global__ void __launch_bounds__(256)\nk1(int *x)\n{"
                                 "\n    moec_pdl_enter();\n    x[0] = f();\n}\n\n"
                                 "extern \"C\" __global__ void __launch_bounds__(64) k2(int *x)\n{"
-                                "\n    moec_pdl_enter();\n    if (x) { x[1] = 2; }\n}\n"));
+                                "\n    moec_pdl_enter();\n    if (x) { x[1] = 2; }\n}\n"
+                                "extern \"C\" __global__ void k3(const int *w)\n{\n"
+                                "    moec_prefetch_l2(w, 64);\n    moec_pdl_enter();\n}\n"));
     moec_buf_free(&b);
 }
 
