@@ -1,7 +1,8 @@
 /* attention.c — GQA attention over the paged KV cache (docs/IR.md,
  * attention; docs/CUDA.md, KV cache). q, k, v arrive normed and rotated.
  * Kernels: the cache write of this step's k and v rows (padding tokens,
- * slot -1, write nothing), then attention of each token over its cached
+ * slot -1, write nothing; no kernel at all when the attn_prologue that
+ * computes k and v writes them, codegen/attn_prologue.c), then attention of each token over its cached
  * positions (causal p <= pos, optional window) with an online softmax in
  * fp32. One block per (token, kv head, group of query heads): the heads of
  * a GQA group share every k and v row the block reads. Warps take tiles of
@@ -252,15 +253,18 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     dtype_tag(tag, sizeof tag, dt, kdt, vdt);
     long long krow = HKV * DK, vrow = HKV * DV;
 
-    /* kernel 1: cache write */
+    /* kernel 1: cache write, unless the attn_prologue that computes k and v
+       writes their rows itself */
+    const ir_op *pro = kv->kind == IR_VALUE_OP ? kv->def : NULL;
+    int prewritten = pro && cg_attn_prologue_cache(c->m, pro) == op;
     char wname[256];
     snprintf(wname, sizeof wname, "attn_kv_write_hkv%lld_dk%lld_dv%lld_bs%d_t%d_%s", HKV, DK, DV,
              bs, c->T, tag);
     int is_new = 0;
-    int kw = cg_kernel(c, wname, &is_new);
+    int kw = prewritten ? 0 : cg_kernel(c, wname, &is_new);
     if (kw < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
-    if (is_new) {
+    if (!prewritten && is_new) {
         moec_buf_printf(&c->src,
                       "// attention: cache write of k and v (codegen/attention.c, cg_emit_attention)\n"
                       "extern \"C\" __global__ void __launch_bounds__(128) %s(const %s *__restrict__ k, "
@@ -273,8 +277,8 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       krow, vrow, cg_vec_width(krow), cg_vec_width(vrow));
         moec_buf_printf(&c->src, "%s}\n\n", WRITE_BODY);
     }
-    ir_step *s = cg_attn_write_step(c, op, kw, kv, vv);
-    if (!s)
+    ir_step *s = prewritten ? NULL : cg_attn_write_step(c, op, kw, kv, vv);
+    if (!prewritten && !s)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
 
     /* kernel 2: attention over the cache, the sequence split when the

@@ -703,6 +703,7 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
     case IR_OP_MLA_PROLOGUE_KV:
     case IR_OP_MLA_PROLOGUE_Q: st = cg_emit_mla_prologue(c, op); break;
     case IR_OP_DSA_PROLOGUE_K: st = cg_emit_dsa_prologue_k(c, op); break;
+    case IR_OP_ATTN_PROLOGUE: st = cg_emit_attn_prologue(c, op); break;
     default:
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "op %d (kind %d) has no CUDA code generator", op->id,
                         (int)op->kind);

@@ -183,6 +183,14 @@ moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op);
  * reading pro's result as its k, on pro's stream; NULL when there is none
  * (then dsa_topk writes its keys itself, and asks the same to skip it). */
 const ir_op *cg_dsa_prologue_cache(const ir_module *m, const ir_op *pro);
+/* attn_prologue: one kernel, which also writes the k and v cache rows of
+ * the attention cg_attn_prologue_cache names. */
+moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op);
+/* The attention whose cache the attn_prologue `pro` writes: the one op
+ * reading pro's k and v results as its own k and v, on pro's stream; NULL
+ * when there is none (then the attention writes its cache itself, and asks
+ * the same to skip it). */
+const ir_op *cg_attn_prologue_cache(const ir_module *m, const ir_op *pro);
 
 /* A rotation's frequencies for the rope attributes of op (rope or an MLA
  * prologue op) over heads of R channels: inv_freq[R/2] computed on the host

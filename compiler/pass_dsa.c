@@ -30,30 +30,12 @@ static ir_value *skip_reshapes(ir_value *v)
 
 /* Adds op `kind` (operands in, one result replacing `old` under its name),
  * placed before `anchor`; set_attrs sets its attributes. */
-typedef moec_status (*attr_fn)(ir_module *m, ir_op *op, const void *user);
-
 static moec_status replace_with(ir_module *m, ir_op_kind kind, ir_value *const *in, int n_in,
-                                ir_value *old, const ir_op *anchor, attr_fn set_attrs,
+                                ir_value *old, const ir_op *anchor, pass_attr_fn set_attrs,
                                 const void *user)
 {
-    const char *tmp = ir_module_unique_name(m, old->name);
-    if (!tmp)
-        return MOEC_ERR(MOEC_ERR_OOM, "fuse_dsa_indexer %%%s: out of memory", old->name);
-    ir_op *op = ir_module_add_op(m, kind, in, n_in, &tmp, 1);
-    if (!op)
-        return moec_err_wrap(MOEC_ERR_INTERNAL, "fuse_dsa_indexer %%%s", old->name);
-    MOEC_TRY(set_attrs(m, op, user));
-    moec_status st = ir_op_finish(m, op, NULL);
-    if (st != MOEC_OK)
-        return moec_err_wrap(st, "fuse_dsa_indexer %%%s", old->name);
-    if (!ir_type_equal(&op->out[0]->type, &old->type))
-        return MOEC_ERR(MOEC_ERR_INTERNAL, "fuse_dsa_indexer: %%%s: fused type differs",
-                        old->name);
-    MOEC_TRY(ir_module_move_op_before(m, op, anchor));
-    ir_module_replace_uses(m, old, op->out[0]);
-    MOEC_TRY(ir_module_dce(m));
-    op->out[0]->name = old->name; /* the replaced value is gone: its name goes over */
-    return MOEC_OK;
+    return pass_replace_values(m, kind, in, n_in, &old, 1, anchor, set_attrs, user,
+                               "fuse_dsa_indexer");
 }
 
 /* ---- the key --------------------------------------------------------------- */

@@ -57,31 +57,6 @@ static ir_value *full_rope_input(const ir_op *rope)
     return rope->in[0];
 }
 
-static int attr_same(const ir_attr *a, const ir_attr *b)
-{
-    if (!a || !b)
-        return !a && !b;
-    if (a->kind != b->kind)
-        return 0;
-    switch (a->kind) {
-    case IR_ATTR_INT: return a->i == b->i;
-    case IR_ATTR_FLOAT: return a->f == b->f;
-    case IR_ATTR_STR: return a->s && b->s && !strcmp(a->s, b->s);
-    case IR_ATTR_INTS: break;
-    }
-    return 0;
-}
-
-static int ropes_agree(const ir_op *a, const ir_op *b)
-{
-    if (a->in[1] != b->in[1])
-        return 0;
-    for (int i = 0; i < PASS_N_ROPE_KEYS; i++)
-        if (!attr_same(ir_op_attr(a, PASS_ROPE_KEYS[i]), ir_op_attr(b, PASS_ROPE_KEYS[i])))
-            return 0;
-    return 1;
-}
-
 /* The kv side of att into s; 0 when it does not match. */
 static int match_kv(ir_op *att, pro_site *s)
 {
@@ -111,7 +86,7 @@ static void match_q(ir_op *att, pro_site *s)
     s->q_ok = 0;
     ir_op *qa = pass_def_of(att->in[0], IR_OP_MLA_QABSORB);
     s->q_rope = pass_def_of(att->in[1], IR_OP_ROPE);
-    if (!qa || !s->q_rope || !ropes_agree(s->q_rope, s->k_rope))
+    if (!qa || !s->q_rope || !pass_ropes_agree(s->q_rope, s->k_rope, 0))
         return;
     ir_value *q_pe = full_rope_input(s->q_rope);
     s->q_nope = qa->in[0];
@@ -150,47 +125,36 @@ static ir_op *find_q_norm(const ir_module *m, const pro_site *s)
     return NULL;
 }
 
-/* Adds the prologue op `kind` (operands in, results replacing `old`, each
- * value's name taken over), placed before the first op defining one of
- * them, with the ropes' attributes and those given. */
-static moec_status add_prologue(ir_module *m, const pro_site *s, ir_op_kind kind,
-                                ir_value *const *in, int n_in, ir_value *const *old, int n_out)
+/* The prologue op being built: the site and its kind. */
+typedef struct pro_build {
+    const pro_site *s;
+    ir_op_kind kind;
+} pro_build;
+
+/* The prologue op's attributes: the ropes' and those of its kind. */
+static moec_status prologue_attrs(ir_module *m, ir_op *op, const void *user)
 {
-    const char *tmp[IR_MAX_RESULTS];
-    const ir_op *anchor = NULL;
-    for (int i = 0; i < n_out; i++) {
-        tmp[i] = ir_module_unique_name(m, old[i]->name);
-        if (!tmp[i])
-            return MOEC_ERR(MOEC_ERR_OOM, "fuse_mla_prologue %%%s: out of memory", old[i]->name);
-        if (!anchor || old[i]->def->id < anchor->id)
-            anchor = old[i]->def;
-    }
-    ir_op *op = ir_module_add_op(m, kind, in, n_in, tmp, n_out);
-    if (!op)
-        return moec_err_wrap(MOEC_ERR_INTERNAL, "fuse_mla_prologue %%%s", old[0]->name);
-    if (kind != IR_OP_MLA_PROLOGUE_KV) {
+    const pro_build *b = user;
+    const pro_site *s = b->s;
+    if (b->kind != IR_OP_MLA_PROLOGUE_KV) {
         MOEC_TRY(ir_op_set_int(m, op, "heads", s->H));
         MOEC_TRY(ir_op_set_int(m, op, "qk_nope_head_dim", s->dn));
     }
     MOEC_TRY(ir_op_set_int(m, op, "qk_rope_head_dim", s->dr));
-    if (kind != IR_OP_MLA_PROLOGUE_Q)
+    if (b->kind != IR_OP_MLA_PROLOGUE_Q)
         MOEC_TRY(ir_op_set_float(m, op, "eps", ir_op_attr_float(s->kv_norm, "eps", 0)));
-    MOEC_TRY(pass_copy_rope_attrs(m, op, s->k_rope, 0, "fuse_mla_prologue"));
-    moec_status st = ir_op_finish(m, op, NULL);
-    if (st != MOEC_OK)
-        return moec_err_wrap(st, "fuse_mla_prologue %%%s", old[0]->name);
-    MOEC_TRY(ir_module_move_op_before(m, op, anchor));
-    for (int i = 0; i < n_out; i++) {
-        if (!ir_type_equal(&op->out[i]->type, &old[i]->type))
-            return MOEC_ERR(MOEC_ERR_INTERNAL, "fuse_mla_prologue: %%%s: fused type differs",
-                            old[i]->name);
-        ir_module_replace_uses(m, old[i], op->out[i]);
-    }
-    MOEC_TRY(ir_module_dce(m));
-    /* the replaced values are gone: their names (arena strings) go over */
-    for (int i = 0; i < n_out; i++)
-        op->out[i]->name = old[i]->name;
-    return MOEC_OK;
+    return pass_copy_rope_attrs(m, op, s->k_rope, 0, "fuse_mla_prologue");
+}
+
+/* Adds the prologue op `kind` (operands in, results replacing `old`, each
+ * value's name taken over), placed before the first op defining one of
+ * them. */
+static moec_status add_prologue(ir_module *m, const pro_site *s, ir_op_kind kind,
+                                ir_value *const *in, int n_in, ir_value *const *old, int n_out)
+{
+    pro_build b = {s, kind};
+    return pass_replace_values(m, kind, in, n_in, old, n_out, NULL, prologue_attrs, &b,
+                               "fuse_mla_prologue");
 }
 
 /* Rewrites the prologue of attention op att, when it matches. */

@@ -37,6 +37,9 @@ static const pass_info PIPELINE[] = {
     /* MLA's slices, RMSNorms, ropes and cache write between the q/kv
      * projection and the attention: one op, one kernel (two with q LoRA). */
     {"fuse_mla_prologue", pass_fuse_mla_prologue, "MLA's prologue as one op"},
+    /* GQA's (Qwen's) slices of the fused qkv projection, q/k RMSNorms, ropes
+     * and cache write before the attention: one op, one kernel. */
+    {"fuse_attn_prologue", pass_fuse_attn_prologue, "GQA attention's prologue as one op"},
     /* DeepSeek-V3.2's indexer: its key's slice, LayerNorm, rope and cache
      * write as one op, and its q's rope and the slices of q and the head
      * weights read inside dsa_topk's score kernel (three kernels a layer,
@@ -127,6 +130,70 @@ moec_status pass_copy_rope_attrs(ir_module *m, ir_op *op, const ir_op *from, int
             return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: rope %%%s: attribute %s is an int list",
                             who, from->out[0]->name, a->key);
     }
+    return MOEC_OK;
+}
+
+static int attr_same(const ir_attr *a, const ir_attr *b)
+{
+    if (!a || !b)
+        return !a && !b;
+    if (a->kind != b->kind)
+        return 0;
+    switch (a->kind) {
+    case IR_ATTR_INT: return a->i == b->i;
+    case IR_ATTR_FLOAT: return a->f == b->f;
+    case IR_ATTR_STR: return a->s && b->s && !strcmp(a->s, b->s);
+    case IR_ATTR_INTS: break;
+    }
+    return 0;
+}
+
+int pass_ropes_agree(const ir_op *a, const ir_op *b, int with_rotary)
+{
+    if (a->in[1] != b->in[1])
+        return 0;
+    for (int i = 0; i < PASS_N_ROPE_KEYS + with_rotary; i++) {
+        const char *key = i < PASS_N_ROPE_KEYS ? PASS_ROPE_KEYS[i] : "rotary_dim";
+        if (!attr_same(ir_op_attr(a, key), ir_op_attr(b, key)))
+            return 0;
+    }
+    return 1;
+}
+
+moec_status pass_replace_values(ir_module *m, ir_op_kind kind, ir_value *const *in, int n_in,
+                                ir_value *const *old, int n_out, const ir_op *anchor,
+                                pass_attr_fn set_attrs, const void *user, const char *who)
+{
+    const char *tmp[IR_MAX_RESULTS];
+    if (n_out < 1 || n_out > IR_MAX_RESULTS)
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: %d results", who, n_out);
+    for (int i = 0; i < n_out; i++) {
+        tmp[i] = ir_module_unique_name(m, old[i]->name);
+        if (!tmp[i])
+            return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", who, old[i]->name);
+    }
+    if (!anchor)
+        for (int i = 0; i < n_out; i++)
+            if (!anchor || old[i]->def->id < anchor->id)
+                anchor = old[i]->def;
+    ir_op *op = ir_module_add_op(m, kind, in, n_in, tmp, n_out);
+    if (!op)
+        return moec_err_wrap(MOEC_ERR_INTERNAL, "%s %%%s", who, old[0]->name);
+    MOEC_TRY(set_attrs(m, op, user));
+    moec_status st = ir_op_finish(m, op, NULL);
+    if (st != MOEC_OK)
+        return moec_err_wrap(st, "%s %%%s", who, old[0]->name);
+    MOEC_TRY(ir_module_move_op_before(m, op, anchor));
+    for (int i = 0; i < n_out; i++) {
+        if (!ir_type_equal(&op->out[i]->type, &old[i]->type))
+            return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: %%%s: fused type differs", who,
+                            old[i]->name);
+        ir_module_replace_uses(m, old[i], op->out[i]);
+    }
+    MOEC_TRY(ir_module_dce(m));
+    /* the replaced values are gone: their names (arena strings) go over */
+    for (int i = 0; i < n_out; i++)
+        op->out[i]->name = old[i]->name;
     return MOEC_OK;
 }
 

@@ -77,6 +77,20 @@ extern const char *const PASS_ROPE_KEYS[];
  * with_rotary) onto op; `who` names the pass in errors. */
 moec_status pass_copy_rope_attrs(ir_module *m, ir_op *op, const ir_op *from, int with_rotary,
                                  const char *who);
+/* Whether ropes a and b rotate alike: the same positions and the same rope
+ * attributes (rotary_dim too when with_rotary), each set on both or on
+ * neither. */
+int pass_ropes_agree(const ir_op *a, const ir_op *b, int with_rotary);
+/* Sets the attributes of an op being built by pass_replace_values. */
+typedef moec_status (*pass_attr_fn)(ir_module *m, ir_op *op, const void *user);
+/* Adds an op of `kind` over in[0 .. n_in) whose n_out results replace the
+ * values old[] (their types, users and names go over), placed before
+ * `anchor` (NULL: before the first op defining one of them); set_attrs sets
+ * its attributes before it is checked. What only the old values read is
+ * dropped (ir_module_dce). `who` names the pass in errors. */
+moec_status pass_replace_values(ir_module *m, ir_op_kind kind, ir_value *const *in, int n_in,
+                                ir_value *const *old, int n_out, const ir_op *anchor,
+                                pass_attr_fn set_attrs, const void *user, const char *who);
 
 /* The passes (compiler/pass_*.c). */
 moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt);
@@ -88,6 +102,7 @@ moec_status pass_fuse_add_rms_norm(ir_module *m, const pass_options *opt);
 moec_status pass_absorb_mla(ir_module *m, const pass_options *opt);
 moec_status pass_shard(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_mla_prologue(ir_module *m, const pass_options *opt);
+moec_status pass_fuse_attn_prologue(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_dsa_indexer(ir_module *m, const pass_options *opt);
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt);
 moec_status pass_fuse_add3_rms_norm(ir_module *m, const pass_options *opt);

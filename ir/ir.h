@@ -234,6 +234,11 @@ typedef enum ir_op_kind {
                              f32[T, D]: the DSA indexer's key, layer_norm of x's columns
                              [col, col + D) then rope of its first rotary_dim channels
                              (pass fuse_dsa_indexer; docs/IR.md, "dsa_prologue_k") */
+    IR_OP_ATTN_PROLOGUE,  /* (x [T, N], pos, [q_norm [D], k_norm [D]]) {heads, kv_heads,
+                             head_dim, [eps], rope's, rotary_dim} -> (q f32[T, H, D], k
+                             f32[T, Hkv, D], v f32[T, Hkv, D]); x = [H heads | Hkv | Hkv] of
+                             D, q and k normed (with the weights) then rotated: GQA's
+                             prologue (pass fuse_attn_prologue; docs/IR.md, "attn_prologue") */
     IR_OP_COUNT,
 } ir_op_kind;
 

@@ -118,6 +118,13 @@ static const op_info OPS[IR_OP_COUNT] = {
                                {"eps", IR_ATTR_FLOAT, 1},
                                ROPE_ATTRS,
                                {"rotary_dim", IR_ATTR_INT, 0}}},
+    [IR_OP_ATTN_PROLOGUE] = {"attn_prologue", 2, 4, 3,
+                             {{"heads", IR_ATTR_INT, 1},
+                              {"kv_heads", IR_ATTR_INT, 1},
+                              {"head_dim", IR_ATTR_INT, 1},
+                              {"eps", IR_ATTR_FLOAT, 0},
+                              ROPE_ATTRS,
+                              {"rotary_dim", IR_ATTR_INT, 0}}},
 };
 
 static const char *const ATTR_KIND_NAMES[] = {"an int", "a float", "a string", "an int list"};
@@ -1139,6 +1146,54 @@ static moec_status infer_dsa_prologue_k(infer_ctx *c, ir_type *out)
     return MOEC_OK;
 }
 
+/* attn_prologue: x [T, N] holding H q heads, then Hkv k heads and Hkv v
+ * heads of D from column 0, pos, and q_norm and k_norm [D] with eps, or
+ * neither; rope's attributes with rotary_dim. */
+static moec_status infer_attn_prologue(infer_ctx *c, ir_type *out)
+{
+    const ir_op *op = c->op;
+    const ir_value *x = op->in[0];
+    MOEC_TRY(need_act(c, x, "input", 2, 2, 1));
+    MOEC_TRY(need_pos(c, op->in[1]));
+    int64_t H, Hkv, D;
+    MOEC_TRY(prologue_dim(c, "heads", &H));
+    MOEC_TRY(prologue_dim(c, "kv_heads", &Hkv));
+    MOEC_TRY(prologue_dim(c, "head_dim", &D));
+    if (H % Hkv)
+        return fail(c, "heads %" PRId64 " are not a multiple of kv_heads %" PRId64, H, Hkv);
+    if (D % 2)
+        return fail(c, "head_dim %" PRId64 " must be even", D);
+    if (op->n_in == 3)
+        return fail(c, "takes q_norm and k_norm, or neither: 1 norm weight given");
+    int norms = op->n_in == 4;
+    if (norms != (ir_op_attr(op, "eps") != NULL))
+        return fail(c, "%s", norms ? "q_norm and k_norm need attribute 'eps'"
+                                   : "attribute 'eps' without q_norm and k_norm");
+    for (int i = 2; i < op->n_in; i++) {
+        int64_t n;
+        MOEC_TRY(prologue_norm(c, i, i == 2 ? "q_norm" : "k_norm", &n));
+        if (n != D)
+            return fail(c, "%s %%%s has %" PRId64 " elements, head_dim is %" PRId64,
+                        i == 2 ? "q_norm" : "k_norm", vname(op->in[i]), n, D);
+    }
+    MOEC_TRY(rope_attrs(c));
+    int64_t rd;
+    MOEC_TRY(rotary_dim(c, D, &rd));
+    /* every size <= IR_DIM_MAX: the heads' product checked, no overflow */
+    if (D > IR_DIM_MAX / (H + 2 * Hkv))
+        return fail(c, "(heads %" PRId64 " + 2 * kv_heads %" PRId64 ") * head_dim %" PRId64
+                       " is too large",
+                    H, Hkv, D);
+    int64_t need = (H + 2 * Hkv) * D;
+    if (need > x->type.dims[1])
+        return fail(c, "input %%%s (%s) has %" PRId64 " columns, its sections need %" PRId64,
+                    vname(x), tfmt(&x->type).s, x->type.dims[1], need);
+    out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, D);
+    out[1] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, Hkv, D);
+    out[2] = out[1];
+    return MOEC_OK;
+}
+
 /* fork and join: the result is x, type and all. */
 static moec_status infer_identity(infer_ctx *c, ir_type *out)
 {
@@ -1257,6 +1312,7 @@ moec_status ir_op_infer_msg(const ir_op *op, ir_type *out, char *msg, size_t cap
     case IR_OP_MLA_PROLOGUE_KV:
     case IR_OP_MLA_PROLOGUE_Q: return infer_mla_prologue(&c, out);
     case IR_OP_DSA_PROLOGUE_K: return infer_dsa_prologue_k(&c, out);
+    case IR_OP_ATTN_PROLOGUE: return infer_attn_prologue(&c, out);
     case IR_OP_COUNT: break;
     }
     return fail(&c, "unknown op kind %d", (int)op->kind);

@@ -717,6 +717,49 @@ static moec_status op_dsa_prologue_k(rt_interp *in, const ir_op *op, int T)
     return rope_rows(op, k, ibuf(in, op->in[1]), k, T, 1, D, rd);
 }
 
+/* attn_prologue: exactly the slices, reshapes, rms_norms and ropes it
+ * replaces (docs/IR.md): q's, k's and v's columns of x sliced into the
+ * results; q and k normalized in place by rms_norm's function (rounded as
+ * the rms_norm's result was stored, under rt_interp_round_storage), then
+ * rotated in place by rope's. */
+static moec_status op_attn_prologue(rt_interp *in, const ir_op *op, int T)
+{
+    int64_t d[IR_MAX_RANK];
+    int64_t H = ir_op_attr_int(op, "heads", 0), Hkv = ir_op_attr_int(op, "kv_heads", 0);
+    int64_t D = ir_op_attr_int(op, "head_dim", 0), rd = ir_op_attr_int(op, "rotary_dim", D);
+    int norms = op->n_in == 4;
+    double eps = 0;
+    if (norms)
+        MOEC_TRY(attr_num_req(op, "eps", &eps));
+    if (shape_of(op->in[0], T, d) != 2 || numel_of(op->in[1], T) != T || H < 1 || Hkv < 1 ||
+        D < 2 || D % 2 || rd < 2 || rd > D || rd % 2 || (H + 2 * Hkv) * D > d[1] ||
+        numel_of(op->out[0], T) != T * H * D || numel_of(op->out[1], T) != T * Hkv * D ||
+        numel_of(op->out[2], T) != T * Hkv * D ||
+        (norms && (numel_of(op->in[2], T) != D || numel_of(op->in[3], T) != D)))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "%s: attn_prologue wants x [T, N] holding (heads + 2 kv_heads) heads of "
+                        "an even head_dim, pos [T], norm weights [head_dim] and an even "
+                        "rotary_dim <= head_dim",
+                        op_name(op));
+    const float *x = fbuf(in, op->in[0]);
+    const int32_t *pos = ibuf(in, op->in[1]);
+    const int64_t heads[2] = {H, Hkv};
+    int64_t col = 0;
+    for (int i = 0; i < 2; i++) {
+        float *y = fbuf(in, op->out[i]);
+        int64_t n = heads[i] * D;
+        gather_cols(x, d[1], col, n, T, y);
+        col += n;
+        if (norms) {
+            rms_norm_rows(y, fbuf(in, op->in[2 + i]), y, T * heads[i], D, eps);
+            round_as(in, IR_OP_RMS_NORM, y, T * n);
+        }
+        MOEC_TRY(rope_rows(op, y, pos, y, T, heads[i], D, rd));
+    }
+    gather_cols(x, d[1], col, Hkv * D, T, fbuf(in, op->out[2]));
+    return MOEC_OK;
+}
+
 /* ---- attention ------------------------------------------------------------ */
 
 /* The cache row of position p of token t's sequence, through the page map. */
@@ -1566,6 +1609,7 @@ static moec_status run_op(rt_interp *in, const ir_op *op, int T)
     case IR_OP_MLA_PROLOGUE_KV:
     case IR_OP_MLA_PROLOGUE_Q: return op_mla_prologue(in, op, T);
     case IR_OP_DSA_PROLOGUE_K: return op_dsa_prologue_k(in, op, T);
+    case IR_OP_ATTN_PROLOGUE: return op_attn_prologue(in, op, T);
     case IR_OP_COUNT: break;
     }
     return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s: op kind %d has no interpreter", op_name(op),
@@ -1614,6 +1658,7 @@ static const struct {
     [IR_OP_MLA_PROLOGUE_KV] = {4, 4, 3, 1u << 1, 0, 0},
     [IR_OP_MLA_PROLOGUE_Q] = {2, 2, 2, 1u << 1, 0, 0},
     [IR_OP_DSA_PROLOGUE_K] = {4, 4, 1, 1u << 1, 0, 0},
+    [IR_OP_ATTN_PROLOGUE] = {2, 4, 3, 1u << 1, 0, 0},
 };
 
 /* Checks what the op functions rely on before indexing buffers: operand

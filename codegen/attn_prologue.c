@@ -1,0 +1,261 @@
+/* attn_prologue.c — attn_prologue (docs/IR.md): grouped-query attention's
+ * prologue as one kernel. It reads a token's row of the fused qkv
+ * projection once; each q and k head is RMS-normed (Qwen3's q_norm and
+ * k_norm, the formula of rms_norm.c), rounded to the compute dtype as the
+ * rms_norm's stored result was, and its first rotary_dim channels rotated
+ * with rope.c's frequency table (cg_rope_init); v heads are copied. q, k
+ * and v go to their results, and the token's k and v rows straight into
+ * the paged cache of the attention that reads them
+ * (cg_attn_prologue_cache), whose own write kernel is then skipped: what
+ * three slices, two rms_norms, two ropes and the cache write did in eight
+ * kernels (issue 15). Padding tokens (slot < 0) write no cache row.
+ *
+ * One warp a head, four to a block, the head staged in shared memory (the
+ * rotation pairs channels other lanes normalized); a token's H + 2 Hkv
+ * heads over blockIdx.y, so that they run side by side even at batch 1.
+ *
+ * Kernel attn_prologue_h<H>_hkv<Hkv>_d<D>_n<N>_r<rotary_dim>_<style>[_norm]
+ * [_c<bs>]_t<T>_<dtypes>_<rope hash>: grid (T, ceil((H + 2 Hkv) / 4)),
+ * block 128. */
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/cg.h"
+#include "err.h"
+
+#define APK_HEADS 4 /* heads (warps) a block */
+#define APK_SMEM_MAX (48 * 1024)
+
+static const char HELPERS[] =
+    "#ifndef MOEC_ATTN_PROLOGUE_HELPERS\n"
+    "#define MOEC_ATTN_PROLOGUE_HELPERS\n"
+    "/* v rounded to T's precision and back: what storing it as T keeps */\n"
+    "template <typename T> __device__ __forceinline__ float moec_round_to(float v)\n"
+    "{\n"
+    "    T t;\n"
+    "    st(&t, v);\n"
+    "    return ld(&t);\n"
+    "}\n"
+    "#endif\n\n";
+
+static const char BODY[] =
+    "    __shared__ float row_s[HPB][D];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int t = blockIdx.x, hh = blockIdx.y * HPB + warp;\n"
+    "    if (hh >= H + 2 * HKV)\n"
+    "        return;\n"
+    "    const TX *xr = x + (long long)t * N + (long long)hh * D;\n"
+    "    /* k and v heads: their row of the cache, none for padding tokens (slot < 0)\n"
+    "       and positions past the table */\n"
+    "    TP *crow = nullptr;\n"
+    "    if constexpr (CACHE) {\n"
+    "        const int sl = slots[t], pp = positions[t];\n"
+    "        if (hh >= H && sl >= 0 && pp >= 0 && pp / BS < max_blocks) {\n"
+    "            const long long row = (long long)block_table[(long long)sl * max_blocks + pp / BS] * BS + pp % BS;\n"
+    "            crow = hh < H + HKV ? kpool + (row * HKV + hh - H) * D\n"
+    "                                : vpool + (row * HKV + hh - H - HKV) * D;\n"
+    "        }\n"
+    "    }\n"
+    "    if (hh >= H + HKV) { /* v: copied */\n"
+    "        TY *yr = v + ((long long)t * HKV + hh - H - HKV) * D;\n"
+    "        for (int c = lane * V; c < D; c += 32 * V) {\n"
+    "            float f[V];\n"
+    "            ldv<V>(xr + c, f);\n"
+    "            stv<V>(yr + c, f);\n"
+    "            if (crow)\n"
+    "                stv<V>(crow + c, f);\n"
+    "        }\n"
+    "        return;\n"
+    "    }\n"
+    "    const bool isq = hh < H;\n"
+    "    TY *yr = isq ? q + ((long long)t * H + hh) * D : k + ((long long)t * HKV + hh - H) * D;\n"
+    "    float *r = row_s[warp];\n"
+    "    float ss = 0.0f;\n"
+    "    for (int c = lane * V; c < D; c += 32 * V) {\n"
+    "        float f[V];\n"
+    "        ldv<V>(xr + c, f);\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < V; j++) {\n"
+    "            r[c + j] = moec_round_to<TC>(f[j]);\n"
+    "            ss += r[c + j] * r[c + j];\n"
+    "        }\n"
+    "    }\n"
+    "    if constexpr (NORM) {\n"
+    "        /* the head's RMSNorm, rounded as the rms_norm's result was stored */\n"
+    "        const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)D + eps);\n"
+    "        const TW *w = isq ? qw : kw;\n"
+    "        for (int c = lane * V; c < D; c += 32 * V) {\n"
+    "            float wv[V];\n"
+    "            ldv<V>(w + c, wv);\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < V; j++)\n"
+    "                r[c + j] = moec_round_to<TC>(wv[j] * (r[c + j] * inv));\n"
+    "        }\n"
+    "    }\n"
+    "    __syncwarp();\n"
+    "    /* pair k of the first RD channels: (k, k + RD/2) neox, (2k, 2k+1) interleaved;\n"
+    "       each pair read and written by one lane */\n"
+    "    const float p = (float)pos[t];\n"
+    "    for (int k2 = lane; k2 < RD / 2; k2 += 32) {\n"
+    "        float sn, cs;\n"
+    "        sincosf(p * inv_freq[k2], &sn, &cs);\n"
+    "        cs *= AF;\n"
+    "        sn *= AF;\n"
+    "        const int i0 = NEOX ? k2 : 2 * k2, i1 = NEOX ? k2 + RD / 2 : 2 * k2 + 1;\n"
+    "        const float x0 = r[i0], x1 = r[i1];\n"
+    "        r[i0] = x0 * cs - x1 * sn;\n"
+    "        r[i1] = x1 * cs + x0 * sn;\n"
+    "    }\n"
+    "    __syncwarp();\n"
+    "    for (int c = lane * V; c < D; c += 32 * V) {\n"
+    "        stv<V>(yr + c, r + c);\n"
+    "        if (crow)\n"
+    "            stv<V>(crow + c, r + c);\n"
+    "    }\n";
+
+static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
+
+const ir_op *cg_attn_prologue_cache(const ir_module *m, const ir_op *pro)
+{
+    if (pro->kind != IR_OP_ATTN_PROLOGUE)
+        return NULL;
+    const ir_op *found = NULL;
+    for (int i = pro->id + 1; i < m->n_ops; i++) {
+        const ir_op *op = m->ops[i];
+        if (op->kind != IR_OP_ATTENTION || op->n_in != 4 || op->in[1] != pro->out[1] ||
+            op->in[2] != pro->out[2])
+            continue;
+        if (found || op->stream != pro->stream)
+            return NULL;
+        found = op;
+    }
+    return found;
+}
+
+moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
+{
+    const char *who = op->out[0]->name;
+    const ir_value *x = op->in[0], *pos = op->in[1];
+    long long N = x->type.rank == 2 ? x->type.dims[1] : 0;
+    long long H = ir_op_attr_int(op, "heads", 0), HKV = ir_op_attr_int(op, "kv_heads", 0);
+    long long D = ir_op_attr_int(op, "head_dim", 0), rd = ir_op_attr_int(op, "rotary_dim", D);
+    int norm = op->n_in == 4;
+    double eps = norm ? ir_op_attr_float(op, "eps", -1) : 0;
+    const char *style = ir_op_attr_str(op, "style", "");
+    int neox = !strcmp(style, "neox");
+    if ((op->n_in != 2 && !norm) || N < 1 || H < 1 || HKV < 1 || H % HKV || D < 2 || D % 2 ||
+        (H + 2 * HKV) * D > N || rd < 2 || rd > D || rd % 2 || eps < 0 ||
+        (!neox && strcmp(style, "interleave") != 0) || cg_storage(c, pos) != IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "attn_prologue %%%s: wants x [T, N] holding heads + 2 kv_heads heads of "
+                        "an even head_dim, pos i32[T], an even rotary_dim <= head_dim, eps >= 0 "
+                        "and style \"neox\" or \"interleave\"",
+                        who);
+    if ((long long)APK_HEADS * D * 4 > APK_SMEM_MAX)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "attn_prologue %%%s: a head of %lld channels does not fit shared memory",
+                        who, D);
+    ir_dtype tx = cg_storage(c, x), ty = cg_storage(c, op->out[0]),
+             tw = norm ? cg_storage(c, op->in[2]) : ty, tp = c->opt->compute_dtype;
+    int same = cg_storage(c, op->out[1]) == ty && cg_storage(c, op->out[2]) == ty &&
+               (!norm || cg_storage(c, op->in[3]) == tw);
+    if (!same || tx == IR_DTYPE_I32 || ty == IR_DTYPE_I32 || tw == IR_DTYPE_I32)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "attn_prologue %%%s: its results (and its norm weights) must be stored "
+                        "alike, as floats",
+                        who);
+    const ir_op *att = cg_attn_prologue_cache(c->m, op);
+    int bs = c->opt->kv_block_size;
+    if (att && bs < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "attn_prologue %%%s: kv_block_size %d", who, bs);
+    cg_rope rt;
+    MOEC_TRY(cg_rope_init(op, rd, &rt));
+    char name[256], sig[64], cache[32] = "";
+    cg_dtype_signature(c, op, sig, sizeof sig);
+    if (att)
+        snprintf(cache, sizeof cache, "_c%d_%s", bs, ir_dtype_name(tp));
+    snprintf(name, sizeof name, "attn_prologue_h%lld_hkv%lld_d%lld_n%lld_r%lld_%s%s%s_t%d_%s_%08x",
+             H, HKV, D, N, rd, style, norm ? "_norm" : "", cache, c->T, sig, rt.hash);
+    int is_new;
+    int k = cg_kernel(c, name, &is_new);
+    ir_step *s = k < 0 ? NULL : cg_step(c, IR_STEP_KERNEL, op);
+    if (!s) {
+        cg_rope_free(&rt);
+        return MOEC_ERR(MOEC_ERR_OOM, "attn_prologue %%%s: no memory", who);
+    }
+    s->kernel = k;
+    s->grid[0] = (unsigned)c->T;
+    s->grid[1] = (unsigned)((H + 2 * HKV + APK_HEADS - 1) / APK_HEADS);
+    s->block[0] = APK_HEADS * 32;
+    s->n_args = 0;
+    s->args[s->n_args++] = cg_arg_act(x);
+    s->args[s->n_args++] = cg_arg_act(pos);
+    if (norm) {
+        s->args[s->n_args++] = cg_arg_act(op->in[2]);
+        s->args[s->n_args++] = cg_arg_act(op->in[3]);
+    }
+    for (int i = 0; i < 3; i++)
+        s->args[s->n_args++] = cg_arg_act(op->out[i]);
+    if (att) {
+        s->args[s->n_args++] = cg_arg_input(IR_INPUT_POSITIONS);
+        s->args[s->n_args++] = cg_arg_input(IR_INPUT_SLOTS);
+        s->args[s->n_args++] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
+        s->args[s->n_args++] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
+        s->args[s->n_args++] = cg_arg_kv(att, 0);
+        s->args[s->n_args++] = cg_arg_kv(att, 1);
+    }
+    if (norm)
+        s->args[s->n_args++] = cg_arg_f32(eps);
+    if (is_new) {
+        moec_buf *o = &c->src;
+        const char *cx = cg_ctype(tx), *cy = cg_ctype(ty), *cw = cg_ctype(tw), *cp = cg_ctype(tp);
+        char sym[300];
+        snprintf(sym, sizeof sym, "%s_inv_freq", name);
+        moec_buf_printf(o, "%s", HELPERS);
+        cg_rope_emit_table(o, &rt, sym);
+        moec_buf_printf(o,
+                        "// attn_prologue: q/k RMSNorms, ropes, v and the k/v cache rows "
+                        "(codegen/attn_prologue.c), first for %%%s\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s "
+                        "*__restrict__ x, const int *__restrict__ pos, ",
+                        who, APK_HEADS * 32, name, cx);
+        if (norm)
+            moec_buf_printf(o, "const %s *__restrict__ qw, const %s *__restrict__ kw, ", cw, cw);
+        moec_buf_printf(o, "%s *__restrict__ q, %s *__restrict__ k, %s *__restrict__ v", cy, cy,
+                        cy);
+        if (att)
+            moec_buf_printf(o,
+                            ", const int *__restrict__ positions, const int *__restrict__ "
+                            "slots, const int *__restrict__ block_table, int max_blocks, %s "
+                            "*__restrict__ kpool, %s *__restrict__ vpool",
+                            cp, cp);
+        if (norm)
+            moec_buf_printf(o, ", float eps");
+        moec_buf_printf(o, ")\n{\n    typedef %s TX;\n    typedef %s TY;\n    typedef %s TW;\n"
+                           "    typedef %s TC;\n    typedef %s TP;\n",
+                        cx, cy, cw, cp, att ? cp : cy);
+        /* the unused parts' names, so that one body serves every form */
+        if (!norm)
+            moec_buf_printf(o, "    const TW *qw = nullptr, *kw = nullptr;\n"
+                               "    const float eps = 0.0f;\n"
+                               "    (void)qw;\n    (void)kw;\n    (void)eps;\n");
+        if (!att)
+            moec_buf_printf(o, "    const int *positions = nullptr, *slots = nullptr, "
+                               "*block_table = nullptr;\n    const int max_blocks = 0;\n"
+                               "    TP *kpool = nullptr, *vpool = nullptr;\n"
+                               "    (void)positions;\n    (void)slots;\n    (void)block_table;\n"
+                               "    (void)max_blocks;\n    (void)kpool;\n    (void)vpool;\n");
+        moec_buf_printf(o,
+                        "    constexpr int H = %lld, HKV = %lld, D = %lld, N = %lld, RD = %lld, "
+                        "V = %d, HPB = %d, BS = %d;\n"
+                        "    constexpr bool NEOX = %s, NORM = %s, CACHE = %s;\n"
+                        "    constexpr float AF = %af;\n"
+                        "    const float *inv_freq = %s;\n"
+                        "    (void)BS;\n%s}\n\n",
+                        H, HKV, D, N, rd, cg_vec_width(gcd(N, D)), APK_HEADS, att ? bs : 1,
+                        neox ? "true" : "false", norm ? "true" : "false",
+                        att ? "true" : "false", (double)rt.attn_factor, sym, BODY);
+    }
+    cg_rope_free(&rt);
+    return MOEC_OK;
+}
