@@ -1298,7 +1298,7 @@ static int prefix_launches(const ir_module *m, const char *pre)
 /* The pipeline without the passes `drop` names (and, with no_align, codegen
  * without the moe_topk kernel that aligns the routed experts' slots:
  * MOEC_MOE_TOPK_ALIGN=0): the launches those save in the MoE layer (layer
- * 1) of a 2-layer DeepSeek config, which must be `saved`; those of V3.2's
+ * 1) of a 2-layer config, which must be `saved`; those of V3.2's
  * indexer in that layer, with the whole pipeline and without them, when
  * indexer > 0. */
 static void launches_saved(const char *json, const char *what, const char *const *drop,
@@ -1453,6 +1453,11 @@ static void config_case(const char *file, int fp8)
            In fp8 wk and weights_proj stay linears of their own (GEMMs): 5 */
         if (v32)
             launches_saved(json, what, i12, 1, 0, fp8 ? 4 : 6, fp8 ? 5 : 3, 9);
+        /* Qwen3's attn_prologue replaces eight: the slices of q, k and v,
+           the q and k norms and ropes, the attention's cache write */
+        static const char *const gqa[] = {"fuse_attn_prologue"};
+        if (!strncmp(file, "qwen3", 5))
+            launches_saved(json, what, gqa, 1, 0, 7, 0, 0);
         ir_module_free(m);
     }
     free(json);
