@@ -719,9 +719,9 @@ static moec_status op_dsa_prologue_k(rt_interp *in, const ir_op *op, int T)
 
 /* attn_prologue: exactly the slices, reshapes, rms_norms and ropes it
  * replaces (docs/IR.md): q's, k's and v's columns of x sliced into the
- * results; q and k normalized in place by rms_norm's function (rounded as
- * the rms_norm's result was stored, under rt_interp_round_storage), then
- * rotated in place by rope's. */
+ * results; q and k normalized in place by rms_norm's function, then rotated
+ * in place by rope's; each intermediate rounded as the op it stands for
+ * stored it, under rt_interp_round_storage. */
 static moec_status op_attn_prologue(rt_interp *in, const ir_op *op, int T)
 {
     int64_t d[IR_MAX_RANK];
@@ -749,6 +749,7 @@ static moec_status op_attn_prologue(rt_interp *in, const ir_op *op, int T)
         float *y = fbuf(in, op->out[i]);
         int64_t n = heads[i] * D;
         gather_cols(x, d[1], col, n, T, y);
+        round_as(in, IR_OP_SLICE, y, T * n);
         col += n;
         if (norms) {
             rms_norm_rows(y, fbuf(in, op->in[2 + i]), y, T * heads[i], D, eps);
@@ -757,6 +758,7 @@ static moec_status op_attn_prologue(rt_interp *in, const ir_op *op, int T)
         MOEC_TRY(rope_rows(op, y, pos, y, T, heads[i], D, rd));
     }
     gather_cols(x, d[1], col, Hkv * D, T, fbuf(in, op->out[2]));
+    round_as(in, IR_OP_SLICE, fbuf(in, op->out[2]), T * Hkv * D);
     return MOEC_OK;
 }
 

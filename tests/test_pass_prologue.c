@@ -10,7 +10,10 @@
  * mla_prologue_kv and mla_prologue_q with it) under the names of the values
  * they replace, the expert sum in every MoE layer's residual add_rms_norm,
  * nothing left to do a second time, and a prologue whose ropes disagree
- * left alone. */
+ * left alone. attn_prologue (GQA) likewise: bit for bit its slices,
+ * rms_norms and ropes (fp32 and bf16 storage), its verifier errors, and
+ * fuse_attn_prologue on the Qwen models: the same logits bit for bit, one
+ * op per layer where q, k and v are one projection. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +161,81 @@ static void test_ops(void)
     ir_module_free(m);
 }
 
+/* attn_prologue beside the ops it replaces: H = 4 q heads, Hkv = 2, D = 8,
+ * g rows of 66 columns (q 32, k 16, v 16, 2 more). Qwen3's form (q/k norms,
+ * neox, YaRN with its mscale) and Qwen2's (no norms; interleaved, linear,
+ * a rotary_dim of 6). */
+static const char GQA_IR[] =
+    "module test {\n"
+    "  input %tokens : i32[T]\n"
+    "  input %positions : i32[T]\n"
+    "  weight %tg : f32[5, 66] = \"tg\"\n"
+    "  weight %qn : f32[8] = \"qn\"\n"
+    "  weight %kn : f32[8] = \"kn\"\n"
+    "  %g : f32[T, 66] = embedding(%tokens, %tg)\n"
+    "  %a.q : f32[T, 4, 8], %a.k : f32[T, 2, 8], %a.v : f32[T, 2, 8] = attn_prologue(%g, "
+    "%positions, %qn, %kn) {heads = 4, kv_heads = 2, head_dim = 8, eps = 1e-06, style = "
+    "\"neox\", theta = 1e+04, scaling = \"yarn\", factor = 4.0, yarn_low = 1.0, yarn_high = "
+    "2.0, attn_factor = 1.25}\n"
+    "  %u.q_flat : f32[T, 32] = slice(%g) {axis = 1, start = 0, size = 32}\n"
+    "  %u.q0 : f32[T, 4, 8] = reshape(%u.q_flat)\n"
+    "  %u.qn : f32[T, 4, 8] = rms_norm(%u.q0, %qn) {eps = 1e-06}\n"
+    "  %u.q : f32[T, 4, 8] = rope(%u.qn, %positions) {style = \"neox\", theta = 1e+04, "
+    "scaling = \"yarn\", factor = 4.0, yarn_low = 1.0, yarn_high = 2.0, attn_factor = 1.25}\n"
+    "  %u.k_flat : f32[T, 16] = slice(%g) {axis = 1, start = 32, size = 16}\n"
+    "  %u.k0 : f32[T, 2, 8] = reshape(%u.k_flat)\n"
+    "  %u.kn : f32[T, 2, 8] = rms_norm(%u.k0, %kn) {eps = 1e-06}\n"
+    "  %u.k : f32[T, 2, 8] = rope(%u.kn, %positions) {style = \"neox\", theta = 1e+04, "
+    "scaling = \"yarn\", factor = 4.0, yarn_low = 1.0, yarn_high = 2.0, attn_factor = 1.25}\n"
+    "  %u.v_flat : f32[T, 16] = slice(%g) {axis = 1, start = 48, size = 16}\n"
+    "  %u.v : f32[T, 2, 8] = reshape(%u.v_flat)\n"
+    "  %b.q : f32[T, 4, 8], %b.k : f32[T, 2, 8], %b.v : f32[T, 2, 8] = attn_prologue(%g, "
+    "%positions) {heads = 4, kv_heads = 2, head_dim = 8, style = \"interleave\", theta = "
+    "500.0, scaling = \"linear\", factor = 2.0, rotary_dim = 6}\n"
+    "  %w.q0 : f32[T, 4, 8] = reshape(%u.q_flat)\n"
+    "  %w.q : f32[T, 4, 8] = rope(%w.q0, %positions) {style = \"interleave\", theta = 500.0, "
+    "scaling = \"linear\", factor = 2.0, rotary_dim = 6}\n"
+    "  %w.k : f32[T, 2, 8] = rope(%u.k0, %positions) {style = \"interleave\", theta = 500.0, "
+    "scaling = \"linear\", factor = 2.0, rotary_dim = 6}\n"
+    "  output %g\n"
+    "}\n";
+
+/* attn_prologue equals its ops bit for bit, in fp32 and with every result
+ * rounded to bf16 as the GPU stores it. */
+static void test_gqa_ops(ir_dtype round)
+{
+    ir_module *m = NULL;
+    T_OK(ir_module_parse(GQA_IR, "gqa.mir", &m));
+    if (!m)
+        return;
+    rt_interp *in = NULL;
+    T_OK(rt_interp_init(m, NULL, 64, &in));
+    uint64_t rng = 0x51ed27;
+    static const char *const W[] = {"tg", "qn", "kn"};
+    for (int i = 0; in && i < N_OF(W); i++) {
+        const ir_value *w = ir_module_find_value(m, W[i]);
+        int64_t n = ir_type_numel(&w->type, 0);
+        float *d = malloc((size_t)n * sizeof *d);
+        for (int64_t j = 0; d && j < n; j++)
+            d[j] = t_rand_normal(&rng) * (j % 5 == 2 ? 7.0f : 1.0f);
+        T_OK(rt_interp_set_weight(in, w, d));
+        free(d);
+    }
+    int32_t tok[4] = {2, 4, 0, 3}, pos[4] = {0, 5, 17, 63};
+    if (in) {
+        T_OK(rt_interp_round_storage(in, round, 0));
+        T_OK(rt_interp_forward(in, tok, pos, 4, NULL));
+        static const char *const PAIRS[][2] = {
+            {"a.q", "u.q"}, {"a.k", "u.k"}, {"a.v", "u.v"},
+            {"b.q", "w.q"}, {"b.k", "w.k"}, {"b.v", "u.v"},
+        };
+        for (int i = 0; i < N_OF(PAIRS); i++)
+            same_bits(in, m, PAIRS[i][0], PAIRS[i][1], 4);
+    }
+    rt_interp_free(in);
+    ir_module_free(m);
+}
+
 /* The op line `line` in a module of x [T, 48], weights kvw [8], qw [5],
  * v3 [3]: the verifier's error names it. */
 static void bad_op(const char *line, const char *needle)
@@ -229,16 +307,63 @@ static void test_verifier(void)
     bad_op("%q : f32[T, 3, 4], %p : f32[T, 3, 8] = mla_prologue_q(%x, %positions) {heads = 3, "
            "qk_nope_head_dim = 4, qk_rope_head_dim = 6, " ROPE_ATTRS "}",
            "%p: mla_prologue_q: declared type f32[T, 3, 8], inferred f32[T, 3, 6]");
+    /* attn_prologue: x [T, 48] holds 6 heads of 8 */
+#define GQA_OUT "%q : f32[T, 4, 8], %k : f32[T, 2, 8], %v : f32[T, 2, 8] = "
+    bad_op(GQA_OUT "attn_prologue(%x, %positions) {heads = 4, kv_heads = 2, head_dim = 8, "
+           ROPE_ATTRS "}",
+           "%q: attn_prologue: input %x (f32[T, 48]) has 48 columns, its sections need 64");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions) {heads = 3, kv_heads = 2, head_dim = 4, "
+           ROPE_ATTRS "}",
+           "%q: attn_prologue: heads 3 are not a multiple of kv_heads 2");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions, %kvw) {heads = 2, kv_heads = 1, head_dim = 8, "
+           "eps = 1e-06, " ROPE_ATTRS "}",
+           "%q: attn_prologue: takes q_norm and k_norm, or neither: 1 norm weight given");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions, %kvw, %kvw) {heads = 2, kv_heads = 1, "
+           "head_dim = 8, " ROPE_ATTRS "}",
+           "%q: attn_prologue: q_norm and k_norm need attribute 'eps'");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions) {heads = 2, kv_heads = 1, head_dim = 8, "
+           "eps = 1e-06, " ROPE_ATTRS "}",
+           "%q: attn_prologue: attribute 'eps' without q_norm and k_norm");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions, %kvw, %qw) {heads = 2, kv_heads = 1, "
+           "head_dim = 8, eps = 1e-06, " ROPE_ATTRS "}",
+           "%q: attn_prologue: k_norm %qw has 5 elements, head_dim is 8");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions) {heads = 2, kv_heads = 1, head_dim = 7, "
+           ROPE_ATTRS "}",
+           "%q: attn_prologue: head_dim 7 must be even");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions) {heads = 2, kv_heads = 1, head_dim = 8, "
+           "rotary_dim = 10, " ROPE_ATTRS "}",
+           "%q: attn_prologue: rotary_dim 10 must be even and in [2, 8] (the head dim)");
+    bad_op(GQA_OUT "attn_prologue(%x, %positions) {heads = 4, kv_heads = 2, head_dim = 6, "
+           ROPE_ATTRS "}",
+           "%q: attn_prologue: declared type f32[T, 4, 8], inferred f32[T, 4, 6]");
+#undef GQA_OUT
     bad_op("%s : f32[T, 8], %n : f32[T, 8] = add_rms_norm(%x8, %x8, %kvw, %x9) {eps = 1e-06}",
            "%s: add_rms_norm: c %x9 (f32[T, 9]) and a %x8 (f32[T, 8]) differ in width");
 }
 
 /* ---- the passes on the tiny models ---------------------------------------- */
 
+static const char *const QWEN[] = {"qwen2_moe", "qwen3_moe", "qwen3_moe_fp8"};
+
 static void test_equivalence(void)
 {
     for (int i = 0; i < N_OF(DEEPSEEK); i++)
         T_CHECK(t_pass_equivalence(DEEPSEEK[i], "fuse_mla_prologue", NULL) >= 0);
+    /* fuse_attn_prologue: the same logits bit for bit, in fp32 and with
+       every result rounded to bf16 as the GPU stores it */
+    for (int i = 0; i < N_OF(QWEN); i++) {
+        ir_module *before, *m;
+        if (!t_pipeline_pair(QWEN[i], "fuse_mla_prologue", "fuse_attn_prologue", NULL, &before,
+                             &m))
+            continue;
+        double f32 = t_modules_agree(QWEN[i], before, m, 0x5eed);
+        double bf16 = t_modules_agree_stored(QWEN[i], before, m, 0x5eed, IR_DTYPE_BF16);
+        printf("fuse_attn_prologue %-18s max row error %.3g (fp32), %.3g (bf16 storage)\n",
+               QWEN[i], f32, bf16);
+        T_CHECK(f32 == 0 && bf16 == 0);
+        ir_module_free(before);
+        ir_module_free(m);
+    }
     pass_options f16 = t_pass_options(IR_DTYPE_F16);
     for (int i = 0; i < N_OF(ALL); i++) {
         T_CHECK(t_pass_equivalence(ALL[i], "fuse_add3_rms_norm", NULL) >= 0);
@@ -353,6 +478,62 @@ static void check_mismatch(const char *model, int lora)
     ir_module_free(m);
 }
 
+/* fuse_attn_prologue on a Qwen model: one attn_prologue per layer where the
+ * q, k and v projections are one linear (not in qwen3_moe_fp8, whose
+ * block-scaled q, k and v stay linears of their own: nothing to do), under
+ * the names of the values it replaces, the attention reading its results;
+ * no rope and no head rms_norm left. With `theta`, q's ropes get another
+ * theta first: nothing fuses. */
+static void check_gqa(const char *model, double theta)
+{
+    ir_module *before, *m;
+    if (!t_pipeline_pair(model, "fuse_mla_prologue", "fuse_mla_prologue", NULL, &before, &m))
+        return;
+    for (int i = 0; theta > 0 && i < m->n_ops; i++)
+        if (m->ops[i]->kind == IR_OP_ROPE && strstr(m->ops[i]->out[0]->name, "q_rot"))
+            T_OK(ir_op_set_float(m, m->ops[i], "theta", theta));
+    T_OK(pass_fuse_attn_prologue(m, NULL));
+    T_OK(ir_module_verify(m));
+    int layers = (int)ir_module_meta_int(m, "num_hidden_layers", 0);
+    int fused = theta > 0 || !ir_module_find_value(before, "l0.attn.qkv") ? 0 : layers;
+    int norms = ir_module_find_value(before, "l0.attn.q_normed") != NULL;
+    int n = t_count_ops(m, IR_OP_ATTN_PROLOGUE);
+    T_CHECK(n == fused && t_count_ops(m, IR_OP_ATTENTION) == layers);
+    T_CHECK(t_count_ops(m, IR_OP_ROPE) == t_count_ops(before, IR_OP_ROPE) - 2 * fused);
+    T_CHECK(t_count_ops(m, IR_OP_RMS_NORM) ==
+            t_count_ops(before, IR_OP_RMS_NORM) - (norms ? 2 : 0) * fused);
+    for (int l = 0; l < layers && fused; l++) {
+        char n3[3][64], ctx[64], qkv[64];
+        static const char *const what[3] = {"q_rot", "k_rot", "v"};
+        const ir_op *pro = NULL;
+        for (int i = 0; i < 3; i++) {
+            snprintf(n3[i], sizeof n3[i], "l%d.attn.%s", l, what[i]);
+            const ir_op *p = result_of(m, n3[i], IR_OP_ATTN_PROLOGUE, i);
+            T_CHECK(p && (!pro || p == pro));
+            pro = p;
+        }
+        snprintf(ctx, sizeof ctx, "l%d.attn.ctx", l);
+        snprintf(qkv, sizeof qkv, "l%d.attn.qkv", l);
+        const ir_op *att = result_of(m, ctx, IR_OP_ATTENTION, 0);
+        if (!pro || !att)
+            continue;
+        T_CHECK(att->in[0] == pro->out[0] && att->in[1] == pro->out[1] &&
+                att->in[2] == pro->out[2] && pro->in[1] == att->in[3]);
+        T_CHECK(!strcmp(pro->in[0]->name, qkv) && pro->n_in == (norms ? 4 : 2));
+        const ir_value *rope = ir_module_find_value(before, n3[0]);
+        T_CHECK(rope && !strcmp(ir_op_attr_str(pro, "style", ""), "neox") &&
+                ir_op_attr_float(pro, "theta", 0) == ir_op_attr_float(rope->def, "theta", 1) &&
+                ir_op_attr_int(pro, "head_dim", 0) == rope->type.dims[2] &&
+                ir_op_attr_int(pro, "heads", 0) == rope->type.dims[1] &&
+                (ir_op_attr(pro, "eps") != NULL) == norms);
+    }
+    t_pass_idempotent(m, pass_fuse_attn_prologue);
+    printf("fuse_attn_prologue %-18s %d layers%s: %d attn_prologue\n", model, layers,
+           theta > 0 ? " (ropes disagree)" : "", n);
+    ir_module_free(before);
+    ir_module_free(m);
+}
+
 static void check_add3(const char *model, ir_dtype dt)
 {
     pass_options o = t_pass_options(dt);
@@ -395,6 +576,13 @@ static void test_structure(void)
     ir_module *q = t_pipeline_module("qwen3_moe", "fuse_mla_prologue", NULL);
     T_CHECK(q && t_count_ops(q, IR_OP_ROPE) > 0 && t_count_ops(q, IR_OP_MLA_PROLOGUE) == 0);
     ir_module_free(q);
+    for (int i = 0; i < N_OF(QWEN); i++)
+        check_gqa(QWEN[i], 0);
+    check_gqa("qwen3_moe", 5000.0);
+    /* no GQA attention: nothing to do */
+    ir_module *d = t_pipeline_module("deepseek_v2", "fuse_attn_prologue", NULL);
+    T_CHECK(d && t_count_ops(d, IR_OP_ATTN_PROLOGUE) == 0);
+    ir_module_free(d);
     for (int i = 0; i < N_OF(ALL); i++) {
         check_add3(ALL[i], IR_DTYPE_BF16);
         check_add3(ALL[i], IR_DTYPE_F16);
@@ -404,6 +592,8 @@ static void test_structure(void)
 int main(void)
 {
     test_ops();
+    test_gqa_ops(IR_DTYPE_F32);
+    test_gqa_ops(IR_DTYPE_BF16);
     test_verifier();
     test_equivalence();
     test_structure();
