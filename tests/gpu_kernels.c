@@ -1,8 +1,8 @@
 /* gpu_kernels.c — the heavy generated kernels (attention, mla_attention,
  * moe_topk, moe_routed, moe_experts, argmax, DeepSeek-V3.2's dsa_topk with
  * the sparse mla_attention over its selection (and dsa_topk's fast kernels
- * against its legacy ones), the MLA prologue ops with the cache rows they
- * write, the linears and experts of fp8 weights, and issue 15's fused
+ * against its legacy ones), the MLA prologue ops and GQA's attn_prologue
+ * with the cache rows they write, the linears and experts of fp8 weights, and issue 15's fused
  * forms: the routed experts unsummed with the add_rms_norm that sums them
  * and the moe_topk kernel that aligns their slots, the act silu_mul linear)
  * run on the GPU against the CPU interpreter, on fresh
@@ -2125,10 +2125,13 @@ typedef struct pro_env {
     const km_spec *s;
     ir_module *m;
     const ir_op *att, *pro[2]; /* the prologue ops: the kv side's, then the q side's (or NULL) */
+    const ir_value *cached[2]; /* the attention's operands in its two pools: kv_c, k_pe (MLA)
+                                  or k, v (GQA's attn_prologue) */
+    int width[2];              /* their rows' widths */
     ir_dtype cdt;
     int bs, max_len, pages;
     int len[MAX_SEQ];
-    float *hist[MAX_SEQ][2]; /* the interpreter's kv_c [R] and k_pe [DR] per position */
+    float *hist[MAX_SEQ][2]; /* the interpreter's cached rows per position */
     rt_interp *in[MAX_SEQ];
     gk_bind b;
     cudaLibrary_t lib;
@@ -2151,12 +2154,16 @@ static void pro_init(pro_env *e, const km_spec *s, ir_dtype cdt, int bs, uint64_
     if (!e->m)
         exit(1);
     e->att = val(e->m, "o")->def;
-    e->pro[0] = val(e->m, "kv_c")->def;
-    e->pro[1] = val(e->m, "q_pe")->def == e->pro[0] ? NULL : val(e->m, "q_pe")->def;
-    for (int q = 0; q < 2; q++) {
-        e->hist[q][0] = xmalloc((size_t)e->max_len * s->R * 4);
-        e->hist[q][1] = xmalloc((size_t)e->max_len * s->DR * 4);
-    }
+    int gqa = s->attn == KM_GQA_PRO;
+    e->cached[0] = e->att->in[gqa ? 1 : 2];
+    e->cached[1] = e->att->in[gqa ? 2 : 3];
+    e->width[0] = gqa ? s->HKV * s->DK : s->R;
+    e->width[1] = gqa ? s->HKV * s->DK : s->DR;
+    e->pro[0] = e->cached[0]->def;
+    e->pro[1] = gqa || val(e->m, "q_pe")->def == e->pro[0] ? NULL : val(e->m, "q_pe")->def;
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < 2; i++)
+            e->hist[q][i] = xmalloc((size_t)e->max_len * e->width[i] * 4);
     interps_init(e->in, 2, e->m, cdt, s, e->max_len, &e->rng);
     bind_init(&e->b, e->m, cdt);
     for (int i = 0; i < e->m->n_values; i++)
@@ -2164,7 +2171,7 @@ static void pro_init(pro_env *e, const km_spec *s, ir_dtype cdt, int bs, uint64_
             bind_weight(&e->b, e->in[0], e->m->values[i], NULL);
     e->lib = prog_lib(s, cdt, bs);
     e->pages = bind_block_table(&e->b, &e->rng, e->max_len, bs);
-    e->rows = bind_paged_cache(&e->b, e->m, cdt, e->pages, bs, s->R, s->DR);
+    e->rows = bind_paged_cache(&e->b, e->m, cdt, e->pages, bs, e->width[0], e->width[1]);
 }
 
 static void pro_free(pro_env *e)
@@ -2188,13 +2195,10 @@ static double pro_compare(pro_env *e, const ir_value *v, int T, const char *what
 /* Both pools of the attention, as check_pool. */
 static void pro_check_cache(pro_env *e, const char *what)
 {
-    const km_spec *s = e->s;
-    int width[2] = {s->R, s->DR};
-    static const char *const names[2] = {"kv_c", "k_pe"};
     for (int i = 0; i < 2; i++) {
         float *hist[2] = {e->hist[0][i], e->hist[1][i]};
-        check_pool(&e->b, e->b.kv[i], e->pages, e->bs, 2, e->len, e->max_len, width[i], e->cdt,
-                   hist, what, names[i], &e->worst_pro, &e->rows_checked);
+        check_pool(&e->b, e->b.kv[i], e->pages, e->bs, 2, e->len, e->max_len, e->width[i],
+                   e->cdt, hist, what, e->cached[i]->name, &e->worst_pro, &e->rows_checked);
     }
 }
 
@@ -2207,18 +2211,17 @@ static void pro_step(pro_env *e, int T, const int *ntok)
     interps_step(e->in, 2, e->len, ntok, s->vocab, &e->rng);
     /* what the cache holds at the new positions */
     for (int q = 0; q < 2; q++)
-        for (int j = 0; j < ntok[q]; j++) {
-            int p = e->len[q] + j;
-            memcpy(e->hist[q][0] + (size_t)p * s->R,
-                   rt_interp_value(e->in[q], e->att->in[2]) + (size_t)j * s->R, (size_t)s->R * 4);
-            memcpy(e->hist[q][1] + (size_t)p * s->DR,
-                   rt_interp_value(e->in[q], e->att->in[3]) + (size_t)j * s->DR, (size_t)s->DR * 4);
-        }
+        for (int j = 0; j < ntok[q]; j++)
+            for (int i = 0; i < 2; i++) {
+                size_t w = (size_t)e->width[i];
+                memcpy(e->hist[q][i] + (size_t)(e->len[q] + j) * w,
+                       rt_interp_value(e->in[q], e->cached[i]) + (size_t)j * w, w * 4);
+            }
     /* what the kernels read and nothing of theirs writes: the prologue
-       inputs, q_c, the argmax's logits */
+       inputs, q_c (MLA), the argmax's logits */
     for (int i = 0; i < 3; i++) {
         const ir_value *v = i < 2 ? (e->pro[i] ? e->pro[i]->in[0] : NULL) : e->att->in[0];
-        if (v)
+        if (v && (i < 2 || v->def != e->pro[0]))
             step_rows(e->rows, &e->b, e->in, e->seq_of, e->idx_of, &e->rng, v, T);
     }
     char what[160];
@@ -2231,7 +2234,7 @@ static void pro_step(pro_env *e, int T, const int *ntok)
             e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));
     e->worst_att = fmax(e->worst_att, pro_compare(e, e->att->out[0], T, what));
     /* padding tokens: zeros from the attention */
-    int w = s->H * s->R, pads_ok = 1;
+    int w = (int)ir_type_numel(&e->att->out[0]->type, 1), pads_ok = 1;
     float *gpu = xmalloc((size_t)T * w * 4);
     download(gpu, storage(&e->b, e->att->out[0]), e->b.val[e->att->out[0]->id], (size_t)T * w);
     for (int t = 0; t < T; t++)
@@ -2255,9 +2258,11 @@ static void pro_case(const km_spec *s, ir_dtype cdt, int bs)
     double t0 = now_s();
     pro_env e;
     pro_init(&e, s, cdt, bs, 0x9a0000u + (uint64_t)s->H * 7 + (uint64_t)cdt);
+    /* GQA's prologue also in bucket 8 (with a padding token) */
     static const int steps[][3] = {{64, 40, 21}, {64, 30, 33}, {3, 1, 1}, {1, 0, 1},
-                                   {3, 1, 0},    {1, 1, 0},    {3, 0, 2}};
-    for (int i = 0; i < (int)(sizeof steps / sizeof *steps); i++)
+                                   {3, 1, 0},    {1, 1, 0},    {3, 0, 2}, {8, 4, 3}};
+    int n_steps = (int)(sizeof steps / sizeof *steps) - (s->attn != KM_GQA_PRO);
+    for (int i = 0; i < n_steps; i++)
         pro_step(&e, steps[i][0], steps[i] + 1);
     pro_free(&e);
     printf("%-16s %s prologue (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt),
@@ -2488,6 +2493,26 @@ static const km_spec PRO_ODD_Q = {.name = "odd_pro_q", .vocab = 97, .attn = KM_M
                                   .DN = 5, .DR = 6, .R = 36, .QR = 7, .XN = 3, .attn_scale = 0.3,
                                   .rope = "style = \"neox\", theta = 500.0, scaling = "
                                           "\"linear\", factor = 2.0, attn_factor = 1.25"};
+/* GQA's attn_prologue (fuse_attn_prologue) before the attention: Qwen3-30B's
+ * shape (32 q heads, 4 kv heads of 128, q/k norms, neox at theta 1e6);
+ * Qwen2's form (no norms) at odd sizes (rows not 16-byte aligned, wider
+ * than the sections; interleaved YaRN, a partial rotary_dim, a window),
+ * and the same with norms */
+static const km_spec GPRO_Q3 = {.name = "qwen3_gqa_pro", .vocab = 97, .attn = KM_GQA_PRO, .H = 32,
+                                .HKV = 4, .DK = 128, .DV = 128, .qk_norm = 1,
+                                .attn_scale = 0.08838834764831845};
+static const km_spec GPRO_ODD = {.name = "odd_gqa_pro", .vocab = 97, .attn = KM_GQA_PRO, .H = 6,
+                                 .HKV = 2, .DK = 10, .DV = 10, .XN = 3, .window = 5,
+                                 .attn_scale = 0.3,
+                                 .rope = "style = \"interleave\", theta = 500.0, scaling = "
+                                         "\"yarn\", factor = 4.0, yarn_low = 1.0, yarn_high = "
+                                         "3.0, attn_factor = 1.25, rotary_dim = 6"};
+static const km_spec GPRO_ODD_NORM = {.name = "odd_gqa_pro_norm", .vocab = 97,
+                                      .attn = KM_GQA_PRO, .H = 6, .HKV = 2, .DK = 10, .DV = 10,
+                                      .XN = 3, .qk_norm = 1, .window = 5, .attn_scale = 0.3,
+                                      .rope = "style = \"interleave\", theta = 500.0, scaling = "
+                                              "\"yarn\", factor = 4.0, yarn_low = 1.0, "
+                                              "yarn_high = 3.0, attn_factor = 1.25, rotary_dim = 6"};
 static const km_spec ODD_DSA = {.name = "odd_dsa", .vocab = 97, .attn = KM_MLA, .H = 3, .R = 36,
                                 .DR = 6, .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12,
                                 .dsa_scale = 0.5, .dsa_wscale = -0.7};
@@ -3127,6 +3152,7 @@ int main(void)
         prog_add(&V3_MLA, IR_DTYPE_BF16, 64, ATT);
         prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
         prog_add(&PRO_V2, IR_DTYPE_BF16, 64, TM(1) | TM(64) | TM(3));
+        prog_add(&GPRO_Q3, IR_DTYPE_BF16, 64, TM(1) | TM(64) | TM(3) | TM(8));
         prog_add(&F8_KV_A, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_LINEAR, IR_DTYPE_BF16, 64, FEW);
         prog_add(&F8_ODD_MMA, IR_DTYPE_BF16, 64, FEW);
@@ -3147,6 +3173,7 @@ int main(void)
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
         pro_case(&PRO_V2, IR_DTYPE_BF16, 64);
+        pro_case(&GPRO_Q3, IR_DTYPE_BF16, 64);
         dsa_ab_case(1);
         moe_case(&F8_KV_A, IR_DTYPE_BF16, FEW, 21);
         moe_case(&F8_ODD_LINEAR, IR_DTYPE_BF16, FEW, 22);
@@ -3216,6 +3243,11 @@ int main(void)
     for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16, PRO_T);
+    const km_spec *gpros[3] = {&GPRO_Q3, &GPRO_ODD, &GPRO_ODD_NORM};
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            prog_add(gpros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 1 ? 64 : 16,
+                     PRO_T | TM(8));
     /* fp8: the few-rows kernel (T <= 4), the staged kernels beyond (auto)
        and the first tensor-core ones they replace (old), the staged ones
        at every bucket (tc), the few-rows kernel per 4 rows (f32, or K not
@@ -3318,6 +3350,9 @@ int main(void)
     for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)
             pro_case(pros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 2 ? 64 : 16);
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++)
+            pro_case(gpros[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 1 ? 64 : 16);
     for (int i = 0; i < 3; i++)
         for (int f32 = 0; f32 < 2; f32++)
             moe_case(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, TM(1) | TM(8) | TM(64),

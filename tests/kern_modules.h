@@ -1,7 +1,8 @@
 /* kern_modules.h — small modules around the heavy kernel ops (attention,
  * mla_attention, moe_topk, moe_routed, moe_experts, DeepSeek-V3.2's
  * dsa_topk feeding a sparse mla_attention, the MLA prologue ops feeding an
- * mla_attention whose cache they write, and linears of fp8 weights, which
+ * mla_attention whose cache they write, GQA's attn_prologue feeding an
+ * attention whose cache it writes, and linears of fp8 weights, which
  * run generated kernels only) for the codegen tests:
  * every operand comes from an embedding of the tokens (table row t is
  * whatever the test writes there), so the interpreter can run them and the
@@ -16,19 +17,22 @@
 #include "codegen/cg.h"
 #include "ir/ir.h"
 
-enum { KM_NONE = 0, KM_GQA, KM_MLA, KM_MLA_PRO };
+enum { KM_NONE = 0, KM_GQA, KM_MLA, KM_MLA_PRO, KM_GQA_PRO };
 enum { KM_MOE_NONE = 0, KM_ROUTED, KM_ROUTED_SPLIT, KM_EXPERTS, KM_EXPERTS_SPLIT };
 
 typedef struct km_spec {
     const char *name;
     int vocab;                 /* rows of every table: the most distinct tokens */
-    int attn;                  /* KM_NONE, KM_GQA, KM_MLA */
-    int H, HKV, DK, DV;        /* GQA */
+    int attn;                  /* KM_NONE, KM_GQA, KM_MLA, KM_MLA_PRO, KM_GQA_PRO */
+    int H, HKV, DK, DV;        /* GQA; KM_GQA_PRO: an attn_prologue of a row [H | HKV | HKV
+                                  heads of DK | XN more] feeds the attention (DV = DK) */
+    int qk_norm;               /* KM_GQA_PRO: with q_norm and k_norm (Qwen3) */
     int R, DR;                 /* MLA (with H) */
     int DN, QR, XN;            /* KM_MLA_PRO: q_nope's head dim, the q latent (0: no q LoRA,
                                   one mla_prologue; else mla_prologue_kv and mla_prologue_q),
                                   columns past the sections in their inputs */
-    const char *rope;          /* KM_MLA_PRO: the rope attributes (NULL: DeepSeek-V3's YaRN) */
+    const char *rope;          /* KM_MLA_PRO, KM_GQA_PRO: the rope attributes (NULL:
+                                  DeepSeek-V3's YaRN; Qwen3's neox, theta 1e6) */
     int window;
     double attn_scale;
     int E, K;                  /* moe_topk (E > 0) */
@@ -112,6 +116,25 @@ static inline char *km_text(const km_spec *s)
                       "  %%o : f32[T, %d, %d] = attention(%%q, %%k, %%v, %%positions) {scale = %s, "
                       "window = %d}\n",
                       s->H, s->DV, km_float(f1, s->attn_scale), s->window);
+    } else if (s->attn == KM_GQA_PRO) {
+        const char *rope = s->rope ? s->rope : "style = \"neox\", theta = 1e+06";
+        int D = s->DK;
+        km_table(&w, &o, s, "qkv", (s->H + 2 * s->HKV) * D + s->XN, "bf16");
+        if (s->qk_norm) {
+            moec_buf_printf(&w, "  weight %%q_norm : bf16[%d] = \"q_norm\"\n", D);
+            moec_buf_printf(&w, "  weight %%k_norm : bf16[%d] = \"k_norm\"\n", D);
+        }
+        moec_buf_printf(&o,
+                      "  %%q : f32[T, %d, %d], %%k : f32[T, %d, %d], %%v : f32[T, %d, %d] = "
+                      "attn_prologue(%%qkv, %%positions%s) {heads = %d, kv_heads = %d, "
+                      "head_dim = %d, %s%s}\n",
+                      s->H, D, s->HKV, D, s->HKV, D,
+                      s->qk_norm ? ", %q_norm, %k_norm" : "", s->H, s->HKV, D,
+                      s->qk_norm ? "eps = 1e-06, " : "", rope);
+        moec_buf_printf(&o,
+                      "  %%o : f32[T, %d, %d] = attention(%%q, %%k, %%v, %%positions) {scale = %s, "
+                      "window = %d}\n",
+                      s->H, D, km_float(f1, s->attn_scale), s->window);
     } else if (s->attn == KM_MLA_PRO) {
         const char *rope = s->rope ? s->rope
                                    : "style = \"interleave\", theta = 1e+04, scaling = \"yarn\", "
@@ -320,14 +343,16 @@ static inline int km_is_heavy(const ir_op *op)
            op->kind == IR_OP_MOE_EXPERTS || op->kind == IR_OP_DSA_TOPK ||
            op->kind == IR_OP_MLA_PROLOGUE || op->kind == IR_OP_MLA_PROLOGUE_KV ||
            op->kind == IR_OP_MLA_PROLOGUE_Q || op->kind == IR_OP_DSA_PROLOGUE_K ||
+           op->kind == IR_OP_ATTN_PROLOGUE ||
            (op->kind == IR_OP_LINEAR && op->in[1]->type.dtype == IR_DTYPE_F8E4M3);
 }
 
 /* Steps each heavy op emits (moe_routed: align, gate_up, down, sum, no sum
  * when unsummed, no align where its moe_topk's kernel aligned;
  * dsa_topk: key write, scores, select); the attention ops add a merge to
- * their 2 when they split the sequence, and an mla_attention whose cache
- * an MLA prologue op writes has no write of its own (1, then), nor a
+ * their 2 when they split the sequence, and an attention whose cache an
+ * attn_prologue writes has no write of its own (1, then; km_steps_of says
+ * so), nor an mla_attention whose cache an MLA prologue op writes, nor a
  * dsa_topk whose keys a dsa_prologue_k writes (2); an fp8 linear has one
  * or more (km_steps_of says 1: check its own count). */
 static inline int km_steps_of(const ir_module *m, const ir_op *op)
@@ -337,8 +362,11 @@ static inline int km_steps_of(const ir_module *m, const ir_op *op)
     case IR_OP_MLA_PROLOGUE:
     case IR_OP_MLA_PROLOGUE_KV:
     case IR_OP_MLA_PROLOGUE_Q:
-    case IR_OP_DSA_PROLOGUE_K: return 1;
+    case IR_OP_DSA_PROLOGUE_K:
+    case IR_OP_ATTN_PROLOGUE: return 1;
     case IR_OP_ATTENTION:
+        return 2 - (op->in[1]->kind == IR_VALUE_OP && op->in[1]->def &&
+                    cg_attn_prologue_cache(m, op->in[1]->def) == op);
     case IR_OP_MLA_ATTENTION: return 2;
     case IR_OP_MOE_TOPK: return 1;
     case IR_OP_LINEAR: return km_is_heavy(op) ? 1 : 0;

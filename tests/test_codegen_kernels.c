@@ -90,11 +90,13 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         for (int i = 0; i < c->n_steps; i++)
             n += c->steps[i].op_id == op->id;
         if (op->kind == IR_OP_ATTENTION || op->kind == IR_OP_MLA_ATTENTION) {
-            /* cache write (unless an MLA prologue op writes the rows), attention,
+            /* cache write (unless a prologue op writes the rows), attention,
                and the merge when the sequence is split */
-            const ir_value *kvc = op->in[2];
+            const ir_value *kvc = op->in[2], *kin = op->in[1];
             int pre = op->kind == IR_OP_MLA_ATTENTION && kvc->def &&
                       cg_mla_prologue_cache(m, kvc->def) == op;
+            pre |= op->kind == IR_OP_ATTENTION && kin->def &&
+                   cg_attn_prologue_cache(m, kin->def) == op;
             T_CHECK(n == 2 - pre || n == 3 - pre);
             want += n;
         } else if (op->kind == IR_OP_LINEAR && km_is_heavy(op)) {
@@ -729,6 +731,78 @@ static void test_prologue(void)
             /* every form in bf16 at T = 1; the real shapes in f32 at T = 64 */
             if (m)
                 run_module(m, &o, check_prologue, f32 ? (i < 2 ? 4u : 0u) : 1u);
+            ir_module_free(m);
+        }
+}
+
+/* ---- GQA's prologue -------------------------------------------------------- */
+
+/* attn_prologue: one kernel, a warp a head, a block of 4 (grid T by the
+ * heads' blocks), writing the attention's k and v pools; the attention
+ * then starts with its attention kernel. */
+static void check_gqa_prologue(const ir_module *m, const cg_ctx *c)
+{
+    int T = c->T, p = steps_of(m, c, IR_OP_ATTN_PROLOGUE), a = steps_of(m, c, IR_OP_ATTENTION);
+    const ir_op *att = ir_module_find_value(m, "o")->def;
+    const ir_op *pro = ir_module_find_value(m, "k")->def;
+    T_CHECK(p >= 0 && a == p + 1 && cg_attn_prologue_cache(m, pro) == att);
+    if (p < 0 || a != p + 1)
+        return;
+    const ir_step *s = &c->steps[p];
+    const char *kn = c->kernel_names[s->kernel];
+    int H = (int)ir_op_attr_int(pro, "heads", 0), HKV = (int)ir_op_attr_int(pro, "kv_heads", 0);
+    int norm = pro->n_in == 4;
+    T_CHECK(!strncmp(kn, "attn_prologue_h", 15) && strstr(kn, "_c64_") != NULL &&
+            (strstr(kn, "_norm_") != NULL) == norm);
+    T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == (unsigned)((H + 2 * HKV + 3) / 4) &&
+            s->block[0] == 128);
+    /* x, pos, [q_norm, k_norm], q, k, v, positions, slots, block_table,
+       max_blocks, pool 0, pool 1, [eps] */
+    int n = s->n_args, o = norm ? 4 : 2;
+    T_CHECK(n == (norm ? 14 : 11));
+    T_CHECK(s->args[0].kind == IR_ARG_ACT && s->args[0].index == pro->in[0]->id &&
+            s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
+    for (int i = 0; i < 3; i++)
+        T_CHECK(s->args[o + i].kind == IR_ARG_ACT && s->args[o + i].index == pro->out[i]->id);
+    const ir_arg *g = s->args + o + 3;
+    T_CHECK(g[0].kind == IR_ARG_INPUT && g[0].index == IR_INPUT_POSITIONS &&
+            g[1].kind == IR_ARG_INPUT && g[1].index == IR_INPUT_SLOTS &&
+            g[2].kind == IR_ARG_INPUT && g[2].index == IR_INPUT_BLOCK_TABLE &&
+            g[3].kind == IR_ARG_CONFIG && g[3].index == IR_CONFIG_MAX_BLOCKS);
+    T_CHECK(g[4].kind == IR_ARG_KV && g[4].index == att->id && g[4].i == 0 &&
+            g[5].kind == IR_ARG_KV && g[5].index == att->id && g[5].i == 1);
+    if (norm)
+        T_CHECK(s->args[n - 1].kind == IR_ARG_F32 && s->args[n - 1].f == 1e-6f);
+    T_CHECK(!strncmp(c->kernel_names[c->steps[a].kernel], "attn_h", 6));
+}
+
+static void test_gqa_prologue(void)
+{
+    cg_options o;
+    cg_options_default(&o);
+    o.kv_block_size = 64;
+    /* Qwen3-30B-A3B: 32 q heads, 4 kv heads of 128, q/k norms */
+    km_spec q3 = {.name = "k_gpro_qwen3", .vocab = 8, .attn = KM_GQA_PRO, .H = 32, .HKV = 4,
+                  .DK = 128, .DV = 128, .qk_norm = 1, .attn_scale = 0.08838834764831845};
+    /* Qwen2-MoE's form (no norms) at odd sizes: rows not 16-byte aligned,
+       wider than the sections; interleaved, YaRN, a partial rotary_dim, a
+       window */
+    km_spec odd = {.name = "k_gpro_odd", .vocab = 8, .attn = KM_GQA_PRO, .H = 6, .HKV = 2,
+                   .DK = 10, .DV = 10, .XN = 3, .window = 5, .attn_scale = 0.3,
+                   .rope = "style = \"interleave\", theta = 500.0, scaling = \"yarn\", factor = "
+                           "4.0, yarn_low = 1.0, yarn_high = 3.0, attn_factor = 1.25, rotary_dim = 6"};
+    km_spec oddn = odd;
+    oddn.name = "k_gpro_odd_norm";
+    oddn.qk_norm = 1;
+    const km_spec *specs[] = {&q3, &odd, &oddn};
+    for (int i = 0; i < 3; i++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            ir_module *m = km_module(specs[i]);
+            T_CHECK(m != NULL);
+            /* every form in bf16 at T = 1; the real shape in f32 at T = 64 */
+            if (m)
+                run_module(m, &o, check_gqa_prologue, f32 ? (i == 0 ? 4u : 0u) : 1u);
             ir_module_free(m);
         }
 }
@@ -1368,6 +1442,7 @@ int main(void)
     test_fp8_shapes();
     test_gv_forms();
     test_prologue();
+    test_gqa_prologue();
     test_dsa_fused();
     test_tiny_models();
     test_errors();
