@@ -33,17 +33,21 @@ expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after abso
 expect 0 "mla_attention(" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
 expect 0 "stream 1" -- "$B" dump-ir "$D/qwen2_moe" --after assign_streams
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory
-expect 0 "wrote 16 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
-n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 16 ] && ok || bad "--after all wrote $n files, want 16"
+expect 0 "wrote 17 files" -- "$B" dump-ir "$D/deepseek_v3" --after all -o "$T/passes"
+n=$(ls "$T/passes"/*.mir | wc -l); [ "$n" = 17 ] && ok || bad "--after all wrote $n files, want 17"
 head -1 "$T/passes/07_absorb_mla.mir" | grep -q "^# after pass absorb_mla" && ok || bad "07_absorb_mla.mir lacks its header"
 head -1 "$T/passes/09_fuse_mla_prologue.mir" | grep -q "^# after pass fuse_mla_prologue" && ok ||
   bad "09_fuse_mla_prologue.mir lacks its header"
 grep -q "= mla_prologue_kv(%l1.attn.qkv_a, %positions" "$T/passes/09_fuse_mla_prologue.mir" && ok ||
   bad "deepseek_v3: no mla_prologue_kv after fuse_mla_prologue"
 grep -q "add_rms_norm(%l1.attn_residual, %l1.moe.routed, %l2.input_layernorm, %l1.moe.join)" \
-  "$T/passes/12_fuse_add3_rms_norm.mir" && ok || bad "deepseek_v3: the expert sum is not in the residual add_rms_norm"
+  "$T/passes/13_fuse_add3_rms_norm.mir" && ok || bad "deepseek_v3: the expert sum is not in the residual add_rms_norm"
 expect 0 "= mla_prologue(%l1.attn.qkv_a, %positions, %l1.attn.kv_a_layernorm)" -- \
   "$B" dump-ir "$D/deepseek_v2" --after fuse_mla_prologue
+expect 0 "%l1.attn.q_rot : f32[T, 4, 24], %l1.attn.k_rot : f32[T, 2, 24], %l1.attn.v : f32[T, 2, 24] = attn_prologue(%l1.attn.qkv, %positions, %l1.attn.q_norm, %l1.attn.k_norm) {heads = 4, kv_heads = 2, head_dim = 24, eps = 1e-06, style = \"neox\"" -- \
+  "$B" dump-ir "$D/qwen3_moe" --after fuse_attn_prologue
+expect 0 "= attn_prologue(%l0.attn.qkv, %positions) {heads = 4, kv_heads = 2, head_dim = 16, style = \"neox\"" -- \
+  "$B" dump-ir "$D/qwen2_moe" --after plan_memory
 expect 2 "unknown pass 'fuse_everything'" -- "$B" dump-ir "$D/qwen3_moe" --after fuse_everything
 expect 2 "--after all needs -o DIR" -- "$B" dump-ir "$D/qwen3_moe" --after all
 expect 2 "--dtype: 'int4' is not bf16, fp16 or fp32" -- "$B" dump-ir "$D/qwen3_moe" --after plan_memory --dtype int4
@@ -51,16 +55,16 @@ expect 2 "--dtype: 'int4' is not bf16, fp16 or fp32" -- "$B" dump-ir "$D/qwen3_m
 # DeepSeek-V3.2: every pass dumps; its bad fields and a missing indexer
 # tensor are named, with exit status 1.
 v32=$D/deepseek_v32
-expect 0 "wrote 16 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
-grep -q "= dsa_topk(" "$T/v32passes/15_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
-head -1 "$T/v32passes/10_fuse_dsa_indexer.mir" | grep -q "^# after pass fuse_dsa_indexer" && ok ||
-  bad "10_fuse_dsa_indexer.mir lacks its header"
+expect 0 "wrote 17 files" -- "$B" dump-ir "$v32" --after all -o "$T/v32passes"
+grep -q "= dsa_topk(" "$T/v32passes/16_plan_memory.mir" && ok || bad "deepseek_v32: no dsa_topk after the passes"
+head -1 "$T/v32passes/11_fuse_dsa_indexer.mir" | grep -q "^# after pass fuse_dsa_indexer" && ok ||
+  bad "11_fuse_dsa_indexer.mir lacks its header"
 grep -q "%l2.attn.indexer.k : f32\[T, 16\] = dsa_prologue_k(%l2.attn.qkv_a, %positions, %l2.attn.indexer.k_norm, %l2.attn.indexer.k_norm.bias) {col = 64, eps = 1e-06, style = \"neox\"" \
-  "$T/v32passes/10_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: no dsa_prologue_k after fuse_dsa_indexer"
+  "$T/v32passes/11_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: no dsa_prologue_k after fuse_dsa_indexer"
 grep -q "= dsa_topk(%l2.attn.q_b_wq_b, %l2.attn.indexer.k, %l2.attn.qkv_a, %positions) {.*heads = 8, q_col = 96, w_col = 80, style = \"neox\"" \
-  "$T/v32passes/10_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: dsa_topk does not read q and the weights in place after fuse_dsa_indexer"
-grep -q "= rope(\|= layer_norm(" "$T/v32passes/10_fuse_dsa_indexer.mir" && bad "deepseek_v32: a rope or layer_norm is left after fuse_dsa_indexer" || ok
-grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/15_plan_memory.mir" && ok ||
+  "$T/v32passes/11_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: dsa_topk does not read q and the weights in place after fuse_dsa_indexer"
+grep -q "= rope(\|= layer_norm(" "$T/v32passes/11_fuse_dsa_indexer.mir" && bad "deepseek_v32: a rope or layer_norm is left after fuse_dsa_indexer" || ok
+grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/16_plan_memory.mir" && ok ||
   bad "deepseek_v32: mla_prologue_q does not read the fused q_b_wq_b"
 grep -q "= mla_attention(.*%l2.attn.indexer.topk)" "$T/v32passes/07_absorb_mla.mir" && ok ||
   bad "deepseek_v32: the absorbed attention does not read the indexer's selection"
@@ -121,8 +125,10 @@ expect 0 '%logits : f32[T, 256] = all_gather(%logits.shard) {axis = 1, ranks = 2
 expect 0 '"model.layers.0.self_attn.o_proj.weight"[:, 32:64]' -- "$B" dump-ir "$D/qwen2_moe" --tp 2 --rank 1
 expect 0 'stack("model.layers.1.mlp.experts.{e}.down_proj.weight", 16)[8:16, :, :]' -- "$B" dump-ir "$D/deepseek_v3" --ep 2 --rank 1
 expect 0 "meta arena_bytes_per_token" -- "$B" dump-ir "$D/deepseek_v3" --tp 4 --ep 2 --rank 3 --after plan_memory
-expect 0 "wrote 16 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
+expect 0 "wrote 17 files" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --after all -o "$T/tp2"
 grep -q "all_reduce" "$T/tp2/08_shard.mir" && ok || bad "08_shard.mir of --tp 2 has no all_reduce"
+grep -q "%l0.attn.q_rot : f32\[T, 2, 24\], %l0.attn.k_rot : f32\[T, 1, 24\], %l0.attn.v : f32\[T, 1, 24\] = attn_prologue(" \
+  "$T/tp2/10_fuse_attn_prologue.mir" && ok || bad "--tp 2: a rank's heads are not one attn_prologue"
 expect 1 "tp 3 does not divide num_attention_heads 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 3
 expect 1 "ep 3 must divide tp 4" -- "$B" dump-ir "$D/qwen3_moe" --tp 4 --ep 3
 expect 1 "rank 2 out of range [0, 2) (tp 2)" -- "$B" dump-ir "$D/qwen3_moe" --tp 2 --rank 2

@@ -772,7 +772,7 @@ static void check_gqa_prologue(const ir_module *m, const cg_ctx *c)
     T_CHECK(g[4].kind == IR_ARG_KV && g[4].index == att->id && g[4].i == 0 &&
             g[5].kind == IR_ARG_KV && g[5].index == att->id && g[5].i == 1);
     if (norm)
-        T_CHECK(s->args[n - 1].kind == IR_ARG_F32 && s->args[n - 1].f == 1e-6f);
+        T_CHECK(s->args[n - 1].kind == IR_ARG_F32 && s->args[n - 1].f == 1e-6);
     T_CHECK(!strncmp(c->kernel_names[c->steps[a].kernel], "attn_h", 6));
 }
 

@@ -230,7 +230,8 @@ static void check_combine_scattered(const char *name, int tp, int ep)
 
 /* Per layer one all_reduce after attention and one after the MLP or MoE,
  * one for the embedding, one all_gather of the logits, nothing else; every
- * collective over tp ranks; the metas say which rank. */
+ * collective over tp ranks; the metas say which rank; GQA's prologue fused
+ * on every rank. */
 static void check_collectives(const char *name, int tp, int ep)
 {
     for (int r = 0; r < tp; r++) {
@@ -248,6 +249,11 @@ static void check_collectives(const char *name, int tp, int ep)
         }
         T_CHECK(ir_module_meta_int(m, "tp", 0) == tp && ir_module_meta_int(m, "ep", 0) == ep &&
                 ir_module_meta_int(m, "rank", -1) == r);
+        /* GQA with one qkv projection: each rank's heads fused into one
+           attn_prologue a layer (pass fuse_attn_prologue after shard) */
+        if (t_count_ops(m, IR_OP_ATTENTION) == layers && ir_module_find_value(m, "l0.attn.qkv"))
+            T_CHECK(t_count_ops(m, IR_OP_ATTN_PROLOGUE) == layers &&
+                    t_count_ops(m, IR_OP_ROPE) == 0);
         T_CHECK(m->n_outputs == 1 && !strcmp(m->outputs[0]->name, "logits") &&
                 m->outputs[0]->def->kind == IR_OP_ALL_GATHER);
         /* the text form parses back to the same module */
