@@ -45,16 +45,13 @@ static const char BODY[] =
     "    if (hh >= H + 2 * HKV)\n"
     "        return;\n"
     "    const TX *xr = x + (long long)t * N + (long long)hh * D;\n"
-    "    /* k and v heads: their row of the cache, none for padding tokens (slot < 0)\n"
-    "       and positions past the table */\n"
+    "    /* k and v heads: their row of the cache (none for padding tokens) */\n"
     "    TP *crow = nullptr;\n"
     "    if constexpr (CACHE) {\n"
-    "        const int sl = slots[t], pp = positions[t];\n"
-    "        if (hh >= H && sl >= 0 && pp >= 0 && pp / BS < max_blocks) {\n"
-    "            const long long row = (long long)block_table[(long long)sl * max_blocks + pp / BS] * BS + pp % BS;\n"
+    "        const long long row = moec_cache_row<BS>(slots, positions, block_table, max_blocks, t);\n"
+    "        if (hh >= H && row >= 0)\n"
     "            crow = hh < H + HKV ? kpool + (row * HKV + hh - H) * D\n"
     "                                : vpool + (row * HKV + hh - H - HKV) * D;\n"
-    "        }\n"
     "    }\n"
     "    if (hh >= H + HKV) { /* v: copied */\n"
     "        TY *yr = v + ((long long)t * HKV + hh - H - HKV) * D;\n"
@@ -93,19 +90,7 @@ static const char BODY[] =
     "        }\n"
     "    }\n"
     "    __syncwarp();\n"
-    "    /* pair k of the first RD channels: (k, k + RD/2) neox, (2k, 2k+1) interleaved;\n"
-    "       each pair read and written by one lane */\n"
-    "    const float p = (float)pos[t];\n"
-    "    for (int k2 = lane; k2 < RD / 2; k2 += 32) {\n"
-    "        float sn, cs;\n"
-    "        sincosf(p * inv_freq[k2], &sn, &cs);\n"
-    "        cs *= AF;\n"
-    "        sn *= AF;\n"
-    "        const int i0 = NEOX ? k2 : 2 * k2, i1 = NEOX ? k2 + RD / 2 : 2 * k2 + 1;\n"
-    "        const float x0 = r[i0], x1 = r[i1];\n"
-    "        r[i0] = x0 * cs - x1 * sn;\n"
-    "        r[i1] = x1 * cs + x0 * sn;\n"
-    "    }\n"
+    "    moec_rope_row<RD, NEOX>(r, lane, (float)pos[t], inv_freq, AF);\n"
     "    __syncwarp();\n"
     "    for (int c = lane * V; c < D; c += 32 * V) {\n"
     "        stv<V>(yr + c, r + c);\n"
@@ -119,17 +104,8 @@ const ir_op *cg_attn_prologue_cache(const ir_module *m, const ir_op *pro)
 {
     if (pro->kind != IR_OP_ATTN_PROLOGUE)
         return NULL;
-    const ir_op *found = NULL;
-    for (int i = pro->id + 1; i < m->n_ops; i++) {
-        const ir_op *op = m->ops[i];
-        if (op->kind != IR_OP_ATTENTION || op->n_in != 4 || op->in[1] != pro->out[1] ||
-            op->in[2] != pro->out[2])
-            continue;
-        if (found || op->stream != pro->stream)
-            return NULL;
-        found = op;
-    }
-    return found;
+    const ir_op *att = cg_cache_reader(m, pro, IR_OP_ATTENTION, 1, pro->out[1], pro->out[2]);
+    return att && att->n_in == 4 ? att : NULL;
 }
 
 moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
@@ -196,14 +172,8 @@ moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
     }
     for (int i = 0; i < 3; i++)
         s->args[s->n_args++] = cg_arg_act(op->out[i]);
-    if (att) {
-        s->args[s->n_args++] = cg_arg_input(IR_INPUT_POSITIONS);
-        s->args[s->n_args++] = cg_arg_input(IR_INPUT_SLOTS);
-        s->args[s->n_args++] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
-        s->args[s->n_args++] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
-        s->args[s->n_args++] = cg_arg_kv(att, 0);
-        s->args[s->n_args++] = cg_arg_kv(att, 1);
-    }
+    if (att)
+        cg_step_cache_args(s, att, 2);
     if (norm)
         s->args[s->n_args++] = cg_arg_f32(eps);
     if (is_new) {
@@ -223,12 +193,9 @@ moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
             moec_buf_printf(o, "const %s *__restrict__ qw, const %s *__restrict__ kw, ", cw, cw);
         moec_buf_printf(o, "%s *__restrict__ q, %s *__restrict__ k, %s *__restrict__ v", cy, cy,
                         cy);
+        static const char *const pools[2] = {"kpool", "vpool"};
         if (att)
-            moec_buf_printf(o,
-                            ", const int *__restrict__ positions, const int *__restrict__ "
-                            "slots, const int *__restrict__ block_table, int max_blocks, %s "
-                            "*__restrict__ kpool, %s *__restrict__ vpool",
-                            cp, cp);
+            cg_cache_params(o, cp, pools, 2);
         if (norm)
             moec_buf_printf(o, ", float eps");
         moec_buf_printf(o, ")\n{\n    typedef %s TX;\n    typedef %s TY;\n    typedef %s TW;\n"
@@ -240,11 +207,7 @@ moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
                                "    const float eps = 0.0f;\n"
                                "    (void)qw;\n    (void)kw;\n    (void)eps;\n");
         if (!att)
-            moec_buf_printf(o, "    const int *positions = nullptr, *slots = nullptr, "
-                               "*block_table = nullptr;\n    const int max_blocks = 0;\n"
-                               "    TP *kpool = nullptr, *vpool = nullptr;\n"
-                               "    (void)positions;\n    (void)slots;\n    (void)block_table;\n"
-                               "    (void)max_blocks;\n    (void)kpool;\n    (void)vpool;\n");
+            cg_cache_none(o, "TP", pools, 2);
         moec_buf_printf(o,
                         "    constexpr int H = %lld, HKV = %lld, D = %lld, N = %lld, RD = %lld, "
                         "V = %d, HPB = %d, BS = %d;\n"

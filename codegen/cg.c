@@ -130,6 +130,51 @@ ir_arg cg_arg_kv(const ir_op *attention_op, int pool)
     return a;
 }
 
+const ir_op *cg_cache_reader(const ir_module *m, const ir_op *pro, ir_op_kind kind, int first,
+                             const ir_value *a, const ir_value *b)
+{
+    const ir_op *found = NULL;
+    for (int i = pro->id + 1; i < m->n_ops; i++) {
+        const ir_op *op = m->ops[i];
+        if (op->kind != kind || op->n_in <= first + (b != NULL) || op->in[first] != a ||
+            (b && op->in[first + 1] != b))
+            continue;
+        if (found || op->stream != pro->stream)
+            return NULL;
+        found = op;
+    }
+    return found;
+}
+
+void cg_step_cache_args(ir_step *s, const ir_op *att, int n_pools)
+{
+    s->args[s->n_args++] = cg_arg_input(IR_INPUT_POSITIONS);
+    s->args[s->n_args++] = cg_arg_input(IR_INPUT_SLOTS);
+    s->args[s->n_args++] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
+    s->args[s->n_args++] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
+    for (int i = 0; i < n_pools; i++)
+        s->args[s->n_args++] = cg_arg_kv(att, i);
+}
+
+void cg_cache_params(moec_buf *b, const char *pool_type, const char *const *pools, int n_pools)
+{
+    moec_buf_printf(b, ", const int *__restrict__ positions, const int *__restrict__ slots, "
+                       "const int *__restrict__ block_table, int max_blocks");
+    for (int i = 0; i < n_pools; i++)
+        moec_buf_printf(b, ", %s *__restrict__ %s", pool_type, pools[i]);
+}
+
+void cg_cache_none(moec_buf *b, const char *pool_type, const char *const *pools, int n_pools)
+{
+    moec_buf_printf(b, "    const int *positions = nullptr, *slots = nullptr, *block_table = "
+                       "nullptr;\n    const int max_blocks = 0;\n"
+                       "    (void)positions;\n    (void)slots;\n    (void)block_table;\n"
+                       "    (void)max_blocks;\n");
+    for (int i = 0; i < n_pools; i++)
+        moec_buf_printf(b, "    %s *%s = nullptr;\n    (void)%s;\n", pool_type, pools[i],
+                        pools[i]);
+}
+
 ir_arg cg_arg_input(ir_input which)
 {
     ir_arg a = {IR_ARG_INPUT, (int)which, 0, 0};
@@ -630,6 +675,37 @@ static const char PROLOGUE[] =
     "\n"
     "__device__ __forceinline__ float block_sum(float v) { return moec_block_reduce<false>(v); }\n"
     "__device__ __forceinline__ float block_max(float v) { return moec_block_reduce<true>(v); }\n"
+    "\n"
+    "/* the paged-cache row of token t (pages of BS rows), or -1: padding tokens\n"
+    "   (slot < 0) and positions past the block table have none */\n"
+    "template <int BS>\n"
+    "__device__ __forceinline__ long long moec_cache_row(const int *slots, const int *positions,\n"
+    "                                                    const int *block_table, int max_blocks, int t)\n"
+    "{\n"
+    "    const int s = slots[t], p = positions[t];\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks)\n"
+    "        return -1;\n"
+    "    return (long long)block_table[(long long)s * max_blocks + p / BS] * BS + p % BS;\n"
+    "}\n"
+    "\n"
+    "/* the first RD channels of a head r (fp32, in shared memory) rotated at\n"
+    "   position p by a warp: pair k is (k, k + RD/2) neox, (2k, 2k+1)\n"
+    "   interleaved, each read and written by one lane; cos and sin scaled by af */\n"
+    "template <int RD, bool NEOX>\n"
+    "__device__ __forceinline__ void moec_rope_row(float *r, int lane, float p, const float *inv_freq,\n"
+    "                                              float af)\n"
+    "{\n"
+    "    for (int k = lane; k < RD / 2; k += 32) {\n"
+    "        float sn, cs;\n"
+    "        sincosf(p * inv_freq[k], &sn, &cs);\n"
+    "        cs *= af;\n"
+    "        sn *= af;\n"
+    "        const int i0 = NEOX ? k : 2 * k, i1 = NEOX ? k + RD / 2 : 2 * k + 1;\n"
+    "        const float x0 = r[i0], x1 = r[i1];\n"
+    "        r[i0] = x0 * cs - x1 * sn;\n"
+    "        r[i1] = x1 * cs + x0 * sn;\n"
+    "    }\n"
+    "}\n"
     "\n";
 
 void cg_emit_prologue(moec_buf *b) { moec_buf_printf(b, "%s", PROLOGUE); }

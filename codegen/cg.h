@@ -100,6 +100,20 @@ ir_arg cg_arg_weight(const ir_value *v);
 ir_arg cg_arg_scales(const ir_value *w);
 ir_arg cg_arg_kv(const ir_op *attention_op, int pool);
 ir_arg cg_arg_input(ir_input which);
+/* The one op of `kind` after prologue op pro in m reading a as its operand
+ * `first` (and b as the next, when b is not NULL), on pro's stream: the op
+ * whose paged cache pro's kernel writes. NULL when there is none (or more
+ * than one, or on another stream): then that op writes its cache itself. */
+const ir_op *cg_cache_reader(const ir_module *m, const ir_op *pro, ir_op_kind kind, int first,
+                             const ir_value *a, const ir_value *b);
+/* A cache-writing kernel's arguments, appended to s: positions, slots,
+ * block_table, max_blocks and the first n_pools pools of op att; and its
+ * parameters (", const int *__restrict__ positions, ..., <pool_type>
+ * *__restrict__ <pools[i]>"), or, in the form without a cache, the same
+ * names as null locals. */
+void cg_step_cache_args(ir_step *s, const ir_op *att, int n_pools);
+void cg_cache_params(moec_buf *b, const char *pool_type, const char *const *pools, int n_pools);
+void cg_cache_none(moec_buf *b, const char *pool_type, const char *const *pools, int n_pools);
 ir_arg cg_arg_config(ir_config which);
 ir_arg cg_arg_scratch(size_t offset);
 ir_arg cg_arg_i32(int64_t v);

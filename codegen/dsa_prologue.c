@@ -58,26 +58,14 @@ static const char BODY[] =
     "            r[c + j] = (r[c + j] - mean) * inv * wv[j] + bv[j];\n"
     "    }\n"
     "    __syncwarp();\n"
-    "    /* pair k of the first RD channels: (k, k + RD/2) neox, (2k, 2k+1) interleaved;\n"
-    "       each pair read and written by one lane */\n"
-    "    const float p = (float)pos[t];\n"
-    "    for (int k = lane; k < RD / 2; k += 32) {\n"
-    "        float sn, cs;\n"
-    "        sincosf(p * inv_freq[k], &sn, &cs);\n"
-    "        cs *= AF;\n"
-    "        sn *= AF;\n"
-    "        const int i0 = NEOX ? k : 2 * k, i1 = NEOX ? k + RD / 2 : 2 * k + 1;\n"
-    "        const float x0 = r[i0], x1 = r[i1];\n"
-    "        r[i0] = x0 * cs - x1 * sn;\n"
-    "        r[i1] = x1 * cs + x0 * sn;\n"
-    "    }\n"
+    "    moec_rope_row<RD, NEOX>(r, lane, (float)pos[t], inv_freq, AF);\n"
     "    __syncwarp();\n"
     "    TP *krow = nullptr;\n"
     "    if constexpr (CACHE) {\n"
     "        /* padding tokens (slot < 0) and positions past the table write no cache row */\n"
-    "        const int sl = slots[t], pp = positions[t];\n"
-    "        if (sl >= 0 && pp >= 0 && pp / BS < max_blocks)\n"
-    "            krow = kpool + ((long long)block_table[(long long)sl * max_blocks + pp / BS] * BS + pp % BS) * D;\n"
+    "        const long long row = moec_cache_row<BS>(slots, positions, block_table, max_blocks, t);\n"
+    "        if (row >= 0)\n"
+    "            krow = kpool + row * D;\n"
     "    }\n"
     "    for (int c = lane * V; c < D; c += 32 * V) {\n"
     "        stv<V>(y + (long long)t * D + c, r + c);\n"
@@ -91,16 +79,7 @@ const ir_op *cg_dsa_prologue_cache(const ir_module *m, const ir_op *pro)
 {
     if (pro->kind != IR_OP_DSA_PROLOGUE_K)
         return NULL;
-    const ir_op *found = NULL;
-    for (int i = pro->id + 1; i < m->n_ops; i++) {
-        const ir_op *op = m->ops[i];
-        if (op->kind != IR_OP_DSA_TOPK || op->n_in < 2 || op->in[1] != pro->out[0])
-            continue;
-        if (found || op->stream != pro->stream)
-            return NULL;
-        found = op;
-    }
-    return found;
+    return cg_cache_reader(m, pro, IR_OP_DSA_TOPK, 1, pro->out[0], NULL);
 }
 
 moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op)
@@ -160,13 +139,8 @@ moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op)
     s->args[s->n_args++] = cg_arg_act(w);
     s->args[s->n_args++] = cg_arg_act(b);
     s->args[s->n_args++] = cg_arg_act(y);
-    if (dsa) {
-        s->args[s->n_args++] = cg_arg_input(IR_INPUT_POSITIONS);
-        s->args[s->n_args++] = cg_arg_input(IR_INPUT_SLOTS);
-        s->args[s->n_args++] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
-        s->args[s->n_args++] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
-        s->args[s->n_args++] = cg_arg_kv(dsa, 0);
-    }
+    if (dsa)
+        cg_step_cache_args(s, dsa, 1);
     s->args[s->n_args++] = cg_arg_f32(eps);
     if (is_new) {
         moec_buf *o = &c->src;
@@ -178,29 +152,23 @@ moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op)
                         "(codegen/dsa_prologue.c), first for %%%s\n"
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s "
                         "*__restrict__ x, const int *__restrict__ pos, const %s *__restrict__ w, "
-                        "const %s *__restrict__ b, %s *__restrict__ y, ",
+                        "const %s *__restrict__ b, %s *__restrict__ y",
                         who, DPK_TOKENS * 32, name, cg_ctype(tx), cg_ctype(tw), cg_ctype(tb),
                         cg_ctype(ty));
+        static const char *const pools[1] = {"kpool"};
         if (dsa)
-            moec_buf_printf(o,
-                            "const int *__restrict__ positions, const int *__restrict__ slots, "
-                            "const int *__restrict__ block_table, int max_blocks, %s "
-                            "*__restrict__ kpool, ",
-                            cg_ctype(tp));
-        moec_buf_printf(o, "float eps)\n{\n    typedef %s TX;\n    typedef %s TP;\n",
+            cg_cache_params(o, cg_ctype(tp), pools, 1);
+        moec_buf_printf(o, ", float eps)\n{\n    typedef %s TX;\n    typedef %s TP;\n",
                         cg_ctype(tx), cg_ctype(dsa ? tp : ty));
         if (!dsa)
-            moec_buf_printf(o, "    const int *positions = nullptr, *slots = nullptr, "
-                               "*block_table = nullptr;\n    const int max_blocks = 0;\n"
-                               "    TP *kpool = nullptr;\n");
+            cg_cache_none(o, "TP", pools, 1);
         moec_buf_printf(o,
                         "    constexpr int D = %lld, N = %lld, COL = %lld, RD = %lld, V = %d, TPB = "
                         "%d, TT = %d, BS = %d;\n"
                         "    constexpr bool NEOX = %s, CACHE = %s;\n"
                         "    constexpr float AF = %af;\n"
                         "    const float *inv_freq = %s;\n"
-                        "    (void)BS;\n    (void)positions;\n    (void)slots;\n"
-                        "    (void)block_table;\n    (void)max_blocks;\n    (void)kpool;\n%s}\n\n",
+                        "    (void)BS;\n%s}\n\n",
                         D, N, col, rd, cg_vec_width(gcd(gcd(N, col), D)), DPK_TOKENS, c->T,
                         dsa ? bs : 1, neox ? "true" : "false", dsa ? "true" : "false",
                         (double)rt.attn_factor, sym, BODY);

@@ -133,18 +133,8 @@ const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro)
 {
     if (pro->kind != IR_OP_MLA_PROLOGUE && pro->kind != IR_OP_MLA_PROLOGUE_KV)
         return NULL;
-    const ir_value *kvc = pro->out[kv_result(pro, 0)], *kpe = pro->out[kv_result(pro, 1)];
-    const ir_op *found = NULL;
-    for (int i = pro->id + 1; i < m->n_ops; i++) {
-        const ir_op *op = m->ops[i];
-        if (op->kind != IR_OP_MLA_ATTENTION || op->n_in < 4 || op->in[2] != kvc ||
-            op->in[3] != kpe)
-            continue;
-        if (found || op->stream != pro->stream)
-            return NULL;
-        found = op;
-    }
-    return found;
+    return cg_cache_reader(m, pro, IR_OP_MLA_ATTENTION, 2, pro->out[kv_result(pro, 0)],
+                           pro->out[kv_result(pro, 1)]);
 }
 
 /* A pointer parameter and its argument. */
