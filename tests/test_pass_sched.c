@@ -27,9 +27,9 @@
 
 static const char *const DEEPSEEK[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3"};
 static const char *const ALL[] = {"deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "qwen2_moe",
-                                  "qwen3_moe"};
+                                  "qwen3_moe",   "qwen3_moe_fp8"};
 /* MoE layers with a shared expert in each tiny model (ALL's order). */
-static const int SHARED_LAYERS[] = {2, 2, 2, 2, 0};
+static const int SHARED_LAYERS[] = {2, 2, 2, 2, 0, 0};
 
 #define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))
 
@@ -654,8 +654,10 @@ static const char *sabotage_alias(ir_module *m, ir_op_kind kind)
 }
 
 /* Aliases of each kind sabotaged, over all models: every kind in some
- * model (after fuse_mla_prologue a DeepSeek module's only reshapes are read
- * right away, leaving no op between to break them; the Qwen ones have). */
+ * model (after fuse_mla_prologue and fuse_attn_prologue a module's only
+ * reshapes are read right away, leaving no op between to break them, but
+ * in qwen3_moe_fp8, whose q, k and v stay linears of their own, the
+ * prologue stays unfused and its reshapes have ops between). */
 static int n_sabotaged[3];
 
 /* The sabotaged aliases of each kind: the independent checker and the
