@@ -98,8 +98,6 @@ static const char BODY[] =
     "            stv<V>(crow + c, r + c);\n"
     "    }\n";
 
-static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
-
 const ir_op *cg_attn_prologue_cache(const ir_module *m, const ir_op *pro)
 {
     if (pro->kind != IR_OP_ATTN_PROLOGUE)
@@ -194,6 +192,8 @@ moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
         moec_buf_printf(o, "%s *__restrict__ q, %s *__restrict__ k, %s *__restrict__ v", cy, cy,
                         cy);
         static const char *const pools[2] = {"kpool", "vpool"};
+        /* the widest vectors that keep every head of every row aligned */
+        int vec = cg_vec_width(N) < cg_vec_width(D) ? cg_vec_width(N) : cg_vec_width(D);
         if (att)
             cg_cache_params(o, cp, pools, 2);
         if (norm)
@@ -215,7 +215,7 @@ moec_status cg_emit_attn_prologue(cg_ctx *c, const ir_op *op)
                         "    constexpr float AF = %af;\n"
                         "    const float *inv_freq = %s;\n"
                         "    (void)BS;\n%s}\n\n",
-                        H, HKV, D, N, rd, cg_vec_width(gcd(N, D)), APK_HEADS, att ? bs : 1,
+                        H, HKV, D, N, rd, vec, APK_HEADS, att ? bs : 1,
                         neox ? "true" : "false", norm ? "true" : "false",
                         att ? "true" : "false", (double)rt.attn_factor, sym, BODY);
     }
