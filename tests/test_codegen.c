@@ -1243,16 +1243,22 @@ static void generate_and_compile(const ir_module *m, const char *what)
 }
 
 /* 1 when op is one of DeepSeek-V3.2's indexer ops: dsa_prologue_k,
- * dsa_topk, or a linear whose result is a dsa_topk's query. */
+ * dsa_topk, or a linear one of those reads (wq_b; in fp8 wk and
+ * weights_proj too, which qkv_a leaves). */
 static int is_indexer_op(const ir_module *m, const ir_op *op)
 {
     if (op->kind == IR_OP_DSA_TOPK || op->kind == IR_OP_DSA_PROLOGUE_K)
         return 1;
     if (op->kind != IR_OP_LINEAR)
         return 0;
-    for (int k = op->id + 1; k < m->n_ops; k++)
-        if (m->ops[k]->kind == IR_OP_DSA_TOPK && m->ops[k]->in[0] == op->out[0])
-            return 1;
+    for (int k = op->id + 1; k < m->n_ops; k++) {
+        const ir_op *u = m->ops[k];
+        if (u->kind != IR_OP_DSA_TOPK && u->kind != IR_OP_DSA_PROLOGUE_K)
+            continue;
+        for (int i = 0; i < u->n_in; i++)
+            if (u->in[i] == op->out[0])
+                return 1;
+    }
     return 0;
 }
 
