@@ -5,9 +5,21 @@
  * depend on routing, so it runs on a side stream (1) beside the router and
  * routed experts on the main stream, between an explicit fork (the side
  * stream waits for the MoE input) and join (the main stream waits for the
- * shared output). One pair per layer, so a graph never needs more than two
- * streams. Matched on structure: the branch is whatever the combining add's
- * non-routed operand computes from the expert op's input.
+ * shared output). Matched on structure: the branch is whatever the
+ * combining add's non-routed operand computes from the expert op's input.
+ * DeepSeek-V3.2's indexer (wq_b's linear, dsa_prologue_k, dsa_topk: small
+ * latency-bound kernels) goes to the side stream too, beside the MLA's q
+ * path (q_b_proj, mla_prologue_q, mla_qabsorb: weight streaming) instead
+ * of in front of it: its branch is what computes a dsa_topk's operands and
+ * nothing else, after the last op of that cone that something outside it
+ * reads (mla_prologue_kv, whose q LoRA latent q_b reads too); the fork of
+ * that op's result goes right after it, the branch right after the fork,
+ * the join of the top-k ids right before their first reader (the
+ * attention). Side ops may read what was defined before their fork (qkv_a,
+ * the positions): plan_memory keeps whatever an op between a fork and its
+ * join touches live over the interval. At most two pairs a layer (the
+ * indexer's, then the shared expert's), never overlapping, so a graph
+ * never needs more than two streams. Collectives stay on stream 0. */
  *
  * plan_memory: every activation gets a byte offset per token in one arena
  * per batch bucket (offset * T), by liveness (ir_module_live_ranges: values
