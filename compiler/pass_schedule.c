@@ -19,7 +19,7 @@
  * the positions): plan_memory keeps whatever an op between a fork and its
  * join touches live over the interval. At most two pairs a layer (the
  * indexer's, then the shared expert's), never overlapping, so a graph
- * never needs more than two streams. Collectives stay on stream 0. */
+ * never needs more than two streams. Collectives stay on stream 0.
  *
  * plan_memory: every activation gets a byte offset per token in one arena
  * per batch bucket (offset * T), by liveness (ir_module_live_ranges: values
