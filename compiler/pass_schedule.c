@@ -200,6 +200,16 @@ static int may_branch(const ir_module *m, const ir_op *op, const unsigned char *
     return 1;
 }
 
+/* The first op after v's definition that reads v; NULL when none. */
+static ir_op *first_reader(const ir_module *m, const ir_value *v)
+{
+    for (int j = v->def->id + 1; j < m->n_ops; j++)
+        for (int i = 0; i < m->ops[j]->n_in; i++)
+            if (m->ops[j]->in[i] == v)
+                return m->ops[j];
+    return NULL;
+}
+
 /* dsa_topk d's branch: the ops of its cone (d and what computes its
  * operands) after the last one that may not join it (cut, whose result the
  * branch reads is *x), in op order, into ops; their number, 0 when d's
@@ -207,7 +217,8 @@ static int may_branch(const ir_module *m, const ir_op *op, const unsigned char *
 static int find_indexer(const ir_module *m, const ir_op *d, ir_op **ops, ir_value **x,
                         unsigned char *cone)
 {
-    if (d->stream != 0 || ir_module_use_count(m, d->out[0]) == 0)
+    const ir_op *reader = first_reader(m, d->out[0]);
+    if (d->stream != 0 || !reader)
         return 0;
     for (int i = 0; i < m->n_outputs; i++)
         if (m->outputs[i] == d->out[0])
@@ -227,7 +238,7 @@ static int find_indexer(const ir_module *m, const ir_op *d, ir_op **ops, ir_valu
             if (op->in[i]->kind == IR_VALUE_OP && op->in[i]->def)
                 cone[op->in[i]->def->id] = 1;
     }
-    if (cut < 0)
+    if (cut < 0 || m->ops[cut]->stream != 0)
         return 0;
     int n = 0;
     *x = NULL;
@@ -242,12 +253,7 @@ static int find_indexer(const ir_module *m, const ir_op *d, ir_op **ops, ir_valu
     }
     /* The pair must not overlap another: no fork, join or side-stream op
      * from the cut to d's first reader. */
-    int first_user = m->n_ops;
-    for (int j = d->id + 1; j < m->n_ops && first_user == m->n_ops; j++)
-        for (int i = 0; i < m->ops[j]->n_in; i++)
-            if (m->ops[j]->in[i] == d->out[0])
-                first_user = j;
-    for (int k = cut + 1; k < first_user; k++)
+    for (int k = cut + 1; k < reader->id; k++)
         if (m->ops[k]->stream != 0 || m->ops[k]->kind == IR_OP_FORK ||
             m->ops[k]->kind == IR_OP_JOIN)
             return 0;
@@ -275,11 +281,7 @@ static moec_status split_indexer(ir_module *m, ir_op *const *ops, int n, ir_valu
         MOEC_TRY(ir_module_move_op_before(m, op, anchor));
         anchor = op;
     }
-    const ir_op *reader = NULL;
-    for (int j = d->id + 1; j < m->n_ops && !reader; j++)
-        for (int i = 0; i < m->ops[j]->n_in; i++)
-            if (m->ops[j]->in[i] == d->out[0])
-                reader = m->ops[j];
+    const ir_op *reader = first_reader(m, d->out[0]);
     MOEC_TRY(add_unary(m, IR_OP_JOIN, d->out[0], layer_name(m, d->out[0], "join"), &join));
     join->stream = 0;
     MOEC_TRY(ir_module_move_op_before(m, join, reader));

@@ -1243,23 +1243,25 @@ static void generate_and_compile(const ir_module *m, const char *what)
 }
 
 /* 1 when op is one of DeepSeek-V3.2's indexer ops: dsa_prologue_k,
- * dsa_topk, or a linear one of those reads (wq_b; in fp8 wk and
- * weights_proj too, which qkv_a leaves). */
+ * dsa_topk, or a linear only those read (wq_b; in fp8 wk and weights_proj
+ * too, which qkv_a leaves; not qkv_a, which the MLA's prologue reads). */
 static int is_indexer_op(const ir_module *m, const ir_op *op)
 {
     if (op->kind == IR_OP_DSA_TOPK || op->kind == IR_OP_DSA_PROLOGUE_K)
         return 1;
     if (op->kind != IR_OP_LINEAR)
         return 0;
+    int indexer = 0, other = 0;
     for (int k = op->id + 1; k < m->n_ops; k++) {
         const ir_op *u = m->ops[k];
-        if (u->kind != IR_OP_DSA_TOPK && u->kind != IR_OP_DSA_PROLOGUE_K)
-            continue;
+        int dsa = u->kind == IR_OP_DSA_TOPK || u->kind == IR_OP_DSA_PROLOGUE_K;
         for (int i = 0; i < u->n_in; i++)
-            if (u->in[i] == op->out[0])
-                return 1;
+            if (u->in[i] == op->out[0]) {
+                indexer += dsa;
+                other += !dsa;
+            }
     }
-    return 0;
+    return indexer > 0 && other == 0;
 }
 
 /* DeepSeek-V3.2 (assign_streams): in every layer's steps, the fork's event
