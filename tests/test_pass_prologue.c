@@ -294,7 +294,7 @@ static void check_prologue(const char *model)
             kv = result_of(m, n[4], IR_OP_MLA_PROLOGUE_KV, 0);
             T_CHECK(kv && kv == result_of(m, n[2], IR_OP_MLA_PROLOGUE_KV, 1) &&
                     kv == result_of(m, n[3], IR_OP_MLA_PROLOGUE_KV, 2));
-            /* the q side reads what q_b_proj (with V3.2's wq_b) made of the latent */
+            /* the q side reads what q_b_proj made of the latent */
             T_CHECK(q && kv && q->in[0]->def && q->in[0]->def->kind == IR_OP_LINEAR &&
                     q->in[0]->def->in[0] == kv->out[0] && q->id > kv->id);
         } else {
