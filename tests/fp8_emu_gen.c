@@ -2,7 +2,7 @@
  * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
  * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
  * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_f8_chunk, ldv,
- * warp_sum and moec_w16 as the generator emits them, each
+ * moec_prefetch_rows, warp_sum and moec_w16 as the generator emits them, each
  * case's kernels in a namespace of their own, and a table of the cases with
  * their launches. Cases: linears and routed experts at odd shapes (partial
  * scale blocks, slabs with dead warps, uneven K splits over clusters, up
@@ -71,6 +71,12 @@ static const gen_case CASES[] = {
     {MOE16(6, 3, 200, 40, 0), 2, CG_FP8_AUTO, NULL},
     {MOE16(5, 2, 520, 72, 1), 1, CG_FP8_AUTO, NULL},
     {MOE16(5, 2, 520, 72, 0), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
+    /* the linears' L2 prefetch before the wait (every case up to 8 tokens
+       has the default cap's: the whole slab) at a cap of 1 KiB: each
+       row's first bytes; clusters of 8 splits sharing a slab of 64 rows
+       (the last one 16), and one block a slab of 3 tokens */
+    {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, "MOEC_PREFETCH_KB=1"},
+    {LIN(100, 1280, 16, 128), 3, CG_FP8_TC, "MOEC_PREFETCH_KB=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -137,6 +143,8 @@ int main(int argc, char **argv)
                       "moec_stw");
     put_prologue_part(f, pro.data, "template <int N, typename T> __device__ __forceinline__ void ldv",
                       "/* fp8 weights (e4m3, exact in fp16");
+    put_prologue_part(f, pro.data, "/* The L2 prefetch of a block's weight slice",
+                      "__device__ __forceinline__ float warp_sum");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
                       "__device__ __forceinline__ float warp_max");
     put_prologue_part(f, pro.data, "/* The 16 bytes of a weight vector",
