@@ -747,8 +747,8 @@ void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
     if (pf <= 0)
         return;
     moec_buf_printf(b,
-                    "    /* before the wait: this block's weights into L2 (MOEC_PREFETCH_KB), while\n"
-                    "       the kernel before it runs */\n"
+                    "    /* before the wait, while the kernel before it runs: into L2 what this\n"
+                    "       block will read of the weights or the cache (MOEC_PREFETCH_KB) */\n"
                     "    if (threadIdx.x == 0) {\n"
                     "        constexpr long long PF_CAP = %lldLL;\n"
                     "%s"

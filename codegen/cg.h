@@ -16,15 +16,19 @@
  * (the prologue's programmatic-dependent-launch wait and trigger), which
  * the runtime's launches rely on (docs/CUDA.md). A kernel body that already
  * has a line "    moec_pdl_enter();" keeps it where it is: such a kernel
- * may issue moec_prefetch_l2 of its weights before it, and nothing else
- * (no read of a value an earlier kernel writes, no write). */
+ * may issue moec_prefetch_l2 of its weights (or of its cache rows, found
+ * from the step inputs) before it, and nothing else (no read of a value
+ * an earlier kernel writes, no write). */
 void cg_add_pdl_waits(moec_buf *b);
 
 /* L2 prefetch before the wait: in buckets of up to CG_PREFETCH_MAX_T
  * tokens the weight-streaming kernels (the few-token linear, the MLA
  * absorptions, the staged fp8 linear) have each block prefetch its own
  * weight rows (and their block scales) with moec_prefetch_l2 before its
- * moec_pdl_enter, at most MOEC_PREFETCH_KB KiB a block (read at code
+ * moec_pdl_enter, and the attention kernels (GQA, dense MLA) their cache
+ * rows, found from the step inputs (positions, slots, block table: the
+ * runtime copies them before the step's first kernel, and no kernel
+ * writes them); at most MOEC_PREFETCH_KB KiB a block (read at code
  * generation, 0 to CG_PREFETCH_KB_MAX; 0: off, the kernels exactly as
  * without it). The cap is a constant of their source (PF_CAP), so the
  * cubin cache tells the variants apart (cg_prefetch_bytes,

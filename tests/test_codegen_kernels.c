@@ -1425,8 +1425,10 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
  * weight rows before the wait (cg_emit_prefetch), others and larger
  * buckets and MOEC_PREFETCH_KB=0 none: the few-token linear (bf16, its act
  * silu_mul form, fp8 with its scales), the absorptions, the staged fp8
- * linear (one block a slab, and clusters of K splits); compiled by
- * NVRTC with the default cap. */
+ * linear (one block a slab, and clusters of K splits), compiled by NVRTC
+ * with the default cap; and the attention kernels their cache rows (GQA,
+ * MLA on CUDA and tensor cores, with a window; not over a token
+ * selection), compiled by test_real_shapes and test_odd_shapes. */
 static void test_prefetch(void)
 {
     km_spec lin = {.name = "pf_lin", .vocab = 8, .LN = 100, .LK = 256, .ldt = "bf16",
@@ -1496,6 +1498,51 @@ static void test_prefetch(void)
             } else {
                 moec_buf_free(&prog);
                 moec_buf_free(&names);
+            }
+            ir_module_free(m);
+        }
+        unsetenv("MOEC_PREFETCH_KB");
+    }
+    /* the attention kernels: their cache rows (no prefetch of a token
+       selection's rows, which a kernel writes) */
+    km_spec mla = {.name = "pf_mla", .vocab = 8, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
+                   .attn_scale = 0.1352};
+    km_spec mla_odd = {.name = "pf_mla_odd", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                       .window = 3, .attn_scale = 0.3};
+    km_spec gqa = {.name = "pf_gqa", .vocab = 8, .attn = KM_GQA, .H = 32, .HKV = 4, .DK = 128,
+                   .DV = 128, .attn_scale = 0.0883883};
+    km_spec gqa_odd = {.name = "pf_gqa_odd", .vocab = 8, .attn = KM_GQA, .H = 6, .HKV = 2,
+                       .DK = 24, .DV = 40, .window = 5, .attn_scale = 0.2};
+    km_spec dsa = {.name = "pf_dsa", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                   .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
+                   .dsa_wscale = -0.7};
+    const km_spec *attn[] = {&mla, &mla_odd, &gqa, &gqa_odd, &dsa};
+    for (int kn = 0; kn < 2; kn++) {
+        if (kn)
+            setenv("MOEC_PREFETCH_KB", "0", 1);
+        for (int si = 0; si < 5; si++) {
+            ir_module *m = km_module(attn[si]);
+            T_CHECK(m != NULL);
+            if (!m)
+                continue;
+            cg_options o;
+            cg_options_default(&o);
+            for (int ti = 0; ti < 4; ti++) {
+                cg_ctx c;
+                T_OK(gen(m, &o, Ts[ti], &c));
+                cg_add_pdl_waits(&c.src);
+                int seen = 0;
+                for (int k = 0; c.src.data && k < c.n_kernels; k++) {
+                    const char *kname = c.kernel_names[k];
+                    int at = !strncmp(kname, "mla_attn_", 9) || !strncmp(kname, "attn_h", 6);
+                    long long pf = !kn && Ts[ti] <= CG_PREFETCH_MAX_T ? 1024LL * CG_PREFETCH_KB : 0;
+                    check_prefetch(c.src.data, kname, pf, at && attn[si]->TOPK == 0,
+                                   "pos slots block_table max_blocks kvpool pepool kpool vpool "
+                                   "window");
+                    seen += at;
+                }
+                T_CHECK(seen == 1);
+                cg_ctx_free(&c);
             }
             ir_module_free(m);
         }
