@@ -1,4 +1,5 @@
-/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c) and the
+/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c), the
+ * few-token fp8 linear (codegen/linear.c) and the
  * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
  * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
  * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_f8_chunk, ldv,
@@ -77,6 +78,12 @@ static const gen_case CASES[] = {
        (the last one 16), and one block a slab of 3 tokens */
     {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, "MOEC_PREFETCH_KB=1"},
     {LIN(100, 1280, 16, 128), 3, CG_FP8_TC, "MOEC_PREFETCH_KB=1"},
+    /* the few-token linear (codegen/linear.c, gemv in kernel names; a
+       thread a CUDA thread: few blocks): a row a block at 3 tokens; 2
+       rows a block at 1, the last block 1, the last scale block partial,
+       at a cap of 1 KiB (each row's first 512 bytes) */
+    {LIN(100, 1280, 16, 128), 3, CG_FP8_AUTO, NULL},
+    {LIN(1059, 640, 48, 64), 1, CG_FP8_AUTO, "MOEC_PREFETCH_KB=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -145,6 +152,9 @@ int main(int argc, char **argv)
                       "/* fp8 weights (e4m3, exact in fp16");
     put_prologue_part(f, pro.data, "/* The L2 prefetch of a block's weight slice",
                       "__device__ __forceinline__ float warp_sum");
+    put_prologue_part(f, pro.data,
+                      "template <int N> __device__ __forceinline__ void ldv(const __nv_fp8_e4m3",
+                      "template <int N, typename T> __device__ __forceinline__ void stv");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
                       "__device__ __forceinline__ float warp_max");
     put_prologue_part(f, pro.data, "/* The 16 bytes of a weight vector",
@@ -204,7 +214,8 @@ int main(int argc, char **argv)
         for (int k = 0; k < c.n_steps; k++) {
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
-            if (!strstr(name, "f8tc") && !strstr(name, "_gv_"))
+            if (!strstr(name, "f8tc") && !strstr(name, "_gv_") &&
+                strncmp(name, "linear_gemv_", 12))
                 continue; /* align and sum: the emulator's host side does them */
             put_kernel(f, c.src.data, name);
             /* the cluster size on the kernel's declaration line */
