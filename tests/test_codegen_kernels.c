@@ -1421,6 +1421,53 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     }
 }
 
+/* One bucket of m for test_prefetch: its linears and absorptions (or,
+ * heavy, its heavy ops through gen()), each kernel checked against the rule
+ * with pf bytes (a token selection's attention prefetches nothing); the
+ * kinds seen (1 few-token linear, 2 staged fp8 linear, 4 absorption, 8
+ * attention); the source and kernel names appended to prog and names. */
+static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, int sparse,
+                           moec_buf *prog, moec_buf *names)
+{
+    cg_options o;
+    cg_options_default(&o);
+    cg_ctx c;
+    memset(&c, 0, sizeof c);
+    c.m = m;
+    c.opt = &o;
+    c.T = T;
+    if (heavy)
+        T_OK(gen(m, &o, T, &c));
+    for (int k = 0; !heavy && k < m->n_ops; k++) {
+        ir_op_kind kd = m->ops[k]->kind;
+        if (kd == IR_OP_LINEAR || kd == IR_OP_MLA_QABSORB || kd == IR_OP_MLA_VABSORB)
+            T_OK(cg_emit_op(&c, m->ops[k]));
+    }
+    cg_add_pdl_waits(&c.src);
+    T_CHECK(!c.src.oom);
+    int seen = 0;
+    for (int k = 0; c.src.data && k < c.n_kernels; k++) {
+        const char *kn = c.kernel_names[k];
+        int kind = !strncmp(kn, "linear_gemv_", 12)   ? 1
+                   : !strncmp(kn, "linear_f8tc_", 12) ? 2
+                   : !strncmp(kn, "mla_qabsorb_", 12) || !strncmp(kn, "mla_vabsorb_", 12) ? 4
+                   : !strncmp(kn, "mla_attn_", 9) || !strncmp(kn, "attn_h", 6)             ? 8
+                                                                                          : 0;
+        check_prefetch(c.src.data, kn, T <= CG_PREFETCH_MAX_T ? pf : 0,
+                       kind && !(kind == 8 && sparse),
+                       kind == 8   ? "pos slots block_table max_blocks kvpool pepool kpool vpool "
+                                     "window"
+                       : kind == 4 ? "kv_b"
+                                   : "w ws");
+        seen |= kind;
+        moec_buf_printf(names, "%s\n", kn);
+    }
+    if (c.src.data)
+        moec_buf_printf(prog, "%s", c.src.data);
+    cg_ctx_free(&c);
+    return seen;
+}
+
 /* The weight-streaming kernels of 1 to 8 tokens prefetch their blocks'
  * weight rows before the wait (cg_emit_prefetch), others and larger
  * buckets and MOEC_PREFETCH_KB=0 none: the few-token linear (bf16, its act
@@ -1436,75 +1483,6 @@ static void test_prefetch(void)
     km_spec act = {.name = "pf_act", .vocab = 8, .LN = 37, .LK = 200, .ldt = "bf16", .lact = 1};
     km_spec f8 = {.name = "pf_f8", .vocab = 8, .LN = 336, .LK = 640, .ldt = "f8e4m3", .BN = 48,
                   .BK = 64};
-    const km_spec *specs[] = {&lin, &act, &f8};
-    static const char *const knob[] = {NULL, "0", "1"};
-    static const int Ts[] = {1, 2, 8, 16};
-    for (int kn = 0; kn < 3; kn++) {
-        if (knob[kn])
-            setenv("MOEC_PREFETCH_KB", knob[kn], 1);
-        long long pf = knob[kn] ? 1024LL * atoi(knob[kn]) : 1024LL * CG_PREFETCH_KB;
-        for (int si = 0; si < 3; si++) {
-            ir_module *m = km_module(specs[si]);
-            T_CHECK(m != NULL);
-            if (!m)
-                continue;
-            cg_options o;
-            cg_options_default(&o);
-            moec_buf prog = {0}, names = {0};
-            cg_emit_prologue(&prog);
-            for (int ti = 0; ti < 4; ti++) {
-                int T = Ts[ti];
-                cg_ctx c;
-                memset(&c, 0, sizeof c);
-                c.m = m;
-                c.opt = &o;
-                c.T = T;
-                for (int k = 0; k < m->n_ops; k++) {
-                    ir_op_kind kd = m->ops[k]->kind;
-                    if (kd == IR_OP_LINEAR || kd == IR_OP_MLA_QABSORB || kd == IR_OP_MLA_VABSORB)
-                        T_OK(cg_emit_op(&c, m->ops[k]));
-                }
-                cg_add_pdl_waits(&c.src);
-                T_CHECK(!c.src.oom);
-                int seen = 0;
-                for (int k = 0; c.src.data && k < c.n_kernels; k++) {
-                    const char *kname = c.kernel_names[k];
-                    int gemv = !strncmp(kname, "linear_gemv_", 12),
-                        tc = !strncmp(kname, "linear_f8tc_", 12),
-                        ab = !strncmp(kname, "mla_qabsorb_", 12) ||
-                             !strncmp(kname, "mla_vabsorb_", 12);
-                    check_prefetch(c.src.data, kname, T <= CG_PREFETCH_MAX_T ? pf : 0,
-                                   gemv || tc || ab, ab ? "kv_b" : "w ws");
-                    seen |= gemv << 0 | tc << 1 | ab << 2;
-                    moec_buf_printf(&names, "%s\n", kname);
-                }
-                /* the kernels each case means to cover */
-                T_CHECK(si == 0 ? (T <= 2 ? seen == 5 : T <= 4 ? seen == 1 : seen == 0)
-                        : si == 1 ? seen == (T <= 4 ? 1 : 0)
-                                  : seen == (T <= 4 ? 1 : 2));
-                if (kn == 0 && c.src.data)
-                    moec_buf_printf(&prog, "%s", c.src.data);
-                cg_ctx_free(&c);
-            }
-            if (kn == 0 && n_jobs < 64 && !prog.oom && !names.oom) {
-                compile_job *j = &jobs[n_jobs++];
-                memset(j, 0, sizeof *j);
-                char label[128];
-                snprintf(label, sizeof label, "%s, MOEC_PREFETCH_KB=%s", specs[si]->name,
-                         knob[kn] ? knob[kn] : "(default)");
-                j->label = strdup(label);
-                j->src = prog.data;
-                j->names = names;
-            } else {
-                moec_buf_free(&prog);
-                moec_buf_free(&names);
-            }
-            ir_module_free(m);
-        }
-        unsetenv("MOEC_PREFETCH_KB");
-    }
-    /* the attention kernels: their cache rows (no prefetch of a token
-       selection's rows, which a kernel writes) */
     km_spec mla = {.name = "pf_mla", .vocab = 8, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
                    .attn_scale = 0.1352};
     km_spec mla_odd = {.name = "pf_mla_odd", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
@@ -1516,33 +1494,41 @@ static void test_prefetch(void)
     km_spec dsa = {.name = "pf_dsa", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
                    .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
                    .dsa_wscale = -0.7};
-    const km_spec *attn[] = {&mla, &mla_odd, &gqa, &gqa_odd, &dsa};
-    for (int kn = 0; kn < 2; kn++) {
-        if (kn)
-            setenv("MOEC_PREFETCH_KB", "0", 1);
-        for (int si = 0; si < 5; si++) {
-            ir_module *m = km_module(attn[si]);
+    const km_spec *specs[] = {&lin, &act, &f8, &mla, &mla_odd, &gqa, &gqa_odd, &dsa};
+    static const char *const knob[] = {NULL, "0", "1"};
+    static const int Ts[] = {1, 2, 8, 16};
+    for (int kn = 0; kn < 3; kn++) {
+        if (knob[kn])
+            setenv("MOEC_PREFETCH_KB", knob[kn], 1);
+        long long pf = 1024LL * (knob[kn] ? atoi(knob[kn]) : CG_PREFETCH_KB);
+        for (int si = 0; si < 8; si++) {
+            ir_module *m = km_module(specs[si]);
             T_CHECK(m != NULL);
             if (!m)
                 continue;
-            cg_options o;
-            cg_options_default(&o);
+            moec_buf prog = {0}, names = {0};
+            cg_emit_prologue(&prog);
             for (int ti = 0; ti < 4; ti++) {
-                cg_ctx c;
-                T_OK(gen(m, &o, Ts[ti], &c));
-                cg_add_pdl_waits(&c.src);
-                int seen = 0;
-                for (int k = 0; c.src.data && k < c.n_kernels; k++) {
-                    const char *kname = c.kernel_names[k];
-                    int at = !strncmp(kname, "mla_attn_", 9) || !strncmp(kname, "attn_h", 6);
-                    long long pf = !kn && Ts[ti] <= CG_PREFETCH_MAX_T ? 1024LL * CG_PREFETCH_KB : 0;
-                    check_prefetch(c.src.data, kname, pf, at && attn[si]->TOPK == 0,
-                                   "pos slots block_table max_blocks kvpool pepool kpool vpool "
-                                   "window");
-                    seen += at;
-                }
-                T_CHECK(seen == 1);
-                cg_ctx_free(&c);
+                int T = Ts[ti];
+                int seen = prefetch_bucket(m, T, si >= 3, pf, specs[si]->TOPK > 0, &prog, &names);
+                /* the kernels each case means to cover: the few-token
+                   kernels up to 4 tokens (the absorptions 2), then
+                   cuBLASLt, or the staged kernel for fp8 */
+                T_CHECK(si >= 3  ? seen == 8
+                        : si == 0 ? seen == (T <= 2 ? 5 : T <= 4 ? 1 : 0)
+                        : si == 1 ? seen == (T <= 4 ? 1 : 0)
+                                  : seen == (T <= 4 ? 1 : 2));
+            }
+            /* the linears' and absorptions' programs with the default cap */
+            if (kn == 0 && si < 3 && n_jobs < 64 && !prog.oom && !names.oom) {
+                compile_job *j = &jobs[n_jobs++];
+                memset(j, 0, sizeof *j);
+                j->label = strdup(specs[si]->name);
+                j->src = prog.data;
+                j->names = names;
+            } else {
+                moec_buf_free(&prog);
+                moec_buf_free(&names);
             }
             ir_module_free(m);
         }
