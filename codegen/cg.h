@@ -25,7 +25,7 @@ void cg_add_pdl_waits(moec_buf *b);
  * tokens the weight-streaming kernels (the few-token linear, the MLA
  * absorptions, the staged fp8 linear) have each block prefetch its own
  * weight rows (and their block scales) with moec_prefetch_l2 before its
- * moec_pdl_enter, and the attention kernels (GQA, dense MLA) their cache
+ * moec_pdl_enter, the RMSNorms their weight, and the attention kernels (GQA, dense MLA) their cache
  * rows, found from the step inputs (positions, slots, block table: the
  * runtime copies them before the step's first kernel, and no kernel
  * writes them); at most MOEC_PREFETCH_KB KiB a block (read at code

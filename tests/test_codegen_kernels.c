@@ -1421,11 +1421,12 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     }
 }
 
-/* One bucket of m for test_prefetch: its linears and absorptions (or,
- * heavy, its heavy ops through gen()), each kernel checked against the rule
- * with pf bytes (a token selection's attention prefetches nothing); the
- * kinds seen (1 few-token linear, 2 staged fp8 linear, 4 absorption, 8
- * attention); the source and kernel names appended to prog and names. */
+/* One bucket of m for test_prefetch: its linears, absorptions and
+ * add_rms_norm (or, heavy, its heavy ops through gen()), each kernel
+ * checked against the rule with pf bytes (a token selection's attention
+ * prefetches nothing); the kinds seen (1 few-token linear, 2 staged fp8
+ * linear, 4 absorption, 8 attention, 16 norm); the source and kernel
+ * names appended to prog and names. */
 static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, int sparse,
                            moec_buf *prog, moec_buf *names)
 {
@@ -1440,7 +1441,8 @@ static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, i
         T_OK(gen(m, &o, T, &c));
     for (int k = 0; !heavy && k < m->n_ops; k++) {
         ir_op_kind kd = m->ops[k]->kind;
-        if (kd == IR_OP_LINEAR || kd == IR_OP_MLA_QABSORB || kd == IR_OP_MLA_VABSORB)
+        if (kd == IR_OP_LINEAR || kd == IR_OP_MLA_QABSORB || kd == IR_OP_MLA_VABSORB ||
+            kd == IR_OP_ADD_RMS_NORM)
             T_OK(cg_emit_op(&c, m->ops[k]));
     }
     cg_add_pdl_waits(&c.src);
@@ -1452,6 +1454,7 @@ static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, i
                    : !strncmp(kn, "linear_f8tc_", 12) ? 2
                    : !strncmp(kn, "mla_qabsorb_", 12) || !strncmp(kn, "mla_vabsorb_", 12) ? 4
                    : !strncmp(kn, "mla_attn_", 9) || !strncmp(kn, "attn_h", 6)             ? 8
+                   : strstr(kn, "rms_norm_") != NULL                                      ? 16
                                                                                           : 0;
         check_prefetch(c.src.data, kn, T <= CG_PREFETCH_MAX_T ? pf : 0,
                        kind && !(kind == 8 && sparse),
@@ -1472,14 +1475,15 @@ static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, i
  * weight rows before the wait (cg_emit_prefetch), others and larger
  * buckets and MOEC_PREFETCH_KB=0 none: the few-token linear (bf16, its act
  * silu_mul form, fp8 with its scales), the absorptions, the staged fp8
- * linear (one block a slab, and clusters of K splits), compiled by NVRTC
- * with the default cap; and the attention kernels their cache rows (GQA,
+ * linear (one block a slab, and clusters of K splits), the add_rms_norm
+ * its weight (a block a row at D 2050), compiled by NVRTC with the
+ * default cap; and the attention kernels their cache rows (GQA,
  * MLA on CUDA and tensor cores, with a window; not over a token
  * selection), compiled by test_real_shapes and test_odd_shapes. */
 static void test_prefetch(void)
 {
     km_spec lin = {.name = "pf_lin", .vocab = 8, .LN = 100, .LK = 256, .ldt = "bf16",
-                   .AH = 3, .ADN = 16, .ADV = 37, .AR = 96};
+                   .AH = 3, .ADN = 16, .ADV = 37, .AR = 96, .AN = 2050, .an_alpha = 1.0};
     km_spec act = {.name = "pf_act", .vocab = 8, .LN = 37, .LK = 200, .ldt = "bf16", .lact = 1};
     km_spec f8 = {.name = "pf_f8", .vocab = 8, .LN = 336, .LK = 640, .ldt = "f8e4m3", .BN = 48,
                   .BK = 64};
@@ -1515,7 +1519,7 @@ static void test_prefetch(void)
                    kernels up to 4 tokens (the absorptions 2), then
                    cuBLASLt, or the staged kernel for fp8 */
                 T_CHECK(si >= 3  ? seen == 8
-                        : si == 0 ? seen == (T <= 2 ? 5 : T <= 4 ? 1 : 0)
+                        : si == 0 ? seen == (T <= 2 ? 21 : T <= 4 ? 17 : 16)
                         : si == 1 ? seen == (T <= 4 ? 1 : 0)
                                   : seen == (T <= 4 ? 1 : 2));
             }
