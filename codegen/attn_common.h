@@ -84,10 +84,12 @@ static inline int cg_attn_split_min(int dflt)
     return cg_env_int("MOEC_ATTN_SPLIT_MIN", dflt, 1, 1 << 20);
 }
 
-/* Splits of each sequence so that `blocks` blocks per split fill the GPU. */
+/* Splits of each sequence so that `blocks` blocks per split fill the GPU
+ * (MOEC_ATTN_TARGET_BLOCKS at codegen moves the target, for an A/B). */
 static inline int cg_attn_splits(long long blocks)
 {
-    int ns = (int)((CG_ATTN_TARGET_BLOCKS + blocks - 1) / blocks);
+    long long target = cg_env_int("MOEC_ATTN_TARGET_BLOCKS", CG_ATTN_TARGET_BLOCKS, 1, 1 << 20);
+    int ns = (int)((target + blocks - 1) / blocks);
     return ns > CG_ATTN_MAX_SPLITS ? CG_ATTN_MAX_SPLITS : ns;
 }
 

@@ -21,6 +21,7 @@
 
 #include "codegen/cg.h"
 #include "codegen/fp8_tc.h"
+#include "codegen/moe_routed.h"
 #include "err.h"
 
 /* A numeric attribute whether written as an int or a float. */
@@ -462,6 +463,8 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
                         "linear %%%s: wants x [T, K] ([T, 2K] with act), w [N, K], b [N] and a "
                         "result [T, N]",
                         y->name);
+    if (cg_linear_in_topk(c, op))
+        return MOEC_OK; /* the router: its top-k kernel computes the logits */
     int64_t N = w->type.dims[0], K = w->type.dims[1];
     double alpha = num_attr(op, "alpha", 1.0);
     if (!isfinite(alpha))

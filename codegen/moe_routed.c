@@ -40,6 +40,11 @@
 #define MMA_WARPS 1
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
+/* Tensor-core blocks hold 16 slots (two 8-column tiles over one read of the
+ * weights) once experts average more than this many slots, else 8: an
+ * expert with more slots than a block holds is read once per block.
+ * MOEC_MOE_MMA_BM16 overrides it. */
+#define MMA_BM16_MEAN 8
 /* The streaming form's shape (GV_CONSTS, GV_ROWS): warps per block, rows
  * per warp of gate_up (each a gate and an up row) and of down, k chunks in flight, and
  * the largest expert block it takes (larger ones: the first CUDA-core
@@ -844,8 +849,8 @@ static void moe_blocks(const cg_ctx *c, const cg_moe_desc *d, int *bm_out, int *
     /* tensor cores for bf16 once CUDA-core blocks would hold four or more
        rows (one or two rows per block stream near the copy bandwidth on
        CUDA cores already); BM is then 8, or 16 when experts average more
-       than 8 slots: one or two 8-column tiles, since a product costs the
-       same for 1 or 8 columns */
+       than MMA_BM16_MEAN slots: one or two 8-column tiles, since a product
+       costs the same for 1 or 8 columns */
     int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
     long long urow = fused ? I : 0;
     int mma = xdt == IR_DTYPE_BF16 && mma_weight_ok(c, d->gate, urow) &&
@@ -853,7 +858,8 @@ static void moe_blocks(const cg_ctx *c, const cg_moe_desc *d, int *bm_out, int *
               H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
               (mode == CG_MOE_MMA || bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
     if (mma)
-        bm = T * K > 8 * E ? 16 : 8;
+        bm = T * K > (long long)cg_env_int("MOEC_MOE_MMA_BM16", MMA_BM16_MEAN, 1, 1 << 20) * E ? 16
+                                                                                          : 8;
     /* fp8 experts: the tensor-core kernels that stage x and h in shared
        memory (codegen/fp8_tc.c) where the shapes allow and tensor cores
        were taken (CG_FP8_TC: at every bucket; CG_FP8_OLD: never) */

@@ -38,6 +38,9 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
  * experts, count used) and records them in c (moe_aligned,
  * moe_align_off); that moe_routed then launches no align kernel. */
 const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb);
+/* 1 when linear lin is the router whose logits the aligning top-k kernel
+ * after it computes itself (codegen/moe_topk.c): lin then emits no step. */
+int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin);
 
 /* The align kernel's body (sorted, blk_expert, n_used from ids): constants
  * E, E0, K, T, BM, NB and NT (threads) in scope. */

@@ -11,7 +11,11 @@
  * moe_routed after it (cg_moe_topk_routed), the kernel is one block of a
  * warp per token that, once every token has chosen, also sorts the slots
  * by expert into that op's blocks (codegen/moe_routed.c's align body):
- * one launch instead of two. */
+ * one launch instead of two. Where the logits come from the router's
+ * linear alone and its weight is small (router_of), that kernel computes
+ * them too: a cluster of eight blocks splits the experts' rows, block 0
+ * gathers the logits from their shared memory and goes on alone, and the
+ * linear emits nothing (one launch instead of three). */
 #include <stdio.h>
 #include <string.h>
 
@@ -19,13 +23,15 @@
 #include "codegen/moe_routed.h"
 #include "err.h"
 
-static const char TOPK_BODY[] =
+/* Warp `warp` of the block takes token t (TOPK_HEAD); TOPK_BODY, for a t
+ * below T, reads its logits, chooses and writes its ids and weights. */
+static const char TOPK_HEAD[] =
     "    __shared__ float s_s[NW][E], s_c[NW][E], s_g[NW][NG];\n"
     "    __shared__ unsigned char s_taken[NW][E], s_keep[NW][NG];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const int t = blockIdx.x * NW + warp;\n"
-    "    if (t >= T)\n"
-    "        return;\n"
+    "    const int t = blockIdx.x * NW + warp;\n";
+
+static const char TOPK_BODY[] =
     "    float *s = s_s[warp], *c = s_c[warp];\n"
     "    unsigned char *taken = s_taken[warp];\n"
     "    const float *l = logits + (long long)t * E;\n"
@@ -129,6 +135,111 @@ static const char TOPK_BODY[] =
     "        wts[(long long)t * K + lane] = w;\n"
     "    }\n";
 
+/* The router's few-token linear inside the aligning top-k kernel: the
+ * logits' linear (no bias, act or alpha; bf16 or f32 weight and input of
+ * one dtype; at most ROUTER_MAX_BYTES of weight) whose only reader is a
+ * moe_topk that aligns (cg_moe_topk_routed), on the same stream, its input
+ * still live after the top-k (plan_memory placed it by the IR's uses), on
+ * sm_90 (a thread block cluster computes the logits). MOEC_MOE_ROUTER_FUSE=0
+ * keeps the two launches, for comparisons. */
+#define ROUTER_MAX_BYTES (2 << 20)
+#define ROUTER_CLUSTER 8
+
+static int live_after(const ir_module *m, const ir_value *v, int op_id)
+{
+    for (int i = 0; i < m->n_outputs; i++)
+        if (m->outputs[i] == v)
+            return 1;
+    for (int k = op_id + 1; k < m->n_ops; k++)
+        for (int i = 0; i < m->ops[k]->n_in; i++)
+            if (m->ops[k]->in[i] == v)
+                return 1;
+    return 0;
+}
+
+static const ir_op *router_of(const cg_ctx *c, const ir_op *topk)
+{
+    int bm = 0;
+    long long nb = 0;
+    if (topk->kind != IR_OP_MOE_TOPK || c->T > 8 || cg_arch_num(c->opt) < 90 ||
+        !cg_env_int("MOEC_MOE_ROUTER_FUSE", 1, 0, 1) || !cg_moe_topk_routed(c, topk, &bm, &nb))
+        return NULL;
+    const ir_value *lg = topk->in[0];
+    const ir_op *lin = lg->kind == IR_VALUE_OP ? lg->def : NULL;
+    if (!lin || lin->kind != IR_OP_LINEAR || lin->n_in != 2 || lin->n_out != 1 ||
+        ir_op_attr(lin, "act") || ir_op_attr(lin, "alpha") || lin->stream != topk->stream ||
+        ir_module_single_user(c->m, lg) != topk)
+        return NULL;
+    const ir_value *x = lin->in[0], *w = lin->in[1];
+    ir_dtype dw = cg_storage(c, w);
+    if (x->type.rank != 2 || w->type.rank != 2 || lg->type.rank != 2 ||
+        cg_storage(c, x) != dw || (dw != IR_DTYPE_BF16 && dw != IR_DTYPE_F32) ||
+        cg_storage(c, lg) != IR_DTYPE_F32 || w->type.dims[0] != lg->type.dims[1] ||
+        x->type.dims[1] != w->type.dims[1] ||
+        w->type.dims[0] * w->type.dims[1] * (long long)ir_dtype_size(dw) > ROUTER_MAX_BYTES ||
+        !live_after(c->m, x, topk->id))
+        return NULL;
+    /* shared memory: eight warps' top-k state, the align's counts, this
+       block's logits and block 0's gathered ones */
+    long long E = w->type.dims[0], NG = ir_op_attr_int(topk, "n_group", 1);
+    long long epb = (E + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER;
+    if ((E * 9 + NG * 5) * 8 + 12 * E + 4 * (long long)c->T * (E + epb) > 40 * 1024)
+        return NULL;
+    return lin;
+}
+
+int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin)
+{
+    const ir_op *topk = ir_module_single_user(c->m, lin->out[0]);
+    return topk && router_of(c, topk) == lin;
+}
+
+/* The cluster's logits: block `rank` of ROUTER_CLUSTER computes experts
+ * rank * EPB .. + EPB - 1 (a warp per expert row, 16-byte loads of w and
+ * x, fp32 sums) into its shared memory; block 0 then gathers all of them
+ * and goes on as the top-k kernel, the others leave. */
+static const char ROUTER_BODY[] =
+    "    constexpr int CL = %d, EPB = (E + CL - 1) / CL;\n"
+    "    __shared__ float s_rl[T][EPB], s_lg[T * E];\n"
+    "    {\n"
+    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "        const int rank = blockIdx.x;\n"
+    "        for (int r = warp; r < EPB && rank * EPB + r < E; r += NW) {\n"
+    "            const TW *wr = w + (long long)(rank * EPB + r) * H;\n"
+    "            float acc[T];\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++)\n"
+    "                acc[t] = 0.0f;\n"
+    "#pragma unroll 4\n"
+    "            for (int k = lane * VE; k < H; k += 32 * VE) {\n"
+    "                float wv[VE];\n"
+    "                ldv<VE>(wr + k, wv);\n"
+    "#pragma unroll\n"
+    "                for (int t = 0; t < T; t++) {\n"
+    "                    float xv[VE];\n"
+    "                    ldv<VE>(x + (long long)t * H + k, xv);\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < VE; j++)\n"
+    "                        acc[t] += wv[j] * xv[j];\n"
+    "                }\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++) {\n"
+    "                const float v = warp_sum(acc[t]);\n"
+    "                if (lane == 0)\n"
+    "                    s_rl[t][r] = v;\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "    moec_cluster_sync();\n"
+    "    if (blockIdx.x == 0)\n"
+    "        for (int i = threadIdx.x; i < T * E; i += NW * 32)\n"
+    "            s_lg[i] = moec_ld_cluster(&s_rl[i / E][(i %% E) %% EPB], (unsigned)((i %% E) / EPB));\n"
+    "    moec_cluster_sync(); /* no block leaves while block 0 reads it */\n"
+    "    if (blockIdx.x != 0)\n"
+    "        return;\n"
+    "    const float *logits = s_lg;\n";
+
 moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
@@ -176,21 +287,40 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     int bm = 0;
     long long nb = 0;
     const ir_op *routed = cg_moe_topk_routed(c, op, &bm, &nb);
-    if (routed && per_warp * c->T + 12 * E > 40 * 1024)
+    /* (router_of, for the router's linear too, sizes its own form) */
+    const ir_op *router = routed ? router_of(c, op) : NULL;
+    if (routed && !router && per_warp * c->T + 12 * E > 40 * 1024)
         routed = NULL;
     if (routed)
         nw = c->T;
-    char name[200], align[48] = "";
+    const ir_value *rx = router ? router->in[0] : NULL, *rw = router ? router->in[1] : NULL;
+    long long H = rw ? rw->type.dims[1] : 0;
+    int ve = rw ? cg_vec_width(H) : 1;
+    if (router)
+        nw = 8; /* warps 0 .. T-1 of block 0 choose; all eight align */
+    char name[240], align[48] = "", rtag[80] = "";
     if (routed)
         snprintf(align, sizeof align, "_align_bm%d", bm);
-    snprintf(name, sizeof name, "moe_topk%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align, E,
-             K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
+    if (router)
+        snprintf(rtag, sizeof rtag, "_router_h%lld_%s", H, ir_dtype_name(cg_storage(c, rw)));
+    snprintf(name, sizeof name, "moe_topk%s%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align,
+             rtag, E, K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
-    if (is_new) {
+    if (is_new && router) {
+        ir_dtype dt = cg_storage(c, rw);
+        moec_buf_printf(&c->src,
+                      "// moe_topk: the router's logits (linear %%%s) in a cluster of %d blocks, "
+                      "then block 0's grouped top-k, one warp per token, and the slots aligned "
+                      "for the moe_routed after it (codegen/moe_topk.c, cg_emit_moe_topk)\n"
+                      "extern \"C\" __global__ void __cluster_dims__(%d, 1, 1) __launch_bounds__(%d) "
+                      "%s(const %s *__restrict__ x, const %s *__restrict__ w, ",
+                      router->out[0]->name, ROUTER_CLUSTER, ROUTER_CLUSTER, nw * 32, name,
+                      cg_ctype(dt), cg_ctype(dt));
+    } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// moe_topk: router scores and grouped top-k, one warp per token%s "
                       "(codegen/moe_topk.c, cg_emit_moe_topk)\n"
@@ -198,6 +328,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                       "logits, ",
                       routed ? ", then the slots aligned for the moe_routed after it" : "",
                       nw * 32, name);
+    }
+    if (is_new) {
         if (bias)
             moec_buf_printf(&c->src, "const %s *__restrict__ bias, ", cg_ctype(bdt));
         moec_buf_printf(&c->src, "int *__restrict__ ids, float *__restrict__ wts, float scaling%s",
@@ -213,27 +345,38 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                       norm ? "true" : "false", bias ? "true" : "false");
         if (!bias)
             moec_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
+        if (router) {
+            moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
+                                   "    constexpr int VE = %d;\n",
+                            cg_ctype(cg_storage(c, rw)), H, ve);
+            moec_buf_printf(&c->src, ROUTER_BODY, ROUTER_CLUSTER);
+        }
         if (!routed)
-            moec_buf_printf(&c->src, "%s}\n\n", TOPK_BODY);
-        else /* every warp is a token (no early return): then the align */
+            moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,
+                            TOPK_BODY);
+        else /* the warps of tokens choose, every warp aligns */
             moec_buf_printf(&c->src,
-                          "    {\n%s    }\n"
+                          "    {\n%s    if (t < T) {\n%s    }\n    }\n"
                           "    __syncthreads();\n"
                           "    {\n"
                           "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
                           "        constexpr long long NB = %lldLL;\n"
                           "%s    }\n"
                           "}\n\n",
-                          TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
+                          TOPK_HEAD, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
     s->kernel = k;
-    s->grid[0] = (unsigned)((c->T + nw - 1) / nw);
+    s->grid[0] = router ? ROUTER_CLUSTER : (unsigned)((c->T + nw - 1) / nw);
     s->block[0] = (unsigned)(nw * 32);
     int n = 0;
-    s->args[n++] = cg_arg_act(logits);
+    if (router) {
+        s->args[n++] = cg_arg_act(rx);
+        s->args[n++] = cg_arg_weight(rw);
+    } else
+        s->args[n++] = cg_arg_act(logits);
     if (bias)
         s->args[n++] = cg_arg_act(bias);
     s->args[n++] = cg_arg_act(op->out[0]);

@@ -21,13 +21,14 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
 {
     const ir_bucket *b = cb->b;
     char where[512];
+    int single = rt_cuda_one_stream(c, cb);
     for (int i = from; i < to; i++) {
         const ir_step *s = &b->steps[i];
         rt_cuda_launch *L = &cb->launches[i];
-        int sk = c->single_stream ? 0 : s->stream;
+        int sk = single ? 0 : s->stream;
         cudaStream_t stream = c->stream[sk];
         cudaError_t e = cudaSuccess;
-        if (c->single_stream && (s->kind == IR_STEP_FORK || s->kind == IR_STEP_JOIN))
+        if (single && (s->kind == IR_STEP_FORK || s->kind == IR_STEP_JOIN))
             continue;
         const char *call = "";
         switch (s->kind) {
@@ -309,6 +310,11 @@ moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, 
                            cudaMemcpyDeviceToHost),
                 where));
     return MOEC_OK;
+}
+
+int rt_cuda_one_stream(const rt_cuda *c, const rt_cuda_bucket *cb)
+{
+    return c->single_stream || cb->b->T > c->dual_max_t;
 }
 
 void rt_cuda_set_single_stream(rt_cuda *c, int single)

@@ -1440,13 +1440,16 @@ static void config_case(const char *file, int fp8)
            then reads in place a tenth), the add_rms_norm the expert sum's add
            and the routed sum over k, the shared expert's down projection its
            silu_mul (not of fp8 weights: the pass leaves those), the
-           moe_topk's kernel the align (issue 15) */
+           moe_topk's kernel the align and, where the router's weight is at
+           most 2 MiB (V2-Lite's 64 x 2048, not V3's 256 x 7168), the
+           router's linear (issue 15) */
         static const char *const i15[] = {"fuse_mla_prologue", "fuse_add3_rms_norm",
                                           "fuse_moe_sum", "fuse_silu_mul_linear"};
         static const char *const i12[] = {"fuse_dsa_indexer"};
         int v32 = strstr(file, "v32") != NULL;
         if (!strncmp(file, "deepseek", 8))
-            launches_saved(json, what, i15, 4, 1, (v32 ? 14 : 13) - (fp8 ? 1 : 0), 0, 0);
+            launches_saved(json, what, i15, 4, 1,
+                           (v32 ? 14 : 13) - (fp8 ? 1 : 0) + !strncmp(file, "deepseek_v2", 11), 0, 0);
         /* V3.2's indexer: dsa_prologue_k replaces the key's slice,
            layer_norm, rope and cache write; dsa_topk q's rope and the slices
            of q and the head weights: 9 launches a layer, then 3 (issue 12).
