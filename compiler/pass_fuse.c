@@ -242,6 +242,25 @@ static moec_status fuse_linears(ir_module *m, ir_op *const *ops, int n, const ch
 
 /* ---- fuse_qkv_a ----------------------------------------------------------- */
 
+/* 1 when v is operand 0 (the query) of a dsa_topk, directly or through
+ * reshapes and ropes. */
+static int feeds_dsa_query(const ir_module *m, const ir_value *v, int depth)
+{
+    for (int i = 0; i < m->n_ops; i++) {
+        const ir_op *op = m->ops[i];
+        for (int j = 0; j < op->n_in; j++) {
+            if (op->in[j] != v)
+                continue;
+            if (op->kind == IR_OP_DSA_TOPK && j == 0)
+                return 1;
+            if ((op->kind == IR_OP_RESHAPE || op->kind == IR_OP_ROPE) && depth < 4 &&
+                feeds_dsa_query(m, op->out[0], depth + 1))
+                return 1;
+        }
+    }
+    return 0;
+}
+
 /* The rule: every group of two or more plain linears (no alpha; weight, and
  * bias if any, bound to single checkpoint tensors) that read the same
  * activation becomes one GEMM — unless a member's result feeds silu, mul or
@@ -250,8 +269,12 @@ static moec_status fuse_linears(ir_module *m, ir_op *const *ops, int n, const ch
  * the router gate has to stay its own small GEMM. What remains, in the
  * families, is the attention's input projections: DeepSeek's q_a_proj (or
  * q_proj) with kv_a_proj_with_mqa (in V3.2 with the indexer's wk and
- * weights_proj too), Qwen's q, k and v; and in V3.2 q_b_proj with the
- * indexer's wq_b, which read the same q LoRA latent. A group holds the
+ * weights_proj too), Qwen's q, k and v. A linear whose result is a
+ * dsa_topk's query (through reshapes and ropes: V3.2's indexer wq_b) stays
+ * its own GEMM: fused into q_b_proj, which reads the same q LoRA latent, it
+ * would save only the re-read of that latent (q_lora_rank values a token, a
+ * few KB at decode), and on its own it can run on the side stream with the
+ * rest of the indexer beside q_b (assign_streams). A group holds the
  * linears whose weight has the seed's dtype and scale blocks (V3.2's fp8
  * projections fuse without the bf16 weights_proj); they must all have a bias
  * or none, otherwise the group is left. fp8 parts but the last span whole
@@ -264,7 +287,8 @@ static int qkv_group(const ir_module *m, const ir_op *seed, ir_op **group)
     int n = 0;
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *op = m->ops[i];
-        if (op->kind != IR_OP_LINEAR || op->in[0] != x || !is_plain_linear(op))
+        if (op->kind != IR_OP_LINEAR || op->in[0] != x || !is_plain_linear(op) ||
+            feeds_dsa_query(m, op->out[0], 0))
             continue;
         const ir_value *w = op->in[1];
         if (w->type.dtype != sw->type.dtype || w->scale.block[0] != sw->scale.block[0] ||
@@ -305,18 +329,12 @@ moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt)
         int n = qkv_group(m, op, group);
         if (n < 2)
             continue;
-        const char *outs[FUSE_MAX_GROUP], *wnames[FUSE_MAX_GROUP];
-        for (int j = 0; j < n; j++) {
+        const char *outs[FUSE_MAX_GROUP];
+        for (int j = 0; j < n; j++)
             outs[j] = group[j]->out[0]->name;
-            wnames[j] = group[j]->in[1]->name;
-        }
-        /* Named after DeepSeek's "a" projections (kv_a, q_a): qkv_a; V3.2's
-         * q_b_proj and the indexer's wq_b (both read the q LoRA latent):
-         * q_b_wq_b. */
+        /* Named after DeepSeek's "a" projections (kv_a, q_a): qkv_a. */
         int lora = any_ends_with(outs, n, "_a");
-        int q_b = !lora && any_ends_with(wnames, n, "q_b_proj") && any_ends_with(wnames, n, "wq_b");
-        MOEC_TRY(fuse_linears(m, group, n, lora ? "qkv_a" : q_b ? "q_b_wq_b" : "qkv",
-                              lora ? "qkv_a_proj" : q_b ? "q_b_wq_b_proj" : "qkv_proj"));
+        MOEC_TRY(fuse_linears(m, group, n, lora ? "qkv_a" : "qkv", lora ? "qkv_a_proj" : "qkv_proj"));
     }
     return ir_module_dce(m);
 }

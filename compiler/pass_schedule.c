@@ -5,9 +5,21 @@
  * depend on routing, so it runs on a side stream (1) beside the router and
  * routed experts on the main stream, between an explicit fork (the side
  * stream waits for the MoE input) and join (the main stream waits for the
- * shared output). One pair per layer, so a graph never needs more than two
- * streams. Matched on structure: the branch is whatever the combining add's
- * non-routed operand computes from the expert op's input.
+ * shared output). Matched on structure: the branch is whatever the
+ * combining add's non-routed operand computes from the expert op's input.
+ * DeepSeek-V3.2's indexer (wq_b's linear, dsa_prologue_k, dsa_topk: small
+ * latency-bound kernels) goes to the side stream too, beside the MLA's q
+ * path (q_b_proj, mla_prologue_q, mla_qabsorb: weight streaming) instead
+ * of in front of it: its branch is what computes a dsa_topk's operands and
+ * nothing else, after the last op of that cone that something outside it
+ * reads (mla_prologue_kv, whose q LoRA latent q_b reads too); the fork of
+ * that op's result goes right after it, the branch right after the fork,
+ * the join of the top-k ids right before their first reader (the
+ * attention). Side ops may read what was defined before their fork (qkv_a,
+ * the positions): plan_memory keeps whatever an op between a fork and its
+ * join touches live over the interval. At most two pairs a layer (the
+ * indexer's, then the shared expert's), never overlapping, so a graph
+ * never needs more than two streams. Collectives stay on stream 0.
  *
  * plan_memory: every activation gets a byte offset per token in one arena
  * per batch bucket (offset * T), by liveness (ir_module_live_ranges: values
@@ -160,8 +172,151 @@ static moec_status split_branch(ir_module *m, const ir_op *e, shared_branch *b)
     return MOEC_OK;
 }
 
+/* ---- the indexer branch (DeepSeek-V3.2) ------------------------------------ */
+
+static int is_collective(ir_op_kind k)
+{
+    return k == IR_OP_ALL_REDUCE || k == IR_OP_ALL_GATHER || k == IR_OP_REDUCE_SCATTER ||
+           k == IR_OP_ALL_TO_ALL;
+}
+
+/* Whether op may run on the side stream inside d's branch: a main-stream
+ * compute op (no fork, join or collective: every rank must issue those in
+ * one order on one stream) whose results only ops of d's cone read. */
+static int may_branch(const ir_module *m, const ir_op *op, const unsigned char *cone)
+{
+    if (op->stream != 0 || op->kind == IR_OP_FORK || op->kind == IR_OP_JOIN ||
+        is_collective(op->kind))
+        return 0;
+    for (int j = op->id + 1; j < m->n_ops; j++) {
+        const ir_op *user = m->ops[j];
+        for (int i = 0; i < user->n_in; i++)
+            if (user->in[i]->kind == IR_VALUE_OP && user->in[i]->def == op && !cone[j])
+                return 0;
+    }
+    for (int i = 0; i < m->n_outputs; i++)
+        if (m->outputs[i]->kind == IR_VALUE_OP && m->outputs[i]->def == op)
+            return 0;
+    return 1;
+}
+
+/* The first op after v's definition that reads v; NULL when none. */
+static ir_op *first_reader(const ir_module *m, const ir_value *v)
+{
+    for (int j = v->def->id + 1; j < m->n_ops; j++)
+        for (int i = 0; i < m->ops[j]->n_in; i++)
+            if (m->ops[j]->in[i] == v)
+                return m->ops[j];
+    return NULL;
+}
+
+/* dsa_topk d's branch: the ops of its cone (d and what computes its
+ * operands) after the last one that may not join it (cut, whose result the
+ * branch reads is *x), in op order, into ops; their number, 0 when d's
+ * indexer stays on the main stream. cone[] is scratch, one entry per op. */
+static int find_indexer(const ir_module *m, const ir_op *d, ir_op **ops, ir_value **x,
+                        unsigned char *cone)
+{
+    const ir_op *reader = first_reader(m, d->out[0]);
+    if (d->stream != 0 || !reader)
+        return 0;
+    for (int i = 0; i < m->n_outputs; i++)
+        if (m->outputs[i] == d->out[0])
+            return 0;
+    memset(cone, 0, (size_t)m->n_ops);
+    cone[d->id] = 1;
+    int cut = -1;
+    for (int k = d->id; k >= 0; k--) {
+        const ir_op *op = m->ops[k];
+        if (!cone[k])
+            continue;
+        if (k < d->id && !may_branch(m, op, cone)) {
+            cut = k;
+            break;
+        }
+        for (int i = 0; i < op->n_in; i++)
+            if (op->in[i]->kind == IR_VALUE_OP && op->in[i]->def)
+                cone[op->in[i]->def->id] = 1;
+    }
+    if (cut < 0 || m->ops[cut]->stream != 0)
+        return 0;
+    int n = 0;
+    *x = NULL;
+    for (int k = cut + 1; k <= d->id; k++) {
+        ir_op *op = m->ops[k];
+        if (!cone[k])
+            continue;
+        ops[n++] = op;
+        for (int i = 0; i < op->n_in && !*x; i++)
+            if (op->in[i]->kind == IR_VALUE_OP && op->in[i]->def == m->ops[cut])
+                *x = op->in[i];
+    }
+    /* The pair must not overlap another: no fork, join or side-stream op
+     * from the cut to d's first reader. */
+    for (int k = cut + 1; k < reader->id; k++)
+        if (m->ops[k]->stream != 0 || m->ops[k]->kind == IR_OP_FORK ||
+            m->ops[k]->kind == IR_OP_JOIN)
+            return 0;
+    return *x ? n : 0;
+}
+
+/* Moves the branch ops[0..n-1] of dsa_topk d (ops[n-1]) to stream 1, right
+ * after a fork of x, with a join of d's result before its first reader. */
+static moec_status split_indexer(ir_module *m, ir_op *const *ops, int n, ir_value *x)
+{
+    ir_op *d = ops[n - 1], *fork, *join;
+    const ir_op *anchor = x->def->id + 1 < m->n_ops ? m->ops[x->def->id + 1] : NULL;
+    MOEC_TRY(add_unary(m, IR_OP_FORK, x, layer_name(m, d->out[0], "fork"), &fork));
+    fork->stream = 1;
+    MOEC_TRY(ir_module_move_op_before(m, fork, anchor));
+    /* The branch right after the fork, in its order: launched as early as
+     * the main stream's q path, which the branch runs beside. */
+    anchor = fork->id + 1 < m->n_ops ? m->ops[fork->id + 1] : NULL;
+    for (int k = n - 1; k >= 0; k--) {
+        ir_op *op = ops[k];
+        op->stream = 1;
+        for (int i = 0; i < op->n_in; i++)
+            if (op->in[i] == x)
+                op->in[i] = fork->out[0];
+        MOEC_TRY(ir_module_move_op_before(m, op, anchor));
+        anchor = op;
+    }
+    const ir_op *reader = first_reader(m, d->out[0]);
+    MOEC_TRY(add_unary(m, IR_OP_JOIN, d->out[0], layer_name(m, d->out[0], "join"), &join));
+    join->stream = 0;
+    MOEC_TRY(ir_module_move_op_before(m, join, reader));
+    ir_module_replace_uses(m, d->out[0], join->out[0]);
+    return MOEC_OK;
+}
+
+static moec_status assign_indexers(ir_module *m)
+{
+    for (int k = 0; k < m->n_ops; k++) {
+        if (m->ops[k]->kind != IR_OP_DSA_TOPK)
+            continue;
+        ir_op *d = m->ops[k];
+        ir_value *x = NULL;
+        unsigned char *cone = calloc((size_t)m->n_ops + 1, 1);
+        ir_op **ops = malloc(sizeof *ops * ((size_t)m->n_ops + 1));
+        moec_status st = MOEC_OK;
+        if (!cone || !ops)
+            st = MOEC_ERR(MOEC_ERR_OOM, "assign_streams: out of memory");
+        else {
+            int n = find_indexer(m, d, ops, &x, cone);
+            if (n > 0)
+                st = split_indexer(m, ops, n, x);
+        }
+        free(cone);
+        free(ops);
+        MOEC_TRY(st);
+        k = d->id; /* ops moved: go on after this dsa_topk */
+    }
+    return MOEC_OK;
+}
+
 moec_status pass_assign_streams(ir_module *m, const pass_options *opt)
 {
+    MOEC_TRY(assign_indexers(m));
     int n_exp = 0;
     for (int i = 0; i < m->n_ops; i++)
         n_exp += m->ops[i]->kind == IR_OP_MOE_EXPERTS || m->ops[i]->kind == IR_OP_MOE_ROUTED;

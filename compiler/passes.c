@@ -43,8 +43,9 @@ static const pass_info PIPELINE[] = {
      * from nine). */
     {"fuse_dsa_indexer", pass_fuse_dsa_indexer, "the DSA indexer's key path as one op, q's rope in dsa_topk"},
     /* The shared expert branch runs on stream 1 beside routing and the routed
-     * experts on stream 0, with explicit fork and join. */
-    {"assign_streams", pass_assign_streams, "shared experts on a second stream"},
+     * experts on stream 0, and DeepSeek-V3.2's indexer beside the MLA's q
+     * path, with explicit fork and join. */
+    {"assign_streams", pass_assign_streams, "shared experts, and V3.2's indexer, on a second stream"},
     /* The add of the routed and the shared experts' outputs goes into the
      * residual add_rms_norm after it (after assign_streams: it reads the join). */
     {"fuse_add3_rms_norm", pass_fuse_add3_rms_norm, "the expert sum in the residual add_rms_norm"},

@@ -57,11 +57,21 @@ head -1 "$T/v32passes/10_fuse_dsa_indexer.mir" | grep -q "^# after pass fuse_dsa
   bad "10_fuse_dsa_indexer.mir lacks its header"
 grep -q "%l2.attn.indexer.k : f32\[T, 16\] = dsa_prologue_k(%l2.attn.qkv_a, %positions, %l2.attn.indexer.k_norm, %l2.attn.indexer.k_norm.bias) {col = 64, eps = 1e-06, style = \"neox\"" \
   "$T/v32passes/10_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: no dsa_prologue_k after fuse_dsa_indexer"
-grep -q "= dsa_topk(%l2.attn.q_b_wq_b, %l2.attn.indexer.k, %l2.attn.qkv_a, %positions) {.*heads = 8, q_col = 96, w_col = 80, style = \"neox\"" \
+grep -q "= dsa_topk(%l2.attn.indexer.q_flat, %l2.attn.indexer.k, %l2.attn.qkv_a, %positions) {.*heads = 8, q_col = 0, w_col = 80, style = \"neox\"" \
   "$T/v32passes/10_fuse_dsa_indexer.mir" && ok || bad "deepseek_v32: dsa_topk does not read q and the weights in place after fuse_dsa_indexer"
 grep -q "= rope(\|= layer_norm(" "$T/v32passes/10_fuse_dsa_indexer.mir" && bad "deepseek_v32: a rope or layer_norm is left after fuse_dsa_indexer" || ok
-grep -q "= mla_prologue_q(%l2.attn.q_b_wq_b, %positions)" "$T/v32passes/15_plan_memory.mir" && ok ||
-  bad "deepseek_v32: mla_prologue_q does not read the fused q_b_wq_b"
+grep -q "= mla_prologue_q(%l2.attn.q_flat, %positions)" "$T/v32passes/15_plan_memory.mir" && ok ||
+  bad "deepseek_v32: mla_prologue_q does not read q_b's output"
+# assign_streams: the indexer (wq_b's linear of the fork of the q LoRA
+# latent, dsa_prologue_k, dsa_topk) on stream 1, joined before the attention
+grep -q "%l2.attn.indexer.fork : f32\[T, 24\] = fork(%l2.attn.q_a_norm) stream 1" \
+  "$T/v32passes/11_assign_streams.mir" && ok || bad "deepseek_v32: no fork of the q LoRA latent for the indexer"
+grep -q "%l2.attn.indexer.q_flat : f32\[T, 128\] = linear(%l2.attn.indexer.fork, %l2.attn.indexer.wq_b) stream 1" \
+  "$T/v32passes/11_assign_streams.mir" && ok || bad "deepseek_v32: wq_b's linear is not on stream 1"
+grep -q "= dsa_topk(.*} stream 1$" "$T/v32passes/11_assign_streams.mir" && ok ||
+  bad "deepseek_v32: dsa_topk is not on stream 1"
+grep -A1 "= join(%l2.attn.indexer.topk)$" "$T/v32passes/11_assign_streams.mir" | grep -q "= mla_attention(.*%l2.attn.indexer.join)" &&
+  ok || bad "deepseek_v32: the attention does not read the indexer's join right after it"
 grep -q "= mla_attention(.*%l2.attn.indexer.topk)" "$T/v32passes/07_absorb_mla.mir" && ok ||
   bad "deepseek_v32: the absorbed attention does not read the indexer's selection"
 v32bad() { # v32bad DIR KEY JSON: the tiny V3.2 model with config key set to JSON

@@ -892,29 +892,37 @@ static void test_passes(void)
     ir_module *m = t_pipeline_module("deepseek_v32", NULL, NULL);
     if (m) {
         /* q_a, kv_a, wk and weights_proj read the attention input: one GEMM;
-           q_b and wq_b read the q LoRA latent: another */
+           q_b and wq_b read the q LoRA latent but stay two, so that wq_b
+           runs on the side stream with the rest of the indexer */
         const ir_value *qkv = ir_module_find_value(m, "l1.attn.qkv_a_proj");
         T_CHECK(qkv && qkv->bind.kind == IR_BIND_CONCAT && qkv->bind.n_parts == 4 &&
                 qkv->type.dims[0] == 24 + 40 + 16 + 8 &&
                 !strcmp(qkv->bind.parts[2].name, "model.layers.1.self_attn.indexer.wk.weight") &&
                 !strcmp(qkv->bind.parts[3].name,
                         "model.layers.1.self_attn.indexer.weights_proj.weight"));
-        const ir_value *qb = ir_module_find_value(m, "l1.attn.q_b_wq_b_proj");
-        T_CHECK(qb && qb->bind.kind == IR_BIND_CONCAT && qb->bind.n_parts == 2 &&
-                qb->type.dims[0] == 96 + 128 && qb->type.dims[1] == 24 &&
-                !strcmp(qb->bind.parts[1].name, "model.layers.1.self_attn.indexer.wq_b.weight"));
-        T_CHECK(def_op(m, "l1.attn.q_b_wq_b") && def_op(m, "l1.attn.q_b_wq_b")->kind == IR_OP_LINEAR);
-        /* per layer 3 linears (qkv_a, q_b_wq_b, o_proj), the MoE's router,
+        const ir_value *wq_b = ir_module_find_value(m, "l1.attn.indexer.wq_b");
+        T_CHECK(wq_b && wq_b->bind.kind == IR_BIND_TENSOR && wq_b->type.dims[0] == 128 &&
+                wq_b->type.dims[1] == 24 &&
+                !strcmp(wq_b->bind.name, "model.layers.1.self_attn.indexer.wq_b.weight"));
+        T_CHECK(!ir_module_find_value(m, "l1.attn.q_b_wq_b_proj"));
+        const ir_op *iq = def_op(m, "l1.attn.indexer.q_flat");
+        T_CHECK(iq && iq->kind == IR_OP_LINEAR && iq->in[1] == wq_b && iq->stream == 1);
+        /* per layer 4 linears (qkv_a, q_b, wq_b, o_proj), the MoE's router,
            shared gate_up and down or the dense gate_up and down; lm_head */
-        T_CHECK(t_count_ops(m, IR_OP_LINEAR) == 3 * 3 + 3 + 3 + 2 + 1);
+        T_CHECK(t_count_ops(m, IR_OP_LINEAR) == 3 * 4 + 3 + 3 + 2 + 1);
+        /* the attention reads the top-k ids through the indexer's join
+           (assign_streams) */
         const ir_op *ma = def_op(m, "l2.attn.o_c");
-        T_CHECK(ma && ma->kind == IR_OP_MLA_ATTENTION && ma->n_in == 6 &&
-                ma->in[5] == ir_module_find_value(m, "l2.attn.indexer.topk"));
+        const ir_op *ij = def_op(m, "l2.attn.indexer.join");
+        T_CHECK(ij && ij->kind == IR_OP_JOIN &&
+                ij->in[0] == ir_module_find_value(m, "l2.attn.indexer.topk"));
+        T_CHECK(ma && ma->kind == IR_OP_MLA_ATTENTION && ma->n_in == 6 && ij &&
+                ma->in[5] == ij->out[0]);
         T_CHECK(t_count_ops(m, IR_OP_ATTENTION) == 0 && t_count_ops(m, IR_OP_DSA_TOPK) == 3);
         /* fuse_dsa_indexer: the key path one dsa_prologue_k reading qkv_a's wk
            columns; no rope, layer_norm or slice left (the MLA prologue
-           ops read their sections themselves); dsa_topk reads q_b_wq_b's wq_b
-           columns and qkv_a's weights_proj ones in place and rotates q */
+           ops read their sections themselves); dsa_topk reads wq_b's output
+           (column 0) and qkv_a's weights_proj columns in place and rotates q */
         T_CHECK(t_count_ops(m, IR_OP_DSA_PROLOGUE_K) == 3 && t_count_ops(m, IR_OP_ROPE) == 0 &&
                 t_count_ops(m, IR_OP_LAYER_NORM) == 0 && t_count_ops(m, IR_OP_SLICE) == 0);
         const ir_op *pk = def_op(m, "l1.attn.indexer.k"), *tk = def_op(m, "l1.attn.indexer.topk");
@@ -924,9 +932,9 @@ static void test_passes(void)
                 !strcmp(ir_op_attr_str(pk, "style", ""), "neox") &&
                 ir_op_attr_int(pk, "rotary_dim", 0) == 8 && ir_op_attr_float(pk, "eps", 0) == 1e-6);
         T_CHECK(tk && tk->kind == IR_OP_DSA_TOPK &&
-                tk->in[0] == ir_module_find_value(m, "l1.attn.q_b_wq_b") && tk->in[1] == pk->out[0] &&
-                tk->in[2] == ir_module_find_value(m, "l1.attn.qkv_a") &&
-                ir_op_attr_int(tk, "heads", 0) == 8 && ir_op_attr_int(tk, "q_col", 0) == 96 &&
+                tk->in[0] == ir_module_find_value(m, "l1.attn.indexer.q_flat") &&
+                tk->in[1] == pk->out[0] && tk->in[2] == ir_module_find_value(m, "l1.attn.qkv_a") &&
+                ir_op_attr_int(tk, "heads", 0) == 8 && ir_op_attr_int(tk, "q_col", -1) == 0 &&
                 ir_op_attr_int(tk, "w_col", 0) == 24 + 40 + 16 &&
                 !strcmp(ir_op_attr_str(tk, "style", ""), "neox") &&
                 ir_op_attr_int(tk, "rotary_dim", 0) == 8);

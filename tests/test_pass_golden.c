@@ -1,6 +1,7 @@
-/* test_pass_golden.c — the IR text after every pass of the pipeline for one
- * tiny model (deepseek_v3: MLA with q LoRA, grouped sigmoid routing, shared
- * experts, routed scaling) against golden files: a readable diff is the
+/* test_pass_golden.c — the IR text after every pass of the pipeline for two
+ * tiny models (deepseek_v3: MLA with q LoRA, grouped sigmoid routing, shared
+ * experts, routed scaling; deepseek_v32: V3 with the DSA indexer, and its
+ * branch on the side stream) against golden files: a readable diff is the
  * review of any change to a pass. MOEC_UPDATE_GOLDEN=1 rewrites them. */
 #include <string.h>
 
@@ -10,13 +11,14 @@
 
 typedef struct golden_ctx {
     int update;
+    const char *model;
 } golden_ctx;
 
 static moec_status check_golden(const ir_module *m, const pass_info *p, int index, void *user)
 {
     golden_ctx *g = user;
     char rel[256];
-    snprintf(rel, sizeof rel, "tests/data/ir/passes/deepseek_v3/%02d_%s.mir", index + 1, p->name);
+    snprintf(rel, sizeof rel, "tests/data/ir/passes/%s/%02d_%s.mir", g->model, index + 1, p->name);
     char *text = ir_module_print_str(m);
     T_CHECK(text != NULL);
     if (!text)
@@ -47,11 +49,16 @@ static moec_status check_golden(const ir_module *m, const pass_info *p, int inde
 
 int main(void)
 {
-    golden_ctx g = {getenv("MOEC_UPDATE_GOLDEN") != NULL};
-    ir_module *m = NULL;
-    T_OK(fe_model_load(t_src("tests/data/deepseek_v3"), &m));
-    if (m)
-        T_OK(pass_run_pipeline(m, NULL, NULL, check_golden, &g, NULL));
-    ir_module_free(m);
+    static const char *const models[] = {"deepseek_v3", "deepseek_v32"};
+    for (int i = 0; i < 2; i++) {
+        golden_ctx g = {getenv("MOEC_UPDATE_GOLDEN") != NULL, models[i]};
+        char rel[256];
+        snprintf(rel, sizeof rel, "tests/data/%s", models[i]);
+        ir_module *m = NULL;
+        T_OK(fe_model_load(t_src(rel), &m));
+        if (m)
+            T_OK(pass_run_pipeline(m, NULL, NULL, check_golden, &g, NULL));
+        ir_module_free(m);
+    }
     return t_finish("test_pass_golden");
 }

@@ -5,8 +5,9 @@
  * plain attention in DeepSeek modules and records its decision, checked
  * against numbers computed here from the real DeepSeek-V2-Lite and V3
  * configs. assign_streams gives one fork/join pair per MoE layer with a
- * shared expert, and a checker confirms the side stream reads only the fork,
- * weights and its own values. plan_memory is checked by an independent
+ * shared expert and, in DeepSeek-V3.2, one per layer for the indexer, and
+ * a checker confirms the side stream reads only the fork, weights, its own
+ * values and what was defined before the fork. plan_memory is checked by an independent
  * liveness checker, and for real by running the interpreter with every
  * activation in the planned arena — including a sabotaged plan, which must
  * disagree. Every reshape, fork and join result shares its operand's bytes
@@ -200,29 +201,41 @@ static int is_stream1_value(const ir_value *v)
     } while (0)
 static int check_streams(const ir_module *m, int *bad)
 {
-    int forks = 0, joins = 0;
+    int forks = 0, joins = 0, fork_at = -1;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
         if (op->kind == IR_OP_FORK) {
             forks++;
+            fork_at = k;
             S_RULE(op->stream == 1);
-            /* The fork reads an expert op's input (a stream-0 value). */
-            int feeds_experts = 0;
+            /* The fork reads an expert op's input (a stream-0 value), or
+             * V3.2's q LoRA latent when its pair joins a dsa_topk's ids. */
+            int feeds_experts = 0, indexer = 0;
             for (int j = 0; j < m->n_ops; j++)
                 feeds_experts |= (m->ops[j]->kind == IR_OP_MOE_EXPERTS ||
                                   m->ops[j]->kind == IR_OP_MOE_ROUTED) &&
                                  m->ops[j]->in[0] == op->in[0];
-            S_RULE(feeds_experts);
+            for (int j = k + 1; j < m->n_ops; j++)
+                if (m->ops[j]->kind == IR_OP_JOIN) {
+                    const ir_op *d = m->ops[j]->in[0]->def;
+                    indexer = d && d->kind == IR_OP_DSA_TOPK;
+                    break;
+                }
+            S_RULE(feeds_experts || (indexer && op->in[0]->def &&
+                                     op->in[0]->def->kind == IR_OP_MLA_PROLOGUE_KV));
             S_RULE(!is_stream1_value(op->in[0]));
         } else if (op->kind == IR_OP_JOIN) {
             joins++;
             S_RULE(op->stream == 0);
             S_RULE(is_stream1_value(op->in[0]) && op->in[0]->def->kind != IR_OP_FORK);
         } else if (op->stream == 1) {
-            /* Side-stream ops read only the fork, weights, other side values. */
+            /* Side-stream ops read the fork, weights, other side values, and
+             * step inputs or main-stream values defined before the fork
+             * (V3.2's indexer reads qkv_a and the positions). */
             for (int i = 0; i < op->n_in; i++) {
                 const ir_value *v = op->in[i];
-                S_RULE(v->kind == IR_VALUE_WEIGHT || is_stream1_value(v));
+                S_RULE(v->kind == IR_VALUE_WEIGHT || v->kind == IR_VALUE_INPUT ||
+                       is_stream1_value(v) || (v->def && v->def->id < fork_at));
             }
         } else {
             S_RULE(op->stream == 0);
@@ -306,6 +319,89 @@ static void test_streams(void)
         t_pass_idempotent(m, pass_assign_streams);
         ir_module_free(m);
     }
+}
+
+/* DeepSeek-V3.2: per layer the indexer's branch on stream 1, from a fork of
+ * the q LoRA latent right after mla_prologue_kv (the pass runs after the
+ * prologue fusions) to a join of the top-k ids right before mla_attention;
+ * the q path (q_b, mla_prologue_q, mla_qabsorb) stays on stream 0 in the
+ * interval. The shared experts keep their pairs. */
+static void test_streams_indexer(void)
+{
+    const char *model = "deepseek_v32";
+    T_CHECK(t_pass_equivalence(model, "assign_streams", NULL) >= 0);
+    check_direct(model, pass_assign_streams, "assign_streams");
+    ir_module *m = t_pipeline_module(model, "assign_streams", NULL);
+    if (!m)
+        return;
+    int layers = (int)ir_module_meta_int(m, "num_hidden_layers", 0);
+    int pairs = check_streams(m, NULL);
+    T_CHECK(layers == 3 && pairs == layers + 2); /* l0 and l2 are MoE with a shared expert */
+    int found = 0;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *d = m->ops[k];
+        if (d->kind != IR_OP_DSA_TOPK)
+            continue;
+        found++;
+        T_CHECK(d->stream == 1);
+        const ir_op *j = ir_module_single_user(m, d->out[0]);
+        T_CHECK(j && j->kind == IR_OP_JOIN && j->stream == 0);
+        if (!j || j->kind != IR_OP_JOIN)
+            continue;
+        const ir_op *attn = j->id + 1 < m->n_ops ? m->ops[j->id + 1] : NULL;
+        T_CHECK(attn && attn->kind == IR_OP_MLA_ATTENTION && attn->n_in == 6 &&
+                attn->in[5] == j->out[0] && ir_module_single_user(m, j->out[0]) == attn);
+        /* the fork: the last fork before d, right after mla_prologue_kv */
+        const ir_op *f = NULL;
+        for (int i = d->id - 1; i >= 0 && !f; i--)
+            if (m->ops[i]->kind == IR_OP_FORK)
+                f = m->ops[i];
+        T_CHECK(f && f->in[0]->def && f->in[0]->def->kind == IR_OP_MLA_PROLOGUE_KV &&
+                f->in[0] == f->in[0]->def->out[0] && m->ops[f->id - 1] == f->in[0]->def);
+        if (!f)
+            continue;
+        /* stream 1 in (f, j): wq_b's linear of the fork, dsa_prologue_k, d,
+           in that order; stream 0: q_b's linear of the latent, the prologue
+           of q, mla_qabsorb */
+        int n1 = 0, q_b = 0, pro_q = 0, qabsorb = 0;
+        for (int i = f->id + 1; i < j->id; i++) {
+            const ir_op *op = m->ops[i];
+            if (op->stream == 1) {
+                if (n1 == 0)
+                    T_CHECK(op->kind == IR_OP_LINEAR && op->in[0] == f->out[0] &&
+                            d->in[0] == op->out[0] && strstr(op->in[1]->name, "indexer.wq_b"));
+                else if (n1 == 1)
+                    T_CHECK(op->kind == IR_OP_DSA_PROLOGUE_K && d->in[1] == op->out[0] &&
+                            op->in[0] == d->in[2] && op->in[0]->def->id < f->id);
+                else
+                    T_CHECK(n1 == 2 && op == d);
+                n1++;
+                continue;
+            }
+            q_b += op->kind == IR_OP_LINEAR && op->in[0] == f->in[0];
+            pro_q += op->kind == IR_OP_MLA_PROLOGUE_Q;
+            qabsorb += op->kind == IR_OP_MLA_QABSORB;
+        }
+        T_CHECK(n1 == 3 && q_b == 1 && pro_q == 1 && qabsorb == 1);
+    }
+    T_CHECK(found == layers);
+    /* The checker notices the attention reading the ids past the join. */
+    for (int k = 0; k < m->n_ops; k++) {
+        ir_op *a = m->ops[k];
+        if (a->kind != IR_OP_MLA_ATTENTION)
+            continue;
+        ir_value *was = a->in[5];
+        int bad = 0;
+        a->in[5] = was->def->in[0];
+        check_streams(m, &bad);
+        a->in[5] = was;
+        T_CHECK(bad > 0);
+        break;
+    }
+    printf("assign_streams %-18s %d indexer branches on stream 1, %d fork/join pairs\n", model,
+           found, pairs);
+    t_pass_idempotent(m, pass_assign_streams);
+    ir_module_free(m);
 }
 
 /* ---- plan_memory: an independent checker -------------------------------------- */
@@ -703,7 +799,8 @@ static void test_alias_sabotage(const char *model, const ir_module *planned, con
     free(rows);
 }
 
-static void test_plan_real(const char *model, int idx)
+/* pairs: the fork/join pairs of the module (printed). */
+static void test_plan_real(const char *model, int idx, int pairs)
 {
     ir_module *plain = t_pipeline_module(model, "assign_streams", NULL);
     ir_module *planned = t_pipeline_module(model, "plan_memory", NULL);
@@ -721,7 +818,7 @@ static void test_plan_real(const char *model, int idx)
            aliases);
     T_CHECK(ir_module_meta_int(planned, "activation_bytes_per_token", -1) == r.sum);
     printf("plan_memory %-18s arena %" PRId64 " bytes/token of %" PRId64 " (%.0f%%), %d fork/join pairs\n",
-           model, r.arena, r.sum, 100.0 * (double)r.arena / (double)r.sum, SHARED_LAYERS[idx]);
+           model, r.arena, r.sum, 100.0 * (double)r.arena / (double)r.sum, pairs);
 
     int vocab = (int)ir_module_meta_int(plain, "vocab_size", 0);
     uint64_t seed = 0x91a7 + (uint64_t)idx;
@@ -765,8 +862,11 @@ static void test_plan(void)
     test_plan_small();
     for (int i = 0; i < N_OF(ALL); i++) {
         T_CHECK(t_pass_equivalence(ALL[i], "plan_memory", NULL) >= 0);
-        test_plan_real(ALL[i], i);
+        test_plan_real(ALL[i], i, SHARED_LAYERS[i]);
     }
+    /* V3.2: the indexer's pairs too (3 layers, 2 with a shared expert) */
+    T_CHECK(t_pass_equivalence("deepseek_v32", "plan_memory", NULL) >= 0);
+    test_plan_real("deepseek_v32", N_OF(ALL), 3 + 2);
     for (int i = 0; i < 3; i++)
         T_CHECK(n_sabotaged[i] > 0);
 }
@@ -777,6 +877,7 @@ int main(void)
     test_absorb_real("deepseek_v2_lite.json");
     test_absorb_real("deepseek_v3.json");
     test_streams();
+    test_streams_indexer();
     test_plan();
     return t_finish("test_pass_sched");
 }

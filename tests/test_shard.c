@@ -1072,8 +1072,44 @@ static void check_inference(void)
     ir_module_free(m);
 }
 
+/* DeepSeek-V3.2 (deepseek_v32): pass shard leaves the indexer replicated
+ * (every rank selects the same tokens for its heads) and assign_streams
+ * puts it on stream 1 in every rank's module: each dsa_topk there, read
+ * through a join by its layer's mla_attention. */
+static void check_indexer(int tp)
+{
+    for (int r = 0; r < tp; r++) {
+        ir_module *m = rank_module("deepseek_v32", tp, 1, r);
+        if (!m)
+            return;
+        int dsa = 0, side = 0;
+        for (int k = 0; k < m->n_ops; k++) {
+            const ir_op *d = m->ops[k];
+            if (d->kind != IR_OP_DSA_TOPK)
+                continue;
+            dsa++;
+            const ir_op *j = ir_module_single_user(m, d->out[0]);
+            const ir_op *a = j ? ir_module_single_user(m, j->out[0]) : NULL;
+            const ir_op *q = d->in[0]->def;
+            /* all heads of the indexer's query (index_n_heads 8 x index_head_dim
+               16): wq_b whole on each rank */
+            side += d->stream == 1 && j && j->kind == IR_OP_JOIN && j->stream == 0 && a &&
+                    a->kind == IR_OP_MLA_ATTENTION && q && q->kind == IR_OP_LINEAR &&
+                    q->stream == 1 && q->in[1]->type.dims[0] == 8 * 16 &&
+                    (q->in[1]->bind.box_rank == 0 || q->in[1]->bind.box_size[0] == 0);
+        }
+        printf("deepseek_v32       tp %d rank %d: %d indexers on stream 1 of %d\n", tp, r, side,
+               dsa);
+        T_CHECK(dsa == 3 && side == dsa);
+        ir_module_free(m);
+    }
+}
+
 int main(void)
 {
+    check_agree("deepseek_v32", &SPLITS[1]);
+    check_planned("deepseek_v32", &SPLITS[1]);
+    check_indexer(2);
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
         for (size_t k = 0; k < sizeof SPLITS / sizeof *SPLITS; k++)
             check_agree(MODELS[i], &SPLITS[k]);
