@@ -310,6 +310,12 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       ATTN_TILE, cg_vec_width(DK), ns, minpos);
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
+        /* a position's rows hold every kv head: the blocks of a split (kv
+           heads, then query-head groups) share them out */
+        cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
+                              "(long long)blockIdx.y * (gridDim.z / NSPLIT) + blockIdx.z / NSPLIT",
+                              "(long long)gridDim.y * (gridDim.z / NSPLIT)", "kpool", "HKV * DK",
+                              "vpool", "HKV * DV");
         moec_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);

@@ -139,6 +139,66 @@ static inline const char *cg_attn_part_params(int ns)
     return ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "";
 }
 
+/* Before the wait (cg_emit_prefetch), the cache rows of the block's share
+ * of its sequence's positions, page by page. Positions, slots and the
+ * block table are step inputs the runtime copies before the step's first
+ * kernel and no kernel writes; the row this step's token writes (an
+ * earlier kernel's) may be among them: a prefetch into L2 reads nothing
+ * stale. The blocks of a split that read the same rows (other heads)
+ * take a contiguous share each, NSH shares in all, this one share SH.
+ * Format arguments: the positions per tile (a constant's name), the split
+ * index, SH and NSH (expressions), then the two pools and their elements
+ * a position. Not for a token selection (written by a kernel). */
+static const char CG_ATTN_PREFETCH[] =
+    "        const int t = blockIdx.x, s = slots[t], p = pos[t];\n"
+    "        if (s >= 0 && p >= 0 && p / BS < max_blocks) {\n"
+    "            constexpr int PTL = %s;\n"
+    "            const long long SH = %s, NSH = %s;\n"
+    "            const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
+    "            const int n_tiles = (p - lo + PTL) / PTL, per_min = (MINPOS + PTL - 1) / PTL;\n"
+    "            const int per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
+    "            const int per = per_even > per_min ? per_even : per_min, first = (%s) * per;\n"
+    "            const long long end = (long long)lo + (long long)(first + per) * PTL;\n"
+    "            const int e = end < p + 1 ? (int)end : p + 1;\n"
+    "            long long left = PF_CAP;\n"
+    "            auto share = [&](const char *pool, long long row, long long n, long long rb) {\n"
+    "                const long long len = n * rb, a = len * SH / NSH, b = len * (SH + 1) / NSH;\n"
+    "                const long long m = b - a < left ? b - a : left;\n"
+    "                moec_prefetch_l2(pool + row * rb + a, (unsigned long long)m);\n"
+    "                left -= m;\n"
+    "            };\n"
+    "            for (int pq = lo + first * PTL; pq < e && left > 0;) {\n"
+    "                const int pe = (pq / BS + 1) * BS < e ? (pq / BS + 1) * BS : e;\n"
+    "                const long long page = block_table[(long long)s * max_blocks + pq / BS];\n"
+    "                if (page >= 0) {\n"
+    "                    share(reinterpret_cast<const char *>(%s), page * BS + pq %% BS, pe - pq,\n"
+    "                          (long long)(%s) * (long long)sizeof(*%s));\n"
+    "                    share(reinterpret_cast<const char *>(%s), page * BS + pq %% BS, pe - pq,\n"
+    "                          (long long)(%s) * (long long)sizeof(*%s));\n"
+    "                }\n"
+    "                pq = pe;\n"
+    "            }\n"
+    "        }\n";
+
+/* CG_ATTN_PREFETCH with its arguments, through cg_emit_prefetch (nothing
+ * when the bucket prefetches nothing). */
+static inline void cg_attn_emit_prefetch(cg_ctx *c, const char *tile, const char *split,
+                                         const char *sh, const char *nsh, const char *pool0,
+                                         const char *el0, const char *pool1, const char *el1)
+{
+    long long pf = cg_prefetch_bytes(c);
+    if (pf <= 0)
+        return;
+    moec_buf lines = {0};
+    moec_buf_printf(&lines, CG_ATTN_PREFETCH, tile, sh, nsh, split, pool0, el0, pool0, pool1, el1,
+                    pool1);
+    if (lines.oom)
+        c->src.oom = 1;
+    else
+        cg_emit_prefetch(&c->src, pf, lines.data);
+    moec_buf_free(&lines);
+}
+
 /* In an unsplit attention kernel, the split-only pointers, unused. */
 static inline void cg_attn_emit_no_parts(moec_buf *b)
 {

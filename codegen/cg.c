@@ -636,6 +636,25 @@ static const char PROLOGUE[] =
     "#endif\n"
     "}\n"
     "\n"
+    "/* The L2 prefetch of a block's weight slice: rows rows of row_bytes bytes,\n"
+    "   contiguous from p, at most cap bytes in all: the whole slice where it\n"
+    "   fits, else the same first bytes of every row (the kernels' warps walk\n"
+    "   a slice's rows together, columns in order). */\n"
+    "__device__ __forceinline__ void moec_prefetch_rows(const void *p, long long rows,\n"
+    "                                                   long long row_bytes, long long cap)\n"
+    "{\n"
+    "    if (rows <= 0 || row_bytes <= 0 || cap <= 0)\n"
+    "        return;\n"
+    "    if (rows * row_bytes <= cap) {\n"
+    "        moec_prefetch_l2(p, (unsigned long long)(rows * row_bytes));\n"
+    "        return;\n"
+    "    }\n"
+    "    const long long each = cap / rows < row_bytes ? cap / rows : row_bytes;\n"
+    "    for (long long r = 0; r < rows && each > 0; r++)\n"
+    "        moec_prefetch_l2(static_cast<const char *>(p) + r * row_bytes,\n"
+    "                         (unsigned long long)each);\n"
+    "}\n"
+    "\n"
     "__device__ __forceinline__ float warp_sum(float v)\n"
     "{\n"
     "#pragma unroll\n"
@@ -791,6 +810,28 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
         moec_err_wrap(st, "codegen of %s %%%s (bucket T=%d)", ir_op_name(op->kind),
                       op->out[0]->name, c->T);
     return st;
+}
+
+long long cg_prefetch_bytes(const cg_ctx *c)
+{
+    if (c->T > CG_PREFETCH_MAX_T)
+        return 0;
+    return 1024LL * cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX);
+}
+
+void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
+{
+    if (pf <= 0)
+        return;
+    moec_buf_printf(b,
+                    "    /* before the wait, while the kernel before it runs: into L2 what this\n"
+                    "       block will read of the weights or the cache (MOEC_PREFETCH_KB) */\n"
+                    "    if (threadIdx.x == 0) {\n"
+                    "        constexpr long long PF_CAP = %lldLL;\n"
+                    "%s"
+                    "    }\n"
+                    "    moec_pdl_enter();\n",
+                    pf, lines);
 }
 
 int cg_env_int(const char *name, int dflt, int lo, int hi)

@@ -16,9 +16,26 @@
  * (the prologue's programmatic-dependent-launch wait and trigger), which
  * the runtime's launches rely on (docs/CUDA.md). A kernel body that already
  * has a line "    moec_pdl_enter();" keeps it where it is: such a kernel
- * may issue moec_prefetch_l2 of its weights before it, and nothing else
- * (no read of a value an earlier kernel writes, no write). */
+ * may issue moec_prefetch_l2 of its weights (or of its cache rows, found
+ * from the step inputs) before it, and nothing else (no read of a value
+ * an earlier kernel writes, no write). */
 void cg_add_pdl_waits(moec_buf *b);
+
+/* L2 prefetch before the wait: in buckets of up to CG_PREFETCH_MAX_T
+ * tokens the weight-streaming kernels (the few-token linear, the MLA
+ * absorptions, the staged fp8 linear) have each block prefetch its own
+ * weight rows (and their block scales) with moec_prefetch_l2 before its
+ * moec_pdl_enter, the RMSNorms their weight, and the attention kernels (GQA, dense MLA) their cache
+ * rows, found from the step inputs (positions, slots, block table: the
+ * runtime copies them before the step's first kernel, and no kernel
+ * writes them); at most MOEC_PREFETCH_KB KiB a block (read at code
+ * generation, 0 to CG_PREFETCH_KB_MAX; 0: off, the kernels exactly as
+ * without it). The cap is a constant of their source (PF_CAP), so the
+ * cubin cache tells the variants apart (cg_prefetch_bytes,
+ * cg_emit_prefetch). */
+#define CG_PREFETCH_MAX_T 8
+#define CG_PREFETCH_KB 64
+#define CG_PREFETCH_KB_MAX 4096
 
 enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };
 /* Kernels of fp8 weights: CG_FP8_AUTO takes the tensor-core kernels that
@@ -136,6 +153,14 @@ size_t cg_smem_max(const cg_options *o);
 /* A tuning knob from the environment, read at code generation: the integer
  * in $name when it is one in [lo, hi], else dflt. */
 int cg_env_int(const char *name, int dflt, int lo, int hi);
+/* The bytes a block prefetches in bucket c->T (0: none). */
+long long cg_prefetch_bytes(const cg_ctx *c);
+/* When pf > 0, a kernel body's first lines: thread 0 runs `lines`
+ * (8-space indented calls of moec_prefetch_l2 or moec_prefetch_rows over
+ * ranges the kernel itself reads, weights only, capped by the constant
+ * PF_CAP = pf), then the line moec_pdl_enter() that cg_add_pdl_waits
+ * keeps. Nothing when pf is 0 (cg_add_pdl_waits puts the wait first). */
+void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines);
 /* "<result dtype>" when every operand is stored like op's first result,
  * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);

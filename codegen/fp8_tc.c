@@ -126,6 +126,18 @@ static const char LINEAR_HEAD[] =
     "        sr[r] = ws + (live[r] ? a : 0) / SBN * SC;\n"
     "    }\n";
 
+/* Before the wait (cg_emit_prefetch): the slab's rows (fewer in the last
+ * slab) and their block scales' rows, the S blocks of a cluster (its K
+ * splits, which read every row's share of columns) a contiguous share of
+ * the rows each: together what the cluster reads. */
+static const char LINEAR_PREFETCH[] =
+    "        const long long sp = blockIdx.x % S, a = (long long)(blockIdx.x / S) * BN;\n"
+    "        const long long nr = N - a < BN ? N - a : BN, p0 = a + sp * nr / S, p1 = a + (sp + 1) * nr / S;\n"
+    "        moec_prefetch_rows(w + p0 * K, p1 - p0, K, PF_CAP);\n"
+    "        if (p1 > p0)\n"
+    "            moec_prefetch_l2(ws + p0 / SBN * SC,\n"
+    "                             (unsigned long long)((p1 - 1) / SBN - p0 / SBN + 1) * SC * 4ull);\n";
+
 /* fragment i of tile (r, t) of lane (g, q): row 16 r + g + 8 (i / 2), token
  * 8 t + 2 q + i % 2. One split writes y; S splits put their sums in their
  * shared memory, and each block of the cluster adds up a share of them. */
@@ -275,7 +287,7 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
-    if (is_new)
+    if (is_new) {
         moec_buf_printf(
             &c->src,
             "// linear: y = alpha x w^T (+ b), fp8 w on tensor cores, x staged in shared memory "
@@ -286,10 +298,13 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
             "    constexpr long long N = %lldLL, SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s;\n%s%s%s}\n\n",
+            "    constexpr bool HAS_BIAS = %s;\n",
             cluster, sh.nw * 32, name, cg_ctype(db), cg_ctype(dy), N, (long long)b[0],
             (long long)b[1], (K + b[1] - 1) / b[1], K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u,
-            per * 64 + 8, bias ? "true" : "false", LINEAR_HEAD, TC_LOOP, LINEAR_TAIL);
+            per * 64 + 8, bias ? "true" : "false");
+        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), LINEAR_PREFETCH);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", LINEAR_HEAD, TC_LOOP, LINEAR_TAIL);
+    }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);

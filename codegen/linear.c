@@ -117,6 +117,15 @@ static const char GEMV_BODY[] =
     "        st(y + (long long)t * N + n0 + r, v);\n"
     "    }\n";
 
+/* Before the wait (cg_emit_prefetch): the block's RB rows (fewer in the
+ * last block) and, of an fp8 weight, their block scales' rows. */
+static const char GEMV_PREFETCH[] =
+    "        const long long r0 = (long long)blockIdx.x * RB, nr = N - r0 < RB ? N - r0 : RB;\n"
+    "        moec_prefetch_rows(w + r0 * K, nr, (long long)K * (long long)sizeof(TW), PF_CAP);\n"
+    "        if constexpr (W8)\n"
+    "            moec_prefetch_l2(ws + r0 / SBN * SC,\n"
+    "                             (unsigned long long)((r0 + nr - 1) / SBN - r0 / SBN + 1) * SC * 4ull);\n";
+
 /* Rows per block: enough blocks to fill the GPU twice over (264 on an
  * H100's 132 SMs), at most 8 rows (4 of fp8, whose 16-byte loads hold 16
  * elements: the same registers), and at most 32 accumulators a lane (rows
@@ -199,7 +208,7 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
-    if (is_new)
+    if (is_new) {
         moec_buf_printf(&c->src,
                       "// linear: y = alpha x w^T (+ b) for a few rows (codegen/linear.c, "
                       "emit_gemv)\n"
@@ -210,12 +219,14 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
                       "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s, ACT = %s;\n%s%s}\n\n",
+                      "    constexpr bool HAS_BIAS = %s, ACT = %s;\n%s",
                       GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
                       cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb,
-                      GEMV_WARPS, bias ? "true" : "false", act ? "true" : "false", decl,
-                      GEMV_BODY);
+                      GEMV_WARPS, bias ? "true" : "false", act ? "true" : "false", decl);
+        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), GEMV_PREFETCH);
+        moec_buf_printf(&c->src, "%s}\n\n", GEMV_BODY);
+    }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);

@@ -129,6 +129,20 @@ static const char VABSORB_BODY[] =
     "                st(y + ((long long)t * H + h) * DV + v0 + k, a);\n"
     "        }\n";
 
+/* Before the wait (cg_emit_prefetch), rows of kv_b the head's blocks read:
+ * qabsorb's blocks of a head (its columns of every W_UK[h] row) share
+ * W_UK[h]'s rows out, a contiguous share each; vabsorb's block its
+ * W_UV[h] rows. */
+static const char QABSORB_PREFETCH[] =
+    "        constexpr int GY = (R + 32 * VW - 1) / (32 * VW);\n"
+    "        const long long d0 = (long long)blockIdx.y * DN / GY, d1 = (long long)(blockIdx.y + 1) * DN / GY;\n"
+    "        moec_prefetch_rows(kv_b + ((long long)blockIdx.x * (DN + DV) + d0) * R, d1 - d0,\n"
+    "                           (long long)R * (long long)sizeof(TW), PF_CAP);\n";
+static const char VABSORB_PREFETCH[] =
+    "        const long long v0 = (long long)blockIdx.y * NW * RPW, nv = DV - v0 < NW * RPW ? DV - v0 : NW * RPW;\n"
+    "        moec_prefetch_rows(kv_b + ((long long)blockIdx.x * (DN + DV) + DN + v0) * R, nv,\n"
+    "                           (long long)R * (long long)sizeof(TW), PF_CAP);\n";
+
 /* The generated form of op for bucket c->T (see the top of the file). */
 static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int64_t dn,
                                int64_t dv, int64_t r, ir_dtype da, ir_dtype db, ir_dtype dc)
@@ -157,6 +171,7 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int
                         ir_op_name(op->kind), y->name, nw * 32, name, cg_ctype(db), cg_ctype(da),
                         cg_ctype(dc), cg_ctype(da), c->T, (long long)H, (long long)dn,
                         (long long)dv, (long long)r, vw, nw, ABS_V_RPW);
+        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
         moec_buf_printf(&c->src, "%s}\n\n", q ? QABSORB_BODY : VABSORB_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);

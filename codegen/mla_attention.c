@@ -591,8 +591,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     if (is_new) {
         if (ns == 1)
             cg_attn_emit_no_parts(&c->src);
-        if (!sel)
+        if (!sel) {
             moec_buf_printf(&c->src, "    const int *sel = nullptr;\n    (void)sel;\n");
+            /* the head groups of a split share its rows out */
+            cg_attn_emit_prefetch(c, "PT", "blockIdx.z", "blockIdx.y", "gridDim.y", "kvpool", "R",
+                                  "pepool", "DR");
+        }
         moec_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);

@@ -7,6 +7,8 @@
 #ifndef MOEC_CG_NORM_ROWS_H
 #define MOEC_CG_NORM_ROWS_H
 
+#include <stdio.h>
+
 #include "codegen/cg.h"
 
 typedef struct cg_norm_rows {
@@ -39,6 +41,19 @@ static inline int cg_norm_rows_threads(const cg_norm_rows *l)
 }
 
 /* The kernel's first lines: `row` and `lane` of this thread (rows in all). */
+/* Before the wait (cg_emit_prefetch): block 0 asks L2 for the norm's
+ * weight w, D elements every row reads (at most the cap). */
+static inline void cg_norm_rows_prefetch(const cg_ctx *c, moec_buf *b, int64_t D)
+{
+    char lines[256];
+    snprintf(lines, sizeof lines,
+             "        const long long wb = %lldLL * (long long)sizeof(*w);\n"
+             "        if (blockIdx.x == 0)\n"
+             "            moec_prefetch_l2(w, (unsigned long long)(wb < PF_CAP ? wb : PF_CAP));\n",
+             (long long)D);
+    cg_emit_prefetch(b, cg_prefetch_bytes(c), lines);
+}
+
 static inline void cg_norm_rows_begin(moec_buf *b, const cg_norm_rows *l, long long rows)
 {
     if (l->warp_form)

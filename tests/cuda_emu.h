@@ -10,8 +10,9 @@
 // alignment. The m16n8k16 product gathers the warp's fragments in the PTX
 // ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
 // sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16,
-// moec_f8_chunk, ldv, warp_sum and moec_w16 are the real ones (fp8_emu_gen
-// copies them); what they call is emulated here.
+// moec_f8_chunk, ldv (fp8 too), moec_prefetch_rows, warp_sum and moec_w16
+// are the real ones (fp8_emu_gen copies them); what they call is emulated
+// here (moec_e4m3x4 and moec_prefetch_l2 too).
 #pragma once
 #include <cassert>
 #include <cmath>
@@ -30,6 +31,9 @@
 #define __restrict__
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
+// a block's static shared arrays (the few-token linear's): one copy, as
+// emu_launch runs one block (cluster) at a time
+#define __shared__ static
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -96,6 +100,19 @@ static inline float2 __half22float2(__half2 h) { return {emu_h2f(h.x.v), emu_h2f
 static inline __nv_bfloat16 __float2bfloat16(float f) { return {emu_f2bf(f)}; }
 static inline float ld(const float *p) { return *p; }
 static inline float ld(const __nv_bfloat16 *p) { return emu_bf2f(p->v); }
+static inline float emu_e4m3(uint8_t c)
+{
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    return (c & 0x7f) == 0x7f ? NAN : c & 0x80 ? -v : v;
+}
+static inline float ld(const __nv_fp8_e4m3 *p) { return emu_e4m3(p->v); }
+// the prologue's four codes of a word (its conversion intrinsics emulated)
+static inline void moec_e4m3x4(unsigned c, float *v)
+{
+    for (int i = 0; i < 4; i++)
+        v[i] = emu_e4m3((uint8_t)(c >> (8 * i)));
+}
 static inline void st(float *p, float v) { *p = v; }
 static inline void st(__nv_bfloat16 *p, float v) { p->v = emu_f2bf(v); }
 

@@ -1,4 +1,5 @@
-// fp8_emu.cc — the staged fp8 kernels (codegen/fp8_tc.c) and the streaming
+// fp8_emu.cc — the staged fp8 kernels (codegen/fp8_tc.c), the few-token fp8
+// linear (codegen/linear.c) and the streaming
 // fp8 expert GEMMs (codegen/moe_routed.c), as the generator writes them for
 // fp8_emu_gen's cases, run on the CPU emulator (cuda_emu.h) against a
 // double-precision reference of the same random weights: e4m3 codes (every

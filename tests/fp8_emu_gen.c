@@ -1,8 +1,9 @@
-/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c) and the
+/* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c), the
+ * few-token fp8 linear (codegen/linear.c) and the
  * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
  * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
  * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_f8_chunk, ldv,
- * warp_sum and moec_w16 as the generator emits them, each
+ * moec_prefetch_rows, warp_sum and moec_w16 as the generator emits them, each
  * case's kernels in a namespace of their own, and a table of the cases with
  * their launches. Cases: linears and routed experts at odd shapes (partial
  * scale blocks, slabs with dead warps, uneven K splits over clusters, up
@@ -71,6 +72,18 @@ static const gen_case CASES[] = {
     {MOE16(6, 3, 200, 40, 0), 2, CG_FP8_AUTO, NULL},
     {MOE16(5, 2, 520, 72, 1), 1, CG_FP8_AUTO, NULL},
     {MOE16(5, 2, 520, 72, 0), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_RW=3"},
+    /* the linears' L2 prefetch before the wait (every case up to 8 tokens
+       has the default cap's: the whole slab) at a cap of 1 KiB: each
+       row's first bytes; clusters of 8 splits sharing a slab of 64 rows
+       (the last one 16), and one block a slab of 3 tokens */
+    {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, "MOEC_PREFETCH_KB=1"},
+    {LIN(100, 1280, 16, 128), 3, CG_FP8_TC, "MOEC_PREFETCH_KB=1"},
+    /* the few-token linear (codegen/linear.c, gemv in kernel names; a
+       thread a CUDA thread: few blocks): a row a block at 3 tokens; 2
+       rows a block at 1, the last block 1, the last scale block partial,
+       at a cap of 1 KiB (each row's first 512 bytes) */
+    {LIN(100, 1280, 16, 128), 3, CG_FP8_AUTO, NULL},
+    {LIN(1059, 640, 48, 64), 1, CG_FP8_AUTO, "MOEC_PREFETCH_KB=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -137,6 +150,11 @@ int main(int argc, char **argv)
                       "moec_stw");
     put_prologue_part(f, pro.data, "template <int N, typename T> __device__ __forceinline__ void ldv",
                       "/* fp8 weights (e4m3, exact in fp16");
+    put_prologue_part(f, pro.data, "/* The L2 prefetch of a block's weight slice",
+                      "__device__ __forceinline__ float warp_sum");
+    put_prologue_part(f, pro.data,
+                      "template <int N> __device__ __forceinline__ void ldv(const __nv_fp8_e4m3",
+                      "template <int N, typename T> __device__ __forceinline__ void stv");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
                       "__device__ __forceinline__ float warp_max");
     put_prologue_part(f, pro.data, "/* The 16 bytes of a weight vector",
@@ -196,7 +214,8 @@ int main(int argc, char **argv)
         for (int k = 0; k < c.n_steps; k++) {
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
-            if (!strstr(name, "f8tc") && !strstr(name, "_gv_"))
+            if (!strstr(name, "f8tc") && !strstr(name, "_gv_") &&
+                strncmp(name, "linear_gemv_", 12))
                 continue; /* align and sum: the emulator's host side does them */
             put_kernel(f, c.src.data, name);
             /* the cluster size on the kernel's declaration line */

@@ -13,6 +13,7 @@
  * argmax's check for NaN and infinite logits in its source; the device
  * sampler at real and odd vocabularies (test_sampler). NVRTC takes a few tenths of a second per
  * kernel, hence one bucket each, compiled on a thread per CPU. */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1409,6 +1410,210 @@ static void test_sampler(void)
     ir_module_free(m);
 }
 
+/* ---- L2 prefetch before the wait (MOEC_PREFETCH_KB) ----------------------- */
+
+/* Whether identifier id occurs in text[0 .. n) as a whole word. */
+static int has_ident(const char *text, size_t n, const char *id)
+{
+    size_t k = strlen(id);
+    for (size_t i = 0; i + k <= n; i++) {
+        if (strncmp(text + i, id, k))
+            continue;
+        char a = i ? text[i - 1] : ' ', b = i + k < n ? text[i + k] : ' ';
+        /* (a member, threadIdx.x, is not the parameter x) */
+        if (!(a == '_' || a == '.' || isalnum((unsigned char)a)) &&
+            !(b == '_' || isalnum((unsigned char)b)))
+            return 1;
+    }
+    return 0;
+}
+
+/* Kernel `name` of src (after cg_add_pdl_waits) against the prefetch rule:
+ * exactly one moec_pdl_enter; with pf > 0 (want) thread 0's prefetch of
+ * cap PF_CAP = pf before it, mentioning no parameter but the weights'
+ * (`weights`: names separated by spaces), else the wait first and no
+ * prefetch at all. */
+static void check_prefetch(const char *src, const char *name, long long pf, int want,
+                           const char *weights)
+{
+    char pat[320];
+    snprintf(pat, sizeof pat, "%s(", name);
+    const char *def = strstr(src, pat);
+    while (def && def > src && def[-1] != ' ' && def[-1] != '\n')
+        def = strstr(def + 1, pat);
+    const char *open = def ? strchr(def, '{') : NULL;
+    const char *end = open ? strstr(open, "\n}\n") : NULL;
+    if (!end)
+        fprintf(stderr, "%s: no kernel body\n", name);
+    T_CHECK(end != NULL);
+    if (!end)
+        return;
+    int enters = 0;
+    for (const char *p = open; (p = strstr(p, "moec_pdl_enter();")) && p < end; p++)
+        enters++;
+    const char *pre = strstr(open, "\n    moec_pdl_enter();");
+    const char *pfx = strstr(open, "moec_prefetch_");
+    int has_pf = pfx && pfx < end;
+    if (enters != 1 || has_pf != (want && pf > 0))
+        fprintf(stderr, "%s: %d moec_pdl_enter, prefetch %d (want %d, %lld bytes)\n", name,
+                enters, has_pf, want, pf);
+    T_CHECK(enters == 1 && pre && pre < end);
+    T_CHECK(has_pf == (want && pf > 0));
+    if (!has_pf) {
+        T_CHECK(!strncmp(open, "{\n    moec_pdl_enter();", 22));
+        return;
+    }
+    char cap[64];
+    snprintf(cap, sizeof cap, "constexpr long long PF_CAP = %lldLL;", pf);
+    T_CHECK(strstr(open, cap) && strstr(open, cap) < pre && pfx < pre &&
+            strstr(open, "    if (threadIdx.x == 0) {") < pfx);
+    /* before the wait: no parameter but the weights */
+    const char *close = open;
+    while (close > def && *close != ')')
+        close--;
+    for (const char *p = def + strlen(pat); p < close;) {
+        const char *comma = strpbrk(p, ",)");
+        if (!comma || comma > close)
+            break;
+        const char *e = comma;
+        while (e > p && (e[-1] == ' ' || e[-1] == '\n'))
+            e--;
+        const char *b = e;
+        while (b > p && (b[-1] == '_' || isalnum((unsigned char)b[-1])))
+            b--;
+        char id[64];
+        snprintf(id, sizeof id, "%.*s", (int)(e - b), b);
+        char spaced[96];
+        snprintf(spaced, sizeof spaced, " %s ", id);
+        char wl[128];
+        snprintf(wl, sizeof wl, " %s ", weights);
+        if (!strstr(wl, spaced) && has_ident(open, (size_t)(pre - open), id)) {
+            fprintf(stderr, "%s: parameter %s read before the wait\n", name, id);
+            T_CHECK(0);
+        }
+        p = comma + 1;
+    }
+}
+
+/* One bucket of m for test_prefetch: its linears, absorptions and
+ * add_rms_norm (or, heavy, its heavy ops through gen()), each kernel
+ * checked against the rule with pf bytes (a token selection's attention
+ * prefetches nothing); the kinds seen (1 few-token linear, 2 staged fp8
+ * linear, 4 absorption, 8 attention, 16 norm); the source and kernel
+ * names appended to prog and names. */
+static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, int sparse,
+                           moec_buf *prog, moec_buf *names)
+{
+    cg_options o;
+    cg_options_default(&o);
+    cg_ctx c;
+    memset(&c, 0, sizeof c);
+    c.m = m;
+    c.opt = &o;
+    c.T = T;
+    if (heavy)
+        T_OK(gen(m, &o, T, &c));
+    for (int k = 0; !heavy && k < m->n_ops; k++) {
+        ir_op_kind kd = m->ops[k]->kind;
+        if (kd == IR_OP_LINEAR || kd == IR_OP_MLA_QABSORB || kd == IR_OP_MLA_VABSORB ||
+            kd == IR_OP_ADD_RMS_NORM)
+            T_OK(cg_emit_op(&c, m->ops[k]));
+    }
+    cg_add_pdl_waits(&c.src);
+    T_CHECK(!c.src.oom);
+    int seen = 0;
+    for (int k = 0; c.src.data && k < c.n_kernels; k++) {
+        const char *kn = c.kernel_names[k];
+        int kind = !strncmp(kn, "linear_gemv_", 12)   ? 1
+                   : !strncmp(kn, "linear_f8tc_", 12) ? 2
+                   : !strncmp(kn, "mla_qabsorb_", 12) || !strncmp(kn, "mla_vabsorb_", 12) ? 4
+                   : !strncmp(kn, "mla_attn_", 9) || !strncmp(kn, "attn_h", 6)             ? 8
+                   : strstr(kn, "rms_norm_") != NULL                                      ? 16
+                                                                                          : 0;
+        check_prefetch(c.src.data, kn, T <= CG_PREFETCH_MAX_T ? pf : 0,
+                       kind && !(kind == 8 && sparse),
+                       kind == 8   ? "pos slots block_table max_blocks kvpool pepool kpool vpool "
+                                     "window"
+                       : kind == 4 ? "kv_b"
+                                   : "w ws");
+        seen |= kind;
+        moec_buf_printf(names, "%s\n", kn);
+    }
+    if (c.src.data)
+        moec_buf_printf(prog, "%s", c.src.data);
+    cg_ctx_free(&c);
+    return seen;
+}
+
+/* The weight-streaming kernels of 1 to 8 tokens prefetch their blocks'
+ * weight rows before the wait (cg_emit_prefetch), others and larger
+ * buckets and MOEC_PREFETCH_KB=0 none: the few-token linear (bf16, its act
+ * silu_mul form, fp8 with its scales), the absorptions, the staged fp8
+ * linear (one block a slab, and clusters of K splits), the add_rms_norm
+ * its weight (a block a row at D 2050), compiled by NVRTC with the
+ * default cap; and the attention kernels their cache rows (GQA,
+ * MLA on CUDA and tensor cores, with a window; not over a token
+ * selection), compiled by test_real_shapes and test_odd_shapes. */
+static void test_prefetch(void)
+{
+    km_spec lin = {.name = "pf_lin", .vocab = 8, .LN = 100, .LK = 256, .ldt = "bf16",
+                   .AH = 3, .ADN = 16, .ADV = 37, .AR = 96, .AN = 2050, .an_alpha = 1.0};
+    km_spec act = {.name = "pf_act", .vocab = 8, .LN = 37, .LK = 200, .ldt = "bf16", .lact = 1};
+    km_spec f8 = {.name = "pf_f8", .vocab = 8, .LN = 336, .LK = 640, .ldt = "f8e4m3", .BN = 48,
+                  .BK = 64};
+    km_spec mla = {.name = "pf_mla", .vocab = 8, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
+                   .attn_scale = 0.1352};
+    km_spec mla_odd = {.name = "pf_mla_odd", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                       .window = 3, .attn_scale = 0.3};
+    km_spec gqa = {.name = "pf_gqa", .vocab = 8, .attn = KM_GQA, .H = 32, .HKV = 4, .DK = 128,
+                   .DV = 128, .attn_scale = 0.0883883};
+    km_spec gqa_odd = {.name = "pf_gqa_odd", .vocab = 8, .attn = KM_GQA, .H = 6, .HKV = 2,
+                       .DK = 24, .DV = 40, .window = 5, .attn_scale = 0.2};
+    km_spec dsa = {.name = "pf_dsa", .vocab = 8, .attn = KM_MLA, .H = 3, .R = 36, .DR = 6,
+                   .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
+                   .dsa_wscale = -0.7};
+    const km_spec *specs[] = {&lin, &act, &f8, &mla, &mla_odd, &gqa, &gqa_odd, &dsa};
+    static const char *const knob[] = {NULL, "0", "1"};
+    static const int Ts[] = {1, 2, 8, 16};
+    for (int kn = 0; kn < 3; kn++) {
+        if (knob[kn])
+            setenv("MOEC_PREFETCH_KB", knob[kn], 1);
+        long long pf = 1024LL * (knob[kn] ? atoi(knob[kn]) : CG_PREFETCH_KB);
+        for (int si = 0; si < 8; si++) {
+            ir_module *m = km_module(specs[si]);
+            T_CHECK(m != NULL);
+            if (!m)
+                continue;
+            moec_buf prog = {0}, names = {0};
+            cg_emit_prologue(&prog);
+            for (int ti = 0; ti < 4; ti++) {
+                int T = Ts[ti];
+                int seen = prefetch_bucket(m, T, si >= 3, pf, specs[si]->TOPK > 0, &prog, &names);
+                /* the kernels each case means to cover: the few-token
+                   kernels up to 4 tokens (the absorptions 2), then
+                   cuBLASLt, or the staged kernel for fp8 */
+                T_CHECK(si >= 3  ? seen == 8
+                        : si == 0 ? seen == (T <= 2 ? 21 : T <= 4 ? 17 : 16)
+                        : si == 1 ? seen == (T <= 4 ? 1 : 0)
+                                  : seen == (T <= 4 ? 1 : 2));
+            }
+            /* the linears' and absorptions' programs with the default cap */
+            if (kn == 0 && si < 3 && n_jobs < 64 && !prog.oom && !names.oom) {
+                compile_job *j = &jobs[n_jobs++];
+                memset(j, 0, sizeof *j);
+                j->label = strdup(specs[si]->name);
+                j->src = prog.data;
+                j->names = names;
+            } else {
+                moec_buf_free(&prog);
+                moec_buf_free(&names);
+            }
+            ir_module_free(m);
+        }
+        unsetenv("MOEC_PREFETCH_KB");
+    }
+}
+
 /* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else,
  * but where the body places its own (k3, after its prefetch). */
 static void test_pdl_waits(void)
@@ -1437,6 +1642,7 @@ static void test_pdl_waits(void)
 int main(void)
 {
     test_pdl_waits();
+    test_prefetch();
     test_real_shapes();
     test_odd_shapes();
     test_fp8_shapes();

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# test_fp8_emu.sh — the staged fp8 kernels (codegen/fp8_tc.c) and the
+# test_fp8_emu.sh — the staged fp8 kernels (codegen/fp8_tc.c), the few-token
+# fp8 linear (codegen/linear.c) and the
 # streaming fp8 expert GEMMs (codegen/moe_routed.c) run without a GPU: fp8_emu_gen writes their generated source for a set of odd cases
 # (tests/fp8_emu_gen.c), which compiles as C++ with the CPU emulation of
 # the CUDA they use (tests/cuda_emu.h) and the harness that checks them
 # against a double-precision reference (tests/fp8_emu.cc): once under the
 # address sanitizer, every case (every global and shared memory access in
-# bounds, every cp.async and 16-byte load aligned), once under the thread
+# bounds, every cp.async and 16-byte load aligned, every L2 prefetch
+# within the weights), once under the thread
 # sanitizer, three cases with the linear's clusters and both expert forms
 # (no two threads' accesses unordered by a barrier: what racecheck would
 # say; a thread a CUDA thread makes it slow). Needs a C++17 compiler with
