@@ -9,7 +9,9 @@
  * 32 positions (one per lane for the scores, then all lanes over the value
  * channels) and merge their partial softmax states at the end. When the
  * bucket has too few blocks to fill the GPU (decode), the sequence is also
- * split over blocks, and a third kernel merges the splits' partial states. */
+ * split over blocks, and the last block of each group to finish merges
+ * the splits' partial states (moec_attn_arrive_merge; a third kernel where
+ * the split counters do not reach, or MOEC_ATTN_MERGE=0). */
 #include <stdio.h>
 
 #include "codegen/attn_common.h"
@@ -47,8 +49,8 @@ static const char ATTN_BODY[] =
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    const int s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h0) * DV;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        if constexpr (NSPLIT == 1)\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) { /* padding: zeros, from one split */\n"
+    "        if (NSPLIT == 1 || (MERGE && split == 0))\n"
     "            for (int i = threadIdx.x; i < GB * DV; i += NT)\n"
     "                st(o + i, 0.0f);\n"
     "        return;\n"
@@ -70,6 +72,9 @@ static const char ATTN_BODY[] =
     "                part_ml[part * 2] = MOEC_NEG_INF;\n"
     "                part_ml[part * 2 + 1] = 0.0f;\n"
     "            }\n"
+    "            if constexpr (MERGE)\n"
+    "                moec_attn_arrive_merge<NSPLIT, GB, DV>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o,\n"
+    "                                                       cnt, ((long long)t * H + h0) / GB);\n"
     "            return;\n"
     "        }\n"
     "    }\n"
@@ -188,7 +193,10 @@ static const char ATTN_BODY[] =
     "        } else {\n"
     "            st(o + i, a / l);\n"
     "        }\n"
-    "    }\n";
+    "    }\n"
+    "    if constexpr (MERGE)\n"
+    "        moec_attn_arrive_merge<NSPLIT, GB, DV>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o, cnt,\n"
+    "                                               ((long long)t * H + h0) / GB);\n";
 
 /* "bf16" when the cache dtype and both operands' dtypes agree, else all three. */
 static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype b)
@@ -286,10 +294,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks);
     int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
+    int merge = cg_attn_self_merge(c, H, gb, ns);
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
-    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d_bs%d_t%d_%s", H,
-             HKV, DK, DV, gb, ns, minpos, bs, c->T, tag);
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s_bs%d_t%d_%s", H,
+             HKV, DK, DV, gb, ns, minpos, merge ? "_m" : "", bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -305,11 +314,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
                       "NT = %d, TILE = %d, KV = %d, NSPLIT = %d, MINPOS = %d;\n",
                       ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
-                      cg_attn_part_params(ns),
+                      cg_attn_part_params(ns, merge),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
                       ATTN_TILE, cg_vec_width(DK), ns, minpos);
-        if (ns == 1)
-            cg_attn_emit_no_parts(&c->src);
+        cg_attn_emit_parts(&c->src, ns, merge);
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */
         cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
@@ -327,9 +335,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->grid[2] = (unsigned)(G / gb * ns);
     s->block[0] = ATTN_WARPS * 32;
     s->args[0] = cg_arg_act(q);
-    cg_attn_args(s, op, 1, ns);
+    cg_attn_args(s, op, 1, ns, merge);
     if (ns == 1)
         return MOEC_OK;
-    /* kernel 3: the merge of the splits */
-    return cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns);
+    /* the splits' partial states, and kernel 3, their merge, unless the
+       attention kernel's last block of each group merges them */
+    return cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns, merge);
 }

@@ -116,12 +116,24 @@ static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
     return s;
 }
 
+/* Whether a kernel split ns ways over hb heads a block merges its own
+ * splits (its last block, moec_attn_arrive_merge, counting arrivals in
+ * IR_INPUT_SPLIT_COUNTERS) instead of a third kernel doing it: when split,
+ * its T * H / hb counters fit, and MOEC_ATTN_MERGE is not 0 at codegen
+ * (MOEC_ATTN_MERGE=0 keeps the merge kernel, for an A/B). */
+static inline int cg_attn_self_merge(const cg_ctx *c, long long H, int hb, int ns)
+{
+    return ns > 1 && (long long)c->T * (H / hb) <= IR_SPLIT_COUNTERS &&
+           cg_env_int("MOEC_ATTN_MERGE", 1, 0, 1);
+}
+
 /* The attention kernel's args after its query operands, from args[i]: pos,
  * slots, block_table, max_blocks, pool 0, pool 1, out, scale, window (and,
- * when split, the two scratch arrays, set by cg_attn_emit_combine). */
-static inline void cg_attn_args(ir_step *s, const ir_op *op, int i, int ns)
+ * when split, the two scratch arrays and, when it merges them itself, the
+ * split counters, set by cg_attn_emit_combine). */
+static inline void cg_attn_args(ir_step *s, const ir_op *op, int i, int ns, int merge)
 {
-    s->n_args = i + (ns > 1 ? 11 : 9);
+    s->n_args = i + (ns > 1 ? 11 + (merge ? 1 : 0) : 9);
     s->args[i] = cg_arg_input(IR_INPUT_POSITIONS);
     s->args[i + 1] = cg_arg_input(IR_INPUT_SLOTS);
     s->args[i + 2] = cg_arg_input(IR_INPUT_BLOCK_TABLE);
@@ -134,9 +146,12 @@ static inline void cg_attn_args(ir_step *s, const ir_op *op, int i, int ns)
 }
 
 /* The attention kernel's extra parameters when the sequence is split. */
-static inline const char *cg_attn_part_params(int ns)
+static inline const char *cg_attn_part_params(int ns, int merge)
 {
-    return ns > 1 ? ", float *__restrict__ part_ml, float *__restrict__ part_o" : "";
+    return ns == 1  ? ""
+           : merge ? ", float *__restrict__ part_ml, float *__restrict__ part_o, "
+                     "unsigned *__restrict__ cnt"
+                   : ", float *__restrict__ part_ml, float *__restrict__ part_o";
 }
 
 /* Before the wait (cg_emit_prefetch), the cache rows of the block's share
@@ -199,29 +214,41 @@ static inline void cg_attn_emit_prefetch(cg_ctx *c, const char *tile, const char
     moec_buf_free(&lines);
 }
 
-/* In an unsplit attention kernel, the split-only pointers, unused. */
-static inline void cg_attn_emit_no_parts(moec_buf *b)
+/* The attention kernel's first lines about its splits: the constant MERGE
+ * (whether it merges them itself), and the split-only pointers it lacks as
+ * unused locals. */
+static inline void cg_attn_emit_parts(moec_buf *b, int ns, int merge)
 {
-    moec_buf_printf(b, "    float *part_ml = nullptr, *part_o = nullptr;\n"
-                     "    (void)part_ml;\n    (void)part_o;\n");
+    moec_buf_printf(b, "    constexpr bool MERGE = %s;\n", merge ? "true" : "false");
+    if (ns == 1)
+        moec_buf_printf(b, "    float *part_ml = nullptr, *part_o = nullptr;\n"
+                           "    (void)part_ml;\n    (void)part_o;\n");
+    if (!merge)
+        moec_buf_printf(b, "    unsigned *cnt = nullptr;\n    (void)cnt;\n");
 }
 
-/* For a split attention step s (args[n_args - 2], [n_args - 1] its scratch
- * arrays): reserves the partial states of T tokens by H heads by ns splits
- * of D channels, and emits the kernel that merges them into op->out[0],
- * named <prefix>_combine_h<H>_<dim><D>_ns.., for op `what` of
- * codegen/<what>.c. */
+/* For a split attention step s (its last args the scratch arrays, and the
+ * split counters when merge): reserves the partial states of T tokens by
+ * H heads by ns splits of D channels, and, unless the kernel merges them
+ * itself, emits the kernel that merges them into op->out[0], named
+ * <prefix>_combine_h<H>_<dim><D>_ns.., for op `what` of codegen/<what>.c. */
 static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_step *s,
                                                const char *what, const char *prefix,
-                                               const char *dim, long long H, long long D, int ns)
+                                               const char *dim, long long H, long long D, int ns,
+                                               int merge)
 {
     const char *who = op->out[0]->name;
     int bs = c->opt->kv_block_size;
     ir_dtype odt = cg_storage(c, op->out[0]);
     size_t off_ml = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * 2 * 4);
     size_t off_o = cg_scratch(c, (size_t)c->T * (size_t)H * (size_t)ns * (size_t)D * 4);
-    s->args[s->n_args - 2] = cg_arg_scratch(off_ml);
-    s->args[s->n_args - 1] = cg_arg_scratch(off_o);
+    int n = s->n_args - (merge ? 1 : 0);
+    s->args[n - 2] = cg_arg_scratch(off_ml);
+    s->args[n - 1] = cg_arg_scratch(off_o);
+    if (merge) {
+        s->args[n] = cg_arg_input(IR_INPUT_SPLIT_COUNTERS);
+        return MOEC_OK;
+    }
     char cname[256];
     snprintf(cname, sizeof cname, "%s_combine_h%lld_%s%lld_ns%d_bs%d_t%d_%s", prefix, H, dim, D, ns,
              bs, c->T, ir_dtype_name(odt));

@@ -12,7 +12,9 @@
  * cp.async); otherwise on CUDA cores (one thread per (head, position) for
  * the scores, each thread a few heads by a few channels for the output).
  * When the bucket has too few blocks to fill the GPU (decode), the sequence
- * is split over blocks too, and a third kernel merges the splits. With
+ * is split over blocks too, and the splits are merged by the last block of
+ * each group to finish (tensor-core form; moec_attn_arrive_merge) or by a
+ * third kernel. With
  * DeepSeek-V3.2's token selection (operand sel, from dsa_topk) the same
  * kernels read only the selected positions' cache rows: tile i of a token
  * holds sel[t][i * PT ...] instead of positions lo + i * PT on (KSEL, the
@@ -254,8 +256,8 @@ static const char MMA_BODY[] =
     "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;\n"
     "    const int s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h0) * R;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        if constexpr (NSPLIT == 1)\n"
+    "    if (s < 0 || p < 0 || p / BS >= max_blocks) { /* padding: zeros, from one split */\n"
+    "        if (NSPLIT == 1 || (MERGE && blockIdx.z == 0))\n"
     "            for (int i = tid; i < 16 * R; i += NT)\n"
     "                st(o + i, 0.0f);\n"
     "        return;\n"
@@ -274,6 +276,9 @@ static const char MMA_BODY[] =
     "                part_ml[(part + (long long)tid * NSPLIT) * 2] = MOEC_NEG_INF;\n"
     "                part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = 0.0f;\n"
     "            }\n"
+    "            if constexpr (MERGE)\n"
+    "                moec_attn_arrive_merge<NSPLIT, 16, R>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o,\n"
+    "                                                      cnt, ((long long)t * H + h0) / 16);\n"
     "            return;\n"
     "        }\n"
     "    }\n"
@@ -403,7 +408,10 @@ static const char MMA_BODY[] =
     "            stv<2>(o + (long long)g * R + ch, y0);\n"
     "            stv<2>(o + (long long)(g + 8) * R + ch, y1);\n"
     "        }\n"
-    "    }\n";
+    "    }\n"
+    "    if constexpr (MERGE)\n"
+    "        moec_attn_arrive_merge<NSPLIT, 16, R>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o, cnt,\n"
+    "                                              ((long long)t * H + h0) / 16);\n";
 
 static long long gcd(long long a, long long b) { return b ? gcd(b, a % b) : a; }
 
@@ -496,6 +504,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     long long blocks = (long long)c->T * (H / hb);
     int ns = cg_attn_splits(blocks);
     int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
+    /* the tensor-core kernel merges its own splits; the CUDA-core one's
+       shared memory is already near the static limit */
+    int merge = mma && cg_attn_self_merge(c, H, hb, ns);
     const char *ts = cg_ctype(dt);
     char tag[64];
     if (cdt == dt && edt == dt)
@@ -541,8 +552,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         /* the Smem struct of MMA_BODY: q, two kv tiles, scores, P, m, l, alpha */
         smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + 16LL * (MMA_PT + 4) * 4 +
                16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4;
-        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d_bs%d_t%d_%s", H,
-                 R, DR, MMA_PT, ns, minpos, bs, c->T, tag);
+        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d%s_bs%d_t%d_%s",
+                 H, R, DR, MMA_PT, ns, minpos, merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -553,7 +564,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    const char *params = cg_attn_part_params(ns);
+    const char *params = cg_attn_part_params(ns, merge);
     if (is_new && mma) {
         moec_buf_printf(&c->src, "%s", MMA_HELPERS);
         moec_buf_printf(&c->src,
@@ -589,8 +600,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       cs, ve, qld, ldk, bs, MLA_THREADS, ns, ksel, minpos);
     }
     if (is_new) {
-        if (ns == 1)
-            cg_attn_emit_no_parts(&c->src);
+        cg_attn_emit_parts(&c->src, ns, merge);
         if (!sel) {
             moec_buf_printf(&c->src, "    const int *sel = nullptr;\n    (void)sel;\n");
             /* the head groups of a split share its rows out */
@@ -612,9 +622,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->args[1] = cg_arg_act(qpe);
     if (sel)
         s->args[2] = cg_arg_act(sel);
-    cg_attn_args(s, op, sel ? 3 : 2, ns);
+    cg_attn_args(s, op, sel ? 3 : 2, ns, merge);
     if (ns == 1)
         return MOEC_OK;
-    /* the splits' partial results, merged by a third kernel */
-    return cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns);
+    /* the splits' partial results, merged by a third kernel unless the
+       attention kernel's last block of each group merges them */
+    return cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns, merge);
 }

@@ -78,7 +78,9 @@ static moec_status capture_bucket(graph_set *g, int b)
         st = MOEC_ERR(MOEC_ERR_CUDA, "%s: cudaStreamEndCapture gave no graph", where);
     cudaGraphExec_t *exec = &g->exec[b][c->single_stream];
     if (st == MOEC_OK)
-        st = CK(cudaGraphInstantiate(exec, graph, 0), where);
+        st = CK(cudaGraphInstantiate(exec, graph,
+                                     c->prio_on ? cudaGraphInstantiateFlagUseNodePriority : 0),
+                where);
     if (st == MOEC_OK)
         st = CK(cudaGraphUpload(*exec, c->stream[0]), where);
     if (graph)

@@ -38,8 +38,15 @@ typedef enum ir_input {
     IR_INPUT_SAMPLE_PENS,  /* ir_sample_pen[]: the rows' penalty entries, written per step */
     IR_INPUT_SAMPLE_TOKENS, /* i32[T]: the token drawn for each row sampled (output) */
     IR_INPUT_SAMPLE_LOGPROBS, /* f32[T]: its log probability (output) */
+    IR_INPUT_SPLIT_COUNTERS, /* u32[IR_SPLIT_COUNTERS]: zero at load; a split attention
+                              * kernel counts its blocks' arrival in them, and the last
+                              * block sets them back to zero (codegen/attn_common.h) */
     IR_INPUT_COUNT,
 } ir_input;
+
+/* Entries of IR_INPUT_SPLIT_COUNTERS: one per (token, head group) of a split
+ * attention kernel that merges its own splits. */
+#define IR_SPLIT_COUNTERS 4096
 
 /* IR_INPUT_SAMPLED of a token whose logits hold a NaN or an infinity. */
 #define IR_SAMPLED_NONFINITE (-1)

@@ -313,6 +313,29 @@ static moec_status comm_warmup(rt_cuda *c)
     return rt_comm_error(c->comm, where);
 }
 
+/* MOEC_STREAM_PRIORITY: which stream's blocks the GPU schedules first when
+ * both have kernels waiting: "1" the second stream (the shared experts,
+ * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
+ * graphs keep each kernel's priority (captured as a launch attribute,
+ * instantiated with cudaGraphInstantiateFlagUseNodePriority). */
+static moec_status stream_priorities(rt_cuda *c)
+{
+    c->prio_on = 0;
+    c->prio[0] = c->prio[1] = 0;
+    const char *v = getenv("MOEC_STREAM_PRIORITY");
+    if (!v || !*v || !strcmp(v, "off"))
+        return MOEC_OK;
+    if (strcmp(v, "0") && strcmp(v, "1"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "MOEC_STREAM_PRIORITY=\"%s\": not 0, 1 or off (the stream scheduled first)", v);
+    int least = 0, greatest = 0;
+    MOEC_TRY(CK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "the stream priorities"));
+    c->prio_on = 1;
+    c->prio[0] = c->prio[1] = least;
+    c->prio[v[0] - '0'] = greatest;
+    return MOEC_OK;
+}
+
 static moec_status setup(rt_cuda *c, const rt_weights *w)
 {
     const ir_plan *p = c->plan;
@@ -342,6 +365,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
                             "MOEC_DUAL_STREAM_MAX_T=\"%s\": not a token count (0 or more)", dual);
         c->dual_max_t = (int)v;
     }
+    MOEC_TRY(stream_priorities(c));
 
     c->tmax = p->buckets[p->n_buckets - 1].T;
     c->in_stride = (c->tmax + 63) / 64 * 64;
@@ -365,7 +389,8 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     MOEC_TRY(rt_cuda_check_memory(c));
 
     for (int s = 0; s < 2; s++)
-        MOEC_TRY(CK(cudaStreamCreateWithFlags(&c->stream[s], cudaStreamNonBlocking), "a stream"));
+        MOEC_TRY(CK(cudaStreamCreateWithPriority(&c->stream[s], cudaStreamNonBlocking, c->prio[s]),
+                    "a stream"));
     MOEC_TRY(CK(cudaEventCreateWithFlags(&c->head, cudaEventDisableTiming), "an event"));
     MOEC_TRY(CK(cudaEventCreateWithFlags(&c->tail, cudaEventDisableTiming), "an event"));
 

@@ -174,6 +174,8 @@ struct rt_cuda {
                                     * (MOEC_DUAL_STREAM_MAX_T, default 16) */
     int pdl;                       /* 1: kernels launched as programmatic dependents (plan->pdl,
                                     * sm_90+, unless MOEC_PDL=0) */
+    int prio_on;                   /* 1: the streams carry priorities (MOEC_STREAM_PRIORITY) */
+    int prio[2];                   /* each stream's priority when prio_on */
     size_t device_bytes;
 
     void **weights;                /* per value id */

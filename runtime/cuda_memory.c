@@ -181,11 +181,58 @@ moec_status rt_cuda_size_kv(rt_cuda *c)
                     c->device_name, kv_scores_bytes(c), share);
 }
 
+/* MOEC_KV_FILL=random, for benchmarks: the paged pools hold values in
+ * [-1, 1) (a fixed pseudo-random sequence repeating every 4 MiB) instead of
+ * zeros, so that attention and DeepSeek-V3.2's indexer see varied keys
+ * (with zeros every indexer score ties and the top-k select skips its
+ * passes). Any other non-empty value than "random" or "zero" is an error. */
+static moec_status kv_fill_mode(int *random)
+{
+    const char *v = getenv("MOEC_KV_FILL");
+    *random = v && !strcmp(v, "random");
+    if (v && *v && !*random && strcmp(v, "zero"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_KV_FILL=\"%s\": not random or zero", v);
+    return MOEC_OK;
+}
+
+static moec_status kv_fill_random(rt_cuda *c, void *dst, size_t bytes, const char *where)
+{
+    enum { CHUNK = 4 << 20 };
+    unsigned char *h = malloc(CHUNK);
+    if (!h)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory filling %s", where);
+    uint32_t x = 2463534242u;
+    int f32 = c->plan->compute_dtype == IR_DTYPE_F32;
+    for (size_t i = 0; i < CHUNK / (f32 ? 4 : 2); i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        float v = (float)(x >> 8) * (2.0f / 16777216.0f) - 1.0f;
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        if (f32)
+            memcpy(h + 4 * i, &u, 4);
+        else {
+            uint16_t b = (uint16_t)(u >> 16);
+            memcpy(h + 2 * i, &b, 2);
+        }
+    }
+    moec_status st = MOEC_OK;
+    for (size_t o = 0; o < bytes && st == MOEC_OK; o += CHUNK)
+        st = CK(cudaMemcpy((char *)dst + o, h, bytes - o < CHUNK ? bytes - o : CHUNK,
+                           cudaMemcpyHostToDevice),
+                where);
+    free(h);
+    return st;
+}
+
 /* The KV pools of every attention, mla_attention and dsa_topk op: n_blocks
  * blocks each, and the index scores. */
 moec_status rt_cuda_alloc_kv(rt_cuda *c)
 {
     const ir_module *m = c->plan->module;
+    int random;
+    MOEC_TRY(kv_fill_mode(&random));
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
         size_t scores;
@@ -203,7 +250,10 @@ moec_status rt_cuda_alloc_kv(rt_cuda *c)
                      op->out[0]->name);
             MOEC_TRY(rt_cuda_alloc(c, &c->kv[2 * k + p], bytes, where));
             c->kv_bytes[2 * k + p] = bytes;
-            MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes), where));
+            if (random && pool[p])
+                MOEC_TRY(kv_fill_random(c, c->kv[2 * k + p], bytes, where));
+            else
+                MOEC_TRY(CK(cudaMemset(c->kv[2 * k + p], 0, bytes), where));
         }
     }
     return MOEC_OK;
@@ -291,7 +341,7 @@ moec_status rt_cuda_alloc_buffers(rt_cuda *c)
     size_t smp = p->sampler ? S * (IR_SAMPLE_ROW_WORDS + 2) +
                                   (size_t)c->smp_cap * IR_SAMPLE_PEN_WORDS
                             : 0;
-    size_t total = 4 * S + table + smp;
+    size_t total = 4 * S + table + smp + IR_SPLIT_COUNTERS;
     MOEC_TRY(rt_cuda_alloc(c, (void **)&c->inputs, total * sizeof(int32_t), "the step inputs"));
     MOEC_TRY(CK(cudaMemset(c->inputs, 0, total * sizeof(int32_t)), "the step inputs"));
     c->input_ptr[IR_INPUT_TOKENS] = c->inputs;
@@ -302,6 +352,9 @@ moec_status rt_cuda_alloc_buffers(rt_cuda *c)
     for (int i = 0; i <= IR_INPUT_SAMPLED; i++)
         c->input_bytes[i] = (size_t)c->tmax * sizeof(int32_t);
     c->input_bytes[IR_INPUT_BLOCK_TABLE] = table * sizeof(int32_t);
+    /* the split counters: zero here, and every kernel leaves them zero */
+    c->input_ptr[IR_INPUT_SPLIT_COUNTERS] = c->inputs + 4 * S + table + smp;
+    c->input_bytes[IR_INPUT_SPLIT_COUNTERS] = IR_SPLIT_COUNTERS * sizeof(int32_t);
     if (p->sampler) {
         int32_t *at = c->inputs + 4 * S + table;
         c->input_ptr[IR_INPUT_SAMPLE_ROWS] = at;

@@ -39,9 +39,19 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
                 /* a programmatic dependent of the kernel before it on the
                    stream: scheduled while that one runs, waiting in
                    moec_pdl_enter for its results */
+                cudaLaunchAttribute attr[2];
+                attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                attr[0].val.programmaticStreamSerializationAllowed = 1;
+                attr[1].id = cudaLaunchAttributePriority;
+                attr[1].val.priority = c->prio[sk];
+                cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, attr,
+                                          c->prio_on ? 2u : 1u};
+                call = "cudaLaunchKernelExC";
+                e = cudaLaunchKernelExC(&cfg, (const void *)L->kernel, L->args);
+            } else if (c->prio_on) {
                 cudaLaunchAttribute attr;
-                attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                attr.val.programmaticStreamSerializationAllowed = 1;
+                attr.id = cudaLaunchAttributePriority;
+                attr.val.priority = c->prio[sk];
                 cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, &attr, 1};
                 call = "cudaLaunchKernelExC";
                 e = cudaLaunchKernelExC(&cfg, (const void *)L->kernel, L->args);

@@ -14,9 +14,9 @@
 #   usage: scripts/gpu_bench_v32.sh [BATCH_SIZES] [CONTEXTS]
 #   (defaults 1,8,32,64 and 4096,16384; LAYERS=N changes the cut)
 # Note: `moec bench` decodes at position CONTEXT over a KV cache it does not
-# fill (zeros, for every model), so the indexer's scores tie but for the
-# token's own key; the select kernel's passes and the sparse attention's
-# reads do not depend on the values.
+# write; this script has the runtime fill it with varied values
+# (MOEC_KV_FILL=random; KV_FILL=zero for zeros, where the indexer's scores
+# all tie and the select skips its radix passes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BATCHES=${1:-1,8,32,64}
@@ -63,21 +63,35 @@ for kind in sparse dense; do
     { tail "$LOGS/compile_$kind.txt"; finish 1; }
   echo "$kind plan compiled in $((SECONDS - t0)) s" | tee -a "$LOGS/env.txt"
 done
-for ctx in ${CONTEXTS//,/ }; do
-  for kind in sparse dense; do
-    dir=$SPARSE
-    [ "$kind" = dense ] && dir=$DENSE
-    flags=--json
-    [ "$kind" = sparse ] && flags="--json --profile"
-    build-gpu/moec bench "$dir.moec" --weights "$dir" --batch-sizes "$BATCHES" --context "$ctx" \
-      $flags >"$LOGS/${kind}_$ctx.jsonl" 2>"$LOGS/${kind}_$ctx.err" || tail -20 "$LOGS/${kind}_$ctx.err"
+# KV_FILL=random (default): the caches hold varied values, so the indexer's
+# scores differ and the select does all its work (KV_FILL=zero: as before).
+export MOEC_KV_FILL=${KV_FILL:-random}
+# VARIANTS="name:ENV=V[,ENV=V] ...": both plans benched again under each
+# (runtime settings only: the plans are not recompiled), e.g.
+# VARIANTS="prio1:MOEC_STREAM_PRIORITY=1 single:MOEC_SINGLE_STREAM=1"
+for variant in "" ${VARIANTS:-}; do
+  name=${variant%%:*}
+  envs=()
+  [ -n "$variant" ] && IFS=, read -ra envs <<<"${variant#*:}"
+  sfx=${name:+_$name}
+  for ctx in ${CONTEXTS//,/ }; do
+    for kind in sparse dense; do
+      dir=$SPARSE
+      [ "$kind" = dense ] && dir=$DENSE
+      flags=--json
+      [ "$kind" = sparse ] && [ -z "$variant" ] && flags="--json --profile"
+      env "${envs[@]}" build-gpu/moec bench "$dir.moec" --weights "$dir" --batch-sizes "$BATCHES" \
+        --context "$ctx" $flags >"$LOGS/${kind}_$ctx$sfx.jsonl" 2>"$LOGS/${kind}_$ctx$sfx.err" ||
+        tail -20 "$LOGS/${kind}_$ctx$sfx.err"
+    done
   done
 done
 rm -f "$SPARSE.moec" "$DENSE.moec"
 
-python3 - "$LOGS" "$CONTEXTS" "$LAYERS" >"$LOGS/summary.table" <<'PY'
+python3 - "$LOGS" "$CONTEXTS" "$LAYERS" "${VARIANTS:-}" >"$LOGS/summary.table" <<'PY'
 import json, os, re, sys
 d, contexts, layers = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+variants = [""] + [v.split(":")[0] for v in sys.argv[4].split()]
 def rows(name):
     p = os.path.join(d, name)
     out = {}
@@ -115,14 +129,16 @@ if meta:
     print(f"{meta['device']}, {meta['dtype']}, copy {meta['copy_tb_s']:.2f} TB/s; {layers} layers of "
           f"DeepSeek-V3.2's shape; index_topk 2048")
 print("ms per decode step (CUDA Graph replay); indexer: its dsa_* kernels per layer (--profile)")
-print(f"{'context':>8} {'batch':>5} {'sparse':>9} {'dense':>9} {'sparse/dense':>12} "
+print(f"{'variant':>10} {'context':>8} {'batch':>5} {'sparse':>9} {'dense':>9} {'sparse/dense':>12} "
       f"{'sparse/floor':>12} {'dense/floor':>11} {'indexer ms/layer':>16} {'mla ms/layer':>12}")
-for ctx in contexts:
-    s, dn, ix = rows(f"sparse_{ctx}.jsonl"), rows(f"dense_{ctx}.jsonl"), indexer(f"sparse_{ctx}.err")
+for v in variants:
+  sfx = "_" + v if v else ""
+  for ctx in contexts:
+    s, dn, ix = rows(f"sparse_{ctx}{sfx}.jsonl"), rows(f"dense_{ctx}{sfx}.jsonl"), indexer(f"sparse_{ctx}.err")
     for b in sorted(set(s) | set(dn)):
         a, c = s.get(b), dn.get(b)
-        i = ix.get(b, {})
-        print(f"{ctx:>8} {b:>5} {a['ms'] if a else float('nan'):9.3f} {c['ms'] if c else float('nan'):9.3f} "
+        i = ix.get(b, {}) if not v else {}
+        print(f"{v or 'default':>10} {ctx:>8} {b:>5} {a['ms'] if a else float('nan'):9.3f} {c['ms'] if c else float('nan'):9.3f} "
               f"{(a['ms'] / c['ms']) if a and c else float('nan'):12.2f} "
               f"{(a['ms'] / a['floor_ms']) if a else float('nan'):12.2f} "
               f"{(c['ms'] / c['floor_ms']) if c else float('nan'):11.2f} "

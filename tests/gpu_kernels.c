@@ -407,10 +407,24 @@ static void bind_init(gk_bind *b, const ir_module *m, ir_dtype cdt)
     b->val = calloc((size_t)m->n_values, sizeof *b->val);
     if (!b->val)
         exit(1);
+    /* the split counters, zero as the runtime leaves them at load */
+    b->input[IR_INPUT_SPLIT_COUNTERS] = dalloc(IR_SPLIT_COUNTERS * 4);
+    CK(cudaMemset(b->input[IR_INPUT_SPLIT_COUNTERS], 0, IR_SPLIT_COUNTERS * 4));
 }
 
 static void bind_free(gk_bind *b)
 {
+    /* every split attention kernel's last block set its counters back to 0 */
+    unsigned *cnt = xmalloc(IR_SPLIT_COUNTERS * 4);
+    CK(cudaMemcpy(cnt, b->input[IR_INPUT_SPLIT_COUNTERS], IR_SPLIT_COUNTERS * 4,
+                  cudaMemcpyDeviceToHost));
+    int left = 0;
+    for (int i = 0; i < IR_SPLIT_COUNTERS; i++)
+        left += cnt[i] != 0;
+    free(cnt);
+    T_CHECK(left == 0);
+    if (left)
+        fprintf(stderr, "FAIL: %d split counters left nonzero\n", left);
     for (int i = 0; i < b->m->n_values; i++)
         if (b->val[i])
             CK(cudaFree(b->val[i]));

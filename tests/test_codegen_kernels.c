@@ -340,8 +340,18 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         /* bf16 and heads in sixteens: the tensor-core kernel, 97728 bytes of smem */
         T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_mma_h16_r512_dr64_pt32") != NULL);
         T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + 16 * 36 * 4 + 16 * 40 * 2 + 192);
-        T_CHECK(s->n_args == (ns > 1 ? 13 : 11));
-        if (ns > 1) {
+        const char *mv = getenv("MOEC_ATTN_MERGE");
+        int merge = ns > 1 && !(mv && !strcmp(mv, "0"));
+        T_CHECK(s->n_args == (ns > 1 ? 13 + merge : 11));
+        if (merge) {
+            /* the last block of each token's heads merges the splits: the
+               counters are the last argument, and no merge kernel follows */
+            T_CHECK(strstr(c->kernel_names[s->kernel], "_m_bs") != NULL);
+            T_CHECK(s->args[13].kind == IR_ARG_INPUT &&
+                    s->args[13].index == IR_INPUT_SPLIT_COUNTERS);
+            T_CHECK(s->args[11].kind == IR_ARG_SCRATCH && s->args[12].kind == IR_ARG_SCRATCH);
+            T_CHECK(a + 2 >= c->n_steps || c->steps[a + 2].op_id != s->op_id);
+        } else if (ns > 1) {
             const ir_step *cb = s + 1;
             T_CHECK(strstr(c->kernel_names[cb->kernel], "mla_combine_h16_r512") != NULL);
             T_CHECK(cb->grid[0] == (unsigned)T && cb->grid[1] == 16 && cb->n_args == 6);
@@ -564,6 +574,12 @@ static void test_real_shapes(void)
         T_CHECK(m != NULL);
         if (m)
             run_module(m, &o, checks[i], compile[i]);
+        /* V2-Lite at T = 8 with the splits merged by their own kernel */
+        if (m && i == 0) {
+            setenv("MOEC_ATTN_MERGE", "0", 1);
+            run_module(m, &o, checks[i], 2);
+            unsetenv("MOEC_ATTN_MERGE");
+        }
         ir_module_free(m);
     }
     /* V3.2's other forms: legacy (compiled at T = 64), the select with no
@@ -817,7 +833,12 @@ static void check_odd(const ir_module *m, const cg_ctx *c)
         /* 8 kv heads: 512 blocks at T = 64 need no split, and no merge */
         int split = c->T < 64;
         T_CHECK(c->steps[a + 1].grid[2] == (split ? (unsigned)splits(c->T * 8) : 1));
-        T_CHECK(c->steps[a + 1].n_args == (split ? 12 : 10));
+        T_CHECK(c->steps[a + 1].n_args == (split ? 13 : 10));
+        /* the split kernel merges its splits: the counters last, no merge kernel */
+        if (split)
+            T_CHECK(c->steps[a + 1].args[12].kind == IR_ARG_INPUT &&
+                    c->steps[a + 1].args[12].index == IR_INPUT_SPLIT_COUNTERS &&
+                    (a + 2 >= c->n_steps || c->steps[a + 2].op_id != c->steps[a + 1].op_id));
     }
     int e = steps_of(m, c, IR_OP_MOE_EXPERTS);
     if (e < 0)
