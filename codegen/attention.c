@@ -294,7 +294,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks);
     int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
-    int merge = cg_attn_self_merge(c, H, gb, ns);
+    int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s_bs%d_t%d_%s", H,

@@ -116,15 +116,23 @@ static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
     return s;
 }
 
-/* Whether a kernel split ns ways over hb heads a block merges its own
- * splits (its last block, moec_attn_arrive_merge, counting arrivals in
- * IR_INPUT_SPLIT_COUNTERS) instead of a third kernel doing it: when split,
- * its T * H / hb counters fit, and MOEC_ATTN_MERGE is not 0 at codegen
- * (MOEC_ATTN_MERGE=0 keeps the merge kernel, for an A/B). */
-static inline int cg_attn_self_merge(const cg_ctx *c, long long H, int hb, int ns)
+/* The most partial-state bytes (splits x heads x channels x 4) one last
+ * block merges: one block reads them alone, while a merge kernel spreads
+ * them over a block per head. */
+#define CG_ATTN_MERGE_MAX_BYTES (256 * 1024)
+
+/* Whether a kernel split ns ways over hb heads of d channels a block merges
+ * its own splits (its last block, moec_attn_arrive_merge, counting arrivals
+ * in IR_INPUT_SPLIT_COUNTERS) instead of a third kernel doing it: when
+ * split, its T * H / hb counters fit, a group's partial states are at most
+ * CG_ATTN_MERGE_MAX_BYTES, and MOEC_ATTN_MERGE is not 0 at codegen
+ * (MOEC_ATTN_MERGE=0 keeps the merge kernel, for an A/B; 2 merges in the
+ * kernel whatever the bytes). */
+static inline int cg_attn_self_merge(const cg_ctx *c, long long H, int hb, long long d, int ns)
 {
-    return ns > 1 && (long long)c->T * (H / hb) <= IR_SPLIT_COUNTERS &&
-           cg_env_int("MOEC_ATTN_MERGE", 1, 0, 1);
+    int mode = cg_env_int("MOEC_ATTN_MERGE", 1, 0, 2);
+    return ns > 1 && mode && (long long)c->T * (H / hb) <= IR_SPLIT_COUNTERS &&
+           (mode == 2 || (long long)ns * hb * d * 4 <= CG_ATTN_MERGE_MAX_BYTES);
 }
 
 /* The attention kernel's args after its query operands, from args[i]: pos,

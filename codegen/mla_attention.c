@@ -506,7 +506,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     /* the tensor-core kernel merges its own splits; the CUDA-core one's
        shared memory is already near the static limit */
-    int merge = mma && cg_attn_self_merge(c, H, hb, ns);
+    int merge = mma && cg_attn_self_merge(c, H, hb, R, ns);
     const char *ts = cg_ctype(dt);
     char tag[64];
     if (cdt == dt && edt == dt)

@@ -66,25 +66,33 @@ done
 # KV_FILL=random (default): the caches hold varied values, so the indexer's
 # scores differ and the select does all its work (KV_FILL=zero: as before).
 export MOEC_KV_FILL=${KV_FILL:-random}
-# VARIANTS="name:ENV=V[,ENV=V] ...": both plans benched again under each
-# (runtime settings only: the plans are not recompiled), e.g.
-# VARIANTS="prio1:MOEC_STREAM_PRIORITY=1 single:MOEC_SINGLE_STREAM=1"
+# VARIANTS="name:ENV=V[,ENV=V] ...": both plans compiled and benched again
+# under each (codegen knobs and runtime settings alike), e.g.
+# VARIANTS="prio1:MOEC_STREAM_PRIORITY=1 nomerge:MOEC_ATTN_MERGE=0"
 for variant in "" ${VARIANTS:-}; do
   name=${variant%%:*}
   envs=()
   [ -n "$variant" ] && IFS=, read -ra envs <<<"${variant#*:}"
   sfx=${name:+_$name}
+  for kind in sparse dense; do
+    dir=$SPARSE
+    [ "$kind" = dense ] && dir=$DENSE
+    [ -z "$variant" ] && continue
+    env "${envs[@]}" build-gpu/moec compile "$dir" -o "$dir$sfx.moec" >"$LOGS/compile_$kind$sfx.txt" 2>&1 ||
+      { tail "$LOGS/compile_$kind$sfx.txt"; continue; }
+  done
   for ctx in ${CONTEXTS//,/ }; do
     for kind in sparse dense; do
       dir=$SPARSE
       [ "$kind" = dense ] && dir=$DENSE
       flags=--json
       [ "$kind" = sparse ] && [ -z "$variant" ] && flags="--json --profile"
-      env "${envs[@]}" build-gpu/moec bench "$dir.moec" --weights "$dir" --batch-sizes "$BATCHES" \
+      env "${envs[@]}" build-gpu/moec bench "$dir$sfx.moec" --weights "$dir" --batch-sizes "$BATCHES" \
         --context "$ctx" $flags >"$LOGS/${kind}_$ctx$sfx.jsonl" 2>"$LOGS/${kind}_$ctx$sfx.err" ||
         tail -20 "$LOGS/${kind}_$ctx$sfx.err"
     done
   done
+  [ -n "$variant" ] && rm -f "$SPARSE$sfx.moec" "$DENSE$sfx.moec"
 done
 rm -f "$SPARSE.moec" "$DENSE.moec"
 
