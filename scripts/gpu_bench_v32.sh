@@ -85,6 +85,9 @@ for variant in "" ${VARIANTS:-}; do
     for kind in sparse dense; do
       dir=$SPARSE
       [ "$kind" = dense ] && dir=$DENSE
+      # BUDGET_S: no bench starts after that many seconds (the summary and
+      # the logs still come out)
+      [ "$SECONDS" -ge "${BUDGET_S:-1000000}" ] && { echo "budget: skipped ${kind}_$ctx$sfx"; continue; }
       flags=--json
       [ "$kind" = sparse ] && [ -z "$variant" ] && flags="--json --profile"
       env "${envs[@]}" build-gpu/moec bench "$dir$sfx.moec" --weights "$dir" --batch-sizes "$BATCHES" \
