@@ -21,6 +21,11 @@
 /* Positions per warp tile (one per lane) and warps per block. */
 #define ATTN_TILE 32
 #define ATTN_WARPS 4
+/* The fewest positions a split of a sequence takes: four tiles, one per
+ * warp (H100, 2026-11-24, Qwen3-30B-A3B at context 1024: 4.303 against
+ * 4.358 ms at batch 1, 10.863 against 10.978 at 8, with 1; the same call
+ * in the round before, 4.265 against 4.329). MLA keeps 1 (mla_attention.c). */
+#define ATTN_SPLIT_MIN (ATTN_TILE * ATTN_WARPS)
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -293,7 +298,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks);
-    int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
+    int minpos = ns > 1 ? cg_attn_split_min(ATTN_SPLIT_MIN) : 1;
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256];
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
