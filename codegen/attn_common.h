@@ -118,8 +118,12 @@ static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
 
 /* The most partial-state bytes (splits x heads x channels x 4) one last
  * block merges: one block reads them alone, while a merge kernel spreads
- * them over a block per head. */
-#define CG_ATTN_MERGE_MAX_BYTES (256 * 1024)
+ * them over a block per head. (H100, 2026-11-24: Qwen3-30B at batch 8,
+ * 36 KiB a group, 10.978 ms merged in the kernel against 11.162 with the
+ * merge kernel; at 160 KiB, V2-Lite at batch 64 15.617 against 15.424
+ * and V3.2 at batch 8 4.218 against 4.181; at 1 MiB, V3.2's sparse
+ * attention 54 us a layer against 20.) */
+#define CG_ATTN_MERGE_MAX_BYTES (64 * 1024)
 
 /* Whether a kernel split ns ways over hb heads of d channels a block merges
  * its own splits (its last block, moec_attn_arrive_merge, counting arrivals

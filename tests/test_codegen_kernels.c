@@ -342,9 +342,9 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + 16 * 36 * 4 + 16 * 40 * 2 + 192);
         const char *mv = getenv("MOEC_ATTN_MERGE");
         /* merged in the kernel where a group's partial states are at most
-           256 KiB (MOEC_ATTN_MERGE=2: always) */
+           64 KiB (MOEC_ATTN_MERGE=2: always) */
         int merge = ns > 1 && !(mv && !strcmp(mv, "0")) &&
-                    ((mv && !strcmp(mv, "2")) || ns * 16 * 512 * 4 <= 256 * 1024);
+                    ((mv && !strcmp(mv, "2")) || ns * 16 * 512 * 4 <= 64 * 1024);
         T_CHECK(s->n_args == (ns > 1 ? 13 + merge : 11));
         if (merge) {
             /* the last block of each token's heads merges the splits: the
@@ -461,6 +461,20 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->args[2].kind == IR_ARG_INPUT && s->args[2].index == IR_INPUT_SLOTS);
         T_CHECK(s->args[3].kind == IR_ARG_INPUT && s->args[3].index == IR_INPUT_BLOCK_TABLE);
         T_CHECK(s->args[9].kind == IR_ARG_I32 && s->args[9].i == 0);
+        /* splits of at least 128 positions; merged by the kernel's last block
+           where a group's partial states are at most 64 KiB (T = 8: 9 splits,
+           36 KiB), else by a merge kernel (T = 1: 64 splits, 256 KiB) */
+        int ns = splits(c->T * 4), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
+        T_CHECK(ns == 1 || strstr(c->kernel_names[s->kernel], "_mp128") != NULL);
+        T_CHECK(s->n_args == (ns > 1 ? 12 + merge : 10));
+        if (merge)
+            T_CHECK(s->args[12].kind == IR_ARG_INPUT &&
+                    s->args[12].index == IR_INPUT_SPLIT_COUNTERS &&
+                    strstr(c->kernel_names[s->kernel], "_m_bs") != NULL);
+        else if (ns > 1)
+            T_CHECK(a + 2 < c->n_steps &&
+                    strstr(c->kernel_names[c->steps[a + 2].kernel], "attn_combine_h32_dv128") != NULL);
+        T_CHECK(c->T != 8 || merge);
     }
     const ir_step *al = NULL;
     int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
@@ -570,8 +584,9 @@ static void test_real_shapes(void)
     const km_spec *specs[] = {&v2, &v3, &q3, &v32};
     void (*checks[])(const ir_module *, const cg_ctx *) = {check_v2lite, check_v3, check_qwen3,
                                                            check_v32};
-    /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows; V3.2 at 1 and 64 */
-    const unsigned compile[] = {2, 4, 1, 1 | 4};
+    /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows (Qwen3 at 8
+       too: its attention's merge in the kernel); V3.2 at 1 and 64 */
+    const unsigned compile[] = {2, 4, 1 | 2, 1 | 4};
     for (int i = 0; i < 4; i++) {
         ir_module *m = km_module(specs[i]);
         T_CHECK(m != NULL);
