@@ -35,24 +35,22 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
         case IR_STEP_KERNEL: {
             dim3 grid = {s->grid[0], s->grid[1], s->grid[2]};
             dim3 block = {s->block[0], s->block[1], s->block[2]};
+            /* launch attributes: as a programmatic dependent of the kernel
+               before it on the stream (scheduled while that one runs,
+               waiting in moec_pdl_enter for its results), and the
+               stream's priority (MOEC_STREAM_PRIORITY) */
+            cudaLaunchAttribute attr[2];
+            unsigned n_attr = 0;
             if (c->pdl) {
-                /* a programmatic dependent of the kernel before it on the
-                   stream: scheduled while that one runs, waiting in
-                   moec_pdl_enter for its results */
-                cudaLaunchAttribute attr[2];
-                attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                attr[0].val.programmaticStreamSerializationAllowed = 1;
-                attr[1].id = cudaLaunchAttributePriority;
-                attr[1].val.priority = c->prio[sk];
-                cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, attr,
-                                          c->prio_on ? 2u : 1u};
-                call = "cudaLaunchKernelExC";
-                e = cudaLaunchKernelExC(&cfg, (const void *)L->kernel, L->args);
-            } else if (c->prio_on) {
-                cudaLaunchAttribute attr;
-                attr.id = cudaLaunchAttributePriority;
-                attr.val.priority = c->prio[sk];
-                cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, &attr, 1};
+                attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
+            }
+            if (c->prio_on) {
+                attr[n_attr].id = cudaLaunchAttributePriority;
+                attr[n_attr++].val.priority = c->prio[sk];
+            }
+            if (n_attr) {
+                cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, attr, n_attr};
                 call = "cudaLaunchKernelExC";
                 e = cudaLaunchKernelExC(&cfg, (const void *)L->kernel, L->args);
             } else {

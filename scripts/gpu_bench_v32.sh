@@ -74,12 +74,12 @@ for variant in "" ${VARIANTS:-}; do
   envs=()
   [ -n "$variant" ] && IFS=, read -ra envs <<<"${variant#*:}"
   sfx=${name:+_$name}
-  for kind in sparse dense; do
+  # the default plans are compiled above; a variant's under its settings
+  for kind in ${variant:+sparse dense}; do
     dir=$SPARSE
     [ "$kind" = dense ] && dir=$DENSE
-    [ -z "$variant" ] && continue
     env "${envs[@]}" build-gpu/moec compile "$dir" -o "$dir$sfx.moec" >"$LOGS/compile_$kind$sfx.txt" 2>&1 ||
-      { tail "$LOGS/compile_$kind$sfx.txt"; continue; }
+      tail "$LOGS/compile_$kind$sfx.txt"
   done
   for ctx in ${CONTEXTS//,/ }; do
     for kind in sparse dense; do
