@@ -17,12 +17,9 @@
 
 /* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
  * sum_z l_z e^(m_z - M); padding tokens get zeros. */
+/* The merge kernel's body (moec_attn_merge, codegen/cg.c): a block per
+ * (token, head); padding tokens get zeros. */
 static const char CG_ATTN_COMBINE_BODY[] =
-    "    /* padded to 8 (zeros): the unrolled reads of w_s below may come in\n"
-    "       vectors past NSPLIT (compute-sanitizer saw 16-byte reads there) */\n"
-    "    constexpr int NSPAD = (NSPLIT + 7) / 8 * 8;\n"
-    "    __shared__ __align__(16) float w_s[NSPAD];\n"
-    "    __shared__ float inv_s;\n"
     "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h) * D;\n"
     "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
@@ -30,48 +27,26 @@ static const char CG_ATTN_COMBINE_BODY[] =
     "            st(o + c, 0.0f);\n"
     "        return;\n"
     "    }\n"
-    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
-    "    if (threadIdx.x < 32) {\n"
-    "        for (int z = NSPLIT + threadIdx.x; z < NSPAD; z += 32)\n"
-    "            w_s[z] = 0.0f;\n"
-    "        float mx = MOEC_NEG_INF;\n"
-    "        for (int z = threadIdx.x; z < NSPLIT; z += 32)\n"
-    "            mx = fmaxf(mx, part_ml[(part + z) * 2]);\n"
-    "        mx = warp_max(mx);\n"
-    "        float l = 0.0f;\n"
-    "        for (int z = threadIdx.x; z < NSPLIT; z += 32) {\n"
-    "            const float m = part_ml[(part + z) * 2];\n"
-    "            const float w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
-    "            w_s[z] = w;\n"
-    "            l += w * part_ml[(part + z) * 2 + 1];\n"
-    "        }\n"
-    "        l = warp_sum(l);\n"
-    "        if (threadIdx.x == 0)\n"
-    "            inv_s = 1.0f / l;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    /* a split with no positions wrote m = -inf (weight 0) and no output:\n"
-    "       only the splits of weight > 0 are read */\n"
-    "    for (int c = threadIdx.x * CV; c < D; c += blockDim.x * CV) {\n"
-    "        float a[CV];\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < CV; j++)\n"
-    "            a[j] = 0.0f;\n"
-    "#pragma unroll 8\n"
-    "        for (int z = 0; z < NSPLIT; z++) {\n"
-    "            if (w_s[z] == 0.0f)\n"
-    "                continue;\n"
-    "            float v[CV];\n"
-    "            ldv<CV>(part_o + (part + z) * D + c, v);\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < CV; j++)\n"
-    "                a[j] += v[j] * w_s[z];\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < CV; j++)\n"
-    "            a[j] *= inv_s;\n"
-    "        stv<CV>(o + c, a);\n"
-    "    }\n";
+    "    moec_attn_merge<NSPLIT, 1, D, G, NT>(part_ml, part_o, ((long long)t * H + h) * NSPLIT, o);\n";
+
+/* The merge kernel's thread groups over the splits (moec_attn_merge's G)
+ * and its threads: a group per eight splits, at most 8 groups and 1024
+ * threads, whole warps; one group of 128 threads where a head's vectors
+ * do not allow that. MOEC_ATTN_COMBINE_GROUPS (1 to 8) caps the groups,
+ * for comparisons. (H100, 2026-11-24, ncu at batch 1: one group read the
+ * splits eight at a time, 10.3 us for V2-Lite's 16 heads x 64 splits, 6.5
+ * for Qwen3's 32 x 64.) */
+static inline int cg_attn_combine_groups(long long D, int ns, int *nt)
+{
+    long long vecs = D % 4 ? D : D / 4;
+    int g = (ns + 7) / 8, gmax = cg_env_int("MOEC_ATTN_COMBINE_GROUPS", 8, 1, 8);
+    if (g > gmax)
+        g = gmax;
+    while (g > 1 && (g * vecs > 1024 || (g * vecs) % 32 != 0))
+        g--;
+    *nt = g > 1 ? (int)(g * vecs) : 128;
+    return g;
+}
 
 /* The fewest positions a split takes, the kernels' MINPOS: dflt, the
  * emitter's choice, or MOEC_ATTN_SPLIT_MIN at codegen for an A/B. Splits
@@ -262,8 +237,9 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
         return MOEC_OK;
     }
     char cname[256];
-    snprintf(cname, sizeof cname, "%s_combine_h%lld_%s%lld_ns%d_bs%d_t%d_%s", prefix, H, dim, D, ns,
-             bs, c->T, ir_dtype_name(odt));
+    int nt, g = cg_attn_combine_groups(D, ns, &nt);
+    snprintf(cname, sizeof cname, "%s_combine_h%lld_%s%lld_ns%d_g%d_bs%d_t%d_%s", prefix, H, dim, D,
+             ns, g, bs, c->T, ir_dtype_name(odt));
     int is_new = 0;
     int kc = cg_kernel(c, cname, &is_new);
     if (kc < 0)
@@ -271,13 +247,13 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
     if (is_new) {
         moec_buf_printf(&c->src,
                       "// %s: merge of the sequence splits (codegen/%s.c, cg_emit_%s)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(128) %s(const int *__restrict__ "
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const int *__restrict__ "
                       "pos, const int *__restrict__ slots, int max_blocks, const float *__restrict__ "
                       "part_ml, const float *__restrict__ part_o, %s *__restrict__ out)\n{\n"
                       "    typedef %s TO;\n"
-                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, CV = %d;\n",
-                      what, what, what, cname, cg_ctype(odt), cg_ctype(odt), H, D, bs, ns,
-                      D % 4 ? 1 : 4);
+                      "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, G = %d, NT = %d;\n",
+                      what, what, what, nt, cname, cg_ctype(odt), cg_ctype(odt), H, D, bs, ns, g,
+                      nt);
         moec_buf_printf(&c->src, "%s}\n\n", CG_ATTN_COMBINE_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
@@ -286,7 +262,7 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
     s->kernel = kc;
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)H;
-    s->block[0] = 128;
+    s->block[0] = (unsigned)nt;
     s->n_args = 6;
     s->args[0] = cg_arg_input(IR_INPUT_POSITIONS);
     s->args[1] = cg_arg_input(IR_INPUT_SLOTS);

@@ -27,13 +27,12 @@
  * below T, reads its logits, chooses and writes its ids and weights. */
 static const char TOPK_HEAD[] =
     "    __shared__ float s_s[NW][E], s_c[NW][E], s_g[NW][NG];\n"
-    "    __shared__ unsigned char s_taken[NW][E], s_keep[NW][NG];\n"
+    "    __shared__ unsigned char s_keep[NW][NG];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    const int t = blockIdx.x * NW + warp;\n";
 
 static const char TOPK_BODY[] =
     "    float *s = s_s[warp], *c = s_c[warp];\n"
-    "    unsigned char *taken = s_taken[warp];\n"
     "    const float *l = logits + (long long)t * E;\n"
     "    if constexpr (SOFTMAX) {\n"
     "        float mx = MOEC_NEG_INF;\n"
@@ -58,7 +57,6 @@ static const char TOPK_BODY[] =
     "        if constexpr (HAS_BIAS)\n"
     "            v += ld(bias + e);\n"
     "        c[e] = v;\n"
-    "        taken[e] = 0;\n"
     "    }\n"
     "    __syncwarp();\n"
     "    if constexpr (NG > 1) {\n"
@@ -102,24 +100,33 @@ static const char TOPK_BODY[] =
     "                c[e] = MOEC_NEG_INF;\n"
     "        __syncwarp();\n"
     "    }\n"
-    "    /* top_k: lane e & 31 owns expert e, so only it reads or sets taken[e] */\n"
+    "    /* top_k: lane e & 31 owns experts e, e + 32, ...: their selection\n"
+    "       scores in registers (-0 read as +0, which compares equal), a bit\n"
+    "       each once taken; each choice a warp arg-max, ties to the lower\n"
+    "       index */\n"
+    "    constexpr int EL = (E + 31) / 32;\n"
+    "    float cv[EL];\n"
+    "    unsigned tk = 0u;\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < EL; i++) {\n"
+    "        const int e = lane + 32 * i;\n"
+    "        cv[i] = e < E ? c[e] + 0.0f : MOEC_NEG_INF;\n"
+    "        if (e >= E)\n"
+    "            tk |= 1u << i;\n"
+    "    }\n"
     "    int my_id = 0;\n"
     "    float my_w = 0.0f;\n"
     "    for (int j = 0; j < K; j++) {\n"
     "        float bv = MOEC_NEG_INF;\n"
     "        int bi = E;\n"
-    "        for (int e = lane; e < E; e += 32)\n"
-    "            if (!taken[e] && (bi == E || c[e] > bv)) { bv = c[e]; bi = e; }\n"
     "#pragma unroll\n"
-    "        for (int o = 16; o > 0; o >>= 1) {\n"
-    "            float ov = __shfl_xor_sync(0xffffffffu, bv, o);\n"
-    "            int oi = __shfl_xor_sync(0xffffffffu, bi, o);\n"
-    "            if (oi < E && (bi == E || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }\n"
-    "        }\n"
+    "        for (int i = 0; i < EL; i++)\n"
+    "            if (!(tk >> i & 1u) && (bi == E || cv[i] > bv)) { bv = cv[i]; bi = lane + 32 * i; }\n"
+    "        bi = moec_warp_argmax(bv, bi, E);\n"
     "        if (bi >= E)\n"
     "            bi = 0;\n"
     "        if (lane == (bi & 31))\n"
-    "            taken[bi] = 1;\n"
+    "            tk |= 1u << (bi >> 5);\n"
     "        if (lane == j) {\n"
     "            my_id = bi;\n"
     "            my_w = s[bi];\n"
@@ -183,7 +190,7 @@ static const ir_op *router_of(const cg_ctx *c, const ir_op *topk)
        block's logits and block 0's gathered ones */
     long long E = w->type.dims[0], NG = ir_op_attr_int(topk, "n_group", 1);
     long long epb = (E + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER;
-    if ((E * 9 + NG * 5) * 8 + 12 * E + 4 * (long long)c->T * (E + epb) > 40 * 1024)
+    if ((E * 8 + NG * 5) * 8 + 12 * E + 4 * (long long)c->T * (E + epb) > 40 * 1024)
         return NULL;
     return lin;
 }
@@ -204,29 +211,45 @@ static const char ROUTER_BODY[] =
     "    {\n"
     "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "        const int rank = blockIdx.x;\n"
-    "        for (int r = warp; r < EPB && rank * EPB + r < E; r += NW) {\n"
-    "            const TW *wr = w + (long long)(rank * EPB + r) * H;\n"
-    "            float acc[T];\n"
+    "        /* the warp's RPW rows together, UNR k steps of them in flight */\n"
+    "        constexpr int RPW = (EPB + NW - 1) / NW, UNR = RPW >= 4 ? 2 : RPW >= 2 ? 4 : 8;\n"
+    "        float acc[RPW][T];\n"
+    "#pragma unroll\n"
+    "        for (int q = 0; q < RPW; q++)\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < T; t++)\n"
-    "                acc[t] = 0.0f;\n"
-    "#pragma unroll 4\n"
-    "            for (int k = lane * VE; k < H; k += 32 * VE) {\n"
-    "                float wv[VE];\n"
-    "                ldv<VE>(wr + k, wv);\n"
+    "                acc[q][t] = 0.0f;\n"
+    "#pragma unroll UNR\n"
+    "        for (int k = lane * VE; k < H; k += 32 * VE) {\n"
+    "            float wv[RPW][VE];\n"
     "#pragma unroll\n"
-    "                for (int t = 0; t < T; t++) {\n"
-    "                    float xv[VE];\n"
-    "                    ldv<VE>(x + (long long)t * H + k, xv);\n"
+    "            for (int q = 0; q < RPW; q++) {\n"
+    "                const int r = warp + q * NW;\n"
+    "                if (r < EPB && rank * EPB + r < E)\n"
+    "                    ldv<VE>(w + (long long)(rank * EPB + r) * H + k, wv[q]);\n"
+    "                else\n"
     "#pragma unroll\n"
     "                    for (int j = 0; j < VE; j++)\n"
-    "                        acc[t] += wv[j] * xv[j];\n"
-    "                }\n"
+    "                        wv[q][j] = 0.0f;\n"
     "            }\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < T; t++) {\n"
-    "                const float v = warp_sum(acc[t]);\n"
-    "                if (lane == 0)\n"
+    "                float xv[VE];\n"
+    "                ldv<VE>(x + (long long)t * H + k, xv);\n"
+    "#pragma unroll\n"
+    "                for (int q = 0; q < RPW; q++)\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < VE; j++)\n"
+    "                        acc[q][t] += wv[q][j] * xv[j];\n"
+    "            }\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int q = 0; q < RPW; q++) {\n"
+    "            const int r = warp + q * NW;\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++) {\n"
+    "                const float v = warp_sum(acc[q][t]);\n"
+    "                if (lane == 0 && r < EPB)\n"
     "                    s_rl[t][r] = v;\n"
     "            }\n"
     "        }\n"
@@ -269,12 +292,16 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (K > 32)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "moe_topk %%%s: top_k %lld > 32 (one lane per choice)",
                         who, K);
+    if (E > 1024)
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "moe_topk %%%s: %lld experts > 1024 (a lane holds at most 32 of them)", who,
+                        E);
     if (cg_storage(c, logits) != IR_DTYPE_F32 || cg_storage(c, op->out[0]) != IR_DTYPE_I32 ||
         cg_storage(c, op->out[1]) != IR_DTYPE_F32)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "moe_topk %%%s: logits and weights must be stored as f32, ids as i32", who);
-    /* shared memory per warp: s, c (floats), taken flags, group scores and flags */
-    long long per_warp = E * 9 + NG * 5;
+    /* shared memory per warp: s, c (floats), group scores and flags */
+    long long per_warp = E * 8 + NG * 5;
     int nw = 4;
     while (nw > 1 && per_warp * nw > 40 * 1024)
         nw--;
@@ -349,6 +376,15 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
             moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
                                    "    constexpr int VE = %d;\n",
                             cg_ctype(cg_storage(c, rw)), H, ve);
+            /* before the wait: the block's rows of the router weight into L2 */
+            char pfl[400];
+            snprintf(pfl, sizeof pfl,
+                     "        constexpr long long EPB_ = (E + %d - 1) / %d;\n"
+                     "        const long long r0 = (long long)blockIdx.x * EPB_, nr = E - r0 < EPB_ ? E - r0 : EPB_;\n"
+                     "        if (nr > 0)\n"
+                     "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), PF_CAP);\n",
+                     ROUTER_CLUSTER, ROUTER_CLUSTER);
+            cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), pfl);
             moec_buf_printf(&c->src, ROUTER_BODY, ROUTER_CLUSTER);
         }
         if (!routed)

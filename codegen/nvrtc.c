@@ -388,6 +388,19 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     char key[KEY_LEN + 1];
     snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
 
+    /* MOEC_DUMP_CUDA=DIR: each module's source as DIR/<cache key>.cu, to read */
+    const char *dump = getenv("MOEC_DUMP_CUDA");
+    if (dump && *dump) {
+        char dpath[4200];
+        snprintf(dpath, sizeof dpath, "%s/%s.cu", dump, key);
+        FILE *f = fopen(dpath, "w");
+        int ok = f && fputs(src, f) >= 0;
+        if (f && fclose(f) != 0)
+            ok = 0;
+        if (!ok)
+            return MOEC_ERR(MOEC_ERR_IO, "MOEC_DUMP_CUDA: cannot write %s", dpath);
+    }
+
     char dir[4096], path[4200];
     int have_dir = cache_dir_path(cache_dir, dir, sizeof dir) &&
                    snprintf(path, sizeof path, "%s/%s.cubin", dir, key) < (int)sizeof path;
