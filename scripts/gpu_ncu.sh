@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# gpu_ncu.sh — where a batch-1 decode step's time goes when every kernel is
-# timed alone: Nsight Compute (ncu, --clock-control none) times each kernel
-# of one graph replay (node by node, L2 flushed before each), and the sum
+# gpu_ncu.sh — where a decode step's time goes when every kernel is timed
+# alone: Nsight Compute (ncu, --clock-control none) times each kernel of one
+# graph replay (node by node; NCU_CACHE=all flushes L2 before each, the
+# default none leaves it as the step before left it), and the sum
 # is set beside the step's graph replay time; the difference is what the
 # kernel boundaries cost in the graph (launch, ramp-up, drain, waits) less
 # what the two streams overlap. bench/boundary.cu measures a boundary on its
-# own first. For each PROFILES entry CONFIG:LAYERS[:fp8] (as gpu_profile.sh)
-# a model with random weights is written under /dev/shm.
+# own first (BOUNDARY=0 skips it). For each PROFILES entry
+# CONFIG:LAYERS:BATCH[:fp8] (as gpu_profile.sh) a model with random weights
+# is written under /dev/shm and one step of BATCH sequences is timed.
 #   usage: scripts/gpu_ncu.sh   (on the GPU machine; see gpu_snapshot.sh)
 #   leaves $OUT/ncu.tar.gz: boundary.txt, per model the bench JSON, ncu CSV
 #   and summary (kernels by name: count, us summed, us each)
@@ -19,13 +21,15 @@ source scripts/gpu_build.sh
 trap 'tar czf "$OUT/ncu.tar.gz" -C "$(dirname "$LOGS")" ncu' EXIT
 { nvidia-smi; date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; } >"$LOGS/env.txt" 2>&1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-nvcc -O3 -arch=sm_90 -o "$LOGS/boundary" bench/boundary.cu >"$LOGS/boundary.txt" 2>&1 &&
-  "$LOGS/boundary" >>"$LOGS/boundary.txt" 2>&1
-cat "$LOGS/boundary.txt"
+if [ "${BOUNDARY:-1}" = 1 ]; then
+  nvcc -O3 -arch=sm_90 -o "$LOGS/boundary" bench/boundary.cu >"$LOGS/boundary.txt" 2>&1 &&
+    "$LOGS/boundary" >>"$LOGS/boundary.txt" 2>&1
+  cat "$LOGS/boundary.txt"
+fi
 gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
-for spec in ${PROFILES:-deepseek_v2_lite:0 qwen3_30b_a3b:8}; do
-  IFS=: read -r cfg layers fp8 <<<"$spec"
-  name=$cfg-$layers${fp8:+-fp8}
+for spec in ${PROFILES:-deepseek_v2_lite:0:1 qwen3_30b_a3b:8:1}; do
+  IFS=: read -r cfg layers batch fp8 <<<"$spec"
+  name=$cfg-$layers-b$batch${fp8:+-fp8}
   M=/dev/shm/moec-ncu-$name
   rm -rf /dev/shm/moec-ncu-* /dev/shm/moec-prof-*
   mkdir -p "$M"
@@ -43,11 +47,12 @@ PY
   t0=$SECONDS
   build-gpu/moec-sample "$M/config.json" "$M" --fast --force ${fp8:+--fp8} >"$LOGS/$name.sample.txt" 2>&1 ||
     { tail "$LOGS/$name.sample.txt"; continue; }
-  build-gpu/moec bench "$M" --batch-sizes 1 --context "${CONTEXT:-1024}" --json --profile \
+  build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --json --profile \
     >"$LOGS/$name.jsonl" 2>"$LOGS/$name.err" || tail -20 "$LOGS/$name.err"
-  timeout "${NCU_S:-240}" "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+  timeout "${NCU_S:-240}" "$NCU" --clock-control none --cache-control "${NCU_CACHE:-none}" \
+    --metrics gpu__time_duration.sum --csv \
     --print-units base --launch-count "${NCU_COUNT:-1000}" --log-file "$LOGS/$name.ncu.csv" \
-    build-gpu/moec bench "$M" --batch-sizes 1 --context "${CONTEXT:-1024}" --steps 1 --warmup 0 \
+    build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --steps 1 --warmup 0 \
     >"$LOGS/$name.ncu.out" 2>&1 || echo "ncu on $name: exit $?"
   echo "== $name ($((SECONDS - t0)) s)"
   python3 - "$LOGS/$name.jsonl" "$LOGS/$name.ncu.csv" >"$LOGS/$name.summary.txt" <<'PY'
@@ -61,7 +66,7 @@ with open(sys.argv[2]) as f:
     lines = [l for l in f if l.startswith('"')]
 for r in csv.DictReader(lines):
     if r.get("Metric Name") == "gpu__time_duration.sum":
-        rows.append((r["Kernel Name"], float(r["Metric Value"]) / 1000.0, r.get("Grid Size", ""),
+        rows.append((r["Kernel Name"], float(r["Metric Value"].replace(",", "")) / 1000.0, r.get("Grid Size", ""),
                      r.get("Block Size", "")))
 # steps start at the embedding kernel; the bench's order is graph (two
 # streams), graph (one stream), eager, eager (one stream)
