@@ -470,7 +470,7 @@ static const char MMA_GATE_UP_BODY[] =
     "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, ag[t], au[t]);\n";
 
 static const char MMA_DOWN_BODY[] =
-    "    const float *hr[NTILE];\n"
+    "    const TH *hr[NTILE];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
     "        hr[t] = hbuf + (long long)(sl[t] >= 0 ? sl[t] : 0) * KD + q * 8;\n"
@@ -484,7 +484,8 @@ static const char MMA_DOWN_BODY[] =
     "#pragma unroll 1\n"
     "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
     "        uint4 wa[U][2];\n"
-    "        float4 hv[U][NTILE][2];\n"
+    "        /* h: bf16 pairs (of f32 h: rounded here, as the bf16 h was stored) */\n"
+    "        uint4 hb[U][NTILE];\n"
     "        [[maybe_unused]] float sd[U];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
@@ -497,8 +498,14 @@ static const char MMA_DOWN_BODY[] =
     "                sd[u] = dsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
-    "                hv[u][t][0] = *reinterpret_cast<const float4 *>(hr[t] + k);\n"
-    "                hv[u][t][1] = *reinterpret_cast<const float4 *>(hr[t] + k + 4);\n"
+    "                if constexpr (sizeof(TH) == 2) {\n"
+    "                    hb[u][t] = *reinterpret_cast<const uint4 *>(hr[t] + k);\n"
+    "                } else {\n"
+    "                    const float4 h0 = *reinterpret_cast<const float4 *>(hr[t] + k);\n"
+    "                    const float4 h1 = *reinterpret_cast<const float4 *>(hr[t] + k + 4);\n"
+    "                    hb[u][t] = make_uint4(moec_pack_bf16(h0.x, h0.y), moec_pack_bf16(h0.z, h0.w),\n"
+    "                                          moec_pack_bf16(h1.x, h1.y), moec_pack_bf16(h1.z, h1.w));\n"
+    "                }\n"
     "            }\n"
     "        }\n"
     "#pragma unroll\n"
@@ -507,10 +514,7 @@ static const char MMA_DOWN_BODY[] =
     "                break;\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
-    "                const unsigned b0 = moec_pack_bf16(hv[u][t][0].x, hv[u][t][0].y);\n"
-    "                const unsigned b1 = moec_pack_bf16(hv[u][t][0].z, hv[u][t][0].w);\n"
-    "                const unsigned b2 = moec_pack_bf16(hv[u][t][1].x, hv[u][t][1].y);\n"
-    "                const unsigned b3 = moec_pack_bf16(hv[u][t][1].z, hv[u][t][1].w);\n"
+    "                const unsigned b0 = hb[u][t].x, b1 = hb[u][t].y, b2 = hb[u][t].z, b3 = hb[u][t].w;\n"
     "                if constexpr (W8) {\n"
     "                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
     "                    moec_mma_bf16(p, wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
@@ -724,9 +728,9 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                         sizeof gtag, gdecl, sizeof gdecl);
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
     moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW);
-    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K,
-             H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
-             fused ? "fused" : "split", gtag);
+    snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E,
+             K, H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
+             fused ? "fused" : "split", gtag, l->h16 ? "_h16" : "");
     int k2 = cg_kernel(c, name, &is_new);
     if (k2 < 0)
         return oom(d);
@@ -736,14 +740,15 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
                       "const %s *__restrict__ wg, const %s *__restrict__ wu, %sconst int *__restrict__ "
                       "sorted, const int *__restrict__ blk_expert, const int *__restrict__ n_used, "
-                      "float *__restrict__ hbuf)\n{\n"
+                      "%s *__restrict__ hbuf)\n{\n"
                       "    typedef %s TX;\n    typedef %s TW;\n"
                       "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
                       opname, mma ? " on tensor cores" : "", sh.warps * 32, name, cg_ctype(xdt),
                       cg_ctype(gdt), cg_ctype(gdt),
                       g8 ? "const float *__restrict__ gsc, const float *__restrict__ usc, " : "",
-                      cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm, sh.warps, gstride, gstride, uoff,
+                      l->h16 ? "__nv_bfloat16" : "float", cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
+                      sh.warps, gstride, gstride, uoff,
                       gdecl);
         if (mma)
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
@@ -784,29 +789,31 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD);
-    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s", E, K, H,
-             I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag);
+    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E, K,
+             H, I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag,
+             l->h16 ? "_h16" : "");
     int k3 = cg_kernel(c, name, &is_new);
     if (k3 < 0)
         return oom(d);
     if (is_new) {
         moec_buf_printf(&c->src,
                       "// %s: down GEMM%s%s (codegen/moe_routed.c, cg_moe_emit)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const float *__restrict__ "
+                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ "
                       "hbuf, const %s *__restrict__ wd, %sconst int *__restrict__ sorted, const int "
                       "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
                       opname, d->w ? " times scale * router weight" : "",
-                      mma ? " on tensor cores" : "", sh.warps * 32, name, cg_ctype(ddt),
+                      mma ? " on tensor cores" : "", sh.warps * 32, name,
+                      l->h16 ? "__nv_bfloat16" : "float", cg_ctype(ddt),
                       d8 ? "const float *__restrict__ dsc, " : "");
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
                       "%s *__restrict__ y)\n{\n"
-                      "    typedef %s TW;\n"
+                      "    typedef %s TW;\n    typedef %s TH;\n"
                       "    constexpr int KD = %lld, ND = %lld, BM = %d, NW = %d;\n"
                       "    constexpr bool MULW = %s;\n%s",
-                      cg_ctype(ydt), cg_ctype(ddt), I, H, bm, sh.warps, d->w ? "true" : "false",
-                      ddecl);
+                      cg_ctype(ydt), cg_ctype(ddt), l->h16 ? "__nv_bfloat16" : "float", I, H, bm,
+                      sh.warps, d->w ? "true" : "false", ddecl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
@@ -942,12 +949,14 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         off_blk = cg_scratch(c, (size_t)nb * 4);
         off_used = cg_scratch(c, 4);
     }
-    /* h: f32, bf16 for the staged kernels (which would round it to bf16 for
-       their products anyway) */
-    size_t off_h = cg_scratch(c, (size_t)(N * I) * (tc ? 2 : 4));
+    /* h: f32, bf16 for the tensor-core kernels (which round it to bf16 for
+       their products anyway: the same values, half the bytes read;
+       MOEC_MOE_MMA_H16=0 keeps f32 for the bf16 ones, for comparisons) */
+    int h16 = tc || (mma && cg_env_int("MOEC_MOE_MMA_H16", 1, 0, 1));
+    size_t off_h = cg_scratch(c, (size_t)(N * I) * (h16 ? 2 : 4));
     size_t off_y = d->w && !d->unsummed ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
     cg_moe_layout lay = {.H = H, .K = K, .E = E, .I = I, .nb = nb, .bm = bm, .fused = fused,
-                         .off_sorted = off_sorted, .off_blk = off_blk, .off_used = off_used,
+                         .h16 = h16, .off_sorted = off_sorted, .off_blk = off_blk, .off_used = off_used,
                          .off_h = off_h, .off_y = off_y};
     char name[200];
     int is_new = 0;

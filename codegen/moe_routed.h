@@ -52,6 +52,7 @@ extern const char CG_MOE_ALIGN_BODY[];
 typedef struct cg_moe_layout {
     long long H, K, E, I, nb;
     int bm, fused;
+    int h16; /* h (silu(gate) * up) stored as bf16, else f32 */
     size_t off_sorted, off_blk, off_used, off_h, off_y;
 } cg_moe_layout;
 

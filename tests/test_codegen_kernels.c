@@ -318,8 +318,8 @@ static size_t reserve(size_t *top, size_t n)
 /* Splits of the sequence for a bucket of `blocks` blocks: enough for 264. */
 static int splits(int blocks)
 {
-    int ns = (264 + blocks - 1) / blocks;
-    return ns > 64 ? 64 : ns;
+    int ns = 264 / blocks;
+    return ns < 1 ? 1 : ns > 64 ? 64 : ns;
 }
 
 /* DeepSeek-V2-Lite: MLA 16 heads r 512 dr 64, 64 experts top-6, H 2048, I 1408. */
@@ -384,11 +384,12 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
     const ir_step *gu = &c->steps[r], *dn = gu + 1, *sm = gu + 2;
     char want[128];
-    snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused", bm,
-             mma ? "mma_w1_u8" : "gv_w4_r2_u4", T);
+    /* the tensor-core forms keep h in bf16 (_h16) */
+    snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused%s", bm,
+             mma ? "mma_w1_u8" : "gv_w4_r2_u4", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
-    snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w", bm,
-             mma ? "mma_w1_u8" : "gv_w4_r4_u3", T);
+    snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w%s", bm,
+             mma ? "mma_w1_u8" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
     T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 8) &&
@@ -409,7 +410,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     T_CHECK(al->args[ala + 2].i == (int64_t)reserve(&top, 4));
     T_CHECK(gu->args[3].i == al->args[ala].i && gu->args[4].i == al->args[ala + 1].i &&
             gu->args[5].i == al->args[ala + 2].i);
-    T_CHECK(gu->args[6].i == (int64_t)reserve(&top, (size_t)n * 1408 * 4));
+    T_CHECK(gu->args[6].i == (int64_t)reserve(&top, (size_t)n * 1408 * (mma ? 2 : 4)));
     T_CHECK(sm->args[0].i == (int64_t)reserve(&top, (size_t)n * 2048 * 4));
     T_CHECK(c->scratch_bytes == top);
     T_CHECK(gu->args[1].kind == IR_ARG_WEIGHT && gu->args[2].index == gu->args[1].index);
