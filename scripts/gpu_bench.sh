@@ -168,4 +168,12 @@ if prof:
           ", ".join(f"batch {b}: " + " ".join(f"{k} {v:.3f}" for k, v in prof[b].items())
                     for b in sorted(prof)))
 PY
+# the picture of BENCHMARKS.md, where the machine has matplotlib: $OUT/bench.png
+if python3 -c "import matplotlib" 2>/dev/null; then
+  plots=("$LOGS/moec.jsonl")
+  [ -s "$LOGS/moec_fp8.jsonl" ] && plots+=("$LOGS/moec_fp8.jsonl")
+  [ -s "$LOGS/torch.jsonl" ] && plots+=("$LOGS/torch.jsonl")
+  python3 scripts/plot_bench.py "$OUT/bench.png" "${plots[@]}" >"$LOGS/plot.txt" 2>&1 ||
+    tail -3 "$LOGS/plot.txt"
+fi
 finish 0
