@@ -242,10 +242,12 @@ static const char MMA_HELPERS[] =
 
 static const char MMA_BODY[] =
     "    constexpr int RS = R + DR, LD = RS + 8, PLD = PT + 8, SLD = PT + 4, CW = R / NW, NTN = CW / 8;\n"
+    "    /* the scores' warps: PT / 8 column tiles by KH parts of the k steps */\n"
+    "    constexpr int NQ = PT / 8, KH = NW / NQ > 1 ? NW / NQ : 1, KS = RS / 16;\n"
     "    struct Smem {\n"
     "        __nv_bfloat16 q[16][LD];\n"
     "        __nv_bfloat16 kv[2][PT][LD];\n"
-    "        float s[16][SLD];\n"
+    "        float s[KH][16][SLD];\n"
     "        __nv_bfloat16 p[16][PLD];\n"
     "        float m[16], l[16], alpha[16];\n"
     "    };\n"
@@ -327,24 +329,33 @@ static const char MMA_BODY[] =
     "        mla_cp_wait<1>();\n"
     "        __syncthreads();\n"
     "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
-    "        if (warp < PT / 8) {\n"
+    "        /* each warp a column tile's products over its part of k (every warp\n"
+    "           busy, the chains of dependent products KH times shorter) */\n"
+    "        if (warp < NQ * KH) {\n"
     "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    "            const int n0 = warp * 8;\n"
+    "            const int n0 = (warp % NQ) * 8, kh = warp / NQ;\n"
     "#pragma unroll 4\n"
-    "            for (int k0 = 0; k0 < RS; k0 += 16)\n"
+    "            for (int k0 = kh * KS / KH * 16; k0 < (kh + 1) * KS / KH * 16; k0 += 16)\n"
     "                moec_mma_bf16(c, mla_ld32(&sm.q[g][k0 + 2 * tq]), mla_ld32(&sm.q[g + 8][k0 + 2 * tq]),\n"
     "                        mla_ld32(&sm.q[g][k0 + 8 + 2 * tq]), mla_ld32(&sm.q[g + 8][k0 + 8 + 2 * tq]),\n"
     "                        mla_ld32(&sm.kv[buf][n0 + g][k0 + 2 * tq]),\n"
     "                        mla_ld32(&sm.kv[buf][n0 + g][k0 + 8 + 2 * tq]));\n"
     "            const int col = n0 + 2 * tq;\n"
-    "            sm.s[g][col] = col < nv ? c[0] * scale : MOEC_NEG_INF;\n"
-    "            sm.s[g][col + 1] = col + 1 < nv ? c[1] * scale : MOEC_NEG_INF;\n"
-    "            sm.s[g + 8][col] = col < nv ? c[2] * scale : MOEC_NEG_INF;\n"
-    "            sm.s[g + 8][col + 1] = col + 1 < nv ? c[3] * scale : MOEC_NEG_INF;\n"
+    "            sm.s[kh][g][col] = c[0];\n"
+    "            sm.s[kh][g][col + 1] = c[1];\n"
+    "            sm.s[kh][g + 8][col] = c[2];\n"
+    "            sm.s[kh][g + 8][col + 1] = c[3];\n"
     "        }\n"
     "        __syncthreads();\n"
     "        for (int r = warp; r < 16; r += NW) {\n"
-    "            const float v = lane < PT ? sm.s[r][lane] : MOEC_NEG_INF;\n"
+    "            float v = MOEC_NEG_INF;\n"
+    "            if (lane < nv) {\n"
+    "                v = sm.s[0][r][lane];\n"
+    "#pragma unroll\n"
+    "                for (int q = 1; q < KH; q++)\n"
+    "                    v += sm.s[q][r][lane];\n"
+    "                v *= scale;\n"
+    "            }\n"
     "            const float mold = sm.m[r];\n"
     "            const float mnew = fmaxf(mold, warp_max(v));\n"
     "            const __nv_bfloat16 pb = __float2bfloat16(lane < nv ? expf(v - mnew) : 0.0f);\n"
@@ -549,8 +560,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
     if (mma) {
-        /* the Smem struct of MMA_BODY: q, two kv tiles, scores, P, m, l, alpha */
-        smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + 16LL * (MMA_PT + 4) * 4 +
+        /* the Smem struct of MMA_BODY: q, two kv tiles, the scores' KH parts, P,
+           m, l, alpha */
+        long long kh = MMA_WARPS / (MMA_PT / 8) > 1 ? MMA_WARPS / (MMA_PT / 8) : 1;
+        smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + kh * 16LL * (MMA_PT + 4) * 4 +
                16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4;
         snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d%s_bs%d_t%d_%s",
                  H, R, DR, MMA_PT, ns, minpos, merge ? "_m" : "", bs, c->T, tag);
