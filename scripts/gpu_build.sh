@@ -45,3 +45,24 @@ gpu_build() {
   fi
   cmake "${GPU_CMAKE_ARGS[@]}" && cmake --build "$GPU_ROOT/build-gpu" -j"$(nproc)"
 }
+
+# gpu_sample_model CONFIG LAYERS DIR [fp8]: a model of CONFIG (a config.json)
+# with random weights in DIR (moec-sample --fast; fp8: block-scaled fp8),
+# cut to its first LAYERS layers where LAYERS > 0 (layer_types and
+# mlp_layer_types cut alike). Needs the build (gpu_build).
+gpu_sample_model() {
+  local cfg=$1 layers=$2 dir=$3 fp8=${4:-}
+  mkdir -p "$dir" || return 1
+  python3 - "$cfg" "$layers" "$dir/config.json" <<'PY' || return 1
+import json, sys
+c = json.load(open(sys.argv[1]))
+n = int(sys.argv[2])
+if n > 0:
+    c["num_hidden_layers"] = n
+    for k in ("layer_types", "mlp_layer_types"):
+        if isinstance(c.get(k), list):
+            c[k] = c[k][:n]
+json.dump(c, open(sys.argv[3], "w"), indent=1)
+PY
+  "$GPU_ROOT/build-gpu/moec-sample" "$dir/config.json" "$dir" --fast --force ${fp8:+--fp8}
+}

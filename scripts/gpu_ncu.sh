@@ -32,20 +32,8 @@ for spec in ${PROFILES:-deepseek_v2_lite:0:1 qwen3_30b_a3b:8:1}; do
   name=$cfg-$layers-b$batch${fp8:+-fp8}
   M=/dev/shm/moec-ncu-$name
   rm -rf /dev/shm/moec-ncu-* /dev/shm/moec-prof-*
-  mkdir -p "$M"
-  python3 - "tests/data/configs/$cfg.json" "$layers" "$M/config.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-n = int(sys.argv[2])
-if n > 0:
-    c["num_hidden_layers"] = n
-    for k in ("layer_types", "mlp_layer_types"):
-        if isinstance(c.get(k), list):
-            c[k] = c[k][:n]
-json.dump(c, open(sys.argv[3], "w"), indent=1)
-PY
   t0=$SECONDS
-  build-gpu/moec-sample "$M/config.json" "$M" --fast --force ${fp8:+--fp8} >"$LOGS/$name.sample.txt" 2>&1 ||
+  gpu_sample_model "tests/data/configs/$cfg.json" "$layers" "$M" "$fp8" >"$LOGS/$name.sample.txt" 2>&1 ||
     { tail "$LOGS/$name.sample.txt"; continue; }
   build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --json --profile \
     >"$LOGS/$name.jsonl" 2>"$LOGS/$name.err" || tail -20 "$LOGS/$name.err"

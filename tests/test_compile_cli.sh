@@ -54,6 +54,14 @@ grep -qa "linear_f8tc_" "$T/f8.moec" && grep -qa "moe_gate_up_.*_f8tc_" "$T/f8.m
 expect 1 "MOEC_DSA_KERNEL='fastest' is not fast or legacy" -- env MOEC_DSA_KERNEL=fastest "$B" compile "$D/deepseek_v32" -o "$T/bad.moec" --batch-sizes 1
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
+# MOEC_DUMP_CUDA: each module's source as DIR/<cache key>.cu (from the cache too); a
+# folder it cannot write into fails the compile by name, leaving no plan
+mkdir -p "$T/cuda"
+expect 0 "kernels" -- env MOEC_DUMP_CUDA="$T/cuda" "$B" compile "$D/qwen3_moe" -o "$T/q3d.moec" --batch-sizes 4 --dtype fp32 --arch sm_80
+n=$(find "$T/cuda" -name '*.cu' | wc -l)
+[ "$n" = 1 ] && grep -q 'extern "C" __global__ void' "$T"/cuda/*.cu && ok || bad "MOEC_DUMP_CUDA wrote $n sources, want 1 with kernels"
+expect 1 "MOEC_DUMP_CUDA: cannot write $T/nodir/" -- env MOEC_DUMP_CUDA="$T/nodir" "$B" compile "$D/qwen3_moe" -o "$T/bad.moec" --batch-sizes 4 --dtype fp32 --arch sm_80
+[ ! -e "$T/bad.moec" ] && ok || bad "a compile refused for MOEC_DUMP_CUDA left $T/bad.moec"
 # a plan per rank; one asked to run with another split is refused by name
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3tp2.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 2 --ep 2
 expect 1 "plan $T/q3tp2.moec was compiled for tp 2, ep 2 (2 ranks); asked to run it with tp 1, ep 1" -- "$B" run "$T/q3tp2.moec" --weights "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 1 --tp 1
