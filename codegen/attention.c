@@ -297,7 +297,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     /* kernel 2: attention over the cache, the sequence split when the
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
-    int ns = cg_attn_splits(blocks);
+    int ns = cg_attn_splits(blocks, 0);
     int minpos = ns > 1 ? cg_attn_split_min(ATTN_SPLIT_MIN) : 1;
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256];

@@ -60,16 +60,19 @@ static inline int cg_attn_split_min(int dflt)
 }
 
 /* Splits of each sequence so that `blocks` blocks per split fill the GPU
- * without passing the target (264: the blocks an H100 holds at once, two a
- * SM for the tensor-core MLA kernel's shared memory), since a few blocks
- * over it wait for a second wave: V2-Lite at 64 tokens had 5 splits, 320
- * blocks. MOEC_ATTN_TARGET_BLOCKS at codegen moves the target and
- * MOEC_ATTN_SPLIT_CEIL=1 rounds up (the target's least cover), for A/Bs. */
-static inline int cg_attn_splits(long long blocks)
+ * (the target, 264: two blocks a SM of an H100). A kernel that holds
+ * exactly the target's blocks at once (`one_wave`: the tensor-core MLA
+ * kernel, two a SM by its shared memory) rounds down, since blocks past
+ * the target wait for a second wave (V2-Lite at 64 tokens had 5 splits,
+ * 320 blocks: 15.049 ms a step against 14.759 with 4); the others, which
+ * hold more blocks a SM, round up. MOEC_ATTN_TARGET_BLOCKS at codegen
+ * moves the target and MOEC_ATTN_SPLIT_CEIL=1 rounds up everywhere, for
+ * A/Bs. */
+static inline int cg_attn_splits(long long blocks, int one_wave)
 {
     long long target = cg_env_int("MOEC_ATTN_TARGET_BLOCKS", CG_ATTN_TARGET_BLOCKS, 1, 1 << 20);
-    int ns = cg_env_int("MOEC_ATTN_SPLIT_CEIL", 0, 0, 1) ? (int)((target + blocks - 1) / blocks)
-                                                          : (int)(target / blocks);
+    int up = !one_wave || cg_env_int("MOEC_ATTN_SPLIT_CEIL", 0, 0, 1);
+    int ns = up ? (int)((target + blocks - 1) / blocks) : (int)(target / blocks);
     if (ns < 1)
         ns = 1;
     return ns > CG_ATTN_MAX_SPLITS ? CG_ATTN_MAX_SPLITS : ns;

@@ -513,7 +513,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         hb = 16;
     /* split the sequence when the bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * (H / hb);
-    int ns = cg_attn_splits(blocks);
+    int ns = cg_attn_splits(blocks, mma);
     int minpos = ns > 1 ? cg_attn_split_min(1) : 1;
     /* the tensor-core kernel merges its own splits; the CUDA-core one's
        shared memory is already near the static limit */

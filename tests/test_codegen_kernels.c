@@ -316,9 +316,11 @@ static size_t reserve(size_t *top, size_t n)
 }
 
 /* Splits of the sequence for a bucket of `blocks` blocks: enough for 264. */
-static int splits(int blocks)
+/* Splits of a sequence for `blocks` blocks a split: 264 of them, rounded
+ * down for the tensor-core MLA kernel (one wave), up for the others. */
+static int splits(int blocks, int one_wave)
 {
-    int ns = 264 / blocks;
+    int ns = one_wave ? 264 / blocks : (264 + blocks - 1) / blocks;
     return ns < 1 ? 1 : ns > 64 ? 64 : ns;
 }
 
@@ -334,7 +336,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
                 w->args[6].i == 0 && w->args[7].i == 1);
         /* every head of a token in one block: the cache rows are read once;
            the sequence split to fill the GPU */
-        int ns = splits(T);
+        int ns = splits(T, 1);
         T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == 1 && s->grid[2] == (unsigned)ns &&
                 s->block[0] == 256);
         /* bf16 and heads in sixteens: the tensor-core kernel, 99520 bytes of smem */
@@ -401,7 +403,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     /* scratch: the attention splits' (m, l) and outputs; sorted slots,
        block experts, used count, h [T*K, I], y [T*K, H] */
     size_t top = 0;
-    int ns = splits(T);
+    int ns = splits(T, 1);
     if (ns > 1) {
         reserve(&top, (size_t)T * 16 * ns * 2 * 4);
         reserve(&top, (size_t)T * 16 * ns * 512 * 4);
@@ -457,7 +459,7 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
         T_CHECK(w->grid[0] == (unsigned)c->T && w->args[0].kind == IR_ARG_ACT);
         /* a block per (token, kv head, split): the 8 heads of a group share its reads */
         T_CHECK(s->grid[0] == (unsigned)c->T && s->grid[1] == 4 &&
-                s->grid[2] == (unsigned)splits(c->T * 4));
+                s->grid[2] == (unsigned)splits(c->T * 4, 0));
         T_CHECK(strstr(c->kernel_names[s->kernel], "attn_h32_hkv4_dk128_dv128_gb8") != NULL);
         T_CHECK(s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
         T_CHECK(s->args[2].kind == IR_ARG_INPUT && s->args[2].index == IR_INPUT_SLOTS);
@@ -466,7 +468,7 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
         /* splits of at least 128 positions; merged by the kernel's last block
            where a group's partial states are at most 64 KiB (T = 8: 9 splits,
            36 KiB), else by a merge kernel (T = 1: 64 splits, 256 KiB) */
-        int ns = splits(c->T * 4), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
+        int ns = splits(c->T * 4, 0), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
         T_CHECK(ns == 1 || strstr(c->kernel_names[s->kernel], "_mp128") != NULL);
         T_CHECK(s->n_args == (ns > 1 ? 12 + merge : 10));
         if (merge)
@@ -855,7 +857,7 @@ static void check_odd(const ir_module *m, const cg_ctx *c)
     if (a >= 0 && !strcmp(m->name, "k_mha")) {
         /* 8 kv heads: 512 blocks at T = 64 need no split, and no merge */
         int split = c->T < 64;
-        T_CHECK(c->steps[a + 1].grid[2] == (split ? (unsigned)splits(c->T * 8) : 1));
+        T_CHECK(c->steps[a + 1].grid[2] == (split ? (unsigned)splits(c->T * 8, 0) : 1));
         T_CHECK(c->steps[a + 1].n_args == (split ? 13 : 10));
         /* the split kernel merges its splits: the counters last, no merge kernel */
         if (split)
