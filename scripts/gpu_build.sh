@@ -66,3 +66,16 @@ json.dump(c, open(sys.argv[3], "w"), indent=1)
 PY
   "$GPU_ROOT/build-gpu/moec-sample" "$dir/config.json" "$dir" --fast --force ${fp8:+--fp8}
 }
+
+# gpu_logs NAME: OUT (default /tmp/moec-NAME) and a fresh LOGS folder
+# .../NAME holding env.txt (the GPU, the date, the commit), packed into
+# $OUT/NAME.tar.gz when the script exits.
+gpu_logs() {
+  OUT=${OUT:-/tmp/moec-$1}
+  LOGS=$(mktemp -d)/$1
+  mkdir -p "$OUT" "$LOGS" || return 1
+  # shellcheck disable=SC2064 # the paths as they are now
+  trap "tar czf '$OUT/$1.tar.gz' -C '$(dirname "$LOGS")' '$1'" EXIT
+  { nvidia-smi; date -u; cat "$GPU_ROOT/COMMIT" 2>/dev/null || git -C "$GPU_ROOT" log -1 --oneline; } \
+    >"$LOGS/env.txt" 2>&1
+}

@@ -14,12 +14,8 @@
 #   and summary (kernels by name: count, us summed, us each)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moec-ncu}
-LOGS=$(mktemp -d)/ncu
-mkdir -p "$OUT" "$LOGS"
 source scripts/gpu_build.sh
-trap 'tar czf "$OUT/ncu.tar.gz" -C "$(dirname "$LOGS")" ncu' EXIT
-{ nvidia-smi; date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; } >"$LOGS/env.txt" 2>&1
+gpu_logs ncu
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ "${BOUNDARY:-1}" = 1 ]; then
   nvcc -O3 -arch=sm_90 -o "$LOGS/boundary" bench/boundary.cu >"$LOGS/boundary.txt" 2>&1 &&

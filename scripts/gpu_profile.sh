@@ -12,12 +12,8 @@
 #   usage: scripts/gpu_profile.sh   (on the GPU machine; see gpu_snapshot.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moec-profile}
-LOGS=$(mktemp -d)/profile
-mkdir -p "$OUT" "$LOGS"
 source scripts/gpu_build.sh
-trap 'tar czf "$OUT/profile.tar.gz" -C "$(dirname "$LOGS")" profile' EXIT
-{ nvidia-smi; date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; } >"$LOGS/env.txt" 2>&1
+gpu_logs profile
 gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
 if [ -n "${CTEST_R-gpu_kernels}" ]; then
   (cd build-gpu && ctest -R "${CTEST_R-gpu_kernels}" --output-on-failure) >"$LOGS/ctest.txt" 2>&1
