@@ -197,9 +197,8 @@ def run(port, log):
     c.sock.shutdown(socket.SHUT_RDWR)
     c.close()
     # all at one moment: the leaving request cancelled, nothing running or
-    # waiting, no cache block held. (Polling running == 0 alone could catch
-    # the leaving request before the engine took it in: its first line
-    # comes from the HTTP side.)
+    # waiting, no cache block held (polling running == 0 alone once read a
+    # transient 0 with the request still running a moment later)
     def settled(m):
         gone = m["moec_requests_cancelled_total"] - m0["moec_requests_cancelled_total"]
         return (gone >= 1 and m["moec_requests_running"] == 0 and m["moec_requests_waiting"] == 0
