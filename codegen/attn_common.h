@@ -15,8 +15,6 @@
 #define CG_ATTN_TARGET_BLOCKS 264
 #define CG_ATTN_MAX_SPLITS 64
 
-/* Merges the splits of each (token, head): out = sum_z o_z e^(m_z - M) /
- * sum_z l_z e^(m_z - M); padding tokens get zeros. */
 /* The merge kernel's body (moec_attn_merge, codegen/cg.c): a block per
  * (token, head); padding tokens get zeros. */
 static const char CG_ATTN_COMBINE_BODY[] =

@@ -85,12 +85,7 @@ static const char TOPK_BODY[] =
     "            int bi = NG;\n"
     "            for (int g = lane; g < NG; g += 32)\n"
     "                if (!s_keep[warp][g] && (bi == NG || s_g[warp][g] > bv)) { bv = s_g[warp][g]; bi = g; }\n"
-    "#pragma unroll\n"
-    "            for (int o = 16; o > 0; o >>= 1) {\n"
-    "                float ov = __shfl_xor_sync(0xffffffffu, bv, o);\n"
-    "                int oi = __shfl_xor_sync(0xffffffffu, bi, o);\n"
-    "                if (oi < NG && (bi == NG || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }\n"
-    "            }\n"
+    "            bi = moec_warp_argmax(bv, bi, NG);\n"
     "            if (lane == (bi & 31))\n"
     "                s_keep[warp][bi] = 1;\n"
     "            __syncwarp();\n"
@@ -101,16 +96,15 @@ static const char TOPK_BODY[] =
     "        __syncwarp();\n"
     "    }\n"
     "    /* top_k: lane e & 31 owns experts e, e + 32, ...: their selection\n"
-    "       scores in registers (-0 read as +0, which compares equal), a bit\n"
-    "       each once taken; each choice a warp arg-max, ties to the lower\n"
-    "       index */\n"
+    "       scores in registers, a bit each once taken; each choice a warp\n"
+    "       arg-max, ties to the lower index */\n"
     "    constexpr int EL = (E + 31) / 32;\n"
     "    float cv[EL];\n"
     "    unsigned tk = 0u;\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < EL; i++) {\n"
     "        const int e = lane + 32 * i;\n"
-    "        cv[i] = e < E ? c[e] + 0.0f : MOEC_NEG_INF;\n"
+    "        cv[i] = e < E ? c[e] : MOEC_NEG_INF;\n"
     "        if (e >= E)\n"
     "            tk |= 1u << i;\n"
     "    }\n"
@@ -206,7 +200,6 @@ int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin)
  * x, fp32 sums) into its shared memory; block 0 then gathers all of them
  * and goes on as the top-k kernel, the others leave. */
 static const char ROUTER_BODY[] =
-    "    constexpr int CL = %d, EPB = (E + CL - 1) / CL;\n"
     "    __shared__ float s_rl[T][EPB], s_lg[T * E];\n"
     "    {\n"
     "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
@@ -257,7 +250,7 @@ static const char ROUTER_BODY[] =
     "    moec_cluster_sync();\n"
     "    if (blockIdx.x == 0)\n"
     "        for (int i = threadIdx.x; i < T * E; i += NW * 32)\n"
-    "            s_lg[i] = moec_ld_cluster(&s_rl[i / E][(i %% E) %% EPB], (unsigned)((i %% E) / EPB));\n"
+    "            s_lg[i] = moec_ld_cluster(&s_rl[i / E][(i % E) % EPB], (unsigned)((i % E) / EPB));\n"
     "    moec_cluster_sync(); /* no block leaves while block 0 reads it */\n"
     "    if (blockIdx.x != 0)\n"
     "        return;\n"
@@ -374,18 +367,16 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
             moec_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
         if (router) {
             moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
-                                   "    constexpr int VE = %d;\n",
-                            cg_ctype(cg_storage(c, rw)), H, ve);
+                                   "    constexpr int VE = %d, CL = %d, EPB = (E + CL - 1) / CL;\n",
+                            cg_ctype(cg_storage(c, rw)), H, ve, ROUTER_CLUSTER);
             /* before the wait: the block's rows of the router weight into L2 */
-            char pfl[400];
-            snprintf(pfl, sizeof pfl,
-                     "        constexpr long long EPB_ = (E + %d - 1) / %d;\n"
-                     "        const long long r0 = (long long)blockIdx.x * EPB_, nr = E - r0 < EPB_ ? E - r0 : EPB_;\n"
-                     "        if (nr > 0)\n"
-                     "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), PF_CAP);\n",
-                     ROUTER_CLUSTER, ROUTER_CLUSTER);
-            cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), pfl);
-            moec_buf_printf(&c->src, ROUTER_BODY, ROUTER_CLUSTER);
+            cg_emit_prefetch(&c->src, cg_prefetch_bytes(c),
+                             "        const long long r0 = (long long)blockIdx.x * EPB, "
+                             "nr = E - r0 < EPB ? E - r0 : EPB;\n"
+                             "        if (nr > 0)\n"
+                             "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), "
+                             "PF_CAP);\n");
+            moec_buf_printf(&c->src, "%s", ROUTER_BODY);
         }
         if (!routed)
             moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,

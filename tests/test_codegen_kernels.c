@@ -315,7 +315,6 @@ static size_t reserve(size_t *top, size_t n)
     return off;
 }
 
-/* Splits of the sequence for a bucket of `blocks` blocks: enough for 264. */
 /* Splits of a sequence for `blocks` blocks a split: 264 of them, rounded
  * down for the tensor-core MLA kernel (one wave), up for the others. */
 static int splits(int blocks, int one_wave)
@@ -362,6 +361,13 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
             T_CHECK(strstr(c->kernel_names[cb->kernel], "mla_combine_h16_r512") != NULL);
             T_CHECK(cb->grid[0] == (unsigned)T && cb->grid[1] == 16 && cb->n_args == 6);
             T_CHECK(cb->args[3].i == s->args[11].i && cb->args[4].i == s->args[12].i);
+            /* a group of 128 threads (512 channels in fours) per eight splits,
+               at most 8 groups */
+            int g = (ns + 7) / 8 > 8 ? 8 : (ns + 7) / 8;
+            char gname[16];
+            snprintf(gname, sizeof gname, "_g%d_", g);
+            T_CHECK(cb->block[0] == (unsigned)(128 * g) &&
+                    strstr(c->kernel_names[cb->kernel], gname) != NULL);
         }
         T_CHECK(s->args[5].kind == IR_ARG_CONFIG && s->args[5].index == IR_CONFIG_MAX_BLOCKS);
         T_CHECK(s->args[9].kind == IR_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
