@@ -1279,6 +1279,20 @@ static void test_errors(void)
             T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED, "top_k 40 > 32");
     cg_ctx_free(&c);
     ir_module_free(m);
+    /* more experts than a warp's lanes hold in their 32-bit taken masks */
+    km_spec sw = {.name = "k_many_experts", .vocab = 4, .E = 1056, .K = 8, .NG = 1, .TG = 1,
+                  .scaling = 1.0};
+    m = km_module(&sw);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    c = (cg_ctx){.m = m, .opt = &o, .T = 8};
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_MOE_TOPK)
+            T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED,
+                  "moe_topk %ids: 1056 experts > 1024 (a lane holds at most 32 of them)");
+    cg_ctx_free(&c);
+    ir_module_free(m);
     /* the argmax wants [T, vocab] logits stored as f32: x is bf16 */
     km_spec s2 = {.name = "k_bf16_x", .vocab = 4, .E = 4, .K = 2, .NG = 1, .TG = 1, .scaling = 1.0,
                   .moe = KM_ROUTED, .HID = 8, .I = 8, .wdt = "bf16", .moe_scale = 1.0};
