@@ -53,17 +53,33 @@ build-gpu/moec bench "$MODEL.moec" --weights "$MODEL" --batch-sizes "$BATCHES" -
   ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/moec.jsonl" 2>"$LOGS/moec.err" || tail -20 "$LOGS/moec.err"
 rm -f "$MODEL.moec"
 # VARIANTS="name:ENV=V[,ENV=V] ...": the same plan compiled and benched under
-# each variant's environment (graph replay rows only), e.g.
+# each variant's environment (graph replay rows only; at VARIANT_BATCHES,
+# default BATCHES), e.g.
 # VARIANTS="simt:MOEC_MOE_KERNEL=simt nopdl:MOEC_PDL=0"
-for variant in ${VARIANTS:-}; do
-  vname=${variant%%:*}
-  venv=${variant#*:}
-  env ${venv//,/ } build-gpu/moec compile "$MODEL" -o "$MODEL.$vname.moec" >>"$LOGS/compile.txt" 2>&1 &&
-  env ${venv//,/ } build-gpu/moec bench "$MODEL.$vname.moec" --weights "$MODEL" --batch-sizes "$BATCHES" \
+# PREV_DIR=DIR: another source tree (e.g. an earlier commit's snapshot,
+# with its .dev) built in DIR/build-gpu and benched as the variant "prev".
+VB=${VARIANT_BATCHES:-$BATCHES}
+variant_bench() { # NAME MOEC_BINARY [ENV=V ...]
+  local vname=$1 bin=$2
+  shift 2
+  env "$@" "$bin" compile "$MODEL" -o "$MODEL.$vname.moec" >>"$LOGS/compile.txt" 2>&1 &&
+  env "$@" "$bin" bench "$MODEL.$vname.moec" --weights "$MODEL" --batch-sizes "$VB" \
     --context "$CONTEXT" --json >"$LOGS/variant_$vname.jsonl" 2>"$LOGS/variant_$vname.err" ||
     tail -20 "$LOGS/variant_$vname.err"
   rm -f "$MODEL.$vname.moec"
+}
+for variant in ${VARIANTS:-}; do
+  venv=${variant#*:}
+  # shellcheck disable=SC2086 # the variant's ENV=V words
+  variant_bench "${variant%%:*}" build-gpu/moec ${venv//,/ }
 done
+if [ -n "${PREV_DIR:-}" ]; then
+  if (cd "$PREV_DIR" && source scripts/gpu_build.sh && gpu_build) >"$LOGS/build_prev.txt" 2>&1; then
+    variant_bench prev "$PREV_DIR/build-gpu/moec" MOEC_CACHE_DIR="$PREV_DIR/build-gpu/nvrtc-cache"
+  else
+    tail -20 "$LOGS/build_prev.txt"
+  fi
+fi
 if [ "${FP8:-1}" = 1 ]; then
   F8=$MODEL-fp8
   rm -rf "$F8" "$F8.tmp"* "$F8.moec"
