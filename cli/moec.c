@@ -1056,10 +1056,6 @@ static int cmd_bench(int argc, char **argv)
                "setup %.2f s (%s), capture of all buckets %.3f s (two streams), %.3f s (one)\n",
                r.device, r.copy_bytes_per_s / 1e12, dtype, r.context, o.steps, r.setup_s,
                plan ? "plan load + upload" : "compile + upload", r.capture_s, r.capture_single_s);
-        if (r.gemm_tuned)
-            printf("cuBLASLt algorithms timed for %d GEMM shapes: %.1f us summed, against %.1f us "
-                   "for the heuristic's first\n",
-                   r.gemm_tuned, r.gemm_taken_us, r.gemm_first_us);
         if (r.tp)
             printf("split over %d ranks (tp %d, ep %d), a GPU each: a step takes its slowest "
                    "rank's time; MB_read and floor are the rank reading the most\n",
@@ -1081,14 +1077,12 @@ static int cmd_bench(int argc, char **argv)
                        "\"ms\": %.4f, \"bytes\": %.0f, \"floor_ms\": %.4f, \"copy_tb_s\": %.3f, "
                        "\"experts_hit\": %d, \"experts_total\": %d, \"launches\": %d, "
                        "\"setup_s\": %.3f, \"capture_s\": %.4f, \"dtype\": \"%s\", \"device\": \"%s\", "
-                       "\"gemm_tuned\": %d, \"gemm_first_us\": %.2f, \"gemm_taken_us\": %.2f, "
                        "\"tp\": %d, \"ep\": %d%s%s}\n",
                        moec_bench_mode_name(k), w->batch, r.context, w->mode_ms[k], w->bytes,
                        w->floor_ms, r.copy_bytes_per_s / 1e12, w->experts_hit, w->experts_total,
                        r.launches_per_step[i], r.setup_s,
                        k == MOEC_BENCH_GRAPH_SINGLE ? r.capture_single_s : r.capture_s, dtype,
-                       r.device, r.gemm_tuned, r.gemm_first_us, r.gemm_taken_us, r.tp, r.ep, split,
-                       coll);
+                       r.device, r.tp, r.ep, split, coll);
         } else {
             char experts[32];
             snprintf(experts, sizeof experts, "%d/%d", w->experts_hit, w->experts_total);

@@ -312,7 +312,6 @@ static moec_status bench_bind(const moec_model_t *model, const char *weights_dir
         *vocab = moec_model_vocab_size(model);
     }
     out->setup_s = read_s + moec_now_s() - t0;
-    out->gemm_tuned = rt_cuda_gemm_tune_stats(g->cuda, &out->gemm_first_us, &out->gemm_taken_us);
     if (graph_disabled_by_env())
         return MOEC_OK;
     MOEC_TRY(moec_cuda_model_each(g, rank_capture, job, "capturing the graphs"));

@@ -230,9 +230,6 @@ typedef struct moec_bench_result {
     double setup_s;          /* compile (passes, codegen, NVRTC or cache) or plan read, upload */
     double capture_s;        /* capturing every bucket's graph, two-stream mode */
     double capture_single_s; /* the same, one stream */
-    int gemm_tuned;          /* cuBLASLt GEMM shapes timed at set-up (rank 0; MOEC_GEMM_TUNE) */
-    double gemm_first_us;    /* their heuristic-first algorithms' times summed, us */
-    double gemm_taken_us;    /* the times of the algorithms taken, summed */
     int launches_per_step[16]; /* per row: kernels + GEMMs of the bucket's step (rank 0's) */
     int tp, ep;              /* the split benched (tp 0: unsharded; ep 1 without --ep) */
     int n_rows;

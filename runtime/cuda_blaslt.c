@@ -1,11 +1,7 @@
 /* cuda_blaslt.c — cuBLASLt, opened with dlopen when a context is made
  * (linking it would load half a gigabyte of library into every moec binary,
  * CPU-only runs included), and the GEMM steps prepared once at init:
- * descriptors, layouts and the algorithm: the fastest of the heuristic's
- * first RT_GEMM_TUNE_ALGOS, each timed on the GEMM's own operands with the
- * L2 flushed before every run (decode's linears stream their weights from
- * memory), once per distinct shape (MOEC_GEMM_TUNE=0: the heuristic's
- * first, untimed). */
+ * descriptors, layouts and the algorithm the heuristic picks. */
 #ifdef MOEC_HAVE_CUDA
 
 #include <dlfcn.h>
@@ -117,110 +113,6 @@ static moec_status layout_init(rt_cuda *c, cublasLtMatrixLayout_t *l, ir_dtype d
     return MOEC_OK;
 }
 
-/* The timed runs of each candidate algorithm (the first one a warm-up),
- * and how the L2 is flushed before each: both cuBLASLt workspaces zeroed,
- * 64 MiB, more than an H100's or H200's 50 MiB of L2. */
-#define RT_GEMM_TUNE_RUNS 5
-
-/* What decides a GEMM's algorithm beside its descriptors: two steps with
- * equal keys take the same one. */
-static void gemm_key(rt_gemm_key *k, const ir_step *s, const uint32_t align[4])
-{
-    const ir_gemm *gm = &s->gemm;
-    memset(k, 0, sizeof *k);
-    int64_t v[] = {gm->m,        gm->n,        gm->k,        gm->batch,     gm->lda,
-                   gm->ldb,      gm->ldc,      gm->stride_a, gm->stride_b,  gm->stride_c,
-                   gm->type_a,   gm->type_b,   gm->type_c,   gm->type_bias, gm->trans_a,
-                   gm->trans_b,  gm->has_bias, s->stream,    align[0],      align[1],
-                   align[2],     align[3]};
-    _Static_assert(sizeof v == sizeof k->v, "gemm key fields");
-    memcpy(k->v, v, sizeof v);
-}
-
-/* The mean time of one run of g with algorithm a on stream st, the L2
- * flushed before each (< 0: cuBLASLt refused to run it). */
-static moec_status gemm_time(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
-                             const cublasLtMatmulAlgo_t *a, cudaEvent_t ev[2], float *ms,
-                             const char *where)
-{
-    cudaStream_t st = c->stream[s->stream];
-    float sum = 0.0f;
-    *ms = -1.0f;
-    for (int r = 0; r <= RT_GEMM_TUNE_RUNS; r++) {
-        for (int w = 0; w < 2; w++)
-            MOEC_TRY(CK(cudaMemsetAsync(c->workspace[w], 0, RT_CUDA_WORKSPACE, st), where));
-        MOEC_TRY(CK(cudaEventRecord(ev[0], st), where));
-        cublasStatus_t ls = c->lt.cublasLtMatmul(
-            c->lt_handle[s->stream], g->desc, &g->alpha, g->a, g->la, g->b, g->lb, &g->beta,
-            g->c, g->lc, g->c, g->lc, a, c->workspace[s->stream], RT_CUDA_WORKSPACE, st);
-        if (ls != CUBLAS_STATUS_SUCCESS)
-            return CK(cudaStreamSynchronize(st), where); /* not a candidate */
-        MOEC_TRY(CK(cudaEventRecord(ev[1], st), where));
-        MOEC_TRY(CK(cudaEventSynchronize(ev[1]), where));
-        float t = 0.0f;
-        MOEC_TRY(CK(cudaEventElapsedTime(&t, ev[0], ev[1]), where));
-        if (r > 0)
-            sum += t;
-    }
-    *ms = sum / RT_GEMM_TUNE_RUNS;
-    return MOEC_OK;
-}
-
-/* g->algo: the fastest of the n candidates in res, or the algorithm a step
- * of the same key took before. */
-static moec_status gemm_tune(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
-                             const cublasLtMatmulHeuristicResult_t *res, int n,
-                             const uint32_t align[4], const char *where)
-{
-    rt_gemm_key key;
-    gemm_key(&key, s, align);
-    for (int i = 0; i < c->n_tuned; i++)
-        if (!memcmp(&c->tuned[i].key, &key, sizeof key)) {
-            g->algo = c->tuned[i].algo;
-            return MOEC_OK;
-        }
-    cudaEvent_t ev[2] = {NULL, NULL};
-    moec_status st = MOEC_OK;
-    int best = -1;
-    float best_ms = 0.0f, first_ms = -1.0f;
-    for (int i = 0; i < 2 && st == MOEC_OK; i++)
-        st = CK(cudaEventCreate(&ev[i]), where);
-    for (int i = 0; i < n && st == MOEC_OK; i++) {
-        float ms;
-        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > RT_CUDA_WORKSPACE)
-            continue;
-        st = gemm_time(c, s, g, &res[i].algo, ev, &ms, where);
-        if (i == 0)
-            first_ms = ms;
-        if (st == MOEC_OK && ms >= 0.0f && (best < 0 || ms < best_ms)) {
-            best = i;
-            best_ms = ms;
-        }
-    }
-    for (int i = 0; i < 2; i++)
-        if (ev[i])
-            cudaEventDestroy(ev[i]);
-    MOEC_TRY(st);
-    if (best < 0)
-        return MOEC_ERR(MOEC_ERR_CUDA, "%s: cuBLASLt ran none of its %d algorithms", where, n);
-    g->algo = res[best].algo;
-    if (c->n_tuned == c->cap_tuned) {
-        int cap = c->cap_tuned ? 2 * c->cap_tuned : 16;
-        rt_gemm_tuned *t = realloc(c->tuned, (size_t)cap * sizeof *t);
-        if (!t)
-            return MOEC_ERR(MOEC_ERR_OOM, "%s: out of memory", where);
-        c->tuned = t;
-        c->cap_tuned = cap;
-    }
-    c->tuned[c->n_tuned].key = key;
-    c->tuned[c->n_tuned].algo = g->algo;
-    c->tuned[c->n_tuned].ms = best_ms;
-    c->tuned[c->n_tuned].first_ms = first_ms;
-    c->tuned[c->n_tuned].pick = best;
-    c->n_tuned++;
-    return MOEC_OK;
-}
-
 /* Chooses the algorithm for g with pointers of the given alignments. */
 static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                              cublasLtMatmulPreference_t pref, const uint32_t align[4],
@@ -239,14 +131,12 @@ static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                     c->lt.cublasLtMatmulPreferenceSetAttribute(pref, keys[i], &align[i],
                                                                sizeof align[i]),
                     where));
-    cublasLtMatmulHeuristicResult_t res[RT_GEMM_TUNE_ALGOS];
+    cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    memset(res, 0, sizeof res);
+    memset(&res, 0, sizeof res);
     MOEC_TRY(LT(c,
                 c->lt.cublasLtMatmulAlgoGetHeuristic(c->lt_handle[s->stream], g->desc, g->la, g->lb,
-                                                     g->lc, g->lc, pref,
-                                                     c->gemm_tune ? RT_GEMM_TUNE_ALGOS : 1, res,
-                                                     &found),
+                                                     g->lc, g->lc, pref, 1, &res, &found),
                 where));
     if (found < 1)
         return MOEC_ERR(MOEC_ERR_CUDA,
@@ -256,9 +146,7 @@ static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                         ir_dtype_name(s->gemm.type_c), s->gemm.has_bias ? ", bias " : "",
                         s->gemm.has_bias ? ir_dtype_name(s->gemm.type_bias) : "", align[0],
                         align[1], align[2]);
-    g->algo = res[0].algo;
-    if (found > 1)
-        return gemm_tune(c, s, g, res, found, align, where);
+    g->algo = res.algo;
     return MOEC_OK;
 }
 

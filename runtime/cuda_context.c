@@ -366,10 +366,6 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
         c->dual_max_t = (int)v;
     }
     MOEC_TRY(stream_priorities(c));
-    const char *tune = getenv("MOEC_GEMM_TUNE");
-    if (tune && *tune && strcmp(tune, "0") && strcmp(tune, "1"))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_GEMM_TUNE=\"%s\": 0 or 1", tune);
-    c->gemm_tune = !(tune && !strcmp(tune, "0"));
 
     c->tmax = p->buckets[p->n_buckets - 1].T;
     c->in_stride = (c->tmax + 63) / 64 * 64;
@@ -497,7 +493,6 @@ void rt_cuda_free(rt_cuda *c)
             cudaLibraryUnload(cb->lib);
     }
     free(c->buckets);
-    free(c->tuned);
     for (int s = 0; s < 2; s++) {
         if (c->lt_handle[s])
             c->lt.cublasLtDestroy(c->lt_handle[s]);
@@ -534,19 +529,6 @@ void rt_cuda_free(rt_cuda *c)
 }
 
 const char *rt_cuda_device_name(const rt_cuda *c) { return c ? c->device_name : "none"; }
-
-int rt_cuda_gemm_tune_stats(const rt_cuda *c, double *first_us, double *taken_us)
-{
-    *first_us = *taken_us = 0.0;
-    int n = 0;
-    for (int i = 0; c && i < c->n_tuned; i++)
-        if (c->tuned[i].first_ms >= 0.0f) {
-            *first_us += 1e3 * c->tuned[i].first_ms;
-            *taken_us += 1e3 * c->tuned[i].ms;
-            n++;
-        }
-    return n;
-}
 
 int rt_cuda_max_tokens(const rt_cuda *c) { return c ? c->tmax : 0; }
 

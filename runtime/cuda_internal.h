@@ -123,20 +123,6 @@ typedef struct rt_cuda_gemm {
     float alpha, beta;
 } rt_cuda_gemm;
 
-/* The algorithm chosen for GEMMs of one key (cuda_blaslt.c): the timed
- * fastest of the heuristic's candidates. */
-#define RT_GEMM_TUNE_ALGOS 8
-typedef struct rt_gemm_key {
-    int64_t v[22];
-} rt_gemm_key;
-typedef struct rt_gemm_tuned {
-    rt_gemm_key key;
-    cublasLtMatmulAlgo_t algo;
-    float ms;                      /* its mean time, L2 flushed */
-    float first_ms;                /* the heuristic's first's (-1: it did not run) */
-    int pick;                      /* its rank in the heuristic's list */
-} rt_gemm_tuned;
-
 /* One step, ready to launch. args[j] points at vals[j]. */
 typedef struct rt_cuda_launch {
     cudaKernel_t kernel;
@@ -188,9 +174,6 @@ struct rt_cuda {
                                     * (MOEC_DUAL_STREAM_MAX_T, default 16) */
     int pdl;                       /* 1: kernels launched as programmatic dependents (plan->pdl,
                                     * sm_90+, unless MOEC_PDL=0) */
-    int gemm_tune;                 /* 1: cuBLASLt's candidates timed (MOEC_GEMM_TUNE, default 1) */
-    rt_gemm_tuned *tuned;          /* the GEMM shapes timed so far */
-    int n_tuned, cap_tuned;
     int prio_on;                   /* 1: the streams carry priorities (MOEC_STREAM_PRIORITY) */
     int prio[2];                   /* each stream's priority when prio_on */
     size_t device_bytes;

@@ -144,10 +144,6 @@ moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, 
 moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s);
 /* The device's name ("NVIDIA H100 80GB HBM3"). */
 const char *rt_cuda_device_name(const rt_cuda *c);
-/* The cuBLASLt GEMM shapes whose algorithms were timed at set-up
- * (MOEC_GEMM_TUNE), and the sums over them of the heuristic's first
- * algorithm's time and of the one taken, us (L2 flushed each run). */
-int rt_cuda_gemm_tune_stats(const rt_cuda *c, double *first_us, double *taken_us);
 
 /* The largest bucket: the most tokens one step runs. */
 int rt_cuda_max_tokens(const rt_cuda *c);

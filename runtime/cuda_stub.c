@@ -107,10 +107,4 @@ moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s)
 
 const char *rt_cuda_device_name(const rt_cuda *c) { return "none"; }
 
-int rt_cuda_gemm_tune_stats(const rt_cuda *c, double *first_us, double *taken_us)
-{
-    *first_us = *taken_us = 0.0;
-    return 0;
-}
-
 #endif
