@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# gpu_ncu_kernel.sh — why one kernel runs below the floor: Nsight Compute's
+# full report (--set full: throughput, memory, occupancy, warp stalls,
+# source counters) of the first launch of each kernel named in KERNELS
+# (regexes, one report each, e.g. KERNELS="mla_attn moe_down") in a decode
+# step of PROFILE (CONFIG:LAYERS:BATCH[:fp8] as in gpu_ncu.sh: a model of
+# tests/data/configs/CONFIG.json with random weights, cut to LAYERS layers,
+# written under /dev/shm; BATCH sequences at CONTEXT, default 1024).
+#   usage: PROFILE=deepseek_v2_lite:2:64 KERNELS="mla_attn moe_down" \
+#          scripts/gpu_ncu_kernel.sh     (on the GPU machine)
+#   leaves $OUT/ncu_kernel.tar.gz: per kernel its report (NAME.txt)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_build.sh
+gpu_logs ncu_kernel
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
+IFS=: read -r cfg layers batch fp8 <<<"${PROFILE:-deepseek_v2_lite:2:64}"
+M=/dev/shm/moec-ncuk
+rm -rf "$M"
+gpu_sample_model "tests/data/configs/$cfg.json" "$layers" "$M" "$fp8" >"$LOGS/sample.txt" 2>&1 ||
+  { tail "$LOGS/sample.txt"; exit 1; }
+for k in ${KERNELS:-mla_attn moe_down}; do
+  t0=$SECONDS
+  timeout "${NCU_S:-180}" "$NCU" --set full --clock-control none --kernel-name "regex:$k" \
+    --launch-count 1 --print-units base \
+    build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --steps 1 \
+    --warmup 0 >"$LOGS/$k.txt" 2>&1 || echo "ncu on $k: exit $?"
+  echo "== $k ($((SECONDS - t0)) s)"
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|L2 Hit|Compute \(SM\)" \
+    "$LOGS/$k.txt" | head -30
+done
+rm -rf "$M"
