@@ -54,7 +54,7 @@ build-gpu/moec bench "$MODEL.moec" --weights "$MODEL" --batch-sizes "$BATCHES" -
 rm -f "$MODEL.moec"
 # VARIANTS="name:ENV=V[,ENV=V] ...": the same plan compiled and benched under
 # each variant's environment (graph replay rows only; at VARIANT_BATCHES,
-# default BATCHES), e.g.
+# default BATCHES, as FP8_VARIANTS below), e.g.
 # VARIANTS="simt:MOEC_MOE_KERNEL=simt nopdl:MOEC_PDL=0"
 # PREV_DIR=DIR: another source tree (e.g. an earlier commit's snapshot,
 # with its .dev) built in DIR/build-gpu and benched as the variant "prev".
@@ -104,7 +104,7 @@ if [ "${FP8:-1}" = 1 ]; then
     vname=${variant%%:*}
     venv=${variant#*:}
     env ${venv//,/ } build-gpu/moec compile "$F8" -o "$F8.$vname.moec" >>"$LOGS/compile_fp8.txt" 2>&1 &&
-    env ${venv//,/ } build-gpu/moec bench "$F8.$vname.moec" --weights "$F8" --batch-sizes "$BATCHES" \
+    env ${venv//,/ } build-gpu/moec bench "$F8.$vname.moec" --weights "$F8" --batch-sizes "$VB" \
       --context "$CONTEXT" ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/fp8variant_$vname.jsonl" \
       2>"$LOGS/fp8variant_$vname.err" || tail -20 "$LOGS/fp8variant_$vname.err"
     rm -f "$F8.$vname.moec"
