@@ -40,10 +40,11 @@
 #define MMA_WARPS 1
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
-/* The down GEMM's 16-row tiles a warp (MOEC_MOE_MMA_DN_RT: 1 or 2) and
- * chunks in flight (MOEC_MOE_MMA_DN_U). (H100, 2026-11-24, V2-Lite, whole
- * step: 4 chunks 13.46 -> 12.97 ms at batch 32 and 14.52 -> 14.20 at 64
- * against 8; two tiles a warp -0.12 ms at 32 and +0.12 at 64.) */
+/* The down GEMM's 16-row tiles a warp (1 or 2) and chunks in flight
+ * (MOEC_MOE_MMA_DN_U). (H100, 2026-11-24, V2-Lite, whole step: 4 chunks
+ * 13.46 -> 12.97 ms at batch 32 and 14.52 -> 14.20 at 64 against 8; two
+ * tiles a warp -0.12 ms at 32 and +0.12 at 64, so one; two is not
+ * checked against the interpreter on the GPU: test before taking it.) */
 #define MMA_DN_RT 1
 #define MMA_DN_U 4
 /* Tensor-core blocks hold 16 slots (two 8-column tiles over one read of the
@@ -810,7 +811,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
         /* down's own chunks in flight and 16-row tiles a warp (the tiles
            share the activation fragments); two tiles where every warp's
            rows and fp8 scale blocks hold them whole */
-        int rt = cg_env_int("MOEC_MOE_MMA_DN_RT", MMA_DN_RT, 1, 2);
+        int rt = MMA_DN_RT;
         if (H % (16LL * rt * sh.warps) != 0 || (d8 && d->down->scale.block[0] % (16 * rt) != 0))
             rt = 1;
         sh.u = cg_env_int("MOEC_MOE_MMA_DN_U", MMA_DN_U, 1, 8);
