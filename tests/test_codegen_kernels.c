@@ -387,7 +387,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
        streaming form (4 warps of 2 gate/up rows, 4 down rows, 4 chunks in
        flight: 8 of gate_up's 256-wide chunks in 2 rounds, down's 5.5 in 2
        of 3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
-       one warp of 16 rows */
+       one warp of 16 rows, 8 chunks in flight for gate_up and 4 for down */
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
@@ -398,7 +398,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
              mma ? "mma_w1_u8" : "gv_w4_r2_u4", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
     snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w%s", bm,
-             mma ? "mma_w1_u8" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
+             mma ? "mma_w1_u4" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
     T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 8) &&
