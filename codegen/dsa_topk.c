@@ -403,9 +403,9 @@ static const char SELECT_BODY[] =
 
 /* ---- the fast form ---------------------------------------------------------- */
 
-/* cp.async (16 bytes, zeros where the source is not read), its groups, and
- * ldmatrix (four 8x8 bf16 matrices: the fragments of one m16n8k16 A tile,
- * or of two B tiles). */
+/* cp.async (16 bytes, zeros where the source is not read) and its groups
+ * (ldmatrix: moec_ldmatrix of codegen/cg.c, four matrices: the fragments of
+ * one m16n8k16 A tile, or of two B tiles). */
 static const char FAST_SCORE_HELPERS[] =
     "#ifndef MOEC_DSA_FAST_SCORE_HELPERS\n"
     "#define MOEC_DSA_FAST_SCORE_HELPERS\n"
@@ -422,13 +422,6 @@ static const char FAST_SCORE_HELPERS[] =
     "template <int N> __device__ __forceinline__ void dsa_cp_wait()\n"
     "{\n"
     "    asm volatile(\"cp.async.wait_group %0;\\n\" ::\"n\"(N) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void dsa_ldm4(unsigned *r, const __nv_bfloat16 *p)\n"
-    "{\n"
-    "    const unsigned a = (unsigned)__cvta_generic_to_shared(p);\n"
-    "    asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\\n\"\n"
-    "                 : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3])\n"
-    "                 : \"r\"(a));\n"
     "}\n"
     "#endif\n\n";
 
@@ -543,11 +536,11 @@ static const char SCORE_FAST_BODY[] =
     "#pragma unroll\n"
     "            for (int k0 = 0; k0 < DI; k0 += 16) {\n"
     "                unsigned a[4];\n"
-    "                dsa_ldm4(a, &sm.k[b][warp * 16 + (lane & 15)][k0 + (lane >> 4) * 8]);\n"
+    "                moec_ldmatrix<4, false>(a, &sm.k[b][warp * 16 + (lane & 15)][k0 + (lane >> 4) * 8]);\n"
     "#pragma unroll\n"
     "                for (int j = 0; j < NTN / 2; j++) {\n"
     "                    unsigned bq[4];\n"
-    "                    dsa_ldm4(bq, &sm.q[j * 16 + (lane >> 4) * 8 + (lane & 7)][k0 + ((lane >> 3) & 1) * 8]);\n"
+    "                    moec_ldmatrix<4, false>(bq, &sm.q[j * 16 + (lane >> 4) * 8 + (lane & 7)][k0 + ((lane >> 3) & 1) * 8]);\n"
     "                    moec_mma_bf16(c[2 * j], a[0], a[1], a[2], a[3], bq[0], bq[1]);\n"
     "                    moec_mma_bf16(c[2 * j + 1], a[0], a[1], a[2], a[3], bq[2], bq[3]);\n"
     "                }\n"

@@ -40,12 +40,10 @@
 #define MMA_WARPS 1
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
-/* The down GEMM's 16-row tiles a warp (1 or 2) and chunks in flight
- * (MOEC_MOE_MMA_DN_U). (H100, 2026-11-24, V2-Lite, whole step: 4 chunks
- * 13.46 -> 12.97 ms at batch 32 and 14.52 -> 14.20 at 64 against 8; two
- * tiles a warp -0.12 ms at 32 and +0.12 at 64, so one; two is not
- * checked against the interpreter on the GPU: test before taking it.) */
-#define MMA_DN_RT 1
+/* The down GEMM's chunks in flight (MOEC_MOE_MMA_DN_U). (H100, 2026-11-24,
+ * V2-Lite, whole step: 4 chunks 13.46 -> 12.97 ms at batch 32 and 14.52 ->
+ * 14.20 at 64 against 8; two 16-row tiles a warp sharing h's fragments,
+ * tried at e5ed283, -0.12 ms at 32 and +0.12 at 64: taken out.) */
 #define MMA_DN_U 4
 /* Tensor-core blocks hold 16 slots (two 8-column tiles over one read of the
  * weights) once experts average more than this many slots, else 8: an
@@ -403,7 +401,7 @@ static const char MMA_HEAD[] =
     "        return;\n"
     "    const int e = blk_expert[b];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    const int n0 = (blockIdx.y * NW + warp) * 16 * RT;\n"
+    "    const int n0 = (blockIdx.y * NW + warp) * 16;\n"
     "    if (n0 >= ND)\n"
     "        return;\n"
     "    int sl[NTILE];\n"
@@ -482,32 +480,27 @@ static const char MMA_DOWN_BODY[] =
     "    for (int t = 0; t < NTILE; t++)\n"
     "        hr[t] = hbuf + (long long)(sl[t] >= 0 ? sl[t] : 0) * KD + q * 8;\n"
     "    const TW *d0 = wd + (long long)e * ND * KD + (long long)(n0 + g) * KD + q * 8;\n"
-    "    float acc[RT][NTILE][4];\n"
+    "    float acc[NTILE][4];\n"
     "#pragma unroll\n"
-    "    for (int r = 0; r < RT; r++)\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
     "#pragma unroll\n"
-    "        for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < 4; i++)\n"
-    "                acc[r][t][i] = 0.0f;\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "            acc[t][i] = 0.0f;\n"
     "#pragma unroll 1\n"
     "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
-    "        uint4 wa[U][2 * RT];\n"
+    "        uint4 wa[U][2];\n"
     "        /* h: bf16 pairs (of f32 h: rounded here, as the bf16 h was stored) */\n"
     "        uint4 hb[U][NTILE];\n"
-    "        [[maybe_unused]] float sd[U][RT];\n"
+    "        [[maybe_unused]] float sd[U];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u) * 32;\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RT; r++) {\n"
-    "                wa[u][2 * r] = moec_ld8(d0 + 16LL * r * KD + k);\n"
-    "                wa[u][2 * r + 1] = moec_ld8(d0 + (16LL * r + 8) * KD + k);\n"
-    "                if constexpr (W8)\n"
-    "                    sd[u][r] = dsc[((long long)e * SR + (n0 + 16 * r) / SBN) * SC + k / SBK];\n"
-    "            }\n"
+    "            wa[u][0] = moec_ld8(d0 + k);\n"
+    "            wa[u][1] = moec_ld8(d0 + 8LL * KD + k);\n"
+    "            if constexpr (W8)\n"
+    "                sd[u] = dsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
     "                if constexpr (sizeof(TH) == 2) {\n"
@@ -527,29 +520,23 @@ static const char MMA_DOWN_BODY[] =
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
     "                const unsigned b0 = hb[u][t].x, b1 = hb[u][t].y, b2 = hb[u][t].z, b3 = hb[u][t].w;\n"
+    "                if constexpr (W8) {\n"
+    "                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "                    moec_mma_bf16(p, wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
+    "                    moec_mma_bf16(p, wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, b2, b3);\n"
     "#pragma unroll\n"
-    "                for (int r = 0; r < RT; r++) {\n"
-    "                    const uint4 w0 = wa[u][2 * r], w1 = wa[u][2 * r + 1];\n"
-    "                    if constexpr (W8) {\n"
-    "                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    "                        moec_mma_bf16(p, w0.x, w1.x, w0.y, w1.y, b0, b1);\n"
-    "                        moec_mma_bf16(p, w0.z, w1.z, w0.w, w1.w, b2, b3);\n"
-    "#pragma unroll\n"
-    "                        for (int i = 0; i < 4; i++)\n"
-    "                            acc[r][t][i] += sd[u][r] * p[i];\n"
-    "                    } else {\n"
-    "                        moec_mma_bf16(acc[r][t], w0.x, w1.x, w0.y, w1.y, b0, b1);\n"
-    "                        moec_mma_bf16(acc[r][t], w0.z, w1.z, w0.w, w1.w, b2, b3);\n"
-    "                    }\n"
+    "                    for (int i = 0; i < 4; i++)\n"
+    "                        acc[t][i] += sd[u] * p[i];\n"
+    "                } else {\n"
+    "                    moec_mma_bf16(acc[t], wa[u][0].x, wa[u][1].x, wa[u][0].y, wa[u][1].y, b0, b1);\n"
+    "                    moec_mma_bf16(acc[t], wa[u][0].z, wa[u][1].z, wa[u][0].w, wa[u][1].w, b2, b3);\n"
     "                }\n"
     "            }\n"
     "        }\n"
     "    }\n"
     "#pragma unroll\n"
-    "    for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NTILE; t++)\n"
-    "            moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t], scale, wts);\n";
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
 
 static const char SUM_BODY[] =
     "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
@@ -695,17 +682,19 @@ typedef struct moe_shape {
 } moe_shape;
 
 /* The shape of form `form` for a GEMM over k of kd elements of weight w
- * (rows: rows a warp of the CUDA-core forms). The streaming form takes U
- * chunks at a time, evened out over the row's chunks (6 chunks at U 4:
- * two rounds of 3). */
+ * (rows: rows a warp of the CUDA-core forms; the streaming form's rows a
+ * warp and the tensor-core form's chunks in flight: rw_env and u_env, else
+ * their defaults). The streaming form takes U chunks at a time, evened out
+ * over the row's chunks (6 chunks at U 4: two rounds of 3). */
 static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long long kd,
-                              int rows, const char *rw_env, int rw_dflt)
+                              int rows, const char *rw_env, int rw_dflt, const char *u_env,
+                              int u_dflt)
 {
     moe_shape sh = {0};
     if (form == FORM_MMA) {
         sh.warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
         sh.rows = 16;
-        sh.u = cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
+        sh.u = cg_env_int(u_env, u_dflt, 1, 8);
         snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
     } else if (form == FORM_GV) {
         long long kstep = 32 * (16 / (long long)ir_dtype_size(cg_storage(c, w)));
@@ -745,7 +734,8 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     cg_moe_scale_consts(c, d->gate, fused ? I : 0, "*gsc = nullptr, *usc = nullptr", gtag,
                         sizeof gtag, gdecl, sizeof gdecl);
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
-    moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW);
+    moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW,
+                                "MOEC_MOE_MMA_U", MMA_UNROLL);
     snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E,
              K, H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
              fused ? "fused" : "split", gtag, l->h16 ? "_h16" : "");
@@ -769,7 +759,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                       sh.warps, gstride, gstride, uoff,
                       gdecl);
         if (mma)
-            moec_buf_printf(&c->src, "    constexpr int U = %d, RT = 1;\n%s%s}\n\n", sh.u, MMA_HEAD,
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else if (form == FORM_GV)
             moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
@@ -806,18 +796,8 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD);
-    if (mma) {
-        /* down's own chunks in flight and 16-row tiles a warp (the tiles
-           share the activation fragments); two tiles where every warp's
-           rows and fp8 scale blocks hold them whole */
-        int rt = MMA_DN_RT;
-        if (H % (16LL * rt * sh.warps) != 0 || (d8 && d->down->scale.block[0] % (16 * rt) != 0))
-            rt = 1;
-        sh.u = cg_env_int("MOEC_MOE_MMA_DN_U", MMA_DN_U, 1, 8);
-        sh.rows = 16 * rt;
-        snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d%s", sh.warps, sh.u, rt > 1 ? "_rt2" : "");
-    }
+    moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD,
+                                "MOEC_MOE_MMA_DN_U", MMA_DN_U);
     snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E, K,
              H, I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag,
              l->h16 ? "_h16" : "");
@@ -847,8 +827,8 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
         if (mma)
-            moec_buf_printf(&c->src, "    constexpr int U = %d, RT = %d;\n%s%s}\n\n", sh.u,
-                          sh.rows / 16, MMA_HEAD, MMA_DOWN_BODY);
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
+                          MMA_DOWN_BODY);
         else if (form == FORM_GV)
             moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
                           sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_DOWN_IN, GV_BODY,
