@@ -45,6 +45,11 @@
  * 14.20 at 64 against 8; two 16-row tiles a warp sharing h's fragments,
  * tried at e5ed283, -0.12 ms at 32 and +0.12 at 64: taken out.) */
 #define MMA_DN_U 4
+/* Ring depths of the tensor-core forms' loads through shared memory
+ * (MMA_ASYNC_LOOP; MOEC_MOE_MMA_ASYNC and MOEC_MOE_MMA_DN_ASYNC override
+ * them, 0 the register form). */
+#define MMA_RING 0
+#define MMA_DN_RING 0
 /* Tensor-core blocks hold 16 slots (two 8-column tiles over one read of the
  * weights) once experts average more than this many slots, else 8: an
  * expert with more slots than a block holds is read once per block.
@@ -538,6 +543,111 @@ static const char MMA_DOWN_BODY[] =
     "    for (int t = 0; t < NTILE; t++)\n"
     "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
 
+/* The tensor-core forms with their loads through shared memory (bf16
+ * weights and h; MOEC_MOE_MMA_ASYNC and MOEC_MOE_MMA_DN_ASYNC give the ring's
+ * depth D, 0 for the register form): each lane copies the same 16-byte
+ * pieces the register form loads (NA weight pieces wp[i] + k, its tiles'
+ * activations ap[t] + k, per 32-wide k chunk) into its own slots of a ring
+ * of D chunks (cp.async), D - 1 chunks ahead of their products
+ * (products(w, a): one chunk's pieces). A lane reads back only what it
+ * copied, so its own wait orders the two: no barrier. The copies hold no
+ * registers, so the loads in flight no longer depend on how many
+ * registers ptxas keeps for them. */
+static const char MMA_ASYNC_LOOP[] =
+    "    constexpr int NI = NA + NTILE;\n"
+    "    __shared__ uint4 ring[NW][D][NI][32];\n"
+    "    uint4(*rg)[NI][32] = ring[warp];\n"
+    "    auto issue = [&](int s, int slot) {\n"
+    "        if (s < NSTEP) {\n"
+    "            const long long k = (long long)s * 32;\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NA; i++)\n"
+    "                moec_cp16(&rg[slot][i][lane], wp[i] + k, true);\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NTILE; t++)\n"
+    "                moec_cp16(&rg[slot][NA + t][lane], ap[t] + k, true);\n"
+    "        }\n"
+    "        moec_cp_commit();\n"
+    "    };\n"
+    "#pragma unroll\n"
+    "    for (int s = 0; s < D - 1; s++)\n"
+    "        issue(s, s);\n"
+    "#pragma unroll 1\n"
+    "    for (int s0 = 0; s0 < NSTEP; s0 += D) {\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < D; j++) {\n"
+    "            if (NSTEP % D != 0 && s0 + j >= NSTEP)\n"
+    "                break;\n"
+    "            issue(s0 + j + D - 1, (j + D - 1) % D);\n"
+    "            moec_cp_wait_group<D - 1>();\n"
+    "            uint4 w[NA], a[NTILE];\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NA; i++)\n"
+    "                w[i] = rg[j][i][lane];\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < NTILE; t++)\n"
+    "                a[t] = rg[j][NA + t][lane];\n"
+    "            products(w, a);\n"
+    "        }\n"
+    "    }\n";
+
+/* MMA_ASYNC_LOOP's operands and products in gate_up (before it) and its
+ * end (after) */
+static const char MMA_GATE_UP_ASYNC_IN[] =
+    "    constexpr int NA = 4;\n"
+    "    const TW *g0 = wg + (long long)e * GSTRIDE + (long long)(n0 + g) * KD + q * 8;\n"
+    "    const TW *u0 = wu + (long long)e * USTRIDE + UOFF + (long long)(n0 + g) * KD + q * 8;\n"
+    "    const TW *wp[NA] = {g0, g0 + 8LL * KD, u0, u0 + 8LL * KD};\n"
+    "    const TX *ap[NTILE];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        ap[t] = x + (long long)(sl[t] >= 0 ? sl[t] / K : 0) * KD + q * 8;\n"
+    "    float ag[NTILE][4], au[NTILE][4];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "            ag[t][i] = au[t][i] = 0.0f;\n"
+    "    auto products = [&](const uint4 *w, const uint4 *a) {\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < NTILE; t++) {\n"
+    "            moec_mma_bf16(ag[t], w[0].x, w[1].x, w[0].y, w[1].y, a[t].x, a[t].y);\n"
+    "            moec_mma_bf16(ag[t], w[0].z, w[1].z, w[0].w, w[1].w, a[t].z, a[t].w);\n"
+    "            moec_mma_bf16(au[t], w[2].x, w[3].x, w[2].y, w[3].y, a[t].x, a[t].y);\n"
+    "            moec_mma_bf16(au[t], w[2].z, w[3].z, w[2].w, w[3].w, a[t].z, a[t].w);\n"
+    "        }\n"
+    "    };\n";
+static const char MMA_GATE_UP_ASYNC_OUT[] =
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, ag[t], au[t]);\n";
+/* ... in down */
+static const char MMA_DOWN_ASYNC_IN[] =
+    "    constexpr int NA = 2;\n"
+    "    const TW *d0 = wd + (long long)e * ND * KD + (long long)(n0 + g) * KD + q * 8;\n"
+    "    const TW *wp[NA] = {d0, d0 + 8LL * KD};\n"
+    "    const TH *ap[NTILE];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        ap[t] = hbuf + (long long)(sl[t] >= 0 ? sl[t] : 0) * KD + q * 8;\n"
+    "    float acc[NTILE][4];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "            acc[t][i] = 0.0f;\n"
+    "    auto products = [&](const uint4 *w, const uint4 *a) {\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < NTILE; t++) {\n"
+    "            moec_mma_bf16(acc[t], w[0].x, w[1].x, w[0].y, w[1].y, a[t].x, a[t].y);\n"
+    "            moec_mma_bf16(acc[t], w[0].z, w[1].z, w[0].w, w[1].w, a[t].z, a[t].w);\n"
+    "        }\n"
+    "    };\n";
+static const char MMA_DOWN_ASYNC_OUT[] =
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NTILE; t++)\n"
+    "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
+
 static const char SUM_BODY[] =
     "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
     "    if (h >= H)\n"
@@ -677,9 +787,20 @@ enum { FORM_SIMT, FORM_MMA, FORM_GV };
 /* A GEMM step's shape: warps a block, rows a warp (a block's rows: their
  * product), the streaming form's chunks in flight, the kernel-name tag. */
 typedef struct moe_shape {
-    int warps, rows, u;
+    int warps, rows, u, ring;
     char tag[32];
 } moe_shape;
+
+/* The tensor-core form's ring depth from env (MMA_ASYNC_LOOP; 0: the
+ * register form) where its loads can go through shared memory (bf16
+ * weights and activations), the tag naming it. */
+static void mma_ring(moe_shape *sh, int ok, const char *env, int dflt)
+{
+    int d = ok ? cg_env_int(env, dflt, 0, 8) : 0;
+    sh->ring = d >= 2 ? d : 0;
+    if (sh->ring)
+        snprintf(sh->tag, sizeof sh->tag, "mma_w%d_a%d", sh->warps, sh->ring);
+}
 
 /* The shape of form `form` for a GEMM over k of kd elements of weight w
  * (rows: rows a warp of the CUDA-core forms; the streaming form's rows a
@@ -736,6 +857,9 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
     moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW,
                                 "MOEC_MOE_MMA_U", MMA_UNROLL);
+    if (mma)
+        mma_ring(&sh, gdt == IR_DTYPE_BF16 && xdt == IR_DTYPE_BF16, "MOEC_MOE_MMA_ASYNC",
+                 MMA_RING);
     snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E,
              K, H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
              fused ? "fused" : "split", gtag, l->h16 ? "_h16" : "");
@@ -758,7 +882,10 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                       l->h16 ? "__nv_bfloat16" : "float", cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
                       sh.warps, gstride, gstride, uoff,
                       gdecl);
-        if (mma)
+        if (mma && sh.ring)
+            moec_buf_printf(&c->src, "    constexpr int D = %d;\n%s%s%s%s}\n\n", sh.ring, MMA_HEAD,
+                          MMA_GATE_UP_ASYNC_IN, MMA_ASYNC_LOOP, MMA_GATE_UP_ASYNC_OUT);
+        else if (mma)
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else if (form == FORM_GV)
@@ -798,6 +925,8 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD,
                                 "MOEC_MOE_MMA_DN_U", MMA_DN_U);
+    if (mma)
+        mma_ring(&sh, ddt == IR_DTYPE_BF16 && l->h16, "MOEC_MOE_MMA_DN_ASYNC", MMA_DN_RING);
     snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E, K,
              H, I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag,
              l->h16 ? "_h16" : "");
@@ -826,7 +955,10 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
-        if (mma)
+        if (mma && sh.ring)
+            moec_buf_printf(&c->src, "    constexpr int D = %d;\n%s%s%s%s}\n\n", sh.ring, MMA_HEAD,
+                          MMA_DOWN_ASYNC_IN, MMA_ASYNC_LOOP, MMA_DOWN_ASYNC_OUT);
+        else if (mma)
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_DOWN_BODY);
         else if (form == FORM_GV)

@@ -5,6 +5,9 @@
 # tensor-core form (tests/gpu_kernels with MOEC_KERN_MOE_ONLY and
 # MOEC_KERN_BENCH, which also checks every result against the interpreter).
 # Leaves $OUT/moe_tune.txt. usage: scripts/gpu_moe_tune.sh ["W U" ...]
+# VARIANTS="name:ENV=V[,ENV=V] ..." times those settings instead (each as
+# the build's defaults plus its settings; "base:" for none), e.g.
+# VARIANTS="base: ring3:MOEC_MOE_MMA_ASYNC=3,MOEC_MOE_MMA_DN_ASYNC=3"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-tune}
@@ -19,6 +22,14 @@ run() { # LABEL ENV...
   env MOEC_KERN_MOE_ONLY=1 MOEC_KERN_BENCH=1 "$@" build-gpu/tests/gpu_kernels 2>&1 |
     grep -E "bench .*(moe_gate_up|moe_down)|passed|failed|check failed" >>"$LOG"
 }
+if [ -n "${VARIANTS:-}" ]; then
+  for v in $VARIANTS; do
+    IFS=, read -ra envs <<<"${v#*:}"
+    run "${v%%:*}" "${envs[@]}"
+  done
+  cat "$LOG"
+  exit 0
+fi
 run simt MOEC_MOE_MMA_MIN_BM=1024
 for wu in "${@:-4 4}"; do
   set -- $wu
