@@ -31,6 +31,10 @@
 /* The tensor-core kernel: warps, and positions per tile. */
 #define MMA_WARPS 8
 #define MMA_PT 32
+/* The tensor-core kernel's tiles by bulk copies (sm_90's TMA: two a row,
+ * by one thread) instead of 16-byte cp.async by every thread
+ * (MOEC_MLA_TMA=0|1 overrides it). */
+#define MLA_TMA 0
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -242,6 +246,7 @@ static const char MMA_BODY[] =
     "        float s[KH][16][SLD];\n"
     "        __nv_bfloat16 p[16][PLD];\n"
     "        float m[16], l[16], alpha[16];\n"
+    "        unsigned long long bar[2];\n"
     "    };\n"
     "    static_assert(sizeof(Smem) == SMEM, \"shared memory layout\");\n"
     "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
@@ -289,6 +294,14 @@ static const char MMA_BODY[] =
     "        sm.m[tid] = MOEC_NEG_INF;\n"
     "        sm.l[tid] = 0.0f;\n"
     "    }\n"
+    "    if constexpr (TMA) { /* a tile's buffer is full once each of its PT rows arrived */\n"
+    "        if (tid == 0) {\n"
+    "            moec_mbar_init(&sm.bar[0], PT);\n"
+    "            moec_mbar_init(&sm.bar[1], PT);\n"
+    "            moec_mbar_init_fence();\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "    }\n"
     /* a tile's loads: TPR threads a row, each row's cache row looked up
        once (row_of, issued a tile ahead so that its latency hides behind
        the products), its 16-byte chunks every TPR-th for the thread */
@@ -303,6 +316,16 @@ static const char MMA_BODY[] =
     "    };\n"
     "    /* rows past the token's position are zeros: P is 0 there, and 0 * stale could be NaN */\n"
     "    auto load_tile = [&](long long row, int buf) {\n"
+    "        if constexpr (TMA) { /* the row's two bulk copies, by its first thread */\n"
+    "            if (row >= 0) {\n"
+    "                if (lc == 0) {\n"
+    "                    moec_mbar_arrive_tx(&sm.bar[buf], RS * 2);\n"
+    "                    moec_bulk_g2s(&sm.kv[buf][lr][0], kvpool + row * R, R * 2, &sm.bar[buf]);\n"
+    "                    moec_bulk_g2s(&sm.kv[buf][lr][R], pepool + row * DR, DR * 2, &sm.bar[buf]);\n"
+    "                }\n"
+    "                return;\n"
+    "            }\n"
+    "        }\n"
     "#pragma unroll\n"
     "        for (int i = 0; i < (CPR + TPR - 1) / TPR; i++) {\n"
     "            const int j = (lc + i * TPR) * 8;\n"
@@ -314,6 +337,11 @@ static const char MMA_BODY[] =
     "                mla_cp16(&sm.kv[buf][lr][j], kvpool + row * R + j);\n"
     "            else\n"
     "                mla_cp16(&sm.kv[buf][lr][j], pepool + row * DR + (j - R));\n"
+    "        }\n"
+    "        if constexpr (TMA) { /* zeros: written before the buffer's next bulk copies */\n"
+    "            moec_fence_async();\n"
+    "            if (lc == 0)\n"
+    "                moec_mbar_arrive(&sm.bar[buf]);\n"
     "        }\n"
     "    };\n"
     "    float acc[NTN][4];\n"
@@ -331,7 +359,13 @@ static const char MMA_BODY[] =
     "        mla_cp_commit();\n"
     "        if (tile + 2 < last)\n"
     "            row_next = row_of(tile + 2);\n"
-    "        mla_cp_wait<1>();\n"
+    "        if constexpr (TMA) {\n"
+    "            if (tile == first)\n"
+    "                mla_cp_wait<0>(); /* q */\n"
+    "            moec_mbar_wait(&sm.bar[buf], ((tile - first) >> 1) & 1);\n"
+    "        } else {\n"
+    "            mla_cp_wait<1>();\n"
+    "        }\n"
     "        __syncthreads();\n"
     "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
     "        /* each warp a column tile's products over its part of k (every warp\n"
@@ -577,14 +611,18 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
+    int tma = 0;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, two kv tiles, the scores' KH parts, P,
            m, l, alpha */
         long long kh = MMA_WARPS / (MMA_PT / 8) > 1 ? MMA_WARPS / (MMA_PT / 8) : 1;
         smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + kh * 16LL * (MMA_PT + 4) * 4 +
-               16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4;
-        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d%s_bs%d_t%d_%s",
-                 H, R, DR, MMA_PT, ns, minpos, merge ? "_m" : "", bs, c->T, tag);
+               16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4 + 2 * 8;
+        /* the tiles by bulk copies (sm_90): 16-byte rows in both pools */
+        tma = c->opt && cg_arch_num(c->opt) >= 90 && (R * 2) % 16 == 0 && (DR * 2) % 16 == 0 &&
+              cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
+        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d%s%s_bs%d_t%d_%s",
+                 H, R, DR, MMA_PT, ns, minpos, merge ? "_m" : "", tma ? "_tma" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -610,9 +648,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "window%s)\n{\n"
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
-                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d;\n",
+                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d;\n"
+                      "    constexpr bool TMA = %s;\n",
                       MMA_WARPS * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
-                      DR, MMA_PT, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel, minpos);
+                      DR, MMA_PT, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel, minpos,
+                      tma ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
