@@ -35,6 +35,9 @@
  * by one thread) instead of 16-byte cp.async by every thread
  * (MOEC_MLA_TMA=0|1 overrides it). */
 #define MLA_TMA 0
+/* ... and its tile buffers (MOEC_MLA_NBUF, 2 to 4; MOEC_MLA_PT=16|32 sets
+ * the positions per tile): NBUF - 1 tiles in flight while one is used. */
+#define MMA_NBUF 2
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -242,11 +245,11 @@ static const char MMA_BODY[] =
     "    constexpr int NQ = PT / 8, KH = NW / NQ > 1 ? NW / NQ : 1, KS = RS / 16;\n"
     "    struct Smem {\n"
     "        __nv_bfloat16 q[16][LD];\n"
-    "        __nv_bfloat16 kv[2][PT][LD];\n"
+    "        __nv_bfloat16 kv[NBUF][PT][LD];\n"
     "        float s[KH][16][SLD];\n"
     "        __nv_bfloat16 p[16][PLD];\n"
     "        float m[16], l[16], alpha[16];\n"
-    "        unsigned long long bar[2];\n"
+    "        unsigned long long bar[NBUF];\n"
     "    };\n"
     "    static_assert(sizeof(Smem) == SMEM, \"shared memory layout\");\n"
     "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
@@ -296,8 +299,8 @@ static const char MMA_BODY[] =
     "    }\n"
     "    if constexpr (TMA) { /* a tile's buffer is full once each of its PT rows arrived */\n"
     "        if (tid == 0) {\n"
-    "            moec_mbar_init(&sm.bar[0], PT);\n"
-    "            moec_mbar_init(&sm.bar[1], PT);\n"
+    "            for (int i = 0; i < NBUF; i++)\n"
+    "                moec_mbar_init(&sm.bar[i], PT);\n"
     "            moec_mbar_init_fence();\n"
     "        }\n"
     "        __syncthreads();\n"
@@ -348,23 +351,30 @@ static const char MMA_BODY[] =
     "#pragma unroll\n"
     "    for (int n = 0; n < NTN; n++)\n"
     "        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;\n"
-    "    if (first < last)\n"
-    "        load_tile(row_of(first), 0);\n"
-    "    mla_cp_commit();\n"
-    "    long long row_next = first + 1 < last ? row_of(first + 1) : -1LL;\n"
-    "    for (int tile = first; tile < last; tile++) {\n"
-    "        const int buf = (tile - first) & 1;\n"
-    "        if (tile + 1 < last)\n"
-    "            load_tile(row_next, buf ^ 1);\n"
+    /* tile i in buffer (i - first) % NBUF: the first NBUF - 1 loaded first,
+       then one more a tile, into the buffer the tile before used */
+    "    long long row_next = first < last ? row_of(first) : -1LL;\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NBUF - 1; i++) {\n"
+    "        if (first + i < last)\n"
+    "            load_tile(row_next, i);\n"
     "        mla_cp_commit();\n"
-    "        if (tile + 2 < last)\n"
-    "            row_next = row_of(tile + 2);\n"
+    "        if (first + i + 1 < last)\n"
+    "            row_next = row_of(first + i + 1);\n"
+    "    }\n"
+    "    for (int tile = first; tile < last; tile++) {\n"
+    "        const int it = tile - first, buf = it % NBUF, nxt = tile + NBUF - 1;\n"
+    "        if (nxt < last)\n"
+    "            load_tile(row_next, (nxt - first) % NBUF);\n"
+    "        mla_cp_commit();\n"
+    "        if (nxt + 1 < last)\n"
+    "            row_next = row_of(nxt + 1);\n"
     "        if constexpr (TMA) {\n"
     "            if (tile == first)\n"
     "                mla_cp_wait<0>(); /* q */\n"
-    "            moec_mbar_wait(&sm.bar[buf], ((tile - first) >> 1) & 1);\n"
+    "            moec_mbar_wait(&sm.bar[buf], (unsigned)(it / NBUF) & 1u);\n"
     "        } else {\n"
-    "            mla_cp_wait<1>();\n"
+    "            mla_cp_wait<NBUF - 1>();\n"
     "        }\n"
     "        __syncthreads();\n"
     "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
@@ -611,18 +621,26 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
-    int tma = 0;
+    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, two kv tiles, the scores' KH parts, P,
            m, l, alpha */
-        long long kh = MMA_WARPS / (MMA_PT / 8) > 1 ? MMA_WARPS / (MMA_PT / 8) : 1;
-        smem = 16 * ld * 2 + 2LL * MMA_PT * ld * 2 + kh * 16LL * (MMA_PT + 4) * 4 +
-               16LL * (MMA_PT + 8) * 2 + 3 * 16 * 4 + 2 * 8;
+        mpt = cg_env_int("MOEC_MLA_PT", MMA_PT, 16, 32) >= 32 ? 32 : 16;
+        nbuf = cg_env_int("MOEC_MLA_NBUF", MMA_NBUF, 2, 4);
+        long long kh = MMA_WARPS / (mpt / 8) > 1 ? MMA_WARPS / (mpt / 8) : 1;
+        smem = 16 * ld * 2 + (long long)nbuf * mpt * ld * 2 + kh * 16LL * (mpt + 4) * 4 +
+               16LL * (mpt + 8) * 2 + 3 * 16 * 4 + nbuf * 8LL;
+        if (smem > (long long)cg_smem_max(c->opt))
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "mla_attention %%%s: %d buffers of %d positions need %lld bytes of "
+                            "shared memory",
+                            who, nbuf, mpt, smem);
         /* the tiles by bulk copies (sm_90): 16-byte rows in both pools */
         tma = c->opt && cg_arch_num(c->opt) >= 90 && (R * 2) % 16 == 0 && (DR * 2) % 16 == 0 &&
               cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
-        snprintf(aname, sizeof aname, "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_ns%d_mp%d%s%s_bs%d_t%d_%s",
-                 H, R, DR, MMA_PT, ns, minpos, merge ? "_m" : "", tma ? "_tma" : "", bs, c->T, tag);
+        snprintf(aname, sizeof aname,
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d_ns%d_mp%d%s%s_bs%d_t%d_%s", H, R, DR,
+                 mpt, nbuf, ns, minpos, merge ? "_m" : "", tma ? "_tma" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -648,10 +666,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "window%s)\n{\n"
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
-                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d;\n"
+                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d;\n"
                       "    constexpr bool TMA = %s;\n",
                       MMA_WARPS * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
-                      DR, MMA_PT, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel, minpos,
+                      DR, mpt, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel, minpos, nbuf,
                       tma ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,
