@@ -403,28 +403,6 @@ static const char SELECT_BODY[] =
 
 /* ---- the fast form ---------------------------------------------------------- */
 
-/* cp.async (16 bytes, zeros where the source is not read) and its groups
- * (ldmatrix: moec_ldmatrix of codegen/cg.c, four matrices: the fragments of
- * one m16n8k16 A tile, or of two B tiles). */
-static const char FAST_SCORE_HELPERS[] =
-    "#ifndef MOEC_DSA_FAST_SCORE_HELPERS\n"
-    "#define MOEC_DSA_FAST_SCORE_HELPERS\n"
-    "__device__ __forceinline__ void dsa_cp16(void *smem, const void *gmem, bool read)\n"
-    "{\n"
-    "    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);\n"
-    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" ::\"r\"(a), \"l\"(gmem),\n"
-    "                 \"r\"(read ? 16 : 0));\n"
-    "}\n"
-    "__device__ __forceinline__ void dsa_cp_commit()\n"
-    "{\n"
-    "    asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\");\n"
-    "}\n"
-    "template <int N> __device__ __forceinline__ void dsa_cp_wait()\n"
-    "{\n"
-    "    asm volatile(\"cp.async.wait_group %0;\\n\" ::\"n\"(N) : \"memory\");\n"
-    "}\n"
-    "#endif\n\n";
-
 /* The fast score kernel (bf16, heads and channels in sixteens): the items
  * are every token's tiles of PT positions, numbered token after token;
  * block b takes items [b I / G, (b + 1) I / G). Per item: the next tile's
@@ -483,7 +461,7 @@ static const char SCORE_FAST_BODY[] =
     "            const __nv_bfloat16 *src = kpool;\n"
     "            if (x < n)\n"
     "                src = kpool + ((long long)bt[x / BS] * BS + x % BS) * DI + col;\n"
-    "            dsa_cp16(&sm.k[b][r][col], src, x < n);\n"
+    "            moec_cp16(&sm.k[b][r][col], src, x < n);\n"
     "        }\n"
     "    };\n"
     "    int t = 0, qt = -1;\n"
@@ -491,7 +469,7 @@ static const char SCORE_FAST_BODY[] =
     "    while (sm.first[t + 1] <= i0)\n"
     "        t++;\n"
     "    load_tile(t, i0 - sm.first[t], 0);\n"
-    "    dsa_cp_commit();\n"
+    "    moec_cp_commit();\n"
     "    for (int i = i0; i < i1; i++) {\n"
     "        const int b = (i - i0) & 1;\n"
     "        while (sm.first[t + 1] <= i)\n"
@@ -500,7 +478,7 @@ static const char SCORE_FAST_BODY[] =
     "        if (t != qt) {\n"
     "            for (int c = tid; c < HI * CH; c += NT) {\n"
     "                const int h = c / CH, col = (c % CH) * 8;\n"
-    "                dsa_cp16(&sm.q[h][col], q + (long long)t * QS + QC + h * DI + col, true);\n"
+    "                moec_cp16(&sm.q[h][col], q + (long long)t * QS + QC + h * DI + col, true);\n"
     "            }\n"
     "            for (int h = tid; h < HI; h += NT)\n"
     "                sm.w[h] = ld(w + (long long)t * WS + WC + h) * weight_scale;\n"
@@ -509,16 +487,16 @@ static const char SCORE_FAST_BODY[] =
     "            rot = ROPE;\n"
     "            qt = t;\n"
     "        }\n"
-    "        dsa_cp_commit();\n"
+    "        moec_cp_commit();\n"
     "        if (i + 1 < i1) {\n"
     "            int tn = t;\n"
     "            while (sm.first[tn + 1] <= i + 1)\n"
     "                tn++;\n"
     "            load_tile(tn, i + 1 - sm.first[tn], b ^ 1);\n"
     "        }\n"
-    "        dsa_cp_commit();\n"
+    "        moec_cp_commit();\n"
     "        /* every group but the next tile's: this tile and q are in */\n"
-    "        dsa_cp_wait<1>();\n"
+    "        moec_cp_wait_group<1>();\n"
     "        __syncthreads();\n"
     "        /* a new token's q is in: rotated in place once (rot is the block's) */\n"
     "        if (rot) {\n"
@@ -973,7 +951,7 @@ static moec_status emit_score_fast(cg_ctx *c, const ir_op *op, const dsa_q *dq, 
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "dsa_topk %%%s: no memory", who);
     if (is_new) {
-        moec_buf_printf(&c->src, "%s%s%s", SCAN_HELPERS, FAST_SCORE_HELPERS, ROPE_HELPERS);
+        moec_buf_printf(&c->src, "%s%s", SCAN_HELPERS, ROPE_HELPERS);
         dsa_q_table(&c->src, dq, name);
         moec_buf_printf(&c->src,
                         "// dsa_topk: index scores over the paged key cache, every token's tiles "

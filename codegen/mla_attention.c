@@ -8,8 +8,8 @@
  * takes one token and a group of heads: each tile of positions is read from
  * the cache once into shared memory and serves all the block's heads, with
  * an online softmax in fp32. In bf16 with heads in sixteens the products
- * run on tensor cores (16 heads per block, tiles double-buffered with
- * cp.async); otherwise on CUDA cores (one thread per (head, position) for
+ * run on tensor cores (16 heads per block, tiles double-buffered by bulk
+ * copies on sm_90, cp.async before); otherwise on CUDA cores (one thread per (head, position) for
  * the scores, each thread a few heads by a few channels for the output).
  * When the bucket has too few blocks to fill the GPU (decode), the sequence
  * is split over blocks too, and the splits are merged by the last block of
@@ -33,8 +33,11 @@
 #define MMA_PT 32
 /* The tensor-core kernel's tiles by bulk copies (sm_90's TMA: two a row,
  * by one thread) instead of 16-byte cp.async by every thread
- * (MOEC_MLA_TMA=0|1 overrides it). */
-#define MLA_TMA 0
+ * (MOEC_MLA_TMA=0|1 overrides it). (H100, 2026-11-24, V2-Lite step at
+ * batch 1 / 32 / 64, two calls: 2.495 -> 2.512, 13.094 -> 12.921, 14.188 ->
+ * 14.213; 2.497 -> 2.508, 13.062 -> 12.873, 14.212 -> 14.207. 16-position
+ * tiles in 3 or 4 buffers were slower: 14.372 / 14.396 at 64.) */
+#define MLA_TMA 1
 /* ... and its tile buffers (MOEC_MLA_NBUF, 2 to 4; MOEC_MLA_PT=16|32 sets
  * the positions per tile): NBUF - 1 tiles in flight while one is used. */
 #define MMA_NBUF 2
@@ -220,25 +223,12 @@ static const char ATTN_BODY[] =
     "    }\n";
 
 /* The tensor-core form (bf16, 16 heads per block, m16n8k16 MMAs with fp32
- * accumulation): tiles of PT positions double-buffered in shared memory by
- * cp.async; S = Q K^T for the 16 heads (one 8-position MMA column per warp),
+ * accumulation): tiles of PT positions in NBUF buffers of shared memory,
+ * loaded NBUF - 1 tiles ahead (on sm_90 by two bulk copies a row, issued by
+ * one thread and completing on the buffer's mbarrier; else cp.async by every
+ * thread); S = Q K^T for the 16 heads (one 8-position MMA column per warp),
  * the online softmax on S (P rounded to bf16 for the second product, l summed
  * from the rounded P), then O += P V with each warp owning R / 8 channels. */
-static const char MMA_HELPERS[] =
-    "#ifndef MOEC_MLA_MMA_HELPERS\n"
-    "#define MOEC_MLA_MMA_HELPERS\n"
-    "__device__ __forceinline__ void mla_cp16(void *smem, const void *gmem)\n"
-    "{\n"
-    "    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);\n"
-    "    asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\\n\" ::\"r\"(a), \"l\"(gmem));\n"
-    "}\n"
-    "__device__ __forceinline__ void mla_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::); }\n"
-    "template <int N> __device__ __forceinline__ void mla_cp_wait()\n"
-    "{\n"
-    "    asm volatile(\"cp.async.wait_group %0;\\n\" ::\"n\"(N));\n"
-    "}\n"
-    "#endif\n\n";
-
 static const char MMA_BODY[] =
     "    constexpr int RS = R + DR, LD = RS + 8, PLD = PT + 8, SLD = PT + 4, CW = R / NW, NTN = CW / 8;\n"
     "    /* the scores' warps: PT / 8 column tiles by KH parts of the k steps */\n"
@@ -289,9 +279,9 @@ static const char MMA_BODY[] =
     "        const int r = i / (RS / 8), j = (i % (RS / 8)) * 8;\n"
     "        const long long qr = (long long)t * H + h0 + r;\n"
     "        if (j < R)\n"
-    "            mla_cp16(&sm.q[r][j], q_c + qr * R + j);\n"
+    "            moec_cp16(&sm.q[r][j], q_c + qr * R + j, true);\n"
     "        else\n"
-    "            mla_cp16(&sm.q[r][j], q_pe + qr * DR + (j - R));\n"
+    "            moec_cp16(&sm.q[r][j], q_pe + qr * DR + (j - R), true);\n"
     "    }\n"
     "    if (tid < 16) {\n"
     "        sm.m[tid] = MOEC_NEG_INF;\n"
@@ -337,9 +327,9 @@ static const char MMA_BODY[] =
     "            if (row < 0)\n"
     "                *reinterpret_cast<uint4 *>(&sm.kv[buf][lr][j]) = make_uint4(0u, 0u, 0u, 0u);\n"
     "            else if (j < R)\n"
-    "                mla_cp16(&sm.kv[buf][lr][j], kvpool + row * R + j);\n"
+    "                moec_cp16(&sm.kv[buf][lr][j], kvpool + row * R + j, true);\n"
     "            else\n"
-    "                mla_cp16(&sm.kv[buf][lr][j], pepool + row * DR + (j - R));\n"
+    "                moec_cp16(&sm.kv[buf][lr][j], pepool + row * DR + (j - R), true);\n"
     "        }\n"
     "        if constexpr (TMA) { /* zeros: written before the buffer's next bulk copies */\n"
     "            moec_fence_async();\n"
@@ -358,7 +348,7 @@ static const char MMA_BODY[] =
     "    for (int i = 0; i < NBUF - 1; i++) {\n"
     "        if (first + i < last)\n"
     "            load_tile(row_next, i);\n"
-    "        mla_cp_commit();\n"
+    "        moec_cp_commit();\n"
     "        if (first + i + 1 < last)\n"
     "            row_next = row_of(first + i + 1);\n"
     "    }\n"
@@ -366,15 +356,15 @@ static const char MMA_BODY[] =
     "        const int it = tile - first, buf = it % NBUF, nxt = tile + NBUF - 1;\n"
     "        if (nxt < last)\n"
     "            load_tile(row_next, (nxt - first) % NBUF);\n"
-    "        mla_cp_commit();\n"
+    "        moec_cp_commit();\n"
     "        if (nxt + 1 < last)\n"
     "            row_next = row_of(nxt + 1);\n"
     "        if constexpr (TMA) {\n"
     "            if (tile == first)\n"
-    "                mla_cp_wait<0>(); /* q */\n"
+    "                moec_cp_wait_group<0>(); /* q */\n"
     "            moec_mbar_wait(&sm.bar[buf], (unsigned)(it / NBUF) & 1u);\n"
     "        } else {\n"
-    "            mla_cp_wait<NBUF - 1>();\n"
+    "            moec_cp_wait_group<NBUF - 1>();\n"
     "        }\n"
     "        __syncthreads();\n"
     "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
@@ -458,7 +448,7 @@ static const char MMA_BODY[] =
     "        }\n"
     "        __syncthreads();\n"
     "    }\n"
-    "    mla_cp_wait<0>();\n"
+    "    moec_cp_wait_group<0>();\n"
     "    __syncthreads();\n"
     "    const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
     "    if constexpr (NSPLIT > 1) {\n"
@@ -640,7 +630,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
               cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         snprintf(aname, sizeof aname,
                  "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d_ns%d_mp%d%s%s_bs%d_t%d_%s", H, R, DR,
-                 mpt, nbuf, ns, minpos, merge ? "_m" : "", tma ? "_tma" : "", bs, c->T, tag);
+                 mpt, nbuf, ns, minpos, tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -653,7 +643,6 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
     const char *params = cg_attn_part_params(ns, merge);
     if (is_new && mma) {
-        moec_buf_printf(&c->src, "%s", MMA_HELPERS);
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache on tensor cores, one "
                       "block per token and 16 heads (codegen/mla_attention.c, "

@@ -45,15 +45,12 @@
  * 14.20 at 64 against 8; two 16-row tiles a warp sharing h's fragments,
  * tried at e5ed283, -0.12 ms at 32 and +0.12 at 64: taken out.) */
 #define MMA_DN_U 4
-/* Ring depths of the tensor-core forms' loads through shared memory
- * (MMA_ASYNC_LOOP; MOEC_MOE_MMA_ASYNC and MOEC_MOE_MMA_DN_ASYNC override
- * them, 0 the register form). */
-#define MMA_RING 0
-#define MMA_DN_RING 0
-/* Stage depths of the tensor-core forms' bulk copies (MMA_BULK_LOOP;
- * MOEC_MOE_MMA_BULK and MOEC_MOE_MMA_DN_BULK override them, 0 another form). */
-#define MMA_BULK 0
-#define MMA_DN_BULK 0
+/* (H100, 2026-11-24, 7th round, scripts/gpu_moe_tune.sh at V2-Lite's shape,
+ * T = 64, gate_up / down us: this register form 274 / 144; its loads
+ * through a shared-memory ring of cp.async copies instead, 392-412 /
+ * 396-418, bound by the MIO queue; bulk copies (TMA) of 256-wide stages,
+ * 292 / 260 at the best depth: both taken out, kept in history at
+ * 5c04770.) */
 /* Tensor-core blocks hold 16 slots (two 8-column tiles over one read of the
  * weights) once experts average more than this many slots, else 8: an
  * expert with more slots than a block holds is read once per block.
@@ -547,215 +544,6 @@ static const char MMA_DOWN_BODY[] =
     "    for (int t = 0; t < NTILE; t++)\n"
     "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
 
-/* The tensor-core forms with their loads through shared memory (bf16
- * weights and h; MOEC_MOE_MMA_ASYNC and MOEC_MOE_MMA_DN_ASYNC give the ring's
- * depth D, 0 for the register form): each lane copies the same 16-byte
- * pieces the register form loads (NA weight pieces wp[i] + k, its tiles'
- * activations ap[t] + k, per 32-wide k chunk) into its own slots of a ring
- * of D chunks (cp.async), D - 1 chunks ahead of their products
- * (products(w, a): one chunk's pieces). A lane reads back only what it
- * copied, so its own wait orders the two: no barrier. The copies hold no
- * registers, so the loads in flight no longer depend on how many
- * registers ptxas keeps for them. */
-static const char MMA_ASYNC_LOOP[] =
-    "    constexpr int NI = NA + NTILE;\n"
-    "    __shared__ uint4 ring[NW][D][NI][32];\n"
-    "    uint4(*rg)[NI][32] = ring[warp];\n"
-    "    auto issue = [&](int s, int slot) {\n"
-    "        if (s < NSTEP) {\n"
-    "            const long long k = (long long)s * 32;\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < NA; i++)\n"
-    "                moec_cp16(&rg[slot][i][lane], wp[i] + k, true);\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NTILE; t++)\n"
-    "                moec_cp16(&rg[slot][NA + t][lane], ap[t] + k, true);\n"
-    "        }\n"
-    "        moec_cp_commit();\n"
-    "    };\n"
-    "#pragma unroll\n"
-    "    for (int s = 0; s < D - 1; s++)\n"
-    "        issue(s, s);\n"
-    "#pragma unroll 1\n"
-    "    for (int s0 = 0; s0 < NSTEP; s0 += D) {\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < D; j++) {\n"
-    "            if (NSTEP % D != 0 && s0 + j >= NSTEP)\n"
-    "                break;\n"
-    "            issue(s0 + j + D - 1, (j + D - 1) % D);\n"
-    "            moec_cp_wait_group<D - 1>();\n"
-    "            uint4 w[NA], a[NTILE];\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < NA; i++)\n"
-    "                w[i] = rg[j][i][lane];\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NTILE; t++)\n"
-    "                a[t] = rg[j][NA + t][lane];\n"
-    "            products(w, a);\n"
-    "        }\n"
-    "    }\n";
-
-/* MMA_ASYNC_LOOP's operands and products in gate_up (before it) and its
- * end (after) */
-static const char MMA_GATE_UP_ASYNC_IN[] =
-    "    constexpr int NA = 4;\n"
-    "    const TW *g0 = wg + (long long)e * GSTRIDE + (long long)(n0 + g) * KD + q * 8;\n"
-    "    const TW *u0 = wu + (long long)e * USTRIDE + UOFF + (long long)(n0 + g) * KD + q * 8;\n"
-    "    const TW *wp[NA] = {g0, g0 + 8LL * KD, u0, u0 + 8LL * KD};\n"
-    "    const TX *ap[NTILE];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "        ap[t] = x + (long long)(sl[t] >= 0 ? sl[t] / K : 0) * KD + q * 8;\n"
-    "    float ag[NTILE][4], au[NTILE][4];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            ag[t][i] = au[t][i] = 0.0f;\n"
-    "    auto products = [&](const uint4 *w, const uint4 *a) {\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NTILE; t++) {\n"
-    "            moec_mma_bf16(ag[t], w[0].x, w[1].x, w[0].y, w[1].y, a[t].x, a[t].y);\n"
-    "            moec_mma_bf16(ag[t], w[0].z, w[1].z, w[0].w, w[1].w, a[t].z, a[t].w);\n"
-    "            moec_mma_bf16(au[t], w[2].x, w[3].x, w[2].y, w[3].y, a[t].x, a[t].y);\n"
-    "            moec_mma_bf16(au[t], w[2].z, w[3].z, w[2].w, w[3].w, a[t].z, a[t].w);\n"
-    "        }\n"
-    "    };\n";
-static const char MMA_GATE_UP_ASYNC_OUT[] =
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, ag[t], au[t]);\n";
-/* ... in down */
-static const char MMA_DOWN_ASYNC_IN[] =
-    "    constexpr int NA = 2;\n"
-    "    const TW *d0 = wd + (long long)e * ND * KD + (long long)(n0 + g) * KD + q * 8;\n"
-    "    const TW *wp[NA] = {d0, d0 + 8LL * KD};\n"
-    "    const TH *ap[NTILE];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "        ap[t] = hbuf + (long long)(sl[t] >= 0 ? sl[t] : 0) * KD + q * 8;\n"
-    "    float acc[NTILE][4];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            acc[t][i] = 0.0f;\n"
-    "    auto products = [&](const uint4 *w, const uint4 *a) {\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NTILE; t++) {\n"
-    "            moec_mma_bf16(acc[t], w[0].x, w[1].x, w[0].y, w[1].y, a[t].x, a[t].y);\n"
-    "            moec_mma_bf16(acc[t], w[0].z, w[1].z, w[0].w, w[1].w, a[t].z, a[t].w);\n"
-    "        }\n"
-    "    };\n";
-static const char MMA_DOWN_ASYNC_OUT[] =
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "        moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0, acc[t], scale, wts);\n";
-
-/* The tensor-core forms with their operands brought by bulk copies (sm_90's
- * TMA; bf16 weights and activations; MOEC_MOE_MMA_BULK and
- * MOEC_MOE_MMA_DN_BULK give the depth D, 0 for the register form): the
- * warp's NR weight rows (row_src(i), i < NR) and its tiles' NTILE * 8
- * activation rows (i >= NR) are copied KC columns at a time, a row a lane,
- * into stage buffers of D (rows LDS apart: ldmatrix without bank
- * conflicts), D - 1 stages ahead of their products (products(buf, kk): the
- * 16-wide k step kk of a stage); each stage's mbarrier completes when its
- * bytes have landed. No thread holds a load: the bytes in flight are the
- * shared memory's. */
-static const char MMA_BULK_LOOP[] =
-    "    constexpr int KC = KD < 256 ? KD : 256, NSTG = (KD + KC - 1) / KC, LDS = KC + 8;\n"
-    "    constexpr int NROW = NR + NTILE * 8;\n"
-    "    extern __shared__ __align__(128) unsigned char smem_raw[];\n"
-    "    __nv_bfloat16(*sbuf)[NROW][LDS] = reinterpret_cast<__nv_bfloat16(*)[NROW][LDS]>(smem_raw);\n"
-    "    __shared__ unsigned long long bar[D];\n"
-    "    if (lane == 0) {\n"
-    "#pragma unroll\n"
-    "        for (int d = 0; d < D; d++)\n"
-    "            moec_mbar_init(&bar[d], 1);\n"
-    "        moec_mbar_init_fence();\n"
-    "    }\n"
-    "    __syncwarp();\n"
-    "    auto issue = [&](int st) {\n"
-    "        if (st >= NSTG)\n"
-    "            return;\n"
-    "        const int d = st % D, k0 = st * KC, kc = KD - k0 < KC ? KD - k0 : KC;\n"
-    "        if (lane == 0)\n"
-    "            moec_mbar_arrive_tx(&bar[d], (unsigned)(NROW * kc * 2));\n"
-    "        __syncwarp();\n"
-    "        for (int i = lane; i < NROW; i += 32)\n"
-    "            moec_bulk_g2s(&sbuf[d][i][0], row_src(i) + k0, (unsigned)(kc * 2), &bar[d]);\n"
-    "    };\n"
-    "#pragma unroll\n"
-    "    for (int st = 0; st < D - 1; st++)\n"
-    "        issue(st);\n"
-    "#pragma unroll 1\n"
-    "    for (int st = 0; st < NSTG; st++) {\n"
-    "        issue(st + D - 1);\n"
-    "        const int d = st % D, kc = KD - st * KC < KC ? KD - st * KC : KC;\n"
-    "        moec_mbar_wait(&bar[d], (unsigned)(st / D) & 1u);\n"
-    "#pragma unroll 4\n"
-    "        for (int kk = 0; kk < kc; kk += 16)\n"
-    "            products(sbuf[d], kk);\n"
-    "        __syncwarp();\n"
-    "    }\n";
-
-/* MMA_BULK_LOOP's rows and products in gate_up (16 gate rows, then 16 up
- * rows, then the tokens' x rows), ending as MMA_GATE_UP_ASYNC_OUT */
-static const char MMA_GATE_UP_BULK_IN[] =
-    "    constexpr int NR = 32;\n"
-    "    auto row_src = [&](int i) -> const __nv_bfloat16 * {\n"
-    "        if (i < 16)\n"
-    "            return wg + (long long)e * GSTRIDE + (long long)(n0 + i) * KD;\n"
-    "        if (i < 32)\n"
-    "            return wu + (long long)e * USTRIDE + UOFF + (long long)(n0 + i - 16) * KD;\n"
-    "        const int sj = sorted[b * BM + i - 32];\n"
-    "        return x + (long long)(sj >= 0 ? sj / K : 0) * KD;\n"
-    "    };\n"
-    "    float ag[NTILE][4], au[NTILE][4];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            ag[t][i] = au[t][i] = 0.0f;\n"
-    "    auto products = [&](__nv_bfloat16(*rows)[LDS_], int kk) {\n"
-    "        unsigned ga[4], ua[4];\n"
-    "        moec_ldmatrix<4, false>(ga, &rows[lane & 15][kk + (lane >> 4) * 8]);\n"
-    "        moec_ldmatrix<4, false>(ua, &rows[16 + (lane & 15)][kk + (lane >> 4) * 8]);\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NTILE; t++) {\n"
-    "            unsigned xb[2];\n"
-    "            moec_ldmatrix<2, false>(xb, &rows[NR + t * 8 + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);\n"
-    "            moec_mma_bf16(ag[t], ga[0], ga[1], ga[2], ga[3], xb[0], xb[1]);\n"
-    "            moec_mma_bf16(au[t], ua[0], ua[1], ua[2], ua[3], xb[0], xb[1]);\n"
-    "        }\n"
-    "    };\n";
-/* ... in down (16 weight rows, then the slots' h rows), ending as
- * MMA_DOWN_ASYNC_OUT */
-static const char MMA_DOWN_BULK_IN[] =
-    "    constexpr int NR = 16;\n"
-    "    auto row_src = [&](int i) -> const __nv_bfloat16 * {\n"
-    "        if (i < 16)\n"
-    "            return wd + (long long)e * ND * KD + (long long)(n0 + i) * KD;\n"
-    "        const int sj = sorted[b * BM + i - 16];\n"
-    "        return hbuf + (long long)(sj >= 0 ? sj : 0) * KD;\n"
-    "    };\n"
-    "    float acc[NTILE][4];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NTILE; t++)\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            acc[t][i] = 0.0f;\n"
-    "    auto products = [&](__nv_bfloat16(*rows)[LDS_], int kk) {\n"
-    "        unsigned wa[4];\n"
-    "        moec_ldmatrix<4, false>(wa, &rows[lane & 15][kk + (lane >> 4) * 8]);\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NTILE; t++) {\n"
-    "            unsigned hb[2];\n"
-    "            moec_ldmatrix<2, false>(hb, &rows[NR + t * 8 + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);\n"
-    "            moec_mma_bf16(acc[t], wa[0], wa[1], wa[2], wa[3], hb[0], hb[1]);\n"
-    "        }\n"
-    "    };\n";
-
 static const char SUM_BODY[] =
     "    const int t = blockIdx.x, h = (blockIdx.y * NT + threadIdx.x) * VE;\n"
     "    if (h >= H)\n"
@@ -895,41 +683,9 @@ enum { FORM_SIMT, FORM_MMA, FORM_GV };
 /* A GEMM step's shape: warps a block, rows a warp (a block's rows: their
  * product), the streaming form's chunks in flight, the kernel-name tag. */
 typedef struct moe_shape {
-    int warps, rows, u, ring, bulk;
+    int warps, rows, u;
     char tag[32];
 } moe_shape;
-
-/* The bulk form's stage width, row pitch and shared memory (MMA_BULK_LOOP)
- * for nr weight rows, bm activation rows and k of kd. */
-static long long bulk_smem(long long kd, int nr, int bm, int depth)
-{
-    long long kc = kd < 256 ? kd : 256;
-    return (long long)depth * (nr + bm) * (kc + 8) * 2;
-}
-
-/* The tensor-core form's ring depth from env (MMA_ASYNC_LOOP; 0: the
- * register form) where its loads can go through shared memory (bf16
- * weights and activations), the tag naming it. */
-static void mma_ring(moe_shape *sh, int ok, const char *env, int dflt)
-{
-    int d = ok ? cg_env_int(env, dflt, 0, 8) : 0;
-    sh->ring = d >= 2 ? d : 0;
-    if (sh->ring)
-        snprintf(sh->tag, sizeof sh->tag, "mma_w%d_a%d", sh->warps, sh->ring);
-}
-
-/* ... and the bulk form's depth (MMA_BULK_LOOP; 0: another form), on
- * sm_90 for one-warp blocks of bf16 operands; it takes precedence. */
-static void mma_bulk(const cg_ctx *c, moe_shape *sh, int ok, const char *env, int dflt)
-{
-    int d = ok && sh->warps == 1 && c->opt && cg_arch_num(c->opt) >= 90 ? cg_env_int(env, dflt, 0, 8)
-                                                                       : 0;
-    sh->bulk = d >= 2 ? d : 0;
-    if (sh->bulk) {
-        sh->ring = 0;
-        snprintf(sh->tag, sizeof sh->tag, "mma_w%d_b%d", sh->warps, sh->bulk);
-    }
-}
 
 /* The shape of form `form` for a GEMM over k of kd elements of weight w
  * (rows: rows a warp of the CUDA-core forms; the streaming form's rows a
@@ -986,12 +742,6 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
     moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW,
                                 "MOEC_MOE_MMA_U", MMA_UNROLL);
-    if (mma) {
-        mma_ring(&sh, gdt == IR_DTYPE_BF16 && xdt == IR_DTYPE_BF16, "MOEC_MOE_MMA_ASYNC",
-                 MMA_RING);
-        mma_bulk(c, &sh, gdt == IR_DTYPE_BF16 && xdt == IR_DTYPE_BF16, "MOEC_MOE_MMA_BULK",
-                 MMA_BULK);
-    }
     snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E,
              K, H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
              fused ? "fused" : "split", gtag, l->h16 ? "_h16" : "");
@@ -1014,15 +764,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                       l->h16 ? "__nv_bfloat16" : "float", cg_ctype(xdt), cg_ctype(gdt), K, H, I, bm,
                       sh.warps, gstride, gstride, uoff,
                       gdecl);
-        if (mma && sh.bulk)
-            moec_buf_printf(&c->src,
-                          "    constexpr int D = %d, LDS_ = (KD < 256 ? KD : 256) + 8;\n%s%s%s%s}\n\n",
-                          sh.bulk, MMA_HEAD, MMA_GATE_UP_BULK_IN, MMA_BULK_LOOP,
-                          MMA_GATE_UP_ASYNC_OUT);
-        else if (mma && sh.ring)
-            moec_buf_printf(&c->src, "    constexpr int D = %d;\n%s%s%s%s}\n\n", sh.ring, MMA_HEAD,
-                          MMA_GATE_UP_ASYNC_IN, MMA_ASYNC_LOOP, MMA_GATE_UP_ASYNC_OUT);
-        else if (mma)
+        if (mma)
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else if (form == FORM_GV)
@@ -1041,8 +783,6 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((I + bn - 1) / bn);
     s->block[0] = (unsigned)sh.warps * 32;
-    if (sh.bulk)
-        s->smem = (unsigned)bulk_smem(H, 32, bm, sh.bulk);
     cg_moe_gate_up_args(s, d, l, g8);
     return MOEC_OK;
 }
@@ -1064,10 +804,6 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD,
                                 "MOEC_MOE_MMA_DN_U", MMA_DN_U);
-    if (mma) {
-        mma_ring(&sh, ddt == IR_DTYPE_BF16 && l->h16, "MOEC_MOE_MMA_DN_ASYNC", MMA_DN_RING);
-        mma_bulk(c, &sh, ddt == IR_DTYPE_BF16 && l->h16, "MOEC_MOE_MMA_DN_BULK", MMA_DN_BULK);
-    }
     snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E, K,
              H, I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag,
              l->h16 ? "_h16" : "");
@@ -1096,14 +832,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
-        if (mma && sh.bulk)
-            moec_buf_printf(&c->src,
-                          "    constexpr int D = %d, LDS_ = (KD < 256 ? KD : 256) + 8;\n%s%s%s%s}\n\n",
-                          sh.bulk, MMA_HEAD, MMA_DOWN_BULK_IN, MMA_BULK_LOOP, MMA_DOWN_ASYNC_OUT);
-        else if (mma && sh.ring)
-            moec_buf_printf(&c->src, "    constexpr int D = %d;\n%s%s%s%s}\n\n", sh.ring, MMA_HEAD,
-                          MMA_DOWN_ASYNC_IN, MMA_ASYNC_LOOP, MMA_DOWN_ASYNC_OUT);
-        else if (mma)
+        if (mma)
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_DOWN_BODY);
         else if (form == FORM_GV)
@@ -1122,8 +851,6 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((H + bn - 1) / bn);
     s->block[0] = (unsigned)sh.warps * 32;
-    if (sh.bulk)
-        s->smem = (unsigned)bulk_smem(I, 16, bm, sh.bulk);
     cg_moe_down_args(s, d, l, d8);
     return MOEC_OK;
 }

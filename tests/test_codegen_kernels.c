@@ -338,10 +338,14 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         int ns = splits(T, 1);
         T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == 1 && s->grid[2] == (unsigned)ns &&
                 s->block[0] == 256);
-        /* bf16 and heads in sixteens: the tensor-core kernel, 99520 bytes of smem */
-        T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_mma_h16_r512_dr64_pt32") != NULL);
-        /* q, two kv tiles, the scores in two k parts, P, m/l/alpha */
-        T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + 2 * 16 * 36 * 4 + 16 * 40 * 2 + 192);
+        /* bf16 and heads in sixteens: the tensor-core kernel, 99536 bytes of
+           smem, two buffers of 32-position tiles (by bulk copies on sm_90) */
+        T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_mma_h16_r512_dr64_pt32_nb2_") != NULL);
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_tma_") != NULL) ==
+                (cg_arch_num(c->opt) >= 90 && !getenv("MOEC_MLA_TMA")));
+        /* q, two kv tiles, the scores in two k parts, P, m/l/alpha, two mbarriers */
+        T_CHECK(s->smem ==
+                16 * 584 * 2 + 2 * 32 * 584 * 2 + 2 * 16 * 36 * 4 + 16 * 40 * 2 + 192 + 2 * 8);
         const char *mv = getenv("MOEC_ATTN_MERGE");
         /* merged in the kernel where a group's partial states are at most
            64 KiB (MOEC_ATTN_MERGE=2: always) */
