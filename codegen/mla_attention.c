@@ -34,9 +34,11 @@
 /* The tensor-core kernel's tiles by bulk copies (sm_90's TMA: two a row,
  * by one thread) instead of 16-byte cp.async by every thread
  * (MOEC_MLA_TMA=0|1 overrides it). (H100, 2026-11-24, V2-Lite step at
- * batch 1 / 32 / 64, two calls: 2.495 -> 2.512, 13.094 -> 12.921, 14.188 ->
- * 14.213; 2.497 -> 2.508, 13.062 -> 12.873, 14.212 -> 14.207. 16-position
- * tiles in 3 or 4 buffers were slower: 14.372 / 14.396 at 64.) */
+ * batch 1 / 32 / 64, three calls: 2.495 -> 2.512, 13.094 -> 12.921, 14.188
+ * -> 14.213; 2.497 -> 2.508, 13.062 -> 12.873, 14.212 -> 14.207; at 32 / 64
+ * 13.009 -> 12.996, 14.166 -> 14.160. 16-position tiles in 3 or 4 buffers
+ * were slower, 14.372 / 14.396 at 64, and in 2 buffers at 3 blocks a SM,
+ * 14.222.) */
 #define MLA_TMA 1
 /* ... and its tile buffers (MOEC_MLA_NBUF, 2 to 4; MOEC_MLA_PT=16|32 sets
  * the positions per tile): NBUF - 1 tiles in flight while one is used. */
