@@ -47,9 +47,7 @@
  * other warps load; the first loads go out before the wait for the
  * staged rows. Leaves acc[RT][NT][4] (moec_f8_chunk's fragments). */
 static const char TC_LOOP[] =
-    "    constexpr bool TC8 = sizeof(*w0[0]) == 1;\n"
-    "    constexpr int WN = TC8 ? 2 : 4; /* 16-byte loads a lane a chunk */\n"
-    "    uint4 wa[U][RT][WN];\n"
+    "    uint4 wa[U][RT][2];\n"
     "    float sc[U][RT];\n"
     "    auto load = [&](int cb) {\n"
     "#pragma unroll\n"
@@ -58,22 +56,12 @@ static const char TC_LOOP[] =
     "            for (int r = 0; r < RT; r++) {\n"
     "                const int c = cb + u;\n"
     "                if (live[r] && c < c1) {\n"
-    "                    if constexpr (TC8) {\n"
-    "                        wa[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
-    "                        wa[u][r][1] = moec_ldg16(w1[r] + (long long)c * 64);\n"
-    "                        sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
-    "                    } else {\n"
-    "                        wa[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
-    "                        wa[u][r][1] = moec_ldg16(w0[r] + (long long)c * 64 + 8);\n"
-    "                        wa[u][r][2] = moec_ldg16(w1[r] + (long long)c * 64);\n"
-    "                        wa[u][r][3] = moec_ldg16(w1[r] + (long long)c * 64 + 8);\n"
-    "                    }\n"
+    "                    wa[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
+    "                    wa[u][r][1] = moec_ldg16(w1[r] + (long long)c * 64);\n"
+    "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
     "                } else {\n"
-    "#pragma unroll\n"
-    "                    for (int i = 0; i < WN; i++)\n"
-    "                        wa[u][r][i] = make_uint4(0u, 0u, 0u, 0u);\n"
-    "                    if constexpr (TC8)\n"
-    "                        sc[u][r] = 0.0f;\n"
+    "                    wa[u][r][0] = wa[u][r][1] = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    sc[u][r] = 0.0f;\n"
     "                }\n"
     "            }\n"
     "    };\n"
@@ -95,7 +83,7 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS, TC8>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    moec_f8_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
@@ -126,8 +114,8 @@ static const char LINEAR_HEAD[] =
     "       never stored */\n"
     "    const long long n0 = rb * BN + warp * 16 * RT;\n"
     "    bool live[RT];\n"
-    "    const TW *w0[RT], *w1[RT];\n"
-    "    [[maybe_unused]] const float *sr[RT];\n"
+    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
+    "    const float *sr[RT];\n"
     "#pragma unroll\n"
     "    for (int r = 0; r < RT; r++) {\n"
     "        const long long a = n0 + 16 * r;\n"
@@ -145,8 +133,8 @@ static const char LINEAR_HEAD[] =
 static const char LINEAR_PREFETCH[] =
     "        const long long sp = blockIdx.x % S, a = (long long)(blockIdx.x / S) * BN;\n"
     "        const long long nr = N - a < BN ? N - a : BN, p0 = a + sp * nr / S, p1 = a + (sp + 1) * nr / S;\n"
-    "        moec_prefetch_rows(w + p0 * K, p1 - p0, K * (long long)sizeof(TW), PF_CAP);\n"
-    "        if (sizeof(TW) == 1 && p1 > p0)\n"
+    "        moec_prefetch_rows(w + p0 * K, p1 - p0, K, PF_CAP);\n"
+    "        if (p1 > p0)\n"
     "            moec_prefetch_l2(ws + p0 / SBN * SC,\n"
     "                             (unsigned long long)((p1 - 1) / SBN - p0 / SBN + 1) * SC * 4ull);\n";
 
@@ -272,12 +260,10 @@ int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op)
 {
     const ir_value *x = op->in[0], *w = op->in[1];
     long long N = w->type.dims[0], K = w->type.dims[1];
-    ir_dtype dw = cg_storage(c, w);
     tc_shape sh;
     return cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
-           (dw == IR_DTYPE_BF16 ||
-            (dw == IR_DTYPE_F8E4M3 && w->scale.block[1] % 64 == 0 && w->scale.block[0] % 16 == 0)) &&
-           K % 64 == 0 && !ir_op_attr(op, "act") && linear_shape(c, N, K, &sh);
+           cg_storage(c, w) == IR_DTYPE_F8E4M3 && K % 64 == 0 && w->scale.block[1] % 64 == 0 &&
+           w->scale.block[0] % 16 == 0 && linear_shape(c, N, K, &sh);
 }
 
 moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io)
@@ -287,16 +273,14 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     long long N = w->type.dims[0], K = w->type.dims[1];
     tc_shape sh;
     if (!cg_fp8_tc_linear_fits(c, op) || !linear_shape(c, N, K, &sh))
-        return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged tensor-core kernel does not fit",
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged fp8 kernel does not fit",
                         y->name);
     ir_dtype dy = cg_storage(c, y), db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    int w8 = cg_storage(c, w) == IR_DTYPE_F8E4M3;
-    const int64_t one[2] = {1, 1}, *b = w8 ? w->scale.block : one;
+    const int64_t *b = w->scale.block;
     long long per = (K / 64 + sh.s - 1) / sh.s;
     char name[300], cluster[48] = "";
-    snprintf(name, sizeof name, "linear_%stc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_%s_%s",
-             w8 ? "f8" : "bf16", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u,
-             w8 ? "f8e4m3" : "bf16", io);
+    snprintf(name, sizeof name, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_f8e4m3_%s", N,
+             K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -306,18 +290,16 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     if (is_new) {
         moec_buf_printf(
             &c->src,
-            "// linear: y = alpha x w^T (+ b), %s w on tensor cores, x staged in shared memory "
+            "// linear: y = alpha x w^T (+ b), fp8 w on tensor cores, x staged in shared memory "
             "(codegen/fp8_tc.c)\n"
             "extern \"C\" __global__ void %s__launch_bounds__(%d) %s(const __nv_bfloat16 "
-            "*__restrict__ x, const %s *__restrict__ w, const float *__restrict__ ws, "
+            "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ w, const float *__restrict__ ws, "
             "const %s *__restrict__ bias, float alpha, %s *__restrict__ y)\n{\n"
-            "    typedef %s TW;\n"
             "    constexpr long long N = %lldLL, SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
             "    constexpr bool HAS_BIAS = %s;\n",
-            w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, cg_ctype(cg_storage(c, w)),
-            cg_ctype(db), cg_ctype(dy), cg_ctype(cg_storage(c, w)), N, (long long)b[0],
+            cluster, sh.nw * 32, name, cg_ctype(db), cg_ctype(dy), N, (long long)b[0],
             (long long)b[1], (K + b[1] - 1) / b[1], K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u,
             per * 64 + 8, bias ? "true" : "false");
         cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), LINEAR_PREFETCH);
@@ -332,17 +314,17 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     s->grid[1] = (unsigned)((c->T + sh.tg - 1) / sh.tg);
     s->block[0] = (unsigned)sh.nw * 32;
     s->smem = (unsigned)sh.smem;
-    cg_fp8_linear_args(s, op, alpha, w8);
+    cg_fp8_linear_args(s, op, alpha);
     return MOEC_OK;
 }
 
-void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha, int scales)
+void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha)
 {
     const ir_value *w = op->in[1], *bias = op->n_in > 2 ? op->in[2] : NULL;
     s->n_args = 6;
     s->args[0] = cg_arg_act(op->in[0]);
     s->args[1] = cg_arg_act(w);
-    s->args[2] = scales ? cg_arg_scales(w) : cg_arg_act(w); /* bf16: none (unread) */
+    s->args[2] = cg_arg_scales(w);
     s->args[3] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
     s->args[4] = cg_arg_f32(alpha);
     s->args[5] = cg_arg_act(op->out[0]);

@@ -12,21 +12,20 @@
 
 #include "codegen/moe_routed.h"
 
-/* Whether linear op (x [T, K] bf16, w [N, K] fp8 or bf16, no act) fits
- * the staged kernel: 64-wide k chunks (inside fp8's column blocks, 16-row
- * tiles inside its row blocks), an arch with bf16 tensor cores and
- * cp.async, x within the shared memory at 8 tokens a group. */
+/* Whether linear op (x [T, K] bf16, w [N, K] fp8) fits the staged kernel:
+ * 64-wide k chunks inside the column blocks, 16-row tiles inside the row
+ * blocks, an arch with bf16 tensor cores and cp.async, x within the
+ * shared memory at 8 tokens a group. */
 int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op);
 /* y = alpha x w^T (+ bias) of every token of the bucket: one kernel, its
  * blocks a slab of rows and (on sm_90) a share of K, the shares of a slab
  * a thread block cluster that sums them in distributed shared memory.
  * `io` is the kernel-name suffix of x, y and bias dtypes and the blocks. */
 moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io);
-/* The arguments of a tensor-core linear's step (this one and
- * codegen/linear.c's first fp8 one): x, the weight, its scales (`scales`
- * 0, a bf16 weight: the weight, unread), the bias (the weight, unread,
- * without one), alpha, y. */
-void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha, int scales);
+/* The arguments of a tensor-core fp8 linear's step (this one and
+ * codegen/linear.c's first): x, the codes, their scales, the bias (the
+ * codes, unread, without one), alpha, y. */
+void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha);
 
 /* Whether the experts of d fit the staged kernels with blocks of bm slots:
  * bf16 x, fp8 gate, up and down in 64-wide k chunks and 16-row tiles

@@ -34,10 +34,6 @@ static double num_attr(const ir_op *op, const char *key, double dflt)
 }
 
 #define GEMV_MAX_T 4
-/* The fewest tokens of a bucket whose bf16 linears run the staged
- * tensor-core kernel (codegen/fp8_tc.c) rather than cuBLASLt; 0: never
- * (MOEC_BF16_TC_MIN_T overrides it). */
-#define BF16_TC_MIN_T 0
 #define GEMV_WARPS 8
 
 /* Each block owns RB weight rows; its NW warps split K (warp w takes the
@@ -405,7 +401,7 @@ static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K
     s->kernel = k;
     s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt));
     s->block[0] = MMA_WARPS * 32;
-    cg_fp8_linear_args(s, op, alpha, 1);
+    cg_fp8_linear_args(s, op, alpha);
     return MOEC_OK;
 }
 
@@ -496,16 +492,6 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
     if (c->T <= gemv_max && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
-    /* bf16 weights from BF16_TC_MIN_T tokens (MOEC_BF16_TC_MIN_T; 0: never):
-       the staged tensor-core kernel of the fp8 weights (codegen/fp8_tc.c),
-       where it fits, instead of cuBLASLt */
-    int tc_min = cg_env_int("MOEC_BF16_TC_MIN_T", BF16_TC_MIN_T, 0, 1 << 20);
-    if (tc_min > 0 && c->T >= tc_min && da == IR_DTYPE_BF16 && !act &&
-        (!bias || cg_storage(c, bias) != IR_DTYPE_I32) && cg_fp8_tc_linear_fits(c, op)) {
-        char io[80];
-        io_suffix(c, op, "", io, sizeof io);
-        return cg_fp8_tc_linear(c, op, alpha, io);
-    }
     /* act: silu_mul into scratch (the compute dtype, as its result was
        stored), the GEMM's input */
     ir_arg xb = cg_arg_act(x);
