@@ -8,9 +8,10 @@
  * takes one token and a group of heads: each tile of positions is read from
  * the cache once into shared memory and serves all the block's heads, with
  * an online softmax in fp32. In bf16 with heads in sixteens the products
- * run on tensor cores (16 heads per block, tiles double-buffered by bulk
- * copies on sm_90, cp.async before); otherwise on CUDA cores (one thread per (head, position) for
- * the scores, each thread a few heads by a few channels for the output).
+ * run on tensor cores (16 heads per block, tiles double-buffered, brought
+ * by bulk copies on sm_90 and by cp.async before it); otherwise on CUDA
+ * cores (one thread per (head, position) for the scores, each thread a few
+ * heads by a few channels for the output).
  * When the bucket has too few blocks to fill the GPU (decode), the sequence
  * is split over blocks too, and the splits are merged by the last block of
  * each group to finish (tensor-core form; moec_attn_arrive_merge) or by a
@@ -615,8 +616,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     long long ld = RS + 8, smem = 0;
     int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF;
     if (mma) {
-        /* the Smem struct of MMA_BODY: q, two kv tiles, the scores' KH parts, P,
-           m, l, alpha */
+        /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
+           P, m, l, alpha, NBUF mbarriers */
         mpt = cg_env_int("MOEC_MLA_PT", MMA_PT, 16, 32) >= 32 ? 32 : 16;
         nbuf = cg_env_int("MOEC_MLA_NBUF", MMA_NBUF, 2, 4);
         long long kh = MMA_WARPS / (mpt / 8) > 1 ? MMA_WARPS / (mpt / 8) : 1;
