@@ -29,7 +29,8 @@
 
 #define MLA_THREADS 256
 #define MLA_SMEM_MAX (46 * 1024)
-/* The tensor-core kernel: warps, and positions per tile. */
+/* The tensor-core kernel: warps (MOEC_MLA_WARPS=16 for A/B runs), and
+ * positions per tile. */
 #define MMA_WARPS 8
 #define MMA_PT 32
 /* The tensor-core kernel's tiles by bulk copies (sm_90's TMA: two a row,
@@ -562,8 +563,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                         "mla_attention %%%s: r %lld needs more accumulators than registers hold", who,
                         R);
     /* bf16 with heads in sixteens: the tensor-core kernel */
+    int mw = cg_env_int("MOEC_MLA_WARPS", MMA_WARPS, 8, 16) >= 16 ? 16 : 8;
     int mma = dt == IR_DTYPE_BF16 && qdt == IR_DTYPE_BF16 && pdt == IR_DTYPE_BF16 && H % 16 == 0 &&
-              R % (8 * MMA_WARPS) == 0 && DR % 8 == 0 && RS % 16 == 0;
+              R % (8 * mw) == 0 && DR % 8 == 0 && RS % 16 == 0;
     if (mma)
         hb = 16;
     /* split the sequence when the bucket's blocks cannot fill the GPU */
@@ -620,7 +622,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
            P, m, l, alpha, NBUF mbarriers */
         mpt = cg_env_int("MOEC_MLA_PT", MMA_PT, 16, 32) >= 32 ? 32 : 16;
         nbuf = cg_env_int("MOEC_MLA_NBUF", MMA_NBUF, 2, 4);
-        long long kh = MMA_WARPS / (mpt / 8) > 1 ? MMA_WARPS / (mpt / 8) : 1;
+        long long kh = mw / (mpt / 8) > 1 ? mw / (mpt / 8) : 1;
         smem = 16 * ld * 2 + (long long)nbuf * mpt * ld * 2 + kh * 16LL * (mpt + 4) * 4 +
                16LL * (mpt + 8) * 2 + 3 * 16 * 4 + nbuf * 8LL;
         if (smem > (long long)cg_smem_max(c->opt))
@@ -632,8 +634,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         tma = c->opt && cg_arch_num(c->opt) >= 90 && (R * 2) % 16 == 0 && (DR * 2) % 16 == 0 &&
               cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d_ns%d_mp%d%s%s_bs%d_t%d_%s", H, R, DR,
-                 mpt, nbuf, ns, minpos, tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s_bs%d_t%d_%s", H, R,
+                 DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, tma ? "_tma" : "",
+                 merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -660,8 +663,8 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
                       "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d;\n"
                       "    constexpr bool TMA = %s;\n",
-                      MMA_WARPS * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
-                      DR, mpt, MMA_WARPS, bs, MMA_WARPS * 32, ns, smem, ksel, minpos, nbuf,
+                      mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
+                      DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf,
                       tma ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,
@@ -697,7 +700,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)(H / hb);
     s->grid[2] = (unsigned)ns;
-    s->block[0] = mma ? MMA_WARPS * 32 : MLA_THREADS;
+    s->block[0] = mma ? (unsigned)mw * 32 : MLA_THREADS;
     s->smem = (unsigned)smem;
     s->args[0] = cg_arg_act(qc);
     s->args[1] = cg_arg_act(qpe);
