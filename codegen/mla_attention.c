@@ -630,9 +630,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                             "mla_attention %%%s: %d buffers of %d positions need %lld bytes of "
                             "shared memory",
                             who, nbuf, mpt, smem);
-        /* the tiles by bulk copies (sm_90): 16-byte rows in both pools */
-        tma = c->opt && cg_arch_num(c->opt) >= 90 && (R * 2) % 16 == 0 && (DR * 2) % 16 == 0 &&
-              cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
+        /* the tiles by bulk copies (sm_90): the rows of both pools are whole
+           16-byte units already (R % 64 == 0 and DR % 8 == 0 above) */
+        tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         snprintf(aname, sizeof aname,
                  "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s_bs%d_t%d_%s", H, R,
                  DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, tma ? "_tma" : "",

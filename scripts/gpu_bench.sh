@@ -59,23 +59,32 @@ rm -f "$MODEL.moec"
 # PREV_DIR=DIR: another source tree (e.g. an earlier commit's snapshot,
 # with its .dev) built in DIR/build-gpu and benched as the variant "prev".
 VB=${VARIANT_BATCHES:-$BATCHES}
-variant_bench() { # NAME MOEC_BINARY [ENV=V ...]
-  local vname=$1 bin=$2
-  shift 2
-  env "$@" "$bin" compile "$MODEL" -o "$MODEL.$vname.moec" >>"$LOGS/compile.txt" 2>&1 &&
-  env "$@" "$bin" bench "$MODEL.$vname.moec" --weights "$MODEL" --batch-sizes "$VB" \
-    --context "$CONTEXT" --json >"$LOGS/variant_$vname.jsonl" 2>"$LOGS/variant_$vname.err" ||
-    tail -20 "$LOGS/variant_$vname.err"
-  rm -f "$MODEL.$vname.moec"
+# variant_bench MODEL KIND NAME MOEC_BINARY [ENV=V ...]: MODEL compiled and
+# benched at VB under the settings, into $LOGS/${KIND}variant_NAME.* (its
+# compile log appended to compile.txt, or compile_fp8.txt for KIND fp8,
+# which also runs the bench's per-kernel profile, as its base run does)
+variant_bench() {
+  local model=$1 kind=$2 vname=$3 bin=$4 clog=compile.txt flags=()
+  shift 4
+  if [ "$kind" = fp8 ]; then
+    clog=compile_fp8.txt
+    read -ra flags <<<"${MOEC_BENCH_FLAGS:---profile}"
+  fi
+  env "$@" "$bin" compile "$model" -o "$model.$vname.moec" >>"$LOGS/$clog" 2>&1 &&
+  env "$@" "$bin" bench "$model.$vname.moec" --weights "$model" --batch-sizes "$VB" \
+    --context "$CONTEXT" "${flags[@]}" --json >"$LOGS/${kind}variant_$vname.jsonl" \
+    2>"$LOGS/${kind}variant_$vname.err" || tail -20 "$LOGS/${kind}variant_$vname.err"
+  rm -f "$model.$vname.moec"
 }
 for variant in ${VARIANTS:-}; do
   venv=${variant#*:}
   # shellcheck disable=SC2086 # the variant's ENV=V words
-  variant_bench "${variant%%:*}" build-gpu/moec ${venv//,/ }
+  variant_bench "$MODEL" "" "${variant%%:*}" build-gpu/moec ${venv//,/ }
 done
 if [ -n "${PREV_DIR:-}" ]; then
   if (cd "$PREV_DIR" && source scripts/gpu_build.sh && gpu_build) >"$LOGS/build_prev.txt" 2>&1; then
-    variant_bench prev "$PREV_DIR/build-gpu/moec" MOEC_CACHE_DIR="$PREV_DIR/build-gpu/nvrtc-cache"
+    variant_bench "$MODEL" "" prev "$PREV_DIR/build-gpu/moec" \
+      MOEC_CACHE_DIR="$PREV_DIR/build-gpu/nvrtc-cache"
   else
     tail -20 "$LOGS/build_prev.txt"
   fi
@@ -101,13 +110,9 @@ if [ "${FP8:-1}" = 1 ]; then
   # (with the per-kernel profile) under each variant's environment, e.g.
   # FP8_VARIANTS="old:MOEC_FP8_KERNEL=old" for the kernels before the staged ones
   for variant in ${FP8_VARIANTS:-}; do
-    vname=${variant%%:*}
     venv=${variant#*:}
-    env ${venv//,/ } build-gpu/moec compile "$F8" -o "$F8.$vname.moec" >>"$LOGS/compile_fp8.txt" 2>&1 &&
-    env ${venv//,/ } build-gpu/moec bench "$F8.$vname.moec" --weights "$F8" --batch-sizes "$VB" \
-      --context "$CONTEXT" ${MOEC_BENCH_FLAGS:---profile} --json >"$LOGS/fp8variant_$vname.jsonl" \
-      2>"$LOGS/fp8variant_$vname.err" || tail -20 "$LOGS/fp8variant_$vname.err"
-    rm -f "$F8.$vname.moec"
+    # shellcheck disable=SC2086 # the variant's ENV=V words
+    variant_bench "$F8" fp8 "${variant%%:*}" build-gpu/moec ${venv//,/ }
   done
 fi
 if [ -f bench/torch_ref.py ] && [ "${TORCH:-1}" = 1 ]; then

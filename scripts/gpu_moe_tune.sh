@@ -7,7 +7,7 @@
 # Leaves $OUT/moe_tune.txt. usage: scripts/gpu_moe_tune.sh ["W U" ...]
 # VARIANTS="name:ENV=V[,ENV=V] ..." times those settings instead (each as
 # the build's defaults plus its settings; "base:" for none), e.g.
-# VARIANTS="base: ring3:MOEC_MOE_MMA_ASYNC=3,MOEC_MOE_MMA_DN_ASYNC=3"
+# VARIANTS="base: u4:MOEC_MOE_MMA_U=4,MOEC_MOE_MMA_DN_U=2"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-tune}
