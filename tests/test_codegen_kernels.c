@@ -1283,6 +1283,29 @@ static void test_errors(void)
             T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED, "top_k 40 > 32");
     cg_ctx_free(&c);
     ir_module_free(m);
+    /* the tensor-core MLA kernel with more tile buffers than an sm_80 SM's
+       shared memory holds (MOEC_MLA_NBUF, an A/B knob): refused by name */
+    km_spec sm = {.name = "k_mla_nbuf", .vocab = 4, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
+                  .attn_scale = 0.1352};
+    m = km_module(&sm);
+    T_CHECK(m != NULL);
+    if (!m)
+        return;
+    cg_options o80 = o;
+    snprintf(o80.arch, sizeof o80.arch, "sm_80");
+    setenv("MOEC_MLA_NBUF", "4", 1);
+    c = (cg_ctx){.m = m, .opt = &o80, .T = 8};
+    int n_mla = 0;
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_MLA_ATTENTION) {
+            n_mla++;
+            T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED,
+                  "4 buffers of 32 positions need 174304 bytes of shared memory");
+        }
+    T_CHECK(n_mla == 1);
+    unsetenv("MOEC_MLA_NBUF");
+    cg_ctx_free(&c);
+    ir_module_free(m);
     /* more experts than a warp's lanes hold in their 32-bit taken masks */
     km_spec sw = {.name = "k_many_experts", .vocab = 4, .E = 1056, .K = 8, .NG = 1, .TG = 1,
                   .scaling = 1.0};
