@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# gpu_timeline.sh — where a decode step's time goes inside the graph: Nsight
+# Systems (nsys, --cuda-graph-trace=node) records when every kernel of the
+# graph replays starts and ends on each stream, and bench/timeline.py sets
+# one steady replay out: per kernel its start, its time, the gap before it
+# on its stream (what the boundary costs there), and per kernel name the
+# sums over the step, beside the step time. Unlike gpu_ncu.sh (each kernel
+# timed alone) this is the step as it runs: the two streams overlapping,
+# each kernel's L2 as the kernels before it left it.
+# For each PROFILES entry CONFIG:LAYERS:BATCH[:fp8] (as gpu_ncu.sh) a model
+# with random weights is written under /dev/shm; moec bench runs BATCH
+# sequences at CONTEXT (default 1024) under nsys.
+#   usage: scripts/gpu_timeline.sh   (on the GPU machine; see gpu_snapshot.sh)
+#   env: PROFILES (default deepseek_v2_lite:0:1), CONTEXT, VARIANT="ENV=V ..."
+#        (the environment moec bench, hence its compile, runs under)
+#   leaves $OUT/timeline.tar.gz: per profile the bench JSON and the summary
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_build.sh
+gpu_logs timeline
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
+  /usr/local/cuda/nsight-systems-*/bin/nsys 2>/dev/null | head -1)
+[ -n "$NSYS" ] || { echo "no nsys on this machine" | tee "$LOGS/summary.txt"; exit 1; }
+gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
+for spec in ${PROFILES:-deepseek_v2_lite:0:1}; do
+  IFS=: read -r cfg layers batch fp8 <<<"$spec"
+  name=$cfg-$layers-b$batch${fp8:+-fp8}
+  M=/dev/shm/moec-tl-$name
+  rm -rf /dev/shm/moec-tl-* /dev/shm/moec-ncu-* /dev/shm/moec-prof-*
+  t0=$SECONDS
+  gpu_sample_model "tests/data/configs/$cfg.json" "$layers" "$M" "$fp8" >"$LOGS/$name.sample.txt" 2>&1 ||
+    { tail "$LOGS/$name.sample.txt"; continue; }
+  # shellcheck disable=SC2086 # VARIANT is a list of assignments
+  env ${VARIANT:-} timeout "${NSYS_S:-300}" "$NSYS" profile --cuda-graph-trace=node --trace=cuda \
+    --sample=none --cpuctxsw=none -o "$LOGS/$name" --force-overwrite true \
+    build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --json \
+    --steps "${STEPS:-20}" --warmup 5 >"$LOGS/$name.jsonl" 2>"$LOGS/$name.err" ||
+    { echo "nsys on $name: exit $?"; tail -20 "$LOGS/$name.err"; continue; }
+  "$NSYS" stats --report cuda_gpu_trace --format csv --output "$LOGS/$name" \
+    "$LOGS/$name.nsys-rep" >"$LOGS/$name.stats.txt" 2>&1 || tail "$LOGS/$name.stats.txt"
+  rm -f "$LOGS/$name.sqlite"
+  csv=$(ls "$LOGS/$name"*cuda_gpu_trace*.csv 2>/dev/null | head -1)
+  python3 bench/timeline.py "$LOGS/$name.jsonl" "$csv" >"$LOGS/$name.summary.txt" 2>&1
+  gzip -f "$csv" "$LOGS/$name.nsys-rep" 2>/dev/null
+  echo "== $name ($((SECONDS - t0)) s)"
+  head -80 "$LOGS/$name.summary.txt"
+done
