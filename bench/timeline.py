@@ -5,7 +5,8 @@ Nsight Systems kernel trace (scripts/gpu_timeline.sh).
   usage: bench/timeline.py BENCH.jsonl TRACE.csv
 
 TRACE.csv is `nsys stats --report cuda_gpu_trace --format csv` of
-`moec bench --json` run under `nsys profile --cuda-graph-trace=node`. A step
+`moec bench --json` run under `nsys profile --cuda-graph-trace=node`, or
+the same columns from bench/cupti_trace.c where there is no nsys. A step
 starts at its embedding kernel; the first --warmup + --steps steps of each
 batch size are the graph replays with two streams (the bench's first way).
 The steady replays (all but the first five) are set side by side kernel by
