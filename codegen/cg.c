@@ -1126,32 +1126,12 @@ void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
 void cg_ahead_find(const cg_ctx *c, const ir_op *op, cg_ahead *a)
 {
     memset(a, 0, sizeof *a);
-    int mode = cg_env_int("MOEC_PREFETCH_AHEAD", 0, 0, 3);
+    int mode = cg_env_int("MOEC_PREFETCH_AHEAD", 0, 0, 2);
     if (!mode || !c->m || !c->opt || cg_arch_num(c->opt) < 90 ||
         c->T > cg_env_int("MOEC_PREFETCH_AHEAD_T", 64, 0, 1 << 20))
         return;
     a->last = cg_env_int("MOEC_PREFETCH_AHEAD_LAST", 0, 0, 1);
     const ir_module *m = c->m;
-    if (mode == 3) { /* the next layer's: its main-stream linears and absorptions before its
-                        attention, past this layer's experts */
-        int norms = 0; /* past the second: the next layer's input norm */
-        for (int k = op->id + 1; k < m->n_ops && a->n < CG_AHEAD_MAX; k++) {
-            const ir_op *o = m->ops[k];
-            if (o->kind == IR_OP_ADD_RMS_NORM || o->kind == IR_OP_RMS_NORM)
-                norms++;
-            else if (o->kind == IR_OP_ATTENTION || o->kind == IR_OP_MLA_ATTENTION)
-                break;
-            const ir_value *w = (o->kind == IR_OP_LINEAR || o->kind == IR_OP_MLA_QABSORB) &&
-                                        o->n_in >= 2 ? o->in[1] : NULL;
-            long long b = w ? (long long)ir_weight_storage_bytes(m, w, c->opt->compute_dtype) : 0;
-            if (norms >= 2 && o->stream == 0 && w && w->kind == IR_VALUE_WEIGHT &&
-                b <= (64LL << 20)) {
-                a->bytes[a->n] = b;
-                a->w[a->n++] = w;
-            }
-        }
-        return;
-    }
     int in_side = 0, o_proj = mode < 2;
     for (int k = op->id + 1; k < m->n_ops && a->n < CG_AHEAD_MAX; k++) {
         const ir_op *o = m->ops[k];
