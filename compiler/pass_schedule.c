@@ -155,14 +155,6 @@ static moec_status split_branch(ir_module *m, const ir_op *e, shared_branch *b)
     const ir_op *after_x = x->kind == IR_VALUE_OP && x->def ? x->def : NULL;
     const ir_op *anchor = after_x ? (after_x->id + 1 < m->n_ops ? m->ops[after_x->id + 1] : NULL)
                                   : (m->n_ops ? m->ops[0] : NULL);
-    /* MOEC_SHARED_FORK=topk, for an A/B: the fork after the router's top-k
-       (the expert op's ids), so that the shared expert does not stream
-       beside the top-k */
-    const char *where = getenv("MOEC_SHARED_FORK");
-    const ir_op *topk = e->n_in > 1 && e->in[1]->kind == IR_VALUE_OP ? e->in[1]->def : NULL;
-    if (where && !strcmp(where, "topk") && topk && topk->id + 1 < m->n_ops &&
-        (!after_x || topk->id > after_x->id))
-        anchor = m->ops[topk->id + 1];
     MOEC_TRY(add_unary(m, IR_OP_FORK, x, layer_name(m, e->out[0], "fork"), &fork));
     fork->stream = 1;
     MOEC_TRY(ir_module_move_op_before(m, fork, anchor));
