@@ -304,20 +304,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s_bs%d_t%d_%s", H,
              HKV, DK, DV, gb, ns, minpos, merge ? "_m" : "", bs, c->T, tag);
-    cg_ahead ahead;
-    cg_ahead_find(c, op, &ahead);
-    cg_ahead_name(&ahead, aname, sizeof aname);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
     if (is_new) {
-        moec_buf pbuf = {0};
-        moec_buf_printf(&pbuf, "%s", cg_attn_part_params(ns, merge));
-        cg_ahead_params(&pbuf, &ahead);
-        if (pbuf.oom) {
-            moec_buf_free(&pbuf);
-            return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
-        }
         moec_buf_printf(&c->src,
                       "// attention: GQA over the paged cache, online softmax "
                       "(codegen/attention.c, cg_emit_attention)\n"
@@ -328,14 +318,14 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
                       "NT = %d, TILE = %d, KV = %d, NSPLIT = %d, MINPOS = %d;\n",
-                      ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt), pbuf.data,
+                      ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
+                      cg_attn_part_params(ns, merge),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
                       ATTN_TILE, cg_vec_width(DK), ns, minpos);
         cg_attn_emit_parts(&c->src, ns, merge);
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */
-        moec_buf_free(&pbuf);
-        cg_attn_emit_prefetch(c, &ahead, "TILE", "blockIdx.z % NSPLIT",
+        cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
                               "(long long)blockIdx.y * (gridDim.z / NSPLIT) + blockIdx.z / NSPLIT",
                               "(long long)gridDim.y * (gridDim.z / NSPLIT)", "kpool", "HKV * DK",
                               "vpool", "HKV * DV");
@@ -351,11 +341,9 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     s->block[0] = ATTN_WARPS * 32;
     s->args[0] = cg_arg_act(q);
     cg_attn_args(s, op, 1, ns, merge);
-    int si = (int)(s - c->steps);
+    if (ns == 1)
+        return MOEC_OK;
     /* the splits' partial states, and kernel 3, their merge, unless the
        attention kernel's last block of each group merges them */
-    if (ns > 1)
-        MOEC_TRY(cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns, merge));
-    cg_ahead_args(&c->steps[si], &ahead);
-    return MOEC_OK;
+    return cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns, merge);
 }

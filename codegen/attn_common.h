@@ -190,24 +190,22 @@ static const char CG_ATTN_PREFETCH[] =
     "            }\n"
     "        }\n";
 
-/* CG_ATTN_PREFETCH with its arguments and the weights ahead a, through
- * cg_emit_prefetch_ahead (nothing when the bucket prefetches neither). */
-static inline void cg_attn_emit_prefetch(cg_ctx *c, const cg_ahead *a, const char *tile,
-                                         const char *split, const char *sh, const char *nsh,
-                                         const char *pool0, const char *el0, const char *pool1,
-                                         const char *el1)
+/* CG_ATTN_PREFETCH with its arguments, through cg_emit_prefetch (nothing
+ * when the bucket prefetches nothing). */
+static inline void cg_attn_emit_prefetch(cg_ctx *c, const char *tile, const char *split,
+                                         const char *sh, const char *nsh, const char *pool0,
+                                         const char *el0, const char *pool1, const char *el1)
 {
     long long pf = cg_prefetch_bytes(c);
-    if (pf <= 0 && !a->n)
+    if (pf <= 0)
         return;
     moec_buf lines = {0};
-    if (pf > 0)
-        moec_buf_printf(&lines, CG_ATTN_PREFETCH, tile, sh, nsh, split, pool0, el0, pool0, pool1,
-                        el1, pool1);
+    moec_buf_printf(&lines, CG_ATTN_PREFETCH, tile, sh, nsh, split, pool0, el0, pool0, pool1, el1,
+                    pool1);
     if (lines.oom)
         c->src.oom = 1;
     else
-        cg_emit_prefetch_ahead(&c->src, pf, lines.data, a, CG_BLOCK_INDEX, CG_BLOCK_COUNT);
+        cg_emit_prefetch(&c->src, pf, lines.data);
     moec_buf_free(&lines);
 }
 

@@ -750,24 +750,6 @@ static const char PROLOGUE[] =
     "#endif\n"
     "}\n"
     "\n"
-    "/* The same, the lines marked evict_last (kept over normal lines). */\n"
-    "__device__ __forceinline__ void moec_prefetch_l2_last(const void *p, unsigned long long bytes)\n"
-    "{\n"
-    "#if __CUDA_ARCH__ >= 900\n"
-    "    unsigned long long a = ((unsigned long long)p + 15ull) & ~15ull, pol;\n"
-    "    const unsigned long long e = ((unsigned long long)p + bytes) & ~15ull;\n"
-    "    asm volatile(\"createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\" : \"=l\"(pol));\n"
-    "    while (a < e) {\n"
-    "        const unsigned n = (unsigned)(e - a < (4ull << 20) ? e - a : (4ull << 20));\n"
-    "        unsigned long long g;\n"
-    "        asm(\"cvta.to.global.u64 %0, %1;\" : \"=l\"(g) : \"l\"(a));\n"
-    "        asm volatile(\"cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\\n\"\n"
-    "                     :: \"l\"(g), \"r\"(n), \"l\"(pol) : \"memory\");\n"
-    "        a += n;\n"
-    "    }\n"
-    "#endif\n"
-    "}\n"
-    "\n"
     "/* The L2 prefetch of a block's weight slice: rows rows of row_bytes bytes,\n"
     "   contiguous from p, at most cap bytes in all: the whole slice where it\n"
     "   fits, else the same first bytes of every row (the kernels' warps walk\n"
@@ -1121,110 +1103,6 @@ void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
                     "    }\n"
                     "    moec_pdl_enter();\n",
                     pf, lines);
-}
-
-void cg_ahead_find(const cg_ctx *c, const ir_op *op, cg_ahead *a)
-{
-    memset(a, 0, sizeof *a);
-    int mode = cg_env_int("MOEC_PREFETCH_AHEAD", 0, 0, 2);
-    if (!mode || !c->m || !c->opt || cg_arch_num(c->opt) < 90 ||
-        c->T > cg_env_int("MOEC_PREFETCH_AHEAD_T", 64, 0, 1 << 20))
-        return;
-    a->last = cg_env_int("MOEC_PREFETCH_AHEAD_LAST", 0, 0, 1);
-    const ir_module *m = c->m;
-    int in_side = 0, o_proj = mode < 2;
-    for (int k = op->id + 1; k < m->n_ops && a->n < CG_AHEAD_MAX; k++) {
-        const ir_op *o = m->ops[k];
-        if (o->kind == IR_OP_ATTENTION || o->kind == IR_OP_MLA_ATTENTION)
-            break; /* the next layer */
-        if (o->kind == IR_OP_FORK && o->stream == 1)
-            in_side = 1;
-        else if (o->kind == IR_OP_JOIN && in_side)
-            break;
-        const ir_value *w = o->kind == IR_OP_LINEAR && o->n_in >= 2 ? o->in[1] : NULL;
-        if (!w || w->kind != IR_VALUE_WEIGHT)
-            continue;
-        if (in_side && o->stream == 1) {
-            a->w[a->n++] = w;
-        } else if (!o_proj && o->stream == 0) {
-            a->w[a->n++] = w;
-            o_proj = 1;
-        }
-    }
-    if (!in_side && mode < 2)
-        a->n = 0;
-    for (int i = 0; i < a->n; i++)
-        a->bytes[i] = (long long)ir_weight_storage_bytes(m, a->w[i], c->opt->compute_dtype);
-}
-
-void cg_ahead_name(const cg_ahead *a, char *name, size_t cap)
-{
-    for (int i = 0; i < a->n; i++) {
-        size_t n = strlen(name);
-        snprintf(name + n, cap - n, "%s%lld", i ? "_" : (a->last ? "_pal" : "_pa"), a->bytes[i]);
-    }
-}
-
-void cg_ahead_params(moec_buf *b, const cg_ahead *a)
-{
-    for (int i = 0; i < a->n; i++)
-        moec_buf_printf(b, ", const char *__restrict__ ahead%d", i);
-}
-
-void cg_ahead_lines(moec_buf *b, const cg_ahead *a, const char *blk, const char *nblk)
-{
-    if (!a->n)
-        return;
-    long long total = 0;
-    moec_buf_printf(b,
-                    "        { /* weights of later ops of the layer (MOEC_PREFETCH_AHEAD): this\n"
-                    "             block's even share of their bytes */\n"
-                    "            const char *aw[%d] = {",
-                    a->n);
-    for (int i = 0; i < a->n; i++)
-        moec_buf_printf(b, "%sahead%d", i ? ", " : "", i);
-    moec_buf_printf(b, "};\n            constexpr long long ab[%d] = {", a->n);
-    for (int i = 0; i < a->n; i++) {
-        moec_buf_printf(b, "%s%lldLL", i ? ", " : "", a->bytes[i]);
-        total += a->bytes[i];
-    }
-    moec_buf_printf(b,
-                    "};\n"
-                    "            const long long nb = %s, bi = %s;\n"
-                    "            const long long lo = %lldLL * bi / nb, hi = %lldLL * (bi + 1) / nb;\n"
-                    "            long long base = 0;\n"
-                    "#pragma unroll\n"
-                    "            for (int i = 0; i < %d; i++) {\n"
-                    "                const long long s = lo > base ? lo - base : 0;\n"
-                    "                const long long e = hi - base < ab[i] ? hi - base : ab[i];\n"
-                    "                if (e > s)\n"
-                    "                    moec_prefetch_l2%s(aw[i] + s, (unsigned long long)(e - s));\n"
-                    "                base += ab[i];\n"
-                    "            }\n"
-                    "        }\n",
-                    nblk, blk, total, total, a->n, a->last ? "_last" : "");
-}
-
-void cg_ahead_args(ir_step *s, const cg_ahead *a)
-{
-    for (int i = 0; i < a->n && s->n_args < IR_MAX_ARGS; i++)
-        s->args[s->n_args++] = cg_arg_weight(a->w[i]);
-}
-
-void cg_emit_prefetch_ahead(moec_buf *b, long long pf, const char *lines, const cg_ahead *a,
-                            const char *blk, const char *nblk)
-{
-    if (pf <= 0 && !a->n)
-        return;
-    moec_buf_printf(b,
-                    "    /* before the wait, while the kernel before it runs: into L2 what this\n"
-                    "       block will read of the weights or the cache (MOEC_PREFETCH_KB), and\n"
-                    "       its share of the weights ahead */\n"
-                    "    if (threadIdx.x == 0) {\n");
-    if (pf > 0)
-        moec_buf_printf(b, "        constexpr long long PF_CAP = %lldLL;\n%s", pf, lines);
-    cg_ahead_lines(b, a, blk, nblk);
-    moec_buf_printf(b, "    }\n    moec_pdl_enter();\n");
 }
 
 int cg_env_int(const char *name, int dflt, int lo, int hi)

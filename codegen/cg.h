@@ -161,41 +161,6 @@ long long cg_prefetch_bytes(const cg_ctx *c);
  * PF_CAP = pf), then the line moec_pdl_enter() that cg_add_pdl_waits
  * keeps. Nothing when pf is 0 (cg_add_pdl_waits puts the wait first). */
 void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines);
-/* Weights ahead: an attention kernel (the longest of a decode layer's
- * attention chain, which leaves HBM mostly idle in small buckets) asks L2
- * for weights that later ops of its layer stream: the shared experts'
- * linears on stream 1 (MOEC_PREFETCH_AHEAD=1), and also the stream-0
- * linear right after it, o_proj (=2); 0: none. Split evenly over the
- * kernel's blocks, issued by thread 0 before its moec_pdl_enter; in
- * buckets of up to MOEC_PREFETCH_AHEAD_T tokens on sm_90 (bulk prefetch).
- * MOEC_PREFETCH_AHEAD_LAST=1 marks the lines evict_last. */
-#define CG_AHEAD_MAX 4
-/* A block's linear index in its grid, and the grid's blocks (source text). */
-#define CG_BLOCK_INDEX                                                                           \
-    "(blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z))"
-#define CG_BLOCK_COUNT "((long long)gridDim.x * gridDim.y * gridDim.z)"
-typedef struct cg_ahead {
-    int n;
-    const ir_value *w[CG_AHEAD_MAX];
-    long long bytes[CG_AHEAD_MAX];
-    int last;
-} cg_ahead;
-/* The weights op's kernel prefetches ahead (a->n 0: none). */
-void cg_ahead_find(const cg_ctx *c, const ir_op *op, cg_ahead *a);
-/* Appends "_pa<bytes>..." to a kernel name (nothing when a->n is 0). */
-void cg_ahead_name(const cg_ahead *a, char *name, size_t cap);
-/* The kernel's extra parameters: ", const char *__restrict__ ahead0, ...". */
-void cg_ahead_params(moec_buf *b, const cg_ahead *a);
-/* The lines (inside thread 0's prefetch block) that prefetch this block's
- * share; blk and nblk: expressions of the block's index and count. */
-void cg_ahead_lines(moec_buf *b, const cg_ahead *a, const char *blk, const char *nblk);
-/* Appends the weights to step s's args. */
-void cg_ahead_args(ir_step *s, const cg_ahead *a);
-/* cg_emit_prefetch with the ahead lines too: thread 0 runs `lines` (when
- * pf > 0) then the ahead lines; nothing when neither. */
-void cg_emit_prefetch_ahead(moec_buf *b, long long pf, const char *lines, const cg_ahead *a,
-                            const char *blk, const char *nblk);
-
 /* "<result dtype>" when every operand is stored like op's first result,
  * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);

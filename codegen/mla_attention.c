@@ -643,21 +643,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     }
     if (sel) /* the sparse form reads the positions from sel */
         snprintf(aname + strlen(aname), sizeof aname - strlen(aname), "_k%lld", ksel);
-    cg_ahead ahead;
-    cg_ahead_find(c, op, &ahead);
-    cg_ahead_name(&ahead, aname, sizeof aname);
     const char *sel_param = sel ? "const int *__restrict__ sel, " : "";
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    moec_buf pbuf = {0};
-    moec_buf_printf(&pbuf, "%s", cg_attn_part_params(ns, merge));
-    cg_ahead_params(&pbuf, &ahead);
-    if (pbuf.oom) {
-        moec_buf_free(&pbuf);
-        return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
-    }
-    const char *params = pbuf.data;
+    const char *params = cg_attn_part_params(ns, merge);
     if (is_new && mma) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache on tensor cores, one "
@@ -698,14 +688,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         if (!sel) {
             moec_buf_printf(&c->src, "    const int *sel = nullptr;\n    (void)sel;\n");
             /* the head groups of a split share its rows out */
-            cg_attn_emit_prefetch(c, &ahead, "PT", "blockIdx.z", "blockIdx.y", "gridDim.y",
-                                  "kvpool", "R", "pepool", "DR");
-        } else {
-            cg_emit_prefetch_ahead(&c->src, 0, NULL, &ahead, CG_BLOCK_INDEX, CG_BLOCK_COUNT);
+            cg_attn_emit_prefetch(c, "PT", "blockIdx.z", "blockIdx.y", "gridDim.y", "kvpool", "R",
+                                  "pepool", "DR");
         }
         moec_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
     }
-    moec_buf_free(&pbuf);
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "mla_attention %%%s: no memory", who);
@@ -720,11 +707,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     if (sel)
         s->args[2] = cg_arg_act(sel);
     cg_attn_args(s, op, sel ? 3 : 2, ns, merge);
-    int si = (int)(s - c->steps);
+    if (ns == 1)
+        return MOEC_OK;
     /* the splits' partial results, merged by a third kernel unless the
        attention kernel's last block of each group merges them */
-    if (ns > 1)
-        MOEC_TRY(cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns, merge));
-    cg_ahead_args(&c->steps[si], &ahead);
-    return MOEC_OK;
+    return cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns, merge);
 }
