@@ -145,10 +145,6 @@ static const char TOPK_BODY[] =
  * keeps the two launches, for comparisons. */
 #define ROUTER_MAX_BYTES (2 << 20)
 #define ROUTER_CLUSTER 8
-/* The most 16-byte vectors of the router a lane loads into registers before
- * the kernel's wait (MOEC_MOE_ROUTER_PRE=0: none, the rows into L2
- * instead). */
-#define ROUTER_PRE_VECS 16
 
 static int live_after(const ir_module *m, const ir_value *v, int op_id)
 {
@@ -208,9 +204,8 @@ static const char ROUTER_BODY[] =
     "    {\n"
     "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "        const int rank = blockIdx.x;\n"
-    "        /* the warp's RPW rows together, UNR k steps of them in flight (all\n"
-    "           of them, from the registers loaded before the wait, when PRE) */\n"
-    "        constexpr int UNR = PRE ? NK : RPW >= 4 ? 2 : RPW >= 2 ? 4 : 8;\n"
+    "        /* the warp's RPW rows together, UNR k steps of them in flight */\n"
+    "        constexpr int RPW = (EPB + NW - 1) / NW, UNR = RPW >= 4 ? 2 : RPW >= 2 ? 4 : 8;\n"
     "        float acc[RPW][T];\n"
     "#pragma unroll\n"
     "        for (int q = 0; q < RPW; q++)\n"
@@ -223,9 +218,7 @@ static const char ROUTER_BODY[] =
     "#pragma unroll\n"
     "            for (int q = 0; q < RPW; q++) {\n"
     "                const int r = warp + q * NW;\n"
-    "                if constexpr (PRE)\n"
-    "                    ldv<VE>(reinterpret_cast<const TW *>(&wpre[q][(k - lane * VE) / (32 * VE)]), wv[q]);\n"
-    "                else if (r < EPB && rank * EPB + r < E)\n"
+    "                if (r < EPB && rank * EPB + r < E)\n"
     "                    ldv<VE>(w + (long long)(rank * EPB + r) * H + k, wv[q]);\n"
     "                else\n"
     "#pragma unroll\n"
@@ -325,15 +318,11 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     int ve = rw ? cg_vec_width(H) : 1;
     if (router)
         nw = 8; /* warps 0 .. T-1 of block 0 choose; all eight align */
-    long long rpw = ((E + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER + nw - 1) / nw;
-    int pre = router && cg_storage(c, rw) == IR_DTYPE_BF16 && ve == 8 && H % 256 == 0 &&
-              rpw * (H / 256) <= ROUTER_PRE_VECS && cg_env_int("MOEC_MOE_ROUTER_PRE", 1, 0, 1);
     char name[240], align[48] = "", rtag[80] = "";
     if (routed)
         snprintf(align, sizeof align, "_align_bm%d", bm);
     if (router)
-        snprintf(rtag, sizeof rtag, "_router_h%lld_%s%s", H, ir_dtype_name(cg_storage(c, rw)),
-                 pre ? "_pre" : "");
+        snprintf(rtag, sizeof rtag, "_router_h%lld_%s", H, ir_dtype_name(cg_storage(c, rw)));
     snprintf(name, sizeof name, "moe_topk%s%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align,
              rtag, E, K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
@@ -380,37 +369,13 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
             moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
                                    "    constexpr int VE = %d, CL = %d, EPB = (E + CL - 1) / CL;\n",
                             cg_ctype(cg_storage(c, rw)), H, ve, ROUTER_CLUSTER);
-            /* before the wait: the block's rows of the router weight into
-               registers where they fit (PRE: bf16, each lane's share of its
-               warp's rows in at most ROUTER_PRE_VECS 16-byte vectors), so
-               that after the wait the logits read only x; else into L2 */
-            moec_buf_printf(&c->src,
-                            "    constexpr int RPW = (EPB + NW - 1) / NW, NK = (int)(H / (32 * VE));\n"
-                            "    constexpr bool PRE = %s;\n"
-                            "    uint4 wpre[PRE ? RPW : 1][PRE ? NK : 1];\n",
-                            pre ? "true" : "false");
-            if (pre)
-                moec_buf_printf(&c->src,
-                                "    /* before the wait: the router is a weight, which no kernel writes */\n"
-                                "#pragma unroll\n"
-                                "    for (int q = 0; q < RPW; q++) {\n"
-                                "        const int r = (int)(threadIdx.x >> 5) + q * NW;\n"
-                                "        const bool ok = r < EPB && (int)blockIdx.x * EPB + r < E;\n"
-                                "        const TW *wr = w + (long long)((int)blockIdx.x * EPB + r) * H + "
-                                "(threadIdx.x & 31) * VE;\n"
-                                "#pragma unroll\n"
-                                "        for (int s = 0; s < NK; s++)\n"
-                                "            wpre[q][s] = ok ? __ldg(reinterpret_cast<const uint4 *>(wr + s * 32 * VE))\n"
-                                "                            : make_uint4(0u, 0u, 0u, 0u);\n"
-                                "    }\n"
-                                "    moec_pdl_enter();\n");
-            else
-                cg_emit_prefetch(&c->src, cg_prefetch_bytes(c),
-                                 "        const long long r0 = (long long)blockIdx.x * EPB, "
-                                 "nr = E - r0 < EPB ? E - r0 : EPB;\n"
-                                 "        if (nr > 0)\n"
-                                 "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), "
-                                 "PF_CAP);\n");
+            /* before the wait: the block's rows of the router weight into L2 */
+            cg_emit_prefetch(&c->src, cg_prefetch_bytes(c),
+                             "        const long long r0 = (long long)blockIdx.x * EPB, "
+                             "nr = E - r0 < EPB ? E - r0 : EPB;\n"
+                             "        if (nr > 0)\n"
+                             "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), "
+                             "PF_CAP);\n");
             moec_buf_printf(&c->src, "%s", ROUTER_BODY);
         }
         if (!routed)
