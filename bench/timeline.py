@@ -2,18 +2,20 @@
 """timeline.py — one decode step as it ran inside its CUDA graph, from an
 Nsight Systems kernel trace (scripts/gpu_timeline.sh).
 
-  usage: bench/timeline.py BENCH.jsonl TRACE.csv
+  usage: bench/timeline.py BENCH.jsonl TRACE.csv [WARMUP STEPS]
 
 TRACE.csv is `nsys stats --report cuda_gpu_trace --format csv` of
 `moec bench --json` run under `nsys profile --cuda-graph-trace=node`, or
 the same columns from bench/cupti_trace.c where there is no nsys. A step
-starts at its embedding kernel; the first --warmup + --steps steps of each
-batch size are the graph replays with two streams (the bench's first way).
-The steady replays (all but the first five) are set side by side kernel by
-kernel (the n-th kernel of each stream), and the medians printed: the step's
-span; per stream its kernels' busy time and the gaps between them; per
-kernel name its count, time and the gap before it; then every kernel of the
-step in start order (offset from the step's start, time, gap on its stream).
+starts at its embedding kernel; the first WARMUP + STEPS steps (the bench's
+--warmup and --steps, default 5 and 20) are the graph replays with two
+streams (the bench's first way). The steady replays (all but the first
+WARMUP) are set side by side kernel by kernel (the n-th kernel of each
+stream), and the medians printed: the step's span; per stream its kernels'
+busy time, the gaps between them and the time they add to its end; per
+kernel name its count, the time it adds, its time and the gap before it;
+then every kernel of the step in start order (offset from the step's start,
+time, gap and time added on its stream).
 """
 import csv
 import json
@@ -57,9 +59,9 @@ def main():
     rows.sort()
     starts = [i for i, r in enumerate(rows) if r[3].startswith("embedding")]
     segs = [rows[a:b] for a, b in zip(starts, starts[1:] + [len(rows)])]
-    per_mode = 25  # --warmup 5 + --steps 20: the graph replays with two streams
-    graph = [s for s in segs[:per_mode] if len({r[2] for r in s}) > 1]
-    steady = graph[5:] if len(graph) > 6 else graph
+    warmup, steps = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (5, 20)
+    graph = [s for s in segs[:warmup + steps] if len({r[2] for r in s}) > 1]
+    steady = graph[warmup:] if len(graph) > warmup + 1 else graph
     if not steady:
         print("no two-stream graph replay found in the trace")
         return 1

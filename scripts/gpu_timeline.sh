@@ -13,7 +13,8 @@
 # with random weights is written under /dev/shm; moec bench runs BATCH
 # sequences at CONTEXT (default 1024) under nsys.
 #   usage: scripts/gpu_timeline.sh   (on the GPU machine; see gpu_snapshot.sh)
-#   env: PROFILES (default deepseek_v2_lite:0:1), CONTEXT, VARIANT="ENV=V ..."
+#   env: PROFILES (default deepseek_v2_lite:0:1), CONTEXT, WARMUP and STEPS
+#        (moec bench's, default 5 and 20), VARIANT="ENV=V ..."
 #        (the environment moec bench, hence its compile, runs under)
 #   leaves $OUT/timeline.tar.gz: per profile the bench JSON and the summary
 set -uo pipefail
@@ -43,7 +44,7 @@ for spec in ${PROFILES:-deepseek_v2_lite:0:1}; do
   gpu_sample_model "tests/data/configs/$cfg.json" "$layers" "$M" "$fp8" >"$LOGS/$name.sample.txt" 2>&1 ||
     { tail "$LOGS/$name.sample.txt"; continue; }
   BENCH=(build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --json
-    --steps "${STEPS:-20}" --warmup 5)
+    --steps "${STEPS:-20}" --warmup "${WARMUP:-5}")
   if [ -n "$NSYS" ]; then
     # shellcheck disable=SC2086 # VARIANT is a list of assignments
     env ${VARIANT:-} timeout "${NSYS_S:-300}" "$NSYS" profile --cuda-graph-trace=node --trace=cuda \
@@ -61,7 +62,8 @@ for spec in ${PROFILES:-deepseek_v2_lite:0:1}; do
       timeout "${NSYS_S:-300}" "${BENCH[@]}" >"$LOGS/$name.jsonl" 2>"$LOGS/$name.err" ||
       { echo "traced bench on $name: exit $?"; tail -20 "$LOGS/$name.err"; continue; }
   fi
-  python3 bench/timeline.py "$LOGS/$name.jsonl" "$csv" >"$LOGS/$name.summary.txt" 2>&1
+  python3 bench/timeline.py "$LOGS/$name.jsonl" "$csv" "${WARMUP:-5}" "${STEPS:-20}" \
+    >"$LOGS/$name.summary.txt" 2>&1
   gzip -f "$csv" "$LOGS/$name.nsys-rep" 2>/dev/null
   rm -rf "$M"
   echo "== $name ($((SECONDS - t0)) s)"
