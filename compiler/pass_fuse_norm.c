@@ -61,8 +61,8 @@ static moec_status fuse_pair(ir_module *m, ir_op *add, ir_op *n, ir_op **fused)
     MOEC_TRY(ir_module_dce(m));
     /* The add and the rms_norm are gone with their values: the fused op's
      * results take over their names (arena strings, still valid). */
-    op->out[0]->name = sum_name;
-    op->out[1]->name = normed_name;
+    ir_value_rename(m, op->out[0], sum_name);
+    ir_value_rename(m, op->out[1], normed_name);
     *fused = op;
     return MOEC_OK;
 }

@@ -191,7 +191,7 @@ static moec_status rewrite_site(ir_module *m, const mla_site *s)
     const char *dead_name = ir_module_unique_name(m, dead);
     if (!dead_name)
         return MOEC_ERR(MOEC_ERR_OOM, "absorb_mla: out of memory renaming %%%s", keep);
-    old->name = dead_name;
+    ir_value_rename(m, old, dead_name);
     ir_value *in_v[2] = {ma->out[0], s->kv_b};
     MOEC_TRY(add_placed(m, IR_OP_MLA_VABSORB, in_v, 2, keep, att, &va));
     MOEC_TRY(ir_op_set_int(m, va, "qk_nope_head_dim", s->dn));

@@ -1282,8 +1282,8 @@ static moec_status shard_run(shard_ctx *c)
         const char *part = ir_module_unique_name(m, name_with(o, "shard", buf, sizeof buf));
         if (!part)
             return MOEC_ERR(MOEC_ERR_OOM, "shard: out of memory");
-        o->name = part;
-        g->name = name;
+        ir_value_rename(m, o, part);
+        ir_value_rename(m, g, name);
         m->outputs[i] = g;
     }
     MOEC_TRY(ir_module_set_meta_int(m, "tp", c->tp));

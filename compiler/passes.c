@@ -194,7 +194,7 @@ moec_status pass_replace_values(ir_module *m, ir_op_kind kind, ir_value *const *
     MOEC_TRY(ir_module_dce(m));
     /* the replaced values are gone: their names (arena strings) go over */
     for (int i = 0; i < n_out; i++)
-        op->out[i]->name = old[i]->name;
+        ir_value_rename(m, op->out[i], old[i]->name);
     return MOEC_OK;
 }
 

@@ -278,6 +278,8 @@ typedef struct ir_module {
     int meta_cap;
     int n_values, values_cap;
     ir_value **values;     /* every value, in definition order */
+    struct ir_value_index *index; /* name -> value, arena-held; rebuilt when
+                                   * stale (see ir_value_rename) */
     int n_ops, ops_cap;
     ir_op **ops;           /* in execution order */
     int n_inputs;
@@ -297,6 +299,12 @@ int64_t ir_module_meta_int(const ir_module *m, const char *key, int64_t dflt);
 int ir_module_meta_ints(const ir_module *m, const char *key, const int64_t **v);
 
 ir_value *ir_module_find_value(const ir_module *m, const char *name);
+/* Gives v the name `name` (an arena string of m, or one that outlives it).
+ * Every change of a value's name, and every removal of values from
+ * m->values, goes through here or ir_module_values_changed so that
+ * ir_module_find_value's index stays true. */
+void ir_value_rename(ir_module *m, ir_value *v, const char *name);
+void ir_module_values_changed(const ir_module *m);
 
 /* ---- building --------------------------------------------------------------
  * Builders only record. Each returns the new value (or op), or NULL with the

@@ -218,6 +218,7 @@ moec_status ir_module_dce(ir_module *m)
         if (keep[i])
             m->values[n++] = m->values[i];
     m->n_values = n;
+    ir_module_values_changed(m);
     for (int i = 0; i < m->n_values; i++)
         m->values[i]->id = i;
     free(uses);

@@ -290,6 +290,55 @@ static void test_unique_name(void)
     ir_module_free(m);
 }
 
+/* The name index behind ir_module_find_value: it follows appended values
+ * (past several regrowths), renames and removals. */
+static void test_name_index(void)
+{
+    ir_module *m = parse_or_die(SRC);
+    ir_value *b = val(m, "b");
+    ir_value_rename(m, b, "b_renamed");
+    T_CHECK(ir_module_find_value(m, "b") == NULL);
+    T_CHECK(ir_module_find_value(m, "b_renamed") == b);
+    T_CHECK(ir_module_find_value(m, "%b_renamed") == b);
+    T_OK(ir_module_verify(m));
+    /* a chain of 3000 fresh values, each found at once and at the end */
+    ir_value *prev = val(m, "x");
+    char name[32];
+    for (int i = 0; i < 3000; i++) {
+        snprintf(name, sizeof name, "chain%d", i);
+        ir_value *in[1] = {prev};
+        ir_value *v = ir_build(m, IR_OP_SILU, name, in, 1);
+        T_CHECK(v != NULL);
+        if (!v)
+            break;
+        T_CHECK(ir_module_find_value(m, name) == v);
+        prev = v;
+    }
+    int found = 0;
+    for (int i = 0; i < 3000; i++) {
+        snprintf(name, sizeof name, "chain%d", i);
+        ir_value *v = ir_module_find_value(m, name);
+        found += v && !strcmp(v->name, name);
+    }
+    T_CHECK(found == 3000);
+    /* a duplicate is refused through the index */
+    ir_value *in[1] = {prev};
+    T_CHECK(ir_build(m, IR_OP_SILU, "chain17", in, 1) == NULL);
+    T_CHECK(strstr(moec_last_error(), "duplicate value %chain17") != NULL);
+    /* nothing uses the chain: dce drops it, and the index with it */
+    T_OK(ir_module_dce(m));
+    T_CHECK(ir_module_find_value(m, "chain0") == NULL);
+    T_CHECK(ir_module_find_value(m, "chain2999") == NULL);
+    T_CHECK(ir_module_find_value(m, "dead1") == NULL);
+    T_CHECK(ir_module_find_value(m, "b_renamed") == b);
+    T_CHECK(ir_module_find_value(m, "c") != NULL);
+    /* a name freed by dce can be taken again */
+    in[0] = val(m, "x");
+    T_CHECK(ir_build(m, IR_OP_SILU, "dead1", in, 1) != NULL);
+    T_CHECK(ir_module_find_value(m, "dead1") != NULL);
+    ir_module_free(m);
+}
+
 static void test_clone(void)
 {
     ir_module *m = parse_or_die(SRC);
@@ -336,6 +385,7 @@ int main(void)
     test_replace();
     test_dce();
     test_unique_name();
+    test_name_index();
     test_clone();
     return t_finish("test_ir_rewrite");
 }
