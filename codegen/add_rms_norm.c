@@ -56,15 +56,7 @@ static int num_attr(const ir_op *op, const char *key, double *out)
     return 1;
 }
 
-/* What the emitters need of an add_rms_norm op, checked. */
-typedef struct arn_info {
-    const ir_value *a, *b, *w, *b2, *s, *y;
-    double eps, alpha;
-    int64_t D, kb;
-    ir_dtype da, db, dw, ds, dy, dc, dsum;
-} arn_info;
-
-static moec_status arn_check(const cg_ctx *c, const ir_op *op, arn_info *in)
+moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
 {
     const ir_value *a = op->in[0], *b = op->in[1], *w = op->in[2];
     const ir_value *b2 = op->n_in == 4 ? op->in[3] : NULL;
@@ -98,218 +90,24 @@ static moec_status arn_check(const cg_ctx *c, const ir_op *op, arn_info *in)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "add_rms_norm %%%s: b %%%s of [T, K, D] is stored %s, not f32", s->name,
                         b->name, ir_dtype_name(db));
-    in->a = a;
-    in->b = b;
-    in->w = w;
-    in->b2 = b2;
-    in->s = s;
-    in->y = y;
-    in->eps = eps;
-    in->alpha = alpha;
-    in->D = D;
-    in->kb = kb;
-    in->da = da;
-    in->db = db;
-    in->dw = dw;
-    in->ds = ds;
-    in->dy = dy;
-    in->dc = dc;
-    in->dsum = dsum;
-    return MOEC_OK;
-}
-
-/* The row function `fn` (once in the program): the add and the norm of one
- * row by the threads of layout l, as __device__ fn(a, b, w, [c2,] sum, y,
- * alpha, eps, row, lane). Its pointers are __restrict__ when rstr;
- * a row function called after other blocks wrote b (cg_add_rms_norm_last)
- * must not read it through the read-only path. */
-static void emit_row_fn(cg_ctx *c, const arn_info *in, const cg_norm_rows *lp, const char *fn,
-                        int rstr)
-{
-    const cg_norm_rows l = *lp;
-    const ir_value *b = in->b, *b2 = in->b2;
-    int64_t D = in->D, kb = in->kb;
-    ir_dtype da = in->da, db = in->db, dw = in->dw, ds = in->ds, dy = in->dy, dc = in->dc,
-             dsum = in->dsum;
-    int vec = l.vec;
-    const char *rq = rstr ? "__restrict__ " : "";
-    moec_buf *src = &c->src;
-    char cparam[80] = "";
-    if (b2)
-        snprintf(cparam, sizeof cparam, " const %s *%sc2,", cg_ctype(dc), rq);
-    moec_buf_printf(src,
-                  "#ifndef MOEC_FN_%s\n"
-                  "#define MOEC_FN_%s\n"
-                  "__device__ __forceinline__ void %s(const %s *%sa, const %s *%sb,\n"
-                  "    const %s *%sw,%s %s *%ssum, %s *%sy, float alpha, float eps, int row, int lane)\n"
-                  "{\n",
-                  fn, fn, fn, cg_ctype(da), rq, cg_ctype(db), rq, cg_ctype(dw), rq, cparam,
-                  cg_ctype(ds), rq, cg_ctype(dy), rq);
-    moec_buf_printf(src,
-                  "    const long long base = (long long)row * %lld;\n"
-                  "    const %s *ar = a + base;\n"
-                  "    const %s *br = b + base * %lld;\n"
-                  "    %s *sr = sum + base;\n"
-                  "    %s *yr = y + base;\n"
-                  "    float ss = 0.0f;\n",
-                  (long long)D, cg_ctype(da), cg_ctype(db), (long long)kb, cg_ctype(ds),
-                  cg_ctype(dy));
-    if (l.cache)
-        moec_buf_printf(src, "    float v[%d][%d];\n", l.nch, vec);
-    moec_buf_printf(src,
-                  "#pragma unroll\n"
-                  "    for (int i = 0; i < %d; i++) {\n"
-                  "        const int c = lane + i * %d;\n"
-                  "        if (c < %lld) {\n"
-                  "            float t[%d], u[%d];\n"
-                  "            ldv<%d>(ar + c * %d, t);\n",
-                  l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec);
-    if (b->type.rank == 2)
-        moec_buf_printf(src, "            ldv<%d>(br + c * %d, u);\n", vec, vec);
-    else {
-        /* the routed sum: the K slots in k order, in double, as moe_routed sums */
-        moec_buf_printf(src,
-                      "            {\n"
-                      "                double acc[%d];\n"
-                      "#pragma unroll\n"
-                      "                for (int j = 0; j < %d; j++)\n"
-                      "                    acc[j] = 0.0;\n"
-                      "#pragma unroll\n"
-                      "                for (int k = 0; k < %lld; k++) {\n"
-                      "                    float yk[%d];\n"
-                      "                    ldv<%d>(br + k * %lldLL + c * %d, yk);\n"
-                      "#pragma unroll\n"
-                      "                    for (int j = 0; j < %d; j++)\n"
-                      "                        acc[j] += (double)yk[j];\n"
-                      "                }\n"
-                      "#pragma unroll\n"
-                      "                for (int j = 0; j < %d; j++) {\n"
-                      "                    u[j] = (float)acc[j];\n",
-                      vec, vec, (long long)kb, vec, vec, (long long)D, vec, vec, vec);
-        if (dsum != IR_DTYPE_F32)
-            moec_buf_printf(src,
-                          "                    %s q;\n"
-                          "                    st(&q, u[j]);\n"
-                          "                    u[j] = ld(&q);\n",
-                          cg_ctype(dsum));
-        moec_buf_printf(src, "                }\n"
-                             "            }\n");
-    }
-    if (b2) /* b + c first, in fp32: add(b, c), then the residual add */
-        moec_buf_printf(src,
-                      "            {\n"
-                      "                float u2[%d];\n"
-                      "                ldv<%d>(c2 + base + c * %d, u2);\n"
-                      "#pragma unroll\n"
-                      "                for (int j = 0; j < %d; j++)\n"
-                      "                    u[j] = u[j] + u2[j];\n"
-                      "            }\n",
-                      vec, vec, vec, vec);
-    moec_buf_printf(src,
-                  "#pragma unroll\n"
-                  "            for (int j = 0; j < %d; j++)\n"
-                  "                t[j] = t[j] + alpha * u[j];\n"
-                  "            stv<%d>(sr + c * %d, t);\n"
-                  "#pragma unroll\n"
-                  "            for (int j = 0; j < %d; j++) {\n",
-                  vec, vec, vec, vec);
-    if (ds != IR_DTYPE_F32)
-        moec_buf_printf(src,
-                      "                %s q;\n"
-                      "                st(&q, t[j]);\n"
-                      "                t[j] = ld(&q);\n",
-                      cg_ctype(ds));
-    cg_norm_rows_finish(src, &l, D, "sr");
-    moec_buf_printf(src, "#endif\n\n");
-}
-
-/* The row layout of a norm of D run by a whole block of `threads` threads
- * (one row at a time). */
-static cg_norm_rows block_rows(int64_t D, int threads)
-{
-    cg_norm_rows l = cg_norm_rows_of(D);
-    l.warp_form = 0;
-    l.stride = threads;
-    l.nch = (int)((l.chunks + threads - 1) / threads);
-    l.cache = l.nch * l.vec <= 64;
-    return l;
-}
-
-/* The kernel name's part after "add[3]_rms_norm" and before the layout. */
-static void arn_name(const cg_ctx *c, const ir_op *op, const arn_info *in, const char *what,
-                     char *buf, size_t cap)
-{
-    char sig[64], sumk[32] = "";
-    dtype_sig(c, op, sig, sizeof sig);
-    if (in->b->type.rank == 3)
-        snprintf(sumk, sizeof sumk, "_sum%lld_%s", (long long)in->kb, ir_dtype_name(in->dsum));
-    snprintf(buf, cap, "add%s_rms_norm%s_d%lld_t%d_%s%s", in->b2 ? "3" : "", sumk,
-             (long long)in->D, c->T, sig, what);
-}
-
-const ir_op *cg_add_rms_norm_last(const cg_ctx *c, const ir_op *lin)
-{
-    if (lin->kind != IR_OP_LINEAR || lin->n_out != 1 || lin->id + 1 >= c->m->n_ops ||
-        !cg_env_int("MOEC_NORM_IN_LINEAR", 1, 0, 1))
-        return NULL;
-    const ir_value *yv = lin->out[0];
-    const ir_op *n = c->m->ops[lin->id + 1];
-    arn_info in;
-    if (n->kind != IR_OP_ADD_RMS_NORM || n->n_in != 3 || n->stream != lin->stream ||
-        n->in[1] != yv || n->in[0] == yv || n->in[2] == yv ||
-        ir_module_single_user(c->m, yv) != n)
-        return NULL;
-    for (int i = 0; i < c->m->n_outputs; i++)
-        if (c->m->outputs[i] == yv)
-            return NULL;
-    moec_status st = arn_check(c, n, &in);
-    if (st != MOEC_OK) {
-        moec_err_clear();
-        return NULL;
-    }
-    return in.b->type.rank == 2 ? n : NULL;
-}
-
-moec_status cg_add_rms_norm_last_fn(cg_ctx *c, const ir_op *n, int threads, char *fn,
-                                    size_t cap)
-{
-    arn_info in;
-    MOEC_TRY(arn_check(c, n, &in));
-    char tag[32];
-    snprintf(tag, sizeof tag, "_b%d_row", threads);
-    arn_name(c, n, &in, tag, fn, cap);
-    cg_norm_rows l = block_rows(in.D, threads);
-    emit_row_fn(c, &in, &l, fn, 0);
-    return c->src.oom ? MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", in.s->name)
-                      : MOEC_OK;
-}
-
-moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
-{
-    arn_info in;
-    MOEC_TRY(arn_check(c, op, &in));
-    const ir_value *s = in.s, *y = in.y;
-    if (c->norm_fused == op->id + 1) { /* the linear before it ran it */
-        c->norm_fused = 0;
-        return MOEC_OK;
-    }
     int rows = c->T;
-    cg_norm_rows l = cg_norm_rows_of(in.D);
-    char name[256], fn[280];
-    arn_name(c, op, &in, "", name, sizeof name);
-    snprintf(fn, sizeof fn, "%s_row", name);
+    cg_norm_rows l = cg_norm_rows_of(D);
+    int vec = l.vec;
+    char sig[64], name[256], sumk[32] = "";
+    dtype_sig(c, op, sig, sizeof sig);
+    if (b->type.rank == 3)
+        snprintf(sumk, sizeof sumk, "_sum%lld_%s", (long long)kb, ir_dtype_name(dsum));
+    snprintf(name, sizeof name, "add%s_rms_norm%s_d%lld_t%d_%s", b2 ? "3" : "", sumk,
+             (long long)D, c->T, sig);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "add_rms_norm %%%s: out of memory", s->name);
     if (is_new) {
         moec_buf *src = &c->src;
-        emit_row_fn(c, &in, &l, fn, 1);
-        char cparam[64] = "", carg[8] = "";
-        if (in.b2) {
-            snprintf(cparam, sizeof cparam, " const %s *__restrict__ c2,", cg_ctype(in.dc));
-            snprintf(carg, sizeof carg, " c2,");
-        }
+        char cparam[64] = "";
+        if (b2)
+            snprintf(cparam, sizeof cparam, " const %s *__restrict__ c2,", cg_ctype(dc));
         moec_buf_printf(src,
                       "// add_rms_norm (codegen/add_rms_norm.c), first for %%%s, %%%s\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d)\n"
@@ -317,11 +115,85 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "    const %s *__restrict__ w,%s %s *__restrict__ sum, %s *__restrict__ y,\n"
                       "    float alpha, float eps)\n"
                       "{\n",
-                      s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(in.da),
-                      cg_ctype(in.db), cg_ctype(in.dw), cparam, cg_ctype(in.ds), cg_ctype(in.dy));
-        cg_norm_rows_prefetch(c, src, in.D);
+                      s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(da),
+                      cg_ctype(db), cg_ctype(dw), cparam, cg_ctype(ds), cg_ctype(dy));
+        cg_norm_rows_prefetch(c, src, D);
         cg_norm_rows_begin(src, &l, rows);
-        moec_buf_printf(src, "    %s(a, b, w,%s sum, y, alpha, eps, row, lane);\n}\n\n", fn, carg);
+        moec_buf_printf(src,
+                      "    const long long base = (long long)row * %lld;\n"
+                      "    const %s *ar = a + base;\n"
+                      "    const %s *br = b + base * %lld;\n"
+                      "    %s *sr = sum + base;\n"
+                      "    %s *yr = y + base;\n"
+                      "    float ss = 0.0f;\n",
+                      (long long)D, cg_ctype(da), cg_ctype(db), (long long)kb, cg_ctype(ds),
+                      cg_ctype(dy));
+        if (l.cache)
+            moec_buf_printf(src, "    float v[%d][%d];\n", l.nch, vec);
+        moec_buf_printf(src,
+                      "#pragma unroll\n"
+                      "    for (int i = 0; i < %d; i++) {\n"
+                      "        const int c = lane + i * %d;\n"
+                      "        if (c < %lld) {\n"
+                      "            float t[%d], u[%d];\n"
+                      "            ldv<%d>(ar + c * %d, t);\n",
+                      l.nch, l.stride, (long long)l.chunks, vec, vec, vec, vec);
+        if (b->type.rank == 2)
+            moec_buf_printf(src, "            ldv<%d>(br + c * %d, u);\n", vec, vec);
+        else {
+            /* the routed sum: the K slots in k order, in double, as moe_routed sums */
+            moec_buf_printf(src,
+                          "            {\n"
+                          "                double acc[%d];\n"
+                          "#pragma unroll\n"
+                          "                for (int j = 0; j < %d; j++)\n"
+                          "                    acc[j] = 0.0;\n"
+                          "#pragma unroll\n"
+                          "                for (int k = 0; k < %lld; k++) {\n"
+                          "                    float yk[%d];\n"
+                          "                    ldv<%d>(br + k * %lldLL + c * %d, yk);\n"
+                          "#pragma unroll\n"
+                          "                    for (int j = 0; j < %d; j++)\n"
+                          "                        acc[j] += (double)yk[j];\n"
+                          "                }\n"
+                          "#pragma unroll\n"
+                          "                for (int j = 0; j < %d; j++) {\n"
+                          "                    u[j] = (float)acc[j];\n",
+                          vec, vec, (long long)kb, vec, vec, (long long)D, vec, vec, vec);
+            if (dsum != IR_DTYPE_F32)
+                moec_buf_printf(src,
+                              "                    %s q;\n"
+                              "                    st(&q, u[j]);\n"
+                              "                    u[j] = ld(&q);\n",
+                              cg_ctype(dsum));
+            moec_buf_printf(src, "                }\n"
+                                 "            }\n");
+        }
+        if (b2) /* b + c first, in fp32: add(b, c), then the residual add */
+            moec_buf_printf(src,
+                          "            {\n"
+                          "                float u2[%d];\n"
+                          "                ldv<%d>(c2 + base + c * %d, u2);\n"
+                          "#pragma unroll\n"
+                          "                for (int j = 0; j < %d; j++)\n"
+                          "                    u[j] = u[j] + u2[j];\n"
+                          "            }\n",
+                          vec, vec, vec, vec);
+        moec_buf_printf(src,
+                      "#pragma unroll\n"
+                      "            for (int j = 0; j < %d; j++)\n"
+                      "                t[j] = t[j] + alpha * u[j];\n"
+                      "            stv<%d>(sr + c * %d, t);\n"
+                      "#pragma unroll\n"
+                      "            for (int j = 0; j < %d; j++) {\n",
+                      vec, vec, vec, vec);
+        if (ds != IR_DTYPE_F32)
+            moec_buf_printf(src,
+                          "                %s q;\n"
+                          "                st(&q, t[j]);\n"
+                          "                t[j] = ld(&q);\n",
+                          cg_ctype(ds));
+        cg_norm_rows_finish(src, &l, D, "sr");
     }
     ir_step *st = cg_step(c, IR_STEP_KERNEL, op);
     if (!st)
@@ -329,15 +201,15 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
     st->kernel = k;
     cg_norm_rows_launch(st, &l, rows);
     int i = 0;
-    st->args[i++] = cg_arg_act(in.a);
-    st->args[i++] = cg_arg_act(in.b);
-    st->args[i++] = cg_arg_act(in.w);
-    if (in.b2)
-        st->args[i++] = cg_arg_act(in.b2);
+    st->args[i++] = cg_arg_act(a);
+    st->args[i++] = cg_arg_act(b);
+    st->args[i++] = cg_arg_act(w);
+    if (b2)
+        st->args[i++] = cg_arg_act(b2);
     st->args[i++] = cg_arg_act(s);
     st->args[i++] = cg_arg_act(y);
-    st->args[i++] = cg_arg_f32(in.alpha);
-    st->args[i++] = cg_arg_f32(in.eps);
+    st->args[i++] = cg_arg_f32(alpha);
+    st->args[i++] = cg_arg_f32(eps);
     st->n_args = i;
     return MOEC_OK;
 }

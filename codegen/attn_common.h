@@ -118,7 +118,7 @@ static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
 static inline int cg_attn_self_merge(const cg_ctx *c, long long H, int hb, long long d, int ns)
 {
     int mode = cg_env_int("MOEC_ATTN_MERGE", 1, 0, 2);
-    return ns > 1 && mode && (long long)c->T * (H / hb) <= IR_SPLIT_COUNTER_NORM &&
+    return ns > 1 && mode && (long long)c->T * (H / hb) <= IR_SPLIT_COUNTERS &&
            (mode == 2 || (long long)ns * hb * d * 4 <= CG_ATTN_MERGE_MAX_BYTES);
 }
 
@@ -242,17 +242,6 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
     s->args[n - 1] = cg_arg_scratch(off_o);
     if (merge) {
         s->args[n] = cg_arg_input(IR_INPUT_SPLIT_COUNTERS);
-        return MOEC_OK;
-    }
-    /* an MLA whose v absorption merges the splits itself: it reads the
-       states where they are, its op next on this stream (no scratch
-       reused in between) */
-    const ir_op *va = op->kind == IR_OP_MLA_ATTENTION ? cg_mla_vabsorb_merges(c, op) : NULL;
-    if (va) {
-        c->mla_merged = va->id + 1;
-        c->mla_merge_off[0] = off_ml;
-        c->mla_merge_off[1] = off_o;
-        c->mla_merge_ns = ns;
         return MOEC_OK;
     }
     char cname[256];

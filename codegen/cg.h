@@ -86,16 +86,6 @@ typedef struct cg_ctx {
      * then the end of them. */
     int moe_aligned;
     size_t moe_align_off[4];
-    /* A split mla_attention whose partial states the mla_vabsorb after it
-     * merges itself (cg_mla_vabsorb_merges): that op's id + 1 (0: none),
-     * the scratch offsets of the states (m and l, then the outputs) and
-     * the split count. */
-    int mla_merged;
-    size_t mla_merge_off[2];
-    int mla_merge_ns;
-    /* An add_rms_norm that the linear before it ran in its last block
-     * (cg_add_rms_norm_last): that op's id + 1 (0: none). */
-    int norm_fused;
 } cg_ctx;
 
 /* Frees what a bucket's generation made (its source, kernel names and
@@ -195,17 +185,6 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_embedding(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op); /* sum and its RMSNorm, one kernel */
-/* The add_rms_norm that few-token linear lin's kernel runs in its last
- * block (codegen/add_rms_norm.c): the op right after lin, on its stream,
- * the only reader of lin's result, which it adds (b) to its residual;
- * NULL when there is none or MOEC_NORM_IN_LINEAR=0. */
-const ir_op *cg_add_rms_norm_last(const cg_ctx *c, const ir_op *lin);
-/* Puts (once) in the program the row function of add_rms_norm n for a
- * block of `threads` threads and its name into fn: __device__ fn(a, b, w,
- * sum, y, alpha, eps, row, lane), every thread of the block calling it
- * with lane = threadIdx.x, b read through L2. */
-moec_status cg_add_rms_norm_last_fn(cg_ctx *c, const ir_op *n, int threads, char *fn,
-                                    size_t cap);
 moec_status cg_emit_linear(cg_ctx *c, const ir_op *op);       /* cuBLASLt GEMM step */
 moec_status cg_emit_copy(cg_ctx *c, const ir_op *op);         /* reshape, slice, concat, expand */
 moec_status cg_emit_eltwise(cg_ctx *c, const ir_op *op);      /* add, mul, silu, sigmoid, silu_mul */
@@ -214,11 +193,6 @@ moec_status cg_emit_rope(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_attention(cg_ctx *c, const ir_op *op);    /* GQA: cache write + attention */
 moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op);   /* mla_qabsorb, mla_vabsorb: batched GEMM */
 moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op);/* cache write + attention */
-/* The mla_vabsorb that merges split attention att's partial states itself
- * (codegen/mla_absorb.c): the one reader of att's result, next on its
- * stream, run by the generated absorb kernel on sm_90 (a thread block
- * cluster per head); NULL when there is none (then a merge kernel runs). */
-const ir_op *cg_mla_vabsorb_merges(const cg_ctx *c, const ir_op *att);
 moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op);
 moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op);   /* align, gate_up+silu_mul, down*w, sum */
 moec_status cg_emit_moe_experts(cg_ctx *c, const ir_op *op);  /* unfused form, for op tests */

@@ -117,26 +117,6 @@ static const char GEMV_BODY[] =
     "        st(y + (long long)t * N + n0 + r, v);\n"
     "    }\n";
 
-/* With an add_rms_norm after it (cg_add_rms_norm_last): the block that
- * finishes last, counted in cnt (and set back to 0 for the next step),
- * adds and normalizes the T rows of y, which every block has written. */
-static const char GEMV_NORM_TAIL[] =
-    "    __shared__ unsigned norm_last;\n"
-    "    __threadfence();\n"
-    "    __syncthreads();\n"
-    "    if (threadIdx.x == 0) {\n"
-    "        const unsigned k = atomicAdd(cnt + CNT_I, 1u);\n"
-    "        norm_last = k == gridDim.x - 1;\n"
-    "        if (k == gridDim.x - 1)\n"
-    "            cnt[CNT_I] = 0u;\n"
-    "        __threadfence();\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    if (!norm_last)\n"
-    "        return;\n"
-    "    for (int t = 0; t < T; t++)\n"
-    "        NORM_FN(res, y, nw, nsum, ny, nalpha, eps, t, threadIdx.x);\n";
-
 /* Before the wait (cg_emit_prefetch): the block's RB rows (fewer in the
  * last block) and, of an fp8 weight, their block scales' rows. */
 static const char GEMV_PREFETCH[] =
@@ -222,47 +202,30 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     io_suffix(c, op, tag, io, sizeof io);
     if (act)
         snprintf(silu, sizeof silu, "_silu_%s", ir_dtype_name(dh));
-    /* the add_rms_norm after it, run by its last block */
-    const ir_op *norm = t0 == 0 && tg == c->T ? cg_add_rms_norm_last(c, op) : NULL;
-    char nfn[300] = "", ntag[320] = "", nparams[400] = "";
-    if (norm) {
-        MOEC_TRY(cg_add_rms_norm_last_fn(c, norm, GEMV_WARPS * 32, nfn, sizeof nfn));
-        snprintf(ntag, sizeof ntag, "_then_%s_c%d", nfn, op->stream);
-        snprintf(nparams, sizeof nparams,
-                 ", const %s *__restrict__ res, const %s *__restrict__ nw, %s *__restrict__ "
-                 "nsum, %s *__restrict__ ny, float nalpha, float eps, unsigned *__restrict__ cnt",
-                 cg_ctype(cg_storage(c, norm->in[0])), cg_ctype(cg_storage(c, norm->in[2])),
-                 cg_ctype(cg_storage(c, norm->out[0])), cg_ctype(cg_storage(c, norm->out[1])));
-    }
-    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d%s_%s_%s%s", (long long)N,
-             (long long)K, rb, tg, silu, ir_dtype_name(dw), io, ntag);
+    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d%s_%s_%s", (long long)N,
+             (long long)K, rb, tg, silu, ir_dtype_name(dw), io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     if (is_new) {
         moec_buf_printf(&c->src,
-                      "// linear: y = alpha x w^T (+ b) for a few rows%s (codegen/linear.c, "
+                      "// linear: y = alpha x w^T (+ b) for a few rows (codegen/linear.c, "
                       "emit_gemv)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
                       "const %s *__restrict__ w, %sconst %s *__restrict__ bias, float alpha, "
-                      "%s *__restrict__ y%s)\n{\n"
+                      "%s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
                       "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
                       "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d;\n"
                       "    constexpr bool HAS_BIAS = %s, ACT = %s;\n%s",
-                      norm ? ", then the add_rms_norm after it in its last block" : "",
                       GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
-                      nparams, cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb,
+                      cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb,
                       GEMV_WARPS, bias ? "true" : "false", act ? "true" : "false", decl);
         cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), GEMV_PREFETCH);
-        moec_buf_printf(&c->src, "%s", GEMV_BODY);
-        if (norm)
-            moec_buf_printf(&c->src, "    constexpr int CNT_I = %d;\n#define NORM_FN %s\n%s#undef NORM_FN\n",
-                            IR_SPLIT_COUNTER_NORM + op->stream, nfn, GEMV_NORM_TAIL);
-        moec_buf_printf(&c->src, "}\n\n");
+        moec_buf_printf(&c->src, "%s}\n\n", GEMV_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -280,17 +243,6 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     s->args[n++] = cg_arg_f32(alpha);
     s->args[n] = cg_arg_act(y);
     s->args[n++].i = (int64_t)t0 * N * (int64_t)ir_dtype_size(dy);
-    if (norm) {
-        double eps = num_attr(norm, "eps", 0), nalpha = num_attr(norm, "alpha", 1.0);
-        s->args[n++] = cg_arg_act(norm->in[0]);
-        s->args[n++] = cg_arg_act(norm->in[2]);
-        s->args[n++] = cg_arg_act(norm->out[0]);
-        s->args[n++] = cg_arg_act(norm->out[1]);
-        s->args[n++] = cg_arg_f32(nalpha);
-        s->args[n++] = cg_arg_f32(eps);
-        s->args[n++] = cg_arg_input(IR_INPUT_SPLIT_COUNTERS);
-        c->norm_fused = norm->id + 1;
-    }
     s->n_args = n;
     return MOEC_OK;
 }

@@ -21,18 +21,7 @@
  * partial sums added in shared memory. vabsorb: a block per head and
  * ABS_ROWS rows of W_UV[h], a warp per few rows, lanes along r against the
  * tokens' o_c rows in shared memory, a warp sum per row and token. fp32
- * accumulation, as cuBLASLt's.
- *
- * Where vabsorb's o_c is a split mla_attention's result read by nothing
- * else (cg_mla_vabsorb_merges), the merge kernel is not launched: vabsorb's
- * kernel merges the splits' partial states itself. A cluster of NY blocks
- * per token and head, block `rank` taking columns rank * R/NY .. of o_c:
- * it merges those columns as moec_attn_merge does (the same weights, fp32,
- * rounded to o_c's dtype as the merge kernel stored it), multiplies them
- * with those columns of every W_UV[h] row, and the blocks' partial rows
- * are summed through the cluster's shared memory, each block writing
- * DV/NY of them. One launch and 1/NY of a head's partial states a block
- * instead of a merge kernel whose block per head reads all of them. */
+ * accumulation, as cuBLASLt's. */
 #include <stdio.h>
 
 #include "codegen/cg.h"
@@ -45,7 +34,6 @@
 #define ABS_V_WARPS 8  /* vabsorb: warps per block */
 #define ABS_V_RPW 2    /* vabsorb: W_UV rows per warp */
 #define ABS_Q_VW 2     /* qabsorb: columns per lane (64 a block: blocks for every SM) */
-#define ABS_V_MERGE_WARPS 4 /* vabsorb merging the splits: warps per block */
 
 static const char QABSORB_BODY[] =
     "    constexpr int NT = NW * 32, COLS = 32 * VW;\n"
@@ -141,145 +129,6 @@ static const char VABSORB_BODY[] =
     "                st(y + ((long long)t * H + h) * DV + v0 + k, a);\n"
     "        }\n";
 
-/* The merged form (see the top of the file): grid (H, NY, T), a cluster of
- * the NY blocks of a token's head. */
-static const char MERGE_VABSORB_BODY[] =
-    "    constexpr int NT = NW * 32, RC = R / NY, CV = RC % 4 ? 1 : 4, NV = RC / CV;\n"
-    "    constexpr int GG0 = NT / NV > 0 ? NT / NV : 1, GG = GG0 < NSPLIT ? GG0 : NSPLIT;\n"
-    "    constexpr int NSP = (NSPLIT + 31) / 32 * 32, DVB = (DV + NY - 1) / NY;\n"
-    "    __shared__ float mw[NSP];\n"
-    "    __shared__ float minv;\n"
-    "    __shared__ __align__(16) float red[GG][RC];\n"
-    "    __shared__ float oc[RC];\n"
-    "    __shared__ float vpart[DV];\n"
-    "    const int h = blockIdx.x, rank = blockIdx.y, t = blockIdx.z;\n"
-    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const int s = slots[t], p = pos[t];\n"
-    "    TY *yo = y + ((long long)t * H + h) * DV;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "        /* padding: the merge wrote zeros, whose product is zeros (the\n"
-    "           cluster's blocks all leave here) */\n"
-    "        for (int v = rank * DVB + threadIdx.x; v < DV && v < (rank + 1) * DVB; v += NT)\n"
-    "            st(yo + v, 0.0f);\n"
-    "        return;\n"
-    "    }\n"
-    "    const long long part = ((long long)t * H + h) * NSPLIT;\n"
-    "    if (warp == 0) {\n"
-    "        const float *ml = part_ml + part * 2;\n"
-    "        float mx = MOEC_NEG_INF;\n"
-    "        for (int z = lane; z < NSPLIT; z += 32)\n"
-    "            mx = fmaxf(mx, __ldcg(ml + 2 * z));\n"
-    "        mx = warp_max(mx);\n"
-    "        float l = 0.0f;\n"
-    "        for (int z = lane; z < NSP; z += 32) {\n"
-    "            float w = 0.0f;\n"
-    "            if (z < NSPLIT) {\n"
-    "                const float m = __ldcg(ml + 2 * z);\n"
-    "                w = m == MOEC_NEG_INF ? 0.0f : expf(m - mx);\n"
-    "                l += w * __ldcg(ml + 2 * z + 1);\n"
-    "            }\n"
-    "            mw[z] = w;\n"
-    "        }\n"
-    "        l = warp_sum(l);\n"
-    "        if (lane == 0)\n"
-    "            minv = 1.0f / l;\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    /* group g sums splits g, g + GG, ..., eight loads in flight; a split\n"
-    "       of weight 0 wrote nothing and is not read */\n"
-    "    const float *po = part_o + part * R + rank * RC;\n"
-    "    if (threadIdx.x < NV * GG) {\n"
-    "        const int g = threadIdx.x / NV, c = threadIdx.x % NV * CV;\n"
-    "        float a[CV];\n"
-    "#pragma unroll\n"
-    "        for (int k = 0; k < CV; k++)\n"
-    "            a[k] = 0.0f;\n"
-    "        for (int z0 = g; z0 < NSPLIT; z0 += 8 * GG) {\n"
-    "            float v[8][CV];\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < 8; j++) {\n"
-    "                const int z = z0 + j * GG;\n"
-    "                const bool use = z < NSPLIT && mw[z] != 0.0f;\n"
-    "                if constexpr (CV == 4) {\n"
-    "                    const float4 x = use ? __ldcg(reinterpret_cast<const float4 *>(po + (long long)z * R + c))\n"
-    "                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
-    "                    v[j][0] = x.x;\n"
-    "                    v[j][1] = x.y;\n"
-    "                    v[j][2] = x.z;\n"
-    "                    v[j][3] = x.w;\n"
-    "                } else {\n"
-    "                    v[j][0] = use ? __ldcg(po + (long long)z * R + c) : 0.0f;\n"
-    "                }\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < 8; j++) {\n"
-    "                const int z = z0 + j * GG;\n"
-    "                const float w = z < NSPLIT ? mw[z] : 0.0f;\n"
-    "#pragma unroll\n"
-    "                for (int k = 0; k < CV; k++)\n"
-    "                    a[k] += v[j][k] * w;\n"
-    "            }\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int k = 0; k < CV; k++)\n"
-    "            red[g][c + k] = a[k];\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    for (int c = threadIdx.x; c < RC; c += NT) {\n"
-    "        float a = 0.0f;\n"
-    "        for (int g = 0; g < GG; g++)\n"
-    "            a += red[g][c];\n"
-    "        TO r;\n"
-    "        st(&r, a * minv); /* o_c as the merge kernel stored it */\n"
-    "        oc[c] = ld(&r);\n"
-    "    }\n"
-    "    __syncthreads();\n"
-    "    /* this block's columns of every W_UV[h] row: a warp RB rows at a\n"
-    "       time, lanes along the columns, every load of the RB rows in flight */\n"
-    "    const TW *w = kv_b + ((long long)h * (DN + DV) + DN) * R + rank * RC;\n"
-    "    for (int v0 = warp * RB; v0 < DV; v0 += NW * RB) {\n"
-    "        float acc[RB];\n"
-    "#pragma unroll\n"
-    "        for (int k = 0; k < RB; k++)\n"
-    "            acc[k] = 0.0f;\n"
-    "        for (int c = lane * VW; c < RC; c += 32 * VW) {\n"
-    "            float wv[RB][VW];\n"
-    "#pragma unroll\n"
-    "            for (int k = 0; k < RB; k++)\n"
-    "                if (v0 + k < DV)\n"
-    "                    ldv<VW>(w + (long long)(v0 + k) * R + c, wv[k]);\n"
-    "#pragma unroll\n"
-    "            for (int k = 0; k < RB; k++)\n"
-    "                if (v0 + k < DV) {\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < VW; j++)\n"
-    "                        acc[k] += wv[k][j] * oc[c + j];\n"
-    "                }\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int k = 0; k < RB; k++) {\n"
-    "            const float a = warp_sum(acc[k]);\n"
-    "            if (lane == 0 && v0 + k < DV)\n"
-    "                vpart[v0 + k] = a;\n"
-    "        }\n"
-    "    }\n"
-    "    moec_cluster_sync();\n"
-    "    for (int v = rank * DVB + threadIdx.x; v < DV && v < (rank + 1) * DVB; v += NT) {\n"
-    "        float a = 0.0f;\n"
-    "        for (int r = 0; r < NY; r++)\n"
-    "            a += moec_ld_cluster(&vpart[v], (unsigned)r);\n"
-    "        st(yo + v, a);\n"
-    "    }\n"
-    "    moec_cluster_sync(); /* no block leaves while another reads it */\n";
-
-/* Before the wait, the merged form's share of W_UV[h]: rows rank * DVB ..
- * whole (the cluster's blocks together take all of them). */
-static const char MERGE_VABSORB_PREFETCH[] =
-    "        constexpr int DVB = (DV + NY - 1) / NY;\n"
-    "        const long long v0 = (long long)blockIdx.y * DVB, nv = DV - v0 < DVB ? DV - v0 : DVB;\n"
-    "        moec_prefetch_rows(kv_b + ((long long)blockIdx.x * (DN + DV) + DN + v0) * R, nv,\n"
-    "                           (long long)R * (long long)sizeof(TW), PF_CAP);\n";
-
 /* Before the wait (cg_emit_prefetch), rows of kv_b the head's blocks read:
  * qabsorb's blocks of a head (its columns of every W_UK[h] row) share
  * W_UK[h]'s rows out, a contiguous share each; vabsorb's block its
@@ -293,116 +142,6 @@ static const char VABSORB_PREFETCH[] =
     "        const long long v0 = (long long)blockIdx.y * NW * RPW, nv = DV - v0 < NW * RPW ? DV - v0 : NW * RPW;\n"
     "        moec_prefetch_rows(kv_b + ((long long)blockIdx.x * (DN + DV) + DN + v0) * R, nv,\n"
     "                           (long long)R * (long long)sizeof(TW), PF_CAP);\n";
-
-/* Whether bucket c->T runs op (kv_b stored da, x of r or dn columns) on
- * the generated kernel rather than cuBLASLt (see the top of the file). */
-static int use_kernel(const cg_ctx *c, int q, int64_t dn, int64_t r, ir_dtype da)
-{
-    /* the kernel's shared memory: the tokens' rows of x, and qabsorb's
-       partial sums */
-    size_t smem = (size_t)c->T * (size_t)(q ? dn : r) * 4 + (q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
-    return c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) &&
-           da != IR_DTYPE_F8E4M3 && smem <= 48 * 1024;
-}
-
-/* The merged form's blocks a head: the most of 8, 4, 2 that divide r into
- * shares of at least 16 columns. */
-static int merge_ranks(int64_t r)
-{
-    for (int ny = 8; ny > 1; ny /= 2)
-        if (r % ny == 0 && r / ny >= 16)
-            return ny;
-    return 1;
-}
-
-const ir_op *cg_mla_vabsorb_merges(const cg_ctx *c, const ir_op *att)
-{
-    if (att->kind != IR_OP_MLA_ATTENTION || cg_arch_num(c->opt) < 90 ||
-        !cg_env_int("MOEC_MLA_MERGE_VABSORB", 1, 0, 1))
-        return NULL;
-    const ir_value *oc = att->out[0];
-    const ir_op *va = ir_module_single_user(c->m, oc);
-    if (!va || va->kind != IR_OP_MLA_VABSORB || va->in[0] != oc || va->stream != att->stream ||
-        va->id <= att->id)
-        return NULL;
-    for (int i = 0; i < c->m->n_outputs; i++)
-        if (c->m->outputs[i] == oc)
-            return NULL;
-    for (int k = att->id + 1; k < va->id; k++)
-        if (c->m->ops[k]->stream == att->stream)
-            return NULL;
-    const ir_value *kv_b = va->in[1];
-    int64_t dn = ir_op_attr_int(va, "qk_nope_head_dim", -1),
-            dv = ir_op_attr_int(va, "v_head_dim", -1);
-    if (oc->type.rank != 3 || kv_b->type.rank != 2 || va->out[0]->type.rank != 3 || dn < 1 ||
-        dv < 1)
-        return NULL;
-    int64_t H = oc->type.dims[1], r = kv_b->type.dims[1];
-    ir_dtype da = cg_storage(c, kv_b), db = cg_storage(c, oc), dc = cg_storage(c, va->out[0]);
-    if (kv_b->type.dims[0] != H * (dn + dv) || oc->type.dims[2] != r || da != db ||
-        da == IR_DTYPE_I32 || dc == IR_DTYPE_I32 || !use_kernel(c, 0, dn, r, da) ||
-        dv * 4 > 16 * 1024)
-        return NULL;
-    return va;
-}
-
-/* vabsorb merging the splits of the attention before it (see the top of
- * the file); c->mla_merge_off holds the splits' states. */
-static moec_status emit_merge_kernel(cg_ctx *c, const ir_op *op, int64_t H, int64_t dn,
-                                     int64_t dv, int64_t r, ir_dtype da, ir_dtype db, ir_dtype dc)
-{
-    const ir_value *kv_b = op->in[1], *y = op->out[0];
-    int ns = c->mla_merge_ns, ny = merge_ranks(r), bs = c->opt->kv_block_size;
-    int64_t rc = r / ny;
-    int vw = 1;
-    while (vw < 8 && rc % (vw * 2) == 0 && 32 * vw * 2 <= rc)
-        vw *= 2;
-    char name[256];
-    snprintf(name, sizeof name, "mla_merge_vabsorb_h%lld_dn%lld_dv%lld_r%lld_ns%d_ny%d_bs%d_t%d_%s_%s_%s",
-             (long long)H, (long long)dn, (long long)dv, (long long)r, ns, ny, bs, c->T,
-             ir_dtype_name(dc), ir_dtype_name(db), ir_dtype_name(da));
-    int is_new = 0;
-    int k = cg_kernel(c, name, &is_new);
-    if (k < 0)
-        return MOEC_ERR(MOEC_ERR_OOM, "mla_vabsorb %%%s: out of memory", y->name);
-    if (is_new) {
-        moec_buf_printf(&c->src,
-                        "// mla_vabsorb merging the attention's splits (codegen/mla_absorb.c), "
-                        "first for %%%s\n"
-                        "extern \"C\" __global__ void __cluster_dims__(1, %d, 1) "
-                        "__launch_bounds__(%d) %s(const int *__restrict__ pos, const int "
-                        "*__restrict__ slots, int max_blocks, const float *__restrict__ part_ml, "
-                        "const float *__restrict__ part_o, const %s *__restrict__ kv_b, %s "
-                        "*__restrict__ y)\n{\n"
-                        "    typedef %s TW;\n    typedef %s TY;\n    typedef %s TO;\n"
-                        "    constexpr int T = %d, H = %lld, DN = %lld, DV = %lld, R = %lld, "
-                        "NSPLIT = %d, NY = %d, NW = %d, BS = %d, VW = %d, RB = 16;\n",
-                        y->name, ny, ABS_V_MERGE_WARPS * 32, name, cg_ctype(da), cg_ctype(dc),
-                        cg_ctype(da), cg_ctype(dc), cg_ctype(db), c->T, (long long)H,
-                        (long long)dn, (long long)dv, (long long)r, ns, ny, ABS_V_MERGE_WARPS, bs,
-                        vw);
-        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), MERGE_VABSORB_PREFETCH);
-        moec_buf_printf(&c->src, "%s}\n\n", MERGE_VABSORB_BODY);
-    }
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
-    if (!s)
-        return MOEC_ERR(MOEC_ERR_OOM, "mla_vabsorb %%%s: out of memory", y->name);
-    s->kernel = k;
-    s->grid[0] = (unsigned)H;
-    s->grid[1] = (unsigned)ny;
-    s->grid[2] = (unsigned)c->T;
-    s->block[0] = ABS_V_MERGE_WARPS * 32;
-    s->n_args = 7;
-    s->args[0] = cg_arg_input(IR_INPUT_POSITIONS);
-    s->args[1] = cg_arg_input(IR_INPUT_SLOTS);
-    s->args[2] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
-    s->args[3] = cg_arg_scratch(c->mla_merge_off[0]);
-    s->args[4] = cg_arg_scratch(c->mla_merge_off[1]);
-    s->args[5] = cg_arg_act(kv_b);
-    s->args[6] = cg_arg_act(y);
-    c->mla_merged = 0;
-    return MOEC_OK;
-}
 
 /* The generated form of op for bucket c->T (see the top of the file). */
 static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int64_t dn,
@@ -475,9 +214,11 @@ moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
             "%s %%%s: kv_b %%%s is stored %s but %%%s %s; cuBLASLt wants one input type",
             ir_op_name(op->kind), y->name, kv_b->name, ir_dtype_name(da), x->name,
             ir_dtype_name(db));
-    if (!q && c->mla_merged == op->id + 1)
-        return emit_merge_kernel(c, op, H, dn, dv, r, da, db, dc);
-    if (use_kernel(c, q, dn, r, da))
+    /* the kernel's shared memory: the tokens' rows of x, and qabsorb's
+       partial sums */
+    size_t smem = (size_t)c->T * (size_t)(q ? dn : r) * 4 + (q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
+    if (c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) && da != IR_DTYPE_F8E4M3 &&
+        smem <= 48 * 1024)
         return emit_kernel(c, op, q, H, dn, dv, r, da, db, dc);
     if (H * (dn + dv) * r > INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: kv_b is too large", ir_op_name(op->kind),

@@ -47,10 +47,6 @@ typedef enum ir_input {
 /* Entries of IR_INPUT_SPLIT_COUNTERS: one per (token, head group) of a split
  * attention kernel that merges its own splits. */
 #define IR_SPLIT_COUNTERS 4096
-/* The last two entries are not split attention's: the counter of the
- * few-token linear that runs the add_rms_norm after it in its last block,
- * on stream 0 and on stream 1 (entry IR_SPLIT_COUNTER_NORM + stream). */
-#define IR_SPLIT_COUNTER_NORM (IR_SPLIT_COUNTERS - 2)
 
 /* IR_INPUT_SAMPLED of a token whose logits hold a NaN or an infinity. */
 #define IR_SAMPLED_NONFINITE (-1)

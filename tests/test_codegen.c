@@ -899,86 +899,6 @@ static const char ADD_NORM_IR[] =
     "  output %logits\n"
     "}\n";
 
-/* A few-token linear whose result only the add_rms_norm right after it
- * reads (as its b): one kernel, the norm run by its last block (a row
- * function for its 256 threads, the counter entry of its stream), the
- * norm's own step gone; not where the result has another reader, at 8
- * tokens (cuBLASLt) or with MOEC_NORM_IN_LINEAR=0. */
-static const char NORM_LIN_IR[] =
-    "module norm_lin {\n"
-    "  input %tokens : i32[T]\n"
-    "  input %positions : i32[T]\n"
-    "  weight %embed : bf16[256, 64] = \"e\"\n"
-    "  weight %w : bf16[64, 64] = \"w\"\n"
-    "  weight %norm : bf16[64] = \"n\"\n"
-    "  %x : f32[T, 64] = embedding(%tokens, %embed)\n"
-    "  %y : f32[T, 64] = linear(%x, %w)\n"
-    "  %r : f32[T, 64], %h : f32[T, 64] = add_rms_norm(%x, %y, %norm) {eps = 1e-06, alpha = 0.5}\n"
-    "  %y2 : f32[T, 64] = linear(%h, %w)\n"
-    "  %r2 : f32[T, 64], %h2 : f32[T, 64] = add_rms_norm(%r, %y2, %norm) {eps = 1e-05}\n"
-    "  %z : f32[T, 64] = mul(%h2, %y2)\n"
-    "  %lg : f32[T, 256] = linear(%z, %embed)\n"
-    "  %logits : f32[T, 256] = reshape(%lg)\n"
-    "  output %logits\n"
-    "}\n";
-
-static void test_norm_in_linear(void)
-{
-    ir_module *m = NULL;
-    T_OK(ir_module_parse(NORM_LIN_IR, "norm_lin.mir", &m));
-    if (!m)
-        return;
-    plan_trivially(m);
-    cg_options o;
-    cg_options_default(&o);
-    for (int pass = 0; pass < 3; pass++) {
-        int T = pass == 1 ? 8 : 2, off = pass == 2;
-        if (off)
-            setenv("MOEC_NORM_IN_LINEAR", "0", 1);
-        cg_ctx c;
-        T_CHECK(generate(m, &o, T, &c));
-        check_steps(&c);
-        int first;
-        int fused = !off && T <= 4;
-        /* the norm after %y: no step of its own when fused */
-        T_CHECK(steps_of(&c, op_of(m, "r")->id, &first) == (fused ? 0 : 1));
-        /* the second: %y2 has another reader */
-        T_CHECK(steps_of(&c, op_of(m, "r2")->id, &first) == 1);
-        const ir_step *s = step_of(&c, "y");
-        if (fused) {
-            char want[256];
-            snprintf(want, sizeof want,
-                     "linear_gemv_n64_k64_rb1_t%d_bf16_bf16_bf16_then_add_rms_norm_d64_t%d_bf16_"
-                     "b256_row_c0", T, T);
-            T_CHECK(s && !strcmp(kname(&c, s), want));
-            /* x, w, bias (unread), alpha, y, then the norm's a, w, sum,
-               normed, alpha, eps and the counters */
-            T_CHECK(s && s->n_args == 12 && is_arg(s->args[5], IR_ARG_ACT, vid(&c, "x")) &&
-                    is_arg(s->args[6], IR_ARG_WEIGHT, vid(&c, "norm")) &&
-                    is_arg(s->args[7], IR_ARG_ACT, vid(&c, "r")) &&
-                    is_arg(s->args[8], IR_ARG_ACT, vid(&c, "h")) && s->args[9].f == 0.5 &&
-                    s->args[10].f == 1e-6 && s->args[11].kind == IR_ARG_INPUT &&
-                    s->args[11].index == IR_INPUT_SPLIT_COUNTERS);
-            const char *src = c.src.data ? c.src.data : "";
-            T_CHECK(strstr(src, "__device__ __forceinline__ void "
-                                "add_rms_norm_d64_t2_bf16_b256_row(const __nv_bfloat16 *a, "
-                                "const __nv_bfloat16 *b,") != NULL);
-            char cnt[64];
-            snprintf(cnt, sizeof cnt, "constexpr int CNT_I = %d;", IR_SPLIT_COUNTER_NORM);
-            T_CHECK(strstr(src, cnt) != NULL);
-            s = step_of(&c, "y2");
-            T_CHECK(s && !strstr(kname(&c, s), "_then_"));
-            compile_src(src, "the norm_lin module");
-        } else {
-            T_CHECK(s && !strstr(kname(&c, s), "_then_"));
-        }
-        cg_ctx_free(&c);
-        if (off)
-            unsetenv("MOEC_NORM_IN_LINEAR");
-    }
-    ir_module_free(m);
-}
-
 static void test_add_rms_norm(void)
 {
     ir_module *m = NULL;
@@ -1035,14 +955,11 @@ static void test_add_rms_norm(void)
     T_CHECK(strstr(src, "// add_rms_norm (codegen/add_rms_norm.c), first for %r, %h\n"
                         "extern \"C\" __global__ void __launch_bounds__(128)\n"
                         "add_rms_norm_d64_t8_bf16(const __nv_bfloat16 *__restrict__ a, ") != NULL);
-    /* the body is the row function the kernel calls */
-    T_CHECK(strstr(src, "    add_rms_norm_d64_t8_bf16_row(a, b, w, sum, y, alpha, eps, row, lane);\n") !=
-            NULL);
-    const char *huge = strstr(src, "add_rms_norm_d73728_t8_bf16_row(");
+    const char *huge = strstr(src, "add_rms_norm_d73728_t8_bf16(");
     T_CHECK(huge && strstr(huge, "ldv<8>(sr + c * 8, t);") && !strstr(huge, "float v["));
     /* bf16: the norm is of the sum as stored */
     T_CHECK(strstr(src, "__nv_bfloat16 q;\n                st(&q, t[j]);\n") != NULL);
-    const char *add3 = strstr(src, "add3_rms_norm_d64_t8_bf16_row(");
+    const char *add3 = strstr(src, "add3_rms_norm_d64_t8_bf16(");
     T_CHECK(add3 && strstr(add3, "const __nv_bfloat16 *__restrict__ w, const __nv_bfloat16 "
                                  "*__restrict__ c2, __nv_bfloat16 *__restrict__ sum") &&
             strstr(add3, "ldv<8>(c2 + base + c * 8, u2);") &&
@@ -1526,62 +1443,6 @@ static void launches_saved(const char *json, const char *what, const char *const
     ir_module_free(after);
 }
 
-/* At 1 token on sm_90 every mla_vabsorb after a split mla_attention
- * merges the splits itself (cg_mla_vabsorb_merges): its kernel
- * mla_merge_vabsorb_* over (H, ranks, T) reads the scratch the attention
- * wrote its partial states to, and no merge kernel runs; with
- * MOEC_MLA_MERGE_VABSORB=0, and at 4 tokens (cuBLASLt's absorption), the
- * merge kernel runs before the absorption. */
-static void check_merge_vabsorb(const ir_module *m, const char *what)
-{
-    cg_options o;
-    cg_options_default(&o);
-    if (cg_arch_num(&o) < 90)
-        return;
-    for (int pass = 0; pass < 3; pass++) {
-        int T = pass == 2 ? 4 : 1, off = pass == 1;
-        if (off)
-            setenv("MOEC_MLA_MERGE_VABSORB", "0", 1);
-        cg_ctx c;
-        if (generate(m, &o, T, &c)) {
-            int merged = 0, combines = 0, vabsorbs = 0;
-            for (int i = 0; i < c.n_steps; i++) {
-                const ir_step *s = &c.steps[i];
-                const char *kn = kname(&c, s);
-                combines += !strncmp(kn, "mla_combine_", 12);
-                if (s->op_id < 0 || m->ops[s->op_id]->kind != IR_OP_MLA_VABSORB)
-                    continue;
-                vabsorbs++;
-                if (strncmp(kn, "mla_merge_vabsorb_", 18))
-                    continue;
-                merged++;
-                /* the attention's step just before, its partial states
-                   its last two arguments */
-                const ir_step *a = i > 0 ? &c.steps[i - 1] : NULL;
-                const ir_op *va = m->ops[s->op_id];
-                T_CHECK(a && a->op_id >= 0 && m->ops[a->op_id]->kind == IR_OP_MLA_ATTENTION &&
-                        m->ops[a->op_id]->out[0] == va->in[0] && a->n_args >= 2 &&
-                        s->n_args == 7 && s->args[3].kind == IR_ARG_SCRATCH &&
-                        s->args[3].i == a->args[a->n_args - 2].i &&
-                        s->args[4].i == a->args[a->n_args - 1].i &&
-                        is_arg(s->args[5], IR_ARG_WEIGHT, va->in[1]->id) &&
-                        is_arg(s->args[6], IR_ARG_ACT, va->out[0]->id) &&
-                        s->grid[0] == (unsigned)va->in[0]->type.dims[1] && s->grid[1] >= 1 &&
-                        s->grid[2] == (unsigned)T);
-            }
-            int want = !off && T == 1;
-            T_CHECK(vabsorbs > 0 && merged == (want ? vabsorbs : 0) &&
-                    combines == (want ? 0 : vabsorbs));
-            if (!(vabsorbs > 0 && merged == (want ? vabsorbs : 0)))
-                fprintf(stderr, "%s T=%d%s: %d of %d vabsorbs merge, %d merge kernels\n", what, T,
-                        off ? " MOEC_MLA_MERGE_VABSORB=0" : "", merged, vabsorbs, combines);
-        }
-        cg_ctx_free(&c);
-        if (off)
-            unsetenv("MOEC_MLA_MERGE_VABSORB");
-    }
-}
-
 /* fuse_moe_sum and fuse_silu_mul_linear in a 2-layer config's plan: no
  * moe_sum kernel anywhere; each add_rms_norm with an unsummed b runs the
  * summing kernel, one step; each act linear runs the few-token kernel with
@@ -1676,8 +1537,6 @@ static void config_case(const char *file, int fp8)
         int launches = check_no_alias_copies(m);
         fprintf(stderr, "%s: %d launches per step at T=1\n", what, launches);
         check_fused_kernels(m, what);
-        if (!strncmp(file, "deepseek", 8))
-            check_merge_vabsorb(m, what);
         check_indexer_streams(m, what);
         /* the prologue's kernel replaces nine (slices, norms, ropes, the
            cache write), the add_rms_norm the expert sum's add
@@ -1853,7 +1712,6 @@ static void test_units(const char *unused)
     test_gemv();
     test_aliases();
     test_add_rms_norm();
-    test_norm_in_linear();
     test_storage();
     test_plan_errors();
     test_collective_steps();
