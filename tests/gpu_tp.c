@@ -14,7 +14,8 @@
  * Then a plan split over 2 ranks: on a machine with one GPU, refused naming
  * the GPUs it needs (qwen3_moe's and the fp8 deepseek_v3's, whose ranks
  * hold boxes of its blocks); with two or more, run as above against the
- * CPU group.
+ * CPU group: tp 2 and tp 2 x ep 2, fp32 and bf16, on every model, the
+ * reduce-scatter combine, eagerly and with the one-shot all-reduce.
  * The MoE combine as reduce_scatter + all_gather (--ep-combine
  * reduce-scatter) on three models, fp32 and bf16, the same way; and the
  * one-shot all-reduce in place of NCCL (MOEC_ALLREDUCE=oneshot).
@@ -244,11 +245,27 @@ int main(void)
                    refused[i]);
         }
     } else {
+        /* two GPUs (issue 14): tp 2 (experts split inside, ep 1) and tp 2 x
+           ep 2 (whole experts a rank), fp32 and bf16, every model; the
+           reduce-scatter combine; eager; the one-shot all-reduce */
+        const moec_parallel tp2 = {2, 1, 0, 0};
         const moec_parallel two_rs = {2, 2, 0, MOEC_EP_COMBINE_REDUCE_SCATTER};
         for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
+            compare(MODELS[i], &tp2, "fp32");
+            compare(MODELS[i], &tp2, "bf16");
             compare(MODELS[i], &two, "fp32");
+            compare(MODELS[i], &two, "bf16");
             compare(MODELS[i], &two_rs, "fp32");
         }
+        setenv("MOEC_DISABLE_GRAPHS", "1", 1);
+        compare("deepseek_v3", &tp2, "fp32");
+        compare("qwen3_moe", &two, "bf16");
+        compare("deepseek_v2", &two, "fp32");
+        unsetenv("MOEC_DISABLE_GRAPHS");
+        setenv("MOEC_ALLREDUCE", "oneshot", 1);
+        compare("deepseek_v3", &tp2, "fp32");
+        compare("qwen3_moe", &two, "bf16");
+        unsetenv("MOEC_ALLREDUCE");
     }
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
