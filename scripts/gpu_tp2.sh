@@ -10,7 +10,8 @@
 #          context 1024, --profile (each step's collective time), then tp 2
 #          with the all-reduce forced to NCCL and to the one-shot kernel
 #   qwen   the same for the Qwen3-30B-A3B shape (tp 1, tp 2, tp 2 x ep 2)
-#   v3     a DeepSeek-V3 shape of V3_LAYERS layers (default 4, the first
+#   v3     DeepSeek-V3 (V3_CONFIG, default tests/data/configs/deepseek_v3.json)
+#          cut to V3_LAYERS layers (default 4, the first
 #          dense; fp8 weights as published) at tp 2: step time and floor
 # Each part leaves its JSON lines and logs in $OUT/tp2/ (tarred into
 # $OUT/tp2.tar.gz) and a line in $OUT/tp2/summary.txt. NCCL_NVLS_ENABLE=0
@@ -80,7 +81,7 @@ for part in $PARTS; do
     ;;
   v3)
     d=/dev/shm/moec-v3
-    python3 - "${V3_LAYERS:-4}" tests/data/configs/deepseek_v3_fp8.json "$L/v3_config.json" <<'PY'
+    python3 - "${V3_LAYERS:-4}" "${V3_CONFIG:-tests/data/configs/deepseek_v3.json}" "$L/v3_config.json" <<'PY'
 import json, sys
 n, src, dst = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 c = json.load(open(src))
