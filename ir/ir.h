@@ -278,8 +278,9 @@ typedef struct ir_module {
     int meta_cap;
     int n_values, values_cap;
     ir_value **values;     /* every value, in definition order */
-    struct ir_value_index *index; /* name -> value, arena-held; rebuilt when
-                                   * stale (see ir_value_rename) */
+    struct ir_name_map *index; /* name -> value, owned (malloc); rebuilt when
+                                * stale (see ir_value_rename) */
+    int index_stale;
     int n_ops, ops_cap;
     ir_op **ops;           /* in execution order */
     int n_inputs;
@@ -304,7 +305,7 @@ ir_value *ir_module_find_value(const ir_module *m, const char *name);
  * m->values, goes through here or ir_module_values_changed so that
  * ir_module_find_value's index stays true. */
 void ir_value_rename(ir_module *m, ir_value *v, const char *name);
-void ir_module_values_changed(const ir_module *m);
+void ir_module_values_changed(ir_module *m);
 
 /* ---- building --------------------------------------------------------------
  * Builders only record. Each returns the new value (or op), or NULL with the

@@ -146,8 +146,13 @@ ir_module *ir_module_init(const char *name)
 
 void ir_module_free(ir_module *m)
 {
-    if (m)
-        ir_arena_free(m->arena);
+    if (!m)
+        return;
+    if (m->index) {
+        ir_name_map_free(m->index);
+        free(m->index);
+    }
+    ir_arena_free(m->arena);
 }
 
 const ir_attr *ir_module_meta(const ir_module *m, const char *key)
@@ -181,78 +186,33 @@ int ir_module_meta_ints(const ir_module *m, const char *key, const int64_t **v)
     return 0;
 }
 
-/* The module's name index: open addressing over arena-held slots, kept as
- * values are appended and rebuilt in place (the slots reused) when a rename
- * or a removal has made it stale. Every lookup then costs O(1) instead of a
- * scan of all values, which made building a large model quadratic. */
-typedef struct ir_value_index {
-    ir_value **slots;
-    size_t cap, n;
-    int stale;
-} ir_value_index;
-
-static void index_insert(ir_value_index *x, ir_value *v)
+/* The module's name index (an ir_name_map the module owns), kept as values
+ * are appended and rebuilt when a rename or a removal has made it stale, so
+ * that a lookup costs O(1) instead of a scan of all values (which made
+ * building a large model quadratic). NULL when memory ran out: the caller
+ * then scans. */
+static const ir_name_map *module_index(const ir_module *cm)
 {
-    size_t mask = x->cap - 1;
-    size_t i = name_hash(v->name, strlen(v->name)) & mask;
-    while (x->slots[i])
-        i = (i + 1) & mask;
-    x->slots[i] = v;
-    x->n++;
-}
-
-/* Makes room for `want` entries (load at most 1/2), keeping the present
- * slots when they suffice; 0, or -1 when the arena is exhausted. */
-static int index_reserve(const ir_module *m, ir_value_index *x, size_t want)
-{
-    if (x->cap && want * 2 <= x->cap)
-        return 0;
-    size_t cap = x->cap ? x->cap : 64;
-    while (cap < want * 2)
-        cap *= 2;
-    ir_value **slots = ir_arena_alloc(m->arena, cap * sizeof *slots);
-    if (!slots)
-        return -1;
-    ir_value **old = x->slots;
-    size_t old_cap = x->cap;
-    x->slots = slots;
-    x->cap = cap;
-    x->n = 0;
-    if (!x->stale)
-        for (size_t i = 0; i < old_cap; i++)
-            if (old[i])
-                index_insert(x, old[i]);
-    return 0;
-}
-
-/* The index, current; NULL when memory ran out (the caller then scans). */
-static ir_value_index *module_index(const ir_module *m)
-{
-    ir_value_index *x = m->index;
-    if (!x) {
-        x = ir_arena_alloc(m->arena, sizeof *x);
-        if (!x)
-            return NULL;
-        x->stale = 1;
-        ((ir_module *)m)->index = x;
-    }
-    if (!x->stale)
-        return x;
-    if (index_reserve(m, x, (size_t)m->n_values + 1))
+    ir_module *m = (ir_module *)cm; /* the index is a cache: lookups may build it */
+    if (m->index && !m->index_stale)
+        return m->index;
+    if (!m->index && !(m->index = calloc(1, sizeof *m->index)))
         return NULL;
-    memset(x->slots, 0, x->cap * sizeof *x->slots);
-    x->n = 0;
+    m->index_stale = 1; /* until it is whole again */
+    ir_name_map_free(m->index);
+    if (ir_name_map_init(m->index, (size_t)m->n_values + 1))
+        return NULL;
     for (int i = 0; i < m->n_values; i++)
-        if (m->values[i] && m->values[i]->name)
-            index_insert(x, m->values[i]);
-    x->stale = 0;
-    return x;
+        if (m->values[i] && m->values[i]->name && ir_name_map_put(m->index, m->values[i]))
+            return NULL;
+    m->index_stale = 0;
+    return m->index;
 }
 
-void ir_module_values_changed(const ir_module *m)
+void ir_module_values_changed(ir_module *m)
 {
-    if (m && m->index)
-        m->index->stale = 1;
+    if (m)
+        m->index_stale = 1;
 }
 
 void ir_value_rename(ir_module *m, ir_value *v, const char *name)
@@ -267,21 +227,13 @@ ir_value *ir_module_find_value(const ir_module *m, const char *name)
         return NULL;
     if (name[0] == '%')
         name++;
-    const ir_value_index *x = module_index(m);
-    if (!x) {
-        for (int i = 0; i < m->n_values; i++)
-            if (m->values[i] && m->values[i]->name && !strcmp(m->values[i]->name, name))
-                return m->values[i];
-        return NULL;
-    }
-    size_t mask = x->cap - 1;
-    for (size_t i = name_hash(name, strlen(name)) & mask;; i = (i + 1) & mask) {
-        ir_value *v = x->slots[i];
-        if (!v)
-            return NULL;
-        if (!strcmp(v->name, name))
-            return v;
-    }
+    const ir_name_map *x = module_index(m);
+    if (x)
+        return ir_name_map_get(x, name, strlen(name));
+    for (int i = 0; i < m->n_values; i++)
+        if (m->values[i] && m->values[i]->name && !strcmp(m->values[i]->name, name))
+            return m->values[i];
+    return NULL;
 }
 
 /* Grows an arena-held pointer array to hold one more; the old array is left
@@ -321,13 +273,8 @@ ir_value *ir_module_new_value(ir_module *m, const char *name, size_t name_len,
     v->id = m->n_values;
     v->mem_offset = -1;
     m->values[m->n_values++] = v;
-    ir_value_index *x = m->index;
-    if (x && !x->stale) {
-        if (index_reserve(m, x, x->n + 1))
-            x->stale = 1; /* rebuilt (or scanned) at the next lookup */
-        else
-            index_insert(x, v);
-    }
+    if (m->index && !m->index_stale && ir_name_map_put(m->index, v))
+        m->index_stale = 1; /* rebuilt (or scanned) at the next lookup */
     return v;
 }
 
