@@ -353,11 +353,25 @@ static const char MMA_BODY[] =
 /* Whether the fp8 weight w of a linear with input x runs on tensor cores:
  * bf16 x, 32-wide k chunks inside the column blocks, 16-row tiles inside
  * the row blocks. */
+/* The tiles a warp of the kernel's 16 rows: two share their x fragments
+ * once x would be read more than twice over (T >= 32), as long as that
+ * leaves 264 blocks (two per H100 SM); 0 where the warps' partial sums
+ * (part[NW][RT * NT * 4][32] floats) pass the 48 KB of static shared
+ * memory even with one (T > 192). */
+static int mma_rt(const cg_ctx *c, int64_t N)
+{
+    int nt = (c->T + 7) / 8, rt = nt >= 4 && N / 32 >= 264 ? 2 : 1;
+    for (; rt >= 1; rt--)
+        if ((size_t)MMA_WARPS * (size_t)(rt * nt * 4 * 32) * sizeof(float) <= 48 * 1024)
+            return rt;
+    return 0;
+}
+
 static int mma_fits(const cg_ctx *c, const ir_value *x, const ir_value *w)
 {
     int64_t K = w->type.dims[1];
     return cg_storage(c, x) == IR_DTYPE_BF16 && K % 32 == 0 && w->scale.block[1] % 32 == 0 &&
-           w->scale.block[0] % 16 == 0;
+           w->scale.block[0] % 16 == 0 && mma_rt(c, w->type.dims[0]) > 0;
 }
 
 /* y = alpha x w^T (+ bias) for an fp8 w on tensor cores, all T rows. */
@@ -367,10 +381,7 @@ static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     ir_dtype dx = cg_storage(c, x), dy = cg_storage(c, y);
     ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    /* two row tiles share their x fragments once x would be read more than
-       twice over (T >= 32), as long as that leaves 264 blocks (two per
-       H100 SM) */
-    int nt = (c->T + 7) / 8, rt = nt >= 4 && N / 32 >= 264 ? 2 : 1;
+    int nt = (c->T + 7) / 8, rt = mma_rt(c, N);
     int u = 8 / (nt * rt) < 1 ? 1 : 8 / (nt * rt);
     char name[300], tag[40], decl[400], io[80];
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);

@@ -263,8 +263,8 @@ static void compile_all(void)
 /* Generates m for every bucket, checks the steps, calls check(m, c) per
  * bucket, and queues the buckets in compile_mask (bit b: BUCKETS[b]) as one
  * program for compile_all. */
-static void run_module(const ir_module *m, const cg_options *o,
-                       void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
+static void run_module_at(const ir_module *m, const cg_options *o, const int *buckets, int nb,
+                          void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
 {
     T_CHECK(n_jobs < 64);
     if (n_jobs >= 64)
@@ -274,9 +274,9 @@ static void run_module(const ir_module *m, const cg_options *o,
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
     int ok = 1;
-    for (int b = 0; b < N_BUCKETS; b++) {
+    for (int b = 0; b < nb; b++) {
         cg_ctx c;
-        moec_status st = gen(m, o, BUCKETS[b], &c);
+        moec_status st = gen(m, o, buckets[b], &c);
         T_OK(st);
         if (st == MOEC_OK) {
             check_steps(m, &c);
@@ -303,6 +303,12 @@ static void run_module(const ir_module *m, const cg_options *o,
     j->label = strdup(label);
     j->src = prog.data;
     n_jobs++;
+}
+
+static void run_module(const ir_module *m, const cg_options *o,
+                       void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
+{
+    run_module_at(m, o, BUCKETS, N_BUCKETS, check, compile_mask);
 }
 
 /* ---- the real model shapes ----------------------------------------------- */
@@ -1098,8 +1104,12 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         if (tc) {
             check_fp8_tc_linear(c, s, N, K);
         } else if (mma) {
-            /* two 16-row tiles a block from T = 32 where 264 blocks remain */
-            int rt = (T + 7) / 8 >= 4 && N / 32 >= 264 ? 2 : 1;
+            /* two 16-row tiles a block from T = 32 where 264 blocks remain,
+               and the 4 warps' partial sums (rt * nt * 512 bytes each) fit in
+               48 KB */
+            int nt = (T + 7) / 8, rt = nt >= 4 && N / 32 >= 264 && 4 * 2 * nt * 512 <= 48 * 1024
+                                           ? 2
+                                           : 1;
             char form[32];
             snprintf(form, sizeof form, "_w4_rt%d_", rt);
             T_CHECK(!strncmp(kn, "linear_mma_", 11) && strstr(kn, form) &&
@@ -1240,6 +1250,26 @@ static void test_fp8_shapes(void)
                                f32 ? (i == 2 ? 2u : 0u) : compile[i][mi]);
                 ir_module_free(m);
             }
+    /* the first kernels at 128 tokens on V2-Lite's gate: two row tiles a
+       warp would put 64 KB of partial sums in static shared memory (48 KB
+       at most), so one tile a warp, compiled */
+    static const int B128[] = {128};
+    o.compute_dtype = IR_DTYPE_BF16;
+    o.fp8_kernel = CG_FP8_OLD;
+    ir_module *m = km_module(&v2);
+    T_CHECK(m != NULL);
+    if (m) {
+        cg_ctx c;
+        memset(&c, 0, sizeof c);
+        T_OK(gen(m, &o, 128, &c));
+        int rt1 = 0;
+        for (int k = 0; k < c.n_kernels; k++)
+            rt1 += strstr(c.kernel_names[k], "linear_mma_n10944_k2048_t128_w4_rt1_") != NULL;
+        T_CHECK(rt1 == 1);
+        cg_ctx_free(&c);
+        run_module_at(m, &o, B128, 1, check_fp8, 1u);
+    }
+    ir_module_free(m);
 }
 
 /* ---- the tiny models after every pass ------------------------------------- */
