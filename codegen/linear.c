@@ -349,7 +349,6 @@ static const char MMA_BODY[] =
     "    }\n";
 
 #define MMA_WARPS 4
-#define FP8_MMA_MIN_T 32
 
 /* Whether the fp8 weight w of a linear with input x runs on tensor cores:
  * bf16 x, 32-wide k chunks inside the column blocks, 16-row tiles inside
@@ -443,19 +442,6 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
     }
     if (c->T <= gemv_max && mode != CG_FP8_TC)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
-    /* From FP8_MMA_MIN_T tokens a weight no wider than tall (K <= N) runs on
-       the first tensor-core kernel: x's fragments from L2 beat the staged
-       kernel's K splits there (H100, 2026-11-24, scripts/gpu_fp8_tune.sh,
-       kernels alone, us old / staged at T = 32, 64, 128: V2-Lite's shared
-       gate_up 10.3 / 12.8, 13.9 / 23.1, 22.4 / 35.7; the dense gate 14.3 /
-       16.7, 19.2 / 24.5, 42.4 / 52.4; q + kv_a 9.3 / 9.1, 11.5 / 12.5,
-       17.7 / 26.7; o_proj level; Qwen3's 4096 x 2048 8.9 / 10.5, 11.2 /
-       15.3, 17.5 / 26.9), while the longer K of down projections keeps the
-       staged kernel (the dense down at 32: 31.9 / 23.7, the shared down
-       at 64: 15.8 / 13.4). MOEC_FP8_MMA_MIN_T overrides it (0: never). */
-    int mma_min = cg_env_int("MOEC_FP8_MMA_MIN_T", FP8_MMA_MIN_T, 0, 1 << 20);
-    if (mode == CG_FP8_AUTO && mma_min > 0 && c->T >= mma_min && K <= N && mma_fits(c, x, w))
-        return emit_fp8_mma(c, op, N, K, alpha);
     if (mode != CG_FP8_OLD && cg_fp8_tc_linear_fits(c, op)) {
         char tag[40], decl[400], io[80];
         scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);

@@ -1093,12 +1093,9 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         const ir_step *s = &c->steps[l];
         long long N = lw->type.dims[0], K = lw->type.dims[1];
         long long bn = lw->scale.block[0], bk = lw->scale.block[1];
-        int mma_ok = T > 4 && K % 32 == 0 && bk % 32 == 0 && bn % 16 == 0;
-        /* auto: the first tensor-core kernel from 32 tokens where K <= N */
-        int first = mode == CG_FP8_AUTO && T >= 32 && K <= N && mma_ok;
-        int tc = !first && mode != CG_FP8_OLD && (T > 4 || mode == CG_FP8_TC) && K % 64 == 0 &&
+        int tc = mode != CG_FP8_OLD && (T > 4 || mode == CG_FP8_TC) && K % 64 == 0 &&
                  bk % 64 == 0 && bn % 16 == 0;
-        int mma = !tc && mma_ok;
+        int mma = !tc && T > 4 && K % 32 == 0 && bk % 32 == 0 && bn % 16 == 0;
         const char *kn = c->kernel_names[s->kernel];
         char tag[32];
         snprintf(tag, sizeof tag, "_f8e4m3_bf16_bf16_s%lldx%lld", bn, bk);
