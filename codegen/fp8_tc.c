@@ -23,11 +23,9 @@
  * second launch, no scratch.
  *
  * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
- * the linear's and down's), MOEC_FP8_TC_U (chunks in flight),
- * MOEC_FP8_TC_SPLIT (the linear's K splits) and MOEC_FP8_TC_PIPE (the next
- * chunks' loads before the products) override the shapes for tuning
- * (scripts/gpu_fp8_tune.sh), MOEC_FP8_LIN_<same> the linear's alone; kernel
- * names say which ran. */
+ * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
+ * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
+ * (scripts/gpu_fp8_tune.sh); kernel names say which ran. */
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
@@ -39,18 +37,6 @@
 #define TC_BLOCKS 264
 /* the linear's K splits at most: a portable cluster */
 #define TC_SPLIT_MAX 8
-/* loads of the next chunks before the products (TC_LOOP's PIPE) */
-#define TC_PIPE 0
-
-/* A shape knob of the linear: MOEC_FP8_LIN_<knob>, else MOEC_FP8_TC_<knob>
- * (shared with the expert kernels), else dflt. */
-static int lin_knob(const char *knob, int dflt, int lo, int hi)
-{
-    char a[48], b[48];
-    snprintf(a, sizeof a, "MOEC_FP8_LIN_%s", knob);
-    snprintf(b, sizeof b, "MOEC_FP8_TC_%s", knob);
-    return cg_env_int(a, cg_env_int(b, dflt, lo, hi), lo, hi);
-}
 
 /* The main loop every staged kernel shares. In scope: the warp's RT tiles
  * (live[r]: the tile has rows; w0[r], w1[r]: this lane's rows g and g + 8
@@ -59,26 +45,23 @@ static int lin_knob(const char *knob, int dflt, int lo, int hi)
  * thread's lane coordinates g, q. Each lane loads U chunks of its rows
  * (16 bytes each) and their scales, then runs their products while the
  * other warps load; the first loads go out before the wait for the
- * staged rows. With PIPE a lane issues the next U chunks' loads before
- * this U's products (twice the registers for them), so that its loads stay
- * in flight while it multiplies. Leaves acc[RT][NT][4] (moec_f8_chunk's
- * fragments). */
+ * staged rows. Leaves acc[RT][NT][4] (moec_f8_chunk's fragments). */
 static const char TC_LOOP[] =
     "    uint4 wa[U][RT][2];\n"
     "    float sc[U][RT];\n"
-    "    auto load = [&](uint4 (&dw)[U][RT][2], float (&ds)[U][RT], int cb) {\n"
+    "    auto load = [&](int cb) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++)\n"
     "#pragma unroll\n"
     "            for (int r = 0; r < RT; r++) {\n"
     "                const int c = cb + u;\n"
     "                if (live[r] && c < c1) {\n"
-    "                    dw[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
-    "                    dw[u][r][1] = moec_ldg16(w1[r] + (long long)c * 64);\n"
-    "                    ds[u][r] = sr[r][(long long)c * 64 / SBK];\n"
+    "                    wa[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
+    "                    wa[u][r][1] = moec_ldg16(w1[r] + (long long)c * 64);\n"
+    "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
     "                } else {\n"
-    "                    dw[u][r][0] = dw[u][r][1] = make_uint4(0u, 0u, 0u, 0u);\n"
-    "                    ds[u][r] = 0.0f;\n"
+    "                    wa[u][r][0] = wa[u][r][1] = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    sc[u][r] = 0.0f;\n"
     "                }\n"
     "            }\n"
     "    };\n"
@@ -92,17 +75,11 @@ static const char TC_LOOP[] =
     "                acc[r][t][i] = 0.0f;\n"
     "    const __nv_bfloat16 *xl = xs + g * XS + q * 16;\n"
     "    if (live[0])\n"
-    "        load(wa, sc, c0);\n"
+    "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
     "    if (live[0])\n"
     "        for (int cb = c0;;) {\n"
-    "            /* PIPE: the next U chunks' loads go out before this U's products */\n"
-    "            [[maybe_unused]] uint4 wn[U][RT][2];\n"
-    "            [[maybe_unused]] float sn[U][RT];\n"
-    "            if constexpr (PIPE)\n"
-    "                if (cb + U < c1)\n"
-    "                    load(wn, sn, cb + U);\n"
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
@@ -110,18 +87,7 @@ static const char TC_LOOP[] =
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
-    "            if constexpr (PIPE) {\n"
-    "#pragma unroll\n"
-    "                for (int u = 0; u < U; u++)\n"
-    "#pragma unroll\n"
-    "                    for (int r = 0; r < RT; r++) {\n"
-    "                        wa[u][r][0] = wn[u][r][0];\n"
-    "                        wa[u][r][1] = wn[u][r][1];\n"
-    "                        sc[u][r] = sn[u][r];\n"
-    "                    }\n"
-    "            } else {\n"
-    "                load(wa, sc, cb);\n"
-    "            }\n"
+    "            load(cb);\n"
     "        }\n";
 
 /* ---- the dense linear ---------------------------------------------------- */
@@ -237,7 +203,7 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s, pipe;
+    int tg, nw, rt, u, s;
     size_t smem;
 } tc_shape;
 
@@ -262,16 +228,15 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
     int T = c->T, cluster = cg_arch_num(c->opt) >= 90;
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
-    sh->nw = lin_knob("WARPS", TC_WARPS, 1, 8);
-    sh->pipe = lin_knob("PIPE", TC_PIPE, 0, 1);
+    sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
     sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
-    sh->rt = lin_knob("RT", 0, 0, 2);
+    sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
         sh->rt = sh->tg >= 32 ? 2 : 1;
-    sh->u = lin_knob("U", 0, 0, 8);
+    sh->u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
     if (!sh->u)
         sh->u = 4 / sh->rt;
-    int want = lin_knob("SPLIT", 0, 0, TC_SPLIT_MAX);
+    int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
     long long rows = 16LL * sh->rt * sh->nw, slabs = (N + rows - 1) / rows;
     for (;;) {
         long long groups = (T + sh->tg - 1) / sh->tg;
@@ -314,8 +279,8 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     const int64_t *b = w->scale.block;
     long long per = (K / 64 + sh.s - 1) / sh.s;
     char name[300], cluster[48] = "";
-    snprintf(name, sizeof name, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s_f8e4m3_%s", N,
-             K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, sh.pipe ? "_p" : "", io);
+    snprintf(name, sizeof name, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_f8e4m3_%s", N,
+             K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -333,10 +298,10 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
             "    constexpr long long N = %lldLL, SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s, PIPE = %s;\n",
+            "    constexpr bool HAS_BIAS = %s;\n",
             cluster, sh.nw * 32, name, cg_ctype(db), cg_ctype(dy), N, (long long)b[0],
             (long long)b[1], (K + b[1] - 1) / b[1], K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u,
-            per * 64 + 8, bias ? "true" : "false", sh.pipe ? "true" : "false");
+            per * 64 + 8, bias ? "true" : "false");
         cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", LINEAR_HEAD, TC_LOOP, LINEAR_TAIL);
     }
@@ -489,16 +454,14 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 2;
-    int pipe = cg_env_int("MOEC_FP8_TC_PIPE", TC_PIPE, 0, 1);
     long long urow = l->fused ? l->I : 0;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, pipe ? "_p" : "", c->T, l->fused ? "fused" : "split",
-             tag);
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, c->T, l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -515,10 +478,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
-            "    constexpr bool PIPE = %s;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
-            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u,
-            pipe ? "true" : "false", gstride, gstride, uoff, decl);
+            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
+            gstride, uoff, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s}\n\n", TC_LOOP, GATE_UP_TAIL);
     }
@@ -539,15 +501,14 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;
-    int pipe = cg_env_int("MOEC_FP8_TC_PIPE", TC_PIPE, 0, 1);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, pipe ? "_p" : "", c->T, ir_dtype_name(ydt),
-             d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, c->T, ir_dtype_name(ydt), d->w ? "w" : "now",
+             tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -568,9 +529,9 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s, PIPE = %s;\n%s",
+                        "    constexpr bool MULW = %s;\n%s",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        pipe ? "true" : "false", decl);
+                        decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
