@@ -37,6 +37,9 @@
 #define TC_BLOCKS 264
 /* the linear's K splits at most: a portable cluster */
 #define TC_SPLIT_MAX 8
+/* the share of TC_BLOCKS (%) that clusters of sizes other than 1, 2 and 4
+ * may take where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
+#define TC_FIT 85
 
 /* The main loop every staged kernel shares. In scope: the warp's RT tiles
  * (live[r]: the tile has rows; w0[r], w1[r]: this lane's rows g and g + 8
@@ -241,9 +244,19 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
     for (;;) {
         long long groups = (T + sh->tg - 1) / sh->tg;
         int s = want;
-        if (!s)
+        if (!s) {
             for (s = 1; s < TC_SPLIT_MAX && slabs * groups * s < TC_BLOCKS; s++)
                 ;
+            /* 64-token groups hold two blocks an SM (~170 registers): a grid
+               of more clusters than fit at once runs a second wave for its
+               last few (clusters of 6: 39 fit an H100, 234 of its 264
+               block slots). Sizes 2 and 4 fill whole TPCs; others take at
+               most fit% of TC_BLOCKS, fewer splits where more would not. */
+            int fit = cg_env_int("MOEC_FP8_TC_FIT", TC_FIT, 0, 100);
+            while (cluster && fit && sh->tg >= 64 && s > 1 &&
+                   slabs * groups * s > (s == 2 || s == 4 ? 100 : fit) * TC_BLOCKS / 100)
+                s--;
+        }
         sh->s = !cluster ? 1 : s > ch ? (int)ch : s;
         while (cluster && sh->s < TC_SPLIT_MAX && sh->s < ch && linear_smem(sh, ch) > max)
             sh->s++;

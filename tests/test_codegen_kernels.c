@@ -1045,7 +1045,8 @@ static int weight_arg(const ir_module *m, ir_arg a, const char *name, int scales
 /* The staged fp8 linear's launch (codegen/fp8_tc.c) against its name: 8
  * to 64 tokens a group (64, or T rounded up to 8), two 16-row tiles a warp
  * from 32 tokens, 4 warps; on sm_90 K split over the fewest blocks (up to
- * 8, at least a 64-wide chunk each) that make 264 blocks, a cluster each,
+ * 8, at least a 64-wide chunk each) that make 264 blocks (fewer where
+ * clusters would not all fit at once), a cluster each,
  * x's rows of a split (or the partial sums) in shared memory. */
 static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long long K)
 {
@@ -1058,8 +1059,18 @@ static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, 
     int want_tg = T >= 64 ? 64 : (T + 7) / 8 * 8, groups = (T + tg - 1) / tg, want_s = 1;
     while (want_s < 8 && slabs * groups * want_s < 264)
         want_s++;
+    /* 64-token groups (two blocks an SM): at most 85% of 264 blocks in
+       clusters of sizes other than 2 and 4, so that every cluster fits at
+       once */
+    while (tg >= 64 && want_s > 1 &&
+           slabs * groups * want_s > (want_s == 2 || want_s == 4 ? 264 : 264 * 85 / 100))
+        want_s--;
     if (want_s > ch)
         want_s = (int)ch;
+    /* more splits while a split's x passes the 227 KB of shared memory */
+    while (want_s < 8 && want_s < ch &&
+           (size_t)tg * (size_t)((ch + want_s - 1) / want_s * 64 + 8) * 2 > 227 * 1024)
+        want_s++;
     size_t x = (size_t)tg * (size_t)((ch + S - 1) / S * 64 + 8) * 2;
     size_t part = S > 1 ? (size_t)nw * rt * (tg / 8) * 512 : 0;
     T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == (tg >= 32 ? 2 : 1) &&
