@@ -25,7 +25,8 @@
  * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
  * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
  * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
- * (scripts/gpu_fp8_tune.sh); kernel names say which ran. */
+ * (scripts/gpu_fp8_tune.sh), MOEC_FP8_TC_DN_RT down's tiles alone; kernel
+ * names say which ran. */
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
@@ -37,8 +38,8 @@
 #define TC_BLOCKS 264
 /* the linear's K splits at most: a portable cluster */
 #define TC_SPLIT_MAX 8
-/* the share of TC_BLOCKS (%) that clusters of sizes other than 1, 2 and 4
- * may take where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
+/* the share of TC_BLOCKS (%) that clusters of more than 2 blocks may take
+ * where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
 #define TC_FIT 85
 
 /* The main loop every staged kernel shares. In scope: the warp's RT tiles
@@ -249,12 +250,15 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
                 ;
             /* 64-token groups hold two blocks an SM (~170 registers): a grid
                of more clusters than fit at once runs a second wave for its
-               last few (clusters of 6: 39 fit an H100, 234 of its 264
-               block slots). Sizes 2 and 4 fill whole TPCs; others take at
-               most fit% of TC_BLOCKS, fewer splits where more would not. */
+               last few. At two blocks an SM an H100 holds (bench/
+               cluster_fit.cu, 2026-11-24) clusters of 2 in all 264 block
+               slots, of 3 in 237, 4: 248, 5: 235, 6: 234, 7: 224, 8: 240
+               (how GPCs are laid out varies from chip to chip): clusters
+               of more than 2 take at most fit% of TC_BLOCKS, fewer splits
+               where more would not. */
             int fit = cg_env_int("MOEC_FP8_TC_FIT", TC_FIT, 0, 100);
-            while (cluster && fit && sh->tg >= 64 && s > 1 &&
-                   slabs * groups * s > (s == 2 || s == 4 ? 100 : fit) * TC_BLOCKS / 100)
+            while (cluster && fit && sh->tg >= 64 && s > 2 &&
+                   slabs * groups * s > fit * TC_BLOCKS / 100)
                 s--;
         }
         sh->s = !cluster ? 1 : s > ch ? (int)ch : s;
@@ -508,7 +512,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
     /* two tiles a warp where the blocks still fill the GPU twice */
-    int rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
+    int rt = cg_env_int("MOEC_FP8_TC_DN_RT", cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2), 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
     int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);

@@ -1060,10 +1060,8 @@ static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, 
     while (want_s < 8 && slabs * groups * want_s < 264)
         want_s++;
     /* 64-token groups (two blocks an SM): at most 85% of 264 blocks in
-       clusters of sizes other than 2 and 4, so that every cluster fits at
-       once */
-    while (tg >= 64 && want_s > 1 &&
-           slabs * groups * want_s > (want_s == 2 || want_s == 4 ? 264 : 264 * 85 / 100))
+       clusters of more than 2, so that every cluster fits at once */
+    while (tg >= 64 && want_s > 2 && slabs * groups * want_s > 264 * 85 / 100)
         want_s--;
     if (want_s > ch)
         want_s = (int)ch;
