@@ -25,8 +25,9 @@
  * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
  * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
  * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
- * (scripts/gpu_fp8_tune.sh), MOEC_FP8_TC_DN_RT down's tiles alone; kernel
- * names say which ran. */
+ * (scripts/gpu_fp8_tune.sh), MOEC_FP8_TC_DN_RT down's tiles alone and
+ * MOEC_FP8_TC_TG the linear's most tokens a group (64); kernel names say
+ * which ran. */
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
@@ -233,7 +234,8 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
+    int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
+    sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
     sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
         sh->rt = sh->tg >= 32 ? 2 : 1;
