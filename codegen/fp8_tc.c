@@ -25,9 +25,7 @@
  * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
  * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
  * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
- * (scripts/gpu_fp8_tune.sh), MOEC_FP8_TC_DN_RT down's tiles alone and
- * MOEC_FP8_TC_TG the linear's most tokens a group (64); kernel names say
- * which ran. */
+ * (scripts/gpu_fp8_tune.sh); kernel names say which ran. */
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
@@ -234,8 +232,7 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
-    sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
+    sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
     sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
         sh->rt = sh->tg >= 32 ? 2 : 1;
@@ -257,11 +254,15 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
                slots, of 3 in 237, 4: 248, 5: 235, 6: 234, 7: 224, 8: 240
                (how GPCs are laid out varies from chip to chip): clusters
                of more than 2 take at most fit% of TC_BLOCKS, fewer splits
-               where more would not. */
-            int fit = cg_env_int("MOEC_FP8_TC_FIT", TC_FIT, 0, 100);
-            while (cluster && fit && sh->tg >= 64 && s > 2 &&
-                   slabs * groups * s > fit * TC_BLOCKS / 100)
-                s--;
+               where more would not, as long as that leaves 3/4 of
+               TC_BLOCKS (V2-Lite's dense gate at 64 tokens: 344 blocks of
+               4 splits 24 us, 172 of 2 38 us in the step). */
+            int fit = cg_env_int("MOEC_FP8_TC_FIT", TC_FIT, 0, 100), f = s;
+            while (cluster && fit && sh->tg >= 64 && f > 2 &&
+                   slabs * groups * f > fit * TC_BLOCKS / 100)
+                f--;
+            if (slabs * groups * f >= TC_BLOCKS * 3 / 4)
+                s = f;
         }
         sh->s = !cluster ? 1 : s > ch ? (int)ch : s;
         while (cluster && sh->s < TC_SPLIT_MAX && sh->s < ch && linear_smem(sh, ch) > max)
@@ -514,7 +515,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
     /* two tiles a warp where the blocks still fill the GPU twice */
-    int rt = cg_env_int("MOEC_FP8_TC_DN_RT", cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2), 0, 2);
+    int rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
     int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);

@@ -1060,9 +1060,13 @@ static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, 
     while (want_s < 8 && slabs * groups * want_s < 264)
         want_s++;
     /* 64-token groups (two blocks an SM): at most 85% of 264 blocks in
-       clusters of more than 2, so that every cluster fits at once */
-    while (tg >= 64 && want_s > 2 && slabs * groups * want_s > 264 * 85 / 100)
-        want_s--;
+       clusters of more than 2, so that every cluster fits at once, unless
+       that leaves fewer than 198 blocks */
+    int f = want_s;
+    while (tg >= 64 && f > 2 && slabs * groups * f > 264 * 85 / 100)
+        f--;
+    if (slabs * groups * f >= 198)
+        want_s = f;
     if (want_s > ch)
         want_s = (int)ch;
     /* more splits while a split's x passes the 227 KB of shared memory */
