@@ -318,6 +318,22 @@ static moec_status comm_warmup(rt_cuda *c)
  * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
  * graphs keep each kernel's priority (captured as a launch attribute,
  * instantiated with cudaGraphInstantiateFlagUseNodePriority). */
+/* A token count from the environment variable name into *out (unset or
+ * empty: *out as it is); anything else an error naming it. */
+static moec_status env_tokens(const char *name, int *out)
+{
+    const char *e = getenv(name);
+    if (!e || !*e)
+        return MOEC_OK;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > INT32_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s=\"%s\": not a token count (0 or more)", name,
+                        e);
+    *out = (int)v;
+    return MOEC_OK;
+}
+
 static moec_status stream_priorities(rt_cuda *c)
 {
     c->prio_on = 0;
@@ -352,19 +368,14 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     MOEC_TRY(rt_cuda_check_arch(c));
     const char *sync = getenv("MOEC_CUDA_SYNC");
     c->debug_sync = sync && *sync && strcmp(sync, "0");
-    /* (H100, 2026-11-24, V2-Lite: the second stream gains 0.5 ms at batch 8
-       and loses 0.25 ms at 32 and 0.08 at 64, where the routed experts
-       fill the GPU) */
+    /* (H100, V2-Lite: the second stream gains 0.5 ms at batch 8 and loses
+       0.25 ms at 32 (2026-11-24, third round) and 0.21 at 32 again
+       (tenth round), where the routed experts fill the GPU; at 64 it
+       gains 0.19 and 0.21 ms in two calls of the tenth round) */
     c->dual_max_t = 16;
-    const char *dual = getenv("MOEC_DUAL_STREAM_MAX_T");
-    if (dual && *dual) {
-        char *end = NULL;
-        long v = strtol(dual, &end, 10);
-        if (*end || v < 0 || v > INT32_MAX)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "MOEC_DUAL_STREAM_MAX_T=\"%s\": not a token count (0 or more)", dual);
-        c->dual_max_t = (int)v;
-    }
+    c->dual_from_t = 64;
+    MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_MAX_T", &c->dual_max_t));
+    MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_FROM_T", &c->dual_from_t));
     MOEC_TRY(stream_priorities(c));
 
     c->tmax = p->buckets[p->n_buckets - 1].T;

@@ -172,6 +172,9 @@ struct rt_cuda {
     int single_stream;             /* 1: every step on stream 0, forks and joins skipped */
     int dual_max_t;                /* buckets of more tokens run on stream 0 alone
                                     * (MOEC_DUAL_STREAM_MAX_T, default 16) */
+    int dual_from_t;               /* ... up to this many tokens, two streams again
+                                    * from there (MOEC_DUAL_STREAM_FROM_T, default 64;
+                                    * 0: never) */
     int pdl;                       /* 1: kernels launched as programmatic dependents (plan->pdl,
                                     * sm_90+, unless MOEC_PDL=0) */
     int prio_on;                   /* 1: the streams carry priorities (MOEC_STREAM_PRIORITY) */
@@ -266,7 +269,7 @@ moec_status rt_cuda_prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *
 moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to);
 rt_cuda_bucket *rt_cuda_bucket_for(rt_cuda *c, int n);
 /* 1 where bucket cb's steps run on stream 0 alone: single_stream, or more
- * tokens than dual_max_t. */
+ * tokens than dual_max_t and fewer than dual_from_t (where that is set). */
 int rt_cuda_one_stream(const rt_cuda *c, const rt_cuda_bucket *cb);
 moec_status rt_cuda_write_inputs(rt_cuda *c, int n, const int32_t *tokens, const int32_t *positions,
                                 const int32_t *slots, const char *where);
