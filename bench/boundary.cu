@@ -13,14 +13,7 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                      \
-    do {                                                                           \
-        cudaError_t e_ = (x);                                                      \
-        if (e_ != cudaSuccess) {                                                   \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cuda_check.h"
 
 template <bool PDL>
 __global__ void __launch_bounds__(256) stream_k(const uint4 *__restrict__ src, long long n16,

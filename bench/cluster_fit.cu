@@ -11,14 +11,7 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                      \
-    do {                                                                           \
-        cudaError_t e_ = (x);                                                      \
-        if (e_ != cudaSuccess) {                                                   \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-            exit(1);                                                               \
-        }                                                                          \
-    } while (0)
+#include "cuda_check.h"
 
 __global__ void __launch_bounds__(128) probe(float *out)
 {
