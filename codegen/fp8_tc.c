@@ -25,9 +25,7 @@
  * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
  * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
  * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
- * (scripts/gpu_fp8_tune.sh), MOEC_FP8_TC_GU_MINB and _DN_MINB the expert
- * kernels' minimum blocks an SM (__launch_bounds__); kernel names say which
- * ran. */
+ * (scripts/gpu_fp8_tune.sh); kernel names say which ran. */
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
@@ -470,21 +468,6 @@ static moec_status oom(const cg_moe_desc *d)
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
 }
 
-/* An expert kernel's __launch_bounds__ for nw warps, with knob's minimum
- * blocks an SM where set (1 to 8: the registers a thread capped to fit
- * them), and the name's tag for it. */
-static void expert_bounds(int nw, const char *knob, char *lb, size_t nlb, char *tag, size_t ntag)
-{
-    int minb = cg_env_int(knob, 0, 0, 8);
-    if (minb > 0) {
-        snprintf(lb, nlb, "__launch_bounds__(%d, %d)", nw * 32, minb);
-        snprintf(tag, ntag, "_mb%d", minb);
-    } else {
-        snprintf(lb, nlb, "__launch_bounds__(%d)", nw * 32);
-        tag[0] = '\0';
-    }
-}
-
 moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
@@ -496,11 +479,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    char lb[48], mb[16];
-    expert_bounds(nw, "MOEC_FP8_TC_GU_MINB", lb, sizeof lb, mb, sizeof mb);
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, mb, c->T, l->fused ? "fused" : "split", tag);
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, c->T, l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -510,7 +491,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             &c->src,
             "// %s: gate_up GEMM with silu_mul, fp8 on tensor cores, x staged in shared memory "
             "(codegen/fp8_tc.c)\n"
-            "extern \"C\" __global__ void %s %s(const __nv_bfloat16 "
+            "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
             "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ wg, const __nv_fp8_e4m3 "
             "*__restrict__ wu, const float *__restrict__ gsc, const float *__restrict__ usc, const "
             "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
@@ -518,7 +499,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
-            ir_op_name(d->op->kind), lb, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
+            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
             gstride, uoff, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s}\n\n", TC_LOOP, GATE_UP_TAIL);
@@ -544,12 +525,10 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    char lb[48], mb[16];
-    expert_bounds(nw, "MOEC_FP8_TC_DN_MINB", lb, sizeof lb, mb, sizeof mb);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, mb, c->T, ir_dtype_name(ydt),
-             d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, c->T, ir_dtype_name(ydt), d->w ? "w" : "now",
+             tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -558,12 +537,12 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         moec_buf_printf(&c->src,
                         "// %s: down GEMM%s, fp8 on tensor cores, h staged in shared memory "
                         "(codegen/fp8_tc.c)\n"
-                        "extern \"C\" __global__ void %s %s(const __nv_bfloat16 "
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
                         "*__restrict__ hbuf, const __nv_fp8_e4m3 *__restrict__ wd, const float "
                         "*__restrict__ dsc, const int *__restrict__ sorted, const int "
                         "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
                         ir_op_name(d->op->kind), d->w ? " times scale * router weight" : "",
-                        lb, name);
+                        nw * 32, name);
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
