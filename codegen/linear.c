@@ -350,9 +350,6 @@ static const char MMA_BODY[] =
 
 #define MMA_WARPS 4
 
-/* Whether the fp8 weight w of a linear with input x runs on tensor cores:
- * bf16 x, 32-wide k chunks inside the column blocks, 16-row tiles inside
- * the row blocks. */
 /* The tiles a warp of the kernel's 16 rows: two share their x fragments
  * once x would be read more than twice over (T >= 32), as long as that
  * leaves 264 blocks (two per H100 SM); 0 where the warps' partial sums
@@ -367,6 +364,9 @@ static int mma_rt(const cg_ctx *c, int64_t N)
     return 0;
 }
 
+/* Whether the fp8 weight w of a linear with input x runs on tensor cores:
+ * bf16 x, 32-wide k chunks inside the column blocks, 16-row tiles inside
+ * the row blocks, the warps' partial sums within 48 KB. */
 static int mma_fits(const cg_ctx *c, const ir_value *x, const ir_value *w)
 {
     int64_t K = w->type.dims[1];

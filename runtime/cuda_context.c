@@ -313,11 +313,6 @@ static moec_status comm_warmup(rt_cuda *c)
     return rt_comm_error(c->comm, where);
 }
 
-/* MOEC_STREAM_PRIORITY: which stream's blocks the GPU schedules first when
- * both have kernels waiting: "1" the second stream (the shared experts,
- * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
- * graphs keep each kernel's priority (captured as a launch attribute,
- * instantiated with cudaGraphInstantiateFlagUseNodePriority). */
 /* A token count from the environment variable name into *out (unset or
  * empty: *out as it is); anything else an error naming it. */
 static moec_status env_tokens(const char *name, int *out)
@@ -334,6 +329,11 @@ static moec_status env_tokens(const char *name, int *out)
     return MOEC_OK;
 }
 
+/* MOEC_STREAM_PRIORITY: which stream's blocks the GPU schedules first when
+ * both have kernels waiting: "1" the second stream (the shared experts,
+ * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
+ * graphs keep each kernel's priority (captured as a launch attribute,
+ * instantiated with cudaGraphInstantiateFlagUseNodePriority). */
 static moec_status stream_priorities(rt_cuda *c)
 {
     c->prio_on = 0;
