@@ -1263,25 +1263,16 @@ static void test_fp8_shapes(void)
                                f32 ? (i == 2 ? 2u : 0u) : compile[i][mi]);
                 ir_module_free(m);
             }
-    /* the first kernels at 128 tokens on V2-Lite's gate: two row tiles a
-       warp would put 64 KB of partial sums in static shared memory (48 KB
-       at most), so one tile a warp, compiled */
+    /* the first kernels at 128 tokens on V2-Lite's gate, compiled: two row
+       tiles a warp would put 64 KB of partial sums in static shared memory
+       (48 KB at most), so one tile a warp (check_fp8 asserts the form) */
     static const int B128[] = {128};
     o.compute_dtype = IR_DTYPE_BF16;
     o.fp8_kernel = CG_FP8_OLD;
     ir_module *m = km_module(&v2);
     T_CHECK(m != NULL);
-    if (m) {
-        cg_ctx c;
-        memset(&c, 0, sizeof c);
-        T_OK(gen(m, &o, 128, &c));
-        int rt1 = 0;
-        for (int k = 0; k < c.n_kernels; k++)
-            rt1 += strstr(c.kernel_names[k], "linear_mma_n10944_k2048_t128_w4_rt1_") != NULL;
-        T_CHECK(rt1 == 1);
-        cg_ctx_free(&c);
+    if (m)
         run_module_at(m, &o, B128, 1, check_fp8, 1u);
-    }
     ir_module_free(m);
 }
 
