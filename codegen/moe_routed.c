@@ -1065,10 +1065,11 @@ static cg_moe_desc routed_desc(const ir_op *op)
     return d;
 }
 
-const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb)
+const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int max_t, int *bm,
+                               long long *nb)
 {
     const ir_module *m = c->m;
-    if (c->T > CG_MOE_TOPK_ALIGN_MAX_T || topk->kind != IR_OP_MOE_TOPK || topk->n_out != 2 ||
+    if (c->T > max_t || topk->kind != IR_OP_MOE_TOPK || topk->n_out != 2 ||
         !cg_env_int("MOEC_MOE_TOPK_ALIGN", 1, 0, 1))
         return NULL;
     const ir_op *r = ir_module_single_user(m, topk->out[0]);

@@ -29,15 +29,22 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d);
 #define CG_MOE_TOPK_ALIGN_MAX_T 1
 
 /* The moe_routed that moe_topk op `topk` can align the slots of in its own
- * kernel, NULL if none: the bucket has at most CG_MOE_TOPK_ALIGN_MAX_T
- * tokens, that op alone reads the ids and weights, it follows topk on its
+ * kernel, NULL if none: the bucket has at most max_t tokens
+ * (CG_MOE_TOPK_ALIGN_MAX_T, or more where the router's logits are computed
+ * in the same kernel, codegen/moe_topk.c), that op alone reads the ids and weights, it follows topk on its
  * stream with nothing of that stream between them, and its weights hold
  * every expert (and MOEC_MOE_TOPK_ALIGN is not 0, for comparisons). Its
  * rows per expert block and block count in *bm, *nb.
  * The moe_topk reserves the three scratch arrays (sorted slots, block
  * experts, count used) and records them in c (moe_aligned,
  * moe_align_off); that moe_routed then launches no align kernel. */
-const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb);
+const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int max_t, int *bm,
+                               long long *nb);
+/* The moe_routed whose slots moe_topk op `topk`'s kernel aligns in this
+ * bucket (cg_moe_topk_routed up to CG_MOE_TOPK_ALIGN_MAX_T tokens, or up
+ * to the bucket's where that kernel computes the router's logits too),
+ * NULL if none; *bm, *nb as there. */
+const ir_op *cg_moe_topk_aligned(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb);
 /* 1 when linear lin is the router whose logits the aligning top-k kernel
  * after it computes itself (codegen/moe_topk.c): lin then emits no step. */
 int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin);

@@ -24,16 +24,17 @@
 #include "err.h"
 
 /* Warp `warp` of the block takes token t (TOPK_HEAD); TOPK_BODY, for a t
- * below T, reads its logits, chooses and writes its ids and weights. */
+ * below T, reads its logits (row t - t0 of logits), chooses and writes its
+ * ids and weights (my_id: lane j's choice j, for what follows). */
 static const char TOPK_HEAD[] =
     "    __shared__ float s_s[NW][E], s_c[NW][E], s_g[NW][NG];\n"
     "    __shared__ unsigned char s_keep[NW][NG];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const int t = blockIdx.x * NW + warp;\n";
+    "    const int t = blockIdx.x * NW + warp, t0 = 0;\n";
 
 static const char TOPK_BODY[] =
     "    float *s = s_s[warp], *c = s_c[warp];\n"
-    "    const float *l = logits + (long long)t * E;\n"
+    "    const float *l = logits + (long long)(t - t0) * E;\n"
     "    if constexpr (SOFTMAX) {\n"
     "        float mx = MOEC_NEG_INF;\n"
     "        for (int e = lane; e < E; e += 32)\n"
@@ -136,15 +137,32 @@ static const char TOPK_BODY[] =
     "        wts[(long long)t * K + lane] = w;\n"
     "    }\n";
 
-/* The router's few-token linear inside the aligning top-k kernel: the
- * logits' linear (no bias, act or alpha; bf16 or f32 weight and input of
- * one dtype; at most ROUTER_MAX_BYTES of weight) whose only reader is a
- * moe_topk that aligns (cg_moe_topk_routed), on the same stream, its input
- * still live after the top-k (plan_memory placed it by the IR's uses), on
- * sm_90 (a thread block cluster computes the logits). MOEC_MOE_ROUTER_FUSE=0
- * keeps the two launches, for comparisons. */
+/* The router's linear inside the aligning top-k kernel: the logits'
+ * linear (no bias, act or alpha; weight and input of one dtype; at most
+ * ROUTER_MAX_BYTES of weight) whose only reader is a moe_topk that aligns
+ * (cg_moe_topk_routed), on the same stream, its input still live after the
+ * top-k (plan_memory placed it by the IR's uses), on sm_90 (a thread block
+ * cluster computes the logits). Two forms:
+ *  - ROUTER_GEMV, one token (bf16 or f32): a warp per expert row
+ *    (ROUTER_BODY), block 0 chooses and aligns alone.
+ *  - ROUTER_MMA, 2 to ROUTER_MMA_MAX_T tokens (bf16, H in 32-wide chunks):
+ *    each block of the cluster takes an eighth of the k chunks for every
+ *    token and expert on m16n8k16 products (the experts' rows as A, the
+ *    tokens as B) and stores its partial logits into the shared memory of
+ *    the block that owns their token (TPB consecutive tokens a block); each
+ *    block sums its tokens' partials in rank order and chooses for them (a
+ *    warp a token), sends the choices to block 0, which aligns
+ *    (ROUTER_MMA_BODY). One launch instead of a GEMM, a top-k and an align.
+ * MOEC_MOE_ROUTER_FUSE=0 keeps the separate launches, and
+ * MOEC_MOE_ROUTE_MMA_MAX_T the largest bucket of the second form (1: none),
+ * for comparisons. */
 #define ROUTER_MAX_BYTES (2 << 20)
 #define ROUTER_CLUSTER 8
+#define ROUTER_MMA_MAX_T 64
+/* the static shared memory the ROUTER_MMA kernel may take */
+#define ROUTER_MMA_SMEM (46 * 1024)
+
+typedef enum { ROUTER_NONE, ROUTER_GEMV, ROUTER_MMA } router_form;
 
 static int live_after(const ir_module *m, const ir_value *v, int op_id)
 {
@@ -158,12 +176,49 @@ static int live_after(const ir_module *m, const ir_value *v, int op_id)
     return 0;
 }
 
-static const ir_op *router_of(const cg_ctx *c, const ir_op *topk)
+/* The ROUTER_MMA kernel's shape: warps WM by WN over the experts' 16-row
+ * tiles and the tokens' 8-column tiles (the grid that reads the fewest
+ * bytes a warp, at most 64 accumulators), MTW by NTW tiles a warp, U k
+ * chunks' loads in flight, TPB tokens a block; its shared memory. */
+typedef struct {
+    int wm, wn, mtw, ntw, u, tpb;
+    long long smem;
+} router_mma_shape;
+
+static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
+{
+    router_mma_shape r = {0};
+    long long mt = (E + 15) / 16, nt = (T + 7) / 8, best = -1;
+    for (int wm = 1; wm <= 8; wm *= 2) {
+        long long mtw = (mt + wm - 1) / wm, ntw = (nt + 8 / wm - 1) / (8 / wm);
+        long long cost = mtw * 16 + ntw * 8;
+        if (mtw * ntw * 4 > 64 || (best >= 0 && cost >= best))
+            continue;
+        best = cost;
+        r.wm = wm;
+        r.wn = 8 / wm;
+        r.mtw = (int)mtw;
+        r.ntw = (int)ntw;
+    }
+    if (best < 0)
+        return r;
+    r.u = (int)(24 / (2 * r.mtw + r.ntw));
+    r.u = r.u < 1 ? 1 : r.u > 4 ? 4 : r.u;
+    r.tpb = (T + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER;
+    /* s_red, s_all, the top-k's per-warp state, the align's counts */
+    r.smem = 4LL * ROUTER_CLUSTER * r.tpb * E + 4LL * T * K + 8LL * (E * 8 + NG * 5) + 12 * E;
+    return r;
+}
+
+static const ir_op *router_of(const cg_ctx *c, const ir_op *topk, router_form *form)
 {
     int bm = 0;
     long long nb = 0;
-    if (topk->kind != IR_OP_MOE_TOPK || c->T > 8 || cg_arch_num(c->opt) < 90 ||
-        !cg_env_int("MOEC_MOE_ROUTER_FUSE", 1, 0, 1) || !cg_moe_topk_routed(c, topk, &bm, &nb))
+    int mma = c->T >= 2 && c->T <= cg_env_int("MOEC_MOE_ROUTE_MMA_MAX_T", ROUTER_MMA_MAX_T, 1, 256);
+    *form = ROUTER_NONE;
+    if (topk->kind != IR_OP_MOE_TOPK || (c->T > 1 && !mma) || cg_arch_num(c->opt) < 90 ||
+        !cg_env_int("MOEC_MOE_ROUTER_FUSE", 1, 0, 1) ||
+        !cg_moe_topk_routed(c, topk, mma ? c->T : 1, &bm, &nb))
         return NULL;
     const ir_value *lg = topk->in[0];
     const ir_op *lin = lg->kind == IR_VALUE_OP ? lg->def : NULL;
@@ -180,19 +235,35 @@ static const ir_op *router_of(const cg_ctx *c, const ir_op *topk)
         w->type.dims[0] * w->type.dims[1] * (long long)ir_dtype_size(dw) > ROUTER_MAX_BYTES ||
         !live_after(c->m, x, topk->id))
         return NULL;
+    long long E = w->type.dims[0], H = w->type.dims[1], NG = ir_op_attr_int(topk, "n_group", 1);
+    if (mma) {
+        router_mma_shape r = mma_shape(E, ir_op_attr_int(topk, "top_k", 1), NG, c->T);
+        if (dw != IR_DTYPE_BF16 || H % 32 || !r.wm || r.smem > ROUTER_MMA_SMEM)
+            return NULL;
+        *form = ROUTER_MMA;
+        return lin;
+    }
     /* shared memory: eight warps' top-k state, the align's counts, this
        block's logits and block 0's gathered ones */
-    long long E = w->type.dims[0], NG = ir_op_attr_int(topk, "n_group", 1);
     long long epb = (E + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER;
     if ((E * 8 + NG * 5) * 8 + 12 * E + 4 * (long long)c->T * (E + epb) > 40 * 1024)
         return NULL;
+    *form = ROUTER_GEMV;
     return lin;
+}
+
+const ir_op *cg_moe_topk_aligned(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb)
+{
+    router_form f;
+    return cg_moe_topk_routed(c, topk, router_of(c, topk, &f) ? c->T : CG_MOE_TOPK_ALIGN_MAX_T,
+                              bm, nb);
 }
 
 int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin)
 {
     const ir_op *topk = ir_module_single_user(c->m, lin->out[0]);
-    return topk && router_of(c, topk) == lin;
+    router_form f;
+    return topk && router_of(c, topk, &f) == lin;
 }
 
 /* The cluster's logits: block `rank` of ROUTER_CLUSTER computes experts
@@ -256,6 +327,108 @@ static const char ROUTER_BODY[] =
     "        return;\n"
     "    const float *logits = s_lg;\n";
 
+/* ROUTER_MMA's kernel after its wait (router_of): constants E, K, T, NW, H,
+ * CL, TPB, WM, WN, MTW, NTW, U in scope, then the top-k (TOPK_BODY) and
+ * block 0's align (CG_MOE_ALIGN_BODY) follow. A lane (g, q) loads 16 bytes
+ * at k 8q of a 32-wide chunk from rows g and g + 8 of its expert tile and
+ * row g of its token tile; of each 16 bytes, words 0, 1 are the fragments
+ * of one m16n8k16 product and words 2, 3 of a second (the two products
+ * sum the chunk's k in another order than the k index, alike in A and B). */
+static const char ROUTER_MMA_BODY[] =
+    "    __shared__ float s_red[CL][TPB][E];\n"
+    "    __shared__ int s_all[T * K];\n"
+    "    const unsigned rank = blockIdx.x;\n"
+    "    const int tb = (int)rank * TPB;\n"
+    "    {\n"
+    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "        const int wm = warp % WM, wn = warp / WM;\n"
+    "        constexpr int MT = (E + 15) / 16, NTT = (T + 7) / 8, NCH = H / 32;\n"
+    "        float acc[MTW][NTW][4];\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < MTW; i++)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NTW; j++)\n"
+    "                acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;\n"
+    "        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);\n"
+    "        const int c0 = (int)rank * NCH / CL, c1 = ((int)rank + 1) * NCH / CL;\n"
+    "        for (int cb = c0; wm < MT && wn < NTT && cb < c1; cb += U) {\n"
+    "            uint4 a[U][MTW][2], b[U][NTW];\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < U; u++) {\n"
+    "                const int k = (cb + u) * 32 + 8 * q;\n"
+    "                const bool in = cb + u < c1;\n"
+    "#pragma unroll\n"
+    "                for (int i = 0; i < MTW; i++) {\n"
+    "                    const int e = (wm + i * WM) * 16 + g;\n"
+    "                    a[u][i][0] = in && e < E ? *reinterpret_cast<const uint4 *>(w + (long long)e * H + k) : zero;\n"
+    "                    a[u][i][1] = in && e + 8 < E ? *reinterpret_cast<const uint4 *>(w + (long long)(e + 8) * H + k) : zero;\n"
+    "                }\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < NTW; j++) {\n"
+    "                    const int t = (wn + j * WN) * 8 + g;\n"
+    "                    b[u][j] = in && t < T ? *reinterpret_cast<const uint4 *>(x + (long long)t * H + k) : zero;\n"
+    "                }\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < U; u++)\n"
+    "#pragma unroll\n"
+    "                for (int i = 0; i < MTW; i++)\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < NTW; j++) {\n"
+    "                        moec_mma_bf16(acc[i][j], a[u][i][0].x, a[u][i][1].x, a[u][i][0].y, a[u][i][1].y,\n"
+    "                                      b[u][j].x, b[u][j].y);\n"
+    "                        moec_mma_bf16(acc[i][j], a[u][i][0].z, a[u][i][1].z, a[u][i][0].w, a[u][i][1].w,\n"
+    "                                      b[u][j].z, b[u][j].w);\n"
+    "                    }\n"
+    "        }\n"
+    "        /* accumulator h holds expert row g (+ 8 for h >= 2), token column 2q (+ 1 for odd h) */\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < MTW; i++)\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < NTW; j++)\n"
+    "#pragma unroll\n"
+    "                for (int h = 0; h < 4; h++) {\n"
+    "                    const int e = (wm + i * WM) * 16 + g + (h >> 1) * 8, t = (wn + j * WN) * 8 + 2 * q + (h & 1);\n"
+    "                    if (e < E && t < T)\n"
+    "                        moec_st_cluster(&s_red[rank][t % TPB][e], __float_as_uint(acc[i][j][h]), (unsigned)(t / TPB));\n"
+    "                }\n"
+    "    }\n"
+    "    moec_cluster_sync();\n"
+    "    /* this block's tokens' logits: the partials summed in rank order, into s_red[0] */\n"
+    "    for (int i = threadIdx.x; i < TPB * E; i += NW * 32) {\n"
+    "        float v = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < CL; r++)\n"
+    "            v += s_red[r][i / E][i % E];\n"
+    "        s_red[0][i / E][i % E] = v;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    const float *logits = &s_red[0][0][0];\n";
+
+/* ROUTER_MMA's top-k (a warp a token of the block's, then the choices to
+ * block 0) and align (block 0, from the gathered ids) */
+static const char ROUTER_MMA_TAIL[] =
+    "    {\n"
+    "    __shared__ float s_s[NW][E], s_c[NW][E], s_g[NW][NG];\n"
+    "    __shared__ unsigned char s_keep[NW][NG];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int t = tb + warp, t0 = tb;\n"
+    "    if (warp < TPB && t < T) {\n"
+    "%s"
+    "        if (lane < K)\n"
+    "            moec_st_cluster(&s_all[t * K + lane], (unsigned)my_id, 0u);\n"
+    "    }\n"
+    "    }\n"
+    "    moec_cluster_sync();\n"
+    "    if (rank != 0)\n"
+    "        return;\n"
+    "    {\n"
+    "        const int *ids = s_all;\n"
+    "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
+    "        constexpr long long NB = %lldLL;\n"
+    "%s    }\n"
+    "}\n\n";
+
 moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
@@ -306,9 +479,9 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
        and the align's counts (3 ints per expert) beside them */
     int bm = 0;
     long long nb = 0;
-    const ir_op *routed = cg_moe_topk_routed(c, op, &bm, &nb);
-    /* (router_of, for the router's linear too, sizes its own form) */
-    const ir_op *router = routed ? router_of(c, op) : NULL;
+    /* (router_of, for the router's linear too, sizes its own forms) */
+    router_form rf = ROUTER_NONE;
+    const ir_op *router = router_of(c, op, &rf), *routed = cg_moe_topk_aligned(c, op, &bm, &nb);
     if (routed && !router && per_warp * c->T + 12 * E > 40 * 1024)
         routed = NULL;
     if (routed)
@@ -317,12 +490,13 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     long long H = rw ? rw->type.dims[1] : 0;
     int ve = rw ? cg_vec_width(H) : 1;
     if (router)
-        nw = 8; /* warps 0 .. T-1 of block 0 choose; all eight align */
+        nw = 8; /* GEMV: warps 0 .. T-1 of block 0 choose; all eight align */
     char name[240], align[48] = "", rtag[80] = "";
     if (routed)
         snprintf(align, sizeof align, "_align_bm%d", bm);
     if (router)
-        snprintf(rtag, sizeof rtag, "_router_h%lld_%s", H, ir_dtype_name(cg_storage(c, rw)));
+        snprintf(rtag, sizeof rtag, "_router%s_h%lld_%s", rf == ROUTER_MMA ? "mma" : "", H,
+                 ir_dtype_name(cg_storage(c, rw)));
     snprintf(name, sizeof name, "moe_topk%s%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align,
              rtag, E, K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
@@ -334,11 +508,12 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         ir_dtype dt = cg_storage(c, rw);
         moec_buf_printf(&c->src,
                       "// moe_topk: the router's logits (linear %%%s) in a cluster of %d blocks, "
-                      "then block 0's grouped top-k, one warp per token, and the slots aligned "
+                      "then %s grouped top-k, one warp per token, and the slots aligned "
                       "for the moe_routed after it (codegen/moe_topk.c, cg_emit_moe_topk)\n"
                       "extern \"C\" __global__ void __cluster_dims__(%d, 1, 1) __launch_bounds__(%d) "
                       "%s(const %s *__restrict__ x, const %s *__restrict__ w, ",
-                      router->out[0]->name, ROUTER_CLUSTER, ROUTER_CLUSTER, nw * 32, name,
+                      router->out[0]->name, ROUTER_CLUSTER,
+                      rf == ROUTER_MMA ? "each block's" : "block 0's", ROUTER_CLUSTER, nw * 32, name,
                       cg_ctype(dt), cg_ctype(dt));
     } else if (is_new) {
         moec_buf_printf(&c->src,
@@ -365,7 +540,24 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                       norm ? "true" : "false", bias ? "true" : "false");
         if (!bias)
             moec_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
-        if (router) {
+        if (rf == ROUTER_MMA) {
+            router_mma_shape r = mma_shape(E, K, NG, c->T);
+            moec_buf_printf(&c->src,
+                            "    constexpr int H = %lld, CL = %d, TPB = %d, WM = %d, WN = %d, "
+                            "MTW = %d, NTW = %d, U = %d;\n",
+                            H, ROUTER_CLUSTER, r.tpb, r.wm, r.wn, r.mtw, r.ntw, r.u);
+            /* before the wait: the router weight into L2, an eighth of its
+               rows a block (it is small: no cap) */
+            if (cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX) > 0)
+                moec_buf_printf(&c->src,
+                                "    if (threadIdx.x == 0) {\n"
+                                "        const int r0 = blockIdx.x * E / CL, r1 = (blockIdx.x + 1) * E / CL;\n"
+                                "        moec_prefetch_l2(w + (long long)r0 * H, (unsigned long long)(r1 - r0) * H * 2);\n"
+                                "    }\n"
+                                "    moec_pdl_enter();\n");
+            moec_buf_printf(&c->src, "%s", ROUTER_MMA_BODY);
+            moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
+        } else if (router) {
             moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
                                    "    constexpr int VE = %d, CL = %d, EPB = (E + CL - 1) / CL;\n",
                             cg_ctype(cg_storage(c, rw)), H, ve, ROUTER_CLUSTER);
@@ -378,7 +570,9 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                              "PF_CAP);\n");
             moec_buf_printf(&c->src, "%s", ROUTER_BODY);
         }
-        if (!routed)
+        if (rf == ROUTER_MMA)
+            ;
+        else if (!routed)
             moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,
                             TOPK_BODY);
         else /* the warps of tokens choose, every warp aligns */

@@ -805,6 +805,8 @@ static void fill_weights(rt_interp *in, const ir_module *m, ir_dtype cdt, const 
                 a = sqrtf(3.0f / (float)s->HID);
             else if (!strcmp(v->name, "down"))
                 a = sqrtf(12.0f / (float)s->I);
+            else if (!strcmp(v->name, "rw"))
+                a = sqrtf(3.0f / (float)s->HID);
             else if (!strcmp(v->name, "lw"))
                 a = sqrtf(3.0f / (float)s->LK);
             else if (!strcmp(v->name, "ab_kvb"))
@@ -2297,6 +2299,23 @@ static const km_spec V3_MOE = {.name = "v3_moe16", .vocab = 97, .E = 16, .K = 8,
                                .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5,
                                .moe = KM_ROUTED, .HID = 7168, .I = 2048, .wdt = "bf16",
                                .moe_scale = 1.0};
+/* the router's linear inside the top-k kernel (2 to 64 tokens: its
+ * tensor-core form): V2-Lite's (64 experts, H 2048), Qwen3-30B's (128, norm),
+ * V3's grouped sigmoid routing with the bias over 256 experts (H 512), and
+ * odd sizes (20 experts: partial 16-row tiles; H 96: three k chunks) */
+static const km_spec R_V2 = {.name = "v2lite_router", .vocab = 97, .E = 64, .K = 6, .NG = 1,
+                             .TG = 1, .scaling = 1.0, .moe = KM_ROUTED, .HID = 2048, .I = 1408,
+                             .wdt = "bf16", .moe_scale = 1.0, .router = 1};
+static const km_spec R_Q3 = {.name = "qwen3_router", .vocab = 97, .E = 128, .K = 8, .NG = 1,
+                             .TG = 1, .norm = 1, .scaling = 1.0, .moe = KM_ROUTED_SPLIT,
+                             .HID = 2048, .I = 768, .wdt = "bf16", .moe_scale = 1.0, .router = 1};
+static const km_spec R_V3 = {.name = "v3_route256_router", .vocab = 97, .E = 256, .K = 8,
+                             .sigmoid = 1, .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1,
+                             .scaling = 2.5, .moe = KM_ROUTED, .HID = 512, .I = 128, .wdt = "bf16",
+                             .moe_scale = 2.5, .router = 1};
+static const km_spec R_ODD = {.name = "odd_router", .vocab = 97, .E = 20, .K = 3, .sigmoid = 1,
+                              .NG = 1, .TG = 1, .bias = 1, .scaling = 1.0, .moe = KM_ROUTED,
+                              .HID = 96, .I = 40, .wdt = "bf16", .moe_scale = 0.5, .router = 1};
 static const km_spec V3_TOPK = {.name = "v3_topk", .vocab = 97, .E = 256, .K = 8, .sigmoid = 1,
                                 .NG = 8, .TG = 4, .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5};
 static const km_spec V2_GROUPED = {.name = "v2_grouped_topk", .vocab = 97, .E = 160, .K = 6,
@@ -3116,6 +3135,21 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (fp8 old and staged)");
     }
+    /* the router in the top-k kernel: its one-token form (T = 1), its
+       tensor-core form (2 to 64; 3: a partial token tile) and none (128) */
+    const unsigned ROUTER_T = TM(1) | TM(2) | TM(3) | TM(8) | TM(32) | TM(64) | TM(128);
+    const km_spec *routers[4] = {&R_V2, &R_Q3, &R_V3, &R_ODD};
+    if (getenv("MOEC_KERN_ROUTER_ONLY")) {
+        /* those cases alone (with MOEC_KERN_BENCH, their times) */
+        for (int i = 0; i < 4; i++)
+            prog_add(routers[i], IR_DTYPE_BF16, 64, ROUTER_T);
+        progs_compile();
+        for (int i = 0; i < 4; i++)
+            moe_case(routers[i], IR_DTYPE_BF16, ROUTER_T, 90 + (uint64_t)i);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (router in the top-k)");
+    }
     if (getenv("MOEC_KERN_DSA_ONLY")) {
         /* the DSA indexer (scripts/gpu_dsa_ab.sh): the sparse MLA over its
            selection at V3.2's shape, then the fast kernels against the
@@ -3252,6 +3286,8 @@ int main(void)
         for (int i = 0; i < 3; i++)
             prog_add(acts[i], cdt, 64, ACT_T);
     }
+    for (int i = 0; i < 4; i++)
+        prog_add(routers[i], IR_DTYPE_BF16, 64, ROUTER_T);
     const unsigned PRO_T = TM(1) | TM(64) | TM(3);
     const km_spec *pros[4] = {&PRO_V2, &PRO_V3, &PRO_ODD, &PRO_ODD_Q};
     for (int i = 0; i < 4; i++)
@@ -3382,6 +3418,8 @@ int main(void)
         for (int i = 0; i < 3; i++)
             moe_case(acts[i], cdt, ACT_T, 80 + (uint64_t)(2 * i + f32));
     }
+    for (int i = 0; i < 4; i++)
+        moe_case(routers[i], IR_DTYPE_BF16, ROUTER_T, 90 + (uint64_t)i);
 
     progs_free();
     printf("total %.1f s\n", now_s() - t0);

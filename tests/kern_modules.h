@@ -36,6 +36,9 @@ typedef struct km_spec {
     int window;
     double attn_scale;
     int E, K;                  /* moe_topk (E > 0) */
+    int router;                /* with moe: the logits are linear(x, rw), rw bf16 [E, HID] (the
+                                  router, which the top-k kernel may compute itself), else a
+                                  table */
     int sigmoid, NG, TG, top2, norm, bias;
     double scaling;
     int moe;                   /* KM_MOE_* (needs E, K) */
@@ -236,8 +239,13 @@ static inline char *km_text(const km_spec *s)
        kernel in small buckets) */
     if (s->moe != KM_MOE_NONE)
         km_table(&w, &o, s, "x", s->HID, "bf16");
-    if (s->E > 0) {
+    if (s->E > 0 && s->router && s->moe != KM_MOE_NONE) {
+        moec_buf_printf(&w, "  weight %%rw : bf16[%d, %d] = \"rw\"\n", s->E, s->HID);
+        moec_buf_printf(&o, "  %%logits : f32[T, %d] = linear(%%x, %%rw)\n", s->E);
+    } else if (s->E > 0) {
         km_table(&w, &o, s, "logits", s->E, "f32");
+    }
+    if (s->E > 0) {
         if (s->bias)
             moec_buf_printf(&w, "  weight %%bias : f32[%d] = \"bias\"\n", s->E);
         moec_buf_printf(&o,

@@ -81,6 +81,16 @@ static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c
     return cg_emit_argmax(c, m->outputs[0]);
 }
 
+/* 1 when moe_topk op topk's kernel computes the router's logits on tensor
+ * cores (its name says so). */
+static int topk_router_mma(const cg_ctx *c, const ir_op *topk)
+{
+    for (int i = 0; i < c->n_steps; i++)
+        if (c->steps[i].op_id == topk->id)
+            return strstr(c->kernel_names[c->steps[i].kernel], "_routermma_") != NULL;
+    return 0;
+}
+
 /* Generic checks of one bucket's steps against its source. */
 static void check_steps(const ir_module *m, const cg_ctx *c)
 {
@@ -106,12 +116,15 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             want += n;
         } else if (op->kind == IR_OP_MOE_ROUTED) {
             /* no align step where the moe_topk's kernel aligned (buckets up
-               to CG_MOE_TOPK_ALIGN_MAX_T) */
+               to CG_MOE_TOPK_ALIGN_MAX_T, and 2 to 64 tokens where it
+               computes the router's logits on tensor cores) */
             const ir_op *topk = op->in[1]->def;
             int bm = 0;
             long long nb = 0;
-            int fused = topk && cg_moe_topk_routed(c, topk, &bm, &nb) == op;
-            T_CHECK(fused == (c->T <= CG_MOE_TOPK_ALIGN_MAX_T && topk != NULL));
+            int fused = topk && cg_moe_topk_aligned(c, topk, &bm, &nb) == op;
+            int mma = topk && topk_router_mma(c, topk);
+            T_CHECK(!mma || (c->T >= 2 && c->T <= 64));
+            T_CHECK(fused == (topk != NULL && (c->T <= CG_MOE_TOPK_ALIGN_MAX_T || mma)));
             int aligned = 0;
             for (int i = 0; i < c->n_steps; i++)
                 aligned += topk && c->steps[i].op_id == topk->id &&
@@ -169,15 +182,16 @@ static int steps_of(const ir_module *m, const cg_ctx *c, ir_op_kind k)
 /* The first moe_routed's gate_up step (-1: none), and the step that
  * aligned its slots with the argument index of its sorted slots (then
  * block experts, count used): its own align kernel's (1), or in buckets
- * up to CG_MOE_TOPK_ALIGN_MAX_T its moe_topk's kernel's (its last three
- * arguments). */
+ * up to CG_MOE_TOPK_ALIGN_MAX_T, or where it computes the router's logits
+ * on tensor cores, its moe_topk's kernel's (its last three arguments). */
 static int moe_gate_up_step(const ir_module *m, const cg_ctx *c, const ir_step **al, int *al_arg)
 {
     int r = steps_of(m, c, IR_OP_MOE_ROUTED), k = steps_of(m, c, IR_OP_MOE_TOPK);
     if (r < 0)
         return -1;
     int fused = k >= 0 && strstr(c->kernel_names[c->steps[k].kernel], "moe_topk_align_") != NULL;
-    T_CHECK(fused == (c->T <= CG_MOE_TOPK_ALIGN_MAX_T && k >= 0));
+    T_CHECK(fused == (k >= 0 && (c->T <= CG_MOE_TOPK_ALIGN_MAX_T ||
+                                 strstr(c->kernel_names[c->steps[k].kernel], "_routermma_"))));
     *al = fused ? &c->steps[k] : &c->steps[r];
     *al_arg = fused ? (*al)->n_args - 3 : 1;
     return fused ? r : r + 1;
@@ -382,12 +396,23 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->args[5].kind == IR_ARG_CONFIG && s->args[5].index == IR_CONFIG_MAX_BLOCKS);
         T_CHECK(s->args[9].kind == IR_ARG_F32 && s->args[9].f > 0.13 && s->args[9].f < 0.14);
     }
-    /* up to CG_MOE_TOPK_ALIGN_MAX_T tokens: one block of a warp per token
-       that also aligns */
-    int k = steps_of(m, c, IR_OP_MOE_TOPK), fused = T <= CG_MOE_TOPK_ALIGN_MAX_T;
-    T_CHECK(k >= 0 && c->steps[k].grid[0] == (unsigned)(fused ? 1 : (T + 3) / 4) &&
-            c->steps[k].block[0] == (unsigned)(fused ? 32 * T : 128) &&
-            c->steps[k].n_args == (fused ? 7 : 4));
+    /* the router's linear in the top-k kernel, which also aligns: a
+       cluster of 8 blocks of 8 warps, a warp per expert row at one token
+       (the GEMV form), on tensor cores at 8 and 64 (args x, w, ids,
+       weights, scaling and the align's three) */
+    int k = steps_of(m, c, IR_OP_MOE_TOPK);
+    T_CHECK(k >= 0 && c->steps[k].grid[0] == 8 && c->steps[k].block[0] == 256 &&
+            c->steps[k].n_args == 8);
+    if (k >= 0) {
+        char tk[96];
+        snprintf(tk, sizeof tk, "moe_topk_align_bm%d_router%s_h2048_bf16_e64_k6_softmax",
+                 T == 64 ? 8 : T == 8 ? 2 : 1, T == 1 ? "" : "mma");
+        T_CHECK(strstr(c->kernel_names[c->steps[k].kernel], tk) != NULL);
+        T_CHECK(c->steps[k].args[0].kind == IR_ARG_ACT &&
+                c->steps[k].args[0].index == ir_module_find_value(m, "x")->id &&
+                c->steps[k].args[1].kind == IR_ARG_WEIGHT &&
+                c->steps[k].args[1].index == ir_module_find_value(m, "rw")->id);
+    }
     const ir_step *al = NULL;
     int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
     T_CHECK(r >= 0);
@@ -410,7 +435,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w%s", bm,
              mma ? "mma_w1_u4" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
-    T_CHECK(al->grid[0] == 1 && al->grid[1] == 1);
+    T_CHECK(al == &c->steps[k] && al->grid[0] == 8 && al->grid[1] == 1);
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 8) &&
             gu->block[0] == (mma ? 32 : 128));
     T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == (mma ? 2048 / 16 : 2048 / 16) &&
@@ -589,7 +614,8 @@ static void test_real_shapes(void)
     cg_options_default(&o);
     km_spec v2 = {.name = "k_v2lite", .vocab = 8, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
                   .attn_scale = 0.1352, .E = 64, .K = 6, .NG = 1, .TG = 1, .scaling = 1.0,
-                  .moe = KM_ROUTED, .HID = 2048, .I = 1408, .wdt = "bf16", .moe_scale = 1.0};
+                  .moe = KM_ROUTED, .HID = 2048, .I = 1408, .wdt = "bf16", .moe_scale = 1.0,
+                  .router = 1};
     km_spec v3 = {.name = "k_v3", .vocab = 8, .attn = KM_MLA, .H = 128, .R = 512, .DR = 64,
                   .attn_scale = 0.1352, .E = 256, .K = 8, .sigmoid = 1, .NG = 8, .TG = 4,
                   .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5, .moe = KM_ROUTED, .HID = 7168,
