@@ -181,7 +181,7 @@ static int live_after(const ir_module *m, const ir_value *v, int op_id)
  * bytes a warp, at most 64 accumulators), MTW by NTW tiles a warp, U k
  * chunks' loads in flight, TPB tokens a block; its shared memory. */
 typedef struct {
-    int wm, wn, mtw, ntw, u, tpb;
+    int cl, wm, wn, mtw, ntw, u, tpb;
     long long smem;
 } router_mma_shape;
 
@@ -204,9 +204,12 @@ static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
         return r;
     r.u = (int)(24 / (2 * r.mtw + r.ntw));
     r.u = r.u < 1 ? 1 : r.u > 4 ? 4 : r.u;
-    r.tpb = (T + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER;
+    /* the cluster's blocks (MOEC_MOE_ROUTE_MMA_CL: 2, 4 or 8) */
+    r.cl = cg_env_int("MOEC_MOE_ROUTE_MMA_CL", ROUTER_CLUSTER, 2, ROUTER_CLUSTER);
+    r.cl = r.cl >= 8 ? 8 : r.cl >= 4 ? 4 : 2;
+    r.tpb = (T + r.cl - 1) / r.cl;
     /* s_red, s_all, the top-k's per-warp state, the align's counts */
-    r.smem = 4LL * ROUTER_CLUSTER * r.tpb * E + 4LL * T * K + 8LL * (E * 8 + NG * 5) + 12 * E;
+    r.smem = 4LL * r.cl * r.tpb * E + 4LL * T * K + 8LL * (E * 8 + NG * 5) + 12 * E;
     return r;
 }
 
@@ -412,11 +415,12 @@ static const char ROUTER_MMA_TAIL[] =
     "    __shared__ float s_s[NW][E], s_c[NW][E], s_g[NW][NG];\n"
     "    __shared__ unsigned char s_keep[NW][NG];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const int t = tb + warp, t0 = tb;\n"
-    "    if (warp < TPB && t < T) {\n"
+    "    const int t0 = tb;\n"
+    "    for (int t = tb + warp; t < tb + TPB && t < T; t += NW) {\n"
     "%s"
     "        if (lane < K)\n"
     "            moec_st_cluster(&s_all[t * K + lane], (unsigned)my_id, 0u);\n"
+    "        __syncwarp(); /* the warp's scores are rewritten for its next token */\n"
     "    }\n"
     "    }\n"
     "    moec_cluster_sync();\n"
@@ -497,6 +501,9 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (router)
         snprintf(rtag, sizeof rtag, "_router%s_h%lld_%s", rf == ROUTER_MMA ? "mma" : "", H,
                  ir_dtype_name(cg_storage(c, rw)));
+    if (rf == ROUTER_MMA && mma_shape(E, K, NG, c->T).cl != ROUTER_CLUSTER)
+        snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_cl%d",
+                 mma_shape(E, K, NG, c->T).cl);
     snprintf(name, sizeof name, "moe_topk%s%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align,
              rtag, E, K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
@@ -504,6 +511,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
+    router_mma_shape rs = rf == ROUTER_MMA ? mma_shape(E, K, NG, c->T) : (router_mma_shape){0};
+    int cl = rf == ROUTER_MMA ? rs.cl : ROUTER_CLUSTER;
     if (is_new && router) {
         ir_dtype dt = cg_storage(c, rw);
         moec_buf_printf(&c->src,
@@ -512,8 +521,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                       "for the moe_routed after it (codegen/moe_topk.c, cg_emit_moe_topk)\n"
                       "extern \"C\" __global__ void __cluster_dims__(%d, 1, 1) __launch_bounds__(%d) "
                       "%s(const %s *__restrict__ x, const %s *__restrict__ w, ",
-                      router->out[0]->name, ROUTER_CLUSTER,
-                      rf == ROUTER_MMA ? "each block's" : "block 0's", ROUTER_CLUSTER, nw * 32, name,
+                      router->out[0]->name, cl,
+                      rf == ROUTER_MMA ? "each block's" : "block 0's", cl, nw * 32, name,
                       cg_ctype(dt), cg_ctype(dt));
     } else if (is_new) {
         moec_buf_printf(&c->src,
@@ -541,11 +550,10 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         if (!bias)
             moec_buf_printf(&c->src, "    const float *bias = nullptr;\n    (void)bias;\n");
         if (rf == ROUTER_MMA) {
-            router_mma_shape r = mma_shape(E, K, NG, c->T);
             moec_buf_printf(&c->src,
                             "    constexpr int H = %lld, CL = %d, TPB = %d, WM = %d, WN = %d, "
                             "MTW = %d, NTW = %d, U = %d;\n",
-                            H, ROUTER_CLUSTER, r.tpb, r.wm, r.wn, r.mtw, r.ntw, r.u);
+                            H, rs.cl, rs.tpb, rs.wm, rs.wn, rs.mtw, rs.ntw, rs.u);
             /* before the wait: the router weight into L2, an eighth of its
                rows a block (it is small: no cap) */
             if (cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX) > 0)
@@ -590,7 +598,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
     s->kernel = k;
-    s->grid[0] = router ? ROUTER_CLUSTER : (unsigned)((c->T + nw - 1) / nw);
+    s->grid[0] = router ? (unsigned)cl : (unsigned)((c->T + nw - 1) / nw);
     s->block[0] = (unsigned)(nw * 32);
     int n = 0;
     if (router) {

@@ -5,7 +5,8 @@
 # the tiny models' GPU tests (gpu_model, every bucket) and then the
 # V2-Lite-shape step with the tensor-core form against it off
 # (MOEC_MOE_ROUTE_MMA_MAX_T=1) at 8, 32 and 64 tokens, bf16 and fp8, in one
-# scripts/gpu_bench.sh call. On the GPU machine:
+# scripts/gpu_bench.sh call (VARIANTS, the same for fp8, replaces that
+# comparison). On the GPU machine:
 #   cd .snap/src && scripts/gpu_router.sh     (leaves $OUT/router.tar.gz)
 # TESTS=0 skips the tests, BENCH=0 the benchmark.
 set -uo pipefail
@@ -21,9 +22,10 @@ if [ "${TESTS:-1}" != 0 ]; then
   echo "gpu_model: exit $?"; tail -3 "$LOGS/gpu_model.txt"
 fi
 if [ "${BENCH:-1}" != 0 ]; then
+  v=${VARIANTS:-nomma:MOEC_MOE_ROUTE_MMA_MAX_T=1}
   MODEL_DIR=/dev/shm/v2l FP8=1 TORCH=0 MOEC_BENCH_FLAGS=" " VARIANT_BATCHES="${VARIANT_BATCHES:-8,32,64}" \
-    VARIANTS="nomma:MOEC_MOE_ROUTE_MMA_MAX_T=1" FP8_VARIANTS="nomma:MOEC_MOE_ROUTE_MMA_MAX_T=1" \
-    timeout 330 scripts/gpu_bench.sh tests/data/configs/deepseek_v2_lite.json "${BATCHES:-1,8,32,64}" 1024 \
+    VARIANTS="$v" FP8_VARIANTS="$v" \
+    timeout "${BENCH_S:-330}" scripts/gpu_bench.sh tests/data/configs/deepseek_v2_lite.json "${BATCHES:-1,8,32,64}" 1024 \
     >"$LOGS/bench.txt" 2>&1
   echo "bench: exit $?"; tail -30 "$LOGS/bench.txt"
   rm -rf /dev/shm/v2l*
