@@ -731,7 +731,16 @@ static const char PROLOGUE[] =
     "/* Programmatic dependent launch (sm_90): every kernel first waits for the\n"
     "   kernel before it to finish and its writes to be visible, then lets the\n"
     "   next one be scheduled, so that the next launch overlaps this kernel's\n"
-    "   run; without the launch attribute both are no-ops. */\n"
+    "   run (moec_pdl_enter); moec_pdl_wait only waits, the next kernel then\n"
+    "   launched as this one's blocks exit; without the launch attribute both\n"
+    "   are no-ops. */\n"
+    "__device__ __forceinline__ void moec_pdl_wait()\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.wait;\\n\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n"
+    "\n"
     "__device__ __forceinline__ void moec_pdl_enter()\n"
     "{\n"
     "#if __CUDA_ARCH__ >= 900\n"
@@ -1012,7 +1021,8 @@ void cg_emit_prologue(moec_buf *b) { moec_buf_printf(b, "%s", PROLOGUE); }
 
 void cg_add_pdl_waits(moec_buf *b)
 {
-    static const char KERNEL[] = "extern \"C\" __global__", ENTER[] = "\n    moec_pdl_enter();";
+    static const char KERNEL[] = "extern \"C\" __global__", ENTER[] = "\n    moec_pdl_enter();",
+                      WAIT[] = "\n    moec_pdl_wait();";
     if (b->oom || !b->data)
         return;
     size_t n = 0;
@@ -1026,7 +1036,10 @@ void cg_add_pdl_waits(moec_buf *b)
             break;
         /* a body that calls moec_pdl_enter itself (after prefetching its
            weights) keeps its own */
-        const char *next = strstr(open, KERNEL), *own = strstr(open, ENTER);
+        const char *next = strstr(open, KERNEL), *own = strstr(open, ENTER),
+                   *wait = strstr(open, WAIT);
+        if (wait && (!own || wait < own))
+            own = wait;
         int placed = own && (!next || own < next);
         moec_buf_printf(&out, "%.*s%s", (int)(open + 1 - p), p, placed ? "" : ENTER);
         p = open + 1;

@@ -501,6 +501,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (router)
         snprintf(rtag, sizeof rtag, "_router%s_h%lld_%s", rf == ROUTER_MMA ? "mma" : "", H,
                  ir_dtype_name(cg_storage(c, rw)));
+    if (rf == ROUTER_MMA && cg_env_int("MOEC_MOE_ROUTE_MMA_LATE", 0, 0, 1))
+        snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_late");
     if (rf == ROUTER_MMA && mma_shape(E, K, NG, c->T).cl != ROUTER_CLUSTER)
         snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_cl%d",
                  mma_shape(E, K, NG, c->T).cl);
@@ -554,15 +556,18 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                             "    constexpr int H = %lld, CL = %d, TPB = %d, WM = %d, WN = %d, "
                             "MTW = %d, NTW = %d, U = %d;\n",
                             H, rs.cl, rs.tpb, rs.wm, rs.wn, rs.mtw, rs.ntw, rs.u);
-            /* before the wait: the router weight into L2, an eighth of its
-               rows a block (it is small: no cap) */
+            /* before the wait: the router weight into L2, a CL-th of its
+               rows a block (it is small: no cap); with
+               MOEC_MOE_ROUTE_MMA_LATE=1 the kernel after it is launched
+               only as this one's blocks exit */
+            int late = cg_env_int("MOEC_MOE_ROUTE_MMA_LATE", 0, 0, 1);
             if (cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX) > 0)
                 moec_buf_printf(&c->src,
                                 "    if (threadIdx.x == 0) {\n"
                                 "        const int r0 = blockIdx.x * E / CL, r1 = (blockIdx.x + 1) * E / CL;\n"
                                 "        moec_prefetch_l2(w + (long long)r0 * H, (unsigned long long)(r1 - r0) * H * 2);\n"
-                                "    }\n"
-                                "    moec_pdl_enter();\n");
+                                "    }\n");
+            moec_buf_printf(&c->src, "    moec_pdl_%s();\n", late ? "wait" : "enter");
             moec_buf_printf(&c->src, "%s", ROUTER_MMA_BODY);
             moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
         } else if (router) {
