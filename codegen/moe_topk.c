@@ -213,11 +213,30 @@ static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
     return r;
 }
 
+/* 1 when the bucket replays a side stream beside the main one (the
+ * runtime's rule from IR_DUAL_STREAM_FROM_T tokens up: docs/CUDA.md). There
+ * the ROUTER_MMA kernel ran far slower than the three launches it replaces
+ * (H100, V2-Lite at 64 tokens, bf16: 16.4-16.5 ms a step against 13.9-14.0
+ * in three calls; on one stream 14.11-14.18 against 14.18), so such
+ * buckets keep those. */
+static int side_stream_beside(const cg_ctx *c)
+{
+    int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", IR_DUAL_STREAM_FROM_T, 0, 1 << 20);
+    if (from <= 0 || c->T < from)
+        return 0;
+    for (int k = 0; k < c->m->n_ops; k++)
+        if (c->m->ops[k]->stream == 1)
+            return 1;
+    return 0;
+}
+
 static const ir_op *router_of(const cg_ctx *c, const ir_op *topk, router_form *form)
 {
     int bm = 0;
     long long nb = 0;
-    int mma = c->T >= 2 && c->T <= cg_env_int("MOEC_MOE_ROUTE_MMA_MAX_T", ROUTER_MMA_MAX_T, 1, 256);
+    int mma = c->T >= 2 &&
+              c->T <= cg_env_int("MOEC_MOE_ROUTE_MMA_MAX_T", ROUTER_MMA_MAX_T, 1, 256) &&
+              !side_stream_beside(c);
     *form = ROUTER_NONE;
     if (topk->kind != IR_OP_MOE_TOPK || (c->T > 1 && !mma) || cg_arch_num(c->opt) < 90 ||
         !cg_env_int("MOEC_MOE_ROUTER_FUSE", 1, 0, 1) ||

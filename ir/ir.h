@@ -259,6 +259,11 @@ struct ir_op {
     int stream;                       /* 0 main, 1 side (assign_streams); printed "stream 1" */
 };
 
+/* Buckets of at least this many tokens replay the side stream beside the
+ * main one again (the runtime's MOEC_DUAL_STREAM_FROM_T default, which
+ * codegen reads too where a kernel suits one stream only). */
+#define IR_DUAL_STREAM_FROM_T 64
+
 const char *ir_op_name(ir_op_kind k); /* "linear" */
 int ir_op_kind_from_name(const char *name, ir_op_kind *out); /* 0 on success */
 

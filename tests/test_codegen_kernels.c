@@ -1304,6 +1304,25 @@ static void test_fp8_shapes(void)
 
 /* ---- the tiny models after every pass ------------------------------------- */
 
+/* DeepSeek-V2's tiny model (bf16, the shared experts on the side stream):
+ * the router's linear in the top-k kernel, a warp per expert row at one
+ * token, on tensor cores at 8, and at 64 (IR_DUAL_STREAM_FROM_T: the side
+ * stream replays beside the main one) the linear's own step, a top-k and
+ * an align. */
+static void check_tiny_router(const ir_module *m, const cg_ctx *c)
+{
+    int k = steps_of(m, c, IR_OP_MOE_TOPK), side = 0;
+    for (int i = 0; i < m->n_ops; i++)
+        side |= m->ops[i]->stream == 1;
+    T_CHECK(side && k >= 0);
+    if (k < 0)
+        return;
+    const char *name = c->kernel_names[c->steps[k].kernel];
+    T_CHECK((strstr(name, "_routermma_h64_bf16_") != NULL) == (c->T == 8));
+    T_CHECK((strstr(name, "_router_h64_bf16_") != NULL) == (c->T == 1));
+    T_CHECK((strstr(name, "moe_topk_align_") != NULL) == (c->T < 64));
+}
+
 static void test_tiny_models(void)
 {
     static const char *models[] = {"deepseek_v2",     "deepseek_v3",   "qwen3_moe",
@@ -1320,7 +1339,8 @@ static void test_tiny_models(void)
         for (int k = 0; k < m->n_ops; k++)
             heavy += km_is_heavy(m->ops[k]);
         T_CHECK(heavy >= 4);
-        run_module(m, &o, NULL, i == 1 || i == 4 ? 4 : i == 2 || i == 5 ? 1 : i == 6 ? 2 : 0);
+        run_module(m, &o, i == 0 ? check_tiny_router : NULL,
+                   i == 1 || i == 4 ? 4 : i == 2 || i == 5 ? 1 : i == 6 ? 2 : 0);
         ir_module_free(m);
     }
 }
