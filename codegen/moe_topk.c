@@ -214,15 +214,18 @@ static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
 }
 
 /* 1 when the bucket replays a side stream beside the main one (the
- * runtime's rule from IR_DUAL_STREAM_FROM_T tokens up: docs/CUDA.md). There
- * the ROUTER_MMA kernel ran far slower than the three launches it replaces
- * (H100, V2-Lite at 64 tokens, bf16: 16.4-16.5 ms a step against 13.9-14.0
- * in three calls; on one stream 14.11-14.18 against 14.18), so such
- * buckets keep those. */
+ * runtime's rule: up to IR_DUAL_STREAM_MAX_T tokens and from
+ * IR_DUAL_STREAM_FROM_T up, docs/CUDA.md). There the ROUTER_MMA kernel ran
+ * slower than the three launches it replaces (H100, V2-Lite step, bf16 at
+ * 64 tokens: 16.4-16.5 ms against 13.9-14.0 in three calls, level on one
+ * stream; at 8: 7.415 against 7.336 and fp8 5.464 against 5.305 in one
+ * call, level in another), so such buckets keep those; on one stream it
+ * gained at 32 in four calls (bf16 0.03-0.24 ms, fp8 0.05-0.12). */
 static int side_stream_beside(const cg_ctx *c)
 {
+    int max = cg_env_int("MOEC_DUAL_STREAM_MAX_T", IR_DUAL_STREAM_MAX_T, 0, 1 << 20);
     int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", IR_DUAL_STREAM_FROM_T, 0, 1 << 20);
-    if (from <= 0 || c->T < from)
+    if (c->T > max && (from <= 0 || c->T < from))
         return 0;
     for (int k = 0; k < c->m->n_ops; k++)
         if (c->m->ops[k]->stream == 1)

@@ -259,9 +259,12 @@ struct ir_op {
     int stream;                       /* 0 main, 1 side (assign_streams); printed "stream 1" */
 };
 
-/* Buckets of at least this many tokens replay the side stream beside the
- * main one again (the runtime's MOEC_DUAL_STREAM_FROM_T default, which
+/* Buckets of up to IR_DUAL_STREAM_MAX_T tokens, and from
+ * IR_DUAL_STREAM_FROM_T up, replay the side stream beside the main one;
+ * those between run on the main stream alone (the runtime's
+ * MOEC_DUAL_STREAM_MAX_T and MOEC_DUAL_STREAM_FROM_T defaults, which
  * codegen reads too where a kernel suits one stream only). */
+#define IR_DUAL_STREAM_MAX_T 16
 #define IR_DUAL_STREAM_FROM_T 64
 
 const char *ir_op_name(ir_op_kind k); /* "linear" */
