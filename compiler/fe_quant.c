@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "compiler/fe_internal.h"
+#include "json.h"
 
 /* The weights a list entry names are modules, written literally: moec does
  * not read transformers' regular expressions. */
@@ -72,18 +73,20 @@ static moec_status fe_quant_block(const fe_json *j, int64_t *block)
                         j->file, j->prefix);
     int k = 0;
     for (const cJSON *e = it->child; e; e = e->next, k++) {
-        double d = cJSON_IsNumber(e) ? e->valuedouble : 0.5;
-        if (d != (double)(int64_t)d)
+        moec_json_int_result r = moec_json_int(e, 1, (double)FE_DIM_MAX, &block[k]);
+        if (r == MOEC_JSON_INT_NOT_INT)
             return MOEC_ERR(MOEC_ERR_FORMAT,
                             "%s: field \"%sweight_block_size\" must be a list of two integers "
                             "(rows, columns)",
                             j->file, j->prefix);
-        if (d < 1 || d > (double)FE_DIM_MAX)
+        if (r != MOEC_JSON_INT_OK) {
+            char v[64];
+            moec_json_repr(e, v, sizeof v);
             return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                            "%s: field \"%sweight_block_size\" = [%lld, ...] is not supported "
+                            "%s: field \"%sweight_block_size\" = [%s, ...] is not supported "
                             "(block sizes must be in [1, %lld])",
-                            j->file, j->prefix, (long long)d, (long long)FE_DIM_MAX);
-        block[k] = (int64_t)d;
+                            j->file, j->prefix, v, (long long)FE_DIM_MAX);
+        }
     }
     return MOEC_OK;
 }

@@ -1028,6 +1028,10 @@ static void test_fp8(void)
            "field \"quantization_config.weight_block_size\" must be a list of two integers");
     REJECT(qw, "quantization_config.weight_block_size", "[0, 128]", U,
            "field \"quantization_config.weight_block_size\" = [0, ...] is not supported");
+    /* beyond any integer type (the fuzzer's find: no cast of it) */
+    REJECT(qw, "quantization_config.weight_block_size", "[128, 1.28889e+82]", U,
+           "field \"quantization_config.weight_block_size\" = [1.28889e+82, ...] is not "
+           "supported (block sizes must be in [1, ");
     REJECT(qw, skip, "\"lm_head\"", F,
            "field \"quantization_config.modules_to_not_convert\" must be a list of module names");
     REJECT(qw, skip, "[\"lm_head\", 3]", F,
