@@ -223,6 +223,8 @@ static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
  * gained at 32 in four calls (bf16 0.03-0.24 ms, fp8 0.05-0.12). */
 static int side_stream_beside(const cg_ctx *c)
 {
+    if (cg_env_int("MOEC_MOE_ROUTE_MMA_ANY_STREAM", 0, 0, 1)) /* for A/B runs */
+        return 0;
     int max = cg_env_int("MOEC_DUAL_STREAM_MAX_T", IR_DUAL_STREAM_MAX_T, 0, 1 << 20);
     int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", IR_DUAL_STREAM_FROM_T, 0, 1 << 20);
     if (c->T > max && (from <= 0 || c->T < from))
