@@ -220,7 +220,10 @@ static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
  * 64 tokens: 16.4-16.5 ms against 13.9-14.0 in three calls, level on one
  * stream; at 8: 7.415 against 7.336 and fp8 5.464 against 5.305 in one
  * call, level in another), so such buckets keep those; on one stream it
- * gained at 32 in four calls (bf16 0.03-0.24 ms, fp8 0.05-0.12). */
+ * gained at 32 in four calls (bf16 0.03-0.24 ms, fp8 0.05-0.12). Why (a
+ * kernel timeline at 64): without the router's GEMM before it, the routed
+ * gate_up's blocks take every SM before the side stream's silu_mul starts,
+ * which then waits about 200 us a layer, as does the shared down. */
 static int side_stream_beside(const cg_ctx *c)
 {
     if (cg_env_int("MOEC_MOE_ROUTE_MMA_ANY_STREAM", 0, 0, 1)) /* for A/B runs */
