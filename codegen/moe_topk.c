@@ -230,7 +230,7 @@ static int side_stream_beside(const cg_ctx *c)
         return 0;
     int max = cg_env_int("MOEC_DUAL_STREAM_MAX_T", IR_DUAL_STREAM_MAX_T, 0, 1 << 20);
     int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", IR_DUAL_STREAM_FROM_T, 0, 1 << 20);
-    if (c->T > max && (from <= 0 || c->T < from))
+    if (!ir_bucket_two_streams(c->T, max, from))
         return 0;
     for (int k = 0; k < c->m->n_ops; k++)
         if (c->m->ops[k]->stream == 1)
@@ -282,11 +282,17 @@ static const ir_op *router_of(const cg_ctx *c, const ir_op *topk, router_form *f
     return lin;
 }
 
+/* The moe_routed the top-k kernel aligns, given router_of's answer. */
+static const ir_op *aligned_with(const cg_ctx *c, const ir_op *topk, const ir_op *router, int *bm,
+                                 long long *nb)
+{
+    return cg_moe_topk_routed(c, topk, router ? c->T : CG_MOE_TOPK_ALIGN_MAX_T, bm, nb);
+}
+
 const ir_op *cg_moe_topk_aligned(const cg_ctx *c, const ir_op *topk, int *bm, long long *nb)
 {
     router_form f;
-    return cg_moe_topk_routed(c, topk, router_of(c, topk, &f) ? c->T : CG_MOE_TOPK_ALIGN_MAX_T,
-                              bm, nb);
+    return aligned_with(c, topk, router_of(c, topk, &f), bm, nb);
 }
 
 int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin)
@@ -512,7 +518,12 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     long long nb = 0;
     /* (router_of, for the router's linear too, sizes its own forms) */
     router_form rf = ROUTER_NONE;
-    const ir_op *router = router_of(c, op, &rf), *routed = cg_moe_topk_aligned(c, op, &bm, &nb);
+    const ir_op *router = router_of(c, op, &rf), *routed = aligned_with(c, op, router, &bm, &nb);
+    router_mma_shape rs = rf == ROUTER_MMA ? mma_shape(E, K, NG, c->T) : (router_mma_shape){0};
+    int cl = rf == ROUTER_MMA ? rs.cl : ROUTER_CLUSTER;
+    /* MOEC_MOE_ROUTE_MMA_LATE=1: the kernel after it is launched only as
+       this one's blocks exit */
+    int late = rf == ROUTER_MMA && cg_env_int("MOEC_MOE_ROUTE_MMA_LATE", 0, 0, 1);
     if (routed && !router && per_warp * c->T + 12 * E > 40 * 1024)
         routed = NULL;
     if (routed)
@@ -528,11 +539,10 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (router)
         snprintf(rtag, sizeof rtag, "_router%s_h%lld_%s", rf == ROUTER_MMA ? "mma" : "", H,
                  ir_dtype_name(cg_storage(c, rw)));
-    if (rf == ROUTER_MMA && cg_env_int("MOEC_MOE_ROUTE_MMA_LATE", 0, 0, 1))
+    if (late)
         snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_late");
-    if (rf == ROUTER_MMA && mma_shape(E, K, NG, c->T).cl != ROUTER_CLUSTER)
-        snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_cl%d",
-                 mma_shape(E, K, NG, c->T).cl);
+    if (rf == ROUTER_MMA && cl != ROUTER_CLUSTER)
+        snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_cl%d", cl);
     snprintf(name, sizeof name, "moe_topk%s%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align,
              rtag, E, K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
@@ -540,8 +550,6 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
-    router_mma_shape rs = rf == ROUTER_MMA ? mma_shape(E, K, NG, c->T) : (router_mma_shape){0};
-    int cl = rf == ROUTER_MMA ? rs.cl : ROUTER_CLUSTER;
     if (is_new && router) {
         ir_dtype dt = cg_storage(c, rw);
         moec_buf_printf(&c->src,
@@ -584,10 +592,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                             "MTW = %d, NTW = %d, U = %d;\n",
                             H, rs.cl, rs.tpb, rs.wm, rs.wn, rs.mtw, rs.ntw, rs.u);
             /* before the wait: the router weight into L2, a CL-th of its
-               rows a block (it is small: no cap); with
-               MOEC_MOE_ROUTE_MMA_LATE=1 the kernel after it is launched
-               only as this one's blocks exit */
-            int late = cg_env_int("MOEC_MOE_ROUTE_MMA_LATE", 0, 0, 1);
+               rows a block (it is small: no cap) */
             if (cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX) > 0)
                 moec_buf_printf(&c->src,
                                 "    if (threadIdx.x == 0) {\n"
@@ -596,7 +601,6 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                                 "    }\n");
             moec_buf_printf(&c->src, "    moec_pdl_%s();\n", late ? "wait" : "enter");
             moec_buf_printf(&c->src, "%s", ROUTER_MMA_BODY);
-            moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
         } else if (router) {
             moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
                                    "    constexpr int VE = %d, CL = %d, EPB = (E + CL - 1) / CL;\n",
@@ -611,7 +615,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
             moec_buf_printf(&c->src, "%s", ROUTER_BODY);
         }
         if (rf == ROUTER_MMA)
-            ;
+            moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
         else if (!routed)
             moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,
                             TOPK_BODY);

@@ -267,6 +267,13 @@ struct ir_op {
 #define IR_DUAL_STREAM_MAX_T 16
 #define IR_DUAL_STREAM_FROM_T 64
 
+/* 1 when a bucket of T tokens replays the side stream beside the main one
+ * under the limits max_t and from_t (from_t 0: never again from there). */
+static inline int ir_bucket_two_streams(int T, int max_t, int from_t)
+{
+    return T <= max_t || (from_t > 0 && T >= from_t);
+}
+
 const char *ir_op_name(ir_op_kind k); /* "linear" */
 int ir_op_kind_from_name(const char *name, ir_op_kind *out); /* 0 on success */
 

@@ -323,7 +323,7 @@ moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, 
 int rt_cuda_one_stream(const rt_cuda *c, const rt_cuda_bucket *cb)
 {
     int T = cb->b->T;
-    return c->single_stream || (T > c->dual_max_t && !(c->dual_from_t > 0 && T >= c->dual_from_t));
+    return c->single_stream || !ir_bucket_two_streams(T, c->dual_max_t, c->dual_from_t);
 }
 
 void rt_cuda_set_single_stream(rt_cuda *c, int single)
