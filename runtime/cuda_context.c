@@ -368,6 +368,8 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     MOEC_TRY(rt_cuda_check_arch(c));
     const char *sync = getenv("MOEC_CUDA_SYNC");
     c->debug_sync = sync && *sync && strcmp(sync, "0");
+    const char *skip = getenv("MOEC_SKIP_KERNELS");
+    c->skip_kernels = skip && *skip ? skip : NULL;
     /* (H100, V2-Lite: the second stream gains 0.5 ms at batch 8 and loses
        0.25 ms at 32 (2026-11-24, third round) and 0.21 at 32 again
        (tenth round), where the routed experts fill the GPU; at 64 it

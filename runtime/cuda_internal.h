@@ -169,6 +169,7 @@ struct rt_cuda {
     int vocab;                     /* token ids must be below (0: unchecked) */
     int out_cols;
     int debug_sync;                /* MOEC_CUDA_SYNC=1: synchronize after every step */
+    const char *skip_kernels;      /* MOEC_SKIP_KERNELS (timing experiments: wrong results) */
     int single_stream;             /* 1: every step on stream 0, forks and joins skipped */
     int dual_max_t;                /* buckets of more tokens run on stream 0 alone
                                     * (MOEC_DUAL_STREAM_MAX_T, default 16) */

@@ -16,6 +16,26 @@ moec_status rt_cuda_check_inputs(const rt_cuda *c, int n, const int32_t *tokens,
     return rt_step_check(&l, n, tokens, positions, slots);
 }
 
+/* Whether kernel step s is left out (MOEC_SKIP_KERNELS: comma-separated
+ * parts of kernel names; an upper bound on what fusing a kernel away could
+ * gain, for timing only, since its results are then never written). */
+static int skipped(const rt_cuda *c, const ir_bucket *b, const ir_step *s)
+{
+    const char *name = b->kernel_names[s->kernel], *p = c->skip_kernels;
+    while (p && *p && name) {
+        size_t n = strcspn(p, ",");
+        char part[128];
+        if (n > 0 && n < sizeof part) {
+            memcpy(part, p, n);
+            part[n] = 0;
+            if (strstr(name, part))
+                return 1;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
 /* Launches steps from .. to-1 of the bucket, in order. */
 moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
 {
@@ -33,6 +53,8 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
         const char *call = "";
         switch (s->kind) {
         case IR_STEP_KERNEL: {
+            if (c->skip_kernels && skipped(c, b, s))
+                continue;
             dim3 grid = {s->grid[0], s->grid[1], s->grid[2]};
             dim3 block = {s->block[0], s->block[1], s->block[2]};
             /* launch attributes: as a programmatic dependent of the kernel
