@@ -130,6 +130,27 @@ ir_arg cg_arg_kv(const ir_op *attention_op, int pool)
     return a;
 }
 
+int cg_read_after(const ir_module *m, const ir_value *v, int op_id)
+{
+    for (int i = 0; i < m->n_outputs; i++)
+        if (m->outputs[i] == v)
+            return 1;
+    for (int k = op_id + 1; k < m->n_ops; k++)
+        for (int i = 0; i < m->ops[k]->n_in; i++)
+            if (m->ops[k]->in[i] == v)
+                return 1;
+    return 0;
+}
+
+int cg_acts_overlap(const cg_ctx *c, const ir_value *a, const ir_value *b)
+{
+    if (a->kind != IR_VALUE_OP || b->kind != IR_VALUE_OP || a->mem_offset < 0 || b->mem_offset < 0)
+        return 0;
+    int64_t na = ir_type_numel(&a->type, 1) * (int64_t)ir_dtype_size(cg_storage(c, a)),
+            nb = ir_type_numel(&b->type, 1) * (int64_t)ir_dtype_size(cg_storage(c, b));
+    return a->mem_offset < b->mem_offset + nb && b->mem_offset < a->mem_offset + na;
+}
+
 const ir_op *cg_cache_reader(const ir_module *m, const ir_op *pro, ir_op_kind kind, int first,
                              const ir_value *a, const ir_value *b)
 {

@@ -117,6 +117,12 @@ ir_arg cg_arg_weight(const ir_value *v);
 ir_arg cg_arg_scales(const ir_value *w);
 ir_arg cg_arg_kv(const ir_op *attention_op, int pool);
 ir_arg cg_arg_input(ir_input which);
+/* Whether a module output is v or an op after op_id reads it (op_id -1:
+ * whether anything reads it). */
+int cg_read_after(const ir_module *m, const ir_value *v, int op_id);
+/* Whether activations a and b hold common bytes of the arena (plan_memory's
+ * offsets); 0 when either is no op result. */
+int cg_acts_overlap(const cg_ctx *c, const ir_value *a, const ir_value *b);
 /* The one op of `kind` after prologue op pro in m reading a as its operand
  * `first` (and b as the next, when b is not NULL), on pro's stream: the op
  * whose paged cache pro's kernel writes. NULL when there is none (or more
@@ -215,6 +221,28 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op);
  * stream; NULL when there is none (then the attention writes its cache
  * itself). mla_attention's emitter asks the same to skip its write. */
 const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro);
+/* The mla_qabsorb run by the prologue op pro's kernel, or NULL: the op
+ * right after pro on its stream, reading the q projection pro reads in
+ * place (head_stride), at a bucket where it runs as a generated kernel,
+ * its result in bytes neither op's other operands hold; one launch then
+ * does both (MOEC_MLA_PRO_QABSORB=0 at codegen keeps two, for A/B runs).
+ * The absorption's emitter asks the same to emit nothing. */
+const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro);
+/* The generated mla_qabsorb kernel as a part of another kernel
+ * (codegen/mla_absorb.c): its blocks (grid_x heads by blocks / grid_x
+ * column groups, bx and by in the part), threads, dtypes of kv_b and the
+ * result, and a name tag; 0 when qa (with head_stride) does not run as the
+ * generated kernel at c->T. */
+typedef struct cg_qabsorb_part {
+    unsigned blocks, grid_x, threads;
+    ir_dtype dw, dy;
+    char tag[96];
+} cg_qabsorb_part;
+int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p);
+/* Its code, as one scope over parameters x, kv_b and y and locals bx, by:
+ * the L2 prefetch of its weights (prefetch 1; nothing when prefetching is
+ * off) or the body. */
+void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa, int prefetch);
 /* dsa_prologue_k: one kernel, which also writes the paged key cache of the
  * dsa_topk cg_dsa_prologue_cache names. */
 moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op);

@@ -23,6 +23,7 @@
  * tokens' o_c rows in shared memory, a warp sum per row and token. fp32
  * accumulation, as cuBLASLt's. */
 #include <stdio.h>
+#include <string.h>
 
 #include "codegen/cg.h"
 #include "err.h"
@@ -39,10 +40,10 @@ static const char QABSORB_BODY[] =
     "    constexpr int NT = NW * 32, COLS = 32 * VW;\n"
     "    __shared__ float xs[T][DN];\n"
     "    __shared__ __align__(16) float red[NW][COLS];\n"
-    "    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    const int c0 = blockIdx.y * COLS + lane * VW;\n"
+    "    const int h = bx, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int c0 = by * COLS + lane * VW;\n"
     "    for (int i = threadIdx.x; i < T * DN; i += NT)\n"
-    "        xs[i / DN][i % DN] = ld(x + ((long long)(i / DN) * H + h) * DN + i % DN);\n"
+    "        xs[i / DN][i % DN] = ld(x + (long long)(i / DN) * XT + (long long)h * XH + i % DN);\n"
     "    __syncthreads();\n"
     "    const TW *w = kv_b + (long long)h * (DN + DV) * R;\n"
     "    float acc[T][VW];\n"
@@ -71,7 +72,7 @@ static const char QABSORB_BODY[] =
     "            red[warp][lane * VW + j] = acc[t][j];\n"
     "        __syncthreads();\n"
     "        for (int i = threadIdx.x; i < COLS; i += NT) {\n"
-    "            const int col = blockIdx.y * COLS + i;\n"
+    "            const int col = by * COLS + i;\n"
     "            if (col < R) {\n"
     "                float a = 0.0f;\n"
     "#pragma unroll\n"
@@ -86,11 +87,11 @@ static const char QABSORB_BODY[] =
 static const char VABSORB_BODY[] =
     "    constexpr int NT = NW * 32;\n"
     "    __shared__ __align__(16) float xs[T][R];\n"
-    "    const int h = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int h = bx, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    for (int i = threadIdx.x; i < T * R; i += NT)\n"
     "        xs[i / R][i % R] = ld(x + ((long long)(i / R) * H + h) * R + i % R);\n"
     "    __syncthreads();\n"
-    "    const int v0 = (blockIdx.y * NW + warp) * RPW;\n"
+    "    const int v0 = (by * NW + warp) * RPW;\n"
     "    const TW *w = kv_b + ((long long)h * (DN + DV) + DN) * R;\n"
     "    float acc[RPW][T];\n"
     "#pragma unroll\n"
@@ -135,53 +136,120 @@ static const char VABSORB_BODY[] =
  * W_UV[h] rows. */
 static const char QABSORB_PREFETCH[] =
     "        constexpr int GY = (R + 32 * VW - 1) / (32 * VW);\n"
-    "        const long long d0 = (long long)blockIdx.y * DN / GY, d1 = (long long)(blockIdx.y + 1) * DN / GY;\n"
-    "        moec_prefetch_rows(kv_b + ((long long)blockIdx.x * (DN + DV) + d0) * R, d1 - d0,\n"
+    "        const long long d0 = (long long)by * DN / GY, d1 = (long long)(by + 1) * DN / GY;\n"
+    "        moec_prefetch_rows(kv_b + ((long long)bx * (DN + DV) + d0) * R, d1 - d0,\n"
     "                           (long long)R * (long long)sizeof(TW), PF_CAP);\n";
 static const char VABSORB_PREFETCH[] =
-    "        const long long v0 = (long long)blockIdx.y * NW * RPW, nv = DV - v0 < NW * RPW ? DV - v0 : NW * RPW;\n"
-    "        moec_prefetch_rows(kv_b + ((long long)blockIdx.x * (DN + DV) + DN + v0) * R, nv,\n"
+    "        const long long v0 = (long long)by * NW * RPW, nv = DV - v0 < NW * RPW ? DV - v0 : NW * RPW;\n"
+    "        moec_prefetch_rows(kv_b + ((long long)bx * (DN + DV) + DN + v0) * R, nv,\n"
     "                           (long long)R * (long long)sizeof(TW), PF_CAP);\n";
 
+/* The generated kernel's shape for op at bucket c->T: which absorption,
+ * the head dims, x's strides (elements between tokens' rows and between
+ * heads: qabsorb with head_stride reads the q projection in place), the
+ * dtypes, columns a lane, warps and the grid. */
+typedef struct absorb_gen {
+    int q, vw, nw;
+    int64_t H, dn, dv, r, xt, xh;
+    ir_dtype da, db, dc;
+    unsigned gx, gy;
+} absorb_gen;
+
+/* op's shapes into g; 0 when they do not hold (the emitter's error). */
+static int absorb_shape(const cg_ctx *c, const ir_op *op, absorb_gen *g)
+{
+    memset(g, 0, sizeof *g);
+    g->q = op->kind == IR_OP_MLA_QABSORB;
+    const ir_value *x = op->in[0], *kv_b = op->in[1], *y = op->out[0];
+    g->dn = ir_op_attr_int(op, "qk_nope_head_dim", -1);
+    g->dv = ir_op_attr_int(op, "v_head_dim", -1);
+    int64_t S = g->q ? ir_op_attr_int(op, "head_stride", 0) : 0;
+    if (x->type.rank != (S > 0 ? 2 : 3) || kv_b->type.rank != 2 || y->type.rank != 3 ||
+        g->dn < 1 || g->dv < 1)
+        return 0;
+    g->H = S > 0 ? ir_op_attr_int(op, "heads", 0) : x->type.dims[1];
+    g->r = kv_b->type.dims[1];
+    g->xh = S > 0 ? S : g->q ? g->dn : g->r;
+    g->xt = S > 0 ? x->type.dims[1] : g->H * g->xh;
+    if (g->H < 1 || kv_b->type.dims[0] != g->H * (g->dn + g->dv) ||
+        (S > 0 ? S < g->dn || (g->H - 1) * S + g->dn > g->xt
+               : x->type.dims[2] != (g->q ? g->dn : g->r)) ||
+        y->type.dims[1] != g->H || y->type.dims[2] != (g->q ? g->r : g->dv))
+        return 0;
+    g->da = cg_storage(c, kv_b);
+    g->db = cg_storage(c, x);
+    g->dc = cg_storage(c, y);
+    g->vw = cg_vec_width(g->r);
+    if (g->q && g->vw > ABS_Q_VW)
+        g->vw = ABS_Q_VW;
+    g->nw = g->q ? ABS_Q_WARPS : ABS_V_WARPS;
+    g->gx = (unsigned)g->H;
+    g->gy = g->q ? (unsigned)((g->r + 32 * g->vw - 1) / (32 * g->vw))
+                 : (unsigned)((g->dv + g->nw * ABS_V_RPW - 1) / (g->nw * ABS_V_RPW));
+    return 1;
+}
+
+/* Whether op runs as the generated kernel at bucket c->T (else one
+ * cuBLASLt GEMM): up to MOEC_ABSORB_MAX_T tokens, bf16 or f32 weights of
+ * x's dtype, the tokens' rows within the kernel's shared memory. */
+static int absorb_generated(const cg_ctx *c, const ir_op *op, absorb_gen *g)
+{
+    if (!absorb_shape(c, op, g) || g->da != g->db || g->da == IR_DTYPE_I32 ||
+        g->dc == IR_DTYPE_I32 || g->da == IR_DTYPE_F8E4M3)
+        return 0;
+    /* the tokens' rows of x, and qabsorb's partial sums */
+    size_t smem = (size_t)c->T * (size_t)(g->q ? g->dn : g->r) * 4 +
+                  (g->q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
+    return c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) && smem <= 48 * 1024;
+}
+
+/* The kernel's types and constants (inside a scope of its own). */
+static void emit_consts(moec_buf *b, const cg_ctx *c, const absorb_gen *g)
+{
+    moec_buf_printf(b,
+                    "    typedef %s TW;\n"
+                    "    constexpr int T = %d, H = %lld, DN = %lld, DV = %lld, R = %lld, VW = %d, "
+                    "NW = %d, RPW = %d;\n"
+                    "    constexpr long long XT = %lld, XH = %lld;\n"
+                    "    (void)T;\n    (void)H;\n    (void)RPW;\n    (void)XT;\n    (void)XH;\n",
+                    cg_ctype(g->da), c->T, (long long)g->H, (long long)g->dn, (long long)g->dv,
+                    (long long)g->r, g->vw, g->nw, ABS_V_RPW, (long long)g->xt, (long long)g->xh);
+}
+
 /* The generated form of op for bucket c->T (see the top of the file). */
-static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int64_t dn,
-                               int64_t dv, int64_t r, ir_dtype da, ir_dtype db, ir_dtype dc)
+static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
 {
     const ir_value *x = op->in[0], *kv_b = op->in[1], *y = op->out[0];
-    int vw = cg_vec_width(r);
-    if (q && vw > ABS_Q_VW)
-        vw = ABS_Q_VW;
-    char name[256];
-    snprintf(name, sizeof name, "mla_%sabsorb_h%lld_dn%lld_dv%lld_r%lld_t%d_%s_%s_%s", q ? "q" : "v",
-             (long long)H, (long long)dn, (long long)dv, (long long)r, c->T, ir_dtype_name(dc),
-             ir_dtype_name(db), ir_dtype_name(da));
+    char name[256], stride[64] = "";
+    if (g->q && ir_op_attr(op, "head_stride"))
+        snprintf(stride, sizeof stride, "_xs%lld_%lld", (long long)g->xt, (long long)g->xh);
+    snprintf(name, sizeof name, "mla_%sabsorb_h%lld_dn%lld_dv%lld_r%lld%s_t%d_%s_%s_%s",
+             g->q ? "q" : "v", (long long)g->H, (long long)g->dn, (long long)g->dv,
+             (long long)g->r, stride, c->T, ir_dtype_name(g->dc), ir_dtype_name(g->db),
+             ir_dtype_name(g->da));
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
-    int nw = q ? ABS_Q_WARPS : ABS_V_WARPS;
     if (is_new) {
         moec_buf_printf(&c->src,
                         "// %s (codegen/mla_absorb.c), first for %%%s\n"
                         "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s "
-                        "*__restrict__ x, const %s *__restrict__ kv_b, %s *__restrict__ y)\n{\n"
-                        "    typedef %s TW;\n"
-                        "    constexpr int T = %d, H = %lld, DN = %lld, DV = %lld, R = %lld, VW = %d, "
-                        "NW = %d, RPW = %d;\n",
-                        ir_op_name(op->kind), y->name, nw * 32, name, cg_ctype(db), cg_ctype(da),
-                        cg_ctype(dc), cg_ctype(da), c->T, (long long)H, (long long)dn,
-                        (long long)dv, (long long)r, vw, nw, ABS_V_RPW);
-        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
-        moec_buf_printf(&c->src, "%s}\n\n", q ? QABSORB_BODY : VABSORB_BODY);
+                        "*__restrict__ x, const %s *__restrict__ kv_b, %s *__restrict__ y)\n{\n",
+                        ir_op_name(op->kind), y->name, g->nw * 32, name, cg_ctype(g->db),
+                        cg_ctype(g->da), cg_ctype(g->dc));
+        emit_consts(&c->src, c, g);
+        moec_buf_printf(&c->src, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
+        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), g->q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
+        moec_buf_printf(&c->src, "%s}\n\n", g->q ? QABSORB_BODY : VABSORB_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
     s->kernel = k;
-    s->grid[0] = (unsigned)H;
-    s->grid[1] = q ? (unsigned)((r + 32 * vw - 1) / (32 * vw))
-                   : (unsigned)((dv + nw * ABS_V_RPW - 1) / (nw * ABS_V_RPW));
-    s->block[0] = (unsigned)(nw * 32);
+    s->grid[0] = g->gx;
+    s->grid[1] = g->gy;
+    s->block[0] = (unsigned)(g->nw * 32);
     s->n_args = 3;
     s->args[0] = cg_arg_act(x);
     s->args[1] = cg_arg_act(kv_b);
@@ -189,72 +257,98 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, int q, int64_t H, int
     return MOEC_OK;
 }
 
+int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p)
+{
+    absorb_gen g;
+    if (qa->kind != IR_OP_MLA_QABSORB || !ir_op_attr(qa, "head_stride") ||
+        !absorb_generated(c, qa, &g))
+        return 0;
+    p->blocks = g.gx * g.gy;
+    p->grid_x = g.gx;
+    p->threads = (unsigned)(g.nw * 32);
+    p->dw = g.da;
+    p->dy = g.dc;
+    snprintf(p->tag, sizeof p->tag, "dv%lld_r%lld_%s_%s", (long long)g.dv, (long long)g.r,
+             ir_dtype_name(g.dc), ir_dtype_name(g.da));
+    return 1;
+}
+
+void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa, int prefetch)
+{
+    absorb_gen g;
+    if (!absorb_generated(c, qa, &g))
+        return;
+    long long pf = cg_prefetch_bytes(c);
+    if (prefetch && pf <= 0)
+        return;
+    moec_buf_printf(b, "    {\n");
+    emit_consts(b, c, &g);
+    if (prefetch)
+        moec_buf_printf(b,
+                        "    if (threadIdx.x == 0) {\n"
+                        "        constexpr long long PF_CAP = %lldLL;\n%s"
+                        "    }\n",
+                        pf, QABSORB_PREFETCH);
+    else
+        moec_buf_printf(b, "%s", QABSORB_BODY);
+    moec_buf_printf(b, "    }\n");
+}
+
 moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
 {
     int q = op->kind == IR_OP_MLA_QABSORB;
-    const ir_value *x = op->in[0], *kv_b = op->in[1], *y = op->out[0];
-    int64_t dn = ir_op_attr_int(op, "qk_nope_head_dim", -1),
-            dv = ir_op_attr_int(op, "v_head_dim", -1);
-    if (x->type.rank != 3 || kv_b->type.rank != 2 || y->type.rank != 3 || dn < 1 || dv < 1)
+    const ir_value *kv_b = op->in[1], *y = op->out[0];
+    absorb_gen g;
+    if (!absorb_shape(c, op, &g))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: wants x [T, H, d], kv_b [H*(dn+dv), r] and the head dims",
+                        "%s %%%s: wants x [T, H, d] (or with head_stride q [T, N]), kv_b "
+                        "[H*(dn+dv), r] and the head dims, shapes that agree",
                         ir_op_name(op->kind), y->name);
-    int64_t H = x->type.dims[1], r = kv_b->type.dims[1];
-    if (kv_b->type.dims[0] != H * (dn + dv) || x->type.dims[2] != (q ? dn : r) ||
-        y->type.dims[1] != H || y->type.dims[2] != (q ? r : dv))
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "%s %%%s: shapes do not agree with kv_b %%%s [%lld, %lld] for %lld heads "
-                        "of dn %lld, dv %lld",
-                        ir_op_name(op->kind), y->name, kv_b->name, (long long)kv_b->type.dims[0],
-                        (long long)r, (long long)H, (long long)dn, (long long)dv);
-    ir_dtype da = cg_storage(c, kv_b), db = cg_storage(c, x), dc = cg_storage(c, y);
-    if (da != db || da == IR_DTYPE_I32 || dc == IR_DTYPE_I32)
+    /* run inside the MLA prologue's kernel before it (codegen/mla_prologue.c) */
+    if (q && op->id > 0 && cg_mla_prologue_qabsorb(c, c->m->ops[op->id - 1]) == op)
+        return MOEC_OK;
+    if (g.da != g.db || g.da == IR_DTYPE_I32 || g.dc == IR_DTYPE_I32)
         return MOEC_ERR(
             MOEC_ERR_UNSUPPORTED,
             "%s %%%s: kv_b %%%s is stored %s but %%%s %s; cuBLASLt wants one input type",
-            ir_op_name(op->kind), y->name, kv_b->name, ir_dtype_name(da), x->name,
-            ir_dtype_name(db));
-    /* the kernel's shared memory: the tokens' rows of x, and qabsorb's
-       partial sums */
-    size_t smem = (size_t)c->T * (size_t)(q ? dn : r) * 4 + (q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
-    if (c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) && da != IR_DTYPE_F8E4M3 &&
-        smem <= 48 * 1024)
-        return emit_kernel(c, op, q, H, dn, dv, r, da, db, dc);
+            ir_op_name(op->kind), y->name, kv_b->name, ir_dtype_name(g.da), op->in[0]->name,
+            ir_dtype_name(g.db));
+    if (absorb_generated(c, op, &g))
+        return emit_kernel(c, op, &g);
+    int64_t H = g.H, dn = g.dn, dv = g.dv, r = g.r;
     if (H * (dn + dv) * r > INT32_MAX)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED, "%s %%%s: kv_b is too large", ir_op_name(op->kind),
                         y->name);
     ir_step *s = cg_step(c, IR_STEP_GEMM, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
-    ir_gemm *g = &s->gemm;
-    g->n = c->T;
-    g->batch = (int)H;
-    g->lda = r;
-    g->stride_a = (dn + dv) * r;
-    g->type_a = da;
-    g->type_b = db;
-    g->type_c = dc;
-    g->alpha = 1.0f;
-    g->a = cg_arg_act(kv_b);
-    g->b = cg_arg_act(x);
-    g->c = cg_arg_act(y);
+    ir_gemm *gm = &s->gemm;
+    gm->n = c->T;
+    gm->batch = (int)H;
+    gm->lda = r;
+    gm->stride_a = (dn + dv) * r;
+    gm->type_a = g.da;
+    gm->type_b = g.db;
+    gm->type_c = g.dc;
+    gm->alpha = 1.0f;
+    gm->a = cg_arg_act(kv_b);
+    gm->b = cg_arg_act(op->in[0]);
+    gm->c = cg_arg_act(y);
+    gm->ldb = g.xt;
+    gm->stride_b = g.xh;
     if (q) {
-        g->trans_a = 0;
-        g->m = (int)r;
-        g->k = (int)dn;
-        g->ldb = H * dn;
-        g->stride_b = dn;
-        g->ldc = H * r;
-        g->stride_c = r;
+        gm->trans_a = 0;
+        gm->m = (int)r;
+        gm->k = (int)dn;
+        gm->ldc = H * r;
+        gm->stride_c = r;
     } else {
-        g->trans_a = 1;
-        g->m = (int)dv;
-        g->k = (int)r;
-        g->ldb = H * r;
-        g->stride_b = r;
-        g->ldc = H * dv;
-        g->stride_c = dv;
-        g->a.i = dn * r * (int64_t)ir_dtype_size(da);
+        gm->trans_a = 1;
+        gm->m = (int)dv;
+        gm->k = (int)r;
+        gm->ldc = H * dv;
+        gm->stride_c = dv;
+        gm->a.i = dn * r * (int64_t)ir_dtype_size(g.da);
     }
     return MOEC_OK;
 }

@@ -82,16 +82,17 @@ static const char HELPERS[] =
  * section's first column, NQG head groups of HG, vector widths VN, VQ, VR,
  * BS, the flags HEADS, LATENT, KV, CACHE, NEOX, AF) and `inv_freq`. */
 static const char BODY[] =
-    "    const int t = blockIdx.x, role = blockIdx.y, tid = threadIdx.x;\n"
+    "    const int t = bx, role = by, tid = threadIdx.x;\n"
     "    const TX *xr = x + (long long)t * N;\n"
     "    const float p = (float)pos[t];\n"
     "    if constexpr (HEADS) {\n"
     "        if (role < NQG) {\n"
     "            const int h0 = role * HG, nh = H - h0 < HG ? H - h0 : HG;\n"
-    "            for (int i = tid; i < nh * (DN / VN); i += blockDim.x) {\n"
-    "                const int hh = h0 + i / (DN / VN), j = (i % (DN / VN)) * VN;\n"
-    "                cpv<VN>(q_nope + ((long long)t * H + hh) * DN + j, xr + hh * (DN + DR) + j);\n"
-    "            }\n"
+    "            if constexpr (NOPE)\n"
+    "                for (int i = tid; i < nh * (DN / VN); i += blockDim.x) {\n"
+    "                    const int hh = h0 + i / (DN / VN), j = (i % (DN / VN)) * VN;\n"
+    "                    cpv<VN>(q_nope + ((long long)t * H + hh) * DN + j, xr + hh * (DN + DR) + j);\n"
+    "                }\n"
     "            for (int i = tid; i < nh * (DR / 2); i += blockDim.x) {\n"
     "                const int hh = h0 + i / (DR / 2), k = i % (DR / 2);\n"
     "                mla_pro_rot<DR, NEOX>(xr + hh * (DN + DR) + DN, q_pe + ((long long)t * H + hh) * DR,\n"
@@ -135,6 +136,29 @@ const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro)
         return NULL;
     return cg_cache_reader(m, pro, IR_OP_MLA_ATTENTION, 2, pro->out[kv_result(pro, 0)],
                            pro->out[kv_result(pro, 1)]);
+}
+
+const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro)
+{
+    if ((pro->kind != IR_OP_MLA_PROLOGUE && pro->kind != IR_OP_MLA_PROLOGUE_Q) ||
+        pro->id + 1 >= c->m->n_ops || !cg_env_int("MOEC_MLA_PRO_QABSORB", 1, 0, 1))
+        return NULL;
+    const ir_op *qa = c->m->ops[pro->id + 1];
+    cg_qabsorb_part part;
+    if (qa->kind != IR_OP_MLA_QABSORB || qa->stream != pro->stream || qa->in[0] != pro->in[0] ||
+        !cg_mla_qabsorb_part(c, qa, &part))
+        return NULL;
+    /* the absorption's result is written at pro's place in the steps: in
+       bytes that no operand of either op holds (q_nope, read by nothing,
+       is not written) */
+    const ir_value *y = qa->out[0];
+    for (int i = 0; i < pro->n_in; i++)
+        if (cg_acts_overlap(c, y, pro->in[i]))
+            return NULL;
+    for (int i = 0; i < pro->n_out; i++)
+        if (cg_read_after(c->m, pro->out[i], -1) && cg_acts_overlap(c, y, pro->out[i]))
+            return NULL;
+    return qa;
 }
 
 /* A pointer parameter and its argument. */
@@ -203,13 +227,22 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     else
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(ty), ir_dtype_name(tx),
                  ir_dtype_name(tw), ir_dtype_name(tp));
-    char cache[32] = "";
+    char cache[32] = "", fused[128] = "";
     if (att)
         snprintf(cache, sizeof cache, "_c%d", bs);
+    /* q_nope is copied out only where something reads it; the absorption
+       may run in this kernel (cg_mla_prologue_qabsorb) */
+    int nope = heads && cg_read_after(c->m, op->out[0], -1);
+    const ir_op *qa = cg_mla_prologue_qabsorb(c, op);
+    cg_qabsorb_part part = {0};
+    if (qa && !cg_mla_qabsorb_part(c, qa, &part))
+        qa = NULL;
+    if (qa)
+        snprintf(fused, sizeof fused, "_qabsorb_%s", part.tag);
     snprintf(name, sizeof name,
-             "mla_prologue%s_h%lld_dn%lld_dr%lld_r%lld_qr%lld_n%lld_%s%s_t%d_%s_%08x",
-             latent ? "_kv" : kv ? "" : "_q", H, DN, DR, R, QR, N, style, cache, c->T, tag,
-             rt.hash);
+             "mla_prologue%s_h%lld_dn%lld_dr%lld_r%lld_qr%lld_n%lld_%s%s%s%s_t%d_%s_%08x",
+             latent ? "_kv" : kv ? "" : "_q", H, DN, DR, R, QR, N, style, cache,
+             heads && !nope ? "_nonope" : "", fused, c->T, tag, rt.hash);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     ir_step *s = k < 0 ? NULL : cg_step(c, IR_STEP_KERNEL, op);
@@ -218,9 +251,11 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(op->kind), who);
     }
     s->kernel = k;
-    s->grid[0] = (unsigned)c->T;
-    s->grid[1] = (unsigned)roles;
-    s->block[0] = PRO_THREADS;
+    /* fused: the absorption's blocks first, then the prologue's, on one axis */
+    unsigned threads = qa && part.threads > PRO_THREADS ? part.threads : PRO_THREADS;
+    s->grid[0] = qa ? part.blocks + (unsigned)(c->T * roles) : (unsigned)c->T;
+    s->grid[1] = qa ? 1u : (unsigned)roles;
+    s->block[0] = threads;
     /* the parameters, in the steps' argument order */
     moec_buf params = {0};
     char decl[128];
@@ -262,6 +297,12 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     }
     if (kv)
         param(&params, s, "float eps", cg_arg_f32(eps));
+    if (qa) {
+        snprintf(decl, sizeof decl, "const %s *__restrict__ kv_b", cg_ctype(part.dw));
+        param(&params, s, decl, cg_arg_act(qa->in[1]));
+        snprintf(decl, sizeof decl, "%s *__restrict__ y", cg_ctype(part.dy));
+        param(&params, s, decl, cg_arg_act(qa->out[0]));
+    }
     if (is_new && !params.oom) {
         moec_buf *b = &c->src;
         char sym[300];
@@ -270,10 +311,30 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
         cg_rope_emit_table(b, &rt, sym);
         /* the unused sections' pointers, so that one body serves every form */
         moec_buf_printf(b,
-                        "// %s (codegen/mla_prologue.c), first for %%%s\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s)\n{\n"
-                        "    typedef %s TX;\n    typedef %s TY;\n    typedef %s TP;\n",
-                        ir_op_name(op->kind), who, PRO_THREADS, name, params.data, cx, cy,
+                        "// %s%s (codegen/mla_prologue.c), first for %%%s\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%u) %s(%s)\n{\n",
+                        ir_op_name(op->kind), qa ? " and the mla_qabsorb after it" : "", who,
+                        threads, name, params.data);
+        if (qa) {
+            /* blocks [0, QA_BLOCKS) run the absorption (bx: its head, by:
+               its column group), the rest the prologue (bx: the token, by:
+               the role) */
+            moec_buf_printf(b,
+                            "    constexpr unsigned QA_BLOCKS = %uu, QA_GX = %uu, NTOK = %uu;\n"
+                            "    const bool qa_part = blockIdx.x < QA_BLOCKS;\n"
+                            "    const unsigned vb = qa_part ? blockIdx.x : blockIdx.x - QA_BLOCKS;\n"
+                            "    const int bx = (int)(qa_part ? vb %% QA_GX : vb %% NTOK), "
+                            "by = (int)(qa_part ? vb / QA_GX : vb / NTOK);\n"
+                            "    if (qa_part)\n",
+                            part.blocks, part.grid_x, (unsigned)c->T);
+            cg_mla_qabsorb_emit_part(b, c, qa, 1);
+            moec_buf_printf(b, "    ;\n    moec_pdl_enter();\n    if (qa_part) {\n");
+            cg_mla_qabsorb_emit_part(b, c, qa, 0);
+            moec_buf_printf(b, "        return;\n    }\n");
+        } else {
+            moec_buf_printf(b, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
+        }
+        moec_buf_printf(b, "    typedef %s TX;\n    typedef %s TY;\n    typedef %s TP;\n", cx, cy,
                         cg_ctype(att ? tp : ty));
         if (!heads)
             moec_buf_printf(b, "    TY *q_nope = nullptr, *q_pe = nullptr;\n"
@@ -300,7 +361,7 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
                         "N = %lld, KO = %lld, NQG = %lld, HG = %lld, VN = %lld, VQ = %lld, "
                         "VR = %lld, BS = %d;\n"
                         "    constexpr bool HEADS = %s, LATENT = %s, KV = %s, CACHE = %s, "
-                        "NEOX = %s;\n"
+                        "NEOX = %s, NOPE = %s;\n"
                         "    constexpr float AF = %af;\n"
                         "    const float *inv_freq = %s;\n"
                         "    (void)BS;\n    (void)R;\n    (void)QR;\n    (void)KO;\n"
@@ -308,7 +369,7 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
                         H ? H : 1, DN ? DN : 1, DR, R ? R : 1, QR ? QR : 1, N, KO, nqg,
                         hg ? hg : 1, vn, vq, vr, att ? bs : 1, heads ? "true" : "false",
                         latent ? "true" : "false", kv ? "true" : "false",
-                        att ? "true" : "false", neox ? "true" : "false",
+                        att ? "true" : "false", neox ? "true" : "false", nope ? "true" : "false",
                         (double)rt.attn_factor, sym, BODY);
     }
     cg_rope_free(&rt);

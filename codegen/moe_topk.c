@@ -164,18 +164,6 @@ static const char TOPK_BODY[] =
 
 typedef enum { ROUTER_NONE, ROUTER_GEMV, ROUTER_MMA } router_form;
 
-static int live_after(const ir_module *m, const ir_value *v, int op_id)
-{
-    for (int i = 0; i < m->n_outputs; i++)
-        if (m->outputs[i] == v)
-            return 1;
-    for (int k = op_id + 1; k < m->n_ops; k++)
-        for (int i = 0; i < m->ops[k]->n_in; i++)
-            if (m->ops[k]->in[i] == v)
-                return 1;
-    return 0;
-}
-
 /* The ROUTER_MMA kernel's shape: warps WM by WN over the experts' 16-row
  * tiles and the tokens' 8-column tiles (the grid that reads the fewest
  * bytes a warp, at most 64 accumulators), MTW by NTW tiles a warp, U k
@@ -263,7 +251,7 @@ static const ir_op *router_of(const cg_ctx *c, const ir_op *topk, router_form *f
         cg_storage(c, lg) != IR_DTYPE_F32 || w->type.dims[0] != lg->type.dims[1] ||
         x->type.dims[1] != w->type.dims[1] ||
         w->type.dims[0] * w->type.dims[1] * (long long)ir_dtype_size(dw) > ROUTER_MAX_BYTES ||
-        !live_after(c->m, x, topk->id))
+        !cg_read_after(c->m, x, topk->id))
         return NULL;
     long long E = w->type.dims[0], H = w->type.dims[1], NG = ir_op_attr_int(topk, "n_group", 1);
     if (mma) {

@@ -19,6 +19,11 @@
  * side after q_b_proj. Columns of B or Q past these (DeepSeek-V3.2's
  * indexer projections) stay where they are, read by their own slices.
  *
+ * The attention's mla_qabsorb is then pointed at the q projection itself
+ * (heads and head_stride dn + dr: q_nope read in place), so that it no
+ * longer waits for the prologue, whose q_nope result nothing reads; on the
+ * GPU one launch may run both (codegen/mla_prologue.c).
+ *
  * The new op's results take the values' names and users; what only they
  * read is dropped. Both ropes must carry the same attributes (no
  * rotary_dim), the two norms the same eps. Matched by structure, never by
@@ -157,6 +162,33 @@ static moec_status add_prologue(ir_module *m, const pro_site *s, ir_op_kind kind
                                "fuse_mla_prologue");
 }
 
+/* mla_qabsorb's attributes as it reads the q projection in place. */
+static moec_status qabsorb_attrs(ir_module *m, ir_op *op, const void *user)
+{
+    const pro_site *s = user;
+    const ir_op *qa = s->att->in[0]->def;
+    MOEC_TRY(ir_op_set_int(m, op, "qk_nope_head_dim", s->dn));
+    MOEC_TRY(ir_op_set_int(m, op, "v_head_dim", ir_op_attr_int(qa, "v_head_dim", 0)));
+    MOEC_TRY(ir_op_set_int(m, op, "heads", s->H));
+    return ir_op_set_int(m, op, "head_stride", s->dn + s->dr);
+}
+
+/* The q side's mla_qabsorb then reads q_nope where it lies in the q
+ * projection (heads of dn + dr columns from column 0 of q_base) instead of
+ * the prologue's copy, which nothing reads any more: the absorption no
+ * longer waits for the prologue, so the two may run as one launch
+ * (codegen/mla_prologue.c). */
+static moec_status qabsorb_in_place(ir_module *m, const pro_site *s)
+{
+    ir_op *qa = pass_def_of(s->att->in[0], IR_OP_MLA_QABSORB);
+    if (!qa || ir_op_attr(qa, "head_stride"))
+        return MOEC_OK;
+    ir_value *in[2] = {s->q_base, qa->in[1]};
+    ir_value *old[1] = {qa->out[0]};
+    return pass_replace_values(m, IR_OP_MLA_QABSORB, in, 2, old, 1, NULL, qabsorb_attrs, s,
+                               "fuse_mla_prologue");
+}
+
 /* Rewrites the prologue of attention op att, when it matches. */
 static moec_status fuse_site(ir_module *m, ir_op *att)
 {
@@ -170,7 +202,8 @@ static moec_status fuse_site(ir_module *m, ir_op *att)
     if (s.q_ok && s.q_base == s.base && s.kv_col == s.H * (s.dn + s.dr)) {
         ir_value *in[3] = {s.base, s.pos, s.kv_norm->in[1]};
         ir_value *old[4] = {s.q_nope, s.q_rope->out[0], s.kv_norm->out[0], s.k_rope->out[0]};
-        return add_prologue(m, &s, IR_OP_MLA_PROLOGUE, in, 3, old, 4);
+        MOEC_TRY(add_prologue(m, &s, IR_OP_MLA_PROLOGUE, in, 3, old, 4));
+        return qabsorb_in_place(m, &s);
     }
     /* the q side first: the kv side's op moves values the q side's match saw */
     ir_op *q_norm = find_q_norm(m, &s);
@@ -178,6 +211,7 @@ static moec_status fuse_site(ir_module *m, ir_op *att)
         ir_value *in[2] = {s.q_base, s.pos};
         ir_value *old[2] = {s.q_nope, s.q_rope->out[0]};
         MOEC_TRY(add_prologue(m, &s, IR_OP_MLA_PROLOGUE_Q, in, 2, old, 2));
+        MOEC_TRY(qabsorb_in_place(m, &s));
     }
     if (q_norm) {
         ir_value *in[4] = {s.base, s.pos, s.kv_norm->in[1], q_norm->in[1]};

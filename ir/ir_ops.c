@@ -73,7 +73,10 @@ static const op_info OPS[IR_OP_COUNT] = {
                            {"n_experts", IR_ATTR_INT, 0},
                            {"unsummed", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_QABSORB] = {"mla_qabsorb", 2, 2, 1,
-                           {{"qk_nope_head_dim", IR_ATTR_INT, 1}, {"v_head_dim", IR_ATTR_INT, 1}}},
+                           {{"qk_nope_head_dim", IR_ATTR_INT, 1},
+                            {"v_head_dim", IR_ATTR_INT, 1},
+                            {"heads", IR_ATTR_INT, 0},
+                            {"head_stride", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_ATTENTION] = {"mla_attention", 5, 6, 1,
                              {{"scale", IR_ATTR_FLOAT, 1}, {"window", IR_ATTR_INT, 0}}},
     [IR_OP_MLA_VABSORB] = {"mla_vabsorb", 2, 2, 1,
@@ -886,15 +889,34 @@ static moec_status mla_kv_b(infer_ctx *c, const ir_value *kv_b, int64_t H, int64
     return MOEC_OK;
 }
 
+/* mla_qabsorb(q_nope [T, H, dn], kv_b); with heads and head_stride, q [T, N]
+ * holding head h's dn channels at columns h * head_stride .. + dn (the q
+ * projection itself, read in place). */
 static moec_status infer_mla_qabsorb(infer_ctx *c, ir_type *out)
 {
-    const ir_value *q = c->op->in[0];
-    MOEC_TRY(need_act(c, q, "q_nope", 3, 3, 1));
-    int64_t H = q->type.dims[1], dn, dv, r;
-    MOEC_TRY(mla_kv_b(c, c->op->in[1], H, &dn, &dv, &r));
-    if (q->type.dims[2] != dn)
-        return fail(c, "q_nope %%%s has head dim %" PRId64 ", qk_nope_head_dim is %" PRId64,
-                    vname(q), q->type.dims[2], dn);
+    const ir_op *op = c->op;
+    const ir_value *q = op->in[0];
+    int rows = ir_op_attr(op, "heads") != NULL || ir_op_attr(op, "head_stride") != NULL;
+    int64_t H, dn, dv, r;
+    if (rows) {
+        MOEC_TRY(need_act(c, q, "q", 2, 2, 1));
+        H = ir_op_attr_int(op, "heads", 0);
+        int64_t S = ir_op_attr_int(op, "head_stride", 0);
+        if (H < 1 || H > IR_DIM_MAX)
+            return fail(c, "heads %" PRId64 " must be >= 1", H);
+        MOEC_TRY(mla_kv_b(c, op->in[1], H, &dn, &dv, &r));
+        if (S < dn || S > q->type.dims[1] || (H - 1) > (q->type.dims[1] - dn) / S)
+            return fail(c, "head_stride %" PRId64 " for %" PRId64 " heads of qk_nope_head_dim %" PRId64
+                           " does not fit q %%%s (%s)",
+                        S, H, dn, vname(q), tfmt(&q->type).s);
+    } else {
+        MOEC_TRY(need_act(c, q, "q_nope", 3, 3, 1));
+        H = q->type.dims[1];
+        MOEC_TRY(mla_kv_b(c, op->in[1], H, &dn, &dv, &r));
+        if (q->type.dims[2] != dn)
+            return fail(c, "q_nope %%%s has head dim %" PRId64 ", qk_nope_head_dim is %" PRId64,
+                        vname(q), q->type.dims[2], dn);
+    }
     out[0] = type_make(IR_DTYPE_F32, 3, IR_DIM_T, H, r);
     return MOEC_OK;
 }

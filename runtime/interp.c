@@ -966,24 +966,34 @@ static moec_status op_mla_absorb(rt_interp *in, const ir_op *op, int T)
     int is_v = op->kind == IR_OP_MLA_VABSORB;
     const char *kind = ir_op_name(op->kind), *xname = is_v ? "o_c" : "q_nope";
     int64_t d[IR_MAX_RANK], dn = 0, dv = 0, r = 0;
-    if (shape_of(op->in[0], T, d) != 3)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s wants %s [T, H, %s]", op_name(op), kind,
-                        xname, is_v ? "r" : "dn");
-    int64_t H = d[1];
+    /* qabsorb with heads and head_stride: q [T, N], head h's channels at
+       columns h * head_stride (the q projection read in place) */
+    int64_t S = is_v ? 0 : ir_op_attr_int(op, "head_stride", 0);
+    int rank = shape_of(op->in[0], T, d);
+    if (S > 0 ? rank != 2 : rank != 3)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s wants %s [T, H, %s]%s", op_name(op), kind,
+                        xname, is_v ? "r" : "dn", S > 0 ? " (with head_stride: q [T, N])" : "");
+    int64_t H = S > 0 ? ir_op_attr_int(op, "heads", 0) : d[1];
+    if (H < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "%s: %s with head_stride wants heads >= 1",
+                        op_name(op), kind);
     MOEC_TRY(mla_kv_b_dims(op, H, &dn, &dv, &r));
     int64_t n_in = is_v ? r : dn, n_out = is_v ? dv : r;
-    if (d[2] != n_in || numel_of(op->out[0], T) != (int64_t)T * H * n_out)
+    if ((S > 0 ? S < dn || S > d[1] || H - 1 > (d[1] - dn) / S : d[2] != n_in) ||
+        numel_of(op->out[0], T) != (int64_t)T * H * n_out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "%s: %s wants %s [T, %lld, %lld] and a result [T, %lld, %lld]",
                         op_name(op), kind, xname, (long long)H, (long long)n_in, (long long)H,
                         (long long)n_out);
+    /* x's row of token t and head h */
+    int64_t x_t = S > 0 ? d[1] : H * n_in, x_h = S > 0 ? S : n_in;
     /* the weight of output k and input m is w[k * w_out + m * w_in] */
     int64_t w_first = is_v ? dn * r : 0, w_out = is_v ? r : 1, w_in = is_v ? 1 : r;
     const float *x = fbuf(in, op->in[0]), *kv_b = fbuf(in, op->in[1]);
     float *y = fbuf(in, op->out[0]);
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
-            const float *xr = x + (t * H + h) * n_in;
+            const float *xr = x + t * x_t + h * x_h;
             const float *w = kv_b + h * (dn + dv) * r + w_first;
             for (int64_t k = 0; k < n_out; k++) {
                 double acc = 0;

@@ -2245,9 +2245,12 @@ static void pro_step(pro_env *e, int T, const int *ntok)
     cg_ctx c;
     run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, 2, e->len,
              ntok, what, &c);
+    /* every result something reads (the kernel leaves q_nope unwritten when
+       nothing does: mla_qabsorb reads the projection in place) */
     for (int i = 0; i < 2; i++)
         for (int k = 0; e->pro[i] && k < e->pro[i]->n_out; k++)
-            e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));
+            if (cg_read_after(m, e->pro[i]->out[k], -1))
+                e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));
     e->worst_att = fmax(e->worst_att, pro_compare(e, e->att->out[0], T, what));
     /* padding tokens: zeros from the attention */
     int w = (int)ir_type_numel(&e->att->out[0]->type, 1), pads_ok = 1;

@@ -1308,7 +1308,10 @@ static void check_indexer_streams(const ir_module *m, const char *what)
             } else if (s->kind == IR_STEP_JOIN && op->in[0]->def &&
                        op->in[0]->def->kind == IR_OP_DSA_TOPK) {
                 /* wq_b, dsa_prologue_k, score, select (fp8: wk and weights_proj too) */
-                bad += s->stream != 0 || fork < join || side < 4 || main_q < 3;
+                /* the q path: q_b, the q prologue and the absorption (at T=1
+                   one launch with the prologue's) */
+                bad += s->stream != 0 || fork < join || side < 4 ||
+                       main_q < (buckets[b] <= 2 ? 2 : 3);
                 join = i;
                 pairs++;
             } else if (launch && is_indexer_op(m, op)) {
@@ -1544,14 +1547,15 @@ static void config_case(const char *file, int fp8)
            silu_mul (not of fp8 weights: the pass leaves those), the
            moe_topk's kernel the align and, where the router's weight is at
            most 2 MiB (V2-Lite's 64 x 2048, not V3's 256 x 7168), the
-           router's linear (issue 15) */
+           router's linear, and the prologue's kernel also runs the q
+           absorption at a token or two (issue 15) */
         static const char *const i15[] = {"fuse_mla_prologue", "fuse_add3_rms_norm",
                                           "fuse_moe_sum", "fuse_silu_mul_linear"};
         static const char *const i12[] = {"fuse_dsa_indexer"};
         int v32 = strstr(file, "v32") != NULL;
         if (!strncmp(file, "deepseek", 8))
             launches_saved(json, what, i15, 4, 1,
-                           13 - (fp8 ? 1 : 0) + !strncmp(file, "deepseek_v2", 11), 0, 0);
+                           14 - (fp8 ? 1 : 0) + !strncmp(file, "deepseek_v2", 11), 0, 0);
         /* V3.2's indexer: dsa_prologue_k replaces the key's slice,
            layer_norm, rope and cache write; dsa_topk q's rope and the slices
            of the head weights: 9 launches a layer, then 4 with wq_b's GEMM

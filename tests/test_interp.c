@@ -1000,6 +1000,14 @@ static void test_mla_absorbed(void)
     T_OK(ir_op_set_int(m, qa, "qk_nope_head_dim", MDN));
     T_OK(ir_op_set_int(m, qa, "v_head_dim", MDV));
     ir_value *q_c = fin(m, qa, NULL);
+    /* ... and reading the embedding row in place: heads of MDN + MDR columns */
+    ir_value *x = p.q_nope->def->in[0]->def->in[0];
+    ir_op *qa2 = start(m, IR_OP_MLA_QABSORB, "q_c2", INS(x, p.kv_b));
+    T_OK(ir_op_set_int(m, qa2, "qk_nope_head_dim", MDN));
+    T_OK(ir_op_set_int(m, qa2, "v_head_dim", MDV));
+    T_OK(ir_op_set_int(m, qa2, "heads", MH));
+    T_OK(ir_op_set_int(m, qa2, "head_stride", MDN + MDR));
+    T_CHECK(fin(m, qa2, NULL) != NULL);
     ir_value *o_c = reshape(m, "o_c", p.kv_c, F32(3, IR_DIM_T, 1, MR, 0));
     ir_type t3 = F32(3, IR_DIM_T, MH, MR, 0);
     ir_value *o_ce = fin(m, start(m, IR_OP_EXPAND, "o_ce", INS(o_c)), &t3);
@@ -1013,15 +1021,18 @@ static void test_mla_absorbed(void)
     set(in, m, "kv_b", kv_b);
     float y[2 * MH * MDV];
     T_OK(rt_interp_forward(in, tok, POS, 2, y));
-    double wq[2 * MH * MR], wo[2 * MH * MDV];
+    double wq[2 * MH * MR], wq2[2 * MH * MR], wo[2 * MH * MDV];
     for (int t = 0; t < 2; t++) {
         const float *xt = table + tok[t] * MN;
         for (int h = 0; h < MH; h++) {
             for (int j = 0; j < MR; j++) {
-                double acc = 0;
-                for (int i = 0; i < MDN; i++)
+                double acc = 0, acc2 = 0;
+                for (int i = 0; i < MDN; i++) {
                     acc += (double)xt[h * MDN + i] * kv_b[(h * (MDN + MDV) + i) * MR + j];
+                    acc2 += (double)xt[h * (MDN + MDR) + i] * kv_b[(h * (MDN + MDV) + i) * MR + j];
+                }
                 wq[(t * MH + h) * MR + j] = acc;
+                wq2[(t * MH + h) * MR + j] = acc2;
             }
             for (int i = 0; i < MDV; i++) {
                 double acc = 0;
@@ -1033,6 +1044,7 @@ static void test_mla_absorbed(void)
         }
     }
     T_CHECK(mismatches("mla_qabsorb", val(in, m, "q_c"), wq, 2 * MH * MR, 1e-6) == 0);
+    T_CHECK(mismatches("mla_qabsorb in place", val(in, m, "q_c2"), wq2, 2 * MH * MR, 1e-6) == 0);
     T_CHECK(mismatches("mla_vabsorb", y, wo, 2 * MH * MDV, 1e-6) == 0);
     (void)q_c;
     rt_interp_free(in);

@@ -1132,6 +1132,39 @@ static void test_infer_fused(void)
     T_OK(ir_op_set_int(mm, op, "v_head_dim", 16));
     T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG,
           "%qa: mla_qabsorb: q_nope %q_nope has head dim 16, qk_nope_head_dim is 8");
+    /* reading the q projection in place: q [T, N], heads of head_stride columns */
+    {
+        ir_value *qin[2] = {q_nope, kv_b};
+        ir_op *o2 = op_new(mm, IR_OP_MLA_QABSORB, (const char *[]){"qa2"}, 1, qin, 2);
+        T_OK(ir_op_set_int(mm, o2, "qk_nope_head_dim", 16));
+        T_OK(ir_op_set_int(mm, o2, "v_head_dim", 8));
+        T_OK(ir_op_set_int(mm, o2, "heads", 4));
+        T_OK(ir_op_set_int(mm, o2, "head_stride", 16));
+        T_ERR(ir_op_finish(mm, o2, NULL), MOEC_ERR_INVALID_ARG,
+              "%qa2: mla_qabsorb: q %q_nope must have rank 2, got f32[T, 4, 16]");
+        ir_module *mq = must(ir_module_init("mq"), "mq");
+        qin[0] = must(ir_module_add_input(mq, "qrow", ty(IR_DTYPE_F32, 2, T, 100, 0)), "qrow");
+        qin[1] = must(ir_module_add_weight(mq, "kv_b", ty(IR_DTYPE_BF16, 2, 96, 32, 0), "kv_b"), "kv_b");
+        o2 = op_new(mq, IR_OP_MLA_QABSORB, (const char *[]){"qa3"}, 1, qin, 2);
+        T_OK(ir_op_set_int(mq, o2, "qk_nope_head_dim", 16));
+        T_OK(ir_op_set_int(mq, o2, "v_head_dim", 8));
+        T_OK(ir_op_set_int(mq, o2, "heads", 4));
+        T_OK(ir_op_set_int(mq, o2, "head_stride", 24));
+        T_OK(ir_op_finish(mq, o2, NULL));
+        T_CHECK(o2->out[0]->type.rank == 3 && o2->out[0]->type.dims[1] == 4 &&
+                o2->out[0]->type.dims[2] == 32);
+        T_OK(ir_op_set_int(mq, o2, "head_stride", 30));
+        T_ERR(ir_op_finish(mq, o2, NULL), MOEC_ERR_INVALID_ARG,
+              "%qa3: mla_qabsorb: head_stride 30 for 4 heads of qk_nope_head_dim 16 does not fit "
+              "q %qrow (f32[T, 100])");
+        T_OK(ir_op_set_int(mq, o2, "head_stride", 8));
+        T_ERR(ir_op_finish(mq, o2, NULL), MOEC_ERR_INVALID_ARG,
+              "%qa3: mla_qabsorb: head_stride 8 for 4 heads of qk_nope_head_dim 16 does not fit "
+              "q %qrow (f32[T, 100])");
+        T_OK(ir_op_set_int(mq, o2, "heads", 0));
+        T_ERR(ir_op_finish(mq, o2, NULL), MOEC_ERR_INVALID_ARG, "%qa3: mla_qabsorb: heads 0 must be >= 1");
+        ir_module_free(mq);
+    }
     T_OK(ir_op_set_int(mm, op, "qk_nope_head_dim", 4000000000LL));
     T_OK(ir_op_set_int(mm, op, "v_head_dim", 4000000000LL));
     T_ERR(ir_op_finish(mm, op, NULL), MOEC_ERR_INVALID_ARG, "qk_nope_head_dim 4000000000 must be >= 1");

@@ -447,8 +447,19 @@ static void check_prologue(const char *model)
                         ir_op_attr_str(rope->def, "scaling", "none")) &&
                 ir_op_attr_float(q, "attn_factor", 1) ==
                     ir_op_attr_float(rope->def, "attn_factor", 1));
+        /* the absorption reads q_nope in place in the projection the q
+           side reads (heads of dn + dr columns); the prologue's q_nope is
+           left unread */
         const ir_op *qa = att->in[0]->def;
-        T_CHECK(qa && qa->kind == IR_OP_MLA_QABSORB && qa->in[0] == q->out[0]);
+        int64_t H = ir_op_attr_int(q, "heads", 0), dn = ir_op_attr_int(q, "qk_nope_head_dim", 0);
+        T_CHECK(qa && qa->kind == IR_OP_MLA_QABSORB && qa->in[0] == q->in[0] &&
+                ir_op_attr_int(qa, "heads", 0) == H && H > 0 &&
+                ir_op_attr_int(qa, "head_stride", 0) ==
+                    dn + ir_op_attr_int(q, "qk_rope_head_dim", 0) &&
+                ir_op_attr_int(qa, "qk_nope_head_dim", 0) == dn && !ir_module_single_user(m, q->out[0]));
+        for (int k = 0; k < m->n_ops; k++)
+            for (int i = 0; i < m->ops[k]->n_in; i++)
+                T_CHECK(m->ops[k]->in[i] != q->out[0]);
     }
     t_pass_idempotent(m, pass_fuse_mla_prologue);
     printf("fuse_mla_prologue %-18s %d layers: %d mla_prologue, %d mla_prologue_kv, %d "
