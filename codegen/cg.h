@@ -234,15 +234,15 @@ const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro);
  * result, and a name tag; 0 when qa (with head_stride) does not run as the
  * generated kernel at c->T. */
 typedef struct cg_qabsorb_part {
-    unsigned blocks, grid_x, threads;
+    unsigned blocks, grid_x, threads, smem;
     ir_dtype dw, dy;
     char tag[96];
 } cg_qabsorb_part;
 int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p);
 /* Its code, as one scope over parameters x, kv_b and y and locals bx, by:
- * the L2 prefetch of its weights (prefetch 1; nothing when prefetching is
- * off) or the body. */
-void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa, int prefetch);
+ * what it does before the wait (moec_pdl_enter, which it calls), the wait
+ * and the rest; smem bytes of dynamic shared memory. */
+void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa);
 /* dsa_prologue_k: one kernel, which also writes the paged key cache of the
  * dsa_topk cg_dsa_prologue_cache names. */
 moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op);

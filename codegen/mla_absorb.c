@@ -35,6 +35,78 @@
 #define ABS_V_WARPS 8  /* vabsorb: warps per block */
 #define ABS_V_RPW 2    /* vabsorb: W_UV rows per warp */
 #define ABS_Q_VW 2     /* qabsorb: columns per lane (64 a block: blocks for every SM) */
+/* The tensor-core form: buckets past ABSORB_MAX_T up to ABS_MMA_MAX_T tokens
+ * (MOEC_ABSORB_MMA_MAX_T at codegen; 0: cuBLASLt there), bf16 */
+#define ABS_MMA_MAX_T 64
+#define ABS_MMA_WARPS 8
+#define ABS_MMA_SMEM (200 * 1024)
+
+/* The tensor-core form's body after its constants (T tokens in MT tiles of
+ * 16, the block's NB output columns NB0 = by * NB of head h = bx, K the
+ * reduced dim, x's strides XT and XH, kv_b's rows of head h from WR0 on,
+ * BT: B held [n][k], k along kv_b's rows, as vabsorb's W_UV; else [k][n],
+ * n along them, as qabsorb's W_UK): the block's weight columns into shared
+ * memory by cp.async before the wait (they do not depend on the kernel
+ * before), then the tokens' rows of x (zeros past T), then m16n8k16
+ * products, each warp a 16-row by 16-column tile over all of K. fp32
+ * accumulation, as cuBLASLt's. */
+static const char MMA_BODY[] =
+    "    constexpr int NT = NW * 32, LA = K + 8, LB = BT ? K + 8 : NB + 8;\n"
+    "    extern __shared__ __align__(16) unsigned char smem_raw[];\n"
+    "    __nv_bfloat16 *As = reinterpret_cast<__nv_bfloat16 *>(smem_raw);\n"
+    "    __nv_bfloat16 *Bs = As + MT * 16 * LA;\n"
+    "    const int h = bx, nb0 = by * NB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "    const int g = lane >> 2, tq = lane & 3;\n"
+    "    const TW *w = kv_b + ((long long)h * (DN + DV) + WR0) * R;\n"
+    "    if constexpr (BT) { /* B[n][k] = w[(nb0 + n) * R + k] */\n"
+    "        for (int i = threadIdx.x; i < NB * (K / 8); i += NT) {\n"
+    "            const int n = i / (K / 8), k = (i % (K / 8)) * 8;\n"
+    "            moec_cp16(&Bs[n * LB + k], w + (long long)(nb0 + n) * R + k, true);\n"
+    "        }\n"
+    "    } else { /* B[k][n] = w[k * R + nb0 + n] */\n"
+    "        for (int i = threadIdx.x; i < K * (NB / 8); i += NT) {\n"
+    "            const int k = i / (NB / 8), n = (i % (NB / 8)) * 8;\n"
+    "            moec_cp16(&Bs[k * LB + n], w + (long long)k * R + nb0 + n, true);\n"
+    "        }\n"
+    "    }\n"
+    "    moec_cp_commit();\n"
+    "    moec_pdl_enter();\n"
+    "    for (int i = threadIdx.x; i < MT * 16 * (K / 8); i += NT) {\n"
+    "        const int t = i / (K / 8), k = (i % (K / 8)) * 8;\n"
+    "        moec_cp16(&As[t * LA + k], x + (long long)(t < T ? t : 0) * XT + (long long)h * XH + k, t < T);\n"
+    "    }\n"
+    "    moec_cp_commit();\n"
+    "    moec_cp_wait_group<0>();\n"
+    "    __syncthreads();\n"
+    "    constexpr int NP = NB / 16;\n"
+    "    for (int tile = warp; tile < MT * NP; tile += NW) {\n"
+    "        const int m0 = (tile / NP) * 16, c0 = (tile % NP) * 16;\n"
+    "        float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};\n"
+    "#pragma unroll 4\n"
+    "        for (int k0 = 0; k0 < K; k0 += 16) {\n"
+    "            unsigned a[4], b[4];\n"
+    "            moec_ldmatrix<4, false>(a, &As[(m0 + (lane & 15)) * LA + k0 + (lane >> 4) * 8]);\n"
+    "            if constexpr (BT)\n"
+    "                moec_ldmatrix<4, false>(b, &Bs[(c0 + (lane & 7) + ((lane >> 4) << 3)) * LB + k0 +\n"
+    "                                              ((lane >> 3) & 1) * 8]);\n"
+    "            else\n"
+    "                moec_ldmatrix<4, true>(b, &Bs[(k0 + (lane & 15)) * LB + c0 + (lane >> 4) * 8]);\n"
+    "            moec_mma_bf16(c[0], a[0], a[1], a[2], a[3], b[0], b[1]);\n"
+    "            moec_mma_bf16(c[1], a[0], a[1], a[2], a[3], b[2], b[3]);\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const int col = nb0 + c0 + j * 8 + 2 * tq;\n"
+    "            if (m0 + g < T) {\n"
+    "                st(y + ((long long)(m0 + g) * H + h) * N + col, c[j][0]);\n"
+    "                st(y + ((long long)(m0 + g) * H + h) * N + col + 1, c[j][1]);\n"
+    "            }\n"
+    "            if (m0 + g + 8 < T) {\n"
+    "                st(y + ((long long)(m0 + g + 8) * H + h) * N + col, c[j][2]);\n"
+    "                st(y + ((long long)(m0 + g + 8) * H + h) * N + col + 1, c[j][3]);\n"
+    "            }\n"
+    "        }\n"
+    "    }\n";
 
 static const char QABSORB_BODY[] =
     "    constexpr int NT = NW * 32, COLS = 32 * VW;\n"
@@ -153,6 +225,11 @@ typedef struct absorb_gen {
     int64_t H, dn, dv, r, xt, xh;
     ir_dtype da, db, dc;
     unsigned gx, gy;
+    /* the tensor-core form: its block's output columns, the token tiles,
+       the reduced dim, dynamic shared memory */
+    int mma, nb, mt;
+    int64_t k;
+    unsigned smem;
 } absorb_gen;
 
 /* op's shapes into g; 0 when they do not hold (the emitter's error). */
@@ -189,9 +266,44 @@ static int absorb_shape(const cg_ctx *c, const ir_op *op, absorb_gen *g)
     return 1;
 }
 
-/* Whether op runs as the generated kernel at bucket c->T (else one
- * cuBLASLt GEMM): up to MOEC_ABSORB_MAX_T tokens, bf16 or f32 weights of
- * x's dtype, the tokens' rows within the kernel's shared memory. */
+/* The tensor-core form at bucket c->T into g: bf16 weights and x, the
+ * reduced dim in 16s, the output columns of a head in 16s; 128 to 256
+ * blocks where the columns allow (qabsorb at V2-Lite's shape: 8 blocks of
+ * 64 columns a head; vabsorb: 8 of 16); its shared memory within
+ * ABS_MMA_SMEM. 0 when it does not apply. */
+static int absorb_mma(const cg_ctx *c, absorb_gen *g)
+{
+    int64_t n = g->q ? g->r : g->dv;
+    g->k = g->q ? g->dn : g->r;
+    if (c->T > cg_env_int("MOEC_ABSORB_MMA_MAX_T", ABS_MMA_MAX_T, 0, 256) || c->T < 1 ||
+        g->da != IR_DTYPE_BF16 || g->db != IR_DTYPE_BF16 || g->k % 16 || n % 16 ||
+        (g->q ? g->xh % 8 || g->xt % 8 : 0))
+        return 0;
+    /* the widest column block (a multiple of 16 dividing n, at most 64)
+       that still gives every head at least 8 blocks, or 16 */
+    g->nb = 16;
+    for (int nb = 64; nb > 16; nb /= 2)
+        if (n % nb == 0 && n / nb >= 8) {
+            g->nb = nb;
+            break;
+        }
+    g->mt = (c->T + 15) / 16;
+    int64_t smem = ((int64_t)g->mt * 16 * (g->k + 8) +
+                    (g->q ? g->k * (g->nb + 8) : (int64_t)g->nb * (g->k + 8))) * 2;
+    if (smem > ABS_MMA_SMEM || smem > (int64_t)cg_smem_max(c->opt))
+        return 0;
+    g->mma = 1;
+    g->smem = (unsigned)smem;
+    g->nw = ABS_MMA_WARPS;
+    g->gx = (unsigned)g->H;
+    g->gy = (unsigned)(n / g->nb);
+    return 1;
+}
+
+/* Whether op runs as a generated kernel at bucket c->T (else one cuBLASLt
+ * GEMM): up to MOEC_ABSORB_MAX_T tokens the CUDA-core form (bf16 or f32
+ * weights of x's dtype, the tokens' rows within its shared memory), past
+ * them up to MOEC_ABSORB_MMA_MAX_T the tensor-core one (absorb_mma). */
 static int absorb_generated(const cg_ctx *c, const ir_op *op, absorb_gen *g)
 {
     if (!absorb_shape(c, op, g) || g->da != g->db || g->da == IR_DTYPE_I32 ||
@@ -200,7 +312,9 @@ static int absorb_generated(const cg_ctx *c, const ir_op *op, absorb_gen *g)
     /* the tokens' rows of x, and qabsorb's partial sums */
     size_t smem = (size_t)c->T * (size_t)(g->q ? g->dn : g->r) * 4 +
                   (g->q ? ABS_Q_WARPS * 32 * 8 * 4 : 0);
-    return c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8) && smem <= 48 * 1024;
+    if (c->T <= cg_env_int("MOEC_ABSORB_MAX_T", ABSORB_MAX_T, 0, 8))
+        return smem <= 48 * 1024;
+    return absorb_mma(c, g);
 }
 
 /* The kernel's types and constants (inside a scope of its own). */
@@ -214,6 +328,29 @@ static void emit_consts(moec_buf *b, const cg_ctx *c, const absorb_gen *g)
                     "    (void)T;\n    (void)H;\n    (void)RPW;\n    (void)XT;\n    (void)XH;\n",
                     cg_ctype(g->da), c->T, (long long)g->H, (long long)g->dn, (long long)g->dv,
                     (long long)g->r, g->vw, g->nw, ABS_V_RPW, (long long)g->xt, (long long)g->xh);
+    if (g->mma)
+        moec_buf_printf(b,
+                        "    constexpr int MT = %d, NB = %d, K = %lld, N = %lld, WR0 = %lld;\n"
+                        "    constexpr bool BT = %s;\n",
+                        g->mt, g->nb, (long long)g->k, (long long)(g->q ? g->r : g->dv),
+                        (long long)(g->q ? 0 : g->dn), g->q ? "false" : "true");
+}
+
+/* The code after the constants: the CUDA-core form's prefetch, the wait
+ * (without a prefetch only when `wait`: else cg_add_pdl_waits puts it first)
+ * and its body, or the tensor-core form (which waits itself). */
+static void emit_code(moec_buf *b, const cg_ctx *c, const absorb_gen *g, int wait)
+{
+    if (g->mma) {
+        moec_buf_printf(b, "%s", MMA_BODY);
+        return;
+    }
+    long long pf = cg_prefetch_bytes(c);
+    if (pf > 0)
+        cg_emit_prefetch(b, pf, g->q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
+    else if (wait)
+        moec_buf_printf(b, "    moec_pdl_enter();\n");
+    moec_buf_printf(b, "%s", g->q ? QABSORB_BODY : VABSORB_BODY);
 }
 
 /* The generated form of op for bucket c->T (see the top of the file). */
@@ -223,8 +360,11 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
     char name[256], stride[64] = "";
     if (g->q && ir_op_attr(op, "head_stride"))
         snprintf(stride, sizeof stride, "_xs%lld_%lld", (long long)g->xt, (long long)g->xh);
-    snprintf(name, sizeof name, "mla_%sabsorb_h%lld_dn%lld_dv%lld_r%lld%s_t%d_%s_%s_%s",
-             g->q ? "q" : "v", (long long)g->H, (long long)g->dn, (long long)g->dv,
+    char form[32] = "";
+    if (g->mma)
+        snprintf(form, sizeof form, "_mma_nb%d", g->nb);
+    snprintf(name, sizeof name, "mla_%sabsorb%s_h%lld_dn%lld_dv%lld_r%lld%s_t%d_%s_%s_%s",
+             g->q ? "q" : "v", form, (long long)g->H, (long long)g->dn, (long long)g->dv,
              (long long)g->r, stride, c->T, ir_dtype_name(g->dc), ir_dtype_name(g->db),
              ir_dtype_name(g->da));
     int is_new = 0;
@@ -240,8 +380,8 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
                         cg_ctype(g->da), cg_ctype(g->dc));
         emit_consts(&c->src, c, g);
         moec_buf_printf(&c->src, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
-        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), g->q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
-        moec_buf_printf(&c->src, "%s}\n\n", g->q ? QABSORB_BODY : VABSORB_BODY);
+        emit_code(&c->src, c, g, 0);
+        moec_buf_printf(&c->src, "}\n\n");
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -250,6 +390,7 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
     s->grid[0] = g->gx;
     s->grid[1] = g->gy;
     s->block[0] = (unsigned)(g->nw * 32);
+    s->smem = g->mma ? g->smem : 0;
     s->n_args = 3;
     s->args[0] = cg_arg_act(x);
     s->args[1] = cg_arg_act(kv_b);
@@ -266,31 +407,22 @@ int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p)
     p->blocks = g.gx * g.gy;
     p->grid_x = g.gx;
     p->threads = (unsigned)(g.nw * 32);
+    p->smem = g.mma ? g.smem : 0;
     p->dw = g.da;
     p->dy = g.dc;
-    snprintf(p->tag, sizeof p->tag, "dv%lld_r%lld_%s_%s", (long long)g.dv, (long long)g.r,
-             ir_dtype_name(g.dc), ir_dtype_name(g.da));
+    snprintf(p->tag, sizeof p->tag, "%sdv%lld_r%lld_%s_%s", g.mma ? "mma_" : "", (long long)g.dv,
+             (long long)g.r, ir_dtype_name(g.dc), ir_dtype_name(g.da));
     return 1;
 }
 
-void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa, int prefetch)
+void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa)
 {
     absorb_gen g;
     if (!absorb_generated(c, qa, &g))
         return;
-    long long pf = cg_prefetch_bytes(c);
-    if (prefetch && pf <= 0)
-        return;
     moec_buf_printf(b, "    {\n");
     emit_consts(b, c, &g);
-    if (prefetch)
-        moec_buf_printf(b,
-                        "    if (threadIdx.x == 0) {\n"
-                        "        constexpr long long PF_CAP = %lldLL;\n%s"
-                        "    }\n",
-                        pf, QABSORB_PREFETCH);
-    else
-        moec_buf_printf(b, "%s", QABSORB_BODY);
+    emit_code(b, c, &g, 1);
     moec_buf_printf(b, "    }\n");
 }
 

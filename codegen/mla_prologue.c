@@ -256,6 +256,7 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     s->grid[0] = qa ? part.blocks + (unsigned)(c->T * roles) : (unsigned)c->T;
     s->grid[1] = qa ? 1u : (unsigned)roles;
     s->block[0] = threads;
+    s->smem = qa ? part.smem : 0;
     /* the parameters, in the steps' argument order */
     moec_buf params = {0};
     char decl[128];
@@ -325,12 +326,10 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
                             "    const unsigned vb = qa_part ? blockIdx.x : blockIdx.x - QA_BLOCKS;\n"
                             "    const int bx = (int)(qa_part ? vb %% QA_GX : vb %% NTOK), "
                             "by = (int)(qa_part ? vb / QA_GX : vb / NTOK);\n"
-                            "    if (qa_part)\n",
+                            "    if (qa_part) {\n",
                             part.blocks, part.grid_x, (unsigned)c->T);
-            cg_mla_qabsorb_emit_part(b, c, qa, 1);
-            moec_buf_printf(b, "    ;\n    moec_pdl_enter();\n    if (qa_part) {\n");
-            cg_mla_qabsorb_emit_part(b, c, qa, 0);
-            moec_buf_printf(b, "        return;\n    }\n");
+            cg_mla_qabsorb_emit_part(b, c, qa);
+            moec_buf_printf(b, "        return;\n    }\n    moec_pdl_enter();\n");
         } else {
             moec_buf_printf(b, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
         }

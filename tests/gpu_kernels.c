@@ -2507,15 +2507,19 @@ static const km_spec ACT_ODD = {.name = "odd_act", .vocab = 97, .LN = 37, .LK = 
 static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
 static const km_spec ADD3_V3 = {.name = "v3_add3", .vocab = 97, .AN = 7168, .an_alpha = 2.5};
 static const km_spec ADD3_ODD = {.name = "odd_add3", .vocab = 97, .AN = 37, .an_alpha = -0.5};
-/* MLA's absorptions as generated kernels (buckets of up to 2 tokens):
- * V2-Lite's 16 heads and V3's 128 (dn = dv = 128, r 512), and odd sizes
- * (r not a multiple of 8, dv past one block's rows) */
+/* MLA's absorptions as generated kernels (the CUDA-core form up to 2
+ * tokens, the tensor-core one from 3 to 64): V2-Lite's 16 heads and V3's
+ * 128 (dn = dv = 128, r 512), odd sizes (r not a multiple of 8, dv past one
+ * block's rows: cuBLASLt from 3 tokens), and sizes the tensor-core form
+ * takes in blocks of 16 columns that no wider block divides */
 static const km_spec ABS_V2 = {.name = "v2lite_absorb", .vocab = 97, .AH = 16, .ADN = 128,
                                .ADV = 128, .AR = 512};
 static const km_spec ABS_V3 = {.name = "v3_absorb", .vocab = 97, .AH = 128, .ADN = 128, .ADV = 128,
                                .AR = 512};
 static const km_spec ABS_ODD = {.name = "odd_absorb", .vocab = 97, .AH = 3, .ADN = 5, .ADV = 37,
                                 .AR = 36};
+static const km_spec ABS_MMA_ODD = {.name = "odd_absorb_mma", .vocab = 97, .AH = 3, .ADN = 16,
+                                    .ADV = 48, .AR = 80};
 static const km_spec PRO_V2 = {.name = "v2lite_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 16,
                                .DN = 128, .DR = 64, .R = 512, .attn_scale = 0.1147213867929261};
 static const km_spec PRO_V3 = {.name = "v3_pro", .vocab = 97, .attn = KM_MLA_PRO, .H = 128,
@@ -3272,9 +3276,20 @@ int main(void)
     for (int i = 0; i < 3; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
-    const km_spec *absorbs[3] = {&ABS_V2, &ABS_V3, &ABS_ODD};
-    const unsigned ABS_T = TM(1) | TM(2);
-    for (int i = 0; i < 3; i++)
+    const km_spec *absorbs[4] = {&ABS_V2, &ABS_V3, &ABS_ODD, &ABS_MMA_ODD};
+    const unsigned ABS_T = TM(1) | TM(2) | TM(3) | TM(8) | TM(64);
+    if (getenv("MOEC_KERN_ABSORB_ONLY")) {
+        /* those cases alone (bf16: both generated forms) */
+        for (int i = 0; i < 4; i++)
+            prog_add(absorbs[i], IR_DTYPE_BF16, 64, ABS_T);
+        progs_compile();
+        for (int i = 0; i < 4; i++)
+            moe_case(absorbs[i], IR_DTYPE_BF16, ABS_T, 40 + (uint64_t)(2 * i));
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (MLA absorptions)");
+    }
+    for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_T);
     /* issue 15's fused forms at T = 1, 3, 8 (the act linear's kernel: up
@@ -3410,7 +3425,7 @@ int main(void)
         for (int f32 = 0; f32 < 2; f32++)
             moe_case(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, TM(1) | TM(8) | TM(64),
                      30 + (uint64_t)(2 * i + f32));
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)
             moe_case(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ABS_T,
                      40 + (uint64_t)(2 * i + f32));

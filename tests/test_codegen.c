@@ -630,6 +630,7 @@ static void test_gemv(void)
 static void test_unit_ops(void)
 {
     setenv("MOEC_ABSORB_MAX_T", "0", 1); /* the absorptions as cuBLASLt GEMMs */
+    setenv("MOEC_ABSORB_MMA_MAX_T", "0", 1);
     ir_module *m = NULL;
     T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
     if (!m)
@@ -768,6 +769,7 @@ static void test_unit_ops(void)
     }
     ir_module_free(m);
     unsetenv("MOEC_ABSORB_MAX_T");
+    unsetenv("MOEC_ABSORB_MMA_MAX_T");
 }
 
 /* The unit module through plan_memory: the reshape, fork and join that
@@ -1017,6 +1019,7 @@ static float *rand_buf(size_t n, uint64_t *rng)
 static void test_gemm_semantics(void)
 {
     setenv("MOEC_ABSORB_MAX_T", "0", 1); /* the absorptions as cuBLASLt GEMMs */
+    setenv("MOEC_ABSORB_MMA_MAX_T", "0", 1);
     ir_module *m = NULL;
     T_OK(ir_module_parse(UNIT_IR, "unit.mir", &m));
     if (!m)
@@ -1079,14 +1082,18 @@ static void test_gemm_semantics(void)
     cg_ctx_free(&c);
     ir_module_free(m);
     unsetenv("MOEC_ABSORB_MAX_T");
+    unsetenv("MOEC_ABSORB_MMA_MAX_T");
 }
 
 /* Buckets of up to 2 tokens: the absorptions as generated kernels (qabsorb
  * a block of 16 warps per head and 64 columns of r, vabsorb a block of 8
  * warps per head and 16 rows of W_UV), x, kv_b and the result as
  * arguments (vabsorb reads W_UV itself: no offset in the argument);
- * compiled by NVRTC; 3 tokens and MOEC_ABSORB_MAX_T=1 at 2 keep cuBLASLt.
- * Their numbers: tests/gpu_kernels.c against the interpreter. */
+ * compiled by NVRTC; from 3 tokens (and at 2 with MOEC_ABSORB_MAX_T=1) the
+ * tensor-core form (8 warps a block of 16 output columns of a head, its
+ * x rows and weight columns in dynamic shared memory), also compiled; with
+ * MOEC_ABSORB_MMA_MAX_T=2, cuBLASLt at 3. Their numbers: tests/gpu_model.c
+ * and gpu_kernels.c against the interpreter. */
 static void test_absorb_kernels(void)
 {
     ir_module *m = NULL;
@@ -1111,15 +1118,34 @@ static void test_absorb_kernels(void)
     compile_src(c.src.data, "the unit module's absorptions");
     cg_ctx_free(&c);
     T_CHECK(generate(m, &o, 3, &c));
+    /* qabsorb: r 32 in 2 blocks of 16 columns a head; A: 16 rows of dn 16 +
+       8, B: 16 rows of 16 + 8 (bf16); vabsorb: dv 16 in one block, A 16 rows
+       of r 32 + 8, B 16 rows of 32 + 8 */
+    expect_kernel(&c, "qc", "mla_qabsorb_mma_nb16_h4_dn16_dv16_r32_t3_bf16_bf16_bf16", 4, 2, 256, 3);
+    expect_kernel(&c, "o", "mla_vabsorb_mma_nb16_h4_dn16_dv16_r32_t3_bf16_bf16_bf16", 4, 1, 256, 3);
+    s = step_of(&c, "qc");
+    T_CHECK(s && s->smem == (16 * 24 + 16 * 24) * 2);
+    s = step_of(&c, "o");
+    T_CHECK(s && s->smem == (16 * 40 + 16 * 40) * 2);
+    compile_src(c.src.data, "the unit module's absorptions on tensor cores");
+    cg_ctx_free(&c);
+    setenv("MOEC_ABSORB_MMA_MAX_T", "2", 1);
+    T_CHECK(generate(m, &o, 3, &c));
     s = step_of(&c, "qc");
     T_CHECK(s && s->kind == IR_STEP_GEMM);
     cg_ctx_free(&c);
     setenv("MOEC_ABSORB_MAX_T", "1", 1);
     T_CHECK(generate(m, &o, 2, &c));
+    expect_kernel(&c, "o", "mla_vabsorb_mma_nb16_h4_dn16_dv16_r32_t2_bf16_bf16_bf16", 4, 1, 256, 3);
+    cg_ctx_free(&c);
+    setenv("MOEC_ABSORB_MMA_MAX_T", "0", 1);
+    T_CHECK(generate(m, &o, 2, &c));
     s = step_of(&c, "o");
     T_CHECK(s && s->kind == IR_STEP_GEMM);
     cg_ctx_free(&c);
     unsetenv("MOEC_ABSORB_MAX_T");
+    unsetenv("MOEC_ABSORB_MMA_MAX_T");
+    unsetenv("MOEC_ABSORB_MMA_MAX_T");
     ir_module_free(m);
 }
 
@@ -1308,10 +1334,9 @@ static void check_indexer_streams(const ir_module *m, const char *what)
             } else if (s->kind == IR_STEP_JOIN && op->in[0]->def &&
                        op->in[0]->def->kind == IR_OP_DSA_TOPK) {
                 /* wq_b, dsa_prologue_k, score, select (fp8: wk and weights_proj too) */
-                /* the q path: q_b, the q prologue and the absorption (at T=1
-                   one launch with the prologue's) */
-                bad += s->stream != 0 || fork < join || side < 4 ||
-                       main_q < (buckets[b] <= 2 ? 2 : 3);
+                /* the q path: q_b, the q prologue and the absorption (one
+                   launch with the prologue's where a generated kernel runs it) */
+                bad += s->stream != 0 || fork < join || side < 4 || main_q < 2;
                 join = i;
                 pairs++;
             } else if (launch && is_indexer_op(m, op)) {
