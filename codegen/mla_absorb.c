@@ -1,5 +1,5 @@
-/* mla_absorb.c — MLA's absorbed up-projections as one strided-batched
- * cuBLASLt GEMM over the H heads (no generated kernel). kv_b [H*(dn+dv), r]
+/* mla_absorb.c — MLA's absorbed up-projections: one strided-batched
+ * cuBLASLt GEMM over the H heads, or a generated kernel (below). kv_b [H*(dn+dv), r]
  * holds per head h the rows W_UK[h] (dn of them) then W_UV[h] (dv).
  *
  * mla_qabsorb, q_c[t,h,:] = q_nope[t,h,:] W_UK[h] ([dn, r] row-major): in
@@ -21,7 +21,11 @@
  * partial sums added in shared memory. vabsorb: a block per head and
  * ABS_ROWS rows of W_UV[h], a warp per few rows, lanes along r against the
  * tokens' o_c rows in shared memory, a warp sum per row and token. fp32
- * accumulation, as cuBLASLt's. */
+ * accumulation, as cuBLASLt's. Past them, up to ABS_MMA_MAX_T tokens, a
+ * tensor-core form (MMA_BODY) where bf16 and the sizes allow; cuBLASLt
+ * otherwise. qabsorb with head_stride reads q_nope in place in the q
+ * projection (ldb and the batch stride of B in the GEMM); the MLA
+ * prologue's kernel may run its generated form (cg_mla_qabsorb_part). */
 #include <stdio.h>
 #include <string.h>
 
