@@ -225,19 +225,21 @@ const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro);
  * right after pro on its stream, reading the q projection pro reads in
  * place (head_stride), at a bucket where it runs as a generated kernel,
  * its result in bytes neither op's other operands hold; one launch then
- * does both (MOEC_MLA_PRO_QABSORB=0 at codegen keeps two, for A/B runs).
+ * does both (MOEC_MLA_PRO_QABSORB=0 at codegen keeps two, for A/B runs),
+ * and *part (unless NULL) is the absorption's part (cg_mla_qabsorb_part).
  * The absorption's emitter asks the same to emit nothing. */
-const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro);
+typedef struct cg_qabsorb_part cg_qabsorb_part;
+const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro, cg_qabsorb_part *part);
 /* The generated mla_qabsorb kernel as a part of another kernel
  * (codegen/mla_absorb.c): its blocks (grid_x heads by blocks / grid_x
  * column groups, bx and by in the part), threads, dtypes of kv_b and the
  * result, and a name tag; 0 when qa (with head_stride) does not run as the
  * generated kernel at c->T. */
-typedef struct cg_qabsorb_part {
+struct cg_qabsorb_part {
     unsigned blocks, grid_x, threads, smem;
     ir_dtype dw, dy;
     char tag[96];
-} cg_qabsorb_part;
+};
 int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p);
 /* Its code, as one scope over parameters x, kv_b and y and locals bx, by:
  * what it does before the wait (moec_pdl_enter, which it calls), the wait

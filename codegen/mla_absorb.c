@@ -441,7 +441,7 @@ moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
                         "[H*(dn+dv), r] and the head dims, shapes that agree",
                         ir_op_name(op->kind), y->name);
     /* run inside the MLA prologue's kernel before it (codegen/mla_prologue.c) */
-    if (q && op->id > 0 && cg_mla_prologue_qabsorb(c, c->m->ops[op->id - 1]) == op)
+    if (q && op->id > 0 && cg_mla_prologue_qabsorb(c, c->m->ops[op->id - 1], NULL) == op)
         return MOEC_OK;
     if (g.da != g.db || g.da == IR_DTYPE_I32 || g.dc == IR_DTYPE_I32)
         return MOEC_ERR(

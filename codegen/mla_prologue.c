@@ -138,15 +138,17 @@ const ir_op *cg_mla_prologue_cache(const ir_module *m, const ir_op *pro)
                            pro->out[kv_result(pro, 1)]);
 }
 
-const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro)
+const ir_op *cg_mla_prologue_qabsorb(const cg_ctx *c, const ir_op *pro, cg_qabsorb_part *part)
 {
     if ((pro->kind != IR_OP_MLA_PROLOGUE && pro->kind != IR_OP_MLA_PROLOGUE_Q) ||
         pro->id + 1 >= c->m->n_ops || !cg_env_int("MOEC_MLA_PRO_QABSORB", 1, 0, 1))
         return NULL;
     const ir_op *qa = c->m->ops[pro->id + 1];
-    cg_qabsorb_part part;
+    cg_qabsorb_part own;
+    if (!part)
+        part = &own;
     if (qa->kind != IR_OP_MLA_QABSORB || qa->stream != pro->stream || qa->in[0] != pro->in[0] ||
-        !cg_mla_qabsorb_part(c, qa, &part))
+        !cg_mla_qabsorb_part(c, qa, part))
         return NULL;
     /* the absorption's result is written at pro's place in the steps: in
        bytes that no operand of either op holds (q_nope, read by nothing,
@@ -233,10 +235,8 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     /* q_nope is copied out only where something reads it; the absorption
        may run in this kernel (cg_mla_prologue_qabsorb) */
     int nope = heads && cg_read_after(c->m, op->out[0], -1);
-    const ir_op *qa = cg_mla_prologue_qabsorb(c, op);
     cg_qabsorb_part part = {0};
-    if (qa && !cg_mla_qabsorb_part(c, qa, &part))
-        qa = NULL;
+    const ir_op *qa = cg_mla_prologue_qabsorb(c, op, &part);
     if (qa)
         snprintf(fused, sizeof fused, "_qabsorb_%s", part.tag);
     snprintf(name, sizeof name,
