@@ -135,12 +135,17 @@ static const char GEMM_CONSTS[] =
 
 /* Shared by the CUDA-core forms' gate_up and down (after their constants,
  * BN among them): the block's expert, its BM slots (padding rows read row
- * 0 and are never stored) and the warp's first row n0. */
+ * 0 and are never stored) and the warp's first row n0. The align kernel
+ * writes every block's expert, -1 past the count it used, so the expert
+ * alone says whether a block works: one load ahead of the weights' instead
+ * of two in a row. Both are read through L2 (__ldcg): a down kernel that
+ * reads them before its wait (PRE) sees the align's stores there. */
 static const char GEMM_HEAD[] =
     "    const int b = blockIdx.x;\n"
-    "    if (b >= *n_used)\n"
+    "    (void)n_used;\n"
+    "    const int e = __ldcg(blk_expert + b);\n"
+    "    if (e < 0)\n"
     "        return;\n"
-    "    const int e = blk_expert[b];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    const int n0 = blockIdx.y * BN + warp * RW;\n"
     "    if (ND % BN != 0 && n0 >= ND)\n"
@@ -148,7 +153,7 @@ static const char GEMM_HEAD[] =
     "    int sl[BM];\n"
     "#pragma unroll\n"
     "    for (int m = 0; m < BM; m++)\n"
-    "        sl[m] = sorted[b * BM + m];\n";
+    "        sl[m] = __ldcg(sorted + b * BM + m);\n";
 
 static const char GATE_UP_BODY[] =
     "    const TX *xr[BM];\n"
@@ -321,11 +326,10 @@ static const char GV_BODY[] =
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++)\n"
     "                a[i][r][m] = 0.0f;\n"
-    "#pragma unroll 1\n"
-    "    for (int c0 = 0; c0 < NCH; c0 += U) {\n"
-    "        uint4 wv[U][NM][RW];\n"
-    "        float xv[U][BM][VW];\n"
-    "        [[maybe_unused]] float sv[U][NM][RW];\n"
+    "    uint4 wv[U][NM][RW];\n"
+    "    [[maybe_unused]] float sv[U][NM][RW];\n"
+    "    /* the U chunks from c0 of every row's weights (and their scales) */\n"
+    "    auto load_w = [&](int c0) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
@@ -339,6 +343,24 @@ static const char GV_BODY[] =
     "                    if constexpr (W8)\n"
     "                        sv[u][i][r] = on ? sr[i][r][k / SBK] : 0.0f;\n"
     "                }\n"
+    "        }\n"
+    "    };\n";
+/* With PRE (down, both forms), the first chunks' weights are loaded before
+ * the wait, while gate_up still runs: the block's expert and slots come
+ * from the align kernel, which ended before gate_up passed its own wait,
+ * and gate_up lets this kernel start only after that wait (moec_pdl_enter);
+ * the loop then starts with their products. */
+static const char DOWN_PRE[] = "    load_w(0);\n    moec_pdl_enter();\n";
+static const char GV_LOOP[] =
+    "#pragma unroll 1\n"
+    "    for (int c0 = 0; c0 < NCH; c0 += U) {\n"
+    "        if (!PRE || c0 > 0)\n"
+    "            load_w(c0);\n"
+    "        float xv[U][BM][VW];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
+    "            const bool ok = (NCH % U == 0 || c0 + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++) {\n"
     "                if (ok) {\n"
@@ -403,9 +425,10 @@ static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
 static const char MMA_HEAD[] =
     "    constexpr int NTILE = BM / 8, NSTEP = KD / 32;\n"
     "    const int b = blockIdx.x;\n"
-    "    if (b >= *n_used)\n"
+    "    (void)n_used;\n"
+    "    const int e = __ldcg(blk_expert + b);\n"
+    "    if (e < 0)\n"
     "        return;\n"
-    "    const int e = blk_expert[b];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    const int n0 = (blockIdx.y * NW + warp) * 16;\n"
     "    if (n0 >= ND)\n"
@@ -413,7 +436,7 @@ static const char MMA_HEAD[] =
     "    int sl[NTILE];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
-    "        sl[t] = sorted[b * BM + t * 8 + g];\n";
+    "        sl[t] = __ldcg(sorted + b * BM + t * 8 + g);\n";
 
 static const char MMA_GATE_UP_BODY[] =
     "    const TX *xr[NTILE];\n"
@@ -480,7 +503,7 @@ static const char MMA_GATE_UP_BODY[] =
     "    for (int t = 0; t < NTILE; t++)\n"
     "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, ag[t], au[t]);\n";
 
-static const char MMA_DOWN_BODY[] =
+static const char MMA_DOWN_LOAD[] =
     "    const TH *hr[NTILE];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
@@ -492,12 +515,10 @@ static const char MMA_DOWN_BODY[] =
     "#pragma unroll\n"
     "        for (int i = 0; i < 4; i++)\n"
     "            acc[t][i] = 0.0f;\n"
-    "#pragma unroll 1\n"
-    "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
-    "        uint4 wa[U][2];\n"
-    "        /* h: bf16 pairs (of f32 h: rounded here, as the bf16 h was stored) */\n"
-    "        uint4 hb[U][NTILE];\n"
-    "        [[maybe_unused]] float sd[U];\n"
+    "    uint4 wa[U][2];\n"
+    "    [[maybe_unused]] float sd[U];\n"
+    "    /* the U chunks from s0 of the warp's 16 weight rows (and their scales) */\n"
+    "    auto load_w = [&](int s0) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
@@ -507,6 +528,21 @@ static const char MMA_DOWN_BODY[] =
     "            wa[u][1] = moec_ld8(d0 + 8LL * KD + k);\n"
     "            if constexpr (W8)\n"
     "                sd[u] = dsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
+    "        }\n"
+    "    };\n";
+
+static const char MMA_DOWN_BODY[] =
+    "#pragma unroll 1\n"
+    "    for (int s0 = 0; s0 < NSTEP; s0 += U) {\n"
+    "        if (!PRE || s0 > 0)\n"
+    "            load_w(s0);\n"
+    "        /* h: bf16 pairs (of f32 h: rounded here, as the bf16 h was stored) */\n"
+    "        uint4 hb[U][NTILE];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
+    "                break;\n"
+    "            const long long k = (long long)(s0 + u) * 32;\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NTILE; t++) {\n"
     "                if constexpr (sizeof(TH) == 2) {\n"
@@ -768,9 +804,11 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
             moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
                           MMA_GATE_UP_BODY);
         else if (form == FORM_GV)
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
+            moec_buf_printf(&c->src,
+                          "    constexpr int RW = %d, U = %d;\n    constexpr bool PRE = false;\n"
+                          "%s%s%s%s%s%s%s%s}\n\n",
                           sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_GATE_UP_IN, GV_BODY,
-                          GV_GATE_UP_OUT, GATE_UP_END);
+                          GV_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
@@ -804,9 +842,12 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD,
                                 "MOEC_MOE_MMA_DN_U", MMA_DN_U);
-    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E, K,
-             H, I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now", dtag,
-             l->h16 ? "_h16" : "");
+    /* the first chunks' weights loaded before the wait (MOEC_MOE_DOWN_PRE=0:
+       after it, for A/B runs) */
+    int pre = form != FORM_SIMT && cg_env_int("MOEC_MOE_DOWN_PRE", 1, 0, 1);
+    snprintf(name, sizeof name, "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s%s", E,
+             K, H, I, bm, sh.tag, T, ir_dtype_name(ddt), ir_dtype_name(ydt), d->w ? "w" : "now",
+             dtag, l->h16 ? "_h16" : "", pre ? "_pre" : "");
     int k3 = cg_kernel(c, name, &is_new);
     if (k3 < 0)
         return oom(d);
@@ -833,12 +874,15 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                    "    (void)wts;\n    (void)scale;\n");
         if (mma)
-            moec_buf_printf(&c->src, "    constexpr int U = %d;\n%s%s}\n\n", sh.u, MMA_HEAD,
-                          MMA_DOWN_BODY);
+            moec_buf_printf(&c->src, "    constexpr int U = %d;\n    constexpr bool PRE = %s;\n%s%s%s%s}\n\n",
+                          sh.u, pre ? "true" : "false", MMA_HEAD, MMA_DOWN_LOAD,
+                          pre ? DOWN_PRE : "", MMA_DOWN_BODY);
         else if (form == FORM_GV)
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, U = %d;\n%s%s%s%s%s%s%s}\n\n",
-                          sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_DOWN_IN, GV_BODY,
-                          GV_DOWN_OUT, DOWN_END);
+            moec_buf_printf(&c->src,
+                          "    constexpr int RW = %d, U = %d;\n    constexpr bool PRE = %s;\n"
+                          "%s%s%s%s%s%s%s%s%s}\n\n",
+                          sh.rows, sh.u, pre ? "true" : "false", GV_CONSTS, GEMM_HEAD, GV_ROWS,
+                          GV_DOWN_IN, GV_BODY, pre ? DOWN_PRE : "", GV_LOOP, GV_DOWN_OUT, DOWN_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_dn,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);

@@ -607,11 +607,16 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         else if (!routed)
             moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,
                             TOPK_BODY);
-        else /* the warps of tokens choose, every warp aligns */
+        else /* the warps of tokens choose, every warp aligns, from the
+                choices kept in shared memory too (not read back from ids) */
             moec_buf_printf(&c->src,
-                          "    {\n%s    if (t < T) {\n%s    }\n    }\n"
+                          "    __shared__ int s_ids[T * K];\n"
+                          "    {\n%s    if (t < T) {\n%s"
+                          "    if (lane < K)\n        s_ids[t * K + lane] = my_id;\n"
+                          "    }\n    }\n"
                           "    __syncthreads();\n"
                           "    {\n"
+                          "        const int *ids = s_ids;\n"
                           "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
                           "        constexpr long long NB = %lldLL;\n"
                           "%s    }\n"

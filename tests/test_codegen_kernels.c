@@ -432,7 +432,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     snprintf(want, sizeof want, "moe_gate_up_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_bf16_fused%s", bm,
              mma ? "mma_w1_u8" : "gv_w4_r2_u4", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
-    snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w%s", bm,
+    snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w%s_pre", bm,
              mma ? "mma_w1_u4" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
     T_CHECK(al == &c->steps[k] && al->grid[0] == 8 && al->grid[1] == 1);
