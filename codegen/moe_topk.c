@@ -531,6 +531,23 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_late");
     if (rf == ROUTER_MMA && cl != ROUTER_CLUSTER)
         snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_cl%d", cl);
+    /* MOEC_MOE_TOPK_PF_KB=N (one-block aligning forms): as each token's
+       choices are made, the first N KiB of every chosen expert's gate and
+       up rows are asked into L2, so that the DRAM starts on the routed
+       gate_up's weights before that kernel's blocks pass their wait */
+    long long pf = 0, gsb = 0, uoffb = 0;
+    const ir_value *pf_g = NULL, *pf_u = NULL;
+    int64_t pf_e0 = 0;
+    if (routed && rf != ROUTER_MMA && (pf = 1024LL * cg_env_int("MOEC_MOE_TOPK_PF_KB", 0, 0, 1 << 16))) {
+        /* routed's operands: x, ids, w, gate_up | gate, up, down */
+        pf_g = routed->in[3];
+        pf_u = routed->n_in == 6 ? routed->in[4] : NULL;
+        pf_e0 = ir_op_attr_int(routed, "expert_start", 0);
+        long long es = (long long)ir_dtype_size(cg_storage(c, pf_g));
+        gsb = pf_g->type.dims[1] * pf_g->type.dims[2] * es;
+        uoffb = pf_u ? 0 : gsb / 2;
+        snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_pf%lld", pf / 1024);
+    }
     snprintf(name, sizeof name, "moe_topk%s%s_e%lld_k%lld_%s_g%lld_tg%lld_%s_n%d_b%s_t%d", align,
              rtag, E, K, softmax ? "softmax" : "sigmoid", NG, TG, top2 ? "top2" : "max", norm,
              bias ? ir_dtype_name(bdt) : "0", c->T);
@@ -538,6 +555,16 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "moe_topk %%%s: no memory", who);
+    char pf_src[512] = "";
+    if (pf)
+        snprintf(pf_src, sizeof pf_src,
+                 "    if (lane < K && my_id >= %lld && my_id - %lld < %lld) {\n"
+                 "        const long long eb = (long long)(my_id - %lld) * %lldLL;\n"
+                 "        moec_prefetch_l2(pf_g + eb, %lldULL);\n"
+                 "        moec_prefetch_l2(pf_u + eb + %lldLL, %lldULL);\n"
+                 "    }\n",
+                 (long long)pf_e0, (long long)pf_e0, (long long)pf_g->type.dims[0], (long long)pf_e0,
+                 gsb, pf < gsb ? pf : gsb, uoffb, pf < gsb ? pf : gsb);
     if (is_new && router) {
         ir_dtype dt = cg_storage(c, rw);
         moec_buf_printf(&c->src,
@@ -561,10 +588,11 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (is_new) {
         if (bias)
             moec_buf_printf(&c->src, "const %s *__restrict__ bias, ", cg_ctype(bdt));
-        moec_buf_printf(&c->src, "int *__restrict__ ids, float *__restrict__ wts, float scaling%s",
+        moec_buf_printf(&c->src, "int *__restrict__ ids, float *__restrict__ wts, float scaling%s%s",
                       routed ? ", int *__restrict__ sorted, int *__restrict__ blk_expert, "
                                "int *__restrict__ n_used"
-                             : "");
+                             : "",
+                      pf ? ", const char *__restrict__ pf_g, const char *__restrict__ pf_u" : "");
         moec_buf_printf(&c->src,
                       ")\n{\n"
                       "    constexpr int E = %lld, K = %lld, NG = %lld, TG = %lld, GS = E / NG, T = %d, "
@@ -613,6 +641,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                           "    __shared__ int s_ids[T * K];\n"
                           "    {\n%s    if (t < T) {\n%s"
                           "    if (lane < K)\n        s_ids[t * K + lane] = my_id;\n"
+                          "%s"
                           "    }\n    }\n"
                           "    __syncthreads();\n"
                           "    {\n"
@@ -621,7 +650,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                           "        constexpr long long NB = %lldLL;\n"
                           "%s    }\n"
                           "}\n\n",
-                          TOPK_HEAD, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
+                          TOPK_HEAD, TOPK_BODY, pf_src, bm, nb, CG_MOE_ALIGN_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -650,6 +679,10 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         c->moe_align_off[3] = c->scratch_cur[c->stream == 1];
         for (int i = 0; i < 3; i++)
             s->args[n++] = cg_arg_scratch(c->moe_align_off[i]);
+    }
+    if (pf) {
+        s->args[n++] = cg_arg_weight(pf_g);
+        s->args[n++] = cg_arg_weight(pf_u ? pf_u : pf_g);
     }
     s->n_args = n;
     return MOEC_OK;
