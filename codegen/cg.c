@@ -1175,6 +1175,18 @@ size_t cg_smem_max(const cg_options *o)
     return a == 80 || a == 87 ? 163 * 1024 : 99 * 1024;
 }
 
+size_t cg_side_smem_pad(const cg_ctx *c)
+{
+    int n = cg_env_int("MOEC_SIDE_BLOCKS_PER_SM", 0, 0, 32);
+    if (c->stream != 1 || n <= 0)
+        return 0;
+    /* the SM's shared memory (the most a block may take, and the 1 KiB the
+       GPU keeps per block): n blocks of the pad fit, n + 1 do not */
+    size_t sm = cg_smem_max(c->opt) + 1024;
+    size_t pad = (size_t)((double)sm / (n + 0.5)) - 1024;
+    return pad > cg_smem_max(c->opt) ? cg_smem_max(c->opt) : pad & ~(size_t)1023;
+}
+
 int cg_vec_width(int64_t n)
 {
     return n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : n % 2 == 0 ? 2 : 1;
