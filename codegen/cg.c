@@ -1175,10 +1175,22 @@ size_t cg_smem_max(const cg_options *o)
     return a == 80 || a == 87 ? 163 * 1024 : 99 * 1024;
 }
 
-size_t cg_side_smem_pad(const cg_ctx *c)
+/* The side stream's GEMV blocks an SM may hold (cg_side_smem_pad): at one
+ * token they run beside the top-k kernel, which five of them (the most
+ * their registers allow) slowed from ~5 to ~12 us a layer. (H100,
+ * 2026-11-25, V2-Lite step at batch 1, ms: bf16 2.392 / 2.393 unpadded, at
+ * 1 to 5 blocks 2.493, 2.317-2.321, 2.314-2.317, 2.349, 2.358 in two calls;
+ * fp8 1.764-1.766 unpadded, 1.997, 1.806-1.809, 1.770-1.774, 1.732, 1.737.
+ * The kernel timeline at 3: the top-k 7.8-9.5 us, the shared gate_up 16
+ * us instead of 11.) */
+#define SIDE_BPS 3
+#define SIDE_BPS_FP8 4
+
+size_t cg_side_smem_pad(const cg_ctx *c, ir_dtype w)
 {
-    int n = cg_env_int("MOEC_SIDE_BLOCKS_PER_SM", 0, 0, 32);
-    if (c->stream != 1 || n <= 0)
+    int n = cg_env_int("MOEC_SIDE_BLOCKS_PER_SM", w == IR_DTYPE_F8E4M3 ? SIDE_BPS_FP8 : SIDE_BPS,
+                       0, 32);
+    if (n <= 0)
         return 0;
     /* the SM's shared memory (the most a block may take, and the 1 KiB the
        GPU keeps per block): n blocks of the pad fit, n + 1 do not */

@@ -156,11 +156,11 @@ int cg_vec_width(int64_t n);
 int cg_arch_num(const cg_options *o);
 /* The most dynamic shared memory a block of the target arch may take. */
 size_t cg_smem_max(const cg_options *o);
-/* MOEC_SIDE_BLOCKS_PER_SM=N (an A/B knob, default off): the dynamic shared
- * memory (unused) that a side-stream (c->stream 1) GEMV step takes so that
- * at most N of its blocks share an SM, leaving the main stream's kernels
- * beside them the rest of it; 0 on the main stream or when unset. */
-size_t cg_side_smem_pad(const cg_ctx *c);
+/* The dynamic shared memory (unused) that a side-stream GEMV step of
+ * weights stored as w takes so that at most N of its blocks share an SM,
+ * leaving the main stream's kernels beside them the rest of it: N is 3
+ * (fp8 weights: 4) or MOEC_SIDE_BLOCKS_PER_SM (0: no pad, 0 bytes). */
+size_t cg_side_smem_pad(const cg_ctx *c, ir_dtype w);
 /* A tuning knob from the environment, read at code generation: the integer
  * in $name when it is one in [lo, hi], else dflt. */
 int cg_env_int(const char *name, int dflt, int lo, int hi);

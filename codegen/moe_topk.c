@@ -217,7 +217,7 @@ static int side_stream_beside(const cg_ctx *c)
     if (cg_env_int("MOEC_MOE_ROUTE_MMA_ANY_STREAM", 0, 0, 1)) /* for A/B runs */
         return 0;
     int max = cg_env_int("MOEC_DUAL_STREAM_MAX_T", IR_DUAL_STREAM_MAX_T, 0, 1 << 20);
-    int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", IR_DUAL_STREAM_FROM_T, 0, 1 << 20);
+    int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", ir_dual_stream_from_t(c->m), 0, 1 << 20);
     if (!ir_bucket_two_streams(c->T, max, from))
         return 0;
     for (int k = 0; k < c->m->n_ops; k++)

@@ -260,7 +260,8 @@ struct ir_op {
 };
 
 /* Buckets of up to IR_DUAL_STREAM_MAX_T tokens, and from
- * IR_DUAL_STREAM_FROM_T up, replay the side stream beside the main one;
+ * IR_DUAL_STREAM_FROM_T up where the side stream reads fp8 weights
+ * (ir_dual_stream_from_t), replay the side stream beside the main one;
  * those between run on the main stream alone (the runtime's
  * MOEC_DUAL_STREAM_MAX_T and MOEC_DUAL_STREAM_FROM_T defaults, which
  * codegen reads too where a kernel suits one stream only). */
@@ -389,6 +390,15 @@ void ir_module_replace_uses(ir_module *m, const ir_value *from, ir_value *to);
 int ir_module_use_count(const ir_module *m, const ir_value *v);
 /* The op using v when exactly one op uses it once and it is not an output; else NULL. */
 ir_op *ir_module_single_user(const ir_module *m, const ir_value *v);
+/* The default from_t of module m's plans: IR_DUAL_STREAM_FROM_T where an op
+ * of the side stream reads fp8 weights (its linears then run generated
+ * kernels at every bucket), else 0. (H100, 2026-11-25, V2-Lite bf16 at 64
+ * tokens, whose side stream runs cuBLASLt GEMMs: two streams 13.69 ms in a
+ * process that ran no other bucket, but 14.57-14.74 once the one-token
+ * bucket's graph had run, in five runs; one stream 13.80-13.82 either way.
+ * fp8: two streams 9.40 after the one-token bucket, one stream ~0.35 ms
+ * slower.) */
+int ir_dual_stream_from_t(const ir_module *m);
 /* Removes ops none of whose results are used (repeatedly), then weights and
  * inputs nothing uses (but never "tokens"/"positions"); renumbers values and
  * ops. */

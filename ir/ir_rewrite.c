@@ -269,3 +269,16 @@ moec_status ir_module_clone(const ir_module *m, ir_module **out)
     free(text);
     return st;
 }
+
+int ir_dual_stream_from_t(const ir_module *m)
+{
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        if (op->stream != 1)
+            continue;
+        for (int i = 0; i < op->n_in; i++)
+            if (op->in[i]->kind == IR_VALUE_WEIGHT && op->in[i]->type.dtype == IR_DTYPE_F8E4M3)
+                return IR_DUAL_STREAM_FROM_T;
+    }
+    return 0;
+}

@@ -375,7 +375,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
        (tenth round), where the routed experts fill the GPU; at 64 it
        gains 0.19 and 0.21 ms in two calls of the tenth round) */
     c->dual_max_t = IR_DUAL_STREAM_MAX_T;
-    c->dual_from_t = IR_DUAL_STREAM_FROM_T;
+    c->dual_from_t = ir_dual_stream_from_t(m);
     MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_MAX_T", &c->dual_max_t));
     MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_FROM_T", &c->dual_from_t));
     MOEC_TRY(stream_priorities(c));

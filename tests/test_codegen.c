@@ -1366,6 +1366,42 @@ static void check_indexer_streams(const ir_module *m, const char *what)
     }
 }
 
+/* At one token the side stream's GEMV steps (the shared experts' linears)
+ * take the unused shared memory that leaves room for 3 of their blocks a
+ * SM, 4 for fp8 weights (sm_90: 228 KiB, 1 KiB kept a block, the kernel's
+ * own 256 bytes; cg_side_smem_pad); the main stream's take none. */
+static void check_side_pads(const ir_module *m, const char *what)
+{
+    int side_linears = 0;
+    for (int k = 0; k < m->n_ops; k++)
+        side_linears += m->ops[k]->stream == 1 && m->ops[k]->kind == IR_OP_LINEAR;
+    cg_options o;
+    cg_options_default(&o);
+    cg_ctx c;
+    if (!generate(m, &o, 1, &c)) {
+        cg_ctx_free(&c);
+        return;
+    }
+    int side = 0;
+    for (int i = 0; i < c.n_steps; i++) {
+        const ir_step *s = &c.steps[i];
+        const char *name = kname(&c, s);
+        if (s->kind != IR_STEP_KERNEL || strncmp(name, "linear_gemv_", 12))
+            continue;
+        if (s->stream == 1) {
+            int per_sm = strstr(name, "_f8e4m3") ? 4 : 3;
+            side++;
+            T_CHECK(per_sm * (s->smem + 1024 + 256) <= 228 * 1024 &&
+                    (per_sm + 1) * (s->smem + 1024) > 228 * 1024);
+        } else {
+            T_CHECK(s->smem == 0);
+        }
+    }
+    fprintf(stderr, "%s T=1: %d side-stream GEMV steps padded\n", what, side);
+    T_CHECK((side > 0) == (side_linears > 0));
+    cg_ctx_free(&c);
+}
+
 static void test_model(const char *name)
 {
     ir_module *m = planned(load_model(name), load_model, name);
@@ -1399,6 +1435,7 @@ static void test_model(const char *name)
     fprintf(stderr, "%s: %d launches per step at T=1 (no reshape, fork or join copies)\n", name,
             launches);
     check_indexer_streams(m, name);
+    check_side_pads(m, name);
     ir_module_free(m);
 }
 

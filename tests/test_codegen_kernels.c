@@ -154,10 +154,12 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->block[0] % 32 == 0 && s->block[0] <= 1024 && s->block[1] == 1);
         T_CHECK(s->grid[0] >= 1 && s->grid[1] >= 1 && s->grid[2] >= 1);
         /* dynamic shared memory only for the tensor-core MLA kernel, the
-           staged fp8 kernels, the fast DSA score kernel and the fast DSA
-           select (its score row) */
+           staged fp8 kernels, the fast DSA score kernel, the fast DSA
+           select (its score row) and the side stream's GEMVs (a pad,
+           cg_side_smem_pad) */
         T_CHECK(s->smem == 0 ||
                 ((strstr(name, "_mma_") || strstr(name, "_f8tc_") ||
+                  (s->stream == 1 && !strncmp(name, "linear_gemv_", 12)) ||
                   !strncmp(name, "dsa_score_tc_", 13) || !strncmp(name, "dsa_select_r11_", 15)) &&
                  s->smem <= 227 * 1024));
         T_CHECK(has_header(c->src.data, name));
@@ -1318,10 +1320,14 @@ static void check_tiny_router(const ir_module *m, const cg_ctx *c)
     if (k < 0)
         return;
     const char *name = c->kernel_names[c->steps[k].kernel];
+    /* bf16 weights on the side stream: two streams up to 16 tokens (4 with
+       MOEC_DUAL_STREAM_MAX_T=4), one from there on (ir_dual_stream_from_t) */
     int one = getenv("MOEC_DUAL_STREAM_MAX_T") != NULL;
-    T_CHECK((strstr(name, "_routermma_h64_bf16_") != NULL) == (one && c->T == 8));
+    T_CHECK(ir_dual_stream_from_t(m) == 0);
+    int mma = c->T >= 2 && !ir_bucket_two_streams(c->T, one ? 4 : 16, 0);
+    T_CHECK((strstr(name, "_routermma_h64_bf16_") != NULL) == mma);
     T_CHECK((strstr(name, "_router_h64_bf16_") != NULL) == (c->T == 1));
-    T_CHECK((strstr(name, "moe_topk_align_") != NULL) == (c->T == 1 || (one && c->T == 8)));
+    T_CHECK((strstr(name, "moe_topk_align_") != NULL) == (c->T == 1 || mma));
 }
 
 static void test_tiny_models(void)
