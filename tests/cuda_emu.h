@@ -179,6 +179,8 @@ static inline void moec_cp16(void *s, const void *g, bool valid)
 
 static inline void moec_cp_wait() {}
 
+template <typename T> static inline T __ldcg(const T *p) { return *p; } // ld.global.cg
+
 static inline uint4 moec_ldg16(const void *p)
 {
     assert((uintptr_t)p % 16 == 0);
