@@ -233,7 +233,12 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     s->kernel = k;
     s->grid[0] = (unsigned)((N + rb - 1) / rb);
     s->block[0] = GEMV_WARPS * 32;
-    s->smem = s->stream == 1 ? cg_side_smem_pad(c, dw) : 0;
+    /* (MOEC_SIDE_PAD_FIRST=1: only the GEMV that reads the fork's value,
+       beside the top-k, for A/B runs) */
+    int first = x->kind == IR_VALUE_OP && x->def && x->def->kind == IR_OP_FORK;
+    s->smem = s->stream == 1 && (first || !cg_env_int("MOEC_SIDE_PAD_FIRST", 0, 0, 1))
+                  ? cg_side_smem_pad(c, dw)
+                  : 0;
     int n = 0;
     s->args[n] = cg_arg_act(x);
     s->args[n++].i = (int64_t)t0 * (act ? 2 : 1) * K * (int64_t)ir_dtype_size(dx);
