@@ -49,7 +49,7 @@ typedef struct bench {
     int V, T;
     cudaLibrary_t lib;
     cudaKernel_t kern[2]; /* argmax, sample */
-    unsigned block[2];
+    unsigned grid[2], block[2];
     float *logits;
     int32_t *sampled, *drawn;
     float *logprobs;
@@ -103,6 +103,7 @@ static int bench_init(bench *b, int V, int T)
         CK(cudaLibraryLoadData(&b->lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
         for (int k = 0; k < 2; k++) {
             CK(cudaLibraryGetKernel(&b->kern[k], b->lib, c.kernel_names[c.steps[k].kernel]));
+            b->grid[k] = c.steps[k].grid[0];
             b->block[k] = c.steps[k].block[0];
         }
     }
@@ -148,7 +149,7 @@ static void bench_free(bench *b)
 /* Launch k (0: the argmax, 1: the sampler) on stream s. */
 static void launch_one(bench *b, int k, cudaStream_t s)
 {
-    dim3 grid = {(unsigned)b->T, 1, 1}, block = {b->block[k], 1, 1};
+    dim3 grid = {b->grid[k], 1, 1}, block = {b->block[k], 1, 1};
     CK(cudaLaunchKernel((const void *)b->kern[k], grid, block, b->args[k], 0, s));
 }
 

@@ -1460,8 +1460,8 @@ static void test_argmax_nonfinite(void)
         "return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u;\n",
         "bad |= nonfinite(v.x) | nonfinite(v.y) | nonfinite(v.z) | nonfinite(v.w);\n",
         "bad |= nonfinite(v);\n",
-        "const int row_bad = __syncthreads_or(bad);\n",
-        "sampled[blockIdx.x] = row_bad ? NONFINITE_ID : bi;\n",
+        "int row_bad = __syncthreads_or(bad);\n",
+        "sampled[r] = row_bad ? NONFINITE_ID : bi;\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         if (!strstr(src, want[i])) {
