@@ -11,9 +11,12 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-/* (H100, V2-Lite step at batch 1: the one-block argmax of 102400 logits
-   added 8.8 us to the step, 2026-11-25 timeline) */
-#define ARGMAX_CL 8
+/* Blocks per row (a cluster) for large vocabularies on sm_90, 1 by default:
+   the one-block argmax of 102400 logits added 8.8 us to a V2-Lite step at
+   batch 1 (H100, 2026-11-25 timeline), but 8 blocks measured level (2.314
+   against 2.318 ms at batch 1, 13.820 against 13.779 at 64, one call;
+   gpu_sample passes with 8). MOEC_ARGMAX_CL=2|4|8 for A/B runs. */
+#define ARGMAX_CL 1
 
 /* CL blocks per row (a cluster on sm_90 for large vocabularies, else 1):
  * block `part` of a row scans CH logits from part * CH (a multiple of 4, so
@@ -101,8 +104,7 @@ moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits)
                         logits->name);
     long long V = ty->dims[1];
     int nt = V >= 32768 ? 1024 : V >= 2048 ? 256 : 32;
-    /* a cluster of ARGMAX_CL blocks per row for large vocabularies on
-       sm_90 (MOEC_ARGMAX_CL=1: one block, for A/B runs) */
+    /* ARGMAX_CL blocks per row (a cluster) for large vocabularies on sm_90 */
     int cl = V >= 32768 && cg_arch_num(c->opt) >= 90 ? cg_env_int("MOEC_ARGMAX_CL", ARGMAX_CL, 1, 8)
                                                      : 1;
     cl = cl >= 8 ? 8 : cl >= 4 ? 4 : cl >= 2 ? 2 : 1;
