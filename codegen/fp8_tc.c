@@ -354,14 +354,17 @@ void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha)
 
 /* A block of either expert GEMM: expert block blockIdx.x (its expert e,
  * BM slots, padding -1) and the rows of its slots staged from row(slot)
- * (the kernel's lambda). */
+ * (the kernel's lambda). The align writes every block's expert, -1 past
+ * the count it used, so the expert alone says whether a block works (as
+ * in codegen/moe_routed.c's heads): one load before the rows', not two. */
 static const char EXPERT_HEAD[] =
     "    const int b = blockIdx.x;\n"
-    "    if (b >= *n_used)\n"
+    "    (void)n_used;\n"
+    "    const int e = blk_expert[b];\n"
+    "    if (e < 0)\n"
     "        return;\n"
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
-    "    const int e = blk_expert[b];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    /* padding slots: zeros, nothing read */\n"
     "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
