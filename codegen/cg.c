@@ -809,25 +809,6 @@ static const char PROLOGUE[] =
     "                         (unsigned long long)each);\n"
     "}\n"
     "\n"
-    "/* The layer-ahead prefetch (cg_layer_pf_emit): block b of nb asks L2 for\n"
-    "   its share of cnt ranges p[i] of n[i] bytes laid end to end (total\n"
-    "   bytes), in 128-byte lines. */\n"
-    "__device__ __forceinline__ void moec_prefetch_share(const char *const *p,\n"
-    "                                                    const unsigned long long *n, int cnt,\n"
-    "                                                    unsigned long long total, unsigned b,\n"
-    "                                                    unsigned nb)\n"
-    "{\n"
-    "    const unsigned long long lo = (total * b / nb) & ~127ull;\n"
-    "    const unsigned long long hi = b + 1 >= nb ? total : (total * (b + 1) / nb) & ~127ull;\n"
-    "    unsigned long long off = 0;\n"
-    "    for (int i = 0; i < cnt && off < hi; off += n[i], i++) {\n"
-    "        const unsigned long long a = lo > off ? lo - off : 0;\n"
-    "        const unsigned long long e = hi - off < n[i] ? hi - off : n[i];\n"
-    "        if (a < e)\n"
-    "            moec_prefetch_l2(p[i] + a, e - a);\n"
-    "    }\n"
-    "}\n"
-    "\n"
     "__device__ __forceinline__ float warp_sum(float v)\n"
     "{\n"
     "#pragma unroll\n"
@@ -1151,81 +1132,6 @@ long long cg_prefetch_bytes(const cg_ctx *c)
     if (c->T > CG_PREFETCH_MAX_T)
         return 0;
     return 1024LL * cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX);
-}
-
-void cg_layer_pf_find(const cg_ctx *c, const ir_op *op, cg_layer_pf *pf)
-{
-    memset(pf, 0, sizeof *pf);
-    if (c->T > cg_env_int("MOEC_LAYER_PF_MAX_T", CG_LAYER_PF_MAX_T, 0, 256) ||
-        cg_arch_num(c->opt) < 90)
-        return;
-    long long cap = 1024LL * cg_env_int("MOEC_LAYER_PF_KB", CG_LAYER_PF_KB, 0, CG_LAYER_PF_KB_MAX);
-    int norms = 0;
-    for (int i = op->id + 1; i < c->m->n_ops && norms < 2 && pf->total < cap; i++) {
-        const ir_op *o = c->m->ops[i];
-        if (o->kind == IR_OP_ADD_RMS_NORM) {
-            norms++;
-            continue;
-        }
-        if (o->kind != IR_OP_LINEAR || o->n_in < 2 || o->in[1]->kind != IR_VALUE_WEIGHT ||
-            pf->n == CG_LAYER_PF_MAX)
-            continue;
-        const ir_value *w = o->in[1];
-        long long bytes = (long long)ir_type_numel(&w->type, 1) *
-                          (long long)ir_dtype_size(cg_storage(c, w));
-        if (bytes > cap - pf->total)
-            bytes = (cap - pf->total) & ~127LL;
-        if (bytes <= 0)
-            break;
-        pf->w[pf->n] = w;
-        pf->bytes[pf->n++] = bytes;
-        pf->total += bytes;
-    }
-}
-
-void cg_layer_pf_tag(const cg_layer_pf *pf, char *buf, size_t cap)
-{
-    if (!pf->n) {
-        snprintf(buf, cap, "%s", "");
-        return;
-    }
-    unsigned h = 2166136261u;
-    for (int i = 0; i < pf->n; i++)
-        for (int k = 0; k < 8; k++)
-            h = (h ^ (unsigned)((unsigned long long)pf->bytes[i] >> (8 * k) & 0xff)) * 16777619u;
-    snprintf(buf, cap, "_lpf%d_%lldk_%08x", pf->n, pf->total / 1024, h);
-}
-
-void cg_layer_pf_params(moec_buf *params, ir_step *s, const cg_layer_pf *pf)
-{
-    for (int i = 0; i < pf->n; i++) {
-        moec_buf_printf(params, "%sconst void *__restrict__ lpf%d", s->n_args ? ", " : "", i);
-        s->args[s->n_args++] = cg_arg_weight(pf->w[i]);
-    }
-}
-
-void cg_layer_pf_emit(moec_buf *b, const cg_layer_pf *pf)
-{
-    if (!pf->n)
-        return;
-    moec_buf_printf(b,
-                    "    /* the layer's weights after its attention into L2 while the\n"
-                    "       attention's latency-bound kernels leave the DRAM idle\n"
-                    "       (MOEC_LAYER_PF_KB): this block's share */\n"
-                    "    if (threadIdx.x == 0) {\n"
-                    "        const char *const lpf_p[%d] = {",
-                    pf->n);
-    for (int i = 0; i < pf->n; i++)
-        moec_buf_printf(b, "%sstatic_cast<const char *>(lpf%d)", i ? ", " : "", i);
-    moec_buf_printf(b, "};\n        const unsigned long long lpf_n[%d] = {", pf->n);
-    for (int i = 0; i < pf->n; i++)
-        moec_buf_printf(b, "%s%lldull", i ? ", " : "", pf->bytes[i]);
-    moec_buf_printf(b,
-                    "};\n"
-                    "        moec_prefetch_share(lpf_p, lpf_n, %d, %lldull, blockIdx.x + gridDim.x * "
-                    "blockIdx.y, gridDim.x * gridDim.y);\n"
-                    "    }\n",
-                    pf->n, pf->total);
 }
 
 void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)

@@ -37,27 +37,6 @@ void cg_add_pdl_waits(moec_buf *b);
 #define CG_PREFETCH_KB 64
 #define CG_PREFETCH_KB_MAX 4096
 
-/* The layer-ahead prefetch: in buckets of up to MOEC_LAYER_PF_MAX_T tokens
- * (default CG_LAYER_PF_MAX_T) on sm_90, the kernel that opens a layer's
- * attention (the MLA prologue) also asks L2, after its wait, for the first
- * MOEC_LAYER_PF_KB KiB (default CG_LAYER_PF_KB; 0: off) of the weights that
- * its layer's linears read after the attention, in their order (o_proj, the
- * router, the shared expert's or the dense MLP's gate_up and down: the
- * linears before the layer's second residual RMSNorm; never the routed
- * experts, which the top-k has not chosen yet), each block a share. The
- * attention's kernels are latency-bound and leave the DRAM nearly idle;
- * those reads then come from L2. A hint only: nothing waits for it. */
-#define CG_LAYER_PF_MAX 8
-#define CG_LAYER_PF_MAX_T 8
-#define CG_LAYER_PF_KB 16384
-#define CG_LAYER_PF_KB_MAX 65536
-typedef struct cg_layer_pf {
-    int n;
-    const ir_value *w[CG_LAYER_PF_MAX];
-    long long bytes[CG_LAYER_PF_MAX];
-    long long total;
-} cg_layer_pf;
-
 enum { CG_MOE_AUTO = 0, CG_MOE_SIMT, CG_MOE_MMA };
 /* Kernels of fp8 weights: CG_FP8_AUTO takes the tensor-core kernels that
  * stage the activations in shared memory (codegen/fp8_tc.h) where the old
@@ -112,16 +91,6 @@ typedef struct cg_ctx {
 /* Frees what a bucket's generation made (its source, kernel names and
  * steps) and zeroes c. */
 void cg_ctx_free(cg_ctx *c);
-
-/* The ranges for the prologue op `op` in bucket c->T (n 0: none). */
-void cg_layer_pf_find(const cg_ctx *c, const ir_op *op, cg_layer_pf *pf);
-/* "_lpf<n>_<KiB>k_<hash of the sizes>" for kernel names ("" when none). */
-void cg_layer_pf_tag(const cg_layer_pf *pf, char *buf, size_t cap);
-/* Appends the weights' pointer parameters lpf0.. to params and their
- * arguments to s. */
-void cg_layer_pf_params(moec_buf *params, ir_step *s, const cg_layer_pf *pf);
-/* Thread 0's prefetch of the block's share (blocks over the whole grid). */
-void cg_layer_pf_emit(moec_buf *b, const cg_layer_pf *pf);
 
 /* Registers kernel `name` (which must encode every literal its source bakes
  * in). Returns its index; *is_new tells whether the caller must now append
@@ -278,11 +247,9 @@ struct cg_qabsorb_part {
 };
 int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p);
 /* Its code, as one scope over parameters x, kv_b and y and locals bx, by:
- * what it does before the wait (moec_pdl_enter, which it calls), the wait,
- * the lines after_wait (the tensor-core form: at its end) and the rest;
- * smem bytes of dynamic shared memory. */
-void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa,
-                              const char *after_wait);
+ * what it does before the wait (moec_pdl_enter, which it calls), the wait
+ * and the rest; smem bytes of dynamic shared memory. */
+void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa);
 /* dsa_prologue_k: one kernel, which also writes the paged key cache of the
  * dsa_topk cg_dsa_prologue_cache names. */
 moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op);

@@ -343,11 +343,10 @@ static void emit_consts(moec_buf *b, const cg_ctx *c, const absorb_gen *g)
 /* The code after the constants: the CUDA-core form's prefetch, the wait
  * (without a prefetch only when `wait`: else cg_add_pdl_waits puts it first)
  * and its body, or the tensor-core form (which waits itself). */
-static void emit_code(moec_buf *b, const cg_ctx *c, const absorb_gen *g, int wait,
-                      const char *after_wait)
+static void emit_code(moec_buf *b, const cg_ctx *c, const absorb_gen *g, int wait)
 {
     if (g->mma) {
-        moec_buf_printf(b, "%s%s", MMA_BODY, after_wait);
+        moec_buf_printf(b, "%s", MMA_BODY);
         return;
     }
     long long pf = cg_prefetch_bytes(c);
@@ -355,7 +354,7 @@ static void emit_code(moec_buf *b, const cg_ctx *c, const absorb_gen *g, int wai
         cg_emit_prefetch(b, pf, g->q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
     else if (wait)
         moec_buf_printf(b, "    moec_pdl_enter();\n");
-    moec_buf_printf(b, "%s%s", after_wait, g->q ? QABSORB_BODY : VABSORB_BODY);
+    moec_buf_printf(b, "%s", g->q ? QABSORB_BODY : VABSORB_BODY);
 }
 
 /* The generated form of op for bucket c->T (see the top of the file). */
@@ -385,7 +384,7 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
                         cg_ctype(g->da), cg_ctype(g->dc));
         emit_consts(&c->src, c, g);
         moec_buf_printf(&c->src, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
-        emit_code(&c->src, c, g, 0, "");
+        emit_code(&c->src, c, g, 0);
         moec_buf_printf(&c->src, "}\n\n");
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
@@ -420,15 +419,14 @@ int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p)
     return 1;
 }
 
-void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa,
-                              const char *after_wait)
+void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa)
 {
     absorb_gen g;
     if (!absorb_generated(c, qa, &g))
         return;
     moec_buf_printf(b, "    {\n");
     emit_consts(b, c, &g);
-    emit_code(b, c, &g, 1, after_wait);
+    emit_code(b, c, &g, 1);
     moec_buf_printf(b, "    }\n");
 }
 

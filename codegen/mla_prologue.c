@@ -239,16 +239,10 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     const ir_op *qa = cg_mla_prologue_qabsorb(c, op, &part);
     if (qa)
         snprintf(fused, sizeof fused, "_qabsorb_%s", part.tag);
-    /* the layer-ahead prefetch, by the kernel that opens the attention */
-    cg_layer_pf lpf = {0};
-    char lpf_tag[64] = "";
-    if (op->kind != IR_OP_MLA_PROLOGUE_Q)
-        cg_layer_pf_find(c, op, &lpf);
-    cg_layer_pf_tag(&lpf, lpf_tag, sizeof lpf_tag);
     snprintf(name, sizeof name,
-             "mla_prologue%s_h%lld_dn%lld_dr%lld_r%lld_qr%lld_n%lld_%s%s%s%s%s_t%d_%s_%08x",
+             "mla_prologue%s_h%lld_dn%lld_dr%lld_r%lld_qr%lld_n%lld_%s%s%s%s_t%d_%s_%08x",
              latent ? "_kv" : kv ? "" : "_q", H, DN, DR, R, QR, N, style, cache,
-             heads && !nope ? "_nonope" : "", fused, lpf_tag, c->T, tag, rt.hash);
+             heads && !nope ? "_nonope" : "", fused, c->T, tag, rt.hash);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     ir_step *s = k < 0 ? NULL : cg_step(c, IR_STEP_KERNEL, op);
@@ -310,7 +304,6 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
         snprintf(decl, sizeof decl, "%s *__restrict__ y", cg_ctype(part.dy));
         param(&params, s, decl, cg_arg_act(qa->out[0]));
     }
-    cg_layer_pf_params(&params, s, &lpf);
     if (is_new && !params.oom) {
         moec_buf *b = &c->src;
         char sym[300];
@@ -335,18 +328,11 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
                             "by = (int)(qa_part ? vb / QA_GX : vb / NTOK);\n"
                             "    if (qa_part) {\n",
                             part.blocks, part.grid_x, (unsigned)c->T);
-            moec_buf pfc = {0};
-            cg_layer_pf_emit(&pfc, &lpf);
-            cg_mla_qabsorb_emit_part(b, c, qa, pfc.data ? pfc.data : "");
-            b->oom |= pfc.oom;
-            moec_buf_free(&pfc);
+            cg_mla_qabsorb_emit_part(b, c, qa);
             moec_buf_printf(b, "        return;\n    }\n    moec_pdl_enter();\n");
         } else {
             moec_buf_printf(b, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
-            if (lpf.n)
-                moec_buf_printf(b, "    moec_pdl_enter();\n");
         }
-        cg_layer_pf_emit(b, &lpf);
         moec_buf_printf(b, "    typedef %s TX;\n    typedef %s TY;\n    typedef %s TP;\n", cx, cy,
                         cg_ctype(att ? tp : ty));
         if (!heads)

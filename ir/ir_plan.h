@@ -107,7 +107,7 @@ typedef struct ir_coll {
 /* "allreduce_oneshot_r<ranks>_<dtype>" into buf (cap bytes). */
 void ir_oneshot_kernel_name(char *buf, size_t cap, int ranks, ir_dtype dt);
 
-#define IR_MAX_ARGS 24
+#define IR_MAX_ARGS 16
 
 typedef struct ir_step {
     ir_step_kind kind;
