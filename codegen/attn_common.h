@@ -105,7 +105,11 @@ static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
  * 36 KiB a group, 10.978 ms merged in the kernel against 11.162 with the
  * merge kernel; at 160 KiB, V2-Lite at batch 64 15.617 against 15.424
  * and V3.2 at batch 8 4.218 against 4.181; at 1 MiB, V3.2's sparse
- * attention 54 us a layer against 20.) */
+ * attention 54 us a layer against 20. H200, 2026-11-28, Qwen3-30B-A3B cut
+ * to 16 layers, batch 1, where GQA's 128-position splits leave 9 of 64
+ * splits with positions at context 1024: MOEC_ATTN_MERGE=2 1.263 ms
+ * against 1.236 with the merge kernel, 1.472 against 1.451 at 8192; the
+ * merge kernel's launch costs less than one block's merge.) */
 #define CG_ATTN_MERGE_MAX_BYTES (64 * 1024)
 
 /* Whether a kernel split ns ways over hb heads of d channels a block merges

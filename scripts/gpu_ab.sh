@@ -7,7 +7,9 @@
 # environment and once under each variant, in that order, and prints the
 # graph-replay ms a step at each batch size beside its floor. Each result
 # line is appended to $OUT/ab.txt as it comes, so a call cut short still
-# brings back what it measured.
+# brings back what it measured; the logs (build, sample, each run's JSON
+# lines and stderr) go to $OUT/ab-logs.tar.gz when the script exits (the
+# device tool brings back at most 8 files).
 #   usage: scripts/gpu_ab.sh CONFIG LAYERS BATCHES CONTEXTS "NAME:ENV=V[,ENV=V] ..."
 #   e.g.:  scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json 16 1,8 \
 #            1024,8192 "merge2:MOEC_ATTN_MERGE=2"
@@ -16,13 +18,16 @@ cd "$(dirname "$0")/.."
 [ $# -eq 5 ] || { sed -n 2,14p "$0"; exit 2; }
 CONFIG=$1 LAYERS=$2 BATCHES=$3 CONTEXTS=$4 VARIANTS=$5
 OUT=${OUT:-/tmp/moec-ab}
-mkdir -p "$OUT"
+LOGS=$(mktemp -d)/ab-logs
+mkdir -p "$OUT" "$LOGS"
+# shellcheck disable=SC2064 # the paths as they are now
+trap "tar czf '$OUT/ab-logs.tar.gz' -C '$(dirname "$LOGS")' ab-logs" EXIT
 source scripts/gpu_build.sh
-gpu_build >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
 M=/dev/shm/moec-ab
 rm -rf "$M"
-gpu_sample_model "$CONFIG" "$LAYERS" "$M" >"$OUT/sample.txt" 2>&1 || { tail "$OUT/sample.txt"; exit 1; }
-{ date -u; git log -1 --oneline 2>/dev/null || cat COMMIT; echo "$CONFIG, $LAYERS layers"; } >>"$OUT/ab.txt"
+gpu_sample_model "$CONFIG" "$LAYERS" "$M" >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; exit 1; }
+{ date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; echo "$CONFIG, $LAYERS layers"; } >>"$OUT/ab.txt"
 printf '%-28s %7s %5s %9s %9s %7s\n' variant context batch graph_ms floor_ms x_floor | tee -a "$OUT/ab.txt"
 IFS=, read -ra ctxs <<<"$CONTEXTS"
 for ctx in "${ctxs[@]}"; do
@@ -30,9 +35,9 @@ for ctx in "${ctxs[@]}"; do
     name=${v%%:*} envs=${v#*:}
     IFS=, read -ra assign <<<"$envs"
     env "${assign[@]}" timeout 120 build-gpu/moec bench "$M" --batch-sizes "$BATCHES" --context "$ctx" \
-      --json --steps 50 --warmup 10 >"$OUT/$name-$ctx.jsonl" 2>"$OUT/$name-$ctx.err" ||
-      { echo "$name at $ctx: exit $?"; tail -5 "$OUT/$name-$ctx.err"; continue; }
-    python3 - "$name" "$ctx" "$OUT/$name-$ctx.jsonl" <<'PY' | tee -a "$OUT/ab.txt"
+      --json --steps 50 --warmup 10 >"$LOGS/$name-$ctx.jsonl" 2>"$LOGS/$name-$ctx.err" ||
+      { echo "$name at $ctx: exit $?"; tail -5 "$LOGS/$name-$ctx.err"; continue; }
+    python3 - "$name" "$ctx" "$LOGS/$name-$ctx.jsonl" <<'PY' | tee -a "$OUT/ab.txt"
 import json, sys
 name, ctx = sys.argv[1], sys.argv[2]
 for line in open(sys.argv[3]):
