@@ -11,7 +11,14 @@
  * bucket has too few blocks to fill the GPU (decode), the sequence is also
  * split over blocks, and the last block of each group to finish merges
  * the splits' partial states (moec_attn_arrive_merge; a third kernel where
- * the split counters do not reach, or MOEC_ATTN_MERGE=0). */
+ * the split counters do not reach, or MOEC_ATTN_MERGE=0).
+ * MOEC_ATTN_LPP=N (1, 2, 4 or 8; default 1) gives each position N lanes
+ * that share its key's channels (16-byte chunks dealt round the N lanes,
+ * the partial dots summed by shuffles), so that a warp's tile holds 32 / N
+ * positions and a split at least 4 * 32 / N: at one token, Qwen3-30B's 64
+ * splits of 4 kv heads have 33 splits with positions at context 1024 where
+ * they had 9, each lane a quarter of the products (N = 4). An A/B knob, at
+ * codegen; names carry `_lppN`. */
 #include <stdio.h>
 
 #include "codegen/attn_common.h"
@@ -22,7 +29,7 @@
 #define ATTN_TILE 32
 #define ATTN_WARPS 4
 /* The fewest positions a split of a sequence takes: four tiles, one per
- * warp (H100, 2026-11-24, Qwen3-30B-A3B at context 1024: 4.303 against
+ * warp (with MOEC_ATTN_LPP=N, tiles of 32 / N positions; H100, 2026-11-24, Qwen3-30B-A3B at context 1024: 4.303 against
  * 4.358 ms at batch 1, 10.863 against 10.978 at 8, with 1; the same call
  * in the round before, 4.265 against 4.329). MLA keeps 1 (mla_attention.c). */
 #define ATTN_SPLIT_MIN (ATTN_TILE * ATTN_WARPS)
@@ -94,19 +101,21 @@ static const char ATTN_BODY[] =
     "            acc[g][c] = 0.0f;\n"
     "    }\n"
     "    for (int tile = first + warp; tile < last; tile += NW) {\n"
-    "        const int p0 = lo + tile * TILE, pp = p0 + lane;\n"
+    "        /* LPP lanes a position: lane sub of them takes the 16-byte chunks\n"
+    "           sub, sub + LPP, ... of its key */\n"
+    "        const int p0 = lo + tile * TILE, pp = p0 + lane / LPP, sub = lane % LPP;\n"
     "        const bool valid = pp <= p;\n"
-    "        float sc[GB];\n"
+    "        float sc[GB], dot[GB];\n"
+    "#pragma unroll\n"
+    "        for (int g = 0; g < GB; g++)\n"
+    "            dot[g] = 0.0f;\n"
     "        if (valid) {\n"
     "            const long long row = (long long)bt[pp / BS] * BS + pp % BS;\n"
-    "            row_s[warp][lane] = row;\n"
+    "            if (sub == 0)\n"
+    "                row_s[warp][lane / LPP] = row;\n"
     "            const TS *kr = kpool + (row * HKV + kh) * DK;\n"
-    "            float dot[GB];\n"
     "#pragma unroll\n"
-    "            for (int g = 0; g < GB; g++)\n"
-    "                dot[g] = 0.0f;\n"
-    "#pragma unroll\n"
-    "            for (int d = 0; d < DK; d += KV) {\n"
+    "            for (int d = sub * KV; d < DK; d += KV * LPP) {\n"
     "                float kf[KV];\n"
     "                ldv<KV>(kr + d, kf);\n"
     "#pragma unroll\n"
@@ -115,22 +124,28 @@ static const char ATTN_BODY[] =
     "                    for (int j = 0; j < KV; j++)\n"
     "                        dot[g] += q_s[g][d + j] * kf[j];\n"
     "            }\n"
-    "#pragma unroll\n"
-    "            for (int g = 0; g < GB; g++)\n"
-    "                sc[g] = dot[g] * scale;\n"
-    "        } else {\n"
-    "#pragma unroll\n"
-    "            for (int g = 0; g < GB; g++)\n"
-    "                sc[g] = MOEC_NEG_INF;\n"
     "        }\n"
+    "        if constexpr (LPP > 1) {\n"
+    "            /* every lane of the warp: a position's lanes are all valid or not */\n"
+    "#pragma unroll\n"
+    "            for (int g = 0; g < GB; g++)\n"
+    "#pragma unroll\n"
+    "                for (int o = LPP / 2; o > 0; o >>= 1)\n"
+    "                    dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int g = 0; g < GB; g++)\n"
+    "            sc[g] = valid ? dot[g] * scale : MOEC_NEG_INF;\n"
     "#pragma unroll\n"
     "        for (int g = 0; g < GB; g++) {\n"
     "            const float mnew = fmaxf(m[g], warp_max(sc[g]));\n"
     "            const float alpha = expf(m[g] - mnew);\n"
     "            const float pr = valid ? expf(sc[g] - mnew) : 0.0f;\n"
-    "            lsum[g] = lsum[g] * alpha + pr;\n"
+    "            /* a position's weight counted once, by its first lane */\n"
+    "            lsum[g] = lsum[g] * alpha + (sub == 0 ? pr : 0.0f);\n"
     "            m[g] = mnew;\n"
-    "            p_s[warp][lane][g] = pr;\n"
+    "            if (sub == 0)\n"
+    "                p_s[warp][lane / LPP][g] = pr;\n"
     "#pragma unroll\n"
     "            for (int c = 0; c < CPL; c++)\n"
     "                acc[g][c] *= alpha;\n"
@@ -210,6 +225,13 @@ static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype
         snprintf(buf, cap, "%s", ir_dtype_name(pool));
     else
         snprintf(buf, cap, "%s_%s_%s", ir_dtype_name(pool), ir_dtype_name(a), ir_dtype_name(b));
+}
+
+/* MOEC_ATTN_LPP at codegen: lanes a position (1, 2, 4 or 8; see the top). */
+static int attn_lanes_per_pos(void)
+{
+    int n = cg_env_int("MOEC_ATTN_LPP", 1, 1, 8);
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 1;
 }
 
 /* Query heads per block: the largest divisor of the group size G, at most
@@ -298,12 +320,15 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks, 0);
-    int minpos = ns > 1 ? cg_attn_split_min(ATTN_SPLIT_MIN) : 1;
+    int lpp = attn_lanes_per_pos();
+    int minpos = ns > 1 ? cg_attn_split_min(ATTN_SPLIT_MIN / lpp) : 1;
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
-    char aname[256];
+    char aname[256], lpp_tag[16] = "";
+    if (lpp > 1)
+        snprintf(lpp_tag, sizeof lpp_tag, "_lpp%d", lpp);
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
-    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s_bs%d_t%d_%s", H,
-             HKV, DK, DV, gb, ns, minpos, merge ? "_m" : "", bs, c->T, tag);
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s_bs%d_t%d_%s",
+             H, HKV, DK, DV, gb, ns, minpos, lpp_tag, merge ? "_m" : "", bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -317,11 +342,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
-                      "NT = %d, TILE = %d, KV = %d, NSPLIT = %d, MINPOS = %d;\n",
+                      "NT = %d, LPP = %d, TILE = 32 / LPP, KV = %d, NSPLIT = %d, MINPOS = %d;\n",
                       ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
                       cg_attn_part_params(ns, merge),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
-                      ATTN_TILE, cg_vec_width(DK), ns, minpos);
+                      lpp, cg_vec_width(DK), ns, minpos);
         cg_attn_emit_parts(&c->src, ns, merge);
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */

@@ -12,7 +12,10 @@
 // sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16,
 // moec_f8_chunk, ldv (fp8 too), moec_prefetch_rows, warp_sum and moec_w16
 // are the real ones (fp8_emu_gen copies them); what they call is emulated
-// here (moec_e4m3x4 and moec_prefetch_l2 too).
+// here (moec_e4m3x4 and moec_prefetch_l2 too). The GQA attention kernels
+// (codegen/attention.c, tests/test_attn_emu.sh) add __syncwarp (the warp's
+// barrier), float4, __threadfence and atomicAdd (the split counters) and
+// grids in three dimensions (emu_launch_z).
 #pragma once
 #include <cassert>
 #include <cmath>
@@ -31,6 +34,7 @@
 #define __restrict__
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
+#define __align__(n) __attribute__((aligned(n)))
 // a block's static shared arrays (the few-token linear's): one copy, as
 // emu_launch runs one block (cluster) at a time
 #define __shared__ static
@@ -47,6 +51,10 @@ struct uint2 {
 struct float2 {
     float x, y;
 };
+struct float4 {
+    float x, y, z, w;
+};
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct __half {
     uint16_t v;
 };
@@ -237,6 +245,13 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
     return r;
 }
 
+// blocks run one at a time: a fence orders nothing more, and only a
+// block's thread 0 counts its arrival
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+
+static inline void __syncwarp() { pthread_barrier_wait(&emu_this_block->warps[threadIdx.x / 32].bar); }
+
 static inline void moec_cluster_sync() { pthread_barrier_wait(&emu_this_cluster->bar); }
 
 static inline float moec_ld_cluster(const float *p, unsigned rank)
@@ -295,4 +310,18 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
             }
             pthread_barrier_destroy(&cl.bar);
         }
+}
+
+// emu_launch over a grid of gx x gy x gz blocks (no shared memory by
+// size: the kernel's static arrays; no clusters), z slowest.
+static inline void emu_launch_z(unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                const std::function<void()> &fn)
+{
+    gridDim.z = gz;
+    for (unsigned z = 0; z < gz; z++)
+        emu_launch(gx, gy, block, 0, 1, [&, z] {
+            blockIdx.z = z;
+            fn();
+        });
+    gridDim.z = 1;
 }

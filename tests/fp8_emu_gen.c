@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "codegen/cg.h"
+#include "emu_gen.h"
 #include "kern_modules.h"
 
 typedef struct gen_case {
@@ -87,57 +88,18 @@ static const gen_case CASES[] = {
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
-/* The kernel text of `name` in src, the C++ the emulator compiles: a plain
- * function (namespaced by the caller) whose shared memory is its block's. */
-static void put_kernel(FILE *f, const char *src, const char *name)
+static int is_fp8_op(const ir_op *op)
 {
-    char pat[320];
-    snprintf(pat, sizeof pat, " %s(", name);
-    const char *def = strstr(src, pat), *k0 = def;
-    while (k0 && k0 > src && strncmp(k0, "extern \"C\" __global__ ", 22))
-        k0--;
-    const char *k1 = def ? strstr(def, "\n}\n") : NULL;
-    if (!def || !k1 || k0 == src) {
-        fprintf(stderr, "fp8_emu_gen: no kernel %s in the source\n", name);
-        exit(1);
-    }
-    static const char SMEM[] = "extern __shared__ __align__(16) unsigned char moec_smem[];";
-    for (const char *p = k0 + 22; p < k1 + 3;)
-        if (!strncmp(p, SMEM, sizeof SMEM - 1)) {
-            fputs("unsigned char *moec_smem = emu_smem();", f);
-            p += sizeof SMEM - 1;
-        } else {
-            fputc(*p++, f);
-        }
-}
-
-/* The prologue's text from `from` up to `to` (both must be there). */
-static void put_prologue_part(FILE *f, const char *pro, const char *from, const char *to)
-{
-    const char *a = strstr(pro, from), *b = a ? strstr(a, to) : NULL;
-    if (!b) {
-        fprintf(stderr, "fp8_emu_gen: the prologue has no \"%s\"\n", from);
-        exit(1);
-    }
-    fprintf(f, "%.*s\n", (int)(b - a), a);
+    return op->kind == IR_OP_LINEAR || op->kind == IR_OP_MOE_ROUTED;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: fp8_emu_gen OUT.inc\n");
-        return 2;
-    }
-    FILE *f = fopen(argv[1], "w");
-    if (!f) {
-        perror(argv[1]);
-        return 1;
-    }
     moec_buf pro = {0};
-    cg_emit_prologue(&pro);
-    if (pro.oom)
-        return 1;
-    fprintf(f, "// written by tests/fp8_emu_gen.c: the staged fp8 kernels for cuda_emu.h\n");
+    int erc;
+    FILE *f = emu_gen_open(argc, argv, "fp8_emu_gen", "the staged fp8 kernels for cuda_emu.h", &pro, &erc);
+    if (!f)
+        return erc;
     put_prologue_part(f, pro.data, "template <typename TH>", "/* two floats as a bf16 pair");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ void moec_e4m3x4_bf16",
                       "/* 16 bytes of a weight stream");
@@ -177,16 +139,8 @@ int main(int argc, char **argv)
         cg_options_default(&o);
         o.fp8_kernel = gc->fp8;
         cg_ctx c;
-        memset(&c, 0, sizeof c);
-        c.m = m;
-        c.opt = &o;
-        c.T = gc->T;
-        for (int k = 0; k < m->n_ops; k++)
-            if ((m->ops[k]->kind == IR_OP_LINEAR || m->ops[k]->kind == IR_OP_MOE_ROUTED) &&
-                cg_emit_op(&c, m->ops[k]) != MOEC_OK) {
-                fprintf(stderr, "fp8_emu_gen: case %d: %s\n", i, moec_last_error());
-                return 1;
-            }
+        if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))
+            return 1;
         if (gc->env)
             unsetenv(knob);
         const km_spec *s = &gc->s;

@@ -512,7 +512,14 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
            where a group's partial states are at most 64 KiB (T = 8: 9 splits,
            36 KiB), else by a merge kernel (T = 1: 64 splits, 256 KiB) */
         int ns = splits(c->T * 4, 0), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
-        T_CHECK(ns == 1 || strstr(c->kernel_names[s->kernel], "_mp128") != NULL);
+        /* MOEC_ATTN_LPP=N: N lanes a position, tiles of 32 / N positions,
+           splits of at least 4 tiles */
+        const char *lv = getenv("MOEC_ATTN_LPP");
+        int lpp = lv ? atoi(lv) : 1;
+        char mp[32];
+        snprintf(mp, sizeof mp, lpp > 1 ? "_mp%d_lpp%d" : "_mp%d_", 128 / lpp, lpp);
+        T_CHECK(ns == 1 || strstr(c->kernel_names[s->kernel], mp) != NULL);
+        T_CHECK(lpp > 1 || strstr(c->kernel_names[s->kernel], "_lpp") == NULL);
         T_CHECK(s->n_args == (ns > 1 ? 12 + merge : 10));
         if (merge)
             T_CHECK(s->args[12].kind == IR_ARG_INPUT &&
@@ -640,6 +647,16 @@ static void test_real_shapes(void)
         T_CHECK(m != NULL);
         if (m)
             run_module(m, &o, checks[i], compile[i]);
+        /* Qwen3 with 2, 4 and 8 lanes a position (MOEC_ATTN_LPP) at T = 1
+           and 8: compiled by NVRTC */
+        if (m && i == 2)
+            for (int lpp = 2; lpp <= 8; lpp *= 2) {
+                char v[4];
+                snprintf(v, sizeof v, "%d", lpp);
+                setenv("MOEC_ATTN_LPP", v, 1);
+                run_module(m, &o, checks[i], 1 | 2);
+                unsetenv("MOEC_ATTN_LPP");
+            }
         /* V2-Lite with the splits merged by their own kernel at T = 64, by
            the attention kernel at T = 8 */
         if (m && i == 0) {
@@ -944,6 +961,17 @@ static void test_odd_shapes(void)
                    .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
                    .dsa_wscale = -0.7};
     const km_spec *specs[] = {&g, &l, &r, &mha, &dsa};
+    /* the GQA shapes with 4 lanes a position: key chunks left to some lanes */
+    setenv("MOEC_ATTN_LPP", "4", 1);
+    for (int i = 0; i < 3; i += 2) {
+        o.compute_dtype = IR_DTYPE_BF16;
+        ir_module *m = km_module(specs[i]);
+        T_CHECK(m != NULL);
+        if (m)
+            run_module(m, &o, check_odd, 1);
+        ir_module_free(m);
+    }
+    unsetenv("MOEC_ATTN_LPP");
     for (int i = 0; i < 5; i++)
         for (int f32 = 0; f32 < 2; f32++) {
             o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;

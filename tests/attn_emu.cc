@@ -1,0 +1,150 @@
+// attn_emu.cc — the GQA attention kernels over the paged KV cache
+// (codegen/attention.c), as attn_emu_gen writes them for its cases, run on
+// the CPU emulator (cuda_emu.h) against a double-precision reference of
+// the same bf16 values: each token its own sequence at its own position
+// (1 to a few hundred: tile and split edges), its pages scattered over the
+// pool, one padding token where there are several (its output must be
+// zeros). Every output starts as NaN, so an element a kernel leaves
+// unwritten fails; errors are relative to each head's largest magnitude
+// (bf16 outputs: 1e-2). Built and run by tests/test_attn_emu.sh, under an
+// address or a thread sanitizer.
+#include "cuda_emu.h"
+
+#include <algorithm>
+#include <random>
+
+#define MOEC_NEG_INF (-INFINITY)
+
+struct attn_bufs {
+    const __nv_bfloat16 *q;
+    const int *pos, *slots, *bt;
+    int max_blocks;
+    const __nv_bfloat16 *kpool, *vpool;
+    __nv_bfloat16 *out;
+    float scale;
+    int window;
+    float *part_ml, *part_o;
+    unsigned *cnt;
+};
+struct attn_case {
+    const char *name;
+    int H, HKV, DK, DV, T, window, bs, ns, lpp, merged;
+    void (*run)(attn_bufs &);
+};
+
+#include EMU_CASES
+
+#define TOL 1e-2
+
+static int run_case(int ci, const attn_case &c)
+{
+    std::mt19937_64 g(0xa77e0000u + (uint64_t)ci);
+    auto uni = [&](float a) { return std::uniform_real_distribution<float>(-a, a)(g); };
+    const int T = c.T, G = c.H / c.HKV;
+    // positions: tile and split edges first, then random ones
+    static const int EDGE[] = {300, 0, 31, 32, 33, 127, 128, 129, 5, 64, 255, 1};
+    std::vector<int> pos(T), slots(T);
+    int max_p = 0;
+    for (int t = 0; t < T; t++) {
+        pos[t] = t < (int)(sizeof EDGE / sizeof EDGE[0]) ? EDGE[t] : (int)(g() % 300);
+        slots[t] = t;
+        max_p = std::max(max_p, pos[t]);
+    }
+    if (T > 2)
+        slots[T - 2] = -1; // a padding token
+    const int max_blocks = max_p / c.bs + 1, pages = T * max_blocks;
+    std::vector<int> perm(pages);
+    for (int i = 0; i < pages; i++)
+        perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), g);
+    std::vector<int> bt(perm); // sequence s's page j at bt[s * max_blocks + j]
+    int bad = 0;
+    const size_t rows = (size_t)pages * c.bs;
+    std::vector<__nv_bfloat16> q((size_t)T * c.H * c.DK), kp(rows * c.HKV * c.DK),
+        vp(rows * c.HKV * c.DV), out((size_t)T * c.H * c.DV);
+    for (auto &x : q)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : kp)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : vp)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : out)
+        x.v = 0x7fc0; // NaN: unwritten fails
+    std::vector<float> part_ml((size_t)T * c.H * c.ns * 2), part_o((size_t)T * c.H * c.ns * c.DV);
+    std::vector<unsigned> cnt((size_t)T * c.H, 0u); // a counter a (token, head group) at most
+    attn_bufs b{q.data(), pos.data(), slots.data(), bt.data(), max_blocks, kp.data(), vp.data(),
+                out.data(), 0.3f, c.window, c.ns > 1 ? part_ml.data() : nullptr,
+                c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr};
+    c.run(b);
+    // the last block of each group sets its counter back to 0 for the next step
+    for (unsigned k : cnt)
+        bad += k != 0;
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < c.H; h++) {
+            const __nv_bfloat16 *o = &out[((size_t)t * c.H + h) * c.DV];
+            if (slots[t] < 0) {
+                for (int d = 0; d < c.DV; d++)
+                    bad += ld(o + d) != 0.0f;
+                continue;
+            }
+            const int p = pos[t], kh = h / G;
+            const int lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
+            std::vector<double> sc(p - lo + 1), ref(c.DV, 0.0);
+            double mx = -INFINITY, l = 0;
+            auto row = [&](int pp) {
+                return (size_t)bt[(size_t)slots[t] * max_blocks + pp / c.bs] * c.bs + pp % c.bs;
+            };
+            for (int pp = lo; pp <= p; pp++) {
+                double s = 0;
+                for (int d = 0; d < c.DK; d++)
+                    s += (double)ld(&q[((size_t)t * c.H + h) * c.DK + d]) *
+                         ld(&kp[(row(pp) * c.HKV + kh) * c.DK + d]);
+                sc[pp - lo] = s * (double)0.3f;
+                mx = std::max(mx, sc[pp - lo]);
+            }
+            for (int pp = lo; pp <= p; pp++) {
+                const double w = std::exp(sc[pp - lo] - mx);
+                l += w;
+                for (int d = 0; d < c.DV; d++)
+                    ref[d] += w * ld(&vp[(row(pp) * c.HKV + kh) * c.DV + d]);
+            }
+            double big = 1e-30, err = 0;
+            for (int d = 0; d < c.DV; d++) {
+                ref[d] /= l;
+                big = std::max(big, std::fabs(ref[d]));
+            }
+            for (int d = 0; d < c.DV; d++) {
+                const double e = std::fabs((double)ld(o + d) - ref[d]);
+                err = std::max(err, std::isnan(e) ? INFINITY : e);
+            }
+            worst = std::max(worst, err / big);
+        }
+    const bool ok = worst <= TOL && bad == 0;
+    printf("%s case %d %s: T %d, %d splits%s, %d lanes a position, worst error %.2e%s\n",
+           ok ? "ok" : "FAIL", ci, c.name, T, c.ns, c.merged ? " merged by the last block" : "",
+           c.lpp, worst, bad ? ", a padding token's output or a split counter not zero" : "");
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    const int n = (int)(sizeof CASES / sizeof CASES[0]);
+    std::vector<int> which;
+    if (argc > 1) { // a comma-separated list of cases
+        for (char *p = argv[1]; *p;) {
+            which.push_back((int)strtol(p, &p, 10));
+            if (*p == ',')
+                p++;
+        }
+    } else {
+        for (int i = 0; i < n; i++)
+            which.push_back(i);
+    }
+    int passed = 0;
+    for (int i : which)
+        if (i >= 0 && i < n)
+            passed += run_case(i, CASES[i]);
+    printf("attn_emu: %d of %d cases passed\n", passed, (int)which.size());
+    return passed == (int)which.size() ? 0 : 1;
+}

@@ -1,0 +1,157 @@
+/* attn_emu_gen.c — writes the GQA attention kernels over the paged cache
+ * (codegen/attention.c: the split attention kernel and its merge kernel)
+ * of a set of cases as C++ for the CPU emulator (tests/cuda_emu.h,
+ * tests/attn_emu.cc, tests/test_attn_emu.sh): the prologue's moec_ldw,
+ * ldv, stv, warp_sum, warp_max and moec_attn_merge as the generator emits
+ * them, each case's kernels in a namespace of their own with a function
+ * that launches them, and a table of the cases. Cases: one to 16 tokens,
+ * 1, 2, 4 and 8 lanes a position (MOEC_ATTN_LPP), head dims that are not
+ * multiples of the lanes' 16-byte chunks, a window, pages of 16 and 64
+ * rows; splits merged by the merge kernel (MOEC_ATTN_MERGE=0) or by the
+ * attention kernel's last block (=2).
+ * usage: attn_emu_gen OUT.inc */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/cg.h"
+#include "emu_gen.h"
+#include "kern_modules.h"
+
+typedef struct gen_case {
+    int H, HKV, DK, DV, T, lpp, window, bs;
+    const char *merge;  /* MOEC_ATTN_MERGE: "0" a merge kernel, "2" the last block */
+    const char *target; /* MOEC_ATTN_TARGET_BLOCKS (NULL: the default's 64 splits at
+                           one token), fewer blocks for the emulator's threads */
+} gen_case;
+
+static const gen_case CASES[] = {
+    {8, 2, 64, 64, 1, 1, 0, 16, "0", NULL},  {8, 2, 64, 64, 1, 4, 0, 16, "0", "32"},
+    {8, 2, 64, 64, 1, 8, 0, 64, "0", "32"},  {8, 2, 64, 64, 3, 2, 37, 16, "0", "32"},
+    {6, 2, 24, 40, 2, 8, 0, 16, "0", "32"},  {6, 2, 24, 40, 2, 4, 5, 16, "2", "32"},
+    {4, 1, 3, 5, 2, 4, 0, 16, "0", "32"},    {8, 2, 64, 64, 16, 4, 0, 16, "0", "64"},
+    {8, 2, 64, 64, 16, 1, 0, 16, "2", "64"}, {8, 2, 64, 64, 1, 4, 0, 16, "2", NULL},
+};
+enum { N_CASES = sizeof CASES / sizeof CASES[0] };
+
+/* The function name of kernel k (its text up to the first '('). */
+static const char *kname(const cg_ctx *c, int k) { return c->kernel_names[k]; }
+
+static int is_attention(const ir_op *op) { return op->kind == IR_OP_ATTENTION; }
+
+static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
+{
+    km_spec s = {.name = "attn", .vocab = 8, .attn = KM_GQA, .H = g->H, .HKV = g->HKV,
+                 .DK = g->DK, .DV = g->DV, .window = g->window, .attn_scale = 0.3};
+    char lpp[8];
+    snprintf(lpp, sizeof lpp, "%d", g->lpp);
+    setenv("MOEC_ATTN_LPP", lpp, 1);
+    setenv("MOEC_ATTN_MERGE", g->merge, 1);
+    if (g->target)
+        setenv("MOEC_ATTN_TARGET_BLOCKS", g->target, 1);
+    ir_module *m = km_module(&s);
+    if (!m)
+        return -1;
+    cg_options o;
+    cg_options_default(&o);
+    o.kv_block_size = g->bs;
+    cg_ctx c;
+    int rc = emu_gen_emit(&c, m, &o, g->T, is_attention, "attn_emu_gen", i);
+    unsetenv("MOEC_ATTN_LPP");
+    unsetenv("MOEC_ATTN_MERGE");
+    unsetenv("MOEC_ATTN_TARGET_BLOCKS");
+    /* the steps: the cache write (not run: the harness fills the pages),
+       the attention, and the merge where the sequence is split */
+    const ir_step *a = NULL, *cb = NULL;
+    for (int k = 0; k < c.n_steps && !rc; k++) {
+        const char *n = kname(&c, c.steps[k].kernel);
+        if (!strncmp(n, "attn_h", 6))
+            a = &c.steps[k];
+        else if (!strncmp(n, "attn_combine_", 13))
+            cb = &c.steps[k];
+    }
+    char tail[32];
+    snprintf(tail, sizeof tail, "_t%d_bf16", g->T);
+    if (!rc && (!a || !strstr(kname(&c, a->kernel), tail) ||
+                (g->lpp > 1) != (strstr(kname(&c, a->kernel), "_lpp") != NULL))) {
+        fprintf(stderr, "attn_emu_gen: case %d: no bf16 attention step of the lanes asked for\n",
+                i);
+        rc = -1;
+    }
+    int ns = 1, merged = 0;
+    if (!rc) {
+        /* splits: grid z is (query-head groups) x splits; the merge kernel
+           exists exactly when there is more than one */
+        const char *n = kname(&c, a->kernel), *p = strstr(n, "_ns");
+        ns = p ? atoi(p + 3) : 1;
+        merged = strstr(n, "_m_bs") != NULL;
+        if ((ns > 1 && !merged) != (cb != NULL) || merged != (ns > 1 && !strcmp(g->merge, "2"))) {
+            fprintf(stderr, "attn_emu_gen: case %d: %d splits but %s merge kernel\n", i, ns,
+                    cb ? "a" : "no");
+            rc = -1;
+        }
+    }
+    if (!rc) {
+        fprintf(f, "namespace a%d {\n", i);
+        put_kernel(f, c.src.data, kname(&c, a->kernel));
+        if (cb)
+            put_kernel(f, c.src.data, kname(&c, cb->kernel));
+    }
+    if (!rc) {
+        fprintf(f,
+                "static void run(attn_bufs &b)\n{\n"
+                "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
+                "        %s(b.q, b.pos, b.slots, b.bt, b.max_blocks, b.kpool, b.vpool, b.out, "
+                "b.scale, b.window%s);\n"
+                "    });\n",
+                a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(&c, a->kernel),
+                ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o");
+        if (cb)
+            fprintf(f,
+                    "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
+                    "        %s(b.pos, b.slots, b.max_blocks, b.part_ml, b.part_o, b.out);\n"
+                    "    });\n",
+                    cb->grid[0], cb->grid[1], cb->block[0], kname(&c, cb->kernel));
+        fprintf(f, "}\n} // namespace a%d\n\n", i);
+        moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, a%d::run},\n",
+                        kname(&c, a->kernel), g->H, g->HKV, g->DK, g->DV, g->T, g->window, g->bs,
+                        ns, g->lpp, merged, i);
+    }
+    cg_ctx_free(&c);
+    ir_module_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    moec_buf pro = {0};
+    int erc;
+    FILE *f = emu_gen_open(argc, argv, "attn_emu_gen", "the GQA attention kernels for cuda_emu.h", &pro, &erc);
+    if (!f)
+        return erc;
+    put_prologue_part(f, pro.data,
+                      "template <typename W, int N, typename T>\n__device__ "
+                      "__forceinline__ void moec_ldw",
+                      "/* fp8 weights (e4m3, exact in fp16");
+    put_prologue_part(f, pro.data,
+                      "template <int N, typename T> __device__ __forceinline__ void stv",
+                      "template <int N, typename T> __device__ __forceinline__ void cpv");
+    put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
+                      "/* The warp's arg-max");
+    put_prologue_part(f, pro.data, "/* The merge of split attention",
+                      "__device__ __forceinline__ float block_sum");
+    int rc = 0;
+    moec_buf_free(&pro);
+    moec_buf table = {0};
+    for (int i = 0; i < N_CASES && !rc; i++)
+        rc = gen_case_src(f, &table, i, &CASES[i]);
+    if (!rc)
+        fprintf(f, "static const attn_case CASES[] = {\n%s};\n", table.data ? table.data : "");
+    rc = rc || table.oom;
+    moec_buf_free(&table);
+    if (fclose(f) || rc) {
+        fprintf(stderr, "attn_emu_gen: could not write %s\n", argv[1]);
+        return 1;
+    }
+    return 0;
+}

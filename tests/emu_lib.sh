@@ -1,0 +1,39 @@
+# emu_lib.sh — sourced by the CPU-emulator tests (test_fp8_emu.sh,
+# test_attn_emu.sh) after lib.sh: emu_check runs one generator's kernels on
+# tests/cuda_emu.h under the address sanitizer (every case) and the thread
+# sanitizer (the cases named), counting each step with ok/bad.
+#   emu_check NAME TSAN_CASES: tests/NAME_gen writes the cases, tests/NAME.cc
+#   is the harness, and its closing line reads "NAME: N of N cases passed".
+# Sets S (the source tree), B (the build tree) and CXX, and skips the test
+# (exit 0) where there is no C++ compiler.
+S=${MOEC_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
+B=${MOEC_BUILD_DIR:-$S/build}
+CXX=${CXX:-c++}
+if ! command -v "$CXX" >/dev/null 2>&1; then
+  echo "SKIP: no C++ compiler ($CXX; run scripts/install_deps.sh)"; exit 0
+fi
+
+emu_check() {
+  local name=$1 tsan_cases=$2 T san cases rc
+  T=$(mktemp -d)
+  "$B/tests/${name}_gen" "$T/cases.inc" && ok || bad "${name}_gen failed"
+  for san in address thread; do
+    cases=
+    [ $san = thread ] && cases=$tsan_cases
+    if "$CXX" -std=c++17 -O1 -g -fsanitize=$san -fno-omit-frame-pointer -pthread -w \
+        -DEMU_CASES="\"$T/cases.inc\"" -I"$S/tests" "$S/tests/$name.cc" -o "$T/emu_$san" \
+        2>"$T/cxx_$san.txt"; then
+      ok
+    else
+      bad "compiling the emulated kernels ($san): $(head -20 "$T/cxx_$san.txt")"
+      continue
+    fi
+    # shellcheck disable=SC2086 # the case list is one word or none
+    ASAN_OPTIONS=detect_leaks=1 TSAN_OPTIONS=halt_on_error=1 "$T/emu_$san" $cases >"$T/run_$san.txt" 2>&1
+    rc=$?
+    grep -E "^(ok|FAIL)|$name:|Sanitizer" "$T/run_$san.txt" | sed "s/^/$san: /"
+    [ $rc = 0 ] && grep -qE "^$name: ([0-9]+) of \1 cases passed" "$T/run_$san.txt" && ok ||
+      bad "the emulated kernels under the $san sanitizer (exit $rc): $(tail -30 "$T/run_$san.txt")"
+  done
+  rm -rf "$T"
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# test_attn_emu.sh — the GQA attention kernels over the paged cache
+# (codegen/attention.c: the split attention and its merge kernel, with 1,
+# 2, 4 and 8 lanes a position, MOEC_ATTN_LPP) run without a GPU:
+# attn_emu_gen writes their generated source for a set of cases
+# (tests/attn_emu_gen.c), which compiles as C++ with the CPU emulation of
+# the CUDA they use (tests/cuda_emu.h) and the harness that checks them
+# against a double-precision reference (tests/attn_emu.cc): once under the
+# address sanitizer, every case (every global and shared memory access in
+# bounds, every L2 prefetch within the pools), once under the thread
+# sanitizer, two cases (no two threads' accesses unordered by a barrier).
+# Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
+set -u
+source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
+source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/emu_lib.sh"
+emu_check attn_emu 1,5
+finish test_attn_emu
