@@ -3162,6 +3162,23 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (router in the top-k)");
     }
+    if (getenv("MOEC_KERN_ATTN_ONLY")) {
+        /* the GQA attention cases alone, under whatever knobs the
+           environment sets at codegen (MOEC_ATTN_LPP, MOEC_ATTN_MERGE, ...) */
+        prog_add(&Q3_ATTN, IR_DTYPE_BF16, 64, SHORT);
+        prog_add(&ODD_ATTN, IR_DTYPE_BF16, 16, SHORT);
+        prog_add(&ODD_ATTN, IR_DTYPE_F32, 16, SHORT);
+        progs_compile();
+        attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
+        attn_case_interp(&ODD_ATTN, IR_DTYPE_BF16, 16, 0);
+        attn_case_interp(&ODD_ATTN, IR_DTYPE_F32, 16, 0);
+        const int lq3[3] = {2100, 700, 64}, lodd[3] = {200, 33, 16};
+        attn_case_long(&Q3_ATTN, IR_DTYPE_BF16, 64, lq3);
+        attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, lodd);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (GQA attention)");
+    }
     if (getenv("MOEC_KERN_DSA_ONLY")) {
         /* the DSA indexer (scripts/gpu_dsa_ab.sh): the sparse MLA over its
            selection at V3.2's shape, then the fast kernels against the
