@@ -34,7 +34,7 @@ static const gen_case CASES[] = {
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
-/* The function name of kernel k (its text up to the first '('). */
+/* The name of kernel k, which is also its function's name. */
 static const char *kname(const cg_ctx *c, int k) { return c->kernel_names[k]; }
 
 static int is_attention(const ir_op *op) { return op->kind == IR_OP_ATTENTION; }
@@ -80,8 +80,9 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
     }
     int ns = 1, merged = 0;
     if (!rc) {
-        /* splits: grid z is (query-head groups) x splits; the merge kernel
-           exists exactly when there is more than one */
+        /* the splits, from the kernel's name (_nsN); a merge kernel exists
+           exactly where there is more than one and the kernel does not
+           merge them itself (_m) */
         const char *n = kname(&c, a->kernel), *p = strstr(n, "_ns");
         ns = p ? atoi(p + 3) : 1;
         merged = strstr(n, "_m_bs") != NULL;
@@ -96,8 +97,6 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
         put_kernel(f, c.src.data, kname(&c, a->kernel));
         if (cb)
             put_kernel(f, c.src.data, kname(&c, cb->kernel));
-    }
-    if (!rc) {
         fprintf(f,
                 "static void run(attn_bufs &b)\n{\n"
                 "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
@@ -126,7 +125,8 @@ int main(int argc, char **argv)
 {
     moec_buf pro = {0};
     int erc;
-    FILE *f = emu_gen_open(argc, argv, "attn_emu_gen", "the GQA attention kernels for cuda_emu.h", &pro, &erc);
+    FILE *f = emu_gen_open(argc, argv, "attn_emu_gen", "the GQA attention kernels for cuda_emu.h",
+                           &pro, &erc);
     if (!f)
         return erc;
     put_prologue_part(f, pro.data,

@@ -248,9 +248,15 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
 // blocks run one at a time: a fence orders nothing more, and only a
 // block's thread 0 counts its arrival
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
 
-static inline void __syncwarp() { pthread_barrier_wait(&emu_this_block->warps[threadIdx.x / 32].bar); }
+static inline void __syncwarp()
+{
+    pthread_barrier_wait(&emu_this_block->warps[threadIdx.x / 32].bar);
+}
 
 static inline void moec_cluster_sync() { pthread_barrier_wait(&emu_this_cluster->bar); }
 

@@ -97,7 +97,8 @@ int main(int argc, char **argv)
 {
     moec_buf pro = {0};
     int erc;
-    FILE *f = emu_gen_open(argc, argv, "fp8_emu_gen", "the staged fp8 kernels for cuda_emu.h", &pro, &erc);
+    FILE *f = emu_gen_open(argc, argv, "fp8_emu_gen", "the staged fp8 kernels for cuda_emu.h",
+                           &pro, &erc);
     if (!f)
         return erc;
     put_prologue_part(f, pro.data, "template <typename TH>", "/* two floats as a bf16 pair");
