@@ -12,13 +12,18 @@
  * split over blocks, and the last block of each group to finish merges
  * the splits' partial states (moec_attn_arrive_merge; a third kernel where
  * the split counters do not reach, or MOEC_ATTN_MERGE=0).
- * MOEC_ATTN_LPP=N (1, 2, 4 or 8; default 1) gives each position N lanes
- * that share its key's channels (16-byte chunks dealt round the N lanes,
- * the partial dots summed by shuffles), so that a warp's tile holds 32 / N
- * positions and a split at least 4 * 32 / N: at one token, Qwen3-30B's 64
- * splits of 4 kv heads have 33 splits with positions at context 1024 where
- * they had 9, each lane a quarter of the products (N = 4). An A/B knob, at
- * codegen; names carry `_lppN`. */
+ * Lanes a position: each position's key may be shared by 1, 2 or 4 lanes
+ * (16-byte chunks dealt round them, the partial dots summed by shuffles),
+ * so that a warp's tile holds 32 / N positions and a split at least
+ * 4 * 32 / N. The kernel picks N for each token from its positions: four
+ * while the splits of 32 positions are not all full, two while those of
+ * 64 are not, else one. At one token, Qwen3-30B's 64 splits of 4 kv heads
+ * then hold positions in 33 splits at context 1024 where they had 9, each
+ * lane a quarter of the products (H200, 2026-11-28, 16 layers at batch 1:
+ * 1.180 ms with 4 lanes against 1.235 with 1 at context 1024, but 1.494
+ * against 1.438 at 8192 and 3.217 against 2.877 at batch 8, 1024, where
+ * the splits were full). MOEC_ATTN_LPP=N (1, 2, 4 or 8) at codegen fixes
+ * N, for A/Bs (names `_lppN`; the choice at run time, `_lppa`). */
 #include <stdio.h>
 
 #include "codegen/attn_common.h"
@@ -49,13 +54,20 @@ static const char WRITE_BODY[] =
     "    for (int i = threadIdx.x; i < VROW / VV; i += blockDim.x)\n"
     "        cpv<VV>(vd + i * VV, vs + i * VV);\n";
 
-static const char ATTN_BODY[] =
+/* The kernel's shared memory, sized for its fewest lanes a position
+ * (TMAX positions a warp's tile), outside the body so that every lanes'
+ * variant of the body shares it. */
+static const char ATTN_SHARED[] =
     "    constexpr int G = H / HKV, NW = NT / 32, CPL = (DV + 31) / 32;\n"
     "    __shared__ float q_s[GB][DK];\n"
-    "    __shared__ float p_s[NW][TILE][GB];\n"
-    "    __shared__ long long row_s[NW][TILE];\n"
+    "    __shared__ float p_s[NW][TMAX][GB];\n"
+    "    __shared__ long long row_s[NW][TMAX];\n"
     "    __shared__ float m_s[NW][GB], l_s[NW][GB];\n"
-    "    __shared__ float acc_s[NW][GB][DV];\n"
+    "    __shared__ float acc_s[NW][GB][DV];\n";
+
+/* The body of one lanes' variant, inside `run` (LPP, TILE and MINPOS
+ * its constants). */
+static const char ATTN_BODY[] =
     "    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z % NSPLIT;\n"
     "    const int h0 = kh * G + blockIdx.z / NSPLIT * GB;\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
@@ -232,11 +244,12 @@ static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype
         snprintf(buf, cap, "%s_%s_%s", ir_dtype_name(pool), ir_dtype_name(a), ir_dtype_name(b));
 }
 
-/* MOEC_ATTN_LPP at codegen: lanes a position (1, 2, 4 or 8; see the top). */
+/* MOEC_ATTN_LPP at codegen: lanes a position, 1, 2, 4 or 8, or 0 (the
+ * default) for the kernel's choice at run time (see the top). */
 static int attn_lanes_per_pos(void)
 {
-    int n = cg_env_int("MOEC_ATTN_LPP", 1, 1, 8);
-    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 1;
+    int n = cg_env_int("MOEC_ATTN_LPP", 0, 0, 8);
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
 }
 
 /* Query heads per block: the largest divisor of the group size G, at most
@@ -325,15 +338,25 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
     int ns = cg_attn_splits(blocks, 0);
+    /* lanes a position: fixed, or chosen by each token's positions (0:
+       one, two or four; one where the sequence is not split) */
     int lpp = attn_lanes_per_pos();
-    int minpos = ns > 1 ? cg_attn_split_min(ATTN_SPLIT_MIN / lpp) : 1;
+    if (lpp == 0 && ns == 1)
+        lpp = 1;
+    /* MP1, the fewest positions of a split at one lane a position; a
+       variant of LPP lanes takes MP1 / LPP */
+    int mp1 = ns == 1 ? 1
+              : lpp   ? cg_attn_split_min(ATTN_SPLIT_MIN / lpp) * lpp
+                      : cg_attn_split_min(ATTN_SPLIT_MIN);
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256], lpp_tag[16] = "";
-    if (lpp > 1)
+    if (lpp == 0)
+        snprintf(lpp_tag, sizeof lpp_tag, "_lppa");
+    else if (lpp > 1)
         snprintf(lpp_tag, sizeof lpp_tag, "_lpp%d", lpp);
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s_bs%d_t%d_%s",
-             H, HKV, DK, DV, gb, ns, minpos, lpp_tag, merge ? "_m" : "", bs, c->T, tag);
+             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, merge ? "_m" : "", bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -347,19 +370,42 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                       "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
-                      "NT = %d, LPP = %d, TILE = 32 / LPP, KV = %d, NSPLIT = %d, MINPOS = %d;\n",
+                      "NT = %d, TMAX = %d, KV = %d, NSPLIT = %d, MP1 = %d;\n",
                       ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
                       cg_attn_part_params(ns, merge),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
-                      lpp, cg_vec_width(DK), ns, minpos);
+                      32 / (lpp ? lpp : 1), cg_vec_width(DK), ns, mp1);
         cg_attn_emit_parts(&c->src, ns, merge);
+        moec_buf_printf(&c->src, "%s", ATTN_SHARED);
+        moec_buf_printf(&c->src,
+                        "    /* one variant of the body, LPP lanes a position */\n"
+                        "    auto run = [&](auto lc) {\n"
+                        "    constexpr int LPP = decltype(lc)::value, TILE = 32 / LPP,\n"
+                        "                  MINPOS = MP1 / LPP > 0 ? MP1 / LPP : 1;\n");
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */
         cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
                               "(long long)blockIdx.y * (gridDim.z / NSPLIT) + blockIdx.z / NSPLIT",
                               "(long long)gridDim.y * (gridDim.z / NSPLIT)", "kpool", "HKV * DK",
                               "vpool", "HKV * DV");
-        moec_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
+        moec_buf_printf(&c->src, "%s    };\n", ATTN_BODY);
+        if (lpp)
+            moec_buf_printf(&c->src, "    run(moec_ic<%d>());\n}\n\n", lpp);
+        else /* four lanes a position while the token's positions fill
+                no more than NSPLIT splits of MP1 / 4, two while they fill
+                no more than NSPLIT of MP1 / 2, else one: more lanes where
+                splits would idle, fewer where each lane has work enough */
+            moec_buf_printf(
+                &c->src,
+                "    const int pq = pos[blockIdx.x];\n"
+                "    const int nq = pq - (window > 0 && pq - window + 1 > 0 ? pq - window + 1 : 0) + 1;\n"
+                "    if (nq <= NSPLIT * (MP1 / 4))\n"
+                "        run(moec_ic<4>());\n"
+                "    else if (nq <= NSPLIT * (MP1 / 2))\n"
+                "        run(moec_ic<2>());\n"
+                "    else\n"
+                "        run(moec_ic<1>());\n"
+                "}\n\n");
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

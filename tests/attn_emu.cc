@@ -121,9 +121,12 @@ static int run_case(int ci, const attn_case &c)
             worst = std::max(worst, err / big);
         }
     const bool ok = worst <= TOL && bad == 0;
-    printf("%s case %d %s: T %d, %d splits%s, %d lanes a position, worst error %.2e%s\n",
-           ok ? "ok" : "FAIL", ci, c.name, T, c.ns, c.merged ? " merged by the last block" : "",
-           c.lpp, worst, bad ? ", a padding token's output or a split counter not zero" : "");
+    char lanes[48] = "lanes by each token's positions";
+    if (c.lpp > 0)
+        snprintf(lanes, sizeof lanes, "%d lanes a position", c.lpp);
+    printf("%s case %d %s: T %d, %d splits%s, %s, worst error %.2e%s\n", ok ? "ok" : "FAIL", ci,
+           c.name, T, c.ns, c.merged ? " merged by the last block" : "", lanes, worst,
+           bad ? ", a padding token's output or a split counter not zero" : "");
     return ok;
 }
 

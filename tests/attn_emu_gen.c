@@ -5,7 +5,8 @@
  * ldv, stv, warp_sum, warp_max and moec_attn_merge as the generator emits
  * them, each case's kernels in a namespace of their own with a function
  * that launches them, and a table of the cases. Cases: one to 16 tokens,
- * 1, 2, 4 and 8 lanes a position (MOEC_ATTN_LPP), head dims that are not
+ * 1, 2, 4 and 8 lanes a position (MOEC_ATTN_LPP) and the kernel's choice
+ * at run time, head dims that are not
  * multiples of the lanes' 16-byte chunks, a window, pages of 16 and 64
  * rows; splits merged by the merge kernel (MOEC_ATTN_MERGE=0) or by the
  * attention kernel's last block (=2).
@@ -31,6 +32,11 @@ static const gen_case CASES[] = {
     {6, 2, 24, 40, 2, 8, 0, 16, "0", "32"},  {6, 2, 24, 40, 2, 4, 5, 16, "2", "32"},
     {4, 1, 3, 5, 2, 4, 0, 16, "0", "32"},    {8, 2, 64, 64, 16, 4, 0, 16, "0", "64"},
     {8, 2, 64, 64, 16, 1, 0, 16, "2", "64"}, {8, 2, 64, 64, 1, 4, 0, 16, "2", NULL},
+    /* lanes chosen at run time: 4 at one token (64 splits), 2 and 4 at
+       three (6 splits: 300 positions against 192 and 384), 1, 2 and 4 at
+       16 (2 splits: 64 and 128), with a window, both merges */
+    {8, 2, 64, 64, 1, 0, 0, 16, "0", NULL},  {8, 2, 64, 64, 3, 0, 0, 16, "0", "32"},
+    {8, 2, 64, 64, 16, 0, 0, 16, "0", "64"}, {6, 2, 24, 40, 16, 0, 100, 64, "2", "64"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -72,8 +78,16 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
     }
     char tail[32];
     snprintf(tail, sizeof tail, "_t%d_bf16", g->T);
-    if (!rc && (!a || !strstr(kname(&c, a->kernel), tail) ||
-                (g->lpp > 1) != (strstr(kname(&c, a->kernel), "_lpp") != NULL))) {
+    /* a fixed count past one names itself (_lppN), the choice at run time
+       _lppa where the sequence is split */
+    char want[16] = "";
+    if (g->lpp > 1)
+        snprintf(want, sizeof want, "_lpp%d_", g->lpp);
+    const char *an = a ? kname(&c, a->kernel) : "";
+    int split = strstr(an, "_ns1_") == NULL;
+    if (g->lpp == 0 && split)
+        snprintf(want, sizeof want, "_lppa_");
+    if (!rc && (!a || !strstr(an, tail) || (*want ? !strstr(an, want) : !!strstr(an, "_lpp")))) {
         fprintf(stderr, "attn_emu_gen: case %d: no bf16 attention step of the lanes asked for\n",
                 i);
         rc = -1;

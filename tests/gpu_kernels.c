@@ -205,7 +205,8 @@ typedef struct ab_variant {
 static const ab_variant AB_VARIANTS[] = {
     {"old", {"MOEC_MOE_GEMV=0"}},
     {"gv", {NULL}},
-    {"gv_u4", {"MOEC_MOE_GEMV_U=4"}},
+    {"gv_u8", {"MOEC_MOE_GEMV_U=8"}},
+    {"gv_u8_r4", {"MOEC_MOE_GEMV_U=8", "MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
     {"gv_u1", {"MOEC_MOE_GEMV_U=1", "MOEC_MOE_GEMV_RW=4", "MOEC_MOE_GEMV_RWD=8"}},
     {"gv_w8", {"MOEC_MOE_GEMV_WARPS=8"}},
     {"gv_w2", {"MOEC_MOE_GEMV_WARPS=2"}},
