@@ -371,8 +371,10 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     char version[64], opt_arch[64], opt_inc[4200], inc[4096];
     snprintf(version, sizeof version, "nvrtc %d.%d", major, minor);
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
-    const char *opts[3] = {opt_arch, "--std=c++17", NULL};
-    int n_opts = 2;
+    /* -default-device: a lambda in a kernel (codegen/attention.c's body
+       variants) is device code, as nvcc takes it */
+    const char *opts[4] = {opt_arch, "--std=c++17", "-default-device", NULL};
+    int n_opts = 3;
     int have_inc = cuda_include_dir(inc, sizeof inc);
     if (have_inc) {
         snprintf(opt_inc, sizeof opt_inc, "-I%s", inc);

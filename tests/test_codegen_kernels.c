@@ -512,14 +512,21 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
            where a group's partial states are at most 64 KiB (T = 8: 9 splits,
            36 KiB), else by a merge kernel (T = 1: 64 splits, 256 KiB) */
         int ns = splits(c->T * 4, 0), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
-        /* MOEC_ATTN_LPP=N: N lanes a position, tiles of 32 / N positions,
-           splits of at least 4 tiles */
+        /* lanes a position: chosen by the kernel at run time where the
+           sequence is split (_lppa), one where it is not; MOEC_ATTN_LPP=N
+           fixes N (_lppN past one). The splits' fewest positions at one
+           lane a position, 128, name the kernel either way. */
         const char *lv = getenv("MOEC_ATTN_LPP");
-        int lpp = lv ? atoi(lv) : 1;
+        int lpp = lv ? atoi(lv) : 0;
         char mp[32];
-        snprintf(mp, sizeof mp, lpp > 1 ? "_mp%d_lpp%d" : "_mp%d_", 128 / lpp, lpp);
-        T_CHECK(ns == 1 || strstr(c->kernel_names[s->kernel], mp) != NULL);
-        T_CHECK(lpp > 1 || strstr(c->kernel_names[s->kernel], "_lpp") == NULL);
+        if (lpp == 0)
+            snprintf(mp, sizeof mp, "_mp128_lppa_");
+        else if (lpp > 1)
+            snprintf(mp, sizeof mp, "_mp128_lpp%d_", lpp);
+        else
+            snprintf(mp, sizeof mp, "_mp128_");
+        T_CHECK(ns == 1 ? strstr(c->kernel_names[s->kernel], "_lpp") == NULL
+                        : strstr(c->kernel_names[s->kernel], mp) != NULL);
         T_CHECK(s->n_args == (ns > 1 ? 12 + merge : 10));
         if (merge)
             T_CHECK(s->args[12].kind == IR_ARG_INPUT &&
@@ -647,10 +654,10 @@ static void test_real_shapes(void)
         T_CHECK(m != NULL);
         if (m)
             run_module(m, &o, checks[i], compile[i]);
-        /* Qwen3 with 2, 4 and 8 lanes a position (MOEC_ATTN_LPP) at T = 1
-           and 8: compiled by NVRTC */
+        /* Qwen3 with 1, 2, 4 and 8 lanes a position fixed (MOEC_ATTN_LPP;
+           by default the kernel chooses) at T = 1 and 8: compiled by NVRTC */
         if (m && i == 2)
-            for (int lpp = 2; lpp <= 8; lpp *= 2) {
+            for (int lpp = 1; lpp <= 8; lpp *= 2) {
                 char v[4];
                 snprintf(v, sizeof v, "%d", lpp);
                 setenv("MOEC_ATTN_LPP", v, 1);
