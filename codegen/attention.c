@@ -25,6 +25,7 @@
  * the splits were full). MOEC_ATTN_LPP=N (1, 2, 4 or 8) at codegen fixes
  * N, for A/Bs (names `_lppN`; the choice at run time, `_lppa`). */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "codegen/attn_common.h"
 #include "codegen/cg.h"
@@ -252,6 +253,21 @@ static int attn_lanes_per_pos(void)
     return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
 }
 
+/* The counts the kernel chooses among at run time: bit N set for N lanes
+ * (1 always): MOEC_ATTN_LPP_AUTO at codegen, digits of 1, 2 and 4 (default
+ * 124), for A/Bs. */
+static unsigned attn_lpp_set(void)
+{
+    const char *e = getenv("MOEC_ATTN_LPP_AUTO");
+    unsigned set = 1u << 1;
+    if (!e || !*e)
+        e = "124";
+    for (; *e; e++)
+        if (*e == '2' || *e == '4')
+            set |= 1u << (*e - '0');
+    return set;
+}
+
 /* Query heads per block: the largest divisor of the group size G, at most
  * 8 (registers), whose shared memory fits. */
 static int heads_per_block(long long G, long long DK, long long DV)
@@ -348,10 +364,12 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     int mp1 = ns == 1 ? 1
               : lpp   ? cg_attn_split_min(ATTN_SPLIT_MIN / lpp) * lpp
                       : cg_attn_split_min(ATTN_SPLIT_MIN);
+    unsigned set = lpp ? 0 : attn_lpp_set();
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256], lpp_tag[16] = "";
     if (lpp == 0)
-        snprintf(lpp_tag, sizeof lpp_tag, "_lppa");
+        snprintf(lpp_tag, sizeof lpp_tag, "_lppa%s%s", set & (1u << 2) ? "" : "_no2",
+                 set & (1u << 4) ? "" : "_no4");
     else if (lpp > 1)
         snprintf(lpp_tag, sizeof lpp_tag, "_lpp%d", lpp);
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
@@ -364,15 +382,15 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
         moec_buf_printf(&c->src,
                       "// attention: GQA over the paged cache, online softmax "
                       "(codegen/attention.c, cg_emit_attention)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ q, "
+                      "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(const %s *__restrict__ q, "
                       "const int *__restrict__ pos, const int *__restrict__ slots, const int "
                       "*__restrict__ block_table, int max_blocks, const %s *__restrict__ kpool, const "
                       "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
                       "NT = %d, TMAX = %d, KV = %d, NSPLIT = %d, MP1 = %d;\n",
-                      ATTN_WARPS * 32, aname, cg_ctype(qdt), ts, ts, cg_ctype(odt),
-                      cg_attn_part_params(ns, merge),
+                      ATTN_WARPS * 32, lpp ? "" : ", 1", aname, cg_ctype(qdt), ts, ts,
+                      cg_ctype(odt), cg_attn_part_params(ns, merge),
                       cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
                       32 / (lpp ? lpp : 1), cg_vec_width(DK), ns, mp1);
         cg_attn_emit_parts(&c->src, ns, merge);
@@ -391,21 +409,26 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
         moec_buf_printf(&c->src, "%s    };\n", ATTN_BODY);
         if (lpp)
             moec_buf_printf(&c->src, "    run(moec_ic<%d>());\n}\n\n", lpp);
-        else /* four lanes a position while the token's positions fill
-                no more than NSPLIT splits of MP1 / 4, two while they fill
-                no more than NSPLIT of MP1 / 2, else one: more lanes where
-                splits would idle, fewer where each lane has work enough */
-            moec_buf_printf(
-                &c->src,
-                "    const int pq = pos[blockIdx.x];\n"
-                "    const int nq = pq - (window > 0 && pq - window + 1 > 0 ? pq - window + 1 : 0) + 1;\n"
-                "    if (nq <= NSPLIT * (MP1 / 4))\n"
-                "        run(moec_ic<4>());\n"
-                "    else if (nq <= NSPLIT * (MP1 / 2))\n"
-                "        run(moec_ic<2>());\n"
-                "    else\n"
-                "        run(moec_ic<1>());\n"
-                "}\n\n");
+        else { /* four lanes a position while the token's positions fill
+                  no more than NSPLIT splits of MP1 / 4, two while they
+                  fill no more than NSPLIT of MP1 / 2, else one: more lanes
+                  where splits would idle, fewer where each lane has work
+                  enough */
+            moec_buf_printf(&c->src,
+                            "    const int pq = pos[blockIdx.x];\n"
+                            "    const int nq = pq - (window > 0 && pq - window + 1 > 0 ? pq - "
+                            "window + 1 : 0) + 1;\n");
+            for (int n = 4; n > 1; n /= 2)
+                if (set & (1u << n))
+                    moec_buf_printf(&c->src,
+                                    "    if (nq <= NSPLIT * (MP1 / %d)) {\n"
+                                    "        run(moec_ic<%d>());\n"
+                                    "        return;\n"
+                                    "    }\n",
+                                    n, n);
+            moec_buf_printf(&c->src, "    run(moec_ic<1>());\n"
+                                     "}\n\n");
+        }
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

@@ -9,7 +9,8 @@
 # line is appended to $OUT/ab.txt as it comes, so a call cut short still
 # brings back what it measured; the logs (build, sample, each run's JSON
 # lines and stderr) go to $OUT/ab-logs.tar.gz when the script exits (the
-# device tool brings back at most 8 files).
+# device tool brings back at most 8 files). FP8=1 writes the model's
+# weights in block-scaled fp8 (moec-sample --fp8).
 #   usage: scripts/gpu_ab.sh CONFIG LAYERS BATCHES CONTEXTS "NAME:ENV=V[,ENV=V] ..."
 #   e.g.:  scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json 16 1,8 \
 #            1024,8192 "merge2:MOEC_ATTN_MERGE=2"
@@ -26,8 +27,10 @@ source scripts/gpu_build.sh
 gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
 M=/dev/shm/moec-ab
 rm -rf "$M"
-gpu_sample_model "$CONFIG" "$LAYERS" "$M" >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; exit 1; }
-{ date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; echo "$CONFIG, $LAYERS layers"; } >>"$OUT/ab.txt"
+fp8=
+[ "${FP8:-0}" = 1 ] && fp8=fp8
+gpu_sample_model "$CONFIG" "$LAYERS" "$M" $fp8 >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; exit 1; }
+{ date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; echo "$CONFIG, $LAYERS layers${fp8:+, fp8}"; } >>"$OUT/ab.txt"
 printf '%-28s %7s %5s %9s %9s %7s\n' variant context batch graph_ms floor_ms x_floor | tee -a "$OUT/ab.txt"
 IFS=, read -ra ctxs <<<"$CONTEXTS"
 for ctx in "${ctxs[@]}"; do
