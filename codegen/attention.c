@@ -12,18 +12,20 @@
  * split over blocks, and the last block of each group to finish merges
  * the splits' partial states (moec_attn_arrive_merge; a third kernel where
  * the split counters do not reach, or MOEC_ATTN_MERGE=0).
- * Lanes a position: each position's key may be shared by 1, 2 or 4 lanes
- * (16-byte chunks dealt round them, the partial dots summed by shuffles),
- * so that a warp's tile holds 32 / N positions and a split at least
- * 4 * 32 / N. The kernel picks N for each token from its positions: four
- * while the splits of 32 positions are not all full, two while those of
- * 64 are not, else one. At one token, Qwen3-30B's 64 splits of 4 kv heads
- * then hold positions in 33 splits at context 1024 where they had 9, each
- * lane a quarter of the products (H200, 2026-11-28, 16 layers at batch 1:
- * 1.180 ms with 4 lanes against 1.235 with 1 at context 1024, but 1.494
- * against 1.438 at 8192 and 3.217 against 2.877 at batch 8, 1024, where
- * the splits were full). MOEC_ATTN_LPP=N (1, 2, 4 or 8) at codegen fixes
- * N, for A/Bs (names `_lppN`; the choice at run time, `_lppa`). */
+ * Lanes a position (MOEC_ATTN_LPP=N at codegen, 1, 2, 4 or 8, default 1):
+ * each position's key may be shared by N lanes (16-byte chunks dealt round
+ * them, the partial dots summed by shuffles), so that a warp's tile holds
+ * 32 / N positions and a split at least 4 * 32 / N; names carry `_lppN`.
+ * At one token, Qwen3-30B's 64 splits of 4 kv heads then hold positions
+ * in 33 splits at context 1024 where they had 9, each lane a quarter of
+ * the products. With N = 0 the kernel holds the body for 1, 2 and 4 and
+ * picks one for each token from its positions (`_lppa`): four while the
+ * splits of 32 positions are not all full, two while those of 64 are not,
+ * else one. H200, 2026-11-28, 16 layers at batch 1: 1.181 ms with 4 fixed
+ * against 1.235 with 1 at context 1024, but 1.498 against 1.442 at 8192
+ * and 3.108 against 2.859 at batch 8, 1024, where the splits were full;
+ * the choice at run time 1.268 at 1024, 1.394 at 8192, 2.960 at batch 8:
+ * A/B knobs, the default stays 1. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -249,8 +251,8 @@ static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype
  * default) for the kernel's choice at run time (see the top). */
 static int attn_lanes_per_pos(void)
 {
-    int n = cg_env_int("MOEC_ATTN_LPP", 0, 0, 8);
-    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
+    int n = cg_env_int("MOEC_ATTN_LPP", 1, 0, 8);
+    return n == 0 || n == 2 || n == 4 || n == 8 ? n : 1;
 }
 
 /* The counts the kernel chooses among at run time: bit N set for N lanes

@@ -70,6 +70,12 @@
 #define GV_WARPS 4
 #define GV_RW 2
 #define GV_RWD 4
+/* down's rows a warp where a block holds one slot (H200, 2026-11-28,
+   V2-Lite's down alone at T = 1: 10.2 us with 8 rows against 11.6 with 4;
+   the step cut to 10 layers at batch 1, 0.766 against 0.773 ms in bf16,
+   0.643 against 0.652 in fp8; at 8 tokens, blocks of 2 slots, fp8 lost:
+   1.792 against 1.740) */
+#define GV_RWD_BM1 8
 #define GV_U 4
 #define GV_MAX_BM 2
 
@@ -840,8 +846,8 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD", GV_RWD,
-                                "MOEC_MOE_MMA_DN_U", MMA_DN_U);
+    moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD",
+                                bm == 1 ? GV_RWD_BM1 : GV_RWD, "MOEC_MOE_MMA_DN_U", MMA_DN_U);
     /* the first chunks' weights loaded before the wait (MOEC_MOE_DOWN_PRE=0:
        after it, for A/B runs) */
     int pre = form != FORM_SIMT && cg_env_int("MOEC_MOE_DOWN_PRE", 1, 0, 1);

@@ -421,9 +421,9 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     if (r < 0)
         return;
     /* T=1 and 8: one and two rows per expert block on CUDA cores, the
-       streaming form (4 warps of 2 gate/up rows, 4 down rows, 4 chunks in
-       flight: 8 of gate_up's 256-wide chunks in 2 rounds, down's 5.5 in 2
-       of 3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
+       streaming form (4 warps of 2 gate/up rows, 8 down rows at one slot a
+       block and 4 at two, 4 chunks in flight: 8 of gate_up's 256-wide
+       chunks in 2 rounds, down's 5.5 in 2 of 3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
        one warp of 16 rows, 8 chunks in flight for gate_up and 4 for down */
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
@@ -435,12 +435,12 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
              mma ? "mma_w1_u8" : "gv_w4_r2_u4", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[gu->kernel], want));
     snprintf(want, sizeof want, "moe_down_e64_k6_h2048_i1408_bm%d_%s_t%d_bf16_f32_w%s_pre", bm,
-             mma ? "mma_w1_u4" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
+             mma ? "mma_w1_u4" : bm == 1 ? "gv_w4_r8_u3" : "gv_w4_r4_u3", T, mma ? "_h16" : "");
     T_CHECK(!strcmp(c->kernel_names[dn->kernel], want));
     T_CHECK(al == &c->steps[k] && al->grid[0] == 8 && al->grid[1] == 1);
     T_CHECK(gu->grid[0] == (unsigned)nb && gu->grid[1] == (mma ? 1408 / 16 : 1408 / 8) &&
             gu->block[0] == (mma ? 32 : 128));
-    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == (mma ? 2048 / 16 : 2048 / 16) &&
+    T_CHECK(dn->grid[0] == (unsigned)nb && dn->grid[1] == (bm == 1 ? 2048 / 32 : 2048 / 16) &&
             dn->block[0] == (mma ? 32 : 128));
     T_CHECK(sm->grid[0] == (unsigned)T && sm->grid[1] == 2);
     /* scratch: the attention splits' (m, l) and outputs; sorted slots,
@@ -483,12 +483,14 @@ static void check_v3(const ir_module *m, const cg_ctx *c)
                              : "moe_topk_e256_k8_sigmoid_g8_tg4_top2_n1_bf32") != NULL);
     }
     /* gate_up: 2048 rows, down: 7168 rows; 8 and 16 rows per block in the
-       streaming form up to T=32 (blocks of 1 or 2 slots), 16 on tensor
-       cores once T > 48 wants four slots on a block of 256 experts */
+       streaming form up to T=32 (blocks of 1 or 2 slots; down 32 rows in
+       blocks of one slot, up to T=16 here), 16 on tensor cores once T >
+       48 wants four slots on a block of 256 experts */
     const ir_step *al = NULL;
     int ala = 0, r = moe_gate_up_step(m, c, &al, &ala);
+    int bm1 = strstr(r >= 0 ? c->kernel_names[c->steps[r + 1].kernel] : "", "_bm1_") != NULL;
     T_CHECK(r >= 0 && c->steps[r].grid[1] == (c->T <= 32 ? 2048 / 8 : 2048 / 16) &&
-            c->steps[r + 1].grid[1] == 7168 / 16);
+            c->steps[r + 1].grid[1] == (bm1 ? 7168 / 32 : 7168 / 16));
 }
 
 /* Qwen3-30B-A3B: GQA 32 q heads, 4 kv heads, d 128; 128 experts top-8,
@@ -512,12 +514,13 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
            where a group's partial states are at most 64 KiB (T = 8: 9 splits,
            36 KiB), else by a merge kernel (T = 1: 64 splits, 256 KiB) */
         int ns = splits(c->T * 4, 0), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
-        /* lanes a position: chosen by the kernel at run time where the
-           sequence is split (_lppa), one where it is not; MOEC_ATTN_LPP=N
-           fixes N (_lppN past one). The splits' fewest positions at one
-           lane a position, 128, name the kernel either way. */
+        /* lanes a position: one by default; MOEC_ATTN_LPP=N fixes N
+           (_lppN past one), 0 the kernel's choice at run time where the
+           sequence is split (_lppa), one where it is not. The splits'
+           fewest positions at one lane a position, 128, name the kernel
+           either way. */
         const char *lv = getenv("MOEC_ATTN_LPP");
-        int lpp = lv ? atoi(lv) : 0;
+        int lpp = lv ? atoi(lv) : 1;
         char mp[32];
         if (lpp == 0)
             snprintf(mp, sizeof mp, "_mp128_lppa_");
@@ -654,10 +657,10 @@ static void test_real_shapes(void)
         T_CHECK(m != NULL);
         if (m)
             run_module(m, &o, checks[i], compile[i]);
-        /* Qwen3 with 1, 2, 4 and 8 lanes a position fixed (MOEC_ATTN_LPP;
-           by default the kernel chooses) at T = 1 and 8: compiled by NVRTC */
+        /* Qwen3 with 2, 4 and 8 lanes a position (MOEC_ATTN_LPP) and the
+           kernel's choice at run time (0) at T = 1 and 8: compiled by NVRTC */
         if (m && i == 2)
-            for (int lpp = 1; lpp <= 8; lpp *= 2) {
+            for (int lpp = 0; lpp <= 8; lpp = lpp ? lpp * 2 : 2) {
                 char v[4];
                 snprintf(v, sizeof v, "%d", lpp);
                 setenv("MOEC_ATTN_LPP", v, 1);
@@ -1064,10 +1067,10 @@ static void test_gv_forms(void)
         {&odd, 1, {NULL}, "gv_w4_r2_u2", "rw8"},
         {&f8, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
         {&f8, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
-        {&ex, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
-        {&ex, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
+        {&ex, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r8_u1"},
+        {&ex, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r8_u1"},
         {&v2, 0, {"MOEC_MOE_GEMV_WARPS=8", "MOEC_MOE_GEMV_RW=3", "MOEC_MOE_GEMV_U=4"},
-         "gv_w8_r3_u4", "gv_w8_r4_u3"},
+         "gv_w8_r3_u4", "gv_w8_r8_u3"},
         {&v2, 0, {"MOEC_MOE_GEMV=0"}, "rw4", "rw8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
