@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # gpu_attn_lpp.sh — one device call for the GQA attention kernel's lanes a
 # position (codegen/attention.c): builds, checks the GQA attention cases
-# against the interpreter with the kernel's choice at run time (the
-# default) and with 1, 2, 4 and 8 lanes fixed (MOEC_ATTN_LPP; MOEC_KERN_ATTN_ONLY=1
-# gpu_kernels; logs in $OUT/attn-kernels.txt), runs the GPU tests named in
-# CTESTS (default "gpu_model gpu_graphs"), then times Qwen3-30B-A3B cut to
-# LAYERS layers (default 16) at batch 1 and 8 and the contexts in CONTEXTS
-# (default 1024,4096,8192), the default against the fixed counts in
-# VARIANTS (scripts/gpu_ab.sh: $OUT/ab.txt). On the GPU machine:
+# against the interpreter with the kernel's choice at run time
+# (MOEC_ATTN_LPP=0) and with 1 (the default), 2, 4 and 8 lanes fixed
+# (MOEC_KERN_ATTN_ONLY=1 gpu_kernels; logs in $OUT/attn-kernels.txt), runs
+# the GPU tests named in CTESTS (default "gpu_model gpu_graphs"), then
+# times Qwen3-30B-A3B cut to LAYERS layers (default 16) at batch 1 and 8
+# and the contexts in CONTEXTS (default 1024,4096,8192), the default
+# against the variants in VARIANTS (scripts/gpu_ab.sh: $OUT/ab.txt).
+# On the GPU machine:
 #   cd .snap/src && scripts/gpu_attn_lpp.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,4 @@ for t in ${CTESTS-gpu_model gpu_graphs}; do
 done
 [ $rc = 0 ] || { echo "a check failed: no timing"; exit 1; }
 scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json "${LAYERS:-16}" 1,8 "${CONTEXTS:-1024,4096,8192}" \
-  "${VARIANTS:-lpp1:MOEC_ATTN_LPP=1 lpp4:MOEC_ATTN_LPP=4}"
+  "${VARIANTS:-auto:MOEC_ATTN_LPP=0 lpp4:MOEC_ATTN_LPP=4}"
