@@ -129,9 +129,9 @@ static const char ATTN_BODY[] =
     "            if (sub == 0)\n"
     "                row_s[warp][lane / LPP] = row;\n"
     "            const TS *kr = kpool + (row * HKV + kh) * DK;\n"
-    "            /* a trip count known at compile time: the chunks' loads unrolled,\n"
-    "               all in flight at once */\n"
-    "#pragma unroll\n"
+    "            /* a trip count known at compile time: the chunks' loads unrolled\n"
+    "               (KUN at a time; by default all), in flight at once */\n"
+    "#pragma unroll(KUN)\n"
     "            for (int i = 0; i < (DK / KV + LPP - 1) / LPP; i++) {\n"
     "                const int d = (i * LPP + sub) * KV;\n"
     "                if (DK % (KV * LPP) != 0 && d >= DK)\n"
@@ -172,8 +172,8 @@ static const char ATTN_BODY[] =
     "        }\n"
     "        __syncwarp();\n"
     "        const int n_valid = p - p0 + 1 < TILE ? p - p0 + 1 : TILE;\n"
-    "        /* eight rows' loads in flight: one at a time is a memory latency each */\n"
-    "#pragma unroll 8\n"
+    "        /* VUN (8) rows' loads in flight: one at a time is a memory latency each */\n"
+    "#pragma unroll(VUN)\n"
     "        for (int i = 0; i < n_valid; i++) {\n"
     "            const TS *vr = vpool + (row_s[warp][i] * HKV + kh) * DV;\n"
     "            float vf[CPL];\n"
@@ -367,6 +367,9 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
               : lpp   ? cg_attn_split_min(ATTN_SPLIT_MIN / lpp) * lpp
                       : cg_attn_split_min(ATTN_SPLIT_MIN);
     unsigned set = lpp ? 0 : attn_lpp_set();
+    /* the key chunks' and the value rows' loops unrolled by (A/B knobs at
+       codegen, names _kuN, _vuN): all of a key's chunks, 8 rows */
+    int kun = cg_env_int("MOEC_ATTN_KUNROLL", 0, 0, 64), vun = cg_env_int("MOEC_ATTN_VUNROLL", 8, 1, 32);
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256], lpp_tag[16] = "";
     if (lpp == 0)
@@ -375,8 +378,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     else if (lpp > 1)
         snprintf(lpp_tag, sizeof lpp_tag, "_lpp%d", lpp);
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
-    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s_bs%d_t%d_%s",
-             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, merge ? "_m" : "", bs, c->T, tag);
+    char un_tag[32] = "";
+    if (kun > 0 || vun != 8)
+        snprintf(un_tag, sizeof un_tag, "_ku%d_vu%d", kun, vun);
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s%s_bs%d_t%d_%s",
+             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge ? "_m" : "", bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
@@ -401,7 +407,9 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                         "    /* one variant of the body, LPP lanes a position */\n"
                         "    auto run = [&](auto lc) {\n"
                         "    constexpr int LPP = decltype(lc)::value, TILE = 32 / LPP,\n"
-                        "                  MINPOS = MP1 / LPP > 0 ? MP1 / LPP : 1;\n");
+                        "                  MINPOS = MP1 / LPP > 0 ? MP1 / LPP : 1,\n"
+                        "                  KUN = %d > 0 ? %d : (DK / KV + LPP - 1) / LPP, VUN = %d;\n",
+                        kun, kun, vun);
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */
         cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
