@@ -924,6 +924,11 @@ static void test_gqa_prologue(void)
 
 static void check_odd(const ir_module *m, const cg_ctx *c)
 {
+    /* the unroll knobs name the GQA kernel */
+    if (getenv("MOEC_ATTN_KUNROLL"))
+        for (int i = 0; i < c->n_steps; i++)
+            if (!strncmp(c->kernel_names[c->steps[i].kernel], "attn_h", 6))
+                T_CHECK(strstr(c->kernel_names[c->steps[i].kernel], "_ku1_vu3_") != NULL);
     int a = steps_of(m, c, IR_OP_ATTENTION);
     if (a >= 0 && !strcmp(m->name, "k_mha")) {
         /* 8 kv heads: 512 blocks at T = 64 need no split, and no merge */
@@ -971,8 +976,11 @@ static void test_odd_shapes(void)
                    .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
                    .dsa_wscale = -0.7};
     const km_spec *specs[] = {&g, &l, &r, &mha, &dsa};
-    /* the GQA shapes with 4 lanes a position: key chunks left to some lanes */
+    /* the GQA shapes with 4 lanes a position: key chunks left to some
+       lanes; the key chunks' loop not unrolled, the value rows' by 3 */
     setenv("MOEC_ATTN_LPP", "4", 1);
+    setenv("MOEC_ATTN_KUNROLL", "1", 1);
+    setenv("MOEC_ATTN_VUNROLL", "3", 1);
     for (int i = 0; i < 3; i += 2) {
         o.compute_dtype = IR_DTYPE_BF16;
         ir_module *m = km_module(specs[i]);
@@ -982,6 +990,8 @@ static void test_odd_shapes(void)
         ir_module_free(m);
     }
     unsetenv("MOEC_ATTN_LPP");
+    unsetenv("MOEC_ATTN_KUNROLL");
+    unsetenv("MOEC_ATTN_VUNROLL");
     for (int i = 0; i < 5; i++)
         for (int f32 = 0; f32 < 2; f32++) {
             o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
