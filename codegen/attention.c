@@ -369,7 +369,8 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     unsigned set = lpp ? 0 : attn_lpp_set();
     /* the key chunks' and the value rows' loops unrolled by (A/B knobs at
        codegen, names _kuN, _vuN): all of a key's chunks, 8 rows */
-    int kun = cg_env_int("MOEC_ATTN_KUNROLL", 0, 0, 64), vun = cg_env_int("MOEC_ATTN_VUNROLL", 8, 1, 32);
+    int kun = cg_env_int("MOEC_ATTN_KUNROLL", 0, 0, 64);
+    int vun = cg_env_int("MOEC_ATTN_VUNROLL", 8, 1, 32);
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
     char aname[256], lpp_tag[16] = "";
     if (lpp == 0)
