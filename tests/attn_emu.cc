@@ -4,10 +4,13 @@
 // the same bf16 values: each token its own sequence at its own position
 // (1 to a few hundred: tile and split edges), its pages scattered over the
 // pool, one padding token where there are several (its output must be
-// zeros). Every output starts as NaN, so an element a kernel leaves
-// unwritten fails; errors are relative to each head's largest magnitude
-// (bf16 outputs: 1e-2). Built and run by tests/test_attn_emu.sh, under an
-// address or a thread sanitizer.
+// zeros). The splits that hold positions (their partial states' weights)
+// show the lanes a position each token ran with, checked against the
+// count fixed or the rule the kernel chooses by at run time. Every output
+// starts as NaN, so an element a kernel leaves unwritten fails; errors
+// are relative to each head's largest magnitude (bf16 outputs: 1e-2).
+// Built and run by tests/test_attn_emu.sh, under an address or a thread
+// sanitizer.
 #include "cuda_emu.h"
 
 #include <algorithm>
@@ -79,6 +82,32 @@ static int run_case(int ci, const attn_case &c)
     // the last block of each group sets its counter back to 0 for the next step
     for (unsigned k : cnt)
         bad += k != 0;
+    // the lanes a position each token ran with, seen in how many splits
+    // hold positions (a weight above -inf in the partial states): with L
+    // lanes a tile holds 32 / L positions and a split at least 4 tiles;
+    // the kernel's choice at run time (lpp 0) takes 4 while the positions
+    // fill no more than ns splits of 32, 2 while no more than ns of 64
+    int wrong_lanes = 0;
+    for (int t = 0; t < T && c.ns > 1; t++) {
+        if (slots[t] < 0)
+            continue;
+        const int p = pos[t], lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
+        const int n = p - lo + 1;
+        const int L = c.lpp ? c.lpp : n <= c.ns * 32 ? 4 : n <= c.ns * 64 ? 2 : 1;
+        const int tile = 32 / L, n_tiles = (n + tile - 1) / tile;
+        const int per = std::max((n_tiles + c.ns - 1) / c.ns, 4);
+        const int want = (n_tiles + per - 1) / per;
+        for (int h = 0; h < c.H; h++) {
+            int held = 0;
+            for (int sp = 0; sp < c.ns; sp++)
+                held += part_ml[(((size_t)t * c.H + h) * c.ns + sp) * 2] != -INFINITY;
+            if (held != want && wrong_lanes++ < 3)
+                printf("  token %d (%d positions), head %d: %d splits hold positions, %d with %d "
+                       "lanes a position\n",
+                       t, n, h, held, want, L);
+        }
+    }
+    bad += wrong_lanes;
     double worst = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < c.H; h++) {
@@ -126,7 +155,9 @@ static int run_case(int ci, const attn_case &c)
         snprintf(lanes, sizeof lanes, "%d lanes a position", c.lpp);
     printf("%s case %d %s: T %d, %d splits%s, %s, worst error %.2e%s\n", ok ? "ok" : "FAIL", ci,
            c.name, T, c.ns, c.merged ? " merged by the last block" : "", lanes, worst,
-           bad ? ", a padding token's output or a split counter not zero" : "");
+           bad ? ", a padding token's output, a split counter not zero or the splits "
+                 "holding positions not as the lanes a position make them"
+               : "");
     return ok;
 }
 

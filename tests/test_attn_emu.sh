@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_attn_emu.sh — the GQA attention kernels over the paged cache
 # (codegen/attention.c: the split attention and its merge kernel, with 1,
-# 2, 4 and 8 lanes a position, MOEC_ATTN_LPP) run without a GPU:
+# 2, 4 and 8 lanes a position, MOEC_ATTN_LPP, and the kernel's choice
+# at run time, each token's count checked from the splits that hold
+# positions) run without a GPU:
 # attn_emu_gen writes their generated source for a set of cases
 # (tests/attn_emu_gen.c), which compiles as C++ with the CPU emulation of
 # the CUDA they use (tests/cuda_emu.h) and the harness that checks them
