@@ -37,9 +37,10 @@
 #define ATTN_TILE 32
 #define ATTN_WARPS 4
 /* The fewest positions a split of a sequence takes: four tiles, one per
- * warp (with MOEC_ATTN_LPP=N, tiles of 32 / N positions; H100, 2026-11-24,
- * Qwen3-30B-A3B at context 1024: 4.303 against 4.358 ms at batch 1, 10.863 against 10.978 at 8, with 1; the same call
- * in the round before, 4.265 against 4.329). MLA keeps 1 (mla_attention.c). */
+ * warp (with MOEC_ATTN_LPP=N, tiles of 32 / N positions; H100,
+ * 2026-11-24, Qwen3-30B-A3B at context 1024: 4.303 against 4.358 ms at
+ * batch 1, 10.863 against 10.978 at 8, with 1; the same call in the round
+ * before, 4.265 against 4.329). MLA keeps 1 (mla_attention.c). */
 #define ATTN_SPLIT_MIN (ATTN_TILE * ATTN_WARPS)
 
 static const char WRITE_BODY[] =

@@ -423,8 +423,9 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     /* T=1 and 8: one and two rows per expert block on CUDA cores, the
        streaming form (4 warps of 2 gate/up rows, 8 down rows at one slot a
        block and 4 at two, 4 chunks in flight: 8 of gate_up's 256-wide
-       chunks in 2 rounds, down's 5.5 in 2 of 3); T=64 (12 rows per block wanted): tensor cores, blocks of 8 rows,
-       one warp of 16 rows, 8 chunks in flight for gate_up and 4 for down */
+       chunks in 2 rounds, down's 5.5 in 2 of 3); T=64 (12 rows per block
+       wanted): tensor cores, blocks of 8 rows, one warp of 16 rows, 8
+       chunks in flight for gate_up and 4 for down */
     int mma = T == 64, bm = T == 64 ? 8 : T == 8 ? 2 : 1;
     int n = T * 6, nnz = n < 64 ? n : 64;
     int nb = (n + (bm - 1) * nnz + bm - 1) / bm;
