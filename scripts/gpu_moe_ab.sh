@@ -18,6 +18,7 @@ source scripts/gpu_build.sh
 { cmake "${GPU_CMAKE_ARGS[@]}" && cmake --build build-gpu -j"$(nproc)" --target gpu_kernels; } \
   >"$OUT/moe_ab_build.txt" 2>&1 || { tail -30 "$OUT/moe_ab_build.txt"; exit 1; }
 rc=0
-MOEC_KERN_MOE_AB=${AB:-1} build-gpu/tests/gpu_kernels >"$OUT/moe_ab.txt" 2>&1 || rc=1
+# line-buffered, so that a fault lands after the last variant that finished
+MOEC_KERN_MOE_AB=${AB:-1} stdbuf -oL -eL build-gpu/tests/gpu_kernels >"$OUT/moe_ab.txt" 2>&1 || rc=1
 grep -E "^(  ab |FAIL|gpu_kernels|compiled|total)|A/B worst" "$OUT/moe_ab.txt" | head -400
 exit "$rc"
