@@ -4,12 +4,17 @@
 # what runs, in order (default "tests v2l qwen v3"):
 #   tests  build, then gpu_tp (tp 2 and tp 2 x ep 2 of every tiny model
 #          against the CPU group, fp32 and bf16, graphs and eager, the
-#          reduce-scatter combine, the one-shot all-reduce) and gpu_allreduce
+#          reduce-scatter combine, the one-shot all-reduce; MOEC_GPU_TP_ONLY
+#          to cut the models) and gpu_allreduce
+#   allreduce  `gpu_allreduce bench`: NCCL against the one-shot all-reduce,
+#          1 to 64 tokens of hidden 2048 and 7168, over both GPUs
 #   v2l    DeepSeek-V2-Lite shape (random bf16 weights in /dev/shm): moec
 #          bench at tp 1, tp 2, tp 2 x ep 2 in one call, batch 1, 8, 32, 64,
 #          context 1024, --profile (each step's collective time), then tp 2
 #          with the all-reduce forced to NCCL and to the one-shot kernel
-#   qwen   the same for the Qwen3-30B-A3B shape (tp 1, tp 2, tp 2 x ep 2)
+#          (RUNS picks among tp1 tp2 tp2ep2 nccl oneshot)
+#   qwen   the same for the Qwen3-30B-A3B shape (tp 1, tp 2, tp 2 x ep 2
+#          unless RUNS says)
 #   v3     DeepSeek-V3 (V3_CONFIG, default tests/data/configs/deepseek_v3.json)
 #          cut to V3_LAYERS layers (default 4, the first
 #          dense; fp8 weights as published) at tp 2: step time and floor
@@ -66,17 +71,31 @@ for part in $PARTS; do
     say "tests (gpu_tp, gpu_allreduce): rc $? in $((SECONDS - t)) s: $(grep -E 'tests passed' "$L/ctest.txt")"
     grep -E "^gpu_tp|check failed|tp 2" "$L/ctest.txt" | head -20 >>"$L/summary.txt"
     ;;
+  allreduce)
+    t=$SECONDS
+    build-gpu/tests/gpu_allreduce bench >"$L/allreduce.txt" 2>&1
+    say "allreduce bench: rc $? in $((SECONDS - t)) s"
+    grep -v '^{' "$L/allreduce.txt" >>"$L/summary.txt"
+    ;;
   v2l | qwen)
     if [ "$part" = v2l ]; then cfg=tests/data/configs/deepseek_v2_lite.json; else cfg=tests/data/configs/qwen3_30b_a3b.json; fi
     d=/dev/shm/moec-$part
     sample "$part" "$cfg" "$d" || continue
-    bench "${part}_tp1" "$d" --tp 1
-    bench "${part}_tp2" "$d" --tp 2
-    bench "${part}_tp2ep2" "$d" --tp 2 --ep 2
-    if [ "$part" = v2l ]; then
-      MOEC_ALLREDUCE=nccl bench "${part}_tp2_nccl" "$d" --tp 2
-      MOEC_ALLREDUCE=oneshot bench "${part}_tp2_oneshot" "$d" --tp 2
-    fi
+    # RUNS: which of tp1 tp2 tp2ep2 nccl oneshot (the last two: tp 2 with
+    # the all-reduce forced to NCCL, to the one-shot); default all but the
+    # last two on qwen
+    runs=${RUNS:-tp1 tp2 tp2ep2 nccl oneshot}
+    [ "$part" = qwen ] && [ -z "${RUNS:-}" ] && runs="tp1 tp2 tp2ep2"
+    for r in $runs; do
+      case $r in
+      tp1) bench "${part}_tp1" "$d" --tp 1 ;;
+      tp2) bench "${part}_tp2" "$d" --tp 2 ;;
+      tp2ep2) bench "${part}_tp2ep2" "$d" --tp 2 --ep 2 ;;
+      nccl) MOEC_ALLREDUCE=nccl bench "${part}_tp2_nccl" "$d" --tp 2 ;;
+      oneshot) MOEC_ALLREDUCE=oneshot bench "${part}_tp2_oneshot" "$d" --tp 2 ;;
+      *) say "unknown run $r" ;;
+      esac
+    done
     rm -rf "$d"
     ;;
   v3)

@@ -19,8 +19,9 @@
  * The MoE combine as reduce_scatter + all_gather (--ep-combine
  * reduce-scatter) on three models, fp32 and bf16, the same way; and the
  * one-shot all-reduce in place of NCCL (MOEC_ALLREDUCE=oneshot).
- * Graphs (default) and eager (MOEC_DISABLE_GRAPHS=1) both. Without a
- * device: "SKIP: no CUDA device", exit 0. */
+ * Graphs (default) and eager (MOEC_DISABLE_GRAPHS=1) both.
+ * MOEC_GPU_TP_ONLY=a,b compares only those models. Without a device:
+ * "SKIP: no CUDA device", exit 0. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +62,24 @@ static const char *compile_plan(const char *name, const moec_parallel *par, cons
 }
 
 /* Prompt then greedy decode (the CPU's ids fed to both), row by row. */
+/* MOEC_GPU_TP_ONLY (a comma list of model names, for a quick device call):
+ * whether model `name` is compared; unset, every model is. */
+static int wanted(const char *name)
+{
+    const char *only = getenv("MOEC_GPU_TP_ONLY");
+    if (!only || !*only)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = only; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0))
+            return 1;
+    return 0;
+}
+
 static void compare(const char *name, const moec_parallel *par, const char *dtype)
 {
+    if (!wanted(name))
+        return;
     const char *dir;
     moec_model_t *m = t_open_tiny(name, &dir);
     const char *plan = compile_plan(name, par, dtype);
