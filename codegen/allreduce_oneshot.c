@@ -19,9 +19,11 @@
  * rt_comm_abort) and gives up after timeout_ns of the GPU's global timer,
  * recording why in err (1: timed out, 2: aborted), which the runtime
  * reports after the step. (The first form read the abort word every 64
- * spins from the start and fenced at system scope in every thread: on two
- * H200s over NVLink, 2026-11-28, V2-Lite at tp 2 spent 1.02 ms a step in
- * its all-reduces at batch 1 against NCCL's 0.59.)
+ * spins from the start and fenced at system scope in every thread; this
+ * one measured the same: two H200s over NVLink, 2026-11-28, V2-Lite at tp
+ * 2, batch 1, 2.409 ms a step, 0.99 ms of it all-reduces, against 2.435
+ * and 1.02 before and NCCL's 2.328 and 0.59. So NCCL is the default,
+ * runtime/cuda_comm.c.)
  *
  *   allreduce_oneshot_r<R>_<dtype>(const T *x, T *y, unsigned long long n,
  *       T *const *bufs, unsigned *const *flags, unsigned *epochs, int rank,

@@ -117,12 +117,17 @@ static moec_status nccl_check(const rt_nccl_api *n, rt_nccl_result r, const char
                     n->GetErrorString ? n->GetErrorString(r) : "?", r);
 }
 
-/* MOEC_ALLREDUCE: "nccl" (every all-reduce on NCCL), "oneshot" (the one-shot
- * all-reduce for every message up to RT_ONESHOT_MAX_BYTES, whatever the
- * ranks; an error where the GPUs lack peer access) or "auto" (the default:
- * the one-shot for messages up to RT_ONESHOT_AUTO_BYTES on groups of 2 or
+/* MOEC_ALLREDUCE: "nccl" (the default: every all-reduce on NCCL), "oneshot"
+ * (the one-shot all-reduce for every message up to RT_ONESHOT_MAX_BYTES,
+ * whatever the ranks; an error where the GPUs lack peer access) or "auto"
+ * (the one-shot for messages up to RT_ONESHOT_AUTO_BYTES on groups of 2 or
  * more ranks that have peer access, NCCL otherwise). *max_bytes: 0 for
- * NCCL alone. */
+ * NCCL alone. NCCL is the default because it was faster at every decode
+ * batch where both were timed: two H200s over NVLink (NCCL 2.28,
+ * 2026-11-24 and again 2026-11-28), DeepSeek-V2-Lite at tp 2, batch 1 / 8
+ * / 32 / 64: 2.328 / 4.425 / 7.731 / 10.123 ms a step with NCCL against
+ * 2.435 / 5.064 / 8.487 / 10.866 with the one-shot (docs/PARALLEL.md,
+ * BENCHMARKS.md). */
 #define RT_ONESHOT_MAX_BYTES ((size_t)1 << 20)
 #define RT_ONESHOT_AUTO_BYTES ((size_t)256 << 10)
 static moec_status allreduce_mode(int n, int *required, size_t *max_bytes)
@@ -130,7 +135,9 @@ static moec_status allreduce_mode(int n, int *required, size_t *max_bytes)
     const char *m = getenv("MOEC_ALLREDUCE");
     *required = 0;
     *max_bytes = 0;
-    if (!m || !*m || !strcmp(m, "auto")) {
+    if (!m || !*m || !strcmp(m, "nccl"))
+        return MOEC_OK;
+    if (!strcmp(m, "auto")) {
         *max_bytes = n > 1 ? RT_ONESHOT_AUTO_BYTES : 0;
         return MOEC_OK;
     }
@@ -139,8 +146,6 @@ static moec_status allreduce_mode(int n, int *required, size_t *max_bytes)
         *max_bytes = RT_ONESHOT_MAX_BYTES;
         return MOEC_OK;
     }
-    if (!strcmp(m, "nccl"))
-        return MOEC_OK;
     return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_ALLREDUCE=%s is not nccl, oneshot or auto", m);
 }
 

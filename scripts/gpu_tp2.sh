@@ -73,7 +73,9 @@ for part in $PARTS; do
     ;;
   allreduce)
     t=$SECONDS
-    build-gpu/tests/gpu_allreduce bench >"$L/allreduce.txt" 2>&1
+    # under a timeout, line-buffered: on two H200s (2026-11-28) it did not
+    # finish within a 600 s call, and its lines so far show where it stops
+    timeout 180 stdbuf -oL -eL build-gpu/tests/gpu_allreduce bench >"$L/allreduce.txt" 2>&1
     say "allreduce bench: rc $? in $((SECONDS - t)) s"
     grep -v '^{' "$L/allreduce.txt" >>"$L/summary.txt"
     ;;

@@ -259,6 +259,7 @@ typedef struct bench_rank {
     cudaKernel_t k;
     size_t count;
     pthread_barrier_t *bar;
+    int *failed; /* shared: some rank's setup failed, so none times */
     double us;
     moec_status st;
 } bench_rank;
@@ -266,60 +267,103 @@ typedef struct bench_rank {
 #define BENCH_CALLS 20
 #define BENCH_LAUNCHES 20
 
-static moec_status bench_one(bench_rank *b)
+/* What one rank's bench holds. */
+typedef struct bench_res {
+    void *x, *y;
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    cudaEvent_t e0, e1;
+} bench_res;
+
+/* Rank b's buffers and its graph of BENCH_CALLS all-reduces, warmed up. */
+static moec_status bench_setup(bench_rank *b, bench_res *q)
 {
-    const char *where = "bench";
-    void *x = NULL, *y = NULL;
-    cudaStream_t s = NULL;
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    const char *where = "bench setup";
     size_t bytes = b->count * 2;
     ir_coll coll = {.op = IR_OP_ALL_REDUCE, .dtype = IR_DTYPE_BF16, .count = (int64_t)b->count,
                     .ranks = b->R};
     MOEC_TRY(CK(cudaSetDevice(b->r), where));
-    MOEC_TRY(CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), where));
-    MOEC_TRY(CK(cudaMalloc(&x, bytes), where));
-    MOEC_TRY(CK(cudaMalloc(&y, bytes), where));
-    MOEC_TRY(CK(cudaMemset(x, 0, bytes), where));
-    MOEC_TRY(CK(cudaEventCreate(&e0), where));
-    MOEC_TRY(CK(cudaEventCreate(&e1), where));
-    MOEC_TRY(CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), where));
-    for (int i = 0; i < BENCH_CALLS; i++)
-        MOEC_TRY(b->oneshot ? rt_oneshot_run(b->o, b->r, b->k, x, y, b->count, IR_DTYPE_BF16, s,
-                                             where)
-                            : rt_comm_run(b->comm, &coll, NULL, x, y, s, where));
-    MOEC_TRY(CK(cudaStreamEndCapture(s, &g), where));
-    MOEC_TRY(CK(cudaGraphInstantiate(&exec, g, 0), where));
-    for (int i = 0; i < 3; i++)
-        MOEC_TRY(CK(cudaGraphLaunch(exec, s), where));
-    MOEC_TRY(CK(cudaStreamSynchronize(s), where));
-    pthread_barrier_wait(b->bar);
-    MOEC_TRY(CK(cudaEventRecord(e0, s), where));
-    for (int i = 0; i < BENCH_LAUNCHES; i++)
-        MOEC_TRY(CK(cudaGraphLaunch(exec, s), where));
-    MOEC_TRY(CK(cudaEventRecord(e1, s), where));
-    MOEC_TRY(CK(cudaEventSynchronize(e1), where));
-    float ms = 0;
-    MOEC_TRY(CK(cudaEventElapsedTime(&ms, e0, e1), where));
-    b->us = 1e3 * ms / (BENCH_CALLS * BENCH_LAUNCHES);
-    MOEC_TRY(b->oneshot ? rt_oneshot_error(b->o, where) : MOEC_OK);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(g);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(x);
-    cudaFree(y);
-    cudaStreamDestroy(s);
-    return MOEC_OK;
+    MOEC_TRY(CK(cudaStreamCreateWithFlags(&q->s, cudaStreamNonBlocking), where));
+    MOEC_TRY(CK(cudaMalloc(&q->x, bytes), where));
+    MOEC_TRY(CK(cudaMalloc(&q->y, bytes), where));
+    MOEC_TRY(CK(cudaMemset(q->x, 0, bytes), where));
+    MOEC_TRY(CK(cudaEventCreate(&q->e0), where));
+    MOEC_TRY(CK(cudaEventCreate(&q->e1), where));
+    MOEC_TRY(CK(cudaStreamBeginCapture(q->s, cudaStreamCaptureModeThreadLocal), where));
+    moec_status st = MOEC_OK;
+    for (int i = 0; i < BENCH_CALLS && st == MOEC_OK; i++)
+        st = b->oneshot ? rt_oneshot_run(b->o, b->r, b->k, q->x, q->y, b->count, IR_DTYPE_BF16, q->s,
+                                         where)
+                        : rt_comm_run(b->comm, &coll, NULL, q->x, q->y, q->s, where);
+    /* the capture ended whatever happened, so that the stream is usable */
+    moec_status end = CK(cudaStreamEndCapture(q->s, &q->g), where);
+    MOEC_TRY(st);
+    MOEC_TRY(end);
+    return CK(cudaGraphInstantiate(&q->exec, q->g, 0), where);
 }
 
+static moec_status bench_warm(bench_rank *b, bench_res *q)
+{
+    (void)b;
+    for (int i = 0; i < 3; i++)
+        MOEC_TRY(CK(cudaGraphLaunch(q->exec, q->s), "bench warm-up"));
+    return CK(cudaStreamSynchronize(q->s), "bench warm-up");
+}
+
+static moec_status bench_timed(bench_rank *b, bench_res *q)
+{
+    const char *where = "bench";
+    MOEC_TRY(CK(cudaEventRecord(q->e0, q->s), where));
+    for (int i = 0; i < BENCH_LAUNCHES; i++)
+        MOEC_TRY(CK(cudaGraphLaunch(q->exec, q->s), where));
+    MOEC_TRY(CK(cudaEventRecord(q->e1, q->s), where));
+    MOEC_TRY(CK(cudaEventSynchronize(q->e1), where));
+    float ms = 0;
+    MOEC_TRY(CK(cudaEventElapsedTime(&ms, q->e0, q->e1), where));
+    b->us = 1e3 * ms / (BENCH_CALLS * BENCH_LAUNCHES);
+    return b->oneshot ? rt_oneshot_error(b->o, where) : MOEC_OK;
+}
+
+/* One part of a rank's bench, run only while no rank has failed; then every
+ * rank meets at the barrier whatever happened (a rank that left early would
+ * keep the others waiting there, or in a collective, for ever). */
+static void bench_part(bench_rank *b, bench_res *q, moec_status (*part)(bench_rank *, bench_res *))
+{
+    if (b->st == MOEC_OK && !__atomic_load_n(b->failed, __ATOMIC_SEQ_CST)) {
+        b->st = part(b, q);
+        if (b->st != MOEC_OK) {
+            fprintf(stderr, "rank %d: %s\n", b->r, moec_last_error());
+            __atomic_store_n(b->failed, 1, __ATOMIC_SEQ_CST);
+        }
+    }
+    pthread_barrier_wait(b->bar);
+}
+
+/* One rank: its graph, then the warm-up replays (collectives: every rank
+ * at once, and only once every rank has its graph), then the timed ones. */
 static void *bench_main(void *arg)
 {
     bench_rank *b = arg;
-    b->st = bench_one(b);
-    if (b->st != MOEC_OK)
-        fprintf(stderr, "rank %d: %s\n", b->r, moec_last_error());
+    bench_res q = {0};
+    b->st = MOEC_OK;
+    bench_part(b, &q, bench_setup);
+    bench_part(b, &q, bench_warm);
+    bench_part(b, &q, bench_timed);
+    if (b->st == MOEC_OK && __atomic_load_n(b->failed, __ATOMIC_SEQ_CST))
+        b->st = MOEC_ERR(MOEC_ERR_CUDA, "bench: another rank failed");
+    if (q.exec)
+        cudaGraphExecDestroy(q.exec);
+    if (q.g)
+        cudaGraphDestroy(q.g);
+    if (q.e0)
+        cudaEventDestroy(q.e0);
+    if (q.e1)
+        cudaEventDestroy(q.e1);
+    cudaFree(q.x);
+    cudaFree(q.y);
+    if (q.s)
+        cudaStreamDestroy(q.s);
     return NULL;
 }
 
@@ -331,9 +375,10 @@ static double bench_time(int R, rt_comm **comms, rt_oneshot *o, cudaKernel_t k, 
     pthread_barrier_init(&bar, NULL, (unsigned)R);
     bench_rank b[MAX_RANKS];
     pthread_t th[MAX_RANKS];
+    int failed = 0;
     for (int r = 0; r < R; r++) {
         b[r] = (bench_rank){.r = r, .R = R, .oneshot = oneshot, .comm = comms[r], .o = o, .k = k,
-                            .count = count, .bar = &bar};
+                            .count = count, .bar = &bar, .failed = &failed};
         pthread_create(&th[r], NULL, bench_main, &b[r]);
     }
     double us = 0;

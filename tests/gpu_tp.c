@@ -263,8 +263,9 @@ int main(void)
         }
     } else {
         /* two GPUs (issue 14): tp 2 (experts split inside, ep 1) and tp 2 x
-           ep 2 (whole experts a rank), fp32 and bf16, every model; the
-           reduce-scatter combine; eager; the one-shot all-reduce */
+           ep 2 (whole experts a rank), fp32 and bf16, every model (NCCL's
+           all-reduce, the default); the reduce-scatter combine; eager; the
+           one-shot all-reduce, alone and as auto chooses it */
         const moec_parallel tp2 = {2, 1, 0, 0};
         const moec_parallel two_rs = {2, 2, 0, MOEC_EP_COMBINE_REDUCE_SCATTER};
         for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++) {
@@ -282,6 +283,10 @@ int main(void)
         setenv("MOEC_ALLREDUCE", "oneshot", 1);
         compare("deepseek_v3", &tp2, "fp32");
         compare("qwen3_moe", &two, "bf16");
+        /* auto: the one-shot for the decode-size messages, NCCL for the rest */
+        setenv("MOEC_ALLREDUCE", "auto", 1);
+        compare("deepseek_v2", &tp2, "fp32");
+        compare("qwen2_moe", &two, "bf16");
         unsetenv("MOEC_ALLREDUCE");
     }
     char cmd[4200];
