@@ -25,7 +25,11 @@
  * against 1.235 with 1 at context 1024, but 1.498 against 1.442 at 8192
  * and 3.108 against 2.859 at batch 8, 1024, where the splits were full;
  * the choice at run time 1.268 at 1024, 1.394 at 8192, 2.960 at batch 8:
- * A/B knobs, the default stays 1. */
+ * A/B knobs, the default stays 1.
+ * In a bucket of one token, MOEC_ATTN_FUSE_PROLOGUE=1 (an A/B knob, not
+ * timed yet) makes the kernel run the token's attn_prologue too: the qkv
+ * row in place of q, no prologue kernel (codegen/attn_prologue.c,
+ * cg_attn_prologue_fused; names carry `_pro_...`). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -70,8 +74,12 @@ static const char ATTN_SHARED[] =
     "    __shared__ float acc_s[NW][GB][DV];\n";
 
 /* The body of one lanes' variant, inside `run` (LPP, TILE and MINPOS
- * its constants). */
-static const char ATTN_BODY[] =
+ * its constants), in four parts: the block's token (ATTN_BODY_TOKEN), its
+ * query heads into shared memory (ATTN_BODY_Q), its split's tiles
+ * (ATTN_BODY_SPLIT), the rest (ATTN_BODY_REST). A kernel that runs its
+ * token's attn_prologue itself puts that prologue in place of
+ * ATTN_BODY_Q, after the split's tiles (codegen/attn_prologue.c). */
+static const char ATTN_BODY_TOKEN[] =
     "    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z % NSPLIT;\n"
     "    const int h0 = kh * G + blockIdx.z / NSPLIT * GB;\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
@@ -82,17 +90,23 @@ static const char ATTN_BODY[] =
     "            for (int i = threadIdx.x; i < GB * DV; i += NT)\n"
     "                st(o + i, 0.0f);\n"
     "        return;\n"
-    "    }\n"
+    "    }\n";
+
+static const char ATTN_BODY_Q[] =
     "    const TQ *qt = q + ((long long)t * H + h0) * DK;\n"
     "    for (int i = threadIdx.x; i < GB * DK; i += NT)\n"
     "        q_s[i / DK][i % DK] = ld(qt + i);\n"
-    "    __syncthreads();\n"
+    "    __syncthreads();\n";
+
+static const char ATTN_BODY_SPLIT[] =
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
     "    const int n_tiles = (p - lo + TILE) / TILE;\n"
     "    /* this block's share of the tiles when the sequence is split */\n"
     "    const int per_min = (MINPOS + TILE - 1) / TILE, per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
     "    const int per = per_even > per_min ? per_even : per_min, first = split * per;\n"
-    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
+    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n";
+
+static const char ATTN_BODY_REST[] =
     "    if constexpr (NSPLIT > 1) {\n"
     "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
     "            if (threadIdx.x < GB) {\n"
@@ -287,6 +301,10 @@ static int heads_per_block(long long G, long long DK, long long DV)
     return 0;
 }
 
+static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_attn_fused_pro *fp,
+                                         const char *pro_tag, int ns, int merge, int gb, int lpp,
+                                         unsigned set, int mp1, int kun, int vun);
+
 moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
@@ -373,6 +391,35 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     int kun = cg_env_int("MOEC_ATTN_KUNROLL", 0, 0, 64);
     int vun = cg_env_int("MOEC_ATTN_VUNROLL", 8, 1, 32);
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
+    /* the token's attn_prologue run here too (one token, an A/B knob) */
+    const ir_op *fused = cg_attn_prologue_fused(c, op);
+    cg_attn_fused_pro fp;
+    char pro_tag[128] = "";
+    if (fused) {
+        MOEC_TRY(cg_attn_fused_pro_init(c, fused, &fp));
+        cg_attn_fused_pro_tag(&fp, pro_tag, sizeof pro_tag);
+    }
+    moec_status st = emit_attention_kernel(c, op, fused ? &fp : NULL, pro_tag, ns, merge, gb, lpp,
+                                           set, mp1, kun, vun);
+    if (fused)
+        cg_attn_fused_pro_free(&fp);
+    return st;
+}
+
+/* The attention kernel's step (kernel 2), and its merge's (kernel 3),
+ * with fp the token's prologue that it runs too, or NULL. */
+static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_attn_fused_pro *fp,
+                                         const char *pro_tag, int ns, int merge, int gb, int lpp,
+                                         unsigned set, int mp1, int kun, int vun)
+{
+    const char *who = op->out[0]->name;
+    const ir_value *q = op->in[0], *kv = op->in[1], *vv = op->in[2];
+    long long H = q->type.dims[1], DK = q->type.dims[2], HKV = kv->type.dims[1],
+              DV = vv->type.dims[2];
+    ir_dtype dt = c->opt->compute_dtype, qdt = cg_storage(c, q), odt = cg_storage(c, op->out[0]);
+    const char *ts = cg_ctype(dt);
+    int bs = c->opt->kv_block_size, is_new = 0;
+    char tag[64];
     char aname[256], lpp_tag[16] = "";
     if (lpp == 0)
         snprintf(lpp_tag, sizeof lpp_tag, "_lppa%s%s", set & (1u << 2) ? "" : "_no2",
@@ -383,26 +430,44 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     char un_tag[32] = "";
     if (kun > 0 || vun != 8)
         snprintf(un_tag, sizeof un_tag, "_ku%d_vu%d", kun, vun);
-    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s%s_bs%d_t%d_%s",
-             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge ? "_m" : "", bs, c->T, tag);
+    snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s",
+             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge ? "_m" : "", pro_tag, bs, c->T,
+             tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
     if (is_new) {
+        /* with the prologue: the qkv row (and the norms) in place of q, and
+           pools it writes (the block's own reads of them follow a barrier:
+           no read-only path) */
+        moec_buf first = {0};
+        if (fp) {
+            cg_attn_fused_pro_decls(&c->src, fp, aname);
+            cg_attn_fused_pro_params(&first, fp);
+        } else {
+            moec_buf_printf(&first, "const %s *__restrict__ q", cg_ctype(qdt));
+        }
+        const char *pool_q = fp ? "" : "const ", *pool_r = fp ? "" : "__restrict__ ";
         moec_buf_printf(&c->src,
                       "// attention: GQA over the paged cache, online softmax "
                       "(codegen/attention.c, cg_emit_attention)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(const %s *__restrict__ q, "
+                      "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(%s, "
                       "const int *__restrict__ pos, const int *__restrict__ slots, const int "
-                      "*__restrict__ block_table, int max_blocks, const %s *__restrict__ kpool, const "
-                      "%s *__restrict__ vpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
+                      "*__restrict__ block_table, int max_blocks, %s%s *%skpool, %s"
+                      "%s *%svpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
                       "NT = %d, TMAX = %d, KV = %d, NSPLIT = %d, MP1 = %d;\n",
-                      ATTN_WARPS * 32, lpp ? "" : ", 1", aname, cg_ctype(qdt), ts, ts,
-                      cg_ctype(odt), cg_attn_part_params(ns, merge),
-                      cg_ctype(qdt), ts, cg_ctype(odt), H, HKV, DK, DV, gb, bs, ATTN_WARPS * 32,
-                      32 / (lpp ? lpp : 1), cg_vec_width(DK), ns, mp1);
+                      ATTN_WARPS * 32, lpp ? "" : ", 1", aname, first.data ? first.data : "",
+                      pool_q, ts, pool_r, pool_q, ts, pool_r, cg_ctype(odt),
+                      cg_attn_part_params(ns, merge), cg_ctype(qdt), ts, cg_ctype(odt), H, HKV,
+                      DK, DV, gb, bs, ATTN_WARPS * 32, 32 / (lpp ? lpp : 1), cg_vec_width(DK), ns,
+                      mp1);
+        if (first.oom)
+            c->src.oom = 1;
+        moec_buf_free(&first);
+        if (fp)
+            cg_attn_fused_pro_consts(&c->src, fp, aname);
         cg_attn_emit_parts(&c->src, ns, merge);
         moec_buf_printf(&c->src, "%s", ATTN_SHARED);
         moec_buf_printf(&c->src,
@@ -418,7 +483,10 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                               "(long long)blockIdx.y * (gridDim.z / NSPLIT) + blockIdx.z / NSPLIT",
                               "(long long)gridDim.y * (gridDim.z / NSPLIT)", "kpool", "HKV * DK",
                               "vpool", "HKV * DV");
-        moec_buf_printf(&c->src, "%s    };\n", ATTN_BODY);
+        moec_buf_printf(&c->src, "%s%s%s", ATTN_BODY_TOKEN, fp ? "" : ATTN_BODY_Q, ATTN_BODY_SPLIT);
+        if (fp)
+            cg_attn_fused_pro_body(&c->src);
+        moec_buf_printf(&c->src, "%s    };\n", ATTN_BODY_REST);
         if (lpp)
             moec_buf_printf(&c->src, "    run(moec_ic<%d>());\n}\n\n", lpp);
         else { /* four lanes a position while the token's positions fill
@@ -442,16 +510,20 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
                                      "}\n\n");
         }
     }
-    s = cg_step(c, IR_STEP_KERNEL, op);
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
     s->kernel = ka;
     s->grid[0] = (unsigned)c->T;
     s->grid[1] = (unsigned)HKV;
-    s->grid[2] = (unsigned)(G / gb * ns);
+    s->grid[2] = (unsigned)(H / HKV / gb * ns);
     s->block[0] = ATTN_WARPS * 32;
-    s->args[0] = cg_arg_act(q);
-    cg_attn_args(s, op, 1, ns, merge);
+    int i = 1;
+    if (fp)
+        i = cg_attn_fused_pro_args(s, fp);
+    else
+        s->args[0] = cg_arg_act(q);
+    cg_attn_args(s, op, i, ns, merge);
     if (ns == 1)
         return MOEC_OK;
     /* the splits' partial states, and kernel 3, their merge, unless the

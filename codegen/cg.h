@@ -281,6 +281,41 @@ void cg_rope_free(cg_rope *r);
 /* `__constant__ float <sym>[R/2] = {...};`: the table as exact hex floats. */
 void cg_rope_emit_table(moec_buf *b, const cg_rope *r, const char *sym);
 
+/* The attn_prologue that GQA attention `att` runs in its own kernel, in a
+ * bucket of one token (MOEC_ATTN_FUSE_PROLOGUE=1 at codegen; an A/B knob,
+ * default 0): the prologue whose k and v att reads as its cache's
+ * (cg_attn_prologue_cache), whose q is att's q, whose positions are att's,
+ * and whose results nothing else reads. NULL otherwise. Such a prologue
+ * emits no kernel: the attention kernel reads the token's qkv row, makes
+ * its query heads as the prologue would, and the block whose split holds
+ * the token's own position writes its k and v rows to the cache before it
+ * reads them. One token: no other token of the step reads those rows. */
+const ir_op *cg_attn_prologue_fused(const cg_ctx *c, const ir_op *att);
+/* What the attention kernel needs of a fused prologue pro. */
+typedef struct cg_attn_fused_pro {
+    const ir_op *pro;
+    long long N, rd; /* the qkv row's length, the rotated channels */
+    int norm, neox, vec;
+    double eps;
+    ir_dtype tx, tw; /* the row's and the norm weights' storage */
+    cg_rope rt;
+} cg_attn_fused_pro;
+moec_status cg_attn_fused_pro_init(cg_ctx *c, const ir_op *pro, cg_attn_fused_pro *f);
+void cg_attn_fused_pro_free(cg_attn_fused_pro *f);
+/* The kernel name's part that tells this prologue apart. */
+void cg_attn_fused_pro_tag(const cg_attn_fused_pro *f, char *buf, size_t cap);
+/* Before the kernel: its helpers and the rotation table <kernel>_inv_freq. */
+void cg_attn_fused_pro_decls(moec_buf *b, const cg_attn_fused_pro *f, const char *kernel);
+/* The kernel's parameters in place of q: the row x, then (norm) qw, kw, eps. */
+void cg_attn_fused_pro_params(moec_buf *b, const cg_attn_fused_pro *f);
+/* The kernel's typedefs and constants (TX, TW, inv_freq, P*), at its top. */
+void cg_attn_fused_pro_consts(moec_buf *b, const cg_attn_fused_pro *f, const char *kernel);
+/* The code in place of the attention body's query load (after the split's
+ * tiles are known: first, last, n_tiles). */
+void cg_attn_fused_pro_body(moec_buf *b);
+/* The step's arguments in place of q, from args[0]; returns the next index. */
+int cg_attn_fused_pro_args(ir_step *s, const cg_attn_fused_pro *f);
+
 /* The last step of every bucket: argmax of each token's logits into
  * IR_INPUT_SAMPLED. */
 moec_status cg_emit_argmax(cg_ctx *c, const ir_value *logits);

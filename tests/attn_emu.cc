@@ -9,6 +9,9 @@
 // count fixed or the rule the kernel chooses by at run time. Every output
 // starts as NaN, so an element a kernel leaves unwritten fails; errors
 // are relative to each head's largest magnitude (bf16 outputs: 1e-2).
+// The fused prologue's cases (MOEC_ATTN_FUSE_PROLOGUE=1, one token) run
+// the prologue kernel then the attention, and the one kernel that does
+// both, from the same qkv row and pools: the same output and pool bits.
 // Built and run by tests/test_attn_emu.sh, under an address or a thread
 // sanitizer.
 #include "cuda_emu.h"
@@ -33,6 +36,25 @@ struct attn_case {
     const char *name;
     int H, HKV, DK, DV, T, window, bs, ns, lpp, merged;
     void (*run)(attn_bufs &);
+};
+
+// The fused prologue's cases: one token, its qkv row x (and Qwen3's
+// norms), run as the prologue kernel then the attention (f0) and as the
+// one attention kernel that runs the prologue itself (f1).
+struct pro_bufs {
+    const __nv_bfloat16 *x, *qw, *kw;
+    float eps;
+    const int *pos, *slots, *bt;
+    int max_blocks;
+    __nv_bfloat16 *kpool, *vpool, *q, *k, *v, *out;
+    float scale;
+    int window;
+    float *part_ml, *part_o;
+    unsigned *cnt;
+};
+struct pro_case {
+    int H, HKV, D, N, norm, window, bs, ns, merged, all_pos;
+    void (*unfused)(pro_bufs &), (*fused)(pro_bufs &);
 };
 
 #include EMU_CASES
@@ -161,9 +183,86 @@ static int run_case(int ci, const attn_case &c)
     return ok;
 }
 
+// A fused-prologue case at positions that end a tile, a split or neither
+// (0, 300, 1000; 300 alone where all_pos is 0), and for a padding token: both forms from the same row and the same
+// pools must give the same output bits and the same pools (the token's k
+// and v rows written, as the prologue writes them), and no NaN.
+static int run_pro_case(int ci, const pro_case &c)
+{
+    std::mt19937_64 g(0x9e0000u + (uint64_t)ci);
+    auto uni = [&](float a) { return std::uniform_real_distribution<float>(-a, a)(g); };
+    static const int ALL[] = {0, 300, 1000, -1}, FEW[] = {300, -1};
+    const int *pos_list = c.all_pos ? ALL : FEW, n_pos = c.all_pos ? 4 : 2;
+    int bad = 0;
+    for (int pi = 0; pi < n_pos; pi++) {
+        const int p = pos_list[pi] < 0 ? 33 : pos_list[pi], slot = pos_list[pi] < 0 ? -1 : 0;
+        const int max_blocks = p / c.bs + 1 + 2, pages = max_blocks;
+        std::vector<int> bt(pages); // the sequence's pages scattered, each its own
+        for (int i = 0; i < pages; i++)
+            bt[i] = i;
+        std::shuffle(bt.begin(), bt.end(), g);
+        const size_t rows = (size_t)pages * c.bs, kvn = rows * c.HKV * c.D;
+        std::vector<__nv_bfloat16> x(c.N), qw(c.D), kw(c.D), kp(kvn), vp(kvn);
+        for (auto &e : x)
+            e = __float2bfloat16(uni(2.0f));
+        for (auto &e : qw)
+            e = __float2bfloat16(0.5f + uni(0.5f));
+        for (auto &e : kw)
+            e = __float2bfloat16(0.5f + uni(0.5f));
+        for (auto &e : kp)
+            e = __float2bfloat16(uni(1.0f));
+        for (auto &e : vp)
+            e = __float2bfloat16(uni(1.0f));
+        std::vector<__nv_bfloat16> out[2], kpo[2], vpo[2];
+        for (int f = 0; f < 2; f++) {
+            std::vector<__nv_bfloat16> q((size_t)c.H * c.D), k((size_t)c.HKV * c.D),
+                v((size_t)c.HKV * c.D);
+            kpo[f] = kp;
+            vpo[f] = vp;
+            out[f].assign((size_t)c.H * c.D, __nv_bfloat16{});
+            for (auto &e : out[f])
+                e.v = 0x7fc0; // NaN: unwritten fails
+            std::vector<float> part_ml((size_t)c.H * c.ns * 2), part_o((size_t)c.H * c.ns * c.D);
+            std::vector<unsigned> cnt((size_t)c.H, 0u);
+            pro_bufs b{x.data(), qw.data(), kw.data(), 1e-6f, &p, &slot, bt.data(), max_blocks,
+                       kpo[f].data(), vpo[f].data(), q.data(), k.data(), v.data(), out[f].data(),
+                       0.3f, c.window, c.ns > 1 ? part_ml.data() : nullptr,
+                       c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr};
+            (f ? c.fused : c.unfused)(b);
+            for (unsigned u : cnt)
+                bad += u != 0;
+        }
+        int diff = 0, nan = 0;
+        for (size_t i = 0; i < out[0].size(); i++) {
+            diff += out[0][i].v != out[1][i].v;
+            nan += std::isnan(ld(&out[1][i]));
+        }
+        int pool_diff = 0, row_new = 0;
+        for (size_t i = 0; i < kp.size(); i++) {
+            pool_diff += kpo[0][i].v != kpo[1][i].v || vpo[0][i].v != vpo[1][i].v;
+            row_new += kpo[1][i].v != kp[i].v || vpo[1][i].v != vp[i].v;
+        }
+        // the token's own rows, every kv head's (an element counted once
+        // for its k and v), unless padding
+        const int want_new = slot < 0 ? 0 : c.HKV * c.D;
+        if (diff || nan || pool_diff || row_new > want_new || (slot >= 0 && row_new == 0)) {
+            printf("  position %d%s: %d output elements differ, %d NaN, %d pool elements differ, "
+                   "%d changed (at most %d)\n",
+                   p, slot < 0 ? " (padding)" : "", diff, nan, pool_diff, row_new, want_new);
+            bad++;
+        }
+    }
+    printf("%s prologue case %d: H %d, HKV %d, D %d, row %d%s, %d splits%s, window %d: the fused "
+           "kernel against the prologue + attention kernels, bit for bit\n",
+           bad ? "FAIL" : "ok", ci, c.H, c.HKV, c.D, c.N, c.norm ? ", q/k norms" : "", c.ns,
+           c.merged ? " merged by the last block" : "", c.window);
+    return bad == 0;
+}
+
 int main(int argc, char **argv)
 {
-    const int n = (int)(sizeof CASES / sizeof CASES[0]);
+    const int n_attn = (int)(sizeof CASES / sizeof CASES[0]);
+    const int n = n_attn + (int)(sizeof PRO_CASES / sizeof PRO_CASES[0]);
     std::vector<int> which;
     if (argc > 1) { // a comma-separated list of cases
         for (char *p = argv[1]; *p;) {
@@ -177,8 +276,10 @@ int main(int argc, char **argv)
     }
     int passed = 0;
     for (int i : which)
-        if (i >= 0 && i < n)
+        if (i >= 0 && i < n_attn)
             passed += run_case(i, CASES[i]);
+        else if (i >= n_attn && i < n)
+            passed += run_pro_case(i, PRO_CASES[i - n_attn]);
     printf("attn_emu: %d of %d cases passed\n", passed, (int)which.size());
     return passed == (int)which.size() ? 0 : 1;
 }

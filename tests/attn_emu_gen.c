@@ -9,7 +9,9 @@
  * at run time, head dims that are not
  * multiples of the lanes' 16-byte chunks, a window, pages of 16 and 64
  * rows; splits merged by the merge kernel (MOEC_ATTN_MERGE=0) or by the
- * attention kernel's last block (=2).
+ * attention kernel's last block (=2). Then the fused prologue's cases
+ * (PRO_CASES): the one kernel and the two it replaces, for the harness to
+ * compare.
  * usage: attn_emu_gen OUT.inc */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,21 +42,76 @@ static const gen_case CASES[] = {
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
+/* The fused prologue (MOEC_ATTN_FUSE_PROLOGUE=1, one token): an
+ * attn_prologue feeding the attention, emitted twice, as two kernels (the
+ * prologue writing the cache row, then the attention) and as one; the
+ * harness runs both on the same row and pools and wants the same bits.
+ * Cases: Qwen3's q/k norms or none, a row longer than its heads, 1 or 4
+ * lanes a position or the choice at run time, split 64 ways (the merge
+ * kernel or the last block) or not split, several query-head groups a kv
+ * head (gb < G: blocks that write the same row), a window. */
+typedef struct pro_case {
+    int H, HKV, D, qk_norm, XN, lpp, window, bs;
+    const char *merge, *target;
+    int all_pos; /* the harness's every position (else two: time) */
+} pro_case;
+
+static const pro_case PRO_CASES[] = {
+    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 1},  {8, 2, 64, 1, 8, 4, 0, 16, "2", "32", 0},
+    {8, 2, 64, 0, 0, 0, 0, 64, "0", "32", 0},  {8, 2, 64, 1, 0, 1, 0, 16, "1", "1", 1},
+    {32, 2, 32, 1, 0, 1, 37, 16, "0", "32", 0},
+};
+enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
+
 /* The name of kernel k, which is also its function's name. */
 static const char *kname(const cg_ctx *c, int k) { return c->kernel_names[k]; }
 
 static int is_attention(const ir_op *op) { return op->kind == IR_OP_ATTENTION; }
 
+/* A case's codegen knobs (target NULL: the default's), and back. */
+static void set_knobs(int lpp, const char *merge, const char *target)
+{
+    char v[8];
+    snprintf(v, sizeof v, "%d", lpp);
+    setenv("MOEC_ATTN_LPP", v, 1);
+    setenv("MOEC_ATTN_MERGE", merge, 1);
+    if (target)
+        setenv("MOEC_ATTN_TARGET_BLOCKS", target, 1);
+}
+
+static void clear_knobs(void)
+{
+    unsetenv("MOEC_ATTN_LPP");
+    unsetenv("MOEC_ATTN_MERGE");
+    unsetenv("MOEC_ATTN_TARGET_BLOCKS");
+}
+
+/* Inside a run(bufs &b): the attention step a's launch, its first
+ * arguments `first` (the rest alike in both buffers' structs), and the
+ * merge kernel cb's where there is one. */
+static void put_attn_launch(FILE *f, const cg_ctx *c, const ir_step *a, const ir_step *cb,
+                            const char *first, int ns, int merged)
+{
+    fprintf(f,
+            "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
+            "        %s(%s, b.pos, b.slots, b.bt, b.max_blocks, b.kpool, b.vpool, b.out, "
+            "b.scale, b.window%s);\n"
+            "    });\n",
+            a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(c, a->kernel), first,
+            ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o");
+    if (cb)
+        fprintf(f,
+                "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
+                "        %s(b.pos, b.slots, b.max_blocks, b.part_ml, b.part_o, b.out);\n"
+                "    });\n",
+                cb->grid[0], cb->grid[1], cb->block[0], kname(c, cb->kernel));
+}
+
 static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
 {
     km_spec s = {.name = "attn", .vocab = 8, .attn = KM_GQA, .H = g->H, .HKV = g->HKV,
                  .DK = g->DK, .DV = g->DV, .window = g->window, .attn_scale = 0.3};
-    char lpp[8];
-    snprintf(lpp, sizeof lpp, "%d", g->lpp);
-    setenv("MOEC_ATTN_LPP", lpp, 1);
-    setenv("MOEC_ATTN_MERGE", g->merge, 1);
-    if (g->target)
-        setenv("MOEC_ATTN_TARGET_BLOCKS", g->target, 1);
+    set_knobs(g->lpp, g->merge, g->target);
     ir_module *m = km_module(&s);
     if (!m)
         return -1;
@@ -63,9 +120,7 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
     o.kv_block_size = g->bs;
     cg_ctx c;
     int rc = emu_gen_emit(&c, m, &o, g->T, is_attention, "attn_emu_gen", i);
-    unsetenv("MOEC_ATTN_LPP");
-    unsetenv("MOEC_ATTN_MERGE");
-    unsetenv("MOEC_ATTN_TARGET_BLOCKS");
+    clear_knobs();
     /* the steps: the cache write (not run: the harness fills the pages),
        the attention, and the merge where the sequence is split */
     const ir_step *a = NULL, *cb = NULL;
@@ -111,26 +166,134 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
         put_kernel(f, c.src.data, kname(&c, a->kernel));
         if (cb)
             put_kernel(f, c.src.data, kname(&c, cb->kernel));
-        fprintf(f,
-                "static void run(attn_bufs &b)\n{\n"
-                "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
-                "        %s(b.q, b.pos, b.slots, b.bt, b.max_blocks, b.kpool, b.vpool, b.out, "
-                "b.scale, b.window%s);\n"
-                "    });\n",
-                a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(&c, a->kernel),
-                ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o");
-        if (cb)
-            fprintf(f,
-                    "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
-                    "        %s(b.pos, b.slots, b.max_blocks, b.part_ml, b.part_o, b.out);\n"
-                    "    });\n",
-                    cb->grid[0], cb->grid[1], cb->block[0], kname(&c, cb->kernel));
+        fprintf(f, "static void run(attn_bufs &b)\n{\n");
+        put_attn_launch(f, &c, a, cb, "b.q", ns, merged);
         fprintf(f, "}\n} // namespace a%d\n\n", i);
         moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, a%d::run},\n",
                         kname(&c, a->kernel), g->H, g->HKV, g->DK, g->DV, g->T, g->window, g->bs,
                         ns, g->lpp, merged, i);
     }
     cg_ctx_free(&c);
+    ir_module_free(m);
+    return rc;
+}
+
+static int is_pro_or_attention(const ir_op *op)
+{
+    return op->kind == IR_OP_ATTENTION || op->kind == IR_OP_ATTN_PROLOGUE;
+}
+
+/* Text of src from `from` (inclusive) through the first `to` after it. */
+static int put_through(FILE *f, const char *src, const char *from, const char *to)
+{
+    const char *a = src ? strstr(src, from) : NULL, *b = a ? strstr(a, to) : NULL;
+    if (!b)
+        return -1;
+    fprintf(f, "%.*s\n", (int)(b + strlen(to) - a), a);
+    return 0;
+}
+
+/* The kernels of case i's module with MOEC_ATTN_FUSE_PROLOGUE=fuse, in
+ * namespace pN::fFUSE: a run(pro_bufs &) that launches them in order. */
+static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i, int fuse,
+                        int *ns, int *merged)
+{
+    setenv("MOEC_ATTN_FUSE_PROLOGUE", fuse ? "1" : "0", 1);
+    cg_ctx c;
+    int rc = emu_gen_emit(&c, m, o, 1, is_pro_or_attention, "attn_emu_gen", 100 + i);
+    unsetenv("MOEC_ATTN_FUSE_PROLOGUE");
+    const ir_step *pro = NULL, *a = NULL, *cb = NULL;
+    for (int k = 0; k < c.n_steps && !rc; k++) {
+        const char *n = kname(&c, c.steps[k].kernel);
+        if (!strncmp(n, "attn_prologue_", 14))
+            pro = &c.steps[k];
+        else if (!strncmp(n, "attn_h", 6))
+            a = &c.steps[k];
+        else if (!strncmp(n, "attn_combine_", 13))
+            cb = &c.steps[k];
+    }
+    /* fused: one attention kernel that names its prologue, and no prologue
+       kernel; else both */
+    if (!rc && (!a || (fuse ? pro != NULL || !strstr(kname(&c, a->kernel), "_pro_n")
+                           : pro == NULL || strstr(kname(&c, a->kernel), "_pro_n") != NULL))) {
+        fprintf(stderr, "attn_emu_gen: prologue case %d, fuse %d: not the kernels asked for\n", i,
+                fuse);
+        rc = -1;
+    }
+    if (!rc) {
+        const char *an = kname(&c, a->kernel), *pn = strstr(an, "_ns");
+        *ns = pn ? atoi(pn + 3) : 1;
+        *merged = strstr(an, "_m_") != NULL;
+        static int helpers;
+        if (!helpers++ && put_through(f, c.src.data, "#ifndef MOEC_ATTN_PROLOGUE_HELPERS",
+                                      "#endif\n") != 0) {
+            fprintf(stderr, "attn_emu_gen: no prologue helpers\n");
+            rc = -1;
+        }
+    }
+    if (!rc) {
+        char sym[320];
+        snprintf(sym, sizeof sym, "__constant__ float %s_inv_freq[",
+                 kname(&c, (fuse ? a : pro)->kernel));
+        fprintf(f, "namespace p%d {\nnamespace f%d {\n", i, fuse);
+        if (put_through(f, c.src.data, sym, "};\n") != 0) {
+            fprintf(stderr, "attn_emu_gen: prologue case %d: no rotation table\n", i);
+            rc = -1;
+        }
+    }
+    if (!rc) {
+        if (pro)
+            put_kernel(f, c.src.data, kname(&c, pro->kernel));
+        put_kernel(f, c.src.data, kname(&c, a->kernel));
+        if (cb)
+            put_kernel(f, c.src.data, kname(&c, cb->kernel));
+        fprintf(f, "static void run(pro_bufs &b)\n{\n");
+        const char *norm = strstr(kname(&c, a->kernel), "_norm") ||
+                                   (pro && strstr(kname(&c, pro->kernel), "_norm"))
+                               ? ", b.qw, b.kw"
+                               : "";
+        if (pro)
+            fprintf(f,
+                    "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
+                    "        %s(b.x, b.pos%s, b.q, b.k, b.v, b.pos, b.slots, b.bt, b.max_blocks, "
+                    "b.kpool, b.vpool%s);\n"
+                    "    });\n",
+                    pro->grid[0], pro->grid[1], pro->block[0], kname(&c, pro->kernel), norm,
+                    *norm ? ", b.eps" : "");
+        char first[64];
+        snprintf(first, sizeof first, "%s%s%s", fuse ? "b.x" : "b.q", fuse ? norm : "",
+                 fuse && *norm ? ", b.eps" : "");
+        put_attn_launch(f, &c, a, cb, first, *ns, *merged);
+        fprintf(f, "}\n} // namespace f%d\n} // namespace p%d\n\n", fuse, i);
+    }
+    cg_ctx_free(&c);
+    return rc;
+}
+
+static int gen_pro_case(FILE *f, moec_buf *table, int i, const pro_case *g)
+{
+    km_spec s = {.name = "attnpro", .vocab = 8, .attn = KM_GQA_PRO, .H = g->H, .HKV = g->HKV,
+                 .DK = g->D, .DV = g->D, .qk_norm = g->qk_norm, .XN = g->XN,
+                 .window = g->window, .attn_scale = 0.3};
+    set_knobs(g->lpp, g->merge, g->target);
+    ir_module *m = km_module(&s);
+    cg_options o;
+    cg_options_default(&o);
+    o.kv_block_size = g->bs;
+    int ns[2] = {0, 0}, merged[2] = {0, 0};
+    int rc = m ? 0 : -1;
+    for (int fuse = 0; fuse < 2 && !rc; fuse++)
+        rc = gen_pro_form(f, m, &o, i, fuse, &ns[fuse], &merged[fuse]);
+    clear_knobs();
+    if (!rc && (ns[0] != ns[1] || merged[0] != merged[1])) {
+        fprintf(stderr, "attn_emu_gen: prologue case %d: the two forms split differently\n", i);
+        rc = -1;
+    }
+    if (!rc)
+        moec_buf_printf(table,
+                        "    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, p%d::f0::run, p%d::f1::run},\n",
+                        g->H, g->HKV, g->D, (g->H + 2 * g->HKV) * g->D + g->XN, g->qk_norm,
+                        g->window, g->bs, ns[0], merged[0], g->all_pos, i, i);
     ir_module_free(m);
     return rc;
 }
@@ -154,6 +317,16 @@ int main(int argc, char **argv)
                       "/* The warp's arg-max");
     put_prologue_part(f, pro.data, "/* The merge of split attention",
                       "__device__ __forceinline__ float block_sum");
+    /* the cache row and the rotation of a head (the prologue's last part),
+       for the fused prologue's cases */
+    const char *rows = strstr(pro.data, "/* the paged-cache row of token t");
+    if (!rows || !strstr(rows, "moec_rope_row")) {
+        fprintf(stderr, "attn_emu_gen: the prologue has no moec_cache_row and moec_rope_row\n");
+        moec_buf_free(&pro);
+        fclose(f);
+        return 1;
+    }
+    fputs(rows, f);
     int rc = 0;
     moec_buf_free(&pro);
     moec_buf table = {0};
@@ -161,6 +334,14 @@ int main(int argc, char **argv)
         rc = gen_case_src(f, &table, i, &CASES[i]);
     if (!rc)
         fprintf(f, "static const attn_case CASES[] = {\n%s};\n", table.data ? table.data : "");
+    moec_buf ptable = {0};
+    for (int i = 0; i < N_PRO && !rc; i++)
+        rc = gen_pro_case(f, &ptable, i, &PRO_CASES[i]);
+    if (!rc)
+        fprintf(f, "static const pro_case PRO_CASES[] = {\n%s};\n",
+                ptable.data ? ptable.data : "");
+    rc = rc || ptable.oom;
+    moec_buf_free(&ptable);
     rc = rc || table.oom;
     moec_buf_free(&table);
     if (fclose(f) || rc) {

@@ -20,7 +20,10 @@
  * only the routed experts' A/B (scripts/gpu_moe_ab.sh): the first
  * CUDA-core GEMMs against the streaming ones and their shapes
  * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
- * each gate_up and down timed in a CUDA graph over copies of the weights. Every output
+ * each gate_up and down timed in a CUDA graph over copies of the weights.
+ * MOEC_KERN_GQA_PRO_ONLY runs only GQA's prologue cases (under
+ * MOEC_ATTN_FUSE_PROLOGUE=1: the one-token bucket's attention kernel runs
+ * the prologue, whose results no kernel writes then). Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
@@ -2252,9 +2255,12 @@ static void pro_step(pro_env *e, int T, const int *ntok)
     run_step(&e->b, m, e->cdt, e->bs, e->lib, e->rows, &e->rng, e->pos_of, slots, T, 2, e->len,
              ntok, what, &c);
     /* every result something reads (the kernel leaves q_nope unwritten when
-       nothing does: mla_qabsorb reads the projection in place) */
+       nothing does: mla_qabsorb reads the projection in place), but those
+       of a GQA prologue that the attention's kernel runs itself
+       (MOEC_ATTN_FUSE_PROLOGUE=1, one token): no kernel writes them */
+    const ir_op *fused = s->attn == KM_GQA_PRO ? cg_attn_prologue_fused(&c, e->att) : NULL;
     for (int i = 0; i < 2; i++)
-        for (int k = 0; e->pro[i] && k < e->pro[i]->n_out; k++)
+        for (int k = 0; e->pro[i] && e->pro[i] != fused && k < e->pro[i]->n_out; k++)
             if (cg_read_after(m, e->pro[i]->out[k], -1))
                 e->worst_pro = fmax(e->worst_pro, pro_compare(e, e->pro[i]->out[k], T, what));
     e->worst_att = fmax(e->worst_att, pro_compare(e, e->att->out[0], T, what));
@@ -3162,6 +3168,22 @@ int main(void)
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (router in the top-k)");
+    }
+    if (getenv("MOEC_KERN_GQA_PRO_ONLY")) {
+        /* GQA's prologue and attention alone (run under
+           MOEC_ATTN_FUSE_PROLOGUE=1: the one-token bucket as one kernel) */
+        const km_spec *gp[3] = {&GPRO_Q3, &GPRO_ODD, &GPRO_ODD_NORM};
+        for (int i = 0; i < 3; i++)
+            for (int f32 = 0; f32 < 2; f32++)
+                prog_add(gp[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 1 ? 64 : 16,
+                         TM(1) | TM(64) | TM(3) | TM(8));
+        progs_compile();
+        for (int i = 0; i < 3; i++)
+            for (int f32 = 0; f32 < 2; f32++)
+                pro_case(gp[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, i < 1 ? 64 : 16);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (GQA prologue)");
     }
     if (getenv("MOEC_KERN_ATTN_ONLY")) {
         /* the GQA attention cases alone, under whatever knobs the

@@ -132,6 +132,13 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             T_CHECK(aligned == fused);
             T_CHECK(n == km_steps_of(m, op) - fused);
             want += n;
+        } else if (op->kind == IR_OP_ATTN_PROLOGUE) {
+            /* none where the attention's kernel runs it (one token,
+               MOEC_ATTN_FUSE_PROLOGUE=1) */
+            const ir_op *att = cg_attn_prologue_cache(m, op);
+            int fused = att && cg_attn_prologue_fused(c, att) == op;
+            T_CHECK(n == (fused ? 0 : km_steps_of(m, op)));
+            want += n;
         } else {
             want += km_steps_of(m, op);
         }
@@ -628,6 +635,35 @@ static void check_v32_sm86(const ir_module *m, const cg_ctx *c)
     check_v32_cap(m, c, "dsa_select_r11_k2048_c20480_", 20480 * 4);
 }
 
+/* Qwen3-30B-A3B's attn_prologue feeding its attention: under
+ * MOEC_ATTN_FUSE_PROLOGUE=1 the one-token bucket has no prologue kernel
+ * and an attention kernel that reads the qkv row and the norms in place of
+ * q (named for the prologue: row 5120, 128 rotated, neox, norms); the
+ * bucket of 8 keeps both kernels. */
+static void check_qwen3_pro(const ir_module *m, const cg_ctx *c)
+{
+    int fuse = getenv("MOEC_ATTN_FUSE_PROLOGUE") && c->T == 1;
+    int p = steps_of(m, c, IR_OP_ATTN_PROLOGUE), a = steps_of(m, c, IR_OP_ATTENTION);
+    T_CHECK(fuse ? p < 0 : p >= 0);
+    T_CHECK(a >= 0);
+    if (a < 0)
+        return;
+    const ir_step *s = &c->steps[a];
+    const char *n = c->kernel_names[s->kernel];
+    T_CHECK((strstr(n, "_pro_n5120_r128_neox_norm_bf16_bf16_") != NULL) == fuse);
+    if (fuse) {
+        const ir_op *pro = m->ops[0];
+        for (int k = 0; k < m->n_ops; k++)
+            if (m->ops[k]->kind == IR_OP_ATTN_PROLOGUE)
+                pro = m->ops[k];
+        T_CHECK(s->args[0].kind == IR_ARG_ACT && s->args[0].index == pro->in[0]->id);
+        T_CHECK(s->args[3].kind == IR_ARG_F32 && s->args[3].f > 0.99e-6 && s->args[3].f < 1.01e-6);
+        T_CHECK(s->args[4].kind == IR_ARG_INPUT && s->args[4].index == IR_INPUT_POSITIONS);
+    } else {
+        T_CHECK(s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
+    }
+}
+
 static void test_real_shapes(void)
 {
     cg_options o;
@@ -678,6 +714,19 @@ static void test_real_shapes(void)
             unsetenv("MOEC_ATTN_MERGE");
         }
         ir_module_free(m);
+    }
+    /* Qwen3's prologue and attention, then the two as one kernel at T = 1
+       (MOEC_ATTN_FUSE_PROLOGUE=1): compiled by NVRTC at T = 1 and 8 */
+    km_spec q3p = {.name = "k_qwen3_pro", .vocab = 8, .attn = KM_GQA_PRO, .H = 32, .HKV = 4,
+                   .DK = 128, .DV = 128, .qk_norm = 1, .attn_scale = 0.08838834764831845};
+    ir_module *mp = km_module(&q3p);
+    T_CHECK(mp != NULL);
+    if (mp) {
+        run_module(mp, &o, check_qwen3_pro, 0);
+        setenv("MOEC_ATTN_FUSE_PROLOGUE", "1", 1);
+        run_module(mp, &o, check_qwen3_pro, 1 | 2);
+        unsetenv("MOEC_ATTN_FUSE_PROLOGUE");
+        ir_module_free(mp);
     }
     /* V3.2's other forms: legacy (compiled at T = 64), the select with no
        scores in shared memory (compiled at T = 1), and for sm_86 */
