@@ -47,19 +47,29 @@ enum { N_CASES = sizeof CASES / sizeof CASES[0] };
  * prologue writing the cache row, then the attention) and as one; the
  * harness runs both on the same row and pools and wants the same bits.
  * Cases: Qwen3's q/k norms or none, a row longer than its heads, 1 or 4
- * lanes a position or the choice at run time, split 64 ways (the merge
+ * lanes a position or the choice at run time, split 16 ways (the merge
  * kernel or the last block) or not split, several query-head groups a kv
- * head (gb < G: blocks that write the same row), a window. */
+ * head (gb < G: blocks that write the same row), a window, odd heads with
+ * a partial interleaved YaRN rotation. */
 typedef struct pro_case {
     int H, HKV, D, qk_norm, XN, lpp, window, bs;
     const char *merge, *target;
-    int all_pos; /* the harness's every position (else two: time) */
+    int all_pos;      /* the harness's every position (else two: time) */
+    const char *rope; /* the rope attributes (NULL: Qwen3's) */
 } pro_case;
 
+/* Odd heads of 10 channels, 6 of them rotated, interleaved, with YaRN */
+#define ODD_ROPE                                                                                   \
+    "style = \"interleave\", theta = 500.0, scaling = \"yarn\", factor = 4.0, yarn_low = 1.0, "    \
+    "yarn_high = 3.0, attn_factor = 1.25, rotary_dim = 6"
+
 static const pro_case PRO_CASES[] = {
-    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 1},  {8, 2, 64, 1, 8, 4, 0, 16, "2", "32", 0},
-    {8, 2, 64, 0, 0, 0, 0, 64, "0", "32", 0},  {8, 2, 64, 1, 0, 1, 0, 16, "1", "1", 1},
-    {32, 2, 32, 1, 0, 1, 37, 16, "0", "32", 0},
+    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 1, NULL},
+    {8, 2, 64, 1, 8, 4, 0, 16, "2", "32", 0, NULL},
+    {8, 2, 64, 0, 0, 0, 0, 64, "0", "32", 0, NULL},
+    {8, 2, 64, 1, 0, 1, 0, 16, "1", "1", 1, NULL},
+    {32, 2, 32, 1, 0, 1, 37, 16, "0", "32", 0, NULL},
+    {6, 2, 10, 1, 3, 1, 5, 16, "0", "32", 0, ODD_ROPE},
 };
 enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
 
@@ -274,7 +284,7 @@ static int gen_pro_case(FILE *f, moec_buf *table, int i, const pro_case *g)
 {
     km_spec s = {.name = "attnpro", .vocab = 8, .attn = KM_GQA_PRO, .H = g->H, .HKV = g->HKV,
                  .DK = g->D, .DV = g->D, .qk_norm = g->qk_norm, .XN = g->XN,
-                 .window = g->window, .attn_scale = 0.3};
+                 .window = g->window, .attn_scale = 0.3, .rope = g->rope};
     set_knobs(g->lpp, g->merge, g->target);
     ir_module *m = km_module(&s);
     cg_options o;
