@@ -104,7 +104,17 @@ static const char ATTN_BODY_SPLIT[] =
     "    /* this block's share of the tiles when the sequence is split */\n"
     "    const int per_min = (MINPOS + TILE - 1) / TILE, per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
     "    const int per = per_even > per_min ? per_even : per_min, first = split * per;\n"
-    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n";
+    "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
+    "    /* the last block's merge (MERGE): of every split, or (LIVE) of those\n"
+    "       that may hold positions */\n"
+    "    auto arrive = [&]() {\n"
+    "        const long long part = ((long long)t * H + h0) * NSPLIT, ci = ((long long)t * H + h0) / GB;\n"
+    "        if constexpr (LIVE)\n"
+    "            moec_attn_arrive_merge_live<NSPLIT, GB, DV, NT>(part_ml, part_o, part, o, cnt, ci,\n"
+    "                                                            (n_tiles + per - 1) / per);\n"
+    "        else\n"
+    "            moec_attn_arrive_merge<NSPLIT, GB, DV>(part_ml, part_o, part, o, cnt, ci);\n"
+    "    };\n";
 
 static const char ATTN_BODY_REST[] =
     "    if constexpr (NSPLIT > 1) {\n"
@@ -115,8 +125,7 @@ static const char ATTN_BODY_REST[] =
     "                part_ml[part * 2 + 1] = 0.0f;\n"
     "            }\n"
     "            if constexpr (MERGE)\n"
-    "                moec_attn_arrive_merge<NSPLIT, GB, DV>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o,\n"
-    "                                                       cnt, ((long long)t * H + h0) / GB);\n"
+    "                arrive();\n"
     "            return;\n"
     "        }\n"
     "    }\n"
@@ -250,8 +259,7 @@ static const char ATTN_BODY_REST[] =
     "        }\n"
     "    }\n"
     "    if constexpr (MERGE)\n"
-    "        moec_attn_arrive_merge<NSPLIT, GB, DV>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o, cnt,\n"
-    "                                               ((long long)t * H + h0) / GB);\n";
+    "        arrive();\n";
 
 /* "bf16" when the cache dtype and both operands' dtypes agree, else all three. */
 static void dtype_tag(char *buf, size_t cap, ir_dtype pool, ir_dtype a, ir_dtype b)
@@ -390,7 +398,11 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
        codegen, names _kuN, _vuN): all of a key's chunks, 8 rows */
     int kun = cg_env_int("MOEC_ATTN_KUNROLL", 0, 0, 64);
     int vun = cg_env_int("MOEC_ATTN_VUNROLL", 8, 1, 32);
+    /* 1: the last block merges the splits, 2: only those that may hold
+       positions (MOEC_ATTN_MERGE=3) */
     int merge = cg_attn_self_merge(c, H, gb, DV, ns);
+    if (merge && cg_attn_merge_live())
+        merge = 2;
     /* the token's attn_prologue run here too (one token, an A/B knob) */
     const ir_op *fused = cg_attn_prologue_fused(c, op);
     cg_attn_fused_pro fp;
@@ -431,7 +443,7 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
     if (kun > 0 || vun != 8)
         snprintf(un_tag, sizeof un_tag, "_ku%d_vu%d", kun, vun);
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s",
-             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge ? "_m" : "", pro_tag, bs, c->T,
+             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge == 2 ? "_ml" : merge ? "_m" : "", pro_tag, bs, c->T,
              tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
@@ -457,12 +469,13 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
                       "%s *%svpool, %s *__restrict__ out, float scale, int window%s)\n{\n"
                       "    typedef %s TQ;\n    typedef %s TS;\n    typedef %s TO;\n"
                       "    constexpr int H = %lld, HKV = %lld, DK = %lld, DV = %lld, GB = %d, BS = %d, "
-                      "NT = %d, TMAX = %d, KV = %d, NSPLIT = %d, MP1 = %d;\n",
+                      "NT = %d, TMAX = %d, KV = %d, NSPLIT = %d, MP1 = %d;\n"
+                      "    constexpr bool LIVE = %s;\n",
                       ATTN_WARPS * 32, lpp ? "" : ", 1", aname, first.data ? first.data : "",
                       pool_q, ts, pool_r, pool_q, ts, pool_r, cg_ctype(odt),
                       cg_attn_part_params(ns, merge), cg_ctype(qdt), ts, cg_ctype(odt), H, HKV,
                       DK, DV, gb, bs, ATTN_WARPS * 32, 32 / (lpp ? lpp : 1), cg_vec_width(DK), ns,
-                      mp1);
+                      mp1, merge == 2 ? "true" : "false");
         if (first.oom)
             c->src.oom = 1;
         moec_buf_free(&first);

@@ -118,13 +118,21 @@ static inline ir_step *cg_attn_write_step(cg_ctx *c, const ir_op *op, int k, con
  * split, its T * H / hb counters fit, a group's partial states are at most
  * CG_ATTN_MERGE_MAX_BYTES, and MOEC_ATTN_MERGE is not 0 at codegen
  * (MOEC_ATTN_MERGE=0 keeps the merge kernel, for an A/B; 2 merges in the
- * kernel whatever the bytes). */
+ * kernel whatever the bytes; 3 as 2, and GQA's kernel then merges only the
+ * splits that may hold positions, cg_attn_merge_live). */
 static inline int cg_attn_self_merge(const cg_ctx *c, long long H, int hb, long long d, int ns)
 {
-    int mode = cg_env_int("MOEC_ATTN_MERGE", 1, 0, 2);
+    int mode = cg_env_int("MOEC_ATTN_MERGE", 1, 0, 3);
     return ns > 1 && mode && (long long)c->T * (H / hb) <= IR_SPLIT_COUNTERS &&
-           (mode == 2 || (long long)ns * hb * d * 4 <= CG_ATTN_MERGE_MAX_BYTES);
+           (mode >= 2 || (long long)ns * hb * d * 4 <= CG_ATTN_MERGE_MAX_BYTES);
 }
+
+/* MOEC_ATTN_MERGE=3 at codegen (an A/B knob, not timed yet): a GQA kernel
+ * that merges its own splits reads only those that may hold positions,
+ * all of a thread's loads of eight splits in flight at once
+ * (moec_attn_arrive_merge_live, codegen/cg.c), where the general merge
+ * reads every split's weight and each vector's splits in turn. */
+static inline int cg_attn_merge_live(void) { return cg_env_int("MOEC_ATTN_MERGE", 1, 0, 3) == 3; }
 
 /* The attention kernel's args after its query operands, from args[i]: pos,
  * slots, block_table, max_blocks, pool 0, pool 1, out, scale, window (and,

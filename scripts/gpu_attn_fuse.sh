@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # gpu_attn_fuse.sh — one device call for the GQA prologue run inside the
 # attention kernel at one token (MOEC_ATTN_FUSE_PROLOGUE=1,
-# codegen/attn_prologue.c) and the untimed attention knobs beside it:
+# codegen/attn_prologue.c), the last block's merge of only the splits that
+# hold positions (MOEC_ATTN_MERGE=3) and the untimed attention knobs
+# beside them:
 # builds, checks GQA's prologue cases against the interpreter with the
 # fused form (MOEC_KERN_GQA_PRO_ONLY=1 gpu_kernels) and without it, runs
 # the GPU tests in CTESTS (default "gpu_model gpu_graphs") with the fused
@@ -23,6 +25,13 @@ for f in 1 0; do
     >>"$OUT/gqa-pro-kernels.txt" 2>&1 || rc=1
   echo "gpu_kernels, GQA prologue, fused $f: $(grep -E "passed|failed" "$OUT/gqa-pro-kernels.txt" | tail -1)"
 done
+# the GQA attention cases with the live merge (and with the merge in the
+# kernel whatever the bytes, as it was timed before)
+for mg in 3 2; do
+  MOEC_ATTN_MERGE=$mg MOEC_KERN_ATTN_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
+    >>"$OUT/attn-kernels.txt" 2>&1 || rc=1
+  echo "gpu_kernels, GQA attention, MOEC_ATTN_MERGE=$mg: $(grep -E "passed|failed" "$OUT/attn-kernels.txt" | tail -1)"
+done
 for t in ${CTESTS-gpu_model gpu_graphs}; do
   (cd build-gpu && MOEC_ATTN_FUSE_PROLOGUE=1 timeout 300 ctest -R "$t" --output-on-failure \
     >"$OUT/ctest_$t.txt" 2>&1) || rc=1
@@ -30,4 +39,4 @@ for t in ${CTESTS-gpu_model gpu_graphs}; do
 done
 [ $rc = 0 ] || { echo "a check failed: no timing"; exit 1; }
 scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json "${LAYERS:-16}" 1,8 "${CONTEXTS:-1024,8192}" \
-  "${VARIANTS:-fpro:MOEC_ATTN_FUSE_PROLOGUE=1 fprolpp4:MOEC_ATTN_FUSE_PROLOGUE=1,MOEC_ATTN_LPP=4 lpp4:MOEC_ATTN_LPP=4 ku1:MOEC_ATTN_KUNROLL=1}"
+  "${VARIANTS:-fpro:MOEC_ATTN_FUSE_PROLOGUE=1 live:MOEC_ATTN_MERGE=3 fprolive:MOEC_ATTN_FUSE_PROLOGUE=1,MOEC_ATTN_MERGE=3 fprolivelpp4:MOEC_ATTN_FUSE_PROLOGUE=1,MOEC_ATTN_MERGE=3,MOEC_ATTN_LPP=4 lpp4:MOEC_ATTN_LPP=4 ku1:MOEC_ATTN_KUNROLL=1}"

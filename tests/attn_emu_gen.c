@@ -9,7 +9,8 @@
  * at run time, head dims that are not
  * multiples of the lanes' 16-byte chunks, a window, pages of 16 and 64
  * rows; splits merged by the merge kernel (MOEC_ATTN_MERGE=0) or by the
- * attention kernel's last block (=2). Then the fused prologue's cases
+ * attention kernel's last block (=2), or of those only the splits that may
+ * hold positions (=3). Then the fused prologue's cases
  * (PRO_CASES): the one kernel and the two it replaces, for the harness to
  * compare.
  * usage: attn_emu_gen OUT.inc */
@@ -39,6 +40,13 @@ static const gen_case CASES[] = {
        16 (2 splits: 64 and 128), with a window, both merges */
     {8, 2, 64, 64, 1, 0, 0, 16, "0", NULL},  {8, 2, 64, 64, 3, 0, 0, 16, "0", "32"},
     {8, 2, 64, 64, 16, 0, 0, 16, "0", "64"}, {6, 2, 24, 40, 16, 0, 100, 64, "2", "64"},
+    /* the last block merging only the splits that may hold positions
+       (MOEC_ATTN_MERGE=3): one token over 16 splits (3 hold positions
+       with 1 lane, 10 with 4), tokens of their own split counts, vectors
+       of 4 and of 1 channel */
+    {8, 2, 64, 64, 1, 1, 0, 16, "3", "32"},  {8, 2, 64, 64, 1, 4, 0, 16, "3", "32"},
+    {8, 2, 64, 64, 3, 0, 0, 16, "3", "32"},  {6, 2, 24, 40, 2, 4, 5, 16, "3", "32"},
+    {4, 1, 3, 5, 2, 4, 0, 16, "3", "32"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -64,12 +72,13 @@ typedef struct pro_case {
     "yarn_high = 3.0, attn_factor = 1.25, rotary_dim = 6"
 
 static const pro_case PRO_CASES[] = {
-    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 1, NULL},
+    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 0, NULL},
     {8, 2, 64, 1, 8, 4, 0, 16, "2", "32", 0, NULL},
     {8, 2, 64, 0, 0, 0, 0, 64, "0", "32", 0, NULL},
     {8, 2, 64, 1, 0, 1, 0, 16, "1", "1", 1, NULL},
     {32, 2, 32, 1, 0, 1, 37, 16, "0", "32", 0, NULL},
     {6, 2, 10, 1, 3, 1, 5, 16, "0", "32", 0, ODD_ROPE},
+    {8, 2, 64, 1, 0, 4, 0, 16, "3", "32", 0, NULL},
 };
 enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
 
@@ -164,8 +173,10 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
            merge them itself (_m) */
         const char *n = kname(&c, a->kernel), *p = strstr(n, "_ns");
         ns = p ? atoi(p + 3) : 1;
-        merged = strstr(n, "_m_bs") != NULL;
-        if ((ns > 1 && !merged) != (cb != NULL) || merged != (ns > 1 && !strcmp(g->merge, "2"))) {
+        merged = strstr(n, "_m_bs") != NULL || strstr(n, "_ml_bs") != NULL;
+        int own = ns > 1 && (!strcmp(g->merge, "2") || !strcmp(g->merge, "3"));
+        if ((ns > 1 && !merged) != (cb != NULL) || merged != own ||
+            (strstr(n, "_ml_bs") != NULL) != (own && !strcmp(g->merge, "3"))) {
             fprintf(stderr, "attn_emu_gen: case %d: %d splits but %s merge kernel\n", i, ns,
                     cb ? "a" : "no");
             rc = -1;
@@ -233,7 +244,7 @@ static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i,
     if (!rc) {
         const char *an = kname(&c, a->kernel), *pn = strstr(an, "_ns");
         *ns = pn ? atoi(pn + 3) : 1;
-        *merged = strstr(an, "_m_") != NULL;
+        *merged = strstr(an, "_m_") != NULL || strstr(an, "_ml_") != NULL;
         static int helpers;
         if (!helpers++ && put_through(f, c.src.data, "#ifndef MOEC_ATTN_PROLOGUE_HELPERS",
                                       "#endif\n") != 0) {

@@ -10,13 +10,14 @@
 # against a double-precision reference (tests/attn_emu.cc): once under the
 # address sanitizer, every case (every global and shared memory access in
 # bounds, every L2 prefetch within the pools), once under the thread
-# sanitizer, three cases (no two threads' accesses unordered by a barrier;
-# the third, 17, the fused prologue's, whose cache row is written by one
-# warp and read by all after the block's barrier). The fused prologue's
-# cases (MOEC_ATTN_FUSE_PROLOGUE=1) compare the one kernel with the two.
+# sanitizer, four cases (no two threads' accesses unordered by a barrier;
+# 18 merges only the splits that hold positions, MOEC_ATTN_MERGE=3, and
+# 22 is the fused prologue's, whose cache row is written by one warp and
+# read by all after the block's barrier). The fused prologue's cases
+# (MOEC_ATTN_FUSE_PROLOGUE=1) compare the one kernel with the two.
 # Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/emu_lib.sh"
-emu_check attn_emu 1,5,17
+emu_check attn_emu 1,5,18,22
 finish test_attn_emu

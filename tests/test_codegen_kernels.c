@@ -635,6 +635,21 @@ static void check_v32_sm86(const ir_module *m, const cg_ctx *c)
     check_v32_cap(m, c, "dsa_select_r11_k2048_c20480_", 20480 * 4);
 }
 
+/* MOEC_ATTN_MERGE=3: every split attention kernel merges its own splits,
+ * GQA's from those that may hold positions (_ml), with no merge kernel. */
+static void check_merge_live(const ir_module *m, const cg_ctx *c)
+{
+    int a = steps_of(m, c, IR_OP_ATTENTION);
+    T_CHECK(a >= 0);
+    if (a < 0)
+        return;
+    const ir_step *s = &c->steps[a + 1];
+    int split = strstr(c->kernel_names[s->kernel], "_ns1_") == NULL;
+    T_CHECK((strstr(c->kernel_names[s->kernel], "_ml_bs") != NULL) == split);
+    for (int i = 0; i < c->n_steps; i++)
+        T_CHECK(strstr(c->kernel_names[c->steps[i].kernel], "attn_combine_") == NULL);
+}
+
 /* Qwen3-30B-A3B's attn_prologue feeding its attention: under
  * MOEC_ATTN_FUSE_PROLOGUE=1 the one-token bucket has no prologue kernel
  * and an attention kernel that reads the qkv row and the norms in place of
@@ -704,6 +719,13 @@ static void test_real_shapes(void)
                 run_module(m, &o, checks[i], 1 | 2);
                 unsetenv("MOEC_ATTN_LPP");
             }
+        /* Qwen3's splits merged by the last block from those that may hold
+           positions (MOEC_ATTN_MERGE=3, names _ml): compiled at T = 1, 8 */
+        if (m && i == 2) {
+            setenv("MOEC_ATTN_MERGE", "3", 1);
+            run_module(m, &o, check_merge_live, 1 | 2);
+            unsetenv("MOEC_ATTN_MERGE");
+        }
         /* V2-Lite with the splits merged by their own kernel at T = 64, by
            the attention kernel at T = 8 */
         if (m && i == 0) {
