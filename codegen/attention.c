@@ -442,9 +442,9 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
     char un_tag[32] = "";
     if (kun > 0 || vun != 8)
         snprintf(un_tag, sizeof un_tag, "_ku%d_vu%d", kun, vun);
+    const char *merge_tag = merge == 2 ? "_ml" : merge ? "_m" : "";
     snprintf(aname, sizeof aname, "attn_h%lld_hkv%lld_dk%lld_dv%lld_gb%d_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s",
-             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge == 2 ? "_ml" : merge ? "_m" : "", pro_tag, bs, c->T,
-             tag);
+             H, HKV, DK, DV, gb, ns, mp1, lpp_tag, un_tag, merge_tag, pro_tag, bs, c->T, tag);
     int ka = cg_kernel(c, aname, &is_new);
     if (ka < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "attention %%%s: no memory", who);
