@@ -268,7 +268,8 @@ void cg_attn_fused_pro_consts(moec_buf *b, const cg_attn_fused_pro *f, const cha
 static const char FUSED_BODY[] =
     "    {\n"
     "        const bool own = first < last && last == n_tiles;\n"
-    "        const long long crow = (long long)block_table[(long long)s * max_blocks + p / BS] * BS + p % BS;\n"
+    "        const long long crow =\n"
+    "            own ? (long long)block_table[(long long)s * max_blocks + p / BS] * BS + p % BS : 0;\n"
     "        const TX *xr = x + (long long)t * PN;\n"
     "        /* a split without positions makes nothing: it only arrives */\n"
     "        const int items = first < last ? GB + (own ? 2 : 0) : 0;\n"

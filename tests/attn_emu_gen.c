@@ -217,7 +217,7 @@ static int put_through(FILE *f, const char *src, const char *from, const char *t
 /* The kernels of case i's module with MOEC_ATTN_FUSE_PROLOGUE=fuse, in
  * namespace pN::fFUSE: a run(pro_bufs &) that launches them in order. */
 static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i, int fuse,
-                        int *ns, int *merged)
+                        int qk_norm, int *ns, int *merged)
 {
     setenv("MOEC_ATTN_FUSE_PROLOGUE", fuse ? "1" : "0", 1);
     cg_ctx c;
@@ -269,10 +269,7 @@ static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i,
         if (cb)
             put_kernel(f, c.src.data, kname(&c, cb->kernel));
         fprintf(f, "static void run(pro_bufs &b)\n{\n");
-        const char *norm = strstr(kname(&c, a->kernel), "_norm") ||
-                                   (pro && strstr(kname(&c, pro->kernel), "_norm"))
-                               ? ", b.qw, b.kw"
-                               : "";
+        const char *norm = qk_norm ? ", b.qw, b.kw" : "";
         if (pro)
             fprintf(f,
                     "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
@@ -304,7 +301,7 @@ static int gen_pro_case(FILE *f, moec_buf *table, int i, const pro_case *g)
     int ns[2] = {0, 0}, merged[2] = {0, 0};
     int rc = m ? 0 : -1;
     for (int fuse = 0; fuse < 2 && !rc; fuse++)
-        rc = gen_pro_form(f, m, &o, i, fuse, &ns[fuse], &merged[fuse]);
+        rc = gen_pro_form(f, m, &o, i, fuse, g->qk_norm, &ns[fuse], &merged[fuse]);
     clear_knobs();
     if (!rc && (ns[0] != ns[1] || merged[0] != merged[1])) {
         fprintf(stderr, "attn_emu_gen: prologue case %d: the two forms split differently\n", i);
@@ -336,7 +333,7 @@ int main(int argc, char **argv)
                       "template <int N, typename T> __device__ __forceinline__ void cpv");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
                       "/* The warp's arg-max");
-    put_prologue_part(f, pro.data, "/* The merge of split attention",
+    put_prologue_part(f, pro.data, "/* The merge weights of the NSPLIT",
                       "__device__ __forceinline__ float block_sum");
     /* the cache row and the rotation of a head (the prologue's last part),
        for the fused prologue's cases */

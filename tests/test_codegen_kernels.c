@@ -667,10 +667,10 @@ static void check_qwen3_pro(const ir_module *m, const cg_ctx *c)
     const char *n = c->kernel_names[s->kernel];
     T_CHECK((strstr(n, "_pro_n5120_r128_neox_norm_bf16_bf16_") != NULL) == fuse);
     if (fuse) {
-        const ir_op *pro = m->ops[0];
-        for (int k = 0; k < m->n_ops; k++)
-            if (m->ops[k]->kind == IR_OP_ATTN_PROLOGUE)
-                pro = m->ops[k];
+        const ir_op *pro = cg_attn_prologue_fused(c, m->ops[s->op_id]);
+        T_CHECK(pro != NULL);
+        if (!pro)
+            return;
         T_CHECK(s->args[0].kind == IR_ARG_ACT && s->args[0].index == pro->in[0]->id);
         T_CHECK(s->args[3].kind == IR_ARG_F32 && s->args[3].f > 0.99e-6 && s->args[3].f < 1.01e-6);
         T_CHECK(s->args[4].kind == IR_ARG_INPUT && s->args[4].index == IR_INPUT_POSITIONS);
