@@ -262,6 +262,26 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
     return MOEC_OK;
 }
 
+/* 1 where NAME holds one of MOEC_PDL_OFF's comma-separated parts: an A/B
+ * knob that launches those kernels plainly (scheduled only once the kernel
+ * before them has ended) while the rest stay programmatic dependents. */
+static int pdl_off(const char *name)
+{
+    const char *v = getenv("MOEC_PDL_OFF");
+    char part[128];
+    while (name && v && *v) {
+        size_t n = strcspn(v, ",");
+        if (n > 0 && n < sizeof part) {
+            memcpy(part, v, n);
+            part[n] = '\0';
+            if (strstr(name, part))
+                return 1;
+        }
+        v += n + (v[n] == ',');
+    }
+    return 0;
+}
+
 static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
 {
     const ir_bucket *b = cb->b;
@@ -284,7 +304,10 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
         if (s->stream != 0 && s->stream != 1)
             return MOEC_ERR(MOEC_ERR_INTERNAL, "%s: stream %d (0 or 1)", where, s->stream);
         switch (s->kind) {
-        case IR_STEP_KERNEL: MOEC_TRY(prepare_kernel(c, cb, s, L, where)); break;
+        case IR_STEP_KERNEL:
+            MOEC_TRY(prepare_kernel(c, cb, s, L, where));
+            L->plain = pdl_off(b->kernel_names[s->kernel]);
+            break;
         case IR_STEP_GEMM: MOEC_TRY(rt_cuda_prepare_gemm(c, cb, s, L, where)); break;
         case IR_STEP_FORK:
         case IR_STEP_JOIN:

@@ -63,7 +63,7 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
                stream's priority (MOEC_STREAM_PRIORITY) */
             cudaLaunchAttribute attr[2];
             unsigned n_attr = 0;
-            if (c->pdl) {
+            if (c->pdl && !L->plain) {
                 attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
                 attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
             }
