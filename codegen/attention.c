@@ -531,6 +531,10 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
     s->grid[1] = (unsigned)HKV;
     s->grid[2] = (unsigned)(H / HKV / gb * ns);
     s->block[0] = ATTN_WARPS * 32;
+    /* launched plainly when it runs the prologue: as a programmatic
+       dependent its blocks became resident while the qkv GEMM still ran,
+       and the step lost (see the head of this file) */
+    s->plain = fp != NULL;
     int i = 1;
     if (fp)
         i = cg_attn_fused_pro_args(s, fp);

@@ -179,7 +179,7 @@ static int pro_vec(long long N, long long D)
 const ir_op *cg_attn_prologue_fused(const cg_ctx *c, const ir_op *att)
 {
     if (c->T != 1 || att->kind != IR_OP_ATTENTION || att->n_in != 4 ||
-        !cg_env_int("MOEC_ATTN_FUSE_PROLOGUE", 0, 0, 1))
+        !cg_env_int("MOEC_ATTN_FUSE_PROLOGUE", 1, 0, 1))
         return NULL;
     const ir_op *pro = att->in[1]->kind == IR_VALUE_OP ? att->in[1]->def : NULL;
     if (!pro || cg_attn_prologue_cache(c->m, pro) != att || att->in[0] != pro->out[0] ||

@@ -116,6 +116,9 @@ typedef struct ir_step {
     int kernel;       /* IR_STEP_KERNEL: index into the bucket's kernel names */
     unsigned grid[3], block[3];
     unsigned smem;    /* dynamic shared memory bytes */
+    int plain;        /* IR_STEP_KERNEL, 1: launched without the programmatic-dependent
+                         attribute even where the plan's kernels carry the wait
+                         (plan->pdl): scheduled only once the kernel before it ends */
     int n_args;
     ir_arg args[IR_MAX_ARGS];
     ir_gemm gemm;     /* IR_STEP_GEMM */

@@ -16,8 +16,11 @@
 /* 2: a plan per rank ("ranks"), tp and ep in the header, collective steps.
  * 3: the device sampler's step ends every bucket ("sampler"), reading and
  * writing the IR_INPUT_SAMPLE_* inputs. Format 1 and 2 files still read
- * (their requests sample on the host). */
-#define IR_PLAN_FORMAT 3
+ * (their requests sample on the host).
+ * 4: a step's `plain` (a kernel launched without the programmatic-dependent
+ * attribute), its twelfth number; files of formats 1 to 3 still read
+ * (every kernel as the plan's pdl says). */
+#define IR_PLAN_FORMAT 4
 
 typedef struct ir_plan_meta {
     int format;

@@ -306,7 +306,7 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
         switch (s->kind) {
         case IR_STEP_KERNEL:
             MOEC_TRY(prepare_kernel(c, cb, s, L, where));
-            L->plain = pdl_off(b->kernel_names[s->kernel]);
+            L->plain = s->plain || pdl_off(b->kernel_names[s->kernel]);
             break;
         case IR_STEP_GEMM: MOEC_TRY(rt_cuda_prepare_gemm(c, cb, s, L, where)); break;
         case IR_STEP_FORK:

@@ -131,7 +131,8 @@ typedef struct rt_cuda_launch {
     rt_cuda_gemm gemm;
     cudaEvent_t event;
     int plain;                     /* 1: launched without the programmatic attribute
-                                    * (its name holds a MOEC_PDL_OFF part) */
+                                    * (the step's plain, or its name holds a
+                                    * MOEC_PDL_OFF part) */
 } rt_cuda_launch;
 
 /* What the device says about one kernel of a cubin. Parameters are asked

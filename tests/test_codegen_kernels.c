@@ -134,7 +134,7 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             want += n;
         } else if (op->kind == IR_OP_ATTN_PROLOGUE) {
             /* none where the attention's kernel runs it (one token,
-               MOEC_ATTN_FUSE_PROLOGUE=1) */
+               the default; not under MOEC_ATTN_FUSE_PROLOGUE=0) */
             const ir_op *att = cg_attn_prologue_cache(m, op);
             int fused = att && cg_attn_prologue_fused(c, att) == op;
             T_CHECK(n == (fused ? 0 : km_steps_of(m, op)));
@@ -221,7 +221,8 @@ typedef struct compile_job {
     char err[2048];
 } compile_job;
 
-static compile_job jobs[64];
+#define MAX_JOBS 80
+static compile_job jobs[MAX_JOBS];
 static int n_jobs, next_job;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *cache_dir;
@@ -289,8 +290,8 @@ static void compile_all(void)
 static void run_module_at(const ir_module *m, const cg_options *o, const int *buckets, int nb,
                           void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
 {
-    T_CHECK(n_jobs < 64);
-    if (n_jobs >= 64)
+    T_CHECK(n_jobs < MAX_JOBS);
+    if (n_jobs >= MAX_JOBS)
         return;
     compile_job *j = &jobs[n_jobs];
     memset(j, 0, sizeof *j);
@@ -650,14 +651,17 @@ static void check_merge_live(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->kernel_names[c->steps[i].kernel], "attn_combine_") == NULL);
 }
 
-/* Qwen3-30B-A3B's attn_prologue feeding its attention: under
- * MOEC_ATTN_FUSE_PROLOGUE=1 the one-token bucket has no prologue kernel
- * and an attention kernel that reads the qkv row and the norms in place of
- * q (named for the prologue: row 5120, 128 rotated, neox, norms); the
- * bucket of 8 keeps both kernels. */
+/* Qwen3-30B-A3B's attn_prologue feeding its attention: by default the
+ * one-token bucket has no prologue kernel and an attention kernel that
+ * reads the qkv row and the norms in place of q (named for the prologue:
+ * row 5120, 128 rotated, neox, norms), launched plainly (its step's
+ * plain); the bucket of 8, and every bucket under
+ * MOEC_ATTN_FUSE_PROLOGUE=0, keep both kernels, as programmatic
+ * dependents. */
 static void check_qwen3_pro(const ir_module *m, const cg_ctx *c)
 {
-    int fuse = getenv("MOEC_ATTN_FUSE_PROLOGUE") && c->T == 1;
+    const char *fv = getenv("MOEC_ATTN_FUSE_PROLOGUE");
+    int fuse = !(fv && !strcmp(fv, "0")) && c->T == 1;
     int p = steps_of(m, c, IR_OP_ATTN_PROLOGUE), a = steps_of(m, c, IR_OP_ATTENTION);
     T_CHECK(fuse ? p < 0 : p >= 0);
     T_CHECK(a >= 0);
@@ -666,6 +670,9 @@ static void check_qwen3_pro(const ir_module *m, const cg_ctx *c)
     const ir_step *s = &c->steps[a];
     const char *n = c->kernel_names[s->kernel];
     T_CHECK((strstr(n, "_pro_n5120_r128_neox_norm_bf16_bf16_") != NULL) == fuse);
+    T_CHECK(s->plain == fuse);
+    if (p >= 0)
+        T_CHECK(c->steps[p].plain == 0);
     if (fuse) {
         const ir_op *pro = cg_attn_prologue_fused(c, m->ops[s->op_id]);
         T_CHECK(pro != NULL);
@@ -737,17 +744,18 @@ static void test_real_shapes(void)
         }
         ir_module_free(m);
     }
-    /* Qwen3's prologue and attention, then the two as one kernel at T = 1
-       (MOEC_ATTN_FUSE_PROLOGUE=1): compiled by NVRTC at T = 1 and 8 */
+    /* Qwen3's prologue and attention (MOEC_ATTN_FUSE_PROLOGUE=0), then the
+       two as one kernel at T = 1 (the default): compiled by NVRTC at T = 1
+       and 8 */
     km_spec q3p = {.name = "k_qwen3_pro", .vocab = 8, .attn = KM_GQA_PRO, .H = 32, .HKV = 4,
                    .DK = 128, .DV = 128, .qk_norm = 1, .attn_scale = 0.08838834764831845};
     ir_module *mp = km_module(&q3p);
     T_CHECK(mp != NULL);
     if (mp) {
+        setenv("MOEC_ATTN_FUSE_PROLOGUE", "0", 1);
         run_module(mp, &o, check_qwen3_pro, 0);
-        setenv("MOEC_ATTN_FUSE_PROLOGUE", "1", 1);
-        run_module(mp, &o, check_qwen3_pro, 1 | 2);
         unsetenv("MOEC_ATTN_FUSE_PROLOGUE");
+        run_module(mp, &o, check_qwen3_pro, 1 | 2);
         ir_module_free(mp);
     }
     /* V3.2's other forms: legacy (compiled at T = 64), the select with no
@@ -924,12 +932,22 @@ static void test_prologue(void)
 
 /* attn_prologue: one kernel, a warp a head, a block of 4 (grid T by the
  * heads' blocks), writing the attention's k and v pools; the attention
- * then starts with its attention kernel. */
+ * then starts with its attention kernel. In a bucket of one token, by
+ * default, no prologue kernel: the attention's kernel, launched plainly,
+ * runs it (`_pro_` in its name). */
 static void check_gqa_prologue(const ir_module *m, const cg_ctx *c)
 {
     int T = c->T, p = steps_of(m, c, IR_OP_ATTN_PROLOGUE), a = steps_of(m, c, IR_OP_ATTENTION);
     const ir_op *att = ir_module_find_value(m, "o")->def;
     const ir_op *pro = ir_module_find_value(m, "k")->def;
+    const char *fv = getenv("MOEC_ATTN_FUSE_PROLOGUE");
+    if (T == 1 && !(fv && !strcmp(fv, "0"))) {
+        T_CHECK(cg_attn_prologue_fused(c, att) == pro && p < 0 && a >= 0);
+        if (a >= 0)
+            T_CHECK(c->steps[a].plain &&
+                    strstr(c->kernel_names[c->steps[a].kernel], "_pro_n") != NULL);
+        return;
+    }
     T_CHECK(p >= 0 && a == p + 1 && cg_attn_prologue_cache(m, pro) == att);
     if (p < 0 || a != p + 1)
         return;
@@ -980,16 +998,25 @@ static void test_gqa_prologue(void)
     oddn.name = "k_gpro_odd_norm";
     oddn.qk_norm = 1;
     const km_spec *specs[] = {&q3, &odd, &oddn};
-    for (int i = 0; i < 3; i++)
-        for (int f32 = 0; f32 < 2; f32++) {
-            o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-            ir_module *m = km_module(specs[i]);
-            T_CHECK(m != NULL);
-            /* every form in bf16 at T = 1; the real shape in f32 at T = 64 */
-            if (m)
-                run_module(m, &o, check_gqa_prologue, f32 ? (i == 0 ? 4u : 0u) : 1u);
-            ir_module_free(m);
-        }
+    /* the prologue kernel (MOEC_ATTN_FUSE_PROLOGUE=0), then the default */
+    for (int fuse = 0; fuse < 2; fuse++) {
+        if (!fuse)
+            setenv("MOEC_ATTN_FUSE_PROLOGUE", "0", 1);
+        for (int i = 0; i < 3; i++)
+            for (int f32 = 0; f32 < 2; f32++) {
+                o.compute_dtype = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+                ir_module *m = km_module(specs[i]);
+                T_CHECK(m != NULL);
+                /* every form in bf16 at T = 1; the real shape in f32 at T = 64
+                   (the fused odd forms at T = 1 in bf16; Qwen3's in
+                   test_real_shapes) */
+                unsigned mask = f32 ? (i == 0 ? 4u : 0u) : 1u;
+                if (m)
+                    run_module(m, &o, check_gqa_prologue, fuse && (f32 || i == 0) ? 0u : mask);
+                ir_module_free(m);
+            }
+        unsetenv("MOEC_ATTN_FUSE_PROLOGUE");
+    }
 }
 
 /* ---- odd shapes, other dtypes --------------------------------------------- */
@@ -1909,7 +1936,7 @@ static void test_prefetch(void)
                                   : seen == (T <= 4 ? 1 : 2));
             }
             /* the linears' and absorptions' programs with the default cap */
-            if (kn == 0 && si < 3 && n_jobs < 64 && !prog.oom && !names.oom) {
+            if (kn == 0 && si < 3 && n_jobs < MAX_JOBS && !prog.oom && !names.oom) {
                 compile_job *j = &jobs[n_jobs++];
                 memset(j, 0, sizeof *j);
                 j->label = strdup(specs[si]->name);

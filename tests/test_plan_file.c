@@ -57,6 +57,7 @@ static ir_plan *make_plan(ir_module *m)
         k->block[0] = 128;
         k->block[1] = k->block[2] = 1;
         k->smem = 64;
+        k->plain = b; /* launched plainly in the second bucket */
         k->n_args = 3;
         k->args[0] = (ir_arg){IR_ARG_INPUT, IR_INPUT_TOKENS, 0, 0};
         k->args[1] = (ir_arg){IR_ARG_WEIGHT, 2, 0, 0};
@@ -156,7 +157,8 @@ static void expect_header_edit(const uint8_t *good, size_t n, const char *bad, c
 }
 
 /* A copy of the file image d[0, n) of one plan in the format 1 layout:
- * "ir" and "buckets" at the top of the header, no tp, ep, ranks, sampler. */
+ * "ir" and "buckets" at the top of the header, no tp, ep, ranks, sampler,
+ * steps of 13 items (no plain). */
 static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
 {
     uint64_t hlen;
@@ -170,7 +172,11 @@ static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
     cJSON_DeleteItemFromObject(h, "sampler");
     cJSON_ReplaceItemInObject(h, "format", cJSON_CreateNumber(1));
     cJSON_AddItemToObject(h, "ir", cJSON_DetachItemFromObject(rank0, "ir"));
-    cJSON_AddItemToObject(h, "buckets", cJSON_DetachItemFromObject(rank0, "buckets"));
+    cJSON *buckets = cJSON_DetachItemFromObject(rank0, "buckets"), *bk, *st;
+    cJSON_ArrayForEach(bk, buckets)
+        cJSON_ArrayForEach(st, cJSON_GetObjectItem(bk, "steps"))
+            cJSON_DeleteItemFromArray(st, 11);
+    cJSON_AddItemToObject(h, "buckets", buckets);
     cJSON_Delete(rank0);
     char *text = cJSON_PrintUnformatted(h);
     cJSON_Delete(h);
@@ -267,9 +273,15 @@ static void test_rank_plans(const char *dir, const ir_plan *single)
     T_OK(ir_plan_read(bad, &p1, &m1, &bmeta));
     T_CHECK(bmeta.format == 1 && bmeta.tp == 0 && p1);
     if (p1) {
-        /* no device sampler: its requests sample on the host */
+        /* no device sampler: its requests sample on the host; every kernel
+           as the plan's pdl says */
         T_CHECK(p1->sampler == 0);
         p1->sampler = single->sampler;
+        for (int b = 0; b < p1->n_buckets && b < single->n_buckets; b++)
+            for (int s = 0; s < p1->buckets[b].n_steps && s < single->buckets[b].n_steps; s++) {
+                T_CHECK(p1->buckets[b].steps[s].plain == 0);
+                p1->buckets[b].steps[s].plain = single->buckets[b].steps[s].plain;
+            }
         check_same(single, p1);
     }
     ir_plan_free(p1);
@@ -341,7 +353,7 @@ int main(void)
     d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
-    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 4; this moec reads version 3");
+    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 5; this moec reads version 4");
     /* A header that is not JSON. */
     memcpy(d, good, n);
     d[24] = '!';
@@ -360,6 +372,9 @@ int main(void)
         t_write_file(bad, d, n);
         expect_read_error(bad, MOEC_ERR_FORMAT, "a step refers to something that does not exist");
     }
+    /* plain (the twelfth number) is 0 or 1: the second bucket's first step */
+    expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,8,1,1,128,1,1,64,", "64,", "2",
+                       "is corrupt: a step field is 2, not an integer in [0, 1]");
     /* A step field that is not an integer: block[0] (128) of the first step. */
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "1.5",
                        "is corrupt: a step field is 1.5, not an integer in [0, 4294967295]");
