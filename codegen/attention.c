@@ -26,10 +26,17 @@
  * and 3.108 against 2.859 at batch 8, 1024, where the splits were full;
  * the choice at run time 1.268 at 1024, 1.394 at 8192, 2.960 at batch 8:
  * A/B knobs, the default stays 1.
- * In a bucket of one token, MOEC_ATTN_FUSE_PROLOGUE=1 (an A/B knob, not
- * timed yet) makes the kernel run the token's attn_prologue too: the qkv
- * row in place of q, no prologue kernel (codegen/attn_prologue.c,
- * cg_attn_prologue_fused; names carry `_pro_...`). */
+ * In a bucket of one token the kernel runs the token's attn_prologue too
+ * (unless MOEC_ATTN_FUSE_PROLOGUE=0): the qkv row in place of q, no
+ * prologue kernel (codegen/attn_prologue.c, cg_attn_prologue_fused; names
+ * carry `_pro_...`). That kernel is launched plainly (its step's plain),
+ * not as a programmatic dependent: as one, its blocks became resident
+ * while the qkv GEMM still ran, and the step lost (H200, 2026-11-28,
+ * Qwen3-30B cut to 16 layers, batch 1, context 1024: 1.343 ms against
+ * 1.224 without the fusion; launched plainly 1.192, at 8192 1.383 against
+ * 1.431). Which SMs the early blocks took is a guess, not measured; the
+ * kernel alone (Nsight Compute) took 14.8 us against 13.2 + 4.5 for the
+ * two. */
 #include <stdio.h>
 #include <stdlib.h>
 

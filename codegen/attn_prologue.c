@@ -18,11 +18,11 @@
  * [_c<bs>]_t<T>_<dtypes>_<rope hash>: grid (T, ceil((H + 2 Hkv) / 4)),
  * block 128.
  *
- * At one token, MOEC_ATTN_FUSE_PROLOGUE=1 (an A/B knob) moves the whole
- * prologue into the attention's kernel (cg_attn_prologue_fused and the
- * cg_attn_fused_pro_* parts below, used by codegen/attention.c): one
- * launch fewer a layer. Both forms make a head with moec_attn_pro_head,
- * so they round alike. */
+ * At one token the whole prologue moves into the attention's kernel by
+ * default (cg_attn_prologue_fused and the cg_attn_fused_pro_* parts below,
+ * used by codegen/attention.c): one launch fewer a layer.
+ * MOEC_ATTN_FUSE_PROLOGUE=0 keeps this kernel there too. Both forms make a
+ * head with moec_attn_pro_head, so they round alike. */
 #include <stdio.h>
 #include <string.h>
 

@@ -282,8 +282,8 @@ void cg_rope_free(cg_rope *r);
 void cg_rope_emit_table(moec_buf *b, const cg_rope *r, const char *sym);
 
 /* The attn_prologue that GQA attention `att` runs in its own kernel, in a
- * bucket of one token (MOEC_ATTN_FUSE_PROLOGUE=1 at codegen; an A/B knob,
- * default 0): the prologue whose k and v att reads as its cache's
+ * bucket of one token (unless MOEC_ATTN_FUSE_PROLOGUE=0 at codegen): the
+ * prologue whose k and v att reads as its cache's
  * (cg_attn_prologue_cache), whose q is att's q, whose positions are att's,
  * and whose results nothing else reads. NULL otherwise. Such a prologue
  * emits no kernel: the attention kernel reads the token's qkv row, makes
