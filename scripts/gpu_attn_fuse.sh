@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # gpu_attn_fuse.sh — one device call for the GQA prologue run inside the
-# attention kernel at one token (MOEC_ATTN_FUSE_PROLOGUE=1,
+# attention kernel at one token (the default since the seventeenth round;
+# MOEC_ATTN_FUSE_PROLOGUE=0 keeps the prologue kernel,
 # codegen/attn_prologue.c), the last block's merge of only the splits that
-# hold positions (MOEC_ATTN_MERGE=3) and the untimed attention knobs
-# beside them:
+# hold positions (MOEC_ATTN_MERGE=3) and the attention knobs beside them
+# (the round's first call; scripts/gpu_fuse_check.sh is its last):
 # builds, checks GQA's prologue cases against the interpreter with the
 # fused form (MOEC_KERN_GQA_PRO_ONLY=1 gpu_kernels) and without it, runs
 # the GPU tests in CTESTS (default "gpu_model gpu_graphs") with the fused
@@ -39,4 +40,4 @@ for t in ${CTESTS-gpu_model gpu_graphs}; do
 done
 [ $rc = 0 ] || { echo "a check failed: no timing"; exit 1; }
 scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json "${LAYERS:-16}" 1,8 "${CONTEXTS:-1024,8192}" \
-  "${VARIANTS:-fpro:MOEC_ATTN_FUSE_PROLOGUE=1 live:MOEC_ATTN_MERGE=3 fprolive:MOEC_ATTN_FUSE_PROLOGUE=1,MOEC_ATTN_MERGE=3 fprolivelpp4:MOEC_ATTN_FUSE_PROLOGUE=1,MOEC_ATTN_MERGE=3,MOEC_ATTN_LPP=4 lpp4:MOEC_ATTN_LPP=4 ku1:MOEC_ATTN_KUNROLL=1}"
+  "${VARIANTS:-unfused:MOEC_ATTN_FUSE_PROLOGUE=0 live:MOEC_ATTN_MERGE=3 unfusedlive:MOEC_ATTN_FUSE_PROLOGUE=0,MOEC_ATTN_MERGE=3 livelpp4:MOEC_ATTN_MERGE=3,MOEC_ATTN_LPP=4 lpp4:MOEC_ATTN_LPP=4 ku1:MOEC_ATTN_KUNROLL=1}"

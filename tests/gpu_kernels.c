@@ -21,9 +21,10 @@
  * CUDA-core GEMMs against the streaming ones and their shapes
  * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
  * each gate_up and down timed in a CUDA graph over copies of the weights.
- * MOEC_KERN_GQA_PRO_ONLY runs only GQA's prologue cases (under
- * MOEC_ATTN_FUSE_PROLOGUE=1: the one-token bucket's attention kernel runs
- * the prologue, whose results no kernel writes then). Every output
+ * MOEC_KERN_GQA_PRO_ONLY runs only GQA's prologue cases (by default the
+ * one-token bucket's attention kernel runs the prologue, whose results no
+ * kernel writes then; MOEC_ATTN_FUSE_PROLOGUE=0 checks the prologue
+ * kernel there too). Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
@@ -2257,7 +2258,7 @@ static void pro_step(pro_env *e, int T, const int *ntok)
     /* every result something reads (the kernel leaves q_nope unwritten when
        nothing does: mla_qabsorb reads the projection in place), but those
        of a GQA prologue that the attention's kernel runs itself
-       (MOEC_ATTN_FUSE_PROLOGUE=1, one token): no kernel writes them */
+       (one token, unless MOEC_ATTN_FUSE_PROLOGUE=0): no kernel writes them */
     const ir_op *fused = s->attn == KM_GQA_PRO ? cg_attn_prologue_fused(&c, e->att) : NULL;
     for (int i = 0; i < 2; i++)
         for (int k = 0; e->pro[i] && e->pro[i] != fused && k < e->pro[i]->n_out; k++)
@@ -3170,8 +3171,8 @@ int main(void)
         return t_finish("gpu_kernels (router in the top-k)");
     }
     if (getenv("MOEC_KERN_GQA_PRO_ONLY")) {
-        /* GQA's prologue and attention alone (run under
-           MOEC_ATTN_FUSE_PROLOGUE=1: the one-token bucket as one kernel) */
+        /* GQA's prologue and attention alone (the one-token bucket as one
+           kernel, unless MOEC_ATTN_FUSE_PROLOGUE=0) */
         const km_spec *gp[3] = {&GPRO_Q3, &GPRO_ODD, &GPRO_ODD_NORM};
         for (int i = 0; i < 3; i++)
             for (int f32 = 0; f32 < 2; f32++)
