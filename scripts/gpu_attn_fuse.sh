@@ -3,16 +3,21 @@
 # attention kernel at one token (the default since the seventeenth round;
 # MOEC_ATTN_FUSE_PROLOGUE=0 keeps the prologue kernel,
 # codegen/attn_prologue.c), the last block's merge of only the splits that
-# hold positions (MOEC_ATTN_MERGE=3) and the attention knobs beside them
-# (the round's first call; scripts/gpu_fuse_check.sh is its last):
+# hold positions (MOEC_ATTN_MERGE=3) and the attention knobs beside them:
 # builds, checks GQA's prologue cases against the interpreter with the
-# fused form (MOEC_KERN_GQA_PRO_ONLY=1 gpu_kernels) and without it, runs
-# the GPU tests in CTESTS (default "gpu_model gpu_graphs") with the fused
-# form, then times Qwen3-30B-A3B cut to LAYERS layers (default 16) at
-# batch 1 and 8 and the contexts in CONTEXTS (default 1024,8192): the
-# default against VARIANTS (scripts/gpu_ab.sh: $OUT/ab.txt; logs in $OUT).
+# fused form (MOEC_KERN_GQA_PRO_ONLY=1 gpu_kernels) and without it, its
+# GQA attention cases under each MOEC_ATTN_MERGE in MERGES (default "3 2";
+# empty: none), runs the GPU tests in CTESTS (default "gpu_model
+# gpu_graphs") with the fused form, then times Qwen3-30B-A3B cut to LAYERS
+# layers (default 16; 0: all 48) at batch 1 and 8 and the contexts in
+# CONTEXTS (default 1024,8192): the default against VARIANTS
+# (scripts/gpu_ab.sh: $OUT/ab.txt; logs in $OUT).
 # On the GPU machine:
 #   cd .snap/src && scripts/gpu_attn_fuse.sh
+# The seventeenth round's last call (the whole model, the default against
+# the prologue kernel):
+#   CTESTS=gpu_graphs MERGES= LAYERS=0 CONTEXTS=1024 \
+#     VARIANTS="unfused:MOEC_ATTN_FUSE_PROLOGUE=0" scripts/gpu_attn_fuse.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-attn-fuse}
@@ -28,7 +33,7 @@ for f in 1 0; do
 done
 # the GQA attention cases with the live merge (and with the merge in the
 # kernel whatever the bytes, as it was timed before)
-for mg in 3 2; do
+for mg in ${MERGES-3 2}; do
   MOEC_ATTN_MERGE=$mg MOEC_KERN_ATTN_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
     >>"$OUT/attn-kernels.txt" 2>&1 || rc=1
   echo "gpu_kernels, GQA attention, MOEC_ATTN_MERGE=$mg: $(grep -E "passed|failed" "$OUT/attn-kernels.txt" | tail -1)"

@@ -85,6 +85,25 @@ enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
 /* The name of kernel k, which is also its function's name. */
 static const char *kname(const cg_ctx *c, int k) { return c->kernel_names[k]; }
 
+/* c's step whose kernel's name starts with prefix (the last), or NULL. */
+static const ir_step *step_named(const cg_ctx *c, const char *prefix)
+{
+    const ir_step *s = NULL;
+    for (int k = 0; k < c->n_steps; k++)
+        if (!strncmp(kname(c, c->steps[k].kernel), prefix, strlen(prefix)))
+            s = &c->steps[k];
+    return s;
+}
+
+/* An attention kernel's splits, from its name (_nsN), and in *merged
+ * whether its last block merges them itself (_m, or _ml: the live ones). */
+static int name_splits(const char *n, int *merged)
+{
+    const char *p = strstr(n, "_ns");
+    *merged = strstr(n, "_m_") != NULL || strstr(n, "_ml_") != NULL;
+    return p ? atoi(p + 3) : 1;
+}
+
 static int is_attention(const ir_op *op) { return op->kind == IR_OP_ATTENTION; }
 
 /* A case's codegen knobs (target NULL: the default's), and back. */
@@ -142,14 +161,8 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
     clear_knobs();
     /* the steps: the cache write (not run: the harness fills the pages),
        the attention, and the merge where the sequence is split */
-    const ir_step *a = NULL, *cb = NULL;
-    for (int k = 0; k < c.n_steps && !rc; k++) {
-        const char *n = kname(&c, c.steps[k].kernel);
-        if (!strncmp(n, "attn_h", 6))
-            a = &c.steps[k];
-        else if (!strncmp(n, "attn_combine_", 13))
-            cb = &c.steps[k];
-    }
+    const ir_step *a = rc ? NULL : step_named(&c, "attn_h"),
+                  *cb = rc ? NULL : step_named(&c, "attn_combine_");
     char tail[32];
     snprintf(tail, sizeof tail, "_t%d_bf16", g->T);
     /* a fixed count past one names itself (_lppN), the choice at run time
@@ -171,9 +184,8 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
         /* the splits, from the kernel's name (_nsN); a merge kernel exists
            exactly where there is more than one and the kernel does not
            merge them itself (_m) */
-        const char *n = kname(&c, a->kernel), *p = strstr(n, "_ns");
-        ns = p ? atoi(p + 3) : 1;
-        merged = strstr(n, "_m_bs") != NULL || strstr(n, "_ml_bs") != NULL;
+        const char *n = kname(&c, a->kernel);
+        ns = name_splits(n, &merged);
         int own = ns > 1 && (!strcmp(g->merge, "2") || !strcmp(g->merge, "3"));
         if ((ns > 1 && !merged) != (cb != NULL) || merged != own ||
             (strstr(n, "_ml_bs") != NULL) != (own && !strcmp(g->merge, "3"))) {
@@ -223,16 +235,9 @@ static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i,
     cg_ctx c;
     int rc = emu_gen_emit(&c, m, o, 1, is_pro_or_attention, "attn_emu_gen", 100 + i);
     unsetenv("MOEC_ATTN_FUSE_PROLOGUE");
-    const ir_step *pro = NULL, *a = NULL, *cb = NULL;
-    for (int k = 0; k < c.n_steps && !rc; k++) {
-        const char *n = kname(&c, c.steps[k].kernel);
-        if (!strncmp(n, "attn_prologue_", 14))
-            pro = &c.steps[k];
-        else if (!strncmp(n, "attn_h", 6))
-            a = &c.steps[k];
-        else if (!strncmp(n, "attn_combine_", 13))
-            cb = &c.steps[k];
-    }
+    const ir_step *pro = rc ? NULL : step_named(&c, "attn_prologue_"),
+                  *a = rc ? NULL : step_named(&c, "attn_h"),
+                  *cb = rc ? NULL : step_named(&c, "attn_combine_");
     /* fused: one attention kernel that names its prologue, and no prologue
        kernel; else both */
     if (!rc && (!a || (fuse ? pro != NULL || !strstr(kname(&c, a->kernel), "_pro_n")
@@ -242,9 +247,7 @@ static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i,
         rc = -1;
     }
     if (!rc) {
-        const char *an = kname(&c, a->kernel), *pn = strstr(an, "_ns");
-        *ns = pn ? atoi(pn + 3) : 1;
-        *merged = strstr(an, "_m_") != NULL || strstr(an, "_ml_") != NULL;
+        *ns = name_splits(kname(&c, a->kernel), merged);
         static int helpers;
         if (!helpers++ && put_through(f, c.src.data, "#ifndef MOEC_ATTN_PROLOGUE_HELPERS",
                                       "#endif\n") != 0) {

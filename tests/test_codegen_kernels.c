@@ -651,6 +651,14 @@ static void check_merge_live(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->kernel_names[c->steps[i].kernel], "attn_combine_") == NULL);
 }
 
+/* 1 where c's bucket runs GQA's attn_prologue inside the attention kernel:
+ * one token, unless MOEC_ATTN_FUSE_PROLOGUE=0. */
+static int pro_fused_here(const cg_ctx *c)
+{
+    const char *fv = getenv("MOEC_ATTN_FUSE_PROLOGUE");
+    return c->T == 1 && !(fv && !strcmp(fv, "0"));
+}
+
 /* Qwen3-30B-A3B's attn_prologue feeding its attention: by default the
  * one-token bucket has no prologue kernel and an attention kernel that
  * reads the qkv row and the norms in place of q (named for the prologue:
@@ -660,8 +668,7 @@ static void check_merge_live(const ir_module *m, const cg_ctx *c)
  * dependents. */
 static void check_qwen3_pro(const ir_module *m, const cg_ctx *c)
 {
-    const char *fv = getenv("MOEC_ATTN_FUSE_PROLOGUE");
-    int fuse = !(fv && !strcmp(fv, "0")) && c->T == 1;
+    int fuse = pro_fused_here(c);
     int p = steps_of(m, c, IR_OP_ATTN_PROLOGUE), a = steps_of(m, c, IR_OP_ATTENTION);
     T_CHECK(fuse ? p < 0 : p >= 0);
     T_CHECK(a >= 0);
@@ -940,8 +947,7 @@ static void check_gqa_prologue(const ir_module *m, const cg_ctx *c)
     int T = c->T, p = steps_of(m, c, IR_OP_ATTN_PROLOGUE), a = steps_of(m, c, IR_OP_ATTENTION);
     const ir_op *att = ir_module_find_value(m, "o")->def;
     const ir_op *pro = ir_module_find_value(m, "k")->def;
-    const char *fv = getenv("MOEC_ATTN_FUSE_PROLOGUE");
-    if (T == 1 && !(fv && !strcmp(fv, "0"))) {
+    if (pro_fused_here(c)) {
         T_CHECK(cg_attn_prologue_fused(c, att) == pro && p < 0 && a >= 0);
         if (a >= 0)
             T_CHECK(c->steps[a].plain &&
