@@ -268,15 +268,11 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
 static int pdl_off(const char *name)
 {
     const char *v = getenv("MOEC_PDL_OFF");
-    char part[128];
     while (name && v && *v) {
         size_t n = strcspn(v, ",");
-        if (n > 0 && n < sizeof part) {
-            memcpy(part, v, n);
-            part[n] = '\0';
-            if (strstr(name, part))
+        for (const char *h = name; n > 0 && *h; h++)
+            if (!strncmp(h, v, n))
                 return 1;
-        }
         v += n + (v[n] == ',');
     }
     return 0;
