@@ -8,6 +8,9 @@
 # written under /dev/shm; BATCH sequences at CONTEXT, default 1024).
 #   usage: PROFILE=deepseek_v2_lite:2:64 KERNELS="mla_attn moe_down" \
 #          scripts/gpu_ncu_kernel.sh     (on the GPU machine)
+#   STALLS=1 adds a second pass per kernel: every warp-stall reason's
+#   cycles per issued instruction (NAME.stalls.txt), e.g. to tell a kernel
+#   waiting on memory from one waiting on its instructions' fetch.
 #   leaves $OUT/ncu_kernel.tar.gz: per kernel its report (NAME.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +32,14 @@ for k in ${KERNELS:-mla_attn moe_down}; do
   echo "== $k ($((SECONDS - t0)) s)"
   grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit|Warp Cycles Per Issued|L2 Hit|Compute \(SM\)" \
     "$LOGS/$k.txt" | head -30
+  if [ "${STALLS:-0}" = 1 ]; then
+    timeout "${NCU_S:-180}" "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 \
+      --metrics 'regex:^(smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio|smsp__inst_executed\.sum|gpu__time_duration\.sum)$' \
+      --print-units base build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" \
+      --steps 1 --warmup 0 >"$LOGS/$k.stalls.txt" 2>&1 || echo "ncu stalls on $k: exit $?"
+    # the stall reasons above 0.5 cycles an instruction, largest first
+    grep -E "stalled_|inst_executed|time_duration" "$LOGS/$k.stalls.txt" |
+      awk '{v=$NF; gsub(",","",v); if ($1 !~ /stalled/ || v+0 >= 0.5) print}' | sort -k3 -g -r | head -14
+  fi
 done
 rm -rf "$M"
