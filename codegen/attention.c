@@ -53,6 +53,13 @@
  * batch 1, 10.863 against 10.978 at 8, with 1; the same call in the round
  * before, 4.265 against 4.329). MLA keeps 1 (mla_attention.c). */
 #define ATTN_SPLIT_MIN (ATTN_TILE * ATTN_WARPS)
+/* The tensor cores' form (ATTN_BODY_TC): positions a warp's tile, and the
+ * fewest a split takes by default (a tile for each of the block's warps);
+ * MOEC_ATTN_TC=0 keeps the lanes' form, MOEC_ATTN_SPLIT_MIN moves the
+ * fewest. */
+#define ATTN_TC_TILE 16
+#define ATTN_TC_TILE_S "16"
+#define ATTN_TC_SPLIT_MIN (ATTN_TC_TILE * ATTN_WARPS)
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -83,7 +90,8 @@ static const char ATTN_SHARED[] =
 /* The body of one lanes' variant, inside `run` (LPP, TILE and MINPOS
  * its constants), in four parts: the block's token (ATTN_BODY_TOKEN), its
  * query heads into shared memory (ATTN_BODY_Q), its split's tiles
- * (ATTN_BODY_SPLIT), the rest (ATTN_BODY_REST). A kernel that runs its
+ * (ATTN_BODY_SPLIT), the rest (ATTN_BODY_EMPTY, then ATTN_BODY_LANES or
+ * the tensor cores' ATTN_BODY_TC, then ATTN_BODY_TAIL). A kernel that runs its
  * token's attn_prologue itself puts that prologue in place of
  * ATTN_BODY_Q, after the split's tiles (codegen/attn_prologue.c). */
 static const char ATTN_BODY_TOKEN[] =
@@ -123,7 +131,7 @@ static const char ATTN_BODY_SPLIT[] =
     "            moec_attn_arrive_merge<NSPLIT, GB, DV>(part_ml, part_o, part, o, cnt, ci);\n"
     "    };\n";
 
-static const char ATTN_BODY_REST[] =
+static const char ATTN_BODY_EMPTY[] =
     "    if constexpr (NSPLIT > 1) {\n"
     "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
     "            if (threadIdx.x < GB) {\n"
@@ -136,7 +144,11 @@ static const char ATTN_BODY_REST[] =
     "            return;\n"
     "        }\n"
     "    }\n"
-    "    const int *bt = block_table + (long long)s * max_blocks;\n"
+    "    const int *bt = block_table + (long long)s * max_blocks;\n";
+
+/* The lanes' loop over the warp's tiles (LPP lanes a position, CUDA
+ * cores), ending with the warp's softmax state in m_s, l_s and acc_s. */
+static const char ATTN_BODY_LANES[] =
     "    float m[GB], lsum[GB], acc[GB][CPL];\n"
     "#pragma unroll\n"
     "    for (int g = 0; g < GB; g++) {\n"
@@ -236,7 +248,136 @@ static const char ATTN_BODY_REST[] =
     "        for (int c = 0; c < CPL; c++)\n"
     "            if (lane * CPL + c < DV)\n"
     "                acc_s[warp][g][lane * CPL + c] = acc[g][c];\n"
+    "    }\n";
+
+/* The tiles on tensor cores (TC; bf16 cache, GB <= 8, DK % 32 == 0, DV %
+ * 64 == 0): tiles of 16 positions, each a warp's m16n8k16 products. Lane
+ * (r, c) = (lane / 4, lane % 4). Scores S = Q K^T with the query heads as
+ * A's rows (r < GB; rows 8..15 zero) and two 8-position column tiles of
+ * keys as B: column r of tile j is position p0 + 8 j + r. The 16-wide k
+ * steps take a key's channels permuted (a sum: any order that A and B
+ * share): within each 32 channels, lane c's 16-byte load of channels
+ * 8c..8c+7 is its fragment of two k steps (4 channels each), so every key
+ * load is one 16-byte vector. Then O += P V, P (bf16) as A straight from
+ * S's accumulators (position k of the 16 is p0 + 2c + {0, 1} and
+ * p0 + 8 + 2c + {0, 1}, as S's columns lie) and V as B: column r of
+ * output tile u (of 8 a 64-channel half) is channel 64 h + 8 r + u, so the
+ * lane's 16-byte loads at 8 r of the four rows it needs hold its
+ * fragments (paired by byte_perm). Output (head r, column 2c + e of tile
+ * u) is channel 64 h + 8 (2c + e) + u. Each weight is rounded to bf16 once
+ * and summed as rounded, so numerator and denominator agree. */
+static const char ATTN_BODY_TC[] =
+    "    const int r = lane >> 2, c4 = lane & 3;\n"
+    "    constexpr int KC = DK / 32, VH = DV / 64;\n"
+    "    auto word = [](const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; };\n"
+    "    unsigned qa[KC][2][2];\n"
+    "#pragma unroll\n"
+    "    for (int ch = 0; ch < KC; ch++)\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const float *qr = q_s[r < GB ? r : 0] + ch * 32 + c4 * 8 + 4 * j;\n"
+    "            qa[ch][j][0] = r < GB ? moec_pack_bf16(qr[0], qr[1]) : 0u;\n"
+    "            qa[ch][j][1] = r < GB ? moec_pack_bf16(qr[2], qr[3]) : 0u;\n"
+    "        }\n"
+    "    float m_r = MOEC_NEG_INF, l_r = 0.0f, oacc[VH][8][4];\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < VH; h++)\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < 8; u++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++)\n"
+    "                oacc[h][u][e] = 0.0f;\n"
+    "    for (int tile = first + warp; tile < last; tile += NW) {\n"
+    "        const int p0 = lo + tile * TILE;\n"
+    "        /* every load first (positions past p: zeros, never the pool's\n"
+    "           bytes, so that no NaN there meets a weight of 0) */\n"
+    "        uint4 kq[2][KC], vq[4][VH];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            const int pp = p0 + 8 * j + r;\n"
+    "            const long long row = pp <= p ? (long long)bt[pp / BS] * BS + pp % BS : 0;\n"
+    "            const TS *kr = kpool + (row * HKV + kh) * DK + c4 * 8;\n"
+    "#pragma unroll\n"
+    "            for (int ch = 0; ch < KC; ch++)\n"
+    "                kq[j][ch] = pp <= p ? *reinterpret_cast<const uint4 *>(kr + ch * 32)\n"
+    "                                    : make_uint4(0u, 0u, 0u, 0u);\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++) {\n"
+    "            const int pp = p0 + (i >> 1) * 8 + 2 * c4 + (i & 1);\n"
+    "            const long long row = pp <= p ? (long long)bt[pp / BS] * BS + pp % BS : 0;\n"
+    "            const TS *vr = vpool + (row * HKV + kh) * DV + r * 8;\n"
+    "#pragma unroll\n"
+    "            for (int h = 0; h < VH; h++)\n"
+    "                vq[i][h] = pp <= p ? *reinterpret_cast<const uint4 *>(vr + h * 64)\n"
+    "                                   : make_uint4(0u, 0u, 0u, 0u);\n"
+    "        }\n"
+    "        float sc[2][4];\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 4; e++)\n"
+    "                sc[j][e] = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int ch = 0; ch < KC; ch++) {\n"
+    "                moec_mma_bf16(sc[j], qa[ch][0][0], 0u, qa[ch][0][1], 0u, kq[j][ch].x, kq[j][ch].y);\n"
+    "                moec_mma_bf16(sc[j], qa[ch][1][0], 0u, qa[ch][1][1], 0u, kq[j][ch].z, kq[j][ch].w);\n"
+    "            }\n"
+    "        }\n"
+    "        /* head r's scores at positions p0 + 8 j + 2 c + e: sc[j][e] */\n"
+    "        float tmax = MOEC_NEG_INF;\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++)\n"
+    "#pragma unroll\n"
+    "            for (int e = 0; e < 2; e++) {\n"
+    "                sc[j][e] = p0 + 8 * j + 2 * c4 + e <= p ? sc[j][e] * scale : MOEC_NEG_INF;\n"
+    "                tmax = fmaxf(tmax, sc[j][e]);\n"
+    "            }\n"
+    "        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));\n"
+    "        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));\n"
+    "        const float mnew = fmaxf(m_r, tmax), alpha = expf(m_r - mnew);\n"
+    "        unsigned pa[2];\n"
+    "        float psum = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 2; j++) {\n"
+    "            pa[j] = moec_pack_bf16(sc[j][0] == MOEC_NEG_INF ? 0.0f : expf(sc[j][0] - mnew),\n"
+    "                                   sc[j][1] == MOEC_NEG_INF ? 0.0f : expf(sc[j][1] - mnew));\n"
+    "            psum += __uint_as_float(pa[j] << 16) + __uint_as_float(pa[j] & 0xffff0000u);\n"
+    "        }\n"
+    "        l_r = l_r * alpha + psum;\n"
+    "        m_r = mnew;\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < VH; h++)\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < 8; u++) {\n"
+    "                oacc[h][u][0] *= alpha;\n"
+    "                oacc[h][u][1] *= alpha;\n"
+    "                const unsigned sel = u & 1 ? 0x7632u : 0x5410u;\n"
+    "                moec_mma_bf16(oacc[h][u], pa[0], 0u, pa[1], 0u,\n"
+    "                              __byte_perm(word(vq[0][h], u >> 1), word(vq[1][h], u >> 1), sel),\n"
+    "                              __byte_perm(word(vq[2][h], u >> 1), word(vq[3][h], u >> 1), sel));\n"
+    "            }\n"
     "    }\n"
+    "    /* head r's sum over its row's four lanes; its state for the merge */\n"
+    "    l_r += __shfl_xor_sync(0xffffffffu, l_r, 1);\n"
+    "    l_r += __shfl_xor_sync(0xffffffffu, l_r, 2);\n"
+    "    if (r < GB) {\n"
+    "        if (c4 == 0) {\n"
+    "            m_s[warp][r] = m_r;\n"
+    "            l_s[warp][r] = l_r;\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < VH; h++)\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < 8; u++) {\n"
+    "                acc_s[warp][r][64 * h + 16 * c4 + u] = oacc[h][u][0];\n"
+    "                acc_s[warp][r][64 * h + 16 * c4 + 8 + u] = oacc[h][u][1];\n"
+    "            }\n"
+    "    }\n";
+
+/* The block's warps' states merged: the split's partial state, or the
+ * output where the sequence is not split. */
+static const char ATTN_BODY_TAIL[] =
     "    __syncthreads();\n"
     "    for (int i = threadIdx.x; i < GB * DV; i += NT) {\n"
     "        const int g = i / DV, c = i % DV;\n"
@@ -300,6 +441,16 @@ static unsigned attn_lpp_set(void)
     return set;
 }
 
+/* 1 where the tensor cores' form (ATTN_BODY_TC) takes the attention:
+ * a bf16 cache (the compute dtype), at most 8 query heads a block (A's
+ * rows), key channels in 32s and value channels in 64s, sm_80 or later,
+ * and MOEC_ATTN_TC (default 1) not 0. */
+static int attn_tc_fits(const cg_ctx *c, long long DK, long long DV, int gb)
+{
+    return c->opt->compute_dtype == IR_DTYPE_BF16 && gb <= 8 && DK % 32 == 0 && DV % 64 == 0 &&
+           cg_arch_num(c->opt) >= 80 && cg_env_int("MOEC_ATTN_TC", 1, 0, 1);
+}
+
 /* Query heads per block: the largest divisor of the group size G, at most
  * 8 (registers), whose shared memory fits. */
 static int heads_per_block(long long G, long long DK, long long DV)
@@ -318,7 +469,7 @@ static int heads_per_block(long long G, long long DK, long long DV)
 
 static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_attn_fused_pro *fp,
                                          const char *pro_tag, int ns, int merge, int gb, int lpp,
-                                         unsigned set, int mp1, int kun, int vun);
+                                         int tc, unsigned set, int mp1, int kun, int vun);
 
 moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
 {
@@ -389,15 +540,20 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
     /* kernel 2: attention over the cache, the sequence split when the
        bucket's blocks cannot fill the GPU */
     long long blocks = (long long)c->T * HKV * (G / gb);
-    int ns = cg_attn_splits(blocks, 0);
     /* lanes a position: fixed, or chosen by each token's positions (0:
-       one, two or four; one where the sequence is not split) */
+       one, two or four; one where the sequence is not split); the tensor
+       cores' form where one lane would run and the shapes fit it. Its
+       registers (about 180) hold two blocks a SM: its splits fill one
+       wave of the target's blocks, not more */
     int lpp = attn_lanes_per_pos();
+    int tc = lpp == 1 && attn_tc_fits(c, DK, DV, gb);
+    int ns = cg_attn_splits(blocks, tc);
     if (lpp == 0 && ns == 1)
         lpp = 1;
     /* MP1, the fewest positions of a split at one lane a position; a
        variant of LPP lanes takes MP1 / LPP */
     int mp1 = ns == 1 ? 1
+              : tc    ? cg_attn_split_min(ATTN_TC_SPLIT_MIN)
               : lpp   ? cg_attn_split_min(ATTN_SPLIT_MIN / lpp) * lpp
                       : cg_attn_split_min(ATTN_SPLIT_MIN);
     unsigned set = lpp ? 0 : attn_lpp_set();
@@ -419,7 +575,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
         cg_attn_fused_pro_tag(&fp, pro_tag, sizeof pro_tag);
     }
     moec_status st = emit_attention_kernel(c, op, fused ? &fp : NULL, pro_tag, ns, merge, gb, lpp,
-                                           set, mp1, kun, vun);
+                                           tc, set, mp1, kun, vun);
     if (fused)
         cg_attn_fused_pro_free(&fp);
     return st;
@@ -429,7 +585,7 @@ moec_status cg_emit_attention(cg_ctx *c, const ir_op *op)
  * with fp the token's prologue that it runs too, or NULL. */
 static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_attn_fused_pro *fp,
                                          const char *pro_tag, int ns, int merge, int gb, int lpp,
-                                         unsigned set, int mp1, int kun, int vun)
+                                         int tc, unsigned set, int mp1, int kun, int vun)
 {
     const char *who = op->out[0]->name;
     const ir_value *q = op->in[0], *kv = op->in[1], *vv = op->in[2];
@@ -445,6 +601,8 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
                  set & (1u << 4) ? "" : "_no4");
     else if (lpp > 1)
         snprintf(lpp_tag, sizeof lpp_tag, "_lpp%d", lpp);
+    else if (tc)
+        snprintf(lpp_tag, sizeof lpp_tag, "_tc");
     dtype_tag(tag, sizeof tag, dt, qdt, odt);
     char un_tag[32] = "";
     if (kun > 0 || vun != 8)
@@ -481,7 +639,7 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
                       ATTN_WARPS * 32, lpp ? "" : ", 1", aname, first.data ? first.data : "",
                       pool_q, ts, pool_r, pool_q, ts, pool_r, cg_ctype(odt),
                       cg_attn_part_params(ns, merge), cg_ctype(qdt), ts, cg_ctype(odt), H, HKV,
-                      DK, DV, gb, bs, ATTN_WARPS * 32, 32 / (lpp ? lpp : 1), cg_vec_width(DK), ns,
+                      DK, DV, gb, bs, ATTN_WARPS * 32, tc ? ATTN_TC_TILE : 32 / (lpp ? lpp : 1), cg_vec_width(DK), ns,
                       mp1, merge == 2 ? "true" : "false");
         if (first.oom)
             c->src.oom = 1;
@@ -493,10 +651,10 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
         moec_buf_printf(&c->src,
                         "    /* one variant of the body, LPP lanes a position */\n"
                         "    auto run = [&](auto lc) {\n"
-                        "    constexpr int LPP = decltype(lc)::value, TILE = 32 / LPP,\n"
+                        "    constexpr int LPP = decltype(lc)::value, TILE = %s,\n"
                         "                  MINPOS = MP1 / LPP > 0 ? MP1 / LPP : 1,\n"
                         "                  KUN = %d > 0 ? %d : (DK / KV + LPP - 1) / LPP, VUN = %d;\n",
-                        kun, kun, vun);
+                        tc ? ATTN_TC_TILE_S : "32 / LPP", kun, kun, vun);
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */
         cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
@@ -506,7 +664,8 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
         moec_buf_printf(&c->src, "%s%s%s", ATTN_BODY_TOKEN, fp ? "" : ATTN_BODY_Q, ATTN_BODY_SPLIT);
         if (fp)
             cg_attn_fused_pro_body(&c->src);
-        moec_buf_printf(&c->src, "%s    };\n", ATTN_BODY_REST);
+        moec_buf_printf(&c->src, "%s%s%s    };\n", ATTN_BODY_EMPTY, tc ? ATTN_BODY_TC : ATTN_BODY_LANES,
+                        ATTN_BODY_TAIL);
         if (lpp)
             moec_buf_printf(&c->src, "    run(moec_ic<%d>());\n}\n\n", lpp);
         else { /* four lanes a position while the token's positions fill

@@ -35,6 +35,7 @@ struct attn_bufs {
 struct attn_case {
     const char *name;
     int H, HKV, DK, DV, T, window, bs, ns, lpp, merged;
+    int tc_min; // the tensor cores' form: the fewest positions of a split (else 0)
     void (*run)(attn_bufs &);
 };
 
@@ -108,7 +109,8 @@ static int run_case(int ci, const attn_case &c)
     // hold positions (a weight above -inf in the partial states): with L
     // lanes a tile holds 32 / L positions and a split at least 4 tiles;
     // the kernel's choice at run time (lpp 0) takes 4 while the positions
-    // fill no more than ns splits of 32, 2 while no more than ns of 64
+    // fill no more than ns splits of 32, 2 while no more than ns of 64;
+    // the tensor cores' form tiles of 16 and splits of at least tc_min
     int wrong_lanes = 0;
     for (int t = 0; t < T && c.ns > 1; t++) {
         if (slots[t] < 0)
@@ -116,8 +118,9 @@ static int run_case(int ci, const attn_case &c)
         const int p = pos[t], lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
         const int n = p - lo + 1;
         const int L = c.lpp ? c.lpp : n <= c.ns * 32 ? 4 : n <= c.ns * 64 ? 2 : 1;
-        const int tile = 32 / L, n_tiles = (n + tile - 1) / tile;
-        const int per = std::max((n_tiles + c.ns - 1) / c.ns, 4);
+        const int tile = c.tc_min ? 16 : 32 / L, n_tiles = (n + tile - 1) / tile;
+        const int per_min = c.tc_min ? (c.tc_min + 15) / 16 : 4;
+        const int per = std::max((n_tiles + c.ns - 1) / c.ns, per_min);
         const int want = (n_tiles + per - 1) / per;
         for (int h = 0; h < c.H; h++) {
             int held = 0;
@@ -173,7 +176,9 @@ static int run_case(int ci, const attn_case &c)
         }
     const bool ok = worst <= TOL && bad == 0;
     char lanes[48] = "lanes by each token's positions";
-    if (c.lpp > 0)
+    if (strstr(c.name, "_tc_"))
+        snprintf(lanes, sizeof lanes, "tensor cores");
+    else if (c.lpp > 0)
         snprintf(lanes, sizeof lanes, "%d lanes a position", c.lpp);
     printf("%s case %d %s: T %d, %d splits%s, %s, worst error %.2e%s\n", ok ? "ok" : "FAIL", ci,
            c.name, T, c.ns, c.merged ? " merged by the last block" : "", lanes, worst,

@@ -10,7 +10,8 @@
  * multiples of the lanes' 16-byte chunks, a window, pages of 16 and 64
  * rows; splits merged by the merge kernel (MOEC_ATTN_MERGE=0) or by the
  * attention kernel's last block (=2), or of those only the splits that may
- * hold positions (=3). Then the fused prologue's cases
+ * hold positions (=3); the tensor cores' form (MOEC_ATTN_TC=1, tiles of 16
+ * positions). Then the fused prologue's cases
  * (PRO_CASES): the one kernel and the two it replaces, for the harness to
  * compare.
  * usage: attn_emu_gen OUT.inc */
@@ -27,26 +28,35 @@ typedef struct gen_case {
     const char *merge;  /* MOEC_ATTN_MERGE: "0" a merge kernel, "2" the last block */
     const char *target; /* MOEC_ATTN_TARGET_BLOCKS (NULL: the default's 64 splits at
                            one token), fewer blocks for the emulator's threads */
+    int tc;             /* MOEC_ATTN_TC: 1 the tensor cores' form (lpp 1) */
 } gen_case;
 
 static const gen_case CASES[] = {
-    {8, 2, 64, 64, 1, 1, 0, 16, "0", NULL},  {8, 2, 64, 64, 1, 4, 0, 16, "0", "32"},
-    {8, 2, 64, 64, 1, 8, 0, 64, "0", "32"},  {8, 2, 64, 64, 3, 2, 37, 16, "0", "32"},
-    {6, 2, 24, 40, 2, 8, 0, 16, "0", "32"},  {6, 2, 24, 40, 2, 4, 5, 16, "2", "32"},
-    {4, 1, 3, 5, 2, 4, 0, 16, "0", "32"},    {8, 2, 64, 64, 16, 4, 0, 16, "0", "64"},
-    {8, 2, 64, 64, 16, 1, 0, 16, "2", "64"}, {8, 2, 64, 64, 1, 4, 0, 16, "2", NULL},
+    {8, 2, 64, 64, 1, 1, 0, 16, "0", NULL, 0},  {8, 2, 64, 64, 1, 4, 0, 16, "0", "32", 0},
+    {8, 2, 64, 64, 1, 8, 0, 64, "0", "32", 0},  {8, 2, 64, 64, 3, 2, 37, 16, "0", "32", 0},
+    {6, 2, 24, 40, 2, 8, 0, 16, "0", "32", 0},  {6, 2, 24, 40, 2, 4, 5, 16, "2", "32", 0},
+    {4, 1, 3, 5, 2, 4, 0, 16, "0", "32", 0},    {8, 2, 64, 64, 16, 4, 0, 16, "0", "64", 0},
+    {8, 2, 64, 64, 16, 1, 0, 16, "2", "64", 0}, {8, 2, 64, 64, 1, 4, 0, 16, "2", NULL, 0},
     /* lanes chosen at run time: 4 at one token (64 splits), 2 and 4 at
        three (6 splits: 300 positions against 192 and 384), 1, 2 and 4 at
        16 (2 splits: 64 and 128), with a window, both merges */
-    {8, 2, 64, 64, 1, 0, 0, 16, "0", NULL},  {8, 2, 64, 64, 3, 0, 0, 16, "0", "32"},
-    {8, 2, 64, 64, 16, 0, 0, 16, "0", "64"}, {6, 2, 24, 40, 16, 0, 100, 64, "2", "64"},
+    {8, 2, 64, 64, 1, 0, 0, 16, "0", NULL, 0},  {8, 2, 64, 64, 3, 0, 0, 16, "0", "32", 0},
+    {8, 2, 64, 64, 16, 0, 0, 16, "0", "64", 0}, {6, 2, 24, 40, 16, 0, 100, 64, "2", "64", 0},
     /* the last block merging only the splits that may hold positions
        (MOEC_ATTN_MERGE=3): one token over 16 splits (3 hold positions
        with 1 lane, 10 with 4), tokens of their own split counts, vectors
        of 4 and of 1 channel */
-    {8, 2, 64, 64, 1, 1, 0, 16, "3", "32"},  {8, 2, 64, 64, 1, 4, 0, 16, "3", "32"},
-    {8, 2, 64, 64, 3, 0, 0, 16, "3", "32"},  {6, 2, 24, 40, 2, 4, 5, 16, "3", "32"},
-    {4, 1, 3, 5, 2, 4, 0, 16, "3", "32"},
+    {8, 2, 64, 64, 1, 1, 0, 16, "3", "32", 0},  {8, 2, 64, 64, 1, 4, 0, 16, "3", "32", 0},
+    {8, 2, 64, 64, 3, 0, 0, 16, "3", "32", 0},  {6, 2, 24, 40, 2, 4, 5, 16, "3", "32", 0},
+    {4, 1, 3, 5, 2, 4, 0, 16, "3", "32", 0},
+    /* the tensor cores' form (MOEC_ATTN_TC=1): one token over 64 splits
+       (of 64 positions: a tile of 16 a warp), three with a window, 16
+       tokens merged by the last block, 8 query heads of 16 a kv head (two
+       blocks a head group), 4 of 4 (A's rows 4..7 unused) with 96 key
+       channels and 128 value ones, pages of 64, the live splits' merge */
+    {8, 2, 64, 64, 1, 1, 0, 16, "0", NULL, 1},   {8, 2, 64, 64, 3, 1, 37, 16, "0", "32", 1},
+    {8, 2, 64, 64, 16, 1, 0, 16, "2", "64", 1},  {16, 1, 64, 64, 2, 1, 0, 64, "0", "32", 1},
+    {12, 3, 96, 128, 3, 1, 5, 16, "0", "32", 1}, {8, 2, 64, 64, 1, 1, 0, 16, "3", "32", 1},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -64,6 +74,7 @@ typedef struct pro_case {
     const char *merge, *target;
     int all_pos;      /* the harness's every position (else two: time) */
     const char *rope; /* the rope attributes (NULL: Qwen3's) */
+    int tc;           /* MOEC_ATTN_TC: 1 the tensor cores' form (lpp 1) */
 } pro_case;
 
 /* Odd heads of 10 channels, 6 of them rotated, interleaved, with YaRN */
@@ -72,13 +83,17 @@ typedef struct pro_case {
     "yarn_high = 3.0, attn_factor = 1.25, rotary_dim = 6"
 
 static const pro_case PRO_CASES[] = {
-    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 0, NULL},
-    {8, 2, 64, 1, 8, 4, 0, 16, "2", "32", 0, NULL},
-    {8, 2, 64, 0, 0, 0, 0, 64, "0", "32", 0, NULL},
-    {8, 2, 64, 1, 0, 1, 0, 16, "1", "1", 1, NULL},
-    {32, 2, 32, 1, 0, 1, 37, 16, "0", "32", 0, NULL},
-    {6, 2, 10, 1, 3, 1, 5, 16, "0", "32", 0, ODD_ROPE},
-    {8, 2, 64, 1, 0, 4, 0, 16, "3", "32", 0, NULL},
+    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 0, NULL, 0},
+    {8, 2, 64, 1, 8, 4, 0, 16, "2", "32", 0, NULL, 0},
+    {8, 2, 64, 0, 0, 0, 0, 64, "0", "32", 0, NULL, 0},
+    {8, 2, 64, 1, 0, 1, 0, 16, "1", "1", 1, NULL, 0},
+    {32, 2, 32, 1, 0, 1, 37, 16, "0", "32", 0, NULL, 0},
+    {6, 2, 10, 1, 3, 1, 5, 16, "0", "32", 0, ODD_ROPE, 0},
+    {8, 2, 64, 1, 0, 4, 0, 16, "3", "32", 0, NULL, 0},
+    /* the tensor cores' form: Qwen3's norms, split 16 ways, or merged by
+       the last block with a window */
+    {8, 2, 64, 1, 0, 1, 0, 16, "0", "32", 0, NULL, 1},
+    {8, 2, 64, 1, 8, 1, 37, 16, "2", "32", 0, NULL, 1},
 };
 enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
 
@@ -107,11 +122,12 @@ static int name_splits(const char *n, int *merged)
 static int is_attention(const ir_op *op) { return op->kind == IR_OP_ATTENTION; }
 
 /* A case's codegen knobs (target NULL: the default's), and back. */
-static void set_knobs(int lpp, const char *merge, const char *target)
+static void set_knobs(int lpp, const char *merge, const char *target, int tc)
 {
     char v[8];
     snprintf(v, sizeof v, "%d", lpp);
     setenv("MOEC_ATTN_LPP", v, 1);
+    setenv("MOEC_ATTN_TC", tc ? "1" : "0", 1);
     setenv("MOEC_ATTN_MERGE", merge, 1);
     if (target)
         setenv("MOEC_ATTN_TARGET_BLOCKS", target, 1);
@@ -120,6 +136,7 @@ static void set_knobs(int lpp, const char *merge, const char *target)
 static void clear_knobs(void)
 {
     unsetenv("MOEC_ATTN_LPP");
+    unsetenv("MOEC_ATTN_TC");
     unsetenv("MOEC_ATTN_MERGE");
     unsetenv("MOEC_ATTN_TARGET_BLOCKS");
 }
@@ -149,7 +166,7 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
 {
     km_spec s = {.name = "attn", .vocab = 8, .attn = KM_GQA, .H = g->H, .HKV = g->HKV,
                  .DK = g->DK, .DV = g->DV, .window = g->window, .attn_scale = 0.3};
-    set_knobs(g->lpp, g->merge, g->target);
+    set_knobs(g->lpp, g->merge, g->target, g->tc);
     ir_module *m = km_module(&s);
     if (!m)
         return -1;
@@ -174,7 +191,9 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
     int split = strstr(an, "_ns1_") == NULL;
     if (g->lpp == 0 && split)
         snprintf(want, sizeof want, "_lppa_");
-    if (!rc && (!a || !strstr(an, tail) || (*want ? !strstr(an, want) : !!strstr(an, "_lpp")))) {
+    int split_tc = split && strstr(an, "_tc_") != NULL;
+    if (!rc && (!a || !strstr(an, tail) || (*want ? !strstr(an, want) : !!strstr(an, "_lpp")) ||
+                (strstr(an, "_tc_") != NULL) != (g->tc != 0))) {
         fprintf(stderr, "attn_emu_gen: case %d: no bf16 attention step of the lanes asked for\n",
                 i);
         rc = -1;
@@ -202,9 +221,13 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
         fprintf(f, "static void run(attn_bufs &b)\n{\n");
         put_attn_launch(f, &c, a, cb, "b.q", ns, merged);
         fprintf(f, "}\n} // namespace a%d\n\n", i);
-        moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, a%d::run},\n",
+        /* the tensor cores' form: the fewest positions of a split, from
+           the name (_mpN), for the harness's count of the live splits */
+        const char *mp = strstr(an, "_mp");
+        moec_buf_printf(table,
+                        "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, a%d::run},\n",
                         kname(&c, a->kernel), g->H, g->HKV, g->DK, g->DV, g->T, g->window, g->bs,
-                        ns, g->lpp, merged, i);
+                        ns, g->lpp, merged, split_tc && mp ? atoi(mp + 3) : 0, i);
     }
     cg_ctx_free(&c);
     ir_module_free(m);
@@ -296,7 +319,7 @@ static int gen_pro_case(FILE *f, moec_buf *table, int i, const pro_case *g)
     km_spec s = {.name = "attnpro", .vocab = 8, .attn = KM_GQA_PRO, .H = g->H, .HKV = g->HKV,
                  .DK = g->D, .DV = g->D, .qk_norm = g->qk_norm, .XN = g->XN,
                  .window = g->window, .attn_scale = 0.3, .rope = g->rope};
-    set_knobs(g->lpp, g->merge, g->target);
+    set_knobs(g->lpp, g->merge, g->target, g->tc);
     ir_module *m = km_module(&s);
     cg_options o;
     cg_options_default(&o);

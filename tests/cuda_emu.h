@@ -211,6 +211,12 @@ static inline unsigned moec_bf16x2_exp120(unsigned v) // fma.rn.bf16x2 v, 2^120,
     return emu_f2bf(emu_bf2f(v & 0xffffu) * k) | (unsigned)emu_f2bf(emu_bf2f(v >> 16) * k) << 16;
 }
 
+// two floats as a bf16 pair (round to nearest even), a in the low half
+static inline unsigned moec_pack_bf16(float a, float b)
+{
+    return emu_f2bf(a) | (unsigned)emu_f2bf(b) << 16;
+}
+
 static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                  unsigned b0, unsigned b1)
 {

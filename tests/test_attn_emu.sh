@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # test_attn_emu.sh — the GQA attention kernels over the paged cache
 # (codegen/attention.c: the split attention and its merge kernel, with 1,
-# 2, 4 and 8 lanes a position, MOEC_ATTN_LPP, and the kernel's choice
+# 2, 4 and 8 lanes a position, MOEC_ATTN_LPP, the kernel's choice
 # at run time, each token's count checked from the splits that hold
-# positions) run without a GPU:
+# positions, and the tensor cores' form, MOEC_ATTN_TC, tiles of 16
+# positions each) run without a GPU:
 # attn_emu_gen writes their generated source for a set of cases
 # (tests/attn_emu_gen.c), which compiles as C++ with the CPU emulation of
 # the CUDA they use (tests/cuda_emu.h) and the harness that checks them
 # against a double-precision reference (tests/attn_emu.cc): once under the
 # address sanitizer, every case (every global and shared memory access in
 # bounds, every L2 prefetch within the pools), once under the thread
-# sanitizer, four cases (no two threads' accesses unordered by a barrier;
-# 18 merges only the splits that hold positions, MOEC_ATTN_MERGE=3, and
-# 22 is the fused prologue's, whose cache row is written by one warp and
-# read by all after the block's barrier). The fused prologue's cases
+# sanitizer, five cases (no two threads' accesses unordered by a barrier;
+# 18 merges only the splits that hold positions, MOEC_ATTN_MERGE=3, 22 is
+# the tensor cores' form, MOEC_ATTN_TC=1, and 28 is the fused prologue's,
+# whose cache row is written by one warp and read by all after the
+# block's barrier). The fused prologue's cases
 # (MOEC_ATTN_FUSE_PROLOGUE=1) compare the one kernel with the two.
 # Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/emu_lib.sh"
-emu_check attn_emu 1,5,18,22
+emu_check attn_emu 1,5,18,22,28
 finish test_attn_emu

@@ -353,6 +353,17 @@ static int splits(int blocks, int one_wave)
     return ns < 1 ? 1 : ns > 64 ? 64 : ns;
 }
 
+/* 1 where a GQA kernel of key and value channels dk, dv (8 query heads a
+ * block at most) takes the tensor cores' form: a bf16 cache, one lane a
+ * position (MOEC_ATTN_LPP unset or 1), MOEC_ATTN_TC not 0, channels in 32s
+ * and 64s. Its splits fill one wave of 264 blocks (two a SM). */
+static int gqa_tc(const cg_ctx *c, int dk, int dv)
+{
+    const char *lv = getenv("MOEC_ATTN_LPP"), *tv = getenv("MOEC_ATTN_TC");
+    return c->opt->compute_dtype == IR_DTYPE_BF16 && (!lv || atoi(lv) == 1) &&
+           (!tv || atoi(tv) != 0) && dk % 32 == 0 && dv % 64 == 0;
+}
+
 /* DeepSeek-V2-Lite: MLA 16 heads r 512 dr 64, 64 experts top-6, H 2048, I 1408. */
 static void check_v2lite(const ir_module *m, const cg_ctx *c)
 {
@@ -510,24 +521,26 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
     T_CHECK(a >= 0);
     if (a >= 0) {
         const ir_step *w = &c->steps[a], *s = &c->steps[a + 1];
+        int tc = gqa_tc(c, 128, 128);
         T_CHECK(w->grid[0] == (unsigned)c->T && w->args[0].kind == IR_ARG_ACT);
         /* a block per (token, kv head, split): the 8 heads of a group share its reads */
         T_CHECK(s->grid[0] == (unsigned)c->T && s->grid[1] == 4 &&
-                s->grid[2] == (unsigned)splits(c->T * 4, 0));
+                s->grid[2] == (unsigned)splits(c->T * 4, tc));
         T_CHECK(strstr(c->kernel_names[s->kernel], "attn_h32_hkv4_dk128_dv128_gb8") != NULL);
         T_CHECK(s->args[1].kind == IR_ARG_INPUT && s->args[1].index == IR_INPUT_POSITIONS);
         T_CHECK(s->args[2].kind == IR_ARG_INPUT && s->args[2].index == IR_INPUT_SLOTS);
         T_CHECK(s->args[3].kind == IR_ARG_INPUT && s->args[3].index == IR_INPUT_BLOCK_TABLE);
         T_CHECK(s->args[9].kind == IR_ARG_I32 && s->args[9].i == 0);
-        /* splits of at least 128 positions; merged by the kernel's last block
-           where a group's partial states are at most 64 KiB (T = 8: 9 splits,
-           36 KiB), else by a merge kernel (T = 1: 64 splits, 256 KiB) */
-        int ns = splits(c->T * 4, 0), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
-        /* lanes a position: one by default; MOEC_ATTN_LPP=N fixes N
-           (_lppN past one), 0 the kernel's choice at run time where the
-           sequence is split (_lppa), one where it is not. The splits'
-           fewest positions at one lane a position, 128, name the kernel
-           either way. */
+        /* splits of at least 128 positions (the tensor cores' form: 64);
+           merged by the kernel's last block where a group's partial states
+           are at most 64 KiB (T = 8: 9 splits, 36 KiB; 8 on tensor cores),
+           else by a merge kernel (T = 1: 64 splits, 256 KiB) */
+        int ns = splits(c->T * 4, tc), merge = ns > 1 && ns * 8 * 128 * 4 <= 64 * 1024;
+        /* lanes a position: one by default (on tensor cores, _tc, unless
+           MOEC_ATTN_TC=0); MOEC_ATTN_LPP=N fixes N (_lppN past one), 0 the
+           kernel's choice at run time where the sequence is split (_lppa),
+           one where it is not. The splits' fewest positions at one lane a
+           position, 128, name the kernel either way. */
         const char *lv = getenv("MOEC_ATTN_LPP");
         int lpp = lv ? atoi(lv) : 1;
         char mp[32];
@@ -536,9 +549,10 @@ static void check_qwen3(const ir_module *m, const cg_ctx *c)
         else if (lpp > 1)
             snprintf(mp, sizeof mp, "_mp128_lpp%d_", lpp);
         else
-            snprintf(mp, sizeof mp, "_mp128_");
+            snprintf(mp, sizeof mp, tc ? "_mp64_tc_" : "_mp128_");
         T_CHECK(ns == 1 ? strstr(c->kernel_names[s->kernel], "_lpp") == NULL
                         : strstr(c->kernel_names[s->kernel], mp) != NULL);
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_tc_") != NULL) == tc);
         T_CHECK(s->n_args == (ns > 1 ? 12 + merge : 10));
         if (merge)
             T_CHECK(s->args[12].kind == IR_ARG_INPUT &&
@@ -733,6 +747,13 @@ static void test_real_shapes(void)
                 run_module(m, &o, checks[i], 1 | 2);
                 unsetenv("MOEC_ATTN_LPP");
             }
+        /* Qwen3's attention in the lanes' form (MOEC_ATTN_TC=0), compiled
+           by NVRTC at T = 1 and 8 */
+        if (m && i == 2) {
+            setenv("MOEC_ATTN_TC", "0", 1);
+            run_module(m, &o, checks[i], 1 | 2);
+            unsetenv("MOEC_ATTN_TC");
+        }
         /* Qwen3's splits merged by the last block from those that may hold
            positions (MOEC_ATTN_MERGE=3, names _ml): compiled at T = 1, 8 */
         if (m && i == 2) {
@@ -1038,7 +1059,7 @@ static void check_odd(const ir_module *m, const cg_ctx *c)
     if (a >= 0 && !strcmp(m->name, "k_mha")) {
         /* 8 kv heads: 512 blocks at T = 64 need no split, and no merge */
         int split = c->T < 64;
-        T_CHECK(c->steps[a + 1].grid[2] == (split ? (unsigned)splits(c->T * 8, 0) : 1));
+        T_CHECK(c->steps[a + 1].grid[2] == (split ? (unsigned)splits(c->T * 8, gqa_tc(c, 64, 64)) : 1));
         T_CHECK(c->steps[a + 1].n_args == (split ? 13 : 10));
         /* the split kernel merges its splits: the counters last, no merge kernel */
         if (split)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# gpu_attn_tc.sh — one device call for the GQA attention on tensor cores
+# (codegen/attention.c, ATTN_BODY_TC; MOEC_ATTN_TC=0 keeps the lanes'
+# form): builds, checks gpu_kernels' GQA attention cases and its GQA
+# prologue cases (the attention that runs the prologue) against the
+# interpreter with the tensor cores' form and with the lanes' form, runs
+# the GPU tests in CTESTS (default "gpu_model gpu_graphs gpu_engine", one
+# at a time: gpu_graphs checks the device's free memory), then times
+# Qwen3-30B-A3B cut to LAYERS layers (default 16; 0: all 48) at batch 1 and
+# 8 and the contexts in CONTEXTS (default 1024,8192): the default against
+# VARIANTS (scripts/gpu_ab.sh: $OUT/ab.txt; logs in $OUT/logs.tar.gz).
+# CHECKS=0 skips the checks.
+# On the GPU machine:
+#   cd .snap/src && scripts/gpu_attn_tc.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moec-attn-tc}
+export OUT
+mkdir -p "$OUT/logs"
+source scripts/gpu_build.sh
+gpu_build >"$OUT/logs/build.txt" 2>&1 || { tail -30 "$OUT/logs/build.txt"; exit 1; }
+rc=0
+if [ "${CHECKS:-1}" != 0 ]; then
+  for tc in 1 0; do
+    MOEC_ATTN_TC=$tc MOEC_KERN_ATTN_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
+      >"$OUT/logs/attn-kernels-tc$tc.txt" 2>&1 || rc=1
+    echo "gpu_kernels, GQA attention, MOEC_ATTN_TC=$tc: $(grep -E "passed|failed" "$OUT/logs/attn-kernels-tc$tc.txt" | tail -1)"
+    MOEC_ATTN_TC=$tc MOEC_KERN_GQA_PRO_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
+      >"$OUT/logs/gqa-pro-kernels-tc$tc.txt" 2>&1 || rc=1
+    echo "gpu_kernels, GQA prologue, MOEC_ATTN_TC=$tc: $(grep -E "passed|failed" "$OUT/logs/gqa-pro-kernels-tc$tc.txt" | tail -1)"
+  done
+  for t in ${CTESTS-gpu_model gpu_graphs gpu_engine}; do
+    (cd build-gpu && timeout 300 ctest -R "^$t\$" --output-on-failure >"$OUT/logs/ctest_$t.txt" 2>&1) || rc=1
+    echo "$t: $(grep -E "tests passed|tests failed" "$OUT/logs/ctest_$t.txt" | tail -1)"
+  done
+  [ $rc = 0 ] || echo "a check failed"
+fi
+timeout "${AB_S:-400}" scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json "${LAYERS:-16}" 1,8 \
+  "${CONTEXTS:-1024,8192}" \
+  "${VARIANTS-lanes:MOEC_ATTN_TC=0 min16:MOEC_ATTN_SPLIT_MIN=16 min32:MOEC_ATTN_SPLIT_MIN=32 min128:MOEC_ATTN_SPLIT_MIN=128}" \
+  >"$OUT/logs/ab-stdout.txt" 2>&1
+mv "$OUT/ab-logs.tar.gz" "$OUT/logs/" 2>/dev/null
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
+exit $rc
