@@ -117,7 +117,7 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                       "{\n",
                       s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(da),
                       cg_ctype(db), cg_ctype(dw), cparam, cg_ctype(ds), cg_ctype(dy));
-        cg_norm_rows_prefetch(c, src, D);
+        cg_norm_rows_prefetch(c, src, &l, D);
         cg_norm_rows_begin(src, &l, rows);
         moec_buf_printf(src,
                       "    const long long base = (long long)row * %lld;\n"

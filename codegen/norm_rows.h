@@ -18,6 +18,7 @@ typedef struct cg_norm_rows {
     int stride;       /* threads over a row */
     int nch;          /* chunks per thread */
     int cache;        /* the thread's share stays in registers */
+    int wpre;         /* the norm's weight read into registers before the wait */
 } cg_norm_rows;
 
 static inline cg_norm_rows cg_norm_rows_of(int64_t D)
@@ -31,6 +32,7 @@ static inline cg_norm_rows cg_norm_rows_of(int64_t D)
     l.stride = l.warp_form ? 32 : (int)(l.chunks >= 1024 ? 1024 : (l.chunks + 31) / 32 * 32);
     l.nch = (int)((l.chunks + l.stride - 1) / l.stride);
     l.cache = l.nch * l.vec <= 64;
+    l.wpre = !l.warp_form && l.cache && cg_env_int("MOEC_NORM_WPRE", 1, 0, 1);
     return l;
 }
 
@@ -40,11 +42,29 @@ static inline int cg_norm_rows_threads(const cg_norm_rows *l)
     return l->warp_form ? 128 : l->stride;
 }
 
-/* The kernel's first lines: `row` and `lane` of this thread (rows in all). */
-/* Before the wait (cg_emit_prefetch): block 0 asks L2 for the norm's
- * weight w, D elements every row reads (at most the cap). */
-static inline void cg_norm_rows_prefetch(const cg_ctx *c, moec_buf *b, int64_t D)
+/* Before the wait: in the block form with the share in registers (wpre),
+ * every thread reads its share of the norm's weight w into wpre (a
+ * constant: no kernel before it writes it), so that the scaling after the
+ * sum of squares waits for no memory (H200, 2026-11-29: one L2 round trip
+ * fewer in every long row's norm; MOEC_NORM_WPRE=0 at codegen keeps the
+ * prefetch, for A/Bs); else (cg_emit_prefetch) block 0 asks L2 for w, D
+ * elements every row reads (at most the cap). */
+static inline void cg_norm_rows_prefetch(const cg_ctx *c, moec_buf *b, const cg_norm_rows *l,
+                                         int64_t D)
 {
+    if (l->wpre) {
+        moec_buf_printf(b,
+                        "    float wpre[%d][%d];\n"
+                        "#pragma unroll\n"
+                        "    for (int i = 0; i < %d; i++) {\n"
+                        "        const int c = threadIdx.x + i * %d;\n"
+                        "        if (c < %lld)\n"
+                        "            ldv<%d>(w + c * %d, wpre[i]);\n"
+                        "    }\n"
+                        "    moec_pdl_enter();\n",
+                        l->nch, l->vec, l->nch, l->stride, (long long)l->chunks, l->vec, l->vec);
+        return;
+    }
     char lines[256];
     snprintf(lines, sizeof lines,
              "        const long long wb = %lldLL * (long long)sizeof(*w);\n"
@@ -54,6 +74,8 @@ static inline void cg_norm_rows_prefetch(const cg_ctx *c, moec_buf *b, int64_t D
     cg_emit_prefetch(b, cg_prefetch_bytes(c), lines);
 }
 
+/* The kernel's first lines after it: `row` and `lane` of this thread (rows
+ * in all). */
 static inline void cg_norm_rows_begin(moec_buf *b, const cg_norm_rows *l, long long rows)
 {
     if (l->warp_form)
@@ -100,8 +122,15 @@ static inline void cg_norm_rows_finish(moec_buf *b, const cg_norm_rows *l, int64
                       vec);
     else
         moec_buf_printf(b, "            ldv<%d>(%s + c * %d, t);\n", vec, reread, vec);
+    if (l->wpre)
+        moec_buf_printf(b,
+                        "#pragma unroll\n"
+                        "            for (int j = 0; j < %d; j++)\n"
+                        "                wv[j] = wpre[i][j];\n",
+                        vec);
+    else
+        moec_buf_printf(b, "            ldv<%d>(w + c * %d, wv);\n", vec, vec);
     moec_buf_printf(b,
-                  "            ldv<%d>(w + c * %d, wv);\n"
                   "#pragma unroll\n"
                   "            for (int j = 0; j < %d; j++)\n"
                   "                t[j] = wv[j] * (t[j] * inv);\n"
@@ -109,7 +138,7 @@ static inline void cg_norm_rows_finish(moec_buf *b, const cg_norm_rows *l, int64
                   "        }\n"
                   "    }\n"
                   "}\n\n",
-                  vec, vec, vec, vec, vec);
+                  vec, vec, vec);
 }
 
 /* The launch of a kernel over `rows` rows. */

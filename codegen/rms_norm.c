@@ -62,7 +62,7 @@ moec_status cg_emit_rms_norm(cg_ctx *c, const ir_op *op)
             "%s(const %s *__restrict__ x, const %s *__restrict__ w, %s *__restrict__ y, float eps)\n"
             "{\n",
             y->name, cg_norm_rows_threads(&l), name, cg_ctype(dx), cg_ctype(dw), cg_ctype(dy));
-        cg_norm_rows_prefetch(c, b, D);
+        cg_norm_rows_prefetch(c, b, &l, D);
         cg_norm_rows_begin(b, &l, (long long)rows);
         moec_buf_printf(b,
                       "    const %s *xr = x + (long long)row * %lld;\n"

@@ -1793,13 +1793,13 @@ static int has_ident(const char *text, size_t n, const char *id)
  * (`weights`: names separated by spaces), else the wait first and no
  * prefetch at all. A kernel that stages its weights in shared memory
  * before the wait (the tensor-core absorptions: name with "absorb_mma")
- * prefetches nothing, and reads no parameter but the weights before it. */
+ * prefetches nothing, and reads no parameter but the weights before it; so
+ * does a norm that reads its weight into registers before the wait (the
+ * block form: `float wpre[`). */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
     int staged = strstr(name, "absorb_mma") != NULL;
-    if (staged)
-        pf = 0;
     char pat[320];
     snprintf(pat, sizeof pat, "%s(", name);
     const char *def = strstr(src, pat);
@@ -1816,6 +1816,11 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     for (const char *p = open; (p = strstr(p, "moec_pdl_enter();")) && p < end; p++)
         enters++;
     const char *pre = strstr(open, "\n    moec_pdl_enter();");
+    const char *wregs = strstr(open, "\n    float wpre[");
+    if (wregs && pre && wregs < pre && strstr(name, "rms_norm_"))
+        staged = 1;
+    if (staged)
+        pf = 0;
     const char *pfx = strstr(open, "moec_prefetch_");
     int has_pf = pfx && pfx < end;
     if (enters != 1 || has_pf != (want && pf > 0))
