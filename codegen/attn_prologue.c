@@ -264,10 +264,7 @@ void cg_attn_fused_pro_consts(moec_buf *b, const cg_attn_fused_pro *f, const cha
  * own position (its last tile), its kv head's k and v rows into the cache,
  * as the prologue writes them, before the barrier after which the block
  * reads them. Blocks of other query-head groups of the same split write
- * the same bytes. The items' slices of the row and the norms' weights are
- * first staged in shared memory by the whole block, so that the block
- * waits for memory once, not once or twice an item on each warp's rounds
- * (the same values, the same bits). */
+ * the same bytes. */
 static const char FUSED_BODY[] =
     "    {\n"
     "        const bool own = first < last && last == n_tiles;\n"
@@ -276,21 +273,9 @@ static const char FUSED_BODY[] =
     "        const TX *xr = x + (long long)t * PN;\n"
     "        /* a split without positions makes nothing: it only arrives */\n"
     "        const int items = first < last ? GB + (own ? 2 : 0) : 0;\n"
-    "        /* item it's slice of the row (q head h0 + it, then the k head and\n"
-    "           the v head) and the norms' weights, staged by the whole block */\n"
-    "        __shared__ __align__(16) TX xs_s[GB + 2][DK];\n"
-    "        __shared__ __align__(16) TW w_s[2][DK];\n"
-    "        for (int i = threadIdx.x * PV; i < items * DK; i += NT * PV) {\n"
-    "            const int it = i / DK, hx = it < GB ? h0 + it : H + kh + (it - GB) * HKV;\n"
-    "            cpv<PV>(&xs_s[it][i % DK], xr + (long long)hx * DK + i % DK);\n"
-    "        }\n"
-    "        if constexpr (PNORM)\n"
-    "            for (int i = threadIdx.x * PV; i < (items ? 2 * DK : 0); i += NT * PV)\n"
-    "                cpv<PV>(&w_s[i / DK][i % DK], (i < DK ? qw : kw) + i % DK);\n"
-    "        __syncthreads();\n"
     "        for (int it = warp; it < items; it += NW) {\n"
     "            if (it == GB + 1) { /* v: copied */\n"
-    "                const TX *xh = xs_s[it];\n"
+    "                const TX *xh = xr + (long long)(H + HKV + kh) * DK;\n"
     "                TS *vd = vpool + (crow * HKV + kh) * DV;\n"
     "                for (int c = lane * PV; c < DV; c += 32 * PV) {\n"
     "                    float f[PV];\n"
@@ -302,7 +287,8 @@ static const char FUSED_BODY[] =
     "            const bool isq = it < GB;\n"
     "            float *r = isq ? q_s[it] : kx_s;\n"
     "            moec_attn_pro_head<DK, PRD, PV, PNEOX, PNORM, TS>(\n"
-    "                xs_s[it], PNORM ? w_s[isq ? 0 : 1] : qw, eps, (float)p, inv_freq, PAF, r, lane);\n"
+    "                xr + (long long)(isq ? h0 + it : H + kh) * DK, isq ? qw : kw, eps, (float)p, inv_freq,\n"
+    "                PAF, r, lane);\n"
     "            if (isq) {\n"
     "                for (int c = lane; c < DK; c += 32)\n"
     "                    r[c] = moec_round_to<TQ>(r[c]);\n"

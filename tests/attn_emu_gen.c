@@ -356,8 +356,7 @@ int main(int argc, char **argv)
                       "/* fp8 weights (e4m3, exact in fp16");
     put_prologue_part(f, pro.data,
                       "template <int N, typename T> __device__ __forceinline__ void stv",
-                      "template <int N, typename To, typename Ti> __device__ __forceinline__ void "
-                      "cpv");
+                      "template <int N, typename T> __device__ __forceinline__ void cpv");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ float warp_sum",
                       "/* The warp's arg-max");
     put_prologue_part(f, pro.data, "/* The merge weights of the NSPLIT",
