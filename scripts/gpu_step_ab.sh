@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# gpu_step_ab.sh — one device call that checks a change to default kernels
+# and times it in whole steps: builds; runs gpu_kernels once for each part
+# named in KERNS (default "ROUTER": MOEC_KERN_<PART>_ONLY=1, e.g. "ROUTER
+# MOE ATTN GQA_PRO"); runs the GPU tests in CTESTS (default "gpu_model
+# gpu_graphs gpu_engine", one at a time: gpu_graphs checks the device's
+# free memory); then scripts/gpu_ab.sh at context 1024 on Qwen3-30B-A3B
+# (Q3_LAYERS, default 0: all 48; Q3_BATCHES, default 1,8) and on
+# DeepSeek-V2-Lite (V2_LAYERS, default 0: all 27; V2_BATCHES, default
+# 1,8,32,64), the default against VARIANTS ("NAME:ENV=V[,ENV=V] ..."; empty
+# Q3_BATCHES or V2_BATCHES skips that model). Leaves $OUT/ab.txt (both
+# models' tables) and $OUT/logs.tar.gz.
+# On the GPU machine:
+#   cd .snap/src && VARIANTS="norank:MOEC_MOE_TOPK_RANK=0" scripts/gpu_step_ab.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/moec-step-ab}
+export OUT
+mkdir -p "$OUT/logs"
+source scripts/gpu_build.sh
+gpu_build >"$OUT/logs/build.txt" 2>&1 || { tail -30 "$OUT/logs/build.txt"; exit 1; }
+rc=0
+for part in ${KERNS-ROUTER}; do
+  env "MOEC_KERN_${part}_ONLY=1" timeout 300 build-gpu/tests/gpu_kernels \
+    >"$OUT/logs/kernels-$part.txt" 2>&1 || rc=1
+  echo "gpu_kernels, $part: $(grep -E "passed|failed" "$OUT/logs/kernels-$part.txt" | tail -1)"
+done
+for t in ${CTESTS-gpu_model gpu_graphs gpu_engine}; do
+  (cd build-gpu && timeout 300 ctest -R "^$t\$" --output-on-failure >"$OUT/logs/ctest_$t.txt" 2>&1) || rc=1
+  echo "$t: $(grep -E "tests passed|tests failed" "$OUT/logs/ctest_$t.txt" | tail -1)"
+done
+[ $rc = 0 ] || echo "a check failed"
+ab() { # NAME CONFIG LAYERS BATCHES
+  [ -n "$4" ] || return 0
+  timeout "${AB_S:-300}" scripts/gpu_ab.sh "$2" "$3" "$4" 1024 "${VARIANTS:-}" >"$OUT/logs/ab-$1.txt" 2>&1
+  mv "$OUT/ab-logs.tar.gz" "$OUT/logs/ab-$1-logs.tar.gz" 2>/dev/null
+}
+ab q3 tests/data/configs/qwen3_30b_a3b.json "${Q3_LAYERS:-0}" "${Q3_BATCHES-1,8}"
+ab v2 tests/data/configs/deepseek_v2_lite.json "${V2_LAYERS:-0}" "${V2_BATCHES-1,8,32,64}"
+tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
+exit $rc
