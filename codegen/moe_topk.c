@@ -32,152 +32,109 @@ static const char TOPK_HEAD[] =
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    const int t = blockIdx.x * NW + warp, t0 = 0;\n";
 
-/* TOPK_BODY in two parts: the scores (s: softmax or sigmoid) and the
- * selection keys (c: the scores plus the bias), then the choice. */
-#define TOPK_SCORES \
-    "    float *s = s_s[warp], *c = s_c[warp];\n" \
-    "    const float *l = logits + (long long)(t - t0) * E;\n" \
-    "    if constexpr (SOFTMAX) {\n" \
-    "        float mx = MOEC_NEG_INF;\n" \
-    "        for (int e = lane; e < E; e += 32)\n" \
-    "            mx = fmaxf(mx, l[e]);\n" \
-    "        mx = warp_max(mx);\n" \
-    "        float sum = 0.0f;\n" \
-    "        for (int e = lane; e < E; e += 32) {\n" \
-    "            float v = expf(l[e] - mx);\n" \
-    "            s[e] = v;\n" \
-    "            sum += v;\n" \
-    "        }\n" \
-    "        sum = warp_sum(sum);\n" \
-    "        for (int e = lane; e < E; e += 32)\n" \
-    "            s[e] = s[e] / sum;\n" \
-    "    } else {\n" \
-    "        for (int e = lane; e < E; e += 32)\n" \
-    "            s[e] = 1.0f / (1.0f + expf(-l[e]));\n" \
-    "    }\n" \
-    "    for (int e = lane; e < E; e += 32) {\n" \
-    "        float v = s[e];\n" \
-    "        if constexpr (HAS_BIAS)\n" \
-    "            v += ld(bias + e);\n" \
-    "        c[e] = v;\n" \
-    "    }\n" \
+static const char TOPK_BODY[] =
+    "    float *s = s_s[warp], *c = s_c[warp];\n"
+    "    const float *l = logits + (long long)(t - t0) * E;\n"
+    "    if constexpr (SOFTMAX) {\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            mx = fmaxf(mx, l[e]);\n"
+    "        mx = warp_max(mx);\n"
+    "        float sum = 0.0f;\n"
+    "        for (int e = lane; e < E; e += 32) {\n"
+    "            float v = expf(l[e] - mx);\n"
+    "            s[e] = v;\n"
+    "            sum += v;\n"
+    "        }\n"
+    "        sum = warp_sum(sum);\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            s[e] = s[e] / sum;\n"
+    "    } else {\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            s[e] = 1.0f / (1.0f + expf(-l[e]));\n"
+    "    }\n"
+    "    for (int e = lane; e < E; e += 32) {\n"
+    "        float v = s[e];\n"
+    "        if constexpr (HAS_BIAS)\n"
+    "            v += ld(bias + e);\n"
+    "        c[e] = v;\n"
+    "    }\n"
     "    __syncwarp();\n"
-#define TOPK_SELECT \
-    "    if constexpr (NG > 1) {\n" \
-    "        /* each lane scores whole groups, scanning in index order as the\n" \
-    "           interpreter does (first maximum wins) */\n" \
-    "        for (int g = lane; g < NG; g += 32) {\n" \
-    "            const float *cg = c + g * GS;\n" \
-    "            int a = 0;\n" \
-    "            for (int i = 1; i < GS; i++)\n" \
-    "                if (cg[i] > cg[a])\n" \
-    "                    a = i;\n" \
-    "            float score = cg[a];\n" \
-    "            if constexpr (TOP2) {\n" \
-    "                int b = -1;\n" \
-    "                for (int i = 0; i < GS; i++)\n" \
-    "                    if (i != a && (b < 0 || cg[i] > cg[b]))\n" \
-    "                        b = i;\n" \
-    "                score += cg[b];\n" \
-    "            }\n" \
-    "            s_g[warp][g] = score;\n" \
-    "            s_keep[warp][g] = 0;\n" \
-    "        }\n" \
-    "        __syncwarp();\n" \
-    "        for (int j = 0; j < TG; j++) {\n" \
-    "            float bv = MOEC_NEG_INF;\n" \
-    "            int bi = NG;\n" \
-    "            for (int g = lane; g < NG; g += 32)\n" \
-    "                if (!s_keep[warp][g] && (bi == NG || s_g[warp][g] > bv)) { bv = s_g[warp][g]; bi = g; }\n" \
-    "            bi = moec_warp_argmax(bv, bi, NG);\n" \
-    "            if (lane == (bi & 31))\n" \
-    "                s_keep[warp][bi] = 1;\n" \
-    "            __syncwarp();\n" \
-    "        }\n" \
-    "        for (int e = lane; e < E; e += 32)\n" \
-    "            if (!s_keep[warp][e / GS])\n" \
-    "                c[e] = MOEC_NEG_INF;\n" \
-    "        __syncwarp();\n" \
-    "    }\n" \
-    "    /* top_k: lane e & 31 owns experts e, e + 32, ...: their selection\n" \
-    "       scores in registers, a bit each once taken; each choice a warp\n" \
-    "       arg-max, ties to the lower index */\n" \
-    "    constexpr int EL = (E + 31) / 32;\n" \
-    "    float cv[EL];\n" \
-    "    unsigned tk = 0u;\n" \
-    "#pragma unroll\n" \
-    "    for (int i = 0; i < EL; i++) {\n" \
-    "        const int e = lane + 32 * i;\n" \
-    "        cv[i] = e < E ? c[e] : MOEC_NEG_INF;\n" \
-    "        if (e >= E)\n" \
-    "            tk |= 1u << i;\n" \
-    "    }\n" \
-    "    int my_id = 0;\n" \
-    "    float my_w = 0.0f;\n" \
-    "    for (int j = 0; j < K; j++) {\n" \
-    "        float bv = MOEC_NEG_INF;\n" \
-    "        int bi = E;\n" \
-    "#pragma unroll\n" \
-    "        for (int i = 0; i < EL; i++)\n" \
-    "            if (!(tk >> i & 1u) && (bi == E || cv[i] > bv)) { bv = cv[i]; bi = lane + 32 * i; }\n" \
-    "        bi = moec_warp_argmax(bv, bi, E);\n" \
-    "        if (bi >= E)\n" \
-    "            bi = 0;\n" \
-    "        if (lane == (bi & 31))\n" \
-    "            tk |= 1u << (bi >> 5);\n" \
-    "        if (lane == j) {\n" \
-    "            my_id = bi;\n" \
-    "            my_w = s[bi];\n" \
-    "        }\n" \
-    "    }\n" \
-    "    float sum = warp_sum(lane < K ? my_w : 0.0f);\n" \
-    "    if (lane < K) {\n" \
-    "        float w = my_w;\n" \
-    "        if constexpr (NORM)\n" \
-    "            w /= sum + 1e-20f;\n" \
-    "        w *= scaling;\n" \
-    "        ids[(long long)t * K + lane] = my_id;\n" \
-    "        wts[(long long)t * K + lane] = w;\n" \
-    "    }\n"
-static const char TOPK_BODY[] = TOPK_SCORES TOPK_SELECT;
-
-/* The choice of one token without groups, after warp 0's TOPK_SCORES
- * (aligning kernels of one-token buckets, TOPK_RANK): every thread of the
- * block takes experts e, e + NW * 32, ...: the rank of e's key among all
- * (descending, ties to the lower index, as TOPK_SELECT's K arg-maxes
- * choose; NaN keys as -inf, so that the ranks stay a permutation), and
- * rank j < K is choice j. One pass of E comparisons a thread instead of K
- * warp arg-maxes one after another. Then warp 0 writes the choices as
- * TOPK_SELECT does (the same weights and sum). */
-static const char TOPK_RANK[] =
-    "    __syncthreads();\n"
-    "    __shared__ float s_w[K];\n"
-    "    for (int e = threadIdx.x; e < E; e += NW * 32) {\n"
-    "        const float *c = s_c[0];\n"
-    "        const float ke = c[e] == c[e] ? c[e] : MOEC_NEG_INF;\n"
-    "        int rank = 0;\n"
-    "        for (int f = 0; f < E; f++) {\n"
-    "            const float kf = c[f] == c[f] ? c[f] : MOEC_NEG_INF;\n"
-    "            rank += kf > ke || (kf == ke && f < e);\n"
+    "    if constexpr (NG > 1) {\n"
+    "        /* each lane scores whole groups, scanning in index order as the\n"
+    "           interpreter does (first maximum wins) */\n"
+    "        for (int g = lane; g < NG; g += 32) {\n"
+    "            const float *cg = c + g * GS;\n"
+    "            int a = 0;\n"
+    "            for (int i = 1; i < GS; i++)\n"
+    "                if (cg[i] > cg[a])\n"
+    "                    a = i;\n"
+    "            float score = cg[a];\n"
+    "            if constexpr (TOP2) {\n"
+    "                int b = -1;\n"
+    "                for (int i = 0; i < GS; i++)\n"
+    "                    if (i != a && (b < 0 || cg[i] > cg[b]))\n"
+    "                        b = i;\n"
+    "                score += cg[b];\n"
+    "            }\n"
+    "            s_g[warp][g] = score;\n"
+    "            s_keep[warp][g] = 0;\n"
     "        }\n"
-    "        if (rank < K) {\n"
-    "            s_ids[rank] = e;\n"
-    "            s_w[rank] = s_s[0][e];\n"
+    "        __syncwarp();\n"
+    "        for (int j = 0; j < TG; j++) {\n"
+    "            float bv = MOEC_NEG_INF;\n"
+    "            int bi = NG;\n"
+    "            for (int g = lane; g < NG; g += 32)\n"
+    "                if (!s_keep[warp][g] && (bi == NG || s_g[warp][g] > bv)) { bv = s_g[warp][g]; bi = g; }\n"
+    "            bi = moec_warp_argmax(bv, bi, NG);\n"
+    "            if (lane == (bi & 31))\n"
+    "                s_keep[warp][bi] = 1;\n"
+    "            __syncwarp();\n"
+    "        }\n"
+    "        for (int e = lane; e < E; e += 32)\n"
+    "            if (!s_keep[warp][e / GS])\n"
+    "                c[e] = MOEC_NEG_INF;\n"
+    "        __syncwarp();\n"
+    "    }\n"
+    "    /* top_k: lane e & 31 owns experts e, e + 32, ...: their selection\n"
+    "       scores in registers, a bit each once taken; each choice a warp\n"
+    "       arg-max, ties to the lower index */\n"
+    "    constexpr int EL = (E + 31) / 32;\n"
+    "    float cv[EL];\n"
+    "    unsigned tk = 0u;\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < EL; i++) {\n"
+    "        const int e = lane + 32 * i;\n"
+    "        cv[i] = e < E ? c[e] : MOEC_NEG_INF;\n"
+    "        if (e >= E)\n"
+    "            tk |= 1u << i;\n"
+    "    }\n"
+    "    int my_id = 0;\n"
+    "    float my_w = 0.0f;\n"
+    "    for (int j = 0; j < K; j++) {\n"
+    "        float bv = MOEC_NEG_INF;\n"
+    "        int bi = E;\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < EL; i++)\n"
+    "            if (!(tk >> i & 1u) && (bi == E || cv[i] > bv)) { bv = cv[i]; bi = lane + 32 * i; }\n"
+    "        bi = moec_warp_argmax(bv, bi, E);\n"
+    "        if (bi >= E)\n"
+    "            bi = 0;\n"
+    "        if (lane == (bi & 31))\n"
+    "            tk |= 1u << (bi >> 5);\n"
+    "        if (lane == j) {\n"
+    "            my_id = bi;\n"
+    "            my_w = s[bi];\n"
     "        }\n"
     "    }\n"
-    "    __syncthreads();\n"
-    "    if (warp == 0) {\n"
-    "        const int my_id = lane < K ? s_ids[lane] : 0;\n"
-    "        const float my_w = lane < K ? s_w[lane] : 0.0f;\n"
-    "        const float sum = warp_sum(my_w);\n"
-    "        if (lane < K) {\n"
-    "            float w = my_w;\n"
-    "            if constexpr (NORM)\n"
-    "                w /= sum + 1e-20f;\n"
-    "            w *= scaling;\n"
-    "            ids[lane] = my_id;\n"
-    "            wts[lane] = w;\n"
-    "        }\n"
+    "    float sum = warp_sum(lane < K ? my_w : 0.0f);\n"
+    "    if (lane < K) {\n"
+    "        float w = my_w;\n"
+    "        if constexpr (NORM)\n"
+    "            w /= sum + 1e-20f;\n"
+    "        w *= scaling;\n"
+    "        ids[(long long)t * K + lane] = my_id;\n"
+    "        wts[(long long)t * K + lane] = w;\n"
     "    }\n";
 
 /* The router's linear inside the aligning top-k kernel: the logits'
@@ -565,13 +522,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (router)
         nw = 8; /* GEMV: warps 0 .. T-1 of block 0 choose; all eight align */
     char name[240], align[48] = "", rtag[80] = "";
-    /* one token without groups: the choice by rank (TOPK_RANK;
-       MOEC_MOE_TOPK_RANK=0 keeps the K arg-maxes, for A/Bs) */
-    int rank = routed && c->T == 1 && NG == 1 && rf != ROUTER_MMA &&
-               !cg_env_int("MOEC_MOE_TOPK_PF_KB", 0, 0, 1 << 16) &&
-               cg_env_int("MOEC_MOE_TOPK_RANK", 1, 0, 1);
     if (routed)
-        snprintf(align, sizeof align, "_align_bm%d%s", bm, rank ? "_rank" : "");
+        snprintf(align, sizeof align, "_align_bm%d", bm);
     if (router)
         snprintf(rtag, sizeof rtag, "_router%s_h%lld_%s", rf == ROUTER_MMA ? "mma" : "", H,
                  ir_dtype_name(cg_storage(c, rw)));
@@ -683,18 +635,6 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         else if (!routed)
             moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,
                             TOPK_BODY);
-        else if (rank)
-            moec_buf_printf(&c->src,
-                            "    __shared__ int s_ids[K];\n"
-                            "    {\n%s    if (t < T) {\n%s    }\n%s    }\n"
-                            "    __syncthreads();\n"
-                            "    {\n"
-                            "        const int *ids = s_ids;\n"
-                            "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
-                            "        constexpr long long NB = %lldLL;\n"
-                            "%s    }\n"
-                            "}\n\n",
-                            TOPK_HEAD, TOPK_SCORES, TOPK_RANK, bm, nb, CG_MOE_ALIGN_BODY);
         else /* the warps of tokens choose, every warp aligns, from the
                 choices kept in shared memory too (not read back from ids) */
             moec_buf_printf(&c->src,

@@ -11,7 +11,7 @@
 # Q3_BATCHES or V2_BATCHES skips that model). Leaves $OUT/ab.txt (both
 # models' tables) and $OUT/logs.tar.gz.
 # On the GPU machine:
-#   cd .snap/src && VARIANTS="norank:MOEC_MOE_TOPK_RANK=0" scripts/gpu_step_ab.sh
+#   cd .snap/src && VARIANTS="nowpre:MOEC_NORM_WPRE=0" scripts/gpu_step_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moec-step-ab}

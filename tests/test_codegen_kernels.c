@@ -419,18 +419,15 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
     }
     /* the router's linear in the top-k kernel, which also aligns: a
        cluster of 8 blocks of 8 warps, a warp per expert row at one token
-       (the GEMV form, choosing by rank: _rank, unless MOEC_MOE_TOPK_RANK=0),
-       on tensor cores at 8 and 64 (args x, w, ids, weights, scaling and
-       the align's three) */
+       (the GEMV form), on tensor cores at 8 and 64 (args x, w, ids,
+       weights, scaling and the align's three) */
     int k = steps_of(m, c, IR_OP_MOE_TOPK);
     T_CHECK(k >= 0 && c->steps[k].grid[0] == 8 && c->steps[k].block[0] == 256 &&
             c->steps[k].n_args == 8);
     if (k >= 0) {
         char tk[96];
-        const char *rk = getenv("MOEC_MOE_TOPK_RANK");
-        snprintf(tk, sizeof tk, "moe_topk_align_bm%d%s_router%s_h2048_bf16_e64_k6_softmax",
-                 T == 64 ? 8 : T == 8 ? 2 : 1, T == 1 && !(rk && !atoi(rk)) ? "_rank" : "",
-                 T == 1 ? "" : "mma");
+        snprintf(tk, sizeof tk, "moe_topk_align_bm%d_router%s_h2048_bf16_e64_k6_softmax",
+                 T == 64 ? 8 : T == 8 ? 2 : 1, T == 1 ? "" : "mma");
         T_CHECK(strstr(c->kernel_names[c->steps[k].kernel], tk) != NULL);
         T_CHECK(c->steps[k].args[0].kind == IR_ARG_ACT &&
                 c->steps[k].args[0].index == ir_module_find_value(m, "x")->id &&
@@ -763,13 +760,6 @@ static void test_real_shapes(void)
             setenv("MOEC_ATTN_MERGE", "3", 1);
             run_module(m, &o, check_merge_live, 1 | 2);
             unsetenv("MOEC_ATTN_MERGE");
-        }
-        /* V2-Lite's one-token top-k by the K arg-maxes (MOEC_MOE_TOPK_RANK=0),
-           compiled by NVRTC */
-        if (m && i == 0) {
-            setenv("MOEC_MOE_TOPK_RANK", "0", 1);
-            run_module(m, &o, checks[i], 1);
-            unsetenv("MOEC_MOE_TOPK_RANK");
         }
         /* V2-Lite with the splits merged by their own kernel at T = 64, by
            the attention kernel at T = 8 */
