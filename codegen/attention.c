@@ -26,6 +26,13 @@
  * and 3.108 against 2.859 at batch 8, 1024, where the splits were full;
  * the choice at run time 1.268 at 1024, 1.394 at 8192, 2.960 at batch 8:
  * A/B knobs, the default stays 1.
+ * Where one lane a position would run, a bf16 cache takes the tensor
+ * cores' form instead (ATTN_BODY_TC, names `_tc`; MOEC_ATTN_TC=0 keeps
+ * the lanes'): tiles of 16 positions a warp on m16n8k16 products, splits
+ * of at least 64 positions, one wave of blocks (two a SM). H200,
+ * 2026-11-29, Qwen3-30B cut to 16 layers: 1.126 against 1.191 ms at batch
+ * 1 and context 1024, 1.238 against 1.382 at 8192, 3.307 against 4.181
+ * at batch 8 and 8192 (docs/CUDA.md).
  * In a bucket of one token the kernel runs the token's attn_prologue too
  * (unless MOEC_ATTN_FUSE_PROLOGUE=0): the qkv row in place of q, no
  * prologue kernel (codegen/attn_prologue.c, cg_attn_prologue_fused; names
