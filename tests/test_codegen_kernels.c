@@ -1942,11 +1942,16 @@ static void test_prefetch(void)
                    .attn_scale = 0.3, .TOPK = 5, .HI = 3, .DI = 12, .dsa_scale = 0.5,
                    .dsa_wscale = -0.7};
     const km_spec *specs[] = {&lin, &act, &f8, &mla, &mla_odd, &gqa, &gqa_odd, &dsa};
-    static const char *const knob[] = {NULL, "0", "1"};
+    /* the default cap, none, 1 KiB, and the default with the long rows'
+       norms prefetching their weight instead of reading it before the
+       wait (MOEC_NORM_WPRE=0) */
+    static const char *const knob[] = {NULL, "0", "1", NULL};
     static const int Ts[] = {1, 2, 8, 16};
-    for (int kn = 0; kn < 3; kn++) {
+    for (int kn = 0; kn < 4; kn++) {
         if (knob[kn])
             setenv("MOEC_PREFETCH_KB", knob[kn], 1);
+        if (kn == 3)
+            setenv("MOEC_NORM_WPRE", "0", 1);
         long long pf = 1024LL * (knob[kn] ? atoi(knob[kn]) : CG_PREFETCH_KB);
         for (int si = 0; si < 8; si++) {
             ir_module *m = km_module(specs[si]);
@@ -1981,6 +1986,7 @@ static void test_prefetch(void)
             ir_module_free(m);
         }
         unsetenv("MOEC_PREFETCH_KB");
+        unsetenv("MOEC_NORM_WPRE");
     }
 }
 
