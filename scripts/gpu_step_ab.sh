@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_step_ab.sh — one device call that checks a change to default kernels
 # and times it in whole steps: builds; runs gpu_kernels once for each part
-# named in KERNS (default "ROUTER": MOEC_KERN_<PART>_ONLY=1, e.g. "ROUTER
+# named in KERNS (default "ROUTER": MOEC_KERN_<PART>_ONLY=1, e.g. "ROUTER NORM
 # MOE ATTN GQA_PRO"); runs the GPU tests in CTESTS (default "gpu_model
 # gpu_graphs gpu_engine", one at a time: gpu_graphs checks the device's
 # free memory); then scripts/gpu_ab.sh at context 1024 on Qwen3-30B-A3B

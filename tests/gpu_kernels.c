@@ -21,7 +21,9 @@
  * CUDA-core GEMMs against the streaming ones and their shapes
  * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
  * each gate_up and down timed in a CUDA graph over copies of the weights.
- * MOEC_KERN_GQA_PRO_ONLY runs only GQA's prologue cases (by default the
+ * MOEC_KERN_NORM_ONLY runs only the residual add_rms_norms' cases (the
+ * add3 and the routed sums'). MOEC_KERN_GQA_PRO_ONLY runs only GQA's
+ * prologue cases (by default the
  * one-token bucket's attention kernel runs the prologue, whose results no
  * kernel writes then; MOEC_ATTN_FUSE_PROLOGUE=0 checks the prologue
  * kernel there too). Every output
@@ -3346,6 +3348,31 @@ int main(void)
     const unsigned FUSE_T = TM(1) | TM(3) | TM(8), ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
     const km_spec *sums[5] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_V3_R256, &SUM_ODD};
     const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
+    if (getenv("MOEC_KERN_NORM_ONLY")) {
+        /* the residual add_rms_norms alone (the programs added above
+           dropped): the add3 cases (hidden 2048, 7168, odd) and the routed
+           sums' (fuse_moe_sum: 2048, 7168, 512, odd), whose long rows take
+           a block each, bf16 and fp32 */
+        progs_free();
+        for (int f32 = 0; f32 < 2; f32++) {
+            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            for (int i = 0; i < 3; i++)
+                prog_add(add3[i], cdt, 64, TM(1) | TM(8) | TM(64));
+            for (int i = 0; i < 5; i++)
+                prog_add(sums[i], cdt, 64, FUSE_T);
+        }
+        progs_compile();
+        for (int f32 = 0; f32 < 2; f32++) {
+            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            for (int i = 0; i < 3; i++)
+                moe_case(add3[i], cdt, TM(1) | TM(8) | TM(64), 30 + (uint64_t)(2 * i + f32));
+            for (int i = 0; i < 5; i++)
+                moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
+        }
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (residual add_rms_norms)");
+    }
     for (int f32 = 0; f32 < 2; f32++) {
         ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
         for (int i = 0; i < 5; i++)
