@@ -14,7 +14,7 @@
 # On the GPU machine:
 #   cd .snap/src && scripts/gpu_attn_tc.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/moec-attn-tc}
 export OUT
 mkdir -p "$OUT/logs"
@@ -30,10 +30,8 @@ if [ "${CHECKS:-1}" != 0 ]; then
       >"$OUT/logs/gqa-pro-kernels-tc$tc.txt" 2>&1 || rc=1
     echo "gpu_kernels, GQA prologue, MOEC_ATTN_TC=$tc: $(grep -E "passed|failed" "$OUT/logs/gqa-pro-kernels-tc$tc.txt" | tail -1)"
   done
-  for t in ${CTESTS-gpu_model gpu_graphs gpu_engine}; do
-    (cd build-gpu && timeout 300 ctest -R "^$t\$" --output-on-failure >"$OUT/logs/ctest_$t.txt" 2>&1) || rc=1
-    echo "$t: $(grep -E "tests passed|tests failed" "$OUT/logs/ctest_$t.txt" | tail -1)"
-  done
+  # shellcheck disable=SC2086 # a list of test names
+  gpu_ctests "$OUT/logs" ${CTESTS-gpu_model gpu_graphs gpu_engine} || rc=1
   [ $rc = 0 ] || echo "a check failed"
 fi
 timeout "${AB_S:-400}" scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json "${LAYERS:-16}" 1,8 \

@@ -79,3 +79,18 @@ gpu_logs() {
   { nvidia-smi; date -u; cat "$GPU_ROOT/COMMIT" 2>/dev/null || git -C "$GPU_ROOT" log -1 --oneline; } \
     >"$LOGS/env.txt" 2>&1
 }
+
+# gpu_ctests DIR TEST...: each GPU test (ctest name) alone, one at a time
+# (gpu_graphs checks the device's free memory, which another process on
+# the GPU breaks), its output in DIR/ctest_TEST.txt and a line each on
+# stdout; non-zero when one failed.
+gpu_ctests() {
+  local dir=$1 t rc=0
+  shift
+  for t in "$@"; do
+    (cd "$GPU_ROOT/build-gpu" && timeout "${CTEST_S:-300}" ctest -R "^$t\$" --output-on-failure \
+      >"$dir/ctest_$t.txt" 2>&1) || rc=1
+    echo "$t: $(grep -E "tests passed|tests failed" "$dir/ctest_$t.txt" | tail -1)"
+  done
+  return $rc
+}

@@ -11,7 +11,7 @@
 # On the GPU machine:  cd .snap/src && scripts/gpu_plain_ab.sh
 # Parts can be skipped: Q3_VARIANTS= / V2_VARIANTS= / LPPS= / TIMELINE=0.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/moec-plain-ab}
 mkdir -p "$OUT/logs"
 source scripts/gpu_build.sh

@@ -13,7 +13,7 @@
 # On the GPU machine:
 #   cd .snap/src && VARIANTS="nowpre:MOEC_NORM_WPRE=0" scripts/gpu_step_ab.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/moec-step-ab}
 export OUT
 mkdir -p "$OUT/logs"
@@ -25,10 +25,8 @@ for part in ${KERNS-ROUTER}; do
     >"$OUT/logs/kernels-$part.txt" 2>&1 || rc=1
   echo "gpu_kernels, $part: $(grep -E "passed|failed" "$OUT/logs/kernels-$part.txt" | tail -1)"
 done
-for t in ${CTESTS-gpu_model gpu_graphs gpu_engine}; do
-  (cd build-gpu && timeout 300 ctest -R "^$t\$" --output-on-failure >"$OUT/logs/ctest_$t.txt" 2>&1) || rc=1
-  echo "$t: $(grep -E "tests passed|tests failed" "$OUT/logs/ctest_$t.txt" | tail -1)"
-done
+# shellcheck disable=SC2086 # a list of test names
+gpu_ctests "$OUT/logs" ${CTESTS-gpu_model gpu_graphs gpu_engine} || rc=1
 [ $rc = 0 ] || echo "a check failed"
 ab() { # NAME CONFIG LAYERS BATCHES
   [ -n "$4" ] || return 0
