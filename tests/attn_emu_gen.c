@@ -53,10 +53,12 @@ static const gen_case CASES[] = {
        (of 64 positions: a tile of 16 a warp), three with a window, 16
        tokens merged by the last block, 8 query heads of 16 a kv head (two
        blocks a head group), 4 of 4 (A's rows 4..7 unused) with 96 key
-       channels and 128 value ones, pages of 64, the live splits' merge */
+       channels and 128 value ones, pages of 64, the live splits' merge,
+       one query head a kv head (rows 1..7 unused) */
     {8, 2, 64, 64, 1, 1, 0, 16, "0", NULL, 1},   {8, 2, 64, 64, 3, 1, 37, 16, "0", "32", 1},
     {8, 2, 64, 64, 16, 1, 0, 16, "2", "64", 1},  {16, 1, 64, 64, 2, 1, 0, 64, "0", "32", 1},
     {12, 3, 96, 128, 3, 1, 5, 16, "0", "32", 1}, {8, 2, 64, 64, 1, 1, 0, 16, "3", "32", 1},
+    {4, 4, 64, 64, 2, 1, 0, 16, "0", "32", 1},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 

@@ -13,7 +13,7 @@
 # bounds, every L2 prefetch within the pools), once under the thread
 # sanitizer, five cases (no two threads' accesses unordered by a barrier;
 # 18 merges only the splits that hold positions, MOEC_ATTN_MERGE=3, 22 is
-# the tensor cores' form, MOEC_ATTN_TC=1, and 28 is the fused prologue's,
+# the tensor cores' form, MOEC_ATTN_TC=1, and 29 is the fused prologue's,
 # whose cache row is written by one warp and read by all after the
 # block's barrier). The fused prologue's cases
 # (MOEC_ATTN_FUSE_PROLOGUE=1) compare the one kernel with the two.
@@ -21,5 +21,5 @@
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/emu_lib.sh"
-emu_check attn_emu 1,5,18,22,28
+emu_check attn_emu 1,5,18,22,29
 finish test_attn_emu
