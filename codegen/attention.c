@@ -65,7 +65,6 @@
  * MOEC_ATTN_TC=0 keeps the lanes' form, MOEC_ATTN_SPLIT_MIN moves the
  * fewest. */
 #define ATTN_TC_TILE 16
-#define ATTN_TC_TILE_S "16"
 #define ATTN_TC_SPLIT_MIN (ATTN_TC_TILE * ATTN_WARPS)
 
 static const char WRITE_BODY[] =
@@ -655,13 +654,16 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
             cg_attn_fused_pro_consts(&c->src, fp, aname);
         cg_attn_emit_parts(&c->src, ns, merge);
         moec_buf_printf(&c->src, "%s", ATTN_SHARED);
+        char tile[16] = "32 / LPP";
+        if (tc)
+            snprintf(tile, sizeof tile, "%d", ATTN_TC_TILE);
         moec_buf_printf(&c->src,
                         "    /* one variant of the body, LPP lanes a position */\n"
                         "    auto run = [&](auto lc) {\n"
                         "    constexpr int LPP = decltype(lc)::value, TILE = %s,\n"
                         "                  MINPOS = MP1 / LPP > 0 ? MP1 / LPP : 1,\n"
                         "                  KUN = %d > 0 ? %d : (DK / KV + LPP - 1) / LPP, VUN = %d;\n",
-                        tc ? ATTN_TC_TILE_S : "32 / LPP", kun, kun, vun);
+                        tile, kun, kun, vun);
         /* a position's rows hold every kv head: the blocks of a split (kv
            heads, then query-head groups) share them out */
         cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",

@@ -3289,6 +3289,32 @@ int main(void)
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (sanitizer sample)");
     }
+    const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
+    const unsigned FUSE_T = TM(1) | TM(3) | TM(8);
+    const km_spec *sums[5] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_V3_R256, &SUM_ODD};
+    if (getenv("MOEC_KERN_NORM_ONLY")) {
+        /* the residual add_rms_norms alone: the add3 cases (hidden 2048,
+           7168, odd) and the routed sums' (fuse_moe_sum: 2048, 7168, 512,
+           odd), whose long rows take a block each, bf16 and fp32 */
+        for (int f32 = 0; f32 < 2; f32++) {
+            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            for (int i = 0; i < 3; i++)
+                prog_add(add3[i], cdt, 64, TM(1) | TM(8) | TM(64));
+            for (int i = 0; i < 5; i++)
+                prog_add(sums[i], cdt, 64, FUSE_T);
+        }
+        progs_compile();
+        for (int f32 = 0; f32 < 2; f32++) {
+            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            for (int i = 0; i < 3; i++)
+                moe_case(add3[i], cdt, TM(1) | TM(8) | TM(64), 30 + (uint64_t)(2 * i + f32));
+            for (int i = 0; i < 5; i++)
+                moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
+        }
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (residual add_rms_norms)");
+    }
     prog_add(&V2_MOE, IR_DTYPE_BF16, 64, ALL);
     prog_add(&V2_EXPERTS, IR_DTYPE_BF16, 64, TM(8));
     prog_add(&V3_MOE, IR_DTYPE_BF16, 64, TM(1) | TM(8));
@@ -3320,7 +3346,6 @@ int main(void)
         prog_add(&V32_DSA_FUSED, f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, FUSED_T);
         prog_add(&ODD_DSA_FUSED, f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, FUSED_T);
     }
-    const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
     for (int i = 0; i < 3; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(add3[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, TM(1) | TM(8) | TM(64));
@@ -3345,34 +3370,8 @@ int main(void)
             prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_MASK(i, f32));
     /* issue 15's fused forms at T = 1, 3, 8 (the act linear's kernel: up
        to 4 tokens) */
-    const unsigned FUSE_T = TM(1) | TM(3) | TM(8), ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
-    const km_spec *sums[5] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_V3_R256, &SUM_ODD};
+    const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
     const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
-    if (getenv("MOEC_KERN_NORM_ONLY")) {
-        /* the residual add_rms_norms alone (the programs added above
-           dropped): the add3 cases (hidden 2048, 7168, odd) and the routed
-           sums' (fuse_moe_sum: 2048, 7168, 512, odd), whose long rows take
-           a block each, bf16 and fp32 */
-        progs_free();
-        for (int f32 = 0; f32 < 2; f32++) {
-            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-            for (int i = 0; i < 3; i++)
-                prog_add(add3[i], cdt, 64, TM(1) | TM(8) | TM(64));
-            for (int i = 0; i < 5; i++)
-                prog_add(sums[i], cdt, 64, FUSE_T);
-        }
-        progs_compile();
-        for (int f32 = 0; f32 < 2; f32++) {
-            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-            for (int i = 0; i < 3; i++)
-                moe_case(add3[i], cdt, TM(1) | TM(8) | TM(64), 30 + (uint64_t)(2 * i + f32));
-            for (int i = 0; i < 5; i++)
-                moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
-        }
-        progs_free();
-        printf("total %.1f s\n", now_s() - t0);
-        return t_finish("gpu_kernels (residual add_rms_norms)");
-    }
     for (int f32 = 0; f32 < 2; f32++) {
         ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
         for (int i = 0; i < 5; i++)
