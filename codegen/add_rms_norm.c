@@ -28,6 +28,14 @@
 #include "codegen/norm_rows.h"
 #include "err.h"
 
+/* Blocks a row in the cluster form (codegen/norm_rows.h) in buckets of up
+ * to NORM_CL_MAX_T tokens: NORM_CL_SUM where the routed sum reads K fp32
+ * rows, NORM_CL for the other sums (MOEC_NORM_CL_SUM, MOEC_NORM_CL and
+ * MOEC_NORM_CL_MAX_T at codegen; 1 keeps one block a row). */
+#define NORM_CL_SUM 8
+#define NORM_CL 1
+#define NORM_CL_MAX_T 64
+
 /* "bf16" when every operand and result is stored alike, else the dtypes of
  * sum, normed, a, b, w (and c) in that order. */
 static void dtype_sig(const cg_ctx *c, const ir_op *op, char *buf, size_t cap)
@@ -92,13 +100,20 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                         b->name, ir_dtype_name(db));
     int rows = c->T;
     cg_norm_rows l = cg_norm_rows_of(D);
+    if (rows <= cg_env_int("MOEC_NORM_CL_MAX_T", NORM_CL_MAX_T, 0, 1 << 20))
+        cg_norm_rows_cluster(&l, b->type.rank == 3
+                                     ? cg_env_int("MOEC_NORM_CL_SUM", NORM_CL_SUM, 1, 8)
+                                     : cg_env_int("MOEC_NORM_CL", NORM_CL, 1, 8));
     int vec = l.vec;
-    char sig[64], name[256], sumk[32] = "";
+    char sig[64], name[256], sumk[32] = "", clt[16] = "", attrs[40];
     dtype_sig(c, op, sig, sizeof sig);
     if (b->type.rank == 3)
         snprintf(sumk, sizeof sumk, "_sum%lld_%s", (long long)kb, ir_dtype_name(dsum));
-    snprintf(name, sizeof name, "add%s_rms_norm%s_d%lld_t%d_%s", b2 ? "3" : "", sumk,
-             (long long)D, c->T, sig);
+    if (l.cl > 1)
+        snprintf(clt, sizeof clt, "_cl%d", l.cl);
+    cg_norm_rows_attrs(attrs, sizeof attrs, &l);
+    snprintf(name, sizeof name, "add%s_rms_norm%s_d%lld%s_t%d_%s", b2 ? "3" : "", sumk,
+             (long long)D, clt, c->T, sig);
     int is_new;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -110,12 +125,12 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
             snprintf(cparam, sizeof cparam, " const %s *__restrict__ c2,", cg_ctype(dc));
         moec_buf_printf(src,
                       "// add_rms_norm (codegen/add_rms_norm.c), first for %%%s, %%%s\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d)\n"
+                      "extern \"C\" __global__ void %s__launch_bounds__(%d)\n"
                       "%s(const %s *__restrict__ a, const %s *__restrict__ b,\n"
                       "    const %s *__restrict__ w,%s %s *__restrict__ sum, %s *__restrict__ y,\n"
                       "    float alpha, float eps)\n"
                       "{\n",
-                      s->name, y->name, cg_norm_rows_threads(&l), name, cg_ctype(da),
+                      s->name, y->name, attrs, cg_norm_rows_threads(&l), name, cg_ctype(da),
                       cg_ctype(db), cg_ctype(dw), cparam, cg_ctype(ds), cg_ctype(dy));
         cg_norm_rows_prefetch(c, src, &l, D);
         cg_norm_rows_begin(src, &l, rows);

@@ -157,6 +157,9 @@ static const char TOPK_BODY[] =
  * MOEC_MOE_ROUTE_MMA_MAX_T the largest bucket of the second form (1: none),
  * for comparisons. */
 #define ROUTER_MAX_BYTES (2 << 20)
+/* the most registers a thread holds of the router's weight before the wait
+   (H200, 2026-11-29: see router_wpre's use) */
+#define ROUTER_WPRE_REGS 64
 #define ROUTER_CLUSTER 8
 #define ROUTER_MMA_MAX_T 64
 /* the static shared memory the ROUTER_MMA kernel may take */
@@ -330,7 +333,68 @@ static const char ROUTER_BODY[] =
     "                    for (int j = 0; j < VE; j++)\n"
     "                        acc[q][t] += wv[q][j] * xv[j];\n"
     "            }\n"
+    "        }\n";
+
+/* ROUTER_BODY's first part where the block's rows of a bf16 router weight
+ * fit in registers (router_wpre): each lane's 16-byte chunks of its warp's
+ * rows read before the programmatic wait (ROUTER_WPRE_HEAD, while the
+ * kernel before it runs: the weight is a constant), then after it only x;
+ * the same products in the same order as ROUTER_BODY's. */
+static const char ROUTER_WPRE_HEAD[] =
+    "    constexpr int RPW = (EPB + NW - 1) / NW, NKC = (int)(H / (32 * VE));\n"
+    "    uint4 wpre[RPW][NKC];\n"
+    "    {\n"
+    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rank = blockIdx.x;\n"
+    "#pragma unroll\n"
+    "        for (int q = 0; q < RPW; q++) {\n"
+    "            const int r = warp + q * NW;\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NKC; i++)\n"
+    "                wpre[q][i] = r < EPB && rank * EPB + r < E\n"
+    "                    ? __ldg(reinterpret_cast<const uint4 *>(w + (long long)(rank * EPB + r) * H + (lane + i * 32) * VE))\n"
+    "                    : make_uint4(0u, 0u, 0u, 0u);\n"
     "        }\n"
+    "    }\n"
+    "    moec_pdl_enter();\n";
+
+static const char ROUTER_WPRE_BODY[] =
+    "    __shared__ float s_rl[T][EPB], s_lg[T * E];\n"
+    "    {\n"
+    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "        float acc[RPW][T];\n"
+    "#pragma unroll\n"
+    "        for (int q = 0; q < RPW; q++)\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++)\n"
+    "                acc[q][t] = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < NKC; i++) {\n"
+    "            const int k = (lane + i * 32) * VE;\n"
+    "            float wv[RPW][VE];\n"
+    "#pragma unroll\n"
+    "            for (int q = 0; q < RPW; q++) {\n"
+    "                const unsigned u[4] = {wpre[q][i].x, wpre[q][i].y, wpre[q][i].z, wpre[q][i].w};\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < 4; j++) {\n"
+    "                    wv[q][2 * j] = __uint_as_float(u[j] << 16);\n"
+    "                    wv[q][2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);\n"
+    "                }\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++) {\n"
+    "                float xv[VE];\n"
+    "                ldv<VE>(x + (long long)t * H + k, xv);\n"
+    "#pragma unroll\n"
+    "                for (int q = 0; q < RPW; q++)\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < VE; j++)\n"
+    "                        acc[q][t] += wv[q][j] * xv[j];\n"
+    "            }\n"
+    "        }\n";
+
+/* Both router bodies' end: the warps' sums into the block's shared memory,
+ * block 0 gathers the cluster's logits. */
+static const char ROUTER_GATHER[] =
     "#pragma unroll\n"
     "        for (int q = 0; q < RPW; q++) {\n"
     "            const int r = warp + q * NW;\n"
@@ -531,6 +595,17 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
         snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_late");
     if (rf == ROUTER_MMA && cl != ROUTER_CLUSTER)
         snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_cl%d", cl);
+    /* the GEMV form's weight rows read into registers before the wait:
+       bf16, whole 16-byte chunks, at most ROUTER_WPRE_REGS registers of
+       them a thread (MOEC_MOE_ROUTER_WPRE=0: the L2 prefetch only) */
+    int wpre = 0;
+    if (rf == ROUTER_GEMV && cg_storage(c, rw) == IR_DTYPE_BF16 && ve == 8 && H % 256 == 0 &&
+        cg_env_int("MOEC_MOE_ROUTER_WPRE", 1, 0, 1)) {
+        long long epb = (E + ROUTER_CLUSTER - 1) / ROUTER_CLUSTER, rpw = (epb + 7) / 8;
+        wpre = rpw * (H / 256) * 4 <= ROUTER_WPRE_REGS;
+    }
+    if (wpre)
+        snprintf(rtag + strlen(rtag), sizeof rtag - strlen(rtag), "_wpre");
     /* MOEC_MOE_TOPK_PF_KB=N (one-block aligning forms): as each token's
        choices are made, the first N KiB of every chosen expert's gate and
        up rows are asked into L2, so that the DRAM starts on the routed
@@ -621,14 +696,19 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
             moec_buf_printf(&c->src, "    typedef %s TW;\n    constexpr long long H = %lldLL;\n"
                                    "    constexpr int VE = %d, CL = %d, EPB = (E + CL - 1) / CL;\n",
                             cg_ctype(cg_storage(c, rw)), H, ve, ROUTER_CLUSTER);
-            /* before the wait: the block's rows of the router weight into L2 */
-            cg_emit_prefetch(&c->src, cg_prefetch_bytes(c),
+            /* before the wait: the block's rows of the router weight into
+               registers (router_wpre), else into L2 */
+            if (wpre)
+                moec_buf_printf(&c->src, "%s", ROUTER_WPRE_HEAD);
+            else
+                cg_emit_prefetch(&c->src, cg_prefetch_bytes(c),
                              "        const long long r0 = (long long)blockIdx.x * EPB, "
                              "nr = E - r0 < EPB ? E - r0 : EPB;\n"
                              "        if (nr > 0)\n"
                              "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), "
                              "PF_CAP);\n");
-            moec_buf_printf(&c->src, "%s", ROUTER_BODY);
+            moec_buf_printf(&c->src, "%s%s", wpre ? ROUTER_WPRE_BODY : ROUTER_BODY,
+                            ROUTER_GATHER);
         }
         if (rf == ROUTER_MMA)
             moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);

@@ -19,6 +19,8 @@ typedef struct cg_norm_rows {
     int nch;          /* chunks per thread */
     int cache;        /* the thread's share stays in registers */
     int wpre;         /* the norm's weight read into registers before the wait */
+    int cl;           /* blocks a row (a thread block cluster; 1: one block) */
+    int nt;           /* threads a block (stride / cl) */
 } cg_norm_rows;
 
 static inline cg_norm_rows cg_norm_rows_of(int64_t D)
@@ -33,13 +35,60 @@ static inline cg_norm_rows cg_norm_rows_of(int64_t D)
     l.nch = (int)((l.chunks + l.stride - 1) / l.stride);
     l.cache = l.nch * l.vec <= 64;
     l.wpre = !l.warp_form && l.cache && cg_env_int("MOEC_NORM_WPRE", 1, 0, 1);
+    l.cl = 1;
+    l.nt = l.stride;
     return l;
+}
+
+/* The cluster form of the block form: each row over a thread block cluster
+ * of cl blocks (2 to 8), each block a cl-th of the row's chunks (threads in
+ * 32s), the sum of squares reduced over the cluster's shared memory
+ * (moec_cluster_sum). A row's loads then come from cl SMs, not one: the
+ * routed sum's K rows of fp32 are K times the row's bytes. Not for the
+ * warp form. (Rounding the blocks' threads up to 32s may leave the last
+ * block without chunks: it adds 0 to the sum.) */
+static inline void cg_norm_rows_cluster(cg_norm_rows *l, int cl)
+{
+    if (l->warp_form || cl <= 1)
+        return;
+    if (cl > 8)
+        cl = 8;
+    long long per = (l->chunks + cl - 1) / cl;
+    int nt = (int)((per + 31) / 32 * 32);
+    if (nt > 1024)
+        return;
+    l->cl = cl;
+    l->nt = nt;
+    l->stride = nt * cl;
+    l->nch = (int)((l->chunks + l->stride - 1) / l->stride);
+    l->cache = l->nch * l->vec <= 64;
+    l->wpre = l->cache && cg_env_int("MOEC_NORM_WPRE", 1, 0, 1);
 }
 
 /* Threads per block (the kernel's launch bounds). */
 static inline int cg_norm_rows_threads(const cg_norm_rows *l)
 {
-    return l->warp_form ? 128 : l->stride;
+    return l->warp_form ? 128 : l->nt;
+}
+
+/* The kernel's attributes before its name: the cluster's dimensions in the
+ * cluster form, else nothing. */
+static inline void cg_norm_rows_attrs(char *buf, size_t cap, const cg_norm_rows *l)
+{
+    if (l->cl > 1)
+        snprintf(buf, cap, "__cluster_dims__(%d, 1, 1) ", l->cl);
+    else if (cap)
+        buf[0] = 0;
+}
+
+/* The thread's place in its row's threads: its index in the block, or in
+   the cluster form the block's rank before it. */
+static inline void cg_norm_rows_lane(char *buf, size_t cap, const cg_norm_rows *l)
+{
+    if (l->cl > 1)
+        snprintf(buf, cap, "((int)(blockIdx.x %% %dU) * %d + (int)threadIdx.x)", l->cl, l->nt);
+    else
+        snprintf(buf, cap, "threadIdx.x");
 }
 
 /* Before the wait: in the block form with the share in registers (wpre),
@@ -53,16 +102,19 @@ static inline void cg_norm_rows_prefetch(const cg_ctx *c, moec_buf *b, const cg_
                                          int64_t D)
 {
     if (l->wpre) {
+        char lane[96];
+        cg_norm_rows_lane(lane, sizeof lane, l);
         moec_buf_printf(b,
                         "    float wpre[%d][%d];\n"
                         "#pragma unroll\n"
                         "    for (int i = 0; i < %d; i++) {\n"
-                        "        const int c = threadIdx.x + i * %d;\n"
+                        "        const int c = %s + i * %d;\n"
                         "        if (c < %lld)\n"
                         "            ldv<%d>(w + c * %d, wpre[i]);\n"
                         "    }\n"
                         "    moec_pdl_enter();\n",
-                        l->nch, l->vec, l->nch, l->stride, (long long)l->chunks, l->vec, l->vec);
+                        l->nch, l->vec, l->nch, lane, l->stride, (long long)l->chunks, l->vec,
+                        l->vec);
         return;
     }
     char lines[256];
@@ -85,7 +137,14 @@ static inline void cg_norm_rows_begin(moec_buf *b, const cg_norm_rows *l, long l
                       "    if (row >= %lld)\n"
                       "        return;\n",
                       rows);
-    else
+    else if (l->cl > 1) {
+        char lane[96];
+        cg_norm_rows_lane(lane, sizeof lane, l);
+        moec_buf_printf(b,
+                        "    const int row = blockIdx.x / %dU;\n"
+                        "    const int lane = %s;\n",
+                        l->cl, lane);
+    } else
         moec_buf_printf(b, "    const int row = blockIdx.x;\n"
                          "    const int lane = threadIdx.x;\n");
 }
@@ -98,6 +157,8 @@ static inline void cg_norm_rows_finish(moec_buf *b, const cg_norm_rows *l, int64
                                        const char *reread)
 {
     int vec = l->vec;
+    char cl_sum[40];
+    snprintf(cl_sum, sizeof cl_sum, "moec_cluster_sum<%d>", l->cl);
     moec_buf_printf(b,
                   "                ss += t[j] * t[j];\n"
                   "%s"
@@ -112,7 +173,8 @@ static inline void cg_norm_rows_finish(moec_buf *b, const cg_norm_rows *l, int64
                   "        if (c < %lld) {\n"
                   "            float t[%d], wv[%d];\n",
                   l->cache ? "                v[i][j] = t[j];\n" : "",
-                  l->warp_form ? "warp_sum" : "block_sum", (long long)D, l->nch, l->stride,
+                  l->warp_form ? "warp_sum" : l->cl > 1 ? cl_sum : "block_sum", (long long)D,
+                  l->nch, l->stride,
                   (long long)l->chunks, vec, vec);
     if (l->cache)
         moec_buf_printf(b,
@@ -144,7 +206,7 @@ static inline void cg_norm_rows_finish(moec_buf *b, const cg_norm_rows *l, int64
 /* The launch of a kernel over `rows` rows. */
 static inline void cg_norm_rows_launch(ir_step *s, const cg_norm_rows *l, long long rows)
 {
-    s->grid[0] = (unsigned)(l->warp_form ? (rows + 3) / 4 : rows);
+    s->grid[0] = (unsigned)(l->warp_form ? (rows + 3) / 4 : rows * l->cl);
     s->block[0] = (unsigned)cg_norm_rows_threads(l);
 }
 

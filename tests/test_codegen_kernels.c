@@ -426,8 +426,10 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
             c->steps[k].n_args == 8);
     if (k >= 0) {
         char tk[96];
-        snprintf(tk, sizeof tk, "moe_topk_align_bm%d_router%s_h2048_bf16_e64_k6_softmax",
-                 T == 64 ? 8 : T == 8 ? 2 : 1, T == 1 ? "" : "mma");
+        /* at one token the block's weight rows (8 of 2048 a warp: 32
+           registers a thread) are read before the wait */
+        snprintf(tk, sizeof tk, "moe_topk_align_bm%d_router%s_h2048_bf16%s_e64_k6_softmax",
+                 T == 64 ? 8 : T == 8 ? 2 : 1, T == 1 ? "" : "mma", T == 1 ? "_wpre" : "");
         T_CHECK(strstr(c->kernel_names[c->steps[k].kernel], tk) != NULL);
         T_CHECK(c->steps[k].args[0].kind == IR_ARG_ACT &&
                 c->steps[k].args[0].index == ir_module_find_value(m, "x")->id &&
@@ -1647,6 +1649,94 @@ static void test_argmax_nonfinite(void)
     ir_module_free(m);
 }
 
+/* The residual add_rms_norm with the routed sum over K (and the shared
+ * experts' addend) in its cluster form (codegen/norm_rows.h): at Qwen3-30B's
+ * hidden 2048 and top-8, V3's 7168
+ * and an odd 2050 (vec 2, the last block idle), buckets of 1, 8 and 64
+ * tokens take 8 blocks a row (32, 128 and 160 threads, grid 8 T, the
+ * kernel's cluster dims and its cluster sum in the source); 65 tokens, and
+ * MOEC_NORM_CL_SUM=1, one block a row (its block sum); one program of the
+ * cluster forms compiled by NVRTC. */
+static void test_norm_cluster(void)
+{
+    static const struct {
+        int D, K, nt;
+    } shapes[] = {{2048, 8, 32}, {7168, 8, 128}, {2050, 3, 160}};
+    static const int Ts[] = {1, 8, 64, 65};
+    compile_job *j = n_jobs < MAX_JOBS ? &jobs[n_jobs] : NULL;
+    T_CHECK(j != NULL);
+    if (!j)
+        return;
+    memset(j, 0, sizeof *j);
+    moec_buf prog = {0};
+    cg_emit_prologue(&prog);
+    for (int knob = 0; knob < 2; knob++) {
+        if (knob)
+            setenv("MOEC_NORM_CL_SUM", "1", 1);
+        for (int si = 0; si < 3; si++) {
+            int D = shapes[si].D, K = shapes[si].K;
+            km_spec sp = {.name = "k_norm_cl", .vocab = 4, .E = 16, .K = K, .NG = 1, .TG = 1,
+                          .scaling = 1.0, .moe = KM_ROUTED, .HID = D, .I = 64, .wdt = "bf16",
+                          .moe_scale = 1.0, .AN = D, .an_alpha = 1.0, .an_moe = 1};
+            ir_module *m = km_module(&sp);
+            T_CHECK(m != NULL);
+            if (!m)
+                continue;
+            cg_options o;
+            cg_options_default(&o);
+            for (int ti = 0; ti < 4; ti++) {
+                int T = Ts[ti], cl = !knob && T <= 64;
+                cg_ctx c = {.m = m, .opt = &o, .T = T};
+                const ir_op *op = NULL;
+                for (int k = 0; k < m->n_ops; k++)
+                    if (m->ops[k]->kind == IR_OP_ADD_RMS_NORM)
+                        op = m->ops[k];
+                T_CHECK(op != NULL);
+                if (!op || cg_emit_op(&c, op) != MOEC_OK || c.n_steps != 1) {
+                    fprintf(stderr, "k_norm_cl D %d T %d: %s\n", D, T, moec_last_error());
+                    T_CHECK(0);
+                    cg_ctx_free(&c);
+                    continue;
+                }
+                const ir_step *st = &c.steps[0];
+                const char *kn = c.kernel_names[st->kernel], *src = c.src.data ? c.src.data : "";
+                char want[96];
+                snprintf(want, sizeof want, "add3_rms_norm_sum%d_bf16_d%d%s_t%d_", K, D,
+                         cl ? "_cl8" : "", T);
+                int nt = cl ? shapes[si].nt : (D % 8 ? (D / 2 + 31) / 32 * 32 : D / 8);
+                if (nt > 1024)
+                    nt = 1024;
+                if (strncmp(kn, want, strlen(want)) || st->grid[0] != (unsigned)(cl ? 8 * T : T) ||
+                    st->block[0] != (unsigned)nt)
+                    fprintf(stderr, "k_norm_cl D %d T %d: %s grid %u block %u\n", D, T, kn,
+                            st->grid[0], st->block[0]);
+                T_CHECK(!strncmp(kn, want, strlen(want)));
+                T_CHECK(st->grid[0] == (unsigned)(cl ? 8 * T : T) && st->block[0] == (unsigned)nt);
+                T_CHECK((strstr(src, "__cluster_dims__(8, 1, 1) __launch_bounds__") != NULL) == cl);
+                T_CHECK((strstr(src, "ss = moec_cluster_sum<8>(ss);") != NULL) == cl);
+                T_CHECK((strstr(src, "ss = block_sum(ss);") != NULL) == !cl);
+                if (cl && T == 1) {
+                    cg_add_pdl_waits(&c.src);
+                    moec_buf_printf(&prog, "%s", c.src.data ? c.src.data : "");
+                    moec_buf_printf(&j->names, "%s\n", kn);
+                }
+                cg_ctx_free(&c);
+            }
+            ir_module_free(m);
+        }
+        unsetenv("MOEC_NORM_CL_SUM");
+    }
+    if (prog.oom || j->names.oom) {
+        T_CHECK(0);
+        moec_buf_free(&prog);
+        moec_buf_free(&j->names);
+        return;
+    }
+    j->label = strdup("norm_cluster");
+    j->src = prog.data;
+    n_jobs++;
+}
+
 /* ---- the device sampler ------------------------------------------------------ */
 
 /* A module whose output is [T, V] logits (an embedding), for the argmax and
@@ -2029,6 +2119,7 @@ int main(void)
     test_tiny_models();
     test_errors();
     test_argmax_nonfinite();
+    test_norm_cluster();
     test_sampler();
     compile_all();
     return t_finish("test_codegen_kernels");
