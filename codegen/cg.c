@@ -2,6 +2,7 @@
  * per-bucket kernel and step tables every emitter appends to, symbolic
  * launch arguments, storage dtypes, the prologue every generated program
  * starts with, and the dispatch from op kind to its emitter. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -762,6 +763,16 @@ static const char PROLOGUE[] =
     "#endif\n"
     "}\n"
     "\n"
+    "/* The trigger alone, first thing in a kernel that MOEC_PDL_EARLY names: the\n"
+    "   next kernel may then be scheduled while this one still waits (its own\n"
+    "   wait still waits for this grid to complete). */\n"
+    "__device__ __forceinline__ void moec_pdl_trigger()\n"
+    "{\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.launch_dependents;\\n\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n"
+    "\n"
     "__device__ __forceinline__ void moec_pdl_enter()\n"
     "{\n"
     "#if __CUDA_ARCH__ >= 900\n"
@@ -1162,10 +1173,46 @@ static const char PROLOGUE[] =
 
 void cg_emit_prologue(moec_buf *b) { moec_buf_printf(b, "%s", PROLOGUE); }
 
+/* 1 when the kernel whose declaration runs from kern to open (its body's
+ * brace) has a name that begins with one of the comma-separated prefixes
+ * in `early` (MOEC_PDL_EARLY). */
+static int pdl_early(const char *early, const char *kern, const char *open)
+{
+    /* the name: the identifier before the '(' of the parameters, whose ')'
+       is the last before the brace */
+    const char *paren = kern, *name;
+    int depth = 0;
+    for (const char *p = open; p > kern; p--) {
+        if (*p == ')')
+            depth++;
+        else if (*p == '(' && --depth == 0) {
+            paren = p;
+            break;
+        }
+    }
+    name = paren;
+    while (name > kern && (isalnum((unsigned char)name[-1]) || name[-1] == '_'))
+        name--;
+    size_t nlen = (size_t)(paren - name);
+    for (const char *e = early; *e;) {
+        const char *comma = strchr(e, ',');
+        size_t len = comma ? (size_t)(comma - e) : strlen(e);
+        if (len && len <= nlen && !strncmp(name, e, len))
+            return 1;
+        e += len + (comma != NULL);
+    }
+    return 0;
+}
+
 void cg_add_pdl_waits(moec_buf *b)
 {
     static const char KERNEL[] = "extern \"C\" __global__", ENTER[] = "\n    moec_pdl_enter();",
-                      WAIT[] = "\n    moec_pdl_wait();";
+                      WAIT[] = "\n    moec_pdl_wait();", TRIGGER[] = "\n    moec_pdl_trigger();";
+    /* MOEC_PDL_EARLY=PREFIX[,PREFIX]: those kernels trigger the next one's
+       launch before their wait (an A/B knob) */
+    const char *early = getenv("MOEC_PDL_EARLY");
+    if (!early)
+        early = "";
     if (b->oom || !b->data)
         return;
     size_t n = 0;
@@ -1184,7 +1231,9 @@ void cg_add_pdl_waits(moec_buf *b)
         if (wait && (!own || wait < own))
             own = wait;
         int placed = own && (!next || own < next);
-        moec_buf_printf(&out, "%.*s%s", (int)(open + 1 - p), p, placed ? "" : ENTER);
+        moec_buf_printf(&out, "%.*s%s%s", (int)(open + 1 - p), p,
+                        *early && pdl_early(early, kern, open) ? TRIGGER : "",
+                        placed ? "" : ENTER);
         p = open + 1;
     }
     moec_buf_printf(&out, "%s", p);

@@ -2081,7 +2081,8 @@ static void test_prefetch(void)
 }
 
 /* cg_add_pdl_waits: the wait goes first in every kernel body, nowhere else,
- * but where the body places its own (k3, after its prefetch). */
+ * but where the body places its own (k3, after its prefetch); MOEC_PDL_EARLY
+ * puts the trigger first in the kernels it names. */
 static void test_pdl_waits(void)
 {
     moec_buf b = {0};
@@ -2102,6 +2103,29 @@ static void test_pdl_waits(void)
                                 "\n    moec_pdl_enter();\n    if (x) { x[1] = 2; }\n}\n"
                                 "extern \"C\" __global__ void k3(const int *w)\n{\n"
                                 "    moec_prefetch_l2(w, 64);\n    moec_pdl_enter();\n}\n"));
+    moec_buf_free(&b);
+    /* MOEC_PDL_EARLY: the kernels whose names begin with a listed prefix
+       trigger first, before their wait or prefetch (names on their own
+       line, after cluster dims, or a prefix longer than the name: none) */
+    moec_buf_printf(&b, "extern \"C\" __global__ void __cluster_dims__(8, 1, 1) "
+                        "__launch_bounds__(32)\nadd_x(int *x)\n{\n    x[0] = 1;\n}\n"
+                        "extern \"C\" __global__ void comb_y(const int *w)\n{\n"
+                        "    moec_prefetch_l2(w, 64);\n    moec_pdl_enter();\n}\n"
+                        "extern \"C\" __global__ void add(int *x)\n{\n}\n"
+                        "extern \"C\" __global__ void other(int *x)\n{\n}\n");
+    setenv("MOEC_PDL_EARLY", "add_,comb", 1);
+    cg_add_pdl_waits(&b);
+    unsetenv("MOEC_PDL_EARLY");
+    T_CHECK(!b.oom && b.data);
+    if (b.data)
+        T_CHECK(!strcmp(b.data, "extern \"C\" __global__ void __cluster_dims__(8, 1, 1) "
+                                "__launch_bounds__(32)\nadd_x(int *x)\n{\n    moec_pdl_trigger();\n"
+                                "    moec_pdl_enter();\n    x[0] = 1;\n}\n"
+                                "extern \"C\" __global__ void comb_y(const int *w)\n{\n"
+                                "    moec_pdl_trigger();\n"
+                                "    moec_prefetch_l2(w, 64);\n    moec_pdl_enter();\n}\n"
+                                "extern \"C\" __global__ void add(int *x)\n{\n    moec_pdl_enter();\n}\n"
+                                "extern \"C\" __global__ void other(int *x)\n{\n    moec_pdl_enter();\n}\n"));
     moec_buf_free(&b);
 }
 
