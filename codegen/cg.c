@@ -1175,7 +1175,7 @@ void cg_emit_prologue(moec_buf *b) { moec_buf_printf(b, "%s", PROLOGUE); }
 
 /* 1 when the kernel whose declaration runs from kern to open (its body's
  * brace) has a name that begins with one of the comma-separated prefixes
- * in `early` (MOEC_PDL_EARLY). */
+ * in `early` (MOEC_PDL_EARLY; '+' separates them too). */
 static int pdl_early(const char *early, const char *kern, const char *open)
 {
     /* the name: the identifier before the '(' of the parameters, whose ')'
@@ -1195,11 +1195,10 @@ static int pdl_early(const char *early, const char *kern, const char *open)
         name--;
     size_t nlen = (size_t)(paren - name);
     for (const char *e = early; *e;) {
-        const char *comma = strchr(e, ',');
-        size_t len = comma ? (size_t)(comma - e) : strlen(e);
+        size_t len = strcspn(e, ",+");
         if (len && len <= nlen && !strncmp(name, e, len))
             return 1;
-        e += len + (comma != NULL);
+        e += len + (e[len] != 0);
     }
     return 0;
 }

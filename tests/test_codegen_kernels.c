@@ -2113,7 +2113,7 @@ static void test_pdl_waits(void)
                         "    moec_prefetch_l2(w, 64);\n    moec_pdl_enter();\n}\n"
                         "extern \"C\" __global__ void add(int *x)\n{\n}\n"
                         "extern \"C\" __global__ void other(int *x)\n{\n}\n");
-    setenv("MOEC_PDL_EARLY", "add_,comb", 1);
+    setenv("MOEC_PDL_EARLY", "add_+comb", 1);
     cg_add_pdl_waits(&b);
     unsetenv("MOEC_PDL_EARLY");
     T_CHECK(!b.oom && b.data);
