@@ -15,6 +15,9 @@
 #   kernel of KERNELS (one regex of them all, LAUNCHES launches, default 8)
 #   with a few metrics only (time, instructions, registers, grid, DRAM and
 #   L2 bytes, every stall reason): lean.csv, and lean.txt a line a launch.
+#   SOURCE=1 instead takes, for each kernel of KERNELS, its first launch's
+#   source counters (warp stall samples and instructions executed at each
+#   SASS instruction): NAME.ncu-rep and NAME.sass.csv (ncu --page source).
 #   leaves $OUT/ncu_kernel.tar.gz: per kernel its report (NAME.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +30,19 @@ M=/dev/shm/moec-ncuk
 rm -rf "$M"
 gpu_sample_model "tests/data/configs/$cfg.json" "$layers" "$M" "$fp8" >"$LOGS/sample.txt" 2>&1 ||
   { tail "$LOGS/sample.txt"; exit 1; }
+if [ "${SOURCE:-0}" = 1 ]; then
+  for k in ${KERNELS:-mla_attn moe_down}; do
+    timeout "${NCU_S:-180}" "$NCU" --clock-control none --kernel-name "regex:$k" --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --section LaunchStats -o "$LOGS/$k" -f \
+      build-gpu/moec bench "$M" --batch-sizes "$batch" --context "${CONTEXT:-1024}" --steps 1 \
+      --warmup 0 >"$LOGS/$k.log" 2>&1 || echo "ncu source on $k: exit $?"
+    "$NCU" -i "$LOGS/$k.ncu-rep" --page source --csv --print-source sass >"$LOGS/$k.sass.csv" 2>&1 ||
+      echo "ncu source page of $k: exit $?"
+    echo "== $k: $(wc -l <"$LOGS/$k.sass.csv") SASS lines"
+  done
+  rm -rf "$M"
+  exit 0
+fi
 if [ "${LEAN:-0}" = 1 ]; then
   re=$(echo ${KERNELS:-mla_attn moe_down} | tr ' ' '|')
   timeout "${NCU_S:-300}" "$NCU" --clock-control none --kernel-name "regex:$re" \

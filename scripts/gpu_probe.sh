@@ -3,7 +3,8 @@
 # gpu_kernels once for each part in KERNS (MOEC_KERN_<PART>_ONLY=1, e.g.
 # "NORM ROUTER"; default none); Nsight Compute's lean pass
 # (scripts/gpu_ncu_kernel.sh LEAN=1) over NCU_KERNELS (regexes) in a step of
-# NCU_PROFILE (default qwen3_30b_a3b:2:1); then a kernel timeline
+# NCU_PROFILE (default qwen3_30b_a3b:2:1; LEAN=0 SOURCE=1: the
+# source-counter pass instead, per kernel); then a kernel timeline
 # (scripts/gpu_timeline.sh) of TL_PROFILES (default qwen3_30b_a3b:4:1) for
 # each of TL_VARIANTS ("NAME:ENV=V[,ENV=V] ...", default "default:").
 # Leaves $OUT/build.txt, $OUT/kernels-PART.txt, $OUT/ncu/ncu_kernel.tar.gz
@@ -24,7 +25,7 @@ for part in ${KERNS-}; do
   echo "gpu_kernels, $part: $(grep -E "passed|failed" "$OUT/kernels-$part.txt" | tail -1)"
 done
 if [ -n "${NCU_KERNELS:-}" ]; then
-  OUT=$OUT/ncu LEAN=1 KERNELS="$NCU_KERNELS" PROFILE=${NCU_PROFILE:-qwen3_30b_a3b:2:1} \
+  OUT=$OUT/ncu LEAN=${LEAN:-1} KERNELS="$NCU_KERNELS" PROFILE=${NCU_PROFILE:-qwen3_30b_a3b:2:1} \
     scripts/gpu_ncu_kernel.sh
 fi
 for v in ${TL_VARIANTS-default:}; do
