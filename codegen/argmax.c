@@ -11,12 +11,14 @@
 #include "codegen/cg.h"
 #include "err.h"
 
-/* Blocks per row (a cluster) for large vocabularies on sm_90, 1 by default:
+/* Blocks per row (a cluster) for large vocabularies on sm_90, 8 by default:
    the one-block argmax of 102400 logits added 8.8 us to a V2-Lite step at
-   batch 1 (H100, 2026-11-25 timeline), but 8 blocks measured level (2.314
+   batch 1 (H100, 2026-11-25 timeline), where 8 blocks measured level (2.314
    against 2.318 ms at batch 1, 13.820 against 13.779 at 64, one call;
-   gpu_sample passes with 8). MOEC_ARGMAX_CL=2|4|8 for A/B runs. */
-#define ARGMAX_CL 1
+   gpu_sample passes with 8); on the H200 8 blocks took 7 and 11 us off a
+   Qwen3-30B step at batch 1 (151936 logits; 2026-11-29, two calls).
+   MOEC_ARGMAX_CL=1|2|4 for A/B runs. */
+#define ARGMAX_CL 8
 
 /* CL blocks per row (a cluster on sm_90 for large vocabularies, else 1):
  * block `part` of a row scans CH logits from part * CH (a multiple of 4, so

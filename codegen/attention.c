@@ -97,7 +97,7 @@ static const char ATTN_SHARED[] =
  * its constants), in four parts: the block's token (ATTN_BODY_TOKEN), its
  * query heads into shared memory (ATTN_BODY_Q), its split's tiles
  * (ATTN_BODY_SPLIT), the rest (ATTN_BODY_EMPTY, then ATTN_BODY_LANES or
- * the tensor cores' ATTN_BODY_TC, then ATTN_BODY_TAIL). A kernel that runs its
+ * the tensor cores' ATTN_BODY_TC, then ATTN_BODY_TAIL and _OUT). A kernel that runs its
  * token's attn_prologue itself puts that prologue in place of
  * ATTN_BODY_Q, after the split's tiles (codegen/attn_prologue.c). */
 static const char ATTN_BODY_TOKEN[] =
@@ -385,6 +385,43 @@ static const char ATTN_BODY_TC[] =
  * output where the sequence is not split. */
 static const char ATTN_BODY_TAIL[] =
     "    __syncthreads();\n"
+    "    /* each head's warp weights once (a thread a head), then a thread a\n"
+    "       value channel: the same sums in the same order as taking the\n"
+    "       weights at every channel */\n"
+    "    __shared__ float f_s[NW][GB], mx_s[GB], lt_s[GB];\n"
+    "    if (threadIdx.x < GB) {\n"
+    "        const int g = threadIdx.x;\n"
+    "        float mx = MOEC_NEG_INF;\n"
+    "#pragma unroll\n"
+    "        for (int w = 0; w < NW; w++)\n"
+    "            mx = fmaxf(mx, m_s[w][g]);\n"
+    "        float l = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int w = 0; w < NW; w++) {\n"
+    "            float f = 0.0f;\n"
+    "            if (m_s[w][g] != MOEC_NEG_INF) {\n"
+    "                f = expf(m_s[w][g] - mx);\n"
+    "                l += l_s[w][g] * f;\n"
+    "            }\n"
+    "            f_s[w][g] = f;\n"
+    "        }\n"
+    "        mx_s[g] = mx;\n"
+    "        lt_s[g] = l;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    for (int i = threadIdx.x; i < GB * DV; i += NT) {\n"
+    "        const int g = i / DV, c = i % DV;\n"
+    "        const float mx = mx_s[g], l = lt_s[g];\n"
+    "        float a = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int w = 0; w < NW; w++)\n"
+    "            if (m_s[w][g] != MOEC_NEG_INF)\n"
+    "                a += acc_s[w][g][c] * f_s[w][g];\n";
+
+/* The merge as before the head weights (MOEC_ATTN_HEAD_WEIGHTS=0, for
+ * A/Bs): every value channel's thread takes its head's warp weights. */
+static const char ATTN_BODY_TAIL_CH[] =
+    "    __syncthreads();\n"
     "    for (int i = threadIdx.x; i < GB * DV; i += NT) {\n"
     "        const int g = i / DV, c = i % DV;\n"
     "        float mx = MOEC_NEG_INF;\n"
@@ -399,7 +436,10 @@ static const char ATTN_BODY_TAIL[] =
     "            const float f = expf(m_s[w][g] - mx);\n"
     "            l += l_s[w][g] * f;\n"
     "            a += acc_s[w][g][c] * f;\n"
-    "        }\n"
+    "        }\n";
+
+/* Both merges' end: the split's state, or the output. */
+static const char ATTN_BODY_TAIL_OUT[] =
     "        if constexpr (NSPLIT > 1) {\n"
     "            /* this split's softmax state and unnormalised output */\n"
     "            const long long part = ((long long)t * H + h0 + g) * NSPLIT + split;\n"
@@ -673,8 +713,11 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
         moec_buf_printf(&c->src, "%s%s%s", ATTN_BODY_TOKEN, fp ? "" : ATTN_BODY_Q, ATTN_BODY_SPLIT);
         if (fp)
             cg_attn_fused_pro_body(&c->src);
-        moec_buf_printf(&c->src, "%s%s%s    };\n", ATTN_BODY_EMPTY, tc ? ATTN_BODY_TC : ATTN_BODY_LANES,
-                        ATTN_BODY_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s%s    };\n", ATTN_BODY_EMPTY,
+                        tc ? ATTN_BODY_TC : ATTN_BODY_LANES,
+                        cg_env_int("MOEC_ATTN_HEAD_WEIGHTS", 1, 0, 1) ? ATTN_BODY_TAIL
+                                                                      : ATTN_BODY_TAIL_CH,
+                        ATTN_BODY_TAIL_OUT);
         if (lpp)
             moec_buf_printf(&c->src, "    run(moec_ic<%d>());\n}\n\n", lpp);
         else { /* four lanes a position while the token's positions fill
