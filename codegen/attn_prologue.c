@@ -46,10 +46,12 @@ static const char HELPERS[] =
     "   into r (D floats of shared memory): rounded to TC as the slice's\n"
     "   stored value was, RMS-normed with w (NORM) and rounded as the\n"
     "   rms_norm's stored result was, its first RD channels rotated at p */\n"
+    "/* (with cs, the rotation's cos and sin at p, times af, pair k at\n"
+    "   cs[2k], cs[2k + 1]: sincosf once a block, not once a head) */\n"
     "template <int D, int RD, int V, bool NEOX, bool NORM, typename TC, typename TX, typename TW>\n"
     "__device__ __forceinline__ void moec_attn_pro_head(const TX *xh, const TW *w, float eps, float p,\n"
     "                                                   const float *inv_freq, float af, float *r,\n"
-    "                                                   int lane)\n"
+    "                                                   int lane, const float *cs = nullptr)\n"
     "{\n"
     "    float ss = 0.0f;\n"
     "    for (int c = lane * V; c < D; c += 32 * V) {\n"
@@ -72,7 +74,16 @@ static const char HELPERS[] =
     "        }\n"
     "    }\n"
     "    __syncwarp();\n"
-    "    moec_rope_row<RD, NEOX>(r, lane, p, inv_freq, af);\n"
+    "    if (cs) {\n"
+    "        for (int k = lane; k < RD / 2; k += 32) {\n"
+    "            const int i0 = NEOX ? k : 2 * k, i1 = NEOX ? k + RD / 2 : 2 * k + 1;\n"
+    "            const float x0 = r[i0], x1 = r[i1];\n"
+    "            r[i0] = x0 * cs[2 * k] - x1 * cs[2 * k + 1];\n"
+    "            r[i1] = x1 * cs[2 * k] + x0 * cs[2 * k + 1];\n"
+    "        }\n"
+    "    } else {\n"
+    "        moec_rope_row<RD, NEOX>(r, lane, p, inv_freq, af);\n"
+    "    }\n"
     "    __syncwarp();\n"
     "}\n"
     "#endif\n\n";
@@ -250,11 +261,14 @@ void cg_attn_fused_pro_consts(moec_buf *b, const cg_attn_fused_pro *f, const cha
                            "    (void)qw;\n    (void)kw;\n    (void)eps;\n");
     moec_buf_printf(b,
                     "    constexpr int PN = %lld, PRD = %lld, PV = %d;\n"
-                    "    constexpr bool PNEOX = %s, PNORM = %s;\n"
+                    "    constexpr bool PNEOX = %s, PNORM = %s, PCS = %s;\n"
                     "    constexpr float PAF = %af;\n"
                     "    const float *inv_freq = %s_inv_freq;\n"
                     "    __shared__ float kx_s[DK];\n",
                     f->N, f->rd, f->vec, f->neox ? "true" : "false", f->norm ? "true" : "false",
+                    /* the rotation's cos and sin once a block, not once a
+                       head (MOEC_ATTN_ROPE_ONCE=0: once a head, for A/Bs) */
+                    cg_env_int("MOEC_ATTN_ROPE_ONCE", 1, 0, 1) ? "true" : "false",
                     (double)f->rt.attn_factor, kernel);
 }
 
@@ -273,6 +287,19 @@ static const char FUSED_BODY[] =
     "        const TX *xr = x + (long long)t * PN;\n"
     "        /* a split without positions makes nothing: it only arrives */\n"
     "        const int items = first < last ? GB + (own ? 2 : 0) : 0;\n"
+    "        /* the rotation at p once for the block's heads (PCS) */\n"
+    "        __shared__ float cs_s[PCS ? (PRD / 2 > 0 ? PRD : 2) : 2];\n"
+    "        if constexpr (PCS && PRD / 2 > 0) {\n"
+    "            if (items) {\n"
+    "                for (int k = threadIdx.x; k < PRD / 2; k += NT) {\n"
+    "                    float sn, cs;\n"
+    "                    sincosf((float)p * inv_freq[k], &sn, &cs);\n"
+    "                    cs_s[2 * k] = cs * PAF;\n"
+    "                    cs_s[2 * k + 1] = sn * PAF;\n"
+    "                }\n"
+    "                __syncthreads();\n"
+    "            }\n"
+    "        }\n"
     "        for (int it = warp; it < items; it += NW) {\n"
     "            if (it == GB + 1) { /* v: copied */\n"
     "                const TX *xh = xr + (long long)(H + HKV + kh) * DK;\n"
@@ -288,7 +315,7 @@ static const char FUSED_BODY[] =
     "            float *r = isq ? q_s[it] : kx_s;\n"
     "            moec_attn_pro_head<DK, PRD, PV, PNEOX, PNORM, TS>(\n"
     "                xr + (long long)(isq ? h0 + it : H + kh) * DK, isq ? qw : kw, eps, (float)p, inv_freq,\n"
-    "                PAF, r, lane);\n"
+    "                PAF, r, lane, PCS && PRD / 2 > 0 ? cs_s : nullptr);\n"
     "            if (isq) {\n"
     "                for (int c = lane; c < DK; c += 32)\n"
     "                    r[c] = moec_round_to<TQ>(r[c]);\n"
