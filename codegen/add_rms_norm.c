@@ -104,7 +104,9 @@ moec_status cg_emit_add_rms_norm(cg_ctx *c, const ir_op *op)
                         b->name, ir_dtype_name(db));
     int rows = c->T;
     cg_norm_rows l = cg_norm_rows_of(D);
-    if (rows <= cg_env_int("MOEC_NORM_CL_MAX_T", NORM_CL_MAX_T, 0, 1 << 20))
+    /* (thread block clusters: sm_90) */
+    if (cg_arch_num(c->opt) >= 90 &&
+        rows <= cg_env_int("MOEC_NORM_CL_MAX_T", NORM_CL_MAX_T, 0, 1 << 20))
         cg_norm_rows_cluster(&l, b->type.rank == 3
                                      ? cg_env_int("MOEC_NORM_CL_SUM", NORM_CL_SUM, 1, 8)
                                      : cg_env_int("MOEC_NORM_CL", NORM_CL, 1, 8));

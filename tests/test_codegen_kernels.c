@@ -1654,9 +1654,9 @@ static void test_argmax_nonfinite(void)
  * hidden 2048 and top-8, V3's 7168
  * and an odd 2050 (vec 2, the last block idle), buckets of 1, 8 and 64
  * tokens take 8 blocks a row (32, 128 and 160 threads, grid 8 T, the
- * kernel's cluster dims and its cluster sum in the source); 65 tokens, and
- * MOEC_NORM_CL_SUM=1, one block a row (its block sum); one program of the
- * cluster forms compiled by NVRTC. */
+ * kernel's cluster dims and its cluster sum in the source); 65 tokens,
+ * MOEC_NORM_CL_SUM=1 and sm_80 one block a row (its block sum); one
+ * program of the cluster forms compiled by NVRTC. */
 static void test_norm_cluster(void)
 {
     static const struct {
@@ -1670,8 +1670,9 @@ static void test_norm_cluster(void)
     memset(j, 0, sizeof *j);
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
-    for (int knob = 0; knob < 2; knob++) {
-        if (knob)
+    /* pass 1: MOEC_NORM_CL_SUM=1; pass 2: sm_80 (no clusters) */
+    for (int knob = 0; knob < 3; knob++) {
+        if (knob == 1)
             setenv("MOEC_NORM_CL_SUM", "1", 1);
         for (int si = 0; si < 3; si++) {
             int D = shapes[si].D, K = shapes[si].K;
@@ -1684,6 +1685,8 @@ static void test_norm_cluster(void)
                 continue;
             cg_options o;
             cg_options_default(&o);
+            if (knob == 2)
+                snprintf(o.arch, sizeof o.arch, "sm_80");
             for (int ti = 0; ti < 4; ti++) {
                 int T = Ts[ti], cl = !knob && T <= 64;
                 cg_ctx c = {.m = m, .opt = &o, .T = T};
