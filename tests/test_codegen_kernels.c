@@ -365,6 +365,9 @@ static int gqa_tc(const cg_ctx *c, int dk, int dv)
 }
 
 /* DeepSeek-V2-Lite: MLA 16 heads r 512 dr 64, 64 experts top-6, H 2048, I 1408. */
+static void check_prefetch(const char *src, const char *name, long long pf, int want,
+                           const char *weights);
+
 static void check_v2lite(const ir_module *m, const cg_ctx *c)
 {
     int T = c->T;
@@ -431,6 +434,9 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         snprintf(tk, sizeof tk, "moe_topk_align_bm%d_router%s_h2048_bf16%s_e64_k6_softmax",
                  T == 64 ? 8 : T == 8 ? 2 : 1, T == 1 ? "" : "mma", T == 1 ? "_wpre" : "");
         T_CHECK(strstr(c->kernel_names[c->steps[k].kernel], tk) != NULL);
+        /* its weight rows read before the wait, and nothing else */
+        if (T == 1 && c->src.data)
+            check_prefetch(c->src.data, c->kernel_names[c->steps[k].kernel], 0, 0, "w");
         T_CHECK(c->steps[k].args[0].kind == IR_ARG_ACT &&
                 c->steps[k].args[0].index == ir_module_find_value(m, "x")->id &&
                 c->steps[k].args[1].kind == IR_ARG_WEIGHT &&
@@ -1888,7 +1894,8 @@ static int has_ident(const char *text, size_t n, const char *id)
  * before the wait (the tensor-core absorptions: name with "absorb_mma")
  * prefetches nothing, and reads no parameter but the weights before it; so
  * does a norm that reads its weight into registers before the wait (the
- * block form: `float wpre[`). */
+ * block form: `float wpre[`), and the one-token router's top-k kernel its
+ * weight rows (`_wpre_`, `uint4 wpre[`). */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
@@ -1911,6 +1918,10 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     const char *pre = strstr(open, "\n    moec_pdl_enter();");
     const char *wregs = strstr(open, "\n    float wpre[");
     if (wregs && pre && wregs < pre && strstr(name, "rms_norm_"))
+        staged = 1;
+    /* the one-token router's weight rows in registers (uint4 wpre) */
+    const char *wrows = strstr(open, "\n    uint4 wpre[");
+    if (wrows && pre && wrows < pre && strstr(name, "_wpre_"))
         staged = 1;
     if (staged)
         pf = 0;
