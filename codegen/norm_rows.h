@@ -20,8 +20,17 @@ typedef struct cg_norm_rows {
     int cache;        /* the thread's share stays in registers */
     int wpre;         /* the norm's weight read into registers before the wait */
     int cl;           /* blocks a row (a thread block cluster; 1: one block) */
-    int nt;           /* threads a block (stride / cl) */
 } cg_norm_rows;
+
+/* What follows from the threads over a row (stride): chunks a thread,
+   whether its share stays in registers, whether the weight is read
+   before the wait. */
+static inline void cg_norm_rows_fit(cg_norm_rows *l)
+{
+    l->nch = (int)((l->chunks + l->stride - 1) / l->stride);
+    l->cache = l->nch * l->vec <= 64;
+    l->wpre = !l->warp_form && l->cache && cg_env_int("MOEC_NORM_WPRE", 1, 0, 1);
+}
 
 static inline cg_norm_rows cg_norm_rows_of(int64_t D)
 {
@@ -32,11 +41,8 @@ static inline cg_norm_rows cg_norm_rows_of(int64_t D)
     l.chunks = D / l.vec;
     l.warp_form = l.chunks <= 128;
     l.stride = l.warp_form ? 32 : (int)(l.chunks >= 1024 ? 1024 : (l.chunks + 31) / 32 * 32);
-    l.nch = (int)((l.chunks + l.stride - 1) / l.stride);
-    l.cache = l.nch * l.vec <= 64;
-    l.wpre = !l.warp_form && l.cache && cg_env_int("MOEC_NORM_WPRE", 1, 0, 1);
     l.cl = 1;
-    l.nt = l.stride;
+    cg_norm_rows_fit(&l);
     return l;
 }
 
@@ -58,17 +64,14 @@ static inline void cg_norm_rows_cluster(cg_norm_rows *l, int cl)
     if (nt > 1024)
         return;
     l->cl = cl;
-    l->nt = nt;
     l->stride = nt * cl;
-    l->nch = (int)((l->chunks + l->stride - 1) / l->stride);
-    l->cache = l->nch * l->vec <= 64;
-    l->wpre = l->cache && cg_env_int("MOEC_NORM_WPRE", 1, 0, 1);
+    cg_norm_rows_fit(l);
 }
 
 /* Threads per block (the kernel's launch bounds). */
 static inline int cg_norm_rows_threads(const cg_norm_rows *l)
 {
-    return l->warp_form ? 128 : l->nt;
+    return l->warp_form ? 128 : l->stride / l->cl;
 }
 
 /* The kernel's attributes before its name: the cluster's dimensions in the
@@ -86,7 +89,8 @@ static inline void cg_norm_rows_attrs(char *buf, size_t cap, const cg_norm_rows 
 static inline void cg_norm_rows_lane(char *buf, size_t cap, const cg_norm_rows *l)
 {
     if (l->cl > 1)
-        snprintf(buf, cap, "((int)(blockIdx.x %% %dU) * %d + (int)threadIdx.x)", l->cl, l->nt);
+        snprintf(buf, cap, "((int)(blockIdx.x %% %dU) * %d + (int)threadIdx.x)", l->cl,
+                 cg_norm_rows_threads(l));
     else
         snprintf(buf, cap, "threadIdx.x");
 }
