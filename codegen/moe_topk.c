@@ -144,7 +144,7 @@ static const char TOPK_BODY[] =
  * top-k (plan_memory placed it by the IR's uses), on sm_90 (a thread block
  * cluster computes the logits). Two forms:
  *  - ROUTER_GEMV, one token (bf16 or f32): a warp per expert row
- *    (ROUTER_BODY), block 0 chooses and aligns alone.
+ *    (ROUTER_OPEN .. ROUTER_GATHER), block 0 chooses and aligns alone.
  *  - ROUTER_MMA, 2 to ROUTER_MMA_MAX_T tokens (bf16, H in 32-wide chunks):
  *    each block of the cluster takes an eighth of the k chunks for every
  *    token and expert on m16n8k16 products (the experts' rows as A, the
@@ -298,20 +298,30 @@ int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin)
 /* The cluster's logits: block `rank` of ROUTER_CLUSTER computes experts
  * rank * EPB .. + EPB - 1 (a warp per expert row, 16-byte loads of w and
  * x, fp32 sums) into its shared memory; block 0 then gathers all of them
- * and goes on as the top-k kernel, the others leave. */
-static const char ROUTER_BODY[] =
+ * and goes on as the top-k kernel, the others leave. In pieces, emitted in
+ * this order: ROUTER_OPEN, ROUTER_RPW (not in the wpre form, whose head
+ * declares RPW), ROUTER_ACC, ROUTER_LOAD or ROUTER_WPRE_LOAD (a k step's
+ * weights), ROUTER_PRODUCTS (its products with x, the same in both
+ * forms), ROUTER_GATHER. */
+static const char ROUTER_OPEN[] =
     "    __shared__ float s_rl[T][EPB], s_lg[T * E];\n"
     "    {\n"
-    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
+    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n";
+
+static const char ROUTER_RPW[] =
     "        const int rank = blockIdx.x;\n"
     "        /* the warp's RPW rows together, UNR k steps of them in flight */\n"
-    "        constexpr int RPW = (EPB + NW - 1) / NW, UNR = RPW >= 4 ? 2 : RPW >= 2 ? 4 : 8;\n"
+    "        constexpr int RPW = (EPB + NW - 1) / NW, UNR = RPW >= 4 ? 2 : RPW >= 2 ? 4 : 8;\n";
+
+static const char ROUTER_ACC[] =
     "        float acc[RPW][T];\n"
     "#pragma unroll\n"
     "        for (int q = 0; q < RPW; q++)\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < T; t++)\n"
-    "                acc[q][t] = 0.0f;\n"
+    "                acc[q][t] = 0.0f;\n";
+
+static const char ROUTER_LOAD[] =
     "#pragma unroll UNR\n"
     "        for (int k = lane * VE; k < H; k += 32 * VE) {\n"
     "            float wv[RPW][VE];\n"
@@ -324,24 +334,13 @@ static const char ROUTER_BODY[] =
     "#pragma unroll\n"
     "                    for (int j = 0; j < VE; j++)\n"
     "                        wv[q][j] = 0.0f;\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < T; t++) {\n"
-    "                float xv[VE];\n"
-    "                ldv<VE>(x + (long long)t * H + k, xv);\n"
-    "#pragma unroll\n"
-    "                for (int q = 0; q < RPW; q++)\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < VE; j++)\n"
-    "                        acc[q][t] += wv[q][j] * xv[j];\n"
-    "            }\n"
-    "        }\n";
+    "            }\n";
 
-/* ROUTER_BODY's first part where the block's rows of a bf16 router weight
- * fit in registers (router_wpre): each lane's 16-byte chunks of its warp's
- * rows read before the programmatic wait (ROUTER_WPRE_HEAD, while the
- * kernel before it runs: the weight is a constant), then after it only x;
- * the same products in the same order as ROUTER_BODY's. */
+/* Where the block's rows of a bf16 router weight fit in registers
+ * (router_wpre): each lane's 16-byte chunks of its warp's rows read before
+ * the programmatic wait (ROUTER_WPRE_HEAD, while the kernel before it
+ * runs: the weight is a constant), then after it only x (ROUTER_WPRE_LOAD
+ * unpacks a k step's). */
 static const char ROUTER_WPRE_HEAD[] =
     "    constexpr int RPW = (EPB + NW - 1) / NW, NKC = (int)(H / (32 * VE));\n"
     "    uint4 wpre[RPW][NKC];\n"
@@ -359,16 +358,7 @@ static const char ROUTER_WPRE_HEAD[] =
     "    }\n"
     "    moec_pdl_enter();\n";
 
-static const char ROUTER_WPRE_BODY[] =
-    "    __shared__ float s_rl[T][EPB], s_lg[T * E];\n"
-    "    {\n"
-    "        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "        float acc[RPW][T];\n"
-    "#pragma unroll\n"
-    "        for (int q = 0; q < RPW; q++)\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < T; t++)\n"
-    "                acc[q][t] = 0.0f;\n"
+static const char ROUTER_WPRE_LOAD[] =
     "#pragma unroll\n"
     "        for (int i = 0; i < NKC; i++) {\n"
     "            const int k = (lane + i * 32) * VE;\n"
@@ -381,7 +371,9 @@ static const char ROUTER_WPRE_BODY[] =
     "                    wv[q][2 * j] = __uint_as_float(u[j] << 16);\n"
     "                    wv[q][2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);\n"
     "                }\n"
-    "            }\n"
+    "            }\n";
+
+static const char ROUTER_PRODUCTS[] =
     "#pragma unroll\n"
     "            for (int t = 0; t < T; t++) {\n"
     "                float xv[VE];\n"
@@ -709,7 +701,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                              "        if (nr > 0)\n"
                              "            moec_prefetch_rows(w + r0 * H, nr, H * (long long)sizeof(TW), "
                              "PF_CAP);\n");
-            moec_buf_printf(&c->src, "%s%s", wpre ? ROUTER_WPRE_BODY : ROUTER_BODY,
+            moec_buf_printf(&c->src, "%s%s%s%s%s%s", ROUTER_OPEN, wpre ? "" : ROUTER_RPW,
+                            ROUTER_ACC, wpre ? ROUTER_WPRE_LOAD : ROUTER_LOAD, ROUTER_PRODUCTS,
                             ROUTER_GATHER);
         }
         if (rf == ROUTER_MMA)
