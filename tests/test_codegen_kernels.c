@@ -284,17 +284,27 @@ static void compile_all(void)
     n_jobs = next_job = 0;
 }
 
+/* The next job's slot, cleared (queued once its caller counts it in
+ * n_jobs), or NULL, a failed check, when every slot is taken. */
+static compile_job *job_slot(void)
+{
+    T_CHECK(n_jobs < MAX_JOBS);
+    if (n_jobs >= MAX_JOBS)
+        return NULL;
+    compile_job *j = &jobs[n_jobs];
+    memset(j, 0, sizeof *j);
+    return j;
+}
+
 /* Generates m for every bucket, checks the steps, calls check(m, c) per
  * bucket, and queues the buckets in compile_mask (bit b: BUCKETS[b]) as one
  * program for compile_all. */
 static void run_module_at(const ir_module *m, const cg_options *o, const int *buckets, int nb,
                           void (*check)(const ir_module *, const cg_ctx *), unsigned compile_mask)
 {
-    T_CHECK(n_jobs < MAX_JOBS);
-    if (n_jobs >= MAX_JOBS)
+    compile_job *j = job_slot();
+    if (!j)
         return;
-    compile_job *j = &jobs[n_jobs];
-    memset(j, 0, sizeof *j);
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
     int ok = 1;
@@ -1669,11 +1679,9 @@ static void test_norm_cluster(void)
         int D, K, nt;
     } shapes[] = {{2048, 8, 32}, {7168, 8, 128}, {2050, 3, 160}};
     static const int Ts[] = {1, 8, 64, 65};
-    compile_job *j = n_jobs < MAX_JOBS ? &jobs[n_jobs] : NULL;
-    T_CHECK(j != NULL);
+    compile_job *j = job_slot();
     if (!j)
         return;
-    memset(j, 0, sizeof *j);
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
     /* pass 1: MOEC_NORM_CL_SUM=1; pass 2: sm_80 (no clusters) */
@@ -1783,11 +1791,9 @@ static void test_sampler(void)
     static const long long vocabs[] = {102400, 129280, 151936, 1 << 20, 50, 7, 2049};
     /* the bucket of each compiled into the one program (-1: none) */
     static const int compile_T[] = {-1, 64, -1, 1, -1, 8, 1};
-    compile_job *j = n_jobs < (int)(sizeof jobs / sizeof *jobs) ? &jobs[n_jobs] : NULL;
-    T_CHECK(j != NULL);
+    compile_job *j = job_slot();
     if (!j)
         return;
-    memset(j, 0, sizeof *j);
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
     for (size_t v = 0; v < sizeof vocabs / sizeof *vocabs; v++) {
