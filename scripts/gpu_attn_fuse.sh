@@ -20,29 +20,20 @@
 #     VARIANTS="unfused:MOEC_ATTN_FUSE_PROLOGUE=0" scripts/gpu_attn_fuse.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/moec-attn-fuse}
-export OUT
-mkdir -p "$OUT"
 source scripts/gpu_build.sh
-gpu_build >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+gpu_out_build attn-fuse || exit 1
 rc=0
+# the GQA prologue cases fused and not (MOEC_ATTN_FUSE_PROLOGUE)
 for f in 1 0; do
-  MOEC_ATTN_FUSE_PROLOGUE=$f MOEC_KERN_GQA_PRO_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
-    >>"$OUT/gqa-pro-kernels.txt" 2>&1 || rc=1
-  echo "gpu_kernels, GQA prologue, fused $f: $(grep -E "passed|failed" "$OUT/gqa-pro-kernels.txt" | tail -1)"
+  MOEC_ATTN_FUSE_PROLOGUE=$f KERN_S=200 gpu_kern_parts "$OUT" "-fused$f" GQA_PRO || rc=1
 done
 # the GQA attention cases with the live merge (and with the merge in the
 # kernel whatever the bytes, as it was timed before)
 for mg in ${MERGES-3 2}; do
-  MOEC_ATTN_MERGE=$mg MOEC_KERN_ATTN_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
-    >>"$OUT/attn-kernels.txt" 2>&1 || rc=1
-  echo "gpu_kernels, GQA attention, MOEC_ATTN_MERGE=$mg: $(grep -E "passed|failed" "$OUT/attn-kernels.txt" | tail -1)"
+  MOEC_ATTN_MERGE=$mg KERN_S=200 gpu_kern_parts "$OUT" "-merge$mg" ATTN || rc=1
 done
-for t in ${CTESTS-gpu_model gpu_graphs}; do
-  (cd build-gpu && MOEC_ATTN_FUSE_PROLOGUE=1 timeout 300 ctest -R "$t" --output-on-failure \
-    >"$OUT/ctest_$t.txt" 2>&1) || rc=1
-  echo "$t (fused): $(tail -3 "$OUT/ctest_$t.txt" | head -1)"
-done
+# shellcheck disable=SC2086 # a list of test names
+MOEC_ATTN_FUSE_PROLOGUE=1 gpu_ctests "$OUT" ${CTESTS-gpu_model gpu_graphs} || rc=1
 [ $rc = 0 ] || { echo "a check failed: no timing"; exit 1; }
 scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json "${LAYERS:-16}" 1,8 "${CONTEXTS:-1024,8192}" \
   "${VARIANTS:-unfused:MOEC_ATTN_FUSE_PROLOGUE=0 live:MOEC_ATTN_MERGE=3 unfusedlive:MOEC_ATTN_FUSE_PROLOGUE=0,MOEC_ATTN_MERGE=3 livelpp4:MOEC_ATTN_MERGE=3,MOEC_ATTN_LPP=4 lpp4:MOEC_ATTN_LPP=4 ku1:MOEC_ATTN_KUNROLL=1}"

@@ -15,20 +15,13 @@
 #   cd .snap/src && scripts/gpu_attn_tc.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/moec-attn-tc}
-export OUT
-mkdir -p "$OUT/logs"
 source scripts/gpu_build.sh
-gpu_build >"$OUT/logs/build.txt" 2>&1 || { tail -30 "$OUT/logs/build.txt"; exit 1; }
+gpu_out_build attn-tc logs || exit 1
 rc=0
 if [ "${CHECKS:-1}" != 0 ]; then
+  # the GQA attention and GQA prologue cases, with MOEC_ATTN_TC=1 and 0
   for tc in $([ "${CHECK_KERN:-1}" != 0 ] && echo 1 0); do
-    MOEC_ATTN_TC=$tc MOEC_KERN_ATTN_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
-      >"$OUT/logs/attn-kernels-tc$tc.txt" 2>&1 || rc=1
-    echo "gpu_kernels, GQA attention, MOEC_ATTN_TC=$tc: $(grep -E "passed|failed" "$OUT/logs/attn-kernels-tc$tc.txt" | tail -1)"
-    MOEC_ATTN_TC=$tc MOEC_KERN_GQA_PRO_ONLY=1 timeout 200 build-gpu/tests/gpu_kernels \
-      >"$OUT/logs/gqa-pro-kernels-tc$tc.txt" 2>&1 || rc=1
-    echo "gpu_kernels, GQA prologue, MOEC_ATTN_TC=$tc: $(grep -E "passed|failed" "$OUT/logs/gqa-pro-kernels-tc$tc.txt" | tail -1)"
+    MOEC_ATTN_TC=$tc KERN_S=200 gpu_kern_parts "$OUT/logs" "-tc$tc" ATTN GQA_PRO || rc=1
   done
   # shellcheck disable=SC2086 # a list of test names
   gpu_ctests "$OUT/logs" ${CTESTS-gpu_model gpu_graphs gpu_engine} || rc=1

@@ -46,6 +46,32 @@ gpu_build() {
   cmake "${GPU_CMAKE_ARGS[@]}" && cmake --build "$GPU_ROOT/build-gpu" -j"$(nproc)"
 }
 
+# gpu_out_build NAME [SUB]: OUT (default /tmp/moec-NAME, exported) and
+# $OUT/SUB made, then gpu_build with its log in $OUT/SUB/build.txt (its
+# tail shown where it fails, and non-zero then).
+gpu_out_build() {
+  OUT=${OUT:-/tmp/moec-$1}
+  export OUT
+  local dir=$OUT${2:+/$2}
+  mkdir -p "$dir" || return 1
+  gpu_build >"$dir/build.txt" 2>&1 || { tail -30 "$dir/build.txt"; return 1; }
+}
+
+# gpu_kern_parts DIR TAG PART...: gpu_kernels once for each PART alone
+# (MOEC_KERN_<PART>_ONLY=1, in the caller's environment otherwise; KERN_S
+# seconds at most, default 300), its output in DIR/kernels-PART<TAG>.txt
+# and a line each on stdout; non-zero when one failed.
+gpu_kern_parts() {
+  local dir=$1 tag=$2 part rc=0
+  shift 2
+  for part in "$@"; do
+    env "MOEC_KERN_${part}_ONLY=1" timeout "${KERN_S:-300}" "$GPU_ROOT/build-gpu/tests/gpu_kernels" \
+      >"$dir/kernels-$part$tag.txt" 2>&1 || rc=1
+    echo "gpu_kernels, $part$tag: $(grep -E "passed|failed" "$dir/kernels-$part$tag.txt" | tail -1)"
+  done
+  return $rc
+}
+
 # gpu_sample_model CONFIG LAYERS DIR [fp8]: a model of CONFIG (a config.json)
 # with random weights in DIR (moec-sample --fast; fp8: block-scaled fp8),
 # cut to its first LAYERS layers where LAYERS > 0 (layer_types and

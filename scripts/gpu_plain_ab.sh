@@ -12,10 +12,8 @@
 # Parts can be skipped: Q3_VARIANTS= / V2_VARIANTS= / LPPS= / TIMELINE=0.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/moec-plain-ab}
-mkdir -p "$OUT/logs"
 source scripts/gpu_build.sh
-gpu_build >"$OUT/logs/build.txt" 2>&1 || { tail -30 "$OUT/logs/build.txt"; exit 1; }
+gpu_out_build plain-ab logs || exit 1
 Q3V=${Q3_VARIANTS-topk:MOEC_PDL_OFF=moe_topk comb:MOEC_PDL_OFF=attn_combine gu:MOEC_PDL_OFF=moe_gate_up dn:MOEC_PDL_OFF=moe_down}
 V2V=${V2_VARIANTS-topk:MOEC_PDL_OFF=moe_topk comb:MOEC_PDL_OFF=mla_combine vabs:MOEC_PDL_OFF=mla_vabsorb attn:MOEC_PDL_OFF=mla_attn pro:MOEC_PDL_OFF=mla_prologue}
 if [ -n "$Q3V" ]; then

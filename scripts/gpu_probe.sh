@@ -14,16 +14,10 @@
 #     scripts/gpu_probe.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/moec-probe}
-export OUT
-mkdir -p "$OUT"
 source scripts/gpu_build.sh
-gpu_build >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
-for part in ${KERNS-}; do
-  env "MOEC_KERN_${part}_ONLY=1" timeout 300 build-gpu/tests/gpu_kernels \
-    >"$OUT/kernels-$part.txt" 2>&1
-  echo "gpu_kernels, $part: $(grep -E "passed|failed" "$OUT/kernels-$part.txt" | tail -1)"
-done
+gpu_out_build probe || exit 1
+# shellcheck disable=SC2086 # a list of parts
+gpu_kern_parts "$OUT" "" ${KERNS-}
 if [ -n "${NCU_KERNELS:-}" ]; then
   OUT=$OUT/ncu LEAN=${LEAN:-1} KERNELS="$NCU_KERNELS" PROFILE=${NCU_PROFILE:-qwen3_30b_a3b:2:1} \
     scripts/gpu_ncu_kernel.sh

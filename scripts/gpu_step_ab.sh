@@ -14,17 +14,11 @@
 #   cd .snap/src && VARIANTS="nowpre:MOEC_NORM_WPRE=0" scripts/gpu_step_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/moec-step-ab}
-export OUT
-mkdir -p "$OUT/logs"
 source scripts/gpu_build.sh
-gpu_build >"$OUT/logs/build.txt" 2>&1 || { tail -30 "$OUT/logs/build.txt"; exit 1; }
+gpu_out_build step-ab logs || exit 1
 rc=0
-for part in ${KERNS-ROUTER}; do
-  env "MOEC_KERN_${part}_ONLY=1" timeout 300 build-gpu/tests/gpu_kernels \
-    >"$OUT/logs/kernels-$part.txt" 2>&1 || rc=1
-  echo "gpu_kernels, $part: $(grep -E "passed|failed" "$OUT/logs/kernels-$part.txt" | tail -1)"
-done
+# shellcheck disable=SC2086 # a list of parts
+gpu_kern_parts "$OUT/logs" "" ${KERNS-ROUTER} || rc=1
 # shellcheck disable=SC2086 # a list of test names
 gpu_ctests "$OUT/logs" ${CTESTS-gpu_model gpu_graphs gpu_engine} || rc=1
 [ $rc = 0 ] || echo "a check failed"
