@@ -381,11 +381,11 @@ static const char ATTN_BODY_TC[] =
     "            }\n"
     "    }\n";
 
-/* The block's warps' states merged: the split's partial state, or the
- * output where the sequence is not split. */
-/* (H200, 2026-11-29, Qwen3-30B at batch 1: 2.937 ms a step against 2.964
-   when each value channel's thread took its head's weights itself,
-   ATTN_BODY_TAIL_CH) */
+/* The block's warps' states merged (then ATTN_BODY_TAIL_OUT: the split's
+ * partial state, or the output where the sequence is not split), each
+ * head's warp weights taken once (H200, 2026-11-29, Qwen3-30B at batch 1:
+ * 2.937 ms a step against 2.964 when each value channel's thread took
+ * them itself, ATTN_BODY_TAIL_CH). */
 static const char ATTN_BODY_TAIL[] =
     "    __syncthreads();\n"
     "    /* each head's warp weights once (a thread a head), then a thread a\n"
