@@ -253,36 +253,62 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     return MOEC_OK;
 }
 
-/* The fp8 weight on tensor cores (bf16 x, T > 4 rows): a block owns RT
- * tiles of 16 weight rows, its NW warps split K in 32-wide chunks (chunk s
- * to warp s % NW), each chunk two m16n8k16 products per tile and 8 tokens:
- * the weight as the A operand (its e4m3 codes widened to bf16 in
- * registers, exactly), x as B (its fragments loaded once for the RT
- * tiles), in the lane permutation of the MoE kernels (codegen/moe_routed.c:
- * a lane's 8 elements of a row stand for the k columns its fragments need,
- * alike on both operands). Each chunk's products start from zero and are
- * added times the chunk's block scale (a tile's 16 rows share a row block,
- * the 32 columns a column block). The warps' sums meet in shared memory. */
-static const char MMA_BODY[] =
+/* The weight on tensor cores (bf16 x; bf16 w, or fp8 w whose e4m3 codes
+ * widen to bf16 in registers, exactly): a block owns RT tiles of 16 weight
+ * rows, its NW warps split K in 32-wide chunks (chunk s to warp s % NW),
+ * each chunk two m16n8k16 products per tile and 8 tokens: the weight as
+ * the A operand, x as B (its fragments loaded once for the RT tiles), in
+ * the lane permutation of the MoE kernels (codegen/moe_routed.c: a lane's
+ * 8 elements of a row stand for the k columns its fragments need, alike on
+ * both operands). An fp8 chunk's products start from zero and are added
+ * times the chunk's block scale (a tile's 16 rows share a row block, the
+ * 32 columns a column block); bf16 ones go straight into the sums. With
+ * ACT (bf16 only) x is [T, 2K] and each fragment h = silu(gate) * up,
+ * rounded to bf16 as the silu_mul kernel stores it. The warps' sums meet
+ * in shared memory. MMA_PRE, where emitted, loads the warp's first U
+ * chunks of weights before the programmatic wait (they do not depend on
+ * the kernel before). */
+static const char MMA_HEAD[] =
     "    constexpr int NSTEP = K / 32;\n"
     "    __shared__ float part[NW][RT * NT * 4][32];\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    const long long n0 = (long long)blockIdx.x * 16 * RT;\n"
-    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
-    "    const float *sr[RT];\n"
+    "    const TW *w0[RT], *w1[RT];\n"
+    "    [[maybe_unused]] const float *sr[RT];\n"
     "#pragma unroll\n"
     "    for (int rt = 0; rt < RT; rt++) {\n"
     "        /* rows past N read row N - 1 and are never stored */\n"
     "        const long long a = n0 + 16 * rt + g, b = a + 8;\n"
     "        w0[rt] = w + (a < N ? a : N - 1) * K + q * 8;\n"
     "        w1[rt] = w + (b < N ? b : N - 1) * K + q * 8;\n"
-    "        sr[rt] = ws + (n0 + 16 * rt < N ? n0 + 16 * rt : N - 1) / SBN * SC;\n"
+    "        if constexpr (W8)\n"
+    "            sr[rt] = ws + (n0 + 16 * rt < N ? n0 + 16 * rt : N - 1) / SBN * SC;\n"
     "    }\n"
+    "    uint4 wa[U][RT][2];\n"
+    "    [[maybe_unused]] float sc[U][RT];\n"
+    "    /* the U chunks from s0 (every NW-th) of the block's weight rows */\n"
+    "    auto load_w = [&](int s0) {\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (s0 + u * NW >= NSTEP)\n"
+    "                break;\n"
+    "            const long long k = (long long)(s0 + u * NW) * 32;\n"
+    "#pragma unroll\n"
+    "            for (int rt = 0; rt < RT; rt++) {\n"
+    "                wa[u][rt][0] = moec_ld8(w0[rt] + k);\n"
+    "                wa[u][rt][1] = moec_ld8(w1[rt] + k);\n"
+    "                if constexpr (W8)\n"
+    "                    sc[u][rt] = sr[rt][k / SBK];\n"
+    "            }\n"
+    "        }\n"
+    "    };\n";
+static const char MMA_PRE[] = "    load_w(warp);\n    moec_pdl_enter();\n";
+static const char MMA_BODY[] =
     "    const TX *xr[NT];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NT; t++) {\n"
     "        const int tok = t * 8 + g < T ? t * 8 + g : T - 1;\n"
-    "        xr[t] = x + (long long)tok * K + q * 8;\n"
+    "        xr[t] = x + (long long)tok * (ACT ? 2 : 1) * K + q * 8;\n"
     "    }\n"
     "    float acc[RT][NT][4];\n"
     "#pragma unroll\n"
@@ -294,22 +320,32 @@ static const char MMA_BODY[] =
     "                acc[rt][t][i] = 0.0f;\n"
     "#pragma unroll 1\n"
     "    for (int s0 = warp; s0 < NSTEP; s0 += NW * U) {\n"
-    "        uint4 wa[U][RT][2], xb[U][NT];\n"
-    "        float sc[U][RT];\n"
+    "        if (!PRE || s0 != warp)\n"
+    "            load_w(s0);\n"
+    "        uint4 xb[U][NT];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (s0 + u * NW >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u * NW) * 32;\n"
     "#pragma unroll\n"
-    "            for (int rt = 0; rt < RT; rt++) {\n"
-    "                wa[u][rt][0] = moec_ld8(w0[rt] + k);\n"
-    "                wa[u][rt][1] = moec_ld8(w1[rt] + k);\n"
-    "                sc[u][rt] = sr[rt][k / SBK];\n"
-    "            }\n"
+    "            for (int t = 0; t < NT; t++) {\n"
+    "                if constexpr (ACT) {\n"
+    "                    /* silu(gate) * up, rounded to bf16 as the silu_mul result is stored */\n"
+    "                    float gf[8], uf[8];\n"
+    "                    moec_w16(*reinterpret_cast<const uint4 *>(xr[t] + k), gf, xr[t]);\n"
+    "                    moec_w16(*reinterpret_cast<const uint4 *>(xr[t] + K + k), uf, xr[t]);\n"
+    "                    unsigned hp[4];\n"
     "#pragma unroll\n"
-    "            for (int t = 0; t < NT; t++)\n"
-    "                xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
+    "                    for (int j = 0; j < 4; j++)\n"
+    "                        hp[j] = moec_pack_bf16(gf[2 * j] / (1.0f + expf(-gf[2 * j])) * uf[2 * j],\n"
+    "                                               gf[2 * j + 1] / (1.0f + expf(-gf[2 * j + 1])) *\n"
+    "                                                   uf[2 * j + 1]);\n"
+    "                    xb[u][t] = make_uint4(hp[0], hp[1], hp[2], hp[3]);\n"
+    "                } else {\n"
+    "                    xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
+    "                }\n"
+    "            }\n"
     "        }\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
@@ -320,12 +356,17 @@ static const char MMA_BODY[] =
     "#pragma unroll\n"
     "                for (int t = 0; t < NT; t++) {\n"
     "                    const uint4 a0 = wa[u][rt][0], a1 = wa[u][rt][1], bx = xb[u][t];\n"
-    "                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    "                    moec_mma_bf16(p, a0.x, a1.x, a0.y, a1.y, bx.x, bx.y);\n"
-    "                    moec_mma_bf16(p, a0.z, a1.z, a0.w, a1.w, bx.z, bx.w);\n"
+    "                    if constexpr (W8) {\n"
+    "                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "                        moec_mma_bf16(p, a0.x, a1.x, a0.y, a1.y, bx.x, bx.y);\n"
+    "                        moec_mma_bf16(p, a0.z, a1.z, a0.w, a1.w, bx.z, bx.w);\n"
     "#pragma unroll\n"
-    "                    for (int i = 0; i < 4; i++)\n"
-    "                        acc[rt][t][i] += sc[u][rt] * p[i];\n"
+    "                        for (int i = 0; i < 4; i++)\n"
+    "                            acc[rt][t][i] += sc[u][rt] * p[i];\n"
+    "                    } else {\n"
+    "                        moec_mma_bf16(acc[rt][t], a0.x, a1.x, a0.y, a1.y, bx.x, bx.y);\n"
+    "                        moec_mma_bf16(acc[rt][t], a0.z, a1.z, a0.w, a1.w, bx.z, bx.w);\n"
+    "                    }\n"
     "                }\n"
     "        }\n"
     "    }\n"
@@ -354,18 +395,25 @@ static const char MMA_BODY[] =
     "        st(y + (long long)tok * N + row, v);\n"
     "    }\n";
 
+/* The fp8 form's warps a block. */
 #define MMA_WARPS 4
+/* The bf16 form's (MOEC_LINEAR_MMA_WARPS): more warps split K, so that
+ * each holds its share's loads in flight at once; and the most tokens it
+ * takes instead of cuBLASLt (MOEC_LINEAR_MMA_MAX_T; 0: cuBLASLt past the
+ * few-token kernel). */
+#define MMA_BF16_WARPS 8
+#define MMA_BF16_MAX_T 16
 
 /* The tiles a warp of the kernel's 16 rows: two share their x fragments
  * once x would be read more than twice over (T >= 32), as long as that
- * leaves 264 blocks (two per H100 SM); 0 where the warps' partial sums
+ * leaves 264 blocks (two per H100 SM); 0 where the nw warps' partial sums
  * (part[NW][RT * NT * 4][32] floats) pass the 48 KB of static shared
- * memory even with one (T > 192). */
-static int mma_rt(const cg_ctx *c, int64_t N)
+ * memory even with one (T > 192 at 4 warps). */
+static int mma_rt(const cg_ctx *c, int64_t N, int nw)
 {
     int nt = (c->T + 7) / 8, rt = nt >= 4 && N / 32 >= 264 ? 2 : 1;
     for (; rt >= 1; rt--)
-        if ((size_t)MMA_WARPS * (size_t)(rt * nt * 4 * 32) * sizeof(float) <= 48 * 1024)
+        if ((size_t)nw * (size_t)(rt * nt * 4 * 32) * sizeof(float) <= 48 * 1024)
             return rt;
     return 0;
 }
@@ -377,48 +425,86 @@ static int mma_fits(const cg_ctx *c, const ir_value *x, const ir_value *w)
 {
     int64_t K = w->type.dims[1];
     return cg_storage(c, x) == IR_DTYPE_BF16 && K % 32 == 0 && w->scale.block[1] % 32 == 0 &&
-           w->scale.block[0] % 16 == 0 && mma_rt(c, w->type.dims[0]) > 0;
+           w->scale.block[0] % 16 == 0 && mma_rt(c, w->type.dims[0], MMA_WARPS) > 0;
 }
 
-/* y = alpha x w^T (+ bias) for an fp8 w on tensor cores, all T rows. */
-static moec_status emit_fp8_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha)
+/* The bf16 form's warps a block, where the linear (bf16 x, w and a result
+ * not i32; with act silu_mul, a bf16 compute dtype: h rounded as the
+ * silu_mul kernel stores it) takes it in this bucket; 0 where not: past
+ * the few-token bound up to MOEC_LINEAR_MMA_MAX_T tokens, sm_80 on, K a
+ * multiple of 32. */
+static int mma_bf16_warps(const cg_ctx *c, const ir_op *op, int gemv_max)
+{
+    const ir_value *x = op->in[0], *w = op->in[1];
+    int nw = cg_env_int("MOEC_LINEAR_MMA_WARPS", MMA_BF16_WARPS, 1, 16);
+    if (c->T <= gemv_max || c->T > cg_env_int("MOEC_LINEAR_MMA_MAX_T", MMA_BF16_MAX_T, 0, 64) ||
+        cg_arch_num(c->opt) < 80 || cg_storage(c, x) != IR_DTYPE_BF16 ||
+        (ir_op_attr(op, "act") && c->opt->compute_dtype != IR_DTYPE_BF16) ||
+        cg_storage(c, w) != IR_DTYPE_BF16 || cg_storage(c, op->out[0]) == IR_DTYPE_I32 ||
+        (op->n_in > 2 && cg_storage(c, op->in[2]) == IR_DTYPE_I32) || w->type.dims[1] % 32 ||
+        mma_rt(c, w->type.dims[0], nw) == 0)
+        return 0;
+    return nw;
+}
+
+/* y = alpha x w^T (+ bias) on tensor cores, all T rows: an fp8 w (4
+ * warps a block) or a bf16 one (nw, its weights' first chunks loaded
+ * before the wait, act silu_mul taken). */
+static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha, int nw)
 {
     const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
-    ir_dtype dx = cg_storage(c, x), dy = cg_storage(c, y);
+    ir_dtype dx = cg_storage(c, x), dy = cg_storage(c, y), dw = cg_storage(c, w);
     ir_dtype db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    int nt = (c->T + 7) / 8, rt = mma_rt(c, N);
-    int u = 8 / (nt * rt) < 1 ? 1 : 8 / (nt * rt);
+    int fp8 = dw == IR_DTYPE_F8E4M3, nt = (c->T + 7) / 8, rt = mma_rt(c, N, nw);
+    int act = ir_op_attr(op, "act") != NULL;
+    /* chunks in flight: 8 tiles' worth in fp8; bf16 keeps 8 chunks up to
+       16 tokens, then fewer as its x fragments grow */
+    int u = fp8 ? 8 / (nt * rt) : 16 / (nt * rt) > 8 ? 8 : 16 / (nt * rt);
+    u = u < 1 ? 1 : u;
     char name[300], tag[40], decl[400], io[80];
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
-    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_rt%d_u%d_f8e4m3_%s", (long long)N,
-             (long long)K, c->T, MMA_WARPS, rt, u, io);
+    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_rt%d_u%d%s_%s_%s", (long long)N,
+             (long long)K, c->T, nw, rt, u, act ? "_silu" : "", fp8 ? "f8e4m3" : ir_dtype_name(dw),
+             io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     if (is_new)
         moec_buf_printf(&c->src,
-                      "// linear: y = alpha x w^T (+ b), fp8 w on tensor cores (codegen/linear.c, "
-                      "emit_fp8_mma)\n"
+                      "// linear: y = alpha x w^T (+ b), w on tensor cores (codegen/linear.c, "
+                      "emit_mma)\n"
                       "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
-                      "const __nv_fp8_e4m3 *__restrict__ w, const float *__restrict__ ws, "
-                      "const %s *__restrict__ bias, float alpha, %s *__restrict__ y)\n{\n"
+                      "const %s *__restrict__ w, %sconst %s *__restrict__ bias, float alpha, "
+                      "%s *__restrict__ y)\n{\n"
                       "    typedef %s TX;\n"
+                      "    typedef %s TW;\n"
                       "    constexpr long long N = %lldLL;\n"
                       "    constexpr int K = %lld, T = %d, NT = %d, NW = %d, RT = %d, U = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s;\n%s%s}\n\n",
-                      MMA_WARPS * 32, name, cg_ctype(dx), cg_ctype(db), cg_ctype(dy),
-                      cg_ctype(dx), (long long)N, (long long)K, c->T, nt, MMA_WARPS, rt, u,
-                      bias ? "true" : "false", decl, MMA_BODY);
+                      "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n%s%s%s%s}\n\n",
+                      nw * 32, name, cg_ctype(dx), cg_ctype(dw),
+                      fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
+                      cg_ctype(dx), cg_ctype(dw), (long long)N, (long long)K, c->T, nt, nw, rt, u,
+                      bias ? "true" : "false", fp8 ? "false" : "true", act ? "true" : "false",
+                      decl, MMA_HEAD, fp8 ? "" : MMA_PRE, MMA_BODY);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
     s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt));
-    s->block[0] = MMA_WARPS * 32;
-    cg_fp8_linear_args(s, op, alpha);
+    s->block[0] = nw * 32;
+    if (fp8) {
+        cg_fp8_linear_args(s, op, alpha);
+        return MOEC_OK;
+    }
+    s->n_args = 5;
+    s->args[0] = cg_arg_act(x);
+    s->args[1] = cg_arg_act(w);
+    s->args[2] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
+    s->args[3] = cg_arg_f32(alpha);
+    s->args[4] = cg_arg_act(y);
     return MOEC_OK;
 }
 
@@ -457,7 +543,7 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
     if (c->T <= gemv_max)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
     if (mma_fits(c, x, w))
-        return emit_fp8_mma(c, op, N, K, alpha);
+        return emit_mma(c, op, N, K, alpha, MMA_WARPS);
     int step = gemv_max > 0 ? gemv_max : GEMV_MAX_T;
     for (int t0 = 0; t0 < c->T; t0 += step)
         MOEC_TRY(emit_gemv(c, op, N, K, alpha, t0, c->T - t0 < step ? c->T - t0 : step));
@@ -509,6 +595,9 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "linear %%%s: integer operands", y->name);
     if (c->T <= gemv_max && (!bias || cg_storage(c, bias) != IR_DTYPE_I32))
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
+    int nw = mma_bf16_warps(c, op, gemv_max);
+    if (nw)
+        return emit_mma(c, op, N, K, alpha, nw);
     /* act: silu_mul into scratch (the compute dtype, as its result was
        stored), the GEMM's input */
     ir_arg xb = cg_arg_act(x);

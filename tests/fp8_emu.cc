@@ -1,10 +1,10 @@
 // fp8_emu.cc — the staged fp8 kernels (codegen/fp8_tc.c), the few-token fp8
-// linear (codegen/linear.c) and the streaming
+// linear and the tensor-core bf16 one (codegen/linear.c) and the streaming
 // fp8 expert GEMMs (codegen/moe_routed.c), as the generator writes them for
 // fp8_emu_gen's cases, run on the CPU emulator (cuda_emu.h) against a
 // double-precision reference of the same random weights: e4m3 codes (every
-// code but the NaNs) times random block scales (the streaming form: bf16
-// weights too), bf16 activations. Every
+// code but the NaNs) times random block scales (the streaming form and the
+// tensor-core linear: bf16 weights too), bf16 activations. Every
 // output starts as NaN, so an element a kernel leaves unwritten fails;
 // errors are relative to each row's largest magnitude (bf16 outputs and h:
 // 1e-2; h is f32 in the streaming form). The routed experts' align and sum
@@ -27,7 +27,8 @@ struct emu_case {
     const char *what;
     int LN, LK, E, K, H, I, BN, BK, T, bm; // bm: slots a block of the expert kernels
     int h32; // the streaming expert GEMMs (h in f32), else the staged ones (h in bf16)
-    int w16; // bf16 expert weights (the streaming form), else fp8
+    int w16; // bf16 weights (experts: the streaming form), else fp8
+    int act; // a linear with act silu_mul: x [T, 2 LK]
     emu_step steps[2];
     int n_steps;
 };
@@ -111,29 +112,45 @@ static double row_error(const float *got, const double *ref, int n)
     return worst;
 }
 
-static double run_linear(const emu_case &c)
+// W: the weight, f8w (codes, then their scales, passed to the kernel) or
+// bfw; with c.act, h = silu(gate) * up of x [T, 2 LK], rounded to bf16 as
+// the kernels store it.
+template <class W> static double run_linear(const emu_case &c)
 {
+    constexpr bool f8 = std::is_same_v<W, f8w>;
     using fn_t = void (*)(const __nv_bfloat16 *, const __nv_fp8_e4m3 *, const float *, const float *,
                           float, __nv_bfloat16 *);
+    using fn16_t = void (*)(const __nv_bfloat16 *, const __nv_bfloat16 *, const float *, float,
+                            __nv_bfloat16 *);
     rng r(1000 + c.LN * 7 + c.T);
-    f8w w(r, 1, c.LN, c.LK, c.BN, c.BK, std::sqrt(3.0f / c.LK));
-    buf<__nv_bfloat16> x((size_t)c.T * c.LK), y((size_t)c.T * c.LN);
+    W w(r, 1, c.LN, c.LK, c.BN, c.BK, std::sqrt(3.0f / c.LK));
+    const int xk = (c.act ? 2 : 1) * c.LK;
+    buf<__nv_bfloat16> x((size_t)c.T * xk), y((size_t)c.T * c.LN);
     for (__nv_bfloat16 &v : x.v)
         v.v = emu_f2bf(r.uni(1.7f));
     for (__nv_bfloat16 &v : y.v)
         v.v = 0xffff;
     const emu_step &s = c.steps[0];
     emu_launch(s.gx, s.gy, s.block, s.smem, s.cluster, [&] {
-        ((fn_t)s.fn)(x.p(), (const __nv_fp8_e4m3 *)w.q.p(), w.s.p(), w.s.p(), 1.0f, y.p());
+        if constexpr (f8)
+            ((fn_t)s.fn)(x.p(), w.codes(), w.s.p(), w.s.p(), 1.0f, y.p());
+        else
+            ((fn16_t)s.fn)(x.p(), w.codes(), nullptr, 1.0f, y.p());
     });
     double worst = 0;
-    std::vector<double> ref(c.LN);
+    std::vector<double> ref(c.LN), h(c.LK);
     std::vector<float> got(c.LN);
     for (int t = 0; t < c.T; t++) {
+        for (int k = 0; k < c.LK; k++) {
+            const double g = emu_bf2f(x.v[(size_t)t * xk + k].v);
+            h[k] = c.act ? emu_bf2f(emu_f2bf(
+                               (float)(g / (1 + std::exp(-g)) * emu_bf2f(x.v[(size_t)t * xk + c.LK + k].v))))
+                         : g;
+        }
         for (int n = 0; n < c.LN; n++) {
             double acc = 0;
             for (int k = 0; k < c.LK; k++)
-                acc += w.at(0, n, k) * emu_bf2f(x.v[(size_t)t * c.LK + k].v);
+                acc += w.at(0, n, k) * h[k];
             ref[n] = acc;
             got[n] = emu_bf2f(y.v[(size_t)t * c.LN + n].v);
         }
@@ -280,7 +297,7 @@ int main(int argc, char **argv)
         const emu_case &c = CASES[i];
         const auto t0 = std::chrono::steady_clock::now();
         const bool split = strstr(c.what, "split") != nullptr;
-        const double worst = !c.moe   ? run_linear(c)
+        const double worst = !c.moe   ? (c.w16 ? run_linear<bfw>(c) : run_linear<f8w>(c))
                              : c.w16 ? run_moe<float, bfw>(c, split)
                              : c.h32 ? run_moe<float, f8w>(c, split)
                                      : run_moe<__nv_bfloat16, f8w>(c, split);

@@ -1,5 +1,5 @@
 /* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c), the
- * few-token fp8 linear (codegen/linear.c) and the
+ * few-token fp8 linear and the tensor-core bf16 one (codegen/linear.c) and the
  * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
  * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
  * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_f8_chunk, ldv,
@@ -32,6 +32,10 @@ typedef struct gen_case {
     {.name = "moe", .vocab = 8, .E = e, .K = kk, .NG = 1, .TG = 1, .norm = 1, .scaling = 1.0,      \
      .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "f8e4m3",                  \
      .moe_scale = 0.75, .BN = bn, .BK = bk}
+
+/* a bf16 weight (the tensor-core linear past the few-token bound), act
+   silu_mul where a */
+#define LIN16(n, k, a) {.name = "lin", .vocab = 8, .LN = n, .LK = k, .ldt = "bf16", .lact = a}
 
 /* bf16 experts (the streaming form) */
 #define MOE16(e, kk, h, i, sp)                                                                     \
@@ -85,6 +89,15 @@ static const gen_case CASES[] = {
        at a cap of 1 KiB (each row's first 512 bytes) */
     {LIN(100, 1280, 16, 128), 3, CG_FP8_AUTO, NULL},
     {LIN(1059, 640, 48, 64), 1, CG_FP8_AUTO, "MOEC_PREFETCH_KB=1"},
+    /* the bf16 tensor-core linear (codegen/linear.c, linear_mma_): the last
+       16-row tile partly past N (100 rows), K 640 (20 chunks over 8 warps:
+       the last round partial), 5, 8 and 16 tokens; 3 warps a block; act
+       silu_mul (h from x [T, 2K]) at K 224 */
+    {LIN16(100, 640, 0), 8, CG_FP8_AUTO, NULL},
+    {LIN16(100, 640, 0), 5, CG_FP8_AUTO, NULL},
+    {LIN16(100, 640, 0), 16, CG_FP8_AUTO, "MOEC_LINEAR_MMA_WARPS=3"},
+    {LIN16(48, 224, 1), 8, CG_FP8_AUTO, NULL},
+    {LIN16(48, 224, 1), 13, CG_FP8_AUTO, NULL},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -122,6 +135,8 @@ int main(int argc, char **argv)
                       "__device__ __forceinline__ float warp_max");
     put_prologue_part(f, pro.data, "/* The 16 bytes of a weight vector",
                       "/* 16 bytes from global to shared memory");
+    put_prologue_part(f, pro.data, "/* 8 consecutive weights as the 4 bf16 pairs",
+                      "/* fp8 weights on tensor cores with the activations staged");
     moec_buf_free(&pro);
     moec_buf table = {0};
     for (int i = 0; i < N_CASES; i++) {
@@ -145,7 +160,7 @@ int main(int argc, char **argv)
         if (gc->env)
             unsetenv(knob);
         const km_spec *s = &gc->s;
-        int moe = s->E > 0, w16 = moe && !strcmp(s->wdt, "bf16");
+        int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
            streaming form (gv) keeps h in f32 */
         int bm = 0, h32 = 0;
@@ -157,20 +172,20 @@ int main(int argc, char **argv)
             h32 |= gv;
         }
         moec_buf_printf(&table,
-                        "    {%d, \"%s%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, "
-                        "%d, %d, {",
+                        "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, "
+                        "%d, %d, %d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
-                        w16 ? " bf16" : "",
+                        w16 ? " bf16" : "", s->lact ? " silu" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
                         gc->env ? " " : "", gc->env ? gc->env : "", s->LN, s->LK, s->E, s->K,
-                        s->HID, s->I, s->BN, s->BK, gc->T, bm, h32, w16);
+                        s->HID, s->I, s->BN, s->BK, gc->T, bm, h32, w16, s->lact);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
             if (!strstr(name, "f8tc") && !strstr(name, "_gv_") &&
-                strncmp(name, "linear_gemv_", 12))
+                strncmp(name, "linear_gemv_", 12) && strncmp(name, "linear_mma_", 11))
                 continue; /* align and sum: the emulator's host side does them */
             put_kernel(f, c.src.data, name);
             /* the cluster size on the kernel's declaration line */

@@ -1900,8 +1900,9 @@ static int has_ident(const char *text, size_t n, const char *id)
  * before the wait (the tensor-core absorptions: name with "absorb_mma")
  * prefetches nothing, and reads no parameter but the weights before it; so
  * does a norm that reads its weight into registers before the wait (the
- * block form: `float wpre[`), and the one-token router's top-k kernel its
- * weight rows (`_wpre_`, `uint4 wpre[`). */
+ * block form: `float wpre[`), the one-token router's top-k kernel its
+ * weight rows (`_wpre_`, `uint4 wpre[`), and the bf16 tensor-core linear
+ * its first chunks (`linear_mma_`, `load_w(warp)`). */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
@@ -1928,6 +1929,10 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     /* the one-token router's weight rows in registers (uint4 wpre) */
     const char *wrows = strstr(open, "\n    uint4 wpre[");
     if (wrows && pre && wrows < pre && strstr(name, "_wpre_"))
+        staged = 1;
+    /* the bf16 tensor-core linear's first chunks of weight rows (load_w) */
+    const char *lw = strstr(open, "\n    load_w(warp);");
+    if (lw && pre && lw < pre && !strncmp(name, "linear_mma_", 11))
         staged = 1;
     if (staged)
         pf = 0;
