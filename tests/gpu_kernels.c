@@ -22,7 +22,9 @@
  * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
  * each gate_up and down timed in a CUDA graph over copies of the weights.
  * MOEC_KERN_NORM_ONLY runs only the residual add_rms_norms' cases (the
- * add3 and the routed sums'). MOEC_KERN_GQA_PRO_ONLY runs only GQA's
+ * add3 and the routed sums'). MOEC_KERN_LINEAR_ONLY runs only the bf16
+ * linears' cases past the few-token kernel (plain and act silu_mul, at up
+ * to 16 tokens). MOEC_KERN_GQA_PRO_ONLY runs only GQA's
  * prologue cases (by default the
  * one-token bucket's attention kernel runs the prologue, whose results no
  * kernel writes then; MOEC_ATTN_FUSE_PROLOGUE=0 checks the prologue
@@ -2517,6 +2519,16 @@ static const km_spec ACT_V3 = {.name = "v3_sh_down_act", .vocab = 97, .LN = 7168
                                .ldt = "bf16", .lact = 1};
 static const km_spec ACT_ODD = {.name = "odd_act", .vocab = 97, .LN = 37, .LK = 200,
                                 .ldt = "bf16", .lact = 1};
+/* bf16 linears on tensor cores past the few-token kernel (codegen/linear.c,
+ * linear_mma): V2-Lite's q_proj with kv_a (3648 x 2048), a router's shape
+ * (64 x 2048: 4 blocks), and odd (100 x 640: a tile past N, 20 chunks
+ * over 8 warps) */
+static const km_spec L16_V2 = {.name = "v2lite_qkv_a16", .vocab = 97, .LN = 3648, .LK = 2048,
+                               .ldt = "bf16"};
+static const km_spec L16_ROUTER = {.name = "router_shape16", .vocab = 97, .LN = 64, .LK = 2048,
+                                   .ldt = "bf16"};
+static const km_spec L16_ODD = {.name = "odd_linear16", .vocab = 97, .LN = 100, .LK = 640,
+                                .ldt = "bf16"};
 /* the residual add_rms_norm with the routed and shared experts' sum:
  * V2-Lite's hidden size (alpha 1), V3's (alpha 2.5, its f16 form), odd */
 static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
@@ -3290,6 +3302,29 @@ int main(void)
         return t_finish("gpu_kernels (sanitizer sample)");
     }
     const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
+    /* the act linear's kernels: the few-token one up to 4 tokens, the
+       tensor-core one at 8 and 16 in bf16 (f32: cuBLASLt after the
+       silu_mul kernel); the plain bf16 linears likewise */
+    const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4), ACT_T16 = ACT_T | TM(8) | TM(16);
+    const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
+    const km_spec *lins16[3] = {&L16_V2, &L16_ROUTER, &L16_ODD};
+    if (getenv("MOEC_KERN_LINEAR_ONLY")) {
+        for (int f32 = 0; f32 < 2; f32++)
+            for (int i = 0; i < 3; i++)
+                prog_add(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, f32 ? ACT_T : ACT_T16);
+        for (int i = 0; i < 3; i++)
+            prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T16);
+        progs_compile();
+        for (int f32 = 0; f32 < 2; f32++)
+            for (int i = 0; i < 3; i++)
+                moe_case(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, f32 ? ACT_T : ACT_T16,
+                         80 + (uint64_t)(2 * i + f32));
+        for (int i = 0; i < 3; i++)
+            moe_case(lins16[i], IR_DTYPE_BF16, ACT_T16, 100 + (uint64_t)i);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (linears)");
+    }
     const unsigned FUSE_T = TM(1) | TM(3) | TM(8);
     const km_spec *sums[5] = {&SUM_V2, &SUM_V3, &SUM_Q3, &SUM_V3_R256, &SUM_ODD};
     if (getenv("MOEC_KERN_NORM_ONLY")) {
@@ -3368,17 +3403,16 @@ int main(void)
     for (int i = 0; i < 4; i++)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_MASK(i, f32));
-    /* issue 15's fused forms at T = 1, 3, 8 (the act linear's kernel: up
-       to 4 tokens) */
-    const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4);
-    const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
+    /* issue 15's fused forms at T = 1, 3, 8 */
     for (int f32 = 0; f32 < 2; f32++) {
         ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
         for (int i = 0; i < 5; i++)
             prog_add(sums[i], cdt, 64, FUSE_T);
         for (int i = 0; i < 3; i++)
-            prog_add(acts[i], cdt, 64, ACT_T);
+            prog_add(acts[i], cdt, 64, f32 ? ACT_T : ACT_T16);
     }
+    for (int i = 0; i < 3; i++)
+        prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T16);
     for (int i = 0; i < 4; i++)
         prog_add(routers[i], IR_DTYPE_BF16, 64, ROUTER_T);
     const unsigned PRO_T = TM(1) | TM(64) | TM(3);
@@ -3509,8 +3543,10 @@ int main(void)
         for (int i = 0; i < 5; i++)
             moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
         for (int i = 0; i < 3; i++)
-            moe_case(acts[i], cdt, ACT_T, 80 + (uint64_t)(2 * i + f32));
+            moe_case(acts[i], cdt, f32 ? ACT_T : ACT_T16, 80 + (uint64_t)(2 * i + f32));
     }
+    for (int i = 0; i < 3; i++)
+        moe_case(lins16[i], IR_DTYPE_BF16, ACT_T16, 100 + (uint64_t)i);
     for (int i = 0; i < 4; i++)
         moe_case(routers[i], IR_DTYPE_BF16, ROUTER_T, 90 + (uint64_t)i);
 
