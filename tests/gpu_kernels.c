@@ -258,13 +258,15 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
 
 /* The ops whose kernels these programs run: the heavy ones, and here the
  * add_rms_norm of km_spec.AN, the absorptions of km_spec.AH (their
- * buckets of up to 2 tokens: generated kernels, not cuBLASLt) and the act
- * silu_mul linear of km_spec.lact too (a generated kernel in buckets up to
- * 4 tokens: its cases run only those). */
+ * buckets of up to 2 tokens: generated kernels, not cuBLASLt) and the
+ * linear of km_spec.LN (ly; bf16 ones are generated kernels up to 16
+ * tokens where K is a multiple of 32, else up to 4: their cases run only
+ * those; a router's linear is left to its top-k or the interpreter). */
 static int runs(const ir_op *op)
 {
     return km_is_heavy(op) || op->kind == IR_OP_ADD_RMS_NORM || op->kind == IR_OP_MLA_QABSORB ||
-           op->kind == IR_OP_MLA_VABSORB || (op->kind == IR_OP_LINEAR && ir_op_attr(op, "act"));
+           op->kind == IR_OP_MLA_VABSORB ||
+           (op->kind == IR_OP_LINEAR && (ir_op_attr(op, "act") || !strcmp(op->out[0]->name, "ly")));
 }
 
 /* The heavy ops of m and the argmax of its output, for bucket T, added to
@@ -3303,21 +3305,23 @@ int main(void)
     }
     const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
     /* the act linear's kernels: the few-token one up to 4 tokens, the
-       tensor-core one at 8 and 16 in bf16 (f32: cuBLASLt after the
-       silu_mul kernel); the plain bf16 linears likewise */
+       tensor-core one at 8 and 16 in bf16 where K is a multiple of 32 (f32
+       and odd_act's 200: cuBLASLt after the silu_mul kernel); the plain
+       bf16 linears likewise */
     const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4), ACT_T16 = ACT_T | TM(8) | TM(16);
+#define ACT_MASK(i, f32) ((f32) || (i) == 2 ? ACT_T : ACT_T16)
     const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
     const km_spec *lins16[3] = {&L16_V2, &L16_ROUTER, &L16_ODD};
     if (getenv("MOEC_KERN_LINEAR_ONLY")) {
         for (int f32 = 0; f32 < 2; f32++)
             for (int i = 0; i < 3; i++)
-                prog_add(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, f32 ? ACT_T : ACT_T16);
+                prog_add(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ACT_MASK(i, f32));
         for (int i = 0; i < 3; i++)
             prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T16);
         progs_compile();
         for (int f32 = 0; f32 < 2; f32++)
             for (int i = 0; i < 3; i++)
-                moe_case(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, f32 ? ACT_T : ACT_T16,
+                moe_case(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ACT_MASK(i, f32),
                          80 + (uint64_t)(2 * i + f32));
         for (int i = 0; i < 3; i++)
             moe_case(lins16[i], IR_DTYPE_BF16, ACT_T16, 100 + (uint64_t)i);
@@ -3409,7 +3413,7 @@ int main(void)
         for (int i = 0; i < 5; i++)
             prog_add(sums[i], cdt, 64, FUSE_T);
         for (int i = 0; i < 3; i++)
-            prog_add(acts[i], cdt, 64, f32 ? ACT_T : ACT_T16);
+            prog_add(acts[i], cdt, 64, ACT_MASK(i, f32));
     }
     for (int i = 0; i < 3; i++)
         prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T16);
@@ -3543,7 +3547,7 @@ int main(void)
         for (int i = 0; i < 5; i++)
             moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
         for (int i = 0; i < 3; i++)
-            moe_case(acts[i], cdt, f32 ? ACT_T : ACT_T16, 80 + (uint64_t)(2 * i + f32));
+            moe_case(acts[i], cdt, ACT_MASK(i, f32), 80 + (uint64_t)(2 * i + f32));
     }
     for (int i = 0; i < 3; i++)
         moe_case(lins16[i], IR_DTYPE_BF16, ACT_T16, 100 + (uint64_t)i);
