@@ -269,10 +269,17 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
  * chunks of weights before the programmatic wait (they do not depend on
  * the kernel before). */
 static const char MMA_HEAD[] =
-    "    constexpr int NSTEP = K / 32;\n"
-    "    __shared__ float part[NW][RT * NT * 4][32];\n"
+    "    constexpr int NSTEP = K / 32, E = RT * NT * 4 * 32;\n"
+    "    /* the warps' partial sums; with KS splits also the block's, which the\n"
+    "       cluster reads: then in the dynamic shared memory */\n"
+    "    __shared__ float part_st[KS > 1 ? 1 : NW * E];\n"
+    "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
+    "    float *const part = KS > 1 ? reinterpret_cast<float *>(moec_smem) : part_st;\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    const long long n0 = (long long)blockIdx.x * 16 * RT;\n"
+    "    /* the cluster's KS blocks split K: global warp gw of GW takes chunks gw, gw + GW, ... */\n"
+    "    constexpr int GW = NW * KS;\n"
+    "    const int split = blockIdx.x % KS, gw = split * NW + warp;\n"
+    "    const long long n0 = (long long)(blockIdx.x / KS) * 16 * RT;\n"
     "    const TW *w0[RT], *w1[RT];\n"
     "    [[maybe_unused]] const float *sr[RT];\n"
     "#pragma unroll\n"
@@ -286,13 +293,13 @@ static const char MMA_HEAD[] =
     "    }\n"
     "    uint4 wa[U][RT][2];\n"
     "    [[maybe_unused]] float sc[U][RT];\n"
-    "    /* the U chunks from s0 (every NW-th) of the block's weight rows */\n"
+    "    /* the U chunks from s0 (every GW-th) of the block's weight rows */\n"
     "    auto load_w = [&](int s0) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
-    "            if (s0 + u * NW >= NSTEP)\n"
+    "            if (s0 + u * GW >= NSTEP)\n"
     "                break;\n"
-    "            const long long k = (long long)(s0 + u * NW) * 32;\n"
+    "            const long long k = (long long)(s0 + u * GW) * 32;\n"
     "#pragma unroll\n"
     "            for (int rt = 0; rt < RT; rt++) {\n"
     "                wa[u][rt][0] = moec_ld8(w0[rt] + k);\n"
@@ -302,7 +309,7 @@ static const char MMA_HEAD[] =
     "            }\n"
     "        }\n"
     "    };\n";
-static const char MMA_PRE[] = "    load_w(warp);\n    moec_pdl_enter();\n";
+static const char MMA_PRE[] = "    load_w(gw);\n    moec_pdl_enter();\n";
 static const char MMA_BODY[] =
     "    const TX *xr[NT];\n"
     "#pragma unroll\n"
@@ -319,15 +326,15 @@ static const char MMA_BODY[] =
     "            for (int i = 0; i < 4; i++)\n"
     "                acc[rt][t][i] = 0.0f;\n"
     "#pragma unroll 1\n"
-    "    for (int s0 = warp; s0 < NSTEP; s0 += NW * U) {\n"
-    "        if (!PRE || s0 != warp)\n"
+    "    for (int s0 = gw; s0 < NSTEP; s0 += GW * U) {\n"
+    "        if (!PRE || s0 != gw)\n"
     "            load_w(s0);\n"
     "        uint4 xb[U][NT];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
-    "            if (s0 + u * NW >= NSTEP)\n"
+    "            if (s0 + u * GW >= NSTEP)\n"
     "                break;\n"
-    "            const long long k = (long long)(s0 + u * NW) * 32;\n"
+    "            const long long k = (long long)(s0 + u * GW) * 32;\n"
     "#pragma unroll\n"
     "            for (int t = 0; t < NT; t++) {\n"
     "                if constexpr (ACT) {\n"
@@ -349,7 +356,7 @@ static const char MMA_BODY[] =
     "        }\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
-    "            if (s0 + u * NW >= NSTEP)\n"
+    "            if (s0 + u * GW >= NSTEP)\n"
     "                break;\n"
     "#pragma unroll\n"
     "            for (int rt = 0; rt < RT; rt++)\n"
@@ -376,23 +383,46 @@ static const char MMA_BODY[] =
     "        for (int t = 0; t < NT; t++)\n"
     "#pragma unroll\n"
     "            for (int i = 0; i < 4; i++)\n"
-    "                part[warp][(rt * NT + t) * 4 + i][lane] = acc[rt][t][i];\n"
+    "                part[warp * E + ((rt * NT + t) * 4 + i) * 32 + lane] = acc[rt][t][i];\n"
     "    __syncthreads();\n"
     "    /* acc[rt][t][i] of lane (g, q): row 16 rt + g + 8 (i / 2), token t * 8 + 2q + i % 2 */\n"
-    "    for (int idx = threadIdx.x; idx < RT * NT * 4 * 32; idx += NW * 32) {\n"
+    "    auto put = [&](int idx, float v) {\n"
     "        const int ti = idx / 32, l = idx % 32, rt = ti / (NT * 4), t = ti / 4 % NT, i = ti % 4;\n"
     "        const long long row = n0 + 16 * rt + (l >> 2) + 8 * (i / 2);\n"
     "        const int tok = t * 8 + 2 * (l & 3) + i % 2;\n"
     "        if (row >= N || tok >= T)\n"
-    "            continue;\n"
-    "        float v = 0.0f;\n"
-    "#pragma unroll\n"
-    "        for (int w2 = 0; w2 < NW; w2++)\n"
-    "            v += part[w2][ti][l];\n"
+    "            return;\n"
     "        v *= alpha;\n"
     "        if constexpr (HAS_BIAS)\n"
     "            v += ld(bias + row);\n"
     "        st(y + (long long)tok * N + row, v);\n"
+    "    };\n"
+    "    /* the block's warps' sums, in warp order; with KS splits, each block's\n"
+    "       in its shared memory, and each block adds up a share of them in\n"
+    "       split order */\n"
+    "    float *const red = part + NW * E;\n"
+    "    for (int idx = threadIdx.x; idx < E; idx += NW * 32) {\n"
+    "        float v = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int w2 = 0; w2 < NW; w2++)\n"
+    "            v += part[w2 * E + idx];\n"
+    "        if constexpr (KS == 1)\n"
+    "            put(idx, v);\n"
+    "        else\n"
+    "            red[idx] = v;\n"
+    "    }\n"
+    "    if constexpr (KS > 1) {\n"
+    "        moec_cluster_sync();\n"
+    "        __syncthreads(); /* the cluster barrier orders this block's part too; said\n"
+    "                            again for tools that know only the block barrier */\n"
+    "        for (int idx = split * NW * 32 + threadIdx.x; idx < E; idx += KS * NW * 32) {\n"
+    "            float v = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int k = 0; k < KS; k++)\n"
+    "                v += moec_ld_cluster(red + idx, (unsigned)k);\n"
+    "            put(idx, v);\n"
+    "        }\n"
+    "        moec_cluster_sync(); /* no block leaves while the others read it */\n"
     "    }\n";
 
 /* The fp8 form's warps a block. */
@@ -403,6 +433,11 @@ static const char MMA_BODY[] =
  * few-token kernel). */
 #define MMA_BF16_WARPS 8
 #define MMA_BF16_MAX_T 16
+/* The bf16 form's K splits at most (MOEC_LINEAR_MMA_KS; sm_90: a cluster
+ * of that many blocks sums their shares in distributed shared memory),
+ * and the blocks that give each of an H100's or H200's SMs one. */
+#define MMA_BF16_KS 8
+#define MMA_FILL_BLOCKS 132
 
 /* The tiles a warp of the kernel's 16 rows: two share their x fragments
  * once x would be read more than twice over (T >= 32), as long as that
@@ -447,9 +482,26 @@ static int mma_bf16_warps(const cg_ctx *c, const ir_op *op, int gemv_max)
     return nw;
 }
 
+/* The bf16 form's K splits (sm_90): enough that each warp's chunks are
+ * one round of U loads, and that the row tiles times the splits give
+ * every SM a block (a few-row linear such as a router: otherwise a
+ * handful of blocks), at most MOEC_LINEAR_MMA_KS and one chunk a warp. */
+static int mma_splits(const cg_ctx *c, int64_t N, int64_t K, int nw, int rt, int u)
+{
+    int max = cg_arch_num(c->opt) >= 90 ? cg_env_int("MOEC_LINEAR_MMA_KS", MMA_BF16_KS, 1, 8) : 1;
+    long long steps = K / 32, tiles = (N + 16 * rt - 1) / (16 * rt);
+    long long ks = (steps + (long long)nw * u - 1) / ((long long)nw * u);
+    long long fill = (MMA_FILL_BLOCKS + tiles - 1) / tiles;
+    ks = ks > fill ? ks : fill;
+    ks = ks > max ? max : ks;
+    while (ks > 1 && ks * nw > steps)
+        ks--;
+    return (int)ks;
+}
+
 /* y = alpha x w^T (+ bias) on tensor cores, all T rows: an fp8 w (4
  * warps a block) or a bf16 one (nw, its weights' first chunks loaded
- * before the wait, act silu_mul taken). */
+ * before the wait, K split over a cluster, act silu_mul taken). */
 static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha, int nw)
 {
     const ir_value *x = op->in[0], *w = op->in[1], *y = op->out[0];
@@ -462,12 +514,18 @@ static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
        16 tokens, then fewer as its x fragments grow */
     int u = fp8 ? 8 / (nt * rt) : 16 / (nt * rt) > 8 ? 8 : 16 / (nt * rt);
     u = u < 1 ? 1 : u;
-    char name[300], tag[40], decl[400], io[80];
+    int ks = fp8 ? 1 : mma_splits(c, N, K, nw, rt, u);
+    char name[300], tag[40], decl[400], io[80], cluster[48] = "";
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
-    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_rt%d_u%d%s_%s_%s", (long long)N,
-             (long long)K, c->T, nw, rt, u, act ? "_silu" : "", fp8 ? "f8e4m3" : ir_dtype_name(dw),
-             io);
+    char splits[16] = "";
+    if (ks > 1) {
+        snprintf(splits, sizeof splits, "_s%d", ks);
+        snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", ks);
+    }
+    snprintf(name, sizeof name, "linear_mma_n%lld_k%lld_t%d_w%d_rt%d_u%d%s%s_%s_%s", (long long)N,
+             (long long)K, c->T, nw, rt, u, splits, act ? "_silu" : "",
+             fp8 ? "f8e4m3" : ir_dtype_name(dw), io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -476,25 +534,26 @@ static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
         moec_buf_printf(&c->src,
                       "// linear: y = alpha x w^T (+ b), w on tensor cores (codegen/linear.c, "
                       "emit_mma)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
+                      "extern \"C\" __global__ void %s__launch_bounds__(%d) %s(const %s *__restrict__ x, "
                       "const %s *__restrict__ w, %sconst %s *__restrict__ bias, float alpha, "
                       "%s *__restrict__ y)\n{\n"
                       "    typedef %s TX;\n"
                       "    typedef %s TW;\n"
                       "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, NT = %d, NW = %d, RT = %d, U = %d;\n"
+                      "    constexpr int K = %lld, T = %d, NT = %d, NW = %d, RT = %d, U = %d, KS = %d;\n"
                       "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n%s%s%s%s}\n\n",
-                      nw * 32, name, cg_ctype(dx), cg_ctype(dw),
+                      cluster, nw * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
                       cg_ctype(dx), cg_ctype(dw), (long long)N, (long long)K, c->T, nt, nw, rt, u,
-                      bias ? "true" : "false", fp8 ? "false" : "true", act ? "true" : "false",
+                      ks, bias ? "true" : "false", fp8 ? "false" : "true", act ? "true" : "false",
                       decl, MMA_HEAD, fp8 ? "" : MMA_PRE, MMA_BODY);
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
-    s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt));
+    s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt) * ks);
     s->block[0] = nw * 32;
+    s->smem = ks > 1 ? (unsigned)((nw + 1) * rt * nt * 4 * 32 * sizeof(float)) : 0;
     if (fp8) {
         cg_fp8_linear_args(s, op, alpha);
         return MOEC_OK;

@@ -1902,7 +1902,7 @@ static int has_ident(const char *text, size_t n, const char *id)
  * does a norm that reads its weight into registers before the wait (the
  * block form: `float wpre[`), the one-token router's top-k kernel its
  * weight rows (`_wpre_`, `uint4 wpre[`), and the bf16 tensor-core linear
- * its first chunks (`linear_mma_`, `load_w(warp)`). */
+ * its first chunks (`linear_mma_`, `load_w(gw)`). */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
@@ -1931,7 +1931,7 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     if (wrows && pre && wrows < pre && strstr(name, "_wpre_"))
         staged = 1;
     /* the bf16 tensor-core linear's first chunks of weight rows (load_w) */
-    const char *lw = strstr(open, "\n    load_w(warp);");
+    const char *lw = strstr(open, "\n    load_w(gw);");
     if (lw && pre && lw < pre && !strncmp(name, "linear_mma_", 11))
         staged = 1;
     if (staged)
