@@ -11,6 +11,11 @@
  * silu(gate) * up while it loads x, rounded as the silu_mul result was
  * stored; a GEMM bucket runs the silu_mul kernel into scratch first.
  *
+ * bf16 weights of up to MMA_BF16_MAX_T tokens run a tensor-core kernel
+ * (emit_mma; x the 8-column operand of m16n8k16 products, K split over
+ * the block's warps and, on sm_90, a cluster's blocks): cuBLASLt read
+ * V2-Lite's and Qwen3-30B's 8-token linears at 1.4 to 2.4 TB/s.
+ *
  * Larger buckets are one cuBLASLt step. cuBLASLt is column-major: row-major
  * y is C (m = N, n = T, ldc = N); row-major w [N, K] is a K x N column-major
  * matrix, transposed (lda = K); row-major x [T, K] is K x T (ldb = K).
@@ -429,10 +434,14 @@ static const char MMA_BODY[] =
 #define MMA_WARPS 4
 /* The bf16 form's (MOEC_LINEAR_MMA_WARPS): more warps split K, so that
  * each holds its share's loads in flight at once; and the most tokens it
- * takes instead of cuBLASLt (MOEC_LINEAR_MMA_MAX_T; 0: cuBLASLt past the
- * few-token kernel). */
+ * takes instead of cuBLASLt (MOEC_LINEAR_MMA_MAX_T, up to 64; 0: cuBLASLt
+ * past the few-token kernel). (H200, 2026-11-29, whole steps at context
+ * 1024 against cuBLASLt in the same call: V2-Lite at 8 tokens 5.338 /
+ * 5.429 ms and 5.365 / 5.410, Qwen3-30B 7.911 / 8.126 and 7.907 / 8.037;
+ * but at 16 tokens V2-Lite 8.026 / 7.561, and with it up to 64, 10.664 /
+ * 9.607 at 32 and 13.080 / 10.577 at 64: 8.) */
 #define MMA_BF16_WARPS 8
-#define MMA_BF16_MAX_T 16
+#define MMA_BF16_MAX_T 8
 /* The bf16 form's K splits at most (MOEC_LINEAR_MMA_KS; sm_90: a cluster
  * of that many blocks sums their shares in distributed shared memory),
  * and the blocks that give each of an H100's or H200's SMs one. */

@@ -10,7 +10,7 @@
  * inside a row block, gate and up apart) and buckets 1, 3, 8, 32, 64, 128,
  * with the default kernel choice or the staged kernels forced, and the
  * shape knobs set otherwise (test_fp8_emu.sh runs cases 9, 16, 17, 31 and
- * 37 under the thread sanitizer: keep them a split linear, the two expert
+ * 38 under the thread sanitizer: keep them a split linear, the two expert
  * forms, and the bf16 linear split over a cluster, plain and act).
  * usage: fp8_emu_gen OUT.inc */
 #include <stdio.h>
@@ -93,14 +93,16 @@ static const gen_case CASES[] = {
     /* the bf16 tensor-core linear (codegen/linear.c, linear_mma_): the last
        16-row tile partly past N (100 rows), K 640 (20 chunks: over a
        cluster of 2 blocks of 8 warps, the last round partial; 6 of 3
-       warps; one block), 5, 8 and 16 tokens; act silu_mul (h from x
-       [T, 2K]) at K 224 (one block) and 1024 (a cluster of 4) */
+       warps; one block), 5 and 8 tokens, and 16 where the knob lets it;
+       act silu_mul (h from x [T, 2K]) at K 224 (one block; 13 tokens by
+       the knob) and 1024 (a cluster of 4) */
     {LIN16(100, 640, 0), 8, CG_FP8_AUTO, NULL},
     {LIN16(100, 640, 0), 5, CG_FP8_AUTO, NULL},
-    {LIN16(100, 640, 0), 16, CG_FP8_AUTO, "MOEC_LINEAR_MMA_WARPS=3"},
+    {LIN16(100, 640, 0), 8, CG_FP8_AUTO, "MOEC_LINEAR_MMA_WARPS=3"},
+    {LIN16(100, 640, 0), 16, CG_FP8_AUTO, "MOEC_LINEAR_MMA_MAX_T=16"},
     {LIN16(100, 640, 0), 8, CG_FP8_AUTO, "MOEC_LINEAR_MMA_KS=1"},
     {LIN16(48, 224, 1), 8, CG_FP8_AUTO, NULL},
-    {LIN16(48, 224, 1), 13, CG_FP8_AUTO, NULL},
+    {LIN16(48, 224, 1), 13, CG_FP8_AUTO, "MOEC_LINEAR_MMA_MAX_T=16"},
     {LIN16(48, 1024, 1), 8, CG_FP8_AUTO, NULL},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };

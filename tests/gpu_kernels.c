@@ -24,7 +24,7 @@
  * MOEC_KERN_NORM_ONLY runs only the residual add_rms_norms' cases (the
  * add3 and the routed sums'). MOEC_KERN_LINEAR_ONLY runs only the bf16
  * linears' cases past the few-token kernel (plain and act silu_mul, at up
- * to 16 tokens). MOEC_KERN_GQA_PRO_ONLY runs only GQA's
+ * to 8 tokens). MOEC_KERN_GQA_PRO_ONLY runs only GQA's
  * prologue cases (by default the
  * one-token bucket's attention kernel runs the prologue, whose results no
  * kernel writes then; MOEC_ATTN_FUSE_PROLOGUE=0 checks the prologue
@@ -259,7 +259,7 @@ static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
 /* The ops whose kernels these programs run: the heavy ones, and here the
  * add_rms_norm of km_spec.AN, the absorptions of km_spec.AH (their
  * buckets of up to 2 tokens: generated kernels, not cuBLASLt) and the
- * linear of km_spec.LN (ly; bf16 ones are generated kernels up to 16
+ * linear of km_spec.LN (ly; bf16 ones are generated kernels up to 8
  * tokens where K is a multiple of 32, else up to 4: their cases run only
  * those; a router's linear is left to its top-k or the interpreter). */
 static int runs(const ir_op *op)
@@ -3305,11 +3305,11 @@ int main(void)
     }
     const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
     /* the act linear's kernels: the few-token one up to 4 tokens, the
-       tensor-core one at 8 and 16 in bf16 where K is a multiple of 32 (f32
-       and odd_act's 200: cuBLASLt after the silu_mul kernel); the plain
-       bf16 linears likewise */
-    const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4), ACT_T16 = ACT_T | TM(8) | TM(16);
-#define ACT_MASK(i, f32) ((f32) || (i) == 2 ? ACT_T : ACT_T16)
+       tensor-core one at 8 in bf16 where K is a multiple of 32 (f32 and
+       odd_act's 200: cuBLASLt after the silu_mul kernel); the plain bf16
+       linears likewise */
+    const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4), ACT_T8 = ACT_T | TM(8);
+#define ACT_MASK(i, f32) ((f32) || (i) == 2 ? ACT_T : ACT_T8)
     const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
     const km_spec *lins16[3] = {&L16_V2, &L16_ROUTER, &L16_ODD};
     if (getenv("MOEC_KERN_LINEAR_ONLY")) {
@@ -3317,14 +3317,14 @@ int main(void)
             for (int i = 0; i < 3; i++)
                 prog_add(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ACT_MASK(i, f32));
         for (int i = 0; i < 3; i++)
-            prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T16);
+            prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T8);
         progs_compile();
         for (int f32 = 0; f32 < 2; f32++)
             for (int i = 0; i < 3; i++)
                 moe_case(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ACT_MASK(i, f32),
                          80 + (uint64_t)(2 * i + f32));
         for (int i = 0; i < 3; i++)
-            moe_case(lins16[i], IR_DTYPE_BF16, ACT_T16, 100 + (uint64_t)i);
+            moe_case(lins16[i], IR_DTYPE_BF16, ACT_T8, 100 + (uint64_t)i);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (linears)");
@@ -3416,7 +3416,7 @@ int main(void)
             prog_add(acts[i], cdt, 64, ACT_MASK(i, f32));
     }
     for (int i = 0; i < 3; i++)
-        prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T16);
+        prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T8);
     for (int i = 0; i < 4; i++)
         prog_add(routers[i], IR_DTYPE_BF16, 64, ROUTER_T);
     const unsigned PRO_T = TM(1) | TM(64) | TM(3);
@@ -3550,7 +3550,7 @@ int main(void)
             moe_case(acts[i], cdt, ACT_MASK(i, f32), 80 + (uint64_t)(2 * i + f32));
     }
     for (int i = 0; i < 3; i++)
-        moe_case(lins16[i], IR_DTYPE_BF16, ACT_T16, 100 + (uint64_t)i);
+        moe_case(lins16[i], IR_DTYPE_BF16, ACT_T8, 100 + (uint64_t)i);
     for (int i = 0; i < 4; i++)
         moe_case(routers[i], IR_DTYPE_BF16, ROUTER_T, 90 + (uint64_t)i);
 

@@ -1754,6 +1754,109 @@ static void test_norm_cluster(void)
     n_jobs++;
 }
 
+/* The bf16 linear past the few-token kernel (codegen/linear.c, emit_mma):
+ * at 5 to 8 tokens the tensor-core kernel, its K splits by the rule (a
+ * warp's chunks one round of 8 at 8 warps, every SM a block, at most 8 and
+ * a chunk a warp): V2-Lite's qkv_a (228 row tiles: none), o_proj (128: 2),
+ * the router's 64 rows (8), the dense down with act at K 10944 (6), Qwen3's
+ * o_proj at K 4096 (2); a cuBLASLt step at 16 tokens, with
+ * MOEC_LINEAR_MMA_MAX_T=0, and at K 200; no cluster on sm_80 or with
+ * MOEC_LINEAR_MMA_KS=1; the clustered ones' sources compile with NVRTC. */
+static void test_linear_mma(void)
+{
+    static const struct {
+        int N, K, act, ks;
+    } shapes[] = {{3648, 2048, 0, 1}, {2048, 2048, 0, 2}, {64, 2048, 0, 8},
+                  {2048, 10944, 1, 6}, {2048, 4096, 0, 2}, {37, 200, 1, 0}};
+    compile_job *j = job_slot();
+    if (!j)
+        return;
+    moec_buf prog = {0};
+    cg_emit_prologue(&prog);
+    /* pass 1: MOEC_LINEAR_MMA_MAX_T=0; 2: MOEC_LINEAR_MMA_KS=1; 3: sm_80 */
+    for (int knob = 0; knob < 4; knob++) {
+        if (knob == 1)
+            setenv("MOEC_LINEAR_MMA_MAX_T", "0", 1);
+        if (knob == 2) {
+            unsetenv("MOEC_LINEAR_MMA_MAX_T");
+            setenv("MOEC_LINEAR_MMA_KS", "1", 1);
+        }
+        if (knob == 3)
+            unsetenv("MOEC_LINEAR_MMA_KS");
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            km_spec sp = {.name = "k_lin_mma", .vocab = 4, .LN = shapes[si].N,
+                          .LK = shapes[si].K, .ldt = "bf16", .lact = shapes[si].act};
+            ir_module *m = km_module(&sp);
+            T_CHECK(m != NULL);
+            if (!m)
+                continue;
+            cg_options o;
+            cg_options_default(&o);
+            if (knob == 3)
+                snprintf(o.arch, sizeof o.arch, "sm_80");
+            static const int Ts[] = {5, 8, 16};
+            for (int ti = 0; ti < 3; ti++) {
+                int T = Ts[ti], mma = knob != 1 && T <= 8 && shapes[si].ks > 0;
+                int ks = mma && knob < 2 ? shapes[si].ks : 1;
+                cg_ctx c = {.m = m, .opt = &o, .T = T};
+                const ir_op *op = NULL;
+                for (int k = 0; k < m->n_ops; k++)
+                    if (m->ops[k]->kind == IR_OP_LINEAR)
+                        op = m->ops[k];
+                T_CHECK(op != NULL);
+                if (!op || cg_emit_op(&c, op) != MOEC_OK || c.n_steps < 1) {
+                    fprintf(stderr, "k_lin_mma %d x %d T %d: %s\n", shapes[si].N, shapes[si].K, T,
+                            moec_last_error());
+                    T_CHECK(0);
+                    cg_ctx_free(&c);
+                    continue;
+                }
+                const ir_step *st = &c.steps[c.n_steps - 1];
+                char want[96], splits[16] = "";
+                if (ks > 1)
+                    snprintf(splits, sizeof splits, "_s%d", ks);
+                snprintf(want, sizeof want, "linear_mma_n%d_k%d_t%d_w8_rt1_u8%s%s_bf16_", shapes[si].N,
+                         shapes[si].K, T, splits, shapes[si].act ? "_silu" : "");
+                const char *kn = st->kind == IR_STEP_KERNEL ? c.kernel_names[st->kernel] : "(gemm)";
+                int ok = mma ? st->kind == IR_STEP_KERNEL && c.n_steps == 1 &&
+                                   !strncmp(kn, want, strlen(want)) &&
+                                   st->grid[0] == (unsigned)((shapes[si].N + 15) / 16 * ks) &&
+                                   st->block[0] == 256 &&
+                                   st->smem == (ks > 1 ? 9u * 4 * 128 * ((T + 7) / 8) : 0u)
+                             : st->kind == IR_STEP_GEMM;
+                if (!ok)
+                    fprintf(stderr, "k_lin_mma %d x %d T %d knob %d: %s grid %u (want %s)\n",
+                            shapes[si].N, shapes[si].K, T, knob, kn, st->grid[0],
+                            mma ? want : "a GEMM step");
+                T_CHECK(ok);
+                if (mma && ks > 1 && knob == 0) {
+                    char cd[64];
+                    snprintf(cd, sizeof cd, "__cluster_dims__(%d, 1, 1) __launch_bounds__", ks);
+                    T_CHECK(c.src.data && strstr(c.src.data, cd));
+                    if (T == 8) {
+                        cg_add_pdl_waits(&c.src);
+                        moec_buf_printf(&prog, "%s", c.src.data ? c.src.data : "");
+                        moec_buf_printf(&j->names, "%s\n", kn);
+                    }
+                }
+                cg_ctx_free(&c);
+            }
+            ir_module_free(m);
+        }
+    }
+    unsetenv("MOEC_LINEAR_MMA_MAX_T");
+    unsetenv("MOEC_LINEAR_MMA_KS");
+    if (prog.oom || j->names.oom) {
+        T_CHECK(0);
+        moec_buf_free(&prog);
+        moec_buf_free(&j->names);
+        return;
+    }
+    j->label = strdup("linear_mma");
+    j->src = prog.data;
+    n_jobs++;
+}
+
 /* ---- the device sampler ------------------------------------------------------ */
 
 /* A module whose output is [T, V] logits (an embedding), for the argmax and
@@ -2169,6 +2272,7 @@ int main(void)
     test_errors();
     test_argmax_nonfinite();
     test_norm_cluster();
+    test_linear_mma();
     test_sampler();
     compile_all();
     return t_finish("test_codegen_kernels");
