@@ -586,8 +586,10 @@ static void expect_gemm(const cg_ctx *c, const char *result, int ta, int m, int 
 /* Buckets of up to 4 tokens: the linears of the unit module as generated
  * kernels (a block of 8 warps per 1 to 8 weight rows: 96 rows make 96
  * blocks, 2048 rows 512 blocks of 4), alpha and the bias as arguments;
- * compiled by NVRTC. Their numbers are checked on the GPU
- * against the interpreter (tests/gpu_model.c, gpu_engine.c). */
+ * at 8 the tensor-core kernel (a block of 8 warps per 16 rows; K 64 is 2
+ * chunks: no K split), at 16 cuBLASLt; compiled by NVRTC. Their numbers
+ * are checked on the GPU against the interpreter (tests/gpu_model.c,
+ * gpu_engine.c, gpu_kernels.c). */
 static void test_gemv(void)
 {
     ir_module *m = NULL;
@@ -603,12 +605,24 @@ static void test_gemv(void)
         for (int k = 0; k < m->n_ops; k++)
             T_OK(cg_emit_op(&c, m->ops[k]));
         const ir_step *s = step_of(&c, "y");
+        char want[128];
+        if (T == 8) {
+            expect_kernel(&c, "y", "linear_mma_n96_k64_t8_w8_rt1_u8_bf16_bf16_bf16_bbf16", 6, 1,
+                          256, 5);
+            T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "h")) &&
+                    is_arg(s->args[1], IR_ARG_WEIGHT, vid(&c, "w1")) &&
+                    is_arg(s->args[2], IR_ARG_WEIGHT, vid(&c, "b1")) &&
+                    s->args[3].kind == IR_ARG_F32 && s->args[3].f == 1.0 &&
+                    is_arg(s->args[4], IR_ARG_ACT, vid(&c, "y")) && s->smem == 0);
+            expect_kernel(&c, "wide", "linear_mma_n2048_k64_t8_w8_rt1_u8_bf16_bf16_bf16", 128, 1,
+                          256, 5);
+            compile_src(c.src.data, "the unit module's tensor-core linears");
+        }
         if (T > 4) {
-            T_CHECK(s && s->kind == IR_STEP_GEMM);
+            T_CHECK(T == 8 || (s && s->kind == IR_STEP_GEMM));
             cg_ctx_free(&c);
             continue;
         }
-        char want[128];
         snprintf(want, sizeof want, "linear_gemv_n96_k64_rb1_t%d_bf16_bf16_bf16_bbf16", T);
         expect_kernel(&c, "y", want, 96, 1, 256, 5);
         T_CHECK(s && is_arg(s->args[0], IR_ARG_ACT, vid(&c, "h")) &&
@@ -1511,12 +1525,13 @@ static void launches_saved(const char *json, const char *what, const char *const
 /* fuse_moe_sum and fuse_silu_mul_linear in a 2-layer config's plan: no
  * moe_sum kernel anywhere; each add_rms_norm with an unsummed b runs the
  * summing kernel, one step; each act linear runs the few-token kernel with
- * silu_mul at T = 1, and at T = 8 the silu_mul kernel into scratch, then
- * its GEMM reading that scratch (bf16 weights) or, with fp8 weights (the
- * pass leaves them), no act at all. */
+ * silu_mul at T = 1, the tensor-core one with silu_mul at T = 8, and at
+ * T = 16 the silu_mul kernel into scratch, then its GEMM reading that
+ * scratch (bf16 weights) or, with fp8 weights (the pass leaves them), no
+ * act at all. */
 static void check_fused_kernels(const ir_module *m, const char *what)
 {
-    static const int buckets[] = {1, 8};
+    static const int buckets[] = {1, 8, 16};
     int uns = 0, acts = 0, routed = 0;
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
@@ -1525,7 +1540,7 @@ static void check_fused_kernels(const ir_module *m, const char *what)
         routed += op->kind == IR_OP_MOE_ROUTED;
     }
     T_CHECK(uns == routed);
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < 3; b++) {
         cg_options o;
         cg_options_default(&o);
         cg_ctx c;
@@ -1536,7 +1551,7 @@ static void check_fused_kernels(const ir_module *m, const char *what)
         /* as cg_plan_build places them: a shared expert's act linear runs
            on stream 1, whose scratch lies past stream 0's */
         cg_scratch_place_streams(&c);
-        int sums = 0, gemv = 0, pre = 0, gemm = 0, stream1 = 0;
+        int sums = 0, gemv = 0, mma = 0, pre = 0, gemm = 0, stream1 = 0;
         for (int i = 0; i < c.n_kernels; i++)
             T_CHECK(strncmp(c.kernel_names[i], "moe_sum_", 8) != 0);
         for (int i = 0; i < c.n_steps; i++) {
@@ -1548,6 +1563,7 @@ static void check_fused_kernels(const ir_module *m, const char *what)
             if (!op || op->kind != IR_OP_LINEAR || !ir_op_attr(op, "act"))
                 continue;
             gemv += !strncmp(kn, "linear_gemv_", 12) && strstr(kn, "_silu_") != NULL;
+            mma += !strncmp(kn, "linear_mma_", 11) && strstr(kn, "_silu_") != NULL;
             pre += !strncmp(kn, "silu_mul_r1_", 12);
             if (s->kind == IR_STEP_GEMM) {
                 gemm++;
@@ -1560,11 +1576,12 @@ static void check_fused_kernels(const ir_module *m, const char *what)
             }
         }
         fprintf(stderr, "%s T=%d: %d summing add_rms_norm, act linears: %d few-token, %d "
-                        "silu_mul + GEMM (%d on stream 1)\n",
-                what, buckets[b], sums, gemv, gemm, stream1);
+                        "tensor-core, %d silu_mul + GEMM (%d on stream 1)\n",
+                what, buckets[b], sums, gemv, mma, gemm, stream1);
         T_CHECK(sums == uns);
-        T_CHECK(b == 0 ? gemv == acts && pre == 0 && gemm == 0
-                       : gemv == 0 && pre == acts && gemm == acts);
+        T_CHECK(b == 0   ? gemv == acts && mma == 0 && pre == 0 && gemm == 0
+                : b == 1 ? gemv == 0 && mma == acts && pre == 0 && gemm == 0
+                         : gemv == 0 && mma == 0 && pre == acts && gemm == acts);
         cg_ctx_free(&c);
     }
 }
@@ -1773,10 +1790,12 @@ static void test_units(const char *unused)
     test_compile_error();
     /* the GEMM steps' form and meaning, with every bucket on cuBLASLt */
     setenv("MOEC_GEMV_MAX_T", "0", 1);
+    setenv("MOEC_LINEAR_MMA_MAX_T", "0", 1);
     test_unit_ops();
     test_gemm_semantics();
     test_absorb_kernels();
     unsetenv("MOEC_GEMV_MAX_T");
+    unsetenv("MOEC_LINEAR_MMA_MAX_T");
     test_gemv();
     test_aliases();
     test_add_rms_norm();
