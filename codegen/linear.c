@@ -260,19 +260,21 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
 
 /* The weight on tensor cores (bf16 x; bf16 w, or fp8 w whose e4m3 codes
  * widen to bf16 in registers, exactly): a block owns RT tiles of 16 weight
- * rows, its NW warps split K in 32-wide chunks (chunk s to warp s % NW),
- * each chunk two m16n8k16 products per tile and 8 tokens: the weight as
- * the A operand, x as B (its fragments loaded once for the RT tiles), in
- * the lane permutation of the MoE kernels (codegen/moe_routed.c: a lane's
- * 8 elements of a row stand for the k columns its fragments need, alike on
- * both operands). An fp8 chunk's products start from zero and are added
- * times the chunk's block scale (a tile's 16 rows share a row block, the
- * 32 columns a column block); bf16 ones go straight into the sums. With
- * ACT (bf16 only) x is [T, 2K] and each fragment h = silu(gate) * up,
- * rounded to bf16 as the silu_mul kernel stores it. The warps' sums meet
- * in shared memory. MMA_PRE, where emitted, loads the warp's first U
- * chunks of weights before the programmatic wait (they do not depend on
- * the kernel before). */
+ * rows; its NW warps, and those of the other KS - 1 blocks of its cluster
+ * (which share its rows), split K in 32-wide chunks (chunk s to warp
+ * s % (NW KS) of them), each chunk two m16n8k16 products per tile and 8
+ * tokens: the weight as the A operand, x as B (its fragments loaded once
+ * for the RT tiles), in the lane permutation of the MoE kernels
+ * (codegen/moe_routed.c: a lane's 8 elements of a row stand for the k
+ * columns its fragments need, alike on both operands). An fp8 chunk's
+ * products start from zero and are added times the chunk's block scale (a
+ * tile's 16 rows share a row block, the 32 columns a column block); bf16
+ * ones go straight into the sums. With ACT (bf16 only) x is [T, 2K] and
+ * each fragment h = silu(gate) * up, rounded to bf16 as the silu_mul
+ * kernel stores it. The warps' sums meet in shared memory, the blocks' in
+ * the cluster's (distributed shared memory), each in a fixed order.
+ * MMA_PRE, where emitted, loads the warp's first U chunks of weights
+ * before the programmatic wait (they do not depend on the kernel before). */
 static const char MMA_HEAD[] =
     "    constexpr int NSTEP = K / 32, E = RT * NT * 4 * 32;\n"
     "    /* the warps' partial sums; with KS splits also the block's, which the\n"
