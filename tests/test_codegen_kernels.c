@@ -296,6 +296,32 @@ static compile_job *job_slot(void)
     return j;
 }
 
+/* Queues job j (job_slot's) with program prog, its kernels' names already
+ * in j->names, under label; where either ran out of memory (a failed
+ * check), frees them instead. */
+static void job_queue(compile_job *j, moec_buf *prog, const char *label)
+{
+    T_CHECK(!prog->oom && !j->names.oom);
+    if (prog->oom || j->names.oom) {
+        moec_buf_free(prog);
+        moec_buf_free(&j->names);
+        return;
+    }
+    j->label = strdup(label);
+    j->src = prog->data;
+    n_jobs++;
+}
+
+/* The last op of kind k in m, NULL if none. */
+static const ir_op *last_op(const ir_module *m, ir_op_kind k)
+{
+    const ir_op *op = NULL;
+    for (int i = 0; i < m->n_ops; i++)
+        if (m->ops[i]->kind == k)
+            op = m->ops[i];
+    return op;
+}
+
 /* Generates m for every bucket, checks the steps, calls check(m, c) per
  * bucket, and queues the buckets in compile_mask (bit b: BUCKETS[b]) as one
  * program for compile_all. */
@@ -1704,10 +1730,7 @@ static void test_norm_cluster(void)
             for (int ti = 0; ti < 4; ti++) {
                 int T = Ts[ti], cl = !knob && T <= 64;
                 cg_ctx c = {.m = m, .opt = &o, .T = T};
-                const ir_op *op = NULL;
-                for (int k = 0; k < m->n_ops; k++)
-                    if (m->ops[k]->kind == IR_OP_ADD_RMS_NORM)
-                        op = m->ops[k];
+                const ir_op *op = last_op(m, IR_OP_ADD_RMS_NORM);
                 T_CHECK(op != NULL);
                 if (!op || cg_emit_op(&c, op) != MOEC_OK || c.n_steps != 1) {
                     fprintf(stderr, "k_norm_cl D %d T %d: %s\n", D, T, moec_last_error());
@@ -1743,15 +1766,7 @@ static void test_norm_cluster(void)
         }
         unsetenv("MOEC_NORM_CL_SUM");
     }
-    if (prog.oom || j->names.oom) {
-        T_CHECK(0);
-        moec_buf_free(&prog);
-        moec_buf_free(&j->names);
-        return;
-    }
-    j->label = strdup("norm_cluster");
-    j->src = prog.data;
-    n_jobs++;
+    job_queue(j, &prog, "norm_cluster");
 }
 
 /* The bf16 linear past the few-token kernel (codegen/linear.c, emit_mma):
@@ -1799,10 +1814,7 @@ static void test_linear_mma(void)
                 int T = Ts[ti], mma = knob != 1 && T <= 8 && shapes[si].ks > 0;
                 int ks = mma && knob < 2 ? shapes[si].ks : 1;
                 cg_ctx c = {.m = m, .opt = &o, .T = T};
-                const ir_op *op = NULL;
-                for (int k = 0; k < m->n_ops; k++)
-                    if (m->ops[k]->kind == IR_OP_LINEAR)
-                        op = m->ops[k];
+                const ir_op *op = last_op(m, IR_OP_LINEAR);
                 T_CHECK(op != NULL);
                 if (!op || cg_emit_op(&c, op) != MOEC_OK || c.n_steps < 1) {
                     fprintf(stderr, "k_lin_mma %d x %d T %d: %s\n", shapes[si].N, shapes[si].K, T,
@@ -1846,15 +1858,7 @@ static void test_linear_mma(void)
     }
     unsetenv("MOEC_LINEAR_MMA_MAX_T");
     unsetenv("MOEC_LINEAR_MMA_KS");
-    if (prog.oom || j->names.oom) {
-        T_CHECK(0);
-        moec_buf_free(&prog);
-        moec_buf_free(&j->names);
-        return;
-    }
-    j->label = strdup("linear_mma");
-    j->src = prog.data;
-    n_jobs++;
+    job_queue(j, &prog, "linear_mma");
 }
 
 /* ---- the device sampler ------------------------------------------------------ */
@@ -1955,15 +1959,7 @@ static void test_sampler(void)
         }
         ir_module_free(m);
     }
-    T_CHECK(!prog.oom && !j->names.oom);
-    if (!prog.oom && !j->names.oom) {
-        j->label = strdup("the sampler at 129280, 2^20, 7 and 2049 ids");
-        j->src = prog.data;
-        n_jobs++;
-    } else {
-        moec_buf_free(&prog);
-        moec_buf_free(&j->names);
-    }
+    job_queue(j, &prog, "the sampler at 129280, 2^20, 7 and 2049 ids");
     ir_module *m = logits_module(IR_SAMPLE_VOCAB_MAX);
     T_CHECK(m && cg_has_sampler(m));
     ir_module_free(m);
