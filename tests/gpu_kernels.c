@@ -2531,6 +2531,33 @@ static const km_spec L16_ROUTER = {.name = "router_shape16", .vocab = 97, .LN = 
                                    .ldt = "bf16"};
 static const km_spec L16_ODD = {.name = "odd_linear16", .vocab = 97, .LN = 100, .LK = 640,
                                 .ldt = "bf16"};
+/* The bf16 linears' cases, each at its buckets: queued for compiling
+ * (run 0) or, once compiled, run (1). The act ones (bf16 and f32) take the
+ * few-token kernel up to 4 tokens and the tensor-core one at 8 in bf16
+ * where K is a multiple of 32 (f32 and odd_act's 200: cuBLASLt after the
+ * silu_mul kernel, which these cases cannot run); the plain ones likewise. */
+static void linear_cases(int run)
+{
+    static const km_spec *const acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
+    static const km_spec *const plain[3] = {&L16_V2, &L16_ROUTER, &L16_ODD};
+    const unsigned few = TM(1) | TM(2) | TM(3) | TM(4), mma = few | TM(8);
+    for (int f32 = 0; f32 < 2; f32++)
+        for (int i = 0; i < 3; i++) {
+            ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+            unsigned mask = f32 || i == 2 ? few : mma;
+            if (run)
+                moe_case(acts[i], cdt, mask, 80 + (uint64_t)(2 * i + f32));
+            else
+                prog_add(acts[i], cdt, 64, mask);
+        }
+    for (int i = 0; i < 3; i++) {
+        if (run)
+            moe_case(plain[i], IR_DTYPE_BF16, mma, 100 + (uint64_t)i);
+        else
+            prog_add(plain[i], IR_DTYPE_BF16, 64, mma);
+    }
+}
+
 /* the residual add_rms_norm with the routed and shared experts' sum:
  * V2-Lite's hidden size (alpha 1), V3's (alpha 2.5, its f16 form), odd */
 static const km_spec ADD3_V2 = {.name = "v2lite_add3", .vocab = 97, .AN = 2048, .an_alpha = 1.0};
@@ -3304,27 +3331,10 @@ int main(void)
         return t_finish("gpu_kernels (sanitizer sample)");
     }
     const km_spec *add3[3] = {&ADD3_V2, &ADD3_V3, &ADD3_ODD};
-    /* the act linear's kernels: the few-token one up to 4 tokens, the
-       tensor-core one at 8 in bf16 where K is a multiple of 32 (f32 and
-       odd_act's 200: cuBLASLt after the silu_mul kernel); the plain bf16
-       linears likewise */
-    const unsigned ACT_T = TM(1) | TM(2) | TM(3) | TM(4), ACT_T8 = ACT_T | TM(8);
-#define ACT_MASK(i, f32) ((f32) || (i) == 2 ? ACT_T : ACT_T8)
-    const km_spec *acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
-    const km_spec *lins16[3] = {&L16_V2, &L16_ROUTER, &L16_ODD};
     if (getenv("MOEC_KERN_LINEAR_ONLY")) {
-        for (int f32 = 0; f32 < 2; f32++)
-            for (int i = 0; i < 3; i++)
-                prog_add(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ACT_MASK(i, f32));
-        for (int i = 0; i < 3; i++)
-            prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T8);
+        linear_cases(0);
         progs_compile();
-        for (int f32 = 0; f32 < 2; f32++)
-            for (int i = 0; i < 3; i++)
-                moe_case(acts[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ACT_MASK(i, f32),
-                         80 + (uint64_t)(2 * i + f32));
-        for (int i = 0; i < 3; i++)
-            moe_case(lins16[i], IR_DTYPE_BF16, ACT_T8, 100 + (uint64_t)i);
+        linear_cases(1);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (linears)");
@@ -3408,15 +3418,10 @@ int main(void)
         for (int f32 = 0; f32 < 2; f32++)
             prog_add(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, ABS_MASK(i, f32));
     /* issue 15's fused forms at T = 1, 3, 8 */
-    for (int f32 = 0; f32 < 2; f32++) {
-        ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+    for (int f32 = 0; f32 < 2; f32++)
         for (int i = 0; i < 5; i++)
-            prog_add(sums[i], cdt, 64, FUSE_T);
-        for (int i = 0; i < 3; i++)
-            prog_add(acts[i], cdt, 64, ACT_MASK(i, f32));
-    }
-    for (int i = 0; i < 3; i++)
-        prog_add(lins16[i], IR_DTYPE_BF16, 64, ACT_T8);
+            prog_add(sums[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, 64, FUSE_T);
+    linear_cases(0);
     for (int i = 0; i < 4; i++)
         prog_add(routers[i], IR_DTYPE_BF16, 64, ROUTER_T);
     const unsigned PRO_T = TM(1) | TM(64) | TM(3);
@@ -3542,15 +3547,11 @@ int main(void)
         for (int f32 = 0; f32 < 2; f32++)
             moe_case(absorbs[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, ABS_MASK(i, f32),
                      40 + (uint64_t)(2 * i + f32));
-    for (int f32 = 0; f32 < 2; f32++) {
-        ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
+    for (int f32 = 0; f32 < 2; f32++)
         for (int i = 0; i < 5; i++)
-            moe_case(sums[i], cdt, FUSE_T, 60 + (uint64_t)(2 * i + f32));
-        for (int i = 0; i < 3; i++)
-            moe_case(acts[i], cdt, ACT_MASK(i, f32), 80 + (uint64_t)(2 * i + f32));
-    }
-    for (int i = 0; i < 3; i++)
-        moe_case(lins16[i], IR_DTYPE_BF16, ACT_T8, 100 + (uint64_t)i);
+            moe_case(sums[i], f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16, FUSE_T,
+                     60 + (uint64_t)(2 * i + f32));
+    linear_cases(1);
     for (int i = 0; i < 4; i++)
         moe_case(routers[i], IR_DTYPE_BF16, ROUTER_T, 90 + (uint64_t)i);
 
