@@ -334,20 +334,22 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     s->grid[1] = (unsigned)((c->T + sh.tg - 1) / sh.tg);
     s->block[0] = (unsigned)sh.nw * 32;
     s->smem = (unsigned)sh.smem;
-    cg_fp8_linear_args(s, op, alpha);
+    cg_mma_linear_args(s, op, alpha, 1);
     return MOEC_OK;
 }
 
-void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha)
+void cg_mma_linear_args(ir_step *s, const ir_op *op, double alpha, int scales)
 {
     const ir_value *w = op->in[1], *bias = op->n_in > 2 ? op->in[2] : NULL;
-    s->n_args = 6;
-    s->args[0] = cg_arg_act(op->in[0]);
-    s->args[1] = cg_arg_act(w);
-    s->args[2] = cg_arg_scales(w);
-    s->args[3] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
-    s->args[4] = cg_arg_f32(alpha);
-    s->args[5] = cg_arg_act(op->out[0]);
+    int n = 0;
+    s->args[n++] = cg_arg_act(op->in[0]);
+    s->args[n++] = cg_arg_act(w);
+    if (scales)
+        s->args[n++] = cg_arg_scales(w);
+    s->args[n++] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
+    s->args[n++] = cg_arg_f32(alpha);
+    s->args[n++] = cg_arg_act(op->out[0]);
+    s->n_args = n;
 }
 
 /* ---- the routed experts -------------------------------------------------- */

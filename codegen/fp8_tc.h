@@ -22,10 +22,11 @@ int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op);
  * a thread block cluster that sums them in distributed shared memory.
  * `io` is the kernel-name suffix of x, y and bias dtypes and the blocks. */
 moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io);
-/* The arguments of a tensor-core fp8 linear's step (this one and
- * codegen/linear.c's first): x, the codes, their scales, the bias (the
- * codes, unread, without one), alpha, y. */
-void cg_fp8_linear_args(ir_step *s, const ir_op *op, double alpha);
+/* The arguments of a tensor-core linear's step (this one and
+ * codegen/linear.c's emit_mma): x, the weight (fp8 codes or bf16), where
+ * `scales` the codes' block scales, the bias (the weight, unread, without
+ * one), alpha, y. */
+void cg_mma_linear_args(ir_step *s, const ir_op *op, double alpha, int scales);
 
 /* Whether the experts of d fit the staged kernels with blocks of bm slots:
  * bf16 x, fp8 gate, up and down in 64-wide k chunks and 16-row tiles

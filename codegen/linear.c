@@ -565,16 +565,7 @@ static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
     s->grid[0] = (unsigned)((N + 16 * rt - 1) / (16 * rt) * ks);
     s->block[0] = nw * 32;
     s->smem = ks > 1 ? (unsigned)((nw + 1) * rt * nt * 4 * 32 * sizeof(float)) : 0;
-    if (fp8) {
-        cg_fp8_linear_args(s, op, alpha);
-        return MOEC_OK;
-    }
-    s->n_args = 5;
-    s->args[0] = cg_arg_act(x);
-    s->args[1] = cg_arg_act(w);
-    s->args[2] = bias ? cg_arg_act(bias) : cg_arg_act(w); /* unread without a bias */
-    s->args[3] = cg_arg_f32(alpha);
-    s->args[4] = cg_arg_act(y);
+    cg_mma_linear_args(s, op, alpha, fp8);
     return MOEC_OK;
 }
 
