@@ -16,7 +16,7 @@
  * chunks of
  * 16-byte loads in flight per lane; codes widen with integer and bf16x2
  * operations (moec_e4m3x4_bf16) and each chunk's products are added times
- * its block scale (moec_f8_chunk). The dense linear splits K over up to
+ * its block scale (moec_tc_chunk). The dense linear splits K over up to
  * 8 blocks where its rows alone make too few blocks for the GPU (264: two
  * per H100 SM), the blocks of a row slab one thread block cluster (sm_90)
  * whose blocks add their partial sums up in distributed shared memory: no
@@ -41,16 +41,21 @@
  * where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
 #define TC_FIT 85
 
-/* The main loop every staged kernel shares. In scope: the warp's RT tiles
- * (live[r]: the tile has rows; w0[r], w1[r]: this lane's rows g and g + 8
- * at k 16q; sr[r]: the tile's row of block scales), chunks c0 .. c1 - 1,
- * the staged rows xs (XS elements apart, chunk c0 first) and the
- * thread's lane coordinates g, q. Each lane loads U chunks of its rows
- * (16 bytes each) and their scales, then runs their products while the
- * other warps load; the first loads go out before the wait for the
- * staged rows. Leaves acc[RT][NT][4] (moec_f8_chunk's fragments). */
-static const char TC_LOOP[] =
-    "    uint4 wa[U][RT][2];\n"
+/* The main loop every staged kernel shares: TC_LOAD declares the
+ * weights' registers and their loads, TC_LOOP runs the products. In scope:
+ * W8 (fp8 codes and their block scales, else bf16 weights: the dense
+ * linear's bf16 form), PRE (the first load went out before the
+ * programmatic wait), the warp's RT tiles (live[r]: the tile has rows;
+ * w0[r], w1[r]: this lane's rows g and g + 8 at k 16q; sr[r]: the tile's
+ * row of block scales), chunks c0 .. c1 - 1, the staged rows xs (XS
+ * elements apart, chunk c0 first) and the thread's lane coordinates g, q.
+ * Each lane loads U chunks of its rows (16 bytes each in fp8, 32 in bf16)
+ * and their scales, then runs their products while the other warps load;
+ * the first loads go out before the wait for the staged rows. Leaves
+ * acc[RT][NT][4] (moec_tc_chunk's fragments). */
+static const char TC_LOAD[] =
+    "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
+    "    uint4 wa[U][RT][2 * LW];\n"
     "    float sc[U][RT];\n"
     "    auto load = [&](int cb) {\n"
     "#pragma unroll\n"
@@ -58,16 +63,24 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int r = 0; r < RT; r++) {\n"
     "                const int c = cb + u;\n"
+    "                sc[u][r] = 0.0f;\n"
     "                if (live[r] && c < c1) {\n"
-    "                    wa[u][r][0] = moec_ldg16(w0[r] + (long long)c * 64);\n"
-    "                    wa[u][r][1] = moec_ldg16(w1[r] + (long long)c * 64);\n"
-    "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
+    "#pragma unroll\n"
+    "                    for (int h = 0; h < LW; h++) {\n"
+    "                        wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * 64 + h * 8);\n"
+    "                        wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * 64 + h * 8);\n"
+    "                    }\n"
+    "                    if constexpr (W8)\n"
+    "                        sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
     "                } else {\n"
-    "                    wa[u][r][0] = wa[u][r][1] = make_uint4(0u, 0u, 0u, 0u);\n"
-    "                    sc[u][r] = 0.0f;\n"
+    "#pragma unroll\n"
+    "                    for (int h = 0; h < 2 * LW; h++)\n"
+    "                        wa[u][r][h] = make_uint4(0u, 0u, 0u, 0u);\n"
     "                }\n"
     "            }\n"
-    "    };\n"
+    "    };\n";
+
+static const char TC_LOOP[] =
     "    float acc[RT][NT][4];\n"
     "#pragma unroll\n"
     "    for (int r = 0; r < RT; r++)\n"
@@ -77,7 +90,7 @@ static const char TC_LOOP[] =
     "            for (int i = 0; i < 4; i++)\n"
     "                acc[r][t][i] = 0.0f;\n"
     "    const __nv_bfloat16 *xl = xs + g * XS + q * 16;\n"
-    "    if (live[0])\n"
+    "    if (!PRE && live[0])\n"
     "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
@@ -86,7 +99,7 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
-    "                    moec_f8_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
@@ -96,7 +109,7 @@ static const char TC_LOOP[] =
 /* ---- the dense linear ---------------------------------------------------- */
 
 /* A block: TG tokens (blockIdx.y's group), the BN rows of slab blockIdx.x /
- * S and chunks c0 .. c1 - 1 of K (split blockIdx.x % S). */
+ * S and chunks c0 .. c1 - 1 of K (split blockIdx.x % S): its warps' rows. */
 static const char LINEAR_HEAD[] =
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
@@ -104,21 +117,12 @@ static const char LINEAR_HEAD[] =
     "    const int split = (int)(blockIdx.x % S);\n"
     "    const long long rb = blockIdx.x / S;\n"
     "    const int c0 = split * CH / S, c1 = (split + 1) * CH / S, t0 = blockIdx.y * TG;\n"
-    "    /* x's tokens t0 .. t0 + TG - 1 (zeros past T) at chunks c0 .. c1 - 1 */\n"
-    "    {\n"
-    "        const int seg = (c1 - c0) * 8;\n"
-    "        for (int i = threadIdx.x; i < TG * seg; i += NW * 32) {\n"
-    "            const int r = i / seg, s = i - r * seg, tok = t0 + r;\n"
-    "            moec_cp16(xs + r * XS + s * 8, x + (long long)(tok < T ? tok : 0) * K + c0 * 64 + s * 8,\n"
-    "                      tok < T);\n"
-    "        }\n"
-    "    }\n"
     "    /* this warp's RT tiles of 16 rows; rows past N read row N - 1 and are\n"
     "       never stored */\n"
     "    const long long n0 = rb * BN + warp * 16 * RT;\n"
     "    bool live[RT];\n"
-    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
-    "    const float *sr[RT];\n"
+    "    const TW *w0[RT], *w1[RT];\n"
+    "    [[maybe_unused]] const float *sr[RT];\n"
     "#pragma unroll\n"
     "    for (int r = 0; r < RT; r++) {\n"
     "        const long long a = n0 + 16 * r;\n"
@@ -126,7 +130,34 @@ static const char LINEAR_HEAD[] =
     "        const long long ra = a + g < N ? a + g : N - 1, rc = a + g + 8 < N ? a + g + 8 : N - 1;\n"
     "        w0[r] = w + ra * K + q * 16;\n"
     "        w1[r] = w + rc * K + q * 16;\n"
-    "        sr[r] = ws + (live[r] ? a : 0) / SBN * SC;\n"
+    "        if constexpr (W8)\n"
+    "            sr[r] = ws + (live[r] ? a : 0) / SBN * SC;\n"
+    "    }\n";
+
+/* PRE: the warp's first U chunks of weights, which do not depend on the
+ * kernel before, loaded before the programmatic wait. */
+static const char LINEAR_PRE[] = "    if (live[0])\n        load(c0);\n    moec_pdl_enter();\n";
+
+/* x's tokens t0 .. t0 + TG - 1 (zeros past T) at chunks c0 .. c1 - 1 into
+ * shared memory; with ACT, h = silu(gate) * up of x [T, 2K], rounded to
+ * bf16 as the silu_mul kernel stores it. */
+static const char LINEAR_STAGE[] =
+    "    {\n"
+    "        const int seg = (c1 - c0) * 8;\n"
+    "        for (int i = threadIdx.x; i < TG * seg; i += NW * 32) {\n"
+    "            const int r = i / seg, s = i - r * seg, tok = t0 + r;\n"
+    "            if constexpr (ACT) {\n"
+    "                uint4 h = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                if (tok < T) {\n"
+    "                    const __nv_bfloat16 *p = x + (long long)tok * 2 * K + c0 * 64 + s * 8;\n"
+    "                    h = moec_silu_mul8(p, p + K);\n"
+    "                }\n"
+    "                *reinterpret_cast<uint4 *>(xs + r * XS + s * 8) = h;\n"
+    "            } else {\n"
+    "                moec_cp16(xs + r * XS + s * 8,\n"
+    "                          x + (long long)(tok < T ? tok : 0) * K + c0 * 64 + s * 8, tok < T);\n"
+    "            }\n"
+    "        }\n"
     "    }\n";
 
 /* Before the wait (cg_emit_prefetch): the slab's rows (fewer in the last
@@ -136,11 +167,11 @@ static const char LINEAR_HEAD[] =
 static const char LINEAR_PREFETCH[] =
     "        const long long sp = blockIdx.x % S, a = (long long)(blockIdx.x / S) * BN;\n"
     "        const long long nr = N - a < BN ? N - a : BN, p0 = a + sp * nr / S, p1 = a + (sp + 1) * nr / S;\n"
-    "        moec_prefetch_rows(w + p0 * K, p1 - p0, K, PF_CAP);\n"
-    "        if (p1 > p0)\n"
-    "            moec_prefetch_l2(ws + p0 / SBN * SC,\n"
-    "                             (unsigned long long)((p1 - 1) / SBN - p0 / SBN + 1) * SC * 4ull);\n";
-
+    "        moec_prefetch_rows(w + p0 * K, p1 - p0, K * (long long)sizeof(TW), PF_CAP);\n"
+    "        if constexpr (W8)\n"
+    "            if (p1 > p0)\n"
+    "                moec_prefetch_l2(ws + p0 / SBN * SC,\n"
+    "                                 (unsigned long long)((p1 - 1) / SBN - p0 / SBN + 1) * SC * 4ull);\n";
 /* fragment i of tile (r, t) of lane (g, q): row 16 r + g + 8 (i / 2), token
  * 8 t + 2 q + i % 2. One split writes y; S splits put their sums in their
  * shared memory, and each block of the cluster adds up a share of them. */
@@ -223,10 +254,13 @@ static size_t linear_smem(const tc_shape *sh, long long ch)
 
 /* The linear's shape for bucket T: tokens a group (up to 64), warps, tiles
  * a warp (two from 32 tokens, so that a warp's x fragments serve 32
- * rows), chunks in flight, and K splits (on sm_90: up to 8, until the
- * blocks fill the GPU twice and x fits); fewer tokens a group while x does
- * not fit. 0 when even 8 tokens do not. */
-static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
+ * rows; bf16 weights, twice the bytes a fragment of x serves, only where
+ * the slabs of 32 rows a warp still fill the GPU twice over 8 splits),
+ * chunks in flight (U times RT: 4; twice the bytes in bf16), and K splits
+ * (on sm_90: up to 8, until the blocks fill the GPU twice and x fits);
+ * fewer tokens a group while x does not fit. 0 when even 8 tokens do
+ * not. */
+static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_shape *sh)
 {
     int T = c->T, cluster = cg_arch_num(c->opt) >= 90;
     long long ch = K / 64;
@@ -235,7 +269,10 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
     sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
     sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
-        sh->rt = sh->tg >= 32 ? 2 : 1;
+        sh->rt = sh->tg >= 32 && (w8 || (N + 32LL * sh->nw - 1) / (32LL * sh->nw) * TC_SPLIT_MAX >=
+                                               TC_BLOCKS)
+                     ? 2
+                     : 1;
     sh->u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
     if (!sh->u)
         sh->u = 4 / sh->rt;
@@ -276,31 +313,49 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, tc_shape *sh)
     }
 }
 
-int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op)
+/* Whether the linear's weight takes the staged kernel: fp8 codes whose
+ * scale blocks hold whole chunks and tiles, or bf16 (a bf16 compute dtype
+ * with act: h rounded as the silu_mul kernel stores it); act only on bf16. */
+static int linear_weight_fits(const cg_ctx *c, const ir_op *op)
+{
+    const ir_value *w = op->in[1];
+    ir_dtype dw = cg_storage(c, w);
+    if (ir_op_attr(op, "act"))
+        return dw == IR_DTYPE_BF16 && c->opt->compute_dtype == IR_DTYPE_BF16;
+    if (dw == IR_DTYPE_F8E4M3)
+        return w->scale.block[1] % 64 == 0 && w->scale.block[0] % 16 == 0;
+    return dw == IR_DTYPE_BF16;
+}
+
+int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
 {
     const ir_value *x = op->in[0], *w = op->in[1];
     long long N = w->type.dims[0], K = w->type.dims[1];
     tc_shape sh;
     return cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
-           cg_storage(c, w) == IR_DTYPE_F8E4M3 && K % 64 == 0 && w->scale.block[1] % 64 == 0 &&
-           w->scale.block[0] % 16 == 0 && linear_shape(c, N, K, &sh);
+           linear_weight_fits(c, op) && K % 64 == 0 &&
+           linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, &sh);
 }
 
-moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io)
+moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io,
+                         const char *decl)
 {
     const ir_value *w = op->in[1], *y = op->out[0];
     const ir_value *bias = op->n_in > 2 ? op->in[2] : NULL;
     long long N = w->type.dims[0], K = w->type.dims[1];
+    int w8 = cg_storage(c, w) == IR_DTYPE_F8E4M3, act = ir_op_attr(op, "act") != NULL;
     tc_shape sh;
-    if (!cg_fp8_tc_linear_fits(c, op) || !linear_shape(c, N, K, &sh))
-        return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged fp8 kernel does not fit",
+    if (!cg_tc_linear_fits(c, op) || !linear_shape(c, N, K, w8, &sh))
+        return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged kernel does not fit",
                         y->name);
     ir_dtype dy = cg_storage(c, y), db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    const int64_t *b = w->scale.block;
-    long long per = (K / 64 + sh.s - 1) / sh.s;
+    long long per = (K / 64 + sh.s - 1) / sh.s, pf = cg_prefetch_bytes(c);
+    /* the first weights before the wait where no prefetch takes its place */
+    int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
-    snprintf(name, sizeof name, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_f8e4m3_%s", N,
-             K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, io);
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s_%s_%s",
+             w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
+             act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -308,22 +363,26 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     if (k < 0)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     if (is_new) {
+        const char *tw = w8 ? "__nv_fp8_e4m3" : "__nv_bfloat16";
         moec_buf_printf(
             &c->src,
-            "// linear: y = alpha x w^T (+ b), fp8 w on tensor cores, x staged in shared memory "
+            "// linear: y = alpha x w^T (+ b), %s w on tensor cores, x staged in shared memory "
             "(codegen/fp8_tc.c)\n"
             "extern \"C\" __global__ void %s__launch_bounds__(%d) %s(const __nv_bfloat16 "
-            "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ w, const float *__restrict__ ws, "
-            "const %s *__restrict__ bias, float alpha, %s *__restrict__ y)\n{\n"
-            "    constexpr long long N = %lldLL, SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n"
+            "*__restrict__ x, const %s *__restrict__ w, %sconst %s *__restrict__ bias, float "
+            "alpha, %s *__restrict__ y)\n{\n"
+            "    typedef %s TW;\n"
+            "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s;\n",
-            cluster, sh.nw * 32, name, cg_ctype(db), cg_ctype(dy), N, (long long)b[0],
-            (long long)b[1], (K + b[1] - 1) / b[1], K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u,
-            per * 64 + 8, bias ? "true" : "false");
-        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), LINEAR_PREFETCH);
-        moec_buf_printf(&c->src, "%s%s%s}\n\n", LINEAR_HEAD, TC_LOOP, LINEAR_TAIL);
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n%s",
+            w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
+            w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
+            sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
+            pre ? "true" : "false", act ? "true" : "false", decl);
+        cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
+        moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
+                        LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -334,7 +393,7 @@ moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const cha
     s->grid[1] = (unsigned)((c->T + sh.tg - 1) / sh.tg);
     s->block[0] = (unsigned)sh.nw * 32;
     s->smem = (unsigned)sh.smem;
-    cg_mma_linear_args(s, op, alpha, 1);
+    cg_mma_linear_args(s, op, alpha, w8);
     return MOEC_OK;
 }
 
@@ -503,11 +562,12 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
-            "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n%s",
+            "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
+            "    constexpr bool PRE = false;\n%s",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
             gstride, uoff, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s}\n\n", TC_LOOP, GATE_UP_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
     ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
@@ -554,14 +614,14 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s;\n%s",
+                        "    constexpr bool MULW = %s, PRE = false;\n%s",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
                         decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s}\n\n", TC_LOOP, DOWN_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
     ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)

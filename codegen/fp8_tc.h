@@ -1,27 +1,33 @@
 /* fp8_tc.h — fp8 (block-scaled e4m3) weights on tensor cores with the
  * activations staged in shared memory (codegen/fp8_tc.c): the dense linear
- * (called by codegen/linear.c) and the routed experts' gate_up and down
- * GEMMs (called by codegen/moe_routed.c). Each block copies its tokens' x
- * (bf16) into shared memory once and streams a slab of weight rows with
- * 16-byte loads, several 64-wide k chunks in flight per lane, the codes
- * widened exactly to bf16 in registers (moec_e4m3x4_bf16, no conversion
- * unit) and each chunk's m16n8k16 products added times its block scale
- * (moec_f8_chunk). */
+ * (called by codegen/linear.c; bf16 weights too) and the routed experts'
+ * gate_up and down GEMMs (called by codegen/moe_routed.c). Each block
+ * copies its tokens' x (bf16) into shared memory once and streams a slab
+ * of weight rows with 16-byte loads, several 64-wide k chunks in flight
+ * per lane, the codes widened exactly to bf16 in registers
+ * (moec_e4m3x4_bf16, no conversion unit) and each chunk's m16n8k16
+ * products added times its block scale (moec_tc_chunk). */
 #ifndef MOEC_CG_FP8_TC_H
 #define MOEC_CG_FP8_TC_H
 
 #include "codegen/moe_routed.h"
 
-/* Whether linear op (x [T, K] bf16, w [N, K] fp8) fits the staged kernel:
- * 64-wide k chunks inside the column blocks, 16-row tiles inside the row
- * blocks, an arch with bf16 tensor cores and cp.async, x within the
- * shared memory at 8 tokens a group. */
-int cg_fp8_tc_linear_fits(const cg_ctx *c, const ir_op *op);
+/* Whether linear op (x [T, K] bf16, w [N, K] fp8 or bf16) fits the
+ * staged kernel: K a multiple of 64, an fp8 w's scale blocks whole
+ * 64-wide k chunks and 16-row tiles, act silu_mul (x [T, 2K]) only with a
+ * bf16 w and compute dtype, an arch with bf16 tensor cores and cp.async,
+ * x within the shared memory at 8 tokens a group. The caller checks that
+ * y and the bias are not integers. */
+int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op);
 /* y = alpha x w^T (+ bias) of every token of the bucket: one kernel, its
  * blocks a slab of rows and (on sm_90) a share of K, the shares of a slab
  * a thread block cluster that sums them in distributed shared memory.
- * `io` is the kernel-name suffix of x, y and bias dtypes and the blocks. */
-moec_status cg_fp8_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io);
+ * `io` is the kernel-name suffix of x, y and bias dtypes and the blocks;
+ * `decl` declares W8 and the block scales' constants (SBN, SBK, SC; with
+ * a bf16 w, ws null). Where no L2 prefetch runs before the programmatic
+ * wait, the warps' first weights load there (MOEC_LINEAR_TC_PRE=0: not). */
+moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io,
+                         const char *decl);
 /* The arguments of a tensor-core linear's step (this one and
  * codegen/linear.c's emit_mma): x, the weight (fp8 codes or bf16), where
  * `scales` the codes' block scales, the bias (the weight, unread, without

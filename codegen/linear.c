@@ -14,7 +14,11 @@
  * bf16 weights of up to MMA_BF16_MAX_T tokens run a tensor-core kernel
  * (emit_mma; x the 8-column operand of m16n8k16 products, K split over
  * the block's warps and, on sm_90, a cluster's blocks): cuBLASLt read
- * V2-Lite's and Qwen3-30B's 8-token linears at 1.4 to 2.4 TB/s.
+ * V2-Lite's and Qwen3-30B's 8-token linears at 1.4 to 2.4 TB/s. Past it,
+ * up to TC_BF16_MAX_T tokens, they run the staged kernel fp8 weights run
+ * (codegen/fp8_tc.c): a block copies its tokens' x (or computes h of act
+ * silu_mul) into shared memory once, so that warps do not reread x's
+ * fragments from L2 for every chunk as emit_mma's do.
  *
  * Larger buckets are one cuBLASLt step. cuBLASLt is column-major: row-major
  * y is C (m = N, n = T, ldc = N); row-major w [N, K] is a K x N column-major
@@ -346,16 +350,7 @@ static const char MMA_BODY[] =
     "            for (int t = 0; t < NT; t++) {\n"
     "                if constexpr (ACT) {\n"
     "                    /* silu(gate) * up, rounded to bf16 as the silu_mul result is stored */\n"
-    "                    float gf[8], uf[8];\n"
-    "                    moec_w16(*reinterpret_cast<const uint4 *>(xr[t] + k), gf, xr[t]);\n"
-    "                    moec_w16(*reinterpret_cast<const uint4 *>(xr[t] + K + k), uf, xr[t]);\n"
-    "                    unsigned hp[4];\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < 4; j++)\n"
-    "                        hp[j] = moec_pack_bf16(gf[2 * j] / (1.0f + expf(-gf[2 * j])) * uf[2 * j],\n"
-    "                                               gf[2 * j + 1] / (1.0f + expf(-gf[2 * j + 1])) *\n"
-    "                                                   uf[2 * j + 1]);\n"
-    "                    xb[u][t] = make_uint4(hp[0], hp[1], hp[2], hp[3]);\n"
+    "                    xb[u][t] = moec_silu_mul8(xr[t] + k, xr[t] + K + k);\n"
     "                } else {\n"
     "                    xb[u][t] = *reinterpret_cast<const uint4 *>(xr[t] + k);\n"
     "                }\n"
@@ -449,6 +444,11 @@ static const char MMA_BODY[] =
  * and the blocks that give each of an H100's or H200's SMs one. */
 #define MMA_BF16_KS 8
 #define MMA_FILL_BLOCKS 132
+/* The most tokens a bf16 linear past the tensor-core kernel above takes
+ * the staged one (codegen/fp8_tc.c: x, or h of act silu_mul, in shared
+ * memory once a block) instead of cuBLASLt (MOEC_LINEAR_TC_MAX_T; 0:
+ * cuBLASLt). */
+#define TC_BF16_MAX_T 64
 
 /* The tiles a warp of the kernel's 16 rows: two share their x fragments
  * once x would be read more than twice over (T >= 32), as long as that
@@ -569,6 +569,15 @@ static moec_status emit_mma(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
     return MOEC_OK;
 }
 
+/* The staged tensor-core kernel (codegen/fp8_tc.c), fp8 or bf16 w. */
+static moec_status emit_tc(cg_ctx *c, const ir_op *op, double alpha)
+{
+    char tag[40], decl[400], io[80];
+    scale_consts(c, op->in[1], tag, sizeof tag, decl, sizeof decl);
+    io_suffix(c, op, tag, io, sizeof io);
+    return cg_tc_linear(c, op, alpha, io, decl);
+}
+
 /* A linear of an fp8 weight (block-scaled, read as fp8: no cuBLASLt step
  * takes bf16 activations with it): the few-rows kernel up to the gemv
  * bound, beyond it the tensor-core kernel that stages x in shared memory
@@ -595,12 +604,8 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
     }
     if (c->T <= gemv_max && mode != CG_FP8_TC)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
-    if (mode != CG_FP8_OLD && cg_fp8_tc_linear_fits(c, op)) {
-        char tag[40], decl[400], io[80];
-        scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
-        io_suffix(c, op, tag, io, sizeof io);
-        return cg_fp8_tc_linear(c, op, alpha, io);
-    }
+    if (mode != CG_FP8_OLD && cg_tc_linear_fits(c, op))
+        return emit_tc(c, op, alpha);
     if (c->T <= gemv_max)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
     if (mma_fits(c, x, w))
@@ -659,6 +664,9 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
     int nw = mma_bf16_warps(c, op, gemv_max);
     if (nw)
         return emit_mma(c, op, N, K, alpha, nw);
+    if (c->T > gemv_max && c->T <= cg_env_int("MOEC_LINEAR_TC_MAX_T", TC_BF16_MAX_T, 0, 1024) &&
+        (!bias || cg_storage(c, bias) != IR_DTYPE_I32) && cg_tc_linear_fits(c, op))
+        return emit_tc(c, op, alpha);
     /* act: silu_mul into scratch (the compute dtype, as its result was
        stored), the GEMM's input */
     ir_arg xb = cg_arg_act(x);

@@ -10,8 +10,8 @@
 // alignment. The m16n8k16 product gathers the warp's fragments in the PTX
 // ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
 // sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16,
-// moec_f8_chunk, ldv (fp8 too), moec_prefetch_rows, warp_sum and moec_w16
-// are the real ones (fp8_emu_gen copies them); what they call is emulated
+// moec_x16, moec_tc_chunk, ldv (fp8 too), moec_prefetch_rows, warp_sum,
+// moec_w16 and moec_silu_mul8 are the real ones (fp8_emu_gen copies them); what they call is emulated
 // here (moec_e4m3x4 and moec_prefetch_l2 too). The GQA attention kernels
 // (codegen/attention.c, tests/test_attn_emu.sh) add __syncwarp (the warp's
 // barrier), float4, __threadfence and atomicAdd (the split counters) and

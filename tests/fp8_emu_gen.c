@@ -2,16 +2,17 @@
  * few-token fp8 linear and the tensor-core bf16 one (codegen/linear.c) and the
  * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
  * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
- * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_f8_chunk, ldv,
- * moec_prefetch_rows, warp_sum and moec_w16 as the generator emits them, each
- * case's kernels in a namespace of their own, and a table of the cases with
- * their launches. Cases: linears and routed experts at odd shapes (partial
+ * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_x16, moec_tc_chunk,
+ * ldv, moec_prefetch_rows, warp_sum, moec_w16 and moec_silu_mul8 as the
+ * generator emits them, each case's kernels in a namespace of their own,
+ * and a table of the cases with their launches. Cases: linears and routed experts at odd shapes (partial
  * scale blocks, slabs with dead warps, uneven K splits over clusters, up
  * inside a row block, gate and up apart) and buckets 1, 3, 8, 32, 64, 128,
  * with the default kernel choice or the staged kernels forced, and the
- * shape knobs set otherwise (test_fp8_emu.sh runs cases 9, 16, 17, 31 and
- * 38 under the thread sanitizer: keep them a split linear, the two expert
- * forms, and the bf16 linear split over a cluster, plain and act).
+ * shape knobs set otherwise (test_fp8_emu.sh runs cases 9, 16, 17, 31, 38
+ * and 45 under the thread sanitizer: keep them a split linear, the two
+ * expert forms, the bf16 tensor-core linear split over a cluster, plain
+ * and act, and the staged bf16 linear's act split over a cluster).
  * usage: fp8_emu_gen OUT.inc */
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,19 @@ static const gen_case CASES[] = {
     {LIN16(48, 224, 1), 8, CG_FP8_AUTO, NULL},
     {LIN16(48, 224, 1), 13, CG_FP8_AUTO, "MOEC_LINEAR_MMA_MAX_T=16"},
     {LIN16(48, 1024, 1), 8, CG_FP8_AUTO, NULL},
+    /* the staged kernel with bf16 weights (codegen/fp8_tc.c, linear_tc_),
+       past 8 tokens: the last tile partly past N, K 640 over clusters of
+       up to 8 (10 chunks: uneven shares), groups of 16, 40 and 64 tokens,
+       the first weights before the wait or not, two tiles a warp, three
+       splits; act at K 1024 (h staged from x [T, 2K]); and at 8 tokens by
+       the knob, with the L2 prefetch before the wait */
+    {LIN16(100, 640, 0), 16, CG_FP8_AUTO, NULL},
+    {LIN16(100, 640, 0), 64, CG_FP8_AUTO, NULL},
+    {LIN16(100, 640, 0), 40, CG_FP8_AUTO, "MOEC_FP8_TC_RT=2"},
+    {LIN16(100, 640, 0), 32, CG_FP8_AUTO, "MOEC_LINEAR_TC_PRE=0"},
+    {LIN16(100, 640, 0), 8, CG_FP8_AUTO, "MOEC_LINEAR_MMA_MAX_T=0"},
+    {LIN16(48, 1024, 1), 24, CG_FP8_AUTO, NULL},
+    {LIN16(48, 1024, 1), 64, CG_FP8_AUTO, "MOEC_FP8_TC_SPLIT=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -123,7 +137,7 @@ int main(int argc, char **argv)
     put_prologue_part(f, pro.data, "template <typename TH>", "/* two floats as a bf16 pair");
     put_prologue_part(f, pro.data, "__device__ __forceinline__ void moec_e4m3x4_bf16",
                       "/* 16 bytes of a weight stream");
-    put_prologue_part(f, pro.data, "template <int RT, int NT, int XS>",
+    put_prologue_part(f, pro.data, "/* x's 16 staged bf16 elements",
                       "/* Programmatic dependent launch");
     put_prologue_part(f, pro.data,
                       "template <typename W, int N, typename T>\n__device__ __forceinline__ void "
@@ -191,7 +205,8 @@ int main(int argc, char **argv)
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
             if (!strstr(name, "f8tc") && !strstr(name, "_gv_") &&
-                strncmp(name, "linear_gemv_", 12) && strncmp(name, "linear_mma_", 11))
+                strncmp(name, "linear_gemv_", 12) && strncmp(name, "linear_mma_", 11) &&
+                strncmp(name, "linear_tc_", 10))
                 continue; /* align and sum: the emulator's host side does them */
             put_kernel(f, c.src.data, name);
             /* the cluster size on the kernel's declaration line */

@@ -2531,30 +2531,37 @@ static const km_spec L16_ROUTER = {.name = "router_shape16", .vocab = 97, .LN = 
                                    .ldt = "bf16"};
 static const km_spec L16_ODD = {.name = "odd_linear16", .vocab = 97, .LN = 100, .LK = 640,
                                 .ldt = "bf16"};
+/* V2-Lite's shared experts' gate_up (5632 x 2048): the staged kernel's two
+ * tiles a warp from 32 tokens */
+static const km_spec L16_SH_GU = {.name = "v2lite_sh_gate_up16", .vocab = 97, .LN = 5632,
+                                  .LK = 2048, .ldt = "bf16"};
 /* The bf16 linears' cases, each at its buckets: queued for compiling
  * (run 0) or, once compiled, run (1). The act ones (bf16 and f32) take the
- * few-token kernel up to 4 tokens and the tensor-core one at 8 in bf16
- * where K is a multiple of 32 (f32 and odd_act's 200: cuBLASLt after the
- * silu_mul kernel, which these cases cannot run); the plain ones likewise. */
+ * few-token kernel up to 4 tokens, the tensor-core one at 8 and the staged
+ * one (codegen/fp8_tc.c) at 16 to 64 in bf16 where K is a multiple of 64
+ * (f32 and odd_act's 200: cuBLASLt after the silu_mul kernel, which these
+ * cases cannot run); the plain ones likewise (odd_linear16's K 640: all
+ * of them). */
 static void linear_cases(int run)
 {
     static const km_spec *const acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
-    static const km_spec *const plain[3] = {&L16_V2, &L16_ROUTER, &L16_ODD};
+    static const km_spec *const plain[4] = {&L16_V2, &L16_ROUTER, &L16_ODD, &L16_SH_GU};
     const unsigned few = TM(1) | TM(2) | TM(3) | TM(4), mma = few | TM(8);
+    const unsigned staged = mma | TM(16) | TM(32) | TM(64);
     for (int f32 = 0; f32 < 2; f32++)
         for (int i = 0; i < 3; i++) {
             ir_dtype cdt = f32 ? IR_DTYPE_F32 : IR_DTYPE_BF16;
-            unsigned mask = f32 || i == 2 ? few : mma;
+            unsigned mask = f32 || i == 2 ? few : staged;
             if (run)
                 moe_case(acts[i], cdt, mask, 80 + (uint64_t)(2 * i + f32));
             else
                 prog_add(acts[i], cdt, 64, mask);
         }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (run)
-            moe_case(plain[i], IR_DTYPE_BF16, mma, 100 + (uint64_t)i);
+            moe_case(plain[i], IR_DTYPE_BF16, staged, 100 + (uint64_t)i);
         else
-            prog_add(plain[i], IR_DTYPE_BF16, 64, mma);
+            prog_add(plain[i], IR_DTYPE_BF16, 64, staged);
     }
 }
 

@@ -161,11 +161,12 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->block[0] % 32 == 0 && s->block[0] <= 1024 && s->block[1] == 1);
         T_CHECK(s->grid[0] >= 1 && s->grid[1] >= 1 && s->grid[2] >= 1);
         /* dynamic shared memory only for the tensor-core MLA kernel, the
-           staged fp8 kernels, the fast DSA score kernel, the fast DSA
+           staged kernels, the fast DSA score kernel, the fast DSA
            select (its score row) and the side stream's GEMVs (a pad,
            cg_side_smem_pad) */
         T_CHECK(s->smem == 0 ||
                 ((strstr(name, "_mma_") || strstr(name, "_f8tc_") ||
+                  !strncmp(name, "linear_tc_", 10) ||
                   (s->stream == 1 && !strncmp(name, "linear_gemv_", 12)) ||
                   !strncmp(name, "dsa_score_tc_", 13) || !strncmp(name, "dsa_select_r11_", 15)) &&
                  s->smem <= 227 * 1024));
@@ -1288,21 +1289,26 @@ static int weight_arg(const ir_module *m, ir_arg a, const char *name, int scales
            (!scales || a.i >= ir_type_numel(&v->type, 0));
 }
 
-/* The staged fp8 linear's launch (codegen/fp8_tc.c) against its name: 8
- * to 64 tokens a group (64, or T rounded up to 8), two 16-row tiles a warp
- * from 32 tokens, 4 warps; on sm_90 K split over the fewest blocks (up to
- * 8, at least a 64-wide chunk each) that make 264 blocks (fewer where
- * clusters would not all fit at once), a cluster each,
- * x's rows of a split (or the partial sums) in shared memory. */
-static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long long K)
+/* The staged linear's launch (codegen/fp8_tc.c) against its name: fp8
+ * (w8, linear_f8tc_) or bf16 (linear_tc_) weights, 8 to 64 tokens a group
+ * (64, or T rounded up to 8), two 16-row tiles a warp from 32 tokens
+ * (bf16: where slabs of 128 rows over 8 splits make 264 blocks), 4 warps,
+ * 4 chunks in flight over the tiles; on sm_90 K split over the fewest
+ * blocks (up to 8, at least a 64-wide chunk each) that make 264 blocks
+ * (fewer where clusters would not all fit at once), a cluster each, x's
+ * rows of a split (or the partial sums) in shared memory; past the
+ * prefetch's buckets the first weights before the wait (_pre). */
+static void check_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long long K, int w8)
 {
     const char *kn = c->kernel_names[s->kernel];
     long long n = 0, k = 0;
-    int t = 0, tg = 0, nw = 0, rt = 0, S = 0, u = 0, T = c->T;
-    T_CHECK(sscanf(kn, "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d_", &n, &k, &t, &tg, &nw,
-                   &rt, &S, &u) == 8);
+    int t = 0, tg = 0, nw = 0, rt = 0, S = 0, u = 0, T = c->T, end = 0;
+    T_CHECK(sscanf(kn, w8 ? "linear_f8tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%n"
+                          : "linear_tc_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%n",
+                   &n, &k, &t, &tg, &nw, &rt, &S, &u, &end) == 8);
     long long ch = K / 64, slabs = (N + 16LL * rt * nw - 1) / (16LL * rt * nw);
     int want_tg = T >= 64 ? 64 : (T + 7) / 8 * 8, groups = (T + tg - 1) / tg, want_s = 1;
+    int want_rt = want_tg >= 32 && (w8 || (N + 127) / 128 * 8 >= 264) ? 2 : 1;
     while (want_s < 8 && slabs * groups * want_s < 264)
         want_s++;
     /* 64-token groups (two blocks an SM): at most 85% of 264 blocks in
@@ -1321,13 +1327,13 @@ static void check_fp8_tc_linear(const cg_ctx *c, const ir_step *s, long long N, 
         want_s++;
     size_t x = (size_t)tg * (size_t)((ch + S - 1) / S * 64 + 8) * 2;
     size_t part = S > 1 ? (size_t)nw * rt * (tg / 8) * 512 : 0;
-    T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == (tg >= 32 ? 2 : 1) &&
+    T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == want_rt &&
             u == 4 / rt && S == want_s);
+    T_CHECK(!strncmp(kn + end, "_pre_", 5) == (T > CG_PREFETCH_MAX_T));
     T_CHECK(s->grid[0] == (unsigned)(slabs * S) && s->grid[1] == (unsigned)groups &&
             s->block[0] == 128 && s->smem == (x > part ? x : part));
     char decl[320];
-    snprintf(decl, sizeof decl, "void %s__launch_bounds__(128) %s(", S > 1 ? "__cluster_dims__(" : "",
-             kn);
+    snprintf(decl, sizeof decl, "void __launch_bounds__(128) %s(", kn);
     if (S > 1)
         snprintf(decl, sizeof decl, "void __cluster_dims__(%d, 1, 1) __launch_bounds__(128) %s(", S,
                  kn);
@@ -1361,7 +1367,7 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(kn, tag) != NULL && s->n_args == 6 && weight_arg(m, s->args[1], "lw", 0) &&
                 weight_arg(m, s->args[2], "lw", 1) && s->args[4].kind == IR_ARG_F32);
         if (tc) {
-            check_fp8_tc_linear(c, s, N, K);
+            check_tc_linear(c, s, N, K, 1);
         } else if (mma) {
             /* two 16-row tiles a block from T = 32 where 264 blocks remain,
                and the 4 warps' partial sums (rt * nt * 512 bytes each) fit in
@@ -1774,22 +1780,30 @@ static void test_norm_cluster(void)
  * warp's chunks one round of 8 at 8 warps, every SM a block, at most 8 and
  * a chunk a warp): V2-Lite's qkv_a (228 row tiles: none), o_proj (128: 2),
  * the router's 64 rows (8), the dense down with act at K 10944 (6), Qwen3's
- * o_proj at K 4096 (2); a cuBLASLt step at 16 tokens, with
- * MOEC_LINEAR_MMA_MAX_T=0, and at K 200; no cluster on sm_80 or with
- * MOEC_LINEAR_MMA_KS=1; the clustered ones' sources compile with NVRTC. */
+ * o_proj at K 4096 (2), V2-Lite's shared gate_up (352: none). From 16
+ * tokens (and from 5 with MOEC_LINEAR_MMA_MAX_T=0) up to 64 the staged
+ * kernel (codegen/fp8_tc.c, check_tc_linear; act computes h as it stages
+ * it: one step), two tiles a warp only for the shared gate_up; a cuBLASLt
+ * step at K 200 (not whole 64-wide chunks), on sm_80 at K 10944 (x past
+ * the shared memory without a cluster's splits), with
+ * MOEC_LINEAR_TC_MAX_T=0 from 16 tokens, and past 64 tokens; no cluster on
+ * sm_80 or with MOEC_LINEAR_MMA_KS=1 (the staged kernel's splits are its
+ * own); the clustered ones' sources compile with NVRTC. */
 static void test_linear_mma(void)
 {
     static const struct {
         int N, K, act, ks;
     } shapes[] = {{3648, 2048, 0, 1}, {2048, 2048, 0, 2}, {64, 2048, 0, 8},
-                  {2048, 10944, 1, 6}, {2048, 4096, 0, 2}, {37, 200, 1, 0}};
+                  {2048, 10944, 1, 6}, {2048, 4096, 0, 2}, {37, 200, 1, 0},
+                  {5632, 2048, 0, 1}};
     compile_job *j = job_slot();
     if (!j)
         return;
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
-    /* pass 1: MOEC_LINEAR_MMA_MAX_T=0; 2: MOEC_LINEAR_MMA_KS=1; 3: sm_80 */
-    for (int knob = 0; knob < 4; knob++) {
+    /* pass 1: MOEC_LINEAR_MMA_MAX_T=0; 2: MOEC_LINEAR_MMA_KS=1; 3: sm_80;
+       4: MOEC_LINEAR_TC_MAX_T=0 */
+    for (int knob = 0; knob < 5; knob++) {
         if (knob == 1)
             setenv("MOEC_LINEAR_MMA_MAX_T", "0", 1);
         if (knob == 2) {
@@ -1798,6 +1812,8 @@ static void test_linear_mma(void)
         }
         if (knob == 3)
             unsetenv("MOEC_LINEAR_MMA_KS");
+        if (knob == 4)
+            setenv("MOEC_LINEAR_TC_MAX_T", "0", 1);
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             km_spec sp = {.name = "k_lin_mma", .vocab = 4, .LN = shapes[si].N,
                           .LK = shapes[si].K, .ldt = "bf16", .lact = shapes[si].act};
@@ -1809,10 +1825,14 @@ static void test_linear_mma(void)
             cg_options_default(&o);
             if (knob == 3)
                 snprintf(o.arch, sizeof o.arch, "sm_80");
-            static const int Ts[] = {5, 8, 16};
-            for (int ti = 0; ti < 3; ti++) {
+            static const int Ts[] = {5, 8, 16, 32, 64, 72};
+            for (int ti = 0; ti < 6; ti++) {
                 int T = Ts[ti], mma = knob != 1 && T <= 8 && shapes[si].ks > 0;
-                int ks = mma && knob < 2 ? shapes[si].ks : 1;
+                int ks = mma && (knob == 0 || knob == 4) ? shapes[si].ks : 1;
+                /* on sm_80 (no clusters) a block's x of 8 tokens over all
+                   of K within the shared memory */
+                int tc = !mma && shapes[si].K % 64 == 0 && T <= 64 && knob != 4 &&
+                         (knob != 3 || 8 * (shapes[si].K + 8) * 2 <= (int)cg_smem_max(&o));
                 cg_ctx c = {.m = m, .opt = &o, .T = T};
                 const ir_op *op = last_op(m, IR_OP_LINEAR);
                 T_CHECK(op != NULL);
@@ -1830,26 +1850,33 @@ static void test_linear_mma(void)
                 snprintf(want, sizeof want, "linear_mma_n%d_k%d_t%d_w8_rt1_u8%s%s_bf16_", shapes[si].N,
                          shapes[si].K, T, splits, shapes[si].act ? "_silu" : "");
                 const char *kn = st->kind == IR_STEP_KERNEL ? c.kernel_names[st->kernel] : "(gemm)";
-                int ok = mma ? st->kind == IR_STEP_KERNEL && c.n_steps == 1 &&
+                int ok = mma  ? st->kind == IR_STEP_KERNEL && c.n_steps == 1 &&
                                    !strncmp(kn, want, strlen(want)) &&
                                    st->grid[0] == (unsigned)((shapes[si].N + 15) / 16 * ks) &&
                                    st->block[0] == 256 &&
                                    st->smem == (ks > 1 ? 9u * 4 * 128 * ((T + 7) / 8) : 0u)
-                             : st->kind == IR_STEP_GEMM;
+                         : tc ? st->kind == IR_STEP_KERNEL && c.n_steps == 1 &&
+                                    !strncmp(kn, "linear_tc_", 10) &&
+                                    (strstr(kn, "_silu_bf16_") != NULL) == shapes[si].act &&
+                                    (knob != 3 || (strstr(kn, "_s1_") &&
+                                                   !strstr(c.src.data, "__cluster_dims__")))
+                              : st->kind == IR_STEP_GEMM;
                 if (!ok)
                     fprintf(stderr, "k_lin_mma %d x %d T %d knob %d: %s grid %u (want %s)\n",
                             shapes[si].N, shapes[si].K, T, knob, kn, st->grid[0],
-                            mma ? want : "a GEMM step");
+                            mma ? want : tc ? "linear_tc_" : "a GEMM step");
                 T_CHECK(ok);
+                if (ok && tc && knob != 3)
+                    check_tc_linear(&c, st, shapes[si].N, shapes[si].K, 0);
                 if (mma && ks > 1 && knob == 0) {
                     char cd[64];
                     snprintf(cd, sizeof cd, "__cluster_dims__(%d, 1, 1) __launch_bounds__", ks);
                     T_CHECK(c.src.data && strstr(c.src.data, cd));
-                    if (T == 8) {
-                        cg_add_pdl_waits(&c.src);
-                        moec_buf_printf(&prog, "%s", c.src.data ? c.src.data : "");
-                        moec_buf_printf(&j->names, "%s\n", kn);
-                    }
+                }
+                if (knob == 0 && ((mma && ks > 1 && T == 8) || (tc && (T == 16 || T == 64)))) {
+                    cg_add_pdl_waits(&c.src);
+                    moec_buf_printf(&prog, "%s", c.src.data ? c.src.data : "");
+                    moec_buf_printf(&j->names, "%s\n", kn);
                 }
                 cg_ctx_free(&c);
             }
@@ -1858,6 +1885,7 @@ static void test_linear_mma(void)
     }
     unsetenv("MOEC_LINEAR_MMA_MAX_T");
     unsetenv("MOEC_LINEAR_MMA_KS");
+    unsetenv("MOEC_LINEAR_TC_MAX_T");
     job_queue(j, &prog, "linear_mma");
 }
 
@@ -2000,8 +2028,9 @@ static int has_ident(const char *text, size_t n, const char *id)
  * prefetches nothing, and reads no parameter but the weights before it; so
  * does a norm that reads its weight into registers before the wait (the
  * block form: `float wpre[`), the one-token router's top-k kernel its
- * weight rows (`_wpre_`, `uint4 wpre[`), and the bf16 tensor-core linear
- * its first chunks (`linear_mma_`, `load_w(gw)`). */
+ * weight rows (`_wpre_`, `uint4 wpre[`), the bf16 tensor-core linear its
+ * first chunks (`linear_mma_`, `load_w(gw)`), and the staged linears
+ * theirs where no prefetch runs (`_pre_`, `load(c0)`). */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
@@ -2032,6 +2061,11 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     /* the bf16 tensor-core linear's first chunks of weight rows (load_w) */
     const char *lw = strstr(open, "\n    load_w(gw);");
     if (lw && pre && lw < pre && !strncmp(name, "linear_mma_", 11))
+        staged = 1;
+    /* the staged linears' (fp8 and bf16) past the prefetch's buckets */
+    const char *lc = strstr(open, "\n    if (live[0])\n        load(c0);\n    moec_pdl_enter();");
+    if (lc && pre && lc < pre && strstr(name, "_pre_") &&
+        (!strncmp(name, "linear_f8tc_", 12) || !strncmp(name, "linear_tc_", 10)))
         staged = 1;
     if (staged)
         pf = 0;
@@ -2081,7 +2115,7 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
 /* One bucket of m for test_prefetch: its linears, absorptions and
  * add_rms_norm (or, heavy, its heavy ops through gen()), each kernel
  * checked against the rule with pf bytes (a token selection's attention
- * prefetches nothing); the kinds seen (1 few-token linear, 2 staged fp8
+ * prefetches nothing); the kinds seen (1 few-token linear, 2 staged
  * linear, 4 absorption, 8 attention, 16 norm); the source and kernel
  * names appended to prog and names. */
 static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, int sparse,
@@ -2108,7 +2142,7 @@ static int prefetch_bucket(const ir_module *m, int T, int heavy, long long pf, i
     for (int k = 0; c.src.data && k < c.n_kernels; k++) {
         const char *kn = c.kernel_names[k];
         int kind = !strncmp(kn, "linear_gemv_", 12)   ? 1
-                   : !strncmp(kn, "linear_f8tc_", 12) ? 2
+                   : !strncmp(kn, "linear_f8tc_", 12) || !strncmp(kn, "linear_tc_", 10) ? 2
                    : !strncmp(kn, "mla_qabsorb_", 12) || !strncmp(kn, "mla_vabsorb_", 12) ? 4
                    : !strncmp(kn, "mla_attn_", 9) || !strncmp(kn, "attn_h", 6)             ? 8
                    : strstr(kn, "rms_norm_") != NULL                                      ? 16
@@ -2179,10 +2213,11 @@ static void test_prefetch(void)
                 int seen = prefetch_bucket(m, T, si >= 3, pf, specs[si]->TOPK > 0, &prog, &names);
                 /* the kernels each case means to cover: the few-token
                    kernels up to 4 tokens (the absorptions 2, then their
-                   tensor-core form), then cuBLASLt, or the staged kernel
-                   for fp8 */
+                   tensor-core form), then the bf16 tensor-core linear at
+                   8 and the staged one at 16 (the act's K 200 is not
+                   whole chunks: cuBLASLt), or the staged kernel for fp8 */
                 T_CHECK(si >= 3  ? seen == 8
-                        : si == 0 ? seen == (T <= 4 ? 21 : 20)
+                        : si == 0 ? seen == (T <= 4 ? 21 : T == 16 ? 22 : 20)
                         : si == 1 ? seen == (T <= 4 ? 1 : 0)
                                   : seen == (T <= 4 ? 1 : 2));
             }

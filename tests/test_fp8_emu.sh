@@ -15,5 +15,5 @@
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/emu_lib.sh"
-emu_check fp8_emu 9,16,17,31,38
+emu_check fp8_emu 9,16,17,31,38,45
 finish test_fp8_emu
