@@ -140,20 +140,38 @@ static const char LINEAR_PRE[] = "    if (live[0])\n        load(c0);\n    moec_
 
 /* x's tokens t0 .. t0 + TG - 1 (zeros past T) at chunks c0 .. c1 - 1 into
  * shared memory; with ACT, h = silu(gate) * up of x [T, 2K], rounded to
- * bf16 as the silu_mul kernel stores it. */
+ * bf16 as the silu_mul kernel stores it, each thread's next HB pieces of
+ * gate and up loaded before any is used (the loads' latency once a round,
+ * not once a piece: the dense down's 1563 columns a split at 64 tokens
+ * took 275 us a piece at a time, 2026-11-29). */
 static const char LINEAR_STAGE[] =
     "    {\n"
     "        const int seg = (c1 - c0) * 8;\n"
-    "        for (int i = threadIdx.x; i < TG * seg; i += NW * 32) {\n"
-    "            const int r = i / seg, s = i - r * seg, tok = t0 + r;\n"
-    "            if constexpr (ACT) {\n"
-    "                uint4 h = make_uint4(0u, 0u, 0u, 0u);\n"
-    "                if (tok < T) {\n"
-    "                    const __nv_bfloat16 *p = x + (long long)tok * 2 * K + c0 * 64 + s * 8;\n"
-    "                    h = moec_silu_mul8(p, p + K);\n"
+    "        if constexpr (ACT) {\n"
+    "            constexpr int HB = 4;\n"
+    "            for (int i0 = threadIdx.x; i0 < TG * seg; i0 += HB * NW * 32) {\n"
+    "                uint4 gv[HB], uv[HB];\n"
+    "#pragma unroll\n"
+    "                for (int b = 0; b < HB; b++) {\n"
+    "                    const int i = i0 + b * NW * 32, r = i / seg, s = i - r * seg;\n"
+    "                    gv[b] = uv[b] = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    if (i < TG * seg && t0 + r < T) {\n"
+    "                        const __nv_bfloat16 *p = x + (long long)(t0 + r) * 2 * K + c0 * 64 + s * 8;\n"
+    "                        gv[b] = *reinterpret_cast<const uint4 *>(p);\n"
+    "                        uv[b] = *reinterpret_cast<const uint4 *>(p + K);\n"
+    "                    }\n"
     "                }\n"
-    "                *reinterpret_cast<uint4 *>(xs + r * XS + s * 8) = h;\n"
-    "            } else {\n"
+    "#pragma unroll\n"
+    "                for (int b = 0; b < HB; b++) {\n"
+    "                    const int i = i0 + b * NW * 32, r = i / seg, s = i - r * seg;\n"
+    "                    if (i < TG * seg)\n"
+    "                        *reinterpret_cast<uint4 *>(xs + r * XS + s * 8) =\n"
+    "                            t0 + r < T ? moec_silu_mul8(gv[b], uv[b]) : make_uint4(0u, 0u, 0u, 0u);\n"
+    "                }\n"
+    "            }\n"
+    "        } else {\n"
+    "            for (int i = threadIdx.x; i < TG * seg; i += NW * 32) {\n"
+    "                const int r = i / seg, s = i - r * seg, tok = t0 + r;\n"
     "                moec_cp16(xs + r * XS + s * 8,\n"
     "                          x + (long long)(tok < T ? tok : 0) * K + c0 * 64 + s * 8, tok < T);\n"
     "            }\n"
