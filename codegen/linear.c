@@ -15,10 +15,9 @@
  * (emit_mma; x the 8-column operand of m16n8k16 products, K split over
  * the block's warps and, on sm_90, a cluster's blocks): cuBLASLt read
  * V2-Lite's and Qwen3-30B's 8-token linears at 1.4 to 2.4 TB/s. Past it,
- * up to TC_BF16_MAX_T tokens, they run the staged kernel fp8 weights run
- * (codegen/fp8_tc.c): a block copies its tokens' x (or computes h of act
- * silu_mul) into shared memory once, so that warps do not reread x's
- * fragments from L2 for every chunk as emit_mma's do.
+ * up to MOEC_LINEAR_TC_MAX_T tokens (default none: TC_BF16_MAX_T), they
+ * run the staged kernel fp8 weights run (codegen/fp8_tc.c): a block copies
+ * its tokens' x (or computes h of act silu_mul) into shared memory once.
  *
  * Larger buckets are one cuBLASLt step. cuBLASLt is column-major: row-major
  * y is C (m = N, n = T, ldc = N); row-major w [N, K] is a K x N column-major
@@ -447,9 +446,15 @@ static const char MMA_BODY[] =
 #define MMA_FILL_BLOCKS 132
 /* The most tokens a bf16 linear past the tensor-core kernel above takes
  * the staged one (codegen/fp8_tc.c: x, or h of act silu_mul, in shared
- * memory once a block) instead of cuBLASLt (MOEC_LINEAR_TC_MAX_T; 0:
- * cuBLASLt). */
-#define TC_BF16_MAX_T 64
+ * memory once a block) instead of cuBLASLt (MOEC_LINEAR_TC_MAX_T, up to
+ * 64; 0: cuBLASLt). Off: in whole V2-Lite steps at context 1024 (H200,
+ * 2026-11-29, against cuBLASLt in the same call) it was level at 16 tokens
+ * (7.620 / 7.602 ms) and slower at 32 (9.927 / 9.374) and 64 (11.794 /
+ * 10.280). Its blocks of 4 warps, two an SM, leave most warp slots empty
+ * (Nsight Compute: 6-14% active) and each warp's x fragments from shared
+ * memory keep it waiting: q_proj with kv_a at 32 tokens 10.2 us against
+ * cuBLASLt's 6.8, the lm_head 191 against 108. */
+#define TC_BF16_MAX_T 0
 
 /* The tiles a warp of the kernel's 16 rows: two share their x fragments
  * once x would be read more than twice over (T >= 32), as long as that
@@ -665,7 +670,7 @@ moec_status cg_emit_linear(cg_ctx *c, const ir_op *op)
     int nw = mma_bf16_warps(c, op, gemv_max);
     if (nw)
         return emit_mma(c, op, N, K, alpha, nw);
-    if (c->T > gemv_max && c->T <= cg_env_int("MOEC_LINEAR_TC_MAX_T", TC_BF16_MAX_T, 0, 1024) &&
+    if (c->T > gemv_max && c->T <= cg_env_int("MOEC_LINEAR_TC_MAX_T", TC_BF16_MAX_T, 0, 64) &&
         (!bias || cg_storage(c, bias) != IR_DTYPE_I32) && cg_tc_linear_fits(c, op))
         return emit_tc(c, op, alpha);
     /* act: silu_mul into scratch (the compute dtype, as its result was

@@ -25,7 +25,7 @@
 typedef struct gen_case {
     km_spec s;
     int T, fp8;
-    const char *env; /* a shape knob NAME=VALUE, or NULL */
+    const char *env; /* shape knobs NAME=VALUE apart by spaces, or NULL */
 } gen_case;
 
 #define LIN(n, k, bn, bk) \
@@ -105,25 +105,45 @@ static const gen_case CASES[] = {
     {LIN16(48, 224, 1), 8, CG_FP8_AUTO, NULL},
     {LIN16(48, 224, 1), 13, CG_FP8_AUTO, "MOEC_LINEAR_MMA_MAX_T=16"},
     {LIN16(48, 1024, 1), 8, CG_FP8_AUTO, NULL},
-    /* the staged kernel with bf16 weights (codegen/fp8_tc.c, linear_tc_),
-       past 8 tokens: the last tile partly past N, K 640 over clusters of
-       up to 8 (10 chunks: uneven shares), groups of 16, 40 and 64 tokens,
-       the first weights before the wait or not, two tiles a warp, three
-       splits; act at K 1024 (h staged from x [T, 2K]); and at 8 tokens by
-       the knob, with the L2 prefetch before the wait */
-    {LIN16(100, 640, 0), 16, CG_FP8_AUTO, NULL},
-    {LIN16(100, 640, 0), 64, CG_FP8_AUTO, NULL},
-    {LIN16(100, 640, 0), 40, CG_FP8_AUTO, "MOEC_FP8_TC_RT=2"},
-    {LIN16(100, 640, 0), 32, CG_FP8_AUTO, "MOEC_LINEAR_TC_PRE=0"},
-    {LIN16(100, 640, 0), 8, CG_FP8_AUTO, "MOEC_LINEAR_MMA_MAX_T=0"},
-    {LIN16(48, 1024, 1), 24, CG_FP8_AUTO, NULL},
-    {LIN16(48, 1024, 1), 64, CG_FP8_AUTO, "MOEC_FP8_TC_SPLIT=3"},
+    /* the staged kernel with bf16 weights (codegen/fp8_tc.c, linear_tc_;
+       MOEC_LINEAR_TC_MAX_T lets it) past 8 tokens: the last tile partly
+       past N, K 640 over clusters of up to 8 (10 chunks: uneven shares),
+       groups of 16, 40 and 64 tokens, the first weights before the wait or
+       not, two tiles a warp, three splits; act at K 1024 (h staged from x
+       [T, 2K]); and at 8 tokens, with the L2 prefetch before the wait */
+#define TC16 "MOEC_LINEAR_TC_MAX_T=64"
+    {LIN16(100, 640, 0), 16, CG_FP8_AUTO, TC16},
+    {LIN16(100, 640, 0), 64, CG_FP8_AUTO, TC16},
+    {LIN16(100, 640, 0), 40, CG_FP8_AUTO, TC16 " MOEC_FP8_TC_RT=2"},
+    {LIN16(100, 640, 0), 32, CG_FP8_AUTO, TC16 " MOEC_LINEAR_TC_PRE=0"},
+    {LIN16(100, 640, 0), 8, CG_FP8_AUTO, TC16 " MOEC_LINEAR_MMA_MAX_T=0"},
+    {LIN16(48, 1024, 1), 24, CG_FP8_AUTO, TC16},
+    {LIN16(48, 1024, 1), 64, CG_FP8_AUTO, TC16 " MOEC_FP8_TC_SPLIT=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
 static int is_fp8_op(const ir_op *op)
 {
     return op->kind == IR_OP_LINEAR || op->kind == IR_OP_MOE_ROUTED;
+}
+
+/* Sets (or, with unset, clears) a case's knobs: NAME=VALUE pairs apart by
+ * spaces. */
+static void knobs(const char *env, int unset)
+{
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s", env ? env : "");
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        if (unset)
+            unsetenv(kv);
+        else
+            setenv(kv, eq + 1, 1);
+    }
 }
 
 int main(int argc, char **argv)
@@ -161,13 +181,7 @@ int main(int argc, char **argv)
     moec_buf table = {0};
     for (int i = 0; i < N_CASES; i++) {
         const gen_case *gc = &CASES[i];
-        char knob[64] = "";
-        if (gc->env) {
-            snprintf(knob, sizeof knob, "%s", gc->env);
-            char *eq = strchr(knob, '=');
-            *eq = '\0';
-            setenv(knob, eq + 1, 1);
-        }
+        knobs(gc->env, 0);
         ir_module *m = km_module(&gc->s);
         if (!m)
             return 1;
@@ -177,8 +191,7 @@ int main(int argc, char **argv)
         cg_ctx c;
         if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))
             return 1;
-        if (gc->env)
-            unsetenv(knob);
+        knobs(gc->env, 1);
         const km_spec *s = &gc->s;
         int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the

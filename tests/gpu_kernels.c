@@ -2538,12 +2538,14 @@ static const km_spec L16_SH_GU = {.name = "v2lite_sh_gate_up16", .vocab = 97, .L
 /* The bf16 linears' cases, each at its buckets: queued for compiling
  * (run 0) or, once compiled, run (1). The act ones (bf16 and f32) take the
  * few-token kernel up to 4 tokens, the tensor-core one at 8 and the staged
- * one (codegen/fp8_tc.c) at 16 to 64 in bf16 where K is a multiple of 64
+ * one (codegen/fp8_tc.c; MOEC_LINEAR_TC_MAX_T, set here, lets it) at 16 to
+ * 64 in bf16 where K is a multiple of 64
  * (f32 and odd_act's 200: cuBLASLt after the silu_mul kernel, which these
  * cases cannot run); the plain ones likewise (odd_linear16's K 640: all
  * of them). */
 static void linear_cases(int run)
 {
+    setenv("MOEC_LINEAR_TC_MAX_T", "64", 1); /* the staged kernel from 16 tokens */
     static const km_spec *const acts[3] = {&ACT_V2, &ACT_V3, &ACT_ODD};
     static const km_spec *const plain[4] = {&L16_V2, &L16_ROUTER, &L16_ODD, &L16_SH_GU};
     const unsigned few = TM(1) | TM(2) | TM(3) | TM(4), mma = few | TM(8);
@@ -2563,6 +2565,7 @@ static void linear_cases(int run)
         else
             prog_add(plain[i], IR_DTYPE_BF16, 64, staged);
     }
+    unsetenv("MOEC_LINEAR_TC_MAX_T");
 }
 
 /* the residual add_rms_norm with the routed and shared experts' sum:

@@ -1780,15 +1780,16 @@ static void test_norm_cluster(void)
  * warp's chunks one round of 8 at 8 warps, every SM a block, at most 8 and
  * a chunk a warp): V2-Lite's qkv_a (228 row tiles: none), o_proj (128: 2),
  * the router's 64 rows (8), the dense down with act at K 10944 (6), Qwen3's
- * o_proj at K 4096 (2), V2-Lite's shared gate_up (352: none). From 16
- * tokens (and from 5 with MOEC_LINEAR_MMA_MAX_T=0) up to 64 the staged
- * kernel (codegen/fp8_tc.c, check_tc_linear; act computes h as it stages
- * it: one step), two tiles a warp only for the shared gate_up; a cuBLASLt
- * step at K 200 (not whole 64-wide chunks), on sm_80 at K 10944 (x past
- * the shared memory without a cluster's splits), with
- * MOEC_LINEAR_TC_MAX_T=0 from 16 tokens, and past 64 tokens; no cluster on
- * sm_80 or with MOEC_LINEAR_MMA_KS=1 (the staged kernel's splits are its
- * own); the clustered ones' sources compile with NVRTC. */
+ * o_proj at K 4096 (2), V2-Lite's shared gate_up (352: none). With
+ * MOEC_LINEAR_TC_MAX_T=64 (passes 0 to 3), from 16 tokens (and from 5
+ * with MOEC_LINEAR_MMA_MAX_T=0) up to 64 the staged kernel
+ * (codegen/fp8_tc.c, check_tc_linear; act computes h as it stages it: one
+ * step), two tiles a warp only for the shared gate_up; a cuBLASLt step at
+ * K 200 (not whole 64-wide chunks), on sm_80 at K 10944 (x past the shared
+ * memory without a cluster's splits), without the knob (pass 4, the
+ * default) from 16 tokens, and past 64 tokens; no cluster on sm_80 or with
+ * MOEC_LINEAR_MMA_KS=1 (the staged kernel's splits are its own); the
+ * clustered ones' sources compile with NVRTC. */
 static void test_linear_mma(void)
 {
     static const struct {
@@ -1802,7 +1803,8 @@ static void test_linear_mma(void)
     moec_buf prog = {0};
     cg_emit_prologue(&prog);
     /* pass 1: MOEC_LINEAR_MMA_MAX_T=0; 2: MOEC_LINEAR_MMA_KS=1; 3: sm_80;
-       4: MOEC_LINEAR_TC_MAX_T=0 */
+       4: no MOEC_LINEAR_TC_MAX_T */
+    setenv("MOEC_LINEAR_TC_MAX_T", "64", 1);
     for (int knob = 0; knob < 5; knob++) {
         if (knob == 1)
             setenv("MOEC_LINEAR_MMA_MAX_T", "0", 1);
@@ -1813,7 +1815,7 @@ static void test_linear_mma(void)
         if (knob == 3)
             unsetenv("MOEC_LINEAR_MMA_KS");
         if (knob == 4)
-            setenv("MOEC_LINEAR_TC_MAX_T", "0", 1);
+            unsetenv("MOEC_LINEAR_TC_MAX_T");
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             km_spec sp = {.name = "k_lin_mma", .vocab = 4, .LN = shapes[si].N,
                           .LK = shapes[si].K, .ldt = "bf16", .lact = shapes[si].act};
@@ -2214,10 +2216,9 @@ static void test_prefetch(void)
                 /* the kernels each case means to cover: the few-token
                    kernels up to 4 tokens (the absorptions 2, then their
                    tensor-core form), then the bf16 tensor-core linear at
-                   8 and the staged one at 16 (the act's K 200 is not
-                   whole chunks: cuBLASLt), or the staged kernel for fp8 */
+                   8 and cuBLASLt at 16, or the staged kernel for fp8 */
                 T_CHECK(si >= 3  ? seen == 8
-                        : si == 0 ? seen == (T <= 4 ? 21 : T == 16 ? 22 : 20)
+                        : si == 0 ? seen == (T <= 4 ? 21 : 20)
                         : si == 1 ? seen == (T <= 4 ? 1 : 0)
                                   : seen == (T <= 4 ? 1 : 2));
             }
