@@ -40,6 +40,13 @@
 /* the share of TC_BLOCKS (%) that clusters of more than 2 blocks may take
  * where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
 #define TC_FIT 85
+/* 64-wide chunks in flight a lane, whatever the tiles (MOEC_FP8_TC_U; 0:
+ * by the kernel, 4 over the tiles, the experts' gate_up 2 past 16 slots a
+ * block). (H200, 2026-11-29, V2-Lite in fp8 at context 1024, against the
+ * rule by the kernel in the same call: 6.332 / 6.465 ms at batch 32, 7.554
+ * / 7.608 at 64; 8 was slower, 7.053 / 8.721.) bf16 weights keep the
+ * rule's (twice the bytes a chunk). */
+#define TC_U 6
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
@@ -274,7 +281,8 @@ static size_t linear_smem(const tc_shape *sh, long long ch)
  * a warp (two from 32 tokens, so that a warp's x fragments serve 32
  * rows; bf16 weights, twice the bytes a fragment of x serves, only where
  * the slabs of 32 rows a warp still fill the GPU twice over 8 splits),
- * chunks in flight (U times RT: 4; twice the bytes in bf16), and K splits
+ * chunks in flight (fp8: TC_U; bf16: U times RT 4, twice fp8's bytes a
+ * chunk), and K splits
  * (on sm_90: up to 8, until the blocks fill the GPU twice and x fits);
  * fewer tokens a group while x does not fit. 0 when even 8 tokens do
  * not. */
@@ -291,7 +299,7 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
                                                TC_BLOCKS)
                      ? 2
                      : 1;
-    sh->u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
+    sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8) : 0;
     if (!sh->u)
         sh->u = 4 / sh->rt;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
@@ -553,7 +561,7 @@ static moec_status oom(const cg_moe_desc *d)
 moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 2;
     long long urow = l->fused ? l->I : 0;
@@ -601,7 +609,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     int rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
-    int u = cg_env_int("MOEC_FP8_TC_U", 0, 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);

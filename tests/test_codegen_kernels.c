@@ -1293,7 +1293,7 @@ static int weight_arg(const ir_module *m, ir_arg a, const char *name, int scales
  * (w8, linear_f8tc_) or bf16 (linear_tc_) weights, 8 to 64 tokens a group
  * (64, or T rounded up to 8), two 16-row tiles a warp from 32 tokens
  * (bf16: where slabs of 128 rows over 8 splits make 264 blocks), 4 warps,
- * 4 chunks in flight over the tiles; on sm_90 K split over the fewest
+ * chunks in flight 6 in fp8, 4 over the tiles in bf16; on sm_90 K split over the fewest
  * blocks (up to 8, at least a 64-wide chunk each) that make 264 blocks
  * (fewer where clusters would not all fit at once), a cluster each, x's
  * rows of a split (or the partial sums) in shared memory; past the
@@ -1328,7 +1328,7 @@ static void check_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long
     size_t x = (size_t)tg * (size_t)((ch + S - 1) / S * 64 + 8) * 2;
     size_t part = S > 1 ? (size_t)nw * rt * (tg / 8) * 512 : 0;
     T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == want_rt &&
-            u == 4 / rt && S == want_s);
+            u == (w8 ? 6 : 4 / rt) && S == want_s);
     T_CHECK(!strncmp(kn + end, "_pre_", 5) == (T > CG_PREFETCH_MAX_T));
     T_CHECK(s->grid[0] == (unsigned)(slabs * S) && s->grid[1] == (unsigned)groups &&
             s->block[0] == 128 && s->smem == (x > part ? x : part));
@@ -1417,14 +1417,15 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
     if (!tc)
         return;
     /* blocks of 8 slots, doubled to 64 while the experts average more,
-       halved while a block's x (or h) rows do not fit the shared memory */
+       halved while a block's x (or h) rows do not fit the shared memory;
+       6 chunks in flight */
     int bm = 8;
     while (bm < 64 && slots > bm * E)
         bm *= 2;
     while (bm > 8 && bm * ((H > I ? H : I) + 8) * 2 > 227 * 1024)
         bm /= 2;
     char want[64];
-    snprintf(want, sizeof want, "_bm%d_f8tc_w4_u%d_t%d_", bm, bm <= 16 ? 4 : 2, T);
+    snprintf(want, sizeof want, "_bm%d_f8tc_w4_u6_t%d_", bm, T);
     T_CHECK(strstr(gk, want) != NULL);
     long long nnz = slots < E ? slots : E, nb = (slots + (bm - 1) * nnz + bm - 1) / bm;
     T_CHECK(al->grid[0] == 1 && gu->grid[0] == (unsigned)nb &&
