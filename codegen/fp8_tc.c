@@ -40,12 +40,15 @@
 /* the share of TC_BLOCKS (%) that clusters of more than 2 blocks may take
  * where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
 #define TC_FIT 85
-/* 64-wide chunks in flight a lane, whatever the tiles (MOEC_FP8_TC_U; 0:
- * by the kernel, 4 over the tiles, the experts' gate_up 2 past 16 slots a
- * block). (H200, 2026-11-29, V2-Lite in fp8 at context 1024, against the
- * rule by the kernel in the same call: 6.332 / 6.465 ms at batch 32, 7.554
- * / 7.608 at 64; 8 was slower, 7.053 / 8.721.) bf16 weights keep the
- * rule's (twice the bytes a chunk). */
+/* 64-wide chunks in flight a lane, whatever the tiles, in the experts'
+ * kernels and the linear's groups of 32 tokens and more (MOEC_FP8_TC_U; 0:
+ * the rule by kernel, 4 over the tiles, the experts' gate_up 2 past 16
+ * slots a block). (H200, 2026-11-29, V2-Lite in fp8 at context 1024, 6
+ * everywhere against the rule in the same call, two calls: 6.332 / 6.465
+ * and 6.319 / 6.439 ms at batch 32, 7.554 / 7.608 and 7.498 / 7.583 at 64;
+ * but 4.418 / 4.365 at 8, where only the linears, groups of 8 tokens, take
+ * these kernels: they keep the rule. 8 was slower, 7.053 at 32 and 8.721
+ * at 64.) bf16 weights keep the rule (twice the bytes a chunk). */
 #define TC_U 6
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
@@ -281,8 +284,8 @@ static size_t linear_smem(const tc_shape *sh, long long ch)
  * a warp (two from 32 tokens, so that a warp's x fragments serve 32
  * rows; bf16 weights, twice the bytes a fragment of x serves, only where
  * the slabs of 32 rows a warp still fill the GPU twice over 8 splits),
- * chunks in flight (fp8: TC_U; bf16: U times RT 4, twice fp8's bytes a
- * chunk), and K splits
+ * chunks in flight (fp8 groups of 32 tokens and more: TC_U; else U times
+ * RT 4, in bf16 twice fp8's bytes a chunk), and K splits
  * (on sm_90: up to 8, until the blocks fill the GPU twice and x fits);
  * fewer tokens a group while x does not fit. 0 when even 8 tokens do
  * not. */
@@ -299,7 +302,7 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
                                                TC_BLOCKS)
                      ? 2
                      : 1;
-    sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8) : 0;
+    sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", sh->tg >= 32 ? TC_U : 0, 0, 8) : 0;
     if (!sh->u)
         sh->u = 4 / sh->rt;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
