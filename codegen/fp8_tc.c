@@ -47,8 +47,9 @@
  * everywhere against the rule in the same call, two calls: 6.332 / 6.465
  * and 6.319 / 6.439 ms at batch 32, 7.554 / 7.608 and 7.498 / 7.583 at 64;
  * but 4.418 / 4.365 at 8, where only the linears, groups of 8 tokens, take
- * these kernels: they keep the rule. 8 was slower, 7.053 at 32 and 8.721
- * at 64.) bf16 weights keep the rule (twice the bytes a chunk). */
+ * these kernels: they keep the rule; with that, 4.994 / 5.219 at 16. 8
+ * was slower, 7.053 at 32 and 8.721 at 64.) bf16 weights keep the rule
+ * (twice the bytes a chunk). */
 #define TC_U 6
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
