@@ -1,10 +1,13 @@
 /* cuda_blaslt.c — cuBLASLt, opened with dlopen when a context is made
  * (linking it would load half a gigabyte of library into every moec binary,
  * CPU-only runs included), and the GEMM steps prepared once at init:
- * descriptors, layouts and the algorithm the heuristic picks. */
+ * descriptors, layouts and the algorithm the heuristic picks (with
+ * MOEC_GEMM_TUNE, the fastest of its first candidates, timed). */
 #ifdef MOEC_HAVE_CUDA
 
 #include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "runtime/cuda_internal.h"
 
@@ -113,7 +116,118 @@ static moec_status layout_init(rt_cuda *c, cublasLtMatrixLayout_t *l, ir_dtype d
     return MOEC_OK;
 }
 
-/* Chooses the algorithm for g with pointers of the given alignments. */
+/* What makes two GEMM steps one shape to the tuning: every field of the
+ * step's GEMM that reaches cuBLASLt but the pointers, their alignments and
+ * the stream. Zeroed first (padding), compared with memcmp. */
+typedef struct rt_gemm_key {
+    int64_t m, n, k, batch, lda, ldb, ldc, sa, sb, sc;
+    int32_t ta, tb, type_a, type_b, type_c, bias, type_bias, stream;
+    uint32_t align[4];
+    float alpha;
+} rt_gemm_key;
+
+struct rt_gemm_tuned {
+    rt_gemm_key key;
+    cublasLtMatmulAlgo_t algo;
+};
+
+static void gemm_key(const ir_step *s, const uint32_t align[4], rt_gemm_key *k)
+{
+    const ir_gemm *g = &s->gemm;
+    memset(k, 0, sizeof *k);
+    k->m = g->m;
+    k->n = g->n;
+    k->k = g->k;
+    k->batch = g->batch;
+    k->lda = g->lda;
+    k->ldb = g->ldb;
+    k->ldc = g->ldc;
+    k->sa = g->stride_a;
+    k->sb = g->stride_b;
+    k->sc = g->stride_c;
+    k->ta = g->trans_a;
+    k->tb = g->trans_b;
+    k->type_a = g->type_a;
+    k->type_b = g->type_b;
+    k->type_c = g->type_c;
+    k->bias = g->has_bias;
+    k->type_bias = g->has_bias ? g->type_bias : 0;
+    k->stream = s->stream;
+    memcpy(k->align, align, sizeof k->align);
+    k->alpha = g->alpha;
+}
+
+/* MOEC_GEMM_TUNE: the fastest of the heuristic's n candidates for g, each
+ * run once and then timed over RT_GEMM_TUNE_REPS runs on the step's stream
+ * (on its operands: set-up time, before any step or capture), kept for
+ * every later step of the same shape (other layers, the same bucket's
+ * twin). A candidate cuBLASLt will not run is passed over; g->algo stays
+ * the heuristic's first where none ran. */
+#define RT_GEMM_TUNE_REPS 5
+static moec_status gemm_tune(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
+                             const cublasLtMatmulHeuristicResult_t *res, int n,
+                             const uint32_t align[4], const char *where)
+{
+    rt_gemm_key key;
+    gemm_key(s, align, &key);
+    for (int i = 0; i < c->n_tuned; i++)
+        if (!memcmp(&c->tuned[i].key, &key, sizeof key)) {
+            g->algo = c->tuned[i].algo;
+            return MOEC_OK;
+        }
+    if (c->n_tuned == c->cap_tuned) {
+        int cap = c->cap_tuned ? 2 * c->cap_tuned : 32;
+        struct rt_gemm_tuned *t = realloc(c->tuned, (size_t)cap * sizeof *t);
+        if (!t)
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: out of memory tuning the GEMM", where);
+        c->tuned = t;
+        c->cap_tuned = cap;
+    }
+    cudaStream_t st = c->stream[s->stream];
+    cudaEvent_t ev[2] = {NULL, NULL};
+    moec_status rc = CK(cudaEventCreate(&ev[0]), where);
+    if (rc == MOEC_OK)
+        rc = CK(cudaEventCreate(&ev[1]), where);
+    float best = -1.0f;
+    for (int i = 0; rc == MOEC_OK && i < n; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS)
+            continue;
+        int ok = 1;
+        for (int r = 0; ok && rc == MOEC_OK && r <= RT_GEMM_TUNE_REPS; r++) {
+            if (r == 1)
+                rc = CK(cudaEventRecord(ev[0], st), where);
+            if (rc == MOEC_OK)
+                ok = c->lt.cublasLtMatmul(c->lt_handle[s->stream], g->desc, &g->alpha, g->a,
+                                          g->la, g->b, g->lb, &g->beta, g->c, g->lc, g->c, g->lc,
+                                          &res[i].algo, c->workspace[s->stream],
+                                          RT_CUDA_WORKSPACE, st) == CUBLAS_STATUS_SUCCESS;
+        }
+        float ms = 0.0f;
+        if (rc == MOEC_OK)
+            rc = CK(cudaEventRecord(ev[1], st), where);
+        if (rc == MOEC_OK)
+            rc = CK(cudaEventSynchronize(ev[1]), where);
+        if (rc == MOEC_OK && ok)
+            rc = CK(cudaEventElapsedTime(&ms, ev[0], ev[1]), where);
+        if (rc == MOEC_OK && ok && (best < 0.0f || ms < best)) {
+            best = ms;
+            g->algo = res[i].algo;
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (ev[i])
+            cudaEventDestroy(ev[i]);
+    if (rc != MOEC_OK)
+        return rc;
+    c->tuned[c->n_tuned].key = key;
+    c->tuned[c->n_tuned].algo = g->algo;
+    c->n_tuned++;
+    return MOEC_OK;
+}
+
+/* Chooses the algorithm for g with pointers of the given alignments: the
+ * heuristic's first, or with MOEC_GEMM_TUNE the fastest of its first
+ * candidates (gemm_tune). */
 static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                              cublasLtMatmulPreference_t pref, const uint32_t align[4],
                              const char *where)
@@ -131,12 +245,12 @@ static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                     c->lt.cublasLtMatmulPreferenceSetAttribute(pref, keys[i], &align[i],
                                                                sizeof align[i]),
                     where));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    memset(&res, 0, sizeof res);
+    cublasLtMatmulHeuristicResult_t res[RT_GEMM_TUNE_MAX];
+    int found = 0, want = c->gemm_tune > 1 ? c->gemm_tune : 1;
+    memset(res, 0, sizeof res);
     MOEC_TRY(LT(c,
                 c->lt.cublasLtMatmulAlgoGetHeuristic(c->lt_handle[s->stream], g->desc, g->la, g->lb,
-                                                     g->lc, g->lc, pref, 1, &res, &found),
+                                                     g->lc, g->lc, pref, want, res, &found),
                 where));
     if (found < 1)
         return MOEC_ERR(MOEC_ERR_CUDA,
@@ -146,8 +260,8 @@ static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                         ir_dtype_name(s->gemm.type_c), s->gemm.has_bias ? ", bias " : "",
                         s->gemm.has_bias ? ir_dtype_name(s->gemm.type_bias) : "", align[0],
                         align[1], align[2]);
-    g->algo = res.algo;
-    return MOEC_OK;
+    g->algo = res[0].algo;
+    return found > 1 ? gemm_tune(c, s, g, res, found, align, where) : MOEC_OK;
 }
 
 moec_status rt_cuda_prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *s,

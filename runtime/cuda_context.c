@@ -348,6 +348,25 @@ static moec_status env_tokens(const char *name, int *out)
     return MOEC_OK;
 }
 
+/* MOEC_GEMM_TUNE=N (0 to RT_GEMM_TUNE_MAX; unset or 0: off): each cuBLASLt
+ * GEMM shape runs the fastest of the heuristic's first N algorithms,
+ * timed at set-up (cuda_blaslt.c, gemm_tune), instead of its first. */
+static moec_status gemm_tune_env(rt_cuda *c)
+{
+    c->gemm_tune = 0;
+    const char *e = getenv("MOEC_GEMM_TUNE");
+    if (!e || !*e)
+        return MOEC_OK;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 0 || v > RT_GEMM_TUNE_MAX)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "MOEC_GEMM_TUNE=\"%s\": not a count of cuBLASLt algorithms from 0 to %d", e,
+                        RT_GEMM_TUNE_MAX);
+    c->gemm_tune = (int)v;
+    return MOEC_OK;
+}
+
 /* MOEC_STREAM_PRIORITY: which stream's blocks the GPU schedules first when
  * both have kernels waiting: "1" the second stream (the shared experts,
  * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
@@ -397,6 +416,7 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     c->dual_from_t = ir_dual_stream_from_t(m);
     MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_MAX_T", &c->dual_max_t));
     MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_FROM_T", &c->dual_from_t));
+    MOEC_TRY(gemm_tune_env(c));
     MOEC_TRY(stream_priorities(c));
 
     c->tmax = p->buckets[p->n_buckets - 1].T;
@@ -525,6 +545,7 @@ void rt_cuda_free(rt_cuda *c)
             cudaLibraryUnload(cb->lib);
     }
     free(c->buckets);
+    free(c->tuned);
     for (int s = 0; s < 2; s++) {
         if (c->lt_handle[s])
             c->lt.cublasLtDestroy(c->lt_handle[s]);

@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #define RT_CUDA_WORKSPACE ((size_t)32 << 20) /* cuBLASLt workspace per stream */
+#define RT_GEMM_TUNE_MAX 16                   /* MOEC_GEMM_TUNE's most candidates */
 #define RT_CUDA_CHUNK ((size_t)4 << 20)      /* weight elements converted per upload */
 #define RT_CUDA_SAMPLE_PENS (1 << 20)        /* penalty entries a step may upload, at most */
 #define RT_CUDA_STR2(x) #x
@@ -224,6 +225,10 @@ struct rt_cuda {
     cudaEvent_t head, tail;        /* stream 1 joins stream 0 at a step's start and end */
     cublasLtHandle_t lt_handle[2];
     void *workspace[2];
+    int gemm_tune;                 /* MOEC_GEMM_TUNE: the heuristic's candidates each GEMM
+                                    * shape times at set-up (0 or 1: its first, untimed) */
+    struct rt_gemm_tuned *tuned;   /* the shapes timed so far, with their fastest algorithm */
+    int n_tuned, cap_tuned;
 
     int n_buckets;
     rt_cuda_bucket *buckets;
