@@ -297,6 +297,15 @@ static compile_job *job_slot(void)
     return j;
 }
 
+/* Adds c's source (its programmatic waits in place) to program prog and
+ * kernel kn to job j's names. */
+static void job_add(compile_job *j, moec_buf *prog, cg_ctx *c, const char *kn)
+{
+    cg_add_pdl_waits(&c->src);
+    moec_buf_printf(prog, "%s", c->src.data ? c->src.data : "");
+    moec_buf_printf(&j->names, "%s\n", kn);
+}
+
 /* Queues job j (job_slot's) with program prog, its kernels' names already
  * in j->names, under label; where either ran out of memory (a failed
  * check), frees them instead. */
@@ -1763,11 +1772,8 @@ static void test_norm_cluster(void)
                 T_CHECK((strstr(src, "__cluster_dims__(8, 1, 1) __launch_bounds__") != NULL) == cl);
                 T_CHECK((strstr(src, "ss = moec_cluster_sum<8>(ss);") != NULL) == cl);
                 T_CHECK((strstr(src, "ss = block_sum(ss);") != NULL) == !cl);
-                if (cl && T == 1) {
-                    cg_add_pdl_waits(&c.src);
-                    moec_buf_printf(&prog, "%s", c.src.data ? c.src.data : "");
-                    moec_buf_printf(&j->names, "%s\n", kn);
-                }
+                if (cl && T == 1)
+                    job_add(j, &prog, &c, kn);
                 cg_ctx_free(&c);
             }
             ir_module_free(m);
@@ -1877,11 +1883,8 @@ static void test_linear_mma(void)
                     snprintf(cd, sizeof cd, "__cluster_dims__(%d, 1, 1) __launch_bounds__", ks);
                     T_CHECK(c.src.data && strstr(c.src.data, cd));
                 }
-                if (knob == 0 && ((mma && ks > 1 && T == 8) || (tc && (T == 16 || T == 64)))) {
-                    cg_add_pdl_waits(&c.src);
-                    moec_buf_printf(&prog, "%s", c.src.data ? c.src.data : "");
-                    moec_buf_printf(&j->names, "%s\n", kn);
-                }
+                if (knob == 0 && ((mma && ks > 1 && T == 8) || (tc && (T == 16 || T == 64))))
+                    job_add(j, &prog, &c, kn);
                 cg_ctx_free(&c);
             }
             ir_module_free(m);
