@@ -157,32 +157,25 @@ static void gemm_key(const ir_step *s, const uint32_t align[4], rt_gemm_key *k)
     k->alpha = g->alpha;
 }
 
-/* MOEC_GEMM_TUNE: the fastest of the heuristic's n candidates for g, each
- * run once and then timed over RT_GEMM_TUNE_REPS runs on the step's stream
- * (on its operands: set-up time, before any step or capture), kept for
- * every later step of the same shape (other layers, the same bucket's
- * twin). A candidate cuBLASLt will not run is passed over; g->algo stays
- * the heuristic's first where none ran. */
-#define RT_GEMM_TUNE_REPS 5
-static moec_status gemm_tune(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
-                             const cublasLtMatmulHeuristicResult_t *res, int n,
-                             const uint32_t align[4], const char *where)
+/* The algorithm MOEC_GEMM_TUNE chose for a step of shape key before, or
+ * NULL. */
+static const cublasLtMatmulAlgo_t *tuned_algo(const rt_cuda *c, const rt_gemm_key *key)
 {
-    rt_gemm_key key;
-    gemm_key(s, align, &key);
     for (int i = 0; i < c->n_tuned; i++)
-        if (!memcmp(&c->tuned[i].key, &key, sizeof key)) {
-            g->algo = c->tuned[i].algo;
-            return MOEC_OK;
-        }
-    if (c->n_tuned == c->cap_tuned) {
-        int cap = c->cap_tuned ? 2 * c->cap_tuned : 32;
-        struct rt_gemm_tuned *t = realloc(c->tuned, (size_t)cap * sizeof *t);
-        if (!t)
-            return MOEC_ERR(MOEC_ERR_OOM, "%s: out of memory tuning the GEMM", where);
-        c->tuned = t;
-        c->cap_tuned = cap;
-    }
+        if (!memcmp(&c->tuned[i].key, key, sizeof *key))
+            return &c->tuned[i].algo;
+    return NULL;
+}
+
+/* The fastest of the heuristic's n candidates into g->algo: each run once
+ * and then timed over RT_GEMM_TUNE_REPS runs on the step's stream (on its
+ * operands: set-up time, before any step or capture). A candidate cuBLASLt
+ * will not run is passed over; g->algo stays as it was where none ran. */
+#define RT_GEMM_TUNE_REPS 5
+static moec_status fastest_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
+                                const cublasLtMatmulHeuristicResult_t *res, int n,
+                                const char *where)
+{
     cudaStream_t st = c->stream[s->stream];
     cudaEvent_t ev[2] = {NULL, NULL};
     moec_status rc = CK(cudaEventCreate(&ev[0]), where);
@@ -217,9 +210,28 @@ static moec_status gemm_tune(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
     for (int i = 0; i < 2; i++)
         if (ev[i])
             cudaEventDestroy(ev[i]);
-    if (rc != MOEC_OK)
-        return rc;
-    c->tuned[c->n_tuned].key = key;
+    return rc;
+}
+
+/* MOEC_GEMM_TUNE for a shape (key) not seen before: the fastest of the
+ * heuristic's n candidates (g->algo, the first, where it gave one), kept
+ * for every later step of the same shape (other layers, the same
+ * bucket's twin). */
+static moec_status gemm_tune(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
+                             const cublasLtMatmulHeuristicResult_t *res, int n,
+                             const rt_gemm_key *key, const char *where)
+{
+    if (c->n_tuned == c->cap_tuned) {
+        int cap = c->cap_tuned ? 2 * c->cap_tuned : 32;
+        struct rt_gemm_tuned *t = realloc(c->tuned, (size_t)cap * sizeof *t);
+        if (!t)
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: out of memory tuning the GEMM", where);
+        c->tuned = t;
+        c->cap_tuned = cap;
+    }
+    if (n > 1)
+        MOEC_TRY(fastest_algo(c, s, g, res, n, where));
+    c->tuned[c->n_tuned].key = *key;
     c->tuned[c->n_tuned].algo = g->algo;
     c->n_tuned++;
     return MOEC_OK;
@@ -227,11 +239,20 @@ static moec_status gemm_tune(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
 
 /* Chooses the algorithm for g with pointers of the given alignments: the
  * heuristic's first, or with MOEC_GEMM_TUNE the fastest of its first
- * candidates (gemm_tune). */
+ * candidates (gemm_tune), chosen once a shape. */
 static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                              cublasLtMatmulPreference_t pref, const uint32_t align[4],
                              const char *where)
 {
+    rt_gemm_key key;
+    if (c->gemm_tune > 1) {
+        gemm_key(s, align, &key);
+        const cublasLtMatmulAlgo_t *a = tuned_algo(c, &key);
+        if (a) {
+            g->algo = *a;
+            return MOEC_OK;
+        }
+    }
     uint64_t ws = RT_CUDA_WORKSPACE;
     MOEC_TRY(LT(c,
                 c->lt.cublasLtMatmulPreferenceSetAttribute(
@@ -261,7 +282,7 @@ static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                         s->gemm.has_bias ? ir_dtype_name(s->gemm.type_bias) : "", align[0],
                         align[1], align[2]);
     g->algo = res[0].algo;
-    return found > 1 ? gemm_tune(c, s, g, res, found, align, where) : MOEC_OK;
+    return c->gemm_tune > 1 ? gemm_tune(c, s, g, res, found, &key, where) : MOEC_OK;
 }
 
 moec_status rt_cuda_prepare_gemm(rt_cuda *c, rt_cuda_bucket *cb, const ir_step *s,
