@@ -238,8 +238,9 @@ static void prefill_all(rt_cuda *c, int V, float *const ref[N_SEQ], const char *
     }
 }
 
-/* Broken plans fail at init with the step and call named, and leave
- * nothing behind (the caller checks device memory). */
+/* Broken plans, and a bad MOEC_GEMM_TUNE, fail at init with the step and
+ * call (or the variable) named, and leave nothing behind (the caller
+ * checks device memory). */
 static void check_bad_plans(ir_plan *plan, const rt_weights *w)
 {
     rt_cuda *c = NULL;
@@ -281,6 +282,25 @@ static void check_bad_plans(ir_plan *plan, const rt_weights *w)
         }
     }
     T_CHECK(c == NULL);
+    /* MOEC_GEMM_TUNE past its bound or not a number (kept as the test's
+       environment set it: gpu_model_gemm_tune runs with 8) */
+    const char *tune = getenv("MOEC_GEMM_TUNE");
+    char kept_tune[32];
+    snprintf(kept_tune, sizeof kept_tune, "%s", tune ? tune : "");
+    static const char *const bad_tune[] = {"17", "8x", "-1"};
+    for (int i = 0; i < 3; i++) {
+        char want[128];
+        snprintf(want, sizeof want,
+                 "MOEC_GEMM_TUNE=\"%s\": not a count of cuBLASLt algorithms from 0 to 16",
+                 bad_tune[i]);
+        setenv("MOEC_GEMM_TUNE", bad_tune[i], 1);
+        T_ERR(rt_cuda_init(plan, w, 2, 64, &c), MOEC_ERR_INVALID_ARG, want);
+        T_CHECK(c == NULL);
+    }
+    if (tune)
+        setenv("MOEC_GEMM_TUNE", kept_tune, 1);
+    else
+        unsetenv("MOEC_GEMM_TUNE");
 }
 
 static void check_batch(const char *name, const moec_model_t *m, const char *dir)
