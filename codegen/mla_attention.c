@@ -45,6 +45,15 @@
 /* ... and its tile buffers (MOEC_MLA_NBUF, 2 to 4; MOEC_MLA_PT=16|32 sets
  * the positions per tile): NBUF - 1 tiles in flight while one is used. */
 #define MMA_NBUF 2
+/* ... its online softmax with 16 / NW rows a warp at once, a row's
+   maxima and sums over its lanes only, and no rescale of the outputs
+   where no row's maximum moved (MOEC_MLA_SM2=0: a row a warp at a time,
+   always rescaled); its scores' products in two chains of the even and
+   odd k steps (MOEC_MLA_QK2=0: one chain). (H200, 2026-11-29: Nsight
+   Compute at V2-Lite's 32 tokens had the softmax at 22% of the stall
+   samples, the scores' products 28%, 0.44 eligible warps a scheduler.) */
+#define MLA_SM2 1
+#define MLA_QK2 1
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -237,6 +246,7 @@ static const char MMA_BODY[] =
     "    constexpr int RS = R + DR, LD = RS + 8, PLD = PT + 8, SLD = PT + 4, CW = R / NW, NTN = CW / 8;\n"
     "    /* the scores' warps: PT / 8 column tiles by KH parts of the k steps */\n"
     "    constexpr int NQ = PT / 8, KH = NW / NQ > 1 ? NW / NQ : 1, KS = RS / 16;\n"
+    "    constexpr int RPW = SM2 ? 16 / NW : 1, LPR = 32 / RPW, PPL = PT / LPR > 1 ? PT / LPR : 1;\n"
     "    struct Smem {\n"
     "        __nv_bfloat16 q[16][LD];\n"
     "        __nv_bfloat16 kv[NBUF][PT][LD];\n"
@@ -375,20 +385,30 @@ static const char MMA_BODY[] =
     "        /* each warp a column tile's products over its part of k (every warp\n"
     "           busy, the chains of dependent products KH times shorter) */\n"
     "        if (warp < NQ * KH) {\n"
-    "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
     "            const int n0 = (warp % NQ) * 8, kh = warp / NQ;\n"
     /* A (16 heads by 16 k) and B (16 k by 8 positions) by ldmatrix: lane
        L gives row L & 15, column (L >> 4) * 8 of A and row L & 7, column
-       (L >> 3 & 1) * 8 of B */
+       (L >> 3 & 1) * 8 of B; with QK2 the even and odd k steps in two
+       chains of products (half as long), added at the end */
     "            const __nv_bfloat16 *qa = &sm.q[lane & 15][(lane >> 4) * 8];\n"
     "            const __nv_bfloat16 *kb = &sm.kv[buf][n0 + (lane & 7)][((lane >> 3) & 1) * 8];\n"
+    "            const int kb0 = kh * KS / KH * 16, kb1 = (kh + 1) * KS / KH * 16;\n"
     "#pragma unroll 4\n"
-    "            for (int k0 = kh * KS / KH * 16; k0 < (kh + 1) * KS / KH * 16; k0 += 16) {\n"
+    "            for (int k0 = kb0; k0 < kb1; k0 += QK2 ? 32 : 16) {\n"
     "                unsigned a[4], bk[2];\n"
     "                moec_ldmatrix<4, false>(a, qa + k0);\n"
     "                moec_ldmatrix<2, false>(bk, kb + k0);\n"
     "                moec_mma_bf16(c, a[0], a[1], a[2], a[3], bk[0], bk[1]);\n"
+    "                if (QK2 && k0 + 16 < kb1) {\n"
+    "                    moec_ldmatrix<4, false>(a, qa + k0 + 16);\n"
+    "                    moec_ldmatrix<2, false>(bk, kb + k0 + 16);\n"
+    "                    moec_mma_bf16(c2, a[0], a[1], a[2], a[3], bk[0], bk[1]);\n"
+    "                }\n"
     "            }\n"
+    "            if constexpr (QK2)\n"
+    "                for (int i = 0; i < 4; i++)\n"
+    "                    c[i] += c2[i];\n"
     "            const int col = n0 + 2 * tq;\n"
     "            sm.s[kh][g][col] = c[0];\n"
     "            sm.s[kh][g][col + 1] = c[1];\n"
@@ -396,24 +416,44 @@ static const char MMA_BODY[] =
     "            sm.s[kh][g + 8][col + 1] = c[3];\n"
     "        }\n"
     "        __syncthreads();\n"
-    "        for (int r = warp; r < 16; r += NW) {\n"
-    "            float v = MOEC_NEG_INF;\n"
-    "            if (lane < nv) {\n"
-    "                v = sm.s[0][r][lane];\n"
+    /* the online softmax: RPW rows a warp at once (SM2), LPR lanes a row,
+       PPL positions a lane; the maxima and sums over a row's lanes */
+    "        for (int r0 = warp * RPW; r0 < 16; r0 += NW * RPW) {\n"
+    "            const int r = r0 + lane / LPR, j = lane % LPR;\n"
+    "            float v[PPL], mx = MOEC_NEG_INF;\n"
     "#pragma unroll\n"
-    "                for (int q = 1; q < KH; q++)\n"
-    "                    v += sm.s[q][r][lane];\n"
-    "                v *= scale;\n"
+    "            for (int i = 0; i < PPL; i++) {\n"
+    "                const int col = j * PPL + i;\n"
+    "                v[i] = MOEC_NEG_INF;\n"
+    "                if (col < nv) {\n"
+    "                    float x = sm.s[0][r][col];\n"
+    "#pragma unroll\n"
+    "                    for (int q = 1; q < KH; q++)\n"
+    "                        x += sm.s[q][r][col];\n"
+    "                    v[i] = x * scale;\n"
+    "                }\n"
+    "                mx = fmaxf(mx, v[i]);\n"
     "            }\n"
+    "#pragma unroll\n"
+    "            for (int o = LPR / 2; o >= 1; o >>= 1)\n"
+    "                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));\n"
     "            const float mold = sm.m[r];\n"
-    "            const float mnew = fmaxf(mold, warp_max(v));\n"
-    "            const __nv_bfloat16 pb = __float2bfloat16(lane < nv ? expf(v - mnew) : 0.0f);\n"
-    "            const float lsum = warp_sum(__bfloat162float(pb));\n"
-    "            if (lane < PT)\n"
-    "                sm.p[r][lane] = pb;\n"
-    "            /* every lane has read sm.m[r] before lane 0 overwrites it */\n"
+    "            const float mnew = fmaxf(mold, mx);\n"
+    "            float lsum = 0.0f;\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < PPL; i++) {\n"
+    "                const int col = j * PPL + i;\n"
+    "                const __nv_bfloat16 pb = __float2bfloat16(col < nv ? expf(v[i] - mnew) : 0.0f);\n"
+    "                lsum += __bfloat162float(pb);\n"
+    "                if (col < PT)\n"
+    "                    sm.p[r][col] = pb;\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int o = LPR / 2; o >= 1; o >>= 1)\n"
+    "                lsum += __shfl_xor_sync(0xffffffffu, lsum, o);\n"
+    "            /* every lane has read sm.m[r] before the row's first lane overwrites it */\n"
     "            __syncwarp();\n"
-    "            if (lane == 0) {\n"
+    "            if (j == 0) {\n"
     "                const float al = expf(mold - mnew);\n"
     "                sm.alpha[r] = al;\n"
     "                sm.l[r] = sm.l[r] * al + lsum;\n"
@@ -422,12 +462,15 @@ static const char MMA_BODY[] =
     "        }\n"
     "        __syncthreads();\n"
     "        const float a_lo = sm.alpha[g], a_hi = sm.alpha[g + 8];\n"
+    /* no row's maximum moved (every alpha 1): nothing to rescale */
+    "        if (!SM2 || __any_sync(0xffffffffu, a_lo != 1.0f || a_hi != 1.0f)) {\n"
     "#pragma unroll\n"
-    "        for (int n = 0; n < NTN; n++) {\n"
-    "            acc[n][0] *= a_lo;\n"
-    "            acc[n][1] *= a_lo;\n"
-    "            acc[n][2] *= a_hi;\n"
-    "            acc[n][3] *= a_hi;\n"
+    "            for (int n = 0; n < NTN; n++) {\n"
+    "                acc[n][0] *= a_lo;\n"
+    "                acc[n][1] *= a_lo;\n"
+    "                acc[n][2] *= a_hi;\n"
+    "                acc[n][3] *= a_hi;\n"
+    "            }\n"
     "        }\n"
     /* A = P (16 heads by 16 positions) by ldmatrix, B = the values (16
        positions by 8 channels) by transposing ldmatrix, two channel tiles a
@@ -616,7 +659,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
-    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF;
+    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, qk2 = MLA_QK2;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
            P, m, l, alpha, NBUF mbarriers */
@@ -633,10 +676,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         /* the tiles by bulk copies (sm_90): the rows of both pools are whole
            16-byte units already (R % 64 == 0 and DR % 8 == 0 above) */
         tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
+        sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
+        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s_bs%d_t%d_%s", H, R,
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s", H, R,
                  DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, tma ? "_tma" : "",
-                 merge ? "_m" : "", bs, c->T, tag);
+                 merge ? "_m" : "", sm2 ? "" : "_sm1", qk2 ? "" : "_qk1", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -662,10 +707,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
                       "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d;\n"
-                      "    constexpr bool TMA = %s;\n",
+                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s;\n",
                       mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
                       DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf,
-                      tma ? "true" : "false");
+                      tma ? "true" : "false", sm2 ? "true" : "false", qk2 ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "

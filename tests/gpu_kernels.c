@@ -28,7 +28,9 @@
  * prologue cases (by default the
  * one-token bucket's attention kernel runs the prologue, whose results no
  * kernel writes then; MOEC_ATTN_FUSE_PROLOGUE=0 checks the prologue
- * kernel there too). Every output
+ * kernel there too). MOEC_KERN_MLA_ONLY runs only the MLA attention's
+ * cases (dense and V3.2's sparse form) under the environment's MOEC_MLA_*
+ * knobs. Every output
  * is poisoned with NaNs first, so an element a kernel leaves unwritten
  * fails; scratch is poisoned with huge values. Attention runs steps of
  * several sequences (one interpreter each) mixed with padding tokens over a
@@ -3255,6 +3257,27 @@ int main(void)
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (GQA attention)");
+    }
+    if (getenv("MOEC_KERN_MLA_ONLY")) {
+        /* the MLA attention cases alone (V2-Lite's 16 heads, V3's 128, an
+           odd shape on CUDA cores, V3.2's sparse form over its selection),
+           under whatever knobs the environment sets at codegen
+           (MOEC_MLA_WARPS, MOEC_MLA_PT, MOEC_MLA_SM2, ...) */
+        prog_add(&V2_MLA, IR_DTYPE_BF16, 64, SHORT | TM(32));
+        prog_add(&V3_MLA, IR_DTYPE_BF16, 64, SHORT);
+        prog_add(&ODD_MLA, IR_DTYPE_BF16, 16, SHORT);
+        prog_add(&V32_DSA, IR_DTYPE_BF16, 64, TM(1) | TM(2) | TM(8) | TM(64));
+        progs_compile();
+        attn_case_interp(&V2_MLA, IR_DTYPE_BF16, 64, 1);
+        attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
+        attn_case_interp(&ODD_MLA, IR_DTYPE_BF16, 16, 0);
+        const int lmla[3] = {1500, 300, 65};
+        attn_case_long(&V2_MLA, IR_DTYPE_BF16, 64, lmla);
+        attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, lmla);
+        dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
+        progs_free();
+        printf("total %.1f s\n", now_s() - t0);
+        return t_finish("gpu_kernels (MLA attention)");
     }
     if (getenv("MOEC_KERN_DSA_ONLY")) {
         /* the DSA indexer (scripts/gpu_dsa_ab.sh): the sparse MLA over its
