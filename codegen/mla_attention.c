@@ -48,12 +48,13 @@
 /* ... its online softmax with 16 / NW rows a warp at once, a row's
    maxima and sums over its lanes only, and no rescale of the outputs
    where no row's maximum moved (MOEC_MLA_SM2=0: a row a warp at a time,
-   always rescaled); its scores' products in two chains of the even and
-   odd k steps (MOEC_MLA_QK2=0: one chain). (H200, 2026-11-29: Nsight
-   Compute at V2-Lite's 32 tokens had the softmax at 22% of the stall
-   samples, the scores' products 28%, 0.44 eligible warps a scheduler.) */
+   always rescaled). (H200, 2026-11-29: Nsight Compute at V2-Lite's 32
+   tokens had the softmax at 22% of the stall samples, 0.44 eligible warps
+   a scheduler; V2-Lite's whole step in one call, batch 1 / 32 / 64: 1.841
+   / 9.223 / 10.174 ms against 1.849 / 9.251 / 10.222 with SM2=0. The
+   scores' products in two chains of the even and odd k steps as well were
+   level, 1.841 / 9.213 / 10.174: not kept.) */
 #define MLA_SM2 1
-#define MLA_QK2 1
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -385,30 +386,20 @@ static const char MMA_BODY[] =
     "        /* each warp a column tile's products over its part of k (every warp\n"
     "           busy, the chains of dependent products KH times shorter) */\n"
     "        if (warp < NQ * KH) {\n"
-    "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
     "            const int n0 = (warp % NQ) * 8, kh = warp / NQ;\n"
     /* A (16 heads by 16 k) and B (16 k by 8 positions) by ldmatrix: lane
        L gives row L & 15, column (L >> 4) * 8 of A and row L & 7, column
-       (L >> 3 & 1) * 8 of B; with QK2 the even and odd k steps in two
-       chains of products (half as long), added at the end */
+       (L >> 3 & 1) * 8 of B */
     "            const __nv_bfloat16 *qa = &sm.q[lane & 15][(lane >> 4) * 8];\n"
     "            const __nv_bfloat16 *kb = &sm.kv[buf][n0 + (lane & 7)][((lane >> 3) & 1) * 8];\n"
-    "            const int kb0 = kh * KS / KH * 16, kb1 = (kh + 1) * KS / KH * 16;\n"
     "#pragma unroll 4\n"
-    "            for (int k0 = kb0; k0 < kb1; k0 += QK2 ? 32 : 16) {\n"
+    "            for (int k0 = kh * KS / KH * 16; k0 < (kh + 1) * KS / KH * 16; k0 += 16) {\n"
     "                unsigned a[4], bk[2];\n"
     "                moec_ldmatrix<4, false>(a, qa + k0);\n"
     "                moec_ldmatrix<2, false>(bk, kb + k0);\n"
     "                moec_mma_bf16(c, a[0], a[1], a[2], a[3], bk[0], bk[1]);\n"
-    "                if (QK2 && k0 + 16 < kb1) {\n"
-    "                    moec_ldmatrix<4, false>(a, qa + k0 + 16);\n"
-    "                    moec_ldmatrix<2, false>(bk, kb + k0 + 16);\n"
-    "                    moec_mma_bf16(c2, a[0], a[1], a[2], a[3], bk[0], bk[1]);\n"
-    "                }\n"
     "            }\n"
-    "            if constexpr (QK2)\n"
-    "                for (int i = 0; i < 4; i++)\n"
-    "                    c[i] += c2[i];\n"
     "            const int col = n0 + 2 * tq;\n"
     "            sm.s[kh][g][col] = c[0];\n"
     "            sm.s[kh][g][col + 1] = c[1];\n"
@@ -659,7 +650,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
-    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, qk2 = MLA_QK2;
+    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
            P, m, l, alpha, NBUF mbarriers */
@@ -677,11 +668,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
            16-byte units already (R % 64 == 0 and DR % 8 == 0 above) */
         tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
-        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s", H, R,
-                 DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, tma ? "_tma" : "",
-                 merge ? "_m" : "", sm2 ? "" : "_sm1", qk2 ? "" : "_qk1", bs, c->T, tag);
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s_bs%d_t%d_%s", H, R,
+                 DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
+                 tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -707,10 +697,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
                       "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d;\n"
-                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s;\n",
+                      "    constexpr bool TMA = %s, SM2 = %s;\n",
                       mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
                       DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf,
-                      tma ? "true" : "false", sm2 ? "true" : "false", qk2 ? "true" : "false");
+                      tma ? "true" : "false", sm2 ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "

@@ -433,6 +433,14 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_mma_h16_r512_dr64_pt32_nb2_") != NULL);
         T_CHECK((strstr(c->kernel_names[s->kernel], "_tma_") != NULL) ==
                 (cg_arch_num(c->opt) >= 90 && !getenv("MOEC_MLA_TMA")));
+        /* the softmax two rows a warp at once over half-warps, unless
+           MOEC_MLA_SM2=0 (the name says so) */
+        const char *sm = getenv("MOEC_MLA_SM2");
+        int sm2 = !sm || atoi(sm) != 0;
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_sm1_") == NULL) == sm2);
+        T_CHECK(strstr(c->src.data, sm2 ? "constexpr bool TMA = true, SM2 = true;"
+                                        : "constexpr bool TMA = true, SM2 = false;") != NULL ||
+                cg_arch_num(c->opt) < 90 || getenv("MOEC_MLA_TMA"));
         /* q, two kv tiles, the scores in two k parts, P, m/l/alpha, two mbarriers */
         T_CHECK(s->smem ==
                 16 * 584 * 2 + 2 * 32 * 584 * 2 + 2 * 16 * 36 * 4 + 16 * 40 * 2 + 192 + 2 * 8);
