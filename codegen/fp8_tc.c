@@ -344,14 +344,14 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
 }
 
 /* Whether the linear's weight takes the staged kernel: fp8 codes whose
- * scale blocks hold whole chunks and tiles, or bf16 (a bf16 compute dtype
- * with act: h rounded as the silu_mul kernel stores it); act only on bf16. */
+ * scale blocks hold whole chunks and tiles, or bf16; with act, a bf16
+ * compute dtype (h rounded as the silu_mul kernel stores it). */
 static int linear_weight_fits(const cg_ctx *c, const ir_op *op)
 {
     const ir_value *w = op->in[1];
     ir_dtype dw = cg_storage(c, w);
-    if (ir_op_attr(op, "act"))
-        return dw == IR_DTYPE_BF16 && c->opt->compute_dtype == IR_DTYPE_BF16;
+    if (ir_op_attr(op, "act") && c->opt->compute_dtype != IR_DTYPE_BF16)
+        return 0;
     if (dw == IR_DTYPE_F8E4M3)
         return w->scale.block[1] % 64 == 0 && w->scale.block[0] % 16 == 0;
     return dw == IR_DTYPE_BF16;

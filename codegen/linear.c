@@ -599,14 +599,19 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
                         op->out[0]->name, w->name);
     int mode = c->opt->fp8_kernel;
     if (ir_op_attr(op, "act")) {
-        /* the other fp8 kernels read x as the op's input (the pass never
-           fuses an fp8 weight) */
-        if (c->T > gemv_max || mode == CG_FP8_TC)
-            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                            "linear %%%s: act silu_mul with fp8 weight %%%s at %d tokens (the "
-                            "few-token kernel only, up to %d)",
-                            op->out[0]->name, w->name, c->T, mode == CG_FP8_TC ? 0 : gemv_max);
-        return emit_gemv(c, op, N, K, alpha, 0, c->T);
+        /* the few-token kernel and the staged one compute h as they load
+           x; the other fp8 kernels read x as the op's input (the pass fuses
+           an fp8 weight only where the staged kernel's conditions hold,
+           fuse_silu_mul_linear) */
+        if (c->T <= gemv_max && mode != CG_FP8_TC)
+            return emit_gemv(c, op, N, K, alpha, 0, c->T);
+        if (mode != CG_FP8_OLD && cg_tc_linear_fits(c, op))
+            return emit_tc(c, op, alpha);
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "linear %%%s: act silu_mul with fp8 weight %%%s at %d tokens (the "
+                        "few-token kernel up to %d tokens, or the staged kernel where its shapes "
+                        "fit; MOEC_FUSE_SILU_FP8=0 leaves the silu_mul to a kernel of its own)",
+                        op->out[0]->name, w->name, c->T, mode == CG_FP8_TC ? 0 : gemv_max);
     }
     if (c->T <= gemv_max && mode != CG_FP8_TC)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);

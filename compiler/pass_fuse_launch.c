@@ -10,11 +10,17 @@
  * fuse_silu_mul_linear: a silu_mul read only by a linear (the shared
  * expert's down projection) becomes that linear's `act`: the few-token
  * kernel computes silu(gate) * up while it loads its input (larger buckets
- * run the silu_mul ahead of their GEMM, codegen/linear.c). Not for fp8
- * weights, whose larger-bucket kernels read the op's input themselves.
+ * run the silu_mul ahead of their GEMM, codegen/linear.c). An fp8 weight
+ * only where the staged kernel of larger buckets can compute h as it
+ * loads x too (codegen/fp8_tc.c: a bf16 compute dtype, K in 64s, scale
+ * blocks of 16 rows and 64 columns at least, the staged kernels not
+ * turned off by MOEC_FP8_KERNEL=old), and not with MOEC_FUSE_SILU_FP8=0.
  *
  * Matched by structure, never by value names; the interpreter computes the
  * fused ops exactly as the pairs they replace. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "compiler/passes.h"
 #include "err.h"
 
@@ -51,9 +57,23 @@ moec_status pass_fuse_moe_sum(ir_module *m, const pass_options *opt)
     return MOEC_OK;
 }
 
+/* Whether the linear of fp8 weight w and input width k may take act
+ * silu_mul (the header's conditions). */
+static int fp8_act_fits(const ir_value *w, int64_t k, const pass_options *opt)
+{
+    const char *knob = getenv("MOEC_FUSE_SILU_FP8"), *fk = getenv("MOEC_FP8_KERNEL");
+    return opt->compute_dtype == IR_DTYPE_BF16 && k % 64 == 0 && w->scale.block[0] % 16 == 0 &&
+           w->scale.block[1] % 64 == 0 && w->scale.block[0] > 0 && !(knob && !strcmp(knob, "0")) &&
+           !(fk && !strcmp(fk, "old"));
+}
+
 moec_status pass_fuse_silu_mul_linear(ir_module *m, const pass_options *opt)
 {
-    (void)opt;
+    pass_options dflt;
+    if (!opt) {
+        pass_options_default(&dflt);
+        opt = &dflt;
+    }
     int changed = 0;
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *l = m->ops[i];
@@ -62,7 +82,8 @@ moec_status pass_fuse_silu_mul_linear(ir_module *m, const pass_options *opt)
         const ir_value *h = l->in[0];
         ir_op *sm = pass_def_of(h, IR_OP_SILU_MUL);
         if (!sm || sm->stream != l->stream || h->type.rank != 2 ||
-            ir_module_single_user(m, h) != l || l->in[1]->type.dtype == IR_DTYPE_F8E4M3)
+            ir_module_single_user(m, h) != l ||
+            (l->in[1]->type.dtype == IR_DTYPE_F8E4M3 && !fp8_act_fits(l->in[1], h->type.dims[1], opt)))
             continue;
         l->in[0] = sm->in[0];
         MOEC_TRY(ir_op_set_str(m, l, "act", "silu_mul"));

@@ -35,6 +35,10 @@ typedef struct gen_case {
      .moe = sp ? KM_ROUTED_SPLIT : KM_ROUTED, .HID = h, .I = i, .wdt = "f8e4m3",                  \
      .moe_scale = 0.75, .BN = bn, .BK = bk}
 
+/* an fp8 weight, act silu_mul */
+#define LINA(n, k, bn, bk)                                                                         \
+    {.name = "lin", .vocab = 8, .LN = n, .LK = k, .ldt = "f8e4m3", .BN = bn, .BK = bk, .lact = 1}
+
 /* a bf16 weight (the tensor-core linear past the few-token bound), act
    silu_mul where a */
 #define LIN16(n, k, a) {.name = "lin", .vocab = 8, .LN = n, .LK = k, .ldt = "bf16", .lact = a}
@@ -119,6 +123,14 @@ static const gen_case CASES[] = {
     {LIN16(100, 640, 0), 8, CG_FP8_AUTO, TC16 " MOEC_LINEAR_MMA_MAX_T=0"},
     {LIN16(48, 1024, 1), 24, CG_FP8_AUTO, TC16},
     {LIN16(48, 1024, 1), 64, CG_FP8_AUTO, TC16 " MOEC_FP8_TC_SPLIT=3"},
+    /* fp8 weights with act silu_mul (fuse_silu_mul_linear): the few-token
+       kernel at 3 tokens, the staged kernel at 3 (forced), 24 and 64
+       tokens, K 640 in 48 x 64 blocks (a tile past N) and K 1024 in 16 x
+       128 (a cluster of splits) */
+    {LINA(100, 640, 48, 64), 3, CG_FP8_AUTO, NULL},
+    {LINA(100, 640, 48, 64), 3, CG_FP8_TC, NULL},
+    {LINA(100, 640, 48, 64), 64, CG_FP8_AUTO, NULL},
+    {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, NULL},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 

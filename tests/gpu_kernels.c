@@ -2523,6 +2523,13 @@ static const km_spec ACT_V3 = {.name = "v3_sh_down_act", .vocab = 97, .LN = 7168
                                .ldt = "bf16", .lact = 1};
 static const km_spec ACT_ODD = {.name = "odd_act", .vocab = 97, .LN = 37, .LK = 200,
                                 .ldt = "bf16", .lact = 1};
+/* ... and in fp8 (block-scaled codes): V2-Lite's shape, and odd blocks
+ * of 48 x 64 with a tile past N; the few-token kernel up to 8 tokens, the
+ * staged one past that, each computing h as it loads x */
+static const km_spec F8_ACT_V2 = {.name = "f8_v2lite_sh_down_act", .vocab = 97, .LN = 2048,
+                                  .LK = 2816, .ldt = "f8e4m3", .lact = 1};
+static const km_spec F8_ACT_ODD = {.name = "f8_odd_act", .vocab = 97, .LN = 100, .LK = 640,
+                                   .ldt = "f8e4m3", .BN = 48, .BK = 64, .lact = 1};
 /* bf16 linears on tensor cores past the few-token kernel (codegen/linear.c,
  * linear_mma): V2-Lite's q_proj with kv_a (3648 x 2048), a router's shape
  * (64 x 2048: 4 blocks), and odd (100 x 640: a tile past N, 20 chunks
@@ -2566,6 +2573,13 @@ static void linear_cases(int run)
             moe_case(plain[i], IR_DTYPE_BF16, staged, 100 + (uint64_t)i);
         else
             prog_add(plain[i], IR_DTYPE_BF16, 64, staged);
+    }
+    static const km_spec *const f8acts[2] = {&F8_ACT_V2, &F8_ACT_ODD};
+    for (int i = 0; i < 2; i++) {
+        if (run)
+            moe_case(f8acts[i], IR_DTYPE_BF16, staged, 110 + (uint64_t)i);
+        else
+            prog_add(f8acts[i], IR_DTYPE_BF16, 64, staged);
     }
     unsetenv("MOEC_LINEAR_TC_MAX_T");
 }
