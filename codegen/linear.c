@@ -610,7 +610,8 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "linear %%%s: act silu_mul with fp8 weight %%%s at %d tokens (the "
                         "few-token kernel up to %d tokens, or the staged kernel where its shapes "
-                        "fit; MOEC_FUSE_SILU_FP8=0 leaves the silu_mul to a kernel of its own)",
+                        "fit; without MOEC_FUSE_SILU_FP8=1 the silu_mul keeps a kernel of its "
+                        "own)",
                         op->out[0]->name, w->name, c->T, mode == CG_FP8_TC ? 0 : gemv_max);
     }
     if (c->T <= gemv_max && mode != CG_FP8_TC)

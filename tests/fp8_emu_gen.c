@@ -7,7 +7,8 @@
  * generator emits them, each case's kernels in a namespace of their own,
  * and a table of the cases with their launches. Cases: linears and routed experts at odd shapes (partial
  * scale blocks, slabs with dead warps, uneven K splits over clusters, up
- * inside a row block, gate and up apart) and buckets 1, 3, 8, 32, 64, 128,
+ * inside a row block, gate and up apart; fp8 linears with act silu_mul)
+ * and buckets 1, 3, 8, 32, 64, 128,
  * with the default kernel choice or the staged kernels forced, and the
  * shape knobs set otherwise (test_fp8_emu.sh runs cases 9, 16, 17, 31, 38
  * and 45 under the thread sanitizer: keep them a split linear, the two
