@@ -62,12 +62,12 @@ moec_status pass_fuse_moe_sum(ir_module *m, const pass_options *opt)
 }
 
 /* Whether the linear of fp8 weight w and input width k may take act
- * silu_mul (the header's conditions). */
-static int fp8_act_fits(const ir_value *w, int64_t k, const pass_options *opt)
+ * silu_mul (the header's conditions; on: MOEC_FUSE_SILU_FP8=1). */
+static int fp8_act_fits(const ir_value *w, int64_t k, const pass_options *opt, int on)
 {
-    const char *knob = getenv("MOEC_FUSE_SILU_FP8"), *fk = getenv("MOEC_FP8_KERNEL");
-    return knob && !strcmp(knob, "1") && opt->compute_dtype == IR_DTYPE_BF16 && k % 64 == 0 &&
-           w->scale.block[0] > 0 && w->scale.block[0] % 16 == 0 && w->scale.block[1] % 64 == 0 &&
+    const char *fk = getenv("MOEC_FP8_KERNEL");
+    return on && opt->compute_dtype == IR_DTYPE_BF16 && k % 64 == 0 && w->scale.block[0] > 0 &&
+           w->scale.block[0] % 16 == 0 && w->scale.block[1] % 64 == 0 &&
            !(fk && !strcmp(fk, "old"));
 }
 
@@ -78,7 +78,10 @@ moec_status pass_fuse_silu_mul_linear(ir_module *m, const pass_options *opt)
         pass_options_default(&dflt);
         opt = &dflt;
     }
-    int changed = 0;
+    const char *knob = getenv("MOEC_FUSE_SILU_FP8");
+    if (knob && *knob && strcmp(knob, "0") && strcmp(knob, "1"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_FUSE_SILU_FP8=\"%s\": not 0 or 1", knob);
+    int fp8_on = knob && !strcmp(knob, "1"), changed = 0;
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *l = m->ops[i];
         if (l->kind != IR_OP_LINEAR || ir_op_attr(l, "act"))
@@ -87,7 +90,8 @@ moec_status pass_fuse_silu_mul_linear(ir_module *m, const pass_options *opt)
         ir_op *sm = pass_def_of(h, IR_OP_SILU_MUL);
         if (!sm || sm->stream != l->stream || h->type.rank != 2 ||
             ir_module_single_user(m, h) != l ||
-            (l->in[1]->type.dtype == IR_DTYPE_F8E4M3 && !fp8_act_fits(l->in[1], h->type.dims[1], opt)))
+            (l->in[1]->type.dtype == IR_DTYPE_F8E4M3 &&
+             !fp8_act_fits(l->in[1], h->type.dims[1], opt, fp8_on)))
             continue;
         l->in[0] = sm->in[0];
         MOEC_TRY(ir_op_set_str(m, l, "act", "silu_mul"));

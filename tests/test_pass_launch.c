@@ -134,6 +134,13 @@ static void check_model(const char *model)
         unsetenv("MOEC_FUSE_SILU_FP8");
         T_CHECK(t_count_ops(on, IR_OP_SILU_MUL) == fp8_silu_muls(before, 0));
         T_CHECK(t_modules_agree_stored(model, before, on, 0x1a5, IR_DTYPE_BF16) == 0);
+        /* anything but 0 or 1: refused by name, the module left as it was */
+        int n_ops = on->n_ops;
+        setenv("MOEC_FUSE_SILU_FP8", "yes", 1);
+        T_ERR(pass_fuse_silu_mul_linear(on, &o), MOEC_ERR_INVALID_ARG,
+              "MOEC_FUSE_SILU_FP8=\"yes\": not 0 or 1");
+        unsetenv("MOEC_FUSE_SILU_FP8");
+        T_CHECK(on->n_ops == n_ops);
         ir_module_free(on);
     }
     T_CHECK(count_with(m, IR_OP_LINEAR, "act") == sm_before - left);
