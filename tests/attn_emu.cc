@@ -12,6 +12,8 @@
 // The fused prologue's cases (MOEC_ATTN_FUSE_PROLOGUE=1, one token) run
 // the prologue kernel then the attention, and the one kernel that does
 // both, from the same qkv row and pools: the same output and pool bits.
+// The MLA attention's tensor-core cases (codegen/mla_attention.c) run
+// against a double-precision reference the same way.
 // Built and run by tests/test_attn_emu.sh, under an address or a thread
 // sanitizer.
 #include "cuda_emu.h"
@@ -58,32 +60,110 @@ struct pro_case {
     void (*unfused)(pro_bufs &), (*fused)(pro_bufs &);
 };
 
+// The MLA attention on tensor cores (codegen/mla_attention.c): q_c [T, H,
+// R] and q_pe [T, H, DR] over the compressed cache's kv_c [rows, R] and
+// k_pe [rows, DR] pools; the values are kv_c itself.
+struct mla_bufs {
+    const __nv_bfloat16 *q_c, *q_pe;
+    const int *pos, *slots, *bt;
+    int max_blocks;
+    const __nv_bfloat16 *kvpool, *pepool;
+    __nv_bfloat16 *out;
+    float scale;
+    int window;
+    float *part_ml, *part_o;
+    unsigned *cnt;
+};
+struct mla_case {
+    const char *name;
+    int H, R, DR, T, window, bs, ns, merged;
+    void (*run)(mla_bufs &);
+};
+
 #include EMU_CASES
 
 #define TOL 1e-2
+
+// A step's tokens: token t its own sequence t at its position (edge's
+// first, tile and split edges, then random ones below 300), a padding
+// token (slot -1) where there are more than two; every sequence max_blocks
+// pages of bs rows, scattered over the pool: sequence s's page j at
+// bt[s * max_blocks + j].
+struct emu_step {
+    std::vector<int> pos, slots, bt;
+    int max_blocks, pages;
+};
+static emu_step emu_tokens(std::mt19937_64 &g, int T, int bs, const int *edge, int n_edge)
+{
+    emu_step st;
+    st.pos.resize(T);
+    st.slots.resize(T);
+    int max_p = 0;
+    for (int t = 0; t < T; t++) {
+        st.pos[t] = t < n_edge ? edge[t] : (int)(g() % 300);
+        st.slots[t] = t;
+        max_p = std::max(max_p, st.pos[t]);
+    }
+    if (T > 2)
+        st.slots[T - 2] = -1; // a padding token
+    st.max_blocks = max_p / bs + 1;
+    st.pages = T * st.max_blocks;
+    st.bt.resize(st.pages);
+    for (int i = 0; i < st.pages; i++)
+        st.bt[i] = i;
+    std::shuffle(st.bt.begin(), st.bt.end(), g);
+    return st;
+}
+
+// Head output o [dv] of a token at position p (window: lo .. p) against
+// the softmax of score(pp) (scaled) over those positions weighting
+// value(pp, d): the worst error relative to the reference's largest
+// magnitude (NaN: infinite).
+template <typename S, typename V>
+static double head_error(const __nv_bfloat16 *o, int dv, int lo, int p, S score, V value)
+{
+    std::vector<double> sc(p - lo + 1), ref(dv, 0.0);
+    double mx = -INFINITY, l = 0;
+    for (int pp = lo; pp <= p; pp++) {
+        sc[pp - lo] = score(pp);
+        mx = std::max(mx, sc[pp - lo]);
+    }
+    for (int pp = lo; pp <= p; pp++) {
+        const double w = std::exp(sc[pp - lo] - mx);
+        l += w;
+        for (int d = 0; d < dv; d++)
+            ref[d] += w * value(pp, d);
+    }
+    double big = 1e-30, err = 0;
+    for (int d = 0; d < dv; d++) {
+        ref[d] /= l;
+        big = std::max(big, std::fabs(ref[d]));
+    }
+    for (int d = 0; d < dv; d++) {
+        const double e = std::fabs((double)ld(o + d) - ref[d]);
+        err = std::max(err, std::isnan(e) ? INFINITY : e);
+    }
+    return err / big;
+}
+
+// A padding token's head output: not zeros, counted.
+static int nonzero(const __nv_bfloat16 *o, int n)
+{
+    int bad = 0;
+    for (int d = 0; d < n; d++)
+        bad += ld(o + d) != 0.0f;
+    return bad;
+}
 
 static int run_case(int ci, const attn_case &c)
 {
     std::mt19937_64 g(0xa77e0000u + (uint64_t)ci);
     auto uni = [&](float a) { return std::uniform_real_distribution<float>(-a, a)(g); };
     const int T = c.T, G = c.H / c.HKV;
-    // positions: tile and split edges first, then random ones
     static const int EDGE[] = {300, 0, 31, 32, 33, 127, 128, 129, 5, 64, 255, 1};
-    std::vector<int> pos(T), slots(T);
-    int max_p = 0;
-    for (int t = 0; t < T; t++) {
-        pos[t] = t < (int)(sizeof EDGE / sizeof EDGE[0]) ? EDGE[t] : (int)(g() % 300);
-        slots[t] = t;
-        max_p = std::max(max_p, pos[t]);
-    }
-    if (T > 2)
-        slots[T - 2] = -1; // a padding token
-    const int max_blocks = max_p / c.bs + 1, pages = T * max_blocks;
-    std::vector<int> perm(pages);
-    for (int i = 0; i < pages; i++)
-        perm[i] = i;
-    std::shuffle(perm.begin(), perm.end(), g);
-    std::vector<int> bt(perm); // sequence s's page j at bt[s * max_blocks + j]
+    emu_step st = emu_tokens(g, T, c.bs, EDGE, (int)(sizeof EDGE / sizeof EDGE[0]));
+    const std::vector<int> &pos = st.pos, &slots = st.slots, &bt = st.bt;
+    const int max_blocks = st.max_blocks, pages = st.pages;
     int bad = 0;
     const size_t rows = (size_t)pages * c.bs;
     std::vector<__nv_bfloat16> q((size_t)T * c.H * c.DK), kp(rows * c.HKV * c.DK),
@@ -138,41 +218,25 @@ static int run_case(int ci, const attn_case &c)
         for (int h = 0; h < c.H; h++) {
             const __nv_bfloat16 *o = &out[((size_t)t * c.H + h) * c.DV];
             if (slots[t] < 0) {
-                for (int d = 0; d < c.DV; d++)
-                    bad += ld(o + d) != 0.0f;
+                bad += nonzero(o, c.DV);
                 continue;
             }
             const int p = pos[t], kh = h / G;
             const int lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
-            std::vector<double> sc(p - lo + 1), ref(c.DV, 0.0);
-            double mx = -INFINITY, l = 0;
             auto row = [&](int pp) {
                 return (size_t)bt[(size_t)slots[t] * max_blocks + pp / c.bs] * c.bs + pp % c.bs;
             };
-            for (int pp = lo; pp <= p; pp++) {
+            auto score = [&](int pp) {
                 double s = 0;
                 for (int d = 0; d < c.DK; d++)
                     s += (double)ld(&q[((size_t)t * c.H + h) * c.DK + d]) *
                          ld(&kp[(row(pp) * c.HKV + kh) * c.DK + d]);
-                sc[pp - lo] = s * (double)0.3f;
-                mx = std::max(mx, sc[pp - lo]);
-            }
-            for (int pp = lo; pp <= p; pp++) {
-                const double w = std::exp(sc[pp - lo] - mx);
-                l += w;
-                for (int d = 0; d < c.DV; d++)
-                    ref[d] += w * ld(&vp[(row(pp) * c.HKV + kh) * c.DV + d]);
-            }
-            double big = 1e-30, err = 0;
-            for (int d = 0; d < c.DV; d++) {
-                ref[d] /= l;
-                big = std::max(big, std::fabs(ref[d]));
-            }
-            for (int d = 0; d < c.DV; d++) {
-                const double e = std::fabs((double)ld(o + d) - ref[d]);
-                err = std::max(err, std::isnan(e) ? INFINITY : e);
-            }
-            worst = std::max(worst, err / big);
+                return s * (double)0.3f;
+            };
+            auto value = [&](int pp, int d) {
+                return (double)ld(&vp[(row(pp) * c.HKV + kh) * c.DV + d]);
+            };
+            worst = std::max(worst, head_error(o, c.DV, lo, p, score, value));
         }
     const bool ok = worst <= TOL && bad == 0;
     char lanes[48] = "lanes by each token's positions";
@@ -264,10 +328,79 @@ static int run_pro_case(int ci, const pro_case &c)
     return bad == 0;
 }
 
+// An MLA case: each token its own sequence at its own position (tile
+// and split edges), pages scattered, a padding token where there are more
+// than two (zeros), every output NaN first; against a double-precision
+// reference of the same bf16 values, errors relative to each head's
+// largest magnitude.
+static int run_mla_case(int ci, const mla_case &c)
+{
+    std::mt19937_64 g(0x31a0000u + (uint64_t)ci);
+    auto uni = [&](float a) { return std::uniform_real_distribution<float>(-a, a)(g); };
+    const int T = c.T;
+    static const int EDGE[] = {300, 0, 31, 32, 95, 129};
+    emu_step st = emu_tokens(g, T, c.bs, EDGE, (int)(sizeof EDGE / sizeof EDGE[0]));
+    const std::vector<int> &pos = st.pos, &slots = st.slots, &bt = st.bt;
+    const int max_blocks = st.max_blocks, pages = st.pages;
+    const size_t rows = (size_t)pages * c.bs;
+    std::vector<__nv_bfloat16> qc((size_t)T * c.H * c.R), qpe((size_t)T * c.H * c.DR),
+        kv(rows * c.R), pe(rows * c.DR), out((size_t)T * c.H * c.R);
+    for (auto &x : qc)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : qpe)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : kv)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : pe)
+        x = __float2bfloat16(uni(1.0f));
+    for (auto &x : out)
+        x.v = 0x7fc0;
+    std::vector<float> part_ml((size_t)T * c.H * c.ns * 2), part_o((size_t)T * c.H * c.ns * c.R);
+    std::vector<unsigned> cnt((size_t)T * c.H, 0u);
+    mla_bufs b{qc.data(), qpe.data(), pos.data(), slots.data(), bt.data(), max_blocks, kv.data(),
+               pe.data(), out.data(), 0.3f, c.window, c.ns > 1 ? part_ml.data() : nullptr,
+               c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr};
+    c.run(b);
+    int bad = 0;
+    for (unsigned k : cnt)
+        bad += k != 0;
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < c.H; h++) {
+            const __nv_bfloat16 *o = &out[((size_t)t * c.H + h) * c.R];
+            if (slots[t] < 0) {
+                bad += nonzero(o, c.R);
+                continue;
+            }
+            const int p = pos[t];
+            const int lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
+            auto row = [&](int pp) {
+                return (size_t)bt[(size_t)slots[t] * max_blocks + pp / c.bs] * c.bs + pp % c.bs;
+            };
+            auto score = [&](int pp) {
+                double s = 0;
+                for (int d = 0; d < c.R; d++)
+                    s += (double)ld(&qc[((size_t)t * c.H + h) * c.R + d]) * ld(&kv[row(pp) * c.R + d]);
+                for (int d = 0; d < c.DR; d++)
+                    s += (double)ld(&qpe[((size_t)t * c.H + h) * c.DR + d]) *
+                         ld(&pe[row(pp) * c.DR + d]);
+                return s * (double)0.3f;
+            };
+            auto value = [&](int pp, int d) { return (double)ld(&kv[row(pp) * c.R + d]); };
+            worst = std::max(worst, head_error(o, c.R, lo, p, score, value));
+        }
+    const bool ok = worst <= TOL && bad == 0;
+    printf("%s MLA case %d %s: T %d, %d splits%s, window %d, worst error %.2e%s\n",
+           ok ? "ok" : "FAIL", ci, c.name, T, c.ns, c.merged ? " merged by the last block" : "",
+           c.window, worst, bad ? ", a padding token's output or a split counter not zero" : "");
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     const int n_attn = (int)(sizeof CASES / sizeof CASES[0]);
-    const int n = n_attn + (int)(sizeof PRO_CASES / sizeof PRO_CASES[0]);
+    const int n_pro = n_attn + (int)(sizeof PRO_CASES / sizeof PRO_CASES[0]);
+    const int n = n_pro + (int)(sizeof MLA_CASES / sizeof MLA_CASES[0]);
     std::vector<int> which;
     if (argc > 1) { // a comma-separated list of cases
         for (char *p = argv[1]; *p;) {
@@ -283,8 +416,10 @@ int main(int argc, char **argv)
     for (int i : which)
         if (i >= 0 && i < n_attn)
             passed += run_case(i, CASES[i]);
-        else if (i >= n_attn && i < n)
+        else if (i >= n_attn && i < n_pro)
             passed += run_pro_case(i, PRO_CASES[i - n_attn]);
+        else if (i >= n_pro && i < n)
+            passed += run_mla_case(i, MLA_CASES[i - n_pro]);
     printf("attn_emu: %d of %d cases passed\n", passed, (int)which.size());
     return passed == (int)which.size() ? 0 : 1;
 }

@@ -13,7 +13,8 @@
  * hold positions (=3); the tensor cores' form (MOEC_ATTN_TC=1, tiles of 16
  * positions). Then the fused prologue's cases
  * (PRO_CASES): the one kernel and the two it replaces, for the harness to
- * compare.
+ * compare. Then the MLA attention's tensor-core kernel
+ * (codegen/mla_attention.c) at tiny shapes (MLA_CASES).
  * usage: attn_emu_gen OUT.inc */
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +99,28 @@ static const pro_case PRO_CASES[] = {
     {8, 2, 64, 1, 8, 1, 37, 16, "2", "32", 0, NULL, 1},
 };
 enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
+
+/* The MLA attention on tensor cores (codegen/mla_attention.c's MMA_BODY)
+ * at tiny shapes: 16 heads a block, r 64 and dr 16 (5 k steps of 16, 8
+ * channels a warp), or r 128 over 16 warps; tiles by bulk copies on
+ * mbarriers (sm_90's default) or by cp.async (MOEC_MLA_TMA=0); the
+ * softmax two rows a warp (default) or one (MOEC_MLA_SM2=0); 32- or
+ * 16-position tiles; split and merged by the merge kernel or the last
+ * block, or not split; two head groups; a window. */
+typedef struct mla_gen_case {
+    int H, R, DR, T, window, bs;
+    const char *merge, *target, *env; /* env: knobs NAME=VALUE apart by spaces */
+} mla_gen_case;
+
+static const mla_gen_case MLA_CASES[] = {
+    {16, 64, 16, 3, 0, 16, "0", "8", NULL},
+    {16, 64, 16, 3, 0, 64, "2", "8", "MOEC_MLA_TMA=0"},
+    {16, 64, 16, 1, 0, 16, "0", "16", "MOEC_MLA_SM2=0"},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16"},
+    {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16"},
+    {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3"},
+};
+enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
 /* The name of kernel k, which is also its function's name. */
 static const char *kname(const cg_ctx *c, int k) { return c->kernel_names[k]; }
@@ -232,6 +255,68 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
                         ns, g->lpp, merged, split_tc && mp ? atoi(mp + 3) : 0, i);
     }
     cg_ctx_free(&c);
+    ir_module_free(m);
+    return rc;
+}
+
+static int is_mla(const ir_op *op) { return op->kind == IR_OP_MLA_ATTENTION; }
+
+static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
+{
+    km_spec s = {.name = "mla", .vocab = 8, .attn = KM_MLA, .H = g->H, .R = g->R, .DR = g->DR,
+                 .window = g->window, .attn_scale = 0.3};
+    set_knobs(1, g->merge, g->target, 0);
+    emu_knobs(g->env, 0);
+    ir_module *m = km_module(&s);
+    cg_options o;
+    cg_options_default(&o);
+    o.kv_block_size = g->bs;
+    cg_ctx c;
+    int rc = m ? emu_gen_emit(&c, m, &o, g->T, is_mla, "attn_emu_gen", 200 + i) : -1;
+    emu_knobs(g->env, 1);
+    clear_knobs();
+    const ir_step *a = rc ? NULL : step_named(&c, "mla_attn_mma_"),
+                  *cb = rc ? NULL : step_named(&c, "mla_combine_");
+    if (!rc && !a) {
+        fprintf(stderr, "attn_emu_gen: MLA case %d: no tensor-core MLA attention step\n", i);
+        rc = -1;
+    }
+    int ns = 1, merged = 0;
+    if (!rc) {
+        ns = name_splits(kname(&c, a->kernel), &merged);
+        if ((ns > 1 && !merged) != (cb != NULL)) {
+            fprintf(stderr, "attn_emu_gen: MLA case %d: %d splits but %s merge kernel\n", i, ns,
+                    cb ? "a" : "no");
+            rc = -1;
+        }
+    }
+    if (!rc) {
+        fprintf(f, "namespace m%d {\n", i);
+        put_kernel(f, c.src.data, kname(&c, a->kernel));
+        if (cb)
+            put_kernel(f, c.src.data, kname(&c, cb->kernel));
+        fprintf(f,
+                "static void run(mla_bufs &b)\n{\n"
+                "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
+                "        %s(b.q_c, b.q_pe, b.pos, b.slots, b.bt, b.max_blocks, b.kvpool, b.pepool, "
+                "b.out, b.scale, b.window%s);\n"
+                "    }, %u);\n",
+                a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(&c, a->kernel),
+                ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o",
+                a->smem);
+        if (cb)
+            fprintf(f,
+                    "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
+                    "        %s(b.pos, b.slots, b.max_blocks, b.part_ml, b.part_o, b.out);\n"
+                    "    });\n",
+                    cb->grid[0], cb->grid[1], cb->block[0], kname(&c, cb->kernel));
+        fprintf(f, "}\n} // namespace m%d\n\n", i);
+        moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
+                        kname(&c, a->kernel), g->H, g->R, g->DR, g->T, g->window, g->bs, ns,
+                        merged, i);
+    }
+    if (m)
+        cg_ctx_free(&c);
     ir_module_free(m);
     return rc;
 }
@@ -386,7 +471,14 @@ int main(int argc, char **argv)
     if (!rc)
         fprintf(f, "static const pro_case PRO_CASES[] = {\n%s};\n",
                 ptable.data ? ptable.data : "");
-    rc = rc || ptable.oom;
+    moec_buf mtable = {0};
+    for (int i = 0; i < N_MLA && !rc; i++)
+        rc = gen_mla_case(f, &mtable, i, &MLA_CASES[i]);
+    if (!rc)
+        fprintf(f, "static const mla_case MLA_CASES[] = {\n%s};\n",
+                mtable.data ? mtable.data : "");
+    rc = rc || ptable.oom || mtable.oom;
+    moec_buf_free(&mtable);
     moec_buf_free(&ptable);
     rc = rc || table.oom;
     moec_buf_free(&table);

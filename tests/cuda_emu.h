@@ -15,7 +15,10 @@
 // here (moec_e4m3x4 and moec_prefetch_l2 too). The GQA attention kernels
 // (codegen/attention.c, tests/test_attn_emu.sh) add __syncwarp (the warp's
 // barrier), float4, __threadfence and atomicAdd (the split counters) and
-// grids in three dimensions (emu_launch_z).
+// grids in three dimensions (emu_launch_z); the MLA attention on tensor
+// cores (codegen/mla_attention.c) ldmatrix, the warp's vote, cp.async
+// groups, and sm_90's mbarriers and bulk copies (a copy at once, its
+// bytes counted on its barrier under a lock).
 #pragma once
 #include <cassert>
 #include <cmath>
@@ -56,6 +59,7 @@ struct float4 {
     float x, y, z, w;
 };
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
 struct __half {
     uint16_t v;
 };
@@ -143,6 +147,8 @@ struct emu_warp {
     pthread_barrier_t bar;
     unsigned a[32][4], b[32][2];
     float f[32];
+    const void *p[32];
+    int v[32];
 };
 struct emu_block {
     unsigned char *smem;
@@ -259,6 +265,136 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
     return r;
 }
 
+// A warp's vote: every lane of the warp takes part.
+static inline bool __any_sync(unsigned, bool pred)
+{
+    emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
+    const int lane = threadIdx.x % 32;
+    w->v[lane] = pred;
+    pthread_barrier_wait(&w->bar);
+    bool any = false;
+    for (int i = 0; i < 32; i++)
+        any = any || w->v[i];
+    pthread_barrier_wait(&w->bar);
+    return any;
+}
+
+static inline float __bfloat162float(__nv_bfloat16 h) { return emu_bf2f(h.v); }
+static inline float __int_as_float(int i)
+{
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+
+// ldmatrix: N (2 or 4) 8x8 bf16 matrices of shared memory, lanes 8m ..
+// 8m + 7 giving the 16-byte rows of matrix m; lane L's register m holds
+// matrix m's row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1 (T: of its
+// transpose), the first in the low half.
+template <int N, bool T> static inline void moec_ldmatrix(unsigned *r, const __nv_bfloat16 *p)
+{
+    static_assert(N == 2 || N == 4, "two or four matrices");
+    emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
+    const int lane = threadIdx.x % 32;
+    const unsigned char *base = emu_this_block->smem;
+    w->p[lane] = p;
+    pthread_barrier_wait(&w->bar);
+    auto el = [&](int m, int row, int col) {
+        const unsigned char *q = (const unsigned char *)w->p[8 * m + row];
+        assert(q >= base && q + 16 <= base + emu_this_block->smem_bytes && (q - base) % 16 == 0);
+        uint16_t v;
+        memcpy(&v, q + 2 * col, 2);
+        return (unsigned)v;
+    };
+    for (int m = 0; m < N; m++) {
+        const int a = lane / 4, b = 2 * (lane % 4);
+        r[m] = T ? el(m, b, a) | el(m, b + 1, a) << 16 : el(m, a, b) | el(m, a, b + 1) << 16;
+    }
+    pthread_barrier_wait(&w->bar);
+}
+
+// cp.async groups: moec_cp16 copies at once, so a group is complete when
+// it is closed.
+static inline void moec_cp_commit() {}
+template <int N> static inline void moec_cp_wait_group() {}
+
+// sm_90's mbarriers and bulk copies (the MLA attention's tiles): an
+// mbarrier's 8 bytes hold the arrivals a phase expects, those arrived,
+// the phase and the bytes announced and not yet copied, under one lock; a
+// bulk copy copies at once and then counts its bytes done. A phase
+// completes once every arrival came and every announced byte arrived.
+struct emu_mbar {
+    uint8_t expect, arrived, phase, pad;
+    int32_t pending;
+};
+static_assert(sizeof(emu_mbar) == 8, "an mbarrier's 8 bytes");
+inline pthread_mutex_t emu_mbar_lock = PTHREAD_MUTEX_INITIALIZER;
+static inline emu_mbar *emu_mbar_of(const void *bar)
+{
+    const unsigned char *q = (const unsigned char *)bar, *base = emu_this_block->smem;
+    assert(q >= base && q + 8 <= base + emu_this_block->smem_bytes && (q - base) % 8 == 0);
+    return (emu_mbar *)bar;
+}
+static inline void emu_mbar_complete(emu_mbar *m)
+{
+    if (m->arrived == m->expect && m->pending == 0) {
+        m->arrived = 0;
+        m->phase ^= 1;
+    }
+}
+static inline void moec_mbar_init(unsigned long long *bar, unsigned count)
+{
+    assert(count >= 1 && count < 256);
+    emu_mbar *m = emu_mbar_of(bar);
+    pthread_mutex_lock(&emu_mbar_lock);
+    *m = emu_mbar{(uint8_t)count, 0, 0, 0, 0};
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+static inline void moec_mbar_init_fence() {}
+static inline void moec_fence_async() {}
+static inline void emu_mbar_arrive(unsigned long long *bar, int bytes)
+{
+    emu_mbar *m = emu_mbar_of(bar);
+    pthread_mutex_lock(&emu_mbar_lock);
+    assert(m->arrived < m->expect);
+    m->arrived++;
+    m->pending += bytes;
+    emu_mbar_complete(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+static inline void moec_mbar_arrive_tx(unsigned long long *bar, unsigned bytes)
+{
+    emu_mbar_arrive(bar, bytes);
+}
+static inline void moec_mbar_arrive(unsigned long long *bar) { emu_mbar_arrive(bar, 0); }
+static inline void moec_bulk_g2s(void *dst, const void *src, unsigned bytes, unsigned long long *bar)
+{
+    const unsigned char *q = (const unsigned char *)dst, *base = emu_this_block->smem;
+    assert(q >= base && q + bytes <= base + emu_this_block->smem_bytes && (q - base) % 16 == 0);
+    assert((uintptr_t)src % 16 == 0 && bytes % 16 == 0);
+    memcpy(dst, src, bytes);
+    emu_mbar *m = emu_mbar_of(bar);
+    pthread_mutex_lock(&emu_mbar_lock);
+    m->pending -= (int32_t)bytes;
+    assert(m->pending >= 0);
+    emu_mbar_complete(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+// until the phase of parity `parity` completed (the barrier's phase moved
+// past it)
+static inline void moec_mbar_wait(unsigned long long *bar, unsigned parity)
+{
+    emu_mbar *m = emu_mbar_of(bar);
+    for (;;) {
+        pthread_mutex_lock(&emu_mbar_lock);
+        const bool done = (m->phase & 1u) != (parity & 1u);
+        pthread_mutex_unlock(&emu_mbar_lock);
+        if (done)
+            return;
+        std::this_thread::yield();
+    }
+}
+
 // blocks run one at a time: a fence orders nothing more, and only a
 // block's thread 0 counts its arrival
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
@@ -332,14 +468,15 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
         }
 }
 
-// emu_launch over a grid of gx x gy x gz blocks (no shared memory by
-// size: the kernel's static arrays; no clusters), z slowest.
+// emu_launch over a grid of gx x gy x gz blocks (smem bytes of dynamic
+// shared memory, default none: the kernel's static arrays; no clusters),
+// z slowest.
 static inline void emu_launch_z(unsigned gx, unsigned gy, unsigned gz, unsigned block,
-                                const std::function<void()> &fn)
+                                const std::function<void()> &fn, unsigned smem = 0)
 {
     gridDim.z = gz;
     for (unsigned z = 0; z < gz; z++)
-        emu_launch(gx, gy, block, 0, 1, [&, z] {
+        emu_launch(gx, gy, block, smem, 1, [&, z] {
             blockIdx.z = z;
             fn();
         });

@@ -25,14 +25,37 @@ static inline void put_kernel(FILE *f, const char *src, const char *name)
         fprintf(stderr, "emu_gen: no kernel %s in the source\n", name);
         exit(1);
     }
-    static const char SMEM[] = "extern __shared__ __align__(16) unsigned char moec_smem[];";
-    for (const char *p = k0 + 22; p < k1 + 3;)
-        if (!strncmp(p, SMEM, sizeof SMEM - 1)) {
-            fputs("unsigned char *moec_smem = emu_smem();", f);
-            p += sizeof SMEM - 1;
+    /* the dynamic shared memory (moec_smem or smem_raw): the emulated block's */
+    static const char SMEM[] = "extern __shared__ __align__(16) unsigned char ";
+    for (const char *p = k0 + 22; p < k1 + 3;) {
+        const char *e = !strncmp(p, SMEM, sizeof SMEM - 1) ? strstr(p, "[];") : NULL;
+        if (e && e - p < (long)sizeof SMEM + 16) {
+            fprintf(f, "unsigned char *%.*s = emu_smem();", (int)(e - p - (sizeof SMEM - 1)),
+                    p + sizeof SMEM - 1);
+            p = e + 3;
         } else {
             fputc(*p++, f);
         }
+    }
+}
+
+/* Sets (or, with unset, clears) a case's knobs: NAME=VALUE pairs apart by
+ * spaces (env NULL: none). */
+static inline void emu_knobs(const char *env, int unset)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", env ? env : "");
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        if (unset)
+            unsetenv(kv);
+        else
+            setenv(kv, eq + 1, 1);
+    }
 }
 
 /* The prologue's text from `from` up to `to` (both must be there). */

@@ -140,24 +140,6 @@ static int is_fp8_op(const ir_op *op)
     return op->kind == IR_OP_LINEAR || op->kind == IR_OP_MOE_ROUTED;
 }
 
-/* Sets (or, with unset, clears) a case's knobs: NAME=VALUE pairs apart by
- * spaces. */
-static void knobs(const char *env, int unset)
-{
-    char buf[160];
-    snprintf(buf, sizeof buf, "%s", env ? env : "");
-    char *save = NULL;
-    for (char *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
-        char *eq = strchr(kv, '=');
-        if (!eq)
-            continue;
-        *eq = '\0';
-        if (unset)
-            unsetenv(kv);
-        else
-            setenv(kv, eq + 1, 1);
-    }
-}
 
 int main(int argc, char **argv)
 {
@@ -194,7 +176,7 @@ int main(int argc, char **argv)
     moec_buf table = {0};
     for (int i = 0; i < N_CASES; i++) {
         const gen_case *gc = &CASES[i];
-        knobs(gc->env, 0);
+        emu_knobs(gc->env, 0);
         ir_module *m = km_module(&gc->s);
         if (!m)
             return 1;
@@ -204,7 +186,7 @@ int main(int argc, char **argv)
         cg_ctx c;
         if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))
             return 1;
-        knobs(gc->env, 1);
+        emu_knobs(gc->env, 1);
         const km_spec *s = &gc->s;
         int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
