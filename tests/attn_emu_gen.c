@@ -277,8 +277,15 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
     clear_knobs();
     const ir_step *a = rc ? NULL : step_named(&c, "mla_attn_mma_"),
                   *cb = rc ? NULL : step_named(&c, "mla_combine_");
-    if (!rc && !a) {
-        fprintf(stderr, "attn_emu_gen: MLA case %d: no tensor-core MLA attention step\n", i);
+    /* the forms the knobs ask for: bulk copies unless MOEC_MLA_TMA=0 (the
+       default arch is sm_90), the softmax's two rows unless MOEC_MLA_SM2=0 */
+    const char *an = a ? kname(&c, a->kernel) : "";
+    int want_tma = !(g->env && strstr(g->env, "MOEC_MLA_TMA=0")),
+        want_sm1 = g->env && strstr(g->env, "MOEC_MLA_SM2=0");
+    if (!rc && (!a || (strstr(an, "_tma_") != NULL) != want_tma ||
+                (strstr(an, "_sm1_") != NULL) != !!want_sm1)) {
+        fprintf(stderr, "attn_emu_gen: MLA case %d: no tensor-core MLA attention step of the form "
+                        "asked for\n", i);
         rc = -1;
     }
     int ns = 1, merged = 0;
