@@ -55,6 +55,11 @@
    scores' products in two chains of the even and odd k steps as well were
    level, 1.841 / 9.213 / 10.174: not kept.) */
 #define MLA_SM2 1
+/* ... and its scores' column tiles a warp (MOEC_MLA_CT=2: two, sharing
+   each of q's fragments, in twice as many parts of k: half the loads of q
+   from shared memory, the largest share of its ldmatrix; not yet timed,
+   for the next A/B) */
+#define MLA_CT 1
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -245,8 +250,9 @@ static const char ATTN_BODY[] =
  * from the rounded P), then O += P V with each warp owning R / 8 channels. */
 static const char MMA_BODY[] =
     "    constexpr int RS = R + DR, LD = RS + 8, PLD = PT + 8, SLD = PT + 4, CW = R / NW, NTN = CW / 8;\n"
-    "    /* the scores' warps: PT / 8 column tiles by KH parts of the k steps */\n"
-    "    constexpr int NQ = PT / 8, KH = NW / NQ > 1 ? NW / NQ : 1, KS = RS / 16;\n"
+    "    /* the scores' warps: NQ groups of CT 8-position column tiles (CT of\n"
+    "       them sharing each A fragment) by KH parts of the k steps */\n"
+    "    constexpr int NQ = PT / 8 / CT, KH = NW / NQ > 1 ? NW / NQ : 1, KS = RS / 16;\n"
     "    constexpr int RPW = SM2 ? 16 / NW : 1, LPR = 32 / RPW, PPL = PT / LPR > 1 ? PT / LPR : 1;\n"
     "    struct Smem {\n"
     "        __nv_bfloat16 q[16][LD];\n"
@@ -383,28 +389,38 @@ static const char MMA_BODY[] =
     "        }\n"
     "        __syncthreads();\n"
     "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
-    "        /* each warp a column tile's products over its part of k (every warp\n"
+    "        /* each warp CT column tiles' products over its part of k (every warp\n"
     "           busy, the chains of dependent products KH times shorter) */\n"
     "        if (warp < NQ * KH) {\n"
-    "            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    "            const int n0 = (warp % NQ) * 8, kh = warp / NQ;\n"
+    "            float c[CT][4];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < CT; j++)\n"
+    "                c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;\n"
+    "            const int n0 = (warp % NQ) * 8 * CT, kh = warp / NQ;\n"
     /* A (16 heads by 16 k) and B (16 k by 8 positions) by ldmatrix: lane
        L gives row L & 15, column (L >> 4) * 8 of A and row L & 7, column
-       (L >> 3 & 1) * 8 of B */
+       (L >> 3 & 1) * 8 of B; two column tiles' B in one load, the second's
+       rows from lanes 16..31 */
     "            const __nv_bfloat16 *qa = &sm.q[lane & 15][(lane >> 4) * 8];\n"
-    "            const __nv_bfloat16 *kb = &sm.kv[buf][n0 + (lane & 7)][((lane >> 3) & 1) * 8];\n"
+    "            const __nv_bfloat16 *kb =\n"
+    "                &sm.kv[buf][n0 + (lane & 7) + (CT == 2 ? (lane >> 4) * 8 : 0)][((lane >> 3) & 1) * 8];\n"
     "#pragma unroll 4\n"
     "            for (int k0 = kh * KS / KH * 16; k0 < (kh + 1) * KS / KH * 16; k0 += 16) {\n"
-    "                unsigned a[4], bk[2];\n"
+    "                unsigned a[4], bk[2 * CT];\n"
     "                moec_ldmatrix<4, false>(a, qa + k0);\n"
-    "                moec_ldmatrix<2, false>(bk, kb + k0);\n"
-    "                moec_mma_bf16(c, a[0], a[1], a[2], a[3], bk[0], bk[1]);\n"
+    "                moec_ldmatrix<2 * CT, false>(bk, kb + k0);\n"
+    "#pragma unroll\n"
+    "                for (int j = 0; j < CT; j++)\n"
+    "                    moec_mma_bf16(c[j], a[0], a[1], a[2], a[3], bk[2 * j], bk[2 * j + 1]);\n"
     "            }\n"
-    "            const int col = n0 + 2 * tq;\n"
-    "            sm.s[kh][g][col] = c[0];\n"
-    "            sm.s[kh][g][col + 1] = c[1];\n"
-    "            sm.s[kh][g + 8][col] = c[2];\n"
-    "            sm.s[kh][g + 8][col + 1] = c[3];\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < CT; j++) {\n"
+    "                const int col = n0 + 8 * j + 2 * tq;\n"
+    "                sm.s[kh][g][col] = c[j][0];\n"
+    "                sm.s[kh][g][col + 1] = c[j][1];\n"
+    "                sm.s[kh][g + 8][col] = c[j][2];\n"
+    "                sm.s[kh][g + 8][col + 1] = c[j][3];\n"
+    "            }\n"
     "        }\n"
     "        __syncthreads();\n"
     /* the online softmax: RPW rows a warp at once (SM2), LPR lanes a row,
@@ -650,13 +666,14 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
-    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2;
+    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, ct = MLA_CT;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
            P, m, l, alpha, NBUF mbarriers */
         mpt = cg_env_int("MOEC_MLA_PT", MMA_PT, 16, 32) >= 32 ? 32 : 16;
         nbuf = cg_env_int("MOEC_MLA_NBUF", MMA_NBUF, 2, 4);
-        long long kh = mw / (mpt / 8) > 1 ? mw / (mpt / 8) : 1;
+        ct = cg_env_int("MOEC_MLA_CT", MLA_CT, 1, 2);
+        long long nq = mpt / 8 / ct, kh = mw / nq > 1 ? mw / nq : 1;
         smem = 16 * ld * 2 + (long long)nbuf * mpt * ld * 2 + kh * 16LL * (mpt + 4) * 4 +
                16LL * (mpt + 8) * 2 + 3 * 16 * 4 + nbuf * 8LL;
         if (smem > (long long)cg_smem_max(c->opt))
@@ -670,8 +687,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
         snprintf(aname, sizeof aname,
                  "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s_bs%d_t%d_%s", H, R,
-                 DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
-                 tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
+                 DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos,
+                 sm2 ? (ct == 2 ? "_ct2" : "") : ct == 2 ? "_sm1_ct2" : "_sm1", tma ? "_tma" : "",
+                 merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -696,10 +714,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "window%s)\n{\n"
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
-                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d;\n"
+                      "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d, CT = %d;\n"
                       "    constexpr bool TMA = %s, SM2 = %s;\n",
                       mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
-                      DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf,
+                      DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf, ct,
                       tma ? "true" : "false", sm2 ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,

@@ -105,8 +105,9 @@ enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
  * channels a warp), or r 128 over 16 warps; tiles by bulk copies on
  * mbarriers (sm_90's default) or by cp.async (MOEC_MLA_TMA=0); the
  * softmax two rows a warp (default) or one (MOEC_MLA_SM2=0); 32- or
- * 16-position tiles; split and merged by the merge kernel or the last
- * block, or not split; two head groups; a window. */
+ * 16-position tiles; one or two column tiles a warp (MOEC_MLA_CT); split
+ * and merged by the merge kernel or the last block, or not split; two head
+ * groups; a window. */
 typedef struct mla_gen_case {
     int H, R, DR, T, window, bs;
     const char *merge, *target, *env; /* env: knobs NAME=VALUE apart by spaces */
@@ -119,6 +120,11 @@ static const mla_gen_case MLA_CASES[] = {
     {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16"},
     {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16"},
     {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3"},
+    /* two column tiles a warp sharing q's fragments (MOEC_MLA_CT=2): with
+       8 and 16 warps, 16-position tiles */
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=2"},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=2 MOEC_MLA_PT=16"},
+    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=2 MOEC_MLA_WARPS=16"},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
@@ -281,9 +287,11 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
        default arch is sm_90), the softmax's two rows unless MOEC_MLA_SM2=0 */
     const char *an = a ? kname(&c, a->kernel) : "";
     int want_tma = !(g->env && strstr(g->env, "MOEC_MLA_TMA=0")),
-        want_sm1 = g->env && strstr(g->env, "MOEC_MLA_SM2=0");
+        want_sm1 = g->env && strstr(g->env, "MOEC_MLA_SM2=0"),
+        want_ct2 = g->env && strstr(g->env, "MOEC_MLA_CT=2");
     if (!rc && (!a || (strstr(an, "_tma_") != NULL) != want_tma ||
-                (strstr(an, "_sm1_") != NULL) != !!want_sm1)) {
+                (strstr(an, "_sm1_") != NULL) != !!want_sm1 ||
+                (strstr(an, "_ct2_") != NULL) != !!want_ct2)) {
         fprintf(stderr, "attn_emu_gen: MLA case %d: no tensor-core MLA attention step of the form "
                         "asked for\n", i);
         rc = -1;
