@@ -686,10 +686,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s_bs%d_t%d_%s", H, R,
-                 DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos,
-                 sm2 ? (ct == 2 ? "_ct2" : "") : ct == 2 ? "_sm1_ct2" : "_sm1", tma ? "_tma" : "",
-                 merge ? "_m" : "", bs, c->T, tag);
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s", H,
+                 R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
+                 ct == 2 ? "_ct2" : "", tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);

@@ -146,6 +146,20 @@ static double head_error(const __nv_bfloat16 *o, int dv, int lo, int p, S score,
     return err / big;
 }
 
+// v's elements uniform in [-a, a] as bf16, drawn in order from uni.
+template <typename U> static void fill_uni(std::vector<__nv_bfloat16> &v, U &uni, float a)
+{
+    for (auto &x : v)
+        x = __float2bfloat16(uni(a));
+}
+
+// v's elements NaN: an element a kernel leaves unwritten fails.
+static void fill_nan(std::vector<__nv_bfloat16> &v)
+{
+    for (auto &x : v)
+        x.v = 0x7fc0;
+}
+
 // A padding token's head output: not zeros, counted.
 static int nonzero(const __nv_bfloat16 *o, int n)
 {
@@ -168,14 +182,10 @@ static int run_case(int ci, const attn_case &c)
     const size_t rows = (size_t)pages * c.bs;
     std::vector<__nv_bfloat16> q((size_t)T * c.H * c.DK), kp(rows * c.HKV * c.DK),
         vp(rows * c.HKV * c.DV), out((size_t)T * c.H * c.DV);
-    for (auto &x : q)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : kp)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : vp)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : out)
-        x.v = 0x7fc0; // NaN: unwritten fails
+    fill_uni(q, uni, 1.0f);
+    fill_uni(kp, uni, 1.0f);
+    fill_uni(vp, uni, 1.0f);
+    fill_nan(out);
     std::vector<float> part_ml((size_t)T * c.H * c.ns * 2), part_o((size_t)T * c.H * c.ns * c.DV);
     std::vector<unsigned> cnt((size_t)T * c.H, 0u); // a counter a (token, head group) at most
     attn_bufs b{q.data(), pos.data(), slots.data(), bt.data(), max_blocks, kp.data(), vp.data(),
@@ -272,16 +282,13 @@ static int run_pro_case(int ci, const pro_case &c)
         std::shuffle(bt.begin(), bt.end(), g);
         const size_t rows = (size_t)pages * c.bs, kvn = rows * c.HKV * c.D;
         std::vector<__nv_bfloat16> x(c.N), qw(c.D), kw(c.D), kp(kvn), vp(kvn);
-        for (auto &e : x)
-            e = __float2bfloat16(uni(2.0f));
+        fill_uni(x, uni, 2.0f);
         for (auto &e : qw)
             e = __float2bfloat16(0.5f + uni(0.5f));
         for (auto &e : kw)
             e = __float2bfloat16(0.5f + uni(0.5f));
-        for (auto &e : kp)
-            e = __float2bfloat16(uni(1.0f));
-        for (auto &e : vp)
-            e = __float2bfloat16(uni(1.0f));
+        fill_uni(kp, uni, 1.0f);
+        fill_uni(vp, uni, 1.0f);
         std::vector<__nv_bfloat16> out[2], kpo[2], vpo[2];
         for (int f = 0; f < 2; f++) {
             std::vector<__nv_bfloat16> q((size_t)c.H * c.D), k((size_t)c.HKV * c.D),
@@ -289,8 +296,7 @@ static int run_pro_case(int ci, const pro_case &c)
             kpo[f] = kp;
             vpo[f] = vp;
             out[f].assign((size_t)c.H * c.D, __nv_bfloat16{});
-            for (auto &e : out[f])
-                e.v = 0x7fc0; // NaN: unwritten fails
+            fill_nan(out[f]);
             std::vector<float> part_ml((size_t)c.H * c.ns * 2), part_o((size_t)c.H * c.ns * c.D);
             std::vector<unsigned> cnt((size_t)c.H, 0u);
             pro_bufs b{x.data(), qw.data(), kw.data(), 1e-6f, &p, &slot, bt.data(), max_blocks,
@@ -345,16 +351,11 @@ static int run_mla_case(int ci, const mla_case &c)
     const size_t rows = (size_t)pages * c.bs;
     std::vector<__nv_bfloat16> qc((size_t)T * c.H * c.R), qpe((size_t)T * c.H * c.DR),
         kv(rows * c.R), pe(rows * c.DR), out((size_t)T * c.H * c.R);
-    for (auto &x : qc)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : qpe)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : kv)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : pe)
-        x = __float2bfloat16(uni(1.0f));
-    for (auto &x : out)
-        x.v = 0x7fc0;
+    fill_uni(qc, uni, 1.0f);
+    fill_uni(qpe, uni, 1.0f);
+    fill_uni(kv, uni, 1.0f);
+    fill_uni(pe, uni, 1.0f);
+    fill_nan(out);
     std::vector<float> part_ml((size_t)T * c.H * c.ns * 2), part_o((size_t)T * c.H * c.ns * c.R);
     std::vector<unsigned> cnt((size_t)T * c.H, 0u);
     mla_bufs b{qc.data(), qpe.data(), pos.data(), slots.data(), bt.data(), max_blocks, kv.data(),

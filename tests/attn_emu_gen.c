@@ -172,19 +172,20 @@ static void clear_knobs(void)
     unsetenv("MOEC_ATTN_TARGET_BLOCKS");
 }
 
-/* Inside a run(bufs &b): the attention step a's launch, its first
- * arguments `first` (the rest alike in both buffers' structs), and the
- * merge kernel cb's where there is one. */
+/* Inside a run(bufs &b): the attention step a's launch (its dynamic
+ * shared memory too), its first arguments `first` and its pools `pools`
+ * (the rest alike in every buffers' struct), and the merge kernel cb's
+ * where there is one. */
 static void put_attn_launch(FILE *f, const cg_ctx *c, const ir_step *a, const ir_step *cb,
-                            const char *first, int ns, int merged)
+                            const char *first, const char *pools, int ns, int merged)
 {
     fprintf(f,
             "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
-            "        %s(%s, b.pos, b.slots, b.bt, b.max_blocks, b.kpool, b.vpool, b.out, "
-            "b.scale, b.window%s);\n"
-            "    });\n",
-            a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(c, a->kernel), first,
-            ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o");
+            "        %s(%s, b.pos, b.slots, b.bt, b.max_blocks, %s, b.out, b.scale, b.window%s);\n"
+            "    }, %u);\n",
+            a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(c, a->kernel), first, pools,
+            ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o",
+            a->smem);
     if (cb)
         fprintf(f,
                 "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
@@ -250,7 +251,7 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
         if (cb)
             put_kernel(f, c.src.data, kname(&c, cb->kernel));
         fprintf(f, "static void run(attn_bufs &b)\n{\n");
-        put_attn_launch(f, &c, a, cb, "b.q", ns, merged);
+        put_attn_launch(f, &c, a, cb, "b.q", "b.kpool, b.vpool", ns, merged);
         fprintf(f, "}\n} // namespace a%d\n\n", i);
         /* the tensor cores' form: the fewest positions of a split, from
            the name (_mpN), for the harness's count of the live splits */
@@ -310,21 +311,8 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
         put_kernel(f, c.src.data, kname(&c, a->kernel));
         if (cb)
             put_kernel(f, c.src.data, kname(&c, cb->kernel));
-        fprintf(f,
-                "static void run(mla_bufs &b)\n{\n"
-                "    emu_launch_z(%u, %u, %u, %u, [&] {\n"
-                "        %s(b.q_c, b.q_pe, b.pos, b.slots, b.bt, b.max_blocks, b.kvpool, b.pepool, "
-                "b.out, b.scale, b.window%s);\n"
-                "    }, %u);\n",
-                a->grid[0], a->grid[1], a->grid[2], a->block[0], kname(&c, a->kernel),
-                ns == 1 ? "" : merged ? ", b.part_ml, b.part_o, b.cnt" : ", b.part_ml, b.part_o",
-                a->smem);
-        if (cb)
-            fprintf(f,
-                    "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
-                    "        %s(b.pos, b.slots, b.max_blocks, b.part_ml, b.part_o, b.out);\n"
-                    "    });\n",
-                    cb->grid[0], cb->grid[1], cb->block[0], kname(&c, cb->kernel));
+        fprintf(f, "static void run(mla_bufs &b)\n{\n");
+        put_attn_launch(f, &c, a, cb, "b.q_c, b.q_pe", "b.kvpool, b.pepool", ns, merged);
         fprintf(f, "}\n} // namespace m%d\n\n", i);
         moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
                         kname(&c, a->kernel), g->H, g->R, g->DR, g->T, g->window, g->bs, ns,
@@ -409,7 +397,7 @@ static int gen_pro_form(FILE *f, const ir_module *m, const cg_options *o, int i,
         char first[64];
         snprintf(first, sizeof first, "%s%s%s", fuse ? "b.x" : "b.q", fuse ? norm : "",
                  fuse && *norm ? ", b.eps" : "");
-        put_attn_launch(f, &c, a, cb, first, *ns, *merged);
+        put_attn_launch(f, &c, a, cb, first, "b.kpool, b.vpool", *ns, *merged);
         fprintf(f, "}\n} // namespace f%d\n} // namespace p%d\n\n", fuse, i);
     }
     cg_ctx_free(&c);

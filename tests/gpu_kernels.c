@@ -1520,6 +1520,11 @@ static void attn_case_interp(const km_spec *s, ir_dtype cdt, int bs, int big)
     printf("%-16s %s attn   (interpreter, %.1f s)\n", s->name, ir_dtype_name(cdt), now_s() - t0);
 }
 
+/* The long contexts' lengths of each attention family (attn_case_long):
+ * Qwen3's GQA, the MLA's, and the odd shapes'. */
+static const int LONG_Q3[3] = {2100, 700, 64}, LONG_MLA[3] = {1500, 300, 65},
+                 LONG_ODD[3] = {200, 33, 16};
+
 /* Long contexts against the reference: three sequences filled by steps of
  * 64 random tokens, then decode steps. */
 static void attn_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *lens)
@@ -3265,9 +3270,8 @@ int main(void)
         attn_case_interp(&Q3_ATTN, IR_DTYPE_BF16, 64, 1);
         attn_case_interp(&ODD_ATTN, IR_DTYPE_BF16, 16, 0);
         attn_case_interp(&ODD_ATTN, IR_DTYPE_F32, 16, 0);
-        const int lq3[3] = {2100, 700, 64}, lodd[3] = {200, 33, 16};
-        attn_case_long(&Q3_ATTN, IR_DTYPE_BF16, 64, lq3);
-        attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, lodd);
+        attn_case_long(&Q3_ATTN, IR_DTYPE_BF16, 64, LONG_Q3);
+        attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, LONG_ODD);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (GQA attention)");
@@ -3285,9 +3289,8 @@ int main(void)
         attn_case_interp(&V2_MLA, IR_DTYPE_BF16, 64, 1);
         attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
         attn_case_interp(&ODD_MLA, IR_DTYPE_BF16, 16, 0);
-        const int lmla[3] = {1500, 300, 65};
-        attn_case_long(&V2_MLA, IR_DTYPE_BF16, 64, lmla);
-        attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, lmla);
+        attn_case_long(&V2_MLA, IR_DTYPE_BF16, 64, LONG_MLA);
+        attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, LONG_MLA);
         dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
@@ -3560,12 +3563,11 @@ int main(void)
     attn_case_interp(&V3_MLA, IR_DTYPE_BF16, 64, 0);
     attn_case_interp(&ODD_MLA, IR_DTYPE_BF16, 16, 0);
     attn_case_interp(&ODD_MLA, IR_DTYPE_F32, 16, 0);
-    const int long_q3[3] = {2100, 700, 64}, long_mla[3] = {1500, 300, 65}, long_odd[3] = {200, 33, 16};
-    attn_case_long(&Q3_ATTN, IR_DTYPE_BF16, 64, long_q3);
-    attn_case_long(&V2_MLA, IR_DTYPE_BF16, 64, long_mla);
-    attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, long_mla);
-    attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, long_odd);
-    attn_case_long(&ODD_MLA, IR_DTYPE_F32, 16, long_odd);
+    attn_case_long(&Q3_ATTN, IR_DTYPE_BF16, 64, LONG_Q3);
+    attn_case_long(&V2_MLA, IR_DTYPE_BF16, 64, LONG_MLA);
+    attn_case_long(&V3_MLA, IR_DTYPE_BF16, 64, LONG_MLA);
+    attn_case_long(&ODD_ATTN, IR_DTYPE_F32, 16, LONG_ODD);
+    attn_case_long(&ODD_MLA, IR_DTYPE_F32, 16, LONG_ODD);
 
     dsa_case_interp(&V32_DSA, IR_DTYPE_BF16, 64);
     dsa_case_interp(&V32_DSA, IR_DTYPE_F32, 64);
