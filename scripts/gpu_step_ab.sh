@@ -8,8 +8,10 @@
 # (Q3_LAYERS, default 0: all 48; Q3_BATCHES, default 1,8) and on
 # DeepSeek-V2-Lite (V2_LAYERS, default 0: all 27; V2_BATCHES, default
 # 1,8,32,64), the default against VARIANTS ("NAME:ENV=V[,ENV=V] ..."; empty
-# Q3_BATCHES or V2_BATCHES skips that model). Leaves $OUT/ab.txt (both
-# models' tables) and $OUT/logs.tar.gz.
+# Q3_BATCHES or V2_BATCHES skips that model). CHECK_ENV ("ENV=V ...")
+# applies to the gpu_kernels parts and the tests only, e.g. to check a
+# variant's kernels while the A/B's default stays the default. Leaves
+# $OUT/ab.txt (both models' tables) and $OUT/logs.tar.gz.
 # On the GPU machine:
 #   cd .snap/src && VARIANTS="nowpre:MOEC_NORM_WPRE=0" scripts/gpu_step_ab.sh
 set -uo pipefail
@@ -17,10 +19,15 @@ cd "$(dirname "$0")/.." || exit 1
 source scripts/gpu_build.sh
 gpu_out_build step-ab logs || exit 1
 rc=0
-# shellcheck disable=SC2086 # a list of parts
-gpu_kern_parts "$OUT/logs" "" ${KERNS-ROUTER} || rc=1
-# shellcheck disable=SC2086 # a list of test names
-gpu_ctests "$OUT/logs" ${CTESTS-gpu_model gpu_graphs gpu_engine} || rc=1
+( # shellcheck disable=SC2086,SC2163 # a list of assignments
+  [ -z "${CHECK_ENV:-}" ] || export ${CHECK_ENV}
+  r=0
+  # shellcheck disable=SC2086 # a list of parts
+  gpu_kern_parts "$OUT/logs" "" ${KERNS-ROUTER} || r=1
+  # shellcheck disable=SC2086 # a list of test names
+  gpu_ctests "$OUT/logs" ${CTESTS-gpu_model gpu_graphs gpu_engine} || r=1
+  exit $r
+) || rc=1
 [ $rc = 0 ] || echo "a check failed"
 ab() { # NAME CONFIG LAYERS BATCHES
   [ -n "$4" ] || return 0
