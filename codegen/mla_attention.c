@@ -21,6 +21,7 @@
  * holds sel[t][i * PT ...] instead of positions lo + i * PT on (KSEL, the
  * selection's width, is 0 in the dense kernels). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "codegen/attn_common.h"
@@ -55,11 +56,12 @@
    scores' products in two chains of the even and odd k steps as well were
    level, 1.841 / 9.213 / 10.174: not kept.) */
 #define MLA_SM2 1
-/* ... and its scores' column tiles a warp (MOEC_MLA_CT=2: two, sharing
-   each of q's fragments, in twice as many parts of k: half the loads of q
-   from shared memory, the largest share of its ldmatrix; not yet timed,
-   for the next A/B) */
-#define MLA_CT 1
+/* ... and its scores' column tiles a warp: two, sharing each of q's
+   fragments, in twice as many parts of k (half the loads of q from shared
+   memory, the largest share of its ldmatrix); MOEC_MLA_CT=1: one. (H200,
+   2026-11-29, V2-Lite's whole step in one call, batch 1 / 32 / 64: 1.844
+   / 9.438 / 10.387 ms against 1.848 / 9.474 / 10.448 with one.) */
+#define MLA_CT 2
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -673,9 +675,15 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         mpt = cg_env_int("MOEC_MLA_PT", MMA_PT, 16, 32) >= 32 ? 32 : 16;
         nbuf = cg_env_int("MOEC_MLA_NBUF", MMA_NBUF, 2, 4);
         ct = cg_env_int("MOEC_MLA_CT", MLA_CT, 1, 2);
-        long long nq = mpt / 8 / ct, kh = mw / nq > 1 ? mw / nq : 1;
-        smem = 16 * ld * 2 + (long long)nbuf * mpt * ld * 2 + kh * 16LL * (mpt + 4) * 4 +
-               16LL * (mpt + 8) * 2 + 3 * 16 * 4 + nbuf * 8LL;
+        /* two column tiles take twice the scores' k parts: one where they
+           would not fit (sm_86 and sm_89's 99 KiB), unless asked for */
+        for (;; ct--) {
+            long long nq = mpt / 8 / ct, kh = mw / nq > 1 ? mw / nq : 1;
+            smem = 16 * ld * 2 + (long long)nbuf * mpt * ld * 2 + kh * 16LL * (mpt + 4) * 4 +
+                   16LL * (mpt + 8) * 2 + 3 * 16 * 4 + nbuf * 8LL;
+            if (ct == 1 || smem <= (long long)cg_smem_max(c->opt) || getenv("MOEC_MLA_CT"))
+                break;
+        }
         if (smem > (long long)cg_smem_max(c->opt))
             return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                             "mla_attention %%%s: %d buffers of %d positions need %lld bytes of "
@@ -688,7 +696,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(aname, sizeof aname,
                  "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s", H,
                  R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
-                 ct == 2 ? "_ct2" : "", tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
+                 ct == 1 ? "_ct1" : "", tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);

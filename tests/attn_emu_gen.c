@@ -120,11 +120,11 @@ static const mla_gen_case MLA_CASES[] = {
     {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16"},
     {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16"},
     {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3"},
-    /* two column tiles a warp sharing q's fragments (MOEC_MLA_CT=2): with
-       8 and 16 warps, 16-position tiles */
-    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=2"},
-    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=2 MOEC_MLA_PT=16"},
-    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=2 MOEC_MLA_WARPS=16"},
+    /* one column tile a warp (MOEC_MLA_CT=1; the default takes two,
+       sharing q's fragments): with 8 and 16 warps, 16-position tiles */
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=1"},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1 MOEC_MLA_PT=16"},
+    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=1 MOEC_MLA_WARPS=16"},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
@@ -285,14 +285,15 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
     const ir_step *a = rc ? NULL : step_named(&c, "mla_attn_mma_"),
                   *cb = rc ? NULL : step_named(&c, "mla_combine_");
     /* the forms the knobs ask for: bulk copies unless MOEC_MLA_TMA=0 (the
-       default arch is sm_90), the softmax's two rows unless MOEC_MLA_SM2=0 */
+       default arch is sm_90), the softmax's two rows unless MOEC_MLA_SM2=0,
+       two column tiles a warp unless MOEC_MLA_CT=1 */
     const char *an = a ? kname(&c, a->kernel) : "";
     int want_tma = !(g->env && strstr(g->env, "MOEC_MLA_TMA=0")),
         want_sm1 = g->env && strstr(g->env, "MOEC_MLA_SM2=0"),
-        want_ct2 = g->env && strstr(g->env, "MOEC_MLA_CT=2");
+        want_ct1 = g->env && strstr(g->env, "MOEC_MLA_CT=1");
     if (!rc && (!a || (strstr(an, "_tma_") != NULL) != want_tma ||
                 (strstr(an, "_sm1_") != NULL) != !!want_sm1 ||
-                (strstr(an, "_ct2_") != NULL) != !!want_ct2)) {
+                (strstr(an, "_ct1_") != NULL) != !!want_ct1)) {
         fprintf(stderr, "attn_emu_gen: MLA case %d: no tensor-core MLA attention step of the form "
                         "asked for\n", i);
         rc = -1;

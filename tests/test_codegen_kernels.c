@@ -428,7 +428,7 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         int ns = splits(T, 1);
         T_CHECK(s->grid[0] == (unsigned)T && s->grid[1] == 1 && s->grid[2] == (unsigned)ns &&
                 s->block[0] == 256);
-        /* bf16 and heads in sixteens: the tensor-core kernel, 99536 bytes of
+        /* bf16 and heads in sixteens: the tensor-core kernel, 104144 bytes of
            smem, two buffers of 32-position tiles (by bulk copies on sm_90) */
         T_CHECK(strstr(c->kernel_names[s->kernel], "mla_attn_mma_h16_r512_dr64_pt32_nb2_") != NULL);
         T_CHECK((strstr(c->kernel_names[s->kernel], "_tma_") != NULL) ==
@@ -441,9 +441,15 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->src.data, sm2 ? "constexpr bool TMA = true, SM2 = true;"
                                         : "constexpr bool TMA = true, SM2 = false;") != NULL ||
                 cg_arch_num(c->opt) < 90 || getenv("MOEC_MLA_TMA"));
-        /* q, two kv tiles, the scores in two k parts, P, m/l/alpha, two mbarriers */
-        T_CHECK(s->smem ==
-                16 * 584 * 2 + 2 * 32 * 584 * 2 + 2 * 16 * 36 * 4 + 16 * 40 * 2 + 192 + 2 * 8);
+        /* two column tiles a warp sharing q's fragments unless
+           MOEC_MLA_CT=1 or they would not fit (sm_86's 99 KiB; the name says
+           so): the scores in 4 k parts, else 2 */
+        const char *ctv = getenv("MOEC_MLA_CT");
+        int ct1 = (ctv && atoi(ctv) == 1) || (!ctv && cg_smem_max(c->opt) < 104144);
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_ct1_") != NULL) == ct1);
+        /* q, two kv tiles, the scores' k parts, P, m/l/alpha, two mbarriers */
+        T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + (ct1 ? 2 : 4) * 16 * 36 * 4 +
+                               16 * 40 * 2 + 192 + 2 * 8);
         const char *mv = getenv("MOEC_ATTN_MERGE");
         /* merged in the kernel where a group's partial states are at most
            64 KiB (MOEC_ATTN_MERGE=2: always) */
@@ -1619,7 +1625,9 @@ static void test_errors(void)
     cg_ctx_free(&c);
     ir_module_free(m);
     /* the tensor-core MLA kernel with more tile buffers than an sm_80 SM's
-       shared memory holds (MOEC_MLA_NBUF, an A/B knob): refused by name */
+       shared memory holds (MOEC_MLA_NBUF, an A/B knob): refused by name,
+       with the size of one column tile a warp unless MOEC_MLA_CT=2 asks
+       for two */
     km_spec sm = {.name = "k_mla_nbuf", .vocab = 4, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
                   .attn_scale = 0.1352};
     m = km_module(&sm);
@@ -1635,7 +1643,9 @@ static void test_errors(void)
         if (m->ops[k]->kind == IR_OP_MLA_ATTENTION) {
             n_mla++;
             T_ERR(cg_emit_op(&c, m->ops[k]), MOEC_ERR_UNSUPPORTED,
-                  "4 buffers of 32 positions need 174304 bytes of shared memory");
+                  getenv("MOEC_MLA_CT") && atoi(getenv("MOEC_MLA_CT")) == 2
+                      ? "4 buffers of 32 positions need 178912 bytes of shared memory"
+                      : "4 buffers of 32 positions need 174304 bytes of shared memory");
         }
     T_CHECK(n_mla == 1);
     unsetenv("MOEC_MLA_NBUF");
