@@ -40,6 +40,14 @@
 #define MMA_WARPS 1
 #define MMA_UNROLL 8
 #define MMA_MIN_BM 4
+/* fp8 experts take the staged tensor-core kernels (codegen/fp8_tc.c) from
+ * this many CUDA-core rows a block (MOEC_MOE_FP8_TC_MIN_BM): they read each
+ * expert once for all its slots, where blocks of 2 read an expert of 3
+ * slots twice. (H200, 2026-11-29, V2-Lite in fp8, the step at 1 / 2 / 4 /
+ * 8 tokens, blocks of 1, 1, 1 and 2 rows: the streaming kernels 1.517 /
+ * 2.124 / 3.098 / 4.354 ms, the staged ones 2.415 / 2.856 / 3.234 /
+ * 3.836: few experts make too few blocks of 16-row tiles.) */
+#define FP8_TC_MIN_BM 2
 /* The down GEMM's chunks in flight (MOEC_MOE_MMA_DN_U). (H100, 2026-11-24,
  * V2-Lite, whole step: 4 chunks 13.46 -> 12.97 ms at batch 32 and 14.52 ->
  * 14.20 at 64 against 8; two 16-row tiles a warp sharing h's fragments,
@@ -925,19 +933,22 @@ static void moe_blocks(const cg_ctx *c, const cg_moe_desc *d, int *bm_out, int *
        costs the same for 1 or 8 columns */
     int mode = c->opt ? c->opt->moe_kernel : CG_MOE_AUTO;
     long long urow = fused ? I : 0;
-    int mma = xdt == IR_DTYPE_BF16 && mma_weight_ok(c, d->gate, urow) &&
-              (fused || mma_weight_ok(c, d->up, 0)) && mma_weight_ok(c, d->down, 0) &&
-              H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT &&
-              (mode == CG_MOE_MMA || bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
+    int mma_ok = xdt == IR_DTYPE_BF16 && mma_weight_ok(c, d->gate, urow) &&
+                 (fused || mma_weight_ok(c, d->up, 0)) && mma_weight_ok(c, d->down, 0) &&
+                 H % 32 == 0 && I % 32 == 0 && mode != CG_MOE_SIMT;
+    int mma = mma_ok && (mode == CG_MOE_MMA ||
+                         bm >= cg_env_int("MOEC_MOE_MMA_MIN_BM", MMA_MIN_BM, 1, 1024));
     if (mma)
         bm = T * K > (long long)cg_env_int("MOEC_MOE_MMA_BM16", MMA_BM16_MEAN, 1, 1 << 20) * E ? 16
                                                                                           : 8;
     /* fp8 experts: the tensor-core kernels that stage x and h in shared
-       memory (codegen/fp8_tc.c) where the shapes allow and tensor cores
-       were taken (CG_FP8_TC: at every bucket; CG_FP8_OLD: never) */
+       memory (codegen/fp8_tc.c) where the shapes allow, from blocks of
+       FP8_TC_MIN_BM rows (CG_FP8_TC: at every bucket; CG_FP8_OLD: never) */
     int f8mode = c->opt ? c->opt->fp8_kernel : CG_FP8_AUTO;
     int tc_bm = f8mode == CG_FP8_OLD || mode == CG_MOE_SIMT ? 0 : cg_fp8_tc_moe_rows(c, d, urow);
-    int tc = tc_bm > 0 && (mma || f8mode == CG_FP8_TC);
+    int tc = tc_bm > 0 &&
+             (mma || f8mode == CG_FP8_TC ||
+              (mma_ok && bm >= cg_env_int("MOEC_MOE_FP8_TC_MIN_BM", FP8_TC_MIN_BM, 1, 1024)));
     if (tc) {
         bm = tc_bm;
         mma = 0;

@@ -1431,10 +1431,11 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
     const ir_value *dw = ir_module_find_value(m, "down"), *ids = ir_module_find_value(m, "ids");
     long long E = dw->type.dims[0], H = dw->type.dims[1], I = dw->type.dims[2];
     long long bn = dw->scale.block[0], bk = dw->scale.block[1], slots = T * ids->type.dims[1];
-    /* where the first kernels took tensor cores: four or more slots a
-       CUDA-core block (twice the mean slots an expert) */
-    int old_mma = (2 * slots + E - 1) / E > 2 && bk % 32 == 0 && bn % 16 == 0;
-    int tc = mode != CG_FP8_OLD && (old_mma || mode == CG_FP8_TC) && H % 64 == 0 &&
+    /* from two slots a CUDA-core block (twice the mean slots an expert,
+       MOEC_MOE_FP8_TC_MIN_BM; the first kernels took tensor cores from
+       four) */
+    int from2 = (2 * slots + E - 1) / E > 1 && bk % 32 == 0 && bn % 16 == 0;
+    int tc = mode != CG_FP8_OLD && (from2 || mode == CG_FP8_TC) && H % 64 == 0 &&
              I % 64 == 0 && bk % 64 == 0 && bn % 16 == 0;
     const char *gk = c->kernel_names[gu->kernel], *dk = c->kernel_names[dn->kernel];
     T_CHECK((strstr(gk, "_f8tc_w4_") != NULL) == tc && (strstr(dk, "_f8tc_w4_") != NULL) == tc);
@@ -1506,18 +1507,20 @@ static void test_fp8_shapes(void)
        64 and odd at 64; with CG_FP8_TC: tc at T = 1 and 8 */
     const unsigned compile[][3] = {{5, 4, 0}, {6, 0, 0}, {4, 4, 0}, {4, 0, 0}, {4, 0, 3}, {4, 0, 0}};
     const int modes[3] = {CG_FP8_AUTO, CG_FP8_OLD, CG_FP8_TC};
-    /* buckets that are not the default ones: 3 tokens, and 128 (two token
-       groups of the staged linear, blocks of 16 slots) */
+    /* buckets that are not the default ones: 3 tokens, 16 (Qwen3-30B's
+       experts two slots a CUDA-core block: the staged kernels from there),
+       and 128 (two token groups of the staged linear, blocks of 16 slots) */
+    const int odd_t[3] = {3, 16, 128};
     for (int i = 0; i < 6; i++)
         for (int mi = 0; mi < 3; mi++)
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < 3; t++) {
                 o.compute_dtype = IR_DTYPE_BF16;
                 o.fp8_kernel = modes[mi];
                 ir_module *m = km_module(specs[i]);
                 cg_ctx c;
                 memset(&c, 0, sizeof c);
                 T_CHECK(m != NULL);
-                moec_status st = m ? gen(m, &o, t ? 128 : 3, &c) : MOEC_ERR_INVALID_ARG;
+                moec_status st = m ? gen(m, &o, odd_t[t], &c) : MOEC_ERR_INVALID_ARG;
                 T_OK(st);
                 if (st == MOEC_OK) {
                     check_steps(m, &c);
