@@ -59,7 +59,7 @@
  * programmatic wait), the warp's RT tiles (live[r]: the tile has rows;
  * w0[r], w1[r]: this lane's rows g and g + 8 at k 16q; sr[r]: the tile's
  * row of block scales), chunks c0 .. c1 - 1, the staged rows xs (XS
- * elements apart, chunk x0 first) and the thread's lane coordinates g, q.
+ * elements apart, chunk c0 first) and the thread's lane coordinates g, q.
  * Each lane loads U chunks of its rows (16 bytes each in fp8, 32 in bf16)
  * and their scales, then runs their products while the other warps load;
  * the first loads go out before the wait for the staged rows. Leaves
@@ -110,7 +110,7 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - x0) * 64);\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
@@ -127,7 +127,7 @@ static const char LINEAR_HEAD[] =
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    const int split = (int)(blockIdx.x % S);\n"
     "    const long long rb = blockIdx.x / S;\n"
-    "    const int c0 = split * CH / S, c1 = (split + 1) * CH / S, x0 = c0, t0 = blockIdx.y * TG;\n"
+    "    const int c0 = split * CH / S, c1 = (split + 1) * CH / S, t0 = blockIdx.y * TG;\n"
     "    /* this warp's RT tiles of 16 rows; rows past N read row N - 1 and are\n"
     "       never stored */\n"
     "    const long long n0 = rb * BN + warp * 16 * RT;\n"
@@ -447,10 +447,7 @@ void cg_mma_linear_args(ir_step *s, const ir_op *op, double alpha, int scales)
  * BM slots, padding -1) and the rows of its slots staged from row(slot)
  * (the kernel's lambda). The align writes every block's expert, -1 past
  * the count it used, so the expert alone says whether a block works (as
- * in codegen/moe_routed.c's heads): one load before the rows', not two.
- * The block's NW warps are NR = NW / KS row warps (rw) of KS K splits
- * each (kw: chunks c0 .. c1 - 1; KS 1: all of them, one warp a row tile);
- * TC_KSUM adds the splits' sums up. */
+ * in codegen/moe_routed.c's heads): one load before the rows', not two. */
 static const char EXPERT_HEAD[] =
     "    const int b = blockIdx.x;\n"
     "    (void)n_used;\n"
@@ -460,48 +457,18 @@ static const char EXPERT_HEAD[] =
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    const int kw = warp % KS, rw = warp / KS;\n"
     "    /* padding slots: zeros, nothing read */\n"
     "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
     "        const int m = i / (CH * 8), s = i - m * (CH * 8), sl = sorted[b * BM + m];\n"
     "        moec_cp16(xs + m * XS + s * 8, row(sl >= 0 ? sl : 0) + s * 8, sl >= 0);\n"
     "    }\n"
-    "    const int c0 = kw * CH / KS, c1 = (kw + 1) * CH / KS;\n"
-    "    constexpr int x0 = 0;\n";
+    "    constexpr int c0 = 0, c1 = CH;\n";
 
-/* The K splits' sums (KS > 1): splits 1 .. KS - 1 of each row warp leave
- * theirs in shared memory (over the staged rows, which every warp is done
- * with), and split 0 adds them to its own in split order, then stores. */
-static const char TC_KSUM[] =
-    "    if constexpr (KS > 1) {\n"
-    "        __syncthreads();\n"
-    "        float *part = reinterpret_cast<float *>(moec_smem);\n"
-    "        if (kw > 0)\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "                for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "                    for (int i = 0; i < 4; i++)\n"
-    "                        part[(((warp * RT + r) * NT + t) * 4 + i) * 32 + lane] = acc[r][t][i];\n"
-    "        __syncthreads();\n"
-    "        if (kw > 0)\n"
-    "            return;\n"
-    "        for (int k = 1; k < KS; k++)\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "                for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "                    for (int i = 0; i < 4; i++)\n"
-    "                        acc[r][t][i] += part[((((warp + k) * RT + r) * NT + t) * 4 + i) * 32 + lane];\n"
-    "    }\n";
-
-/* gate_up: NR row warps of 16 rows of gate (tile 0) and the same 16 of up (tile 1) */
+/* gate_up: NW warps of 16 rows of gate (tile 0) and the same 16 of up (tile 1) */
 static const char GATE_UP_HEAD[] =
     "    auto row = [&](int sl) { return x + (long long)(sl / K) * KD; };\n"
     "%s"
-    "    const int n0 = blockIdx.y * (NR * 16) + rw * 16, r0 = n0 < ND ? n0 : 0;\n"
+    "    const int n0 = blockIdx.y * (NW * 16) + warp * 16, r0 = n0 < ND ? n0 : 0;\n"
     "    const bool live[RT] = {n0 < ND, n0 < ND};\n"
     "    const __nv_fp8_e4m3 *w0[RT] = {\n"
     "        wg + (long long)e * GSTRIDE + (long long)(r0 + g) * KD + q * 16,\n"
@@ -517,11 +484,11 @@ static const char GATE_UP_TAIL[] =
     "    for (int t = 0; t < NT; t++)\n"
     "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, acc[0][t], acc[1][t]);\n";
 
-/* down: NR row warps of RT tiles of 16 rows */
+/* down: NW warps of RT tiles of 16 rows */
 static const char DOWN_HEAD[] =
     "    auto row = [&](int sl) { return hbuf + (long long)sl * KD; };\n"
     "%s"
-    "    const int n0 = blockIdx.y * (NR * 16 * RT) + rw * 16 * RT;\n"
+    "    const int n0 = blockIdx.y * (NW * 16 * RT) + warp * 16 * RT;\n"
     "    bool live[RT];\n"
     "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
     "    const float *sr[RT];\n"
@@ -545,24 +512,8 @@ static const char DOWN_TAIL[] =
     "                moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t],\n"
     "                                     scale, wts);\n";
 
-/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem), or
- * its K splits' sums where they take more (nw warps of rt tiles). */
-static size_t moe_smem(int bm, long long kd, int nw, int rt, int ks)
-{
-    size_t x = (size_t)bm * (size_t)(kd + 8) * 2;
-    size_t part = ks > 1 ? (size_t)nw * (size_t)rt * (size_t)(bm / 8) * 128 * 4 : 0;
-    return x > part ? x : part;
-}
-
-/* The experts' K splits a block (MOEC_FP8_TC_KS, default 1): a divisor of
- * nw warps, at most the ch chunks of K. */
-static int moe_ks(int nw, long long ch)
-{
-    int ks = cg_env_int("MOEC_FP8_TC_KS", 1, 1, 8);
-    while (ks > 1 && (nw % ks || ks > ch))
-        ks--;
-    return ks;
-}
+/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
+static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
 
 static int weight_fits(const cg_ctx *c, const ir_value *w)
 {
@@ -577,7 +528,7 @@ int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, in
     return cg_arch_num(c->opt) >= 80 && cg_storage(c, d->x) == IR_DTYPE_BF16 &&
            weight_fits(c, d->gate) && weight_fits(c, d->up) && weight_fits(c, d->down) &&
            urow % 16 == 0 && H % 64 == 0 && I % 64 == 0 && bm >= 8 && bm % 8 == 0 &&
-           moe_smem(bm, H, 1, 1, 1) <= max && moe_smem(bm, I, 1, 1, 1) <= max;
+           moe_smem(bm, H) <= max && moe_smem(bm, I) <= max;
 }
 
 int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
@@ -618,18 +569,13 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     if (!u)
         u = l->bm <= 16 ? 4 : 2;
     long long urow = l->fused ? l->I : 0;
-    int ks = moe_ks(nw, l->H / 64);
-    if (moe_smem(l->bm, l->H, nw, 2, ks) > cg_smem_max(c->opt))
-        ks = 1;
-    char tag[40], decl[400], name[200], kst[16] = "";
-    if (ks > 1)
-        snprintf(kst, sizeof kst, "_ks%d", ks);
+    char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d%s_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, kst, u, c->T, l->fused ? "fused" : "split", tag);
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, c->T, l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -644,17 +590,16 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "*__restrict__ wu, const float *__restrict__ gsc, const float *__restrict__ usc, const "
             "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
             "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
-            "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, KS = "
-            "%d, NR = NW / KS, RT = 2, U = %d, CH = KD / 64, XS = KD + 8;\n"
+            "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
+            "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
             "    constexpr bool PRE = false;\n%s",
-            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, ks, u, gstride,
+            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
             gstride, uoff, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s%s%s}\n\n", TC_LOAD, TC_LOOP, TC_KSUM, GATE_UP_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
-    ir_step *s = expert_step(c, d, l, k, nw, 16LL * (nw / ks), l->I,
-                             moe_smem(l->bm, l->H, nw, 2, ks));
+    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
@@ -663,26 +608,22 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
 
 moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
-    int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8), ks = moe_ks(nw, l->I / 64);
-    /* two tiles a row warp where the blocks still fill the GPU twice */
+    int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
+    /* two tiles a warp where the blocks still fill the GPU twice */
     int rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!rt)
-        rt = l->nb * ((l->H + 32LL * (nw / ks) - 1) / (32LL * (nw / ks))) >= TC_BLOCKS ? 2 : 1;
-    if (moe_smem(l->bm, l->I, nw, rt, ks) > cg_smem_max(c->opt))
-        ks = 1;
+        rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
     int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    char tag[40], decl[400], name[200], kst[16] = "";
-    if (ks > 1)
-        snprintf(kst, sizeof kst, "_ks%d", ks);
+    char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d%s_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, kst, rt, u, c->T, ir_dtype_name(ydt),
-             d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, c->T, ir_dtype_name(ydt), d->w ? "w" : "now",
+             tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -701,19 +642,18 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
                         "%s *__restrict__ y)\n{\n"
-                        "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, KS "
-                        "= %d, NR = NW / KS, RT = %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
+                        "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
+                        "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
                         "    constexpr bool MULW = %s, PRE = false;\n%s",
-                        cg_ctype(ydt), l->I, l->H, l->bm, nw, ks, rt, u,
-                        d->w ? "true" : "false", decl);
+                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
+                        decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s%s%s}\n\n", TC_LOAD, TC_LOOP, TC_KSUM, DOWN_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = expert_step(c, d, l, k, nw, 16LL * (nw / ks) * rt, l->H,
-                             moe_smem(l->bm, l->I, nw, rt, ks));
+    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);
