@@ -46,7 +46,9 @@
  * slots twice. (H200, 2026-11-29, V2-Lite in fp8, the step at 1 / 2 / 4 /
  * 8 tokens, blocks of 1, 1, 1 and 2 rows: the streaming kernels 1.517 /
  * 2.124 / 3.098 / 4.354 ms, the staged ones 2.415 / 2.856 / 3.234 /
- * 3.836: few experts make too few blocks of 16-row tiles.) */
+ * 3.836: few experts make too few blocks of 16-row tiles. K split over
+ * the block's warps as well, 1.762 at best at 1 token, 4.088 at 8 against
+ * 3.804 unsplit: taken out, kept in history at 5254ff8.) */
 #define FP8_TC_MIN_BM 2
 /* The down GEMM's chunks in flight (MOEC_MOE_MMA_DN_U). (H100, 2026-11-24,
  * V2-Lite, whole step: 4 chunks 13.46 -> 12.97 ms at batch 32 and 14.52 ->
