@@ -88,6 +88,12 @@
 #define GV_RWD_BM1 8
 #define GV_U 4
 #define GV_MAX_BM 2
+/* fp8 codes widened by the conversion unit (e4m3 pairs to f16 pairs, then
+ * to fp32) instead of integer and bf16x2 operations (MOEC_MOE_GEMV_CVT=1;
+ * sm_89 and later; names carry _cvt): 6 operations for 4 codes instead of
+ * about 14, where the streaming kernels at one token spend about 96
+ * instructions a warp's 512 bytes of codes (H200, 2026-11-29). */
+#define GV_CVT 0
 
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
@@ -395,7 +401,7 @@ static const char GV_LOOP[] =
     "#pragma unroll\n"
     "                for (int r = 0; r < RW; r++) {\n"
     "                    float wf[VW];\n"
-    "                    moec_w16(wv[u][i][r], wf, (const TW *)nullptr);\n"
+    "                    moec_w16v<CVT8>(wv[u][i][r], wf, (const TW *)nullptr);\n"
     "#pragma unroll\n"
     "                    for (int m = 0; m < BM; m++) {\n"
     "                        float p = W8 ? 0.0f : a[i][r][m];\n"
@@ -735,8 +741,8 @@ enum { FORM_SIMT, FORM_MMA, FORM_GV };
 /* A GEMM step's shape: warps a block, rows a warp (a block's rows: their
  * product), the streaming form's chunks in flight, the kernel-name tag. */
 typedef struct moe_shape {
-    int warps, rows, u;
-    char tag[32];
+    int warps, rows, u, cvt;
+    char tag[40];
 } moe_shape;
 
 /* The shape of form `form` for a GEMM over k of kd elements of weight w
@@ -764,7 +770,11 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long
         sh.warps = cg_env_int("MOEC_MOE_GEMV_WARPS", GV_WARPS, 1, 8);
         sh.rows = cg_env_int(rw_env, rw_dflt, 1, 16);
         sh.u = (int)((nch + rounds - 1) / rounds);
-        snprintf(sh.tag, sizeof sh.tag, "gv_w%d_r%d_u%d", sh.warps, sh.rows, sh.u);
+        /* fp8 codes widened by the conversion unit (sm_89 and later) */
+        sh.cvt = cg_storage(c, w) == IR_DTYPE_F8E4M3 && c->opt && cg_arch_num(c->opt) >= 89 &&
+                 cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
+        snprintf(sh.tag, sizeof sh.tag, "gv_w%d_r%d_u%d%s", sh.warps, sh.rows, sh.u,
+                 sh.cvt ? "_cvt" : "");
     } else {
         sh.warps = MOE_WARPS;
         sh.rows = rows;
@@ -821,9 +831,10 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                           MMA_GATE_UP_BODY);
         else if (form == FORM_GV)
             moec_buf_printf(&c->src,
-                          "    constexpr int RW = %d, U = %d;\n    constexpr bool PRE = false;\n"
+                          "    constexpr int RW = %d, U = %d;\n"
+                          "    constexpr bool PRE = false, CVT8 = %s;\n"
                           "%s%s%s%s%s%s%s%s}\n\n",
-                          sh.rows, sh.u, GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_GATE_UP_IN, GV_BODY,
+                          sh.rows, sh.u, sh.cvt ? "true" : "false", GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_GATE_UP_IN, GV_BODY,
                           GV_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
@@ -895,9 +906,11 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                           pre ? DOWN_PRE : "", MMA_DOWN_BODY);
         else if (form == FORM_GV)
             moec_buf_printf(&c->src,
-                          "    constexpr int RW = %d, U = %d;\n    constexpr bool PRE = %s;\n"
+                          "    constexpr int RW = %d, U = %d;\n"
+                          "    constexpr bool PRE = %s, CVT8 = %s;\n"
                           "%s%s%s%s%s%s%s%s%s}\n\n",
-                          sh.rows, sh.u, pre ? "true" : "false", GV_CONSTS, GEMM_HEAD, GV_ROWS,
+                          sh.rows, sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false",
+                          GV_CONSTS, GEMM_HEAD, GV_ROWS,
                           GV_DOWN_IN, GV_BODY, pre ? DOWN_PRE : "", GV_LOOP, GV_DOWN_OUT, DOWN_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_dn,
