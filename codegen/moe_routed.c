@@ -89,11 +89,12 @@
 #define GV_U 4
 #define GV_MAX_BM 2
 /* fp8 codes widened by the conversion unit (e4m3 pairs to f16 pairs, then
- * to fp32) instead of integer and bf16x2 operations (MOEC_MOE_GEMV_CVT=1;
- * sm_89 and later; names carry _cvt): 6 operations for 4 codes instead of
- * about 14, where the streaming kernels at one token spend about 96
- * instructions a warp's 512 bytes of codes (H200, 2026-11-29). */
-#define GV_CVT 0
+ * to fp32) instead of integer and bf16x2 operations (sm_89 and later; names
+ * carry _cvt; MOEC_MOE_GEMV_CVT=0: not): 6 operations for 4 codes instead
+ * of about 14, where the streaming kernels at one token spent about 96
+ * instructions a warp's 512 bytes of codes. (H200, 2026-11-29, V2-Lite in
+ * fp8, the step at 1 / 4 tokens: 1.457 / 3.004 ms against 1.517 / 3.102.) */
+#define GV_CVT 1
 
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
@@ -300,7 +301,8 @@ static const char DOWN_END[] =
  * every row's loads (and the slots' activations, its scales) before it
  * uses any, so that U * RW (gate_up: twice that) 16-byte loads per lane
  * are in flight; small blocks of NW warps give the GPU many blocks even at
- * one token. fp8 codes widen with integer operations (moec_w16) and each
+ * one token. fp8 codes widen by the conversion unit (sm_89 and later,
+ * GV_CVT) or with integer operations (moec_w16) and each
  * lane's 16 products are summed before the one multiply by their block's
  * scale (16 | SBK: a lane's codes lie in one block). Rows past ND load
  * nothing and are never stored; padding slots read x row 0. */

@@ -132,10 +132,11 @@ static const gen_case CASES[] = {
     {LINA(100, 640, 48, 64), 3, CG_FP8_TC, NULL},
     {LINA(100, 640, 48, 64), 64, CG_FP8_AUTO, NULL},
     {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, NULL},
-    /* the streaming experts with the codes widened by the conversion unit
-       (MOEC_MOE_GEMV_CVT=1): gate and up apart, partial blocks; H 1040 */
-    {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=1"},
-    {MOE(5, 2, 1040, 48, 0, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=1"},
+    /* the streaming experts with the codes widened by integer operations
+       (MOEC_MOE_GEMV_CVT=0; the cases above take the conversion unit):
+       gate and up apart, partial blocks; H 1040 */
+    {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0"},
+    {MOE(5, 2, 1040, 48, 0, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -195,18 +196,20 @@ int main(int argc, char **argv)
         int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
            streaming form (gv) keeps h in f32 */
-        int bm = 0, h32 = 0, cvt = 0;
+        int bm = 0, h32 = 0, cvt = 0, gv8 = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
             int gv = strstr(c.kernel_names[k], "_gv_") != NULL;
             if (b && (gv || strstr(c.kernel_names[k], "f8tc")))
                 bm = atoi(b + 3);
             h32 |= gv;
+            gv8 += gv && strstr(c.kernel_names[k], "f8e4m3") != NULL;
             cvt += gv && strstr(c.kernel_names[k], "_cvt_") != NULL;
         }
-        /* a case that asks for the conversion unit has both GEMMs on it */
-        int want_cvt = gc->env && strstr(gc->env, "MOEC_MOE_GEMV_CVT=1");
-        if (want_cvt ? cvt != 2 : cvt != 0) {
+        /* the streaming fp8 GEMMs widen by the conversion unit (sm_90, the
+           generator's arch) unless the case says MOEC_MOE_GEMV_CVT=0 */
+        int want_cvt = !(gc->env && strstr(gc->env, "MOEC_MOE_GEMV_CVT=0"));
+        if (want_cvt ? cvt != gv8 : cvt != 0) {
             fprintf(stderr, "fp8_emu_gen: case %d: %d streaming GEMMs widen by conversion\n", i,
                     cvt);
             return 1;

@@ -1247,8 +1247,9 @@ static void check_gv(const ir_module *m, const cg_ctx *c)
  * blocks; f16 and f32 weights; the experts op's down writing the result),
  * the shape knobs (8 warps of 3 rows: V2-Lite's 1408 rows not a whole
  * number of blocks; 4 chunks in flight, down's 6 evened out to 3 a round)
- * MOEC_MOE_GEMV=0 (the first form) and MOEC_MOE_GEMV_CVT=1 (fp8 codes
- * widened by the conversion unit); each compiled at T = 1. */
+ * MOEC_MOE_GEMV=0 (the first form) and MOEC_MOE_GEMV_CVT=0 (fp8 codes
+ * widened by integer operations, not the conversion unit); each compiled
+ * at T = 1. */
 static void test_gv_forms(void)
 {
     km_spec odd = {.name = "k_gv_odd", .vocab = 8, .E = 6, .K = 3, .NG = 1, .TG = 1, .norm = 1,
@@ -1270,17 +1271,16 @@ static void test_gv_forms(void)
     } cases[] = {
         {&odd, 0, {NULL}, "gv_w4_r2_u1", "rw8"},
         {&odd, 1, {NULL}, "gv_w4_r2_u2", "rw8"},
-        {&f8, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
-        {&f8, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
+        {&f8, 0, {NULL}, "gv_w4_r2_u1_cvt", "gv_w4_r4_u1_cvt"},
+        {&f8, 1, {NULL}, "gv_w4_r2_u1_cvt", "gv_w4_r4_u1_cvt"},
         {&ex, 0, {NULL}, "gv_w4_r2_u1", "gv_w4_r8_u1"},
         {&ex, 1, {NULL}, "gv_w4_r2_u1", "gv_w4_r8_u1"},
         {&v2, 0, {"MOEC_MOE_GEMV_WARPS=8", "MOEC_MOE_GEMV_RW=3", "MOEC_MOE_GEMV_U=4"},
          "gv_w8_r3_u4", "gv_w8_r8_u3"},
         {&v2, 0, {"MOEC_MOE_GEMV=0"}, "rw4", "rw8"},
-        /* fp8 codes widened by the conversion unit (sm_90; bf16 keeps its
-           form) */
-        {&f8, 0, {"MOEC_MOE_GEMV_CVT=1"}, "gv_w4_r2_u1_cvt", "gv_w4_r4_u1_cvt"},
-        {&odd, 0, {"MOEC_MOE_GEMV_CVT=1"}, "gv_w4_r2_u1", "rw8"},
+        /* fp8 codes widened by integer operations instead of the
+           conversion unit (sm_90's default) */
+        {&f8, 0, {"MOEC_MOE_GEMV_CVT=0"}, "gv_w4_r2_u1", "gv_w4_r4_u1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char kv[3][64];
