@@ -836,8 +836,8 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                           "    constexpr int RW = %d, U = %d;\n"
                           "    constexpr bool PRE = false, CVT8 = %s;\n"
                           "%s%s%s%s%s%s%s%s}\n\n",
-                          sh.rows, sh.u, sh.cvt ? "true" : "false", GV_CONSTS, GEMM_HEAD, GV_ROWS, GV_GATE_UP_IN, GV_BODY,
-                          GV_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
+                          sh.rows, sh.u, sh.cvt ? "true" : "false", GV_CONSTS, GEMM_HEAD,
+                          GV_ROWS, GV_GATE_UP_IN, GV_BODY, GV_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);

@@ -726,6 +726,13 @@ static void test_rope_variants(void)
         T_CHECK(near(fattr(m, "l0.attn.ctx", "scale"), pow(24, -0.5) * ms * ms));
     }
     ir_module_free(m);
+    /* an mscale_all_dim whose softmax scale overflows (fuzz_config found
+       it reaching the verifier as an invalid argument): refused by name */
+    REJECT("deepseek_v2_tiny.json", "rope_scaling",
+           "{\"type\": \"yarn\", \"factor\": 4, \"mscale_all_dim\": 1e307}",
+           MOEC_ERR_UNSUPPORTED,
+           "field \"rope_scaling.mscale_all_dim\" = 1e+307 gives a softmax scale that is not "
+           "finite (with factor 4)");
     /* The default type ignores the other fields. */
     m = build_ok_with("deepseek_v2_tiny.json", "rope_scaling",
                       "{\"type\": \"default\", \"factor\": \"x\", \"mscale_all_dim\": 1}");
