@@ -88,10 +88,19 @@ struct mla_case {
 // first, tile and split edges, then random ones below 300), a padding
 // token (slot -1) where there are more than two; every sequence max_blocks
 // pages of bs rows, scattered over the pool: sequence s's page j at
-// bt[s * max_blocks + j].
+// bt[s * max_blocks + j]. first(t, window): token t's first position in
+// its window (0 without one); row(t, pp): the pool row of its position pp.
 struct emu_step {
     std::vector<int> pos, slots, bt;
-    int max_blocks, pages;
+    int max_blocks, pages, bs;
+    int first(int t, int window) const
+    {
+        return window > 0 && pos[t] - window + 1 > 0 ? pos[t] - window + 1 : 0;
+    }
+    size_t row(int t, int pp) const
+    {
+        return (size_t)bt[(size_t)slots[t] * max_blocks + pp / bs] * bs + pp % bs;
+    }
 };
 static emu_step emu_tokens(std::mt19937_64 &g, int T, int bs, const int *edge, int n_edge)
 {
@@ -106,6 +115,7 @@ static emu_step emu_tokens(std::mt19937_64 &g, int T, int bs, const int *edge, i
     }
     if (T > 2)
         st.slots[T - 2] = -1; // a padding token
+    st.bs = bs;
     st.max_blocks = max_p / bs + 1;
     st.pages = T * st.max_blocks;
     st.bt.resize(st.pages);
@@ -205,7 +215,7 @@ static int run_case(int ci, const attn_case &c)
     for (int t = 0; t < T && c.ns > 1; t++) {
         if (slots[t] < 0)
             continue;
-        const int p = pos[t], lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
+        const int p = pos[t], lo = st.first(t, c.window);
         const int n = p - lo + 1;
         const int L = c.lpp ? c.lpp : n <= c.ns * 32 ? 4 : n <= c.ns * 64 ? 2 : 1;
         const int tile = c.tc_min ? 16 : 32 / L, n_tiles = (n + tile - 1) / tile;
@@ -231,11 +241,8 @@ static int run_case(int ci, const attn_case &c)
                 bad += nonzero(o, c.DV);
                 continue;
             }
-            const int p = pos[t], kh = h / G;
-            const int lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
-            auto row = [&](int pp) {
-                return (size_t)bt[(size_t)slots[t] * max_blocks + pp / c.bs] * c.bs + pp % c.bs;
-            };
+            const int p = pos[t], kh = h / G, lo = st.first(t, c.window);
+            auto row = [&](int pp) { return st.row(t, pp); };
             auto score = [&](int pp) {
                 double s = 0;
                 for (int d = 0; d < c.DK; d++)
@@ -373,11 +380,8 @@ static int run_mla_case(int ci, const mla_case &c)
                 bad += nonzero(o, c.R);
                 continue;
             }
-            const int p = pos[t];
-            const int lo = c.window > 0 && p - c.window + 1 > 0 ? p - c.window + 1 : 0;
-            auto row = [&](int pp) {
-                return (size_t)bt[(size_t)slots[t] * max_blocks + pp / c.bs] * c.bs + pp % c.bs;
-            };
+            const int p = pos[t], lo = st.first(t, c.window);
+            auto row = [&](int pp) { return st.row(t, pp); };
             auto score = [&](int pp) {
                 double s = 0;
                 for (int d = 0; d < c.R; d++)

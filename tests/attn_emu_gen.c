@@ -194,6 +194,21 @@ static void put_attn_launch(FILE *f, const cg_ctx *c, const ir_step *a, const ir
                 cb->grid[0], cb->grid[1], cb->block[0], kname(c, cb->kernel));
 }
 
+/* A case's namespace `name`: its attention kernel a and merge kernel cb
+ * (where there is one), and run(bufs &b) launching them. */
+static void put_attn_case(FILE *f, const cg_ctx *c, const char *name, const char *bufs,
+                          const ir_step *a, const ir_step *cb, const char *first,
+                          const char *pools, int ns, int merged)
+{
+    fprintf(f, "namespace %s {\n", name);
+    put_kernel(f, c->src.data, kname(c, a->kernel));
+    if (cb)
+        put_kernel(f, c->src.data, kname(c, cb->kernel));
+    fprintf(f, "static void run(%s &b)\n{\n", bufs);
+    put_attn_launch(f, c, a, cb, first, pools, ns, merged);
+    fprintf(f, "}\n} // namespace %s\n\n", name);
+}
+
 static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
 {
     km_spec s = {.name = "attn", .vocab = 8, .attn = KM_GQA, .H = g->H, .HKV = g->HKV,
@@ -246,13 +261,9 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
         }
     }
     if (!rc) {
-        fprintf(f, "namespace a%d {\n", i);
-        put_kernel(f, c.src.data, kname(&c, a->kernel));
-        if (cb)
-            put_kernel(f, c.src.data, kname(&c, cb->kernel));
-        fprintf(f, "static void run(attn_bufs &b)\n{\n");
-        put_attn_launch(f, &c, a, cb, "b.q", "b.kpool, b.vpool", ns, merged);
-        fprintf(f, "}\n} // namespace a%d\n\n", i);
+        char name[16];
+        snprintf(name, sizeof name, "a%d", i);
+        put_attn_case(f, &c, name, "attn_bufs", a, cb, "b.q", "b.kpool, b.vpool", ns, merged);
         /* the tensor cores' form: the fewest positions of a split, from
            the name (_mpN), for the harness's count of the live splits */
         const char *mp = strstr(an, "_mp");
@@ -308,13 +319,10 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
         }
     }
     if (!rc) {
-        fprintf(f, "namespace m%d {\n", i);
-        put_kernel(f, c.src.data, kname(&c, a->kernel));
-        if (cb)
-            put_kernel(f, c.src.data, kname(&c, cb->kernel));
-        fprintf(f, "static void run(mla_bufs &b)\n{\n");
-        put_attn_launch(f, &c, a, cb, "b.q_c, b.q_pe", "b.kvpool, b.pepool", ns, merged);
-        fprintf(f, "}\n} // namespace m%d\n\n", i);
+        char name[16];
+        snprintf(name, sizeof name, "m%d", i);
+        put_attn_case(f, &c, name, "mla_bufs", a, cb, "b.q_c, b.q_pe", "b.kvpool, b.pepool", ns,
+                      merged);
         moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
                         kname(&c, a->kernel), g->H, g->R, g->DR, g->T, g->window, g->bs, ns,
                         merged, i);
