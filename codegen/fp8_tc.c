@@ -54,10 +54,13 @@
  * layers at 16 tokens 2.950 against 2.880.) bf16 weights keep the rule
  * (twice the bytes a chunk). */
 #define TC_U 6
-/* TC_LOOP's rolling loads (MOEC_FP8_TC_ROLL; names carry _roll) */
-#define TC_ROLL 0
 
-static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1); }
+/* The experts' down: 16-row tiles a warp. One tile holds a lane's U
+ * chunks in half the registers of two, so that more warps fit an SM.
+ * (H200, 2026-11-29, V2-Lite in fp8 at context 1024, down in the step
+ * with one tile against two: 50.5 against 56.2 us a layer at 32 tokens,
+ * 59.1 against 62.0 at 64.) */
+#define TC_DN_RT 1
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
@@ -69,40 +72,33 @@ static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1);
  * elements apart, chunk c0 first) and the thread's lane coordinates g, q.
  * Each lane loads U chunks of its rows (16 bytes each in fp8, 32 in bf16)
  * and their scales, then runs their products while the other warps load;
- * the first loads go out before the wait for the staged rows. With ROLL a
- * chunk's registers take the load of the chunk U on as soon as its
- * products are issued, so that U - 1 chunks stay in flight while the lane
- * multiplies (the same registers); without, the next U chunks' loads go
- * out together once all U are multiplied. Leaves acc[RT][NT][4]
- * (moec_tc_chunk's fragments). */
+ * the first loads go out before the wait for the staged rows. Leaves
+ * acc[RT][NT][4] (moec_tc_chunk's fragments). */
 static const char TC_LOAD[] =
     "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
     "    uint4 wa[U][RT][2 * LW];\n"
     "    float sc[U][RT];\n"
-    "    /* slot u's registers: chunk c (zeros past c1 and in dead tiles) */\n"
-    "    auto load1 = [&](int u, int c) {\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++) {\n"
-    "            sc[u][r] = 0.0f;\n"
-    "            if (live[r] && c < c1) {\n"
-    "#pragma unroll\n"
-    "                for (int h = 0; h < LW; h++) {\n"
-    "                    wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * 64 + h * 8);\n"
-    "                    wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * 64 + h * 8);\n"
-    "                }\n"
-    "                if constexpr (W8)\n"
-    "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
-    "            } else {\n"
-    "#pragma unroll\n"
-    "                for (int h = 0; h < 2 * LW; h++)\n"
-    "                    wa[u][r][h] = make_uint4(0u, 0u, 0u, 0u);\n"
-    "            }\n"
-    "        }\n"
-    "    };\n"
     "    auto load = [&](int cb) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++)\n"
-    "            load1(u, cb + u);\n"
+    "#pragma unroll\n"
+    "            for (int r = 0; r < RT; r++) {\n"
+    "                const int c = cb + u;\n"
+    "                sc[u][r] = 0.0f;\n"
+    "                if (live[r] && c < c1) {\n"
+    "#pragma unroll\n"
+    "                    for (int h = 0; h < LW; h++) {\n"
+    "                        wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * 64 + h * 8);\n"
+    "                        wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * 64 + h * 8);\n"
+    "                    }\n"
+    "                    if constexpr (W8)\n"
+    "                        sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
+    "                } else {\n"
+    "#pragma unroll\n"
+    "                    for (int h = 0; h < 2 * LW; h++)\n"
+    "                        wa[u][r][h] = make_uint4(0u, 0u, 0u, 0u);\n"
+    "                }\n"
+    "            }\n"
     "    };\n";
 
 static const char TC_LOOP[] =
@@ -123,17 +119,12 @@ static const char TC_LOOP[] =
     "        for (int cb = c0;;) {\n"
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
-    "                if (cb + u < c1) {\n"
+    "                if (cb + u < c1)\n"
     "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
-    "                    if constexpr (ROLL)\n"
-    "                        if (cb + U + u < c1)\n"
-    "                            load1(u, cb + U + u);\n"
-    "                }\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
-    "            if constexpr (!ROLL)\n"
-    "                load(cb);\n"
+    "            load(cb);\n"
     "        }\n";
 
 /* ---- the dense linear ---------------------------------------------------- */
@@ -337,8 +328,8 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
                232 registers): a grid of more clusters than fit at once
                runs a second wave for its last few (H200, 2026-11-29,
                V2-Lite's shared gate_up at 32 tokens: 44 clusters of 6, 39
-               at once, 16.7 us alone; in the step 12.4 us, 9.2 with 5
-               splits). At two blocks an SM an H100 holds (bench/
+               at once, 16.7 us alone; 12.4 us in the step, 9.2 with 5
+               splits; fp8 V2-Lite at 32 tokens 6.282 against 6.361 ms). At two blocks an SM an H100 holds (bench/
                cluster_fit.cu, 2026-11-24) clusters of 2 in all 264 block
                slots, of 3 in 237, 4: 248, 5: 235, 6: 234, 7: 224, 8: 240
                (how GPCs are laid out varies from chip to chip): clusters
@@ -405,10 +396,9 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
-    int roll = tc_roll();
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
-             w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, roll ? "_roll" : "",
-             pre ? "_pre" : "", act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s_%s_%s",
+             w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
+             act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -428,11 +418,11 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s;\n%s",
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n%s",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", roll ? "true" : "false", decl);
+            pre ? "true" : "false", act ? "true" : "false", decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
                         LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
@@ -596,11 +586,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    int roll = tc_roll();
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", c->T,
-             l->fused ? "fused" : "split", tag);
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, c->T, l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -618,9 +606,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false, ROLL = %s;\n%s",
+            "    constexpr bool PRE = false;\n%s",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, roll ? "true" : "false", decl);
+            gstride, uoff, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
@@ -634,8 +622,12 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
 moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    /* two tiles a warp where the blocks still fill the GPU twice */
+    /* tiles a warp: MOEC_FP8_TC_RT (the linear's too), else
+       MOEC_FP8_TC_DN_RT (TC_DN_RT; 0: two where the blocks still fill the
+       GPU twice) */
     int rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
+    if (!rt)
+        rt = cg_env_int("MOEC_FP8_TC_DN_RT", TC_DN_RT, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
     int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
@@ -645,11 +637,10 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll();
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", c->T, ir_dtype_name(ydt),
-             d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, c->T, ir_dtype_name(ydt), d->w ? "w" : "now",
+             tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -670,9 +661,9 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s;\n%s",
+                        "    constexpr bool MULW = %s, PRE = false;\n%s",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        roll ? "true" : "false", decl);
+                        decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");

@@ -1358,8 +1358,6 @@ static void check_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long
     size_t part = S > 1 ? (size_t)nw * rt * (tg / 8) * 512 : 0;
     T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == want_rt &&
             u == (w8 && tg >= 32 ? 6 : 4 / rt) && S == want_s);
-    if (!strncmp(kn + end, "_roll", 5))
-        end += 5; /* MOEC_FP8_TC_ROLL */
     T_CHECK(!strncmp(kn + end, "_pre_", 5) == (T > CG_PREFETCH_MAX_T));
     T_CHECK(s->grid[0] == (unsigned)(slabs * S) && s->grid[1] == (unsigned)groups &&
             s->block[0] == 128 && s->smem == (x > part ? x : part));
@@ -1464,7 +1462,8 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
             gu->grid[1] == (unsigned)((I + 63) / 64) && gu->block[0] == 128 &&
             gu->smem == (unsigned)(bm * (H + 8) * 2));
     int rt = 0;
-    T_CHECK(sscanf(strstr(dk, "_f8tc_w4_rt"), "_f8tc_w4_rt%d_", &rt) == 1 && (rt == 1 || rt == 2));
+    /* down: one 16-row tile a warp (MOEC_FP8_TC_DN_RT) */
+    T_CHECK(sscanf(strstr(dk, "_f8tc_w4_rt"), "_f8tc_w4_rt%d_", &rt) == 1 && rt == 1);
     T_CHECK(dn->grid[0] == gu->grid[0] && dn->grid[1] == (unsigned)((H + 64 * rt - 1) / (64 * rt)) &&
             dn->block[0] == 128 && dn->smem == (unsigned)(bm * (I + 8) * 2));
     /* h [T*K, I] is bf16: the down's y scratch follows 2 bytes an element on */
