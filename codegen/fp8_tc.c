@@ -366,7 +366,7 @@ static int linear_weight_fits(const cg_ctx *c, const ir_op *op)
     if (ir_op_attr(op, "act") && c->opt->compute_dtype != IR_DTYPE_BF16)
         return 0;
     if (dw == IR_DTYPE_F8E4M3)
-        return w->scale.block[1] % 64 == 0 && w->scale.block[0] % 16 == 0;
+        return ir_block_scale_tiles(w);
     return dw == IR_DTYPE_BF16;
 }
 
@@ -530,8 +530,7 @@ static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd +
 
 static int weight_fits(const cg_ctx *c, const ir_value *w)
 {
-    return !w || (cg_storage(c, w) == IR_DTYPE_F8E4M3 && w->scale.block[0] % 16 == 0 &&
-                  w->scale.block[1] % 64 == 0);
+    return !w || (cg_storage(c, w) == IR_DTYPE_F8E4M3 && ir_block_scale_tiles(w));
 }
 
 int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, int bm)

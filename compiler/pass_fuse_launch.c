@@ -66,8 +66,7 @@ moec_status pass_fuse_moe_sum(ir_module *m, const pass_options *opt)
 static int fp8_act_fits(const ir_value *w, int64_t k, const pass_options *opt, int on)
 {
     const char *fk = getenv("MOEC_FP8_KERNEL");
-    return on && opt->compute_dtype == IR_DTYPE_BF16 && k % 64 == 0 && w->scale.block[0] > 0 &&
-           w->scale.block[0] % 16 == 0 && w->scale.block[1] % 64 == 0 &&
+    return on && opt->compute_dtype == IR_DTYPE_BF16 && k % 64 == 0 && ir_block_scale_tiles(w) &&
            !(fk && !strcmp(fk, "old"));
 }
 

@@ -350,6 +350,13 @@ moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, i
 /* The f32 type of block-scaled weight w's scales: w's dims with the last
  * two divided by the block, rounded up. */
 ir_type ir_block_scale_type(const ir_value *w);
+/* 1 when block-scaled weight w's scale blocks hold whole 16-row tiles and
+ * 64-wide k chunks (what the staged fp8 kernels, codegen/fp8_tc.c, need;
+ * fuse_silu_mul_linear asks before it gives an fp8 linear act). */
+static inline int ir_block_scale_tiles(const ir_value *w)
+{
+    return w->scale.block[0] > 0 && w->scale.block[0] % 16 == 0 && w->scale.block[1] % 64 == 0;
+}
 /* The box of the scales that leaf b (a TENSOR or STACK binding of a
  * block-scaled weight of `rank` dims, blocks of block[0] x block[1]) reads:
  * along the last two dims the blocks its box touches, [start / block,
