@@ -629,8 +629,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         rt = cg_env_int("MOEC_FP8_TC_DN_RT", TC_DN_RT, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
-    /* chunks in flight: MOEC_FP8_TC_U, else MOEC_FP8_TC_DN_U (down alone) */
-    int u = cg_env_int("MOEC_FP8_TC_U", cg_env_int("MOEC_FP8_TC_DN_U", TC_U, 0, 8), 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
