@@ -329,7 +329,8 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
                runs a second wave for its last few (H200, 2026-11-29,
                V2-Lite's shared gate_up at 32 tokens: 44 clusters of 6, 39
                at once, 16.7 us alone; 12.4 us in the step, 9.2 with 5
-               splits; fp8 V2-Lite at 32 tokens 6.282 against 6.361 ms). At two blocks an SM an H100 holds (bench/
+               splits; fp8 V2-Lite at 32 tokens 6.282 against 6.361 ms).
+               At two blocks an SM an H100 holds (bench/
                cluster_fit.cu, 2026-11-24) clusters of 2 in all 264 block
                slots, of 3 in 237, 4: 248, 5: 235, 6: 234, 7: 224, 8: 240
                (how GPCs are laid out varies from chip to chip): clusters
