@@ -110,6 +110,15 @@ size_t cg_scratch(cg_ctx *c, size_t bytes);
  * operands) move past it. cg_plan_build calls it once per bucket. */
 void cg_scratch_place_streams(cg_ctx *c);
 
+/* Each fork step moved past the next `delay` kernel or GEMM steps of the
+ * main stream, never past a step of the side stream, a join or a
+ * collective: the side stream then also waits for those steps (the
+ * shared expert for the router (1), its top-k (2), ...), whose blocks it
+ * no longer takes the SMs from. A CUDA graph keeps only the dependencies,
+ * not the order of capture, so this is how a branch starts later.
+ * cg_plan_build calls it with MOEC_FORK_DELAY (default 0). */
+void cg_delay_forks(cg_ctx *c, int delay);
+
 ir_arg cg_arg_act(const ir_value *v);
 ir_arg cg_arg_weight(const ir_value *v);
 /* The block scales of an fp8 weight: its buffer past its codes

@@ -860,6 +860,61 @@ static void test_aliases(void)
     ir_module_free(m);
 }
 
+/* cg_delay_forks by 2: each fork step that had two main-stream launches
+ * after it has them before it now, the rest in their order; a fork with a
+ * side-stream step or an event right after it does not move. */
+static void check_fork_delay(const cg_ctx *c)
+{
+    int n = c->n_steps;
+    ir_step *was = malloc(sizeof *was * (size_t)(n ? n : 1));
+    if (!was)
+        return;
+    memcpy(was, c->steps, sizeof *was * (size_t)n);
+    cg_ctx d = *c;
+    d.steps = malloc(sizeof *was * (size_t)(n ? n : 1));
+    if (!d.steps) {
+        free(was);
+        return;
+    }
+    memcpy(d.steps, was, sizeof *was * (size_t)n);
+    cg_delay_forks(&d, 2);
+    int moved = 0, bad = 0;
+    for (int i = 0, j = 0; i < n; i++, j++) {
+        const ir_step *s = &was[i];
+        int launch1 = i + 1 < n && was[i + 1].stream == 0 &&
+                      (was[i + 1].kind == IR_STEP_KERNEL || was[i + 1].kind == IR_STEP_GEMM);
+        int launch2 = launch1 && i + 2 < n && was[i + 2].stream == 0 &&
+                      (was[i + 2].kind == IR_STEP_KERNEL || was[i + 2].kind == IR_STEP_GEMM);
+        if (s->kind == IR_STEP_FORK && launch2) {
+            bad += d.steps[j].op_id != was[i + 1].op_id || d.steps[j + 1].op_id != was[i + 2].op_id ||
+                   d.steps[j + 2].kind != IR_STEP_FORK || d.steps[j + 2].op_id != s->op_id;
+            moved++;
+            i += 2;
+            j += 2;
+        } else if (s->kind == IR_STEP_FORK && !launch1) {
+            bad += d.steps[j].kind != IR_STEP_FORK || d.steps[j].op_id != s->op_id;
+        } else if (s->kind != IR_STEP_FORK) {
+            bad += d.steps[j].kind != s->kind || d.steps[j].op_id != s->op_id ||
+                   d.steps[j].stream != s->stream;
+        } else {
+            /* one launch then something else: the fork goes past that one */
+            bad += d.steps[j].op_id != was[i + 1].op_id || d.steps[j + 1].kind != IR_STEP_FORK;
+            moved++;
+            i++;
+            j++;
+        }
+    }
+    int forks = 0;
+    for (int i = 0; i < n; i++)
+        forks += was[i].kind == IR_STEP_FORK;
+    if (bad)
+        fprintf(stderr, "cg_delay_forks: %d steps out of place\n", bad);
+    /* the shared experts' forks have the router after them */
+    T_CHECK(bad == 0 && (forks == 0 || moved > 0));
+    free(d.steps);
+    free(was);
+}
+
 /* After the whole pipeline, per bucket: no reshape, fork or join launches
  * a kernel; fork and join are one event step each. Returns bucket T=1's
  * launches (kernels and GEMMs). */
@@ -898,6 +953,7 @@ static int check_no_alias_copies(const ir_module *m)
         T_CHECK(bad == 0 && events == forks + joins);
         if (b == 0)
             launches = n;
+        check_fork_delay(&c);
         cg_ctx_free(&c);
     }
     return launches;
