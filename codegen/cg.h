@@ -110,14 +110,23 @@ size_t cg_scratch(cg_ctx *c, size_t bytes);
  * operands) move past it. cg_plan_build calls it once per bucket. */
 void cg_scratch_place_streams(cg_ctx *c);
 
-/* Each fork step moved past the next `delay` kernel or GEMM steps of the
- * main stream, never past a step of the side stream, a join or a
- * collective: the side stream then also waits for those steps (the
- * shared expert for the router (1), its top-k (2), ...), whose blocks it
- * no longer takes the SMs from. A CUDA graph keeps only the dependencies,
- * not the order of capture, so this is how a branch starts later.
- * cg_plan_build calls it with MOEC_FORK_DELAY (default 0). */
-void cg_delay_forks(cg_ctx *c, int delay);
+/* The bucket's replay of the side stream under the runtime's rule and its
+ * knobs (MOEC_DUAL_STREAM_MAX_T, MOEC_DUAL_STREAM_FROM_T, docs/CUDA.md):
+ * 0 on stream 0 alone, 1 two streams at up to IR_DUAL_STREAM_MAX_T tokens,
+ * 2 two streams again from the module's from_t up. */
+int cg_two_streams(const cg_ctx *c);
+
+/* Where each fork step goes, once a bucket's steps are generated (a CUDA
+ * graph keeps only the dependencies, not the order of capture, so this is
+ * how a branch starts later): by default in buckets of two streams from
+ * from_t up (cg_two_streams 2) past the MoE's routing (the main-stream
+ * launches up to its moe_topk's), so that the shared expert's blocks no
+ * longer take the SMs the router wants, and where it was otherwise.
+ * MOEC_FORK_DELAY=n moves each fork past the next n main-stream launches
+ * instead (0: none), an A/B knob. A fork never moves past a step of the
+ * side stream, a join or a collective. cg_plan_build calls it once per
+ * bucket. */
+void cg_place_forks(cg_ctx *c);
 
 ir_arg cg_arg_act(const ir_value *v);
 ir_arg cg_arg_weight(const ir_value *v);

@@ -206,13 +206,15 @@ static router_mma_shape mma_shape(long long E, long long K, long long NG, int T)
     return r;
 }
 
-/* 1 when the bucket replays a side stream beside the main one (the
- * runtime's rule: up to IR_DUAL_STREAM_MAX_T tokens and from
- * IR_DUAL_STREAM_FROM_T up, docs/CUDA.md). There the ROUTER_MMA kernel ran
- * slower than the three launches it replaces (H100, V2-Lite step, bf16 at
- * 64 tokens: 16.4-16.5 ms against 13.9-14.0 in three calls, level on one
- * stream; at 8: 7.415 against 7.336 and fp8 5.464 against 5.305 in one
- * call, level in another), so such buckets keep those; on one stream it
+/* 1 when the bucket replays a side stream beside the main one from the MoE
+ * input on (the runtime's rule: up to IR_DUAL_STREAM_MAX_T tokens,
+ * docs/CUDA.md; from from_t up the side stream forks after the routing,
+ * cg_place_forks, which the ROUTER_MMA kernel is there). There the
+ * ROUTER_MMA kernel ran slower than the three launches it replaces (H100,
+ * V2-Lite step, bf16 at 64 tokens, the fork then before it: 16.4-16.5 ms
+ * against 13.9-14.0 in three calls, level on one stream; at 8: 7.415
+ * against 7.336 and fp8 5.464 against 5.305 in one call, level in
+ * another), so such buckets keep those; on one stream it
  * gained at 32 in four calls (bf16 0.03-0.24 ms, fp8 0.05-0.12). Why (a
  * kernel timeline at 64): without the router's GEMM before it, the routed
  * gate_up's blocks take every SM before the side stream's silu_mul starts,
@@ -221,9 +223,7 @@ static int side_stream_beside(const cg_ctx *c)
 {
     if (cg_env_int("MOEC_MOE_ROUTE_MMA_ANY_STREAM", 0, 0, 1)) /* for A/B runs */
         return 0;
-    int max = cg_env_int("MOEC_DUAL_STREAM_MAX_T", IR_DUAL_STREAM_MAX_T, 0, 1 << 20);
-    int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", ir_dual_stream_from_t(c->m), 0, 1 << 20);
-    if (!ir_bucket_two_streams(c->T, max, from))
+    if (cg_two_streams(c) != 1)
         return 0;
     for (int k = 0; k < c->m->n_ops; k++)
         if (c->m->ops[k]->stream == 1)

@@ -82,28 +82,6 @@ static moec_status check_module(const ir_module *m, const cg_options *o)
     return MOEC_OK;
 }
 
-void cg_delay_forks(cg_ctx *c, int delay)
-{
-    for (int i = 0; delay > 0 && i < c->n_steps; i++) {
-        if (c->steps[i].kind != IR_STEP_FORK)
-            continue;
-        int j = i, left = delay;
-        while (left > 0 && j + 1 < c->n_steps) {
-            const ir_step *n = &c->steps[j + 1];
-            if (n->stream != 0 || (n->kind != IR_STEP_KERNEL && n->kind != IR_STEP_GEMM))
-                break;
-            j++;
-            left--;
-        }
-        if (j == i)
-            continue;
-        ir_step fork = c->steps[i];
-        memmove(&c->steps[i], &c->steps[i + 1], sizeof fork * (size_t)(j - i));
-        c->steps[j] = fork;
-        i = j;
-    }
-}
-
 static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
 {
     memset(c, 0, sizeof *c);
@@ -126,7 +104,7 @@ static moec_status generate(const ir_module *m, const cg_options *o, int T, cg_c
         if (st != MOEC_OK)
             return moec_err_wrap(st, "codegen of the sampler (bucket T=%d)", T);
     }
-    cg_delay_forks(c, cg_env_int("MOEC_FORK_DELAY", 0, 0, 16));
+    cg_place_forks(c);
     cg_scratch_place_streams(c);
     /* c->scratch_bytes (cg_scratch) already counts both regions. */
     cg_add_pdl_waits(&c->src);

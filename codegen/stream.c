@@ -5,6 +5,8 @@
  * arena offset, so the event is all there is; were they apart, the value
  * would be copied on the stream that reads it next (the fork's on stream 1,
  * after the wait; the join's on stream 0). */
+#include <string.h>
+
 #include "codegen/cg.h"
 #include "err.h"
 
@@ -22,4 +24,58 @@ moec_status cg_emit_stream(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind),
                         op->out[0]->name);
     return cg_emit_copy(c, op);
+}
+
+int cg_two_streams(const cg_ctx *c)
+{
+    int max = cg_env_int("MOEC_DUAL_STREAM_MAX_T", IR_DUAL_STREAM_MAX_T, 0, 1 << 20);
+    int from = cg_env_int("MOEC_DUAL_STREAM_FROM_T", ir_dual_stream_from_t(c->m), 0, 1 << 20);
+    if (!ir_bucket_two_streams(c->T, max, from))
+        return 0;
+    return c->T <= max ? 1 : 2;
+}
+
+static int is_launch(const ir_step *s)
+{
+    return s->stream == 0 && (s->kind == IR_STEP_KERNEL || s->kind == IR_STEP_GEMM);
+}
+
+/* The main-stream launches after fork step i up to and including the last
+ * one of a moe_topk before anything else; 0 when there is none. */
+static int routing_launches(const cg_ctx *c, int i)
+{
+    int n = 0;
+    for (int j = i + 1; j < c->n_steps && is_launch(&c->steps[j]); j++) {
+        int op = c->steps[j].op_id;
+        if (op >= 0 && op < c->m->n_ops && c->m->ops[op]->kind == IR_OP_MOE_TOPK)
+            n = j - i;
+    }
+    return n;
+}
+
+void cg_place_forks(cg_ctx *c)
+{
+    /* (H200, 2026-11-29, fp8 V2-Lite step, ms at 32 / 64 tokens: two
+       streams with the fork after the one-launch router 5.826 / 7.162
+       against 6.147 one stream / 7.312 two streams with the fork before
+       the router's GEMM; after the GEMM 5.908 / 7.218, after the align
+       5.888 / 7.272. At 1 and 8 tokens, where the shared expert is the
+       longer branch, a later fork was slower: 1.547-1.678 against 1.458 at
+       batch 1. bf16 at 32 and 64 on two streams this way: 9.544 / 10.633
+       against 9.505 / 10.482 on one.) */
+    int delay = cg_env_int("MOEC_FORK_DELAY", -1, -1, 16);
+    int routing = delay < 0 && cg_two_streams(c) == 2;
+    for (int i = 0; i < c->n_steps; i++) {
+        if (c->steps[i].kind != IR_STEP_FORK)
+            continue;
+        int n = routing ? routing_launches(c, i) : delay > 0 ? delay : 0, j = i;
+        while (n-- > 0 && j + 1 < c->n_steps && is_launch(&c->steps[j + 1]))
+            j++;
+        if (j == i)
+            continue;
+        ir_step fork = c->steps[i];
+        memmove(&c->steps[i], &c->steps[i + 1], sizeof fork * (size_t)(j - i));
+        c->steps[j] = fork;
+        i = j;
+    }
 }

@@ -178,7 +178,7 @@ struct rt_cuda {
     int dual_max_t;                /* buckets of more tokens run on stream 0 alone
                                     * (MOEC_DUAL_STREAM_MAX_T, default 16) */
     int dual_from_t;               /* ... up to this many tokens, two streams again
-                                    * from there (MOEC_DUAL_STREAM_FROM_T, default 64;
+                                    * from there (MOEC_DUAL_STREAM_FROM_T, default 32;
                                     * 0: never) */
     int pdl;                       /* 1: kernels launched as programmatic dependents (plan->pdl,
                                     * sm_90+, unless MOEC_PDL=0) */

@@ -161,6 +161,7 @@ static int generate(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
         fprintf(stderr, "%s T=%d argmax: %s\n", m->name, T, moec_last_error());
         ok = 0;
     }
+    cg_place_forks(c);
     T_CHECK(ok && !c->src.oom);
     if (ok)
         check_steps(c);
@@ -860,59 +861,92 @@ static void test_aliases(void)
     ir_module_free(m);
 }
 
-/* cg_delay_forks by 2: each fork step that had two main-stream launches
- * after it has them before it now, the rest in their order; a fork with a
- * side-stream step or an event right after it does not move. */
-static void check_fork_delay(const cg_ctx *c)
+static int is_main_launch(const ir_step *s)
+{
+    return s->stream == 0 && (s->kind == IR_STEP_KERNEL || s->kind == IR_STEP_GEMM);
+}
+
+/* c's steps (generated with MOEC_FORK_DELAY=0: every fork where its op is)
+ * placed again into a copy under MOEC_FORK_DELAY (NULL: unset). */
+static ir_step *placed(const cg_ctx *c, const char *delay)
+{
+    cg_ctx d = *c;
+    d.steps = malloc(sizeof *d.steps * (size_t)(c->n_steps + 1));
+    if (!d.steps)
+        return NULL;
+    memcpy(d.steps, c->steps, sizeof *d.steps * (size_t)c->n_steps);
+    if (delay)
+        setenv("MOEC_FORK_DELAY", delay, 1);
+    else
+        unsetenv("MOEC_FORK_DELAY");
+    cg_place_forks(&d);
+    setenv("MOEC_FORK_DELAY", "0", 1);
+    return d.steps;
+}
+
+/* cg_place_forks. MOEC_FORK_DELAY=2: each fork step that had two
+ * main-stream launches after it has them before it now, one with one
+ * launch then something else goes past that one, one with a side-stream
+ * step or an event right after it stays, the rest keep their order. By
+ * default, in buckets of two streams from from_t up (cg_two_streams 2) a
+ * fork with a moe_topk among the main-stream launches after it goes right
+ * after that moe_topk's last step, others stay; elsewhere none moves. */
+static void check_fork_places(const cg_ctx *c)
 {
     int n = c->n_steps;
-    ir_step *was = malloc(sizeof *was * (size_t)(n ? n : 1));
-    if (!was)
+    const ir_step *was = c->steps;
+    ir_step *d = placed(c, "2");
+    if (!d)
         return;
-    memcpy(was, c->steps, sizeof *was * (size_t)n);
-    cg_ctx d = *c;
-    d.steps = malloc(sizeof *was * (size_t)(n ? n : 1));
-    if (!d.steps) {
-        free(was);
-        return;
-    }
-    memcpy(d.steps, was, sizeof *was * (size_t)n);
-    cg_delay_forks(&d, 2);
-    int moved = 0, bad = 0;
+    int moved = 0, forks = 0, bad = 0;
     for (int i = 0, j = 0; i < n; i++, j++) {
         const ir_step *s = &was[i];
-        int launch1 = i + 1 < n && was[i + 1].stream == 0 &&
-                      (was[i + 1].kind == IR_STEP_KERNEL || was[i + 1].kind == IR_STEP_GEMM);
-        int launch2 = launch1 && i + 2 < n && was[i + 2].stream == 0 &&
-                      (was[i + 2].kind == IR_STEP_KERNEL || was[i + 2].kind == IR_STEP_GEMM);
-        if (s->kind == IR_STEP_FORK && launch2) {
-            bad += d.steps[j].op_id != was[i + 1].op_id || d.steps[j + 1].op_id != was[i + 2].op_id ||
-                   d.steps[j + 2].kind != IR_STEP_FORK || d.steps[j + 2].op_id != s->op_id;
-            moved++;
-            i += 2;
-            j += 2;
-        } else if (s->kind == IR_STEP_FORK && !launch1) {
-            bad += d.steps[j].kind != IR_STEP_FORK || d.steps[j].op_id != s->op_id;
-        } else if (s->kind != IR_STEP_FORK) {
-            bad += d.steps[j].kind != s->kind || d.steps[j].op_id != s->op_id ||
-                   d.steps[j].stream != s->stream;
-        } else {
-            /* one launch then something else: the fork goes past that one */
-            bad += d.steps[j].op_id != was[i + 1].op_id || d.steps[j + 1].kind != IR_STEP_FORK;
-            moved++;
-            i++;
-            j++;
+        int l1 = i + 1 < n && is_main_launch(&was[i + 1]);
+        int l2 = l1 && i + 2 < n && is_main_launch(&was[i + 2]);
+        forks += s->kind == IR_STEP_FORK;
+        if (s->kind != IR_STEP_FORK || !l1) {
+            bad += d[j].kind != s->kind || d[j].op_id != s->op_id || d[j].stream != s->stream;
+            continue;
         }
+        int k = l2 ? 2 : 1;
+        for (int q = 0; q < k; q++)
+            bad += d[j + q].op_id != was[i + 1 + q].op_id;
+        bad += d[j + k].kind != IR_STEP_FORK || d[j + k].op_id != s->op_id;
+        moved++;
+        i += k;
+        j += k;
     }
-    int forks = 0;
-    for (int i = 0; i < n; i++)
-        forks += was[i].kind == IR_STEP_FORK;
+    free(d);
     if (bad)
-        fprintf(stderr, "cg_delay_forks: %d steps out of place\n", bad);
+        fprintf(stderr, "MOEC_FORK_DELAY=2: %d steps out of place\n", bad);
     /* the shared experts' forks have the router after them */
     T_CHECK(bad == 0 && (forks == 0 || moved > 0));
-    free(d.steps);
-    free(was);
+
+    d = placed(c, NULL);
+    if (!d)
+        return;
+    int two = cg_two_streams(c), after_topk = 0;
+    bad = 0;
+    for (int i = 0, j = 0; i < n; i++, j++) {
+        const ir_step *s = &was[i];
+        int topk = -1;
+        for (int q = i + 1; s->kind == IR_STEP_FORK && q < n && is_main_launch(&was[q]); q++)
+            if (c->m->ops[was[q].op_id]->kind == IR_OP_MOE_TOPK)
+                topk = q;
+        if (two != 2 || topk < 0) {
+            bad += d[j].kind != s->kind || d[j].op_id != s->op_id || d[j].stream != s->stream;
+            continue;
+        }
+        for (int q = i + 1; q <= topk; q++, j++)
+            bad += d[j].op_id != was[q].op_id;
+        bad += d[j].kind != IR_STEP_FORK || d[j].op_id != s->op_id;
+        after_topk++;
+        i = topk;
+    }
+    free(d);
+    if (bad)
+        fprintf(stderr, "%s T=%d: %d steps out of place\n", c->m->name, c->T, bad);
+    T_CHECK(bad == 0 && (two != 2 || forks == 0 || after_topk > 0));
 }
 
 /* After the whole pipeline, per bucket: no reshape, fork or join launches
@@ -924,6 +958,7 @@ static int check_no_alias_copies(const ir_module *m)
     cg_options o;
     cg_options_default(&o);
     int launches = -1;
+    setenv("MOEC_FORK_DELAY", "0", 1); /* every fork where its op is */
     for (int b = 0; b < 3; b++) {
         cg_ctx c;
         if (!generate(m, &o, buckets[b], &c)) {
@@ -953,9 +988,10 @@ static int check_no_alias_copies(const ir_module *m)
         T_CHECK(bad == 0 && events == forks + joins);
         if (b == 0)
             launches = n;
-        check_fork_delay(&c);
+        check_fork_places(&c);
         cg_ctx_free(&c);
     }
+    unsetenv("MOEC_FORK_DELAY");
     return launches;
 }
 
