@@ -121,11 +121,11 @@ int cg_two_streams(const cg_ctx *c);
  * how a branch starts later): by default in buckets of two streams from
  * from_t up (cg_two_streams 2) past the MoE's routing (the main-stream
  * launches up to its moe_topk's), so that the shared expert's blocks no
- * longer take the SMs the router wants, and where it was otherwise.
- * MOEC_FORK_DELAY=n moves each fork past the next n main-stream launches
- * instead (0: none), an A/B knob. A fork never moves past a step of the
- * side stream, a join or a collective. cg_plan_build calls it once per
- * bucket. */
+ * longer take the SMs the router wants; elsewhere each fork stays right
+ * after its operand's op. MOEC_FORK_DELAY=n moves each fork past the next
+ * n main-stream launches instead (0: none), an A/B knob. A fork never
+ * moves past a step of the side stream, a join or a collective.
+ * cg_plan_build calls it once per bucket. */
 void cg_place_forks(cg_ctx *c);
 
 ir_arg cg_arg_act(const ir_value *v);
