@@ -931,7 +931,8 @@ static void check_fork_places(const cg_ctx *c)
         const ir_step *s = &was[i];
         int topk = -1;
         for (int q = i + 1; s->kind == IR_STEP_FORK && q < n && is_main_launch(&was[q]); q++)
-            if (c->m->ops[was[q].op_id]->kind == IR_OP_MOE_TOPK)
+            if (was[q].op_id >= 0 && was[q].op_id < c->m->n_ops &&
+                c->m->ops[was[q].op_id]->kind == IR_OP_MOE_TOPK)
                 topk = q;
         if (two != 2 || topk < 0) {
             bad += d[j].kind != s->kind || d[j].op_id != s->op_id || d[j].stream != s->stream;
