@@ -120,8 +120,7 @@ static moec_status read_attention(const fe_json *j, const fe_common *cc, ds_cfg 
         d->scale = d->scale * m * m;
         if (!isfinite(d->scale)) {
             /* the dict itself, so that the error shows the value */
-            rd.obj = fe_json_get(j, strcmp(d->rope.dict_prefix, "rope_scaling.") ? "rope_parameters"
-                                                                                 : "rope_scaling");
+            rd.obj = d->rope.dict;
             return fe_json_unsupported(&rd, "mscale_all_dim",
                                        "gives a softmax scale that is not finite (with factor %g)",
                                        d->rope.dict_factor);

@@ -125,6 +125,7 @@ typedef struct fe_rope {
     double dict_factor;
     double mscale_all_dim;   /* 0 when absent or null */
     const char *dict_prefix; /* "rope_scaling." or "rope_parameters." */
+    const cJSON *dict;       /* that dict (NULL when there is none) */
     int64_t rotary_dim;      /* > 0: only the first rotary_dim channels rotate (set by the
                                 family; 0: all) */
 } fe_rope;

@@ -465,6 +465,7 @@ moec_status fe_rope_read(const fe_json *root, int64_t dim, int64_t max_pos, fe_r
     fe_json d;
     MOEC_TRY(rope_dict(root, &d));
     r->dict_prefix = d.prefix;
+    r->dict = d.obj;
     if (dim % 2 != 0)
         return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                         "%s: the rotary dimension %lld is odd; RoPE rotates pairs of channels",
