@@ -62,6 +62,11 @@
  * 59.1 against 62.0 at 64.) */
 #define TC_DN_RT 1
 
+/* the main loop refills each slot as soon as it is used (TC_LOOP) */
+#define TC_ROLL 0
+
+static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1); }
+
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
  * W8 (fp8 codes and their block scales, else bf16 weights: the dense
@@ -72,33 +77,38 @@
  * elements apart, chunk c0 first) and the thread's lane coordinates g, q.
  * Each lane loads U chunks of its rows (16 bytes each in fp8, 32 in bf16)
  * and their scales, then runs their products while the other warps load;
- * the first loads go out before the wait for the staged rows. Leaves
- * acc[RT][NT][4] (moec_tc_chunk's fragments). */
+ * the first loads go out before the wait for the staged rows. With ROLL
+ * (MOEC_FP8_TC_ROLL, TC_ROLL) each slot's next chunk goes out as soon as
+ * its products are taken, so that U - 1 chunks stay in flight, not 0 to U.
+ * Leaves acc[RT][NT][4] (moec_tc_chunk's fragments). */
 static const char TC_LOAD[] =
     "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
     "    uint4 wa[U][RT][2 * LW];\n"
     "    float sc[U][RT];\n"
+    "    /* chunk c into slot u */\n"
+    "    auto load_one = [&](int u, int c) {\n"
+    "#pragma unroll\n"
+    "        for (int r = 0; r < RT; r++) {\n"
+    "            sc[u][r] = 0.0f;\n"
+    "            if (live[r] && c < c1) {\n"
+    "#pragma unroll\n"
+    "                for (int h = 0; h < LW; h++) {\n"
+    "                    wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * 64 + h * 8);\n"
+    "                    wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * 64 + h * 8);\n"
+    "                }\n"
+    "                if constexpr (W8)\n"
+    "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
+    "            } else {\n"
+    "#pragma unroll\n"
+    "                for (int h = 0; h < 2 * LW; h++)\n"
+    "                    wa[u][r][h] = make_uint4(0u, 0u, 0u, 0u);\n"
+    "            }\n"
+    "        }\n"
+    "    };\n"
     "    auto load = [&](int cb) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++)\n"
-    "#pragma unroll\n"
-    "            for (int r = 0; r < RT; r++) {\n"
-    "                const int c = cb + u;\n"
-    "                sc[u][r] = 0.0f;\n"
-    "                if (live[r] && c < c1) {\n"
-    "#pragma unroll\n"
-    "                    for (int h = 0; h < LW; h++) {\n"
-    "                        wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * 64 + h * 8);\n"
-    "                        wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * 64 + h * 8);\n"
-    "                    }\n"
-    "                    if constexpr (W8)\n"
-    "                        sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
-    "                } else {\n"
-    "#pragma unroll\n"
-    "                    for (int h = 0; h < 2 * LW; h++)\n"
-    "                        wa[u][r][h] = make_uint4(0u, 0u, 0u, 0u);\n"
-    "                }\n"
-    "            }\n"
+    "            load_one(u, cb + u);\n"
     "    };\n";
 
 static const char TC_LOOP[] =
@@ -115,7 +125,16 @@ static const char TC_LOOP[] =
     "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
-    "    if (live[0])\n"
+    "    if (live[0] && ROLL) {\n"
+    "        for (int cb = c0; cb < c1; cb += U)\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < U; u++)\n"
+    "                if (cb + u < c1) {\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    if (cb + u + U < c1)\n"
+    "                        load_one(u, cb + u + U);\n"
+    "                }\n"
+    "    } else if (live[0]) {\n"
     "        for (int cb = c0;;) {\n"
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
@@ -125,7 +144,8 @@ static const char TC_LOOP[] =
     "            if (cb >= c1)\n"
     "                break;\n"
     "            load(cb);\n"
-    "        }\n";
+    "        }\n"
+    "    }\n";
 
 /* ---- the dense linear ---------------------------------------------------- */
 
@@ -397,9 +417,10 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s_%s_%s",
+    int roll = tc_roll();
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll ? "_roll" : "", act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -419,11 +440,11 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n%s",
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s;\n%s",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", decl);
+            pre ? "true" : "false", act ? "true" : "false", roll ? "true" : "false", decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
                         LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
@@ -586,9 +607,11 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
+    int roll = tc_roll();
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, c->T, l->fused ? "fused" : "split", tag);
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", c->T,
+             l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -606,9 +629,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false;\n%s",
+            "    constexpr bool PRE = false, ROLL = %s;\n%s",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, decl);
+            gstride, uoff, roll ? "true" : "false", decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
@@ -637,10 +660,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
+    int roll = tc_roll();
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, c->T, ir_dtype_name(ydt), d->w ? "w" : "now",
-             tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -661,9 +685,9 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s, PRE = false;\n%s",
+                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s;\n%s",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        decl);
+                        roll ? "true" : "false", decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");

@@ -58,14 +58,17 @@ gpu_out_build() {
 }
 
 # gpu_kern_parts DIR TAG PART...: gpu_kernels once for each PART alone
-# (MOEC_KERN_<PART>_ONLY=1, in the caller's environment otherwise; KERN_S
-# seconds at most, default 300), its output in DIR/kernels-PART<TAG>.txt
-# and a line each on stdout; non-zero when one failed.
+# (MOEC_KERN_<PART>_ONLY=1; FP8: MOEC_KERN_FP8=1, the fp8 kernels old and
+# staged; in the caller's environment otherwise; KERN_S seconds at most,
+# default 300), its output in DIR/kernels-PART<TAG>.txt and a line each on
+# stdout; non-zero when one failed.
 gpu_kern_parts() {
-  local dir=$1 tag=$2 part rc=0
+  local dir=$1 tag=$2 part rc=0 var
   shift 2
   for part in "$@"; do
-    env "MOEC_KERN_${part}_ONLY=1" timeout "${KERN_S:-300}" "$GPU_ROOT/build-gpu/tests/gpu_kernels" \
+    var="MOEC_KERN_${part}_ONLY=1"
+    [ "$part" != FP8 ] || var=MOEC_KERN_FP8=1
+    env "$var" timeout "${KERN_S:-300}" "$GPU_ROOT/build-gpu/tests/gpu_kernels" \
       >"$dir/kernels-$part$tag.txt" 2>&1 || rc=1
     echo "gpu_kernels, $part$tag: $(grep -E "passed|failed" "$dir/kernels-$part$tag.txt" | tail -1)"
   done
