@@ -67,6 +67,12 @@
 
 static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1); }
 
+/* MOEC_FP8_TC_TILES_TIMING=1: the experts' kernels address their weights as
+ * if each 16-row tile were stored chunk by chunk in fragment order (a
+ * warp's load 512 contiguous bytes); the weights are not stored so, and the
+ * results are wrong: for timing only (bench/fp8_layout.cu). */
+static int tc_tiles_timing(void) { return cg_env_int("MOEC_FP8_TC_TILES_TIMING", 0, 0, 1); }
+
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
  * W8 (fp8 codes and their block scales, else bf16 weights: the dense
@@ -93,8 +99,8 @@ static const char TC_LOAD[] =
     "            if (live[r] && c < c1) {\n"
     "#pragma unroll\n"
     "                for (int h = 0; h < LW; h++) {\n"
-    "                    wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * 64 + h * 8);\n"
-    "                    wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * 64 + h * 8);\n"
+    "                    wa[u][r][h] = moec_ldg16(w0[r] + (long long)c * CS + h * 8);\n"
+    "                    wa[u][r][LW + h] = moec_ldg16(w1[r] + (long long)c * CS + h * 8);\n"
     "                }\n"
     "                if constexpr (W8)\n"
     "                    sc[u][r] = sr[r][(long long)c * 64 / SBK];\n"
@@ -440,7 +446,8 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s;\n%s",
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s;\n"
+            "    constexpr int CS = 64;\n%s",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
@@ -506,9 +513,10 @@ static const char GATE_UP_HEAD[] =
     "    const int n0 = blockIdx.y * (NW * 16) + warp * 16, r0 = n0 < ND ? n0 : 0;\n"
     "    const bool live[RT] = {n0 < ND, n0 < ND};\n"
     "    const __nv_fp8_e4m3 *w0[RT] = {\n"
-    "        wg + (long long)e * GSTRIDE + (long long)(r0 + g) * KD + q * 16,\n"
-    "        wu + (long long)e * USTRIDE + UOFF + (long long)(r0 + g) * KD + q * 16};\n"
-    "    const __nv_fp8_e4m3 *w1[RT] = {w0[0] + 8LL * KD, w0[1] + 8LL * KD};\n"
+    "        wg + (long long)e * GSTRIDE + (long long)(r0 + (TL ? 0 : g)) * KD + (TL ? lane : q) * 16,\n"
+    "        wu + (long long)e * USTRIDE + UOFF + (long long)(r0 + (TL ? 0 : g)) * KD +\n"
+    "            (TL ? lane : q) * 16};\n"
+    "    const __nv_fp8_e4m3 *w1[RT] = {w0[0] + (TL ? 512LL : 8LL * KD), w0[1] + (TL ? 512LL : 8LL * KD)};\n"
     "    const float *sr[RT] = {gsc + ((long long)e * SR + r0 / SBN) * SC,\n"
     "                           usc + ((long long)e * SR + (UROW + r0) / SBN) * SC};\n";
 
@@ -531,8 +539,8 @@ static const char DOWN_HEAD[] =
     "    for (int r = 0; r < RT; r++) {\n"
     "        const int a = n0 + 16 * r, ra = a < ND ? a : 0;\n"
     "        live[r] = a < ND;\n"
-    "        w0[r] = wd + (long long)e * ND * KD + (long long)(ra + g) * KD + q * 16;\n"
-    "        w1[r] = w0[r] + 8LL * KD;\n"
+    "        w0[r] = wd + (long long)e * ND * KD + (long long)(ra + (TL ? 0 : g)) * KD + (TL ? lane : q) * 16;\n"
+    "        w1[r] = w0[r] + (TL ? 512LL : 8LL * KD);\n"
     "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
     "    }\n";
 
@@ -607,10 +615,10 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    int roll = tc_roll();
+    int roll = tc_roll(), tl = tc_tiles_timing();
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", c->T,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", tl ? "_tlt" : "", c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -629,9 +637,10 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false, ROLL = %s;\n%s",
+            "    constexpr bool PRE = false, ROLL = %s, TL = %s;\n"
+            "    constexpr int CS = TL ? 1024 : 64;\n%s",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, roll ? "true" : "false", decl);
+            gstride, uoff, roll ? "true" : "false", tl ? "true" : "false", decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
@@ -660,10 +669,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll();
+    int roll = tc_roll(), tl = tc_tiles_timing();
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", c->T, ir_dtype_name(ydt),
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", tl ? "_tlt" : "", c->T,
+             ir_dtype_name(ydt),
              d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -685,9 +695,10 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s;\n%s",
+                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s, TL = %s;\n"
+                        "    constexpr int CS = TL ? 1024 : 64;\n%s",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        roll ? "true" : "false", decl);
+                        roll ? "true" : "false", tl ? "true" : "false", decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
