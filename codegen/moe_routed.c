@@ -183,8 +183,8 @@ static const char GATE_UP_BODY[] =
     "#pragma unroll\n"
     "    for (int m = 0; m < BM; m++)\n"
     "        xr[m] = x + (long long)(sl[m] >= 0 ? sl[m] / K : 0) * KD;\n"
-    "    const TW *gr = wg + (long long)e * GSTRIDE + (long long)n0 * KD;\n"
-    "    const TW *ur = wu + (long long)e * USTRIDE + UOFF + (long long)n0 * KD;\n"
+    "    const TW *gr = wg + (long long)e * GSTRIDE;\n"
+    "    const TW *ur = wu + (long long)e * USTRIDE + UOFF;\n"
     "    float ag[RW][BM], au[RW][BM];\n"
     "#pragma unroll\n"
     "    for (int r = 0; r < RW; r++)\n"
@@ -205,8 +205,8 @@ static const char GATE_UP_BODY[] =
     "            if (ND % BN != 0 && n0 + r >= ND)\n"
     "                continue;\n"
     "            float gv[VE], uv[VE];\n"
-    "            ldv<VE>(gr + (long long)r * KD + k, gv);\n"
-    "            ldv<VE>(ur + (long long)r * KD + k, uv);\n"
+    "            ldv<VE>(gr + moec_woff<TL, KD>(n0 + r, k), gv);\n"
+    "            ldv<VE>(ur + moec_woff<TL, KD>(n0 + r, k), uv);\n"
     "            if constexpr (W8) {\n"
     "                /* each code times its block's scale, as the interpreter dequantizes */\n"
     "                const float sg = gsc[((long long)e * SR + (n0 + r) / SBN) * SC + k / SBK];\n"
@@ -244,7 +244,7 @@ static const char DOWN_BODY[] =
     "#pragma unroll\n"
     "    for (int m = 0; m < BM; m++)\n"
     "        hr[m] = hbuf + (long long)(sl[m] >= 0 ? sl[m] : 0) * KD;\n"
-    "    const TW *dr = wd + (long long)e * ND * KD + (long long)n0 * KD;\n"
+    "    const TW *dr = wd + (long long)e * ND * KD;\n"
     "    float acc[RW][BM];\n"
     "#pragma unroll\n"
     "    for (int r = 0; r < RW; r++)\n"
@@ -265,7 +265,7 @@ static const char DOWN_BODY[] =
     "            if (ND % BN != 0 && n0 + r >= ND)\n"
     "                continue;\n"
     "            float wv[VE];\n"
-    "            ldv<VE>(dr + (long long)r * KD + k, wv);\n"
+    "            ldv<VE>(dr + moec_woff<TL, KD>(n0 + r, k), wv);\n"
     "            if constexpr (W8) {\n"
     "                const float sd = dsc[((long long)e * SR + (n0 + r) / SBN) * SC + k / SBK];\n"
     "#pragma unroll\n"
@@ -338,7 +338,7 @@ static const char GV_BODY[] =
     "    for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
     "        for (int r = 0; r < RW; r++) {\n"
-    "            wr[i][r] = w[i] + (long long)e * WS[i] + WO[i] + (long long)rw[r] * KD + lane * VW;\n"
+    "            wr[i][r] = w[i] + (long long)e * WS[i] + WO[i] + moec_woff<TL, KD>(rw[r], lane * VW);\n"
     "            if constexpr (W8)\n"
     "                sr[i][r] = sc[i] + ((long long)e * SR + (WR[i] + rw[r]) / SBN) * SC;\n"
     "        }\n"
@@ -363,7 +363,7 @@ static const char GV_BODY[] =
     "#pragma unroll\n"
     "                for (int r = 0; r < RW; r++) {\n"
     "                    const bool on = ok && live[r];\n"
-    "                    wv[u][i][r] = on ? moec_ldg16(wr[i][r] + kc) : make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    wv[u][i][r] = on ? moec_ldg16(wr[i][r] + (TL ? kc * 16LL : kc)) : make_uint4(0u, 0u, 0u, 0u);\n"
     "                    if constexpr (W8)\n"
     "                        sv[u][i][r] = on ? sr[i][r][k / SBK] : 0.0f;\n"
     "                }\n"
@@ -467,8 +467,7 @@ static const char MMA_GATE_UP_BODY[] =
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
     "        xr[t] = x + (long long)(sl[t] >= 0 ? sl[t] / K : 0) * KD + q * 8;\n"
-    "    const TW *g0 = wg + (long long)e * GSTRIDE + (long long)(n0 + g) * KD + q * 8;\n"
-    "    const TW *u0 = wu + (long long)e * USTRIDE + UOFF + (long long)(n0 + g) * KD + q * 8;\n"
+    "    const TW *gb = wg + (long long)e * GSTRIDE, *ub = wu + (long long)e * USTRIDE + UOFF;\n"
     "    float ag[NTILE][4], au[NTILE][4];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
@@ -484,10 +483,10 @@ static const char MMA_GATE_UP_BODY[] =
     "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u) * 32;\n"
-    "            wa[u][0] = moec_ld8(g0 + k);\n"
-    "            wa[u][1] = moec_ld8(g0 + 8LL * KD + k);\n"
-    "            wa[u][2] = moec_ld8(u0 + k);\n"
-    "            wa[u][3] = moec_ld8(u0 + 8LL * KD + k);\n"
+    "            wa[u][0] = moec_ld8(gb + moec_woff<TL, KD>(n0 + g, q * 8 + k));\n"
+    "            wa[u][1] = moec_ld8(gb + moec_woff<TL, KD>(n0 + g + 8, q * 8 + k));\n"
+    "            wa[u][2] = moec_ld8(ub + moec_woff<TL, KD>(n0 + g, q * 8 + k));\n"
+    "            wa[u][3] = moec_ld8(ub + moec_woff<TL, KD>(n0 + g + 8, q * 8 + k));\n"
     "            if constexpr (W8) {\n"
     "                sg[u] = gsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
     "                su[u] = usc[((long long)e * SR + (UROW + n0) / SBN) * SC + k / SBK];\n"
@@ -532,7 +531,7 @@ static const char MMA_DOWN_LOAD[] =
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
     "        hr[t] = hbuf + (long long)(sl[t] >= 0 ? sl[t] : 0) * KD + q * 8;\n"
-    "    const TW *d0 = wd + (long long)e * ND * KD + (long long)(n0 + g) * KD + q * 8;\n"
+    "    const TW *db = wd + (long long)e * ND * KD;\n"
     "    float acc[NTILE][4];\n"
     "#pragma unroll\n"
     "    for (int t = 0; t < NTILE; t++)\n"
@@ -548,8 +547,8 @@ static const char MMA_DOWN_LOAD[] =
     "            if (NSTEP % U != 0 && s0 + u >= NSTEP)\n"
     "                break;\n"
     "            const long long k = (long long)(s0 + u) * 32;\n"
-    "            wa[u][0] = moec_ld8(d0 + k);\n"
-    "            wa[u][1] = moec_ld8(d0 + 8LL * KD + k);\n"
+    "            wa[u][0] = moec_ld8(db + moec_woff<TL, KD>(n0 + g, q * 8 + k));\n"
+    "            wa[u][1] = moec_ld8(db + moec_woff<TL, KD>(n0 + g + 8, q * 8 + k));\n"
     "            if constexpr (W8)\n"
     "                sd[u] = dsc[((long long)e * SR + n0 / SBN) * SC + k / SBK];\n"
     "        }\n"
@@ -642,19 +641,23 @@ void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, con
     if (cg_storage(c, w) != IR_DTYPE_F8E4M3) {
         snprintf(tag, tcap, "%s", "");
         snprintf(decl, dcap,
-                 "    constexpr bool W8 = false;\n"
+                 "    constexpr bool W8 = false, TL = false;\n"
                  "    constexpr long long SBN = 1, SBK = 1, SR = 1, SC = 1, UROW = 0;\n"
                  "    [[maybe_unused]] const float %s;\n",
                  names);
         return;
     }
     const int64_t *b = w->scale.block, *dims = w->type.dims;
-    snprintf(tag, tcap, "_s%lldx%lld", (long long)b[0], (long long)b[1]);
+    /* MOEC_FP8_ROWS_TIMING=1: tiled weights addressed as rows, the access
+       pattern before tiles (the results are wrong: for timing only) */
+    int tl = ir_weight_tiled(c->m, w) && !cg_env_int("MOEC_FP8_ROWS_TIMING", 0, 0, 1);
+    snprintf(tag, tcap, "_s%lldx%lld%s", (long long)b[0], (long long)b[1], tl ? "_tl" : "");
     snprintf(decl, dcap,
-             "    constexpr bool W8 = true;\n"
+             "    constexpr bool W8 = true, TL = %s;\n"
              "    constexpr long long SBN = %lldLL, SBK = %lldLL, SR = %lldLL, SC = %lldLL, UROW = "
              "%lldLL;\n",
-             (long long)b[0], (long long)b[1], (long long)((dims[1] + b[0] - 1) / b[0]),
+             tl ? "true" : "false", (long long)b[0], (long long)b[1],
+             (long long)((dims[1] + b[0] - 1) / b[0]),
              (long long)((dims[2] + b[1] - 1) / b[1]), urow);
 }
 

@@ -2,6 +2,7 @@
  * runtime follow for how each value is stored on the GPU (plan.h). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "err.h"
 #include "ir/ir_plan.h"
@@ -105,6 +106,48 @@ size_t ir_weight_scale_offset(const ir_value *w)
     if (w->kind != IR_VALUE_WEIGHT || w->type.dtype != IR_DTYPE_F8E4M3)
         return 0;
     return ((size_t)ir_type_numel(&w->type, 0) + 15) / 16 * 16;
+}
+
+/* Whether operand j of op is one of its experts' weights; *fused: the
+ * fused gate_up */
+static int expert_operand(const ir_op *op, int j, int *fused)
+{
+    int first = op->kind == IR_OP_MOE_ROUTED ? 3 : op->kind == IR_OP_MOE_EXPERTS ? 2 : -1;
+    int n = op->kind == IR_OP_MOE_ROUTED ? 5 : 4; /* operands with a fused gate_up */
+    *fused = op->n_in == n && j == first;
+    return first >= 0 && j >= first;
+}
+
+int ir_weight_tiled(const ir_module *m, const ir_value *w)
+{
+    const ir_type *t = &w->type;
+    if (w->kind != IR_VALUE_WEIGHT || t->dtype != IR_DTYPE_F8E4M3 || t->rank != 3 ||
+        t->dims[1] % 16 != 0 || t->dims[2] % 64 != 0)
+        return 0;
+    int used = 0;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        for (int j = 0; j < op->n_in; j++) {
+            int fused = 0;
+            if (op->in[j] != w)
+                continue;
+            if (!expert_operand(op, j, &fused) || (fused && t->dims[1] % 32 != 0))
+                return 0;
+            used = 1;
+        }
+    }
+    return used;
+}
+
+void ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K, uint8_t *tmp)
+{
+    for (int64_t t = 0; t < rows; t += 16) {
+        uint8_t *tile = codes + t * K;
+        memcpy(tmp, tile, (size_t)(16 * K));
+        for (int64_t r = 0; r < 16; r++)
+            for (int64_t k = 0; k < K; k += 16)
+                memcpy(tile + ir_tile_offset(r, k, K), tmp + r * K + k, 16);
+    }
 }
 
 size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype compute)

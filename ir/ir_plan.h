@@ -185,4 +185,31 @@ size_t ir_weight_scale_offset(const ir_value *w);
 /* The bytes of weight w's device buffer (its scales included). */
 size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype compute);
 
+/* Fragment tiles: how the routed experts' fp8 weights lie on the GPU, so
+ * that a warp's 16-byte loads of a tensor-core fragment read 512
+ * contiguous bytes, not 64 bytes of each of 8 rows (whose DRAM pages then
+ * open once per 64 bytes). A weight [E, N, K] is taken as E * N rows of K
+ * codes; each 16 rows are a tile of 16 * K bytes, stored chunk by chunk (64
+ * codes a row a chunk, 1 KiB), and a chunk holds lane (g, q)'s 16 codes
+ * of rows g (the first 512 bytes) and g + 8 (the next 512) at k 16 q in
+ * lane order (lane 4 g + q). The block scales keep their layout.
+ * (H200, 2026-11-29, V2-Lite in fp8: the staged experts' loads addressed
+ * so, 3.552 / 5.578 / 6.954 ms a step at 8 / 32 / 64 tokens against
+ * 3.719 / 5.806 / 7.197 as rows; bench/fp8_layout.cu.)
+ * ir_weight_tiled: whether w lies so: an f8e4m3 weight [E, N, K] with N a
+ * multiple of 16 (32 where it is a fused gate_up, so that up's rows start
+ * a tile) and K of 64, read only as the experts of moe_routed or
+ * moe_experts ops. */
+int ir_weight_tiled(const ir_module *m, const ir_value *w);
+/* The byte offset of code (row n, column k) in a tiled weight of K columns
+ * (n over all E * N rows) */
+static inline int64_t ir_tile_offset(int64_t n, int64_t k, int64_t K)
+{
+    return (n >> 4) * 16 * K + (k >> 6) * 1024 + ((n >> 3) & 1) * 512 +
+           ((n & 7) * 4 + ((k >> 4) & 3)) * 16 + (k & 15);
+}
+/* Rows rows of K codes (a multiple of 16 and of 64) laid out as tiles, in
+ * place; tmp holds 16 * K bytes. */
+void ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K, uint8_t *tmp);
+
 #endif

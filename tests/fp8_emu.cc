@@ -29,6 +29,7 @@ struct emu_case {
     int h32; // the streaming expert GEMMs (h in f32), else the staged ones (h in bf16)
     int w16; // bf16 weights (experts: the streaming form), else fp8
     int act; // a linear with act silu_mul: x [T, 2 LK]
+    int tl_gu, tl_dn; // the experts' gate_up and down codes in fragment tiles (ir_weight_tiled)
     emu_step steps[2];
     int n_steps;
 };
@@ -80,7 +81,25 @@ struct f8w {
         return e4m3(q.v[((size_t)l * rows + row) * cols + col]) *
                s.v[((size_t)l * sr + row / bn) * sc + col / bk];
     }
-    const __nv_fp8_e4m3 *codes() { return (const __nv_fp8_e4m3 *)q.p(); }
+    // the codes, or with tiled a copy in fragment tiles: each 16 rows a tile,
+    // 64 columns a chunk of 1 KiB, which holds lane (g, q)'s 16 codes of rows g,
+    // then of rows g + 8, at columns 16 q, lanes in order 4 g + q
+    const __nv_fp8_e4m3 *codes(bool tiled = false)
+    {
+        if (!tiled)
+            return (const __nv_fp8_e4m3 *)q.p();
+        assert(rows % 16 == 0 && cols % 64 == 0);
+        t.v.assign(q.v.size(), 0);
+        for (size_t tile = 0; tile < (size_t)lead * rows / 16; tile++)
+            for (int ch = 0; ch < cols / 64; ch++)
+                for (int half = 0; half < 2; half++)
+                    for (int g = 0; g < 8; g++)
+                        for (int qq = 0; qq < 4; qq++)
+                            memcpy(&t.v[tile * 16 * cols + ch * 1024 + half * 512 + (g * 4 + qq) * 16],
+                                   &q.v[(tile * 16 + half * 8 + g) * cols + ch * 64 + qq * 16], 16);
+        return (const __nv_fp8_e4m3 *)t.p();
+    }
+    buf<uint8_t> t{0};
 };
 
 // A bf16 weight [n_lead][rows][cols] (the streaming form's bf16 experts).
@@ -97,7 +116,7 @@ struct bfw {
     {
         return emu_bf2f(w.v[((size_t)l * rows + row) * cols + col].v);
     }
-    const __nv_bfloat16 *codes() { return w.p(); }
+    const __nv_bfloat16 *codes(bool = false) { return w.p(); }
 };
 
 // Rows of n: the worst |got - ref| over the row's largest |ref|; a
@@ -224,7 +243,8 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     memset(h.p(), 0xff, h.v.size() * sizeof(TH));
     std::fill(y.v.begin(), y.v.end(), NAN);
     const emu_step &g = c.steps[0], &d = c.steps[1];
-    const TW *gq = gate.codes(), *uq = split ? up.codes() : gq;
+    const TW *gq = gate.codes(c.tl_gu), *uq = split ? up.codes(c.tl_gu) : gq,
+             *dq = down.codes(c.tl_dn);
     emu_launch(g.gx, g.gy, g.block, g.smem, g.cluster, [&] {
         if constexpr (f8)
             ((gu_t)g.fn)(x.p(), gq, uq, gate.s.p(), split ? up.s.p() : gate.s.p(), sorted.p(),
@@ -234,10 +254,10 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     });
     emu_launch(d.gx, d.gy, d.block, d.smem, d.cluster, [&] {
         if constexpr (f8)
-            ((dn_t)d.fn)(h.p(), down.codes(), down.s.p(), sorted.p(), blk.p(), used.p(), wts.p(),
+            ((dn_t)d.fn)(h.p(), dq, down.s.p(), sorted.p(), blk.p(), used.p(), wts.p(),
                          scale, y.p());
         else
-            ((dn16_t)d.fn)(h.p(), down.codes(), sorted.p(), blk.p(), used.p(), wts.p(), scale,
+            ((dn16_t)d.fn)(h.p(), dq, sorted.p(), blk.p(), used.p(), wts.p(), scale,
                            y.p());
     });
     double worst = 0;

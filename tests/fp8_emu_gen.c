@@ -137,6 +137,11 @@ static const gen_case CASES[] = {
        gate and up apart, partial blocks; H 1040 */
     {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0"},
     {MOE(5, 2, 1040, 48, 0, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0"},
+    /* the streaming form over weights in fragment tiles (ir_weight_tiled;
+       cases 12-17 and 19-20 tile gate_up, down or both): both tiled, fused
+       (K 192: a chunk of 12 live lanes in down) and split */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 2, CG_FP8_AUTO, NULL},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -214,14 +219,23 @@ int main(int argc, char **argv)
                     cvt);
             return 1;
         }
+        /* the experts' weights in fragment tiles (ir_weight_tiled) */
+        int tl_gu = 0, tl_dn = 0;
+        for (int k = 0; k < m->n_ops; k++)
+            if (m->ops[k]->kind == IR_OP_MOE_ROUTED) {
+                const ir_op *op = m->ops[k];
+                tl_gu = ir_weight_tiled(m, op->in[3]);
+                tl_dn = ir_weight_tiled(m, op->in[op->n_in - 1]);
+            }
         moec_buf_printf(&table,
-                        "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, "
-                        "%d, %d, %d, %d, {",
+                        "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, "
+                        "%d, %d, %d, %d, %d, %d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
                         w16 ? " bf16" : "", s->lact ? " silu" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
-                        gc->env ? " " : "", gc->env ? gc->env : "", s->LN, s->LK, s->E, s->K,
-                        s->HID, s->I, s->BN, s->BK, gc->T, bm, h32, w16, s->lact);
+                        gc->env ? " " : "", gc->env ? gc->env : "", tl_gu ? " gate_up tiled" : "",
+                        tl_dn ? " down tiled" : "", s->LN, s->LK, s->E, s->K, s->HID, s->I, s->BN,
+                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {

@@ -224,6 +224,77 @@ static int kernel_reads(const cg_ctx *c, const ir_value *w, int64_t at, int *gem
     return found;
 }
 
+/* Fragment tiles (ir/ir_plan.h): ir_tile_codes puts lane (g, q)'s 16
+ * codes of rows g and g + 8 at columns 16 q of each 64-wide chunk of each
+ * 16-row tile in lane order, as ir_tile_offset says; ir_weight_tiled
+ * takes the experts' fp8 weights of m, whose shapes allow it, and nothing
+ * else. */
+static void test_tiles(ir_module *m)
+{
+    enum { R = 48, K = 192 };
+    static uint8_t a[R * K], b[R * K], tmp[16 * K];
+    for (int i = 0; i < R * K; i++)
+        a[i] = b[i] = (uint8_t)(i * 7 + i / K);
+    ir_tile_codes(b, R, K, tmp);
+    int bad = 0;
+    for (int t = 0; t < R / 16; t++)
+        for (int c = 0; c < K / 64; c++)
+            for (int h = 0; h < 2; h++)
+                for (int g = 0; g < 8; g++)
+                    for (int q = 0; q < 4; q++)
+                        for (int j = 0; j < 16; j++)
+                            bad += b[t * 16 * K + c * 1024 + h * 512 + (g * 4 + q) * 16 + j] !=
+                                   a[(t * 16 + h * 8 + g) * K + c * 64 + q * 16 + j];
+    for (int n = 0; n < R; n++)
+        for (int k = 0; k < K; k++)
+            bad += b[ir_tile_offset(n, k, K)] != a[n * K + k];
+    T_CHECK(bad == 0);
+    int tiled = 0, other = 0;
+    ir_value *gate_up = NULL, *down = NULL; /* gate_up: the fused one, or gate */
+    ir_op *lin = NULL;
+    int fused = 0;
+    for (int k = 0; k < m->n_ops; k++) {
+        ir_op *op = m->ops[k];
+        if (op->kind == IR_OP_MOE_ROUTED) {
+            gate_up = op->in[3];
+            down = op->in[op->n_in - 1];
+            fused = op->n_in == 5;
+        }
+        if (op->kind == IR_OP_LINEAR && !lin)
+            lin = op;
+    }
+    for (int i = 0; i < m->n_values; i++) {
+        const ir_value *v = m->values[i];
+        int want = v->kind == IR_VALUE_WEIGHT && v->type.dtype == IR_DTYPE_F8E4M3 &&
+                   v->type.rank == 3;
+        tiled += want;
+        other += !want && v->kind == IR_VALUE_WEIGHT;
+        T_CHECK(ir_weight_tiled(m, v) == want);
+    }
+    T_CHECK(tiled > 0 && other > 0 && gate_up && down && lin);
+    if (!gate_up || !down || !lin)
+        return;
+    /* shapes it refuses: K not a multiple of 64, N not of 16 (of 32 for a
+       fused gate_up, whose up starts at row N / 2; a gate alone takes 48) */
+    int64_t n = gate_up->type.dims[1], kd = gate_up->type.dims[2], nd = down->type.dims[1];
+    gate_up->type.dims[2] = kd + 16;
+    T_CHECK(!ir_weight_tiled(m, gate_up));
+    gate_up->type.dims[2] = kd;
+    gate_up->type.dims[1] = 48;
+    down->type.dims[1] = 48;
+    T_CHECK(ir_weight_tiled(m, gate_up) == !fused && ir_weight_tiled(m, down));
+    down->type.dims[1] = 40;
+    T_CHECK(!ir_weight_tiled(m, down));
+    gate_up->type.dims[1] = n;
+    down->type.dims[1] = nd;
+    /* nor a weight that any other op reads */
+    ir_value *w = lin->in[1];
+    lin->in[1] = down;
+    T_CHECK(!ir_weight_tiled(m, down) && ir_weight_tiled(m, gate_up));
+    lin->in[1] = w;
+    T_CHECK(ir_weight_tiled(m, down));
+}
+
 /* Code generation of the compiled fp8 models (no NVRTC: test_codegen
  * compiles them): each fp8 weight is stored as f8e4m3 with its scales
  * past its codes, and every bucket reads both through generated kernels
@@ -241,6 +312,8 @@ static void test_codegen_fp8(const char *model, ir_dtype cdt)
         T_OK(pass_run_pipeline(m, &po, NULL, NULL, NULL, NULL));
     if (!m)
         return;
+    if (cdt == IR_DTYPE_BF16)
+        test_tiles(m);
     cg_options o;
     cg_options_default(&o);
     o.compute_dtype = cdt;
