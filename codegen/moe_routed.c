@@ -88,6 +88,10 @@
 #define GV_RWD_BM1 8
 #define GV_U 4
 #define GV_MAX_BM 2
+/* The tile-streaming form's warps a block and chunks in flight a warp
+ * (MOEC_MOE_GT_WARPS, MOEC_MOE_GT_U) */
+#define GT_WARPS 4
+#define GT_U 4
 /* fp8 codes widened by the conversion unit (e4m3 pairs to f16 pairs, then
  * to fp32) instead of integer and bf16x2 operations (sm_89 and later; names
  * carry _cvt; MOEC_MOE_GEMV_CVT=0: not): 6 operations for 4 codes instead
@@ -436,6 +440,137 @@ static const char GV_DOWN_IN[] =
     "    constexpr long long WS[NM] = {(long long)ND * KD}, WO[NM] = {0}, WR[NM] = {0};\n";
 static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
 
+/* The tile-streaming forms (gt) of gate_up and down for blocks of one or
+ * two slots over fp8 weights in fragment tiles (ir_weight_tiled), where
+ * the streaming form's rows would read 64 bytes of each 1 KiB chunk at a
+ * time (H200, 2026-11-29, V2-Lite in fp8 at 1 / 2 / 4 tokens: 1.655 /
+ * 2.314 / 3.247 ms a step so, against 1.458 / 2.025 / 3.000 before the
+ * tiles). A block takes one 16-row tile (n0) of each of its NM matrices,
+ * each of its NW warps a contiguous share of the 64-wide chunks; lane (g,
+ * q) loads the 16 codes of rows g and g + 8 at k 16q of a chunk (a warp
+ * 512 contiguous bytes a load), U chunks before their products, and
+ * multiplies them with the slots' activations there. The lanes of a quad
+ * then add up their k, the warps theirs in shared memory (red), and one
+ * thread a row and slot ends as the streaming form does. Needs the scale
+ * blocks to hold whole tiles and chunks (SBN % 16, SBK % 64). */
+static const char GT_BODY[] =
+    "    constexpr int CH = KD / 64;\n"
+    "    const int g = lane >> 2, q = lane & 3;\n"
+    "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
+    "    const TX *ar[BM];\n"
+    "#pragma unroll\n"
+    "    for (int m = 0; m < BM; m++)\n"
+    "        ar[m] = act + (long long)(sl[m] >= 0 ? sl[m] / AK : 0) * KD + q * 16;\n"
+    "    const TW *wt[NM];\n"
+    "    const float *sr[NM];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++) {\n"
+    "        wt[i] = w[i] + (long long)e * WS[i] + WO[i] + (long long)n0 * KD + lane * 16;\n"
+    "        sr[i] = sc[i] + ((long long)e * SR + (WR[i] + n0) / SBN) * SC;\n"
+    "    }\n"
+    "    float a[NM][2][BM];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++)\n"
+    "                a[i][h][m] = 0.0f;\n"
+    "    uint4 wv[U][NM][2];\n"
+    "    float sv[U][NM];\n"
+    "    /* chunks cb .. cb + U - 1 of the tiles (zeros past c1) */\n"
+    "    auto load_w = [&](int cb) {\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            const int c = cb + u;\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NM; i++) {\n"
+    "#pragma unroll\n"
+    "                for (int h = 0; h < 2; h++)\n"
+    "                    wv[u][i][h] = c < c1 ? moec_ldg16(wt[i] + (long long)c * 1024 + h * 512)\n"
+    "                                         : make_uint4(0u, 0u, 0u, 0u);\n"
+    "                sv[u][i] = c < c1 ? sr[i][(long long)c * 64 / SBK] : 0.0f;\n"
+    "            }\n"
+    "        }\n"
+    "    };\n";
+
+/* With PRE (down), the warp's first chunks go out before the wait (as
+ * DOWN_PRE). */
+static const char GT_PRE[] = "    load_w(c0);\n    moec_pdl_enter();\n";
+
+static const char GT_LOOP[] =
+    "#pragma unroll 1\n"
+    "    for (int cb = c0; cb < c1; cb += U) {\n"
+    "        if (!PRE || cb > c0)\n"
+    "            load_w(cb);\n"
+    "        float xv[U][BM][16];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++) {\n"
+    "                if (cb + u < c1) {\n"
+    "                    ldv<16>(ar[m] + (long long)(cb + u) * 64, xv[u][m]);\n"
+    "                } else {\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < 16; j++)\n"
+    "                        xv[u][m][j] = 0.0f;\n"
+    "                }\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "                for (int h = 0; h < 2; h++) {\n"
+    "                    float wf[16];\n"
+    "                    moec_w16v<CVT8>(wv[u][i][h], wf, (const TW *)nullptr);\n"
+    "#pragma unroll\n"
+    "                    for (int m = 0; m < BM; m++) {\n"
+    "                        float p = 0.0f;\n"
+    "#pragma unroll\n"
+    "                        for (int j = 0; j < 16; j++)\n"
+    "                            p = fmaf(wf[j], xv[u][m][j], p);\n"
+    "                        a[i][h][m] = fmaf(sv[u][i], p, a[i][h][m]);\n"
+    "                    }\n"
+    "                }\n"
+    "    }\n"
+    "    __shared__ float red[NW][NM][2][BM][8];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "            for (int m = 0; m < BM; m++) {\n"
+    "                float v = a[i][h][m];\n"
+    "                v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
+    "                v += __shfl_xor_sync(0xffffffffu, v, 2);\n"
+    "                if (q == 0)\n"
+    "                    red[warp][i][h][m][g] = v;\n"
+    "            }\n"
+    "    __syncthreads();\n"
+    "    /* thread t: row n0 + r (r = t % 16) of slot m = t / 16, its sums s[i] */\n"
+    "    const int t = threadIdx.x, r = t & 15, m = t >> 4;\n"
+    "    if (t >= 16 * BM || sl[m] < 0)\n"
+    "        return;\n"
+    "    float s[NM];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++) {\n"
+    "        s[i] = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int w8 = 0; w8 < NW; w8++)\n"
+    "            s[i] += red[w8][i][r >> 3][m][r & 7];\n"
+    "    }\n"
+    "    const int row = n0 + r;\n";
+
+static const char GT_GATE_UP_END[] =
+    "    hbuf[(long long)sl[m] * ND + row] = s[0] / (1.0f + expf(-s[0])) * s[1];\n";
+
+static const char GT_DOWN_END[] =
+    "    float v = s[0];\n"
+    "    if constexpr (MULW)\n"
+    "        v *= scale * ld(wts + sl[m]);\n"
+    "    st(y + (long long)sl[m] * ND + row, v);\n";
+
 /* The tensor-core forms (bf16 weights and activations, fp32 accumulation):
  * each warp owns 16 weight rows and the block's BM slots (BM / 8 column
  * tiles of m16n8k16 products, the weights as the 16-row A operand and the
@@ -634,6 +769,14 @@ static int rows_per_block(long long T, long long K, long long E)
     return bm;
 }
 
+int cg_moe_weight_tl(const cg_ctx *c, const ir_value *w)
+{
+    /* MOEC_FP8_ROWS_TIMING=1: tiled weights addressed as rows by the
+       streaming and staged forms, the access pattern before tiles (the
+       results are wrong: for timing only) */
+    return ir_weight_tiled(c->m, w) && !cg_env_int("MOEC_FP8_ROWS_TIMING", 0, 0, 1);
+}
+
 /* rows and columns per block, block rows per expert, block columns */
 void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, const char *names,
                          char *tag, size_t tcap, char *decl, size_t dcap)
@@ -648,9 +791,7 @@ void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, con
         return;
     }
     const int64_t *b = w->scale.block, *dims = w->type.dims;
-    /* MOEC_FP8_ROWS_TIMING=1: tiled weights addressed as rows, the access
-       pattern before tiles (the results are wrong: for timing only) */
-    int tl = ir_weight_tiled(c->m, w) && !cg_env_int("MOEC_FP8_ROWS_TIMING", 0, 0, 1);
+    int tl = cg_moe_weight_tl(c, w);
     snprintf(tag, tcap, "_s%lldx%lld%s", (long long)b[0], (long long)b[1], tl ? "_tl" : "");
     snprintf(decl, dcap,
              "    constexpr bool W8 = true, TL = %s;\n"
@@ -698,6 +839,13 @@ static int gv_weight_ok(const cg_ctx *c, const ir_value *w, long long n)
     return dt == IR_DTYPE_F32 && n % 4 == 0;
 }
 
+/* Whether the tile-streaming form reads weight w: in fragment tiles, its
+ * scale blocks whole tiles and chunks. */
+static int gt_weight_ok(const cg_ctx *c, const ir_value *w)
+{
+    return cg_moe_weight_tl(c, w) && w->scale.block[0] % 16 == 0 && w->scale.block[1] % 64 == 0;
+}
+
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -741,7 +889,7 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
 }
 
 /* The CUDA-core and tensor-core forms of the GEMMs. */
-enum { FORM_SIMT, FORM_MMA, FORM_GV };
+enum { FORM_SIMT, FORM_MMA, FORM_GV, FORM_GT };
 
 /* A GEMM step's shape: warps a block, rows a warp (a block's rows: their
  * product), the streaming form's chunks in flight, the kernel-name tag. */
@@ -765,6 +913,12 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long
         sh.rows = 16;
         sh.u = cg_env_int(u_env, u_dflt, 1, 8);
         snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
+    } else if (form == FORM_GT) {
+        sh.warps = cg_env_int("MOEC_MOE_GT_WARPS", GT_WARPS, 1, 8);
+        sh.rows = 16; /* a block's: one tile */
+        sh.u = cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
+        sh.cvt = c->opt && cg_arch_num(c->opt) >= 89 && cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
+        snprintf(sh.tag, sizeof sh.tag, "gt_w%d_u%d%s", sh.warps, sh.u, sh.cvt ? "_cvt" : "");
     } else if (form == FORM_GV) {
         long long kstep = 32 * (16 / (long long)ir_dtype_size(cg_storage(c, w)));
         long long nch = (kd + kstep - 1) / kstep;
@@ -841,6 +995,13 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                           "%s%s%s%s%s%s%s%s}\n\n",
                           sh.rows, sh.u, sh.cvt ? "true" : "false", GV_CONSTS, GEMM_HEAD,
                           GV_ROWS, GV_GATE_UP_IN, GV_BODY, GV_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
+        else if (form == FORM_GT)
+            moec_buf_printf(&c->src,
+                          "    constexpr int BN = 16, RW = 0, U = %d;\n"
+                          "    constexpr bool PRE = false, CVT8 = %s;\n"
+                          "%s%s%s%s%s}\n\n",
+                          sh.u, sh.cvt ? "true" : "false", GEMM_HEAD, GV_GATE_UP_IN, GT_BODY,
+                          GT_LOOP, GT_GATE_UP_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
@@ -848,7 +1009,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
-    long long bn = (long long)sh.warps * sh.rows;
+    long long bn = form == FORM_GT ? 16 : (long long)sh.warps * sh.rows;
     s->kernel = k2;
     s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((I + bn - 1) / bn);
@@ -917,6 +1078,13 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                           sh.rows, sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false",
                           GV_CONSTS, GEMM_HEAD, GV_ROWS,
                           GV_DOWN_IN, GV_BODY, pre ? DOWN_PRE : "", GV_LOOP, GV_DOWN_OUT, DOWN_END);
+        else if (form == FORM_GT)
+            moec_buf_printf(&c->src,
+                          "    constexpr int BN = 16, RW = 0, U = %d;\n"
+                          "    constexpr bool PRE = %s, CVT8 = %s;\n"
+                          "%s%s%s%s%s%s}\n\n",
+                          sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false", GEMM_HEAD,
+                          GV_DOWN_IN, GT_BODY, pre ? GT_PRE : "", GT_LOOP, GT_DOWN_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_dn,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
@@ -924,7 +1092,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
-    long long bn = (long long)sh.warps * sh.rows;
+    long long bn = form == FORM_GT ? 16 : (long long)sh.warps * sh.rows;
     s->kernel = k3;
     s->grid[0] = (unsigned)l->nb;
     s->grid[1] = (unsigned)((H + bn - 1) / bn);
@@ -1024,9 +1192,9 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
              bm <= cg_env_int("MOEC_MOE_GEMV_MAX_BM", GV_MAX_BM, 1, 8);
     int form_gu = mma ? FORM_MMA : FORM_SIMT, form_dn = form_gu;
     if (gv && gv_weight_ok(c, d->gate, H) && (fused || gv_weight_ok(c, d->up, H)))
-        form_gu = FORM_GV;
+        form_gu = gt_weight_ok(c, d->gate) ? FORM_GT : FORM_GV;
     if (gv && gv_weight_ok(c, d->down, I))
-        form_dn = FORM_GV;
+        form_dn = gt_weight_ok(c, d->down) ? FORM_GT : FORM_GV;
 
     /* the moe_topk before this op aligned the slots already (it reserved
        their scratch; h and y go past it) */

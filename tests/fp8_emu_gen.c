@@ -137,11 +137,17 @@ static const gen_case CASES[] = {
        gate and up apart, partial blocks; H 1040 */
     {MOE(7, 4, 208, 48, 1, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0"},
     {MOE(5, 2, 1040, 48, 0, 128, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0"},
-    /* the streaming form over weights in fragment tiles (ir_weight_tiled;
-       cases 12-17 and 19-20 tile gate_up, down or both): both tiled, fused
-       (K 192: a chunk of 12 live lanes in down) and split */
+    /* the tile-streaming form (gt) over weights in fragment tiles
+       (ir_weight_tiled; cases 12-17 and 19-20 tile gate_up, down or both,
+       19-20 gate_up in this form): both tiled, fused and split, one chunk
+       in flight; blocks of 2 slots (kept from the staged kernels), 3 warps
+       a block over 5 and 3 chunks, 3 in flight; 8 warps over down's one
+       chunk, the codes widened by integer operations */
     {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 2, CG_FP8_AUTO, NULL},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GT_U=1"},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 2, CG_FP8_AUTO,
+     "MOEC_MOE_FP8_TC_MIN_BM=4 MOEC_MOE_GT_WARPS=3 MOEC_MOE_GT_U=3"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0 MOEC_MOE_GT_WARPS=8"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -204,7 +210,7 @@ int main(int argc, char **argv)
         int bm = 0, h32 = 0, cvt = 0, gv8 = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
-            int gv = strstr(c.kernel_names[k], "_gv_") != NULL;
+            int gv = strstr(c.kernel_names[k], "_gv_") != NULL || strstr(c.kernel_names[k], "_gt_");
             if (b && (gv || strstr(c.kernel_names[k], "f8tc")))
                 bm = atoi(b + 3);
             h32 |= gv;
@@ -241,7 +247,7 @@ int main(int argc, char **argv)
         for (int k = 0; k < c.n_steps; k++) {
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
-            if (!strstr(name, "f8tc") && !strstr(name, "_gv_") &&
+            if (!strstr(name, "f8tc") && !strstr(name, "_gv_") && !strstr(name, "_gt_") &&
                 strncmp(name, "linear_gemv_", 12) && strncmp(name, "linear_mma_", 11) &&
                 strncmp(name, "linear_tc_", 10))
                 continue; /* align and sum: the emulator's host side does them */
