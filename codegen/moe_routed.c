@@ -774,7 +774,8 @@ int cg_moe_weight_tl(const cg_ctx *c, const ir_value *w)
     /* MOEC_FP8_ROWS_TIMING=1: tiled weights addressed as rows by the
        streaming and staged forms, the access pattern before tiles (the
        results are wrong: for timing only) */
-    return ir_weight_tiled(c->m, w) && !cg_env_int("MOEC_FP8_ROWS_TIMING", 0, 0, 1);
+    return c->opt && c->opt->fp8_tiles && ir_weight_tiled(c->m, w) &&
+           !cg_env_int("MOEC_FP8_ROWS_TIMING", 0, 0, 1);
 }
 
 /* rows and columns per block, block rows per expert, block columns */

@@ -146,6 +146,7 @@ moec_status cg_plan_build(const ir_module *m, const cg_options *opt, ir_plan **o
     cg_compile_many(jobs, nb, opt->arch, opt->cache_dir, opt->progress, opt->progress_user);
     p->module = m;
     p->compute_dtype = opt->compute_dtype;
+    p->fp8_tiles = opt->fp8_tiles;
     snprintf(p->arch, sizeof p->arch, "%s", opt->arch);
     p->kv_block_size = opt->kv_block_size;
     p->pdl = 1; /* generate() gave every kernel its moec_pdl_enter */

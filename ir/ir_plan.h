@@ -146,6 +146,7 @@ typedef struct ir_plan {
                                * launched as programmatic dependents (sm_90) */
     int sampler;              /* 1: every bucket ends with the device sampler's step, after
                                * the argmax (codegen/sample.c) */
+    int fp8_tiles;            /* 1: weights that can lie in fragment tiles (ir_weight_tiled) do */
     int n_buckets;
     ir_bucket *buckets;       /* owned, ascending T */
 } ir_plan;
@@ -196,7 +197,8 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * (H200, 2026-11-29, V2-Lite in fp8: the staged experts' loads addressed
  * so, 3.552 / 5.578 / 6.954 ms a step at 8 / 32 / 64 tokens against
  * 3.719 / 5.806 / 7.197 as rows; bench/fp8_layout.cu.)
- * ir_weight_tiled: whether w lies so: an f8e4m3 weight [E, N, K] with N a
+ * ir_weight_tiled: whether w can lie so (it does where the plan's
+ * fp8_tiles is 1, cg_options.fp8_tiles): an f8e4m3 weight [E, N, K] with N a
  * multiple of 16 (32 where it is a fused gate_up, so that up's rows start
  * a tile) and K of 64, read only as the experts of moe_routed or
  * moe_experts ops. */

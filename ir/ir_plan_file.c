@@ -198,6 +198,7 @@ static char *header_text(const ir_plan *const *plans, int n, char **irs, const i
     cJSON_AddStringToObject(h, "compute_dtype", ir_dtype_name(p->compute_dtype));
     cJSON_AddNumberToObject(h, "kv_block_size", p->kv_block_size);
     cJSON_AddNumberToObject(h, "pdl", p->pdl);
+    cJSON_AddNumberToObject(h, "fp8_tiles", p->fp8_tiles);
     cJSON_AddNumberToObject(h, "sampler", p->sampler);
     cJSON_AddStringToObject(h, "config_hash", meta->config_hash);
     cJSON_AddStringToObject(h, "weights_hash", meta->weights_hash);
@@ -557,6 +558,9 @@ static moec_status read_rank(reader *r, const cJSON *h, const cJSON *o, const ir
     p->kv_block_size = (int)jfield(r, h, "kv_block_size", 1, PLAN_INT_HI);
     const cJSON *pdl = cJSON_GetObjectItemCaseSensitive(h, "pdl"); /* absent: kernels without waits */
     p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
+    /* absent (older plans): no tiles */
+    const cJSON *tiles = cJSON_GetObjectItemCaseSensitive(h, "fp8_tiles");
+    p->fp8_tiles = cJSON_IsNumber(tiles) && tiles->valuedouble == 1;
     /* absent (format 2 and older): no device sampler, the host samples */
     const cJSON *sampler = cJSON_GetObjectItemCaseSensitive(h, "sampler");
     p->sampler = cJSON_IsNumber(sampler) && sampler->valuedouble == 1;

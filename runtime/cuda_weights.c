@@ -2,7 +2,8 @@
  * the checkpoint, converted to its storage dtype and copied to the device
  * by a few threads. Weights kept in fp8 are copied as the checkpoint
  * stores them, codes then block scales (ir_weight_scale_offset), never
- * widened; the routed experts' codes in fragment tiles (ir_weight_tiled). */
+ * widened; the routed experts' codes in fragment tiles where the plan says
+ * (fp8_tiles, ir_weight_tiled). */
 #ifdef MOEC_HAVE_CUDA
 
 #include <pthread.h>
@@ -53,7 +54,7 @@ static moec_status upload_one(rt_cuda *c, const rt_weights *w, int i, float **ho
         uint8_t *raw = (uint8_t *)*host;
         memset(raw + numel, 0, off - numel);
         MOEC_TRY(rt_weights_read_f8(w, v, raw, (float *)(raw + off)));
-        if (ir_weight_tiled(m, v)) {
+        if (c->plan->fp8_tiles && ir_weight_tiled(m, v)) {
             int64_t K = v->type.dims[2];
             uint8_t *tmp = malloc((size_t)(16 * K));
             if (!tmp)

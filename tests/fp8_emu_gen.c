@@ -148,6 +148,10 @@ static const gen_case CASES[] = {
     {MOE(6, 3, 320, 192, 0, 48, 64), 2, CG_FP8_AUTO,
      "MOEC_MOE_FP8_TC_MIN_BM=4 MOEC_MOE_GT_WARPS=3 MOEC_MOE_GT_U=3"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0 MOEC_MOE_GT_WARPS=8"},
+    /* and the same shapes as compiled by default, without tiles: the
+       staged kernels at 32 tokens, the streaming form at 1 */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -199,6 +203,8 @@ int main(int argc, char **argv)
         cg_options o;
         cg_options_default(&o);
         o.fp8_kernel = gc->fp8;
+        /* fragment tiles where the shapes allow, unless the case says not */
+        o.fp8_tiles = !(gc->env && strstr(gc->env, "MOEC_FP8_TILES=0"));
         cg_ctx c;
         if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))
             return 1;
@@ -230,8 +236,8 @@ int main(int argc, char **argv)
         for (int k = 0; k < m->n_ops; k++)
             if (m->ops[k]->kind == IR_OP_MOE_ROUTED) {
                 const ir_op *op = m->ops[k];
-                tl_gu = ir_weight_tiled(m, op->in[3]);
-                tl_dn = ir_weight_tiled(m, op->in[op->n_in - 1]);
+                tl_gu = o.fp8_tiles && ir_weight_tiled(m, op->in[3]);
+                tl_dn = o.fp8_tiles && ir_weight_tiled(m, op->in[op->n_in - 1]);
             }
         moec_buf_printf(&table,
                         "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, "

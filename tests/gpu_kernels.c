@@ -765,7 +765,8 @@ static const float *rows_from_interp(void *u, const ir_value *v)
  * lower), one random positive scale per block (about a / 448, so that
  * |weights| stay below about 1.5 a), into its device image *image
  * (malloc'd: codes, zero padding, scales, as ir_weight_scale_offset lays
- * them out, the codes in tiles where ir_weight_tiled says); the interpreter gets each code times its block's scale, as
+ * them out, the codes in tiles where MOEC_FP8_TILES=1 and ir_weight_tiled
+ * say); the interpreter gets each code times its block's scale, as
  * the loader dequantizes. */
 static void fill_fp8(rt_interp *in, const ir_module *m, const ir_value *v, ir_dtype cdt, float a,
                      uint64_t *rng, void **image)
@@ -794,7 +795,9 @@ static void fill_fp8(rt_interp *in, const ir_module *m, const ir_value *v, ir_dt
         w[i] = rt_f8e4m3_to_f32(q) *
                sc[(lead * srows + row / v->scale.block[0]) * scols + col / v->scale.block[1]];
     }
-    if (ir_weight_tiled(m, v)) {
+    cg_options o;
+    cg_options_default(&o); /* as the programs were compiled */
+    if (o.fp8_tiles && ir_weight_tiled(m, v)) {
         uint8_t *tmp = malloc((size_t)(16 * cols));
         if (!tmp) {
             fprintf(stderr, "out of memory for the tiles of %s\n", v->name);

@@ -35,6 +35,7 @@ static ir_plan *make_plan(ir_module *m)
     p->kv_block_size = 64;
     p->pdl = 1;
     p->sampler = 1;
+    p->fp8_tiles = 1;
     p->n_buckets = 2;
     p->buckets = calloc(2, sizeof *p->buckets);
     for (int b = 0; b < 2; b++) {
@@ -95,7 +96,7 @@ static void check_same(const ir_plan *a, const ir_plan *b)
 {
     T_CHECK(!strcmp(a->arch, b->arch) && a->compute_dtype == b->compute_dtype &&
             a->kv_block_size == b->kv_block_size && a->pdl == b->pdl &&
-            a->sampler == b->sampler &&
+            a->sampler == b->sampler && a->fp8_tiles == b->fp8_tiles &&
             a->n_buckets == b->n_buckets);
     for (int i = 0; i < a->n_buckets && i < b->n_buckets; i++) {
         const ir_bucket *x = &a->buckets[i], *y = &b->buckets[i];
@@ -170,6 +171,7 @@ static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
     cJSON_DeleteItemFromObject(h, "tp");
     cJSON_DeleteItemFromObject(h, "ep");
     cJSON_DeleteItemFromObject(h, "sampler");
+    cJSON_DeleteItemFromObject(h, "fp8_tiles");
     cJSON_ReplaceItemInObject(h, "format", cJSON_CreateNumber(1));
     cJSON_AddItemToObject(h, "ir", cJSON_DetachItemFromObject(rank0, "ir"));
     cJSON *buckets = cJSON_DetachItemFromObject(rank0, "buckets"), *bk, *st;
@@ -275,8 +277,9 @@ static void test_rank_plans(const char *dir, const ir_plan *single)
     if (p1) {
         /* no device sampler: its requests sample on the host; every kernel
            as the plan's pdl says */
-        T_CHECK(p1->sampler == 0);
+        T_CHECK(p1->sampler == 0 && p1->fp8_tiles == 0);
         p1->sampler = single->sampler;
+        p1->fp8_tiles = single->fp8_tiles;
         for (int b = 0; b < p1->n_buckets && b < single->n_buckets; b++)
             for (int s = 0; s < p1->buckets[b].n_steps && s < single->buckets[b].n_steps; s++) {
                 T_CHECK(p1->buckets[b].steps[s].plain == 0);
