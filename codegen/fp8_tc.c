@@ -506,11 +506,12 @@ static const char GATE_UP_HEAD[] =
     "%s"
     "    const int n0 = blockIdx.y * (NW * 16) + warp * 16, r0 = n0 < ND ? n0 : 0;\n"
     "    const bool live[RT] = {n0 < ND, n0 < ND};\n"
-    "    const __nv_fp8_e4m3 *w0[RT] = {\n"
-    "        wg + (long long)e * GSTRIDE + (long long)(r0 + (TL ? 0 : g)) * KD + (TL ? lane : q) * 16,\n"
-    "        wu + (long long)e * USTRIDE + UOFF + (long long)(r0 + (TL ? 0 : g)) * KD +\n"
-    "            (TL ? lane : q) * 16};\n"
-    "    const __nv_fp8_e4m3 *w1[RT] = {w0[0] + (TL ? 512LL : 8LL * KD), w0[1] + (TL ? 512LL : 8LL * KD)};\n"
+    "    const __nv_fp8_e4m3 *gb = wg + (long long)e * GSTRIDE;\n"
+    "    const __nv_fp8_e4m3 *ub = wu + (long long)e * USTRIDE + UOFF;\n"
+    "    const __nv_fp8_e4m3 *w0[RT] = {gb + moec_woff<TL, KD>(r0 + g, q * 16),\n"
+    "                                   ub + moec_woff<TL, KD>(r0 + g, q * 16)};\n"
+    "    const __nv_fp8_e4m3 *w1[RT] = {gb + moec_woff<TL, KD>(r0 + g + 8, q * 16),\n"
+    "                                   ub + moec_woff<TL, KD>(r0 + g + 8, q * 16)};\n"
     "    const float *sr[RT] = {gsc + ((long long)e * SR + r0 / SBN) * SC,\n"
     "                           usc + ((long long)e * SR + (UROW + r0) / SBN) * SC};\n";
 
@@ -533,8 +534,8 @@ static const char DOWN_HEAD[] =
     "    for (int r = 0; r < RT; r++) {\n"
     "        const int a = n0 + 16 * r, ra = a < ND ? a : 0;\n"
     "        live[r] = a < ND;\n"
-    "        w0[r] = wd + (long long)e * ND * KD + (long long)(ra + (TL ? 0 : g)) * KD + (TL ? lane : q) * 16;\n"
-    "        w1[r] = w0[r] + (TL ? 512LL : 8LL * KD);\n"
+    "        w0[r] = wd + (long long)e * ND * KD + moec_woff<TL, KD>(ra + g, q * 16);\n"
+    "        w1[r] = wd + (long long)e * ND * KD + moec_woff<TL, KD>(ra + g + 8, q * 16);\n"
     "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
     "    }\n";
 

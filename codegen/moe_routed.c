@@ -844,7 +844,7 @@ static int gv_weight_ok(const cg_ctx *c, const ir_value *w, long long n)
  * scale blocks whole tiles and chunks. */
 static int gt_weight_ok(const cg_ctx *c, const ir_value *w)
 {
-    return cg_moe_weight_tl(c, w) && w->scale.block[0] % 16 == 0 && w->scale.block[1] % 64 == 0;
+    return cg_moe_weight_tl(c, w) && ir_block_scale_tiles(w);
 }
 
 static moec_status oom(const cg_moe_desc *d)
@@ -892,12 +892,21 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
 /* The CUDA-core and tensor-core forms of the GEMMs. */
 enum { FORM_SIMT, FORM_MMA, FORM_GV, FORM_GT };
 
-/* A GEMM step's shape: warps a block, rows a warp (a block's rows: their
- * product), the streaming form's chunks in flight, the kernel-name tag. */
+/* A GEMM step's shape: warps a block, rows a warp, a block's rows (their
+ * product; the tile-streaming form's warps share one tile), the streaming
+ * forms' chunks in flight, the kernel-name tag. */
 typedef struct moe_shape {
-    int warps, rows, u, cvt;
+    int warps, rows, bn, u, cvt;
     char tag[40];
 } moe_shape;
+
+/* Whether the streaming forms widen weight w's fp8 codes by the conversion
+ * unit (sm_89 and later) */
+static int moe_cvt(const cg_ctx *c, const ir_value *w)
+{
+    return cg_storage(c, w) == IR_DTYPE_F8E4M3 && c->opt && cg_arch_num(c->opt) >= 89 &&
+           cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
+}
 
 /* The shape of form `form` for a GEMM over k of kd elements of weight w
  * (rows: rows a warp of the CUDA-core forms; the streaming form's rows a
@@ -916,9 +925,10 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long
         snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
     } else if (form == FORM_GT) {
         sh.warps = cg_env_int("MOEC_MOE_GT_WARPS", GT_WARPS, 1, 8);
-        sh.rows = 16; /* a block's: one tile */
+        sh.rows = 16;
+        sh.bn = 16; /* one tile */
         sh.u = cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
-        sh.cvt = c->opt && cg_arch_num(c->opt) >= 89 && cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
+        sh.cvt = moe_cvt(c, w);
         snprintf(sh.tag, sizeof sh.tag, "gt_w%d_u%d%s", sh.warps, sh.u, sh.cvt ? "_cvt" : "");
     } else if (form == FORM_GV) {
         long long kstep = 32 * (16 / (long long)ir_dtype_size(cg_storage(c, w)));
@@ -930,9 +940,7 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long
         sh.warps = cg_env_int("MOEC_MOE_GEMV_WARPS", GV_WARPS, 1, 8);
         sh.rows = cg_env_int(rw_env, rw_dflt, 1, 16);
         sh.u = (int)((nch + rounds - 1) / rounds);
-        /* fp8 codes widened by the conversion unit (sm_89 and later) */
-        sh.cvt = cg_storage(c, w) == IR_DTYPE_F8E4M3 && c->opt && cg_arch_num(c->opt) >= 89 &&
-                 cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
+        sh.cvt = moe_cvt(c, w);
         snprintf(sh.tag, sizeof sh.tag, "gv_w%d_r%d_u%d%s", sh.warps, sh.rows, sh.u,
                  sh.cvt ? "_cvt" : "");
     } else {
@@ -940,6 +948,8 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long
         sh.rows = rows;
         snprintf(sh.tag, sizeof sh.tag, "rw%d", rows);
     }
+    if (!sh.bn)
+        sh.bn = sh.warps * sh.rows;
     return sh;
 }
 
@@ -1010,10 +1020,9 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
-    long long bn = form == FORM_GT ? 16 : (long long)sh.warps * sh.rows;
     s->kernel = k2;
     s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((I + bn - 1) / bn);
+    s->grid[1] = (unsigned)((I + sh.bn - 1) / sh.bn);
     s->block[0] = (unsigned)sh.warps * 32;
     cg_moe_gate_up_args(s, d, l, g8);
     return MOEC_OK;
@@ -1093,10 +1102,9 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return oom(d);
-    long long bn = form == FORM_GT ? 16 : (long long)sh.warps * sh.rows;
     s->kernel = k3;
     s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((H + bn - 1) / bn);
+    s->grid[1] = (unsigned)((H + sh.bn - 1) / sh.bn);
     s->block[0] = (unsigned)sh.warps * 32;
     cg_moe_down_args(s, d, l, d8);
     return MOEC_OK;

@@ -139,8 +139,11 @@ int ir_weight_tiled(const ir_module *m, const ir_value *w)
     return used;
 }
 
-void ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K, uint8_t *tmp)
+int ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K)
 {
+    uint8_t *tmp = malloc((size_t)(16 * K));
+    if (!tmp)
+        return -1;
     for (int64_t t = 0; t < rows; t += 16) {
         uint8_t *tile = codes + t * K;
         memcpy(tmp, tile, (size_t)(16 * K));
@@ -148,6 +151,8 @@ void ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K, uint8_t *tmp)
             for (int64_t k = 0; k < K; k += 16)
                 memcpy(tile + ir_tile_offset(r, k, K), tmp + r * K + k, 16);
     }
+    free(tmp);
+    return 0;
 }
 
 size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype compute)

@@ -211,7 +211,7 @@ static inline int64_t ir_tile_offset(int64_t n, int64_t k, int64_t K)
            ((n & 7) * 4 + ((k >> 4) & 3)) * 16 + (k & 15);
 }
 /* Rows rows of K codes (a multiple of 16 and of 64) laid out as tiles, in
- * place; tmp holds 16 * K bytes. */
-void ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K, uint8_t *tmp);
+ * place; -1 when out of memory (a tile's copy), else 0. */
+int ir_tile_codes(uint8_t *codes, int64_t rows, int64_t K);
 
 #endif

@@ -54,14 +54,10 @@ static moec_status upload_one(rt_cuda *c, const rt_weights *w, int i, float **ho
         uint8_t *raw = (uint8_t *)*host;
         memset(raw + numel, 0, off - numel);
         MOEC_TRY(rt_weights_read_f8(w, v, raw, (float *)(raw + off)));
-        if (c->plan->fp8_tiles && ir_weight_tiled(m, v)) {
-            int64_t K = v->type.dims[2];
-            uint8_t *tmp = malloc((size_t)(16 * K));
-            if (!tmp)
-                return MOEC_ERR(MOEC_ERR_OOM, "%s: out of host memory", where);
-            ir_tile_codes(raw, (int64_t)(numel / (size_t)K), K, tmp);
-            free(tmp);
-        }
+        int64_t K = v->type.dims[v->type.rank - 1];
+        if (c->plan->fp8_tiles && ir_weight_tiled(m, v) &&
+            ir_tile_codes(raw, (int64_t)numel / K, K) != 0)
+            return MOEC_ERR(MOEC_ERR_OOM, "%s: out of host memory", where);
         return CK(cudaMemcpy(c->weights[i], raw, bytes, cudaMemcpyHostToDevice), where);
     }
     MOEC_TRY(rt_weights_read_f32(w, v, *host));

@@ -797,14 +797,9 @@ static void fill_fp8(rt_interp *in, const ir_module *m, const ir_value *v, ir_dt
     }
     cg_options o;
     cg_options_default(&o); /* as the programs were compiled */
-    if (o.fp8_tiles && ir_weight_tiled(m, v)) {
-        uint8_t *tmp = malloc((size_t)(16 * cols));
-        if (!tmp) {
-            fprintf(stderr, "out of memory for the tiles of %s\n", v->name);
-            exit(1);
-        }
-        ir_tile_codes(img, (int64_t)n / cols, cols, tmp);
-        free(tmp);
+    if (o.fp8_tiles && ir_weight_tiled(m, v) && ir_tile_codes(img, (int64_t)n / cols, cols) != 0) {
+        fprintf(stderr, "out of memory for the tiles of %s\n", v->name);
+        exit(1);
     }
     image[v->id] = img;
 }
