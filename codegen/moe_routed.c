@@ -908,14 +908,14 @@ static int moe_cvt(const cg_ctx *c, const ir_value *w)
            cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
 }
 
-/* The shape of form `form` for a GEMM over k of kd elements of weight w
- * (rows: rows a warp of the CUDA-core forms; the streaming form's rows a
- * warp and the tensor-core form's chunks in flight: rw_env and u_env, else
- * their defaults). The streaming form takes U chunks at a time, evened out
+/* The shape of form `form` for a GEMM (down: the experts' down) over k of
+ * kd elements of weight w (rows: rows a warp of the CUDA-core forms; the
+ * streaming form's rows a warp and the tensor-core form's chunks in
+ * flight: rw_env and u_env, else their defaults). The streaming form takes U chunks at a time, evened out
  * over the row's chunks (6 chunks at U 4: two rounds of 3). */
-static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long long kd,
-                              int rows, const char *rw_env, int rw_dflt, const char *u_env,
-                              int u_dflt)
+static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_value *w,
+                              long long kd, int rows, const char *rw_env, int rw_dflt,
+                              const char *u_env, int u_dflt)
 {
     moe_shape sh = {0};
     if (form == FORM_MMA) {
@@ -924,10 +924,15 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, const ir_value *w, long
         sh.u = cg_env_int(u_env, u_dflt, 1, 8);
         snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
     } else if (form == FORM_GT) {
+        /* down's own knobs (MOEC_MOE_GT_DN_*) default to gate_up's */
         sh.warps = cg_env_int("MOEC_MOE_GT_WARPS", GT_WARPS, 1, 8);
+        sh.u = cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
+        if (down) {
+            sh.warps = cg_env_int("MOEC_MOE_GT_DN_WARPS", sh.warps, 1, 8);
+            sh.u = cg_env_int("MOEC_MOE_GT_DN_U", sh.u, 1, 8);
+        }
         sh.rows = 16;
         sh.bn = 16; /* one tile */
-        sh.u = cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
         sh.cvt = moe_cvt(c, w);
         snprintf(sh.tag, sizeof sh.tag, "gt_w%d_u%d%s", sh.warps, sh.u, sh.cvt ? "_cvt" : "");
     } else if (form == FORM_GV) {
@@ -972,7 +977,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     cg_moe_scale_consts(c, d->gate, fused ? I : 0, "*gsc = nullptr, *usc = nullptr", gtag,
                         sizeof gtag, gdecl, sizeof gdecl);
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
-    moe_shape sh = moe_shape_of(c, form, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW,
+    moe_shape sh = moe_shape_of(c, form, 0, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW,
                                 "MOEC_MOE_MMA_U", MMA_UNROLL);
     snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E,
              K, H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
@@ -1043,7 +1048,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    moe_shape sh = moe_shape_of(c, form, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD",
+    moe_shape sh = moe_shape_of(c, form, 1, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD",
                                 bm == 1 ? GV_RWD_BM1 : GV_RWD, "MOEC_MOE_MMA_DN_U", MMA_DN_U);
     /* the first chunks' weights loaded before the wait (MOEC_MOE_DOWN_PRE=0:
        after it, for A/B runs) */
