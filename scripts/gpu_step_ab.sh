@@ -8,9 +8,11 @@
 # (Q3_LAYERS, default 0: all 48; Q3_BATCHES, default 1,8) and on
 # DeepSeek-V2-Lite (V2_LAYERS, default 0: all 27; V2_BATCHES, default
 # 1,8,32,64), the default against VARIANTS ("NAME:ENV=V[,ENV=V] ..."; empty
-# Q3_BATCHES or V2_BATCHES skips that model). CHECK_ENV ("ENV=V ...")
-# applies to the gpu_kernels parts and the tests only, e.g. to check a
-# variant's kernels while the A/B's default stays the default. Leaves
+# Q3_BATCHES or V2_BATCHES skips that model), and V2-Lite's default in the
+# other dtype (bf16 where FP8=1, else fp8; OTHER_DTYPE=0 skips it).
+# CHECK_ENV ("ENV=V ...") applies to the gpu_kernels parts and the tests
+# only, e.g. to check a variant's kernels while the A/B's default stays the
+# default. Leaves
 # $OUT/ab.txt (both models' tables) and $OUT/logs.tar.gz.
 # On the GPU machine:
 #   cd .snap/src && VARIANTS="nowpre:MOEC_NORM_WPRE=0" scripts/gpu_step_ab.sh
@@ -36,5 +38,14 @@ ab() { # NAME CONFIG LAYERS BATCHES
 }
 ab q3 tests/data/configs/qwen3_30b_a3b.json "${Q3_LAYERS:-0}" "${Q3_BATCHES-1,8}"
 ab v2 tests/data/configs/deepseek_v2_lite.json "${V2_LAYERS:-0}" "${V2_BATCHES-1,8,32,64}"
+# the other dtype's default too, without the variants: a change to kernel
+# text both dtypes share can slow the one not under study (the twenty-sixth
+# round's fragment-tile addressing cost bf16 28% at 32 and 64 tokens
+# unseen); OTHER_DTYPE=0 leaves it out
+if [ "${OTHER_DTYPE:-1}" = 1 ] && [ -n "${V2_BATCHES-1,8,32,64}" ]; then
+  if [ "${FP8:-0}" = 1 ]; then other=0; else other=1; fi
+  FP8=$other VARIANTS="" ab "v2-other-fp8_$other" tests/data/configs/deepseek_v2_lite.json \
+    "${V2_LAYERS:-0}" "${V2_BATCHES-1,8,32,64}"
+fi
 tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
 exit $rc
