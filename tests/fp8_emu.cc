@@ -26,10 +26,11 @@ struct emu_case {
     int moe;
     const char *what;
     int LN, LK, E, K, H, I, BN, BK, T, bm; // bm: slots a block of the expert kernels
-    int h32; // the streaming expert GEMMs (h in f32), else the staged ones (h in bf16)
-    int w16; // bf16 weights (experts: the streaming form), else fp8
+    int h32; // the streaming expert GEMMs (h in f32), else the staged or tensor-core ones (bf16)
+    int w16; // bf16 weights (experts: the streaming or tensor-core form), else fp8
     int act; // a linear with act silu_mul: x [T, 2 LK]
     int tl_gu, tl_dn; // the experts' gate_up and down codes in fragment tiles (ir_weight_tiled)
+    int mma; // the experts' first tensor-core form (mma: a warp a block, no shared memory)
     emu_step steps[2];
     int n_steps;
 };
@@ -181,7 +182,7 @@ template <class W> static double run_linear(const emu_case &c)
 static float h_value(__nv_bfloat16 v) { return emu_bf2f(v.v); }
 static float h_value(float v) { return v; }
 
-// TH: h's type, bf16 (the staged kernels) or f32 (the streaming ones); W:
+// TH: h's type, bf16 (the staged and tensor-core kernels) or f32 (the streaming ones); W:
 // the weights, f8w (codes, then their scales, passed to the kernels) or bfw.
 template <class TH, class W> static double run_moe(const emu_case &c, bool split)
 {
@@ -220,8 +221,9 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     // align: each expert's slots in blocks of bm, the blocks past the used ones empty
     const unsigned nb = c.steps[0].gx;
     const int bm = c.bm;
-    assert(c.h32 ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
-                 : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
+    assert(c.h32   ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
+           : c.mma ? bm >= 8 && c.steps[1].smem == 0
+                   : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
     buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
     std::fill(sorted.v.begin(), sorted.v.end(), -1);
     std::fill(blk.v.begin(), blk.v.end(), -1);
@@ -318,7 +320,8 @@ int main(int argc, char **argv)
         const auto t0 = std::chrono::steady_clock::now();
         const bool split = strstr(c.what, "split") != nullptr;
         const double worst = !c.moe   ? (c.w16 ? run_linear<bfw>(c) : run_linear<f8w>(c))
-                             : c.w16 ? run_moe<float, bfw>(c, split)
+                             : c.w16 ? (c.h32 ? run_moe<float, bfw>(c, split)
+                                              : run_moe<__nv_bfloat16, bfw>(c, split))
                              : c.h32 ? run_moe<float, f8w>(c, split)
                                      : run_moe<__nv_bfloat16, f8w>(c, split);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

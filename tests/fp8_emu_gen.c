@@ -1,6 +1,7 @@
 /* fp8_emu_gen.c — writes the staged fp8 kernels (codegen/fp8_tc.c), the
  * few-token fp8 linear and the tensor-core bf16 one (codegen/linear.c) and the
- * streaming fp8 expert GEMMs (codegen/moe_routed.c) of a set of cases as
+ * streaming, tile-streaming and tensor-core (mma) expert GEMMs
+ * (codegen/moe_routed.c) of a set of cases as
  * C++ for the CPU emulator (tests/cuda_emu.h, tests/test_fp8_emu.sh): the
  * prologue's moec_silu_mul_frag, moec_e4m3x4_bf16, moec_x16, moec_tc_chunk,
  * ldv, moec_prefetch_rows, warp_sum, moec_w16 and moec_silu_mul8 as the
@@ -152,6 +153,18 @@ static const gen_case CASES[] = {
        staged kernels at 32 tokens, the streaming form at 1 */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
+    /* the tile-streaming down's own shape: 2 warps, 5 chunks in flight */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, "MOEC_MOE_GT_DN_WARPS=2 MOEC_MOE_GT_DN_U=5"},
+    /* the tensor-core expert GEMMs (the mma form, from 4 slots a block)
+       with bf16 weights in rows: 16 and 8 slots a block, gate and up fused
+       and apart, 3 chunks in flight (the last round partial), one slot a
+       block by the knob; and with fp8 weights (the kernels before the
+       staged ones), in fragment tiles and in rows */
+    {MOE16(6, 3, 256, 64, 0), 32, CG_FP8_AUTO, NULL},
+    {MOE16(5, 2, 480, 96, 1), 16, CG_FP8_AUTO, "MOEC_MOE_MMA_U=3 MOEC_MOE_MMA_DN_U=3"},
+    {MOE16(6, 3, 256, 64, 0), 3, CG_FP8_AUTO, "MOEC_MOE_MMA_MIN_BM=1"},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_OLD, NULL},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_OLD, "MOEC_FP8_TILES=0"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -213,12 +226,14 @@ int main(int argc, char **argv)
         int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
            streaming form (gv) keeps h in f32 */
-        int bm = 0, h32 = 0, cvt = 0, gv8 = 0;
+        int bm = 0, h32 = 0, cvt = 0, gv8 = 0, mma = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
             int gv = strstr(c.kernel_names[k], "_gv_") != NULL || strstr(c.kernel_names[k], "_gt_");
-            if (b && (gv || strstr(c.kernel_names[k], "f8tc")))
+            int tc = b && strstr(c.kernel_names[k], "_mma_w") != NULL;
+            if (b && (gv || tc || strstr(c.kernel_names[k], "f8tc")))
                 bm = atoi(b + 3);
+            mma |= tc;
             h32 |= gv;
             gv8 += gv && strstr(c.kernel_names[k], "f8e4m3") != NULL;
             cvt += gv && strstr(c.kernel_names[k], "_cvt_") != NULL;
@@ -241,19 +256,20 @@ int main(int argc, char **argv)
             }
         moec_buf_printf(&table,
                         "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, "
-                        "%d, %d, %d, %d, %d, %d, %d, {",
+                        "%d, %d, %d, %d, %d, %d, %d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
                         w16 ? " bf16" : "", s->lact ? " silu" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
                         gc->env ? " " : "", gc->env ? gc->env : "", tl_gu ? " gate_up tiled" : "",
                         tl_dn ? " down tiled" : "", s->LN, s->LK, s->E, s->K, s->HID, s->I, s->BN,
-                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn);
+                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn, mma);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
             if (!strstr(name, "f8tc") && !strstr(name, "_gv_") && !strstr(name, "_gt_") &&
+                !(!strncmp(name, "moe_", 4) && strstr(name, "_mma_w")) &&
                 strncmp(name, "linear_gemv_", 12) && strncmp(name, "linear_mma_", 11) &&
                 strncmp(name, "linear_tc_", 10))
                 continue; /* align and sum: the emulator's host side does them */

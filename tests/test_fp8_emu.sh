@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_fp8_emu.sh — the staged fp8 kernels (codegen/fp8_tc.c), the few-token
 # fp8 linear (codegen/linear.c) and the
-# streaming fp8 expert GEMMs (codegen/moe_routed.c) run without a GPU: fp8_emu_gen writes their generated source for a set of odd cases
+# streaming, tile-streaming and tensor-core expert GEMMs (codegen/moe_routed.c)
+# run without a GPU: fp8_emu_gen writes their generated source for a set of odd cases
 # (tests/fp8_emu_gen.c), which compiles as C++ with the CPU emulation of
 # the CUDA they use (tests/cuda_emu.h) and the harness that checks them
 # against a double-precision reference (tests/fp8_emu.cc): once under the
