@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# kernel_diff.sh — which generated kernels a change touches, on a machine
+# without a GPU: builds test_codegen at two commits (git worktrees under
+# $TMPDIR), has it generate the kernels of the config parts named (every
+# bucket of the model's config, as the GPU would run them; MOEC_DUMP_CUDA
+# keeps their source) and compares them kernel by kernel. A kernel whose
+# text changed is one to time on the GPU before the change lands, in each
+# dtype and bucket that runs it (the twenty-sixth round changed the bf16
+# tensor-core experts' text while timing only fp8, and bf16 lost 28%).
+#   usage: scripts/kernel_diff.sh BASE [HEAD]     (commits; HEAD by default)
+#   PARTS: test_codegen parts (default "config_deepseek_v2_lite
+#   config_deepseek_v2_lite_fp8 config_qwen3_30b_a3b
+#   config_qwen3_30b_a3b_fp8"). Prints the changed, new and gone kernels
+#   (the common prologue of helpers as "<prologue>"), a line each.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,14p "$0"; exit 2; fi
+PARTS=${PARTS:-config_deepseek_v2_lite config_deepseek_v2_lite_fp8 config_qwen3_30b_a3b config_qwen3_30b_a3b_fp8}
+work=$(mktemp -d "${TMPDIR:-/tmp}/moec-kdiff.XXXXXX")
+trees=()
+cleanup() {
+  for t in "${trees[@]}"; do git worktree remove --force "$t" >/dev/null 2>&1 || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+export MOEC_CACHE_DIR=$work/cache
+mkdir -p "$MOEC_CACHE_DIR"
+side() { # NAME COMMIT: build test_codegen at COMMIT, its kernels' source in $work/NAME
+  local t=$work/tree-$1
+  git worktree add --detach "$t" "$2" >/dev/null 2>&1
+  trees+=("$t")
+  cmake -S "$t" -B "$t/build" -DMOEC_FUZZ=OFF >"$work/$1-cmake.txt" 2>&1 ||
+    { tail "$work/$1-cmake.txt"; return 1; }
+  cmake --build "$t/build" -j"$(nproc)" --target test_codegen >"$work/$1-build.txt" 2>&1 ||
+    { tail "$work/$1-build.txt"; return 1; }
+  mkdir -p "$work/$1"
+  for p in $PARTS; do
+    MOEC_DUMP_CUDA=$work/$1 "$t/build/tests/test_codegen" "$p" >"$work/$1-$p.txt" 2>&1 ||
+      { tail "$work/$1-$p.txt"; return 1; }
+  done
+}
+echo "kernel_diff: $(git log -1 --format='%h %s' "$1" | cut -c1-72)"
+side base "$1"
+echo "  against:   $(git log -1 --format='%h %s' "${2:-HEAD}" | cut -c1-72)"
+side head "${2:-HEAD}"
+python3 - "$work/base" "$work/head" <<'PY'
+import os, re, sys
+
+HEAD = re.compile(r'^extern "C" __global__ void (?:__\w+__\([^)]*\) )*(\w+)\(', re.M)
+
+def kernels(d):
+    """kernel name -> its text (from its comment line to the next kernel's)"""
+    out, pros = {}, set()
+    for f in sorted(os.listdir(d)):
+        src = open(os.path.join(d, f)).read()
+        heads = list(HEAD.finditer(src))
+        if not heads:
+            continue
+        # each kernel starts at the comment line(s) right above its head
+        starts = []
+        for m in heads:
+            s = m.start()
+            while True:
+                p = src.rfind("\n", 0, s - 1) + 1
+                if s > 0 and src.startswith("//", p):
+                    s = p
+                else:
+                    break
+            starts.append(s)
+        pros.add(src[: starts[0]])
+        for i, m in enumerate(heads):
+            end = starts[i + 1] if i + 1 < len(heads) else len(src)
+            out.setdefault(m.group(1), src[starts[i] : end])
+    out["<prologue>"] = "\n".join(sorted(pros))
+    return out
+
+a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
+changed = sorted(k for k in a if k in b and a[k] != b[k])
+new = sorted(k for k in b if k not in a)
+gone = sorted(k for k in a if k not in b)
+print(f"{len(a)} kernels before, {len(b)} after: {len(changed)} changed, {len(new)} new, "
+      f"{len(gone)} gone")
+for tag, names in (("changed", changed), ("new", new), ("gone", gone)):
+    for k in names:
+        print(f"  {tag:8s}{k}")
+PY
