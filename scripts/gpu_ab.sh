@@ -10,13 +10,14 @@
 # brings back what it measured; the logs (build, sample, each run's JSON
 # lines and stderr) go to $OUT/ab-logs.tar.gz when the script exits (the
 # device tool brings back at most 8 files). FP8=1 writes the model's
-# weights in block-scaled fp8 (moec-sample --fp8).
+# weights in block-scaled fp8 (moec-sample --fp8); AB_MODEL=DIR uses (and
+# keeps) the model there, writing it first where DIR holds none.
 #   usage: scripts/gpu_ab.sh CONFIG LAYERS BATCHES CONTEXTS "NAME:ENV=V[,ENV=V] ..."
 #   e.g.:  scripts/gpu_ab.sh tests/data/configs/qwen3_30b_a3b.json 16 1,8 \
 #            1024,8192 "merge2:MOEC_ATTN_MERGE=2"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 5 ] || { sed -n 2,14p "$0"; exit 2; }
+[ $# -eq 5 ] || { sed -n 2,15p "$0"; exit 2; }
 CONFIG=$1 LAYERS=$2 BATCHES=$3 CONTEXTS=$4 VARIANTS=$5
 OUT=${OUT:-/tmp/moec-ab}
 LOGS=$(mktemp -d)/ab-logs
@@ -25,11 +26,15 @@ mkdir -p "$OUT" "$LOGS"
 trap "tar czf '$OUT/ab-logs.tar.gz' -C '$(dirname "$LOGS")' ab-logs" EXIT
 source scripts/gpu_build.sh
 gpu_build >"$LOGS/build.txt" 2>&1 || { tail -30 "$LOGS/build.txt"; exit 1; }
-M=/dev/shm/moec-ab
-rm -rf "$M"
 fp8=
 [ "${FP8:-0}" = 1 ] && fp8=fp8
-gpu_sample_model "$CONFIG" "$LAYERS" "$M" $fp8 >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; exit 1; }
+# AB_MODEL=DIR: the caller's model folder, written here only where it holds
+# no model yet and kept (scripts/gpu_trees.sh shares one between trees)
+M=${AB_MODEL:-/dev/shm/moec-ab}
+if [ -z "${AB_MODEL:-}" ] || [ ! -f "$M/config.json" ]; then
+  rm -rf "$M"
+  gpu_sample_model "$CONFIG" "$LAYERS" "$M" $fp8 >"$LOGS/sample.txt" 2>&1 || { tail "$LOGS/sample.txt"; exit 1; }
+fi
 { date -u; cat COMMIT 2>/dev/null || git log -1 --oneline; echo "$CONFIG, $LAYERS layers${fp8:+, fp8}"; } >>"$OUT/ab.txt"
 printf '%-28s %7s %5s %9s %9s %7s\n' variant context batch graph_ms floor_ms x_floor | tee -a "$OUT/ab.txt"
 IFS=, read -ra ctxs <<<"$CONTEXTS"
@@ -50,4 +55,4 @@ for line in open(sys.argv[3]):
 PY
   done
 done
-rm -rf "$M"
+[ -n "${AB_MODEL:-}" ] || rm -rf "$M"

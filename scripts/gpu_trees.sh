@@ -3,8 +3,9 @@
 # one model in each tree that `SNAP_TREES="COMMIT ..." scripts/gpu_snapshot.sh`
 # put under .snap/ and in .snap/src (HEAD), in one device call, with
 # scripts/gpu_ab.sh (no variants) run in each tree in turn: the same
-# machine, the same model file's shape, one line a batch and tree in
-# $OUT/ab.txt, each tree's logs in $OUT/ab-TREE-logs.tar.gz.
+# machine, one model written once for all of them (a tree whose gpu_ab.sh
+# predates AB_MODEL writes its own), one line a batch and tree in $OUT/ab.txt, each tree's logs in
+# $OUT/ab-TREE-logs.tar.gz.
 #   usage (on the GPU machine, from .snap/src):
 #     scripts/gpu_trees.sh CONFIG LAYERS BATCHES      (FP8=1: fp8 weights)
 #   e.g.: scripts/gpu_trees.sh tests/data/configs/deepseek_v2_lite.json 0 32,64
@@ -15,6 +16,9 @@ cd "$(dirname "$0")/../.." || exit 1 # .snap
 OUT=${OUT:-/tmp/moec-trees}
 export OUT
 mkdir -p "$OUT"
+export AB_MODEL=/dev/shm/moec-trees
+rm -rf "$AB_MODEL"
+trap 'rm -rf "$AB_MODEL"' EXIT
 rc=0
 for d in */; do
   d=${d%/}
