@@ -926,21 +926,22 @@ static int moe_cvt(const cg_ctx *c, const ir_value *w)
            cg_env_int("MOEC_MOE_GEMV_CVT", GV_CVT, 0, 1);
 }
 
-/* The shape of form `form` for a GEMM (down: the experts' down) over k of
- * kd elements of weight w (rows: rows a warp of the CUDA-core forms; the
- * streaming form's rows a warp and the tensor-core form's chunks in
- * flight: rw_env and u_env, else their defaults). The streaming form takes
- * U chunks at a time, evened out over the row's chunks (6 chunks at U 4:
- * two rounds of 3). */
+/* The shape of form `form` for gate_up's GEMM, or down's (down), over k of
+ * kd elements of weight w in blocks of bm slots: the first form's rows a
+ * warp (gate_up 4, down 8), the streaming form's (MOEC_MOE_GEMV_RW, GV_RW;
+ * MOEC_MOE_GEMV_RWD, GV_RWD or at one slot GV_RWD_BM1), the tensor-core
+ * form's chunks in flight (MOEC_MOE_MMA_U, MMA_UNROLL; MOEC_MOE_MMA_DN_U,
+ * MMA_DN_U). The streaming form takes U chunks at a time, evened out over
+ * the row's chunks (6 chunks at U 4: two rounds of 3). */
 static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_value *w,
-                              long long kd, int rows, const char *rw_env, int rw_dflt,
-                              const char *u_env, int u_dflt)
+                              long long kd, int bm)
 {
     moe_shape sh = {0};
     if (form == FORM_MMA) {
         sh.warps = cg_env_int("MOEC_MOE_MMA_WARPS", MMA_WARPS, 1, 8);
         sh.rows = 16;
-        sh.u = cg_env_int(u_env, u_dflt, 1, 8);
+        sh.u = down ? cg_env_int("MOEC_MOE_MMA_DN_U", MMA_DN_U, 1, 8)
+                    : cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
         snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
     } else if (form == FORM_GT) {
         /* down's own knobs (MOEC_MOE_GT_DN_*) default to gate_up's */
@@ -962,15 +963,16 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
             u = (int)nch;
         long long rounds = (nch + u - 1) / u;
         sh.warps = cg_env_int("MOEC_MOE_GEMV_WARPS", GV_WARPS, 1, 8);
-        sh.rows = cg_env_int(rw_env, rw_dflt, 1, 16);
+        sh.rows = down ? cg_env_int("MOEC_MOE_GEMV_RWD", bm == 1 ? GV_RWD_BM1 : GV_RWD, 1, 16)
+                       : cg_env_int("MOEC_MOE_GEMV_RW", GV_RW, 1, 16);
         sh.u = (int)((nch + rounds - 1) / rounds);
         sh.cvt = moe_cvt(c, w);
         snprintf(sh.tag, sizeof sh.tag, "gv_w%d_r%d_u%d%s", sh.warps, sh.rows, sh.u,
                  sh.cvt ? "_cvt" : "");
     } else {
         sh.warps = MOE_WARPS;
-        sh.rows = rows;
-        snprintf(sh.tag, sizeof sh.tag, "rw%d", rows);
+        sh.rows = down ? 8 : 4;
+        snprintf(sh.tag, sizeof sh.tag, "rw%d", sh.rows);
     }
     if (!sh.bn)
         sh.bn = sh.warps * sh.rows;
@@ -988,7 +990,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     int bm = l->bm, fused = l->fused, T = c->T, is_new = 0, mma = form == FORM_MMA;
     char name[200];
     ir_dtype xdt = cg_storage(c, d->x), gdt = cg_storage(c, d->gate);
-    int rw_gu = 4, g8 = gdt == IR_DTYPE_F8E4M3;
+    int g8 = gdt == IR_DTYPE_F8E4M3;
     int ve_h = moe_vec_width(c, d->gate, H);
     if (!fused && moe_vec_width(c, d->up, H) < ve_h)
         ve_h = moe_vec_width(c, d->up, H);
@@ -996,8 +998,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
     cg_moe_scale_consts(c, d->gate, fused ? I : 0, "*gsc = nullptr, *usc = nullptr", gtag,
                         sizeof gtag, gdecl, sizeof gdecl);
     long long gstride = (fused ? 2 : 1) * I * H, uoff = fused ? I * H : 0;
-    moe_shape sh = moe_shape_of(c, form, 0, d->gate, H, rw_gu, "MOEC_MOE_GEMV_RW", GV_RW,
-                                "MOEC_MOE_MMA_U", MMA_UNROLL);
+    moe_shape sh = moe_shape_of(c, form, 0, d->gate, H, bm);
     snprintf(name, sizeof name, "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_%s_t%d_%s_%s_%s%s%s", E,
              K, H, I, bm, sh.tag, T, ir_dtype_name(xdt), ir_dtype_name(gdt),
              fused ? "fused" : "split", gtag, l->h16 ? "_h16" : "");
@@ -1038,7 +1039,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                           sh.u, sh.cvt ? "true" : "false", GEMM_HEAD, GV_GATE_UP_IN, GT_BODY,
                           GT_LOOP, GT_GATE_UP_END);
         else
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_gu,
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
@@ -1061,14 +1062,13 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
     int bm = l->bm, T = c->T, is_new = 0, mma = form == FORM_MMA;
     char name[200];
     ir_dtype ddt = cg_storage(c, d->down), odt = cg_storage(c, d->out);
-    int rw_dn = 8, d8 = ddt == IR_DTYPE_F8E4M3;
+    int d8 = ddt == IR_DTYPE_F8E4M3;
     int ve_i = moe_vec_width(c, d->down, I);
     char dtag[40], ddecl[400];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", dtag, sizeof dtag, ddecl, sizeof ddecl);
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : odt;
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    moe_shape sh = moe_shape_of(c, form, 1, d->down, I, rw_dn, "MOEC_MOE_GEMV_RWD",
-                                bm == 1 ? GV_RWD_BM1 : GV_RWD, "MOEC_MOE_MMA_DN_U", MMA_DN_U);
+    moe_shape sh = moe_shape_of(c, form, 1, d->down, I, bm);
     /* the first chunks' weights loaded before the wait (MOEC_MOE_DOWN_PRE=0:
        after it, for A/B runs) */
     int pre = form != FORM_SIMT && cg_env_int("MOEC_MOE_DOWN_PRE", 1, 0, 1);
@@ -1120,7 +1120,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                           sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false", GEMM_HEAD,
                           GV_DOWN_IN, GT_BODY, pre ? GT_PRE : "", GT_LOOP, GT_DOWN_END);
         else
-            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", rw_dn,
+            moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
