@@ -129,6 +129,10 @@ int cg_two_streams(const cg_ctx *c);
  * after its operand's op. MOEC_FORK_DELAY=n moves each fork past the next
  * n main-stream launches instead (0: none), an A/B knob. A fork never
  * moves past a step of the side stream, a join or a collective.
+ * MOEC_SHARED_FIRST=1 (an A/B knob) instead puts, in those buckets, each
+ * pair's side-stream steps right after its fork and its join right before
+ * the routed experts' first launch: the shared expert beside the router,
+ * the routed experts after both.
  * cg_plan_build calls it once per bucket. */
 void cg_place_forks(cg_ctx *c);
 

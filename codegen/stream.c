@@ -53,6 +53,44 @@ static int routing_launches(const cg_ctx *c, int i)
     return n;
 }
 
+/* Moves step k to w (w <= k), the steps from w on one later. */
+static void step_to(cg_ctx *c, int k, int w)
+{
+    ir_step s = c->steps[k];
+    memmove(&c->steps[w + 1], &c->steps[w], sizeof s * (size_t)(k - w));
+    c->steps[w] = s;
+}
+
+/* The shared expert beside the routing (MOEC_SHARED_FIRST): the side
+ * stream's steps between fork step i and its join right after the fork,
+ * the join right before the first launch of a moe_routed (the routed
+ * experts wait for the shared expert, which ran beside the router); the
+ * pair stays when there is no such launch. Returns the join's index. */
+static int shared_first(cg_ctx *c, int i)
+{
+    int j = i + 1, r = -1;
+    while (j < c->n_steps && c->steps[j].kind != IR_STEP_JOIN && c->steps[j].kind != IR_STEP_FORK)
+        j++;
+    if (j >= c->n_steps || c->steps[j].kind != IR_STEP_JOIN)
+        return i;
+    for (int k = i + 1; k < j && r < 0; k++) {
+        int op = c->steps[k].op_id;
+        if (is_launch(&c->steps[k]) && op >= 0 && op < c->m->n_ops &&
+            c->m->ops[op]->kind == IR_OP_MOE_ROUTED)
+            r = k;
+    }
+    if (r < 0)
+        return j;
+    int w = i + 1;
+    for (int k = i + 1; k < j; k++)
+        if (c->steps[k].stream == 1) {
+            step_to(c, k, w++);
+            r += k > r; /* a side step from past r moved in front of it */
+        }
+    step_to(c, j, r);
+    return j;
+}
+
 void cg_place_forks(cg_ctx *c)
 {
     /* (H200, 2026-11-29, fp8 V2-Lite step, ms at 32 / 64 tokens: two
@@ -65,9 +103,14 @@ void cg_place_forks(cg_ctx *c)
        against 9.505 / 10.482 on one.) */
     int delay = cg_env_int("MOEC_FORK_DELAY", -1, -1, 16);
     int routing = delay < 0 && cg_two_streams(c) == 2;
+    int first = routing && cg_env_int("MOEC_SHARED_FIRST", 0, 0, 1);
     for (int i = 0; i < c->n_steps; i++) {
         if (c->steps[i].kind != IR_STEP_FORK)
             continue;
+        if (first) {
+            i = shared_first(c, i);
+            continue;
+        }
         int n = routing ? routing_launches(c, i) : delay > 0 ? delay : 0, j = i;
         while (n-- > 0 && j + 1 < c->n_steps && is_launch(&c->steps[j + 1]))
             j++;

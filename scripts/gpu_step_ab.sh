@@ -9,7 +9,8 @@
 # DeepSeek-V2-Lite (V2_LAYERS, default 0: all 27; V2_BATCHES, default
 # 1,8,32,64), the default against VARIANTS ("NAME:ENV=V[,ENV=V] ..."; empty
 # Q3_BATCHES or V2_BATCHES skips that model), and V2-Lite's default in the
-# other dtype (bf16 where FP8=1, else fp8; OTHER_DTYPE=0 skips it).
+# other dtype (bf16 where FP8=1, else fp8; OTHER_DTYPE=0 skips it) against
+# OTHER_VARIANTS (default none: that dtype's knobs may differ).
 # CHECK_ENV ("ENV=V ...") applies to the gpu_kernels parts and the tests
 # only, e.g. to check a variant's kernels while the A/B's default stays the
 # default. Leaves
@@ -44,7 +45,7 @@ ab v2 tests/data/configs/deepseek_v2_lite.json "${V2_LAYERS:-0}" "${V2_BATCHES-1
 # unseen); OTHER_DTYPE=0 leaves it out
 if [ "${OTHER_DTYPE:-1}" = 1 ] && [ -n "${V2_BATCHES-1,8,32,64}" ]; then
   if [ "${FP8:-0}" = 1 ]; then other=0; else other=1; fi
-  FP8=$other VARIANTS="" ab "v2-other-fp8_$other" tests/data/configs/deepseek_v2_lite.json \
+  FP8=$other VARIANTS="${OTHER_VARIANTS:-}" ab "v2-other-fp8_$other" tests/data/configs/deepseek_v2_lite.json \
     "${V2_LAYERS:-0}" "${V2_BATCHES-1,8,32,64}"
 fi
 tar czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"

@@ -884,6 +884,75 @@ static ir_step *placed(const cg_ctx *c, const char *delay)
     return d.steps;
 }
 
+static int same_step(const ir_step *a, const ir_step *b)
+{
+    return a->kind == b->kind && a->op_id == b->op_id && a->stream == b->stream;
+}
+
+/* MOEC_SHARED_FIRST=1 in buckets of two streams from from_t (32 here) up:
+ * each fork whose pair has a moe_routed launch on the main stream has the
+ * pair's side steps right after it, then the main steps before that
+ * launch, then the join, then the rest; other buckets and pairs keep their
+ * order. */
+static void check_shared_first(const cg_ctx *c)
+{
+    int n = c->n_steps, bad = 0, moved = 0;
+    setenv("MOEC_SHARED_FIRST", "1", 1);
+    setenv("MOEC_DUAL_STREAM_FROM_T", "32", 1);
+    int two = cg_two_streams(c);
+    ir_step *d = placed(c, NULL);
+    unsetenv("MOEC_SHARED_FIRST");
+    unsetenv("MOEC_DUAL_STREAM_FROM_T");
+    const ir_step **want = malloc(sizeof *want * (size_t)(n + 1));
+    if (!d || !want) {
+        free(d);
+        free(want);
+        T_CHECK(0);
+        return;
+    }
+    int w = 0;
+    for (int i = 0; i < n; i++) {
+        const ir_step *s = &c->steps[i];
+        int j = i + 1, r = -1;
+        while (s->kind == IR_STEP_FORK && j < n && c->steps[j].kind != IR_STEP_JOIN)
+            j++;
+        for (int k = i + 1; two == 2 && s->kind == IR_STEP_FORK && k < j && k < n && r < 0; k++) {
+            int op = c->steps[k].op_id;
+            if (is_main_launch(&c->steps[k]) && op >= 0 && op < c->m->n_ops &&
+                c->m->ops[op]->kind == IR_OP_MOE_ROUTED)
+                r = k;
+        }
+        if (r < 0 || j >= n) {
+            want[w++] = s;
+            continue;
+        }
+        want[w++] = s;
+        for (int k = i + 1; k < j; k++)
+            if (c->steps[k].stream == 1)
+                want[w++] = &c->steps[k];
+        for (int k = i + 1; k < r; k++)
+            if (c->steps[k].stream == 0)
+                want[w++] = &c->steps[k];
+        want[w++] = &c->steps[j];
+        for (int k = r; k < j; k++)
+            if (c->steps[k].stream == 0)
+                want[w++] = &c->steps[k];
+        moved++;
+        i = j;
+    }
+    for (int i = 0; i < n; i++)
+        bad += !same_step(&d[i], want[i]);
+    free(d);
+    free(want);
+    if (bad)
+        fprintf(stderr, "%s T=%d MOEC_SHARED_FIRST=1: %d steps out of place\n", c->m->name, c->T,
+                bad);
+    int forks = 0;
+    for (int i = 0; i < n; i++)
+        forks += c->steps[i].kind == IR_STEP_FORK;
+    T_CHECK(bad == 0 && (two != 2 || forks == 0 || moved > 0) && (two == 2 || moved == 0));
+}
+
 /* cg_place_forks. MOEC_FORK_DELAY=2: each fork step that had two
  * main-stream launches after it has them before it now, one with one
  * launch then something else goes past that one, one with a side-stream
@@ -948,6 +1017,7 @@ static void check_fork_places(const cg_ctx *c)
     if (bad)
         fprintf(stderr, "%s T=%d: %d steps out of place\n", c->m->name, c->T, bad);
     T_CHECK(bad == 0 && (two != 2 || forks == 0 || after_topk > 0));
+    check_shared_first(c);
 }
 
 /* After the whole pipeline, per bucket: no reshape, fork or join launches
