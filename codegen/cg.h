@@ -122,17 +122,18 @@ int cg_two_streams(const cg_ctx *c);
 
 /* Where each fork step goes, once a bucket's steps are generated (a CUDA
  * graph keeps only the dependencies, not the order of capture, so this is
- * how a branch starts later): by default in buckets of two streams from
- * from_t up (cg_two_streams 2) past the MoE's routing (the main-stream
- * launches up to its moe_topk's), so that the shared expert's blocks no
- * longer take the SMs the router wants; elsewhere each fork stays right
- * after its operand's op. MOEC_FORK_DELAY=n moves each fork past the next
- * n main-stream launches instead (0: none), an A/B knob. A fork never
- * moves past a step of the side stream, a join or a collective.
- * MOEC_SHARED_FIRST=1 (an A/B knob) instead puts, in those buckets, each
- * pair's side-stream steps right after its fork and its join right before
- * the routed experts' first launch: the shared expert beside the router,
- * the routed experts after both.
+ * how a branch starts later): in buckets of two streams from from_t up
+ * (cg_two_streams 2), where the side stream reads fp8 weights, past the
+ * MoE's routing (the main-stream launches up to its moe_topk's), so that
+ * the shared expert's blocks no longer take the SMs the router wants and
+ * it runs beside the routed experts; where it reads none, each pair's
+ * side-stream steps right after its fork and its join right before the
+ * routed experts' first launch, so that the shared expert runs beside the
+ * router and the routed experts after both (MOEC_SHARED_FIRST=0|1 picks
+ * either form); elsewhere each fork stays right after its operand's op.
+ * MOEC_FORK_DELAY=n moves each fork past the next n main-stream launches
+ * instead (0: none), an A/B knob. A fork never moves past a step of the
+ * side stream, a join or a collective.
  * cg_plan_build calls it once per bucket. */
 void cg_place_forks(cg_ctx *c);
 

@@ -87,7 +87,8 @@ static int shared_first(cg_ctx *c, int i)
             step_to(c, k, w++);
             r += k > r; /* a side step from past r moved in front of it */
         }
-    step_to(c, j, r);
+    if (cg_env_int("MOEC_SHARED_JOIN", 1, 0, 1)) /* 0: the join stays, for A/B runs */
+        step_to(c, j, r);
     return j;
 }
 
@@ -100,10 +101,14 @@ void cg_place_forks(cg_ctx *c)
        5.888 / 7.272. At 1 and 8 tokens, where the shared expert is the
        longer branch, a later fork was slower: 1.547-1.678 against 1.458 at
        batch 1. bf16 at 32 and 64 on two streams this way: 9.544 / 10.633
-       against 9.505 / 10.482 on one.) */
+       against 9.505 / 10.482 on one. With the shared expert beside the
+       router instead, shared_first, bf16 9.286 / 10.199 against 9.509 /
+       10.458 on one stream, fp8 6.060 / 7.432 against 5.842 / 7.213 with
+       the fork after the routing: where the side stream reads bf16 the
+       routed experts fill the GPU and starve a shared expert beside them.) */
     int delay = cg_env_int("MOEC_FORK_DELAY", -1, -1, 16);
     int routing = delay < 0 && cg_two_streams(c) == 2;
-    int first = routing && cg_env_int("MOEC_SHARED_FIRST", 0, 0, 1);
+    int first = routing && cg_env_int("MOEC_SHARED_FIRST", !ir_side_stream_fp8(c->m), 0, 1);
     for (int i = 0; i < c->n_steps; i++) {
         if (c->steps[i].kind != IR_STEP_FORK)
             continue;

@@ -260,9 +260,8 @@ struct ir_op {
 };
 
 /* Buckets of up to IR_DUAL_STREAM_MAX_T tokens, and from
- * IR_DUAL_STREAM_FROM_T up where the side stream reads fp8 weights
- * (ir_dual_stream_from_t), replay the side stream beside the main one;
- * those between run on the main stream alone (the runtime's
+ * IR_DUAL_STREAM_FROM_T up (ir_dual_stream_from_t), replay the side stream
+ * beside the main one; those between run on the main stream alone (the runtime's
  * MOEC_DUAL_STREAM_MAX_T and MOEC_DUAL_STREAM_FROM_T defaults, which
  * codegen reads too where a kernel suits one stream only). */
 #define IR_DUAL_STREAM_MAX_T 16
@@ -397,9 +396,13 @@ void ir_module_replace_uses(ir_module *m, const ir_value *from, ir_value *to);
 int ir_module_use_count(const ir_module *m, const ir_value *v);
 /* The op using v when exactly one op uses it once and it is not an output; else NULL. */
 ir_op *ir_module_single_user(const ir_module *m, const ir_value *v);
-/* The default from_t of module m's plans: IR_DUAL_STREAM_FROM_T where an op
- * of the side stream reads fp8 weights (its linears then run generated
- * kernels at every bucket), else 0. (H100, 2026-11-25, V2-Lite bf16 at 64
+/* The default from_t of module m's plans: IR_DUAL_STREAM_FROM_T where m has
+ * a side stream, else 0. Where the side stream reads fp8 weights (its
+ * linears then run generated kernels at every bucket) it runs the shared
+ * expert beside the routed experts there, else beside the router
+ * (cg_place_forks). (H200, 2026-11-29, bf16 V2-Lite at 32 / 64 tokens,
+ * the shared expert beside the router: 9.286 / 10.199 ms against 9.509 /
+ * 10.458 on one stream.) (H100, 2026-11-25, V2-Lite bf16 at 64
  * tokens, whose side stream runs cuBLASLt GEMMs: two streams 13.69 ms in a
  * process that ran no other bucket, but 14.57-14.74 once the one-token
  * bucket's graph had run, in five runs; one stream 13.80-13.82 either way.
@@ -407,6 +410,8 @@ ir_op *ir_module_single_user(const ir_module *m, const ir_value *v);
  * slower. H200, 2026-11-29, fp8 V2-Lite at 32 tokens with the fork after
  * the routing, cg_place_forks: 5.826 against 6.147 on one stream.) */
 int ir_dual_stream_from_t(const ir_module *m);
+/* 1 where an op of m's side stream reads fp8 weights. */
+int ir_side_stream_fp8(const ir_module *m);
 /* Removes ops none of whose results are used (repeatedly), then weights and
  * inputs nothing uses (but never "tokens"/"positions"); renumbers values and
  * ops. */

@@ -270,7 +270,7 @@ moec_status ir_module_clone(const ir_module *m, ir_module **out)
     return st;
 }
 
-int ir_dual_stream_from_t(const ir_module *m)
+int ir_side_stream_fp8(const ir_module *m)
 {
     for (int k = 0; k < m->n_ops; k++) {
         const ir_op *op = m->ops[k];
@@ -278,7 +278,15 @@ int ir_dual_stream_from_t(const ir_module *m)
             continue;
         for (int i = 0; i < op->n_in; i++)
             if (op->in[i]->kind == IR_VALUE_WEIGHT && op->in[i]->type.dtype == IR_DTYPE_F8E4M3)
-                return IR_DUAL_STREAM_FROM_T;
+                return 1;
     }
+    return 0;
+}
+
+int ir_dual_stream_from_t(const ir_module *m)
+{
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->stream == 1)
+            return IR_DUAL_STREAM_FROM_T;
     return 0;
 }

@@ -889,20 +889,20 @@ static int same_step(const ir_step *a, const ir_step *b)
     return a->kind == b->kind && a->op_id == b->op_id && a->stream == b->stream;
 }
 
-/* MOEC_SHARED_FIRST=1 in buckets of two streams from from_t (32 here) up:
- * each fork whose pair has a moe_routed launch on the main stream has the
- * pair's side steps right after it, then the main steps before that
- * launch, then the join, then the rest; other buckets and pairs keep their
- * order. */
-static void check_shared_first(const cg_ctx *c)
+/* The shared expert beside the router (MOEC_SHARED_FIRST=1; by default
+ * where the side stream reads no fp8) in buckets of two streams from
+ * from_t (32) up: each fork whose pair has a moe_routed launch on the
+ * main stream has the pair's side steps right after it, then the main
+ * steps before that launch, then the join, then the rest; other buckets
+ * and pairs keep their order. knob: MOEC_SHARED_FIRST's value, NULL unset. */
+static void check_shared_first(const cg_ctx *c, const char *knob)
 {
     int n = c->n_steps, bad = 0, moved = 0;
-    setenv("MOEC_SHARED_FIRST", "1", 1);
-    setenv("MOEC_DUAL_STREAM_FROM_T", "32", 1);
+    if (knob)
+        setenv("MOEC_SHARED_FIRST", knob, 1);
     int two = cg_two_streams(c);
     ir_step *d = placed(c, NULL);
     unsetenv("MOEC_SHARED_FIRST");
-    unsetenv("MOEC_DUAL_STREAM_FROM_T");
     const ir_step **want = malloc(sizeof *want * (size_t)(n + 1));
     if (!d || !want) {
         free(d);
@@ -945,8 +945,8 @@ static void check_shared_first(const cg_ctx *c)
     free(d);
     free(want);
     if (bad)
-        fprintf(stderr, "%s T=%d MOEC_SHARED_FIRST=1: %d steps out of place\n", c->m->name, c->T,
-                bad);
+        fprintf(stderr, "%s T=%d MOEC_SHARED_FIRST=%s: %d steps out of place\n", c->m->name,
+                c->T, knob ? knob : "(unset)", bad);
     int forks = 0;
     for (int i = 0; i < n; i++)
         forks += c->steps[i].kind == IR_STEP_FORK;
@@ -991,10 +991,15 @@ static void check_fork_places(const cg_ctx *c)
     /* the shared experts' forks have the router after them */
     T_CHECK(bad == 0 && (forks == 0 || moved > 0));
 
+    int two = cg_two_streams(c), after_topk = 0;
+    if (two == 2 && !ir_side_stream_fp8(c->m)) { /* the shared expert beside the router */
+        check_shared_first(c, NULL);
+        return;
+    }
+    check_shared_first(c, "1");
     d = placed(c, NULL);
     if (!d)
         return;
-    int two = cg_two_streams(c), after_topk = 0;
     bad = 0;
     for (int i = 0, j = 0; i < n; i++, j++) {
         const ir_step *s = &was[i];
@@ -1017,7 +1022,6 @@ static void check_fork_places(const cg_ctx *c)
     if (bad)
         fprintf(stderr, "%s T=%d: %d steps out of place\n", c->m->name, c->T, bad);
     T_CHECK(bad == 0 && (two != 2 || forks == 0 || after_topk > 0));
-    check_shared_first(c);
 }
 
 /* After the whole pipeline, per bucket: no reshape, fork or join launches
