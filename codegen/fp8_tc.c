@@ -52,7 +52,12 @@
  * tokens, once they took these kernels from two slots a block: 4 in
  * flight 4.062 / 5.336 against 3.857 / 5.035 with 6, Qwen3-30B cut to 16
  * layers at 16 tokens 2.950 against 2.880.) bf16 weights keep the rule
- * (twice the bytes a chunk). */
+ * (twice the bytes a chunk). Fewer registers for more blocks an SM spill
+ * these chunks: at 64 tokens gate_up runs 161 registers a thread, 17% of
+ * the warp slots active, down 96 and 28% (Nsight Compute), and bounding
+ * gate_up to 4 blocks an SM (__launch_bounds__(128, 4)) took the step at
+ * 32 / 64 tokens to 7.794 / 9.425 ms against 5.844 / 7.207, down to 6
+ * 6.206 / 7.686 (H200, 2026-11-29, kept in history at 1bee9ac). */
 #define TC_U 6
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
@@ -594,21 +599,6 @@ static ir_step *expert_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout
     return s;
 }
 
-/* __launch_bounds__'s arguments for blocks of threads threads, with the
- * blocks an SM the registers must allow where minb > 0 (the experts'
- * MOEC_FP8_TC_GU_MINB and MOEC_FP8_TC_DN_MINB, A/B knobs), and the kernel
- * name's tag for it ("_mbN", else ""). */
-static void launch_bounds(char *lb, size_t n, char *tag, size_t tn, int threads, int minb)
-{
-    if (minb > 0) {
-        snprintf(lb, n, "%d, %d", threads, minb);
-        snprintf(tag, tn, "_mb%d", minb);
-    } else {
-        snprintf(lb, n, "%d", threads);
-        tag[0] = 0;
-    }
-}
-
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -626,11 +616,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
     int roll = tc_roll();
-    char lb[32], mb[16];
-    launch_bounds(lb, sizeof lb, mb, sizeof mb, nw * 32, cg_env_int("MOEC_FP8_TC_GU_MINB", 0, 0, 16));
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", mb, c->T,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -641,7 +629,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             &c->src,
             "// %s: gate_up GEMM with silu_mul, fp8 on tensor cores, x staged in shared memory "
             "(codegen/fp8_tc.c)\n"
-            "extern \"C\" __global__ void __launch_bounds__(%s) %s(const __nv_bfloat16 "
+            "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
             "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ wg, const __nv_fp8_e4m3 "
             "*__restrict__ wu, const float *__restrict__ gsc, const float *__restrict__ usc, const "
             "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
@@ -651,7 +639,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
             "    constexpr bool PRE = false, ROLL = %s;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
-            ir_op_name(d->op->kind), lb, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
+            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
             gstride, uoff, roll ? "true" : "false", decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
@@ -682,11 +670,9 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     int roll = tc_roll();
-    char lb[32], mb[16];
-    launch_bounds(lb, sizeof lb, mb, sizeof mb, nw * 32, cg_env_int("MOEC_FP8_TC_DN_MINB", 0, 0, 16));
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", mb, c->T, ir_dtype_name(ydt),
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", c->T, ir_dtype_name(ydt),
              d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -696,12 +682,12 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         moec_buf_printf(&c->src,
                         "// %s: down GEMM%s, fp8 on tensor cores, h staged in shared memory "
                         "(codegen/fp8_tc.c)\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%s) %s(const __nv_bfloat16 "
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
                         "*__restrict__ hbuf, const __nv_fp8_e4m3 *__restrict__ wd, const float "
                         "*__restrict__ dsc, const int *__restrict__ sorted, const int "
                         "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
                         ir_op_name(d->op->kind), d->w ? " times scale * router weight" : "",
-                        lb, name);
+                        nw * 32, name);
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
