@@ -56,8 +56,9 @@
  * these chunks: at 64 tokens gate_up runs 161 registers a thread, 17% of
  * the warp slots active, down 96 and 28% (Nsight Compute), and bounding
  * gate_up to 4 blocks an SM (__launch_bounds__(128, 4)) took the step at
- * 32 / 64 tokens to 7.794 / 9.425 ms against 5.844 / 7.207, down to 6
- * 6.206 / 7.686 (H200, 2026-11-29, kept in history at 1bee9ac). */
+ * 32 / 64 tokens to 7.794 / 9.425 ms against 5.844 / 7.207, and down
+ * bounded to 6 to 6.206 / 7.686 (H200, 2026-11-29; the knobs are in
+ * history at 1bee9ac). */
 #define TC_U 6
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
