@@ -62,9 +62,6 @@ moec_status rt_cuda_profile_steps(rt_cuda *c, int n, const int32_t *tokens,
     return st;
 }
 
-#define COPY_WARM_MS 200.0f
-#define COPY_WARM_MAX 2000
-
 moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s)
 {
     if (!bytes_per_s || iters < 1 || bytes < 16)
@@ -82,22 +79,7 @@ moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s)
         st = CK(cudaEventCreate(&e0), where);
     if (st == MOEC_OK)
         st = CK(cudaEventCreate(&e1), where);
-    /* warm-up copies for COPY_WARM_MS first (MOEC_COPY_WARM_MS, 0 to 10000;
-       at most COPY_WARM_MAX of them): after two, the rate measured 3-6%
-       apart between the processes of one run (H200, 2026-11-29) */
-    float warm = 0, warm_ms = COPY_WARM_MS;
-    int n_warm = 0;
-    const char *e = getenv("MOEC_COPY_WARM_MS");
-    if (st == MOEC_OK && e && *e) {
-        char *end = NULL;
-        double v = strtod(e, &end);
-        if (*end || !(v >= 0 && v <= 10000))
-            st = MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                          "MOEC_COPY_WARM_MS=\"%s\": not milliseconds from 0 to 10000", e);
-        warm_ms = (float)v;
-    }
-    for (int i = 0; st == MOEC_OK && i < iters;) {
-        float t = 0;
+    for (int i = -2; st == MOEC_OK && i < iters; i++) { /* two warm-up copies */
         st = CK(cudaEventRecord(e0, 0), where);
         if (st == MOEC_OK)
             st = CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), where);
@@ -105,14 +87,8 @@ moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s)
             st = CK(cudaEventRecord(e1, 0), where);
         if (st == MOEC_OK)
             st = CK(cudaEventSynchronize(e1), where);
-        if (st == MOEC_OK)
-            st = CK(cudaEventElapsedTime(&t, e0, e1), where);
-        if (warm < warm_ms && n_warm < COPY_WARM_MAX) {
-            warm += t;
-            n_warm++;
-        } else {
-            ms[i++] = t;
-        }
+        if (st == MOEC_OK && i >= 0)
+            st = CK(cudaEventElapsedTime(&ms[i], e0, e1), where);
     }
     if (st == MOEC_OK) {
         *bytes_per_s = 2.0 * (double)bytes / (rt_median_ms(ms, iters) * 1e-3);

@@ -140,8 +140,7 @@ moec_status rt_cuda_run_until(rt_cuda *c, int n, const int32_t *tokens, const in
  * storage dtype, into dst (cap bytes). */
 moec_status rt_cuda_read_value(rt_cuda *c, int n, const ir_value *v, void *dst, size_t cap);
 /* Device-to-device copy bandwidth of device 0, counting bytes read plus
- * bytes written, over a buffer of `bytes` (median of iters copies, after
- * 200 ms of copies that warm the GPU up). */
+ * bytes written, over a buffer of `bytes` (median of iters copies). */
 moec_status rt_cuda_copy_bandwidth(size_t bytes, int iters, double *bytes_per_s);
 /* The device's name ("NVIDIA H100 80GB HBM3"). */
 const char *rt_cuda_device_name(const rt_cuda *c);
