@@ -58,6 +58,17 @@ const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n)
     return NULL;
 }
 
+int ir_steps_before_op(const ir_step *steps, int n, int stop_op)
+{
+    if (stop_op < 0)
+        return n;
+    int end = 0;
+    for (int i = 0; i < n; i++)
+        if (steps[i].op_id >= 0 && steps[i].op_id < stop_op)
+            end = i + 1;
+    return end;
+}
+
 /* Whether v is an operand or a result of some moe_topk op. */
 static int touches_topk(const ir_module *m, const ir_value *v)
 {

@@ -166,6 +166,12 @@ int ir_buckets_default(int out[IR_BUCKETS_MAX]);
 moec_status ir_buckets_check(const int *buckets, int n);
 /* The smallest bucket of p that holds n tokens; NULL when none does. */
 const ir_bucket *ir_plan_bucket_for(const ir_plan *p, int n);
+/* How many of the n steps lead up to op stop_op: the shortest prefix that
+ * holds every step of the ops before it (op_id 0 .. stop_op - 1), which
+ * may hold steps of later ops too (cg_place_forks moves a side stream's
+ * steps ahead of main-stream ones); all n where stop_op < 0. Any prefix
+ * runs in order: the steps are one valid order of the step. */
+int ir_steps_before_op(const ir_step *steps, int n, int stop_op);
 
 /* How each activation is stored on the GPU: i32 values as i32; moe_topk's
  * operands and results, an unsummed moe_routed's result and the module

@@ -235,9 +235,9 @@ moec_status rt_cuda_launch_step(rt_cuda *c, rt_cuda_bucket *cb, int stop_op, con
 {
     MOEC_TRY(CK(cudaEventRecord(c->head, c->stream[0]), where));
     MOEC_TRY(CK(cudaStreamWaitEvent(c->stream[1], c->head, 0), where));
-    int end = 0; /* the steps of ops before stop_op, or all */
-    while (end < cb->b->n_steps && (stop_op < 0 || cb->b->steps[end].op_id < stop_op))
-        end++;
+    /* the steps up to the last of the ops before stop_op, or all: the side
+       stream's may lie ahead of main-stream steps of earlier ops */
+    int end = ir_steps_before_op(cb->b->steps, cb->b->n_steps, stop_op);
     MOEC_TRY(rt_cuda_run_steps(c, cb, 0, end));
     MOEC_TRY(CK(cudaEventRecord(c->tail, c->stream[1]), where));
     return CK(cudaStreamWaitEvent(c->stream[0], c->tail, 0), where);

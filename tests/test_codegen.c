@@ -942,8 +942,22 @@ static void check_shared_first(const cg_ctx *c, const char *knob)
     }
     for (int i = 0; i < n; i++)
         bad += !same_step(&d[i], want[i]);
+    /* a partial step up to any op (ir_steps_before_op, which the runtime's
+       rt_cuda_run_until runs) holds every step of the ops before it and
+       ends with one of them, the placed order's side steps ahead or not */
+    int short_prefix = 0;
+    for (int op = 0; op <= c->m->n_ops; op++) {
+        int end = ir_steps_before_op(d, n, op);
+        for (int i = end; i < n; i++)
+            short_prefix += d[i].op_id >= 0 && d[i].op_id < op;
+        short_prefix += end > 0 && !(d[end - 1].op_id >= 0 && d[end - 1].op_id < op);
+    }
     free(d);
     free(want);
+    if (short_prefix)
+        fprintf(stderr, "%s T=%d: %d steps of earlier ops past a partial step's end\n",
+                c->m->name, c->T, short_prefix);
+    T_CHECK(short_prefix == 0);
     if (bad)
         fprintf(stderr, "%s T=%d MOEC_SHARED_FIRST=%s: %d steps out of place\n", c->m->name,
                 c->T, knob ? knob : "(unset)", bad);
