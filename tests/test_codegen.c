@@ -889,6 +889,25 @@ static int same_step(const ir_step *a, const ir_step *b)
     return a->kind == b->kind && a->op_id == b->op_id && a->stream == b->stream;
 }
 
+/* A partial step up to any op (ir_steps_before_op, which the runtime's
+ * rt_cuda_run_until runs) over c's steps as placed in d: it holds every
+ * step of the ops before that op and ends with one of them, side steps
+ * placed ahead of main-stream ones or not. Checks it for every op. */
+static void check_prefixes(const cg_ctx *c, const ir_step *d, const char *placement)
+{
+    int n = c->n_steps, bad = 0;
+    for (int op = 0; op <= c->m->n_ops; op++) {
+        int end = ir_steps_before_op(d, n, op);
+        for (int i = end; i < n; i++)
+            bad += d[i].op_id >= 0 && d[i].op_id < op;
+        bad += end > 0 && !(d[end - 1].op_id >= 0 && d[end - 1].op_id < op);
+    }
+    if (bad)
+        fprintf(stderr, "%s T=%d, %s: %d steps of earlier ops past a partial step's end\n",
+                c->m->name, c->T, placement, bad);
+    T_CHECK(bad == 0);
+}
+
 /* The shared expert beside the router (MOEC_SHARED_FIRST=1; by default
  * where the side stream reads no fp8) in buckets of two streams from
  * from_t (32) up: each fork whose pair has a moe_routed launch on the
@@ -942,22 +961,9 @@ static void check_shared_first(const cg_ctx *c, const char *knob)
     }
     for (int i = 0; i < n; i++)
         bad += !same_step(&d[i], want[i]);
-    /* a partial step up to any op (ir_steps_before_op, which the runtime's
-       rt_cuda_run_until runs) holds every step of the ops before it and
-       ends with one of them, the placed order's side steps ahead or not */
-    int short_prefix = 0;
-    for (int op = 0; op <= c->m->n_ops; op++) {
-        int end = ir_steps_before_op(d, n, op);
-        for (int i = end; i < n; i++)
-            short_prefix += d[i].op_id >= 0 && d[i].op_id < op;
-        short_prefix += end > 0 && !(d[end - 1].op_id >= 0 && d[end - 1].op_id < op);
-    }
+    check_prefixes(c, d, "the shared expert beside the router");
     free(d);
     free(want);
-    if (short_prefix)
-        fprintf(stderr, "%s T=%d: %d steps of earlier ops past a partial step's end\n",
-                c->m->name, c->T, short_prefix);
-    T_CHECK(short_prefix == 0);
     if (bad)
         fprintf(stderr, "%s T=%d MOEC_SHARED_FIRST=%s: %d steps out of place\n", c->m->name,
                 c->T, knob ? knob : "(unset)", bad);
@@ -971,9 +977,12 @@ static void check_shared_first(const cg_ctx *c, const char *knob)
  * main-stream launches after it has them before it now, one with one
  * launch then something else goes past that one, one with a side-stream
  * step or an event right after it stays, the rest keep their order. By
- * default, in buckets of two streams from from_t up (cg_two_streams 2) a
- * fork with a moe_topk among the main-stream launches after it goes right
- * after that moe_topk's last step, others stay; elsewhere none moves. */
+ * default, in buckets of two streams from from_t up (cg_two_streams 2),
+ * where the side stream reads fp8, a fork with a moe_topk among the
+ * main-stream launches after it goes right after that moe_topk's last
+ * step, others stay; where it reads bf16, check_shared_first's order;
+ * elsewhere none moves. Every placement's partial steps hold what they
+ * should (check_prefixes). */
 static void check_fork_places(const cg_ctx *c)
 {
     int n = c->n_steps;
@@ -999,6 +1008,7 @@ static void check_fork_places(const cg_ctx *c)
         i += k;
         j += k;
     }
+    check_prefixes(c, d, "MOEC_FORK_DELAY=2");
     free(d);
     if (bad)
         fprintf(stderr, "MOEC_FORK_DELAY=2: %d steps out of place\n", bad);
@@ -1032,6 +1042,7 @@ static void check_fork_places(const cg_ctx *c)
         after_topk++;
         i = topk;
     }
+    check_prefixes(c, d, "the default placement");
     free(d);
     if (bad)
         fprintf(stderr, "%s T=%d: %d steps out of place\n", c->m->name, c->T, bad);
