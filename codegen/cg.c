@@ -1479,7 +1479,7 @@ moec_status cg_emit_op(cg_ctx *c, const ir_op *op)
 
 long long cg_prefetch_bytes(const cg_ctx *c)
 {
-    if (c->T > CG_PREFETCH_MAX_T)
+    if (c->T > cg_env_int("MOEC_PREFETCH_MAX_T", CG_PREFETCH_MAX_T, 0, 1 << 20))
         return 0;
     return 1024LL * cg_env_int("MOEC_PREFETCH_KB", CG_PREFETCH_KB, 0, CG_PREFETCH_KB_MAX);
 }
@@ -1490,7 +1490,7 @@ void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
         return;
     moec_buf_printf(b,
                     "    /* before the wait, while the kernel before it runs: into L2 what this\n"
-                    "       block will read of the weights or the cache (MOEC_PREFETCH_KB) */\n"
+                    "       block will read of the weights or the cache, PF_CAP bytes at most) */\n"
                     "    if (threadIdx.x == 0) {\n"
                     "        constexpr long long PF_CAP = %lldLL;\n"
                     "%s"

@@ -32,7 +32,7 @@ void cg_add_pdl_waits(moec_buf *b);
  * generation, 0 to CG_PREFETCH_KB_MAX; 0: off, the kernels exactly as
  * without it). The cap is a constant of their source (PF_CAP), so the
  * cubin cache tells the variants apart (cg_prefetch_bytes,
- * cg_emit_prefetch). */
+ * cg_emit_prefetch). MOEC_PREFETCH_MAX_T overrides the bucket bound (A/B). */
 #define CG_PREFETCH_MAX_T 8
 #define CG_PREFETCH_KB 64
 #define CG_PREFETCH_KB_MAX 4096

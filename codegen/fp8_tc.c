@@ -61,6 +61,10 @@
  * history at 1bee9ac). */
 #define TC_U 6
 
+/* The experts' down's L2 prefetch before the wait, KiB a block
+ * (DOWN_PREFETCH; 0: none) */
+#define TC_DN_PF 0
+
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.
  * (H200, 2026-11-29, V2-Lite in fp8 at context 1024, down in the step
@@ -578,6 +582,23 @@ static const char DOWN_HEAD[] =
     "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
     "    }\n";
 
+/* Before the wait (cg_emit_prefetch; MOEC_FP8_TC_DN_PF KiB a block, TC_DN_PF):
+ * the block's rows of its expert's down and their block scales into L2, so
+ * that the blocks the GPU places during gate_up's last wave read while
+ * they wait. The expert comes from the align two launches back, which
+ * completed before gate_up's blocks passed their wait and let this launch
+ * be scheduled; it is read from L2 and bounded, and only addresses a
+ * prefetch (a hint: a stale expert would cost bytes, never a result). */
+static const char DOWN_PREFETCH[] =
+    "        const int pe = __ldcg(blk_expert + blockIdx.x);\n"
+    "        const long long a = (long long)blockIdx.y * (NW * 16 * RT);\n"
+    "        if (pe >= 0 && pe < NE && a < ND) {\n"
+    "            const long long nr = ND - a < NW * 16 * RT ? ND - a : NW * 16 * RT;\n"
+    "            moec_prefetch_rows(wd + ((long long)pe * ND + a) * KD, nr, KD, PF_CAP);\n"
+    "            moec_prefetch_l2(dsc + ((long long)pe * SR + a / SBN) * SC,\n"
+    "                             (unsigned long long)((a + nr - 1) / SBN - a / SBN + 1) * SC * 4ull);\n"
+    "        }\n";
+
 static const char DOWN_TAIL[] =
     "    if (!live[0])\n"
     "        return;\n"
@@ -709,10 +730,16 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     int roll = tc_roll(), xf16 = tc_xf16(c, TC_XF16_EXPERTS);
+    long long pf = 1024LL * cg_env_int("MOEC_FP8_TC_DN_PF", TC_DN_PF, 0, CG_PREFETCH_KB_MAX);
+    if (cg_arch_num(c->opt) < 90)
+        pf = 0;
+    char pft[24] = "";
+    if (pf)
+        snprintf(pft, sizeof pft, "_pf%lld", pf / 1024);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", xf16 ? "_xf16" : "", c->T,
-             ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s%s_t%d_f8e4m3_%s_%s%s",
+             l->E, l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", xf16 ? "_xf16" : "",
+             pft, c->T, ir_dtype_name(ydt), d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -733,10 +760,13 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8, NR = BM;\n"
+                        "    constexpr long long NE = %lldLL;\n"
                         "    constexpr bool MULW = %s, PRE = false, ROLL = %s, XF16 = %s;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
-                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        roll ? "true" : "false", xf16 ? "true" : "false", decl);
+                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, l->E,
+                        d->w ? "true" : "false", roll ? "true" : "false", xf16 ? "true" : "false",
+                        decl);
+        cg_emit_prefetch(&c->src, pf, DOWN_PREFETCH);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");

@@ -177,6 +177,11 @@ static const gen_case CASES[] = {
     {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=2"},
     {LIN(100, 1280, 16, 128), 8, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=2"},
     {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=2"},
+    /* the experts' down prefetching its rows before the wait: whole (256
+       KiB a block), the first bytes of each row (1 KiB), two tiles a warp */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_DN_PF=256"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO,
+     "MOEC_FP8_TC_DN_PF=1 MOEC_FP8_TC_RT=2 MOEC_FP8_TILES=0"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
