@@ -32,7 +32,13 @@ void cg_add_pdl_waits(moec_buf *b);
  * generation, 0 to CG_PREFETCH_KB_MAX; 0: off, the kernels exactly as
  * without it). The cap is a constant of their source (PF_CAP), so the
  * cubin cache tells the variants apart (cg_prefetch_bytes,
- * cg_emit_prefetch). MOEC_PREFETCH_MAX_T overrides the bucket bound (A/B). */
+ * cg_emit_prefetch). MOEC_PREFETCH_MAX_T overrides the bucket bound, an
+ * A/B knob: (H200, 2026-11-29, V2-Lite's whole step, two calls, up to 64
+ * against 8, ms at 32 / 64 tokens: bf16 9.043 / 9.920 against 9.053 /
+ * 9.942 and 9.047 / 9.906 against 9.052 / 9.939; fp8 5.808 / 7.110
+ * against 5.766 / 7.151 and 5.812 / 7.093 against 5.769 / 7.137: fp8 0.7%
+ * slower at 32, both at most 0.6% faster at 64; 256 KiB a block no
+ * better.) */
 #define CG_PREFETCH_MAX_T 8
 #define CG_PREFETCH_KB 64
 #define CG_PREFETCH_KB_MAX 4096

@@ -61,9 +61,25 @@
  * history at 1bee9ac). */
 #define TC_U 6
 
-/* The experts' down's L2 prefetch before the wait, KiB a block
- * (DOWN_PREFETCH; 0: none) */
-#define TC_DN_PF 0
+/* Measured and taken out (H200, 2026-11-29, fp8 V2-Lite at context 1024):
+ * - codes widened to f16 by the conversion unit (one conversion a pair
+ *   instead of about 5 integer and bf16x2 operations), x staged as f16
+ *   rows each scaled by a power of two (exact from 2^-29 of the row's
+ *   largest magnitude, no overflow), f16 products: the experts level, ms a
+ *   step at 8 / 32 / 64 tokens 3.728 / 5.893 / 7.246 against 3.731 /
+ *   5.828 / 7.227, in the timeline at 64 gate_up 111.0 against 110.1 us a
+ *   layer and down 64.0 against 63.5; the linears' too 6.090 / 7.832 at
+ *   32 / 64. So the experts' kernels do not wait on issue: their
+ *   instructions went from about 2.5 a code for the widening to 0.5 and
+ *   nothing moved. Kept in history at aa511ef (MOEC_FP8_TC_XF16), with
+ *   its emulator cases (x rows 2^-30 to 2^24) and the check of the f16
+ *   widening of all 256 codes.
+ * - the timeline at 64 tokens with 2 warps a block: gate_up 175.7 us, down
+ *   106.3; 8 warps: 144.7 and 68.3; weights in fragment tiles 120.0 and
+ *   58.7.
+ * - down's blocks prefetching their rows into L2 before the wait (the
+ *   blocks the GPU places during gate_up's last wave): 5.934 / 7.345 ms at
+ *   32 / 64 against 5.769 / 7.137. History at 9d42f8f (MOEC_FP8_TC_DN_PF). */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.
@@ -77,35 +93,20 @@
 
 static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1); }
 
-/* fp8 codes widened to f16 by the conversion unit, x staged as f16 rows
- * scaled by powers of two (moec_rows_f16, moec_tc_chunk's XF16 form), where
- * MOEC_FP8_TC_XF16 (TC_XF16) has bit TC_XF16_EXPERTS (the experts' GEMMs) or
- * TC_XF16_LINEAR (the linear's); sm_89 and later. Names carry _xf16. */
-#define TC_XF16_EXPERTS 1
-#define TC_XF16_LINEAR 2
-#define TC_XF16 0
-
-static int tc_xf16(const cg_ctx *c, int bit)
-{
-    return cg_arch_num(c->opt) >= 89 && (cg_env_int("MOEC_FP8_TC_XF16", TC_XF16, 0, 3) & bit);
-}
-
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
  * W8 (fp8 codes and their block scales, else bf16 weights: the dense
  * linear's bf16 form), PRE (the first load went out before the
  * programmatic wait), the warp's RT tiles (live[r]: the tile has rows;
  * w0[r], w1[r]: this lane's rows g and g + 8 at k 16q; sr[r]: the tile's
- * row of block scales), chunks c0 .. c1 - 1, the NR staged rows xs (XS
- * elements apart, chunk c0 first), the thread's lane coordinates g, q, and
- * XF16 (fp8 codes widened to f16, tc_xf16) with tinv (NR floats of shared
- * memory past the rows: their factors, moec_rows_f16).
+ * row of block scales), chunks c0 .. c1 - 1, the staged rows xs (XS
+ * elements apart, chunk c0 first) and the thread's lane coordinates g, q.
  * Each lane loads U chunks of its rows (16 bytes each in fp8, 32 in bf16)
  * and their scales, then runs their products while the other warps load;
  * the first loads go out before the wait for the staged rows. With ROLL
  * (MOEC_FP8_TC_ROLL, TC_ROLL) each slot's next chunk goes out as soon as
  * its products are taken, so that U - 1 chunks stay in flight, not 0 to U.
- * Leaves acc[RT][NT][4] (moec_tc_chunk's fragments), as in bf16 where XF16. */
+ * Leaves acc[RT][NT][4] (moec_tc_chunk's fragments). */
 static const char TC_LOAD[] =
     "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
     "    uint4 wa[U][RT][2 * LW];\n"
@@ -150,16 +151,12 @@ static const char TC_LOOP[] =
     "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
-    "    if constexpr (XF16) {\n"
-    "        moec_rows_f16<NW, XS>(xs, NR, (c1 - c0) * 64, tinv);\n"
-    "        __syncthreads();\n"
-    "    }\n"
     "    if (live[0] && ROLL) {\n"
     "        for (int cb = c0; cb < c1; cb += U)\n"
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1) {\n"
-    "                    moec_tc_chunk<RT, NT, XS, XF16>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "                    if (cb + u + U < c1)\n"
     "                        load_one(u, cb + u + U);\n"
     "                }\n"
@@ -168,21 +165,13 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS, XF16>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
     "            load(cb);\n"
     "        }\n"
-    "    }\n"
-    "    if constexpr (XF16)\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "                for (int i = 0; i < 4; i++)\n"
-    "                    acc[r][t][i] *= tinv[8 * t + 2 * q + (i & 1)];\n";
+    "    }\n";
 
 /* ---- the dense linear ---------------------------------------------------- */
 
@@ -191,7 +180,6 @@ static const char TC_LOOP[] =
 static const char LINEAR_HEAD[] =
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
-    "    [[maybe_unused]] float *tinv = reinterpret_cast<float *>(xs + NR * XS);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    const int split = (int)(blockIdx.x % S);\n"
     "    const long long rb = blockIdx.x / S;\n"
@@ -334,18 +322,17 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s, xf16;
+    int tg, nw, rt, u, s;
     size_t smem;
 } tc_shape;
 
 /* The linear's shared memory: x's tg token rows over the most chunks a
  * split holds, 8 elements of padding (rows 16 bytes apart modulo 128: the
- * 16-byte fragment reads free of bank conflicts) and with xf16 the rows'
- * factors, or the partial sums. */
+ * 16-byte fragment reads free of bank conflicts), or the partial sums. */
 static size_t linear_smem(const tc_shape *sh, long long ch)
 {
     long long per = (ch + sh->s - 1) / sh->s;
-    size_t x = (size_t)sh->tg * ((size_t)(per * 64 + 8) * 2 + (sh->xf16 ? 4 : 0));
+    size_t x = (size_t)sh->tg * (size_t)(per * 64 + 8) * 2;
     size_t part = sh->s > 1 ? (size_t)sh->nw * (size_t)sh->rt * (size_t)(sh->tg / 8) * 128 * 4 : 0;
     return x > part ? x : part;
 }
@@ -365,7 +352,6 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    sh->xf16 = w8 && tc_xf16(c, TC_XF16_LINEAR);
     sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
     sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
@@ -458,10 +444,9 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
     int roll = tc_roll();
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             roll ? "_roll" : "", act ? "_silu" : "", sh.xf16 ? "_xf16" : "", w8 ? "f8e4m3" : "bf16",
-             io);
+             roll ? "_roll" : "", act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -480,14 +465,13 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    typedef %s TW;\n"
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
-            "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW, NR = TG;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s, XF16 = %s;\n"
+            "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s;\n"
             "    constexpr int CS = 64;\n%s",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", roll ? "true" : "false",
-            sh.xf16 ? "true" : "false", decl);
+            pre ? "true" : "false", act ? "true" : "false", roll ? "true" : "false", decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
                         LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
@@ -534,7 +518,6 @@ static const char EXPERT_HEAD[] =
     "        return;\n"
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
-    "    [[maybe_unused]] float *tinv = reinterpret_cast<float *>(xs + NR * XS);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    /* padding slots: zeros, nothing read */\n"
     "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
@@ -582,23 +565,6 @@ static const char DOWN_HEAD[] =
     "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
     "    }\n";
 
-/* Before the wait (cg_emit_prefetch; MOEC_FP8_TC_DN_PF KiB a block, TC_DN_PF):
- * the block's rows of its expert's down and their block scales into L2, so
- * that the blocks the GPU places during gate_up's last wave read while
- * they wait. The expert comes from the align two launches back, which
- * completed before gate_up's blocks passed their wait and let this launch
- * be scheduled; it is read from L2 and bounded, and only addresses a
- * prefetch (a hint: a stale expert would cost bytes, never a result). */
-static const char DOWN_PREFETCH[] =
-    "        const int pe = __ldcg(blk_expert + blockIdx.x);\n"
-    "        const long long a = (long long)blockIdx.y * (NW * 16 * RT);\n"
-    "        if (pe >= 0 && pe < NE && a < ND) {\n"
-    "            const long long nr = ND - a < NW * 16 * RT ? ND - a : NW * 16 * RT;\n"
-    "            moec_prefetch_rows(wd + ((long long)pe * ND + a) * KD, nr, KD, PF_CAP);\n"
-    "            moec_prefetch_l2(dsc + ((long long)pe * SR + a / SBN) * SC,\n"
-    "                             (unsigned long long)((a + nr - 1) / SBN - a / SBN + 1) * SC * 4ull);\n"
-    "        }\n";
-
 static const char DOWN_TAIL[] =
     "    if (!live[0])\n"
     "        return;\n"
@@ -610,12 +576,8 @@ static const char DOWN_TAIL[] =
     "                moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t],\n"
     "                                     scale, wts);\n";
 
-/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem), and
- * with xf16 their factors. */
-static size_t moe_smem(int bm, long long kd, int xf16)
-{
-    return (size_t)bm * ((size_t)(kd + 8) * 2 + (xf16 ? 4 : 0));
-}
+/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
+static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
 
 static int weight_fits(const cg_ctx *c, const ir_value *w)
 {
@@ -626,11 +588,10 @@ int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, in
 {
     long long H = d->x->type.dims[1], I = d->down->type.dims[2];
     size_t max = cg_smem_max(c->opt);
-    int xf16 = tc_xf16(c, TC_XF16_EXPERTS);
     return cg_arch_num(c->opt) >= 80 && cg_storage(c, d->x) == IR_DTYPE_BF16 &&
            weight_fits(c, d->gate) && weight_fits(c, d->up) && weight_fits(c, d->down) &&
            urow % 16 == 0 && H % 64 == 0 && I % 64 == 0 && bm >= 8 && bm % 8 == 0 &&
-           moe_smem(bm, H, xf16) <= max && moe_smem(bm, I, xf16) <= max;
+           moe_smem(bm, H) <= max && moe_smem(bm, I) <= max;
 }
 
 int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
@@ -675,10 +636,10 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    int roll = tc_roll(), xf16 = tc_xf16(c, TC_XF16_EXPERTS);
+    int roll = tc_roll();
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", xf16 ? "_xf16" : "", c->T,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -695,16 +656,16 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
             "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
-            "2, U = %d, CH = KD / 64, XS = KD + 8, NR = BM;\n"
+            "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false, ROLL = %s, XF16 = %s;\n%s"
+            "    constexpr bool PRE = false, ROLL = %s;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, roll ? "true" : "false", xf16 ? "true" : "false", decl);
+            gstride, uoff, roll ? "true" : "false", decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
-    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H, xf16));
+    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
@@ -729,17 +690,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll(), xf16 = tc_xf16(c, TC_XF16_EXPERTS);
-    long long pf = 1024LL * cg_env_int("MOEC_FP8_TC_DN_PF", TC_DN_PF, 0, CG_PREFETCH_KB_MAX);
-    if (cg_arch_num(c->opt) < 90)
-        pf = 0;
-    char pft[24] = "";
-    if (pf)
-        snprintf(pft, sizeof pft, "_pf%lld", pf / 1024);
+    int roll = tc_roll();
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s%s_t%d_f8e4m3_%s_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", xf16 ? "_xf16" : "",
-             pft, c->T, ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -759,21 +714,18 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         moec_buf_printf(&c->src,
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
-                        "= %d, U = %d, CH = KD / 64, XS = KD + 8, NR = BM;\n"
-                        "    constexpr long long NE = %lldLL;\n"
-                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s, XF16 = %s;\n%s"
+                        "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
+                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
-                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, l->E,
-                        d->w ? "true" : "false", roll ? "true" : "false", xf16 ? "true" : "false",
-                        decl);
-        cg_emit_prefetch(&c->src, pf, DOWN_PREFETCH);
+                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
+                        roll ? "true" : "false", decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I, xf16));
+    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);

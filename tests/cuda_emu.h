@@ -223,51 +223,8 @@ static inline unsigned moec_pack_bf16(float a, float b)
     return emu_f2bf(a) | (unsigned)emu_f2bf(b) << 16;
 }
 
-// two floats as an f16 pair (round to nearest even), a in the low half
-static inline uint16_t emu_f2h(float f)
-{
-    if (f != f)
-        return 0x7e00;
-    const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-    const double a = std::fabs((double)f);
-    if (a >= 65520.0) // rounds past the largest f16
-        return sign | 0x7c00;
-    int e;
-    std::frexp(a, &e); // a = m 2^e, m in [0.5, 1)
-    const int q = e - 11 < -24 ? -24 : e - 11; // the spacing's exponent
-    const double v = std::nearbyint(std::ldexp(a, -q)); // ties to even (default mode)
-    return sign | (uint16_t)(q == -24 && v < 1024 ? (int)v : ((q + 25) << 10) + ((int)v - 1024));
-}
-
-static inline unsigned moec_pack_f16(float a, float b)
-{
-    return emu_f2h(a) | (unsigned)emu_f2h(b) << 16;
-}
-
-// cvt.rn.f16x2.e4m3x2: the low 16 bits' two codes, exact
-static inline unsigned moec_cvt_e4m3x2_f16(unsigned c)
-{
-    return emu_f2h(emu_e4m3((uint8_t)c)) | (unsigned)emu_f2h(emu_e4m3((uint8_t)(c >> 8))) << 16;
-}
-
-// redux.sync.max.u32: every lane of the warp takes part
-static inline unsigned __reduce_max_sync(unsigned, unsigned v)
-{
-    emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
-    const int lane = threadIdx.x % 32;
-    w->v[lane] = (int)v;
-    pthread_barrier_wait(&w->bar);
-    unsigned m = 0;
-    for (int i = 0; i < 32; i++)
-        m = (unsigned)w->v[i] > m ? (unsigned)w->v[i] : m;
-    pthread_barrier_wait(&w->bar);
-    return m;
-}
-
-// one m16n8k16 product of 16-bit operands, each half decoded by dec
-template <float (*dec)(uint16_t)>
-static inline void emu_mma16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                             unsigned b0, unsigned b1)
+static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                 unsigned b0, unsigned b1)
 {
     emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
     const int lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
@@ -279,12 +236,12 @@ static inline void emu_mma16(float *c, unsigned a0, unsigned a1, unsigned a2, un
     // A[r][k]: lane (r % 8, k % 8 / 2), register (r >= 8) + 2 (k >= 8), half k % 2
     auto A = [&](int r, int k) {
         unsigned v = w->a[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
-        return dec((uint16_t)((k & 1) ? v >> 16 : v & 0xffffu));
+        return emu_bf2f((k & 1) ? v >> 16 : v & 0xffffu);
     };
     // B[k][n]: lane (n, k % 8 / 2), register k >= 8, half k % 2
     auto B = [&](int k, int n) {
         unsigned v = w->b[n * 4 + ((k & 7) >> 1)][k >= 8];
-        return dec((uint16_t)((k & 1) ? v >> 16 : v & 0xffffu));
+        return emu_bf2f((k & 1) ? v >> 16 : v & 0xffffu);
     };
     for (int i = 0; i < 4; i++) {
         const int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
@@ -294,18 +251,6 @@ static inline void emu_mma16(float *c, unsigned a0, unsigned a1, unsigned a2, un
         c[i] += (float)s;
     }
     pthread_barrier_wait(&w->bar);
-}
-
-static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                 unsigned b0, unsigned b1)
-{
-    emu_mma16<emu_bf2f>(c, a0, a1, a2, a3, b0, b1);
-}
-
-static inline void moec_mma_f16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                unsigned b0, unsigned b1)
-{
-    emu_mma16<emu_h2f>(c, a0, a1, a2, a3, b0, b1);
 }
 
 // A warp's butterfly exchange: every lane of the warp takes part.

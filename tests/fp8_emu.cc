@@ -31,7 +31,6 @@ struct emu_case {
     int act; // a linear with act silu_mul: x [T, 2 LK]
     int tl_gu, tl_dn; // the experts' gate_up and down codes in fragment tiles (ir_weight_tiled)
     int mma; // the experts' first tensor-core form (mma: a warp a block, no shared memory)
-    int xf16; // the staged kernels stage x as f16 (moec_rows_f16): x's rows far apart in size
     emu_step steps[2];
     int n_steps;
 };
@@ -121,17 +120,6 @@ struct bfw {
     const __nv_bfloat16 *codes(bool = false) { return w.p(); }
 };
 
-// x's T rows of n (bf16), uniform in +-1.7; where xf16 (x staged as f16)
-// token t's row times 2^24, 2^-30 or 2^12 for t % 4 = 1, 2, 3: past f16's
-// largest and below its normals, so that only the rows' own factors
-// (moec_rows_f16) keep them
-static void fill_x(rng &r, buf<__nv_bfloat16> &x, int n, bool xf16)
-{
-    static const int ex[4] = {0, 24, -30, 12};
-    for (size_t i = 0; i < x.v.size(); i++)
-        x.v[i].v = emu_f2bf(std::ldexp(r.uni(1.7f), xf16 ? ex[i / n % 4] : 0));
-}
-
 // Rows of n: the worst |got - ref| over the row's largest |ref|; a
 // non-finite value is infinitely wrong.
 static double row_error(const float *got, const double *ref, int n)
@@ -158,7 +146,8 @@ template <class W> static double run_linear(const emu_case &c)
     W w(r, 1, c.LN, c.LK, c.BN, c.BK, std::sqrt(3.0f / c.LK));
     const int xk = (c.act ? 2 : 1) * c.LK;
     buf<__nv_bfloat16> x((size_t)c.T * xk), y((size_t)c.T * c.LN);
-    fill_x(r, x, xk, c.xf16);
+    for (__nv_bfloat16 &v : x.v)
+        v.v = emu_f2bf(r.uni(1.7f));
     for (__nv_bfloat16 &v : y.v)
         v.v = 0xffff;
     const emu_step &s = c.steps[0];
@@ -216,7 +205,8 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     buf<__nv_bfloat16> x((size_t)T * H);
     buf<TH> h((size_t)N * I);
     buf<float> wts(N), y((size_t)N * H);
-    fill_x(r, x, H, c.xf16);
+    for (__nv_bfloat16 &v : x.v)
+        v.v = emu_f2bf(r.uni(1.7f));
     std::vector<int> ids(N);
     for (int t = 0; t < T; t++) {
         std::vector<int> p(E);
@@ -233,7 +223,7 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     const int bm = c.bm;
     assert(c.h32   ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
            : c.mma ? bm >= 8 && c.steps[1].smem == 0
-                   : bm >= 8 && c.steps[1].smem == (unsigned)(bm * ((I + 8) * 2 + 4 * c.xf16)));
+                   : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
     buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
     std::fill(sorted.v.begin(), sorted.v.end(), -1);
     std::fill(blk.v.begin(), blk.v.end(), -1);

@@ -165,23 +165,6 @@ static const gen_case CASES[] = {
     {MOE16(6, 3, 256, 64, 0), 3, CG_FP8_AUTO, "MOEC_MOE_MMA_MIN_BM=1"},
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_OLD, NULL},
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_OLD, "MOEC_FP8_TILES=0"},
-    /* x staged as f16 (MOEC_FP8_TC_XF16; x's token rows 2^-30 to 2^24 in
-       size, fp8_emu.cc's fill_x): the experts fused in tiles, apart in rows
-       with two tiles a warp down's, 16 slots a block, refilled slots; the
-       linear, over a cluster of splits, with act silu_mul */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=1"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO,
-     "MOEC_FP8_TC_XF16=1 MOEC_FP8_TC_RT=2 MOEC_FP8_TILES=0"},
-    {MOE(4, 2, 192, 64, 0, 32, 64), 128, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=3"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 8, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=1 MOEC_FP8_TC_ROLL=1"},
-    {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=2"},
-    {LIN(100, 1280, 16, 128), 8, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=2"},
-    {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=2"},
-    /* the experts' down prefetching its rows before the wait: whole (256
-       KiB a block), the first bytes of each row (1 KiB), two tiles a warp */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_DN_PF=256"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO,
-     "MOEC_FP8_TC_DN_PF=1 MOEC_FP8_TC_RT=2 MOEC_FP8_TILES=0"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -243,7 +226,7 @@ int main(int argc, char **argv)
         int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
            streaming form (gv) keeps h in f32 */
-        int bm = 0, h32 = 0, cvt = 0, gv8 = 0, mma = 0, xf16 = 0;
+        int bm = 0, h32 = 0, cvt = 0, gv8 = 0, mma = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
             int gv = strstr(c.kernel_names[k], "_gv_") != NULL || strstr(c.kernel_names[k], "_gt_");
@@ -254,13 +237,6 @@ int main(int argc, char **argv)
             h32 |= gv;
             gv8 += gv && strstr(c.kernel_names[k], "f8e4m3") != NULL;
             cvt += gv && strstr(c.kernel_names[k], "_cvt_") != NULL;
-            xf16 += strstr(c.kernel_names[k], "_xf16_") != NULL;
-        }
-        /* the staged kernels stage x as f16 where the case sets
-           MOEC_FP8_TC_XF16 (every staged kernel of these cases) */
-        if ((gc->env && strstr(gc->env, "MOEC_FP8_TC_XF16=")) != (xf16 > 0)) {
-            fprintf(stderr, "fp8_emu_gen: case %d: %d kernels stage x as f16\n", i, xf16);
-            return 1;
         }
         /* the streaming fp8 GEMMs widen by the conversion unit (sm_90, the
            generator's arch) unless the case says MOEC_MOE_GEMV_CVT=0 */
@@ -280,13 +256,13 @@ int main(int argc, char **argv)
             }
         moec_buf_printf(&table,
                         "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, "
-                        "%d, %d, %d, %d, %d, %d, %d, %d, %d, {",
+                        "%d, %d, %d, %d, %d, %d, %d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
                         w16 ? " bf16" : "", s->lact ? " silu" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
                         gc->env ? " " : "", gc->env ? gc->env : "", tl_gu ? " gate_up tiled" : "",
                         tl_dn ? " down tiled" : "", s->LN, s->LK, s->E, s->K, s->HID, s->I, s->BN,
-                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn, mma, xf16 > 0);
+                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn, mma);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {

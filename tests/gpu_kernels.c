@@ -2107,32 +2107,20 @@ static void dsa_case_long(const km_spec *s, ir_dtype cdt, int bs, const int *len
            lens[0], lens[1], lens[2], now_s() - t0);
 }
 
-/* ---- the widening of e4m3 codes to bf16 and f16 --------------------------- */
-
-/* an f16's value */
-static float h2f(uint16_t h)
-{
-    int e = (h >> 10) & 31, m = h & 1023;
-    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                        : ldexpf((float)(m | 1024), e - 25);
-    return h & 0x8000 ? -v : v;
-}
+/* ---- the widening of e4m3 codes to bf16 ----------------------------------- */
 
 /* moec_e4m3x4_bf16 (the staged fp8 kernels' widening, with no conversion
  * unit) against rt_f8e4m3_to_f32 for all 256 codes, bit for bit: every
  * finite code exactly its bf16 (subnormal codes, the zeros' signs), the
- * two NaN codes +-480 as the prologue says; and moec_e4m3x4_f16 (by the
- * conversion unit, x staged as f16): every finite code exactly, the NaN
- * codes NaN. */
+ * two NaN codes +-480 as the prologue says. */
 static void e4m3_widen_case(void)
 {
     moec_buf src = {0};
     cg_emit_prologue(&src);
     moec_buf_printf(&src, "extern \"C\" __global__ void e4m3_all(unsigned *out)\n{\n"
                           "    const unsigned t = threadIdx.x, c = 4 * t;\n"
-                          "    const unsigned w = c | (c + 1) << 8 | (c + 2) << 16 | (c + 3) << 24;\n"
-                          "    moec_e4m3x4_bf16(w, out[2 * t], out[2 * t + 1]);\n"
-                          "    moec_e4m3x4_f16(w, out[128 + 2 * t], out[129 + 2 * t]);\n}\n");
+                          "    moec_e4m3x4_bf16(c | (c + 1) << 8 | (c + 2) << 16 | (c + 3) << 24,\n"
+                          "                     out[2 * t], out[2 * t + 1]);\n}\n");
     T_CHECK(!src.oom);
     void *cubin = NULL;
     size_t size = 0;
@@ -2144,7 +2132,7 @@ static void e4m3_widen_case(void)
     cudaKernel_t k;
     CK(cudaLibraryLoadData(&lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
     CK(cudaLibraryGetKernel(&k, lib, "e4m3_all"));
-    unsigned *d = dalloc(256 * 4), got[256];
+    unsigned *d = dalloc(128 * 4), got[128];
     void *argv[1] = {&d};
     CK(cudaLaunchKernel((const void *)k, (dim3){1, 1, 1}, (dim3){64, 1, 1}, argv, 0, 0));
     CK(cudaMemcpy(got, d, sizeof got, cudaMemcpyDeviceToHost));
@@ -2158,20 +2146,13 @@ static void e4m3_widen_case(void)
         if (h != f2bf(want) && bad++ < 5)
             fprintf(stderr, "  e4m3 code 0x%02x: bf16 0x%04x, want 0x%04x (%g)\n", code, h,
                     f2bf(want), want);
-        /* by the conversion unit to f16 (moec_e4m3x4_f16): exact, the NaN
-           codes NaN */
-        w = got[128 + code / 4 * 2 + code % 4 / 2];
-        h = (uint16_t)(code % 2 ? w >> 16 : w & 0xffffu);
-        float hv = h2f(h), hw = rt_f8e4m3_to_f32((uint8_t)code);
-        if (!((code & 0x7f) == 0x7f ? isnan(hv) : hv == hw) && bad++ < 5)
-            fprintf(stderr, "  e4m3 code 0x%02x: f16 0x%04x (%g), want %g\n", code, h, hv, hw);
     }
     t_checks++;
     if (bad) {
         t_failures++;
-        fprintf(stderr, "FAIL e4m3 widening: %d of 512 widenings wrong\n", bad);
+        fprintf(stderr, "FAIL e4m3 widening: %d of 256 codes wrong\n", bad);
     }
-    printf("e4m3 widening     all 256 codes to bf16 and f16 %s\n", bad ? "WRONG" : "exact");
+    printf("e4m3 widening     all 256 codes %s\n", bad ? "WRONG" : "exact");
     CK(cudaFree(d));
     CK(cudaLibraryUnload(lib));
     free(cubin);
