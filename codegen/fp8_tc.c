@@ -597,8 +597,10 @@ int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, in
 int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
 {
     long long slots = (long long)c->T * d->ids->type.dims[1], E = d->down->type.dims[0];
+    /* blocks of at least the mean slots times MOEC_FP8_TC_BM_HEAD (A/B) */
+    long long head = cg_env_int("MOEC_FP8_TC_BM_HEAD", 1, 1, 8);
     int bm = 8;
-    while (bm < 64 && slots > (long long)bm * E)
+    while (bm < 64 && slots * head > (long long)bm * E)
         bm *= 2;
     while (bm > 8 && !cg_fp8_tc_moe_fits(c, d, urow, bm))
         bm /= 2;

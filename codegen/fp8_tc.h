@@ -40,8 +40,9 @@ void cg_mma_linear_args(ir_step *s, const ir_op *op, double alpha, int scales);
  * of 64, a block's x and h rows within the shared memory. */
 int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, int bm);
 /* The slots per expert block of the staged kernels: the bucket's mean
- * slots per expert as a power of two in [8, 64] (8 below), halved while a
- * block's rows do not fit the shared memory; 0 when 8 do not. */
+ * slots per expert (times MOEC_FP8_TC_BM_HEAD, an A/B knob, default 1) as
+ * a power of two in [8, 64] (8 below), halved while a block's rows do not
+ * fit the shared memory; 0 when 8 do not. */
 int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow);
 /* The gate_up (silu(gate x) * up x into h, bf16) and down (h into y)
  * steps of the staged experts over l's expert blocks. */
