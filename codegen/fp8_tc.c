@@ -91,7 +91,9 @@
 /* the main loop refills each slot as soon as it is used (TC_LOOP) */
 #define TC_ROLL 0
 
-static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1); }
+static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 2); }
+
+static const char *roll_tag(int roll) { return roll == 2 ? "_roll2" : roll ? "_roll" : ""; }
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
@@ -104,8 +106,10 @@ static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 1);
  * Each lane loads U chunks of its rows (16 bytes each in fp8, 32 in bf16)
  * and their scales, then runs their products while the other warps load;
  * the first loads go out before the wait for the staged rows. With ROLL
- * (MOEC_FP8_TC_ROLL, TC_ROLL) each slot's next chunk goes out as soon as
- * its products are taken, so that U - 1 chunks stay in flight, not 0 to U.
+ * (MOEC_FP8_TC_ROLL=1, TC_ROLL) each slot's next chunk goes out as soon as
+ * its products are taken, so that U - 1 chunks stay in flight, not 0 to U;
+ * ROLL 2 refills the first half of the slots once their products are
+ * taken, then the second half.
  * Leaves acc[RT][NT][4] (moec_tc_chunk's fragments). */
 static const char TC_LOAD[] =
     "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
@@ -151,7 +155,7 @@ static const char TC_LOOP[] =
     "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
-    "    if (live[0] && ROLL) {\n"
+    "    if (live[0] && ROLL == 1) {\n"
     "        for (int cb = c0; cb < c1; cb += U)\n"
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
@@ -160,6 +164,26 @@ static const char TC_LOOP[] =
     "                    if (cb + u + U < c1)\n"
     "                        load_one(u, cb + u + U);\n"
     "                }\n"
+    "    } else if (live[0] && ROLL == 2) {\n"
+    "        constexpr int HU = (U + 1) / 2;\n"
+    "        for (int cb = c0; cb < c1; cb += U) {\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < HU; u++)\n"
+    "                if (cb + u < c1)\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "#pragma unroll\n"
+    "            for (int u = 0; u < HU; u++)\n"
+    "                if (cb + u + U < c1)\n"
+    "                    load_one(u, cb + u + U);\n"
+    "#pragma unroll\n"
+    "            for (int u = HU; u < U; u++)\n"
+    "                if (cb + u < c1)\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "#pragma unroll\n"
+    "            for (int u = HU; u < U; u++)\n"
+    "                if (cb + u + U < c1)\n"
+    "                    load_one(u, cb + u + U);\n"
+    "        }\n"
     "    } else if (live[0]) {\n"
     "        for (int cb = c0;;) {\n"
     "#pragma unroll\n"
@@ -446,7 +470,7 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     int roll = tc_roll();
     snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             roll ? "_roll" : "", act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -466,12 +490,13 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, ROLL = %s;\n"
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n"
+            "    constexpr int ROLL = %d;\n"
             "    constexpr int CS = 64;\n%s",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", roll ? "true" : "false", decl);
+            pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
                         LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
@@ -641,7 +666,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     int roll = tc_roll();
     snprintf(name, sizeof name,
              "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll ? "_roll" : "", c->T,
+             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -660,10 +685,11 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false, ROLL = %s;\n%s"
+            "    constexpr bool PRE = false;\n"
+            "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, roll ? "true" : "false", decl);
+            gstride, uoff, roll, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
@@ -695,7 +721,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     int roll = tc_roll();
     snprintf(name, sizeof name,
              "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll ? "_roll" : "", c->T, ir_dtype_name(ydt),
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
              d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -717,10 +743,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s, PRE = false, ROLL = %s;\n%s"
+                        "    constexpr bool MULW = %s, PRE = false;\n"
+                        "    constexpr int ROLL = %d;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        roll ? "true" : "false", decl);
+                        roll, decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");

@@ -165,6 +165,11 @@ static const gen_case CASES[] = {
     {MOE16(6, 3, 256, 64, 0), 3, CG_FP8_AUTO, "MOEC_MOE_MMA_MIN_BM=1"},
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_OLD, NULL},
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_OLD, "MOEC_FP8_TILES=0"},
+    /* the staged kernels' slots refilled by halves (MOEC_FP8_TC_ROLL=2):
+       the experts in tiles, the linear split over a cluster at 3 chunks in
+       flight (halves of 2 and 1) */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=2"},
+    {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=2 MOEC_FP8_TC_U=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
