@@ -88,7 +88,14 @@
  * 59.1 against 62.0 at 64.) */
 #define TC_DN_RT 1
 
-/* the main loop refills each slot as soon as it is used (TC_LOOP) */
+/* How the main loop refills the weight slots (TC_LOOP; MOEC_FP8_TC_ROLL):
+ * 0, all U after the last one's products; 1, each as soon as it is used;
+ * 2, by halves. Nsight Compute at 64 tokens had gate_up's warps stalled
+ * mostly on the first use of a round's loads (19% of the samples on its
+ * first byte permute; 2.0 cycles an instruction on the long scoreboard),
+ * hence 2. (H200, 2026-11-29, fp8 V2-Lite, the step at 32 / 64 tokens,
+ * one call: 0 5.755 / 7.125 ms, 2 5.861 / 7.090, 2 with 4 chunks in
+ * flight 5.800 / 7.037, 1 6.292 / 7.481: 0 stays.) */
 #define TC_ROLL 0
 
 static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 2); }
@@ -622,7 +629,11 @@ int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, in
 int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
 {
     long long slots = (long long)c->T * d->ids->type.dims[1], E = d->down->type.dims[0];
-    /* blocks of at least the mean slots times MOEC_FP8_TC_BM_HEAD (A/B) */
+    /* blocks of at least the mean slots times MOEC_FP8_TC_BM_HEAD (A/B:
+       H200, 2026-11-29, fp8 V2-Lite at 32 / 64 tokens, 2 (16 slots a block
+       at 64) 5.851 / 8.517 ms, 4 7.336 / 11.199, against 5.854 / 7.199;
+       at 64 with 16 gate_up 121.6 us a layer and down 102.3, against
+       110.1 and 63.5: an expert of 9 to 16 slots read twice costs less) */
     long long head = cg_env_int("MOEC_FP8_TC_BM_HEAD", 1, 1, 8);
     int bm = 8;
     while (bm < 64 && slots * head > (long long)bm * E)
