@@ -41,7 +41,8 @@
  * where two blocks fit an SM (MOEC_FP8_TC_FIT; 0: no bound) */
 #define TC_FIT 85
 /* 64-wide chunks in flight a lane, whatever the tiles, in the experts'
- * kernels and the linear's groups of 32 tokens and more (MOEC_FP8_TC_U; 0:
+ * kernels and the linear's groups of 32 tokens and more, TC_HALVES_U from
+ * TC_HALVES_T tokens (MOEC_FP8_TC_U; 0:
  * the rule by kernel, 4 over the tiles, the experts' gate_up 2 past 16
  * slots a block). (H200, 2026-11-29, V2-Lite in fp8 at context 1024, 6
  * everywhere against the rule in the same call, two calls: 6.332 / 6.465
@@ -95,10 +96,21 @@
  * first byte permute; 2.0 cycles an instruction on the long scoreboard),
  * hence 2. (H200, 2026-11-29, fp8 V2-Lite, the step at 32 / 64 tokens,
  * one call: 0 5.755 / 7.125 ms, 2 5.861 / 7.090, 2 with 4 chunks in
- * flight 5.800 / 7.037, 1 6.292 / 7.481: 0 stays.) */
+ * flight 5.800 / 7.037, 1 6.292 / 7.481.) So from TC_HALVES_T tokens
+ * the staged kernels refill by halves, those of fp8 weights with
+ * TC_HALVES_U chunks in flight (tc_u); below, TC_ROLL. MOEC_FP8_TC_ROLL
+ * and MOEC_FP8_TC_U override both. */
 #define TC_ROLL 0
+#define TC_HALVES_T 64
+#define TC_HALVES_U 4
 
-static int tc_roll(void) { return cg_env_int("MOEC_FP8_TC_ROLL", TC_ROLL, 0, 2); }
+static int tc_roll(const cg_ctx *c)
+{
+    return cg_env_int("MOEC_FP8_TC_ROLL", c->T >= TC_HALVES_T ? 2 : TC_ROLL, 0, 2);
+}
+
+/* the staged kernels' chunks in flight by default (fp8 weights) */
+static int tc_u(const cg_ctx *c) { return c->T >= TC_HALVES_T ? TC_HALVES_U : TC_U; }
 
 static const char *roll_tag(int roll) { return roll == 2 ? "_roll2" : roll ? "_roll" : ""; }
 
@@ -390,7 +402,7 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
                                                TC_BLOCKS)
                      ? 2
                      : 1;
-    sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", sh->tg >= 32 ? TC_U : 0, 0, 8) : 0;
+    sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", sh->tg >= 32 ? tc_u(c) : 0, 0, 8) : 0;
     if (!sh->u)
         sh->u = 4 / sh->rt;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
@@ -474,7 +486,7 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
-    int roll = tc_roll();
+    int roll = tc_roll(c);
     snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
              roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
@@ -666,7 +678,7 @@ static moec_status oom(const cg_moe_desc *d)
 moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", tc_u(c), 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 2;
     long long urow = l->fused ? l->I : 0;
@@ -674,7 +686,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    int roll = tc_roll();
+    int roll = tc_roll(c);
     snprintf(name, sizeof name,
              "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
              l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
@@ -722,14 +734,14 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         rt = cg_env_int("MOEC_FP8_TC_DN_RT", TC_DN_RT, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
-    int u = cg_env_int("MOEC_FP8_TC_U", TC_U, 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", tc_u(c), 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll();
+    int roll = tc_roll(c);
     snprintf(name, sizeof name,
              "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
              l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),

@@ -1356,8 +1356,11 @@ static void check_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long
         want_s++;
     size_t x = (size_t)tg * (size_t)((ch + S - 1) / S * 64 + 8) * 2;
     size_t part = S > 1 ? (size_t)nw * rt * (tg / 8) * 512 : 0;
+    /* fp8 groups of 32 tokens and more: 6 chunks in flight, from 64 tokens 4
+       refilled by halves (_roll2) */
     T_CHECK(n == N && k == K && t == T && tg == want_tg && nw == 4 && rt == want_rt &&
-            u == (w8 && tg >= 32 ? 6 : 4 / rt) && S == want_s);
+            u == (w8 && tg >= 32 ? (T >= 64 ? 4 : 6) : 4 / rt) && S == want_s);
+    T_CHECK((strstr(kn + end, "_roll2_") != NULL) == (T >= 64));
     T_CHECK(!strncmp(kn + end, "_pre_", 5) == (T > CG_PREFETCH_MAX_T));
     T_CHECK(s->grid[0] == (unsigned)(slabs * S) && s->grid[1] == (unsigned)groups &&
             s->block[0] == 128 && s->smem == (x > part ? x : part));
@@ -1448,14 +1451,14 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         return;
     /* blocks of 8 slots, doubled to 64 while the experts average more,
        halved while a block's x (or h) rows do not fit the shared memory;
-       6 chunks in flight */
+       6 chunks in flight, from 64 tokens 4 refilled by halves */
     int bm = 8;
     while (bm < 64 && slots > bm * E)
         bm *= 2;
     while (bm > 8 && bm * ((H > I ? H : I) + 8) * 2 > 227 * 1024)
         bm /= 2;
     char want[64];
-    snprintf(want, sizeof want, "_bm%d_f8tc_w4_u6_t%d_", bm, T);
+    snprintf(want, sizeof want, "_bm%d_f8tc_w4_%s_t%d_", bm, T >= 64 ? "u4_roll2" : "u6", T);
     T_CHECK(strstr(gk, want) != NULL);
     long long nnz = slots < E ? slots : E, nb = (slots + (bm - 1) * nnz + bm - 1) / bm;
     T_CHECK(al->grid[0] == 1 && gu->grid[0] == (unsigned)nb &&
