@@ -91,9 +91,10 @@
 
 /* How the main loop refills the weight slots (TC_LOOP; MOEC_FP8_TC_ROLL):
  * 0, all U after the last one's products; 1, each as soon as it is used;
- * 2, by halves. Nsight Compute at 64 tokens had gate_up's warps stalled
- * mostly on the first use of a round's loads (19% of the samples on its
- * first byte permute; 2.0 cycles an instruction on the long scoreboard),
+ * N from 2 (to 8), in N groups of ceil(U / N) slots: 2 by halves, 3 by
+ * thirds. Nsight Compute at 64 tokens had gate_up's warps stalled mostly
+ * on the first use of a round's loads (19% of the samples on its first
+ * byte permute; 2.0 cycles an instruction on the long scoreboard),
  * hence 2. (H200, 2026-11-29, fp8 V2-Lite, the step at 32 / 64 tokens,
  * one call: 0 5.755 / 7.125 ms, 2 5.861 / 7.090, 2 with 4 chunks in
  * flight 5.800 / 7.037, 1 6.292 / 7.481; a second call, 2 with 4
@@ -107,13 +108,19 @@
 
 static int tc_roll(const cg_ctx *c)
 {
-    return cg_env_int("MOEC_FP8_TC_ROLL", c->T >= TC_HALVES_T ? 2 : TC_ROLL, 0, 2);
+    return cg_env_int("MOEC_FP8_TC_ROLL", c->T >= TC_HALVES_T ? 2 : TC_ROLL, 0, 8);
 }
 
 /* the staged kernels' chunks in flight by default (fp8 weights) */
 static int tc_u(const cg_ctx *c) { return c->T >= TC_HALVES_T ? TC_HALVES_U : TC_U; }
 
-static const char *roll_tag(int roll) { return roll == 2 ? "_roll2" : roll ? "_roll" : ""; }
+/* a kernel name's refill order: "", "_roll", "_roll2" .. "_roll8" */
+static const char *roll_tag(int roll)
+{
+    static const char *const tags[] = {"",       "_roll",  "_roll2", "_roll3", "_roll4",
+                                       "_roll5", "_roll6", "_roll7", "_roll8"};
+    return tags[roll];
+}
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
  * weights' registers and their loads, TC_LOOP runs the products. In scope:
@@ -128,8 +135,8 @@ static const char *roll_tag(int roll) { return roll == 2 ? "_roll2" : roll ? "_r
  * the first loads go out before the wait for the staged rows. With ROLL
  * (MOEC_FP8_TC_ROLL=1, TC_ROLL) each slot's next chunk goes out as soon as
  * its products are taken, so that U - 1 chunks stay in flight, not 0 to U;
- * ROLL 2 refills the first half of the slots once their products are
- * taken, then the second half.
+ * ROLL N from 2 refills the slots in N groups, each once its products are
+ * taken (2: the first half, then the second).
  * Leaves acc[RT][NT][4] (moec_tc_chunk's fragments). */
 static const char TC_LOAD[] =
     "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
@@ -175,34 +182,21 @@ static const char TC_LOOP[] =
     "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
-    "    if (live[0] && ROLL == 1) {\n"
-    "        for (int cb = c0; cb < c1; cb += U)\n"
-    "#pragma unroll\n"
-    "            for (int u = 0; u < U; u++)\n"
-    "                if (cb + u < c1) {\n"
-    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
-    "                    if (cb + u + U < c1)\n"
-    "                        load_one(u, cb + u + U);\n"
-    "                }\n"
-    "    } else if (live[0] && ROLL == 2) {\n"
-    "        constexpr int HU = (U + 1) / 2;\n"
+    "    if (live[0] && ROLL > 0) {\n"
+    "        /* groups of GS slots: each group's products, then its refill */\n"
+    "        constexpr int GS = ROLL > 1 ? (U + ROLL - 1) / ROLL : 1;\n"
     "        for (int cb = c0; cb < c1; cb += U) {\n"
     "#pragma unroll\n"
-    "            for (int u = 0; u < HU; u++)\n"
-    "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "            for (int ga = 0; ga < U; ga += GS) {\n"
     "#pragma unroll\n"
-    "            for (int u = 0; u < HU; u++)\n"
-    "                if (cb + u + U < c1)\n"
-    "                    load_one(u, cb + u + U);\n"
+    "                for (int u = ga; u < ga + GS && u < U; u++)\n"
+    "                    if (cb + u < c1)\n"
+    "                        moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "#pragma unroll\n"
-    "            for (int u = HU; u < U; u++)\n"
-    "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
-    "#pragma unroll\n"
-    "            for (int u = HU; u < U; u++)\n"
-    "                if (cb + u + U < c1)\n"
-    "                    load_one(u, cb + u + U);\n"
+    "                for (int u = ga; u < ga + GS && u < U; u++)\n"
+    "                    if (cb + u + U < c1)\n"
+    "                        load_one(u, cb + u + U);\n"
+    "            }\n"
     "        }\n"
     "    } else if (live[0]) {\n"
     "        for (int cb = c0;;) {\n"

@@ -170,6 +170,9 @@ static const gen_case CASES[] = {
        flight (halves of 2 and 1) */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=2"},
     {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=2 MOEC_FP8_TC_U=3"},
+    /* ... in thirds (groups of 2, 2 and 1 slots at 5 in flight) */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=3 MOEC_FP8_TC_U=5"},
+    {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=3 MOEC_FP8_TC_U=5"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
