@@ -12,6 +12,10 @@
 #   config_deepseek_v2_lite_fp8 config_qwen3_30b_a3b
 #   config_qwen3_30b_a3b_fp8"). Prints the changed, new and gone kernels
 #   (the common prologue of helpers as "<prologue>"), a line each.
+#   PTX=1 (needs nvcc): each changed kernel's program is compiled to PTX on
+#   both sides (nvcc -ptx -arch=sm_90) and the kernel's PTX compared: a
+#   kernel whose text changed but whose PTX did not ("same PTX") runs the
+#   same machine code, with nothing to time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,14p "$0"; exit 2; fi
@@ -43,15 +47,26 @@ echo "kernel_diff: $(git log -1 --format='%h %s' "$1" | cut -c1-72)"
 side base "$1"
 echo "  against:   $(git log -1 --format='%h %s' "${2:-HEAD}" | cut -c1-72)"
 side head "${2:-HEAD}"
-python3 - "$work/base" "$work/head" <<'PY'
-import os, re, sys
+NVCC=""
+if [ "${PTX:-0}" = 1 ]; then
+  NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [ -x "$NVCC" ] || { echo "PTX=1: no nvcc"; exit 1; }
+fi
+python3 - "$work/base" "$work/head" "$NVCC" <<'PY'
+import os, re, subprocess, sys
 
-HEAD = re.compile(r'^extern "C" __global__ void (?:__\w+__\([^)]*\) )*(\w+)\(', re.M)
+# the name may follow its __launch_bounds__ on the next line
+HEAD = re.compile(r'^extern "C" __global__ void (?:__\w+__\([^)]*\)\s+)*(\w+)\(', re.M)
+
+FILES = {}  # (directory, kernel name) -> the program's file
+
 
 def kernels(d):
     """kernel name -> its text (from its comment line to the next kernel's)"""
     out, pros = {}, set()
     for f in sorted(os.listdir(d)):
+        if not f.endswith(".cu"):
+            continue
         src = open(os.path.join(d, f)).read()
         heads = list(HEAD.finditer(src))
         if not heads:
@@ -71,8 +86,25 @@ def kernels(d):
         for i, m in enumerate(heads):
             end = starts[i + 1] if i + 1 < len(heads) else len(src)
             out.setdefault(m.group(1), src[starts[i] : end])
+            FILES.setdefault((d, m.group(1)), os.path.join(d, f))
     out["<prologue>"] = "\n".join(sorted(pros))
     return out
+
+
+PTX_OF = {}  # program file -> {entry name: its PTX}
+
+
+def ptx(d, k):
+    """kernel k's PTX in side d's program (compiled once a program)"""
+    f = FILES[(d, k)]
+    if f not in PTX_OF:
+        out = f[:-3] + ".ptx"
+        subprocess.run([sys.argv[3], "-ptx", "-arch=sm_90", "-std=c++17", "-w", f, "-o", out],
+                       check=True, capture_output=True)
+        text = open(out).read()
+        PTX_OF[f] = {m.group(1): m.group(0) for m in
+                     re.finditer(r"(?ms)^\.visible \.entry (\w+)\(.*?^}", text)}
+    return PTX_OF[f].get(k)
 
 a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
 changed = sorted(k for k in a if k in b and a[k] != b[k])
@@ -82,5 +114,10 @@ print(f"{len(a)} kernels before, {len(b)} after: {len(changed)} changed, {len(ne
       f"{len(gone)} gone")
 for tag, names in (("changed", changed), ("new", new), ("gone", gone)):
     for k in names:
-        print(f"  {tag:8s}{k}")
+        note = ""
+        if tag == "changed" and sys.argv[3] and k != "<prologue>":
+            pa, pb = ptx(sys.argv[1], k), ptx(sys.argv[2], k)
+            same = pa is not None and pa == pb
+            note = " (same PTX)" if same else " (PTX differs)"
+        print(f"  {tag:8s}{k}{note}")
 PY
