@@ -266,11 +266,6 @@ static moec_status gemm_algo(rt_cuda *c, const ir_step *s, rt_cuda_gemm *g,
                     c->lt.cublasLtMatmulPreferenceSetAttribute(pref, keys[i], &align[i],
                                                                sizeof align[i]),
                     where));
-    MOEC_TRY(LT(c,
-                c->lt.cublasLtMatmulPreferenceSetAttribute(
-                    pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &c->gemm_reduce,
-                    sizeof c->gemm_reduce),
-                where));
     cublasLtMatmulHeuristicResult_t res[RT_GEMM_TUNE_MAX];
     int found = 0, want = c->gemm_tune > 1 ? c->gemm_tune : 1;
     memset(res, 0, sizeof res);

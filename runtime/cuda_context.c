@@ -367,30 +367,6 @@ static moec_status gemm_tune_env(rt_cuda *c)
     return MOEC_OK;
 }
 
-/* MOEC_GEMM_SPLITK=all|inplace|none (default all): the split-K algorithms
- * cuBLASLt's heuristic may offer. "inplace" keeps those that add their
- * parts up in the output buffer within the GEMM's own launch, "none" leaves
- * split-K out; either drops the ones whose parts a second kernel reduces
- * (at V2-Lite's 64 tokens the shared expert's down took 7.0 us and its
- * reduction 2.3 on the path the routed experts wait for). An A/B knob. */
-static moec_status gemm_splitk_env(rt_cuda *c)
-{
-    c->gemm_reduce = CUBLASLT_REDUCTION_SCHEME_MASK;
-    const char *e = getenv("MOEC_GEMM_SPLITK");
-    if (!e || !*e || !strcmp(e, "all"))
-        return MOEC_OK;
-    if (!strcmp(e, "inplace"))
-        c->gemm_reduce = CUBLASLT_REDUCTION_SCHEME_INPLACE;
-    else if (!strcmp(e, "none"))
-        c->gemm_reduce = CUBLASLT_REDUCTION_SCHEME_NONE;
-    else
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "MOEC_GEMM_SPLITK=\"%s\": not all, inplace or none (the split-K "
-                        "reductions cuBLASLt may use)",
-                        e);
-    return MOEC_OK;
-}
-
 /* MOEC_STREAM_PRIORITY: which stream's blocks the GPU schedules first when
  * both have kernels waiting: "1" the second stream (the shared experts,
  * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
@@ -441,7 +417,6 @@ static moec_status setup(rt_cuda *c, const rt_weights *w)
     MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_MAX_T", &c->dual_max_t));
     MOEC_TRY(env_tokens("MOEC_DUAL_STREAM_FROM_T", &c->dual_from_t));
     MOEC_TRY(gemm_tune_env(c));
-    MOEC_TRY(gemm_splitk_env(c));
     MOEC_TRY(stream_priorities(c));
 
     c->tmax = p->buckets[p->n_buckets - 1].T;

@@ -227,8 +227,6 @@ struct rt_cuda {
     void *workspace[2];
     int gemm_tune;                 /* MOEC_GEMM_TUNE: the heuristic's candidates each GEMM
                                     * shape times at set-up (0 or 1: its first, untimed) */
-    uint32_t gemm_reduce;          /* MOEC_GEMM_SPLITK: the split-K reduction schemes the
-                                    * heuristic may offer (cublasLtReductionScheme_t bits) */
     struct rt_gemm_tuned *tuned;   /* the shapes timed so far, with their fastest algorithm */
     int n_tuned, cap_tuned;
 

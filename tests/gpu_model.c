@@ -301,12 +301,6 @@ static void check_bad_plans(ir_plan *plan, const rt_weights *w)
         setenv("MOEC_GEMM_TUNE", kept_tune, 1);
     else
         unsetenv("MOEC_GEMM_TUNE");
-    /* MOEC_GEMM_SPLITK not one of its three words */
-    setenv("MOEC_GEMM_SPLITK", "inplace2", 1);
-    T_ERR(rt_cuda_init(plan, w, 2, 64, &c), MOEC_ERR_INVALID_ARG,
-          "MOEC_GEMM_SPLITK=\"inplace2\": not all, inplace or none");
-    T_CHECK(c == NULL);
-    unsetenv("MOEC_GEMM_SPLITK");
 }
 
 static void check_batch(const char *name, const moec_model_t *m, const char *dir)
