@@ -25,6 +25,17 @@
 #define PRO_THREADS 128
 /* q head channels a block takes, about */
 #define PRO_GROUP_ELEMS 1024
+/* Buckets from this many tokens launch the prologue plainly (its step's
+ * plain), not as a programmatic dependent of the q/kv projection before it
+ * (MOEC_MLA_PRO_PLAIN_T; 0: never). In fp8 at 64 tokens the staged
+ * linear's kernel ran 13.9 us and the prologue, launched early, ended 10.9
+ * us after it, against 7.4 after cuBLASLt's bf16 GEMM (the kernel
+ * timeline, V2-Lite cut to 4 layers); as with GQA's fused prologue
+ * (codegen/attention.c), blocks resident early seem to cost more than the
+ * launch they save. (H200, 2026-11-29, fp8 V2-Lite at context 1024, the
+ * prologue plain in every bucket by MOEC_PDL_OFF: 5.785 / 7.058 ms at 32
+ * / 64 tokens against 5.842 / 7.128.) */
+#define PRO_PLAIN_T 32
 
 /* The shared device code: a row's RMSNorm into y (and the cache row, when
  * given) and one rotated pair, both in fp32 as rms_norm.c and rope.c. */
@@ -251,6 +262,8 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(op->kind), who);
     }
     s->kernel = k;
+    int plain_t = cg_env_int("MOEC_MLA_PRO_PLAIN_T", PRO_PLAIN_T, 0, 1 << 20);
+    s->plain = plain_t > 0 && c->T >= plain_t;
     /* fused: the absorption's blocks first, then the prologue's, on one axis */
     unsigned threads = qa && part.threads > PRO_THREADS ? part.threads : PRO_THREADS;
     s->grid[0] = qa ? part.blocks + (unsigned)(c->T * roles) : (unsigned)c->T;
