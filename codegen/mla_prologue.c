@@ -26,16 +26,27 @@
 /* q head channels a block takes, about */
 #define PRO_GROUP_ELEMS 1024
 /* Buckets from this many tokens launch the prologue plainly (its step's
- * plain), not as a programmatic dependent of the q/kv projection before it
- * (MOEC_MLA_PRO_PLAIN_T; 0: never). In fp8 at 64 tokens the staged
- * linear's kernel ran 13.9 us and the prologue, launched early, ended 10.9
- * us after it, against 7.4 after cuBLASLt's bf16 GEMM (the kernel
- * timeline, V2-Lite cut to 4 layers); as with GQA's fused prologue
- * (codegen/attention.c), blocks resident early seem to cost more than the
- * launch they save. (H200, 2026-11-29, fp8 V2-Lite at context 1024, the
- * prologue plain in every bucket by MOEC_PDL_OFF: 5.785 / 7.058 ms at 32
- * / 64 tokens against 5.842 / 7.128.) */
+ * plain), not as a programmatic dependent, where the q/kv projection before
+ * it reads fp8 weights (the staged linear's kernel; MOEC_MLA_PRO_PLAIN_T,
+ * 0: never). In fp8 at 64 tokens that kernel ran 13.9 us and the
+ * prologue, launched early, ended 10.9 us after it, against 7.4 after
+ * cuBLASLt's bf16 GEMM (the kernel timeline, V2-Lite cut to 4 layers); as
+ * with GQA's fused prologue (codegen/attention.c), blocks resident early
+ * seem to cost more than the launch they save. (H200, 2026-11-29, V2-Lite
+ * at context 1024, one call, ms a step at 1 / 8 / 16 / 32 / 64 tokens: fp8
+ * plain from 32 1.456 / 3.731 / 4.816 / 5.758 / 7.044, never 1.455 / 3.732
+ * / 4.827 / 5.811 / 7.146, always 1.533 / 3.760 / 4.840 / 5.758 / 7.046;
+ * bf16 at 32 / 64 plain 9.258 / 10.178, never 9.251 / 10.139, so bf16's
+ * GEMMs keep the programmatic launch.) */
 #define PRO_PLAIN_T 32
+
+/* 1 where x is a linear's result over fp8 weights */
+static int after_fp8_linear(const cg_ctx *c, const ir_value *x)
+{
+    const ir_op *d = x->def;
+    return d && d->kind == IR_OP_LINEAR && d->n_in > 1 &&
+           cg_storage(c, d->in[1]) == IR_DTYPE_F8E4M3;
+}
 
 /* The shared device code: a row's RMSNorm into y (and the cache row, when
  * given) and one rotated pair, both in fp32 as rms_norm.c and rope.c. */
@@ -263,7 +274,7 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     }
     s->kernel = k;
     int plain_t = cg_env_int("MOEC_MLA_PRO_PLAIN_T", PRO_PLAIN_T, 0, 1 << 20);
-    s->plain = plain_t > 0 && c->T >= plain_t;
+    s->plain = plain_t > 0 && c->T >= plain_t && after_fp8_linear(c, x);
     /* fused: the absorption's blocks first, then the prologue's, on one axis */
     unsigned threads = qa && part.threads > PRO_THREADS ? part.threads : PRO_THREADS;
     s->grid[0] = qa ? part.blocks + (unsigned)(c->T * roles) : (unsigned)c->T;

@@ -1519,6 +1519,44 @@ static int is_indexer_op(const ir_module *m, const ir_op *op)
  * prologue, qabsorb) run on stream 0, then the join's event (stream 0)
  * before the attention's kernel; every stream-1 step's scratch past stream
  * 0's region. At T=1 and T=64 (the score kernel's other grid). */
+/* The MLA prologue is launched plainly (its step's plain) in buckets from
+ * 32 tokens (MOEC_MLA_PRO_PLAIN_T; 0: never) where its input is a linear
+ * over fp8 weights, else as a programmatic dependent. */
+static void check_mla_pro_plain(const ir_module *m, const char *what, int fp8, int mla)
+{
+    const char *pv = getenv("MOEC_MLA_PRO_PLAIN_T");
+    int plain_t = pv && *pv ? atoi(pv) : 32;
+    static const int buckets[] = {8, 32, 64};
+    for (int b = 0; b < 3; b++) {
+        cg_options o;
+        cg_options_default(&o);
+        cg_ctx c;
+        if (!generate(m, &o, buckets[b], &c)) {
+            cg_ctx_free(&c);
+            continue;
+        }
+        int want = fp8 && plain_t > 0 && buckets[b] >= plain_t, seen = 0, bad = 0;
+        for (int i = 0; i < c.n_steps; i++) {
+            const ir_step *s = &c.steps[i];
+            if (s->op_id < 0 || s->kind != IR_STEP_KERNEL)
+                continue;
+            ir_op_kind k = m->ops[s->op_id]->kind;
+            if (k != IR_OP_MLA_PROLOGUE && k != IR_OP_MLA_PROLOGUE_KV && k != IR_OP_MLA_PROLOGUE_Q)
+                continue;
+            const ir_op *d = m->ops[s->op_id]->in[0]->def;
+            /* V3's kv prologue reads the fused q_a/kv_a projection; its q
+               prologue q_b's; both linears in fp8 */
+            seen++;
+            bad += s->plain != (want && d && d->kind == IR_OP_LINEAR);
+        }
+        if (bad || (mla && !seen))
+            fprintf(stderr, "%s T=%d: %d of %d MLA prologue steps launched %s\n", what,
+                    buckets[b], bad, seen, want ? "as dependents" : "plainly");
+        T_CHECK(bad == 0 && (!mla || seen > 0));
+        cg_ctx_free(&c);
+    }
+}
+
 static void check_indexer_streams(const ir_module *m, const char *what)
 {
     static const int buckets[] = {1, 64};
@@ -1828,6 +1866,7 @@ static void config_case(const char *file, int fp8)
         fprintf(stderr, "%s: %d launches per step at T=1\n", what, launches);
         check_fused_kernels(m, what);
         check_indexer_streams(m, what);
+        check_mla_pro_plain(m, what, fp8, !strncmp(file, "deepseek", 8));
         /* the prologue's kernel replaces nine (slices, norms, ropes, the
            cache write), the add_rms_norm the expert sum's add
            and the routed sum over k, the shared expert's down projection its
