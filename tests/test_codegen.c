@@ -168,6 +168,17 @@ static int generate(const ir_module *m, const cg_options *o, int T, cg_ctx *c)
     return ok && !c->src.oom;
 }
 
+/* generate() under the default options; c freed where it did not generate */
+static int generate_default(const ir_module *m, int T, cg_ctx *c)
+{
+    cg_options o;
+    cg_options_default(&o);
+    if (generate(m, &o, T, c))
+        return 1;
+    cg_ctx_free(c);
+    return 0;
+}
+
 /* ---- kernel forms ------------------------------------------------------------ */
 
 /* NVRTC takes one to a few seconds per bucket program, and the buckets of a
@@ -1528,13 +1539,9 @@ static void check_mla_pro_plain(const ir_module *m, const char *what, int fp8, i
     int plain_t = pv && *pv ? atoi(pv) : 32;
     static const int buckets[] = {8, 32, 64};
     for (int b = 0; b < 3; b++) {
-        cg_options o;
-        cg_options_default(&o);
         cg_ctx c;
-        if (!generate(m, &o, buckets[b], &c)) {
-            cg_ctx_free(&c);
+        if (!generate_default(m, buckets[b], &c))
             continue;
-        }
         int want = fp8 && plain_t > 0 && buckets[b] >= plain_t, seen = 0, bad = 0;
         for (int i = 0; i < c.n_steps; i++) {
             const ir_step *s = &c.steps[i];
@@ -1564,13 +1571,9 @@ static void check_indexer_streams(const ir_module *m, const char *what)
     for (int k = 0; k < m->n_ops; k++)
         dsa += m->ops[k]->kind == IR_OP_DSA_TOPK;
     for (int b = 0; b < 2 && dsa; b++) {
-        cg_options o;
-        cg_options_default(&o);
         cg_ctx c;
-        if (!generate(m, &o, buckets[b], &c)) {
-            cg_ctx_free(&c);
+        if (!generate_default(m, buckets[b], &c))
             continue;
-        }
         cg_scratch_place_streams(&c);
         size_t base = (c.scratch_max[0] + 15) / 16 * 16;
         int fork = -1, join = -1, side = 0, main_q = 0, pairs = 0, attn = 0, bad = 0,
@@ -1788,13 +1791,9 @@ static void check_fused_kernels(const ir_module *m, const char *what)
     }
     T_CHECK(uns == routed);
     for (int b = 0; b < 3; b++) {
-        cg_options o;
-        cg_options_default(&o);
         cg_ctx c;
-        if (!generate(m, &o, buckets[b], &c)) {
-            cg_ctx_free(&c);
+        if (!generate_default(m, buckets[b], &c))
             continue;
-        }
         /* as cg_plan_build places them: a shared expert's act linear runs
            on stream 1, whose scratch lies past stream 0's */
         cg_scratch_place_streams(&c);
