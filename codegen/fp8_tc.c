@@ -98,7 +98,9 @@
  * hence 2. (H200, 2026-11-29, fp8 V2-Lite, the step at 32 / 64 tokens,
  * one call: 0 5.755 / 7.125 ms, 2 5.861 / 7.090, 2 with 4 chunks in
  * flight 5.800 / 7.037, 1 6.292 / 7.481; a second call, 2 with 4
- * against 0 with 6 at 64: 7.144 / 7.247.) So from TC_HALVES_T tokens the
+ * against 0 with 6 at 64: 7.144 / 7.247; a third call, thirds with 6
+ * 5.983 / 7.204 and halves with 5 6.053 / 7.315 against the default's
+ * 5.848 / 7.156.) So from TC_HALVES_T tokens the
  * staged kernels refill by halves, those of fp8 weights with TC_HALVES_U
  * chunks in flight (tc_u; buckets past 64 not timed); below, TC_ROLL.
  * MOEC_FP8_TC_ROLL and MOEC_FP8_TC_U override both. */

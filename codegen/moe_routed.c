@@ -76,7 +76,10 @@
    1, 2, 3, 8: 4 chunks in flight stream bf16 gate_up / down at 2.81 / 2.56
    TB/s at T = 1 and fp8 at 2.38 / 1.75, 2 chunks 2.79 / 2.40 and 1.80 /
    1.48, the first form 2.73 / 2.16 and 1.70 / 1.23; 4 chunks lead or tie
-   at every T) */
+   at every T. H200, 2026-11-29, fp8 V2-Lite's step at batch 1 with the
+   codes widened by the conversion unit: 1.454 ms; 2 chunks 1.536, rows a
+   warp 1 or 4 1.500 / 1.494, 8 or 2 warps 1.506 / 1.457, down's rows at
+   one slot 4 1.509.) */
 #define GV_WARPS 4
 #define GV_RW 2
 #define GV_RWD 4
