@@ -99,8 +99,10 @@ def ptx(d, k):
     f = FILES[(d, k)]
     if f not in PTX_OF:
         out = f[:-3] + ".ptx"
-        subprocess.run([sys.argv[3], "-ptx", "-arch=sm_90", "-std=c++17", "-w", f, "-o", out],
-                       check=True, capture_output=True)
+        r = subprocess.run([sys.argv[3], "-ptx", "-arch=sm_90", "-std=c++17", "-w", f, "-o", out],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"PTX=1: nvcc could not compile {f}:\n{r.stderr[-2000:]}")
         text = open(out).read()
         PTX_OF[f] = {m.group(1): m.group(0) for m in
                      re.finditer(r"(?ms)^\.visible \.entry (\w+)\(.*?^}", text)}

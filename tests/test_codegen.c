@@ -1524,12 +1524,6 @@ static int is_indexer_op(const ir_module *m, const ir_op *op)
     return indexer > 0 && other == 0;
 }
 
-/* DeepSeek-V3.2 (assign_streams): in every layer's steps, the fork's event
- * (stream 1), then the indexer's launches (its wq_b GEMM, dsa_prologue_k,
- * the score and select) all on stream 1 while the q path's (q_b, the
- * prologue, qabsorb) run on stream 0, then the join's event (stream 0)
- * before the attention's kernel; every stream-1 step's scratch past stream
- * 0's region. At T=1 and T=64 (the score kernel's other grid). */
 /* The MLA prologue is launched plainly (its step's plain) in buckets from
  * 32 tokens (MOEC_MLA_PRO_PLAIN_T; 0: never) where its input is a linear
  * over fp8 weights, else as a programmatic dependent. */
@@ -1564,6 +1558,12 @@ static void check_mla_pro_plain(const ir_module *m, const char *what, int fp8, i
     }
 }
 
+/* DeepSeek-V3.2 (assign_streams): in every layer's steps, the fork's event
+ * (stream 1), then the indexer's launches (its wq_b GEMM, dsa_prologue_k,
+ * the score and select) all on stream 1 while the q path's (q_b, the
+ * prologue, qabsorb) run on stream 0, then the join's event (stream 0)
+ * before the attention's kernel; every stream-1 step's scratch past stream
+ * 0's region. At T=1 and T=64 (the score kernel's other grid). */
 static void check_indexer_streams(const ir_module *m, const char *what)
 {
     static const int buckets[] = {1, 64};
