@@ -61,8 +61,22 @@ HEAD = re.compile(r'^extern "C" __global__ void (?:__\w+__\([^)]*\)\s+)*(\w+)\('
 FILES = {}  # (directory, kernel name) -> the program's file
 
 
+def body_end(src, at):
+    """the index past the brace closing the body that opens after at"""
+    i, depth = src.index("{", at), 0
+    while True:
+        c = src[i]
+        depth += c == "{"
+        depth -= c == "}"
+        i += 1
+        if depth == 0:
+            return i
+
+
 def kernels(d):
-    """kernel name -> its text (from its comment line to the next kernel's)"""
+    """kernel name -> its text: from the end of the kernel before it (so
+    with any helpers between the two, which its body may use) to the end of
+    its own body; the first program's where several hold the name"""
     out, pros = {}, set()
     for f in sorted(os.listdir(d)):
         if not f.endswith(".cu"):
@@ -83,9 +97,11 @@ def kernels(d):
                     break
             starts.append(s)
         pros.add(src[: starts[0]])
-        for i, m in enumerate(heads):
-            end = starts[i + 1] if i + 1 < len(heads) else len(src)
-            out.setdefault(m.group(1), src[starts[i] : end])
+        begin = starts[0]
+        for m in heads:
+            end = body_end(src, m.end())
+            out.setdefault(m.group(1), src[begin:end])
+            begin = end
             FILES.setdefault((d, m.group(1)), os.path.join(d, f))
     out["<prologue>"] = "\n".join(sorted(pros))
     return out
