@@ -58,7 +58,7 @@ import os, re, subprocess, sys
 # the name may follow its __launch_bounds__ on the next line
 HEAD = re.compile(r'^extern "C" __global__ void (?:__\w+__\([^)]*\)\s+)*(\w+)\(', re.M)
 
-FILES = {}  # (directory, kernel name) -> the program's file
+FILES = {}  # (directory, kernel name) -> the programs' files that hold it
 
 
 def body_end(src, at):
@@ -74,9 +74,9 @@ def body_end(src, at):
 
 
 def kernels(d):
-    """kernel name -> its text: from the end of the kernel before it (so
-    with any helpers between the two, which its body may use) to the end of
-    its own body; the first program's where several hold the name"""
+    """kernel name -> its texts, one a program that holds it: each from the
+    end of the kernel before it (so with any helpers between the two, which
+    its body may use) to the end of its own body"""
     out, pros = {}, set()
     for f in sorted(os.listdir(d)):
         if not f.endswith(".cu"):
@@ -100,10 +100,11 @@ def kernels(d):
         begin = starts[0]
         for m in heads:
             end = body_end(src, m.end())
-            out.setdefault(m.group(1), src[begin:end])
+            out.setdefault(m.group(1), set()).add(src[begin:end])
+            FILES.setdefault((d, m.group(1)), []).append(os.path.join(d, f))
             begin = end
-            FILES.setdefault((d, m.group(1)), os.path.join(d, f))
-    out["<prologue>"] = "\n".join(sorted(pros))
+    out = {k: frozenset(v) for k, v in out.items()}
+    out["<prologue>"] = frozenset(pros)
     return out
 
 
@@ -111,8 +112,12 @@ PTX_OF = {}  # program file -> {entry name: its PTX}
 
 
 def ptx(d, k):
-    """kernel k's PTX in side d's program (compiled once a program)"""
-    f = FILES[(d, k)]
+    """kernel k's PTX in each of side d's programs that hold it"""
+    return frozenset(ptx_in(f, k) for f in FILES[(d, k)])
+
+
+def ptx_in(f, k):
+    """kernel k's PTX in program f (each program compiled once)"""
     if f not in PTX_OF:
         out = f[:-3] + ".ptx"
         r = subprocess.run([sys.argv[3], "-ptx", "-arch=sm_90", "-std=c++17", "-w", f, "-o", out],
@@ -135,7 +140,7 @@ for tag, names in (("changed", changed), ("new", new), ("gone", gone)):
         note = ""
         if tag == "changed" and sys.argv[3] and k != "<prologue>":
             pa, pb = ptx(sys.argv[1], k), ptx(sys.argv[2], k)
-            same = pa is not None and pa == pb
+            same = None not in pa and pa == pb
             note = " (same PTX)" if same else " (PTX differs)"
         print(f"  {tag:8s}{k}{note}")
 PY
