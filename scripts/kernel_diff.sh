@@ -18,7 +18,7 @@
 #   same machine code, with nothing to time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,14p "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,18p "$0"; exit 2; fi
 PARTS=${PARTS:-config_deepseek_v2_lite config_deepseek_v2_lite_fp8 config_qwen3_30b_a3b config_qwen3_30b_a3b_fp8}
 work=$(mktemp -d "${TMPDIR:-/tmp}/moec-kdiff.XXXXXX")
 trees=()
@@ -85,19 +85,15 @@ def kernels(d):
         heads = list(HEAD.finditer(src))
         if not heads:
             continue
-        # each kernel starts at the comment line(s) right above its head
-        starts = []
-        for m in heads:
-            s = m.start()
-            while True:
-                p = src.rfind("\n", 0, s - 1) + 1
-                if s > 0 and src.startswith("//", p):
-                    s = p
-                else:
-                    break
-            starts.append(s)
-        pros.add(src[: starts[0]])
-        begin = starts[0]
+        # the first kernel starts at the comment line(s) right above its head
+        begin = heads[0].start()
+        while True:
+            p = src.rfind("\n", 0, begin - 1) + 1
+            if begin > 0 and src.startswith("//", p):
+                begin = p
+            else:
+                break
+        pros.add(src[:begin])
         for m in heads:
             end = body_end(src, m.end())
             out.setdefault(m.group(1), set()).add(src[begin:end])
