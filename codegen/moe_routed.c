@@ -315,7 +315,8 @@ static const char DOWN_END[] =
  * nothing and are never stored; padding slots read x row 0. */
 static const char GV_CONSTS[] =
     "    constexpr int VW = 16 / (int)sizeof(TW), KSTEP = 32 * VW;\n"
-    "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW;\n";
+    "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW, LR = RW;\n"
+    "    constexpr int c0 = 0, c1 = NCH; /* the chunks STREAM_LOOP runs */\n";
 
 /* After GEMM_HEAD: which of the warp's rows exist. */
 static const char GV_ROWS[] =
@@ -359,12 +360,12 @@ static const char GV_BODY[] =
     "                a[i][r][m] = 0.0f;\n"
     "    uint4 wv[U][NM][RW];\n"
     "    [[maybe_unused]] float sv[U][NM][RW];\n"
-    "    /* the U chunks from c0 of every row's weights (and their scales) */\n"
-    "    auto load_w = [&](int c0) {\n"
+    "    /* the U chunks from cb of every row's weights (and their scales) */\n"
+    "    auto load_w = [&](int cb) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
-    "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
-    "            const bool ok = (NCH % U == 0 || c0 + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
+    "            const int kc = (cb + u) * KSTEP, k = kc + lane * VW;\n"
+    "            const bool ok = (NCH % U == 0 || cb + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
     "#pragma unroll\n"
     "            for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
@@ -382,16 +383,21 @@ static const char GV_BODY[] =
  * and gate_up lets this kernel start only after that wait (moec_pdl_enter);
  * the loop then starts with their products. */
 static const char DOWN_PRE[] = "    load_w(0);\n    moec_pdl_enter();\n";
-static const char GV_LOOP[] =
+/* The main loop of both streaming forms (gv, gt): chunks c0 .. c1 - 1 of
+ * KSTEP columns, U at a time (their weights by load_w, the slots' VW
+ * activations a lane from ar[m]), each lane's VW products of a weight
+ * register (LR a chunk: gv's RW rows, gt's two halves of a tile) summed
+ * and, in fp8, added times its block scale sv. Leaves a[NM][LR][BM]. */
+static const char STREAM_LOOP[] =
     "#pragma unroll 1\n"
-    "    for (int c0 = 0; c0 < NCH; c0 += U) {\n"
-    "        if (!PRE || c0 > 0)\n"
-    "            load_w(c0);\n"
+    "    for (int cb = c0; cb < c1; cb += U) {\n"
+    "        if (!PRE || cb > c0)\n"
+    "            load_w(cb);\n"
     "        float xv[U][BM][VW];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
-    "            const int kc = (c0 + u) * KSTEP, k = kc + lane * VW;\n"
-    "            const bool ok = (NCH % U == 0 || c0 + u < NCH) && (KD % KSTEP == 0 || k < KD);\n"
+    "            const int kc = (cb + u) * KSTEP, k = kc + lane * VW;\n"
+    "            const bool ok = ((c1 - c0) % U == 0 || cb + u < c1) && (KD % KSTEP == 0 || k < KD);\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++) {\n"
     "                if (ok) {\n"
@@ -408,7 +414,7 @@ static const char GV_LOOP[] =
     "#pragma unroll\n"
     "            for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
-    "                for (int r = 0; r < RW; r++) {\n"
+    "                for (int r = 0; r < LR; r++) {\n"
     "                    float wf[VW];\n"
     "                    moec_w16v<CVT8>(wv[u][i][r], wf, (const TW *)nullptr);\n"
     "#pragma unroll\n"
@@ -457,7 +463,7 @@ static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
  * thread a row and slot ends as the streaming form does. Needs the scale
  * blocks to hold whole tiles and chunks (SBN % 16, SBK % 64). */
 static const char GT_BODY[] =
-    "    constexpr int CH = KD / 64;\n"
+    "    constexpr int CH = KD / 64, VW = 16, KSTEP = 64, LR = 2;\n"
     "    const int g = lane >> 2, q = lane & 3;\n"
     "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
     "    const TX *ar[BM];\n"
@@ -480,7 +486,7 @@ static const char GT_BODY[] =
     "            for (int m = 0; m < BM; m++)\n"
     "                a[i][h][m] = 0.0f;\n"
     "    uint4 wv[U][NM][2];\n"
-    "    float sv[U][NM];\n"
+    "    float sv[U][NM][2];\n"
     "    /* chunks cb .. cb + U - 1 of the tiles (zeros past c1) */\n"
     "    auto load_w = [&](int cb) {\n"
     "#pragma unroll\n"
@@ -492,7 +498,7 @@ static const char GT_BODY[] =
     "                for (int h = 0; h < 2; h++)\n"
     "                    wv[u][i][h] = c < c1 ? moec_ldg16(wt[i] + (long long)c * 1024 + h * 512)\n"
     "                                         : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                sv[u][i] = c < c1 ? sr[i][(long long)c * 64 / SBK] : 0.0f;\n"
+    "                sv[u][i][0] = sv[u][i][1] = c < c1 ? sr[i][(long long)c * 64 / SBK] : 0.0f;\n"
     "            }\n"
     "        }\n"
     "    };\n";
@@ -501,42 +507,9 @@ static const char GT_BODY[] =
  * DOWN_PRE). */
 static const char GT_PRE[] = "    load_w(c0);\n    moec_pdl_enter();\n";
 
-static const char GT_LOOP[] =
-    "#pragma unroll 1\n"
-    "    for (int cb = c0; cb < c1; cb += U) {\n"
-    "        if (!PRE || cb > c0)\n"
-    "            load_w(cb);\n"
-    "        float xv[U][BM][16];\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++)\n"
-    "#pragma unroll\n"
-    "            for (int m = 0; m < BM; m++) {\n"
-    "                if (cb + u < c1) {\n"
-    "                    ldv<16>(ar[m] + (long long)(cb + u) * 64, xv[u][m]);\n"
-    "                } else {\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < 16; j++)\n"
-    "                        xv[u][m][j] = 0.0f;\n"
-    "                }\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++)\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < NM; i++)\n"
-    "#pragma unroll\n"
-    "                for (int h = 0; h < 2; h++) {\n"
-    "                    float wf[16];\n"
-    "                    moec_w16v<CVT8>(wv[u][i][h], wf, (const TW *)nullptr);\n"
-    "#pragma unroll\n"
-    "                    for (int m = 0; m < BM; m++) {\n"
-    "                        float p = 0.0f;\n"
-    "#pragma unroll\n"
-    "                        for (int j = 0; j < 16; j++)\n"
-    "                            p = fmaf(wf[j], xv[u][m][j], p);\n"
-    "                        a[i][h][m] = fmaf(sv[u][i], p, a[i][h][m]);\n"
-    "                    }\n"
-    "                }\n"
-    "    }\n"
+/* After STREAM_LOOP (gt): the lanes of a quad add up their k, the warps
+ * theirs in shared memory. */
+static const char GT_RED[] =
     "    __shared__ float red[NW][NM][2][BM][8];\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < NM; i++)\n"
@@ -1033,14 +1006,14 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                           "    constexpr bool PRE = false, CVT8 = %s;\n"
                           "%s%s%s%s%s%s%s%s}\n\n",
                           sh.rows, sh.u, sh.cvt ? "true" : "false", GV_CONSTS, GEMM_HEAD,
-                          GV_ROWS, GV_GATE_UP_IN, GV_BODY, GV_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
+                          GV_ROWS, GV_GATE_UP_IN, GV_BODY, STREAM_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
         else if (form == FORM_GT)
             moec_buf_printf(&c->src,
                           "    constexpr int BN = 16, RW = 0, U = %d;\n"
                           "    constexpr bool PRE = false, CVT8 = %s;\n"
-                          "%s%s%s%s%s}\n\n",
+                          "%s%s%s%s%s%s}\n\n",
                           sh.u, sh.cvt ? "true" : "false", GEMM_HEAD, GV_GATE_UP_IN, GT_BODY,
-                          GT_LOOP, GT_GATE_UP_END);
+                          STREAM_LOOP, GT_RED, GT_GATE_UP_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
@@ -1114,14 +1087,15 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                           "%s%s%s%s%s%s%s%s%s}\n\n",
                           sh.rows, sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false",
                           GV_CONSTS, GEMM_HEAD, GV_ROWS,
-                          GV_DOWN_IN, GV_BODY, pre ? DOWN_PRE : "", GV_LOOP, GV_DOWN_OUT, DOWN_END);
+                          GV_DOWN_IN, GV_BODY, pre ? DOWN_PRE : "", STREAM_LOOP, GV_DOWN_OUT, DOWN_END);
         else if (form == FORM_GT)
             moec_buf_printf(&c->src,
                           "    constexpr int BN = 16, RW = 0, U = %d;\n"
                           "    constexpr bool PRE = %s, CVT8 = %s;\n"
-                          "%s%s%s%s%s%s}\n\n",
+                          "%s%s%s%s%s%s%s}\n\n",
                           sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false", GEMM_HEAD,
-                          GV_DOWN_IN, GT_BODY, pre ? GT_PRE : "", GT_LOOP, GT_DOWN_END);
+                          GV_DOWN_IN, GT_BODY, pre ? GT_PRE : "", STREAM_LOOP, GT_RED,
+                          GT_DOWN_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
