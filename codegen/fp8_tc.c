@@ -392,7 +392,9 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    sh->tg = T >= 64 ? 64 : (T + 7) / 8 * 8;
+    /* MOEC_FP8_TC_TG (8 to 64, in eights): the most tokens a group, for A/B runs */
+    int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
+    sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
     sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
         sh->rt = sh->tg >= 32 && (w8 || (N + 32LL * sh->nw - 1) / (32LL * sh->nw) * TC_SPLIT_MAX >=
