@@ -108,16 +108,6 @@
 #define TC_HALVES_T 64
 #define TC_HALVES_U 4
 
-/* Each chunk's block scale folded into its widened codes, the products
- * added straight into the sums (moec_tc_chunk's WS form), by
- * MOEC_FP8_TC_WS: bit 1 the linear's kernels, bit 2 the experts'. */
-#define TC_WS 0
-
-static int tc_ws(int experts)
-{
-    return cg_env_int("MOEC_FP8_TC_WS", TC_WS, 0, 3) >> (experts ? 1 : 0) & 1;
-}
-
 static int tc_roll(const cg_ctx *c)
 {
     return cg_env_int("MOEC_FP8_TC_ROLL", c->T >= TC_HALVES_T ? 2 : TC_ROLL, 0, 8);
@@ -203,7 +193,7 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "                for (int u = ga; u < ga + GS && u < U; u++)\n"
     "                    if (cb + u < c1)\n"
-    "                        moec_tc_chunk<RT, NT, XS, WS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                        moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "#pragma unroll\n"
     "                for (int u = ga; u < ga + GS && u < U; u++)\n"
     "                    if (cb + u + U < c1)\n"
@@ -215,7 +205,7 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS, WS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
@@ -496,10 +486,9 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
     int roll = tc_roll(c);
-    int ws = w8 && tc_ws(0);
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             roll_tag(roll), ws ? "_ws" : "", act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -519,13 +508,13 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, WS = %s;\n"
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n"
             "    constexpr int ROLL = %d;\n"
             "    constexpr int CS = 64;\n%s",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", ws ? "true" : "false", roll, decl);
+            pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
                         LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
@@ -696,10 +685,10 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    int roll = tc_roll(c), ws = tc_ws(1);
+    int roll = tc_roll(c);
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), ws ? "_ws" : "", c->T,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -718,11 +707,11 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false, WS = %s;\n"
+            "    constexpr bool PRE = false;\n"
             "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, ws ? "true" : "false", roll, decl);
+            gstride, uoff, roll, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
@@ -751,11 +740,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll(c), ws = tc_ws(1);
+    int roll = tc_roll(c);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), ws ? "_ws" : "", c->T,
-             ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -776,11 +765,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
-                        "    constexpr bool MULW = %s, PRE = false, WS = %s;\n"
+                        "    constexpr bool MULW = %s, PRE = false;\n"
                         "    constexpr int ROLL = %d;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        ws ? "true" : "false", roll, decl);
+                        roll, decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");

@@ -211,11 +211,10 @@ static inline uint4 moec_ldg16(const void *p)
     return v;
 }
 
-static inline unsigned moec_bf16x2_mul(unsigned v, unsigned k) // fma.rn.bf16x2 v, k, -0
+static inline unsigned moec_bf16x2_exp120(unsigned v) // fma.rn.bf16x2 v, 2^120, -0
 {
-    // a product of two bf16 is exact in float: one rounding, as the fma's
-    return emu_f2bf(emu_bf2f(v & 0xffffu) * emu_bf2f(k & 0xffffu)) |
-           (unsigned)emu_f2bf(emu_bf2f(v >> 16) * emu_bf2f(k >> 16)) << 16;
+    const float k = ldexpf(1.0f, 120);
+    return emu_f2bf(emu_bf2f(v & 0xffffu) * k) | (unsigned)emu_f2bf(emu_bf2f(v >> 16) * k) << 16;
 }
 
 // two floats as a bf16 pair (round to nearest even), a in the low half

@@ -76,12 +76,6 @@ struct f8w {
             c = r.code();
         for (float &x : s.v)
             x = a / 448.0f * (1.0f + 0.5f * r.uni(1.0f));
-        // the last row block of the first matrix 2^24 times larger (scales
-        // from 2^7 up: moec_tc_chunk's WS form widens those times 2^120,
-        // then times the scale), where the rows make several blocks
-        if (sr > 1)
-            for (int j = 0; j < sc; j++)
-                s.v[(size_t)(sr - 1) * sc + j] *= 0x1p24f;
     }
     double at(int l, int row, int col) const
     {

@@ -173,13 +173,6 @@ static const gen_case CASES[] = {
     /* ... in thirds (groups of 2, 2 and 1 slots at 5 in flight) */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=3 MOEC_FP8_TC_U=5"},
     {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=3 MOEC_FP8_TC_U=5"},
-    /* the block scales folded into the widened codes (MOEC_FP8_TC_WS=3):
-       the experts in tiles and in rows, the linear split over a cluster by
-       halves, and at 24 tokens with act silu_mul */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_WS=3"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_WS=3 MOEC_FP8_TILES=0"},
-    {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_WS=3 MOEC_FP8_TC_ROLL=2"},
-    {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TC_WS=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
