@@ -316,7 +316,8 @@ static const char DOWN_END[] =
 static const char GV_CONSTS[] =
     "    constexpr int VW = 16 / (int)sizeof(TW), KSTEP = 32 * VW;\n"
     "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW, LR = RW;\n"
-    "    constexpr int c0 = 0, c1 = NCH; /* the chunks STREAM_LOOP runs */\n";
+    "    constexpr int c0 = 0, c1 = NCH; /* the chunks STREAM_LOOP runs */\n"
+    "    constexpr bool FULL = NCH % U == 0; /* every round of U chunks whole */\n";
 
 /* After GEMM_HEAD: which of the warp's rows exist. */
 static const char GV_ROWS[] =
@@ -387,7 +388,8 @@ static const char DOWN_PRE[] = "    load_w(0);\n    moec_pdl_enter();\n";
  * KSTEP columns, U at a time (their weights by load_w, the slots' VW
  * activations a lane from ar[m]), each lane's VW products of a weight
  * register (LR a chunk: gv's RW rows, gt's two halves of a tile) summed
- * and, in fp8, added times its block scale sv. Leaves a[NM][LR][BM]. */
+ * and, in fp8, added times its block scale sv; FULL where every round of
+ * U chunks is whole. Leaves a[NM][LR][BM]. */
 static const char STREAM_LOOP[] =
     "#pragma unroll 1\n"
     "    for (int cb = c0; cb < c1; cb += U) {\n"
@@ -397,7 +399,7 @@ static const char STREAM_LOOP[] =
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            const int kc = (cb + u) * KSTEP, k = kc + lane * VW;\n"
-    "            const bool ok = ((c1 - c0) % U == 0 || cb + u < c1) && (KD % KSTEP == 0 || k < KD);\n"
+    "            const bool ok = (FULL || cb + u < c1) && (KD % KSTEP == 0 || k < KD);\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++) {\n"
     "                if (ok) {\n"
@@ -464,6 +466,7 @@ static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
  * blocks to hold whole tiles and chunks (SBN % 16, SBK % 64). */
 static const char GT_BODY[] =
     "    constexpr int CH = KD / 64, VW = 16, KSTEP = 64, LR = 2;\n"
+    "    constexpr bool FULL = false; /* a warp's share of the chunks, any count */\n"
     "    const int g = lane >> 2, q = lane & 3;\n"
     "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
     "    const TX *ar[BM];\n"
