@@ -23,8 +23,9 @@
  * second launch, no scratch.
  *
  * MOEC_FP8_TC_WARPS (warps a block), MOEC_FP8_TC_RT (16-row tiles a warp,
- * the linear's and down's), MOEC_FP8_TC_U (chunks in flight) and
- * MOEC_FP8_TC_SPLIT (the linear's K splits) override the shapes for tuning
+ * the linear's and down's), MOEC_FP8_TC_U (chunks in flight),
+ * MOEC_FP8_TC_SPLIT (the linear's K splits) and MOEC_FP8_TC_TG (the
+ * linear's most tokens a block) override the shapes for tuning
  * (scripts/gpu_fp8_tune.sh); kernel names say which ran. */
 #include "codegen/fp8_tc.h"
 
@@ -80,7 +81,19 @@
  *   58.7.
  * - down's blocks prefetching their rows into L2 before the wait (the
  *   blocks the GPU places during gate_up's last wave): 5.934 / 7.345 ms at
- *   32 / 64 against 5.769 / 7.137. History at 9d42f8f (MOEC_FP8_TC_DN_PF). */
+ *   32 / 64 against 5.769 / 7.137. History at 9d42f8f (MOEC_FP8_TC_DN_PF).
+ * - each chunk's block scale folded into its widened codes (bf16 of the
+ *   scale times 2^120 as the widening's multiplier), the products added
+ *   straight into the sums: no products from zero and no multiply-add of
+ *   them, 64 fewer registers. At 64 tokens the linear's instructions are
+ *   about 575 a warp and chunk for 64 products (Nsight Compute, the dense
+ *   down: 12.3 thousand a warp at 4.4 cycles each, one warp a scheduler);
+ *   this took 128 of them off. fp8 V2-Lite at 8 / 32 / 64 tokens: 3.692 /
+ *   5.684 / 6.915 ms with the linears so, 3.803 / 5.900 / 7.087 with the
+ *   experts too, against 3.679 / 5.696 / 6.963 (H200, 2026-11-30). The
+ *   weights rounded to bf16 twice (the scale, then the product) tripled
+ *   the emulator's worst row errors (0.0105 against 0.0036). History at
+ *   d42bb90 (MOEC_FP8_TC_WS). */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.
