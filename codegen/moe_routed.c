@@ -317,7 +317,8 @@ static const char GV_CONSTS[] =
     "    constexpr int VW = 16 / (int)sizeof(TW), KSTEP = 32 * VW;\n"
     "    constexpr int NCH = (KD + KSTEP - 1) / KSTEP, BN = NW * RW, LR = RW;\n"
     "    constexpr int c0 = 0, c1 = NCH; /* the chunks STREAM_LOOP runs */\n"
-    "    constexpr bool FULL = NCH % U == 0; /* every round of U chunks whole */\n";
+    "    constexpr bool FULL = NCH % U == 0; /* every round of U chunks whole */\n"
+    "    typedef int CO; /* a chunk's column offset */\n";
 
 /* After GEMM_HEAD: which of the warp's rows exist. */
 static const char GV_ROWS[] =
@@ -389,7 +390,8 @@ static const char DOWN_PRE[] = "    load_w(0);\n    moec_pdl_enter();\n";
  * activations a lane from ar[m]), each lane's VW products of a weight
  * register (LR a chunk: gv's RW rows, gt's two halves of a tile) summed
  * and, in fp8, added times its block scale sv; FULL where every round of
- * U chunks is whole. Leaves a[NM][LR][BM]. */
+ * U chunks is whole, CO the type of a chunk's column offset (each form's
+ * own, as before the two shared this loop). Leaves a[NM][LR][BM]. */
 static const char STREAM_LOOP[] =
     "#pragma unroll 1\n"
     "    for (int cb = c0; cb < c1; cb += U) {\n"
@@ -403,7 +405,7 @@ static const char STREAM_LOOP[] =
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++) {\n"
     "                if (ok) {\n"
-    "                    ldv<VW>(ar[m] + kc, xv[u][m]);\n"
+    "                    ldv<VW>(ar[m] + (CO)(cb + u) * KSTEP, xv[u][m]);\n"
     "                } else {\n"
     "#pragma unroll\n"
     "                    for (int j = 0; j < VW; j++)\n"
@@ -467,6 +469,7 @@ static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
 static const char GT_BODY[] =
     "    constexpr int CH = KD / 64, VW = 16, KSTEP = 64, LR = 2;\n"
     "    constexpr bool FULL = false; /* a warp's share of the chunks, any count */\n"
+    "    typedef long long CO; /* a chunk's column offset */\n"
     "    const int g = lane >> 2, q = lane & 3;\n"
     "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
     "    const TX *ar[BM];\n"
