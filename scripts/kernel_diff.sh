@@ -15,10 +15,13 @@
 #   PTX=1 (needs nvcc): each changed kernel's program is compiled to PTX on
 #   both sides (nvcc -ptx -arch=sm_90) and the kernel's PTX compared: a
 #   kernel whose text changed but whose PTX did not ("same PTX") runs the
-#   same machine code, with nothing to time.
+#   same machine code, with nothing to time. Where the PTX differs, both
+#   are assembled (ptxas, beside nvcc) and the kernel's machine code (its
+#   cubin's .text section) compared: "PTX differs, same machine code"
+#   (registers renumbered, say) needs no timing either.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,18p "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,21p "$0"; exit 2; fi
 PARTS=${PARTS:-config_deepseek_v2_lite config_deepseek_v2_lite_fp8 config_qwen3_30b_a3b config_qwen3_30b_a3b_fp8}
 work=$(mktemp -d "${TMPDIR:-/tmp}/moec-kdiff.XXXXXX")
 trees=()
@@ -53,7 +56,7 @@ if [ "${PTX:-0}" = 1 ]; then
   [ -x "$NVCC" ] || { echo "PTX=1: no nvcc"; exit 1; }
 fi
 python3 - "$work/base" "$work/head" "$NVCC" <<'PY'
-import os, re, subprocess, sys
+import os, re, struct, subprocess, sys
 
 # the name may follow its __launch_bounds__ on the next line
 HEAD = re.compile(r'^extern "C" __global__ void (?:__\w+__\([^)]*\)\s+)*(\w+)\(', re.M)
@@ -125,6 +128,34 @@ def ptx_in(f, k):
                      re.finditer(r"(?ms)^\.visible \.entry (\w+)\(.*?^}", text)}
     return PTX_OF[f].get(k)
 
+TEXT_OF = {}  # program file -> {section name: bytes} of its cubin
+
+
+def sass(d, k):
+    """kernel k's machine code (its cubin's .text section, ptxas for sm_90)
+    in each of side d's programs that hold it"""
+    return frozenset(text_in(f, k) for f in FILES[(d, k)])
+
+
+def text_in(f, k):
+    if f not in TEXT_OF:
+        ptx_in(f, k)
+        out = f[:-3] + ".cubin"
+        ptxas = os.path.join(os.path.dirname(sys.argv[3]), "ptxas")
+        r = subprocess.run([ptxas, "-arch=sm_90", f[:-3] + ".ptx", "-o", out],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"PTX=1: ptxas could not assemble {f[:-3]}.ptx:\n{r.stderr[-2000:]}")
+        d = open(out, "rb").read()  # ELF64: the section headers and their names
+        shoff = struct.unpack_from("<Q", d, 0x28)[0]
+        size, num, names = struct.unpack_from("<HHH", d, 0x3A)
+        hdr = [struct.unpack_from("<IIQQQQ", d, shoff + i * size) for i in range(num)]
+        base = hdr[names][4]
+        TEXT_OF[f] = {d[base + h[0]:d.index(b"\0", base + h[0])].decode(): d[h[4]:h[4] + h[5]]
+                      for h in hdr}
+    return TEXT_OF[f].get(".text." + k)
+
+
 a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
 changed = sorted(k for k in a if k in b and a[k] != b[k])
 new = sorted(k for k in b if k not in a)
@@ -137,6 +168,10 @@ for tag, names in (("changed", changed), ("new", new), ("gone", gone)):
         if tag == "changed" and sys.argv[3] and k != "<prologue>":
             pa, pb = ptx(sys.argv[1], k), ptx(sys.argv[2], k)
             same = None not in pa and pa == pb
-            note = " (same PTX)" if same else " (PTX differs)"
+            note = " (same PTX)"
+            if not same:
+                sa, sb = sass(sys.argv[1], k), sass(sys.argv[2], k)
+                note = (" (PTX differs, same machine code)" if None not in sa and sa == sb
+                        else " (machine code differs)")
         print(f"  {tag:8s}{k}{note}")
 PY
