@@ -93,7 +93,14 @@
  *   experts too, against 3.679 / 5.696 / 6.963 (H200, 2026-11-30). The
  *   weights rounded to bf16 twice (the scale, then the product) tripled
  *   the emulator's worst row errors (0.0105 against 0.0036). History at
- *   d42bb90 (MOEC_FP8_TC_WS). */
+ *   d42bb90 (MOEC_FP8_TC_WS).
+ * - the linear at 8 warps a block in groups of 64 tokens where that still
+ *   made 112 blocks, or where 4 warps' blocks (one an SM by their staged
+ *   x) ran a second wave: in the timeline of V2-Lite's 4-layer step,
+ *   q_proj with kv_a 11.2 against 13.1 us added a layer, the dense down
+ *   39.0 against 57.7; in the whole step fp8 V2-Lite 7.104 against 7.030
+ *   ms at 64 tokens, Qwen3-30B cut to 8 layers 2.282 against 2.269 (H200,
+ *   2026-11-30). History at bbbdb68 (MOEC_FP8_TC_LIN_W8). */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.
