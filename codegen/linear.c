@@ -136,13 +136,12 @@ static const char GEMV_PREFETCH[] =
 
 /* Rows per block: enough blocks to fill the GPU twice over (264 on an
  * H100's 132 SMs), at most 8 rows (4 of fp8, whose 16-byte loads hold 16
- * elements: the same registers; MOEC_GEMV_FP8_RB, 1 to 8, moves that
- * bound for A/B runs), and at most 32 accumulators a lane (rows times the
- * T tokens). */
+ * elements: the same registers), and at most 32 accumulators a lane (rows
+ * times the T tokens). */
 static int gemv_rows_per_block(int64_t N, int fp8, int T)
 {
-    int rb = 1, max = fp8 ? cg_env_int("MOEC_GEMV_FP8_RB", 4, 1, 8) : 8;
-    while (rb < max && 2 * rb * T <= 32 && N / (2 * rb) >= 264)
+    int rb = 1;
+    while (rb < (fp8 ? 4 : 8) && 2 * rb * T <= 32 && N / (2 * rb) >= 264)
         rb *= 2;
     return rb;
 }
