@@ -806,6 +806,26 @@ static moec_status attend_range(rt_interp *in, const ir_op *op, int t, int32_t p
     return MOEC_OK;
 }
 
+/* One head's end of attention: the scores sc[0 .. n) (their largest mx)
+ * become softmax weights in place, and yr[j] = the weighted sum of
+ * v[rows[i] * vstride + j] over i, for j < dv (v: the head's values in
+ * the cache, vstride apart a cache row; MLA's are its kv_c rows). */
+static void attend_values(double *sc, int64_t n, double mx, const int64_t *rows, const float *v,
+                          int64_t vstride, int64_t dv, float *yr)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        sc[i] = exp(sc[i] - mx);
+        sum += sc[i];
+    }
+    for (int64_t j = 0; j < dv; j++) {
+        double acc = 0;
+        for (int64_t i = 0; i < n; i++)
+            acc += sc[i] * v[rows[i] * vstride + j];
+        yr[j] = (float)(acc / sum);
+    }
+}
+
 /* The cached positions token t (at position pos) attends to, their cache
  * rows into in->kv_rows[0..*n-1]: with a token selection (operand sel_at,
  * dsa_topk's result [T, K]) its first min(K, pos + 1) entries, each a
@@ -891,18 +911,8 @@ static moec_status op_attention(rt_interp *in, const ir_op *op, int T)
                 if (sc[i] > mx)
                     mx = sc[i];
             }
-            double sum = 0;
-            for (int64_t i = 0; i < n; i++) {
-                sc[i] = exp(sc[i] - mx);
-                sum += sc[i];
-            }
-            float *yr = y + ((int64_t)t * H + h) * Dv;
-            for (int64_t j = 0; j < Dv; j++) {
-                double acc = 0;
-                for (int64_t i = 0; i < n; i++)
-                    acc += sc[i] * vc[(rows[i] * Hkv + kvh) * Dv + j];
-                yr[j] = (float)(acc / sum);
-            }
+            attend_values(sc, n, mx, rows, vc + kvh * Dv, Hkv * Dv, Dv,
+                          y + ((int64_t)t * H + h) * Dv);
         }
     }
     return MOEC_OK;
@@ -1051,18 +1061,7 @@ static moec_status op_mla_attention(rt_interp *in, const ir_op *op, int T)
                 if (sc[i] > mx)
                     mx = sc[i];
             }
-            double sum = 0;
-            for (int64_t i = 0; i < n; i++) {
-                sc[i] = exp(sc[i] - mx);
-                sum += sc[i];
-            }
-            float *yr = y + ((int64_t)t * H + h) * R;
-            for (int64_t j = 0; j < R; j++) {
-                double acc = 0;
-                for (int64_t i = 0; i < n; i++)
-                    acc += sc[i] * cc[rows[i] * R + j];
-                yr[j] = (float)(acc / sum);
-            }
+            attend_values(sc, n, mx, rows, cc, R, R, y + ((int64_t)t * H + h) * R);
         }
     }
     return MOEC_OK;
