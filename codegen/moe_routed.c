@@ -961,6 +961,22 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
     return sh;
 }
 
+/* The step of expert GEMM kernel k: l's expert blocks by the nd output
+ * rows in blocks of sh's bn, sh's warps a block (arguments left to the
+ * caller). */
+static ir_step *gemm_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k,
+                          long long nd, const moe_shape *sh)
+{
+    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    if (!s)
+        return NULL;
+    s->kernel = k;
+    s->grid[0] = (unsigned)l->nb;
+    s->grid[1] = (unsigned)((nd + sh->bn - 1) / sh->bn);
+    s->block[0] = (unsigned)sh->warps * 32;
+    return s;
+}
+
 /* (2) gate_up with silu_mul into h (f32), on CUDA cores (first form: 4
  * rows of gate and of up a warp, fewer measured slower at BM = 8 too: the
  * GEMMs are bound by issue there, not by registers; or streaming), or on
@@ -1024,13 +1040,9 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
     }
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    ir_step *s = gemm_step(c, d, l, k2, I, &sh);
     if (!s)
         return oom(d);
-    s->kernel = k2;
-    s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((I + sh.bn - 1) / sh.bn);
-    s->block[0] = (unsigned)sh.warps * 32;
     cg_moe_gate_up_args(s, d, l, g8);
     return MOEC_OK;
 }
@@ -1106,13 +1118,9 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
     }
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
+    ir_step *s = gemm_step(c, d, l, k3, H, &sh);
     if (!s)
         return oom(d);
-    s->kernel = k3;
-    s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((H + sh.bn - 1) / sh.bn);
-    s->block[0] = (unsigned)sh.warps * 32;
     cg_moe_down_args(s, d, l, d8);
     return MOEC_OK;
 }
