@@ -250,9 +250,24 @@ static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs, int fp8)
              ab_var >= 0 ? "/" : "", ab_var >= 0 ? AB_VARIANTS[ab_var].name : "");
 }
 
-static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
+/* The target the programs are generated and compiled for: $MOEC_ARCH (as
+ * moec compile reads it; sm_90a for the kernels only that target has), else
+ * sm_90. */
+static const char *karch(void)
+{
+    const char *a = getenv("MOEC_ARCH");
+    return a && !strncmp(a, "sm_", 3) && strlen(a) < 16 ? a : "sm_90";
+}
+
+static void kopts_default(cg_options *o)
 {
     cg_options_default(o);
+    snprintf(o->arch, sizeof o->arch, "%s", karch());
+}
+
+static void options_for(cg_options *o, ir_dtype cdt, int bs, int fp8)
+{
+    kopts_default(o);
     o->compute_dtype = cdt;
     o->kv_block_size = bs;
     o->fp8_kernel = fp8;
@@ -353,7 +368,7 @@ static void progs_compile(void)
     cg_compile_job jobs[128];
     for (int i = 0; i < n_progs; i++)
         jobs[i] = progs[i].job;
-    cg_compile_many(jobs, n_progs, "sm_90", cache_dir, NULL, NULL);
+    cg_compile_many(jobs, n_progs, karch(), cache_dir, NULL, NULL);
     for (int i = 0; i < n_progs; i++) {
         progs[i].job = jobs[i];
         if (jobs[i].st != MOEC_OK) {
@@ -796,7 +811,7 @@ static void fill_fp8(rt_interp *in, const ir_module *m, const ir_value *v, ir_dt
                sc[(lead * srows + row / v->scale.block[0]) * scols + col / v->scale.block[1]];
     }
     cg_options o;
-    cg_options_default(&o); /* as the programs were compiled */
+    kopts_default(&o); /* as the programs were compiled */
     if (o.fp8_tiles && ir_weight_tiled(m, v) && ir_tile_codes(img, (int64_t)n / cols, cols) != 0) {
         fprintf(stderr, "out of memory for the tiles of %s\n", v->name);
         exit(1);
@@ -2124,7 +2139,7 @@ static void e4m3_widen_case(void)
     T_CHECK(!src.oom);
     void *cubin = NULL;
     size_t size = 0;
-    T_OK(cg_compile(src.data, "sm_90", cache_dir, &cubin, &size));
+    T_OK(cg_compile(src.data, karch(), cache_dir, &cubin, &size));
     moec_buf_free(&src);
     if (!cubin)
         return;
@@ -2725,7 +2740,7 @@ static void dsa_ab_programs(dsa_ab *e)
         memset(&jobs[f], 0, sizeof jobs[f]);
         jobs[f].src = c->src.data;
     }
-    cg_compile_many(jobs, DSA_FORMS, "sm_90", cache_dir, NULL, NULL);
+    cg_compile_many(jobs, DSA_FORMS, karch(), cache_dir, NULL, NULL);
     for (int f = 0; f < DSA_FORMS; f++) {
         if (jobs[f].st != MOEC_OK) {
             fprintf(stderr, "dsa form %s: %s\n", DSA_FORM_NAME[f], jobs[f].err);
