@@ -307,6 +307,75 @@ static const char WG_LOOP[] =
     "        load(cb);\n"
     "    }\n";
 
+/* WG_LOOP pipelined (MOEC_FP8_TC_WG=1; one tile a warp, U even): chunk k's
+ * products are issued, then, while the tensor cores run them, chunk k - 1's
+ * are added times its scale and chunk k + 1's codes widened (two buffers
+ * of products, of widened codes and of their scales, by k's parity), and
+ * the weight slot just widened is refilled at once (U chunks in flight). */
+static const char WG_PIPE[] =
+    "    static_assert(RT == 1 && U % 2 == 0, \"one tile a warp, U even\");\n"
+    "    float acc[RT][NT][4], p[2][NT * 4], sa[2];\n"
+    "    unsigned a[2][4][4];\n"
+    "#pragma unroll\n"
+    "    for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "        for (int i = 0; i < 4; i++)\n"
+    "            acc[0][t][i] = p[0][t * 4 + i] = p[1][t * 4 + i] = 0.0f;\n"
+    "    if (!PRE)\n"
+    "        load(c0);\n"
+    "    moec_cp_wait();\n"
+    "    moec_fence_async(); /* the staged x, written by threads, read by the tensor cores */\n"
+    "    __syncthreads();\n"
+    "    const unsigned long long dx = moec_wg_desc(xs, WG_LBO, WG_SBO);\n"
+    "    /* slot u's codes and scale into buffer b */\n"
+    "    auto widen = [&](int u, int b) {\n"
+    "        const unsigned v0[4] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w};\n"
+    "        const unsigned v1[4] = {wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};\n"
+    "#pragma unroll\n"
+    "        for (int j = 0; j < 4; j++) {\n"
+    "            moec_e4m3x4_bf16(v0[j], a[b][j][0], a[b][j][2]);\n"
+    "            moec_e4m3x4_bf16(v1[j], a[b][j][1], a[b][j][3]);\n"
+    "        }\n"
+    "        sa[b] = sc[u][0];\n"
+    "    };\n"
+    "    /* buffer b's products, done, added times its scale */\n"
+    "    auto finish = [&](int b) {\n"
+    "        moec_wg_keep<NT * 4>(p[b]);\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < NT; t++)\n"
+    "#pragma unroll\n"
+    "            for (int i = 0; i < 4; i++)\n"
+    "                acc[0][t][i] += sa[b] * p[b][t * 4 + i];\n"
+    "    };\n"
+    "    widen(0, 0);\n"
+    "    if (c0 + U < c1)\n"
+    "        load_one(0, c0 + U);\n"
+    "    for (int cb = c0; cb < c1; cb += U) {\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            const int k = cb + u, b = u & 1, nb = b ^ 1, nu = (u + 1) % U;\n"
+    "            if (k >= c1)\n"
+    "                break;\n"
+    "            moec_wg_keep<NT * 4>(p[b]);\n"
+    "            moec_wg_fence();\n"
+    "#pragma unroll\n"
+    "            for (int j = 0; j < 4; j++)\n"
+    "                WG_MMA(p[b], a[b][j], dx + (unsigned long long)(((k - c0) * 4 + j) * 2 * TG), j);\n"
+    "            moec_wg_commit();\n"
+    "            moec_wg_wait<1>(); /* chunk k - 1's products are done, its codes free */\n"
+    "            if (k > c0)\n"
+    "                finish(nb);\n"
+    "            if (k + 1 < c1) {\n"
+    "                widen(nu, nb);\n"
+    "                if (k + 1 + U < c1)\n"
+    "                    load_one(nu, k + 1 + U);\n"
+    "            } else {\n"
+    "                moec_wg_wait<0>();\n"
+    "                finish(b);\n"
+    "            }\n"
+    "        }\n"
+    "    }\n";
+
 /* The warpgroup MMA's helpers, once a program: the fence before a group of
  * products, its commit and wait, a shared memory descriptor (no swizzle),
  * and moec_wg_keep, which tells the compiler that the products' registers
@@ -555,7 +624,7 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s;
+    int tg, nw, rt, u, s, wg;
     size_t smem;
 } tc_shape;
 
@@ -579,16 +648,28 @@ static size_t linear_smem(const tc_shape *sh, long long ch)
  * (on sm_90: up to 8, until the blocks fill the GPU twice and x fits);
  * fewer tokens a group while x does not fit. 0 when even 8 tokens do
  * not. */
+/* The linear's main loop on warpgroup MMA: 0, no (mma.sync, TC_LOOP); 1,
+ * pipelined (WG_PIPE, one tile a warp); 2, a chunk at a time (WG_LOOP).
+ * MOEC_FP8_TC_WG (default 0), taken for fp8 weights and one warpgroup a
+ * block in a plan for sm_90a. */
+static int tc_wg(const cg_ctx *c, int w8, int nw)
+{
+    if (!w8 || nw != 4 || !c->opt || strcmp(c->opt->arch, "sm_90a"))
+        return 0;
+    return cg_env_int("MOEC_FP8_TC_WG", 0, 0, 2);
+}
+
 static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_shape *sh)
 {
     int T = c->T, cluster = cg_arch_num(c->opt) >= 90;
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
+    sh->wg = tc_wg(c, w8, sh->nw);
     /* MOEC_FP8_TC_TG (8 to 64, in eights): the most tokens a group, for A/B runs */
     int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
     sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
-    sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
+    sh->rt = sh->wg == 1 ? 1 : cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
         sh->rt = sh->tg >= 32 && (w8 || (N + 32LL * sh->nw - 1) / (32LL * sh->nw) * TC_SPLIT_MAX >=
                                                TC_BLOCKS)
@@ -597,6 +678,8 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
     sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", sh->tg >= 32 ? tc_u(c) : 0, 0, 8) : 0;
     if (!sh->u)
         sh->u = 4 / sh->rt;
+    if (sh->wg == 1)
+        sh->u = (cg_env_int("MOEC_FP8_TC_WG_U", 6, 2, 8) + 1) / 2 * 2;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
     long long rows = 16LL * sh->rt * sh->nw, slabs = (N + rows - 1) / rows;
     for (;;) {
@@ -662,17 +745,6 @@ int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
            linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, &sh);
 }
 
-/* The linear's main loop on warpgroup MMA (WG_LOOP): fp8 weights, one
- * warpgroup a block, a plan for sm_90a; MOEC_FP8_TC_WG=1 (0: never, the
- * default; 2: the descriptor's two byte offsets swapped, a probe of the
- * layout that a GPU test must fail). */
-static int tc_wg(const cg_ctx *c, int w8, const tc_shape *sh)
-{
-    if (!w8 || sh->nw != 4 || !c->opt || strcmp(c->opt->arch, "sm_90a"))
-        return 0;
-    return cg_env_int("MOEC_FP8_TC_WG", 0, 0, 2);
-}
-
 moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io,
                          const char *decl)
 {
@@ -690,10 +762,10 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
     int roll = tc_roll(c);
-    int wg = tc_wg(c, w8, &sh);
+    int wg = sh.wg;
     snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             wg ? "" : roll_tag(roll), wg == 1 ? "_wg" : wg == 2 ? "_wg2" : "",
+             wg ? "" : roll_tag(roll), wg == 1 ? "_wgp" : wg == 2 ? "_wg" : "",
              act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
@@ -728,14 +800,15 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         if (wg)
             moec_buf_printf(&c->src,
-                            "    constexpr unsigned WG_LBO = %s, WG_SBO = %s;\n"
+                            "    constexpr unsigned WG_LBO = TG * 16, WG_SBO = 128;\n"
                             "    auto WG_MMA = [](float (&d)[NT * 4], const unsigned (&a)[4], "
                             "unsigned long long desc, int acc) { moec_wgmma_n%d(d, a, desc, acc); "
                             "};\n",
-                            wg == 1 ? "TG * 16" : "128", wg == 1 ? "128" : "TG * 16", sh.tg);
+                            sh.tg);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD,
                         !pre ? "" : wg ? LINEAR_PRE_WG : LINEAR_PRE,
-                        wg ? WG_STAGE : LINEAR_STAGE, wg ? WG_LOOP : TC_LOOP, LINEAR_TAIL);
+                        wg ? WG_STAGE : LINEAR_STAGE,
+                        wg == 1 ? WG_PIPE : wg == 2 ? WG_LOOP : TC_LOOP, LINEAR_TAIL);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

@@ -16,7 +16,8 @@
  * tc: cg_options.fp8_kernel) against one interpreter run, at buckets 3
  * and 128 too, and e4m3_widen_case checks the staged kernels' widening of
  * all 256 codes bit for bit. MOEC_KERN_FP8 runs only the fp8 real shapes,
- * old and staged kernels (scripts/gpu_fp8_tune.sh). MOEC_KERN_MOE_AB runs
+ * old and staged kernels (scripts/gpu_fp8_tune.sh; with MOEC_KERN_FP8_LINEAR,
+ * only the linears'). MOEC_KERN_MOE_AB runs
  * only the routed experts' A/B (scripts/gpu_moe_ab.sh): the first
  * CUDA-core GEMMs against the streaming ones and their shapes
  * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
@@ -3237,16 +3238,22 @@ int main(void)
            4 tokens, the staged ones beyond) */
         const km_spec *v2[] = {&F8_V2_QKV_A, &F8_V2_O,    &F8_V2_SH_GU, &F8_V2_SH_DOWN,
                                &F8_V2_GATE,  &F8_V2_DOWN, &F8_V2_MOE};
-        for (int i = 0; i < 7; i++)
+        /* MOEC_KERN_FP8_LINEAR: the linears alone (V2-Lite's first 6) */
+        int lin = getenv("MOEC_KERN_FP8_LINEAR") != NULL, nv2 = lin ? 6 : 7;
+        for (int i = 0; i < nv2; i++)
             prog_add_modes(v2[i], IR_DTYPE_BF16, F8T, OLD_TC);
-        prog_add_modes(&F8_Q3_MOE, IR_DTYPE_BF16, F8T, OLD_TC);
-        prog_add_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), OLD_TC);
+        if (!lin) {
+            prog_add_modes(&F8_Q3_MOE, IR_DTYPE_BF16, F8T, OLD_TC);
+            prog_add_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), OLD_TC);
+        }
         progs_compile();
         e4m3_widen_case();
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < nv2; i++)
             moe_case_modes(v2[i], IR_DTYPE_BF16, F8T, 40 + (uint64_t)i, OLD_TC);
-        moe_case_modes(&F8_Q3_MOE, IR_DTYPE_BF16, F8T, 47, OLD_TC);
-        moe_case_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 48, OLD_TC);
+        if (!lin) {
+            moe_case_modes(&F8_Q3_MOE, IR_DTYPE_BF16, F8T, 47, OLD_TC);
+            moe_case_modes(&F8_V3_MOE, IR_DTYPE_BF16, TM(1) | TM(8) | TM(64), 48, OLD_TC);
+        }
         progs_free();
         printf("total %.1f s\n", now_s() - t0);
         return t_finish("gpu_kernels (fp8 old and staged)");
