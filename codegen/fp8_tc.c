@@ -30,7 +30,6 @@
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
-#include <string.h>
 
 #include "err.h"
 
@@ -101,7 +100,21 @@
  *   q_proj with kv_a 11.2 against 13.1 us added a layer, the dense down
  *   39.0 against 57.7; in the whole step fp8 V2-Lite 7.104 against 7.030
  *   ms at 64 tokens, Qwen3-30B cut to 8 layers 2.282 against 2.269 (H200,
- *   2026-11-30). History at bbbdb68 (MOEC_FP8_TC_LIN_W8). */
+ *   2026-11-30). History at bbbdb68 (MOEC_FP8_TC_LIN_W8).
+ * - the linear's products on sm_90a's warpgroup MMA (wgmma m64nTGk16, A the
+ *   widened codes in registers, x by descriptor from shared memory staged
+ *   in the widening's k order as unswizzled core matrices; a plan for
+ *   sm_90a): gpu_kernels' fp8 linears passed, but in V2-Lite's fp8 step at
+ *   8 / 32 / 64 tokens a chunk at a time 3.758 / 5.880 / 7.197 ms against
+ *   3.731 / 5.774 / 7.074, and pipelined (chunk k's products beside k - 1's
+ *   scaling and k + 1's widening, one tile a warp) 3.788 / 6.060 / 7.840.
+ *   In the kernel timeline at 64 every linear was slower (o_proj 9.5 and
+ *   10.2-16.1 us against 8.4). Nsight Compute: the widening (LOP3, SHF,
+ *   PRMT, HMUL2: about 3.6 instructions a code with the addressing) and
+ *   the scale's FFMA, not the products, are most of a chunk's
+ *   instructions; the MMA's 64 HMMA a chunk became 8 HGMMA and the
+ *   kernels ran as many instructions as before (H200, 2026-11-30).
+ *   History at 5b6f238 (MOEC_FP8_TC_WG). */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.
@@ -234,245 +247,6 @@ static const char TC_LOOP[] =
     "        }\n"
     "    }\n";
 
-/* The main loop on sm_90a's warpgroup MMA (MOEC_FP8_TC_WG=1; a plan compiled
- * for sm_90a, 4 warps a block: one warpgroup). Each lane widens its codes
- * as moec_tc_chunk does (A from registers, mma.m16n8k16's fragment a warp:
- * warp w's tiles are rows 16 w .. of each m64 product) and the block's x
- * (B) is read from shared memory by the tensor cores: 4 products
- * m64 x TG x k16 a tile and chunk in place of 4 NT m16n8k16 a warp. x is
- * staged (WG_STAGE) in the chunks' k order the widening gives, as 8-token
- * by 8-element core matrices of 128 contiguous bytes, no swizzle: chunk
- * cl's step j, half h, token n at (((cl * 4 + j) * 2 + h) * TG + n) * 16
- * bytes; logical k 8 h + 2 q + e of step j is physical k 16 q + 4 j + 2 h
- * + e of the chunk. So a step's descriptor has its two halves TG * 16
- * bytes apart (the leading, k, byte offset) and its token groups 128
- * (the stride byte offset). Each chunk's products go to p (scale-d 0 at
- * its first step), then are added times the chunk's block scale. */
-static const char WG_LOOP[] =
-    "    float acc[RT][NT][4], p[RT][NT * 4];\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < 4; i++)\n"
-    "                acc[r][t][i] = p[r][t * 4 + i] = 0.0f;\n"
-    "    if (!PRE)\n"
-    "        load(c0);\n"
-    "    moec_cp_wait();\n"
-    "    moec_fence_async(); /* the staged x, written by threads, read by the tensor cores */\n"
-    "    __syncthreads();\n"
-    "    const unsigned long long dx = moec_wg_desc(xs, WG_LBO, WG_SBO);\n"
-    "    auto chunk = [&](int u, int cl) {\n"
-    "        unsigned a[RT][4][4];\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++) {\n"
-    "            const unsigned v0[4] = {wa[u][r][0].x, wa[u][r][0].y, wa[u][r][0].z, wa[u][r][0].w};\n"
-    "            const unsigned v1[4] = {wa[u][r][1].x, wa[u][r][1].y, wa[u][r][1].z, wa[u][r][1].w};\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < 4; j++) {\n"
-    "                moec_e4m3x4_bf16(v0[j], a[r][j][0], a[r][j][2]);\n"
-    "                moec_e4m3x4_bf16(v1[j], a[r][j][1], a[r][j][3]);\n"
-    "            }\n"
-    "        }\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++)\n"
-    "            moec_wg_keep<NT * 4>(p[r]);\n"
-    "        moec_wg_fence();\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < 4; j++)\n"
-    "                WG_MMA(p[r], a[r][j], dx + (unsigned long long)((cl * 4 + j) * 2 * TG), j);\n"
-    "        moec_wg_commit();\n"
-    "        moec_wg_wait<0>();\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++) {\n"
-    "            moec_wg_keep<NT * 4>(p[r]);\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "                for (int i = 0; i < 4; i++)\n"
-    "                    acc[r][t][i] += sc[u][r] * p[r][t * 4 + i];\n"
-    "        }\n"
-    "    };\n"
-    "    for (int cb = c0;;) {\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++)\n"
-    "            if (cb + u < c1)\n"
-    "                chunk(u, cb + u - c0);\n"
-    "        cb += U;\n"
-    "        if (cb >= c1)\n"
-    "            break;\n"
-    "        load(cb);\n"
-    "    }\n";
-
-/* WG_LOOP pipelined (MOEC_FP8_TC_WG=1; one tile a warp, U even): chunk k's
- * products are issued, then, while the tensor cores run them, chunk k - 1's
- * are added times its scale and chunk k + 1's codes widened (two buffers
- * of products, of widened codes and of their scales, by k's parity), and
- * the weight slot just widened is refilled at once (U chunks in flight). */
-static const char WG_PIPE[] =
-    "    static_assert(RT == 1 && U % 2 == 0, \"one tile a warp, U even\");\n"
-    "    float acc[RT][NT][4], p[2][NT * 4], sa[2];\n"
-    "    unsigned a[2][4][4];\n"
-    "#pragma unroll\n"
-    "    for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < 4; i++)\n"
-    "            acc[0][t][i] = p[0][t * 4 + i] = p[1][t * 4 + i] = 0.0f;\n"
-    "    if (!PRE)\n"
-    "        load(c0);\n"
-    "    moec_cp_wait();\n"
-    "    moec_fence_async(); /* the staged x, written by threads, read by the tensor cores */\n"
-    "    __syncthreads();\n"
-    "    const unsigned long long dx = moec_wg_desc(xs, WG_LBO, WG_SBO);\n"
-    "    /* slot u's codes and scale into buffer b */\n"
-    "    auto widen = [&](int u, int b) {\n"
-    "        const unsigned v0[4] = {wa[u][0][0].x, wa[u][0][0].y, wa[u][0][0].z, wa[u][0][0].w};\n"
-    "        const unsigned v1[4] = {wa[u][0][1].x, wa[u][0][1].y, wa[u][0][1].z, wa[u][0][1].w};\n"
-    "#pragma unroll\n"
-    "        for (int j = 0; j < 4; j++) {\n"
-    "            moec_e4m3x4_bf16(v0[j], a[b][j][0], a[b][j][2]);\n"
-    "            moec_e4m3x4_bf16(v1[j], a[b][j][1], a[b][j][3]);\n"
-    "        }\n"
-    "        sa[b] = sc[u][0];\n"
-    "    };\n"
-    "    /* buffer b's products, done, added times its scale */\n"
-    "    auto finish = [&](int b) {\n"
-    "        moec_wg_keep<NT * 4>(p[b]);\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < 4; i++)\n"
-    "                acc[0][t][i] += sa[b] * p[b][t * 4 + i];\n"
-    "    };\n"
-    "    widen(0, 0);\n"
-    "    if (c0 + U < c1)\n"
-    "        load_one(0, c0 + U);\n"
-    "    for (int cb = c0; cb < c1; cb += U) {\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++) {\n"
-    "            const int k = cb + u, b = u & 1, nb = b ^ 1, nu = (u + 1) % U;\n"
-    "            if (k >= c1)\n"
-    "                break;\n"
-    "            moec_wg_keep<NT * 4>(p[b]);\n"
-    "            moec_wg_fence();\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < 4; j++)\n"
-    "                WG_MMA(p[b], a[b][j], dx + (unsigned long long)(((k - c0) * 4 + j) * 2 * TG), j);\n"
-    "            moec_wg_commit();\n"
-    "            moec_wg_wait<1>(); /* chunk k - 1's products are done, its codes free */\n"
-    "            if (k > c0)\n"
-    "                finish(nb);\n"
-    "            if (k + 1 < c1) {\n"
-    "                widen(nu, nb);\n"
-    "                if (k + 1 + U < c1)\n"
-    "                    load_one(nu, k + 1 + U);\n"
-    "            } else {\n"
-    "                moec_wg_wait<0>();\n"
-    "                finish(b);\n"
-    "            }\n"
-    "        }\n"
-    "    }\n";
-
-/* The warpgroup MMA's helpers, once a program: the fence before a group of
- * products, its commit and wait, a shared memory descriptor (no swizzle),
- * and moec_wg_keep, which tells the compiler that the products' registers
- * change under it (no read of them moved across a wait). */
-static const char WG_HELPERS[] =
-    "#ifndef MOEC_WG_HELPERS\n"
-    "#define MOEC_WG_HELPERS\n"
-    "__device__ __forceinline__ void moec_wg_fence()\n"
-    "{\n"
-    "    asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void moec_wg_commit()\n"
-    "{\n"
-    "    asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\");\n"
-    "}\n"
-    "template <int N> __device__ __forceinline__ void moec_wg_wait()\n"
-    "{\n"
-    "    asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" ::\"n\"(N) : \"memory\");\n"
-    "}\n"
-    "template <int N> __device__ __forceinline__ void moec_wg_keep(float (&d)[N])\n"
-    "{\n"
-    "#pragma unroll\n"
-    "    for (int i = 0; i < N; i++)\n"
-    "        asm volatile(\"\" : \"+f\"(d[i])::\"memory\");\n"
-    "}\n"
-    "/* start address, leading and stride byte offsets, all in 16 bytes */\n"
-    "__device__ __forceinline__ unsigned long long moec_wg_desc(const void *s, unsigned lbo,\n"
-    "                                                           unsigned sbo)\n"
-    "{\n"
-    "    const unsigned long long a = ((unsigned)__cvta_generic_to_shared(s) >> 4) & 0x3fffu;\n"
-    "    return a | (unsigned long long)((lbo >> 4) & 0x3fffu) << 16 |\n"
-    "           (unsigned long long)((sbo >> 4) & 0x3fffu) << 32;\n"
-    "}\n"
-    "#endif\n";
-
-/* x staged for WG_LOOP: as LINEAR_STAGE, each 16-byte piece (physical k
- * 16 q + 8 s' .. of its chunk) stored as 4 pairs, pair p at step 2 s' + p /
- * 2, half p % 2, lane slot q of its token's core matrix row. */
-static const char WG_STAGE[] =
-    "    {\n"
-    "        const int seg = (c1 - c0) * 8;\n"
-    "        constexpr int HB = 4;\n"
-    "        unsigned char *xb = moec_smem;\n"
-    "        for (int i0 = threadIdx.x; i0 < TG * seg; i0 += HB * NW * 32) {\n"
-    "            uint4 v[HB];\n"
-    "#pragma unroll\n"
-    "            for (int b = 0; b < HB; b++) {\n"
-    "                const int i = i0 + b * NW * 32, r = i / seg, s = i - r * seg;\n"
-    "                v[b] = make_uint4(0u, 0u, 0u, 0u);\n"
-    "                if (i < TG * seg && t0 + r < T) {\n"
-    "                    if constexpr (ACT) {\n"
-    "                        const __nv_bfloat16 *pg = x + (long long)(t0 + r) * 2 * K + c0 * 64 + s * 8;\n"
-    "                        v[b] = moec_silu_mul8(*reinterpret_cast<const uint4 *>(pg),\n"
-    "                                              *reinterpret_cast<const uint4 *>(pg + K));\n"
-    "                    } else {\n"
-    "                        v[b] = *reinterpret_cast<const uint4 *>(x + (long long)(t0 + r) * K + c0 * 64 + s * 8);\n"
-    "                    }\n"
-    "                }\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "            for (int b = 0; b < HB; b++) {\n"
-    "                const int i = i0 + b * NW * 32, r = i / seg, s = i - r * seg;\n"
-    "                if (i < TG * seg) {\n"
-    "                    const int cl = s >> 3, qq = (s & 7) >> 1, hs = s & 1;\n"
-    "                    const unsigned w4[4] = {v[b].x, v[b].y, v[b].z, v[b].w};\n"
-    "#pragma unroll\n"
-    "                    for (int pp = 0; pp < 4; pp++) {\n"
-    "                        const int j = 2 * hs + (pp >> 1), h = pp & 1;\n"
-    "                        *reinterpret_cast<unsigned *>(xb + (((cl * 4 + j) * 2 + h) * TG + r) * 16 + 4 * qq) = w4[pp];\n"
-    "                    }\n"
-    "                }\n"
-    "            }\n"
-    "        }\n"
-    "    }\n";
-
-/* The m64 x n x k16 warpgroup MMA (bf16, fp32 sums) with A from registers,
- * B by descriptor (k-major): moec_wgmma_n<n>, once a program a width. */
-static void emit_wgmma(moec_buf *src, int n)
-{
-    moec_buf_printf(src,
-                    "#ifndef MOEC_WGMMA_N%d\n#define MOEC_WGMMA_N%d\n"
-                    "__device__ __forceinline__ void moec_wgmma_n%d(float (&d)[%d], const unsigned "
-                    "(&a)[4], unsigned long long desc, int acc)\n{\n"
-                    "    asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n\"\n"
-                    "                 \"wgmma.mma_async.sync.aligned.m64n%dk16.f32.bf16.bf16 {",
-                    n, n, n, n / 2, n / 2 + 5, n);
-    for (int i = 0; i < n / 2; i++)
-        moec_buf_printf(src, "%s%%%d", i ? ", " : "", i);
-    moec_buf_printf(src, "}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 0;\\n}\\n\"\n                 : ",
-                    n / 2, n / 2 + 1, n / 2 + 2, n / 2 + 3, n / 2 + 4);
-    for (int i = 0; i < n / 2; i++)
-        moec_buf_printf(src, "%s\"+f\"(d[%d])", i ? ", " : "", i);
-    moec_buf_printf(src,
-                    "\n                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), "
-                    "\"l\"(desc), \"r\"(acc));\n}\n#endif\n");
-}
-
 /* ---- the dense linear ---------------------------------------------------- */
 
 /* A block: TG tokens (blockIdx.y's group), the BN rows of slab blockIdx.x /
@@ -504,8 +278,6 @@ static const char LINEAR_HEAD[] =
 /* PRE: the warp's first U chunks of weights, which do not depend on the
  * kernel before, loaded before the programmatic wait. */
 static const char LINEAR_PRE[] = "    if (live[0])\n        load(c0);\n    moec_pdl_enter();\n";
-/* ... on warpgroup MMA: every warp, zeros for the rows past N */
-static const char LINEAR_PRE_WG[] = "    load(c0);\n    moec_pdl_enter();\n";
 
 /* x's tokens t0 .. t0 + TG - 1 (zeros past T) at chunks c0 .. c1 - 1 into
  * shared memory; with ACT, h = silu(gate) * up of x [T, 2K], rounded to
@@ -624,7 +396,7 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s, wg;
+    int tg, nw, rt, u, s;
     size_t smem;
 } tc_shape;
 
@@ -648,28 +420,16 @@ static size_t linear_smem(const tc_shape *sh, long long ch)
  * (on sm_90: up to 8, until the blocks fill the GPU twice and x fits);
  * fewer tokens a group while x does not fit. 0 when even 8 tokens do
  * not. */
-/* The linear's main loop on warpgroup MMA: 0, no (mma.sync, TC_LOOP); 1,
- * pipelined (WG_PIPE, one tile a warp); 2, a chunk at a time (WG_LOOP).
- * MOEC_FP8_TC_WG (default 0), taken for fp8 weights and one warpgroup a
- * block in a plan for sm_90a. */
-static int tc_wg(const cg_ctx *c, int w8, int nw)
-{
-    if (!w8 || nw != 4 || !c->opt || strcmp(c->opt->arch, "sm_90a"))
-        return 0;
-    return cg_env_int("MOEC_FP8_TC_WG", 0, 0, 2);
-}
-
 static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_shape *sh)
 {
     int T = c->T, cluster = cg_arch_num(c->opt) >= 90;
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    sh->wg = tc_wg(c, w8, sh->nw);
     /* MOEC_FP8_TC_TG (8 to 64, in eights): the most tokens a group, for A/B runs */
     int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
     sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
-    sh->rt = sh->wg == 1 ? 1 : cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
+    sh->rt = cg_env_int("MOEC_FP8_TC_RT", 0, 0, 2);
     if (!sh->rt)
         sh->rt = sh->tg >= 32 && (w8 || (N + 32LL * sh->nw - 1) / (32LL * sh->nw) * TC_SPLIT_MAX >=
                                                TC_BLOCKS)
@@ -678,8 +438,6 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
     sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", sh->tg >= 32 ? tc_u(c) : 0, 0, 8) : 0;
     if (!sh->u)
         sh->u = 4 / sh->rt;
-    if (sh->wg == 1)
-        sh->u = (cg_env_int("MOEC_FP8_TC_WG_U", 6, 2, 8) + 1) / 2 * 2;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
     long long rows = 16LL * sh->rt * sh->nw, slabs = (N + rows - 1) / rows;
     for (;;) {
@@ -762,11 +520,9 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
     int roll = tc_roll(c);
-    int wg = sh.wg;
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             wg ? "" : roll_tag(roll), wg == 1 ? "_wgp" : wg == 2 ? "_wg" : "",
-             act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -775,10 +531,6 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     if (is_new) {
         const char *tw = w8 ? "__nv_fp8_e4m3" : "__nv_bfloat16";
-        if (wg) {
-            moec_buf_printf(&c->src, "%s", WG_HELPERS);
-            emit_wgmma(&c->src, sh.tg);
-        }
         moec_buf_printf(
             &c->src,
             "// linear: y = alpha x w^T (+ b), %s w on tensor cores, x staged in shared memory "
@@ -798,17 +550,8 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
             pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
-        if (wg)
-            moec_buf_printf(&c->src,
-                            "    constexpr unsigned WG_LBO = TG * 16, WG_SBO = 128;\n"
-                            "    auto WG_MMA = [](float (&d)[NT * 4], const unsigned (&a)[4], "
-                            "unsigned long long desc, int acc) { moec_wgmma_n%d(d, a, desc, acc); "
-                            "};\n",
-                            sh.tg);
-        moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD,
-                        !pre ? "" : wg ? LINEAR_PRE_WG : LINEAR_PRE,
-                        wg ? WG_STAGE : LINEAR_STAGE,
-                        wg == 1 ? WG_PIPE : wg == 2 ? WG_LOOP : TC_LOOP, LINEAR_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
+                        LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
