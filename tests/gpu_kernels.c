@@ -37,8 +37,9 @@
  * several sequences (one interpreter each) mixed with padding tokens over a
  * shuffled paged cache, then long contexts against this file's reference,
  * which the short runs check against the interpreter. Kernels are compiled
- * with cg_compile, loaded with cudaLibraryLoadData and launched with
- * cudaLaunchKernel from the steps' symbolic arguments. */
+ * with cg_compile (for $MOEC_ARCH, else sm_90), loaded with
+ * cudaLibraryLoadData and launched with cudaLaunchKernel from the steps'
+ * symbolic arguments. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -251,9 +252,9 @@ static void prog_key(char *buf, const km_spec *s, ir_dtype cdt, int bs, int fp8)
              ab_var >= 0 ? "/" : "", ab_var >= 0 ? AB_VARIANTS[ab_var].name : "");
 }
 
-/* The target the programs are generated and compiled for: $MOEC_ARCH (as
- * moec compile reads it; sm_90a for the kernels only that target has), else
- * sm_90. */
+/* The target the programs are generated and compiled for: $MOEC_ARCH, as
+ * moec compile reads it (sm_90a, say, where codegen has a form for that
+ * target alone), else sm_90. */
 static const char *karch(void)
 {
     const char *a = getenv("MOEC_ARCH");
