@@ -62,6 +62,11 @@
    2026-11-29, V2-Lite's whole step in one call, batch 1 / 32 / 64: 1.844
    / 9.438 / 10.387 ms against 1.848 / 9.474 / 10.448 with one.) */
 #define MLA_CT 2
+/* ... and each warp's k steps of the scores unrolled whole from shared
+   addresses taken once (MOEC_MLA_QK2=0: a loop unrolled by 4 whose loads
+   convert each step's generic address; Nsight Compute at V2-Lite's 64
+   tokens had IMAD at 18.7% of the kernel's instructions) */
+#define MLA_QK2 1
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -406,14 +411,30 @@ static const char MMA_BODY[] =
     "            const __nv_bfloat16 *qa = &sm.q[lane & 15][(lane >> 4) * 8];\n"
     "            const __nv_bfloat16 *kb =\n"
     "                &sm.kv[buf][n0 + (lane & 7) + (CT == 2 ? (lane >> 4) * 8 : 0)][((lane >> 3) & 1) * 8];\n"
-    "#pragma unroll 4\n"
-    "            for (int k0 = kh * KS / KH * 16; k0 < (kh + 1) * KS / KH * 16; k0 += 16) {\n"
-    "                unsigned a[4], bk[2 * CT];\n"
-    "                moec_ldmatrix<4, false>(a, qa + k0);\n"
-    "                moec_ldmatrix<2 * CT, false>(bk, kb + k0);\n"
+    "            if constexpr (QK2 && KS % KH == 0) {\n"
+    "                /* each warp's KS / KH steps unrolled from shared addresses taken\n"
+    "                   once: each step's loads at a constant offset */\n"
+    "                const unsigned qs = moec_smem_addr(qa) + kh * (KS / KH) * 32,\n"
+    "                               ks = moec_smem_addr(kb) + kh * (KS / KH) * 32;\n"
     "#pragma unroll\n"
-    "                for (int j = 0; j < CT; j++)\n"
-    "                    moec_mma_bf16(c[j], a[0], a[1], a[2], a[3], bk[2 * j], bk[2 * j + 1]);\n"
+    "                for (int i = 0; i < KS / KH; i++) {\n"
+    "                    unsigned a[4], bk[2 * CT];\n"
+    "                    moec_ldmatrix_s<4, false>(a, qs + i * 32);\n"
+    "                    moec_ldmatrix_s<2 * CT, false>(bk, ks + i * 32);\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < CT; j++)\n"
+    "                        moec_mma_bf16(c[j], a[0], a[1], a[2], a[3], bk[2 * j], bk[2 * j + 1]);\n"
+    "                }\n"
+    "            } else {\n"
+    "#pragma unroll 4\n"
+    "                for (int k0 = kh * KS / KH * 16; k0 < (kh + 1) * KS / KH * 16; k0 += 16) {\n"
+    "                    unsigned a[4], bk[2 * CT];\n"
+    "                    moec_ldmatrix<4, false>(a, qa + k0);\n"
+    "                    moec_ldmatrix<2 * CT, false>(bk, kb + k0);\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < CT; j++)\n"
+    "                        moec_mma_bf16(c[j], a[0], a[1], a[2], a[3], bk[2 * j], bk[2 * j + 1]);\n"
+    "                }\n"
     "            }\n"
     "#pragma unroll\n"
     "            for (int j = 0; j < CT; j++) {\n"
@@ -668,7 +689,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         snprintf(tag, sizeof tag, "%s_%s_%s_%s", ir_dtype_name(dt), ir_dtype_name(qdt),
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
-    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, ct = MLA_CT;
+    int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, ct = MLA_CT, qk2 = MLA_QK2;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
            P, m, l, alpha, NBUF mbarriers */
@@ -693,10 +714,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
            16-byte units already (R % 64 == 0 and DR % 8 == 0 above) */
         tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
+        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s_bs%d_t%d_%s", H,
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s_bs%d_t%d_%s", H,
                  R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
-                 ct == 1 ? "_ct1" : "", tma ? "_tma" : "", merge ? "_m" : "", bs, c->T, tag);
+                 ct == 1 ? "_ct1" : "", tma ? "_tma" : "", merge ? "_m" : "", qk2 ? "_qk2" : "",
+                 bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -722,10 +745,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
                       "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d, CT = %d;\n"
-                      "    constexpr bool TMA = %s, SM2 = %s;\n",
+                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s;\n",
                       mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
                       DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf, ct,
-                      tma ? "true" : "false", sm2 ? "true" : "false");
+                      tma ? "true" : "false", sm2 ? "true" : "false", qk2 ? "true" : "false");
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
