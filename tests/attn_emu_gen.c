@@ -102,7 +102,7 @@ enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
 
 /* The MLA attention on tensor cores (codegen/mla_attention.c's MMA_BODY)
  * at tiny shapes: 16 heads a block, r 64 and dr 16 (5 k steps of 16, 8
- * channels a warp), or r 128 over 16 warps; tiles by bulk copies on
+ * channels a warp) or 64, or r 128 over 16 warps; tiles by bulk copies on
  * mbarriers (sm_90's default) or by cp.async (MOEC_MLA_TMA=0); the
  * softmax two rows a warp (default) or one (MOEC_MLA_SM2=0); 32- or
  * 16-position tiles; one or two column tiles a warp (MOEC_MLA_CT); split
@@ -125,6 +125,11 @@ static const mla_gen_case MLA_CASES[] = {
     {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=1"},
     {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1 MOEC_MLA_PT=16"},
     {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=1 MOEC_MLA_WARPS=16"},
+    /* dr 64 (8 k steps of 16, whole for each part of k): the scores' steps
+       unrolled from shared addresses (MOEC_MLA_QK2), two and one column
+       tiles a warp */
+    {16, 64, 64, 3, 0, 16, "0", "8", NULL},
+    {16, 64, 64, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1"},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 

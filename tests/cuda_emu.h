@@ -313,6 +313,18 @@ template <int N, bool T> static inline void moec_ldmatrix(unsigned *r, const __n
     pthread_barrier_wait(&w->bar);
 }
 
+// A shared-window address (moec_ldmatrix_s's): the offset into the block's
+// shared memory.
+static inline unsigned moec_smem_addr(const void *p)
+{
+    return (unsigned)((const unsigned char *)p - emu_this_block->smem);
+}
+
+template <int N, bool T> static inline void moec_ldmatrix_s(unsigned *r, unsigned a)
+{
+    moec_ldmatrix<N, T>(r, (const __nv_bfloat16 *)(emu_this_block->smem + a));
+}
+
 // cp.async groups: moec_cp16 copies at once, so a group is complete when
 // it is closed.
 static inline void moec_cp_commit() {}

@@ -438,9 +438,16 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         const char *sm = getenv("MOEC_MLA_SM2");
         int sm2 = !sm || atoi(sm) != 0;
         T_CHECK((strstr(c->kernel_names[s->kernel], "_sm1_") == NULL) == sm2);
-        T_CHECK(strstr(c->src.data, sm2 ? "constexpr bool TMA = true, SM2 = true;"
-                                        : "constexpr bool TMA = true, SM2 = false;") != NULL ||
+        T_CHECK(strstr(c->src.data, sm2 ? "constexpr bool TMA = true, SM2 = true,"
+                                        : "constexpr bool TMA = true, SM2 = false,") != NULL ||
                 cg_arch_num(c->opt) < 90 || getenv("MOEC_MLA_TMA"));
+        /* the scores' k steps unrolled whole from shared addresses unless
+           MOEC_MLA_QK2=0 (the name says so) */
+        const char *qk = getenv("MOEC_MLA_QK2");
+        int qk2 = !qk || atoi(qk) != 0;
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_qk2_") != NULL) == qk2);
+        T_CHECK(strstr(c->src.data, qk2 ? "SM2 = true, QK2 = true;" : "QK2 = false;") != NULL ||
+                !sm2);
         /* two column tiles a warp sharing q's fragments unless
            MOEC_MLA_CT=1 or they would not fit (sm_86's 99 KiB; the name says
            so): the scores in 4 k parts, else 2 */
