@@ -63,7 +63,8 @@
    / 9.438 / 10.387 ms against 1.848 / 9.474 / 10.448 with one.) */
 #define MLA_CT 2
 /* ... and each warp's k steps of the scores unrolled whole from shared
-   addresses taken once (MOEC_MLA_QK2=0: a loop unrolled by 4 whose loads
+   addresses taken once, where its part of k holds whole steps (V2-Lite's
+   and V3's 36 over 4 or 2 parts; MOEC_MLA_QK2=0: a loop unrolled by 4 whose loads
    convert each step's generic address; Nsight Compute at V2-Lite's 64
    tokens had IMAD at 18.7% of the kernel's instructions). 67 registers
    against 70 (ptxas, sm_90). (H200, 2026-11-30, V2-Lite's whole step in
@@ -415,9 +416,10 @@ static const char MMA_BODY[] =
     "            const __nv_bfloat16 *qa = &sm.q[lane & 15][(lane >> 4) * 8];\n"
     "            const __nv_bfloat16 *kb =\n"
     "                &sm.kv[buf][n0 + (lane & 7) + (CT == 2 ? (lane >> 4) * 8 : 0)][((lane >> 3) & 1) * 8];\n"
-    "            if constexpr (QK2 && KS % KH == 0) {\n"
+    "            if constexpr (QK2) { /* KS % KH == 0 */\n"
     "                /* each warp's KS / KH steps unrolled from shared addresses taken\n"
     "                   once: each step's loads at a constant offset */\n"
+    "                static_assert(!QK2 || KS % KH == 0, \"whole k steps a part\");\n"
     "                const unsigned qs = moec_smem_addr(qa) + kh * (KS / KH) * 32,\n"
     "                               ks = moec_smem_addr(kb) + kh * (KS / KH) * 32;\n"
     "#pragma unroll\n"
@@ -718,7 +720,10 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
            16-byte units already (R % 64 == 0 and DR % 8 == 0 above) */
         tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
-        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1);
+        /* where each of the scores' KH parts of k holds whole steps (MMA_BODY's
+           NQ and KH) */
+        int nq = mpt / 8 / ct, kh = mw / nq > 1 ? mw / nq : 1;
+        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1) && (RS / 16) % kh == 0;
         snprintf(aname, sizeof aname,
                  "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s_bs%d_t%d_%s", H,
                  R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",

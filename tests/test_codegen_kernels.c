@@ -441,19 +441,23 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         T_CHECK(strstr(c->src.data, sm2 ? "constexpr bool TMA = true, SM2 = true,"
                                         : "constexpr bool TMA = true, SM2 = false,") != NULL ||
                 cg_arch_num(c->opt) < 90 || getenv("MOEC_MLA_TMA"));
-        /* the scores' k steps unrolled whole from shared addresses unless
-           MOEC_MLA_QK2=0 (the name says so) */
-        const char *qk = getenv("MOEC_MLA_QK2");
-        int qk2 = !qk || atoi(qk) != 0;
-        T_CHECK((strstr(c->kernel_names[s->kernel], "_qk2_") != NULL) == qk2);
-        T_CHECK(strstr(c->src.data, qk2 ? "SM2 = true, QK2 = true;" : "QK2 = false;") != NULL ||
-                !sm2);
         /* two column tiles a warp sharing q's fragments unless
            MOEC_MLA_CT=1 or they would not fit (sm_86's 99 KiB; the name says
            so): the scores in 4 k parts, else 2 */
         const char *ctv = getenv("MOEC_MLA_CT");
         int ct1 = (ctv && atoi(ctv) == 1) || (!ctv && cg_smem_max(c->opt) < 104144);
         T_CHECK((strstr(c->kernel_names[s->kernel], "_ct1_") != NULL) == ct1);
+        /* the scores' 36 k steps unrolled whole from shared addresses where
+           each of their parts holds whole steps (8 warps: 4 parts, 2 with one
+           column tile; 16 warps twice as many) unless MOEC_MLA_QK2=0 (the name
+           says so) */
+        const char *qk = getenv("MOEC_MLA_QK2"), *wv = getenv("MOEC_MLA_WARPS"),
+                   *ptv = getenv("MOEC_MLA_PT");
+        int nq = (ptv && atoi(ptv) < 32 ? 16 : 32) / 8 / (ct1 ? 1 : 2);
+        int nw = wv && atoi(wv) >= 16 ? 16 : 8, parts = nw / nq > 1 ? nw / nq : 1;
+        int qk2 = (!qk || atoi(qk) != 0) && 36 % parts == 0;
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_qk2_") != NULL) == qk2);
+        T_CHECK(strstr(c->src.data, qk2 ? "QK2 = true;" : "QK2 = false;") != NULL);
         /* q, two kv tiles, the scores' k parts, P, m/l/alpha, two mbarriers */
         T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + (ct1 ? 2 : 4) * 16 * 36 * 4 +
                                16 * 40 * 2 + 192 + 2 * 8);
