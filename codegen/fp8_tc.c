@@ -688,21 +688,6 @@ int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
     return cg_fp8_tc_moe_fits(c, d, urow, bm) ? bm : 0;
 }
 
-/* A step of kernel k over l's expert blocks and `rows` of nd a block. */
-static ir_step *expert_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k, int nw,
-                            long long rows, long long nd, size_t smem)
-{
-    ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
-    if (!s)
-        return NULL;
-    s->kernel = k;
-    s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((nd + rows - 1) / rows);
-    s->block[0] = (unsigned)nw * 32;
-    s->smem = (unsigned)smem;
-    return s;
-}
-
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -749,7 +734,7 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
-    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
@@ -810,7 +795,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = expert_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);

@@ -961,19 +961,17 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
     return sh;
 }
 
-/* The step of expert GEMM kernel k: l's expert blocks by the nd output
- * rows in blocks of sh's bn, sh's warps a block (arguments left to the
- * caller). */
-static ir_step *gemm_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k,
-                          long long nd, const moe_shape *sh)
+ir_step *cg_moe_gemm_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k, int nw,
+                          long long rows, long long nd, size_t smem)
 {
     ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
     if (!s)
         return NULL;
     s->kernel = k;
     s->grid[0] = (unsigned)l->nb;
-    s->grid[1] = (unsigned)((nd + sh->bn - 1) / sh->bn);
-    s->block[0] = (unsigned)sh->warps * 32;
+    s->grid[1] = (unsigned)((nd + rows - 1) / rows);
+    s->block[0] = (unsigned)nw * 32;
+    s->smem = (unsigned)smem;
     return s;
 }
 
@@ -1040,7 +1038,7 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_h, GEMM_CONSTS, GEMM_HEAD, GATE_UP_BODY, GATE_UP_END);
     }
-    ir_step *s = gemm_step(c, d, l, k2, I, &sh);
+    ir_step *s = cg_moe_gemm_step(c, d, l, k2, sh.warps, sh.bn, I, 0);
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, g8);
@@ -1118,7 +1116,7 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
     }
-    ir_step *s = gemm_step(c, d, l, k3, H, &sh);
+    ir_step *s = cg_moe_gemm_step(c, d, l, k3, sh.warps, sh.bn, H, 0);
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, d8);

@@ -71,6 +71,12 @@ typedef struct cg_moe_layout {
 void cg_moe_gate_up_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
 void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, int scales);
 
+/* A step of expert GEMM kernel k: l's expert blocks by nd output rows in
+ * blocks of `rows`, nw warps a block, smem bytes of dynamic shared memory
+ * (its arguments left to the caller); NULL out of memory. */
+ir_step *cg_moe_gemm_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k, int nw,
+                          long long rows, long long nd, size_t smem);
+
 /* Whether the kernels address expert weight w in fragment tiles
  * (cg_options.fp8_tiles and ir_weight_tiled, unless MOEC_FP8_ROWS_TIMING=1
  * for an A/B in time) */
