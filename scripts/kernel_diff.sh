@@ -18,10 +18,12 @@
 #   same machine code, with nothing to time. Where the PTX differs, both
 #   are assembled (ptxas, beside nvcc) and the kernel's machine code (its
 #   cubin's .text section) compared: "PTX differs, same machine code"
-#   (registers renumbered, say) needs no timing either.
+#   (registers renumbered, say) needs no timing either. Where the common
+#   prologue changed, every kernel whose own text kept is compared as well
+#   (each program compiled), and those whose code moved are named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,21p "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then sed -n 2,23p "$0"; exit 2; fi
 PARTS=${PARTS:-config_deepseek_v2_lite config_deepseek_v2_lite_fp8 config_qwen3_30b_a3b config_qwen3_30b_a3b_fp8}
 work=$(mktemp -d "${TMPDIR:-/tmp}/moec-kdiff.XXXXXX")
 trees=()
@@ -162,16 +164,30 @@ new = sorted(k for k in b if k not in a)
 gone = sorted(k for k in a if k not in b)
 print(f"{len(a)} kernels before, {len(b)} after: {len(changed)} changed, {len(new)} new, "
       f"{len(gone)} gone")
+
+
+def verdict(k):
+    """how kernel k's code compares between the sides (PTX=1)"""
+    pa, pb = ptx(sys.argv[1], k), ptx(sys.argv[2], k)
+    if None not in pa and pa == pb:
+        return " (same PTX)"
+    sa, sb = sass(sys.argv[1], k), sass(sys.argv[2], k)
+    return (" (PTX differs, same machine code)" if None not in sa and sa == sb
+            else " (machine code differs)")
+
+
 for tag, names in (("changed", changed), ("new", new), ("gone", gone)):
     for k in names:
-        note = ""
-        if tag == "changed" and sys.argv[3] and k != "<prologue>":
-            pa, pb = ptx(sys.argv[1], k), ptx(sys.argv[2], k)
-            same = None not in pa and pa == pb
-            note = " (same PTX)"
-            if not same:
-                sa, sb = sass(sys.argv[1], k), sass(sys.argv[2], k)
-                note = (" (PTX differs, same machine code)" if None not in sa and sa == sb
-                        else " (machine code differs)")
+        note = verdict(k) if tag == "changed" and sys.argv[3] and k != "<prologue>" else ""
         print(f"  {tag:8s}{k}{note}")
+# the prologue's helpers are every kernel's: with PTX=1, the kernels whose
+# own text kept are compared too, those whose code moved named
+if sys.argv[3] and "<prologue>" in changed:
+    kept = [k for k in a if k in b and a[k] == b[k]]
+    moved = [(k, verdict(k)) for k in sorted(kept)]
+    moved = [(k, v) for k, v in moved if v != " (same PTX)"]
+    print(f"  the prologue changed: {len(kept) - len(moved)} of the {len(kept)} kernels whose "
+          "text kept have the same PTX")
+    for k, v in moved:
+        print(f"  prologue {k}{v}")
 PY
