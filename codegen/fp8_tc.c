@@ -403,28 +403,39 @@ static const char LINEAR_TAIL[] =
  * splits hold whole 128-wide blocks. Not the interpreter's semantics (x
  * stays bf16 there): a timing experiment. */
 static const char AQ_STAGE[] =
-    "    moec_cp_wait();\n"
-    "    __syncthreads();\n"
     "    {\n"
     "        /* a warp a token and block: lane l its elements 4l .. 4l + 3 */\n"
+    "        constexpr int QU = 4;\n"
     "        const int ng = (c1 - c0 + 1) / 2, items = TG * ng;\n"
-    "        for (int i = warp; i < items; i += NW) {\n"
-    "            const int r = i / ng, j = i - r * ng, cb = c0 + 2 * j;\n"
-    "            uint2 v = make_uint2(0u, 0u);\n"
-    "            if (4 * lane < (cb + 2 <= c1 ? 2 : 1) * 64)\n"
-    "                v = *reinterpret_cast<const uint2 *>(xs + r * XSA + j * 128 + 4 * lane);\n"
-    "            const float f0 = __uint_as_float(v.x << 16), f1 = __uint_as_float(v.x & 0xffff0000u);\n"
-    "            const float f2 = __uint_as_float(v.y << 16), f3 = __uint_as_float(v.y & 0xffff0000u);\n"
-    "            float m = fmaxf(fmaxf(fabsf(f0), fabsf(f1)), fmaxf(fabsf(f2), fabsf(f3)));\n"
+    "        for (int i0 = warp; i0 < items; i0 += NW * QU) {\n"
+    "            uint2 v[QU];\n"
     "#pragma unroll\n"
-    "            for (int o = 16; o > 0; o >>= 1)\n"
-    "                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
-    "            const float sx = __fdiv_rn(fmaxf(m, 1e-10f), 448.0f);\n"
-    "            *reinterpret_cast<unsigned *>(xq + r * XS8 + j * 128 + 4 * lane) =\n"
-    "                moec_e4m3x4_of(__fdiv_rn(f0, sx), __fdiv_rn(f1, sx), __fdiv_rn(f2, sx),\n"
-    "                               __fdiv_rn(f3, sx));\n"
-    "            if (lane == 0)\n"
-    "                xqs[r * NB8 + j] = t0 + r < T ? sx : 0.0f;\n"
+    "            for (int b = 0; b < QU; b++) {\n"
+    "                const int i = i0 + b * NW, r = i / ng, j = i - r * ng, cb = c0 + 2 * j;\n"
+    "                const int wide = (cb + 2 <= c1 ? 2 : 1) * 64;\n"
+    "                v[b] = make_uint2(0u, 0u);\n"
+    "                if (i < items && t0 + r < T && 4 * lane < wide)\n"
+    "                    v[b] = *reinterpret_cast<const uint2 *>(x + (long long)(t0 + r) * K + cb * 64 + 4 * lane);\n"
+    "            }\n"
+    "#pragma unroll\n"
+    "            for (int b = 0; b < QU; b++) {\n"
+    "                const int i = i0 + b * NW, r = i / ng, j = i - r * ng;\n"
+    "                if (i >= items)\n"
+    "                    break;\n"
+    "                float f[4];\n"
+    "                f[0] = __uint_as_float(v[b].x << 16), f[1] = __uint_as_float(v[b].x & 0xffff0000u);\n"
+    "                f[2] = __uint_as_float(v[b].y << 16), f[3] = __uint_as_float(v[b].y & 0xffff0000u);\n"
+    "                float m = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));\n"
+    "#pragma unroll\n"
+    "                for (int o = 16; o > 0; o >>= 1)\n"
+    "                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
+    "                const float sx = __fdiv_rn(fmaxf(m, 1e-10f), 448.0f);\n"
+    "                *reinterpret_cast<unsigned *>(xq + r * XS8 + j * 128 + 4 * lane) =\n"
+    "                    moec_e4m3x4_of(__fdiv_rn(f[0], sx), __fdiv_rn(f[1], sx), __fdiv_rn(f[2], sx),\n"
+    "                                   __fdiv_rn(f[3], sx));\n"
+    "                if (lane == 0)\n"
+    "                    xqs[r * NB8 + j] = t0 + r < T ? sx : 0.0f;\n"
+    "            }\n"
     "        }\n"
     "    }\n";
 
@@ -568,13 +579,12 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             sh.s = (int)kb;
         kbs = (kb + sh.s - 1) / sh.s;
         xs8 = kbs * 128 + 64;
-        size_t need = (size_t)sh.tg * (size_t)((kbs * 128 + 8) * 2 + xs8 + kbs * 4);
+        size_t need = (size_t)sh.tg * (size_t)(xs8 + kbs * 4);
         size_t part = sh.s > 1 ? (size_t)sh.nw * (size_t)sh.rt * (size_t)(sh.tg / 8) * 128 * 4 : 0;
         sh.smem = need > part ? need : part;
-        if (sh.smem > cg_smem_max(c->opt)) {
-            aq = 0;
-            sh.smem = linear_smem(&sh, K / 64);
-        }
+        if (sh.smem > cg_smem_max(c->opt))
+            return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: MOEC_FP8_TC_AQ: x does not fit",
+                            y->name);
     }
     long long per = (K / 64 + sh.s - 1) / sh.s, pf = cg_prefetch_bytes(c);
     /* the first weights before the wait where no prefetch takes its place */
@@ -613,17 +623,14 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         if (aq) {
             moec_buf_printf(&c->src,
-                            "    constexpr int KB = %lld, XSA = %lld, XS8 = %lld, NB8 = %lld;\n", kb,
-                            kbs * 128 + 8, xs8, kbs);
+                            "    constexpr int KB = %lld, XS8 = %lld, NB8 = %lld;\n", kb, xs8, kbs);
             put_subst(&c->src, LINEAR_HEAD, "const int c0 = split * CH / S, c1 = (split + 1) * CH / S",
                       "const int c0 = min(CH, 2 * (split * KB / S)), "
                       "c1 = min(CH, 2 * ((split + 1) * KB / S))");
             moec_buf_printf(&c->src,
-                            "    unsigned char *xq = moec_smem + TG * XSA * 2;\n"
-                            "    float *xqs = reinterpret_cast<float *>(xq + TG * XS8);\n");
-            moec_buf_printf(&c->src, "%s%s", TC_LOAD, pre ? LINEAR_PRE : "");
-            put_subst(&c->src, LINEAR_STAGE, " * XS + ", " * XSA + ");
-            moec_buf_printf(&c->src, "%s", AQ_STAGE);
+                            "    unsigned char *xq = moec_smem;\n"
+                            "    float *xqs = reinterpret_cast<float *>(moec_smem + TG * XS8);\n");
+            moec_buf_printf(&c->src, "%s%s%s", TC_LOAD, pre ? LINEAR_PRE : "", AQ_STAGE);
             put_subst(&c->src, TC_LOOP,
                       "moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64)",
                       "moec_tc_chunk_q<RT, NT, XS8, NB8>(acc, wa[u], sc[u], xq + g * XS8 + q * 16 + "
