@@ -30,7 +30,6 @@
 #include "codegen/fp8_tc.h"
 
 #include <stdio.h>
-#include <string.h>
 
 #include "err.h"
 
@@ -396,60 +395,6 @@ static const char LINEAR_TAIL[] =
     "        moec_cluster_sync(); /* no block leaves while the others read it */\n"
     "    }\n";
 
-/* MOEC_FP8_TC_AQ=1 (measured, off by default): the linear's x quantized
- * to e4m3 as it is staged, one f32 scale a token and 128-wide k block
- * (amax / 448, as vLLM runs `activation_scheme: dynamic`), and the
- * products on fp8 MMA (m16n8k32, the codes as they are: no widening). The
- * splits hold whole 128-wide blocks. Not the interpreter's semantics (x
- * stays bf16 there): a timing experiment. */
-static const char AQ_STAGE[] =
-    "    {\n"
-    "        /* a warp a token and block: lane l its elements 4l .. 4l + 3 */\n"
-    "        constexpr int QU = 4;\n"
-    "        const int ng = (c1 - c0 + 1) / 2, items = TG * ng;\n"
-    "        for (int i0 = warp; i0 < items; i0 += NW * QU) {\n"
-    "            uint2 v[QU];\n"
-    "#pragma unroll\n"
-    "            for (int b = 0; b < QU; b++) {\n"
-    "                const int i = i0 + b * NW, r = i / ng, j = i - r * ng, cb = c0 + 2 * j;\n"
-    "                const int wide = (cb + 2 <= c1 ? 2 : 1) * 64;\n"
-    "                v[b] = make_uint2(0u, 0u);\n"
-    "                if (i < items && t0 + r < T && 4 * lane < wide)\n"
-    "                    v[b] = *reinterpret_cast<const uint2 *>(x + (long long)(t0 + r) * K + cb * 64 + 4 * lane);\n"
-    "            }\n"
-    "#pragma unroll\n"
-    "            for (int b = 0; b < QU; b++) {\n"
-    "                const int i = i0 + b * NW, r = i / ng, j = i - r * ng;\n"
-    "                if (i >= items)\n"
-    "                    break;\n"
-    "                float f[4];\n"
-    "                f[0] = __uint_as_float(v[b].x << 16), f[1] = __uint_as_float(v[b].x & 0xffff0000u);\n"
-    "                f[2] = __uint_as_float(v[b].y << 16), f[3] = __uint_as_float(v[b].y & 0xffff0000u);\n"
-    "                float m = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));\n"
-    "#pragma unroll\n"
-    "                for (int o = 16; o > 0; o >>= 1)\n"
-    "                    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));\n"
-    "                const float sx = __fdiv_rn(fmaxf(m, 1e-10f), 448.0f);\n"
-    "                *reinterpret_cast<unsigned *>(xq + r * XS8 + j * 128 + 4 * lane) =\n"
-    "                    moec_e4m3x4_of(__fdiv_rn(f[0], sx), __fdiv_rn(f[1], sx), __fdiv_rn(f[2], sx),\n"
-    "                                   __fdiv_rn(f[3], sx));\n"
-    "                if (lane == 0)\n"
-    "                    xqs[r * NB8 + j] = t0 + r < T ? sx : 0.0f;\n"
-    "            }\n"
-    "        }\n"
-    "    }\n";
-
-/* src with every `from` replaced by `to` (at least one) */
-static void put_subst(moec_buf *b, const char *src, const char *from, const char *to)
-{
-    size_t n = strlen(from);
-    for (const char *p; (p = strstr(src, from)); src = p + n) {
-        moec_buf_put(b, src, (size_t)(p - src));
-        moec_buf_put(b, to, strlen(to));
-    }
-    moec_buf_put(b, src, strlen(src));
-}
-
 typedef struct tc_shape {
     int tg, nw, rt, u, s;
     size_t smem;
@@ -570,30 +515,14 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
         return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged kernel does not fit",
                         y->name);
     ir_dtype dy = cg_storage(c, y), db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
-    /* MOEC_FP8_TC_AQ (AQ_STAGE): splits of whole 128-wide blocks, kb a split
-       at most; x's codes rows of xs8 bytes, then the scales */
-    long long kb = (K / 64 + 1) / 2, kbs = 0, xs8 = 0;
-    int aq = w8 && !act && w->scale.block[1] == 128 && cg_env_int("MOEC_FP8_TC_AQ", 0, 0, 1);
-    if (aq) {
-        if (sh.s > kb)
-            sh.s = (int)kb;
-        kbs = (kb + sh.s - 1) / sh.s;
-        xs8 = kbs * 128 + 64;
-        size_t need = (size_t)sh.tg * (size_t)(xs8 + kbs * 4);
-        size_t part = sh.s > 1 ? (size_t)sh.nw * (size_t)sh.rt * (size_t)(sh.tg / 8) * 128 * 4 : 0;
-        sh.smem = need > part ? need : part;
-        if (sh.smem > cg_smem_max(c->opt))
-            return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: MOEC_FP8_TC_AQ: x does not fit",
-                            y->name);
-    }
     long long per = (K / 64 + sh.s - 1) / sh.s, pf = cg_prefetch_bytes(c);
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
     int roll = tc_roll(c);
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             roll_tag(roll), act ? "_silu" : "", aq ? "_aq" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -621,25 +550,8 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
             pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
-        if (aq) {
-            moec_buf_printf(&c->src,
-                            "    constexpr int KB = %lld, XS8 = %lld, NB8 = %lld;\n", kb, xs8, kbs);
-            put_subst(&c->src, LINEAR_HEAD, "const int c0 = split * CH / S, c1 = (split + 1) * CH / S",
-                      "const int c0 = min(CH, 2 * (split * KB / S)), "
-                      "c1 = min(CH, 2 * ((split + 1) * KB / S))");
-            moec_buf_printf(&c->src,
-                            "    unsigned char *xq = moec_smem;\n"
-                            "    float *xqs = reinterpret_cast<float *>(moec_smem + TG * XS8);\n");
-            moec_buf_printf(&c->src, "%s%s%s", TC_LOAD, pre ? LINEAR_PRE : "", AQ_STAGE);
-            put_subst(&c->src, TC_LOOP,
-                      "moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64)",
-                      "moec_tc_chunk_q<RT, NT, XS8, NB8>(acc, wa[u], sc[u], xq + g * XS8 + q * 16 + "
-                      "(cb + u - c0) * 64, xqs + 2 * q * NB8 + (cb + u - c0) / 2)");
-            moec_buf_printf(&c->src, "%s}\n\n", LINEAR_TAIL);
-        } else {
-            moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD,
-                            pre ? LINEAR_PRE : "", LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
-        }
+        moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
+                        LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
