@@ -696,8 +696,7 @@ static moec_status oom(const cg_moe_desc *d)
 moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    /* MOEC_FP8_TC_GU_U: gate_up's chunks in flight alone, for A/B runs */
-    int u = cg_env_int("MOEC_FP8_TC_GU_U", cg_env_int("MOEC_FP8_TC_U", tc_u(c), 0, 8), 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", tc_u(c), 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 2;
     long long urow = l->fused ? l->I : 0;
@@ -753,8 +752,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         rt = cg_env_int("MOEC_FP8_TC_DN_RT", TC_DN_RT, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
-    /* MOEC_FP8_TC_DN_U: down's chunks in flight alone, for A/B runs */
-    int u = cg_env_int("MOEC_FP8_TC_DN_U", cg_env_int("MOEC_FP8_TC_U", tc_u(c), 0, 8), 0, 8);
+    int u = cg_env_int("MOEC_FP8_TC_U", tc_u(c), 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
