@@ -419,13 +419,14 @@ static size_t linear_smem(const tc_shape *sh, long long ch)
  * RT 4, in bf16 twice fp8's bytes a chunk), and K splits
  * (on sm_90: up to 8, until the blocks fill the GPU twice and x fits);
  * fewer tokens a group while x does not fit. 0 when even 8 tokens do
- * not. */
-static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_shape *sh)
+ * not. nw warps a block. */
+static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, int nw,
+                           tc_shape *sh)
 {
     int T = c->T, cluster = cg_arch_num(c->opt) >= 90;
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
-    sh->nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
+    sh->nw = nw;
     /* MOEC_FP8_TC_TG (8 to 64, in eights): the most tokens a group, for A/B runs */
     int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
     sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
@@ -477,6 +478,47 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
             return 0;
         sh->tg /= 2;
     }
+}
+
+/* a shape's blocks */
+static long long linear_blocks(const cg_ctx *c, long long N, const tc_shape *sh)
+{
+    long long rows = 16LL * sh->rt * sh->nw;
+    return (N + rows - 1) / rows * sh->s * ((c->T + sh->tg - 1) / sh->tg);
+}
+
+/* The linear's shape (linear_shape_nw) with MOEC_FP8_TC_WARPS warps a
+ * block, else TC_WARPS, or in fp8 groups of 64 tokens 8 (a block an SM by
+ * registers: 255 a thread) where that still makes TC_FIT% of an SM a block
+ * (112 of 132), or where TC_WARPS' blocks would run a second wave at one
+ * block an SM (x's shared memory) and 8's would not, on the main stream
+ * only (MOEC_FP8_TC_LIN_W8=0: never; 2: the side stream's too, as first
+ * tried in bbbdb68). At 64 tokens a warp's chain of
+ * instructions bounds these kernels, one or two warps a scheduler (Nsight
+ * Compute, H200, 2026-11-30: V2-Lite's dense down 575 instructions a warp
+ * and chunk at 4.4 cycles each); fp8 V2-Lite's 4-layer step in the
+ * timeline, 8 warps against 4, us added a layer: q_proj with kv_a (120
+ * blocks against 203) 11.2 against 13.1, the dense down (64 in one wave
+ * against 128 in two) 39.0 against 57.7, but o_proj (64 against 128:
+ * half the SMs) 10.2 against 8.4. */
+static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_shape *sh)
+{
+    int nw = cg_env_int("MOEC_FP8_TC_WARPS", 0, 1, 8);
+    if (nw)
+        return linear_shape_nw(c, N, K, w8, nw, sh);
+    if (!linear_shape_nw(c, N, K, w8, TC_WARPS, sh))
+        return 0;
+    tc_shape s8;
+    int rule = cg_env_int("MOEC_FP8_TC_LIN_W8", 1, 0, 2);
+    if (w8 && sh->tg >= 64 && rule && (rule == 2 || c->stream == 0) &&
+        linear_shape_nw(c, N, K, w8, 8, &s8)) {
+        long long cap = TC_BLOCKS / 2 * TC_FIT / 100, b4 = linear_blocks(c, N, sh),
+                  b8 = linear_blocks(c, N, &s8);
+        int one_a_sm = sh->smem > cg_smem_max(c->opt) / 2;
+        if (b8 >= cap || (one_a_sm && b4 > cap && b8 <= cap))
+            *sh = s8;
+    }
+    return 1;
 }
 
 /* Whether the linear's weight takes the staged kernel: fp8 codes whose

@@ -1524,6 +1524,48 @@ static int is_indexer_op(const ir_module *m, const ir_op *op)
     return indexer > 0 && other == 0;
 }
 
+/* The staged fp8 linear's warps at 64 tokens (fp8_tc.c, linear_shape):
+ * V2-Lite's q_proj with kv_a (3648 rows, 120 blocks at 8 warps) and dense
+ * down (2048 x 10944: 128 blocks at 4, one an SM, 64 at 8) take 8; o_proj
+ * (2048 x 2048: 64 blocks at 8) and the shared down (2048 x 2816) keep 4;
+ * every staged fp8 linear 4 or 8, and 4 under MOEC_FP8_TC_LIN_W8=0. */
+static void check_linear_warps(const ir_module *m, const char *what, int v2lite)
+{
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            setenv("MOEC_FP8_TC_LIN_W8", "0", 1);
+        cg_ctx c;
+        int ok = generate_default(m, 64, &c);
+        if (off)
+            unsetenv("MOEC_FP8_TC_LIN_W8");
+        if (!ok)
+            continue;
+        static const char *const w8[] = {"n3648_k2048_", "n2048_k10944_"},
+                                 *const w4[] = {"n2048_k2048_", "n2048_k2816_"};
+        int bad = 0, seen = 0, named = 0;
+        for (int k = 0; k < c.n_kernels; k++) {
+            const char *n = c.kernel_names[k];
+            if (strncmp(n, "linear_f8tc_", 12))
+                continue;
+            seen++;
+            int want = 0; /* 0: 4 or 8 */
+            for (int i = 0; i < 2 && v2lite; i++) {
+                want = strstr(n, w8[i]) ? (off ? 4 : 8) : strstr(n, w4[i]) ? 4 : want;
+                named += strstr(n, w8[i]) || strstr(n, w4[i]);
+            }
+            const char *w = strstr(n, "_tg64_w");
+            int got = w ? atoi(w + 7) : 0;
+            if (!w || (want ? got != want : (got != 4 && got != 8) || (off && got != 4))) {
+                fprintf(stderr, "%s T=64%s: %s has %d warps\n", what,
+                        off ? " MOEC_FP8_TC_LIN_W8=0" : "", n, got);
+                bad++;
+            }
+        }
+        T_CHECK(bad == 0 && seen > 0 && (!v2lite || named == 4));
+        cg_ctx_free(&c);
+    }
+}
+
 /* The MLA prologue is launched plainly (its step's plain) in buckets from
  * 32 tokens (MOEC_MLA_PRO_PLAIN_T; 0: never) where its input is a linear
  * over fp8 weights, else as a programmatic dependent. */
@@ -1866,6 +1908,8 @@ static void config_case(const char *file, int fp8)
         check_fused_kernels(m, what);
         check_indexer_streams(m, what);
         check_mla_pro_plain(m, what, fp8, !strncmp(file, "deepseek", 8));
+        if (fp8)
+            check_linear_warps(m, what, !strcmp(file, "deepseek_v2_lite.json"));
         /* the prologue's kernel replaces nine (slices, norms, ropes, the
            cache write), the add_rms_norm the expert sum's add
            and the routed sum over k, the shared expert's down projection its
