@@ -94,13 +94,22 @@
  *   weights rounded to bf16 twice (the scale, then the product) tripled
  *   the emulator's worst row errors (0.0105 against 0.0036). History at
  *   d42bb90 (MOEC_FP8_TC_WS).
- * - the linear at 8 warps a block in groups of 64 tokens where that still
- *   made 112 blocks, or where 4 warps' blocks (one an SM by their staged
- *   x) ran a second wave: in the timeline of V2-Lite's 4-layer step,
- *   q_proj with kv_a 11.2 against 13.1 us added a layer, the dense down
- *   39.0 against 57.7; in the whole step fp8 V2-Lite 7.104 against 7.030
- *   ms at 64 tokens, Qwen3-30B cut to 8 layers 2.282 against 2.269 (H200,
- *   2026-11-30). History at bbbdb68 (MOEC_FP8_TC_LIN_W8).
+ * - x quantized to e4m3 as the linear stages it (one scale a token and
+ *   128-wide block, amax / 448, as vLLM runs `activation_scheme: dynamic`)
+ *   and the products on mma.sync's e4m3 form (m16n8k32): sm_90 emulates
+ *   it. ptxas gave o_proj's kernel at 64 tokens the same 256 HMMA as the
+ *   bf16 form plus 407 F2FP and 563 FADD (3920 SASS instructions against
+ *   3000), and the linears ran about 40% slower in V2-Lite's 4-layer
+ *   timeline (q_proj with kv_a 18.7 against 13.1 us, o_proj 11.7 against
+ *   8.4). On Hopper only wgmma multiplies e4m3 as it is (H200,
+ *   2026-11-30; history at 91eefe3, MOEC_FP8_TC_AQ). cuBLASLt's
+ *   block-scaled fp8 (bench/fp8_lt_probe.py, torch's _scaled_mm) was
+ *   slower than bf16 for V2-Lite's linears but the dense gate_up.
+ * - the experts' down or gate_up alone at 6 or 8 chunks in flight
+ *   (MOEC_FP8_TC_DN_U, _GU_U; down at 8: 123 registers against 69, so
+ *   as many bytes in flight an SM): fp8 V2-Lite at 32 / 64 tokens 5.679
+ *   to 5.698 / 6.982 to 7.059 ms against 5.672 / 6.918 (H200,
+ *   2026-11-30; history at 6ba915a).
  * - the linear's products on sm_90a's warpgroup MMA (wgmma m64nTGk16, A the
  *   widened codes in registers, x by descriptor from shared memory staged
  *   in the widening's k order as unswizzled core matrices; a plan for
@@ -489,18 +498,29 @@ static long long linear_blocks(const cg_ctx *c, long long N, const tc_shape *sh)
 
 /* The linear's shape (linear_shape_nw) with MOEC_FP8_TC_WARPS warps a
  * block, else TC_WARPS, or in fp8 groups of 64 tokens 8 (a block an SM by
- * registers: 255 a thread) where that still makes TC_FIT% of an SM a block
- * (112 of 132), or where TC_WARPS' blocks would run a second wave at one
+ * registers: 255 a thread) where that makes TC_FIT% of an SM a block (112
+ * of 132) and one wave, or where TC_WARPS' blocks would run a second wave at one
  * block an SM (x's shared memory) and 8's would not, on the main stream
  * only (MOEC_FP8_TC_LIN_W8=0: never; 2: the side stream's too, as first
- * tried in bbbdb68). At 64 tokens a warp's chain of
- * instructions bounds these kernels, one or two warps a scheduler (Nsight
- * Compute, H200, 2026-11-30: V2-Lite's dense down 575 instructions a warp
- * and chunk at 4.4 cycles each); fp8 V2-Lite's 4-layer step in the
- * timeline, 8 warps against 4, us added a layer: q_proj with kv_a (120
- * blocks against 203) 11.2 against 13.1, the dense down (64 in one wave
- * against 128 in two) 39.0 against 57.7, but o_proj (64 against 128:
- * half the SMs) 10.2 against 8.4. */
+ * tried in bbbdb68). At 64 tokens a warp's chain of instructions bounds
+ * these kernels, one or two warps a scheduler (Nsight Compute, H200,
+ * 2026-11-30: V2-Lite's dense down 575 instructions a warp and chunk at
+ * 4.4 cycles each); fp8 V2-Lite's 4-layer step in the timeline, 8 warps
+ * against 4, us added a layer: q_proj with kv_a (120 blocks against 203)
+ * 11.2 against 13.1, the dense down (64 in one wave against 128 in two)
+ * 39.0 against 57.7, but o_proj (64 against 128: half the SMs) 10.2
+ * against 8.4, which keeps 4. In the whole step at 64 tokens (H200,
+ * 2026-11-30, fp8 V2-Lite, one call, in this order): the main stream's
+ * 6.975 ms, never 7.049, the side stream's too 7.098, the main stream's
+ * 6.969, never 7.050. The side stream's shared gate_up (5632 rows) at 8
+ * warps, a block of 255-register threads a whole SM, runs beside the
+ * routed experts: bbbdb68 had it so and was slower in the step (7.104
+ * against 7.030). The dense gate and up (215 blocks at 8 warps, two
+ * waves) took 8 in that call and were level in the timeline (29.7
+ * against 29.4 us); Qwen3-30B's q/k/v (160 blocks at 8) took 8 under
+ * bbbdb68, whose step was slower there too (2.282 against 2.269 ms, 8
+ * layers at 64 tokens): both keep 4 by the one-wave bound, not timed
+ * since. */
 static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_shape *sh)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", 0, 1, 8);
@@ -515,7 +535,7 @@ static int linear_shape(const cg_ctx *c, long long N, long long K, int w8, tc_sh
         long long cap = TC_BLOCKS / 2 * TC_FIT / 100, b4 = linear_blocks(c, N, sh),
                   b8 = linear_blocks(c, N, &s8);
         int one_a_sm = sh->smem > cg_smem_max(c->opt) / 2;
-        if (b8 >= cap || (one_a_sm && b4 > cap && b8 <= cap))
+        if ((b8 >= cap && b8 <= TC_BLOCKS / 2) || (one_a_sm && b4 > cap && b8 <= cap))
             *sh = s8;
     }
     return 1;

@@ -173,6 +173,10 @@ static const gen_case CASES[] = {
     /* ... in thirds (groups of 2, 2 and 1 slots at 5 in flight) */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=3 MOEC_FP8_TC_U=5"},
     {LIN(100, 1280, 16, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TC_ROLL=3 MOEC_FP8_TC_U=5"},
+    /* 8 warps a block, as the staged linear takes on the main stream at 64
+       tokens where the blocks still fill the GPU (fp8_tc.c, linear_shape):
+       256 rows a block, the second of two slabs mostly dead warps */
+    {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_WARPS=8"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
