@@ -499,10 +499,10 @@ static long long linear_blocks(const cg_ctx *c, long long N, const tc_shape *sh)
 /* The linear's shape (linear_shape_nw) with MOEC_FP8_TC_WARPS warps a
  * block, else TC_WARPS, or in fp8 groups of 64 tokens 8 (a block an SM by
  * registers: 255 a thread) where that makes TC_FIT% of an SM a block (112
- * of 132) and one wave, or where TC_WARPS' blocks would run a second wave at one
- * block an SM (x's shared memory) and 8's would not, on the main stream
- * only (MOEC_FP8_TC_LIN_W8=0: never; 2: the side stream's too, as first
- * tried in bbbdb68). At 64 tokens a warp's chain of instructions bounds
+ * of 132) in one wave, or where TC_WARPS' blocks would run a second wave
+ * at one block an SM (x's shared memory) and 8's would not; on the main
+ * stream only (MOEC_FP8_TC_LIN_W8=0: never; 2: the side stream's too, as
+ * first tried in bbbdb68). At 64 tokens a warp's chain of instructions bounds
  * these kernels, one or two warps a scheduler (Nsight Compute, H200,
  * 2026-11-30: V2-Lite's dense down 575 instructions a warp and chunk at
  * 4.4 cycles each); fp8 V2-Lite's 4-layer step in the timeline, 8 warps
