@@ -3176,6 +3176,8 @@ static void dsa_ab_case(int sanitize)
 
 int main(void)
 {
+    /* a line at a time: a run a time limit cuts keeps what it printed */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
         printf("SKIP: no CUDA device\n");

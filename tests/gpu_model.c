@@ -545,6 +545,8 @@ static void check_model(const char *name)
 
 int main(void)
 {
+    /* a line at a time: a run a time limit cuts keeps what it printed */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int n = 0;
     if (moec_cuda_device_count(&n) != MOEC_OK || n < 1) {
         printf("SKIP: no CUDA device (%s)\n", moec_last_error());
