@@ -489,11 +489,20 @@ static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, in
     }
 }
 
+/* a shape's grid: its slabs' K splits by its token groups */
+static void linear_grid(const cg_ctx *c, long long N, const tc_shape *sh, long long g[2])
+{
+    long long rows = 16LL * sh->rt * sh->nw;
+    g[0] = (N + rows - 1) / rows * sh->s;
+    g[1] = (c->T + sh->tg - 1) / sh->tg;
+}
+
 /* a shape's blocks */
 static long long linear_blocks(const cg_ctx *c, long long N, const tc_shape *sh)
 {
-    long long rows = 16LL * sh->rt * sh->nw;
-    return (N + rows - 1) / rows * sh->s * ((c->T + sh->tg - 1) / sh->tg);
+    long long g[2];
+    linear_grid(c, N, sh, g);
+    return g[0] * g[1];
 }
 
 /* The linear's shape (linear_shape_nw) with MOEC_FP8_TC_WARPS warps a
@@ -555,14 +564,20 @@ static int linear_weight_fits(const cg_ctx *c, const ir_op *op)
     return dw == IR_DTYPE_BF16;
 }
 
-int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
+/* Whether the staged kernel takes op, and then its shape in *sh. */
+static int tc_linear_shape(const cg_ctx *c, const ir_op *op, tc_shape *sh)
 {
     const ir_value *x = op->in[0], *w = op->in[1];
     long long N = w->type.dims[0], K = w->type.dims[1];
-    tc_shape sh;
     return cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
            linear_weight_fits(c, op) && K % 64 == 0 &&
-           linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, &sh);
+           linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, sh);
+}
+
+int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
+{
+    tc_shape sh;
+    return tc_linear_shape(c, op, &sh);
 }
 
 moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io,
@@ -573,7 +588,7 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     long long N = w->type.dims[0], K = w->type.dims[1];
     int w8 = cg_storage(c, w) == IR_DTYPE_F8E4M3, act = ir_op_attr(op, "act") != NULL;
     tc_shape sh;
-    if (!cg_tc_linear_fits(c, op) || !linear_shape(c, N, K, w8, &sh))
+    if (!tc_linear_shape(c, op, &sh))
         return MOEC_ERR(MOEC_ERR_INTERNAL, "linear %%%s: the staged kernel does not fit",
                         y->name);
     ir_dtype dy = cg_storage(c, y), db = bias ? cg_storage(c, bias) : IR_DTYPE_F32;
@@ -618,10 +633,11 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
-    long long rows = 16LL * sh.rt * sh.nw;
+    long long g[2];
+    linear_grid(c, N, &sh, g);
     s->kernel = k;
-    s->grid[0] = (unsigned)((N + rows - 1) / rows * sh.s);
-    s->grid[1] = (unsigned)((c->T + sh.tg - 1) / sh.tg);
+    s->grid[0] = (unsigned)g[0];
+    s->grid[1] = (unsigned)g[1];
     s->block[0] = (unsigned)sh.nw * 32;
     s->smem = (unsigned)sh.smem;
     cg_mma_linear_args(s, op, alpha, w8);
