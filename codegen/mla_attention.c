@@ -568,6 +568,14 @@ static long long attn_smem(long long hb, long long pt, long long qld, long long 
     return hb * qld * qsz + pt * ldk * esz + hb * (pt + 1) * 4 + pt * hb * 4 + 3 * hb * 4 + pt * 8;
 }
 
+/* MMA_BODY's KH: the parts of k the scores' warps split, where NQ groups
+ * of CT column tiles (PT / 8 / CT) leave warps over */
+static int mma_kparts(int pt, int ct, int nw)
+{
+    int nq = pt / 8 / ct;
+    return nw / nq > 1 ? nw / nq : 1;
+}
+
 moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
 {
     const char *who = op->out[0]->name;
@@ -703,7 +711,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         /* two column tiles take twice the scores' k parts: one where they
            would not fit (sm_86 and sm_89's 99 KiB), unless asked for */
         for (;; ct--) {
-            long long nq = mpt / 8 / ct, kh = mw / nq > 1 ? mw / nq : 1;
+            long long kh = mma_kparts(mpt, ct, mw);
             smem = 16 * ld * 2 + (long long)nbuf * mpt * ld * 2 + kh * 16LL * (mpt + 4) * 4 +
                    16LL * (mpt + 8) * 2 + 3 * 16 * 4 + nbuf * 8LL;
             if (ct == 1 || smem <= (long long)cg_smem_max(c->opt) || getenv("MOEC_MLA_CT"))
@@ -718,10 +726,9 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
            16-byte units already (R % 64 == 0 and DR % 8 == 0 above) */
         tma = c->opt && cg_arch_num(c->opt) >= 90 && cg_env_int("MOEC_MLA_TMA", MLA_TMA, 0, 1);
         sm2 = cg_env_int("MOEC_MLA_SM2", MLA_SM2, 0, 1);
-        /* where each of the scores' KH parts of k holds whole steps (MMA_BODY's
-           NQ and KH) */
-        int nq = mpt / 8 / ct, kh = mw / nq > 1 ? mw / nq : 1;
-        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1) && (RS / 16) % kh == 0;
+        /* where each of the scores' KH parts of k holds whole steps */
+        qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1) &&
+              (RS / 16) % mma_kparts(mpt, ct, mw) == 0;
         snprintf(aname, sizeof aname,
                  "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s_bs%d_t%d_%s", H,
                  R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
