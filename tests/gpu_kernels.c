@@ -16,8 +16,8 @@
  * tc: cg_options.fp8_kernel) against one interpreter run, at buckets 3
  * and 128 too, and e4m3_widen_case checks the staged kernels' widening of
  * all 256 codes bit for bit. MOEC_KERN_FP8 runs only the fp8 real shapes,
- * old and staged kernels (scripts/gpu_fp8_tune.sh; with MOEC_KERN_FP8_LINEAR,
- * only the linears'). MOEC_KERN_MOE_AB runs
+ * old and staged kernels (scripts/gpu_fp8_tune.sh); MOEC_KERN_FP8_LINEAR,
+ * with it or alone, only their linears. MOEC_KERN_MOE_AB runs
  * only the routed experts' A/B (scripts/gpu_moe_ab.sh): the first
  * CUDA-core GEMMs against the streaming ones and their shapes
  * (AB_VARIANTS, which override the MOEC_MOE_GEMV* knobs), each checked,
@@ -3232,7 +3232,8 @@ int main(void)
        32 and 64, and 128 (two token groups of the staged linear) */
     const unsigned F8T = TM(1) | TM(3) | TM(8) | TM(32) | TM(64) | TM(128);
     const unsigned OLD_TC = FM(CG_FP8_OLD) | FM(CG_FP8_TC);
-    if (getenv("MOEC_KERN_FP8")) {
+    /* MOEC_KERN_FP8_LINEAR alone means this part too */
+    if (getenv("MOEC_KERN_FP8") || getenv("MOEC_KERN_FP8_LINEAR")) {
         /* the fp8 kernels before and after the staged ones (scripts/
            gpu_fp8_tune.sh): DeepSeek-V2-Lite's linears and experts,
            Qwen3-30B's and DeepSeek-V3's experts, every fp8 bucket, both
