@@ -1319,13 +1319,9 @@ void cg_add_pdl_waits(moec_buf *b)
         /* a body that calls moec_pdl_enter itself (after prefetching its
            weights) keeps its own */
         const char *next = strstr(open, KERNEL), *own = strstr(open, ENTER),
-                   *wait = strstr(open, WAIT), *trig = strstr(open, TRIGGER);
+                   *wait = strstr(open, WAIT);
         if (wait && (!own || wait < own))
             own = wait;
-        /* one that triggers the next kernel itself waits its own way (the
-           staged fp8 down that starts early, codegen/fp8_tc.c) */
-        if (trig && (!own || trig < own))
-            own = trig;
         int placed = own && (!next || own < next);
         moec_buf_printf(&out, "%.*s%s%s", (int)(open + 1 - p), p,
                         *early && pdl_early(early, kern, open) ? TRIGGER : "",

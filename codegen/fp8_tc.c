@@ -671,7 +671,6 @@ static const char EXPERT_HEAD[] =
     "    const int e = blk_expert[b];\n"
     "    if (e < 0)\n"
     "        return;\n"
-    "%s"
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
@@ -703,38 +702,6 @@ static const char GATE_UP_TAIL[] =
     "#pragma unroll\n"
     "    for (int t = 0; t < NT; t++)\n"
     "        moec_silu_mul_frag(hbuf, sorted + b * BM + t * 8, ND, n0, acc[0][t], acc[1][t]);\n";
-
-/* Where down starts early (cg_moe_routed_early): each live gate_up warp
- * counts itself done on its block of slots once its h is written, and a
- * down block waits for all I / 16 of them instead of for the whole
- * gate_up grid. The down kernel then lets the kernel after it be scheduled
- * first thing (moec_pdl_trigger, which cg_add_pdl_waits takes as its own
- * placement) and never waits for the grid: gate_up's blocks had all begun,
- * past their own wait, before it was launched. */
-static const char GATE_UP_DONE[] =
-    "    __syncwarp();\n"
-    "    if (lane == 0) {\n"
-    "        __threadfence();\n"
-    "        atomicAdd(cnt + b, 1);\n"
-    "    }\n";
-
-static const char DOWN_WAIT[] =
-    "    if (threadIdx.x == 0) {\n"
-    "        for (;;) {\n"
-    "            int done;\n"
-    "#if __CUDA_ARCH__ >= 700\n"
-    "            asm volatile(\"ld.acquire.gpu.global.b32 %0, [%1];\\n\"\n"
-    "                         : \"=r\"(done) : \"l\"(cnt + b) : \"memory\");\n"
-    "#else\n"
-    "            done = *(volatile const int *)(cnt + b);\n"
-    "#endif\n"
-    "            if (done >= KD / 16)\n"
-    "                break;\n"
-    "            __nanosleep(64);\n"
-    "        }\n"
-    "        __threadfence();\n"
-    "    }\n"
-    "    __syncthreads();\n";
 
 /* down: NW warps of RT tiles of 16 rows */
 static const char DOWN_HEAD[] =
@@ -817,9 +784,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
     int roll = tc_roll(c);
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
-             l->fused ? "fused" : "split", tag, l->early ? "_early" : "");
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
+             l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -833,27 +800,22 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "*__restrict__ x, const __nv_fp8_e4m3 *__restrict__ wg, const __nv_fp8_e4m3 "
             "*__restrict__ wu, const float *__restrict__ gsc, const float *__restrict__ usc, const "
             "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
-            "n_used, __nv_bfloat16 *__restrict__ hbuf%s)\n{\n"
+            "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
             "    constexpr bool PRE = false;\n"
             "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
-            ir_op_name(d->op->kind), nw * 32, name, l->early ? ", int *__restrict__ cnt" : "",
-            l->K, l->H, l->I, l->bm, nw, u, gstride, gstride, uoff, roll, decl);
-        char head[sizeof EXPERT_HEAD];
-        snprintf(head, sizeof head, EXPERT_HEAD, "");
-        moec_buf_printf(&c->src, GATE_UP_HEAD, head);
-        moec_buf_printf(&c->src, "%s%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL,
-                        l->early ? GATE_UP_DONE : "");
+            ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
+            gstride, uoff, roll, decl);
+        moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
     ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
-    if (l->early)
-        s->args[s->n_args++] = cg_arg_scratch(l->off_blk + (size_t)l->nb * 4);
     return MOEC_OK;
 }
 
@@ -877,9 +839,9 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     int roll = tc_roll(c);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
-             d->w ? "w" : "now", tag, l->early ? "_early" : "");
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -897,28 +859,23 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
-                        "%s *__restrict__ y%s)\n{\n%s"
+                        "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
                         "    constexpr bool MULW = %s, PRE = false;\n"
                         "    constexpr int ROLL = %d;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
-                        cg_ctype(ydt), l->early ? ", const int *__restrict__ cnt" : "",
-                        l->early ? "    moec_pdl_trigger();\n" : "", l->I, l->H, l->bm, nw, rt,
-                        u, d->w ? "true" : "false", roll, decl);
+                        cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
+                        roll, decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
-        char head[sizeof EXPERT_HEAD + sizeof DOWN_WAIT];
-        snprintf(head, sizeof head, EXPERT_HEAD, l->early ? DOWN_WAIT : "");
-        moec_buf_printf(&c->src, DOWN_HEAD, head);
+        moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
     ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);
-    if (l->early)
-        s->args[s->n_args++] = cg_arg_scratch(l->off_blk + (size_t)l->nb * 4);
     return MOEC_OK;
 }

@@ -103,12 +103,6 @@
  * fp8, the step at 1 / 4 tokens: 1.457 / 3.004 ms against 1.517 / 3.102.) */
 #define GV_CVT 1
 
-/* The down GEMM of the staged fp8 kernels starts on an expert block once
- * the gate_up warps of its slots have written h (a counter a block, which
- * they raise and down waits for), not once the whole gate_up grid has
- * ended (MOEC_MOE_EARLY_DOWN=1; cg_moe_routed_early). */
-#define EARLY_DOWN 0
-
 #define ALIGN_THREADS 256
 #define SUM_THREADS 128
 
@@ -162,9 +156,6 @@ const char CG_MOE_ALIGN_BODY[] =
     "        if (e >= 0 && e < E)\n"
     "            sorted[off[e] * BM + atomicAdd(&fill[e], 1)] = i;\n"
     "    }\n";
-
-const char CG_MOE_ALIGN_ZERO[] = "    for (int i = tid; i < NB; i += NT)\n"
-                                 "        blk_expert[NB + i] = 0;\n";
 
 /* The first CUDA-core form's constants: VE elements a lane a k step. */
 static const char GEMM_CONSTS[] =
@@ -1179,11 +1170,6 @@ static void moe_blocks(const cg_ctx *c, const cg_moe_desc *d, int *bm_out, int *
     *tc_out = tc;
 }
 
-static int moe_early(int tc)
-{
-    return tc && cg_env_int("MOEC_MOE_EARLY_DOWN", EARLY_DOWN, 0, 1);
-}
-
 moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
 {
     const char *opname = ir_op_name(d->op->kind), *who = d->out->name;
@@ -1221,7 +1207,6 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int bm, mma, tc;
     long long nb;
     moe_blocks(c, d, &bm, &mma, &tc, &nb);
-    int early = moe_early(tc);
     long long N = (long long)c->T * K;
     /* the streaming form for the CUDA-core GEMMs of small blocks, each
        GEMM where its rows come in whole 16-byte vectors */
@@ -1247,7 +1232,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         c->moe_aligned = 0;
     } else {
         off_sorted = cg_scratch(c, (size_t)(nb * bm) * 4);
-        off_blk = cg_scratch(c, (size_t)nb * (early ? 8 : 4));
+        off_blk = cg_scratch(c, (size_t)nb * 4);
         off_used = cg_scratch(c, 4);
     }
     /* h: f32, bf16 for the tensor-core kernels (which round it to bf16 for
@@ -1257,8 +1242,8 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     size_t off_h = cg_scratch(c, (size_t)(N * I) * (h16 ? 2 : 4));
     size_t off_y = d->w && !d->unsummed ? cg_scratch(c, (size_t)(N * H) * 4) : 0;
     cg_moe_layout lay = {.H = H, .K = K, .E = E, .I = I, .nb = nb, .bm = bm, .fused = fused,
-                         .h16 = h16, .early = early, .off_sorted = off_sorted, .off_blk = off_blk,
-                         .off_used = off_used, .off_h = off_h, .off_y = off_y};
+                         .h16 = h16, .off_sorted = off_sorted, .off_blk = off_blk, .off_used = off_used,
+                         .off_h = off_h, .off_y = off_y};
     char name[200];
     int is_new = 0;
     long long e0 = d->e0;
@@ -1268,8 +1253,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     int T = c->T;
     if (!aligned) {
         /* (1) align */
-        snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d%s", E, shard, K, bm, T,
-                 early ? "_z" : "");
+        snprintf(name, sizeof name, "moe_align_e%lld%s_k%lld_bm%d_t%d", E, shard, K, bm, T);
         int k1 = cg_kernel(c, name, &is_new);
         if (k1 < 0)
             return oom(d);
@@ -1283,8 +1267,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
                           "    constexpr int E = %lld, E0 = %lld, K = %lld, T = %d, BM = %d, NB = %lld, "
                           "NT = %d;\n",
                           opname, ALIGN_THREADS, name, E, e0, K, T, bm, nb, ALIGN_THREADS);
-            moec_buf_printf(&c->src, "%s%s}\n\n", CG_MOE_ALIGN_BODY,
-                            early ? CG_MOE_ALIGN_ZERO : "");
+            moec_buf_printf(&c->src, "%s}\n\n", CG_MOE_ALIGN_BODY);
         }
         ir_step *s = cg_step(c, IR_STEP_KERNEL, d->op);
         if (!s)
@@ -1376,15 +1359,6 @@ const ir_op *cg_moe_topk_routed(const cg_ctx *c, const ir_op *topk, int max_t, i
     int mma, tc;
     moe_blocks(c, &d, bm, &mma, &tc, nb);
     return r;
-}
-
-int cg_moe_routed_early(const cg_ctx *c, const ir_op *routed)
-{
-    cg_moe_desc d = routed_desc(routed);
-    int bm, mma, tc;
-    long long nb;
-    moe_blocks(c, &d, &bm, &mma, &tc, &nb);
-    return moe_early(tc);
 }
 
 moec_status cg_emit_moe_routed(cg_ctx *c, const ir_op *op)

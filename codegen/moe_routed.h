@@ -52,16 +52,6 @@ int cg_linear_in_topk(const cg_ctx *c, const ir_op *lin);
 /* The align kernel's body (sorted, blk_expert, n_used from ids): constants
  * E, E0, K, T, BM, NB and NT (threads) in scope. */
 extern const char CG_MOE_ALIGN_BODY[];
-/* What follows that body where the down GEMM starts early
- * (cg_moe_routed_early): the expert blocks' counters, past blk_expert's NB
- * entries, zeroed. */
-extern const char CG_MOE_ALIGN_ZERO[];
-/* 1 when moe_routed op `routed`'s down GEMM starts on each expert block as
- * the gate_up warps of that block's slots have written h, not when the
- * whole gate_up grid has ended (MOEC_MOE_EARLY_DOWN): the staged fp8
- * kernels only. Its blk_expert scratch then holds NB counters past the NB
- * experts, which the align zeroes (CG_MOE_ALIGN_ZERO). */
-int cg_moe_routed_early(const cg_ctx *c, const ir_op *routed);
 
 /* What cg_moe_emit's steps share: the shapes, the expert blocks (nb of
  * bm slots) and the scratch offsets of the sorted slots, the blocks'
@@ -70,7 +60,6 @@ typedef struct cg_moe_layout {
     long long H, K, E, I, nb;
     int bm, fused;
     int h16; /* h (silu(gate) * up) stored as bf16, else f32 */
-    int early; /* down starts per expert block (cg_moe_routed_early) */
     size_t off_sorted, off_blk, off_used, off_h, off_y;
 } cg_moe_layout;
 

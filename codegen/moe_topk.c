@@ -509,7 +509,7 @@ static const char ROUTER_MMA_TAIL[] =
     "        const int *ids = s_all;\n"
     "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
     "        constexpr long long NB = %lldLL;\n"
-    "%s%s    }\n"
+    "%s    }\n"
     "}\n\n";
 
 moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
@@ -580,11 +580,8 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
     if (router)
         nw = 8; /* GEMV: warps 0 .. T-1 of block 0 choose; all eight align */
     char name[240], align[48] = "", rtag[80] = "";
-    /* the down GEMM after it starts per expert block: the counters zeroed */
-    int early = routed && cg_moe_routed_early(c, routed);
-    const char *align_zero = early ? CG_MOE_ALIGN_ZERO : "";
     if (routed)
-        snprintf(align, sizeof align, "_align_bm%d%s", bm, early ? "_z" : "");
+        snprintf(align, sizeof align, "_align_bm%d", bm);
     if (router)
         snprintf(rtag, sizeof rtag, "_router%s_h%lld_%s", rf == ROUTER_MMA ? "mma" : "", H,
                  ir_dtype_name(cg_storage(c, rw)));
@@ -709,8 +706,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                             ROUTER_GATHER);
         }
         if (rf == ROUTER_MMA)
-            moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY,
-                            align_zero);
+            moec_buf_printf(&c->src, ROUTER_MMA_TAIL, TOPK_BODY, bm, nb, CG_MOE_ALIGN_BODY);
         else if (!routed)
             moec_buf_printf(&c->src, "%s    if (t >= T)\n        return;\n%s}\n\n", TOPK_HEAD,
                             TOPK_BODY);
@@ -727,9 +723,9 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
                           "        const int *ids = s_ids;\n"
                           "        constexpr int E0 = 0, BM = %d, NT = NW * 32;\n"
                           "        constexpr long long NB = %lldLL;\n"
-                          "%s%s    }\n"
+                          "%s    }\n"
                           "}\n\n",
-                          TOPK_HEAD, TOPK_BODY, pf_src, bm, nb, CG_MOE_ALIGN_BODY, align_zero);
+                          TOPK_HEAD, TOPK_BODY, pf_src, bm, nb, CG_MOE_ALIGN_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -753,7 +749,7 @@ moec_status cg_emit_moe_topk(cg_ctx *c, const ir_op *op)
            its order (codegen/moe_routed.c) */
         c->moe_aligned = routed->id + 1;
         c->moe_align_off[0] = cg_scratch(c, (size_t)(nb * bm) * 4);
-        c->moe_align_off[1] = cg_scratch(c, (size_t)nb * (early ? 8 : 4));
+        c->moe_align_off[1] = cg_scratch(c, (size_t)nb * 4);
         c->moe_align_off[2] = cg_scratch(c, 4);
         c->moe_align_off[3] = c->scratch_cur[c->stream == 1];
         for (int i = 0; i < 3; i++)

@@ -169,7 +169,6 @@ inline thread_local emu_cluster *emu_this_cluster;
 static inline unsigned char *emu_smem() { return emu_this_block->smem; }
 static inline void __syncthreads() { pthread_barrier_wait(&emu_this_block->bar); }
 static inline void moec_pdl_enter() {}
-static inline void moec_pdl_trigger() {}
 /* the range a kernel prefetches lies in what it may read: the harness's
    allocations are checked by the address sanitizer on the first and last
    byte. Under the thread sanitizer nothing is read: a prefetch returns no
@@ -415,9 +414,6 @@ static inline unsigned atomicAdd(unsigned *p, unsigned v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
-static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-// the early down's wait (codegen/fp8_tc.c): its gate_up ran to its end before
-static inline void __nanosleep(unsigned) {}
 
 static inline void __syncwarp()
 {

@@ -31,7 +31,6 @@ struct emu_case {
     int act; // a linear with act silu_mul: x [T, 2 LK]
     int tl_gu, tl_dn; // the experts' gate_up and down codes in fragment tiles (ir_weight_tiled)
     int mma; // the experts' first tensor-core form (mma: a warp a block, no shared memory)
-    int early; // down waits for each block's gate_up warps on a counter (MOEC_MOE_EARLY_DOWN)
     emu_step steps[2];
     int n_steps;
 };
@@ -193,10 +192,6 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
                           const float *, const int *, const int *, const int *, TH *);
     using dn_t = void (*)(const TH *, const TW *, const float *, const int *, const int *,
                           const int *, const float *, float, float *);
-    using gue_t = void (*)(const __nv_bfloat16 *, const TW *, const TW *, const float *,
-                           const float *, const int *, const int *, const int *, TH *, int *);
-    using dne_t = void (*)(const TH *, const TW *, const float *, const int *, const int *,
-                           const int *, const float *, float, float *, const int *);
     using gu16_t = void (*)(const __nv_bfloat16 *, const TW *, const TW *, const int *,
                             const int *, const int *, TH *);
     using dn16_t = void (*)(const TH *, const TW *, const int *, const int *, const int *,
@@ -229,7 +224,7 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     assert(c.h32   ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
            : c.mma ? bm >= 8 && c.steps[1].smem == 0
                    : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
-    buf<int> sorted((size_t)nb * bm), blk(nb), used(1), cnt(nb);
+    buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
     std::fill(sorted.v.begin(), sorted.v.end(), -1);
     std::fill(blk.v.begin(), blk.v.end(), -1);
     int off = 0;
@@ -253,33 +248,17 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     const TW *gq = gate.codes(c.tl_gu), *uq = split ? up.codes(c.tl_gu) : gq,
              *dq = down.codes(c.tl_dn);
     emu_launch(g.gx, g.gy, g.block, g.smem, g.cluster, [&] {
-        if constexpr (f8) {
-            if (c.early)
-                ((gue_t)g.fn)(x.p(), gq, uq, gate.s.p(), split ? up.s.p() : gate.s.p(),
-                              sorted.p(), blk.p(), used.p(), h.p(), cnt.p());
-            else
-                ((gu_t)g.fn)(x.p(), gq, uq, gate.s.p(), split ? up.s.p() : gate.s.p(),
-                             sorted.p(), blk.p(), used.p(), h.p());
-        } else
+        if constexpr (f8)
+            ((gu_t)g.fn)(x.p(), gq, uq, gate.s.p(), split ? up.s.p() : gate.s.p(), sorted.p(),
+                         blk.p(), used.p(), h.p());
+        else
             ((gu16_t)g.fn)(x.p(), gq, uq, sorted.p(), blk.p(), used.p(), h.p());
     });
-    // early: gate_up counted each used block's I / 16 warps, no other (down
-    // would wait for ever on a short count, and start too soon on a long one)
-    for (unsigned b = 0; c.early && b < nb; b++)
-        if (cnt.v[b] != ((int)b < off ? I / 16 : 0)) {
-            fprintf(stderr, "%s: block %u counted %d gate_up warps, not %d\n", c.what, b,
-                    cnt.v[b], (int)b < off ? I / 16 : 0);
-            return 1e30;
-        }
     emu_launch(d.gx, d.gy, d.block, d.smem, d.cluster, [&] {
-        if constexpr (f8) {
-            if (c.early)
-                ((dne_t)d.fn)(h.p(), dq, down.s.p(), sorted.p(), blk.p(), used.p(), wts.p(),
-                              scale, y.p(), cnt.p());
-            else
-                ((dn_t)d.fn)(h.p(), dq, down.s.p(), sorted.p(), blk.p(), used.p(), wts.p(),
-                             scale, y.p());
-        } else
+        if constexpr (f8)
+            ((dn_t)d.fn)(h.p(), dq, down.s.p(), sorted.p(), blk.p(), used.p(), wts.p(),
+                         scale, y.p());
+        else
             ((dn16_t)d.fn)(h.p(), dq, sorted.p(), blk.p(), used.p(), wts.p(), scale,
                            y.p());
     });

@@ -177,11 +177,6 @@ static const gen_case CASES[] = {
        tokens where the blocks still fill the GPU (fp8_tc.c, linear_shape):
        256 rows a block, the second of two slabs mostly dead warps */
     {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_WARPS=8"},
-    /* down started per expert block (MOEC_MOE_EARLY_DOWN): the counters
-       gate_up's warps raise, fused (3 live warps of 4 in gate_up's last
-       block row) and split at 2 tiles a warp */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_MOE_EARLY_DOWN=1"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 8, CG_FP8_AUTO, "MOEC_FP8_TC_RT=2 MOEC_MOE_EARLY_DOWN=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -243,7 +238,7 @@ int main(int argc, char **argv)
         int moe = s->E > 0, w16 = !strcmp(moe ? s->wdt : s->ldt, "bf16");
         /* the experts' slots a block, from the kernels' names; the
            streaming form (gv) keeps h in f32 */
-        int bm = 0, h32 = 0, cvt = 0, gv8 = 0, mma = 0, early = 0;
+        int bm = 0, h32 = 0, cvt = 0, gv8 = 0, mma = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
             int gv = strstr(c.kernel_names[k], "_gv_") != NULL || strstr(c.kernel_names[k], "_gt_");
@@ -254,7 +249,6 @@ int main(int argc, char **argv)
             h32 |= gv;
             gv8 += gv && strstr(c.kernel_names[k], "f8e4m3") != NULL;
             cvt += gv && strstr(c.kernel_names[k], "_cvt_") != NULL;
-            early |= strstr(c.kernel_names[k], "_early") != NULL;
         }
         /* the streaming fp8 GEMMs widen by the conversion unit (sm_90, the
            generator's arch) unless the case says MOEC_MOE_GEMV_CVT=0 */
@@ -274,13 +268,13 @@ int main(int argc, char **argv)
             }
         moec_buf_printf(&table,
                         "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, "
-                        "%d, %d, %d, %d, %d, %d, %d, %d, %d, {",
+                        "%d, %d, %d, %d, %d, %d, %d, %d, {",
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
                         w16 ? " bf16" : "", s->lact ? " silu" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
                         gc->env ? " " : "", gc->env ? gc->env : "", tl_gu ? " gate_up tiled" : "",
                         tl_dn ? " down tiled" : "", s->LN, s->LK, s->E, s->K, s->HID, s->I, s->BN,
-                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn, mma, early);
+                        s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn, mma);
         fprintf(f, "namespace case%d {\n", i);
         int n = 0;
         for (int k = 0; k < c.n_steps; k++) {
