@@ -110,6 +110,14 @@
  *   as many bytes in flight an SM): fp8 V2-Lite at 32 / 64 tokens 5.679
  *   to 5.698 / 6.982 to 7.059 ms against 5.672 / 6.918 (H200,
  *   2026-11-30; history at 6ba915a).
+ * - down started per expert block (a counter a block of slots that each
+ *   gate_up warp raises once its h is written, zeroed by the align; down's
+ *   blocks, launched once every gate_up block had begun, waited on their
+ *   own counter instead of for the whole grid): gpu_kernels' fp8 part
+ *   passed (450 of 450), but fp8 V2-Lite at 8 / 32 / 64 tokens 3.709 /
+ *   5.767 / 7.026 ms against 3.716 / 5.761 / 6.981 (H200, 2026-11-30;
+ *   history at 5687c89, MOEC_MOE_EARLY_DOWN). Gate_up's last wave does
+ *   not leave the DRAM idle: down's early blocks only share it.
  * - the linear's products on sm_90a's warpgroup MMA (wgmma m64nTGk16, A the
  *   widened codes in registers, x by descriptor from shared memory staged
  *   in the widening's k order as unswizzled core matrices; a plan for
