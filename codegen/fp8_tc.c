@@ -295,8 +295,6 @@ static const char LINEAR_HEAD[] =
 /* PRE: the warp's first U chunks of weights, which do not depend on the
  * kernel before, loaded before the programmatic wait. */
 static const char LINEAR_PRE[] = "    if (live[0])\n        load(c0);\n    moec_pdl_enter();\n";
-/* late (cg_tc_linear_late): the wait alone there, the trigger at the end */
-static const char LINEAR_PRE_LATE[] = "    if (live[0])\n        load(c0);\n    moec_pdl_wait();\n";
 
 /* x's tokens t0 .. t0 + TG - 1 (zeros past T) at chunks c0 .. c1 - 1 into
  * shared memory; with ACT, h = silu(gate) * up of x [T, 2K], rounded to
@@ -590,33 +588,6 @@ int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
     return tc_linear_shape(c, op, &sh);
 }
 
-int cg_tc_linear_late(const cg_ctx *c, const ir_op *op)
-{
-    int from = cg_env_int("MOEC_FP8_TC_LATE", 0, 0, 1 << 20);
-    if (!from || c->T < from || op->kind != IR_OP_LINEAR || op->n_in < 2 ||
-        cg_storage(c, op->in[1]) != IR_DTYPE_F8E4M3 || cg_prefetch_bytes(c) > 0 ||
-        !cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1) || !cg_tc_linear_fits(c, op))
-        return 0;
-    /* MOEC_FP8_TC_LATE_ALL=1: every such linear (an A/B knob) */
-    if (cg_env_int("MOEC_FP8_TC_LATE_ALL", 0, 0, 1))
-        return 1;
-    /* read by an MLA prologue (and the q absorption it launches with) alone */
-    int pro = 0;
-    for (int i = op->id + 1; i < c->m->n_ops; i++) {
-        const ir_op *u = c->m->ops[i];
-        for (int j = 0; j < u->n_in; j++) {
-            if (u->in[j] != op->out[0])
-                continue;
-            if (u->kind == IR_OP_MLA_PROLOGUE || u->kind == IR_OP_MLA_PROLOGUE_KV ||
-                u->kind == IR_OP_MLA_PROLOGUE_Q)
-                pro = 1;
-            else if (u->kind != IR_OP_MLA_QABSORB)
-                return 0;
-        }
-    }
-    return pro;
-}
-
 moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io,
                          const char *decl)
 {
@@ -632,12 +603,11 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     long long per = (K / 64 + sh.s - 1) / sh.s, pf = cg_prefetch_bytes(c);
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
-    int late = pre && cg_tc_linear_late(c, op);
     char name[300], cluster[48] = "";
     int roll = tc_roll(c);
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             late ? "_late" : "", roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -665,11 +635,8 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
             pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
-        moec_buf_printf(&c->src, "%s%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD,
-                        late  ? LINEAR_PRE_LATE
-                        : pre ? LINEAR_PRE
-                              : "",
-                        LINEAR_STAGE, TC_LOOP, LINEAR_TAIL, late ? "    moec_pdl_trigger();\n" : "");
+        moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
+                        LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

@@ -28,12 +28,6 @@ int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op);
  * wait, the warps' first weights load there (MOEC_LINEAR_TC_PRE=0: not). */
 moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *io,
                          const char *decl);
-/* 1 when linear op runs the staged kernel with the programmatic trigger
- * at its end instead of after its wait (MOEC_FP8_TC_LATE=N: fp8 weights,
- * from N tokens, where an MLA prologue alone reads y): that prologue is
- * then a programmatic dependent again (codegen/mla_prologue.c), scheduled
- * as the linear's blocks end rather than launched once it has ended. */
-int cg_tc_linear_late(const cg_ctx *c, const ir_op *op);
 /* The arguments of a tensor-core linear's step (this one and
  * codegen/linear.c's emit_mma): x, the weight (fp8 codes or bf16), where
  * `scales` the codes' block scales, the bias (the weight, unread, without

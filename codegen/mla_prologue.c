@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "codegen/cg.h"
-#include "codegen/fp8_tc.h"
 #include "err.h"
 
 #define PRO_THREADS 128
@@ -275,8 +274,7 @@ moec_status cg_emit_mla_prologue(cg_ctx *c, const ir_op *op)
     }
     s->kernel = k;
     int plain_t = cg_env_int("MOEC_MLA_PRO_PLAIN_T", PRO_PLAIN_T, 0, 1 << 20);
-    s->plain = plain_t > 0 && c->T >= plain_t && after_fp8_linear(c, x) &&
-               !cg_tc_linear_late(c, x->def);
+    s->plain = plain_t > 0 && c->T >= plain_t && after_fp8_linear(c, x);
     /* fused: the absorption's blocks first, then the prologue's, on one axis */
     unsigned threads = qa && part.threads > PRO_THREADS ? part.threads : PRO_THREADS;
     s->grid[0] = qa ? part.blocks + (unsigned)(c->T * roles) : (unsigned)c->T;
