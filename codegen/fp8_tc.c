@@ -118,6 +118,11 @@
  *   5.767 / 7.026 ms against 3.716 / 5.761 / 6.981 (H200, 2026-11-30;
  *   history at 5687c89, MOEC_MOE_EARLY_DOWN). Gate_up's last wave does
  *   not leave the DRAM idle: down's early blocks only share it.
+ * - the q/kv projection's trigger at its end (the wait alone after its
+ *   first loads), so that the MLA prologue behind it is a programmatic
+ *   dependent again, not a plain launch: 5.689 / 6.881 ms at 32 / 64
+ *   tokens against 5.697 / 6.879; every fp8 staged linear so 5.717 /
+ *   6.902 (H200, 2026-11-30; history at 7023c9b, MOEC_FP8_TC_LATE).
  * - the linear's products on sm_90a's warpgroup MMA (wgmma m64nTGk16, A the
  *   widened codes in registers, x by descriptor from shared memory staged
  *   in the widening's k order as unswizzled core matrices; a plan for
