@@ -47,7 +47,14 @@ static const pass_info PIPELINE[] = {
     {"fuse_dsa_indexer", pass_fuse_dsa_indexer, "the DSA indexer's key path as one op, q's rope in dsa_topk"},
     /* The shared expert branch runs on stream 1 beside routing and the routed
      * experts on stream 0, and DeepSeek-V3.2's indexer beside the MLA's q
-     * path, with explicit fork and join. */
+     * path, with explicit fork and join. (The shared expert as n_shared more
+     * routed experts that every token takes, as SGLang's shared experts
+     * fusion runs it, measured by its stand-in: V2-Lite's config with 66
+     * routed experts, 8 a token and no shared one, the same bytes a step at
+     * batch 1 and 64. fp8 1.577 / 4.032 / 5.788 / 7.210 ms at 1 / 8 / 32 /
+     * 64 tokens against 1.452 / 3.729 / 5.741 / 6.953, bf16 1.990 / 5.984
+     * / 9.506 / 10.537 against 1.836 / 5.405 / 9.333 / 10.123 (H200,
+     * 2026-11-30): the second stream is worth more.) */
     {"assign_streams", pass_assign_streams, "shared experts, and V3.2's indexer, on a second stream"},
     /* The add of the routed and the shared experts' outputs goes into the
      * residual add_rms_norm after it (after assign_streams: it reads the join). */
