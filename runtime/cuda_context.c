@@ -262,12 +262,15 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
     return MOEC_OK;
 }
 
-/* 1 where NAME holds one of MOEC_PDL_OFF's comma-separated parts: an A/B
- * knob that launches those kernels plainly (scheduled only once the kernel
- * before them has ended) while the rest stay programmatic dependents. */
-static int pdl_off(const char *name)
+/* 1 where NAME holds one of the comma-separated parts of environment
+ * variable var: MOEC_PDL_OFF, an A/B knob that launches those kernels
+ * plainly (scheduled only once the kernel before them has ended) while the
+ * rest stay programmatic dependents; MOEC_PRIO_HIGH, one that launches
+ * them at the device's greatest priority (the GPU schedules their blocks
+ * before those of kernels waiting beside them) and the rest at its least. */
+static int name_listed(const char *var, const char *name)
 {
-    const char *v = getenv("MOEC_PDL_OFF");
+    const char *v = getenv(var);
     while (name && v && *v) {
         size_t n = strcspn(v, ",");
         for (const char *h = name; n > 0 && *h; h++)
@@ -302,7 +305,8 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
         switch (s->kind) {
         case IR_STEP_KERNEL:
             MOEC_TRY(prepare_kernel(c, cb, s, L, where));
-            L->plain = s->plain || pdl_off(b->kernel_names[s->kernel]);
+            L->plain = s->plain || name_listed("MOEC_PDL_OFF", b->kernel_names[s->kernel]);
+            L->prio_high = name_listed("MOEC_PRIO_HIGH", b->kernel_names[s->kernel]);
             break;
         case IR_STEP_GEMM: MOEC_TRY(rt_cuda_prepare_gemm(c, cb, s, L, where)); break;
         case IR_STEP_FORK:
@@ -376,17 +380,20 @@ static moec_status stream_priorities(rt_cuda *c)
 {
     c->prio_on = 0;
     c->prio[0] = c->prio[1] = 0;
-    const char *v = getenv("MOEC_STREAM_PRIORITY");
-    if (!v || !*v || !strcmp(v, "off"))
-        return MOEC_OK;
-    if (strcmp(v, "0") && strcmp(v, "1"))
+    const char *v = getenv("MOEC_STREAM_PRIORITY"), *hi = getenv("MOEC_PRIO_HIGH");
+    int streams = v && *v && strcmp(v, "off");
+    if (streams && strcmp(v, "0") && strcmp(v, "1"))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "MOEC_STREAM_PRIORITY=\"%s\": not 0, 1 or off (the stream scheduled first)", v);
+    if (!streams && !(hi && *hi))
+        return MOEC_OK;
     int least = 0, greatest = 0;
     MOEC_TRY(CK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "the stream priorities"));
     c->prio_on = 1;
     c->prio[0] = c->prio[1] = least;
-    c->prio[v[0] - '0'] = greatest;
+    c->prio_greatest = greatest;
+    if (streams)
+        c->prio[v[0] - '0'] = greatest;
     return MOEC_OK;
 }
 

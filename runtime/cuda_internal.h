@@ -134,6 +134,8 @@ typedef struct rt_cuda_launch {
     int plain;                     /* 1: launched without the programmatic attribute
                                     * (the step's plain, or its name holds a
                                     * MOEC_PDL_OFF part) */
+    int prio_high;                 /* 1: launched at the device's greatest priority
+                                    * (its name holds a MOEC_PRIO_HIGH part) */
 } rt_cuda_launch;
 
 /* What the device says about one kernel of a cubin. Parameters are asked
@@ -184,6 +186,7 @@ struct rt_cuda {
                                     * sm_90+, unless MOEC_PDL=0) */
     int prio_on;                   /* 1: the streams carry priorities (MOEC_STREAM_PRIORITY) */
     int prio[2];                   /* each stream's priority when prio_on */
+    int prio_greatest;             /* the device's greatest, for MOEC_PRIO_HIGH's kernels */
     size_t device_bytes;
 
     void **weights;                /* per value id */

@@ -69,7 +69,7 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
             }
             if (c->prio_on) {
                 attr[n_attr].id = cudaLaunchAttributePriority;
-                attr[n_attr++].val.priority = c->prio[sk];
+                attr[n_attr++].val.priority = L->prio_high ? c->prio_greatest : c->prio[sk];
             }
             if (n_attr) {
                 cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, attr, n_attr};
