@@ -262,7 +262,7 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
     return MOEC_OK;
 }
 
-/* 1 where NAME holds one of the comma-separated parts of environment
+/* 1 where NAME holds one of the parts (apart by ',' or '+') of environment
  * variable var: MOEC_PDL_OFF, an A/B knob that launches those kernels
  * plainly (scheduled only once the kernel before them has ended) while the
  * rest stay programmatic dependents; MOEC_PRIO_HIGH, one that launches
@@ -272,11 +272,11 @@ static int name_listed(const char *var, const char *name)
 {
     const char *v = getenv(var);
     while (name && v && *v) {
-        size_t n = strcspn(v, ",");
+        size_t n = strcspn(v, ",+");
         for (const char *h = name; n > 0 && *h; h++)
             if (!strncmp(h, v, n))
                 return 1;
-        v += n + (v[n] == ',');
+        v += n + (v[n] != '\0');
     }
     return 0;
 }
