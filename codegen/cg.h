@@ -139,8 +139,10 @@ int cg_two_streams(const cg_ctx *c);
  * either form); elsewhere each fork stays right after its operand's op.
  * MOEC_FORK_DELAY=n moves each fork past the next n main-stream launches
  * instead (0: none), an A/B knob. A fork never moves past a step of the
- * side stream, a join or a collective.
- * cg_plan_build calls it once per bucket. */
+ * side stream, a join or a collective. Where the fork goes past the
+ * routing, the shared expert's silu_mul and the down projection reading it
+ * get the step's prio (the device's greatest priority; MOEC_SIDE_PRIO=0:
+ * not). cg_plan_build calls it once per bucket. */
 void cg_place_forks(cg_ctx *c);
 
 ir_arg cg_arg_act(const ir_value *v);

@@ -79,7 +79,9 @@ static moec_status capture_bucket(graph_set *g, int b)
     cudaGraphExec_t *exec = &g->exec[b][c->single_stream];
     if (st == MOEC_OK)
         st = CK(cudaGraphInstantiate(exec, graph,
-                                     c->prio_on ? cudaGraphInstantiateFlagUseNodePriority : 0),
+                                     c->prio_on || (cb->prio_high && !c->single_stream)
+                                         ? cudaGraphInstantiateFlagUseNodePriority
+                                         : 0),
                 where);
     if (st == MOEC_OK)
         st = CK(cudaGraphUpload(*exec, c->stream[0]), where);

@@ -119,6 +119,9 @@ typedef struct ir_step {
     int plain;        /* IR_STEP_KERNEL, 1: launched without the programmatic-dependent
                          attribute even where the plan's kernels carry the wait
                          (plan->pdl): scheduled only once the kernel before it ends */
+    int prio;         /* IR_STEP_KERNEL, 1: launched at the device's greatest priority, so
+                         that the GPU schedules its blocks before those of kernels
+                         waiting beside it (cg_place_forks: the shared expert's tail) */
     int n_args;
     ir_arg args[IR_MAX_ARGS];
     ir_gemm gemm;     /* IR_STEP_GEMM */

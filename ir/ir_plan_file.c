@@ -62,9 +62,10 @@ static cJSON *coll_json(const ir_coll *c)
 
 static cJSON *step_json(const ir_step *s)
 {
-    double v[12] = {s->kind, s->stream, s->op_id, s->kernel, s->grid[0], s->grid[1], s->grid[2],
-                    s->block[0], s->block[1], s->block[2], s->smem, s->plain};
-    cJSON *a = num_array(v, 12);
+    double v[13] = {s->kind,     s->stream,   s->op_id,    s->kernel, s->grid[0],
+                    s->grid[1],  s->grid[2],  s->block[0], s->block[1], s->block[2],
+                    s->smem,     s->plain,    s->prio};
+    cJSON *a = num_array(v, 13);
     cJSON *args = cJSON_CreateArray();
     for (int i = 0; i < s->n_args; i++)
         cJSON_AddItemToArray(args, arg_json(&s->args[i]));
@@ -417,9 +418,11 @@ static void read_coll(reader *r, const cJSON *g, ir_coll *c)
 
 static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m, int n_kernels)
 {
-    /* 14 items; 13 in plans of format 3, which had no `plain` */
-    const int n_items = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0, x1 = n_items == 14;
-    if (n_items != 13 && n_items != 14) {
+    /* 15 items; 14 in plans of format 4, which had no `prio`, 13 in those of
+       format 3, which had no `plain` either */
+    const int n_items = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+    const int x1 = n_items >= 14, x2 = n_items == 15;
+    if (n_items < 13 || n_items > 15) {
         bad(r, "a step is malformed");
         return;
     }
@@ -433,13 +436,14 @@ static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m,
     }
     s->smem = (unsigned)jint(r, a, 10, 0, PLAN_UINT_HI);
     s->plain = x1 ? (int)jint(r, a, 11, 0, 1) : 0;
+    s->prio = x2 ? (int)jint(r, a, 12, 0, 1) : 0;
     if (s->kind < IR_STEP_KERNEL || s->kind > IR_STEP_COLLECTIVE || s->stream < 0 || s->stream > 1 ||
         s->op_id < -1 || s->op_id >= m->n_ops ||
         (s->kind == IR_STEP_KERNEL && (s->kernel < 0 || s->kernel >= n_kernels))) {
         bad(r, "a step refers to something that does not exist");
         return;
     }
-    const cJSON *args = cJSON_GetArrayItem(a, 11 + x1);
+    const cJSON *args = cJSON_GetArrayItem(a, 11 + x1 + x2);
     int n = cJSON_GetArraySize(args);
     if (!cJSON_IsArray(args) || n > IR_MAX_ARGS) {
         bad(r, "a step has too many arguments");
@@ -448,7 +452,7 @@ static void read_step(reader *r, const cJSON *a, ir_step *s, const ir_module *m,
     s->n_args = n;
     for (int i = 0; i < n; i++)
         s->args[i] = read_arg(r, cJSON_GetArrayItem(args, i));
-    const cJSON *g = cJSON_GetArrayItem(a, 12 + x1);
+    const cJSON *g = cJSON_GetArrayItem(a, 12 + x1 + x2);
     if (s->kind == IR_STEP_COLLECTIVE) {
         read_coll(r, g, &s->coll);
         return;

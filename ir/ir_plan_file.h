@@ -19,8 +19,10 @@
  * (their requests sample on the host).
  * 4: a step's `plain` (a kernel launched without the programmatic-dependent
  * attribute), its twelfth number; files of formats 1 to 3 still read
- * (every kernel as the plan's pdl says). */
-#define IR_PLAN_FORMAT 4
+ * (every kernel as the plan's pdl says).
+ * 5: a step's `prio` (a kernel launched at the device's greatest priority),
+ * its thirteenth number; files of formats 1 to 4 still read (none). */
+#define IR_PLAN_FORMAT 5
 
 typedef struct ir_plan_meta {
     int format;

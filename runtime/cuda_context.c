@@ -306,7 +306,8 @@ static moec_status prepare_bucket(rt_cuda *c, rt_cuda_bucket *cb)
         case IR_STEP_KERNEL:
             MOEC_TRY(prepare_kernel(c, cb, s, L, where));
             L->plain = s->plain || name_listed("MOEC_PDL_OFF", b->kernel_names[s->kernel]);
-            L->prio_high = name_listed("MOEC_PRIO_HIGH", b->kernel_names[s->kernel]);
+            L->prio_high = s->prio || name_listed("MOEC_PRIO_HIGH", b->kernel_names[s->kernel]);
+            cb->prio_high |= L->prio_high;
             break;
         case IR_STEP_GEMM: MOEC_TRY(rt_cuda_prepare_gemm(c, cb, s, L, where)); break;
         case IR_STEP_FORK:
@@ -373,27 +374,28 @@ static moec_status gemm_tune_env(rt_cuda *c)
 
 /* MOEC_STREAM_PRIORITY: which stream's blocks the GPU schedules first when
  * both have kernels waiting: "1" the second stream (the shared experts,
- * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). The
- * graphs keep each kernel's priority (captured as a launch attribute,
+ * DeepSeek-V3.2's indexer), "0" the first, "off" neither (default). Steps
+ * whose prio the plan sets, and kernels MOEC_PRIO_HIGH names, launch at the
+ * device's greatest priority (on two streams), the rest at their stream's.
+ * The graphs keep each kernel's priority (captured as a launch attribute,
  * instantiated with cudaGraphInstantiateFlagUseNodePriority). */
 static moec_status stream_priorities(rt_cuda *c)
 {
     c->prio_on = 0;
     c->prio[0] = c->prio[1] = 0;
-    const char *v = getenv("MOEC_STREAM_PRIORITY"), *hi = getenv("MOEC_PRIO_HIGH");
+    const char *v = getenv("MOEC_STREAM_PRIORITY");
     int streams = v && *v && strcmp(v, "off");
     if (streams && strcmp(v, "0") && strcmp(v, "1"))
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "MOEC_STREAM_PRIORITY=\"%s\": not 0, 1 or off (the stream scheduled first)", v);
-    if (!streams && !(hi && *hi))
-        return MOEC_OK;
     int least = 0, greatest = 0;
     MOEC_TRY(CK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "the stream priorities"));
+    c->prio_greatest = greatest;
+    if (!streams)
+        return MOEC_OK;
     c->prio_on = 1;
     c->prio[0] = c->prio[1] = least;
-    c->prio_greatest = greatest;
-    if (streams)
-        c->prio[v[0] - '0'] = greatest;
+    c->prio[v[0] - '0'] = greatest;
     return MOEC_OK;
 }
 

@@ -158,6 +158,8 @@ typedef struct rt_cuda_bucket {
     rt_cuda_kernel_info *info;
     rt_cuda_launch *launches;
     float *logits;                 /* module output 0 in the arena, for this T */
+    int prio_high;                 /* 1: a launch at the greatest priority (its graph
+                                    * keeps the nodes' priorities) */
 } rt_cuda_bucket;
 
 struct rt_cuda {
@@ -186,7 +188,7 @@ struct rt_cuda {
                                     * sm_90+, unless MOEC_PDL=0) */
     int prio_on;                   /* 1: the streams carry priorities (MOEC_STREAM_PRIORITY) */
     int prio[2];                   /* each stream's priority when prio_on */
-    int prio_greatest;             /* the device's greatest, for MOEC_PRIO_HIGH's kernels */
+    int prio_greatest;             /* the device's greatest, for prio steps' kernels */
     size_t device_bytes;
 
     void **weights;                /* per value id */

@@ -60,16 +60,18 @@ moec_status rt_cuda_run_steps(rt_cuda *c, rt_cuda_bucket *cb, int from, int to)
             /* launch attributes: as a programmatic dependent of the kernel
                before it on the stream (scheduled while that one runs,
                waiting in moec_pdl_enter for its results), and the
-               stream's priority (MOEC_STREAM_PRIORITY) */
+               stream's priority (MOEC_STREAM_PRIORITY) or the step's
+               (the greatest, on two streams) */
             cudaLaunchAttribute attr[2];
             unsigned n_attr = 0;
             if (c->pdl && !L->plain) {
                 attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
                 attr[n_attr++].val.programmaticStreamSerializationAllowed = 1;
             }
-            if (c->prio_on) {
+            int high = L->prio_high && !single;
+            if (c->prio_on || high) {
                 attr[n_attr].id = cudaLaunchAttributePriority;
-                attr[n_attr++].val.priority = L->prio_high ? c->prio_greatest : c->prio[sk];
+                attr[n_attr++].val.priority = high ? c->prio_greatest : c->prio[sk];
             }
             if (n_attr) {
                 cudaLaunchConfig_t cfg = {grid, block, s->smem, stream, attr, n_attr};

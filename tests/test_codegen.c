@@ -1607,6 +1607,45 @@ static void check_mla_pro_plain(const ir_module *m, const char *what, int fp8, i
     }
 }
 
+/* The shared expert's silu_mul and the down projection reading it launch at
+ * the greatest priority (the step's prio) on the side stream where it forks
+ * after the routing (fp8, from 32 tokens), and no other step; none in bf16,
+ * below 32 tokens, or under MOEC_SIDE_PRIO=0. `shared`: the model has a
+ * shared expert (so that the check is not empty). */
+static void check_side_prio(const ir_module *m, const char *what, int fp8, int shared)
+{
+    static const int buckets[] = {8, 32, 64, 64};
+    for (int b = 0; b < 4; b++) {
+        int off = b == 3;
+        if (off)
+            setenv("MOEC_SIDE_PRIO", "0", 1);
+        cg_ctx c;
+        int ok = generate_default(m, buckets[b], &c);
+        if (off)
+            unsetenv("MOEC_SIDE_PRIO");
+        if (!ok)
+            continue;
+        int want = fp8 && !off && buckets[b] >= 32, tail = 0, bad = 0;
+        for (int i = 0; i < c.n_steps; i++) {
+            const ir_step *s = &c.steps[i];
+            const ir_op *o = s->op_id >= 0 ? m->ops[s->op_id] : NULL;
+            const ir_op *src = o && o->n_in > 0 && o->in[0]->kind == IR_VALUE_OP ? o->in[0]->def
+                                                                                 : NULL;
+            int is_tail = s->kind == IR_STEP_KERNEL && s->stream == 1 && o &&
+                          (o->kind == IR_OP_SILU_MUL ||
+                           (o->kind == IR_OP_LINEAR &&
+                            (ir_op_attr(o, "act") || (src && src->kind == IR_OP_SILU_MUL))));
+            tail += is_tail;
+            bad += s->prio != (want && is_tail);
+        }
+        if (bad || (shared && !tail))
+            fprintf(stderr, "%s T=%d%s: %d steps' prio wrong (%d of the shared expert's tail)\n",
+                    what, buckets[b], off ? " MOEC_SIDE_PRIO=0" : "", bad, tail);
+        T_CHECK(bad == 0 && (!shared || tail > 0));
+        cg_ctx_free(&c);
+    }
+}
+
 /* DeepSeek-V3.2 (assign_streams): in every layer's steps, the fork's event
  * (stream 1), then the indexer's launches (its wq_b GEMM, dsa_prologue_k,
  * the score and select) all on stream 1 while the q path's (q_b, the
@@ -1915,6 +1954,7 @@ static void config_case(const char *file, int fp8)
         check_fused_kernels(m, what);
         check_indexer_streams(m, what);
         check_mla_pro_plain(m, what, fp8, !strncmp(file, "deepseek", 8));
+        check_side_prio(m, what, fp8, !strncmp(file, "deepseek", 8));
         if (fp8)
             check_linear_warps(m, what, !strcmp(file, "deepseek_v2_lite.json"));
         /* the prologue's kernel replaces nine (slices, norms, ropes, the

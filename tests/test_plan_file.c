@@ -59,6 +59,7 @@ static ir_plan *make_plan(ir_module *m)
         k->block[1] = k->block[2] = 1;
         k->smem = 64;
         k->plain = b; /* launched plainly in the second bucket */
+        k->prio = !b; /* at the greatest priority in the first */
         k->n_args = 3;
         k->args[0] = (ir_arg){IR_ARG_INPUT, IR_INPUT_TOKENS, 0, 0};
         k->args[1] = (ir_arg){IR_ARG_WEIGHT, 2, 0, 0};
@@ -157,29 +158,45 @@ static void expect_header_edit(const uint8_t *good, size_t n, const char *bad, c
     free(d);
 }
 
-/* A copy of the file image d[0, n) of one plan in the format 1 layout:
- * "ir" and "buckets" at the top of the header, no tp, ep, ranks, sampler,
- * steps of 13 items (no plain). */
-static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
+/* Each step of the buckets in array `buckets` without its items from
+ * `from` (12: prio; 11: plain too). */
+static void drop_step_items(cJSON *buckets, int from)
+{
+    cJSON *bk, *st;
+    cJSON_ArrayForEach(bk, buckets)
+        cJSON_ArrayForEach(st, cJSON_GetObjectItem(bk, "steps"))
+            for (int i = 12; i >= from; i--)
+                cJSON_DeleteItemFromArray(st, i);
+}
+
+/* A copy of the file image d[0, n) of one plan in an older layout: format
+ * 1, "ir" and "buckets" at the top of the header, no tp, ep, ranks,
+ * sampler, steps of 13 items (no plain, no prio); format 4, steps of 14
+ * (no prio). */
+static uint8_t *as_format(const uint8_t *d, size_t n, size_t *out_n, uint32_t fmt)
 {
     uint64_t hlen;
     memcpy(&hlen, d + 16, 8);
     size_t base = (24 + (size_t)hlen + 15) & ~(size_t)15;
     cJSON *h = cJSON_ParseWithLength((const char *)d + 24, (size_t)hlen);
-    cJSON *rank0 = cJSON_DetachItemFromArray(cJSON_GetObjectItem(h, "ranks"), 0);
-    cJSON_DeleteItemFromObject(h, "ranks");
-    cJSON_DeleteItemFromObject(h, "tp");
-    cJSON_DeleteItemFromObject(h, "ep");
-    cJSON_DeleteItemFromObject(h, "sampler");
-    cJSON_DeleteItemFromObject(h, "fp8_tiles");
-    cJSON_ReplaceItemInObject(h, "format", cJSON_CreateNumber(1));
-    cJSON_AddItemToObject(h, "ir", cJSON_DetachItemFromObject(rank0, "ir"));
-    cJSON *buckets = cJSON_DetachItemFromObject(rank0, "buckets"), *bk, *st;
-    cJSON_ArrayForEach(bk, buckets)
-        cJSON_ArrayForEach(st, cJSON_GetObjectItem(bk, "steps"))
-            cJSON_DeleteItemFromArray(st, 11);
-    cJSON_AddItemToObject(h, "buckets", buckets);
-    cJSON_Delete(rank0);
+    if (fmt == 1) {
+        cJSON *rank0 = cJSON_DetachItemFromArray(cJSON_GetObjectItem(h, "ranks"), 0);
+        cJSON_DeleteItemFromObject(h, "ranks");
+        cJSON_DeleteItemFromObject(h, "tp");
+        cJSON_DeleteItemFromObject(h, "ep");
+        cJSON_DeleteItemFromObject(h, "sampler");
+        cJSON_DeleteItemFromObject(h, "fp8_tiles");
+        cJSON_AddItemToObject(h, "ir", cJSON_DetachItemFromObject(rank0, "ir"));
+        cJSON *buckets = cJSON_DetachItemFromObject(rank0, "buckets");
+        drop_step_items(buckets, 11);
+        cJSON_AddItemToObject(h, "buckets", buckets);
+        cJSON_Delete(rank0);
+    } else {
+        cJSON *rank;
+        cJSON_ArrayForEach(rank, cJSON_GetObjectItem(h, "ranks"))
+            drop_step_items(cJSON_GetObjectItem(rank, "buckets"), 12);
+    }
+    cJSON_ReplaceItemInObject(h, "format", cJSON_CreateNumber(fmt));
     char *text = cJSON_PrintUnformatted(h);
     cJSON_Delete(h);
     uint64_t nl = strlen(text);
@@ -187,8 +204,7 @@ static uint8_t *as_format1(const uint8_t *d, size_t n, size_t *out_n)
     *out_n = nbase + blobs + 8;
     uint8_t *o = calloc(1, *out_n);
     memcpy(o, d, 8);
-    uint32_t one = 1;
-    memcpy(o + 8, &one, 4);
+    memcpy(o + 8, &fmt, 4);
     memcpy(o + 16, &nl, 8);
     memcpy(o + 24, text, nl);
     memcpy(o + nbase, d + base, blobs);
@@ -267,29 +283,39 @@ static void test_rank_plans(const char *dir, const ir_plan *single)
     ir_module *m1 = NULL;
     T_ERR(ir_plan_read(path, &p1, &m1, &bmeta), MOEC_ERR_UNSUPPORTED,
           "ranks.moec is split over 2 ranks (tp 2, ep 1)");
-    /* format 1: one plan at the top of the header, still read */
+    /* format 1: one plan at the top of the header, still read; format 4:
+       steps without prio, still read */
     good = (uint8_t *)t_read_file(one, &n);
-    size_t n1;
-    uint8_t *f1 = as_format1(good, n, &n1);
-    t_write_file(bad, f1, n1);
-    T_OK(ir_plan_read(bad, &p1, &m1, &bmeta));
-    T_CHECK(bmeta.format == 1 && bmeta.tp == 0 && p1);
-    if (p1) {
-        /* no device sampler: its requests sample on the host; every kernel
-           as the plan's pdl says */
-        T_CHECK(p1->sampler == 0 && p1->fp8_tiles == 0);
-        p1->sampler = single->sampler;
-        p1->fp8_tiles = single->fp8_tiles;
-        for (int b = 0; b < p1->n_buckets && b < single->n_buckets; b++)
-            for (int s = 0; s < p1->buckets[b].n_steps && s < single->buckets[b].n_steps; s++) {
-                T_CHECK(p1->buckets[b].steps[s].plain == 0);
-                p1->buckets[b].steps[s].plain = single->buckets[b].steps[s].plain;
-            }
-        check_same(single, p1);
+    for (uint32_t fmt = 1; fmt <= 4; fmt += 3) {
+        size_t n1;
+        uint8_t *f1 = as_format(good, n, &n1, fmt);
+        t_write_file(bad, f1, n1);
+        T_OK(ir_plan_read(bad, &p1, &m1, &bmeta));
+        T_CHECK(bmeta.format == (int)fmt && bmeta.tp == 0 && p1);
+        if (p1) {
+            /* format 1: no device sampler (its requests sample on the
+               host), every kernel as the plan's pdl says; none at the
+               greatest priority */
+            T_CHECK(fmt != 1 || (p1->sampler == 0 && p1->fp8_tiles == 0));
+            p1->sampler = single->sampler;
+            p1->fp8_tiles = single->fp8_tiles;
+            for (int b = 0; b < p1->n_buckets && b < single->n_buckets; b++)
+                for (int s = 0; s < p1->buckets[b].n_steps && s < single->buckets[b].n_steps;
+                     s++) {
+                    ir_step *x = &p1->buckets[b].steps[s];
+                    const ir_step *y = &single->buckets[b].steps[s];
+                    T_CHECK((fmt == 1 ? x->plain == 0 : x->plain == y->plain) && x->prio == 0);
+                    x->plain = y->plain;
+                    x->prio = y->prio;
+                }
+            check_same(single, p1);
+        }
+        ir_plan_free(p1);
+        ir_module_free(m1);
+        p1 = NULL;
+        m1 = NULL;
+        free(f1);
     }
-    ir_plan_free(p1);
-    ir_module_free(m1);
-    free(f1);
     free(good);
     remove(bad);
     remove(one);
@@ -356,7 +382,7 @@ int main(void)
     d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
-    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 5; this moec reads version 4");
+    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 6; this moec reads version 5");
     /* A header that is not JSON. */
     memcpy(d, good, n);
     d[24] = '!';
@@ -375,8 +401,11 @@ int main(void)
         t_write_file(bad, d, n);
         expect_read_error(bad, MOEC_ERR_FORMAT, "a step refers to something that does not exist");
     }
-    /* plain (the twelfth number) is 0 or 1: the second bucket's first step */
+    /* plain (the twelfth number) is 0 or 1: the second bucket's first step;
+       prio (the thirteenth) too: the first bucket's */
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,8,1,1,128,1,1,64,", "64,", "2",
+                       "is corrupt: a step field is 2, not an integer in [0, 1]");
+    expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,1,1,64,0,", "64,0,", "2",
                        "is corrupt: a step field is 2, not an integer in [0, 1]");
     /* A step field that is not an integer: block[0] (128) of the first step. */
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "1.5",
