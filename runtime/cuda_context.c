@@ -267,7 +267,7 @@ static moec_status prepare_collective(rt_cuda *c, rt_cuda_bucket *cb, const ir_s
  * plainly (scheduled only once the kernel before them has ended) while the
  * rest stay programmatic dependents; MOEC_PRIO_HIGH, one that launches
  * them at the device's greatest priority (the GPU schedules their blocks
- * before those of kernels waiting beside them) and the rest at its least. */
+ * before those of kernels waiting beside them), as a step's prio does. */
 static int name_listed(const char *var, const char *name)
 {
     const char *v = getenv(var);

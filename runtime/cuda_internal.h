@@ -134,8 +134,9 @@ typedef struct rt_cuda_launch {
     int plain;                     /* 1: launched without the programmatic attribute
                                     * (the step's plain, or its name holds a
                                     * MOEC_PDL_OFF part) */
-    int prio_high;                 /* 1: launched at the device's greatest priority
-                                    * (its name holds a MOEC_PRIO_HIGH part) */
+    int prio_high;                 /* 1: launched at the device's greatest priority on
+                                    * two streams (the step's prio, or its name holds
+                                    * a MOEC_PRIO_HIGH part) */
 } rt_cuda_launch;
 
 /* What the device says about one kernel of a cubin. Parameters are asked
