@@ -79,7 +79,7 @@ static moec_status capture_bucket(graph_set *g, int b)
     cudaGraphExec_t *exec = &g->exec[b][c->single_stream];
     if (st == MOEC_OK)
         st = CK(cudaGraphInstantiate(exec, graph,
-                                     c->prio_on || (cb->prio_high && !c->single_stream)
+                                     c->prio_on || (cb->prio_high && !rt_cuda_one_stream(c, cb))
                                          ? cudaGraphInstantiateFlagUseNodePriority
                                          : 0),
                 where);
