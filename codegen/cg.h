@@ -63,10 +63,11 @@ typedef struct cg_options {
                                * (CUDA cores) or CG_MOE_MMA (tensor cores, bf16 only) */
     int fp8_kernel;           /* kernels of fp8 weights: CG_FP8_AUTO (default), CG_FP8_OLD or
                                * CG_FP8_TC */
-    int fp8_tiles;            /* 1: the routed experts' fp8 weights that can lie in fragment
-                               * tiles do (ir_weight_tiled; the plan's fp8_tiles): faster from
-                               * 8 tokens, slower at 1 to 4; 0 (default; MOEC_FP8_TILES=1
-                               * sets it) */
+    int fp8_tiles;            /* which of the routed experts' fp8 weights lie in fragment
+                               * tiles (IR_FP8_TILES_*, ir_weight_tiled; the plan's
+                               * fp8_tiles): all that can (1) were faster from 8 tokens,
+                               * slower at 1 to 4; the down weights only (2); none (0,
+                               * default). MOEC_FP8_TILES=N sets it. */
     /* Called as each bucket's kernels finish compiling (progress lines),
      * with the kernels compiled so far of every bucket's kernels:
      * from the compiling threads, one call at a time. */

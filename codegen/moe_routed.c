@@ -774,7 +774,7 @@ int cg_moe_weight_tl(const cg_ctx *c, const ir_value *w)
     /* MOEC_FP8_ROWS_TIMING=1: tiled weights addressed as rows by the
        streaming and staged forms, the access pattern before tiles (the
        results are wrong: for timing only) */
-    return c->opt && c->opt->fp8_tiles && ir_weight_tiled(c->m, w) &&
+    return c->opt && ir_weight_tiled(c->m, w, c->opt->fp8_tiles) &&
            !cg_env_int("MOEC_FP8_ROWS_TIMING", 0, 0, 1);
 }
 

@@ -129,10 +129,10 @@ static int expert_operand(const ir_op *op, int j, int *fused)
     return first >= 0 && j >= first;
 }
 
-int ir_weight_tiled(const ir_module *m, const ir_value *w)
+int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode)
 {
     const ir_type *t = &w->type;
-    if (w->kind != IR_VALUE_WEIGHT || t->dtype != IR_DTYPE_F8E4M3 || t->rank != 3 ||
+    if (mode == IR_FP8_TILES_NONE || w->kind != IR_VALUE_WEIGHT || t->dtype != IR_DTYPE_F8E4M3 || t->rank != 3 ||
         t->dims[1] % 16 != 0 || t->dims[2] % 64 != 0)
         return 0;
     int used = 0;
@@ -142,7 +142,8 @@ int ir_weight_tiled(const ir_module *m, const ir_value *w)
             int fused = 0;
             if (op->in[j] != w)
                 continue;
-            if (!expert_operand(op, j, &fused) || (fused && t->dims[1] % 32 != 0))
+            if (!expert_operand(op, j, &fused) || (fused && t->dims[1] % 32 != 0) ||
+                (mode == IR_FP8_TILES_DOWN && j != op->n_in - 1))
                 return 0;
             used = 1;
         }

@@ -149,7 +149,8 @@ typedef struct ir_plan {
                                * launched as programmatic dependents (sm_90) */
     int sampler;              /* 1: every bucket ends with the device sampler's step, after
                                * the argmax (codegen/sample.c) */
-    int fp8_tiles;            /* 1: weights that can lie in fragment tiles (ir_weight_tiled) do */
+    int fp8_tiles;            /* IR_FP8_TILES_*: which weights lie in fragment tiles
+                               * (ir_weight_tiled) */
     int n_buckets;
     ir_bucket *buckets;       /* owned, ascending T */
 } ir_plan;
@@ -206,12 +207,14 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * (H200, 2026-11-29, V2-Lite in fp8: the staged experts' loads addressed
  * so, 3.552 / 5.578 / 6.954 ms a step at 8 / 32 / 64 tokens against
  * 3.719 / 5.806 / 7.197 as rows; bench/fp8_layout.cu.)
- * ir_weight_tiled: whether w can lie so (it does where the plan's
- * fp8_tiles is 1, cg_options.fp8_tiles): an f8e4m3 weight [E, N, K] with N a
- * multiple of 16 (32 where it is a fused gate_up, so that up's rows start
- * a tile) and K of 64, read only as the experts of moe_routed or
- * moe_experts ops. */
-int ir_weight_tiled(const ir_module *m, const ir_value *w);
+ * ir_weight_tiled: whether w lies so under the plan's fp8_tiles (mode,
+ * cg_options.fp8_tiles): IR_FP8_TILES_ALL, an f8e4m3 weight [E, N, K] with
+ * N a multiple of 16 (32 where it is a fused gate_up, so that up's rows
+ * start a tile) and K of 64, read only as the experts of moe_routed or
+ * moe_experts ops; IR_FP8_TILES_DOWN, such a weight read only as the
+ * experts' down projection (their last operand); IR_FP8_TILES_NONE, none. */
+enum { IR_FP8_TILES_NONE = 0, IR_FP8_TILES_ALL = 1, IR_FP8_TILES_DOWN = 2 };
+int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode);
 /* The byte offset of code (row n, column k) in a tiled weight of K columns
  * (n over all E * N rows) */
 static inline int64_t ir_tile_offset(int64_t n, int64_t k, int64_t K)

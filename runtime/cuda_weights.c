@@ -55,7 +55,7 @@ static moec_status upload_one(rt_cuda *c, const rt_weights *w, int i, float **ho
         memset(raw + numel, 0, off - numel);
         MOEC_TRY(rt_weights_read_f8(w, v, raw, (float *)(raw + off)));
         int64_t K = v->type.dims[v->type.rank - 1];
-        if (c->plan->fp8_tiles && ir_weight_tiled(m, v) &&
+        if (ir_weight_tiled(m, v, c->plan->fp8_tiles) &&
             ir_tile_codes(raw, (int64_t)numel / K, K) != 0)
             return MOEC_ERR(MOEC_ERR_OOM, "%s: out of host memory", where);
         return CK(cudaMemcpy(c->weights[i], raw, bytes, cudaMemcpyHostToDevice), where);

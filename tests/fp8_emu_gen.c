@@ -177,6 +177,10 @@ static const gen_case CASES[] = {
        tokens where the blocks still fill the GPU (fp8_tc.c, linear_shape):
        256 rows a block, the second of two slabs mostly dead warps */
     {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_WARPS=8"},
+    /* down alone in tiles (MOEC_FP8_TILES=2), gate_up in rows: the staged
+       kernels at 32 tokens, the streaming forms at 1 */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=2"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=2"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -228,8 +232,12 @@ int main(int argc, char **argv)
         cg_options o;
         cg_options_default(&o);
         o.fp8_kernel = gc->fp8;
-        /* fragment tiles where the shapes allow, unless the case says not */
-        o.fp8_tiles = !(gc->env && strstr(gc->env, "MOEC_FP8_TILES=0"));
+        /* fragment tiles where the shapes allow, unless the case says not
+           (MOEC_FP8_TILES=0) or only for down (=2) */
+        o.fp8_tiles = !gc->env                                ? IR_FP8_TILES_ALL
+                      : strstr(gc->env, "MOEC_FP8_TILES=0") ? IR_FP8_TILES_NONE
+                      : strstr(gc->env, "MOEC_FP8_TILES=2") ? IR_FP8_TILES_DOWN
+                                                            : IR_FP8_TILES_ALL;
         cg_ctx c;
         if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))
             return 1;
@@ -263,8 +271,8 @@ int main(int argc, char **argv)
         for (int k = 0; k < m->n_ops; k++)
             if (m->ops[k]->kind == IR_OP_MOE_ROUTED) {
                 const ir_op *op = m->ops[k];
-                tl_gu = o.fp8_tiles && ir_weight_tiled(m, op->in[3]);
-                tl_dn = o.fp8_tiles && ir_weight_tiled(m, op->in[op->n_in - 1]);
+                tl_gu = ir_weight_tiled(m, op->in[3], o.fp8_tiles);
+                tl_dn = ir_weight_tiled(m, op->in[op->n_in - 1], o.fp8_tiles);
             }
         moec_buf_printf(&table,
                         "    {%d, \"%s%s%s %dx%d s%dx%d T=%d%s%s%s%s\", %d, %d, %d, %d, %d, %d, %d, %d, "

@@ -814,7 +814,7 @@ static void fill_fp8(rt_interp *in, const ir_module *m, const ir_value *v, ir_dt
     }
     cg_options o;
     kopts_default(&o); /* as the programs were compiled */
-    if (o.fp8_tiles && ir_weight_tiled(m, v) && ir_tile_codes(img, (int64_t)n / cols, cols) != 0) {
+    if (ir_weight_tiled(m, v, o.fp8_tiles) && ir_tile_codes(img, (int64_t)n / cols, cols) != 0) {
         fprintf(stderr, "out of memory for the tiles of %s\n", v->name);
         exit(1);
     }

@@ -228,7 +228,8 @@ static int kernel_reads(const cg_ctx *c, const ir_value *w, int64_t at, int *gem
  * codes of rows g and g + 8 at columns 16 q of each 64-wide chunk of each
  * 16-row tile in lane order, as ir_tile_offset says; ir_weight_tiled
  * takes the experts' fp8 weights of m, whose shapes allow it, and nothing
- * else. */
+ * else; under IR_FP8_TILES_DOWN only their down projections; under
+ * IR_FP8_TILES_NONE none. */
 static void test_tiles(ir_module *m)
 {
     enum { R = 48, K = 192 };
@@ -269,7 +270,8 @@ static void test_tiles(ir_module *m)
                    v->type.rank == 3;
         tiled += want;
         other += !want && v->kind == IR_VALUE_WEIGHT;
-        T_CHECK(ir_weight_tiled(m, v) == want);
+        T_CHECK(ir_weight_tiled(m, v, IR_FP8_TILES_ALL) == want);
+        T_CHECK(!ir_weight_tiled(m, v, IR_FP8_TILES_NONE));
     }
     T_CHECK(tiled > 0 && other > 0 && gate_up && down && lin);
     if (!gate_up || !down || !lin)
@@ -278,21 +280,30 @@ static void test_tiles(ir_module *m)
        fused gate_up, whose up starts at row N / 2; a gate alone takes 48) */
     int64_t n = gate_up->type.dims[1], kd = gate_up->type.dims[2], nd = down->type.dims[1];
     gate_up->type.dims[2] = kd + 16;
-    T_CHECK(!ir_weight_tiled(m, gate_up));
+    T_CHECK(!ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL));
     gate_up->type.dims[2] = kd;
     gate_up->type.dims[1] = 48;
     down->type.dims[1] = 48;
-    T_CHECK(ir_weight_tiled(m, gate_up) == !fused && ir_weight_tiled(m, down));
+    T_CHECK(ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL) == !fused && ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
     down->type.dims[1] = 40;
-    T_CHECK(!ir_weight_tiled(m, down));
+    T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
     gate_up->type.dims[1] = n;
     down->type.dims[1] = nd;
     /* nor a weight that any other op reads */
     ir_value *w = lin->in[1];
     lin->in[1] = down;
-    T_CHECK(!ir_weight_tiled(m, down) && ir_weight_tiled(m, gate_up));
+    T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_ALL) && ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL));
     lin->in[1] = w;
-    T_CHECK(ir_weight_tiled(m, down));
+    T_CHECK(ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
+    /* the down weights alone: down, never gate_up (fused or gate) or up */
+    T_CHECK(ir_weight_tiled(m, down, IR_FP8_TILES_DOWN));
+    T_CHECK(!ir_weight_tiled(m, gate_up, IR_FP8_TILES_DOWN));
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_MOE_ROUTED && !fused)
+            T_CHECK(!ir_weight_tiled(m, m->ops[k]->in[4], IR_FP8_TILES_DOWN));
+    down->type.dims[1] = 40;
+    T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_DOWN));
+    down->type.dims[1] = nd;
 }
 
 /* Code generation of the compiled fp8 models (no NVRTC: test_codegen
