@@ -66,8 +66,8 @@ typedef struct cg_options {
     int fp8_tiles;            /* which of the routed experts' fp8 weights lie in fragment
                                * tiles (IR_FP8_TILES_*, ir_weight_tiled; the plan's
                                * fp8_tiles): all that can (1) were faster from 8 tokens,
-                               * slower at 1 to 4; the down weights only (2); none (0,
-                               * default). MOEC_FP8_TILES=N sets it. */
+                               * slower at 1 to 4; the down weights only (2); gate_up's
+                               * only (3); none (0, default). MOEC_FP8_TILES=N sets it. */
     /* Called as each bucket's kernels finish compiling (progress lines),
      * with the kernels compiled so far of every bucket's kernels:
      * from the compiling threads, one call at a time. */

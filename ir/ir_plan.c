@@ -143,7 +143,8 @@ int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode)
             if (op->in[j] != w)
                 continue;
             if (!expert_operand(op, j, &fused) || (fused && t->dims[1] % 32 != 0) ||
-                (mode == IR_FP8_TILES_DOWN && j != op->n_in - 1))
+                (mode == IR_FP8_TILES_DOWN && j != op->n_in - 1) ||
+                (mode == IR_FP8_TILES_GATE_UP && j == op->n_in - 1))
                 return 0;
             used = 1;
         }

@@ -212,8 +212,10 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * N a multiple of 16 (32 where it is a fused gate_up, so that up's rows
  * start a tile) and K of 64, read only as the experts of moe_routed or
  * moe_experts ops; IR_FP8_TILES_DOWN, such a weight read only as the
- * experts' down projection (their last operand); IR_FP8_TILES_NONE, none. */
-enum { IR_FP8_TILES_NONE = 0, IR_FP8_TILES_ALL = 1, IR_FP8_TILES_DOWN = 2 };
+ * experts' down projection (their last operand); IR_FP8_TILES_GATE_UP,
+ * such a weight read only as their gate_up (fused, or gate and up apart);
+ * IR_FP8_TILES_NONE, none. */
+enum { IR_FP8_TILES_NONE = 0, IR_FP8_TILES_ALL = 1, IR_FP8_TILES_DOWN = 2, IR_FP8_TILES_GATE_UP = 3 };
 int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode);
 /* The byte offset of code (row n, column k) in a tiled weight of K columns
  * (n over all E * N rows) */

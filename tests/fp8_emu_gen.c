@@ -181,6 +181,9 @@ static const gen_case CASES[] = {
        kernels at 32 tokens, the streaming forms at 1 */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=2"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=2"},
+    /* gate_up alone in tiles (=3), down in rows: staged at 32, streaming at 1 */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=3"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=3"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -237,6 +240,7 @@ int main(int argc, char **argv)
         o.fp8_tiles = !gc->env                                ? IR_FP8_TILES_ALL
                       : strstr(gc->env, "MOEC_FP8_TILES=0") ? IR_FP8_TILES_NONE
                       : strstr(gc->env, "MOEC_FP8_TILES=2") ? IR_FP8_TILES_DOWN
+                      : strstr(gc->env, "MOEC_FP8_TILES=3") ? IR_FP8_TILES_GATE_UP
                                                             : IR_FP8_TILES_ALL;
         cg_ctx c;
         if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))

@@ -228,8 +228,8 @@ static int kernel_reads(const cg_ctx *c, const ir_value *w, int64_t at, int *gem
  * codes of rows g and g + 8 at columns 16 q of each 64-wide chunk of each
  * 16-row tile in lane order, as ir_tile_offset says; ir_weight_tiled
  * takes the experts' fp8 weights of m, whose shapes allow it, and nothing
- * else; under IR_FP8_TILES_DOWN only their down projections; under
- * IR_FP8_TILES_NONE none. */
+ * else; under IR_FP8_TILES_DOWN only their down projections, under
+ * IR_FP8_TILES_GATE_UP only their gate_up; under IR_FP8_TILES_NONE none. */
 static void test_tiles(ir_module *m)
 {
     enum { R = 48, K = 192 };
@@ -304,6 +304,12 @@ static void test_tiles(ir_module *m)
     down->type.dims[1] = 40;
     T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_DOWN));
     down->type.dims[1] = nd;
+    /* gate_up's alone: gate_up (or gate and up), never down */
+    T_CHECK(ir_weight_tiled(m, gate_up, IR_FP8_TILES_GATE_UP));
+    T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_GATE_UP));
+    for (int k = 0; k < m->n_ops; k++)
+        if (m->ops[k]->kind == IR_OP_MOE_ROUTED && !fused)
+            T_CHECK(ir_weight_tiled(m, m->ops[k]->in[4], IR_FP8_TILES_GATE_UP));
 }
 
 /* Code generation of the compiled fp8 models (no NVRTC: test_codegen

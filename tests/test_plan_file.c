@@ -407,9 +407,9 @@ int main(void)
                        "is corrupt: a step field is 2, not an integer in [0, 1]");
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,1,1,64,0,", "64,0,", "2",
                        "is corrupt: a step field is 2, not an integer in [0, 1]");
-    /* fp8_tiles is 0, 1 or 2 (IR_FP8_TILES_*) */
-    expect_header_edit(good, n, bad, "\"fp8_tiles\":2", ":", "3",
-                       "header field 'fp8_tiles' is 3, not an integer in [0, 2]");
+    /* fp8_tiles is 0 to 3 (IR_FP8_TILES_*) */
+    expect_header_edit(good, n, bad, "\"fp8_tiles\":2", ":", "4",
+                       "header field 'fp8_tiles' is 4, not an integer in [0, 3]");
     /* A step field that is not an integer: block[0] (128) of the first step. */
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "1.5",
                        "is corrupt: a step field is 1.5, not an integer in [0, 4294967295]");
