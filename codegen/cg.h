@@ -65,9 +65,10 @@ typedef struct cg_options {
                                * CG_FP8_TC */
     int fp8_tiles;            /* which of the routed experts' fp8 weights lie in fragment
                                * tiles (IR_FP8_TILES_*, ir_weight_tiled; the plan's
-                               * fp8_tiles): all that can (1) were faster from 8 tokens,
-                               * slower at 1 to 4; the down weights only (2); gate_up's
-                               * only (3); none (0, default). MOEC_FP8_TILES=N sets it. */
+                               * fp8_tiles): gate_up's (3, default: faster at every
+                               * batch); all that can (1: faster still from 8 tokens,
+                               * slower at 1 to 4); down's (2); none (0).
+                               * MOEC_FP8_TILES=N sets it. */
     /* Called as each bucket's kernels finish compiling (progress lines),
      * with the kernels compiled so far of every bucket's kernels:
      * from the compiling threads, one call at a time. */

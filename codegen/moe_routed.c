@@ -91,10 +91,18 @@
 #define GV_RWD_BM1 8
 #define GV_U 4
 #define GV_MAX_BM 2
-/* The tile-streaming form's warps a block and chunks in flight a warp
- * (MOEC_MOE_GT_WARPS, MOEC_MOE_GT_U) */
-#define GT_WARPS 4
-#define GT_U 4
+/* The tile-streaming form's warps a block and chunks in flight a warp:
+ * gate_up's (MOEC_MOE_GT_WARPS, MOEC_MOE_GT_U), down's (MOEC_MOE_GT_DN_WARPS,
+ * MOEC_MOE_GT_DN_U). gate_up's 32 chunks at 8 warps of 2 make 4224 warps for
+ * V2-Lite's 6 experts at one token, each one round of loads, as the
+ * streaming form's (H200, 2026-11-30, fp8 V2-Lite at context 1024 with
+ * gate_up in tiles: 1.438 / 1.988 / 2.971 ms a step at 1 / 2 / 4 tokens
+ * against 1.512 / 1.982 / 2.991 at 4 warps of 4; with down in tiles too,
+ * its 4 of 4 1.482 / 2.057 / 3.046 against 8 of 2 1.509 / 2.109 / 3.144). */
+#define GT_WARPS 8
+#define GT_U 2
+#define GT_DN_WARPS 4
+#define GT_DN_U 4
 /* fp8 codes widened by the conversion unit (e4m3 pairs to f16 pairs, then
  * to fp32) instead of integer and bf16x2 operations (sm_89 and later; names
  * carry _cvt; MOEC_MOE_GEMV_CVT=0: not): 6 operations for 4 codes instead
@@ -926,13 +934,10 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
                     : cg_env_int("MOEC_MOE_MMA_U", MMA_UNROLL, 1, 8);
         snprintf(sh.tag, sizeof sh.tag, "mma_w%d_u%d", sh.warps, sh.u);
     } else if (form == FORM_GT) {
-        /* down's own knobs (MOEC_MOE_GT_DN_*) default to gate_up's */
-        sh.warps = cg_env_int("MOEC_MOE_GT_WARPS", GT_WARPS, 1, 8);
-        sh.u = cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
-        if (down) {
-            sh.warps = cg_env_int("MOEC_MOE_GT_DN_WARPS", sh.warps, 1, 8);
-            sh.u = cg_env_int("MOEC_MOE_GT_DN_U", sh.u, 1, 8);
-        }
+        sh.warps = down ? cg_env_int("MOEC_MOE_GT_DN_WARPS", GT_DN_WARPS, 1, 8)
+                        : cg_env_int("MOEC_MOE_GT_WARPS", GT_WARPS, 1, 8);
+        sh.u = down ? cg_env_int("MOEC_MOE_GT_DN_U", GT_DN_U, 1, 8)
+                    : cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
         sh.rows = 16;
         sh.bn = 16; /* one tile */
         sh.cvt = moe_cvt(c, w);

@@ -145,10 +145,12 @@ static const gen_case CASES[] = {
        a block over 5 and 3 chunks, 3 in flight; 8 warps over down's one
        chunk, the codes widened by integer operations */
     {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GT_U=1"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GT_U=1 MOEC_MOE_GT_DN_U=1"},
     {MOE(6, 3, 320, 192, 0, 48, 64), 2, CG_FP8_AUTO,
-     "MOEC_MOE_FP8_TC_MIN_BM=4 MOEC_MOE_GT_WARPS=3 MOEC_MOE_GT_U=3"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GEMV_CVT=0 MOEC_MOE_GT_WARPS=8"},
+     "MOEC_MOE_FP8_TC_MIN_BM=4 MOEC_MOE_GT_WARPS=3 MOEC_MOE_GT_U=3 MOEC_MOE_GT_DN_WARPS=3 "
+     "MOEC_MOE_GT_DN_U=3"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO,
+     "MOEC_MOE_GEMV_CVT=0 MOEC_MOE_GT_WARPS=8 MOEC_MOE_GT_DN_WARPS=8"},
     /* and the same shapes as compiled by default, without tiles: the
        staged kernels at 32 tokens, the streaming form at 1 */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
