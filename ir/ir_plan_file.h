@@ -21,8 +21,12 @@
  * attribute), its twelfth number; files of formats 1 to 3 still read
  * (every kernel as the plan's pdl says).
  * 5: a step's `prio` (a kernel launched at the device's greatest priority),
- * its thirteenth number; files of formats 1 to 4 still read (none). */
-#define IR_PLAN_FORMAT 5
+ * its thirteenth number; files of formats 1 to 4 still read (none).
+ * 6: the header's fp8_tiles may be 2 or 3 (IR_FP8_TILES_*: down's or
+ * gate_up's expert weights alone in fragment tiles; a reader of format 5
+ * took them for 0 and would address tiled weights as rows); files of
+ * formats 1 to 5 still read. */
+#define IR_PLAN_FORMAT 6
 
 typedef struct ir_plan_meta {
     int format;

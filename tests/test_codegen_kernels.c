@@ -1485,6 +1485,7 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
     T_CHECK(strstr(c->kernel_names[gu->kernel], "_f8e4m3_") != NULL &&
             strstr(c->kernel_names[dn->kernel], "_f8e4m3_") != NULL);
     const ir_value *dw = ir_module_find_value(m, "down"), *ids = ir_module_find_value(m, "ids");
+    const ir_value *gu_w = ir_module_find_value(m, g);
     long long E = dw->type.dims[0], H = dw->type.dims[1], I = dw->type.dims[2];
     long long bn = dw->scale.block[0], bk = dw->scale.block[1], slots = T * ids->type.dims[1];
     /* from two slots a CUDA-core block (twice the mean slots an expert,
@@ -1499,15 +1500,24 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         return;
     /* blocks of 8 slots, doubled to 64 while the experts average more,
        halved while a block's x (or h) rows do not fit the shared memory;
-       6 chunks in flight, from 64 tokens 4 refilled by halves */
+       6 chunks in flight, from 64 tokens 4 refilled by halves, and so in
+       every bucket over weights in fragment tiles (the default's gate_up:
+       fp8_tiles, ir_weight_tiled; their scale tag ends in _tl) */
     int bm = 8;
     while (bm < 64 && slots > bm * E)
         bm *= 2;
     while (bm > 8 && bm * ((H > I ? H : I) + 8) * 2 > 227 * 1024)
         bm /= 2;
+    int tiles = c->opt->fp8_tiles;
+    int tl_gu = ir_weight_tiled(m, gu_w, tiles), tl_dn = ir_weight_tiled(m, dw, tiles);
+    /* these models' shapes allow tiles: the default puts gate_up's there */
+    T_CHECK(tl_gu == (tiles == IR_FP8_TILES_GATE_UP || tiles == IR_FP8_TILES_ALL));
     char want[64];
-    snprintf(want, sizeof want, "_bm%d_f8tc_w4_%s_t%d_", bm, T >= 64 ? "u4_roll2" : "u6", T);
+    snprintf(want, sizeof want, "_bm%d_f8tc_w4_%s_t%d_", bm, T >= 64 || tl_gu ? "u4_roll2" : "u6", T);
     T_CHECK(strstr(gk, want) != NULL);
+    T_CHECK((strstr(gk, "_tl") != NULL) == tl_gu && (strstr(dk, "_tl") != NULL) == tl_dn);
+    snprintf(want, sizeof want, "_%s_t%d_", T >= 64 || tl_dn ? "u4_roll2" : "u6", T);
+    T_CHECK(strstr(dk, want) != NULL);
     long long nnz = slots < E ? slots : E, nb = (slots + (bm - 1) * nnz + bm - 1) / bm;
     T_CHECK(al->grid[0] == 1 && gu->grid[0] == (unsigned)nb &&
             gu->grid[1] == (unsigned)((I + 63) / 64) && gu->block[0] == 128 &&

@@ -382,7 +382,7 @@ int main(void)
     d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
-    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 6; this moec reads version 5");
+    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 7; this moec reads version 6");
     /* A header that is not JSON. */
     memcpy(d, good, n);
     d[24] = '!';
