@@ -114,6 +114,11 @@ static const char *USAGE_COMPILE =
     "                        it too: `moec run FOLDER --backend cpu`)\n"
     "  --quantized-dir DIR   that folder (default: PLAN without .moec, plus .fp8);\n"
     "                        it must not exist\n"
+    "  --fp8-layout L        how the routed experts' fp8 weights lie on the GPU:\n"
+    "                        gate_up (default; $MOEC_FP8_TILES=N sets it too):\n"
+    "                        gate_up's in fragment tiles, faster than rows at every\n"
+    "                        batch; tiles: down's too, faster still from 8 tokens a\n"
+    "                        step, slower at 1 to 4; down: down's alone; rows: none\n"
     "  -h, --help            this help\n";
 
 static const char *USAGE_RUN =
@@ -843,7 +848,7 @@ static int cmd_compile(int argc, char **argv)
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--arch") ||
                    !strcmp(a, "--dtype") || !strcmp(a, "--buckets") ||
                    !strcmp(a, "--batch-sizes") || !strcmp(a, "--quantize") ||
-                   !strcmp(a, "--quantized-dir")) {
+                   !strcmp(a, "--quantized-dir") || !strcmp(a, "--fp8-layout")) {
             if (i + 1 == argc)
                 return usage_error(USAGE_COMPILE, "%s needs a value", a);
             const char *v = argv[++i];
@@ -853,6 +858,12 @@ static int cmd_compile(int argc, char **argv)
                 if (strcmp(v, "fp8"))
                     return usage_error(USAGE_COMPILE, "--quantize: '%s' is not fp8", v);
                 o.quantize = v;
+            } else if (!strcmp(a, "--fp8-layout")) {
+                if (strcmp(v, "gate_up") && strcmp(v, "tiles") && strcmp(v, "down") &&
+                    strcmp(v, "rows"))
+                    return usage_error(USAGE_COMPILE,
+                                       "--fp8-layout: '%s' is not gate_up, tiles, down or rows", v);
+                o.fp8_layout = v;
             } else if (!strcmp(a, "--quantized-dir")) {
                 if (!*v)
                     return usage_error(USAGE_COMPILE, "%s", "--quantized-dir: an empty name");

@@ -124,6 +124,22 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
         co->n_buckets = o->n_buckets;
         memcpy(co->buckets, o->buckets, (size_t)o->n_buckets * sizeof *o->buckets);
     }
+    if (o->fp8_layout) {
+        static const struct {
+            const char *name;
+            int tiles;
+        } layouts[] = {{"gate_up", IR_FP8_TILES_GATE_UP},
+                       {"tiles", IR_FP8_TILES_ALL},
+                       {"down", IR_FP8_TILES_DOWN},
+                       {"rows", IR_FP8_TILES_NONE}};
+        int k = 0;
+        while (k < 4 && strcmp(o->fp8_layout, layouts[k].name))
+            k++;
+        if (k == 4)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "fp8 layout '%s' is not gate_up, tiles, down or rows", o->fp8_layout);
+        co->fp8_tiles = layouts[k].tiles;
+    }
     co->cache_dir = o->cache_dir;
     co->progress = o->progress;
     co->progress_user = o->progress_user;

@@ -129,6 +129,13 @@ typedef struct moec_compile_options {
      * for that folder, which it then runs against (--weights). NULL: none. */
     const char *quantize;
     const char *quantized_dir;
+    /* How the routed experts' fp8 weights lie on the GPU (recorded in the
+     * plan; no effect on bf16 weights): "gate_up" (NULL: the default, or
+     * $MOEC_FP8_TILES), gate_up's in fragment tiles, faster than rows at
+     * every batch; "tiles", down's too, faster still from 8 tokens a step
+     * and slower at 1 to 4; "down", down's alone; "rows", none
+     * (docs/CUDA.md, MOEC_FP8_TILES). */
+    const char *fp8_layout;
 } moec_compile_options;
 
 /* The one check of a bucket list: 1 to MOEC_BUCKETS_MAX buckets, ascending,

@@ -214,8 +214,15 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * moe_experts ops; IR_FP8_TILES_DOWN, such a weight read only as the
  * experts' down projection (their last operand); IR_FP8_TILES_GATE_UP,
  * such a weight read only as their gate_up (fused, or gate and up apart);
- * IR_FP8_TILES_NONE, none. */
-enum { IR_FP8_TILES_NONE = 0, IR_FP8_TILES_ALL = 1, IR_FP8_TILES_DOWN = 2, IR_FP8_TILES_GATE_UP = 3 };
+ * IR_FP8_TILES_NONE, none. The compiler's default is IR_FP8_TILES_GATE_UP
+ * (cg_options_default: faster than rows at 1 to 64 tokens, where down's
+ * in tiles too are slower at 1 to 4; BENCHMARKS.md, thirty-fifth round). */
+enum {
+    IR_FP8_TILES_NONE = 0,
+    IR_FP8_TILES_ALL = 1,
+    IR_FP8_TILES_DOWN = 2,
+    IR_FP8_TILES_GATE_UP = 3
+};
 int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode);
 /* The byte offset of code (row n, column k) in a tiled weight of K columns
  * (n over all E * N rows) */

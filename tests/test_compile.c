@@ -243,6 +243,10 @@ static void test_compile_errors(void)
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "compute dtype 'fp16' is not bf16 or fp32");
     o.dtype = NULL;
+    o.fp8_layout = "fast";
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
+          "fp8 layout 'fast' is not gate_up, tiles, down or rows");
+    o.fp8_layout = NULL;
     o.arch = "gfx942";
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
           "target arch 'gfx942' is not a GPU arch like sm_90");

@@ -19,7 +19,7 @@ source "$S/tests/lib.sh"
 
 
 expect 0 "compile MODEL_DIR" -- "$B" --help
-for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
+for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --fp8-layout --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
   expect 0 "$f" -- "$B" compile --help
 done
 expect 0 "--weights DIR" -- "$B" run --help
@@ -51,6 +51,21 @@ grep -qa "linear_f8tc_" "$T/f8.moec" && grep -qa "moe_gate_up_.*_f8tc_" "$T/f8.m
 ! grep -qa "_f8tc_" "$T/f8old.moec" && grep -qa "linear_mma_" "$T/f8old.moec" && ok ||
   bad "MOEC_FP8_KERNEL=old still has staged kernels, or no first tensor-core linear"
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
+# --fp8-layout: the plan's header records it (fp8_tiles: 3 gate_up, the
+# default; 1 tiles; 2 down; 0 rows), over $MOEC_FP8_TILES; the kernels of
+# tiled weights carry _tl in their names
+grep -qa '"fp8_tiles":3' "$T/f8.moec" && grep -qa "moe_gate_up_[a-z0-9_]*_tl" "$T/f8.moec" &&
+  ! grep -qa "moe_down_[a-z0-9_]*_tl" "$T/f8.moec" && ok ||
+  bad "the default fp8 plan does not lay gate_up's weights alone in tiles"
+for l in rows:0:0:0 tiles:1:1:1 down:2:0:1 gate_up:3:1:0; do
+  IFS=: read -r name n gu dn <<<"$l"
+  expect 0 "kernels" -- env MOEC_FP8_TILES=1 "$B" compile "$D/qwen3_moe_fp8" -o "$T/f8l.moec" --batch-sizes 8 --fp8-layout "$name"
+  grep -qa "\"fp8_tiles\":$n" "$T/f8l.moec" && ok || bad "--fp8-layout $name: the plan's fp8_tiles is not $n"
+  [ "$(grep -ca "moe_gate_up_[a-z0-9_]*_tl" "$T/f8l.moec")" -gt 0 ] && g=1 || g=0
+  [ "$(grep -ca "moe_down_[a-z0-9_]*_tl" "$T/f8l.moec")" -gt 0 ] && d=1 || d=0
+  [ "$g$d" = "$gu$dn" ] && ok || bad "--fp8-layout $name: gate_up / down tiled $g / $d, want $gu / $dn"
+done
+expect 2 "--fp8-layout: 'fast' is not gate_up, tiles, down or rows" -- "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec" --fp8-layout fast
 expect 1 "MOEC_DSA_KERNEL='fastest' is not fast or legacy" -- env MOEC_DSA_KERNEL=fastest "$B" compile "$D/deepseek_v32" -o "$T/bad.moec" --batch-sizes 1
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1
