@@ -103,12 +103,6 @@
 #define GT_U 2
 #define GT_DN_WARPS 4
 #define GT_DN_U 4
-/* The half-tile streaming form's (down over tiles; MOEC_MOE_GH=0: the
- * tile-streaming form) warps a block and most chunks a round
- * (MOEC_MOE_GH_WARPS, MOEC_MOE_GH_U): V2-Lite's 22 in one round, as the
- * streaming form over rows loads its rows' whole K */
-#define GH_WARPS 4
-#define GH_U_MAX 24
 /* fp8 codes widened by the conversion unit (e4m3 pairs to f16 pairs, then
  * to fp32) instead of integer and bf16x2 operations (sm_89 and later; names
  * carry _cvt; MOEC_MOE_GEMV_CVT=0: not): 6 operations for 4 codes instead
@@ -567,100 +561,6 @@ static const char GT_DOWN_END[] =
     "        v *= scale * ld(wts + sl[m]);\n"
     "    st(y + (long long)sl[m] * ND + row, v);\n";
 
-/* The half-tile streaming form (gh) of down for blocks of one or two slots
- * over fp8 weights in fragment tiles: each warp takes 8 rows, half a tile
- * (n0, from GEMM_HEAD with RW 8), over all of K, as the streaming form
- * over rows takes its rows: a chunk is the half's 512 contiguous bytes
- * (lane (g, q): row g's 16 codes at k 16q), U chunks a round, all of
- * them (GH_U_MAX at most) in one round loaded before the wait. The tile-
- * streaming form's warps share a tile's chunks, so its blocks load theirs
- * in two rounds and add them up in shared memory: at one token its down
- * ended about 5 us a layer later after gate_up than the streaming form
- * over rows (H200, 2026-11-30). The slots' activations come a chunk at a
- * time from L1 as the products need them, not U chunks ahead, which
- * would take 16 registers a chunk. The lanes of a quad add up their k;
- * lane q = 0 ends row n0 + g. Needs the scale blocks to hold whole tiles
- * and chunks (SBN % 16, SBK % 64). */
-static const char GH_BODY[] =
-    "    constexpr int CH = KD / 64, VW = 16, KSTEP = 64;\n"
-    "    const int g = lane >> 2, q = lane & 3;\n"
-    "    const TX *ar[BM];\n"
-    "#pragma unroll\n"
-    "    for (int m = 0; m < BM; m++)\n"
-    "        ar[m] = act + (long long)(sl[m] >= 0 ? sl[m] / AK : 0) * KD + q * 16;\n"
-    "    const TW *wt[NM];\n"
-    "    const float *sr[NM];\n"
-    "#pragma unroll\n"
-    "    for (int i = 0; i < NM; i++) {\n"
-    "        /* the tile's start, the half's 512 bytes in each chunk */\n"
-    "        wt[i] = w[i] + (long long)e * WS[i] + WO[i] + (long long)(n0 & ~15) * KD + (n0 & 8) * 64 +\n"
-    "                lane * 16;\n"
-    "        sr[i] = sc[i] + ((long long)e * SR + (WR[i] + n0) / SBN) * SC;\n"
-    "    }\n"
-    "    float a[NM][BM];\n"
-    "#pragma unroll\n"
-    "    for (int i = 0; i < NM; i++)\n"
-    "#pragma unroll\n"
-    "        for (int m = 0; m < BM; m++)\n"
-    "            a[i][m] = 0.0f;\n"
-    "    uint4 wv[U][NM];\n"
-    "    float sv[U][NM];\n"
-    "    /* chunks cb .. cb + U - 1 (zeros past CH) */\n"
-    "    auto load_w = [&](int cb) {\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++) {\n"
-    "            const int c = cb + u;\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < NM; i++) {\n"
-    "                wv[u][i] = c < CH ? moec_ldg16(wt[i] + (long long)c * 1024) : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                sv[u][i] = c < CH ? sr[i][(long long)c * 64 / SBK] : 0.0f;\n"
-    "            }\n"
-    "        }\n"
-    "    };\n";
-
-/* After GH_BODY (and DOWN_PRE): the rounds of U chunks, each chunk's
- * codes widened once and multiplied with each slot's 16 activations. */
-static const char GH_LOOP[] =
-    "#pragma unroll 1\n"
-    "    for (int cb = 0; cb < CH; cb += U) {\n"
-    "        if (!PRE || cb > 0)\n"
-    "            load_w(cb);\n"
-    "#pragma unroll\n"
-    "        for (int u = 0; u < U; u++) {\n"
-    "            if (CH % U != 0 && cb + u >= CH)\n"
-    "                break;\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < NM; i++) {\n"
-    "                float wf[VW];\n"
-    "                moec_w16v<CVT8>(wv[u][i], wf, (const TW *)nullptr);\n"
-    "#pragma unroll\n"
-    "                for (int m = 0; m < BM; m++) {\n"
-    "                    float xv[VW];\n"
-    "                    ldv<VW>(ar[m] + (long long)(cb + u) * KSTEP, xv);\n"
-    "                    float p = 0.0f;\n"
-    "#pragma unroll\n"
-    "                    for (int j = 0; j < VW; j++)\n"
-    "                        p = fmaf(wf[j], xv[j], p);\n"
-    "                    a[i][m] = fmaf(sv[u][i], p, a[i][m]);\n"
-    "                }\n"
-    "            }\n"
-    "        }\n"
-    "    }\n"
-    "    /* the quad's k added up; lane q = 0 ends row n0 + g of each slot */\n"
-    "    const int row = n0 + g;\n"
-    "#pragma unroll\n"
-    "    for (int m = 0; m < BM; m++) {\n"
-    "        float s[NM];\n"
-    "#pragma unroll\n"
-    "        for (int i = 0; i < NM; i++) {\n"
-    "            float v = a[i][m];\n"
-    "            v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
-    "            v += __shfl_xor_sync(0xffffffffu, v, 2);\n"
-    "            s[i] = v;\n"
-    "        }\n"
-    "        if (q == 0 && sl[m] >= 0) {\n";
-static const char GH_CLOSE[] = "        }\n    }\n";
-
 /* The tensor-core forms (bf16 weights and activations, fp32 accumulation):
  * each warp owns 16 weight rows and the block's BM slots (BM / 8 column
  * tiles of m16n8k16 products, the weights as the 16-row A operand and the
@@ -998,7 +898,7 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
 }
 
 /* The CUDA-core and tensor-core forms of the GEMMs. */
-enum { FORM_SIMT, FORM_MMA, FORM_GV, FORM_GT, FORM_GH };
+enum { FORM_SIMT, FORM_MMA, FORM_GV, FORM_GT };
 
 /* A GEMM step's shape: warps a block, rows a warp, a block's rows (their
  * product; the tile-streaming form's warps share one tile), the streaming
@@ -1042,15 +942,6 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
         sh.bn = 16; /* one tile */
         sh.cvt = moe_cvt(c, w);
         snprintf(sh.tag, sizeof sh.tag, "gt_w%d_u%d%s", sh.warps, sh.u, sh.cvt ? "_cvt" : "");
-    } else if (form == FORM_GH) {
-        /* all of K's 64-wide chunks in one round, up to GH_U_MAX (evened) */
-        long long nch = kd / 64, umax = cg_env_int("MOEC_MOE_GH_U", GH_U_MAX, 1, 32);
-        long long rounds = (nch + umax - 1) / umax;
-        sh.warps = cg_env_int("MOEC_MOE_GH_WARPS", GH_WARPS, 1, 8);
-        sh.rows = 8;
-        sh.u = (int)((nch + rounds - 1) / rounds);
-        sh.cvt = moe_cvt(c, w);
-        snprintf(sh.tag, sizeof sh.tag, "gh_w%d_u%d%s", sh.warps, sh.u, sh.cvt ? "_cvt" : "");
     } else if (form == FORM_GV) {
         long long kstep = 32 * (16 / (long long)ir_dtype_size(cg_storage(c, w)));
         long long nch = (kd + kstep - 1) / kstep;
@@ -1226,14 +1117,6 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                           sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false", GEMM_HEAD,
                           GV_DOWN_IN, GT_BODY, pre ? GT_PRE : "", STREAM_LOOP, GT_RED,
                           GT_DOWN_END);
-        else if (form == FORM_GH)
-            moec_buf_printf(&c->src,
-                          "    constexpr int RW = 8, BN = NW * RW, U = %d;\n"
-                          "    constexpr bool PRE = %s, CVT8 = %s;\n"
-                          "%s%s%s%s%s%s%s}\n\n",
-                          sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false", GEMM_HEAD,
-                          GV_DOWN_IN, GH_BODY, pre ? DOWN_PRE : "", GH_LOOP, GT_DOWN_END,
-                          GH_CLOSE);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
                           ve_i, GEMM_CONSTS, GEMM_HEAD, DOWN_BODY, DOWN_END);
@@ -1338,9 +1221,7 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
     if (gv && gv_weight_ok(c, d->gate, H) && (fused || gv_weight_ok(c, d->up, H)))
         form_gu = gt_weight_ok(c, d->gate) ? FORM_GT : FORM_GV;
     if (gv && gv_weight_ok(c, d->down, I))
-        form_dn = !gt_weight_ok(c, d->down)                  ? FORM_GV
-                  : cg_env_int("MOEC_MOE_GH", 1, 0, 1) ? FORM_GH
-                                                         : FORM_GT;
+        form_dn = gt_weight_ok(c, d->down) ? FORM_GT : FORM_GV;
 
     /* the moe_topk before this op aligned the slots already (it reserved
        their scratch; h and y go past it) */

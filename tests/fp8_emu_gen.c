@@ -145,11 +145,10 @@ static const gen_case CASES[] = {
        a block over 5 and 3 chunks, 3 in flight; 8 warps over down's one
        chunk, the codes widened by integer operations */
     {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, NULL},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO,
-     "MOEC_MOE_GT_U=1 MOEC_MOE_GT_DN_U=1 MOEC_MOE_GH=0"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_MOE_GT_U=1 MOEC_MOE_GT_DN_U=1"},
     {MOE(6, 3, 320, 192, 0, 48, 64), 2, CG_FP8_AUTO,
      "MOEC_MOE_FP8_TC_MIN_BM=4 MOEC_MOE_GT_WARPS=3 MOEC_MOE_GT_U=3 MOEC_MOE_GT_DN_WARPS=3 "
-     "MOEC_MOE_GT_DN_U=3 MOEC_MOE_GH=0"},
+     "MOEC_MOE_GT_DN_U=3"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO,
      "MOEC_MOE_GEMV_CVT=0 MOEC_MOE_GT_WARPS=8 MOEC_MOE_GT_DN_WARPS=8"},
     /* and the same shapes as compiled by default, without tiles: the
@@ -157,8 +156,7 @@ static const gen_case CASES[] = {
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=0"},
     /* the tile-streaming down's own shape: 2 warps, 5 chunks in flight */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO,
-     "MOEC_MOE_GT_DN_WARPS=2 MOEC_MOE_GT_DN_U=5 MOEC_MOE_GH=0"},
+    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, "MOEC_MOE_GT_DN_WARPS=2 MOEC_MOE_GT_DN_U=5"},
     /* the tensor-core expert GEMMs (the mma form, from 4 slots a block)
        with bf16 weights in rows: 16 and 8 slots a block, gate and up fused
        and apart, 3 chunks in flight (the last round partial), one slot a
@@ -188,13 +186,6 @@ static const gen_case CASES[] = {
     /* gate_up alone in tiles (=3), down in rows: staged at 32, streaming at 1 */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=3"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=3"},
-    /* down's half-tile streaming form (gh; the default over tiled down,
-       so cases 52, 55 and 70 run it too): blocks of two slots at 3 warps (the last
-       block's third warp past the rows), 2 chunks a round (3 chunks: the
-       second round partial); and down alone in tiles at one slot */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 2, CG_FP8_AUTO,
-     "MOEC_MOE_FP8_TC_MIN_BM=4 MOEC_MOE_GH_WARPS=3 MOEC_MOE_GH_U=2"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=2 MOEC_MOE_GH_U=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -264,8 +255,7 @@ int main(int argc, char **argv)
         int bm = 0, h32 = 0, cvt = 0, gv8 = 0, mma = 0;
         for (int k = 0; k < c.n_kernels; k++) {
             const char *b = strstr(c.kernel_names[k], "_bm");
-            int gv = strstr(c.kernel_names[k], "_gv_") != NULL || strstr(c.kernel_names[k], "_gt_") ||
-                     strstr(c.kernel_names[k], "_gh_");
+            int gv = strstr(c.kernel_names[k], "_gv_") != NULL || strstr(c.kernel_names[k], "_gt_");
             int tc = b && strstr(c.kernel_names[k], "_mma_w") != NULL;
             if (b && (gv || tc || strstr(c.kernel_names[k], "f8tc")))
                 bm = atoi(b + 3);
@@ -305,7 +295,6 @@ int main(int argc, char **argv)
             const ir_step *st = &c.steps[k];
             const char *name = c.kernel_names[st->kernel];
             if (!strstr(name, "f8tc") && !strstr(name, "_gv_") && !strstr(name, "_gt_") &&
-                !strstr(name, "_gh_") &&
                 !(!strncmp(name, "moe_", 4) && strstr(name, "_mma_w")) &&
                 strncmp(name, "linear_gemv_", 12) && strncmp(name, "linear_mma_", 11) &&
                 strncmp(name, "linear_tc_", 10))
