@@ -109,8 +109,9 @@
  * activations a chunk at a time from L1; 128 registers, no spills), to
  * end down sooner after gate_up at 1 to 4 tokens: fp8 V2-Lite with every
  * expert weight in tiles, 1.511 / 2.170 / 3.214 / 5.489 / 6.654 ms at 1 /
- * 2 / 4 / 32 / 64 tokens against 1.483 / 2.062 / 3.046 / 5.488 / 6.652
- * in this form (H200, 2026-11-30; history at a5a84ba, MOEC_MOE_GH). */
+ * 2 / 4 / 32 / 64 tokens against the tile-streaming form's 1.483 / 2.062 /
+ * 3.046 / 5.488 / 6.652 (H200, 2026-11-30; history at a5a84ba,
+ * MOEC_MOE_GH). */
 /* fp8 codes widened by the conversion unit (e4m3 pairs to f16 pairs, then
  * to fp32) instead of integer and bf16x2 operations (sm_89 and later; names
  * carry _cvt; MOEC_MOE_GEMV_CVT=0: not): 6 operations for 4 codes instead

@@ -132,8 +132,9 @@ static int expert_operand(const ir_op *op, int j, int *fused)
 int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode)
 {
     const ir_type *t = &w->type;
-    if (mode == IR_FP8_TILES_NONE || w->kind != IR_VALUE_WEIGHT || t->dtype != IR_DTYPE_F8E4M3 || t->rank != 3 ||
-        t->dims[1] % 16 != 0 || t->dims[2] % 64 != 0)
+    if (mode == IR_FP8_TILES_NONE || w->kind != IR_VALUE_WEIGHT ||
+        t->dtype != IR_DTYPE_F8E4M3 || t->rank != 3 || t->dims[1] % 16 != 0 ||
+        t->dims[2] % 64 != 0)
         return 0;
     int used = 0;
     for (int k = 0; k < m->n_ops; k++) {

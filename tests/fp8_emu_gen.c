@@ -238,7 +238,7 @@ int main(int argc, char **argv)
         cg_options_default(&o);
         o.fp8_kernel = gc->fp8;
         /* fragment tiles where the shapes allow, unless the case says not
-           (MOEC_FP8_TILES=0) or only for down (=2) */
+           (MOEC_FP8_TILES=0), only for down (=2) or only for gate_up (=3) */
         o.fp8_tiles = !gc->env                                ? IR_FP8_TILES_ALL
                       : strstr(gc->env, "MOEC_FP8_TILES=0") ? IR_FP8_TILES_NONE
                       : strstr(gc->env, "MOEC_FP8_TILES=2") ? IR_FP8_TILES_DOWN

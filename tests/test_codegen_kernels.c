@@ -1513,7 +1513,8 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
     /* these models' shapes allow tiles: the default puts gate_up's there */
     T_CHECK(tl_gu == (tiles == IR_FP8_TILES_GATE_UP || tiles == IR_FP8_TILES_ALL));
     char want[64];
-    snprintf(want, sizeof want, "_bm%d_f8tc_w4_%s_t%d_", bm, T >= 64 || tl_gu ? "u4_roll2" : "u6", T);
+    snprintf(want, sizeof want, "_bm%d_f8tc_w4_%s_t%d_", bm,
+             T >= 64 || tl_gu ? "u4_roll2" : "u6", T);
     T_CHECK(strstr(gk, want) != NULL);
     T_CHECK((strstr(gk, "_tl") != NULL) == tl_gu && (strstr(dk, "_tl") != NULL) == tl_dn);
     snprintf(want, sizeof want, "_%s_t%d_", T >= 64 || tl_dn ? "u4_roll2" : "u6", T);

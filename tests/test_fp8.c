@@ -284,7 +284,8 @@ static void test_tiles(ir_module *m)
     gate_up->type.dims[2] = kd;
     gate_up->type.dims[1] = 48;
     down->type.dims[1] = 48;
-    T_CHECK(ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL) == !fused && ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
+    T_CHECK(ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL) == !fused &&
+            ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
     down->type.dims[1] = 40;
     T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
     gate_up->type.dims[1] = n;
@@ -292,7 +293,8 @@ static void test_tiles(ir_module *m)
     /* nor a weight that any other op reads */
     ir_value *w = lin->in[1];
     lin->in[1] = down;
-    T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_ALL) && ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL));
+    T_CHECK(!ir_weight_tiled(m, down, IR_FP8_TILES_ALL) &&
+            ir_weight_tiled(m, gate_up, IR_FP8_TILES_ALL));
     lin->in[1] = w;
     T_CHECK(ir_weight_tiled(m, down, IR_FP8_TILES_ALL));
     /* the down weights alone: down, never gate_up (fused or gate) or up */
