@@ -300,8 +300,8 @@ static const char LINEAR_HEAD[] =
     "        const long long a = n0 + 16 * r;\n"
     "        live[r] = a < N;\n"
     "        const long long ra = a + g < N ? a + g : N - 1, rc = a + g + 8 < N ? a + g + 8 : N - 1;\n"
-    "        w0[r] = w + ra * K + q * 16;\n"
-    "        w1[r] = w + rc * K + q * 16;\n"
+    "        w0[r] = w + moec_woff<TL, K>(ra, q * 16);\n"
+    "        w1[r] = w + moec_woff<TL, K>(rc, q * 16);\n"
     "        if constexpr (W8)\n"
     "            sr[r] = ws + (live[r] ? a : 0) / SBN * SC;\n"
     "    }\n";
@@ -427,7 +427,7 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s;
+    int tg, nw, rt, u, s, roll;
     size_t smem;
 } tc_shape;
 
@@ -591,9 +591,17 @@ static int tc_linear_shape(const cg_ctx *c, const ir_op *op, tc_shape *sh)
 {
     const ir_value *x = op->in[0], *w = op->in[1];
     long long N = w->type.dims[0], K = w->type.dims[1];
-    return cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
-           linear_weight_fits(c, op) && K % 64 == 0 &&
-           linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, sh);
+    if (!(cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
+          linear_weight_fits(c, op) && K % 64 == 0 &&
+          linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, sh)))
+        return 0;
+    /* weights in fragment tiles with MOEC_FP8_TC_LIN_TLH=1: the experts'
+       refill over tiles (by halves, TC_HALVES_U in flight), for A/B runs */
+    int tlh = cg_moe_weight_tl(c, w) && cg_env_int("MOEC_FP8_TC_LIN_TLH", 0, 0, 1);
+    if (tlh)
+        sh->u = cg_env_int("MOEC_FP8_TC_U", tc_u(c, 1), 1, 8);
+    sh->roll = tc_roll(c, tlh);
+    return 1;
 }
 
 int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
@@ -618,7 +626,7 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
-    int roll = tc_roll(c, 0);
+    int roll = sh.roll;
     snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
              roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
@@ -642,8 +650,8 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
             "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n"
-            "    constexpr int ROLL = %d;\n"
-            "    constexpr int CS = 64;\n%s",
+            "    constexpr int ROLL = %d;\n%s"
+            "    constexpr int CS = TL ? 1024 : 64;\n",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",

@@ -157,26 +157,28 @@ static int fp8_vec_width(int64_t K, int64_t bk, int max)
     return ve;
 }
 
-/* The kernel-name suffix and the constants of weight w's block scales:
- * "" and W8 false for a weight not kept in fp8. */
+/* The kernel-name suffix and the constants of weight w's block scales
+ * and layout (TL: in fragment tiles, ir_weight_tiled; the tag then ends in
+ * "_tl"): "" and W8 and TL false for a weight not kept in fp8. */
 static void scale_consts(const cg_ctx *c, const ir_value *w, char *tag, size_t tcap,
                          char *decl, size_t dcap)
 {
     if (cg_storage(c, w) != IR_DTYPE_F8E4M3) {
         snprintf(tag, tcap, "%s", "");
         snprintf(decl, dcap,
-                 "    constexpr bool W8 = false;\n"
+                 "    constexpr bool W8 = false, TL = false;\n"
                  "    constexpr long long SBN = 1, SBK = 1, SC = 1;\n"
                  "    const float *ws = nullptr;\n"
                  "    (void)ws;\n");
         return;
     }
     const int64_t *b = w->scale.block;
-    snprintf(tag, tcap, "_s%lldx%lld", (long long)b[0], (long long)b[1]);
+    int tl = cg_moe_weight_tl(c, w);
+    snprintf(tag, tcap, "_s%lldx%lld%s", (long long)b[0], (long long)b[1], tl ? "_tl" : "");
     snprintf(decl, dcap,
-             "    constexpr bool W8 = true;\n"
+             "    constexpr bool W8 = true, TL = %s;\n"
              "    constexpr long long SBN = %lldLL, SBK = %lldLL, SC = %lldLL;\n",
-             (long long)b[0], (long long)b[1],
+             tl ? "true" : "false", (long long)b[0], (long long)b[1],
              (long long)((w->type.dims[1] + b[1] - 1) / b[1]));
 }
 
@@ -190,8 +192,111 @@ static void io_suffix(const cg_ctx *c, const ir_op *op, const char *tag, char *b
              bias ? ir_dtype_name(cg_storage(c, bias)) : "", tag);
 }
 
+/* The few-token kernel over fp8 weights in fragment tiles (TL,
+ * ir_weight_tiled), as the experts' tile-streaming form reads theirs
+ * (codegen/moe_routed.c, GT_BODY): a block takes one 16-row tile, each of
+ * its NW warps a contiguous share of the 64-wide chunks; lane (g, q) loads
+ * the 16 codes of rows g and g + 8 at k 16q of a chunk (a warp 512
+ * contiguous bytes a load), U chunks before their products, which it
+ * takes with the T tokens' x there (h of act computed as it is read, as
+ * GEMV_BODY does) and adds times the chunk's block scale (ir_weight_tiled
+ * holds the scale blocks to whole tiles and chunks). The lanes of a quad
+ * add up their k, the warps theirs in shared memory, and one thread a row
+ * and token ends as GEMV_BODY does. */
+static const char GEMV_TL_BODY[] =
+    "    constexpr int CH = K / 64;\n"
+    "    __shared__ float red[NW][2][T][8];\n"
+    "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
+    "    const long long n0 = (long long)blockIdx.x * 16;\n"
+    "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
+    "    const TW *wt = w + n0 * K + lane * 16;\n"
+    "    const float *sr = ws + n0 / SBN * SC;\n"
+    "    float a[2][T];\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < T; t++)\n"
+    "            a[h][t] = 0.0f;\n"
+    "#pragma unroll 1\n"
+    "    for (int cb = c0; cb < c1; cb += U) {\n"
+    "        uint4 wv[U][2];\n"
+    "        float sv[U];\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            const int c = cb + u;\n"
+    "#pragma unroll\n"
+    "            for (int h = 0; h < 2; h++)\n"
+    "                wv[u][h] = c < c1 ? moec_ldg16(wt + (long long)c * 1024 + h * 512)\n"
+    "                                  : make_uint4(0u, 0u, 0u, 0u);\n"
+    "            sv[u] = c < c1 ? sr[(long long)c * 64 / SBK] : 0.0f;\n"
+    "        }\n"
+    "#pragma unroll\n"
+    "        for (int u = 0; u < U; u++) {\n"
+    "            if (cb + u >= c1)\n"
+    "                continue;\n"
+    "            const int k = (cb + u) * 64 + q * 16;\n"
+    "            float wf[2][16];\n"
+    "#pragma unroll\n"
+    "            for (int h = 0; h < 2; h++)\n"
+    "                moec_w16v<CVT8>(wv[u][h], wf[h], (const TW *)nullptr);\n"
+    "#pragma unroll\n"
+    "            for (int t = 0; t < T; t++) {\n"
+    "                float xv[16];\n"
+    "                if constexpr (ACT) {\n"
+    "                    /* silu(gate) * up, rounded as the silu_mul result was stored */\n"
+    "                    float uv[16];\n"
+    "                    ldv<16>(x + (long long)t * 2 * K + k, xv);\n"
+    "                    ldv<16>(x + (long long)t * 2 * K + K + k, uv);\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < 16; j++) {\n"
+    "                        TH hq;\n"
+    "                        st(&hq, xv[j] / (1.0f + expf(-xv[j])) * uv[j]);\n"
+    "                        xv[j] = ld(&hq);\n"
+    "                    }\n"
+    "                } else\n"
+    "                    ldv<16>(x + (long long)t * K + k, xv);\n"
+    "#pragma unroll\n"
+    "                for (int h = 0; h < 2; h++) {\n"
+    "                    float p = 0.0f;\n"
+    "#pragma unroll\n"
+    "                    for (int j = 0; j < 16; j++)\n"
+    "                        p = fmaf(wf[h][j], xv[j], p);\n"
+    "                    a[h][t] = fmaf(sv[u], p, a[h][t]);\n"
+    "                }\n"
+    "            }\n"
+    "        }\n"
+    "    }\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < T; t++) {\n"
+    "            float v = a[h][t];\n"
+    "            v += __shfl_xor_sync(0xffffffffu, v, 1);\n"
+    "            v += __shfl_xor_sync(0xffffffffu, v, 2);\n"
+    "            if (q == 0)\n"
+    "                red[warp][h][t][g] = v;\n"
+    "        }\n"
+    "    __syncthreads();\n"
+    "    for (int i = threadIdx.x; i < 16 * T; i += NW * 32) {\n"
+    "        const int r = i & 15, t = i >> 4;\n"
+    "        float v = 0.0f;\n"
+    "#pragma unroll\n"
+    "        for (int wq = 0; wq < NW; wq++)\n"
+    "            v += red[wq][r >> 3][t][r & 7];\n"
+    "        v *= alpha;\n"
+    "        if constexpr (HAS_BIAS)\n"
+    "            v += ld(bias + n0 + r);\n"
+    "        st(y + (long long)t * N + n0 + r, v);\n"
+    "    }\n";
+
+/* The tile form's warps a block and chunks in flight a warp
+ * (MOEC_GEMV_TL_WARPS, MOEC_GEMV_TL_U) */
+#define GEMV_TL_WARPS 8
+#define GEMV_TL_U 4
+
 /* Rows t0 .. t0 + tg - 1 of y = alpha x w^T (+ bias) by the generated
- * kernel (dtypes checked). */
+ * kernel (dtypes checked): GEMV_BODY, or over fp8 weights in fragment
+ * tiles GEMV_TL_BODY. */
 static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha,
                              int t0, int tg)
 {
@@ -202,16 +307,20 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     /* act silu_mul: rows of 2K, h rounded to the compute dtype's storage */
     int act = ir_op_attr(op, "act") != NULL;
     ir_dtype dh = c->opt->compute_dtype;
-    int fp8 = dw == IR_DTYPE_F8E4M3;
+    int fp8 = dw == IR_DTYPE_F8E4M3, tl = fp8 && cg_moe_weight_tl(c, w);
     int ve = fp8 ? fp8_vec_width(K, w->scale.block[1], 16) : cg_vec_width(K);
-    int rb = gemv_rows_per_block(N, fp8, tg);
-    char name[300], tag[40], decl[400], io[80], silu[32] = "";
+    int rb = tl ? 16 : gemv_rows_per_block(N, fp8, tg);
+    int nw = tl ? cg_env_int("MOEC_GEMV_TL_WARPS", GEMV_TL_WARPS, 1, 16) : GEMV_WARPS;
+    int u = cg_env_int("MOEC_GEMV_TL_U", GEMV_TL_U, 1, 8);
+    char name[300], tag[40], decl[400], io[80], silu[32] = "", form[32] = "";
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
     if (act)
         snprintf(silu, sizeof silu, "_silu_%s", ir_dtype_name(dh));
-    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d_t%d%s_%s_%s", (long long)N,
-             (long long)K, rb, tg, silu, ir_dtype_name(dw), io);
+    if (tl)
+        snprintf(form, sizeof form, "_w%d_u%d", nw, u);
+    snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d%s_t%d%s_%s_%s", (long long)N,
+             (long long)K, rb, form, tg, silu, ir_dtype_name(dw), io);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -226,21 +335,22 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "    typedef %s TW;\n"
                       "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s, ACT = %s;\n%s",
-                      GEMV_WARPS * 32, name, cg_ctype(dx), cg_ctype(dw),
+                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d, U = %d;\n"
+                      "    constexpr bool HAS_BIAS = %s, ACT = %s, CVT8 = %s;\n%s",
+                      nw * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
-                      cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb,
-                      GEMV_WARPS, bias ? "true" : "false", act ? "true" : "false", decl);
+                      cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb, nw, u,
+                      bias ? "true" : "false", act ? "true" : "false",
+                      cg_arch_num(c->opt) >= 89 ? "true" : "false", decl);
         cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), GEMV_PREFETCH);
-        moec_buf_printf(&c->src, "%s}\n\n", GEMV_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", tl ? GEMV_TL_BODY : GEMV_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
     s->grid[0] = (unsigned)((N + rb - 1) / rb);
-    s->block[0] = GEMV_WARPS * 32;
+    s->block[0] = (unsigned)nw * 32;
     /* (MOEC_SIDE_PAD_FIRST=1: only the GEMV that reads the fork's value,
        beside the top-k, for A/B runs) */
     int first = x->kind == IR_VALUE_OP && x->def && x->def->kind == IR_OP_FORK;
@@ -620,7 +730,9 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
         return emit_tc(c, op, alpha);
     if (c->T <= gemv_max)
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
-    if (mma_fits(c, x, w))
+    /* the first tensor-core kernel reads rows; tiles take the few-token
+       kernel's tile form over groups of tokens instead */
+    if (!cg_moe_weight_tl(c, w) && mma_fits(c, x, w))
         return emit_mma(c, op, N, K, alpha, MMA_WARPS);
     int step = gemv_max > 0 ? gemv_max : GEMV_MAX_T;
     for (int t0 = 0; t0 < c->T; t0 += step)

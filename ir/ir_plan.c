@@ -129,11 +129,35 @@ static int expert_operand(const ir_op *op, int j, int *fused)
     return first >= 0 && j >= first;
 }
 
+/* Whether dense weight w [N, K] lies in tiles under IR_FP8_TILES_LINEAR:
+ * whole tiles and chunks, scale blocks too, read only as linears' weight. */
+static int linear_weight_tiled(const ir_module *m, const ir_value *w)
+{
+    const ir_type *t = &w->type;
+    if (t->dims[0] % 16 != 0 || t->dims[1] % 64 != 0 || !ir_block_scale_tiles(w))
+        return 0;
+    int used = 0;
+    for (int k = 0; k < m->n_ops; k++) {
+        const ir_op *op = m->ops[k];
+        for (int j = 0; j < op->n_in; j++)
+            if (op->in[j] == w) {
+                if (op->kind != IR_OP_LINEAR || j != 1)
+                    return 0;
+                used = 1;
+            }
+    }
+    return used;
+}
+
 int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode)
 {
     const ir_type *t = &w->type;
-    if (mode == IR_FP8_TILES_NONE || w->kind != IR_VALUE_WEIGHT ||
-        t->dtype != IR_DTYPE_F8E4M3 || t->rank != 3 || t->dims[1] % 16 != 0 ||
+    if (w->kind != IR_VALUE_WEIGHT || t->dtype != IR_DTYPE_F8E4M3)
+        return 0;
+    if (t->rank == 2)
+        return (mode & IR_FP8_TILES_LINEAR) && linear_weight_tiled(m, w);
+    mode &= IR_FP8_TILES_EXPERTS;
+    if (mode == IR_FP8_TILES_NONE || t->rank != 3 || t->dims[1] % 16 != 0 ||
         t->dims[2] % 64 != 0)
         return 0;
     int used = 0;

@@ -216,12 +216,19 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * such a weight read only as their gate_up (fused, or gate and up apart);
  * IR_FP8_TILES_NONE, none. The compiler's default is IR_FP8_TILES_GATE_UP
  * (cg_options_default: faster than rows at 1 to 64 tokens, where down's
- * in tiles too are slower at 1 to 4; BENCHMARKS.md, thirty-fifth round). */
+ * in tiles too are slower at 1 to 4; BENCHMARKS.md, thirty-fifth round).
+ * IR_FP8_TILES_LINEAR, a bit beside one of those four: dense linears'
+ * f8e4m3 weights [N, K] too, N a multiple of 16 and K of 64, their scale
+ * blocks whole tiles and chunks (ir_block_scale_tiles), read only as the
+ * weight of linear ops. IR_FP8_TILES_EXPERTS masks the experts' mode. */
 enum {
     IR_FP8_TILES_NONE = 0,
     IR_FP8_TILES_ALL = 1,
     IR_FP8_TILES_DOWN = 2,
-    IR_FP8_TILES_GATE_UP = 3
+    IR_FP8_TILES_GATE_UP = 3,
+    IR_FP8_TILES_EXPERTS = 3,
+    IR_FP8_TILES_LINEAR = 4,
+    IR_FP8_TILES_MAX = 7
 };
 int ir_weight_tiled(const ir_module *m, const ir_value *w, int mode);
 /* The byte offset of code (row n, column k) in a tiled weight of K columns

@@ -564,7 +564,7 @@ static moec_status read_rank(reader *r, const cJSON *h, const cJSON *o, const ir
     p->pdl = cJSON_IsNumber(pdl) && pdl->valuedouble == 1;
     /* absent (older plans): no tiles */
     if (cJSON_GetObjectItemCaseSensitive(h, "fp8_tiles"))
-        p->fp8_tiles = (int)jfield(r, h, "fp8_tiles", IR_FP8_TILES_NONE, IR_FP8_TILES_GATE_UP);
+        p->fp8_tiles = (int)jfield(r, h, "fp8_tiles", IR_FP8_TILES_NONE, IR_FP8_TILES_MAX);
     /* absent (format 2 and older): no device sampler, the host samples */
     const cJSON *sampler = cJSON_GetObjectItemCaseSensitive(h, "sampler");
     p->sampler = cJSON_IsNumber(sampler) && sampler->valuedouble == 1;

@@ -25,8 +25,11 @@
  * 6: the header's fp8_tiles may be 2 or 3 (IR_FP8_TILES_*: down's or
  * gate_up's expert weights alone in fragment tiles; a reader of format 5
  * took them for 0 and would address tiled weights as rows); files of
- * formats 1 to 5 still read. */
-#define IR_PLAN_FORMAT 6
+ * formats 1 to 5 still read.
+ * 7: fp8_tiles may carry IR_FP8_TILES_LINEAR (4 to 7: dense linears'
+ * weights in fragment tiles too, which a format-6 reader would refuse by
+ * range: now by version); files of formats 1 to 6 still read. */
+#define IR_PLAN_FORMAT 7
 
 typedef struct ir_plan_meta {
     int format;

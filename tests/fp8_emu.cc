@@ -29,7 +29,8 @@ struct emu_case {
     int h32; // the streaming expert GEMMs (h in f32), else the staged or tensor-core ones (bf16)
     int w16; // bf16 weights (experts: the streaming or tensor-core form), else fp8
     int act; // a linear with act silu_mul: x [T, 2 LK]
-    int tl_gu, tl_dn; // the experts' gate_up and down codes in fragment tiles (ir_weight_tiled)
+    int tl_gu, tl_dn; // the experts' gate_up and down codes in fragment tiles (ir_weight_tiled);
+                      // tl_gu: a linear's weight
     int mma; // the experts' first tensor-core form (mma: a warp a block, no shared memory)
     emu_step steps[2];
     int n_steps;
@@ -151,11 +152,12 @@ template <class W> static double run_linear(const emu_case &c)
     for (__nv_bfloat16 &v : y.v)
         v.v = 0xffff;
     const emu_step &s = c.steps[0];
+    const auto *wq = w.codes(c.tl_gu); // once: the launch runs its blocks on several threads
     emu_launch(s.gx, s.gy, s.block, s.smem, s.cluster, [&] {
         if constexpr (f8)
-            ((fn_t)s.fn)(x.p(), w.codes(), w.s.p(), w.s.p(), 1.0f, y.p());
+            ((fn_t)s.fn)(x.p(), wq, w.s.p(), w.s.p(), 1.0f, y.p());
         else
-            ((fn16_t)s.fn)(x.p(), w.codes(), nullptr, 1.0f, y.p());
+            ((fn16_t)s.fn)(x.p(), wq, nullptr, 1.0f, y.p());
     });
     double worst = 0;
     std::vector<double> ref(c.LN), h(c.LK);

@@ -186,6 +186,20 @@ static const gen_case CASES[] = {
     /* gate_up alone in tiles (=3), down in rows: staged at 32, streaming at 1 */
     {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=3"},
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=3"},
+    /* the dense linear's weight in fragment tiles (MOEC_FP8_TILES=5: the
+       linears' bit): the few-token kernel's tile form at 1 and 3 tokens
+       (10 chunks over 8 warps: some warps one, some two), at 2 over 3
+       warps of 3 in flight (a partial round), with act at 3; the staged
+       kernel at 8, 32 (by halves) and 64 tokens, over a cluster of splits
+       and with act at 24 */
+    {LIN(336, 640, 48, 64), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
+    {LIN(336, 640, 48, 64), 3, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
+    {LIN(336, 640, 48, 64), 2, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_GEMV_TL_WARPS=3 MOEC_GEMV_TL_U=3"},
+    {LINA(48, 1024, 16, 128), 3, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
+    {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
+    {LIN(336, 640, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_FP8_TC_LIN_TLH=1"},
+    {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
+    {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
@@ -237,13 +251,11 @@ int main(int argc, char **argv)
         cg_options o;
         cg_options_default(&o);
         o.fp8_kernel = gc->fp8;
-        /* fragment tiles where the shapes allow, unless the case says not
-           (MOEC_FP8_TILES=0), only for down (=2) or only for gate_up (=3) */
-        o.fp8_tiles = !gc->env                                ? IR_FP8_TILES_ALL
-                      : strstr(gc->env, "MOEC_FP8_TILES=0") ? IR_FP8_TILES_NONE
-                      : strstr(gc->env, "MOEC_FP8_TILES=2") ? IR_FP8_TILES_DOWN
-                      : strstr(gc->env, "MOEC_FP8_TILES=3") ? IR_FP8_TILES_GATE_UP
-                                                            : IR_FP8_TILES_ALL;
+        /* the experts' weights in fragment tiles where the shapes allow,
+           unless the case says MOEC_FP8_TILES=N (0 none, 2 only down, 3 only
+           gate_up; N | 4 the linears' too) */
+        const char *ft = gc->env ? strstr(gc->env, "MOEC_FP8_TILES=") : NULL;
+        o.fp8_tiles = ft ? atoi(ft + 15) : IR_FP8_TILES_ALL;
         cg_ctx c;
         if (emu_gen_emit(&c, m, &o, gc->T, is_fp8_op, "fp8_emu_gen", i))
             return 1;
@@ -272,10 +284,13 @@ int main(int argc, char **argv)
                     cvt);
             return 1;
         }
-        /* the experts' weights in fragment tiles (ir_weight_tiled) */
+        /* the experts' weights in fragment tiles (ir_weight_tiled), or the
+           linear's (tl_gu) */
         int tl_gu = 0, tl_dn = 0;
         for (int k = 0; k < m->n_ops; k++)
-            if (m->ops[k]->kind == IR_OP_MOE_ROUTED) {
+            if (m->ops[k]->kind == IR_OP_LINEAR && !moe)
+                tl_gu = ir_weight_tiled(m, m->ops[k]->in[1], o.fp8_tiles);
+            else if (m->ops[k]->kind == IR_OP_MOE_ROUTED) {
                 const ir_op *op = m->ops[k];
                 tl_gu = ir_weight_tiled(m, op->in[3], o.fp8_tiles);
                 tl_dn = ir_weight_tiled(m, op->in[op->n_in - 1], o.fp8_tiles);
@@ -286,7 +301,8 @@ int main(int argc, char **argv)
                         moe, moe ? (s->moe == KM_ROUTED_SPLIT ? "moe split" : "moe fused") : "linear",
                         w16 ? " bf16" : "", s->lact ? " silu" : "",
                         moe ? s->HID : s->LN, moe ? s->I : s->LK, s->BN, s->BK, gc->T,
-                        gc->env ? " " : "", gc->env ? gc->env : "", tl_gu ? " gate_up tiled" : "",
+                        gc->env ? " " : "", gc->env ? gc->env : "",
+                        tl_gu ? (moe ? " gate_up tiled" : " tiled") : "",
                         tl_dn ? " down tiled" : "", s->LN, s->LK, s->E, s->K, s->HID, s->I, s->BN,
                         s->BK, gc->T, bm, h32, w16, s->lact, tl_gu, tl_dn, mma);
         fprintf(f, "namespace case%d {\n", i);

@@ -35,7 +35,7 @@ static ir_plan *make_plan(ir_module *m)
     p->kv_block_size = 64;
     p->pdl = 1;
     p->sampler = 1;
-    p->fp8_tiles = IR_FP8_TILES_DOWN;
+    p->fp8_tiles = IR_FP8_TILES_DOWN | IR_FP8_TILES_LINEAR;
     p->n_buckets = 2;
     p->buckets = calloc(2, sizeof *p->buckets);
     for (int b = 0; b < 2; b++) {
@@ -382,7 +382,7 @@ int main(void)
     d[8] = IR_PLAN_FORMAT + 1;
     reseal(d, n);
     t_write_file(bad, d, n);
-    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 7; this moec reads version 6");
+    expect_read_error(bad, MOEC_ERR_UNSUPPORTED, "has format version 8; this moec reads version 7");
     /* A header that is not JSON. */
     memcpy(d, good, n);
     d[24] = '!';
@@ -407,9 +407,9 @@ int main(void)
                        "is corrupt: a step field is 2, not an integer in [0, 1]");
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,1,1,64,0,", "64,0,", "2",
                        "is corrupt: a step field is 2, not an integer in [0, 1]");
-    /* fp8_tiles is 0 to 3 (IR_FP8_TILES_*) */
-    expect_header_edit(good, n, bad, "\"fp8_tiles\":2", ":", "4",
-                       "header field 'fp8_tiles' is 4, not an integer in [0, 3]");
+    /* fp8_tiles is 0 to 7 (IR_FP8_TILES_*) */
+    expect_header_edit(good, n, bad, "\"fp8_tiles\":6", ":", "8",
+                       "header field 'fp8_tiles' is 8, not an integer in [0, 7]");
     /* A step field that is not an integer: block[0] (128) of the first step. */
     expect_header_edit(good, n, bad, "\"steps\":[[0,0,0,0,1,1,1,128,", "1,1,1,", "1.5",
                        "is corrupt: a step field is 1.5, not an integer in [0, 4294967295]");
