@@ -194,21 +194,28 @@ static void io_suffix(const cg_ctx *c, const ir_op *op, const char *tag, char *b
 
 /* The few-token kernel over fp8 weights in fragment tiles (TL,
  * ir_weight_tiled), as the experts' tile-streaming form reads theirs
- * (codegen/moe_routed.c, GT_BODY): a block takes one 16-row tile, each of
- * its NW warps a contiguous share of the 64-wide chunks; lane (g, q) loads
+ * (codegen/moe_routed.c, GT_BODY): a block takes one 16-row tile (of S
+ * blocks a tile, a cluster on sm_90, split S of its 64-wide chunks), each
+ * of its NW warps a contiguous share of the block's chunks; lane (g, q) loads
  * the 16 codes of rows g and g + 8 at k 16q of a chunk (a warp 512
  * contiguous bytes a load), U chunks before their products, which it
  * takes with the T tokens' x there (h of act computed as it is read, as
  * GEMV_BODY does) and adds times the chunk's block scale (ir_weight_tiled
  * holds the scale blocks to whole tiles and chunks). The lanes of a quad
  * add up their k, the warps theirs in shared memory, and one thread a row
- * and token ends as GEMV_BODY does. */
+ * and token ends as GEMV_BODY does, adding the S blocks' sums of the
+ * cluster from their shared memory (each block a share of the rows and
+ * tokens). */
 static const char GEMV_TL_BODY[] =
     "    constexpr int CH = K / 64;\n"
-    "    __shared__ float red[NW][2][T][8];\n"
+    "    /* the warps' sums: in dynamic shared memory, which the cluster's blocks read */\n"
+    "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
+    "    float(*red)[2][T][8] = reinterpret_cast<float(*)[2][T][8]>(moec_smem);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
-    "    const long long n0 = (long long)blockIdx.x * 16;\n"
-    "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
+    "    const int split = (int)(blockIdx.x % S);\n"
+    "    const long long n0 = (long long)(blockIdx.x / S) * 16;\n"
+    "    const int s0 = split * CH / S, sn = (split + 1) * CH / S - s0;\n"
+    "    const int c0 = s0 + warp * sn / NW, c1 = s0 + (warp + 1) * sn / NW;\n"
     "    const TW *wt = w + n0 * K + lane * 16;\n"
     "    const float *sr = ws + n0 / SBN * SC;\n"
     "    float a[2][T];\n"
@@ -277,22 +284,55 @@ static const char GEMV_TL_BODY[] =
     "                red[warp][h][t][g] = v;\n"
     "        }\n"
     "    __syncthreads();\n"
-    "    for (int i = threadIdx.x; i < 16 * T; i += NW * 32) {\n"
+    "    if constexpr (S > 1)\n"
+    "        moec_cluster_sync();\n"
+    "    for (int i = split * NW * 32 + threadIdx.x; i < 16 * T; i += S * NW * 32) {\n"
     "        const int r = i & 15, t = i >> 4;\n"
     "        float v = 0.0f;\n"
     "#pragma unroll\n"
-    "        for (int wq = 0; wq < NW; wq++)\n"
-    "            v += red[wq][r >> 3][t][r & 7];\n"
+    "        for (int k = 0; k < S; k++)\n"
+    "#pragma unroll\n"
+    "            for (int wq = 0; wq < NW; wq++)\n"
+    "                v += S > 1 ? moec_ld_cluster(&red[wq][r >> 3][t][r & 7], (unsigned)k)\n"
+    "                           : red[wq][r >> 3][t][r & 7];\n"
     "        v *= alpha;\n"
     "        if constexpr (HAS_BIAS)\n"
     "            v += ld(bias + n0 + r);\n"
     "        st(y + (long long)t * N + n0 + r, v);\n"
-    "    }\n";
+    "    }\n"
+    "    if constexpr (S > 1)\n"
+    "        moec_cluster_sync(); /* no block leaves while the others read it */\n";
+
+/* Before the wait (cg_emit_prefetch): the tile form's share of its tile
+ * (its split's chunks, up to PF_CAP bytes from the first) and the tile's
+ * row of block scales. */
+static const char GEMV_TL_PREFETCH[] =
+    "        const long long t0 = (long long)(blockIdx.x / S) * 16, sp = blockIdx.x % S;\n"
+    "        const long long b0 = sp * (K / 64) / S * 1024, b1 = (sp + 1) * (K / 64) / S * 1024;\n"
+    "        moec_prefetch_rows(w + t0 * K + b0, 1, b1 - b0, PF_CAP);\n"
+    "        moec_prefetch_l2(ws + t0 / SBN * SC, (unsigned long long)SC * 4ull);\n";
 
 /* The tile form's warps a block and chunks in flight a warp
  * (MOEC_GEMV_TL_WARPS, MOEC_GEMV_TL_U) */
 #define GEMV_TL_WARPS 8
-#define GEMV_TL_U 4
+#define GEMV_TL_U 2
+/* ... and its blocks a tile (sm_90: a cluster; MOEC_GEMV_TL_S): the
+ * fewest that make GEMV_TL_BLOCKS blocks, at most GEMV_TL_S_MAX, each
+ * block at least a chunk a warp */
+#define GEMV_TL_BLOCKS 198
+#define GEMV_TL_S_MAX 8
+
+/* the tile form's splits of a weight of N rows and K columns */
+static int gemv_tl_splits(const cg_ctx *c, int64_t N, int64_t K, int nw)
+{
+    if (cg_arch_num(c->opt) < 90)
+        return 1;
+    int want = cg_env_int("MOEC_GEMV_TL_S", 0, 0, GEMV_TL_S_MAX);
+    int s = 1;
+    while (!want && s < GEMV_TL_S_MAX && N / 16 * s < GEMV_TL_BLOCKS && K / 64 / (s + 1) >= nw)
+        s++;
+    return want ? (want > K / 64 ? (int)(K / 64) : want) : s;
+}
 
 /* Rows t0 .. t0 + tg - 1 of y = alpha x w^T (+ bias) by the generated
  * kernel (dtypes checked): GEMV_BODY, or over fp8 weights in fragment
@@ -312,13 +352,16 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     int rb = tl ? 16 : gemv_rows_per_block(N, fp8, tg);
     int nw = tl ? cg_env_int("MOEC_GEMV_TL_WARPS", GEMV_TL_WARPS, 1, 16) : GEMV_WARPS;
     int u = cg_env_int("MOEC_GEMV_TL_U", GEMV_TL_U, 1, 8);
-    char name[300], tag[40], decl[400], io[80], silu[32] = "", form[32] = "";
+    int sp = tl ? gemv_tl_splits(c, N, K, nw) : 1;
+    char name[300], tag[40], decl[400], io[80], silu[32] = "", form[32] = "", cluster[48] = "";
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
     if (act)
         snprintf(silu, sizeof silu, "_silu_%s", ir_dtype_name(dh));
     if (tl)
-        snprintf(form, sizeof form, "_w%d_u%d", nw, u);
+        snprintf(form, sizeof form, "_w%d_u%d_s%d", nw, u, sp);
+    if (sp > 1)
+        snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sp);
     snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d%s_t%d%s_%s_%s", (long long)N,
              (long long)K, rb, form, tg, silu, ir_dtype_name(dw), io);
     int is_new = 0;
@@ -329,27 +372,27 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
         moec_buf_printf(&c->src,
                       "// linear: y = alpha x w^T (+ b) for a few rows (codegen/linear.c, "
                       "emit_gemv)\n"
-                      "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s *__restrict__ x, "
-                      "const %s *__restrict__ w, %sconst %s *__restrict__ bias, float alpha, "
-                      "%s *__restrict__ y)\n{\n"
+                      "extern \"C\" __global__ void %s__launch_bounds__(%d) %s(const %s "
+                      "*__restrict__ x, const %s *__restrict__ w, %sconst %s *__restrict__ bias, "
+                      "float alpha, %s *__restrict__ y)\n{\n"
                       "    typedef %s TW;\n"
                       "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d, U = %d;\n"
+                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d, U = %d, S = %d;\n"
                       "    constexpr bool HAS_BIAS = %s, ACT = %s, CVT8 = %s;\n%s",
-                      nw * 32, name, cg_ctype(dx), cg_ctype(dw),
+                      cluster, nw * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
-                      cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb, nw, u,
+                      cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb, nw, u, sp,
                       bias ? "true" : "false", act ? "true" : "false",
                       cg_arch_num(c->opt) >= 89 ? "true" : "false", decl);
-        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), GEMV_PREFETCH);
+        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), tl ? GEMV_TL_PREFETCH : GEMV_PREFETCH);
         moec_buf_printf(&c->src, "%s}\n\n", tl ? GEMV_TL_BODY : GEMV_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
         return MOEC_ERR(MOEC_ERR_OOM, "linear %%%s: out of memory", y->name);
     s->kernel = k;
-    s->grid[0] = (unsigned)((N + rb - 1) / rb);
+    s->grid[0] = (unsigned)((N + rb - 1) / rb * sp);
     s->block[0] = (unsigned)nw * 32;
     /* (MOEC_SIDE_PAD_FIRST=1: only the GEMV that reads the fork's value,
        beside the top-k, for A/B runs) */
@@ -357,6 +400,8 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     s->smem = s->stream == 1 && (first || !cg_env_int("MOEC_SIDE_PAD_FIRST", 0, 0, 1))
                   ? cg_side_smem_pad(c, dw)
                   : 0;
+    if (tl && s->smem < (unsigned)(nw * 2 * tg * 8 * 4))
+        s->smem = (unsigned)(nw * 2 * tg * 8 * 4); /* GEMV_TL_BODY's red */
     int n = 0;
     s->args[n] = cg_arg_act(x);
     s->args[n++].i = (int64_t)t0 * (act ? 2 : 1) * K * (int64_t)ir_dtype_size(dx);
