@@ -206,7 +206,7 @@ static void io_suffix(const cg_ctx *c, const ir_op *op, const char *tag, char *b
  * and token ends as GEMV_BODY does, adding the S blocks' sums of the
  * cluster from their shared memory (each block a share of the rows and
  * tokens). */
-static const char GEMV_TL_HEAD[] =
+static const char GEMV_TL_BODY[] =
     "    constexpr int CH = K / 64;\n"
     "    /* the warps' sums: in dynamic shared memory, which the cluster's blocks read */\n"
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
@@ -218,10 +218,16 @@ static const char GEMV_TL_HEAD[] =
     "    const int c0 = s0 + warp * sn / NW, c1 = s0 + (warp + 1) * sn / NW;\n"
     "    const TW *wt = w + n0 * K + lane * 16;\n"
     "    const float *sr = ws + n0 / SBN * SC;\n"
-    "    uint4 wv[U][2];\n"
-    "    float sv[U];\n"
-    "    /* chunks cb .. cb + U - 1 of the tile (zeros past c1) */\n"
-    "    auto load_w = [&](int cb) {\n"
+    "    float a[2][T];\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++)\n"
+    "#pragma unroll\n"
+    "        for (int t = 0; t < T; t++)\n"
+    "            a[h][t] = 0.0f;\n"
+    "#pragma unroll 1\n"
+    "    for (int cb = c0; cb < c1; cb += U) {\n"
+    "        uint4 wv[U][2];\n"
+    "        float sv[U];\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            const int c = cb + u;\n"
@@ -231,24 +237,6 @@ static const char GEMV_TL_HEAD[] =
     "                                  : make_uint4(0u, 0u, 0u, 0u);\n"
     "            sv[u] = c < c1 ? sr[(long long)c * 64 / SBK] : 0.0f;\n"
     "        }\n"
-    "    };\n";
-
-/* With PRE, the warp's first U chunks, which do not depend on the kernel
- * before, go out before the wait (after the L2 prefetch of the rest). */
-static const char GEMV_TL_PRE[] = "    load_w(c0);\n";
-
-/* GEMV_TL_HEAD's main loop and the sums */
-static const char GEMV_TL_BODY[] =
-    "    float a[2][T];\n"
-    "#pragma unroll\n"
-    "    for (int h = 0; h < 2; h++)\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < T; t++)\n"
-    "            a[h][t] = 0.0f;\n"
-    "#pragma unroll 1\n"
-    "    for (int cb = c0; cb < c1; cb += U) {\n"
-    "        if (!PRE || cb > c0)\n"
-    "            load_w(cb);\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            if (cb + u >= c1)\n"
@@ -332,8 +320,6 @@ static const char GEMV_TL_PREFETCH[] =
  * fewest that make GEMV_TL_BLOCKS blocks, at most GEMV_TL_S_MAX, each
  * block at least a chunk a warp */
 #define GEMV_TL_BLOCKS 198
-/* ... and whether its first chunks go out before the wait */
-#define GEMV_TL_PRE_ON 0
 #define GEMV_TL_S_MAX 8
 
 /* the tile form's splits of a weight of N rows and K columns */
@@ -367,16 +353,13 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     int nw = tl ? cg_env_int("MOEC_GEMV_TL_WARPS", GEMV_TL_WARPS, 1, 16) : GEMV_WARPS;
     int u = cg_env_int("MOEC_GEMV_TL_U", GEMV_TL_U, 1, 8);
     int sp = tl ? gemv_tl_splits(c, N, K, nw) : 1;
-    /* the tile form's first chunks before the wait (MOEC_GEMV_TL_PRE) */
-    int pre = tl && cg_env_int("MOEC_GEMV_TL_PRE", GEMV_TL_PRE_ON, 0, 1);
-    long long pf = cg_prefetch_bytes(c);
     char name[300], tag[40], decl[400], io[80], silu[32] = "", form[32] = "", cluster[48] = "";
     scale_consts(c, w, tag, sizeof tag, decl, sizeof decl);
     io_suffix(c, op, tag, io, sizeof io);
     if (act)
         snprintf(silu, sizeof silu, "_silu_%s", ir_dtype_name(dh));
     if (tl)
-        snprintf(form, sizeof form, "_w%d_u%d_s%d%s", nw, u, sp, pre ? "_pre" : "");
+        snprintf(form, sizeof form, "_w%d_u%d_s%d", nw, u, sp);
     if (sp > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sp);
     snprintf(name, sizeof name, "linear_gemv_n%lld_k%lld_rb%d%s_t%d%s_%s_%s", (long long)N,
@@ -396,23 +379,14 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
                       "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d, U = %d, S = %d;\n"
-                      "    constexpr bool HAS_BIAS = %s, ACT = %s, CVT8 = %s, PRE = %s;\n%s",
+                      "    constexpr bool HAS_BIAS = %s, ACT = %s, CVT8 = %s;\n%s",
                       cluster, nw * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
                       cg_ctype(dw), cg_ctype(dh), (long long)N, (long long)K, tg, ve, rb, nw, u, sp,
                       bias ? "true" : "false", act ? "true" : "false",
-                      cg_arch_num(c->opt) >= 89 ? "true" : "false", pre ? "true" : "false", decl);
-        if (tl) {
-            moec_buf_printf(&c->src, "%s%s", GEMV_TL_HEAD, pre ? GEMV_TL_PRE : "");
-            if (pf > 0)
-                cg_emit_prefetch(&c->src, pf, GEMV_TL_PREFETCH);
-            else if (pre)
-                moec_buf_printf(&c->src, "    moec_pdl_enter();\n");
-            moec_buf_printf(&c->src, "%s}\n\n", GEMV_TL_BODY);
-        } else {
-            cg_emit_prefetch(&c->src, pf, GEMV_PREFETCH);
-            moec_buf_printf(&c->src, "%s}\n\n", GEMV_BODY);
-        }
+                      cg_arch_num(c->opt) >= 89 ? "true" : "false", decl);
+        cg_emit_prefetch(&c->src, cg_prefetch_bytes(c), tl ? GEMV_TL_PREFETCH : GEMV_PREFETCH);
+        moec_buf_printf(&c->src, "%s}\n\n", tl ? GEMV_TL_BODY : GEMV_BODY);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

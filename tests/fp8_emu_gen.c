@@ -191,19 +191,14 @@ static const gen_case CASES[] = {
        (10 chunks over 8 warps: some warps one, some two), at 2 over 3
        warps of 3 in flight (a partial round), with act at 3, split over
        clusters of 3 blocks a tile (3 + 3 + 4 chunks over 4 warps) and, with
-       act, of 2; the first chunks before the wait (MOEC_GEMV_TL_PRE=1) with
-       the prefetch, and without it over a cluster of 2 with act; the staged
-       kernel at 8, 32 (by halves) and 64 tokens, over a cluster of splits
-       and with act at 24 */
+       act, of 2; the staged kernel at 8, 32 (by halves) and 64 tokens, over
+       a cluster of splits and with act at 24 */
     {LIN(336, 640, 48, 64), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(336, 640, 48, 64), 3, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(336, 640, 48, 64), 2, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_GEMV_TL_WARPS=3 MOEC_GEMV_TL_U=3"},
     {LINA(48, 1024, 16, 128), 3, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(336, 640, 48, 64), 2, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_GEMV_TL_S=3 MOEC_GEMV_TL_WARPS=4"},
     {LINA(48, 1024, 16, 128), 4, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_GEMV_TL_S=2"},
-    {LIN(336, 640, 48, 64), 1, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_GEMV_TL_PRE=1"},
-    {LINA(48, 1024, 16, 128), 2, CG_FP8_AUTO,
-     "MOEC_FP8_TILES=5 MOEC_GEMV_TL_PRE=1 MOEC_GEMV_TL_S=2 MOEC_PREFETCH_KB=0"},
     {LIN(336, 640, 48, 64), 8, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(336, 640, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_FP8_TC_LIN_TLH=1"},
     {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
