@@ -114,11 +114,13 @@ static const char *USAGE_COMPILE =
     "                        it too: `moec run FOLDER --backend cpu`)\n"
     "  --quantized-dir DIR   that folder (default: PLAN without .moec, plus .fp8);\n"
     "                        it must not exist\n"
-    "  --fp8-layout L        how the routed experts' fp8 weights lie on the GPU:\n"
-    "                        gate_up (default; $MOEC_FP8_TILES=N sets it too):\n"
-    "                        gate_up's in fragment tiles, faster than rows at every\n"
-    "                        batch; tiles: down's too, faster still from 8 tokens a\n"
-    "                        step, slower at 1 to 4; down: down's alone; rows: none\n"
+    "  --fp8-layout L        how the fp8 weights lie on the GPU: the routed experts'\n"
+    "                        by gate_up (gate_up's in fragment tiles), tiles (down's\n"
+    "                        too), down (down's alone) or rows (none); +linear lays\n"
+    "                        the dense linears' in tiles too. Default gate_up+linear\n"
+    "                        ($MOEC_FP8_TILES=N sets it too): faster than gate_up\n"
+    "                        from 2 tokens a step, slower at 1; tiles is faster from\n"
+    "                        8 tokens and slower at 1 to 4\n"
     "  -h, --help            this help\n";
 
 static const char *USAGE_RUN =
@@ -859,10 +861,11 @@ static int cmd_compile(int argc, char **argv)
                     return usage_error(USAGE_COMPILE, "--quantize: '%s' is not fp8", v);
                 o.quantize = v;
             } else if (!strcmp(a, "--fp8-layout")) {
-                if (strcmp(v, "gate_up") && strcmp(v, "tiles") && strcmp(v, "down") &&
-                    strcmp(v, "rows"))
+                if (moec_fp8_layout_check(v) != MOEC_OK)
                     return usage_error(USAGE_COMPILE,
-                                       "--fp8-layout: '%s' is not gate_up, tiles, down or rows", v);
+                                       "--fp8-layout: '%s' is not gate_up, tiles, down or rows, "
+                                       "alone or with +linear",
+                                       v);
                 o.fp8_layout = v;
             } else if (!strcmp(a, "--quantized-dir")) {
                 if (!*v)

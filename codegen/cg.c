@@ -21,7 +21,8 @@ void cg_options_default(cg_options *o)
     snprintf(o->arch, sizeof o->arch, "%s", MOEC_CUDA_ARCH_DEFAULT);
     o->kv_block_size = 64;
     o->n_buckets = ir_buckets_default(o->buckets);
-    o->fp8_tiles = cg_env_int("MOEC_FP8_TILES", IR_FP8_TILES_GATE_UP, 0, IR_FP8_TILES_MAX);
+    o->fp8_tiles = cg_env_int("MOEC_FP8_TILES", IR_FP8_TILES_GATE_UP | IR_FP8_TILES_LINEAR, 0,
+                              IR_FP8_TILES_MAX);
 }
 
 int cg_kernel(cg_ctx *c, const char *name, int *is_new)

@@ -63,12 +63,15 @@ typedef struct cg_options {
                                * (CUDA cores) or CG_MOE_MMA (tensor cores, bf16 only) */
     int fp8_kernel;           /* kernels of fp8 weights: CG_FP8_AUTO (default), CG_FP8_OLD or
                                * CG_FP8_TC */
-    int fp8_tiles;            /* which of the routed experts' fp8 weights lie in fragment
-                               * tiles (IR_FP8_TILES_*, ir_weight_tiled; the plan's
-                               * fp8_tiles): gate_up's (3, default: faster at every
-                               * batch); all that can (1: faster still from 8 tokens,
-                               * slower at 1 to 4); down's (2); none (0).
-                               * MOEC_FP8_TILES=N sets it. */
+    int fp8_tiles;            /* which fp8 weights lie in fragment tiles (IR_FP8_TILES_*,
+                               * ir_weight_tiled; the plan's fp8_tiles): of the routed
+                               * experts gate_up's (3: faster than rows at every
+                               * batch), all that can (1: faster still from 8 tokens,
+                               * slower at 1 to 4), down's (2) or none (0); with
+                               * IR_FP8_TILES_LINEAR (4) the dense linears' too. The
+                               * default, 7, gate_up's and the linears': faster than
+                               * 3 from 2 tokens, slower at 1 (codegen/linear.c,
+                               * GEMV_TL_BODY). MOEC_FP8_TILES=N sets it. */
     /* Called as each bucket's kernels finish compiling (progress lines),
      * with the kernels compiled so far of every bucket's kernels:
      * from the compiling threads, one call at a time. */

@@ -427,7 +427,7 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s, roll;
+    int tg, nw, rt, u, s;
     size_t smem;
 } tc_shape;
 
@@ -591,17 +591,9 @@ static int tc_linear_shape(const cg_ctx *c, const ir_op *op, tc_shape *sh)
 {
     const ir_value *x = op->in[0], *w = op->in[1];
     long long N = w->type.dims[0], K = w->type.dims[1];
-    if (!(cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
-          linear_weight_fits(c, op) && K % 64 == 0 &&
-          linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, sh)))
-        return 0;
-    /* weights in fragment tiles with MOEC_FP8_TC_LIN_TLH=1: the experts'
-       refill over tiles (by halves, TC_HALVES_U in flight), for A/B runs */
-    int tlh = cg_moe_weight_tl(c, w) && cg_env_int("MOEC_FP8_TC_LIN_TLH", 0, 0, 1);
-    if (tlh)
-        sh->u = cg_env_int("MOEC_FP8_TC_U", tc_u(c, 1), 1, 8);
-    sh->roll = tc_roll(c, tlh);
-    return 1;
+    return cg_arch_num(c->opt) >= 80 && cg_storage(c, x) == IR_DTYPE_BF16 &&
+           linear_weight_fits(c, op) && K % 64 == 0 &&
+           linear_shape(c, N, K, cg_storage(c, w) == IR_DTYPE_F8E4M3, sh);
 }
 
 int cg_tc_linear_fits(const cg_ctx *c, const ir_op *op)
@@ -626,7 +618,13 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
     /* the first weights before the wait where no prefetch takes its place */
     int pre = pf <= 0 && cg_env_int("MOEC_LINEAR_TC_PRE", 1, 0, 1);
     char name[300], cluster[48] = "";
-    int roll = sh.roll;
+    /* weights in fragment tiles (ir_weight_tiled) keep the rows' refill
+       rule: the experts' over tiles (by halves at TC_HALVES_U in every
+       bucket) was level to slower for the linears (H200, 2026-11-30, fp8
+       V2-Lite with the linears in tiles at 1 / 2 / 4 / 8 / 32 / 64 tokens:
+       1.494 / 1.900 / 2.784 / 3.626 / 5.606 / 6.698 ms against 1.496 /
+       1.901 / 2.781 / 3.619 / 5.579 / 6.695) */
+    int roll = tc_roll(c, 0);
     snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
              roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
@@ -804,7 +802,7 @@ static moec_status oom(const cg_moe_desc *d)
 moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l)
 {
     int nw = cg_env_int("MOEC_FP8_TC_WARPS", TC_WARPS, 1, 8);
-    int tl = cg_moe_weight_tl(c, d->gate);
+    int tl = cg_weight_tl(c, d->gate);
     int u = cg_env_int("MOEC_FP8_TC_U", tc_u(c, tl), 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 2;
@@ -861,7 +859,7 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         rt = cg_env_int("MOEC_FP8_TC_DN_RT", TC_DN_RT, 0, 2);
     if (!rt)
         rt = l->nb * ((l->H + 32LL * nw - 1) / (32LL * nw)) >= TC_BLOCKS ? 2 : 1;
-    int tl = cg_moe_weight_tl(c, d->down);
+    int tl = cg_weight_tl(c, d->down);
     int u = cg_env_int("MOEC_FP8_TC_U", tc_u(c, tl), 0, 8);
     if (!u)
         u = l->bm <= 16 ? 4 : 4 / rt;

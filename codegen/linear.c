@@ -173,7 +173,7 @@ static void scale_consts(const cg_ctx *c, const ir_value *w, char *tag, size_t t
         return;
     }
     const int64_t *b = w->scale.block;
-    int tl = cg_moe_weight_tl(c, w);
+    int tl = cg_weight_tl(c, w);
     snprintf(tag, tcap, "_s%lldx%lld%s", (long long)b[0], (long long)b[1], tl ? "_tl" : "");
     snprintf(decl, dcap,
              "    constexpr bool W8 = true, TL = %s;\n"
@@ -313,12 +313,24 @@ static const char GEMV_TL_PREFETCH[] =
     "        moec_prefetch_l2(ws + t0 / SBN * SC, (unsigned long long)SC * 4ull);\n";
 
 /* The tile form's warps a block and chunks in flight a warp
- * (MOEC_GEMV_TL_WARPS, MOEC_GEMV_TL_U) */
+ * (MOEC_GEMV_TL_WARPS, MOEC_GEMV_TL_U), and its blocks a tile (sm_90: a
+ * cluster; MOEC_GEMV_TL_S): the fewest that make GEMV_TL_BLOCKS blocks, at
+ * most GEMV_TL_S_MAX, each block at least a chunk a warp (V2-Lite's
+ * 2048-row weights: 2). (H200, 2026-11-30, fp8 V2-Lite, the linears in
+ * tiles, ms a step at 1 / 2 / 4 tokens: 8 warps of 2 chunks, 2 blocks a
+ * tile of 2048 rows, 1.477 / 1.855 / 2.588; one block 1.495 / 1.869 /
+ * 2.593, four 1.591 / 2.222 / 3.158; 1 chunk 1.506 / 1.855 / 2.625; one
+ * block a tile: 4 chunks 1.495 / 1.901 / 2.783, 8 chunks 1.522 / 1.981 /
+ * 2.804, 16 warps 1.481 / 1.968 / 2.832, 4 warps 1.622 / 1.992 / 2.704;
+ * the rows' kernel, GEMV_BODY, 1.438 / 1.986 / 2.966. In the kernel
+ * timeline at one token, one block a tile and 4 chunks, o_proj took 5.25
+ * us against 4.39 in rows, the shared down 8.42 against 7.40; the q/kv
+ * projection 5.42 against 5.61 and the shared gate_up 8.46 against 8.98.)
+ * Measured and taken out: each warp's first chunks loaded before the
+ * programmatic wait (the experts' down does so), 1.472 / 1.843 / 2.770
+ * against 1.474 / 1.848 / 2.584 (history at bd0346f, MOEC_GEMV_TL_PRE). */
 #define GEMV_TL_WARPS 8
 #define GEMV_TL_U 2
-/* ... and its blocks a tile (sm_90: a cluster; MOEC_GEMV_TL_S): the
- * fewest that make GEMV_TL_BLOCKS blocks, at most GEMV_TL_S_MAX, each
- * block at least a chunk a warp */
 #define GEMV_TL_BLOCKS 198
 #define GEMV_TL_S_MAX 8
 
@@ -347,7 +359,7 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
     /* act silu_mul: rows of 2K, h rounded to the compute dtype's storage */
     int act = ir_op_attr(op, "act") != NULL;
     ir_dtype dh = c->opt->compute_dtype;
-    int fp8 = dw == IR_DTYPE_F8E4M3, tl = fp8 && cg_moe_weight_tl(c, w);
+    int fp8 = dw == IR_DTYPE_F8E4M3, tl = fp8 && cg_weight_tl(c, w);
     int ve = fp8 ? fp8_vec_width(K, w->scale.block[1], 16) : cg_vec_width(K);
     int rb = tl ? 16 : gemv_rows_per_block(N, fp8, tg);
     int nw = tl ? cg_env_int("MOEC_GEMV_TL_WARPS", GEMV_TL_WARPS, 1, 16) : GEMV_WARPS;
@@ -777,7 +789,7 @@ static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, do
         return emit_gemv(c, op, N, K, alpha, 0, c->T);
     /* the first tensor-core kernel reads rows; tiles take the few-token
        kernel's tile form over groups of tokens instead */
-    if (!cg_moe_weight_tl(c, w) && mma_fits(c, x, w))
+    if (!cg_weight_tl(c, w) && mma_fits(c, x, w))
         return emit_mma(c, op, N, K, alpha, MMA_WARPS);
     int step = gemv_max > 0 ? gemv_max : GEMV_MAX_T;
     for (int t0 = 0; t0 < c->T; t0 += step)

@@ -786,7 +786,7 @@ static int rows_per_block(long long T, long long K, long long E)
     return bm;
 }
 
-int cg_moe_weight_tl(const cg_ctx *c, const ir_value *w)
+int cg_weight_tl(const cg_ctx *c, const ir_value *w)
 {
     /* MOEC_FP8_ROWS_TIMING=1: tiled weights addressed as rows by the
        streaming and staged forms, the access pattern before tiles (the
@@ -809,7 +809,7 @@ void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, con
         return;
     }
     const int64_t *b = w->scale.block, *dims = w->type.dims;
-    int tl = cg_moe_weight_tl(c, w);
+    int tl = cg_weight_tl(c, w);
     snprintf(tag, tcap, "_s%lldx%lld%s", (long long)b[0], (long long)b[1], tl ? "_tl" : "");
     snprintf(decl, dcap,
              "    constexpr bool W8 = true, TL = %s;\n"
@@ -861,7 +861,7 @@ static int gv_weight_ok(const cg_ctx *c, const ir_value *w, long long n)
  * scale blocks whole tiles and chunks. */
 static int gt_weight_ok(const cg_ctx *c, const ir_value *w)
 {
-    return cg_moe_weight_tl(c, w) && ir_block_scale_tiles(w);
+    return cg_weight_tl(c, w) && ir_block_scale_tiles(w);
 }
 
 static moec_status oom(const cg_moe_desc *d)

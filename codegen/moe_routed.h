@@ -77,13 +77,13 @@ void cg_moe_down_args(ir_step *s, const cg_moe_desc *d, const cg_moe_layout *l, 
 ir_step *cg_moe_gemm_step(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layout *l, int k, int nw,
                           long long rows, long long nd, size_t smem);
 
-/* Whether the kernels address expert weight w in fragment tiles
- * (cg_options.fp8_tiles and ir_weight_tiled, unless MOEC_FP8_ROWS_TIMING=1
- * for an A/B in time) */
-int cg_moe_weight_tl(const cg_ctx *c, const ir_value *w);
+/* Whether the kernels address fp8 weight w (an expert's or a dense
+ * linear's) in fragment tiles (cg_options.fp8_tiles and ir_weight_tiled,
+ * unless MOEC_FP8_ROWS_TIMING=1 for an A/B in time) */
+int cg_weight_tl(const cg_ctx *c, const ir_value *w);
 /* An expert weight's block scales as kernel constants (W8, SBN, SBK, SR,
  * SC, UROW: up's first row in a fused gate_up; TL: its codes lie in
- * fragment tiles, cg_moe_weight_tl, addressed through moec_woff) and the
+ * fragment tiles, cg_weight_tl, addressed through moec_woff) and the
  * kernel-name tag of its blocks (and "_tl"); W8 and TL false and null
  * `names` (the kernel's scale parameters) for a weight not kept in fp8. */
 void cg_moe_scale_consts(const cg_ctx *c, const ir_value *w, long long urow, const char *names,

@@ -56,6 +56,40 @@ moec_status moec_cg_options(ir_dtype dt, const char *arch, cg_options *out)
 
 _Static_assert(MOEC_BUCKETS_MAX == IR_BUCKETS_MAX, "the public bucket bound is ir_plan.h's");
 
+/* Layout name `name` as its IR_FP8_TILES_* mode: the experts' part (gate_up,
+ * tiles, down, rows), with +linear IR_FP8_TILES_LINEAR too; -1 for any
+ * other name. */
+static int fp8_layout_mode(const char *name)
+{
+    static const struct {
+        const char *name;
+        int tiles;
+    } experts[] = {{"gate_up", IR_FP8_TILES_GATE_UP},
+                   {"tiles", IR_FP8_TILES_ALL},
+                   {"down", IR_FP8_TILES_DOWN},
+                   {"rows", IR_FP8_TILES_NONE}};
+    const char *plus = strchr(name, '+');
+    size_t len = plus ? (size_t)(plus - name) : strlen(name);
+    if (plus && strcmp(plus, "+linear"))
+        return -1;
+    for (size_t k = 0; k < sizeof experts / sizeof experts[0]; k++)
+        if (strlen(experts[k].name) == len && !strncmp(name, experts[k].name, len))
+            return experts[k].tiles | (plus ? IR_FP8_TILES_LINEAR : 0);
+    return -1;
+}
+
+moec_status moec_fp8_layout_check(const char *layout)
+{
+    if (!layout)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_fp8_layout_check: NULL layout");
+    if (fp8_layout_mode(layout) < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "fp8 layout '%s' is not gate_up, tiles, down or rows, alone or with "
+                        "+linear",
+                        layout);
+    return MOEC_OK;
+}
+
 moec_status moec_buckets_check(const int *buckets, int n)
 {
     if (!buckets)
@@ -125,20 +159,8 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
         memcpy(co->buckets, o->buckets, (size_t)o->n_buckets * sizeof *o->buckets);
     }
     if (o->fp8_layout) {
-        static const struct {
-            const char *name;
-            int tiles;
-        } layouts[] = {{"gate_up", IR_FP8_TILES_GATE_UP},
-                       {"tiles", IR_FP8_TILES_ALL},
-                       {"down", IR_FP8_TILES_DOWN},
-                       {"rows", IR_FP8_TILES_NONE}};
-        int k = 0;
-        while (k < 4 && strcmp(o->fp8_layout, layouts[k].name))
-            k++;
-        if (k == 4)
-            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                            "fp8 layout '%s' is not gate_up, tiles, down or rows", o->fp8_layout);
-        co->fp8_tiles = layouts[k].tiles;
+        MOEC_TRY(moec_fp8_layout_check(o->fp8_layout));
+        co->fp8_tiles = fp8_layout_mode(o->fp8_layout);
     }
     co->cache_dir = o->cache_dir;
     co->progress = o->progress;

@@ -129,14 +129,21 @@ typedef struct moec_compile_options {
      * for that folder, which it then runs against (--weights). NULL: none. */
     const char *quantize;
     const char *quantized_dir;
-    /* How the routed experts' fp8 weights lie on the GPU (recorded in the
-     * plan; no effect on bf16 weights): "gate_up" (NULL: the default, or
-     * $MOEC_FP8_TILES), gate_up's in fragment tiles, faster than rows at
-     * every batch; "tiles", down's too, faster still from 8 tokens a step
-     * and slower at 1 to 4; "down", down's alone; "rows", none
-     * (docs/CUDA.md, MOEC_FP8_TILES). */
+    /* How the fp8 weights lie on the GPU (recorded in the plan; no effect
+     * on bf16 weights; moec_fp8_layout_check): the routed experts' by one
+     * of "gate_up" (gate_up's in fragment tiles), "tiles" (down's too),
+     * "down" (down's alone) or "rows" (none), and with "+linear" the dense
+     * linears' in tiles too. NULL: the default, "gate_up+linear" (or
+     * $MOEC_FP8_TILES): faster than "gate_up" from 2 tokens a step (7-13%
+     * at 2 to 4), 2.6% slower at one for DeepSeek-V2-Lite; "tiles" is
+     * faster from 8 tokens and slower at 1 to 4 (docs/CUDA.md). */
     const char *fp8_layout;
 } moec_compile_options;
+
+/* The one check of an fp8 layout name (moec_compile_options.fp8_layout):
+ * MOEC_ERR_INVALID_ARG unless it is gate_up, tiles, down or rows, alone or
+ * followed by +linear. */
+moec_status moec_fp8_layout_check(const char *layout);
 
 /* The one check of a bucket list: 1 to MOEC_BUCKETS_MAX buckets, ascending,
  * each 1 to 4096 tokens; MOEC_ERR_INVALID_ARG naming the first that is not. */

@@ -214,13 +214,15 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * moe_experts ops; IR_FP8_TILES_DOWN, such a weight read only as the
  * experts' down projection (their last operand); IR_FP8_TILES_GATE_UP,
  * such a weight read only as their gate_up (fused, or gate and up apart);
- * IR_FP8_TILES_NONE, none. The compiler's default is IR_FP8_TILES_GATE_UP
- * (cg_options_default: faster than rows at 1 to 64 tokens, where down's
- * in tiles too are slower at 1 to 4; BENCHMARKS.md, thirty-fifth round).
- * IR_FP8_TILES_LINEAR, a bit beside one of those four: dense linears'
- * f8e4m3 weights [N, K] too, N a multiple of 16 and K of 64, their scale
- * blocks whole tiles and chunks (ir_block_scale_tiles), read only as the
- * weight of linear ops. IR_FP8_TILES_EXPERTS masks the experts' mode. */
+ * IR_FP8_TILES_NONE, none (IR_FP8_TILES_GATE_UP: faster than rows at 1 to
+ * 64 tokens, where down's in tiles too are slower at 1 to 4; BENCHMARKS.md,
+ * thirty-fifth round). IR_FP8_TILES_LINEAR, a bit beside one of those
+ * four: dense linears' f8e4m3 weights [N, K] too, N a multiple of 16 and K
+ * of 64, their scale blocks whole tiles and chunks (ir_block_scale_tiles),
+ * read only as the weight of linear ops. IR_FP8_TILES_EXPERTS masks the
+ * experts' mode. The compiler's default is IR_FP8_TILES_GATE_UP |
+ * IR_FP8_TILES_LINEAR (cg_options_default; BENCHMARKS.md, thirty-sixth
+ * round). */
 enum {
     IR_FP8_TILES_NONE = 0,
     IR_FP8_TILES_ALL = 1,

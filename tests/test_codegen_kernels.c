@@ -162,12 +162,14 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
         T_CHECK(s->grid[0] >= 1 && s->grid[1] >= 1 && s->grid[2] >= 1);
         /* dynamic shared memory only for the tensor-core MLA kernel, the
            staged kernels, the fast DSA score kernel, the fast DSA
-           select (its score row) and the side stream's GEMVs (a pad,
-           cg_side_smem_pad) */
+           select (its score row), the side stream's GEMVs (a pad,
+           cg_side_smem_pad) and the few-token linear's tile form (its
+           warps' sums, which a cluster's blocks read) */
         T_CHECK(s->smem == 0 ||
                 ((strstr(name, "_mma_") || strstr(name, "_f8tc_") ||
                   !strncmp(name, "linear_tc_", 10) ||
-                  (s->stream == 1 && !strncmp(name, "linear_gemv_", 12)) ||
+                  (!strncmp(name, "linear_gemv_", 12) &&
+                   (s->stream == 1 || strstr(name, "_tl"))) ||
                   !strncmp(name, "dsa_score_tc_", 13) || !strncmp(name, "dsa_select_r11_", 15)) &&
                  s->smem <= 227 * 1024));
         T_CHECK(has_header(c->src.data, name));
@@ -1429,6 +1431,9 @@ static void check_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long
  * rows (x and y offset to the group's rows). Experts: the staged kernels
  * where the first tensor-core ones ran (CG_FP8_TC: at every T) and H and I
  * are multiples of 64, h then bf16. */
+/* the tiled weights check_fp8 saw in the tile form and in the staged kernel */
+static int fp8_tl_gemv, fp8_tl_tc;
+
 static void check_fp8(const ir_module *m, const cg_ctx *c)
 {
     int T = c->T, mode = c->opt->fp8_kernel;
@@ -1440,13 +1445,20 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
         long long bn = lw->scale.block[0], bk = lw->scale.block[1];
         int tc = mode != CG_FP8_OLD && (T > 4 || mode == CG_FP8_TC) && K % 64 == 0 &&
                  bk % 64 == 0 && bn % 16 == 0;
-        int mma = !tc && T > 4 && K % 32 == 0 && bk % 32 == 0 && bn % 16 == 0;
+        /* the weight in fragment tiles (the default's IR_FP8_TILES_LINEAR):
+           never the first tensor-core kernel, which reads rows */
+        int tl = ir_weight_tiled(m, lw, c->opt->fp8_tiles);
+        T_CHECK(tl == ((c->opt->fp8_tiles & IR_FP8_TILES_LINEAR) && N % 16 == 0 && K % 64 == 0 &&
+                       bn % 16 == 0 && bk % 64 == 0));
+        int mma = !tc && !tl && T > 4 && K % 32 == 0 && bk % 32 == 0 && bn % 16 == 0;
         const char *kn = c->kernel_names[s->kernel];
         char tag[32];
         snprintf(tag, sizeof tag, "_f8e4m3_bf16_bf16_s%lldx%lld", bn, bk);
+        T_CHECK((strstr(kn, "_tl") != NULL) == tl);
         T_CHECK(strstr(kn, tag) != NULL && s->n_args == 6 && weight_arg(m, s->args[1], "lw", 0) &&
                 weight_arg(m, s->args[2], "lw", 1) && s->args[4].kind == IR_ARG_F32);
         if (tc) {
+            fp8_tl_tc += tl;
             check_tc_linear(c, s, N, K, 1, &fp8_tc_w8);
         } else if (mma) {
             /* two 16-row tiles a block from T = 32 where 264 blocks remain,
@@ -1461,6 +1473,16 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
                     s->grid[0] == (unsigned)((N + 16 * rt - 1) / (16 * rt)) && s->block[0] == 128);
         } else {
             T_CHECK(!strncmp(kn, "linear_gemv_", 12));
+            /* the tile form: 8 warps a 16-row tile, S blocks a tile
+               (clusters on sm_90), their sums in dynamic shared memory */
+            if (tl) {
+                fp8_tl_gemv++;
+                int sp = 0;
+                const char *f = strstr(kn, "_rb16_w8_u2_s");
+                T_CHECK(f && sscanf(f, "_rb16_w8_u2_s%d_", &sp) == 1 && sp >= 1 && sp <= 8 &&
+                        s->grid[0] == (unsigned)(N / 16 * sp) && s->block[0] == 256 &&
+                        s->smem >= (unsigned)(8 * 2 * (T < 4 ? T : 4) * 8 * 4));
+            }
             int groups = T <= 4 ? 1 : (T + 3) / 4, ok = 1;
             for (int g = 0; g < groups; g++) {
                 const ir_step *sg = &c->steps[l + g];
@@ -1511,7 +1533,8 @@ static void check_fp8(const ir_module *m, const cg_ctx *c)
     int tiles = c->opt->fp8_tiles;
     int tl_gu = ir_weight_tiled(m, gu_w, tiles), tl_dn = ir_weight_tiled(m, dw, tiles);
     /* these models' shapes allow tiles: the default puts gate_up's there */
-    T_CHECK(tl_gu == (tiles == IR_FP8_TILES_GATE_UP || tiles == IR_FP8_TILES_ALL));
+    int ex = tiles & IR_FP8_TILES_EXPERTS;
+    T_CHECK(tl_gu == (ex == IR_FP8_TILES_GATE_UP || ex == IR_FP8_TILES_ALL));
     char want[64];
     snprintf(want, sizeof want, "_bm%d_f8tc_w4_%s_t%d_", bm,
              T >= 64 || tl_gu ? "u4_roll2" : "u6", T);
@@ -1597,6 +1620,7 @@ static void test_fp8_shapes(void)
                 cg_ctx_free(&c);
                 ir_module_free(m);
             }
+    T_CHECK(fp8_tl_gemv > 0 && fp8_tl_tc > 0);
     for (int i = 0; i < 6; i++)
         for (int mi = 0; mi < 3; mi++)
             for (int f32 = 0; f32 < 2; f32++) {

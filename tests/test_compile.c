@@ -245,7 +245,15 @@ static void test_compile_errors(void)
     o.dtype = NULL;
     o.fp8_layout = "fast";
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
-          "fp8 layout 'fast' is not gate_up, tiles, down or rows");
+          "fp8 layout 'fast' is not gate_up, tiles, down or rows, alone or with +linear");
+    o.fp8_layout = "gate_up+linears";
+    T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,
+          "fp8 layout 'gate_up+linears' is not gate_up, tiles, down or rows, alone or with "
+          "+linear");
+    T_ERR(moec_fp8_layout_check("+linear"), MOEC_ERR_INVALID_ARG,
+          "fp8 layout '+linear' is not gate_up");
+    T_CHECK(moec_fp8_layout_check("rows+linear") == MOEC_OK &&
+            moec_fp8_layout_check("tiles") == MOEC_OK);
     o.fp8_layout = NULL;
     o.arch = "gfx942";
     T_ERR(moec_compile(m, dir, &o, path), MOEC_ERR_INVALID_ARG,

@@ -51,21 +51,28 @@ grep -qa "linear_f8tc_" "$T/f8.moec" && grep -qa "moe_gate_up_.*_f8tc_" "$T/f8.m
 ! grep -qa "_f8tc_" "$T/f8old.moec" && grep -qa "linear_mma_" "$T/f8old.moec" && ok ||
   bad "MOEC_FP8_KERNEL=old still has staged kernels, or no first tensor-core linear"
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
-# --fp8-layout: the plan's header records it (fp8_tiles: 3 gate_up, the
-# default; 1 tiles; 2 down; 0 rows), over $MOEC_FP8_TILES; the kernels of
-# tiled weights carry _tl in their names
-grep -qa '"fp8_tiles":3' "$T/f8.moec" && grep -qa "moe_gate_up_[a-z0-9_]*_tl" "$T/f8.moec" &&
-  ! grep -qa "moe_down_[a-z0-9_]*_tl" "$T/f8.moec" && ok ||
-  bad "the default fp8 plan does not lay gate_up's weights alone in tiles"
-for l in rows:0:0:0 tiles:1:1:1 down:2:0:1 gate_up:3:1:0; do
-  IFS=: read -r name n gu dn <<<"$l"
-  expect 0 "kernels" -- env MOEC_FP8_TILES=1 "$B" compile "$D/qwen3_moe_fp8" -o "$T/f8l.moec" --batch-sizes 8 --fp8-layout "$name"
+# --fp8-layout: the plan's header records it (fp8_tiles: the experts' 3
+# gate_up, 1 tiles, 2 down, 0 rows; +linear adds 4; the default is
+# gate_up+linear, 7), over $MOEC_FP8_TILES; the kernels of tiled weights
+# carry _tl in their names (the linears' at 1 token the few-token kernel's
+# tile form, at 8 the staged kernel)
+grep -qa '"fp8_tiles":7' "$T/f8.moec" && grep -qa "moe_gate_up_[a-z0-9_]*_tl" "$T/f8.moec" &&
+  ! grep -qa "moe_down_[a-z0-9_]*_tl" "$T/f8.moec" && grep -qa "linear_f8tc_[a-z0-9_]*_tl" "$T/f8.moec" &&
+  ok || bad "the default fp8 plan does not lay gate_up's and the linears' weights alone in tiles"
+for l in rows:0:0:0:0 tiles:1:1:1:0 down:2:0:1:0 gate_up:3:1:0:0 rows+linear:4:0:0:1 \
+  tiles+linear:5:1:1:1 gate_up+linear:7:1:0:1; do
+  IFS=: read -r name n gu dn ln <<<"$l"
+  expect 0 "kernels" -- env MOEC_FP8_TILES=1 "$B" compile "$D/qwen3_moe_fp8" -o "$T/f8l.moec" --batch-sizes 1,8 --fp8-layout "$name"
   grep -qa "\"fp8_tiles\":$n" "$T/f8l.moec" && ok || bad "--fp8-layout $name: the plan's fp8_tiles is not $n"
   [ "$(grep -ca "moe_gate_up_[a-z0-9_]*_tl" "$T/f8l.moec")" -gt 0 ] && g=1 || g=0
   [ "$(grep -ca "moe_down_[a-z0-9_]*_tl" "$T/f8l.moec")" -gt 0 ] && d=1 || d=0
-  [ "$g$d" = "$gu$dn" ] && ok || bad "--fp8-layout $name: gate_up / down tiled $g / $d, want $gu / $dn"
+  [ "$(grep -ca "linear_gemv_[a-z0-9_]*_tl" "$T/f8l.moec")" -gt 0 ] &&
+    [ "$(grep -ca "linear_f8tc_[a-z0-9_]*_tl" "$T/f8l.moec")" -gt 0 ] && l1=1 || l1=0
+  [ "$g$d$l1" = "$gu$dn$ln" ] && ok ||
+    bad "--fp8-layout $name: gate_up / down / linears tiled $g / $d / $l1, want $gu / $dn / $ln"
 done
-expect 2 "--fp8-layout: 'fast' is not gate_up, tiles, down or rows" -- "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec" --fp8-layout fast
+expect 2 "--fp8-layout: 'fast' is not gate_up, tiles, down or rows, alone or with +linear" -- "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec" --fp8-layout fast
+expect 2 "--fp8-layout: 'down+' is not gate_up" -- "$B" compile "$D/qwen3_moe_fp8" -o "$T/bad.moec" --fp8-layout down+
 expect 1 "MOEC_DSA_KERNEL='fastest' is not fast or legacy" -- env MOEC_DSA_KERNEL=fastest "$B" compile "$D/deepseek_v32" -o "$T/bad.moec" --batch-sizes 1
 [ ! -e "$T/bad.moec" ] && ok || bad "a refused compile left $T/bad.moec"
 expect 0 "kernels" -- "$B" compile "$D/qwen3_moe" -o "$T/q3.moec" --batch-sizes 4 --dtype fp32 --arch sm_80 --tp 1

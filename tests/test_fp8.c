@@ -229,7 +229,9 @@ static int kernel_reads(const cg_ctx *c, const ir_value *w, int64_t at, int *gem
  * 16-row tile in lane order, as ir_tile_offset says; ir_weight_tiled
  * takes the experts' fp8 weights of m, whose shapes allow it, and nothing
  * else; under IR_FP8_TILES_DOWN only their down projections, under
- * IR_FP8_TILES_GATE_UP only their gate_up; under IR_FP8_TILES_NONE none. */
+ * IR_FP8_TILES_GATE_UP only their gate_up; under IR_FP8_TILES_NONE none;
+ * IR_FP8_TILES_LINEAR adds the dense linears' weights whose shapes allow
+ * it. */
 static void test_tiles(ir_module *m)
 {
     enum { R = 48, K = 192 };
@@ -312,6 +314,56 @@ static void test_tiles(ir_module *m)
     for (int k = 0; k < m->n_ops; k++)
         if (m->ops[k]->kind == IR_OP_MOE_ROUTED && !fused)
             T_CHECK(ir_weight_tiled(m, m->ops[k]->in[4], IR_FP8_TILES_GATE_UP));
+    /* IR_FP8_TILES_LINEAR, beside any experts' mode (which it leaves as it
+       was): the dense linears' fp8 weights [N, K] read only as a linear's
+       weight, N a multiple of 16, K of 64, scale blocks of whole tiles and
+       chunks */
+    int dense = 0;
+    ir_value *lw = NULL;
+    for (int i = 0; i < m->n_values; i++) {
+        ir_value *v = m->values[i];
+        if (v->kind != IR_VALUE_WEIGHT || v->type.dtype != IR_DTYPE_F8E4M3 || v->type.rank != 2)
+            continue;
+        int used = 0, only = 1;
+        for (int k = 0; k < m->n_ops; k++)
+            for (int j = 0; j < m->ops[k]->n_in; j++)
+                if (m->ops[k]->in[j] == v) {
+                    used = 1;
+                    only &= m->ops[k]->kind == IR_OP_LINEAR && j == 1;
+                }
+        int want = used && only && v->type.dims[0] % 16 == 0 && v->type.dims[1] % 64 == 0 &&
+                   v->scale.block[0] % 16 == 0 && v->scale.block[1] % 64 == 0;
+        dense += want;
+        if (want && !lw)
+            lw = v;
+        T_CHECK(ir_weight_tiled(m, v, IR_FP8_TILES_LINEAR) == want);
+        T_CHECK(ir_weight_tiled(m, v, IR_FP8_TILES_GATE_UP | IR_FP8_TILES_LINEAR) == want);
+        T_CHECK(!ir_weight_tiled(m, v, IR_FP8_TILES_ALL));
+    }
+    T_CHECK(dense > 0 && lw);
+    T_CHECK(!ir_weight_tiled(m, gate_up, IR_FP8_TILES_LINEAR) &&
+            ir_weight_tiled(m, gate_up, IR_FP8_TILES_GATE_UP | IR_FP8_TILES_LINEAR) &&
+            !ir_weight_tiled(m, down, IR_FP8_TILES_GATE_UP | IR_FP8_TILES_LINEAR) &&
+            ir_weight_tiled(m, down, IR_FP8_TILES_ALL | IR_FP8_TILES_LINEAR));
+    if (!lw)
+        return;
+    /* what it refuses: N not a multiple of 16, K not of 64, a scale block
+       of 8 rows, a weight another op reads (here as a linear's input) */
+    int64_t ln = lw->type.dims[0], lk = lw->type.dims[1], lb = lw->scale.block[0];
+    lw->type.dims[0] = ln + 8;
+    T_CHECK(!ir_weight_tiled(m, lw, IR_FP8_TILES_LINEAR));
+    lw->type.dims[0] = ln;
+    lw->type.dims[1] = lk + 32;
+    T_CHECK(!ir_weight_tiled(m, lw, IR_FP8_TILES_LINEAR));
+    lw->type.dims[1] = lk;
+    lw->scale.block[0] = 8;
+    T_CHECK(!ir_weight_tiled(m, lw, IR_FP8_TILES_LINEAR));
+    lw->scale.block[0] = lb;
+    ir_value *x = lin->in[0];
+    lin->in[0] = lw;
+    T_CHECK(!ir_weight_tiled(m, lw, IR_FP8_TILES_LINEAR));
+    lin->in[0] = x;
+    T_CHECK(ir_weight_tiled(m, lw, IR_FP8_TILES_LINEAR));
 }
 
 /* Code generation of the compiled fp8 models (no NVRTC: test_codegen
