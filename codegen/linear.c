@@ -390,7 +390,8 @@ static moec_status emit_gemv(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, d
                       "    typedef %s TW;\n"
                       "    typedef %s TH;\n"
                       "    constexpr long long N = %lldLL;\n"
-                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d, U = %d, S = %d;\n"
+                      "    constexpr int K = %lld, T = %d, VE = %d, RB = %d, NW = %d, U = %d, "
+                      "S = %d;\n"
                       "    constexpr bool HAS_BIAS = %s, ACT = %s, CVT8 = %s;\n%s",
                       cluster, nw * 32, name, cg_ctype(dx), cg_ctype(dw),
                       fp8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy),
