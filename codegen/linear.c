@@ -6,7 +6,9 @@
  * decode GEMMs of a DeepSeek-V2-Lite step at batch 1 took 1.7 ms for 1.6
  * GB; at 8 rows cuBLASLt stays ahead). A block owns a few weight rows, its
  * warps split K with 16-byte loads, fp32 accumulation; the epilogue
- * applies alpha and the bias. With act silu_mul (pass
+ * applies alpha and the bias. fp8 weights in fragment tiles
+ * (ir_weight_tiled, the default's IR_FP8_TILES_LINEAR) take its tile form
+ * instead (GEMV_TL_BODY: a block a 16-row tile). With act silu_mul (pass
  * fuse_silu_mul_linear) x is [T, 2K], gate then up: the kernel computes
  * silu(gate) * up while it loads x, rounded as the silu_mul result was
  * stored; a GEMM bucket runs the silu_mul kernel into scratch first.
@@ -756,8 +758,9 @@ static moec_status emit_tc(cg_ctx *c, const ir_op *op, double alpha)
  * takes bf16 activations with it): the few-rows kernel up to the gemv
  * bound, beyond it the tensor-core kernel that stages x in shared memory
  * (codegen/fp8_tc.c) where the shapes allow (CG_FP8_TC: in every bucket;
- * CG_FP8_OLD: never, the first tensor-core kernel instead), else the
- * few-rows kernel over groups of rows. */
+ * CG_FP8_OLD: never, the first tensor-core kernel instead, which reads
+ * rows: not for a weight in tiles), else the few-rows kernel over groups
+ * of rows. */
 static moec_status emit_fp8(cg_ctx *c, const ir_op *op, int64_t N, int64_t K, double alpha,
                             int gemv_max)
 {
