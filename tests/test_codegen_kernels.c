@@ -1422,18 +1422,20 @@ static void check_tc_linear(const cg_ctx *c, const ir_step *s, long long N, long
     T_CHECK(strstr(c->src.data, decl) != NULL);
 }
 
+/* the tiled weights check_fp8 saw in the tile form and in the staged kernel */
+static int fp8_tl_gemv, fp8_tl_tc;
+
 /* The fp8 linear and experts: kernels named for fp8 and their blocks, the
  * weights passed as codes then scales. Linear: the few-rows kernel up to
  * T = 4 (CG_FP8_TC: the staged kernel there too), beyond it the staged
  * kernel where K comes in 64-wide chunks inside the column blocks and
  * 16-row tiles inside the row blocks (CG_FP8_OLD: the first tensor-core
  * kernel where 32-wide chunks fit), else the few-rows kernel per group of 4
- * rows (x and y offset to the group's rows). Experts: the staged kernels
+ * rows (x and y offset to the group's rows); a weight in fragment tiles
+ * (the default's IR_FP8_TILES_LINEAR) takes the few-rows kernel's tile
+ * form there, never the first tensor-core kernel. Experts: the staged kernels
  * where the first tensor-core ones ran (CG_FP8_TC: at every T) and H and I
  * are multiples of 64, h then bf16. */
-/* the tiled weights check_fp8 saw in the tile form and in the staged kernel */
-static int fp8_tl_gemv, fp8_tl_tc;
-
 static void check_fp8(const ir_module *m, const cg_ctx *c)
 {
     int T = c->T, mode = c->opt->fp8_kernel;
