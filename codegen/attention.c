@@ -712,7 +712,7 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
         cg_attn_emit_prefetch(c, "TILE", "blockIdx.z % NSPLIT",
                               "(long long)blockIdx.y * (gridDim.z / NSPLIT) + blockIdx.z / NSPLIT",
                               "(long long)gridDim.y * (gridDim.z / NSPLIT)", "kpool", "HKV * DK",
-                              "vpool", "HKV * DV");
+                              "vpool", "HKV * DV", 1);
         moec_buf_printf(&c->src, "%s%s%s", ATTN_BODY_TOKEN, fp ? "" : ATTN_BODY_Q, ATTN_BODY_SPLIT);
         if (fp)
             cg_attn_fused_pro_body(&c->src);

@@ -203,10 +203,12 @@ static const char CG_ATTN_PREFETCH[] =
     "        }\n";
 
 /* CG_ATTN_PREFETCH with its arguments, through cg_emit_prefetch (nothing
- * when the bucket prefetches nothing). */
+ * when the bucket prefetches nothing); without its moec_pdl_enter() unless
+ * enter (a body that has its own after more work before the wait). */
 static inline void cg_attn_emit_prefetch(cg_ctx *c, const char *tile, const char *split,
                                          const char *sh, const char *nsh, const char *pool0,
-                                         const char *el0, const char *pool1, const char *el1)
+                                         const char *el0, const char *pool1, const char *el1,
+                                         int enter)
 {
     long long pf = cg_prefetch_bytes(c);
     if (pf <= 0)
@@ -217,7 +219,7 @@ static inline void cg_attn_emit_prefetch(cg_ctx *c, const char *tile, const char
     if (lines.oom)
         c->src.oom = 1;
     else
-        cg_emit_prefetch(&c->src, pf, lines.data);
+        cg_emit_prefetch_to(&c->src, pf, lines.data, enter);
     moec_buf_free(&lines);
 }
 

@@ -260,6 +260,17 @@ static const char PROLOGUE[] =
     "#include <cuda_fp8.h>\n"
     "\n"
     "#define MOEC_NEG_INF __int_as_float(0xff800000)\n"
+    "#define MOEC_LN2 0.6931471805599453f\n"
+    "#define MOEC_LOG2E 1.4426950408889634f\n"
+    "\n"
+    "/* 2^x by the special function unit alone (ex2.approx.ftz: about 2 ulp,\n"
+    "   subnormal results flushed to 0): softmax weights rounded to bf16 after */\n"
+    "__device__ __forceinline__ float moec_ex2(float x)\n"
+    "{\n"
+    "    float y;\n"
+    "    asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(y) : \"f\"(x));\n"
+    "    return y;\n"
+    "}\n"
     "\n"
     "__device__ __forceinline__ float ld(const float *p) { return *p; }\n"
     "__device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }\n"
@@ -1416,6 +1427,11 @@ long long cg_prefetch_bytes(const cg_ctx *c)
 
 void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
 {
+    cg_emit_prefetch_to(b, pf, lines, 1);
+}
+
+void cg_emit_prefetch_to(moec_buf *b, long long pf, const char *lines, int enter)
+{
     if (pf <= 0)
         return;
     moec_buf_printf(b,
@@ -1425,8 +1441,8 @@ void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines)
                     "        constexpr long long PF_CAP = %lldLL;\n"
                     "%s"
                     "    }\n"
-                    "    moec_pdl_enter();\n",
-                    pf, lines);
+                    "%s",
+                    pf, lines, enter ? "    moec_pdl_enter();\n" : "");
 }
 
 int cg_env_int(const char *name, int dflt, int lo, int hi)

@@ -212,6 +212,9 @@ long long cg_prefetch_bytes(const cg_ctx *c);
  * PF_CAP = pf), then the line moec_pdl_enter() that cg_add_pdl_waits
  * keeps. Nothing when pf is 0 (cg_add_pdl_waits puts the wait first). */
 void cg_emit_prefetch(moec_buf *b, long long pf, const char *lines);
+/* cg_emit_prefetch, without the line moec_pdl_enter() unless enter (for a
+ * body that places its own after more work before the wait). */
+void cg_emit_prefetch_to(moec_buf *b, long long pf, const char *lines, int enter);
 /* "<result dtype>" when every operand is stored like op's first result,
  * else "<result>_<operand 0>_<operand 1>..." (the dtype part of kernel names). */
 void cg_dtype_signature(const cg_ctx *c, const ir_op *op, char *buf, size_t cap);

@@ -72,6 +72,15 @@
    1.843 / 8.999 / 9.862, fp8 1.453 / 5.686 / 6.951 against 1.455 / 5.689
    / 6.949: level to 0.4% faster.) */
 #define MLA_QK2 1
+/* ... its softmax weights by the special function unit's 2^x alone
+   (moec_ex2), the scores and maxima in units of log2 (MOEC_MLA_EX2=0:
+   expf, about 8 instructions a weight) */
+#define MLA_EX2 1
+/* ... and its first tiles loaded before the wait where no kernel of the
+   step writes their rows (MOEC_MLA_EARLY=0: after it), in buckets of up to
+   MLA_EARLY_MAX_T tokens (a warp scans the step's tokens) */
+#define MLA_EARLY 1
+#define MLA_EARLY_MAX_T 64
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -260,7 +269,7 @@ static const char ATTN_BODY[] =
  * thread); S = Q K^T for the 16 heads (one 8-position MMA column per warp),
  * the online softmax on S (P rounded to bf16 for the second product, l summed
  * from the rounded P), then O += P V with each warp owning R / 8 channels. */
-static const char MMA_BODY[] =
+static const char MMA_HEAD[] =
     "    constexpr int RS = R + DR, LD = RS + 8, PLD = PT + 8, SLD = PT + 4, CW = R / NW, NTN = CW / 8;\n"
     "    /* the scores' warps: NQ groups of CT 8-position column tiles (CT of\n"
     "       them sharing each A fragment) by KH parts of the k steps */\n"
@@ -281,12 +290,7 @@ static const char MMA_BODY[] =
     "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;\n"
     "    const int s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h0) * R;\n"
-    "    if (s < 0 || p < 0 || p / BS >= max_blocks) { /* padding: zeros, from one split */\n"
-    "        if (NSPLIT == 1 || (MERGE && blockIdx.z == 0))\n"
-    "            for (int i = tid; i < 16 * R; i += NT)\n"
-    "                st(o + i, 0.0f);\n"
-    "        return;\n"
-    "    }\n"
+    "    const bool pad = s < 0 || p < 0 || p / BS >= max_blocks;\n"
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
     "    /* the positions: lo..p, or with a selection sel[t][0 .. n_pos - 1] */\n"
     "    const int n_pos = KSEL > 0 ? (p + 1 < KSEL ? p + 1 : KSEL) : p - lo + 1;\n"
@@ -294,40 +298,7 @@ static const char MMA_BODY[] =
     "    const int per_min = (MINPOS + PT - 1) / PT, per_even = (n_tiles + NSPLIT - 1) / NSPLIT;\n"
     "    const int per = per_even > per_min ? per_even : per_min, first = blockIdx.z * per;\n"
     "    const int last = first + per < n_tiles ? first + per : n_tiles;\n"
-    "    if constexpr (NSPLIT > 1) {\n"
-    "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
-    "            const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
-    "            if (tid < 16) {\n"
-    "                part_ml[(part + (long long)tid * NSPLIT) * 2] = MOEC_NEG_INF;\n"
-    "                part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = 0.0f;\n"
-    "            }\n"
-    "            if constexpr (MERGE)\n"
-    "                moec_attn_arrive_merge<NSPLIT, 16, R>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o,\n"
-    "                                                      cnt, ((long long)t * H + h0) / 16);\n"
-    "            return;\n"
-    "        }\n"
-    "    }\n"
     "    const int *bt = block_table + (long long)s * max_blocks;\n"
-    "    for (int i = tid; i < 16 * (RS / 8); i += NT) {\n"
-    "        const int r = i / (RS / 8), j = (i % (RS / 8)) * 8;\n"
-    "        const long long qr = (long long)t * H + h0 + r;\n"
-    "        if (j < R)\n"
-    "            moec_cp16(&sm.q[r][j], q_c + qr * R + j, true);\n"
-    "        else\n"
-    "            moec_cp16(&sm.q[r][j], q_pe + qr * DR + (j - R), true);\n"
-    "    }\n"
-    "    if (tid < 16) {\n"
-    "        sm.m[tid] = MOEC_NEG_INF;\n"
-    "        sm.l[tid] = 0.0f;\n"
-    "    }\n"
-    "    if constexpr (TMA) { /* a tile's buffer is full once each of its PT rows arrived */\n"
-    "        if (tid == 0) {\n"
-    "            for (int i = 0; i < NBUF; i++)\n"
-    "                moec_mbar_init(&sm.bar[i], PT);\n"
-    "            moec_mbar_init_fence();\n"
-    "        }\n"
-    "        __syncthreads();\n"
-    "    }\n"
     /* a tile's loads: TPR threads a row, each row's cache row looked up
        once (row_of, issued a tile ahead so that its latency hides behind
        the products), its 16-byte chunks every TPR-th for the thread */
@@ -370,15 +341,104 @@ static const char MMA_BODY[] =
     "                moec_mbar_arrive(&sm.bar[buf]);\n"
     "        }\n"
     "    };\n"
+    /* tile i in buffer (i - first) % NBUF: the first NBUF - 1 loaded first,
+       then one more a tile, into the buffer the tile before used; with
+       EARLY (bulk copies, no selection) those of the first ones whose rows
+       no kernel of this step writes are loaded before the wait, while the
+       kernel before this one runs: rows before the least position this
+       step's tokens of the sequence hold (TT tokens a step: the step inputs
+       are the runtime's, written before the step's first kernel) */
+    "    long long row_next = -1LL;\n"
+    "    int pre = 0;\n"
+    "    if constexpr (EARLY) {\n"
+    "        if (!pad && first < last) {\n"
+    "            __shared__ int pmin_s;\n"
+    "            if (warp == 0) {\n"
+    "                int mn = p;\n"
+    "                for (int i = lane; i < TT; i += 32)\n"
+    "                    if (slots[i] == s && pos[i] < mn)\n"
+    "                        mn = pos[i];\n"
+    "#pragma unroll\n"
+    "                for (int o2 = 16; o2 >= 1; o2 >>= 1) {\n"
+    "                    const int other = __shfl_xor_sync(0xffffffffu, mn, o2);\n"
+    "                    mn = other < mn ? other : mn;\n"
+    "                }\n"
+    "                if (lane == 0)\n"
+    "                    pmin_s = mn;\n"
+    "            }\n"
+    "            if (tid == 0) {\n"
+    "                for (int i = 0; i < NBUF; i++)\n"
+    "                    moec_mbar_init(&sm.bar[i], PT);\n"
+    "                moec_mbar_init_fence();\n"
+    "            }\n"
+    "            __syncthreads();\n"
+    "            const int pmin = pmin_s;\n"
+    "            row_next = row_of(first);\n"
+    "            for (; pre < NBUF - 1 && first + pre < last; pre++) {\n"
+    "                const int end = (first + pre + 1) * PT < n_pos ? (first + pre + 1) * PT : n_pos;\n"
+    "                if (lo + end - 1 >= pmin)\n"
+    "                    break;\n"
+    "                load_tile(row_next, pre);\n"
+    "                if (first + pre + 1 < last)\n"
+    "                    row_next = row_of(first + pre + 1);\n"
+    "            }\n"
+    "        }\n"
+    "    }\n";
+
+/* The rest of MMA_HEAD's kernel, after the line "moec_pdl_enter();" where
+ * EARLY (the emitter's) or before MMA_HEAD (cg_add_pdl_waits, else). */
+static const char MMA_BODY[] =
+    "    if (pad) { /* padding: zeros, from one split */\n"
+    "        if (NSPLIT == 1 || (MERGE && blockIdx.z == 0))\n"
+    "            for (int i = tid; i < 16 * R; i += NT)\n"
+    "                st(o + i, 0.0f);\n"
+    "        return;\n"
+    "    }\n"
+    "    if constexpr (NSPLIT > 1) {\n"
+    "        if (first >= last) { /* no positions: weight 0 in the merge, no output */\n"
+    "            const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
+    "            if (tid < 16) {\n"
+    "                part_ml[(part + (long long)tid * NSPLIT) * 2] = MOEC_NEG_INF;\n"
+    "                part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = 0.0f;\n"
+    "            }\n"
+    "            if constexpr (MERGE)\n"
+    "                moec_attn_arrive_merge<NSPLIT, 16, R>(part_ml, part_o, ((long long)t * H + h0) * NSPLIT, o,\n"
+    "                                                      cnt, ((long long)t * H + h0) / 16);\n"
+    "            return;\n"
+    "        }\n"
+    "    }\n"
+    "    for (int i = tid; i < 16 * (RS / 8); i += NT) {\n"
+    "        const int r = i / (RS / 8), j = (i % (RS / 8)) * 8;\n"
+    "        const long long qr = (long long)t * H + h0 + r;\n"
+    "        if (j < R)\n"
+    "            moec_cp16(&sm.q[r][j], q_c + qr * R + j, true);\n"
+    "        else\n"
+    "            moec_cp16(&sm.q[r][j], q_pe + qr * DR + (j - R), true);\n"
+    "    }\n"
+    "    if (tid < 16) {\n"
+    "        sm.m[tid] = MOEC_NEG_INF;\n"
+    "        sm.l[tid] = 0.0f;\n"
+    "    }\n"
+    "    if constexpr (TMA && !EARLY) { /* a tile's buffer is full once each of its PT rows arrived */\n"
+    "        if (tid == 0) {\n"
+    "            for (int i = 0; i < NBUF; i++)\n"
+    "                moec_mbar_init(&sm.bar[i], PT);\n"
+    "            moec_mbar_init_fence();\n"
+    "        }\n"
+    "        __syncthreads();\n"
+    "    }\n"
     "    float acc[NTN][4];\n"
     "#pragma unroll\n"
     "    for (int n = 0; n < NTN; n++)\n"
     "        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;\n"
-    /* tile i in buffer (i - first) % NBUF: the first NBUF - 1 loaded first,
-       then one more a tile, into the buffer the tile before used */
-    "    long long row_next = first < last ? row_of(first) : -1LL;\n"
+    /* the scores and maxima in units of log2 (EX2: each weight by the special
+       function unit alone), else natural ones; part_ml holds natural ones */
+    "    const float sl = EX2 ? scale * MOEC_LOG2E : scale;\n"
+    "    auto ex = [](float x) { return EX2 ? moec_ex2(x) : expf(x); };\n"
+    "    if constexpr (!EARLY)\n"
+    "        row_next = first < last ? row_of(first) : -1LL;\n"
     "#pragma unroll\n"
-    "    for (int i = 0; i < NBUF - 1; i++) {\n"
+    "    for (int i = pre; i < NBUF - 1; i++) {\n"
     "        if (first + i < last)\n"
     "            load_tile(row_next, i);\n"
     "        moec_cp_commit();\n"
@@ -464,7 +524,7 @@ static const char MMA_BODY[] =
     "#pragma unroll\n"
     "                    for (int q = 1; q < KH; q++)\n"
     "                        x += sm.s[q][r][col];\n"
-    "                    v[i] = x * scale;\n"
+    "                    v[i] = x * sl;\n"
     "                }\n"
     "                mx = fmaxf(mx, v[i]);\n"
     "            }\n"
@@ -477,7 +537,7 @@ static const char MMA_BODY[] =
     "#pragma unroll\n"
     "            for (int i = 0; i < PPL; i++) {\n"
     "                const int col = j * PPL + i;\n"
-    "                const __nv_bfloat16 pb = __float2bfloat16(col < nv ? expf(v[i] - mnew) : 0.0f);\n"
+    "                const __nv_bfloat16 pb = __float2bfloat16(col < nv ? ex(v[i] - mnew) : 0.0f);\n"
     "                lsum += __bfloat162float(pb);\n"
     "                if (col < PT)\n"
     "                    sm.p[r][col] = pb;\n"
@@ -488,7 +548,7 @@ static const char MMA_BODY[] =
     "            /* every lane has read sm.m[r] before the row's first lane overwrites it */\n"
     "            __syncwarp();\n"
     "            if (j == 0) {\n"
-    "                const float al = expf(mold - mnew);\n"
+    "                const float al = ex(mold - mnew);\n"
     "                sm.alpha[r] = al;\n"
     "                sm.l[r] = sm.l[r] * al + lsum;\n"
     "                sm.m[r] = mnew;\n"
@@ -534,7 +594,7 @@ static const char MMA_BODY[] =
     "    const long long part = ((long long)t * H + h0) * NSPLIT + blockIdx.z;\n"
     "    if constexpr (NSPLIT > 1) {\n"
     "        if (tid < 16) {\n"
-    "            part_ml[(part + (long long)tid * NSPLIT) * 2] = sm.m[tid];\n"
+    "            part_ml[(part + (long long)tid * NSPLIT) * 2] = EX2 ? sm.m[tid] * MOEC_LN2 : sm.m[tid];\n"
     "            part_ml[(part + (long long)tid * NSPLIT) * 2 + 1] = sm.l[tid];\n"
     "        }\n"
     "    }\n"
@@ -702,6 +762,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
     int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, ct = MLA_CT, qk2 = MLA_QK2;
+    int ex2 = 0, early = 0;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
            P, m, l, alpha, NBUF mbarriers */
@@ -729,11 +790,17 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
         /* where each of the scores' KH parts of k holds whole steps */
         qk2 = cg_env_int("MOEC_MLA_QK2", MLA_QK2, 0, 1) &&
               (RS / 16) % mma_kparts(mpt, ct, mw) == 0;
+        ex2 = cg_env_int("MOEC_MLA_EX2", MLA_EX2, 0, 1);
+        /* the first tiles before the wait: by bulk copies, where the rows
+           are the positions' (no selection, which a kernel writes), and
+           where a warp scans the step's tokens for the sequence's own */
+        early = tma && !sel && c->T <= MLA_EARLY_MAX_T &&
+                cg_env_int("MOEC_MLA_EARLY", MLA_EARLY, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s_bs%d_t%d_%s", H,
-                 R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos, sm2 ? "" : "_sm1",
-                 ct == 1 ? "_ct1" : "", qk2 ? "_qk2" : "", tma ? "_tma" : "", merge ? "_m" : "",
-                 bs, c->T, tag);
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s%s%s_bs%d_t%d_%s",
+                 H, R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos,
+                 sm2 ? "" : "_sm1", ct == 1 ? "_ct1" : "", qk2 ? "_qk2" : "", tma ? "_tma" : "",
+                 ex2 ? "_ex2" : "", early ? "_early" : "", merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -759,10 +826,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
                       "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d, CT = %d;\n"
-                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s;\n",
+                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s, EX2 = %s, EARLY = %s;\n"
+                      "    constexpr int TT = %d;\n",
                       mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
                       DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf, ct,
-                      tma ? "true" : "false", sm2 ? "true" : "false", qk2 ? "true" : "false");
+                      tma ? "true" : "false", sm2 ? "true" : "false", qk2 ? "true" : "false",
+                      ex2 ? "true" : "false", early ? "true" : "false", c->T);
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
@@ -786,9 +855,13 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
             moec_buf_printf(&c->src, "    const int *sel = nullptr;\n    (void)sel;\n");
             /* the head groups of a split share its rows out */
             cg_attn_emit_prefetch(c, "PT", "blockIdx.z", "blockIdx.y", "gridDim.y", "kvpool", "R",
-                                  "pepool", "DR");
+                                  "pepool", "DR", !early);
         }
-        moec_buf_printf(&c->src, "%s}\n\n", mma ? MMA_BODY : ATTN_BODY);
+        if (mma)
+            moec_buf_printf(&c->src, "%s%s%s}\n\n", MMA_HEAD,
+                            early ? "    moec_pdl_enter();\n" : "", MMA_BODY);
+        else
+            moec_buf_printf(&c->src, "%s}\n\n", ATTN_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

@@ -22,6 +22,8 @@
 #include <random>
 
 #define MOEC_NEG_INF (-INFINITY)
+#define MOEC_LN2 0.6931471805599453f
+#define MOEC_LOG2E 1.4426950408889634f
 
 struct attn_bufs {
     const __nv_bfloat16 *q;
@@ -76,7 +78,7 @@ struct mla_bufs {
 };
 struct mla_case {
     const char *name;
-    int H, R, DR, T, window, bs, ns, merged;
+    int H, R, DR, T, window, bs, ns, merged, chunk;
     void (*run)(mla_bufs &);
 };
 
@@ -343,7 +345,10 @@ static int run_pro_case(int ci, const pro_case &c)
 
 // An MLA case: each token its own sequence at its own position (tile
 // and split edges), pages scattered, a padding token where there are more
-// than two (zeros), every output NaN first; against a double-precision
+// than two (zeros), or (chunk) every token of sequence 0 at positions
+// chunk, chunk + 1, ...: their cache rows NaN until each block's wait, as
+// if the kernel before wrote them then (emu_pdl_fn), so that a tile read
+// before the wait that holds one fails the case; every output NaN first; against a double-precision
 // reference of the same bf16 values, errors relative to each head's
 // largest magnitude.
 static int run_mla_case(int ci, const mla_case &c)
@@ -352,7 +357,13 @@ static int run_mla_case(int ci, const mla_case &c)
     auto uni = [&](float a) { return std::uniform_real_distribution<float>(-a, a)(g); };
     const int T = c.T;
     static const int EDGE[] = {300, 0, 31, 32, 95, 129};
-    emu_step st = emu_tokens(g, T, c.bs, EDGE, (int)(sizeof EDGE / sizeof EDGE[0]));
+    std::vector<int> chunk;
+    for (int t = 0; c.chunk > 0 && t < T; t++)
+        chunk.push_back(c.chunk + t);
+    emu_step st = c.chunk > 0 ? emu_tokens(g, T, c.bs, chunk.data(), T)
+                              : emu_tokens(g, T, c.bs, EDGE, (int)(sizeof EDGE / sizeof EDGE[0]));
+    for (int t = 0; c.chunk > 0 && t < T; t++)
+        st.slots[t] = 0;
     const std::vector<int> &pos = st.pos, &slots = st.slots, &bt = st.bt;
     const int max_blocks = st.max_blocks, pages = st.pages;
     const size_t rows = (size_t)pages * c.bs;
@@ -368,7 +379,26 @@ static int run_mla_case(int ci, const mla_case &c)
     mla_bufs b{qc.data(), qpe.data(), pos.data(), slots.data(), bt.data(), max_blocks, kv.data(),
                pe.data(), out.data(), 0.3f, c.window, c.ns > 1 ? part_ml.data() : nullptr,
                c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr};
-    c.run(b);
+    if (c.chunk > 0) { // this step's rows: NaN before each block's wait
+        std::vector<__nv_bfloat16> kv0 = kv, pe0 = pe;
+        auto step_rows = [&](bool written) {
+            for (int t = 0; t < T; t++) {
+                const size_t r = st.row(t, pos[t]);
+                for (int d = 0; d < c.R; d++)
+                    kv[r * c.R + d] = written ? kv0[r * c.R + d] : __nv_bfloat16{0x7fc0};
+                for (int d = 0; d < c.DR; d++)
+                    pe[r * c.DR + d] = written ? pe0[r * c.DR + d] : __nv_bfloat16{0x7fc0};
+            }
+        };
+        emu_block_fn = [&] { step_rows(false); };
+        emu_pdl_fn = [&] { step_rows(true); };
+        c.run(b);
+        emu_block_fn = nullptr;
+        emu_pdl_fn = nullptr;
+        step_rows(true);
+    } else {
+        c.run(b);
+    }
     int bad = 0;
     for (unsigned k : cnt)
         bad += k != 0;

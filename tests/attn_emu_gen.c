@@ -107,10 +107,15 @@ enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
  * softmax two rows a warp (default) or one (MOEC_MLA_SM2=0); 32- or
  * 16-position tiles; one or two column tiles a warp (MOEC_MLA_CT); split
  * and merged by the merge kernel or the last block, or not split; two head
- * groups; a window. */
+ * groups; a window; the first tiles loaded before the wait (MOEC_MLA_EARLY,
+ * by default) or after it, with the weights by 2^x (MOEC_MLA_EX2) or expf;
+ * the step's tokens each a sequence of its own, or (chunk, the first
+ * position) one sequence's consecutive positions, as a prefill chunk,
+ * whose rows the tiles before the wait must leave out. */
 typedef struct mla_gen_case {
     int H, R, DR, T, window, bs;
     const char *merge, *target, *env; /* env: knobs NAME=VALUE apart by spaces */
+    int chunk;
 } mla_gen_case;
 
 static const mla_gen_case MLA_CASES[] = {
@@ -130,6 +135,13 @@ static const mla_gen_case MLA_CASES[] = {
        tiles a warp */
     {16, 64, 64, 3, 0, 16, "0", "8", NULL},
     {16, 64, 64, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1"},
+    /* a prefill chunk at 95..97 (2 splits: the second's first tile holds
+       95, so nothing before the wait), then at 60..62 in 3 buffers unsplit
+       (tile 0 before the wait, tile 1, which holds 60, after it); the
+       expf form with every tile after the wait */
+    {16, 64, 16, 3, 0, 16, "0", "8", NULL, 95},
+    {16, 64, 16, 3, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 60},
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_EX2=0 MOEC_MLA_EARLY=0"},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
@@ -306,10 +318,14 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
     const char *an = a ? kname(&c, a->kernel) : "";
     int want_tma = !(g->env && strstr(g->env, "MOEC_MLA_TMA=0")),
         want_sm1 = g->env && strstr(g->env, "MOEC_MLA_SM2=0"),
-        want_ct1 = g->env && strstr(g->env, "MOEC_MLA_CT=1");
+        want_ct1 = g->env && strstr(g->env, "MOEC_MLA_CT=1"),
+        want_ex2 = !(g->env && strstr(g->env, "MOEC_MLA_EX2=0")),
+        want_early = want_tma && !(g->env && strstr(g->env, "MOEC_MLA_EARLY=0"));
     if (!rc && (!a || (strstr(an, "_tma_") != NULL) != want_tma ||
                 (strstr(an, "_sm1_") != NULL) != !!want_sm1 ||
-                (strstr(an, "_ct1_") != NULL) != !!want_ct1)) {
+                (strstr(an, "_ct1_") != NULL) != !!want_ct1 ||
+                (strstr(an, "_ex2_") != NULL) != want_ex2 ||
+                (strstr(an, "_early_") != NULL) != want_early)) {
         fprintf(stderr, "attn_emu_gen: MLA case %d: no tensor-core MLA attention step of the form "
                         "asked for\n", i);
         rc = -1;
@@ -328,9 +344,9 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
         snprintf(name, sizeof name, "m%d", i);
         put_attn_case(f, &c, name, "mla_bufs", a, cb, "b.q_c, b.q_pe", "b.kvpool, b.pepool", ns,
                       merged);
-        moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
+        moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
                         kname(&c, a->kernel), g->H, g->R, g->DR, g->T, g->window, g->bs, ns,
-                        merged, i);
+                        merged, g->chunk, i);
     }
     if (m)
         cg_ctx_free(&c);

@@ -168,7 +168,23 @@ inline thread_local emu_cluster *emu_this_cluster;
 
 static inline unsigned char *emu_smem() { return emu_this_block->smem; }
 static inline void __syncthreads() { pthread_barrier_wait(&emu_this_block->bar); }
-static inline void moec_pdl_enter() {}
+// The wait of programmatic launch, in the harness's hands where it sets
+// emu_pdl_fn: a block barrier, after which one thread runs it (the writes
+// of the kernel before this one landing, at the earliest moment a thread
+// of the block may read them), then the barrier again; emu_launch runs
+// emu_block_fn before each block (to take them back, so that every block
+// reads before its wait what the kernel before it had not written yet).
+// Every thread of a kernel run so calls moec_pdl_enter.
+inline std::function<void()> emu_pdl_fn, emu_block_fn;
+static inline void moec_pdl_enter()
+{
+    if (!emu_pdl_fn)
+        return;
+    pthread_barrier_wait(&emu_this_block->bar);
+    if (threadIdx.x == 0)
+        emu_pdl_fn();
+    pthread_barrier_wait(&emu_this_block->bar);
+}
 /* the range a kernel prefetches lies in what it may read: the harness's
    allocations are checked by the address sanitizer on the first and last
    byte. Under the thread sanitizer nothing is read: a prefetch returns no
@@ -264,6 +280,20 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
     pthread_barrier_wait(&w->bar);
     return r;
 }
+
+// ... of an int (its bits through the float exchange)
+static inline int __shfl_xor_sync(unsigned m, int v, int o)
+{
+    float f;
+    memcpy(&f, &v, 4);
+    f = __shfl_xor_sync(m, f, o);
+    int r;
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+// The special function unit's 2^x (moec_ex2), as the library computes it.
+static inline float moec_ex2(float x) { return exp2f(x); }
 
 // A warp's vote: every lane of the warp takes part.
 static inline bool __any_sync(unsigned, bool pred)
@@ -457,6 +487,8 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
                     pthread_barrier_init(&w.bar, nullptr, 32);
                 cl.blocks.push_back(&b);
             }
+            if (emu_block_fn)
+                emu_block_fn();
             std::vector<std::thread> threads;
             for (unsigned r = 0; r < s; r++)
                 for (unsigned t = 0; t < block; t++)
