@@ -289,7 +289,6 @@ static const char MMA_HEAD[] =
     "    const int t = blockIdx.x, h0 = blockIdx.y * 16;\n"
     "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;\n"
     "    const int s = slots[t], p = pos[t];\n"
-    "    TO *o = out + ((long long)t * H + h0) * R;\n"
     "    const bool pad = s < 0 || p < 0 || p / BS >= max_blocks;\n"
     "    const int lo = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;\n"
     "    /* the positions: lo..p, or with a selection sel[t][0 .. n_pos - 1] */\n"
@@ -388,6 +387,7 @@ static const char MMA_HEAD[] =
 /* The rest of MMA_HEAD's kernel, after the line "moec_pdl_enter();" where
  * EARLY (the emitter's) or before MMA_HEAD (cg_add_pdl_waits, else). */
 static const char MMA_BODY[] =
+    "    TO *o = out + ((long long)t * H + h0) * R;\n"
     "    if (pad) { /* padding: zeros, from one split */\n"
     "        if (NSPLIT == 1 || (MERGE && blockIdx.z == 0))\n"
     "            for (int i = tid; i < 16 * R; i += NT)\n"

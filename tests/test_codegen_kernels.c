@@ -459,7 +459,19 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
         int nw = wv && atoi(wv) >= 16 ? 16 : 8, parts = nw / nq > 1 ? nw / nq : 1;
         int qk2 = (!qk || atoi(qk) != 0) && 36 % parts == 0;
         T_CHECK((strstr(c->kernel_names[s->kernel], "_qk2_") != NULL) == qk2);
-        T_CHECK(strstr(c->src.data, qk2 ? "QK2 = true;" : "QK2 = false;") != NULL);
+        T_CHECK(strstr(c->src.data, qk2 ? "QK2 = true," : "QK2 = false,") != NULL);
+        /* the softmax weights by 2^x unless MOEC_MLA_EX2=0; the first tiles
+           before the wait where bulk copies load them (sm_90, unless
+           MOEC_MLA_TMA=0), in buckets of up to 64 tokens, unless
+           MOEC_MLA_EARLY=0 (the names say so) */
+        const char *exv = getenv("MOEC_MLA_EX2"), *ev = getenv("MOEC_MLA_EARLY"),
+                   *tv = getenv("MOEC_MLA_TMA");
+        int ex2 = !exv || atoi(exv) != 0;
+        int early = cg_arch_num(c->opt) >= 90 && (!tv || atoi(tv) != 0) && c->T <= 64 &&
+                    (!ev || atoi(ev) != 0);
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_ex2_") != NULL) == ex2);
+        T_CHECK((strstr(c->kernel_names[s->kernel], "_early_") != NULL) == early);
+        T_CHECK(strstr(c->src.data, ex2 ? "EX2 = true," : "EX2 = false,") != NULL);
         /* q, two kv tiles, the scores' k parts, P, m/l/alpha, two mbarriers */
         T_CHECK(s->smem == 16 * 584 * 2 + 2 * 32 * 584 * 2 + (ct1 ? 2 : 4) * 16 * 36 * 4 +
                                16 * 40 * 2 + 192 + 2 * 8);
@@ -2160,7 +2172,10 @@ static int has_ident(const char *text, size_t n, const char *id)
  * block form: `float wpre[`), the one-token router's top-k kernel its
  * weight rows (`_wpre_`, `uint4 wpre[`), the bf16 tensor-core linear its
  * first chunks (`linear_mma_`, `load_w(gw)`), and the staged linears
- * theirs where no prefetch runs (`_pre_`, `load(c0)`). */
+ * theirs where no prefetch runs (`_pre_`, `load(c0)`). The MLA attention
+ * on tensor cores loads its first tiles before the wait (`_early_`,
+ * `load_tile(row_next, pre)`), after the prefetch where one runs: it
+ * reads no parameter but the step inputs and the pools before it either. */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
@@ -2199,6 +2214,9 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
         staged = 1;
     if (staged)
         pf = 0;
+    const char *et = strstr(open, "load_tile(row_next, pre);");
+    int early = et && pre && et < pre && !strncmp(name, "mla_attn_mma_", 13) &&
+                strstr(name, "_early_") != NULL;
     const char *pfx = strstr(open, "moec_prefetch_");
     int has_pf = pfx && pfx < end;
     if (enters != 1 || has_pf != (want && pf > 0))
@@ -2206,14 +2224,15 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
                 enters, has_pf, want, pf);
     T_CHECK(enters == 1 && pre && pre < end);
     T_CHECK(has_pf == (want && pf > 0));
-    if (!has_pf && !staged) {
+    if (!has_pf && !staged && !early) {
         T_CHECK(!strncmp(open, "{\n    moec_pdl_enter();", 22));
         return;
     }
     char cap[64];
     snprintf(cap, sizeof cap, "constexpr long long PF_CAP = %lldLL;", pf);
-    T_CHECK(staged || (strstr(open, cap) && strstr(open, cap) < pre && pfx < pre &&
-                       strstr(open, "    if (threadIdx.x == 0) {") < pfx));
+    T_CHECK(staged || (early && !has_pf) ||
+            (strstr(open, cap) && strstr(open, cap) < pre && pfx < pre &&
+             strstr(open, "    if (threadIdx.x == 0) {") < pfx));
     /* before the wait: no parameter but the weights */
     const char *close = open;
     while (close > def && *close != ')')
