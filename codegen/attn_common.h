@@ -16,13 +16,9 @@
 #define CG_ATTN_MAX_SPLITS 64
 
 /* The merge kernel's body (moec_attn_merge, codegen/cg.c): a block per
- * (token, head); padding tokens get zeros. Its token's slot and position
- * (step inputs, which no kernel writes) are read before the programmatic
- * wait (the emitter's line between the head and the rest) unless
- * MOEC_ATTN_COMBINE_EARLY=0 at codegen (the wait first). */
-static const char CG_ATTN_COMBINE_HEAD[] =
-    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n";
+ * (token, head); padding tokens get zeros. */
 static const char CG_ATTN_COMBINE_BODY[] =
+    "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];\n"
     "    TO *o = out + ((long long)t * H + h) * D;\n"
     "    if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
     "        for (int c = threadIdx.x; c < D; c += blockDim.x)\n"
@@ -280,10 +276,7 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
                       "    constexpr int H = %lld, D = %lld, BS = %d, NSPLIT = %d, G = %d, NT = %d;\n",
                       what, what, what, nt, cname, cg_ctype(odt), cg_ctype(odt), H, D, bs, ns, g,
                       nt);
-        moec_buf_printf(&c->src, "%s%s%s}\n\n", CG_ATTN_COMBINE_HEAD,
-                        cg_env_int("MOEC_ATTN_COMBINE_EARLY", 1, 0, 1) ? "    moec_pdl_enter();\n"
-                                                                        : "",
-                        CG_ATTN_COMBINE_BODY);
+        moec_buf_printf(&c->src, "%s}\n\n", CG_ATTN_COMBINE_BODY);
     }
     s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)

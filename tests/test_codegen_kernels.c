@@ -2175,9 +2175,7 @@ static int has_ident(const char *text, size_t n, const char *id)
  * theirs where no prefetch runs (`_pre_`, `load(c0)`). The MLA attention
  * on tensor cores loads its first tiles before the wait (`_early_`,
  * `load_tile(row_next, pre)`), after the prefetch where one runs: it
- * reads no parameter but the step inputs and the pools before it either;
- * the splits' merge kernel (`_combine_`) reads its token's slot and
- * position (step inputs) before it, and nothing else. */
+ * reads no parameter but the step inputs and the pools before it either. */
 static void check_prefetch(const char *src, const char *name, long long pf, int want,
                            const char *weights)
 {
@@ -2219,14 +2217,6 @@ static void check_prefetch(const char *src, const char *name, long long pf, int 
     const char *et = strstr(open, "load_tile(row_next, pre);");
     int early = et && pre && et < pre && !strncmp(name, "mla_attn_mma_", 13) &&
                 strstr(name, "_early_") != NULL;
-    if (strstr(name, "_combine_") && pre && !getenv("MOEC_ATTN_COMBINE_EARLY")) {
-        static const char HEAD[] =
-            "    const int t = blockIdx.x, h = blockIdx.y, s = slots[t], p = pos[t];";
-        const char *hl = strstr(open, HEAD);
-        T_CHECK(hl && hl + strlen(HEAD) == pre);
-        early = 1;
-        weights = "pos slots";
-    }
     const char *pfx = strstr(open, "moec_prefetch_");
     int has_pf = pfx && pfx < end;
     if (enters != 1 || has_pf != (want && pf > 0))
