@@ -18,7 +18,10 @@
  * has a line "    moec_pdl_enter();" keeps it where it is: such a kernel
  * may issue moec_prefetch_l2 of its weights (or of its cache rows, found
  * from the step inputs) before it, and nothing else (no read of a value
- * an earlier kernel writes, no write). */
+ * an earlier kernel writes, no write but to its own shared memory): the
+ * staged kernels load their first weights there, and the MLA attention
+ * its first cache tiles where no kernel of the step writes their rows
+ * (codegen/mla_attention.c, MLA_EARLY). */
 void cg_add_pdl_waits(moec_buf *b);
 
 /* L2 prefetch before the wait: in buckets of up to CG_PREFETCH_MAX_T

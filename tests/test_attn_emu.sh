@@ -21,8 +21,10 @@
 # (MOEC_ATTN_FUSE_PROLOGUE=1) compare the one kernel with the two. The MLA
 # cases (codegen/mla_attention.c's tensor-core kernel at tiny shapes, by
 # bulk copies or cp.async, either softmax form, 8 or 16 warps, 2 or 3
-# buffers, one or two column tiles a warp) are checked against a
-# double-precision reference.
+# buffers, one or two column tiles a warp, the first tiles before the
+# programmatic wait or after it, weights by 2^x or expf, and a prefill
+# chunk whose own rows stay NaN until each block's wait) are checked
+# against a double-precision reference.
 # Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
