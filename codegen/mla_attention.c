@@ -90,7 +90,7 @@
    / 9.802 early alone, 1.834 / 5.348 / 9.012 / 9.855 with neither; fp8
    1.452 / 3.579 / 5.460 / 6.552 against 1.475 / 3.585 / 5.518 / 6.620.
    The kernel timeline: 3.36 against 4.30 us a layer at batch 1 in fp8,
-   28.5 against 30.6 at 64 in bf16.) */
+   28.6 against 30.6 at 64 in bf16.) */
 #define MLA_EARLY 1
 #define MLA_EARLY_MAX_T 64
 
