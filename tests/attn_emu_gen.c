@@ -119,29 +119,29 @@ typedef struct mla_gen_case {
 } mla_gen_case;
 
 static const mla_gen_case MLA_CASES[] = {
-    {16, 64, 16, 3, 0, 16, "0", "8", NULL},
-    {16, 64, 16, 3, 0, 64, "2", "8", "MOEC_MLA_TMA=0"},
-    {16, 64, 16, 1, 0, 16, "0", "16", "MOEC_MLA_SM2=0"},
-    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16"},
-    {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16"},
-    {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3"},
+    {16, 64, 16, 3, 0, 16, "0", "8", NULL, 0},
+    {16, 64, 16, 3, 0, 64, "2", "8", "MOEC_MLA_TMA=0", 0},
+    {16, 64, 16, 1, 0, 16, "0", "16", "MOEC_MLA_SM2=0", 0},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16", 0},
+    {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16", 0},
+    {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 0},
     /* one column tile a warp (MOEC_MLA_CT=1; the default takes two,
        sharing q's fragments): with 8 and 16 warps, 16-position tiles */
-    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=1"},
-    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1 MOEC_MLA_PT=16"},
-    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=1 MOEC_MLA_WARPS=16"},
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=1", 0},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1 MOEC_MLA_PT=16", 0},
+    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=1 MOEC_MLA_WARPS=16", 0},
     /* dr 64 (8 k steps of 16, whole for each part of k): the scores' steps
        unrolled from shared addresses (MOEC_MLA_QK2), two and one column
        tiles a warp */
-    {16, 64, 64, 3, 0, 16, "0", "8", NULL},
-    {16, 64, 64, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1"},
+    {16, 64, 64, 3, 0, 16, "0", "8", NULL, 0},
+    {16, 64, 64, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1", 0},
     /* a prefill chunk at 95..97 (2 splits: the second's first tile holds
        95, so nothing before the wait), then at 60..62 in 3 buffers unsplit
        (tile 0 before the wait, tile 1, which holds 60, after it); the
        expf form with every tile after the wait */
     {16, 64, 16, 3, 0, 16, "0", "8", NULL, 95},
     {16, 64, 16, 3, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 60},
-    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_EX2=0 MOEC_MLA_EARLY=0"},
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_EX2=0 MOEC_MLA_EARLY=0", 0},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
