@@ -90,7 +90,10 @@
    / 9.802 early alone, 1.834 / 5.348 / 9.012 / 9.855 with neither; fp8
    1.452 / 3.579 / 5.460 / 6.552 against 1.475 / 3.585 / 5.518 / 6.620.
    The kernel timeline: 3.36 against 4.30 us a layer at batch 1 in fp8,
-   28.6 against 30.6 at 64 in bf16.) */
+   28.6 against 30.6 at 64 in bf16. With them, fewer or smaller splits at
+   1 to 4 tokens were still slower: fp8 1.472 / 1.910 / 2.680 ms with
+   half the splits, 1.477 / 1.903 / 2.677 so in 3 buffers, 1.482 / 1.855
+   / 2.576 with 16-position tiles in 3, against 1.452 / 1.821 / 2.544.) */
 #define MLA_EARLY 1
 #define MLA_EARLY_MAX_T 64
 
