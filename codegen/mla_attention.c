@@ -360,18 +360,31 @@ static const char MMA_HEAD[] =
        EARLY (bulk copies, no selection) those of the first ones whose rows
        no kernel of this step writes are loaded before the wait, while the
        kernel before this one runs: rows before the least position this
-       step's tokens of the sequence hold (TT tokens a step: the step inputs
-       are the runtime's, written before the step's first kernel) */
+       step's tokens of the sequence hold, and none where another row's
+       token writes a cache block this row maps there (rows that share
+       blocks; TT tokens a step: the step inputs are the runtime's, written
+       before the step's first kernel, and no kernel writes them) */
     "    long long row_next = -1LL;\n"
     "    int pre = 0;\n"
     "    if constexpr (EARLY) {\n"
     "        if (!pad && first < last) {\n"
     "            __shared__ int pmin_s;\n"
     "            if (warp == 0) {\n"
+    "                /* blocks a .. b hold the first tiles' positions */\n"
+    "                const int e = (first + NBUF - 1) * PT, ep = e < n_pos ? e : n_pos;\n"
+    "                const int a = (lo + first * PT) / BS, b = (lo + ep - 1) / BS;\n"
     "                int mn = p;\n"
-    "                for (int i = lane; i < TT; i += 32)\n"
-    "                    if (slots[i] == s && pos[i] < mn)\n"
-    "                        mn = pos[i];\n"
+    "                for (int i = lane; i < TT; i += 32) {\n"
+    "                    const int si = slots[i], pi = pos[i];\n"
+    "                    if (si == s) {\n"
+    "                        mn = pi < mn ? pi : mn;\n"
+    "                    } else if (si >= 0 && pi >= 0 && pi / BS < max_blocks) {\n"
+    "                        const int wb = block_table[(long long)si * max_blocks + pi / BS];\n"
+    "                        for (int q = a; q <= b; q++)\n"
+    "                            if (bt[q] == wb)\n"
+    "                                mn = -1; /* another row writes one: none before */\n"
+    "                    }\n"
+    "                }\n"
     "#pragma unroll\n"
     "                for (int o2 = 16; o2 >= 1; o2 >>= 1) {\n"
     "                    const int other = __shfl_xor_sync(0xffffffffu, mn, o2);\n"

@@ -345,8 +345,10 @@ static int run_pro_case(int ci, const pro_case &c)
 
 // An MLA case: each token its own sequence at its own position (tile
 // and split edges), pages scattered, a padding token where there are more
-// than two (zeros), or (chunk) every token of sequence 0 at positions
-// chunk, chunk + 1, ...: their cache rows NaN until each block's wait, as
+// than two (zeros), or (chunk > 0) every token of sequence 0 at positions
+// chunk, chunk + 1, ..., or (chunk < 0, two tokens) sequence 0 at 100 and
+// sequence 1 at 5, whose first block is sequence 0's: this step's cache
+// rows NaN until each block's wait, as
 // if the kernel before wrote them then (emu_pdl_fn), so that a tile read
 // before the wait that holds one fails the case; every output NaN first; against a double-precision
 // reference of the same bf16 values, errors relative to each head's
@@ -360,10 +362,14 @@ static int run_mla_case(int ci, const mla_case &c)
     std::vector<int> chunk;
     for (int t = 0; c.chunk > 0 && t < T; t++)
         chunk.push_back(c.chunk + t);
-    emu_step st = c.chunk > 0 ? emu_tokens(g, T, c.bs, chunk.data(), T)
-                              : emu_tokens(g, T, c.bs, EDGE, (int)(sizeof EDGE / sizeof EDGE[0]));
+    static const int ALIAS[] = {100, 5};
+    emu_step st = c.chunk > 0   ? emu_tokens(g, T, c.bs, chunk.data(), T)
+                  : c.chunk < 0 ? emu_tokens(g, T, c.bs, ALIAS, 2)
+                                : emu_tokens(g, T, c.bs, EDGE, (int)(sizeof EDGE / sizeof EDGE[0]));
     for (int t = 0; c.chunk > 0 && t < T; t++)
         st.slots[t] = 0;
+    if (c.chunk < 0) // sequence 1's first block is sequence 0's
+        st.bt[(size_t)st.max_blocks] = st.bt[0];
     const std::vector<int> &pos = st.pos, &slots = st.slots, &bt = st.bt;
     const int max_blocks = st.max_blocks, pages = st.pages;
     const size_t rows = (size_t)pages * c.bs;
@@ -379,7 +385,7 @@ static int run_mla_case(int ci, const mla_case &c)
     mla_bufs b{qc.data(), qpe.data(), pos.data(), slots.data(), bt.data(), max_blocks, kv.data(),
                pe.data(), out.data(), 0.3f, c.window, c.ns > 1 ? part_ml.data() : nullptr,
                c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr};
-    if (c.chunk > 0) { // this step's rows: NaN before each block's wait
+    if (c.chunk != 0) { // this step's rows: NaN before each block's wait
         std::vector<__nv_bfloat16> kv0 = kv, pe0 = pe;
         auto step_rows = [&](bool written) {
             for (int t = 0; t < T; t++) {

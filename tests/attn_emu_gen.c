@@ -111,7 +111,8 @@ enum { N_PRO = sizeof PRO_CASES / sizeof PRO_CASES[0] };
  * by default) or after it, with the weights by 2^x (MOEC_MLA_EX2) or expf;
  * the step's tokens each a sequence of its own, or (chunk, the first
  * position) one sequence's consecutive positions, as a prefill chunk,
- * whose rows the tiles before the wait must leave out. */
+ * whose rows the tiles before the wait must leave out, or (chunk -1) two
+ * sequences that share a block one of them writes. */
 typedef struct mla_gen_case {
     int H, R, DR, T, window, bs;
     const char *merge, *target, *env; /* env: knobs NAME=VALUE apart by spaces */
@@ -142,6 +143,10 @@ static const mla_gen_case MLA_CASES[] = {
     {16, 64, 16, 3, 0, 16, "0", "8", NULL, 95},
     {16, 64, 16, 3, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 60},
     {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_EX2=0 MOEC_MLA_EARLY=0", 0},
+    /* two sequences sharing a block: sequence 1 at 5 writes a row of the
+       block sequence 0 (at 100) maps at its first tile, which the other
+       row's write keeps until after the wait */
+    {16, 64, 16, 2, 0, 16, "0", "8", NULL, -1},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
