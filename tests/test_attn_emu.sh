@@ -23,7 +23,8 @@
 # bulk copies or cp.async, either softmax form, 8 or 16 warps, 2 or 3
 # buffers, one or two column tiles a warp, the first tiles before the
 # programmatic wait or after it, weights by 2^x or expf, and a prefill
-# chunk whose own rows stay NaN until each block's wait) are checked
+# chunk and two sequences sharing a block, whose step's rows stay NaN
+# until each block's wait) are checked
 # against a double-precision reference.
 # Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
 set -u
