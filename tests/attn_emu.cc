@@ -347,12 +347,12 @@ static int run_pro_case(int ci, const pro_case &c)
 // and split edges), pages scattered, a padding token where there are more
 // than two (zeros), or (chunk > 0) every token of sequence 0 at positions
 // chunk, chunk + 1, ..., or (chunk < 0, two tokens) sequence 0 at 100 and
-// sequence 1 at 5, whose first block is sequence 0's: this step's cache
-// rows NaN until each block's wait, as
-// if the kernel before wrote them then (emu_pdl_fn), so that a tile read
-// before the wait that holds one fails the case; every output NaN first; against a double-precision
-// reference of the same bf16 values, errors relative to each head's
-// largest magnitude.
+// sequence 1 at 5, whose first block is sequence 0's: then this step's
+// cache rows are NaN until each block's wait, as if the kernel before
+// wrote them then (emu_pdl_fn), so that a tile read before the wait that
+// holds one fails the case. Every output NaN first; against a
+// double-precision reference of the same bf16 values, errors relative to
+// each head's largest magnitude.
 static int run_mla_case(int ci, const mla_case &c)
 {
     std::mt19937_64 g(0x31a0000u + (uint64_t)ci);

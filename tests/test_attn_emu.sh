@@ -24,8 +24,8 @@
 # buffers, one or two column tiles a warp, the first tiles before the
 # programmatic wait or after it, weights by 2^x or expf, and a prefill
 # chunk and two sequences sharing a block, whose step's rows stay NaN
-# until each block's wait) are checked
-# against a double-precision reference.
+# until each block's wait) are checked against a double-precision
+# reference.
 # Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"
