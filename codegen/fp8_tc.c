@@ -162,12 +162,6 @@
  * MOEC_FP8_TC_ROLL and MOEC_FP8_TC_U override both. */
 #define TC_ROLL 0
 #define TC_HALVES_T 64
-
-/* The experts' weights in fragment tiles through a ring of bulk copies a
- * warp (TC_BULK_LOOP; MOEC_FP8_TC_BULK, _NS stages, _CB chunks a stage). */
-#define TC_BULK 0
-#define TC_BULK_NS 4
-#define TC_BULK_CB 2
 #define TC_HALVES_U 4
 
 /* Experts' weights in fragment tiles (ir_weight_tiled) refill by halves
@@ -281,73 +275,6 @@ static const char TC_LOOP[] =
     "            if (cb >= c1)\n"
     "                break;\n"
     "            load(cb);\n"
-    "        }\n"
-    "    }\n";
-
-/* The experts' main loop over weights in fragment tiles by bulk copies
- * (TC_BULK; MOEC_FP8_TC_BULK, names _bulkNSxCB): each warp streams its RT
- * tiles through its own ring of NS stages in shared memory (WRING bytes
- * from XOFF, a warp's NS mbarriers from BAROFF), CB 1 KiB chunks of each
- * tile a stage, one bulk copy a tile (a tile's chunks lie together), so
- * that the bytes in flight are the ring's, not registers': lane 0 issues a
- * stage's copies once every lane has read the stage before (__syncwarp
- * after its products). Dead tiles (live[r] false, row 0 behind them) are
- * copied as well and their products taken times a zero scale. Replaces
- * TC_LOAD and TC_LOOP; leaves acc as TC_LOOP does. */
-static const char TC_BULK_LOOP[] =
-    "    float acc[RT][NT][4];\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "        for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "            for (int i = 0; i < 4; i++)\n"
-    "                acc[r][t][i] = 0.0f;\n"
-    "    const __nv_bfloat16 *xl = xs + g * XS + q * 16;\n"
-    "    constexpr int BUNIT = CB * 1024; /* a tile's bytes a stage */\n"
-    "    unsigned char *wring = moec_smem + XOFF + warp * (NS * RT * BUNIT);\n"
-    "    unsigned long long *wbar =\n"
-    "        reinterpret_cast<unsigned long long *>(moec_smem + BAROFF) + warp * NS;\n"
-    "    const int nst = (c1 - c0 + CB - 1) / CB;\n"
-    "    /* stage it of the warp's chunks into slot it % NS (lane 0) */\n"
-    "    auto issue = [&](int it) {\n"
-    "        const int cb = c0 + it * CB, n = c1 - cb < CB ? c1 - cb : CB, s = it % NS;\n"
-    "        moec_mbar_arrive_tx(wbar + s, (unsigned)(RT * n * 1024));\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++)\n"
-    "            moec_bulk_g2s(wring + (s * RT + r) * BUNIT, w0[r] - lane * 16 + (long long)cb * 1024,\n"
-    "                          (unsigned)(n * 1024), wbar + s);\n"
-    "    };\n"
-    "    if (live[0] && lane == 0) {\n"
-    "        for (int s = 0; s < NS; s++)\n"
-    "            moec_mbar_init(wbar + s, 1);\n"
-    "        moec_mbar_init_fence();\n"
-    "        for (int it = 0; it < NS && it < nst; it++)\n"
-    "            issue(it);\n"
-    "    }\n"
-    "    moec_cp_wait();\n"
-    "    __syncthreads();\n"
-    "    if (live[0]) {\n"
-    "        for (int it = 0; it < nst; it++) {\n"
-    "            const int s = it % NS, cb = c0 + it * CB;\n"
-    "            moec_mbar_wait(wbar + s, (unsigned)((it / NS) & 1));\n"
-    "            const unsigned char *st = wring + s * (RT * BUNIT) + lane * 16;\n"
-    "#pragma unroll\n"
-    "            for (int j = 0; j < CB; j++)\n"
-    "                if (cb + j < c1) {\n"
-    "                    uint4 wa[RT][2];\n"
-    "                    float sc[RT];\n"
-    "#pragma unroll\n"
-    "                    for (int r = 0; r < RT; r++) {\n"
-    "                        wa[r][0] = *reinterpret_cast<const uint4 *>(st + r * BUNIT + j * 1024);\n"
-    "                        wa[r][1] = *reinterpret_cast<const uint4 *>(st + r * BUNIT + j * 1024 + 512);\n"
-    "                        sc[r] = live[r] ? sr[r][(long long)(cb + j) * 64 / SBK] : 0.0f;\n"
-    "                    }\n"
-    "                    moec_tc_chunk<RT, NT, XS>(acc, wa, sc, xl + (cb + j - c0) * 64);\n"
-    "                }\n"
-    "            __syncwarp();\n"
-    "            if (lane == 0 && it + NS < nst)\n"
-    "                issue(it + NS);\n"
     "        }\n"
     "    }\n";
 
@@ -835,50 +762,6 @@ static const char DOWN_TAIL[] =
 /* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
 static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
 
-/* The bulk form's shape (TC_BULK_LOOP): ns stages of cb chunks a tile, its
- * ring and mbarriers after the staged rows (xbytes); ns 0 where it does not
- * apply (rows, not tiles; before sm_90; too little shared memory). */
-typedef struct tc_bulk {
-    int ns, cb;
-    size_t xoff, baroff, smem;
-} tc_bulk;
-
-static int tc_bulk_shape(const cg_ctx *c, int tl, int nw, int rt, size_t xbytes, tc_bulk *b)
-{
-    b->ns = 0;
-    if (!tl || cg_arch_num(c->opt) < 90 || !cg_env_int("MOEC_FP8_TC_BULK", TC_BULK, 0, 1))
-        return 0;
-    int ns = cg_env_int("MOEC_FP8_TC_NS", TC_BULK_NS, 2, 16);
-    b->cb = cg_env_int("MOEC_FP8_TC_CB", TC_BULK_CB, 1, 8);
-    b->xoff = (xbytes + 127) / 128 * 128;
-    b->baroff = b->xoff + (size_t)nw * (size_t)ns * (size_t)rt * (size_t)b->cb * 1024;
-    b->smem = b->baroff + (size_t)nw * (size_t)ns * 8;
-    if (b->smem > cg_smem_max(c->opt))
-        return 0;
-    b->ns = ns;
-    return 1;
-}
-
-/* the kernel's name tag and constants of the bulk form, or the register
-   form's main loop */
-static void tc_bulk_tag(const tc_bulk *b, char *tag, size_t n)
-{
-    if (b->ns)
-        snprintf(tag, n, "_bulk%dx%d", b->ns, b->cb);
-    else
-        tag[0] = 0;
-}
-
-static void tc_emit_loop(cg_ctx *c, const tc_bulk *b)
-{
-    if (b->ns)
-        moec_buf_printf(&c->src, "    constexpr int NS = %d, CB = %d;\n"
-                                 "    constexpr unsigned XOFF = %zu, BAROFF = %zu;\n%s",
-                        b->ns, b->cb, b->xoff, b->baroff, TC_BULK_LOOP);
-    else
-        moec_buf_printf(&c->src, "%s%s", TC_LOAD, TC_LOOP);
-}
-
 static int weight_fits(const cg_ctx *c, const ir_value *w)
 {
     return !w || (cg_storage(c, w) == IR_DTYPE_F8E4M3 && ir_block_scale_tiles(w));
@@ -929,14 +812,10 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
     int roll = tc_roll(c, tl);
-    tc_bulk bk;
-    char btag[24];
-    tc_bulk_shape(c, tl, nw, 2, moe_smem(l->bm, l->H), &bk);
-    tc_bulk_tag(&bk, btag, sizeof btag);
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, bk.ns ? 0 : u, bk.ns ? "" : roll_tag(roll), btag,
-             c->T, l->fused ? "fused" : "split", tag);
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
+             l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -960,11 +839,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
             gstride, uoff, roll, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
-        tc_emit_loop(c, &bk);
-        moec_buf_printf(&c->src, "%s}\n\n", GATE_UP_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I,
-                                  bk.ns ? bk.smem : moe_smem(l->bm, l->H));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
@@ -991,14 +868,10 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     int roll = tc_roll(c, tl);
-    tc_bulk bk;
-    char btag[24];
-    tc_bulk_shape(c, tl, nw, rt, moe_smem(l->bm, l->I), &bk);
-    tc_bulk_tag(&bk, btag, sizeof btag);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, rt, bk.ns ? 0 : u, bk.ns ? "" : roll_tag(roll),
-             btag, c->T, ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -1028,11 +901,9 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
-        tc_emit_loop(c, &bk);
-        moec_buf_printf(&c->src, "%s}\n\n", DOWN_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H,
-                                  bk.ns ? bk.smem : moe_smem(l->bm, l->I));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);

@@ -205,16 +205,6 @@ static const gen_case CASES[] = {
     {LIN(336, 640, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
-    /* the experts' tiles through each warp's ring of bulk copies
-       (MOEC_FP8_TC_BULK=1): gate_up's 5 chunks in stages of 2 (the last
-       partial) over 4 slots, down's 3; 2 slots, so that gate_up's third
-       stage (partial) refills the first slot; down with two tiles a warp,
-       gate and up apart, stages of one chunk in 2 slots (3 stages) */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_BULK=1"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 64, CG_FP8_AUTO,
-     "MOEC_FP8_TC_BULK=1 MOEC_FP8_TC_NS=2 MOEC_FP8_TC_CB=2"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO,
-     "MOEC_FP8_TC_BULK=1 MOEC_FP8_TC_RT=2 MOEC_FP8_TC_NS=2 MOEC_FP8_TC_CB=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
