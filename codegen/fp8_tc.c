@@ -136,7 +136,19 @@
  *   the scale's FFMA, not the products, are most of a chunk's
  *   instructions; the MMA's 64 HMMA a chunk became 8 HGMMA and the
  *   kernels ran as many instructions as before (H200, 2026-11-30).
- *   History at 5b6f238 (MOEC_FP8_TC_WG). */
+ *   History at 5b6f238 (MOEC_FP8_TC_WG).
+ * - the experts' tiles through a ring of bulk copies (TMA) a warp: lane 0
+ *   issued one copy a tile and stage of CB chunks into the warp's NS
+ *   stages, completing on the stage's mbarrier, the warp's lanes read the
+ *   codes from shared memory (no weight registers in flight). fp8 V2-Lite
+ *   at 8 / 32 / 64 tokens, gate_up so: 3.842 / 5.896 / 7.080 ms against
+ *   3.626 / 5.571 / 6.640; down in tiles too (MOEC_FP8_TILES=5), 4 stages
+ *   of 2 chunks 3.759 / 5.764 / 7.145, of 1 3.795 / 5.909 / 7.290, 8 of 1
+ *   4.099 / 6.415 / 7.994, 2 of 4 3.719 / 5.686 / 6.963, against the
+ *   register form over the same tiles 3.663 / 5.460 / 6.537 (H200,
+ *   2026-11-30): the more stages, the slower, so a stage's wait and issue,
+ *   not the bytes in flight, bound it. History at 14c4cf1
+ *   (MOEC_FP8_TC_BULK, _NS, _CB; its emulator cases). */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.
