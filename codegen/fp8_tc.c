@@ -479,10 +479,7 @@ static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, in
                                                TC_BLOCKS)
                      ? 2
                      : 1;
-    /* MOEC_FP8_TC_LIN_U: the linears' alone, for A/B runs */
     sh->u = w8 ? cg_env_int("MOEC_FP8_TC_U", sh->tg >= 32 ? tc_u(c, 0) : 0, 0, 8) : 0;
-    if (w8)
-        sh->u = cg_env_int("MOEC_FP8_TC_LIN_U", sh->u, 0, 8);
     if (!sh->u)
         sh->u = 4 / sh->rt;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
