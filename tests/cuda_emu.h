@@ -7,7 +7,9 @@
 // malloc a block of exactly the bytes the step asks for (filled with 0xff), so that an
 // address sanitizer sees every access past it and a thread sanitizer every
 // unordered pair of accesses; cp.async a copy checked for its 16-byte
-// alignment. The m16n8k16 product gathers the warp's fragments in the PTX
+// alignment, its bytes written only once a wait covers it (its group
+// committed and waited for, or a wait for all), so that a read before that
+// sees the launch's 0xff. The m16n8k16 product gathers the warp's fragments in the PTX
 // ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
 // sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16,
 // moec_x16, moec_tc_chunk, ldv (fp8 too), moec_prefetch_rows, warp_sum,
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <pthread.h>
 #include <thread>
@@ -204,18 +207,47 @@ static inline void moec_prefetch_l2(const void *p, unsigned long long bytes)
 #endif
 }
 
-static inline void moec_cp16(void *s, const void *g, bool valid)
+// cp.async: a copy reads its 16 bytes when issued and writes them to
+// shared memory only once a wait covers it, as a GPU may: moec_cp_commit
+// closes this thread's open copies into a group, moec_cp_wait_group<N>
+// lands all but the N newest groups, moec_cp_wait (wait_all) every copy,
+// committed or not. A copy no wait covers never lands: the bytes stay as
+// they were (0xff from the launch), so a read of them fails the case.
+struct emu_cp {
+    unsigned char *s;
+    unsigned char v[16];
+};
+inline thread_local std::vector<emu_cp> emu_cp_open;
+inline thread_local std::deque<std::vector<emu_cp>> emu_cp_groups;
+static inline void emu_cp_land(std::vector<emu_cp> &g)
 {
-    const unsigned char *p = (const unsigned char *)s, *base = emu_this_block->smem;
-    assert(p >= base && p + 16 <= base + emu_this_block->smem_bytes && (p - base) % 16 == 0);
-    assert((uintptr_t)g % 16 == 0);
-    if (valid)
-        memcpy(s, g, 16);
-    else
-        memset(s, 0, 16);
+    for (const emu_cp &c : g)
+        memcpy(c.s, c.v, 16);
+    g.clear();
 }
 
-static inline void moec_cp_wait() {}
+static inline void moec_cp16(void *s, const void *g, bool valid)
+{
+    unsigned char *p = (unsigned char *)s, *base = emu_this_block->smem;
+    assert(p >= base && p + 16 <= base + emu_this_block->smem_bytes && (p - base) % 16 == 0);
+    assert((uintptr_t)g % 16 == 0);
+    emu_cp c;
+    c.s = p;
+    if (valid)
+        memcpy(c.v, g, 16);
+    else
+        memset(c.v, 0, 16);
+    emu_cp_open.push_back(c);
+}
+
+static inline void moec_cp_wait()
+{
+    while (!emu_cp_groups.empty()) {
+        emu_cp_land(emu_cp_groups.front());
+        emu_cp_groups.pop_front();
+    }
+    emu_cp_land(emu_cp_open);
+}
 
 template <typename T> static inline T __ldcg(const T *p) { return *p; } // ld.global.cg
 
@@ -355,10 +387,19 @@ template <int N, bool T> static inline void moec_ldmatrix_s(unsigned *r, unsigne
     moec_ldmatrix<N, T>(r, (const __nv_bfloat16 *)(emu_this_block->smem + a));
 }
 
-// cp.async groups: moec_cp16 copies at once, so a group is complete when
-// it is closed.
-static inline void moec_cp_commit() {}
-template <int N> static inline void moec_cp_wait_group() {}
+// cp.async groups (moec_cp16)
+static inline void moec_cp_commit()
+{
+    emu_cp_groups.push_back(std::move(emu_cp_open));
+    emu_cp_open.clear();
+}
+template <int N> static inline void moec_cp_wait_group()
+{
+    while (emu_cp_groups.size() > (size_t)N) {
+        emu_cp_land(emu_cp_groups.front());
+        emu_cp_groups.pop_front();
+    }
+}
 
 // sm_90's mbarriers and bulk copies (the MLA attention's tiles): an
 // mbarrier's 8 bytes hold the arrivals a phase expects, those arrived,
