@@ -96,10 +96,16 @@
    / 2.576 with 16-position tiles in 3, against 1.452 / 1.821 / 2.544.) */
 #define MLA_EARLY 1
 #define MLA_EARLY_MAX_T 64
-/* ... and with bulk copies three barriers a tile, not four: the next
-   tile's copies go out after the first barrier of a tile (MOEC_MLA_B3=0:
-   before its wait, with a barrier ending each tile). */
-#define MLA_B3 1
+/* Measured and taken out: three barriers a tile instead of four, the next
+   tile's bulk copies issued after the tile's first barrier (which every
+   warp passes once done with the values of the tile before) instead of
+   before its wait, so that no barrier ends a tile. V2-Lite's step at 1 /
+   8 / 32 / 64 tokens: bf16 1.811 / 5.349 / 8.961 / 9.780 ms against 1.807
+   / 5.348 / 8.964 / 9.809, fp8 1.452 / 3.583 / 5.465 / 6.570 against 1.450
+   / 3.585 / 5.476 / 6.566 (H200, 2026-11-30, one call): level, so the
+   barriers are not what bounds the tile. History at 82aa9ba (MOEC_MLA_B3;
+   its first form left q's copies uncommitted where every tile was loaded
+   before the wait, which the emulator's cp.async now catches). */
 
 static const char WRITE_BODY[] =
     "    const int t = blockIdx.x;\n"
@@ -478,18 +484,11 @@ static const char MMA_BODY[] =
     "    }\n"
     "    for (int tile = first; tile < last; tile++) {\n"
     "        const int it = tile - first, buf = it % NBUF, nxt = tile + NBUF - 1;\n"
-    "        /* the tile NBUF - 1 on, into the buffer the tile before used: B3\n"
-    "           issues it after the barrier below, which every warp passes once\n"
-    "           done with that tile's values (so no barrier ends the tile) */\n"
-    "        auto next = [&] {\n"
-    "            if (nxt < last)\n"
-    "                load_tile(row_next, (nxt - first) % NBUF);\n"
-    "            if (nxt + 1 < last)\n"
-    "                row_next = row_of(nxt + 1);\n"
-    "        };\n"
-    "        if constexpr (!B3)\n"
-    "            next();\n"
-    "        moec_cp_commit(); /* closes q's copies where no tile took them */\n"
+    "        if (nxt < last)\n"
+    "            load_tile(row_next, (nxt - first) % NBUF);\n"
+    "        moec_cp_commit();\n"
+    "        if (nxt + 1 < last)\n"
+    "            row_next = row_of(nxt + 1);\n"
     "        if constexpr (TMA) {\n"
     "            if (tile == first)\n"
     "                moec_cp_wait_group<0>(); /* q */\n"
@@ -498,8 +497,6 @@ static const char MMA_BODY[] =
     "            moec_cp_wait_group<NBUF - 1>();\n"
     "        }\n"
     "        __syncthreads();\n"
-    "        if constexpr (B3)\n"
-    "            next();\n"
     "        const int nv = n_pos - tile * PT < PT ? n_pos - tile * PT : PT;\n"
     "        /* each warp CT column tiles' products over its part of k (every warp\n"
     "           busy, the chains of dependent products KH times shorter) */\n"
@@ -628,8 +625,7 @@ static const char MMA_BODY[] =
     "                moec_mma_bf16(acc[NTN - 1], a[0], a[1], a[2], a[3], b[0], b[1]);\n"
     "            }\n"
     "        }\n"
-    "        if constexpr (!B3)\n"
-    "            __syncthreads();\n"
+    "        __syncthreads();\n"
     "    }\n"
     "    moec_cp_wait_group<0>();\n"
     "    __syncthreads();\n"
@@ -805,7 +801,7 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                  ir_dtype_name(pdt), ir_dtype_name(odt));
     long long ld = RS + 8, smem = 0;
     int tma = 0, mpt = MMA_PT, nbuf = MMA_NBUF, sm2 = MLA_SM2, ct = MLA_CT, qk2 = MLA_QK2;
-    int ex2 = 0, early = 0, b3 = 0;
+    int ex2 = 0, early = 0;
     if (mma) {
         /* the Smem struct of MMA_BODY: q, NBUF kv tiles, the scores' KH parts,
            P, m, l, alpha, NBUF mbarriers */
@@ -839,13 +835,11 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
            where a warp scans the step's tokens for the sequence's own */
         early = tma && !sel && c->T <= MLA_EARLY_MAX_T &&
                 cg_env_int("MOEC_MLA_EARLY", MLA_EARLY, 0, 1);
-        b3 = tma && cg_env_int("MOEC_MLA_B3", MLA_B3, 0, 1);
         snprintf(aname, sizeof aname,
-                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s%s%s%s_bs%d_t%d_%s",
+                 "mla_attn_mma_h%lld_r%lld_dr%lld_pt%d_nb%d%s_ns%d_mp%d%s%s%s%s%s%s%s_bs%d_t%d_%s",
                  H, R, DR, mpt, nbuf, mw != MMA_WARPS ? "_w16" : "", ns, minpos,
                  sm2 ? "" : "_sm1", ct == 1 ? "_ct1" : "", qk2 ? "_qk2" : "", tma ? "_tma" : "",
-                 ex2 ? "_ex2" : "", early ? "_early" : "", b3 ? "_b3" : "", merge ? "_m" : "", bs,
-                 c->T, tag);
+                 ex2 ? "_ex2" : "", early ? "_early" : "", merge ? "_m" : "", bs, c->T, tag);
     } else {
         snprintf(aname, sizeof aname, "mla_attn_h%lld_r%lld_dr%lld_hb%d_pt%d_hs%d_ns%d_mp%d_bs%d_t%d_%s",
                  H, R, DR, hb, pt, hs, ns, minpos, bs, c->T, tag);
@@ -871,14 +865,12 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
                       "    typedef %s TO;\n"
                       "    constexpr int H = %lld, R = %lld, DR = %lld, PT = %d, NW = %d, BS = %d, NT = "
                       "%d, NSPLIT = %d, SMEM = %lld, KSEL = %lld, MINPOS = %d, NBUF = %d, CT = %d;\n"
-                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s, EX2 = %s, EARLY = %s, B3 = "
-                      "%s;\n"
+                      "    constexpr bool TMA = %s, SM2 = %s, QK2 = %s, EX2 = %s, EARLY = %s;\n"
                       "    constexpr int TT = %d;\n",
                       mw * 32, aname, sel_param, cg_ctype(odt), params, cg_ctype(odt), H, R,
                       DR, mpt, mw, bs, mw * 32, ns, smem, ksel, minpos, nbuf, ct,
                       tma ? "true" : "false", sm2 ? "true" : "false", qk2 ? "true" : "false",
-                      ex2 ? "true" : "false", early ? "true" : "false", b3 ? "true" : "false",
-                      c->T);
+                      ex2 ? "true" : "false", early ? "true" : "false", c->T);
     } else if (is_new) {
         moec_buf_printf(&c->src,
                       "// mla_attention: attention over the compressed cache, one block per token "
