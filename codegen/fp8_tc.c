@@ -148,7 +148,12 @@
  *   register form over the same tiles 3.663 / 5.460 / 6.537 (H200,
  *   2026-11-30): the more stages, the slower, so a stage's wait and issue,
  *   not the bytes in flight, bound it. History at 14c4cf1
- *   (MOEC_FP8_TC_BULK, _NS, _CB; its emulator cases). */
+ *   (MOEC_FP8_TC_BULK, _NS, _CB; its emulator cases).
+ * - the linears' chunks in flight alone (MOEC_FP8_TC_LIN_U), fp8 V2-Lite
+ *   at 32 / 64 tokens: 2 5.484 / 6.600 ms, 3 5.503 / 6.559, 6 5.509 /
+ *   6.590, against 4's 5.509 / 6.561 (H200, 2026-11-30): level, so at 64
+ *   tokens their bytes in flight do not bound them either. History at
+ *   354c08c. */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.

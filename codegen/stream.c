@@ -100,6 +100,10 @@ static int shared_first(cg_ctx *c, int i)
  * fp8 V2-Lite step: 6.930 / 6.939 / 6.939 ms at 64 tokens in three A/B
  * pairs against 6.969 / 6.976 / 6.975, 5.779 against 5.776 at 32; the
  * silu_mul alone 6.979 against 6.963. MOEC_SIDE_PRIO=0: none.) */
+/* The shared gate_up at that priority too (MOEC_PRIO_HIGH naming it beside
+ * the plan's two): fp8 V2-Lite at 8 / 32 / 64 tokens 3.625 / 5.713 / 6.850
+ * ms against 3.625 / 5.570 / 6.635 (H200, 2026-11-30): slower, its blocks
+ * then hold SMs the routed gate_up's would take. */
 static void side_tail_prio(cg_ctx *c)
 {
     for (int i = 0; i < c->n_steps; i++) {

@@ -17,8 +17,9 @@
  * least, the staged kernels not turned off by MOEC_FP8_KERNEL=old): its
  * few-token and staged kernels with act were slower than the silu_mul
  * kernel before the plain ones (H200, 2026-11-29, fp8 V2-Lite step: 1.564
- * against 1.520 ms at batch 1, 6.518 against 6.396 at 32), so fp8's
- * silu_mul keeps its kernel by default.
+ * against 1.520 ms at batch 1, 6.518 against 6.396 at 32; again on
+ * 2026-11-30, 3.794 / 5.623 / 6.809 against 3.625 / 5.570 / 6.635 at 8 /
+ * 32 / 64), so fp8's silu_mul keeps its kernel by default.
  *
  * Matched by structure, never by value names; the interpreter computes the
  * fused ops exactly as the pairs they replace. */

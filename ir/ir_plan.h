@@ -216,9 +216,12 @@ size_t ir_weight_storage_bytes(const ir_module *m, const ir_value *w, ir_dtype c
  * such a weight read only as their gate_up (fused, or gate and up apart);
  * IR_FP8_TILES_NONE, none (IR_FP8_TILES_GATE_UP: faster than rows at 1 to
  * 64 tokens, where down's in tiles too are slower at 1 to 4; BENCHMARKS.md,
- * thirty-fifth round). IR_FP8_TILES_LINEAR, a bit beside one of those
- * four: dense linears' f8e4m3 weights [N, K] too, N a multiple of 16 and K
- * of 64, their scale blocks whole tiles and chunks (ir_block_scale_tiles),
+ * thirty-fifth round; again in the thirty-eighth, fp8 V2-Lite with
+ * IR_FP8_TILES_ALL | IR_FP8_TILES_LINEAR at 1 / 2 / 4 / 8 / 32 / 64 tokens
+ * 3.0 / 4.3 / 3.3 / 1.0% slower and 2.0 / 1.4-1.6% faster).
+ * IR_FP8_TILES_LINEAR, a bit beside one of those four: dense linears'
+ * f8e4m3 weights [N, K] too, N a multiple of 16 and K of 64, their scale
+ * blocks whole tiles and chunks (ir_block_scale_tiles),
  * read only as the weight of linear ops. IR_FP8_TILES_EXPERTS masks the
  * experts' mode. The compiler's default is IR_FP8_TILES_GATE_UP |
  * IR_FP8_TILES_LINEAR (cg_options_default; BENCHMARKS.md, thirty-sixth

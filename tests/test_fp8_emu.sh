@@ -7,7 +7,8 @@
 # the CUDA they use (tests/cuda_emu.h) and the harness that checks them
 # against a double-precision reference (tests/fp8_emu.cc): once under the
 # address sanitizer, every case (every global and shared memory access in
-# bounds, every cp.async and 16-byte load aligned, every L2 prefetch
+# bounds, every cp.async and 16-byte load aligned and its bytes landed only
+# once a wait covers it, every L2 prefetch
 # within the weights), once under the thread
 # sanitizer, five cases with the linears' clusters and both expert forms
 # (no two threads' accesses unordered by a barrier: what racecheck would
