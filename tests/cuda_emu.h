@@ -9,7 +9,8 @@
 // unordered pair of accesses; cp.async a copy checked for its 16-byte
 // alignment, its bytes written only once a wait covers it (its group
 // committed and waited for, or a wait for all), so that a read before that
-// sees the launch's 0xff. The m16n8k16 product gathers the warp's fragments in the PTX
+// sees the launch's 0xff (and a bulk copy's once a wait sees its mbarrier's
+// phase complete). The m16n8k16 product gathers the warp's fragments in the PTX
 // ISA's layouts (A row-major 16 x 16, B column-major 16 x 8, C 16 x 8) and
 // sums in double. The prologue's moec_silu_mul_frag, moec_e4m3x4_bf16,
 // moec_x16, moec_tc_chunk, ldv (fp8 too), moec_prefetch_rows, warp_sum,
@@ -153,11 +154,13 @@ struct emu_warp {
     const void *p[32];
     int v[32];
 };
+struct emu_bulk; // a bulk copy not yet landed (below)
 struct emu_block {
     unsigned char *smem;
     size_t smem_bytes;
     pthread_barrier_t bar;
     std::vector<emu_warp> warps;
+    std::vector<emu_bulk> *bulk; // its bulk copies not yet landed
 };
 struct emu_cluster {
     std::vector<emu_block *> blocks;
@@ -403,9 +406,18 @@ template <int N> static inline void moec_cp_wait_group()
 
 // sm_90's mbarriers and bulk copies (the MLA attention's tiles): an
 // mbarrier's 8 bytes hold the arrivals a phase expects, those arrived,
-// the phase and the bytes announced and not yet copied, under one lock; a
-// bulk copy copies at once and then counts its bytes done. A phase
-// completes once every arrival came and every announced byte arrived.
+// the phase (counted) and the bytes announced and not yet copied, under
+// one lock; a bulk copy reads its source when issued and counts its bytes
+// done at once, and its bytes land in shared memory when a wait first sees
+// its phase complete, as a GPU may: a kernel that reads them before such a
+// wait reads what was there before. A phase completes once every arrival
+// came and every announced byte arrived.
+struct emu_bulk {
+    const void *bar;
+    uint8_t phase; // the barrier's phase the copy completes
+    unsigned char *dst;
+    std::vector<unsigned char> v;
+};
 struct emu_mbar {
     uint8_t expect, arrived, phase, pad;
     int32_t pending;
@@ -422,7 +434,7 @@ static inline void emu_mbar_complete(emu_mbar *m)
 {
     if (m->arrived == m->expect && m->pending == 0) {
         m->arrived = 0;
-        m->phase ^= 1;
+        m->phase++;
     }
 }
 static inline void moec_mbar_init(unsigned long long *bar, unsigned count)
@@ -455,9 +467,11 @@ static inline void moec_bulk_g2s(void *dst, const void *src, unsigned bytes, uns
     const unsigned char *q = (const unsigned char *)dst, *base = emu_this_block->smem;
     assert(q >= base && q + bytes <= base + emu_this_block->smem_bytes && (q - base) % 16 == 0);
     assert((uintptr_t)src % 16 == 0 && bytes % 16 == 0);
-    memcpy(dst, src, bytes);
     emu_mbar *m = emu_mbar_of(bar);
+    const unsigned char *sv = (const unsigned char *)src;
     pthread_mutex_lock(&emu_mbar_lock);
+    emu_this_block->bulk->push_back(
+        emu_bulk{bar, m->phase, (unsigned char *)dst, std::vector<unsigned char>(sv, sv + bytes)});
     m->pending -= (int32_t)bytes;
     assert(m->pending >= 0);
     emu_mbar_complete(m);
@@ -471,6 +485,17 @@ static inline void moec_mbar_wait(unsigned long long *bar, unsigned parity)
     for (;;) {
         pthread_mutex_lock(&emu_mbar_lock);
         const bool done = (m->phase & 1u) != (parity & 1u);
+        if (done) { // the copies of this barrier's completed phases land
+            std::vector<emu_bulk> &b = *emu_this_block->bulk;
+            size_t k = 0;
+            for (size_t i = 0; i < b.size(); i++) {
+                if (b[i].bar == bar && b[i].phase != m->phase)
+                    memcpy(b[i].dst, b[i].v.data(), b[i].v.size());
+                else if (k++ != i)
+                    b[k - 1] = std::move(b[i]);
+            }
+            b.resize(k);
+        }
         pthread_mutex_unlock(&emu_mbar_lock);
         if (done)
             return;
@@ -526,6 +551,7 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
                 b.warps = std::vector<emu_warp>(block / 32);
                 for (emu_warp &w : b.warps)
                     pthread_barrier_init(&w.bar, nullptr, 32);
+                b.bulk = new std::vector<emu_bulk>();
                 cl.blocks.push_back(&b);
             }
             if (emu_block_fn)
@@ -544,6 +570,7 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
             for (std::thread &t : threads)
                 t.join();
             for (emu_block &b : blocks) {
+                delete b.bulk; // copies no wait saw never land
                 free(b.smem);
                 pthread_barrier_destroy(&b.bar);
                 for (emu_warp &w : b.warps)
