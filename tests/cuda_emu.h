@@ -243,13 +243,23 @@ static inline void moec_cp16(void *s, const void *g, bool valid)
     emu_cp_open.push_back(c);
 }
 
-static inline void moec_cp_wait()
+static inline void moec_cp_commit()
 {
-    while (!emu_cp_groups.empty()) {
+    emu_cp_groups.push_back(std::move(emu_cp_open));
+    emu_cp_open.clear();
+}
+template <int N> static inline void moec_cp_wait_group()
+{
+    while (emu_cp_groups.size() > (size_t)N) {
         emu_cp_land(emu_cp_groups.front());
         emu_cp_groups.pop_front();
     }
-    emu_cp_land(emu_cp_open);
+}
+// cp.async.wait_all: a commit, then a wait for every group (the PTX ISA)
+static inline void moec_cp_wait()
+{
+    moec_cp_commit();
+    moec_cp_wait_group<0>();
 }
 
 template <typename T> static inline T __ldcg(const T *p) { return *p; } // ld.global.cg
@@ -388,20 +398,6 @@ static inline unsigned moec_smem_addr(const void *p)
 template <int N, bool T> static inline void moec_ldmatrix_s(unsigned *r, unsigned a)
 {
     moec_ldmatrix<N, T>(r, (const __nv_bfloat16 *)(emu_this_block->smem + a));
-}
-
-// cp.async groups (moec_cp16)
-static inline void moec_cp_commit()
-{
-    emu_cp_groups.push_back(std::move(emu_cp_open));
-    emu_cp_open.clear();
-}
-template <int N> static inline void moec_cp_wait_group()
-{
-    while (emu_cp_groups.size() > (size_t)N) {
-        emu_cp_land(emu_cp_groups.front());
-        emu_cp_groups.pop_front();
-    }
 }
 
 // sm_90's mbarriers and bulk copies (the MLA attention's tiles): an
