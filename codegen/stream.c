@@ -104,6 +104,11 @@ static int shared_first(cg_ctx *c, int i)
  * the plan's two): fp8 V2-Lite at 8 / 32 / 64 tokens 3.625 / 5.713 / 6.850
  * ms against 3.625 / 5.570 / 6.635 (H200, 2026-11-30): slower, its blocks
  * then hold SMs the routed gate_up's would take. */
+/* Where the shared expert forks before the router (few tokens), its fp8
+ * tail at that priority up to SIDE_PRIO_FEW_T tokens: there the side
+ * stream ends last, its silu_mul and down waiting for SMs behind the
+ * routed gate_up's blocks (MOEC_SIDE_PRIO_FEW_T=0: none). */
+#define SIDE_PRIO_FEW_T 0
 static void side_tail_prio(cg_ctx *c)
 {
     for (int i = 0; i < c->n_steps; i++) {
@@ -137,6 +142,9 @@ void cg_place_forks(cg_ctx *c)
     int routing = delay < 0 && cg_two_streams(c) == 2;
     int first = routing && cg_env_int("MOEC_SHARED_FIRST", !ir_side_stream_fp8(c->m), 0, 1);
     if (routing && !first && cg_env_int("MOEC_SIDE_PRIO", 1, 0, 1))
+        side_tail_prio(c);
+    else if (delay < 0 && cg_two_streams(c) == 1 && ir_side_stream_fp8(c->m) &&
+             c->T <= cg_env_int("MOEC_SIDE_PRIO_FEW_T", SIDE_PRIO_FEW_T, 0, 1 << 20))
         side_tail_prio(c);
     for (int i = 0; i < c->n_steps; i++) {
         if (c->steps[i].kind != IR_STEP_FORK)
