@@ -99,16 +99,24 @@ static int shared_first(cg_ctx *c, int i)
  * waiting for one and the join after them waits less. (H200, 2026-11-30,
  * fp8 V2-Lite step: 6.930 / 6.939 / 6.939 ms at 64 tokens in three A/B
  * pairs against 6.969 / 6.976 / 6.975, 5.779 against 5.776 at 32; the
- * silu_mul alone 6.979 against 6.963. MOEC_SIDE_PRIO=0: none.) */
+ * silu_mul alone 6.979 against 6.963. MOEC_SIDE_PRIO=0: none, here and
+ * below.) */
 /* The shared gate_up at that priority too (MOEC_PRIO_HIGH naming it beside
  * the plan's two): fp8 V2-Lite at 8 / 32 / 64 tokens 3.625 / 5.713 / 6.850
  * ms against 3.625 / 5.570 / 6.635 (H200, 2026-11-30): slower, its blocks
  * then hold SMs the routed gate_up's would take. */
 /* Where the shared expert forks before the router (few tokens), its fp8
- * tail at that priority up to SIDE_PRIO_FEW_T tokens: there the side
- * stream ends last, its silu_mul and down waiting for SMs behind the
- * routed gate_up's blocks (MOEC_SIDE_PRIO_FEW_T=0: none). */
-#define SIDE_PRIO_FEW_T 0
+ * tail at that priority too up to SIDE_PRIO_FEW_T tokens. At batch 1 the
+ * side stream ended last, 2.6-3.3 us a layer after the routed down: its
+ * silu_mul and down each waited 3-5 us for SMs behind the routed gate_up's
+ * blocks. (H200, 2026-11-30, fp8 V2-Lite step at 1 / 2 / 4 / 8 / 16
+ * tokens: 1.397 / 1.867 / 2.660 / 3.683 / 4.745 ms with the tail at that
+ * priority against 1.453 / 1.825 / 2.551 / 3.602 / 4.706; from 2 tokens
+ * the routed experts' branch is the longer one. bf16 at batch 1, whose
+ * down reads h through its act: 1.890 against 1.812. Again at batch 1:
+ * 1.397, the silu_mul alone 1.393, the down alone 1.404, against 1.452.)
+ * MOEC_SIDE_PRIO_FEW_T=0: none. */
+#define SIDE_PRIO_FEW_T 1
 static void side_tail_prio(cg_ctx *c)
 {
     for (int i = 0; i < c->n_steps; i++) {
@@ -141,10 +149,9 @@ void cg_place_forks(cg_ctx *c)
     int delay = cg_env_int("MOEC_FORK_DELAY", -1, -1, 16);
     int routing = delay < 0 && cg_two_streams(c) == 2;
     int first = routing && cg_env_int("MOEC_SHARED_FIRST", !ir_side_stream_fp8(c->m), 0, 1);
-    if (routing && !first && cg_env_int("MOEC_SIDE_PRIO", 1, 0, 1))
-        side_tail_prio(c);
-    else if (delay < 0 && cg_two_streams(c) == 1 && ir_side_stream_fp8(c->m) &&
-             c->T <= cg_env_int("MOEC_SIDE_PRIO_FEW_T", SIDE_PRIO_FEW_T, 0, 1 << 20))
+    int few = delay < 0 && cg_two_streams(c) == 1 && ir_side_stream_fp8(c->m) &&
+              c->T <= cg_env_int("MOEC_SIDE_PRIO_FEW_T", SIDE_PRIO_FEW_T, 0, 1 << 20);
+    if (((routing && !first) || few) && cg_env_int("MOEC_SIDE_PRIO", 1, 0, 1))
         side_tail_prio(c);
     for (int i = 0; i < c->n_steps; i++) {
         if (c->steps[i].kind != IR_STEP_FORK)

@@ -1609,14 +1609,15 @@ static void check_mla_pro_plain(const ir_module *m, const char *what, int fp8, i
 
 /* The shared expert's silu_mul and the down projection reading it launch at
  * the greatest priority (the step's prio) on the side stream where it forks
- * after the routing (fp8, from 32 tokens), and no other step; none in bf16,
- * below 32 tokens, or under MOEC_SIDE_PRIO=0. `shared`: the model has a
- * shared expert (so that the check is not empty). */
+ * after the routing (fp8, from 32 tokens) and at batch 1 (fp8, where it
+ * forks before the router), and no other step; none in bf16, from 2 to 31
+ * tokens, or under MOEC_SIDE_PRIO=0. `shared`: the model has a shared
+ * expert (so that the check is not empty). */
 static void check_side_prio(const ir_module *m, const char *what, int fp8, int shared)
 {
-    static const int buckets[] = {8, 32, 64, 64};
-    for (int b = 0; b < 4; b++) {
-        int off = b == 3;
+    static const int buckets[] = {1, 2, 8, 32, 64, 1, 64};
+    for (int b = 0; b < 7; b++) {
+        int off = b >= 5;
         if (off)
             setenv("MOEC_SIDE_PRIO", "0", 1);
         cg_ctx c;
@@ -1625,7 +1626,7 @@ static void check_side_prio(const ir_module *m, const char *what, int fp8, int s
             unsetenv("MOEC_SIDE_PRIO");
         if (!ok)
             continue;
-        int want = fp8 && !off && buckets[b] >= 32, tail = 0, bad = 0;
+        int want = fp8 && !off && (buckets[b] >= 32 || buckets[b] == 1), tail = 0, bad = 0;
         for (int i = 0; i < c.n_steps; i++) {
             const ir_step *s = &c.steps[i];
             const ir_op *o = s->op_id >= 0 ? m->ops[s->op_id] : NULL;
