@@ -111,15 +111,15 @@ static int shared_first(cg_ctx *c, int i)
  * silu_mul and down each waited 3-5 us for SMs behind the routed gate_up's
  * blocks. (H200, 2026-11-30, fp8 V2-Lite step at 1 / 2 / 4 / 8 / 16
  * tokens: 1.397 / 1.867 / 2.660 / 3.683 / 4.745 ms with the tail at that
- * priority against 1.453 / 1.825 / 2.551 / 3.602 / 4.706; from 2 tokens
- * the routed experts' branch is the longer one. bf16 at batch 1, whose
- * down reads h through its act: 1.890 against 1.812, and Qwen1.5-MoE-A2.7B
- * 1.856 against 1.799. Again at batch 1:
- * 1.397, the silu_mul alone 1.393, the down alone 1.404, against 1.452.
+ * priority against 1.453 / 1.825 / 2.551 / 3.602 / 4.706: from 2 tokens
+ * the routed experts' branch is the longer one. Again at batch 1: 1.397,
+ * the silu_mul alone 1.393, the down alone 1.404, against 1.452.
  * Qwen1.5-MoE-A2.7B in fp8, whose shared expert reads as many bytes as its
  * routed ones: 1.375 against 1.465 at batch 1, 1.755 against 1.756 at 2.
  * DeepSeek-V3's shape, 6 layers, where the routed experts read 8 times
- * the shared one's bytes: 1.649 against 1.653 at batch 1.)
+ * the shared one's bytes: 1.649 against 1.653 at batch 1. bf16 at batch
+ * 1, whose shared down reads h through its act: V2-Lite 1.890 against
+ * 1.812, Qwen1.5-MoE-A2.7B 1.856 against 1.799, so none.)
  * MOEC_SIDE_PRIO_FEW_T=0: none. */
 #define SIDE_PRIO_FEW_T 1
 static void side_tail_prio(cg_ctx *c)
