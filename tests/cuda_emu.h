@@ -20,8 +20,9 @@
 // barrier), float4, __threadfence and atomicAdd (the split counters) and
 // grids in three dimensions (emu_launch_z); the MLA attention on tensor
 // cores (codegen/mla_attention.c) ldmatrix, the warp's vote, cp.async
-// groups, and sm_90's mbarriers and bulk copies (a copy at once, its
-// bytes counted on its barrier under a lock).
+// groups, and sm_90's mbarriers and bulk copies (a copy's bytes counted
+// on its barrier under a lock at once, landed when a wait sees its phase
+// complete).
 #pragma once
 #include <cassert>
 #include <cmath>
@@ -154,13 +155,19 @@ struct emu_warp {
     const void *p[32];
     int v[32];
 };
-struct emu_bulk; // a bulk copy not yet landed (below)
+// a bulk copy not yet landed (moec_bulk_g2s; moec_mbar_wait lands it)
+struct emu_bulk {
+    const void *bar;
+    uint8_t phase; // the barrier's phase the copy completes
+    unsigned char *dst;
+    std::vector<unsigned char> v;
+};
 struct emu_block {
     unsigned char *smem;
     size_t smem_bytes;
     pthread_barrier_t bar;
     std::vector<emu_warp> warps;
-    std::vector<emu_bulk> *bulk; // its bulk copies not yet landed
+    std::vector<emu_bulk> bulk; // its bulk copies not yet landed (none lands after the launch)
 };
 struct emu_cluster {
     std::vector<emu_block *> blocks;
@@ -408,12 +415,6 @@ template <int N, bool T> static inline void moec_ldmatrix_s(unsigned *r, unsigne
 // its phase complete, as a GPU may: a kernel that reads them before such a
 // wait reads what was there before. A phase completes once every arrival
 // came and every announced byte arrived.
-struct emu_bulk {
-    const void *bar;
-    uint8_t phase; // the barrier's phase the copy completes
-    unsigned char *dst;
-    std::vector<unsigned char> v;
-};
 struct emu_mbar {
     uint8_t expect, arrived, phase, pad;
     int32_t pending;
@@ -466,7 +467,7 @@ static inline void moec_bulk_g2s(void *dst, const void *src, unsigned bytes, uns
     emu_mbar *m = emu_mbar_of(bar);
     const unsigned char *sv = (const unsigned char *)src;
     pthread_mutex_lock(&emu_mbar_lock);
-    emu_this_block->bulk->push_back(
+    emu_this_block->bulk.push_back(
         emu_bulk{bar, m->phase, (unsigned char *)dst, std::vector<unsigned char>(sv, sv + bytes)});
     m->pending -= (int32_t)bytes;
     assert(m->pending >= 0);
@@ -482,7 +483,7 @@ static inline void moec_mbar_wait(unsigned long long *bar, unsigned parity)
         pthread_mutex_lock(&emu_mbar_lock);
         const bool done = (m->phase & 1u) != (parity & 1u);
         if (done) { // the copies of this barrier's completed phases land
-            std::vector<emu_bulk> &b = *emu_this_block->bulk;
+            std::vector<emu_bulk> &b = emu_this_block->bulk;
             size_t k = 0;
             for (size_t i = 0; i < b.size(); i++) {
                 if (b[i].bar == bar && b[i].phase != m->phase)
@@ -547,7 +548,6 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
                 b.warps = std::vector<emu_warp>(block / 32);
                 for (emu_warp &w : b.warps)
                     pthread_barrier_init(&w.bar, nullptr, 32);
-                b.bulk = new std::vector<emu_bulk>();
                 cl.blocks.push_back(&b);
             }
             if (emu_block_fn)
@@ -566,7 +566,6 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
             for (std::thread &t : threads)
                 t.join();
             for (emu_block &b : blocks) {
-                delete b.bulk; // copies no wait saw never land
                 free(b.smem);
                 pthread_barrier_destroy(&b.bar);
                 for (emu_warp &w : b.warps)
