@@ -189,22 +189,6 @@
  * against 3.776 / 5.865 with the rows' rule, and 3.725 / 5.771 in rows.) */
 static int tc_halves(const cg_ctx *c, int tl) { return tl || c->T >= TC_HALVES_T; }
 
-/* fp8 codes widened to f16 by the conversion unit (moec_e4m3x4_f16: one
- * conversion a pair where the bf16 widening takes about 5 integer and
- * bf16x2 operations; an H200 SM widens 61 codes a cycle so against 27,
- * bench/widen_probe.cu), the staged rows as f16 times a power of two a row
- * (moec_rows_f16, every row at once) and the products on f16 m16n8k16:
- * where MOEC_FP8_TC_XF16 has bit TC_XF16_EXPERTS (the experts' GEMMs) or
- * TC_XF16_LINEAR (the linear's); sm_89 and later. Names carry _xf16. */
-#define TC_XF16_EXPERTS 1
-#define TC_XF16_LINEAR 2
-#define TC_XF16 0
-
-static int tc_xf16(const cg_ctx *c, int bit)
-{
-    return cg_arch_num(c->opt) >= 89 && (cg_env_int("MOEC_FP8_TC_XF16", TC_XF16, 0, 3) & bit);
-}
-
 /* the staged kernels' refill order (tl: the weights lie in tiles) */
 static int tc_roll(const cg_ctx *c, int tl)
 {
@@ -282,10 +266,6 @@ static const char TC_LOOP[] =
     "        load(c0);\n"
     "    moec_cp_wait();\n"
     "    __syncthreads();\n"
-    "    if constexpr (XF16) {\n"
-    "        moec_rows_f16<NW, XS, NR>(xs, (c1 - c0) * 64, tinv);\n"
-    "        __syncthreads();\n"
-    "    }\n"
     "    if (live[0] && ROLL > 0) {\n"
     "        /* groups of GS slots: each group's products, then its refill */\n"
     "        constexpr int GS = ROLL > 1 ? (U + ROLL - 1) / ROLL : 1;\n"
@@ -295,7 +275,7 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "                for (int u = ga; u < ga + GS && u < U; u++)\n"
     "                    if (cb + u < c1)\n"
-    "                        moec_tc_chunk<RT, NT, XS, XF16>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                        moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "#pragma unroll\n"
     "                for (int u = ga; u < ga + GS && u < U; u++)\n"
     "                    if (cb + u + U < c1)\n"
@@ -307,21 +287,13 @@ static const char TC_LOOP[] =
     "#pragma unroll\n"
     "            for (int u = 0; u < U; u++)\n"
     "                if (cb + u < c1)\n"
-    "                    moec_tc_chunk<RT, NT, XS, XF16>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
+    "                    moec_tc_chunk<RT, NT, XS>(acc, wa[u], sc[u], xl + (cb + u - c0) * 64);\n"
     "            cb += U;\n"
     "            if (cb >= c1)\n"
     "                break;\n"
     "            load(cb);\n"
     "        }\n"
-    "    }\n"
-    "    if constexpr (XF16)\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NT; t++)\n"
-    "#pragma unroll\n"
-    "                for (int i = 0; i < 4; i++)\n"
-    "                    acc[r][t][i] *= tinv[8 * t + 2 * q + (i & 1)];\n";
+    "    }\n";
 
 /* ---- the dense linear ---------------------------------------------------- */
 
@@ -330,7 +302,6 @@ static const char TC_LOOP[] =
 static const char LINEAR_HEAD[] =
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
-    "    [[maybe_unused]] float *tinv = reinterpret_cast<float *>(xs + NR * XS);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    const int split = (int)(blockIdx.x % S);\n"
     "    const long long rb = blockIdx.x / S;\n"
@@ -473,18 +444,17 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s, xf16;
+    int tg, nw, rt, u, s;
     size_t smem;
 } tc_shape;
 
 /* The linear's shared memory: x's tg token rows over the most chunks a
  * split holds, 8 elements of padding (rows 16 bytes apart modulo 128: the
- * 16-byte fragment reads free of bank conflicts) and with xf16 the rows'
- * factors, or the partial sums. */
+ * 16-byte fragment reads free of bank conflicts), or the partial sums. */
 static size_t linear_smem(const tc_shape *sh, long long ch)
 {
     long long per = (ch + sh->s - 1) / sh->s;
-    size_t x = (size_t)sh->tg * ((size_t)(per * 64 + 8) * 2 + (sh->xf16 ? 4 : 0));
+    size_t x = (size_t)sh->tg * (size_t)(per * 64 + 8) * 2;
     size_t part = sh->s > 1 ? (size_t)sh->nw * (size_t)sh->rt * (size_t)(sh->tg / 8) * 128 * 4 : 0;
     return x > part ? x : part;
 }
@@ -505,7 +475,6 @@ static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, in
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = nw;
-    sh->xf16 = w8 && tc_xf16(c, TC_XF16_LINEAR);
     /* MOEC_FP8_TC_TG (8 to 64, in eights): the most tokens a group, for A/B runs */
     int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
     sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
@@ -673,10 +642,9 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
        1.494 / 1.900 / 2.784 / 3.626 / 5.606 / 6.698 ms against 1.496 /
        1.901 / 2.781 / 3.619 / 5.579 / 6.695) */
     int roll = tc_roll(c, 0);
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             roll_tag(roll), act ? "_silu" : "", sh.xf16 ? "_xf16" : "", w8 ? "f8e4m3" : "bf16",
-             io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -695,15 +663,14 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    typedef %s TW;\n"
             "    constexpr long long N = %lldLL;\n"
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
-            "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW, NR = TG;\n"
-            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s, XF16 = %s;\n"
+            "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
+            "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n"
             "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", sh.xf16 ? "true" : "false", roll,
-            decl);
+            pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
         moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
                         LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
@@ -751,7 +718,6 @@ static const char EXPERT_HEAD[] =
     "        return;\n"
     "    extern __shared__ __align__(16) unsigned char moec_smem[];\n"
     "    __nv_bfloat16 *xs = reinterpret_cast<__nv_bfloat16 *>(moec_smem);\n"
-    "    [[maybe_unused]] float *tinv = reinterpret_cast<float *>(xs + NR * XS);\n"
     "    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;\n"
     "    /* padding slots: zeros, nothing read */\n"
     "    for (int i = threadIdx.x; i < BM * CH * 8; i += NW * 32) {\n"
@@ -810,12 +776,8 @@ static const char DOWN_TAIL[] =
     "                moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t],\n"
     "                                     scale, wts);\n";
 
-/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem), and
- * with xf16 their factors. */
-static size_t moe_smem(int bm, long long kd, int xf16)
-{
-    return (size_t)bm * ((size_t)(kd + 8) * 2 + (xf16 ? 4 : 0));
-}
+/* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
+static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
 
 static int weight_fits(const cg_ctx *c, const ir_value *w)
 {
@@ -826,11 +788,10 @@ int cg_fp8_tc_moe_fits(const cg_ctx *c, const cg_moe_desc *d, long long urow, in
 {
     long long H = d->x->type.dims[1], I = d->down->type.dims[2];
     size_t max = cg_smem_max(c->opt);
-    int xf16 = tc_xf16(c, TC_XF16_EXPERTS);
     return cg_arch_num(c->opt) >= 80 && cg_storage(c, d->x) == IR_DTYPE_BF16 &&
            weight_fits(c, d->gate) && weight_fits(c, d->up) && weight_fits(c, d->down) &&
            urow % 16 == 0 && H % 64 == 0 && I % 64 == 0 && bm >= 8 && bm % 8 == 0 &&
-           moe_smem(bm, H, xf16) <= max && moe_smem(bm, I, xf16) <= max;
+           moe_smem(bm, H) <= max && moe_smem(bm, I) <= max;
 }
 
 int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
@@ -867,10 +828,10 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
     cg_moe_scale_consts(c, d->gate, urow, "*gsc = nullptr, *usc = nullptr", tag, sizeof tag, decl,
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
-    int roll = tc_roll(c, tl), xf16 = tc_xf16(c, TC_XF16_EXPERTS);
+    int roll = tc_roll(c, tl);
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), xf16 ? "_xf16" : "", c->T,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -887,17 +848,17 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "int *__restrict__ sorted, const int *__restrict__ blk_expert, const int *__restrict__ "
             "n_used, __nv_bfloat16 *__restrict__ hbuf)\n{\n"
             "    constexpr int K = %lld, KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT = "
-            "2, U = %d, CH = KD / 64, XS = KD + 8, NR = BM;\n"
+            "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
-            "    constexpr bool PRE = false, XF16 = %s;\n"
+            "    constexpr bool PRE = false;\n"
             "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, xf16 ? "true" : "false", roll, decl);
+            gstride, uoff, roll, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H, xf16));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
@@ -923,11 +884,11 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll(c, tl), xf16 = tc_xf16(c, TC_XF16_EXPERTS);
+    int roll = tc_roll(c, tl);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s", l->E,
-             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), xf16 ? "_xf16" : "", c->T,
-             ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -947,19 +908,19 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         moec_buf_printf(&c->src,
                         "%s *__restrict__ y)\n{\n"
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
-                        "= %d, U = %d, CH = KD / 64, XS = KD + 8, NR = BM;\n"
-                        "    constexpr bool MULW = %s, PRE = false, XF16 = %s;\n"
+                        "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
+                        "    constexpr bool MULW = %s, PRE = false;\n"
                         "    constexpr int ROLL = %d;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        xf16 ? "true" : "false", roll, decl);
+                        roll, decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
         moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I, xf16));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);

@@ -291,9 +291,8 @@ static inline unsigned moec_pack_bf16(float a, float b)
     return emu_f2bf(a) | (unsigned)emu_f2bf(b) << 16;
 }
 
-// one m16n8k16 product of 16-bit operands that cv widens (bf16 or f16)
-static inline void emu_mma16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                             unsigned b0, unsigned b1, float (*cv)(uint16_t))
+static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                 unsigned b0, unsigned b1)
 {
     emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
     const int lane = threadIdx.x % 32, g = lane >> 2, q = lane & 3;
@@ -305,12 +304,12 @@ static inline void emu_mma16(float *c, unsigned a0, unsigned a1, unsigned a2, un
     // A[r][k]: lane (r % 8, k % 8 / 2), register (r >= 8) + 2 (k >= 8), half k % 2
     auto A = [&](int r, int k) {
         unsigned v = w->a[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
-        return cv((uint16_t)((k & 1) ? v >> 16 : v & 0xffffu));
+        return emu_bf2f((k & 1) ? v >> 16 : v & 0xffffu);
     };
     // B[k][n]: lane (n, k % 8 / 2), register k >= 8, half k % 2
     auto B = [&](int k, int n) {
         unsigned v = w->b[n * 4 + ((k & 7) >> 1)][k >= 8];
-        return cv((uint16_t)((k & 1) ? v >> 16 : v & 0xffffu));
+        return emu_bf2f((k & 1) ? v >> 16 : v & 0xffffu);
     };
     for (int i = 0; i < 4; i++) {
         const int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
@@ -320,59 +319,6 @@ static inline void emu_mma16(float *c, unsigned a0, unsigned a1, unsigned a2, un
         c[i] += (float)s;
     }
     pthread_barrier_wait(&w->bar);
-}
-
-static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                 unsigned b0, unsigned b1)
-{
-    emu_mma16(c, a0, a1, a2, a3, b0, b1, emu_bf2f);
-}
-
-static inline uint16_t emu_f2h(float f) // to f16, round to nearest even
-{
-    if (f != f)
-        return 0x7e00;
-    const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-    const float a = fabsf(f);
-    if (a >= 65520.0f)
-        return sign | 0x7c00;
-    int e;
-    frexpf(a, &e); // a = m 2^e, m in [0.5, 1)
-    // the f16 step at a: 2^(e - 11) for normals, 2^-24 below 2^-14
-    const int step = e - 11 < -24 ? -24 : e - 11;
-    const float q = nearbyintf(ldexpf(a, -step)); // the current rounding mode: to nearest even
-    const float v = ldexpf(q, step);
-    if (v == 0.0f)
-        return sign;
-    int ve;
-    const float vm = frexpf(v, &ve); // v = vm 2^ve
-    if (ve - 1 < -14) // subnormal: v / 2^-24
-        return sign | (uint16_t)ldexpf(v, 24);
-    const unsigned mant = (unsigned)ldexpf(vm * 2.0f - 1.0f, 10);
-    return sign | (uint16_t)((unsigned)(ve - 1 + 15) << 10 | mant);
-}
-
-// two floats as an f16 pair (round to nearest even), a in the low half
-static inline unsigned moec_pack_f16(float a, float b)
-{
-    return emu_f2h(a) | (unsigned)emu_f2h(b) << 16;
-}
-
-// 4 e4m3 codes as 2 f16 pairs (cvt.rn.f16x2.e4m3x2 twice): exact
-static inline void moec_e4m3x4_f16(unsigned w, unsigned &lo, unsigned &hi)
-{
-    unsigned h[4];
-    for (int i = 0; i < 4; i++)
-        h[i] = emu_f2h(emu_e4m3((uint8_t)(w >> (8 * i))));
-    lo = h[0] | h[1] << 16;
-    hi = h[2] | h[3] << 16;
-}
-
-// moec_mma_bf16 with f16 operands
-static inline void moec_mma_f16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                unsigned b0, unsigned b1)
-{
-    emu_mma16(c, a0, a1, a2, a3, b0, b1, emu_h2f);
 }
 
 // A warp's butterfly exchange: every lane of the warp takes part.

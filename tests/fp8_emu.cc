@@ -225,9 +225,7 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     const int bm = c.bm;
     assert(c.h32   ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
            : c.mma ? bm >= 8 && c.steps[1].smem == 0
-                   : bm >= 8 && (c.steps[1].smem == (unsigned)(bm * (I + 8) * 2) ||
-                                 // and the rows' factors (MOEC_FP8_TC_XF16)
-                                 c.steps[1].smem == (unsigned)(bm * ((I + 8) * 2 + 4))));
+                   : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
     buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
     std::fill(sorted.v.begin(), sorted.v.end(), -1);
     std::fill(blk.v.begin(), blk.v.end(), -1);

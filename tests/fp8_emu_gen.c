@@ -205,14 +205,6 @@ static const gen_case CASES[] = {
     {LIN(336, 640, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
-    /* codes widened to f16, the staged rows as f16 a power of two apart
-       (MOEC_FP8_TC_XF16): a split linear, 40 tokens a group (rows of 2
-       lanes, half a warp's rows past the group), act, experts */
-    {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=3"},
-    {LIN(100, 1280, 16, 128), 40, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=3"},
-    {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=3"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=3"},
-    {MOE(4, 2, 192, 64, 0, 32, 64), 128, CG_FP8_AUTO, "MOEC_FP8_TC_XF16=3 MOEC_FP8_TILES=1"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
