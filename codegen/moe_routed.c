@@ -103,6 +103,13 @@
 #define GT_U 2
 #define GT_DN_WARPS 4
 #define GT_DN_U 4
+/* 16-row tiles a warp of the tile-streaming form (MOEC_MOE_GT_RT,
+ * MOEC_MOE_GT_DN_RT, 1 to 4), the activations a lane loads for a chunk
+ * serving all of them; with MOEC_MOE_GT_KW / _DN_KW warps over a group's
+ * K (default: all of the block's), the block's other warps taking the
+ * next groups' rows. */
+#define GT_RT 1
+#define GT_DN_RT 1
 /* Measured and taken out: down over tiles in a half-tile streaming form
  * (a warp 8 rows, half a tile, over all of K: every chunk loaded before
  * the wait, as the streaming form over rows loads its rows; the slots'
@@ -475,54 +482,70 @@ static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
  * the streaming form's rows would read 64 bytes of each 1 KiB chunk at a
  * time (H200, 2026-11-29, V2-Lite in fp8 at 1 / 2 / 4 tokens: 1.655 /
  * 2.314 / 3.247 ms a step so, against 1.458 / 2.025 / 3.000 before the
- * tiles). A block takes one 16-row tile (n0) of each of its NM matrices,
- * each of its NW warps a contiguous share of the 64-wide chunks; lane (g,
- * q) loads the 16 codes of rows g and g + 8 at k 16q of a chunk (a warp
- * 512 contiguous bytes a load), U chunks before their products, and
- * multiplies them with the slots' activations there. The lanes of a quad
- * then add up their k, the warps theirs in shared memory (red), and one
- * thread a row and slot ends as the streaming form does. Needs the scale
- * blocks to hold whole tiles and chunks (SBN % 16, SBK % 64). */
+ * tiles). A block takes TPB groups of RT 16-row tiles (BN rows from n0) of
+ * each of its NM matrices; the KW warps of a group (warp / KW) each a
+ * contiguous share of the 64-wide chunks; lane (g, q) loads the 16 codes
+ * of rows g and g + 8 of each of its tiles at k 16q of a chunk (a warp 512
+ * contiguous bytes a load), U chunks before their products, and
+ * multiplies them with the slots' activations there (read once for the RT
+ * tiles). The lanes of a quad then add up their k, the warps of a group
+ * theirs in shared memory (red), and one thread a row and slot ends as the
+ * streaming form does. Needs the scale blocks to hold whole tiles and
+ * chunks (SBN % 16, SBK % 64). */
 static const char GT_BODY[] =
-    "    constexpr int CH = KD / 64, VW = 16, KSTEP = 64, LR = 2;\n"
+    "    constexpr int CH = KD / 64, VW = 16, KSTEP = 64, LR = 2 * RT;\n"
     "    constexpr bool FULL = false; /* a warp's share of the chunks, any count */\n"
     "    typedef long long CO; /* a chunk's column offset */\n"
-    "    const int g = lane >> 2, q = lane & 3;\n"
-    "    const int c0 = warp * CH / NW, c1 = (warp + 1) * CH / NW;\n"
+    "    const int g = lane >> 2, q = lane & 3, kw = warp % KW;\n"
+    "    const int c0 = kw * CH / KW, c1 = (kw + 1) * CH / KW;\n"
+    "    /* the warp's first row: its group's RT tiles; tiles past ND read\n"
+    "       zeros and are never stored */\n"
+    "    const int nt = n0 + warp / KW * (16 * RT);\n"
+    "    bool live[RT];\n"
+    "#pragma unroll\n"
+    "    for (int r = 0; r < RT; r++)\n"
+    "        live[r] = nt + 16 * r < ND;\n"
     "    const TX *ar[BM];\n"
     "#pragma unroll\n"
     "    for (int m = 0; m < BM; m++)\n"
     "        ar[m] = act + (long long)(sl[m] >= 0 ? sl[m] / AK : 0) * KD + q * 16;\n"
-    "    const TW *wt[NM];\n"
-    "    const float *sr[NM];\n"
-    "#pragma unroll\n"
-    "    for (int i = 0; i < NM; i++) {\n"
-    "        wt[i] = w[i] + (long long)e * WS[i] + WO[i] + (long long)n0 * KD + lane * 16;\n"
-    "        sr[i] = sc[i] + ((long long)e * SR + (WR[i] + n0) / SBN) * SC;\n"
-    "    }\n"
-    "    float a[NM][2][BM];\n"
+    "    const TW *wt[NM][RT];\n"
+    "    const float *sr[NM][RT];\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
-    "        for (int h = 0; h < 2; h++)\n"
+    "        for (int r = 0; r < RT; r++) {\n"
+    "            const int ra = live[r] ? nt + 16 * r : 0;\n"
+    "            wt[i][r] = w[i] + (long long)e * WS[i] + WO[i] + (long long)ra * KD + lane * 16;\n"
+    "            sr[i][r] = sc[i] + ((long long)e * SR + (WR[i] + ra) / SBN) * SC;\n"
+    "        }\n"
+    "    float a[NM][LR][BM];\n"
+    "#pragma unroll\n"
+    "    for (int i = 0; i < NM; i++)\n"
+    "#pragma unroll\n"
+    "        for (int h = 0; h < LR; h++)\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++)\n"
     "                a[i][h][m] = 0.0f;\n"
-    "    uint4 wv[U][NM][2];\n"
-    "    float sv[U][NM][2];\n"
+    "    /* slot h = 2r + h' of a chunk: tile r's row g + 8h' (the warp's row 8h + g) */\n"
+    "    uint4 wv[U][NM][LR];\n"
+    "    float sv[U][NM][LR];\n"
     "    /* chunks cb .. cb + U - 1 of the tiles (zeros past c1) */\n"
     "    auto load_w = [&](int cb) {\n"
     "#pragma unroll\n"
     "        for (int u = 0; u < U; u++) {\n"
     "            const int c = cb + u;\n"
     "#pragma unroll\n"
-    "            for (int i = 0; i < NM; i++) {\n"
+    "            for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
-    "                for (int h = 0; h < 2; h++)\n"
-    "                    wv[u][i][h] = c < c1 ? moec_ldg16(wt[i] + (long long)c * 1024 + h * 512)\n"
-    "                                         : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                sv[u][i][0] = sv[u][i][1] = c < c1 ? sr[i][(long long)c * 64 / SBK] : 0.0f;\n"
-    "            }\n"
+    "                for (int r = 0; r < RT; r++) {\n"
+    "                    const bool on = c < c1 && live[r];\n"
+    "#pragma unroll\n"
+    "                    for (int h = 0; h < 2; h++)\n"
+    "                        wv[u][i][2 * r + h] = on ? moec_ldg16(wt[i][r] + (long long)c * 1024 + h * 512)\n"
+    "                                                 : make_uint4(0u, 0u, 0u, 0u);\n"
+    "                    sv[u][i][2 * r] = sv[u][i][2 * r + 1] = on ? sr[i][r][(long long)c * 64 / SBK] : 0.0f;\n"
+    "                }\n"
     "        }\n"
     "    };\n";
 
@@ -533,11 +556,11 @@ static const char GT_PRE[] = "    load_w(c0);\n    moec_pdl_enter();\n";
 /* After STREAM_LOOP (gt): the lanes of a quad add up their k, the warps
  * theirs in shared memory. */
 static const char GT_RED[] =
-    "    __shared__ float red[NW][NM][2][BM][8];\n"
+    "    __shared__ float red[NW][NM][LR][BM][8];\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < NM; i++)\n"
     "#pragma unroll\n"
-    "        for (int h = 0; h < 2; h++)\n"
+    "        for (int h = 0; h < LR; h++)\n"
     "#pragma unroll\n"
     "            for (int m = 0; m < BM; m++) {\n"
     "                float v = a[i][h][m];\n"
@@ -547,28 +570,34 @@ static const char GT_RED[] =
     "                    red[warp][i][h][m][g] = v;\n"
     "            }\n"
     "    __syncthreads();\n"
-    "    /* thread t: row n0 + r (r = t % 16) of slot m = t / 16, its sums s[i] */\n"
-    "    const int t = threadIdx.x, r = t & 15, m = t >> 4;\n"
-    "    if (t >= 16 * BM || sl[m] < 0)\n"
-    "        return;\n"
+    "    /* item t: row n0 + r (r = t % BN: group r / (16 RT), its row r % (16 RT)\n"
+    "       = 8h + g) of slot m = t / BN, its sums s[i] over the group's KW warps;\n"
+    "       the end (GT_*_END) closes the loop */\n"
+    "    for (int t = threadIdx.x; t < BN * BM; t += NW * 32) {\n"
+    "    const int r = t % BN, m = t / BN;\n"
+    "    if (sl[m] < 0 || n0 + r >= ND)\n"
+    "        continue;\n"
+    "    const int gw = r / (16 * RT) * KW, rr = r % (16 * RT);\n"
     "    float s[NM];\n"
     "#pragma unroll\n"
     "    for (int i = 0; i < NM; i++) {\n"
     "        s[i] = 0.0f;\n"
     "#pragma unroll\n"
-    "        for (int w8 = 0; w8 < NW; w8++)\n"
-    "            s[i] += red[w8][i][r >> 3][m][r & 7];\n"
+    "        for (int w8 = 0; w8 < KW; w8++)\n"
+    "            s[i] += red[gw + w8][i][rr >> 3][m][rr & 7];\n"
     "    }\n"
     "    const int row = n0 + r;\n";
 
 static const char GT_GATE_UP_END[] =
-    "    hbuf[(long long)sl[m] * ND + row] = s[0] / (1.0f + expf(-s[0])) * s[1];\n";
+    "    hbuf[(long long)sl[m] * ND + row] = s[0] / (1.0f + expf(-s[0])) * s[1];\n"
+    "    }\n";
 
 static const char GT_DOWN_END[] =
     "    float v = s[0];\n"
     "    if constexpr (MULW)\n"
     "        v *= scale * ld(wts + sl[m]);\n"
-    "    st(y + (long long)sl[m] * ND + row, v);\n";
+    "    st(y + (long long)sl[m] * ND + row, v);\n"
+    "    }\n";
 
 /* The tensor-core forms (bf16 weights and activations, fp32 accumulation):
  * each warp owns 16 weight rows and the block's BM slots (BM / 8 column
@@ -914,6 +943,7 @@ enum { FORM_SIMT, FORM_MMA, FORM_GV, FORM_GT };
  * forms' chunks in flight, the kernel-name tag. */
 typedef struct moe_shape {
     int warps, rows, bn, u, cvt;
+    int rt, kw; /* the tile-streaming form's tiles a warp, warps over K */
     char tag[40];
 } moe_shape;
 
@@ -947,10 +977,22 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
                         : cg_env_int("MOEC_MOE_GT_WARPS", GT_WARPS, 1, 8);
         sh.u = down ? cg_env_int("MOEC_MOE_GT_DN_U", GT_DN_U, 1, 8)
                     : cg_env_int("MOEC_MOE_GT_U", GT_U, 1, 8);
+        /* tiles a warp and the warps that share a group's K (the rest
+           of the block's warps take the next groups' rows) */
+        sh.rt = down ? cg_env_int("MOEC_MOE_GT_DN_RT", GT_DN_RT, 1, 4)
+                     : cg_env_int("MOEC_MOE_GT_RT", GT_RT, 1, 4);
+        sh.kw = down ? cg_env_int("MOEC_MOE_GT_DN_KW", 0, 0, 8)
+                     : cg_env_int("MOEC_MOE_GT_KW", 0, 0, 8);
+        if (!sh.kw || sh.kw > sh.warps || sh.warps % sh.kw)
+            sh.kw = sh.warps;
         sh.rows = 16;
-        sh.bn = 16; /* one tile */
+        sh.bn = 16 * sh.rt * (sh.warps / sh.kw);
         sh.cvt = moe_cvt(c, w);
-        snprintf(sh.tag, sizeof sh.tag, "gt_w%d_u%d%s", sh.warps, sh.u, sh.cvt ? "_cvt" : "");
+        char grp[24] = "";
+        if (sh.rt > 1 || sh.kw < sh.warps)
+            snprintf(grp, sizeof grp, "_rt%d_kw%d", sh.rt, sh.kw);
+        snprintf(sh.tag, sizeof sh.tag, "gt_w%d_u%d%s%s", sh.warps, sh.u, grp,
+                 sh.cvt ? "_cvt" : "");
     } else if (form == FORM_GV) {
         long long kstep = 32 * (16 / (long long)ir_dtype_size(cg_storage(c, w)));
         long long nch = (kd + kstep - 1) / kstep;
@@ -1043,10 +1085,11 @@ static moec_status emit_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_la
                           GV_ROWS, GV_GATE_UP_IN, GV_BODY, STREAM_LOOP, GV_GATE_UP_OUT, GATE_UP_END);
         else if (form == FORM_GT)
             moec_buf_printf(&c->src,
-                          "    constexpr int BN = 16, RW = 0, U = %d;\n"
+                          "    constexpr int RT = %d, KW = %d, BN = %d, RW = 0, U = %d;\n"
                           "    constexpr bool PRE = false, CVT8 = %s;\n"
                           "%s%s%s%s%s%s}\n\n",
-                          sh.u, sh.cvt ? "true" : "false", GEMM_HEAD, GV_GATE_UP_IN, GT_BODY,
+                          sh.rt, sh.kw, sh.bn, sh.u, sh.cvt ? "true" : "false", GEMM_HEAD,
+                          GV_GATE_UP_IN, GT_BODY,
                           STREAM_LOOP, GT_RED, GT_GATE_UP_END);
         else
             moec_buf_printf(&c->src, "    constexpr int RW = %d, VE = %d;\n%s%s%s%s}\n\n", sh.rows,
@@ -1120,10 +1163,11 @@ static moec_status emit_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_layou
                           GV_DOWN_IN, GV_BODY, pre ? DOWN_PRE : "", STREAM_LOOP, GV_DOWN_OUT, DOWN_END);
         else if (form == FORM_GT)
             moec_buf_printf(&c->src,
-                          "    constexpr int BN = 16, RW = 0, U = %d;\n"
+                          "    constexpr int RT = %d, KW = %d, BN = %d, RW = 0, U = %d;\n"
                           "    constexpr bool PRE = %s, CVT8 = %s;\n"
                           "%s%s%s%s%s%s%s}\n\n",
-                          sh.u, pre ? "true" : "false", sh.cvt ? "true" : "false", GEMM_HEAD,
+                          sh.rt, sh.kw, sh.bn, sh.u, pre ? "true" : "false",
+                          sh.cvt ? "true" : "false", GEMM_HEAD,
                           GV_DOWN_IN, GT_BODY, pre ? GT_PRE : "", STREAM_LOOP, GT_RED,
                           GT_DOWN_END);
         else

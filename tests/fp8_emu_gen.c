@@ -205,6 +205,18 @@ static const gen_case CASES[] = {
     {LIN(336, 640, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
     {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TILES=5"},
+    /* the tile-streaming form with several tiles a warp and warps apart
+       over K: down 3 tiles a warp, 4 warps a group (96-row blocks over
+       320 rows: the last group partly past them), gate_up 2 tiles a warp,
+       2 warps a group; then down 4 tiles over 8 warps (one group),
+       gate_up 4 tiles a warp, one warp a group over 64 rows (the second
+       group past them) */
+    {MOE(6, 3, 320, 192, 0, 48, 64), 1, CG_FP8_AUTO,
+     "MOEC_MOE_GT_DN_RT=3 MOEC_MOE_GT_DN_KW=4 MOEC_MOE_GT_DN_WARPS=8 MOEC_MOE_GT_DN_U=3 "
+     "MOEC_MOE_GT_RT=2 MOEC_MOE_GT_KW=2 MOEC_MOE_GT_WARPS=4"},
+    {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO,
+     "MOEC_MOE_GT_DN_RT=4 MOEC_MOE_GT_DN_KW=8 MOEC_MOE_GT_DN_WARPS=8 MOEC_MOE_GT_DN_U=3 "
+     "MOEC_MOE_GT_RT=4 MOEC_MOE_GT_KW=1 MOEC_MOE_GT_WARPS=2"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
