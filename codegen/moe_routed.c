@@ -105,10 +105,15 @@
 #define GT_DN_U 4
 /* 16-row tiles a warp of the tile-streaming form (MOEC_MOE_GT_RT,
  * MOEC_MOE_GT_DN_RT, 1 to 4), the activations a lane loads for a chunk
- * serving all of them; with MOEC_MOE_GT_KW / _DN_KW warps over a group's
- * K (default: all of the block's), the block's other warps taking the
- * next groups' rows. */
-#define GT_RT 1
+ * serving all of them: gate_up's 2 from GT_RT2_T tokens; with
+ * MOEC_MOE_GT_KW / _DN_KW warps over a group's K (default: all of the
+ * block's), the block's other warps taking the next groups' rows. (H200,
+ * 2026-11-30, fp8 V2-Lite at context 1024, ms a step at 1 / 2 / 4 tokens:
+ * gate_up at 2 tiles 1.410 / 1.803 / 2.554 against 1.397 / 1.823 /
+ * 2.549. Down over tiles (MOEC_FP8_TILES=5) instead of rows: 1.494 /
+ * 1.922 / 2.678, at 2 tiles and 8 warps of 3 chunks 1.473 / 1.857 /
+ * 2.589, at 4 tiles 1.559 / 1.978 / 2.829: down stays in rows.) */
+#define GT_RT2_T 2
 #define GT_DN_RT 1
 /* Measured and taken out: down over tiles in a half-tile streaming form
  * (a warp 8 rows, half a tile, over all of K: every chunk loaded before
@@ -980,7 +985,7 @@ static moe_shape moe_shape_of(const cg_ctx *c, int form, int down, const ir_valu
         /* tiles a warp and the warps that share a group's K (the rest
            of the block's warps take the next groups' rows) */
         sh.rt = down ? cg_env_int("MOEC_MOE_GT_DN_RT", GT_DN_RT, 1, 4)
-                     : cg_env_int("MOEC_MOE_GT_RT", GT_RT, 1, 4);
+                     : cg_env_int("MOEC_MOE_GT_RT", c->T >= GT_RT2_T ? 2 : 1, 1, 4);
         sh.kw = down ? cg_env_int("MOEC_MOE_GT_DN_KW", 0, 0, 8)
                      : cg_env_int("MOEC_MOE_GT_KW", 0, 0, 8);
         if (!sh.kw || sh.kw > sh.warps || sh.warps % sh.kw)
