@@ -7,14 +7,15 @@
  * block or warp, which reads its tokens' activations from L2 again: at
  * 32 to 64 tokens that is more bytes than the fp8 weights themselves (h of
  * the down GEMM, f32, twice the weights at 8 slots). And they widen codes
- * with three conversions a pair (e4m3 to f16, to f32, to bf16), of which an
- * SM does 16 a cycle (the CUDA programming guide's throughput table for
- * sm_90) while its share of the memory brings 13 codes a cycle: the
- * conversions alone come near the floor. Here a block copies its tokens'
- * x (or h, kept bf16 for these kernels) into shared memory once (cp.async,
- * 16 bytes a copy) and its warps stream 16 to 32 weight rows each, U 64-wide
- * chunks of
- * 16-byte loads in flight per lane; codes widen with integer and bf16x2
+ * with three conversions a pair (e4m3 to f16, to f32, to bf16). (The
+ * programming guide's table gives an SM 16 conversions a cycle; measured
+ * on an H200, bench/widen_probe.cu, the e4m3-pair-to-f16-pair conversion
+ * alone runs about 30 a cycle, the integer form below widens 27 codes a
+ * cycle, and an SM's share of the memory brings about 16.) Here a block
+ * copies its tokens' x (or h, kept bf16 for these kernels) into shared
+ * memory once (cp.async, 16 bytes a copy) and its warps stream 16 to 32
+ * weight rows each, U 64-wide chunks of 16-byte loads in flight per lane;
+ * codes widen with integer and bf16x2
  * operations (moec_e4m3x4_bf16) and each chunk's products are added times
  * its block scale (moec_tc_chunk). The dense linear splits K over up to
  * 8 blocks where its rows alone make too few blocks for the GPU (264: two
@@ -75,7 +76,16 @@
  *   not wait on issue: their instructions went from about 2.5 a code for
  *   the widening to 0.5 and nothing moved. Kept in history at aa511ef
  *   (MOEC_FP8_TC_XF16), with its emulator cases (x rows 2^-30 to 2^24)
- *   and the check of the f16 widening of all 256 codes.
+ *   and the check of the f16 widening of all 256 codes. Measured again
+ *   with the rows made f16 all at once (G lanes a row, every row in
+ *   flight; a warp a row in turn before) once bench/widen_probe.cu had
+ *   an H200 SM widen 61 codes a cycle by the conversion unit against 27
+ *   by the integer and bf16x2 operations (the HBM brings about 16): ms a
+ *   step at 8 / 32 / 64 tokens, the experts so 3.564 / 5.507 / 6.670, the
+ *   linears 3.604 / 5.508 / 6.710, both 3.574 / 5.559 / 6.827, against
+ *   3.592 / 5.492 / 6.563 (H200, 2026-11-30; gpu_kernels' fp8 part
+ *   passed; history at fe3f2ab). Fewer instructions do not make these
+ *   kernels faster.
  * - the timeline at 64 tokens with 2 warps a block: gate_up 175.7 us, down
  *   106.3; 8 warps: 144.7 and 68.3; weights in fragment tiles 120.0 and
  *   58.7.
