@@ -487,8 +487,8 @@ static const char GV_DOWN_OUT[] = "    float(&acc)[RW][BM] = a[0];\n";
  * the streaming form's rows would read 64 bytes of each 1 KiB chunk at a
  * time (H200, 2026-11-29, V2-Lite in fp8 at 1 / 2 / 4 tokens: 1.655 /
  * 2.314 / 3.247 ms a step so, against 1.458 / 2.025 / 3.000 before the
- * tiles). A block takes TPB groups of RT 16-row tiles (BN rows from n0) of
- * each of its NM matrices; the KW warps of a group (warp / KW) each a
+ * tiles). A block takes NW / KW groups of RT 16-row tiles (BN rows from n0)
+ * of each of its NM matrices; the KW warps of a group (warp / KW) each a
  * contiguous share of the 64-wide chunks; lane (g, q) loads the 16 codes
  * of rows g and g + 8 of each of its tiles at k 16q of a chunk (a warp 512
  * contiguous bytes a load), U chunks before their products, and
