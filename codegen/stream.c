@@ -152,10 +152,10 @@ void cg_place_forks(cg_ctx *c)
        the fork after the routing: where the side stream reads bf16 the
        routed experts fill the GPU and starve a shared expert beside them.) */
     int delay = cg_env_int("MOEC_FORK_DELAY", -1, -1, 16);
-    int two = delay < 0 ? cg_two_streams(c) : 0;
+    int two = delay < 0 ? cg_two_streams(c) : 0, fp8 = ir_side_stream_fp8(c->m);
     int routing = two == 2;
-    int first = routing && cg_env_int("MOEC_SHARED_FIRST", !ir_side_stream_fp8(c->m), 0, 1);
-    int few = two == 1 && ir_side_stream_fp8(c->m) &&
+    int first = routing && cg_env_int("MOEC_SHARED_FIRST", !fp8, 0, 1);
+    int few = two == 1 && fp8 &&
               c->T <= cg_env_int("MOEC_SIDE_PRIO_FEW_T", SIDE_PRIO_FEW_T, 0, 1 << 20);
     if (((routing && !first) || few) && cg_env_int("MOEC_SIDE_PRIO", 1, 0, 1))
         side_tail_prio(c);
