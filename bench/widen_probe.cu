@@ -134,17 +134,12 @@ int main()
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    void (*const kernels[4])(const unsigned *, unsigned *, int) = {probe<0>, probe<1>, probe<2>,
+                                                                   probe<3>};
     for (int f = 0; f < 4; f++) {
         for (int rep = 0; rep < 2; rep++) {
             CK(cudaEventRecord(e0));
-            if (f == 0)
-                probe<0><<<blocks, threads>>>(in, out, iters);
-            else if (f == 1)
-                probe<1><<<blocks, threads>>>(in, out, iters);
-            else if (f == 2)
-                probe<2><<<blocks, threads>>>(in, out, iters);
-            else
-                probe<3><<<blocks, threads>>>(in, out, iters);
+            kernels[f]<<<blocks, threads>>>(in, out, iters);
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
             CK(cudaGetLastError());
