@@ -217,8 +217,7 @@ static const char *roll_tag(int roll)
 }
 
 /* The main loop every staged kernel shares: TC_LOAD declares the
- * weights' registers and their loads, TC_LOOP_HEAD zeroes the sums and
- * waits for the staged rows, TC_LOOP runs the products. In scope:
+ * weights' registers and their loads, TC_LOOP runs the products. In scope:
  * W8 (fp8 codes and their block scales, else bf16 weights: the dense
  * linear's bf16 form), PRE (the first load went out before the
  * programmatic wait), the warp's RT tiles (live[r]: the tile has rows;
@@ -263,7 +262,7 @@ static const char TC_LOAD[] =
     "            load_one(u, cb + u);\n"
     "    };\n";
 
-static const char TC_LOOP_HEAD[] =
+static const char TC_LOOP[] =
     "    float acc[RT][NT][4];\n"
     "#pragma unroll\n"
     "    for (int r = 0; r < RT; r++)\n"
@@ -276,9 +275,7 @@ static const char TC_LOOP_HEAD[] =
     "    if (!PRE && live[0])\n"
     "        load(c0);\n"
     "    moec_cp_wait();\n"
-    "    __syncthreads();\n";
-
-static const char TC_LOOP[] =
+    "    __syncthreads();\n"
     "    if (live[0] && ROLL > 0) {\n"
     "        /* groups of GS slots: each group's products, then its refill */\n"
     "        constexpr int GS = ROLL > 1 ? (U + ROLL - 1) / ROLL : 1;\n"
@@ -307,75 +304,6 @@ static const char TC_LOOP[] =
     "            load(cb);\n"
     "        }\n"
     "    }\n";
-
-/* The same main loop with the weights in flight in shared memory
- * (MOEC_FP8_TC_LIN_RING, _GU_RING, _DN_RING: RING stages; 0, the register
- * form above). Each lane copies its own 16-byte pieces of a chunk into
- * stage c % RING of its warp's ring (cp.async, one group a chunk, empty
- * past c1), reads them back once the group landed and, after the chunk's
- * products, refills the stage with chunk c + RING: RING chunks in flight
- * for RT * 2 * LW registers, where the register form holds U chunks in
- * U times that many. A lane reads only what it copied, so no barrier
- * orders the ring; chunk c's group has RING - 1 newer ones when it is
- * read (the first RING landed at moec_cp_wait). The ring follows the
- * staged rows at RING_OFF bytes, pieces [stage][tile][piece][lane].
- * Same products, same order, as TC_LOOP. */
-static const char TC_RING_LOAD[] =
-    "    constexpr int LW = W8 ? 1 : 2; /* 16-byte loads a row a chunk */\n"
-    "    constexpr int RW = RT * 2 * LW; /* a lane's pieces a chunk */\n"
-    "    uint4 *ring = reinterpret_cast<uint4 *>(moec_smem + RING_OFF) + warp * (RING * RW * 32) + lane;\n"
-    "    float sc[RING][RT];\n"
-    "    /* chunk c into stage st: one group, empty past c1 */\n"
-    "    auto stage = [&](int st, int c) {\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++) {\n"
-    "            sc[st][r] = 0.0f;\n"
-    "            if (live[r] && c < c1) {\n"
-    "                const long long o = (long long)c * CS;\n"
-    "#pragma unroll\n"
-    "                for (int h = 0; h < LW; h++) {\n"
-    "                    moec_cp16(ring + ((st * RT + r) * 2 * LW + h) * 32, w0[r] + o + h * 8, true);\n"
-    "                    moec_cp16(ring + ((st * RT + r) * 2 * LW + LW + h) * 32, w1[r] + o + h * 8, true);\n"
-    "                }\n"
-    "                if constexpr (W8)\n"
-    "                    sc[st][r] = sr[r][(long long)c * 64 / SBK];\n"
-    "            }\n"
-    "        }\n"
-    "        moec_cp_commit();\n"
-    "    };\n"
-    "    auto load = [&](int cb) {\n"
-    "#pragma unroll\n"
-    "        for (int st = 0; st < RING; st++)\n"
-    "            stage(st, cb + st);\n"
-    "    };\n";
-
-static const char TC_RING_LOOP[] =
-    "    if (live[0]) {\n"
-    "        for (int cb = c0; cb < c1; cb += RING) {\n"
-    "#pragma unroll\n"
-    "            for (int st = 0; st < RING; st++) {\n"
-    "                if (cb + st >= c1)\n"
-    "                    break;\n"
-    "                moec_cp_wait_group<RING - 1>();\n"
-    "                uint4 wv[RT][2 * LW];\n"
-    "#pragma unroll\n"
-    "                for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "                    for (int h = 0; h < 2 * LW; h++)\n"
-    "                        wv[r][h] = live[r] ? ring[((st * RT + r) * 2 * LW + h) * 32]\n"
-    "                                           : make_uint4(0u, 0u, 0u, 0u);\n"
-    "                moec_tc_chunk<RT, NT, XS>(acc, wv, sc[st], xl + (cb + st - c0) * 64);\n"
-    "                stage(st, cb + st + RING);\n"
-    "            }\n"
-    "        }\n"
-    "    }\n";
-
-/* a ring's bytes: nw warps of ring stages of rt tiles (16 rows of a
- * chunk: 1 KiB in fp8, 2 in bf16) */
-static size_t ring_bytes(int nw, int ring, int rt, int w8)
-{
-    return (size_t)nw * (size_t)ring * (size_t)rt * (w8 ? 1024u : 2048u);
-}
 
 /* ---- the dense linear ---------------------------------------------------- */
 
@@ -526,7 +454,7 @@ static const char LINEAR_TAIL[] =
     "    }\n";
 
 typedef struct tc_shape {
-    int tg, nw, rt, u, s, ring, w8;
+    int tg, nw, rt, u, s;
     size_t smem;
 } tc_shape;
 
@@ -536,8 +464,7 @@ typedef struct tc_shape {
 static size_t linear_smem(const tc_shape *sh, long long ch)
 {
     long long per = (ch + sh->s - 1) / sh->s;
-    size_t x = (size_t)sh->tg * (size_t)(per * 64 + 8) * 2 +
-               (sh->ring ? ring_bytes(sh->nw, sh->ring, sh->rt, sh->w8) : 0);
+    size_t x = (size_t)sh->tg * (size_t)(per * 64 + 8) * 2;
     size_t part = sh->s > 1 ? (size_t)sh->nw * (size_t)sh->rt * (size_t)(sh->tg / 8) * 128 * 4 : 0;
     return x > part ? x : part;
 }
@@ -558,12 +485,6 @@ static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, in
     long long ch = K / 64;
     size_t max = cg_smem_max(c->opt);
     sh->nw = nw;
-    sh->w8 = w8;
-    /* MOEC_FP8_TC_LIN_RING (0, 2 to 8): the weights in flight in a ring
-       of that many stages in shared memory (TC_RING_LOOP), an A/B knob */
-    sh->ring = cg_env_int("MOEC_FP8_TC_LIN_RING", 0, 0, 8);
-    if (sh->ring == 1)
-        sh->ring = 0;
     /* MOEC_FP8_TC_TG (8 to 64, in eights): the most tokens a group, for A/B runs */
     int tgmax = cg_env_int("MOEC_FP8_TC_TG", 64, 8, 64) / 8 * 8;
     sh->tg = T >= tgmax ? tgmax : (T + 7) / 8 * 8;
@@ -731,15 +652,9 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
        1.494 / 1.900 / 2.784 / 3.626 / 5.606 / 6.698 ms against 1.496 /
        1.901 / 2.781 / 3.619 / 5.579 / 6.695) */
     int roll = tc_roll(c, 0);
-    char ring[48] = "", ring_decl[96] = "";
-    if (sh.ring) {
-        snprintf(ring, sizeof ring, "_ring%d", sh.ring);
-        snprintf(ring_decl, sizeof ring_decl, "    constexpr int RING = %d, RING_OFF = TG * XS * 2;\n",
-                 sh.ring);
-    }
-    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s%s_%s_%s",
+    snprintf(name, sizeof name, "linear_%s_n%lld_k%lld_t%d_tg%d_w%d_rt%d_s%d_u%d%s%s%s_%s_%s",
              w8 ? "f8tc" : "tc", N, K, c->T, sh.tg, sh.nw, sh.rt, sh.s, sh.u, pre ? "_pre" : "",
-             roll_tag(roll), ring, act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
+             roll_tag(roll), act ? "_silu" : "", w8 ? "f8e4m3" : "bf16", io);
     if (sh.s > 1)
         snprintf(cluster, sizeof cluster, "__cluster_dims__(%d, 1, 1) ", sh.s);
     int is_new = 0;
@@ -760,16 +675,15 @@ moec_status cg_tc_linear(cg_ctx *c, const ir_op *op, double alpha, const char *i
             "    constexpr int K = %lld, T = %d, TG = %d, NT = TG / 8, NW = %d, RT = %d, S = %d, "
             "U = %d, CH = K / 64, XS = %lld, BN = 16 * RT * NW;\n"
             "    constexpr bool HAS_BIAS = %s, PRE = %s, ACT = %s;\n"
-            "    constexpr int ROLL = %d;\n%s%s"
+            "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             w8 ? "fp8" : "bf16", cluster, sh.nw * 32, name, tw,
             w8 ? "const float *__restrict__ ws, " : "", cg_ctype(db), cg_ctype(dy), tw, N, K, c->T,
             sh.tg, sh.nw, sh.rt, sh.s, sh.u, per * 64 + 8, bias ? "true" : "false",
-            pre ? "true" : "false", act ? "true" : "false", roll, ring_decl, decl);
+            pre ? "true" : "false", act ? "true" : "false", roll, decl);
         cg_emit_prefetch(&c->src, pf, LINEAR_PREFETCH);
-        moec_buf_printf(&c->src, "%s%s%s%s%s%s%s}\n\n", LINEAR_HEAD,
-                        sh.ring ? TC_RING_LOAD : TC_LOAD, pre ? LINEAR_PRE : "", LINEAR_STAGE,
-                        TC_LOOP_HEAD, sh.ring ? TC_RING_LOOP : TC_LOOP, LINEAR_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s%s%s%s}\n\n", LINEAR_HEAD, TC_LOAD, pre ? LINEAR_PRE : "",
+                        LINEAR_STAGE, TC_LOOP, LINEAR_TAIL);
     }
     ir_step *s = cg_step(c, IR_STEP_KERNEL, op);
     if (!s)
@@ -907,23 +821,6 @@ int cg_fp8_tc_moe_rows(const cg_ctx *c, const cg_moe_desc *d, long long urow)
     return cg_fp8_tc_moe_fits(c, d, urow, bm) ? bm : 0;
 }
 
-/* The experts' ring stages (knob MOEC_FP8_TC_GU_RING or _DN_RING, 0 or 2
- * to 8; 0 where the ring would not fit beside the staged rows), its
- * name's tag and its constants. */
-static int moe_ring(const cg_ctx *c, const char *knob, int nw, int rt, size_t rows, char *tag,
-                    size_t ntag, char *decl, size_t ndecl)
-{
-    int ring = cg_env_int(knob, 0, 0, 8);
-    if (ring == 1 || rows + ring_bytes(nw, ring, rt, 1) > cg_smem_max(c->opt))
-        ring = 0;
-    tag[0] = decl[0] = '\0';
-    if (ring) {
-        snprintf(tag, ntag, "_ring%d", ring);
-        snprintf(decl, ndecl, "    constexpr int RING = %d, RING_OFF = BM * XS * 2;\n", ring);
-    }
-    return ring;
-}
-
 static moec_status oom(const cg_moe_desc *d)
 {
     return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: no memory", ir_op_name(d->op->kind), d->out->name);
@@ -942,13 +839,9 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
                         sizeof decl);
     long long gstride = (l->fused ? 2 : 1) * l->I * l->H, uoff = l->fused ? l->I * l->H : 0;
     int roll = tc_roll(c, tl);
-    char rtag[16], rdecl[96];
-    size_t rows = moe_smem(l->bm, l->H);
-    int ring = moe_ring(c, "MOEC_FP8_TC_GU_RING", nw, 2, rows, rtag, sizeof rtag, rdecl,
-                        sizeof rdecl);
     snprintf(name, sizeof name,
-             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s%s_t%d_bf16_f8e4m3_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), rtag, c->T,
+             "moe_gate_up_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_u%d%s_t%d_bf16_f8e4m3_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, u, roll_tag(roll), c->T,
              l->fused ? "fused" : "split", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
@@ -968,16 +861,14 @@ moec_status cg_fp8_tc_moe_gate_up(cg_ctx *c, const cg_moe_desc *d, const cg_moe_
             "2, U = %d, CH = KD / 64, XS = KD + 8;\n"
             "    constexpr long long GSTRIDE = %lldLL, USTRIDE = %lldLL, UOFF = %lldLL;\n"
             "    constexpr bool PRE = false;\n"
-            "    constexpr int ROLL = %d;\n%s%s"
+            "    constexpr int ROLL = %d;\n%s"
             "    constexpr int CS = TL ? 1024 : 64;\n",
             ir_op_name(d->op->kind), nw * 32, name, l->K, l->H, l->I, l->bm, nw, u, gstride,
-            gstride, uoff, roll, rdecl, decl);
+            gstride, uoff, roll, decl);
         moec_buf_printf(&c->src, GATE_UP_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s%s%s}\n\n", ring ? TC_RING_LOAD : TC_LOAD,
-                        TC_LOOP_HEAD, ring ? TC_RING_LOOP : TC_LOOP, GATE_UP_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, GATE_UP_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I,
-                                  rows + (ring ? ring_bytes(nw, ring, 2, 1) : 0));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw, l->I, moe_smem(l->bm, l->H));
     if (!s)
         return oom(d);
     cg_moe_gate_up_args(s, d, l, 1);
@@ -1004,14 +895,10 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     int roll = tc_roll(c, tl);
-    char rtag[16], rdecl[96];
-    size_t rows = moe_smem(l->bm, l->I);
-    int ring = moe_ring(c, "MOEC_FP8_TC_DN_RING", nw, rt, rows, rtag, sizeof rtag, rdecl,
-                        sizeof rdecl);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), rtag, c->T,
-             ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -1033,19 +920,17 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
                         "    constexpr bool MULW = %s, PRE = false;\n"
-                        "    constexpr int ROLL = %d;\n%s%s"
+                        "    constexpr int ROLL = %d;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        roll, rdecl, decl);
+                        roll, decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
         moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s%s%s}\n\n", ring ? TC_RING_LOAD : TC_LOAD,
-                        TC_LOOP_HEAD, ring ? TC_RING_LOOP : TC_LOOP, DOWN_TAIL);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H,
-                                  rows + (ring ? ring_bytes(nw, ring, rt, 1) : 0));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);

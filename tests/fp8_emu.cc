@@ -223,11 +223,9 @@ template <class TH, class W> static double run_moe(const emu_case &c, bool split
     // align: each expert's slots in blocks of bm, the blocks past the used ones empty
     const unsigned nb = c.steps[0].gx;
     const int bm = c.bm;
-    // the staged down: its rows, then any ring of 1 KiB tiles (fp8_tc.c)
-    const unsigned rows = (unsigned)(bm * (I + 8) * 2);
     assert(c.h32   ? bm >= 1 && bm <= 2 && c.steps[1].smem == 0
            : c.mma ? bm >= 8 && c.steps[1].smem == 0
-                   : bm >= 8 && c.steps[1].smem >= rows && (c.steps[1].smem - rows) % 1024 == 0);
+                   : bm >= 8 && c.steps[1].smem == (unsigned)(bm * (I + 8) * 2));
     buf<int> sorted((size_t)nb * bm), blk(nb), used(1);
     std::fill(sorted.v.begin(), sorted.v.end(), -1);
     std::fill(blk.v.begin(), blk.v.end(), -1);

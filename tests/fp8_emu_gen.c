@@ -217,20 +217,6 @@ static const gen_case CASES[] = {
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO,
      "MOEC_MOE_GT_DN_RT=4 MOEC_MOE_GT_DN_KW=8 MOEC_MOE_GT_DN_WARPS=8 MOEC_MOE_GT_DN_U=3 "
      "MOEC_MOE_GT_RT=4 MOEC_MOE_GT_KW=1 MOEC_MOE_GT_WARPS=2"},
-    /* the staged kernels' weights in flight in a ring in shared memory
-       (MOEC_FP8_TC_LIN_RING, _GU_RING, _DN_RING): partial scale blocks,
-       uneven K splits whose chunks are no multiple of the stages, the
-       weights in tiles, act silu_mul, bf16 weights, both expert GEMMs
-       (gate and up together and apart) */
-    {LIN(336, 640, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_LIN_RING=3"},
-    {LIN(100, 1280, 16, 128), 32, CG_FP8_AUTO, "MOEC_FP8_TC_LIN_RING=4 MOEC_FP8_TC_SPLIT=3"},
-    {LIN(576, 512, 128, 128), 64, CG_FP8_AUTO, "MOEC_FP8_TILES=5 MOEC_FP8_TC_LIN_RING=2"},
-    {LINA(48, 1024, 16, 128), 24, CG_FP8_AUTO, "MOEC_FP8_TC_LIN_RING=5"},
-    {LIN16(100, 640, 0), 40, CG_FP8_AUTO, TC16 " MOEC_FP8_TC_LIN_RING=3"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO,
-     "MOEC_FP8_TC_GU_RING=3 MOEC_FP8_TC_DN_RING=4"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 64, CG_FP8_AUTO,
-     "MOEC_FP8_TC_GU_RING=2 MOEC_FP8_TC_DN_RING=5 MOEC_FP8_TC_DN_RT=2"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
