@@ -15,32 +15,9 @@ int rt_float_dtype(ir_dtype dt)
     return dt == IR_DTYPE_F32 || dt == IR_DTYPE_BF16 || dt == IR_DTYPE_F16;
 }
 
-/* MOEC_SMEM_CARVEOUT=P (0 to 100; unset or empty: the driver's choice), an
- * A/B knob: every kernel's preferred share (%) of an SM's unified L1 and
- * shared memory that is shared memory. An SM holds blocks of kernels of
- * one split at a time, so that kernels of different shared memory beside
- * each other (programmatic launch, the second stream) may wait for it to
- * drain; one preference for all keeps them on one split. -1 where unset. */
-static moec_status smem_carveout(int *out)
-{
-    *out = -1;
-    const char *e = getenv("MOEC_SMEM_CARVEOUT");
-    if (!e || !*e)
-        return MOEC_OK;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    if (*end || v < 0 || v > 100)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "MOEC_SMEM_CARVEOUT=\"%s\": not a share of shared memory from 0 to 100", e);
-    *out = (int)v;
-    return MOEC_OK;
-}
-
 /* Loads every bucket's cubin and resolves its kernels. */
 static moec_status load_kernels(rt_cuda *c, rt_cuda_bucket *cb)
 {
-    int carve;
-    MOEC_TRY(smem_carveout(&carve));
     const ir_bucket *b = cb->b;
     char where[512];
     snprintf(where, sizeof where,
@@ -79,11 +56,6 @@ static moec_status load_kernels(rt_cuda *c, rt_cuda_bucket *cb)
             MOEC_TRY(CK(cudaKernelSetAttributeForDevice(cb->kernels[k],
                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                         (int)ki->max_smem, c->device),
-                        where));
-        if (carve >= 0)
-            MOEC_TRY(CK(cudaKernelSetAttributeForDevice(
-                            cb->kernels[k], cudaFuncAttributePreferredSharedMemoryCarveout, carve,
-                            c->device),
                         where));
         /* The parameters steps pass, to check their sizes against. */
         for (ki->n_known = 0; ki->n_known < ki->max_args; ki->n_known++) {
