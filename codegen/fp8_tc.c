@@ -163,7 +163,20 @@
  *   at 32 / 64 tokens: 2 5.484 / 6.600 ms, 3 5.503 / 6.559, 6 5.509 /
  *   6.590, against 4's 5.509 / 6.561 (H200, 2026-11-30): level, so at 64
  *   tokens their bytes in flight do not bound them either. History at
- *   354c08c. */
+ *   354c08c.
+ * - the weights in flight in a ring in shared memory, not in registers:
+ *   each lane copied its own 16-byte pieces of a chunk into stage c % R
+ *   of its warp's ring (cp.async, a group a chunk), read them back once
+ *   the group landed and refilled the stage after the chunk's products.
+ *   At 64 tokens ptxas gave the linears 168-200 registers and no spills
+ *   (255 and spills before), gate_up 68 (127), down 54 (69); the
+ *   emulator and gpu_kernels' fp8 part (450 of 450) passed. Yet every
+ *   ring was slower, fp8 V2-Lite at 8 / 32 / 64 tokens: the linears' 4
+ *   stages 4.082 / 5.762 / 6.884 ms, 6 stages 4.071 / 5.962 / 7.765,
+ *   gate_up's 3 3.751 / 5.757 / 6.800, down's 4 3.721 / 5.629 / 6.745,
+ *   against 3.592 / 5.504 / 6.572 (H200, 2026-11-30). As with the bulk
+ *   copies above: more bytes in flight through shared memory, slower.
+ *   History at b1ad730 (MOEC_FP8_TC_LIN_RING, _GU_RING, _DN_RING). */
 
 /* The experts' down: 16-row tiles a warp. One tile holds a lane's U
  * chunks in half the registers of two, so that more warps fit an SM.

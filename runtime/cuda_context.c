@@ -52,6 +52,14 @@ static moec_status load_kernels(rt_cuda *c, rt_cuda_bucket *cb)
         struct cudaFuncAttributes attr;
         MOEC_TRY(CK(cudaFuncGetAttributes(&attr, fn), where));
         ki->max_threads = attr.maxThreadsPerBlock;
+        /* The split of an SM's L1 and shared memory stays the driver's
+           choice: one preference for every kernel (so that kernels beside
+           each other need no new split) was slower at every share tried,
+           fp8 V2-Lite at 1 / 8 / 64 tokens 1.469 / 4.160 / 7.867 ms at
+           100% shared, 1.451 / 3.645 / 6.933 at 50, 1.590 / 5.968 /
+           11.487 at 0, against 1.400 / 3.612 / 6.633-6.644; bf16 at 64
+           16.419 at 100 against 10.062 (H200, 2026-11-30; history at
+           ec32734, MOEC_SMEM_CARVEOUT). */
         if (ki->max_smem > 48 * 1024)
             MOEC_TRY(CK(cudaKernelSetAttributeForDevice(cb->kernels[k],
                                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
