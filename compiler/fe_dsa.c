@@ -54,7 +54,10 @@ static moec_status layer_list(const fe_json *j, const char *key, int64_t n_layer
     return MOEC_OK;
 }
 
-/* Every layer of V3.2 is DSA: layer_types, when given, can only say so. */
+/* Every layer of V3.2 is DSA: layer_types, when given, can only say so,
+ * by the name transformers 5 writes for it: "indexed_attention" (5.24's
+ * DeepseekV32Config) or "deepseek_sparse_attention" (earlier 5.x). The
+ * modeling code runs every layer the same whatever the list says. */
 static moec_status read_layer_types(const fe_json *j, int64_t n_layers)
 {
     const cJSON *list;
@@ -63,10 +66,11 @@ static moec_status read_layer_types(const fe_json *j, int64_t n_layers)
     for (const cJSON *it = list ? list->child : NULL; it; it = it->next, i++) {
         const char *s = NULL;
         MOEC_TRY(list_str(j, "layer_types", it, i, &s));
-        if (strcmp(s, "deepseek_sparse_attention") != 0)
+        if (strcmp(s, "indexed_attention") != 0 && strcmp(s, "deepseek_sparse_attention") != 0)
             return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
                             "%s: field \"layer_types[%d]\" = \"%s\" is not supported "
-                            "(deepseek_v32 layers are \"deepseek_sparse_attention\")",
+                            "(deepseek_v32 layers are \"indexed_attention\", also named "
+                            "\"deepseek_sparse_attention\")",
                             j->file, i, s);
     }
     return MOEC_OK;

@@ -322,8 +322,11 @@ moec_status fe_common_read(const fe_json *j, const fe_json *gen, int64_t max_pos
 
     const char *act;
     MOEC_TRY(fe_json_str_or(j, "hidden_act", "silu", &act));
-    if (strcmp(act, "silu") != 0)
-        return fe_json_unsupported(j, "hidden_act", "is not supported (moec supports \"silu\")");
+    /* transformers' ACT2FN maps "swish" to SiLU too */
+    if (strcmp(act, "silu") != 0 && strcmp(act, "swish") != 0)
+        return fe_json_unsupported(j, "hidden_act",
+                                   "is not supported (moec supports \"silu\", also named "
+                                   "\"swish\")");
     return fe_quant_read(j, &c->quant);
 }
 

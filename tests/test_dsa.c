@@ -173,11 +173,20 @@ static void test_frontend(void)
     T_CHECK(m && def_op(m, "l0.attn.indexer.q_rot") &&
             !ir_op_attr(def_op(m, "l0.attn.indexer.q_rot"), "rotary_dim"));
     ir_module_free(m);
-    /* layer_types naming DSA everywhere is accepted; rope_interleave is not read */
+    /* layer_types naming DSA everywhere is accepted, by either of its names
+       (transformers 5.24 writes "indexed_attention"); rope_interleave is not
+       read */
     T_OK(build_with("layer_types",
                     "[\"deepseek_sparse_attention\", \"deepseek_sparse_attention\", "
                     "\"deepseek_sparse_attention\"]",
                     &m));
+    ir_module_free(m);
+    m = NULL;
+    T_OK(build_with("layer_types",
+                    "[\"indexed_attention\", \"deepseek_sparse_attention\", "
+                    "\"indexed_attention\"]",
+                    &m));
+    T_CHECK(m && def_op(m, "l2.attn.indexer.topk"));
     ir_module_free(m);
     T_OK(build_with("rope_interleave", "false", &m));
     T_CHECK(m && !strcmp(ir_op_attr_str(def_op(m, "l0.attn.q_pe_rot"), "style", ""), "interleave"));
@@ -253,7 +262,9 @@ static void test_config_errors(void)
     config_error("layer_types", "[\"deepseek_sparse_attention\", \"full_attention\", "
                                 "\"deepseek_sparse_attention\"]",
                  MOEC_ERR_UNSUPPORTED,
-                 "field \"layer_types[1]\" = \"full_attention\" is not supported");
+                 "field \"layer_types[1]\" = \"full_attention\" is not supported "
+                 "(deepseek_v32 layers are \"indexed_attention\", also named "
+                 "\"deepseek_sparse_attention\")");
     config_error("layer_types", "\"all\"", MOEC_ERR_UNSUPPORTED,
                  "field \"layer_types\" = \"all\" must be a list of num_hidden_layers (3) strings");
     config_error("n_routed_experts", "null", MOEC_ERR_UNSUPPORTED,

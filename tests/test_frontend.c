@@ -1063,7 +1063,18 @@ static void test_rejections(void)
     REJECT(v2, "model_type", "\"llama\"", U, "\"llama\"");
     REJECT(v2, "model_type", NULL, F, "model_type");
     REJECT(v2, "hidden_act", "\"gelu\"", U, "hidden_act");
-    REJECT(q3, "hidden_act", "\"relu\"", U, "hidden_act");
+    REJECT(q3, "hidden_act", "\"relu\"", U,
+           "field \"hidden_act\" = \"relu\" is not supported (moec supports \"silu\", also "
+           "named \"swish\")");
+    /* "swish" is SiLU in transformers' ACT2FN: the same module as "silu" */
+    {
+        ir_module *a = build_ok_with(v2, "hidden_act", "\"swish\"");
+        ir_module *b = build_ok_with(v2, "hidden_act", "\"silu\"");
+        T_CHECK(a && b && a->n_ops == b->n_ops && layer_ops(a, 1, IR_OP_SILU) >= 1 &&
+                layer_ops(a, 1, IR_OP_SILU) == layer_ops(b, 1, IR_OP_SILU));
+        ir_module_free(a);
+        ir_module_free(b);
+    }
     REJECT(v3, "quantization_config", "{\"quant_method\": \"gptq\"}", U,
            "quantization_config.quant_method");
     REJECT(v2, "use_mla", "false", U, "use_mla");
