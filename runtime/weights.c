@@ -95,7 +95,9 @@ static int wt_dtype_ok(ir_dtype want, rt_st_dtype got)
     switch (want) {
     case IR_DTYPE_F32: return got == RT_ST_F32 || got == RT_ST_F16 || got == RT_ST_BF16;
     case IR_DTYPE_F16: return got == RT_ST_F16;
-    case IR_DTYPE_BF16: return got == RT_ST_BF16;
+    /* F32 only where it holds bf16 values, checked as it is read
+       (wt_check_bf16): transformers 5 saves DeepSeek's routers in F32 */
+    case IR_DTYPE_BF16: return got == RT_ST_BF16 || got == RT_ST_F32;
     case IR_DTYPE_I32: return got == RT_ST_I32;
     default: return 0;
     }
@@ -106,7 +108,7 @@ static const char *wt_dtype_expect(ir_dtype want)
     switch (want) {
     case IR_DTYPE_F32: return "F32, F16 or BF16";
     case IR_DTYPE_F16: return "F16";
-    case IR_DTYPE_BF16: return "BF16";
+    case IR_DTYPE_BF16: return "BF16 (or F32 holding bf16 values)";
     case IR_DTYPE_I32: return "I32";
     default: return "?";
     }
@@ -157,7 +159,10 @@ static moec_status wt_resolve_tensor(const rt_weights *w, const ir_value *v, con
     if (!scaled && !wt_dtype_ok(v->type.dtype, t->dtype))
         return MOEC_ERR(MOEC_ERR_MISMATCH,
                         "weight %%%s: tensor '%s' in %s has dtype %s, expected %s%s", v->name, name,
-                        t->file, rt_st_dtype_name(t->dtype), wt_dtype_expect(v->type.dtype),
+                        t->file, rt_st_dtype_name(t->dtype),
+                        t->dtype == RT_ST_F8_E4M3 && v->type.dtype == IR_DTYPE_BF16
+                            ? "BF16"
+                            : wt_dtype_expect(v->type.dtype),
                         t->dtype == RT_ST_F8_E4M3
                             ? " (an fp8 tensor, but the config does not quantize this weight: "
                               "quantization_config)"
@@ -652,11 +657,38 @@ static moec_status wt_lookup(const rt_weights *w, const ir_value *v, const wt_we
     return MOEC_OK;
 }
 
+/* A bf16 weight read from F32 tensors (the n floats at dst) must hold
+ * values bf16 represents exactly, as transformers 5 writes a bf16 model's
+ * routers: anything else would be rounded, so it is an error naming the
+ * first such tensor. */
+static moec_status wt_check_bf16(const ir_value *v, const wt_weight *ww, const float *dst,
+                                 int64_t n)
+{
+    const rt_st_tensor *f32 = NULL;
+    for (int p = 0; p < ww->n_parts && !f32; p++)
+        for (int i = 0; i < ww->parts[p].n && !f32; i++)
+            if (ww->parts[p].t[i]->dtype == RT_ST_F32)
+                f32 = ww->parts[p].t[i];
+    if (!f32)
+        return MOEC_OK;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &dst[i], sizeof u);
+        if ((u & 0xffffu) && (u & 0x7fffffffu) <= 0x7f800000u)
+            return MOEC_ERR(MOEC_ERR_MISMATCH,
+                            "weight %%%s: tensor '%s' in %s is F32 and holds values bf16 does "
+                            "not represent (element %lld of the weight: %.9g); moec keeps this "
+                            "weight in bf16, the config's dtype",
+                            v->name, f32->name, f32->file, (long long)i, (double)dst[i]);
+    }
+    return MOEC_OK;
+}
+
 moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *dst)
 {
     if (!w || !v || !dst)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f32: NULL argument");
-    const wt_weight *ww;
+    const wt_weight *ww = NULL;
     MOEC_TRY(wt_lookup(w, v, &ww));
     const ir_type *ty = &v->type;
     int64_t outer = 1, inner = 1;
@@ -675,7 +707,7 @@ moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *d
             wt_read_range(part, ww->block, o * chunk, chunk, dst + o * row + at);
         at += chunk;
     }
-    return MOEC_OK;
+    return ty->dtype == IR_DTYPE_BF16 ? wt_check_bf16(v, ww, dst, ir_type_numel(ty, 0)) : MOEC_OK;
 }
 
 /* Elements [start, start + n) of box b copied as stored (esize bytes
@@ -730,7 +762,7 @@ moec_status rt_weights_read_f8(const rt_weights *w, const ir_value *v, uint8_t *
 {
     if (!w || !v || !codes || !scales)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "rt_weights_read_f8: NULL argument");
-    const wt_weight *ww;
+    const wt_weight *ww = NULL;
     MOEC_TRY(wt_lookup(w, v, &ww));
     if (v->type.dtype != IR_DTYPE_F8E4M3 || ww->block[0] <= 0)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,

@@ -126,6 +126,9 @@ static void make_good_checkpoint(void)
     add_raw(&f, "model.norm.weight", RT_ST_F16, N_F16, f16_bits);
     const float f32s[4] = {0.1f, -3.5e-20f, 1e30f, -7.0f};
     add_raw(&f, "f32.weight", RT_ST_F32, 4, f32s);
+    /* F32 holding bf16 values (a bf16 router as transformers 5 saves it) */
+    const float f32bf[4] = {1.5f, -0x1p-100f, -INFINITY, 0x1.fep120f};
+    add_raw(&f, "f32bf.weight", RT_ST_F32, 4, f32bf);
     const double f64s[2] = {1.0, 2.0};
     add_raw(&f, "f64.weight", RT_ST_F64, 2, f64s);
     const int8_t i8s[2] = {1, 2};
@@ -158,6 +161,9 @@ static void test_reads(void)
     ir_value *norm16 = ir_module_add_weight(m, "norm16", ty(IR_DTYPE_F16, 1, N_F16, 0, 0),
                                             "model.norm.weight");
     ir_value *f32w = ir_module_add_weight(m, "f32w", ty(IR_DTYPE_F32, 1, 4, 0, 0), "f32.weight");
+    ir_value *f32bf = ir_module_add_weight(m, "f32bf", ty(IR_DTYPE_BF16, 1, 4, 0, 0),
+                                           "f32bf.weight");
+    ir_value *f32b = ir_module_add_weight(m, "f32b", ty(IR_DTYPE_BF16, 1, 4, 0, 0), "f32.weight");
     ir_value *ids = ir_module_add_weight(m, "ids", ty(IR_DTYPE_I32, 1, 3, 0, 0), "ids.weight");
     ir_value *up = ir_module_add_weight_stack(m, "l0.up", ty(IR_DTYPE_BF16, 3, 3, 2, 3),
                                               "model.layers.0.mlp.experts.{e}.up_proj.weight", 3);
@@ -184,10 +190,10 @@ static void test_reads(void)
     ir_binding st0 = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = st0_parts};
     ir_value *st0_v = ir_module_add_weight_bound(m, "st0", ty(IR_DTYPE_BF16, 3, 3, 2, 3), &st0);
     ir_value *tok = ir_module_add_input(m, "tokens", ty(IR_DTYPE_I32, 1, IR_DIM_T, 0, 0));
-    T_CHECK(embed && embed32 && norm && norm16 && f32w && ids && up && qkv_v && lr_v && gu_v &&
-            st0_v && tok);
-    if (!(embed && embed32 && norm && norm16 && f32w && ids && up && qkv_v && lr_v && gu_v &&
-          st0_v && tok)) {
+    T_CHECK(embed && embed32 && norm && norm16 && f32w && f32bf && f32b && ids && up && qkv_v &&
+            lr_v && gu_v && st0_v && tok);
+    if (!(embed && embed32 && norm && norm16 && f32w && f32bf && f32b && ids && up && qkv_v &&
+          lr_v && gu_v && st0_v && tok)) {
         fprintf(stderr, "module build failed: %s\n", moec_last_error());
         ir_module_free(m);
         return;
@@ -229,6 +235,18 @@ static void test_reads(void)
 
     T_OK(rt_weights_read_f32(w, f32w, buf));
     T_CHECK(buf[0] == 0.1f && buf[1] == -3.5e-20f && buf[2] == 1e30f && buf[3] == -7.0f);
+    /* a bf16 weight over F32 tensors: read as they are where every value is
+       a bf16 one, else an error naming the tensor and the first such value */
+    T_OK(rt_weights_read_f32(w, f32bf, buf));
+    T_CHECK(buf[0] == 1.5f && buf[1] == -0x1p-100f && buf[2] == -INFINITY &&
+            buf[3] == 0x1.fep120f);
+    char want[8192];
+    snprintf(want, sizeof want,
+             "weight %%f32b: tensor 'f32.weight' in %s is F32 and holds values bf16 does not "
+             "represent (element 0 of the weight: 0.100000001); moec keeps this weight in bf16",
+             g_file);
+    t_expect_err(rt_weights_read_f32(w, f32b, buf), MOEC_ERR_MISMATCH, want,
+                 "rt_weights_read_f32(f32b)", __FILE__, __LINE__);
     T_OK(rt_weights_read_f32(w, ids, buf));
     T_CHECK(buf[0] == -5.0f && buf[1] == 0.0f && buf[2] == 16777216.0f);
 
@@ -342,8 +360,8 @@ static void test_errors(void)
                   "has dtype BF16, expected F16");
     EXPECT_TENSOR(ty(IR_DTYPE_F16, 1, 4, 0, 0), "f32.weight", MOEC_ERR_MISMATCH,
                   "tensor 'f32.weight' in");
-    EXPECT_TENSOR(ty(IR_DTYPE_BF16, 1, 4, 0, 0), "f32.weight", MOEC_ERR_MISMATCH,
-                  "has dtype F32, expected BF16");
+    EXPECT_TENSOR(ty(IR_DTYPE_BF16, 1, 2, 0, 0), "f64.weight", MOEC_ERR_MISMATCH,
+                  "has dtype F64, expected BF16 (or F32 holding bf16 values)");
     EXPECT_TENSOR(ty(IR_DTYPE_F32, 1, 2, 0, 0), "f64.weight", MOEC_ERR_MISMATCH,
                   "tensor 'f64.weight' in");
     EXPECT_TENSOR(ty(IR_DTYPE_F32, 1, 2, 0, 0), "f64.weight", MOEC_ERR_MISMATCH,
