@@ -152,4 +152,56 @@ stop_while_writing KILL "$T/s7"
 [ -e "$T/s7" ] && [ ! -e "$T/s7/model.safetensors" ] && [ ! -e "$T/s7/config.json" ] && ok ||
   bad "SIGKILL left $(ls -A "$T/s7" 2>&1) ($(cat "$T/stop.err"))"
 
+# ---- routers saved in F32 (transformers 5 keeps DeepSeek's mlp.gate and
+# V3.2's indexer.weights_proj in F32) -----------------------------------------
+# widen32 SRC DST PERTURB: DST/model.safetensors is SRC's with every BF16
+# tensor of those modules written as F32 (the same values); PERTURB=1 also
+# sets the low bit of the first such tensor's first value (no bf16 value).
+widen32() {
+  mkdir -p "$2" && cp "$D/$1/config.json" "$2/" &&
+    python3 - "$D/$1/model.safetensors" "$2/model.safetensors" "$3" <<'PY'
+import json, struct, sys
+src, dst, perturb = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+raw = open(src, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+body = raw[8 + n:]
+out, blobs, off, first = {}, [], 0, True
+for name, t in head.items():
+    if name == "__metadata__":
+        out[name] = t
+        continue
+    a, b = t["data_offsets"]
+    data = body[a:b]
+    if t["dtype"] == "BF16" and (name.endswith(".mlp.gate.weight") or
+                                 name.endswith(".indexer.weights_proj.weight")):
+        h = struct.unpack("<%dH" % (len(data) // 2), data)
+        w = [x << 16 for x in h]
+        if perturb and first:
+            w[0] |= 1
+            first = False
+        data = struct.pack("<%dI" % len(w), *w)
+        t = dict(t, dtype="F32")
+    out[name] = dict(t, data_offsets=[off, off + len(data)])
+    blobs.append(data)
+    off += len(data)
+hj = json.dumps(out).encode()
+hj += b" " * (-len(hj) % 8)
+with open(dst, "wb") as f:
+    f.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+PY
+}
+for m in deepseek_v3 deepseek_v32; do
+  model "$m" "$T/$m-bf" && widen32 "$m" "$T/$m-f32" 0 && widen32 "$m" "$T/$m-f32x" 1 ||
+    bad "writing $m's F32 routers"
+  "$B/moec" run "$T/$m-bf" "${RUN[@]}" --max-new-tokens 2 --logits-out "$T/$m-bf.bin" \
+    >"$T/$m-bf.out" 2>&1 &&
+    "$B/moec" run "$T/$m-f32" "${RUN[@]}" --max-new-tokens 2 --logits-out "$T/$m-f32.bin" \
+      >"$T/$m-f32.out" 2>&1 && cmp -s "$T/$m-bf.bin" "$T/$m-f32.bin" &&
+    cmp -s "$T/$m-bf.out" "$T/$m-f32.out" && ok ||
+    bad "$m with F32 routers: not the bf16 run's logits ($(tail -2 "$T/$m-f32.out"))"
+  expect 1 "is F32 and holds values bf16 does not represent (element 0 of the weight" -- \
+    "$B/moec" run "$T/$m-f32x" "${RUN[@]}"
+done
+
 finish test_model_files
