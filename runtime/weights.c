@@ -660,26 +660,32 @@ static moec_status wt_lookup(const rt_weights *w, const ir_value *v, const wt_we
 /* A bf16 weight read from F32 tensors (the n floats at dst) must hold
  * values bf16 represents exactly, as transformers 5 writes a bf16 model's
  * routers: anything else would be rounded, so it is an error naming the
- * first such tensor. */
+ * F32 tensor (the first of them where the weight joins several). */
 static moec_status wt_check_bf16(const ir_value *v, const wt_weight *ww, const float *dst,
                                  int64_t n)
 {
     const rt_st_tensor *f32 = NULL;
-    for (int p = 0; p < ww->n_parts && !f32; p++)
-        for (int i = 0; i < ww->parts[p].n && !f32; i++)
-            if (ww->parts[p].t[i]->dtype == RT_ST_F32)
+    int n32 = 0;
+    for (int p = 0; p < ww->n_parts; p++)
+        for (int i = 0; i < ww->parts[p].n; i++)
+            if (ww->parts[p].t[i]->dtype == RT_ST_F32 && !n32++)
                 f32 = ww->parts[p].t[i];
     if (!f32)
         return MOEC_OK;
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &dst[i], sizeof u);
-        if ((u & 0xffffu) && (u & 0x7fffffffu) <= 0x7f800000u)
-            return MOEC_ERR(MOEC_ERR_MISMATCH,
-                            "weight %%%s: tensor '%s' in %s is F32 and holds values bf16 does "
-                            "not represent (element %lld of the weight: %.9g); moec keeps this "
-                            "weight in bf16, the config's dtype",
-                            v->name, f32->name, f32->file, (long long)i, (double)dst[i]);
+        if (!(u & 0xffffu) || (u & 0x7fffffffu) > 0x7f800000u)
+            continue;
+        char what[1200];
+        snprintf(what, sizeof what,
+                 n32 > 1 ? "its F32 tensors ('%s' in %s the first of %d) hold"
+                         : "tensor '%s' in %s (F32) holds",
+                 f32->name, f32->file, n32);
+        return MOEC_ERR(MOEC_ERR_MISMATCH,
+                        "weight %%%s: %s values bf16 does not represent (element %lld of the "
+                        "weight: %.9g); moec keeps this weight in bf16, the config's dtype",
+                        v->name, what, (long long)i, (double)dst[i]);
     }
     return MOEC_OK;
 }

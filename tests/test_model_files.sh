@@ -200,7 +200,7 @@ for m in deepseek_v3 deepseek_v32; do
       >"$T/$m-f32.out" 2>&1 && cmp -s "$T/$m-bf.bin" "$T/$m-f32.bin" &&
     cmp -s "$T/$m-bf.out" "$T/$m-f32.out" && ok ||
     bad "$m with F32 routers: not the bf16 run's logits ($(tail -2 "$T/$m-f32.out"))"
-  expect 1 "is F32 and holds values bf16 does not represent (element 0 of the weight" -- \
+  expect 1 "(F32) holds values bf16 does not represent (element 0 of the weight" -- \
     "$B/moec" run "$T/$m-f32x" "${RUN[@]}"
 done
 

@@ -164,6 +164,10 @@ static void test_reads(void)
     ir_value *f32bf = ir_module_add_weight(m, "f32bf", ty(IR_DTYPE_BF16, 1, 4, 0, 0),
                                            "f32bf.weight");
     ir_value *f32b = ir_module_add_weight(m, "f32b", ty(IR_DTYPE_BF16, 1, 4, 0, 0), "f32.weight");
+    ir_binding f32_parts[2] = {{.kind = IR_BIND_TENSOR, .name = "f32bf.weight"},
+                               {.kind = IR_BIND_TENSOR, .name = "f32.weight"}};
+    ir_binding f32cat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = f32_parts};
+    ir_value *f32c = ir_module_add_weight_bound(m, "f32c", ty(IR_DTYPE_BF16, 1, 8, 0, 0), &f32cat);
     ir_value *ids = ir_module_add_weight(m, "ids", ty(IR_DTYPE_I32, 1, 3, 0, 0), "ids.weight");
     ir_value *up = ir_module_add_weight_stack(m, "l0.up", ty(IR_DTYPE_BF16, 3, 3, 2, 3),
                                               "model.layers.0.mlp.experts.{e}.up_proj.weight", 3);
@@ -190,10 +194,10 @@ static void test_reads(void)
     ir_binding st0 = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = st0_parts};
     ir_value *st0_v = ir_module_add_weight_bound(m, "st0", ty(IR_DTYPE_BF16, 3, 3, 2, 3), &st0);
     ir_value *tok = ir_module_add_input(m, "tokens", ty(IR_DTYPE_I32, 1, IR_DIM_T, 0, 0));
-    T_CHECK(embed && embed32 && norm && norm16 && f32w && f32bf && f32b && ids && up && qkv_v &&
-            lr_v && gu_v && st0_v && tok);
-    if (!(embed && embed32 && norm && norm16 && f32w && f32bf && f32b && ids && up && qkv_v &&
-          lr_v && gu_v && st0_v && tok)) {
+    T_CHECK(embed && embed32 && norm && norm16 && f32w && f32bf && f32b && f32c && ids && up &&
+            qkv_v && lr_v && gu_v && st0_v && tok);
+    if (!(embed && embed32 && norm && norm16 && f32w && f32bf && f32b && f32c && ids && up &&
+          qkv_v && lr_v && gu_v && st0_v && tok)) {
         fprintf(stderr, "module build failed: %s\n", moec_last_error());
         ir_module_free(m);
         return;
@@ -242,11 +246,19 @@ static void test_reads(void)
             buf[3] == 0x1.fep120f);
     char want[8192];
     snprintf(want, sizeof want,
-             "weight %%f32b: tensor 'f32.weight' in %s is F32 and holds values bf16 does not "
+             "weight %%f32b: tensor 'f32.weight' in %s (F32) holds values bf16 does not "
              "represent (element 0 of the weight: 0.100000001); moec keeps this weight in bf16",
              g_file);
     t_expect_err(rt_weights_read_f32(w, f32b, buf), MOEC_ERR_MISMATCH, want,
                  "rt_weights_read_f32(f32b)", __FILE__, __LINE__);
+    /* joined from two F32 tensors, the second not bf16: the first is named,
+       the element counted over the weight */
+    snprintf(want, sizeof want,
+             "weight %%f32c: its F32 tensors ('f32bf.weight' in %s the first of 2) hold "
+             "values bf16 does not represent (element 4 of the weight: 0.100000001)",
+             g_file);
+    t_expect_err(rt_weights_read_f32(w, f32c, buf), MOEC_ERR_MISMATCH, want,
+                 "rt_weights_read_f32(f32c)", __FILE__, __LINE__);
     T_OK(rt_weights_read_f32(w, ids, buf));
     T_CHECK(buf[0] == -5.0f && buf[1] == 0.0f && buf[2] == 16777216.0f);
 
