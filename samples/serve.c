@@ -182,7 +182,7 @@ static const char *USAGE =
     "                       most 1048576); a larger one gets 413\n"
     "  --http-timeout S     --http: seconds a connection may stay idle, a request\n"
     "                       half sent included (default 60); --max-connections\n"
-    "                       bounds HTTP connections too\n"
+    "                       bounds HTTP connections too (one more is closed at once)\n"
     "  --http-threads N     --http: threads serving connections (default 4)\n"
     "  -h, --help           this help\n";
 

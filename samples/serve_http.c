@@ -4,7 +4,7 @@
  * /health and /metrics (Prometheus text).
  *
  * GNU libmicrohttpd parses HTTP and owns the sockets: a pool of threads,
- * each an epoll loop over its connections, so a slow or stalled client only
+ * each a poll loop over its connections, so a slow or stalled client only
  * ever occupies its own connection. A request is read, checked and
  * tokenized on its HTTP thread, then queued for the engine thread (serve.c's
  * loop, the only one that touches the engine) and its connection suspended.
@@ -20,7 +20,7 @@
  *
  * Bounds: the headers fit the connection's memory (HEADER_LIMIT; more gets
  * 431 from libmicrohttpd), a body max_body bytes (more gets 413), the
- * connections max_connections (one more is closed at once), the requests
+ * connections max_connections (one more is closed at once, on_accept), the requests
  * accepted that have no token yet max_waiting (one more gets 429), the text
  * a client leaves unread OUT_LIMIT (more cancels its request), and an idle
  * connection lives timeout_s. */
@@ -182,6 +182,9 @@ struct serve_http {
     hreq *active;
     hreq **polled; /* the requests serve_http_poll_fds listed, in order */
     int n_polled, cap_polled;
+
+    /* connections libmicrohttpd holds (its threads', atomically) */
+    int n_conns;
 };
 
 /* ---- small helpers ----------------------------------------------------------- */
@@ -699,6 +702,34 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
     return 0;
 }
 
+/* The first byte of b[0..n) inside a JSON string that is a raw control
+ * character (< 0x20, which JSON requires escaped) or the backslash of a
+ * \u0000 escape (*nul = 1): cJSON keeps strings NUL-terminated, so a NUL
+ * would silently cut the prompt, a stop string or the model's name. n when
+ * there is none. */
+static size_t json_string_bad_at(const char *b, size_t n, int *nul)
+{
+    int in = 0;
+    *nul = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)b[i];
+        if (!in) {
+            in = ch == '"';
+        } else if (ch < 0x20) {
+            return i;
+        } else if (ch == '"') {
+            in = 0;
+        } else if (ch == '\\' && i + 1 < n) {
+            if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) {
+                *nul = 1;
+                return i;
+            }
+            i++; /* the escaped character */
+        }
+    }
+    return n;
+}
+
 /* The body into r's engine request; -1 with e set when it cannot be. */
 static int parse_request(hreq *r, http_error *e)
 {
@@ -708,6 +739,18 @@ static int parse_request(hreq *r, http_error *e)
     size_t bad = serve_utf8_invalid_at(r->body, r->body_len);
     if (bad < r->body_len)
         return bad_request(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
+    int nul;
+    bad = json_string_bad_at(r->body, r->body_len, &nul);
+    if (bad < r->body_len && nul)
+        return bad_request(e, NULL,
+                           "the request body holds a NUL character (\\u0000) in a string (byte "
+                           "%zu): moec takes no NUL in text",
+                           bad);
+    if (bad < r->body_len)
+        return bad_request(e, NULL,
+                           "the request body is not valid JSON (at byte %zu: a control character "
+                           "in a string must be escaped)",
+                           bad);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(r->body, r->body_len, &end, 0);
     if (j && end) { /* only white space may follow the value */
@@ -1397,6 +1440,17 @@ static void submit(serve_http *h, moec_engine_t *engine, hreq *r)
 {
     moec_request q = r->mr;
     q.user = r;
+    int vocab = moec_engine_vocab_size(engine);
+    for (int i = 0; i < q.n_stop; i++) {
+        if (q.stop_ids[i] >= 0 && q.stop_ids[i] < vocab)
+            continue;
+        http_error e = {MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, "stop_token_ids",
+                        serve_format("'stop_token_ids'[%d] = %d is outside the vocabulary (%d "
+                                     "ids)",
+                                     i, (int)q.stop_ids[i], vocab)};
+        engine_end(h, engine, r, 0, NULL, &e, 0);
+        return;
+    }
     moec_status st = moec_detokenizer_init(h->tok, 1, &r->detok);
     if (st == MOEC_OK)
         st = moec_engine_submit(engine, &q, &r->engine_id);
@@ -1566,6 +1620,30 @@ void serve_http_event(serve_http *h, moec_engine_t *engine, const moec_event *ev
     }
 }
 
+/* --max-connections: a connection past the limit is closed as it is
+ * accepted (libmicrohttpd's threads count them as they start and end; a
+ * burst on several threads at once may let in one more a thread). */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)addr;
+    (void)len;
+    serve_http *h = cls;
+    return __atomic_load_n(&h->n_conns, __ATOMIC_ACQUIRE) < h->cfg.max_connections ? MHD_YES
+                                                                                    : MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)conn;
+    (void)socket_context;
+    serve_http *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED)
+        __atomic_add_fetch(&h->n_conns, 1, __ATOMIC_ACQ_REL);
+    else if (toe == MHD_CONNECTION_NOTIFY_CLOSED)
+        __atomic_sub_fetch(&h->n_conns, 1, __ATOMIC_ACQ_REL);
+}
+
 /* ---- start and stop ---------------------------------------------------------- */
 
 int serve_http_start(const serve_http_config *cfg, const moec_tokenizer_t *tok,
@@ -1599,14 +1677,23 @@ int serve_http_start(const serve_http_config *cfg, const moec_tokenizer_t *tok,
         serve_http_stop(h);
         return -1;
     }
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+    /* poll, not epoll: libmicrohttpd 0.9.75's epoll loop misses a client
+       that sends part of a request and closes before the first read, and
+       holds its socket in CLOSE-WAIT until the timeout (200 such clients
+       kept every other one out for the whole of it; poll sees each at once).
+       Its own connection limit would stop accepting, leaving one more
+       client hanging in the listen queue: each thread may hold the whole
+       limit, and on_accept closes one more at once. */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    unsigned mhd_limit = (unsigned)cfg->max_connections * (unsigned)cfg->threads + 1;
     h->daemon = MHD_start_daemon(
-        flags, (uint16_t)cfg->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
-        on_log, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HEADER_LIMIT, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)cfg->threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+        flags, (uint16_t)cfg->port, on_accept, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+        on_log, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)HEADER_LIMIT, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->threads,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
         fprintf(stderr, "moec-serve: http: cannot listen on %s:%d (the port taken, or the "

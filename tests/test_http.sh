@@ -188,6 +188,23 @@ post /v1/completions "$(printf '{"model":"tiny-v2","prompt":"\xff"}')"
 expect_error 400 $E null null "the request body is not valid UTF-8 (byte 29)"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","prompt":"b"}'
 expect_error 400 $E null null 'the request body: key \"prompt\" appears twice'
+# a NUL in a string (cJSON would cut the text there) and a raw control
+# character (not JSON) are refused; an escaped backslash before "u0000" is
+# text like any other
+post /v1/completions '{"model":"tiny-v2","prompt":"a\u0000b","max_tokens":1}'
+expect_error 400 $E null null \
+  'the request body holds a NUL character (\\u0000) in a string (byte 30): moec takes no NUL in text'
+post /v1/completions '{"model":"tiny-v2\u0000x","prompt":"a","max_tokens":1}'
+expect_error 400 $E null null \
+  'the request body holds a NUL character (\\u0000) in a string (byte 17): moec takes no NUL in text'
+post /v1/completions "$(printf '{"model":"tiny-v2","prompt":"a\001b","max_tokens":1}')"
+expect_error 400 $E null null \
+  'the request body is not valid JSON (at byte 30: a control character in a string must be escaped)'
+post /v1/completions '{"model":"tiny-v2","prompt":"a\\u0000b","max_tokens":1}'
+[ "$CODE" = 200 ] && py 'j["usage"]["prompt_tokens"] == 8' && ok || bad "escaped backslash: $CODE $BODY"
+post /v1/completions '{"model":"tiny-v2","prompt":"ab","max_tokens":1,"stop_token_ids":[5,256]}'
+expect_error 400 $E '"stop_token_ids"' null \
+  "'stop_token_ids'[1] = 256 is outside the vocabulary (256 ids)"
 post /v1/completions '{"prompt":"a"}'
 expect_error 400 $E '"model"' null "'model' is required"
 post /v1/completions '{"model":7,"prompt":"a"}'
@@ -279,6 +296,53 @@ http POST /v1/completions -H 'Expect: 100-continue' --data-binary "@$T/huge"
 expect_error 413 $E null '"request_too_large"' "the request body is larger than 65536 bytes (--max-body-kib)"
 http GET /health -H "X-Big: $(head -c 70000 /dev/zero | tr '\0' b)"
 [ "$CODE" = 431 ] && ok || bad "a 70 KB header: $CODE"
+
+# ---- connections: clients that hang up half-way, one past --max-connections -------
+# 100 clients that send part of a request and close: the next client is
+# served at once, not after --http-timeout (30 s here; libmicrohttpd's epoll
+# loop, used before, held such sockets that long). Then 32 idle connections
+# (--max-connections 32): a 33rd is closed at once, unanswered, and once
+# they go the server answers again.
+python3 - "$PORT" <<'PY' && ok || bad "connections"
+import socket, sys, time
+port = int(sys.argv[1])
+def health(timeout):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    out = b""
+    while True:
+        c = s.recv(4096)
+        if not c:
+            return out
+        out += c
+half = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60\r\n\r\n{"model"'
+for _ in range(100):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(half)
+    s.close()
+t = time.time()
+out = health(20)
+if not out.startswith(b"HTTP/1.1 200") or time.time() - t > 5:
+    sys.exit("after 100 half-sent requests: %.1f s, %r" % (time.time() - t, out[:40]))
+time.sleep(0.5)
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
+time.sleep(0.5)
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+try:
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = s.recv(100)
+except (ConnectionResetError, BrokenPipeError):
+    got = b""
+except socket.timeout:
+    sys.exit("a 33rd connection was left waiting")
+if got:
+    sys.exit("a 33rd connection was answered: %r" % got[:40])
+for h in held:
+    h.close()
+time.sleep(0.5)
+if not health(10).startswith(b"HTTP/1.1 200"):
+    sys.exit("no answer once the 32 went")
+PY
 
 # ---- the queue: 429, and clients that go away ------------------------------------
 # A runs (the one sequence) far longer than this takes; B waits (the one
