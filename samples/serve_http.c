@@ -400,9 +400,15 @@ static int field_int(const cJSON *o, const char *name, long long lo, long long h
     const cJSON *v = field(o, name);
     if (!v)
         return 0;
-    if (!serve_json_int(v, out))
+    if (!serve_json_int(v, out)) {
+        /* a whole number too large for a double's exact integers is out of
+           range, not a fraction */
+        double d = cJSON_IsNumber(v) ? v->valuedouble : 0.5;
+        if (!isfinite(d) || d == floor(d))
+            return bad_request(e, name, "'%s' must be from %lld to %lld, got %g", name, lo, hi, d);
         return bad_request(e, name, "'%s' must be an integer, not %s", name,
                            cJSON_IsNumber(v) ? "a fraction" : moec_json_kind(v));
+    }
     if (*out < lo || *out > hi)
         return bad_request(e, name, "'%s' must be from %lld to %lld, got %lld", name, lo, hi,
                            *out);
@@ -628,17 +634,19 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
 {
     serve_http *h = r->h;
     moec_sampling *sp = &r->mr.sampling;
-    long long n = 1, top_k = 0, seed = -1, max_tokens = -1, top_logprobs = 0, lp = -1;
+    long long top_k = 0, seed = -1, max_tokens = -1, top_logprobs = 0, lp = -1;
     int echo = 0, stream = 0;
     sp->temperature = 1; /* OpenAI's default */
     static const char *const ONE[] = {"n", "best_of"};
     for (int i = 0; i < 2; i++) {
-        if (field_int(j, ONE[i], LLONG_MIN, LLONG_MAX, &n, e))
-            return -1;
-        if (n != 1)
+        const cJSON *v = field(j, ONE[i]);
+        if (v && !cJSON_IsNumber(v))
+            return bad_request(e, ONE[i], "'%s' must be an integer, not %s", ONE[i],
+                               moec_json_kind(v));
+        if (v && v->valuedouble != 1)
             return bad_request(e, ONE[i],
-                               "'%s' must be 1: moec gives one choice a request, got %lld",
-                               ONE[i], n);
+                               "'%s' must be 1: moec gives one choice a request, got %g",
+                               ONE[i], v->valuedouble);
     }
     if (field_bool(j, "echo", &echo, e))
         return -1;

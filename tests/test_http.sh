@@ -250,6 +250,13 @@ post /v1/completions '{"model":"tiny-v2","prompt":"a","n":2}'
 expect_error 400 $E '"n"' null "'n' must be 1: moec gives one choice a request, got 2"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","best_of":3}'
 expect_error 400 $E '"best_of"' null "'best_of' must be 1: moec gives one choice a request, got 3"
+# whole numbers past a double's exact integers are out of range, not fractions
+post /v1/completions '{"model":"tiny-v2","prompt":"a","n":1e300}'
+expect_error 400 $E '"n"' null "'n' must be 1: moec gives one choice a request, got 1e+300"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":1e20}'
+expect_error 400 $E '"max_tokens"' null "'max_tokens' must be from 1 to 2147483647, got 1e+20"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":2.5}'
+expect_error 400 $E '"max_tokens"' null "'max_tokens' must be an integer, not a fraction"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","echo":true}'
 expect_error 400 $E '"echo"' null "'echo' is not supported"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","logit_bias":{"5":10}}'
