@@ -51,6 +51,7 @@
 #define DISCARD_LIMIT 16        /* a Content-Length this many times max_body: 413 at once */
 #define STOP_MAX 16             /* stop strings a request may give */
 #define SSE_BLOCK 16384         /* bytes asked of the SSE reader at once, at most */
+#define JSON_VALUES_SLACK 4096  /* JSON values a body may hold past 4 a token of max_seq_len */
 
 /* ---- types ------------------------------------------------------------------ */
 
@@ -714,15 +715,19 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
  * character (< 0x20, which JSON requires escaped) or the backslash of a
  * \u0000 escape (*nul = 1): cJSON keeps strings NUL-terminated, so a NUL
  * would silently cut the prompt, a stop string or the model's name. n when
- * there is none. */
-static size_t json_string_bad_at(const char *b, size_t n, int *nul)
+ * there is none. *values counts the containers and the commas outside
+ * strings (the scan's share: up to the bad byte), about the values cJSON
+ * would make. */
+static size_t json_string_bad_at(const char *b, size_t n, int *nul, long long *values)
 {
     int in = 0;
     *nul = 0;
+    *values = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)b[i];
         if (!in) {
             in = ch == '"';
+            *values += ch == ',' || ch == '[' || ch == '{';
         } else if (ch < 0x20) {
             return i;
         } else if (ch == '"') {
@@ -748,7 +753,8 @@ static int parse_request(hreq *r, http_error *e)
     if (bad < r->body_len)
         return bad_request(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
     int nul;
-    bad = json_string_bad_at(r->body, r->body_len, &nul);
+    long long values;
+    bad = json_string_bad_at(r->body, r->body_len, &nul, &values);
     if (bad < r->body_len && nul)
         return bad_request(e, NULL,
                            "the request body holds a NUL character (\\u0000) in a string (byte "
@@ -759,6 +765,14 @@ static int parse_request(hreq *r, http_error *e)
                            "the request body is not valid JSON (at byte %zu: a control character "
                            "in a string must be escaped)",
                            bad);
+    /* Its tree takes about 80 bytes a value: no request needs more values
+       than a prompt of max_seq_len ids or messages, four each, and some */
+    long long vmax = 4LL * h->cfg.max_seq_len + JSON_VALUES_SLACK;
+    if (values > vmax)
+        return bad_request(e, NULL,
+                           "the request body holds more than %lld JSON values (4 times the "
+                           "sequence length %d, and %d): no request needs more",
+                           vmax, h->cfg.max_seq_len, JSON_VALUES_SLACK);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(r->body, r->body_len, &end, 0);
     if (j && end) { /* only white space may follow the value */

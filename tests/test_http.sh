@@ -447,6 +447,22 @@ sys.exit(json.load(open(sys.argv[1]))["choices"][0]["text"].encode() != open(sys
     "$T/body" "$T/line.txt" && ok || bad "line protocol $line, HTTP $CODE $BODY"
   post /v1/completions '{"model":"tiny-v2","prompt":"a"}'
   expect_error 404 $E '"model"' '"model_not_found"' "The model 'tiny-v2' does not exist: this server serves 'fox/v1'"
+  # a body's JSON values are bounded by the sequence length (4 a token and
+  # 4096 more: 69632 here), before its tree is built: 70000 prompt ids are
+  # refused as such, 60000 fit that bound and are too long for a sequence
+  for n in 70000 60000; do
+    python3 -c 'import sys; n = int(sys.argv[1]); sys.stdout.write(
+        "{\"model\":\"fox/v1\",\"prompt\":[" + ",".join(["5"] * n) + "],\"max_tokens\":1}")' \
+      "$n" >"$T/many.json"
+    post /v1/completions "@$T/many.json"
+    if [ "$n" = 70000 ]; then
+      expect_error 400 $E null null "the request body holds more than 69632 JSON values (4 times \
+the sequence length 16384, and 4096): no request needs more"
+    else
+      expect_error 400 $E null '"context_length_exceeded"' \
+        "too long: 60000 prompt + 1 new = 60001 tokens, more than the 16384 a sequence may hold (max_seq_len)"
+    fi
+  done
   # --tokenizer: a folder with no chat template
   post /v1/chat/completions '{"model":"fox/v1","messages":[{"role":"user","content":"hi"}]}'
   expect_error 400 $E '"messages"' null \
