@@ -835,6 +835,21 @@ static void handle_line(server *sv, conn *c, char *line, size_t len)
     size_t blank = strspn(line, " \t\r\f\v");
     if (blank == len)
         return; /* an empty line asks nothing */
+    int nul;
+    long long values;
+    size_t bad = serve_json_string_bad_at(line, len, &nul, &values);
+    if (bad < len) {
+        if (nul)
+            reply_error(c, NULL,
+                        "the request holds a NUL character (\\u0000) in a string (byte %zu): "
+                        "moec takes no NUL in text",
+                        bad);
+        else
+            reply_error(c, NULL, "malformed JSON at byte %zu (a control character in a string "
+                                 "must be escaped)",
+                        bad);
+        return;
+    }
     const char *end = NULL;
     cJSON *req = memchr(line, '\0', len) ? NULL : cJSON_ParseWithOpts(line, &end, 1);
     if (!req) {

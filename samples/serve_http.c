@@ -711,38 +711,6 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
     return 0;
 }
 
-/* The first byte of b[0..n) inside a JSON string that is a raw control
- * character (< 0x20, which JSON requires escaped) or the backslash of a
- * \u0000 escape (*nul = 1): cJSON keeps strings NUL-terminated, so a NUL
- * would silently cut the prompt, a stop string or the model's name. n when
- * there is none. *values counts the containers and the commas outside
- * strings (the scan's share: up to the bad byte), about the values cJSON
- * would make. */
-static size_t json_string_bad_at(const char *b, size_t n, int *nul, long long *values)
-{
-    int in = 0;
-    *nul = 0;
-    *values = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)b[i];
-        if (!in) {
-            in = ch == '"';
-            *values += ch == ',' || ch == '[' || ch == '{';
-        } else if (ch < 0x20) {
-            return i;
-        } else if (ch == '"') {
-            in = 0;
-        } else if (ch == '\\' && i + 1 < n) {
-            if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) {
-                *nul = 1;
-                return i;
-            }
-            i++; /* the escaped character */
-        }
-    }
-    return n;
-}
-
 /* The body into r's engine request; -1 with e set when it cannot be. */
 static int parse_request(hreq *r, http_error *e)
 {
@@ -754,7 +722,7 @@ static int parse_request(hreq *r, http_error *e)
         return bad_request(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
     int nul;
     long long values;
-    bad = json_string_bad_at(r->body, r->body_len, &nul, &values);
+    bad = serve_json_string_bad_at(r->body, r->body_len, &nul, &values);
     if (bad < r->body_len && nul)
         return bad_request(e, NULL,
                            "the request body holds a NUL character (\\u0000) in a string (byte "

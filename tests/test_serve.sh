@@ -232,6 +232,8 @@ good='{"id":"ok","prompt_ids":[5,101,33,240,18,77],"max_new_tokens":9,"ignore_eo
   printf '{"id":"u2","prompt_ids":[1,"\xf4\x90\x80\x80"],"max_new_tokens":1}\n'
   printf '{"id":"caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80","prompt_ids":[5],"max_new_tokens":2,"ignore_eos":true}\n'
   echo '{"id":"\u00e9\ud83d\ude00","prompt_ids":[5],"max_new_tokens":1,"ignore_eos":true}'
+  echo '{"id":"a\u0000b","prompt_ids":[5],"max_new_tokens":1}'
+  printf '{"id":"c\001d","prompt_ids":[5],"max_new_tokens":1}\n'
   echo '{"id":"dup","prompt_ids":[5],"max_new_tokens":9,"ignore_eos":true}'
   echo '{"id":"dup","prompt_ids":[6],"max_new_tokens":1}'
   echo '{"id":8,"prompt_ids":[5],"max_new_tokens":9,"ignore_eos":true}'
@@ -248,6 +250,12 @@ expect_line "$T/bad.out" '{"id":null,"error":"malformed JSON at byte 27"}'
 expect_line "$T/bad.out" '{"id":null,"error":"malformed JSON at byte 0"}'
 expect_line "$T/bad.out" '{"id":null,"error":"malformed JSON at byte 11"}'
 expect_line "$T/bad.out" '{"id":null,"error":"a request must be a JSON object"}'
+# a NUL in a string would cut the id (its replies then under another one);
+# a raw control character in a string is not JSON
+expect_line "$T/bad.out" \
+  '{"id":null,"error":"the request holds a NUL character (\\u0000) in a string (byte 8): moec takes no NUL in text"}'
+expect_line "$T/bad.out" \
+  '{"id":null,"error":"malformed JSON at byte 8 (a control character in a string must be escaped)"}'
 expect_line "$T/bad.out" '{"id":null,"error":"missing \"id\" (a string or a number)"}'
 expect_line "$T/bad.out" '{"id":null,"error":"\"id\" must be a string or a number"}'
 expect_line "$T/bad.out" '{"id":"p1","error":"missing \"prompt_ids\""}'
@@ -297,7 +305,7 @@ expect_tokens "$T/bad.out" '"ok"' "$(golden $m greedy_ids)" length
 expect_tokens "$T/bad.out" '"fits"' "$(reference $m 1,2,3,4,5,6,7,8,9,10 6)" length
 expect_tokens "$T/bad.out" '"crlf"' "$(reference $m 5 1)" length
 expect_tokens "$T/bad.out" '"last"' "77,77" length
-[ "$(grep -c '"error"' "$T/bad.out")" = 45 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 45"
+[ "$(grep -c '"error"' "$T/bad.out")" = 47 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 47"
 # Every reply, the refusals of bytes that are not UTF-8 included, is strict
 # UTF-8 JSON.
 python3 - "$T/bad.out" <<'PY' && ok || bad "bad.out is not one UTF-8 JSON object a line"
