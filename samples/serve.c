@@ -1479,7 +1479,8 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
                                 .max_body = (size_t)o.body_kib << 10,
                                 .timeout_s = (unsigned)o.http_timeout,
                                 .threads = (int)o.http_threads,
-                                .max_seq_len = sv.max_seq_len};
+                                .max_seq_len = sv.max_seq_len,
+                                .vocab = sv.vocab};
         int v6 = strchr(hc.host, ':') != NULL;
         if (serve_http_start(&hc, tok, sv.metrics, &sv.http))
             rc = 1;

@@ -681,6 +681,11 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
         return bad_request(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
     if (sti && token_list(sti, "stop_token_ids", &r->stop_ids, &r->mr.n_stop, e))
         return -1;
+    for (int i = 0; i < r->mr.n_stop; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= h->cfg.vocab)
+            return bad_request(e, "stop_token_ids",
+                               "'stop_token_ids'[%d] = %d is outside the vocabulary (%d ids)", i,
+                               (int)r->stop_ids[i], h->cfg.vocab);
     if (r->chat) {
         int want = 0;
         if (field_bool(j, "logprobs", &want, e) ||
@@ -1430,17 +1435,6 @@ static void submit(serve_http *h, moec_engine_t *engine, hreq *r)
 {
     moec_request q = r->mr;
     q.user = r;
-    int vocab = moec_engine_vocab_size(engine);
-    for (int i = 0; i < q.n_stop; i++) {
-        if (q.stop_ids[i] >= 0 && q.stop_ids[i] < vocab)
-            continue;
-        http_error e = {MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, "stop_token_ids",
-                        serve_format("'stop_token_ids'[%d] = %d is outside the vocabulary (%d "
-                                     "ids)",
-                                     i, (int)q.stop_ids[i], vocab)};
-        engine_end(h, engine, r, 0, NULL, &e, 0);
-        return;
-    }
     moec_status st = moec_detokenizer_init(h->tok, 1, &r->detok);
     if (st == MOEC_OK)
         st = moec_engine_submit(engine, &q, &r->engine_id);

@@ -24,6 +24,7 @@ typedef struct serve_http_config {
     unsigned timeout_s;     /* a connection idle this long is closed */
     int threads;            /* HTTP threads */
     int max_seq_len;        /* the engine's (chat's default max_tokens) */
+    int vocab;              /* the engine's: stop_token_ids are checked against it */
 } serve_http_config;
 
 /* Starts serving (threads running, port bound); the tokenizer and metrics
