@@ -402,13 +402,14 @@ static int field_int(const cJSON *o, const char *name, long long lo, long long h
     if (!v)
         return 0;
     if (!serve_json_int(v, out)) {
-        /* a whole number too large for a double's exact integers is out of
-           range, not a fraction */
-        double d = cJSON_IsNumber(v) ? v->valuedouble : 0.5;
-        if (!isfinite(d) || d == floor(d))
-            return bad_request(e, name, "'%s' must be from %lld to %lld, got %g", name, lo, hi, d);
-        return bad_request(e, name, "'%s' must be an integer, not %s", name,
-                           cJSON_IsNumber(v) ? "a fraction" : moec_json_kind(v));
+        if (!cJSON_IsNumber(v))
+            return bad_request(e, name, "'%s' must be an integer, not %s", name,
+                               moec_json_kind(v));
+        double d = v->valuedouble;
+        if (isfinite(d) && d != floor(d))
+            return bad_request(e, name, "'%s' must be an integer, not a fraction", name);
+        /* a whole number past a double's exact integers: out of range */
+        return bad_request(e, name, "'%s' must be from %lld to %lld, got %g", name, lo, hi, d);
     }
     if (*out < lo || *out > hi)
         return bad_request(e, name, "'%s' must be from %lld to %lld, got %lld", name, lo, hi,
