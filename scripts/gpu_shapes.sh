@@ -47,10 +47,10 @@ for cfg in "$work"/cfg/*.json; do
       dtype=bf16
       [ "$mode" = cpu ] && backend=cpu
       [ "$mode" = fp32 ] && dtype=fp32
-      start=$(date +%s.%N)
+      start=$(date +%s%N)
       if MOEC_DTYPE=$dtype timeout "${RUN_S:-300}" "$BIN/moec" run "$m" --backend "$backend" \
         --prompt-ids "$ids" --max-new-tokens 3 --logits-out "$f.bin" >"$f.txt" 2>"$f.err"; then
-        echo "$name $dt $mode: $(cat "$f.txt") ($(echo "$(date +%s.%N) - $start" | bc) s)"
+        echo "$name $dt $mode: $(cat "$f.txt") ($((($(date +%s%N) - start) / 1000000)) ms)"
       else
         echo "$name $dt $mode: failed: $(tail -2 "$f.err" | tr '\n' ' ')"
         rc=1
