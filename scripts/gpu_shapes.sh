@@ -9,7 +9,8 @@
 # MOEC_DTYPE=fp32; "cpu": the reference interpreter).
 # Leaves $OUT/shapes/NAME-DT-MODE.{bin,txt} (logits, generated ids and
 # stderr; DT is bf16 or fp8) and $OUT/shapes.tar.gz. Compare two runs'
-# files with scripts/compare_logits.py.
+# files with scripts/compare_logits.py (REF=DIR: with the references in
+# DIR at the end, its table in $OUT/compare.txt, failing where it fails).
 #   On the GPU machine:  cd .snap/src && scripts/gpu_shapes.sh
 #   The references, anywhere:  MODES=cpu OUT=/tmp/ref scripts/gpu_shapes.sh
 set -uo pipefail
@@ -59,5 +60,9 @@ for cfg in "$work"/cfg/*.json; do
   done
 done
 rm -rf "$work"
+if [ -n "${REF:-}" ]; then
+  python3 scripts/compare_logits.py "$REF" "$OUT/shapes" >"$OUT/compare.txt" || rc=1
+  cat "$OUT/compare.txt"
+fi
 tar -czf "$OUT/shapes.tar.gz" -C "$OUT" shapes
 exit $rc
