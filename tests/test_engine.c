@@ -289,6 +289,16 @@ static void check_errors(void)
     o.max_seq_len = 8;
     o.backend = (moec_backend)7;
     T_ERR(moec_engine_open(m, dir, &o, &e), MOEC_ERR_INVALID_ARG, "unknown backend 7");
+    /* sessions refuse it too (they ran it on the CPU, and
+     * moec_session_backend said 7) */
+    moec_session_t *s = NULL;
+    T_ERR(moec_session_init(m, dir, (moec_backend)7, 8, &s), MOEC_ERR_INVALID_ARG,
+          "unknown backend 7 (auto, cpu or cuda)");
+    T_CHECK(s == NULL);
+    T_ERR(moec_session_init_parallel(m, dir, (moec_backend)-1, 8, &(moec_parallel){.tp = 2}, &s),
+          MOEC_ERR_INVALID_ARG, "unknown backend -1 (auto, cpu or cuda)");
+    T_CHECK(s == NULL);
+    moec_session_free(s);
     o.backend = MOEC_BACKEND_CPU;
     T_ERR(moec_engine_open(NULL, dir, &o, &e), MOEC_ERR_INVALID_ARG, "NULL model");
     T_ERR(moec_engine_open(m, t_tmpdir("engine-noweights"), &o, &e), MOEC_ERR_IO,
