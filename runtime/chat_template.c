@@ -99,9 +99,25 @@ moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json,
                         CHAT_MAX_REQUEST_BYTES);
     if (!tok->chat_template)
         return no_template(tok);
-    cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
+    /* cJSON reads one value and stops: what follows it (a second value,
+     * garbage, a NUL and more) would be dropped unseen, and a NUL inside a
+     * string would cut it short, so both are refused as Python's json does */
+    const char *text = json ? json : "", *nul = memchr(text, '\0', len), *end = NULL;
+    if (nul)
+        return MOEC_ERR(MOEC_ERR_FORMAT,
+                        "the chat request is not valid JSON (a NUL byte at byte %zu)",
+                        (size_t)(nul - text));
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root)
         return MOEC_ERR(MOEC_ERR_FORMAT, "the chat request is not valid JSON");
+    for (const char *p = end; p < text + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            return MOEC_ERR(MOEC_ERR_FORMAT,
+                            "the chat request is not valid JSON (more after its value, at byte "
+                            "%zu)",
+                            (size_t)(p - text));
+        }
     moec_status st = moec_json_check_unique(root, "the chat request");
     cJSON *vars = NULL, *msgs = root;
     if (st == MOEC_OK && cJSON_IsObject(root)) {
