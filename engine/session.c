@@ -143,8 +143,15 @@ static moec_status session_check_finite(const moec_session_t *s, long step, cons
 
 moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
 {
-    if (!s || !ids || n <= 0)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: no tokens");
+    /* each refusal names its argument: "no tokens" said nothing of a NULL
+     * session */
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: NULL session");
+    if (n <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "moec_session_forward: n is %d; it must be at least 1", n);
+    if (!ids)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: NULL ids");
     if (n > s->max_seq - s->length)
         return MOEC_ERR(MOEC_ERR_CAPACITY,
                         "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,

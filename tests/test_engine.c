@@ -299,6 +299,26 @@ static void check_errors(void)
           MOEC_ERR_INVALID_ARG, "unknown backend -1 (auto, cpu or cuda)");
     T_CHECK(s == NULL);
     moec_session_free(s);
+    /* a session's forward: each refusal names its argument, and nothing
+     * runs (the sequence stays empty) */
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 4, &s));
+    int32_t sid[5] = {3, 4, 5, 6, 7};
+    T_ERR(moec_session_forward(NULL, sid, 1, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: NULL session");
+    T_ERR(moec_session_forward(s, NULL, 1, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: NULL ids");
+    T_ERR(moec_session_forward(s, sid, 0, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: n is 0; it must be at least 1");
+    T_ERR(moec_session_forward(s, sid, -2, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: n is -2; it must be at least 1");
+    T_ERR(moec_session_forward(s, sid, 5, NULL), MOEC_ERR_CAPACITY,
+          "5 tokens do not fit: the sequence holds 0 of at most 4 tokens");
+    sid[1] = 256;
+    T_ERR(moec_session_forward(s, sid, 2, NULL), MOEC_ERR_INVALID_ARG,
+          "embed: token id 256 is outside the vocabulary [0, 256)");
+    T_CHECK(moec_session_length(s) == 0);
+    moec_session_free(s);
+    s = NULL;
     o.backend = MOEC_BACKEND_CPU;
     T_ERR(moec_engine_open(NULL, dir, &o, &e), MOEC_ERR_INVALID_ARG, "NULL model");
     T_ERR(moec_engine_open(m, t_tmpdir("engine-noweights"), &o, &e), MOEC_ERR_IO,
