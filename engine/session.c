@@ -63,6 +63,7 @@ moec_status moec_session_init_plan_parallel(const char *plan_path, const char *w
 {
     if (!plan_path || !weights_dir || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_plan: NULL argument");
+    *out = NULL; /* as moec_session_init: a failed call leaves no stale handle */
     moec_session_t *s;
     MOEC_TRY(moec_session_new(MOEC_BACKEND_CUDA, max_seq_len, &s));
     moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};

@@ -318,6 +318,16 @@ static void check_errors(void)
           "embed: token id 256 is outside the vocabulary [0, 256)");
     T_CHECK(moec_session_length(s) == 0);
     moec_session_free(s);
+    /* a failed constructor leaves *out NULL, whatever it held */
+    int stale_dummy;
+    moec_session_t *stale = (moec_session_t *)&stale_dummy;
+    T_ERR(moec_session_init_plan(t_src("tests/data/no-such.moec"), dir, 8, &stale), MOEC_ERR_IO,
+          "no-such.moec: No such file or directory");
+    T_CHECK(stale == NULL);
+    stale = (moec_session_t *)&stale_dummy;
+    T_ERR(moec_session_init_plan(t_src("tests/data/no-such.moec"), dir, 0, &stale),
+          MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got 0");
+    T_CHECK(stale == NULL);
     s = NULL;
     o.backend = MOEC_BACKEND_CPU;
     T_ERR(moec_engine_open(NULL, dir, &o, &e), MOEC_ERR_INVALID_ARG, "NULL model");
