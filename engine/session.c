@@ -25,8 +25,11 @@ moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session
 moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
                                   const char *weights_dir)
 {
-    MOEC_TRY(rt_weights_open(module, weights_dir, &s->weights));
-    return rt_interp_init(module, s->weights, s->max_seq, &s->interp);
+    /* the interpreter and the weights point into the module: a copy, so
+     * that they do not depend on the caller keeping the model */
+    MOEC_TRY(ir_module_clone(module, &s->module));
+    MOEC_TRY(rt_weights_open(s->module, weights_dir, &s->weights));
+    return rt_interp_init(s->module, s->weights, s->max_seq, &s->interp);
 }
 
 void moec_session_free(moec_session_t *s)
@@ -36,6 +39,7 @@ void moec_session_free(moec_session_t *s)
     moec_cuda_model_free(&s->gpu);
     rt_interp_free(s->interp);
     rt_weights_free(s->weights);
+    ir_module_free(s->module);
     moec_eos_free(&s->eos);
     free(s);
 }

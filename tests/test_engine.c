@@ -456,11 +456,44 @@ static void check_eos_lists(void)
     remove(dir);
 }
 
+/* A CPU session owns what it runs on, as an engine does: the model may be
+ * freed (and its memory reused by another) once the session is made, and
+ * the session's logits stay those of a session whose model is alive. */
+static void check_session_owns_model(void)
+{
+    const char *dir = t_src("tests/data/qwen3_moe");
+    enum { P = 5, V = 256 };
+    int32_t prompt[P] = {3, 17, 42, 99, 200};
+    float *want = malloc(sizeof(float) * P * V), *got = malloc(sizeof(float) * P * V);
+    moec_model_t *m = NULL;
+    moec_session_t *a = NULL, *b = NULL;
+    T_OK(moec_model_open(dir, &m));
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 16, &a));
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 16, &b));
+    if (a)
+        T_OK(moec_session_forward(a, prompt, P, want));
+    moec_model_free(m);
+    /* another model in the freed memory */
+    moec_model_t *other = NULL;
+    T_OK(moec_model_open(t_src("tests/data/deepseek_v3"), &other));
+    if (b)
+        T_OK(moec_session_forward(b, prompt, P, got));
+    T_CHECK(a && b && memcmp(want, got, sizeof(float) * P * V) == 0);
+    T_CHECK(moec_session_length(b) == P && moec_session_eos_token(b) == 1);
+    moec_model_free(other);
+    moec_session_free(a);
+    moec_session_free(b);
+    free(want);
+    free(got);
+    printf("session            runs on after its model is freed: rows bit-identical\n");
+}
+
 int main(void)
 {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
         check_model(MODELS[i]);
     check_errors();
     check_eos_lists();
+    check_session_owns_model();
     return t_finish("test_engine");
 }
