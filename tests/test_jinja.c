@@ -301,6 +301,16 @@ static void test_api(void)
     req = "[{\"role\": \"user\", \"content\": \"x\"}] {\"messages\": []}";
     T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_FORMAT,
           "the chat request is not valid JSON (more after its value, at byte 35)");
+    /* a \u0000 escape would cut its string short: refused, an escaped
+     * backslash before u0000 is text like any other */
+    req = "[{\"role\": \"user\", \"content\": \"x\\u0000y\"}]";
+    T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_UNSUPPORTED,
+          "the chat request holds \\u0000 at byte 31: a string with a NUL is not supported");
+    T_CHECK(out == NULL);
+    req = "[{\"role\": \"user\", \"content\": \"x\\\\u0000y\"}]";
+    T_OK(moec_chat_render_json(tok, req, strlen(req), &gen, &out));
+    T_CHECK(out && strstr(out, "x\\u0000y"));
+    free(out);
     static const char nul_req[] = "[{\"role\": \"user\", \"content\": \"x\0y\"}]";
     T_ERR(moec_chat_render_json(tok, nul_req, sizeof nul_req - 1, &gen, &out), MOEC_ERR_FORMAT,
           "the chat request is not valid JSON (a NUL byte at byte 31)");
