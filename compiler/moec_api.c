@@ -94,8 +94,12 @@ int moec_model_tensor_count(const moec_model_t *m) { return m ? m->n_tensors : 0
 
 moec_status moec_model_tensor_info(const moec_model_t *m, int i, moec_tensor_info *out)
 {
-    if (!m || !out || i < 0 || i >= m->n_tensors)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "tensor index %d out of range", i);
+    if (!m || !out) /* not an index out of range, which is what a NULL was reported as */
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_model_tensor_info: NULL %s",
+                        !m ? "model" : "out");
+    if (i < 0 || i >= m->n_tensors)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "tensor index %d out of range [0, %d)", i,
+                        m->n_tensors);
     *out = m->tensors[i];
     return MOEC_OK;
 }

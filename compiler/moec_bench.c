@@ -452,9 +452,21 @@ static moec_status bench_run(const moec_model_t *model, const char *weights_dir,
 moec_status moec_bench(const moec_model_t *model, const char *weights_dir,
                        const moec_bench_options *o, moec_bench_result *out)
 {
-    if ((!model && !(o && o->plan_path)) || !weights_dir || !o || !out || o->n_batch < 1 ||
-        o->n_batch > 16 || o->steps < 1 || o->warmup < 0)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_bench: bad options");
+    /* each refusal names its argument or field: a caller (moec bench's
+     * flags) can say which one is wrong */
+    if (!o || !out || !weights_dir)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_bench: NULL %s",
+                        !o ? "options" : !out ? "result" : "weights_dir");
+    if (!model && !o->plan_path)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_bench: NULL model and no plan_path");
+    if (o->n_batch < 1 || o->n_batch > 16)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_bench: n_batch must be from 1 to 16, got %d",
+                        o->n_batch);
+    if (o->steps < 1 || o->warmup < 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "moec_bench: steps must be at least 1 and warmup at least 0, got %d and "
+                        "%d",
+                        o->steps, o->warmup);
     memset(out, 0, sizeof *out);
     out->ep = 1;
     if (o->par.tp)

@@ -13,6 +13,12 @@
 moec_status moec_resolve_backend(moec_backend *backend)
 {
     int n_dev = 0;
+    /* a value outside the enum would otherwise run on the CPU and be
+     * reported back by moec_session_backend as given */
+    if (*backend != MOEC_BACKEND_AUTO && *backend != MOEC_BACKEND_CPU &&
+        *backend != MOEC_BACKEND_CUDA)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "unknown backend %d (auto, cpu or cuda)",
+                        (int)*backend);
     if (*backend == MOEC_BACKEND_AUTO) {
         *backend = moec_cuda_device_count(&n_dev) == MOEC_OK && n_dev > 0 ? MOEC_BACKEND_CUDA
                                                                           : MOEC_BACKEND_CPU;

@@ -157,7 +157,9 @@ struct moec_session {
     int vocab;
     moec_eos eos;
     long steps; /* forward calls begun, for errors */
-    /* CPU */
+    /* CPU: the session's own copy of the model's module (the caller may
+     * free the model once the session is made, as with an engine) */
+    ir_module *module;
     rt_weights *weights;
     rt_interp *interp;
     /* CUDA: the plan points into the fused module, the runtime into both */
@@ -166,7 +168,7 @@ struct moec_session {
 
 /* A zeroed session of max_seq_len tokens on backend (CPU or CUDA). */
 moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session_t **out);
-/* A CPU session's interpreter on module (which must outlive it). */
+/* A CPU session's interpreter on its own copy of module. */
 moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
                                   const char *weights_dir);
 

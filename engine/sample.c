@@ -74,6 +74,8 @@ static int within(double v, double lo, double hi) { return isfinite(v) && v >= l
 
 moec_status moec_sampling_check(const moec_sampling *sp)
 {
+    if (!sp)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_sampling_check: NULL sampling");
     if (!within(sp->temperature, 0, HUGE_VAL))
         return out_of_range("temperature", sp->temperature, 0, HUGE_VAL);
     if (sp->top_k < 0)

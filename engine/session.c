@@ -25,8 +25,11 @@ moec_status moec_session_new(moec_backend backend, int max_seq_len, moec_session
 moec_status moec_session_bind_cpu(moec_session_t *s, const ir_module *module,
                                   const char *weights_dir)
 {
-    MOEC_TRY(rt_weights_open(module, weights_dir, &s->weights));
-    return rt_interp_init(module, s->weights, s->max_seq, &s->interp);
+    /* the interpreter and the weights point into the module: a copy, so
+     * that they do not depend on the caller keeping the model */
+    MOEC_TRY(ir_module_clone(module, &s->module));
+    MOEC_TRY(rt_weights_open(s->module, weights_dir, &s->weights));
+    return rt_interp_init(s->module, s->weights, s->max_seq, &s->interp);
 }
 
 void moec_session_free(moec_session_t *s)
@@ -36,6 +39,7 @@ void moec_session_free(moec_session_t *s)
     moec_cuda_model_free(&s->gpu);
     rt_interp_free(s->interp);
     rt_weights_free(s->weights);
+    ir_module_free(s->module);
     moec_eos_free(&s->eos);
     free(s);
 }
@@ -63,6 +67,7 @@ moec_status moec_session_init_plan_parallel(const char *plan_path, const char *w
 {
     if (!plan_path || !weights_dir || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_init_plan: NULL argument");
+    *out = NULL; /* as moec_session_init: a failed call leaves no stale handle */
     moec_session_t *s;
     MOEC_TRY(moec_session_new(MOEC_BACKEND_CUDA, max_seq_len, &s));
     moec_cuda_opts o = {.max_seqs = 1, .max_seq_len = max_seq_len};
@@ -143,8 +148,15 @@ static moec_status session_check_finite(const moec_session_t *s, long step, cons
 
 moec_status moec_session_forward(moec_session_t *s, const int32_t *ids, int n, float *logits_out)
 {
-    if (!s || !ids || n <= 0)
-        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: no tokens");
+    /* each refusal names its argument: "no tokens" said nothing of a NULL
+     * session */
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: NULL session");
+    if (n <= 0)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "moec_session_forward: n is %d; it must be at least 1", n);
+    if (!ids)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_session_forward: NULL ids");
     if (n > s->max_seq - s->length)
         return MOEC_ERR(MOEC_ERR_CAPACITY,
                         "%d tokens do not fit: the sequence holds %d of at most %d tokens", n,

@@ -85,7 +85,8 @@ moec_status moec_model_tensor_info(const moec_model_t *model, int i, moec_tensor
 
 
 /* A session from a model: every pass and (CUDA) the kernels compiled now;
- * see moec_rt.h for the rest of the session API. */
+ * see moec_rt.h for the rest of the session API. The session owns what it
+ * runs on: the model may be freed once it is made (as with an engine). */
 moec_status moec_session_init(const moec_model_t *model, const char *weights_dir,
                               moec_backend backend, int max_seq_len,
                               moec_session_t **out);

@@ -86,6 +86,26 @@ moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_messag
     return render(tok, vars, opts, out);
 }
 
+/* Where the first \u0000 escape of a JSON string in text[0..len) starts,
+ * or -1: cJSON decodes it to a NUL byte, which ends its C string there, so
+ * the rest of the string would be lost without a word. */
+static long json_escaped_nul(const char *text, size_t len)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_string) {
+            in_string = text[i] == '"';
+        } else if (text[i] == '"') {
+            in_string = 0;
+        } else if (text[i] == '\\' && i + 1 < len) {
+            if (text[i + 1] == 'u' && len - i >= 6 && !memcmp(text + i + 2, "0000", 4))
+                return (long)i;
+            i++; /* the escaped character, a quote or a backslash among them */
+        }
+    }
+    return -1;
+}
+
 moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
                                   const moec_chat_options_t *opts, char **out)
 {
@@ -99,9 +119,33 @@ moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json,
                         CHAT_MAX_REQUEST_BYTES);
     if (!tok->chat_template)
         return no_template(tok);
-    cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
+    /* cJSON reads one value and stops: what follows it (a second value,
+     * garbage, a NUL and more) would be dropped unseen, and a NUL inside a
+     * string would cut it short, so both are refused as Python's json does */
+    const char *text = json ? json : "", *nul = memchr(text, '\0', len), *end = NULL;
+    if (nul)
+        return MOEC_ERR(MOEC_ERR_FORMAT,
+                        "the chat request is not valid JSON (a NUL byte at byte %zu)",
+                        (size_t)(nul - text));
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root)
         return MOEC_ERR(MOEC_ERR_FORMAT, "the chat request is not valid JSON");
+    long esc = json_escaped_nul(text, (size_t)(end - text));
+    if (esc >= 0) {
+        cJSON_Delete(root);
+        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                        "the chat request holds \\u0000 at byte %ld: a string with a NUL is not "
+                        "supported",
+                        esc);
+    }
+    for (const char *p = end; p < text + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            return MOEC_ERR(MOEC_ERR_FORMAT,
+                            "the chat request is not valid JSON (more after its value, at byte "
+                            "%zu)",
+                            (size_t)(p - text));
+        }
     moec_status st = moec_json_check_unique(root, "the chat request");
     cJSON *vars = NULL, *msgs = root;
     if (st == MOEC_OK && cJSON_IsObject(root)) {

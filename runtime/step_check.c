@@ -49,10 +49,11 @@ moec_status rt_block_table_check(int max_seqs, int max_blocks, int n_blocks, int
     if (row < 0 || row >= max_seqs)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "block table: row %d is not in [0, %d)", row,
                         max_seqs);
+    /* the last entry named in 64 bits: first + n - 1 may pass INT_MAX */
     if (first < 0 || n < 0 || first > max_blocks - n)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
-                        "block table: entries %d .. %d of row %d: a row has %d entries", first,
-                        first + n - 1, row, max_blocks);
+                        "block table: entries %d .. %lld of row %d: a row has %d entries", first,
+                        (long long)first + n - 1, row, max_blocks);
     for (int i = 0; i < n; i++)
         if (blocks[i] < -1 || blocks[i] >= n_blocks)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,

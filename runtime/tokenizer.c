@@ -24,7 +24,9 @@ static moec_status read_file(const char *path, size_t cap, int optional, char **
 {
     *text = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY);
+    /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+     * writer, forever; it is refused below as not a regular file */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0 && optional && errno == ENOENT)
         return MOEC_OK;
     if (fd < 0)

@@ -307,6 +307,24 @@ static void test_compile_errors(void)
           "context 512 is too long: each step decodes the token after it, and the model's "
           "max_position_embeddings 512 allows a context of at most 511");
     T_CHECK(r.context == 512 && r.max_context == 511);
+    /* a bad option is named, not 'bad options' */
+    bo.context = 8;
+    T_ERR(moec_bench(m, dir, NULL, &r), MOEC_ERR_INVALID_ARG, "moec_bench: NULL options");
+    T_ERR(moec_bench(m, dir, &bo, NULL), MOEC_ERR_INVALID_ARG, "moec_bench: NULL result");
+    T_ERR(moec_bench(m, NULL, &bo, &r), MOEC_ERR_INVALID_ARG, "moec_bench: NULL weights_dir");
+    T_ERR(moec_bench(NULL, dir, &bo, &r), MOEC_ERR_INVALID_ARG,
+          "moec_bench: NULL model and no plan_path");
+    bo.n_batch = 17;
+    T_ERR(moec_bench(m, dir, &bo, &r), MOEC_ERR_INVALID_ARG,
+          "moec_bench: n_batch must be from 1 to 16, got 17");
+    bo.n_batch = 1;
+    bo.steps = 0;
+    T_ERR(moec_bench(m, dir, &bo, &r), MOEC_ERR_INVALID_ARG,
+          "moec_bench: steps must be at least 1 and warmup at least 0, got 0 and 0");
+    bo.steps = 1;
+    bo.warmup = -1;
+    T_ERR(moec_bench(m, dir, &bo, &r), MOEC_ERR_INVALID_ARG,
+          "moec_bench: steps must be at least 1 and warmup at least 0, got 1 and -1");
     moec_model_free(m);
 }
 

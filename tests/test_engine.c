@@ -289,6 +289,46 @@ static void check_errors(void)
     o.max_seq_len = 8;
     o.backend = (moec_backend)7;
     T_ERR(moec_engine_open(m, dir, &o, &e), MOEC_ERR_INVALID_ARG, "unknown backend 7");
+    /* sessions refuse it too (they ran it on the CPU, and
+     * moec_session_backend said 7) */
+    moec_session_t *s = NULL;
+    T_ERR(moec_session_init(m, dir, (moec_backend)7, 8, &s), MOEC_ERR_INVALID_ARG,
+          "unknown backend 7 (auto, cpu or cuda)");
+    T_CHECK(s == NULL);
+    T_ERR(moec_session_init_parallel(m, dir, (moec_backend)-1, 8, &(moec_parallel){.tp = 2}, &s),
+          MOEC_ERR_INVALID_ARG, "unknown backend -1 (auto, cpu or cuda)");
+    T_CHECK(s == NULL);
+    moec_session_free(s);
+    /* a session's forward: each refusal names its argument, and nothing
+     * runs (the sequence stays empty) */
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 4, &s));
+    int32_t sid[5] = {3, 4, 5, 6, 7};
+    T_ERR(moec_session_forward(NULL, sid, 1, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: NULL session");
+    T_ERR(moec_session_forward(s, NULL, 1, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: NULL ids");
+    T_ERR(moec_session_forward(s, sid, 0, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: n is 0; it must be at least 1");
+    T_ERR(moec_session_forward(s, sid, -2, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_session_forward: n is -2; it must be at least 1");
+    T_ERR(moec_session_forward(s, sid, 5, NULL), MOEC_ERR_CAPACITY,
+          "5 tokens do not fit: the sequence holds 0 of at most 4 tokens");
+    sid[1] = 256;
+    T_ERR(moec_session_forward(s, sid, 2, NULL), MOEC_ERR_INVALID_ARG,
+          "embed: token id 256 is outside the vocabulary [0, 256)");
+    T_CHECK(moec_session_length(s) == 0);
+    moec_session_free(s);
+    /* a failed constructor leaves *out NULL, whatever it held */
+    int stale_dummy;
+    moec_session_t *stale = (moec_session_t *)&stale_dummy;
+    T_ERR(moec_session_init_plan(t_src("tests/data/no-such.moec"), dir, 8, &stale), MOEC_ERR_IO,
+          "no-such.moec: No such file or directory");
+    T_CHECK(stale == NULL);
+    stale = (moec_session_t *)&stale_dummy;
+    T_ERR(moec_session_init_plan(t_src("tests/data/no-such.moec"), dir, 0, &stale),
+          MOEC_ERR_INVALID_ARG, "max_seq_len must be positive, got 0");
+    T_CHECK(stale == NULL);
+    s = NULL;
     o.backend = MOEC_BACKEND_CPU;
     T_ERR(moec_engine_open(NULL, dir, &o, &e), MOEC_ERR_INVALID_ARG, "NULL model");
     T_ERR(moec_engine_open(m, t_tmpdir("engine-noweights"), &o, &e), MOEC_ERR_IO,
@@ -416,11 +456,44 @@ static void check_eos_lists(void)
     remove(dir);
 }
 
+/* A CPU session owns what it runs on, as an engine does: the model may be
+ * freed (and its memory reused by another) once the session is made, and
+ * the session's logits stay those of a session whose model is alive. */
+static void check_session_owns_model(void)
+{
+    const char *dir = t_src("tests/data/qwen3_moe");
+    enum { P = 5, V = 256 };
+    int32_t prompt[P] = {3, 17, 42, 99, 200};
+    float *want = malloc(sizeof(float) * P * V), *got = malloc(sizeof(float) * P * V);
+    moec_model_t *m = NULL;
+    moec_session_t *a = NULL, *b = NULL;
+    T_OK(moec_model_open(dir, &m));
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 16, &a));
+    T_OK(moec_session_init(m, dir, MOEC_BACKEND_CPU, 16, &b));
+    if (a)
+        T_OK(moec_session_forward(a, prompt, P, want));
+    moec_model_free(m);
+    /* another model in the freed memory */
+    moec_model_t *other = NULL;
+    T_OK(moec_model_open(t_src("tests/data/deepseek_v3"), &other));
+    if (b)
+        T_OK(moec_session_forward(b, prompt, P, got));
+    T_CHECK(a && b && memcmp(want, got, sizeof(float) * P * V) == 0);
+    T_CHECK(moec_session_length(b) == P && moec_session_eos_token(b) == 1);
+    moec_model_free(other);
+    moec_session_free(a);
+    moec_session_free(b);
+    free(want);
+    free(got);
+    printf("session            runs on after its model is freed: rows bit-identical\n");
+}
+
 int main(void)
 {
     for (size_t i = 0; i < sizeof MODELS / sizeof *MODELS; i++)
         check_model(MODELS[i]);
     check_errors();
     check_eos_lists();
+    check_session_owns_model();
     return t_finish("test_engine");
 }

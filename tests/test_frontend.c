@@ -1349,6 +1349,22 @@ static void test_model_load(void)
     T_CHECK(m == NULL);
     remove(path);
     remove(dir);
+
+    /* moec_model_tensor_info's refusals name what is wrong */
+    const char *tiny;
+    moec_model_t *mm = t_open_tiny("qwen3_moe", &tiny);
+    moec_tensor_info ti;
+    T_CHECK(mm && moec_model_tensor_count(mm) == 79);
+    T_OK(moec_model_tensor_info(mm, 78, &ti));
+    T_ERR(moec_model_tensor_info(mm, 79, &ti), MOEC_ERR_INVALID_ARG,
+          "tensor index 79 out of range [0, 79)");
+    T_ERR(moec_model_tensor_info(mm, -1, &ti), MOEC_ERR_INVALID_ARG,
+          "tensor index -1 out of range [0, 79)");
+    T_ERR(moec_model_tensor_info(mm, 0, NULL), MOEC_ERR_INVALID_ARG,
+          "moec_model_tensor_info: NULL out");
+    T_ERR(moec_model_tensor_info(NULL, 0, &ti), MOEC_ERR_INVALID_ARG,
+          "moec_model_tensor_info: NULL model");
+    moec_model_free(mm);
 }
 
 int main(void)

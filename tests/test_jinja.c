@@ -289,6 +289,31 @@ static void test_api(void)
     T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_INVALID_ARG,
           "message 0 of the chat request is not an object with a string \"role\"");
     T_ERR(moec_chat_render_json(tok, "[", 1, &gen, &out), MOEC_ERR_FORMAT, "the chat request is not valid JSON");
+    /* one value and nothing after it but whitespace; no NUL anywhere (it
+     * would cut a string short) */
+    req = "[{\"role\": \"user\", \"content\": \"x\"}] \n";
+    T_OK(moec_chat_render_json(tok, req, strlen(req), &gen, &out));
+    free(out);
+    req = "[{\"role\": \"user\", \"content\": \"x\"}]]";
+    T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_FORMAT,
+          "the chat request is not valid JSON (more after its value, at byte 34)");
+    T_CHECK(out == NULL);
+    req = "[{\"role\": \"user\", \"content\": \"x\"}] {\"messages\": []}";
+    T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_FORMAT,
+          "the chat request is not valid JSON (more after its value, at byte 35)");
+    /* a \u0000 escape would cut its string short: refused, an escaped
+     * backslash before u0000 is text like any other */
+    req = "[{\"role\": \"user\", \"content\": \"x\\u0000y\"}]";
+    T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_UNSUPPORTED,
+          "the chat request holds \\u0000 at byte 31: a string with a NUL is not supported");
+    T_CHECK(out == NULL);
+    req = "[{\"role\": \"user\", \"content\": \"x\\\\u0000y\"}]";
+    T_OK(moec_chat_render_json(tok, req, strlen(req), &gen, &out));
+    T_CHECK(out && strstr(out, "x\\u0000y"));
+    free(out);
+    static const char nul_req[] = "[{\"role\": \"user\", \"content\": \"x\0y\"}]";
+    T_ERR(moec_chat_render_json(tok, nul_req, sizeof nul_req - 1, &gen, &out), MOEC_ERR_FORMAT,
+          "the chat request is not valid JSON (a NUL byte at byte 31)");
     req = "{\"messages\": [{\"role\": \"user\", \"content\": \"Q\"}], \"enable_thinking\": true}";
     moec_chat_options_t think = {1, 0};
     T_ERR(moec_chat_render_json(tok, req, strlen(req), &think, &out), MOEC_ERR_INVALID_ARG,

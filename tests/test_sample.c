@@ -508,6 +508,12 @@ static void test_check(void)
     memset(&rows[0], 0, sizeof rows[0]);
     rows[0].top_k = -5;
     T_OK(rt_sample_check(V, 3, rows, 3, pens, stamp, &epoch));
+    /* the public check a service runs before it queues a request: a NULL
+     * is a refusal like any bad setting, never a crash */
+    T_ERR(moec_sampling_check(NULL), MOEC_ERR_INVALID_ARG, "moec_sampling_check: NULL sampling");
+    T_ERR(moec_sampling_check(&(moec_sampling){.top_logprobs = 21}), MOEC_ERR_INVALID_ARG,
+          "top_logprobs must be from 0 to 20, got 21");
+    T_OK(moec_sampling_check(&sp));
     printf("check              every refusal named\n");
 }
 

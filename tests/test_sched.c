@@ -538,6 +538,9 @@ static void check_refusals(const moec_model_t *m, const char *dir)
           "block table: row 2 is not in [0, 2)");
     T_ERR(moec_engine_set_blocks(e, 0, 31, 2, p), MOEC_ERR_INVALID_ARG,
           "block table: entries 31 .. 32 of row 0: a row has 32 entries");
+    /* entries past INT_MAX are named as they are, not wrapped negative */
+    T_ERR(moec_engine_set_blocks(e, 0, INT32_MAX, 2, p), MOEC_ERR_INVALID_ARG,
+          "block table: entries 2147483647 .. 2147483648 of row 0: a row has 32 entries");
     blk = 10;
     T_ERR(moec_engine_set_blocks(e, 0, 0, 1, &blk), MOEC_ERR_INVALID_ARG,
           "block table: entry 0 of row 0: block 10 is not in [0, 10) or -1");

@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testlib.h"
@@ -556,6 +557,19 @@ static void test_refused_files(void)
     unlink(path);
     T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_IO, "tokenizer.json: No such file or directory");
     snprintf(path, sizeof path, "%s/tokenizer_config.json", g_dir);
+    unlink(path);
+    /* a FIFO in place of either file is refused at once (opening it for
+     * reading used to wait for a writer forever) */
+    write_dir(good, NULL);
+    T_CHECK(mkfifo(path, 0600) == 0);
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_IO,
+          "tokenizer_config.json: not a regular file");
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
+    unlink(path);
+    T_CHECK(mkfifo(path, 0600) == 0);
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_IO, "tokenizer.json: not a regular file");
+    T_CHECK(tok == NULL);
     unlink(path);
     free(good);
 }
