@@ -169,9 +169,10 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
 }
 
 /* The plan file's path checked before the long part (passes, NVRTC): not a
- * directory, in a directory that exists and can be written (the plan goes
- * there through a temporary file renamed into place). */
-static moec_status check_out_path(const char *path)
+ * directory, not one of the checkpoint's files (the rename would replace
+ * it), in a directory that exists and can be written (the plan goes there
+ * through a temporary file renamed into place). */
+static moec_status check_out_path(const char *path, const char *weights_dir)
 {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
@@ -179,6 +180,13 @@ static moec_status check_out_path(const char *path)
                         "cannot write the plan %s: it is a directory (name a file, such as "
                         "%s/model.moec)",
                         path, path);
+    char name[256]; /* a symbolic link is replaced by the rename, not written through */
+    if (lstat(path, &sb) == 0 && !S_ISLNK(sb.st_mode) &&
+        moec_path_in_folder(path, weights_dir, name, sizeof name))
+        return MOEC_ERR(MOEC_ERR_IO,
+                        "cannot write the plan %s: it is %s/%s, a file of the checkpoint it is "
+                        "compiled from",
+                        path, weights_dir, name);
     char dir[4096];
     moec_path_parent(path, dir, sizeof dir);
     if (stat(dir, &sb) != 0)
@@ -226,7 +234,7 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     }
     cg_options co;
     MOEC_TRY(compile_options(opt, &co));
-    MOEC_TRY(check_out_path(out_path));
+    MOEC_TRY(check_out_path(out_path, weights_dir));
     if (opt->quantize)
         return compile_quantized(model, weights_dir, opt, out_path);
     /* one plan per rank of the split (one when unsharded), in one file */

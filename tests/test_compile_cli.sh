@@ -126,6 +126,14 @@ compile_fast 1 "cannot write the plan $T: it is a directory (name a file, such a
 compile_fast 1 "cannot write the plan $T/nonexistent/x.moec: directory $T/nonexistent: No such file or directory" -- \
   "$B" compile "$D/deepseek_v3" -o "$T/nonexistent/x.moec"
 compile_fast 1 "cannot write the plan $P/x.moec: $P is not a directory" -- "$B" compile "$D/deepseek_v3" -o "$P/x.moec"
+# a plan named as one of the checkpoint's files would replace it
+mkdir -p "$T/w" && cp "$D/qwen3_moe/"* "$T/w/"
+compile_fast 1 "cannot write the plan $T/w/../w/model.safetensors: it is $T/w/model.safetensors, a file of the checkpoint it is compiled from" -- \
+  "$B" compile "$T/w" -o "$T/w/../w/model.safetensors"
+compile_fast 1 "cannot write the plan $T/w/config.json: it is $T/w/config.json, a file of the checkpoint" -- \
+  "$B" compile "$T/w" -o "$T/w/config.json" --quantize fp8 --quantized-dir "$T/wq"
+cmp -s "$T/w/model.safetensors" "$D/qwen3_moe/model.safetensors" && cmp -s "$T/w/config.json" "$D/qwen3_moe/config.json" &&
+  [ ! -e "$T/wq" ] && ok || bad "a compile refused for its output path changed the checkpoint or wrote $T/wq"
 if [ "$(id -u)" != 0 ]; then # root writes anywhere
   mkdir "$T/ro" && chmod 555 "$T/ro"
   compile_fast 1 "cannot write the plan $T/ro/x.moec: directory $T/ro is not writable: Permission denied" -- \
