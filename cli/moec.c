@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "file.h"
 #include "moec.h"
 #include "samples/serve.h"
 #include "timer.h"
@@ -675,6 +676,38 @@ static int print_token(moec_detokenizer_t *d, int32_t id, long k)
     return 0;
 }
 
+/* --logits-out opened before the model's weights load (the long part), so
+ * that a path that cannot be written fails at once; refused when it is one
+ * of the files the run reads (the plan, or a file of MODEL_DIR or of
+ * --weights), which "wb" would empty. 0 when open (or not asked for), else
+ * the exit code. */
+static int open_logits(const run_opts *o, int plan, FILE **lf)
+{
+    if (!o->logits_path)
+        return 0;
+    const char *dirs[2] = {plan ? NULL : o->dir, o->weights};
+    struct stat a, b;
+    char name[256];
+    int same = plan && stat(o->logits_path, &a) == 0 && stat(o->dir, &b) == 0 &&
+               a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    if (same) {
+        fprintf(stderr, "moec: --logits-out %s is the plan %s, which the run reads\n",
+                o->logits_path, o->dir);
+        return 2;
+    }
+    for (int k = 0; k < 2; k++)
+        if (moec_path_in_folder(o->logits_path, dirs[k], name, sizeof name)) {
+            fprintf(stderr, "moec: --logits-out %s is %s/%s, which the run reads\n",
+                    o->logits_path, dirs[k], name);
+            return 2;
+        }
+    if (!(*lf = fopen(o->logits_path, "wb"))) {
+        fprintf(stderr, "moec: cannot write %s: %s\n", o->logits_path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
@@ -718,7 +751,8 @@ static int cmd_run(int argc, char **argv)
     FILE *lf = NULL;
     moec_status st;
     if (plan) {
-        if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0)
+        if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0 ||
+            (rc = open_logits(&o, plan, &lf)) != 0)
             goto out;
         st = moec_session_init_plan_parallel(o.dir, o.weights, (int)max_seq,
                                              o.par_seen ? &o.par : NULL, &s);
@@ -741,6 +775,8 @@ static int cmd_run(int argc, char **argv)
         }
     }
     if (!plan) {
+        if ((rc = open_logits(&o, plan, &lf)) != 0)
+            goto out;
         st = moec_session_init_parallel(m, o.weights ? o.weights : o.dir, o.backend,
                                         (int)max_seq, o.par_seen ? &o.par : NULL, &s);
         if (st != MOEC_OK)
@@ -749,11 +785,6 @@ static int cmd_run(int argc, char **argv)
     logits = malloc((size_t)n * (size_t)vocab * sizeof *logits);
     if (!logits) {
         fprintf(stderr, "moec: out of memory\n");
-        rc = 1;
-        goto out;
-    }
-    if (o.logits_path && !(lf = fopen(o.logits_path, "wb"))) {
-        fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
         rc = 1;
         goto out;
     }

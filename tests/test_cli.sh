@@ -258,6 +258,20 @@ expect 1 ": step 1, position 2: the logits hold a NaN or an infinity" -- \
 out=$("$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu 2>/dev/null)
 [ "$out" = 59 ] && ok || bad "NaN at token 59: printed '$out', want '59' (the last id before the error)"
 
+# --logits-out: a path that cannot be written fails before the weights load
+# (the model's weights missing here, so a late open would fail on them
+# first); one of the files the run reads is refused, never emptied.
+mkdir -p "$T/lo" && cp "$D/qwen3_moe/config.json" "$T/lo/"
+expect 1 "moec: cannot write $T/nonexistent/l.bin: No such file or directory" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/nonexistent/l.bin"
+cp "$D/qwen3_moe/model.safetensors" "$T/lo/"
+expect 2 "moec: --logits-out $T/lo/../lo/model.safetensors is $T/lo/model.safetensors, which the run reads" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/lo/../lo/model.safetensors"
+expect 2 "moec: --logits-out $T/lo/config.json is $T/lo/config.json, which the run reads" -- \
+  "$B" run "$D/qwen3_moe" --weights "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/lo/config.json"
+cmp -s "$T/lo/model.safetensors" "$D/qwen3_moe/model.safetensors" && cmp -s "$T/lo/config.json" "$D/qwen3_moe/config.json" &&
+  ok || bad "a refused --logits-out changed the checkpoint"
+
 # A model directory whose weights are missing: the error names the tensor.
 mkdir -p "$T/noweights" && cp "$D/qwen3_moe/config.json" "$T/noweights/"
 expect 1 "no *.safetensors" -- "$B" run "$T/noweights" --prompt-ids 1 --max-new-tokens 1

@@ -102,6 +102,9 @@ fi
 # ...and a context too long for it is refused before any device is looked for
 expect 2 "moec: --context 1024 is more than the model allows: at most 511 (its max_position_embeddings 512, less the token each step decodes)" -- \
   "$B" bench "$P" --weights "$D/deepseek_v3" --context 1024
+# --logits-out onto the plan the run reads is refused, before anything loads
+expect 2 "moec: --logits-out $P is the plan $P, which the run reads" -- \
+  "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --logits-out "$P"
 size=$(stat -c %s "$P")
 head -c 100 "$P" >"$T/short.moec"
 expect 1 "plan $T/short.moec is truncated" -- "$B" run "$T/short.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
