@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +86,10 @@ static const char *USAGE_COMPILE =
     "and hashes of MODEL_DIR's config.json and of every checkpoint tensor's name,\n"
     "dtype and shape. A plan runs only against that checkpoint:\n"
     "`moec run PLAN --weights MODEL_DIR ...`. The tensors are checked, not read.\n"
-    "Progress goes to stderr.\n"
+    "Progress goes to stderr. PLAN (and --quantize's folder) is written under a\n"
+    "temporary name and renamed into place: a compile that fails or is stopped\n"
+    "(SIGINT, SIGTERM, SIGHUP) leaves no partial PLAN or folder, and an existing\n"
+    "PLAN as it was (an fp8 folder finished before the failure stays).\n"
     "\n"
     "options:\n"
     "  -o, --output PLAN     the plan file to write (required)\n"
@@ -861,6 +865,76 @@ static void compile_progress(int done, int total, void *user)
     fflush(stderr);
 }
 
+/* What a compile stopped by a signal would leave: the plan's temporary file
+ * (PLAN.tmp.PID, ir_plan_file.c) and --quantize's temporary folder
+ * (DIR.tmpPID, moec_quantize.c: config.json, generation_config.json and
+ * the shards model-00001.safetensors on), a partial checkpoint as large as
+ * the model. The paths are made before the compile starts; the handler of
+ * SIGINT, SIGTERM and SIGHUP removes them (unlink, rmdir and memcpy are
+ * async-signal-safe) and dies of the signal. */
+static struct {
+    char plan_tmp[4200];
+    char q_tmp[4200];  /* "" without --quantize */
+    char q_file[4300]; /* q_tmp, '/', and a name the handler writes */
+    size_t q_len;      /* strlen(q_tmp) + 1 */
+} g_compile_tmp;
+
+static void compile_tmp_unlink(const char *name, size_t n)
+{
+    memcpy(g_compile_tmp.q_file + g_compile_tmp.q_len, name, n + 1);
+    unlink(g_compile_tmp.q_file);
+}
+
+static void compile_tmp_remove_and_die(int sig)
+{
+    unlink(g_compile_tmp.plan_tmp);
+    if (g_compile_tmp.q_tmp[0]) {
+        compile_tmp_unlink("config.json", strlen("config.json"));
+        compile_tmp_unlink("generation_config.json", strlen("generation_config.json"));
+        char shard[] = "model-00000.safetensors";
+        for (int i = 1; i < 100000; i++) { /* numbered from 1, without gaps */
+            for (int k = 10, v = i; k >= 6; k--, v /= 10)
+                shard[k] = (char)('0' + v % 10);
+            memcpy(g_compile_tmp.q_file + g_compile_tmp.q_len, shard, sizeof shard);
+            if (unlink(g_compile_tmp.q_file) != 0)
+                break;
+        }
+        rmdir(g_compile_tmp.q_tmp);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* The handler on (with the temporary names of out and, with --quantize,
+ * qdir), or off (out NULL): each signal's disposition as it was before. A
+ * signal ignored at start (nohup's SIGHUP, SIGINT of a background job) is
+ * left ignored. */
+static void compile_tmp_on_signals(const char *out, const char *qdir)
+{
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    static struct sigaction before[3];
+    if (out) {
+        snprintf(g_compile_tmp.plan_tmp, sizeof g_compile_tmp.plan_tmp, "%s.tmp.%d", out,
+                 (int)getpid());
+        g_compile_tmp.q_tmp[0] = '\0';
+        if (qdir)
+            snprintf(g_compile_tmp.q_tmp, sizeof g_compile_tmp.q_tmp, "%s.tmp%ld", qdir,
+                     (long)getpid());
+        g_compile_tmp.q_len = (size_t)snprintf(g_compile_tmp.q_file, sizeof g_compile_tmp.q_file,
+                                               "%s/", g_compile_tmp.q_tmp);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = compile_tmp_remove_and_die;
+    sigemptyset(&sa.sa_mask);
+    for (int k = 0; k < 3; k++) {
+        if (!out)
+            sigaction(sigs[k], &before[k], NULL);
+        else if (sigaction(sigs[k], NULL, &before[k]) == 0 && before[k].sa_handler != SIG_IGN)
+            sigaction(sigs[k], &sa, NULL);
+    }
+}
+
 static int cmd_compile(int argc, char **argv)
 {
     const char *dir = NULL, *outpath = NULL;
@@ -958,7 +1032,9 @@ static int cmd_compile(int argc, char **argv)
                     dir, o.quantized_dir);
         fprintf(stderr, "moec compile: %s: passes, code generation and NVRTC (%s, %s, buckets %s)\n",
                 dir, arch && *arch ? arch : "sm_90", o.dtype ? o.dtype : "bf16", buckets);
+        compile_tmp_on_signals(outpath, o.quantize ? o.quantized_dir : NULL);
         st = moec_compile(m, dir, &o, outpath);
+        compile_tmp_on_signals(NULL, NULL);
     }
     moec_model_free(m);
     if (st != MOEC_OK)

@@ -22,6 +22,7 @@ expect 0 "compile MODEL_DIR" -- "$B" --help
 for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --fp8-layout --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
   expect 0 "$f" -- "$B" compile --help
 done
+expect 0 "(SIGINT, SIGTERM, SIGHUP) leaves no partial PLAN or folder, and an existing" -- "$B" compile --help
 expect 0 "--weights DIR" -- "$B" run --help
 expect 0 "moec run PLAN --weights MODEL_DIR" -- "$B" run --help
 
@@ -182,6 +183,23 @@ compile_fast 1 "cannot write the fp8 checkpoint $T/q.fp8: it exists (remove it, 
 compile_fast 1 "is quantized already (its config.json has a quantization_config): nothing to quantize" -- \
   "$B" compile "$D/deepseek_v3_fp8" -o "$T/q2.moec" --quantize fp8 --quantized-dir "$T/q2"
 [ ! -e "$T/q2" ] && ok || bad "a refused quantization left $T/q2"
+# a compile --quantize stopped by a signal while it writes the fp8 folder
+# leaves neither its temporary folder (DIR.tmpPID) nor a plan, and an
+# existing plan stays as it was: a model large enough that quantizing takes
+# a while, the signal sent once the temporary folder is there
+python3 -c "import json,sys;c=json.load(open(sys.argv[1]));c.update(hidden_size=512,intermediate_size=1024,moe_intermediate_size=256,n_routed_experts=64,vocab_size=4096);json.dump(c,open(sys.argv[2],'w'))" \
+  "$S/samples/configs/deepseek_v3_tiny.json" "$T/big.json"
+"$MOEC_BUILD_DIR/moec-sample" --fast "$T/big.json" "$T/big" >/dev/null 2>&1 && ok || bad "moec-sample of $T/big.json failed"
+cp "$P" "$T/keep.moec"
+for sig in TERM HUP; do # (a job started with & ignores SIGINT, and so does the compile)
+  "$B" compile "$T/big" -o "$T/keep.moec" --quantize fp8 --quantized-dir "$T/bigq" --batch-sizes 1 2>/dev/null &
+  pid=$!
+  for _ in $(seq 200); do compgen -G "$T/bigq.tmp*/config.json" >/dev/null && break; sleep 0.05; done
+  kill -s $sig $pid; wait $pid; rc=$?
+  left=$(ls -d "$T"/bigq* "$T"/keep.moec.tmp* 2>/dev/null)
+  [ $rc -gt 128 ] && [ -z "$left" ] && cmp -s "$T/keep.moec" "$P" && ok ||
+    bad "compile --quantize stopped by SIG$sig: exit $rc, left '$left', or changed the plan there"
+done
 expect 2 "--quantize: 'int4' is not fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantize int4
 expect 2 "--quantized-dir goes with --quantize fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantized-dir "$T/qq"
 
