@@ -425,8 +425,9 @@ moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_messag
  * template as variables. add_generation_prompt, bos_token and eos_token
  * come from opts and the tokenizer (a request setting them is refused);
  * enable_thinking from opts when set there, else from the request. A key
- * written twice is refused. JSON numbers without a fraction become
- * integers. */
+ * written twice is refused, and so are text after the JSON value and a NUL
+ * (raw, or \u0000 in a string), which would cut the text short. JSON
+ * numbers without a fraction become integers. */
 moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
                                   const moec_chat_options_t *opts, char **out);
 

@@ -86,6 +86,28 @@ moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_messag
     return render(tok, vars, opts, out);
 }
 
+/* The offset of the first NUL in the JSON text, raw or a \u0000 escape in a
+ * string, or len. cJSON stops at a raw one and decodes the escape into a
+ * NUL that ends its C string: either would drop the text after it unsaid. */
+static size_t json_nul_at(const char *s, size_t len)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!s[i])
+            return i;
+        if (!in_string) {
+            in_string = s[i] == '"';
+        } else if (s[i] == '"') {
+            in_string = 0;
+        } else if (s[i] == '\\' && i + 1 < len) {
+            if (s[i + 1] == 'u' && len - i >= 6 && !memcmp(s + i + 2, "0000", 4))
+                return i;
+            i++; /* the escaped character, a quote or a backslash among them */
+        }
+    }
+    return len;
+}
+
 moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
                                   const moec_chat_options_t *opts, char **out)
 {
@@ -99,9 +121,21 @@ moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json,
                         CHAT_MAX_REQUEST_BYTES);
     if (!tok->chat_template)
         return no_template(tok);
-    cJSON *root = cJSON_ParseWithLength(json ? json : "", len);
+    size_t nul = json ? json_nul_at(json, len) : len;
+    if (nul < len)
+        return MOEC_ERR(MOEC_ERR_FORMAT, "the chat request holds a NUL character (byte %zu): "
+                        "moec takes no NUL in text", nul);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json ? json : "", len, &end, 0);
     if (!root)
         return MOEC_ERR(MOEC_ERR_FORMAT, "the chat request is not valid JSON");
+    while (end && end < json + len && strchr(" \t\r\n", *end))
+        end++;
+    if (end && end < json + len) { /* Python's json: "Extra data" */
+        cJSON_Delete(root);
+        return MOEC_ERR(MOEC_ERR_FORMAT, "the chat request is not valid JSON: more text after "
+                        "its value (byte %zu)", (size_t)(end - json));
+    }
     moec_status st = moec_json_check_unique(root, "the chat request");
     cJSON *vars = NULL, *msgs = root;
     if (st == MOEC_OK && cJSON_IsObject(root)) {
