@@ -8,8 +8,10 @@
  * Initialisation keeps activations of order one in tiny models: embeddings
  * N(0, 1); matrices N(0, 1/in_features); norm weights 1 + N(0, 0.1^2);
  * biases and DeepSeek-V3's e_score_correction_bias N(0, 0.1^2). */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
@@ -673,12 +675,20 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--fp8")) {
             fp8 = 1;
         } else if (!strcmp(argv[i], "--seed")) {
+            /* strtoull alone takes "" for 0, and "-1" or a number past 2^64 - 1
+             * for another seed than the one written */
             char *end;
-            if (i + 1 == argc || (seed = strtoull(argv[i + 1], &end, 10), *end)) {
-                fprintf(stderr, "moec-sample: --seed needs an integer\n\n%s", USAGE);
+            if (++i == argc) {
+                fprintf(stderr, "moec-sample: --seed needs a value\n\n%s", USAGE);
                 return 2;
             }
-            i++;
+            errno = 0;
+            if (!isdigit((unsigned char)argv[i][0]) ||
+                (seed = strtoull(argv[i], &end, 10), errno || *end)) {
+                fprintf(stderr, "moec-sample: --seed: '%s' is not an integer from 0 to %llu\n\n%s",
+                        argv[i], ULLONG_MAX, USAGE);
+                return 2;
+            }
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "moec-sample: unknown option %s\n\n%s", argv[i], USAGE);
             return 2;

@@ -117,6 +117,16 @@ expect 0 "moec-sample: writing 79 tensors, 388.6 kB, to $T/s5/model.safetensors"
   bad "moec-sample wrote $(ls -A "$T/s5")"
 cmp -s "$cfg" "$T/s5/config.json" && ok || bad "moec-sample: config.json is not a copy of the input"
 expect 0 "" -- "$B/moec" run "$T/s5" "${RUN[@]}"
+# --seed takes 0 to 2^64 - 1 in decimal: an empty, negative or larger value
+# is refused, not read as another seed
+for v in "" -1 18446744073709551616 5x " 5"; do
+  expect 2 "moec-sample: --seed: '$v' is not an integer from 0 to 18446744073709551615" -- \
+    "$SAMPLE" "$cfg" "$T/seed" --seed "$v"
+done
+expect 2 "moec-sample: --seed needs a value" -- "$SAMPLE" "$cfg" "$T/seed" --seed
+[ ! -e "$T/seed" ] && ok || bad "a refused --seed made $T/seed"
+"$SAMPLE" "$cfg" "$T/seed0" --seed 0 2>/dev/null && "$SAMPLE" "$cfg" "$T/seedmax" --seed 18446744073709551615 2>/dev/null &&
+  ! cmp -s "$T/seed0/model.safetensors" "$T/seedmax/model.safetensors" && ok || bad "--seed 0 and 2^64 - 1 wrote the same weights"
 
 # A stopped run leaves no partial model.safetensors: SIGTERM removes the
 # temporary file and the folder; SIGKILL cannot, but the model is never
