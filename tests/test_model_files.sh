@@ -138,11 +138,11 @@ c.update(vocab_size=256, hidden_size=2048, num_experts=8, moe_intermediate_size=
          num_hidden_layers=4, intermediate_size=2048)
 json.dump(c, open(sys.argv[2], "w"))
 PY
-# stop_while_writing SIGNAL DIR: starts moec-sample into DIR and sends SIGNAL
-# once its temporary file exists (a failure when it never does, or when the
-# run ends before the signal).
+# stop_while_writing SIGNAL DIR [OPTION...]: starts moec-sample into DIR and
+# sends SIGNAL once its temporary file exists (a failure when it never does,
+# or when the run ends before the signal).
 stop_while_writing() {
-  "$SAMPLE" "$T/mid.json" "$2" 2>"$T/stop.err" &
+  "$SAMPLE" "$T/mid.json" "$2" "${@:3}" 2>"$T/stop.err" &
   BG_PID=$!
   local i seen=0 rc
   for i in $(seq 200); do
@@ -158,6 +158,11 @@ stop_while_writing() {
 }
 stop_while_writing TERM "$T/s6"
 [ ! -e "$T/s6" ] && ok || bad "SIGTERM left $(ls -A "$T/s6" 2>&1) ($(cat "$T/stop.err"))"
+# --fp8: the quantized config it writes under $TMPDIR goes too; SIGHUP
+mkdir -p "$T/tmpdir"
+TMPDIR=$T/tmpdir stop_while_writing HUP "$T/s8" --fp8
+[ ! -e "$T/s8" ] && [ -z "$(ls -A "$T/tmpdir")" ] && ok ||
+  bad "SIGHUP of --fp8 left $(ls -A "$T/s8" "$T/tmpdir" 2>&1)"
 stop_while_writing KILL "$T/s7"
 [ -e "$T/s7" ] && [ ! -e "$T/s7/model.safetensors" ] && [ ! -e "$T/s7/config.json" ] && ok ||
   bad "SIGKILL left $(ls -A "$T/s7" 2>&1) ($(cat "$T/stop.err"))"
