@@ -1324,8 +1324,16 @@ static int tokenize_encode(const moec_tokenizer_t *tok, const char *text, size_t
     return 0;
 }
 
-static int tokenize_decode(const moec_tokenizer_t *tok, const char *in, int skip_special)
+static int tokenize_decode(const moec_tokenizer_t *tok, const char *in, size_t in_len,
+                           int skip_special)
 {
+    /* the ids are read as a C string: the ones after a NUL would be dropped */
+    const char *nul = memchr(in, '\0', in_len);
+    if (nul) {
+        fprintf(stderr, "moec: tokenize --decode: a NUL byte in the ids (byte %zu)\n",
+                (size_t)(nul - in));
+        return 2;
+    }
     int32_t *ids = NULL;
     const char *bad = NULL;
     int n = parse_id_list(in, &ids, &bad);
@@ -1387,7 +1395,7 @@ static int cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "moec: cannot read stdin: %s\n", strerror(errno));
         rc = 1;
     } else {
-        rc = decode ? tokenize_decode(tok, in, skip_special) : tokenize_encode(tok, in, len, !no_special);
+        rc = decode ? tokenize_decode(tok, in, len, skip_special) : tokenize_encode(tok, in, len, !no_special);
     }
     free(in);
     moec_tokenizer_free(tok);

@@ -64,6 +64,9 @@ echo '{"model":{"type":"Unigram","vocab":[["a",0.0]]},"decoder":{"type":"ByteLev
 expect 1 "model.type: 'Unigram' is not supported (moec supports BPE)" -- "$B" tokenize "$T/unigram"
 out=$(echo '1,x' | "$B" tokenize "$D/qwen2" --decode 2>&1); rc=$?
 [ $rc = 2 ] && [[ "$out" == *"bad token id at 'x'"* ]] && ok || bad "decode of 1,x: exit $rc: $out"
+out=$(printf '1\0002' | "$B" tokenize "$D/qwen2" --decode 2>&1); rc=$?
+[ $rc = 2 ] && [ "$out" = "moec: tokenize --decode: a NUL byte in the ids (byte 1)" ] && ok ||
+  bad "decode of 1 NUL 2: exit $rc: $out"
 out=$(echo '1 -3' | "$B" tokenize "$D/qwen2" --decode 2>&1); rc=$?
 [ $rc = 1 ] && [[ "$out" == *"cannot decode the negative id -3"* ]] && ok || bad "decode of -3: exit $rc: $out"
 
