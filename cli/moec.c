@@ -536,10 +536,13 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             }
             else if (!strcmp(a, "--max-new-tokens")) {
                 if (parse_int(v, 1, 1 << 24, &o->max_new))
-                    return usage_error(USAGE_RUN, "--max-new-tokens: '%s' is not an integer >= 1", v);
+                    return usage_error(USAGE_RUN,
+                                       "--max-new-tokens: '%s' is not an integer from 1 to 16777216",
+                                       v);
             } else if (!strcmp(a, "--max-seq-len")) {
                 if (parse_int(v, 1, 1 << 26, &o->max_seq))
-                    return usage_error(USAGE_RUN, "--max-seq-len: '%s' is not an integer >= 1", v);
+                    return usage_error(USAGE_RUN,
+                                       "--max-seq-len: '%s' is not an integer from 1 to 67108864", v);
             } else {
                 o->backend_set = 1;
                 if (!strcmp(v, "cpu"))
@@ -1111,7 +1114,8 @@ static int cmd_bench(int argc, char **argv)
                     return usage_error(USAGE_BENCH, "--batch-sizes: '%s' is not 1 to 16 sizes >= 1", v);
             } else if (parse_int(v, !strcmp(a, "--steps") ? 1 : 0, 1 << 24, &x)) {
                 char msg[256];
-                snprintf(msg, sizeof msg, "%s: '%s' is not a count", a, v);
+                snprintf(msg, sizeof msg, "%s: '%.64s' is not an integer from %d to 16777216", a,
+                         v, !strcmp(a, "--steps"));
                 return usage_error(USAGE_BENCH, "%s", msg);
             } else if (!strcmp(a, "--context")) {
                 o.context = (int)x;

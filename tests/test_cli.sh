@@ -203,7 +203,13 @@ expect 2 "missing --max-new-tokens" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2
 expect 2 "bad token id at 'x'" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,x --max-new-tokens 2
 expect 2 "bad token id at ''" -- "$B" run "$D/qwen3_moe" --prompt-ids 1, --max-new-tokens 2
 expect 2 "token id 256 is outside the vocabulary (vocab_size 256)" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,256 --max-new-tokens 2
-expect 2 "--max-new-tokens: '0' is not an integer >= 1" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
+expect 2 "--max-new-tokens: '0' is not an integer from 1 to 16777216" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
+# past the bounds: the bound named, not a claim that the value is below 1
+expect 2 "--max-new-tokens: '2147483648' is not an integer from 1 to 16777216" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 2147483648
+expect 2 "--max-seq-len: '67108865' is not an integer from 1 to 67108864" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 67108865
+expect 2 "--warmup: '16777217' is not an integer from 0 to 16777216" -- "$B" bench "$D/qwen3_moe" --warmup 16777217
 expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --arch 90
 for f in --batch-sizes --context --steps --warmup --json --arch --weights --profile; do expect 0 "$f" -- "$B" bench --help; done
 for f in --single-stream --eager; do expect 0 "$f" -- "$B" run --help; done
@@ -215,7 +221,7 @@ expect 2 "--weights goes with a plan file" -- "$B" bench "$D/qwen3_moe" --weight
 expect 0 "$("$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu)" -- \
   "$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu --single-stream --eager
 expect 2 "--batch-sizes: '0' is not 1 to 16 sizes >= 1" -- "$B" bench "$D/qwen3_moe" --batch-sizes 0
-expect 2 "--steps: 'x' is not a count" -- "$B" bench "$D/qwen3_moe" --steps x
+expect 2 "--steps: 'x' is not an integer from 1 to 16777216" -- "$B" bench "$D/qwen3_moe" --steps x
 # bench checks its context before it looks for a device: the default fits
 # the model (max_position_embeddings 512: context 511), a longer one names
 # --context; make demo's sample model benches with the defaults.
