@@ -775,8 +775,14 @@ static int cmd_run(int argc, char **argv)
     int vocab = plan ? moec_session_vocab_size(s) : moec_model_vocab_size(m);
     for (int i = 0; i < n; i++) {
         if (ids[i] >= vocab) {
-            fprintf(stderr, "moec: --prompt-ids: token id %d is outside the vocabulary (vocab_size %d)\n",
-                    (int)ids[i], vocab);
+            if (tok) /* the tokenizer's ids past the model's: a mismatched tokenizer.json */
+                fprintf(stderr,
+                        "moec: %s: the tokenizer's id %d is outside the model's vocabulary "
+                        "(vocab_size %d)\n",
+                        o.chat ? "--chat" : "--prompt", (int)ids[i], vocab);
+            else
+                fprintf(stderr, "moec: --prompt-ids: token id %d is outside the vocabulary "
+                                "(vocab_size %d)\n", (int)ids[i], vocab);
             rc = 2;
             goto out;
         }

@@ -83,6 +83,10 @@ got=$("$B" run "$M" --prompt "hi there" --max-new-tokens 5 --ignore-eos --backen
 [ $rc = 0 ] && [ "$got" = "$want" ] && [ -n "$got" ] && ok || bad "run --prompt printed '$got' (exit $rc), want '$want'"
 expect 2 "--prompt-ids, --prompt and --chat are exclusive" -- "$B" run "$M" --prompt hi --prompt-ids 1 --max-new-tokens 1
 expect 2 "missing --prompt-ids, --prompt or --chat" -- "$B" run "$M" --max-new-tokens 1
+# a tokenizer whose ids pass the model's vocabulary: the flag named
+mkdir -p "$T/wide" && cp "$S/tests/data/qwen3_moe/"* "$D/qwen2/tokenizer.json" "$T/wide/"
+expect 2 "moec: --prompt: the tokenizer's id 319 is outside the model's vocabulary (vocab_size 256)" -- \
+  "$B" run "$T/wide" --prompt "world" --max-new-tokens 1 --backend cpu
 expect 2 "--prompt: the text encodes to no tokens" -- "$B" run "$M" --prompt "" --max-new-tokens 1
 expect 1 "qwen3_moe/tokenizer.json: No such file or directory" -- \
   "$B" run "$S/tests/data/qwen3_moe" --prompt hi --max-new-tokens 1 --backend cpu
