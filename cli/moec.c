@@ -419,6 +419,11 @@ static int cmd_dump_ir(int argc, char **argv)
     if (par_seen && summary)
         return usage_error(USAGE_DUMP, "%s", "--summary and --tp do not go together");
     const moec_parallel *pp = par_seen ? &par : NULL;
+    char name[256]; /* "w" would empty it: a model folder whose config.json is now IR */
+    if (outpath && moec_path_in_folder(outpath, dir, name, sizeof name)) {
+        fprintf(stderr, "moec: -o %s is %s/%s, a file of the model\n", outpath, dir, name);
+        return 2;
+    }
     moec_model_t *m;
     moec_status st = moec_model_open(dir, &m);
     if (st != MOEC_OK)

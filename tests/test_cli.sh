@@ -27,6 +27,11 @@ for m in deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe; do
   expect 0 "model $(python3 -c "import json;print(json.load(open('$D/$m/config.json'))['model_type'])")" -- "$B" dump-ir "$D/$m" --summary
 done
 "$B" dump-ir "$D/qwen3_moe" -o "$T/q.mir" && [ -s "$T/q.mir" ] && ok || bad "dump-ir -o wrote nothing"
+# -o naming one of the model's files is refused, the file left as it was
+mkdir -p "$T/dm" && cp "$D/qwen3_moe/config.json" "$T/dm/"
+expect 2 "moec: -o $T/dm/./config.json is $T/dm/config.json, a file of the model" -- \
+  "$B" dump-ir "$T/dm" -o "$T/dm/./config.json"
+cmp -s "$T/dm/config.json" "$D/qwen3_moe/config.json" && ok || bad "dump-ir -o changed the model's config.json"
 
 # dump-ir after passes: one pass, and every pass into a folder.
 expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
