@@ -200,6 +200,29 @@ static moec_status check_out_path(const char *path, const char *weights_dir)
     return MOEC_OK;
 }
 
+/* 1 when paths a and b, neither of which need exist, name the same entry:
+ * the same last name (trailing slashes aside) in the same folder. */
+static int same_entry(const char *a, const char *b)
+{
+    char pa[4096], pb[4096];
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/')
+        na--;
+    while (nb > 1 && b[nb - 1] == '/')
+        nb--;
+    snprintf(pa, sizeof pa, "%.*s", (int)na, a);
+    snprintf(pb, sizeof pb, "%.*s", (int)nb, b);
+    const char *ba = strrchr(pa, '/'), *bb = strrchr(pb, '/');
+    if (strcmp(ba ? ba + 1 : pa, bb ? bb + 1 : pb))
+        return 0;
+    char da[4096], db[4096];
+    struct stat sa, sb;
+    moec_path_parent(pa, da, sizeof da);
+    moec_path_parent(pb, db, sizeof db);
+    return stat(da, &sa) == 0 && stat(db, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
 /* --quantize: the checkpoint quantized into its new folder, then the plan
  * compiled for that folder as for any fp8 checkpoint. */
 static moec_status compile_quantized(const moec_model_t *model, const char *weights_dir,
@@ -212,6 +235,11 @@ static moec_status compile_quantized(const moec_model_t *model, const char *weig
     if (!opt->quantized_dir || !*opt->quantized_dir)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "quantize fp8 needs quantized_dir, the folder of the fp8 checkpoint");
+    if (same_entry(out_path, opt->quantized_dir)) /* found now, not after the quantization */
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "cannot write the plan %s: it is where the fp8 checkpoint %s goes (name "
+                        "another file or folder)",
+                        out_path, opt->quantized_dir);
     MOEC_TRY(moec_quantize_fp8(model, weights_dir, opt->quantized_dir, NULL));
     moec_model_t *qm = NULL;
     MOEC_TRY(moec_model_open(opt->quantized_dir, &qm));

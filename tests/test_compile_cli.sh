@@ -200,6 +200,10 @@ for sig in TERM HUP; do # (a job started with & ignores SIGINT, and so does the 
   [ $rc -gt 128 ] && [ -z "$left" ] && cmp -s "$T/keep.moec" "$P" && ok ||
     bad "compile --quantize stopped by SIG$sig: exit $rc, left '$left', or changed the plan there"
 done
+# the plan where the fp8 folder goes: refused before anything is quantized
+compile_fast 1 "cannot write the plan $T/same: it is where the fp8 checkpoint $T/./same/ goes (name another file or folder)" -- \
+  "$B" compile "$D/deepseek_v3" -o "$T/same" --quantize fp8 --quantized-dir "$T/./same/"
+[ ! -e "$T/same" ] && ok || bad "a refused compile wrote $T/same"
 expect 2 "--quantize: 'int4' is not fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantize int4
 expect 2 "--quantized-dir goes with --quantize fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantized-dir "$T/qq"
 
