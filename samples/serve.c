@@ -1255,6 +1255,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                                 {"--max-body-kib", BODY_KIB_LIMIT, &o->body_kib},
                                 {"--http-timeout", 86400, &o->http_timeout},
                                 {"--http-threads", 64, &o->http_threads}};
+    const char *http_count = NULL; /* the last --http count option given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const count_opt *cnt = NULL;
@@ -1282,6 +1283,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             if (cnt) {
                 if (parse_int(v, 1, cnt->max, cnt->dst))
                     return count_error(a, v, cnt->max);
+                if (cnt->dst == &o->max_waiting || cnt->dst == &o->body_kib ||
+                    cnt->dst == &o->http_timeout || cnt->dst == &o->http_threads)
+                    http_count = a;
             } else if (!strcmp(a, "--weights")) {
                 o->weights = v;
             } else if (!strcmp(a, "--port") || !strcmp(a, "--http")) {
@@ -1336,8 +1340,8 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     if (o->http_port < 0) {
         const char *http_only[] = {o->host ? "--host" : NULL,
                                    o->model_name ? "--served-model-name" : NULL,
-                                   o->tokenizer ? "--tokenizer" : NULL};
-        for (int k = 0; k < 3; k++)
+                                   o->tokenizer ? "--tokenizer" : NULL, http_count};
+        for (int k = 0; k < 4; k++)
             if (http_only[k])
                 return usage_error("%s is for the HTTP API: it needs --http PORT", http_only[k]);
     }
