@@ -753,8 +753,12 @@ int main(int argc, char **argv)
     }
     if (rc == 0) {
         o.created = mkdir(outdir, 0755) == 0;
+        struct stat sb; /* else the error would name a temporary file in it */
         if (!o.created && errno != EEXIST) {
             fprintf(stderr, "moec-sample: cannot create %s: %s\n", outdir, strerror(errno));
+            rc = 1;
+        } else if (!o.created && (stat(outdir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+            fprintf(stderr, "moec-sample: OUT_DIR %s is not a directory\n", outdir);
             rc = 1;
         }
     }

@@ -117,6 +117,10 @@ expect 0 "moec-sample: writing 79 tensors, 388.6 kB, to $T/s5/model.safetensors"
   bad "moec-sample wrote $(ls -A "$T/s5")"
 cmp -s "$cfg" "$T/s5/config.json" && ok || bad "moec-sample: config.json is not a copy of the input"
 expect 0 "" -- "$B/moec" run "$T/s5" "${RUN[@]}"
+# an OUT_DIR that is a file is named, not a temporary file in it
+: >"$T/afile"
+expect 1 "moec-sample: OUT_DIR $T/afile is not a directory" -- "$SAMPLE" "$cfg" "$T/afile"
+[ ! -s "$T/afile" ] && ok || bad "moec-sample wrote into the file $T/afile"
 # --seed takes 0 to 2^64 - 1 in decimal: an empty, negative or larger value
 # is refused, not read as another seed
 for v in "" -1 18446744073709551616 5x " 5"; do
