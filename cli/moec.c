@@ -253,6 +253,14 @@ static int lib_error(moec_status st)
 
 static int is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
 
+/* 1 when v looks like a GPU arch (sm_ and a digit first, as moec_compile
+ * checks it: sm_90, sm_90a), so that a bad one is a usage error naming the
+ * option, not a library error after the compile has begun. */
+static int is_arch(const char *v)
+{
+    return !strncmp(v, "sm_", 3) && isdigit((unsigned char)v[3]) && strlen(v) <= 10;
+}
+
 /* Parses a decimal int in [lo, hi]; 0 on success. */
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
@@ -535,7 +543,7 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             else if (!strcmp(a, "--weights"))
                 o->weights = v;
             else if (!strcmp(a, "--arch")) {
-                if (strncmp(v, "sm_", 3) || strlen(v) > 10)
+                if (!is_arch(v))
                     return usage_error(USAGE_RUN, "--arch: '%s' is not a GPU arch like sm_90", v);
                 o->arch = v;
             }
@@ -991,7 +999,7 @@ static int cmd_compile(int argc, char **argv)
                     return usage_error(USAGE_COMPILE, "%s", "--quantized-dir: an empty name");
                 o.quantized_dir = v;
             } else if (!strcmp(a, "--arch")) {
-                if (strncmp(v, "sm_", 3) || strlen(v) > 10)
+                if (!is_arch(v))
                     return usage_error(USAGE_COMPILE, "--arch: '%s' is not a GPU arch like sm_90", v);
                 o.arch = v;
             } else if (!strcmp(a, "--dtype")) {
@@ -1106,7 +1114,7 @@ static int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--profile")) {
             o.profile = stderr;
         } else if (!strcmp(a, "--arch")) {
-            if (i + 1 == argc || strncmp(argv[i + 1], "sm_", 3) || strlen(argv[i + 1]) > 10)
+            if (i + 1 == argc || !is_arch(argv[i + 1]))
                 return usage_error(USAGE_BENCH, "%s", "--arch needs a GPU arch like sm_90");
             setenv("MOEC_ARCH", argv[++i], 1);
             arch = 1;

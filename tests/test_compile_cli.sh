@@ -155,6 +155,8 @@ expect 2 "missing MODEL_DIR" -- "$B" compile -o "$T/x.moec"
 expect 2 "--dtype: 'fp16' is not bf16 or fp32" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --dtype fp16
 expect 2 "--batch-sizes: '8,1' is not 1 to 16 ascending buckets" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --batch-sizes 8,1
 expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --arch 90
+expect 2 "--arch: 'sm_' is not a GPU arch like sm_90" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --arch sm_
+expect 2 "--arch: 'sm_x90' is not a GPU arch like sm_90" -- "$B" run "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --arch sm_x90
 expect 2 "unknown option --frob" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --frob
 expect 2 "is a plan file: --weights MODEL_DIR (the checkpoint it was compiled for) is required" -- "$B" run "$P" --prompt-ids 1 --max-new-tokens 1
 expect 2 "--backend cpu: $P is a plan, which runs on the GPU" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --backend cpu
