@@ -175,6 +175,8 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
 static moec_status check_out_path(const char *path, const char *weights_dir)
 {
     struct stat sb;
+    if (!*path) /* its folder would be ".": the write fails only after the compile */
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan: its file name is empty");
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return MOEC_ERR(MOEC_ERR_IO,
                         "cannot write the plan %s: it is a directory (name a file, such as "

@@ -129,6 +129,7 @@ compile_fast 1 "cannot write the plan $T: it is a directory (name a file, such a
   "$B" compile "$D/deepseek_v3" -o "$T"
 compile_fast 1 "cannot write the plan $T/nonexistent/x.moec: directory $T/nonexistent: No such file or directory" -- \
   "$B" compile "$D/deepseek_v3" -o "$T/nonexistent/x.moec"
+compile_fast 1 "cannot write the plan: its file name is empty" -- "$B" compile "$D/deepseek_v3" -o ""
 compile_fast 1 "cannot write the plan $P/x.moec: $P is not a directory" -- "$B" compile "$D/deepseek_v3" -o "$P/x.moec"
 # a plan named as one of the checkpoint's files would replace it
 mkdir -p "$T/w" && cp "$D/qwen3_moe/"* "$T/w/"
