@@ -3,6 +3,7 @@
  * with the library's message. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdint.h>
@@ -166,7 +167,9 @@ static const char *USAGE_RUN =
     "                         it was compiled for\n"
     "  --logits-out FILE      write float32 little-endian logits, one row of\n"
     "                         vocab_size per generated token; row 0 is the\n"
-    "                         prompt's last position\n"
+    "                         prompt's last position. Opened before the model\n"
+    "                         loads; a run that fails before row 0 leaves FILE as\n"
+    "                         it was (or absent); never one of the run's inputs\n"
     "  --max-seq-len N        KV cache length (default: prompt + N - 1, the tokens\n"
     "                         fed to the model); at most the model's\n"
     "                         max_position_embeddings\n"
@@ -699,9 +702,11 @@ static int print_token(moec_detokenizer_t *d, int32_t id, long k)
 /* --logits-out opened before the model's weights load (the long part), so
  * that a path that cannot be written fails at once; refused when it is one
  * of the files the run reads (the plan, or a file of MODEL_DIR or of
- * --weights), which "wb" would empty. 0 when open (or not asked for), else
- * the exit code. */
-static int open_logits(const run_opts *o, int plan, FILE **lf)
+ * --weights), which would be emptied. Opened without truncation: an
+ * existing file is emptied at the first row, so a run that fails before it
+ * leaves it as it was (and removes it when *created). 0 when open (or not
+ * asked for), else the exit code. */
+static int open_logits(const run_opts *o, int plan, FILE **lf, int *created)
 {
     if (!o->logits_path)
         return 0;
@@ -721,8 +726,12 @@ static int open_logits(const run_opts *o, int plan, FILE **lf)
                     o->logits_path, dirs[k], name);
             return 2;
         }
-    if (!(*lf = fopen(o->logits_path, "wb"))) {
+    *created = stat(o->logits_path, &a) != 0;
+    int fd = open(o->logits_path, O_WRONLY | O_CREAT, 0666);
+    if (fd < 0 || !(*lf = fdopen(fd, "wb"))) {
         fprintf(stderr, "moec: cannot write %s: %s\n", o->logits_path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
         return 1;
     }
     return 0;
@@ -769,10 +778,12 @@ static int cmd_run(int argc, char **argv)
     moec_session_t *s = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
+    int lf_created = 0;
+    long rows = 0; /* written to --logits-out */
     moec_status st;
     if (plan) {
         if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0 ||
-            (rc = open_logits(&o, plan, &lf)) != 0)
+            (rc = open_logits(&o, plan, &lf, &lf_created)) != 0)
             goto out;
         st = moec_session_init_plan_parallel(o.dir, o.weights, (int)max_seq,
                                              o.par_seen ? &o.par : NULL, &s);
@@ -801,7 +812,7 @@ static int cmd_run(int argc, char **argv)
         }
     }
     if (!plan) {
-        if ((rc = open_logits(&o, plan, &lf)) != 0)
+        if ((rc = open_logits(&o, plan, &lf, &lf_created)) != 0)
             goto out;
         st = moec_session_init_parallel(m, o.weights ? o.weights : o.dir, o.backend,
                                         (int)max_seq, o.par_seen ? &o.par : NULL, &s);
@@ -821,11 +832,13 @@ static int cmd_run(int argc, char **argv)
     const int32_t *eos;
     int n_eos = moec_session_eos_tokens(s, &eos);
     for (long k = 0; k < o.max_new; k++) {
-        if (lf && fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab) {
+        if (lf && ((!rows && ftruncate(fileno(lf), 0) != 0) ||
+                   fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab)) {
             fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
             rc = 1;
             goto out;
         }
+        rows += lf != NULL;
         int32_t next = argmax(row, vocab);
         if ((rc = print_token(detok, next, k)) != 0)
             goto out;
@@ -850,6 +863,8 @@ out:
         fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
         rc = 1;
     }
+    if (lf && rc != 0 && !rows && lf_created) /* a failure before the first row */
+        unlink(o.logits_path);
     free(logits);
     free(ids);
     moec_session_free(s);

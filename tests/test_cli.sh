@@ -275,6 +275,16 @@ out=$("$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --bac
 mkdir -p "$T/lo" && cp "$D/qwen3_moe/config.json" "$T/lo/"
 expect 1 "moec: cannot write $T/nonexistent/l.bin: No such file or directory" -- \
   "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/nonexistent/l.bin"
+expect 0 "loads; a run that fails before row 0 leaves FILE as" -- "$B" run --help
+# a run that fails before its first row leaves an existing file as it was
+# and makes no new one
+echo old >"$T/old.bin"
+expect 1 "no *.safetensors in $T/lo" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/old.bin"
+expect 1 "no *.safetensors in $T/lo" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/new.bin"
+[ "$(cat "$T/old.bin")" = old ] && [ ! -e "$T/new.bin" ] && ok ||
+  bad "a failed run changed $T/old.bin or made $T/new.bin"
 cp "$D/qwen3_moe/model.safetensors" "$T/lo/"
 expect 2 "moec: --logits-out $T/lo/../lo/model.safetensors is $T/lo/model.safetensors, which the run reads" -- \
   "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/lo/../lo/model.safetensors"
