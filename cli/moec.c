@@ -1510,6 +1510,19 @@ static int cmd_chat_template(int argc, char **argv)
     return rc;
 }
 
+/* The command's exit code, made 1 when what it printed never reached stdout
+ * (a full disk, a closed file): ids, text or IR lost must not pass for
+ * success. */
+static int finish_stdout(int rc)
+{
+    int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;
+    if (e && rc == 0) {
+        fprintf(stderr, "moec: cannot write stdout: %s\n", strerror(e));
+        rc = 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1519,21 +1532,21 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (is_help(cmd)) {
         fputs(USAGE_MAIN, stdout);
-        return 0;
+        return finish_stdout(0);
     }
     if (!strcmp(cmd, "compile"))
-        return cmd_compile(argc - 2, argv + 2);
+        return finish_stdout(cmd_compile(argc - 2, argv + 2));
     if (!strcmp(cmd, "dump-ir"))
-        return cmd_dump_ir(argc - 2, argv + 2);
+        return finish_stdout(cmd_dump_ir(argc - 2, argv + 2));
     if (!strcmp(cmd, "run"))
-        return cmd_run(argc - 2, argv + 2);
+        return finish_stdout(cmd_run(argc - 2, argv + 2));
     if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 2, argv + 2);
-    if (!strcmp(cmd, "serve"))
+        return finish_stdout(cmd_bench(argc - 2, argv + 2));
+    if (!strcmp(cmd, "serve")) /* its replies' writes are its own to check */
         return moec_serve_main(argc - 1, argv + 1, serve_open_model);
     if (!strcmp(cmd, "tokenize"))
-        return cmd_tokenize(argc - 2, argv + 2);
+        return finish_stdout(cmd_tokenize(argc - 2, argv + 2));
     if (!strcmp(cmd, "chat-template"))
-        return cmd_chat_template(argc - 2, argv + 2);
+        return finish_stdout(cmd_chat_template(argc - 2, argv + 2));
     return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
 }

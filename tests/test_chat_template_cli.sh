@@ -82,6 +82,11 @@ out=$(printf '[{"role": "user", "content": "x\0y"}]' | "$B" chat-template "$Q" 2
 [ $rc = 1 ] && [[ "$out" == *"the chat request holds a NUL character (byte 31)"* ]] && ok || bad "a raw NUL: exit $rc: $out"
 feed '[{"role": "user", "content": "x\\u0000y"}]
 ' 0 'x\u0000y' -- "$B" chat-template "$Q"
+if [ -w /dev/full ]; then # the text never reaching stdout: exit 1, said
+  out=$(printf '[{"role": "user", "content": "x"}]' | "$B" chat-template "$Q" 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "chat-template >/dev/full: exit $rc: $out"
+fi
 feed '"hi"' 1 'the chat request must be a list of messages or an object with a "messages" list' -- \
   "$B" chat-template "$Q"
 feed '[{"content": "no role"}]' 1 'message 0 of the chat request is not an object with a string "role"' -- \

@@ -199,6 +199,15 @@ got=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 2 <"$T/req" 2>
 [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve --tp 2 --ep 2 replied '$got', want '$want'"
 expect 1 "ep 3 must divide tp 2" -- "$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 3
 
+# Output that never reaches stdout (a full disk) is a failure, not exit 0.
+if [ -w /dev/full ]; then
+  out=$("$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 2 --backend cpu 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "run >/dev/full: exit $rc: $out"
+  out=$("$B" --help 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [[ "$out" == "moec: cannot write stdout: "* ]] && ok || bad "--help >/dev/full: exit $rc: $out"
+fi
+
 # Bad invocations.
 expect 1 "nonexistent/config.json" -- "$B" dump-ir "$T/nonexistent"
 expect 2 "missing MODEL_DIR" -- "$B" dump-ir

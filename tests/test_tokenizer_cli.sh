@@ -52,6 +52,16 @@ PY
 [ "$(echo '701,39,702' | "$B" tokenize "$D/qwen2" --decode --skip-special-tokens)" = "H" ] && ok ||
   bad "--skip-special-tokens kept <|im_start|>"
 
+# ids or text that never reach stdout (a full disk): exit 1, said
+if [ -w /dev/full ]; then
+  out=$(printf 'Hi' | "$B" tokenize "$D/qwen2" 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "tokenize >/dev/full: exit $rc: $out"
+  out=$(echo 39 | "$B" tokenize "$D/qwen2" --decode 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "tokenize --decode >/dev/full: exit $rc: $out"
+fi
+
 # Bad invocations.
 expect 2 "missing MODEL_DIR" -- "$B" tokenize
 expect 2 "unknown option --bogus" -- "$B" tokenize "$D/qwen2" --bogus
