@@ -3,7 +3,9 @@
  * with the library's message. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "file.h"
 #include "moec.h"
 #include "samples/serve.h"
 #include "timer.h"
@@ -84,7 +87,10 @@ static const char *USAGE_COMPILE =
     "and hashes of MODEL_DIR's config.json and of every checkpoint tensor's name,\n"
     "dtype and shape. A plan runs only against that checkpoint:\n"
     "`moec run PLAN --weights MODEL_DIR ...`. The tensors are checked, not read.\n"
-    "Progress goes to stderr.\n"
+    "Progress goes to stderr. PLAN (and --quantize's folder) is written under a\n"
+    "temporary name and renamed into place: a compile that fails or is stopped\n"
+    "(SIGINT, SIGTERM, SIGHUP) leaves no partial PLAN or folder, and an existing\n"
+    "PLAN as it was (an fp8 folder finished before the failure stays).\n"
     "\n"
     "options:\n"
     "  -o, --output PLAN     the plan file to write (required)\n"
@@ -161,7 +167,9 @@ static const char *USAGE_RUN =
     "                         it was compiled for\n"
     "  --logits-out FILE      write float32 little-endian logits, one row of\n"
     "                         vocab_size per generated token; row 0 is the\n"
-    "                         prompt's last position\n"
+    "                         prompt's last position. Opened before the model\n"
+    "                         loads; a run that fails before row 0 leaves FILE as\n"
+    "                         it was (or absent); never one of the run's inputs\n"
     "  --max-seq-len N        KV cache length (default: prompt + N - 1, the tokens\n"
     "                         fed to the model); at most the model's\n"
     "                         max_position_embeddings\n"
@@ -247,6 +255,14 @@ static int lib_error(moec_status st)
 }
 
 static int is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
+
+/* 1 when v looks like a GPU arch (sm_ and a digit first, as moec_compile
+ * checks it: sm_90, sm_90a), so that a bad one is a usage error naming the
+ * option, not a library error after the compile has begun. */
+static int is_arch(const char *v)
+{
+    return !strncmp(v, "sm_", 3) && isdigit((unsigned char)v[3]) && strlen(v) <= 10;
+}
 
 /* Parses a decimal int in [lo, hi]; 0 on success. */
 static int parse_int(const char *s, long lo, long hi, long *out)
@@ -414,6 +430,11 @@ static int cmd_dump_ir(int argc, char **argv)
     if (par_seen && summary)
         return usage_error(USAGE_DUMP, "%s", "--summary and --tp do not go together");
     const moec_parallel *pp = par_seen ? &par : NULL;
+    char name[256]; /* "w" would empty it: a model folder whose config.json is now IR */
+    if (outpath && moec_path_in_folder(outpath, dir, name, sizeof name)) {
+        fprintf(stderr, "moec: -o %s is %s/%s, a file of the model\n", outpath, dir, name);
+        return 2;
+    }
     moec_model_t *m;
     moec_status st = moec_model_open(dir, &m);
     if (st != MOEC_OK)
@@ -525,16 +546,19 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             else if (!strcmp(a, "--weights"))
                 o->weights = v;
             else if (!strcmp(a, "--arch")) {
-                if (strncmp(v, "sm_", 3) || strlen(v) > 10)
+                if (!is_arch(v))
                     return usage_error(USAGE_RUN, "--arch: '%s' is not a GPU arch like sm_90", v);
                 o->arch = v;
             }
             else if (!strcmp(a, "--max-new-tokens")) {
                 if (parse_int(v, 1, 1 << 24, &o->max_new))
-                    return usage_error(USAGE_RUN, "--max-new-tokens: '%s' is not an integer >= 1", v);
+                    return usage_error(USAGE_RUN,
+                                       "--max-new-tokens: '%s' is not an integer from 1 to 16777216",
+                                       v);
             } else if (!strcmp(a, "--max-seq-len")) {
                 if (parse_int(v, 1, 1 << 26, &o->max_seq))
-                    return usage_error(USAGE_RUN, "--max-seq-len: '%s' is not an integer >= 1", v);
+                    return usage_error(USAGE_RUN,
+                                       "--max-seq-len: '%s' is not an integer from 1 to 67108864", v);
             } else {
                 o->backend_set = 1;
                 if (!strcmp(v, "cpu"))
@@ -675,6 +699,44 @@ static int print_token(moec_detokenizer_t *d, int32_t id, long k)
     return 0;
 }
 
+/* --logits-out opened before the model's weights load (the long part), so
+ * that a path that cannot be written fails at once; refused when it is one
+ * of the files the run reads (the plan, or a file of MODEL_DIR or of
+ * --weights), which would be emptied. Opened without truncation: an
+ * existing file is emptied at the first row, so a run that fails before it
+ * leaves it as it was (and removes it when *created). 0 when open (or not
+ * asked for), else the exit code. */
+static int open_logits(const run_opts *o, int plan, FILE **lf, int *created)
+{
+    if (!o->logits_path)
+        return 0;
+    const char *dirs[2] = {plan ? NULL : o->dir, o->weights};
+    struct stat a, b;
+    char name[256];
+    int same = plan && stat(o->logits_path, &a) == 0 && stat(o->dir, &b) == 0 &&
+               a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    if (same) {
+        fprintf(stderr, "moec: --logits-out %s is the plan %s, which the run reads\n",
+                o->logits_path, o->dir);
+        return 2;
+    }
+    for (int k = 0; k < 2; k++)
+        if (moec_path_in_folder(o->logits_path, dirs[k], name, sizeof name)) {
+            fprintf(stderr, "moec: --logits-out %s is %s/%s, which the run reads\n",
+                    o->logits_path, dirs[k], name);
+            return 2;
+        }
+    *created = stat(o->logits_path, &a) != 0;
+    int fd = open(o->logits_path, O_WRONLY | O_CREAT, 0666);
+    if (fd < 0 || !(*lf = fdopen(fd, "wb"))) {
+        fprintf(stderr, "moec: cannot write %s: %s\n", o->logits_path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    return 0;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     run_opts o = {0};
@@ -716,9 +778,12 @@ static int cmd_run(int argc, char **argv)
     moec_session_t *s = NULL;
     float *logits = NULL;
     FILE *lf = NULL;
+    int lf_created = 0;
+    long rows = 0; /* written to --logits-out */
     moec_status st;
     if (plan) {
-        if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0)
+        if ((rc = run_check_length(&o, n, max_seq, plan_max_positions(o.weights))) != 0 ||
+            (rc = open_logits(&o, plan, &lf, &lf_created)) != 0)
             goto out;
         st = moec_session_init_plan_parallel(o.dir, o.weights, (int)max_seq,
                                              o.par_seen ? &o.par : NULL, &s);
@@ -734,13 +799,21 @@ static int cmd_run(int argc, char **argv)
     int vocab = plan ? moec_session_vocab_size(s) : moec_model_vocab_size(m);
     for (int i = 0; i < n; i++) {
         if (ids[i] >= vocab) {
-            fprintf(stderr, "moec: --prompt-ids: token id %d is outside the vocabulary (vocab_size %d)\n",
-                    (int)ids[i], vocab);
+            if (tok) /* the tokenizer's ids past the model's: a mismatched tokenizer.json */
+                fprintf(stderr,
+                        "moec: %s: the tokenizer's id %d is outside the model's vocabulary "
+                        "(vocab_size %d)\n",
+                        o.chat ? "--chat" : "--prompt", (int)ids[i], vocab);
+            else
+                fprintf(stderr, "moec: --prompt-ids: token id %d is outside the vocabulary "
+                                "(vocab_size %d)\n", (int)ids[i], vocab);
             rc = 2;
             goto out;
         }
     }
     if (!plan) {
+        if ((rc = open_logits(&o, plan, &lf, &lf_created)) != 0)
+            goto out;
         st = moec_session_init_parallel(m, o.weights ? o.weights : o.dir, o.backend,
                                         (int)max_seq, o.par_seen ? &o.par : NULL, &s);
         if (st != MOEC_OK)
@@ -752,11 +825,6 @@ static int cmd_run(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    if (o.logits_path && !(lf = fopen(o.logits_path, "wb"))) {
-        fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
-        rc = 1;
-        goto out;
-    }
     st = moec_session_forward(s, ids, n, logits);
     if (st != MOEC_OK)
         goto fail;
@@ -764,11 +832,13 @@ static int cmd_run(int argc, char **argv)
     const int32_t *eos;
     int n_eos = moec_session_eos_tokens(s, &eos);
     for (long k = 0; k < o.max_new; k++) {
-        if (lf && fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab) {
+        if (lf && ((!rows && ftruncate(fileno(lf), 0) != 0) ||
+                   fwrite(row, sizeof *row, (size_t)vocab, lf) != (size_t)vocab)) {
             fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
             rc = 1;
             goto out;
         }
+        rows += lf != NULL;
         int32_t next = argmax(row, vocab);
         if ((rc = print_token(detok, next, k)) != 0)
             goto out;
@@ -793,6 +863,8 @@ out:
         fprintf(stderr, "moec: cannot write %s: %s\n", o.logits_path, strerror(errno));
         rc = 1;
     }
+    if (lf && rc != 0 && !rows && lf_created) /* a failure before the first row */
+        unlink(o.logits_path);
     free(logits);
     free(ids);
     moec_session_free(s);
@@ -828,6 +900,76 @@ static void compile_progress(int done, int total, void *user)
     fprintf(stderr, "%smoec compile: compiled %d/%d kernels%s", tty ? "\r" : "", done, total,
             tty && done < total ? "" : "\n");
     fflush(stderr);
+}
+
+/* What a compile stopped by a signal would leave: the plan's temporary file
+ * (PLAN.tmp.PID, ir_plan_file.c) and --quantize's temporary folder
+ * (DIR.tmpPID, moec_quantize.c: config.json, generation_config.json and
+ * the shards model-00001.safetensors on), a partial checkpoint as large as
+ * the model. The paths are made before the compile starts; the handler of
+ * SIGINT, SIGTERM and SIGHUP removes them (unlink, rmdir and memcpy are
+ * async-signal-safe) and dies of the signal. */
+static struct {
+    char plan_tmp[4200];
+    char q_tmp[4200];  /* "" without --quantize */
+    char q_file[4300]; /* q_tmp, '/', and a name the handler writes */
+    size_t q_len;      /* strlen(q_tmp) + 1 */
+} g_compile_tmp;
+
+static void compile_tmp_unlink(const char *name, size_t n)
+{
+    memcpy(g_compile_tmp.q_file + g_compile_tmp.q_len, name, n + 1);
+    unlink(g_compile_tmp.q_file);
+}
+
+static void compile_tmp_remove_and_die(int sig)
+{
+    unlink(g_compile_tmp.plan_tmp);
+    if (g_compile_tmp.q_tmp[0]) {
+        compile_tmp_unlink("config.json", strlen("config.json"));
+        compile_tmp_unlink("generation_config.json", strlen("generation_config.json"));
+        char shard[] = "model-00000.safetensors";
+        for (int i = 1; i < 100000; i++) { /* numbered from 1, without gaps */
+            for (int k = 10, v = i; k >= 6; k--, v /= 10)
+                shard[k] = (char)('0' + v % 10);
+            memcpy(g_compile_tmp.q_file + g_compile_tmp.q_len, shard, sizeof shard);
+            if (unlink(g_compile_tmp.q_file) != 0)
+                break;
+        }
+        rmdir(g_compile_tmp.q_tmp);
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* The handler on (with the temporary names of out and, with --quantize,
+ * qdir), or off (out NULL): each signal's disposition as it was before. A
+ * signal ignored at start (nohup's SIGHUP, SIGINT of a background job) is
+ * left ignored. */
+static void compile_tmp_on_signals(const char *out, const char *qdir)
+{
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    static struct sigaction before[3];
+    if (out) {
+        snprintf(g_compile_tmp.plan_tmp, sizeof g_compile_tmp.plan_tmp, "%s.tmp.%d", out,
+                 (int)getpid());
+        g_compile_tmp.q_tmp[0] = '\0';
+        if (qdir)
+            snprintf(g_compile_tmp.q_tmp, sizeof g_compile_tmp.q_tmp, "%s.tmp%ld", qdir,
+                     (long)getpid());
+        g_compile_tmp.q_len = (size_t)snprintf(g_compile_tmp.q_file, sizeof g_compile_tmp.q_file,
+                                               "%s/", g_compile_tmp.q_tmp);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = compile_tmp_remove_and_die;
+    sigemptyset(&sa.sa_mask);
+    for (int k = 0; k < 3; k++) {
+        if (!out)
+            sigaction(sigs[k], &before[k], NULL);
+        else if (sigaction(sigs[k], NULL, &before[k]) == 0 && before[k].sa_handler != SIG_IGN)
+            sigaction(sigs[k], &sa, NULL);
+    }
 }
 
 static int cmd_compile(int argc, char **argv)
@@ -872,7 +1014,7 @@ static int cmd_compile(int argc, char **argv)
                     return usage_error(USAGE_COMPILE, "%s", "--quantized-dir: an empty name");
                 o.quantized_dir = v;
             } else if (!strcmp(a, "--arch")) {
-                if (strncmp(v, "sm_", 3) || strlen(v) > 10)
+                if (!is_arch(v))
                     return usage_error(USAGE_COMPILE, "--arch: '%s' is not a GPU arch like sm_90", v);
                 o.arch = v;
             } else if (!strcmp(a, "--dtype")) {
@@ -927,7 +1069,9 @@ static int cmd_compile(int argc, char **argv)
                     dir, o.quantized_dir);
         fprintf(stderr, "moec compile: %s: passes, code generation and NVRTC (%s, %s, buckets %s)\n",
                 dir, arch && *arch ? arch : "sm_90", o.dtype ? o.dtype : "bf16", buckets);
+        compile_tmp_on_signals(outpath, o.quantize ? o.quantized_dir : NULL);
         st = moec_compile(m, dir, &o, outpath);
+        compile_tmp_on_signals(NULL, NULL);
     }
     moec_model_free(m);
     if (st != MOEC_OK)
@@ -985,7 +1129,7 @@ static int cmd_bench(int argc, char **argv)
         } else if (!strcmp(a, "--profile")) {
             o.profile = stderr;
         } else if (!strcmp(a, "--arch")) {
-            if (i + 1 == argc || strncmp(argv[i + 1], "sm_", 3) || strlen(argv[i + 1]) > 10)
+            if (i + 1 == argc || !is_arch(argv[i + 1]))
                 return usage_error(USAGE_BENCH, "%s", "--arch needs a GPU arch like sm_90");
             setenv("MOEC_ARCH", argv[++i], 1);
             arch = 1;
@@ -1004,7 +1148,8 @@ static int cmd_bench(int argc, char **argv)
                     return usage_error(USAGE_BENCH, "--batch-sizes: '%s' is not 1 to 16 sizes >= 1", v);
             } else if (parse_int(v, !strcmp(a, "--steps") ? 1 : 0, 1 << 24, &x)) {
                 char msg[256];
-                snprintf(msg, sizeof msg, "%s: '%s' is not a count", a, v);
+                snprintf(msg, sizeof msg, "%s: '%.64s' is not an integer from %d to 16777216", a,
+                         v, !strcmp(a, "--steps"));
                 return usage_error(USAGE_BENCH, "%s", msg);
             } else if (!strcmp(a, "--context")) {
                 o.context = (int)x;
@@ -1217,8 +1362,16 @@ static int tokenize_encode(const moec_tokenizer_t *tok, const char *text, size_t
     return 0;
 }
 
-static int tokenize_decode(const moec_tokenizer_t *tok, const char *in, int skip_special)
+static int tokenize_decode(const moec_tokenizer_t *tok, const char *in, size_t in_len,
+                           int skip_special)
 {
+    /* the ids are read as a C string: the ones after a NUL would be dropped */
+    const char *nul = memchr(in, '\0', in_len);
+    if (nul) {
+        fprintf(stderr, "moec: tokenize --decode: a NUL byte in the ids (byte %zu)\n",
+                (size_t)(nul - in));
+        return 2;
+    }
     int32_t *ids = NULL;
     const char *bad = NULL;
     int n = parse_id_list(in, &ids, &bad);
@@ -1280,7 +1433,7 @@ static int cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "moec: cannot read stdin: %s\n", strerror(errno));
         rc = 1;
     } else {
-        rc = decode ? tokenize_decode(tok, in, skip_special) : tokenize_encode(tok, in, len, !no_special);
+        rc = decode ? tokenize_decode(tok, in, len, skip_special) : tokenize_encode(tok, in, len, !no_special);
     }
     free(in);
     moec_tokenizer_free(tok);
@@ -1357,6 +1510,19 @@ static int cmd_chat_template(int argc, char **argv)
     return rc;
 }
 
+/* The command's exit code, made 1 when what it printed never reached stdout
+ * (a full disk, a closed file): ids, text or IR lost must not pass for
+ * success. */
+static int finish_stdout(int rc)
+{
+    int e = fflush(stdout) != 0 ? errno : ferror(stdout) ? EIO : 0;
+    if (e && rc == 0) {
+        fprintf(stderr, "moec: cannot write stdout: %s\n", strerror(e));
+        rc = 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1366,21 +1532,21 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (is_help(cmd)) {
         fputs(USAGE_MAIN, stdout);
-        return 0;
+        return finish_stdout(0);
     }
     if (!strcmp(cmd, "compile"))
-        return cmd_compile(argc - 2, argv + 2);
+        return finish_stdout(cmd_compile(argc - 2, argv + 2));
     if (!strcmp(cmd, "dump-ir"))
-        return cmd_dump_ir(argc - 2, argv + 2);
+        return finish_stdout(cmd_dump_ir(argc - 2, argv + 2));
     if (!strcmp(cmd, "run"))
-        return cmd_run(argc - 2, argv + 2);
+        return finish_stdout(cmd_run(argc - 2, argv + 2));
     if (!strcmp(cmd, "bench"))
-        return cmd_bench(argc - 2, argv + 2);
-    if (!strcmp(cmd, "serve"))
+        return finish_stdout(cmd_bench(argc - 2, argv + 2));
+    if (!strcmp(cmd, "serve")) /* its replies' writes are its own to check */
         return moec_serve_main(argc - 1, argv + 1, serve_open_model);
     if (!strcmp(cmd, "tokenize"))
-        return cmd_tokenize(argc - 2, argv + 2);
+        return finish_stdout(cmd_tokenize(argc - 2, argv + 2));
     if (!strcmp(cmd, "chat-template"))
-        return cmd_chat_template(argc - 2, argv + 2);
+        return finish_stdout(cmd_chat_template(argc - 2, argv + 2));
     return usage_error(USAGE_MAIN, "unknown command '%s'", cmd);
 }

@@ -4,8 +4,10 @@
  * the name could be swapped. Reads of a regular file ignore O_NONBLOCK. */
 #include "file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -122,4 +124,23 @@ void moec_path_parent(const char *path, char *dir, size_t cap)
         snprintf(dir, cap, "/");
     else
         snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+}
+
+int moec_path_in_folder(const char *path, const char *dir, char *name, size_t cap)
+{
+    struct stat out, in;
+    if (!path || !dir || stat(path, &out) != 0 || !S_ISREG(out.st_mode))
+        return 0;
+    DIR *d = opendir(dir);
+    if (!d) /* a folder that cannot be listed: its reader says so */
+        return 0;
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+        found = fstatat(dirfd(d), e->d_name, &in, 0) == 0 && in.st_dev == out.st_dev &&
+                in.st_ino == out.st_ino;
+        if (found && name)
+            snprintf(name, cap, "%s", e->d_name);
+    }
+    closedir(d);
+    return found;
 }

@@ -22,6 +22,12 @@ moec_status moec_file_read_optional(const char *path, size_t max, char **data, s
  * at the root (into dir, cap bytes). */
 void moec_path_parent(const char *path, char *dir, size_t cap);
 
+/* 1 when path names an existing regular file that is also an entry of the
+ * folder dir (the same device and inode: the same name, another spelling of
+ * it, a hard or symbolic link), with the entry's name in name (cap bytes);
+ * else 0. An output written there would overwrite one of dir's inputs. */
+int moec_path_in_folder(const char *path, const char *dir, char *name, size_t cap);
+
 /* Configs are a few kB; anything past 16 MiB is not one. */
 #define MOEC_FILE_CONFIG_MAX ((size_t)16 << 20)
 

@@ -151,3 +151,31 @@ const char *moec_json_kind(const cJSON *it)
         return "an array";
     return "an object";
 }
+
+size_t moec_json_string_bad_at(const char *b, size_t n, int *nul, long long *values)
+{
+    int in = 0;
+    long long count = 0;
+    size_t i;
+    *nul = 0;
+    for (i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)b[i];
+        if (!in) {
+            in = ch == '"';
+            count += ch == ',' || ch == '[' || ch == '{';
+        } else if (ch < 0x20) {
+            break;
+        } else if (ch == '"') {
+            in = 0;
+        } else if (ch == '\\' && i + 1 < n) {
+            if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) {
+                *nul = 1;
+                break;
+            }
+            i++; /* the escaped character */
+        }
+    }
+    if (values)
+        *values = count;
+    return i;
+}

@@ -37,4 +37,13 @@ void moec_json_repr(const cJSON *it, char *buf, size_t cap);
 /* "a number", "a string", "an array", ... ("nothing" for NULL). */
 const char *moec_json_kind(const cJSON *it);
 
+/* The first byte of b[0..n) inside a JSON string that is a raw control
+ * character (< 0x20, which JSON requires escaped) or the backslash of a
+ * \u0000 escape (*nul = 1): cJSON keeps strings NUL-terminated, so a NUL
+ * would silently cut a prompt, a message, a stop string or an id. n when
+ * there is none. *values (unless NULL) counts the containers and the commas
+ * outside strings (the scan's share: up to the bad byte), about the values
+ * cJSON would make. */
+size_t moec_json_string_bad_at(const char *b, size_t n, int *nul, long long *values);
+
 #endif

@@ -169,16 +169,26 @@ static moec_status compile_options(const moec_compile_options *o, cg_options *co
 }
 
 /* The plan file's path checked before the long part (passes, NVRTC): not a
- * directory, in a directory that exists and can be written (the plan goes
- * there through a temporary file renamed into place). */
-static moec_status check_out_path(const char *path)
+ * directory, not one of the checkpoint's files (the rename would replace
+ * it), in a directory that exists and can be written (the plan goes there
+ * through a temporary file renamed into place). */
+static moec_status check_out_path(const char *path, const char *weights_dir)
 {
     struct stat sb;
+    if (!*path) /* its folder would be ".": the write fails only after the compile */
+        return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan: its file name is empty");
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
         return MOEC_ERR(MOEC_ERR_IO,
                         "cannot write the plan %s: it is a directory (name a file, such as "
                         "%s/model.moec)",
                         path, path);
+    char name[256]; /* a symbolic link is replaced by the rename, not written through */
+    if (lstat(path, &sb) == 0 && !S_ISLNK(sb.st_mode) &&
+        moec_path_in_folder(path, weights_dir, name, sizeof name))
+        return MOEC_ERR(MOEC_ERR_IO,
+                        "cannot write the plan %s: it is %s/%s, a file of the checkpoint it is "
+                        "compiled from",
+                        path, weights_dir, name);
     char dir[4096];
     moec_path_parent(path, dir, sizeof dir);
     if (stat(dir, &sb) != 0)
@@ -190,6 +200,29 @@ static moec_status check_out_path(const char *path)
         return MOEC_ERR(MOEC_ERR_IO, "cannot write the plan %s: directory %s is not writable: %s",
                         path, dir, strerror(errno));
     return MOEC_OK;
+}
+
+/* 1 when paths a and b, neither of which need exist, name the same entry:
+ * the same last name (trailing slashes aside) in the same folder. */
+static int same_entry(const char *a, const char *b)
+{
+    char pa[4096], pb[4096];
+    size_t na = strlen(a), nb = strlen(b);
+    while (na > 1 && a[na - 1] == '/')
+        na--;
+    while (nb > 1 && b[nb - 1] == '/')
+        nb--;
+    snprintf(pa, sizeof pa, "%.*s", (int)na, a);
+    snprintf(pb, sizeof pb, "%.*s", (int)nb, b);
+    const char *ba = strrchr(pa, '/'), *bb = strrchr(pb, '/');
+    if (strcmp(ba ? ba + 1 : pa, bb ? bb + 1 : pb))
+        return 0;
+    char da[4096], db[4096];
+    struct stat sa, sb;
+    moec_path_parent(pa, da, sizeof da);
+    moec_path_parent(pb, db, sizeof db);
+    return stat(da, &sa) == 0 && stat(db, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
 }
 
 /* --quantize: the checkpoint quantized into its new folder, then the plan
@@ -204,6 +237,11 @@ static moec_status compile_quantized(const moec_model_t *model, const char *weig
     if (!opt->quantized_dir || !*opt->quantized_dir)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                         "quantize fp8 needs quantized_dir, the folder of the fp8 checkpoint");
+    if (same_entry(out_path, opt->quantized_dir)) /* found now, not after the quantization */
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                        "cannot write the plan %s: it is where the fp8 checkpoint %s goes (name "
+                        "another file or folder)",
+                        out_path, opt->quantized_dir);
     MOEC_TRY(moec_quantize_fp8(model, weights_dir, opt->quantized_dir, NULL));
     moec_model_t *qm = NULL;
     MOEC_TRY(moec_model_open(opt->quantized_dir, &qm));
@@ -226,7 +264,7 @@ moec_status moec_compile(const moec_model_t *model, const char *weights_dir,
     }
     cg_options co;
     MOEC_TRY(compile_options(opt, &co));
-    MOEC_TRY(check_out_path(out_path));
+    MOEC_TRY(check_out_path(out_path, weights_dir));
     if (opt->quantize)
         return compile_quantized(model, weights_dir, opt, out_path);
     /* one plan per rank of the split (one when unsharded), in one file */

@@ -426,9 +426,9 @@ moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_messag
  * come from opts and the tokenizer (a request setting them is refused);
  * enable_thinking from opts when set there, else from the request. A key
  * written twice is refused, and so is anything but whitespace after the
- * value, or a NUL byte (MOEC_ERR_FORMAT naming its byte); a \u0000 escape
- * (a string holding a NUL) is MOEC_ERR_UNSUPPORTED. JSON numbers without a
- * fraction become integers. */
+ * value, a NUL byte or a raw control character in a string (MOEC_ERR_FORMAT
+ * naming its byte); a \u0000 escape (a string holding a NUL) is
+ * MOEC_ERR_UNSUPPORTED. JSON numbers without a fraction become integers. */
 moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
                                   const moec_chat_options_t *opts, char **out);
 

@@ -86,26 +86,6 @@ moec_status moec_chat_render(const moec_tokenizer_t *tok, const moec_chat_messag
     return render(tok, vars, opts, out);
 }
 
-/* Where the first \u0000 escape of a JSON string in text[0..len) starts,
- * or -1: cJSON decodes it to a NUL byte, which ends its C string there, so
- * the rest of the string would be lost without a word. */
-static long json_escaped_nul(const char *text, size_t len)
-{
-    int in_string = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (!in_string) {
-            in_string = text[i] == '"';
-        } else if (text[i] == '"') {
-            in_string = 0;
-        } else if (text[i] == '\\' && i + 1 < len) {
-            if (text[i + 1] == 'u' && len - i >= 6 && !memcmp(text + i + 2, "0000", 4))
-                return (long)i;
-            i++; /* the escaped character, a quote or a backslash among them */
-        }
-    }
-    return -1;
-}
-
 moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json, size_t len,
                                   const moec_chat_options_t *opts, char **out)
 {
@@ -130,13 +110,19 @@ moec_status moec_chat_render_json(const moec_tokenizer_t *tok, const char *json,
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root)
         return MOEC_ERR(MOEC_ERR_FORMAT, "the chat request is not valid JSON");
-    long esc = json_escaped_nul(text, (size_t)(end - text));
-    if (esc >= 0) {
+    int nul_esc;
+    size_t bad = moec_json_string_bad_at(text, (size_t)(end - text), &nul_esc, NULL);
+    if (bad < (size_t)(end - text)) {
         cJSON_Delete(root);
-        return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
-                        "the chat request holds \\u0000 at byte %ld: a string with a NUL is not "
-                        "supported",
-                        esc);
+        if (nul_esc)
+            return MOEC_ERR(MOEC_ERR_UNSUPPORTED,
+                            "the chat request holds a NUL character (\\u0000) in a string "
+                            "(byte %zu): moec takes no NUL in text",
+                            bad);
+        return MOEC_ERR(MOEC_ERR_FORMAT,
+                        "the chat request is not valid JSON (at byte %zu: a control character "
+                        "in a string must be escaped)",
+                        bad);
     }
     for (const char *p = end; p < text + len; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {

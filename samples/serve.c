@@ -48,6 +48,7 @@
 #include "samples/serve_http.h"
 #include "samples/serve_metrics.h"
 #include "samples/serve_util.h"
+#include "json.h"
 #include "timer.h"
 
 static const char *USAGE =
@@ -837,7 +838,7 @@ static void handle_line(server *sv, conn *c, char *line, size_t len)
         return; /* an empty line asks nothing */
     int nul;
     long long values;
-    size_t bad = serve_json_string_bad_at(line, len, &nul, &values);
+    size_t bad = moec_json_string_bad_at(line, len, &nul, &values);
     if (bad < len) {
         if (nul)
             reply_error(c, NULL,
@@ -1255,6 +1256,7 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                                 {"--max-body-kib", BODY_KIB_LIMIT, &o->body_kib},
                                 {"--http-timeout", 86400, &o->http_timeout},
                                 {"--http-threads", 64, &o->http_threads}};
+    const char *http_count = NULL; /* the last --http count option given */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const count_opt *cnt = NULL;
@@ -1282,6 +1284,9 @@ static int parse_args(int argc, char **argv, serve_opts *o)
             if (cnt) {
                 if (parse_int(v, 1, cnt->max, cnt->dst))
                     return count_error(a, v, cnt->max);
+                if (cnt->dst == &o->max_waiting || cnt->dst == &o->body_kib ||
+                    cnt->dst == &o->http_timeout || cnt->dst == &o->http_threads)
+                    http_count = a;
             } else if (!strcmp(a, "--weights")) {
                 o->weights = v;
             } else if (!strcmp(a, "--port") || !strcmp(a, "--http")) {
@@ -1336,8 +1341,8 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     if (o->http_port < 0) {
         const char *http_only[] = {o->host ? "--host" : NULL,
                                    o->model_name ? "--served-model-name" : NULL,
-                                   o->tokenizer ? "--tokenizer" : NULL};
-        for (int k = 0; k < 3; k++)
+                                   o->tokenizer ? "--tokenizer" : NULL, http_count};
+        for (int k = 0; k < 4; k++)
             if (http_only[k])
                 return usage_error("%s is for the HTTP API: it needs --http PORT", http_only[k]);
     }

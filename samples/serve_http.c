@@ -728,7 +728,7 @@ static int parse_request(hreq *r, http_error *e)
         return bad_request(e, NULL, "the request body is not valid UTF-8 (byte %zu)", bad);
     int nul;
     long long values;
-    bad = serve_json_string_bad_at(r->body, r->body_len, &nul, &values);
+    bad = moec_json_string_bad_at(r->body, r->body_len, &nul, &values);
     if (bad < r->body_len && nul)
         return bad_request(e, NULL,
                            "the request body holds a NUL character (\\u0000) in a string (byte "

@@ -68,31 +68,6 @@ int serve_json_int(const cJSON *v, long long *out)
     return 1;
 }
 
-size_t serve_json_string_bad_at(const char *b, size_t n, int *nul, long long *values)
-{
-    int in = 0;
-    *nul = 0;
-    *values = 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)b[i];
-        if (!in) {
-            in = ch == '"';
-            *values += ch == ',' || ch == '[' || ch == '{';
-        } else if (ch < 0x20) {
-            return i;
-        } else if (ch == '"') {
-            in = 0;
-        } else if (ch == '\\' && i + 1 < n) {
-            if (b[i + 1] == 'u' && i + 5 < n && !memcmp(b + i + 2, "0000", 4)) {
-                *nul = 1;
-                return i;
-            }
-            i++; /* the escaped character */
-        }
-    }
-    return n;
-}
-
 size_t serve_utf8_invalid_at(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;

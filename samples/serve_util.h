@@ -32,15 +32,6 @@ int serve_json_int(const cJSON *v, long long *out);
  * code point past U+10FFFF); n when all of it is valid. */
 size_t serve_utf8_invalid_at(const char *s, size_t n);
 
-/* The first byte of b[0..n) inside a JSON string that is a raw control
- * character (< 0x20, which JSON requires escaped) or the backslash of a
- * \u0000 escape (*nul = 1): cJSON keeps strings NUL-terminated, so a NUL
- * would silently cut a prompt, a stop string, a model's name or an id. n when
- * there is none. *values counts the containers and the commas outside
- * strings (the scan's share: up to the bad byte), about the values cJSON
- * would make. */
-size_t serve_json_string_bad_at(const char *b, size_t n, int *nul, long long *values);
-
 /* The next seed of a stream of them (state advanced), for requests that
  * name none: each differs. */
 uint64_t serve_seed_next(uint64_t *state);

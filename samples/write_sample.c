@@ -8,8 +8,10 @@
  * Initialisation keeps activations of order one in tiny models: embeddings
  * N(0, 1); matrices N(0, 1/in_features); norm weights 1 + N(0, 0.1^2);
  * biases and DeepSeek-V3's e_score_correction_bias N(0, 0.1^2). */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <math.h>
 #include <stdarg.h>
@@ -453,6 +455,7 @@ static int copy_file(const char *from, const char *to)
 typedef struct out_paths {
     char dir[4096], cfg[4096], st[4096];
     char cfg_tmp[4200], st_tmp[4200];
+    char fp8_cfg[4200]; /* --fp8: the quantized config under $TMPDIR, or "" */
     int created; /* dir was made by this run: removed with the rest on failure */
 } out_paths;
 
@@ -463,6 +466,7 @@ static int out_paths_init(out_paths *o, const char *outdir)
         return 1;
     }
     snprintf(o->dir, sizeof o->dir, "%s", outdir);
+    o->fp8_cfg[0] = '\0';
     o->created = 0;
     snprintf(o->cfg, sizeof o->cfg, "%s/config.json", outdir);
     snprintf(o->st, sizeof o->st, "%s/model.safetensors", outdir);
@@ -471,9 +475,9 @@ static int out_paths_init(out_paths *o, const char *outdir)
     return 0;
 }
 
-/* The temporary files (and the folder this run made), removed by the
- * handler of SIGINT, SIGTERM and SIGHUP (unlink and rmdir are
- * async-signal-safe). */
+/* The temporary files (--fp8's config under $TMPDIR among them, and the
+ * folder this run made), removed by the handler of SIGINT, SIGTERM and
+ * SIGHUP (unlink and rmdir are async-signal-safe). */
 static const out_paths *volatile g_tmp;
 
 static void remove_tmp_and_die(int sig)
@@ -481,6 +485,8 @@ static void remove_tmp_and_die(int sig)
     if (g_tmp) {
         unlink(g_tmp->st_tmp);
         unlink(g_tmp->cfg_tmp);
+        if (g_tmp->fp8_cfg[0])
+            unlink(g_tmp->fp8_cfg);
         if (g_tmp->created)
             rmdir(g_tmp->dir);
     }
@@ -488,16 +494,24 @@ static void remove_tmp_and_die(int sig)
     raise(sig);
 }
 
+/* The handler on (o) or off (NULL): each signal's disposition as it was
+ * before. A signal ignored at start (nohup's SIGHUP, SIGINT of a
+ * background job) stays ignored. */
 static void remove_tmp_on_signals(const out_paths *o)
 {
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    static struct sigaction before[3];
     g_tmp = o;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = o ? remove_tmp_and_die : SIG_DFL;
+    sa.sa_handler = remove_tmp_and_die;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    for (int k = 0; k < 3; k++) {
+        if (!o)
+            sigaction(sigs[k], &before[k], NULL);
+        else if (sigaction(sigs[k], NULL, &before[k]) == 0 && before[k].sa_handler != SIG_IGN)
+            sigaction(sigs[k], &sa, NULL);
+    }
 }
 
 /* n bytes in the unit that suits them: "388.6 kB", "61.23 GB". */
@@ -673,12 +687,20 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--fp8")) {
             fp8 = 1;
         } else if (!strcmp(argv[i], "--seed")) {
+            /* strtoull alone takes "" for 0, and "-1" or a number past 2^64 - 1
+             * for another seed than the one written */
             char *end;
-            if (i + 1 == argc || (seed = strtoull(argv[i + 1], &end, 10), *end)) {
-                fprintf(stderr, "moec-sample: --seed needs an integer\n\n%s", USAGE);
+            if (++i == argc) {
+                fprintf(stderr, "moec-sample: --seed needs a value\n\n%s", USAGE);
                 return 2;
             }
-            i++;
+            errno = 0;
+            if (!isdigit((unsigned char)argv[i][0]) ||
+                (seed = strtoull(argv[i], &end, 10), errno || *end)) {
+                fprintf(stderr, "moec-sample: --seed: '%s' is not an integer from 0 to %llu\n\n%s",
+                        argv[i], ULLONG_MAX, USAGE);
+                return 2;
+            }
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "moec-sample: unknown option %s\n\n%s", argv[i], USAGE);
             return 2;
@@ -724,14 +746,19 @@ int main(int argc, char **argv)
     }
     out_paths o;
     int rc = out_paths_init(&o, outdir);
+    snprintf(o.fp8_cfg, sizeof o.fp8_cfg, "%s", fp8_cfg);
     if (rc == 0 && !force && access(o.st, F_OK) == 0) {
         fprintf(stderr, "moec-sample: %s exists (use --force to overwrite)\n", o.st);
         rc = 1;
     }
     if (rc == 0) {
         o.created = mkdir(outdir, 0755) == 0;
+        struct stat sb; /* else the error would name a temporary file in it */
         if (!o.created && errno != EEXIST) {
             fprintf(stderr, "moec-sample: cannot create %s: %s\n", outdir, strerror(errno));
+            rc = 1;
+        } else if (!o.created && (stat(outdir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+            fprintf(stderr, "moec-sample: OUT_DIR %s is not a directory\n", outdir);
             rc = 1;
         }
     }

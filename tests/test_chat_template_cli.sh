@@ -72,6 +72,21 @@ feed '[]' 1 "$D/qwen2 has no chat template (no chat_template in tokenizer_config
 folder "$T/nodefault" qwen2 '[{"name": "tool_use", "template": "x"}]'
 feed '[]' 1 "chat_template lists templates ('tool_use') but none named 'default'" -- "$B" chat-template "$T/nodefault"
 feed '[{"role": "user"' 1 "the chat request is not valid JSON" -- "$B" chat-template "$Q"
+# text after the value, or a NUL (which cJSON would end the string at), is
+# refused rather than dropped
+feed '[{"role": "user", "content": "x"}] [' 1 "the chat request is not valid JSON (more after its value, at byte 35)" -- \
+  "$B" chat-template "$Q"
+feed '[{"role": "user", "content": "x\u0000y"}]' 1 'the chat request holds a NUL character (\u0000) in a string (byte 31): moec takes no NUL in text' -- \
+  "$B" chat-template "$Q"
+out=$(printf '[{"role": "user", "content": "x\0y"}]' | "$B" chat-template "$Q" 2>&1); rc=$?
+[ $rc = 1 ] && [[ "$out" == *"the chat request is not valid JSON (a NUL byte at byte 31)"* ]] && ok || bad "a raw NUL: exit $rc: $out"
+feed '[{"role": "user", "content": "x\\u0000y"}]
+' 0 'x\u0000y' -- "$B" chat-template "$Q"
+if [ -w /dev/full ]; then # the text never reaching stdout: exit 1, said
+  out=$(printf '[{"role": "user", "content": "x"}]' | "$B" chat-template "$Q" 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "chat-template >/dev/full: exit $rc: $out"
+fi
 feed '"hi"' 1 'the chat request must be a list of messages or an object with a "messages" list' -- \
   "$B" chat-template "$Q"
 feed '[{"content": "no role"}]' 1 'message 0 of the chat request is not an object with a string "role"' -- \

@@ -27,6 +27,11 @@ for m in deepseek_v2 deepseek_v2_qlora deepseek_v3 qwen2_moe qwen3_moe; do
   expect 0 "model $(python3 -c "import json;print(json.load(open('$D/$m/config.json'))['model_type'])")" -- "$B" dump-ir "$D/$m" --summary
 done
 "$B" dump-ir "$D/qwen3_moe" -o "$T/q.mir" && [ -s "$T/q.mir" ] && ok || bad "dump-ir -o wrote nothing"
+# -o naming one of the model's files is refused, the file left as it was
+mkdir -p "$T/dm" && cp "$D/qwen3_moe/config.json" "$T/dm/"
+expect 2 "moec: -o $T/dm/./config.json is $T/dm/config.json, a file of the model" -- \
+  "$B" dump-ir "$T/dm" -o "$T/dm/./config.json"
+cmp -s "$T/dm/config.json" "$D/qwen3_moe/config.json" && ok || bad "dump-ir -o changed the model's config.json"
 
 # dump-ir after passes: one pass, and every pass into a folder.
 expect 0 "# after pass absorb_mla" -- "$B" dump-ir "$D/deepseek_v2" --after absorb_mla
@@ -194,6 +199,15 @@ got=$("$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 2 <"$T/req" 2>
 [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve --tp 2 --ep 2 replied '$got', want '$want'"
 expect 1 "ep 3 must divide tp 2" -- "$B" serve "$D/qwen2_moe" --backend cpu --stdin --tp 2 --ep 3
 
+# Output that never reaches stdout (a full disk) is a failure, not exit 0.
+if [ -w /dev/full ]; then
+  out=$("$B" run "$D/qwen3_moe" --prompt-ids 1,2 --max-new-tokens 2 --backend cpu 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "run >/dev/full: exit $rc: $out"
+  out=$("$B" --help 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [[ "$out" == "moec: cannot write stdout: "* ]] && ok || bad "--help >/dev/full: exit $rc: $out"
+fi
+
 # Bad invocations.
 expect 1 "nonexistent/config.json" -- "$B" dump-ir "$T/nonexistent"
 expect 2 "missing MODEL_DIR" -- "$B" dump-ir
@@ -203,7 +217,13 @@ expect 2 "missing --max-new-tokens" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,2
 expect 2 "bad token id at 'x'" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,x --max-new-tokens 2
 expect 2 "bad token id at ''" -- "$B" run "$D/qwen3_moe" --prompt-ids 1, --max-new-tokens 2
 expect 2 "token id 256 is outside the vocabulary (vocab_size 256)" -- "$B" run "$D/qwen3_moe" --prompt-ids 1,256 --max-new-tokens 2
-expect 2 "--max-new-tokens: '0' is not an integer >= 1" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
+expect 2 "--max-new-tokens: '0' is not an integer from 1 to 16777216" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 0
+# past the bounds: the bound named, not a claim that the value is below 1
+expect 2 "--max-new-tokens: '2147483648' is not an integer from 1 to 16777216" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 2147483648
+expect 2 "--max-seq-len: '67108865' is not an integer from 1 to 67108864" -- \
+  "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --max-seq-len 67108865
+expect 2 "--warmup: '16777217' is not an integer from 0 to 16777216" -- "$B" bench "$D/qwen3_moe" --warmup 16777217
 expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" run "$D/qwen3_moe" --prompt-ids 1 --max-new-tokens 1 --arch 90
 for f in --batch-sizes --context --steps --warmup --json --arch --weights --profile; do expect 0 "$f" -- "$B" bench --help; done
 for f in --single-stream --eager; do expect 0 "$f" -- "$B" run --help; done
@@ -215,7 +235,7 @@ expect 2 "--weights goes with a plan file" -- "$B" bench "$D/qwen3_moe" --weight
 expect 0 "$("$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu)" -- \
   "$B" run "$D/qwen3_moe" --prompt-ids 1,2,3 --max-new-tokens 3 --backend cpu --single-stream --eager
 expect 2 "--batch-sizes: '0' is not 1 to 16 sizes >= 1" -- "$B" bench "$D/qwen3_moe" --batch-sizes 0
-expect 2 "--steps: 'x' is not a count" -- "$B" bench "$D/qwen3_moe" --steps x
+expect 2 "--steps: 'x' is not an integer from 1 to 16777216" -- "$B" bench "$D/qwen3_moe" --steps x
 # bench checks its context before it looks for a device: the default fits
 # the model (max_position_embeddings 512: context 511), a longer one names
 # --context; make demo's sample model benches with the defaults.
@@ -257,6 +277,30 @@ expect 1 ": step 1, position 2: the logits hold a NaN or an infinity" -- \
   "$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu
 out=$("$B" run "$T/nan59" --prompt-ids 1,2 --max-new-tokens 4 --ignore-eos --backend cpu 2>/dev/null)
 [ "$out" = 59 ] && ok || bad "NaN at token 59: printed '$out', want '59' (the last id before the error)"
+
+# --logits-out: a path that cannot be written fails before the weights load
+# (the model's weights missing here, so a late open would fail on them
+# first); one of the files the run reads is refused, never emptied.
+mkdir -p "$T/lo" && cp "$D/qwen3_moe/config.json" "$T/lo/"
+expect 1 "moec: cannot write $T/nonexistent/l.bin: No such file or directory" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/nonexistent/l.bin"
+expect 0 "loads; a run that fails before row 0 leaves FILE as" -- "$B" run --help
+# a run that fails before its first row leaves an existing file as it was
+# and makes no new one
+echo old >"$T/old.bin"
+expect 1 "no *.safetensors in $T/lo" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/old.bin"
+expect 1 "no *.safetensors in $T/lo" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/new.bin"
+[ "$(cat "$T/old.bin")" = old ] && [ ! -e "$T/new.bin" ] && ok ||
+  bad "a failed run changed $T/old.bin or made $T/new.bin"
+cp "$D/qwen3_moe/model.safetensors" "$T/lo/"
+expect 2 "moec: --logits-out $T/lo/../lo/model.safetensors is $T/lo/model.safetensors, which the run reads" -- \
+  "$B" run "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/lo/../lo/model.safetensors"
+expect 2 "moec: --logits-out $T/lo/config.json is $T/lo/config.json, which the run reads" -- \
+  "$B" run "$D/qwen3_moe" --weights "$T/lo" --prompt-ids 1 --max-new-tokens 1 --backend cpu --logits-out "$T/lo/config.json"
+cmp -s "$T/lo/model.safetensors" "$D/qwen3_moe/model.safetensors" && cmp -s "$T/lo/config.json" "$D/qwen3_moe/config.json" &&
+  ok || bad "a refused --logits-out changed the checkpoint"
 
 # A model directory whose weights are missing: the error names the tensor.
 mkdir -p "$T/noweights" && cp "$D/qwen3_moe/config.json" "$T/noweights/"

@@ -22,6 +22,7 @@ expect 0 "compile MODEL_DIR" -- "$B" --help
 for f in --output --arch --dtype --buckets --batch-sizes --tp --quantize --quantized-dir --fp8-layout --help '$MOEC_CACHE_DIR' 'moec run PLAN --weights'; do
   expect 0 "$f" -- "$B" compile --help
 done
+expect 0 "(SIGINT, SIGTERM, SIGHUP) leaves no partial PLAN or folder, and an existing" -- "$B" compile --help
 expect 0 "--weights DIR" -- "$B" run --help
 expect 0 "moec run PLAN --weights MODEL_DIR" -- "$B" run --help
 
@@ -102,6 +103,9 @@ fi
 # ...and a context too long for it is refused before any device is looked for
 expect 2 "moec: --context 1024 is more than the model allows: at most 511 (its max_position_embeddings 512, less the token each step decodes)" -- \
   "$B" bench "$P" --weights "$D/deepseek_v3" --context 1024
+# --logits-out onto the plan the run reads is refused, before anything loads
+expect 2 "moec: --logits-out $P is the plan $P, which the run reads" -- \
+  "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --logits-out "$P"
 size=$(stat -c %s "$P")
 head -c 100 "$P" >"$T/short.moec"
 expect 1 "plan $T/short.moec is truncated" -- "$B" run "$T/short.moec" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1
@@ -125,7 +129,16 @@ compile_fast 1 "cannot write the plan $T: it is a directory (name a file, such a
   "$B" compile "$D/deepseek_v3" -o "$T"
 compile_fast 1 "cannot write the plan $T/nonexistent/x.moec: directory $T/nonexistent: No such file or directory" -- \
   "$B" compile "$D/deepseek_v3" -o "$T/nonexistent/x.moec"
+compile_fast 1 "cannot write the plan: its file name is empty" -- "$B" compile "$D/deepseek_v3" -o ""
 compile_fast 1 "cannot write the plan $P/x.moec: $P is not a directory" -- "$B" compile "$D/deepseek_v3" -o "$P/x.moec"
+# a plan named as one of the checkpoint's files would replace it
+mkdir -p "$T/w" && cp "$D/qwen3_moe/"* "$T/w/"
+compile_fast 1 "cannot write the plan $T/w/../w/model.safetensors: it is $T/w/model.safetensors, a file of the checkpoint it is compiled from" -- \
+  "$B" compile "$T/w" -o "$T/w/../w/model.safetensors"
+compile_fast 1 "cannot write the plan $T/w/config.json: it is $T/w/config.json, a file of the checkpoint" -- \
+  "$B" compile "$T/w" -o "$T/w/config.json" --quantize fp8 --quantized-dir "$T/wq"
+cmp -s "$T/w/model.safetensors" "$D/qwen3_moe/model.safetensors" && cmp -s "$T/w/config.json" "$D/qwen3_moe/config.json" &&
+  [ ! -e "$T/wq" ] && ok || bad "a compile refused for its output path changed the checkpoint or wrote $T/wq"
 if [ "$(id -u)" != 0 ]; then # root writes anywhere
   mkdir "$T/ro" && chmod 555 "$T/ro"
   compile_fast 1 "cannot write the plan $T/ro/x.moec: directory $T/ro is not writable: Permission denied" -- \
@@ -143,6 +156,8 @@ expect 2 "missing MODEL_DIR" -- "$B" compile -o "$T/x.moec"
 expect 2 "--dtype: 'fp16' is not bf16 or fp32" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --dtype fp16
 expect 2 "--batch-sizes: '8,1' is not 1 to 16 ascending buckets" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --batch-sizes 8,1
 expect 2 "--arch: '90' is not a GPU arch like sm_90" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --arch 90
+expect 2 "--arch: 'sm_' is not a GPU arch like sm_90" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --arch sm_
+expect 2 "--arch: 'sm_x90' is not a GPU arch like sm_90" -- "$B" run "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --arch sm_x90
 expect 2 "unknown option --frob" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --frob
 expect 2 "is a plan file: --weights MODEL_DIR (the checkpoint it was compiled for) is required" -- "$B" run "$P" --prompt-ids 1 --max-new-tokens 1
 expect 2 "--backend cpu: $P is a plan, which runs on the GPU" -- "$B" run "$P" --weights "$D/deepseek_v3" --prompt-ids 1 --max-new-tokens 1 --backend cpu
@@ -171,6 +186,27 @@ compile_fast 1 "cannot write the fp8 checkpoint $T/q.fp8: it exists (remove it, 
 compile_fast 1 "is quantized already (its config.json has a quantization_config): nothing to quantize" -- \
   "$B" compile "$D/deepseek_v3_fp8" -o "$T/q2.moec" --quantize fp8 --quantized-dir "$T/q2"
 [ ! -e "$T/q2" ] && ok || bad "a refused quantization left $T/q2"
+# a compile --quantize stopped by a signal while it writes the fp8 folder
+# leaves neither its temporary folder (DIR.tmpPID) nor a plan, and an
+# existing plan stays as it was: a model large enough that quantizing takes
+# a while, the signal sent once the temporary folder is there
+python3 -c "import json,sys;c=json.load(open(sys.argv[1]));c.update(hidden_size=512,intermediate_size=1024,moe_intermediate_size=256,n_routed_experts=64,vocab_size=4096);json.dump(c,open(sys.argv[2],'w'))" \
+  "$S/samples/configs/deepseek_v3_tiny.json" "$T/big.json"
+"$MOEC_BUILD_DIR/moec-sample" --fast "$T/big.json" "$T/big" >/dev/null 2>&1 && ok || bad "moec-sample of $T/big.json failed"
+cp "$P" "$T/keep.moec"
+for sig in TERM HUP; do # (a job started with & ignores SIGINT, and so does the compile)
+  "$B" compile "$T/big" -o "$T/keep.moec" --quantize fp8 --quantized-dir "$T/bigq" --batch-sizes 1 2>/dev/null &
+  pid=$!
+  for _ in $(seq 200); do compgen -G "$T/bigq.tmp*/config.json" >/dev/null && break; sleep 0.05; done
+  kill -s $sig $pid; wait $pid; rc=$?
+  left=$(ls -d "$T"/bigq* "$T"/keep.moec.tmp* 2>/dev/null)
+  [ $rc -gt 128 ] && [ -z "$left" ] && cmp -s "$T/keep.moec" "$P" && ok ||
+    bad "compile --quantize stopped by SIG$sig: exit $rc, left '$left', or changed the plan there"
+done
+# the plan where the fp8 folder goes: refused before anything is quantized
+compile_fast 1 "cannot write the plan $T/same: it is where the fp8 checkpoint $T/./same/ goes (name another file or folder)" -- \
+  "$B" compile "$D/deepseek_v3" -o "$T/same" --quantize fp8 --quantized-dir "$T/./same/"
+[ ! -e "$T/same" ] && ok || bad "a refused compile wrote $T/same"
 expect 2 "--quantize: 'int4' is not fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantize int4
 expect 2 "--quantized-dir goes with --quantize fp8" -- "$B" compile "$D/deepseek_v3" -o "$T/x.moec" --quantized-dir "$T/qq"
 

@@ -34,6 +34,10 @@ expect 2 "--http: '70000' is not a port number (0 to 65535)" -- "$B/moec" serve 
 expect 2 "--host is for the HTTP API: it needs --http PORT" -- "$B/moec" serve "$M" --host ::1
 expect 2 "--served-model-name is for the HTTP API: it needs --http PORT" -- \
   "$B/moec" serve "$M" --served-model-name x
+# every --http option, the counts too, wants --http (none is ignored unsaid)
+for o in --max-waiting --max-body-kib --http-timeout --http-threads; do
+  expect 2 "$o is for the HTTP API: it needs --http PORT" -- "$B/moec-serve" "$M" "$o" 8
+done
 expect 2 "--stdin and --http cannot be used together" -- "$B/moec" serve "$M" --stdin --http 0
 expect 2 "--max-waiting: '0' is not an integer from 1 to 65536" -- \
   "$B/moec" serve "$M" --http 0 --max-waiting 0

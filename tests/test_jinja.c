@@ -305,7 +305,12 @@ static void test_api(void)
      * backslash before u0000 is text like any other */
     req = "[{\"role\": \"user\", \"content\": \"x\\u0000y\"}]";
     T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_UNSUPPORTED,
-          "the chat request holds \\u0000 at byte 31: a string with a NUL is not supported");
+          "the chat request holds a NUL character (\\u0000) in a string (byte 31): moec takes no "
+          "NUL in text");
+    req = "[{\"role\": \"user\", \"content\": \"x\ny\"}]";
+    T_ERR(moec_chat_render_json(tok, req, strlen(req), &gen, &out), MOEC_ERR_FORMAT,
+          "the chat request is not valid JSON (at byte 31: a control character in a string "
+          "must be escaped)");
     T_CHECK(out == NULL);
     req = "[{\"role\": \"user\", \"content\": \"x\\\\u0000y\"}]";
     T_OK(moec_chat_render_json(tok, req, strlen(req), &gen, &out));

@@ -117,6 +117,20 @@ expect 0 "moec-sample: writing 79 tensors, 388.6 kB, to $T/s5/model.safetensors"
   bad "moec-sample wrote $(ls -A "$T/s5")"
 cmp -s "$cfg" "$T/s5/config.json" && ok || bad "moec-sample: config.json is not a copy of the input"
 expect 0 "" -- "$B/moec" run "$T/s5" "${RUN[@]}"
+# an OUT_DIR that is a file is named, not a temporary file in it
+: >"$T/afile"
+expect 1 "moec-sample: OUT_DIR $T/afile is not a directory" -- "$SAMPLE" "$cfg" "$T/afile"
+[ ! -s "$T/afile" ] && ok || bad "moec-sample wrote into the file $T/afile"
+# --seed takes 0 to 2^64 - 1 in decimal: an empty, negative or larger value
+# is refused, not read as another seed
+for v in "" -1 18446744073709551616 5x " 5"; do
+  expect 2 "moec-sample: --seed: '$v' is not an integer from 0 to 18446744073709551615" -- \
+    "$SAMPLE" "$cfg" "$T/seed" --seed "$v"
+done
+expect 2 "moec-sample: --seed needs a value" -- "$SAMPLE" "$cfg" "$T/seed" --seed
+[ ! -e "$T/seed" ] && ok || bad "a refused --seed made $T/seed"
+"$SAMPLE" "$cfg" "$T/seed0" --seed 0 2>/dev/null && "$SAMPLE" "$cfg" "$T/seedmax" --seed 18446744073709551615 2>/dev/null &&
+  ! cmp -s "$T/seed0/model.safetensors" "$T/seedmax/model.safetensors" && ok || bad "--seed 0 and 2^64 - 1 wrote the same weights"
 
 # A stopped run leaves no partial model.safetensors: SIGTERM removes the
 # temporary file and the folder; SIGKILL cannot, but the model is never
@@ -128,11 +142,11 @@ c.update(vocab_size=256, hidden_size=2048, num_experts=8, moe_intermediate_size=
          num_hidden_layers=4, intermediate_size=2048)
 json.dump(c, open(sys.argv[2], "w"))
 PY
-# stop_while_writing SIGNAL DIR: starts moec-sample into DIR and sends SIGNAL
-# once its temporary file exists (a failure when it never does, or when the
-# run ends before the signal).
+# stop_while_writing SIGNAL DIR [OPTION...]: starts moec-sample into DIR and
+# sends SIGNAL once its temporary file exists (a failure when it never does,
+# or when the run ends before the signal).
 stop_while_writing() {
-  "$SAMPLE" "$T/mid.json" "$2" 2>"$T/stop.err" &
+  "$SAMPLE" "$T/mid.json" "$2" "${@:3}" 2>"$T/stop.err" &
   BG_PID=$!
   local i seen=0 rc
   for i in $(seq 200); do
@@ -148,6 +162,11 @@ stop_while_writing() {
 }
 stop_while_writing TERM "$T/s6"
 [ ! -e "$T/s6" ] && ok || bad "SIGTERM left $(ls -A "$T/s6" 2>&1) ($(cat "$T/stop.err"))"
+# --fp8: the quantized config it writes under $TMPDIR goes too; SIGHUP
+mkdir -p "$T/tmpdir"
+TMPDIR=$T/tmpdir stop_while_writing HUP "$T/s8" --fp8
+[ ! -e "$T/s8" ] && [ -z "$(ls -A "$T/tmpdir")" ] && ok ||
+  bad "SIGHUP of --fp8 left $(ls -A "$T/s8" "$T/tmpdir" 2>&1)"
 stop_while_writing KILL "$T/s7"
 [ -e "$T/s7" ] && [ ! -e "$T/s7/model.safetensors" ] && [ ! -e "$T/s7/config.json" ] && ok ||
   bad "SIGKILL left $(ls -A "$T/s7" 2>&1) ($(cat "$T/stop.err"))"

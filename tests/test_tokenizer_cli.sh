@@ -52,6 +52,16 @@ PY
 [ "$(echo '701,39,702' | "$B" tokenize "$D/qwen2" --decode --skip-special-tokens)" = "H" ] && ok ||
   bad "--skip-special-tokens kept <|im_start|>"
 
+# ids or text that never reach stdout (a full disk): exit 1, said
+if [ -w /dev/full ]; then
+  out=$(printf 'Hi' | "$B" tokenize "$D/qwen2" 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "tokenize >/dev/full: exit $rc: $out"
+  out=$(echo 39 | "$B" tokenize "$D/qwen2" --decode 2>&1 >/dev/full); rc=$?
+  [ $rc = 1 ] && [ "$out" = "moec: cannot write stdout: No space left on device" ] && ok ||
+    bad "tokenize --decode >/dev/full: exit $rc: $out"
+fi
+
 # Bad invocations.
 expect 2 "missing MODEL_DIR" -- "$B" tokenize
 expect 2 "unknown option --bogus" -- "$B" tokenize "$D/qwen2" --bogus
@@ -64,6 +74,9 @@ echo '{"model":{"type":"Unigram","vocab":[["a",0.0]]},"decoder":{"type":"ByteLev
 expect 1 "model.type: 'Unigram' is not supported (moec supports BPE)" -- "$B" tokenize "$T/unigram"
 out=$(echo '1,x' | "$B" tokenize "$D/qwen2" --decode 2>&1); rc=$?
 [ $rc = 2 ] && [[ "$out" == *"bad token id at 'x'"* ]] && ok || bad "decode of 1,x: exit $rc: $out"
+out=$(printf '1\0002' | "$B" tokenize "$D/qwen2" --decode 2>&1); rc=$?
+[ $rc = 2 ] && [ "$out" = "moec: tokenize --decode: a NUL byte in the ids (byte 1)" ] && ok ||
+  bad "decode of 1 NUL 2: exit $rc: $out"
 out=$(echo '1 -3' | "$B" tokenize "$D/qwen2" --decode 2>&1); rc=$?
 [ $rc = 1 ] && [[ "$out" == *"cannot decode the negative id -3"* ]] && ok || bad "decode of -3: exit $rc: $out"
 
@@ -80,6 +93,10 @@ got=$("$B" run "$M" --prompt "hi there" --max-new-tokens 5 --ignore-eos --backen
 [ $rc = 0 ] && [ "$got" = "$want" ] && [ -n "$got" ] && ok || bad "run --prompt printed '$got' (exit $rc), want '$want'"
 expect 2 "--prompt-ids, --prompt and --chat are exclusive" -- "$B" run "$M" --prompt hi --prompt-ids 1 --max-new-tokens 1
 expect 2 "missing --prompt-ids, --prompt or --chat" -- "$B" run "$M" --max-new-tokens 1
+# a tokenizer whose ids pass the model's vocabulary: the flag named
+mkdir -p "$T/wide" && cp "$S/tests/data/qwen3_moe/"* "$D/qwen2/tokenizer.json" "$T/wide/"
+expect 2 "moec: --prompt: the tokenizer's id 319 is outside the model's vocabulary (vocab_size 256)" -- \
+  "$B" run "$T/wide" --prompt "world" --max-new-tokens 1 --backend cpu
 expect 2 "--prompt: the text encodes to no tokens" -- "$B" run "$M" --prompt "" --max-new-tokens 1
 expect 1 "qwen3_moe/tokenizer.json: No such file or directory" -- \
   "$B" run "$S/tests/data/qwen3_moe" --prompt hi --max-new-tokens 1 --backend cpu
