@@ -553,12 +553,13 @@ static int run_parse(int argc, char **argv, run_opts *o, int *done)
             else if (!strcmp(a, "--max-new-tokens")) {
                 if (parse_int(v, 1, 1 << 24, &o->max_new))
                     return usage_error(USAGE_RUN,
-                                       "--max-new-tokens: '%s' is not an integer from 1 to 16777216",
+                                       "--max-new-tokens: '%s' is not an integer from 1 to "
+                                       "16777216",
                                        v);
             } else if (!strcmp(a, "--max-seq-len")) {
                 if (parse_int(v, 1, 1 << 26, &o->max_seq))
-                    return usage_error(USAGE_RUN,
-                                       "--max-seq-len: '%s' is not an integer from 1 to 67108864", v);
+                    return usage_error(
+                        USAGE_RUN, "--max-seq-len: '%s' is not an integer from 1 to 67108864", v);
             } else {
                 o->backend_set = 1;
                 if (!strcmp(v, "cpu"))
@@ -1433,7 +1434,8 @@ static int cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "moec: cannot read stdin: %s\n", strerror(errno));
         rc = 1;
     } else {
-        rc = decode ? tokenize_decode(tok, in, len, skip_special) : tokenize_encode(tok, in, len, !no_special);
+        rc = decode ? tokenize_decode(tok, in, len, skip_special)
+                    : tokenize_encode(tok, in, len, !no_special);
     }
     free(in);
     moec_tokenizer_free(tok);

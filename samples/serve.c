@@ -1296,6 +1296,8 @@ static int parse_args(int argc, char **argv, serve_opts *o)
                     return 2;
                 }
             } else if (!strcmp(a, "--host")) {
+                if (serve_http_host_check(v))
+                    return 2;
                 o->host = v;
             } else if (!strcmp(a, "--served-model-name")) {
                 if (!*v || serve_utf8_invalid_at(v, strlen(v)) < strlen(v))

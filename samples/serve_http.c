@@ -1631,21 +1631,39 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 
 /* ---- start and stop ---------------------------------------------------------- */
 
+/* host and port as an address to bind, or -1 said on stderr. */
+static int http_resolve(const char *host, int port, struct addrinfo **ai)
+{
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_PASSIVE,
+                             .ai_socktype = SOCK_STREAM};
+    char p[16];
+    snprintf(p, sizeof p, "%d", port);
+    *ai = NULL;
+    int gai = getaddrinfo(host, p, &hints, ai);
+    if (gai) {
+        fprintf(stderr, "moec-serve: --host: '%s' is not a numeric IPv4 or IPv6 address: %s\n",
+                host, gai_strerror(gai));
+        return -1;
+    }
+    return 0;
+}
+
+int serve_http_host_check(const char *host)
+{
+    struct addrinfo *ai;
+    if (http_resolve(host, 0, &ai))
+        return -1;
+    freeaddrinfo(ai);
+    return 0;
+}
+
 int serve_http_start(const serve_http_config *cfg, const moec_tokenizer_t *tok,
                      serve_metrics *metrics, serve_http **out)
 {
     *out = NULL;
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_PASSIVE,
-                             .ai_socktype = SOCK_STREAM},
-                    *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", cfg->port);
-    int gai = getaddrinfo(cfg->host, port, &hints, &ai);
-    if (gai) {
-        fprintf(stderr, "moec-serve: --host: '%s' is not a numeric IPv4 or IPv6 address: %s\n",
-                cfg->host, gai_strerror(gai));
+    struct addrinfo *ai;
+    if (http_resolve(cfg->host, cfg->port, &ai))
         return -1;
-    }
     serve_http *h = serve_xcalloc(1, sizeof *h);
     h->cfg = *cfg;
     h->tok = tok;

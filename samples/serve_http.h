@@ -27,6 +27,11 @@ typedef struct serve_http_config {
     int vocab;              /* the engine's: stop_token_ids are checked against it */
 } serve_http_config;
 
+/* 0 when host is a numeric IPv4 or IPv6 address serve_http_start can bind,
+ * else -1 said on stderr: checked as the options are read, before the model
+ * loads. */
+int serve_http_host_check(const char *host);
+
 /* Starts serving (threads running, port bound); the tokenizer and metrics
  * stay the caller's and must outlive it. 0, or -1 with the reason on stderr. */
 int serve_http_start(const serve_http_config *cfg, const moec_tokenizer_t *tok,
