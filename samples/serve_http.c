@@ -27,6 +27,7 @@
 #include "samples/serve_http.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
@@ -677,6 +678,10 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
         field_int(j, "seed", 0, 9007199254740992LL, &seed, e) ||
         field_bool(j, "ignore_eos", &r->mr.ignore_eos, e) || parse_stop(r, j, e))
         return -1;
+    /* OpenAI's top_p 0 keeps the likeliest token alone; the engine's 0 means no
+       filter at all, so it becomes the least positive top_p (the same one id) */
+    if (sp->top_p == 0 && field(j, "top_p"))
+        sp->top_p = FLT_MIN;
     const cJSON *sti = field(j, "stop_token_ids");
     if (sti && !cJSON_IsArray(sti))
         return bad_request(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");

@@ -161,6 +161,12 @@ post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":12,\"t
 [ "$CODE" = 200 ] && [ "$(echo "$first" | sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//')" = \
   "$(echo "$BODY" | sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//')" ] && ok ||
   bad "the same seed gave $first and $BODY"
+# top_p 0 keeps the likeliest token alone (OpenAI's), not every token (the
+# engine's 0): at any temperature and seed the text is the greedy one
+for seed in 1 2 3; do
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":1.5,\"top_p\":0,\"seed\":$seed}"
+  py "j['choices'][0]['text'] == $whole" && ok || bad "top_p 0, seed $seed: not the greedy text: $BODY"
+done
 
 # ---- chat ------------------------------------------------------------------------
 # The template renders ChatML; the byte tokenizer makes it the prompt, so the
