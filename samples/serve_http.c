@@ -791,12 +791,13 @@ static int parse_request(hreq *r, http_error *e)
         rc = parse_sampling(r, j, e);
     if (!rc)
         rc = r->chat ? parse_messages(r, j, e) : parse_prompt(r, j, e);
-    /* completions: 16 (OpenAI's default); chat: up to the sequence's end */
+    /* completions: 16 (OpenAI's default); chat: up to the end of the longest
+       sequence the engine takes (a pool smaller than max_seq_len shortens it:
+       running to max_seq_len, every chat that left max_tokens out was refused) */
     if (!rc && !r->mr.max_tokens && !r->chat)
         r->mr.max_tokens = 16;
     else if (!rc && !r->mr.max_tokens)
-        r->mr.max_tokens = h->cfg.max_seq_len > r->mr.n_prompt ? h->cfg.max_seq_len - r->mr.n_prompt
-                                                               : 1;
+        r->mr.max_tokens = h->cfg.max_len > r->mr.n_prompt ? h->cfg.max_len - r->mr.n_prompt : 1;
     cJSON_Delete(j);
     r->mr.prompt = r->prompt;
     r->mr.stop_ids = r->stop_ids;
@@ -1228,7 +1229,7 @@ static enum MHD_Result answer_models(hreq *r, const char *url)
     j_str(m, "object", "model");
     j_num(m, "created", (double)h->started_at);
     j_str(m, "owned_by", "moec");
-    j_num(m, "max_model_len", h->cfg.max_seq_len);
+    j_num(m, "max_model_len", h->cfg.max_len); /* what a request can be given */
     if (r->ep == EP_MODEL)
         return answer_json(r, MHD_HTTP_OK, m);
     cJSON *root = j_check(cJSON_CreateObject());

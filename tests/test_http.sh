@@ -496,4 +496,21 @@ else
   bad "no second server"
 fi
 
+# ---- a KV pool shorter than --max-seq-len ---------------------------------------------
+# 8 blocks of 16 tokens hold a sequence of 129 (the last token needs no KV):
+# that is max_model_len, and a chat that leaves max_tokens out runs to it
+# (to max_seq_len it was refused as too long, whatever its prompt)
+if http_start "$T/serve3.err" "$M" --backend cpu --http 0 --kv-blocks 8; then
+  URL=http://127.0.0.1:$PORT
+  http GET /v1/models
+  py 'j["data"][0]["max_model_len"] == 129' && ok || bad "a small pool's max_model_len: $BODY"
+  post /v1/chat/completions "{\"model\":$N,\"messages\":$MSGS,\"temperature\":0,\"ignore_eos\":true}"
+  [ "$CODE" = 200 ] && py "j['usage'] == {'prompt_tokens': 100, 'completion_tokens': 29, 'total_tokens': 129} and j['choices'][0]['finish_reason'] == 'length'" &&
+    ok || bad "a chat with no max_tokens on a small pool: $CODE $BODY"
+  http_stop
+  [ "$STOP_RC" = 0 ] && ok || bad "the third server exited $STOP_RC"
+else
+  bad "no third server"
+fi
+
 finish test_http
