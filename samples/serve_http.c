@@ -1558,7 +1558,11 @@ void serve_http_event(serve_http *h, moec_engine_t *engine, const moec_event *ev
     int last = ev->finish != MOEC_FINISH_NONE;
     const char *piece = "", *rest = "";
     size_t piece_len = 0, rest_len = 0;
-    moec_status st = moec_detokenizer_push(r->detok, ev->token, &piece, &piece_len);
+    /* the eos or stop id that ended the request is counted and has its log
+       probability, but its text is left out (as vLLM and SGLang leave it) */
+    int stop_id = ev->finish == MOEC_FINISH_EOS || ev->finish == MOEC_FINISH_STOP;
+    moec_status st =
+        stop_id ? MOEC_OK : moec_detokenizer_push(r->detok, ev->token, &piece, &piece_len);
     size_t go = st == MOEC_OK ? hold_add(r, piece, piece_len, 0) : 0;
     if (st == MOEC_OK && last && !r->stopped &&
         (st = moec_detokenizer_finish(r->detok, &rest, &rest_len)) == MOEC_OK)

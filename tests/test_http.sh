@@ -149,6 +149,21 @@ for stream in false true; do
   fi
 done
 
+# a stop id ends the text without its own (vLLM's way), though it counts as
+# a token and has its log probability: 'k' is the greedy text's third token
+[ "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[2])' "$whole")" = k ] && ok ||
+  bad "the greedy text's third character is not k: $whole"
+for stream in false true; do
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"stop_token_ids\":[107],\"logprobs\":0,\"stream\":$stream,\"stream_options\":{\"include_usage\":true}}"
+  if [ $stream = false ]; then
+    py "j['choices'][0]['text'] == $whole[:2] and j['choices'][0]['finish_reason'] == 'stop' and j['usage']['completion_tokens'] == 3 and j['choices'][0]['logprobs']['tokens'][2] == 'k'" &&
+      ok || bad "stop_token_ids: $BODY"
+  else
+    py "text == $whole[:2] and chunks[-2]['choices'][0]['finish_reason'] == 'stop' and chunks[-1]['usage']['completion_tokens'] == 3" &&
+      ok || bad "stop_token_ids streamed: $BODY"
+  fi
+done
+
 # log probabilities: one entry a token, the top ones likeliest first
 post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}"
 py "len(j['choices'][0]['logprobs']['tokens']) == 6 and len(j['choices'][0]['logprobs']['token_logprobs']) == 6 and all(1 <= len(t) <= 3 and max(t.values()) <= 0 for t in j['choices'][0]['logprobs']['top_logprobs']) and j['choices'][0]['logprobs']['text_offset'][0] == 0 and all(lp >= max(t.values()) for lp, t in zip(j['choices'][0]['logprobs']['token_logprobs'], j['choices'][0]['logprobs']['top_logprobs']))" &&
