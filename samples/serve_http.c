@@ -591,6 +591,31 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
     moec_chat_options_t opts = {.add_generation_prompt = 1, .enable_thinking = -1};
     if (field_bool(j, "add_generation_prompt", &opts.add_generation_prompt, e))
         return -1;
+    /* The kwargs join the template's variables: those the request sets by
+       its own fields or the tokenizer gives would be written twice (and
+       refused as "the chat request"'s, naming 'messages'); the option
+       add_generation_prompt is taken from there, over the field (vLLM's) */
+    for (const cJSON *k = kw ? kw->child : NULL; k; k = k->next) {
+        if (!strcmp(k->string, "add_generation_prompt")) {
+            if (cJSON_IsBool(k))
+                opts.add_generation_prompt = cJSON_IsTrue(k);
+            else if (!cJSON_IsNull(k))
+                return bad_request(e, "chat_template_kwargs",
+                                   "'chat_template_kwargs'.add_generation_prompt must be true "
+                                   "or false, not %s",
+                                   moec_json_kind(k));
+        } else if (!strcmp(k->string, "messages") || (tools && !strcmp(k->string, "tools"))) {
+            return bad_request(e, "chat_template_kwargs",
+                               "'chat_template_kwargs' sets '%s', which the request's own '%s' "
+                               "sets",
+                               k->string, k->string);
+        } else if (!strcmp(k->string, "bos_token") || !strcmp(k->string, "eos_token")) {
+            return bad_request(e, "chat_template_kwargs",
+                               "'chat_template_kwargs' sets '%s', which comes from the "
+                               "tokenizer",
+                               k->string);
+        }
+    }
     cJSON *conv = j_check(cJSON_CreateObject());
     cJSON *list = j_arr(conv, "messages");
     const cJSON *m;
@@ -611,7 +636,8 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
     if (!rc && tools)
         j_add(conv, "tools", cJSON_Duplicate(tools, 1));
     for (const cJSON *k = kw ? kw->child : NULL; !rc && k; k = k->next)
-        j_add(conv, k->string, cJSON_Duplicate(k, 1));
+        if (strcmp(k->string, "add_generation_prompt"))
+            j_add(conv, k->string, cJSON_Duplicate(k, 1));
     char *json = rc ? NULL : j_print(conv), *text = NULL;
     if (rc)
         cJSON_Delete(conv);

@@ -300,6 +300,27 @@ post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","conten
 expect_error 400 $E '"top_logprobs"' null "'top_logprobs' needs 'logprobs': true"
 post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":30}'
 expect_error 400 $E '"top_logprobs"' null "top_logprobs must be from 0 to 20, got 30"
+# chat_template_kwargs: add_generation_prompt sets the option (vLLM's), the
+# same prompt as the field gives; a variable the request or the tokenizer
+# sets is refused naming chat_template_kwargs (not 'messages', as a key
+# written twice in a request the client never wrote)
+HI='"messages":[{"role":"user","content":"hi"}],"max_tokens":1'
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"add_generation_prompt\":false}}"
+[ "$CODE" = 200 ] && py "j['usage']['prompt_tokens'] == 30" && ok || bad "kwargs' add_generation_prompt: $BODY"
+post /v1/chat/completions "{\"model\":$N,$HI,\"add_generation_prompt\":false}"
+[ "$CODE" = 200 ] && py "j['usage']['prompt_tokens'] == 30" && ok || bad "add_generation_prompt: $BODY"
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"add_generation_prompt\":1}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs'.add_generation_prompt must be true or false, not a number"
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"messages\":[]}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs' sets 'messages', which the request's own 'messages' sets"
+post /v1/chat/completions "{\"model\":$N,$HI,\"tools\":[],\"chat_template_kwargs\":{\"tools\":[]}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs' sets 'tools', which the request's own 'tools' sets"
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"eos_token\":\"x\"}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs' sets 'eos_token', which comes from the tokenizer"
 # unknown fields are ignored, as OpenAI's API does
 post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":1,"user":"u","frobnicate":{"x":[1]}}'
 [ "$CODE" = 200 ] && ok || bad "unknown fields: $CODE $BODY"
