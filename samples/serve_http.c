@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -1334,6 +1335,26 @@ static void body_add(hreq *r, const char *p, size_t n)
     r->body[r->body_len] = '\0';
 }
 
+/* MHD_get_connection_values' callback: whether the Content-Length headers
+ * disagree (cls: the first one's value, then "" once two differ). */
+static enum MHD_Result length_differs(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    const char **first = cls;
+    (void)kind;
+    if (!key || !value || strcasecmp(key, "Content-Length"))
+        return MHD_YES;
+    if (!*first) {
+        *first = value;
+        return MHD_YES;
+    }
+    if (strcmp(*first, value)) {
+        *first = "";
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls)
@@ -1343,6 +1364,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     if (!r) { /* the headers are in */
         r = *con_cls = hreq_new(h, conn, url, method);
+        /* libmicrohttpd reads the body by one of two Content-Lengths that
+           differ and ignores the other: a proxy in front that took the other
+           would see another request in the same bytes (request smuggling), so
+           the request is refused (RFC 9112 6.3) before its body is read, and
+           its connection closed */
+        const char *first = NULL;
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, length_differs, &first);
+        if (first && !*first)
+            return answer_errorf(r, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, NULL,
+                                 "the request has Content-Length headers that differ: it "
+                                 "must have one");
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;

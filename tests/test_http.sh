@@ -351,6 +351,28 @@ expect_error 413 $E null '"request_too_large"' "the request body is larger than 
 http GET /health -H "X-Big: $(head -c 70000 /dev/zero | tr '\0' b)"
 [ "$CODE" = 431 ] && ok || bad "a 70 KB header: $CODE"
 
+# two Content-Lengths that differ: refused before the body is read and the
+# connection closed (libmicrohttpd took one, and what followed it in the body
+# was the next request: request smuggling past a proxy that took the other)
+got=$(python3 - "$PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+body = b'{"model":"tiny-v2","prompt":"a","max_tokens":1}'
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+          b"Content-Length: 5\r\n\r\n%sGET /health HTTP/1.1\r\nHost: x\r\n\r\n" % (len(body), body))
+out = b""
+while True:
+    c = s.recv(65536)
+    if not c:
+        break
+    out += c
+head, _, rest = out.partition(b"\r\n\r\n")
+print(head.split(b"\r\n")[0].decode(), rest.decode())
+PY
+)
+[ "$got" = 'HTTP/1.1 400 Bad Request {"error":{"message":"the request has Content-Length headers that differ: it must have one","type":"invalid_request_error","param":null,"code":null}}' ] &&
+  ok || bad "two Content-Lengths: $got"
+
 # ---- connections: clients that hang up half-way, one past --max-connections -------
 # 100 clients that send part of a request and close: the next client is
 # served at once, not after --http-timeout (30 s here; libmicrohttpd's epoll
