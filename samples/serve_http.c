@@ -27,6 +27,7 @@
 #include "samples/serve_http.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <netdb.h>
@@ -34,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -590,6 +592,31 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
     moec_chat_options_t opts = {.add_generation_prompt = 1, .enable_thinking = -1};
     if (field_bool(j, "add_generation_prompt", &opts.add_generation_prompt, e))
         return -1;
+    /* The kwargs join the template's variables: those the request sets by
+       its own fields or the tokenizer gives would be written twice (and
+       refused as "the chat request"'s, naming 'messages'); the option
+       add_generation_prompt is taken from there, over the field (vLLM's) */
+    for (const cJSON *k = kw ? kw->child : NULL; k; k = k->next) {
+        if (!strcmp(k->string, "add_generation_prompt")) {
+            if (cJSON_IsBool(k))
+                opts.add_generation_prompt = cJSON_IsTrue(k);
+            else if (!cJSON_IsNull(k))
+                return bad_request(e, "chat_template_kwargs",
+                                   "'chat_template_kwargs'.add_generation_prompt must be true "
+                                   "or false, not %s",
+                                   moec_json_kind(k));
+        } else if (!strcmp(k->string, "messages") || (tools && !strcmp(k->string, "tools"))) {
+            return bad_request(e, "chat_template_kwargs",
+                               "'chat_template_kwargs' sets '%s', which the request's own '%s' "
+                               "sets",
+                               k->string, k->string);
+        } else if (!strcmp(k->string, "bos_token") || !strcmp(k->string, "eos_token")) {
+            return bad_request(e, "chat_template_kwargs",
+                               "'chat_template_kwargs' sets '%s', which comes from the "
+                               "tokenizer",
+                               k->string);
+        }
+    }
     cJSON *conv = j_check(cJSON_CreateObject());
     cJSON *list = j_arr(conv, "messages");
     const cJSON *m;
@@ -610,7 +637,8 @@ static int parse_messages(hreq *r, const cJSON *j, http_error *e)
     if (!rc && tools)
         j_add(conv, "tools", cJSON_Duplicate(tools, 1));
     for (const cJSON *k = kw ? kw->child : NULL; !rc && k; k = k->next)
-        j_add(conv, k->string, cJSON_Duplicate(k, 1));
+        if (strcmp(k->string, "add_generation_prompt"))
+            j_add(conv, k->string, cJSON_Duplicate(k, 1));
     char *json = rc ? NULL : j_print(conv), *text = NULL;
     if (rc)
         cJSON_Delete(conv);
@@ -677,6 +705,10 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
         field_int(j, "seed", 0, 9007199254740992LL, &seed, e) ||
         field_bool(j, "ignore_eos", &r->mr.ignore_eos, e) || parse_stop(r, j, e))
         return -1;
+    /* OpenAI's top_p 0 keeps the likeliest token alone; the engine's 0 means no
+       filter at all, so it becomes the least positive top_p (the same one id) */
+    if (sp->top_p == 0 && field(j, "top_p"))
+        sp->top_p = FLT_MIN;
     const cJSON *sti = field(j, "stop_token_ids");
     if (sti && !cJSON_IsArray(sti))
         return bad_request(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
@@ -786,12 +818,13 @@ static int parse_request(hreq *r, http_error *e)
         rc = parse_sampling(r, j, e);
     if (!rc)
         rc = r->chat ? parse_messages(r, j, e) : parse_prompt(r, j, e);
-    /* completions: 16 (OpenAI's default); chat: up to the sequence's end */
+    /* completions: 16 (OpenAI's default); chat: up to the end of the longest
+       sequence the engine takes (a pool smaller than max_seq_len shortens it:
+       running to max_seq_len, every chat that left max_tokens out was refused) */
     if (!rc && !r->mr.max_tokens && !r->chat)
         r->mr.max_tokens = 16;
     else if (!rc && !r->mr.max_tokens)
-        r->mr.max_tokens = h->cfg.max_seq_len > r->mr.n_prompt ? h->cfg.max_seq_len - r->mr.n_prompt
-                                                               : 1;
+        r->mr.max_tokens = h->cfg.max_len > r->mr.n_prompt ? h->cfg.max_len - r->mr.n_prompt : 1;
     cJSON_Delete(j);
     r->mr.prompt = r->prompt;
     r->mr.stop_ids = r->stop_ids;
@@ -1223,7 +1256,7 @@ static enum MHD_Result answer_models(hreq *r, const char *url)
     j_str(m, "object", "model");
     j_num(m, "created", (double)h->started_at);
     j_str(m, "owned_by", "moec");
-    j_num(m, "max_model_len", h->cfg.max_seq_len);
+    j_num(m, "max_model_len", h->cfg.max_len); /* what a request can be given */
     if (r->ep == EP_MODEL)
         return answer_json(r, MHD_HTTP_OK, m);
     cJSON *root = j_check(cJSON_CreateObject());
@@ -1302,6 +1335,26 @@ static void body_add(hreq *r, const char *p, size_t n)
     r->body[r->body_len] = '\0';
 }
 
+/* MHD_get_connection_values' callback: whether the Content-Length headers
+ * disagree (cls: the first one's value, then "" once two differ). */
+static enum MHD_Result length_differs(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    const char **first = cls;
+    (void)kind;
+    if (!key || !value || strcasecmp(key, "Content-Length"))
+        return MHD_YES;
+    if (!*first) {
+        *first = value;
+        return MHD_YES;
+    }
+    if (strcmp(*first, value)) {
+        *first = "";
+        return MHD_NO;
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls)
@@ -1311,6 +1364,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)version;
     if (!r) { /* the headers are in */
         r = *con_cls = hreq_new(h, conn, url, method);
+        /* libmicrohttpd reads the body by one of two Content-Lengths that
+           differ and ignores the other: a proxy in front that took the other
+           would see another request in the same bytes (request smuggling), so
+           the request is refused (RFC 9112 6.3) before its body is read, and
+           its connection closed */
+        const char *first = NULL;
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, length_differs, &first);
+        if (first && !*first)
+            return answer_errorf(r, MHD_HTTP_BAD_REQUEST, "invalid_request_error", NULL, NULL,
+                                 "the request has Content-Length headers that differ: it "
+                                 "must have one");
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
@@ -1552,7 +1616,11 @@ void serve_http_event(serve_http *h, moec_engine_t *engine, const moec_event *ev
     int last = ev->finish != MOEC_FINISH_NONE;
     const char *piece = "", *rest = "";
     size_t piece_len = 0, rest_len = 0;
-    moec_status st = moec_detokenizer_push(r->detok, ev->token, &piece, &piece_len);
+    /* the eos or stop id that ended the request is counted and has its log
+       probability, but its text is left out (as vLLM and SGLang leave it) */
+    int stop_id = ev->finish == MOEC_FINISH_EOS || ev->finish == MOEC_FINISH_STOP;
+    moec_status st =
+        stop_id ? MOEC_OK : moec_detokenizer_push(r->detok, ev->token, &piece, &piece_len);
     size_t go = st == MOEC_OK ? hold_add(r, piece, piece_len, 0) : 0;
     if (st == MOEC_OK && last && !r->stopped &&
         (st = moec_detokenizer_finish(r->detok, &rest, &rest_len)) == MOEC_OK)

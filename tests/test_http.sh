@@ -149,6 +149,21 @@ for stream in false true; do
   fi
 done
 
+# a stop id ends the text without its own (vLLM's way), though it counts as
+# a token and has its log probability: 'k' is the greedy text's third token
+[ "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[2])' "$whole")" = k ] && ok ||
+  bad "the greedy text's third character is not k: $whole"
+for stream in false true; do
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"stop_token_ids\":[107],\"logprobs\":0,\"stream\":$stream,\"stream_options\":{\"include_usage\":true}}"
+  if [ $stream = false ]; then
+    py "j['choices'][0]['text'] == $whole[:2] and j['choices'][0]['finish_reason'] == 'stop' and j['usage']['completion_tokens'] == 3 and j['choices'][0]['logprobs']['tokens'][2] == 'k'" &&
+      ok || bad "stop_token_ids: $BODY"
+  else
+    py "text == $whole[:2] and chunks[-2]['choices'][0]['finish_reason'] == 'stop' and chunks[-1]['usage']['completion_tokens'] == 3" &&
+      ok || bad "stop_token_ids streamed: $BODY"
+  fi
+done
+
 # log probabilities: one entry a token, the top ones likeliest first
 post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}"
 py "len(j['choices'][0]['logprobs']['tokens']) == 6 and len(j['choices'][0]['logprobs']['token_logprobs']) == 6 and all(1 <= len(t) <= 3 and max(t.values()) <= 0 for t in j['choices'][0]['logprobs']['top_logprobs']) and j['choices'][0]['logprobs']['text_offset'][0] == 0 and all(lp >= max(t.values()) for lp, t in zip(j['choices'][0]['logprobs']['token_logprobs'], j['choices'][0]['logprobs']['top_logprobs']))" &&
@@ -161,6 +176,12 @@ post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":12,\"t
 [ "$CODE" = 200 ] && [ "$(echo "$first" | sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//')" = \
   "$(echo "$BODY" | sed 's/"id":"[^"]*","object":"text_completion","created":[0-9]*//')" ] && ok ||
   bad "the same seed gave $first and $BODY"
+# top_p 0 keeps the likeliest token alone (OpenAI's), not every token (the
+# engine's 0): at any temperature and seed the text is the greedy one
+for seed in 1 2 3; do
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":1.5,\"top_p\":0,\"seed\":$seed}"
+  py "j['choices'][0]['text'] == $whole" && ok || bad "top_p 0, seed $seed: not the greedy text: $BODY"
+done
 
 # ---- chat ------------------------------------------------------------------------
 # The template renders ChatML; the byte tokenizer makes it the prompt, so the
@@ -279,6 +300,27 @@ post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","conten
 expect_error 400 $E '"top_logprobs"' null "'top_logprobs' needs 'logprobs': true"
 post /v1/chat/completions '{"model":"tiny-v2","messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":30}'
 expect_error 400 $E '"top_logprobs"' null "top_logprobs must be from 0 to 20, got 30"
+# chat_template_kwargs: add_generation_prompt sets the option (vLLM's), the
+# same prompt as the field gives; a variable the request or the tokenizer
+# sets is refused naming chat_template_kwargs (not 'messages', as a key
+# written twice in a request the client never wrote)
+HI='"messages":[{"role":"user","content":"hi"}],"max_tokens":1'
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"add_generation_prompt\":false}}"
+[ "$CODE" = 200 ] && py "j['usage']['prompt_tokens'] == 30" && ok || bad "kwargs' add_generation_prompt: $BODY"
+post /v1/chat/completions "{\"model\":$N,$HI,\"add_generation_prompt\":false}"
+[ "$CODE" = 200 ] && py "j['usage']['prompt_tokens'] == 30" && ok || bad "add_generation_prompt: $BODY"
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"add_generation_prompt\":1}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs'.add_generation_prompt must be true or false, not a number"
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"messages\":[]}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs' sets 'messages', which the request's own 'messages' sets"
+post /v1/chat/completions "{\"model\":$N,$HI,\"tools\":[],\"chat_template_kwargs\":{\"tools\":[]}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs' sets 'tools', which the request's own 'tools' sets"
+post /v1/chat/completions "{\"model\":$N,$HI,\"chat_template_kwargs\":{\"eos_token\":\"x\"}}"
+expect_error 400 $E '"chat_template_kwargs"' null \
+  "'chat_template_kwargs' sets 'eos_token', which comes from the tokenizer"
 # unknown fields are ignored, as OpenAI's API does
 post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":1,"user":"u","frobnicate":{"x":[1]}}'
 [ "$CODE" = 200 ] && ok || bad "unknown fields: $CODE $BODY"
@@ -308,6 +350,28 @@ http POST /v1/completions -H 'Expect: 100-continue' --data-binary "@$T/huge"
 expect_error 413 $E null '"request_too_large"' "the request body is larger than 65536 bytes (--max-body-kib)"
 http GET /health -H "X-Big: $(head -c 70000 /dev/zero | tr '\0' b)"
 [ "$CODE" = 431 ] && ok || bad "a 70 KB header: $CODE"
+
+# two Content-Lengths that differ: refused before the body is read and the
+# connection closed (libmicrohttpd took one, and what followed it in the body
+# was the next request: request smuggling past a proxy that took the other)
+got=$(python3 - "$PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+body = b'{"model":"tiny-v2","prompt":"a","max_tokens":1}'
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+          b"Content-Length: 5\r\n\r\n%sGET /health HTTP/1.1\r\nHost: x\r\n\r\n" % (len(body), body))
+out = b""
+while True:
+    c = s.recv(65536)
+    if not c:
+        break
+    out += c
+head, _, rest = out.partition(b"\r\n\r\n")
+print(head.split(b"\r\n")[0].decode(), rest.decode())
+PY
+)
+[ "$got" = 'HTTP/1.1 400 Bad Request {"error":{"message":"the request has Content-Length headers that differ: it must have one","type":"invalid_request_error","param":null,"code":null}}' ] &&
+  ok || bad "two Content-Lengths: $got"
 
 # ---- connections: clients that hang up half-way, one past --max-connections -------
 # 100 clients that send part of a request and close: the next client is
@@ -488,6 +552,23 @@ PY
   [ "$STOP_RC" = 0 ] && ok || bad "the second server exited $STOP_RC"
 else
   bad "no second server"
+fi
+
+# ---- a KV pool shorter than --max-seq-len ---------------------------------------------
+# 8 blocks of 16 tokens hold a sequence of 129 (the last token needs no KV):
+# that is max_model_len, and a chat that leaves max_tokens out runs to it
+# (to max_seq_len it was refused as too long, whatever its prompt)
+if http_start "$T/serve3.err" "$M" --backend cpu --http 0 --kv-blocks 8; then
+  URL=http://127.0.0.1:$PORT
+  http GET /v1/models
+  py 'j["data"][0]["max_model_len"] == 129' && ok || bad "a small pool's max_model_len: $BODY"
+  post /v1/chat/completions "{\"model\":$N,\"messages\":$MSGS,\"temperature\":0,\"ignore_eos\":true}"
+  [ "$CODE" = 200 ] && py "j['usage'] == {'prompt_tokens': 100, 'completion_tokens': 29, 'total_tokens': 129} and j['choices'][0]['finish_reason'] == 'length'" &&
+    ok || bad "a chat with no max_tokens on a small pool: $CODE $BODY"
+  http_stop
+  [ "$STOP_RC" = 0 ] && ok || bad "the third server exited $STOP_RC"
+else
+  bad "no third server"
 fi
 
 finish test_http
