@@ -693,6 +693,9 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
         return bad_request(e, "stream_options", "'stream_options' must be an object");
     if (so && field_bool(so, "include_usage", &r->include_usage, e))
         return -1;
+    if (so && !stream) /* OpenAI and vLLM refuse it rather than drop it */
+        return bad_request(e, "stream_options",
+                           "'stream_options' is only for a streamed request ('stream': true)");
     if (field_int(j, "max_tokens", 1, INT32_MAX, &max_tokens, e) ||
         (r->chat && field_int(j, "max_completion_tokens", 1, INT32_MAX, &max_tokens, e)) ||
         field_number(j, "temperature", &sp->temperature, e) ||
@@ -709,6 +712,11 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
        filter at all, so it becomes the least positive top_p (the same one id) */
     if (sp->top_p == 0 && field(j, "top_p"))
         sp->top_p = FLT_MIN;
+    /* the engine's 0 is no penalty; vLLM refuses 0 (a factor that would make
+       every seen token's logit 0 or infinite), and so does the API */
+    if (sp->repetition_penalty == 0 && field(j, "repetition_penalty"))
+        return bad_request(e, "repetition_penalty",
+                           "'repetition_penalty' must be greater than 0, got 0");
     const cJSON *sti = field(j, "stop_token_ids");
     if (sti && !cJSON_IsArray(sti))
         return bad_request(e, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
@@ -857,7 +865,11 @@ static hreq *hreq_new(serve_http *h, struct MHD_Connection *conn, const char *ur
             break;
         }
     }
-    r->method_ok = r->ep != EP_UNKNOWN && !strcmp(method, ROUTES[r->ep].method);
+    /* HEAD where GET is taken (a load balancer's health check): the same
+       answer, whose body libmicrohttpd leaves out */
+    r->method_ok = r->ep != EP_UNKNOWN && (!strcmp(method, ROUTES[r->ep].method) ||
+                                           (!strcmp(ROUTES[r->ep].method, "GET") &&
+                                            !strcmp(method, "HEAD")));
     pthread_mutex_lock(&h->mu);
     LIST_PUSH(h->all, r, prev_all, next_all);
     pthread_mutex_unlock(&h->mu);

@@ -154,7 +154,8 @@ done
 [ "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])[2])' "$whole")" = k ] && ok ||
   bad "the greedy text's third character is not k: $whole"
 for stream in false true; do
-  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"stop_token_ids\":[107],\"logprobs\":0,\"stream\":$stream,\"stream_options\":{\"include_usage\":true}}"
+  so=; [ $stream = true ] && so=',"stream_options":{"include_usage":true}'
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"stop_token_ids\":[107],\"logprobs\":0,\"stream\":$stream$so}"
   if [ $stream = false ]; then
     py "j['choices'][0]['text'] == $whole[:2] and j['choices'][0]['finish_reason'] == 'stop' and j['usage']['completion_tokens'] == 3 and j['choices'][0]['logprobs']['tokens'][2] == 'k'" &&
       ok || bad "stop_token_ids: $BODY"
@@ -268,6 +269,18 @@ post /v1/completions '{"model":"tiny-v2","prompt":"a","seed":-1}'
 expect_error 400 $E '"seed"' null "'seed' must be from 0 to 9007199254740992, got -1"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","stream":1}'
 expect_error 400 $E '"stream"' null "'stream' must be true or false, not a number"
+# refused as OpenAI and vLLM refuse them, not dropped or read as "none"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","stream_options":{"include_usage":true}}'
+expect_error 400 $E '"stream_options"' null \
+  "'stream_options' is only for a streamed request ('stream': true)"
+post /v1/chat/completions \
+  '{"model":"tiny-v2","messages":[],"stream":false,"stream_options":{}}'
+expect_error 400 $E '"stream_options"' null \
+  "'stream_options' is only for a streamed request ('stream': true)"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","repetition_penalty":0}'
+expect_error 400 $E '"repetition_penalty"' null "'repetition_penalty' must be greater than 0, got 0"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","max_tokens":1,"repetition_penalty":null,"stream_options":null}'
+[ "$CODE" = 200 ] && ok || bad "null repetition_penalty and stream_options: $CODE $BODY"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","stop":5}'
 expect_error 400 $E '"stop"' null "'stop' must be a string or a list of strings, not a number"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","stop":["x",""]}'
@@ -335,6 +348,13 @@ http GET /v1/completions
 expect_error 405 $E null '"method_not_allowed"' "Method GET is not allowed on /v1/completions: it takes POST"
 allow=$(curl -s -o /dev/null -D - -X POST "$URL/health" | tr -d '\r' | sed -n 's/^Allow: //p')
 [ "$allow" = GET ] && ok || bad "405 Allow header: $allow"
+# HEAD where GET is taken (load balancers' health checks): 200, no body
+head=$(curl -s -I "$URL/health" | tr -d '\r' | head -1)
+[ "$head" = "HTTP/1.1 200 OK" ] && ok || bad "HEAD /health: $head"
+[ -z "$(curl -s -I "$URL/v1/models" -o - | tr -d '\r' | sed '1,/^$/d')" ] && ok ||
+  bad "HEAD /v1/models sent a body"
+code=$(curl -s -I -o /dev/null -w '%{http_code}' "$URL/v1/completions")
+[ "$code" = 405 ] && ok || bad "HEAD on a POST endpoint: $code"
 python3 -c 'import sys; sys.stdout.write("{\"model\":\"tiny-v2\",\"prompt\":\"" + "a" * 70000 + "\"}")' >"$T/big.json"
 post /v1/completions "@$T/big.json"
 expect_error 413 $E null '"request_too_large"' "the request body is larger than 65536 bytes (--max-body-kib)"
