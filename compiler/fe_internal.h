@@ -76,8 +76,9 @@ typedef struct fe_quant {
 } fe_quant;
 
 /* Reads quantization_config (absent or null: none). Anything but
- * quant_method "fp8", fmt "e4m3", activation_scheme "dynamic" and a
- * weight_block_size of two sizes is MOEC_ERR_UNSUPPORTED naming the field. */
+ * quant_method "fp8", fmt "e4m3", activation_scheme "dynamic", a
+ * weight_block_size of two sizes, scale_fmt "float" or "ue8m0", expert_dtype
+ * "fp8" and no modules_to_convert is MOEC_ERR_UNSUPPORTED naming the field. */
 moec_status fe_quant_read(const fe_json *root, fe_quant *q);
 
 /* ---- fields every family has ---------------------------------------------- */

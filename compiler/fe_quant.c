@@ -91,6 +91,34 @@ static moec_status fe_quant_block(const fe_json *j, int64_t *block)
     return MOEC_OK;
 }
 
+/* The fields FineGrainedFP8Config (transformers 5.24) adds that change
+ * which tensors are fp8 or how their scales are stored. scale_fmt "ue8m0"
+ * (DeepSeek-V3.1 and later) says each block scale is a power of two: as the
+ * F32 tensors those checkpoints hold, their values are what moec multiplies
+ * by (scales stored as 1-byte e8m0 do not load: the loader asks for F32).
+ * expert_dtype "fp4" packs the experts in 4 bits, and modules_to_convert
+ * quantizes modules outside the decoder layers' linears (embeddings): moec
+ * reads neither, so both are refused here rather than at weight load. */
+static moec_status fe_quant_storage(const fe_json *j)
+{
+    const char *s;
+    MOEC_TRY(fe_json_str_opt(j, "scale_fmt", &s));
+    if (s && strcmp(s, "float") != 0 && strcmp(s, "ue8m0") != 0)
+        return fe_json_unsupported(j, "scale_fmt",
+                                   "is not supported (\"float\" or \"ue8m0\": F32 block scales)");
+    MOEC_TRY(fe_json_str_opt(j, "expert_dtype", &s));
+    if (s && strcmp(s, "fp8") != 0)
+        return fe_json_unsupported(j, "expert_dtype",
+                                   "is not supported (moec reads fp8 experts: \"fp8\")");
+    /* An empty list converts nothing, as in the reference. */
+    const cJSON *it = fe_json_get(j, "modules_to_convert");
+    if (it && !cJSON_IsNull(it) && !(cJSON_IsArray(it) && !it->child))
+        return fe_json_unsupported(j, "modules_to_convert",
+                                   "is not supported: moec quantizes only the linears of the "
+                                   "decoder layers, never embeddings");
+    return MOEC_OK;
+}
+
 moec_status fe_quant_read(const fe_json *root, fe_quant *q)
 {
     memset(q, 0, sizeof *q);
@@ -121,6 +149,7 @@ moec_status fe_quant_read(const fe_json *root, fe_quant *q)
                                    "is not supported (\"dynamic\" only: moec keeps activations in "
                                    "floating point and has no static activation scales)");
     MOEC_TRY(fe_quant_block(&j, q->block));
+    MOEC_TRY(fe_quant_storage(&j));
     MOEC_TRY(fe_quant_list(&j, "modules_to_not_convert", &q->skip[0]));
     MOEC_TRY(fe_quant_list(&j, "ignored_layers", &q->skip[1]));
     q->fp8 = 1;

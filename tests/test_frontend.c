@@ -1029,6 +1029,24 @@ static void test_fp8(void)
     REJECT(qw, "quantization_config.weight_block_size", "null", U,
            "field \"quantization_config.weight_block_size\" = null is not supported: moec reads "
            "block-scaled fp8");
+    /* FineGrainedFP8Config's storage fields: ue8m0 scales held as F32
+     * (DeepSeek-V3.1) are read as they are; fp4 experts and quantized
+     * embeddings are refused by name. */
+    m = build_ok_with(qw, "quantization_config.scale_fmt", "\"ue8m0\"");
+    T_CHECK(m != NULL);
+    ir_module_free(m);
+    m = build_ok_with(qw, "quantization_config.modules_to_convert", "[]");
+    T_CHECK(m != NULL);
+    ir_module_free(m);
+    REJECT(qw, "quantization_config.scale_fmt", "\"e4m3\"", U,
+           "field \"quantization_config.scale_fmt\" = \"e4m3\" is not supported (\"float\" or "
+           "\"ue8m0\": F32 block scales)");
+    REJECT(qw, "quantization_config.expert_dtype", "\"fp4\"", U,
+           "field \"quantization_config.expert_dtype\" = \"fp4\" is not supported (moec reads "
+           "fp8 experts: \"fp8\")");
+    REJECT(qw, "quantization_config.modules_to_convert", "[\"embed_tokens\"]", U,
+           "field \"quantization_config.modules_to_convert\" = [...] is not supported: moec "
+           "quantizes only the linears of the decoder layers, never embeddings");
     REJECT(qw, "quantization_config.weight_block_size", "[128]", F,
            "field \"quantization_config.weight_block_size\" must be a list of two integers");
     REJECT(qw, "quantization_config.weight_block_size", "[128, 1.5]", F,
