@@ -802,7 +802,9 @@ static void handle_request(server *sv, conn *c, const cJSON *j, size_t bad_utf8,
     }
     int control = cJSON_HasObjectItem(j, "stats") || cJSON_HasObjectItem(j, "cancel");
     char *id_json = request_id(c, j, !control);
-    if (!id_json && (!control || cJSON_HasObjectItem(j, "id")))
+    /* case-sensitive, as request_id looks: an "ID" is not an id (request_id
+     * sent no reply for it), it is an unknown field, refused below */
+    if (!id_json && (!control || cJSON_GetObjectItemCaseSensitive(j, "id")))
         return;
     char *err = bad_utf8 < len ? refuse("the request is not valid UTF-8 (byte %zu)", bad_utf8)
                                : request_fields_check(j);
