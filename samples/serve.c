@@ -21,6 +21,7 @@
  * requests waiting in the engine's queue are bounded by the same bytes:
  * each came in a line. */
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -580,7 +581,9 @@ static char *field_number(const cJSON *req, const char *name, float *out)
         return NULL;
     if (!cJSON_IsNumber(v))
         return refuse("\"%s\" must be a number", name);
-    *out = (float)v->valuedouble;
+    if (!serve_json_float(v, out))
+        return refuse("\"%s\" is past a float's range (%g), got %g", name, FLT_MAX,
+                      v->valuedouble);
     return NULL;
 }
 

@@ -394,7 +394,9 @@ static int field_number(const cJSON *o, const char *name, float *out, http_error
         return 0;
     if (!cJSON_IsNumber(v))
         return bad_request(e, name, "'%s' must be a number, not %s", name, moec_json_kind(v));
-    *out = (float)v->valuedouble;
+    if (!serve_json_float(v, out))
+        return bad_request(e, name, "'%s' is past a float's range (%g), got %g", name, FLT_MAX,
+                           v->valuedouble);
     return 0;
 }
 

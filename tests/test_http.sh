@@ -341,6 +341,8 @@ post /v1/completions '{"model":"tiny-v2","prompt":"a","echo":true}'
 expect_error 400 $E '"echo"' null "'echo' is not supported"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","logit_bias":{"5":10}}'
 expect_error 400 $E '"logit_bias"' null "'logit_bias' is not supported"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","temperature":1e39}'
+expect_error 400 $E '"temperature"' null "'temperature' is past a float's range (3.40282e+38), got 1e+39"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","logprobs":21}'
 expect_error 400 $E '"logprobs"' null "'logprobs' must be from 0 to 20, got 21"
 post /v1/chat/completions '{"model":"tiny-v2","messages":[]}'
