@@ -392,6 +392,14 @@ moec_status moec_detokenizer_init(const moec_tokenizer_t *tok, int skip_special_
                                   moec_detokenizer_t **out);
 moec_status moec_detokenizer_push(moec_detokenizer_t *d, int32_t id, const char **text,
                                   size_t *len);
+/* The same, and *before (when not NULL) gets how many characters at the start
+ * of *text are made of earlier ids' bytes alone: 1 when bytes held back (a
+ * character cut off) become a U+FFFD because this id's first byte does not
+ * continue them, else 0. The characters of the earlier pieces plus *before
+ * are those before the character holding this id's first byte: its offset
+ * in the text (a character split over ids is every such id's). */
+moec_status moec_detokenizer_push_offset(moec_detokenizer_t *d, int32_t id, const char **text,
+                                         size_t *len, int *before);
 moec_status moec_detokenizer_finish(moec_detokenizer_t *d, const char **text, size_t *len);
 void moec_detokenizer_free(moec_detokenizer_t *d);
 

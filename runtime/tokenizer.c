@@ -516,11 +516,27 @@ static moec_status detok_emit(moec_detokenizer_t *d, int final, const char **tex
 
 moec_status moec_detokenizer_push(moec_detokenizer_t *d, int32_t id, const char **text, size_t *len)
 {
+    return moec_detokenizer_push_offset(d, id, text, len, NULL);
+}
+
+moec_status moec_detokenizer_push_offset(moec_detokenizer_t *d, int32_t id, const char **text,
+                                         size_t *len, int *before)
+{
     if (!d || !text || !len)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_detokenizer_push: NULL argument");
     *text = "";
     *len = 0;
+    if (before)
+        *before = 0;
+    size_t held = d->in.len; /* a valid beginning cut off (detok_emit kept no more) */
     MOEC_TRY(id_bytes(d->t, id, d->skip_special, &d->in));
+    if (before && held && d->in.len > held) {
+        /* the held bytes are a U+FFFD of their own when this id's first
+         * byte does not continue them: their maximal subpart ends there */
+        uint32_t cp;
+        int cut, k = tok_utf8_next((const unsigned char *)d->in.p, held + 1, &cp, &cut);
+        *before = k < 0 && !cut && (size_t)-k == held;
+    }
     return detok_emit(d, 0, text, len);
 }
 

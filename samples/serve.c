@@ -21,6 +21,7 @@
  * requests waiting in the engine's queue are bounded by the same bytes:
  * each came in a line. */
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -580,7 +581,9 @@ static char *field_number(const cJSON *req, const char *name, float *out)
         return NULL;
     if (!cJSON_IsNumber(v))
         return refuse("\"%s\" must be a number", name);
-    *out = (float)v->valuedouble;
+    if (!serve_json_float(v, out))
+        return refuse("\"%s\" is past a float's range (%g), got %g", name, FLT_MAX,
+                      v->valuedouble);
     return NULL;
 }
 
@@ -802,7 +805,9 @@ static void handle_request(server *sv, conn *c, const cJSON *j, size_t bad_utf8,
     }
     int control = cJSON_HasObjectItem(j, "stats") || cJSON_HasObjectItem(j, "cancel");
     char *id_json = request_id(c, j, !control);
-    if (!id_json && (!control || cJSON_HasObjectItem(j, "id")))
+    /* case-sensitive, as request_id looks: an "ID" is not an id (request_id
+     * sent no reply for it), it is an unknown field, refused below */
+    if (!id_json && (!control || cJSON_GetObjectItemCaseSensitive(j, "id")))
         return;
     char *err = bad_utf8 < len ? refuse("the request is not valid UTF-8 (byte %zu)", bad_utf8)
                                : request_fields_check(j);

@@ -91,6 +91,7 @@ typedef enum phase {
 typedef struct tok_lp {
     int32_t id;
     float logprob;
+    long offset; /* completions' text_offset: characters of the returned text before it */
     int n_top;
     int32_t top_ids[MOEC_TOP_LOGPROBS_MAX];
     float top_lps[MOEC_TOP_LOGPROBS_MAX];
@@ -129,7 +130,6 @@ typedef struct hreq {
     moec_buf stage; /* SSE bytes formatted and not yet handed to libmicrohttpd */
     size_t stage_off;
     int sent_role, sent_end;
-    long text_offset; /* completions logprobs: characters of text so far */
     int counted;      /* its response went into the metrics */
 
     /* The request, fixed once queued. */
@@ -147,6 +147,7 @@ typedef struct hreq {
     int in_engine;
     moec_detokenizer_t *detok;
     moec_buf hold; /* text that may begin a stop string */
+    long text_chars; /* characters the detokenizer gave so far (text_offset) */
     int stopped;   /* a stop string ended it */
 
     /* Shared, under h->mu. */
@@ -393,7 +394,9 @@ static int field_number(const cJSON *o, const char *name, float *out, http_error
         return 0;
     if (!cJSON_IsNumber(v))
         return bad_request(e, name, "'%s' must be a number, not %s", name, moec_json_kind(v));
-    *out = (float)v->valuedouble;
+    if (!serve_json_float(v, out))
+        return bad_request(e, name, "'%s' is past a float's range (%g), got %g", name, FLT_MAX,
+                           v->valuedouble);
     return 0;
 }
 
@@ -997,8 +1000,7 @@ static cJSON *logprobs_json(hreq *r, const tok_lp *lps, int n)
         char *s = token_text(h, lps[i].id, &len);
         j_strn(tokens, NULL, s, len);
         j_add(lp, NULL, cJSON_CreateNumber(lps[i].logprob));
-        j_add(offs, NULL, cJSON_CreateNumber((double)r->text_offset));
-        r->text_offset += utf8_chars(s, len);
+        j_add(offs, NULL, cJSON_CreateNumber((double)lps[i].offset));
         free(s);
         if (tops) { /* {token text: logprob}; a key with a NUL is cut there (cJSON's keys) */
             cJSON *d = j_obj(tops, NULL);
@@ -1631,12 +1633,23 @@ void serve_http_event(serve_http *h, moec_engine_t *engine, const moec_event *ev
     /* the eos or stop id that ended the request is counted and has its log
        probability, but its text is left out (as vLLM and SGLang leave it) */
     int stop_id = ev->finish == MOEC_FINISH_EOS || ev->finish == MOEC_FINISH_STOP;
-    moec_status st =
-        stop_id ? MOEC_OK : moec_detokenizer_push(r->detok, ev->token, &piece, &piece_len);
+    /* text_offset: the character of the returned text that holds the
+       token's first byte, counted on the detokenizer's output (not on the
+       token decoded alone, which makes each part of a character split over
+       tokens a U+FFFD of its own): every token of a split character gets
+       that character's offset */
+    int before = 0;
+    moec_status st = stop_id ? MOEC_OK
+                             : moec_detokenizer_push_offset(r->detok, ev->token, &piece,
+                                                            &piece_len, &before);
+    long offset = r->text_chars + before;
+    r->text_chars += utf8_chars(piece, piece_len);
     size_t go = st == MOEC_OK ? hold_add(r, piece, piece_len, 0) : 0;
     if (st == MOEC_OK && last && !r->stopped &&
         (st = moec_detokenizer_finish(r->detok, &rest, &rest_len)) == MOEC_OK)
         go = hold_add(r, rest, rest_len, 1);
+    if (stop_id) /* left out of the text: it starts after all of it (a cut-off end's U+FFFD) */
+        offset += utf8_chars(rest, rest_len);
     if (st != MOEC_OK) {
         http_error e = {MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", NULL, NULL,
                         serve_format("cannot decode the output: %s", moec_last_error_message())};
@@ -1659,6 +1672,7 @@ void serve_http_event(serve_http *h, moec_engine_t *engine, const moec_event *ev
         tok_lp *t = &r->lps[r->n_lps++];
         t->id = ev->token;
         t->logprob = ev->logprob;
+        t->offset = offset;
         t->n_top = ev->n_top;
         memcpy(t->top_ids, ev->top_ids, sizeof t->top_ids);
         memcpy(t->top_lps, ev->top_logprobs, sizeof t->top_lps);

@@ -1,6 +1,7 @@
 /* serve_util.c — the helpers the service's files share (serve_util.h). */
 #include "samples/serve_util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,17 @@ int serve_json_int(const cJSON *v, long long *out)
     if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
         return 0;
     *out = (long long)d;
+    return 1;
+}
+
+int serve_json_float(const cJSON *v, float *out)
+{
+    double d = v->valuedouble;
+    if (isfinite(d) && fabs(d) > FLT_MAX)
+        return 0;
+    *out = (float)d;
+    if (*out == 0 && d != 0)
+        *out = copysignf(FLT_TRUE_MIN, (float)d);
     return 1;
 }
 

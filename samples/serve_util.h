@@ -26,6 +26,11 @@ const char *serve_buf_text(moec_buf *b);
 /* v as an int when it is a JSON number with an integral value that a double
  * holds exactly (within +-2^53). */
 int serve_json_int(const cJSON *v, long long *out);
+/* A JSON number as the float the engine's settings are: 0 when it is past
+ * a float's range (it would become an infinity, which the engine would name
+ * instead of the number sent). One too small for a float becomes the least
+ * float of its sign, not 0: a tiny top_p must not turn into 0, "no filter". */
+int serve_json_float(const cJSON *v, float *out);
 
 /* The offset of the first byte of s[0..n) that is not part of valid UTF-8
  * (a stray continuation byte, a cut or overlong sequence, a surrogate, a

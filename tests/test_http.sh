@@ -169,6 +169,47 @@ done
 post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":3}"
 py "len(j['choices'][0]['logprobs']['tokens']) == 6 and len(j['choices'][0]['logprobs']['token_logprobs']) == 6 and all(1 <= len(t) <= 3 and max(t.values()) <= 0 for t in j['choices'][0]['logprobs']['top_logprobs']) and j['choices'][0]['logprobs']['text_offset'][0] == 0 and all(lp >= max(t.values()) for lp, t in zip(j['choices'][0]['logprobs']['token_logprobs'], j['choices'][0]['logprobs']['top_logprobs']))" &&
   ok || bad "logprobs: $BODY"
+# text_offset: the character of the returned text holding each token's first
+# byte. This tokenizer has a token per byte, so a character of 2 to 4 bytes
+# spans tokens (and a byte cut-off or invalid is one U+FFFD): the offsets
+# are those of the bytes of the output ids (streamed by the line protocol),
+# worked out by Python's own decoder, not each token's text decoded alone.
+ids=$(echo "{\"id\":1,\"prompt_ids\":[$(printf '%s' "$PROMPT" | od -An -tu1 | xargs | tr ' ' ,)],\"max_new_tokens\":40,\"ignore_eos\":true}" |
+  "$B/moec" serve "$M" --backend cpu --stdin 2>/dev/null | sed -n 's/.*"done":true,"tokens":\[\([0-9,]*\)\].*/\1/p')
+for stream in false true; do
+  post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":40,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":0,\"stream\":$stream}"
+  python3 - "$T/body" "$ids" <<'PY' && ok || bad "text_offset (stream $stream): $BODY"
+import codecs, json, sys
+raw = open(sys.argv[1], "rb").read().decode()
+if raw.startswith("{"):
+    chunks = [json.loads(raw)]
+else:
+    chunks = [json.loads(l[6:]) for l in raw.split("\n\n") if l.startswith("data: {")]
+text, offs = "", []
+for c in chunks:
+    ch = c["choices"][0]
+    text += ch["text"]
+    offs += (ch["logprobs"] or {}).get("text_offset", [])
+b = bytes(int(x) for x in sys.argv[2].split(","))
+spans = []  # the replaced subparts [start, end), as CPython's decoder finds them
+def note(e):
+    spans.append((e.start, e.end))
+    return ("\ufffd", e.end)
+codecs.register_error("note", note)
+assert b.decode("utf-8", "note") == text, (b, text)
+char_of, at, k = [], 0, 0
+while at < len(b):
+    end = next((e for s, e in spans if s == at), None)
+    if end is None:
+        lead = b[at]
+        end = at + (1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4)
+    char_of += [k] * (end - at)
+    at, k = end, k + 1
+# the output must split a character over tokens, or the test proves nothing
+assert any(char_of[i] == char_of[i + 1] for i in range(len(b) - 1)), b
+assert offs == char_of, (offs, char_of)
+PY
+done
 
 # sampling is seeded: the same seed gives the same text
 post /v1/completions "{\"model\":$N,\"prompt\":\"$PROMPT\",\"max_tokens\":12,\"temperature\":1.5,\"top_p\":0.9,\"top_k\":50,\"min_p\":0.01,\"presence_penalty\":0.5,\"frequency_penalty\":0.2,\"repetition_penalty\":1.1,\"seed\":7}"
@@ -300,6 +341,8 @@ post /v1/completions '{"model":"tiny-v2","prompt":"a","echo":true}'
 expect_error 400 $E '"echo"' null "'echo' is not supported"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","logit_bias":{"5":10}}'
 expect_error 400 $E '"logit_bias"' null "'logit_bias' is not supported"
+post /v1/completions '{"model":"tiny-v2","prompt":"a","temperature":1e39}'
+expect_error 400 $E '"temperature"' null "'temperature' is past a float's range (3.40282e+38), got 1e+39"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","logprobs":21}'
 expect_error 400 $E '"logprobs"' null "'logprobs' must be from 0 to 20, got 21"
 post /v1/chat/completions '{"model":"tiny-v2","messages":[]}'

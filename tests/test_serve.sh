@@ -216,9 +216,12 @@ good='{"id":"ok","prompt_ids":[5,101,33,240,18,77],"max_new_tokens":9,"ignore_eo
   echo '{"id":"t7","prompt_ids":[1],"max_new_tokens":1,"stop_token_ids":[999]}'
   echo '{"id":"t8","prompt_ids":[1],"max_new_tokens":1,"top_logprobs":21}'
   echo '{"id":"t9","prompt_ids":[1],"max_new_tokens":1,"top_p":2}'
+  echo '{"id":"t10","prompt_ids":[1],"max_new_tokens":1,"temperature":1e39}'
+  echo '{"id":"tp","prompt_ids":[5],"max_new_tokens":4,"ignore_eos":true,"temperature":1,"top_p":1e-50,"seed":5}'
   echo '{"stats":false}'
   echo '{"stats":true,"prompt_ids":[1]}'
   echo '{"cancel":true}'
+  echo '{"stats":true,"ID":1}'
   echo '{"id":"c1","cancel":1}'
   echo '{"id":"c2","cancel":true}'
   echo '{"id":-1e400,"prompt_ids":[1],"max_new_tokens":1}'
@@ -279,9 +282,16 @@ expect_line "$T/bad.out" '{"id":"t6","error":"\"stop_token_ids\"[1] is not an in
 expect_line "$T/bad.out" '{"id":"t7","error":"stop id 999 is outside the vocabulary (256 ids)"}'
 expect_line "$T/bad.out" '{"id":"t8","error":"top_logprobs must be from 0 to 20, got 21"}'
 expect_line "$T/bad.out" '{"id":"t9","error":"top_p must be a number from 0 to 1, got 2"}'
+# a number past a float is named as sent (it was "got inf"); one below a
+# float's least stays above 0: top_p 1e-50 keeps the likeliest id alone
+# (as 0 it kept all, and seed 5 then samples 10, not greedy's 5)
+expect_line "$T/bad.out" '{"id":"t10","error":"\"temperature\" is past a float'"'"'s range (3.40282e+38), got 1e+39"}'
+expect_tokens "$T/bad.out" '"tp"' "$(reference $m 5 4)" length
 expect_line "$T/bad.out" '{"id":null,"error":"\"stats\" must be true"}'
 expect_line "$T/bad.out" '{"id":null,"error":"field \"prompt_ids\" in a stats line (it takes \"id\" and \"stats\" alone)"}'
 expect_line "$T/bad.out" '{"id":null,"error":"missing \"id\" (the request to cancel)"}'
+# an id spelt in another case is an unknown field (it was answered with nothing)
+expect_line "$T/bad.out" '{"id":null,"error":"unknown field \"ID\" (the fields: id, prompt_ids, max_new_tokens, ignore_eos, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, stop_token_ids, logprobs, top_logprobs, stats, cancel)"}'
 expect_line "$T/bad.out" '{"id":"c1","error":"\"cancel\" must be true"}'
 expect_line "$T/bad.out" '{"id":"c2","error":"id \"c2\" is not in flight on this connection"}'
 expect_line "$T/bad.out" '{"id":null,"error":"\"id\" is a number too large to echo"}'
@@ -305,7 +315,7 @@ expect_tokens "$T/bad.out" '"ok"' "$(golden $m greedy_ids)" length
 expect_tokens "$T/bad.out" '"fits"' "$(reference $m 1,2,3,4,5,6,7,8,9,10 6)" length
 expect_tokens "$T/bad.out" '"crlf"' "$(reference $m 5 1)" length
 expect_tokens "$T/bad.out" '"last"' "77,77" length
-[ "$(grep -c '"error"' "$T/bad.out")" = 47 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 47"
+[ "$(grep -c '"error"' "$T/bad.out")" = 49 ] && ok || bad "bad requests: $(grep -c '"error"' "$T/bad.out") errors, want 49"
 # Every reply, the refusals of bytes that are not UTF-8 included, is strict
 # UTF-8 JSON.
 python3 - "$T/bad.out" <<'PY' && ok || bad "bad.out is not one UTF-8 JSON object a line"
