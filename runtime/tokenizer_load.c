@@ -699,6 +699,7 @@ static moec_status load_config(ld *L, const cJSON *cfg)
     MOEC_TRY(config_id(L, "eos_token", eos, &t->eos_id));
     MOEC_TRY(dup_str(L, "bos_token", bos, &t->bos_token));
     MOEC_TRY(dup_str(L, "eos_token", eos, &t->eos_token));
+    MOEC_TRY(get_bool(L, cfg, "", "split_special_tokens", 0, &t->split_special));
     if (!t->chat_template) /* chat_template.jinja, read first, wins */
         MOEC_TRY(load_chat_template(L, cfg));
     if (!cls || (strcmp(cls, "LlamaTokenizerFast") != 0 && strcmp(cls, "LlamaTokenizer") != 0))

@@ -574,6 +574,64 @@ static void test_refused_files(void)
     free(good);
 }
 
+/* The ids of text in the tokenizer of g_dir: each of want (n of them). */
+static void check_ids(int line, const char *text, int add_special, const int32_t *want, int n)
+{
+    moec_tokenizer_t *tok = NULL;
+    int32_t *ids = NULL;
+    int got = -1;
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    if (tok)
+        T_OK(moec_tokenizer_encode(tok, text, strlen(text), add_special, &ids, &got));
+    int same = got == n && ids;
+    for (int i = 0; same && i < n; i++)
+        same = ids[i] == want[i];
+    if (!same) {
+        fprintf(stderr, "line %d: '%s'\n", line, text);
+        print_ids("want", want, n);
+        print_ids("got", ids, got < 0 ? 0 : got);
+    }
+    T_CHECK(same);
+    free(ids);
+    moec_tokenizer_free(tok);
+}
+#define CHECK_IDS(text, add, ...)                                                    \
+    do {                                                                           \
+        static const int32_t want_[] = {__VA_ARGS__};                              \
+        check_ids(__LINE__, (text), (add), want_, (int)(sizeof want_ / sizeof *want_)); \
+    } while (0)
+
+/* tokenizer_config.json settings that change the ids. */
+static void test_config_encoding(void)
+{
+    /* "<s>" is special, "<x>" and "s>" are not; "<s>" and "s>" are matched
+     * in the raw text, "<x>" in the normalized; '<' 's' '>' are in the vocab */
+    static const char json[] =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<\":3,\"s\":4,"
+        "\">\":5},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\","
+        "\"add_prefix_space\":false},\"decoder\":{\"type\":\"ByteLevel\"},\"added_tokens\":["
+        "{\"id\":6,\"content\":\"<s>\",\"special\":true},{\"id\":7,\"content\":\"<x>\"},"
+        "{\"id\":8,\"content\":\"s>\",\"normalized\":false}]}";
+    write_dir(json, NULL);
+    CHECK_IDS("ab<s><x>", 1, 2, 6, 7);
+    CHECK_IDS("<s>", 1, 6);
+    /* split_special_tokens: "<s>" is text (the GPT-2 regex cuts it into
+     * '<', 's', '>'), "<x>" still an added token, and "s>" not found inside
+     * the "<s>" passed over (tokenizers' matches do not overlap) */
+    write_dir(json, "{\"split_special_tokens\":true}");
+    CHECK_IDS("ab<s><x>", 1, 2, 3, 4, 5, 7);
+    CHECK_IDS("<s>", 1, 3, 4, 5);
+    CHECK_IDS("as>", 1, 0, 8);
+    write_dir(json, "{\"split_special_tokens\":false}");
+    CHECK_IDS("<s>", 1, 6);
+    REFUSED(json, "{\"split_special_tokens\":1}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: split_special_tokens must be true or false");
+    write_dir(json, NULL); /* removes tokenizer_config.json */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
+    unlink(path);
+}
+
 /* --quick (under valgrind): shorter long inputs. */
 int main(int argc, char **argv)
 {
@@ -587,6 +645,7 @@ int main(int argc, char **argv)
     test_refused_components();
     test_refused_model();
     test_refused_files();
+    test_config_encoding();
     rmdir(g_dir);
     return t_finish("test_tokenizer");
 }
