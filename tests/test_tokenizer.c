@@ -542,14 +542,35 @@ static void test_refused_files(void)
     REFUSED(good, "{\"eos_token\":7}", MOEC_ERR_FORMAT,
             "tokenizer_config.json: eos_token: must be a string, {\"content\": ...} or null");
     /* the LlamaTokenizerFast template replaces tokenizer.json's post-processor */
+    /* a special token of the config that tokenizer.json has only in its
+     * vocab: transformers would make it a special added token */
+    REFUSED(good, "{\"eos_token\":\"a\"}", MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: eos_token: 'a' is in the vocab but not an added token of "
+            "tokenizer.json (transformers would make it a special added token; moec does not)");
+    REFUSED(good, "{\"pad_token\":{\"content\":\"ab\"}}", MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: pad_token: 'ab' is in the vocab but not an added token");
+    REFUSED(good, "{\"unk_token\":\"<unk>\"}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: unk_token: '<unk>' is not a token of tokenizer.json");
+    REFUSED(good, "{\"additional_special_tokens\":[\"<s>\",{\"content\":\"b\"}]}",
+            MOEC_ERR_UNSUPPORTED, "tokenizer_config.json: additional_special_tokens[1]: 'b' is in "
+                                  "the vocab but not an added token");
+    REFUSED(good, "{\"additional_special_tokens\":\"<s>\"}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: additional_special_tokens: must be a list");
+    REFUSED(good, "{\"additional_special_tokens\":[7]}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: additional_special_tokens[0]: must be a string or {\"content\": "
+            "...}");
+    write_dir(good, "{\"unk_token\":null,\"pad_token\":{\"content\":\"<s>\"},\"mask_token\":\"\","
+                    "\"additional_special_tokens\":[\"<s>\",{\"content\":\"<s>\"}]}");
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    moec_tokenizer_free(tok);
     write_dir(good, "{\"tokenizer_class\":\"LlamaTokenizerFast\",\"bos_token\":\"<s>\","
-                    "\"eos_token\":\"a\",\"add_eos_token\":true}");
+                    "\"eos_token\":\"<s>\",\"add_bos_token\":false,\"add_eos_token\":true}");
     T_OK(moec_tokenizer_open(g_dir, &tok));
     int32_t *ids = NULL;
     int n = 0;
     if (tok)
         T_OK(moec_tokenizer_encode(tok, "b", 1, 1, &ids, &n));
-    T_CHECK(n == 3 && ids && ids[0] == 4 && ids[1] == 1 && ids[2] == 0);
+    T_CHECK(n == 2 && ids && ids[0] == 1 && ids[1] == 4);
     free(ids);
     moec_tokenizer_free(tok);
     /* a folder with no tokenizer.json */
