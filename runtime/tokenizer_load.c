@@ -744,6 +744,14 @@ static moec_status load_config(ld *L, const cJSON *cfg)
     MOEC_TRY(dup_str(L, "bos_token", bos, &t->bos_token));
     MOEC_TRY(dup_str(L, "eos_token", eos, &t->eos_token));
     MOEC_TRY(get_bool(L, cfg, "", "split_special_tokens", 0, &t->split_special));
+    /* transformers' decode would then take the space out of " ." " ," " n't"
+     * " 's" ...; moec decodes (and streams) as tokenizers does, without it */
+    int clean_up;
+    MOEC_TRY(get_bool(L, cfg, "", "clean_up_tokenization_spaces", 0, &clean_up));
+    if (clean_up)
+        return FAIL(MOEC_ERR_UNSUPPORTED, "clean_up_tokenization_spaces",
+                    "true is not supported (moec decodes as tokenizers does, without the "
+                    "clean-up)");
     if (!t->chat_template) /* chat_template.jinja, read first, wins */
         MOEC_TRY(load_chat_template(L, cfg));
     if (!cls || (strcmp(cls, "LlamaTokenizerFast") != 0 && strcmp(cls, "LlamaTokenizer") != 0))

@@ -542,6 +542,14 @@ static void test_refused_files(void)
     REFUSED(good, "{\"eos_token\":7}", MOEC_ERR_FORMAT,
             "tokenizer_config.json: eos_token: must be a string, {\"content\": ...} or null");
     /* the LlamaTokenizerFast template replaces tokenizer.json's post-processor */
+    REFUSED(good, "{\"clean_up_tokenization_spaces\":true}", MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: clean_up_tokenization_spaces: true is not supported (moec "
+            "decodes as tokenizers does, without the clean-up)");
+    REFUSED(good, "{\"clean_up_tokenization_spaces\":\"no\"}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: clean_up_tokenization_spaces must be true or false");
+    write_dir(good, "{\"clean_up_tokenization_spaces\":false}");
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    moec_tokenizer_free(tok);
     /* a special token of the config that tokenizer.json has only in its
      * vocab: transformers would make it a special added token */
     REFUSED(good, "{\"eos_token\":\"a\"}", MOEC_ERR_UNSUPPORTED,
