@@ -267,6 +267,10 @@ static moec_status split_added(tok_work *w, const tok_trie *trie, size_t off, si
         const tok_added *a = &t->added[k];
         size_t start = i, stop = i + mlen;
         i = stop;
+        /* split_special_tokens: the match is passed over, as tokenizers'
+         * find_matches does, so a shorter token inside it is not taken */
+        if (t->split_special && a->special)
+            continue;
         if (a->single_word && !single_word_ok(w, s, len, start, stop))
             continue;
         if (a->lstrip) {

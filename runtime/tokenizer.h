@@ -141,6 +141,10 @@ struct moec_tokenizer {
     int n_added;
     tok_trie raw_trie, norm_trie; /* matched before / after normalization */
     tok_map added_ids;           /* content -> id */
+    /* tokenizer_config.json's split_special_tokens: special added tokens
+     * are not cut out of the text but encoded as text (transformers sets
+     * tokenizers' encode_special_tokens from it) */
+    int split_special;
 
     int32_t *prefix, *suffix; /* the post-processor's ids around the text */
     int n_prefix, n_suffix;

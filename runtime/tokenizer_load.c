@@ -637,11 +637,54 @@ static moec_status config_token(ld *L, const cJSON *cfg, const char *key, const 
     return MOEC_OK;
 }
 
+/* A special token of tokenizer_config.json (bos_token, pad_token, an entry
+ * of additional_special_tokens, ...) must be an added token of
+ * tokenizer.json: transformers adds any other as a special added token,
+ * which changes where text is cut and what skip_special_tokens drops. */
+static moec_status config_special(ld *L, const char *key, const char *token)
+{
+    if (!token || !token[0] || tok_map_get(&L->t->added_ids, token, strlen(token)) >= 0)
+        return MOEC_OK;
+    if (tok_token_id(L->t, token, strlen(token)) < 0)
+        return FAIL(MOEC_ERR_FORMAT, key, "'%.80s' is not a token of tokenizer.json", token);
+    return FAIL(MOEC_ERR_UNSUPPORTED, key, "'%.80s' is in the vocab but not an added token of "
+                                           "tokenizer.json (transformers would make it a special "
+                                           "added token; moec does not)",
+                token);
+}
+
 static moec_status config_id(ld *L, const char *key, const char *token, int32_t *out)
 {
+    MOEC_TRY(config_special(L, key, token));
     *out = token ? tok_token_id(L->t, token, strlen(token)) : -1;
-    if (token && *out < 0)
-        return FAIL(MOEC_ERR_FORMAT, key, "'%.80s' is not a token of tokenizer.json", token);
+    return MOEC_OK;
+}
+
+/* The special tokens moec does not use itself, checked as config_special. */
+static moec_status config_other_specials(ld *L, const cJSON *cfg)
+{
+    static const char *keys[] = {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+    const char *tok = NULL;
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        MOEC_TRY(config_token(L, cfg, keys[k], &tok));
+        MOEC_TRY(config_special(L, keys[k], tok));
+    }
+    const cJSON *extra = member(cfg, "additional_special_tokens");
+    if (extra && !cJSON_IsArray(extra))
+        return FAIL(MOEC_ERR_FORMAT, "additional_special_tokens", "must be a list");
+    int i = 0;
+    for (const cJSON *e = extra ? extra->child : NULL; e; e = e->next, i++) {
+        char where[64];
+        snprintf(where, sizeof where, "additional_special_tokens[%d]", i);
+        tok = NULL;
+        if (cJSON_IsObject(e))
+            MOEC_TRY(get_str(L, e, where, "content", &tok));
+        else if (cJSON_IsString(e))
+            tok = e->valuestring;
+        else
+            return FAIL(MOEC_ERR_FORMAT, where, "must be a string or {\"content\": ...}");
+        MOEC_TRY(config_special(L, where, tok));
+    }
     return MOEC_OK;
 }
 
@@ -697,8 +740,18 @@ static moec_status load_config(ld *L, const cJSON *cfg)
     MOEC_TRY(config_token(L, cfg, "eos_token", &eos));
     MOEC_TRY(config_id(L, "bos_token", bos, &t->bos_id));
     MOEC_TRY(config_id(L, "eos_token", eos, &t->eos_id));
+    MOEC_TRY(config_other_specials(L, cfg));
     MOEC_TRY(dup_str(L, "bos_token", bos, &t->bos_token));
     MOEC_TRY(dup_str(L, "eos_token", eos, &t->eos_token));
+    MOEC_TRY(get_bool(L, cfg, "", "split_special_tokens", 0, &t->split_special));
+    /* transformers' decode would then take the space out of " ." " ," " n't"
+     * " 's" ...; moec decodes (and streams) as tokenizers does, without it */
+    int clean_up;
+    MOEC_TRY(get_bool(L, cfg, "", "clean_up_tokenization_spaces", 0, &clean_up));
+    if (clean_up)
+        return FAIL(MOEC_ERR_UNSUPPORTED, "clean_up_tokenization_spaces",
+                    "true is not supported (moec decodes as tokenizers does, without the "
+                    "clean-up)");
     if (!t->chat_template) /* chat_template.jinja, read first, wins */
         MOEC_TRY(load_chat_template(L, cfg));
     if (!cls || (strcmp(cls, "LlamaTokenizerFast") != 0 && strcmp(cls, "LlamaTokenizer") != 0))

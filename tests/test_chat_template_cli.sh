@@ -115,6 +115,8 @@ tok = json.load(open(sys.argv[1]))
 tok["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "!", "type_id": 0}},
                          {"Sequence": {"id": "A", "type_id": 0}}], "pair": [], "special_tokens":
                          {"!": {"id": "!", "ids": [33], "tokens": ["!"]}}}
+# the config's bos_token must be an added token (transformers would add it)
+tok["added_tokens"] = [{"id": 33, "content": "!", "special": True}]
 json.dump(tok, open(sys.argv[2] + "/tokenizer.json", "w"))
 json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "!", "eos_token": None,
            "chat_template": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"

@@ -542,14 +542,43 @@ static void test_refused_files(void)
     REFUSED(good, "{\"eos_token\":7}", MOEC_ERR_FORMAT,
             "tokenizer_config.json: eos_token: must be a string, {\"content\": ...} or null");
     /* the LlamaTokenizerFast template replaces tokenizer.json's post-processor */
+    REFUSED(good, "{\"clean_up_tokenization_spaces\":true}", MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: clean_up_tokenization_spaces: true is not supported (moec "
+            "decodes as tokenizers does, without the clean-up)");
+    REFUSED(good, "{\"clean_up_tokenization_spaces\":\"no\"}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: clean_up_tokenization_spaces must be true or false");
+    write_dir(good, "{\"clean_up_tokenization_spaces\":false}");
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    moec_tokenizer_free(tok);
+    /* a special token of the config that tokenizer.json has only in its
+     * vocab: transformers would make it a special added token */
+    REFUSED(good, "{\"eos_token\":\"a\"}", MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: eos_token: 'a' is in the vocab but not an added token of "
+            "tokenizer.json (transformers would make it a special added token; moec does not)");
+    REFUSED(good, "{\"pad_token\":{\"content\":\"ab\"}}", MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: pad_token: 'ab' is in the vocab but not an added token");
+    REFUSED(good, "{\"unk_token\":\"<unk>\"}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: unk_token: '<unk>' is not a token of tokenizer.json");
+    REFUSED(good, "{\"additional_special_tokens\":[\"<s>\",{\"content\":\"b\"}]}",
+            MOEC_ERR_UNSUPPORTED, "tokenizer_config.json: additional_special_tokens[1]: 'b' is in "
+                                  "the vocab but not an added token");
+    REFUSED(good, "{\"additional_special_tokens\":\"<s>\"}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: additional_special_tokens: must be a list");
+    REFUSED(good, "{\"additional_special_tokens\":[7]}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: additional_special_tokens[0]: must be a string or {\"content\": "
+            "...}");
+    write_dir(good, "{\"unk_token\":null,\"pad_token\":{\"content\":\"<s>\"},\"mask_token\":\"\","
+                    "\"additional_special_tokens\":[\"<s>\",{\"content\":\"<s>\"}]}");
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    moec_tokenizer_free(tok);
     write_dir(good, "{\"tokenizer_class\":\"LlamaTokenizerFast\",\"bos_token\":\"<s>\","
-                    "\"eos_token\":\"a\",\"add_eos_token\":true}");
+                    "\"eos_token\":\"<s>\",\"add_bos_token\":false,\"add_eos_token\":true}");
     T_OK(moec_tokenizer_open(g_dir, &tok));
     int32_t *ids = NULL;
     int n = 0;
     if (tok)
         T_OK(moec_tokenizer_encode(tok, "b", 1, 1, &ids, &n));
-    T_CHECK(n == 3 && ids && ids[0] == 4 && ids[1] == 1 && ids[2] == 0);
+    T_CHECK(n == 2 && ids && ids[0] == 1 && ids[1] == 4);
     free(ids);
     moec_tokenizer_free(tok);
     /* a folder with no tokenizer.json */
@@ -574,6 +603,64 @@ static void test_refused_files(void)
     free(good);
 }
 
+/* The ids of text in the tokenizer of g_dir: each of want (n of them). */
+static void check_ids(int line, const char *text, int add_special, const int32_t *want, int n)
+{
+    moec_tokenizer_t *tok = NULL;
+    int32_t *ids = NULL;
+    int got = -1;
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    if (tok)
+        T_OK(moec_tokenizer_encode(tok, text, strlen(text), add_special, &ids, &got));
+    int same = got == n && ids;
+    for (int i = 0; same && i < n; i++)
+        same = ids[i] == want[i];
+    if (!same) {
+        fprintf(stderr, "line %d: '%s'\n", line, text);
+        print_ids("want", want, n);
+        print_ids("got", ids, got < 0 ? 0 : got);
+    }
+    T_CHECK(same);
+    free(ids);
+    moec_tokenizer_free(tok);
+}
+#define CHECK_IDS(text, add, ...)                                                    \
+    do {                                                                           \
+        static const int32_t want_[] = {__VA_ARGS__};                              \
+        check_ids(__LINE__, (text), (add), want_, (int)(sizeof want_ / sizeof *want_)); \
+    } while (0)
+
+/* tokenizer_config.json settings that change the ids. */
+static void test_config_encoding(void)
+{
+    /* "<s>" is special, "<x>" and "s>" are not; "<s>" and "s>" are matched
+     * in the raw text, "<x>" in the normalized; '<' 's' '>' are in the vocab */
+    static const char json[] =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<\":3,\"s\":4,"
+        "\">\":5},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\","
+        "\"add_prefix_space\":false},\"decoder\":{\"type\":\"ByteLevel\"},\"added_tokens\":["
+        "{\"id\":6,\"content\":\"<s>\",\"special\":true},{\"id\":7,\"content\":\"<x>\"},"
+        "{\"id\":8,\"content\":\"s>\",\"normalized\":false}]}";
+    write_dir(json, NULL);
+    CHECK_IDS("ab<s><x>", 1, 2, 6, 7);
+    CHECK_IDS("<s>", 1, 6);
+    /* split_special_tokens: "<s>" is text (the GPT-2 regex cuts it into
+     * '<', 's', '>'), "<x>" still an added token, and "s>" not found inside
+     * the "<s>" passed over (tokenizers' matches do not overlap) */
+    write_dir(json, "{\"split_special_tokens\":true}");
+    CHECK_IDS("ab<s><x>", 1, 2, 3, 4, 5, 7);
+    CHECK_IDS("<s>", 1, 3, 4, 5);
+    CHECK_IDS("as>", 1, 0, 8);
+    write_dir(json, "{\"split_special_tokens\":false}");
+    CHECK_IDS("<s>", 1, 6);
+    REFUSED(json, "{\"split_special_tokens\":1}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: split_special_tokens must be true or false");
+    write_dir(json, NULL); /* removes tokenizer_config.json */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
+    unlink(path);
+}
+
 /* --quick (under valgrind): shorter long inputs. */
 int main(int argc, char **argv)
 {
@@ -587,6 +674,7 @@ int main(int argc, char **argv)
     test_refused_components();
     test_refused_model();
     test_refused_files();
+    test_config_encoding();
     rmdir(g_dir);
     return t_finish("test_tokenizer");
 }
