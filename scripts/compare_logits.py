@@ -44,11 +44,15 @@ def main():
     refs = sorted(glob.glob(os.path.join(ref_dir, "*-cpu.bin")))
     if not refs:
         sys.exit(f"no *-cpu.bin in {ref_dir}")
+    # the modes the run has at all (MODES=fp32 runs no bf16)
+    modes = {m: t for m, t in TOL.items() if glob.glob(os.path.join(run_dir, f"*-{m}.bin"))}
+    if not modes:
+        sys.exit(f"no *-bf16.bin or *-fp32.bin in {run_dir}")
     for ref in refs:
         base = os.path.basename(ref)[: -len("-cpu.bin")]
         r = rows(ref, vocab)
         rid = ids(ref[:-4] + ".txt")
-        for mode, tol in TOL.items():
+        for mode, tol in modes.items():
             run = os.path.join(run_dir, f"{base}-{mode}.bin")
             if not os.path.exists(run):
                 print(f"{base} {mode}: missing")

@@ -11,6 +11,10 @@
 # stderr; DT is bf16 or fp8) and $OUT/shapes.tar.gz. Compare two runs'
 # files with scripts/compare_logits.py (REF=DIR: with the references in
 # DIR at the end, its table in $OUT/compare.txt, failing where it fails).
+# HF=1 also runs each checkpoint in transformers (float32, on the GPU:
+# scripts/hf_shapes.py) into $OUT/hf and compares the runs with it, the
+# table in $OUT/compare-hf.txt: the published configs as the reference
+# implementation reads them.
 #   On the GPU machine:  cd .snap/src && scripts/gpu_shapes.sh
 #   The references, anywhere:  MODES=cpu OUT=/tmp/ref scripts/gpu_shapes.sh
 set -uo pipefail
@@ -25,6 +29,7 @@ else
   BIN=build-gpu
 fi
 work=$(mktemp -d)
+mkdir -p "$work/ck"
 trap 'rm -rf "$work"' EXIT
 python3 scripts/published_shapes.py "$work/cfg" ${MODELS:-} >/dev/null || exit 1
 ids=$(python3 -c "print(','.join(str((i * 37 + 11) % 4000 + 2) for i in range(70)))")
@@ -33,6 +38,7 @@ for cfg in "$work"/cfg/*.json; do
   name=$(basename "$cfg" .json)
   for dt in bf16 fp8; do
     m=$work/m
+    [ "${HF:-0}" = 1 ] && m=$work/ck/$name-$dt # kept for transformers
     rm -rf "$m"
     flag=""
     [ "$dt" = bf16 ] || flag=--fp8
@@ -59,6 +65,12 @@ for cfg in "$work"/cfg/*.json; do
     done
   done
 done
+if [ "${HF:-0}" = 1 ]; then
+  python3 scripts/hf_shapes.py "$work/ck" "$OUT/hf" "$ids" 3 >"$OUT/hf.txt" 2>&1 || rc=1
+  cat "$OUT/hf.txt"
+  python3 scripts/compare_logits.py "$OUT/hf" "$OUT/shapes" >"$OUT/compare-hf.txt" || rc=1
+  cat "$OUT/compare-hf.txt"
+fi
 rm -rf "$work"
 if [ -n "${REF:-}" ]; then
   python3 scripts/compare_logits.py "$REF" "$OUT/shapes" >"$OUT/compare.txt" || rc=1
