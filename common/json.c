@@ -179,3 +179,26 @@ size_t moec_json_string_bad_at(const char *b, size_t n, int *nul, long long *val
         *values = count;
     return i;
 }
+
+moec_status moec_json_object_append(const char *text, size_t len, const char *member,
+                                    const char *what, char **out)
+{
+    *out = NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    int is_obj = root && cJSON_IsObject(root), empty = is_obj && !root->child;
+    cJSON_Delete(root);
+    if (!is_obj || !end || end <= text || end[-1] != '}')
+        return MOEC_ERR(MOEC_ERR_FORMAT, "%s is not a JSON object", what);
+    size_t keep = (size_t)(end - text) - 1; /* up to its closing brace */
+    while (keep && strchr(" \t\r\n", text[keep - 1]))
+        keep--;
+    size_t n = strlen(member);
+    char *s = malloc(keep + n + 8);
+    if (!s)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory writing %s", what);
+    memcpy(s, text, keep);
+    snprintf(s + keep, n + 8, "%s\n  %s\n}\n", empty ? "" : ",", member);
+    *out = s;
+    return MOEC_OK;
+}

@@ -46,4 +46,13 @@ const char *moec_json_kind(const cJSON *it);
  * cJSON would make. */
 size_t moec_json_string_bad_at(const char *b, size_t n, int *nul, long long *values);
 
+/* The JSON object text[0..len) with member (`"key": value`) added last,
+ * into *out (malloc'd, NUL-terminated): every byte before the object's
+ * closing brace kept as it is, not parsed and printed again (cJSON writes
+ * 0.0 as 0, and transformers refuses an integer for a float field such as
+ * attention_dropout). MOEC_ERR_FORMAT naming what when it is not an
+ * object. */
+moec_status moec_json_object_append(const char *text, size_t len, const char *member,
+                                    const char *what, char **out);
+
 #endif

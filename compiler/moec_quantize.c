@@ -242,9 +242,10 @@ static moec_status qz_write_file(const char *path, const char *data, size_t len)
     return ok ? MOEC_OK : MOEC_ERR(MOEC_ERR_IO, "cannot write %s: %s", path, strerror(errno));
 }
 
-/* dir/config.json: the source's with a quantization_config (DeepSeek-V3's:
- * fp8, e4m3, dynamic activations, blocks of 128 x 128); its
- * generation_config.json copied when it has one. */
+/* dir/config.json: the source's text as it is (moec_json_object_append:
+ * the folder must load in transformers too) with a quantization_config
+ * (DeepSeek-V3's: fp8, e4m3, dynamic activations, blocks of 128 x 128)
+ * last; its generation_config.json copied when it has one. */
 static moec_status qz_write_config(const char *src_dir, const char *dir)
 {
     char path[8400];
@@ -252,30 +253,16 @@ static moec_status qz_write_config(const char *src_dir, const char *dir)
     size_t len = 0;
     snprintf(path, sizeof path, "%s/config.json", src_dir);
     MOEC_TRY(moec_file_read(path, MOEC_FILE_CONFIG_MAX, &text, &len));
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    char member[256], *out = NULL;
+    snprintf(member, sizeof member,
+             "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+             "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [%d, %d]}",
+             QZ_BLOCK, QZ_BLOCK);
+    moec_status st = moec_json_object_append(text, len, member, path, &out);
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return MOEC_ERR(MOEC_ERR_FORMAT, "%s is not a JSON object", path);
-    }
-    cJSON *q = cJSON_CreateObject(), *blk = cJSON_CreateIntArray((const int[]){QZ_BLOCK, QZ_BLOCK}, 2);
-    int ok = q && blk && cJSON_AddStringToObject(q, "quant_method", "fp8") &&
-             cJSON_AddStringToObject(q, "fmt", "e4m3") &&
-             cJSON_AddStringToObject(q, "activation_scheme", "dynamic") &&
-             cJSON_AddItemToObject(q, "weight_block_size", blk);
-    if (ok)
-        blk = NULL;
-    ok = ok && cJSON_AddItemToObject(root, "quantization_config", q);
-    if (ok)
-        q = NULL;
-    char *out = ok ? cJSON_Print(root) : NULL;
-    cJSON_Delete(root);
-    cJSON_Delete(q);
-    cJSON_Delete(blk);
-    if (!out)
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory writing %s/config.json", dir);
+    MOEC_TRY(st);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    moec_status st = qz_write_file(path, out, strlen(out));
+    st = qz_write_file(path, out, strlen(out));
     free(out);
     MOEC_TRY(st);
     snprintf(path, sizeof path, "%s/generation_config.json", src_dir);

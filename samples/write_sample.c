@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "json.h"
 #include "moec.h"
 
 static const char *USAGE =
@@ -588,28 +589,32 @@ static int write_fp8_config(const char *from, const char *to)
     char *text = read_text(from);
     if (!text)
         return 1;
+    /* the config's own text kept (moec_json_object_append): transformers
+     * must load the checkpoint too */
     cJSON *root = cJSON_Parse(text);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        fprintf(stderr, "moec-sample: %s is not a JSON object\n", from);
-        cJSON_Delete(root);
+    int has = cJSON_GetObjectItemCaseSensitive(root, "quantization_config") != NULL;
+    cJSON_Delete(root);
+    char *out = NULL;
+    moec_status st = has ? MOEC_OK
+                         : moec_json_object_append(
+                               text, strlen(text),
+                               "\"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": "
+                               "\"e4m3\", \"activation_scheme\": \"dynamic\", "
+                               "\"weight_block_size\": [128, 128]}",
+                               from, &out);
+    if (has)
+        out = text;
+    else
+        free(text);
+    if (st != MOEC_OK) {
+        fprintf(stderr, "moec-sample: %s\n", moec_last_error_message());
         return 1;
     }
     int ok = 1;
-    if (!cJSON_GetObjectItemCaseSensitive(root, "quantization_config")) {
-        static const int block[2] = {128, 128};
-        cJSON *q = cJSON_AddObjectToObject(root, "quantization_config");
-        ok = q && cJSON_AddStringToObject(q, "quant_method", "fp8") &&
-             cJSON_AddStringToObject(q, "fmt", "e4m3") &&
-             cJSON_AddStringToObject(q, "activation_scheme", "dynamic") &&
-             cJSON_AddItemToObject(q, "weight_block_size", cJSON_CreateIntArray(block, 2));
-    }
-    char *out = ok ? cJSON_Print(root) : NULL;
-    cJSON_Delete(root);
     FILE *f = out ? fopen(to, "wb") : NULL;
     if (f) {
         size_t n = strlen(out);
-        ok = fwrite(out, 1, n, f) == n && fputc('\n', f) != EOF;
+        ok = fwrite(out, 1, n, f) == n;
         ok = fclose(f) == 0 && ok;
     }
     free(out);

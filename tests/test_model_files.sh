@@ -162,6 +162,13 @@ stop_while_writing() {
 }
 stop_while_writing TERM "$T/s6"
 [ ! -e "$T/s6" ] && ok || bad "SIGTERM left $(ls -A "$T/s6" 2>&1) ($(cat "$T/stop.err"))"
+# --fp8: the config is CONFIG_JSON's own text with the quantization_config
+# last (printed again, attention_dropout 0.0 became 0, which transformers
+# refuses for a float field)
+"$SAMPLE" "$cfg" "$T/f8" --fp8 >/dev/null 2>&1 &&
+  grep -qF '"attention_dropout": 0.0,' "$T/f8/config.json" &&
+  [ "$(tail -2 "$T/f8/config.json")" = '  "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+}' ] && ok || bad "--fp8 config: $(tail -3 "$T/f8/config.json" 2>&1)"
 # --fp8: the quantized config it writes under $TMPDIR goes too; SIGHUP
 mkdir -p "$T/tmpdir"
 TMPDIR=$T/tmpdir stop_while_writing HUP "$T/s8" --fp8

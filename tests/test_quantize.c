@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "compiler/frontend.h"
+#include "file.h"
 #include "runtime/weights.h"
 #include "testlib.h"
 
@@ -179,6 +180,25 @@ static int check_quantized(const char *model_name, const char *src)
     T_OK(moec_model_open(qdir, &qm));
     rt_safetensors *q = NULL, *s = NULL;
     char path[8400];
+    /* the config is the source's text and the quantization_config, not
+     * printed again (cJSON would write attention_dropout 0.0 as 0, which
+     * transformers refuses for a float field) */
+    char *ca = NULL, *cb = NULL;
+    size_t na = 0, nb = 0;
+    snprintf(path, sizeof path, "%s/config.json", src);
+    T_OK(moec_file_read(path, MOEC_FILE_CONFIG_MAX, &ca, &na));
+    snprintf(path, sizeof path, "%s/config.json", qdir);
+    T_OK(moec_file_read(path, MOEC_FILE_CONFIG_MAX, &cb, &nb));
+    const char *close = ca ? strrchr(ca, '}') : NULL;
+    T_CHECK(close && cb && nb > (size_t)(close - ca) &&
+            !memcmp(ca, cb, (size_t)(close - ca - 1)) &&
+            strstr(cb, "\n  \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": "
+                      "\"e4m3\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": "
+                      "[128, 128]}\n}\n"));
+    T_CHECK(strstr(ca, "\"attention_dropout\": 0.0") == NULL ||
+            strstr(cb, "\"attention_dropout\": 0.0") != NULL);
+    free(ca);
+    free(cb);
     snprintf(path, sizeof path, "%s/model-00001.safetensors", qdir);
     T_OK(rt_safetensors_open_file(path, &q));
     T_OK(rt_safetensors_open_dir(src, &s));
