@@ -655,7 +655,7 @@ static char *request_parse(server *sv, const cJSON *j, moec_request *r, int32_t 
         (err = field_number(j, "repetition_penalty", &sp->repetition_penalty)) ||
         (err = field_number(j, "presence_penalty", &sp->presence_penalty)) ||
         (err = field_number(j, "frequency_penalty", &sp->frequency_penalty)) ||
-        (err = field_int(j, "seed", 0, 9007199254740992LL, &seed)) ||
+        (err = field_int(j, "seed", 0, 9007199254740991LL, &seed)) ||
         (err = field_bool(j, "logprobs", &sp->logprob)) ||
         (err = field_int(j, "top_logprobs", 0, INT32_MAX, &top_logprobs)) ||
         (err = field_ids(j, "stop_token_ids", stop, &r->n_stop)))

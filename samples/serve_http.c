@@ -708,7 +708,7 @@ static int parse_sampling(hreq *r, const cJSON *j, http_error *e)
         field_number(j, "presence_penalty", &sp->presence_penalty, e) ||
         field_number(j, "frequency_penalty", &sp->frequency_penalty, e) ||
         field_number(j, "repetition_penalty", &sp->repetition_penalty, e) ||
-        field_int(j, "seed", 0, 9007199254740992LL, &seed, e) ||
+        field_int(j, "seed", 0, 9007199254740991LL, &seed, e) ||
         field_bool(j, "ignore_eos", &r->mr.ignore_eos, e) || parse_stop(r, j, e))
         return -1;
     /* OpenAI's top_p 0 keeps the likeliest token alone; the engine's 0 means no

@@ -63,7 +63,8 @@ int serve_json_int(const cJSON *v, long long *out)
     if (!cJSON_IsNumber(v))
         return 0;
     double d = v->valuedouble;
-    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
+    /* 2^53 itself is out: 2^53 + 1 in the text reads as it too */
+    if (!isfinite(d) || d != floor(d) || fabs(d) >= 9007199254740992.0)
         return 0;
     *out = (long long)d;
     return 1;

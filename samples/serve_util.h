@@ -24,7 +24,8 @@ char *serve_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *serve_buf_text(moec_buf *b);
 
 /* v as an int when it is a JSON number with an integral value that a double
- * holds exactly (within +-2^53). */
+ * holds exactly and alone (within +-(2^53 - 1): 2^53 + 1 would read as 2^53,
+ * another number than the one sent). */
 int serve_json_int(const cJSON *v, long long *out);
 /* A JSON number as the float the engine's settings are: 0 when it is past
  * a float's range (it would become an infinity, which the engine would name

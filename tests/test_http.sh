@@ -307,7 +307,10 @@ expect_error 400 $E '"presence_penalty"' null "presence_penalty must be a number
 post /v1/completions '{"model":"tiny-v2","prompt":"a","top_k":-2}'
 expect_error 400 $E '"top_k"' null "'top_k' must be from -1 to 2147483647, got -2"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","seed":-1}'
-expect_error 400 $E '"seed"' null "'seed' must be from 0 to 9007199254740992, got -1"
+expect_error 400 $E '"seed"' null "'seed' must be from 0 to 9007199254740991, got -1"
+# 2^53 + 1 reads as the double 2^53: refused, not run as another seed
+post /v1/completions '{"model":"tiny-v2","prompt":"a","seed":9007199254740993}'
+expect_error 400 $E '"seed"' null "'seed' must be from 0 to 9007199254740991, got 9.0072e+15"
 post /v1/completions '{"model":"tiny-v2","prompt":"a","stream":1}'
 expect_error 400 $E '"stream"' null "'stream' must be true or false, not a number"
 # refused as OpenAI and vLLM refuse them, not dropped or read as "none"

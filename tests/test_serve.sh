@@ -276,7 +276,7 @@ expect_line "$T/bad.out" '{"id":"e1","error":"\"ignore_eos\" must be true or fal
 expect_line "$T/bad.out" '{"id":"t1","error":"\"temperature\" must be a number"}'
 expect_line "$T/bad.out" '{"id":"t2","error":"temperature must be a finite number >= 0, got -1"}'
 expect_line "$T/bad.out" '{"id":"t3","error":"\"top_k\" must be an integer from 0 to 2147483647"}'
-expect_line "$T/bad.out" '{"id":"t4","error":"\"seed\" must be an integer from 0 to 9007199254740992"}'
+expect_line "$T/bad.out" '{"id":"t4","error":"\"seed\" must be an integer from 0 to 9007199254740991"}'
 expect_line "$T/bad.out" '{"id":"t5","error":"\"logprobs\" must be true or false"}'
 expect_line "$T/bad.out" '{"id":"t6","error":"\"stop_token_ids\"[1] is not an integer"}'
 expect_line "$T/bad.out" '{"id":"t7","error":"stop id 999 is outside the vocabulary (256 ids)"}'

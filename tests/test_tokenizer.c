@@ -565,8 +565,8 @@ static void test_refused_files(void)
     REFUSED(good, "{\"additional_special_tokens\":\"<s>\"}", MOEC_ERR_FORMAT,
             "tokenizer_config.json: additional_special_tokens: must be a list");
     REFUSED(good, "{\"additional_special_tokens\":[7]}", MOEC_ERR_FORMAT,
-            "tokenizer_config.json: additional_special_tokens[0]: must be a string or {\"content\": "
-            "...}");
+            "tokenizer_config.json: additional_special_tokens[0]: must be a string or "
+            "{\"content\": ...}");
     write_dir(good, "{\"unk_token\":null,\"pad_token\":{\"content\":\"<s>\"},\"mask_token\":\"\","
                     "\"additional_special_tokens\":[\"<s>\",{\"content\":\"<s>\"}]}");
     T_OK(moec_tokenizer_open(g_dir, &tok));
