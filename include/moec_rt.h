@@ -331,7 +331,10 @@ void moec_engine_get_stats(const moec_engine_t *engine, moec_engine_stats *out);
  * An engine whose pool holds max_seqs sequences of max_seq_len starts with
  * row s listing blocks s * P .. s * P + P - 1 (P = blocks per row): each row
  * owns its blocks, and a new sequence in a row simply starts again at
- * position 0. Otherwise rows start empty: moec_engine_set_blocks fills them. */
+ * position 0. Otherwise rows start empty: moec_engine_set_blocks fills them.
+ * The scheduler lays the table out its own way: once it has run requests,
+ * the rows it used are empty (-1), and a caller stepping here afterwards
+ * sets the blocks it wants first. */
 moec_status moec_engine_step(moec_engine_t *engine, int n, const int32_t *tokens,
                              const int32_t *positions, const int32_t *slots, int32_t *next_out,
                              float *logits_out);
