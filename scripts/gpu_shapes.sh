@@ -14,9 +14,10 @@
 # HF=1 also runs each checkpoint in transformers (float32, on the GPU:
 # scripts/hf_shapes.py) into $OUT/hf and compares the runs with it, the
 # table in $OUT/compare-hf.txt: the published configs as the reference
-# implementation reads them. transformers took 30-60 s a checkpoint on the
-# H200 (2026-12-01; an fp8 one is dequantized in plain Python first), so
-# name three or four MODELS a call (MODES=fp32 halves moec's share).
+# implementation reads them. All 22 checkpoints do not fit in one 10-minute
+# call: on the H200 (2026-12-01) one with MODES=fp32 ran out of time five
+# checkpoints into transformers (an fp8 one is dequantized in plain Python
+# first), so name three or four MODELS a call.
 #   On the GPU machine:  cd .snap/src && scripts/gpu_shapes.sh
 #   The references, anywhere:  MODES=cpu OUT=/tmp/ref scripts/gpu_shapes.sh
 set -uo pipefail
