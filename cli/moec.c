@@ -944,13 +944,9 @@ static void compile_tmp_remove_and_die(int sig)
 }
 
 /* The handler on (with the temporary names of out and, with --quantize,
- * qdir), or off (out NULL): each signal's disposition as it was before. A
- * signal ignored at start (nohup's SIGHUP, SIGINT of a background job) is
- * left ignored. */
+ * qdir), or off (out NULL): moec_cleanup_on_signals. */
 static void compile_tmp_on_signals(const char *out, const char *qdir)
 {
-    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-    static struct sigaction before[3];
     if (out) {
         snprintf(g_compile_tmp.plan_tmp, sizeof g_compile_tmp.plan_tmp, "%s.tmp.%d", out,
                  (int)getpid());
@@ -961,16 +957,7 @@ static void compile_tmp_on_signals(const char *out, const char *qdir)
         g_compile_tmp.q_len = (size_t)snprintf(g_compile_tmp.q_file, sizeof g_compile_tmp.q_file,
                                                "%s/", g_compile_tmp.q_tmp);
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = compile_tmp_remove_and_die;
-    sigemptyset(&sa.sa_mask);
-    for (int k = 0; k < 3; k++) {
-        if (!out)
-            sigaction(sigs[k], &before[k], NULL);
-        else if (sigaction(sigs[k], NULL, &before[k]) == 0 && before[k].sa_handler != SIG_IGN)
-            sigaction(sigs[k], &sa, NULL);
-    }
+    moec_cleanup_on_signals(out ? compile_tmp_remove_and_die : NULL);
 }
 
 static int cmd_compile(int argc, char **argv)

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,4 +144,20 @@ int moec_path_in_folder(const char *path, const char *dir, char *name, size_t ca
     }
     closedir(d);
     return found;
+}
+
+void moec_cleanup_on_signals(void (*handler)(int))
+{
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    static struct sigaction before[3];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    for (int k = 0; k < 3; k++) {
+        if (!handler)
+            sigaction(sigs[k], &before[k], NULL);
+        else if (sigaction(sigs[k], NULL, &before[k]) == 0 && before[k].sa_handler != SIG_IGN)
+            sigaction(sigs[k], &sa, NULL);
+    }
 }

@@ -28,6 +28,12 @@ void moec_path_parent(const char *path, char *dir, size_t cap);
  * else 0. An output written there would overwrite one of dir's inputs. */
 int moec_path_in_folder(const char *path, const char *dir, char *name, size_t cap);
 
+/* handler (which removes a program's temporary files and dies of the
+ * signal) on SIGINT, SIGTERM and SIGHUP; NULL puts back each signal's
+ * disposition as it was before. A signal ignored at start (nohup's SIGHUP,
+ * SIGINT of a background job) is left ignored. */
+void moec_cleanup_on_signals(void (*handler)(int));
+
 /* Configs are a few kB; anything past 16 MiB is not one. */
 #define MOEC_FILE_CONFIG_MAX ((size_t)16 << 20)
 

@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "file.h"
 #include "json.h"
 #include "moec.h"
 
@@ -495,24 +496,11 @@ static void remove_tmp_and_die(int sig)
     raise(sig);
 }
 
-/* The handler on (o) or off (NULL): each signal's disposition as it was
- * before. A signal ignored at start (nohup's SIGHUP, SIGINT of a
- * background job) stays ignored. */
+/* The handler on (o) or off (NULL): moec_cleanup_on_signals. */
 static void remove_tmp_on_signals(const out_paths *o)
 {
-    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-    static struct sigaction before[3];
     g_tmp = o;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = remove_tmp_and_die;
-    sigemptyset(&sa.sa_mask);
-    for (int k = 0; k < 3; k++) {
-        if (!o)
-            sigaction(sigs[k], &before[k], NULL);
-        else if (sigaction(sigs[k], NULL, &before[k]) == 0 && before[k].sa_handler != SIG_IGN)
-            sigaction(sigs[k], &sa, NULL);
-    }
+    moec_cleanup_on_signals(o ? remove_tmp_and_die : NULL);
 }
 
 /* n bytes in the unit that suits them: "388.6 kB", "61.23 GB". */
