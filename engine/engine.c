@@ -351,6 +351,13 @@ moec_status moec_engine_set_blocks(moec_engine_t *e, int slot, int first, int n,
 int moec_engine_max_tokens(const moec_engine_t *e) { return e ? e->max_tokens : 0; }
 int moec_engine_max_seqs(const moec_engine_t *e) { return e ? e->max_seqs : 0; }
 int moec_engine_max_seq_len(const moec_engine_t *e) { return e ? e->max_seq_len : 0; }
+int moec_engine_max_len(const moec_engine_t *e)
+{
+    if (!e)
+        return 0;
+    long long pool = (long long)e->kv_blocks * e->block_size + 1;
+    return pool < e->max_seq_len ? (int)pool : e->max_seq_len;
+}
 int moec_engine_kv_blocks(const moec_engine_t *e) { return e ? e->kv_blocks : 0; }
 int moec_engine_kv_block_size(const moec_engine_t *e) { return e ? e->block_size : 0; }
 int moec_engine_vocab_size(const moec_engine_t *e) { return e ? e->vocab : 0; }

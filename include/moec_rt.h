@@ -167,6 +167,10 @@ void moec_engine_free(moec_engine_t *engine);
 int moec_engine_max_tokens(const moec_engine_t *engine); /* most tokens one step takes */
 int moec_engine_max_seqs(const moec_engine_t *engine);
 int moec_engine_max_seq_len(const moec_engine_t *engine);
+/* The most tokens (prompt + max_tokens) a request may have: max_seq_len, or
+ * fewer when the whole KV pool holds fewer (its blocks' tokens and 1: the
+ * last token generated is never fed), as moec_engine_submit checks. */
+int moec_engine_max_len(const moec_engine_t *engine);
 int moec_engine_kv_blocks(const moec_engine_t *engine);     /* blocks in the pool */
 int moec_engine_kv_block_size(const moec_engine_t *engine); /* tokens per block */
 int moec_engine_vocab_size(const moec_engine_t *engine);

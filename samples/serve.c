@@ -1492,13 +1492,8 @@ int moec_serve_main(int argc, char **argv, serve_model_opener open_model)
                                 .timeout_s = (unsigned)o.http_timeout,
                                 .threads = (int)o.http_threads,
                                 .max_seq_len = sv.max_seq_len,
-                                .max_len = sv.max_seq_len,
+                                .max_len = moec_engine_max_len(sv.engine),
                                 .vocab = sv.vocab};
-        /* the last token is never fed, so needs no KV: the pool holds one more */
-        long long pool = (long long)moec_engine_kv_blocks(sv.engine) *
-                         moec_engine_kv_block_size(sv.engine) + 1;
-        if (pool < hc.max_len)
-            hc.max_len = (int)pool;
         int v6 = strchr(hc.host, ':') != NULL;
         if (serve_http_start(&hc, tok, sv.metrics, &sv.http))
             rc = 1;

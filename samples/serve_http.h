@@ -24,9 +24,8 @@ typedef struct serve_http_config {
     unsigned timeout_s;     /* a connection idle this long is closed */
     int threads;            /* HTTP threads */
     int max_seq_len;        /* the engine's */
-    int max_len;            /* the longest sequence the engine takes: max_seq_len, or the
-                             * whole KV pool's tokens and 1 when fewer (max_model_len;
-                             * chat's default max_tokens runs to it) */
+    int max_len;            /* moec_engine_max_len: the longest sequence the engine takes
+                             * (max_model_len; chat's default max_tokens runs to it) */
     int vocab;              /* the engine's: stop_token_ids are checked against it */
 } serve_http_config;
 

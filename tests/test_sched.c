@@ -220,6 +220,7 @@ static void check_together(const moec_model_t *m, const char *name, const char *
     T_CHECK(st.requests_done == N_REQ && st.cached_tokens == (uint64_t)cached);
     T_CHECK(st.prefix_hit_rate > 0 && st.prefix_hit_rate < 1 && st.tokens_per_s > 0);
     T_CHECK(st.kv_blocks == 40 && st.kv_block_size == BS && st.steps > 0);
+    T_CHECK(moec_engine_max_len(e) == 128); /* max_seq_len: the pool holds 161 */
     moec_engine_free(e);
 }
 
@@ -514,6 +515,7 @@ static void check_refusals(const moec_model_t *m, const char *dir)
           "too long: 3 prompt + 126 new = 129 tokens, more than the 128 a sequence may hold "
           "(max_seq_len)");
     q = r, q.max_tokens = 38; /* 41 tokens, the last never fed: exactly the pool */
+    T_CHECK(moec_engine_max_len(e) == 41);
     T_OK(moec_engine_submit(e, &q, &id));
     T_CHECK(id == 1);
     int32_t longer[4] = {1, 2, 3, 4};
