@@ -6,9 +6,10 @@
 # `moec run` of one 70-token prompt (a chunk of the 64-token bucket, then
 # one of 8) and 3 greedy decode steps, with --logits-out, in each of MODES
 # (default "bf16 fp32": the CUDA backend in bf16, and in fp32 with
-# MOEC_DTYPE=fp32; "cpu": the reference interpreter).
+# MOEC_DTYPE=fp32; "cpu": the reference interpreter); DTYPES (default
+# "bf16 fp8") picks the checkpoints' weights.
 # Leaves $OUT/shapes/NAME-DT-MODE.{bin,txt} (logits, generated ids and
-# stderr; DT is bf16 or fp8) and $OUT/shapes.tar.gz. Compare two runs'
+# stderr; DT is bf16 or fp8) and $OUT/shapes.tar.gz (with $OUT/hf under HF=1). Compare two runs'
 # files with scripts/compare_logits.py (REF=DIR: with the references in
 # DIR at the end, its table in $OUT/compare.txt, failing where it fails).
 # HF=1 also runs each checkpoint in transformers (float32, on the GPU:
@@ -39,7 +40,7 @@ ids=$(python3 -c "print(','.join(str((i * 37 + 11) % 4000 + 2) for i in range(70
 rc=0
 for cfg in "$work"/cfg/*.json; do
   name=$(basename "$cfg" .json)
-  for dt in bf16 fp8; do
+  for dt in ${DTYPES:-bf16 fp8}; do
     m=$work/m
     [ "${HF:-0}" = 1 ] && m=$work/ck/$name-$dt # kept for transformers
     rm -rf "$m"
@@ -79,5 +80,5 @@ if [ -n "${REF:-}" ]; then
   python3 scripts/compare_logits.py "$REF" "$OUT/shapes" >"$OUT/compare.txt" || rc=1
   cat "$OUT/compare.txt"
 fi
-tar -czf "$OUT/shapes.tar.gz" -C "$OUT" shapes
+tar -czf "$OUT/shapes.tar.gz" -C "$OUT" shapes $([ -d "$OUT/hf" ] && echo hf)
 exit $rc

@@ -38,18 +38,8 @@ def run(ckpt, ids, steps, device):
     with tempfile.TemporaryDirectory() as twin:
         model = make_goldens.load_model(ckpt, quantized, twin)
     model.to(device).eval()
-    rows, greedy = [], []
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids], device=device), use_cache=True)
-        for k in range(steps):
-            row = out.logits[0, -1].float().cpu()
-            rows.append(row)
-            greedy.append(int(row.argmax()))
-            if k + 1 == steps:
-                break
-            out = model(input_ids=torch.tensor([[greedy[-1]]], device=device),
-                        past_key_values=out.past_key_values, use_cache=True)
-    return torch.stack(rows, 0).contiguous(), greedy
+    rows, greedy = make_goldens.run_steps(model, ids, steps - 1, device)
+    return torch.stack([r[-1] for r in rows], 0).contiguous(), greedy
 
 
 def main():

@@ -20,12 +20,17 @@ F8_E4M3 weights beside F32 weight_scale_inv) is first dequantized exactly,
 W = q * scale_inv of its block, into an F32 twin in a temporary folder with
 quantization_config removed, and the twin is what transformers loads: the
 goldens of the function the checkpoint defines, with no fp8 kernel involved.
-The dequantization is plain Python (no torch), so that
+The dequantization needs nothing past Python (no torch), so that
 
   make_goldens.py --dequantize SRC DST
 
 writes the twin on any machine; tests/test_fp8.c checks it bit for bit
-against moec's own dequantization.
+against moec's own dequantization. Where numpy imports (beside torch and
+transformers it always does), the same arithmetic runs on whole arrays,
+which the published shapes of scripts/hf_shapes.py need; MOEC_GOLDENS_PURE=1
+keeps to plain Python, and the two write the same bytes (every product of an
+e4m3 value and an f32 scale is exact in double, rounded once to f32 either
+way; scripts/gpu_shapes.sh HF=1 compares them).
 
 DeepSeek-V3.2 (deepseek_v32): its indexer selects index_topk tokens per
 query, and a near-tie at the top-k boundary would let rounding decide the
@@ -72,6 +77,17 @@ def e4m3_value(code):
 E4M3 = [e4m3_value(c) for c in range(256)]
 
 
+def fast():
+    """numpy, or None: plain Python (no numpy, or MOEC_GOLDENS_PURE=1)."""
+    if os.environ.get("MOEC_GOLDENS_PURE") == "1":
+        return None
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
 def read_safetensors(path):
     """{name: (dtype, shape, bytes)} of a single safetensors file."""
     with open(path, "rb") as f:
@@ -105,6 +121,9 @@ def write_safetensors_f32(path, tensors):
 
 
 def f32_array(raw):
+    np = fast()
+    if np:
+        return np.frombuffer(raw, dtype="<f4").astype(np.float32)
     a = array("f")
     a.frombytes(raw)
     if sys.byteorder != "little":
@@ -113,9 +132,14 @@ def f32_array(raw):
 
 
 def widen(dtype, raw):
-    """A float tensor's values as array('f')."""
+    """A float tensor's values as array('f') (numpy: a float32 array)."""
     if dtype == "F32":
         return f32_array(raw)
+    np = fast()
+    if np and dtype == "BF16":
+        return (np.frombuffer(raw, dtype="<u2").astype("<u4") << 16).view("<f4")
+    if np and dtype == "F16":
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
     if dtype == "BF16":
         a = array("f")
         a.frombytes(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
@@ -139,8 +163,14 @@ def dequantize_tensor(name, shape, codes, scale_shape, scales, block):
                  f"for {name} {shape} in blocks of {block}")
     if not all(math.isfinite(s) for s in scales):
         sys.exit(f"{name}_scale_inv: a scale is not finite")
-    out = array("f", bytes(4 * len(codes)))
     lead = len(codes) // (rows * cols)
+    np = fast()
+    if np:  # the same products in double, each rounded once to f32
+        q = np.array(E4M3, dtype=np.float64)[np.frombuffer(codes, dtype=np.uint8)]
+        s = np.asarray(scales, dtype=np.float64).reshape(lead, srows, scols)
+        s = np.repeat(np.repeat(s, bn, axis=1)[:, :rows], bk, axis=2)[:, :, :cols]
+        return (q.reshape(lead, rows, cols) * s).astype(np.float32).ravel()
+    out = array("f", bytes(4 * len(codes)))
     for b in range(lead):
         for i in range(rows):
             srow = (b * srows + i // bn) * scols
@@ -223,11 +253,8 @@ def merge_experts_twin(src, dst):
             out.append((name, shape, widen(dtype, raw)))
     for prefix, parts in sorted(experts.items()):
         n = 1 + max(e for e, _ in parts)
-        gate_up, down = array("f"), array("f")
-        for e in range(n):
-            gate_up.extend(parts[(e, "gate")][1])
-            gate_up.extend(parts[(e, "up")][1])
-            down.extend(parts[(e, "down")][1])
+        gate_up = concat([parts[(e, p)][1] for e in range(n) for p in ("gate", "up")])
+        down = concat([parts[(e, "down")][1] for e in range(n)])
         gs, ds = parts[(0, "gate")][0], parts[(0, "down")][0]
         out.append((prefix + ".gate_up_proj", [n, 2 * gs[0], gs[1]], gate_up))
         out.append((prefix + ".down_proj", [n, ds[0], ds[1]], down))
@@ -238,6 +265,17 @@ def merge_experts_twin(src, dst):
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
+
+
+def concat(values):
+    """The f32 arrays of values end to end (array('f'), or numpy's)."""
+    np = fast()
+    if np:
+        return np.concatenate(values)
+    out = array("f")
+    for v in values:
+        out.extend(v)
+    return out
 
 
 def experts_unconverted(info):
@@ -321,6 +359,26 @@ def load_model(model_dir, quantized, twin):
     return model
 
 
+def run_steps(model, prompt, steps, device, forced=None):
+    """The prompt, then `steps` decode calls with the KV cache, each fed the
+    argmax of the last row before it (greedy) or forced[k]: each call's
+    logits (float32, on the CPU) and the argmax of each call's last row."""
+    import torch
+
+    rows, greedy = [], []
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+        for k in range(steps + 1):
+            rows.append(out.logits[0].float().cpu())
+            greedy.append(int(rows[-1][-1].argmax()))
+            if k == steps:
+                break
+            nxt = greedy[-1] if forced is None else forced[k]
+            out = model(input_ids=torch.tensor([[nxt]], device=device),
+                        past_key_values=out.past_key_values, use_cache=True)
+    return rows, greedy
+
+
 def golden(model_dir, steps, device):
     import torch
     import transformers
@@ -336,21 +394,7 @@ def golden(model_dir, steps, device):
         sys.exit(f"{model_dir}: the dequantized twin still loaded as quantized")
     model.to(device).eval()
     margin = TopkMargin(model)
-    rows, greedy = [], []
-    with torch.no_grad():
-        ids = torch.tensor([prompt], device=device)
-        out = model(input_ids=ids, use_cache=True)
-        rows.append(out.logits[0].float().cpu())
-        past = out.past_key_values
-        nxt = int(out.logits[0, -1].argmax())
-        greedy.append(nxt)
-        for _ in range(steps):
-            out = model(input_ids=torch.tensor([[nxt]], device=device), past_key_values=past,
-                        use_cache=True)
-            past = out.past_key_values
-            rows.append(out.logits[0].float().cpu())
-            nxt = int(out.logits[0, -1].argmax())
-            greedy.append(nxt)
+    rows, greedy = run_steps(model, prompt, steps, device)
     if margin.handles:
         print(f"{model_dir}: {margin.calls} indexer top-k calls, smallest relative gap at the "
               f"boundary {margin.gap:.3g}")
@@ -399,16 +443,7 @@ def bf16_error(model_dir, device):
     with tempfile.TemporaryDirectory() as twin:
         model = load_model(model_dir, quantized, twin)
     model.to(device=device, dtype=torch.bfloat16).eval()
-    rows = []
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-        rows.append(out.logits[0].float().cpu())
-        past = out.past_key_values
-        for tok in greedy[:-1]:
-            out = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=past,
-                        use_cache=True)
-            past = out.past_key_values
-            rows.append(out.logits[0].float().cpu())
+    rows, _ = run_steps(model, prompt, len(greedy) - 1, device, forced=greedy[:-1])
     got = torch.cat(rows, 0).numpy()
     if got.shape != ref.shape:
         sys.exit(f"{model_dir}: bf16 rows {got.shape} but logits.bin {ref.shape}")

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""hf_tokenizer_probe.py — what transformers makes of the tokenizer files
+moec reads beside tokenizer.json, where they add to it or disagree with it.
+
+  python3 scripts/hf_tokenizer_probe.py [OUT_DIR]
+
+Builds variants of tests/data/tokenizers/qwen2 in a temporary folder (an
+added_tokens_decoder in tokenizer_config.json that agrees with
+tokenizer.json's added_tokens, names a new token, moves a token's id or
+changes its special flag; a special_tokens_map.json whose eos_token or
+additional_special_tokens differ from tokenizer_config.json's; a
+tokenizer.json "version" other than "1.0"), loads each with
+AutoTokenizer, and prints (and writes OUT_DIR/tokenizer_probe.json) what it
+encodes a text to, what skip_special_tokens drops, its length and its
+special tokens, or the error it raises. Needs transformers (the GPU
+machine has it); the answers decide what runtime/tokenizer_load.c honours
+and what it refuses by name.
+"""
+import copy
+import json
+import os
+import sys
+import tempfile
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
+                   "tokenizers", "qwen2")
+TEXT = "a<|new|>b<tool_call>c<|im_end|>d<|endoftext|>"
+
+
+def entry(tok):
+    return {k: tok[k] for k in ("content", "single_word", "lstrip", "rstrip", "normalized",
+                                "special")}
+
+
+def variants(tj, cfg):
+    added = {str(t["id"]): entry(t) for t in tj["added_tokens"]}
+    out = {"plain": ({}, {}, None)}
+    out["decoder_agrees"] = ({"added_tokens_decoder": added}, {}, None)
+    new = dict(added)
+    new["708"] = dict(entry(tj["added_tokens"][0]), content="<|new|>")
+    out["decoder_new_token"] = ({"added_tokens_decoder": new}, {}, None)
+    moved = {k: v for k, v in added.items() if v["content"] != "<|im_end|>"}
+    moved["750"] = dict(entry(tj["added_tokens"][2]))
+    out["decoder_moved_id"] = ({"added_tokens_decoder": moved}, {}, None)
+    flag = copy.deepcopy(added)
+    for v in flag.values():
+        if v["content"] == "<tool_call>":
+            v["special"] = True
+    out["decoder_special_flag"] = ({"added_tokens_decoder": flag}, {}, None)
+    strip = copy.deepcopy(added)
+    for v in strip.values():
+        if v["content"] == "<tool_call>":
+            v["lstrip"] = True
+    out["decoder_lstrip"] = ({"added_tokens_decoder": strip}, {}, None)
+    out["map_eos_differs"] = ({}, {"eos_token": "<|endoftext|>"}, None)
+    out["map_eos_only"] = ({"eos_token": None}, {"eos_token": "<|endoftext|>"}, None)
+    out["map_additional"] = ({}, {"additional_special_tokens": ["<tool_call>"]}, None)
+    out["config_additional"] = ({"additional_special_tokens": ["<tool_call>"]}, {}, None)
+    out["version_2"] = ({}, {}, "2.0")
+    return out
+
+
+def probe(path):
+    from transformers import AutoTokenizer
+
+    try:
+        t = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # the error is the answer
+        return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    ids = t.encode(TEXT, add_special_tokens=True)
+    return {
+        "class": type(t).__name__,
+        "len": len(t),
+        "ids": ids,
+        "tokens": t.convert_ids_to_tokens(ids),
+        "skip_special": t.decode(ids, skip_special_tokens=True),
+        "eos": [t.eos_token, t.eos_token_id],
+        "bos": [t.bos_token, t.bos_token_id],
+        "all_special": t.all_special_tokens,
+        "added_vocab": sorted(t.get_added_vocab().items(), key=lambda kv: kv[1]),
+    }
+
+
+def main():
+    import transformers
+
+    with open(os.path.join(SRC, "tokenizer.json")) as f:
+        tj = json.load(f)
+    with open(os.path.join(SRC, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    res = {"transformers": transformers.__version__, "text": TEXT}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (cfg_add, stm, version) in variants(tj, cfg).items():
+            d = os.path.join(tmp, name)
+            os.makedirs(d)
+            t2 = dict(tj, version=version) if version else tj
+            with open(os.path.join(d, "tokenizer.json"), "w") as f:
+                json.dump(t2, f)
+            c2 = dict(cfg)
+            c2.update(cfg_add)
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump(c2, f)
+            if stm:
+                with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+                    json.dump(stm, f)
+            res[name] = probe(d)
+            print(name, json.dumps(res[name], ensure_ascii=False))
+    if len(sys.argv) > 1:
+        os.makedirs(sys.argv[1], exist_ok=True)
+        with open(os.path.join(sys.argv[1], "tokenizer_probe.json"), "w") as f:
+            json.dump(res, f, indent=1, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()
