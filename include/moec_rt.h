@@ -364,7 +364,9 @@ typedef struct moec_tokenizer moec_tokenizer_t;
 /* Reads model_dir/tokenizer.json and, when present, tokenizer_config.json
  * (its bos_token / eos_token; for tokenizer_class LlamaTokenizerFast its
  * add_bos_token / add_eos_token, which replace tokenizer.json's
- * post-processor as transformers does). */
+ * post-processor as transformers does), special_tokens_map.json (whose
+ * special tokens replace tokenizer_config.json's) and added_tokens.json
+ * (checked against tokenizer.json's added tokens). */
 moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out);
 void moec_tokenizer_free(moec_tokenizer_t *tok);
 /* Encodes len bytes of UTF-8 text. Invalid UTF-8 is not an error: each
@@ -383,7 +385,8 @@ moec_status moec_tokenizer_decode(const moec_tokenizer_t *tok, const int32_t *id
                                   int skip_special_tokens, char **text, size_t *len);
 /* The id of a token's text (an added token's, else the vocab's), -1 if none. */
 int32_t moec_tokenizer_token_id(const moec_tokenizer_t *tok, const char *token);
-/* tokenizer_config.json's bos_token / eos_token ids, -1 when it names none. */
+/* The bos_token / eos_token ids of tokenizer_config.json (or
+ * special_tokens_map.json, which wins), -1 when they name none. */
 int32_t moec_tokenizer_bos_id(const moec_tokenizer_t *tok);
 int32_t moec_tokenizer_eos_id(const moec_tokenizer_t *tok);
 /* The largest id with a token, plus one. */

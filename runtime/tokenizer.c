@@ -85,34 +85,43 @@ moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out)
     if (!model_dir || !out)
         return MOEC_ERR(MOEC_ERR_INVALID_ARG, "moec_tokenizer_open: NULL argument");
     *out = NULL;
+    /* the files transformers reads beside tokenizer.json, each optional */
+    static const char *side_names[] = {"tokenizer_config.json", "special_tokens_map.json",
+                                       "added_tokens.json"};
+    enum { N_SIDE = sizeof side_names / sizeof *side_names };
+    tok_file side[N_SIDE] = {{0}};
     moec_tokenizer_t *t = calloc(1, sizeof *t);
-    char *cfg_path = join_path(model_dir, "tokenizer_config.json");
-    if (!t || !cfg_path || !(t->path = join_path(model_dir, "tokenizer.json"))) {
-        free(cfg_path);
-        moec_tokenizer_free(t);
-        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer of %s", model_dir);
+    if (t) {
+        t->unk_id = t->bos_id = t->eos_id = -1;
+        tok_trie_init(&t->raw_trie);
+        tok_trie_init(&t->norm_trie);
     }
-    t->unk_id = t->bos_id = t->eos_id = -1;
-    tok_trie_init(&t->raw_trie);
-    tok_trie_init(&t->norm_trie);
-    char *json = NULL, *cfg = NULL, *jinja_path = join_path(model_dir, "chat_template.jinja");
-    size_t len = 0, cfg_len = 0, jinja_len = 0;
-    moec_status st = jinja_path ? compile_fixed(t)
-                                : MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer of %s", model_dir);
+    char *json = NULL, *jinja_path = join_path(model_dir, "chat_template.jinja");
+    int paths = t && jinja_path && (t->path = join_path(model_dir, "tokenizer.json"));
+    for (int i = 0; i < N_SIDE; i++)
+        paths = paths && (side[i].path = join_path(model_dir, side_names[i]));
+    size_t len = 0, jinja_len = 0;
+    moec_status st = paths ? MOEC_OK
+                           : MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer of %s",
+                                      model_dir);
+    if (st == MOEC_OK)
+        st = compile_fixed(t);
     if (st == MOEC_OK)
         st = read_file(t->path, TOK_MAX_FILE_BYTES, 0, &json, &len);
-    if (st == MOEC_OK)
-        st = read_file(cfg_path, TOK_MAX_FILE_BYTES, 1, &cfg, &cfg_len);
+    for (int i = 0; i < N_SIDE && st == MOEC_OK; i++)
+        st = read_file(side[i].path, TOK_MAX_FILE_BYTES, 1, &side[i].text, &side[i].len);
     if (st == MOEC_OK) /* transformers prefers it to tokenizer_config.json's chat_template */
         st = moec_file_read_optional(jinja_path, TOK_MAX_FILE_BYTES, &t->chat_template, &jinja_len);
     if (st == MOEC_OK && t->chat_template && strlen(t->chat_template) != jinja_len)
         st = MOEC_ERR(MOEC_ERR_FORMAT, "%s: a NUL byte in the template", jinja_path);
-    free(jinja_path);
     if (st == MOEC_OK)
-        st = tok_load(t, json, len, cfg, cfg_len, cfg_path);
+        st = tok_load(t, json, len, &side[0], &side[1], &side[2]);
+    free(jinja_path);
     free(json);
-    free(cfg);
-    free(cfg_path);
+    for (int i = 0; i < N_SIDE; i++) {
+        free(side[i].text);
+        free(side[i].path);
+    }
     if (st != MOEC_OK) {
         moec_tokenizer_free(t);
         return st;

@@ -258,10 +258,19 @@ moec_status tok_bpe(const moec_tokenizer_t *t, const char *s, size_t n, tok_bpe_
 /* The id of a token's text: an added token's, else the vocab's; -1 when neither. */
 int32_t tok_token_id(const moec_tokenizer_t *t, const char *s, size_t n);
 
-/* Fills t from the text of tokenizer.json (t->path names it) and, when
- * config is not NULL, of tokenizer_config.json (config_path): its tokens,
- * bos_token / eos_token, and chat_template. */
-moec_status tok_load(moec_tokenizer_t *t, const char *json, size_t len, const char *config,
-                     size_t config_len, const char *config_path);
+/* A file beside tokenizer.json: its text (NULL when the folder has none),
+ * length and path. */
+typedef struct tok_file {
+    char *text, *path;
+    size_t len;
+} tok_file;
+
+/* Fills t from the text of tokenizer.json (t->path names it) and the files
+ * beside it: tokenizer_config.json (its special tokens, bos_token /
+ * eos_token, added_tokens_decoder and chat_template), special_tokens_map.json
+ * (its special tokens replace tokenizer_config.json's) and added_tokens.json
+ * (checked against tokenizer.json's added tokens). */
+moec_status tok_load(moec_tokenizer_t *t, const char *json, size_t len, const tok_file *config,
+                     const tok_file *map, const tok_file *added);
 
 #endif

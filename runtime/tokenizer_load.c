@@ -653,21 +653,32 @@ static moec_status config_special(ld *L, const char *key, const char *token)
                 token);
 }
 
-static moec_status config_id(ld *L, const char *key, const char *token, int32_t *out)
+/* An added token made special (by a config's special token, or
+ * added_tokens_decoder): skip_special_tokens drops it, split_special_tokens
+ * encodes it as text, as transformers' tokenizer has it. */
+static void mark_special(moec_tokenizer_t *t, int32_t id)
 {
-    MOEC_TRY(config_special(L, key, token));
-    *out = token ? tok_token_id(L->t, token, strlen(token)) : -1;
-    return MOEC_OK;
+    for (int k = 0; k < t->n_added; k++)
+        if (t->added[k].id == id)
+            t->added[k].special = 1;
+    if (id >= 0 && id < t->n_ids)
+        t->ids[id].special = 1;
 }
 
-/* The special tokens moec does not use itself, checked as config_special. */
-static moec_status config_other_specials(ld *L, const cJSON *cfg)
+/* Every special token of a config (tokenizer_config.json, or
+ * special_tokens_map.json), checked as config_special and marked special:
+ * transformers' decode drops them all with skip_special_tokens, whatever
+ * tokenizer.json's own flag says. */
+static moec_status config_specials(ld *L, const cJSON *cfg, int mark)
 {
-    static const char *keys[] = {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+    static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                 "pad_token", "cls_token", "mask_token"};
     const char *tok = NULL;
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         MOEC_TRY(config_token(L, cfg, keys[k], &tok));
         MOEC_TRY(config_special(L, keys[k], tok));
+        if (mark && tok && tok[0])
+            mark_special(L->t, tok_token_id(L->t, tok, strlen(tok)));
     }
     const cJSON *extra = member(cfg, "additional_special_tokens");
     if (extra && !cJSON_IsArray(extra))
@@ -684,6 +695,8 @@ static moec_status config_other_specials(ld *L, const cJSON *cfg)
         else
             return FAIL(MOEC_ERR_FORMAT, where, "must be a string or {\"content\": ...}");
         MOEC_TRY(config_special(L, where, tok));
+        if (mark && tok && tok[0])
+            mark_special(L->t, tok_token_id(L->t, tok, strlen(tok)));
     }
     return MOEC_OK;
 }
@@ -730,17 +743,71 @@ static moec_status load_chat_template(ld *L, const cJSON *cfg)
     return dup_str(L, "chat_template", msg, &t->chat_template_missing);
 }
 
+/* tokenizer_config.json's added_tokens_decoder ({"id": {"content", flags}}):
+ * transformers adds an entry tokenizer.json lacks and renumbers the added
+ * tokens around an entry whose id differs, so both are refused; an entry's
+ * special: true makes the token special (as a config's special token), and
+ * a flag that disagrees otherwise with tokenizer.json's is refused. */
+static moec_status load_added_decoder(ld *L, const cJSON *dec)
+{
+    moec_tokenizer_t *t = L->t;
+    if (!dec)
+        return MOEC_OK;
+    if (!cJSON_IsObject(dec))
+        return FAIL(MOEC_ERR_FORMAT, "added_tokens_decoder", "must be a JSON object");
+    for (const cJSON *e = dec->child; e; e = e->next) {
+        char where[96], *end = NULL;
+        snprintf(where, sizeof where, "added_tokens_decoder[\"%.40s\"]", e->string);
+        long id = strtol(e->string, &end, 10);
+        const char *content = NULL;
+        if (!e->string[0] || *end || id < 0 || id > TOK_MAX_ID)
+            return FAIL(MOEC_ERR_FORMAT, where, "the key must be an id from 0 to %d", TOK_MAX_ID);
+        if (!cJSON_IsObject(e))
+            return FAIL(MOEC_ERR_FORMAT, where, "must be a JSON object");
+        MOEC_TRY(get_str(L, e, where, "content", &content));
+        if (!content)
+            return FAIL(MOEC_ERR_FORMAT, where, "needs a content");
+        int32_t have = tok_map_get(&t->added_ids, content, strlen(content));
+        if (have < 0)
+            return FAIL(MOEC_ERR_UNSUPPORTED, where, "'%.80s' is not an added token of "
+                                                     "tokenizer.json (transformers would add it; "
+                                                     "moec does not)",
+                        content);
+        if (have != id)
+            return FAIL(MOEC_ERR_UNSUPPORTED, where, "'%.80s' is id %d in tokenizer.json "
+                                                     "(transformers would renumber the added "
+                                                     "tokens; moec does not)",
+                        content, (int)have);
+        const tok_added *a = NULL;
+        for (int k = 0; k < t->n_added && !a; k++)
+            a = t->added[k].id == have ? &t->added[k] : NULL;
+        static const char *keys[] = {"special", "single_word", "lstrip", "rstrip", "normalized"};
+        const int flags[] = {a->special, a->single_word, a->lstrip, a->rstrip, a->normalized};
+        for (int k = 0; k < 5; k++) {
+            int v;
+            MOEC_TRY(get_bool(L, e, where, keys[k], flags[k], &v));
+            if (k == 0 && v)
+                mark_special(t, have);
+            else if (v != flags[k])
+                return FAIL(MOEC_ERR_UNSUPPORTED, where, "%s %s, but %s in tokenizer.json",
+                            keys[k], v ? "true" : "false", flags[k] ? "true" : "false");
+        }
+    }
+    return MOEC_OK;
+}
+
 static moec_status load_config(ld *L, const cJSON *cfg)
 {
     moec_tokenizer_t *t = L->t;
     const char *cls = NULL, *bos = NULL, *eos = NULL;
     int add_bos = 0, add_eos = 0;
     MOEC_TRY(get_str(L, cfg, "", "tokenizer_class", &cls));
+    MOEC_TRY(load_added_decoder(L, member(cfg, "added_tokens_decoder")));
+    MOEC_TRY(config_specials(L, cfg, 1));
     MOEC_TRY(config_token(L, cfg, "bos_token", &bos));
     MOEC_TRY(config_token(L, cfg, "eos_token", &eos));
-    MOEC_TRY(config_id(L, "bos_token", bos, &t->bos_id));
-    MOEC_TRY(config_id(L, "eos_token", eos, &t->eos_id));
-    MOEC_TRY(config_other_specials(L, cfg));
+    t->bos_id = bos ? tok_token_id(t, bos, strlen(bos)) : -1;
+    t->eos_id = eos ? tok_token_id(t, eos, strlen(eos)) : -1;
     MOEC_TRY(dup_str(L, "bos_token", bos, &t->bos_token));
     MOEC_TRY(dup_str(L, "eos_token", eos, &t->eos_token));
     MOEC_TRY(get_bool(L, cfg, "", "split_special_tokens", 0, &t->split_special));
@@ -837,6 +904,14 @@ static moec_status refuse_set(ld *L, const cJSON *root, const char *key)
 
 static moec_status load_root(ld *L, const cJSON *root)
 {
+    /* tokenizers refuses any other ("Unknown tokenizer version") */
+    const cJSON *version = member(root, "version");
+    if (version && !cJSON_IsString(version))
+        return FAIL(MOEC_ERR_FORMAT, "version", "must be a string");
+    if (version && strcmp(version->valuestring, "1.0") != 0)
+        return FAIL(MOEC_ERR_UNSUPPORTED, "version", "'%.40s' is not supported (tokenizers reads "
+                                                     "\"1.0\")",
+                    version->valuestring);
     MOEC_TRY(refuse_set(L, root, "truncation"));
     MOEC_TRY(refuse_set(L, root, "padding"));
     MOEC_TRY(load_model(L, member(root, "model")));
@@ -848,11 +923,86 @@ static moec_status load_root(ld *L, const cJSON *root)
     return build_ids(L);
 }
 
-moec_status tok_load(moec_tokenizer_t *t, const char *json, size_t len, const char *config,
-                     size_t config_len, const char *config_path)
+/* special_tokens_map.json: its special tokens (checked against
+ * tokenizer.json first, so that an error names this file) replace
+ * tokenizer_config.json's, as transformers reads the two. */
+static moec_status merge_special_map(ld *L, cJSON *map, cJSON *cfg)
+{
+    static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                 "cls_token", "mask_token", "additional_special_tokens"};
+    MOEC_TRY(config_specials(L, map, 0));
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+        cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(map, keys[k]);
+        if (!v)
+            continue;
+        int ok = cJSON_GetObjectItemCaseSensitive(cfg, keys[k])
+                     ? cJSON_ReplaceItemInObjectCaseSensitive(cfg, keys[k], v)
+                     : cJSON_AddItemToObject(cfg, keys[k], v);
+        if (!ok) {
+            cJSON_Delete(v);
+            return OOM(keys[k]);
+        }
+    }
+    return MOEC_OK;
+}
+
+/* added_tokens.json ({"content": id}): an entry that is not tokenizer.json's
+ * added token of that id is refused, as added_tokens_decoder's. */
+static moec_status check_added_json(ld *L, const cJSON *added)
+{
+    for (const cJSON *e = added->child; e; e = e->next) {
+        char where[96];
+        snprintf(where, sizeof where, "\"%.60s\"", e->string);
+        int32_t id, have = tok_map_get(&L->t->added_ids, e->string, strlen(e->string));
+        MOEC_TRY(get_id(L, e, where, &id));
+        if (have < 0)
+            return FAIL(MOEC_ERR_UNSUPPORTED, where, "not an added token of tokenizer.json "
+                                                     "(transformers would add it; moec does not)");
+        if (have != id)
+            return FAIL(MOEC_ERR_UNSUPPORTED, where, "id %d here, %d in tokenizer.json", (int)id,
+                        (int)have);
+    }
+    return MOEC_OK;
+}
+
+static moec_status load_side_files(ld *L, const tok_file *config, const tok_file *map,
+                                   const tok_file *added)
+{
+    cJSON *cfg = NULL, *m = NULL, *a = NULL;
+    moec_status st = MOEC_OK;
+    if (config->text) {
+        L->file = config->path;
+        st = parse_json(L, config->text, config->len, &cfg);
+    } else if (map->text && !(cfg = cJSON_CreateObject())) {
+        st = OOM("");
+    }
+    if (st == MOEC_OK && map->text) {
+        L->file = map->path;
+        st = parse_json(L, map->text, map->len, &m);
+        if (st == MOEC_OK)
+            st = merge_special_map(L, m, cfg);
+    }
+    if (st == MOEC_OK && cfg) {
+        L->file = config->text ? config->path : map->path;
+        st = load_config(L, cfg);
+    }
+    if (st == MOEC_OK && added->text) {
+        L->file = added->path;
+        st = parse_json(L, added->text, added->len, &a);
+        if (st == MOEC_OK)
+            st = check_added_json(L, a);
+    }
+    cJSON_Delete(cfg);
+    cJSON_Delete(m);
+    cJSON_Delete(a);
+    return st;
+}
+
+moec_status tok_load(moec_tokenizer_t *t, const char *json, size_t len, const tok_file *config,
+                     const tok_file *map, const tok_file *added)
 {
     ld ctx = {.t = t, .file = t->path}, *L = &ctx;
-    cJSON *root = NULL, *cfg = NULL;
+    cJSON *root = NULL;
     moec_status st = parse_json(L, json, len, &root);
     if (st == MOEC_OK)
         st = load_root(L, root);
@@ -860,14 +1010,9 @@ moec_status tok_load(moec_tokenizer_t *t, const char *json, size_t len, const ch
         st = OOM("");
     if (st == MOEC_OK && !t->suffix && !(t->suffix = calloc(1, sizeof *t->suffix)))
         st = OOM("");
-    if (st == MOEC_OK && config) {
-        L->file = config_path;
-        st = parse_json(L, config, config_len, &cfg);
-        if (st == MOEC_OK)
-            st = load_config(L, cfg);
-    }
+    if (st == MOEC_OK)
+        st = load_side_files(L, config, map, added);
     cJSON_Delete(root);
-    cJSON_Delete(cfg);
     tok_buf_free(&L->names);
     free(L->name_off);
     tok_map_free(&L->specials);

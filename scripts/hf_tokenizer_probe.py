@@ -7,9 +7,10 @@ moec reads beside tokenizer.json, where they add to it or disagree with it.
 Builds variants of tests/data/tokenizers/qwen2 in a temporary folder (an
 added_tokens_decoder in tokenizer_config.json that agrees with
 tokenizer.json's added_tokens, names a new token, moves a token's id or
-changes its special flag; a special_tokens_map.json whose eos_token or
-additional_special_tokens differ from tokenizer_config.json's; a
-tokenizer.json "version" other than "1.0"), loads each with
+changes its special or lstrip flag; a special_tokens_map.json whose
+eos_token or additional_special_tokens differ from tokenizer_config.json's;
+additional_special_tokens with split_special_tokens; an added_tokens.json;
+a tokenizer.json "version" other than "1.0", or none), loads each with
 AutoTokenizer, and prints (and writes OUT_DIR/tokenizer_probe.json) what it
 encodes a text to, what skip_special_tokens drops, its length and its
 special tokens, or the error it raises. Needs transformers (the GPU
@@ -24,7 +25,7 @@ import tempfile
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
                    "tokenizers", "qwen2")
-TEXT = "a<|new|>b<tool_call>c<|im_end|>d<|endoftext|>"
+TEXT = "a<|new|>b <tool_call>c<|im_end|>d<|endoftext|>"
 
 
 def entry(tok):
@@ -56,7 +57,20 @@ def variants(tj, cfg):
     out["map_eos_only"] = ({"eos_token": None}, {"eos_token": "<|endoftext|>"}, None)
     out["map_additional"] = ({}, {"additional_special_tokens": ["<tool_call>"]}, None)
     out["config_additional"] = ({"additional_special_tokens": ["<tool_call>"]}, {}, None)
+    out["map_eos_object"] = ({}, {"eos_token": {"content": "<|endoftext|>", "lstrip": False,
+                                                "rstrip": False, "normalized": False,
+                                                "single_word": False}}, None)
+    out["split_config_additional"] = ({"additional_special_tokens": ["<tool_call>"],
+                                       "split_special_tokens": True}, {}, None)
+    unspecial = copy.deepcopy(added)
+    for v in unspecial.values():
+        if v["content"] == "<|endoftext|>":
+            v["special"] = False
+    out["decoder_unspecial"] = ({"added_tokens_decoder": unspecial, "pad_token": None}, {},
+                                None)
+    out["added_tokens_json"] = ({}, {"@added_tokens.json": {"<|new|>": 708}}, None)
     out["version_2"] = ({}, {}, "2.0")
+    out["version_missing"] = ({}, {}, "-")
     return out
 
 
@@ -94,15 +108,19 @@ def main():
             d = os.path.join(tmp, name)
             os.makedirs(d)
             t2 = dict(tj, version=version) if version else tj
+            if version == "-":
+                t2 = {k: v for k, v in tj.items() if k != "version"}
             with open(os.path.join(d, "tokenizer.json"), "w") as f:
                 json.dump(t2, f)
             c2 = dict(cfg)
             c2.update(cfg_add)
             with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
                 json.dump(c2, f)
-            if stm:
-                with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
-                    json.dump(stm, f)
+            for fname, body in (stm.pop("@added_tokens.json", None), "added_tokens.json"), \
+                    (stm, "special_tokens_map.json"):
+                if body:
+                    with open(os.path.join(d, fname), "w") as f:
+                        json.dump(body, f)
             res[name] = probe(d)
             print(name, json.dumps(res[name], ensure_ascii=False))
     if len(sys.argv) > 1:

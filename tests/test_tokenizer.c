@@ -661,6 +661,138 @@ static void test_config_encoding(void)
     unlink(path);
 }
 
+/* g_dir/name with text, or removed when text is NULL. */
+static void write_side(const char *name, const char *text)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    if (text)
+        t_write_file(path, text, strlen(text));
+    else
+        unlink(path);
+}
+
+/* What the tokenizer of g_dir decodes ids to, special tokens skipped or
+ * not, and its eos id, checked against want_text and want_eos. */
+static void check_decoded(int line, const int32_t *ids, int n, int skip, const char *want_text,
+                          int32_t want_eos)
+{
+    moec_tokenizer_t *tok = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    if (tok)
+        T_OK(moec_tokenizer_decode(tok, ids, n, skip, &text, &len));
+    int ok = text && len == strlen(want_text) && !memcmp(text, want_text, len) &&
+             moec_tokenizer_eos_id(tok) == want_eos;
+    if (!ok)
+        fprintf(stderr, "line %d: decoded '%.*s' (eos %d), want '%s' (eos %d)\n", line,
+                text ? (int)len : 0, text ? text : "", (int)moec_tokenizer_eos_id(tok), want_text,
+                (int)want_eos);
+    T_CHECK(ok);
+    free(text);
+    moec_tokenizer_free(tok);
+}
+#define CHECK_DECODED(skip, text, eos, ...)                                                  \
+    do {                                                                                   \
+        static const int32_t ids_[] = {__VA_ARGS__};                                       \
+        check_decoded(__LINE__, ids_, (int)(sizeof ids_ / sizeof *ids_), (skip), (text), (eos)); \
+    } while (0)
+
+/* The files transformers reads beside tokenizer.json, as transformers
+ * 5.17 reads them (scripts/hf_tokenizer_probe.py): tokenizer.json's version,
+ * the config's special tokens made special, added_tokens_decoder,
+ * special_tokens_map.json and added_tokens.json. */
+static void test_side_files(void)
+{
+    /* as test_config_encoding's: "<s>" (6) special, "<x>" (7) and "s>" (8) not */
+    static const char body[] =
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<\":3,\"s\":4,"
+        "\">\":5},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\","
+        "\"add_prefix_space\":false},\"decoder\":{\"type\":\"ByteLevel\"},\"added_tokens\":["
+        "{\"id\":6,\"content\":\"<s>\",\"special\":true},{\"id\":7,\"content\":\"<x>\"},"
+        "{\"id\":8,\"content\":\"s>\",\"normalized\":false}]}";
+    char json[1024], v2[1024], v1[1024], vnum[1024];
+    snprintf(json, sizeof json, "{%s", body);
+    snprintf(v1, sizeof v1, "{\"version\":\"1.0\",%s", body);
+    snprintf(v2, sizeof v2, "{\"version\":\"2.0\",%s", body);
+    snprintf(vnum, sizeof vnum, "{\"version\":1,%s", body);
+    /* tokenizers refuses a version but "1.0" */
+    REFUSED(v2, NULL, MOEC_ERR_UNSUPPORTED,
+            "tokenizer.json: version: '2.0' is not supported (tokenizers reads \"1.0\")");
+    REFUSED(vnum, NULL, MOEC_ERR_FORMAT, "tokenizer.json: version: must be a string");
+    write_dir(v1, NULL);
+    CHECK_DECODED(1, "ab<x>", -1, 2, 6, 7);
+    /* a config's special tokens are special: skip_special_tokens drops "<x>" */
+    write_dir(json, "{\"additional_special_tokens\":[\"<x>\"]}");
+    CHECK_DECODED(1, "ab", -1, 2, 6, 7);
+    CHECK_DECODED(0, "ab<s><x>", -1, 2, 6, 7);
+    write_dir(json, "{\"pad_token\":\"<x>\",\"eos_token\":\"<s>\"}");
+    CHECK_DECODED(1, "ab", 6, 2, 6, 7);
+    /* added_tokens_decoder */
+    write_dir(json, "{\"added_tokens_decoder\":{\"6\":{\"content\":\"<s>\",\"special\":true,"
+                    "\"lstrip\":false},\"7\":{\"content\":\"<x>\",\"special\":false}}}");
+    CHECK_DECODED(1, "ab<x>", -1, 2, 6, 7);
+    write_dir(json, "{\"added_tokens_decoder\":{\"7\":{\"content\":\"<x>\",\"special\":true}}}");
+    CHECK_DECODED(1, "ab", -1, 2, 6, 7);
+    REFUSED(json, "{\"added_tokens_decoder\":{\"9\":{\"content\":\"<new>\"}}}",
+            MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: added_tokens_decoder[\"9\"]: '<new>' is not an added token of "
+            "tokenizer.json (transformers would add it; moec does not)");
+    REFUSED(json, "{\"added_tokens_decoder\":{\"9\":{\"content\":\"<s>\"}}}",
+            MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: added_tokens_decoder[\"9\"]: '<s>' is id 6 in tokenizer.json "
+            "(transformers would renumber the added tokens; moec does not)");
+    REFUSED(json, "{\"added_tokens_decoder\":{\"7\":{\"content\":\"<x>\",\"lstrip\":true}}}",
+            MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: added_tokens_decoder[\"7\"]: lstrip true, but false in "
+            "tokenizer.json");
+    REFUSED(json, "{\"added_tokens_decoder\":{\"6\":{\"content\":\"<s>\",\"special\":false}}}",
+            MOEC_ERR_UNSUPPORTED,
+            "tokenizer_config.json: added_tokens_decoder[\"6\"]: special false, but true in "
+            "tokenizer.json");
+    REFUSED(json, "{\"added_tokens_decoder\":{\"x7\":{\"content\":\"<x>\"}}}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: added_tokens_decoder[\"x7\"]: the key must be an id from 0 to");
+    REFUSED(json, "{\"added_tokens_decoder\":{\"7\":\"<x>\"}}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: added_tokens_decoder[\"7\"]: must be a JSON object");
+    REFUSED(json, "{\"added_tokens_decoder\":[]}", MOEC_ERR_FORMAT,
+            "tokenizer_config.json: added_tokens_decoder: must be a JSON object");
+    /* special_tokens_map.json's special tokens replace the config's */
+    write_dir(json, "{\"eos_token\":\"<s>\"}");
+    write_side("special_tokens_map.json", "{\"eos_token\":{\"content\":\"<x>\"}}");
+    CHECK_DECODED(1, "ab", 7, 2, 6, 7);
+    write_dir(json, NULL);
+    CHECK_DECODED(1, "ab", 7, 2, 6, 7);
+    write_side("special_tokens_map.json", "{\"additional_special_tokens\":[\"<x>\"]}");
+    CHECK_DECODED(1, "ab", -1, 2, 6, 7);
+    write_side("special_tokens_map.json", "{\"eos_token\":\"<nope>\"}");
+    write_dir(json, "{\"eos_token\":\"<s>\"}");
+    moec_tokenizer_t *tok = NULL;
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_FORMAT,
+          "special_tokens_map.json: eos_token: '<nope>' is not a token of tokenizer.json");
+    write_side("special_tokens_map.json", "[]");
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_FORMAT,
+          "special_tokens_map.json: not a JSON object");
+    write_side("special_tokens_map.json", NULL);
+    /* added_tokens.json: tokenizer.json's added tokens, by the same ids */
+    write_side("added_tokens.json", "{\"<x>\":7,\"<s>\":6}");
+    CHECK_DECODED(1, "ab<x>", 6, 2, 6, 7);
+    write_side("added_tokens.json", "{\"<new>\":9}");
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_UNSUPPORTED,
+          "added_tokens.json: \"<new>\": not an added token of tokenizer.json (transformers would "
+          "add it; moec does not)");
+    write_side("added_tokens.json", "{\"<x>\":9}");
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_UNSUPPORTED,
+          "added_tokens.json: \"<x>\": id 9 here, 7 in tokenizer.json");
+    write_side("added_tokens.json", "{\"<x>\":\"7\"}");
+    T_ERR(moec_tokenizer_open(g_dir, &tok), MOEC_ERR_FORMAT,
+          "added_tokens.json: \"<x>\": an id must be an integer");
+    T_CHECK(tok == NULL);
+    write_side("added_tokens.json", NULL);
+    write_dir(json, NULL);
+    write_side("tokenizer.json", NULL);
+}
+
 /* --quick (under valgrind): shorter long inputs. */
 int main(int argc, char **argv)
 {
@@ -675,6 +807,7 @@ int main(int argc, char **argv)
     test_refused_model();
     test_refused_files();
     test_config_encoding();
+    test_side_files();
     rmdir(g_dir);
     return t_finish("test_tokenizer");
 }
