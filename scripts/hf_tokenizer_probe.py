@@ -116,7 +116,7 @@ def main():
             c2.update(cfg_add)
             with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
                 json.dump(c2, f)
-            for fname, body in (stm.pop("@added_tokens.json", None), "added_tokens.json"), \
+            for body, fname in (stm.pop("@added_tokens.json", None), "added_tokens.json"), \
                     (stm, "special_tokens_map.json"):
                 if body:
                     with open(os.path.join(d, fname), "w") as f:
