@@ -745,9 +745,14 @@ static moec_status load_chat_template(ld *L, const cJSON *cfg)
 
 /* tokenizer_config.json's added_tokens_decoder ({"id": {"content", flags}}):
  * transformers adds an entry tokenizer.json lacks and renumbers the added
- * tokens around an entry whose id differs, so both are refused; an entry's
- * special: true makes the token special (as a config's special token), and
- * a flag that disagrees otherwise with tokenizer.json's is refused. */
+ * tokens around an entry whose id differs, so both are refused. It adds the
+ * others again with the entry's flags: special true makes the token special
+ * (as a config's special token), and single_word, lstrip and rstrip replace
+ * tokenizer.json's (transformers 5.17: lstrip true here takes the space
+ * before the token). normalized, which moves a token to the other trie, and
+ * special false for a special token (transformers still dropped it in
+ * skip_special_tokens where its class names it) are refused where they
+ * disagree with tokenizer.json. */
 static moec_status load_added_decoder(ld *L, const cJSON *dec)
 {
     moec_tokenizer_t *t = L->t;
@@ -778,20 +783,25 @@ static moec_status load_added_decoder(ld *L, const cJSON *dec)
                                                      "(transformers would renumber the added "
                                                      "tokens; moec does not)",
                         content, (int)have);
-        const tok_added *a = NULL;
+        tok_added *a = NULL;
         for (int k = 0; k < t->n_added && !a; k++)
             a = t->added[k].id == have ? &t->added[k] : NULL;
-        static const char *keys[] = {"special", "single_word", "lstrip", "rstrip", "normalized"};
-        const int flags[] = {a->special, a->single_word, a->lstrip, a->rstrip, a->normalized};
-        for (int k = 0; k < 5; k++) {
-            int v;
-            MOEC_TRY(get_bool(L, e, where, keys[k], flags[k], &v));
-            if (k == 0 && v)
-                mark_special(t, have);
-            else if (v != flags[k])
-                return FAIL(MOEC_ERR_UNSUPPORTED, where, "%s %s, but %s in tokenizer.json",
-                            keys[k], v ? "true" : "false", flags[k] ? "true" : "false");
-        }
+        int special, normalized, single_word, lstrip, rstrip;
+        MOEC_TRY(get_bool(L, e, where, "special", a->special, &special));
+        MOEC_TRY(get_bool(L, e, where, "normalized", a->normalized, &normalized));
+        MOEC_TRY(get_bool(L, e, where, "single_word", a->single_word, &single_word));
+        MOEC_TRY(get_bool(L, e, where, "lstrip", a->lstrip, &lstrip));
+        MOEC_TRY(get_bool(L, e, where, "rstrip", a->rstrip, &rstrip));
+        if (special < a->special || normalized != a->normalized)
+            return FAIL(MOEC_ERR_UNSUPPORTED, where, "%s %s, but %s in tokenizer.json",
+                        special < a->special ? "special" : "normalized",
+                        special < a->special || !normalized ? "false" : "true",
+                        special < a->special || !normalized ? "true" : "false");
+        if (special)
+            mark_special(t, have);
+        a->single_word = (uint8_t)single_word;
+        a->lstrip = (uint8_t)lstrip;
+        a->rstrip = (uint8_t)rstrip;
     }
     return MOEC_OK;
 }

@@ -705,10 +705,11 @@ static void check_decoded(int line, const int32_t *ids, int n, int skip, const c
  * special_tokens_map.json and added_tokens.json. */
 static void test_side_files(void)
 {
-    /* as test_config_encoding's: "<s>" (6) special, "<x>" (7) and "s>" (8) not */
+    /* as test_config_encoding's ("<s>" (6) special, "<x>" (7) and "s>" (8)
+     * not), with a space (Ġ, 5) in the vocab for lstrip */
     static const char body[] =
         "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<\":3,\"s\":4,"
-        "\">\":5},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\","
+        "\"\xc4\xa0\":5},\"merges\":[\"a b\"]},\"pre_tokenizer\":{\"type\":\"ByteLevel\","
         "\"add_prefix_space\":false},\"decoder\":{\"type\":\"ByteLevel\"},\"added_tokens\":["
         "{\"id\":6,\"content\":\"<s>\",\"special\":true},{\"id\":7,\"content\":\"<x>\"},"
         "{\"id\":8,\"content\":\"s>\",\"normalized\":false}]}";
@@ -729,6 +730,12 @@ static void test_side_files(void)
     CHECK_DECODED(0, "ab<s><x>", -1, 2, 6, 7);
     write_dir(json, "{\"pad_token\":\"<x>\",\"eos_token\":\"<s>\"}");
     CHECK_DECODED(1, "ab", 6, 2, 6, 7);
+    /* ... and split_special_tokens encodes it as text ('x' and '>' are not
+     * in the vocab, and there is no unk_token) */
+    write_dir(json, "{\"additional_special_tokens\":[\"<x>\"],\"split_special_tokens\":true}");
+    CHECK_IDS("<x>", 1, 3);
+    write_dir(json, "{\"split_special_tokens\":true}");
+    CHECK_IDS("<x>", 1, 7);
     /* added_tokens_decoder */
     write_dir(json, "{\"added_tokens_decoder\":{\"6\":{\"content\":\"<s>\",\"special\":true,"
                     "\"lstrip\":false},\"7\":{\"content\":\"<x>\",\"special\":false}}}");
@@ -743,9 +750,14 @@ static void test_side_files(void)
             MOEC_ERR_UNSUPPORTED,
             "tokenizer_config.json: added_tokens_decoder[\"9\"]: '<s>' is id 6 in tokenizer.json "
             "(transformers would renumber the added tokens; moec does not)");
-    REFUSED(json, "{\"added_tokens_decoder\":{\"7\":{\"content\":\"<x>\",\"lstrip\":true}}}",
+    /* its lstrip (single_word, rstrip) replaces tokenizer.json's */
+    write_dir(json, "{\"added_tokens_decoder\":{\"7\":{\"content\":\"<x>\",\"lstrip\":true}}}");
+    CHECK_IDS("a <x>", 1, 0, 7);
+    write_dir(json, "{\"added_tokens_decoder\":{\"7\":{\"content\":\"<x>\"}}}");
+    CHECK_IDS("a <x>", 1, 0, 5, 7);
+    REFUSED(json, "{\"added_tokens_decoder\":{\"8\":{\"content\":\"s>\",\"normalized\":true}}}",
             MOEC_ERR_UNSUPPORTED,
-            "tokenizer_config.json: added_tokens_decoder[\"7\"]: lstrip true, but false in "
+            "tokenizer_config.json: added_tokens_decoder[\"8\"]: normalized true, but false in "
             "tokenizer.json");
     REFUSED(json, "{\"added_tokens_decoder\":{\"6\":{\"content\":\"<s>\",\"special\":false}}}",
             MOEC_ERR_UNSUPPORTED,
