@@ -10,7 +10,9 @@ tokenizer.json's added_tokens, names a new token, moves a token's id or
 changes its special or lstrip flag; a special_tokens_map.json whose
 eos_token or additional_special_tokens differ from tokenizer_config.json's;
 additional_special_tokens with split_special_tokens; an added_tokens.json;
-a tokenizer.json "version" other than "1.0", or none), loads each with
+a tokenizer.json "version" other than "1.0", or none; a config without
+special tokens, the class's defaults), and of tests/data/tokenizers/
+deepseek_v3 (as published, and without special tokens), loads each with
 AutoTokenizer, and prints (and writes OUT_DIR/tokenizer_probe.json) what it
 encodes a text to, what skip_special_tokens drops, its length and its
 special tokens, or the error it raises. Needs transformers (the GPU
@@ -23,9 +25,10 @@ import os
 import sys
 import tempfile
 
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
-                   "tokenizers", "qwen2")
-TEXT = "a<|new|>b <tool_call>c<|im_end|>d<|endoftext|>"
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
+                        "tokenizers")
+TEXTS = {"qwen2": "a<|new|>b <tool_call>c<|im_end|>d<|endoftext|>",
+         "deepseek_v3": "a<｜User｜>b <think>c<｜end▁of▁sentence｜>d<｜▁pad▁｜>"}
 
 
 def entry(tok):
@@ -71,17 +74,28 @@ def variants(tj, cfg):
     out["added_tokens_json"] = ({}, {"@added_tokens.json": {"<|new|>": 708}}, None)
     out["version_2"] = ({}, {}, "2.0")
     out["version_missing"] = ({}, {}, "-")
+    # the class's own defaults where the config names no special token
+    out["class_defaults"] = ({"@drop": ["bos_token", "eos_token", "pad_token", "unk_token"]}, {},
+                             None)
     return out
 
 
-def probe(path):
+def llama_variants(tj, cfg):
+    """DeepSeek's LlamaTokenizerFast fixture: as published, and without its
+    special tokens (the class's defaults, <s> </s> <unk>, are not tokens)."""
+    return {"plain": ({}, {}, None),
+            "class_defaults": ({"@drop": ["bos_token", "eos_token", "pad_token", "unk_token"],
+                                "add_bos_token": False}, {}, None)}
+
+
+def probe(path, text):
     from transformers import AutoTokenizer
 
     try:
         t = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # the error is the answer
         return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-    ids = t.encode(TEXT, add_special_tokens=True)
+    ids = t.encode(text, add_special_tokens=True)
     return {
         "class": type(t).__name__,
         "len": len(t),
@@ -98,35 +112,44 @@ def probe(path):
 def main():
     import transformers
 
-    with open(os.path.join(SRC, "tokenizer.json")) as f:
-        tj = json.load(f)
-    with open(os.path.join(SRC, "tokenizer_config.json")) as f:
-        cfg = json.load(f)
-    res = {"transformers": transformers.__version__, "text": TEXT}
+    res = {"transformers": transformers.__version__, "texts": TEXTS}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (cfg_add, stm, version) in variants(tj, cfg).items():
-            d = os.path.join(tmp, name)
-            os.makedirs(d)
-            t2 = dict(tj, version=version) if version else tj
-            if version == "-":
-                t2 = {k: v for k, v in tj.items() if k != "version"}
-            with open(os.path.join(d, "tokenizer.json"), "w") as f:
-                json.dump(t2, f)
-            c2 = dict(cfg)
-            c2.update(cfg_add)
-            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-                json.dump(c2, f)
-            for body, fname in (stm.pop("@added_tokens.json", None), "added_tokens.json"), \
-                    (stm, "special_tokens_map.json"):
-                if body:
-                    with open(os.path.join(d, fname), "w") as f:
-                        json.dump(body, f)
-            res[name] = probe(d)
-            print(name, json.dumps(res[name], ensure_ascii=False))
+        for fixture, make in ("qwen2", variants), ("deepseek_v3", llama_variants):
+            run_fixture(fixture, make, tmp, res)
     if len(sys.argv) > 1:
         os.makedirs(sys.argv[1], exist_ok=True)
         with open(os.path.join(sys.argv[1], "tokenizer_probe.json"), "w") as f:
             json.dump(res, f, indent=1, ensure_ascii=False)
+
+
+def run_fixture(fixture, make, tmp, res):
+    src = os.path.join(FIXTURES, fixture)
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tj = json.load(f)
+    with open(os.path.join(src, "tokenizer_config.json")) as f:
+        cfg = json.load(f)
+    for vname, (cfg_add, stm, version) in make(tj, cfg).items():
+        name = f"{fixture}/{vname}"
+        d = os.path.join(tmp, fixture, vname)
+        os.makedirs(d)
+        t2 = dict(tj, version=version) if version else tj
+        if version == "-":
+            t2 = {k: v for k, v in tj.items() if k != "version"}
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(t2, f)
+        c2 = dict(cfg)
+        c2.update(cfg_add)
+        for key in c2.pop("@drop", []):
+            c2.pop(key, None)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(c2, f)
+        for body, fname in (stm.pop("@added_tokens.json", None), "added_tokens.json"), \
+                (stm, "special_tokens_map.json"):
+            if body:
+                with open(os.path.join(d, fname), "w") as f:
+                    json.dump(body, f)
+        res[name] = probe(d, TEXTS[fixture])
+        print(name, json.dumps(res[name], ensure_ascii=False))
 
 
 if __name__ == "__main__":
