@@ -792,11 +792,13 @@ static moec_status load_added_decoder(ld *L, const cJSON *dec)
         MOEC_TRY(get_bool(L, e, where, "single_word", a->single_word, &single_word));
         MOEC_TRY(get_bool(L, e, where, "lstrip", a->lstrip, &lstrip));
         MOEC_TRY(get_bool(L, e, where, "rstrip", a->rstrip, &rstrip));
-        if (special < a->special || normalized != a->normalized)
-            return FAIL(MOEC_ERR_UNSUPPORTED, where, "%s %s, but %s in tokenizer.json",
-                        special < a->special ? "special" : "normalized",
-                        special < a->special || !normalized ? "false" : "true",
-                        special < a->special || !normalized ? "true" : "false");
+        const char *bad = special < a->special          ? "special"
+                          : normalized != a->normalized ? "normalized"
+                                                        : NULL;
+        int here = special < a->special ? special : normalized;
+        if (bad)
+            return FAIL(MOEC_ERR_UNSUPPORTED, where, "%s %s, but %s in tokenizer.json", bad,
+                        here ? "true" : "false", here ? "false" : "true");
         if (special)
             mark_special(t, have);
         a->single_word = (uint8_t)single_word;
