@@ -30,7 +30,7 @@ transformers it always does), the same arithmetic runs on whole arrays,
 which the published shapes of scripts/hf_shapes.py need; MOEC_GOLDENS_PURE=1
 keeps to plain Python, and the two write the same bytes (every product of an
 e4m3 value and an f32 scale is exact in double, rounded once to f32 either
-way; scripts/gpu_shapes.sh HF=1 compares them).
+way; scripts/gpu_refcheck.sh compares them).
 
 DeepSeek-V3.2 (deepseek_v32): its indexer selects index_topk tokens per
 query, and a near-tie at the top-k boundary would let rounding decide the
@@ -105,7 +105,8 @@ def read_safetensors(path):
 
 
 def write_safetensors_f32(path, tensors):
-    """tensors: [(name, shape, array('f'))], written in that order."""
+    """tensors: [(name, shape, array('f') or a numpy float32 array)], written
+    in that order."""
     header, offset = {"__metadata__": {"format": "pt"}}, 0  # transformers checks the format
     for name, shape, values in tensors:
         size = 4 * len(values)
