@@ -72,8 +72,8 @@ def variants(tj, cfg):
     out["decoder_unspecial"] = ({"added_tokens_decoder": unspecial, "pad_token": None}, {},
                                 None)
     out["added_tokens_json"] = ({}, {"@added_tokens.json": {"<|new|>": 708}}, None)
-    out["version_2"] = ({}, {}, "2.0")
-    out["version_missing"] = ({}, {}, "-")
+    out["version_2"] = ({}, {}, {"version": "2.0"})
+    out["version_missing"] = ({}, {}, {"version": None})
     # the class's own defaults where the config names no special token
     out["class_defaults"] = ({"@drop": ["bos_token", "eos_token", "pad_token", "unk_token"]}, {},
                              None)
@@ -83,9 +83,21 @@ def variants(tj, cfg):
 def llama_variants(tj, cfg):
     """DeepSeek's LlamaTokenizerFast fixture: as published, and without its
     special tokens (the class's defaults, <s> </s> <unk>, are not tokens)."""
+    bos = {"type": "TemplateProcessing",
+           "single": [{"SpecialToken": {"id": "<｜begin▁of▁sentence｜>", "type_id": 0}},
+                      {"Sequence": {"id": "A", "type_id": 0}}],
+           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+           "special_tokens": {"<｜begin▁of▁sentence｜>": {"id": "<｜begin▁of▁sentence｜>", "ids": [0],
+                                                         "tokens": ["<｜begin▁of▁sentence｜>"]}}}
     return {"plain": ({}, {}, None),
             "class_defaults": ({"@drop": ["bos_token", "eos_token", "pad_token", "unk_token"],
-                                "add_bos_token": False}, {}, None)}
+                                "add_bos_token": False}, {}, None),
+            # does add_bos_token / add_eos_token rebuild tokenizer.json's post-processor?
+            "add_bos_false": ({"add_bos_token": False}, {}, None),
+            "add_eos_true": ({"add_eos_token": True}, {}, None),
+            "template_bos": ({}, {}, {"post_processor": bos}),
+            "template_bos_add_bos_false": ({"add_bos_token": False}, {}, {"post_processor": bos}),
+            "no_flags": ({"@drop": ["add_bos_token", "add_eos_token"]}, {}, None)}
 
 
 def probe(path, text):
@@ -128,13 +140,15 @@ def run_fixture(fixture, make, tmp, res):
         tj = json.load(f)
     with open(os.path.join(src, "tokenizer_config.json")) as f:
         cfg = json.load(f)
-    for vname, (cfg_add, stm, version) in make(tj, cfg).items():
+    for vname, (cfg_add, stm, tj_over) in make(tj, cfg).items():
         name = f"{fixture}/{vname}"
         d = os.path.join(tmp, fixture, vname)
         os.makedirs(d)
-        t2 = dict(tj, version=version) if version else tj
-        if version == "-":
-            t2 = {k: v for k, v in tj.items() if k != "version"}
+        t2 = dict(tj)
+        for key, value in (tj_over or {}).items():  # None: the key left out
+            t2.pop(key, None)
+            if value is not None:
+                t2[key] = value
         with open(os.path.join(d, "tokenizer.json"), "w") as f:
             json.dump(t2, f)
         c2 = dict(cfg)
