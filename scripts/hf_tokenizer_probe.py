@@ -97,7 +97,9 @@ def llama_variants(tj, cfg):
             "add_eos_true": ({"add_eos_token": True}, {}, None),
             "template_bos": ({}, {}, {"post_processor": bos}),
             "template_bos_add_bos_false": ({"add_bos_token": False}, {}, {"post_processor": bos}),
-            "no_flags": ({"@drop": ["add_bos_token", "add_eos_token"]}, {}, None)}
+            "no_flags": ({"@drop": ["add_bos_token", "add_eos_token"]}, {}, None),
+            "post_null": ({}, {}, {"post_processor": "@null"}),
+            "post_null_add_eos": ({"add_eos_token": True}, {}, {"post_processor": "@null"})}
 
 
 def probe(path, text):
@@ -145,10 +147,10 @@ def run_fixture(fixture, make, tmp, res):
         d = os.path.join(tmp, fixture, vname)
         os.makedirs(d)
         t2 = dict(tj)
-        for key, value in (tj_over or {}).items():  # None: the key left out
+        for key, value in (tj_over or {}).items():  # None: the key left out; "@null": null
             t2.pop(key, None)
             if value is not None:
-                t2[key] = value
+                t2[key] = None if value == "@null" else value
         with open(os.path.join(d, "tokenizer.json"), "w") as f:
             json.dump(t2, f)
         c2 = dict(cfg)

@@ -17,8 +17,9 @@ The fixtures:
                friends after the vocab; merges as [a, b] lists.
   deepseek_v3  DeepSeek-V3 / R1 / V3.2: three Split regexes, ByteLevel with
                trim_offsets, <｜begin▁of▁sentence｜> at id 0; merges as
-               "a b" strings; tokenizer_config.json of LlamaTokenizerFast with
-               add_bos_token (transformers adds the BOS; the goldens do too).
+               "a b" strings; a BOS template after ByteLevel in the
+               post-processor, as the published file has; tokenizer_config.json
+               of LlamaTokenizerFast with add_bos_token.
   deepseek_v2  DeepSeek-V2 (the deepseek-llm tokenizer): five Split regexes,
                Digits, ByteLevel, a TemplateProcessing post-processor.
   flags        GPT-2 style ByteLevel(add_prefix_space, use_regex), NFC,
@@ -166,7 +167,7 @@ def make_qwen2():
     config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": "<|im_end|>",
               "pad_token": "<|endoftext|>", "add_prefix_space": False, "errors": "replace",
               "model_max_length": 131072, "clean_up_tokenization_spaces": False}
-    return obj, config, None
+    return obj, config
 
 
 def make_deepseek_v3():
@@ -179,19 +180,21 @@ def make_deepseek_v3():
                                        normalized=True) for i in range(3)])
     tok.add_tokens([AddedToken(t, special=False, normalized=True) for t in
                     ["<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>", "<think>", "</think>"]])
-    obj = finish(tok, byte_level(add_prefix_space=True, use_regex=True),
-                 byte_level(add_prefix_space=True, trim_offsets=True, use_regex=True), DS_MODEL,
-                 legacy_merges=True)
+    # the BOS template in tokenizer.json, as the published file has it: what
+    # adds the BOS (transformers 5.17's LlamaTokenizerFast no longer rebuilds
+    # the post-processor from add_bos_token; scripts/hf_tokenizer_probe.py)
+    post = {"type": "Sequence", "processors": [
+        byte_level(add_prefix_space=True, use_regex=True),
+        template([bos, "$A"], {bos: tok.token_to_id(bos)})]}
+    obj = finish(tok, post, byte_level(add_prefix_space=True, trim_offsets=True, use_regex=True),
+                 DS_MODEL, legacy_merges=True)
     added = lambda c: {"__type": "AddedToken", "content": c, "lstrip": False, "normalized": True,
                        "rstrip": False, "single_word": False}
     config = {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": True, "add_eos_token": False,
               "bos_token": added(bos), "eos_token": added(eos), "pad_token": added(eos),
               "unk_token": None, "legacy": True, "model_max_length": 131072,
               "clean_up_tokenization_spaces": False}
-    # transformers' LlamaTokenizerFast rebuilds the post-processor from
-    # add_bos_token / add_eos_token; the goldens encode the same way.
-    transformers_post = template([bos, "$A"], {bos: obj["model"]["vocab"][bos]})
-    return obj, config, transformers_post
+    return obj, config
 
 
 def make_deepseek_v2():
@@ -203,7 +206,7 @@ def make_deepseek_v2():
     obj = finish(tok, template([bos, "$A"], {bos: 0}),
                  byte_level(add_prefix_space=True, trim_offsets=True, use_regex=True), DS_MODEL,
                  legacy_merges=True)
-    return obj, None, None
+    return obj, None
 
 
 def make_flags():
@@ -223,7 +226,7 @@ def make_flags():
     model = dict(DS_MODEL, ignore_merges=True)
     obj = finish(tok, template(["<s>", "$A", "</s>"], {"<s>": 0, "</s>": 1}), byte_level(), model,
                  legacy_merges=False)
-    return obj, None, None
+    return obj, None
 
 
 def make_splits():
@@ -242,7 +245,7 @@ def make_splits():
     tok = train(pre, {"type": "Sequence", "normalizers": [{"type": "NFC"}]}, 500, ["<bos>"])
     post = {"type": "Sequence", "processors": [byte_level(), template(["<bos>", "$A"], {"<bos>": 0})]}
     obj = finish(tok, post, byte_level(), DS_MODEL, legacy_merges=True)
-    return obj, None, None
+    return obj, None
 
 
 def make_small(unk_token, fuse_unk):
@@ -257,7 +260,7 @@ def make_small(unk_token, fuse_unk):
                              "rstrip": False, "normalized": False, "special": True}],
            "normalizer": None, "pre_tokenizer": byte_level(use_regex=True), "post_processor": None,
            "decoder": byte_level(), "model": model}
-    return obj, None, None
+    return obj, None
 
 
 def make_bytes256():
@@ -268,7 +271,7 @@ def make_bytes256():
     obj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
            "normalizer": None, "pre_tokenizer": byte_level(use_regex=True), "post_processor": None,
            "decoder": byte_level(), "model": model}
-    return obj, None, None
+    return obj, None
 
 
 FIXTURES = [("qwen2", make_qwen2), ("deepseek_v3", make_deepseek_v3),
@@ -397,7 +400,7 @@ def main():
            "tokenizers_version": __import__("tokenizers").__version__,
            "texts": [t.hex() for t in texts], "tokenizers": {}}
     for name, make in FIXTURES:
-        obj, config, transformers_post = make()
+        obj, config = make()
         d = os.path.join(ROOT, name)
         os.makedirs(d, exist_ok=True)
         write_json(os.path.join(d, "tokenizer.json"), obj)
@@ -407,8 +410,6 @@ def main():
         elif os.path.exists(cfg_path):
             os.remove(cfg_path)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        if transformers_post is not None:
-            tok = Tokenizer.from_str(json.dumps(dict(obj, post_processor=transformers_post)))
         out["tokenizers"][name] = goldens(tok, texts, len(fuzz))
         print("%s: %d tokens, %d merges" % (name, tok.get_vocab_size(), len(obj["model"]["merges"])))
     with open(os.path.join(ROOT, "goldens.json"), "w", encoding="utf-8") as f:
