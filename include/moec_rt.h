@@ -362,9 +362,9 @@ moec_status moec_cuda_device_count(int *count);
 typedef struct moec_tokenizer moec_tokenizer_t;
 
 /* Reads model_dir/tokenizer.json and, when present, tokenizer_config.json
- * (its bos_token / eos_token; for tokenizer_class LlamaTokenizerFast its
- * add_bos_token / add_eos_token, which replace tokenizer.json's
- * post-processor as transformers does), special_tokens_map.json (whose
+ * (its special tokens, or its tokenizer_class's defaults where it leaves one
+ * out; tokenizer.json's post-processor decides the BOS / EOS, as in
+ * transformers 5.17, whatever add_bos_token says), special_tokens_map.json (whose
  * special tokens replace tokenizer_config.json's) and added_tokens.json
  * (checked against tokenizer.json's added tokens). */
 moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out);

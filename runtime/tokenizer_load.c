@@ -653,6 +653,48 @@ static moec_status config_special(ld *L, const char *key, const char *token)
                 token);
 }
 
+/* The special token a tokenizer class names when its config leaves the key
+ * out (null is none), as transformers 5.17's classes do
+ * (hf_tokenizer_probe.py): Qwen2Tokenizer's unk, eos and pad
+ * <|endoftext|>; LlamaTokenizer's bos <s>, eos </s> and unk <unk>, which it
+ * adds as new tokens where tokenizer.json lacks them (so moec refuses
+ * them, as any special token tokenizer.json lacks). NULL where none. */
+static const char *class_default(const char *cls, const char *key)
+{
+    static const struct {
+        const char *cls, *key, *token;
+    } defaults[] = {
+        {"Qwen2Tokenizer", "unk_token", "<|endoftext|>"},
+        {"Qwen2Tokenizer", "eos_token", "<|endoftext|>"},
+        {"Qwen2Tokenizer", "pad_token", "<|endoftext|>"},
+        {"LlamaTokenizer", "bos_token", "<s>"},
+        {"LlamaTokenizer", "eos_token", "</s>"},
+        {"LlamaTokenizer", "unk_token", "<unk>"},
+    };
+    size_t n = cls ? strlen(cls) : 0;
+    if (n >= 4 && !strcmp(cls + n - 4, "Fast")) /* Qwen2TokenizerFast, LlamaTokenizerFast */
+        n -= 4;
+    for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++)
+        if (strlen(defaults[i].cls) == n && !strncmp(cls, defaults[i].cls, n) &&
+            !strcmp(key, defaults[i].key))
+            return defaults[i].token;
+    return NULL;
+}
+
+/* A config's special token `key` (config_token), or its class's default
+ * where the key is left out; where gets the key, and names the default. */
+static moec_status special_of(ld *L, const cJSON *cfg, const char *cls, const char *key,
+                              const char **tok, char *where, size_t cap)
+{
+    const char *def = cJSON_GetObjectItemCaseSensitive(cfg, key) ? NULL : class_default(cls, key);
+    snprintf(where, cap, def ? "%s (%.40s's default)" : "%s", key, cls);
+    if (def) {
+        *tok = def;
+        return MOEC_OK;
+    }
+    return config_token(L, cfg, key, tok);
+}
+
 /* An added token made special (by a config's special token, or
  * added_tokens_decoder): skip_special_tokens drops it, split_special_tokens
  * encodes it as text, as transformers' tokenizer has it. */
@@ -669,14 +711,15 @@ static void mark_special(moec_tokenizer_t *t, int32_t id)
  * special_tokens_map.json), checked as config_special and marked special:
  * transformers' decode drops them all with skip_special_tokens, whatever
  * tokenizer.json's own flag says. */
-static moec_status config_specials(ld *L, const cJSON *cfg, int mark)
+static moec_status config_specials(ld *L, const cJSON *cfg, const char *cls, int mark)
 {
     static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
                                  "pad_token", "cls_token", "mask_token"};
     const char *tok = NULL;
+    char where[96];
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-        MOEC_TRY(config_token(L, cfg, keys[k], &tok));
-        MOEC_TRY(config_special(L, keys[k], tok));
+        MOEC_TRY(special_of(L, cfg, cls, keys[k], &tok, where, sizeof where));
+        MOEC_TRY(config_special(L, where, tok));
         if (mark && tok && tok[0])
             mark_special(L->t, tok_token_id(L->t, tok, strlen(tok)));
     }
@@ -685,7 +728,6 @@ static moec_status config_specials(ld *L, const cJSON *cfg, int mark)
         return FAIL(MOEC_ERR_FORMAT, "additional_special_tokens", "must be a list");
     int i = 0;
     for (const cJSON *e = extra ? extra->child : NULL; e; e = e->next, i++) {
-        char where[64];
         snprintf(where, sizeof where, "additional_special_tokens[%d]", i);
         tok = NULL;
         if (cJSON_IsObject(e))
@@ -701,9 +743,6 @@ static moec_status config_specials(ld *L, const cJSON *cfg, int mark)
     return MOEC_OK;
 }
 
-/* transformers' LlamaTokenizerFast (DeepSeek's class) replaces the
- * post-processor by a template built from add_bos_token (default true) and
- * add_eos_token (default false); the other classes keep tokenizer.json's. */
 static moec_status dup_str(ld *L, const char *where, const char *s, char **out)
 {
     if (s && !(*out = strdup(s)))
@@ -812,12 +851,12 @@ static moec_status load_config(ld *L, const cJSON *cfg)
 {
     moec_tokenizer_t *t = L->t;
     const char *cls = NULL, *bos = NULL, *eos = NULL;
-    int add_bos = 0, add_eos = 0;
+    char where[96];
     MOEC_TRY(get_str(L, cfg, "", "tokenizer_class", &cls));
     MOEC_TRY(load_added_decoder(L, member(cfg, "added_tokens_decoder")));
-    MOEC_TRY(config_specials(L, cfg, 1));
-    MOEC_TRY(config_token(L, cfg, "bos_token", &bos));
-    MOEC_TRY(config_token(L, cfg, "eos_token", &eos));
+    MOEC_TRY(config_specials(L, cfg, cls, 1));
+    MOEC_TRY(special_of(L, cfg, cls, "bos_token", &bos, where, sizeof where));
+    MOEC_TRY(special_of(L, cfg, cls, "eos_token", &eos, where, sizeof where));
     t->bos_id = bos ? tok_token_id(t, bos, strlen(bos)) : -1;
     t->eos_id = eos ? tok_token_id(t, eos, strlen(eos)) : -1;
     MOEC_TRY(dup_str(L, "bos_token", bos, &t->bos_token));
@@ -833,19 +872,10 @@ static moec_status load_config(ld *L, const cJSON *cfg)
                     "clean-up)");
     if (!t->chat_template) /* chat_template.jinja, read first, wins */
         MOEC_TRY(load_chat_template(L, cfg));
-    if (!cls || (strcmp(cls, "LlamaTokenizerFast") != 0 && strcmp(cls, "LlamaTokenizer") != 0))
-        return MOEC_OK;
-    MOEC_TRY(get_bool(L, cfg, "", "add_bos_token", 1, &add_bos));
-    MOEC_TRY(get_bool(L, cfg, "", "add_eos_token", 0, &add_eos));
-    if ((add_bos && t->bos_id < 0) || (add_eos && t->eos_id < 0))
-        return FAIL(MOEC_ERR_FORMAT, add_bos && t->bos_id < 0 ? "add_bos_token" : "add_eos_token",
-                    "true, but there is no %s", add_bos && t->bos_id < 0 ? "bos_token" : "eos_token");
-    t->n_prefix = add_bos;
-    t->n_suffix = add_eos;
-    if (t->n_prefix)
-        t->prefix[0] = t->bos_id; /* both arrays hold one id at least */
-    if (t->n_suffix)
-        t->suffix[0] = t->eos_id;
+    /* add_bos_token / add_eos_token are not read: transformers 5.17's
+     * LlamaTokenizerFast keeps tokenizer.json's post-processor whatever they
+     * say (hf_tokenizer_probe.py: a BOS template adds the BOS with
+     * add_bos_token false; ByteLevel or none adds none with it true) */
     return MOEC_OK;
 }
 
@@ -942,7 +972,7 @@ static moec_status merge_special_map(ld *L, cJSON *map, cJSON *cfg)
 {
     static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                                  "cls_token", "mask_token", "additional_special_tokens"};
-    MOEC_TRY(config_specials(L, map, 0));
+    MOEC_TRY(config_specials(L, map, NULL, 0));
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
         cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(map, keys[k]);
         if (!v)

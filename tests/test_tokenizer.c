@@ -198,7 +198,7 @@ static void test_lookups(void)
     T_CHECK(moec_tokenizer_id_count(q) == 708);
     T_CHECK(moec_tokenizer_bos_id(d) == 0);
     T_CHECK(moec_tokenizer_eos_id(d) == 1);
-    /* the BOS of add_bos_token comes only with add_special_tokens */
+    /* the BOS of the post-processor's template comes only with add_special_tokens */
     int32_t *ids = NULL;
     int n = -1;
     T_OK(moec_tokenizer_encode(d, NULL, 0, 1, &ids, &n));
@@ -532,11 +532,15 @@ static void test_refused_files(void)
             "tokenizer.json: truncation: is not supported (it must be null)");
     /* tokenizer_config.json */
     REFUSED(good, "{oops", MOEC_ERR_FORMAT, "tokenizer_config.json: not valid JSON (at byte 2)");
+    /* a class's own special tokens where the config leaves the keys out
+     * (LlamaTokenizer's <s> </s> <unk>: transformers would add the two that
+     * tokenizer.json lacks) */
     REFUSED(good, "{\"tokenizer_class\":\"LlamaTokenizerFast\"}", MOEC_ERR_FORMAT,
-            "tokenizer_config.json: add_bos_token: true, but there is no bos_token");
-    REFUSED(good, "{\"tokenizer_class\":\"LlamaTokenizerFast\",\"bos_token\":\"<s>\",\"add_eos_token\":"
-                  "true}",
-            MOEC_ERR_FORMAT, "tokenizer_config.json: add_eos_token: true, but there is no eos_token");
+            "tokenizer_config.json: eos_token (LlamaTokenizerFast's default): '</s>' is not a "
+            "token of tokenizer.json");
+    REFUSED(good, "{\"tokenizer_class\":\"LlamaTokenizer\",\"eos_token\":\"<s>\"}",
+            MOEC_ERR_FORMAT, "tokenizer_config.json: unk_token (LlamaTokenizer's default): '<unk>' "
+                             "is not a token of tokenizer.json");
     REFUSED(good, "{\"bos_token\":{\"content\":\"<nope>\"}}", MOEC_ERR_FORMAT,
             "tokenizer_config.json: bos_token: '<nope>' is not a token of tokenizer.json");
     REFUSED(good, "{\"eos_token\":7}", MOEC_ERR_FORMAT,
@@ -571,16 +575,32 @@ static void test_refused_files(void)
                     "\"additional_special_tokens\":[\"<s>\",{\"content\":\"<s>\"}]}");
     T_OK(moec_tokenizer_open(g_dir, &tok));
     moec_tokenizer_free(tok);
+    /* add_bos_token / add_eos_token change nothing: transformers 5.17 keeps
+     * tokenizer.json's post-processor (none here), and its LlamaTokenizer
+     * has no default pad_token */
     write_dir(good, "{\"tokenizer_class\":\"LlamaTokenizerFast\",\"bos_token\":\"<s>\","
-                    "\"eos_token\":\"<s>\",\"add_bos_token\":false,\"add_eos_token\":true}");
+                    "\"eos_token\":\"<s>\",\"unk_token\":null,\"add_bos_token\":true,"
+                    "\"add_eos_token\":true}");
     T_OK(moec_tokenizer_open(g_dir, &tok));
     int32_t *ids = NULL;
     int n = 0;
     if (tok)
         T_OK(moec_tokenizer_encode(tok, "b", 1, 1, &ids, &n));
-    T_CHECK(n == 2 && ids && ids[0] == 1 && ids[1] == 4);
+    T_CHECK(n == 1 && ids && ids[0] == 1);
     free(ids);
     moec_tokenizer_free(tok);
+    /* Qwen2Tokenizer's defaults: <|endoftext|> as eos where the config names none */
+    char *qwen = variant("added_tokens", "[{\"id\":4,\"content\":\"<|endoftext|>\","
+                                         "\"special\":true}]");
+    write_dir(qwen, "{\"tokenizer_class\":\"Qwen2Tokenizer\"}");
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    T_CHECK(moec_tokenizer_eos_id(tok) == 4 && moec_tokenizer_bos_id(tok) == -1);
+    moec_tokenizer_free(tok);
+    write_dir(qwen, "{\"tokenizer_class\":\"Qwen2TokenizerFast\",\"eos_token\":null}");
+    T_OK(moec_tokenizer_open(g_dir, &tok));
+    T_CHECK(moec_tokenizer_eos_id(tok) == -1);
+    moec_tokenizer_free(tok);
+    free(qwen);
     /* a folder with no tokenizer.json */
     snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
     unlink(path);

@@ -46,7 +46,7 @@ sys.exit(1 if bad or n < 800 else 0)
 PY
 ); then ok; else bad "$out"; fi
 
-# The BOS of add_bos_token, and nothing else, with the special tokens.
+# The BOS of the post-processor's template, and nothing else, with the special tokens.
 [ "$(printf 'Hi' | "$B" tokenize "$D/deepseek_v3" | cut -d, -f1)" = 0 ] && ok || bad "deepseek_v3: no BOS first"
 [ "$(printf '' | "$B" tokenize "$D/qwen2")" = "" ] && ok || bad "qwen2: empty text gave ids"
 [ "$(echo '701,39,702' | "$B" tokenize "$D/qwen2" --decode --skip-special-tokens)" = "H" ] && ok ||
