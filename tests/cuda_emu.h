@@ -1,12 +1,14 @@
 // cuda_emu.h — a CPU emulation of the CUDA the staged fp8 kernels use
 // (codegen/fp8_tc.c) and the streaming expert GEMMs (codegen/moe_routed.c,
 // GV_CONSTS), so that their generated source runs without a GPU
-// (tests/test_fp8_emu.sh): every CUDA thread a host thread; __syncthreads,
-// a warp's m16n8k16 product and shuffle, and the cluster barrier pthread
-// barriers over the block, the warp and the cluster; shared memory one
-// malloc a block of exactly the bytes the step asks for (filled with 0xff), so that an
-// address sanitizer sees every access past it and a thread sanitizer every
-// unordered pair of accesses; cp.async a copy checked for its 16-byte
+// (tests/test_fp8_emu.sh): a block (a cluster) at a time, every CUDA
+// thread a fiber of the one host thread, or under the thread sanitizer a
+// host thread (see EMU_FIBERS); __syncthreads, a warp's m16n8k16 product
+// and shuffle, and the cluster barrier barriers over the block, the warp
+// and the cluster; shared memory one malloc a block of exactly the bytes
+// the step asks for (filled with 0xff), so that an address sanitizer sees
+// every access past it and a thread sanitizer every unordered pair of
+// accesses; cp.async a copy checked for its 16-byte
 // alignment, its bytes written only once a wait covers it (its group
 // committed and waited for, or a wait for all), so that a read before that
 // sees the launch's 0xff (and a bulk copy's once a wait sees its mbarrier's
@@ -33,7 +35,9 @@
 #include <deque>
 #include <functional>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #define __device__
@@ -148,8 +152,418 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
     return r;
 }
 
+// How the CUDA threads run. Under the thread sanitizer (EMU_FIBERS 0) each
+// is a host thread and each barrier a pthread barrier, so that the
+// sanitizer sees real threads and the order the barriers give them.
+// Otherwise (EMU_FIBERS 1) the threads of a block (of a cluster) are
+// fibers that the launching thread runs one at a time, each on its own
+// stack until it waits: at a barrier its arrival is counted and it sleeps
+// until the last one's arrival wakes the barrier's sleepers; in
+// moec_mbar_wait it sleeps until the next change to an mbarrier. The
+// fibers woken run next, before those that were ready, so that a warp
+// runs on from one warp barrier to the next, the block's other warps
+// waiting, until a block barrier stops it: between two block barriers a
+// warp's work is done before the next warp's starts (the first warp to
+// the last, in every other block or cluster run the last to the first;
+// only the thread whose arrival ended the barrier runs first, to its next
+// wait), so that where a block barrier is missing, a read that it should
+// have ordered after another warp's write sees the old bytes in one order
+// or the other (and a write it should have ordered after another warp's
+// read clobbers them). A thread's own state (threadIdx, blockIdx, its
+// block and cluster) lives in plain globals, swapped in and out at each
+// switch; its cp.async copies in its fiber. A thread that sleeps when no
+// fiber is ready (one returned while the others wait at a barrier: a
+// deadlock on a GPU too) ends the run with what each one waits on.
+#if defined(__SANITIZE_THREAD__)
+#define EMU_FIBERS 0
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_FIBERS 0
+#endif
+#endif
+#ifndef EMU_FIBERS
+#define EMU_FIBERS 1
+#endif
+#if EMU_FIBERS
+#define EMU_TLS
+#else
+#define EMU_TLS thread_local
+#endif
+
+struct emu_block;
+struct emu_cluster;
+// a cp.async copy not yet landed (moec_cp16), and a thread's: those not
+// committed, and its groups not yet waited for
+struct emu_cp {
+    unsigned char *s;
+    unsigned char v[16];
+};
+struct emu_cps {
+    std::vector<emu_cp> open;
+    std::deque<std::vector<emu_cp>> groups;
+};
+
+inline dim3 blockDim, gridDim;
+inline EMU_TLS dim3 threadIdx, blockIdx;
+inline EMU_TLS emu_block *emu_this_block;
+inline EMU_TLS emu_cluster *emu_this_cluster;
+#if !EMU_FIBERS
+inline thread_local emu_cps emu_cp_thread;
+static inline emu_cps &emu_cp_this() { return emu_cp_thread; }
+#endif
+
+#if EMU_FIBERS
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+// the address sanitizer told which stack runs (its checks of stack
+// accesses, its reports' traces)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+// The switch: on x86-64 emu_ctx_swap, elsewhere (or with EMU_UCONTEXT)
+// swapcontext, a system call a switch for the signal mask (the attention's
+// cases without a sanitizer: 4.7 s, not 1.1) and under the address
+// sanitizer far slower (136 s, not 3: its swapcontext clears the shadow of
+// the whole stack switched to, and it warns that it may report falsely).
+#if !defined(__x86_64__) || defined(EMU_UCONTEXT)
+#define EMU_UCONTEXT 1
+#include <ucontext.h>
+#endif
+
+// A fiber: its stack, where it stopped, its CUDA thread's state while
+// another runs, and its cp.async copies. The launching thread is one too
+// (emu_fib.host).
+struct emu_fiber {
+#ifdef EMU_UCONTEXT
+    ucontext_t uc;
+#else
+    void *sp; // the stack pointer it stopped at (emu_ctx_swap's frame)
+#endif
+    dim3 tid, bid;
+    emu_block *block;
+    emu_cluster *cluster;
+    emu_fiber *next; // in the list it is on: the ready ones, or a wait's sleepers
+    const void *bottom; // its stack, for the address sanitizer
+    size_t size;
+    void *fake; // the sanitizer's fake stack (stack-use-after-return)
+    const char *waits; // what it sleeps on (a deadlock's report)
+    bool done; // its kernel returned
+    emu_cps cp;
+};
+// a list of fibers, in order
+struct emu_fibers {
+    emu_fiber *head, *tail;
+    void push_back(emu_fiber *f)
+    {
+        f->next = nullptr;
+        (head ? tail->next : head) = f;
+        tail = f;
+    }
+    emu_fiber *pop_front()
+    {
+        emu_fiber *f = head;
+        if (f && !(head = f->next))
+            tail = nullptr;
+        return f;
+    }
+    void wake(emu_fibers &ready) // all of these ready, in front of those that were
+    {
+        if (!head)
+            return;
+        tail->next = ready.head;
+        if (!ready.head)
+            ready.tail = tail;
+        ready.head = head;
+        head = tail = nullptr;
+    }
+};
+struct emu_sched {
+    emu_fiber host;
+    emu_fiber *cur, *from; // the one running, the one that switched to it
+    emu_fibers ready; // the fibers that may run, the next first
+    emu_fibers mbar; // those asleep in moec_mbar_wait
+    emu_fiber *all; // the run's fibers
+    size_t n, live; // how many, and those not returned
+    unsigned long runs; // the runs (blocks, clusters) so far
+    const std::function<void()> *fn;
+};
+inline emu_sched emu_fib;
+static inline emu_cps &emu_cp_this() { return emu_fib.cur->cp; }
+
+#ifndef EMU_UCONTEXT
+// x86-64's switch: the callee-saved registers, MXCSR and the x87 control
+// word pushed on this stack, its pointer stored in *from, then the same
+// popped from `to` and a return there. A new fiber's stack holds zeros,
+// default control words and emu_fiber_entry as the address to return to.
+extern "C" void emu_ctx_swap(void **from, void *to);
+__asm__(".pushsection .text\n"
+        ".weak emu_ctx_swap\n"
+        ".hidden emu_ctx_swap\n"
+        ".type emu_ctx_swap, @function\n"
+        "emu_ctx_swap:\n"
+        "pushq %rbp\n"
+        "pushq %rbx\n"
+        "pushq %r12\n"
+        "pushq %r13\n"
+        "pushq %r14\n"
+        "pushq %r15\n"
+        "subq $8, %rsp\n"
+        "stmxcsr (%rsp)\n"
+        "fnstcw 4(%rsp)\n"
+        "movq %rsp, (%rdi)\n"
+        "movq %rsi, %rsp\n"
+        "ldmxcsr (%rsp)\n"
+        "fldcw 4(%rsp)\n"
+        "addq $8, %rsp\n"
+        "popq %r15\n"
+        "popq %r14\n"
+        "popq %r13\n"
+        "popq %r12\n"
+        "popq %rbx\n"
+        "popq %rbp\n"
+        "ret\n"
+        ".size emu_ctx_swap, .-emu_ctx_swap\n"
+        ".popsection\n");
+#endif
+
+// Back on a fiber's stack: the sanitizer told so (and where the one it
+// came from runs: the launching thread's stack, learnt so).
+static inline void emu_fiber_landed()
+{
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(emu_fib.cur->fake, &emu_fib.from->bottom,
+                                    &emu_fib.from->size);
+#endif
+}
+
+// From one fiber to another (from->done: its fake stack goes). Not
+// instrumented: no frame of the sanitizer's to set up and clear, and none
+// left on a returned fiber's stack.
+__attribute__((noinline, no_sanitize_address)) static void emu_fiber_switch(emu_fiber *from,
+                                                                             emu_fiber *to)
+{
+    from->tid = threadIdx;
+    from->bid = blockIdx;
+    from->block = emu_this_block;
+    from->cluster = emu_this_cluster;
+    threadIdx = to->tid;
+    blockIdx = to->bid;
+    emu_this_block = to->block;
+    emu_this_cluster = to->cluster;
+    emu_fib.from = from;
+    emu_fib.cur = to;
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(from->done ? nullptr : &from->fake, to->bottom, to->size);
+#endif
+#ifdef EMU_UCONTEXT
+    swapcontext(&from->uc, &to->uc);
+#else
+    emu_ctx_swap(&from->sp, to->sp);
+#endif
+    emu_fiber_landed();
+}
+
+[[noreturn]] static void emu_fiber_deadlock()
+{
+    emu_fib.cur->tid = threadIdx;
+    emu_fib.cur->bid = blockIdx;
+    fprintf(stderr,
+            "cuda_emu: deadlock: the %zu threads left of the block (the cluster) of block"
+            " (%u, %u, %u) all wait, and none can move on:\n",
+            emu_fib.live, blockIdx.x, blockIdx.y, blockIdx.z);
+    size_t k = 0;
+    for (size_t i = 0; i < emu_fib.n; i++) {
+        const emu_fiber &f = emu_fib.all[i];
+        if (!f.done && k++ < 16)
+            fprintf(stderr, "  thread %u of block (%u, %u, %u) at %s\n", f.tid.x, f.bid.x,
+                    f.bid.y, f.bid.z, f.waits);
+    }
+    if (k > 16)
+        fprintf(stderr, "  (and %zu more)\n", k - 16);
+    abort();
+}
+
+// The running fiber, asleep (on a list of sleepers, or returned): on to
+// the next ready one, or with none left the launching thread.
+__attribute__((noinline)) static void emu_fiber_sleep(const char *what)
+{
+    emu_fiber *f = emu_fib.cur, *to = emu_fib.ready.pop_front();
+    f->waits = what;
+    if (!to && emu_fib.live)
+        emu_fiber_deadlock();
+    emu_fiber_switch(f, to ? to : &emu_fib.host);
+}
+
+// Where a fiber starts: its thread's kernel, then on to the next one.
+static void emu_fiber_entry()
+{
+    emu_fiber_landed();
+    (*emu_fib.fn)();
+    emu_fib.cur->done = true;
+    emu_fib.live--;
+    emu_fiber_sleep("(returned)");
+    abort(); // never switched back to
+}
+
+// The fibers' stacks: one mapping, pages taken as touched, a page below
+// each that no access may reach (a stack overflow faults); kept from
+// launch to launch, as many as the largest block (cluster) so far.
+struct emu_stacks {
+    static constexpr size_t bytes = 512 << 10;
+    unsigned char *base = nullptr;
+    size_t n = 0, each = 0;
+    void reserve(size_t m)
+    {
+        if (m <= n)
+            return;
+        if (base)
+            munmap(base, n * each);
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        each = bytes + page;
+        void *p = mmap(nullptr, m * each, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (p == MAP_FAILED) {
+            perror("cuda_emu: mmap of the fibers' stacks");
+            abort();
+        }
+        base = (unsigned char *)p;
+        n = m;
+        for (size_t i = 0; i < n; i++)
+            if (mprotect(base + i * each, page, PROT_NONE)) {
+                perror("cuda_emu: mprotect of a stack's guard page");
+                abort();
+            }
+    }
+    ~emu_stacks()
+    {
+        if (base)
+            munmap(base, n * each);
+    }
+    unsigned char *stack(size_t i) const { return base + (i + 1) * each - bytes; }
+};
+inline emu_stacks emu_fib_stacks;
+
+// Runs fn on n fibers, fiber i's thread state set by set(i, fiber), until
+// every one returned: ready first to last, every other run last to first.
+template <typename S>
+static inline void emu_fibers_run(size_t n, const std::function<void()> &fn, S set)
+{
+    emu_stacks &st = emu_fib_stacks;
+    st.reserve(n);
+    std::vector<emu_fiber> fibers(n);
+    emu_fib.ready = emu_fibers{};
+    emu_fib.mbar = emu_fibers{};
+    for (size_t i = 0; i < n; i++) {
+        emu_fiber &f = fibers[i];
+        set(i, f);
+        unsigned char *s = st.stack(i);
+        f.bottom = s;
+        f.size = emu_stacks::bytes;
+        f.fake = nullptr;
+        f.done = false;
+#ifdef EMU_UCONTEXT
+        getcontext(&f.uc);
+        f.uc.uc_stack.ss_sp = s;
+        f.uc.uc_stack.ss_size = emu_stacks::bytes;
+        f.uc.uc_link = nullptr;
+        makecontext(&f.uc, emu_fiber_entry, 0);
+#else
+        void **sp = (void **)(s + emu_stacks::bytes);
+        *--sp = nullptr; // emu_fiber_entry's return address: it never returns
+        *--sp = (void *)emu_fiber_entry;
+        for (int r = 0; r < 6; r++)
+            *--sp = nullptr; // rbp (the end of the frame chain) and the others
+        *--sp = (void *)(0x1f80ull | 0x37full << 32); // MXCSR, x87 control word
+        f.sp = sp;
+#endif
+    }
+    const bool rev = emu_fib.runs++ % 2;
+    for (size_t i = 0; i < n; i++)
+        emu_fib.ready.push_back(&fibers[rev ? n - 1 - i : i]);
+    emu_fib.fn = &fn;
+    emu_fib.all = fibers.data();
+    emu_fib.n = emu_fib.live = n;
+    emu_fib.cur = &emu_fib.host;
+    emu_fiber_sleep("(the launch)");
+#if defined(EMU_ASAN) && !defined(EMU_UCONTEXT)
+    // the frames a fiber returned from its stack with (the last switch's)
+    // never returned: their redzones' marks go, before the stack's next
+    // fiber's frames lie there
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *sp = (unsigned char *)fibers[i].sp;
+        __asan_unpoison_memory_region(sp, st.stack(i) + emu_stacks::bytes - sp);
+    }
+#endif
+}
+#endif
+
+// A barrier of count threads (a block's, a warp's, a cluster's); what: the
+// wait's name in a deadlock's report.
+struct emu_barrier {
+#if EMU_FIBERS
+    unsigned count, arrived;
+    emu_fibers asleep;
+#else
+    pthread_barrier_t b;
+#endif
+};
+static inline void emu_barrier_init(emu_barrier *b, unsigned count)
+{
+#if EMU_FIBERS
+    *b = emu_barrier{count, 0, {}};
+#else
+    pthread_barrier_init(&b->b, nullptr, count);
+#endif
+}
+static inline void emu_barrier_destroy(emu_barrier *b)
+{
+#if EMU_FIBERS
+    assert(b->arrived == 0 && !b->asleep.head);
+#else
+    pthread_barrier_destroy(&b->b);
+#endif
+}
+static inline void emu_barrier_wait(emu_barrier *b, const char *what)
+{
+#if EMU_FIBERS
+    if (++b->arrived == b->count) {
+        b->arrived = 0;
+        b->asleep.wake(emu_fib.ready);
+        return;
+    }
+    b->asleep.push_back(emu_fib.cur);
+    emu_fiber_sleep(what);
+#else
+    (void)what;
+    pthread_barrier_wait(&b->b);
+#endif
+}
+// a change to an mbarrier: what moec_mbar_wait's sleepers wait for
+static inline void emu_mbar_changed()
+{
+#if EMU_FIBERS
+    emu_fib.mbar.wake(emu_fib.ready);
+#endif
+}
+// moec_mbar_wait's wait for a change
+static inline void emu_mbar_sleep()
+{
+#if EMU_FIBERS
+    emu_fib.mbar.push_back(emu_fib.cur);
+    emu_fiber_sleep("moec_mbar_wait");
+#else
+    std::this_thread::yield();
+#endif
+}
+
 struct emu_warp {
-    pthread_barrier_t bar;
+    emu_barrier bar;
     unsigned a[32][4], b[32][2];
     float f[32];
     const void *p[32];
@@ -165,22 +579,17 @@ struct emu_bulk {
 struct emu_block {
     unsigned char *smem;
     size_t smem_bytes;
-    pthread_barrier_t bar;
+    emu_barrier bar;
     std::vector<emu_warp> warps;
     std::vector<emu_bulk> bulk; // its bulk copies not yet landed (none lands after the launch)
 };
 struct emu_cluster {
     std::vector<emu_block *> blocks;
-    pthread_barrier_t bar;
+    emu_barrier bar;
 };
 
-inline dim3 blockDim, gridDim;
-inline thread_local dim3 threadIdx, blockIdx;
-inline thread_local emu_block *emu_this_block;
-inline thread_local emu_cluster *emu_this_cluster;
-
 static inline unsigned char *emu_smem() { return emu_this_block->smem; }
-static inline void __syncthreads() { pthread_barrier_wait(&emu_this_block->bar); }
+static inline void __syncthreads() { emu_barrier_wait(&emu_this_block->bar, "__syncthreads"); }
 // The wait of programmatic launch, in the harness's hands where it sets
 // emu_pdl_fn: a block barrier, after which one thread runs it (the writes
 // of the kernel before this one landing, at the earliest moment a thread
@@ -193,10 +602,10 @@ static inline void moec_pdl_enter()
 {
     if (!emu_pdl_fn)
         return;
-    pthread_barrier_wait(&emu_this_block->bar);
+    emu_barrier_wait(&emu_this_block->bar, "moec_pdl_enter's barrier");
     if (threadIdx.x == 0)
         emu_pdl_fn();
-    pthread_barrier_wait(&emu_this_block->bar);
+    emu_barrier_wait(&emu_this_block->bar, "moec_pdl_enter's barrier");
 }
 /* the range a kernel prefetches lies in what it may read: the harness's
    allocations are checked by the address sanitizer on the first and last
@@ -223,12 +632,6 @@ static inline void moec_prefetch_l2(const void *p, unsigned long long bytes)
 // lands all but the N newest groups, moec_cp_wait (wait_all) every copy,
 // committed or not. A copy no wait covers never lands: the bytes stay as
 // they were (0xff from the launch), so a read of them fails the case.
-struct emu_cp {
-    unsigned char *s;
-    unsigned char v[16];
-};
-inline thread_local std::vector<emu_cp> emu_cp_open;
-inline thread_local std::deque<std::vector<emu_cp>> emu_cp_groups;
 static inline void emu_cp_land(std::vector<emu_cp> &g)
 {
     for (const emu_cp &c : g)
@@ -247,19 +650,21 @@ static inline void moec_cp16(void *s, const void *g, bool valid)
         memcpy(c.v, g, 16);
     else
         memset(c.v, 0, 16);
-    emu_cp_open.push_back(c);
+    emu_cp_this().open.push_back(c);
 }
 
 static inline void moec_cp_commit()
 {
-    emu_cp_groups.push_back(std::move(emu_cp_open));
-    emu_cp_open.clear();
+    emu_cps &t = emu_cp_this();
+    t.groups.push_back(std::move(t.open));
+    t.open.clear();
 }
 template <int N> static inline void moec_cp_wait_group()
 {
-    while (emu_cp_groups.size() > (size_t)N) {
-        emu_cp_land(emu_cp_groups.front());
-        emu_cp_groups.pop_front();
+    std::deque<std::vector<emu_cp>> &g = emu_cp_this().groups;
+    while (g.size() > (size_t)N) {
+        emu_cp_land(g.front());
+        g.pop_front();
     }
 }
 // cp.async.wait_all: a commit, then a wait for every group (the PTX ISA)
@@ -300,7 +705,7 @@ static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2
     memcpy(w->a[lane], a, sizeof a);
     w->b[lane][0] = b0;
     w->b[lane][1] = b1;
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "moec_mma_bf16");
     // A[r][k]: lane (r % 8, k % 8 / 2), register (r >= 8) + 2 (k >= 8), half k % 2
     auto A = [&](int r, int k) {
         unsigned v = w->a[(r & 7) * 4 + ((k & 7) >> 1)][(r >= 8) + 2 * (k >= 8)];
@@ -318,7 +723,7 @@ static inline void moec_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2
             s += (double)A(row, k) * B(k, col);
         c[i] += (float)s;
     }
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "moec_mma_bf16");
 }
 
 // A warp's butterfly exchange: every lane of the warp takes part.
@@ -327,9 +732,9 @@ static inline float __shfl_xor_sync(unsigned, float v, int o)
     emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
     const int lane = threadIdx.x % 32;
     w->f[lane] = v;
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "__shfl_xor_sync");
     const float r = w->f[lane ^ o];
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "__shfl_xor_sync");
     return r;
 }
 
@@ -353,11 +758,11 @@ static inline bool __any_sync(unsigned, bool pred)
     emu_warp *w = &emu_this_block->warps[threadIdx.x / 32];
     const int lane = threadIdx.x % 32;
     w->v[lane] = pred;
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "__any_sync");
     bool any = false;
     for (int i = 0; i < 32; i++)
         any = any || w->v[i];
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "__any_sync");
     return any;
 }
 
@@ -380,7 +785,7 @@ template <int N, bool T> static inline void moec_ldmatrix(unsigned *r, const __n
     const int lane = threadIdx.x % 32;
     const unsigned char *base = emu_this_block->smem;
     w->p[lane] = p;
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "moec_ldmatrix");
     auto el = [&](int m, int row, int col) {
         const unsigned char *q = (const unsigned char *)w->p[8 * m + row];
         assert(q >= base && q + 16 <= base + emu_this_block->smem_bytes && (q - base) % 16 == 0);
@@ -392,7 +797,7 @@ template <int N, bool T> static inline void moec_ldmatrix(unsigned *r, const __n
         const int a = lane / 4, b = 2 * (lane % 4);
         r[m] = T ? el(m, b, a) | el(m, b + 1, a) << 16 : el(m, a, b) | el(m, a, b + 1) << 16;
     }
-    pthread_barrier_wait(&w->bar);
+    emu_barrier_wait(&w->bar, "moec_ldmatrix");
 }
 
 // A shared-window address (moec_ldmatrix_s's): the offset into the block's
@@ -440,6 +845,7 @@ static inline void moec_mbar_init(unsigned long long *bar, unsigned count)
     emu_mbar *m = emu_mbar_of(bar);
     pthread_mutex_lock(&emu_mbar_lock);
     *m = emu_mbar{(uint8_t)count, 0, 0, 0, 0};
+    emu_mbar_changed();
     pthread_mutex_unlock(&emu_mbar_lock);
 }
 static inline void moec_mbar_init_fence() {}
@@ -452,6 +858,7 @@ static inline void emu_mbar_arrive(unsigned long long *bar, int bytes)
     m->arrived++;
     m->pending += bytes;
     emu_mbar_complete(m);
+    emu_mbar_changed();
     pthread_mutex_unlock(&emu_mbar_lock);
 }
 static inline void moec_mbar_arrive_tx(unsigned long long *bar, unsigned bytes)
@@ -472,6 +879,7 @@ static inline void moec_bulk_g2s(void *dst, const void *src, unsigned bytes, uns
     m->pending -= (int32_t)bytes;
     assert(m->pending >= 0);
     emu_mbar_complete(m);
+    emu_mbar_changed();
     pthread_mutex_unlock(&emu_mbar_lock);
 }
 // until the phase of parity `parity` completed (the barrier's phase moved
@@ -496,7 +904,7 @@ static inline void moec_mbar_wait(unsigned long long *bar, unsigned parity)
         pthread_mutex_unlock(&emu_mbar_lock);
         if (done)
             return;
-        std::this_thread::yield();
+        emu_mbar_sleep();
     }
 }
 
@@ -510,10 +918,13 @@ static inline unsigned atomicAdd(unsigned *p, unsigned v)
 
 static inline void __syncwarp()
 {
-    pthread_barrier_wait(&emu_this_block->warps[threadIdx.x / 32].bar);
+    emu_barrier_wait(&emu_this_block->warps[threadIdx.x / 32].bar, "__syncwarp");
 }
 
-static inline void moec_cluster_sync() { pthread_barrier_wait(&emu_this_cluster->bar); }
+static inline void moec_cluster_sync()
+{
+    emu_barrier_wait(&emu_this_cluster->bar, "moec_cluster_sync");
+}
 
 static inline float moec_ld_cluster(const float *p, unsigned rank)
 {
@@ -538,40 +949,49 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
         for (unsigned x0 = 0; x0 < gx; x0 += s) {
             emu_cluster cl;
             std::vector<emu_block> blocks(s);
-            pthread_barrier_init(&cl.bar, nullptr, s * block);
+            emu_barrier_init(&cl.bar, s * block);
             for (unsigned r = 0; r < s; r++) {
                 emu_block &b = blocks[r];
                 b.smem_bytes = smem;
                 b.smem = (unsigned char *)malloc(smem ? smem : 1);
                 memset(b.smem, 0xff, smem);
-                pthread_barrier_init(&b.bar, nullptr, block);
+                emu_barrier_init(&b.bar, block);
                 b.warps = std::vector<emu_warp>(block / 32);
                 for (emu_warp &w : b.warps)
-                    pthread_barrier_init(&w.bar, nullptr, 32);
+                    emu_barrier_init(&w.bar, 32);
                 cl.blocks.push_back(&b);
             }
             if (emu_block_fn)
                 emu_block_fn();
+#if EMU_FIBERS
+            emu_fibers_run((size_t)s * block, fn, [&](size_t i, emu_fiber &f) {
+                const unsigned r = (unsigned)(i / block);
+                f.tid = dim3{(unsigned)(i % block), 0, 0};
+                f.bid = dim3{x0 + r, y, 0};
+                f.block = &blocks[r];
+                f.cluster = &cl;
+            });
+#else
             std::vector<std::thread> threads;
             for (unsigned r = 0; r < s; r++)
                 for (unsigned t = 0; t < block; t++)
                     threads.emplace_back([&, r, t] {
-                        threadIdx.x = t;
-                        blockIdx.x = x0 + r;
-                        blockIdx.y = y;
+                        threadIdx = dim3{t, 0, 0};
+                        blockIdx = dim3{x0 + r, y, 0};
                         emu_this_block = &blocks[r];
                         emu_this_cluster = &cl;
                         fn();
                     });
             for (std::thread &t : threads)
                 t.join();
+#endif
             for (emu_block &b : blocks) {
                 free(b.smem);
-                pthread_barrier_destroy(&b.bar);
+                emu_barrier_destroy(&b.bar);
                 for (emu_warp &w : b.warps)
-                    pthread_barrier_destroy(&w.bar);
+                    emu_barrier_destroy(&w.bar);
             }
-            pthread_barrier_destroy(&cl.bar);
+            emu_barrier_destroy(&cl.bar);
         }
 }
 
