@@ -9,16 +9,16 @@
 # MOEC_DTYPE=fp32; "cpu": the reference interpreter); DTYPES (default
 # "bf16 fp8") picks the checkpoints' weights.
 # Leaves $OUT/shapes/NAME-DT-MODE.{bin,txt} (logits, generated ids and
-# stderr; DT is bf16 or fp8) and $OUT/shapes.tar.gz (with $OUT/hf under HF=1). Compare two runs'
-# files with scripts/compare_logits.py (REF=DIR: with the references in
+# stderr; DT is bf16 or fp8) and $OUT/shapes.tar.gz (with $OUT/hf under
+# HF=1). Compare two runs' files with scripts/compare_logits.py (REF=DIR: with the references in
 # DIR at the end, its table in $OUT/compare.txt, failing where it fails).
 # HF=1 also runs each checkpoint in transformers (float32, on the GPU:
 # scripts/hf_shapes.py) into $OUT/hf and compares the runs with it, the
 # table in $OUT/compare-hf.txt: the published configs as the reference
-# implementation reads them. All 22 checkpoints do not fit in one 10-minute
-# call: on the H200 (2026-12-01) one with MODES=fp32 ran out of time five
-# checkpoints into transformers (an fp8 one is dequantized in plain Python
-# first), so name three or four MODELS a call.
+# implementation reads them. With MODES=fp32 on the H200 (2026-12-01,
+# make_goldens.py's dequantization on numpy), the four Qwen models' eight
+# checkpoints took 3 minutes and the other seven models' fourteen 5: name
+# about half the MODELS a call.
 #   On the GPU machine:  cd .snap/src && scripts/gpu_shapes.sh
 #   The references, anywhere:  MODES=cpu OUT=/tmp/ref scripts/gpu_shapes.sh
 set -uo pipefail
