@@ -17,8 +17,9 @@
 # table in $OUT/compare-hf.txt: the published configs as the reference
 # implementation reads them. With MODES=fp32 on the H200 (2026-12-01,
 # make_goldens.py's dequantization on numpy), the four Qwen models' eight
-# checkpoints took 3 minutes and the other seven models' fourteen 5: name
-# about half the MODELS a call.
+# checkpoints took a call of 3 minutes (gpu_refcheck.sh's other checks
+# included) and the other seven models' fourteen one of 5: name about half
+# the MODELS a call.
 #   On the GPU machine:  cd .snap/src && scripts/gpu_shapes.sh
 #   The references, anywhere:  MODES=cpu OUT=/tmp/ref scripts/gpu_shapes.sh
 set -uo pipefail
