@@ -80,6 +80,26 @@ static moec_status compile_fixed(moec_tokenizer_t *t)
     return MOEC_OK;
 }
 
+moec_status tok_new(const char *path, moec_tokenizer_t **out)
+{
+    moec_tokenizer_t *t = calloc(1, sizeof *t);
+    *out = NULL;
+    if (!t)
+        return MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer %s", path);
+    t->unk_id = t->bos_id = t->eos_id = -1;
+    tok_trie_init(&t->raw_trie);
+    tok_trie_init(&t->norm_trie);
+    moec_status st = (t->path = strdup(path))
+                         ? compile_fixed(t)
+                         : MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer %s", path);
+    if (st != MOEC_OK) {
+        moec_tokenizer_free(t);
+        return st;
+    }
+    *out = t;
+    return MOEC_OK;
+}
+
 moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out)
 {
     if (!model_dir || !out)
@@ -90,22 +110,17 @@ moec_status moec_tokenizer_open(const char *model_dir, moec_tokenizer_t **out)
                                        "added_tokens.json"};
     enum { N_SIDE = sizeof side_names / sizeof *side_names };
     tok_file side[N_SIDE] = {{0}};
-    moec_tokenizer_t *t = calloc(1, sizeof *t);
-    if (t) {
-        t->unk_id = t->bos_id = t->eos_id = -1;
-        tok_trie_init(&t->raw_trie);
-        tok_trie_init(&t->norm_trie);
-    }
+    moec_tokenizer_t *t = NULL;
     char *json = NULL, *jinja_path = join_path(model_dir, "chat_template.jinja");
-    int paths = t && jinja_path && (t->path = join_path(model_dir, "tokenizer.json"));
+    char *json_path = join_path(model_dir, "tokenizer.json");
+    int paths = jinja_path && json_path;
     for (int i = 0; i < N_SIDE; i++)
         paths = paths && (side[i].path = join_path(model_dir, side_names[i]));
     size_t len = 0, jinja_len = 0;
-    moec_status st = paths ? MOEC_OK
+    moec_status st = paths ? tok_new(json_path, &t)
                            : MOEC_ERR(MOEC_ERR_OOM, "out of memory opening the tokenizer of %s",
                                       model_dir);
-    if (st == MOEC_OK)
-        st = compile_fixed(t);
+    free(json_path);
     if (st == MOEC_OK)
         st = read_file(t->path, TOK_MAX_FILE_BYTES, 0, &json, &len);
     for (int i = 0; i < N_SIDE && st == MOEC_OK; i++)

@@ -265,6 +265,10 @@ typedef struct tok_file {
     size_t len;
 } tok_file;
 
+/* A tokenizer with nothing loaded yet (tok_load fills it): path names
+ * tokenizer.json in messages. */
+moec_status tok_new(const char *path, moec_tokenizer_t **out);
+
 /* Fills t from the text of tokenizer.json (t->path names it) and the files
  * beside it: tokenizer_config.json (its special tokens, bos_token /
  * eos_token, added_tokens_decoder and chat_template), special_tokens_map.json
