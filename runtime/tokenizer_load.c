@@ -637,14 +637,23 @@ static moec_status config_token(ld *L, const cJSON *cfg, const char *key, const 
     return MOEC_OK;
 }
 
+static void mark_special(moec_tokenizer_t *t, int32_t id);
+
 /* A special token of tokenizer_config.json (bos_token, pad_token, an entry
  * of additional_special_tokens, ...) must be an added token of
  * tokenizer.json: transformers adds any other as a special added token,
- * which changes where text is cut and what skip_special_tokens drops. */
-static moec_status config_special(ld *L, const char *key, const char *token)
+ * which changes where text is cut and what skip_special_tokens drops.
+ * `mark`: the token is made special (mark_special). */
+static moec_status config_special(ld *L, const char *key, const char *token, int mark)
 {
-    if (!token || !token[0] || tok_map_get(&L->t->added_ids, token, strlen(token)) >= 0)
+    if (!token || !token[0])
         return MOEC_OK;
+    int32_t id = tok_map_get(&L->t->added_ids, token, strlen(token));
+    if (id >= 0) {
+        if (mark)
+            mark_special(L->t, id);
+        return MOEC_OK;
+    }
     if (tok_token_id(L->t, token, strlen(token)) < 0)
         return FAIL(MOEC_ERR_FORMAT, key, "'%.80s' is not a token of tokenizer.json", token);
     return FAIL(MOEC_ERR_UNSUPPORTED, key, "'%.80s' is in the vocab but not an added token of "
@@ -695,17 +704,32 @@ static moec_status special_of(ld *L, const cJSON *cfg, const char *cls, const ch
     return config_token(L, cfg, key, tok);
 }
 
+/* The added token of id `id`, NULL where none. */
+static tok_added *added_of(moec_tokenizer_t *t, int32_t id)
+{
+    for (int k = 0; k < t->n_added; k++)
+        if (t->added[k].id == id)
+            return &t->added[k];
+    return NULL;
+}
+
 /* An added token made special (by a config's special token, or
  * added_tokens_decoder): skip_special_tokens drops it, split_special_tokens
  * encodes it as text, as transformers' tokenizer has it. */
 static void mark_special(moec_tokenizer_t *t, int32_t id)
 {
-    for (int k = 0; k < t->n_added; k++)
-        if (t->added[k].id == id)
-            t->added[k].special = 1;
+    tok_added *a = added_of(t, id);
+    if (a)
+        a->special = 1;
     if (id >= 0 && id < t->n_ids)
         t->ids[id].special = 1;
 }
+
+/* The special tokens a config names one to a key (additional_special_tokens,
+ * a list, aside). */
+static const char *const special_keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                           "pad_token", "cls_token", "mask_token"};
+enum { N_SPECIAL_KEYS = sizeof special_keys / sizeof *special_keys };
 
 /* Every special token of a config (tokenizer_config.json, or
  * special_tokens_map.json), checked as config_special and marked special:
@@ -713,15 +737,11 @@ static void mark_special(moec_tokenizer_t *t, int32_t id)
  * tokenizer.json's own flag says. */
 static moec_status config_specials(ld *L, const cJSON *cfg, const char *cls, int mark)
 {
-    static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
-                                 "pad_token", "cls_token", "mask_token"};
     const char *tok = NULL;
     char where[96];
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-        MOEC_TRY(special_of(L, cfg, cls, keys[k], &tok, where, sizeof where));
-        MOEC_TRY(config_special(L, where, tok));
-        if (mark && tok && tok[0])
-            mark_special(L->t, tok_token_id(L->t, tok, strlen(tok)));
+    for (int k = 0; k < N_SPECIAL_KEYS; k++) {
+        MOEC_TRY(special_of(L, cfg, cls, special_keys[k], &tok, where, sizeof where));
+        MOEC_TRY(config_special(L, where, tok, mark));
     }
     const cJSON *extra = member(cfg, "additional_special_tokens");
     if (extra && !cJSON_IsArray(extra))
@@ -736,9 +756,7 @@ static moec_status config_specials(ld *L, const cJSON *cfg, const char *cls, int
             tok = e->valuestring;
         else
             return FAIL(MOEC_ERR_FORMAT, where, "must be a string or {\"content\": ...}");
-        MOEC_TRY(config_special(L, where, tok));
-        if (mark && tok && tok[0])
-            mark_special(L->t, tok_token_id(L->t, tok, strlen(tok)));
+        MOEC_TRY(config_special(L, where, tok, mark));
     }
     return MOEC_OK;
 }
@@ -822,9 +840,7 @@ static moec_status load_added_decoder(ld *L, const cJSON *dec)
                                                      "(transformers would renumber the added "
                                                      "tokens; moec does not)",
                         content, (int)have);
-        tok_added *a = NULL;
-        for (int k = 0; k < t->n_added && !a; k++)
-            a = t->added[k].id == have ? &t->added[k] : NULL;
+        tok_added *a = added_of(t, have);
         int special, normalized, single_word, lstrip, rstrip;
         MOEC_TRY(get_bool(L, e, where, "special", a->special, &special));
         MOEC_TRY(get_bool(L, e, where, "normalized", a->normalized, &normalized));
@@ -970,19 +986,18 @@ static moec_status load_root(ld *L, const cJSON *root)
  * tokenizer_config.json's, as transformers reads the two. */
 static moec_status merge_special_map(ld *L, cJSON *map, cJSON *cfg)
 {
-    static const char *keys[] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                                 "cls_token", "mask_token", "additional_special_tokens"};
     MOEC_TRY(config_specials(L, map, NULL, 0));
-    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
-        cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(map, keys[k]);
+    for (int k = 0; k <= N_SPECIAL_KEYS; k++) {
+        const char *key = k < N_SPECIAL_KEYS ? special_keys[k] : "additional_special_tokens";
+        cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(map, key);
         if (!v)
             continue;
-        int ok = cJSON_GetObjectItemCaseSensitive(cfg, keys[k])
-                     ? cJSON_ReplaceItemInObjectCaseSensitive(cfg, keys[k], v)
-                     : cJSON_AddItemToObject(cfg, keys[k], v);
+        int ok = cJSON_GetObjectItemCaseSensitive(cfg, key)
+                     ? cJSON_ReplaceItemInObjectCaseSensitive(cfg, key, v)
+                     : cJSON_AddItemToObject(cfg, key, v);
         if (!ok) {
             cJSON_Delete(v);
-            return OOM(keys[k]);
+            return OOM(key);
         }
     }
     return MOEC_OK;
