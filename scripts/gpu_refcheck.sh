@@ -6,7 +6,11 @@
 # difference over the row's largest, 0 where the device and versions are
 # the ones golden.json names); 2. the fp8 twins make_goldens.py writes with
 # numpy and in plain Python (MOEC_GOLDENS_PURE=1), compared byte for byte;
-# 3. scripts/hf_tokenizer_probe.py; 4. unless SHAPES=0, scripts/gpu_shapes.sh
+# 3. scripts/hf_tokenizer_probe.py; 4. the tokenizer fixtures and their
+# goldens written again by scripts/make_tokenizers.py (the tokenizers package
+# is there) and compared with the stored ones: each file byte for byte, the
+# goldens' texts and ids (not the version they name); the stored ones put
+# back after; 5. unless SHAPES=0, scripts/gpu_shapes.sh
 # with HF=1 (MODELS, DTYPES, MODES passed on; MODES default fp32).
 # Logs under $OUT (refcheck.txt, tokenizer_probe.json, shapes.tar.gz or,
 # cut short, shapes-partial.tar.gz).
@@ -61,6 +65,29 @@ PY
   done
   echo "== tokenizer probe"
   python3 scripts/hf_tokenizer_probe.py "$OUT" || rc=1
+  echo "== tokenizer fixtures written again"
+  cp -r tests/data/tokenizers "$work/tokenizers"
+  python3 scripts/make_tokenizers.py || rc=1
+  python3 - "$work/tokenizers" tests/data/tokenizers <<'PY' || rc=1
+import filecmp, json, os, sys
+old, new = sys.argv[1:]
+bad = 0
+for d in sorted(os.listdir(old)):
+    if os.path.isdir(os.path.join(old, d)):
+        names = set(os.listdir(os.path.join(old, d))) | set(os.listdir(os.path.join(new, d)))
+        for f in sorted(names):
+            a, b = os.path.join(old, d, f), os.path.join(new, d, f)
+            same = os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)
+            bad += not same
+            print(f"{d}/{f}: {'the same bytes' if same else 'DIFFER'}")
+g0, g1 = (json.load(open(os.path.join(x, "goldens.json"))) for x in (old, new))
+for k in sorted(set(g0["tokenizers"]) | set(g1["tokenizers"])):
+    same = g0["texts"] == g1["texts"] and g0["tokenizers"].get(k) == g1["tokenizers"].get(k)
+    bad += not same
+    print(f"goldens {k}: {'the same' if same else 'DIFFER'}")
+sys.exit(1 if bad else 0)
+PY
+  rm -rf tests/data/tokenizers && cp -r "$work/tokenizers" tests/data/tokenizers
 } >"$log" 2>&1
 cat "$log"
 # the shapes within SHAPES_S seconds (default 420): what ran by then is
