@@ -373,12 +373,26 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", arch);
     /* -default-device: a lambda in a kernel (codegen/attention.c's body
        variants) is device code, as nvcc takes it */
-    const char *opts[4] = {opt_arch, "--std=c++17", "-default-device", NULL};
+    const char *opts[5] = {opt_arch, "--std=c++17", "-default-device", NULL, NULL};
     int n_opts = 3;
     int have_inc = cuda_include_dir(inc, sizeof inc);
     if (have_inc) {
         snprintf(opt_inc, sizeof opt_inc, "-I%s", inc);
         opts[n_opts++] = opt_inc;
+    }
+    /* MOEC_NVRTC_FAST=min|mid|max: NVRTC's --Ofast-compile (12.8 on),
+       fewer optimizations for a faster compile (the CPU tests: kernels
+       that must compile, not run fast); part of the cache key */
+    char opt_fast[32];
+    const char *fast = getenv("MOEC_NVRTC_FAST");
+    if (fast && *fast && strcmp(fast, "0") != 0) {
+        if (strcmp(fast, "min") != 0 && strcmp(fast, "mid") != 0 && strcmp(fast, "max") != 0)
+            return MOEC_ERR(MOEC_ERR_INVALID_ARG,
+                            "MOEC_NVRTC_FAST=\"%.32s\": not min, mid, max or 0", fast);
+        if (major * 100 + minor >= 1208) {
+            snprintf(opt_fast, sizeof opt_fast, "--Ofast-compile=%s", fast);
+            opts[n_opts++] = opt_fast;
+        }
     }
 
     key_hash h;

@@ -429,16 +429,33 @@ static void test_cache(void)
         free(b);
     }
     free(entry);
-    /* other options or source: another entry */
+    /* other options or source: another entry; MOEC_NVRTC_FAST (set by
+       ctest for the CPU tests) is an option, and a value it does not know
+       is refused by name */
     T_OK(cg_compile(GOOD_SRC, "sm_80", dir, &b, &nb));
     free(b);
+    char *fast = getenv("MOEC_NVRTC_FAST") ? strdup(getenv("MOEC_NVRTC_FAST")) : NULL;
+    setenv("MOEC_NVRTC_FAST", "fast", 1);
+    b = (void *)1;
+    T_ERR(cg_compile(GOOD_SRC, "sm_90", dir, &b, &nb), MOEC_ERR_INVALID_ARG,
+          "MOEC_NVRTC_FAST=\"fast\": not min, mid, max or 0");
+    T_CHECK(b == NULL);
+    setenv("MOEC_NVRTC_FAST", fast && !strcmp(fast, "max") ? "0" : "max", 1);
+    T_OK(cg_compile(GOOD_SRC, "sm_90", dir, &b, &nb));
+    T_CHECK(b && nb > 4 && !memcmp(b, "\177ELF", 4));
+    free(b);
+    if (fast)
+        setenv("MOEC_NVRTC_FAST", fast, 1);
+    else
+        unsetenv("MOEC_NVRTC_FAST");
+    free(fast);
     int n = 0;
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));)
         n += strstr(e->d_name, ".cubin") != NULL;
     if (d)
         closedir(d);
-    T_CHECK(n == 2);
+    T_CHECK(n == 3);
     free(a);
     remove_dir(dir);
 }
