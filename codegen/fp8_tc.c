@@ -120,6 +120,15 @@
  *   as many bytes in flight an SM): fp8 V2-Lite at 32 / 64 tokens 5.679
  *   to 5.698 / 6.982 to 7.059 ms against 5.672 / 6.918 (H200,
  *   2026-11-30; history at 6ba915a).
+ * - down on the tensor-core form bf16's down runs (codegen/moe_routed.c:
+ *   a warp a 16-row tile, h read from L2 by every warp, no staging) after
+ *   this file's gate_up, since at 64 tokens the staged down streamed its
+ *   184.5 MB at 2.7 TB/s a layer against gate_up's 3.7 and bf16's down's
+ *   3.9 (the kernel timeline, 4 layers): gpu_kernels' fp8 part (450 of
+ *   450) and gpu_model passed, but fp8 V2-Lite at 8 / 32 / 64 tokens
+ *   3.855 / 5.875 / 7.081 ms against 3.627 / 5.571 / 6.648, with 8 chunks
+ *   in flight 4.532 / 6.851 / 8.392 (H200, 2026-12-01; history at
+ *   22af4f2, MOEC_FP8_TC_DOWN).
  * - down started per expert block (a counter a block of slots that each
  *   gate_up warp raises once its h is written, zeroed by the align; down's
  *   blocks, launched once every gate_up block had begun, waited on their

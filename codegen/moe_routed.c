@@ -1345,15 +1345,9 @@ moec_status cg_moe_emit(cg_ctx *c, const cg_moe_desc *d)
         s->args[2] = cg_arg_scratch(off_blk);
         s->args[3] = cg_arg_scratch(off_used);
     }
-    /* (2) gate_up with silu_mul, (3) down. MOEC_FP8_TC_DOWN=0 (an A/B knob,
-       compile time): after the staged gate_up, fp8 down on the tensor-core
-       form bf16's down runs (a warp a 16-row tile, h read from L2, not
-       staged), where its blocks of 8 or 16 slots allow */
-    int dn_mma = tc && !cg_env_int("MOEC_FP8_TC_DOWN", 1, 0, 1) && (bm == 8 || bm == 16) &&
-                 mma_weight_ok(c, d->down, 0) && H % 32 == 0 && I % 32 == 0;
+    /* (2) gate_up with silu_mul, (3) down */
     MOEC_TRY(tc ? cg_fp8_tc_moe_gate_up(c, d, &lay) : emit_gate_up(c, d, &lay, form_gu));
-    MOEC_TRY(tc && !dn_mma ? cg_fp8_tc_moe_down(c, d, &lay)
-                           : emit_down(c, d, &lay, dn_mma ? FORM_MMA : form_dn));
+    MOEC_TRY(tc ? cg_fp8_tc_moe_down(c, d, &lay) : emit_down(c, d, &lay, form_dn));
     /* unsummed: the add_rms_norm that reads the result sums it */
     if (!d->w || d->unsummed)
         return MOEC_OK;
