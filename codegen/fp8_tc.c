@@ -129,6 +129,14 @@
  *   3.855 / 5.875 / 7.081 ms against 3.627 / 5.571 / 6.648, with 8 chunks
  *   in flight 4.532 / 6.851 / 8.392 (H200, 2026-12-01; history at
  *   22af4f2, MOEC_FP8_TC_DOWN).
+ * - down over several slabs of rows a block (SPB: the block stages its
+ *   slots' h once, then runs SPB slabs of 64 rows in turn; fewer,
+ *   longer-lived blocks, as many warps an SM): gpu_kernels' fp8 part (450
+ *   of 450, 3 slabs) and gpu_model passed, but fp8 V2-Lite at 8 / 32 / 64
+ *   tokens 3.664 / 5.763 / 6.763 ms with 2 slabs, 4.286 / 5.691 / 6.732
+ *   with 4, against 3.592 / 5.502 / 6.590 (H200, 2026-12-01; history at
+ *   a587fca, MOEC_FP8_TC_DN_SPB, with its emulator cases). So neither the
+ *   staging of h nor the blocks' count is what holds down at 2.7 TB/s.
  * - down started per expert block (a counter a block of slots that each
  *   gate_up warp raises once its h is written, zeroed by the align; down's
  *   blocks, launched once every gate_up block had begun, waited on their
@@ -808,39 +816,6 @@ static const char DOWN_TAIL[] =
     "                moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r, acc[r][t],\n"
     "                                     scale, wts);\n";
 
-/* down over SPB slabs of rows a block (MOEC_FP8_TC_DN_SPB, an A/B knob):
- * the block stages its slots' h once (EXPERT_HEAD), then runs the slabs
- * blockIdx.y * SPB .. + SPB - 1 in turn, each as DOWN_HEAD's rows; a warp
- * past ND skips its products and writes but keeps to the loop's
- * barriers. */
-static const char DOWN_SLABS_HEAD[] =
-    "    auto row = [&](int sl) { return hbuf + (long long)sl * KD; };\n"
-    "%s"
-    "    for (int sb = 0; sb < SPB; sb++) {\n"
-    "    const int n0 = (blockIdx.y * SPB + sb) * (NW * 16 * RT) + warp * 16 * RT;\n"
-    "    bool live[RT];\n"
-    "    const __nv_fp8_e4m3 *w0[RT], *w1[RT];\n"
-    "    const float *sr[RT];\n"
-    "#pragma unroll\n"
-    "    for (int r = 0; r < RT; r++) {\n"
-    "        const int a = n0 + 16 * r, ra = a < ND ? a : 0;\n"
-    "        live[r] = a < ND;\n"
-    "        w0[r] = wd + (long long)e * ND * KD + moec_woff<TL, KD>(ra + g, q * 16);\n"
-    "        w1[r] = wd + (long long)e * ND * KD + moec_woff<TL, KD>(ra + g + 8, q * 16);\n"
-    "        sr[r] = dsc + ((long long)e * SR + ra / SBN) * SC;\n"
-    "    }\n";
-
-static const char DOWN_SLABS_TAIL[] =
-    "    if (live[0])\n"
-    "#pragma unroll\n"
-    "        for (int r = 0; r < RT; r++)\n"
-    "#pragma unroll\n"
-    "            for (int t = 0; t < NT; t++)\n"
-    "                if (live[r])\n"
-    "                    moec_down_frag<MULW>(y, sorted + b * BM + t * 8, ND, n0 + 16 * r,\n"
-    "                                         acc[r][t], scale, wts);\n"
-    "    }\n";
-
 /* A block's staged rows: bm slots of kd + 8 bf16 (as linear_smem). */
 static size_t moe_smem(int bm, long long kd) { return (size_t)bm * (size_t)(kd + 8) * 2; }
 
@@ -947,15 +922,13 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         u = l->bm <= 16 ? 4 : 4 / rt;
     ir_dtype ydt = d->w ? IR_DTYPE_F32 : cg_storage(c, d->out);
     ir_dtype wdt = d->w ? cg_storage(c, d->w) : IR_DTYPE_F32;
-    char tag[40], decl[400], name[200], sp[16] = "";
+    char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
-    int roll = tc_roll(c, tl), spb = cg_env_int("MOEC_FP8_TC_DN_SPB", 1, 1, 8);
-    if (spb > 1)
-        snprintf(sp, sizeof sp, "_sp%d", spb);
+    int roll = tc_roll(c, tl);
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), sp, c->T,
-             ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -977,19 +950,17 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
                         "    constexpr int KD = %lld, ND = %lld, BM = %d, NT = BM / 8, NW = %d, RT "
                         "= %d, U = %d, CH = KD / 64, XS = KD + 8;\n"
                         "    constexpr bool MULW = %s, PRE = false;\n"
-                        "    constexpr int ROLL = %d, SPB = %d;\n%s"
+                        "    constexpr int ROLL = %d;\n%s"
                         "    constexpr int CS = TL ? 1024 : 64;\n",
                         cg_ctype(ydt), l->I, l->H, l->bm, nw, rt, u, d->w ? "true" : "false",
-                        roll, spb, decl);
+                        roll, decl);
         if (!d->w)
             moec_buf_printf(&c->src, "    const float *wts = nullptr, scale = 0.0f;\n"
                                      "    (void)wts;\n    (void)scale;\n");
-        moec_buf_printf(&c->src, spb > 1 ? DOWN_SLABS_HEAD : DOWN_HEAD, EXPERT_HEAD);
-        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP,
-                        spb > 1 ? DOWN_SLABS_TAIL : DOWN_TAIL);
+        moec_buf_printf(&c->src, DOWN_HEAD, EXPERT_HEAD);
+        moec_buf_printf(&c->src, "%s%s%s}\n\n", TC_LOAD, TC_LOOP, DOWN_TAIL);
     }
-    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt * spb, l->H,
-                                  moe_smem(l->bm, l->I));
+    ir_step *s = cg_moe_gemm_step(c, d, l, k, nw, 16LL * nw * rt, l->H, moe_smem(l->bm, l->I));
     if (!s)
         return oom(d);
     cg_moe_down_args(s, d, l, 1);

@@ -217,14 +217,6 @@ static const gen_case CASES[] = {
     {MOE(5, 2, 192, 64, 1, 16, 128), 1, CG_FP8_AUTO,
      "MOEC_MOE_GT_DN_RT=4 MOEC_MOE_GT_DN_KW=8 MOEC_MOE_GT_DN_WARPS=8 MOEC_MOE_GT_DN_U=3 "
      "MOEC_MOE_GT_RT=4 MOEC_MOE_GT_KW=1 MOEC_MOE_GT_WARPS=2"},
-    /* the staged down over several slabs of rows a block (an A/B knob,
-       MOEC_FP8_TC_DN_SPB): 320 rows in slabs of 64, two a block (the third
-       block's second slab past them), in tiles; 192 rows, four a block (the
-       fourth past them), in rows; two tiles a warp, three slabs of 128 over
-       320 rows */
-    {MOE(6, 3, 320, 192, 0, 48, 64), 32, CG_FP8_AUTO, "MOEC_FP8_TC_DN_SPB=2"},
-    {MOE(5, 2, 192, 64, 1, 16, 128), 32, CG_FP8_AUTO, "MOEC_FP8_TC_DN_SPB=4 MOEC_FP8_TILES=0"},
-    {MOE(6, 3, 320, 192, 0, 48, 64), 64, CG_FP8_AUTO, "MOEC_FP8_TC_DN_SPB=3 MOEC_FP8_TC_RT=2"},
 };
 enum { N_CASES = sizeof CASES / sizeof CASES[0] };
 
