@@ -528,6 +528,11 @@ static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, in
     if (!sh->u)
         sh->u = 4 / sh->rt;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
+    /* MOEC_FP8_TC_SIDE_SPLIT (an A/B knob): the K splits of the side
+       stream's linears (the shared expert beside the routed ones), fewer
+       blocks holding registers the routed experts' blocks then get */
+    if (!want && c->stream == 1)
+        want = cg_env_int("MOEC_FP8_TC_SIDE_SPLIT", 0, 0, TC_SPLIT_MAX);
     long long rows = 16LL * sh->rt * sh->nw, slabs = (N + rows - 1) / rows;
     for (;;) {
         long long groups = (T + sh->tg - 1) / sh->tg;
