@@ -137,6 +137,13 @@
  *   with 4, against 3.592 / 5.502 / 6.590 (H200, 2026-12-01; history at
  *   a587fca, MOEC_FP8_TC_DN_SPB, with its emulator cases). So neither the
  *   staging of h nor the blocks' count is what holds down at 2.7 TB/s.
+ * - the side stream's staged linears (the shared expert, which at 64
+ *   tokens runs beside the routed down: 220 blocks of 255-register
+ *   threads at 5 K splits) at fewer or other splits, so that the routed
+ *   blocks keep more of the registers: fp8 V2-Lite at 32 / 64 tokens
+ *   5.610 / 6.723 ms at 1 split (2 at 64, where x needs 2), 5.524 / 6.763
+ *   at 3, against 5.569 / 6.613 (H200, 2026-12-01; history at 53a43ea,
+ *   MOEC_FP8_TC_SIDE_SPLIT).
  * - down started per expert block (a counter a block of slots that each
  *   gate_up warp raises once its h is written, zeroed by the align; down's
  *   blocks, launched once every gate_up block had begun, waited on their
@@ -528,11 +535,6 @@ static int linear_shape_nw(const cg_ctx *c, long long N, long long K, int w8, in
     if (!sh->u)
         sh->u = 4 / sh->rt;
     int want = cg_env_int("MOEC_FP8_TC_SPLIT", 0, 0, TC_SPLIT_MAX);
-    /* MOEC_FP8_TC_SIDE_SPLIT (an A/B knob): the K splits of the side
-       stream's linears (the shared expert beside the routed ones), fewer
-       blocks holding registers the routed experts' blocks then get */
-    if (!want && c->stream == 1)
-        want = cg_env_int("MOEC_FP8_TC_SIDE_SPLIT", 0, 0, TC_SPLIT_MAX);
     long long rows = 16LL * sh->rt * sh->nw, slabs = (N + rows - 1) / rows;
     for (;;) {
         long long groups = (T + sh->tg - 1) / sh->tg;
