@@ -380,19 +380,19 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
         snprintf(opt_inc, sizeof opt_inc, "-I%s", inc);
         opts[n_opts++] = opt_inc;
     }
-    /* MOEC_NVRTC_FAST=min|mid|max: NVRTC's --Ofast-compile (12.8 on),
-       fewer optimizations for a faster compile (the CPU tests: kernels
-       that must compile, not run fast); part of the cache key */
-    char opt_fast[32];
+    /* MOEC_NVRTC_FAST=min|mid|max: NVRTC's --Ofast-compile (12.8 on; an
+       older NVRTC compiles as without it), fewer optimizations for a
+       faster compile (the CPU tests: kernels that must compile, not run
+       fast); part of the cache key either way */
+    char opt_fast[32] = "";
     const char *fast = getenv("MOEC_NVRTC_FAST");
     if (fast && *fast && strcmp(fast, "0") != 0) {
         if (strcmp(fast, "min") != 0 && strcmp(fast, "mid") != 0 && strcmp(fast, "max") != 0)
             return MOEC_ERR(MOEC_ERR_INVALID_ARG,
                             "MOEC_NVRTC_FAST=\"%.32s\": not min, mid, max or 0", fast);
-        if (major * 100 + minor >= 1208) {
-            snprintf(opt_fast, sizeof opt_fast, "--Ofast-compile=%s", fast);
+        snprintf(opt_fast, sizeof opt_fast, "--Ofast-compile=%s", fast);
+        if (major * 100 + minor >= 1208)
             opts[n_opts++] = opt_fast;
-        }
     }
 
     key_hash h;
@@ -400,6 +400,8 @@ moec_status cg_compile(const char *src, const char *arch, const char *cache_dir,
     hash_str(&h, version);
     for (int i = 0; i < n_opts; i++)
         hash_str(&h, opts[i]);
+    if (*opt_fast && opts[n_opts - 1] != opt_fast)
+        hash_str(&h, opt_fast);
     hash_str(&h, src);
     char key[KEY_LEN + 1];
     snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)h.a, (unsigned long long)h.b);
