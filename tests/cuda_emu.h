@@ -2,8 +2,8 @@
 // (codegen/fp8_tc.c) and the streaming expert GEMMs (codegen/moe_routed.c,
 // GV_CONSTS), so that their generated source runs without a GPU
 // (tests/test_fp8_emu.sh): a block (a cluster) at a time, every CUDA
-// thread a fiber of the one host thread, or under the thread sanitizer a
-// host thread (see EMU_FIBERS); __syncthreads, a warp's m16n8k16 product
+// thread a fiber of the one host thread (or with EMU_THREADS=1 a host
+// thread: see EMU_FIBERS); __syncthreads, a warp's m16n8k16 product
 // and shuffle, and the cluster barrier barriers over the block, the warp
 // and the cluster; shared memory one malloc a block of exactly the bytes
 // the step asks for (filled with 0xff), so that an address sanitizer sees
@@ -152,10 +152,12 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
     return r;
 }
 
-// How the CUDA threads run. Under the thread sanitizer (EMU_FIBERS 0) each
-// is a host thread and each barrier a pthread barrier, so that the
-// sanitizer sees real threads and the order the barriers give them.
-// Otherwise (EMU_FIBERS 1) the threads of a block (of a cluster) are
+// How the CUDA threads run. With EMU_THREADS=1 (a -D of the compile; the
+// thread sanitizer's backend until 2026-12) each is a host thread and each
+// barrier a pthread barrier, so that a thread sanitizer sees real threads
+// and the order the barriers give them (EMU_FIBERS 0). Otherwise (EMU_FIBERS
+// 1, the default under every sanitizer) the threads of a block (of a
+// cluster) are
 // fibers that the launching thread runs one at a time, each on its own
 // stack until it waits: at a barrier its arrival is counted and it sleeps
 // until the last one's arrival wakes the barrier's sleepers; in
@@ -174,15 +176,33 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
 // switch; its cp.async copies in its fiber. A thread that sleeps when no
 // fiber is ready (one returned while the others wait at a barrier: a
 // deadlock on a GPU too) ends the run with what each one waits on.
+// Under the thread sanitizer each fiber is one of its fibers
+// (__tsan_create_fiber), switched to without ordering the two
+// (__tsan_switch_to_fiber_no_sync), so that it sees the CUDA threads as
+// apart as host threads: what orders them is what a barrier gives (each
+// arrival a release, each departure an acquire of that barrier's phase),
+// an mbarrier's lock, an atomic, and the launch (its start before every
+// thread, every thread before its end); the emulator's own bookkeeping
+// (the fibers' lists, the barriers' counts, the switch) is not
+// instrumented.
 #if defined(__SANITIZE_THREAD__)
-#define EMU_FIBERS 0
+#define EMU_TSAN 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#define EMU_FIBERS 0
+#define EMU_TSAN 1
 #endif
+#endif
+#if defined(EMU_THREADS) && EMU_THREADS
+#define EMU_FIBERS 0
 #endif
 #ifndef EMU_FIBERS
 #define EMU_FIBERS 1
+#endif
+#if EMU_FIBERS && defined(EMU_TSAN)
+#include <sanitizer/tsan_interface.h>
+#define EMU_NO_TSAN __attribute__((no_sanitize_thread))
+#else
+#define EMU_NO_TSAN
 #endif
 #if EMU_FIBERS
 #define EMU_TLS
@@ -255,24 +275,25 @@ struct emu_fiber {
     const char *waits; // what it sleeps on (a deadlock's report)
     bool done; // its kernel returned
     emu_cps cp;
+    void *tsan; // the thread sanitizer's fiber
 };
 // a list of fibers, in order
 struct emu_fibers {
     emu_fiber *head, *tail;
-    void push_back(emu_fiber *f)
+    EMU_NO_TSAN void push_back(emu_fiber *f)
     {
         f->next = nullptr;
         (head ? tail->next : head) = f;
         tail = f;
     }
-    emu_fiber *pop_front()
+    EMU_NO_TSAN emu_fiber *pop_front()
     {
         emu_fiber *f = head;
         if (f && !(head = f->next))
             tail = nullptr;
         return f;
     }
-    void wake(emu_fibers &ready) // all of these ready, in front of those that were
+    EMU_NO_TSAN void wake(emu_fibers &ready) // all of these ready, in front of those that were
     {
         if (!head)
             return;
@@ -292,6 +313,7 @@ struct emu_sched {
     size_t n, live; // how many, and those not returned
     unsigned long runs; // the runs (blocks, clusters) so far
     const std::function<void()> *fn;
+    char run_start, run_end; // the thread sanitizer's: a run's start and end
 };
 inline emu_sched emu_fib;
 static inline emu_cps &emu_cp_this() { return emu_fib.cur->cp; }
@@ -345,8 +367,8 @@ static inline void emu_fiber_landed()
 // From one fiber to another (from->done: its fake stack goes). Not
 // instrumented: no frame of the sanitizer's to set up and clear, and none
 // left on a returned fiber's stack.
-__attribute__((noinline, no_sanitize_address)) static void emu_fiber_switch(emu_fiber *from,
-                                                                             emu_fiber *to)
+__attribute__((noinline, no_sanitize_address)) EMU_NO_TSAN static void
+emu_fiber_switch(emu_fiber *from, emu_fiber *to)
 {
     from->tid = threadIdx;
     from->bid = blockIdx;
@@ -361,6 +383,9 @@ __attribute__((noinline, no_sanitize_address)) static void emu_fiber_switch(emu_
 #ifdef EMU_ASAN
     __sanitizer_start_switch_fiber(from->done ? nullptr : &from->fake, to->bottom, to->size);
 #endif
+#if EMU_FIBERS && defined(EMU_TSAN)
+    __tsan_switch_to_fiber(to->tsan, __tsan_switch_to_fiber_no_sync);
+#endif
 #ifdef EMU_UCONTEXT
     swapcontext(&from->uc, &to->uc);
 #else
@@ -369,7 +394,7 @@ __attribute__((noinline, no_sanitize_address)) static void emu_fiber_switch(emu_
     emu_fiber_landed();
 }
 
-[[noreturn]] static void emu_fiber_deadlock()
+[[noreturn]] EMU_NO_TSAN static void emu_fiber_deadlock()
 {
     emu_fib.cur->tid = threadIdx;
     emu_fib.cur->bid = blockIdx;
@@ -391,7 +416,7 @@ __attribute__((noinline, no_sanitize_address)) static void emu_fiber_switch(emu_
 
 // The running fiber, asleep (on a list of sleepers, or returned): on to
 // the next ready one, or with none left the launching thread.
-__attribute__((noinline)) static void emu_fiber_sleep(const char *what)
+__attribute__((noinline)) EMU_NO_TSAN static void emu_fiber_sleep(const char *what)
 {
     emu_fiber *f = emu_fib.cur, *to = emu_fib.ready.pop_front();
     f->waits = what;
@@ -401,10 +426,16 @@ __attribute__((noinline)) static void emu_fiber_sleep(const char *what)
 }
 
 // Where a fiber starts: its thread's kernel, then on to the next one.
-static void emu_fiber_entry()
+EMU_NO_TSAN static void emu_fiber_entry()
 {
     emu_fiber_landed();
+#if defined(EMU_TSAN)
+    __tsan_acquire(&emu_fib.run_start);
+#endif
     (*emu_fib.fn)();
+#if defined(EMU_TSAN)
+    __tsan_release(&emu_fib.run_end);
+#endif
     emu_fib.cur->done = true;
     emu_fib.live--;
     emu_fiber_sleep("(returned)");
@@ -448,11 +479,18 @@ struct emu_stacks {
     unsigned char *stack(size_t i) const { return base + (i + 1) * each - bytes; }
 };
 inline emu_stacks emu_fib_stacks;
+#if defined(EMU_TSAN)
+// ... and the thread sanitizer's fibers, one a stack: kept as the stacks
+// are (creating and destroying one a CUDA thread a run took most of the
+// run's time in the kernel); a run's start and end order a kept fiber's
+// uses anyway
+inline std::vector<void *> emu_tsan_fibers;
+#endif
 
 // Runs fn on n fibers, fiber i's thread state set by set(i, fiber), until
 // every one returned: ready first to last, every other run last to first.
 template <typename S>
-static inline void emu_fibers_run(size_t n, const std::function<void()> &fn, S set)
+EMU_NO_TSAN static inline void emu_fibers_run(size_t n, const std::function<void()> &fn, S set)
 {
     emu_stacks &st = emu_fib_stacks;
     st.reserve(n);
@@ -467,6 +505,11 @@ static inline void emu_fibers_run(size_t n, const std::function<void()> &fn, S s
         f.size = emu_stacks::bytes;
         f.fake = nullptr;
         f.done = false;
+#if defined(EMU_TSAN)
+        while (emu_tsan_fibers.size() <= i)
+            emu_tsan_fibers.push_back(__tsan_create_fiber(0));
+        f.tsan = emu_tsan_fibers[i];
+#endif
 #ifdef EMU_UCONTEXT
         getcontext(&f.uc);
         f.uc.uc_stack.ss_sp = s;
@@ -490,7 +533,14 @@ static inline void emu_fibers_run(size_t n, const std::function<void()> &fn, S s
     emu_fib.all = fibers.data();
     emu_fib.n = emu_fib.live = n;
     emu_fib.cur = &emu_fib.host;
+#if defined(EMU_TSAN)
+    emu_fib.host.tsan = __tsan_get_current_fiber();
+    __tsan_release(&emu_fib.run_start);
+#endif
     emu_fiber_sleep("(the launch)");
+#if defined(EMU_TSAN)
+    __tsan_acquire(&emu_fib.run_end);
+#endif
 #if defined(EMU_ASAN) && !defined(EMU_UCONTEXT)
     // the frames a fiber returned from its stack with (the last switch's)
     // never returned: their redzones' marks go, before the stack's next
@@ -509,6 +559,8 @@ struct emu_barrier {
 #if EMU_FIBERS
     unsigned count, arrived;
     emu_fibers asleep;
+    unsigned phase; // phases completed (the thread sanitizer's)
+    char sync[2];   // the thread sanitizer's: a phase's arrivals, by its parity
 #else
     pthread_barrier_t b;
 #endif
@@ -516,7 +568,7 @@ struct emu_barrier {
 static inline void emu_barrier_init(emu_barrier *b, unsigned count)
 {
 #if EMU_FIBERS
-    *b = emu_barrier{count, 0, {}};
+    *b = emu_barrier{count, 0, {}, 0, {0, 0}};
 #else
     pthread_barrier_init(&b->b, nullptr, count);
 #endif
@@ -529,30 +581,41 @@ static inline void emu_barrier_destroy(emu_barrier *b)
     pthread_barrier_destroy(&b->b);
 #endif
 }
-static inline void emu_barrier_wait(emu_barrier *b, const char *what)
+// Under the thread sanitizer an arrival releases the phase's cell and a
+// departure acquires it: a phase's departures are ordered after all its
+// arrivals, and (two cells) never after the next phase's.
+EMU_NO_TSAN static inline void emu_barrier_wait(emu_barrier *b, const char *what)
 {
 #if EMU_FIBERS
+#if defined(EMU_TSAN)
+    char *cell = &b->sync[b->phase & 1];
+    __tsan_release(cell);
+#endif
     if (++b->arrived == b->count) {
         b->arrived = 0;
+        b->phase++;
         b->asleep.wake(emu_fib.ready);
-        return;
+    } else {
+        b->asleep.push_back(emu_fib.cur);
+        emu_fiber_sleep(what);
     }
-    b->asleep.push_back(emu_fib.cur);
-    emu_fiber_sleep(what);
+#if defined(EMU_TSAN)
+    __tsan_acquire(cell);
+#endif
 #else
     (void)what;
     pthread_barrier_wait(&b->b);
 #endif
 }
 // a change to an mbarrier: what moec_mbar_wait's sleepers wait for
-static inline void emu_mbar_changed()
+EMU_NO_TSAN static inline void emu_mbar_changed()
 {
 #if EMU_FIBERS
     emu_fib.mbar.wake(emu_fib.ready);
 #endif
 }
 // moec_mbar_wait's wait for a change
-static inline void emu_mbar_sleep()
+EMU_NO_TSAN static inline void emu_mbar_sleep()
 {
 #if EMU_FIBERS
     emu_fib.mbar.push_back(emu_fib.cur);
@@ -937,9 +1000,9 @@ static inline float moec_ld_cluster(const float *p, unsigned rank)
 
 // Runs fn (the kernel's call) over a grid of gx x gy blocks of `block`
 // threads and `smem` bytes of shared memory, clusters of s blocks along x
-// one at a time.
+// one at a time (blockIdx.z = z: emu_launch_z's layer of its grid).
 static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned smem, unsigned s,
-                              const std::function<void()> &fn)
+                              const std::function<void()> &fn, unsigned z = 0)
 {
     assert(s >= 1 && gx % s == 0 && block % 32 == 0);
     blockDim.x = block;
@@ -967,7 +1030,7 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
             emu_fibers_run((size_t)s * block, fn, [&](size_t i, emu_fiber &f) {
                 const unsigned r = (unsigned)(i / block);
                 f.tid = dim3{(unsigned)(i % block), 0, 0};
-                f.bid = dim3{x0 + r, y, 0};
+                f.bid = dim3{x0 + r, y, z};
                 f.block = &blocks[r];
                 f.cluster = &cl;
             });
@@ -977,7 +1040,7 @@ static inline void emu_launch(unsigned gx, unsigned gy, unsigned block, unsigned
                 for (unsigned t = 0; t < block; t++)
                     threads.emplace_back([&, r, t] {
                         threadIdx = dim3{t, 0, 0};
-                        blockIdx = dim3{x0 + r, y, 0};
+                        blockIdx = dim3{x0 + r, y, z};
                         emu_this_block = &blocks[r];
                         emu_this_cluster = &cl;
                         fn();
@@ -1003,9 +1066,6 @@ static inline void emu_launch_z(unsigned gx, unsigned gy, unsigned gz, unsigned 
 {
     gridDim.z = gz;
     for (unsigned z = 0; z < gz; z++)
-        emu_launch(gx, gy, block, smem, 1, [&, z] {
-            blockIdx.z = z;
-            fn();
-        });
+        emu_launch(gx, gy, block, smem, 1, fn, z);
     gridDim.z = 1;
 }
