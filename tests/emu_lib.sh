@@ -18,7 +18,7 @@ fi
 # CUDA threads are fibers of one host thread under both sanitizers
 # (cuda_emu.h). Every case under the address sanitizer: fp8's 18 s, the
 # attention's 4; under the thread sanitizer, the attention's 50 in 20 s
-# and fp8's 85 in 199, hence its list. (A host thread a CUDA thread, as
+# and fp8's 85 in 178, hence its list. (A host thread a CUDA thread, as
 # the thread sanitizer's runs were until 2026-12-01, took 31 s for 7 of
 # the attention's and 19 for 6 of fp8's.) The CPU is the one this shell's
 # child runs on, so that two emulator tests side by side seldom share one.
