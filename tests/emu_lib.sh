@@ -28,6 +28,19 @@ if command -v taskset >/dev/null 2>&1; then
   [[ $emu_cpu =~ ^[0-9]+$ ]] && taskset -c "$emu_cpu" true 2>/dev/null && EMU_PIN=(taskset -c "$emu_cpu")
 fi
 
+# emu_compile SAN OUT SRC [FLAG...]: tests/SRC built against cuda_emu.h
+# under the SAN sanitizer into OUT, the compiler's messages in OUT.cxx.txt.
+# -g1: line tables, all that a sanitizer's report shows (every frame's
+# function, file and line, inlined ones too); without the locals' debug
+# information a compile takes a sixth to nearly a third less time (the
+# address sanitizer's: fp8's 36 s against 25, the attention's 49 and 37)
+emu_compile() {
+  local san=$1 out=$2 src=$3
+  shift 3
+  "$CXX" -std=c++17 -O1 -g1 -fsanitize="$san" -fno-omit-frame-pointer -pthread -w "$@" \
+    -I"$S/tests" "$S/tests/$src" -o "$out" 2>"$out.cxx.txt"
+}
+
 emu_check() {
   local name=$1 tsan_cases=$2 T san cases rc
   T=$(mktemp -d)
@@ -35,16 +48,10 @@ emu_check() {
   for san in address thread; do
     cases=
     [ $san = thread ] && [ "$tsan_cases" != all ] && cases=$tsan_cases
-    # -g1: line tables, all that a sanitizer's report shows (every frame's
-    # function, file and line, inlined ones too); without the locals' debug
-    # information a compile takes a sixth to nearly a third less time (the
-    # address sanitizer's: fp8's 36 s against 25, the attention's 49 and 37)
-    if "$CXX" -std=c++17 -O1 -g1 -fsanitize=$san -fno-omit-frame-pointer -pthread -w \
-        -DEMU_CASES="\"$T/cases.inc\"" -I"$S/tests" "$S/tests/$name.cc" -o "$T/emu_$san" \
-        2>"$T/cxx_$san.txt"; then
+    if emu_compile $san "$T/emu_$san" "$name.cc" -DEMU_CASES="\"$T/cases.inc\""; then
       ok
     else
-      bad "compiling the emulated kernels ($san): $(head -20 "$T/cxx_$san.txt")"
+      bad "compiling the emulated kernels ($san): $(head -20 "$T/emu_$san.cxx.txt")"
       continue
     fi
     # shellcheck disable=SC2086 # the case list is one word or none
@@ -65,8 +72,8 @@ emu_check() {
 emu_race_check() {
   local T m out
   T=$(mktemp -d)
-  if ! "$CXX" -std=c++17 -O1 -g1 -fsanitize=thread -fno-omit-frame-pointer -pthread -w       -I"$S/tests" "$S/tests/emu_race.cc" -o "$T/race" 2>"$T/cxx.txt"; then
-    bad "compiling emu_race.cc: $(head -20 "$T/cxx.txt")"
+  if ! emu_compile thread "$T/race" emu_race.cc; then
+    bad "compiling emu_race.cc: $(head -20 "$T/race.cxx.txt")"
     rm -rf "$T"
     return
   fi
