@@ -766,5 +766,5 @@ static moec_status emit_attention_kernel(cg_ctx *c, const ir_op *op, const cg_at
         return MOEC_OK;
     /* the splits' partial states, and kernel 3, their merge, unless the
        attention kernel's last block of each group merges them */
-    return cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns, merge, NULL);
+    return cg_attn_emit_combine(c, op, s, "attention", "attn", "dv", H, DV, ns, merge);
 }

@@ -245,14 +245,12 @@ static inline void cg_attn_emit_parts(moec_buf *b, int ns, int merge)
 /* For a split attention step s (its last args the scratch arrays, and the
  * split counters when merge): reserves the partial states of T tokens by
  * H heads by ns splits of D channels, and, unless the kernel merges them
- * itself or the op `next` after it does (cg_mla_vabsorb_merges: then they
- * are recorded in c for it), emits the kernel that merges them into
- * op->out[0], named <prefix>_combine_h<H>_<dim><D>_ns.., for op `what` of
- * codegen/<what>.c. */
+ * itself, emits the kernel that merges them into op->out[0], named
+ * <prefix>_combine_h<H>_<dim><D>_ns.., for op `what` of codegen/<what>.c. */
 static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_step *s,
                                                const char *what, const char *prefix,
                                                const char *dim, long long H, long long D, int ns,
-                                               int merge, const ir_op *next)
+                                               int merge)
 {
     const char *who = op->out[0]->name;
     int bs = c->opt->kv_block_size;
@@ -264,14 +262,6 @@ static inline moec_status cg_attn_emit_combine(cg_ctx *c, const ir_op *op, ir_st
     s->args[n - 1] = cg_arg_scratch(off_o);
     if (merge) {
         s->args[n] = cg_arg_input(IR_INPUT_SPLIT_COUNTERS);
-        return MOEC_OK;
-    }
-    if (next) {
-        c->mla_merged = next->id + 1;
-        c->mla_merged_ns = ns;
-        c->mla_merge_off[0] = off_ml;
-        c->mla_merge_off[1] = off_o;
-        c->mla_merge_off[2] = c->scratch_cur[c->stream == 1];
         return MOEC_OK;
     }
     char cname[256];

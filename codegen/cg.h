@@ -104,12 +104,6 @@ typedef struct cg_ctx {
      * then the end of them. */
     int moe_aligned;
     size_t moe_align_off[4];
-    /* A split mla_attention whose partial states the mla_vabsorb after it
-     * merges (cg_mla_vabsorb_merges) instead of a merge kernel: that op's
-     * id + 1 (0: none), the splits, and the scratch offsets of the states'
-     * (m, l) and outputs, then the end of them. */
-    int mla_merged, mla_merged_ns;
-    size_t mla_merge_off[3];
 } cg_ctx;
 
 /* Frees what a bucket's generation made (its source, kernel names and
@@ -302,15 +296,6 @@ int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p);
  * what it does before the wait (moec_pdl_enter, which it calls), the wait
  * and the rest; smem bytes of dynamic shared memory. */
 void cg_mla_qabsorb_emit_part(moec_buf *b, const cg_ctx *c, const ir_op *qa);
-/* The mla_vabsorb that merges the ns split partial states of mla_attention
- * `attn` itself, or NULL: the op right after attn on its stream, reading
- * attn's result, at a bucket where it runs as the generated CUDA-core
- * kernel (codegen/mla_absorb.c), which then merges each head's splits as
- * the merge kernel does (moec_attn_merge) before its products and writes
- * attn's result too: one launch instead of two (MOEC_MLA_VABSORB_MERGE=0
- * at codegen keeps the merge kernel, for A/B runs). attn's emitter asks
- * this to skip its merge kernel. */
-const ir_op *cg_mla_vabsorb_merges(const cg_ctx *c, const ir_op *attn, int ns);
 /* dsa_prologue_k: one kernel, which also writes the paged key cache of the
  * dsa_topk cg_dsa_prologue_cache names. */
 moec_status cg_emit_dsa_prologue_k(cg_ctx *c, const ir_op *op);

@@ -20,11 +20,8 @@
  * flight at once), the tokens' q_nope rows in shared memory, the warps'
  * partial sums added in shared memory. vabsorb: a block per head and
  * ABS_ROWS rows of W_UV[h], a warp per few rows, lanes along r against the
- * tokens' o_c rows in shared memory, a warp sum per row and token; where
- * the split mla_attention right before it leaves its merge to it
- * (cg_mla_vabsorb_merges), vabsorb makes those rows itself from the
- * splits' partial states (VABSORB_MERGE). fp32 accumulation, as
- * cuBLASLt's. Past them, up to ABS_MMA_MAX_T tokens, a
+ * tokens' o_c rows in shared memory, a warp sum per row and token. fp32
+ * accumulation, as cuBLASLt's. Past them, up to ABS_MMA_MAX_T tokens, a
  * tensor-core form (MMA_BODY) where bf16 and the sizes allow; cuBLASLt
  * otherwise. qabsorb with head_stride reads q_nope in place in the q
  * projection (ldb and the batch stride of B in the GEMM); the MLA
@@ -42,6 +39,18 @@
 #define ABS_V_WARPS 8  /* vabsorb: warps per block */
 #define ABS_V_RPW 2    /* vabsorb: W_UV rows per warp */
 #define ABS_Q_VW 2     /* qabsorb: columns per lane (64 a block: blocks for every SM) */
+/* Measured and taken out: vabsorb's CUDA-core kernel merging the split
+ * MLA attention's partial states itself, each block its head's (the
+ * merge kernel's moec_attn_merge, rounded as that kernel stores it), in
+ * place of the merge kernel at 1 and 2 tokens: one launch fewer a layer.
+ * The CPU emulator's six cases (r 64 to 512, 1 to 64 splits, a padding
+ * token) and gpu_model, gpu_graphs and gpu_engine passed, but V2-Lite at
+ * context 1024, ms a step at 1 / 2 tokens: bf16 1.831 / 2.918 against
+ * 1.833 / 2.824 with the merge kernel, fp8 1.407 / 1.881 against 1.402 /
+ * 1.800 (H200, 2026-12-01, one call). Each of a head's 8 blocks merges
+ * the head's splits before its products, token after token: the merge's
+ * reads stay on the path, and the launch saved bought nothing. History at
+ * a5301b2 (MOEC_MLA_VABSORB_MERGE). */
 /* The tensor-core form: buckets past ABSORB_MAX_T up to ABS_MMA_MAX_T tokens
  * (MOEC_ABSORB_MMA_MAX_T at codegen; 0: cuBLASLt there), bf16 */
 #define ABS_MMA_MAX_T 64
@@ -163,46 +172,13 @@ static const char QABSORB_BODY[] =
     "        __syncthreads();\n"
     "    }\n";
 
-/* vabsorb: its head's rows of x into shared memory (VABSORB_X), or with
- * the split merge (VABSORB_MERGE), then the products (VABSORB_BODY). */
-static const char VABSORB_X[] =
+static const char VABSORB_BODY[] =
     "    constexpr int NT = NW * 32;\n"
     "    __shared__ __align__(16) float xs[T][R];\n"
     "    const int h = bx, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
     "    for (int i = threadIdx.x; i < T * R; i += NT)\n"
     "        xs[i / R][i % R] = ld(x + ((long long)(i / R) * H + h) * R + i % R);\n"
-    "    __syncthreads();\n";
-
-/* x, the split mla_attention's result, made here from its NSPLIT partial
- * states (cg_mla_vabsorb_merges): head h's of each token merged as the
- * merge kernel merges them (CG_ATTN_COMBINE_BODY: zeros for a padding
- * token), rounded to x's type as that kernel stores it, and written to x
- * by the head's first block. */
-static const char VABSORB_MERGE[] =
-    "    constexpr int NT = NW * 32;\n"
-    "    __shared__ __align__(16) float xs[T][R];\n"
-    "    const int h = bx, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;\n"
-    "    for (int t = 0; t < T; t++) {\n"
-    "        const int s = slots[t], p = pos[t];\n"
-    "        if (s < 0 || p < 0 || p / BS >= max_blocks) {\n"
-    "            for (int i = threadIdx.x; i < R; i += NT)\n"
-    "                xs[t][i] = 0.0f;\n"
-    "        } else {\n"
-    "            moec_attn_merge<NSPLIT, 1, R, G, NT>(part_ml, part_o, ((long long)t * H + h) * NSPLIT,\n"
-    "                                                 &xs[t][0]);\n"
-    "        }\n"
-    "        __syncthreads();\n"
-    "        for (int i = threadIdx.x; i < R; i += NT) {\n"
-    "            TX v;\n"
-    "            st(&v, xs[t][i]);\n"
-    "            xs[t][i] = ld(&v);\n"
-    "            if (by == 0)\n"
-    "                x[((long long)t * H + h) * R + i] = v;\n"
-    "        }\n"
-    "    }\n"
-    "    __syncthreads();\n";
-
-static const char VABSORB_BODY[] =
+    "    __syncthreads();\n"
     "    const int v0 = (by * NW + warp) * RPW;\n"
     "    const TW *w = kv_b + ((long long)h * (DN + DV) + DN) * R;\n"
     "    float acc[RPW][T];\n"
@@ -270,9 +246,6 @@ typedef struct absorb_gen {
     int mma, nb, mt;
     int64_t k;
     unsigned smem;
-    /* vabsorb merging the attention's splits (cg_mla_vabsorb_merges): its
-       splits and moec_attn_merge's thread groups; 0 otherwise */
-    int merge, merge_g;
 } absorb_gen;
 
 /* op's shapes into g; 0 when they do not hold (the emitter's error). */
@@ -371,9 +344,6 @@ static void emit_consts(moec_buf *b, const cg_ctx *c, const absorb_gen *g)
                     "    (void)T;\n    (void)H;\n    (void)RPW;\n    (void)XT;\n    (void)XH;\n",
                     cg_ctype(g->da), c->T, (long long)g->H, (long long)g->dn, (long long)g->dv,
                     (long long)g->r, g->vw, g->nw, ABS_V_RPW, (long long)g->xt, (long long)g->xh);
-    if (g->merge)
-        moec_buf_printf(b, "    typedef %s TX;\n    constexpr int NSPLIT = %d, G = %d, BS = %d;\n",
-                        cg_ctype(g->db), g->merge, g->merge_g, c->opt->kv_block_size);
     if (g->mma)
         moec_buf_printf(b,
                         "    constexpr int MT = %d, NB = %d, K = %lld, N = %lld, WR0 = %lld;\n"
@@ -396,8 +366,7 @@ static void emit_code(moec_buf *b, const cg_ctx *c, const absorb_gen *g, int wai
         cg_emit_prefetch(b, pf, g->q ? QABSORB_PREFETCH : VABSORB_PREFETCH);
     else if (wait)
         moec_buf_printf(b, "    moec_pdl_enter();\n");
-    moec_buf_printf(b, "%s%s", g->q ? "" : g->merge ? VABSORB_MERGE : VABSORB_X,
-                    g->q ? QABSORB_BODY : VABSORB_BODY);
+    moec_buf_printf(b, "%s", g->q ? QABSORB_BODY : VABSORB_BODY);
 }
 
 /* The generated form of op for bucket c->T (see the top of the file). */
@@ -407,12 +376,9 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
     char name[256], stride[64] = "";
     if (g->q && ir_op_attr(op, "head_stride"))
         snprintf(stride, sizeof stride, "_xs%lld_%lld", (long long)g->xt, (long long)g->xh);
-    char form[48] = "";
+    char form[32] = "";
     if (g->mma)
         snprintf(form, sizeof form, "_mma_nb%d", g->nb);
-    else if (g->merge)
-        snprintf(form, sizeof form, "_merge_ns%d_g%d_bs%d", g->merge, g->merge_g,
-                 c->opt->kv_block_size);
     snprintf(name, sizeof name, "mla_%sabsorb%s_h%lld_dn%lld_dv%lld_r%lld%s_t%d_%s_%s_%s",
              g->q ? "q" : "v", form, (long long)g->H, (long long)g->dn, (long long)g->dv,
              (long long)g->r, stride, c->T, ir_dtype_name(g->dc), ir_dtype_name(g->db),
@@ -423,17 +389,11 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
         return MOEC_ERR(MOEC_ERR_OOM, "%s %%%s: out of memory", ir_op_name(op->kind), y->name);
     if (is_new) {
         moec_buf_printf(&c->src,
-                        "// %s (codegen/mla_absorb.c), first for %%%s%s\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(%s%s "
-                        "*__restrict__ x, const %s *__restrict__ kv_b, %s *__restrict__ y%s)\n{\n",
-                        ir_op_name(op->kind), y->name,
-                        g->merge ? ", merging the splits of the mla_attention before it" : "",
-                        g->nw * 32, name, g->merge ? "" : "const ", cg_ctype(g->db),
-                        cg_ctype(g->da), cg_ctype(g->dc),
-                        g->merge ? ", const int *__restrict__ pos, const int *__restrict__ slots, "
-                                   "int max_blocks, const float *__restrict__ part_ml, const float "
-                                   "*__restrict__ part_o"
-                                 : "");
+                        "// %s (codegen/mla_absorb.c), first for %%%s\n"
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const %s "
+                        "*__restrict__ x, const %s *__restrict__ kv_b, %s *__restrict__ y)\n{\n",
+                        ir_op_name(op->kind), y->name, g->nw * 32, name, cg_ctype(g->db),
+                        cg_ctype(g->da), cg_ctype(g->dc));
         emit_consts(&c->src, c, g);
         moec_buf_printf(&c->src, "    const int bx = blockIdx.x, by = blockIdx.y;\n");
         emit_code(&c->src, c, g, 0);
@@ -451,46 +411,7 @@ static moec_status emit_kernel(cg_ctx *c, const ir_op *op, const absorb_gen *g)
     s->args[0] = cg_arg_act(x);
     s->args[1] = cg_arg_act(kv_b);
     s->args[2] = cg_arg_act(y);
-    if (g->merge) {
-        s->n_args = 8;
-        s->args[3] = cg_arg_input(IR_INPUT_POSITIONS);
-        s->args[4] = cg_arg_input(IR_INPUT_SLOTS);
-        s->args[5] = cg_arg_config(IR_CONFIG_MAX_BLOCKS);
-        s->args[6] = cg_arg_scratch(c->mla_merge_off[0]);
-        s->args[7] = cg_arg_scratch(c->mla_merge_off[1]);
-    }
     return MOEC_OK;
-}
-
-/* vabsorb's merge of ns splits into g (absorb_generated's CUDA-core form):
- * moec_attn_merge's thread groups (a thread a vector of a group, or one
- * group), within the static shared memory with x's rows; 0 when it does
- * not fit. */
-static int vabsorb_merge_shape(const cg_ctx *c, absorb_gen *g, int ns)
-{
-    int64_t vecs = g->r % 4 ? g->r : g->r / 4, nt = (int64_t)g->nw * 32;
-    int gr = nt % vecs == 0 && nt / vecs <= 8 ? (int)(nt / vecs) : 1;
-    int64_t pad = (ns + 8 * gr - 1) / (8 * gr) * (8 * gr);
-    int64_t smem = (int64_t)c->T * g->r * 4 + pad * 4 + 4 + (int64_t)(gr - 1) * g->r * 4;
-    if (smem > 48 * 1024)
-        return 0;
-    g->merge = ns;
-    g->merge_g = gr;
-    return 1;
-}
-
-const ir_op *cg_mla_vabsorb_merges(const cg_ctx *c, const ir_op *attn, int ns)
-{
-    if (ns < 2 || attn->kind != IR_OP_MLA_ATTENTION || attn->id + 1 >= c->m->n_ops ||
-        !cg_env_int("MOEC_MLA_VABSORB_MERGE", 1, 0, 1))
-        return NULL;
-    const ir_op *va = c->m->ops[attn->id + 1];
-    absorb_gen g;
-    if (va->kind != IR_OP_MLA_VABSORB || va->stream != attn->stream ||
-        va->in[0] != attn->out[0] || !absorb_generated(c, va, &g) || g.mma ||
-        !vabsorb_merge_shape(c, &g, ns))
-        return NULL;
-    return va;
 }
 
 int cg_mla_qabsorb_part(const cg_ctx *c, const ir_op *qa, cg_qabsorb_part *p)
@@ -540,17 +461,6 @@ moec_status cg_emit_mla_absorb(cg_ctx *c, const ir_op *op)
             "%s %%%s: kv_b %%%s is stored %s but %%%s %s; cuBLASLt wants one input type",
             ir_op_name(op->kind), y->name, kv_b->name, ir_dtype_name(g.da), op->in[0]->name,
             ir_dtype_name(g.db));
-    if (c->mla_merged == op->id + 1) {
-        /* the mla_attention before it left its splits' merge to it */
-        int ns = c->mla_merged_ns, st = c->stream == 1;
-        c->mla_merged = 0;
-        if (!absorb_generated(c, op, &g) || g.mma || !vabsorb_merge_shape(c, &g, ns))
-            return MOEC_ERR(MOEC_ERR_INTERNAL, "%s %%%s: cannot merge the attention's splits",
-                            ir_op_name(op->kind), y->name);
-        if (c->scratch_cur[st] < c->mla_merge_off[2])
-            c->scratch_cur[st] = c->mla_merge_off[2];
-        return emit_kernel(c, op, &g);
-    }
     if (absorb_generated(c, op, &g))
         return emit_kernel(c, op, &g);
     int64_t H = g.H, dn = g.dn, dv = g.dv, r = g.r;

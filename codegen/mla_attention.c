@@ -18,9 +18,8 @@
  * (MLA_EX2).
  * When the bucket has too few blocks to fill the GPU (decode), the sequence
  * is split over blocks too, and the splits are merged by the last block of
- * each group to finish (tensor-core form; moec_attn_arrive_merge), by the
- * mla_vabsorb right after it (cg_mla_vabsorb_merges: batch 1 and 2) or by
- * a third kernel. With
+ * each group to finish (tensor-core form; moec_attn_arrive_merge) or by a
+ * third kernel. With
  * DeepSeek-V3.2's token selection (operand sel, from dsa_topk) the same
  * kernels read only the selected positions' cache rows: tile i of a token
  * holds sel[t][i * PT ...] instead of positions lo + i * PT on (KSEL, the
@@ -920,8 +919,6 @@ moec_status cg_emit_mla_attention(cg_ctx *c, const ir_op *op)
     if (ns == 1)
         return MOEC_OK;
     /* the splits' partial results, merged by a third kernel unless the
-       attention kernel's last block of each group or the value absorption
-       after it merges them */
-    return cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns, merge,
-                                merge ? NULL : cg_mla_vabsorb_merges(c, op, ns));
+       attention kernel's last block of each group merges them */
+    return cg_attn_emit_combine(c, op, s, "mla_attention", "mla", "r", H, R, ns, merge);
 }

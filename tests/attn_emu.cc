@@ -75,15 +75,10 @@ struct mla_bufs {
     int window;
     float *part_ml, *part_o;
     unsigned *cnt;
-    // the value absorption after it (vdv > 0): kv_b [H * (8 + vdv), R], whose
-    // rows 8 .. 8 + vdv - 1 of each head are W_UV, and its result [T, H, vdv]
-    const __nv_bfloat16 *kvb;
-    __nv_bfloat16 *vo;
 };
 struct mla_case {
     const char *name;
     int H, R, DR, T, window, bs, ns, merged, chunk;
-    int vdv, vmerge; // the value absorption's channels (0: none), whether it merges the splits
     void (*run)(mla_bufs &);
 };
 
@@ -375,8 +370,6 @@ static int run_mla_case(int ci, const mla_case &c)
         st.slots[t] = 0;
     if (c.chunk < 0) // sequence 1's first block is sequence 0's
         st.bt[(size_t)st.max_blocks] = st.bt[0];
-    if (c.vdv && c.chunk == 0 && T == 2) // a padding token for the value absorption
-        st.slots[1] = -1;
     const std::vector<int> &pos = st.pos, &slots = st.slots, &bt = st.bt;
     const int max_blocks = st.max_blocks, pages = st.pages;
     const size_t rows = (size_t)pages * c.bs;
@@ -389,14 +382,9 @@ static int run_mla_case(int ci, const mla_case &c)
     fill_nan(out);
     std::vector<float> part_ml((size_t)T * c.H * c.ns * 2), part_o((size_t)T * c.H * c.ns * c.R);
     std::vector<unsigned> cnt((size_t)T * c.H, 0u);
-    constexpr int VDN = 8;
-    std::vector<__nv_bfloat16> kvb((size_t)c.H * (VDN + c.vdv) * c.R), vo((size_t)T * c.H * c.vdv);
-    fill_uni(kvb, uni, 1.0f);
-    fill_nan(vo);
     mla_bufs b{qc.data(), qpe.data(), pos.data(), slots.data(), bt.data(), max_blocks, kv.data(),
                pe.data(), out.data(), 0.3f, c.window, c.ns > 1 ? part_ml.data() : nullptr,
-               c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr,
-               c.vdv ? kvb.data() : nullptr, c.vdv ? vo.data() : nullptr};
+               c.ns > 1 ? part_o.data() : nullptr, c.merged ? cnt.data() : nullptr};
     if (c.chunk != 0) { // this step's rows: NaN before each block's wait
         std::vector<__nv_bfloat16> kv0 = kv, pe0 = pe;
         auto step_rows = [&](bool written) {
@@ -442,43 +430,10 @@ static int run_mla_case(int ci, const mla_case &c)
             auto value = [&](int pp, int d) { return (double)ld(&kv[row(pp) * c.R + d]); };
             worst = std::max(worst, head_error(o, c.R, lo, p, score, value));
         }
-    // the value absorption: W_UV[h] times the attention's result as it was
-    // written (bf16), in double; errors relative to each head's largest
-    // magnitude; a padding token's zeros
-    double vworst = 0;
-    for (int t = 0; t < T && c.vdv; t++)
-        for (int h = 0; h < c.H; h++) {
-            const __nv_bfloat16 *o = &out[((size_t)t * c.H + h) * c.R];
-            const __nv_bfloat16 *y = &vo[((size_t)t * c.H + h) * c.vdv];
-            if (slots[t] < 0) {
-                bad += nonzero(y, c.vdv);
-                continue;
-            }
-            std::vector<double> ref(c.vdv);
-            double mag = 1e-30;
-            for (int v = 0; v < c.vdv; v++) {
-                const __nv_bfloat16 *w = &kvb[((size_t)h * (VDN + c.vdv) + VDN + v) * c.R];
-                double a = 0;
-                for (int r = 0; r < c.R; r++)
-                    a += (double)ld(&w[r]) * ld(&o[r]);
-                ref[v] = a;
-                mag = std::max(mag, std::fabs(a));
-            }
-            for (int v = 0; v < c.vdv; v++) {
-                const double e = std::fabs((double)ld(&y[v]) - ref[v]) / mag;
-                vworst = std::isnan(e) ? INFINITY : std::max(vworst, e);
-            }
-        }
-    const bool ok = worst <= TOL && vworst <= TOL && bad == 0;
-    printf("%s MLA case %d %s: T %d, %d splits%s, window %d, worst error %.2e%s%s\n",
-           ok ? "ok" : "FAIL", ci, c.name, T, c.ns,
-           c.merged   ? " merged by the last block"
-           : c.vmerge ? " merged by the value absorption"
-                      : "",
-           c.window, worst, bad ? ", a padding token's output or a split counter not zero" : "",
-           c.vdv ? (vworst <= TOL ? ", value absorption ok" : ", value absorption wrong") : "");
-    if (c.vdv)
-        printf("    value absorption (%d channels a head) worst error %.2e\n", c.vdv, vworst);
+    const bool ok = worst <= TOL && bad == 0;
+    printf("%s MLA case %d %s: T %d, %d splits%s, window %d, worst error %.2e%s\n",
+           ok ? "ok" : "FAIL", ci, c.name, T, c.ns, c.merged ? " merged by the last block" : "",
+           c.window, worst, bad ? ", a padding token's output or a split counter not zero" : "");
     return ok;
 }
 

@@ -117,49 +117,36 @@ typedef struct mla_gen_case {
     int H, R, DR, T, window, bs;
     const char *merge, *target, *env; /* env: knobs NAME=VALUE apart by spaces */
     int chunk;
-    int vdv; /* > 0: an mla_vabsorb (v_head_dim vdv, qk_nope_head_dim 8) after it */
 } mla_gen_case;
 
 static const mla_gen_case MLA_CASES[] = {
-    {16, 64, 16, 3, 0, 16, "0", "8", NULL, 0, 0},
-    {16, 64, 16, 3, 0, 64, "2", "8", "MOEC_MLA_TMA=0", 0, 0},
-    {16, 64, 16, 1, 0, 16, "0", "16", "MOEC_MLA_SM2=0", 0, 0},
-    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16", 0, 0},
-    {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16", 0, 0},
-    {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 0, 0},
+    {16, 64, 16, 3, 0, 16, "0", "8", NULL, 0},
+    {16, 64, 16, 3, 0, 64, "2", "8", "MOEC_MLA_TMA=0", 0},
+    {16, 64, 16, 1, 0, 16, "0", "16", "MOEC_MLA_SM2=0", 0},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_PT=16", 0},
+    {16, 128, 16, 2, 0, 16, "0", "4", "MOEC_MLA_WARPS=16", 0},
+    {16, 64, 16, 2, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 0},
     /* one column tile a warp (MOEC_MLA_CT=1; the default takes two,
        sharing q's fragments): with 8 and 16 warps, 16-position tiles */
-    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=1", 0, 0},
-    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1 MOEC_MLA_PT=16", 0, 0},
-    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=1 MOEC_MLA_WARPS=16", 0, 0},
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_CT=1", 0},
+    {32, 64, 16, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1 MOEC_MLA_PT=16", 0},
+    {16, 128, 16, 2, 0, 64, "0", "4", "MOEC_MLA_CT=1 MOEC_MLA_WARPS=16", 0},
     /* dr 64 (8 k steps of 16, whole for each part of k): the scores' steps
        unrolled from shared addresses (MOEC_MLA_QK2), two and one column
        tiles a warp */
-    {16, 64, 64, 3, 0, 16, "0", "8", NULL, 0, 0},
-    {16, 64, 64, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1", 0, 0},
+    {16, 64, 64, 3, 0, 16, "0", "8", NULL, 0},
+    {16, 64, 64, 2, 37, 16, "2", "8", "MOEC_MLA_CT=1", 0},
     /* a prefill chunk at 95..97 (2 splits: the second's first tile holds
        95, so nothing before the wait), then at 60..62 in 3 buffers unsplit
        (tile 0 before the wait, tile 1, which holds 60, after it); the
        expf form with every tile after the wait */
-    {16, 64, 16, 3, 0, 16, "0", "8", NULL, 95, 0},
-    {16, 64, 16, 3, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 60, 0},
-    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_EX2=0 MOEC_MLA_EARLY=0", 0, 0},
+    {16, 64, 16, 3, 0, 16, "0", "8", NULL, 95},
+    {16, 64, 16, 3, 0, 16, "0", "1", "MOEC_MLA_NBUF=3", 60},
+    {16, 64, 16, 3, 0, 16, "0", "8", "MOEC_MLA_EX2=0 MOEC_MLA_EARLY=0", 0},
     /* two sequences sharing a block: sequence 1 at 5 writes a row of the
        block sequence 0 (at 100) maps at its first tile, which the other
        row's write keeps until after the wait */
-    {16, 64, 16, 2, 0, 16, "0", "8", NULL, -1, 0},
-    /* the value absorption after it (codegen/mla_absorb.c's CUDA-core
-       form, up to 2 tokens), which merges the splits itself: r 64 (one
-       group of moec_attn_merge's threads) with a padding token (the
-       harness makes token 1 of two one), 128 (8 groups) with a window, 512
-       (2, as V2-Lite's), 64 splits, not split; then the merge kernel and
-       the plain absorption (MOEC_MLA_VABSORB_MERGE=0) */
-    {16, 64, 16, 2, 0, 16, "0", "8", NULL, 0, 24},
-    {16, 128, 16, 1, 37, 64, "0", "4", NULL, 0, 16},
-    {16, 512, 64, 1, 0, 64, "0", "8", NULL, 0, 32},
-    {16, 64, 16, 1, 0, 16, "0", NULL, NULL, 0, 16},
-    {16, 64, 16, 2, 0, 16, "0", "1", NULL, 0, 16},
-    {16, 64, 16, 2, 0, 16, "0", "8", "MOEC_MLA_VABSORB_MERGE=0", 0, 24},
+    {16, 64, 16, 2, 0, 16, "0", "8", NULL, -1},
 };
 enum { N_MLA = sizeof MLA_CASES / sizeof MLA_CASES[0] };
 
@@ -312,15 +299,12 @@ static int gen_case_src(FILE *f, moec_buf *table, int i, const gen_case *g)
     return rc;
 }
 
-static int is_mla(const ir_op *op)
-{
-    return op->kind == IR_OP_MLA_ATTENTION || op->kind == IR_OP_MLA_VABSORB;
-}
+static int is_mla(const ir_op *op) { return op->kind == IR_OP_MLA_ATTENTION; }
 
 static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
 {
     km_spec s = {.name = "mla", .vocab = 8, .attn = KM_MLA, .H = g->H, .R = g->R, .DR = g->DR,
-                 .window = g->window, .attn_scale = 0.3, .VDN = g->vdv ? 8 : 0, .VDV = g->vdv};
+                 .window = g->window, .attn_scale = 0.3};
     set_knobs(1, g->merge, g->target, 0);
     emu_knobs(g->env, 0);
     ir_module *m = km_module(&s);
@@ -352,44 +336,22 @@ static int gen_mla_case(FILE *f, moec_buf *table, int i, const mla_gen_case *g)
         rc = -1;
     }
     int ns = 1, merged = 0;
-    /* the value absorption, merging the splits where there are any, but
-       under MOEC_MLA_VABSORB_MERGE=0 (then the merge kernel does) */
-    const ir_step *vb = rc || !g->vdv ? NULL : step_named(&c, "mla_vabsorb_");
-    int vmerge = vb && strstr(kname(&c, vb->kernel), "_merge_") != NULL;
     if (!rc) {
         ns = name_splits(kname(&c, a->kernel), &merged);
-        int want_vm = g->vdv && ns > 1 && !merged &&
-                      !(g->env && strstr(g->env, "MOEC_MLA_VABSORB_MERGE=0"));
-        if ((ns > 1 && !merged && !vmerge) != (cb != NULL) || (g->vdv && !vb) ||
-            vmerge != want_vm) {
-            fprintf(stderr, "attn_emu_gen: MLA case %d: %d splits but %s merge kernel%s\n", i,
-                    ns, cb ? "a" : "no", vmerge ? " and the absorption's merge" : "");
+        if ((ns > 1 && !merged) != (cb != NULL)) {
+            fprintf(stderr, "attn_emu_gen: MLA case %d: %d splits but %s merge kernel\n", i, ns,
+                    cb ? "a" : "no");
             rc = -1;
         }
     }
     if (!rc) {
         char name[16];
         snprintf(name, sizeof name, "m%d", i);
-        fprintf(f, "namespace %s {\n", name);
-        put_kernel(f, c.src.data, kname(&c, a->kernel));
-        if (cb)
-            put_kernel(f, c.src.data, kname(&c, cb->kernel));
-        if (vb)
-            put_kernel(f, c.src.data, kname(&c, vb->kernel));
-        fprintf(f, "static void run(mla_bufs &b)\n{\n");
-        put_attn_launch(f, &c, a, cb, "b.q_c, b.q_pe", "b.kvpool, b.pepool", ns, merged);
-        if (vb)
-            fprintf(f,
-                    "    emu_launch(%u, %u, %u, 0, 1, [&] {\n"
-                    "        %s(b.out, b.kvb, b.vo%s);\n"
-                    "    });\n",
-                    vb->grid[0], vb->grid[1], vb->block[0], kname(&c, vb->kernel),
-                    vmerge ? ", b.pos, b.slots, b.max_blocks, b.part_ml, b.part_o" : "");
-        fprintf(f, "}\n} // namespace %s\n\n", name);
-        moec_buf_printf(table,
-                        "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
+        put_attn_case(f, &c, name, "mla_bufs", a, cb, "b.q_c, b.q_pe", "b.kvpool, b.pepool", ns,
+                      merged);
+        moec_buf_printf(table, "    {\"%s\", %d, %d, %d, %d, %d, %d, %d, %d, %d, m%d::run},\n",
                         kname(&c, a->kernel), g->H, g->R, g->DR, g->T, g->window, g->bs, ns,
-                        merged, g->chunk, g->vdv, vmerge, i);
+                        merged, g->chunk, i);
     }
     if (m)
         cg_ctx_free(&c);
@@ -524,8 +486,6 @@ int main(int argc, char **argv)
                       "/* The warp's arg-max");
     put_prologue_part(f, pro.data, "/* The merge weights of the NSPLIT",
                       "__device__ __forceinline__ float block_sum");
-    put_prologue_part(f, pro.data, "/* The L2 prefetch of a block's weight slice",
-                      "__device__ __forceinline__ float warp_sum");
     /* the cache row and the rotation of a head (the prologue's last part),
        for the fused prologue's cases */
     const char *rows = strstr(pro.data, "/* the paged-cache row of token t");

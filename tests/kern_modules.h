@@ -66,9 +66,6 @@ typedef struct km_spec {
                                   result is unsummed ([T, K, HID]) and the add_rms_norm's b
                                   (fuse_moe_sum), an_b unused */
     int lact;                  /* the linear is act silu_mul: lx [T, 2 LK] */
-    int VDN, VDV;              /* with KM_MLA and VDV > 0: vo [T, H, VDV] = mla_vabsorb(o,
-                                  vkvb) {qk_nope_head_dim = VDN, v_head_dim = VDV} right after
-                                  the mla_attention, which may leave its splits' merge to it */
     int AH, ADN, ADV, AR;      /* ab_qc [T, AH, AR] = mla_qabsorb(ab_qn, ab_kvb) and ab_o [T, AH,
                                   ADV] = mla_vabsorb(ab_qc, ab_kvb) when AH > 0 */
 } km_spec;
@@ -235,14 +232,6 @@ static inline char *km_text(const km_spec *s)
                           "  %%o : f32[T, %d, %d] = mla_attention(%%q_c, %%q_pe, %%kv_c, %%k_pe, "
                           "%%positions) {scale = %s, window = %d}\n",
                           s->H, s->R, km_float(f1, s->attn_scale), s->window);
-        }
-        if (s->VDV > 0) {
-            moec_buf_printf(&w, "  weight %%vkvb : bf16[%d, %d] = \"vkvb\"\n",
-                            s->H * (s->VDN + s->VDV), s->R);
-            moec_buf_printf(&o,
-                            "  %%vo : f32[T, %d, %d] = mla_vabsorb(%%o, %%vkvb) "
-                            "{qk_nope_head_dim = %d, v_head_dim = %d}\n",
-                            s->H, s->VDV, s->VDN, s->VDV);
         }
     }
     /* the experts' input first: the moe_routed follows its moe_topk with

@@ -23,9 +23,7 @@
 # programmatic wait or after it, weights by 2^x or expf, and a prefill
 # chunk and two sequences sharing a block, whose step's rows stay NaN
 # until each block's wait) are checked against a double-precision
-# reference, and so is the value absorption after it (MLA cases 50-55),
-# which merges the splits itself at 1 and 2 tokens
-# (MOEC_MLA_VABSORB_MERGE; the last case with the merge kernel).
+# reference.
 # Needs a C++17 compiler with both sanitizers (g++: scripts/install_deps.sh).
 set -u
 source "${MOEC_SOURCE_DIR:-$(dirname "$0")/..}/tests/lib.sh"

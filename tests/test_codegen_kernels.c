@@ -76,7 +76,7 @@ static moec_status gen(const ir_module *m, const cg_options *o, int T, cg_ctx *c
     c->opt = o;
     c->T = T;
     for (int k = 0; k < m->n_ops; k++)
-        if (km_is_heavy(m->ops[k]) || c->mla_merged == m->ops[k]->id + 1)
+        if (km_is_heavy(m->ops[k]))
             MOEC_TRY(cg_emit_op(c, m->ops[k]));
     return cg_emit_argmax(c, m->outputs[0]);
 }
@@ -109,10 +109,6 @@ static void check_steps(const ir_module *m, const cg_ctx *c)
             pre |= op->kind == IR_OP_ATTENTION && kin->def &&
                    cg_attn_prologue_cache(m, kin->def) == op;
             T_CHECK(n == 2 - pre || n == 3 - pre);
-            want += n;
-        } else if (op->kind == IR_OP_MLA_VABSORB) {
-            /* emitted (gen) where it merges the attention's splits */
-            T_CHECK(n <= 1);
             want += n;
         } else if (op->kind == IR_OP_LINEAR && km_is_heavy(op)) {
             /* one kernel, or the few-rows kernel per group of up to 4 rows */
@@ -493,29 +489,6 @@ static void check_v2lite(const ir_module *m, const cg_ctx *c)
                     s->args[13].index == IR_INPUT_SPLIT_COUNTERS);
             T_CHECK(s->args[11].kind == IR_ARG_SCRATCH && s->args[12].kind == IR_ARG_SCRATCH);
             T_CHECK(a + 2 >= c->n_steps || c->steps[a + 2].op_id != s->op_id);
-        } else if (ns > 1 && T <= 2 && !(getenv("MOEC_MLA_VABSORB_MERGE") &&
-                                          !strcmp(getenv("MOEC_MLA_VABSORB_MERGE"), "0"))) {
-            /* up to 2 tokens the value absorption right after it (the
-               CUDA-core form) merges them, as the merge kernel would, in
-               its 128 threads' two groups: pos, slots, max_blocks and the
-               attention's two scratch arrays after its x, kv_b and y; no
-               merge kernel (MOEC_MLA_VABSORB_MERGE=0: one) */
-            const ir_step *vb = s + 1;
-            char vn[96];
-            snprintf(vn, sizeof vn, "mla_vabsorb_merge_ns%d_g2_bs%d_h16_dn128_dv128_r512_t%d_", ns,
-                     c->opt->kv_block_size, T);
-            T_CHECK(strstr(c->kernel_names[vb->kernel], vn) == c->kernel_names[vb->kernel]);
-            T_CHECK(vb->grid[0] == 16 && vb->grid[1] == 8 && vb->block[0] == 256 &&
-                    vb->n_args == 8 && vb->args[0].kind == IR_ARG_ACT &&
-                    vb->args[0].i == s->args[8].i);
-            T_CHECK(vb->args[3].kind == IR_ARG_INPUT && vb->args[3].index == IR_INPUT_POSITIONS &&
-                    vb->args[4].kind == IR_ARG_INPUT && vb->args[4].index == IR_INPUT_SLOTS &&
-                    vb->args[5].kind == IR_ARG_CONFIG &&
-                    vb->args[5].index == IR_CONFIG_MAX_BLOCKS);
-            T_CHECK(vb->args[6].kind == IR_ARG_SCRATCH && vb->args[6].i == s->args[11].i &&
-                    vb->args[7].kind == IR_ARG_SCRATCH && vb->args[7].i == s->args[12].i);
-            for (int k = 0; k < c->n_kernels; k++)
-                T_CHECK(strstr(c->kernel_names[k], "mla_combine_") == NULL);
         } else if (ns > 1) {
             const ir_step *cb = s + 1;
             T_CHECK(strstr(c->kernel_names[cb->kernel], "mla_combine_h16_r512") != NULL);
@@ -834,7 +807,7 @@ static void test_real_shapes(void)
     km_spec v2 = {.name = "k_v2lite", .vocab = 8, .attn = KM_MLA, .H = 16, .R = 512, .DR = 64,
                   .attn_scale = 0.1352, .E = 64, .K = 6, .NG = 1, .TG = 1, .scaling = 1.0,
                   .moe = KM_ROUTED, .HID = 2048, .I = 1408, .wdt = "bf16", .moe_scale = 1.0,
-                  .router = 1, .VDN = 128, .VDV = 128};
+                  .router = 1};
     km_spec v3 = {.name = "k_v3", .vocab = 8, .attn = KM_MLA, .H = 128, .R = 512, .DR = 64,
                   .attn_scale = 0.1352, .E = 256, .K = 8, .sigmoid = 1, .NG = 8, .TG = 4,
                   .top2 = 1, .norm = 1, .bias = 1, .scaling = 2.5, .moe = KM_ROUTED, .HID = 7168,
@@ -849,11 +822,9 @@ static void test_real_shapes(void)
     const km_spec *specs[] = {&v2, &v3, &q3, &v32};
     void (*checks[])(const ir_module *, const cg_ctx *) = {check_v2lite, check_v3, check_qwen3,
                                                            check_v32};
-    /* compiled at T = 1 and 8 (V2-Lite: its value absorption merging the
-       attention's splits at 1), 64, 1: expert blocks of 2, 4 and 1 rows
-       (Qwen3 at 8 too: its attention's merge in the kernel); V3.2 at 1 and
-       64 */
-    const unsigned compile[] = {1 | 2, 4, 1 | 2, 1 | 4};
+    /* compiled at T = 8, 64, 1: expert blocks of 2, 4 and 1 rows (Qwen3 at 8
+       too: its attention's merge in the kernel); V3.2 at 1 and 64 */
+    const unsigned compile[] = {2, 4, 1 | 2, 1 | 4};
     for (int i = 0; i < 4; i++) {
         ir_module *m = km_module(specs[i]);
         T_CHECK(m != NULL);
@@ -883,13 +854,9 @@ static void test_real_shapes(void)
             run_module(m, &o, check_merge_live, 1 | 2);
             unsetenv("MOEC_ATTN_MERGE");
         }
-        /* V2-Lite with the splits merged by their own kernel at T = 64 and
-           at T = 1 (MOEC_MLA_VABSORB_MERGE=0), by the attention kernel at
-           T = 8 */
+        /* V2-Lite with the splits merged by their own kernel at T = 64, by
+           the attention kernel at T = 8 */
         if (m && i == 0) {
-            setenv("MOEC_MLA_VABSORB_MERGE", "0", 1);
-            run_module(m, &o, checks[i], 0);
-            unsetenv("MOEC_MLA_VABSORB_MERGE");
             setenv("MOEC_ATTN_MERGE", "0", 1);
             run_module(m, &o, checks[i], 4);
             setenv("MOEC_ATTN_MERGE", "2", 1);
