@@ -932,18 +932,10 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
     char tag[40], decl[400], name[200];
     cg_moe_scale_consts(c, d->down, 0, "*dsc = nullptr", tag, sizeof tag, decl, sizeof decl);
     int roll = tc_roll(c, tl);
-    /* the fewest blocks an SM that ptxas must fit (MOEC_FP8_TC_DN_MINB, an
-       A/B knob; 0: no bound) */
-    int minb = cg_env_int("MOEC_FP8_TC_DN_MINB", 0, 0, 16);
-    char mb[16] = "", lb[16] = "";
-    if (minb) {
-        snprintf(mb, sizeof mb, "_mb%d", minb);
-        snprintf(lb, sizeof lb, ", %d", minb);
-    }
     snprintf(name, sizeof name,
-             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s%s_t%d_f8e4m3_%s_%s%s",
-             l->E, l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), mb, c->T,
-             ir_dtype_name(ydt), d->w ? "w" : "now", tag);
+             "moe_down_e%lld_k%lld_h%lld_i%lld_bm%d_f8tc_w%d_rt%d_u%d%s_t%d_f8e4m3_%s_%s%s", l->E,
+             l->K, l->H, l->I, l->bm, nw, rt, u, roll_tag(roll), c->T, ir_dtype_name(ydt),
+             d->w ? "w" : "now", tag);
     int is_new = 0;
     int k = cg_kernel(c, name, &is_new);
     if (k < 0)
@@ -952,12 +944,12 @@ moec_status cg_fp8_tc_moe_down(cg_ctx *c, const cg_moe_desc *d, const cg_moe_lay
         moec_buf_printf(&c->src,
                         "// %s: down GEMM%s, fp8 on tensor cores, h staged in shared memory "
                         "(codegen/fp8_tc.c)\n"
-                        "extern \"C\" __global__ void __launch_bounds__(%d%s) %s(const "
-                        "__nv_bfloat16 *__restrict__ hbuf, const __nv_fp8_e4m3 *__restrict__ wd, "
-                        "const float *__restrict__ dsc, const int *__restrict__ sorted, const int "
+                        "extern \"C\" __global__ void __launch_bounds__(%d) %s(const __nv_bfloat16 "
+                        "*__restrict__ hbuf, const __nv_fp8_e4m3 *__restrict__ wd, const float "
+                        "*__restrict__ dsc, const int *__restrict__ sorted, const int "
                         "*__restrict__ blk_expert, const int *__restrict__ n_used, ",
                         ir_op_name(d->op->kind), d->w ? " times scale * router weight" : "",
-                        nw * 32, lb, name);
+                        nw * 32, name);
         if (d->w)
             moec_buf_printf(&c->src, "const %s *__restrict__ wts, float scale, ", cg_ctype(wdt));
         moec_buf_printf(&c->src,
