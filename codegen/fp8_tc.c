@@ -144,6 +144,12 @@
  *   5.610 / 6.723 ms at 1 split (2 at 64, where x needs 2), 5.524 / 6.763
  *   at 3, against 5.569 / 6.613 (H200, 2026-12-01; history at 53a43ea,
  *   MOEC_FP8_TC_SIDE_SPLIT).
+ * - down bounded to 8 blocks an SM (__launch_bounds__(128, 8): 64
+ *   registers, where ptxas gives it 69 and 7 blocks fit), since Nsight
+ *   Compute had its warps waiting twice gate_up's cycles on their loads:
+ *   fp8 V2-Lite at 32 / 64 tokens 7.087 / 6.945 ms against 5.586 / 6.623
+ *   (H200, 2026-12-01; at 32 tokens down takes 6 chunks in flight, which
+ *   64 registers cannot hold). History at 1ba80ca (MOEC_FP8_TC_DN_MINB).
  * - down started per expert block (a counter a block of slots that each
  *   gate_up warp raises once its h is written, zeroed by the align; down's
  *   blocks, launched once every gate_up block had begun, waited on their
