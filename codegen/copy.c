@@ -35,16 +35,6 @@ static int64_t prod(const int64_t *d, int from, int to)
     return p;
 }
 
-static int64_t gcd(int64_t a, int64_t b)
-{
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* Result rows of `len` elements; operand i fills [begin[i], begin[i] +
  * width[i]) of each from its own rows of `stride[i]` elements, starting at
  * element `offset[i]`. */
@@ -74,7 +64,7 @@ static moec_status emit_segments(cg_ctx *c, const ir_op *op, const char *name, c
                         ir_op_name(op->kind), y->name, (long long)(g->rows * g->len));
     int64_t all = g->len;
     for (int i = 0; i < g->n; i++)
-        all = gcd(gcd(gcd(gcd(all, g->begin[i]), g->width[i]), g->stride[i]), g->offset[i]);
+        all = ir_gcd(ir_gcd(ir_gcd(ir_gcd(all, g->begin[i]), g->width[i]), g->stride[i]), g->offset[i]);
     int vec = cg_vec_width(all);
     int64_t per_row = g->len / vec, units = g->rows * per_row;
     int is_new;

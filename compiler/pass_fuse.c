@@ -13,6 +13,7 @@
  * name, type and users): a linear folded into a fused GEMM becomes a slice of
  * the GEMM's output, silu becomes silu_mul, reduce_sum becomes moe_routed. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "compiler/passes.h"
@@ -69,26 +70,55 @@ static int64_t block_along(const ir_value *w, int axis)
     return axis >= r - 2 ? w->scale.block[axis - (r - 2)] : 1;
 }
 
+/* The rows a scale block of the weight that joins block-scaled parts
+ * ws[0..n-1] along axis: their own where every part but the last spans
+ * whole blocks; else, along the rows, the largest divisor of it that
+ * they all span, if the kernels' 16-row tiles still lie in one block
+ * (ir_block_scale_tiles): V2-Lite's dense gate and up, 10944 rows (85.5
+ * blocks of 128), join in blocks of 64 (ir_weight_refine_block_scale);
+ * 0 when they cannot join. */
+static int64_t join_rows(ir_value *const *ws, int n, int axis)
+{
+    const char *knob = getenv("MOEC_FUSE_REFINE");
+    int refine = !(knob && !strcmp(knob, "0"));
+    int r = ws[0]->type.rank;
+    int64_t blk = block_along(ws[0], axis), g = blk;
+    for (int i = 0; i + 1 < n; i++)
+        g = ir_gcd(g, ws[i]->type.dims[axis]);
+    if (g == blk)
+        return ws[0]->scale.block[0];
+    return refine && axis == r - 2 && g % 16 == 0 ? g : 0;
+}
+
+/* MOEC_FUSE_REFINE: 0 joins fp8 parts in the checkpoint's blocks only (an
+ * A/B knob); 1 or unset, join_rows' finer blocks too. */
+static moec_status refine_knob(void)
+{
+    const char *knob = getenv("MOEC_FUSE_REFINE");
+    if (knob && *knob && strcmp(knob, "0") && strcmp(knob, "1"))
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "MOEC_FUSE_REFINE=\"%s\": not 0 or 1", knob);
+    return MOEC_OK;
+}
+
 /* 1 when weights ws[0..n-1] are leaves of one dtype and rank whose dims agree
  * on every axis but `axis`: they can be one CONCAT binding. Block-scaled
  * ones must share the block, and every part but the last span whole blocks
- * along axis, so that their scale grids join into the fused weight's. */
+ * along axis, so that their scale grids join into the fused weight's (in
+ * finer blocks of rows where that is what joins them: join_rows). */
 static int concatenable(ir_value *const *ws, int n, int axis)
 {
     for (int i = 0; i < n; i++) {
         if (!is_leaf_weight(ws[i]) || ws[i]->type.dtype != ws[0]->type.dtype ||
             ws[i]->type.rank != ws[0]->type.rank ||
             ws[i]->scale.block[0] != ws[0]->scale.block[0] ||
-            ws[i]->scale.block[1] != ws[0]->scale.block[1])
+            ws[i]->scale.block[1] != ws[0]->scale.block[1] || ws[i]->scale.stored[0] ||
+            ws[i]->scale.stored[1])
             return 0;
         for (int d = 0; d < ws[0]->type.rank; d++)
             if (d != axis && ws[i]->type.dims[d] != ws[0]->type.dims[d])
                 return 0;
-        if (ws[0]->scale.block[0] > 0 && i + 1 < n &&
-            ws[i]->type.dims[axis] % block_along(ws[0], axis))
-            return 0;
     }
-    return 1;
+    return ws[0]->scale.block[0] == 0 || join_rows(ws, n, axis) > 0;
 }
 
 /* Length of the longest common prefix of a and b that ends with '.'. */
@@ -148,7 +178,11 @@ static ir_value *concat_weight(ir_module *m, const char *name, ir_value *const *
         return v;
     ir_binding sb = {.kind = IR_BIND_CONCAT, .axis = axis, .n_parts = n, .parts = scales};
     const int64_t *blk = ws[0]->scale.block;
-    return ir_weight_set_block_scale(m, v, blk[0], blk[1], &sb) == MOEC_OK ? v : NULL;
+    int64_t rows = join_rows(ws, n, axis);
+    if (ir_weight_set_block_scale(m, v, blk[0], blk[1], &sb) != MOEC_OK ||
+        (rows != blk[0] && ir_weight_refine_block_scale(m, v, rows, blk[1]) != MOEC_OK))
+        return NULL;
+    return v;
 }
 
 /* Turns op, in place, into kind(in[0..n_in-1]) with no attributes; its
@@ -278,9 +312,10 @@ static int feeds_dsa_query(const ir_module *m, const ir_value *v, int depth)
  * linears whose weight has the seed's dtype and scale blocks (V3.2's fp8
  * projections fuse without the bf16 weights_proj); they must all have a bias
  * or none, otherwise the group is left. fp8 parts but the last span whole
- * blocks: the group is the longest run of its first members that does
- * (V3.2's fp8 q_a and kv_a, whose 576 rows end in half a block, without the
- * indexer's wk after them), the rest left to themselves. */
+ * blocks, or blocks of rows refined to what they all span (join_rows: V3.2's
+ * fp8 q_a, kv_a, whose 576 rows end in half a block, and the indexer's wk,
+ * in blocks of 64 rows): the group is the longest run of its first members
+ * that does, the rest left to themselves. */
 static int qkv_group(const ir_module *m, const ir_op *seed, ir_op **group)
 {
     const ir_value *x = seed->in[0], *sw = seed->in[1];
@@ -321,6 +356,7 @@ static int qkv_group(const ir_module *m, const ir_op *seed, ir_op **group)
 moec_status pass_fuse_qkv_a(ir_module *m, const pass_options *opt)
 {
     (void)opt;
+    MOEC_TRY(refine_knob());
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *op = m->ops[i];
         if (!is_plain_linear(op))
@@ -402,6 +438,7 @@ static moec_status fuse_expert_gate_up(ir_module *m, ir_op *op)
 moec_status pass_fuse_gate_up(ir_module *m, const pass_options *opt)
 {
     (void)opt;
+    MOEC_TRY(refine_knob());
     for (int i = 0; i < m->n_ops; i++) {
         ir_op *op = m->ops[i];
         ir_op *pair[2];

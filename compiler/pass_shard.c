@@ -654,7 +654,8 @@ static moec_status check_blocks(const shard_ctx *c, const ir_value *w, const ir_
         int d = t->rank - 2 + k;
         if (d >= l->box_rank || l->box_size[d] <= 0)
             continue;
-        int64_t lo = l->box_start[d], hi = lo + l->box_size[d], blk = sc->block[k];
+        int64_t lo = l->box_start[d], hi = lo + l->box_size[d];
+        int64_t blk = ir_block_scale_stored(sc, k);
         int64_t ext = ob->kind == IR_BIND_CONCAT && ob->axis == d ? source_extent(c, o, d)
                                                                    : t->dims[d];
         int start_ok = lo % blk == 0, end_ok = hi % blk == 0 || hi == ext;
@@ -668,7 +669,8 @@ static moec_status check_blocks(const shard_ctx *c, const ir_value *w, const ir_
                         "shard: weight %%%s is block-scaled fp8 (blocks of %" PRId64 " x %" PRId64
                         "): rank %d's %s %" PRId64 "..%" PRId64 " of \"%s\"%s %s (tp %d, ep %d): "
                         "a rank reads whole blocks of an fp8 checkpoint",
-                        w->name, sc->block[0], sc->block[1], c->rank, what, lo, hi, l->name, of,
+                        w->name, ir_block_scale_stored(sc, 0), ir_block_scale_stored(sc, 1),
+                        c->rank, what, lo, hi, l->name, of,
                         start_ok ? "end neither on a block boundary nor at the tensor's end"
                                  : "do not start on a block boundary",
                         c->tp, c->ep);
@@ -694,7 +696,8 @@ static moec_status scale_for(const shard_ctx *c, const ir_value *w, const ir_bin
                             "its binding", w->name, l->name ? l->name : "");
         MOEC_TRY(check_blocks(c, w, l, ob->kind == IR_BIND_CONCAT ? &ob->parts[p] : ob));
         parts[i] = sc->bind.kind == IR_BIND_CONCAT ? sc->bind.parts[p] : sc->bind;
-        ir_block_scale_box(l, c->orig[w->id].rank, sc->block, &parts[i]);
+        const int64_t stored[2] = {ir_block_scale_stored(sc, 0), ir_block_scale_stored(sc, 1)};
+        ir_block_scale_box(l, c->orig[w->id].rank, stored, &parts[i]);
     }
     if (b->kind == IR_BIND_CONCAT)
         *s = (ir_binding){.kind = IR_BIND_CONCAT, .axis = b->axis, .n_parts = n, .parts = parts};
@@ -747,7 +750,9 @@ static moec_status weight_for(shard_ctx *c, ir_value *w, const wspec *spec, ir_v
             return moec_err_wrap(MOEC_ERR_INTERNAL, "sharding weight %%%s", w->name);
     }
     if (sc->block[0] > 0 &&
-        ir_weight_set_block_scale(c->m, v, sc->block[0], sc->block[1], &sb) != MOEC_OK)
+        (ir_weight_set_block_scale(c->m, v, ir_block_scale_stored(sc, 0),
+                                   ir_block_scale_stored(sc, 1), &sb) != MOEC_OK ||
+         ir_weight_refine_block_scale(c->m, v, sc->block[0], sc->block[1]) != MOEC_OK))
         return moec_err_wrap(MOEC_ERR_INTERNAL, "sharding weight %%%s", w->name);
     MOEC_TRY(grow((void **)&c->wm, c->n_wm, &c->cap_wm, sizeof *c->wm));
     c->wm[c->n_wm++] = (wmemo){w->id, *spec, v};

@@ -115,11 +115,38 @@ int ir_binding_tensor_name(const ir_binding *b, int e, char *buf, size_t cap);
  * on a block boundary along the last two dims, and its scales' leaf holds
  * the blocks that box touches (ir_block_scale_box). The
  * weight's dtype is f8e4m3 (kept quantized), or a float dtype when the
- * loader dequantizes it into that dtype. block[0] == 0: not block-scaled. */
+ * loader dequantizes it into that dtype. block[0] == 0: not block-scaled.
+ *
+ * Refined scales: `stored` (when nonzero) is the checkpoint's blocks, which
+ * the scale tensors grid and which the leaves' boxes align to, and `block`
+ * divides it: the loader repeats each stored scale over the finer blocks it
+ * holds (exact: the same scale, more often). Fusion refines where parts
+ * would otherwise not join: gate (10944 rows, 85.5 blocks of 128) with up
+ * joins in blocks of 64 rows. Printed `block_scale[64, 128] from [128,
+ * 128]`. */
 typedef struct ir_block_scale {
     int64_t block[2];
+    int64_t stored[2]; /* the checkpoint's blocks; 0: block's */
     ir_binding bind;
 } ir_block_scale;
+
+/* The greatest common divisor of a and b (>= 0; gcd(a, 0) = a): the rows
+ * fused fp8 parts join in (pass_fuse), concat's common row width (copy). */
+static inline int64_t ir_gcd(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The checkpoint's block of s along k (0 rows, 1 columns). */
+static inline int64_t ir_block_scale_stored(const ir_block_scale *s, int k)
+{
+    return s->stored[k] ? s->stored[k] : s->block[k];
+}
 
 typedef struct ir_op ir_op;
 
@@ -341,11 +368,14 @@ ir_value *ir_module_add_weight_stack(ir_module *m, const char *name, ir_type typ
 ir_value *ir_module_add_weight_bound(ir_module *m, const char *name, ir_type type,
                                      const ir_binding *bind);
 moec_status ir_module_add_output(ir_module *m, ir_value *v);
-/* Makes weight w block-scaled by blocks of rows x cols, its scales bound by
- * `scale` (deep-copied; it must mirror w's binding); checked as the verifier
- * checks it. */
+/* Makes weight w block-scaled by blocks of rows x cols (the checkpoint's),
+ * its scales bound by `scale` (deep-copied; it must mirror w's binding);
+ * checked as the verifier checks it. */
 moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, int64_t cols,
                                       const ir_binding *scale);
+/* Block-scaled weight w's blocks made rows x cols, each dividing the
+ * checkpoint's blocks its scales grid (which stay `stored`); checked. */
+moec_status ir_weight_refine_block_scale(ir_module *m, ir_value *w, int64_t rows, int64_t cols);
 /* The f32 type of block-scaled weight w's scales: w's dims with the last
  * two divided by the block, rounded up. */
 ir_type ir_block_scale_type(const ir_value *w);

@@ -602,7 +602,8 @@ void ir_block_scale_box(const ir_binding *b, int rank, const int64_t *block, ir_
 static moec_status block_scale_leaf_check(const ir_value *w, const ir_binding *b,
                                           const ir_binding *s, char *msg, size_t cap)
 {
-    const int64_t *block = w->scale.block;
+    const int64_t block[2] = {ir_block_scale_stored(&w->scale, 0),
+                              ir_block_scale_stored(&w->scale, 1)};
     int rank = w->type.rank;
     for (int k = 0; k < 2; k++) {
         int d = rank - 2 + k;
@@ -664,6 +665,16 @@ moec_status ir_block_scale_check(const ir_value *w, char *msg, size_t cap)
                  s->block[0], s->block[1]);
         return MOEC_ERR_INVALID_ARG;
     }
+    for (int k = 0; k < 2 && (s->stored[0] || s->stored[1]); k++) {
+        int64_t st = s->stored[k];
+        if (st < 1 || st > IR_DIM_MAX || st % s->block[k]) {
+            snprintf(msg, cap,
+                     "block_scale block [%" PRId64 ", %" PRId64 "] must divide the blocks [%" PRId64
+                     ", %" PRId64 "] its scales are stored in",
+                     s->block[0], s->block[1], s->stored[0], s->stored[1]);
+            return MOEC_ERR_INVALID_ARG;
+        }
+    }
     if (t->rank < 2) {
         snprintf(msg, cap, "a block_scale needs a weight of rank >= 2 (rows, columns), got %s", ts);
         return MOEC_ERR_INVALID_ARG;
@@ -681,7 +692,10 @@ moec_status ir_block_scale_check(const ir_value *w, char *msg, size_t cap)
         MOEC_TRY(block_scale_leaf_check(w, &w->bind, &s->bind, msg, cap));
     for (int i = 0; w->bind.kind == IR_BIND_CONCAT && i < w->bind.n_parts; i++)
         MOEC_TRY(block_scale_leaf_check(w, &w->bind.parts[i], &s->bind.parts[i], msg, cap));
-    ir_type st = ir_block_scale_type(w);
+    ir_value stored = *w; /* the scale tensors' grid: the checkpoint's blocks */
+    stored.scale.block[0] = ir_block_scale_stored(s, 0);
+    stored.scale.block[1] = ir_block_scale_stored(s, 1);
+    ir_type st = ir_block_scale_type(&stored);
     char sub[IR_MSG_CAP];
     if (ir_binding_check(&s->bind, &st, sub, sizeof sub) != MOEC_OK) {
         snprintf(msg, cap, "block_scale %s", sub);
@@ -776,6 +790,7 @@ moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, i
     ir_block_scale was = w->scale;
     w->scale.block[0] = rows;
     w->scale.block[1] = cols;
+    w->scale.stored[0] = w->scale.stored[1] = 0;
     w->scale.bind = *scale;
     char msg[IR_MSG_CAP];
     if (ir_block_scale_check(w, msg, sizeof msg) != MOEC_OK) {
@@ -785,6 +800,29 @@ moec_status ir_weight_set_block_scale(ir_module *m, ir_value *w, int64_t rows, i
     if (ir_binding_copy(m, &w->scale.bind, scale)) {
         w->scale = was;
         return MOEC_ERR(MOEC_ERR_OOM, "out of memory adding the block scale of %%%s", w->name);
+    }
+    return MOEC_OK;
+}
+
+moec_status ir_weight_refine_block_scale(ir_module *m, ir_value *w, int64_t rows, int64_t cols)
+{
+    if (!m || !value_in_module(m, w) || w->kind != IR_VALUE_WEIGHT || w->scale.block[0] < 1)
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "refining block scales: %%%s is not a block-scaled "
+                        "weight of the module", w && w->name ? w->name : "?");
+    ir_block_scale was = w->scale;
+    w->scale.stored[0] = ir_block_scale_stored(&was, 0);
+    w->scale.stored[1] = ir_block_scale_stored(&was, 1);
+    w->scale.block[0] = rows;
+    w->scale.block[1] = cols;
+    if (rows == w->scale.stored[0] && cols == w->scale.stored[1])
+        w->scale.stored[0] = w->scale.stored[1] = 0;
+    char msg[IR_MSG_CAP];
+    if (rows < 1 || cols < 1 || ir_block_scale_check(w, msg, sizeof msg) != MOEC_OK) {
+        if (rows < 1 || cols < 1)
+            snprintf(msg, sizeof msg, "block_scale block [%" PRId64 ", %" PRId64 "] must be >= 1",
+                     rows, cols);
+        w->scale = was;
+        return MOEC_ERR(MOEC_ERR_INVALID_ARG, "weight %%%s: %s", w->name, msg);
     }
     return MOEC_OK;
 }

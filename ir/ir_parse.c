@@ -645,7 +645,30 @@ static moec_status parse_binding(parser *p, ir_binding *b)
     return expect(p, TK_RPAREN, "',' or ')' in concat(...)");
 }
 
-/* "block_scale[rows, cols] = <binding>" after a weight's binding and ','. */
+/* "[rows, cols]": a block's two sizes, after what `after` names. */
+static moec_status parse_block(parser *p, int64_t *block, const char *after)
+{
+    token *t = &p->tok;
+    char what[64];
+    snprintf(what, sizeof what, "'[' after %s", after);
+    MOEC_TRY(expect(p, TK_LBRACKET, what));
+    for (int k = 0; k < 2; k++) {
+        if (t->kind != TK_INT || t->i < 1 || t->i > IR_DIM_MAX) {
+            char found[64];
+            tok_desc(t, found, sizeof found);
+            return PERR(p, "expected a block size (an int in [1, %lld]), found %s", IR_DIM_MAX,
+                        found);
+        }
+        block[k] = t->i;
+        MOEC_TRY(next(p));
+        if (k == 0)
+            MOEC_TRY(expect(p, TK_COMMA, "',' between the block's rows and columns"));
+    }
+    return expect(p, TK_RBRACKET, "']' after the block's columns");
+}
+
+/* "block_scale[rows, cols] [from [rows, cols]] = <binding>" after a
+ * weight's binding and ','. */
 static moec_status parse_block_scale(parser *p, ir_block_scale *s)
 {
     token *t = &p->tok;
@@ -655,20 +678,11 @@ static moec_status parse_block_scale(parser *p, ir_block_scale *s)
         return PERR(p, "expected block_scale after ',', found %s", found);
     }
     MOEC_TRY(next(p));
-    MOEC_TRY(expect(p, TK_LBRACKET, "'[' after block_scale"));
-    for (int k = 0; k < 2; k++) {
-        if (t->kind != TK_INT || t->i < 1 || t->i > IR_DIM_MAX) {
-            char found[64];
-            tok_desc(t, found, sizeof found);
-            return PERR(p, "expected a block size (an int in [1, %lld]), found %s", IR_DIM_MAX,
-                        found);
-        }
-        s->block[k] = t->i;
+    MOEC_TRY(parse_block(p, s->block, "block_scale"));
+    if (tok_is(t, TK_IDENT, "from")) {
         MOEC_TRY(next(p));
-        if (k == 0)
-            MOEC_TRY(expect(p, TK_COMMA, "',' between the block's rows and columns"));
+        MOEC_TRY(parse_block(p, s->stored, "from"));
     }
-    MOEC_TRY(expect(p, TK_RBRACKET, "']' after the block's columns"));
     MOEC_TRY(expect(p, TK_EQUAL, "'=' and the scales' binding"));
     return parse_binding(p, &s->bind);
 }

@@ -128,12 +128,17 @@ static void sb_binding(moec_buf *b, const ir_binding *bind)
     moec_buf_str(b, ")");
 }
 
-/* ", block_scale[128, 128] = <binding>" after a block-scaled weight's binding. */
+/* ", block_scale[128, 128] = <binding>" after a block-scaled weight's binding
+ * (", block_scale[64, 128] from [128, 128] = ..." where refined). */
 static void sb_block_scale(moec_buf *b, const ir_block_scale *s)
 {
     if (s->block[0] == 0 && s->block[1] == 0)
         return;
-    moec_buf_printf(b, ", block_scale[%" PRId64 ", %" PRId64 "] = ", s->block[0], s->block[1]);
+    moec_buf_printf(b, ", block_scale[%" PRId64 ", %" PRId64 "]", s->block[0], s->block[1]);
+    if (s->stored[0] || s->stored[1])
+        moec_buf_printf(b, " from [%" PRId64 ", %" PRId64 "]", ir_block_scale_stored(s, 0),
+                        ir_block_scale_stored(s, 1));
+    moec_buf_str(b, " = ");
     sb_binding(b, &s->bind);
 }
 

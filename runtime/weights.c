@@ -27,6 +27,8 @@ typedef struct wt_part {
     const rt_st_tensor **s;     /* block-scaled: each tensor's F32 scales; else NULL */
     int64_t slo[IR_MAX_RANK];   /* block-scaled: the box of the scales (the blocks the */
     int64_t sext[IR_MAX_RANK];  /* box touches), as lo and ext */
+    int64_t rext[IR_MAX_RANK];  /* block-scaled: the part's grid of the weight's blocks */
+    int64_t rnumel;             /* (finer than the stored ones where refined) and its size */
     int64_t size;               /* extent along the concat axis */
     int64_t numel;              /* elements of the box */
     int64_t snumel;             /* scales of the scale box */
@@ -45,6 +47,7 @@ typedef struct wt_weight {
     int n_parts;
     wt_part *parts;
     int64_t block[2]; /* block-scaled: rows, columns per scale; else 0 */
+    int64_t stored[2]; /* the checkpoint's blocks, which block divides */
 } wt_weight;
 
 struct rt_weights {
@@ -300,7 +303,7 @@ static moec_status wt_resolve_scale(const rt_weights *w, const ir_value *v, cons
     for (int d = 0; d < q->rank; d++) {
         want[d] = q->shape[d];
         if (d >= q->rank - 2) {
-            int64_t b = v->scale.block[d - (q->rank - 2)];
+            int64_t b = ir_block_scale_stored(&v->scale, d - (q->rank - 2));
             want[d] = (want[d] + b - 1) / b;
         }
         ok = ok && s->shape[d] == want[d];
@@ -314,7 +317,8 @@ static moec_status wt_resolve_scale(const rt_weights *w, const ir_value *v, cons
                         "weight %%%s: scale tensor '%s' in %s has shape %s, expected %s ('%s' is "
                         "%s in blocks of [%lld, %lld])",
                         v->name, name, s->file, got, exp, q->name, qs,
-                        (long long)v->scale.block[0], (long long)v->scale.block[1]);
+                        (long long)ir_block_scale_stored(&v->scale, 0),
+                        (long long)ir_block_scale_stored(&v->scale, 1));
     }
     size_t n = s->nbytes / 4;
     for (size_t i = 0; i < n; i++) {
@@ -332,8 +336,10 @@ static moec_status wt_resolve_scale(const rt_weights *w, const ir_value *v, cons
 /* The box of part's scales: leaf's, else the whole scale tensors. It fits
  * them: the verifier made it the blocks that the part's box, which fits its
  * tensors, touches (ir_block_scale_box), and each scale tensor is its
- * tensor's grid of blocks (wt_resolve_scale). */
-static void wt_scale_box(const ir_binding *leaf, wt_part *part)
+ * tensor's grid of blocks (wt_resolve_scale). Then the part's grid of the
+ * weight's blocks, block[0] x block[1]: the same where they are the
+ * stored ones. */
+static void wt_scale_box(const ir_binding *leaf, const int64_t *block, wt_part *part)
 {
     const rt_st_tensor *s = part->s[0];
     int d0 = part->stacked;
@@ -348,6 +354,12 @@ static void wt_scale_box(const ir_binding *leaf, wt_part *part)
         part->sext[d] = boxed ? leaf->box_size[d] : s->shape[d - d0];
         part->snumel *= part->sext[d];
     }
+    part->rnumel = 1;
+    for (int d = 0; d < part->rank; d++) {
+        int k = d - (part->rank - 2);
+        part->rext[d] = k >= 0 ? (part->ext[d] + block[k] - 1) / block[k] : part->sext[d];
+        part->rnumel *= part->rext[d];
+    }
 }
 
 /* The scales of block-scaled weight v, part by part as its scale binding
@@ -357,8 +369,10 @@ static void wt_scale_box(const ir_binding *leaf, wt_part *part)
  * weight's. */
 static moec_status wt_resolve_scales(const rt_weights *w, const ir_value *v, wt_weight *out)
 {
-    out->block[0] = v->scale.block[0];
-    out->block[1] = v->scale.block[1];
+    for (int k = 0; k < 2; k++) {
+        out->block[k] = v->scale.block[k];
+        out->stored[k] = ir_block_scale_stored(&v->scale, k);
+    }
     const ir_binding *sb = &v->scale.bind;
     for (int p = 0; p < out->n_parts; p++) {
         wt_part *part = &out->parts[p];
@@ -377,7 +391,7 @@ static moec_status wt_resolve_scales(const rt_weights *w, const ir_value *v, wt_
             free(name);
             MOEC_TRY(st);
         }
-        wt_scale_box(leaf, part);
+        wt_scale_box(leaf, out->block, part);
     }
     int r = v->type.rank, a = out->axis;
     if (v->bind.kind != IR_BIND_CONCAT || a < r - 2)
@@ -710,7 +724,7 @@ moec_status rt_weights_read_f32(const rt_weights *w, const ir_value *v, float *d
             continue;
         int64_t chunk = part->numel / outer;
         for (int64_t o = 0; o < outer; o++)
-            wt_read_range(part, ww->block, o * chunk, chunk, dst + o * row + at);
+            wt_read_range(part, ww->stored, o * chunk, chunk, dst + o * row + at);
         at += chunk;
     }
     return ty->dtype == IR_DTYPE_BF16 ? wt_check_bf16(v, ww, dst, ir_type_numel(ty, 0)) : MOEC_OK;
@@ -737,9 +751,39 @@ static void wt_copy_range(const wt_box *b, size_t esize, int64_t start, int64_t 
     }
 }
 
+/* Elements [start, start + n) of part's grid of the weight's blocks (rext,
+ * row-major) into dst, each its stored block's scale (little-endian f32):
+ * a grid finer than the stored one repeats a stored scale over the blocks
+ * it holds. The part's box starts on a stored block boundary (the
+ * verifier's rule), so its block i lies in its scale box's block
+ * i * block / stored. */
+static void wt_copy_refined(const wt_part *part, const int64_t *block, const int64_t *stored,
+                            int64_t start, int64_t n, uint8_t *dst)
+{
+    wt_box b = {part->s, part->stacked, part->rank, part->slo, part->sext};
+    int r = part->rank;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = start + i, at = 0, mul = 1;
+        for (int d = r - 1; d >= 0; d--) {
+            int64_t idx = rem % part->rext[d];
+            rem /= part->rext[d];
+            int k = d - (r - 2);
+            if (k >= 0)
+                idx = idx * block[k] / stored[k];
+            at += idx * mul;
+            mul *= part->sext[d];
+        }
+        int ti;
+        int64_t off;
+        wt_box_run(&b, at, 1, &ti, &off);
+        uint32_t bits = wt_le32((const uint8_t *)part->s[ti]->data + (size_t)off * 4);
+        memcpy(dst + 4 * i, &bits, 4);
+    }
+}
+
 /* The boxes of every part of weight ww of type ty (the codes', or with
- * `scales` the scales') assembled into dst: the parts of a concatenation
- * side by side along its axis. */
+ * `scales` the scales', in the weight's blocks) assembled into dst: the
+ * parts of a concatenation side by side along its axis. */
 static void wt_assemble(const wt_weight *ww, const ir_type *ty, int scales, uint8_t *dst)
 {
     size_t esize = scales ? 4 : 1;
@@ -753,12 +797,18 @@ static void wt_assemble(const wt_weight *ww, const ir_type *ty, int scales, uint
         const wt_part *part = &ww->parts[p];
         wt_box b = {scales ? part->s : part->t, part->stacked, part->rank,
                     scales ? part->slo : part->lo, scales ? part->sext : part->ext};
-        int64_t numel = scales ? part->snumel : part->numel;
+        int refined = scales && (ww->block[0] != ww->stored[0] || ww->block[1] != ww->stored[1]);
+        int64_t numel = !scales ? part->numel : refined ? part->rnumel : part->snumel;
         if (numel == 0)
             continue;
         int64_t chunk = numel / outer;
-        for (int64_t o = 0; o < outer; o++)
-            wt_copy_range(&b, esize, o * chunk, chunk, dst + (size_t)(o * row + at) * esize);
+        for (int64_t o = 0; o < outer; o++) {
+            uint8_t *to = dst + (size_t)(o * row + at) * esize;
+            if (refined)
+                wt_copy_refined(part, ww->block, ww->stored, o * chunk, chunk, to);
+            else
+                wt_copy_range(&b, esize, o * chunk, chunk, to);
+        }
         at += chunk;
     }
 }

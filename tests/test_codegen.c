@@ -1995,10 +1995,11 @@ static void config_case(const char *file, int fp8)
         /* V3.2's indexer: dsa_prologue_k replaces the key's slice,
            layer_norm, rope and cache write; dsa_topk q's rope and the slices
            of the head weights: 9 launches a layer, then 4 with wq_b's GEMM
-           (issue 12). In fp8 wk and weights_proj stay linears of their own
-           (GEMMs): 6 */
+           (issue 12). In fp8 weights_proj (bf16: not quantized) stays a
+           linear of its own: 5; wk joins q_a and kv_a (576 rows, 4.5 blocks)
+           in blocks of 64 rows (pass_fuse's join_rows) */
         if (v32)
-            launches_saved(json, what, i12, 1, 0, fp8 ? 3 : 5, fp8 ? 6 : 4, 9);
+            launches_saved(json, what, i12, 1, 0, fp8 ? 4 : 5, fp8 ? 5 : 4, 9);
         /* Qwen3's attn_prologue replaces eight launches (the slices of q, k
            and v, the q and k norms and ropes, the attention's cache write)
            with one, which the one-token bucket's attention kernel runs

@@ -1429,6 +1429,19 @@ static const char FP8_BOX_TEXT[] =
     "  output %y\n"
     "}\n";
 
+/* Refined scales (fusion's finer blocks): gate and up of 192 rows, 1.5
+ * blocks of 128 each, joined in blocks of 64; a rank's box of them. */
+static const char FP8_REFINED_TEXT[] =
+    FP8_HEAD
+    "  weight %gu : f8e4m3[384, 320] = concat(0, \"g\", \"u\"), block_scale[64, 128] from [128, "
+    "128] = concat(0, \"gs\", \"us\")\n"
+    "  weight %r : f8e4m3[128, 320] = \"r\"[128:256, :], block_scale[32, 128] from [128, 128] = "
+    "\"rs\"[1:2, :]\n"
+    "  %x : f32[T, 320] = embedding(%tokens, %emb)\n"
+    "  %y : f32[T, 384] = linear(%x, %gu)\n"
+    "  output %y\n"
+    "}\n";
+
 static int type_is(ir_type t, ir_dtype dt, int rank, int64_t d0, int64_t d1, int64_t d2)
 {
     ir_type want = ty(dt, rank, d0, d1, d2);
@@ -1515,6 +1528,32 @@ static void test_block_scale(void)
             !strcmp(sl.name, "s.{e}"));
     ir_module_free(m);
 
+    /* Refined: the weight's blocks divide the stored ones its scale tensors
+     * grid (and its boxes align to); the text round-trips. */
+    m = NULL;
+    T_OK(ir_module_parse(FP8_REFINED_TEXT, "refined.mir", &m));
+    text = m ? ir_module_print_str(m) : NULL;
+    T_CHECK(text && !strcmp(text, FP8_REFINED_TEXT));
+    free(text);
+    g = m ? ir_module_find_value(m, "gu") : NULL;
+    T_CHECK(g && g->scale.block[0] == 64 && ir_block_scale_stored(&g->scale, 0) == 128 &&
+            ir_block_scale_stored(&g->scale, 1) == 128 &&
+            type_is(ir_block_scale_type(g), IR_DTYPE_F32, 2, 6, 3, 0));
+    ir_value *r = m ? ir_module_find_value(m, "r") : NULL;
+    if (r) {
+        T_ERR(ir_weight_refine_block_scale(m, r, 48, 128), MOEC_ERR_INVALID_ARG,
+              "weight %r: block_scale block [48, 128] must divide the blocks [128, 128] its "
+              "scales are stored in");
+        T_CHECK(r->scale.block[0] == 32 && r->scale.stored[0] == 128);
+        T_OK(ir_weight_refine_block_scale(m, r, 128, 128));
+        T_CHECK(r->scale.block[0] == 128 && r->scale.stored[0] == 0 && r->scale.stored[1] == 0);
+        T_OK(ir_weight_refine_block_scale(m, r, 16, 64));
+        T_CHECK(r->scale.block[0] == 16 && r->scale.block[1] == 64 &&
+                type_is(ir_block_scale_type(r), IR_DTYPE_F32, 2, 8, 5, 0));
+        T_OK(ir_module_verify(m));
+    }
+    ir_module_free(m);
+
     /* Parse errors of the block_scale clause, and of what it must agree with. */
     static const bad_case cases[] = {
         {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\"\n  output %tokens\n}\n",
@@ -1534,6 +1573,17 @@ static void test_block_scale(void)
          "fp8.mir:4:47: expected a block size (an int in [1, 2147483647]), found number '0'"},
         {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] \"s\"\n  output %tokens\n}\n",
          "fp8.mir:4:53: expected '=' and the scales' binding, found string \"s\""},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] from [3, 2] = \"s\"\n"
+                  "  output %tokens\n}\n",
+         "fp8.mir:4:35: weight %q: block_scale block [2, 2] must divide the blocks [3, 2] its "
+         "scales are stored in"},
+        {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2, 2] from 4 = \"s\"\n"
+                  "  output %tokens\n}\n",
+         "fp8.mir:4:58: expected '[' after from, found number '4'"},
+        {FP8_HEAD "  weight %q : f8e4m3[2, 4] = \"q\"[2:4, :], block_scale[1, 2] from [4, 2] = "
+                  "\"s\"[0:1, :]\n  output %tokens\n}\n",
+         "fp8.mir:4:43: weight %q: the slice of \"q\" starts at row 2 (dim 0), not on a boundary "
+         "of its blocks of 4: a block-scaled weight is sliced along whole blocks"},
         {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", scale[2, 2] = \"s\"\n  output %tokens\n}\n",
          "fp8.mir:4:35: expected block_scale after ',', found 'scale'"},
         {FP8_HEAD "  weight %q : f8e4m3[4, 4] = \"q\", block_scale[2] = \"s\"\n  output %tokens\n}\n",

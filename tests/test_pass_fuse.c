@@ -6,9 +6,11 @@
  * second time, and leaves alone what does not match its pattern. The fp8
  * tiny models (block-scaled weights with partial edge blocks) fuse exactly
  * where the scale grids join: their scales concatenated like the weights,
- * and fp8 pairs that do not span whole blocks (or mix blocks or dtypes)
- * left unfused. */
+ * in finer blocks of rows where parts end inside a block (blocks of a
+ * multiple of 16 rows that every part but the last spans), and fp8 pairs
+ * that cannot join so (or mix blocks or dtypes) left unfused. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "compiler/frontend.h"
@@ -378,6 +380,44 @@ static void test_near_misses(void)
     T_CHECK(s && strstr(s, "%gate_up : f32[T, 12] = linear(%x, %gate_up_proj)"));
     T_CHECK(s && strstr(s, "%u : f32[T, 6] = slice(%gate_up) {axis = 1, start = 6, size = 6}"));
     free(s);
+    /* fp8 gate/up pairs whose rows end inside a block: 48 rows join in
+     * blocks of 16 (the scales repeated, read from the 128-row blocks);
+     * 40 rows would need blocks of 8, finer than a kernel's 16-row tile,
+     * so they stay apart. */
+    static const char fp8_mlp[] =
+        "module t {\n"
+        "  input %tokens : i32[T]\n  input %positions : i32[T]\n"
+        "  weight %e : f32[16, 128] = \"e\"\n"
+        "  weight %wg : f8e4m3[48, 128] = \"wg\", block_scale[128, 128] = \"sg\"\n"
+        "  weight %wu : f8e4m3[48, 128] = \"wu\", block_scale[128, 128] = \"su\"\n"
+        "  %x : f32[T, 128] = embedding(%tokens, %e)\n"
+        "  %g : f32[T, 48] = linear(%x, %wg)\n"
+        "  %u : f32[T, 48] = linear(%x, %wu)\n"
+        "  %a : f32[T, 48] = silu(%g)\n"
+        "  %h : f32[T, 48] = mul(%a, %u)\n"
+        "  output %h\n}\n";
+    s = run_on_text(fp8_mlp, "fuse_gate_up", IR_DTYPE_BF16);
+    T_CHECK(s && strstr(s, "weight %gate_up_proj : f8e4m3[96, 128] = concat(0, \"wg\", \"wu\"), "
+                           "block_scale[16, 128] from [128, 128] = concat(0, \"sg\", \"su\")"));
+    free(s);
+    char fp8_40[sizeof fp8_mlp];
+    memcpy(fp8_40, fp8_mlp, sizeof fp8_mlp);
+    for (char *p = strstr(fp8_40, "48"); p; p = strstr(p + 2, "48"))
+        memcpy(p, "40", 2);
+    check_unchanged("fp8 rows in blocks of 8", fp8_40, "fuse_gate_up", IR_DTYPE_BF16);
+    /* MOEC_FUSE_REFINE=0 keeps the 48-row pair apart too; a bad value is refused */
+    setenv("MOEC_FUSE_REFINE", "0", 1);
+    check_unchanged("MOEC_FUSE_REFINE=0", fp8_mlp, "fuse_gate_up", IR_DTYPE_BF16);
+    setenv("MOEC_FUSE_REFINE", "yes", 1);
+    ir_module *bad = NULL;
+    T_OK(ir_module_parse(fp8_mlp, "<test>", &bad));
+    if (bad) {
+        pass_options o = t_pass_options(IR_DTYPE_BF16);
+        T_ERR(pass_find("fuse_gate_up")->run(bad, &o), MOEC_ERR_INVALID_ARG,
+              "MOEC_FUSE_REFINE=\"yes\": not 0 or 1");
+    }
+    ir_module_free(bad);
+    unsetenv("MOEC_FUSE_REFINE");
     /* silu's result used twice: silu_mul would lose it. */
     check_unchanged("silu used twice",
                     "module t {\n"
@@ -487,12 +527,14 @@ static const ir_value *weight_of(const ir_module *m, const char *name)
 }
 
 /* w is an f8e4m3 concat of n parts on axis whose scales join the same way,
- * in blocks of 128 x 128, the first scale part named first_scale. */
-static int fp8_concat(const ir_value *w, int axis, int n, const char *first_scale)
+ * in blocks of rows x 128 made from the checkpoint's 128 x 128, the first
+ * scale part named first_scale. */
+static int fp8_concat(const ir_value *w, int axis, int n, const char *first_scale, int64_t rows)
 {
     return w && w->type.dtype == IR_DTYPE_F8E4M3 && w->bind.kind == IR_BIND_CONCAT &&
-           w->bind.axis == axis && w->bind.n_parts == n && w->scale.block[0] == 128 &&
-           w->scale.block[1] == 128 && w->scale.bind.kind == IR_BIND_CONCAT &&
+           w->bind.axis == axis && w->bind.n_parts == n && w->scale.block[0] == rows &&
+           w->scale.block[1] == 128 && ir_block_scale_stored(&w->scale, 0) == 128 &&
+           ir_block_scale_stored(&w->scale, 1) == 128 && w->scale.bind.kind == IR_BIND_CONCAT &&
            w->scale.bind.axis == axis && w->scale.bind.n_parts == n &&
            !strcmp(w->scale.bind.parts[0].name, first_scale);
 }
@@ -511,29 +553,44 @@ static void test_fp8_models(void)
         check_idempotent(models[k], "fuse_gate_up", IR_DTYPE_BF16);
     }
     /* DeepSeek: q_a (256 rows, two blocks) then kv_a (192: its last block
-     * partial) fuse; the dense MLP's 192-row gate/up do not; the shared
-     * expert's and the experts' 128-row gate/up do. */
+     * partial) fuse; the dense MLP's 192-row gate/up in blocks of 64 rows;
+     * the shared expert's and the experts' 128-row gate/up in 128. */
     ir_module *m = t_pipeline_module("deepseek_v3_fp8", "fuse_gate_up", NULL);
     if (m) {
         const ir_value *qkv = weight_of(m, "l0.attn.qkv_a_proj");
-        T_CHECK(fp8_concat(qkv, 0, 2, "model.layers.0.self_attn.q_a_proj.weight_scale_inv"));
+        T_CHECK(fp8_concat(qkv, 0, 2, "model.layers.0.self_attn.q_a_proj.weight_scale_inv", 128));
+        T_CHECK(qkv && qkv->scale.stored[0] == 0 && qkv->scale.stored[1] == 0);
         T_CHECK(qkv && qkv->type.dims[0] == 448 && qkv->type.dims[1] == 320 &&
                 !strcmp(qkv->scale.bind.parts[1].name,
                         "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv"));
-        T_CHECK(weight_of(m, "l0.mlp.gate_proj") && !weight_of(m, "l0.mlp.gate_up_proj"));
+        const ir_value *gu = weight_of(m, "l0.mlp.gate_up_proj");
+        T_CHECK(!weight_of(m, "l0.mlp.gate_proj"));
+        T_CHECK(fp8_concat(gu, 0, 2, "model.layers.0.mlp.gate_proj.weight_scale_inv", 64));
+        T_CHECK(gu && gu->type.dims[0] == 384 && ir_block_scale_type(gu).dims[0] == 6);
         const ir_value *sh = weight_of(m, "l1.moe.shared.gate_up_proj");
-        T_CHECK(fp8_concat(sh, 0, 2, "model.layers.1.mlp.shared_experts.gate_proj.weight_scale_inv"));
+        T_CHECK(fp8_concat(sh, 0, 2, "model.layers.1.mlp.shared_experts.gate_proj.weight_scale_inv",
+                           128));
         const ir_value *ex = weight_of(m, "l1.moe.experts.gate_up");
-        T_CHECK(fp8_concat(ex, 1, 2, "model.layers.1.mlp.experts.{e}.gate_proj.weight_scale_inv"));
+        T_CHECK(fp8_concat(ex, 1, 2, "model.layers.1.mlp.experts.{e}.gate_proj.weight_scale_inv",
+                           128));
         T_CHECK(ex && ex->type.dims[0] == 4 && ex->type.dims[1] == 256 &&
                 ex->scale.bind.parts[1].kind == IR_BIND_STACK && ex->scale.bind.parts[1].count == 4);
-        T_CHECK(count_concat_weights(m) == 2 + 2);
+        T_CHECK(count_concat_weights(m) == 2 + 3);
     }
     ir_module_free(m);
-    /* Qwen3: q_proj (192 rows), the dense gate/up (192) and the experts'
-     * (64) end inside a block: nothing fuses. */
+    /* Qwen3: q_proj (192 rows) and k (96) end inside a block: q, k and v
+     * fuse in blocks of 32 rows; the dense gate/up (192) in 64, and the
+     * experts' (64 each) in 64. */
     m = t_pipeline_module("qwen3_moe_fp8", "fuse_gate_up", NULL);
-    T_CHECK(m && count_concat_weights(m) == 0);
+    T_CHECK(m && count_concat_weights(m) == 4);
+    if (m) {
+        T_CHECK(fp8_concat(weight_of(m, "l0.attn.qkv_proj"), 0, 3,
+                           "model.layers.0.self_attn.q_proj.weight_scale_inv", 32));
+        T_CHECK(fp8_concat(weight_of(m, "l0.mlp.gate_up_proj"), 0, 2,
+                           "model.layers.0.mlp.gate_proj.weight_scale_inv", 64));
+        T_CHECK(fp8_concat(weight_of(m, "l1.moe.experts.gate_up"), 1, 2,
+                           "model.layers.1.mlp.experts.{e}.gate_proj.weight_scale_inv", 64));
+    }
     ir_module_free(m);
     /* absorb_mla: kv_b_proj is dequantized at load into the compute dtype. */
     pass_options f32 = t_pass_options(IR_DTYPE_F32);

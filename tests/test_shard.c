@@ -736,7 +736,7 @@ static void check_fp8_refused(void)
         const char *err;
     } cases[] = {
         {"qwen3_moe_fp8", {NULL}, 0, 2, 1, 0,
-         "shard: weight %l0.attn.q_proj is block-scaled fp8 (blocks of 128 x 128): rank 0's "
+         "shard: weight %l0.attn.qkv_proj is block-scaled fp8 (blocks of 128 x 128): rank 0's "
          "rows 0..96 of \"model.layers.0.self_attn.q_proj.weight\" (192 rows) end neither on a "
          "block boundary nor at the tensor's end (tp 2, ep 1)"},
         {"deepseek_v3_fp8_tp", {NULL}, 0, 4, 4, 0,

@@ -728,8 +728,44 @@ static void test_fp8_raw(void)
     }
     expect_raw(fp8_module(ty(IR_DTYPE_F8E4M3, 3, 2, 4, 3), &cat, &scat, 1, 2), codes, 24, scales,
                16);
+    /* refined (fusion's finer blocks, ir_weight_refine_block_scale): each
+       stored scale repeated over the finer blocks it holds; q and b (3
+       rows each, 1.5 blocks of 2) joined, in blocks of 1 x 1 */
+    ir_binding qb[2] = {q, {.kind = IR_BIND_TENSOR, .name = "b.weight"}};
+    ir_binding qbs[2] = {qs, {.kind = IR_BIND_TENSOR, .name = "b.weight_scale_inv"}};
+    ir_binding qcat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = qb};
+    ir_binding qscat = {.kind = IR_BIND_CONCAT, .axis = 0, .n_parts = 2, .parts = qbs};
+    memcpy(codes, Q35, 15);
+    memcpy(codes + 15, Q35, 15);
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 5; j++)
+            scales[i * 5 + j] = S23[(i % 3) / 2 * 3 + j / 2];
+    ir_module *m = fp8_module(ty(IR_DTYPE_F8E4M3, 2, 6, 5, 0), &qcat, &qscat, 2, 2);
+    T_OK(ir_weight_refine_block_scale(m, ir_module_find_value(m, "w"), 1, 1));
+    expect_raw(m, codes, 30, scales, 30);
+    /* a box of q (rows 2..3, the second block of rows) in blocks of 1 x 2 */
+    ir_binding qbox = q, qsbox = qs;
+    qbox.box_rank = qsbox.box_rank = 2;
+    qbox.box_start[0] = 2;
+    qbox.box_size[0] = 1;
+    qsbox.box_start[0] = 1;
+    qsbox.box_size[0] = 1;
+    m = fp8_module(ty(IR_DTYPE_F8E4M3, 2, 1, 5, 0), &qbox, &qsbox, 2, 2);
+    T_OK(ir_weight_refine_block_scale(m, ir_module_find_value(m, "w"), 1, 2));
+    expect_raw(m, Q35 + 10, 5, S23 + 3, 3);
+    /* the experts' gate_up above, in blocks of 1 x 1 */
+    for (int x = 0; x < 2; x++) {
+        memcpy(codes + 12 * x, E23[x], 6);
+        memcpy(codes + 12 * x + 6, E23[x], 6);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++)
+                scales[x * 12 + i * 3 + j] = E22[x][(i % 2) * 2 + j / 2];
+    }
+    m = fp8_module(ty(IR_DTYPE_F8E4M3, 3, 2, 4, 3), &cat, &scat, 1, 2);
+    T_OK(ir_weight_refine_block_scale(m, ir_module_find_value(m, "w"), 1, 1));
+    expect_raw(m, codes, 24, scales, 24);
     /* a weight dequantized at load has no fp8 form to read */
-    ir_module *m = fp8_module(ty(IR_DTYPE_BF16, 2, 3, 5, 0), &q, &qs, 2, 2);
+    m = fp8_module(ty(IR_DTYPE_BF16, 2, 3, 5, 0), &q, &qs, 2, 2);
     rt_weights *w = NULL;
     T_OK(rt_weights_open(m, g_fp8_dir, &w));
     uint8_t b[16];
