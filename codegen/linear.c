@@ -329,12 +329,6 @@ static int gemv_tl_splits(const cg_ctx *c, int64_t N, int64_t K, int nw)
     int s = 1;
     while (!want && s < GEMV_TL_S_MAX && N / 16 * s < GEMV_TL_BLOCKS && K / 64 / (s + 1) >= nw)
         s++;
-    /* MOEC_GEMV_TL_KCH=C (an A/B knob; 0, the default: none): more splits
-       until a split takes at most C chunks, where K is long (V2-Lite's
-       dense down, 171 chunks a row) */
-    int kch = cg_env_int("MOEC_GEMV_TL_KCH", 0, 0, 1 << 20);
-    while (!want && kch && s < GEMV_TL_S_MAX && K / 64 / s > kch && K / 64 / (s + 1) >= nw)
-        s++;
     return want ? (want > K / 64 ? (int)(K / 64) : want) : s;
 }
 
