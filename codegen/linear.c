@@ -314,7 +314,13 @@ static const char GEMV_TL_PREFETCH[] =
  * projection 5.42 against 5.61 and the shared gate_up 8.46 against 8.98.)
  * Measured and taken out: each warp's first chunks loaded before the
  * programmatic wait (the experts' down does so), 1.472 / 1.843 / 2.770
- * against 1.474 / 1.848 / 2.584 (history at bd0346f, MOEC_GEMV_TL_PRE). */
+ * against 1.474 / 1.848 / 2.584 (history at bd0346f, MOEC_GEMV_TL_PRE).
+ * Also more splits where K is long, until a split takes at most C chunks
+ * (MOEC_GEMV_TL_KCH; V2-Lite's dense down, 171 chunks a row, at 4 splits
+ * for C = 48 instead of 2): 10.51 us against 10.64 in the kernel
+ * timeline at one token, the step 1.397 / 1.801 / 2.549 ms at 1 / 2 / 4
+ * tokens against 1.396 / 1.797 / 2.549; C = 24 (every 2048-wide K split
+ * too) 1.418 / 1.981 / 2.758 (H200, 2026-12-01; history at 7b75d82). */
 #define GEMV_TL_WARPS 8
 #define GEMV_TL_U 2
 #define GEMV_TL_BLOCKS 198
